@@ -1,0 +1,3 @@
+from fastverify.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The ``fastverify`` command line. User mistakes exit with code 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fastverify.errors import EXIT_USER_ERROR, UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code for usage errors)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fastverify", description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    prof = sub.add_parser(
+        "profile",
+        help="split the verify step into compute and all-reduce time",
+        description=("Split the verify step into compute vs all-reduce time per TP rank, per step, per layer "
+                     "position and per message size. With --trace: from PyTorch profiler traces (one per rank). "
+                     "Otherwise: a live TP verify forward with the model's shapes (default: the tiny preset on "
+                     "2 ranks; gloo on CPU, NCCL on GPUs)."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    prof.add_argument("--trace", nargs="+", metavar="PATH",
+                      help="trace files (.json, .json.gz) or folders of them, one file per TP rank")
+    prof.add_argument("--model", default=None,
+                      help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json "
+                           "[default when --trace is absent: tiny]")
+    prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
+    prof.add_argument("--draft-tokens", type=_positive, default=4, help="live run: draft tokens per request (K)")
+    prof.add_argument("--batch", type=_positive, default=1, help="live run: requests in the verify batch (B)")
+    prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
+    prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
+    prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
+    prof.add_argument("--timeout", type=float, default=300.0, help="live run: seconds before a rank counts as hung")
+    prof.add_argument("--output", type=Path, default=None,
+                      help="profile JSON path [default: profiles/<name>-<UTC time>.json]")
+    png = prof.add_mutually_exclusive_group()
+    png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
+    png.add_argument("--no-png", action="store_true", help="write no PNG")
+    prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
+    return p
+
+
+_LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--warmup", "--device", "--timeout")
+
+
+def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.trace:
+        clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
+        if clash:
+            raise UserError(f"--trace reads existing traces; {', '.join(clash)} only apply to a live run")
+        from fastverify.profile import build_profile
+        from fastverify.trace.load import load_traces
+
+        ranks = load_traces(args.trace)
+        source = {"kind": "trace", "files": [r.origin for r in ranks]}
+        stem = "trace"
+    else:
+        if args.warmup < 0:
+            raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+        ranks, source, stem = _live(args)
+        from fastverify.profile import build_profile
+
+    from fastverify.profile import default_output, write_outputs
+
+    profile = build_profile(ranks, source)
+    out = args.output or default_output(stem)
+    png = None if args.no_png else (args.png or out.with_suffix(".png"))
+    write_outputs(profile, out, png)
+    if not args.quiet:
+        from fastverify.report import print_profile
+
+        print_profile(profile)
+    print(f"wrote {out}" + (f" and {png}" if png else ""))
+    return 0
+
+
+def _live(args: argparse.Namespace):
+    from fastverify.live.config import load_model_config
+    from fastverify.live.runner import run_live
+
+    model = args.model or "tiny"
+    config = load_model_config(model)
+    ranks = run_live(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch, iters=args.iters,
+                     warmup=args.warmup, device=args.device, timeout_s=args.timeout)
+    meta = ranks[0].meta
+    source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
+              "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
+              "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend")}
+    stem = f"live-{Path(model).stem if model.endswith('.json') else model}-tp{args.tp}"
+    return ranks, source, stem
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "profile":
+            return _cmd_profile(args, argv)
+    except UserError as e:
+        sys.stderr.write(f"fastverify: error: {e}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("fastverify: interrupted\n")
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

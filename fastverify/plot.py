@@ -1,0 +1,78 @@
+"""The profile PNG: per-rank stacked bars and all-reduce latency against message size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def bar_segments(rank: dict) -> dict[str, float]:
+    """Split one rank's window (µs) into parts that add up to it: compute, all-reduce transfer,
+    all-reduce wait, other (memory / other communication not under compute), idle.
+
+    All-reduce time not overlapped by compute is split into transfer and wait in the proportion
+    measured across ranks (``allreduce_wait_us`` / ``allreduce_kernel_sum_us``); with one rank the
+    split is unknown and all of it is shown as transfer + wait together ("all-reduce").
+    """
+    ar = rank["allreduce_exposed_us"]
+    wait = rank.get("allreduce_wait_us")
+    total = rank["allreduce_kernel_sum_us"]
+    frac = (wait / total) if (wait is not None and total) else None
+    seg = {"compute": rank["compute_us"]}
+    if frac is None:
+        seg["all-reduce"] = ar
+    else:
+        seg["all-reduce transfer"] = ar * (1.0 - frac)
+        seg["all-reduce wait"] = ar * frac
+    seg["other (memory, other comm)"] = rank["other_exposed_us"]
+    seg["idle"] = rank["idle_us"]
+    return seg
+
+
+COLOURS = {"compute": "#4c72b0", "all-reduce": "#dd8452", "all-reduce transfer": "#dd8452",
+           "all-reduce wait": "#c44e52", "other (memory, other comm)": "#8c8c8c", "idle": "#e5e5e5"}
+
+
+def plot_profile(profile: dict, path: Path) -> None:
+    """Render ``profile`` to a PNG at ``path``."""
+    ranks = profile["ranks"]
+    clock = profile["timing"]["clock"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, max(3.5, 0.5 * len(ranks) + 2.5)))
+    labels = [f"TP rank {r['rank']}" for r in ranks]
+    lefts = [0.0] * len(ranks)
+    seen: set[str] = set()
+    for r_i, r in enumerate(ranks):
+        for name, val in bar_segments(r).items():
+            ax1.barh(r_i, val / 1000.0, left=lefts[r_i] / 1000.0, color=COLOURS[name],
+                     label=name if name not in seen else None)
+            seen.add(name)
+            lefts[r_i] += val
+    ax1.set_yticks(range(len(ranks)), labels)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("time in the profiled window (ms)")
+    ax1.set_title("Where each rank's time goes")
+    ax1.legend(loc="lower right", fontsize=8)
+
+    rows = [r for r in profile["allreduce_by_msg_size"] if r["msg_bytes"]]
+    if rows:
+        x = [r["msg_bytes"] for r in rows]
+        ax2.plot(x, [r["median_us"] for r in rows], "o-", label="median")
+        ax2.plot(x, [r["p90_us"] for r in rows], "x--", label="p90")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.legend(fontsize=8)
+    else:
+        ax2.text(0.5, 0.5, "no all-reduce with a known message size\n(none in the data, or CUDA-graph replays, which carry no shapes)",
+                 ha="center", va="center", transform=ax2.transAxes)
+    ax2.set_xlabel("message size (bytes)")
+    ax2.set_ylabel("all-reduce latency (µs)")
+    ax2.set_title("All-reduce latency vs message size")
+    note = {"cpu_wall_clock": "CPU wall clock over gloo - NOT GPU timings"}.get(clock, f"clock: {clock}")
+    fig.suptitle(f"fastverify profile ({note})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,121 @@
+"""The versioned profile document: assembly and atomic writing (JSON, and a PNG beside it).
+
+Schema ``fastverify.profile`` version 1 is documented in the README ("Profile JSON"). Every
+timing in it carries the clock it came from in ``timing.clock``: ``trace`` (GPU timestamps from
+a profiler trace), ``cuda_events`` (live run on GPUs) or ``cpu_wall_clock`` (live run on CPU
+over gloo, which is not a GPU timing and says so in ``timing.note``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from fastverify import __version__
+from fastverify.analyze import analyze
+from fastverify.errors import UserError
+from fastverify.events import RankEvents
+
+SCHEMA = "fastverify.profile"
+SCHEMA_VERSION = 1
+
+CLOCK_NOTES = {
+    "trace": "GPU event timestamps from PyTorch profiler traces",
+    "cuda_events": "live run, CUDA events on the GPU",
+    "cpu_wall_clock": ("live run on CPU over gloo, wall clock: NOT GPU timings; use them for the "
+                       "shape of the collective sequence, not for latency"),
+}
+
+
+def build_profile(ranks: list[RankEvents], source: dict) -> dict:
+    """Assemble a profile document from per-rank events.
+
+    Parameters
+    ----------
+    ranks : list of RankEvents, one per TP rank, sorted by rank
+    source : dict
+        ``{"kind": "trace", "files": [...]}`` or ``{"kind": "live", ...run parameters}``.
+    """
+    body = analyze(ranks)
+    clocks = sorted({r.meta.get("timing", "trace") for r in ranks})
+    clock = clocks[0] if len(clocks) == 1 else "mixed"
+    warnings: list[str] = list(body["cross_rank"].get("warnings", []))
+    for r in body["ranks"]:
+        if r["unknown_comm_kernels"]:
+            warnings.append(f"rank {r['rank']}: {len(r['unknown_comm_kernels'])} kernel name(s) look like "
+                            f"collectives but match no rule, reported as unknown_comm (not compute): "
+                            + "; ".join(n[:80] for n in r["unknown_comm_kernels"][:3]))
+        if str(r["meta"].get("rank_source", "")).startswith("default"):
+            warnings.append(f"{r['origin']}: no rank in the trace or its name; taken as rank 0")
+    world = {r.meta.get("world_size") for r in ranks} - {None}
+    total_window = sum(r["window_us"] for r in body["ranks"])
+    total_ar = sum(r["allreduce_us"] for r in body["ranks"])
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "fastverify_version": __version__,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "timing": {"clock": clock, "note": CLOCK_NOTES.get(clock, "mixed clocks: compare with care")},
+        "world_size": max(world) if world else None,
+        "summary": {
+            "ranks": len(ranks),
+            "allreduce_count": sum(r["allreduce_count"] for r in body["ranks"]),
+            "allreduce_us": round(total_ar, 3),
+            "allreduce_share_of_window_pct": round(100.0 * total_ar / total_window, 3) if total_window else None,
+            "straggler_rank": body["cross_rank"]["straggler_rank"],
+        },
+        **body,
+        "warnings": warnings,
+    }
+
+
+def default_output(stem: str, folder: str | Path = "profiles") -> Path:
+    """``profiles/<stem>-<UTC timestamp>.json`` (relative to the working directory)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return Path(folder) / f"{stem}-{stamp}.json"
+
+
+def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None:
+    """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
+    and are renamed into place only when both are complete, so a failure leaves nothing behind.
+
+    Raises
+    ------
+    UserError
+        The folder cannot be created or written.
+    """
+    json_path = Path(json_path)
+    targets = [json_path] + ([Path(png_path)] if png_path else [])
+    tmps: list[Path] = []
+    try:
+        for t in targets:
+            t.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{json_path.name}.", suffix=".tmp", dir=json_path.parent)
+        tmps.append(Path(tmp))
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(profile, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+                                 | orjson.OPT_NON_STR_KEYS))
+        if png_path:
+            from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
+
+            fd, tmp = tempfile.mkstemp(prefix=f".{Path(png_path).name}.", suffix=".tmp.png",
+                                       dir=Path(png_path).parent)
+            os.close(fd)
+            tmps.append(Path(tmp))
+            plot_profile(profile, Path(tmp))
+        umask = os.umask(0)
+        os.umask(umask)
+        for tmp, target in zip(tmps, targets):
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+            os.replace(tmp, target)
+        tmps = []
+    except OSError as e:
+        raise UserError(f"{e.filename or json_path}: cannot write ({e.strerror or e})") from None
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)

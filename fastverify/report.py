@@ -1,0 +1,61 @@
+"""The short terminal table printed by ``fastverify profile``."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}"
+
+
+def print_profile(profile: dict, console: Console | None = None) -> None:
+    """Print the per-rank split, the per-step medians and the all-reduce sizes."""
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    clock = profile["timing"]["clock"]
+    console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
+                  f"clock: {clock}")
+    if clock == "cpu_wall_clock":
+        console.print("# [bold]CPU timings over gloo: these are NOT GPU timings[/bold]")
+    t = Table(title="per TP rank (whole window)", title_justify="left")
+    for col in ("rank", "window µs", "compute µs", "all-reduce µs", "#AR", "AR wait µs",
+                "other comm µs", "memory µs", "idle µs", "exposed comm µs", "AR % of busy"):
+        t.add_column(col, justify="right")
+    for r in profile["ranks"]:
+        share = 100.0 * r["allreduce_us"] / r["busy_us"] if r["busy_us"] else None
+        t.add_row(str(r["rank"]), _fmt(r["window_us"]), _fmt(r["compute_us"]), _fmt(r["allreduce_us"]),
+                  str(r["allreduce_count"]), _fmt(r.get("allreduce_wait_us")), _fmt(r["other_comm_us"]),
+                  _fmt(r["memory_us"]), _fmt(r["idle_us"]), _fmt(r["exposed_comm_us"]), _fmt(share))
+    console.print(t)
+
+    steps = [r for r in profile["ranks"] if r.get("step_median")]
+    if steps:
+        t = Table(title="per step (median over steps)", title_justify="left")
+        for col in ("rank", "steps", "step µs", "compute µs", "all-reduce µs", "#AR", "exposed comm µs"):
+            t.add_column(col, justify="right")
+        for r in steps:
+            m = r["step_median"]
+            t.add_row(str(r["rank"]), str(m["steps"]), _fmt(m["window_us"]), _fmt(m["compute_us"]),
+                      _fmt(m["allreduce_us"]), f"{m['allreduce_count']:g}", _fmt(m["exposed_comm_us"]))
+        console.print(t)
+
+    sizes = profile["allreduce_by_msg_size"]
+    if sizes:
+        t = Table(title="all-reduce by message size (all ranks)", title_justify="left")
+        for col in ("bytes", "count", "median µs", "p90 µs", "sum µs"):
+            t.add_column(col, justify="right")
+        for s in sizes:
+            t.add_row("unknown" if s["msg_bytes"] is None else f"{s['msg_bytes']:,}", str(s["count"]),
+                      _fmt(s["median_us"]), _fmt(s["p90_us"]), _fmt(s["sum_us"]))
+        console.print(t)
+    xr = profile["cross_rank"]
+    if xr["matched"]:
+        console.print(f"# {xr['matched']} collectives matched across ranks; straggler (most often last to "
+                      f"arrive): TP rank {xr['straggler_rank']}")
+    for w in profile["warnings"]:
+        console.print(f"# warning: {w}", style="yellow", markup=False)

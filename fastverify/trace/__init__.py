@@ -1,0 +1,1 @@
+"""Reading PyTorch profiler (Kineto) Chrome traces into per-rank event tables. Never imports torch."""

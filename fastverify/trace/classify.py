@@ -1,0 +1,147 @@
+"""Kernel classification: one ordered table of name rules, each with its source.
+
+The first rule whose regex matches a GPU event's name decides its :class:`EventClass`. Rules
+whose class is ``None`` need the launching CPU op (eager traces only): RCCL's generic kernel and
+FlashInfer's generic ``allreduce_kernel`` names say nothing about the collective by themselves.
+Under CUDA-graph replay there is no launching op, so those resolve to ``UNKNOWN_COMM`` and are
+reported rather than counted as compute.
+
+HTA 0.5.0 counts only ``^nccl`` as communication (``hta/common/types.py``), which is why it reports
+0.2 % communication on a vLLM TP8 B200 trace whose all-reduces are torch symmetric-memory kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fastverify.events import EventClass
+
+A, F, O, M, U, C = (
+    EventClass.ALLREDUCE,
+    EventClass.FUSED_ALLREDUCE,
+    EventClass.OTHER_COMM,
+    EventClass.MEMORY,
+    EventClass.UNKNOWN_COMM,
+    EventClass.COMPUTE,
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the classification table.
+
+    ``cls`` None means: decide from the launching CPU op's collective (see :func:`resolve_from_op`).
+    ``family`` names the implementation (``nccl``, ``custom_ar``, ``symm_mem``, ...).
+    ``source`` says where the kernel name was seen (project and file, or a trace).
+    """
+
+    pattern: str
+    cls: EventClass | None
+    family: str
+    source: str
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _compiled(self.pattern)
+
+
+@lru_cache(maxsize=None)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+# Order matters: specific families before the catch-alls.
+RULES: tuple[Rule, ...] = (
+    # --- NCCL / RCCL -----------------------------------------------------------------------
+    Rule(r"^nccl(Dev)?Kernel_AllReduce", A, "nccl",
+         "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, HTA tests/data)"),
+    Rule(r"^nccl(Dev)?Kernel_(AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|Recv)", O, "nccl",
+         "NCCL kernel names (same sources); TraceLens b200 ncclDevKernel_AllGather_RING_LL"),
+    Rule(r"^ncclDevKernel_Generic|^rcclGenericKernel", None, "rccl",
+         "RCCL generic kernel, collective only from the launching op (TraceLens mi300 traces; roctracer issue #101)"),
+    Rule(r"^(nccl|rccl)", None, "nccl", "any other NCCL/RCCL kernel"),
+    # --- custom all-reduce (vLLM / SGLang / AMD aiter) --------------------------------------
+    Rule(r"cross_device_reduce_(1|2)stage", A, "custom_ar",
+         "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh"),
+    # --- FlashInfer / TensorRT-LLM fused all-reduce + residual + RMSNorm --------------------
+    Rule(r"(moereduce_|moefinalize_)?allreduce_fusion_kernel|oneshotAllreduceFusionKernel"
+         r"|(lamport_style_)?one_shot_all_reduce_norm_kernel|allreduce_fusion_", F, "flashinfer_trtllm_fused",
+         "flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh"),
+    Rule(r"oneShotAllReduceKernel|twoShotAllReduceKernel|twoshotAllreduceKernel|oneshotAllreduceKernel", A,
+         "flashinfer_trtllm", "flashinfer include/flashinfer/comm/trtllm_allreduce.cuh, trtllm_mnnvl_allreduce.cuh"),
+    # --- FlashInfer PCIe IPC all-reduce (flashinfer >= 0.7, PR #4393) -----------------------
+    Rule(r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)", O, "flashinfer_pcie_ipc",
+         "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace"),
+    Rule(r"(?i)pcie_?ipc.*(all_?reduce|reduce)|PcieIpc", A, "flashinfer_pcie_ipc",
+         "flashinfer data/csrc/pcie_ipc_all_reduce.cu, include/flashinfer/comm/pcie_ipc_*.cuh (PR #4393)"),
+    # --- MSCCL++ ------------------------------------------------------------------------------
+    Rule(r"allreduce_1shotLL_(1|2)node|mscclpp.*[Aa]ll[Rr]educe|allreduce(Packet|Nvls|Allpair)", A, "mscclpp",
+         "sglang sgl-kernel/csrc/allreduce/mscclpp_allreduce.cuh; mscclpp apps/nccl/src/allreduce.hpp"),
+    # --- torch symmetric memory --------------------------------------------------------------
+    Rule(r"multimem_all_reduce_kernel|multimem_one_shot_reduce_kernel|one_shot_all_reduce_kernel"
+         r"|two_shot_all_reduce_kernel", A, "symm_mem",
+         "pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu; TraceLens b200 trace"),
+    Rule(r"multimem_all_gather_kernel|symm_mem.*(all_gather|reduce_scatter)", O, "symm_mem",
+         "pytorch CUDASymmetricMemoryOps.cu"),
+    # --- SGLang / AMD others (file names in sgl-kernel/csrc/allreduce/; symbols not checked) ---
+    Rule(r"quick_?all_?reduce|deterministic_all_reduce|trt_?reduce|allreduce_prototype", A, "sglang_other",
+         "sglang sgl-kernel/csrc/allreduce/ file names; aiter quick reduce"),
+    # --- generic names, meaning from the launching op ------------------------------------------
+    Rule(r"^(void )?([\w:]*::)?(allreduce_kernel|allgather_kernel|reducescatter_kernel)\b", None, "generic",
+         "flashinfer include/flashinfer/comm/ generic kernel names (need CPU-op context)"),
+    # --- memory --------------------------------------------------------------------------------
+    Rule(r"^(hip)?Memcpy|^(hip)?Memset|^dma|^\[?Memcpy|^\[?Memset", M, "memory",
+         "Kineto gpu_memcpy / gpu_memset event names; HTA MEMORY pattern"),
+)
+
+# A kernel no rule claims but whose name looks like a collective: reported, not counted as compute.
+COLLECTIVE_LIKE = re.compile(
+    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|multimem|lamport"
+    r"|collective|\bnccl|rccl|mscclpp|custom_ar|cross_device"
+)
+
+# Collective names as they appear in `Collective name` args and c10d / engine CPU ops.
+_OP_ALLREDUCE = re.compile(r"(?i)all_?reduce")
+_OP_OTHER_COMM = re.compile(r"(?i)all_?gather|reduce_?scatter|all_?to_?all|broadcast|send|recv|^nccl:|gather|scatter")
+
+
+@dataclass(frozen=True)
+class Classified:
+    """Result of :func:`classify_name`: class (None = needs the launching op), family, rule index."""
+
+    cls: EventClass | None
+    family: str
+    rule: int  # index into RULES; -1 = no rule (compute or collective-looking)
+
+
+@lru_cache(maxsize=65536)
+def classify_name(name: str) -> Classified:
+    """Classify one GPU event name by :data:`RULES` (cached per distinct name).
+
+    Returns ``Classified(cls=None, ...)`` when the name alone is not enough (see module docstring);
+    callers then use :func:`resolve_from_op`.
+    """
+    for i, rule in enumerate(RULES):
+        if rule.regex.search(name):
+            return Classified(rule.cls, rule.family, i)
+    if COLLECTIVE_LIKE.search(name):
+        return Classified(U, "unknown", -1)
+    return Classified(C, "compute", -1)
+
+
+def resolve_from_op(collective: str | None) -> EventClass:
+    """Class of a kernel whose name needs context, from its launching op's collective name.
+
+    ``collective`` is the kernel's ``Collective name`` arg or the launching CPU op's name
+    (e.g. ``allreduce``, ``_allgather_base``, ``c10d::allreduce_``); ``None`` when unknown
+    (CUDA-graph replay) gives ``UNKNOWN_COMM``.
+    """
+    if not collective:
+        return U
+    if _OP_ALLREDUCE.search(collective):
+        return A
+    if _OP_OTHER_COMM.search(collective):
+        return O
+    return U

@@ -1,0 +1,389 @@
+"""Load PyTorch profiler (Kineto) Chrome traces into :class:`~fastverify.events.RankEvents`.
+
+Formats read (facts from Kineto ``libkineto/src/output_json.cpp``, SGLang
+``managers/scheduler_components/profiler_manager.py`` and ``utils/profile_merger.py``):
+
+- one file per TP rank, ``.json`` or ``.json.gz``: SGLang's
+  ``<id>-TP-<r>[-DP-..][-EP-..][-<stage>].trace.json.gz``, vLLM's, plain ``torch.profiler`` ones;
+- SGLang's merged file, whose ``pid`` values are strings ``"[TP00-DP01] 123"``: split by TP rank.
+
+Times: ``ts``/``dur`` are µs, either ns-fractional floats relative to ``baseTimeNanoseconds`` or
+integer epoch µs (old Kineto). Both become int64 ns without rounding to µs: the start is taken
+relative to an integer base first, so a float never has to hold an epoch in ns (HTA rounds to
+whole µs, losing ~1 µs per kernel). Integers wider than 64 bits (``Comms Id``) make orjson fail, so
+such files fall back to the standard ``json`` module.
+
+This module must not import torch: the trace path starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from fastverify.errors import UserError
+from fastverify.events import EventClass, RankEvents, Step, assign_steps
+from fastverify.trace.classify import classify_name, resolve_from_op
+
+GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
+HOST_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
+GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
+
+# Host-side regions that make one step, tried in this order; the first that matches any event wins.
+# (name regex, source)
+STEP_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"^ProfilerStep#\d+", "torch.profiler schedule / prof.step()"),
+    (r"^step\[", "SGLang utils/profile_utils.py::build_step_span_name, e.g. step[TARGET_VERIFY bs=8]"),
+    (r"^execute_", "vLLM model runner annotation execute_context_..._generation_..."),
+)
+
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
+    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "int8": 1, "signed char": 1, "unsigned char": 1,
+    "uint8": 1, "byte": 1, "char": 1, "c10::float8_e4m3fn": 1, "float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1, "float8_e5m2": 1,
+}
+
+_RANK_FROM_NAME = (
+    re.compile(r"-TP-(\d+)"),
+    re.compile(r"(?i)(?:^|[^a-z])rank[-_]?(\d+)"),
+    re.compile(r"(?i)(?:^|[^a-z])tp[-_]?(\d+)"),
+)
+_RANK_FROM_PID = re.compile(r"^\[TP(\d+)")
+
+
+def read_trace_json(path: Path) -> dict:
+    """Read and parse one trace file (``.json`` or gzip, detected by magic bytes).
+
+    Raises
+    ------
+    UserError
+        Unreadable file, truncated/corrupt gzip, not JSON, or JSON that is not a trace object.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise UserError(f"{path}: truncated or corrupt gzip ({e})") from None
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the parse allocates millions of objects; GC passes over them only cost time
+    try:
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # orjson rejects integers wider than 64 bits (e.g. NCCL `Comms Id`); json does not.
+            try:
+                doc = json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                raise UserError(f"{path}: not valid JSON ({_first_line(e)})") from None
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if isinstance(doc, list):  # the Chrome trace format also allows a bare event array
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or "traceEvents" not in doc:
+        raise UserError(f"{path}: no 'traceEvents' key; not a PyTorch profiler (Chrome) trace")
+    if not isinstance(doc["traceEvents"], list):
+        raise UserError(f"{path}: 'traceEvents' is not a list")
+    if not doc["traceEvents"]:
+        raise UserError(f"{path}: the trace has no events")
+    return doc
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def rank_from_filename(path: Path) -> int | None:
+    """TP rank from a file name: SGLang ``...-TP-3...``, ``rank-3``, ``rank_3``, ``tp3``; else None."""
+    for pattern in _RANK_FROM_NAME:
+        m = pattern.search(path.name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _msg_bytes(args: dict) -> int:
+    """Payload of a collective in bytes from c10d args (``In msg nelems`` × dtype), else from
+    ``Input Dims``/``Input type`` of the launching op (first input); -1 when unknown."""
+    nelems = args.get("In msg nelems")
+    dtype = args.get("dtype")
+    if isinstance(nelems, int) and isinstance(dtype, str) and dtype.lower() in _DTYPE_BYTES:
+        return nelems * _DTYPE_BYTES[dtype.lower()]
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list) and dims and types:
+        first, t = dims[0], types[0]
+        if isinstance(first, list) and first and isinstance(t, str) and t.lower() in _DTYPE_BYTES:
+            try:
+                return math.prod(int(x) for x in first) * _DTYPE_BYTES[t.lower()]
+            except (TypeError, ValueError):
+                return -1
+    return -1
+
+
+def _to_ns(values: list) -> np.ndarray:
+    """µs timestamps (ints or floats) → int64 ns, exact for integer µs and ns-exact for floats.
+
+    The integer part of the smallest value is subtracted before scaling, so the float product
+    stays small (a float epoch in ns would lose up to ~256 ns).
+    """
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    if all(type(v) is int for v in values):
+        return np.array(values, dtype=np.int64) * 1000
+    base = math.floor(min(values))
+    rel = np.array([v - base for v in values], dtype=np.float64)
+    return np.rint(rel * 1000.0).astype(np.int64) + np.int64(base) * 1000
+
+
+def load_trace(path: str | Path) -> list[RankEvents]:
+    """Load one trace file into one :class:`RankEvents` per rank it holds (one, or several for a
+    SGLang merged file).
+
+    The rank comes from ``distributedInfo.rank``, else the file name, else the ``pid`` label of a
+    merged file; a single unnamed rank defaults to 0 and says so in ``meta["rank_source"]``.
+    ``python_function`` events are skipped. GPU events are kernels, memcpys and memsets;
+    ``gpu_user_annotation`` spans are not GPU work.
+
+    Raises
+    ------
+    UserError
+        Any problem from :func:`read_trace_json`, or a trace without GPU events.
+    """
+    path = Path(path)
+    doc = read_trace_json(path)
+    events = doc["traceEvents"]
+
+    # One pass over the events. Everything is collected into plain lists; numpy comes after.
+    gpu: list[dict] = []
+    runtime_ts: dict[int, float] = {}  # correlation -> host launch time (µs)
+    graph_launches: list[dict] = []
+    ops_by_ext: dict[int, dict] = {}  # External id -> innermost comm-ish cpu_op (name, args)
+    step_candidates: list[dict] = []
+    pid_labels: dict = {}
+    step_res = [re.compile(p) for p, _ in STEP_PATTERNS]
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        cat = ev.get("cat")
+        if cat == "python_function":
+            continue
+        if cat in GPU_CATS:
+            if ev.get("ph", "X") == "X" and "ts" in ev and "dur" in ev:
+                gpu.append(ev)
+        elif cat in RUNTIME_CATS:
+            args = ev.get("args") or {}
+            corr = args.get("correlation")
+            if corr is not None and "ts" in ev:
+                runtime_ts[corr] = ev["ts"]
+            name = ev.get("name", "")
+            if GRAPH_LAUNCH.match(name) and "ts" in ev:
+                graph_launches.append(ev)
+        elif cat in HOST_CATS:
+            name = ev.get("name", "")
+            args = ev.get("args") or {}
+            ext = args.get("External id")
+            if ext is not None and ("Collective name" in args or "In msg nelems" in args
+                                    or _looks_comm_op(name)):
+                ops_by_ext[ext] = {"name": name, "args": args}
+            if "ts" in ev and "dur" in ev and any(r.match(name) for r in step_res):
+                step_candidates.append(ev)
+        elif ev.get("ph") == "M" and ev.get("name") == "process_name":
+            pid_labels[ev.get("pid")] = (ev.get("args") or {}).get("name")
+
+    if not gpu:
+        raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) in the trace; "
+                        "was it recorded with ProfilerActivity.CUDA?")
+
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    meta = {
+        "file": str(path),
+        "world_size": dist.get("world_size"),
+        "nccl_version": dist.get("nccl_version"),
+        "dist_backend": dist.get("backend"),
+        "gpu_name": _gpu_name(doc),
+        "timing": "trace",
+    }
+
+    # Merged SGLang file: several ranks in one file, told apart by the pid label.
+    by_rank: dict[int, list[dict]] = {}
+    for ev in gpu:
+        pid = ev.get("pid")
+        m = _RANK_FROM_PID.match(pid) if isinstance(pid, str) else None
+        by_rank.setdefault(int(m.group(1)) if m else -1, []).append(ev)
+    if len(by_rank) > 1 or -1 not in by_rank:
+        ranks = {r: evs for r, evs in by_rank.items() if r >= 0}
+        meta["rank_source"] = "pid label (merged file)"
+    else:
+        rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+        meta["rank_source"] = "distributedInfo.rank"
+        if rank is None:
+            rank = rank_from_filename(path)
+            meta["rank_source"] = "file name"
+        if rank is None:
+            rank = 0
+            meta["rank_source"] = "default (no rank in the trace or its name)"
+        ranks = {rank: gpu}
+
+    steps = _find_steps(step_candidates, graph_launches)
+    out = []
+    for rank, evs in sorted(ranks.items()):
+        out.append(_build(rank, path, evs, runtime_ts, ops_by_ext, steps, dict(meta)))
+    return out
+
+
+_COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|^nccl:|"
+                      r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce")
+
+
+def _looks_comm_op(name: str) -> bool:
+    return bool(_COMM_OP.search(name))
+
+
+def _gpu_name(doc: dict) -> str | None:
+    props = doc.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        return props[0].get("name")
+    return None
+
+
+def _find_steps(candidates: list[dict], graph_launches: list[dict]) -> list[tuple[str, float, float, str]]:
+    """Host-side step windows ``(name, ts_us, end_us, kind)``, sorted, non-overlapping.
+
+    The first pattern of :data:`STEP_PATTERNS` with a match wins; otherwise each CUDA/HIP graph
+    launch is one step (decode/verify replays); otherwise there are none (the whole trace).
+    """
+    for regex, _source in STEP_PATTERNS:
+        r = re.compile(regex)
+        found = [e for e in candidates if r.match(e.get("name", ""))]
+        if found:
+            return _non_overlapping([(e["name"], e["ts"], e["ts"] + e["dur"], "annotation") for e in found])
+    if graph_launches:
+        return _non_overlapping([(f"graph_launch#{i}", e["ts"], e["ts"] + e.get("dur", 0), "graph_launch")
+                                 for i, e in enumerate(sorted(graph_launches, key=lambda e: e["ts"]))])
+    return []
+
+
+def _non_overlapping(windows: list[tuple[str, float, float, str]]) -> list[tuple[str, float, float, str]]:
+    out: list[tuple[str, float, float, str]] = []
+    for w in sorted(windows, key=lambda w: w[1]):
+        if not out or w[1] >= out[-1][2]:
+            out.append(w)
+    return out
+
+
+def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext: dict,
+           steps: list[tuple[str, float, float, str]], meta: dict) -> RankEvents:
+    n = len(evs)
+    names: list[str] = []
+    name_index: dict[str, int] = {}
+    name_id = np.empty(n, dtype=np.int32)
+    cls = np.empty(n, dtype=np.int8)
+    msg = np.full(n, -1, dtype=np.int64)
+    stream = np.empty(n, dtype=np.int64)
+    launch_us: list = []
+    unresolved: dict[str, int] = {}
+    comm_codes = {EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
+                  EventClass.UNKNOWN_COMM.code}
+    for i, ev in enumerate(evs):
+        name = ev.get("name", "")
+        j = name_index.get(name)
+        if j is None:
+            j = name_index[name] = len(names)
+            names.append(name)
+        name_id[i] = j
+        args = ev.get("args") or {}
+        c = classify_name(name).cls
+        op = ops_by_ext.get(args.get("External id"))
+        if c is None:
+            collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
+            c = resolve_from_op(collective)
+            if c is EventClass.UNKNOWN_COMM:
+                unresolved[name] = unresolved.get(name, 0) + 1
+        elif ev.get("cat") in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
+            c = EventClass.MEMORY
+        cls[i] = c.code
+        if c.code in comm_codes:
+            b = _msg_bytes(args)
+            if b < 0 and op is not None:
+                b = _msg_bytes(op["args"])
+            msg[i] = b
+        s = args.get("stream", ev.get("tid", 0))
+        stream[i] = s if isinstance(s, int) else -1
+        corr = args.get("correlation")
+        launch_us.append(runtime_ts.get(corr, ev["ts"]) if corr is not None else ev["ts"])
+
+    start_ns = _to_ns([ev["ts"] for ev in evs])
+    dur_ns = _to_ns([ev["dur"] for ev in evs])
+    order = np.argsort(start_ns, kind="stable")
+    launch_ns = _to_ns(launch_us)
+    step_objs = [Step(name, int(a), int(b)) for name, a, b in
+                 zip([s[0] for s in steps], _to_ns([s[1] for s in steps]), _to_ns([s[2] for s in steps]))]
+    step_idx = assign_steps(launch_ns, step_objs)
+    meta["step_source"] = steps[0][3] if steps else "none (whole trace is one window)"
+    if unresolved:
+        meta["unresolved_comm_kernels"] = unresolved
+    return RankEvents(
+        rank=rank,
+        origin=str(path),
+        start_ns=start_ns[order],
+        dur_ns=np.maximum(dur_ns[order], 0),
+        cls=cls[order],
+        name_id=name_id[order],
+        msg_bytes=msg[order],
+        step=step_idx[order],
+        stream=stream[order],
+        names=names,
+        steps=step_objs,
+        meta=meta,
+    )
+
+
+def load_traces(paths: list[str | Path]) -> list[RankEvents]:
+    """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
+
+    Returns one :class:`RankEvents` per rank, sorted by rank.
+
+    Raises
+    ------
+    UserError
+        A path that does not exist, a folder without traces, a bad file (see :func:`load_trace`),
+        or two files claiming the same rank.
+    """
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
+            if not found:
+                raise UserError(f"{p}: folder holds no .json or .json.gz trace files")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or folder")
+    result: dict[int, RankEvents] = {}
+    for f in files:
+        for r in load_trace(f):
+            if r.rank in result:
+                if r.meta.get("rank_source", "").startswith("default") or \
+                        result[r.rank].meta.get("rank_source", "").startswith("default"):
+                    raise UserError(f"{f}: no rank in the trace (distributedInfo) or its file name, and "
+                                    f"{result[r.rank].origin} is rank {r.rank} too; name files with -TP-<rank>")
+                raise UserError(f"{f}: rank {r.rank} also claimed by {result[r.rank].origin}")
+            result[r.rank] = r
+    return [result[k] for k in sorted(result)]
