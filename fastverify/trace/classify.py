@@ -138,7 +138,7 @@ def resolve_from_op(collective: str | None) -> EventClass:
     (e.g. ``allreduce``, ``_allgather_base``, ``c10d::allreduce_``); ``None`` when unknown
     (CUDA-graph replay) gives ``UNKNOWN_COMM``.
     """
-    if not collective:
+    if not isinstance(collective, str) or not collective:
         return U
     if _OP_ALLREDUCE.search(collective):
         return A

@@ -104,6 +104,11 @@ def read_trace_json(path: Path) -> dict:
     return doc
 
 
+def _is_time(v) -> bool:
+    """A usable µs value: a finite int or float (not bool), within ±2**62 ns once scaled."""
+    return type(v) in (int, float) and math.isfinite(v) and abs(v) < 4.6e15
+
+
 def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
@@ -177,31 +182,40 @@ def load_trace(path: str | Path) -> list[RankEvents]:
     step_candidates: list[dict] = []
     pid_labels: dict = {}
     step_res = [re.compile(p) for p, _ in STEP_PATTERNS]
+    skipped = 0  # GPU events without a usable ts/dur
     for ev in events:
         if not isinstance(ev, dict):
             continue
         cat = ev.get("cat")
         if cat == "python_function":
             continue
+        if type(cat) is not str:
+            cat = ""
         if cat in GPU_CATS:
-            if ev.get("ph", "X") == "X" and "ts" in ev and "dur" in ev:
+            if ev.get("ph", "X") == "X" and _is_time(ev.get("ts")) and _is_time(ev.get("dur")):
                 gpu.append(ev)
+            else:
+                skipped += 1
         elif cat in RUNTIME_CATS:
             args = ev.get("args") or {}
+            if not isinstance(args, dict) or not _is_time(ev.get("ts")):
+                continue
             corr = args.get("correlation")
-            if corr is not None and "ts" in ev:
+            if isinstance(corr, int):
                 runtime_ts[corr] = ev["ts"]
-            name = ev.get("name", "")
-            if GRAPH_LAUNCH.match(name) and "ts" in ev:
+            name = ev.get("name")
+            if isinstance(name, str) and GRAPH_LAUNCH.match(name):
                 graph_launches.append(ev)
         elif cat in HOST_CATS:
-            name = ev.get("name", "")
+            name = ev.get("name")
             args = ev.get("args") or {}
+            if not isinstance(name, str) or not isinstance(args, dict):
+                continue
             ext = args.get("External id")
-            if ext is not None and ("Collective name" in args or "In msg nelems" in args
-                                    or _looks_comm_op(name)):
+            if isinstance(ext, int) and ("Collective name" in args or "In msg nelems" in args
+                                         or _looks_comm_op(name)):
                 ops_by_ext[ext] = {"name": name, "args": args}
-            if "ts" in ev and "dur" in ev and any(r.match(name) for r in step_res):
+            if _is_time(ev.get("ts")) and _is_time(ev.get("dur")) and any(r.match(name) for r in step_res):
                 step_candidates.append(ev)
         elif ev.get("ph") == "M" and ev.get("name") == "process_name":
             pid_labels[ev.get("pid")] = (ev.get("args") or {}).get("name")
@@ -219,6 +233,8 @@ def load_trace(path: str | Path) -> list[RankEvents]:
         "gpu_name": _gpu_name(doc),
         "timing": "trace",
     }
+    if skipped:
+        meta["skipped_gpu_events"] = skipped
 
     # Merged SGLang file: several ranks in one file, told apart by the pid label.
     by_rank: dict[int, list[dict]] = {}
@@ -274,7 +290,8 @@ def _find_steps(candidates: list[dict], graph_launches: list[dict]) -> list[tupl
         if found:
             return _non_overlapping([(e["name"], e["ts"], e["ts"] + e["dur"], "annotation") for e in found])
     if graph_launches:
-        return _non_overlapping([(f"graph_launch#{i}", e["ts"], e["ts"] + e.get("dur", 0), "graph_launch")
+        return _non_overlapping([(f"graph_launch#{i}", e["ts"], e["ts"] + (e["dur"] if _is_time(e.get("dur")) else 0),
+                                  "graph_launch")
                                  for i, e in enumerate(sorted(graph_launches, key=lambda e: e["ts"]))])
     return []
 
@@ -301,15 +318,20 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
     comm_codes = {EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
                   EventClass.UNKNOWN_COMM.code}
     for i, ev in enumerate(evs):
-        name = ev.get("name", "")
+        name = ev.get("name")
+        if not isinstance(name, str):
+            name = str(name)
         j = name_index.get(name)
         if j is None:
             j = name_index[name] = len(names)
             names.append(name)
         name_id[i] = j
-        args = ev.get("args") or {}
+        args = ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
         c = classify_name(name).cls
-        op = ops_by_ext.get(args.get("External id"))
+        ext = args.get("External id")
+        op = ops_by_ext.get(ext) if isinstance(ext, int) else None
         if c is None:
             collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
             c = resolve_from_op(collective)
@@ -322,11 +344,11 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
             b = _msg_bytes(args)
             if b < 0 and op is not None:
                 b = _msg_bytes(op["args"])
-            msg[i] = b
+            msg[i] = b if 0 <= b < 2**62 else -1
         s = args.get("stream", ev.get("tid", 0))
-        stream[i] = s if isinstance(s, int) else -1
+        stream[i] = s if type(s) is int and abs(s) < 2**62 else -1
         corr = args.get("correlation")
-        launch_us.append(runtime_ts.get(corr, ev["ts"]) if corr is not None else ev["ts"])
+        launch_us.append(runtime_ts.get(corr, ev["ts"]) if isinstance(corr, int) else ev["ts"])
 
     start_ns = _to_ns([ev["ts"] for ev in evs])
     dur_ns = _to_ns([ev["dur"] for ev in evs])
