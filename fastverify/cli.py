@@ -26,10 +26,11 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fastverify", description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
+    p = _Parser(prog="fastverify", allow_abbrev=False, description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     prof = sub.add_parser(
         "profile",
+        allow_abbrev=False,
         help="split the verify step into compute and all-reduce time",
         description=("Split the verify step into compute vs all-reduce time per TP rank, per step, per layer "
                      "position and per message size. With --trace: from PyTorch profiler traces (one per rank). "
@@ -66,7 +67,6 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:
             raise UserError(f"--trace reads existing traces; {', '.join(clash)} only apply to a live run")
-        from fastverify.profile import build_profile
         from fastverify.trace.load import load_traces
 
         ranks = load_traces(args.trace)
@@ -76,11 +76,15 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         if args.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {args.warmup}")
         ranks, source, stem = _live(args)
-        from fastverify.profile import build_profile
 
-    from fastverify.profile import default_output, write_outputs
+    from fastverify.profile import build_profile, default_output, write_outputs
 
     profile = build_profile(ranks, source)
+    if source.get("graph_replay_traces"):
+        from fastverify.trace.load import load_traces
+
+        replay = load_traces([source["graph_replay_traces"]])
+        profile["graph_replay"] = build_profile(replay, {"kind": "trace", "files": [r.origin for r in replay]})
     out = args.output or default_output(stem)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
     write_outputs(profile, out, png)
@@ -95,16 +99,29 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
 def _live(args: argparse.Namespace):
     from fastverify.live.config import load_model_config
     from fastverify.live.runner import run_live
+    from fastverify.profile import default_output
 
     model = args.model or "tiny"
     config = load_model_config(model)
+    stem = f"live-{Path(model).stem if model.endswith('.json') else model}-tp{args.tp}"
+    trace_dir = None
+    if args.device != "cpu":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= args.tp:
+            # On GPUs the ranks also trace a CUDA-graph replay of the forward; it goes through the
+            # same trace analyzer as --trace input and lands in the profile as "graph_replay".
+            args.output = args.output or default_output(stem)  # one name for the JSON and its traces
+            trace_dir = args.output.parent / f"{args.output.stem}-traces"
     ranks = run_live(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch, iters=args.iters,
-                     warmup=args.warmup, device=args.device, timeout_s=args.timeout)
+                     warmup=args.warmup, device=args.device, timeout_s=args.timeout,
+                     trace_dir=None if trace_dir is None else str(trace_dir))
     meta = ranks[0].meta
     source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
               "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
               "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend")}
-    stem = f"live-{Path(model).stem if model.endswith('.json') else model}-tp{args.tp}"
+    if trace_dir is not None:
+        source["graph_replay_traces"] = str(trace_dir)
     return ranks, source, stem
 
 

@@ -55,7 +55,7 @@ def plot_profile(profile: dict, path: Path) -> None:
     ax1.invert_yaxis()
     ax1.set_xlabel("time in the profiled window (ms)")
     ax1.set_title("Where each rank's time goes")
-    ax1.legend(loc="lower right", fontsize=8)
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)
 
     rows = [r for r in profile["allreduce_by_msg_size"] if r["msg_bytes"]]
     if rows:

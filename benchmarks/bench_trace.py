@@ -1,0 +1,800 @@
+#!/usr/bin/env python3
+"""fastverify's trace analyzer against Holistic Trace Analysis (HTA 0.5.0) on the same traces.
+
+For every case (a set of trace files, one per rank) both tools run as whole child processes, start-up
+and imports included, several times, interleaved:
+
+* HTA:        ``<hta python> -c <runner> ...`` -> ``TraceAnalysis(trace_files=[...])``,
+              ``get_temporal_breakdown()``, ``get_comm_comp_overlap()`` (HTA defaults; the rank of each
+              file comes from HTA's own regex on the file content, as with ``trace_dir``);
+* fastverify: ``<python> -m fastverify profile --trace FILE... --output OUT.json --no-png --quiet``.
+
+Each child is started (``posix_spawn``) and reaped (``os.wait4``) by a tiny launcher process, which
+reports the child's wall time and own ``rusage``: the peak memory is its ``ru_maxrss`` (on Linux the
+maximum over the child and the descendants it waited for, e.g. HTA's multiprocessing workers - not
+their sum). The launcher exists because a child's ``ru_maxrss`` starts from the peak RSS of the
+process that spawned it; spawned straight from this process (which reads the traces) both tools would
+show this process's peak. The median wall time over the repeats is reported, with min and max.
+
+Then the numbers both tools compute are printed side by side per rank: HTA's ``idle_time(us)``,
+``compute_time(us)``, ``non_compute_time(us)``, ``kernel_time(us)`` and the comm/compute overlap %,
+against fastverify's ``ranks[].hta`` block (HTA's formulas, fastverify's parsing and kernel classes).
+The timed HTA runs leave ``HTA_DISABLE_NS_ROUNDING`` unset (HTA's default: float ``ts`` rounded,
+start up / end down); one extra, untimed HTA run with rounding disabled (and, for traces with
+``ProfilerStep#`` markers, one with the last step included) shows which part of each difference comes
+from rounding or step filtering; the rest is kernel classification, explained in the notes.
+
+Usage (from the repository root, with the project's venv)::
+
+    .venv/bin/python benchmarks/bench_trace.py                  # all cases, 3 repeats
+    .venv/bin/python benchmarks/bench_trace.py --cases b200-eager --repeats 5 --json bench_out/r.json
+
+HTA: ``pip install -e '.[bench]'`` puts it in the venv; otherwise the benchmark uses (and on first run
+creates) a separate venv ``bench_out/hta-venv`` with ``holistictraceanalysis==0.5.0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SHARED = REPO.parent / "shared" / "traces"
+DEFAULT_OUT = REPO / "bench_out"
+HTA_REQUIREMENT = "holistictraceanalysis==0.5.0"
+HTA_DIST = "holistictraceanalysis"
+HTA_VERSION = "0.5.0"
+NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
+SPEED_AIM = 10.0
+
+# (fastverify key in ranks[].hta, HTA column, unit, label)
+METRICS = (
+    ("kernel_time_us", "kernel_time_us", "us", "kernel_time"),
+    ("idle_us", "idle_time_us", "us", "idle"),
+    ("compute_us", "compute_time_us", "us", "compute"),
+    ("non_compute_us", "non_compute_time_us", "us", "non_compute"),
+    ("comm_compute_overlap_pct", "overlap_pct", "%", "comm_comp_overlap"),
+)
+
+# The HTA side. Runs in the HTA interpreter; writes one JSON file; prints nothing itself.
+HTA_RUNNER = r"""
+import json, math, sys
+out, include_last, files = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_files=files, include_last_profiler_step=include_last)
+tb = ta.get_temporal_breakdown(visualize=False)
+ov = ta.get_comm_comp_overlap(visualize=False)
+def num(x):
+    x = float(x)
+    return None if math.isnan(x) else x
+ranks = {}
+for row in tb.to_dict("records"):
+    ranks[int(row["rank"])] = {
+        "rank": int(row["rank"]),
+        "idle_time_us": num(row["idle_time(us)"]),
+        "compute_time_us": num(row["compute_time(us)"]),
+        "non_compute_time_us": num(row["non_compute_time(us)"]),
+        "kernel_time_us": num(row["kernel_time(us)"]),
+    }
+for row in ov.to_dict("records"):
+    r = ranks.setdefault(int(row["rank"]), {"rank": int(row["rank"])})
+    r["overlap_pct"] = num(row["comp_comm_overlap_pctg"])  # HTA rounds it to 2 decimals
+files_by_rank = {str(k): v for k, v in ta.t.trace_files.items()}
+with open(out, "w") as fh:
+    json.dump({"ranks": [ranks[k] for k in sorted(ranks)], "files_by_rank": files_by_rank}, fh)
+"""
+
+# Spawns one measured child (posix_spawn, so no copy of this small process's memory) and reaps it
+# with os.wait4; prints "wall user sys maxrss_kib rc timed_out". Imports only builtin modules.
+LAUNCHER = r"""
+import os, sys, time, signal
+out, err, cwd, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+cmd = sys.argv[5:]
+os.chdir(cwd)
+fa = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+      (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+      (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+killed = []
+t0 = time.perf_counter()
+pid = os.posix_spawn(cmd[0], cmd, os.environ, file_actions=fa)
+def on_alarm(*_):
+    killed.append(1)
+    os.kill(pid, signal.SIGKILL)
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, timeout)
+while True:
+    try:
+        _, status, ru = os.wait4(pid, 0)
+        break
+    except InterruptedError:
+        continue
+wall = time.perf_counter() - t0
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, os.waitstatus_to_exitcode(status), 1 if killed else 0)
+"""
+
+VERSIONS_PROBE = r"""
+import json, platform, sys
+from importlib import metadata
+out = {"python": platform.python_version(), "executable": sys.executable}
+for d in sys.argv[1:]:
+    try:
+        out[d] = metadata.version(d)
+    except metadata.PackageNotFoundError:
+        out[d] = None
+print(json.dumps(out))
+"""
+
+
+class BenchError(Exception):
+    """A condition that stops the benchmark with one clear line."""
+
+
+# --------------------------------------------------------------------------------------------------
+# cases and trace facts
+
+
+@dataclass
+class Case:
+    name: str
+    files: list[Path]
+    note: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | None,
+                   rebuild_big: bool) -> tuple[list[Case], list[str]]:
+    """The cases whose files exist, and one message per case skipped."""
+    cases: list[Case] = []
+    skipped: list[str] = []
+    b200 = shared / "TraceLens" / "eager_trace.json.gz"
+    pair = [shared / "HolisticTraceAnalysis" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
+    sgl = shared / "TraceLens" / "sglang_Qwen3-8B_prefilldecode.json.gz"
+    for name, files, note in (
+        ("b200-eager", [b200], "real vLLM B200 TP8 rank 0 (TraceLens)"),
+        ("hta-pair", pair, "real 2-rank pair, A100, NCCL send/recv (HTA test data)"),
+        ("sglang-qwen3", [sgl], "real SGLang MI300X 1 rank, graph replay (TraceLens)"),
+    ):
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            skipped.append(f"{name}: missing {', '.join(missing)}")
+        else:
+            cases.append(Case(name, files, note))
+    if big:
+        if not b200.is_file():
+            skipped.append(f"b200-eager-big: its source {b200} is missing")
+        else:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import make_big_trace  # noqa: E402  (sibling script)
+
+            copies = big_copies
+            if copies is None:
+                raw_len = _json_size(b200)
+                copies = max(1, round(make_big_trace.DEFAULT_TARGET_MB * 1e6 / raw_len))
+            path = out_dir / f"eager_trace_x{copies}.json.gz"
+            if rebuild_big or not path.is_file():
+                print(f"# building {path} ({copies} tiled copies of {b200.name}) ...", file=sys.stderr)
+                make_big_trace.make_big_trace(b200, path, copies=copies)
+            cases.append(Case(f"b200-eager-x{copies}", [path],
+                              f"DERIVED: real b200 trace tiled {copies}x (make_big_trace.py)"))
+    return cases, skipped
+
+
+def _json_size(path: Path) -> int:
+    n = 0
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            n += len(chunk)
+    return n
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        import orjson  # type: ignore
+
+        return orjson.loads(raw)
+    except ImportError:
+        return json.loads(raw)
+    except Exception:  # orjson rejects integers wider than 64 bits; json does not
+        return json.loads(raw)
+
+
+def trace_facts(path: Path) -> dict[str, Any]:
+    """Untimed facts about one trace file, used for the table and for the notes."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    doc = _loads(raw)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else []
+    gpu_cats = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+    float_ts = False
+    steps: set[str] = set()
+    gpu = nccl = 0
+    nccl_us = 0.0
+    stray: list[dict[str, Any]] = []  # non-GPU events HTA takes for GPU events (its filter: stream != -1)
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        ts = ev.get("ts")
+        if isinstance(ts, float) and not float_ts and ts != int(ts):
+            float_ts = True
+        name = ev.get("name")
+        args = ev.get("args")
+        if (ev.get("ph") == "X" and ev.get("cat") not in gpu_cats and isinstance(args, dict)
+                and isinstance(args.get("stream"), int) and args["stream"] != -1 and "dur" in ev):
+            stray.append({"cat": ev.get("cat"), "name": name, "dur_us": float(ev["dur"])})
+        if isinstance(name, str):
+            if "ProfilerStep" in name:
+                steps.add(name)
+            if ev.get("cat") in gpu_cats and ev.get("ph") == "X":
+                gpu += 1
+                if name.startswith("nccl"):  # HTA 0.5.0's COMMUNICATION pattern is ^nccl
+                    nccl += 1
+                    nccl_us += float(ev.get("dur", 0) or 0)
+    m = re.search(rb'"rank":\s+(\d+)', raw)  # the regex HTA uses to find a file's rank
+    return {
+        "json_bytes": len(raw),
+        "events": len(events),
+        "float_ts": float_ts,
+        "profiler_steps": len(steps),
+        "gpu_events": gpu,
+        "hta_comm_kernels": nccl,
+        "hta_comm_kernel_sum_us": nccl_us,
+        "hta_rank_regex": int(m.group(1)) if m else None,
+        "hta_stray_gpu_events": stray,
+        "trace_name": doc.get("traceName") if isinstance(doc, dict) else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# interpreters
+
+
+def probe_versions(python: str, dists: list[str]) -> dict[str, Any]:
+    res = subprocess.run([python, "-c", VERSIONS_PROBE, *dists], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        raise BenchError(f"{python}: cannot probe versions: {res.stderr.strip()[-300:]}")
+    return json.loads(res.stdout)
+
+
+def resolve_hta_python(arg: str | None, out_dir: Path, install: bool) -> tuple[str, str]:
+    """Return (interpreter, how it was found)."""
+    if arg:
+        v = probe_versions(arg, [HTA_DIST])
+        if v.get(HTA_DIST) is None:
+            raise BenchError(f"--hta-python {arg}: {HTA_DIST} is not installed there")
+        return arg, "given with --hta-python"
+    for cand, how in ((sys.executable, "this interpreter (the bench extra)"),
+                      (str(out_dir / "hta-venv" / "bin" / "python"), "bench_out/hta-venv")):
+        if Path(cand).exists():
+            try:
+                if probe_versions(cand, [HTA_DIST]).get(HTA_DIST) == HTA_VERSION:
+                    return cand, how
+            except (BenchError, subprocess.TimeoutExpired):
+                pass
+    if not install:
+        raise BenchError(f"HTA is not installed: pip install -e '.[bench]' (or drop --no-install to let "
+                         f"the benchmark create {out_dir / 'hta-venv'})")
+    venv = out_dir / "hta-venv"
+    print(f"# HTA not found: creating {venv} and installing {HTA_REQUIREMENT} there (first run only) ...",
+          file=sys.stderr)
+    base = getattr(sys, "_base_executable", sys.executable)
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    res = subprocess.run([py, "-m", "pip", "install", "-q", HTA_REQUIREMENT], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise BenchError(f"installing {HTA_REQUIREMENT} into {venv} failed: {res.stderr.strip()[-400:]}")
+    return py, f"{venv} (created by this run)"
+
+
+def fastverify_available(python: str) -> str | None:
+    """None when `python -m fastverify profile` can run; else why not."""
+    res = subprocess.run([python, "-m", "fastverify", "profile", "--help"], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    if res.returncode != 0 or "--trace" not in res.stdout:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"`{python} -m fastverify profile --help` failed: {tail[0]}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# measured child processes
+
+
+@dataclass
+class Run:
+    wall_s: float
+    user_s: float
+    sys_s: float
+    maxrss_kib: int
+    rc: int
+    stderr_path: str
+    timed_out: bool = False
+
+
+def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path,
+                 timeout: float) -> Run:
+    """Run cmd as one child of a tiny launcher; wall clock and rusage (os.wait4) come from the launcher.
+
+    Why a launcher: on Linux a child's ru_maxrss starts from the peak RSS of the process it was
+    spawned from (exec keeps the old mm's high-water mark), so spawning the tools from this process,
+    which has read the traces for their facts, would put a floor of this process's peak under both
+    tools' figures. The launcher stays at ~10 MB; `floor_mib` in the header shows that floor.
+    """
+    out_p, err_p = log_base.with_suffix(".out"), log_base.with_suffix(".err")
+    exe = cmd[0] if os.path.isabs(cmd[0]) else (shutil.which(cmd[0]) or cmd[0])
+    argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(out_p), str(err_p), str(cwd), str(timeout),
+            os.path.abspath(exe), *cmd[1:]]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout + 60)
+    if res.returncode != 0:
+        raise BenchError(f"launcher failed for {cmd[0]}: {res.stderr.strip()[-300:]}")
+    wall, user, sys_s, maxrss, rc, timed_out = res.stdout.split()
+    return Run(float(wall), float(user), float(sys_s), int(maxrss), int(rc), str(err_p), timed_out == "1")
+
+
+def _err_tail(run: Run, n: int = 3) -> str:
+    try:
+        lines = Path(run.stderr_path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def hta_cmd(python: str, out_json: Path, files: list[Path], include_last: bool = False) -> list[str]:
+    return [python, "-c", HTA_RUNNER, str(out_json), "1" if include_last else "0",
+            *[str(f.resolve()) for f in files]]
+
+
+def fv_cmd(python: str, out_json: Path, files: list[Path]) -> list[str]:
+    return [python, "-m", "fastverify", "profile", "--trace", *[str(f.resolve()) for f in files],
+            "--output", str(out_json), "--no-png", "--quiet"]
+
+
+def hta_env(ns_rounding: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(NS_ROUNDING_ENV, None)
+    if not ns_rounding:
+        env[NS_ROUNDING_ENV] = "1"
+    return env
+
+
+def read_hta(path: Path) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    doc = json.loads(path.read_text())
+    return {int(r["rank"]): r for r in doc["ranks"]}, {int(k): v for k, v in doc["files_by_rank"].items()}
+
+
+def read_fv(path: Path) -> dict[int, dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    return {int(r["rank"]): r for r in doc["ranks"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def median_run(runs: list[Run]) -> dict[str, Any]:
+    walls = [r.wall_s for r in runs]
+    return {
+        "wall_s_median": statistics.median(walls),
+        "wall_s_min": min(walls),
+        "wall_s_max": max(walls),
+        "user_s_median": statistics.median(r.user_s for r in runs),
+        "sys_s_median": statistics.median(r.sys_s for r in runs),
+        "maxrss_mib_median": statistics.median(r.maxrss_kib for r in runs) / 1024.0,
+        "maxrss_mib_max": max(r.maxrss_kib for r in runs) / 1024.0,
+        "runs": [r.__dict__ for r in runs],
+    }
+
+
+def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup: int,
+               log_dir: Path, timeout: float, extra_hta: bool) -> dict[str, Any]:
+    rec: dict[str, Any] = {"case": case.name, "note": case.note,
+                           "files": [str(f) for f in case.files], "facts": case.facts,
+                           "errors": []}
+    tools: dict[str, list[Run]] = {"hta": [], "fastverify": []}
+    outputs: dict[str, list[Path]] = {"hta": [], "fastverify": []}
+    env_hta, env_fv = hta_env(ns_rounding=True), dict(os.environ)
+
+    def one(tool: str, tag: str) -> Run:
+        base = log_dir / f"{case.name}.{tool}.{tag}"
+        if tool == "hta":
+            out = base.with_suffix(".result.json")
+            run = run_measured(hta_cmd(hta_py, out, case.files), env_hta, log_dir, base, timeout)
+        else:
+            out = base.with_suffix(".profile.json")
+            run = run_measured(fv_cmd(fv_py, out, case.files), env_fv, REPO, base, timeout)
+        if run.rc != 0 or not out.is_file():
+            why = "timed out" if run.timed_out else f"exit {run.rc}"
+            raise BenchError(f"{case.name}: {tool} run {tag} failed ({why}): {_err_tail(run)}")
+        if tag.startswith("r"):
+            outputs[tool].append(out)
+        return run
+
+    order = ["hta", "fastverify"] if fv_py else ["hta"]
+    try:
+        for w in range(warmup):
+            for tool in order:
+                one(tool, f"w{w}")
+        for i in range(repeats):
+            for tool in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+                tools[tool].append(one(tool, f"r{i}"))
+    except BenchError as exc:
+        rec["errors"].append(str(exc))
+        return rec
+
+    rec["hta"] = median_run(tools["hta"])
+    hta_ranks, hta_files = read_hta(outputs["hta"][0])
+    rec["hta_files_by_rank"] = {str(k): v for k, v in hta_files.items()}
+    if len(hta_files) < len(case.files):
+        rec["errors"].append(f"{case.name}: HTA mapped {len(case.files)} files onto {len(hta_files)} "
+                             f"rank(s) (its rank regex found duplicates); numbers cover fewer ranks")
+    # Repeats must agree (both tools are deterministic); a mismatch would be a bug worth seeing.
+    for out in outputs["hta"][1:]:
+        if read_hta(out)[0] != hta_ranks:
+            rec["errors"].append(f"{case.name}: HTA numbers differ between repeats")
+            break
+    fv_ranks: dict[int, dict[str, Any]] = {}
+    if fv_py:
+        rec["fastverify"] = median_run(tools["fastverify"])
+        fv_ranks = read_fv(outputs["fastverify"][0])
+        for out in outputs["fastverify"][1:]:
+            if {k: v.get("hta") for k, v in read_fv(out).items()} != {
+                    k: v.get("hta") for k, v in fv_ranks.items()}:
+                rec["errors"].append(f"{case.name}: fastverify numbers differ between repeats")
+                break
+        rec["ratio_speed"] = rec["hta"]["wall_s_median"] / rec["fastverify"]["wall_s_median"]
+        rec["ratio_memory"] = rec["hta"]["maxrss_mib_median"] / rec["fastverify"]["maxrss_mib_median"]
+
+    # Untimed HTA variants that isolate rounding and step filtering.
+    variants: dict[str, dict[int, dict[str, Any]]] = {}
+    if extra_hta:
+        specs = []
+        if case.facts.get("float_ts"):
+            specs.append(("hta_noround", False, False))
+        if case.facts.get("profiler_steps", 0) >= 2:
+            specs.append(("hta_noround_last", False, True))
+        for key, rounding, last in specs:
+            base = log_dir / f"{case.name}.{key}"
+            out = base.with_suffix(".result.json")
+            run = run_measured(hta_cmd(hta_py, out, case.files, include_last=last), hta_env(rounding),
+                               log_dir, base, timeout)
+            if run.rc != 0 or not out.is_file():
+                rec["errors"].append(f"{case.name}: HTA variant {key} failed: {_err_tail(run)}")
+                continue
+            variants[key] = read_hta(out)[0]
+
+    rows = []
+    for rank in sorted(set(hta_ranks) | set(fv_ranks)):
+        h = hta_ranks.get(rank, {})
+        f = (fv_ranks.get(rank) or {}).get("hta") or {}
+        for fv_key, hta_key, unit, label in METRICS:
+            row = {"rank": rank, "metric": label, "unit": unit, "hta": h.get(hta_key),
+                   "fastverify": f.get(fv_key) if fv_py else None}
+            for key, vr in variants.items():
+                row[key] = vr.get(rank, {}).get(hta_key)
+            rows.append(row)
+    rec["numbers"] = rows
+    rec["fastverify_classes"] = {
+        str(rank): {k: r.get(k) for k in ("counts", "allreduce_us", "allreduce_count", "fused_allreduce_us",
+                                          "other_comm_us", "unknown_comm_us", "memory_us", "compute_us",
+                                          "window_us", "steps")
+                    if k in r and k != "steps"} | {"steps": len(r.get("steps") or [])}
+        for rank, r in fv_ranks.items()}
+    # HTA prints this warning when it rounds float timestamps.
+    rec["hta_rounded_ts"] = "Rounding down ns resolution" in Path(
+        tools["hta"][0].stderr_path).read_text(errors="replace")
+    return rec
+
+
+# --------------------------------------------------------------------------------------------------
+# output
+
+
+def _fmt(v: Any, unit: str = "us") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return f"{v:,.3f}" if unit == "us" else f"{v:.3f}"
+
+
+def _diff(a: Any, b: Any) -> str:
+    if a is None or b is None:
+        return "n/a"
+    return f"{a - b:+,.3f}"
+
+
+def _pct(a: Any, b: Any) -> str:
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{100.0 * (a - b) / b:+.2f}"
+
+
+def explain(rec: dict[str, Any]) -> list[str]:
+    """Plain-language reasons for the differences in one case's numbers."""
+    notes: list[str] = []
+    facts = rec.get("facts", {})
+    rows = rec.get("numbers", [])
+    if rec.get("hta_rounded_ts"):
+        notes.append("HTA rounded the float (ns) timestamps of this trace (ts up, ts+dur down, "
+                     "pytorch#122425 workaround); each GPU event loses up to 1 us, so HTA's compute, "
+                     "kernel and busy times are low and its idle high. fastverify keeps ns. "
+                     "Column HTA-noround = HTA with HTA_DISABLE_NS_ROUNDING=1.")
+    elif not facts.get("float_ts"):
+        notes.append("integer-us timestamps: HTA's ns rounding does not apply here.")
+    if facts.get("profiler_steps", 0) >= 2:
+        kt = [r for r in rows if r["metric"] == "kernel_time"]
+        detail = ", ".join(f"rank {r['rank']}: HTA {_fmt(r['hta'])} vs fastverify {_fmt(r['fastverify'])} us"
+                           for r in kt)
+        notes.append(f"{facts['profiler_steps']} ProfilerStep markers: HTA keeps only GPU kernels launched "
+                     f"before the last step (include_last_profiler_step=False) and drops kernels whose "
+                     f"CPU launch is outside the steps; fastverify's hta block covers the whole trace "
+                     f"window ({detail}). Column HTA-nr+last = no rounding and last step included.")
+    for rank, pf in sorted(facts.get("per_file", {}).items()):
+        stray = pf.get("hta_stray_gpu_events") or []
+        if stray:
+            ex = "; ".join(f"{e['cat']} {str(e['name'])[:60]} ({e['dur_us']:,.3f} us)" for e in stray[:3])
+            notes.append(
+                f"rank {rank}: HTA takes every event whose args carry a stream (stream != -1) for a GPU event, so "
+                f"{len(stray)} CPU-side event(s) enter its GPU time, as compute: {ex}. fastverify uses only "
+                f"kernel/memcpy/memset events; this moves up to that duration from HTA's compute to idle.")
+    if any(r["metric"] == "comm_comp_overlap" and r["hta"] not in (None, 0.0) for r in rows):
+        notes.append("HTA returns the overlap % rounded to 2 decimals (comp_comm_overlap_pctg); "
+                     "fastverify gives 3.")
+    per_file = facts.get("per_file", {})
+    for rank, cls in (rec.get("fastverify_classes") or {}).items():
+        counts = cls.get("counts") or {}
+        ours = sum(counts.get(k, 0) for k in ("allreduce", "fused_allreduce", "other_comm", "unknown_comm"))
+        pf = per_file.get(rank, facts)
+        hc, hus = pf.get("hta_comm_kernels", 0), pf.get("hta_comm_kernel_sum_us", 0.0)
+        if ours != hc:
+            notes.append(
+                f"rank {rank}: kernel classes differ: HTA 0.5.0 counts as communication only names "
+                f"matching ^nccl ({hc} kernels, {hus:,.1f} us summed); fastverify counts {ours} comm "
+                f"kernels (all-reduce {counts.get('allreduce', 0)}: {cls.get('allreduce_us') or 0:,.1f} us, "
+                f"other comm {counts.get('other_comm', 0)}: {cls.get('other_comm_us') or 0:,.1f} us, fused "
+                f"{counts.get('fused_allreduce', 0)}, unknown {counts.get('unknown_comm', 0)}). Kernels HTA "
+                f"calls compute and fastverify calls comm move from compute to non_compute, and the "
+                f"comm/compute overlap changes with them.")
+        else:
+            notes.append(f"rank {rank}: both tools count {hc} communication kernels.")
+    return notes
+
+
+def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str]) -> str:
+    L: list[str] = []
+    add = L.append
+    add("# fastverify trace benchmark: fastverify profile vs Holistic Trace Analysis, whole processes")
+    add(f"# date {meta['date']}  host {meta['host']}")
+    add(f"# machine: nproc {meta['nproc']}, cpu {meta['cpu']}, memory {meta['mem_gib']:.1f} GiB")
+    fv = meta.get("fastverify_env") or {}
+    if fv:
+        add(f"# fastverify {fv.get('fastverify')}  python {fv.get('python')} ({fv.get('executable')})  "
+            f"numpy {fv.get('numpy')}  orjson {fv.get('orjson')}")
+    else:
+        add(f"# fastverify: NOT RUN ({meta.get('fastverify_missing')})")
+    h = meta["hta_env"]
+    add(f"# HTA {HTA_DIST} {h.get(HTA_DIST)}  python {h.get('python')} ({h.get('executable')}; "
+        f"{meta['hta_how']})  pandas {h.get('pandas')}  numpy {h.get('numpy')}")
+    add(f"# HTA timed runs: {NS_ROUNDING_ENV} unset (default: float ts rounded); "
+        f"include_last_profiler_step=False (default); ranks from HTA's own file regex")
+    add(f"# repeats {meta['repeats']} per tool (median), {meta['warmup']} untimed warm-up each, runs interleaved; "
+        f"wall = spawn to reap (start-up, imports, parse, analysis, output file); "
+        f"peak memory = ru_maxrss of the child via os.wait4")
+    add(f"# children are spawned by a small launcher: a do-nothing child measures {meta['floor_mib']:.1f} MB "
+        f"(the floor); a bare `python -c pass` {meta['python_bare_mib']:.1f} MB, {meta['python_bare_wall_s']:.3f} s")
+    for s in skipped:
+        add(f"# skipped case {s}")
+    add("#")
+    hdr = ("case", "files", "json", "events", "tool", "wall", "min", "max", "user", "sys", "maxrss")
+    units = ("", "", "(MB)", "", "", "(s)", "(s)", "(s)", "(s)", "(s)", "(MB)")
+    widths = (18, 5, 7, 9, 10, 8, 8, 8, 8, 7, 8)
+
+    def line(cells: tuple, lead: str = " ") -> str:
+        out = [f"{cells[0]:>{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:])]
+        return lead + "  ".join(out)
+
+    add(line(hdr, "#"))
+    add(line(units, "#"))
+    for rec in recs:
+        f = rec.get("facts", {})
+        for tool, label in (("hta", "HTA"), ("fastverify", "fastverify")):
+            m = rec.get(tool)
+            if not m:
+                add(line((rec["case"], len(rec["files"]), f"{f.get('json_bytes', 0) / 1e6:.1f}",
+                          f"{f.get('events', 0):,}", label) + ("n/a",) * 6))
+                continue
+            add(line((rec["case"], len(rec["files"]), f"{f.get('json_bytes', 0) / 1e6:.1f}",
+                      f"{f.get('events', 0):,}", label, f"{m['wall_s_median']:.3f}", f"{m['wall_s_min']:.3f}",
+                      f"{m['wall_s_max']:.3f}", f"{m['user_s_median']:.2f}", f"{m['sys_s_median']:.2f}",
+                      f"{m['maxrss_mib_median']:.1f}")))
+    add("#")
+    add("# shared numbers per rank: HTA get_temporal_breakdown()/get_comm_comp_overlap() vs fastverify ranks[].hta")
+    add("# (diff = fastverify - HTA; HTA-noround: untimed HTA run with HTA_DISABLE_NS_ROUNDING=1; "
+        "HTA-nr+last: also include_last_profiler_step=True;"
+        " diff-vs-like = fastverify - the most like-for-like of those)")
+    nh = ("case", "rank", "metric", "unit", "HTA", "HTA-noround", "HTA-nr+last", "fastverify", "diff", "diff%",
+          "diff-vs-like")
+    nw = (18, 4, 17, 4, 14, 14, 14, 14, 12, 8, 15)
+    add("#" + "  ".join(f"{c:>{w}}" for c, w in zip(nh, nw)))
+    add("#" + "  ".join(f"{c:>{w}}" for c, w in zip(("", "", "", "", "(us|%)", "(us|%)", "(us|%)", "(us|%)",
+                                                       "(us|%)", "(%)", "(us|%)"), nw)))
+    for rec in recs:
+        for r in rec.get("numbers", []):
+            u = r["unit"]
+            nr = r.get("hta_noround")
+            # the most like-for-like HTA figure: no rounding, and the last step kept when it matters
+            like = r.get("hta_noround_last")
+            if like is None:
+                like = nr if nr is not None else (r["hta"] if not rec.get("hta_rounded_ts") else None)
+            cells = (rec["case"], r["rank"], r["metric"], u, _fmt(r["hta"], u), _fmt(nr, u),
+                     _fmt(r.get("hta_noround_last"), u), _fmt(r["fastverify"], u),
+                     _diff(r["fastverify"], r["hta"]), _pct(r["fastverify"], r["hta"]),
+                     _diff(r["fastverify"], like))
+            add(" " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, nw)))
+    add("#")
+    for rec in recs:
+        if "ratio_speed" in rec:
+            add(f"# {rec['case']:<18} speed: HTA / fastverify = {rec['ratio_speed']:.1f}×   "
+                f"peak memory: HTA / fastverify = {rec['ratio_memory']:.1f}×")
+    big = [r for r in recs if "ratio_speed" in r and r.get("facts", {}).get("json_bytes", 0) >= 40e6]
+    for rec in big:
+        ok_speed = rec["ratio_speed"] >= SPEED_AIM
+        ok_mem = rec["ratio_memory"] > 1.0
+        add(f"# aim on {rec['case']} ({rec['facts']['json_bytes'] / 1e6:.0f} MB JSON): speed >= {SPEED_AIM:.0f}× "
+            f"{'MET' if ok_speed else 'NOT MET'} ({rec['ratio_speed']:.1f}×), lower peak memory "
+            f"{'MET' if ok_mem else 'NOT MET'} ({rec['ratio_memory']:.2f}×)")
+    add("#")
+    for rec in recs:
+        add(f"# notes on {rec['case']} ({rec.get('note', '')}):")
+        for e in rec.get("errors", []):
+            add(f"#   ERROR: {e}")
+        for n in explain(rec):
+            add(f"#   - {n}")
+    return "\n".join(L) + "\n"
+
+
+def machine_meta() -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0.0
+    try:
+        for ln in Path("/proc/meminfo").read_text().splitlines():
+            if ln.startswith("MemTotal:"):
+                mem = int(ln.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "host": f"{platform.system()} {platform.release()} {platform.machine()}",
+            "nproc": nproc, "cpu": cpu, "mem_gib": mem}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="fastverify profile vs HTA 0.5.0 on the same traces: "
+                                             "whole-process wall time, peak memory, shared numbers.")
+    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
+                    help="folder of the real traces (default: ../shared/traces from the repo root)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder (default: bench_out/)")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case names (b200-eager, hta-pair, sglang-qwen3, b200-eager-xN)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per tool and case (median shown)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool and case first")
+    ap.add_argument("--no-big", action="store_true", help="skip the ~50 MB derived trace")
+    ap.add_argument("--big-copies", type=int, default=None,
+                    help="tiles of the b200 trace in the big case (default: nearest to 50 MB)")
+    ap.add_argument("--rebuild-big", action="store_true", help="rebuild the big trace even if present")
+    ap.add_argument("--no-extra-hta", action="store_true",
+                    help="skip the untimed HTA runs without rounding / with the last step")
+    ap.add_argument("--hta-python", default=None, help="interpreter that has holistictraceanalysis 0.5.0")
+    ap.add_argument("--fastverify-python", default=sys.executable,
+                    help="interpreter that has fastverify (default: this one)")
+    ap.add_argument("--no-install", action="store_true",
+                    help="never create bench_out/hta-venv; fail if HTA is not installed")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    ap.add_argument("--json", type=Path, default=None, help="also write the records as JSON here")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        ap.error("--repeats must be >= 1 and --warmup >= 0")
+
+    if not args.shared.is_dir():
+        print(f"# SKIPPED: shared traces not found at {args.shared} (pass --shared DIR)")
+        return 0
+    out_dir = args.out.resolve()
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        hta_py, hta_how = resolve_hta_python(args.hta_python, out_dir, not args.no_install)
+        cases, skipped = discover_cases(args.shared, out_dir, not args.no_big, args.big_copies,
+                                        args.rebuild_big)
+    except BenchError as exc:
+        print(f"bench_trace: {exc}", file=sys.stderr)
+        return 2
+    if args.cases:
+        want = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [w for w in want if w not in {c.name for c in cases}]
+        if unknown:
+            print(f"bench_trace: unknown or unavailable case(s): {', '.join(unknown)}; available: "
+                  f"{', '.join(c.name for c in cases)}", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c.name in want]
+    if not cases:
+        print(f"# SKIPPED: no trace case available under {args.shared}: {'; '.join(skipped)}")
+        return 0
+
+    meta = machine_meta()
+    meta.update(repeats=args.repeats, warmup=args.warmup, hta_how=hta_how,
+                hta_env=probe_versions(hta_py, [HTA_DIST, "pandas", "numpy"]))
+    fv_py: str | None = args.fastverify_python
+    missing = fastverify_available(fv_py)
+    if missing:
+        meta["fastverify_missing"] = missing
+        fv_py = None
+        print(f"# fastverify side not run: {missing}", file=sys.stderr)
+    else:
+        meta["fastverify_env"] = probe_versions(fv_py, ["fastverify", "numpy", "orjson"])
+
+    # What a do-nothing child measures through the launcher: the floor under every figure.
+    calib = [("floor", ["/bin/true"]), ("python_bare", [fv_py or sys.executable, "-c", "pass"])]
+    for key, cmd in calib:
+        r = run_measured(cmd, dict(os.environ), out_dir, log_dir / f"calibrate.{key}", 60)
+        meta[f"{key}_mib"] = r.maxrss_kib / 1024.0
+        meta[f"{key}_wall_s"] = r.wall_s
+
+    recs = []
+    for case in cases:
+        per_file = [trace_facts(f) for f in case.files]
+        case.facts = {
+            "json_bytes": sum(p["json_bytes"] for p in per_file),
+            "events": sum(p["events"] for p in per_file),
+            "float_ts": any(p["float_ts"] for p in per_file),
+            "profiler_steps": max(p["profiler_steps"] for p in per_file),
+            "hta_comm_kernels": sum(p["hta_comm_kernels"] for p in per_file),
+            "hta_comm_kernel_sum_us": sum(p["hta_comm_kernel_sum_us"] for p in per_file),
+            "hta_stray_gpu_events": [e for p in per_file for e in p["hta_stray_gpu_events"]],
+            "per_file": {str(p["hta_rank_regex"]): p for p in per_file},
+        }
+        print(f"# running {case.name} ({len(case.files)} file(s), {case.facts['json_bytes'] / 1e6:.1f} MB JSON)"
+              " ...", file=sys.stderr)
+        recs.append(bench_case(case, hta_py, fv_py, args.repeats, args.warmup, log_dir, args.timeout,
+                               not args.no_extra_hta))
+    text = render(meta, recs, skipped)
+    sys.stdout.write(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        for rec in recs:
+            for tool in ("hta", "fastverify"):
+                if tool in rec:
+                    rec[tool]["runs"] = [dict(r, maxrss_mib=r["maxrss_kib"] / 1024.0) for r in rec[tool]["runs"]]
+        args.json.write_text(json.dumps({"meta": meta, "skipped": skipped, "cases": recs}, indent=2,
+                                        default=str) + "\n")
+    failed = fv_py is None or any(rec.get("errors") for rec in recs)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,492 @@
+"""Run the synthetic verify forward on ``tp`` rank processes and return one :class:`RankEvents` per rank.
+
+Process model: one fresh Python process per rank (``sys.executable -c`` calling
+:func:`_worker_main`; no inherited CUDA or gloo state, as SGLang starts its scheduler ranks with
+``spawn``). The environment passes through, so ``NCCL_*`` settings reach the ranks. The parent holds
+the rendezvous ``TCPStore`` on 127.0.0.1 with a port the OS picks, so no port is guessed. The spec
+goes to each rank as a JSON file and the result comes back as ``rank<r>.json`` in a temporary
+directory; stderr goes to ``rank<r>.stderr`` there, and stdout is never parsed. A rank that exits
+non-zero or outlives ``timeout_s`` ends the run: every rank is killed and
+:class:`~fastverify.errors.UserError` names the rank and the last line of its stderr.
+
+Clocks
+------
+* CPU (gloo): each region is bracketed by ``time.perf_counter_ns()`` (``CLOCK_MONOTONIC`` on Linux,
+  one clock for every process on the machine), so ranks line up without conversion. Wall time,
+  labelled ``timing = "cpu_wall_clock"``: it is not GPU time.
+* CUDA (NCCL): each region is bracketed by ``torch.cuda.Event(enable_timing=True)`` on the
+  current stream. Before each timed forward the ranks synchronise (device sync, barrier, device
+  sync), then record a base event on an idle GPU and read ``perf_counter_ns()``; an event's time is
+  that host time plus its ``elapsed_time`` from the base event (ms → ns). ``timing = "cuda_events"``.
+  Afterwards the forward is captured in a CUDA graph and replayed under ``torch.profiler``; the
+  Chrome trace of each rank goes to ``trace_dir/verify-TP-<rank>.trace.json.gz`` (SGLang's
+  ``-TP-<rank>`` naming, so :mod:`fastverify.trace.load` reads it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import orjson
+
+from fastverify.errors import UserError
+from fastverify.events import EventClass, RankEvents, Step
+from fastverify.live.config import ModelConfig, check_tp
+
+logger = logging.getLogger(__name__)
+
+_HOST = "127.0.0.1"
+TRACE_REPLAYS = 3
+"""Graph replays recorded in each rank's Chrome trace (after one profiler warm-up replay)."""
+
+
+def run_live(
+    config: ModelConfig,
+    *,
+    tp: int,
+    draft_tokens: int,
+    batch: int,
+    iters: int = 5,
+    warmup: int = 2,
+    device: str = "auto",
+    timeout_s: float = 300.0,
+    trace_dir: str | None = None,
+) -> list[RankEvents]:
+    """Time ``iters`` verify forwards of ``config`` on ``tp`` ranks (after ``warmup`` untimed ones).
+
+    Parameters
+    ----------
+    config : ModelConfig
+        From :func:`~fastverify.live.config.load_model_config`.
+    tp : int
+        Tensor-parallel ranks (processes); each uses one GPU on CUDA.
+    draft_tokens, batch : int
+        Tokens per request in verify (SGLang ``speculative_num_draft_tokens``) and requests; the
+        forward runs ``T = batch × draft_tokens`` tokens.
+    iters, warmup : int
+        Timed forwards (one :class:`~fastverify.events.Step` each, named ``verify#<i>``) and
+        untimed ones before them.
+    device : {"auto", "cpu", "cuda"}
+        ``"auto"`` is CUDA + NCCL when ``torch.cuda.device_count() >= tp``, else CPU + gloo.
+    timeout_s : float
+        Limit for the whole run, start-up included, in seconds.
+    trace_dir : str | None
+        CUDA only: where each rank writes ``verify-TP-<rank>.trace.json.gz``.
+
+    Returns
+    -------
+    list[RankEvents]
+        One per rank, sorted by rank. Rows are op regions: compute (``EventClass.COMPUTE``, names
+        ``compute:embed|attn|mlp|moe|lm_head``), all-reduces (``ALLREDUCE``, name ``allreduce``,
+        ``msg_bytes = T × hidden × 2``) and the logits all-gather (``OTHER_COMM``, name
+        ``allgather``, ``msg_bytes = T × vocab_padded / tp × 2``, the per-rank input); ``label``
+        says where (``layer3.attn_out.allreduce``). Compute rows have ``msg_bytes = -1``. Times are
+        ns in one clock shared by all ranks (see the module docstring). ``meta`` holds ``timing``,
+        ``device``, ``dist_backend``, ``world_size``, ``model``, ``hidden_size``, ``num_layers``,
+        ``draft_tokens``, ``batch``, ``tokens``, ``warmup``, ``iters``, ``dtype``,
+        ``experts_allocated`` and more.
+
+    Raises
+    ------
+    UserError
+        Bad arguments, a model that ``tp`` cannot split, a CUDA request without ``tp`` GPUs, or a
+        rank that crashed or timed out (the message names the rank and its last stderr line).
+    """
+    check_tp(config, tp)
+    for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
+                             ("--iters", iters, 1), ("--warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
+    if not timeout_s > 0:
+        raise UserError(f"timeout must be > 0 seconds, got {timeout_s!r}")
+
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = _pick_device(device, tp, torch)
+    warnings: list[str] = []
+    if trace_dir is not None and not use_cuda:
+        if device == "cpu":
+            raise UserError("a trace directory needs --device cuda: a CPU run has no CUDA graph to trace")
+        warnings.append("trace_dir ignored: no CUDA run (fewer GPUs than --tp), so no CUDA graph to trace")
+        logger.warning("%s", warnings[-1])
+        trace_dir = None
+    if trace_dir is not None:
+        try:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create trace directory {trace_dir}: {err.strerror or err}") from None
+    backend = "nccl" if use_cuda else "gloo"
+    logger.info("live verify: model %s, tp %d, T = %d tokens, %s on %s",
+                config.name, tp, batch * draft_tokens, backend, "cuda" if use_cuda else "cpu")
+
+    # The parent owns the store (port 0: the OS picks a free one), so ranks never race for a port.
+    store = dist.TCPStore(_HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    spec = {
+        "config": asdict(config),
+        "tp": tp,
+        "draft_tokens": draft_tokens,
+        "batch": batch,
+        "iters": iters,
+        "warmup": warmup,
+        "cuda": use_cuda,
+        "port": store.port,
+        "timeout_s": float(timeout_s),
+        "trace_dir": None if trace_dir is None else str(Path(trace_dir).resolve()),
+        "threads": max(1, (os.cpu_count() or 1) // tp),
+        "warnings": warnings,
+    }
+    try:
+        with TemporaryDirectory(prefix="fastverify-live-") as workdir:
+            spec_path = Path(workdir) / "spec.json"
+            spec_path.write_bytes(orjson.dumps(spec))
+            _launch(_worker_argv(str(spec_path)), tp, timeout_s, workdir, _child_env())
+            return [_load_result(Path(workdir), r, backend) for r in range(tp)]
+    finally:
+        del store
+
+
+def _pick_device(device: str, tp: int, torch) -> bool:
+    """True for CUDA + NCCL, False for CPU + gloo."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return False
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and count < tp:
+        raise UserError(f"--device cuda needs {tp} GPUs for --tp {tp}, found {count}")
+    return count >= tp
+
+
+# ---- parent side: start, watch, collect ---------------------------------------------------------
+
+# A rank is a fresh interpreter running this module's _worker_main. It is started with ``-c`` rather
+# than through multiprocessing's spawn, which re-imports the caller's ``__main__`` in every child (a
+# script without an ``if __name__ == "__main__"`` guard would start ranks recursively), and which
+# leaves a child's import-time errors on the parent's stderr instead of the rank's file.
+_WORKER_CODE = "import sys; from fastverify.live.runner import _worker_main; _worker_main(sys.argv[1], int(sys.argv[2]))"
+
+
+def _worker_argv(spec_path: str) -> Callable[[int], list[str]]:
+    return lambda rank: [sys.executable, "-c", _WORKER_CODE, spec_path, str(rank)]
+
+
+def _child_env() -> dict[str, str]:
+    """The parent's environment (NCCL_*, CUDA_VISIBLE_DEVICES pass through) with this package importable."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir: str,
+            env: dict[str, str] | None = None) -> None:
+    """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
+
+    On the first failure (the earliest by the time the rank recorded in ``rank<r>.failed``, else by
+    when the exit was seen) or at the deadline, every rank still running is killed and a one-line
+    :class:`UserError` names the rank, the reason and the last line of its stderr.
+    """
+    procs: list[subprocess.Popen] = []
+    seen_exit: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        for rank in range(tp):
+            with open(_stderr_path(workdir, rank), "wb") as err:
+                procs.append(subprocess.Popen(argv(rank), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=err, env=env, cwd=workdir))
+        while True:
+            for rank, p in enumerate(procs):
+                if rank not in seen_exit and p.poll() is not None:
+                    seen_exit[rank] = time.monotonic_ns()
+            failed = [r for r in seen_exit if procs[r].returncode != 0]
+            if failed:
+                rank = min(failed, key=lambda r: (_failure_time(workdir, r, seen_exit[r]), r))
+                raise UserError(f"live rank {rank} failed ({_exit_reason(procs[rank].returncode)}): "
+                                f"{_last_stderr_line(workdir, rank)}")
+            if len(seen_exit) == tp:
+                return
+            if time.monotonic() >= deadline:
+                rank = min(r for r in range(tp) if r not in seen_exit)
+                raise UserError(f"live rank {rank} did not finish within {timeout_s:g} s "
+                                f"(last stderr line: {_last_stderr_line(workdir, rank)})")
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+
+
+def _exit_reason(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _stderr_path(workdir: str | Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.stderr"
+
+
+def _failure_time(workdir: str, rank: int, seen_ns: int) -> int:
+    """When ``rank`` failed, in ``time.monotonic_ns()`` (one clock for all processes on Linux)."""
+    try:
+        return int((Path(workdir) / f"rank{rank}.failed").read_text())
+    except (OSError, ValueError):
+        return seen_ns  # died without recording (signal, OOM kill, import error)
+
+
+def _last_stderr_line(workdir: str, rank: int) -> str:
+    try:
+        lines = _stderr_path(workdir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return "no stderr output"
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    return lines[-1] if lines else "no stderr output"
+
+
+def _load_result(workdir: Path, rank: int, backend: str) -> RankEvents:
+    path = workdir / f"rank{rank}.json"
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as err:
+        raise UserError(f"live rank {rank} exited without a result ({path.name}: {err})") from None
+    rows = [(name, EventClass(cls), start, dur, nbytes) for name, cls, start, dur, nbytes in doc["rows"]]
+    steps = [Step(name, start, end) for name, start, end in doc["steps"]]
+    return RankEvents.from_rows(rank, f"live:{backend}", rows, steps=steps, labels=doc["labels"], meta=doc["meta"])
+
+
+# ---- rank side ------------------------------------------------------------------------------------
+
+
+def _worker_main(spec_path: str, rank: int) -> None:
+    """Entry of a rank process: run it, write ``rank<r>.json`` next to the spec; on any error print
+    the traceback to stderr (the rank's file), record the failure time and exit 1."""
+    workdir = Path(spec_path).parent
+    try:
+        spec = orjson.loads(Path(spec_path).read_bytes())
+        result = _run_rank(rank, spec)
+        tmp = workdir / f"rank{rank}.json.tmp"
+        tmp.write_bytes(orjson.dumps(result))
+        os.replace(tmp, workdir / f"rank{rank}.json")
+    except BaseException:  # noqa: BLE001 - report everything, KeyboardInterrupt included, to the parent
+        (workdir / f"rank{rank}.failed").write_text(str(time.monotonic_ns()))
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+class _WallClockRecorder:
+    """CPU: regions bracketed by ``perf_counter_ns``; rows ``[name, cls, start_ns, dur_ns, bytes]``."""
+
+    def __init__(self) -> None:
+        self.rows: list[list] = []
+        self.labels: list[str] = []
+
+    def region(self, name, cls, label, msg_bytes):
+        return _WallRegion(self, name, cls, label, msg_bytes)
+
+
+class _WallRegion:
+    __slots__ = ("rec", "name", "cls", "label", "msg_bytes", "t0")
+
+    def __init__(self, rec, name, cls, label, msg_bytes):
+        self.rec, self.name, self.cls, self.label, self.msg_bytes = rec, name, cls, label, msg_bytes
+
+    def __enter__(self):
+        self.t0 = time.perf_counter_ns()
+
+    def __exit__(self, *exc):
+        t1 = time.perf_counter_ns()
+        self.rec.rows.append([self.name, self.cls.value, self.t0, t1 - self.t0, self.msg_bytes])
+        self.rec.labels.append(self.label)
+        return False
+
+
+class _CudaEventRecorder:
+    """CUDA: regions bracketed by timing events on the current stream, resolved after a sync."""
+
+    def __init__(self, torch) -> None:
+        self.torch = torch
+        self.pending: list[tuple] = []
+
+    def region(self, name, cls, label, msg_bytes):
+        return _CudaRegion(self, name, cls, label, msg_bytes)
+
+    def event(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, base_event, base_ns: int) -> tuple[list[list], list[str]]:
+        """Rows in host ns: ``base_ns`` + elapsed ms since ``base_event`` × 1e6. Call after a device sync."""
+        rows, labels = [], []
+        for name, cls, label, nbytes, e0, e1 in self.pending:
+            start = base_ns + round(base_event.elapsed_time(e0) * 1e6)
+            rows.append([name, cls.value, start, round(e0.elapsed_time(e1) * 1e6), nbytes])
+            labels.append(label)
+        return rows, labels
+
+
+class _CudaRegion:
+    __slots__ = ("rec", "name", "cls", "label", "msg_bytes", "e0")
+
+    def __init__(self, rec, name, cls, label, msg_bytes):
+        self.rec, self.name, self.cls, self.label, self.msg_bytes = rec, name, cls, label, msg_bytes
+
+    def __enter__(self):
+        self.e0 = self.rec.event()
+
+    def __exit__(self, *exc):
+        self.rec.pending.append((self.name, self.cls, self.label, self.msg_bytes, self.e0, self.rec.event()))
+        return False
+
+
+def _run_rank(rank: int, spec: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fastverify.live.forward import DEFAULT_CONTEXT_TOKENS, TPVerifyModel
+
+    tp, cuda = spec["tp"], spec["cuda"]
+    timeout = timedelta(seconds=spec["timeout_s"])
+    if cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        torch.set_num_threads(spec["threads"])
+        device = torch.device("cpu")
+    store = dist.TCPStore(_HOST, spec["port"], None, False, timeout=timeout)
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=tp, timeout=timeout)
+    # No teardown on error: the process exits at once (os._exit), and destroying a communicator with
+    # work in flight can block and hide the error behind the timeout.
+    config = ModelConfig(**spec["config"])
+    model = TPVerifyModel(config, tp=tp, rank=rank, batch=spec["batch"], draft_tokens=spec["draft_tokens"],
+                          device=device, dtype=torch.bfloat16, context_tokens=DEFAULT_CONTEXT_TOKENS)
+    for _ in range(spec["warmup"]):
+        model.forward()
+    if cuda:
+        torch.cuda.synchronize()
+    rows, labels, steps = _time_forwards(model, spec["iters"], rank, cuda, torch, dist)
+    meta = {
+        "timing": "cuda_events" if cuda else "cpu_wall_clock",
+        "device": torch.cuda.get_device_name(rank) if cuda else "cpu",
+        "dist_backend": backend,
+        "world_size": tp,
+        "model": config.name,
+        "model_source": config.source,
+        "hidden_size": config.hidden_size,
+        "num_layers": config.num_layers,
+        "draft_tokens": spec["draft_tokens"],
+        "batch": spec["batch"],
+        "tokens": model.tokens,
+        "warmup": spec["warmup"],
+        "iters": spec["iters"],
+        "dtype": "bfloat16",
+        "experts_allocated": model.experts_allocated,
+        "experts_used_max": max(model.experts_used, default=0),
+        "context_tokens": model.context_tokens,
+        "allreduce_bytes": model.allreduce_bytes,
+        "allgather_bytes": model.allgather_bytes,
+        "weight_bytes_per_rank": model.weight_bytes(),
+        "torch_version": torch.__version__,
+        "cpu_threads": torch.get_num_threads(),
+        "warnings": list(spec["warnings"]),
+    }
+    if cuda:
+        meta["nccl_version"] = _nccl_version(torch)
+        if spec["trace_dir"] is not None:
+            meta["trace_file"] = _export_trace(model, rank, spec["trace_dir"], torch, dist)
+    dist.destroy_process_group()
+    return {"rows": rows, "labels": labels, "steps": steps, "meta": meta}
+
+
+def _time_forwards(model, iters: int, rank: int, cuda: bool, torch, dist) -> tuple[list[list], list[str], list[list]]:
+    """Run ``iters`` timed forwards, each after a barrier. Returns rows ``[name, cls, start_ns, dur_ns,
+    msg_bytes]``, their labels, and steps ``[name, start_ns, end_ns]`` (clocks: module docstring)."""
+    rows: list[list] = []
+    labels: list[str] = []
+    steps: list[list] = []
+    for i in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+            dist.barrier(device_ids=[rank])
+            torch.cuda.synchronize()
+            rec = _CudaEventRecorder(torch)
+            base_ns = time.perf_counter_ns()
+            base = rec.event()
+            model.forward(rec)
+            end = rec.event()
+            torch.cuda.synchronize()
+            r, lab = rec.resolve(base, base_ns)
+            step_end = base_ns + round(base.elapsed_time(end) * 1e6)
+            steps.append([f"verify#{i}", base_ns, max(step_end, r[-1][2] + r[-1][3])])
+        else:
+            dist.barrier()
+            rec = _WallClockRecorder()
+            start = time.perf_counter_ns()
+            model.forward(rec)
+            steps.append([f"verify#{i}", start, time.perf_counter_ns()])
+            r, lab = rec.rows, rec.labels
+        rows += r
+        labels += lab
+    return rows, labels, steps
+
+
+def _nccl_version(torch) -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - optional fact; torch built without NCCL raises
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _export_trace(model, rank: int, trace_dir: str, torch, dist) -> str:
+    """Capture one forward in a CUDA graph, replay it under ``torch.profiler`` and write a gzipped
+    Chrome trace ``verify-TP-<rank>.trace.json.gz``. Returns its path.
+
+    The graph mirrors SGLang's verify path (``DecodeCudaGraphRunner`` replays TARGET_VERIFY), so the
+    trace shows what a served verify step looks like: kernels tied to one ``cudaGraphLaunch``, NCCL
+    kernels without ``record_param_comms``. Each replay is one ``ProfilerStep#<n>`` (a schedule is
+    needed for the profiler to emit those markers).
+    """
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    init_graphs = getattr(getattr(torch.profiler, "_utils", None), "_init_for_cuda_graphs", None)
+    if init_graphs is not None:
+        # Graphs captured before the profiler's first use may be missing from traces (pytorch PR #100441).
+        init_graphs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graph docs)
+        for _ in range(2):
+            model.forward()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model.forward()
+    torch.cuda.synchronize()
+    dist.barrier(device_ids=[rank])
+    path = Path(trace_dir) / f"verify-TP-{rank}.trace.json.gz"
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=schedule(wait=0, warmup=1, active=TRACE_REPLAYS, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(1 + TRACE_REPLAYS):
+            graph.replay()
+            torch.cuda.synchronize()
+            prof.step()
+    del graph
+    return str(path)

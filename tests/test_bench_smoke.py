@@ -1,0 +1,124 @@
+"""Cheap checks of the trace benchmark (benchmarks/): the big-trace maker always; the benchmark itself
+only where HTA 0.5.0 and the shared traces are present (it skips otherwise)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+SHARED = REPO.parent / "shared" / "traces"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tiny_trace() -> dict:
+    """A small hand-written trace shaped like a Kineto one (float ns ts, flows, Python stack)."""
+    ev = [
+        {"ph": "X", "cat": "python_function", "name": "forward", "pid": 1, "tid": 1, "ts": 100.0,
+         "dur": 50.5, "args": {"Python id": 7, "Python parent id": 3, "Ev Idx": 0}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 101.25, "dur": 9.5,
+         "args": {"External id": 11, "Record function id": 0, "Ev Idx": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 102.5,
+         "dur": 3.125, "args": {"External id": 11, "cbid": 211, "correlation": 40}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 110.123, "dur": 20.001,
+         "args": {"External id": 11, "correlation": 40, "stream": 7, "device": 0}},
+        {"ph": "s", "id": 40, "pid": 1, "tid": 1, "ts": 102.5, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 40, "pid": 0, "tid": 7, "ts": 110.123, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
+    ]
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+            "traceEvents": ev, "traceName": "tiny"}
+
+
+def test_make_big_trace_keeps_layout_with_one_copy(tmp_path):
+    mbt = _load("make_big_trace")
+    src = tmp_path / "src.json"
+    src.write_text(json.dumps(_tiny_trace(), indent=4))
+    out = tmp_path / "x1.json"
+    mbt.make_big_trace(src, out, copies=1)
+    a, b = src.read_text(), out.read_text()
+    cut_a, cut_b = a.rindex('"traceName"'), b.rindex('"traceName"')
+    assert a[:cut_a] == b[:cut_b]  # byte-identical apart from the label
+    assert "DERIVED" in json.loads(b)["traceName"]
+
+
+def test_make_big_trace_tiles_and_shifts_ids(tmp_path):
+    mbt = _load("make_big_trace")
+    src = tmp_path / "src.json.gz"
+    with gzip.open(src, "wt") as fh:
+        json.dump(_tiny_trace(), fh, indent=4)
+    out = tmp_path / "x3.json.gz"
+    info = mbt.make_big_trace(src, out, copies=3, gap_us=1000.0)
+    raw = gzip.open(out).read()
+    doc = json.loads(raw)
+    ev = doc["traceEvents"]
+    assert info["events"] == len(ev) == 3 * 7
+    assert doc["distributedInfo"] == {"backend": "nccl", "rank": 0, "world_size": 2}
+    assert re.search(rb'"rank":\s+(\d+)', raw)  # HTA still finds the rank
+    assert "DERIVED" in doc["traceName"] and "src.json.gz" in doc["traceName"]
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    corr = [k["args"]["correlation"] for k in kernels]
+    assert len(set(corr)) == 3
+    # each copy's flow ids still equal its kernel's correlation; runtime and kernel still share one
+    for k in kernels:
+        c = k["args"]["correlation"]
+        assert sum(1 for e in ev if e.get("id") == c) == 2
+        assert sum(1 for e in ev if e.get("cat") == "cuda_runtime" and e["args"]["correlation"] == c) == 1
+    for key in ("Python id", "Ev Idx"):  # unique per event in the source, so unique after tiling
+        vals = [e["args"][key] for e in ev if key in e.get("args", {})]
+        assert len(vals) == len(set(vals))
+    assert len({e["args"]["External id"] for e in ev if "External id" in e.get("args", {})}) == 3
+    starts = sorted(k["ts"] for k in kernels)
+    assert starts[1] - starts[0] >= 1000.0 and starts[2] - starts[1] == pytest.approx(starts[1] - starts[0])
+    assert all(round(t, 3) == t for t in starts)  # no float noise beyond ns
+    # a copy is the source shifted: same durations, same names, python_function kept
+    assert sum(1 for e in ev if e.get("cat") == "python_function") == 3
+    assert {k["dur"] for k in kernels} == {20.001}
+
+
+def _hta_python() -> str | None:
+    bt = _load("bench_trace")
+    try:
+        py, _ = bt.resolve_hta_python(None, REPO / "bench_out", install=False)
+    except Exception:
+        return None
+    return py
+
+
+@pytest.mark.skipif(not (SHARED / "HolisticTraceAnalysis" / "sampled_rank-0.json.gz").is_file(),
+                    reason="shared traces not present")
+def test_benchmark_runs_on_the_hta_pair(tmp_path):
+    hta_py = _hta_python()
+    if hta_py is None:
+        pytest.skip("HTA 0.5.0 not installed (pip install -e '.[bench]', or run the benchmark once)")
+    js = tmp_path / "r.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_trace.py"), "--cases", "hta-pair", "--repeats", "1", "--warmup", "0",
+         "--no-big", "--no-install", "--no-extra-hta", "--hta-python", hta_py, "--out", str(tmp_path),
+         "--json", str(js)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
+    assert re.search(r"speed: HTA / fastverify = \d+\.\d×", res.stdout)
+    assert re.search(r"peak memory: HTA / fastverify = \d+\.\d×", res.stdout)
+    rec = json.loads(js.read_text())["cases"][0]
+    assert not rec["errors"]
+    ranks = {r["rank"] for r in rec["numbers"]}
+    assert ranks == {0, 1}
+    # integer-us traces: HTA's rounding does not apply; the pair's comm kernel count agrees
+    kt = {r["rank"]: r for r in rec["numbers"] if r["metric"] == "kernel_time"}
+    assert kt[0]["hta"] > 0 and kt[0]["fastverify"] > 0
