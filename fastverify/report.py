@@ -53,6 +53,16 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
             t.add_row("unknown" if s["msg_bytes"] is None else f"{s['msg_bytes']:,}", str(s["count"]),
                       _fmt(s["median_us"]), _fmt(s["p90_us"]), _fmt(s["sum_us"]))
         console.print(t)
+    positions = sorted(profile["allreduce_by_position"], key=lambda r: -r["median_us"])[:5]
+    if positions:
+        t = Table(title="slowest all-reduce positions in a step (layer view, median over steps and ranks)",
+                  title_justify="left")
+        for col in ("position", "label", "bytes", "count", "median µs", "p90 µs"):
+            t.add_column(col, justify="right")
+        for r in positions:
+            t.add_row(str(r["position"]), r["label"] or "-", "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
+                      str(r["count"]), _fmt(r["median_us"]), _fmt(r["p90_us"]))
+        console.print(t)
     xr = profile["cross_rank"]
     if xr["matched"]:
         console.print(f"# {xr['matched']} collectives matched across ranks; straggler (most often last to "

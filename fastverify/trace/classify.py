@@ -55,13 +55,14 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 # Order matters: specific families before the catch-alls.
 RULES: tuple[Rule, ...] = (
     # --- NCCL / RCCL -----------------------------------------------------------------------
-    Rule(r"^nccl(Dev)?Kernel_AllReduce", A, "nccl",
-         "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, HTA tests/data)"),
-    Rule(r"^nccl(Dev)?Kernel_(AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|Recv)", O, "nccl",
+    Rule(r"^nccl(Symk?)?(Dev)?Kernel_AllReduce", A, "nccl",
+         "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, "
+         "HTA tests/data), ncclSym(k)DevKernel_* symmetric kernels (NCCL src/device/symmetric/generate.py)"),
+    Rule(r"^nccl(Symk?)?(Dev)?Kernel_(AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|Recv)", O, "nccl",
          "NCCL kernel names (same sources); TraceLens b200 ncclDevKernel_AllGather_RING_LL"),
-    Rule(r"^ncclDevKernel_Generic|^rcclGenericKernel", None, "rccl",
+    Rule(r"^(void )?(ncclDevKernel_Generic|rcclGenericKernel)", None, "rccl",
          "RCCL generic kernel, collective only from the launching op (TraceLens mi300 traces; roctracer issue #101)"),
-    Rule(r"^(nccl|rccl)", None, "nccl", "any other NCCL/RCCL kernel"),
+    Rule(r"^(void )?(nccl|rccl)", None, "nccl", "any other NCCL/RCCL kernel"),
     # --- custom all-reduce (vLLM / SGLang / AMD aiter) --------------------------------------
     Rule(r"cross_device_reduce_(1|2)stage", A, "custom_ar",
          "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh"),
@@ -74,8 +75,10 @@ RULES: tuple[Rule, ...] = (
     # --- FlashInfer PCIe IPC all-reduce (flashinfer >= 0.7, PR #4393) -----------------------
     Rule(r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)", O, "flashinfer_pcie_ipc",
          "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace"),
-    Rule(r"(?i)pcie_?ipc.*(all_?reduce|reduce)|PcieIpc", A, "flashinfer_pcie_ipc",
-         "flashinfer data/csrc/pcie_ipc_all_reduce.cu, include/flashinfer/comm/pcie_ipc_*.cuh (PR #4393)"),
+    Rule(r"(?i)pcie_?ipc", A, "flashinfer_pcie_ipc",
+         "flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh: flashinfer::comm::pcie_ipc::"
+         "push_oneshot_param_kernel, ipc_rsag_push_param_kernel, ipc_rsag_ring_push_param_kernel, "
+         "ipc_tp2_remote_push_kernel, ipc_topo_rsag8_* (PR #4393)"),
     # --- MSCCL++ ------------------------------------------------------------------------------
     Rule(r"allreduce_1shotLL_(1|2)node|mscclpp.*[Aa]ll[Rr]educe|allreduce(Packet|Nvls|Allpair)", A, "mscclpp",
          "sglang sgl-kernel/csrc/allreduce/mscclpp_allreduce.cuh; mscclpp apps/nccl/src/allreduce.hpp"),
@@ -98,7 +101,7 @@ RULES: tuple[Rule, ...] = (
 
 # A kernel no rule claims but whose name looks like a collective: reported, not counted as compute.
 COLLECTIVE_LIKE = re.compile(
-    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|multimem|lamport"
+    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|(?<![a-z])broadcast|multimem|lamport"
     r"|collective|\bnccl|rccl|mscclpp|custom_ar|cross_device"
 )
 

@@ -19,11 +19,11 @@ This module must not import torch: the trace path starts in well under a second.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import math
 import re
 import zlib
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 
 import msgspec
@@ -72,15 +72,16 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 
 
 class _Event(msgspec.Struct, gc=False):
-    """The keys of a trace event the analyzer reads; every other key is skipped unparsed, and
-    ``name``/``args``/``pid`` stay raw bytes until an event turns out to matter (most events are
-    ``python_function`` or flow events, which never do)."""
+    """The keys of a trace event the analyzer reads; every other key is skipped unparsed, and the
+    rest stay raw JSON text until an event turns out to matter (most events are
+    ``python_function`` or flow events, which never do). ``ts``/``dur`` stay text so that they
+    convert to integer ns exactly (see :func:`_ns_from_text`)."""
 
     ph: str = ""
     cat: str = ""
     name: msgspec.Raw = _NULL
-    ts: int | float | None = None
-    dur: int | float | None = None
+    ts: msgspec.Raw = _NULL
+    dur: msgspec.Raw = _NULL
     pid: msgspec.Raw = _NULL
     args: msgspec.Raw = _NULL
 
@@ -93,6 +94,48 @@ class _Trace(msgspec.Struct, gc=False):
 
 _TRACE_DECODER = msgspec.json.Decoder(_Trace)
 _RAW_DECODER = msgspec.json.Decoder()
+_MAX_NS = 2**62
+
+
+def _ns_from_text(text: bytes) -> int | None:
+    """A JSON number of µs, as text, to integer ns without going through a float.
+
+    ``b"1365627866520.196"`` → ``1365627866520196``. A float64 cannot hold a µs timestamp past
+    ~2**43 µs (102 days of uptime, which Kineto's relative ``ts`` reaches) to the ns; the text
+    can. More than 3 decimals round half to even. None for anything that is not a finite number
+    within ±2**62 ns.
+    """
+    ip, dot, fp = text.partition(b".")
+    try:
+        if len(fp) <= 3 and b"e" not in text and b"E" not in text and not text.startswith(b"-"):
+            ns = int(ip) * 1000 + (int(fp.ljust(3, b"0")) if dot else 0)
+        else:
+            d = Decimal(text.decode("ascii"))
+            if not d.is_finite():
+                return None
+            ns = int((d * 1000).to_integral_value(ROUND_HALF_EVEN))
+    except (ValueError, InvalidOperation, UnicodeDecodeError):
+        return None
+    return ns if -_MAX_NS < ns < _MAX_NS else None
+
+
+def _ns_from_value(v) -> int | None:
+    """A parsed µs value (int or float, not bool) to integer ns, else None. Floats go through
+    their shortest round-trip text, which is the trace's own text for Kineto's 3-decimal values."""
+    if type(v) is int:
+        return v * 1000 if -_MAX_NS < v * 1000 < _MAX_NS else None
+    if type(v) is float:
+        return _ns_from_text(repr(v).encode()) if math.isfinite(v) else None
+    return None
+
+
+def _rank_label(pid) -> int:
+    """TP rank from a SGLang merged file's pid label ``"[TP03-DP00] 1234"``; -1 otherwise."""
+    if isinstance(pid, str):
+        m = _RANK_FROM_PID.match(pid)
+        if m:
+            return int(m.group(1))
+    return -1
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -111,10 +154,12 @@ def _read_bytes(path: Path) -> bytes:
 def read_trace(path: Path) -> tuple[dict, list[dict]]:
     """Read one trace file (``.json`` or gzip, detected by magic bytes).
 
-    Returns the top-level ``distributedInfo``/``deviceProperties`` and the events the analyzer
-    uses (GPU, runtime, host-op and metadata events, as dicts), without ``python_function`` and
-    flow events. Well-formed traces take a typed msgspec decode that skips unused keys; anything
-    it rejects goes through :func:`read_trace_json`, which either parses it or names the problem.
+    Returns the top-level ``distributedInfo``/``deviceProperties``, and the events the analyzer
+    uses (GPU, runtime and the host ops that matter) as dicts with keys ``cat``, ``ph``, ``name``
+    (str), ``ts_ns``/``dur_ns`` (int ns or None), ``label`` (TP rank from a merged file's pid, or
+    -1) and ``args`` (dict). Well-formed traces take a typed msgspec decode that skips unused
+    keys; anything it rejects goes through :func:`read_trace_json`, which either parses it or
+    names the problem.
 
     Raises
     ------
@@ -125,9 +170,7 @@ def read_trace(path: Path) -> tuple[dict, list[dict]]:
     try:
         doc = _TRACE_DECODER.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        full = read_trace_json(path, raw)
-        top = {k: full.get(k) for k in ("distributedInfo", "deviceProperties")}
-        return top, [ev for ev in full["traceEvents"] if isinstance(ev, dict) and _wanted(ev.get("cat"), ev.get("ph"))]
+        return _normalise_parsed(read_trace_json(path, raw))
     if not doc.traceEvents:
         raise UserError(f"{path}: the trace has no events")
     top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
@@ -135,21 +178,40 @@ def read_trace(path: Path) -> tuple[dict, list[dict]]:
     for ev in doc.traceEvents:
         cat = ev.cat
         if cat in GPU_CATS or cat in RUNTIME_CATS:
-            events.append({"ph": ev.ph or "X", "cat": cat, "name": _raw(ev.name), "ts": ev.ts, "dur": ev.dur,
-                           "pid": _raw(ev.pid), "args": _raw(ev.args)})
+            args = _raw(ev.args)
+            pid = ev.pid
+            events.append({"cat": cat, "ph": ev.ph or "X", "name": _raw(ev.name),
+                           "ts_ns": _ns_from_text(bytes(ev.ts)), "dur_ns": _ns_from_text(bytes(ev.dur)),
+                           "label": _rank_label(_raw(pid)) if bytes(pid).startswith(b'"[TP') else -1,
+                           "args": args if isinstance(args, dict) else {}})
         elif cat in HOST_CATS and _HOST_KEEP_RAW.search(ev.name):
             # Only comm ops (External id, shapes) and step spans are read: a byte-level look at the
             # still-encoded name drops the other ~95 % of host ops without decoding them.
             name = _raw(ev.name)
-            d = {"ph": ev.ph, "cat": cat, "name": name, "ts": ev.ts, "dur": ev.dur}
-            if isinstance(name, str) and _looks_comm_op(name):
-                d["args"] = _raw(ev.args)
-            events.append(d)
+            args = _raw(ev.args) if isinstance(name, str) and _looks_comm_op(name) else {}
+            pid = ev.pid
+            events.append({"cat": cat, "ph": ev.ph, "name": name,
+                           "ts_ns": _ns_from_text(bytes(ev.ts)), "dur_ns": _ns_from_text(bytes(ev.dur)),
+                           "label": _rank_label(_raw(pid)) if bytes(pid).startswith(b'"[TP') else -1,
+                           "args": args if isinstance(args, dict) else {}})
     return top, events
 
 
-def _wanted(cat, ph) -> bool:
-    return type(cat) is str and (cat in GPU_CATS or cat in RUNTIME_CATS or cat in HOST_CATS)
+def _normalise_parsed(doc: dict) -> tuple[dict, list[dict]]:
+    """The slow path's events in :func:`read_trace`'s shape."""
+    top = {k: doc.get(k) for k in ("distributedInfo", "deviceProperties")}
+    events = []
+    for ev in doc["traceEvents"]:
+        if not isinstance(ev, dict):
+            continue
+        cat = ev.get("cat")
+        if type(cat) is not str or not (cat in GPU_CATS or cat in RUNTIME_CATS or cat in HOST_CATS):
+            continue
+        args = ev.get("args")
+        events.append({"cat": cat, "ph": ev.get("ph", "X"), "name": ev.get("name"),
+                       "ts_ns": _ns_from_value(ev.get("ts")), "dur_ns": _ns_from_value(ev.get("dur")),
+                       "label": _rank_label(ev.get("pid")), "args": args if isinstance(args, dict) else {}})
+    return top, events
 
 
 def _raw(value: msgspec.Raw):
@@ -195,11 +257,6 @@ def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
     return doc
 
 
-def _is_time(v) -> bool:
-    """A usable µs value: a finite int or float (not bool), within ±2**62 ns once scaled."""
-    return type(v) in (int, float) and math.isfinite(v) and abs(v) < 4.6e15
-
-
 def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
@@ -232,26 +289,11 @@ def _msg_bytes(args: dict) -> int:
     return -1
 
 
-def _to_ns(values: list) -> np.ndarray:
-    """µs timestamps (ints or floats) → int64 ns, exact for integer µs and ns-exact for floats.
-
-    The integer part of the smallest value is subtracted before scaling, so the float product
-    stays small (a float epoch in ns would lose up to ~256 ns).
-    """
-    if not values:
-        return np.zeros(0, dtype=np.int64)
-    if all(type(v) is int for v in values):
-        return np.array(values, dtype=np.int64) * 1000
-    base = math.floor(min(values))
-    rel = np.array([v - base for v in values], dtype=np.float64)
-    return np.rint(rel * 1000.0).astype(np.int64) + np.int64(base) * 1000
-
-
 def load_trace(path: str | Path) -> list[RankEvents]:
     """Load one trace file into one :class:`RankEvents` per rank it holds (one, or several for a
     SGLang merged file).
 
-    The rank comes from ``distributedInfo.rank``, else the file name, else the ``pid`` label of a
+    The rank comes from ``distributedInfo.rank``, else the file name, else the ``pid`` labels of a
     merged file; a single unnamed rank defaults to 0 and says so in ``meta["rank_source"]``.
     ``python_function`` events are skipped. GPU events are kernels, memcpys and memsets;
     ``gpu_user_annotation`` spans are not GPU work.
@@ -271,92 +313,91 @@ def load_trace(path: str | Path) -> list[RankEvents]:
             gc.enable()
 
 
+class _PerRank:
+    """What one pass collects for one rank of a file (a merged file has several)."""
+
+    def __init__(self) -> None:
+        self.gpu: list[dict] = []
+        self.runtime_ns: dict[int, int] = {}  # correlation -> host launch time (ns)
+        self.graph_launches: list[dict] = []
+        self.ops_by_ext: dict[int, dict] = {}  # External id -> comm cpu_op (name, args)
+        self.step_candidates: list[dict] = []
+        self.skipped = 0  # GPU events without a usable ts/dur
+
+
 def _load_trace(path: Path) -> list[RankEvents]:
     doc, events = read_trace(path)
 
-    # One pass over the events. Everything is collected into plain lists; numpy comes after.
-    gpu: list[dict] = []
-    runtime_ts: dict[int, float] = {}  # correlation -> host launch time (µs)
-    graph_launches: list[dict] = []
-    ops_by_ext: dict[int, dict] = {}  # External id -> innermost comm-ish cpu_op (name, args)
-    step_candidates: list[dict] = []
+    # One pass over the events, collected per pid label (-1 for every event of a plain file, so
+    # that host and GPU events of one rank in a merged file are never paired with another's).
+    per: dict[int, _PerRank] = {}
     step_res = [re.compile(p) for p, _ in STEP_PATTERNS]
-    skipped = 0  # GPU events without a usable ts/dur
     for ev in events:
-        if not isinstance(ev, dict):
-            continue
-        cat = ev.get("cat")
-        if cat == "python_function":
-            continue
-        if type(cat) is not str:
-            cat = ""
+        cat, name, args = ev["cat"], ev["name"], ev["args"]
+        acc = per.get(ev["label"])
+        if acc is None:
+            acc = per[ev["label"]] = _PerRank()
         if cat in GPU_CATS:
-            if ev.get("ph", "X") == "X" and _is_time(ev.get("ts")) and _is_time(ev.get("dur")):
-                gpu.append(ev)
+            if ev["ph"] == "X" and ev["ts_ns"] is not None and ev["dur_ns"] is not None:
+                acc.gpu.append(ev)
             else:
-                skipped += 1
+                acc.skipped += 1
         elif cat in RUNTIME_CATS:
-            args = ev.get("args") or {}
-            if not isinstance(args, dict) or not _is_time(ev.get("ts")):
+            if ev["ts_ns"] is None:
                 continue
             corr = args.get("correlation")
-            if isinstance(corr, int):
-                runtime_ts[corr] = ev["ts"]
-            name = ev.get("name")
+            if type(corr) is int:
+                acc.runtime_ns[corr] = ev["ts_ns"]
             if isinstance(name, str) and GRAPH_LAUNCH.match(name):
-                graph_launches.append(ev)
-        elif cat in HOST_CATS:
-            name = ev.get("name")
-            args = ev.get("args") or {}
-            if not isinstance(name, str) or not isinstance(args, dict):
-                continue
+                acc.graph_launches.append(ev)
+        elif isinstance(name, str):  # host op
             ext = args.get("External id")
-            if isinstance(ext, int) and _looks_comm_op(name):
-                ops_by_ext[ext] = {"name": name, "args": args}
-            if _is_time(ev.get("ts")) and _is_time(ev.get("dur")) and any(r.match(name) for r in step_res):
-                step_candidates.append(ev)
+            if type(ext) is int and _looks_comm_op(name):
+                acc.ops_by_ext[ext] = {"name": name, "args": args}
+            if ev["ts_ns"] is not None and ev["dur_ns"] is not None and any(r.match(name) for r in step_res):
+                acc.step_candidates.append(ev)
 
-    if not gpu:
+    if not any(acc.gpu for acc in per.values()):
         raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) in the trace; "
                         "was it recorded with ProfilerActivity.CUDA?")
 
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    world = dist.get("world_size")
     meta = {
         "file": str(path),
-        "world_size": dist.get("world_size"),
-        "nccl_version": dist.get("nccl_version"),
-        "dist_backend": dist.get("backend"),
+        "world_size": world if type(world) is int and 1 <= world < 2**31 else None,
+        "nccl_version": _str_or_none(dist.get("nccl_version")),
+        "dist_backend": _str_or_none(dist.get("backend")),
         "gpu_name": _gpu_name(doc),
         "timing": "trace",
     }
-    if skipped:
-        meta["skipped_gpu_events"] = skipped
 
-    # Merged SGLang file: several ranks in one file, told apart by the pid label.
-    by_rank: dict[int, list[dict]] = {}
-    for ev in gpu:
-        pid = ev.get("pid")
-        m = _RANK_FROM_PID.match(pid) if isinstance(pid, str) else None
-        by_rank.setdefault(int(m.group(1)) if m else -1, []).append(ev)
-    if len(by_rank) > 1 or -1 not in by_rank:
-        ranks = {r: evs for r, evs in by_rank.items() if r >= 0}
+    labelled = sorted(k for k in per if k >= 0 and per[k].gpu)
+    if labelled:  # SGLang merged file: ranks from the pid labels
+        ranks = {k: per[k] for k in labelled}
         meta["rank_source"] = "pid label (merged file)"
     else:
-        rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+        rank = dist.get("rank")
         meta["rank_source"] = "distributedInfo.rank"
-        if rank is None:
+        if not (type(rank) is int and 0 <= rank < 2**31):
             rank = rank_from_filename(path)
             meta["rank_source"] = "file name"
         if rank is None:
             rank = 0
             meta["rank_source"] = "default (no rank in the trace or its name)"
-        ranks = {rank: gpu}
+        ranks = {rank: per[-1]}
 
-    steps = _find_steps(step_candidates, graph_launches)
     out = []
-    for rank, evs in sorted(ranks.items()):
-        out.append(_build(rank, path, evs, runtime_ts, ops_by_ext, steps, dict(meta)))
+    for rank, acc in sorted(ranks.items()):
+        m = dict(meta)
+        if acc.skipped:
+            m["skipped_gpu_events"] = acc.skipped
+        out.append(_build(rank, path, acc, _find_steps(acc.step_candidates, acc.graph_launches), m))
     return out
+
+
+def _str_or_none(v) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 _COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|^nccl:|"
@@ -378,38 +419,40 @@ def _looks_comm_op(name: str) -> bool:
 def _gpu_name(doc: dict) -> str | None:
     props = doc.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
-        return props[0].get("name")
+        return _str_or_none(props[0].get("name"))
     return None
 
 
-def _find_steps(candidates: list[dict], graph_launches: list[dict]) -> list[tuple[str, float, float, str]]:
-    """Host-side step windows ``(name, ts_us, end_us, kind)``, sorted, non-overlapping.
+def _find_steps(candidates: list[dict], graph_launches: list[dict]) -> list[Step]:
+    """Host-side step windows (ns), sorted and non-overlapping.
 
     The first pattern of :data:`STEP_PATTERNS` with a match wins; otherwise each CUDA/HIP graph
     launch is one step (decode/verify replays); otherwise there are none (the whole trace).
     """
     for regex, _source in STEP_PATTERNS:
         r = re.compile(regex)
-        found = [e for e in candidates if r.match(e.get("name", ""))]
+        found = [e for e in candidates if r.match(e["name"])]
         if found:
-            return _non_overlapping([(e["name"], e["ts"], e["ts"] + e["dur"], "annotation") for e in found])
+            return _non_overlapping([Step(e["name"], e["ts_ns"], e["ts_ns"] + e["dur_ns"]) for e in found])
     if graph_launches:
-        return _non_overlapping([(f"graph_launch#{i}", e["ts"], e["ts"] + (e["dur"] if _is_time(e.get("dur")) else 0),
-                                  "graph_launch")
-                                 for i, e in enumerate(sorted(graph_launches, key=lambda e: e["ts"]))])
+        launches = sorted(graph_launches, key=lambda e: e["ts_ns"])
+        return _non_overlapping([Step(f"graph_launch#{i}", e["ts_ns"], e["ts_ns"] + max(e["dur_ns"] or 0, 1))
+                                 for i, e in enumerate(launches)])
     return []
 
 
-def _non_overlapping(windows: list[tuple[str, float, float, str]]) -> list[tuple[str, float, float, str]]:
-    out: list[tuple[str, float, float, str]] = []
-    for w in sorted(windows, key=lambda w: w[1]):
-        if not out or w[1] >= out[-1][2]:
+def _non_overlapping(windows: list[Step]) -> list[Step]:
+    """Keep windows in start order, dropping any that starts inside the previous kept one
+    (nested annotations of one step)."""
+    out: list[Step] = []
+    for w in sorted(windows, key=lambda w: w.start_ns):
+        if not out or w.start_ns >= out[-1].end_ns:
             out.append(w)
     return out
 
 
-def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext: dict,
-           steps: list[tuple[str, float, float, str]], meta: dict) -> RankEvents:
+def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) -> RankEvents:
+    evs = acc.gpu
     n = len(evs)
     names: list[str] = []
     name_index: dict[str, int] = {}
@@ -417,12 +460,12 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
     cls = np.empty(n, dtype=np.int8)
     msg = np.full(n, -1, dtype=np.int64)
     stream = np.empty(n, dtype=np.int64)
-    launch_us: list = []
+    launch_ns = np.empty(n, dtype=np.int64)
     unresolved: dict[str, int] = {}
     comm_codes = {EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
                   EventClass.UNKNOWN_COMM.code}
     for i, ev in enumerate(evs):
-        name = ev.get("name")
+        name = ev["name"]
         if not isinstance(name, str):
             name = str(name)
         j = name_index.get(name)
@@ -430,18 +473,16 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
             j = name_index[name] = len(names)
             names.append(name)
         name_id[i] = j
-        args = ev.get("args")
-        if not isinstance(args, dict):
-            args = {}
+        args = ev["args"]
         c = classify_name(name).cls
         ext = args.get("External id")
-        op = ops_by_ext.get(ext) if isinstance(ext, int) else None
+        op = acc.ops_by_ext.get(ext) if type(ext) is int else None
         if c is None:
             collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
             c = resolve_from_op(collective)
             if c is EventClass.UNKNOWN_COMM:
                 unresolved[name] = unresolved.get(name, 0) + 1
-        elif ev.get("cat") in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
+        elif ev["cat"] in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
             c = EventClass.MEMORY
         cls[i] = c.code
         if c.code in comm_codes:
@@ -449,19 +490,19 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
             if b < 0 and op is not None:
                 b = _msg_bytes(op["args"])
             msg[i] = b if 0 <= b < 2**62 else -1
-        s = args.get("stream", ev.get("tid", 0))
+        s = args.get("stream")
         stream[i] = s if type(s) is int and abs(s) < 2**62 else -1
         corr = args.get("correlation")
-        launch_us.append(runtime_ts.get(corr, ev["ts"]) if isinstance(corr, int) else ev["ts"])
+        # Host launch time: the runtime call with the kernel's correlation id (under CUDA-graph
+        # replay, the graph launch); the kernel's own start when there is none.
+        launch_ns[i] = acc.runtime_ns.get(corr, ev["ts_ns"]) if type(corr) is int else ev["ts_ns"]
 
-    start_ns = _to_ns([ev["ts"] for ev in evs])
-    dur_ns = _to_ns([ev["dur"] for ev in evs])
+    start_ns = np.fromiter((ev["ts_ns"] for ev in evs), dtype=np.int64, count=n)
+    dur_ns = np.fromiter((ev["dur_ns"] for ev in evs), dtype=np.int64, count=n)
     order = np.argsort(start_ns, kind="stable")
-    launch_ns = _to_ns(launch_us)
-    step_objs = [Step(name, int(a), int(b)) for name, a, b in
-                 zip([s[0] for s in steps], _to_ns([s[1] for s in steps]), _to_ns([s[2] for s in steps]))]
-    step_idx = assign_steps(launch_ns, step_objs)
-    meta["step_source"] = steps[0][3] if steps else "none (whole trace is one window)"
+    step_idx = assign_steps(launch_ns, steps)
+    meta["step_source"] = ("annotation" if steps and not steps[0].name.startswith("graph_launch#")
+                           else "graph_launch" if steps else "none (whole trace is one window)")
     if unresolved:
         meta["unresolved_comm_kernels"] = unresolved
     return RankEvents(
@@ -475,7 +516,7 @@ def _build(rank: int, path: Path, evs: list[dict], runtime_ts: dict, ops_by_ext:
         step=step_idx[order],
         stream=stream[order],
         names=names,
-        steps=step_objs,
+        steps=steps,
         meta=meta,
     )
 

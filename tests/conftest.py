@@ -1,0 +1,107 @@
+"""Shared fixtures and small, independent helpers for the fastverify tests.
+
+The helpers here (interval union, intersection) are written from scratch in plain Python on
+purpose: tests compare fastverify's numbers with values computed this way from the raw trace
+JSON, never by calling fastverify's own analysis code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+DATA = Path(__file__).resolve().parent / "data"
+SHARED_MISSING = "../shared not found beside the repo; the shared traces are needed"
+
+# Test this checkout, whatever the state of an installed (editable) copy of the package.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """``../shared`` beside the repository root; the test is skipped when it is absent."""
+    if not (SHARED / "traces").is_dir():
+        pytest.skip(SHARED_MISSING)
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def traces_dir(shared_dir: Path) -> Path:
+    return shared_dir / "traces"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return DATA
+
+
+def subprocess_env() -> dict:
+    """Environment for running ``python -m fastverify`` from another working directory.
+
+    PYTHONPATH points at this checkout, so the subprocess runs the code under test whatever
+    state the installed (editable) package is in.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PYTHONSTARTUP", None)
+    return env
+
+
+def run_fastverify(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m fastverify ARGS`` in ``cwd``; returns the completed process (text mode)."""
+    return subprocess.run([sys.executable, "-m", "fastverify", *args], cwd=cwd, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_raw_trace(path: Path) -> dict:
+    """Parse a trace with the standard library only; floats become ``Decimal`` (exact text)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw, parse_float=Decimal)
+
+
+def merge(intervals) -> list[tuple]:
+    """Sorted, disjoint union of ``(start, end)`` pairs (touching intervals merge)."""
+    out: list[list] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals) -> Decimal | int | float:
+    total = 0
+    for s, e in merge(intervals):
+        total += e - s
+    return total
+
+
+def intersect_length(a, b):
+    """Length of (union of a) ∩ (union of b)."""
+    a, b = merge(a), merge(b)
+    i = j = 0
+    total = 0
+    while i < len(a) and j < len(b):
+        lo = max(a[i][0], b[j][0])
+        hi = min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
