@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from fastverify.errors import EXIT_USER_ERROR, UserError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code for usage errors)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"fastverify: error: {message}\n")
         raise SystemExit(EXIT_USER_ERROR)
 
 
@@ -40,9 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--trace", nargs="+", metavar="PATH",
                       help="trace files (.json, .json.gz) or folders of them, one file per TP rank")
-    prof.add_argument("--model", default=None,
-                      help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json "
-                           "[default when --trace is absent: tiny]")
+    prof.add_argument("--model", default="tiny",
+                      help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
     prof.add_argument("--draft-tokens", type=_positive, default=4, help="live run: draft tokens per request (K)")
     prof.add_argument("--batch", type=_positive, default=1, help="live run: requests in the verify batch (B)")
@@ -66,7 +66,9 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:
-            raise UserError(f"--trace reads existing traces; {', '.join(clash)} only apply to a live run")
+            raise UserError(f"--trace reads existing traces; {', '.join(clash)} applies only to a live run"
+                            if len(clash) == 1 else
+                            f"--trace reads existing traces; {', '.join(clash)} apply only to a live run")
         from fastverify.trace.load import load_traces
 
         ranks = load_traces(args.trace)
@@ -101,7 +103,7 @@ def _live(args: argparse.Namespace):
     from fastverify.live.runner import run_live
     from fastverify.profile import default_output
 
-    model = args.model or "tiny"
+    model = args.model
     config = load_model_config(model)
     stem = f"live-{Path(model).stem if model.endswith('.json') else model}-tp{args.tp}"
     trace_dir = None
@@ -119,24 +121,45 @@ def _live(args: argparse.Namespace):
     meta = ranks[0].meta
     source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
               "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
-              "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend")}
+              "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend"),
+              "experts_allocated": meta.get("experts_allocated"), "n_routed_experts": config.n_routed_experts}
     if trace_dir is not None:
         source["graph_replay_traces"] = str(trace_dir)
     return ranks, source, stem
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP, raised like Ctrl-C so that the same clean-up runs (ranks killed, temporary
+    files removed, nothing half-written)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, _frame) -> None:
+    raise _Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if args.command == "profile":
             return _cmd_profile(args, argv)
     except UserError as e:
         sys.stderr.write(f"fastverify: error: {e}\n")
         return EXIT_USER_ERROR
+    except _Terminated as e:
+        sys.stderr.write(f"fastverify: stopped by {signal.Signals(e.signum).name}\n")
+        return 128 + e.signum
     except KeyboardInterrupt:
         sys.stderr.write("fastverify: interrupted\n")
         return 130
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
     return 1
 
 

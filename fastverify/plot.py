@@ -63,7 +63,8 @@ def plot_profile(profile: dict, path: Path) -> None:
         ax2.plot(x, [r["median_us"] for r in rows], "o-", label="median")
         ax2.plot(x, [r["p90_us"] for r in rows], "x--", label="p90")
         ax2.set_xscale("log")
-        ax2.set_yscale("log")
+        if any(r["p90_us"] > 0 for r in rows):  # log scale needs a positive value
+            ax2.set_yscale("log")
         ax2.legend(fontsize=8)
     else:
         ax2.text(0.5, 0.5, "no all-reduce with a known message size\n(none in the data, or CUDA-graph replays, which carry no shapes)",

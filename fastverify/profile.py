@@ -44,14 +44,28 @@ def build_profile(ranks: list[RankEvents], source: dict) -> dict:
     clocks = sorted({r.meta.get("timing", "trace") for r in ranks})
     clock = clocks[0] if len(clocks) == 1 else "mixed"
     warnings: list[str] = list(body["cross_rank"].get("warnings", []))
+    world = {r.meta.get("world_size") for r in ranks} - {None}
     for r in body["ranks"]:
         if r["unknown_comm_kernels"]:
             warnings.append(f"rank {r['rank']}: {len(r['unknown_comm_kernels'])} kernel name(s) look like "
                             f"collectives but match no rule, reported as unknown_comm (not compute): "
                             + "; ".join(n[:80] for n in r["unknown_comm_kernels"][:3]))
-        if str(r["meta"].get("rank_source", "")).startswith("default"):
+        m = r["meta"]
+        if str(m.get("rank_source", "")).startswith("default"):
             warnings.append(f"{r['origin']}: no rank in the trace or its name; taken as rank 0")
-    world = {r.meta.get("world_size") for r in ranks} - {None}
+        for key, what in (("rank_conflict", None),
+                          ("skipped_gpu_events", "GPU events without a usable ts/dur were skipped"),
+                          ("negative_duration_events", "GPU events had a negative duration, counted as 0"),
+                          ("implausible_duration_events", "GPU events last over 10 s; check the trace")):
+            if m.get(key):
+                warnings.append(f"rank {r['rank']}: {m[key]}" if what is None else f"rank {r['rank']}: {m[key]} {what}")
+    if world and len(ranks) < max(world) and len(ranks) > 1:
+        warnings.append(f"{len(ranks)} of {max(world)} ranks given: transfer vs wait and the straggler "
+                        "cover these ranks only")
+    kinds = {c["kind"] for c in body["cross_rank"]["collectives"]}
+    if kinds and not kinds & {"allreduce", "fused_allreduce"}:
+        warnings.append("the collectives matched across ranks include no all-reduce (e.g. pipeline "
+                        "send/recv): their transfer/wait split says nothing about TP all-reduces")
     total_window = sum(r["window_us"] for r in body["ranks"])
     total_ar = sum(r["allreduce_us"] for r in body["ranks"])
     return {
@@ -75,9 +89,25 @@ def build_profile(ranks: list[RankEvents], source: dict) -> dict:
 
 
 def default_output(stem: str, folder: str | Path = "profiles") -> Path:
-    """``profiles/<stem>-<UTC timestamp>.json`` (relative to the working directory)."""
+    """``profiles/<stem>-<UTC timestamp>[-<n>].json`` (relative to the working directory); the
+    ``-<n>`` suffix keeps runs within one second from overwriting each other's JSON or PNG."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return Path(folder) / f"{stem}-{stamp}.json"
+    path = Path(folder) / f"{stem}-{stamp}.json"
+    n = 2
+    while path.exists() or path.with_suffix(".png").exists():
+        path = Path(folder) / f"{stem}-{stamp}-{n}.json"
+        n += 1
+    return path
+
+
+def _check_target(path: Path) -> Path:
+    """The file to write for ``path``: a symlink's target; refuse anything but a regular file."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise UserError(f"{path}: is {kind}; give a file path to write")
+    return path
 
 
 def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None:
@@ -89,12 +119,17 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
     UserError
         The folder cannot be created or written.
     """
-    json_path = Path(json_path)
-    targets = [json_path] + ([Path(png_path)] if png_path else [])
+    json_path = _check_target(Path(json_path))
+    png_path = _check_target(Path(png_path)) if png_path else None
+    if png_path is not None and os.path.abspath(png_path) == os.path.abspath(json_path):
+        raise UserError(f"{png_path}: the PNG and the JSON would be the same file")
+    targets = [json_path] + ([png_path] if png_path else [])
     tmps: list[Path] = []
+    current = json_path  # the user's path named in an error, never a temporary file
     try:
-        for t in targets:
-            t.parent.mkdir(parents=True, exist_ok=True)
+        for current in targets:
+            current.parent.mkdir(parents=True, exist_ok=True)
+        current = json_path
         fd, tmp = tempfile.mkstemp(prefix=f".{json_path.name}.", suffix=".tmp", dir=json_path.parent)
         tmps.append(Path(tmp))
         with os.fdopen(fd, "wb") as f:
@@ -103,6 +138,7 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
         if png_path:
             from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
 
+            current = png_path
             fd, tmp = tempfile.mkstemp(prefix=f".{Path(png_path).name}.", suffix=".tmp.png",
                                        dir=Path(png_path).parent)
             os.close(fd)
@@ -110,12 +146,12 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
             plot_profile(profile, Path(tmp))
         umask = os.umask(0)
         os.umask(umask)
-        for tmp, target in zip(tmps, targets):
+        for tmp, current in zip(tmps, targets):
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-            os.replace(tmp, target)
+            os.replace(tmp, current)
         tmps = []
     except OSError as e:
-        raise UserError(f"{e.filename or json_path}: cannot write ({e.strerror or e})") from None
+        raise UserError(f"{current}: cannot write ({e.strerror or e})") from None
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)

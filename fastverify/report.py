@@ -20,12 +20,20 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     clock = profile["timing"]["clock"]
     console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
                   f"clock: {clock}")
+    src = profile["source"]
+    if src["kind"] == "live":
+        line = (f"# live: {src['model']}, TP {src['tp']}, batch {src['batch']} x {src['draft_tokens']} draft tokens "
+                f"= {src['tokens']} tokens, {src['device']}/{src['dist_backend']}")
+        if src.get("n_routed_experts"):
+            line += (f"; {src['experts_allocated']} of {src['n_routed_experts']} routed experts allocated "
+                     "(all that the tokens' top-k can reach)")
+        console.print(line, markup=False)
     if clock == "cpu_wall_clock":
         console.print("# [bold]CPU timings over gloo: these are NOT GPU timings[/bold]")
     t = Table(title="per TP rank (whole window)", title_justify="left")
     for col in ("rank", "window µs", "compute µs", "all-reduce µs", "#AR", "AR wait µs",
                 "other comm µs", "memory µs", "idle µs", "exposed comm µs", "AR % of busy"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", overflow="fold")
     for r in profile["ranks"]:
         share = 100.0 * r["allreduce_us"] / r["busy_us"] if r["busy_us"] else None
         t.add_row(str(r["rank"]), _fmt(r["window_us"]), _fmt(r["compute_us"]), _fmt(r["allreduce_us"]),
@@ -37,7 +45,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     if steps:
         t = Table(title="per step (median over steps)", title_justify="left")
         for col in ("rank", "steps", "step µs", "compute µs", "all-reduce µs", "#AR", "exposed comm µs"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", overflow="fold")
         for r in steps:
             m = r["step_median"]
             t.add_row(str(r["rank"]), str(m["steps"]), _fmt(m["window_us"]), _fmt(m["compute_us"]),
@@ -48,7 +56,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     if sizes:
         t = Table(title="all-reduce by message size (all ranks)", title_justify="left")
         for col in ("bytes", "count", "median µs", "p90 µs", "sum µs"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", overflow="fold")
         for s in sizes:
             t.add_row("unknown" if s["msg_bytes"] is None else f"{s['msg_bytes']:,}", str(s["count"]),
                       _fmt(s["median_us"]), _fmt(s["p90_us"]), _fmt(s["sum_us"]))
@@ -58,7 +66,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         t = Table(title="slowest all-reduce positions in a step (layer view, median over steps and ranks)",
                   title_justify="left")
         for col in ("position", "label", "bytes", "count", "median µs", "p90 µs"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", overflow="fold")
         for r in positions:
             t.add_row(str(r["position"]), r["label"] or "-", "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
                       str(r["count"]), _fmt(r["median_us"]), _fmt(r["p90_us"]))

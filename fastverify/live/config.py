@@ -215,6 +215,11 @@ def _from_text(text: str, *, source: str, name: str) -> ModelConfig:
             raise UserError(f"{source}: field 'text_config' must be an object, got {_json_type(doc)}")
     if "kv_lora_rank" in doc or "n_routed_experts" in doc:
         return _deepseek(doc, source=source, name=name, prefix=prefix)
+    for key in _OTHER_MOE_KEYS:
+        if doc.get(key):
+            # Qwen-MoE / Mixtral-style experts would silently run as a dense Llama: refuse instead.
+            raise UserError(f"{source}: field '{prefix}{key}' = {doc[key]!r}: only DeepSeek-V3/Kimi-K2-style "
+                            "MoE configs (n_routed_experts) and dense Llama-style configs are supported")
     return _llama(doc, source=source, name=name, prefix=prefix)
 
 
@@ -230,6 +235,16 @@ def _json_type(value: object) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+# MoE keys of other families (Qwen2/3-MoE ``num_experts``, Mixtral ``num_local_experts``).
+_OTHER_MOE_KEYS = ("num_experts", "num_local_experts")
+
+# Upper bounds far above any real model, so that a typo (1e9 layers) fails at once instead of
+# allocating or looping for minutes before a rank starts.
+_MAX_VALUE = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "vocab_size": 1 << 22,
+              "num_attention_heads": 4096, "num_key_value_heads": 4096, "n_routed_experts": 1 << 14,
+              "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20}
 
 
 def _get(doc: dict, key: str, types: tuple[type, ...], nullable: bool, *, source: str, prefix: str):
@@ -252,6 +267,8 @@ def _get(doc: dict, key: str, types: tuple[type, ...], nullable: bool, *, source
             raise UserError(f"{where} must be > 0, got {value!r}")
     elif value < lowest:
         raise UserError(f"{where} must be >= {lowest}, got {value!r}")
+    if key in _MAX_VALUE and value > _MAX_VALUE[key]:
+        raise UserError(f"{where} = {value!r} is implausibly large (limit {_MAX_VALUE[key]})")
     return value
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -204,7 +205,7 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
         for rank in range(tp):
             with open(_stderr_path(workdir, rank), "wb") as err:
                 procs.append(subprocess.Popen(argv(rank), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=err, env=env, cwd=workdir))
+                                              stderr=err, env=env, cwd=workdir, preexec_fn=_die_with_parent))
         while True:
             for rank, p in enumerate(procs):
                 if rank not in seen_exit and p.poll() is not None:
@@ -227,6 +228,16 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
                 p.kill()
         for p in procs:
             p.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL this rank when the parent dies, so a killed
+    ``fastverify`` never leaves ranks computing (and holding GPUs) as orphans. No-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _exit_reason(code: int) -> str:

@@ -95,6 +95,7 @@ class _Trace(msgspec.Struct, gc=False):
 _TRACE_DECODER = msgspec.json.Decoder(_Trace)
 _RAW_DECODER = msgspec.json.Decoder()
 _MAX_NS = 2**62
+_IMPLAUSIBLE_NS = 10 * 10**9  # a GPU kernel or copy of over 10 s in a serving trace is a broken event
 
 
 def _ns_from_text(text: bytes) -> int | None:
@@ -200,6 +201,7 @@ def read_trace(path: Path) -> tuple[dict, list[dict]]:
 def _normalise_parsed(doc: dict) -> tuple[dict, list[dict]]:
     """The slow path's events in :func:`read_trace`'s shape."""
     top = {k: doc.get(k) for k in ("distributedInfo", "deviceProperties")}
+    top["_any_event_object"] = any(isinstance(ev, dict) for ev in doc["traceEvents"])
     events = []
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
@@ -358,6 +360,12 @@ def _load_trace(path: Path) -> list[RankEvents]:
                 acc.step_candidates.append(ev)
 
     if not any(acc.gpu for acc in per.values()):
+        skipped = sum(acc.skipped for acc in per.values())
+        if skipped:
+            raise UserError(f"{path}: {skipped} GPU events, none with a usable ts/dur "
+                            "(finite numbers of µs within ±2**62 ns)")
+        if not events and not doc.get("_any_event_object", True):
+            raise UserError(f"{path}: 'traceEvents' holds no event objects; not a PyTorch profiler trace")
         raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) in the trace; "
                         "was it recorded with ProfilerActivity.CUDA?")
 
@@ -379,9 +387,14 @@ def _load_trace(path: Path) -> list[RankEvents]:
     else:
         rank = dist.get("rank")
         meta["rank_source"] = "distributedInfo.rank"
+        from_name = rank_from_filename(path)
         if not (type(rank) is int and 0 <= rank < 2**31):
-            rank = rank_from_filename(path)
+            rank = from_name
             meta["rank_source"] = "file name"
+        elif from_name is not None and from_name != rank:
+            # With DP/PP the global rank in distributedInfo is not the TP rank in SGLang's name.
+            meta["rank_conflict"] = (f"{path.name}: distributedInfo.rank = {rank} but the file name says "
+                                     f"{from_name}; used {rank}")
         if rank is None:
             rank = 0
             meta["rank_source"] = "default (no rank in the trace or its name)"
@@ -499,6 +512,12 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
 
     start_ns = np.fromiter((ev["ts_ns"] for ev in evs), dtype=np.int64, count=n)
     dur_ns = np.fromiter((ev["dur_ns"] for ev in evs), dtype=np.int64, count=n)
+    negative = int((dur_ns < 0).sum())
+    if negative:
+        meta["negative_duration_events"] = negative
+    implausible = int((dur_ns > _IMPLAUSIBLE_NS).sum())
+    if implausible:
+        meta["implausible_duration_events"] = implausible
     order = np.argsort(start_ns, kind="stable")
     step_idx = assign_steps(launch_ns, steps)
     meta["step_source"] = ("annotation" if steps and not steps[0].name.startswith("graph_launch#")
@@ -521,6 +540,17 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
     )
 
 
+def _is_fastverify_profile(path: Path) -> bool:
+    """A profile written by fastverify (its first key is ``"schema": "fastverify.profile"``), which
+    a user may well have written into the trace folder: not a trace, so a folder scan skips it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    return b'"fastverify.profile"' in head
+
+
 def load_traces(paths: list[str | Path]) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
 
@@ -535,7 +565,8 @@ def load_traces(paths: list[str | Path]) -> list[RankEvents]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
+            found = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz"))
+                           and not _is_fastverify_profile(f))
             if not found:
                 raise UserError(f"{p}: folder holds no .json or .json.gz trace files")
             files.extend(found)
@@ -543,6 +574,8 @@ def load_traces(paths: list[str | Path]) -> list[RankEvents]:
             files.append(p)
         else:
             raise UserError(f"{p}: no such file or folder")
+    seen: set[Path] = set()
+    files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # a file given twice counts once
     result: dict[int, RankEvents] = {}
     for f in files:
         for r in load_trace(f):

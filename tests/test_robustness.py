@@ -1,0 +1,206 @@
+"""Output safety, signals and data warnings: the cases a first-time user hit by accident."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_fastverify, subprocess_env
+
+DATA = Path(__file__).parent / "data"
+GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
+
+
+def _one_line_exit_2(proc, *must_name: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for word in must_name:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def test_output_on_a_fifo_is_refused_and_left_alone(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", str(fifo), "--no-png", "--quiet"], cwd=tmp_path)
+    _one_line_exit_2(proc, str(fifo))
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a FIFO, not replaced by a regular file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_output_on_a_directory_names_the_directory(tmp_path):
+    (tmp_path / "out").mkdir()
+    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "out", "--quiet"], cwd=tmp_path)
+    line = _one_line_exit_2(proc, "out", "directory")
+    assert ".tmp" not in line  # the user's path, never a temporary file
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_png_and_json_on_the_same_path_are_refused(tmp_path):
+    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "p.json", "--png", "p.json", "--quiet"],
+                          cwd=tmp_path)
+    _one_line_exit_2(proc, "p.json")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_png_on_a_directory_leaves_no_json(tmp_path):
+    (tmp_path / "d").mkdir()
+    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "x/p.json", "--png", "d", "--quiet"],
+                          cwd=tmp_path)
+    _one_line_exit_2(proc, "d")
+    assert not (tmp_path / "x" / "p.json").exists()
+
+
+def test_output_through_a_symlink_writes_the_target(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    (tmp_path / "link.json").symlink_to(target)
+    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "link.json", "--no-png", "--quiet"],
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads(target.read_text())["schema"] == "fastverify.profile"
+
+
+def test_default_names_do_not_overwrite_each_other(tmp_path):
+    for _ in range(3):
+        proc = run_fastverify(["profile", "--trace", str(GOOD), "--quiet"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    files = sorted(p.name for p in (tmp_path / "profiles").iterdir())
+    assert len([f for f in files if f.endswith(".json")]) == 3
+    assert len([f for f in files if f.endswith(".png")]) == 3
+
+
+def test_profile_written_into_the_trace_folder_is_skipped_by_the_next_scan(tmp_path):
+    (tmp_path / "tr").mkdir()
+    (tmp_path / "tr" / "t.json.gz").write_bytes(GOOD.read_bytes())
+    first = run_fastverify(["profile", "--trace", "tr", "--output", "tr/verify.json", "--no-png", "--quiet"],
+                           cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run_fastverify(["profile", "--trace", "tr", "--output", "again.json", "--no-png", "--quiet"],
+                            cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["source"]["files"] == [str(Path("tr") / "t.json.gz")]
+
+
+def _trace(events: list[dict], **top) -> bytes:
+    return gzip.compress(json.dumps({"traceEvents": events, **top}).encode())
+
+
+def _kernel(name: str, ts: float, dur: float, **args) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"stream": 7, **args}}
+
+
+def test_negative_and_implausible_durations_are_warned_about(tmp_path):
+    events = [_kernel("gemm", 0, 5), _kernel("gemm", 10, -3), _kernel("gemm", 20, 11e6)]  # 11 s
+    (tmp_path / "t.json.gz").write_bytes(_trace(events, distributedInfo={"rank": 0, "world_size": 1}))
+    proc = run_fastverify(["profile", "--trace", "t.json.gz", "--output", "p.json", "--no-png", "--quiet"],
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warnings = json.loads((tmp_path / "p.json").read_text())["warnings"]
+    assert any("1 GPU events had a negative duration" in w for w in warnings), warnings
+    assert any("1 GPU events last over 10 s" in w for w in warnings), warnings
+
+
+def test_rank_in_file_name_disagreeing_with_distributed_info_is_warned_about(tmp_path):
+    (tmp_path / "x-TP-1.trace.json.gz").write_bytes(
+        _trace([_kernel("gemm", 0, 5)], distributedInfo={"rank": 0, "world_size": 2}))
+    proc = run_fastverify(["profile", "--trace", "x-TP-1.trace.json.gz", "--output", "p.json", "--no-png",
+                           "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    prof = json.loads((tmp_path / "p.json").read_text())
+    assert prof["ranks"][0]["rank"] == 0
+    assert any("file name says 1" in w for w in prof["warnings"]), prof["warnings"]
+
+
+def test_no_usable_timestamps_is_its_own_error(tmp_path):
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": [_kernel("gemm", 1e30, 5), _kernel("gemm", "x", 5)]}))
+    proc = run_fastverify(["profile", "--trace", "t.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
+    _one_line_exit_2(proc, "t.json", "2 GPU events, none with a usable ts/dur")
+
+
+def test_event_array_of_numbers_is_not_a_trace(tmp_path):
+    (tmp_path / "t.json").write_text("[1, 2, 3]")
+    proc = run_fastverify(["profile", "--trace", "t.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
+    _one_line_exit_2(proc, "t.json", "no event objects")
+
+
+@pytest.mark.parametrize("config, field", [
+    ({"hidden_size": 2048, "num_hidden_layers": 4, "intermediate_size": 6144, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "vocab_size": 1000, "num_experts": 128, "num_experts_per_tok": 8}, "num_experts"),
+    ({"hidden_size": 256, "num_hidden_layers": 1_000_000_000, "intermediate_size": 512, "num_attention_heads": 4,
+      "num_key_value_heads": 4, "vocab_size": 1024}, "num_hidden_layers"),
+])
+def test_config_that_would_be_mis_modelled_or_hang_is_refused(tmp_path, config, field):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    t0 = time.monotonic()
+    proc = run_fastverify(["profile", "--model", "config.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
+    _one_line_exit_2(proc, "config.json", field)
+    assert time.monotonic() - t0 < 30  # refused up front, not after minutes of work
+    assert not (tmp_path / "p.json").exists()
+
+
+def _rank_processes(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmd and b"_worker_main" in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find rank processes")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = "fastverify-live-"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
+        time.sleep(0.1)
+    started = _rank_processes(marker)
+    assert len(started) >= 2, "the ranks never started"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    time.sleep(0.5)
+    assert not set(started) & set(_rank_processes(marker))  # no orphaned ranks
+    assert not (tmp_path / "p.json").exists()
+    assert not (tmp_path / "profiles").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_ranks_die_with_a_killed_parent(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = "fastverify-live-"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
+        time.sleep(0.1)
+    started = _rank_processes(marker)
+    assert len(started) >= 2, "the ranks never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and set(started) & set(_rank_processes(marker)):
+        time.sleep(0.1)
+    assert not set(started) & set(_rank_processes(marker))
