@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""NCCL's all-reduce cost model, raw and corrected, against the measured 8x RTX 4090 tables.
+
+Inputs: ``<shared>/inputs/allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt`` (SHM, stock driver) and
+``…-p2punlocked.txt`` (P2P, patched driver): the same box, every GPU pair SYS. Rows 8 B … 4 MiB,
+out-of-place time.
+
+Protocol (see ``fastverify/nccl/model.py``): the PCIe correction is fitted on one table and judged
+on the other only, both ways round; the fitted parameters are carried across unchanged (identity
+relation, documented in the model). NCCL's raw model has nothing fitted and is judged on both.
+Errors are ``(predicted - measured) / measured``; the median is of their absolute values.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/bench_model.py
+    .venv/bin/python benchmarks/bench_model.py --shared ../shared --nccl-version 2.21.5 --json bench_out/model.json
+
+Prints nccl-tests style: ``#`` metadata, a column row and a units row per direction, then one line per
+direction ``fit SHM -> test P2P: median error N %`` and NCCL's raw ``median error`` per table. Exits
+1 when a corrected median error is above ``--aim`` (20 %), 0 otherwise or when the inputs are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from fastverify.nccl import model as M  # noqa: E402
+from fastverify.nccl.perftable import parse_all_reduce_perf  # noqa: E402
+from fastverify.nccl.version import NcclVersion  # noqa: E402
+from fastverify.errors import UserError  # noqa: E402
+
+DEFAULT_SHARED = REPO.parent / "shared"
+TABLES = {  # transport -> file under <shared>/inputs
+    M.Transport.SHM: "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt",
+    M.Transport.P2P: "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt",
+}
+BOX = dict(n_ranks=8, gen=4, width=16, sm=89)  # RTX 4090: sm_89, PCIe Gen4 x16 (blog: 2x EPYC 7542)
+
+
+def _rows(path: Path):
+    table = parse_all_reduce_perf(path.read_text(), source=str(path))
+    return [r for r in table.rows if M.CALIBRATION_MIN_BYTES <= r.size_bytes <= M.CALIBRATION_MAX_BYTES]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def run(shared: Path, version: int, graph: tuple[float, int] | None, aim_pct: float, json_path: Path | None) -> int:
+    inputs_dir = shared / "inputs"
+    missing = [n for n in TABLES.values() if not (inputs_dir / n).is_file()]
+    if missing:
+        print(f"# skipped: {inputs_dir} lacks {', '.join(missing)} (use --shared DIR)")
+        return 0
+    rows = {t: _rows(inputs_dir / name) for t, name in TABLES.items()}
+    gbw, gch = graph if graph else (None, None)
+    inputs = {
+        t: M.inputs_for_pcie_box(**BOX, p2p=t is M.Transport.P2P, version=version,
+                                 graph_bw_intra_gbps=gbw, graph_n_channels=gch)
+        for t in TABLES
+    }
+    models = {t: M.fit(rows[t], inputs[t]) for t in TABLES}
+
+    i0 = inputs[M.Transport.SHM]
+    print("# bench_model: NCCL all-reduce cost model (tuning.cc) raw and PCIe-corrected vs measured all_reduce_perf")
+    print(f"# box: 8x RTX 4090 (sm_89), PCIe Gen4 x16, all pairs SYS; NCCL model version {str(NcclVersion.from_code(version))}")
+    src = "given" if graph else "derived by inputs_for_pcie_box (no GRAPH line in the inputs)"
+    print(f"# graph: nChannels {i0.n_channels}, bw {i0.bw_intra_gbps:g} GB/s per channel ({src})")
+    print(f"# rows: {M.CALIBRATION_MIN_BYTES} B .. {M.CALIBRATION_MAX_BYTES} B, out-of-place time; "
+          "err = (predicted - measured) / measured; every predicted value is a model prediction")
+    for t, m in models.items():
+        scales = ", ".join(f"{p.value} {m.bw_scale[p]:.3f}" for p in (M.Proto.LL, M.Proto.SIMPLE))
+        print(f"# fit on {t.value} ({m.n_rows} rows): extra hop latency {m.extra_hop_latency_us:.3f} us, "
+              f"bw scale {scales}, rms log error on its own fit data {m.fit_rms_log_error:.3f}")
+
+    record: dict = {"nccl_version": str(NcclVersion.from_code(version)), "graph": [i0.bw_intra_gbps, i0.n_channels],
+                    "directions": [], "raw": {}}
+    summary: list[str] = []
+    raw_err: dict[M.Transport, list[float]] = {}
+    for fit_t, test_t in ((M.Transport.SHM, M.Transport.P2P), (M.Transport.P2P, M.Transport.SHM)):
+        m, inp = models[fit_t], inputs[test_t]
+        other = {r.size_bytes: r.oop_time_us for r in rows[fit_t]}
+        print("#")
+        print(f"# fit {fit_t.value} -> test {test_t.value}")
+        print(f"# {'size':>10} {'measured':>9} {'nccl_raw':>9} {'raw_err':>8} {'corrected':>9} {'corr_err':>8} "
+              f"{'algo/proto':>11} {'baseline':>9} {'base_err':>8}")
+        print(f"# {'(B)':>10} {'(us)':>9} {'(us)':>9} {'(%)':>8} {'(us)':>9} {'(%)':>8} {'(NCCL pick)':>11} "
+              f"{'(us)':>9} {'(%)':>8}")
+        errs, raws, bases, recs = [], [], [], []
+        for r in rows[test_t]:
+            raw = M.predict(r.size_bytes, inp)
+            cor = m.predict(r.size_bytes, inp)
+            assert raw.predicted and cor.predicted
+            e_raw = raw.time_us / r.oop_time_us - 1
+            e_cor = cor.time_us / r.oop_time_us - 1
+            base = other.get(r.size_bytes)
+            e_base = base / r.oop_time_us - 1 if base else float("nan")
+            errs.append(e_cor)
+            raws.append(e_raw)
+            if base:
+                bases.append(e_base)
+            print(f"  {r.size_bytes:>10} {r.oop_time_us:>9.2f} {raw.time_us:>9.2f} {_pct(e_raw):>8} "
+                  f"{cor.time_us:>9.2f} {_pct(e_cor):>8} {cor.algo.value + '/' + cor.proto.value:>11} "
+                  f"{base if base else float('nan'):>9.2f} {_pct(e_base):>8}")
+            recs.append({"size_bytes": r.size_bytes, "measured_us": r.oop_time_us, "nccl_raw_predicted_us": raw.time_us,
+                         "corrected_predicted_us": cor.time_us, "algo": cor.algo.value, "proto": cor.proto.value,
+                         "baseline_other_table_us": base, "label": cor.label})
+        raw_err[test_t] = raws
+        med = 100 * statistics.median(abs(e) for e in errs)
+        big = [abs(e) for r, e in zip(rows[test_t], errs) if r.size_bytes >= 1 << 20]
+        print(f"# max |err| {100 * max(abs(e) for e in errs):.1f} %, at >= 1 MiB {100 * max(big):.1f} %; baseline "
+              f"(the {fit_t.value} table's measured time used as the {test_t.value} prediction): median |err| "
+              f"{100 * statistics.median(abs(e) for e in bases):.1f} %")
+        summary.append(f"fit {fit_t.value} -> test {test_t.value}: median error {med:.1f} %")
+        record["directions"].append({"fit": fit_t.value, "test": test_t.value, "median_error_pct": med,
+                                     "params": {"extra_hop_latency_us": m.extra_hop_latency_us,
+                                                "bw_scale": {p.value: v for p, v in m.bw_scale.items()}},
+                                     "rows": recs})
+    print("#")
+    for line in summary:
+        print(line)
+    for t in (M.Transport.SHM, M.Transport.P2P):
+        med = 100 * statistics.median(abs(e) for e in raw_err[t])
+        print(f"NCCL raw model on {t.value} (nothing fitted): median error {med:.1f} %")
+        record["raw"][t.value] = med
+    worst = max(d["median_error_pct"] for d in record["directions"])
+    verdict = "met" if worst <= aim_pct else "MISSED"
+    print(f"# aim: corrected median error <= {aim_pct:g} % each way: {verdict}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(record, indent=1))
+    return 0 if verdict == "met" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED, help="folder holding inputs/allreduceperf-*.txt")
+    ap.add_argument("--nccl-version", default=str(NcclVersion.from_code(M.DEFAULT_NCCL_VERSION)),
+                    help="NCCL version X.Y.Z whose constants the model uses (the blog does not say its own)")
+    ap.add_argument("--graph-bw", type=float, default=None,
+                    help="ring graph bw per channel, GB/s (GRAPH line 'bw X/Y')")
+    ap.add_argument("--graph-channels", type=int, default=None, help="ring graph channels (GRAPH line 'nChannels N')")
+    ap.add_argument("--aim", type=float, default=20.0, help="highest acceptable corrected median error, %%")
+    ap.add_argument("--json", type=Path, default=None, help="also write the records to this JSON file")
+    a = ap.parse_args(argv)
+    if (a.graph_bw is None) != (a.graph_channels is None):
+        ap.error("--graph-bw and --graph-channels go together")
+    try:
+        version = NcclVersion.parse(a.nccl_version).code
+    except UserError as exc:
+        ap.error(str(exc))
+    graph = (a.graph_bw, a.graph_channels) if a.graph_bw is not None else None
+    return run(a.shared, version, graph, a.aim, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,702 @@
+"""Read an ``NCCL_DEBUG=INFO`` log into an :class:`NcclLog`.
+
+Line shapes, with where NCCL prints them (NVIDIA/nccl ``src/``; ``research/nccl.md`` §4):
+
+- prefix (``debug.cc``): ``[%F %T] `` timestamp (optional; default on WARN only), ``host:pid:tid ``,
+  then ``[cudaDev] NCCL INFO msg`` / ``[cudaDev] file:line [(func) ]NCCL WARN msg`` /
+  ``[cudaDev] ms func:line NCCL TRACE msg``. With ``NCCL_DEBUG=VERSION``/``WARN`` the version line is
+  bare: ``NCCL version 2.27.5+cuda12.9``. MPI launchers may put ``[1,0]<stdout>:`` in front.
+- ``NCCL version 2.27.5+cuda12.9`` (``init.cc``).
+- ``comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL %d`` (2.20+) and
+  ``[func] comm %p rank %d nranks %d cudaDev %d [nvmlDev %d] busId %lx … - Init COMPLETE``.
+- transports (``transport/p2p.cc``, ``shm.cc``, ``net.cc``): ``Channel %02d/%01d : %d[%d] -> %d[%d] via
+  P2P/direct pointer[/read]``, ``P2P/CUMEM|IPC|MNNVL[/read][/CE]``, ``P2P/indirect/%d[%d][/read]``,
+  ``Channel %02d : … via SHM/direct/direct`` (≤2.30.4; ``SHM/CE/…`` with memcpy) or ``SHM/direct``
+  (2.30.7+), ``… [send] via NET/IB/0/GDRDMA``. In brackets: the NVML device index since 2.18, the PCI
+  bus id in hex (``%lx``) before; before 2.14 there is no ``/connIndex``.
+- rings (``graph/rings.cc``, rank 0 only): ``Channel 00/02 :    0   1 …`` (``%3d``, ≤2.22) or
+  ``Channel 00/02 : 0 1 …`` (``%*d``, 2.23+); ``Ring 00 : 7 -> 0 -> 1`` (GRAPH) per rank.
+- ``Trees [0] 5/-1/-1->4->3 [1] …`` = down0/down1/down2->rank->up per channel (``init.cc``).
+- ``%d coll channels, [%d collnet channels, ][%d nvls channels, ]%d p2p channels, %d p2p channels per
+  peer`` (collnet field 2.20+).
+- graph (``graph/search.cc``): ``Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s,
+  sameChannels %d`` (``speed`` instead of ``bw`` ≤2.12; bw = intra/inter GB/s per channel),
+  ``Could not find a path for pattern %d, falling back to simple order``.
+- topology (``graph/topo.cc``, ``paths.cc``): ``=== System : maxBw %2.1f totalBw %2.1f ===``, tree dump
+  lines ``+ PCI[24.0] - GPU/0-cf000 (5)`` (GPU and its rank), and one line of paths per node
+  ``GPU/0-ce000 :GPU/0-4e000 (5/10.0/SYS) …`` = (hops/bw GB/s/path type); ≤2.21 write the first node
+  as ``GPU/CE000``.
+- model (``graph/tuning.cc``, rank 0): 2.18+ blocks of ``  Algorithm   |`` / ``  Protocol    |`` /
+  `` Max NThreads |`` then ``    AllReduce |   lat/  bw |…`` (latency µs / algBw GB/s); ≤2.17 one table
+  headed ``Latency/AlgBw |    Tree/    LL |…``.
+- per call (``enqueue.cc``, rank 0): 2.24+ ``AllReduce: 57344 Bytes -> Algo RING proto LL
+  channel{Lo..Hi}={0..1}``; 2.21–2.23 ``[AllReduce: ]57344 Bytes -> Algo 1 proto 0 time 12.3`` (ids).
+- settings: ``NCCL_X set by environment to V`` (``V.`` for integers, ``misc/param.cc``),
+  ``NCCL_P2P_LEVEL set by environment to SYS`` only when NCCL understood the value (``paths.cc``),
+  ``Invalid value %s for %s, using default %lld.``
+- tuner plugin (``plugin/tuner*.cc``): ``TUNER/Plugin: …``, ``Successfully loaded external tuner plugin
+  %s``.
+
+Nothing here raises except :class:`~fastverify.errors.UserError` when the text has no NCCL line at
+all. Lines that start like a known form but do not parse (a line cut off) go to ``problems``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from fastverify.errors import UserError
+
+__all__ = [
+    "CallChoice", "ChannelCounts", "CommInfo", "GraphInfo", "NcclLog", "PathInfo", "Ring", "RingLink",
+    "Transport", "Tree", "WarnLine", "parse_nccl_log", "ALGO_BY_ID", "PROTO_BY_ID",
+]
+
+# NCCL_ALGO_* / NCCL_PROTO_* ids (src/include/device.h), for the 2.21–2.23 per-call lines.
+ALGO_BY_ID = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
+PROTO_BY_ID = {0: "LL", 1: "LL128", 2: "SIMPLE"}
+
+Dev = int | str  # device index (NCCL >= 2.18) or PCI bus id as lower-case hex text (older)
+
+
+@dataclass(frozen=True)
+class CommInfo:
+    """One communicator line of one rank; fields the line does not carry are ``None``."""
+
+    comm: str
+    rank: int
+    n_ranks: int
+    n_nodes: int | None = None
+    local_ranks: int | None = None
+    local_rank: int | None = None
+    cuda_dev: int | None = None
+    bus_id: str | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One ``Channel … : src -> dst via …`` connection. ``transport`` is the text after ``via``."""
+
+    channel: int
+    conn_index: int | None
+    src_rank: int
+    src_dev: Dev
+    dst_rank: int
+    dst_dev: Dev
+    transport: str  # e.g. "P2P/direct pointer/read", "SHM/direct/direct", "NET/IB/0/GDRDMA"
+    kind: str  # "P2P", "SHM" or "NET"
+    read: bool = False
+    ce: bool = False
+    via_rank: int | None = None  # P2P/indirect: the intermediate rank
+    direction: str | None = None  # NET: "send" or "receive"
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Ring:
+    channel: int
+    n_channels: int
+    ranks: tuple[int, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class RingLink:
+    channel: int
+    prev: int
+    rank: int
+    next: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Tree:
+    """``[c] d0/d1/d2->rank->up``; -1 means none."""
+
+    channel: int
+    rank: int
+    down: tuple[int, int, int]
+    up: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class ChannelCounts:
+    coll: int
+    collnet: int | None
+    nvls: int | None
+    p2p: int
+    p2p_per_peer: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """pattern 4 = ring, 1 = balanced tree, 3 = tree, 2 = split tree, 5 = NVLS."""
+
+    pattern: int
+    cross_nic: int
+    n_channels: int
+    bw_intra_gbps: float
+    bw_inter_gbps: float
+    type_intra: str
+    type_inter: str
+    same_channels: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    hops: int
+    bw_gbps: float
+    path_type: str  # LOC NVL NVB C2C PIX PXB P2C PXN PHB SYS NET DIS
+
+
+@dataclass(frozen=True)
+class CallChoice:
+    """NCCL's choice for one launched collective (rank 0, TUNING subsystem)."""
+
+    func: str | None
+    size_bytes: int
+    algo: str  # TREE, RING, … (ids of 2.21–2.23 mapped through ALGO_BY_ID)
+    proto: str  # LL, LL128, SIMPLE
+    channel_lo: int | None = None
+    channel_hi: int | None = None
+    time_us: float | None = None  # 2.21–2.23: the model's predicted time
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class WarnLine:
+    message: str
+    file: str | None
+    dev: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """Everything read from one log. Dict fields map names as printed; see the module docstring."""
+
+    source: str
+    version: str | None = None  # "2.27.5"
+    cuda_version: str | None = None  # "12.9"
+    comms: tuple[CommInfo, ...] = ()
+    transports: tuple[Transport, ...] = ()
+    rings: tuple[Ring, ...] = ()
+    ring_links: tuple[RingLink, ...] = ()
+    trees: tuple[Tree, ...] = ()
+    channel_counts: tuple[ChannelCounts, ...] = ()
+    graphs: tuple[GraphInfo, ...] = ()
+    graph_fallbacks: tuple[int, ...] = ()  # pattern of each "Could not find a path … simple order"
+    paths: dict[str, dict[str, PathInfo]] = field(default_factory=dict)  # "GPU/0-ce000" -> node -> path
+    gpu_ranks: dict[str, int] = field(default_factory=dict)  # "GPU/0-cf000" -> rank, from the topology dump
+    max_bw_gbps: float | None = None
+    total_bw_gbps: float | None = None
+    tuning: dict[str, dict[tuple[str, str], tuple[float, float]]] = field(default_factory=dict)
+    max_nthreads: dict[tuple[str, str], int] = field(default_factory=dict)
+    calls: tuple[CallChoice, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    env_invalid: dict[str, str] = field(default_factory=dict)  # "Invalid value V for NCCL_X, using default"
+    p2p_unavailable: tuple[tuple[int, int], ...] = ()  # "Could not enable P2P between dev a and dev b"
+    tuner_plugin: str | None = None
+    tuner_lines: tuple[str, ...] = ()
+    warnings: tuple[WarnLine, ...] = ()
+    n_nccl_lines: int = 0
+    problems: tuple[str, ...] = ()
+
+    @property
+    def version_tuple(self) -> tuple[int, int, int] | None:
+        if self.version is None:
+            return None
+        a, b, c = (int(x) for x in self.version.split("."))
+        return a, b, c
+
+    @property
+    def n_ranks(self) -> int | None:
+        """nRanks of the comm lines, else the length of a ring, else ``None``."""
+        if self.comms:
+            return max(c.n_ranks for c in self.comms)
+        if self.rings:
+            return max(len(r.ranks) for r in self.rings)
+        return None
+
+    def transports_by_pair(self) -> dict[tuple[Dev, Dev], set[str]]:
+        """(src device, dst device) → the transports seen for that direction."""
+        out: dict[tuple[Dev, Dev], set[str]] = {}
+        for t in self.transports:
+            out.setdefault((t.src_dev, t.dst_dev), set()).add(t.transport)
+        return out
+
+    def ring_order(self, channel: int = 0) -> tuple[int, ...] | None:
+        for r in self.rings:
+            if r.channel == channel:
+                return r.ranks
+        return None
+
+    def gpu_paths(self) -> dict[tuple[str, str], PathInfo]:
+        """GPU → other GPU paths only, keyed by the two normalised node names."""
+        return {(s, d): p for s, row in self.paths.items() if s.startswith("GPU/")
+                for d, p in row.items() if d.startswith("GPU/") and d != s}
+
+    @property
+    def uses_shm(self) -> bool:
+        return any(t.kind == "SHM" for t in self.transports)
+
+    @property
+    def uses_p2p(self) -> bool:
+        return any(t.kind == "P2P" for t in self.transports)
+
+    @property
+    def uses_net(self) -> bool:
+        return any(t.kind == "NET" for t in self.transports)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regexes (ASCII digits only: a Unicode digit must not reach int()).
+
+_A = re.ASCII
+_PREFIX = re.compile(
+    r"(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,12}):(?P<tid>\d{1,12}) \[(?P<dev>-?\d{1,9})\] "
+    r"(?:[\d.]{1,30} )?(?:(?P<file>[^\s:]{1,255}):\d{1,9} (?:\([^)]{0,255}\) )?)?NCCL (?P<level>INFO|WARN|TRACE)", _A)
+# NCCL_DEBUG=VERSION/WARN print the version line bare (debug.cc NCCL_LOG_VERSION); an MPI tag may precede it.
+_BARE_VERSION = re.compile(r"^(?:\[[\d,]+\](?:<std\w+>)?:?\s*|\d+: )?\s*(NCCL version \d\S*)\s*$", _A)
+_VERSION = re.compile(r"^NCCL version (\d{1,4})\.(\d{1,4})\.(\d{1,4})(\S*?)(?:\+cuda(\d+\.\d+))?$", _A)
+_COMM_NEW = re.compile(
+    r"^comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nRanks (\d{1,9}) nNodes (\d{1,9}) localRanks (\d{1,9}) "
+    r"localRank (\d{1,9})(?: MNNVL \d+)?$", _A)
+_COMM_INIT = re.compile(
+    r"^(?:.*? )?comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,9})(?: nvmlDev \d+)? "
+    r"busId ([0-9a-fA-F]{1,16})\b.* - (?:Init (?:START|COMPLETE))$", _A)
+_TRANSPORT = re.compile(
+    r"^Channel (\d{1,4})(?:/(\d{1,4}))? : (\d{1,9})\[([0-9a-fA-F]{1,16})\] -> (\d{1,9})\[([0-9a-fA-F]{1,16})\]"
+    r"(?: \[(send|receive)\])? via (.+?)\s*$", _A)
+_P2P_VIA = re.compile(
+    r"^P2P/(?:direct pointer(?P<r1>/read)?|(?:IPC|CUMEM|MNNVL)(?P<r2>/read)?(?P<ce>/CE)?"
+    r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$", _A)
+_SHM_VIA = re.compile(r"^SHM/(?:direct|CE)(?:/(?:direct|CE))?$", _A)
+_NET_VIA = re.compile(r"^NET/\S+/\d+\S*$", _A)
+_RING = re.compile(r"^Channel (\d{1,4})/(\d{1,4}) :((?: +-?\d{1,9})+)\s*$", _A)
+_RING_LINK = re.compile(r"^Ring (\d{1,4}) : (-?\d{1,9}) -> (-?\d{1,9}) -> (-?\d{1,9})$", _A)
+_TREES = re.compile(r"^Trees((?: \[\d{1,4}\] -?\d{1,9}/-?\d{1,9}/-?\d{1,9}->-?\d{1,9}->-?\d{1,9})*)\s*$", _A)
+_TREE_ITEM = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)", _A)
+_CHANNELS = re.compile(
+    r"^(\d{1,6}) coll channels, (?:(\d{1,6}) collnet channels, )?(?:(\d{1,6}) nvls channels, )?"
+    r"(\d{1,6}) p2p channels, (\d{1,6}) p2p channels per peer$", _A)
+_GRAPH = re.compile(
+    r"^Pattern (\d{1,3}), crossNic (\d{1,3}), nChannels (\d{1,6}), (?:bw|speed) ([\d.]{1,20})/([\d.]{1,20}), "
+    r"type (\w{1,8})/(\w{1,8}), sameChannels (\d{1,3})$", _A)
+_FALLBACK = re.compile(r"^Could not find a path for pattern (\d{1,3}), falling back to simple order$", _A)
+_SYSTEM = re.compile(r"^=== System : maxBw ([\d.]{1,20}) totalBw ([\d.]{1,20}) ===$", _A)
+_NODE = r"(?:GPU|PCI|NVS|CPU|NIC|NET|GIN|RMA|DEV|CXB)/[0-9a-fA-F]{1,16}(?:-[0-9a-fA-F]{1,16})?"
+_PATHS = re.compile(rf"^({_NODE}) :(.*)$", _A)
+_PATH_ITEM = re.compile(rf"({_NODE}) \((\d{{1,6}})/([\d.]{{1,20}})/([A-Z0-9]{{2,4}})\)\s*", _A)
+_TOPO_GPU = re.compile(r"^(?:\+ \w+\[[\d.]+\] - )?(GPU/[0-9a-fA-F]{1,16}-[0-9a-fA-F]{1,16}) \((\d{1,9})\)", _A)
+_CALL = re.compile(
+    r"^(?:(\w+): )?(\d{1,20}) Bytes -> Algo (\w+) proto (\w+)"
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,4})\.\.(\d{1,4})\}| time ([-+\w.]{1,30}))$", _A)
+_ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$", _A)
+_ENV_INVALID = re.compile(r"^Invalid value (.*) for (NCCL_\w+), using default", _A)
+_P2P_FAIL = re.compile(
+    r"^(?:Could not enable P2P|peer query failed) between dev (\d{1,6})\(=[0-9a-fA-F]+\) and dev (\d{1,6})", _A)
+_TUNER_NAME = re.compile(r"^(?:TUNER/Plugin: Using (.+) \(v\d+\)|Successfully loaded external tuner plugin (.+))$", _A)
+_TUNE_HEAD = re.compile(r"^(Algorithm|Protocol|Max NThreads|Latency/AlgBw)\s*\|(.*)$", _A)
+_TUNE_ROW = re.compile(r"^(\w{1,20}) \|((?:\s*[-\d.e+infa]+/\s*[-\d.e+infa]+ \|)+)\s*$", _A)
+_LATBW = re.compile(r"^\s*([-+\w.]{1,30})/\s*([-+\w.]{1,30})\s*$", _A)
+
+_MAX_LINE = 8192
+
+# Message starts that promise a known form; if none of the parsers takes such a line it is reported.
+# tuning.cc names → the names of the per-call lines (collectives.cc ncclAlgoToString/ncclProtoToString)
+_TABLE_ALGO = {"Tree": "TREE", "Ring": "RING", "CollNetDirect": "COLLNET_DIRECT", "CollNetChain": "COLLNET_CHAIN",
+               "NVLS": "NVLS", "NVLSTree": "NVLS_TREE", "PAT": "PAT"}
+
+_KNOWN_STARTS = ("Channel ", "Trees", "Pattern ", "=== System", "NCCL version", "Ring ")
+
+
+def search_near_nccl(line: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """``pattern`` (a log prefix ending in ``NCCL <LEVEL>``) searched only just before each
+    ``NCCL `` in ``line`` (at most 4), so that a long line costs linear time; anything before the
+    prefix (MPI tags, timestamps, a table row it interrupts) is ignored."""
+    i = line.find("NCCL ")
+    for _ in range(4):
+        if i < 0:
+            return None
+        m = pattern.search(line, max(0, i - 800), i + 10)
+        if m is not None:
+            return m
+        i = line.find("NCCL ", i + 1)
+    return None
+
+
+def _find_prefix(line: str) -> re.Match[str] | None:
+    """The ``host:pid:tid [dev] … NCCL LEVEL`` prefix of a log line."""
+    return search_near_nccl(line, _PREFIX)
+
+
+def _f(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def _norm_node(name: str) -> str:
+    """``GPU/CE000`` (≤2.21) and ``GPU/0-ce000`` → ``GPU/0-ce000``."""
+    kind, _, ident = name.partition("/")
+    if "-" in ident:
+        sys_id, _, local = ident.partition("-")
+        return f"{kind}/{int(sys_id, 16):x}-{int(local, 16):x}"
+    v = int(ident, 16)
+    return f"{kind}/{v >> 56:x}-{v & ((1 << 56) - 1):x}"
+
+
+class _State:
+    """Mutable accumulator; frozen into an :class:`NcclLog` at the end."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list] = {k: [] for k in (
+            "comms", "transports", "rings", "ring_links", "trees", "channel_counts", "graphs",
+            "graph_fallbacks", "calls", "p2p_unavailable", "tuner_lines", "warnings", "problems")}
+        self.versions: list[tuple[str, str | None, int]] = []
+        self.paths: dict[str, dict[str, PathInfo]] = {}
+        self.gpu_ranks: dict[str, int] = {}
+        self.system: tuple[float, float] | None = None
+        self.tuning: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+        self.max_nthreads: dict[tuple[str, str], int] = {}
+        self.env: dict[str, str] = {}
+        self.env_invalid: dict[str, str] = {}
+        self.tuner: str | None = None
+        self.tables: dict[tuple[str, str], dict] = {}  # per (pid, tid): TUNING table columns
+        self.comm_seen: set[tuple] = set()
+        self.old_busid = False  # NCCL < 2.18 prints bus ids in transport brackets
+
+    def problem(self, lineno: int, what: str, text: str) -> None:
+        t = " ".join(text.split())
+        self.lists["problems"].append(f"line {lineno}: {what}: {t[:100]}")
+
+
+def _dev(s: str, st: _State) -> Dev:
+    if st.old_busid or not s.isdigit() or len(s) >= 4:
+        return s.lower()
+    return int(s)
+
+
+def _msg(st: _State, lineno: int, key: tuple[str, str], dev: int, level: str, file: str | None, msg: str) -> None:
+    if level == "WARN":
+        st.lists["warnings"].append(WarnLine(msg.strip(), file, dev, lineno))
+        return
+    s = msg.strip()
+    if _tuning_line(st, key, s):
+        return
+    for handler in _HANDLERS:
+        if handler(st, lineno, s):
+            return
+    if s.startswith(_KNOWN_STARTS) and not _is_other_channel_line(s):
+        st.problem(lineno, "line not understood (cut off?)", s)
+
+
+def _is_other_channel_line(s: str) -> bool:
+    # ``Channel 00/0 : 0[0] -> 1[1] [receive] via COLLNET…`` and NVLS/CollNet set-up lines start alike.
+    return " via " in s and ("COLLNET" in s or "NVLS" in s)
+
+
+def _h_version(st: _State, lineno: int, s: str) -> bool:
+    m = _VERSION.match(s)
+    if not m:
+        return False
+    ver = f"{int(m.group(1))}.{int(m.group(2))}.{int(m.group(3))}"
+    st.versions.append((ver, m.group(5), lineno))
+    if (int(m.group(1)), int(m.group(2))) < (2, 18):
+        st.old_busid = True
+    return True
+
+
+def _h_comm(st: _State, lineno: int, s: str) -> bool:
+    m = _COMM_NEW.match(s)
+    if m:
+        info = CommInfo(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                        int(m.group(6)), line=lineno)
+    elif "Init " in s and (m := _COMM_INIT.match(s)) is not None:
+        info = CommInfo(m.group(1), int(m.group(2)), int(m.group(3)), cuda_dev=int(m.group(4)),
+                        bus_id=m.group(5).lower(), line=lineno)
+    else:
+        return False
+    seen = (info.comm, info.rank, info.n_ranks, info.n_nodes, info.cuda_dev, info.bus_id)
+    if seen not in st.comm_seen:  # "Init START" and "Init COMPLETE" say the same
+        st.comm_seen.add(seen)
+        st.lists["comms"].append(info)
+    return True
+
+
+def _h_transport(st: _State, lineno: int, s: str) -> bool:
+    m = _TRANSPORT.match(s)
+    if not m:
+        return False
+    via = m.group(8)
+    kw: dict = {}
+    if (p := _P2P_VIA.match(via)) is not None:
+        kind = "P2P"
+        kw["read"] = bool(p.group("r1") or p.group("r2") or p.group("r3"))
+        kw["ce"] = bool(p.group("ce"))
+        if p.group("via") is not None:
+            kw["via_rank"] = int(p.group("via"))
+    elif _SHM_VIA.match(via):
+        kind = "SHM"
+        kw["ce"] = "CE" in via
+    elif _NET_VIA.match(via):
+        kind = "NET"
+    else:
+        if not _is_other_channel_line(s):
+            st.problem(lineno, "unknown transport", s)
+        return True
+    st.lists["transports"].append(Transport(
+        int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None, int(m.group(3)),
+        _dev(m.group(4), st), int(m.group(5)), _dev(m.group(6), st), via, kind,
+        direction=m.group(7), line=lineno, **kw))
+    return True
+
+
+def _h_ring(st: _State, lineno: int, s: str) -> bool:
+    m = _RING.match(s)
+    if m:
+        st.lists["rings"].append(Ring(int(m.group(1)), int(m.group(2)),
+                                      tuple(int(x) for x in m.group(3).split()), lineno))
+        return True
+    m = _RING_LINK.match(s)
+    if m:
+        st.lists["ring_links"].append(RingLink(*(int(g) for g in m.groups()), line=lineno))
+        return True
+    return False
+
+
+def _h_trees(st: _State, lineno: int, s: str) -> bool:
+    if not s.startswith("Trees"):
+        return False
+    m = _TREES.match(s)
+    if not m:
+        # NCCL cuts the line at 1023 characters; keep the whole entries
+        st.problem(lineno, "Trees line cut off", s)
+    for t in _TREE_ITEM.finditer(s if m is None else m.group(1)):
+        c, d0, d1, d2, r, up = (int(g) for g in t.groups())
+        st.lists["trees"].append(Tree(c, r, (d0, d1, d2), up, lineno))
+    return True
+
+
+def _h_channels(st: _State, lineno: int, s: str) -> bool:
+    m = _CHANNELS.match(s)
+    if not m:
+        return False
+    g = [None if x is None else int(x) for x in m.groups()]
+    st.lists["channel_counts"].append(ChannelCounts(g[0], g[1], g[2], g[3], g[4], lineno))
+    return True
+
+
+def _h_graph(st: _State, lineno: int, s: str) -> bool:
+    m = _GRAPH.match(s)
+    if m:
+        bi, be = _f(m.group(4)), _f(m.group(5))
+        if bi is None or be is None:
+            st.problem(lineno, "bad graph bandwidth", s)
+            return True
+        st.lists["graphs"].append(GraphInfo(int(m.group(1)), int(m.group(2)), int(m.group(3)), bi, be,
+                                            m.group(6), m.group(7), int(m.group(8)), lineno))
+        return True
+    m = _FALLBACK.match(s)
+    if m:
+        st.lists["graph_fallbacks"].append(int(m.group(1)))
+        return True
+    return False
+
+
+def _h_topology(st: _State, lineno: int, s: str) -> bool:
+    m = _SYSTEM.match(s)
+    if m:
+        a, b = _f(m.group(1)), _f(m.group(2))
+        if a is not None and b is not None and st.system is None:
+            st.system = (a, b)
+        return True
+    m = _PATHS.match(s)
+    if m and "(" in m.group(2):
+        rest = m.group(2)
+        src = _norm_node(m.group(1))
+        row = st.paths.setdefault(src, {})
+        pos = 0
+        rest_s = rest.lstrip()
+        offset = len(rest) - len(rest_s)
+        for it in _PATH_ITEM.finditer(rest_s):
+            if it.start() != pos:
+                break
+            bw = _f(it.group(3))
+            if bw is None:
+                break
+            row[_norm_node(it.group(1))] = PathInfo(int(it.group(2)), bw, it.group(4))
+            pos = it.end()
+        if pos != len(rest_s):
+            st.problem(lineno, f"paths line cut at column {offset + pos}", s)
+        return True
+    m = _TOPO_GPU.match(s)
+    if m:
+        st.gpu_ranks[_norm_node(m.group(1))] = int(m.group(2))
+        return True
+    return False
+
+
+def _h_call(st: _State, lineno: int, s: str) -> bool:
+    m = _CALL.match(s)
+    if not m:
+        return False
+    func, size, algo, proto, lo, hi, t = m.groups()
+    if algo.isdigit():
+        algo = ALGO_BY_ID.get(int(algo), algo)
+    if proto.isdigit():
+        proto = PROTO_BY_ID.get(int(proto), proto)
+    st.lists["calls"].append(CallChoice(
+        func, int(size), algo.upper(), proto.upper(), int(lo) if lo is not None else None,
+        int(hi) if hi is not None else None, _f(t) if t is not None else None, lineno))
+    return True
+
+
+def _h_env(st: _State, lineno: int, s: str) -> bool:
+    m = _ENV.match(s)
+    if m:
+        v = m.group(2).strip()
+        if re.fullmatch(r"-?\d+\.", v, _A):  # misc/param.cc prints "%lld."
+            v = v[:-1]
+        st.env[m.group(1)] = v
+        return True
+    m = _ENV_INVALID.match(s)
+    if m:
+        st.env_invalid[m.group(2)] = m.group(1)
+        return True
+    m = _P2P_FAIL.match(s)
+    if m:
+        st.lists["p2p_unavailable"].append((int(m.group(1)), int(m.group(2))))
+        return True
+    return False
+
+
+def _h_tuner(st: _State, lineno: int, s: str) -> bool:
+    if not (s.startswith("TUNER/Plugin") or "tuner plugin" in s.lower()):
+        return False
+    st.lists["tuner_lines"].append(s)
+    m = _TUNER_NAME.match(s)
+    if m:
+        st.tuner = (m.group(1) or m.group(2)).strip()
+    return True
+
+
+_HANDLERS = (_h_version, _h_transport, _h_ring, _h_trees, _h_comm, _h_channels, _h_graph, _h_topology,
+             _h_call, _h_env, _h_tuner)
+
+
+def _tuning_line(st: _State, key: tuple[str, str], s: str) -> bool:
+    """The model table; its column layout lives in the thread's state between lines."""
+    m = _TUNE_HEAD.match(s)
+    tab = st.tables.setdefault(key, {"algos": [], "cols": []})
+    if m:
+        head, cells = m.group(1), [c.strip() for c in m.group(2).split("|")]
+        cells = [c for c in cells if c]
+        if head == "Algorithm":
+            tab["algos"], tab["cols"] = [_TABLE_ALGO.get(c, c.upper()) for c in cells], []
+        elif head == "Protocol":
+            n = cells.index(cells[0], 1) if cells and cells[0] in cells[1:] else len(cells)
+            tab["cols"] = [(tab["algos"][i // n], p.upper()) for i, p in enumerate(cells)
+                           if n and i // n < len(tab["algos"])]
+        elif head == "Latency/AlgBw":  # ≤2.17: one table, cells "Tree/LL"
+            pairs = [[x.strip() for x in c.split("/", 1)] for c in cells if "/" in c]
+            tab["cols"] = [(_TABLE_ALGO.get(a, a.upper()), p.upper()) for a, p in pairs]
+        elif head == "Max NThreads":
+            for col, c in zip(tab["cols"], cells):
+                if c.isdigit() and len(c) < 10:
+                    st.max_nthreads.setdefault(col, int(c))
+        return True
+    if not tab["cols"]:
+        return False
+    m = _TUNE_ROW.match(s)
+    if not m:
+        return False
+    func = m.group(1)
+    cells = [c for c in m.group(2).split("|") if c.strip()]
+    row = st.tuning.setdefault(func, {})
+    for col, c in zip(tab["cols"], cells):
+        lb = _LATBW.match(c)
+        lat, bw = (_f(lb.group(1)), _f(lb.group(2))) if lb else (None, None)
+        if lat is not None and bw is not None:
+            row.setdefault(col, (lat, bw))  # first communicator's table wins
+    return True
+
+
+def parse_nccl_log(text: str, *, source: str = "<text>") -> NcclLog:
+    """Parse ``NCCL_DEBUG=INFO`` output (any subsystems, any number of ranks and communicators).
+
+    Parameters
+    ----------
+    text
+        The log as text; other program output may be mixed in and is skipped.
+    source
+        Name of the input used in messages (a file path).
+
+    Returns
+    -------
+    NcclLog
+        Records in file order, each with its 1-based ``line``. A text that does not end in a newline
+        gets a ``problems`` entry (its last line may be cut off), as does any line that starts like a
+        known form but does not parse.
+
+    Raises
+    ------
+    UserError
+        One line naming ``source`` when the text holds no NCCL line at all.
+    """
+    if not isinstance(text, str):
+        raise UserError(f"{source}: expected an NCCL log as text, got {type(text).__name__}")
+    st = _State()
+    n_nccl = 0
+    lines = text.splitlines()
+    for lineno, raw in enumerate(lines, start=1):
+        if "NCCL " not in raw:
+            continue
+        m = _find_prefix(raw)
+        if m is not None and len(raw) > _MAX_LINE:
+            # NCCL's own lines are at most ~2 KiB (debug.cc buffer); keeps the regexes linear
+            n_nccl += 1
+            st.problem(lineno, f"line longer than {_MAX_LINE} characters skipped", raw[:100])
+            continue
+        if m is None:
+            b = _BARE_VERSION.search(raw)
+            if b is None:
+                continue
+            n_nccl += 1
+            _h_version(st, lineno, b.group(1))
+            continue
+        n_nccl += 1
+        key = (m.group("pid"), m.group("tid"))
+        msg = raw[m.end():]
+        msg = msg[1:] if msg[:1] == " " else msg
+        _msg(st, lineno, key, int(m.group("dev")), m.group("level"), m.group("file"), msg)
+    if n_nccl == 0:
+        raise UserError(f"{source}: no NCCL log line found (expected lines like "
+                        f"'host:pid:tid [0] NCCL INFO …'; run with NCCL_DEBUG=INFO)")
+    if lines and not text.endswith(("\n", "\r")):
+        st.problem(len(lines), "text ends without a newline; the last line may be cut off", lines[-1])
+    version = cuda = None
+    if st.versions:
+        version, cuda, _ = st.versions[0]
+        others = sorted({v for v, _, _ in st.versions} - {version})
+        if others:
+            st.problem(st.versions[0][2], f"several NCCL versions in one log: {[version, *others]}", "")
+    L = st.lists
+    return NcclLog(
+        source=source, version=version, cuda_version=cuda,
+        comms=tuple(L["comms"]), transports=tuple(L["transports"]), rings=tuple(L["rings"]),
+        ring_links=tuple(L["ring_links"]), trees=tuple(L["trees"]), channel_counts=tuple(L["channel_counts"]),
+        graphs=tuple(L["graphs"]), graph_fallbacks=tuple(L["graph_fallbacks"]), paths=st.paths,
+        gpu_ranks=st.gpu_ranks, max_bw_gbps=st.system[0] if st.system else None,
+        total_bw_gbps=st.system[1] if st.system else None, tuning=st.tuning, max_nthreads=st.max_nthreads,
+        calls=tuple(L["calls"]), env=st.env, env_invalid=st.env_invalid,
+        p2p_unavailable=tuple(L["p2p_unavailable"]), tuner_plugin=st.tuner, tuner_lines=tuple(L["tuner_lines"]),
+        warnings=tuple(L["warnings"]), n_nccl_lines=n_nccl, problems=tuple(L["problems"]),
+    )

@@ -1,0 +1,406 @@
+"""Read the text output of nccl-tests ``all_reduce_perf`` into a :class:`PerfTable`.
+
+Format facts (NVIDIA/nccl-tests ``src/util.cu`` and ``src/common.cu``; older layouts from issue
+threads; see ``research/nccl.md`` §5):
+
+- ``#`` header lines: ``# nccl-tests version …`` (recent), ``# nThread 1 nGpus 8 minBytes 8 maxBytes …
+  step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0 [unalign: 0]``,
+  ``#  Rank  0 Group  0 Pid 1756513 on host device  0 [0x01] NVIDIA GeForce RTX 4090`` (the bus id is
+  ``[0x%02x]`` in older builds, ``[%04x:%02x:%02x]`` in newer ones), two column-header rows and a units
+  row, then the footer ``# Out of bounds values : 0 OK`` and ``# Avg bus bandwidth    : 4.85265``.
+- data rows ``%12li  %12li  %8s  %6s  %6s`` (size, count, type, redop, root) then twice (out-of-place,
+  in-place) ``  %7s  %6s  %6s  %6g`` (time µs, algbw GB/s, busbw GB/s, #wrong, or ``N/A`` with
+  ``-c 0``). Floats shrink their precision to fit the width: ``38.83``, ``124.8``, ``16253``.
+  ``-I 1`` adds i_min/i_max/i_p99/i_cv% after each half; ``-T``-style timestamps add a date and a time
+  at the end. Pre-2020 builds have no root column and an ``error`` column (max abs error, a float like
+  ``1e-07``) instead of ``#wrong``.
+- Noise: MPI launchers prefix each line (``[0] ``, ``[1,0]<stdout>:``, Slurm ``0: ``); NCCL's own
+  ``NCCL_DEBUG=INFO`` lines share stdout and can land between rows or inside one (NCCL >= 2.22
+  connects lazily at the first collective, so its ``Channel …`` lines appear after the first row's
+  size/count/type columns). Both are removed before the rows are read.
+
+The parser never raises anything but :class:`~fastverify.errors.UserError`, and that only when no
+complete data row is left; dropped lines are listed in :attr:`PerfTable.problems`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from fastverify.errors import UserError
+from fastverify.nccl.logparse import search_near_nccl
+
+__all__ = ["PerfRow", "PerfTable", "parse_all_reduce_perf", "algbw_from_time", "busbw_from_time"]
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    """One message size of an ``all_reduce_perf`` table. Times in µs, bandwidths in GB/s (1e9 B/s).
+
+    ``root`` is the printed root column (``-1`` for all-reduce), ``None`` when the build has none.
+    ``*_wrong`` is the count of wrong elements; ``None`` when the check was off (``N/A``) or the build
+    printed an ``error`` column instead, whose value is then in ``*_error``.
+    """
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    root: int | None
+    oop_time_us: float
+    oop_algbw_gbps: float
+    oop_busbw_gbps: float
+    oop_wrong: int | None
+    ip_time_us: float
+    ip_algbw_gbps: float
+    ip_busbw_gbps: float
+    ip_wrong: int | None
+    oop_error: float | None = None
+    ip_error: float | None = None
+    line: int = 0  # 1-based line of the source text where the row starts
+
+
+@dataclass(frozen=True)
+class PerfTable:
+    """A whole ``all_reduce_perf`` run.
+
+    ``n_ranks`` counts the ``#  Rank`` lines (all processes under MPI), else nThread × nGpus of the
+    header, else ``None``. ``header`` holds the ``#`` key/value lines as printed (``nGpus``,
+    ``graph``, ``Avg bus bandwidth`` …). ``devices`` is the GPU name of each rank line in order.
+    ``problems`` lists the lines that looked like data rows but were dropped (a truncated last row).
+    """
+
+    rows: tuple[PerfRow, ...]
+    n_ranks: int | None
+    avg_busbw_gbps: float | None
+    header: dict[str, str]
+    devices: tuple[str, ...]
+    source: str
+    problems: tuple[str, ...] = ()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(r.size_bytes for r in self.rows)
+
+    def row(self, size_bytes: int) -> PerfRow:
+        """The first row of ``size_bytes``; ``KeyError`` naming the sizes present if there is none."""
+        for r in self.rows:
+            if r.size_bytes == size_bytes:
+                return r
+        raise KeyError(f"no row of {size_bytes} B in {self.source}; sizes: {list(self.sizes)}")
+
+
+def algbw_from_time(size_bytes: int, time_us: float) -> float:
+    """Algorithm bandwidth in GB/s: ``size / time`` (nccl-tests ``doc/PERFORMANCE.md``)."""
+    if size_bytes < 0:
+        raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
+    if not time_us > 0:
+        raise ValueError(f"time_us must be > 0, got {time_us}")
+    return size_bytes / 1e3 / time_us  # B / µs = 1e6 B/s; / 1e3 → GB/s
+
+
+def busbw_from_time(size_bytes: int, time_us: float, n_ranks: int) -> float:
+    """All-reduce bus bandwidth in GB/s: ``algBw · 2(n−1)/n`` (nccl-tests ``src/all_reduce.cu``).
+
+    Raises ``ValueError`` for ``n_ranks < 1``, a negative size or a time that is not positive.
+    """
+    if n_ranks < 1:
+        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
+    return algbw_from_time(size_bytes, time_us) * 2 * (n_ranks - 1) / n_ranks
+
+
+# ---------------------------------------------------------------------------------------------
+# Line cleaning
+
+# Open MPI --tag-output ``[1,0]<stdout>:``, Intel MPI/MPICH -prepend-rank ``[0] ``, Slurm --label ``0: ``.
+_MPI_PREFIX = re.compile(r"^(?:\[[0-9]+(?:,[0-9]+)*\](?:<std(?:out|err)>)?:?[ \t]?|[ \t]*[0-9]+:[ \t])")
+# An NCCL debug line: optional ``[%F %T] `` timestamp, ``host:pid:tid [dev] `` then ``NCCL INFO`` /
+# ``file:line NCCL WARN``. Searched anywhere in a line, because it can start right after a row's
+# first columns (stdout is shared and rows are printed in pieces).
+_NCCL_LOG = re.compile(
+    r"(?:\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8}\] )?"
+    r"(?P<host>[^\s:\[\]]{0,255}):[0-9]{1,12}:[0-9]{1,12} \[-?[0-9]{1,9}\] (?:[0-9.]{1,30} )?"
+    r"(?:[^\s:]{1,255}:[0-9]{1,9} (?:\([^)]{0,255}\) )?)?"
+    r"NCCL (?:INFO|WARN|TRACE|ABORT)"
+)
+
+
+def _find_log(line: str) -> re.Match[str] | None:
+    """An NCCL log line's prefix inside ``line`` (a log line can interrupt a table row)."""
+    return search_near_nccl(line, _NCCL_LOG)
+
+
+# ``-1host0``: a row's last printed column glued to the host name of a log line. A host name that
+# itself starts with digits is mis-split here; no way to tell them apart from the text alone.
+_NUMERIC_HEAD = re.compile(r"^(-?[0-9]+|N/A)([A-Za-z].*)$")
+
+# ---------------------------------------------------------------------------------------------
+# Header lines
+
+_RUN_KEYS = re.compile(
+    r"(nThread|nGpus|minBytes|maxBytes|step:|warmup iters:|agg iters:|iters:|validation:|graph:|unalign:)"
+    r"\s*(\S+)"
+)
+_VERSION_LINE = re.compile(r"^#\s*nccl-tests version\s+(\S+)(.*)$")
+_RANK_LINE = re.compile(
+    r"^#\s*Rank\s+([0-9]+)\s+Group\s+([0-9]+)\s+Pid\s+([0-9]+)\s+on\s+(\S+)\s+device\s+([0-9]+)\s+"
+    r"\[([^\]]*)\]\s*(.*?)\s*$"
+)
+_KV_LINE = re.compile(r"^#\s*([A-Za-z][\w .()-]*?)\s*:\s*(.*?)\s*$")
+_INT = re.compile(r"^-?[0-9]+$")
+_FLOAT = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?(?:inf|nan)$", re.I)
+_WORD = re.compile(r"^[A-Za-z_][\w]*$")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Column layout of the data rows, from the column-header row or guessed from a row's width."""
+
+    root: bool = True
+    error_col: bool = False  # old builds: ``error`` (float) instead of ``#wrong`` (count)
+    per_iter: bool = False  # ``-I 1``: 4 more columns after each half
+    timestamp: bool = False  # date and time at the end
+
+    @property
+    def n_tokens(self) -> int:
+        return 4 + self.root + 2 * (4 + 4 * self.per_iter) + 2 * self.timestamp
+
+
+_GUESSES = {lay.n_tokens: lay for lay in (
+    _Layout(root=r, error_col=not r, per_iter=p, timestamp=t)
+    for r in (True, False) for p in (False, True) for t in (False, True)
+)}
+
+
+def _layout_from_header(cols: list[str]) -> _Layout:
+    low = [c.lower() for c in cols]
+    return _Layout(
+        root="root" in low,
+        error_col="error" in low and "#wrong" not in low,
+        per_iter="i_min" in low,
+        timestamp="timestamp" in low,
+    )
+
+
+def _is_column_header(body: str) -> list[str] | None:
+    cols = body.split()
+    if len(cols) >= 8 and cols[0] == "size" and "count" in cols and "busbw" in cols:
+        return cols
+    return None
+
+
+def _to_int(tok: str) -> int | None:
+    if not _INT.match(tok) or len(tok) > 30:
+        return None
+    return int(tok)
+
+
+def _to_float(tok: str) -> float | None:
+    if not _FLOAT.match(tok) or len(tok) > 60:
+        return None
+    return float(tok)
+
+
+def _wrong(tok: str) -> tuple[bool, int | None]:
+    """``#wrong`` column: an integer, ``%g`` of one (``1e+06``) or ``N/A``. (ok, value)."""
+    if tok == "N/A":
+        return True, None
+    v = _to_float(tok)
+    if v is None or not math.isfinite(v) or v < 0 or v != int(v):
+        return False, None
+    return True, int(v)
+
+
+def _error(tok: str) -> tuple[bool, float | None]:
+    if tok == "N/A":
+        return True, None
+    v = _to_float(tok)
+    return (v is not None), v
+
+
+def _parse_row(tokens: list[str], lay: _Layout, lineno: int) -> PerfRow | None:
+    if len(tokens) != lay.n_tokens:
+        return None
+    size, count = _to_int(tokens[0]), _to_int(tokens[1])
+    if size is None or count is None or size < 0 or count < 0:
+        return None
+    dtype, redop = tokens[2], tokens[3]
+    if not _WORD.match(dtype) or not _WORD.match(redop):
+        return None
+    i = 4
+    root = None
+    if lay.root:
+        root = _to_int(tokens[4])
+        if root is None:
+            return None
+        i = 5
+    halves = []
+    width = 4 + 4 * lay.per_iter
+    for h in range(2):
+        t = tokens[i + h * width: i + h * width + 4]
+        nums = [_to_float(x) for x in t[:3]]
+        if any(v is None for v in nums):
+            return None
+        if lay.error_col:
+            ok, err = _error(t[3])
+            wrong = None
+        else:
+            ok, wrong = _wrong(t[3])
+            err = None
+        if not ok:
+            return None
+        if lay.per_iter and any(_to_float(x) is None for x in tokens[i + h * width + 4: i + (h + 1) * width]):
+            return None
+        halves.append((nums, wrong, err))
+    (o, ow, oe), (p, pw, pe) = halves
+    return PerfRow(size, count, dtype, redop, root, o[0], o[1], o[2], ow, p[0], p[1], p[2], pw,
+                   oop_error=oe, ip_error=pe, line=lineno)
+
+
+def _looks_like_row(body: str) -> bool:
+    """A line that starts like a data row (a size and a count) and so must not be silently skipped."""
+    toks = body.split(None, 2)
+    return len(toks) >= 1 and _INT.match(toks[0]) is not None and (len(toks) == 1 or _INT.match(toks[1]) is not None)
+
+
+def _logical_lines(text: str):
+    """Yield ``(lineno, body)`` with MPI prefixes and NCCL log text removed; a row split by log lines
+    is joined again and reported at the line where it started."""
+    pending = ""
+    pending_no = 0
+    lineno = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = _MPI_PREFIX.sub("", raw, count=1)
+        m = _find_log(line)
+        if m is not None:
+            frag = line[: m.start()]
+            host_glue = _NUMERIC_HEAD.match(m.group("host") or "")
+            if frag.strip() and host_glue:
+                frag += host_glue.group(1)
+            # text before a log line is kept only as a row's start or the rest of a row already begun
+            if frag.strip() and (pending or _looks_like_row(frag)):
+                if not pending:
+                    pending_no = lineno
+                pending += frag
+            continue
+        if pending:
+            line = pending + line
+            yield pending_no, line
+            pending = ""
+            continue
+        yield lineno, line
+    if pending:
+        yield pending_no, pending
+
+
+def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
+    """Parse ``all_reduce_perf`` stdout.
+
+    Parameters
+    ----------
+    text
+        The whole output, as printed (MPI rank prefixes and NCCL log lines may be mixed in).
+    source
+        Name of the input used in messages (a file path).
+
+    Returns
+    -------
+    PerfTable
+        Rows in file order; lines that started like a data row but did not parse (a row cut off at
+        the end of the file) are dropped and listed in ``problems``.
+
+    Raises
+    ------
+    UserError
+        One line naming ``source`` and a line number when no complete data row is found.
+    """
+    if not isinstance(text, str):
+        raise UserError(f"{source}: expected all_reduce_perf output as text, got {type(text).__name__}")
+    header: dict[str, str] = {}
+    ranks: dict[int, str] = {}
+    rows: list[PerfRow] = []
+    problems: list[str] = []
+    layout: _Layout | None = None
+    header_line = 0
+    n_lines = 0
+    last_line = len(text.splitlines())
+    for lineno, body in _logical_lines(text):
+        n_lines = lineno
+        s = body.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            cols = _is_column_header(s[1:])
+            if cols is not None:
+                if rows and header_line:
+                    problems.append(f"line {lineno}: a second table starts here; its rows are appended")
+                layout = _layout_from_header(cols)
+                header_line = lineno
+                continue
+            _read_header_line(s, header, ranks)
+            continue
+        tokens = s.split()
+        lay = layout or _GUESSES.get(len(tokens))
+        row = _parse_row(tokens, lay, lineno) if lay is not None else None
+        if row is not None:
+            rows.append(row)
+        elif _looks_like_row(s):
+            cut = " (cut off at the end of the text)" if lineno == last_line else ""
+            problems.append(f"line {lineno}: data row dropped{cut}: {_clip(s)}")
+    if not rows:
+        if problems:
+            raise UserError(f"{source}: {problems[0]}; no complete all_reduce_perf data row")
+        where = f"line {header_line}: column header is followed by" if header_line else f"line {max(n_lines, 1)}:"
+        raise UserError(f"{source}: {where} no all_reduce_perf data rows (size count type redop … time algbw busbw)")
+    return PerfTable(
+        rows=tuple(rows),
+        n_ranks=_n_ranks(header, ranks),
+        avg_busbw_gbps=_avg_busbw(header),
+        header=header,
+        devices=tuple(ranks[r] for r in sorted(ranks)),
+        source=source,
+        problems=tuple(problems),
+    )
+
+
+def _clip(s: str, n: int = 80) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _read_header_line(s: str, header: dict[str, str], ranks: dict[int, str]) -> None:
+    if len(s) > 4096:  # nccl-tests header lines are short; keeps the lazy regexes below linear
+        return
+    m = _RANK_LINE.match(s)
+    if m:
+        ranks[int(m.group(1))] = m.group(7)
+        return
+    m = _VERSION_LINE.match(s)
+    if m:
+        header["nccl-tests version"] = m.group(1)
+        for k, v in re.findall(r"([\w-]+)=(\S+)", m.group(2)):
+            header[k] = v
+        return
+    if "nThread" in s and "nGpus" in s:
+        for k, v in _RUN_KEYS.findall(s):
+            header[k.rstrip(":")] = v
+        return
+    m = _KV_LINE.match(s)
+    if m:
+        header[m.group(1)] = m.group(2)
+
+
+def _n_ranks(header: dict[str, str], ranks: dict[int, str]) -> int | None:
+    if ranks:
+        return len(ranks)
+    t, g = _to_int(header.get("nThread", "")), _to_int(header.get("nGpus", ""))
+    if t is not None and g is not None and t > 0 and g > 0:
+        return t * g
+    return None
+
+
+def _avg_busbw(header: dict[str, str]) -> float | None:
+    v = header.get("Avg bus bandwidth", "").split()
+    return _to_float(v[0]) if v else None

@@ -1,0 +1,277 @@
+"""Live GPU topology from NVML (the ``nvidia-ml-py`` package, imported as ``pynvml``).
+
+:func:`read_nvml_topology` asks the driver what ``nvidia-smi topo -m`` shows and more: GPU names,
+PCI bus ids, the common PCIe ancestor of each pair, NVLink counts, NVML's P2P read/write status,
+current and maximum PCIe generation and width, and NUMA placement. It needs the NVIDIA driver;
+without one it raises a one-line :class:`~fastverify.errors.UserError` that points at the offline
+``--nvidia-smi FILE`` route.
+
+Constant names checked against nvidia-ml-py 13.615 (``pynvml.py``): ``NVML_TOPOLOGY_INTERNAL/
+SINGLE/MULTIPLE/HOSTBRIDGE/NODE/SYSTEM`` (0/10/20/30/40/50; ``NVML_TOPOLOGY_CPU`` is an alias of
+NODE), ``NVML_P2P_CAPS_INDEX_READ/WRITE``, ``NVML_P2P_STATUS_*``, ``NVML_NVLINK_MAX_LINKS``,
+``NVML_NVLINK_DEVICE_TYPE_GPU/SWITCH``. That release defines ``NVML_P2P_CAPS_INDEX_READ = 0,``
+with a stray comma, i.e. the tuple ``(0,)``, which ctypes cannot pass; :func:`_const_int` unwraps it.
+
+NUMA: ``nvmlDeviceGetNumaNodeId`` is *not* the CPU NUMA node of a PCIe GPU; NVML documents it as
+"the NUMA node of the given GPU device. This only applies to platforms where the GPUs are NUMA
+nodes" (nvidia-smi's "GPU NUMA ID"). The CPU side (nvidia-smi's "NUMA Affinity") comes from sysfs
+``/sys/bus/pci/devices/<bdf>/numa_node``, else from ``nvmlDeviceGetMemoryAffinity``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fastverify.errors import UserError
+from fastverify.topo.matrix import Gpu, Topology
+
+NO_DRIVER = "no NVIDIA driver/GPU found (NVML: {reason}); use --nvidia-smi FILE for an offline diagnosis"
+
+# NVML common-ancestor level -> nvidia-smi connection name. INTERNAL means both GPUs sit on one
+# board (dual-GPU cards): behind that board's own PCIe switch, so PIX (my reading; nvidia-smi
+# never shows a separate name for it).
+_ANCESTOR_NAMES = (
+    ("NVML_TOPOLOGY_INTERNAL", 0, "PIX"),
+    ("NVML_TOPOLOGY_SINGLE", 10, "PIX"),
+    ("NVML_TOPOLOGY_MULTIPLE", 20, "PXB"),
+    ("NVML_TOPOLOGY_HOSTBRIDGE", 30, "PHB"),
+    ("NVML_TOPOLOGY_NODE", 40, "NODE"),
+    ("NVML_TOPOLOGY_SYSTEM", 50, "SYS"),
+)
+_P2P_STATUS_NAMES = (
+    ("NVML_P2P_STATUS_OK", 0, "OK"),
+    ("NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED", 1, "chipset not supported"),
+    ("NVML_P2P_STATUS_GPU_NOT_SUPPORTED", 2, "GPU not supported"),
+    ("NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED", 3, "IOH topology not supported"),
+    ("NVML_P2P_STATUS_DISABLED_BY_REGKEY", 4, "disabled by regkey"),
+    ("NVML_P2P_STATUS_NOT_SUPPORTED", 5, "not supported"),
+    ("NVML_P2P_STATUS_UNKNOWN", 6, "unknown"),
+)
+_BUS_ID = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])", re.ASCII)
+_CPU_WORDS = max(16, -(-(os.cpu_count() or 1) // 64))  # 64-bit words in the CPU bitmask NVML fills
+
+
+def _const_int(nvml: Any, name: str, default: int) -> int:
+    """Integer value of an NVML constant; tolerates a missing name and the ``(0,)`` tuple slip."""
+    value = getattr(nvml, name, default)
+    if isinstance(value, tuple):
+        value = value[0] if value else default
+    return int(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def ancestor_to_link(nvml: Any, level: int) -> str:
+    """nvidia-smi connection name (PIX/PXB/PHB/NODE/SYS) for an NVML common-ancestor level."""
+    for name, default, link in _ANCESTOR_NAMES:
+        if _const_int(nvml, name, default) == level:
+            return link
+    raise ValueError(f"unknown NVML topology level {level!r}")
+
+
+def p2p_status_text(nvml: Any, status: int) -> str:
+    """Words for an ``nvmlGpuP2PStatus_t`` value (``"OK"`` when P2P is allowed)."""
+    for name, default, words in _P2P_STATUS_NAMES:
+        if _const_int(nvml, name, default) == status:
+            return words
+    return f"status {status}"
+
+
+def _bitmask_ranges(words: Any, bits_per_word: int = 64) -> str | None:
+    """``"0-35,72-107"`` from an NVML bitmask (a sequence of 64-bit words); ``None`` when empty."""
+    bits = [w * bits_per_word + b for w, word in enumerate(words) for b in range(bits_per_word) if (int(word) >> b) & 1]
+    if not bits:
+        return None
+    ranges: list[str] = []
+    start = prev = bits[0]
+    for bit in bits[1:] + [None]:
+        if bit is not None and bit == prev + 1:
+            prev = bit
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if bit is not None:
+            start = prev = bit
+    return ",".join(ranges)
+
+
+def sysfs_bdf(bus_id: str) -> str | None:
+    """sysfs name of a PCI device from NVML's bus id: ``"00000000:18:00.0"`` -> ``"0000:18:00.0"``;
+    ``None`` when ``bus_id`` is not a PCI address."""
+    m = _BUS_ID.fullmatch(bus_id.strip().lower())
+    if m is None:
+        return None
+    domain, bus, device, function = m.groups()
+    return f"{int(domain or '0', 16):04x}:{bus}:{device}.{function}"
+
+
+def _sysfs_numa_node(bus_id: str | None, sysfs_root: Path) -> int | None:
+    bdf = sysfs_bdf(bus_id) if bus_id else None
+    if bdf is None:
+        return None
+    try:
+        value = int((sysfs_root / "bus/pci/devices" / bdf / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _maybe(nvml: Any, fn_name: str, *args: Any) -> Any:
+    """``nvml.<fn_name>(*args)``, or ``None`` when the function is absent or NVML refuses."""
+    fn = getattr(nvml, fn_name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _nvlink_peers(nvml: Any, handle: Any, bus_to_index: dict[str, int]) -> tuple[dict[int, int], int]:
+    """Active NVLinks of one GPU: links per peer GPU index, and links to NVSwitches."""
+    per_peer: dict[int, int] = {}
+    to_switch = 0
+    gpu_type = _const_int(nvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
+    switch_type = _const_int(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    for link in range(_const_int(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            active = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except nvml.NVMLError:
+            continue  # NOT_SUPPORTED: no such link (every link, on a GPU without NVLink)
+        if active != _const_int(nvml, "NVML_FEATURE_ENABLED", 1):
+            continue
+        kind = _maybe(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if kind == switch_type:
+            to_switch += 1
+            continue
+        remote = _maybe(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        peer = bus_to_index.get(_text(remote.busId).lower()) if remote is not None else None
+        if peer is not None and kind in (None, gpu_type):
+            per_peer[peer] = per_peer.get(peer, 0) + 1
+    return per_peer, to_switch
+
+
+def read_nvml_topology(nvml: ModuleType | Any | None = None, *, sysfs_root: str | os.PathLike = "/sys") -> Topology:
+    """Read the topology of this box's GPUs from NVML.
+
+    Parameters
+    ----------
+    nvml
+        The NVML binding; ``None`` imports ``pynvml`` (nvidia-ml-py). Tests pass a stand-in object
+        with the same functions, constants and ``NVMLError``.
+    sysfs_root
+        Root of sysfs, for ``bus/pci/devices/<bdf>/numa_node``.
+
+    Returns
+    -------
+    Topology
+        GPUs in NVML order (``nvidia-smi`` order, which is PCI bus order, not necessarily CUDA's);
+        ``links`` from ``nvmlDeviceGetTopologyCommonAncestor`` (PIX/PXB/PHB/NODE/SYS), replaced by
+        ``NV<n>`` where the pair has n active NVLinks (GPUs on NVSwitches get ``NV<min links>``);
+        ``p2p_read``/``p2p_write`` from ``nvmlDeviceGetP2PStatus`` (``None`` where NVML errs), with
+        the refusal in ``p2p_reason``. No NICs.
+
+    Raises
+    ------
+    UserError
+        NVML cannot start (no driver, no library) or sees no GPU: one line,
+        ``no NVIDIA driver/GPU found (NVML: <reason>); use --nvidia-smi FILE ...``.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415 - optional until a live box is asked about
+        except ImportError as err:
+            raise UserError(NO_DRIVER.format(reason=f"nvidia-ml-py is not installed: {_one_line(err)}")) from None
+    error_type = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except (error_type, OSError) as err:
+        raise UserError(NO_DRIVER.format(reason=_one_line(err))) from None
+    try:
+        return _read(nvml, Path(sysfs_root))
+    except error_type as err:
+        raise UserError(f"NVML failed while reading the GPU topology: {_one_line(err)}") from None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except error_type:
+            pass
+
+
+def _read(nvml: Any, sysfs_root: Path) -> Topology:
+    count = nvml.nvmlDeviceGetCount()
+    if count < 1:
+        raise UserError(NO_DRIVER.format(reason="the driver reports 0 GPUs"))
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    driver = _maybe(nvml, "nvmlSystemGetDriverVersion")
+
+    gpus: list[Gpu] = []
+    for i, h in enumerate(handles):
+        pci = _maybe(nvml, "nvmlDeviceGetPciInfo", h)
+        bus_id = _text(pci.busId) if pci is not None else None
+        name = _maybe(nvml, "nvmlDeviceGetName", h)
+        numa = _sysfs_numa_node(bus_id, sysfs_root)
+        if numa is None:
+            mask = _maybe(nvml, "nvmlDeviceGetMemoryAffinity", h, 1, _const_int(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
+            nodes = _bitmask_ranges(mask) if mask is not None else None
+            numa = int(nodes) if nodes is not None and nodes.isdigit() else None
+        gpu_numa = _maybe(nvml, "nvmlDeviceGetNumaNodeId", h)
+        cpus = _maybe(nvml, "nvmlDeviceGetCpuAffinity", h, _CPU_WORDS)
+        gpus.append(Gpu(
+            index=i,
+            name=_text(name) if name is not None else None,
+            pci_bus_id=bus_id,
+            numa_node=numa,
+            cpu_affinity=_bitmask_ranges(cpus) if cpus is not None else None,
+            pcie_gen=_maybe(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_width=_maybe(nvml, "nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_max_gen=_maybe(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_max_width=_maybe(nvml, "nvmlDeviceGetMaxPcieLinkWidth", h),
+            gpu_numa_id=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
+        ))
+
+    bus_to_index = {g.pci_bus_id.lower(): g.index for g in gpus if g.pci_bus_id}
+    nvlinks = [_nvlink_peers(nvml, h, bus_to_index) for h in handles]
+    read_idx = _const_int(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    write_idx = _const_int(nvml, "NVML_P2P_CAPS_INDEX_WRITE", 1)
+    ok = _const_int(nvml, "NVML_P2P_STATUS_OK", 0)
+
+    links: dict[tuple[int, int], str] = {}
+    p2p_read: dict[tuple[int, int], bool | None] = {}
+    p2p_write: dict[tuple[int, int], bool | None] = {}
+    p2p_reason: dict[tuple[int, int], str] = {}
+    for i in range(count):
+        for j in range(count):
+            if i == j:
+                continue
+            direct = nvlinks[i][0].get(j, 0)
+            via_switch = min(nvlinks[i][1], nvlinks[j][1])
+            if direct or via_switch:
+                links[(i, j)] = f"NV{direct or via_switch}"
+            else:
+                level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                try:
+                    links[(i, j)] = ancestor_to_link(nvml, level)
+                except ValueError as err:
+                    raise UserError(f"NVML: GPUs {i} and {j}: {err} (newer driver than fastverify knows)") from None
+            refused = []
+            for what, index, table in (("read", read_idx, p2p_read), ("write", write_idx, p2p_write)):
+                status = _maybe(nvml, "nvmlDeviceGetP2PStatus", handles[i], handles[j], index)
+                table[(i, j)] = None if status is None else status == ok
+                if status is not None and status != ok:
+                    refused.append(f"{what}: {p2p_status_text(nvml, status)}")
+            if refused:
+                p2p_reason[(i, j)] = "; ".join(refused)
+    source = f"NVML (driver {_text(driver)})" if driver is not None else "NVML"
+    return Topology(gpus=tuple(gpus), links=links, nics=(), p2p_read=p2p_read, p2p_write=p2p_write,
+                    source=source, p2p_reason=p2p_reason)

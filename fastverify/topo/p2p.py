@@ -1,0 +1,513 @@
+"""A real GPU peer-to-peer (P2P) check, run in child processes and cached per box.
+
+The driver's P2P report (``cudaDeviceCanAccessPeer``, NVML's P2P status) can say yes where P2P
+reads or writes fail, hang or corrupt data (IOMMU/ACS settings, some BIOSes and consumer boards);
+vLLM tests P2P for real before enabling its custom all-reduce for that reason
+(``custom_all_reduce_utils.py::gpu_p2p_access_check``). fastverify does the same with torch:
+
+For each unordered GPU pair ``{i, j}`` one child (``python -m fastverify.topo.p2p pair i j OUT``)
+starts two *side* processes, one per GPU. Each side allocates a 4 MiB buffer on its GPU, fills it
+with its own byte pattern and publishes the buffer's CUDA IPC handle
+(``UntypedStorage._share_cuda_``, the call behind ``torch.multiprocessing``'s CUDA sharing). It
+then opens the other side's handle **under its own device** (``UntypedStorage._new_shared_cuda``
+with its own device index), so the peer's memory is mapped into its own CUDA context and every
+torch op on it runs on its own GPU and crosses the PCIe/NVLink fabric: it reads the peer pattern
+back (P2P read), writes a second pattern with a copy-engine copy (first half) and an SM kernel
+(second half) (P2P write), and each side finally checks that its own buffer holds what the peer
+wrote. Direction ``(i, j)`` = memory on GPU ``i``, accessed from GPU ``j``.
+
+Everything that can hang runs in a child with a timeout; a hang yields ``P2PResult(False,
+"timeout ...")``. Data passes through files, never stdout (children may print logs). Results are
+cached as JSON in ``<cache>/p2p-<fingerprint>.json``; the fingerprint covers GPU names, PCI bus
+ids, driver version, ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (both change what CUDA
+ordinal ``i`` means), and the key is repeated inside the file.
+
+This checks legacy CUDA IPC (``cudaIpcOpenMemHandle``), the mechanism of the PCIe IPC all-reduces
+(SGLang/vLLM custom all-reduce, FlashInfer); NCCL may use cuMem handles instead
+(``NCCL_CUMEM_ENABLE``), which share the same fabric path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from fastverify.errors import EXIT_USER_ERROR, UserError
+
+SCHEMA_VERSION = 1
+DEFAULT_TIMEOUT_S = 120.0
+BUFFER_BYTES = 4 << 20
+NO_CUDA = "no CUDA GPUs: the real P2P check needs a GPU box"
+_POLL_S = 0.02
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+# argv of the child that tests the unordered pair {i, j} and writes its JSON result to out_path.
+ChildArgv = Callable[[int, int, Path], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class P2PResult:
+    """Outcome for one direction: ``ok`` when GPU j read and wrote GPU i's memory correctly;
+    ``reason`` says what was done or what failed, in one line."""
+
+    ok: bool
+    reason: str
+
+
+# --- fingerprint and cache --------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$FASTVERIFY_CACHE_DIR``, else ``~/.cache/fastverify``."""
+    env = os.environ.get("FASTVERIFY_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fastverify"
+
+
+def box_key(nvml: Any | None = None) -> dict:
+    """What identifies this box for the P2P cache: GPU names and PCI bus ids (NVML order), the
+    driver version, ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Without NVML the GPU list
+    comes from torch and the driver is ``None``."""
+    key: dict[str, Any] = {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+    }
+    try:
+        from fastverify.topo.nvml import read_nvml_topology  # noqa: PLC0415
+
+        topo = read_nvml_topology(nvml)
+        key["gpus"] = [[g.name, g.pci_bus_id] for g in topo.gpus]
+        key["driver"] = topo.source
+    except UserError:
+        import torch  # noqa: PLC0415
+
+        key["gpus"] = [[torch.cuda.get_device_name(k), None] for k in range(torch.cuda.device_count())]
+        key["driver"] = None
+    return key
+
+
+def fingerprint_of(key: dict) -> str:
+    """16 hex digits of the SHA-256 of ``key`` as canonical JSON."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_path(key: dict, cache_dir: str | os.PathLike | None = None) -> Path:
+    return Path(cache_dir if cache_dir is not None else default_cache_dir()) / f"p2p-{fingerprint_of(key)}.json"
+
+
+def _results_to_json(results: dict[tuple[int, int], P2PResult]) -> list[dict]:
+    return [{"src": i, "dst": j, "ok": r.ok, "reason": r.reason} for (i, j), r in sorted(results.items())]
+
+
+def _results_from_json(rows: Any) -> dict[tuple[int, int], P2PResult]:
+    """Parse ``[{"src", "dst", "ok", "reason"}, ...]``; raises ``ValueError`` on any other shape."""
+    if not isinstance(rows, list):
+        raise ValueError("results is not a list")
+    out: dict[tuple[int, int], P2PResult] = {}
+    for row in rows:
+        if not isinstance(row, dict):
+            raise ValueError("a result is not an object")
+        src, dst, ok, reason = row.get("src"), row.get("dst"), row.get("ok"), row.get("reason")
+        if type(src) is not int or type(dst) is not int or type(ok) is not bool or not isinstance(reason, str):
+            raise ValueError(f"bad result row {row!r:.80}")
+        out[(src, dst)] = P2PResult(ok, " ".join(reason.split()))
+    return out
+
+
+def read_cache(path: Path, key: dict) -> dict[tuple[int, int], P2PResult]:
+    """Cached results in ``path`` when the file is ours and was written for ``key``; else ``{}``."""
+    try:
+        doc = json.loads(path.read_text())
+        if (not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION
+                or doc.get("fingerprint") != fingerprint_of(key) or doc.get("box") != key):
+            return {}
+        return _results_from_json(doc.get("results"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult]) -> None:
+    """Write ``results`` atomically (temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema_version": SCHEMA_VERSION, "fingerprint": fingerprint_of(key), "box": key,
+           "written_unix_s": round(time.time(), 3), "results": _results_to_json(results)}
+    _write_json_atomic(path, doc)
+
+
+def _write_json_atomic(path: Path, doc: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# --- running the pair children ----------------------------------------------------------------
+
+
+def default_child_argv(timeout_s: float = DEFAULT_TIMEOUT_S) -> ChildArgv:
+    """The real pair child: ``python -m fastverify.topo.p2p pair I J OUT --timeout S`` (the inner
+    timeout is a little shorter, so the child can report which step hung)."""
+    inner = max(1.0, timeout_s * 0.9 - 2.0)
+
+    def argv(i: int, j: int, out_path: Path) -> list[str]:
+        return [sys.executable, "-m", "fastverify.topo.p2p", "pair", str(i), str(j), str(out_path),
+                "--timeout", f"{inner:g}"]
+    return argv
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    # Expandable segments export cuMem handles instead of cudaIpc ones; test the legacy path that
+    # the PCIe IPC all-reduces use.
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
+    return env
+
+
+def _tail(text: bytes | str | None, limit: int = 200) -> str:
+    if not text:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child and the side processes it started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_s: float,
+                   env: dict[str, str] | None = None) -> dict[tuple[int, int], P2PResult]:
+    """Run one pair child with a timeout and read its result file; both directions ``(i, j)`` and
+    ``(j, i)`` always get a result (a failure reason when the child did not give one)."""
+    def both(ok: bool, reason: str) -> dict[tuple[int, int], P2PResult]:
+        return {(i, j): P2PResult(ok, reason), (j, i): P2PResult(ok, reason)}
+
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, env=env)
+    except OSError as err:
+        return both(False, f"could not start the check: {err}")
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
+            pass
+        return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child stalled)")
+    if proc.returncode != 0:
+        detail = _tail(stderr) or _tail(stdout) or "no output"
+        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        return both(False, f"check process failed ({how}): {detail}")
+    try:
+        doc = json.loads(out_path.read_text())
+        results = _results_from_json(doc.get("results") if isinstance(doc, dict) else None)
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        return both(False, f"check process wrote no readable result ({' '.join(str(err).split())[:120]})")
+    out = {}
+    for pair in ((i, j), (j, i)):
+        out[pair] = results.get(pair, P2PResult(False, "check process gave no result for this direction"))
+    return out
+
+
+def _gpu_count_or_fail() -> int:
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as err:
+        raise UserError(f"{NO_CUDA} (torch is not installed: {' '.join(str(err).split())})") from None
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise UserError(NO_CUDA)
+    return torch.cuda.device_count()
+
+
+def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+              cache_dir: str | os.PathLike | None = None, refresh: bool = False, max_parallel: int = 4,
+              n_gpus: int | None = None, key: dict | None = None,
+              child_argv: ChildArgv | None = None) -> dict[tuple[int, int], P2PResult]:
+    """Test P2P between GPUs for real, in child processes; cached per box.
+
+    Parameters
+    ----------
+    pairs
+        Unordered GPU pairs (CUDA ordinals) to test; default every pair of ``range(n_gpus)``.
+    timeout_s
+        Wall-clock limit per pair child, seconds; a child still running then is killed with its
+        process group and both directions get ``P2PResult(False, "timeout: ...")``.
+    cache_dir
+        Folder of ``p2p-<fingerprint>.json``; default ``$FASTVERIFY_CACHE_DIR`` or
+        ``~/.cache/fastverify``.
+    refresh
+        Ignore cached results (they are still rewritten).
+    max_parallel
+        Pair children running at once.
+    n_gpus, key, child_argv
+        For tests and callers that know better: the GPU count (default torch's), the box key
+        (default :func:`box_key`), and the pair child's argv (default :func:`default_child_argv`).
+        With the default child the CUDA check below applies.
+
+    Returns
+    -------
+    dict[tuple[int, int], P2PResult]
+        Both directions of every pair: ``(i, j)`` means memory on GPU i accessed from GPU j.
+
+    Raises
+    ------
+    UserError
+        ``no CUDA GPUs: the real P2P check needs a GPU box`` when the real check is asked for and
+        torch sees no CUDA device.
+    """
+    if child_argv is None:
+        count = _gpu_count_or_fail()
+        n_gpus = count if n_gpus is None else n_gpus
+        child_argv = default_child_argv(timeout_s)
+    if n_gpus is None:
+        raise ValueError("n_gpus is required with a custom child_argv")
+    wanted = sorted({(min(p), max(p)) for p in (pairs if pairs is not None else
+                     [(a, b) for a in range(n_gpus) for b in range(a + 1, n_gpus)])})
+    for a, b in wanted:
+        if a == b or not (0 <= a < n_gpus and 0 <= b < n_gpus):
+            raise ValueError(f"GPU pair ({a}, {b}) is not two different GPUs of 0..{n_gpus - 1}")
+    box = key if key is not None else box_key()
+    path = cache_path(box, cache_dir)
+    cached = {} if refresh else read_cache(path, box)
+    todo = [(a, b) for a, b in wanted if (a, b) not in cached or (b, a) not in cached]
+    results = dict(cached)
+    if todo:
+        env = _child_env()
+        with tempfile.TemporaryDirectory(prefix="fastverify-p2p-") as tmp, \
+                concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
+            futures = [pool.submit(run_pair_child, child_argv(a, b, Path(tmp) / f"pair-{a}-{b}.json"), a, b,
+                                   Path(tmp) / f"pair-{a}-{b}.json", timeout_s, env) for a, b in todo]
+            for future in futures:
+                results.update(future.result())
+        write_cache(path, box, results)
+    return {p: results[p] for a, b in wanted for p in ((a, b), (b, a))}
+
+
+# --- the child processes (need CUDA) ----------------------------------------------------------
+
+
+def _pattern(torch: Any, seed: int, n: int, device: str) -> Any:
+    """``n`` bytes ``(k * (2*seed + 1) + seed) % 256`` on ``device``: different for each seed."""
+    k = torch.arange(n, dtype=torch.int64, device=device)
+    return ((k * (2 * seed + 1) + seed) % 256).to(torch.uint8)
+
+
+def _encode_share(share: Sequence[Any]) -> list:
+    return [{"hex": v.hex()} if isinstance(v, bytes) else v for v in share]
+
+
+def _decode_share(items: list) -> tuple:
+    return tuple(bytes.fromhex(v["hex"]) if isinstance(v, dict) else v for v in items)
+
+
+def _wait_for(path: Path, deadline: float, what: str) -> Any:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise _CheckFailed(f"timeout waiting for {what}")
+        time.sleep(_POLL_S)
+    return json.loads(path.read_text())
+
+
+class _CheckFailed(Exception):
+    """A failure this module diagnosed itself (its message is the whole reason)."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())[:200]
+    if isinstance(err, _CheckFailed):
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, timeout_s: float) -> None:
+    """One side of a pair test (needs CUDA). Writes ``<workdir>/<me>.report.json`` with
+    ``access`` (this side's read+write of the peer's buffer) and ``own`` (whether the peer's write
+    into this side's buffer arrived). Files it publishes on the way: ``<me>.handle.json`` (its
+    buffer's IPC handle, or the error that prevented sharing it) and ``<me>.written.json``."""
+    import torch  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    seeds = {"a": (1, 3), "b": (2, 4)}  # per side: (pattern of its own buffer, pattern it writes to the peer)
+    n = BUFFER_BYTES
+    dev = f"cuda:{my_gpu}"
+    try:
+        torch.cuda.set_device(my_gpu)
+        buf = _pattern(torch, seeds[me][0], n, dev)
+        torch.cuda.synchronize(my_gpu)
+        share = tuple(buf.untyped_storage()._share_cuda_())
+        if len(share) != 8:
+            raise _CheckFailed(f"torch's CUDA IPC handle has {len(share)} fields, expected 8 (torch {torch.__version__})")
+    except Exception as err:  # noqa: BLE001 - reported to the peer and the pair child
+        failed = {"ok": False, "reason": f"GPU {my_gpu} could not share a buffer: {_first_line(err)}"}
+        _write_json_atomic(workdir / f"{me}.handle.json", {"error": failed["reason"]})
+        _write_json_atomic(workdir / f"{me}.written.json", {"wrote": False})
+        _write_json_atomic(workdir / f"{me}.report.json", {"access": failed, "own": failed})
+        return
+    _write_json_atomic(workdir / f"{me}.handle.json", {"share": _encode_share(share)})
+
+    report: dict[str, Any] = {}
+    storage = peer_view = None
+    wrote = False
+    try:
+        doc = _wait_for(workdir / f"{peer}.handle.json", deadline, f"GPU {peer_gpu}'s buffer")
+        if "error" in doc:
+            raise _CheckFailed(str(doc["error"]))
+        peer_share = _decode_share(doc["share"])
+        if my_gpu != peer_gpu and not torch.cuda.can_device_access_peer(my_gpu, peer_gpu):
+            raise _CheckFailed(f"driver reports no peer access (cudaDeviceCanAccessPeer({my_gpu}, {peer_gpu}) = 0)")
+        # Open the peer's buffer under *this* device (first field replaced): the mapping lives in
+        # this GPU's context, so the ops below run on this GPU and reach the peer's memory over
+        # the fabric. Event sync is off: the peer synchronised before publishing the handle.
+        storage = torch.UntypedStorage._new_shared_cuda(my_gpu, *peer_share[1:7], False)
+        peer_view = torch.empty((0,), dtype=torch.uint8, device=dev).set_(storage, 0, (n,), (1,))
+        seen = peer_view.clone()  # P2P read
+        torch.cuda.synchronize(my_gpu)
+        bad = int((seen != _pattern(torch, seeds[peer][0], n, dev)).sum().item())
+        if bad:
+            raise _CheckFailed(f"P2P read returned {bad} of {n} bytes wrong")
+        new = _pattern(torch, seeds[me][1], n, dev)
+        half = n // 2
+        peer_view[:half].copy_(new[:half])  # copy engine (cudaMemcpyAsync device to device)
+        torch.bitwise_or(new[half:], 0, out=peer_view[half:])  # SM stores from a kernel
+        torch.cuda.synchronize(my_gpu)
+        wrote = True
+        report["access"] = {"ok": True, "reason": f"GPU {my_gpu} read and wrote {n >> 20} MiB on GPU {peer_gpu}"}
+    except Exception as err:  # noqa: BLE001 - every CUDA failure becomes the reason of this direction
+        report["access"] = {"ok": False, "reason": _first_line(err)}
+    _write_json_atomic(workdir / f"{me}.written.json", {"wrote": wrote})
+
+    try:
+        peer_wrote = _wait_for(workdir / f"{peer}.written.json", deadline, f"GPU {peer_gpu} to write")["wrote"]
+        if peer_wrote:
+            torch.cuda.synchronize(my_gpu)
+            bad = int((buf != _pattern(torch, seeds[peer][1], n, dev)).sum().item())
+            report["own"] = ({"ok": True, "reason": "the peer's write arrived"} if not bad else
+                             {"ok": False, "reason": f"P2P write from GPU {peer_gpu} left {bad} of {n} bytes wrong"})
+        else:
+            report["own"] = {"ok": False, "reason": f"GPU {peer_gpu} did not write"}
+    except Exception as err:  # noqa: BLE001
+        report["own"] = {"ok": False, "reason": _first_line(err)}
+    try:
+        del peer_view, storage  # drop the mapping of the peer's buffer before the peer frees it
+        torch.cuda.synchronize(my_gpu)
+    except Exception:  # noqa: BLE001 - a sticky CUDA error is already in the report
+        pass
+    _write_json_atomic(workdir / f"{me}.report.json", report)
+    # Keep this buffer alive until the peer has dropped its mapping of it.
+    try:
+        _wait_for(workdir / f"{peer}.report.json", deadline, "the peer to finish")
+    except _CheckFailed:
+        pass
+
+
+def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
+    """Test both directions between GPUs ``i`` and ``j`` with two side processes; write
+    ``{"results": [{"src", "dst", "ok", "reason"}, ...]}`` to ``out_path``."""
+    deadline = time.monotonic() + timeout_s + 5.0
+    gpu_of = {"a": i, "b": j}
+    with tempfile.TemporaryDirectory(prefix="fastverify-p2p-pair-") as tmp:
+        workdir = Path(tmp)
+        sides = {}
+        for me, peer in (("a", "b"), ("b", "a")):
+            argv = [sys.executable, "-m", "fastverify.topo.p2p", "side", me, peer, str(gpu_of[me]),
+                    str(gpu_of[peer]), str(workdir), "--timeout", f"{timeout_s:g}"]
+            # stderr to a file, not a pipe: a chatty side must not block on a full pipe.
+            with open(workdir / f"{me}.stderr", "wb") as err_file:
+                sides[me] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file)
+        errors = {}
+        for me, proc in sides.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                errors[me] = f"timeout: GPU {gpu_of[me]}'s side hung for {timeout_s:g} s"
+                continue
+            if proc.returncode != 0:
+                err = (workdir / f"{me}.stderr").read_bytes()[-4096:]
+                errors[me] = f"GPU {gpu_of[me]}'s side failed (exit {proc.returncode}): {_tail(err) or 'no output'}"
+        reports = {}
+        for me in sides:
+            try:
+                reports[me] = json.loads((workdir / f"{me}.report.json").read_text())
+            except (OSError, ValueError):
+                reports[me] = None
+
+    def direction(owner: str, user: str) -> dict:
+        # Memory of `owner`, accessed from `user`: user's access report, then owner's check of the write.
+        for side in (user, owner):
+            if reports[side] is None:
+                return {"ok": False, "reason": errors.get(side, f"GPU {gpu_of[side]}'s side wrote no report")}
+        access, own = reports[user]["access"], reports[owner]["own"]
+        return own if access["ok"] and not own["ok"] else access
+
+    rows = [dict(src=i, dst=j, **direction("a", "b")), dict(src=j, dst=i, **direction("b", "a"))]
+    _write_json_atomic(out_path, {"results": rows})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastverify.topo.p2p",
+                                     description="Real GPU P2P check (children of fastverify topo).")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    check = sub.add_parser("check", help="test every GPU pair; print JSON results")
+    check.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per pair")
+    check.add_argument("--cache-dir", default=None)
+    check.add_argument("--refresh", action="store_true")
+    pair = sub.add_parser("pair", help="(internal) test GPUs I and J both ways")
+    pair.add_argument("i", type=int)
+    pair.add_argument("j", type=int)
+    pair.add_argument("out", type=Path)
+    pair.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    side = sub.add_parser("side", help="(internal) one GPU's side of a pair test")
+    side.add_argument("me", choices=["a", "b"])
+    side.add_argument("peer", choices=["a", "b"])
+    side.add_argument("my_gpu", type=int)
+    side.add_argument("peer_gpu", type=int)
+    side.add_argument("workdir", type=Path)
+    side.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    args = parser.parse_args(argv)
+    if args.cmd == "check":
+        try:
+            results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        print(json.dumps(_results_to_json(results), indent=1))
+        return 0 if all(r.ok for r in results.values()) else 1
+    if args.cmd == "pair":
+        run_pair(args.i, args.j, args.out, args.timeout)
+        return 0
+    run_side(args.me, args.peer, args.my_gpu, args.peer_gpu, args.workdir, args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

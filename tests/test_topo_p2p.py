@@ -1,0 +1,280 @@
+"""Real P2P check: the no-GPU error, the cache, and the child handling (timeout and kill, exit
+codes, result parsing) with fake child commands injected through ``child_argv``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastverify.errors import UserError
+from fastverify.topo import p2p
+from fastverify.topo.p2p import P2PResult, cache_path, check_p2p, fingerprint_of, read_cache, write_cache
+
+from conftest import subprocess_env
+
+KEY = {"gpus": [["NVIDIA GeForce RTX 4090", "00000000:18:00.0"], ["NVIDIA GeForce RTX 4090", "00000000:28:00.0"]],
+       "driver": "NVML (driver 550.54.15)", "cuda_visible_devices": None, "cuda_device_order": None}
+
+
+def torch_has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def fake_child(tmp_path: Path, body: str):
+    """child_argv running ``body`` with I, J, OUT and LOG (a file each run appends a line to)."""
+    script = tmp_path / "child.py"
+    script.write_text("import json, os, sys, time\nI, J, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+                      f"LOG = {str(tmp_path / 'runs.log')!r}\n"
+                      "open(LOG, 'a').write(f'{I}-{J}\\n')\n" + textwrap.dedent(body))
+
+    def argv(i: int, j: int, out: Path) -> list[str]:
+        return [sys.executable, str(script), str(i), str(j), str(out)]
+    return argv
+
+
+OK_BODY = """
+rows = [{"src": I, "dst": J, "ok": True, "reason": f"fine {I}->{J}"},
+        {"src": J, "dst": I, "ok": I != 0, "reason": f"bad {J}->{I}"}]
+print("log line on stdout"); print("log line on stderr", file=sys.stderr)
+json.dump({"results": rows}, open(OUT, "w"))
+"""
+
+
+def runs(tmp_path: Path) -> list[str]:
+    log = tmp_path / "runs.log"
+    return log.read_text().split() if log.exists() else []
+
+
+# --- no GPU ------------------------------------------------------------------------------------
+
+
+def test_no_cuda_user_error(tmp_path):
+    if torch_has_cuda():
+        pytest.skip("CUDA present")
+    with pytest.raises(UserError, match=r"^no CUDA GPUs: the real P2P check needs a GPU box"):
+        check_p2p(cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_cuda_command_line(tmp_path):
+    if torch_has_cuda():
+        pytest.skip("CUDA present")
+    proc = subprocess.run([sys.executable, "-m", "fastverify.topo.p2p", "check", "--cache-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: no CUDA GPUs: the real P2P check needs a GPU box\n"
+
+
+def test_real_pair_child_without_cuda_reports_both_directions(tmp_path):
+    """The real pair child and its two side processes, on a box without CUDA: each side fails to
+    allocate, says so through its files, and the pair child turns that into both results."""
+    if torch_has_cuda():
+        pytest.skip("CUDA present")
+    out = tmp_path / "pair.json"
+    proc = subprocess.run([sys.executable, "-m", "fastverify.topo.p2p", "pair", "0", "1", str(out), "--timeout", "60"],
+                          capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["src"], r["dst"], r["ok"]) for r in rows] == [(0, 1, False), (1, 0, False)]
+    assert "GPU 1 could not share a buffer" in rows[0]["reason"]  # GPU 1 accesses GPU 0's memory
+    assert "GPU 0 could not share a buffer" in rows[1]["reason"]
+
+
+# --- cache -----------------------------------------------------------------------------------------
+
+
+def test_results_are_cached(tmp_path):
+    argv = fake_child(tmp_path, OK_BODY)
+    cache = tmp_path / "cache"
+    first = check_p2p(n_gpus=3, key=KEY, child_argv=argv, cache_dir=cache)
+    assert sorted(runs(tmp_path)) == ["0-1", "0-2", "1-2"]
+    assert first == {
+        (0, 1): P2PResult(True, "fine 0->1"), (1, 0): P2PResult(False, "bad 1->0"),
+        (0, 2): P2PResult(True, "fine 0->2"), (2, 0): P2PResult(False, "bad 2->0"),
+        (1, 2): P2PResult(True, "fine 1->2"), (2, 1): P2PResult(True, "bad 2->1"),
+    }
+    path = cache / f"p2p-{fingerprint_of(KEY)}.json"
+    assert path == cache_path(KEY, cache) and path.exists()
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == 1 and doc["fingerprint"] == fingerprint_of(KEY) and doc["box"] == KEY
+    assert [p.name for p in cache.iterdir()] == [path.name]  # no temporary file left behind
+
+    again = check_p2p(n_gpus=3, key=KEY, child_argv=argv, cache_dir=cache)
+    assert again == first
+    assert len(runs(tmp_path)) == 3  # nothing rerun
+    subset = check_p2p(n_gpus=3, pairs=[(2, 1)], key=KEY, child_argv=argv, cache_dir=cache)
+    assert subset == {(1, 2): first[(1, 2)], (2, 1): first[(2, 1)]}
+    assert len(runs(tmp_path)) == 3
+
+
+def test_other_box_recomputes(tmp_path):
+    argv = fake_child(tmp_path, OK_BODY)
+    check_p2p(n_gpus=2, key=KEY, child_argv=argv, cache_dir=tmp_path / "c")
+    other = dict(KEY, driver="NVML (driver 560.35.03)")
+    assert fingerprint_of(other) != fingerprint_of(KEY)
+    check_p2p(n_gpus=2, key=other, child_argv=argv, cache_dir=tmp_path / "c")
+    assert runs(tmp_path) == ["0-1", "0-1"]
+    assert len(list((tmp_path / "c").iterdir())) == 2
+    visible = dict(KEY, cuda_visible_devices="1,0")
+    assert fingerprint_of(visible) != fingerprint_of(KEY)
+
+
+@pytest.mark.parametrize("content", ["not json", "[]", '{"schema_version": 1}', "\x00\xff",
+                                     "WRONG_BOX", "OLD_SCHEMA", "BAD_ROWS"])
+def test_unusable_cache_file_recomputes(tmp_path, content):
+    argv = fake_child(tmp_path, OK_BODY)
+    path = cache_path(KEY, tmp_path / "c")
+    path.parent.mkdir()
+    good = {"schema_version": 1, "fingerprint": fingerprint_of(KEY), "box": KEY,
+            "results": [{"src": 0, "dst": 1, "ok": True, "reason": "cached"}, {"src": 1, "dst": 0, "ok": True, "reason": "c"}]}
+    if content == "WRONG_BOX":
+        content = json.dumps(dict(good, box=dict(KEY, driver="other")))
+    elif content == "OLD_SCHEMA":
+        content = json.dumps(dict(good, schema_version=0))
+    elif content == "BAD_ROWS":
+        content = json.dumps(dict(good, results=[{"src": "0", "dst": 1, "ok": True, "reason": "x"}]))
+    path.write_text(content, errors="surrogateescape")
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=argv, cache_dir=tmp_path / "c")
+    assert runs(tmp_path) == ["0-1"]
+    assert result[(0, 1)] == P2PResult(True, "fine 0->1")
+    assert read_cache(path, KEY) == result  # rewritten, valid
+
+
+def test_refresh_and_env_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTVERIFY_CACHE_DIR", str(tmp_path / "envcache"))
+    argv = fake_child(tmp_path, OK_BODY)
+    check_p2p(n_gpus=2, key=KEY, child_argv=argv)
+    assert (tmp_path / "envcache" / f"p2p-{fingerprint_of(KEY)}.json").exists()
+    check_p2p(n_gpus=2, key=KEY, child_argv=argv)
+    check_p2p(n_gpus=2, key=KEY, child_argv=argv, refresh=True)
+    assert runs(tmp_path) == ["0-1", "0-1"]
+
+
+def test_write_cache_round_trip_and_default_dir(tmp_path, monkeypatch):
+    results = {(0, 1): P2PResult(False, "timeout: x"), (1, 0): P2PResult(True, "ok")}
+    write_cache(tmp_path / "d" / "p.json", KEY, results)
+    assert read_cache(tmp_path / "d" / "p.json", KEY) == results
+    assert read_cache(tmp_path / "d" / "p.json", dict(KEY, driver=None)) == {}
+    assert read_cache(tmp_path / "missing.json", KEY) == {}
+    monkeypatch.delenv("FASTVERIFY_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert p2p.default_cache_dir() == tmp_path / ".cache" / "fastverify"
+
+
+# --- child handling ---------------------------------------------------------------------------------
+
+
+def test_hang_is_killed_with_its_process_group(tmp_path):
+    body = f"""
+import subprocess
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open({str(tmp_path / 'grandchild.pid')!r}, "w").write(str(grandchild.pid))
+time.sleep(600)
+"""
+    argv = fake_child(tmp_path, body)
+    start = time.monotonic()
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=argv, cache_dir=tmp_path / "c", timeout_s=2)
+    assert time.monotonic() - start < 30
+    assert set(result) == {(0, 1), (1, 0)}
+    for r in result.values():
+        assert r.ok is False and r.reason.startswith("timeout")
+    pid = int((tmp_path / "grandchild.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_pairs_run_in_parallel_and_each_has_its_own_timeout(tmp_path):
+    argv = fake_child(tmp_path, "time.sleep(600) if (I, J) == (0, 3) else None\n" + OK_BODY)
+    start = time.monotonic()
+    result = check_p2p(n_gpus=4, key=KEY, child_argv=argv, cache_dir=tmp_path / "c", timeout_s=3, max_parallel=6)
+    assert time.monotonic() - start < 30
+    assert len(result) == 12
+    assert result[(0, 3)].reason.startswith("timeout") and result[(3, 0)].reason.startswith("timeout")
+    assert result[(1, 2)] == P2PResult(True, "fine 1->2")
+
+
+CHILD_FAILURES = [
+    ("exit", "print('warming up'); print('Traceback ...', file=sys.stderr)\nprint('RuntimeError: CUDA error: peer "
+     "mapping resources exhausted', file=sys.stderr); sys.exit(3)",
+     "check process failed (exit code 3): RuntimeError: CUDA error: peer mapping resources exhausted"),
+    ("signal", "import signal; os.kill(os.getpid(), signal.SIGKILL)", "check process failed (killed by signal 9): no output"),
+    ("no_file", "pass", "check process wrote no readable result"),
+    ("bad_json", "open(OUT, 'w').write('{truncated')", "check process wrote no readable result"),
+    ("bad_shape", "json.dump({'results': {'0-1': True}}, open(OUT, 'w'))", "check process wrote no readable result"),
+    ("bad_row", "json.dump({'results': [{'src': I, 'dst': J, 'ok': 'yes', 'reason': ''}]}, open(OUT, 'w'))",
+     "check process wrote no readable result"),
+]
+
+
+@pytest.mark.parametrize("name,body,reason", CHILD_FAILURES, ids=[c[0] for c in CHILD_FAILURES])
+def test_child_failures(tmp_path, name, body, reason):
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=fake_child(tmp_path, body), cache_dir=tmp_path / "c", timeout_s=30)
+    assert set(result) == {(0, 1), (1, 0)}
+    for r in result.values():
+        assert r.ok is False and r.reason.startswith(reason), r.reason
+        assert "\n" not in r.reason
+
+
+def test_child_gives_one_direction_only(tmp_path):
+    body = "json.dump({'results': [{'src': J, 'dst': I, 'ok': True, 'reason': 'multi\\nline'}]}, open(OUT, 'w'))"
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=fake_child(tmp_path, body), cache_dir=tmp_path / "c")
+    assert result[(1, 0)] == P2PResult(True, "multi line")
+    assert result[(0, 1)] == P2PResult(False, "check process gave no result for this direction")
+
+
+def test_child_that_cannot_start(tmp_path):
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=lambda i, j, out: [str(tmp_path / "no-such-program")],
+                       cache_dir=tmp_path / "c")
+    assert result[(0, 1)].ok is False and result[(0, 1)].reason.startswith("could not start the check")
+
+
+def test_bad_pairs(tmp_path):
+    argv = fake_child(tmp_path, OK_BODY)
+    for pairs in ([(0, 0)], [(0, 2)], [(-1, 0)]):
+        with pytest.raises(ValueError, match="not two different GPUs"):
+            check_p2p(n_gpus=2, pairs=pairs, key=KEY, child_argv=argv, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="n_gpus"):
+        check_p2p(key=KEY, child_argv=argv, cache_dir=tmp_path)
+
+
+def test_default_child_argv():
+    argv = p2p.default_child_argv(100)(2, 5, Path("/tmp/x.json"))
+    assert argv[:4] == [sys.executable, "-m", "fastverify.topo.p2p", "pair"]
+    assert argv[4:7] == ["2", "5", "/tmp/x.json"] and argv[7] == "--timeout" and float(argv[8]) < 100
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                               st.sampled_from(["src", "dst", "ok", "reason", "x"]), inner, max_size=4), max_leaves=12)
+
+
+@given(json_values)
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_result_rows_parse_or_value_error(rows):
+    try:
+        out = p2p._results_from_json(rows)
+    except ValueError:
+        return
+    assert all(isinstance(r, P2PResult) for r in out.values())
