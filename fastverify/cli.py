@@ -56,6 +56,30 @@ def build_parser() -> argparse.ArgumentParser:
     png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
     png.add_argument("--no-png", action="store_true", help="write no PNG")
     prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
+
+    topo = sub.add_parser(
+        "topo",
+        allow_abbrev=False,
+        help="diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce",
+        description=("Which GPU pairs NCCL runs over P2P and which over SHM, whether a PCIe IPC all-reduce can "
+                     "run, the NCCL_P2P_LEVEL to use, NCCL settings NCCL would ignore, and the PREDICTED "
+                     "all-reduce time of the verify messages now and with the recommended settings. Reads NVML "
+                     "on a GPU box; offline, give the text of `nvidia-smi topo -m` and/or an NCCL_DEBUG=INFO log."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    topo.add_argument("--nvidia-smi", type=Path, metavar="FILE", help="output of `nvidia-smi topo -m`")
+    topo.add_argument("--nccl-log", type=Path, metavar="FILE",
+                      help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)")
+    topo.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                      help="evaluate this NCCL setting as if it were in the environment (repeatable); "
+                           "an unknown name or a value NCCL rejects is an error")
+    topo.add_argument("--hidden", type=_positive, default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
+    topo.add_argument("--draft-tokens", type=_positive, default=4, help="draft tokens per request")
+    topo.add_argument("--batch", type=_positive, nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
+    topo.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4,
+                      help="PCIe generation for the cost model when the input does not say")
+    topo.add_argument("--sm", type=_positive, default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
+    topo.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     return p
 
 
@@ -141,6 +165,68 @@ def _raise_terminated(signum, _frame) -> None:
     raise _Terminated(signum)
 
 
+def _cmd_topo(args: argparse.Namespace) -> int:
+    import os
+
+    from fastverify.nccl.catalogue import Severity, validate_setting
+    from fastverify.topo.diagnose import diagnose
+
+    topo = log = None
+    if args.nvidia_smi:
+        from fastverify.topo.matrix import parse_nvidia_smi_topo
+
+        topo = parse_nvidia_smi_topo(_read_text(args.nvidia_smi), source=str(args.nvidia_smi))
+    if args.nccl_log:
+        from fastverify.nccl.logparse import parse_nccl_log
+
+        text = _read_text(args.nccl_log)
+        log = parse_nccl_log(text, source=str(args.nccl_log))
+        cut = [p for p in log.problems if "cut off" in p]
+        if cut:
+            raise UserError(f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
+                            "capture it again (or end it with a newline if it is complete)")
+    if topo is None and log is None:
+        from fastverify.topo.nvml import read_nvml_topology
+
+        topo = read_nvml_topology()  # UserError on a machine without GPUs names the offline options
+    env = dict(os.environ)
+    version = None
+    if not (log and log.version):
+        from fastverify.nccl.version import read_nccl_version
+
+        found = read_nccl_version()
+        version = str(found) if found else None
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
+        from fastverify.nccl.version import NcclVersion
+
+        finding = validate_setting(name, value, NcclVersion.parse(log.version if log and log.version else version)
+                                   if (log and log.version) or version else None)
+        if finding.severity is Severity.ERROR:
+            raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
+        env[name] = value
+    d = diagnose(topo, log, env, nccl_version=version, hidden=args.hidden, draft_tokens=args.draft_tokens,
+                 batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm)
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(d.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        from fastverify.topo.report import print_diagnosis
+
+        print_diagnosis(d)
+    return 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -148,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "profile":
             return _cmd_profile(args, argv)
+        if args.command == "topo":
+            return _cmd_topo(args)
     except UserError as e:
         sys.stderr.write(f"fastverify: error: {e}\n")
         return EXIT_USER_ERROR

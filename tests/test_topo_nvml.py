@@ -54,7 +54,7 @@ def test_no_driver_real_pynvml():
         read_nvml_topology()
     text = str(info.value)
     assert text.startswith("no NVIDIA driver/GPU found (NVML: ")
-    assert text.endswith("); use --nvidia-smi FILE for an offline diagnosis")
+    assert text.endswith("); for an offline diagnosis give --nvidia-smi FILE (`nvidia-smi topo -m` text) and/or --nccl-log FILE")
     assert "\n" not in text
 
 
@@ -255,7 +255,7 @@ def test_nvlink_direct_and_switch(tmp_path):
 
 def test_init_failure_is_one_line_user_error():
     fake = FakeNvml(2, init_error=FakeNVMLError(9, "Driver Not Loaded"))
-    with pytest.raises(UserError, match=r"^no NVIDIA driver/GPU found \(NVML: Driver Not Loaded\); use --nvidia-smi FILE"):
+    with pytest.raises(UserError, match=r"^no NVIDIA driver/GPU found \(NVML: Driver Not Loaded\); for an offline diagnosis give --nvidia-smi FILE"):
         read_nvml_topology(fake)
     assert fake.shutdowns == 0  # never initialised
 

@@ -29,7 +29,7 @@ from typing import Any
 from fastverify.errors import UserError
 from fastverify.topo.matrix import Gpu, Topology
 
-NO_DRIVER = "no NVIDIA driver/GPU found (NVML: {reason}); use --nvidia-smi FILE for an offline diagnosis"
+NO_DRIVER = "no NVIDIA driver/GPU found (NVML: {reason}); for an offline diagnosis give --nvidia-smi FILE (`nvidia-smi topo -m` text) and/or --nccl-log FILE"
 
 # NVML common-ancestor level -> nvidia-smi connection name. INTERNAL means both GPUs sit on one
 # board (dual-GPU cards): behind that board's own PCIe switch, so PIX (my reading; nvidia-smi

@@ -1,0 +1,314 @@
+"""The diagnosis behind ``fastverify topo``: which GPU pairs NCCL runs over P2P and which over SHM,
+whether a PCIe IPC all-reduce can run, the NCCL_P2P_LEVEL to use, settings NCCL would ignore, and
+the predicted all-reduce time of the verify step's messages under the current and the recommended
+settings.
+
+Inputs, any of: a topology (``nvidia-smi topo -m`` text, or NVML on a live box), an
+``NCCL_DEBUG=INFO`` log (what NCCL really did: transports per pair, graph, version, settings it
+read), and the environment's ``NCCL_*`` settings. What a log shows is reported as seen; what comes
+from the topology alone is labelled predicted.
+
+Rules (NCCL ``src/graph/paths.cc`` ``ncclTopoCheckP2p``, summarised in ``research/nccl.md`` §2.5):
+a pair uses P2P when its NCCL path type is at most ``NCCL_P2P_LEVEL`` (default PXB) and NVML reports
+P2P read and write support; otherwise NCCL routes it through the CPU and uses SHM. nvidia-smi's
+NODE is NCCL's PHB.
+
+PCIe IPC all-reduce (FlashInfer ``PcieIpcAllReduceWorkspace``, flashinfer PR #4393): world size 2, 4
+or 8 on one node, and CUDA peer access between every pair. SGLang's custom all-reduce
+(``custom_all_reduce.py``): world size 2, or every pair on NVLink, plus peer access.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from fastverify.nccl import model as M
+from fastverify.nccl.catalogue import Finding, Severity, validate_env
+from fastverify.nccl.logparse import NcclLog
+from fastverify.topo.matrix import NCCL_PATH_ORDER, Topology, nccl_path_type, p2p_allowed
+
+DEFAULT_HIDDEN = 7168  # Kimi-K2 / DeepSeek-V3 hidden size (config.json)
+DEFAULT_DRAFT_TOKENS = 4  # SGLang's auto default for DeepSeek-V3/Kimi (speculative_hook.py)
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
+_LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # NCCL_P2P_LEVEL=0..5 (paths.cc)
+
+# The PCIe correction of fastverify.nccl.model fitted on the two all_reduce_perf tables of one
+# 8x RTX 4090 box (2x EPYC 7542, all pairs SYS; blog.chlc.cc, shared/inputs/allreduceperf-blog-
+# chlc-rtx4090-p2pdisabled.txt and -p2punlocked.txt) by model.fit over 8 B..4 MiB; the test
+# test_embedded_calibration_matches_a_fresh_fit re-fits and compares. Held-out median error
+# 4.7 % / 6.6 % (benchmarks/bench_model.py). One box: a prediction for others, not a measurement.
+CALIBRATION = {
+    M.Transport.SHM: M.CorrectedModel(1.427508763214285, {M.Proto.LL: 0.5471045232094344,
+                                                           M.Proto.SIMPLE: 0.6259045643247795},
+                                      fitted_on=M.Transport.SHM),
+    M.Transport.P2P: M.CorrectedModel(1.363210043928571, {M.Proto.LL: 0.5870247488345354,
+                                                           M.Proto.SIMPLE: 0.7623050161320486},
+                                      fitted_on=M.Transport.P2P),
+}
+CALIBRATION_NOTE = ("predicted: NCCL's cost model (src/graph/tuning.cc) with a PCIe correction fitted on one "
+                    "8x RTX 4090 all-SYS box; measure with `fastverify tune` before relying on it")
+
+
+@dataclass(frozen=True)
+class PairReport:
+    """One GPU pair (a < b). ``transport_*`` is "P2P" or "SHM"; ``seen`` = from the NCCL log."""
+
+    a: int
+    b: int
+    link: str | None  # nvidia-smi connection (PIX, PXB, PHB, NODE, SYS, NV#)
+    nccl_path: str | None
+    hw_p2p: bool | None  # NVML P2P read+write support (None: unknown)
+    transport_now: str
+    transport_recommended: str
+    seen: bool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted all-reduce time of one verify message (µs); ``label`` is always "predicted"."""
+
+    tokens: int
+    msg_bytes: int
+    now_us: float
+    now_algo_proto: str
+    recommended_us: float
+    recommended_algo_proto: str
+    label: str = "predicted"
+
+
+@dataclass
+class Diagnosis:
+    """Everything ``fastverify topo`` reports; :meth:`as_dict` is its ``--json`` form."""
+
+    sources: list[str]
+    n_gpus: int
+    nccl_version: str | None
+    p2p_level_now: str
+    p2p_level_now_source: str
+    p2p_level_recommended: str | None
+    pairs: list[PairReport]
+    pcie_ipc_allreduce: dict
+    custom_allreduce: dict
+    findings: list[Finding]
+    log_notes: list[str]
+    predictions: list[Prediction]
+    prediction_note: str
+    actions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["findings"] = [{"name": f.name, "value": f.value, "severity": f.severity.value, "reason": f.reason,
+                          "fix": f.fix} for f in self.findings]
+        return d
+
+
+def current_p2p_level(env: Mapping[str, str]) -> tuple[str, str]:
+    """The P2P level NCCL will use and why: ``NCCL_P2P_DISABLE=1`` → LOC; a valid ``NCCL_P2P_LEVEL``
+    (exact upper-case name or legacy 0..5); else the default PXB (an invalid value is ignored by
+    NCCL, which is what the findings report)."""
+    if env.get("NCCL_P2P_DISABLE", "").strip() == "1":
+        return "LOC", "NCCL_P2P_DISABLE=1"
+    value = env.get("NCCL_P2P_LEVEL")
+    if value is not None:
+        if value in NCCL_PATH_ORDER:
+            return value, f"NCCL_P2P_LEVEL={value}"
+        if value.strip().isdigit():
+            return _LEGACY_LEVELS[min(int(value), 5)], f"NCCL_P2P_LEVEL={value} (legacy number)"
+        return "PXB", f"default (NCCL ignores NCCL_P2P_LEVEL={value!r})"
+    return "PXB", "default"
+
+
+def _pairs_from_log(log: NcclLog) -> dict[tuple[int, int], str]:
+    """(a, b) with a < b → "P2P"/"SHM"/"NET" as the log shows (either direction; SHM wins if mixed)."""
+    out: dict[tuple[int, int], str] = {}
+    for t in log.transports:
+        if not (isinstance(t.src_dev, int) and isinstance(t.dst_dev, int)) or t.src_dev == t.dst_dev:
+            continue
+        key = (min(t.src_dev, t.dst_dev), max(t.src_dev, t.dst_dev))
+        if out.get(key) != "SHM":
+            out[key] = t.kind
+    return out
+
+
+def _hw_p2p(topo: Topology | None, a: int, b: int) -> bool | None:
+    if topo is None:
+        return None
+    r = [topo.p2p_read.get((a, b)), topo.p2p_write.get((a, b)), topo.p2p_read.get((b, a)), topo.p2p_write.get((b, a))]
+    if any(v is False for v in r):
+        return False
+    if all(v is True for v in r):
+        return True
+    return None
+
+
+def diagnose(
+    topo: Topology | None,
+    log: NcclLog | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    nccl_version: str | None = None,
+    hidden: int = DEFAULT_HIDDEN,
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    batches: tuple[int, ...] = DEFAULT_BATCHES,
+    pcie_gen: int = 4,
+    sm: int = 89,
+) -> Diagnosis:
+    """Build the diagnosis. ``topo`` or ``log`` must be given (the CLI checks).
+
+    Parameters
+    ----------
+    env : mapping, default ``os.environ``
+        Where the ``NCCL_*`` settings are read.
+    nccl_version : str, optional
+        Used when the log has none (e.g. from ``ncclGetVersion`` of the installed library).
+    hidden, draft_tokens, batches
+        Verify message sizes: ``batch × draft_tokens × hidden × 2`` bytes (bf16).
+    pcie_gen, sm
+        Used by the cost model when the topology does not say (offline text has neither).
+    """
+    env = dict(os.environ if env is None else env)
+    version = (log.version if log and log.version else None) or nccl_version
+    from fastverify.nccl.version import NcclVersion  # local: only the version's ordering is needed
+
+    nv = NcclVersion.parse(version) if version else None
+    findings = [f for f in validate_env(env, nv) if f.severity is not Severity.OK]
+    level, level_source = current_p2p_level(env)
+
+    seen = _pairs_from_log(log) if log else {}
+    gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in seen for d in pair})
+    pairs: list[PairReport] = []
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            link = topo.link(a, b) if topo else None
+            path = nccl_path_type(link) if link else None
+            hw = _hw_p2p(topo, a, b)
+            if (a, b) in seen:
+                now, was_seen = seen[(a, b)], True
+            elif link is not None:
+                now, was_seen = ("P2P" if p2p_allowed(link, level) and hw is not False else "SHM"), False
+            else:
+                continue
+            pairs.append(PairReport(a, b, link, path, hw, now, "SHM" if hw is False else "P2P", was_seen))
+
+    # Recommended level: the widest NCCL path type among pairs whose hardware can do P2P.
+    capable = [p.nccl_path for p in pairs if p.hw_p2p is not False and p.nccl_path]
+    recommended = max(capable, key=NCCL_PATH_ORDER.index) if capable else None
+    if recommended is not None and NCCL_PATH_ORDER.index(recommended) <= NCCL_PATH_ORDER.index(level):
+        recommended = None  # the current level already covers every pair that can do P2P
+    if recommended is None:
+        pairs = [PairReport(p.a, p.b, p.link, p.nccl_path, p.hw_p2p, p.transport_now, p.transport_now, p.seen)
+                 for p in pairs]
+
+    n = len(gpus)
+    ipc = _pcie_ipc(n, pairs)
+    car = _custom_ar(n, pairs)
+    notes = _log_notes(log) if log else []
+    preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv)
+    diag = Diagnosis(
+        sources=[s for s in (topo.source if topo else None, log.source if log else None) if s],
+        n_gpus=n, nccl_version=str(nv) if nv else None, p2p_level_now=level, p2p_level_now_source=level_source,
+        p2p_level_recommended=recommended, pairs=pairs, pcie_ipc_allreduce=ipc, custom_allreduce=car,
+        findings=findings, log_notes=notes, predictions=preds, prediction_note=note)
+    diag.actions = _actions(diag, log)
+    return diag
+
+
+def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
+    if n not in (2, 4, 8):
+        return {"possible": False, "reason": f"world size {n}: FlashInfer's PCIe IPC all-reduce takes 2, 4 or 8 GPUs"}
+    no = [f"{p.a}-{p.b}" for p in pairs if p.hw_p2p is False]
+    if no:
+        return {"possible": False, "reason": f"no CUDA peer access for pair(s) {', '.join(no)} (NVML); it needs every pair"}
+    unknown = [p for p in pairs if p.hw_p2p is None]
+    if unknown:
+        return {"possible": None, "reason": "peer access unknown from this input: run the real P2P check on the box "
+                                            "(python -m fastverify.topo.p2p check)"}
+    return {"possible": True, "reason": "every pair reports CUDA peer access; SGLang: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"}
+
+
+def _custom_ar(n: int, pairs: list[PairReport]) -> dict:
+    all_nvlink = bool(pairs) and all((p.link or "").startswith("NV") for p in pairs)
+    if n != 2 and not all_nvlink:
+        return {"possible": False, "reason": f"SGLang's custom all-reduce needs 2 GPUs or full NVLink; {n} PCIe GPUs"}
+    if any(p.hw_p2p is False for p in pairs):
+        return {"possible": False, "reason": "no CUDA peer access between the GPUs"}
+    return {"possible": None if any(p.hw_p2p is None for p in pairs) else True,
+            "reason": "2 GPUs (or full NVLink); needs working peer access"}
+
+
+def _log_notes(log: NcclLog) -> list[str]:
+    notes = []
+    if log.graph_fallbacks:
+        notes.append("NCCL's topology search failed ('falling back to simple order', pattern "
+                     f"{', '.join(map(str, log.graph_fallbacks))}): it then picks the Simple protocol for most sizes; "
+                     "NCCL_PROTO=LL (small messages) or a graph file (NCCL_GRAPH_FILE) avoids that")
+    for name, value in sorted(log.env.items()):
+        notes.append(f"NCCL read {name}={value} from the environment")
+    for name, value in sorted(log.env_invalid.items()):
+        notes.append(f"NCCL rejected {name}={value} and used its default")
+    for a, b in log.p2p_unavailable:
+        notes.append(f"NCCL could not enable P2P between devices {a} and {b}")
+    for w in log.warnings[:5]:
+        notes.append(f"NCCL WARN: {w.message}")
+    return notes
+
+
+def _ring_transport(pairs: list[PairReport], which: str) -> M.Transport:
+    kinds = {getattr(p, which) for p in pairs}
+    return M.Transport.SHM if "SHM" in kinds else M.Transport.P2P
+
+
+def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv):
+    if n < 2:
+        return [], "one GPU: no all-reduce"
+    graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
+    kw = dict(gen=pcie_gen, width=16, sm=sm)
+    if nv is not None:
+        kw["version"] = nv.code
+    if graph is not None and graph.bw_intra_gbps > 0:
+        kw.update(graph_bw_intra_gbps=graph.bw_intra_gbps, graph_n_channels=graph.n_channels)
+    now_t, rec_t = _ring_transport(pairs, "transport_now"), _ring_transport(pairs, "transport_recommended")
+    now_in = M.inputs_for_pcie_box(n, p2p=now_t is M.Transport.P2P, **kw)
+    rec_in = M.inputs_for_pcie_box(n, p2p=rec_t is M.Transport.P2P, **kw)
+    out = []
+    for b in batches:
+        tokens = b * draft_tokens
+        nbytes = tokens * hidden * 2
+        p_now = CALIBRATION[now_t].predict(nbytes, now_in)
+        p_rec = CALIBRATION[rec_t].predict(nbytes, rec_in)
+        out.append(Prediction(tokens, nbytes, round(p_now.time_us, 1), f"{p_now.algo.value}/{p_now.proto.value}",
+                              round(p_rec.time_us, 1), f"{p_rec.algo.value}/{p_rec.proto.value}"))
+    graph_src = (f"graph from the log: {graph.n_channels} ch x {graph.bw_intra_gbps:g} GB/s" if graph
+                 else f"graph derived for PCIe Gen{pcie_gen} x16, sm_{sm}")
+    return out, f"{CALIBRATION_NOTE}; {graph_src}; {n} ranks"
+
+
+def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
+    acts = []
+    for f in d.findings:
+        if f.severity is Severity.ERROR:
+            acts.append(f"fix {f.name}={f.value!r}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
+    shm = [p for p in d.pairs if p.transport_now == "SHM"]
+    if d.p2p_level_recommended:
+        gain = [p for p in shm if p.transport_recommended == "P2P"]
+        acts.append(f"set NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P "
+                    "(check first that P2P really works there: python -m fastverify.topo.p2p check; ACS/IOMMU can "
+                    "make cross-root-port P2P slow or hang)")
+    seen_shm = [f"{p.a}-{p.b}" for p in shm if p.seen and p.link is None]
+    if seen_shm and not d.p2p_level_recommended:
+        acts.append(f"the log shows SHM for pair(s) {', '.join(seen_shm)}: add --nvidia-smi (their path type) to "
+                    "see whether a higher NCCL_P2P_LEVEL would give them P2P")
+    hw_no = [p for p in shm if p.hw_p2p is False]
+    if hw_no:
+        acts.append(f"{len(hw_no)} pair(s) have no P2P support in the driver (NVML): they stay on SHM whatever the "
+                    "level; consumer GPUs on stock drivers are the usual cause")
+    if d.pcie_ipc_allreduce.get("possible"):
+        acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step (SGLang: "
+                    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, SGLANG_PCIE_IPC_MAX_NUMEL = max batch x draft tokens x hidden)")
+    if log and log.graph_fallbacks:
+        acts.append("NCCL's graph search failed on this box: try NCCL_PROTO=LL for the small verify all-reduces")
+    if not acts:
+        acts.append("nothing to change from this input; measure the candidates with `fastverify tune`")
+    return acts
