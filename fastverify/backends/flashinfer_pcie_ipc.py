@@ -1,0 +1,220 @@
+"""FlashInfer's PCIe IPC all-reduce (``flashinfer.comm.PcieIpcAllReduceWorkspace``, FlashInfer
+>= 0.7), followed by FlashInfer's fused residual add + RMSNorm kernel.
+
+Why: on 8 PCIe GPUs without NVLink it takes 5-15 us where NCCL takes ~205 us at 12 KiB
+(SGLang ``pcie_ipc_ar.py`` docstring, ``../shared/research/flashinfer.md`` §1e, §6).
+
+Hard requirements (:meth:`PcieIpcBackend.probe`): CUDA, world size 2/4/8, bf16/fp16, all ranks on
+one host, working P2P between every GPU pair (``cudaIpcOpenMemHandle`` with lazy peer access;
+the kernels spin on peer flags with no timeout, so broken P2P hangs rather than errors), and
+flashinfer >= 0.7 with the class. No GPU-architecture limit (plain PTX loads/stores).
+
+Sizing ``max_numel``
+--------------------
+The workspace is fixed at construction; ``supports(x)`` is False above ``max_numel`` and the
+chain falls back to NCCL. Size it to the verify step, **max batch x draft tokens x hidden**
+(:func:`decode_max_numel`; SGLang's ``SGLANG_PCIE_IPC_MAX_NUMEL`` default), not to prefill:
+the epoch double buffer places its halves ``world_size * max_numel`` elements apart, and SGLang
+measured a +66 % TTFT with a prefill-sized workspace (TPOT 21.1 -> 13.6 ms decode-sized, TP8,
+SM120). Prefill all-reduces are large and bandwidth-bound, where NCCL is fine.
+
+Collective contract (from FlashInfer's class docstring): every rank issues the same calls with the
+same shapes in the same order; one workspace per CUDA stream; ``prepare()`` every CUDA-graph
+capture shape, after ``tune()``, before capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Shape,
+    Tensor,
+    _check_norm_args,
+    add_rmsnorm,
+    check_cuda,
+    check_dtype,
+    check_p2p,
+    check_single_node,
+    check_world_size,
+    first_failure,
+    library_status,
+)
+
+MIN_FLASHINFER = (0, 7)
+WORLD_SIZES = (2, 4, 8)
+DTYPES = (torch.bfloat16, torch.float16)
+PACK_ELEMS = 8  # kernels move 16-byte packs: max_numel must be a multiple of 16 B / 2 B
+
+# Every FlashInfer name this module touches, with the keywords it passes (checked against the
+# real signatures by tests/test_backend_signatures.py).
+WORKSPACE = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace", "flashinfer.comm.pcie_ipc_ar",
+    ("group", "max_numel", "dtype", "max_blocks", "profile", "tune_batches", "tune_cache"), "class",
+)
+WS_SUPPORTS = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.supports", "flashinfer.comm.pcie_ipc_ar", ("inp",), "method"
+)
+WS_ALL_REDUCE = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.all_reduce", "flashinfer.comm.pcie_ipc_ar", ("inp", "out"), "method"
+)
+WS_TUNE = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.tune", "flashinfer.comm.pcie_ipc_ar",
+    ("hiddens", "dtype", "tune_group"), "method",
+)
+WS_PREPARE = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.prepare", "flashinfer.comm.pcie_ipc_ar", ("shapes", "dtype"), "method"
+)
+WS_DESTROY = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.destroy", "flashinfer.comm.pcie_ipc_ar", (), "method"
+)
+# residual += x; x = RMSNorm(residual) * weight, both in place.
+FUSED_ADD_RMSNORM = ExternalCall(
+    "flashinfer.norm", "fused_add_rmsnorm", "flashinfer.norm",
+    ("input", "residual", "weight", "eps", "enable_pdl"),
+)
+EXTERNAL_CALLS = (WORKSPACE, WS_SUPPORTS, WS_ALL_REDUCE, WS_TUNE, WS_PREPARE, WS_DESTROY, FUSED_ADD_RMSNORM)
+
+
+def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
+    """Workspace bound for the verify step: ``max_batch * draft_tokens * hidden`` elements,
+    rounded up to a whole 16-byte pack. The verify all-reduce is ``(batch * draft_tokens, hidden)``."""
+    for name, value in (("max_batch", max_batch), ("draft_tokens", draft_tokens), ("hidden", hidden)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    n = max_batch * draft_tokens * hidden
+    return -(-n // PACK_ELEMS) * PACK_ELEMS
+
+
+class PcieIpcBackend(AllReduceBackend):
+    """FlashInfer PCIe IPC all-reduce on ``group``; collective construction (all ranks).
+
+    Options
+    -------
+    max_blocks : int
+        FlashInfer's bound on blocks per launch (sizes barrier slots); default FlashInfer's.
+    profile : str
+        Force FlashInfer's fabric label (``"rootcplx"``/``"pcieswitch"``) instead of probing.
+    tune_cache : str
+        Tune-result file (FlashInfer default: ``FLASHINFER_AUTOTUNE_DIR``).
+    tune_batches : sequence of int
+        Row counts to tune (default: a ladder derived from ``max_numel``).
+    tune : bool
+        Run FlashInfer's ``tune()`` in :meth:`prepare` (default True: the untuned seed policy is
+        up to 2x slower; vLLM makes tuning mandatory). Needs clocks pinned for stable winners.
+    tune_group : ProcessGroup
+        gloo group spanning the same ranks, for tuning; required when ``group`` is a strict
+        subgroup (FlashInfer cannot build one collectively then).
+    norm : str
+        ``"flashinfer"`` (default: ``flashinfer.norm.fused_add_rmsnorm``) or ``"torch"``.
+    """
+
+    name = BackendName.pcie_ipc
+    option_names = frozenset({"max_blocks", "profile", "tune_cache", "tune_batches", "tune", "tune_group", "norm"})
+
+    @classmethod
+    def probe(cls, ctx: ProbeContext) -> Capability:
+        bad = first_failure(
+            check_cuda(ctx),
+            check_world_size(ctx, WORLD_SIZES),
+            check_dtype(ctx, DTYPES),
+            check_single_node(ctx),
+            check_p2p(ctx),
+        )
+        if bad is not None:
+            return bad
+        # The import is last: it is the slow check (~2.5 s for flashinfer).
+        return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
+
+    def __init__(
+        self,
+        group: Any,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        max_numel: int | None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        if max_numel is None or max_numel % PACK_ELEMS:
+            raise ValueError(
+                f"max_numel must be a positive multiple of {PACK_ELEMS} for the PCIe IPC workspace, got "
+                f"{max_numel!r}; use decode_max_numel(max_batch, draft_tokens, hidden)"
+            )
+        if self.options.get("norm", "flashinfer") not in ("flashinfer", "torch"):
+            raise ValueError(f"option norm must be 'flashinfer' or 'torch', got {self.options['norm']!r}")
+        if self.device.type != "cuda" or self.device.index not in (None, torch.cuda.current_device()):
+            # FlashInfer binds the workspace to torch.cuda.current_device().
+            raise ValueError(
+                f"device {self.device} must be the current CUDA device ({torch.cuda.current_device()}); "
+                f"call torch.cuda.set_device first"
+            )
+        ws_kwargs: dict[str, Any] = {"group": group, "max_numel": max_numel, "dtype": dtype}
+        for key in ("max_blocks", "profile", "tune_batches", "tune_cache"):
+            if key in self.options:
+                ws_kwargs[key] = self.options[key]
+        try:
+            self._ws = WORKSPACE.resolve()(**WORKSPACE.kwargs(**ws_kwargs))
+        except BaseException:
+            self._closed = True  # nothing to release; FlashInfer failed on every rank jointly
+            raise
+        self._fused_add_rmsnorm = FUSED_ADD_RMSNORM.resolve() if self.options.get("norm", "flashinfer") == "flashinfer" else None
+        self.prepared: dict[tuple[int, int], Any] = {}
+
+    def supports(self, x: Tensor) -> bool:
+        # FlashInfer's answer covers contiguity, capacity and the minimum payload
+        # (numel >= 8 * world_size). It is a pure function of shape/dtype, so every rank agrees.
+        return super().supports(x) and bool(self._ws.supports(**WS_SUPPORTS.kwargs(inp=x)))
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        self._ws.all_reduce(**WS_ALL_REDUCE.kwargs(inp=x, out=out))
+        self.path_counts["all_reduce"] += 1
+        return out
+
+    def all_reduce_residual_rmsnorm(
+        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        _check_norm_args(x, residual, weight)
+        reduced = self.all_reduce(x)  # always: the norm never runs on an un-reduced tensor
+        if self._fused_add_rmsnorm is None:
+            self.path_counts["torch_norm"] += 1
+            return add_rmsnorm(reduced, residual, weight, eps)
+        residual_out = residual.clone(memory_format=torch.contiguous_format)
+        # In place: residual_out += reduced; reduced = RMSNorm(residual_out) * weight. PDL off: the
+        # preceding IPC kernel does not take part in programmatic dependent launch.
+        self._fused_add_rmsnorm(
+            **FUSED_ADD_RMSNORM.kwargs(input=reduced, residual=residual_out, weight=weight, eps=eps, enable_pdl=False)
+        )
+        self.path_counts["fi_norm"] += 1
+        return reduced, residual_out
+
+    def prepare(self, shapes: Sequence[Shape]) -> None:
+        """Tune (unless ``tune=False``) for the hidden sizes in ``shapes``, then resolve every
+        ``(rows, hidden)`` shape so CUDA-graph capture touches no host collective. Collective;
+        every rank passes the same list. Shapes the kernels cannot take map to None in
+        :attr:`prepared` and fall back at call time."""
+        if any(len(s) != 2 for s in shapes):
+            raise ValueError(f"shapes must be (rows, hidden) pairs, got {list(shapes)}")
+        shapes2 = [(int(s[0]), int(s[1])) for s in shapes]
+        if self.options.get("tune", True) and shapes2:
+            tune_kwargs: dict[str, Any] = {"hiddens": sorted({h for _, h in shapes2}), "dtype": self.dtype}
+            if "tune_group" in self.options:
+                tune_kwargs["tune_group"] = self.options["tune_group"]
+            self._ws.tune(**WS_TUNE.kwargs(**tune_kwargs))
+        self.prepared = dict(self._ws.prepare(**WS_PREPARE.kwargs(shapes=shapes2, dtype=self.dtype)))
+
+    def close(self) -> None:
+        """Destroy the workspace. Collective: every rank must call it."""
+        if not self.closed:
+            try:
+                self._ws.destroy()
+            finally:
+                super().close()

@@ -1,0 +1,182 @@
+"""SGLang's custom all-reduce (the legacy ``CustomAllreduce`` class of
+``sglang.srt.distributed.device_communicators.custom_all_reduce``, a port of vLLM's one).
+
+Only where it can run (``../shared/research/sglang.md`` §3): world size 2, or 4/6/8 with every GPU
+pair on NVLink; SGLang itself disables it for more than two PCIe-only GPUs ("not supported on more
+than two PCIe-only GPUs"), and its kernel launches nothing at 4/8 ranks without full NVLink. It needs
+working P2P (CUDA IPC buffers) and all ranks on one host. The all-reduce is out-of-place; residual
+add + RMSNorm use the base class's torch path.
+
+The class is used directly rather than through ``dispatch_custom_allreduce()``, which returns
+``CustomAllReduceV2`` in newer SGLang (needs full NVLink, different methods). Importing SGLang
+pulls in its whole runtime; the probe does that once.
+
+Hazard kept away: inside SGLang's ``capture()`` context but outside stream capture,
+``custom_all_reduce`` returns zeros (graph warm-up allocation mimicry). :meth:`capture` is only
+for wrapping a real ``torch.cuda.graph`` capture.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    BackendUnavailable,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Tensor,
+    check_cuda,
+    check_dtype,
+    check_p2p,
+    check_single_node,
+    check_world_size,
+    fail,
+    first_failure,
+    library_status,
+)
+
+MODULE = "sglang.srt.distributed.device_communicators.custom_all_reduce"
+MIN_SGLANG = (0, 4)
+WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024  # CustomAllreduce._MAX_CAR_SIZE on CUDA
+
+CUSTOM_ALLREDUCE = ExternalCall(MODULE, "CustomAllreduce", MODULE, ("group", "device", "max_size"), "class")
+SHOULD_CUSTOM_AR = ExternalCall(MODULE, "CustomAllreduce.should_custom_ar", MODULE, ("inp",), "method")
+CUSTOM_ALL_REDUCE = ExternalCall(MODULE, "CustomAllreduce.custom_all_reduce", MODULE, ("input",), "method")
+CAPTURE = ExternalCall(MODULE, "CustomAllreduce.capture", MODULE, (), "method")
+CLOSE = ExternalCall(MODULE, "CustomAllreduce.close", MODULE, (), "method")
+EXTERNAL_CALLS = (CUSTOM_ALLREDUCE, SHOULD_CUSTOM_AR, CUSTOM_ALL_REDUCE, CAPTURE, CLOSE)
+
+
+class SglangCustomArBackend(AllReduceBackend):
+    """SGLang ``CustomAllreduce`` on the ranks of ``group``; collective construction.
+
+    Options
+    -------
+    cpu_group : ProcessGroup
+        gloo group over the same ranks; SGLang exchanges IPC handles with
+        ``broadcast_object_list(device="cpu")``, which an NCCL group cannot carry. Built here
+        (and destroyed by :meth:`close`) when omitted and ``group`` spans the default group.
+    """
+
+    name = BackendName.custom_ar
+    option_names = frozenset({"cpu_group"})
+
+    @classmethod
+    def probe(cls, ctx: ProbeContext) -> Capability:
+        bad = first_failure(
+            check_cuda(ctx),
+            check_world_size(ctx, WORLD_SIZES),
+            check_dtype(ctx, DTYPES),
+            _check_fabric(ctx),
+            check_single_node(ctx),
+            check_p2p(ctx),
+        )
+        if bad is not None:
+            return bad
+        lib = library_status("sglang", "sglang", MIN_SGLANG, EXTERNAL_CALLS)
+        if not lib.ok:
+            return lib
+        try:
+            from sglang.srt.distributed.device_communicators import custom_all_reduce_ops as ops
+        except Exception as err:
+            return fail(f"sglang custom all-reduce ops not importable ({type(err).__name__}); install sgl-kernel")
+        if not getattr(ops, "IS_CUSTOM_AR_AVAILABLE", False):
+            return fail("sglang reports its custom all-reduce kernels unavailable (sgl-kernel missing or not CUDA)")
+        return lib
+
+    def __init__(
+        self,
+        group: Any,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        max_numel: int | None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        self._own_cpu_group = False
+        self._ca: Any = None
+        try:
+            cpu_group = self.options.get("cpu_group")
+            if cpu_group is None:
+                ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+                if len(ranks) != dist.get_world_size():
+                    raise ValueError(
+                        "group is a strict subgroup: new_group() is collective over the default group, so "
+                        "pass options={'cpu_group': <gloo group built by all ranks>}"
+                    )
+                cpu_group = dist.new_group(ranks=ranks, backend="gloo")
+                self._own_cpu_group = True
+            self._cpu_group = cpu_group
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            max_bytes = DEFAULT_MAX_BYTES if max_numel is None else -(-max_numel * itemsize // 16) * 16
+            self._ca = CUSTOM_ALLREDUCE.resolve()(
+                **CUSTOM_ALLREDUCE.kwargs(group=cpu_group, device=self.device, max_size=max_bytes)
+            )
+            if self._ca.disabled:
+                # SGLang decided on every rank the same way (world size, NVLink, P2P, kernels).
+                raise BackendUnavailable(
+                    self.name, "SGLang's CustomAllreduce disabled itself (its log says why: world size, NVLink or P2P)"
+                )
+        except BaseException:
+            self._release()
+            self._closed = True
+            raise
+
+    def supports(self, x: Tensor) -> bool:
+        # SGLang's own test: 16-byte multiple, weakly contiguous, <= max_size, ws 2 or full NVLink.
+        return super().supports(x) and bool(self._ca.should_custom_ar(**SHOULD_CUSTOM_AR.kwargs(inp=x)))
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        out = self._ca.custom_all_reduce(**CUSTOM_ALL_REDUCE.kwargs(input=x))
+        if out is None:
+            # SGLang returns None for "not handled"; never hand that on as a result.
+            raise ValueError(
+                f"SGLang custom all-reduce declined shape {tuple(x.shape)} {x.dtype}; check supports() first"
+            )
+        self.path_counts["all_reduce"] += 1
+        return out
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        """Wrap a ``torch.cuda.graph`` capture: SGLang registers the graph's buffers on exit
+        (collective). Do not call :meth:`all_reduce` eagerly inside it (SGLang returns zeros)."""
+        with self._ca.capture():
+            yield
+
+    def _release(self) -> None:
+        try:
+            if self._ca is not None:
+                self._ca.close()
+        finally:
+            self._ca = None
+            if self._own_cpu_group:
+                dist.destroy_process_group(self._cpu_group)
+                self._own_cpu_group = False
+
+    def close(self) -> None:
+        """Free SGLang's IPC buffers and the gloo group built here. Collective."""
+        if not self.closed:
+            try:
+                self._release()
+            finally:
+                super().close()
+
+
+def _check_fabric(ctx: ProbeContext) -> Capability | None:
+    if ctx.world_size == 2 or ctx.nvlink_full:
+        return None
+    if ctx.nvlink_full is None:
+        return fail(f"NVLink status unknown at world size {ctx.world_size}; SGLang's custom all-reduce needs "
+                    "2 GPUs or full NVLink: pass nvlink_full from nvidia-smi topo -m")
+    return fail(f"world size {ctx.world_size} without full NVLink: SGLang's custom all-reduce runs only on 2 "
+                "PCIe GPUs or fully NVLinked GPUs; use pcie_ipc or nccl")

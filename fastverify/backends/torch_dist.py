@@ -1,0 +1,109 @@
+"""``torch.distributed.all_reduce`` as a backend: NCCL on GPUs, gloo on CPU.
+
+The last resort of every fallback chain (it supports any shape) and the baseline every other
+backend is measured against. Residual add + RMSNorm uses the base class's unfused torch path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from fastverify.backends.base import (
+    OK,
+    AllReduceBackend,
+    BackendName,
+    Capability,
+    ProbeContext,
+    Tensor,
+    fail,
+)
+
+
+class TorchDistBackend(AllReduceBackend):
+    """``dist.all_reduce(SUM)`` on a clone of the input.
+
+    ``name`` follows the group's backend (``nccl`` or ``gloo``); use :meth:`for_group` to build
+    the right subclass from a live group. ``max_numel`` is accepted and ignored: there is no
+    workspace, every size is supported.
+    """
+
+    _expected: str  # the torch.distributed backend string this class runs on
+
+    def __init__(
+        self,
+        group: Any,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        max_numel: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        actual = str(dist.get_backend(group)).lower()
+        if actual != self._expected:
+            raise ValueError(
+                f"{type(self).__name__} needs a {self._expected!r} process group, got {actual!r}; "
+                f"use TorchDistBackend.for_group(group, ...)"
+            )
+
+    @classmethod
+    def for_group(cls, group: Any, **kwargs: Any) -> "TorchDistBackend":
+        """The NCCL or gloo backend matching ``dist.get_backend(group)``."""
+        actual = str(dist.get_backend(group)).lower()
+        for sub in (NcclBackend, GlooBackend):
+            if sub._expected == actual:
+                return sub(group, **kwargs)
+        raise ValueError(f"process group backend {actual!r} is not supported; use 'nccl' or 'gloo'")
+
+    @classmethod
+    def probe(cls, ctx: ProbeContext) -> Capability:
+        if not (dist.is_available() and dist.is_initialized()):
+            return fail("torch.distributed is not initialized; call init_process_group first")
+        if ctx.group_backend != cls._expected:
+            return fail(
+                f"process group backend is {ctx.group_backend!r}, not {cls._expected!r}; "
+                f"init the group with backend={cls._expected!r}"
+            )
+        return cls._probe_device(ctx)
+
+    @classmethod
+    def _probe_device(cls, ctx: ProbeContext) -> Capability:
+        return OK
+
+    def supports(self, x: Tensor) -> bool:
+        # No workspace, no size bound: only the tensor's placement matters.
+        return not self.closed and x.dtype == self.dtype and x.device.type == self.device.type
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        if x.device.type != self.device.type:
+            raise ValueError(f"x is on {x.device}, backend {self.name.value!r} expects {self.device.type}")
+        out = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        self.path_counts["all_reduce"] += 1
+        return out
+
+
+class NcclBackend(TorchDistBackend):
+    name = BackendName.nccl
+    _expected = "nccl"
+
+    @classmethod
+    def _probe_device(cls, ctx: ProbeContext) -> Capability:
+        if ctx.device_type != "cuda":
+            return fail(f"NCCL needs CUDA tensors, device is {ctx.device_type!r}; use gloo on CPU")
+        return OK
+
+
+class GlooBackend(TorchDistBackend):
+    name = BackendName.gloo
+    _expected = "gloo"
+
+    @classmethod
+    def _probe_device(cls, ctx: ProbeContext) -> Capability:
+        # gloo's CUDA all-reduce stages through host memory; it is never a contender on GPUs.
+        if ctx.device_type != "cpu":
+            return fail(f"gloo is used for CPU tensors only, device is {ctx.device_type!r}; use nccl")
+        return OK

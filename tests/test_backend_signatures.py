@@ -1,0 +1,222 @@
+"""The GPU backends call FlashInfer (and SGLang) only through ``ExternalCall`` table entries; this
+checks every entry against the real library:
+
+* installed: ``inspect.signature`` of the imported object (FlashInfer imports on a CPU-only
+  machine with CPU torch; nothing is JIT-built at import);
+* not installed: the library's wheel, read with ``ast`` without importing it. The wheel path
+  comes from ``FASTVERIFY_FLASHINFER_WHEEL`` (``FASTVERIFY_SGLANG_WHEEL`` for SGLang); e.g.
+  ``pip download --no-deps -d /tmp/fi flashinfer-python==0.7.4``.
+
+A second check reads the backend modules' own source: every call on a library object passes its
+arguments only as ``**ENTRY.kwargs(...)``, so the table is the whole truth about what is passed.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import pytest  # noqa: E402
+
+from fastverify.backends import flashinfer_fused, flashinfer_pcie_ipc, sglang_custom_ar  # noqa: E402
+from fastverify.backends.base import ExternalCall  # noqa: E402
+
+BACKEND_MODULES = (flashinfer_pcie_ipc, flashinfer_fused, sglang_custom_ar)
+CALLS: list[ExternalCall] = [c for m in BACKEND_MODULES for c in m.EXTERNAL_CALLS]
+WHEEL_ENV = {"flashinfer": "FASTVERIFY_FLASHINFER_WHEEL", "sglang": "FASTVERIFY_SGLANG_WHEEL"}
+
+
+def _top(call: ExternalCall) -> str:
+    return call.public.split(".")[0]
+
+
+def _ids(call: ExternalCall) -> str:
+    return f"{call.public}.{call.qualname}"
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        return False
+
+
+def test_table_is_well_formed():
+    assert len({_ids(c) for c in CALLS}) == len(CALLS), "duplicate table entries"
+    for c in CALLS:
+        assert c.kind in ("function", "class", "method", "attribute"), c
+        assert c.kind != "attribute" or not c.params, c
+        assert (c.kind == "method") == (c.qualname.count(".") == 1 and c.kind != "attribute"), c
+        assert c.defined_in.startswith(_top(c)), c
+
+
+def test_kwargs_refuses_names_outside_the_table():
+    call = flashinfer_fused.ALLREDUCE_FUSION
+    assert call.kwargs(input=1, use_oneshot=True) == {"input": 1, "use_oneshot": True}
+    with pytest.raises(AssertionError, match="launch_with_pdll"):
+        call.kwargs(launch_with_pdll=False)
+
+
+# --- against the installed library -----------------------------------------------------------------
+
+
+def _accepts(sig: inspect.Signature, names: tuple[str, ...]) -> list[str]:
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    usable = {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return [n for n in names if n not in usable]
+
+
+@pytest.mark.parametrize("call", CALLS, ids=_ids)
+def test_signature_installed(call: ExternalCall):
+    if not _importable(call.public):
+        pytest.skip(f"{call.public} not importable here; set {WHEEL_ENV[_top(call)]} for the source check")
+    obj = call.resolve()
+    if call.kind == "attribute":
+        assert not callable(obj) or isinstance(obj, int)
+        return
+    owner = call.resolve() if call.kind != "method" else ExternalCall(call.public, call.qualname.split(".")[0],
+                                                                        call.defined_in).resolve()
+    assert inspect.getmodule(owner).__name__ == call.defined_in, "defined_in is what the source test reads"
+    sig = inspect.signature(obj)
+    missing = _accepts(sig, call.params)
+    assert not missing, f"{_ids(call)}{sig} has no parameter(s) {missing}"
+
+
+# --- against the wheel's source, without importing ---------------------------------------------------
+
+
+class WheelSource:
+    def __init__(self, path: str) -> None:
+        self.zip = zipfile.ZipFile(path)
+        self.names = set(self.zip.namelist())
+        self._trees: dict[str, ast.Module] = {}
+
+    def module(self, dotted: str) -> ast.Module:
+        if dotted not in self._trees:
+            base = dotted.replace(".", "/")
+            for candidate in (f"{base}.py", f"{base}/__init__.py"):
+                if candidate in self.names:
+                    self._trees[dotted] = ast.parse(self.zip.read(candidate).decode(), filename=candidate)
+                    break
+            else:
+                raise AssertionError(f"{dotted} not found in the wheel")
+        return self._trees[dotted]
+
+
+def _find(body: list[ast.stmt], name: str) -> ast.stmt | None:
+    found = None
+    for node in body:  # the last definition wins, as at import time
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            found = node
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            found = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            found = node
+    return found
+
+
+def _param_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], bool]:
+    a = fn.args
+    return {p.arg for p in a.args + a.kwonlyargs} - {"self", "cls"}, a.kwarg is not None
+
+
+def _exported(tree: ast.Module, name: str) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any((al.asname or al.name) == name for al in node.names):
+            return True
+    return _find(tree.body, name) is not None
+
+
+@pytest.fixture(scope="module")
+def wheels() -> dict[str, WheelSource]:
+    return {top: WheelSource(os.environ[env]) for top, env in WHEEL_ENV.items() if os.environ.get(env)}
+
+
+@pytest.mark.parametrize("call", CALLS, ids=_ids)
+def test_signature_wheel_source(call: ExternalCall, wheels):
+    top = _top(call)
+    if top not in wheels:
+        pytest.skip(f"set {WHEEL_ENV[top]} to a {top} wheel to check against its source")
+    src = wheels[top]
+    head, *rest = call.qualname.split(".")
+    assert _exported(src.module(call.public), head), f"{call.public} does not export {head}"
+    node = _find(src.module(call.defined_in).body, head)
+    assert node is not None, f"{head} not defined in {call.defined_in}"
+    if rest:
+        assert isinstance(node, ast.ClassDef), f"{head} is not a class"
+        node = _find(node.body, rest[0])
+        assert node is not None, f"{call.qualname} not defined in {call.defined_in}"
+    if call.kind == "attribute":
+        assert isinstance(node, (ast.Assign, ast.AnnAssign)), f"{call.qualname} is not a constant"
+        return
+    if call.kind == "class":
+        assert isinstance(node, ast.ClassDef)
+        node = _find(node.body, "__init__")
+        assert node is not None, f"{head} has no __init__ of its own"
+    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), f"{call.qualname} is not a function"
+    names, var_kw = _param_names(node)
+    missing = [] if var_kw else [n for n in call.params if n not in names]
+    assert not missing, f"{call.qualname} in {call.defined_in} has no parameter(s) {missing}; it has {sorted(names)}"
+
+
+# --- the backends pass library arguments only through the table ------------------------------------
+
+
+def _library_receivers(mod) -> set[str]:
+    """Attributes of ``self`` holding library objects: assigned from ``X.resolve()`` or a call of it."""
+    tree = ast.parse(Path(mod.__file__).read_text())
+    receivers = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            t = node.targets[0]
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                if "resolve" in ast.unparse(node.value):
+                    receivers.add(t.attr)
+    return receivers
+
+
+@pytest.mark.parametrize("mod", BACKEND_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_backends_call_libraries_only_through_the_table(mod):
+    source = Path(mod.__file__).read_text()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            assert not any(n.split(".")[0] == "flashinfer" for n in names), f"direct flashinfer import: {ast.unparse(node)}"
+    receivers = _library_receivers(mod)
+    table_methods = {c.qualname.split(".")[-1] for c in mod.EXTERNAL_CALLS if c.kind == "method"}
+    checked = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        # self._ws.method(...) or self._fn(...) where _ws/_fn came from a table entry
+        recv = func.value if isinstance(func, ast.Attribute) else None
+        if isinstance(func, ast.Attribute) and isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) \
+                and recv.value.id == "self" and recv.attr in receivers:
+            assert func.attr in table_methods, f"{ast.unparse(node)}: method not in the table"
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                and func.attr in receivers:
+            pass
+        elif isinstance(func, ast.Call) and isinstance(func.func, ast.Attribute) and func.func.attr == "resolve":
+            pass  # ENTRY.resolve()(...)
+        else:
+            continue
+        checked += 1
+        assert not node.args, f"{ast.unparse(node)}: pass arguments by keyword through the table"
+        for kw in node.keywords:
+            assert kw.arg is None and isinstance(kw.value, ast.Call) and \
+                ast.unparse(kw.value.func).endswith(".kwargs"), f"{ast.unparse(node)}: use **ENTRY.kwargs(...)"
+    assert checked >= 3, "the scan found no library calls; the receivers pattern no longer matches"
