@@ -26,6 +26,18 @@ def _positive(text: str) -> int:
     return v
 
 
+def _bounded(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {v}")
+        return v
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastverify", allow_abbrev=False, description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -73,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="evaluate this NCCL setting as if it were in the environment (repeatable); "
                            "an unknown name or a value NCCL rejects is an error")
-    topo.add_argument("--hidden", type=_positive, default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
-    topo.add_argument("--draft-tokens", type=_positive, default=4, help="draft tokens per request")
-    topo.add_argument("--batch", type=_positive, nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
+    topo.add_argument("--hidden", type=_bounded(1, 1 << 17), default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
+    topo.add_argument("--draft-tokens", type=_bounded(1, 64), default=4, help="draft tokens per request")
+    topo.add_argument("--batch", type=_bounded(1, 4096), nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
     topo.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4,
                       help="PCIe generation for the cost model when the input does not say")
-    topo.add_argument("--sm", type=_positive, default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
+    topo.add_argument("--sm", type=_bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
     topo.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     return p
 

@@ -447,10 +447,11 @@ def test_bench_prints_median_error_lines(tables, capsys):
     assert "#        (B)      (us)" in out  # units row
 
 
-def test_bench_skips_without_inputs(tmp_path, capsys):
+def test_bench_fails_clearly_without_inputs(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("_bench_model2", REPO / "benchmarks" / "bench_model.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
-    assert mod.main(["--shared", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith("# skipped:")
+    assert mod.main(["--shared", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lacks" in err[0] and str(tmp_path) in err[0]

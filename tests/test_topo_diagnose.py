@@ -192,3 +192,47 @@ def test_cli_set_changes_the_diagnosis(shared_dir, tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["p2p_level_now"] == "SYS" and doc["p2p_level_recommended"] is None
     assert {p["transport_now"] for p in doc["pairs"]} == {"P2P"}
+
+
+def test_log_paths_show_switch_pairs_without_p2p(inputs, shared_dir):
+    """nccldebug-nccl-tests-307.txt: NCCL lists GPU/0-ce000..d1000 (ranks 4-7, one PCIe switch, PIX in
+    the matrix) as 4/24.0/PHB to each other: it found no P2P and routed them through the CPU."""
+    log = parse_nccl_log((shared_dir / "inputs" / "nccldebug-nccl-tests-307.txt").read_text(), source="307log")
+    d = diagnose(inputs["307"], log, {})
+    for a, b in combinations(GROUP_B, 2):
+        p = _transport(d, a, b)
+        assert (p.link, p.nccl_path, p.hw_p2p, p.transport_now) == ("PIX", "PHB", False, "SHM"), (a, b)
+    for a, b in combinations(GROUP_A, 2):  # not in the log: still predicted from the matrix
+        assert _transport(d, a, b).transport_now == "P2P"
+    assert any("6 pair(s) cannot use P2P" in a for a in d.actions)
+
+
+def test_log_env_is_what_nccl_ran_with(inputs):
+    import dataclasses
+
+    log = dataclasses.replace(inputs["1027"], env={"NCCL_P2P_LEVEL": "SYS"})
+    d = diagnose(None, log, {})
+    assert d.p2p_level_now == "SYS" and d.p2p_level_now_source == "NCCL_P2P_LEVEL=SYS"
+
+
+def test_p2p_disable_action(inputs):
+    d = diagnose(inputs["chlc"], None, {"NCCL_P2P_DISABLE": "1"})
+    assert any(a.startswith("NCCL_P2P_DISABLE=1 turns P2P off") for a in d.actions)
+    assert not any("NCCL_P2P_LEVEL=SYS:" in a for a in d.actions)
+
+
+def test_nvlink_box_gets_no_pcie_prediction():
+    text = "\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\t X \n"
+    d = diagnose(parse_nvidia_smi_topo(text, source="nv"), None, {})
+    assert d.predictions == [] and "NVLink" in d.prediction_note
+
+
+def test_log_without_pairs_is_an_error(tmp_path):
+    (tmp_path / "x.log").write_text("host0:1:2 [0] NCCL INFO NCCL version 2.27.5+cuda12.9\n")
+    _one_line_exit_2(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log", "no GPU pairs")
+
+
+def test_cli_bounds(shared_dir, tmp_path):
+    t = str(shared_dir / "inputs" / "topo-blog-chlc-rtx4090.txt")
+    _one_line_exit_2(run_fastverify(["topo", "--nvidia-smi", t, "--sm", "999"], cwd=tmp_path), "--sm", "999")
+    _one_line_exit_2(run_fastverify(["topo", "--nvidia-smi", t, "--batch", "100000000"], cwd=tmp_path), "--batch")

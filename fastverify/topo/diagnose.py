@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from fastverify.errors import UserError
 from fastverify.nccl import model as M
 from fastverify.nccl.catalogue import Finding, Severity, validate_env
 from fastverify.nccl.logparse import NcclLog
@@ -132,6 +133,23 @@ def _pairs_from_log(log: NcclLog) -> dict[tuple[int, int], str]:
     return out
 
 
+def _rank(path: str) -> int:
+    return NCCL_PATH_ORDER.index(path) if path in NCCL_PATH_ORDER else len(NCCL_PATH_ORDER)
+
+
+def _paths_from_log(log: NcclLog) -> dict[tuple[int, int], str]:
+    """(a, b) with a < b → the NCCL path type the log's GRAPH dump shows between the two GPUs
+    (keyed by the ranks of its topology dump), e.g. PHB where NCCL found no P2P."""
+    out: dict[tuple[int, int], str] = {}
+    ranks = log.gpu_ranks
+    for (src, dst), info in log.gpu_paths().items():
+        if src in ranks and dst in ranks and ranks[src] != ranks[dst]:
+            a, b = sorted((ranks[src], ranks[dst]))
+            if _rank(info.path_type) > _rank(out.get((a, b), "LOC")):
+                out[(a, b)] = info.path_type
+    return out
+
+
 def _hw_p2p(topo: Topology | None, a: int, b: int) -> bool | None:
     if topo is None:
         return None
@@ -169,6 +187,9 @@ def diagnose(
         Used by the cost model when the topology does not say (offline text has neither).
     """
     env = dict(os.environ if env is None else env)
+    if log and log.env:
+        # The log shows what NCCL read when it ran; that run is what is being diagnosed.
+        env.update(log.env)
     version = (log.version if log and log.version else None) or nccl_version
     from fastverify.nccl.version import NcclVersion  # local: only the version's ordering is needed
 
@@ -177,13 +198,27 @@ def diagnose(
     level, level_source = current_p2p_level(env)
 
     seen = _pairs_from_log(log) if log else {}
-    gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in seen for d in pair})
+    log_paths = _paths_from_log(log) if log else {}
+    refused = {tuple(sorted(p)) for p in log.p2p_unavailable} if log else set()
+    gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in (*seen, *log_paths) for d in pair})
+    if not gpus and log is not None:
+        raise UserError(f"{log.source}: the log shows no GPU pairs (no 'via' transport lines, no GRAPH path dump); "
+                        "capture it with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV")
     pairs: list[PairReport] = []
     for i, a in enumerate(gpus):
         for b in gpus[i + 1:]:
             link = topo.link(a, b) if topo else None
             path = nccl_path_type(link) if link else None
             hw = _hw_p2p(topo, a, b)
+            if (a, b) in refused:
+                hw = False  # NCCL said it could not enable P2P for this pair
+            seen_path = log_paths.get((a, b))
+            if seen_path is not None:
+                if path is not None and _rank(seen_path) > _rank(path) and _rank(path) <= _rank("PXB"):
+                    hw = False  # NCCL re-routed a switch-local pair through the CPU: no P2P there
+                path = seen_path
+                if link is None:
+                    link = seen_path
             if (a, b) in seen:
                 now, was_seen = seen[(a, b)], True
             elif link is not None:
@@ -205,7 +240,7 @@ def diagnose(
     ipc = _pcie_ipc(n, pairs)
     car = _custom_ar(n, pairs)
     notes = _log_notes(log) if log else []
-    preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv)
+    preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
     diag = Diagnosis(
         sources=[s for s in (topo.source if topo else None, log.source if log else None) if s],
         n_gpus=n, nccl_version=str(nv) if nv else None, p2p_level_now=level, p2p_level_now_source=level_source,
@@ -213,6 +248,12 @@ def diagnose(
         findings=findings, log_notes=notes, predictions=preds, prediction_note=note)
     diag.actions = _actions(diag, log)
     return diag
+
+
+def _predicted_gain_pct(preds: list[Prediction]) -> float:
+    if not preds or preds[0].now_us <= 0:
+        return 0.0
+    return 100.0 * (preds[0].recommended_us - preds[0].now_us) / preds[0].now_us
 
 
 def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
@@ -260,11 +301,22 @@ def _ring_transport(pairs: list[PairReport], which: str) -> M.Transport:
     return M.Transport.SHM if "SHM" in kinds else M.Transport.P2P
 
 
-def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv):
+def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env):
     if n < 2:
         return [], "one GPU: no all-reduce"
+    if any((p.link or "").startswith("NV") for p in pairs):
+        return [], "no prediction: NVLink pairs, and the calibration covers PCIe boxes only"
+    if any(p.transport_now == "NET" for p in pairs):
+        return [], ("no prediction: NCCL uses the NET transport between GPUs of one host (P2P and SHM both "
+                    "unusable, or a NIC judged faster; see NCCL_NET_DISABLE_INTRA)")
+    if env.get("NCCL_SHM_DISABLE", "").strip() == "1" and any(p.transport_now == "SHM" for p in pairs):
+        return [], "no prediction: NCCL_SHM_DISABLE=1 sends the non-P2P pairs over NET, which is not modelled"
+    from fastverify.tune.predict import _env_algos_protos  # local: predict imports this module
+
+    notes: list[str] = []
+    algos, protos = _env_algos_protos(env, nv, sm, notes)
     graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
-    kw = dict(gen=pcie_gen, width=16, sm=sm)
+    kw = dict(gen=pcie_gen, width=16, sm=sm, algos=algos, protos=protos)
     if nv is not None:
         kw["version"] = nv.code
     if graph is not None and graph.bw_intra_gbps > 0:
@@ -282,7 +334,7 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv)
                               round(p_rec.time_us, 1), f"{p_rec.algo.value}/{p_rec.proto.value}"))
     graph_src = (f"graph from the log: {graph.n_channels} ch x {graph.bw_intra_gbps:g} GB/s" if graph
                  else f"graph derived for PCIe Gen{pcie_gen} x16, sm_{sm}")
-    return out, f"{CALIBRATION_NOTE}; {graph_src}; {n} ranks"
+    return out, "; ".join([CALIBRATION_NOTE, graph_src, f"{n} ranks", *notes])
 
 
 def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
@@ -291,19 +343,29 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
         if f.severity is Severity.ERROR:
             acts.append(f"fix {f.name}={f.value!r}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
     shm = [p for p in d.pairs if p.transport_now == "SHM"]
-    if d.p2p_level_recommended:
+    if d.p2p_level_now_source.startswith("NCCL_P2P_DISABLE"):
+        acts.append("NCCL_P2P_DISABLE=1 turns P2P off for every pair whatever NCCL_P2P_LEVEL says: remove it "
+                    "first if P2P is wanted")
+    elif d.p2p_level_recommended:
         gain = [p for p in shm if p.transport_recommended == "P2P"]
-        acts.append(f"set NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P "
-                    "(check first that P2P really works there: python -m fastverify.topo.p2p check; ACS/IOMMU can "
-                    "make cross-root-port P2P slow or hang)")
+        known = all(p.hw_p2p is True for p in gain)
+        gain_pct = _predicted_gain_pct(d.predictions)
+        verb = "set" if known else "try"
+        acts.append(f"{verb} NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P"
+                    + ("" if known else " if the driver allows P2P there (unknown from this input; check with "
+                       "`python -m fastverify.topo.p2p check`)")
+                    + f"; predicted all-reduce change {gain_pct:+.0f} % at the smallest verify size, within the "
+                      "model's error (~10 %), so measure it: NCCL keeps cross-root-port and cross-socket pairs on "
+                      "SHM by default because P2P there is often no faster and ACS/IOMMU can make it slow or hang")
     seen_shm = [f"{p.a}-{p.b}" for p in shm if p.seen and p.link is None]
     if seen_shm and not d.p2p_level_recommended:
         acts.append(f"the log shows SHM for pair(s) {', '.join(seen_shm)}: add --nvidia-smi (their path type) to "
                     "see whether a higher NCCL_P2P_LEVEL would give them P2P")
     hw_no = [p for p in shm if p.hw_p2p is False]
     if hw_no:
-        acts.append(f"{len(hw_no)} pair(s) have no P2P support in the driver (NVML): they stay on SHM whatever the "
-                    "level; consumer GPUs on stock drivers are the usual cause")
+        acts.append(f"{len(hw_no)} pair(s) cannot use P2P (the driver refuses it, or NCCL's log shows it re-routed "
+                    "them through the CPU): they stay on SHM whatever the level; consumer GPUs on stock drivers are "
+                    "the usual cause")
     if d.pcie_ipc_allreduce.get("possible"):
         acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step (SGLang: "
                     "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, SGLANG_PCIE_IPC_MAX_NUMEL = max batch x draft tokens x hidden)")
