@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,6 +42,14 @@ import orjson
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.live.config import ModelConfig, check_tp
+from fastverify.procs import (
+    child_env as _child_env,
+    die_with_parent as _die_with_parent,
+    exit_reason as _exit_reason,
+    failure_time as _failure_time,
+    last_stderr_line as _last_stderr_line,
+    stderr_path as _stderr_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -182,14 +189,6 @@ def _worker_argv(spec_path: str) -> Callable[[int], list[str]]:
     return lambda rank: [sys.executable, "-c", _WORKER_CODE, spec_path, str(rank)]
 
 
-def _child_env() -> dict[str, str]:
-    """The parent's environment (NCCL_*, CUDA_VISIBLE_DEVICES pass through) with this package importable."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir: str,
             env: dict[str, str] | None = None) -> None:
     """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
@@ -228,41 +227,6 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
                 p.kill()
         for p in procs:
             p.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL this rank when the parent dies, so a killed
-    ``fastverify`` never leaves ranks computing (and holding GPUs) as orphans. No-op elsewhere."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _exit_reason(code: int) -> str:
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-
-
-def _stderr_path(workdir: str | Path, rank: int) -> Path:
-    return Path(workdir) / f"rank{rank}.stderr"
-
-
-def _failure_time(workdir: str, rank: int, seen_ns: int) -> int:
-    """When ``rank`` failed, in ``time.monotonic_ns()`` (one clock for all processes on Linux)."""
-    try:
-        return int((Path(workdir) / f"rank{rank}.failed").read_text())
-    except (OSError, ValueError):
-        return seen_ns  # died without recording (signal, OOM kill, import error)
-
-
-def _last_stderr_line(workdir: str, rank: int) -> str:
-    try:
-        lines = _stderr_path(workdir, rank).read_text(errors="replace").splitlines()
-    except OSError:
-        return "no stderr output"
-    lines = [ln.strip() for ln in lines if ln.strip()]
-    return lines[-1] if lines else "no stderr output"
 
 
 def _load_result(workdir: Path, rank: int, backend: str) -> RankEvents:

@@ -1,0 +1,52 @@
+"""Rank processes shared by the live profiler and the tune sweep: environment, parent-death
+signal, and reading a failed rank's exit status and stderr."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def child_env() -> dict[str, str]:
+    """The parent's environment (NCCL_*, CUDA_VISIBLE_DEVICES pass through) with this package importable."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])  # the folder holding the fastverify package
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL this rank when the parent dies, so a killed
+    ``fastverify`` never leaves ranks computing (and holding GPUs) as orphans. No-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def exit_reason(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def stderr_path(workdir: str | Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.stderr"
+
+
+def failure_time(workdir: str, rank: int, seen_ns: int) -> int:
+    """When ``rank`` failed, in ``time.monotonic_ns()`` (one clock for all processes on Linux)."""
+    try:
+        return int((Path(workdir) / f"rank{rank}.failed").read_text())
+    except (OSError, ValueError):
+        return seen_ns  # died without recording (signal, OOM kill, import error)
+
+
+def last_stderr_line(workdir: str, rank: int) -> str:
+    try:
+        lines = stderr_path(workdir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return "no stderr output"
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    return lines[-1] if lines else "no stderr output"

@@ -1,0 +1,358 @@
+"""Env files with tuned settings, and the CSV of NCCL's example tuner plugin.
+
+Env file format (``nccl_configs/<fingerprint>.env``): ``#`` comment lines, blank lines and plain
+``KEY=VALUE`` lines — no quotes, no ``export``, no spaces around ``=`` — so that one file works
+unchanged with all three readers:
+
+* ``docker run --env-file FILE`` (takes everything after the first ``=`` literally, quotes included);
+* systemd ``EnvironmentFile=FILE`` (``#``/``;`` comments, would strip quotes and process backslashes);
+* ``set -a; . FILE; set +a`` in a POSIX shell (expands ``$``, runs backticks, splits on ``;``).
+
+So values are restricted to the characters that mean the same thing to all three:
+``A-Z a-z 0-9 _ . , : / @ % + = ^ -`` (no spaces, ``#``, quotes, ``\\``, ``$``, ``;``, ``~``, ``*``...).
+A value outside that set is refused, not quoted: quoting would break ``docker --env-file``.
+
+Only :data:`ALLOWED_KEYS` may appear; every ``NCCL_*`` value must pass the settings catalogue
+(:func:`fastverify.nccl.catalogue.validate_setting`) without an ``error`` finding.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastverify.errors import UserError
+from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
+from fastverify.nccl.version import NcclVersion
+
+# --- what may be written --------------------------------------------------------------------------
+
+# NCCL: every setting the catalogue checks (fastverify.nccl.catalogue.CATALOGUE). NCCL names that
+# NCCL reads but the catalogue does not check (NCCL_SOCKET_IFNAME, NCCL_IB_*, ...) are refused:
+# a tuned file must hold nothing whose value fastverify cannot vouch for.
+NCCL_KEYS = frozenset(s.name for s in CATALOGUE)
+
+# SGLang switches fastverify sets (SGLang 0.5.23, srt/distributed/device_communicators/pcie_ipc_ar.py):
+# FlashInfer's PCIe IPC all-reduce on/off, and its workspace bound in elements
+# (max batch x draft tokens x hidden: decode-sized; a prefill-sized one costs TTFT).
+SGLANG_KEYS = frozenset({"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL"})
+
+# CUDA: only CUDA_DEVICE_MAX_CONNECTIONS (hardware work queues per device; read by the CUDA driver
+# at context creation). SGLang overwrites it with 8 at startup (entrypoints/engine.py), so in an
+# SGLang env file it only documents the value; other launchers honour it.
+# Deliberately NOT allowed: CUDA_VISIBLE_DEVICES — it chooses which GPUs the server runs on, which
+# belongs to the deployment (docker --gpus, the unit file), and a tuned file silently overriding it
+# would move the server onto GPUs whose topology was never tuned. Nor LD_PRELOAD, PATH, PYTHON*,
+# or anything else that changes what code runs.
+CUDA_KEYS = frozenset({"CUDA_DEVICE_MAX_CONNECTIONS"})
+
+ALLOWED_KEYS: frozenset[str] = NCCL_KEYS | SGLANG_KEYS | CUDA_KEYS
+
+_KEY_RE = re.compile(r"[A-Z_][A-Z0-9_]*", re.ASCII)
+_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:/@%+=^-]+", re.ASCII)
+_DECIMAL_RE = re.compile(r"[1-9][0-9]{0,17}", re.ASCII)
+_MAX_HEADER_LINE = 500
+
+
+def _check_key(key: object, where: str) -> str:
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        raise UserError(f"{where}: {key!r} is not an environment variable name (A-Z, 0-9, _)")
+    if key not in ALLOWED_KEYS:
+        if key.startswith("NCCL_"):
+            why = "not a setting fastverify's NCCL catalogue checks"
+        else:
+            why = "env files hold only NCCL_* settings, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, SGLANG_PCIE_IPC_MAX_NUMEL " \
+                  "and CUDA_DEVICE_MAX_CONNECTIONS"
+        raise UserError(f"{where}: {key} is not allowed in an env file ({why})")
+    return key
+
+
+def _check_value(key: str, value: object, where: str, version: NcclVersion | None) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{where}: {key}: value must be text, got {type(value).__name__}")
+    if value == "":
+        raise UserError(f"{where}: {key} has an empty value (leave the key out instead)")
+    if not _VALUE_RE.fullmatch(value):
+        bad = next((ch for ch in value if not _VALUE_RE.fullmatch(ch)), value[:1])
+        raise UserError(f"{where}: {key}={value!r}: character {bad!r} is not allowed (no spaces, '#', quotes, "
+                        "'$', ';' or backslashes: docker --env-file, systemd and `set -a; . FILE` must read the "
+                        "same value)")
+    if key in NCCL_KEYS:
+        f = validate_setting(key, value, version)
+        if f.severity is Severity.ERROR:
+            raise UserError(f"{where}: {key}={value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
+    elif key == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE":
+        if value not in ("0", "1"):
+            raise UserError(f"{where}: {key}={value}: write 1 (on) or 0 (off)")
+    elif key == "SGLANG_PCIE_IPC_MAX_NUMEL":
+        if not _DECIMAL_RE.fullmatch(value):
+            raise UserError(f"{where}: {key}={value}: must be a positive decimal integer (elements)")
+    elif key == "CUDA_DEVICE_MAX_CONNECTIONS":
+        if not _DECIMAL_RE.fullmatch(value) or not 1 <= int(value) <= 32:
+            raise UserError(f"{where}: {key}={value}: must be an integer in 1..32")
+    return value
+
+
+def _comment_lines(lines: Iterable[str]) -> list[str]:
+    out = []
+    for line in lines:
+        text = str(line)
+        for part in text.splitlines() or [""]:
+            part = "".join(ch if ch.isprintable() else "?" for ch in part)[:_MAX_HEADER_LINE]
+            out.append(("# " + part).rstrip())
+    return out
+
+
+# --- atomic writing --------------------------------------------------------------------------------
+
+
+def _target(path: Path) -> Path:
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise UserError(f"{path}: is {kind}; give a file path to write")
+    return path
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
+    existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
+    ``path`` changes and no temporary file is left."""
+    path = _target(Path(path))
+    tmps: list[str] = []
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmps.append(tmp)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            bak = path.with_name(path.name + ".bak")
+            _target(bak)
+            fd, bak_tmp = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmps.append(bak_tmp)
+            shutil.copy2(path, bak_tmp)
+            os.replace(bak_tmp, bak)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"{path}: cannot write: {err.strerror or err}") from None
+    finally:
+        for t in tmps:
+            try:
+                os.unlink(t)
+            except FileNotFoundError:
+                pass
+    return path
+
+
+# --- env files ---------------------------------------------------------------------------------------
+
+
+def _version_text(version: NcclVersion | None) -> str:
+    if version is None:
+        return "NCCL version: unknown (values checked against the newest grammar fastverify knows)"
+    return f"NCCL version: {version} (values checked against it)"
+
+
+def render_env(settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
+               nccl_version: NcclVersion | str | None = None, where: str = "env file") -> str:
+    """The text :func:`write_env_file` writes (validated the same way)."""
+    version = NcclVersion.parse(nccl_version) if isinstance(nccl_version, str) else nccl_version
+    body = []
+    for key in sorted(settings):
+        _check_key(key, where)
+        body.append(f"{key}={_check_value(key, settings[key], where, version)}")
+    from fastverify import __version__
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    head = [f"written by fastverify {__version__} on {stamp} (UTC)", _version_text(version),
+            "use: docker run --env-file FILE | systemd EnvironmentFile=FILE | set -a; . FILE; set +a",
+            *header_lines]
+    if not body:
+        head.append("no setting to change: the current environment is already the best candidate")
+    return "\n".join(_comment_lines(head) + body) + "\n"
+
+
+def write_env_file(path: str | Path, settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
+                   nccl_version: NcclVersion | str | None = None) -> Path:
+    """Write ``settings`` as a plain ``KEY=VALUE`` env file, atomically.
+
+    Parameters
+    ----------
+    path
+        The file; its folder is created. An existing file is kept as ``<path>.bak``.
+    settings
+        Variable → value. Keys must be in :data:`ALLOWED_KEYS`; values must be plain (see the
+        module docstring); ``NCCL_*`` values must pass the catalogue for ``nccl_version``.
+    header_lines
+        Comment lines after the standard ones (fastverify version, UTC time, NCCL version, usage):
+        how the values were obtained (measured or predicted), GPUs, topology source, the numbers.
+    nccl_version
+        The NCCL the server loads; ``None`` checks against the newest grammar and says so.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    UserError
+        A key not allowed (named), a value with a forbidden character, a value the catalogue
+        rejects, or the file cannot be written. Nothing is written then.
+    """
+    path = Path(path)
+    text = render_env(settings, header_lines=header_lines, nccl_version=nccl_version, where=str(path))
+    return _atomic_write(path, text)
+
+
+def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = None) -> dict[str, str]:
+    """Read an env file strictly, with the rules of :func:`write_env_file`.
+
+    Blank lines and lines starting with ``#`` are skipped; every other line must be ``KEY=VALUE``
+    with an allowed key, a plain value and no key twice.
+
+    Raises
+    ------
+    UserError
+        ``<path>: line N: <what is wrong>``, or the file cannot be read.
+    """
+    path = Path(path)
+    version = NcclVersion.parse(nccl_version) if isinstance(nccl_version, str) else nccl_version
+    try:
+        text = path.read_bytes().decode("utf-8")  # bytes: universal newlines would hide a CRLF
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise UserError(f"{path}: cannot read env file: {why}") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.split("\n"), 1):
+        where = f"{path}: line {n}"
+        if line.endswith("\r"):
+            raise UserError(f"{where}: CRLF line end (docker and systemd would keep the \\r in the value)")
+        if line == "" or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            raise UserError(f"{where}: 'export' is not allowed (docker --env-file would read it as part of the name)")
+        if "=" not in line:
+            raise UserError(f"{where}: expected KEY=VALUE, got {line[:60]!r}")
+        key, value = line.split("=", 1)
+        if key != key.strip() or value != value.strip():
+            raise UserError(f"{where}: spaces around '=' or at the line's ends are not allowed")
+        _check_key(key, where)
+        if key in out:
+            raise UserError(f"{where}: {key} is set twice")
+        out[key] = _check_value(key, value, where, version)
+    return out
+
+
+def default_env_path(fingerprint: str, folder: str | Path = "nccl_configs") -> Path:
+    """``nccl_configs/<fingerprint>.env`` with the fingerprint made safe as a file name: runs of
+    anything but ``A-Z a-z 0-9 . _ -`` become ``-``, no leading dot, at most 120 characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", str(fingerprint)).strip("-.")[:120].strip("-.")
+    return Path(folder) / f"{safe or 'box'}.env"
+
+
+# --- NCCL example tuner plugin CSV ---------------------------------------------------------------------
+
+TUNER_COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+TUNER_ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+TUNER_PROTOCOLS = ("ll", "ll128", "simple")
+TUNER_MAX_BYTES = 2**63 - 1
+TUNER_COLUMNS = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks"
+
+
+@dataclass(frozen=True)
+class TunerChoice:
+    """One row of the example tuner's CSV: for ``collective`` messages of ``min_bytes..max_bytes``
+    (inclusive) on ``n_nodes`` nodes of ``n_ranks`` ranks, run ``algorithm``/``protocol`` on
+    ``channels`` channels. Names are NCCL's example-plugin spellings (lower case)."""
+
+    min_bytes: int
+    max_bytes: int
+    algorithm: str
+    protocol: str
+    channels: int
+    n_ranks: int
+    n_nodes: int = 1
+    collective: str = "allreduce"
+
+    def row(self) -> str:
+        return (f"{self.collective},{self.min_bytes},{self.max_bytes},{self.algorithm},{self.protocol},"
+                f"{self.channels},{self.n_nodes},{self.n_ranks}")
+
+
+def _check_choice(i: int, c: TunerChoice) -> None:
+    where = f"tuner row {i}"
+
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if c.collective not in TUNER_COLLECTIVES:
+        raise UserError(f"{where}: collective {c.collective!r}: expected one of {', '.join(TUNER_COLLECTIVES)} "
+                        "(lower case: the plugin compares with strcmp)")
+    if c.algorithm not in TUNER_ALGORITHMS:
+        raise UserError(f"{where}: algorithm {c.algorithm!r}: expected one of {', '.join(TUNER_ALGORITHMS)} "
+                        "(the plugin reads anything else as ring)")
+    if c.protocol not in TUNER_PROTOCOLS:
+        raise UserError(f"{where}: protocol {c.protocol!r}: expected one of {', '.join(TUNER_PROTOCOLS)} "
+                        "(the plugin reads anything else as simple)")
+    if not is_int(c.channels) or not 1 <= c.channels <= 64:
+        raise UserError(f"{where}: channels {c.channels!r}: need an explicit count in 1..64 (the example plugin "
+                        "pins -1 and unmatched sizes to ONE channel)")
+    if not (is_int(c.min_bytes) and is_int(c.max_bytes) and 0 <= c.min_bytes <= c.max_bytes <= TUNER_MAX_BYTES):
+        raise UserError(f"{where}: byte range {c.min_bytes!r}..{c.max_bytes!r}: need 0 <= min <= max")
+    for name in ("n_ranks", "n_nodes"):
+        v = getattr(c, name)
+        if not is_int(v) or v < 1:
+            raise UserError(f"{where}: {name} {v!r}: need a positive count")
+
+
+def render_tuner_config(choices: Iterable[TunerChoice], *, header_lines: Sequence[str] = ()) -> str:
+    """The CSV text :func:`write_tuner_config` writes (validated the same way)."""
+    rows = list(choices)
+    if not rows:
+        raise UserError("tuner config: no rows (an empty file pins every collective to one channel)")
+    for i, c in enumerate(rows):
+        _check_choice(i, c)
+    # First matching line wins: an overlap would silently hide the later row.
+    seen: dict[tuple, list[tuple[int, int, int]]] = {}
+    for i, c in enumerate(rows):
+        key = (c.collective, c.n_nodes, c.n_ranks)
+        for lo, hi, j in seen.get(key, []):
+            if c.min_bytes <= hi and lo <= c.max_bytes:
+                raise UserError(f"tuner row {i} ({c.row()}) overlaps row {j}: the plugin would never use part of it")
+        seen.setdefault(key, []).append((c.min_bytes, c.max_bytes, i))
+    from fastverify import __version__
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    head = [f"NCCL example tuner plugin config (NCCL_TUNER_CONFIG_FILE), written by fastverify {__version__} "
+            f"on {stamp} (UTC)",
+            "load with NCCL_TUNER_PLUGIN=<path to libnccl-tuner-example.so>; NCCL >= 2.27.7 reads this CSV",
+            "every row has an explicit channel count: the example plugin runs -1 and unmatched sizes on 1 channel",
+            *header_lines, TUNER_COLUMNS]
+    return "\n".join(_comment_lines(head) + [c.row() for c in rows]) + "\n"
+
+
+def write_tuner_config(path: str | Path, choices: Iterable[TunerChoice], *,
+                       header_lines: Sequence[str] = ()) -> Path:
+    """Write the example tuner plugin's CSV (``collective_type,min_bytes,max_bytes,algorithm,protocol,
+    channels,nNodes,nRanks``), atomically, an existing file kept as ``<path>.bak``.
+
+    Raises
+    ------
+    UserError
+        No rows, a name the plugin does not know, a channel count that is not explicit and
+        positive, a bad byte range, overlapping rows, or the file cannot be written.
+    """
+    return _atomic_write(Path(path), render_tuner_config(choices, header_lines=header_lines))

@@ -1,0 +1,230 @@
+"""Rank a sweep's trials: a rich table, the best candidate per message size, and a latency PNG.
+
+Every number keeps its clock: a sweep on CPU measures host wall-clock times of gloo all-reduces,
+and the table title, column headers and the PNG say "CPU/gloo" and never "GPU". Results with
+different clocks are never ranked together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
+
+CLOCK_LABEL = {
+    Clock.CUDA_EVENTS: "GPU (CUDA events, CUDA-graph replay)",
+    Clock.CPU_WALL_CLOCK: "CPU/gloo wall clock, not GPU times",
+}
+CLOCK_SHORT = {Clock.CUDA_EVENTS: "GPU", Clock.CPU_WALL_CLOCK: "CPU/gloo"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An ``ok`` trial. ``vs_baseline_us`` = its ``step_us`` − the baseline's (negative: faster);
+    ``speedup`` = baseline ``step_us`` / its ``step_us``. Both None without an ok baseline."""
+
+    spec: TrialSpec
+    result: TrialResult
+    vs_baseline_us: float | None
+    speedup: float | None
+
+    @property
+    def step_us(self) -> float:
+        return self.result.step_us
+
+
+@dataclass(frozen=True)
+class BucketBest:
+    """The fastest candidate at one message size (median µs per all-reduce call)."""
+
+    numel: int
+    msg_bytes: int
+    count_per_step: int
+    best: TrialSpec
+    median_us: float
+    baseline_us: float | None
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A sweep's candidates, fastest verify-step all-reduce time first.
+
+    ``mixed_step_us`` is Σ count × the best median per size: reachable only by choosing per size
+    (NCCL's tuner plugin CSV, or a size-bounded IPC workspace falling back to NCCL), not with one
+    env setting. ``not_ok`` holds the failed, skipped and wrong-result trials with their reasons.
+    """
+
+    clock: Clock | None
+    candidates: tuple[Candidate, ...]
+    buckets: tuple[BucketBest, ...]
+    baseline: Candidate | None
+    not_ok: tuple[tuple[TrialSpec, TrialResult], ...]
+    mixed_step_us: float | None
+    notes: tuple[str, ...]
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+
+def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], *,
+                    baseline_id: str | None = None) -> Ranking:
+    """Pair ``results`` with ``specs`` (by trial id) and rank the ok ones by ``step_us``.
+
+    Parameters
+    ----------
+    specs, results : sequences
+        Every result needs its spec; specs without a result are ignored (not run yet).
+    baseline_id : str or None
+        The trial to compare against; default the spec marked ``baseline=True``.
+
+    Raises
+    ------
+    ValueError
+        A result without a spec, an unknown ``baseline_id``, or ok results with different clocks.
+    """
+    by_id = {s.trial_id: s for s in specs}
+    for r in results:
+        if r.trial_id not in by_id:
+            raise ValueError(f"result {r.trial_id} has no spec in specs; pass the specs of the sweep")
+    if baseline_id is None:
+        baseline_id = next((s.trial_id for s in specs if s.baseline), None)
+    elif baseline_id not in by_id:
+        raise ValueError(f"baseline_id {baseline_id!r} is not one of the specs' trial ids")
+    ok = [r for r in results if r.status is TrialStatus.OK and r.step_us is not None]
+    clocks = {r.clock for r in ok}
+    if len(clocks) > 1:
+        raise ValueError(f"results mix clocks {sorted(c.value for c in clocks)}; rank each sweep on its own")
+    clock = next(iter(clocks), None) or next((r.clock for r in results if r.clock is not None), None)
+    base = next((r for r in ok if r.trial_id == baseline_id), None)
+    cands = []
+    for r in sorted(ok, key=lambda r: (r.step_us, r.trial_id)):
+        delta = None if base is None else r.step_us - base.step_us
+        speed = None if base is None or r.step_us <= 0 else base.step_us / r.step_us
+        cands.append(Candidate(by_id[r.trial_id], r, delta, speed))
+    baseline = next((c for c in cands if c.result.trial_id == baseline_id), None)
+    buckets = _buckets(cands, base)
+    mixed = sum(b.count_per_step * b.median_us for b in buckets) if buckets else None
+    notes = sorted({r.note for r in results if r.note})
+    if baseline_id is None:
+        notes.append("no baseline trial: nothing to compare against")
+    elif base is None:
+        notes.append(f"the baseline trial ({by_id[baseline_id].name}) did not finish ok: no comparison")
+    not_ok = tuple((by_id[r.trial_id], r) for r in results if r.status is not TrialStatus.OK)
+    return Ranking(clock, tuple(cands), buckets, baseline, not_ok, mixed, tuple(notes))
+
+
+def _buckets(cands: list[Candidate], base: TrialResult | None) -> tuple[BucketBest, ...]:
+    best: dict[int, tuple[float, Candidate, object]] = {}
+    for c in cands:
+        for s in c.result.sizes:
+            if s.median_us is not None and (s.msg_bytes not in best or s.median_us < best[s.msg_bytes][0]):
+                best[s.msg_bytes] = (s.median_us, c, s)
+    base_us = {s.msg_bytes: s.median_us for s in base.sizes} if base is not None else {}
+    return tuple(BucketBest(s.numel, nbytes, s.count_per_step, c.spec, us, base_us.get(nbytes))
+                 for nbytes, (us, c, s) in sorted(best.items()))
+
+
+def _us(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v:,.1f}"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def print_report(ranking: Ranking, console: Console | None = None, *, top: int = 20) -> None:
+    """Print the ranked candidates, the best per message size and the failures."""
+    console = console or Console()
+    short = CLOCK_SHORT.get(ranking.clock, "?")
+    label = CLOCK_LABEL.get(ranking.clock, "no timing")
+    sizes = sorted({(s.msg_bytes, s.count_per_step) for c in ranking.candidates for s in c.result.sizes})
+    t = Table(title=f"all-reduce time per verify step, ranked ({escape(label)})", title_justify="left")
+    t.add_column("#", justify="right")
+    t.add_column("candidate")
+    t.add_column(f"step µs ({short})", justify="right")
+    t.add_column("vs baseline", justify="right")
+    for nbytes, count in sizes:
+        t.add_column(f"{_bytes(nbytes)} ×{count} µs", justify="right")
+    t.add_column("max rel err", justify="right")
+    for i, c in enumerate(ranking.candidates[:top], 1):
+        per = {s.msg_bytes: s.median_us for s in c.result.sizes}
+        errs = [s.max_rel_err for s in c.result.sizes if s.max_rel_err is not None]
+        vs = "-" if c.vs_baseline_us is None else f"{c.vs_baseline_us:+,.1f} ({c.speedup:.2f}×)"
+        if c is ranking.baseline:
+            vs = "baseline"
+        t.add_row(str(i), escape(c.spec.name), _us(c.step_us), vs, *(_us(per.get(n)) for n, _ in sizes),
+                  f"{max(errs):.2g}" if errs else "-")
+    console.print(t)
+    if ranking.buckets:
+        b = Table(title=f"best per message size ({escape(short)} median µs per call)", title_justify="left")
+        for col in ("size", "count/step", "best", f"µs ({short})", f"baseline µs ({short})"):
+            b.add_column(col, justify="left" if col == "best" else "right")
+        for k in ranking.buckets:
+            b.add_row(_bytes(k.msg_bytes), str(k.count_per_step), escape(k.best.name), _us(k.median_us),
+                      _us(k.baseline_us))
+        console.print(b)
+        if ranking.mixed_step_us is not None:
+            console.print(f"best per size combined: {_us(ranking.mixed_step_us)} µs per step ({escape(short)}); "
+                          f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)",
+                          highlight=False)
+    if ranking.not_ok:
+        f = Table(title="not ranked", title_justify="left")
+        for col in ("candidate", "status", "reason"):
+            f.add_column(col)
+        for spec, r in ranking.not_ok:
+            f.add_row(escape(spec.name), r.status.value, escape(r.reason))
+        console.print(f)
+    for note in ranking.notes:
+        console.print(f"note: {escape(note)}", highlight=False)
+
+
+def plot_latency(ranking: Ranking, path: str | Path, *, top: int = 12) -> Path:
+    """A PNG of median latency (p90 as the bar's top) against message size, one line per candidate
+    (the ``top`` fastest plus the baseline); log-log axes; the title names the clock. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    shown = list(ranking.candidates[:top])
+    if ranking.baseline is not None and ranking.baseline not in shown:
+        shown.append(ranking.baseline)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    try:
+        for c in shown:
+            pts = sorted((s.msg_bytes, s.median_us, s.p90_us) for s in c.result.sizes if s.median_us is not None)
+            if not pts:
+                continue
+            xs, med, p90 = zip(*pts)
+            up = [max(0.0, (p or m) - m) for m, p in zip(med, p90)]
+            style = dict(linestyle="--", color="black") if c is ranking.baseline else {}
+            name = c.spec.name + (" (baseline)" if c is ranking.baseline else "")
+            ax.errorbar(xs, med, yerr=[[0] * len(up), up], marker="o", capsize=3, label=name[:60], **style)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        short = CLOCK_SHORT.get(ranking.clock, "?")
+        ax.set_ylabel(f"median µs per all-reduce ({short}; bar to p90)")
+        ax.set_title(f"all-reduce latency per candidate: {CLOCK_LABEL.get(ranking.clock, 'no timing')}")
+        ax.grid(True, which="both", alpha=0.3)
+        if shown:
+            ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,325 @@
+"""Run tuning trials, each in a fresh set of rank processes, with a timeout, a journal and resume.
+
+Process model (the pattern of :mod:`fastverify.live.runner`, whose helpers it reuses): per trial,
+the parent opens a ``TCPStore`` on 127.0.0.1 with an OS-chosen port, writes the spec as JSON into a
+temporary directory and starts ``world_size`` processes ``python -m fastverify.tune.worker SPEC
+RANK`` (stdout discarded, stderr to ``rank<r>.stderr``, results back as ``rank<r>.json``). Each
+rank starts in its own session/process group and asks Linux to SIGKILL it when the parent dies, so
+a ``kill -9`` of the sweep leaves no ranks behind. A rank that exits non-zero, a trial whose ranks
+are not all in the process group within ``startup_timeout_s`` (interpreter, torch, CUDA and NCCL
+start-up, which varies a lot between machines), or a trial that is still running ``timeout_s``
+after that (the measurement: hung IPC kernels spin forever) ends that trial: every rank's process
+group is SIGKILLed, the trial is recorded as ``failed`` with a one-line reason, and the sweep goes
+on with the next trial.
+
+The trial's ``env`` is set in the ranks' environment (and applied again by the worker before it
+imports torch); the parent's own environment passes through underneath it, so the baseline trial
+measures the settings currently in effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import orjson
+
+from fastverify.errors import UserError
+
+# Shared rank-process helpers of the live runner (private there; see the module docstring).
+from fastverify.procs import (
+    child_env as _child_env,
+    die_with_parent as _die_with_parent,
+    exit_reason as _exit_reason,
+    failure_time as _failure_time,
+    last_stderr_line as _last_stderr_line,
+    stderr_path as _stderr_path,
+)
+from fastverify.tune.journal import Journal, fingerprint
+from fastverify.tune.trial import (
+    DTYPE_BYTES,
+    Clock,
+    Device,
+    SizeResult,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
+from fastverify.tune.worker import HOST
+
+logger = logging.getLogger(__name__)
+
+WORKER_MODULE = "fastverify.tune.worker"
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+_STAGE_PREFIX = "fastverify-tune rank "
+CPU_NOTE = ("CPU/gloo: host wall-clock times of gloo all-reduces, not GPU times; gloo ignores NCCL_* "
+            "settings, so trials that differ only in NCCL settings measure the same thing")
+
+
+def run_sweep(
+    trials: Sequence[TrialSpec],
+    *,
+    journal_path: str | Path,
+    timeout_s: float,
+    resume: bool = False,
+    progress: bool = False,
+    config: Mapping[str, Any] | None = None,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> list[TrialResult]:
+    """Run every trial not yet journaled, one after another, each in fresh rank processes.
+
+    Parameters
+    ----------
+    trials : sequence of TrialSpec
+        Distinct trials (by ``trial_id``), run in this order.
+    journal_path : str or Path
+        The JSONL journal (:mod:`fastverify.tune.journal`); each finished trial is appended and
+        fsynced before the next one starts.
+    timeout_s : float
+        Per-trial wall-clock limit in seconds, counted from the moment every rank has joined the
+        process group; past it the trial's ranks are killed and it is recorded as ``failed``
+        (``"timeout after N s; still running: rank R: <its last stage>"``).
+    resume : bool
+        Keep the trials already in the journal (same sweep: same trials and ``config``) and run
+        only the others. False: an existing journal is kept as ``<journal>.bak`` and all trials run.
+    progress : bool
+        Show a rich progress bar on stderr.
+    config : Mapping or None
+        JSON-able description of the sweep (workload, box fingerprint…), part of the journal's
+        fingerprint.
+    startup_timeout_s : float
+        Limit in seconds from starting a trial's processes until all have joined the process group
+        (``"start-up timeout after N s ..."`` past it).
+
+    Returns
+    -------
+    list[TrialResult]
+        One per trial, in the order of ``trials``; journaled ones come from the journal.
+
+    Raises
+    ------
+    UserError
+        A bad timeout, or a journal that cannot be used (:meth:`Journal.open`).
+    ValueError, TypeError
+        ``trials`` is not a sequence of distinct :class:`TrialSpec`.
+    """
+    trials = list(trials)
+    for t in trials:
+        if not isinstance(t, TrialSpec):
+            raise TypeError(f"trials must hold TrialSpec objects, got {type(t).__name__}")
+    ids = [t.trial_id for t in trials]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"trials holds trial {dup} twice; each trial must be distinct")
+    for what, value in (("trial timeout", timeout_s), ("start-up timeout", startup_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise UserError(f"the {what} must be > 0 seconds, got {value!r}")
+    fp = fingerprint(trials, config)
+    with Journal.open(journal_path, fingerprint=fp, resume=resume, config=config, trial_ids=ids) as journal:
+        done = {i: rec.result for i, rec in journal.done.items()}
+        todo = [t for t in trials if t.trial_id not in done]
+        if done:
+            logger.info("resuming %s: %d of %d trials already done", journal.path, len(trials) - len(todo),
+                        len(trials))
+        with _Progress(progress, len(todo)) as bar:
+            for t in todo:
+                bar.start(t)
+                result = run_trial(t, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s)
+                journal.append(t, result)
+                done[t.trial_id] = result
+                bar.finish(t, result)
+    return [done[i] for i in ids]
+
+
+def run_trial(spec: TrialSpec, *, timeout_s: float,
+              startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> TrialResult:
+    """Run one trial in ``spec.world_size`` fresh rank processes (limits as in :func:`run_sweep`);
+    never raises for a trial that crashes, hangs, is unavailable or computes a wrong result: that is
+    the returned status."""
+    import torch
+    import torch.distributed as dist
+
+    started = time.time()
+    note = CPU_NOTE if spec.device is Device.CPU else ""
+    if spec.device is Device.CUDA:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count < spec.world_size:
+            return _result(spec, TrialStatus.SKIPPED, f"needs {spec.world_size} GPUs, found {count}",
+                           started, note=note)
+    limit_s = float(timeout_s + startup_timeout_s)  # for the store and the process group's collectives
+    store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=limit_s), wait_for_workers=False)
+    try:
+        with TemporaryDirectory(prefix="fastverify-tune-") as workdir:
+            doc = {"trial": spec.to_dict(), "port": store.port, "timeout_s": limit_s, "workdir": workdir,
+                   "threads": max(1, (os.cpu_count() or 1) // spec.world_size)}
+            spec_path = Path(workdir) / "spec.json"
+            spec_path.write_bytes(orjson.dumps(doc))
+            env = _child_env()
+            env.update(spec.env_dict)
+            failure = _launch_trial(str(spec_path), spec.world_size, timeout_s, startup_timeout_s, workdir, env)
+            if failure:
+                return _result(spec, TrialStatus.FAILED, failure, started, note=note)
+            return _collect(spec, Path(workdir), started, note)
+    finally:
+        del store
+
+
+def _launch_trial(spec_path: str, world: int, timeout_s: float, startup_timeout_s: float, workdir: str,
+                  env: dict[str, str]) -> str:
+    """Start the ranks and wait: ``""`` when all exit 0, else the one-line failure reason.
+    Every rank still running at the end is SIGKILLed with its whole process group."""
+    procs: list[subprocess.Popen] = []
+    seen_exit: dict[int, int] = {}
+    deadline = time.monotonic() + startup_timeout_s
+    up = False  # every rank has joined the process group (wrote rank<r>.ready)
+    try:
+        for rank in range(world):
+            with open(_stderr_path(workdir, rank), "wb") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", WORKER_MODULE, spec_path, str(rank)], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=workdir, start_new_session=True,
+                    preexec_fn=_die_with_parent))
+        while True:
+            for rank, p in enumerate(procs):
+                if rank not in seen_exit and p.poll() is not None:
+                    seen_exit[rank] = time.monotonic_ns()
+            failed = [r for r in seen_exit if procs[r].returncode != 0]
+            if failed:
+                rank = min(failed, key=lambda r: _blame_key(workdir, r, seen_exit[r]))
+                return (f"rank {rank} crashed ({_exit_reason(procs[rank].returncode)}): "
+                        f"{_stage_text(_last_stderr_line(workdir, rank))}")
+            if len(seen_exit) == world:
+                return ""
+            if not up and all(os.path.exists(os.path.join(workdir, f"rank{r}.ready")) for r in range(world)):
+                up, deadline = True, time.monotonic() + timeout_s
+            if time.monotonic() >= deadline:
+                running = [r for r in range(world) if r not in seen_exit]
+                where = ", ".join(f"rank {r}: {_stage_text(_last_stderr_line(workdir, r))}" for r in running)
+                what = f"timeout after {timeout_s:g} s" if up else f"start-up timeout after {startup_timeout_s:g} s"
+                return f"{what}; still running: {where}"
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            if p.returncode is None:  # not reaped yet, so its pid (= its process group id) is still ours
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in procs:
+            p.wait()
+
+
+def _blame_key(workdir: str, rank: int, seen_ns: int) -> tuple[bool, int, int]:
+    """Order failed ranks by how likely each is the cause. A rank that died abruptly (signal,
+    segfault, ``os._exit``: no ``rank<r>.failed``) comes first, since the others then fail through
+    the worker's error handler with "connection closed" errors; then the earliest recorded failure."""
+    handled = os.path.exists(os.path.join(workdir, f"rank{rank}.failed"))
+    return handled, _failure_time(workdir, rank, seen_ns), rank
+
+
+def _stage_text(line: str) -> str:
+    """``fastverify-tune rank 1: numel 64: timing`` → ``numel 64: timing``."""
+    if line.startswith(_STAGE_PREFIX):
+        return line.split(": ", 1)[-1]
+    return line
+
+
+def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> TrialResult:
+    docs = []
+    for rank in range(spec.world_size):
+        path = workdir / f"rank{rank}.json"
+        try:
+            docs.append(orjson.loads(path.read_bytes()))
+        except (OSError, orjson.JSONDecodeError) as err:
+            return _result(spec, TrialStatus.FAILED, f"rank {rank} exited without a result ({path.name}: "
+                           f"{getattr(err, 'strerror', None) or err})", started, note=note)
+    clock = Clock(docs[0]["clock"])
+    meta = {k: v for k, v in docs[0]["meta"].items() if isinstance(v, (str, int, float, bool, type(None)))}
+    for status in ("skipped", "wrong_result"):
+        hit = [d for d in docs if d["status"] == status]
+        if hit:
+            reason = next((d["reason"] for d in hit if "another rank" not in d["reason"]), hit[0]["reason"])
+            sizes = _sizes(spec, docs) if status == "wrong_result" else ()
+            return _result(spec, TrialStatus(status), reason, started, sizes=sizes, clock=clock, note=note,
+                           meta=meta)
+    sizes = _sizes(spec, docs)
+    step_us = sum(s.count_per_step * s.median_us for s in sizes)
+    return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note,
+                   meta=meta)
+
+
+def _sizes(spec: TrialSpec, docs: list[dict]) -> tuple[SizeResult, ...]:
+    """Per size: for each iteration the slowest rank, then median and p90 over iterations (µs)."""
+    import numpy as np
+
+    out = []
+    counts = dict(spec.sizes)
+    per_rank = [{s["numel"]: s for s in d["sizes"]} for d in docs]
+    for numel, _ in spec.sizes:
+        rows = [r[numel] for r in per_rank if numel in r]
+        if len(rows) < len(per_rank):
+            break
+        errs = [r["max_rel_err"] for r in rows if r["max_rel_err"] is not None]
+        median = p90 = None
+        lengths = {len(r["times_ns"]) for r in rows}
+        if len(lengths) == 1 and lengths != {0}:
+            slowest = np.max(np.array([r["times_ns"] for r in rows], dtype=np.float64), axis=0) / 1e3
+            median, p90 = float(np.median(slowest)), float(np.percentile(slowest, 90))
+        out.append(SizeResult(numel=numel, msg_bytes=numel * DTYPE_BYTES[spec.dtype], count_per_step=counts[numel],
+                              median_us=median, p90_us=p90, max_rel_err=max(errs) if errs else None))
+    return tuple(out)
+
+
+def _result(spec: TrialSpec, status: TrialStatus, reason: str, started: float, *, sizes=(), step_us=None,
+            clock=None, note="", meta=None) -> TrialResult:
+    return TrialResult(trial_id=spec.trial_id, status=status, reason=reason, sizes=tuple(sizes), step_us=step_us,
+                       clock=clock, started_unix_s=started, finished_unix_s=time.time(), note=note,
+                       worker_meta=tuple((meta or {}).items()))
+
+
+class _Progress:
+    """A rich progress bar on stderr (or nothing when disabled)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled = enabled and total > 0
+        self.total = total
+        self._bar = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]tune[/]"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 console=Console(stderr=True), transient=False)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("", total=self.total)
+        return self
+
+    def start(self, spec: TrialSpec) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=spec.name)
+
+    def finish(self, spec: TrialSpec, result: TrialResult) -> None:
+        if self._bar is None:
+            return
+        if result.status is not TrialStatus.OK:
+            from rich.markup import escape
+
+            self._bar.console.print(f"[yellow]{escape(spec.name)}: {result.status.value}[/] {escape(result.reason)}",
+                                    highlight=False)
+        self._bar.advance(self._task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)

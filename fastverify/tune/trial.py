@@ -1,0 +1,287 @@
+"""Records of one tuning trial: what to measure (:class:`TrialSpec`) and what came out (:class:`TrialResult`).
+
+A trial is one all-reduce backend with one set of environment settings (``NCCL_*`` and the like),
+measured on ``world_size`` fresh rank processes over a list of message sizes. Both records are
+frozen and round-trip through plain JSON dicts (:meth:`TrialSpec.to_dict` / :meth:`TrialSpec.from_dict`,
+same for results), which is how they travel to workers and into the journal.
+
+The trial id is a stable hash of everything that changes the measurement (not the display
+``label``), so a resumed sweep recognises a trial it already ran whatever order the trials come in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+_ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
+DTYPES = ("bfloat16", "float16", "float32")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PROBE_FACTS = ("p2p_ok", "nvlink_full")
+
+
+class Device(StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Op(StrEnum):
+    """What each timed call does. ``all_reduce``: out-of-place sum. ``all_reduce_residual_rmsnorm``:
+    sum, then ``residual += sum`` and RMSNorm (fused where the backend can, else composed)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_REDUCE_RESIDUAL_RMSNORM = "all_reduce_residual_rmsnorm"
+
+
+class TrialStatus(StrEnum):
+    OK = "ok"
+    FAILED = "failed"  # crashed, hung (killed at the timeout) or exited without a result
+    SKIPPED = "skipped"  # the backend's capability check said no (BackendUnavailable), or no such device
+    WRONG_RESULT = "wrong_result"  # ran, but the output differs from the torch reference
+
+
+class Clock(StrEnum):
+    CUDA_EVENTS = "cuda_events"  # GPU time between CUDA events around CUDA-graph replays
+    CPU_WALL_CLOCK = "cpu_wall_clock"  # host perf_counter around eager gloo calls: NOT GPU time
+
+
+Scalar = str | int | float | bool | None
+
+
+def _canonical(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"TrialSpec.{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One backend + settings to measure.
+
+    Parameters
+    ----------
+    backend : str
+        Name passed to ``fastverify.backends.make_backend`` (e.g. ``"torch"``).
+    env : Mapping[str, str]
+        Set in every rank process before ``torch.distributed`` is imported (NCCL reads most of its
+        settings once per process). Keys are upper-case env names; stored sorted as pairs.
+    world_size : int
+        Rank processes (one GPU each on CUDA).
+    device : {"cpu", "cuda"}
+        ``"cpu"`` runs gloo with wall-clock timing, ``"cuda"`` runs NCCL with CUDA graphs + events.
+    dtype : {"bfloat16", "float16", "float32"}
+    hidden : int
+        Model hidden size: tensors are shaped ``(numel // hidden, hidden)`` when ``hidden`` divides
+        ``numel``, else ``(numel,)``.
+    sizes : sequence of (numel, count_per_step)
+        Elements per all-reduce and how many such all-reduces one verify step does.
+    warmup, iters : int
+        Untimed and timed calls (CPU) or graph replays (CUDA) per size.
+    options : Mapping[str, scalar]
+        Backend options (``max_numel``, ``use_oneshot``…), passed to ``make_backend``; stored sorted.
+    op : Op
+        The timed operation.
+    probe_facts : Mapping[str, bool | None]
+        Facts the backend's capability probe cannot measure safely in the worker, from the topology
+        check: ``p2p_ok`` (every GPU pair passed P2P), ``nvlink_full``. Unknown (absent) means the
+        probe treats it as a failure where the backend needs it.
+    label : str
+        Display name only; not part of :attr:`trial_id`.
+    baseline : bool
+        The trial the report compares every other against (the current/default setting).
+    """
+
+    backend: str
+    env: tuple[tuple[str, str], ...] | Mapping[str, str]
+    world_size: int
+    device: Device | str
+    dtype: str
+    hidden: int
+    sizes: tuple[tuple[int, int], ...]
+    warmup: int = 2
+    iters: int = 10
+    options: tuple[tuple[str, Scalar], ...] | Mapping[str, Scalar] = ()
+    op: Op | str = Op.ALL_REDUCE
+    probe_facts: tuple[tuple[str, bool | None], ...] | Mapping[str, bool | None] = ()
+    label: str = ""
+    baseline: bool = False
+    trial_id: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ValueError(f"TrialSpec.backend must be a non-empty backend name, got {self.backend!r}")
+        env = dict(self.env)
+        for k, v in env.items():
+            if not isinstance(k, str) or not _ENV_KEY.match(k):
+                raise ValueError(f"TrialSpec.env key {k!r} is not an environment variable name (A-Z, 0-9, _)")
+            if not isinstance(v, str):
+                raise ValueError(f"TrialSpec.env[{k!r}] must be a string, got {v!r}; write numbers as text")
+        set_(self, "env", tuple(sorted(env.items())))
+        _check_int("world_size", self.world_size, 1)
+        try:
+            set_(self, "device", Device(self.device))
+        except ValueError:
+            raise ValueError(f"TrialSpec.device must be 'cpu' or 'cuda', got {self.device!r}") from None
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrialSpec.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _check_int("hidden", self.hidden, 1)
+        try:
+            set_(self, "op", Op(self.op))
+        except ValueError:
+            raise ValueError(f"TrialSpec.op must be one of {', '.join(Op)}, got {self.op!r}") from None
+        sizes = tuple((n, c) for n, c in self.sizes)
+        if not sizes:
+            raise ValueError("TrialSpec.sizes is empty: give at least one (numel, count_per_step)")
+        for n, c in sizes:
+            _check_int("sizes numel", n, 1)
+            _check_int("sizes count_per_step", c, 1)
+            if self.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM and n % self.hidden:
+                raise ValueError(f"TrialSpec.sizes numel {n} is not a multiple of hidden {self.hidden}, "
+                                 f"which {self.op.value} needs (rows of hidden elements)")
+        if len({n for n, _ in sizes}) != len(sizes):
+            raise ValueError(f"TrialSpec.sizes repeats a numel: {[n for n, _ in sizes]}; merge the counts")
+        set_(self, "sizes", sizes)
+        _check_int("warmup", self.warmup, 0)
+        _check_int("iters", self.iters, 1)
+        options = dict(self.options)
+        for k, v in options.items():
+            if not isinstance(k, str) or not isinstance(v, (str, int, float, bool, type(None))):
+                raise ValueError(f"TrialSpec.options must map names to scalars, got {k!r}: {v!r}")
+        set_(self, "options", tuple(sorted(options.items())))
+        facts = dict(self.probe_facts)
+        for k, v in facts.items():
+            if k not in PROBE_FACTS or not isinstance(v, (bool, type(None))):
+                raise ValueError(f"TrialSpec.probe_facts must map {' or '.join(PROBE_FACTS)} to True/False/None, "
+                                 f"got {k!r}: {v!r}")
+        set_(self, "probe_facts", tuple(sorted(facts.items())))
+        if not isinstance(self.label, str):
+            raise ValueError(f"TrialSpec.label must be a string, got {self.label!r}")
+        set_(self, "baseline", bool(self.baseline))
+        content = {k: v for k, v in self._fields().items() if k != "label"}
+        set_(self, "trial_id", hashlib.sha256(_canonical(content)).hexdigest()[:16])
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "env": dict(self.env),
+            "world_size": self.world_size,
+            "device": self.device.value,
+            "dtype": self.dtype,
+            "hidden": self.hidden,
+            "sizes": [list(s) for s in self.sizes],
+            "warmup": self.warmup,
+            "iters": self.iters,
+            "options": dict(self.options),
+            "op": self.op.value,
+            "probe_facts": dict(self.probe_facts),
+            "label": self.label,
+            "baseline": self.baseline,
+        }
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def options_dict(self) -> dict[str, Scalar]:
+        return dict(self.options)
+
+    @property
+    def name(self) -> str:
+        """The label, else ``backend`` plus its settings (``torch NCCL_PROTO=LL``)."""
+        if self.label:
+            return self.label
+        parts = [self.backend] + (["+residual+rmsnorm"] if self.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM else [])
+        parts += [f"{k}={v}" for k, v in self.env] + [f"{k}={v}" for k, v in self.options]
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial_id": self.trial_id, **self._fields()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TrialSpec:
+        spec = cls(**{k: v for k, v in doc.items() if k != "trial_id"})
+        if "trial_id" in doc and doc["trial_id"] != spec.trial_id:
+            raise ValueError(f"trial id {doc['trial_id']!r} does not match its content (hash {spec.trial_id!r})")
+        return spec
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One message size of a trial. Times are µs per all-reduce call: for each timed iteration the
+    slowest rank's time (a collective ends when its last rank does), then median / 90th percentile
+    over iterations. ``max_rel_err`` is the largest relative error against the torch reference on
+    any rank (``None`` where the check never ran)."""
+
+    numel: int
+    msg_bytes: int
+    count_per_step: int
+    median_us: float | None
+    p90_us: float | None
+    max_rel_err: float | None
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """The outcome of one trial.
+
+    ``step_us`` is Σ over sizes of ``count_per_step × median_us``: the all-reduce time of one verify
+    step (``None`` unless ``status`` is ok). ``clock`` says what was timed; CPU results are gloo
+    wall-clock times and never stand for GPU times. ``reason`` is one line (empty when ok); ``note``
+    carries caveats (on CPU: gloo ignores NCCL settings). Timestamps are Unix seconds.
+    """
+
+    trial_id: str
+    status: TrialStatus
+    reason: str
+    sizes: tuple[SizeResult, ...]
+    step_us: float | None
+    clock: Clock | None
+    started_unix_s: float
+    finished_unix_s: float
+    note: str = ""
+    worker_meta: tuple[tuple[str, Scalar], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", TrialStatus(self.status))
+        if self.clock is not None:
+            object.__setattr__(self, "clock", Clock(self.clock))
+        object.__setattr__(self, "sizes", tuple(s if isinstance(s, SizeResult) else SizeResult(**s)
+                                                for s in self.sizes))
+        object.__setattr__(self, "worker_meta", tuple(sorted(dict(self.worker_meta).items())))
+        if "\n" in self.reason:
+            object.__setattr__(self, "reason", " ".join(self.reason.split()))
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TrialStatus.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id,
+            "status": self.status.value,
+            "reason": self.reason,
+            "sizes": [vars(s).copy() for s in self.sizes],
+            "step_us": self.step_us,
+            "clock": None if self.clock is None else self.clock.value,
+            "started_unix_s": self.started_unix_s,
+            "finished_unix_s": self.finished_unix_s,
+            "note": self.note,
+            "worker_meta": dict(self.worker_meta),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TrialResult:
+        return cls(**doc)

@@ -1,0 +1,302 @@
+"""One rank of a tuning trial, run as ``python -m fastverify.tune.worker SPEC_JSON RANK``.
+
+Started by :mod:`fastverify.tune.sweep` in a fresh interpreter per rank and trial, so every trial
+gets its own NCCL/IPC state. The order matters:
+
+1. read the spec (JSON written by the parent: the :class:`~fastverify.tune.trial.TrialSpec` plus
+   ``port``, ``timeout_s``, ``threads``, ``workdir``), and apply its ``env`` to ``os.environ`` *before*
+   ``torch`` is imported: NCCL reads most settings once per process;
+2. join the parent's ``TCPStore`` on 127.0.0.1 and init the process group (gloo on CPU, NCCL on
+   CUDA, one GPU per rank), then touch ``rank<r>.ready`` (the parent's trial timeout runs from
+   the moment every rank is up: start-up has its own, longer limit);
+3. make the backend (``BackendUnavailable`` → the whole trial is ``skipped``; the ranks agree on it);
+4. per message size: build inputs with a known per-rank pattern, warm up, check the result against
+   the torch reference (any rank off → ``wrong_result`` for every rank), then time;
+5. write ``rank<r>.json`` next to the spec (atomically). stdout is never used.
+
+Timing
+------
+* CPU: each timed call is bracketed by ``time.perf_counter_ns()`` after a barrier; host wall
+  time of an eager gloo call (``clock = "cpu_wall_clock"``), not GPU time.
+* CUDA: the op is captured ``k = min(count_per_step, GRAPH_OPS_MAX)`` times in one CUDA graph,
+  which is replayed ``iters`` times, each replay bracketed by CUDA events after a barrier; the
+  time per call is the replay's elapsed time / ``k`` (``clock = "cuda_events"``). The output of
+  the last replay is checked against the reference too.
+
+Each rank reports, per size, its per-iteration times in ns; the parent takes the slowest rank per
+iteration. A failing rank prints its traceback to stderr (``rank<r>.stderr``), writes
+``rank<r>.failed`` (``time.monotonic_ns()``) and exits 1. Progress lines on stderr
+(``fastverify-tune rank R: ...``) let the parent say where a hung trial was.
+
+Test hook (tests only, never set it otherwise): ``FASTVERIFY_TEST_INJECT=hang:<rank>`` makes that
+rank sleep forever right after the process group is up; ``crash:<rank>`` makes it exit with code 3
+there. It is read after the trial's ``env`` is applied, so a trial can carry it in its ``env``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+
+HOST = "127.0.0.1"
+GRAPH_OPS_MAX = 32
+"""Most all-reduce calls captured in one CUDA graph per message size."""
+EPS = 1e-6
+"""RMSNorm epsilon of the residual + RMSNorm check."""
+INJECT_ENV = "FASTVERIFY_TEST_INJECT"
+INJECT_CRASH_EXIT = 3
+
+
+def _stage(rank: int, msg: str) -> None:
+    sys.stderr.write(f"fastverify-tune rank {rank}: {msg}\n")
+    sys.stderr.flush()
+
+
+def main(spec_path: str, rank: int) -> None:
+    """Run one rank; on any error record the failure and exit 1 (see the module docstring)."""
+    workdir = Path(spec_path).parent
+    try:
+        spec = orjson.loads(Path(spec_path).read_bytes())
+        os.environ.update(spec["trial"]["env"])  # before torch: NCCL reads its env once
+        result = _run_rank(rank, spec)
+        tmp = workdir / f"rank{rank}.json.tmp"
+        tmp.write_bytes(orjson.dumps(result))
+        os.replace(tmp, workdir / f"rank{rank}.json")
+    except BaseException:  # noqa: BLE001 - report everything to the parent, KeyboardInterrupt included
+        (workdir / f"rank{rank}.failed").write_text(str(time.monotonic_ns()))
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: communicator destructors at exit can block
+
+
+def _inject(rank: int) -> None:
+    value = os.environ.get(INJECT_ENV, "")
+    if not value:
+        return
+    what, _, target = value.partition(":")
+    if target != str(rank):
+        return
+    if what == "hang":
+        _stage(rank, "injected hang (test hook)")
+        while True:
+            time.sleep(3600)
+    if what == "crash":
+        _stage(rank, f"injected crash, exit code {INJECT_CRASH_EXIT} (test hook)")
+        os._exit(INJECT_CRASH_EXIT)
+    raise ValueError(f"{INJECT_ENV}={value!r}: expected hang:<rank> or crash:<rank>")
+
+
+def _run_rank(rank: int, spec: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fastverify.backends import BackendUnavailable, make_backend
+    from fastverify.backends.base import ProbeContext
+    from fastverify.tune.trial import TrialSpec
+
+    trial = TrialSpec.from_dict(spec["trial"])
+    cuda = trial.device.value == "cuda"
+    world = trial.world_size
+    timeout = timedelta(seconds=spec["timeout_s"])
+    if cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        torch.set_num_threads(spec["threads"])
+        device = torch.device("cpu")
+    dtype = getattr(torch, trial.dtype)
+    _stage(rank, "init process group")
+    store = dist.TCPStore(HOST, spec["port"], None, False, timeout=timeout)
+    kwargs = {"device_id": device} if cuda else {}
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
+                            timeout=timeout, **kwargs)
+    (Path(spec["workdir"]) / f"rank{rank}.ready").touch()  # the parent's trial timeout starts when all are up
+    _inject(rank)
+
+    options = trial.options_dict
+    max_numel = options.pop("max_numel", None)
+    if max_numel is None:
+        max_numel = max(n for n, _ in trial.sizes)
+    facts = dict(trial.probe_facts)
+    ctx = ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
+                              nvlink_full=facts.get("nvlink_full"), single_node=True)
+    _stage(rank, f"make backend {trial.backend}")
+    backend, unavailable = None, ""
+    try:
+        backend = make_backend(trial.backend, None, device=device, dtype=dtype, max_numel=max_numel,
+                               options=options, context=ctx)
+    except BackendUnavailable as err:
+        unavailable = str(err)
+    meta = _meta(trial, torch, rank, cuda)
+    clock = "cuda_events" if cuda else "cpu_wall_clock"
+    if _any_rank(bool(unavailable), device, torch, dist):
+        # No close(): a backend built on some ranks only may need a collective close that never comes.
+        return {"status": "skipped", "reason": unavailable or "skipped: the backend is unavailable on another rank",
+                "sizes": [], "clock": clock, "meta": meta}
+
+    shapes = [_shape(n, trial.hidden) for n, _ in trial.sizes]
+    backend.prepare(shapes)
+    sizes_out: list[dict] = []
+    status, reason = "ok", ""
+    for (numel, count), shape in zip(trial.sizes, shapes):
+        case = _Case(trial, shape, rank, world, device, dtype, torch)
+        _stage(rank, f"numel {numel}: warm-up and check")
+        for _ in range(trial.warmup):
+            case.call(backend)
+        ok, err = case.check(case.call(backend))
+        if _any_rank(not ok, device, torch, dist):
+            status = "wrong_result"
+            reason = (f"numel {numel}: max relative error {err:.3g} on rank {rank}" if not ok
+                      else f"numel {numel}: result differs from the torch reference on another rank")
+            sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
+            break
+        _stage(rank, f"numel {numel}: timing")
+        if cuda:
+            times_ns, last = _time_cuda(case, backend, trial.iters, count, rank, torch, dist)
+            ok2, err2 = case.check(last)
+            err = max(err, err2)
+            if _any_rank(not ok2, device, torch, dist):
+                status = "wrong_result"
+                reason = (f"numel {numel}: CUDA-graph replay result off, max relative error {err2:.3g} "
+                          f"on rank {rank}" if not ok2 else
+                          f"numel {numel}: CUDA-graph replay result differs on another rank")
+                sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
+                break
+        else:
+            times_ns = _time_cpu(case, backend, trial.iters, dist)
+        sizes_out.append({"numel": numel, "times_ns": times_ns, "max_rel_err": err})
+    meta["path_counts"] = dict(backend.path_counts)
+    backend.close()
+    dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
+    dist.destroy_process_group()
+    _stage(rank, "done")
+    return {"status": status, "reason": reason, "sizes": sizes_out, "clock": clock, "meta": meta}
+
+
+def _shape(numel: int, hidden: int) -> tuple[int, int]:
+    """``(T, hidden)`` where ``hidden`` divides ``numel``, else one row: backends take 2-D tensors."""
+    return (numel // hidden, hidden) if numel % hidden == 0 else (1, numel)
+
+
+def _any_rank(flag: bool, device, torch, dist) -> bool:
+    """True on every rank when ``flag`` is True on any (plain torch.distributed, not the backend under test)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+class _Case:
+    """Inputs of one message size and the reference they must reduce to.
+
+    ``x`` on rank r holds ``((i·5 + 3r) mod 9 − 4) / 4`` (element i, row-major): quarter steps in
+    [-1, 1], exact in bf16/fp16, and their sum over ranks is exact too, so any error comes from the
+    backend. Residual and weight are the same on every rank, as in tensor parallelism.
+    """
+
+    def __init__(self, trial, shape, rank, world, device, dtype, torch):
+        from fastverify.backends import reference_residual_rmsnorm
+        from fastverify.tune.trial import Op
+
+        self.torch, self.dtype = torch, dtype
+        self.fused = trial.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM
+        numel = shape[0] * shape[1]
+        idx = torch.arange(numel, dtype=torch.int64)
+
+        def pattern(r: int):
+            return (((idx * 5 + 3 * r) % 9 - 4).float() / 4).reshape(shape)
+
+        xs = [pattern(r) for r in range(world)]
+        self.x = xs[rank].to(device=device, dtype=dtype).contiguous()
+        if self.fused:
+            self.residual = (((idx * 7) % 5 - 2).float() / 2).reshape(shape).to(device=device, dtype=dtype)
+            self.weight = (1 + (torch.arange(shape[1]) % 3).float() / 4).to(device=device, dtype=dtype)
+            normed, res = reference_residual_rmsnorm([x.to(dtype) for x in xs], self.residual, self.weight, EPS)
+            self.want = (normed, res)
+        else:
+            self.want = (sum(xs),)
+
+    def call(self, backend):
+        if self.fused:
+            return backend.all_reduce_residual_rmsnorm(self.x, self.residual, self.weight, EPS)
+        return (backend.all_reduce(self.x),)
+
+    def check(self, got) -> tuple[bool, float]:
+        from fastverify.backends import check_close
+
+        ok, worst = True, 0.0
+        for g, w in zip(got, self.want):
+            good, err = check_close(g, w, self.dtype)
+            ok, worst = ok and good, max(worst, err)
+        return ok, worst
+
+
+def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
+    out = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter_ns()
+        case.call(backend)
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
+def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, dist):
+    """Capture ``k`` calls in one CUDA graph, replay it ``iters`` times; ns per call per replay,
+    and the outputs of the last captured call (read after the last replay)."""
+    k = max(1, min(count, GRAPH_OPS_MAX))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graph docs)
+        case.call(backend)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            last = case.call(backend)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        dist.barrier(device_ids=[rank])
+        torch.cuda.synchronize()
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        out.append(round(e0.elapsed_time(e1) * 1e6 / k))  # ms → ns, per call
+    torch.cuda.synchronize()
+    last = tuple(t.clone() for t in last)
+    del graph
+    return out, last
+
+
+def _meta(trial, torch, rank: int, cuda: bool) -> dict:
+    meta = {
+        "torch_version": torch.__version__,
+        "dist_backend": "nccl" if cuda else "gloo",
+        "device_name": torch.cuda.get_device_name(rank) if cuda else "cpu",
+    }
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            meta["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - optional fact; torch built without NCCL raises
+            pass
+    else:
+        meta["cpu_threads"] = torch.get_num_threads()
+    return meta
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
