@@ -92,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="PCIe generation for the cost model when the input does not say")
     topo.add_argument("--sm", type=_bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
     topo.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+    from fastverify.tune.command import add_arguments as add_tune_arguments
+
+    tune = sub.add_parser(
+        "tune",
+        allow_abbrev=False,
+        help="sweep NCCL settings and all-reduce backends on the verify shapes; write the winner",
+        description=("Rank NCCL settings with the cost model and measure them, with FlashInfer's PCIe IPC and "
+                     "fused all-reduce and SGLang's custom all-reduce where they can run, in isolated worker "
+                     "processes; report the verify-latency reduction and write the winning settings. "
+                     "--predict: cost model only, for a box described by `nvidia-smi topo -m` text."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_tune_arguments(tune, _positive, _bounded)
     return p
 
 
@@ -248,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_profile(args, argv)
         if args.command == "topo":
             return _cmd_topo(args)
+        if args.command == "tune":
+            from fastverify.tune.command import run as run_tune
+
+            return run_tune(args)
     except UserError as e:
         sys.stderr.write(f"fastverify: error: {e}\n")
         return EXIT_USER_ERROR

@@ -1,0 +1,68 @@
+"""`fastverify tune` end to end: the --predict path on the real nccl-tests#307 topology, the measure
+path on gloo workers, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_fastverify
+from fastverify.nccl.catalogue import Severity, validate_env
+from fastverify.tune.envfile import read_env_file
+
+
+def _one_line_exit_2(proc, *words):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
+    """The issue's Done-when command: kimi-k2 (61 layers -> 1 + 2 x 61 = 123 all-reduces) at TP 8."""
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    proc = run_fastverify(["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2", "--tp", "8",
+                           "--draft-tokens", "4", "--write-env", "nccl_configs/example.env"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())  # rich wraps long lines
+    assert "123 all-reduces per verify step" in out
+    assert "all-reduce per verify step: -" in out and "(predicted)" in out
+    env_path = tmp_path / "nccl_configs" / "example.env"
+    settings = read_env_file(env_path)
+    assert settings, "the winner sets something on this box (SYS pairs are on SHM by default)"
+    assert all(f.severity is not Severity.ERROR for f in validate_env(settings, None))
+    text = env_path.read_text()
+    assert "PREDICTED" in text
+    assert all(line.startswith("#") or "=" in line for line in text.splitlines() if line)
+
+
+def test_measure_on_gloo_with_journal_and_resume(shared_dir, tmp_path):
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    args = ["tune", "--topology", str(topo), "--model", "tiny", "--tp", "2", "--top", "1", "--iters", "2",
+            "--warmup", "1", "--journal", "j.jsonl", "--timeout", "60"]
+    first = run_fastverify(args, cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "NOT GPU timings" in " ".join(first.stdout.split())
+    records = [json.loads(line) for line in (tmp_path / "j.jsonl").read_text().splitlines()]
+    trials = [r for r in records if r["kind"] == "trial"]
+    assert len(trials) == 2  # baseline + the model's top candidate
+    again = run_fastverify(args + ["--resume"], cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "j.jsonl").read_text().count("\n") == len(records)  # nothing re-run
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--profile", "p.json", "--model", "tiny"], ["--profile", "--model"]),
+    (["--predict"], ["--topology"]),
+    (["--predict", "--topology", "topo.txt", "--accept-length", "0"], ["--accept-length"]),
+    (["--predict", "--topology", "topo.txt", "--tp", "16"], ["16"]),
+    (["--predict", "--topology", "missing.txt"], ["missing.txt"]),
+    (["--predict", "--topology", "topo.txt", "--model", "nope"], ["nope"]),
+])
+def test_tune_errors(shared_dir, tmp_path, extra, words):
+    (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())
+    (tmp_path / "p.json").write_text("{}")
+    _one_line_exit_2(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
