@@ -50,3 +50,28 @@ def last_stderr_line(workdir: str, rank: int) -> str:
         return "no stderr output"
     lines = [ln.strip() for ln in lines if ln.strip()]
     return lines[-1] if lines else "no stderr output"
+
+
+def rank_device(rank: int, cuda: bool, cpu_threads: int):
+    """In a rank process: pin GPU ``rank`` (CUDA) or cap torch's CPU threads so that ranks sharing
+    the cores do not oversubscribe them; returns the ``torch.device`` the rank computes on."""
+    import torch
+
+    if cuda:
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    torch.set_num_threads(cpu_threads)
+    return torch.device("cpu")
+
+
+def writable_target(path: Path) -> Path:
+    """The file to write for ``path``: a symlink's target; anything but a regular file (a directory,
+    a device, a FIFO) is refused with a UserError naming it, so an output never replaces one."""
+    from fastverify.errors import UserError
+
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise UserError(f"{path}: is {kind}; give a file path to write")
+    return path

@@ -19,6 +19,7 @@ from fastverify import __version__
 from fastverify.analyze import analyze
 from fastverify.errors import UserError
 from fastverify.events import RankEvents
+from fastverify.procs import writable_target
 
 SCHEMA = "fastverify.profile"
 SCHEMA_VERSION = 1
@@ -100,16 +101,6 @@ def default_output(stem: str, folder: str | Path = "profiles") -> Path:
     return path
 
 
-def _check_target(path: Path) -> Path:
-    """The file to write for ``path``: a symlink's target; refuse anything but a regular file."""
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise UserError(f"{path}: is {kind}; give a file path to write")
-    return path
-
-
 def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None:
     """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
     and are renamed into place only when both are complete, so a failure leaves nothing behind.
@@ -119,8 +110,8 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
     UserError
         The folder cannot be created or written.
     """
-    json_path = _check_target(Path(json_path))
-    png_path = _check_target(Path(png_path)) if png_path else None
+    json_path = writable_target(Path(json_path))
+    png_path = writable_target(Path(png_path)) if png_path else None
     if png_path is not None and os.path.abspath(png_path) == os.path.abspath(json_path):
         raise UserError(f"{png_path}: the PNG and the JSON would be the same file")
     targets = [json_path] + ([png_path] if png_path else [])

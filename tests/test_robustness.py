@@ -181,7 +181,9 @@ def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, 
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10  # ranks die with their parent (SIGKILL via PR_SET_PDEATHSIG)
+    while time.monotonic() < deadline and set(started) & set(_rank_processes(marker)):
+        time.sleep(0.1)
     assert not set(started) & set(_rank_processes(marker))  # no orphaned ranks
     assert not (tmp_path / "p.json").exists()
     assert not (tmp_path / "profiles").exists()

@@ -48,6 +48,7 @@ from fastverify.procs import (
     exit_reason as _exit_reason,
     failure_time as _failure_time,
     last_stderr_line as _last_stderr_line,
+    rank_device,
     stderr_path as _stderr_path,
 )
 
@@ -334,12 +335,7 @@ def _run_rank(rank: int, spec: dict) -> dict:
 
     tp, cuda = spec["tp"], spec["cuda"]
     timeout = timedelta(seconds=spec["timeout_s"])
-    if cuda:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    else:
-        torch.set_num_threads(spec["threads"])
-        device = torch.device("cpu")
+    device = rank_device(rank, cuda, spec["threads"])
     store = dist.TCPStore(_HOST, spec["port"], None, False, timeout=timeout)
     backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=tp, timeout=timeout)

@@ -30,6 +30,7 @@ from pathlib import Path
 from fastverify.errors import UserError
 from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
 from fastverify.nccl.version import NcclVersion
+from fastverify.procs import writable_target
 
 # --- what may be written --------------------------------------------------------------------------
 
@@ -112,20 +113,11 @@ def _comment_lines(lines: Iterable[str]) -> list[str]:
 # --- atomic writing --------------------------------------------------------------------------------
 
 
-def _target(path: Path) -> Path:
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise UserError(f"{path}: is {kind}; give a file path to write")
-    return path
-
-
 def _atomic_write(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
     existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
     ``path`` changes and no temporary file is left."""
-    path = _target(Path(path))
+    path = writable_target(Path(path))
     tmps: list[str] = []
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +129,7 @@ def _atomic_write(path: Path, text: str) -> Path:
             os.fsync(f.fileno())
         if path.exists():
             bak = path.with_name(path.name + ".bak")
-            _target(bak)
+            writable_target(bak)
             fd, bak_tmp = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
             tmps.append(bak_tmp)

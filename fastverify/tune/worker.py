@@ -44,6 +44,8 @@ from pathlib import Path
 
 import orjson
 
+from fastverify.procs import rank_device
+
 HOST = "127.0.0.1"
 GRAPH_OPS_MAX = 32
 """Most all-reduce calls captured in one CUDA graph per message size."""
@@ -106,12 +108,7 @@ def _run_rank(rank: int, spec: dict) -> dict:
     cuda = trial.device.value == "cuda"
     world = trial.world_size
     timeout = timedelta(seconds=spec["timeout_s"])
-    if cuda:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    else:
-        torch.set_num_threads(spec["threads"])
-        device = torch.device("cpu")
+    device = rank_device(rank, cuda, spec["threads"])
     dtype = getattr(torch, trial.dtype)
     _stage(rank, "init process group")
     store = dist.TCPStore(HOST, spec["port"], None, False, timeout=timeout)
