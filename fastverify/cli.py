@@ -106,6 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_tune_arguments(tune, _positive, _bounded)
+
+    doctor = sub.add_parser(
+        "doctor",
+        allow_abbrev=False,
+        help="check a box end to end before tuning; exercise every GPU code path on the GPUs present",
+        description=("Checks, each ok / warn / fail / skipped with a one-line reason and a fix: versions, a gloo "
+                     "all-reduce across 2 processes, the trace analyzer, the env-file validator, the NCCL "
+                     "library, FlashInfer, SGLang; on GPUs also CUDA-graph capture of the verify forward, a "
+                     "profiler trace through the analyzer, FlashInfer's norm against torch, NVML topology, the "
+                     "real P2P check and one all-reduce per backend. Exit 1 if any check fails."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
+    doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
+    doctor.add_argument("--env-file", type=Path, default=None, help="also validate this env file")
     return p
 
 
@@ -246,6 +261,22 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from fastverify.doctor import print_checks, run_doctor, summarise
+
+    checks = run_doctor(quick=args.quick, env_file=str(args.env_file) if args.env_file else None)
+    summary = summarise(checks)
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        from rich.console import Console
+
+        print_checks(checks, Console(width=None if sys.stdout.isatty() else 150))
+    return 1 if summary["verdict"] == "fail" else 0
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -262,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_profile(args, argv)
         if args.command == "topo":
             return _cmd_topo(args)
+        if args.command == "doctor":
+            return _cmd_doctor(args)
         if args.command == "tune":
             from fastverify.tune.command import run as run_tune
 

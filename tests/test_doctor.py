@@ -1,0 +1,281 @@
+"""``fastverify doctor`` on a machine without a GPU: the CPU checks pass, every GPU check is skipped
+with the no-GPU reason, a failing or raising check never stops the others, and the summary counts.
+
+``torch.cuda.is_available`` is forced False here, so these tests mean the same on a GPU box; the GPU
+checks themselves are exercised by running ``fastverify doctor`` on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from decimal import Decimal
+
+import orjson
+import pytest
+
+from fastverify import doctor
+from fastverify.doctor import NO_GPU, PATCH_NOT_BUILT, Check, Status, run_doctor, summarise
+
+GPU_CHECKS = {s.name for s in doctor.CHECKS if s.needs_gpu}
+QUICK_CHECKS = [s.name for s in doctor.CHECKS if s.quick]
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture(scope="module")
+def full_run():
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        t0 = time.perf_counter()
+        checks = run_doctor(quick=False)
+        return checks, time.perf_counter() - t0
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def assert_well_formed(checks: list[Check]) -> None:
+    for c in checks:
+        assert isinstance(c.status, Status)
+        assert c.reason and "\n" not in c.reason and "Traceback" not in c.reason, c
+        assert c.fix is None or (c.fix and "\n" not in c.fix), c
+        assert c.seconds >= 0
+        json.dumps(c.details)  # JSON-able
+
+
+def expected_allreduce_from_file(text: bytes) -> tuple[int, Decimal]:
+    """Count and summed µs of the NCCL all-reduce kernels, read from the trace text with Decimal
+    (no float, no fastverify code)."""
+    doc = json.loads(text, parse_float=Decimal)
+    durs = [Decimal(ev["dur"]) for ev in doc["traceEvents"]
+            if ev.get("cat") == "kernel" and ev["name"].startswith("ncclDevKernel_AllReduce")]
+    return len(durs), sum(durs, Decimal(0))
+
+
+# --- whole runs ---------------------------------------------------------------------------------
+
+
+def test_quick_run_runs_only_quick_checks_and_is_fast():
+    t0 = time.perf_counter()
+    checks = run_doctor(quick=True)
+    elapsed = time.perf_counter() - t0
+    assert [c.name for c in checks] == QUICK_CHECKS
+    assert_well_formed(checks)
+    got = by_name(checks)
+    for name in ("versions", "trace_analyzer", "env_file"):
+        assert got[name].status is Status.ok, got[name]
+    assert "gloo_allreduce" not in got  # starts processes: not quick
+    for name in GPU_CHECKS & set(got):
+        assert got[name].status is Status.skipped and got[name].reason == NO_GPU
+    assert elapsed < 10, elapsed
+
+
+def test_full_run_cpu_checks_pass_and_gpu_checks_skip(full_run):
+    checks, elapsed = full_run
+    assert [c.name for c in checks] == [s.name for s in doctor.CHECKS]
+    assert_well_formed(checks)
+    got = by_name(checks)
+    for name in GPU_CHECKS:
+        assert got[name].status is Status.skipped, got[name]
+        assert got[name].reason == NO_GPU
+    for name in ("versions", "gloo_allreduce", "trace_analyzer", "env_file"):
+        assert got[name].status is Status.ok, got[name]
+    gloo = got["gloo_allreduce"].details
+    assert gloo["trial"] == "ok" and gloo["clock"] == "cpu_wall_clock"
+    assert all(s["max_rel_err"] is not None and s["max_rel_err"] < 0.03125 for s in gloo["sizes"])
+    assert got["sglang_patch_targets"].status is Status.skipped
+    assert got["sglang_patch_targets"].reason.startswith(PATCH_NOT_BUILT)
+    nccl = got["nccl_library"]
+    assert nccl.status in (Status.ok, Status.warn)
+    if nccl.status is Status.warn:
+        assert nccl.reason == doctor.NO_NCCL
+    assert got["flashinfer"].status in (Status.ok, Status.warn, Status.skipped)
+    assert not any(c.status is Status.fail for c in checks)
+    assert elapsed < 60, elapsed
+
+
+def test_trace_analyzer_finds_the_exact_allreduce_time(full_run, tmp_path):
+    details = by_name(full_run[0])["trace_analyzer"].details
+    text = orjson.dumps(doctor.sample_trace())  # what the check wrote
+    count, total_us = expected_allreduce_from_file(text)
+    assert count == 2
+    assert details["allreduce_count"] == count
+    assert Decimal(repr(details["allreduce_us"])) == total_us  # 12.345 + 7.891 = 20.236 µs, to the ns
+    assert details["compute_count"] == 2 and details["memory_count"] == 2 and details["steps"] == 2
+    assert details["msg_bytes"] == [4 * 7168 * 2]
+
+
+def test_trace_analyzer_check_fails_when_the_analyzer_is_off(monkeypatch):
+    import fastverify.analyze as analyze_mod
+
+    real = analyze_mod.analyze
+
+    def off_by_one_ns(ranks):
+        body = real(ranks)
+        body["ranks"][0]["allreduce_kernel_sum_us"] += 0.001
+        return body
+
+    monkeypatch.setattr(analyze_mod, "analyze", off_by_one_ns)
+    c = by_name(run_doctor(quick=True))["trace_analyzer"]
+    assert c.status is Status.fail
+    assert "allreduce_us 20.237" in c.reason and "expected 20.236" in c.reason
+
+
+# --- env file ----------------------------------------------------------------------------------
+
+
+def test_bad_env_file_fails_with_the_line_number(tmp_path):
+    path = tmp_path / "box.env"
+    path.write_text("# tuned\nNCCL_P2P_LEVEL=SYS\nNCCL_PROTOCOL=LL\n")
+    c = by_name(run_doctor(quick=True, env_file=str(path)))["env_file"]
+    assert c.status is Status.fail
+    assert c.reason.startswith(f"{path}: line 3: NCCL_PROTOCOL")
+    assert "line named" in c.fix
+
+
+def test_unreadable_env_file_fails_with_its_path(tmp_path):
+    path = tmp_path / "missing.env"
+    c = by_name(run_doctor(quick=True, env_file=str(path)))["env_file"]
+    assert c.status is Status.fail and str(path) in c.reason and "readable" in c.fix
+
+
+def test_good_env_file_is_ok(tmp_path):
+    path = tmp_path / "box.env"
+    path.write_text("# tuned\nNCCL_P2P_LEVEL=SYS\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    c = by_name(run_doctor(quick=True, env_file=str(path)))["env_file"]
+    assert c.status is Status.ok, c
+    assert c.details["settings"] == {"NCCL_P2P_LEVEL": "SYS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+
+
+# --- isolation -----------------------------------------------------------------------------------
+
+
+def test_an_exception_in_one_check_becomes_fail_and_the_others_run(monkeypatch):
+    def boom(ctx):
+        raise RuntimeError("boom\nsecond line of the message")
+
+    table = tuple(dataclasses.replace(s, fn=boom) if s.name in ("versions", "env_file") else s
+                  for s in doctor.CHECKS)
+    monkeypatch.setattr(doctor, "CHECKS", table)
+    checks = run_doctor(quick=True)
+    assert_well_formed(checks)
+    got = by_name(checks)
+    assert [c.name for c in checks] == QUICK_CHECKS
+    for name in ("versions", "env_file"):
+        assert got[name].status is Status.fail
+        assert got[name].reason == "check raised RuntimeError: boom"
+    assert got["trace_analyzer"].status is Status.ok
+    assert got["cuda"].status is Status.skipped
+
+
+def test_a_user_error_keeps_its_own_message(monkeypatch):
+    from fastverify.errors import UserError
+
+    def bad(ctx):
+        raise UserError("/x/y: cannot read")
+
+    monkeypatch.setattr(doctor, "CHECKS", (doctor.CheckSpec("x", bad, False, True),))
+    (c,) = run_doctor(quick=True)
+    assert c.status is Status.fail and c.reason == "/x/y: cannot read" and c.fix is None
+
+
+# --- summary and printing ------------------------------------------------------------------------
+
+
+def test_summarise_counts_and_verdict():
+    def mk(name, status):
+        return Check(name, status, f"{name} reason", None, 0.25, {"k": 1})
+
+    checks = [mk("a", Status.ok), mk("b", Status.ok), mk("c", Status.warn), mk("d", Status.skipped)]
+    s = summarise(checks)
+    assert s["counts"] == {"ok": 2, "warn": 1, "fail": 0, "skipped": 1}
+    assert s["verdict"] == "warn" and s["seconds"] == 1.0
+    assert s["schema"] == "fastverify.doctor" and s["schema_version"] == 1
+    assert s["checks"][2] == {"name": "c", "status": "warn", "reason": "c reason", "fix": None, "seconds": 0.25,
+                              "details": {"k": 1}}
+    json.loads(json.dumps(s))
+    assert summarise(checks + [mk("e", Status.fail)])["verdict"] == "fail"
+    assert summarise([mk("a", Status.ok), mk("d", Status.skipped)])["verdict"] == "ok"
+    assert summarise([])["counts"] == {"ok": 0, "warn": 0, "fail": 0, "skipped": 0}
+
+
+def test_summarise_of_a_real_run(full_run):
+    checks = full_run[0]
+    s = summarise(checks)
+    assert sum(s["counts"].values()) == len(checks) == len(doctor.CHECKS)
+    assert s["counts"]["skipped"] >= len(GPU_CHECKS)
+    assert s["counts"]["fail"] == 0 and s["verdict"] in ("ok", "warn")
+    assert [c["name"] for c in s["checks"]] == [c.name for c in checks]
+
+
+def test_check_is_frozen():
+    c = Check("a", Status.ok, "fine")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.status = Status.fail  # type: ignore[misc]
+
+
+def test_print_checks(full_run):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    doctor.print_checks(full_run[0], console)
+    text = console.export_text()
+    for name in ("gloo_allreduce", "trace_analyzer", "cuda_graph_forward"):
+        assert name in text
+    assert NO_GPU in text
+    assert "verdict" in text
+
+
+# --- GPU-check logic that runs without a GPU -----------------------------------------------------
+
+
+def test_multi_gpu_checks_skip_on_one_gpu():
+    ctx = doctor._Context(quick=False, env_file=None)
+    ctx._gpu = (None, 1)
+    for fn in (doctor.check_p2p_real, doctor.check_backends, doctor.check_backend_latency):
+        out = fn(ctx)
+        assert out.status is Status.skipped and out.reason == "needs >= 2 CUDA GPUs, found 1"
+
+
+def test_backend_latency_reports_the_fastest_backend_per_size():
+    ctx = doctor._Context(quick=False, env_file=None)
+    ctx._gpu = (None, 2)
+    sizes = lambda *us: [{"median_us": u} for u in us]  # noqa: E731
+    ctx.state["backends"] = {"world": 2, "hidden": 7168, "results": {
+        "nccl": {"status": "ok", "sizes": sizes(20.0, 30.0, 60.0)},
+        "pcie_ipc": {"status": "ok", "sizes": sizes(8.0, 31.0, 90.0)},
+        "fused": {"status": "skipped", "reason": "GPU is SM89"},
+    }}
+    out = doctor.check_backend_latency(ctx)
+    assert out.status is Status.ok
+    assert out.reason.endswith("56 KiB: pcie_ipc 8.0 µs; 448 KiB: nccl 30.0 µs; 1792 KiB: nccl 60.0 µs")
+    assert out.details["median_us"] == {"nccl": [20.0, 30.0, 60.0], "pcie_ipc": [8.0, 31.0, 90.0]}
+
+
+@pytest.mark.parametrize("torch_says, library, status", [
+    ((2, 21, 5), (2, 21, 5), Status.ok),
+    ((2, 21, 5, "+cuda12.4"), (2, 21, 5), Status.ok),
+    ((2, 27, 3), (2, 21, 5), Status.warn),
+    ((2, 27, 3), None, Status.warn),
+])
+def test_torch_nccl_against_the_library(monkeypatch, torch_says, library, status):
+    import torch
+
+    from fastverify.nccl.version import NcclVersion
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: torch_says)
+    ctx = doctor._Context(quick=False, env_file=None)
+    ctx.state["nccl_version"] = None if library is None else NcclVersion.of(*library, library="/x/libnccl.so.2")
+    out = doctor.check_torch_nccl(ctx)
+    assert out.status is status, out
+    assert out.details["torch_nccl"] == ".".join(map(str, torch_says[:3]))
