@@ -121,6 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
     doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
     doctor.add_argument("--env-file", type=Path, default=None, help="also validate this env file")
+
+    from fastverify.patch.launch import BACKENDS
+
+    launch = sub.add_parser(
+        "launch",
+        allow_abbrev=False,
+        help="start SGLang with the tuned settings and the fastverify patch in every TP worker",
+        description=("Validate the env file (allow-listed keys only), put its settings in the environment, make "
+                     "the patch load in every TP rank (SGLang's plugin entry point, else an import hook) and exec "
+                     "the command given after --. --dry-run prints what would be set and which route loads the "
+                     "patch."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
+    launch.add_argument("--backend", choices=BACKENDS, default="auto", help="all-reduce backend in the ranks")
+    launch.add_argument("--profile-verify", type=Path, metavar="DIR",
+                        help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
+    launch.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
     return p
 
 
@@ -261,6 +280,21 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import os
+
+    from fastverify.patch.launch import describe, exec_plan, plan_launch
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    plan = plan_launch(str(args.env) if args.env else None, args.backend,
+                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ)
+    if args.dry_run:
+        sys.stdout.write(describe(plan))
+        return 0
+    exec_plan(plan)  # replaces this process; returns only through an error
+    return 1
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from fastverify.doctor import print_checks, run_doctor, summarise
 
@@ -293,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_profile(args, argv)
         if args.command == "topo":
             return _cmd_topo(args)
+        if args.command == "launch":
+            return _cmd_launch(args)
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "tune":
