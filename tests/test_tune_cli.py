@@ -66,3 +66,42 @@ def test_tune_errors(shared_dir, tmp_path, extra, words):
     (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())
     (tmp_path / "p.json").write_text("{}")
     _one_line_exit_2(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
+
+
+def test_cpu_sweep_refuses_to_write_an_env_file(shared_dir, tmp_path):
+    """gloo ignores NCCL settings: a CPU 'winner' is noise and must never reach an env file."""
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    proc = run_fastverify(["tune", "--topology", str(topo), "--model", "tiny", "--write-env", "k.env"], cwd=tmp_path)
+    _one_line_exit_2(proc, "--write-env", "gloo")
+    assert not (tmp_path / "k.env").exists() and not (tmp_path / "nccl_configs").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--timeout", "inf"], ["--timeout"]),
+    (["--predict", "--topology", "topo.txt", "--write-env", "ok.env", "--write-tuner-config", "adir"], ["adir"]),
+    (["--journal", "adir"], ["adir"]),
+    (["--write-tuner-config", "t.csv"], ["--predict"]),
+    (["--predict", "--topology", "topo.txt", "--png", "x.png"], ["--png"]),
+])
+def test_tune_output_paths_checked_before_any_work(shared_dir, tmp_path, extra, words):
+    (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())
+    (tmp_path / "adir").mkdir()
+    _one_line_exit_2(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
+    assert not (tmp_path / "ok.env").exists()
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_trace_profile_workload_is_measured_as_plain_all_reduces(tmp_path):
+    """A trace profile has sizes but no hidden size: the sweep times plain all-reduces."""
+    prof = {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
+            "source": {"kind": "trace", "files": ["a", "b"]},
+            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
+            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
+                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    proc = run_fastverify(["tune", "--profile", "p.json", "--iters", "2", "--warmup", "1", "--journal", "j.jsonl"],
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "timing plain all-reduces" in " ".join(proc.stdout.split())
+    spec = [json.loads(x) for x in (tmp_path / "j.jsonl").read_text().splitlines()][1]["spec"]
+    assert spec["op"] == "all_reduce" and spec["sizes"] == [[2048, 2]]

@@ -70,7 +70,7 @@ def test_journal_round_trip(tmp_path):
     assert [r.result for r in got.records] == [_result(t) for t in trials[:2]]
 
 
-@pytest.mark.parametrize("tail", [b'{"kind": "trial", "spec": {"backe', b"\x00\x00\x00", b'{"kind": "tri\n'])
+@pytest.mark.parametrize("tail", [b'{"kind": "trial", "spec": {"backe', b"\x00\x00\x00"])
 def test_torn_last_line_is_dropped_reported_and_cut_on_resume(tmp_path, tail, caplog):
     trials = _trials()
     path = tmp_path / "j.jsonl"
@@ -86,6 +86,17 @@ def test_torn_last_line_is_dropped_reported_and_cut_on_resume(tmp_path, tail, ca
     again = read_journal(path)
     assert again.torn_bytes == 0 and [r.spec for r in again.records] == trials
     assert path.read_bytes().startswith(good)
+
+
+def test_complete_but_corrupt_last_line_is_not_taken_for_a_torn_write(tmp_path):
+    """A record is written with its newline in one write, so a last line that has its newline but
+    does not parse is corruption, not an interrupted write: refuse it rather than drop it."""
+    trials = _trials()
+    path = tmp_path / "j.jsonl"
+    _write(path, trials, 2)
+    path.write_bytes(path.read_bytes() + b'{"kind": "tri\n')
+    with pytest.raises(UserError, match="line 4 is corrupt"):
+        read_journal(path)
 
 
 def test_torn_header_only_starts_over(tmp_path):

@@ -55,6 +55,29 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
 
 
+MIN_WIN_PCT = 2.0
+"""A measured candidate must beat the baseline's verify-step all-reduce time by this much (and by
+more than the baseline's own p90 spread) before its settings are written: smaller differences are
+run-to-run noise, not a reason to change a server's settings."""
+
+
+def _check_outputs(args) -> None:
+    """Refuse unusable output paths before any work, so nothing is half-written afterwards."""
+    from fastverify.procs import writable_target
+
+    for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
+                        ("--png", args.png), ("--journal", args.journal)):
+        if value:
+            path = Path(value)
+            if str(value).endswith(os.sep):
+                raise UserError(f"{flag} {value}: give a file path, not a folder")
+            writable_target(path)
+    if not args.predict and args.write_tuner_config is not None:
+        raise UserError("--write-tuner-config comes from the cost model's per-size choice: use it with --predict")
+    if args.predict and args.png is not None:
+        raise UserError("--png plots measured latencies: it does not apply with --predict")
+
+
 def _workload(args):
     from fastverify.tune.workload import workload_from_model, workload_from_profile
 
@@ -114,15 +137,24 @@ def run(args) -> int:
         raise UserError(f"--accept-length {args.accept_length:g}: expected tokens per cycle in [1, 64]")
     if args.tok_s is not None and not args.tok_s > 0:
         raise UserError(f"--tok-s {args.tok_s:g}: expected a positive tok/s")
-    if not args.timeout > 0:
-        raise UserError(f"--timeout {args.timeout:g}: expected seconds > 0")
+    if not 0 < args.timeout <= 86400:
+        raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, 86400]")
+    _check_outputs(args)
     version = _version(args)
     topo = _topology(args, workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
 
+    from fastverify.nccl.catalogue import Severity, validate_env
+
+    for f in validate_env(os.environ, version):
+        if f.severity is not Severity.OK:
+            console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
+                          + (f" -> {f.fix}" if f.fix else ""), markup=False)
     ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
                                 sm=args.sm) if topo is not None else []
+    for note in (ranked[0].notes if ranked and ranked[0].is_baseline else ()):
+        console.print(f"# note: {note}", markup=False)
     if args.predict:
         return _report_prediction(args, console, workload, topo, version, ranked)
     return _measure(args, console, workload, topo, version, ranked, verify_reduction)
@@ -139,11 +171,11 @@ def _report_prediction(args, console, workload, topo, version, ranked) -> int:
     console.print(f"# fastverify tune --predict: {workload.source}; {workload.allreduce_count} all-reduces per verify "
                   f"step; topology {topo.source}; NCCL {version or 'version unknown (newest rules)'}", markup=False)
     t = Table(title="NCCL settings, PREDICTED all-reduce time per verify step (not measured)", title_justify="left")
-    for col in ("rank", "settings", "transport", "P2P pairs", "µs / step", "faster than baseline"):
+    for col in ("rank", "settings", "transport", "P2P pairs", "µs / step", "vs baseline (− = faster)"):
         t.add_column(col, justify="right", overflow="fold")
     for i, c in enumerate(ranked, 1):
         t.add_row(str(i), ", ".join(f"{k}={v}" for k, v in c.settings.items()) or "(current environment)",
-                  c.transport, f"{c.p2p_pairs}/{c.pairs}", f"{c.allreduce_us:,.1f}", f"{c.vs_baseline_pct:+.1f} %")
+                  c.transport, f"{c.p2p_pairs}/{c.pairs}", f"{c.allreduce_us:,.1f}", f"{-c.vs_baseline_pct:+.1f} %")
     console.print(t)
     red = verify_reduction(workload, baseline.allreduce_us, best.allreduce_us, accept_length=args.accept_length,
                            tok_s=args.tok_s)
@@ -189,18 +221,33 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction) -
         raise UserError(f"--device cuda: needs {workload.tp} GPUs, found "
                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
     device = "cuda" if cuda else "cpu"
+    if not cuda and args.write_env is not None:
+        raise UserError("--write-env: without GPUs the sweep runs on gloo, which ignores NCCL settings, so it "
+                        "measures nothing to write; use --predict --topology FILE, or run on the GPU box")
     elem = DTYPE_BYTES[workload.dtype]
+    bad = [b for b, _ in workload.msg_sizes if b <= 0 or b % elem]
+    if bad:
+        raise UserError(f"{workload.source}: all-reduce sizes {bad} B are not whole {workload.dtype} tensors")
     sizes = tuple((b // elem, c) for b, c in workload.msg_sizes)
-    common = dict(world_size=workload.tp, device=device, dtype=workload.dtype, hidden=workload.hidden, sizes=sizes,
-                  warmup=args.warmup, iters=args.iters, op=Op.ALL_REDUCE_RESIDUAL_RMSNORM)
+    # all-reduce + residual + RMSNorm (like for like with the fused kernels) needs the hidden size;
+    # a trace profile has none, so its sizes are timed as plain all-reduces.
+    fused_ok = bool(workload.hidden) and all(n % workload.hidden == 0 for n, _ in sizes)
+    op = Op.ALL_REDUCE_RESIDUAL_RMSNORM if fused_ok else Op.ALL_REDUCE
+    common = dict(world_size=workload.tp, device=device, dtype=workload.dtype, hidden=workload.hidden or 1,
+                  sizes=sizes, warmup=args.warmup, iters=args.iters, op=op)
+    if not fused_ok:
+        console.print("# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
+                      "all-reduce + RMSNorm backend is left out", markup=False)
     base_backend = "nccl" if cuda else "gloo"
     trials = [TrialSpec(backend=base_backend, env={}, label="current environment", baseline=True, **common)]
     for c in [c for c in ranked if not c.is_baseline][: args.top]:
         trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), label=c.name, **common))
+    if not ranked and not cuda:
+        console.print("# no topology (--topology FILE or NVML): only the current environment is measured", markup=False)
     if cuda:
         p2p_ok = _p2p_ok(topo)
         max_numel = max(n for n, _ in sizes)
-        for backend in ("pcie_ipc", "fused", "custom_ar"):
+        for backend in ("pcie_ipc", "fused", "custom_ar") if fused_ok else ("pcie_ipc", "custom_ar"):
             trials.append(TrialSpec(backend=backend, env={}, label=backend, options={"max_numel": max_numel},
                                     probe_facts={"p2p_ok": p2p_ok}, **common))
     fp = _fingerprint(workload, topo, version)
@@ -210,13 +257,16 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction) -
     if not cuda:
         console.print("# no GPUs: trials run on gloo over CPU, which ignores NCCL settings; timings are CPU wall "
                       "clock, NOT GPU timings; this checks the machinery, it does not tune", markup=False)
-    results = run_sweep(trials, journal_path=journal, timeout_s=args.timeout, resume=args.resume, progress=True,
-                        config={"workload": workload.source, "fingerprint": fp})
+    try:
+        results = run_sweep(trials, journal_path=journal, timeout_s=args.timeout, resume=args.resume, progress=True,
+                            config={"workload": workload.source, "fingerprint": fp})
+    except OSError as e:
+        raise UserError(f"{journal}: cannot write the journal ({e.strerror or e})") from None
     ranking = rank_candidates(trials, results)
     print_report(ranking, console)
     if args.png:
-        plot_latency(ranking, args.png)
-        console.print(f"wrote {args.png}", markup=False)
+        written = plot_latency(ranking, args.png)
+        console.print(f"wrote {written}", markup=False)
     if ranking.best is None or ranking.baseline is None:
         raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
     red = verify_reduction(workload, ranking.baseline.step_us, ranking.best.step_us,
@@ -226,17 +276,29 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction) -
     if args.write_env is not None:
         path = Path(args.write_env) if args.write_env else default_env_path(fp)
         best = ranking.best.spec
+        gain_pct = 100.0 * (ranking.baseline.step_us - ranking.best.step_us) / ranking.baseline.step_us
+        spread_pct = _spread_pct(ranking.baseline.result)
+        if best is not ranking.baseline.spec and gain_pct < max(MIN_WIN_PCT, spread_pct):
+            console.print(f"# the best candidate is {gain_pct:.1f} % faster than the baseline, within the noise "
+                          f"(needs > {max(MIN_WIN_PCT, spread_pct):.1f} %): keeping the current settings", markup=False)
+            best = ranking.baseline.spec
         settings = dict(best.env)
         if best.backend == "pcie_ipc":
             settings.update({"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1",
                              "SGLANG_PCIE_IPC_MAX_NUMEL": str(best.options.get("max_numel"))})
-        clock = "GPU, CUDA events" if cuda else "CPU over gloo (NCCL settings had no effect: do not deploy)"
-        header = [f"MEASURED by fastverify tune ({clock})", f"workload: {workload.source}",
+        header = ["MEASURED by fastverify tune (GPU, CUDA events)", f"workload: {workload.source}",
                   f"winner: {best.label or best.backend}: {ranking.best.step_us:.1f} us per verify step vs "
                   f"{ranking.baseline.step_us:.1f} us baseline"]
         write_env_file(path, settings, header_lines=header, nccl_version=version)
         console.print(f"wrote {path}", markup=False)
     return 0
+
+
+def _spread_pct(result) -> float:
+    """The baseline's own p90-over-median spread (%, worst size): differences below it are noise."""
+    spreads = [100.0 * (z.p90_us - z.median_us) / z.median_us for z in result.sizes
+               if z.median_us and z.p90_us is not None]
+    return max(spreads, default=0.0)
 
 
 def _p2p_ok(topo) -> bool | None:

@@ -93,8 +93,8 @@ def read_journal(path: str | Path) -> JournalContents:
                 header = _check_header(doc, path)
             else:
                 records.append(_record(doc))
-        except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as err:
-            if not is_last:
+        except (ValueError, TypeError, KeyError, AttributeError, orjson.JSONDecodeError) as err:
+            if not is_last or complete:  # only a last line without its newline can be a torn write
                 raise UserError(f"journal {path} line {i + 1} is corrupt ({_one_line(err)}); "
                                 f"move the file away to start the sweep over") from None
             logger.warning("journal %s: dropped a torn last line (%d bytes, line %d), left by an "
@@ -132,6 +132,13 @@ def _record(doc: dict) -> JournalRecord:
         raise ValueError(f"unknown record kind {doc.get('kind')!r}")
     spec = TrialSpec.from_dict(doc["spec"])
     result = TrialResult.from_dict(doc["result"])
+    for size in result.sizes:  # times are compared and summed later: refuse anything but numbers now
+        for name in ("median_us", "p90_us"):
+            v = getattr(size, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ValueError(f"{name} is {v!r}, not a number")
+    if result.step_us is not None and (isinstance(result.step_us, bool) or not isinstance(result.step_us, (int, float))):
+        raise ValueError(f"step_us is {result.step_us!r}, not a number")
     if result.trial_id != spec.trial_id:
         raise ValueError(f"result trial id {result.trial_id!r} differs from its spec's {spec.trial_id!r}")
     return JournalRecord(spec, result)
