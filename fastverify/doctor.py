@@ -682,16 +682,9 @@ def check_cuda_graph(ctx: _Context) -> Outcome:
         e1.synchronize()
         if i >= 3:
             eager_ms.append(e0.elapsed_time(e1))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graph docs)
-        for _ in range(2):
-            model.forward()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model.forward()
+    from fastverify.cudagraph import capture_cuda_graph
+
+    graph, out = capture_cuda_graph(model.forward, warmup=2)
     replay_ms = []
     for _ in range(GRAPH_REPLAYS):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

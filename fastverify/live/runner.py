@@ -437,16 +437,9 @@ def _export_trace(model, rank: int, trace_dir: str, torch, dist) -> str:
     if init_graphs is not None:
         # Graphs captured before the profiler's first use may be missing from traces (pytorch PR #100441).
         init_graphs()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graph docs)
-        for _ in range(2):
-            model.forward()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model.forward()
+    from fastverify.cudagraph import capture_cuda_graph
+
+    graph, _ = capture_cuda_graph(model.forward, warmup=2)
     torch.cuda.synchronize()
     dist.barrier(device_ids=[rank])
     path = Path(trace_dir) / f"verify-TP-{rank}.trace.json.gz"

@@ -248,17 +248,10 @@ def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
 def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, dist):
     """Capture ``k`` calls in one CUDA graph, replay it ``iters`` times; ns per call per replay,
     and the outputs of the last captured call (read after the last replay)."""
+    from fastverify.cudagraph import capture_cuda_graph
+
     k = max(1, min(count, GRAPH_OPS_MAX))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graph docs)
-        case.call(backend)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(k):
-            last = case.call(backend)
+    graph, last = capture_cuda_graph(lambda: case.call(backend), warmup=1, calls=k)
     torch.cuda.synchronize()
     out = []
     for _ in range(iters):
