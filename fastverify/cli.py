@@ -138,8 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--backend", choices=BACKENDS, default="auto", help="all-reduce backend in the ranks")
     launch.add_argument("--profile-verify", type=Path, metavar="DIR",
                         help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
+    launch.add_argument("--trace-verify-steps", type=_bounded(0, 1000), default=0, metavar="N",
+                        help="also record a torch.profiler trace of N verify steps per rank into --profile-verify")
     launch.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
+
+    patch = sub.add_parser(
+        "patch",
+        allow_abbrev=False,
+        help="report which SGLang patch targets resolve and which route loads the patch",
+        description=("For the installed SGLang, or a source tree (--sglang-source, read with ast, never imported): "
+                     "which targets the patch would wrap, which it would skip and why, and whether the plugin "
+                     "entry point or the import hook loads it. Exit 1 when a target does not resolve."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    patch.add_argument("--check", action="store_true", required=True, help="report (the only action)")
+    patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
     return p
 
 
@@ -287,7 +301,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     plan = plan_launch(str(args.env) if args.env else None, args.backend,
-                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ)
+                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
+                       trace_steps=args.trace_verify_steps)
     if args.dry_run:
         sys.stdout.write(describe(plan))
         return 0
@@ -327,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_profile(args, argv)
         if args.command == "topo":
             return _cmd_topo(args)
+        if args.command == "patch":
+            from fastverify.patch.check import check, format_report
+
+            info, statuses, route = check(args.sglang_source)
+            sys.stdout.write(format_report(info, statuses, route))
+            return 0 if all(s.status == "found" for s in statuses) else 1
         if args.command == "launch":
             return _cmd_launch(args)
         if args.command == "doctor":

@@ -265,6 +265,29 @@ def test_verify_timer_writes_json_lines_without_sync(tmp_path):
     FakeEvent.clock = 0
 
 
+def test_verify_trace_of_n_steps(tmp_path):
+    """FASTVERIFY_PROFILE_VERIFY_STEPS=2: a torch.profiler trace of the next 2 verify forwards, each in a
+    step[TARGET_VERIFY #i] span, written once the 2nd ends (CPU here, so only host events)."""
+    import gzip
+
+    mods, _ = make_fake_sglang()
+    env = {**ON, "FASTVERIFY_BACKEND": "off", "FASTVERIFY_PROFILE_VERIFY": str(tmp_path),
+           "FASTVERIFY_PROFILE_VERIFY_STEPS": "2"}
+    timer = I.VerifyTimer(tmp_path, every=100, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "1")
+    rep = I.install(mods, environ=env, timer=timer)
+    assert rep.applied == ["verify_timer"]
+    w = mods[I.MOD_TP_WORKER].TpModelWorker()
+    w.forward_batch_generation(None, "fb", is_verify=True)
+    assert not list(tmp_path.glob("verify-TP-*.trace.json.gz"))  # written when the 2nd traced step ends
+    w.forward_batch_generation(None, "fb", is_verify=True)
+    w.forward_batch_generation(None, "fb", is_verify=True)  # after the trace: timed, not traced
+    (path,) = tmp_path.glob("verify-TP-*.trace.json.gz")  # TP rank, or pid<N> without torch.distributed
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    spans = sorted(e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("step[TARGET_VERIFY"))
+    assert spans == ["step[TARGET_VERIFY #0]", "step[TARGET_VERIFY #1]"]
+    assert timer.steps == 3
+
+
 def test_cpu_timer_default(tmp_path):
     t = I.VerifyTimer(tmp_path, every=1, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
     t.stop(t.start())

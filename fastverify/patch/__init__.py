@@ -22,6 +22,7 @@ import os
 ENV_FLAG = "FASTVERIFY_PATCH"
 ENV_BACKEND = "FASTVERIFY_BACKEND"
 ENV_PROFILE_VERIFY = "FASTVERIFY_PROFILE_VERIFY"
+ENV_PROFILE_VERIFY_STEPS = "FASTVERIFY_PROFILE_VERIFY_STEPS"  # also a torch.profiler trace of this many verify steps
 ENV_CUDA_MAX_CONNECTIONS = "FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS"
 PLUGIN_NAME = "fastverify"
 PLUGIN_GROUP = "sglang.srt.plugins"
@@ -49,5 +50,5 @@ def plugin() -> None:
                                                      type(err).__name__, err)
 
 
-__all__ = ["ENV_BACKEND", "ENV_CUDA_MAX_CONNECTIONS", "ENV_FLAG", "ENV_PROFILE_VERIFY", "PLUGIN_GROUP",
+__all__ = ["ENV_BACKEND", "ENV_CUDA_MAX_CONNECTIONS", "ENV_FLAG", "ENV_PROFILE_VERIFY", "ENV_PROFILE_VERIFY_STEPS", "PLUGIN_GROUP",
            "PLUGIN_NAME", "enabled", "plugin"]

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastverify.patch import ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY
+from fastverify.patch import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
+                              ENV_PROFILE_VERIFY_STEPS)
 
 log = logging.getLogger("fastverify.patch")
 
@@ -459,7 +460,63 @@ class VerifyTimer:
         return len(done)
 
 
-def _make_verify_wrapper(original: Callable, timer: VerifyTimer) -> Callable:
+class VerifyTrace:
+    """A torch.profiler trace of the next ``steps`` verify forwards of this rank, each inside a
+    ``step[TARGET_VERIFY #i]`` span (the form ``fastverify profile --trace`` splits steps on),
+    written to ``out_dir/verify-TP-<rank>.trace.json.gz`` when the last one ends. Profiling costs
+    time, so the timings in the JSON lines of those steps are not representative; it stops itself."""
+
+    def __init__(self, out_dir: str | Path, steps: int, *, rank: Callable[[], str] = _default_rank) -> None:
+        self.out_dir = Path(out_dir)
+        self.steps = int(steps)
+        self.rank = rank
+        self.done = 0
+        self._prof: Any = None
+        self._span: Any = None
+        self.path: Path | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.done < self.steps
+
+    def begin(self) -> None:
+        if not self.active:
+            return
+        try:
+            import torch
+
+            if self._prof is None:
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                self._prof = torch.profiler.profile(activities=acts)
+                self._prof.__enter__()
+            self._span = torch.profiler.record_function(f"step[TARGET_VERIFY #{self.done}]")
+            self._span.__enter__()
+        except Exception as err:  # profiling must never break serving
+            log.warning("fastverify patch: verify trace not started: %s", err)
+            self.steps = 0
+
+    def end(self) -> None:
+        if self._span is None:
+            return
+        try:
+            self._span.__exit__(None, None, None)
+            self._span = None
+            self.done += 1
+            if self.done >= self.steps:
+                self._prof.__exit__(None, None, None)
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                self.path = self.out_dir / f"verify-TP-{self.rank()}.trace.json.gz"
+                self._prof.export_chrome_trace(str(self.path))
+                self._prof = None
+                log.info("fastverify patch: wrote a trace of %d verify steps to %s", self.done, self.path)
+        except Exception as err:
+            log.warning("fastverify patch: verify trace not written: %s", err)
+            self.steps = 0
+
+
+def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTrace | None = None) -> Callable:
     sig = inspect.signature(original)
     names = list(sig.parameters)
     pos = names.index("is_verify") - 1 if "is_verify" in names else -1  # minus self
@@ -471,9 +528,16 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer) -> Callable:
             is_verify = 0 <= pos < len(args) and args[pos]
         if not is_verify or _is_capturing():
             return original(self, *args, **kwargs)
+        tracing = trace is not None and trace.active
+        if tracing:
+            trace.begin()
         start = timer.start()
-        out = original(self, *args, **kwargs)
-        timer.stop(start)
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            timer.stop(start)
+            if tracing:
+                trace.end()
         return out
 
     return forward_batch_generation
@@ -538,7 +602,9 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
             prof = env.get(ENV_PROFILE_VERIFY)
             if prof or timer is not None:
                 t = timer or _timer or VerifyTimer(prof)
-                _try_target(report, TARGET_VERIFY, sglang_modules, lambda orig: _make_verify_wrapper(orig, t))
+                n = env.get(ENV_PROFILE_VERIFY_STEPS, "")
+                tr = VerifyTrace(prof, int(n)) if prof and n.isdigit() and int(n) > 0 else None
+                _try_target(report, TARGET_VERIFY, sglang_modules, lambda orig: _make_verify_wrapper(orig, t, tr))
                 if TARGET_VERIFY.key in report.applied and _timer is None:
                     _timer = t
                     atexit.register(lambda: t.drain(wait=True))

@@ -36,6 +36,7 @@ from fastverify.patch import (
     ENV_CUDA_MAX_CONNECTIONS,
     ENV_FLAG,
     ENV_PROFILE_VERIFY,
+    ENV_PROFILE_VERIFY_STEPS,
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
@@ -88,12 +89,15 @@ def detect_sglang(sglang_dir: str | Path | None = None) -> SGLangInfo:
         version = importlib.metadata.version("sglang") if sglang_dir is None else None
     except importlib.metadata.PackageNotFoundError:
         version = None
-    if version is None:
-        vfile = root / "version.py"
+    for vname in ("version.py", "_version.py"):  # 0.5.23 keeps the number in setuptools-scm's _version.py
+        if version is not None:
+            break
         try:
-            for line in vfile.read_text(encoding="utf-8").splitlines():
-                if line.startswith("__version__"):
-                    version = line.split("=", 1)[1].strip().strip("\"'")
+            for line in (root / vname).read_text(encoding="utf-8").splitlines():
+                value = line.rsplit("=", 1)[1].strip() if line.startswith("__version__") and "=" in line else ""
+                if value[:1] in ("'", '"'):  # `__version__ = version = '0.5.23'`; not `= _compute()`
+                    version = value.strip("\"'") or None
+                    break
         except (OSError, IndexError):
             pass
     return SGLangInfo(
@@ -162,7 +166,7 @@ def _read_env_file(path: str) -> dict[str, str]:
 
 def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
                 environ: Mapping[str, str], sglang_dir: str | Path | None = None,
-                sglang: SGLangInfo | None = None) -> LaunchPlan:
+                sglang: SGLangInfo | None = None, trace_steps: int = 0) -> LaunchPlan:
     """Validate the inputs and decide what to set.
 
     Parameters
@@ -222,6 +226,10 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                      "the residual + RMSNorm all-reduces use fastverify's fused path")
 
     prof: str | None = None
+    if trace_steps and profile_verify is None:
+        raise UserError("--trace-verify-steps writes its trace into the --profile-verify folder: give both")
+    if not 0 <= trace_steps <= 1000:
+        raise UserError(f"--trace-verify-steps {trace_steps}: expected 0..1000 verify steps")
     if profile_verify is not None:
         p = Path(profile_verify).expanduser()
         if p.exists() and not p.is_dir():
@@ -236,6 +244,8 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         env[ENV_BACKEND] = backend
         if prof:
             env[ENV_PROFILE_VERIFY] = prof
+            if trace_steps:
+                env[ENV_PROFILE_VERIFY_STEPS] = str(trace_steps)
         if info.has_plugins and info.entry_point_installed:
             route = ROUTE_PLUGIN
             allowed = environ.get("SGLANG_PLUGINS", "")
@@ -295,6 +305,9 @@ def describe(plan: LaunchPlan) -> str:
         lines.append("patch: not needed (settings only)")
     if plan.profile_verify:
         lines.append(f"verify timings: {plan.profile_verify}/verify-rank<R>.jsonl")
+        if plan.env.get(ENV_PROFILE_VERIFY_STEPS):
+            lines.append(f"verify trace: {plan.env[ENV_PROFILE_VERIFY_STEPS]} steps to {plan.profile_verify}/"
+                         "verify-TP-<R>.trace.json.gz (read it with `fastverify profile --trace`)")
     for n in plan.notes:
         lines.append(f"note: {n}")
     lines.append("command: " + shlex.join(plan.argv))
