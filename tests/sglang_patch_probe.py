@@ -187,6 +187,50 @@ def probe_verify_timer() -> dict:
     return out
 
 
+def probe_pre_capture() -> dict:
+    """The pre-capture target on the real ``ModelRunner.init_cuda_graphs``: resolved, wrapped and
+    restored by identity. No GPU here, so ``backend.prepare`` is NOT exercised against a real
+    backend; the wrapper is called on a stand-in runner with a failing factory to show that the
+    failure is logged and the real body is still reached."""
+    from fastverify.patch import install as I
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    out: dict = {"prepare_exercised": False,
+                 "prepare_note": "no GPU in this probe: backend.prepare(shapes) is not run against a real backend"}
+    orig = ModelRunner.__dict__["init_cuda_graphs"]
+    out["real_signature"] = str(inspect.signature(orig))
+    os.environ["FASTVERIFY_PATCH"] = "1"
+    os.environ["FASTVERIFY_BACKEND"] = "fused"
+    try:
+        rep = I.install()
+        out["applied"] = list(rep.applied)
+        out["skipped"] = dict(rep.skipped)
+        wrapped = ModelRunner.__dict__["init_cuda_graphs"]
+        out["wrapped"] = wrapped is not orig and getattr(wrapped, "__fastverify_original__", None) is orig
+        out["signature_preserved"] = inspect.signature(wrapped) == inspect.signature(orig)
+
+        def bad_factory(coordinator, x):
+            raise RuntimeError("probe: no GPU")
+
+        I._fused.factory = bad_factory
+
+        class _NotARunner:  # no model_config: creation fails first; the real body fails after
+            pass
+
+        try:
+            ModelRunner.init_cuda_graphs(_NotARunner())
+            out["real_body_error"] = None
+        except Exception as e:
+            out["real_body_error"] = _err(e)
+        out["slot_after_failure"] = {"backend": I._fused.backend is not None, "disabled": I._fused.disabled,
+                                     "prepared": I._fused.prepared}
+        out["uninstalled"] = I.uninstall()
+        out["restored_identity"] = ModelRunner.__dict__["init_cuda_graphs"] is orig
+    finally:
+        I.uninstall()
+    return out
+
+
 def probe_plugin_group() -> dict:
     from importlib.metadata import entry_points
 
@@ -281,12 +325,14 @@ def probe_static() -> dict:
             mid = _originals()
             I.install()
             twice = _originals()
-            out["install_twice_noop"] = all(mid[k] is twice[k] for k in mid) and len(I.installed()) == 1
+            n_changed = sum(1 for k in before if before[k] is not mid[k])
+            out["install_twice_noop"] = all(mid[k] is twice[k] for k in mid) and len(I.installed()) == n_changed == 2
             I.uninstall()
             out["install_twice_restored"] = all(before[k] is _originals()[k] for k in before)
         finally:
             I.uninstall()
     out["verify_timer"] = probe_verify_timer()
+    out["pre_capture"] = probe_pre_capture()
     out["plugin"] = probe_plugin_group()
     return out
 

@@ -36,7 +36,7 @@ def test_real_source_every_target_resolves(sglang_tree, tmp_path):
     proc = run_fastverify(["patch", "--check", "--sglang-source", str(sglang_tree)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SGLang 0.5.23 at" in proc.stdout
-    assert "3 of 3 targets resolve" in proc.stdout
+    assert "4 of 4 targets resolve" in proc.stdout
     assert "switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): present" in proc.stdout
     assert "route: " in proc.stdout
 
@@ -55,7 +55,7 @@ def test_changed_copy_is_reported_and_skipped(sglang_tree, tmp_path):
     assert "missing   fused_norm" in proc.stdout and "RMSNorm has no forward_with_allreduce_fusion" in proc.stdout
     assert "different verify_timer" in proc.stdout and "has no parameter 'is_verify'" in proc.stdout
     assert "found     all_reduce" in proc.stdout
-    assert "1 of 3 targets resolve" in proc.stdout
+    assert "2 of 4 targets resolve" in proc.stdout  # all_reduce and pre_capture untouched
 
 
 def test_not_a_source_tree(tmp_path):

@@ -80,7 +80,32 @@ def make_fake_sglang(world_size=2, *, norm_params=None):
             return ("result", is_verify)
 
     tw.TpModelWorker = TpModelWorker
-    mods = {m.__name__: m for m in (ps, dist, moe, ln, tw)}
+
+    mr = types.ModuleType(I.MOD_MODEL_RUNNER)
+
+    class ModelRunner:  # 0.5.23: init_cuda_graphs(self, capture_decode_cuda_graph: bool = True)
+        def __init__(self, hidden=8, width=4, pool=48, is_draft_worker=False):
+            self.model_config = types.SimpleNamespace(hidden_size=hidden)
+            self.dtype = torch.float32
+            self.device, self.gpu_id = "cuda", 0
+            self.req_to_token_pool = types.SimpleNamespace(size=pool)
+            self.server_args = types.SimpleNamespace(cuda_graph_bs=None, cuda_graph_max_bs=None)
+            self.is_draft_worker = is_draft_worker
+            self.width = width
+
+        def decode_num_tokens_per_req(self, *, num_draft_tokens=None):
+            return self.width
+
+        def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True):
+            calls.setdefault("captures", []).append(capture_decode_cuda_graph)
+            calls.setdefault("events", []).append(("capture", capture_decode_cuda_graph))
+
+    mr.ModelRunner = ModelRunner
+    rc = types.ModuleType(I.MOD_RUNTIME_CONTEXT)
+    graph_cfg = types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
+        decode=types.SimpleNamespace(bs=[1, 2, 4, 8, 16, 32, 64])))
+    rc.get_exec = lambda: types.SimpleNamespace(graph=graph_cfg)
+    mods = {m.__name__: m for m in (ps, dist, moe, ln, tw, mr, rc)}
     return mods, calls
 
 
@@ -109,7 +134,7 @@ def test_fused_path_always_all_reduces_and_restores():
     RMSNorm = mods[I.MOD_LAYERNORM].RMSNorm
     orig = RMSNorm.__dict__["forward_with_allreduce_fusion"]
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
-    assert rep.applied == ["fused_norm"] and rep.skipped == {}
+    assert rep.applied == ["fused_norm", "pre_capture"] and rep.skipped == {}
     norm = RMSNorm(8)
     x, res = torch.randn(4, 8), torch.randn(4, 8)
     res_before = res.clone()
@@ -127,9 +152,9 @@ def test_fused_path_always_all_reduces_and_restores():
     torch.testing.assert_close(new_res, res_before + post + 2 * x)
     assert calls["ar"] == 4
     # idempotent
-    assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"}).applied == ["fused_norm"]
-    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion"]
-    assert I.uninstall() == 1
+    assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"}).applied == ["fused_norm", "pre_capture"]
+    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "ModelRunner.init_cuda_graphs"]
+    assert I.uninstall() == 2
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
 
 
@@ -201,7 +226,7 @@ def test_dispatch_wrapped_only_without_sglang_pcie_ipc():
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=True)
     assert rep.applied == [] and "all_reduce" in rep.skipped and I.installed() == []
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=False)
-    assert rep.applied == ["all_reduce"]
+    assert rep.applied == ["all_reduce", "pre_capture"]
     g = GC()
     x = torch.ones(2, 4)
     assert torch.equal(g.all_reduce(x), x * 2) and calls["ar"] == 1  # no backend yet: SGLang's path
@@ -226,6 +251,142 @@ def test_cuda_max_connections_reapplied(monkeypatch):
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "auto", "FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS": "1"})
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and rep.settings == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert rep.applied == []  # auto: SGLang's dispatch untouched
+
+
+# --- before CUDA-graph capture --------------------------------------------------------------------
+
+
+class FakePrepared:
+    def __init__(self, log):
+        self.log = log
+
+    def supports(self, x):
+        return True
+
+    def prepare(self, shapes):
+        self.log.append(("prepare", list(shapes)))
+
+
+def _capture_setup(backend, fail=None):
+    mods, calls = make_fake_sglang()
+    events = calls.setdefault("events", [])  # one timeline: creation, prepare, the original
+    MR = mods[I.MOD_MODEL_RUNNER].ModelRunner
+    orig = MR.__dict__["init_cuda_graphs"]
+
+    def factory(coordinator, x):
+        events.append(("create", coordinator, tuple(x.shape), x.dtype))
+        if fail == "create":
+            raise RuntimeError("no workspace")
+        return FakePrepared(events) if fail != "prepare" else BadPrepare(events)
+
+    return mods, calls, events, MR, orig, factory
+
+
+class BadPrepare(FakePrepared):
+    closed = False
+
+    def prepare(self, shapes):
+        raise RuntimeError("prepare failed")
+
+    def close(self):
+        BadPrepare.closed = True
+
+
+@pytest.mark.parametrize("backend,slot", [("fused", "_fused"), ("pcie-ipc", "_dispatch")])
+def test_pre_capture_prepares_once_before_the_original(backend, slot):
+    mods, calls, events, MR, orig, factory = _capture_setup(backend)
+    getattr(I, slot).factory = factory
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
+    assert "pre_capture" in rep.applied and rep.skipped == {}
+    assert MR.__dict__["init_cuda_graphs"].__fastverify_original__ is orig
+    runner = MR(hidden=8, width=4, pool=48)
+    real = MR.__dict__["init_cuda_graphs"].__wrapped__
+    assert real is orig
+    runner.init_cuda_graphs(capture_decode_cuda_graph=False)
+    # capture bs [1..64] clamped to the pool (48, added as SGLang does), x 4 tokens per request
+    want = [(r, 8) for r in (4, 8, 16, 32, 64, 128, 192)]
+    group = mods[I.MOD_PARALLEL_STATE].get_tp_group()
+    assert events == [("create", group, (192, 8), torch.float32), ("prepare", want), ("capture", False)]
+    assert calls["captures"] == [False]  # the original ran, after prepare, with its argument
+    assert getattr(I, slot).backend is not None
+    runner.init_cuda_graphs()  # second call (e.g. the draft runner or a recapture): no second prepare
+    MR(is_draft_worker=True).init_cuda_graphs()
+    assert [e[0] for e in events] == ["create", "prepare", "capture", "capture", "capture"]
+    assert calls["captures"] == [False, True, True]
+    # idempotent install, and uninstall restores the original by identity
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
+    assert I.installed().count("ModelRunner.init_cuda_graphs") == 1
+    I.uninstall()
+    assert MR.__dict__["init_cuda_graphs"] is orig and getattr(I, slot).prepared is False
+
+
+def test_pre_capture_falls_back_to_workspace_max_without_batch_sizes():
+    mods, calls, events, MR, orig, factory = _capture_setup("fused")
+    del mods[I.MOD_RUNTIME_CONTEXT]
+    I._fused.factory = factory
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    r = MR(hidden=16)
+    del r.req_to_token_pool
+    r.init_cuda_graphs()
+    assert events[-2:] == [("prepare", [(I.FUSED_MAX_TOKENS, 16)]), ("capture", True)]
+    # server_args.cuda_graph_bs (older SGLang) is read when the runtime context is absent
+    I.uninstall()
+    events.clear()
+    I._fused.factory = factory
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    r = MR(hidden=16, width=2, pool=100)
+    r.server_args.cuda_graph_bs = [1, 3, 2000]
+    r.init_cuda_graphs()
+    assert events[-2] == ("prepare", [(2, 16), (6, 16), (200, 16)])  # 2000 > pool: the pool (100) instead
+
+
+@pytest.mark.parametrize("fail", ["create", "prepare"])
+def test_pre_capture_failure_logged_not_raised(fail, caplog):
+    mods, calls, events, MR, orig, factory = _capture_setup("fused", fail=fail)
+    I._fused.factory = factory
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
+        MR().init_cuda_graphs()
+        MR().init_cuda_graphs()
+    assert calls["captures"] == [True, True]  # the original still ran
+    lines = [m for m in caplog.messages if "not prepared before CUDA-graph capture" in m]
+    assert len(lines) == 1, caplog.messages
+    # left to the lazy path: no backend, not disabled
+    assert I._fused.backend is None and I._fused.disabled is None
+    if fail == "prepare":
+        assert BadPrepare.closed
+    # a runner that cannot even be read (no model_config): logged, never raised
+    I.uninstall()
+    caplog.clear()
+    I._fused.factory = factory
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    runner = MR()
+    del runner.model_config
+    with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
+        runner.init_cuda_graphs()
+    assert len([m for m in caplog.messages if "not prepared" in m]) == 1
+
+
+@pytest.mark.parametrize("backend", ["nccl", "off", "auto"])
+def test_pre_capture_not_installed_for_other_backends(backend):
+    mods, calls, events, MR, orig, factory = _capture_setup(backend)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend})
+    assert "pre_capture" not in rep.applied and MR.__dict__["init_cuda_graphs"] is orig
+    # nor for pcie-ipc where SGLang has its own PCIe IPC all-reduce (the patch creates no backend)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=True)
+    assert "pre_capture" not in rep.applied and MR.__dict__["init_cuda_graphs"] is orig
+
+
+def test_pre_capture_signature_matches_real_source(tmp_path):
+    z = _wheel_tree(tmp_path)
+    pos, kw = _method_params(z.read("sglang/srt/model_executor/model_runner.py").decode(), "ModelRunner",
+                             "init_cuda_graphs")
+    assert pos == ["self", "capture_decode_cuda_graph"] and kw == []
+    tw = z.read("sglang/srt/managers/tp_worker.py").decode()
+    assert "self.model_runner.init_cuda_graphs(" in tw  # every TP rank, once per runner, before capture
+    assert "def decode_num_tokens_per_req(" in z.read("sglang/srt/model_executor/model_runner.py").decode()
+    assert "get_exec().graph.cuda_graph_config.decode.bs" in z.read(
+        "sglang/srt/model_executor/runner/base_cuda_graph_runner.py").decode()
 
 
 class FakeEvent:

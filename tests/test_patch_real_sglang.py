@@ -64,10 +64,10 @@ def test_targets_found_with_expected_signatures(probe):
 def test_fused_backend_applies_and_uninstall_restores(probe):
     st = probe["static"]
     f = st["fused"]
-    assert f["active"] and f["applied"] == ["fused_norm"], f
-    assert f["changed_in_class_dict"] == ["fused_norm"] and f["restored_identity"], f
+    assert f["active"] and f["applied"] == ["fused_norm", "pre_capture"], f
+    assert f["changed_in_class_dict"] == ["fused_norm", "pre_capture"] and f["restored_identity"], f
     fp = st["fused_profile"]
-    assert sorted(fp["applied"]) == ["fused_norm", "verify_timer"] and fp["restored_identity"], fp
+    assert sorted(fp["applied"]) == ["fused_norm", "pre_capture", "verify_timer"] and fp["restored_identity"], fp
     assert st["install_twice_noop"] and st["install_twice_restored"]
 
 
@@ -81,7 +81,7 @@ def test_other_backends(probe):
     assert "own PCIe IPC" in st["pcie_ipc"]["skipped"]["all_reduce"]
     # ...and the real GroupCoordinator.all_reduce is wrappable where it would not be
     w = st["pcie_ipc_without_sglang_ipc"]
-    assert w["applied"] == ["all_reduce"] and w["restored_identity"], w
+    assert w["applied"] == ["all_reduce", "pre_capture"] and w["restored_identity"], w
 
 
 def test_verify_timer_wraps_real_signature(probe):
@@ -92,6 +92,19 @@ def test_verify_timer_wraps_real_signature(probe):
     assert c["is_verify_positional_true"]["timed"] and c["is_verify_keyword_true"]["timed"], c
     assert not c["is_verify_keyword_false"]["timed"] and not c["is_verify_default"]["timed"], c
     assert v["restored_identity"]
+
+
+def test_pre_capture_wraps_real_init_cuda_graphs(probe):
+    """Resolved, wrapped and restored by identity on the real ModelRunner. No GPU in the probe:
+    backend.prepare is not exercised there (the fake-SGLang tests cover it); a failing creation is
+    logged, leaves the slot to the lazy path, and the real body still runs."""
+    p = probe["static"]["pre_capture"]
+    assert "capture_decode_cuda_graph" in p["real_signature"], p
+    assert p["applied"] == ["fused_norm", "pre_capture"] and p["wrapped"] and p["signature_preserved"], p
+    assert p["prepare_exercised"] is False
+    assert p["real_body_error"] is not None, p  # the real SGLang body was reached (and fails on the stand-in)
+    assert p["slot_after_failure"] == {"backend": False, "disabled": None, "prepared": True}, p
+    assert p["uninstalled"] == 2 and p["restored_identity"], p
 
 
 def test_plugin_group_is_what_sglang_loads(probe):
@@ -114,8 +127,8 @@ def test_real_groups_on_gloo(probe):
     for r in _ranks(probe):
         assert r["world_backend"] == "gloo"
         assert r["groups"]["tp"][1] == 2 and r["groups"]["attn_tp"][1] == 2, r["groups"]
-        assert r["install"]["applied"] == ["fused_norm"], r["install"]
-        assert r["patched_in_place"] and r["restored_identity"] and r["uninstalled"] == 1
+        assert r["install"]["applied"] == ["fused_norm", "pre_capture"], r["install"]
+        assert r["patched_in_place"] and r["restored_identity"] and r["uninstalled"] == 2
 
 
 def test_patched_fused_norm_all_reduces_and_matches_reference(probe):

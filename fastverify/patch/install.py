@@ -20,6 +20,14 @@ Targets are found by feature detection, each checked with :mod:`inspect` before 
     wrapped for ``--profile-verify DIR``: a pair of events around each verify forward (CUDA events
     on the current stream, no host sync), drained every ``DRAIN_EVERY`` calls into
     ``DIR/verify-rank<R>.jsonl``.
+``model_runner.ModelRunner.init_cuda_graphs(self, capture_decode_cuda_graph)``
+    wrapped when the fused or the pcie-ipc target above was applied (never for ``nccl``/``off``/
+    ``auto``). Every TP rank's ``TpModelWorker.init_cuda_graphs`` calls it once per model runner,
+    eagerly, before ``capture_cuda_graphs``. Before the original runs (target runner only, once), the
+    wrapper creates the backend through the same factory as the lazy path and calls
+    ``backend.prepare(shapes)`` with the rows SGLang will capture (decode capture batch sizes ×
+    ``decode_num_tokens_per_req()``; else the workspace's max), so workspaces exist before capture.
+    Any failure is logged in one line and the backend is left to the lazy path; it never raises.
 
 A target that is missing or has other parameters is skipped with ONE log line and left as it was.
 :func:`install` never raises; :func:`uninstall` restores every original; installing twice is a
@@ -52,6 +60,8 @@ MOD_DISTRIBUTED = "sglang.srt.distributed"
 MOD_LAYERNORM = "sglang.srt.layers.layernorm"
 MOD_MOE_UTILS = "sglang.srt.layers.moe.utils"
 MOD_TP_WORKER = "sglang.srt.managers.tp_worker"
+MOD_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 
 DRAIN_EVERY = 64
 FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: workspaces are sized for it
@@ -75,7 +85,9 @@ TARGET_FUSED_NORM = Target("fused_norm", MOD_LAYERNORM, "RMSNorm", "forward_with
                            ("self", "x", "residual", "post_residual_addition", "use_attn_tp_group"))
 TARGET_VERIFY = Target("verify_timer", MOD_TP_WORKER, "TpModelWorker", "forward_batch_generation",
                        ("self", "batch", "forward_batch"), needs=("is_verify",))
-TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY)
+TARGET_PRE_CAPTURE = Target("pre_capture", MOD_MODEL_RUNNER, "ModelRunner", "init_cuda_graphs",
+                            ("self", "capture_decode_cuda_graph"))
+TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE)
 
 
 @dataclass
@@ -110,6 +122,7 @@ class _BackendSlot:
     backend: Any = None
     disabled: str | None = None
     checked: bool = False
+    prepared: bool = False  # prepare() ran before CUDA-graph capture
     factory: Callable[[Any, Any], Any] | None = None  # (coordinator-or-None, tensor) -> backend
 
 
@@ -154,16 +167,20 @@ def _is_compiling() -> bool:
         return False
 
 
+def _max_numel(kind: str, hidden: int) -> int:
+    env_max = os.environ.get("SGLANG_PCIE_IPC_MAX_NUMEL")
+    if kind == "pcie_ipc" and env_max and env_max.isdigit():
+        return int(env_max)
+    return FUSED_MAX_TOKENS * hidden
+
+
 def _default_factory(kind: str) -> Callable[[Any, Any], Any]:
     def make(coordinator: Any, x: Any) -> Any:
         from fastverify.backends import make_backend
 
         group = getattr(coordinator, "device_group", None)
         hidden = int(x.shape[-1])
-        max_numel = FUSED_MAX_TOKENS * hidden
-        env_max = os.environ.get("SGLANG_PCIE_IPC_MAX_NUMEL")
-        if kind == "pcie_ipc" and env_max and env_max.isdigit():
-            max_numel = int(env_max)
+        max_numel = _max_numel(kind, hidden)
         return make_backend(kind, group, device=x.device, dtype=x.dtype, max_numel=max_numel)
 
     return make
@@ -543,6 +560,124 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTr
     return forward_batch_generation
 
 
+# --- before CUDA-graph capture ---------------------------------------------------------------------
+
+
+@dataclass
+class _Probe:
+    """What a factory reads of the first tensor (``shape[-1]``, ``device``, ``dtype``), without
+    allocating one."""
+
+    shape: tuple[int, ...]
+    device: Any
+    dtype: Any
+    is_cuda: bool = True
+
+
+def _capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
+    """The decode batch sizes SGLang will capture, as far as they can be read before it does
+    (0.5.23: ``get_exec().graph.cuda_graph_config.decode.bs``, clamped to the request pool as
+    ``get_batch_sizes_to_capture`` does; older: ``server_args.cuda_graph_bs`` / ``cuda_graph_max_bs``)."""
+    bs: list[int] = []
+    try:
+        mod = modules[MOD_RUNTIME_CONTEXT] if modules is not None else importlib.import_module(MOD_RUNTIME_CONTEXT)
+        bs = [int(b) for b in (mod.get_exec().graph.cuda_graph_config.decode.bs or [])]
+    except Exception:
+        bs = []
+    if not bs:
+        sa = getattr(runner, "server_args", None)
+        got = getattr(sa, "cuda_graph_bs", None)
+        if got:
+            bs = [int(b) for b in got]
+        elif isinstance(getattr(sa, "cuda_graph_max_bs", None), int):
+            bs = [int(sa.cuda_graph_max_bs)]
+    pool = getattr(getattr(runner, "req_to_token_pool", None), "size", None)
+    if bs and isinstance(pool, int) and pool > 0:
+        bs = [b for b in bs if b <= pool] + ([pool] if max(bs) > pool else [])
+    return sorted({b for b in bs if b > 0})
+
+
+def _capture_shapes(runner: Any, hidden: int, kind: str, modules: Mapping[str, Any] | None) -> list[tuple[int, int]]:
+    """(rows, hidden) for every captured decode/verify batch: batch size × tokens per request, up
+    to what the workspace holds; the workspace's max when the batch sizes cannot be read."""
+    max_rows = max(1, _max_numel(kind, hidden) // hidden)
+    width = 1
+    try:
+        fn = getattr(runner, "decode_num_tokens_per_req", None)
+        if callable(fn):
+            width = max(1, int(fn()))
+    except Exception:
+        width = 1
+    rows = sorted({b * width for b in _capture_batch_sizes(runner, modules) if b * width <= max_rows})
+    return [(r, hidden) for r in rows] or [(max_rows, hidden)]
+
+
+def _runner_probe(runner: Any) -> tuple[int, Any, Any]:
+    """(hidden, device, dtype) of the target model runner."""
+    hidden = int(runner.model_config.hidden_size)
+    dtype = getattr(runner, "dtype", None)
+    device: Any = getattr(runner, "device", "cuda")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif isinstance(getattr(runner, "gpu_id", None), int):
+            device = f"{device}:{runner.gpu_id}"
+    except Exception:
+        pass
+    return hidden, device, dtype
+
+
+def _prepare_slots(runner: Any, slots: list[tuple[_BackendSlot, bool]], modules: Mapping[str, Any] | None) -> None:
+    """Create and prepare each slot's backend before capture; on any failure one log line, and the
+    slot is left to the lazy path (backend None, not disabled). Never raises."""
+    if getattr(runner, "is_draft_worker", False):
+        return  # the target runner's hidden size sizes the workspaces
+    for slot, use_attn in slots:
+        if slot.prepared or slot.disabled is not None or slot.factory is None:
+            continue
+        slot.prepared = True  # once, even when it fails
+        created = False
+        try:
+            hidden, device, dtype = _runner_probe(runner)
+            shapes = _capture_shapes(runner, hidden, slot.kind, modules)
+            if slot.backend is None:
+                coord = _group_coordinator(modules, use_attn)
+                slot.backend = slot.factory(coord, _Probe((shapes[-1][0], hidden), device, dtype))
+                created = True
+            prep = getattr(slot.backend, "prepare", None)
+            if callable(prep):
+                prep(shapes)
+            log.info("fastverify patch: %s backend prepared before CUDA-graph capture for %d shapes (max %s)",
+                     slot.kind, len(shapes), shapes[-1])
+        except Exception as err:
+            if created:
+                try:
+                    close = getattr(slot.backend, "close", None)
+                    if callable(close):
+                        close()
+                except Exception:
+                    pass
+                slot.backend = None
+            log.warning("fastverify patch: %s backend not prepared before CUDA-graph capture (%s: %s); "
+                        "it is created on the first eager call instead", slot.kind, type(err).__name__, err)
+
+
+def _make_pre_capture(slots: list[tuple[_BackendSlot, bool]], modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
+    def make(original: Callable) -> Callable:
+        def init_cuda_graphs(self, *args, **kwargs):
+            try:
+                _prepare_slots(self, slots, modules)
+            except Exception as err:  # never into the server
+                log.warning("fastverify patch: pre-capture step failed (%s: %s)", type(err).__name__, err)
+            return original(self, *args, **kwargs)
+
+        return init_cuda_graphs
+
+    return make
+
+
 # --- install / uninstall ----------------------------------------------------------------------------
 
 
@@ -599,6 +734,12 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     _try_target(report, TARGET_FUSED_NORM, sglang_modules,
                                 _make_fused_norm(attn_ar, moe_ar, sglang_modules))
 
+            slots = [(slot, use_attn) for slot, use_attn, key in
+                     ((_dispatch, False, TARGET_ALL_REDUCE.key), (_fused, True, TARGET_FUSED_NORM.key))
+                     if key in report.applied and slot.factory is not None]
+            if slots:
+                _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
+
             prof = env.get(ENV_PROFILE_VERIFY)
             if prof or timer is not None:
                 t = timer or _timer or VerifyTimer(prof)
@@ -641,6 +782,7 @@ def uninstall() -> int:
             n += 1
         for slot in (_fused, _dispatch):
             slot.backend, slot.disabled, slot.checked, slot.factory = None, None, False, None
+            slot.prepared = False
         if _timer is not None:
             try:
                 _timer.drain(wait=True)
