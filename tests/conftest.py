@@ -105,3 +105,16 @@ def intersect_length(a, b):
         else:
             j += 1
     return total
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *words: str) -> str:
+    """A user mistake as the CLI must report it: exit code 2, no traceback anywhere, exactly one
+    non-empty line on stderr that contains each of ``words``. Returns that line."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    lines = proc.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].strip(), proc.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]

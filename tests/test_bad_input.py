@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, run_fastverify
+from conftest import DATA, assert_user_error, run_fastverify
 
 GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
 
@@ -61,16 +61,6 @@ def _all_files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
-def _check_user_error(proc, must_name: list[str]) -> str:
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
-    assert "Traceback" not in out, out
-    lines = proc.stderr.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].strip(), proc.stderr
-    for word in must_name:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
-
 
 @pytest.mark.parametrize("use_output", [False, True], ids=["default_profiles_dir", "with_--output"])
 @pytest.mark.parametrize("case", list(TRACE_CASES))
@@ -81,7 +71,7 @@ def test_bad_trace_input(tmp_path, case, use_output):
     if use_output:
         args += ["--output", "out/deeper/profile.json"]
     proc = run_fastverify(args, cwd=tmp_path)
-    _check_user_error(proc, must_name)
+    assert_user_error(proc, *must_name)
     assert proc.stdout == ""
     assert _all_files(tmp_path) == made, "a file was left behind"
     assert not (tmp_path / "profiles").exists()
@@ -92,7 +82,7 @@ def test_bad_trace_input(tmp_path, case, use_output):
 def test_trace_with_live_flags(tmp_path, extra):
     made = _make(tmp_path, {"t.json.gz": GOOD.read_bytes()})
     proc = run_fastverify(["profile", "--trace", "t.json.gz", *extra, "--quiet"], cwd=tmp_path)
-    _check_user_error(proc, [extra[0].split("=")[0]])
+    assert_user_error(proc, extra[0].split("=")[0])
     assert _all_files(tmp_path) == made
     assert not (tmp_path / "profiles").exists()
 
@@ -101,7 +91,7 @@ def test_trace_with_abbreviated_live_flag(tmp_path):
     """argparse would take `--mod` as `--model`; abbreviations are refused, so nothing is silently ignored."""
     made = _make(tmp_path, {"t.json.gz": GOOD.read_bytes()})
     proc = run_fastverify(["profile", "--trace", "t.json.gz", "--mod", "tiny", "--quiet"], cwd=tmp_path)
-    _check_user_error(proc, ["--mod"])
+    assert_user_error(proc, "--mod")
     assert _all_files(tmp_path) == made
     assert not (tmp_path / "profiles").exists()
 
@@ -110,7 +100,7 @@ def test_unwritable_output(tmp_path):
     made = _make(tmp_path, {"t.json.gz": GOOD.read_bytes(), "blocker": b"a file, not a folder"})
     proc = run_fastverify(["profile", "--trace", "t.json.gz", "--output", "blocker/p.json", "--no-png", "--quiet"],
                           cwd=tmp_path)
-    _check_user_error(proc, ["blocker"])
+    assert_user_error(proc, "blocker")
     assert _all_files(tmp_path) == made
 
 
@@ -140,7 +130,7 @@ needs_live_config = pytest.mark.skipif(
 @needs_live_config
 def test_unknown_preset(tmp_path):
     proc = run_fastverify(["profile", "--model", "nope", "--quiet"], cwd=tmp_path)
-    _check_user_error(proc, ["nope"])
+    assert_user_error(proc, "nope")
     assert _all_files(tmp_path) == set()
     assert not (tmp_path / "profiles").exists()
 
@@ -155,7 +145,7 @@ def test_config_json_missing_field(tmp_path, field):
     cfg = tmp_path / "model" / "config.json"
     made = _make(tmp_path, {"model/config.json": json.dumps(tiny).encode()})
     proc = run_fastverify(["profile", "--model", str(cfg), "--quiet", "--output", "out/p.json"], cwd=tmp_path)
-    _check_user_error(proc, [field, "config.json"])
+    assert_user_error(proc, field, "config.json")
     assert _all_files(tmp_path) == made
     assert not (tmp_path / "profiles").exists()
 

@@ -14,27 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_fastverify, subprocess_env
+from conftest import assert_user_error, run_fastverify, subprocess_env
 
 DATA = Path(__file__).parent / "data"
 GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
 
-
-def _one_line_exit_2(proc, *must_name: str) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for word in must_name:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 def test_output_on_a_fifo_is_refused_and_left_alone(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", str(fifo), "--no-png", "--quiet"], cwd=tmp_path)
-    _one_line_exit_2(proc, str(fifo))
+    assert_user_error(proc, str(fifo))
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a FIFO, not replaced by a regular file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
@@ -42,7 +33,7 @@ def test_output_on_a_fifo_is_refused_and_left_alone(tmp_path):
 def test_output_on_a_directory_names_the_directory(tmp_path):
     (tmp_path / "out").mkdir()
     proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "out", "--quiet"], cwd=tmp_path)
-    line = _one_line_exit_2(proc, "out", "directory")
+    line = assert_user_error(proc, "out", "directory")
     assert ".tmp" not in line  # the user's path, never a temporary file
     assert list((tmp_path / "out").iterdir()) == []
 
@@ -50,7 +41,7 @@ def test_output_on_a_directory_names_the_directory(tmp_path):
 def test_png_and_json_on_the_same_path_are_refused(tmp_path):
     proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "p.json", "--png", "p.json", "--quiet"],
                           cwd=tmp_path)
-    _one_line_exit_2(proc, "p.json")
+    assert_user_error(proc, "p.json")
     assert not (tmp_path / "p.json").exists()
 
 
@@ -58,7 +49,7 @@ def test_png_on_a_directory_leaves_no_json(tmp_path):
     (tmp_path / "d").mkdir()
     proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "x/p.json", "--png", "d", "--quiet"],
                           cwd=tmp_path)
-    _one_line_exit_2(proc, "d")
+    assert_user_error(proc, "d")
     assert not (tmp_path / "x" / "p.json").exists()
 
 
@@ -128,13 +119,13 @@ def test_rank_in_file_name_disagreeing_with_distributed_info_is_warned_about(tmp
 def test_no_usable_timestamps_is_its_own_error(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": [_kernel("gemm", 1e30, 5), _kernel("gemm", "x", 5)]}))
     proc = run_fastverify(["profile", "--trace", "t.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
-    _one_line_exit_2(proc, "t.json", "2 GPU events, none with a usable ts/dur")
+    assert_user_error(proc, "t.json", "2 GPU events, none with a usable ts/dur")
 
 
 def test_event_array_of_numbers_is_not_a_trace(tmp_path):
     (tmp_path / "t.json").write_text("[1, 2, 3]")
     proc = run_fastverify(["profile", "--trace", "t.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
-    _one_line_exit_2(proc, "t.json", "no event objects")
+    assert_user_error(proc, "t.json", "no event objects")
 
 
 @pytest.mark.parametrize("config, field", [
@@ -147,7 +138,7 @@ def test_config_that_would_be_mis_modelled_or_hang_is_refused(tmp_path, config, 
     (tmp_path / "config.json").write_text(json.dumps(config))
     t0 = time.monotonic()
     proc = run_fastverify(["profile", "--model", "config.json", "--output", "p.json", "--quiet"], cwd=tmp_path)
-    _one_line_exit_2(proc, "config.json", field)
+    assert_user_error(proc, "config.json", field)
     assert time.monotonic() - t0 < 30  # refused up front, not after minutes of work
     assert not (tmp_path / "p.json").exists()
 

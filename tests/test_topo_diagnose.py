@@ -13,7 +13,7 @@ from itertools import combinations
 
 import pytest
 
-from conftest import run_fastverify
+from conftest import assert_user_error, run_fastverify
 from fastverify.nccl.logparse import parse_nccl_log
 from fastverify.topo.diagnose import CALIBRATION, current_p2p_level, diagnose
 from fastverify.topo.matrix import parse_nvidia_smi_topo
@@ -130,14 +130,6 @@ def test_embedded_calibration_matches_a_fresh_fit(shared_dir):
 
 # --- the command line -------------------------------------------------------------------------
 
-def _one_line_exit_2(proc, *words):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
 
 def test_cli_json_on_real_inputs(shared_dir, tmp_path):
     d = shared_dir / "inputs"
@@ -151,23 +143,23 @@ def test_cli_json_on_real_inputs(shared_dir, tmp_path):
 
 def test_cli_without_gpu_or_input_points_at_offline_options(tmp_path):
     proc = run_fastverify(["topo"], cwd=tmp_path)
-    _one_line_exit_2(proc, "--nvidia-smi", "--nccl-log")
+    assert_user_error(proc, "--nvidia-smi", "--nccl-log")
 
 
 def test_cli_malformed_topology(tmp_path):
     (tmp_path / "t.txt").write_text("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU1\tPIX\n")
-    _one_line_exit_2(run_fastverify(["topo", "--nvidia-smi", "t.txt"], cwd=tmp_path), "t.txt")
+    assert_user_error(run_fastverify(["topo", "--nvidia-smi", "t.txt"], cwd=tmp_path), "t.txt")
 
 
 def test_cli_truncated_log(shared_dir, tmp_path):
     text = (shared_dir / "inputs" / "nccldebug-nccl-1027.txt").read_text()
     (tmp_path / "cut.log").write_text(text[: len(text) // 2 + 7])
-    _one_line_exit_2(run_fastverify(["topo", "--nccl-log", "cut.log"], cwd=tmp_path), "cut.log", "truncated")
+    assert_user_error(run_fastverify(["topo", "--nccl-log", "cut.log"], cwd=tmp_path), "cut.log", "truncated")
 
 
 def test_cli_log_without_nccl_lines(tmp_path):
     (tmp_path / "x.log").write_text("hello\nworld\n")
-    _one_line_exit_2(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log")
+    assert_user_error(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log")
 
 
 @pytest.mark.parametrize("setting, words", [
@@ -181,7 +173,7 @@ def test_cli_rejects_bad_settings(shared_dir, tmp_path, setting, words):
     d = shared_dir / "inputs"
     proc = run_fastverify(["topo", "--nvidia-smi", str(d / "topo-blog-chlc-rtx4090.txt"), "--set", setting],
                           cwd=tmp_path)
-    _one_line_exit_2(proc, *words)
+    assert_user_error(proc, *words)
 
 
 def test_cli_set_changes_the_diagnosis(shared_dir, tmp_path):
@@ -229,10 +221,10 @@ def test_nvlink_box_gets_no_pcie_prediction():
 
 def test_log_without_pairs_is_an_error(tmp_path):
     (tmp_path / "x.log").write_text("host0:1:2 [0] NCCL INFO NCCL version 2.27.5+cuda12.9\n")
-    _one_line_exit_2(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log", "no GPU pairs")
+    assert_user_error(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log", "no GPU pairs")
 
 
 def test_cli_bounds(shared_dir, tmp_path):
     t = str(shared_dir / "inputs" / "topo-blog-chlc-rtx4090.txt")
-    _one_line_exit_2(run_fastverify(["topo", "--nvidia-smi", t, "--sm", "999"], cwd=tmp_path), "--sm", "999")
-    _one_line_exit_2(run_fastverify(["topo", "--nvidia-smi", t, "--batch", "100000000"], cwd=tmp_path), "--batch")
+    assert_user_error(run_fastverify(["topo", "--nvidia-smi", t, "--sm", "999"], cwd=tmp_path), "--sm", "999")
+    assert_user_error(run_fastverify(["topo", "--nvidia-smi", t, "--batch", "100000000"], cwd=tmp_path), "--batch")

@@ -7,18 +7,10 @@ import json
 
 import pytest
 
-from conftest import run_fastverify
+from conftest import assert_user_error, run_fastverify
 from fastverify.nccl.catalogue import Severity, validate_env
 from fastverify.tune.envfile import read_env_file
 
-
-def _one_line_exit_2(proc, *words):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
@@ -65,14 +57,14 @@ def test_measure_on_gloo_with_journal_and_resume(shared_dir, tmp_path):
 def test_tune_errors(shared_dir, tmp_path, extra, words):
     (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())
     (tmp_path / "p.json").write_text("{}")
-    _one_line_exit_2(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
+    assert_user_error(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
 
 
 def test_cpu_sweep_refuses_to_write_an_env_file(shared_dir, tmp_path):
     """gloo ignores NCCL settings: a CPU 'winner' is noise and must never reach an env file."""
     topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
     proc = run_fastverify(["tune", "--topology", str(topo), "--model", "tiny", "--write-env", "k.env"], cwd=tmp_path)
-    _one_line_exit_2(proc, "--write-env", "gloo")
+    assert_user_error(proc, "--write-env", "gloo")
     assert not (tmp_path / "k.env").exists() and not (tmp_path / "nccl_configs").exists()
 
 
@@ -86,7 +78,7 @@ def test_cpu_sweep_refuses_to_write_an_env_file(shared_dir, tmp_path):
 def test_tune_output_paths_checked_before_any_work(shared_dir, tmp_path, extra, words):
     (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())
     (tmp_path / "adir").mkdir()
-    _one_line_exit_2(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
+    assert_user_error(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
     assert not (tmp_path / "ok.env").exists()
     assert list((tmp_path / "adir").iterdir()) == []
 
