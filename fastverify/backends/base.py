@@ -27,25 +27,15 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from fastverify.errors import UserError
+from fastverify.registry import BACKENDS, BackendInfo, BackendName, backend_info
 
 Tensor = torch.Tensor
 Shape = tuple[int, ...]
-
-
-class BackendName(str, Enum):
-    """All-reduce backends fastverify knows. The value is the CLI spelling."""
-
-    nccl = "nccl"  # torch.distributed on an NCCL group
-    gloo = "gloo"  # torch.distributed on a gloo group (CPU; tests and GPU-less sweeps)
-    pcie_ipc = "pcie_ipc"  # flashinfer.comm.PcieIpcAllReduceWorkspace
-    fused = "fused"  # flashinfer.comm allreduce_fusion, residual + RMSNorm pattern
-    custom_ar = "custom_ar"  # SGLang's custom all-reduce (2 PCIe GPUs or full NVLink)
 
 
 class BackendUnavailable(UserError):
@@ -246,6 +236,9 @@ class AllReduceBackend(ABC):
     max_numel : int or None
         Largest ``x.numel()`` the backend must handle; sizes IPC workspaces. None: unbounded
         (only backends without a workspace accept it).
+    hidden : int or None
+        Hidden size (the last dimension of every input), where the caller knows it: the fused
+        backends size their workspaces in rows of it. None: not known.
     options : Mapping[str, Any] or None
         Backend-specific settings; unknown keys raise ``ValueError``.
 
@@ -266,10 +259,13 @@ class AllReduceBackend(ABC):
         device: torch.device | str,
         dtype: torch.dtype,
         max_numel: int | None,
+        hidden: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
         if max_numel is not None and (not isinstance(max_numel, int) or max_numel <= 0):
             raise ValueError(f"max_numel must be a positive int or None, got {max_numel!r}")
+        if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0):
+            raise ValueError(f"hidden must be a positive int or None, got {hidden!r}")
         options = dict(options or {})
         unknown = set(options) - self.option_names
         if unknown:
@@ -281,6 +277,7 @@ class AllReduceBackend(ABC):
         self.device = torch.device(device)
         self.dtype = dtype
         self.max_numel = max_numel
+        self.hidden = hidden
         self.options = options
         self.path_counts: Counter[str] = Counter()
         self._closed = False
@@ -568,45 +565,23 @@ def library_status(
 
 
 # --- registry ---------------------------------------------------------------------------------
+# The facts live in fastverify.registry (torch-free); this section only imports the classes.
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    """Where a backend's class lives; imported only when asked for, so a missing GPU library
-    never breaks ``import fastverify.backends``."""
-
-    name: BackendName
-    module: str
-    qualname: str
-
-    def load(self) -> type[AllReduceBackend]:
-        cls = getattr(importlib.import_module(self.module), self.qualname)
-        assert issubclass(cls, AllReduceBackend) and cls.name == self.name, self
-        return cls
+def _load(info: BackendInfo) -> type["AllReduceBackend"]:
+    cls = getattr(importlib.import_module(info.module), info.qualname)
+    assert issubclass(cls, AllReduceBackend) and cls.name == info.name, info
+    return cls
 
 
-# Preference order when nothing was measured: the IPC kernels first (the PCIe box is the target,
-# research/flashinfer.md: 5-15 us vs ~200 us NCCL at 12-96 KiB), the fused kernel next (fastest on
-# NVLink, measured 10x slower on the wrong fabric, so tune ranks it by measurement), SGLang's
-# custom all-reduce, and torch.distributed last as the backend that supports every shape.
-REGISTRY: tuple[BackendSpec, ...] = (
-    BackendSpec(BackendName.pcie_ipc, "fastverify.backends.flashinfer_pcie_ipc", "PcieIpcBackend"),
-    BackendSpec(BackendName.fused, "fastverify.backends.flashinfer_fused", "FusedBackend"),
-    BackendSpec(BackendName.custom_ar, "fastverify.backends.sglang_custom_ar", "SglangCustomArBackend"),
-    BackendSpec(BackendName.nccl, "fastverify.backends.torch_dist", "NcclBackend"),
-    BackendSpec(BackendName.gloo, "fastverify.backends.torch_dist", "GlooBackend"),
-)
+REGISTRY: tuple[BackendInfo, ...] = BACKENDS
+"""The registry entries (``fastverify.registry.BACKENDS``), in preference order."""
 
 
 def backend_class(name: BackendName | str) -> type[AllReduceBackend]:
-    """The class registered for ``name``; ``ValueError`` naming the known backends otherwise."""
-    try:
-        key = BackendName(name)
-    except ValueError:
-        raise ValueError(
-            f"unknown all-reduce backend {name!r}; known: {[b.value for b in BackendName]}"
-        ) from None
-    return next(spec for spec in REGISTRY if spec.name == key).load()
+    """The class registered for ``name``; ``ValueError`` naming the known backends otherwise.
+    Imported only when asked for, so a missing GPU library never breaks ``import fastverify.backends``."""
+    return _load(backend_info(name))
 
 
 def probe(name: BackendName | str, ctx: ProbeContext) -> Capability:
@@ -625,6 +600,7 @@ def make_backend(
     device: torch.device | str,
     dtype: torch.dtype,
     max_numel: int | None,
+    hidden: int | None = None,
     options: Mapping[str, Any] | None = None,
     context: ProbeContext | None = None,
 ) -> AllReduceBackend:
@@ -645,7 +621,7 @@ def make_backend(
     cap = probe(name, ctx)
     if not cap.ok:
         raise BackendUnavailable(name, cap.reason)
-    return cls(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+    return cls(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
 
 
 class BackendChain(AllReduceBackend):

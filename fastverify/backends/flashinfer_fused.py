@@ -159,9 +159,10 @@ class FusedBackend(AllReduceBackend):
         device: torch.device | str,
         dtype: torch.dtype,
         max_numel: int | None,
+        hidden: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
         try:
             self._setup(group, dtype, max_numel)
         except BaseException:

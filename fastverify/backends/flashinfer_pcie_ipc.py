@@ -140,9 +140,10 @@ class PcieIpcBackend(AllReduceBackend):
         device: torch.device | str,
         dtype: torch.dtype,
         max_numel: int | None,
+        hidden: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
         if max_numel is None or max_numel % PACK_ELEMS:
             raise ValueError(
                 f"max_numel must be a positive multiple of {PACK_ELEMS} for the PCIe IPC workspace, got "

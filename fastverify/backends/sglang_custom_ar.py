@@ -100,9 +100,10 @@ class SglangCustomArBackend(AllReduceBackend):
         device: torch.device | str,
         dtype: torch.dtype,
         max_numel: int | None,
+        hidden: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
         self._own_cpu_group = False
         self._ca: Any = None
         try:

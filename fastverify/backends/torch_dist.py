@@ -39,9 +39,10 @@ class TorchDistBackend(AllReduceBackend):
         device: torch.device | str,
         dtype: torch.dtype,
         max_numel: int | None = None,
+        hidden: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, options=options)
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
         actual = str(dist.get_backend(group)).lower()
         if actual != self._expected:
             raise ValueError(

@@ -113,7 +113,7 @@ def _comment_lines(lines: Iterable[str]) -> list[str]:
 # --- atomic writing --------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, text: str) -> Path:
+def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
     existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
     ``path`` changes and no temporary file is left."""
@@ -206,7 +206,7 @@ def write_env_file(path: str | Path, settings: Mapping[str, str], *, header_line
     """
     path = Path(path)
     text = render_env(settings, header_lines=header_lines, nccl_version=nccl_version, where=str(path))
-    return _atomic_write(path, text)
+    return atomic_write_text(path, text)
 
 
 def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = None) -> dict[str, str]:
@@ -347,4 +347,4 @@ def write_tuner_config(path: str | Path, choices: Iterable[TunerChoice], *,
         No rows, a name the plugin does not know, a channel count that is not explicit and
         positive, a bad byte range, overlapping rows, or the file cannot be written.
     """
-    return _atomic_write(Path(path), render_tuner_config(choices, header_lines=header_lines))
+    return atomic_write_text(Path(path), render_tuner_config(choices, header_lines=header_lines))

@@ -1,0 +1,230 @@
+"""The deployment record: what ``tune`` decided, in the form ``launch`` and every TP rank read.
+
+One versioned, typed JSON file written beside the env file (``X.env`` → ``X.deploy.json``,
+:func:`record_path_for`). It carries the facts a later stage must not guess again:
+
+* the backend, by its one registry name (:class:`fastverify.registry.BackendName`);
+* the shapes to prepare: the largest captured batch × draft tokens, hidden size and dtype
+  (:class:`VerifyShapes`), which size IPC workspaces and CUDA-graph preparation;
+* the P2P facts and how they were obtained (:class:`P2PFacts`);
+* the box fingerprint (:class:`BoxFingerprint`): GPU name, compute capability, GPU count, driver,
+  NCCL version, tensor-parallel size;
+* the NCCL settings written to the env file, and the gain with its basis (measured or predicted).
+
+``launch`` checks the record against the box it runs on and the installed SGLang
+(:func:`fastverify.registry.unreachable_reason`); the patch reads it in every rank through
+``FASTVERIFY_DEPLOYMENT``. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from fastverify.errors import UserError
+from fastverify.registry import BackendName
+
+SCHEMA = "fastverify.deployment"
+VERSION = 1
+ENV_DEPLOYMENT = "FASTVERIFY_DEPLOYMENT"
+"""Env var naming the record's absolute path in every TP rank (set by ``launch``)."""
+
+P2PSource = Literal["p2p_check", "nvml", "nccl_log", "caller", "not_checked"]
+Basis = Literal["measured", "predicted"]
+
+
+class VerifyShapes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The verify step's all-reduce shapes, ``(rows, hidden)`` with ``rows <= max_rows``.
+
+    Attributes
+    ----------
+    max_batch : int
+        Largest batch (requests) SGLang captures or serves in one verify step.
+    draft_tokens : int
+        Tokens per request in a verify step (draft tokens; SGLang's ``num_draft_tokens``).
+    hidden : int
+        Hidden size (elements per row).
+    dtype : str
+        torch dtype name of the all-reduced tensors (``"bfloat16"``).
+    """
+
+    max_batch: int
+    draft_tokens: int
+    hidden: int
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "draft_tokens", "hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+
+    @property
+    def max_rows(self) -> int:
+        """Rows of the largest verify all-reduce: ``max_batch × draft_tokens``."""
+        return self.max_batch * self.draft_tokens
+
+    @property
+    def max_numel(self) -> int:
+        """Elements of the largest verify all-reduce: ``max_rows × hidden``."""
+        return self.max_rows * self.hidden
+
+
+class P2PFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """P2P between the box's GPU pairs.
+
+    Attributes
+    ----------
+    ok : bool or None
+        True when every ordered pair passed, False when one failed, None when not checked.
+    source : str
+        ``"p2p_check"`` (fastverify's real read/write check in child processes), ``"nvml"``
+        (the driver's P2P status), ``"nccl_log"`` (NCCL's chosen transports), ``"caller"``,
+        ``"not_checked"``. Only ``p2p_check`` proves the kernels will not hang.
+    note : str
+        One line: which pair failed, or how many passed.
+    pairs : int
+        Ordered pairs checked.
+    """
+
+    ok: bool | None
+    source: P2PSource = "not_checked"
+    note: str = ""
+    pairs: int = 0
+
+    @property
+    def proven(self) -> bool:
+        """Whether P2P was shown to work by a check that exercises it."""
+        return self.ok is True and self.source in ("p2p_check", "caller")
+
+
+class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The box a record was made on.
+
+    Attributes
+    ----------
+    gpu_name : str or None
+        NVML / torch device name (``"NVIDIA RTX PRO 6000 Blackwell Server Edition"``).
+    sm : tuple[int, int] or None
+        Compute capability (major, minor).
+    gpu_count : int
+        GPUs visible.
+    tp : int
+        Tensor-parallel size the record is for.
+    driver : str or None
+    nccl_version : str or None
+    """
+
+    gpu_name: str | None
+    sm: tuple[int, int] | None
+    gpu_count: int
+    tp: int
+    driver: str | None = None
+    nccl_version: str | None = None
+
+    def key(self) -> str:
+        """A file-name-safe key: ``<gpu>-sm<XY>-tp<N>-nccl<V>``."""
+        name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in (self.gpu_name or "unknown-gpu"))
+        sm = f"sm{self.sm[0]}{self.sm[1]}" if self.sm else "smNA"
+        return f"{name}-{sm}-tp{self.tp}-nccl{self.nccl_version or 'unknown'}"
+
+
+class Gain(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The all-reduce time per verify step before and after, and how it was obtained.
+
+    ``basis`` is ``"predicted"`` (cost model) or ``"measured"``; ``clock`` says which clock
+    measured it (``cuda_events``); a CPU clock never appears here (tune refuses to write then).
+    """
+
+    baseline_us: float
+    best_us: float
+    basis: Basis
+    clock: str | None = None
+
+    @property
+    def reduction_pct(self) -> float:
+        return 100.0 * (self.baseline_us - self.best_us) / self.baseline_us if self.baseline_us else 0.0
+
+
+class DeploymentRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What ``tune --write-env`` decided (see the module docstring)."""
+
+    backend: BackendName
+    shapes: VerifyShapes
+    p2p: P2PFacts
+    box: BoxFingerprint
+    nccl_settings: dict[str, str] = {}
+    sglang_version: str | None = None
+    gain: Gain | None = None
+    source: str = ""
+    schema: str = SCHEMA
+    version: int = VERSION
+
+
+def record_path_for(env_path: str | Path) -> Path:
+    """``nccl_configs/X.env`` → ``nccl_configs/X.deploy.json`` (beside the env file)."""
+    p = Path(env_path)
+    stem = p.name[: -len(".env")] if p.name.endswith(".env") else p.name
+    return p.with_name(stem + ".deploy.json")
+
+
+def encode_record(record: DeploymentRecord) -> bytes:
+    """The record as indented JSON bytes (keys in field order), newline-terminated."""
+    return msgspec.json.format(msgspec.json.encode(record), indent=2) + b"\n"
+
+
+def decode_record(data: bytes, *, source: str = "deployment record") -> DeploymentRecord:
+    """Parse and validate a record.
+
+    Raises
+    ------
+    UserError
+        One line naming ``source`` for bad JSON, a wrong schema or version, an unknown backend or
+        field, or an invalid value.
+    """
+    try:
+        head = msgspec.json.decode(data)
+    except msgspec.DecodeError as err:
+        raise UserError(f"{source}: not JSON ({err})") from None
+    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+        got = head.get("schema") if isinstance(head, dict) else type(head).__name__
+        raise UserError(f"{source}: not a fastverify deployment record (schema {got!r}, expected {SCHEMA!r})")
+    if head.get("version") != VERSION:
+        raise UserError(f"{source}: deployment record version {head.get('version')!r}; this fastverify reads "
+                        f"version {VERSION} (re-run `fastverify tune --write-env`)")
+    try:
+        return msgspec.json.decode(data, type=DeploymentRecord)
+    except (msgspec.ValidationError, ValueError) as err:
+        raise UserError(f"{source}: invalid deployment record: {err}") from None
+
+
+def write_record(path: str | Path, record: DeploymentRecord) -> Path:
+    """Write ``record`` atomically (temporary file + rename; an existing file is kept as
+    ``.bak``). Raises :class:`UserError` when the path cannot be written."""
+    from fastverify.tune.envfile import atomic_write_text
+
+    return atomic_write_text(Path(path), encode_record(record).decode("utf-8"))
+
+
+def read_record(path: str | Path) -> DeploymentRecord:
+    """Read and validate the record at ``path``; :class:`UserError` (one line naming the file)
+    when it is missing, unreadable or invalid."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise UserError(f"{p}: cannot read the deployment record ({err.strerror or err})") from None
+    return decode_record(data, source=str(p))
+
+
+def record_from_environ(environ: "os._Environ[str] | dict[str, str] | None" = None) -> DeploymentRecord | None:
+    """The record named by ``FASTVERIFY_DEPLOYMENT`` in ``environ`` (default ``os.environ``), None
+    when unset. Raises :class:`UserError` for a named file that is bad."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_DEPLOYMENT)
+    return read_record(path) if path else None
