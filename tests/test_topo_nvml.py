@@ -288,3 +288,84 @@ def test_sysfs_bdf(bus_id, bdf):
 def test_const_int_unwraps_tuple():
     assert topo_nvml._const_int(SimpleNamespace(X=(0,)), "X", 7) == 0
     assert topo_nvml._const_int(SimpleNamespace(), "X", 7) == 7
+
+
+# --- per-query NVML refusals (issue 9 item 10) -----------------------------------------------------
+
+
+def _patch_real_pynvml(monkeypatch, fake: FakeNvml) -> None:
+    """Point the installed pynvml's functions at ``fake``'s tables; errors stay pynvml's own."""
+    for name in FUNCTIONS:
+        monkeypatch.setattr(pynvml, name, getattr(fake, name))
+
+
+def test_common_ancestor_not_supported_for_one_pair_keeps_the_rest(monkeypatch, tmp_path):
+    """The real ``pynvml.NVMLError_NotSupported`` from ``nvmlDeviceGetTopologyCommonAncestor``
+    for GPUs 0 and 2 only: before the fix the whole read failed with a UserError; now that pair
+    is unknown with the error's name and every other pair and GPU is read."""
+    ancestors = {(0, 1): 10, (1, 2): 30}  # (0, 2) refused below
+    fake = FakeNvml(3, ancestors=ancestors)
+    fake.NVMLError = pynvml.NVMLError
+    real_ancestor = fake.nvmlDeviceGetTopologyCommonAncestor
+
+    def ancestor(a, b):
+        if {a, b} == {0, 2}:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return real_ancestor(a, b)
+
+    fake.nvmlDeviceGetTopologyCommonAncestor = ancestor
+    fake.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
+    fake.nvmlDeviceGetNumaNodeId = lambda h: -1
+    fake.nvmlDeviceGetNvLinkState = lambda h, link: (_ for _ in ()).throw(
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))  # no NVLink: not a gap worth reporting
+    _patch_real_pynvml(monkeypatch, fake)
+    assert isinstance(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED), pynvml.NVMLError_NotSupported)
+
+    topo = read_nvml_topology(sysfs_root=tmp_path)  # imports the (patched) real pynvml
+
+    assert topo.links == {(0, 1): "PIX", (1, 0): "PIX", (1, 2): "PHB", (2, 1): "PHB"}
+    assert topo.link_errors == {(0, 2): "NVML_ERROR_NOT_SUPPORTED", (2, 0): "NVML_ERROR_NOT_SUPPORTED"}
+    assert topo.link(0, 2) is None and topo.link(0, 1) == "PIX" and topo.link(2, 2) == "X"
+    assert topo.unsupported == (
+        "nvmlDeviceGetTopologyCommonAncestor(GPU 0, GPU 2): NVML_ERROR_NOT_SUPPORTED",
+        "nvmlDeviceGetTopologyCommonAncestor(GPU 2, GPU 0): NVML_ERROR_NOT_SUPPORTED",
+    )
+    assert [g.pci_bus_id for g in topo.gpus] == ["00000000:18:00.0", "00000000:28:00.0", "00000000:38:00.0"]
+    assert topo.p2p_read[(0, 2)] is True and topo.p2p_write[(2, 0)] is True  # P2P still read for that pair
+    assert topo.pairs_by_type() == {"PIX": ((0, 1),), "PHB": ((1, 2),)}
+    doc = topo.as_dict()
+    assert doc["link_errors"] == {"0-2": "NVML_ERROR_NOT_SUPPORTED", "2-0": "NVML_ERROR_NOT_SUPPORTED"}
+    assert doc["unsupported"] == list(topo.unsupported)
+
+
+def test_refused_per_gpu_and_p2p_queries_are_listed(tmp_path):
+    """Per-GPU and per-pair P2P refusals lose only their fact, and each is named."""
+    fake = FakeNvml(2, ancestors={(0, 1): 20},
+                    p2p={(0, 1, 1): pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)})
+    fake.NVMLError = pynvml.NVMLError
+    for name in dir(pynvml):  # the error-code names the report uses
+        if name.startswith("NVML_ERROR_"):
+            setattr(fake, name, getattr(pynvml, name))
+    fake.nvmlDeviceGetMaxPcieLinkWidth = lambda h: (_ for _ in ()).throw(
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    fake.nvmlDeviceGetNumaNodeId = lambda h: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    fake.nvmlDeviceGetNvLinkState = lambda h, link: (_ for _ in ()).throw(
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    topo = read_nvml_topology(fake, sysfs_root=tmp_path)
+    assert topo.links[(0, 1)] == "PXB" and topo.link_errors == {}
+    assert topo.p2p_write[(0, 1)] is None and topo.p2p_read[(0, 1)] is True
+    assert topo.unsupported == (
+        "nvmlDeviceGetNumaNodeId(GPU 0): NVML_ERROR_NOT_SUPPORTED",
+        "nvmlDeviceGetMaxPcieLinkWidth(GPU 0): NVML_ERROR_NOT_SUPPORTED",
+        "nvmlDeviceGetNumaNodeId(GPU 1): NVML_ERROR_NOT_SUPPORTED",
+        "nvmlDeviceGetMaxPcieLinkWidth(GPU 1): NVML_ERROR_NOT_SUPPORTED",
+        "nvmlDeviceGetP2PStatus(GPU 0, GPU 1, write): NVML_ERROR_NO_PERMISSION",
+    )
+
+
+def test_nvml_error_name():
+    assert topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)) == \
+        "NVML_ERROR_NOT_SUPPORTED"
+    assert topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == \
+        "NVML_ERROR_GPU_IS_LOST"
+    assert topo_nvml.nvml_error_name(pynvml, RuntimeError("x")) == "RuntimeError"

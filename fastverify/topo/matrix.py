@@ -102,6 +102,11 @@ class Topology:
     ``True``/``False``, or ``None`` when unknown (always for text parsed offline);
     ``p2p_reason[(i, j)]`` says why NVML refused, for pairs it refused. ``source`` names where the
     data came from (a file name, or ``NVML (driver ...)``).
+
+    ``link_errors[(i, j)]`` names the NVML error (``NVML_ERROR_NOT_SUPPORTED``) for a pair whose
+    connection NVML would not report; such a pair is absent from ``links`` and :meth:`link`
+    returns None for it. ``unsupported`` lists every NVML query that failed, one
+    ``"function(GPU i[, GPU j]): NVML_ERROR_..."`` string each (empty for offline text).
     """
 
     gpus: tuple[Gpu, ...]
@@ -111,14 +116,21 @@ class Topology:
     p2p_write: dict[tuple[int, int], bool | None] = field(default_factory=dict)
     source: str = "<unknown>"
     p2p_reason: dict[tuple[int, int], str] = field(default_factory=dict)
+    link_errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    unsupported: tuple[str, ...] = ()
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus)
 
-    def link(self, i: int, j: int) -> str:
-        """nvidia-smi connection name between GPUs ``i`` and ``j`` (``"X"`` when ``i == j``)."""
-        return "X" if i == j else self.links[(i, j)]
+    def link(self, i: int, j: int) -> str | None:
+        """nvidia-smi connection name between GPUs ``i`` and ``j`` (``"X"`` when ``i == j``; None
+        for a pair in ``link_errors``, whose connection NVML did not report)."""
+        if i == j:
+            return "X"
+        if (i, j) in self.link_errors:
+            return None
+        return self.links[(i, j)]
 
     def pairs_by_type(self, *, nccl: bool = False) -> dict[str, tuple[tuple[int, int], ...]]:
         """Unordered GPU pairs ``(i, j)``, ``i < j``, grouped by connection name, closest type first.
@@ -146,6 +158,8 @@ class Topology:
             "p2p_read": pairs(self.p2p_read),
             "p2p_write": pairs(self.p2p_write),
             "p2p_reason": pairs(self.p2p_reason),
+            "link_errors": pairs(self.link_errors),
+            "unsupported": list(self.unsupported),
         }
 
 

@@ -12,6 +12,12 @@ NODE), ``NVML_P2P_CAPS_INDEX_READ/WRITE``, ``NVML_P2P_STATUS_*``, ``NVML_NVLINK_
 ``NVML_NVLINK_DEVICE_TYPE_GPU/SWITCH``. That release defines ``NVML_P2P_CAPS_INDEX_READ = 0,``
 with a stray comma, i.e. the tuple ``(0,)``, which ctypes cannot pass; :func:`_const_int` unwraps it.
 
+Refusals: NVML answers some queries with ``NVML_ERROR_NOT_SUPPORTED`` (or ``NO_PERMISSION`` and
+the like) per GPU or per pair, e.g. ``nvmlDeviceGetTopologyCommonAncestor`` on some virtualised
+GPUs. Each such query loses only its own fact: the pair's link is recorded as unknown with the
+error's name (``Topology.link_errors``), and every refused query is listed in
+``Topology.unsupported``. Only the queries the whole topology needs (init, count, handles) fail it.
+
 NUMA: ``nvmlDeviceGetNumaNodeId`` is *not* the CPU NUMA node of a PCIe GPU; NVML documents it as
 "the NUMA node of the given GPU device. This only applies to platforms where the GPUs are NUMA
 nodes" (nvidia-smi's "GPU NUMA ID"). The CPU side (nvidia-smi's "NUMA Affinity") comes from sysfs
@@ -126,35 +132,67 @@ def _sysfs_numa_node(bus_id: str | None, sysfs_root: Path) -> int | None:
     return value if value >= 0 else None
 
 
-def _maybe(nvml: Any, fn_name: str, *args: Any) -> Any:
-    """``nvml.<fn_name>(*args)``, or ``None`` when the function is absent or NVML refuses."""
-    fn = getattr(nvml, fn_name, None)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except nvml.NVMLError:
-        return None
+def nvml_error_name(nvml: Any, err: BaseException) -> str:
+    """NVML's name for the return code of ``err``: ``"NVML_ERROR_NOT_SUPPORTED"`` for
+    ``pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)`` (nvidia-ml-py keeps the code in
+    ``.value`` and defines one ``NVML_ERROR_*`` constant per code); the exception's class name
+    when the code has no constant."""
+    value = getattr(err, "value", None)
+    if isinstance(value, int):
+        for name in dir(nvml):
+            if name.startswith("NVML_ERROR_") and getattr(nvml, name, None) == value:
+                return name
+    return type(err).__name__
 
 
-def _nvlink_peers(nvml: Any, handle: Any, bus_to_index: dict[str, int]) -> tuple[dict[int, int], int]:
+class _Queries:
+    """Calls NVML queries whose failure loses one fact, not the topology: a refused query returns
+    None and is recorded in :attr:`failed` as ``"fn(GPU i[, GPU j]): NVML_ERROR_..."``."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.failed: list[str] = []
+
+    def record(self, fn_name: str, where: str, err: BaseException) -> str:
+        name = nvml_error_name(self.nvml, err)
+        self.failed.append(f"{fn_name}({where}): {name}")
+        return name
+
+    def maybe(self, fn_name: str, where: str, *args: Any) -> Any:
+        """``nvml.<fn_name>(*args)``, or None when the binding lacks it or NVML refuses."""
+        fn = getattr(self.nvml, fn_name, None)
+        if fn is None:
+            return None  # an older nvidia-ml-py without it: nothing the driver said
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as err:
+            self.record(fn_name, where, err)
+            return None
+
+
+def _nvlink_peers(q: _Queries, handle: Any, index: int, bus_to_index: dict[str, int]) -> tuple[dict[int, int], int]:
     """Active NVLinks of one GPU: links per peer GPU index, and links to NVSwitches."""
+    nvml = q.nvml
     per_peer: dict[int, int] = {}
     to_switch = 0
     gpu_type = _const_int(nvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
     switch_type = _const_int(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    not_supported = _const_int(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+    where = f"GPU {index}"
     for link in range(_const_int(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
             active = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        except nvml.NVMLError:
-            continue  # NOT_SUPPORTED: no such link (every link, on a GPU without NVLink)
+        except nvml.NVMLError as err:
+            if getattr(err, "value", None) != not_supported:
+                q.record("nvmlDeviceGetNvLinkState", f"{where}, link {link}", err)
+            continue  # NOT_SUPPORTED: no such link (every link, on a GPU without NVLink): not a gap
         if active != _const_int(nvml, "NVML_FEATURE_ENABLED", 1):
             continue
-        kind = _maybe(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        kind = q.maybe("nvmlDeviceGetNvLinkRemoteDeviceType", f"{where}, link {link}", handle, link)
         if kind == switch_type:
             to_switch += 1
             continue
-        remote = _maybe(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        remote = q.maybe("nvmlDeviceGetNvLinkRemotePciInfo", f"{where}, link {link}", handle, link)
         peer = bus_to_index.get(_text(remote.busId).lower()) if remote is not None else None
         if peer is not None and kind in (None, gpu_type):
             per_peer[peer] = per_peer.get(peer, 0) + 1
@@ -179,13 +217,17 @@ def read_nvml_topology(nvml: ModuleType | Any | None = None, *, sysfs_root: str 
         ``links`` from ``nvmlDeviceGetTopologyCommonAncestor`` (PIX/PXB/PHB/NODE/SYS), replaced by
         ``NV<n>`` where the pair has n active NVLinks (GPUs on NVSwitches get ``NV<min links>``);
         ``p2p_read``/``p2p_write`` from ``nvmlDeviceGetP2PStatus`` (``None`` where NVML errs), with
-        the refusal in ``p2p_reason``. No NICs.
+        the refusal in ``p2p_reason``. No NICs. A pair whose common ancestor NVML refuses to
+        report (``NVML_ERROR_NOT_SUPPORTED`` and the like, per pair) is left out of ``links`` and
+        put in ``link_errors`` with the error's name; every refused query (per GPU or per pair)
+        is listed in ``unsupported``. The rest of the topology is read as usual.
 
     Raises
     ------
     UserError
         NVML cannot start (no driver, no library) or sees no GPU: one line,
-        ``no NVIDIA driver/GPU found (NVML: <reason>); use --nvidia-smi FILE ...``.
+        ``no NVIDIA driver/GPU found (NVML: <reason>); use --nvidia-smi FILE ...``; or NVML
+        fails a query the whole topology needs (the GPU count, a GPU's handle).
     """
     if nvml is None:
         try:
@@ -213,40 +255,43 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
     if count < 1:
         raise UserError(NO_DRIVER.format(reason="the driver reports 0 GPUs"))
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    driver = _maybe(nvml, "nvmlSystemGetDriverVersion")
+    q = _Queries(nvml)
+    driver = q.maybe("nvmlSystemGetDriverVersion", "")
 
     gpus: list[Gpu] = []
     for i, h in enumerate(handles):
-        pci = _maybe(nvml, "nvmlDeviceGetPciInfo", h)
+        at = f"GPU {i}"
+        pci = q.maybe("nvmlDeviceGetPciInfo", at, h)
         bus_id = _text(pci.busId) if pci is not None else None
-        name = _maybe(nvml, "nvmlDeviceGetName", h)
+        name = q.maybe("nvmlDeviceGetName", at, h)
         numa = _sysfs_numa_node(bus_id, sysfs_root)
         if numa is None:
-            mask = _maybe(nvml, "nvmlDeviceGetMemoryAffinity", h, 1, _const_int(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
+            mask = q.maybe("nvmlDeviceGetMemoryAffinity", at, h, 1, _const_int(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
             nodes = _bitmask_ranges(mask) if mask is not None else None
             numa = int(nodes) if nodes is not None and nodes.isdigit() else None
-        gpu_numa = _maybe(nvml, "nvmlDeviceGetNumaNodeId", h)
-        cpus = _maybe(nvml, "nvmlDeviceGetCpuAffinity", h, _CPU_WORDS)
+        gpu_numa = q.maybe("nvmlDeviceGetNumaNodeId", at, h)
+        cpus = q.maybe("nvmlDeviceGetCpuAffinity", at, h, _CPU_WORDS)
         gpus.append(Gpu(
             index=i,
             name=_text(name) if name is not None else None,
             pci_bus_id=bus_id,
             numa_node=numa,
             cpu_affinity=_bitmask_ranges(cpus) if cpus is not None else None,
-            pcie_gen=_maybe(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", h),
-            pcie_width=_maybe(nvml, "nvmlDeviceGetCurrPcieLinkWidth", h),
-            pcie_max_gen=_maybe(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", h),
-            pcie_max_width=_maybe(nvml, "nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_gen=q.maybe("nvmlDeviceGetCurrPcieLinkGeneration", at, h),
+            pcie_width=q.maybe("nvmlDeviceGetCurrPcieLinkWidth", at, h),
+            pcie_max_gen=q.maybe("nvmlDeviceGetMaxPcieLinkGeneration", at, h),
+            pcie_max_width=q.maybe("nvmlDeviceGetMaxPcieLinkWidth", at, h),
             gpu_numa_id=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
         ))
 
     bus_to_index = {g.pci_bus_id.lower(): g.index for g in gpus if g.pci_bus_id}
-    nvlinks = [_nvlink_peers(nvml, h, bus_to_index) for h in handles]
+    nvlinks = [_nvlink_peers(q, h, i, bus_to_index) for i, h in enumerate(handles)]
     read_idx = _const_int(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
     write_idx = _const_int(nvml, "NVML_P2P_CAPS_INDEX_WRITE", 1)
     ok = _const_int(nvml, "NVML_P2P_STATUS_OK", 0)
 
     links: dict[tuple[int, int], str] = {}
+    link_errors: dict[tuple[int, int], str] = {}
     p2p_read: dict[tuple[int, int], bool | None] = {}
     p2p_write: dict[tuple[int, int], bool | None] = {}
     p2p_reason: dict[tuple[int, int], str] = {}
@@ -254,19 +299,27 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
         for j in range(count):
             if i == j:
                 continue
+            pair = f"GPU {i}, GPU {j}"
             direct = nvlinks[i][0].get(j, 0)
             via_switch = min(nvlinks[i][1], nvlinks[j][1])
             if direct or via_switch:
                 links[(i, j)] = f"NV{direct or via_switch}"
             else:
-                level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
                 try:
-                    links[(i, j)] = ancestor_to_link(nvml, level)
-                except ValueError as err:
-                    raise UserError(f"NVML: GPUs {i} and {j}: {err} (newer driver than fastverify knows)") from None
+                    level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                except nvml.NVMLError as err:
+                    # Per pair (NOT_SUPPORTED on some virtualised or MIG setups): this pair's link
+                    # is unknown, the other pairs and the GPUs are still read.
+                    link_errors[(i, j)] = q.record("nvmlDeviceGetTopologyCommonAncestor", pair, err)
+                else:
+                    try:
+                        links[(i, j)] = ancestor_to_link(nvml, level)
+                    except ValueError as err:
+                        raise UserError(f"NVML: GPUs {i} and {j}: {err} (newer driver than fastverify knows)") \
+                            from None
             refused = []
             for what, index, table in (("read", read_idx, p2p_read), ("write", write_idx, p2p_write)):
-                status = _maybe(nvml, "nvmlDeviceGetP2PStatus", handles[i], handles[j], index)
+                status = q.maybe("nvmlDeviceGetP2PStatus", f"{pair}, {what}", handles[i], handles[j], index)
                 table[(i, j)] = None if status is None else status == ok
                 if status is not None and status != ok:
                     refused.append(f"{what}: {p2p_status_text(nvml, status)}")
@@ -274,4 +327,4 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
                 p2p_reason[(i, j)] = "; ".join(refused)
     source = f"NVML (driver {_text(driver)})" if driver is not None else "NVML"
     return Topology(gpus=tuple(gpus), links=links, nics=(), p2p_read=p2p_read, p2p_write=p2p_write,
-                    source=source, p2p_reason=p2p_reason)
+                    source=source, p2p_reason=p2p_reason, link_errors=link_errors, unsupported=tuple(q.failed))

@@ -1,0 +1,449 @@
+"""The single-GPU self-check (issue 9, What to build §5): what one GPU can prove about the paths
+the multi-GPU swap depends on.
+
+* ``torch_nccl``: ``ncclGetVersion`` of the libnccl this process really mapped, against
+  ``torch.cuda.nccl.version()``.
+* ``cuda_max_connections``: whether ``CUDA_DEVICE_MAX_CONNECTIONS`` set late still takes effect
+  (:mod:`.connections`).
+* ``jit_builds``: FlashInfer's JIT builds, timed under their own limit (:mod:`.jit`).
+* ``stream_binding``: FlashInfer's stream-binding rule with real streams (:mod:`.streams`), and
+  with two or more GPUs the real ``pcie_ipc`` backend in a tune trial.
+* ``flashinfer_norm``: ``fused_add_rmsnorm`` against the fp32 reference, eager and in a graph.
+* ``verify_timer``: the patch's verify timer with real CUDA events and no host sync.
+* ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph, in this
+  process and as a tune trial in a fresh worker.
+* ``live_tp1``: the live runner at TP 1.
+
+Each check is skipped with its reason where its library or hardware is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fastverify.doctor.core import (
+    BUILDING,
+    JIT_BUILD_TIMEOUT_S,
+    PINNED_FLASHINFER,
+    Outcome,
+    Status,
+    _Context,
+    _out,
+)
+
+NO_FLASHINFER = "flashinfer not importable: FlashInfer checks are optional and skipped"
+LIVE_TIMEOUT_S = 240.0
+TIMER_STEPS = 8
+TIMER_BUSY_MS = 200.0  # GPU work queued ahead of the timed steps
+
+
+def _flashinfer_installed() -> bool:
+    try:
+        return importlib.util.find_spec("flashinfer") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# --- NCCL version ------------------------------------------------------------------------------
+
+
+def libnccl_mapped(maps_text: str) -> list[str]:
+    """Paths of the libnccl objects mapped into a process, from its ``/proc/<pid>/maps`` text."""
+    out: list[str] = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        path = parts[5].strip() if len(parts) == 6 else ""
+        if os.path.basename(path).startswith("libnccl.so") and path not in out:
+            out.append(path)
+    return out
+
+
+def compare_nccl(torch_says: Any, library: Any, how: str) -> tuple[Status, str, str | None]:
+    """``torch.cuda.nccl.version()`` (``(major, minor, patch[, suffix])``) against the
+    :class:`~fastverify.nccl.version.NcclVersion` ``ncclGetVersion`` returned (None: no library);
+    ``how`` says which library that was. Returns (status, reason, fix)."""
+    loaded = ".".join(map(str, torch_says[:3])) if isinstance(torch_says, tuple) else str(torch_says)
+    if library is None:
+        return (Status.warn, f"torch loads NCCL {loaded}; fastverify found no libnccl to read, so NCCL settings are "
+                "checked against the newest rules", "set NCCL_LIBRARY=/path/to/libnccl.so.2")
+    if str(library) != loaded:
+        return (Status.warn, f"torch loads NCCL {loaded} but ncclGetVersion of {library.library} ({how}) says "
+                f"{library}: settings are checked against the wrong version", "set NCCL_LIBRARY to the libnccl torch "
+                "loads")
+    return Status.ok, f"torch loads NCCL {loaded}; ncclGetVersion of {library.library} ({how}) agrees", None
+
+
+def check_torch_nccl(ctx: _Context) -> Outcome:
+    """The NCCL torch loads (``torch.cuda.nccl.version()``) against ``ncclGetVersion`` (ctypes) of
+    the libnccl mapped into this process, else of the one fastverify would read."""
+    import torch
+
+    from fastverify.errors import UserError
+    from fastverify.nccl.version import read_nccl_version
+
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception as err:  # noqa: BLE001 - torch built without NCCL raises
+        return _out(Status.fail, f"torch has no NCCL ({type(err).__name__}: {err})", "install a CUDA torch built "
+                    "with NCCL")
+    try:
+        mapped = libnccl_mapped(Path("/proc/self/maps").read_text())
+    except OSError:
+        mapped = []
+    library, how = None, "found by fastverify (none mapped in this process)"
+    for path in mapped:
+        try:
+            library, how = read_nccl_version(library=path), "mapped in this process"
+            break
+        except UserError:
+            continue
+    if library is None:
+        library = ctx.nccl_version()
+    status, reason, fix = compare_nccl(v, library, how)
+    return _out(status, reason, fix, torch_nccl=".".join(map(str, v[:3])) if isinstance(v, tuple) else str(v),
+                torch_nccl_raw=str(v), library=None if library is None else str(library),
+                library_path=None if library is None else library.library, mapped=mapped, how=how)
+
+
+# --- CUDA_DEVICE_MAX_CONNECTIONS -----------------------------------------------------------------
+
+
+def check_cuda_max_connections(ctx: _Context) -> Outcome:
+    """Whether ``CUDA_DEVICE_MAX_CONNECTIONS=1`` set after ``torch.cuda.is_available()`` still
+    takes effect, measured in three child processes (:mod:`.connections`)."""
+    from fastverify.doctor import connections
+
+    runs = connections.measure()
+    ratios = {m: runs[m].get("ratio") for m in connections.MODES}
+    word, why = connections.verdict(ratios)
+    details = {"verdict": word, "runs": runs, "serial_ratio": connections.SERIAL_RATIO, "clock": "cuda_events"}
+    if word == connections.TAKES_EFFECT:
+        return _out(Status.ok, f"{connections.ENV} set late {word}: {why}", **details)
+    if word == connections.DOES_NOT:
+        return _out(Status.warn, f"{connections.ENV} set late {word}: {why}",
+                    f"set {connections.ENV} before the interpreter starts (fastverify launch's environment)", **details)
+    return _out(Status.warn, f"{connections.ENV} set late: {word}: {why}", "run doctor again on an idle GPU", **details)
+
+
+# --- JIT builds ---------------------------------------------------------------------------------
+
+
+def check_jit_builds(ctx: _Context) -> Outcome:
+    """Build (or load) each FlashInfer module the backends use, timed, in a child under its own
+    limit, so that later trials load them from FlashInfer's cache."""
+    if not _flashinfer_installed():
+        return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
+    from fastverify.doctor.jit import run_builds
+
+    res = run_builds(JIT_BUILD_TIMEOUT_S)
+    ctx.state["jit"] = res
+    return jit_outcome(res)
+
+
+def jit_outcome(res: dict) -> Outcome:
+    """The check's verdict over :func:`fastverify.doctor.jit.summarize`'s dict."""
+    mods = res["modules"]
+    parts = [f"{k} {v.get('status')} {v['seconds']:.1f} s" if v.get("seconds") is not None else f"{k} {v.get('status')}"
+             for k, v in mods.items()]
+    if res["building"]:
+        return _out(Status.warn, f"{BUILDING}: {res['building']} still building after {res['limit_s']:g} s "
+                    f"({'; '.join(parts)})", "let it finish once (FlashInfer caches the build), or install "
+                    "flashinfer-jit-cache", **res)
+    if res["errors"]:
+        k, e = next(iter(res["errors"].items()))
+        return _out(Status.fail, f"FlashInfer JIT build of {k} failed: {e}", "check nvcc / CUDA_HOME, or install "
+                    "flashinfer-jit-cache", **res)
+    if res["exit"]:
+        return _out(Status.fail, f"FlashInfer JIT build run: {res['exit']}", None, **res)
+    return _out(Status.ok, "FlashInfer modules: " + "; ".join(parts), **res)
+
+
+# --- stream binding ------------------------------------------------------------------------------
+
+
+def check_stream_binding(ctx: _Context) -> Outcome:
+    """FlashInfer's stream-binding rule with real streams on GPU 0 (:mod:`.streams`); with two or
+    more GPUs also a 2-rank ``pcie_ipc`` tune trial (eager on the default stream, then the graph's
+    side-stream warm-up and capture) where its probe allows."""
+    import torch
+
+    from fastverify.doctor import streams as st
+
+    device = torch.device("cuda", 0)
+    binding, source = st.load_binding(device)
+    if binding is None:
+        return _out(Status.skipped, f"FlashInfer's stream rule not available: {source}",
+                    f"pip install flashinfer-python=={PINNED_FLASHINFER} or set {st.WHEEL_ENV}")
+    with torch.cuda.device(device):
+        cuda = st.CudaStreams(torch, device)
+        rows = st.run_steps(binding, cuda)
+        counter, expected = cuda.finish()
+    ok, line = st.judge(rows, counter, expected)
+    details: dict[str, Any] = {"source": source, "binding": binding.source, "steps": rows, "counter": counter,
+                               "expected": expected}
+    if not ok:
+        return _out(Status.fail, f"stream binding: {line}", "the pcie_ipc backend's rebind logic no longer matches "
+                    "FlashInfer: report this with `fastverify doctor --json`", **details)
+    if ctx.gpu_count >= 2:
+        trial = _pcie_ipc_trial(ctx)
+        details["backend_trial"] = trial
+        if trial["status"] in ("failed", "wrong_result"):
+            return _out(Status.fail, f"stream rule holds, but the real pcie_ipc trial {trial['status']}: "
+                        f"{trial['reason']}", "do not deploy pcie_ipc", **details)
+        line += f"; pcie_ipc 2-rank trial {trial['status']}"
+    return _out(Status.ok, f"{line} ({binding.source})", **details)
+
+
+def _pcie_ipc_trial(ctx: _Context) -> dict:
+    import torch
+
+    from fastverify.backends import ProbeContext, probe
+    from fastverify.backends.base import summarize_p2p
+    from fastverify.doctor.trials import run_doctor_trial
+    from fastverify.live.config import load_model_config
+    from fastverify.registry import BackendName
+    from fastverify.tune.trial import Op, TrialSpec
+
+    hidden = load_model_config("kimi-k2").hidden_size
+    p2p_ok, p2p_note = summarize_p2p(ctx.state.get("p2p"))
+    pctx = ProbeContext(world_size=2, device_type="cuda", dtype=torch.bfloat16, group_backend="nccl",
+                        sm=tuple(torch.cuda.get_device_capability(0)), p2p_ok=p2p_ok, p2p_note=p2p_note,
+                        single_node=True)
+    cap = probe(BackendName.pcie_ipc, pctx)
+    if not cap.ok:
+        return {"status": "skipped", "reason": cap.reason}
+    spec = TrialSpec(backend=BackendName.pcie_ipc.value, env={}, world_size=2, device="cuda", dtype="bfloat16",
+                     hidden=hidden, sizes=((4 * hidden, 1),), warmup=1, iters=3,
+                     options={"max_numel": 4 * hidden, "tune": False}, op=Op.ALL_REDUCE,
+                     probe_facts={"p2p_ok": p2p_ok}, label="doctor stream binding")
+    res, how = run_doctor_trial(spec)
+    return {"status": BUILDING if how["phase"] == BUILDING else res.status.value, "reason": res.reason, **how}
+
+
+# --- fused_add_rmsnorm ---------------------------------------------------------------------------
+
+
+def check_flashinfer_norm(ctx: _Context) -> Outcome:
+    """``flashinfer.norm.fused_add_rmsnorm`` (the norm kernel every backend can use) against the fp32
+    torch reference on random data, eager and replayed from a CUDA graph."""
+    if not _flashinfer_installed():
+        return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
+    import torch
+
+    from fastverify.backends import TOLERANCE, check_close, reference_residual_rmsnorm
+    from fastverify.backends.base import FUSED_ADD_RMSNORM
+    from fastverify.cudagraph import capture_cuda_graph
+
+    fn = FUSED_ADD_RMSNORM.resolve()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tokens, hidden, eps = 32, 7168, 1e-6
+    results: dict[str, Any] = {}
+    worst = None
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).removeprefix("torch.")
+        x0 = torch.randn(tokens, hidden, device="cuda", generator=gen).to(dtype)
+        r0 = torch.randn(tokens, hidden, device="cuda", generator=gen).to(dtype)
+        weight = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype)
+        want_norm, want_res = reference_residual_rmsnorm([x0], r0, weight, eps)
+        x, r = x0.clone(), r0.clone()
+
+        def call():  # in place on x and r: reload them first, so every replay computes the same thing
+            x.copy_(x0)
+            r.copy_(r0)
+            fn(**FUSED_ADD_RMSNORM.kwargs(input=x, residual=r, weight=weight, eps=eps, enable_pdl=False))
+            return x, r
+
+        call()
+        torch.cuda.synchronize()
+        row: dict[str, Any] = {}
+        for mode in ("eager", "graph"):
+            if mode == "graph":
+                graph, _ = capture_cuda_graph(call, warmup=1)  # its warm-up runs call() eagerly ...
+                x.zero_()  # ... so clear the outputs: what is checked below comes from the replays
+                r.zero_()
+                graph.replay()
+                graph.replay()
+                torch.cuda.synchronize()
+            ok_n, rel_n = check_close(x, want_norm, dtype)
+            ok_r, rel_r = check_close(r, want_res, dtype)
+            row[mode] = {"rel_err_norm": rel_n, "rel_err_residual": rel_r, "ok": ok_n and ok_r}
+            if not (ok_n and ok_r) and worst is None:
+                worst = f"{name} {mode}: relative error {max(rel_n, rel_r):.3g} (tolerance {TOLERANCE[dtype]:.3g})"
+        results[name] = row
+    details = {"tokens": tokens, "hidden": hidden, "eps": eps, "reference": "fp32 torch", "results": results}
+    if worst:
+        return _out(Status.fail, f"fused_add_rmsnorm differs from the fp32 reference: {worst}",
+                    "use the torch norm (backend option norm=torch) until fixed", **details)
+    parts = [f"{k} eager {v['eager']['rel_err_norm']:.2g} / graph {v['graph']['rel_err_norm']:.2g}"
+             for k, v in results.items()]
+    return _out(Status.ok, "fused_add_rmsnorm vs fp32 reference, relative error: " + ", ".join(parts), **details)
+
+
+# --- verify timer --------------------------------------------------------------------------------
+
+
+def judge_verify_timer(*, host_ms: float, busy_ms: float, written_while_busy: int, written_after: int,
+                       steps: int, rows: list[dict]) -> tuple[bool, str]:
+    """Whether the verify timer timed ``steps`` steps with CUDA events without waiting for the GPU.
+
+    Parameters
+    ----------
+    host_ms : float
+        Host time of ``steps`` start/stop pairs and one drain while ``busy_ms`` of GPU work was
+        queued ahead of them (ms, ``time.perf_counter``).
+    written_while_busy, written_after : int
+        Rows the drain wrote while the GPU was busy (must be 0: nothing had finished) and after a
+        synchronize (must be ``steps``).
+    rows : list of dict
+        The JSON lines the timer wrote.
+    """
+    if host_ms >= busy_ms / 2:
+        return False, f"recording and draining took {host_ms:.1f} ms of host time behind {busy_ms:.0f} ms of GPU " \
+                      "work: the timer waits for the GPU"
+    if written_while_busy:
+        return False, f"the drain wrote {written_while_busy} row(s) before their events could have completed"
+    if written_after != steps or len(rows) != steps:
+        return False, f"{written_after} row(s) written after the GPU finished ({len(rows)} in the file), " \
+                      f"expected {steps}"
+    bad = [r for r in rows if r.get("clock") != "cuda_events" or not float(r.get("verify_ms", 0)) > 0]
+    if bad:
+        return False, f"row {bad[0]} is not a positive CUDA-event time"
+    return True, f"{steps} steps timed with CUDA events; {host_ms:.2f} ms host time behind {busy_ms:.0f} ms of " \
+                 "queued GPU work, nothing written before it finished"
+
+
+def check_verify_timer(ctx: _Context) -> Outcome:
+    """The patch's verify timer (``fastverify.patch.install.VerifyTimer``) on real CUDA events:
+    steps recorded behind queued GPU work must cost no host wait, and every step is written once
+    the GPU is done."""
+    import orjson
+    import torch
+
+    from fastverify.patch.install import VerifyTimer
+
+    torch.cuda.set_device(0)
+    out_dir = ctx.tmp / "verify-timer"
+    timer = VerifyTimer(out_dir, every=TIMER_STEPS + 1)  # drained by hand below
+    a = torch.randn(256, 256, device="cuda")
+    torch.cuda._sleep(1000)  # load the spin kernel before timing
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(10_000_000)
+    e1.record()
+    e1.synchronize()
+    cycles = int(10_000_000 * TIMER_BUSY_MS / max(e0.elapsed_time(e1), 1e-3))
+    torch.cuda._sleep(cycles)  # ~TIMER_BUSY_MS of GPU work ahead of the steps
+    t0 = time.perf_counter()
+    for _ in range(TIMER_STEPS):
+        ev = timer.start()
+        a = a @ a / 256
+        timer.stop(ev)
+    busy = timer.drain()
+    host_ms = (time.perf_counter() - t0) * 1000
+    torch.cuda.synchronize()
+    after = timer.drain()
+    path = next(iter(sorted(out_dir.glob("*.jsonl"))), None)
+    rows = [orjson.loads(ln) for ln in path.read_bytes().splitlines()] if path else []
+    ok, line = judge_verify_timer(host_ms=host_ms, busy_ms=TIMER_BUSY_MS, written_while_busy=busy,
+                                  written_after=after, steps=TIMER_STEPS, rows=rows)
+    details = {"host_ms": round(host_ms, 3), "busy_ms": TIMER_BUSY_MS, "written_while_busy": busy,
+               "written_after": after, "rows": rows[:3], "clock": timer.clock}
+    if not ok:
+        return _out(Status.fail, f"verify timer: {line}", "report this: the patch's timer must never sync the host",
+                    **details)
+    return _out(Status.ok, line, **details)
+
+
+# --- 1-rank NCCL and the live runner at TP 1 ------------------------------------------------------
+
+
+def check_nccl_1rank(ctx: _Context) -> Outcome:
+    """The NCCL backend on a 1-rank group: all-reduce + residual + RMSNorm eager on the default
+    stream, then captured in a CUDA graph (side-stream warm-up) and replayed, both against the
+    reference; then the same as a tune trial in a fresh worker process."""
+    import torch
+
+    from fastverify.backends import ProbeContext, check_close, make_backend, reference_residual_rmsnorm
+    from fastverify.cudagraph import capture_cuda_graph
+    from fastverify.doctor.trials import run_doctor_trial
+    from fastverify.live.config import load_model_config
+    from fastverify.registry import BackendName
+    from fastverify.tune.trial import Op, TrialSpec
+
+    ctx.process_group()
+    device, dtype, eps = torch.device("cuda", 0), torch.bfloat16, 1e-6
+    hidden = load_model_config("tiny").hidden_size
+    tokens = 4
+    pctx = ProbeContext.detect(None, device=device, dtype=dtype, single_node=True)
+    backend = make_backend(BackendName.nccl, None, device=device, dtype=dtype, max_numel=tokens * hidden,
+                           hidden=hidden, context=pctx)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x0 = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
+    r0 = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, device=device, generator=gen)).to(dtype)
+    want = reference_residual_rmsnorm([x0], r0, w, eps)
+    x, r = x0.clone(), r0.clone()
+
+    def call():
+        x.copy_(x0)
+        r.copy_(r0)
+        return backend.all_reduce_residual_rmsnorm(x, r, w, eps)
+
+    errs: dict[str, float] = {}
+    try:
+        eager = call()
+        torch.cuda.synchronize()
+        errs["eager"] = max(check_close(g, e, dtype)[1] for g, e in zip(eager, want))
+        graph, out = capture_cuda_graph(call, warmup=2)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        errs["graph"] = max(check_close(g, e, dtype)[1] for g, e in zip(out, want))
+        ok_in = all(check_close(g, e, dtype)[0] for g, e in zip(out, want)) and \
+            all(check_close(g, e, dtype)[0] for g, e in zip(eager, want))
+        del graph
+    finally:
+        backend.close()
+    spec = TrialSpec(backend=BackendName.nccl.value, env={}, world_size=1, device="cuda", dtype="bfloat16",
+                     hidden=hidden, sizes=((tokens * hidden, 1), (8 * tokens * hidden, 1)), warmup=1, iters=5,
+                     op=Op.ALL_REDUCE_RESIDUAL_RMSNORM, label="doctor nccl 1 rank")
+    res, how = run_doctor_trial(spec)
+    details = {"hidden": hidden, "tokens": tokens, "in_process_rel_err": errs, "path_counts": dict(backend.path_counts),
+               "trial": {"status": res.status.value, "reason": res.reason, **how,
+                         "median_us": [s.median_us for s in res.sizes], "clock": res.clock and res.clock.value}}
+    if not ok_in:
+        return _out(Status.fail, f"1-rank NCCL backend differs from the reference (relative error {errs})",
+                    "report this with `fastverify doctor --json`", **details)
+    if res.status.value != "ok":
+        status = Status.warn if how["phase"] == BUILDING else Status.fail
+        return _out(status, f"in-process eager + graph replay ok; tune trial {res.status.value}: {res.reason}",
+                    "check the NCCL install (NCCL_DEBUG=INFO)", **details)
+    return _out(Status.ok, f"1-rank NCCL: eager and graph replay match the reference (rel err {errs['graph']:.2g}); "
+                f"tune trial ok, {res.sizes[0].median_us:.1f} µs per call (CUDA events)", **details)
+
+
+def check_live_tp1(ctx: _Context) -> Outcome:
+    """The live runner (``fastverify profile --live``'s engine) at TP 1 on the tiny preset: one rank
+    process, NCCL, CUDA-event regions per op."""
+    from fastverify.live.config import load_model_config
+    from fastverify.live.runner import run_live
+
+    iters = 3
+    ranks = run_live(load_model_config("tiny"), tp=1, draft_tokens=4, batch=1, iters=iters, warmup=1,
+                     device="cuda", timeout_s=LIVE_TIMEOUT_S)
+    r = ranks[0]
+    names = [r.names[i] for i in r.name_id]
+    counts = {n: names.count(n) for n in sorted(set(names))}
+    details = {"ranks": len(ranks), "events": len(names), "steps": len(r.steps), "by_name": counts,
+               "timing": r.meta.get("timing"), "device": r.meta.get("device"),
+               "dist_backend": r.meta.get("dist_backend")}
+    if len(r.steps) != iters or not names:
+        return _out(Status.fail, f"live runner at TP 1: {len(r.steps)} steps (expected {iters}), {len(names)} events",
+                    "run `fastverify profile --live --tp 1` for the rank's error", **details)
+    return _out(Status.ok, f"live runner at TP 1: {iters} verify steps, {len(names)} timed regions "
+                f"({details['timing']}, {details['dist_backend']})", **details)
