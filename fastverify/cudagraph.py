@@ -13,6 +13,12 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 2, calls: int = 1
 
     Returns ``(graph, out)``: the ``torch.cuda.CUDAGraph`` and the output of the last captured call,
     whose memory the graph's replays overwrite. CUDA only.
+
+    Streams: the side stream waits for the current one before the warm-up and the current one
+    waits for the side stream after it, and capture begins with a device synchronize
+    (``torch.cuda.graph``). So ``fn`` runs on three streams in turn (current, side, capture),
+    never at once; a backend bound to one stream must follow these changes (FlashInfer's PCIe IPC
+    workspace: :meth:`fastverify.backends.flashinfer_pcie_ipc.PcieIpcBackend.all_reduce`).
     """
     import torch
 

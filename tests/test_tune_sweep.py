@@ -92,6 +92,7 @@ def test_hang_and_crash_are_recorded_and_the_sweep_goes_on(sweep):
             assert math.isfinite(s.median_us) and 0 < s.median_us <= s.p90_us
             assert s.max_rel_err is not None and s.max_rel_err <= 2.0**-5  # checked against the reference
         assert r.step_us == pytest.approx(sum(s.count_per_step * s.median_us for s in r.sizes))
+        assert r.norm == "torch"  # CPU: every trial's backend added + normalized with the torch kernels
         assert r.started_unix_s <= r.finished_unix_s
     assert by_label["baseline"].sizes[0].max_rel_err == 0.0  # plain sum of exact quarter steps
     assert elapsed < 45

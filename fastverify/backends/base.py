@@ -27,6 +27,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -240,10 +241,15 @@ class AllReduceBackend(ABC):
         Hidden size (the last dimension of every input), where the caller knows it: the fused
         backends size their workspaces in rows of it. None: not known.
     options : Mapping[str, Any] or None
-        Backend-specific settings; unknown keys raise ``ValueError``.
+        Backend-specific settings; unknown keys raise ``ValueError``. Every backend also takes
+        ``norm`` (:data:`NORM_OPTION`): the residual add + RMSNorm kernel of the unfused path,
+        ``"flashinfer"``, ``"torch"`` or ``"auto"``/absent (:func:`choose_norm`).
 
     Attributes
     ----------
+    norm : NormKernel
+        The kernel that adds the residual and normalizes after a plain all-reduce
+        (:meth:`residual_rmsnorm`), fixed at construction.
     path_counts : collections.Counter[str]
         How many calls took each internal path (e.g. ``"fused"``, ``"fallback"``); every call is
         recorded, so a silent fallback shows up in reports.
@@ -267,11 +273,12 @@ class AllReduceBackend(ABC):
         if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0):
             raise ValueError(f"hidden must be a positive int or None, got {hidden!r}")
         options = dict(options or {})
-        unknown = set(options) - self.option_names
+        allowed = self.option_names | COMMON_OPTIONS
+        unknown = set(options) - allowed
         if unknown:
             raise ValueError(
                 f"unknown option(s) {sorted(unknown)} for backend {self.name.value!r}; "
-                f"allowed: {sorted(self.option_names) or 'none'}"
+                f"allowed: {sorted(allowed)}"
             )
         self.group = group
         self.device = torch.device(device)
@@ -280,6 +287,10 @@ class AllReduceBackend(ABC):
         self.hidden = hidden
         self.options = options
         self.path_counts: Counter[str] = Counter()
+        self._closed = True  # until construction is through: nothing to release yet
+        # One mechanism for every backend, so a sweep compares all-reduces on one norm kernel.
+        self.norm = resolve_norm(options.get(NORM_OPTION), self.device, dtype, backend=self.name)
+        self._fi_norm = FUSED_ADD_RMSNORM.resolve() if self.norm is NormKernel.FLASHINFER else None
         self._closed = False
 
     # -- capability -----------------------------------------------------------------------------
@@ -343,7 +354,38 @@ class AllReduceBackend(ABC):
         """
         _check_norm_args(x, residual, weight)
         self.path_counts["unfused"] += 1
-        return add_rmsnorm(self.all_reduce(x), residual, weight, eps)
+        return self.residual_rmsnorm(self.all_reduce(x), residual, weight, eps)
+
+    def residual_rmsnorm(
+        self, reduced: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """Residual add + RMSNorm of an already reduced tensor with this backend's :attr:`norm`
+        kernel: the step after a plain all-reduce, the same kernel for every backend given the
+        same ``norm`` option.
+
+        Parameters
+        ----------
+        reduced : Tensor
+            ``(T, hidden)``, contiguous, the all-reduce's own output: the FlashInfer kernel
+            overwrites it with the result (in place), so pass nothing the caller still reads.
+        residual : Tensor
+            ``(T, hidden)``, not modified. weight : ``(hidden,)``. eps : RMSNorm epsilon.
+
+        Returns
+        -------
+        (normed, residual_out) : tuple[Tensor, Tensor]
+            As :meth:`all_reduce_residual_rmsnorm`, in ``reduced.dtype``.
+        """
+        if self._fi_norm is None:
+            return add_rmsnorm(reduced, residual, weight, eps)
+        residual_out = residual.clone(memory_format=torch.contiguous_format)
+        # In place (flashinfer/norm/__init__.py): residual_out += reduced, then
+        # reduced = RMSNorm(residual_out) * weight. PDL off: the all-reduce kernels before it do not
+        # take part in programmatic dependent launch.
+        self._fi_norm(
+            **FUSED_ADD_RMSNORM.kwargs(input=reduced, residual=residual_out, weight=weight, eps=eps, enable_pdl=False)
+        )
+        return reduced, residual_out
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -562,6 +604,88 @@ def library_status(
                 f"install a version that has it"
             )
     return Capability(True, f"{dist_name} {version}")
+
+
+# --- the norm after the all-reduce -----------------------------------------------------------
+# Why one mechanism: a backend that adds + normalizes with FlashInfer's one fused kernel while
+# another uses ~13 fp32 torch kernels wins by the norm, not the all-reduce, and a verify step
+# multiplies the difference by ~123 calls (issue 9, item 6).
+
+
+class NormKernel(StrEnum):
+    """The residual add + RMSNorm that follows a plain all-reduce."""
+
+    FLASHINFER = "flashinfer"  # flashinfer.norm.fused_add_rmsnorm: one kernel, in place
+    TORCH = "torch"  # add_rmsnorm: fp32 torch ops
+
+
+NORM_OPTION = "norm"
+"""The option every backend takes: ``"flashinfer"``, ``"torch"`` or ``"auto"`` (absent)."""
+NORM_AUTO = "auto"
+COMMON_OPTIONS = frozenset({NORM_OPTION})
+"""Options every backend accepts on top of its own ``option_names``."""
+NORM_DTYPES = (torch.bfloat16, torch.float16)
+"""Dtypes of FlashInfer's CUDA ``fused_add_rmsnorm`` (``DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16`` in its
+``data/csrc/norm.cu``: fp16 and bf16)."""
+
+# residual += input; input = RMSNorm(residual) * weight, both in place (flashinfer/norm/__init__.py).
+FUSED_ADD_RMSNORM = ExternalCall(
+    "flashinfer.norm", "fused_add_rmsnorm", "flashinfer.norm",
+    ("input", "residual", "weight", "eps", "enable_pdl"),
+)
+
+
+def _fi_norm_error() -> str | None:
+    try:
+        FUSED_ADD_RMSNORM.resolve()
+    except Exception as err:  # ImportError, or FlashInfer failing inside its own import
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
+
+
+def choose_norm(device: torch.device | str, dtype: torch.dtype) -> NormKernel:
+    """The norm kernel for ``norm="auto"``: FlashInfer's ``fused_add_rmsnorm`` when ``device``
+    is CUDA, ``dtype`` is bf16/fp16 and ``flashinfer.norm`` imports; else torch.
+
+    It depends only on the process and the tensors, never on the backend, so every backend (and
+    every trial of a sweep: the tune worker resolves it once per trial) gets the same answer.
+    Importing FlashInfer takes ~2.5 s the first time; on CPU nothing is imported.
+    """
+    if torch.device(device).type != "cuda" or dtype not in NORM_DTYPES:
+        return NormKernel.TORCH
+    return NormKernel.TORCH if _fi_norm_error() else NormKernel.FLASHINFER
+
+
+def resolve_norm(
+    value: Any, device: torch.device | str, dtype: torch.dtype, *, backend: BackendName | str | None = None
+) -> NormKernel:
+    """The :class:`NormKernel` for a ``norm`` option value.
+
+    Raises
+    ------
+    ValueError
+        ``value`` is not ``"flashinfer"``, ``"torch"``, ``"auto"`` or None.
+    BackendUnavailable
+        ``"flashinfer"`` asked for (with ``backend`` named) but ``flashinfer.norm`` does not
+        import, or ``dtype`` is not bf16/fp16.
+    """
+    if value is None or value == NORM_AUTO:
+        return choose_norm(device, dtype)
+    try:
+        kernel = NormKernel(value)
+    except ValueError:
+        raise ValueError(f"option norm must be one of {[k.value for k in NormKernel] + [NORM_AUTO]}, "
+                         f"got {value!r}") from None
+    if kernel is NormKernel.FLASHINFER:
+        why = _fi_norm_error()
+        if why is None and dtype not in NORM_DTYPES:
+            why = f"dtype {str(dtype).removeprefix('torch.')} unsupported, needs bfloat16 or float16"
+        if why is not None:
+            reason = f"norm 'flashinfer' asked for, but flashinfer.norm.fused_add_rmsnorm is unusable ({why})"
+            if backend is None:
+                raise ValueError(reason)
+            raise BackendUnavailable(backend, reason + "; use norm 'torch'")
+    return kernel
 
 
 # --- registry ---------------------------------------------------------------------------------

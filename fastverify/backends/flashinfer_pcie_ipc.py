@@ -1,5 +1,6 @@
 """FlashInfer's PCIe IPC all-reduce (``flashinfer.comm.PcieIpcAllReduceWorkspace``, FlashInfer
->= 0.7), followed by FlashInfer's fused residual add + RMSNorm kernel.
+>= 0.7). The residual add + RMSNorm after it is the base class's, with the ``norm`` kernel every
+backend shares (:func:`fastverify.backends.base.choose_norm`), so rankings compare all-reduces.
 
 Why: on 8 PCIe GPUs without NVLink it takes 5-15 us where NCCL takes ~205 us at 12 KiB
 (SGLang ``pcie_ipc_ar.py`` docstring, ``../shared/research/flashinfer.md`` §1e, §6).
@@ -21,6 +22,19 @@ SM120). Prefill all-reduces are large and bandwidth-bound, where NCCL is fine.
 Collective contract (from FlashInfer's class docstring): every rank issues the same calls with the
 same shapes in the same order; one workspace per CUDA stream; ``prepare()`` every CUDA-graph
 capture shape, after ``tune()``, before capture.
+
+Streams
+-------
+FlashInfer binds the workspace to the first stream that runs it and raises "already bound ... use
+one workspace per stream" on any other (``_check_stream`` in ``flashinfer/comm/pcie_ipc_ar.py``,
+``bind_stream`` in ``flashinfer/comm/pcie_ipc_collectives/_lifecycle.py``); capture is exempt.
+A CUDA-graph warm-up runs on a side stream after eager calls on the default stream (the tune
+worker through :func:`fastverify.cudagraph.capture_cuda_graph`, SGLang's capture likewise), so
+:meth:`PcieIpcBackend.all_reduce` moves the binding when the stream changes, as SGLang's adapter
+does (``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``, ``pcie_ipc_all_reduce``).
+``rebind_stream()`` is the caller's assertion that earlier work is ordered before later work, so
+the new stream first waits for everything queued on the old one. Two streams issuing calls at the
+same time stay unsupported: that is a race, not a stream change.
 """
 
 from __future__ import annotations
@@ -33,12 +47,11 @@ from fastverify.backends.base import (
     AllReduceBackend,
     BackendName,
     Capability,
+    FUSED_ADD_RMSNORM,
     ExternalCall,
     ProbeContext,
     Shape,
     Tensor,
-    _check_norm_args,
-    add_rmsnorm,
     check_cuda,
     check_dtype,
     check_p2p,
@@ -75,12 +88,12 @@ WS_PREPARE = ExternalCall(
 WS_DESTROY = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace.destroy", "flashinfer.comm.pcie_ipc_ar", (), "method"
 )
-# residual += x; x = RMSNorm(residual) * weight, both in place.
-FUSED_ADD_RMSNORM = ExternalCall(
-    "flashinfer.norm", "fused_add_rmsnorm", "flashinfer.norm",
-    ("input", "residual", "weight", "eps", "enable_pdl"),
+WS_REBIND_STREAM = ExternalCall(
+    "flashinfer.comm", "PcieIpcAllReduceWorkspace.rebind_stream", "flashinfer.comm.pcie_ipc_ar", (), "method"
 )
-EXTERNAL_CALLS = (WORKSPACE, WS_SUPPORTS, WS_ALL_REDUCE, WS_TUNE, WS_PREPARE, WS_DESTROY, FUSED_ADD_RMSNORM)
+# The norm kernel lives in base (one for all backends); listed here too for the signature checks.
+EXTERNAL_CALLS = (WORKSPACE, WS_SUPPORTS, WS_ALL_REDUCE, WS_TUNE, WS_PREPARE, WS_DESTROY, WS_REBIND_STREAM,
+                  FUSED_ADD_RMSNORM)
 
 
 def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
@@ -113,11 +126,12 @@ class PcieIpcBackend(AllReduceBackend):
         gloo group spanning the same ranks, for tuning; required when ``group`` is a strict
         subgroup (FlashInfer cannot build one collectively then).
     norm : str
-        ``"flashinfer"`` (default: ``flashinfer.norm.fused_add_rmsnorm``) or ``"torch"``.
+        As for every backend (:class:`~fastverify.backends.base.AllReduceBackend`): default
+        ``"auto"``, FlashInfer's ``fused_add_rmsnorm`` on CUDA bf16/fp16 when it imports.
     """
 
     name = BackendName.pcie_ipc
-    option_names = frozenset({"max_blocks", "profile", "tune_cache", "tune_batches", "tune", "tune_group", "norm"})
+    option_names = frozenset({"max_blocks", "profile", "tune_cache", "tune_batches", "tune", "tune_group"})
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
@@ -149,8 +163,6 @@ class PcieIpcBackend(AllReduceBackend):
                 f"max_numel must be a positive multiple of {PACK_ELEMS} for the PCIe IPC workspace, got "
                 f"{max_numel!r}; use decode_max_numel(max_batch, draft_tokens, hidden)"
             )
-        if self.options.get("norm", "flashinfer") not in ("flashinfer", "torch"):
-            raise ValueError(f"option norm must be 'flashinfer' or 'torch', got {self.options['norm']!r}")
         if self.device.type != "cuda" or self.device.index not in (None, torch.cuda.current_device()):
             # FlashInfer binds the workspace to torch.cuda.current_device().
             raise ValueError(
@@ -166,7 +178,9 @@ class PcieIpcBackend(AllReduceBackend):
         except BaseException:
             self._closed = True  # nothing to release; FlashInfer failed on every rank jointly
             raise
-        self._fused_add_rmsnorm = FUSED_ADD_RMSNORM.resolve() if self.options.get("norm", "flashinfer") == "flashinfer" else None
+        # The stream the workspace last ran on, as FlashInfer binds it (None: unbound). Kept here
+        # rather than read from the workspace's private ``_stream``.
+        self._bound: Any = None
         self.prepared: dict[tuple[int, int], Any] = {}
 
     def supports(self, x: Tensor) -> bool:
@@ -175,27 +189,30 @@ class PcieIpcBackend(AllReduceBackend):
         return super().supports(x) and bool(self._ws.supports(**WS_SUPPORTS.kwargs(inp=x)))
 
     def all_reduce(self, x: Tensor) -> Tensor:
+        self._follow_stream()
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         self._ws.all_reduce(**WS_ALL_REDUCE.kwargs(inp=x, out=out))
         self.path_counts["all_reduce"] += 1
         return out
 
-    def all_reduce_residual_rmsnorm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        _check_norm_args(x, residual, weight)
-        reduced = self.all_reduce(x)  # always: the norm never runs on an un-reduced tensor
-        if self._fused_add_rmsnorm is None:
-            self.path_counts["torch_norm"] += 1
-            return add_rmsnorm(reduced, residual, weight, eps)
-        residual_out = residual.clone(memory_format=torch.contiguous_format)
-        # In place: residual_out += reduced; reduced = RMSNorm(residual_out) * weight. PDL off: the
-        # preceding IPC kernel does not take part in programmatic dependent launch.
-        self._fused_add_rmsnorm(
-            **FUSED_ADD_RMSNORM.kwargs(input=reduced, residual=residual_out, weight=weight, eps=eps, enable_pdl=False)
-        )
-        self.path_counts["fi_norm"] += 1
-        return reduced, residual_out
+    def _follow_stream(self) -> None:
+        """Move FlashInfer's stream binding to the current stream when it changed (module
+        docstring, "Streams"), after ordering the new stream behind the old one.
+
+        During stream capture nothing is touched: FlashInfer exempts capture from the binding,
+        and a wait on an event recorded outside the capture would break it. Capture starts
+        with a device synchronize (``torch.cuda.graph``), which orders it behind the warm-up.
+        """
+        if torch.cuda.is_current_stream_capturing():
+            return
+        current = torch.cuda.current_stream(self.device)
+        if self._bound is not None and current != self._bound:
+            # What makes rebind_stream() true: every workspace call queued on the old stream
+            # runs before anything this stream queues from now on.
+            current.wait_stream(self._bound)
+            self._ws.rebind_stream()
+            self.path_counts["stream_rebind"] += 1
+        self._bound = current
 
     def prepare(self, shapes: Sequence[Shape]) -> None:
         """Tune (unless ``tune=False``) for the hidden sizes in ``shapes``, then resolve every
@@ -211,6 +228,11 @@ class PcieIpcBackend(AllReduceBackend):
                 tune_kwargs["tune_group"] = self.options["tune_group"]
             self._ws.tune(**WS_TUNE.kwargs(**tune_kwargs))
         self.prepared = dict(self._ws.prepare(**WS_PREPARE.kwargs(shapes=shapes2, dtype=self.dtype)))
+        # tune() moves FlashInfer's binding itself (synchronize, then rebind_stream). After a
+        # synchronize nothing is pending, so unbinding is true whatever stream comes next.
+        torch.cuda.synchronize(self.device)
+        self._ws.rebind_stream()
+        self._bound = None
 
     def close(self) -> None:
         """Destroy the workspace. Collective: every rank must call it."""

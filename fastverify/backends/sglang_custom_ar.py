@@ -5,7 +5,8 @@ Only where it can run (``../shared/research/sglang.md`` §3): world size 2, or 4
 pair on NVLink; SGLang itself disables it for more than two PCIe-only GPUs ("not supported on more
 than two PCIe-only GPUs"), and its kernel launches nothing at 4/8 ranks without full NVLink. It needs
 working P2P (CUDA IPC buffers) and all ranks on one host. The all-reduce is out-of-place; residual
-add + RMSNorm use the base class's torch path.
+add + RMSNorm use the base class's path with the ``norm`` kernel every backend shares
+(:func:`fastverify.backends.base.choose_norm`).
 
 The class is used directly rather than through ``dispatch_custom_allreduce()``, which returns
 ``CustomAllReduceV2`` in newer SGLang (needs full NVLink, different methods). Importing SGLang

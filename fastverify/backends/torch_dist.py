@@ -1,7 +1,10 @@
 """``torch.distributed.all_reduce`` as a backend: NCCL on GPUs, gloo on CPU.
 
 The last resort of every fallback chain (it supports any shape) and the baseline every other
-backend is measured against. Residual add + RMSNorm uses the base class's unfused torch path.
+backend is measured against. Residual add + RMSNorm is the base class's unfused path, with the
+``norm`` kernel every backend shares (:func:`fastverify.backends.base.choose_norm`): on a GPU,
+FlashInfer's ``fused_add_rmsnorm`` where it imports, as for ``pcie_ipc``, so rankings compare
+all-reduces, not norms.
 """
 
 from __future__ import annotations

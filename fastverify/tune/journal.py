@@ -30,7 +30,9 @@ from fastverify.tune.trial import TrialResult, TrialSpec
 
 logger = logging.getLogger(__name__)
 
-JOURNAL_SCHEMA_VERSION = 1
+JOURNAL_SCHEMA_VERSION = 2
+# 2: trial ids include the norm kernel every backend of the sweep shares (TrialSpec.norm); a version-1
+# journal's ids cannot match, so it is refused with the start-over message instead of 'corrupt'.
 
 
 def fingerprint(trials: Sequence[TrialSpec], config: Mapping[str, Any] | None = None) -> str:

@@ -5,12 +5,21 @@ the parent opens a ``TCPStore`` on 127.0.0.1 with an OS-chosen port, writes the 
 temporary directory and starts ``world_size`` processes ``python -m fastverify.tune.worker SPEC
 RANK`` (stdout discarded, stderr to ``rank<r>.stderr``, results back as ``rank<r>.json``). Each
 rank starts in its own session/process group and asks Linux to SIGKILL it when the parent dies, so
-a ``kill -9`` of the sweep leaves no ranks behind. A rank that exits non-zero, a trial whose ranks
-are not all in the process group within ``startup_timeout_s`` (interpreter, torch, CUDA and NCCL
-start-up, which varies a lot between machines), or a trial that is still running ``timeout_s``
-after that (the measurement: hung IPC kernels spin forever) ends that trial: every rank's process
-group is SIGKILLed, the trial is recorded as ``failed`` with a one-line reason, and the sweep goes
-on with the next trial.
+a ``kill -9`` of the sweep leaves no ranks behind.
+
+Each trial runs in three phases, each with its own limit (:class:`TrialLimits`):
+
+* start-up, ``startup_timeout_s``: until every rank has joined the process group (interpreter,
+  torch, CUDA and NCCL start-up, which varies a lot between machines);
+* build, ``build_timeout_s``: until every rank has made its backend, run ``prepare()`` (FlashInfer's
+  ``tune()``) and one call per size. FlashInfer JIT-compiles with nvcc on first use (the PCIe IPC
+  module in the workspace constructor, ``trtllm_comm`` at its first call), which takes minutes;
+  later runs load the cached build. A hang here is reported as "hung while building/JIT-compiling";
+* measurement, ``timeout_s``: until every rank has exited (hung IPC kernels spin forever).
+
+A rank that exits non-zero, or a phase past its limit, ends that trial: every rank's process group
+is SIGKILLed, the trial is recorded as ``failed`` with a one-line reason naming the phase and each
+unfinished rank's last stage, and the sweep goes on with the next trial.
 
 The trial's ``env`` is set in the ranks' environment (and applied again by the worker before it
 imports torch); the parent's own environment passes through underneath it, so the baseline trial
@@ -26,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -54,15 +64,57 @@ from fastverify.tune.trial import (
     TrialSpec,
     TrialStatus,
 )
-from fastverify.tune.worker import HOST
+from fastverify.tune.worker import BUILT_MARK, HOST, READY_MARK
 
 logger = logging.getLogger(__name__)
 
 WORKER_MODULE = "fastverify.tune.worker"
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
+DEFAULT_BUILD_TIMEOUT_S = 900.0
+"""Seconds for a trial's build phase. Generous on purpose: a first-use nvcc build of a FlashInfer
+JIT module takes minutes (not measured here: no GPU in CI), and ``tune()`` times a ladder of batch
+sizes per hidden size; every rank waits on the same build (FlashInfer locks its JIT cache)."""
+BUILD_HANG = "hung while building/JIT-compiling the backend"
 _STAGE_PREFIX = "fastverify-tune rank "
 CPU_NOTE = ("CPU/gloo: host wall-clock times of gloo all-reduces, not GPU times; gloo ignores NCCL_* "
             "settings, so trials that differ only in NCCL settings measure the same thing")
+
+
+@dataclass(frozen=True)
+class TrialLimits:
+    """The three wall-clock limits of one trial, in seconds (module docstring). The doctor and
+    ``tune`` share them through :func:`run_trial`.
+
+    Attributes
+    ----------
+    measure_s : float
+        From the moment every rank is built until every rank has exited.
+    startup_s : float
+        From starting the processes until every rank has joined the process group.
+    build_s : float
+        From the moment every rank is up until every rank has built (made the backend, prepared
+        and tuned it, called it once per size).
+
+    Raises
+    ------
+    UserError
+        A limit that is not a number > 0.
+    """
+
+    measure_s: float
+    startup_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    build_s: float = DEFAULT_BUILD_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for what, value in (("trial timeout", self.measure_s), ("start-up timeout", self.startup_s),
+                            ("build timeout", self.build_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise UserError(f"the {what} must be > 0 seconds, got {value!r}")
+
+    @property
+    def total_s(self) -> float:
+        """All three together: the ranks' store and process-group timeout."""
+        return float(self.measure_s + self.startup_s + self.build_s)
 
 
 def run_sweep(
@@ -74,6 +126,7 @@ def run_sweep(
     progress: bool = False,
     config: Mapping[str, Any] | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
 ) -> list[TrialResult]:
     """Run every trial not yet journaled, one after another, each in fresh rank processes.
 
@@ -85,8 +138,8 @@ def run_sweep(
         The JSONL journal (:mod:`fastverify.tune.journal`); each finished trial is appended and
         fsynced before the next one starts.
     timeout_s : float
-        Per-trial wall-clock limit in seconds, counted from the moment every rank has joined the
-        process group; past it the trial's ranks are killed and it is recorded as ``failed``
+        Per-trial measurement limit in seconds, counted from the moment every rank has built its
+        backend; past it the trial's ranks are killed and it is recorded as ``failed``
         (``"timeout after N s; still running: rank R: <its last stage>"``).
     resume : bool
         Keep the trials already in the journal (same sweep: same trials and ``config``) and run
@@ -99,6 +152,10 @@ def run_sweep(
     startup_timeout_s : float
         Limit in seconds from starting a trial's processes until all have joined the process group
         (``"start-up timeout after N s ..."`` past it).
+    build_timeout_s : float
+        Limit in seconds from then until every rank has built, prepared (tuned) and once called its
+        backend (``"build timeout after N s (hung while building/JIT-compiling the backend); still
+        building: rank R: <its last stage>"`` past it). Default :data:`DEFAULT_BUILD_TIMEOUT_S`.
 
     Returns
     -------
@@ -110,7 +167,8 @@ def run_sweep(
     UserError
         A bad timeout, or a journal that cannot be used (:meth:`Journal.open`).
     ValueError, TypeError
-        ``trials`` is not a sequence of distinct :class:`TrialSpec`.
+        ``trials`` is not a sequence of distinct :class:`TrialSpec`, or its trials ask for
+        different ``norm`` kernels (one sweep compares all-reduces on one norm).
     """
     trials = list(trials)
     for t in trials:
@@ -120,9 +178,11 @@ def run_sweep(
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"trials holds trial {dup} twice; each trial must be distinct")
-    for what, value in (("trial timeout", timeout_s), ("start-up timeout", startup_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise UserError(f"the {what} must be > 0 seconds, got {value!r}")
+    norms = sorted({t.norm for t in trials})
+    if len(norms) > 1:
+        raise ValueError(f"trials ask for norm kernels {norms}; every trial of one sweep must use the same "
+                         f"TrialSpec.norm, so backends are compared on the same residual + RMSNorm")
+    limits = TrialLimits(measure_s=timeout_s, startup_s=startup_timeout_s, build_s=build_timeout_s)
     fp = fingerprint(trials, config)
     with Journal.open(journal_path, fingerprint=fp, resume=resume, config=config, trial_ids=ids) as journal:
         done = {i: rec.result for i, rec in journal.done.items()}
@@ -133,21 +193,29 @@ def run_sweep(
         with _Progress(progress, len(todo)) as bar:
             for t in todo:
                 bar.start(t)
-                result = run_trial(t, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s)
+                result = run_trial(t, timeout_s=limits.measure_s, startup_timeout_s=limits.startup_s,
+                                   build_timeout_s=limits.build_s)
                 journal.append(t, result)
                 done[t.trial_id] = result
                 bar.finish(t, result)
     return [done[i] for i in ids]
 
 
-def run_trial(spec: TrialSpec, *, timeout_s: float,
-              startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> TrialResult:
-    """Run one trial in ``spec.world_size`` fresh rank processes (limits as in :func:`run_sweep`);
-    never raises for a trial that crashes, hangs, is unavailable or computes a wrong result: that is
-    the returned status."""
+def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+              build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S) -> TrialResult:
+    """Run one trial in ``spec.world_size`` fresh rank processes (limits as in :func:`run_sweep`
+    and :class:`TrialLimits`); never raises for a trial that crashes, hangs, is unavailable or
+    computes a wrong result: that is the returned status.
+
+    Raises
+    ------
+    UserError
+        A limit that is not > 0.
+    """
     import torch
     import torch.distributed as dist
 
+    limits = TrialLimits(measure_s=timeout_s, startup_s=startup_timeout_s, build_s=build_timeout_s)
     started = time.time()
     note = CPU_NOTE if spec.device is Device.CPU else ""
     if spec.device is Device.CUDA:
@@ -155,7 +223,7 @@ def run_trial(spec: TrialSpec, *, timeout_s: float,
         if count < spec.world_size:
             return _result(spec, TrialStatus.SKIPPED, f"needs {spec.world_size} GPUs, found {count}",
                            started, note=note)
-    limit_s = float(timeout_s + startup_timeout_s)  # for the store and the process group's collectives
+    limit_s = limits.total_s  # for the store and the process group's collectives
     store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=limit_s), wait_for_workers=False)
     try:
         with TemporaryDirectory(prefix="fastverify-tune-") as workdir:
@@ -165,7 +233,7 @@ def run_trial(spec: TrialSpec, *, timeout_s: float,
             spec_path.write_bytes(orjson.dumps(doc))
             env = _child_env()
             env.update(spec.env_dict)
-            failure = _launch_trial(str(spec_path), spec.world_size, timeout_s, startup_timeout_s, workdir, env)
+            failure = _launch_trial(str(spec_path), spec.world_size, limits, workdir, env)
             if failure:
                 return _result(spec, TrialStatus.FAILED, failure, started, note=note)
             return _collect(spec, Path(workdir), started, note)
@@ -173,14 +241,22 @@ def run_trial(spec: TrialSpec, *, timeout_s: float,
         del store
 
 
-def _launch_trial(spec_path: str, world: int, timeout_s: float, startup_timeout_s: float, workdir: str,
-                  env: dict[str, str]) -> str:
+def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str, env: dict[str, str]) -> str:
     """Start the ranks and wait: ``""`` when all exit 0, else the one-line failure reason.
     Every rank still running at the end is SIGKILLed with its whole process group."""
     procs: list[subprocess.Popen] = []
     seen_exit: dict[int, int] = {}
-    deadline = time.monotonic() + startup_timeout_s
-    up = False  # every rank has joined the process group (wrote rank<r>.ready)
+    phase = 0  # index into phases: the ranks' marker files move it on
+    phases = (  # (marker every rank writes when the phase is over, limit, reason past the limit)
+        (READY_MARK, limits.startup_s, f"start-up timeout after {limits.startup_s:g} s; still running"),
+        (BUILT_MARK, limits.build_s, f"build timeout after {limits.build_s:g} s ({BUILD_HANG}); still building"),
+        (None, limits.measure_s, f"timeout after {limits.measure_s:g} s; still running"),
+    )
+    deadline = time.monotonic() + phases[0][1]
+
+    def marked(rank: int, mark: str) -> bool:
+        return os.path.exists(os.path.join(workdir, f"rank{rank}.{mark}"))
+
     try:
         for rank in range(world):
             with open(_stderr_path(workdir, rank), "wb") as err:
@@ -199,13 +275,16 @@ def _launch_trial(spec_path: str, world: int, timeout_s: float, startup_timeout_
                         f"{_stage_text(_last_stderr_line(workdir, rank))}")
             if len(seen_exit) == world:
                 return ""
-            if not up and all(os.path.exists(os.path.join(workdir, f"rank{r}.ready")) for r in range(world)):
-                up, deadline = True, time.monotonic() + timeout_s
+            mark = phases[phase][0]
+            while mark is not None and all(marked(r, mark) for r in range(world)):
+                phase += 1
+                mark, deadline = phases[phase][0], time.monotonic() + phases[phase][1]
             if time.monotonic() >= deadline:
-                running = [r for r in range(world) if r not in seen_exit]
-                where = ", ".join(f"rank {r}: {_stage_text(_last_stderr_line(workdir, r))}" for r in running)
-                what = f"timeout after {timeout_s:g} s" if up else f"start-up timeout after {startup_timeout_s:g} s"
-                return f"{what}; still running: {where}"
+                # Name the ranks that have not finished this phase: the ones the others wait on.
+                late = [r for r in range(world) if r not in seen_exit and not (mark and marked(r, mark))]
+                late = late or [r for r in range(world) if r not in seen_exit]
+                where = ", ".join(f"rank {r}: {_stage_text(_last_stderr_line(workdir, r))}" for r in late)
+                return f"{phases[phase][2]}: {where}"
             time.sleep(0.02)
     finally:
         for p in procs:

@@ -26,6 +26,9 @@ _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
 DTYPES = ("bfloat16", "float16", "float32")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PROBE_FACTS = ("p2p_ok", "nvlink_full")
+NORMS = ("auto", "flashinfer", "torch")
+"""``TrialSpec.norm`` values (``fastverify.backends.base.NormKernel`` plus ``auto``), spelled here so
+this module stays torch-free."""
 
 
 class Device(StrEnum):
@@ -90,6 +93,15 @@ class TrialSpec:
         Untimed and timed calls (CPU) or graph replays (CUDA) per size.
     options : Mapping[str, scalar]
         Backend options (``max_numel``, ``use_oneshot``…), passed to ``make_backend``; stored sorted.
+        Not ``norm``: that is :attr:`norm`.
+    norm : {"auto", "flashinfer", "torch"}
+        The residual add + RMSNorm kernel after a plain all-reduce, passed to every backend as its
+        ``norm`` option so all trials of a sweep compare all-reduces on one norm kernel.
+        ``"auto"``: the worker resolves it with ``fastverify.backends.base.choose_norm``
+        (FlashInfer's ``fused_add_rmsnorm`` on CUDA bf16/fp16 where it imports, else torch), the
+        same answer for every backend on one box; the resolved kernel is in the result's
+        ``worker_meta["norm"]``. :func:`fastverify.tune.sweep.run_sweep` refuses a sweep whose
+        trials ask for different norms.
     op : Op
         The timed operation.
     probe_facts : Mapping[str, bool | None]
@@ -113,6 +125,7 @@ class TrialSpec:
     iters: int = 10
     options: tuple[tuple[str, Scalar], ...] | Mapping[str, Scalar] = ()
     op: Op | str = Op.ALL_REDUCE
+    norm: str = "auto"
     probe_facts: tuple[tuple[str, bool | None], ...] | Mapping[str, bool | None] = ()
     label: str = ""
     baseline: bool = False
@@ -159,7 +172,12 @@ class TrialSpec:
         for k, v in options.items():
             if not isinstance(k, str) or not isinstance(v, (str, int, float, bool, type(None))):
                 raise ValueError(f"TrialSpec.options must map names to scalars, got {k!r}: {v!r}")
+        if "norm" in options:
+            raise ValueError("TrialSpec.options must not hold 'norm'; set TrialSpec.norm, which every trial "
+                             "of a sweep shares")
         set_(self, "options", tuple(sorted(options.items())))
+        if self.norm not in NORMS:
+            raise ValueError(f"TrialSpec.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         facts = dict(self.probe_facts)
         for k, v in facts.items():
             if k not in PROBE_FACTS or not isinstance(v, (bool, type(None))):
@@ -185,6 +203,7 @@ class TrialSpec:
             "iters": self.iters,
             "options": dict(self.options),
             "op": self.op.value,
+            "norm": self.norm,
             "probe_facts": dict(self.probe_facts),
             "label": self.label,
             "baseline": self.baseline,
@@ -267,6 +286,13 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return self.status is TrialStatus.OK
+
+    @property
+    def norm(self) -> str | None:
+        """The norm kernel the ranks used after plain all-reduces (``"flashinfer"``/``"torch"``),
+        None where no rank got that far (failed before the build, or an older journal)."""
+        value = dict(self.worker_meta).get("norm")
+        return value if isinstance(value, str) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -7,11 +7,16 @@ gets its own NCCL/IPC state. The order matters:
    ``port``, ``timeout_s``, ``threads``, ``workdir``), and apply its ``env`` to ``os.environ`` *before*
    ``torch`` is imported: NCCL reads most settings once per process;
 2. join the parent's ``TCPStore`` on 127.0.0.1 and init the process group (gloo on CPU, NCCL on
-   CUDA, one GPU per rank), then touch ``rank<r>.ready`` (the parent's trial timeout runs from
-   the moment every rank is up: start-up has its own, longer limit);
-3. make the backend (``BackendUnavailable`` → the whole trial is ``skipped``; the ranks agree on it);
-4. per message size: build inputs with a known per-rank pattern, warm up, check the result against
-   the torch reference (any rank off → ``wrong_result`` for every rank), then time;
+   CUDA, one GPU per rank), then touch ``rank<r>.ready`` (start-up ends when every rank is up);
+3. build, under the parent's build limit (``build_timeout_s``, long: FlashInfer JIT-compiles its
+   PCIe IPC module in the workspace constructor and ``trtllm_comm`` at the first call, and its
+   ``tune()`` times a whole ladder): make the backend with the trial's ``hidden`` and ``norm``
+   (``BackendUnavailable`` on any rank → the whole trial is ``skipped``, every rank agrees on
+   it), ``prepare()`` (tunes), one call per message size (triggers the lazy JIT builds), a device
+   synchronize; then touch ``rank<r>.built``. Stage lines start with ``build:``;
+4. measure, under the trial's own limit (``timeout_s``, from the moment every rank is built): per
+   message size, build inputs with a known per-rank pattern, warm up, check the result against the
+   torch reference (any rank off → ``wrong_result`` for every rank), then time;
 5. write ``rank<r>.json`` next to the spec (atomically). stdout is never used.
 
 Timing
@@ -29,8 +34,11 @@ iteration. A failing rank prints its traceback to stderr (``rank<r>.stderr``), w
 (``fastverify-tune rank R: ...``) let the parent say where a hung trial was.
 
 Test hook (tests only, never set it otherwise): ``FASTVERIFY_TEST_INJECT=hang:<rank>`` makes that
-rank sleep forever right after the process group is up; ``crash:<rank>`` makes it exit with code 3
-there. It is read after the trial's ``env`` is applied, so a trial can carry it in its ``env``.
+rank sleep forever right after the build (so in the measurement); ``crash:<rank>`` makes it exit
+with code 3 there; ``slow_build:<rank>:<seconds>`` makes it sleep that long in the build, right
+after making the backend (a slow JIT build); ``unavailable:<rank>`` makes ``make_backend`` raise
+``BackendUnavailable`` on that rank only. It is read after the trial's ``env`` is applied, so a
+trial can carry it in its ``env``.
 """
 
 from __future__ import annotations
@@ -53,6 +61,13 @@ EPS = 1e-6
 """RMSNorm epsilon of the residual + RMSNorm check."""
 INJECT_ENV = "FASTVERIFY_TEST_INJECT"
 INJECT_CRASH_EXIT = 3
+INJECT_KINDS = ("hang", "crash", "slow_build", "unavailable")
+READY_MARK = "ready"
+"""``rank<r>.ready``: the rank joined the process group (start-up is over)."""
+BUILT_MARK = "built"
+"""``rank<r>.built``: the rank built its backend, prepared it and ran every size once."""
+BUILD_STAGE = "build: "
+"""Prefix of the stage lines of the build phase."""
 
 
 def _stage(rank: int, msg: str) -> None:
@@ -79,13 +94,25 @@ def main(spec_path: str, rank: int) -> None:
     os._exit(0)  # skip interpreter teardown: communicator destructors at exit can block
 
 
-def _inject(rank: int) -> None:
+def _injection(rank: int) -> tuple[str, str] | None:
+    """``(kind, argument)`` of the test hook when it targets ``rank``, else None."""
     value = os.environ.get(INJECT_ENV, "")
     if not value:
+        return None
+    what, _, rest = value.partition(":")
+    target, _, arg = rest.partition(":")
+    if what not in INJECT_KINDS or not target.isdigit() or (what == "slow_build") != bool(arg):
+        raise ValueError(f"{INJECT_ENV}={value!r}: expected hang:<rank>, crash:<rank>, "
+                         f"slow_build:<rank>:<seconds> or unavailable:<rank>")
+    return (what, arg) if target == str(rank) else None
+
+
+def _inject(rank: int, *kinds: str) -> None:
+    """Act on the test hook if it targets ``rank`` with one of ``kinds``."""
+    hook = _injection(rank)
+    if hook is None or hook[0] not in kinds:
         return
-    what, _, target = value.partition(":")
-    if target != str(rank):
-        return
+    what, arg = hook
     if what == "hang":
         _stage(rank, "injected hang (test hook)")
         while True:
@@ -93,14 +120,45 @@ def _inject(rank: int) -> None:
     if what == "crash":
         _stage(rank, f"injected crash, exit code {INJECT_CRASH_EXIT} (test hook)")
         os._exit(INJECT_CRASH_EXIT)
-    raise ValueError(f"{INJECT_ENV}={value!r}: expected hang:<rank> or crash:<rank>")
+    if what == "slow_build":
+        _stage(rank, f"{BUILD_STAGE}injected slow build, {float(arg):g} s (test hook)")
+        time.sleep(float(arg))
+
+
+def trial_norm(trial, dtype):
+    """The :class:`~fastverify.backends.base.NormKernel` every backend of ``trial`` gets:
+    ``trial.norm``, with ``"auto"`` resolved by :func:`~fastverify.backends.base.choose_norm` from the
+    trial's device and ``dtype`` (a ``torch.dtype``) alone, never from the backend."""
+    from fastverify.backends.base import resolve_norm
+
+    return resolve_norm(trial.norm, trial.device.value, dtype, backend=trial.backend)
+
+
+def make_trial_backend(trial, *, device, dtype, norm, context):
+    """``make_backend`` for ``trial`` on the default group: its ``hidden``, its options with
+    ``max_numel`` split off (default: the largest size) and ``norm`` added, ``context``.
+
+    Raises
+    ------
+    BackendUnavailable
+        The backend's probe or constructor said no (the caller turns it into ``skipped``).
+    """
+    from fastverify import backends
+
+    options = trial.options_dict
+    max_numel = options.pop("max_numel", None)
+    if max_numel is None:
+        max_numel = max(n for n, _ in trial.sizes)
+    options["norm"] = norm.value
+    return backends.make_backend(trial.backend, None, device=device, dtype=dtype, max_numel=max_numel,
+                                 hidden=trial.hidden, options=options, context=context)
 
 
 def _run_rank(rank: int, spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from fastverify.backends import BackendUnavailable, make_backend
+    from fastverify.backends import BackendUnavailable
     from fastverify.backends.base import ProbeContext
     from fastverify.tune.trial import TrialSpec
 
@@ -115,36 +173,48 @@ def _run_rank(rank: int, spec: dict) -> dict:
     kwargs = {"device_id": device} if cuda else {}
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timeout, **kwargs)
-    (Path(spec["workdir"]) / f"rank{rank}.ready").touch()  # the parent's trial timeout starts when all are up
-    _inject(rank)
+    workdir = Path(spec["workdir"])
+    (workdir / f"rank{rank}.{READY_MARK}").touch()  # start-up is over when every rank is up
 
-    options = trial.options_dict
-    max_numel = options.pop("max_numel", None)
-    if max_numel is None:
-        max_numel = max(n for n, _ in trial.sizes)
+    # --- build: its own, long limit (JIT builds, tune) ---
     facts = dict(trial.probe_facts)
     ctx = ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
                               nvlink_full=facts.get("nvlink_full"), single_node=True)
-    _stage(rank, f"make backend {trial.backend}")
-    backend, unavailable = None, ""
-    try:
-        backend = make_backend(trial.backend, None, device=device, dtype=dtype, max_numel=max_numel,
-                               options=options, context=ctx)
-    except BackendUnavailable as err:
-        unavailable = str(err)
     meta = _meta(trial, torch, rank, cuda)
     clock = "cuda_events" if cuda else "cpu_wall_clock"
+    backend, unavailable = None, ""
+    try:
+        norm = trial_norm(trial, dtype)  # raises BackendUnavailable for an unusable explicit "flashinfer"
+        meta["norm"] = norm.value
+        _stage(rank, f"{BUILD_STAGE}make backend {trial.backend} (norm {norm.value}; FlashInfer JIT-compiles here)")
+        if (_injection(rank) or ("",))[0] == "unavailable":
+            raise BackendUnavailable(trial.backend, f"injected on rank {rank} (test hook)")
+        backend = make_trial_backend(trial, device=device, dtype=dtype, norm=norm, context=ctx)
+    except BackendUnavailable as err:
+        unavailable = str(err)
+    _inject(rank, "slow_build")
     if _any_rank(bool(unavailable), device, torch, dist):
         # No close(): a backend built on some ranks only may need a collective close that never comes.
         return {"status": "skipped", "reason": unavailable or "skipped: the backend is unavailable on another rank",
                 "sizes": [], "clock": clock, "meta": meta}
 
     shapes = [_shape(n, trial.hidden) for n, _ in trial.sizes]
+    _stage(rank, f"{BUILD_STAGE}prepare {len(shapes)} shape(s) (tunes)")
     backend.prepare(shapes)
+    cases = [_Case(trial, shape, rank, world, device, dtype, torch) for shape in shapes]
+    for (numel, _), case in zip(trial.sizes, cases):
+        _stage(rank, f"{BUILD_STAGE}numel {numel}: first call (lazy JIT builds)")
+        case.call(backend)  # output unchecked: the measurement checks every size
+    if cuda:
+        torch.cuda.synchronize()  # the build is over when its kernels have run, not when queued
+    (workdir / f"rank{rank}.{BUILT_MARK}").touch()
+    _stage(rank, "built")
+    _inject(rank, "hang", "crash")
+
+    # --- measurement: the trial's limit ---
     sizes_out: list[dict] = []
     status, reason = "ok", ""
-    for (numel, count), shape in zip(trial.sizes, shapes):
-        case = _Case(trial, shape, rank, world, device, dtype, torch)
+    for (numel, count), case in zip(trial.sizes, cases):
         _stage(rank, f"numel {numel}: warm-up and check")
         for _ in range(trial.warmup):
             case.call(backend)
