@@ -1,6 +1,9 @@
 """The versioned profile document: assembly and atomic writing (JSON, and a PNG beside it).
 
-Schema ``fastverify.profile`` version 1 is documented in the README ("Profile JSON"). Every
+The document is the typed record :class:`fastverify.profile_record.Profile` (schema
+``fastverify.profile`` version 2, documented in the README, "Profile JSON"); :func:`build_profile`
+validates what the analyzer produced against it, and :func:`write_outputs` writes it through the
+record's one encoder, so every file ``profile`` writes is one ``tune`` can decode. Every
 timing in it carries the clock it came from in ``timing.clock``: ``trace`` (GPU timestamps from
 a profiler trace), ``cuda_events`` (live run on GPUs) or ``cpu_wall_clock`` (live run on CPU
 over gloo, which is not a GPU timing and says so in ``timing.note``).
@@ -13,16 +16,16 @@ import os
 import tempfile
 from pathlib import Path
 
-import orjson
+import msgspec
 
 from fastverify import __version__
 from fastverify.analyze import analyze
 from fastverify.errors import UserError
 from fastverify.events import RankEvents
 from fastverify.procs import writable_target
+from fastverify.profile_record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
 
-SCHEMA = "fastverify.profile"
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "as_builtins"]
 
 CLOCK_NOTES = {
     "trace": "GPU event timestamps from PyTorch profiler traces",
@@ -32,14 +35,28 @@ CLOCK_NOTES = {
 }
 
 
-def build_profile(ranks: list[RankEvents], source: dict) -> dict:
-    """Assemble a profile document from per-rank events.
+def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None = None) -> Profile:
+    """Assemble a profile record from per-rank events.
 
     Parameters
     ----------
     ranks : list of RankEvents, one per TP rank, sorted by rank
     source : dict
-        ``{"kind": "trace", "files": [...]}`` or ``{"kind": "live", ...run parameters}``.
+        ``{"kind": "trace", "files": [...]}`` or ``{"kind": "live", ...run parameters}`` with the
+        fields of :class:`~fastverify.profile_record.TraceSource` / ``LiveSource``.
+    shapes : Shapes or None
+        The verify step's dtype, hidden size, tokens, draft tokens and batch where the caller knows
+        them (a live run); None records them all as unknown (a trace).
+
+    Returns
+    -------
+    Profile
+        The record, validated against its schema.
+
+    Raises
+    ------
+    ValueError
+        The analyzer's output or ``source`` does not fit the schema (a bug, not a user error).
     """
     body = analyze(ranks)
     clocks = sorted({r.meta.get("timing", "trace") for r in ranks})
@@ -69,7 +86,7 @@ def build_profile(ranks: list[RankEvents], source: dict) -> dict:
                         "send/recv): their transfer/wait split says nothing about TP all-reduces")
     total_window = sum(r["window_us"] for r in body["ranks"])
     total_ar = sum(r["allreduce_us"] for r in body["ranks"])
-    return {
+    doc = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "fastverify_version": __version__,
@@ -77,6 +94,7 @@ def build_profile(ranks: list[RankEvents], source: dict) -> dict:
         "source": source,
         "timing": {"clock": clock, "note": CLOCK_NOTES.get(clock, "mixed clocks: compare with care")},
         "world_size": max(world) if world else None,
+        "shapes": msgspec.to_builtins(shapes or Shapes()),
         "summary": {
             "ranks": len(ranks),
             "allreduce_count": sum(r["allreduce_count"] for r in body["ranks"]),
@@ -87,6 +105,26 @@ def build_profile(ranks: list[RankEvents], source: dict) -> dict:
         **body,
         "warnings": warnings,
     }
+    try:
+        return msgspec.convert(_plain(doc), Profile)
+    except msgspec.ValidationError as err:
+        raise ValueError(f"profile does not fit schema {SCHEMA} v{SCHEMA_VERSION}: {err}") from None
+
+
+def _plain(obj):
+    """Numpy scalars/arrays (a trace's ``meta`` may hold them) as Python numbers and lists."""
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if type(obj).__module__ == "numpy":
+        return _plain(obj.tolist())
+    return obj
+
+
+def as_builtins(profile: Profile) -> dict:
+    """The record as plain dicts and lists, keys as in the JSON (what the table and plot read)."""
+    return msgspec.to_builtins(profile)
 
 
 def default_output(stem: str, folder: str | Path = "profiles") -> Path:
@@ -101,7 +139,7 @@ def default_output(stem: str, folder: str | Path = "profiles") -> Path:
     return path
 
 
-def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None:
+def write_outputs(profile: Profile, json_path: Path, png_path: Path | None) -> None:
     """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
     and are renamed into place only when both are complete, so a failure leaves nothing behind.
 
@@ -124,8 +162,7 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
         fd, tmp = tempfile.mkstemp(prefix=f".{json_path.name}.", suffix=".tmp", dir=json_path.parent)
         tmps.append(Path(tmp))
         with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(profile, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
-                                 | orjson.OPT_NON_STR_KEYS))
+            f.write(encode_profile(profile))
         if png_path:
             from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
 
@@ -134,7 +171,7 @@ def write_outputs(profile: dict, json_path: Path, png_path: Path | None) -> None
                                        dir=Path(png_path).parent)
             os.close(fd)
             tmps.append(Path(tmp))
-            plot_profile(profile, Path(tmp))
+            plot_profile(as_builtins(profile), Path(tmp))
         umask = os.umask(0)
         os.umask(umask)
         for tmp, current in zip(tmps, targets):

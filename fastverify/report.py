@@ -15,7 +15,9 @@ def _fmt(v: float | None) -> str:
 
 
 def print_profile(profile: dict, console: Console | None = None) -> None:
-    """Print the per-rank split, the per-step medians and the all-reduce sizes."""
+    """Print the per-rank split, the per-step medians and the all-reduce sizes.
+
+    ``profile`` is the record as plain dicts (:func:`fastverify.profile.as_builtins`)."""
     console = console or Console(width=None if sys.stdout.isatty() else 150)
     clock = profile["timing"]["clock"]
     console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
@@ -23,7 +25,8 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     src = profile["source"]
     if src["kind"] == "live":
         line = (f"# live: {src['model']}, TP {src['tp']}, batch {src['batch']} x {src['draft_tokens']} draft tokens "
-                f"= {src['tokens']} tokens, {src['device']}/{src['dist_backend']}")
+                f"= {src['tokens']} tokens x hidden {src['hidden']} {src['dtype']}, all-reduce backend "
+                f"{src['backend']} on {src['device']}/{src['dist_backend']}")
         if src.get("n_routed_experts"):
             line += (f"; {src['experts_allocated']} of {src['n_routed_experts']} routed experts allocated "
                      "(all that the tokens' top-k can reach)")

@@ -88,11 +88,15 @@ def _minimal(**over) -> dict:
     return doc
 
 
-def test_live_profile_counts_are_per_step_and_hidden_is_recovered(tmp_path):
+def test_version_1_live_profile_loads_without_hidden_or_dtype(tmp_path):
+    """A version-1 file still loads: per-step counts as before, tokens from its source, but no
+    hidden size (version 1 did not record one; 1024 B / 8 tokens is not re-derived into 64)."""
     w = workload_from_profile(_write(tmp_path, _minimal()))
     # 40 all-reduces over 2 ranks x 4 steps = 5 per step.
     assert w.msg_sizes == ((1024, 5),)
-    assert (w.tokens, w.hidden, w.tp) == (8, 64, 2)
+    assert (w.tokens, w.hidden, w.tp) == (8, None, 2)
+    assert w.dtype == "bfloat16" and any("dtype assumed" in n and "version 1" in n for n in w.notes)
+    assert any("re-run `fastverify profile`" in n for n in w.notes)
     assert w.verify_us == 300.0 and w.compute_us == 100.0
 
 

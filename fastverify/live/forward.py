@@ -2,8 +2,8 @@
 
 What is real and what is not
 ----------------------------
-* **Real**: every per-rank weight shape, the token count ``T = batch × draft_tokens``, the bf16
-  dtype, and the collectives with their payloads, in SGLang's order for DeepSeek-V2/V3 and Kimi
+* **Real**: every per-rank weight shape, the token count ``T = batch × draft_tokens``, the dtype
+  (bf16 as served, by default), and the collectives with their payloads, in SGLang's order for DeepSeek-V2/V3 and Kimi
   (``python/sglang/srt/models/deepseek_v2.py`` with ``layers/communicator.py``; see
   ``shared/research/sglang.md`` §2):
 
@@ -36,6 +36,24 @@ What is real and what is not
 
 With ``tp == 1`` no collective runs (SGLang's ``GroupCoordinator.all_reduce`` returns at once for a
 world of one), so no communication region is recorded.
+
+The all-reduce backend
+----------------------
+As gpt-fast adds its collectives to a model by hooks, the forward takes its all-reduces from an
+:class:`fastverify.backends.AllReduceBackend` (``backend=``), so one forward measures any backend.
+Which call it makes follows the backend's registry role (:mod:`fastverify.registry`):
+
+* ``Role.fused_norm`` (FlashInfer's fused all-reduce + residual + RMSNorm): at every boundary where
+  the model adds the residual and RMS-normalises right after the all-reduce — after each layer's
+  attention ``o_proj`` (``post_attention_layernorm``) and after each layer's MLP/MoE (the next layer's
+  ``input_layernorm``, or the final norm) — the forward calls
+  ``backend.all_reduce_residual_rmsnorm``, as SGLang's ``RMSNorm.forward_with_allreduce_fusion`` does
+  (``layers/layernorm.py``; the embedding's all-reduce has no residual, so it stays plain);
+* every other role: ``backend.all_reduce`` then the model's own add + RMSNorm, so the non-fused
+  backends are compared on one norm kernel.
+
+Without a backend (``backend=None``) the forward calls ``dist.all_reduce`` in place on the default
+group, as before.
 """
 
 from __future__ import annotations
@@ -49,6 +67,7 @@ import torch.nn.functional as F
 
 from fastverify.events import EventClass
 from fastverify.live.config import ModelConfig, check_tp
+from fastverify.registry import Role, backend_info
 
 DEFAULT_CONTEXT_TOKENS = 256
 """Cached KV tokens per request that the draft tokens attend to (a short fake context)."""
@@ -104,7 +123,7 @@ def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch
 
 
 class TPVerifyModel:
-    """One TP rank of the verify forward, with its per-rank weights (bf16) on ``device``.
+    """One TP rank of the verify forward, with its per-rank weights (``dtype``, bf16 by default) on ``device``.
 
     Parameters
     ----------
@@ -125,6 +144,11 @@ class TPVerifyModel:
     seed : int
         Inputs and routing plans derive from ``seed`` alone, so they are the same on every rank;
         weights derive from ``seed`` and ``rank``.
+    backend : fastverify.backends.AllReduceBackend or None
+        Does the all-reduces (``tp > 1``), built on the group the model runs on for
+        ``[T, hidden]`` tensors of ``dtype`` (``make_backend(name, group, device=, dtype=,
+        max_numel=T × hidden, hidden=hidden)``); the module docstring says which call is used
+        where. None: ``dist.all_reduce`` on the default group. Not owned: the caller closes it.
 
     Raises
     ------
@@ -144,6 +168,8 @@ class TPVerifyModel:
         Routed experts allocated on this rank (``config.experts_allocated(T)``).
     experts_used : list[int]
         Distinct experts the routing plan of each MoE layer visits (in layer order).
+    fused_norm : bool
+        Whether the forward calls the backend's fused all-reduce + residual + RMSNorm.
     """
 
     def __init__(
@@ -158,8 +184,11 @@ class TPVerifyModel:
         dtype: torch.dtype = torch.bfloat16,
         context_tokens: int = DEFAULT_CONTEXT_TOKENS,
         seed: int = 0,
+        backend=None,
     ) -> None:
         check_tp(config, tp)
+        self.backend = backend
+        self.fused_norm = backend is not None and backend_info(backend.name).role is Role.fused_norm
         self.config = config
         self.tp, self.rank = tp, rank
         self.batch, self.draft_tokens = batch, draft_tokens
@@ -337,6 +366,13 @@ class TPVerifyModel:
 
     # ---- forward ------------------------------------------------------------------------------
 
+    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` [T, H] over the ranks (the backend's out-of-place call, or in place)."""
+        if self.backend is None:
+            dist.all_reduce(x)
+            return x
+        return self.backend.all_reduce(x)
+
     def forward(self, rec: Recorder = NULL_RECORDER) -> torch.Tensor:
         """One verify forward over the ``T`` tokens, every region timed by ``rec``.
 
@@ -347,36 +383,53 @@ class TPVerifyModel:
             ``dtype``, on ``device``.
         """
         cfg, eps, comm = self.config, self.config.rms_norm_eps, self.tp > 1
-        C, AR = EventClass.COMPUTE, EventClass.ALLREDUCE
+        C, AR, FUSED = EventClass.COMPUTE, EventClass.ALLREDUCE, EventClass.FUSED_ALLREDUCE
+        fused = comm and self.fused_norm
         with rec.region("compute:embed", C, "embed", -1):
             h = self._embed()
         if comm:
             with rec.region(ALLREDUCE, AR, "embed.allreduce", self.allreduce_bytes):
-                dist.all_reduce(h)
+                h = self._all_reduce(h)
         residual = None
+        x = None  # the normed input of the next block when a fused boundary already produced it
+        last = cfg.num_layers - 1
         for i in range(cfg.num_layers):
             with rec.region("compute:attn", C, f"layer{i}.attn", -1):
-                if residual is None:
-                    residual = h
-                else:  # SGLang: input_layernorm(hidden_states, residual) = fused add + RMSNorm
-                    h = h + residual
-                    residual = h
-                a = self._attention(_rms_norm(h, self.input_norm, eps))
-            if comm:
+                if x is None:
+                    if residual is None:  # SGLang's first input_layernorm has no residual yet
+                        residual = h
+                    else:  # SGLang: input_layernorm(hidden_states, residual) = fused add + RMSNorm
+                        h = h + residual
+                        residual = h
+                    x = _rms_norm(h, self.input_norm, eps)
+                a = self._attention(x)
+                x = None
+            if fused:
+                with rec.region(ALLREDUCE, FUSED, f"layer{i}.attn_out.allreduce", self.allreduce_bytes):
+                    x, residual = self.backend.all_reduce_residual_rmsnorm(a, residual, self.post_attn_norm, eps)
+            elif comm:
                 with rec.region(ALLREDUCE, AR, f"layer{i}.attn_out.allreduce", self.allreduce_bytes):
-                    dist.all_reduce(a)
+                    a = self._all_reduce(a)
             moe = cfg.is_moe_layer(i)
             with rec.region("compute:moe" if moe else "compute:mlp", C, f"layer{i}.mlp", -1):
-                h = a + residual
-                residual = h
-                x = _rms_norm(h, self.post_attn_norm, eps)
+                if x is None:
+                    h = a + residual
+                    residual = h
+                    x = _rms_norm(h, self.post_attn_norm, eps)
                 h = self._moe(x, i) if moe else _swiglu(x, self.dense_gate_up, self.dense_down)
-            if comm:
+                x = None
+            if fused:  # the next layer's input_layernorm, or the final norm after the last layer
+                norm = self.final_norm if i == last else self.input_norm
+                with rec.region(ALLREDUCE, FUSED, f"layer{i}.mlp_out.allreduce", self.allreduce_bytes):
+                    x, residual = self.backend.all_reduce_residual_rmsnorm(h, residual, norm, eps)
+            elif comm:
                 with rec.region(ALLREDUCE, AR, f"layer{i}.mlp_out.allreduce", self.allreduce_bytes):
-                    dist.all_reduce(h)
+                    h = self._all_reduce(h)
         with rec.region("compute:lm_head", C, "lm_head", -1):
-            h = h if residual is None else h + residual
-            logits = _rms_norm(h, self.final_norm, eps) @ self.lm_head  # [T, V/tp]
+            if x is None:
+                h = h if residual is None else h + residual
+                x = _rms_norm(h, self.final_norm, eps)
+            logits = x @ self.lm_head  # [T, V/tp]
         if not comm:
             return logits
         gathered = torch.empty(self.tp * self.tokens, self.vocab_shard, dtype=logits.dtype, device=logits.device)

@@ -25,6 +25,7 @@ Clocks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -70,6 +71,8 @@ def run_live(
     device: str = "auto",
     timeout_s: float = 300.0,
     trace_dir: str | None = None,
+    backend: str | None = None,
+    dtype: str = "bfloat16",
 ) -> list[RankEvents]:
     """Time ``iters`` verify forwards of ``config`` on ``tp`` ranks (after ``warmup`` untimed ones).
 
@@ -91,25 +94,36 @@ def run_live(
         Limit for the whole run, start-up included, in seconds.
     trace_dir : str | None
         CUDA only: where each rank writes ``verify-TP-<rank>.trace.json.gz``.
+    backend : str | None
+        All-reduce backend of the forward, a :class:`fastverify.registry.BackendName` value; each
+        rank builds it with ``make_backend`` on the run's group (P2P from the real check,
+        :func:`fastverify.topo.p2p.check_p2p`, for a backend that needs it). None: NCCL on CUDA,
+        gloo on CPU.
+    dtype : str
+        torch dtype name of weights, activations and all-reduces (``bfloat16``, ``float16``,
+        ``float32``).
 
     Returns
     -------
     list[RankEvents]
         One per rank, sorted by rank. Rows are op regions: compute (``EventClass.COMPUTE``, names
         ``compute:embed|attn|mlp|moe|lm_head``), all-reduces (``ALLREDUCE``, name ``allreduce``,
-        ``msg_bytes = T × hidden × 2``) and the logits all-gather (``OTHER_COMM``, name
-        ``allgather``, ``msg_bytes = T × vocab_padded / tp × 2``, the per-rank input); ``label``
+        ``msg_bytes = T × hidden × dtype size``; ``FUSED_ALLREDUCE`` for a fused all-reduce + RMSNorm
+        backend) and the logits all-gather (``OTHER_COMM``, name ``allgather``,
+        ``msg_bytes = T × vocab_padded / tp × dtype size``, the per-rank input); ``label``
         says where (``layer3.attn_out.allreduce``). Compute rows have ``msg_bytes = -1``. Times are
         ns in one clock shared by all ranks (see the module docstring). ``meta`` holds ``timing``,
         ``device``, ``dist_backend``, ``world_size``, ``model``, ``hidden_size``, ``num_layers``,
         ``draft_tokens``, ``batch``, ``tokens``, ``warmup``, ``iters``, ``dtype``,
+        ``allreduce_backend``, ``allreduce_paths`` (the backend's ``path_counts``),
         ``experts_allocated`` and more.
 
     Raises
     ------
     UserError
-        Bad arguments, a model that ``tp`` cannot split, a CUDA request without ``tp`` GPUs, or a
-        rank that crashed or timed out (the message names the rank and its last stderr line).
+        Bad arguments, a model that ``tp`` cannot split, a CUDA request without ``tp`` GPUs, an
+        unknown backend or one that cannot run here (the probe's one-line reason), or a rank that
+        crashed or timed out (the message names the rank and its last stderr line).
     """
     check_tp(config, tp)
     for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
@@ -122,7 +136,12 @@ def run_live(
     import torch
     import torch.distributed as dist
 
+    from fastverify.profile_record import DTYPES
+
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     use_cuda = _pick_device(device, tp, torch)
+    ar_backend = _pick_backend(backend, use_cuda, tp, dtype, torch)
     warnings: list[str] = []
     if trace_dir is not None and not use_cuda:
         if device == "cpu":
@@ -135,9 +154,18 @@ def run_live(
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UserError(f"cannot create trace directory {trace_dir}: {err.strerror or err}") from None
-    backend = "nccl" if use_cuda else "gloo"
-    logger.info("live verify: model %s, tp %d, T = %d tokens, %s on %s",
-                config.name, tp, batch * draft_tokens, backend, "cuda" if use_cuda else "cpu")
+    from fastverify.registry import BackendName, backend_info
+
+    dist_backend = (BackendName.nccl if use_cuda else BackendName.gloo).value
+    p2p_ok = p2p_note = None
+    if use_cuda and tp > 1 and backend_info(ar_backend).needs_p2p:
+        from fastverify.backends.base import summarize_p2p
+        from fastverify.topo.p2p import check_p2p
+
+        # IPC kernels hang without P2P; only the real read/write check proves it (cached per box).
+        p2p_ok, p2p_note = summarize_p2p(check_p2p(pairs=[(a, b) for a in range(tp) for b in range(a + 1, tp)]))
+    logger.info("live verify: model %s, tp %d, T = %d tokens, all-reduce %s over %s on %s",
+                config.name, tp, batch * draft_tokens, ar_backend, dist_backend, "cuda" if use_cuda else "cpu")
 
     # The parent owns the store (port 0: the OS picks a free one), so ranks never race for a port.
     store = dist.TCPStore(_HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
@@ -154,15 +182,63 @@ def run_live(
         "trace_dir": None if trace_dir is None else str(Path(trace_dir).resolve()),
         "threads": max(1, (os.cpu_count() or 1) // tp),
         "warnings": warnings,
+        "dist_backend": dist_backend,
+        "backend": ar_backend,
+        "dtype": dtype,
+        "p2p_ok": p2p_ok,
+        "p2p_note": p2p_note,
     }
     try:
         with TemporaryDirectory(prefix="fastverify-live-") as workdir:
             spec_path = Path(workdir) / "spec.json"
             spec_path.write_bytes(orjson.dumps(spec))
-            _launch(_worker_argv(str(spec_path)), tp, timeout_s, workdir, _child_env())
-            return [_load_result(Path(workdir), r, backend) for r in range(tp)]
+            try:
+                _launch(_worker_argv(str(spec_path)), tp, timeout_s, workdir, _child_env())
+            except UserError:
+                # A backend a rank could not build: its probe's line, not "rank r failed".
+                refused = sorted(Path(workdir).glob("rank*.unavailable"))
+                if refused:
+                    raise UserError(refused[0].read_text().strip()) from None
+                raise
+            return [_load_result(Path(workdir), r, dist_backend) for r in range(tp)]
     finally:
         del store
+
+
+def _pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) -> str:
+    """The all-reduce backend's registry name for this run; :class:`UserError` (one line) for an
+    unknown name or a backend that cannot run on this run's device, with the probe's reason."""
+    from fastverify.registry import BackendName, Role, backend_info
+
+    if name is None:
+        return (BackendName.nccl if use_cuda else BackendName.gloo).value
+    try:
+        info = backend_info(name)
+    except ValueError as err:
+        raise UserError(f"--backend: {err}") from None
+    here = "cuda" if use_cuda else "cpu"
+    if tp == 1 and info.role is not Role.baseline:
+        raise UserError(f"--backend {info.name.value}: --tp 1 runs no all-reduce, so there is nothing for it to do; "
+                        "use --tp >= 2")
+    if info.device == here:
+        return info.name.value
+    if info.role is Role.baseline:
+        # torch.distributed's probes need an initialised group; the reason is the device alone.
+        other = next(b for b in (BackendName.nccl, BackendName.gloo) if backend_info(b).device == here)
+        raise UserError(f"--backend {info.name.value}: runs on {info.device} tensors and this run is on {here}"
+                        f"{'' if use_cuda else f' (fewer than {tp} GPUs, or --device cpu)'}; use --backend "
+                        f"{other.value}")
+    from fastverify.backends.base import ProbeContext, backend_class
+
+    try:
+        cls = backend_class(info.name)
+    except ImportError as err:
+        raise UserError(f"--backend {info.name.value}: its module {info.module} does not import ({err})") from None
+    ctx = ProbeContext(world_size=tp, device_type=here, dtype=getattr(torch, dtype),
+                       group_backend=(BackendName.nccl if use_cuda else BackendName.gloo).value, single_node=True)
+    cap = cls.probe(ctx)
+    raise UserError(f"--backend {info.name.value}: cannot run on {here}: "
+                    f"{cap.reason if not cap.ok else 'needs ' + info.device + ' tensors'}")
 
 
 def _pick_device(device: str, tp: int, torch) -> bool:
@@ -250,7 +326,7 @@ def _worker_main(spec_path: str, rank: int) -> None:
     workdir = Path(spec_path).parent
     try:
         spec = orjson.loads(Path(spec_path).read_bytes())
-        result = _run_rank(rank, spec)
+        result = _run_rank(rank, spec, workdir)
         tmp = workdir / f"rank{rank}.json.tmp"
         tmp.write_bytes(orjson.dumps(result))
         os.replace(tmp, workdir / f"rank{rank}.json")
@@ -327,7 +403,33 @@ class _CudaRegion:
         return False
 
 
-def _run_rank(rank: int, spec: dict) -> dict:
+def _make_allreduce(rank: int, spec: dict, device, dtype, tokens: int, hidden: int, workdir: Path, torch, dist):
+    """Build the run's all-reduce backend on the default group, or None at ``tp == 1``.
+
+    Every rank probes first and the ranks vote (a MAX all-reduce of a flag) before any of them
+    constructs: construction is collective for the IPC backends, so one rank must never build it
+    alone. A rank whose probe fails writes ``rank<r>.unavailable`` (its one-line reason, read by
+    the parent) before the vote, so the file exists once any rank knows the run is off."""
+    if spec["tp"] == 1:
+        return None
+    from fastverify.backends.base import ProbeContext, make_backend, probe
+
+    ctx = ProbeContext.detect(None, device=device, dtype=dtype, p2p=spec["p2p_ok"], single_node=True)
+    if spec["p2p_note"] and ctx.p2p_ok is not None:
+        ctx = dataclasses.replace(ctx, p2p_note=spec["p2p_note"])
+    cap = probe(spec["backend"], ctx)
+    if not cap.ok:
+        (workdir / f"rank{rank}.unavailable").write_text(
+            f"--backend {spec['backend']}: unavailable on rank {rank}: {cap.reason}")
+    flag = torch.tensor([0 if cap.ok else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if int(flag.item()):
+        raise UserError(f"--backend {spec['backend']}: unavailable on {'this' if not cap.ok else 'another'} rank")
+    return make_backend(spec["backend"], None, device=device, dtype=dtype, max_numel=tokens * hidden,
+                        hidden=hidden, context=ctx)
+
+
+def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -337,13 +439,18 @@ def _run_rank(rank: int, spec: dict) -> dict:
     timeout = timedelta(seconds=spec["timeout_s"])
     device = rank_device(rank, cuda, spec["threads"])
     store = dist.TCPStore(_HOST, spec["port"], None, False, timeout=timeout)
-    backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=tp, timeout=timeout)
+    dist_backend = spec["dist_backend"]
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=tp, timeout=timeout)
     # No teardown on error: the process exits at once (os._exit), and destroying a communicator with
     # work in flight can block and hide the error behind the timeout.
     config = ModelConfig(**spec["config"])
+    dtype = getattr(torch, spec["dtype"])
+    tokens = spec["batch"] * spec["draft_tokens"]
+    ar = _make_allreduce(rank, spec, device, dtype, tokens, config.hidden_size, workdir, torch, dist)
+    if ar is not None:
+        ar.prepare([(tokens, config.hidden_size)])  # before any forward, so before graph capture
     model = TPVerifyModel(config, tp=tp, rank=rank, batch=spec["batch"], draft_tokens=spec["draft_tokens"],
-                          device=device, dtype=torch.bfloat16, context_tokens=DEFAULT_CONTEXT_TOKENS)
+                          device=device, dtype=dtype, context_tokens=DEFAULT_CONTEXT_TOKENS, backend=ar)
     for _ in range(spec["warmup"]):
         model.forward()
     if cuda:
@@ -352,7 +459,8 @@ def _run_rank(rank: int, spec: dict) -> dict:
     meta = {
         "timing": "cuda_events" if cuda else "cpu_wall_clock",
         "device": torch.cuda.get_device_name(rank) if cuda else "cpu",
-        "dist_backend": backend,
+        "dist_backend": dist_backend,
+        "allreduce_backend": spec["backend"],
         "world_size": tp,
         "model": config.name,
         "model_source": config.source,
@@ -363,7 +471,7 @@ def _run_rank(rank: int, spec: dict) -> dict:
         "tokens": model.tokens,
         "warmup": spec["warmup"],
         "iters": spec["iters"],
-        "dtype": "bfloat16",
+        "dtype": spec["dtype"],
         "experts_allocated": model.experts_allocated,
         "experts_used_max": max(model.experts_used, default=0),
         "context_tokens": model.context_tokens,
@@ -378,6 +486,9 @@ def _run_rank(rank: int, spec: dict) -> dict:
         meta["nccl_version"] = _nccl_version(torch)
         if spec["trace_dir"] is not None:
             meta["trace_file"] = _export_trace(model, rank, spec["trace_dir"], torch, dist)
+    if ar is not None:
+        meta["allreduce_paths"] = dict(ar.path_counts)
+        ar.close()  # collective for the IPC backends: every rank reaches it, before the group goes
     dist.destroy_process_group()
     return {"rows": rows, "labels": labels, "steps": steps, "meta": meta}
 

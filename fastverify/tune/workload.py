@@ -20,10 +20,7 @@ Nothing here imports torch or numpy: sweep workers import this module.
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +47,8 @@ class Workload:
         All-reduce buffer size in bytes and how many all-reduces of that size one verify step runs,
         sorted by size.
     dtype : str
-        Element type of the all-reduces (``"bfloat16"``; a profile does not record it, so it is
-        assumed there).
+        Element type of the all-reduces: a profile's recorded ``shapes.dtype``; ``"bfloat16"``
+        for a model workload, and assumed (with a note) for a profile that does not record it.
     hidden, tokens : int | None
         Hidden size and tokens per verify step (``batch × draft_tokens``); ``None`` when the
         source does not say (a trace profile).
@@ -170,78 +167,45 @@ def workload_from_model(config: ModelConfig, *, tp: int, draft_tokens: int, batc
 # --- profiles ------------------------------------------------------------------------------------
 
 
-def _finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def workload_from_profile(path: str | Path) -> Workload:
-    """The verify step measured by a ``fastverify profile`` JSON (schema ``fastverify.profile`` v1).
+    """The verify step measured by a ``fastverify profile`` JSON (schema ``fastverify.profile``,
+    decoded by the typed record :mod:`fastverify.profile_record`; versions 1 and 2).
 
     * all-reduces per step: the median over ranks of ``ranks[].step_median.allreduce_count``;
     * their sizes: ``allreduce_by_msg_size`` (counted over all ranks and steps), scaled to that
       per-step count and rounded (the largest share absorbs the rounding);
     * compute / all-reduce / verify time per step: the median over ranks of ``step_median.compute_us``
       / ``allreduce_us`` / ``window_us``, with the clock of ``timing.clock``;
-    * ``tp``: ``world_size``; ``hidden`` and ``tokens`` from a live profile's ``source``.
+    * ``tp``: ``world_size``;
+    * ``dtype``, ``hidden``, ``tokens``: as the profile's ``shapes`` record them (version 2). Nothing
+      is re-derived from message bytes: where the profile does not say (a trace, a version-1 file),
+      ``hidden`` and ``tokens`` stay None (so the sweep times plain all-reduces) and the dtype is
+      assumed bf16, with a note saying so.
 
     Raises
     ------
     UserError
-        One line naming the file: unreadable, not JSON, not schema ``fastverify.profile`` v1, a
-        missing or mistyped field, no all-reduce at all, or an all-reduce of unknown size (a
-        CUDA-graph replay trace: :data:`UNKNOWN_SIZE_MESSAGE`).
+        One line naming the file: unreadable, not JSON, not schema ``fastverify.profile``, a version
+        this fastverify does not read, a missing or mistyped field, no all-reduce at all, an
+        all-reduce of unknown size (a CUDA-graph replay trace: :data:`UNKNOWN_SIZE_MESSAGE`), or a
+        recorded hidden size / dtype that the message sizes contradict.
     """
-    from fastverify.profile import SCHEMA, SCHEMA_VERSION  # local: keeps sweep workers light
+    from fastverify.profile_record import read_profile_view  # torch- and numpy-free
 
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"{path}: cannot read profile: {err.strerror or err}") from None
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        where = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
-        raise UserError(f"{path}: not a fastverify profile: invalid JSON{where}") from None
-
-    def bad(what: str) -> UserError:
-        return UserError(f"{path}: not a usable fastverify profile: {what}")
-
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise bad(f"'schema' is not {SCHEMA!r} (write one with `fastverify profile`)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise bad(f"schema_version {doc.get('schema_version')!r}, this fastverify reads {SCHEMA_VERSION}")
-    ranks = doc.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise bad("'ranks' is missing or empty")
-    medians = []
-    for i, r in enumerate(ranks):
-        sm = r.get("step_median") if isinstance(r, dict) else None
-        if not isinstance(sm, dict):
-            raise bad(f"ranks[{i}].step_median is missing")
-        count = _finite(sm.get("allreduce_count"))
-        if count is None or count < 0:
-            raise bad(f"ranks[{i}].step_median.allreduce_count is missing or not a number >= 0")
-        medians.append(sm)
-    per_step = statistics.median(_finite(sm["allreduce_count"]) for sm in medians)
+    view = read_profile_view(path)
+    per_step = statistics.median(view.step_allreduce_counts)
     n_per_step = int(round(per_step))
     if n_per_step < 1:
         raise UserError(f"{path}: the profile has no all-reduce per step: nothing to tune")
 
-    by_size = doc.get("allreduce_by_msg_size")
-    if not isinstance(by_size, list):
-        raise bad("'allreduce_by_msg_size' is missing")
     sizes: dict[int, int] = {}
-    for i, row in enumerate(by_size):
-        if not isinstance(row, dict):
-            raise bad(f"allreduce_by_msg_size[{i}] is not an object")
-        b, c = row.get("msg_bytes"), row.get("count")
+    for i, (b, c) in enumerate(view.sizes):
         if b is None:
             raise UserError(f"{path}: {UNKNOWN_SIZE_MESSAGE}")
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise bad(f"allreduce_by_msg_size[{i}]: msg_bytes and count must be integers >= 0")
+        if b < 0 or c < 0:
+            raise UserError(f"{path}: not a usable fastverify profile: allreduce_by_msg_size[{i}]: msg_bytes "
+                            "and count must be integers >= 0")
         if c:
             sizes[b] = sizes.get(b, 0) + c
     total = sum(sizes.values())
@@ -257,37 +221,41 @@ def workload_from_profile(path: str | Path) -> Workload:
                      f"{n_per_step} per step and rounded")
     msg_sizes = tuple((b, c) for b, c in sorted(counts.items()) if c > 0)
 
-    timing = doc.get("timing") if isinstance(doc.get("timing"), dict) else {}
-    clock = timing.get("clock") if isinstance(timing.get("clock"), str) else None
-    compute = [v for sm in medians if (v := _finite(sm.get("compute_us"))) is not None]
-    window = [v for sm in medians if (v := _finite(sm.get("window_us"))) is not None]
-    compute_us = statistics.median(compute) if compute else None
-    ar_times = [v for sm in medians if (v := _finite(sm.get("allreduce_us"))) is not None]
-    allreduce_us = statistics.median(ar_times) if ar_times else None
-    verify_us = statistics.median(window) if window else None
+    clock = view.clock
+    compute_us = statistics.median(view.step_compute_us) if view.step_compute_us else None
+    allreduce_us = statistics.median(view.step_allreduce_us) if view.step_allreduce_us else None
+    verify_us = statistics.median(view.step_window_us) if view.step_window_us else None
     if clock == "cpu_wall_clock":
         notes.append("times are CPU wall clock over gloo (timing.clock = cpu_wall_clock): not GPU timings")
     elif clock not in GPU_CLOCKS:
         notes.append(f"unknown timing.clock {clock!r}: times treated as not measured on the GPU")
 
-    source = doc.get("source") if isinstance(doc.get("source"), Mapping) else {}
-    tp_raw = doc.get("world_size")
-    if tp_raw is None and source.get("kind") == "live":
-        tp_raw = source.get("tp")
-    tp = tp_raw if isinstance(tp_raw, int) and not isinstance(tp_raw, bool) and tp_raw >= 1 else len(ranks)
-    tokens = source.get("tokens") if source.get("kind") == "live" else None
-    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
-    hidden = None
-    if tokens:
+    tp_raw = view.world_size
+    tp = tp_raw if isinstance(tp_raw, int) and tp_raw >= 1 else view.ranks
+    shapes = view.shapes
+    dtype = shapes.dtype
+    if dtype is None:
+        dtype = DTYPE
+        why = "schema version 1" if view.version == 1 else f"a {view.kind} profile"
+        notes.append(f"dtype assumed {DTYPE}: {why} records message bytes, not the dtype")
+    hidden, tokens = shapes.hidden, shapes.tokens
+    if hidden is not None and tokens is not None:
+        from fastverify.tune.trial import DTYPE_BYTES as _ELEMENT_BYTES
+
+        row = tokens * hidden * _ELEMENT_BYTES[dtype]
         main = max(msg_sizes, key=lambda bc: (bc[1], bc[0]))[0]
-        if main % (tokens * DTYPE_BYTES) == 0:
-            hidden = main // (tokens * DTYPE_BYTES)
-    accept = _finite(doc.get("accept_length", source.get("accept_length")))
-    accept = accept if accept is not None and accept >= 1 else None
-    notes.append(f"dtype assumed {DTYPE} (profiles record bytes, not dtypes)")
-    kind = source.get("kind", "unknown")
+        if main != row:
+            raise UserError(f"{path}: not a usable fastverify profile: shapes say tokens {tokens} x hidden "
+                            f"{hidden} x {dtype} = {row} B per all-reduce, the most common all-reduce is {main} B")
+    elif view.kind == "live" or view.version == 1:
+        notes.append("no hidden size recorded (schema version 1): all-reduce + RMSNorm cannot be timed; "
+                     "re-run `fastverify profile` to record it" if view.version == 1 else
+                     "no hidden size recorded: all-reduce + RMSNorm cannot be timed")
+    if view.backend:
+        notes.append(f"profiled with all-reduce backend {view.backend}")
+    accept = view.accept_length if view.accept_length is not None and view.accept_length >= 1 else None
     return Workload(
-        msg_sizes=msg_sizes, dtype=DTYPE, hidden=hidden, tokens=tokens, tp=tp,
+        msg_sizes=msg_sizes, dtype=dtype, hidden=hidden, tokens=tokens, tp=tp,
         compute_us=compute_us, verify_us=verify_us, accept_length=accept,
-        source=f"profile {path} ({kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
+        source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
     )
