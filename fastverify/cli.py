@@ -61,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
     prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
+    from fastverify.registry import BackendName
+
+    prof.add_argument("--backend", default=None, metavar="NAME",
+                      help=("live run: all-reduce backend of the forward, one of "
+                            f"{', '.join(b.value for b in BackendName)} [default: "
+                            f"{BackendName.nccl.value} on GPUs, {BackendName.gloo.value} on CPU]"))
+    from fastverify.profile_record import DTYPES
+
+    prof.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                      help="live run: dtype of weights, activations and all-reduces")
     prof.add_argument("--timeout", type=float, default=300.0, help="live run: seconds before a rank counts as hung")
     prof.add_argument("--output", type=Path, default=None,
                       help="profile JSON path [default: profiles/<name>-<UTC time>.json]")
@@ -113,9 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a box end to end before tuning; exercise every GPU code path on the GPUs present",
         description=("Checks, each ok / warn / fail / skipped with a one-line reason and a fix: versions, a gloo "
                      "all-reduce across 2 processes, the trace analyzer, the env-file validator, the NCCL "
-                     "library, FlashInfer, SGLang; on GPUs also CUDA-graph capture of the verify forward, a "
-                     "profiler trace through the analyzer, FlashInfer's norm against torch, NVML topology, the "
-                     "real P2P check and one all-reduce per backend. Exit 1 if any check fails."),
+                     "library, FlashInfer, SGLang; on one GPU the single-GPU self-check (ncclGetVersion vs "
+                     "torch, NVML, whether a late CUDA_DEVICE_MAX_CONNECTIONS takes effect, FlashInfer's JIT "
+                     "build times and stream binding with real streams, fused_add_rmsnorm eager and in a graph, "
+                     "the verify timer without host sync, a 1-rank NCCL backend in a replayed graph, the live "
+                     "runner at TP 1, the tiny forward's graph and profiler trace); with several GPUs the real "
+                     "P2P check and one all-reduce per registry backend. FlashInfer checks are skipped where "
+                     "it is not installed. Exit 1 if any check fails."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
@@ -135,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
-    launch.add_argument("--backend", choices=BACKENDS, default="auto", help="all-reduce backend in the ranks")
+    launch.add_argument("--backend", default="auto", metavar="{" + ",".join(BACKENDS) + "}",
+                        help="all-reduce backend in the ranks (auto: the deployment record's)")
+    launch.add_argument("--deployment", type=Path, metavar="FILE",
+                        help="deployment record [default: X.deploy.json beside the --env file X.env]")
+    launch.add_argument("--p2p-check", type=Path, metavar="FILE",
+                        help="JSON of `python -m fastverify.topo.p2p check` (proves P2P for pcie_ipc, fused, b12x)")
+    launch.add_argument("--describe-box", metavar="JSON|FILE", default=None, help=argparse.SUPPRESS)
     launch.add_argument("--profile-verify", type=Path, metavar="DIR",
                         help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
     launch.add_argument("--trace-verify-steps", type=_bounded(0, 1000), default=0, metavar="N",
@@ -157,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--warmup", "--device", "--timeout")
+_LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--warmup", "--device", "--timeout",
+               "--backend", "--dtype")
 
 
 def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
@@ -177,21 +198,29 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError(f"--warmup must be >= 0, got {args.warmup}")
         ranks, source, stem = _live(args)
 
-    from fastverify.profile import build_profile, default_output, write_outputs
+    import msgspec
 
-    profile = build_profile(ranks, source)
+    from fastverify.profile import as_builtins, build_profile, default_output, write_outputs
+    from fastverify.profile_record import Shapes
+
+    shapes = None
+    if source["kind"] == "live":  # a live run knows its shapes; a trace records none (never guessed)
+        shapes = Shapes(dtype=source["dtype"], hidden=source["hidden"], tokens=source["tokens"],
+                        draft_tokens=source["draft_tokens"], batch=source["batch"])
+    profile = build_profile(ranks, source, shapes)
     if source.get("graph_replay_traces"):
         from fastverify.trace.load import load_traces
 
         replay = load_traces([source["graph_replay_traces"]])
-        profile["graph_replay"] = build_profile(replay, {"kind": "trace", "files": [r.origin for r in replay]})
+        profile = msgspec.structs.replace(profile, graph_replay=build_profile(
+            replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
     out = args.output or default_output(stem)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
     write_outputs(profile, out, png)
     if not args.quiet:
         from fastverify.report import print_profile
 
-        print_profile(profile)
+        print_profile(as_builtins(profile))
     print(f"wrote {out}" + (f" and {png}" if png else ""))
     return 0
 
@@ -215,11 +244,13 @@ def _live(args: argparse.Namespace):
             trace_dir = args.output.parent / f"{args.output.stem}-traces"
     ranks = run_live(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch, iters=args.iters,
                      warmup=args.warmup, device=args.device, timeout_s=args.timeout,
-                     trace_dir=None if trace_dir is None else str(trace_dir))
+                     trace_dir=None if trace_dir is None else str(trace_dir), backend=args.backend,
+                     dtype=args.dtype)
     meta = ranks[0].meta
     source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
               "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
               "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend"),
+              "backend": meta["allreduce_backend"], "dtype": meta["dtype"], "hidden": meta["hidden_size"],
               "experts_allocated": meta.get("experts_allocated"), "n_routed_experts": config.n_routed_experts}
     if trace_dir is not None:
         source["graph_replay_traces"] = str(trace_dir)
@@ -300,9 +331,15 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from fastverify.patch.launch import describe, exec_plan, plan_launch
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    box = None
+    if args.describe_box is not None:  # a described box (tests; checking a record away from its box)
+        from fastverify.topo.box import box_from_description
+
+        box = box_from_description(args.describe_box, where="--describe-box")
     plan = plan_launch(str(args.env) if args.env else None, args.backend,
                        str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
-                       trace_steps=args.trace_verify_steps)
+                       trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
+                       box=box)
     if args.dry_run:
         sys.stdout.write(describe(plan))
         return 0

@@ -25,7 +25,7 @@ from typing import Literal
 import msgspec
 
 from fastverify.errors import UserError
-from fastverify.registry import BackendName
+from fastverify.registry import BackendName, Reach, backend_info
 
 SCHEMA = "fastverify.deployment"
 VERSION = 1
@@ -228,3 +228,67 @@ def record_from_environ(environ: "os._Environ[str] | dict[str, str] | None" = No
     env = os.environ if environ is None else environ
     path = env.get(ENV_DEPLOYMENT)
     return read_record(path) if path else None
+
+
+def sglang_settings(backend: BackendName | str, shapes: VerifyShapes) -> dict[str, str]:
+    """The env-file lines that make SGLang itself run ``backend`` (registry facts, no names here).
+
+    For a backend SGLang switches (``Reach.sglang_switch``): its switch ``=1`` and its size
+    variable = :attr:`VerifyShapes.max_numel` (``max_batch × draft_tokens × hidden`` elements: the
+    widest verify all-reduce; SGLang 0.5.23 sends anything larger to NCCL,
+    ``device_communicators/pcie_ipc_ar.py::should_pcie_ipc_ar``). Backends the patch reaches, or
+    SGLang's native ones, need no line: the record carries them. ``{}`` then.
+    """
+    info = backend_info(backend)
+    out: dict[str, str] = {}
+    if info.reach is Reach.sglang_switch and info.sglang_switch:
+        out[info.sglang_switch] = "1"
+        if info.size_env:
+            out[info.size_env] = str(shapes.max_numel)
+    return out
+
+
+def installed_sglang_version() -> str | None:
+    """The installed SGLang's version from its distribution metadata (SGLang is never imported:
+    that takes ~20 s and initialises CUDA); None when it is not installed."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def write_deployment(env_path: str | Path, settings: dict[str, str], record: DeploymentRecord, *,
+                     header_lines: "list[str] | tuple[str, ...]" = (), nccl_version: object = None,
+                     inputs: "tuple[str | Path | None, ...]" = ()) -> tuple[Path, Path]:
+    """Write the env file and the deployment record beside it (:func:`record_path_for`).
+
+    Both are validated before either is written (a bad setting leaves no file changed), then each
+    is written atomically (the record first, so an env file never points at a missing record).
+
+    Parameters
+    ----------
+    inputs
+        Files the command read (profile, topology, P2P results): neither output may be one of them.
+
+    Raises
+    ------
+    UserError
+        An output path is one of ``inputs``, a setting is not allowed, or a file cannot be written.
+    """
+    from fastverify.tune.envfile import atomic_write_text, render_env
+
+    env_p = Path(env_path)
+    rec_p = record_path_for(env_p)
+    taken = {os.path.realpath(str(i)) for i in inputs if i}
+    for out in (env_p, rec_p):
+        if os.path.realpath(str(out)) in taken:
+            raise UserError(f"{out}: is one of this command's inputs; write the env file elsewhere")
+    text = render_env(settings, header_lines=[*header_lines, f"deployment record: {rec_p.name} (read by "
+                                              "`fastverify launch --env` and every TP rank)"],
+                      nccl_version=nccl_version, where=str(env_p))  # type: ignore[arg-type]
+    data = encode_record(record).decode("utf-8")
+    atomic_write_text(rec_p, data)
+    atomic_write_text(env_p, text)
+    return env_p, rec_p

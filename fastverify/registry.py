@@ -231,13 +231,14 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
         return f"{n}: not deployable into an SGLang server ({info.device} stand-in)"
     if info.device == "cuda" and sm is None:
         return f"{n}: needs a CUDA GPU and this box's compute capability is unknown"
+    # SGLang's gate first: where SGLang never calls the code path, the kernel's own range is moot.
+    if sm is not None and info.sglang_sm_majors is not None and sm[0] not in info.sglang_sm_majors:
+        majors = "/".join(f"SM{m}0" for m in info.sglang_sm_majors)
+        return f"{n}: {sg} calls it only on {majors}; this box is {sm_text(sm)}"
     if sm is not None and not info.kernel_runs_on(sm):
         want = (", ".join(sm_text(s) for s in info.kernel_sm) if info.kernel_sm else
                 "/".join(f"SM{m}x" for m in info.kernel_sm_majors or ()))
         return f"{n}: the kernel runs only on {want}; this box is {sm_text(sm)}"
-    if sm is not None and info.sglang_sm_majors is not None and sm[0] not in info.sglang_sm_majors:
-        majors = "/".join(f"SM{m}0" for m in info.sglang_sm_majors)
-        return f"{n}: {sg} calls it only on {majors}; this box is {sm_text(sm)}"
     if world_size is not None and info.world_sizes is not None and world_size not in info.world_sizes:
         return f"{n}: world size {world_size} unsupported (kernel dispatches {list(info.world_sizes)})"
     if info.needs_p2p and p2p_ok is not True:

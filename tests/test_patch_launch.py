@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fastverify.deploy import BoxFingerprint
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 
@@ -14,6 +15,8 @@ CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp", "8",
 NEW = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
                    entry_point_installed=True)
 OLD = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.6", has_plugins=False, has_pcie_ipc=False)
+# A described SM90 box: fused is reachable there (SGLang 0.5.23 gates it to SM90/SM100).
+H100 = BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8)
 
 
 def env_file(tmp_path, text):
@@ -30,6 +33,16 @@ def test_empty_command_refused():
 def test_bad_backend_refused():
     with pytest.raises(UserError, match="--backend 'mscclpp'"):
         L.plan_launch(None, "mscclpp", None, CMD, environ={}, sglang=NEW)
+    # one spelling (the registry's): the old hyphenated name is refused, with the right one named
+    with pytest.raises(UserError, match=r"--backend 'pcie-ipc'.*the one spelling is pcie_ipc"):
+        L.plan_launch(None, "pcie-ipc", None, CMD, environ={}, sglang=NEW)
+
+
+def test_backend_choices_come_from_the_registry():
+    from fastverify.registry import names
+
+    assert L.BACKENDS == ("auto", "off", *[n.value for n in names(deployable=True)])
+    assert "pcie_ipc" in L.BACKENDS and "pcie-ipc" not in L.BACKENDS and "gloo" not in L.BACKENDS
 
 
 @pytest.mark.parametrize("line,msg", [
@@ -49,16 +62,17 @@ def test_settings_and_cuda_max_connections(tmp_path):
     assert plan.env["NCCL_CUMEM_ENABLE"] == "1"  # set explicitly: SGLang sets it only when unset
     assert plan.replaced["NCCL_CUMEM_ENABLE"] == ("0", "1")
     assert plan.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
-    # SGLang overwrites it with 8 in its launcher: the patch re-applies it in every rank
+    # SGLang overwrites it with 8 in its launcher: restored at interpreter start in every rank by
+    # the hook folder's sitecustomize (no patch needed for that)
     assert plan.in_rank == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert plan.env["FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
-    assert plan.patch and plan.env["FASTVERIFY_PATCH"] == "1"
-    assert plan.route == L.ROUTE_PLUGIN
+    assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == str(L.HOOK_DIR)
+    assert not plan.patch and "FASTVERIFY_PATCH" not in plan.env
     assert plan.argv == tuple(CMD)
     text = L.describe(plan)
     assert "NCCL_CUMEM_ENABLE=1   (was 0)" in text
-    assert "re-applied in each rank: CUDA_DEVICE_MAX_CONNECTIONS=1" in text
-    assert "plugin entry point" in text and "NCCL_NVLS_ENABLE unset: SGLang will set it to 0" in text
+    assert "re-applied in each rank: CUDA_DEVICE_MAX_CONNECTIONS=1 at interpreter start" in text
+    assert "NCCL_NVLS_ENABLE unset: SGLang will set it to 0" in text
     assert "command: python -m sglang.launch_server" in text
 
 
@@ -75,17 +89,23 @@ def test_symm_mem_flag_noted(tmp_path):
 
 
 def test_pcie_ipc_uses_sglang_switch(tmp_path):
-    plan = L.plan_launch(None, "pcie-ipc", None, CMD, environ={}, sglang=NEW)
+    from fastverify.deploy import P2PFacts
+
+    proven = _proven(tmp_path)
+    plan = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=NEW, box=H100, p2p_file=proven)
     assert plan.env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and not plan.patch
-    with pytest.raises(UserError, match="contradicts --backend pcie-ipc"):
-        L.plan_launch(env_file(tmp_path, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n"), "pcie-ipc", None, CMD,
-                      environ={}, sglang=NEW)
-    old = L.plan_launch(None, "pcie-ipc", None, CMD, environ={}, sglang=OLD)
+    assert plan.env["FASTVERIFY_BACKEND"] == "pcie_ipc"
+    assert plan.p2p == P2PFacts(ok=True, source="p2p_check", note=f"all 56 directions passed ({proven})", pairs=56)
+    with pytest.raises(UserError, match="contradicts --backend pcie_ipc"):
+        L.plan_launch(env_file(tmp_path, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n"), "pcie_ipc", None, CMD,
+                      environ={}, sglang=NEW, box=H100, p2p_file=proven)
+    old = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=OLD, box=H100, p2p_file=proven)
     assert old.patch and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in old.env and old.route == L.ROUTE_HOOK
 
 
 def test_import_hook_route_and_pythonpath(tmp_path):
-    plan = L.plan_launch(None, "fused", str(tmp_path / "prof"), CMD, environ={"PYTHONPATH": "/a"}, sglang=OLD)
+    plan = L.plan_launch(None, "fused", str(tmp_path / "prof"), CMD, environ={"PYTHONPATH": "/a"}, sglang=OLD,
+                         box=H100, p2p_file=_proven(tmp_path))
     assert plan.route == L.ROUTE_HOOK
     assert plan.env["PYTHONPATH"] == os.pathsep.join([str(L.HOOK_DIR), "/a"])
     assert plan.env["FASTVERIFY_BACKEND"] == "fused"
@@ -94,16 +114,28 @@ def test_import_hook_route_and_pythonpath(tmp_path):
     assert "import hook" in L.describe(plan)
 
 
+def _proven(tmp_path):
+    """The JSON `python -m fastverify.topo.p2p check` prints when every pair of 8 GPUs passed."""
+    import json
+
+    p = tmp_path / "p2p-proven.json"
+    p.write_text(json.dumps([{"src": i, "dst": j, "ok": True, "reason": "read+write ok"}
+                             for i in range(8) for j in range(8) if i != j]))
+    return p
+
+
 def test_plugins_without_entry_point_fall_back(tmp_path):
     info = L.SGLangInfo(found=True, has_plugins=True, entry_point_installed=False)
-    plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=info)
+    plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=info, box=H100, p2p_file=_proven(tmp_path))
     assert plan.route == L.ROUTE_HOOK and any("entry point is not installed" in n for n in plan.notes)
 
 
-def test_sglang_plugins_filter_extended():
-    plan = L.plan_launch(None, "fused", None, CMD, environ={"SGLANG_PLUGINS": "other"}, sglang=NEW)
+def test_sglang_plugins_filter_extended(tmp_path):
+    proven = _proven(tmp_path)
+    plan = L.plan_launch(None, "fused", None, CMD, environ={"SGLANG_PLUGINS": "other"}, sglang=NEW, box=H100,
+                         p2p_file=proven)
     assert plan.env["SGLANG_PLUGINS"] == "other,fastverify"
-    plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=NEW)
+    plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=NEW, box=H100, p2p_file=proven)
     assert "SGLANG_PLUGINS" not in plan.env  # unset: every plugin loads
 
 
@@ -156,7 +188,7 @@ def test_exec_plan_env_reaches_grandchild(tmp_path):
             p = mp.Process(target=grand, args=({str(out)!r},)); p.start(); p.join()
     """))
     plan = L.plan_launch(env_file(tmp_path, "NCCL_NVLS_ENABLE=0\n"), "fused", None, [sys.executable, str(child)],
-                         environ=os.environ, sglang=OLD)
+                         environ=os.environ, sglang=OLD, box=H100, p2p_file=_proven(tmp_path))
     runner = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r});"
               "from fastverify.patch import launch as L;"
               f"L.exec_plan(L.LaunchPlan(env={plan.env!r}, route={plan.route!r}, patch=True, "
@@ -169,3 +201,31 @@ def test_exec_plan_missing_program():
     plan = L.LaunchPlan(env={}, route="", patch=False, argv=("/no/such/prog",), backend="off")
     with pytest.raises(UserError, match="cannot run"):
         L.exec_plan(plan)
+
+
+def test_cuda_max_connections_survives_sglangs_overwrite_in_spawned_ranks(tmp_path):
+    """Issue 9 item 11. SGLang's launcher writes CUDA_DEVICE_MAX_CONNECTIONS=8
+    (entrypoints/engine.py::_set_envs_and_config) and then spawns the ranks, which reach cuInit
+    (torch.cuda.is_available) while importing SGLang, before any plugin runs. The tuned value must
+    already be in a spawned rank's environment when its interpreter starts, with the plugin route too."""
+    out = tmp_path / "out.txt"
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(f"""
+        import multiprocessing as mp, os, sys
+        def rank(path):
+            with open(path, "w") as f:
+                f.write(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "-") + " "
+                        + str("torch" in sys.modules))
+        if __name__ == "__main__":
+            os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"  # what SGLang's launcher does
+            mp.set_start_method("spawn")
+            p = mp.Process(target=rank, args=({str(out)!r},)); p.start(); p.join()
+    """))
+    f = env_file(tmp_path, "CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    plan = L.plan_launch(f, "auto", None, [sys.executable, str(child)], environ=os.environ, sglang=NEW)
+    runner = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r});"
+              "from fastverify.patch import launch as L;"
+              f"L.exec_plan(L.LaunchPlan(env={plan.env!r}, route={plan.route!r}, patch={plan.patch!r}, "
+              f"argv={plan.argv!r}, backend='auto'))")
+    subprocess.run([sys.executable, "-c", runner], check=True, timeout=60)
+    assert out.read_text() == "1 False"  # restored at start-up, before anything imported torch

@@ -97,3 +97,90 @@ def test_trace_profile_workload_is_measured_as_plain_all_reduces(tmp_path):
     assert "timing plain all-reduces" in " ".join(proc.stdout.split())
     spec = [json.loads(x) for x in (tmp_path / "j.jsonl").read_text().splitlines()][1]["spec"]
     assert spec["op"] == "all_reduce" and spec["sizes"] == [[2048, 2]]
+
+
+# --- the deployment record (issue 9, What-to-build §2; items 4 and 7, tune side) ----------------
+
+
+def test_predict_writes_env_file_and_deployment_record(shared_dir, tmp_path):
+    from fastverify.deploy import read_record
+
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    proc = run_fastverify(["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2", "--tp", "8",
+                           "--draft-tokens", "4", "--max-batch", "32", "--sm", "120", "--write-env", "out/k.env"],
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rec = read_record(tmp_path / "out" / "k.deploy.json")
+    assert rec.backend.value == "nccl"  # the cost model ranks NCCL settings only
+    assert (rec.shapes.max_batch, rec.shapes.draft_tokens, rec.shapes.hidden, rec.shapes.dtype) == (32, 4, 7168,
+                                                                                                    "bfloat16")
+    assert rec.box.sm == (12, 0) and rec.box.gpu_count == 8 and rec.box.tp == 8
+    assert rec.p2p.ok is None and not rec.p2p.proven  # nvidia-smi text has no P2P status
+    assert rec.gain.basis == "predicted" and rec.gain.best_us < rec.gain.baseline_us
+    settings = read_env_file(tmp_path / "out" / "k.env")
+    assert rec.nccl_settings == {k: v for k, v in settings.items() if k.startswith("NCCL_")}
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in settings
+    assert "# deployment record: k.deploy.json" in (tmp_path / "out" / "k.env").read_text()
+
+
+def test_write_env_refuses_a_trace_profile_without_hidden(tmp_path):
+    prof = {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
+            "source": {"kind": "trace", "files": ["a", "b"]},
+            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
+            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
+                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    (tmp_path / "t.txt").write_text("        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n")
+    proc = run_fastverify(["tune", "--profile", "p.json", "--predict", "--topology", "t.txt", "--write-env", "x.env"],
+                          cwd=tmp_path)
+    assert_user_error(proc, "--hidden")
+    assert not (tmp_path / "x.env").exists() and not (tmp_path / "x.deploy.json").exists()
+
+
+def _box(sm):
+    from fastverify.deploy import BoxFingerprint
+
+    return BoxFingerprint(gpu_name="G", sm=sm, gpu_count=8, tp=8)
+
+
+COMMON = dict(world_size=8, device="cuda", dtype="bfloat16", hidden=7168, sizes=((28672, 123),), warmup=1, iters=2,
+              op="all_reduce_residual_rmsnorm")
+
+
+@pytest.mark.parametrize("sm, want, not_measured", [
+    ((12, 0), {"pcie_ipc", "b12x", "custom_ar"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM120"}),
+    ((8, 9), {"pcie_ipc", "custom_ar"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM89",
+                                         "b12x: the kernel runs only on SM120, SM121; this box is SM89"}),
+    ((9, 0), {"pcie_ipc", "fused", "custom_ar"}, {"b12x: the kernel runs only on SM120, SM121; this box is SM90"}),
+])
+def test_backend_trials_iterate_the_registry_and_skip_the_unreachable(sm, want, not_measured):
+    from fastverify.deploy import P2PFacts
+    from fastverify.tune.command import backend_trials
+
+    trials, skipped = backend_trials(COMMON, box=_box(sm), p2p=P2PFacts(ok=True, source="nvml"), fused_ok=True,
+                                     max_numel=917504, sglang_version="0.5.23")
+    assert {t.backend for t in trials} == want
+    assert set(skipped) == not_measured
+    assert all(t.hidden == 7168 and t.options_dict["max_numel"] == 917504 for t in trials)
+
+
+def test_a_fused_winner_on_sm120_is_never_recommended():
+    from types import SimpleNamespace as NS
+
+    from fastverify.deploy import P2PFacts
+    from fastverify.tune.command import choose_winner
+
+    def cand(backend, us):
+        return NS(spec=NS(backend=backend), step_us=us)
+
+    fused, ipc, base = cand("fused", 900.0), cand("pcie_ipc", 1200.0), cand("nccl", 24000.0)
+    ranking = NS(candidates=(fused, ipc, base), baseline=base)
+    proven = P2PFacts(ok=True, source="p2p_check", pairs=56)
+    won, passed = choose_winner(ranking, box=_box((12, 0)), p2p=proven, world_size=8, sglang_version="0.5.23")
+    assert won is ipc and passed == ["fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM120"]
+    won, passed = choose_winner(ranking, box=_box((9, 0)), p2p=proven, world_size=8, sglang_version="0.5.23")
+    assert won is fused and passed == []
+    # without P2P at all only the baseline is left
+    won, _ = choose_winner(ranking, box=_box((12, 0)), p2p=P2PFacts(ok=False, source="nvml"), world_size=8,
+                           sglang_version=None)
+    assert won is base

@@ -1,20 +1,59 @@
-"""``fastverify launch``: put tuned settings and the patch in front of the user's SGLang command.
+"""``fastverify launch``: check the tuned deployment against this box, then put its settings and the
+patch in front of the user's SGLang command.
+
+What launch reads and checks, before anything starts:
+
+* the env file (``--env``) and the deployment record beside it (``X.env`` → ``X.deploy.json``,
+  :func:`fastverify.deploy.record_path_for`) or ``--deployment FILE``;
+* this box (:func:`fastverify.topo.box.read_box`: NVML, else torch) — a record made on another
+  box (GPU name, compute capability or GPU count differ) is refused;
+* the installed SGLang (version, which switch modules exist), found without importing it;
+* the backend (``--backend``: ``auto``, ``off`` or a deployable registry name, the one spelling of
+  :class:`fastverify.registry.BackendName`) against :func:`fastverify.registry.unreachable_reason`:
+  a backend SGLang cannot reach on this box is refused, exit 2, one line (``fused`` on SM89/SM120:
+  SGLang 0.5.23 calls ``RMSNorm.forward_with_allreduce_fusion`` only on SM90/SM100).
+* P2P for backends that need it (``pcie_ipc``, ``fused``, ``b12x``, ``custom_ar``): only a real
+  check proves it (the record's :attr:`~fastverify.deploy.P2PFacts.proven`, or ``--p2p-check
+  FILE`` with the JSON of ``python -m fastverify.topo.p2p check``). Why it is refused otherwise:
+  FlashInfer 0.7.4 opens every peer's IPC handle and then ``dist.barrier()``s
+  (``flashinfer/comm/cuda_ipc.py``); SGLang 0.5.23 catches the failure per rank
+  (``device_communicators/pcie_ipc_ar.py``: "workspace ... failed ...; reductions stay on NCCL"),
+  so with partial P2P (ACS/IOMMU) the failed ranks go back to NCCL while the others wait in the
+  barrier: the server hangs at start-up.
+
+What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
+and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
+for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's switch (``=1``) and
+size variable (``SGLANG_PCIE_IPC_MAX_NUMEL`` from the record's ``max_batch × draft_tokens ×
+hidden``, the same product SGLang derives from ``max(capture_bs) × tokens_per_req × hidden`` in
+``model_executor/runner/base_runner.py::_widest_decode_rows``).
 
 SGLang facts this relies on (read in the 0.5.23 wheel):
 
 * ``entrypoints/engine.py::_set_envs_and_config`` always writes ``CUDA_DEVICE_MAX_CONNECTIONS=8``
-  in the launcher before spawning the ranks, so a value set here would be lost. launch passes it
-  as ``FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS`` and the patch re-applies it in each rank before
-  CUDA starts there.
+  in the launcher, then ``mp.set_start_method("spawn")`` starts the ranks with that environment.
+  Item 11 of issue 9, checked: a spawned rank unpickles ``run_scheduler_process``, which imports
+  ``sglang.srt.managers.scheduler`` and with it ~100 modules that run ``_is_cuda = is_cuda()``
+  (``torch.cuda.is_available()``, i.e. ``cudaGetDeviceCount`` → ``cuInit``, no context) at import
+  time; the general plugins load only afterwards, at the top of ``run_scheduler_process``; the
+  CUDA context comes later still (``set_device`` in the model worker). CUDA documents the variable
+  per context ("each CUDA context would be allocated its own separate connection pool", NVIDIA MPS
+  guide, CUDA_DEVICE_MAX_CONNECTIONS) but nowhere says whether the driver reads it at ``cuInit``
+  or at context creation, and NVIDIA's own projects treat setting it from Python at run time as
+  ineffective (NeMo PR #12894, Megatron-Bridge PR #925). So the in-rank plugin may be too late.
+  launch therefore re-applies it at interpreter start: the value travels as
+  ``FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS`` (SGLang does not touch it) and the import-hook
+  folder's ``sitecustomize`` (on ``PYTHONPATH`` whenever the env file sets the variable) copies it
+  back into ``CUDA_DEVICE_MAX_CONNECTIONS`` when Python starts in each spawned rank, before any
+  import. With the plugin route ``FASTVERIFY_PATCH_ROUTE=plugin`` tells the hook not to run the
+  patch a second time. The in-rank copy in the patch stays as a second line of defence.
+  ``doctor`` measures on a GPU whether a late value still takes effect.
 * The same function sets ``NCCL_CUMEM_ENABLE`` / ``NCCL_NVLS_ENABLE`` to ``0`` only when unset
   (and forces them on with ``--enable-symm-mem`` / ``--enable-nccl-nvls``), so values from the env
   file are simply exported here and survive.
 * General plugins (``sglang/srt/plugins/__init__.py``, group ``sglang.srt.plugins``) run at the
   top of ``run_scheduler_process`` in every rank; ``SGLANG_PLUGINS``, when set, lists the only
   plugins that load, so launch appends ``fastverify`` to it.
-* ``distributed/device_communicators/pcie_ipc_ar.py`` is switched by
-  ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``: with ``--backend pcie-ipc`` on such an SGLang, launch only
-  sets the switch and the patch leaves the all-reduce dispatch alone.
 
 SGLang is never imported here: it is located with ``importlib.util.find_spec`` and its files are
 looked at on disk.
@@ -30,6 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastverify.deploy import ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, read_record, record_path_for
 from fastverify.errors import UserError
 from fastverify.patch import (
     ENV_BACKEND,
@@ -40,21 +80,38 @@ from fastverify.patch import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
+from fastverify.registry import BACKENDS as REGISTRY
+from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names, sm_text,
+                                 unreachable_reason)
 
-BACKENDS = ("auto", "nccl", "pcie-ipc", "fused", "off")
+AUTO, OFF = "auto", "off"
+BACKENDS = (AUTO, OFF, *(n.value for n in names(deployable=True)))
+"""``--backend`` choices: ``auto`` (the record's backend, else SGLang's own dispatch with the env
+file's settings), ``off`` (no all-reduce change) and every deployable registry name."""
 ROUTE_PLUGIN = "plugin entry point"
 ROUTE_HOOK = "import hook"
 HOOK_DIR = Path(__file__).resolve().parent / "sitecustomize"
-PCIE_SWITCH = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+ENV_PATCH_ROUTE = "FASTVERIFY_PATCH_ROUTE"
+"""``plugin`` when the entry point runs the patch and the hook folder is on ``PYTHONPATH`` only to
+restore ``CUDA_DEVICE_MAX_CONNECTIONS`` at start-up."""
 # Set by SGLang in the launcher only when unset: exporting them here is enough.
 SET_WHEN_UNSET = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE")
-# Always overwritten by SGLang in the launcher: re-applied in each rank by the patch.
+# Always overwritten by SGLang in the launcher: restored at interpreter start in each rank.
 OVERWRITTEN = ("CUDA_DEVICE_MAX_CONNECTIONS",)
+_PATCH_REACH = (Reach.patch_fused_norm, Reach.patch_add_norm, Reach.patch_dispatch)
+# SGLang 0.5.23 server flags launch reads (srt/arg_groups/fields/parallel.py: tp_size with alias
+# --tensor-parallel-size; argparse also takes the unambiguous prefix --tp).
+_TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+_SWITCH_MODULES = tuple(b.sglang_switch_module for b in REGISTRY if b.sglang_switch_module)
 
 
 @dataclass(frozen=True)
 class SGLangInfo:
-    """What the launcher's interpreter can see of SGLang, without importing it."""
+    """What the launcher's interpreter can see of SGLang, without importing it.
+
+    ``switch_modules``: the registry's ``sglang_switch_module`` names whose file exists in this
+    SGLang; ``has_pcie_ipc`` (the 0.5.23 PCIe IPC module) is kept for the reports and implies it.
+    """
 
     found: bool
     location: str | None = None
@@ -62,6 +119,16 @@ class SGLangInfo:
     has_plugins: bool = False  # sglang/srt/plugins/__init__.py with the general-plugin group
     has_pcie_ipc: bool = False  # sglang/srt/distributed/device_communicators/pcie_ipc_ar.py
     entry_point_installed: bool = False  # fastverify registered in group sglang.srt.plugins
+    switch_modules: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.has_pcie_ipc:
+            module = backend_info(BackendName.pcie_ipc).sglang_switch_module
+            object.__setattr__(self, "switch_modules", frozenset(self.switch_modules) | {module})
+
+    def has_switch(self, info: BackendInfo) -> bool:
+        """Whether this SGLang has ``info``'s own switchable implementation."""
+        return info.sglang_switch_module is not None and info.sglang_switch_module in self.switch_modules
 
 
 def detect_sglang(sglang_dir: str | Path | None = None) -> SGLangInfo:
@@ -107,6 +174,8 @@ def detect_sglang(sglang_dir: str | Path | None = None) -> SGLangInfo:
         has_plugins=has_plugins,
         has_pcie_ipc=(root / "srt" / "distributed" / "device_communicators" / "pcie_ipc_ar.py").is_file(),
         entry_point_installed=_entry_point_installed(),
+        switch_modules=frozenset(m for m in _SWITCH_MODULES
+                                 if root.joinpath(*m.split(".")[1:]).with_suffix(".py").is_file()),
     )
 
 
@@ -131,10 +200,19 @@ class LaunchPlan:
         Whether ``FASTVERIFY_PATCH=1`` is set (the patch loads in every rank).
     argv : tuple[str, ...]
         The command, unchanged.
+    backend : str
+        The registry name the ranks get (``FASTVERIFY_BACKEND``), ``auto`` (SGLang's own dispatch)
+        or ``off``.
+    deployment : str or None
+        Absolute path of the deployment record the ranks read (``FASTVERIFY_DEPLOYMENT``).
+    box : BoxFingerprint or None
+        The box the plan was checked against (None when nothing needed checking).
+    p2p : P2PFacts or None
+        The P2P facts used for the check.
     replaced : dict[str, tuple[str, str]]
         Variables whose value in the current environment the plan replaces: name → (old, new).
     in_rank : dict[str, str]
-        Variables SGLang overwrites in its launcher that the patch re-applies in each rank.
+        Variables SGLang overwrites in its launcher, restored at interpreter start in each rank.
     notes : tuple[str, ...]
         What the user should know (SGLang not found, flags that override the env file, ...).
     """
@@ -150,6 +228,9 @@ class LaunchPlan:
     replaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     in_rank: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    deployment: str | None = None
+    box: BoxFingerprint | None = None
+    p2p: P2PFacts | None = None
 
     def child_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The complete environment the command gets: ``environ`` updated with :attr:`env`."""
@@ -164,66 +245,208 @@ def _read_env_file(path: str) -> dict[str, str]:
     return read_env_file(path)
 
 
+def _flag_int(argv: Sequence[str], flags: Sequence[str]) -> int | None:
+    """The integer after any of ``flags`` in ``argv`` (``--f N`` or ``--f=N``; last one wins)."""
+    value = None
+    for i, a in enumerate(argv):
+        name, eq, rest = a.partition("=")
+        if name not in flags:
+            continue
+        text = rest if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            value = int(text)
+        except ValueError:
+            raise UserError(f"the command's {name} {text!r}: expected an integer") from None
+    return value
+
+
+def _check_backend_name(backend: str) -> None:
+    if backend in BACKENDS:
+        return
+    hint = ""
+    norm = backend.replace("-", "_").lower()
+    if norm in BACKENDS:
+        hint = f" (the one spelling is {norm})"
+    raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}{hint}")
+
+
+def _box_matches(record: DeploymentRecord, box: BoxFingerprint, where: str) -> None:
+    """Refuse a record made on another box (GPU name, compute capability or count differ). A field
+    the record does not know (``tune --predict`` from ``nvidia-smi topo -m`` text has no GPU name)
+    is not compared."""
+    rb = record.box
+    diffs = []
+    if rb.gpu_name is not None and rb.gpu_name != box.gpu_name:
+        diffs.append("GPU")
+    if rb.sm is not None and tuple(rb.sm) != (tuple(box.sm) if box.sm else None):
+        diffs.append("SM")
+    if rb.gpu_count != box.gpu_count:
+        diffs.append("GPU count")
+    if diffs:
+        def show(b: BoxFingerprint) -> str:
+            name = b.gpu_name or ("GPU of unknown name" if b.gpu_count else "no GPU")
+            return f"{b.gpu_count} x {name} ({sm_text(tuple(b.sm) if b.sm else None)})"
+
+        raise UserError(f"{where}: deployment record is for another box ({', '.join(diffs)} differ): made on "
+                        f"{show(rb)}, this box has {show(box)}; re-run `fastverify tune --write-env` here")
+
+
+def _p2p_for_check(p2p: P2PFacts, world: int | None) -> tuple[bool | None, str]:
+    """``p2p_ok`` for :func:`unreachable_reason`: True only when proven for every ordered pair of
+    ``world`` GPUs (a check of fewer pairs proves nothing about the others); the source in words."""
+    ok = True if p2p.proven else (False if p2p.ok is False else None)
+    how = {"p2p_check": "real P2P check", "nvml": "NVML's report only, not exercised",
+           "nccl_log": "NCCL's log only, not exercised", "caller": "given by the caller",
+           "not_checked": "not checked"}.get(p2p.source, p2p.source)
+    if ok and world and p2p.source == "p2p_check" and p2p.pairs < world * (world - 1):
+        return None, f"{how} covers {p2p.pairs} directions, TP {world} needs {world * (world - 1)}"
+    return ok, how + (f": {p2p.note}" if p2p.note and ok is not True else "")
+
+
 def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
                 environ: Mapping[str, str], sglang_dir: str | Path | None = None,
-                sglang: SGLangInfo | None = None, trace_steps: int = 0) -> LaunchPlan:
-    """Validate the inputs and decide what to set.
+                sglang: SGLangInfo | None = None, trace_steps: int = 0, deployment: str | Path | None = None,
+                p2p_file: str | Path | None = None, box: BoxFingerprint | None = None) -> LaunchPlan:
+    """Validate the inputs against this box and decide what to set.
 
     Parameters
     ----------
     env_file
         A file written by ``fastverify tune --write-env`` (allow-listed ``KEY=VALUE`` lines, read
-        with :func:`fastverify.tune.envfile.read_env_file`), or None.
+        with :func:`fastverify.tune.envfile.read_env_file`), or None. The deployment record beside
+        it (``X.deploy.json``) is read when present.
     backend
-        ``auto`` (SGLang's own dispatch with the env file's settings), ``nccl``, ``pcie-ipc``,
-        ``fused`` (fastverify's safe fused all-reduce + residual + RMSNorm) or ``off`` (no all-reduce
-        change at all).
+        ``auto``, ``off`` or a deployable registry name (:data:`BACKENDS`).
     profile_verify
         Folder for per-rank verify timings (JSON lines), or None.
     command
-        The SGLang command line (after ``--``).
+        The SGLang command line (after ``--``); its ``--tp-size`` / ``--tp``,
+        ``--cuda-graph-max-bs`` and ``--speculative-num-draft-tokens`` are read.
     environ
-        The current environment (read only).
+        The current environment (read only); ``FASTVERIFY_DESCRIBE_BOX`` describes a box.
     sglang_dir, sglang
         Override SGLang detection (tests, ``--sglang-source``).
+    deployment
+        A deployment record to use instead of the one beside the env file.
+    p2p_file
+        The JSON of ``python -m fastverify.topo.p2p check`` (replaces the record's P2P facts).
+    box
+        The box to check against (tests: a described box); default ``FASTVERIFY_DESCRIBE_BOX``,
+        else :func:`fastverify.topo.box.read_box`.
 
     Raises
     ------
     UserError
-        Empty command, unknown backend, a bad env file (one line naming file and line), a profile
-        folder that is a file, or a backend that contradicts the env file.
+        One line: empty command, unknown backend, a bad env file or record (naming the file), a
+        record from another box or TP size, a backend this box or SGLang cannot reach
+        (:func:`fastverify.registry.unreachable_reason`), a profile folder that is a file, or a
+        backend that contradicts the env file or the command.
     """
     argv = tuple(str(a) for a in command)
     if not argv or argv[0] == "":
         raise UserError("nothing to launch: give the sglang command after --")
-    if backend not in BACKENDS:
-        raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    _check_backend_name(backend)
     settings = _read_env_file(env_file) if env_file is not None else {}
+    record_path: Path | None = None
+    if deployment is not None:
+        record_path = Path(deployment).expanduser()
+    elif env_file is not None and record_path_for(env_file).is_file():
+        record_path = record_path_for(env_file)
+    record = read_record(record_path) if record_path is not None else None
     info = sglang if sglang is not None else detect_sglang(sglang_dir)
     notes: list[str] = []
     env: dict[str, str] = {}
     in_rank: dict[str, str] = {}
+    tp = _flag_int(argv, _TP_FLAGS)
+
+    chosen: BackendName | None
+    if backend == OFF:
+        chosen = None
+    elif backend == AUTO:
+        chosen = record.backend if record is not None else None
+    else:
+        chosen = BackendName(backend)
+        if record is not None and record.backend is not chosen:
+            notes.append(f"--backend {chosen.value} overrides the record's {record.backend.value} "
+                         "(the record's shapes and P2P facts still apply)")
+    # Backends the env file itself switches on in SGLang are checked like the chosen one: an
+    # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 line without proven P2P hangs the same way.
+    switched = [b for b in REGISTRY if b.sglang_switch and settings.get(b.sglang_switch) == "1"]
+    for b in REGISTRY:
+        if chosen is b.name and b.sglang_switch and settings.get(b.sglang_switch) == "0":
+            raise UserError(f"{env_file}: {b.sglang_switch}=0 contradicts --backend {b.name.value} (drop one of them)")
+    to_check = [] if backend == OFF else [b for b in switched if b.name is not chosen]
+    if chosen is not None and chosen is not BackendName.nccl:
+        to_check.insert(0, backend_info(chosen))
+
+    checked_box: BoxFingerprint | None = None
+    p2p: P2PFacts | None = None
+    if to_check or record is not None:
+        if box is None:
+            from fastverify.topo.box import described_box, read_box  # noqa: PLC0415
+
+            box = described_box(environ, tp=tp or 0) or read_box(tp or 0)
+        checked_box = box
+        if record is not None:
+            _box_matches(record, box, str(record_path))
+            if tp is not None and record.box.tp and tp != record.box.tp:
+                raise UserError(f"{record_path}: deployment record is for TP {record.box.tp}; the command runs "
+                                f"TP {tp} (re-run `fastverify tune --write-env --tp {tp}`)")
+        if p2p_file is not None:
+            from fastverify.topo.box import read_p2p_file  # noqa: PLC0415
+
+            p2p = read_p2p_file(p2p_file)
+        else:
+            p2p = record.p2p if record is not None else P2PFacts(ok=None, source="not_checked")
+        world = tp if tp is not None else (record.box.tp if record is not None and record.box.tp else None)
+        p2p_ok, how = _p2p_for_check(p2p, world)
+        for b in to_check:
+            reason = unreachable_reason(b, sm=tuple(box.sm) if box.sm else None, world_size=world, p2p_ok=p2p_ok,
+                                        p2p_source=how, sglang_version=info.version)
+            if reason is not None:
+                if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
+                    reason += " (or give --p2p-check FILE with its JSON)"
+                raise UserError(reason)
 
     for key, value in settings.items():
         if key in OVERWRITTEN:
             in_rank[key] = value
             env[ENV_CUDA_MAX_CONNECTIONS] = value
             # Also exported: the launcher process and non-SGLang children honour it directly.
+        if backend == OFF and any(key == b.sglang_switch for b in REGISTRY):
+            notes.append(f"--backend off: {key}={value} from the env file is not set")
+            continue
         env[key] = value
 
-    if backend == "pcie-ipc":
-        if settings.get(PCIE_SWITCH) == "0":
-            raise UserError(f"{env_file}: {PCIE_SWITCH}=0 contradicts --backend pcie-ipc (drop one of them)")
-        if info.has_pcie_ipc:
-            env[PCIE_SWITCH] = "1"
-        else:
-            notes.append("this SGLang has no pcie_ipc_ar.py: the patch must route all-reduces itself "
-                         "(fastverify's in-rank pcie-ipc dispatch)")
-    elif PCIE_SWITCH in settings and info.found and not info.has_pcie_ipc:
-        notes.append(f"{PCIE_SWITCH} is in the env file but this SGLang has no pcie_ipc_ar.py: it has no effect")
-    if backend == "fused" and settings.get(PCIE_SWITCH) == "1":
-        notes.append(f"{PCIE_SWITCH}=1 with --backend fused: plain all-reduces use SGLang's PCIe IPC path, "
-                     "the residual + RMSNorm all-reduces use fastverify's fused path")
+    patch_in_rank = False
+    if chosen is not None:
+        b = backend_info(chosen)
+        if b.reach is Reach.sglang_switch:
+            if info.has_switch(b):
+                env[b.sglang_switch] = "1"
+                if b.size_env and record is not None:
+                    want = str(record.shapes.max_numel)
+                    if b.size_env in settings and settings[b.size_env] != want:
+                        notes.append(f"{b.size_env}={settings[b.size_env]} from the env file, not the record's {want}")
+                    else:
+                        env[b.size_env] = want
+            else:
+                patch_in_rank = True
+                notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces itself "
+                             f"(fastverify's in-rank {b.name.value} dispatch)")
+        elif b.reach in _PATCH_REACH:
+            patch_in_rank = True
+        elif chosen is BackendName.custom_ar and "--disable-custom-all-reduce" in argv:
+            raise UserError("--backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)")
+    for b in switched:
+        if info.found and not info.has_switch(b) and backend != OFF:
+            notes.append(f"{b.sglang_switch} is in the env file but this SGLang has no {b.sglang_switch_module}: "
+                         "it has no effect")
+    if chosen is not None and backend_info(chosen).role is Role.fused_norm and switched:
+        notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
+                     "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
+    if record is not None:
+        _shape_notes(record, argv, info, notes)
 
     prof: str | None = None
     if trace_steps and profile_verify is None:
@@ -236,12 +459,16 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
             raise UserError(f"--profile-verify {profile_verify}: exists and is not a folder")
         prof = str(p.resolve())
 
-    patch_in_rank = backend in ("pcie-ipc", "fused") and not (backend == "pcie-ipc" and info.has_pcie_ipc)
-    patch = bool(patch_in_rank or prof or in_rank)
+    if chosen is not None:
+        env[ENV_BACKEND] = chosen.value
+    if record_path is not None:
+        env[ENV_DEPLOYMENT] = str(record_path.resolve())
+    patch = bool(patch_in_rank or prof)
     route = ""
+    use_hook_dir = bool(in_rank)  # CUDA_DEVICE_MAX_CONNECTIONS is restored by the hook at start-up
     if patch:
         env[ENV_FLAG] = "1"
-        env[ENV_BACKEND] = backend
+        env.setdefault(ENV_BACKEND, backend)  # auto / off: the patch only times (no backend chosen)
         if prof:
             env[ENV_PROFILE_VERIFY] = prof
             if trace_steps:
@@ -249,17 +476,21 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         if info.has_plugins and info.entry_point_installed:
             route = ROUTE_PLUGIN
             allowed = environ.get("SGLANG_PLUGINS", "")
-            names = [x.strip() for x in allowed.split(",") if x.strip()]
-            if names and PLUGIN_NAME not in names:
-                env["SGLANG_PLUGINS"] = ",".join([*names, PLUGIN_NAME])
+            listed = [x.strip() for x in allowed.split(",") if x.strip()]
+            if listed and PLUGIN_NAME not in listed:
+                env["SGLANG_PLUGINS"] = ",".join([*listed, PLUGIN_NAME])
         else:
             route = ROUTE_HOOK
+            use_hook_dir = True
             if info.has_plugins and not info.entry_point_installed:
                 notes.append("this SGLang has plugins but fastverify's entry point is not installed "
                              f"(group {PLUGIN_GROUP}, name {PLUGIN_NAME}; reinstall fastverify): using the import hook")
-            old = environ.get("PYTHONPATH", "")
-            parts = [p for p in old.split(os.pathsep) if p and p != str(HOOK_DIR)]
-            env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
+    if route == ROUTE_PLUGIN and use_hook_dir:
+        env[ENV_PATCH_ROUTE] = "plugin"  # the entry point runs the patch; the hook only restores the variable
+    if use_hook_dir:
+        old = environ.get("PYTHONPATH", "")
+        parts = [p for p in old.split(os.pathsep) if p and p != str(HOOK_DIR)]
+        env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
     if not info.found:
         notes.append("SGLang is not importable by this Python: the route assumes the command's Python sees "
                      "the same packages (install fastverify next to SGLang)")
@@ -273,8 +504,25 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
             notes.append(f"{key} unset: SGLang will set it to 0")
 
     replaced = {k: (environ[k], v) for k, v in env.items() if k in environ and environ[k] != v}
-    return LaunchPlan(env=env, route=route, patch=patch, argv=argv, backend=backend, env_file=env_file,
-                      profile_verify=prof, sglang=info, replaced=replaced, in_rank=in_rank, notes=tuple(notes))
+    return LaunchPlan(env=env, route=route, patch=patch, argv=argv,
+                      backend=chosen.value if chosen is not None else backend, env_file=env_file,
+                      profile_verify=prof, sglang=info, replaced=replaced, in_rank=in_rank, notes=tuple(notes),
+                      deployment=str(record_path.resolve()) if record_path is not None else None,
+                      box=checked_box, p2p=p2p)
+
+
+def _shape_notes(record: DeploymentRecord, argv: Sequence[str], info: SGLangInfo, notes: list[str]) -> None:
+    """Notes where the command or the installed SGLang differ from what the record was made for."""
+    max_bs = _flag_int(argv, ("--cuda-graph-max-bs",))
+    draft = _flag_int(argv, ("--speculative-num-draft-tokens",))
+    s = record.shapes
+    rows = (max_bs or s.max_batch) * (draft or s.draft_tokens)
+    if rows > s.max_rows:
+        notes.append(f"the command captures verify steps of up to {rows} rows; the record was sized for "
+                     f"{s.max_rows} ({s.max_batch} x {s.draft_tokens}): larger steps go to NCCL "
+                     f"(re-run tune with --max-batch {max_bs or s.max_batch} --draft-tokens {draft or s.draft_tokens})")
+    if record.sglang_version and info.version and record.sglang_version != info.version:
+        notes.append(f"the record was made with SGLang {record.sglang_version}; this SGLang is {info.version}")
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -287,7 +535,16 @@ def describe(plan: LaunchPlan) -> str:
     else:
         lines.append("sglang: not found by this Python")
     lines.append(f"env file: {plan.env_file or '(none)'}")
+    lines.append(f"deployment record: {plan.deployment or '(none)'}")
     lines.append(f"backend: {plan.backend}")
+    if plan.box is not None:
+        b = plan.box
+        lines.append(f"box: {b.gpu_count} x {b.gpu_name or ('GPU of unknown name' if b.gpu_count else 'no GPU')} "
+                     f"({sm_text(tuple(b.sm) if b.sm else None)}), "
+                     f"driver {b.driver or 'unknown'}")
+    if plan.p2p is not None:
+        lines.append(f"P2P: {'proven' if plan.p2p.proven else 'not proven'} ({plan.p2p.source}"
+                     + (f": {plan.p2p.note}" if plan.p2p.note else "") + ")")
     lines.append("environment set for the command and its children:")
     if plan.env:
         for k in sorted(plan.env):
@@ -296,7 +553,8 @@ def describe(plan: LaunchPlan) -> str:
     else:
         lines.append("  (nothing)")
     for k, v in sorted(plan.in_rank.items()):
-        lines.append(f"re-applied in each rank: {k}={v} (SGLang overwrites it in its launcher)")
+        lines.append(f"re-applied in each rank: {k}={v} at interpreter start, before CUDA initialises "
+                     f"(SGLang overwrites it in its launcher; {HOOK_DIR} on PYTHONPATH)")
     if plan.patch:
         lines.append(f"patch: loads in every rank through the {plan.route}"
                      + (f" ({HOOK_DIR} on PYTHONPATH)" if plan.route == ROUTE_HOOK else

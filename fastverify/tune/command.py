@@ -7,10 +7,18 @@ Two modes:
   text. Every number is labelled predicted, and so is the env file's header.
 * measure (default): each candidate runs in a fresh set of worker processes
   (:mod:`fastverify.tune.sweep`): NCCL settings ranked by the model (top ``--top``) plus the current
-  environment as the baseline, and on GPUs FlashInfer's PCIe IPC all-reduce, its fused
-  all-reduce + residual + RMSNorm and SGLang's custom all-reduce where their capability checks
-  pass. Without GPUs the same machinery runs on gloo, which ignores NCCL settings: the output says
-  so and the timings are CPU wall clock.
+  environment as the baseline, and on GPUs every tunable backend of the registry
+  (:func:`fastverify.registry.names`) that SGLang can reach on this box
+  (:func:`fastverify.registry.unreachable_reason`; :func:`backend_trials`). Without GPUs the same
+  machinery runs on gloo, which ignores NCCL settings: the output says so and the timings are CPU
+  wall clock.
+
+``--write-env X.env`` writes the env file and the deployment record ``X.deploy.json`` beside it
+(:mod:`fastverify.deploy`): the winner by registry name (never one SGLang cannot reach on the box,
+:func:`choose_winner`), the shapes (``--max-batch`` × draft tokens × hidden, dtype), the P2P facts
+and their source, the box fingerprint, the NCCL settings, the SGLang version and the gain with its
+basis. The winner's SGLang switch and workspace bound come from the registry
+(:func:`fastverify.deploy.sglang_settings`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 from pathlib import Path
 
 from fastverify.errors import UserError
+from fastverify.registry import Role, backend_info
 
 
 def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
@@ -30,12 +39,20 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--tp", type=bounded(2, 64), default=2, help="tensor-parallel world size")
     w.add_argument("--draft-tokens", type=bounded(1, 64), default=4, help="draft tokens per request")
     w.add_argument("--batch", type=bounded(1, 4096), default=1, help="requests per verify batch")
+    w.add_argument("--max-batch", type=bounded(1, 4096), default=None,
+                   help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs): sizes the "
+                        "deployment's IPC workspace [default: the workload's batch]")
+    w.add_argument("--hidden", type=bounded(1, 1 << 17), default=None,
+                   help="hidden size, for a trace profile that does not record it [default: the workload's]")
     b = p.add_argument_group("box")
     b.add_argument("--topology", type=Path, metavar="FILE", help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
                                                         "library's own, else the newest known]")
     b.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4, help="PCIe generation for the model")
-    b.add_argument("--sm", type=bounded(30, 300), default=89, help="compute capability x10 for the model")
+    b.add_argument("--sm", type=bounded(30, 300), default=89, help="compute capability x10 for the model (and, "
+                                                                    "with --predict, the deployment record's box)")
+    b.add_argument("--p2p-check", type=Path, metavar="FILE", default=None,
+                   help="JSON of `python -m fastverify.topo.p2p check` [default: run it on a GPU box]")
     m = p.add_argument_group("measurement")
     m.add_argument("--predict", action="store_true", help="cost model only: rank NCCL settings, measure nothing")
     m.add_argument("--top", type=bounded(0, 20), default=3, help="NCCL candidates from the model to measure")
@@ -50,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     o.add_argument("--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]")
     o.add_argument("--tok-s", type=float, default=None, help="measured tok/s per stream now (fixes the rest of the cycle)")
     o.add_argument("--write-env", nargs="?", const="", default=None, metavar="PATH",
-                   help="write the winning settings [default path: nccl_configs/<box fingerprint>.env]")
+                   help="write the winning settings and the deployment record beside them (X.env, X.deploy.json) "
+                        "[default path: nccl_configs/<box fingerprint>.env]")
     o.add_argument("--write-tuner-config", type=Path, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
     o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
 
@@ -65,6 +83,8 @@ def _check_outputs(args) -> None:
     """Refuse unusable output paths before any work, so nothing is half-written afterwards."""
     from fastverify.procs import writable_target
 
+    from fastverify.deploy import record_path_for
+
     for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
                         ("--png", args.png), ("--journal", args.journal)):
         if value:
@@ -72,6 +92,8 @@ def _check_outputs(args) -> None:
             if str(value).endswith(os.sep):
                 raise UserError(f"{flag} {value}: give a file path, not a folder")
             writable_target(path)
+            if flag == "--write-env":
+                writable_target(record_path_for(path))
     if not args.predict and args.write_tuner_config is not None:
         raise UserError("--write-tuner-config comes from the cost model's per-size choice: use it with --predict")
     if args.predict and args.png is not None:
@@ -140,6 +162,7 @@ def run(args) -> int:
     if not 0 < args.timeout <= 86400:
         raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, 86400]")
     _check_outputs(args)
+    shapes = _shapes(args, workload) if args.write_env is not None else None  # refused before any work
     version = _version(args)
     topo = _topology(args, workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
@@ -156,14 +179,15 @@ def run(args) -> int:
     for note in (ranked[0].notes if ranked and ranked[0].is_baseline else ()):
         console.print(f"# note: {note}", markup=False)
     if args.predict:
-        return _report_prediction(args, console, workload, topo, version, ranked)
-    return _measure(args, console, workload, topo, version, ranked, verify_reduction)
+        return _report_prediction(args, console, workload, topo, version, ranked, shapes)
+    return _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes)
 
 
-def _report_prediction(args, console, workload, topo, version, ranked) -> int:
+def _report_prediction(args, console, workload, topo, version, ranked, shapes) -> int:
     from rich.table import Table
 
-    from fastverify.tune.envfile import default_env_path, write_env_file, write_tuner_config
+    from fastverify.registry import BackendName
+    from fastverify.tune.envfile import default_env_path, write_tuner_config
     from fastverify.tune.predict import prediction_header, tuner_choices, verify_reduction
 
     baseline = next(c for c in ranked if c.is_baseline)
@@ -183,11 +207,20 @@ def _report_prediction(args, console, workload, topo, version, ranked) -> int:
     for n in best.notes:
         console.print(f"# note: {n}", markup=False)
     if args.write_env is not None:
+        from fastverify.deploy import Gain
+
         path = Path(args.write_env) if args.write_env else default_env_path(_fingerprint(workload, topo, version))
         header = prediction_header(workload, best, baseline, red, topology_source=topo.source, n_gpus=len(topo.gpus),
                                    pcie_gen=args.pcie_gen, sm=args.sm)
-        write_env_file(path, dict(best.settings), header_lines=header, nccl_version=version)
-        console.print(f"wrote {path} ({len(best.settings)} setting(s); header says PREDICTED)", markup=False)
+        box = _predicted_box(args, workload, topo, version)
+        p2p = _p2p_facts(args, topo, cuda=False)
+        # The cost model ranks NCCL settings only: the deployment is NCCL with the best of them.
+        gain = Gain(baseline_us=baseline.allreduce_us, best_us=best.allreduce_us, basis="predicted")
+        env_p, rec_p = _write_deployment(args, path, BackendName.nccl, dict(best.settings), header, version,
+                                         shapes=shapes, box=box, p2p=p2p, gain=gain,
+                                         source=f"tune --predict: {workload.source}")
+        console.print(f"wrote {env_p} ({len(best.settings)} setting(s); header says PREDICTED) and {rec_p}",
+                      markup=False)
     if args.write_tuner_config is not None:
         write_tuner_config(args.write_tuner_config, tuner_choices(best),
                            header_lines=[f"PREDICTED by fastverify tune --predict for {workload.source}",
@@ -207,8 +240,10 @@ def _print_reduction(console, red: dict, *, predicted: bool) -> None:
                       f"{red['tok_s_predicted']:.1f} (predicted; rest of the cycle {red['t_rest_basis']})", markup=False)
 
 
-def _measure(args, console, workload, topo, version, ranked, verify_reduction) -> int:
-    from fastverify.tune.envfile import default_env_path, write_env_file
+def _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes) -> int:
+    from fastverify.deploy import Gain, installed_sglang_version
+    from fastverify.registry import BackendName
+    from fastverify.tune.envfile import default_env_path
     from fastverify.tune.report import plot_latency, print_report, rank_candidates
     from fastverify.tune.sweep import run_sweep
     from fastverify.tune.trial import DTYPE_BYTES, Op, TrialSpec
@@ -238,18 +273,25 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction) -
     if not fused_ok:
         console.print("# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
                       "all-reduce + RMSNorm backend is left out", markup=False)
-    base_backend = "nccl" if cuda else "gloo"
+    base_backend = (BackendName.nccl if cuda else BackendName.gloo).value
     trials = [TrialSpec(backend=base_backend, env={}, label="current environment", baseline=True, **common)]
     for c in [c for c in ranked if not c.is_baseline][: args.top]:
         trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), label=c.name, **common))
     if not ranked and not cuda:
         console.print("# no topology (--topology FILE or NVML): only the current environment is measured", markup=False)
+    box = p2p = None
+    sglang_version = installed_sglang_version()
     if cuda:
-        p2p_ok = _p2p_ok(topo)
-        max_numel = max(n for n, _ in sizes)
-        for backend in ("pcie_ipc", "fused", "custom_ar") if fused_ok else ("pcie_ipc", "custom_ar"):
-            trials.append(TrialSpec(backend=backend, env={}, label=backend, options={"max_numel": max_numel},
-                                    probe_facts={"p2p_ok": p2p_ok}, **common))
+        from fastverify.topo.box import read_box
+
+        box = read_box(workload.tp, nccl_version=str(version) if version else None)
+        p2p = _p2p_facts(args, topo, cuda=True)
+        max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
+        extra, skipped = backend_trials(common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel,
+                                        sglang_version=sglang_version)
+        trials += extra
+        for why in skipped:
+            console.print(f"# not measured: {why}", markup=False)
     fp = _fingerprint(workload, topo, version)
     journal = args.journal or Path("nccl_configs") / f"{fp}.journal.jsonl"
     console.print(f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
@@ -275,22 +317,30 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction) -
         _print_reduction(console, red, predicted=False)
     if args.write_env is not None:
         path = Path(args.write_env) if args.write_env else default_env_path(fp)
-        best = ranking.best.spec
-        gain_pct = 100.0 * (ranking.baseline.step_us - ranking.best.step_us) / ranking.baseline.step_us
+        chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
+                                        sglang_version=sglang_version)
+        for why in why_not:
+            console.print(f"# not recommended: {why}", markup=False)
+        best = chosen.spec
+        gain_pct = 100.0 * (ranking.baseline.step_us - chosen.step_us) / ranking.baseline.step_us
         spread_pct = _spread_pct(ranking.baseline.result)
         if best is not ranking.baseline.spec and gain_pct < max(MIN_WIN_PCT, spread_pct):
             console.print(f"# the best candidate is {gain_pct:.1f} % faster than the baseline, within the noise "
                           f"(needs > {max(MIN_WIN_PCT, spread_pct):.1f} %): keeping the current settings", markup=False)
-            best = ranking.baseline.spec
-        settings = dict(best.env)
-        if best.backend == "pcie_ipc":
-            settings.update({"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1",
-                             "SGLANG_PCIE_IPC_MAX_NUMEL": str(best.options.get("max_numel"))})
+            chosen, best = ranking.baseline, ranking.baseline.spec
+        info = backend_info(best.backend)
+        name = BackendName.nccl if info.role is Role.baseline else info.name
         header = ["MEASURED by fastverify tune (GPU, CUDA events)", f"workload: {workload.source}",
-                  f"winner: {best.label or best.backend}: {ranking.best.step_us:.1f} us per verify step vs "
+                  f"winner: {best.label or best.backend}: {chosen.step_us:.1f} us per verify step vs "
                   f"{ranking.baseline.step_us:.1f} us baseline"]
-        write_env_file(path, settings, header_lines=header, nccl_version=version)
-        console.print(f"wrote {path}", markup=False)
+        gain = Gain(baseline_us=ranking.baseline.step_us, best_us=chosen.step_us, basis="measured",
+                    clock=chosen.result.clock.value if chosen.result.clock else None)
+        env_p, rec_p = _write_deployment(args, path, name, dict(best.env), header, version, shapes=shapes, box=box,
+                                         p2p=p2p, gain=gain, source=f"tune (measured): {workload.source}")
+        console.print(f"wrote {env_p} and {rec_p} (backend {name.value})", markup=False)
+        if info.needs_p2p and not p2p.proven:
+            console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+                          "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json", markup=False)
     return 0
 
 
@@ -301,11 +351,140 @@ def _spread_pct(result) -> float:
     return max(spreads, default=0.0)
 
 
-def _p2p_ok(topo) -> bool | None:
-    """P2P across every pair, from NVML's report (the real check is `python -m fastverify.topo.p2p check`)."""
-    if topo is None or not topo.p2p_read:
-        return None
-    values = list(topo.p2p_read.values()) + list(topo.p2p_write.values())
-    if any(v is False for v in values):
-        return False
-    return True if all(v is True for v in values) else None
+def _shapes(args, workload):
+    """The shapes the deployment prepares (:class:`fastverify.deploy.VerifyShapes`): the largest
+    batch the server captures (``--max-batch``, default the workload's batch) × draft tokens ×
+    hidden, with the workload's dtype. Raises :class:`UserError` when the workload has no hidden
+    size (a trace profile) and ``--hidden`` is not given."""
+    from fastverify.deploy import VerifyShapes
+
+    draft = getattr(workload, "draft_tokens", None) or args.draft_tokens
+    hidden = args.hidden or workload.hidden
+    if not hidden:
+        raise UserError(f"--write-env: {workload.source} has no hidden size (a trace profile); give --hidden N "
+                        "(the model's hidden_size) or use --model")
+    tokens = workload.tokens
+    batch = getattr(workload, "batch", None) or (tokens // draft if tokens and tokens % draft == 0 else 1)
+    max_batch = args.max_batch or batch
+    if max_batch < batch:
+        raise UserError(f"--max-batch {max_batch}: smaller than the workload's batch {batch}")
+    return VerifyShapes(max_batch=max_batch, draft_tokens=draft, hidden=hidden, dtype=workload.dtype)
+
+
+def _predicted_box(args, workload, topo, version):
+    """The fingerprint of the box ``--predict`` describes: GPU names from the topology (when it
+    has them), compute capability from ``--sm``, GPU count from the topology."""
+    from fastverify.deploy import BoxFingerprint
+
+    name = next((g.name for g in topo.gpus if g.name), None)
+    return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
+                          driver=None, nccl_version=str(version) if version else None)
+
+
+def _p2p_facts(args, topo, *, cuda: bool):
+    """P2P facts for the record: ``--p2p-check FILE`` (proof), else on a GPU box the real check
+    (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's status (not proof)."""
+    from fastverify.topo.box import p2p_from_results, p2p_from_topology, read_p2p_file
+
+    if args.p2p_check is not None:
+        return read_p2p_file(args.p2p_check)
+    if cuda:
+        from fastverify.topo.p2p import check_p2p
+
+        try:
+            return p2p_from_results(check_p2p())
+        except UserError:
+            pass
+    return p2p_from_topology(topo)
+
+
+def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
+                   sglang_version: str | None) -> tuple[list, list[str]]:
+    """One trial per tunable registry backend that SGLang can reach on ``box``.
+
+    Parameters
+    ----------
+    common : dict
+        The :class:`~fastverify.tune.trial.TrialSpec` fields shared by every trial (world size,
+        device, dtype, hidden, sizes, op, ...).
+    box : BoxFingerprint
+    p2p : P2PFacts
+        NVML's report is enough to *measure* (a hang is killed at the trial's timeout); ``launch``
+        later insists on proof.
+    fused_ok : bool
+        The workload has a hidden size, so all-reduce + residual + RMSNorm backends can be timed.
+    max_numel : int
+        Workspace bound (elements) for backends that take one.
+
+    Returns
+    -------
+    (trials, skipped)
+        The trials, and one line per backend left out, saying why
+        (:func:`fastverify.registry.unreachable_reason`).
+    """
+    from fastverify.registry import Role, backend_info, names, unreachable_reason
+    from fastverify.tune.trial import TrialSpec
+
+    trials, skipped = [], []
+    for name in names(tunable=True):
+        info = backend_info(name)
+        if info.role is Role.fused_norm and not fused_ok:
+            skipped.append(f"{name.value}: the workload has no hidden size (a trace profile)")
+            continue
+        if common["dtype"] not in info.dtypes:
+            skipped.append(f"{name.value}: dtype {common['dtype']} unsupported (takes {', '.join(info.dtypes)})")
+            continue
+        reason = unreachable_reason(info, sm=tuple(box.sm) if box.sm else None, world_size=common["world_size"],
+                                    p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version)
+        if reason is not None:
+            skipped.append(reason)
+            continue
+        trials.append(TrialSpec(backend=name.value, env={}, label=name.value, options={"max_numel": max_numel},
+                                probe_facts={"p2p_ok": p2p.ok}, **common))
+    return trials, skipped
+
+
+def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | None):
+    """The fastest candidate SGLang can reach on ``box`` (a baseline always qualifies).
+
+    A candidate the registry says SGLang cannot reach there (``fused`` on SM89/SM120: SGLang 0.5.23
+    calls it only on SM90/SM100) is never recommended, however fast it measured.
+
+    Returns
+    -------
+    (Candidate, list[str])
+        The winner, and one line per faster candidate passed over.
+    """
+    from fastverify.registry import Role, backend_info, unreachable_reason
+
+    passed = []
+    for c in ranking.candidates:
+        info = backend_info(c.spec.backend)
+        if info.role is Role.baseline:
+            return c, passed
+        reason = unreachable_reason(info, sm=tuple(box.sm) if box is not None and box.sm else None,
+                                    world_size=world_size, p2p_ok=p2p.ok if p2p is not None else None,
+                                    p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version)
+        if reason is None:
+            return c, passed
+        passed.append(reason)
+    return ranking.baseline, passed
+
+
+def _write_deployment(args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source):
+    """The env file (NCCL settings + the backend's SGLang switch and size lines) and the
+    deployment record beside it; see :func:`fastverify.deploy.write_deployment`."""
+    from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
+
+    env = dict(settings)
+    env.update(sglang_settings(backend, shapes))
+    record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
+                              nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
+                              sglang_version=installed_sglang_version(), gain=gain, source=source)
+    lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
+             f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
+    if args.max_batch is None:
+        lines.append(f"max batch = the profiled batch {shapes.max_batch}: give --max-batch (SGLang's --cuda-graph-max-bs) "
+                     "so larger verify steps are not sent to NCCL")
+    inputs = (args.profile, args.topology, args.p2p_check, args.journal)
+    return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)

@@ -31,6 +31,7 @@ from fastverify.errors import UserError
 from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
 from fastverify.nccl.version import NcclVersion
 from fastverify.procs import writable_target
+from fastverify.registry import BACKENDS as REGISTRY
 
 # --- what may be written --------------------------------------------------------------------------
 
@@ -39,14 +40,18 @@ from fastverify.procs import writable_target
 # a tuned file must hold nothing whose value fastverify cannot vouch for.
 NCCL_KEYS = frozenset(s.name for s in CATALOGUE)
 
-# SGLang switches fastverify sets (SGLang 0.5.23, srt/distributed/device_communicators/pcie_ipc_ar.py):
-# FlashInfer's PCIe IPC all-reduce on/off, and its workspace bound in elements
-# (max batch x draft tokens x hidden: decode-sized; a prefill-sized one costs TTFT).
-SGLANG_KEYS = frozenset({"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL"})
+# SGLang switches fastverify sets, from the backend registry (SGLang 0.5.23,
+# srt/distributed/device_communicators/pcie_ipc_ar.py: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE turns
+# FlashInfer's PCIe IPC all-reduce on, SGLANG_PCIE_IPC_MAX_NUMEL bounds its workspace in elements:
+# max batch x draft tokens x hidden, decode-sized; a prefill-sized one costs TTFT).
+SWITCH_KEYS = frozenset(b.sglang_switch for b in REGISTRY if b.sglang_switch)
+SIZE_KEYS = frozenset(b.size_env for b in REGISTRY if b.size_env)
+SGLANG_KEYS = SWITCH_KEYS | SIZE_KEYS
 
-# CUDA: only CUDA_DEVICE_MAX_CONNECTIONS (hardware work queues per device; read by the CUDA driver
-# at context creation). SGLang overwrites it with 8 at startup (entrypoints/engine.py), so in an
-# SGLang env file it only documents the value; other launchers honour it.
+# CUDA: only CUDA_DEVICE_MAX_CONNECTIONS (hardware work queues per CUDA context; whether the driver
+# reads it at cuInit or at context creation is not documented). SGLang overwrites it with 8 in its
+# launcher (entrypoints/engine.py); `fastverify launch` restores it at interpreter start in every
+# rank (fastverify/patch/launch.py docstring); other launchers honour it directly.
 # Deliberately NOT allowed: CUDA_VISIBLE_DEVICES — it chooses which GPUs the server runs on, which
 # belongs to the deployment (docker --gpus, the unit file), and a tuned file silently overriding it
 # would move the server onto GPUs whose topology was never tuned. Nor LD_PRELOAD, PATH, PYTHON*,
@@ -68,8 +73,8 @@ def _check_key(key: object, where: str) -> str:
         if key.startswith("NCCL_"):
             why = "not a setting fastverify's NCCL catalogue checks"
         else:
-            why = "env files hold only NCCL_* settings, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, SGLANG_PCIE_IPC_MAX_NUMEL " \
-                  "and CUDA_DEVICE_MAX_CONNECTIONS"
+            why = (f"env files hold only NCCL_* settings, {', '.join(sorted(SGLANG_KEYS))} "
+                   "and CUDA_DEVICE_MAX_CONNECTIONS")
         raise UserError(f"{where}: {key} is not allowed in an env file ({why})")
     return key
 
@@ -88,10 +93,10 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
         f = validate_setting(key, value, version)
         if f.severity is Severity.ERROR:
             raise UserError(f"{where}: {key}={value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
-    elif key == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE":
+    elif key in SWITCH_KEYS:
         if value not in ("0", "1"):
             raise UserError(f"{where}: {key}={value}: write 1 (on) or 0 (off)")
-    elif key == "SGLANG_PCIE_IPC_MAX_NUMEL":
+    elif key in SIZE_KEYS:
         if not _DECIMAL_RE.fullmatch(value):
             raise UserError(f"{where}: {key}={value}: must be a positive decimal integer (elements)")
     elif key == "CUDA_DEVICE_MAX_CONNECTIONS":

@@ -66,7 +66,14 @@ class _AfterImport:
 
 
 def _main():
-    if os.environ.get("FASTVERIFY_PATCH") == "1":
+    # CUDA_DEVICE_MAX_CONNECTIONS for the ranks (fastverify.patch.launch docstring): SGLang's
+    # launcher writes 8 before it spawns them, and each rank reaches cuInit (torch.cuda.is_available)
+    # while importing SGLang, before any plugin runs. Here, at interpreter start, CUDA is untouched.
+    cdmc = os.environ.get("FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS")
+    if cdmc:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
+    # With the plugin route the entry point runs the patch; this file is here only for the line above.
+    if os.environ.get("FASTVERIFY_PATCH") == "1" and os.environ.get("FASTVERIFY_PATCH_ROUTE") != "plugin":
         if not any(isinstance(f, _AfterImport) or type(f).__name__ == "_AfterImport" for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport())
         if any(t in sys.modules for t in _TRIGGERS):  # already imported (unusual): patch now

@@ -1,0 +1,227 @@
+"""The facts about this box that decide which all-reduce backend can run in SGLang here.
+
+* :func:`read_box`: the :class:`~fastverify.deploy.BoxFingerprint` (GPU name, compute capability,
+  GPU count, driver, NCCL version) from NVML (``pynvml``: ``nvmlDeviceGetName``,
+  ``nvmlDeviceGetCudaComputeCapability``, ``nvmlSystemGetDriverVersion``), falling back to
+  ``torch.cuda`` where NVML cannot start. NVML creates no CUDA context, so ``launch`` can ask
+  before SGLang starts; torch is imported only for the fallback.
+* :func:`box_from_description`: a *described* box (JSON object or a file holding one) for tests
+  and for checking a record on a machine other than the target (``launch`` reads it from the
+  ``FASTVERIFY_DESCRIBE_BOX`` variable or its hidden ``--describe-box`` flag).
+* :func:`read_p2p_file`: :class:`~fastverify.deploy.P2PFacts` from the output of the real check
+  (``python -m fastverify.topo.p2p check > p2p.json``, or its cache file
+  ``~/.cache/fastverify/p2p-<fingerprint>.json``): the only source that *proves* P2P.
+* :func:`p2p_from_topology` / :func:`p2p_from_results`: facts from NVML's P2P status (not proof)
+  or from :func:`fastverify.topo.p2p.check_p2p` results (proof).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fastverify.deploy import BoxFingerprint, P2PFacts
+from fastverify.errors import UserError
+
+ENV_DESCRIBE_BOX = "FASTVERIFY_DESCRIBE_BOX"
+"""Env var holding a described box (JSON object text, or the path of a file with one)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _nccl_text() -> str | None:
+    try:
+        from fastverify.nccl.version import read_nccl_version  # noqa: PLC0415
+
+        v = read_nccl_version()
+    except (UserError, OSError):
+        return None
+    return str(v) if v is not None else None
+
+
+def _summarise(names: list[str], sms: list[tuple[int, int]]) -> tuple[str | None, tuple[int, int] | None]:
+    """One name and one SM for the box. Mixed boxes report the lowest SM (the gate every rank
+    must pass) and the name of a GPU with that SM."""
+    if not sms:
+        return (names[0] if names else None), None
+    low = min(sms)
+    return names[sms.index(low)] if names else None, low
+
+
+def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = True,
+             nccl_version: str | None = None) -> BoxFingerprint:
+    """This box's fingerprint.
+
+    Parameters
+    ----------
+    tp : int
+        Tensor-parallel size the fingerprint is for (0: not known yet).
+    nvml : module or None
+        The NVML binding (tests pass a stand-in); ``None`` imports ``pynvml``.
+    torch_fallback : bool
+        Ask ``torch.cuda`` when NVML cannot start (it imports torch, ~1 s).
+    nccl_version : str or None
+        Known NCCL version; default read from the library the box would load.
+
+    Returns
+    -------
+    BoxFingerprint
+        ``gpu_count == 0`` and ``sm is None`` when neither NVML nor torch sees a GPU (never raises
+        for that: a box without GPUs is a fact, and the callers refuse what it cannot run).
+    """
+    names: list[str] = []
+    sms: list[tuple[int, int]] = []
+    driver: str | None = None
+    got = False
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415
+        except ImportError:
+            nvml = None
+    if nvml is not None:
+        error_type = getattr(nvml, "NVMLError", Exception)
+        try:
+            nvml.nvmlInit()
+        except (error_type, OSError):
+            pass
+        else:
+            try:
+                count = nvml.nvmlDeviceGetCount()
+                for i in range(count):
+                    h = nvml.nvmlDeviceGetHandleByIndex(i)
+                    names.append(_text(nvml.nvmlDeviceGetName(h)))
+                    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+                    sms.append((int(major), int(minor)))
+                try:
+                    driver = _text(nvml.nvmlSystemGetDriverVersion())
+                except error_type:
+                    driver = None
+                got = count > 0
+            except error_type:
+                names, sms, got = [], [], False
+            finally:
+                try:
+                    nvml.nvmlShutdown()
+                except error_type:
+                    pass
+    if not got and torch_fallback:
+        try:
+            import torch  # noqa: PLC0415
+
+            if torch.cuda.is_available():
+                n = torch.cuda.device_count()
+                names = [torch.cuda.get_device_name(i) for i in range(n)]
+                sms = [tuple(torch.cuda.get_device_capability(i)) for i in range(n)]  # type: ignore[misc]
+                got = n > 0
+        except Exception:  # a broken CUDA install reads as "no GPU", never a traceback
+            names, sms, got = [], [], False
+    name, sm = _summarise(names, sms) if got else (None, None)
+    return BoxFingerprint(gpu_name=name, sm=sm, gpu_count=len(names) if got else 0, tp=int(tp), driver=driver,
+                          nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None))
+
+
+def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 0) -> BoxFingerprint:
+    """A described box: a JSON object with :class:`BoxFingerprint`'s fields (``sm`` as
+    ``[major, minor]``; ``tp`` defaults to ``tp``), or the path of a file holding one.
+
+    Raises
+    ------
+    UserError
+        One line naming ``where``: unreadable file, bad JSON, unknown field or bad value.
+    """
+    raw = text.strip()
+    if not raw.startswith("{"):
+        try:
+            raw = Path(raw).expanduser().read_text(encoding="utf-8")
+        except OSError as err:
+            raise UserError(f"{where}: cannot read the box description {text!r} ({err.strerror or err})") from None
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{where}: box description is not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: box description must be a JSON object")
+    doc.setdefault("tp", tp)
+    doc.setdefault("gpu_name", None)
+    doc.setdefault("sm", None)
+    doc.setdefault("gpu_count", 0)
+    try:
+        return msgspec.convert(doc, BoxFingerprint)
+    except msgspec.ValidationError as err:
+        raise UserError(f"{where}: invalid box description: {err}") from None
+
+
+def described_box(environ: Mapping[str, str] | None = None, *, tp: int = 0) -> BoxFingerprint | None:
+    """The box described in ``FASTVERIFY_DESCRIBE_BOX``, None when unset."""
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_DESCRIBE_BOX)
+    return box_from_description(text, tp=tp) if text else None
+
+
+def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p2p_check") -> P2PFacts:
+    """Facts from real-check results (``{(i, j): P2PResult}``): ok when every direction passed."""
+    if not results:
+        return P2PFacts(ok=None, source="not_checked", note="no GPU pair checked")
+    bad = [(p, r) for p, r in sorted(results.items()) if not r.ok]
+    if bad:
+        (i, j), r = bad[0]
+        note = f"{len(bad)} of {len(results)} directions failed; first: GPU {j} -> memory of GPU {i}: {r.reason}"
+        return P2PFacts(ok=False, source=source, note=note[:300], pairs=len(results))  # type: ignore[arg-type]
+    return P2PFacts(ok=True, source=source, note=f"all {len(results)} directions passed",  # type: ignore[arg-type]
+                    pairs=len(results))
+
+
+def read_p2p_file(path: str | Path) -> P2PFacts:
+    """P2P facts from the real check's JSON: the list ``python -m fastverify.topo.p2p check``
+    prints, or its cache file (an object with ``results``).
+
+    Raises
+    ------
+    UserError
+        One line naming the file when it cannot be read or is not such a JSON document.
+    """
+    from fastverify.topo.p2p import P2PResult  # noqa: PLC0415 - torch-free module
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"{p}: cannot read the P2P check results ({err.strerror or err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{p}: not the JSON of `python -m fastverify.topo.p2p check`") from None
+    rows = doc.get("results") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise UserError(f"{p}: no P2P results (expected the JSON list `python -m fastverify.topo.p2p check` prints)")
+    results: dict[tuple[int, int], P2PResult] = {}
+    for row in rows:
+        ok = row.get("ok") if isinstance(row, dict) else None
+        src, dst = (row.get("src"), row.get("dst")) if isinstance(row, dict) else (None, None)
+        if type(ok) is not bool or type(src) is not int or type(dst) is not int:
+            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}}: {str(row)[:80]}")
+        results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
+    facts = p2p_from_results(results)
+    return P2PFacts(ok=facts.ok, source="p2p_check", note=f"{facts.note} ({p})"[:300], pairs=facts.pairs)
+
+
+def p2p_from_topology(topo: Any | None) -> P2PFacts:
+    """NVML's P2P status (``Topology.p2p_read`` / ``p2p_write``): what the driver reports, which
+    can say yes where P2P fails or hangs (see :mod:`fastverify.topo.p2p`), so it never proves."""
+    if topo is None or not getattr(topo, "p2p_read", None):
+        return P2PFacts(ok=None, source="not_checked", note="no P2P status (topology text has none)")
+    values = list(topo.p2p_read.values()) + list(topo.p2p_write.values())
+    if all(v is None for v in values):
+        return P2PFacts(ok=None, source="not_checked", note=f"no P2P status in {topo.source}"[:300])
+    if any(v is False for v in values):
+        return P2PFacts(ok=False, source="nvml", note="NVML reports P2P not supported for a pair",
+                        pairs=len(values))
+    if all(v is True for v in values):
+        return P2PFacts(ok=True, source="nvml", note="NVML reports P2P read/write OK for every pair (not exercised)",
+                        pairs=len(values))
+    return P2PFacts(ok=None, source="nvml", note="NVML could not tell P2P for some pairs", pairs=len(values))

@@ -1,0 +1,231 @@
+"""`fastverify launch` refuses, exit 2 and one line, a backend SGLang cannot reach on the box it
+runs on, and a deployment record that is not for this box (issue 9: item 5, item 4's launch side,
+What-to-build §2). Boxes are *described* (``plan_launch(box=...)``, the hidden ``--describe-box``
+flag, ``FASTVERIFY_DESCRIBE_BOX``): no GPU is needed.
+
+Facts the expected values come from (independent of fastverify's code):
+
+* SGLang 0.5.23 calls ``RMSNorm.forward_with_allreduce_fusion`` only when
+  ``flashinfer_ar_fusion_applies`` holds: SM90 or SM100 (``layers/layer_boundary/residual/add_norm.py``,
+  ``utils/common.py``); L40S is SM89, RTX PRO 6000 Blackwell is SM120, H100 SM90, B200 SM100.
+* FlashInfer 0.7.4's PCIe IPC workspace opens every peer handle, then ``dist.barrier()``
+  (``flashinfer/comm/cuda_ipc.py``): with P2P broken for one pair the others wait forever.
+* Kimi-K2: hidden 7168; 32 requests x 4 draft tokens x 7168 = 917,504 elements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import assert_user_error
+from fastverify.deploy import (BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, encode_record,
+                               record_path_for)
+from fastverify.errors import UserError
+from fastverify.patch import launch as L
+from fastverify.registry import BackendName
+
+CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
+SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
+                   entry_point_installed=True)
+BOXES = {
+    "SM89": BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8),
+    "SM120": BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8),
+    "SM90": BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8),
+    "SM100": BoxFingerprint(gpu_name="NVIDIA B200", sm=(10, 0), gpu_count=8, tp=8),
+}
+PROVEN = P2PFacts(ok=True, source="p2p_check", note="all 56 directions passed", pairs=56)
+SHAPES = VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168)
+
+
+def p2p_json(tmp_path, failing=()):
+    rows = [{"src": i, "dst": j, "ok": (i, j) not in failing, "reason": "timeout" if (i, j) in failing else "ok"}
+            for i in range(8) for j in range(8) if i != j]
+    p = tmp_path / "p2p.json"
+    p.write_text(json.dumps(rows))
+    return p
+
+
+def write_record(tmp_path, backend, box, p2p=PROVEN, name="box"):
+    env = tmp_path / f"{name}.env"
+    env.write_text("NCCL_P2P_LEVEL=SYS\n")
+    rec = DeploymentRecord(backend=backend, shapes=SHAPES, p2p=p2p, box=box, sglang_version="0.5.23")
+    record_path_for(env).write_bytes(encode_record(rec))
+    return env
+
+
+@pytest.mark.parametrize("sm", ["SM89", "SM120"])
+def test_fused_refused_where_sglang_never_calls_it(tmp_path, sm):
+    with pytest.raises(UserError) as e:
+        L.plan_launch(None, "fused", None, CMD, environ={}, sglang=SGL, box=BOXES[sm], p2p_file=p2p_json(tmp_path))
+    msg = str(e.value)
+    assert msg == f"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is {sm}"
+
+
+@pytest.mark.parametrize("sm", ["SM90", "SM100"])
+def test_fused_accepted_on_sm90_and_sm100(tmp_path, sm):
+    plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=SGL, box=BOXES[sm], p2p_file=p2p_json(tmp_path))
+    assert plan.patch and plan.env["FASTVERIFY_BACKEND"] == "fused" and plan.env["FASTVERIFY_PATCH"] == "1"
+
+
+def test_fused_record_refused_on_sm120_through_auto(tmp_path):
+    env = write_record(tmp_path, BackendName.fused, BOXES["SM120"])
+    with pytest.raises(UserError, match="^fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM120$"):
+        L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+
+
+@pytest.mark.parametrize("how", ["no facts", "nvml only", "failed pair", "too few pairs"])
+def test_pcie_ipc_refused_without_proven_p2p(tmp_path, how):
+    kw: dict = {}
+    if how == "nvml only":
+        env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"],
+                           p2p=P2PFacts(ok=True, source="nvml", note="NVML says OK", pairs=56))
+        kw["env_file"] = str(env)
+    else:
+        kw["env_file"] = None
+    if how == "failed pair":
+        kw["p2p_file"] = p2p_json(tmp_path, failing={(3, 5)})
+    if how == "too few pairs":
+        p = tmp_path / "two.json"
+        p.write_text('[{"src": 0, "dst": 1, "ok": true, "reason": "ok"}, {"src": 1, "dst": 0, "ok": true, "reason": "ok"}]')
+        kw["p2p_file"] = p
+    env_file = kw.pop("env_file")
+    with pytest.raises(UserError) as e:
+        L.plan_launch(env_file, "pcie_ipc", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"], **kw)
+    msg = str(e.value)
+    assert msg.startswith("pcie_ipc: needs P2P between every GPU pair and it ") and "\n" not in msg
+    assert ("fails" in msg) == (how == "failed pair")
+    if how == "too few pairs":
+        assert "covers 2 directions, TP 8 needs 56" in msg
+
+
+def test_env_file_switch_without_p2p_is_refused_too(tmp_path):
+    """An old env file that turns SGLang's PCIe IPC all-reduce on hangs the same way."""
+    env = tmp_path / "old.env"
+    env.write_text("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    with pytest.raises(UserError, match="^pcie_ipc: needs P2P"):
+        L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+    plan = L.plan_launch(str(env), "off", None, CMD, environ={}, sglang=SGL)  # off: the switch is not exported
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in plan.env
+
+
+def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_size(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    plan = L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+    assert plan.env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
+    assert plan.env["SGLANG_PCIE_IPC_MAX_NUMEL"] == "917504"  # 32 x 4 x 7168
+    assert plan.env["FASTVERIFY_BACKEND"] == "pcie_ipc"
+    assert plan.env["FASTVERIFY_DEPLOYMENT"] == str(record_path_for(env).resolve())
+    assert os.path.isabs(plan.env["FASTVERIFY_DEPLOYMENT"])
+    assert not plan.patch  # SGLang 0.5.23 runs it itself
+    # a larger captured batch than the record was sized for is pointed out
+    plan = L.plan_launch(str(env), "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ={}, sglang=SGL,
+                         box=BOXES["SM120"])
+    assert any("up to 256 rows" in n and "sized for 128" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("other, words", [
+    (BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8), ["GPU, SM differ"]),
+    (BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=4, tp=8),
+     ["GPU count differ", "4 x NVIDIA RTX PRO 6000"]),
+    (BoxFingerprint(gpu_name=None, sm=None, gpu_count=0, tp=8), ["no GPU"]),
+])
+def test_record_from_another_box_refused(tmp_path, other, words):
+    env = write_record(tmp_path, BackendName.nccl, BOXES["SM120"])
+    with pytest.raises(UserError) as e:
+        L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=other)
+    msg = str(e.value)
+    assert msg.startswith(f"{record_path_for(env)}: deployment record is for another box") and "\n" not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_record_for_another_tp_refused(tmp_path):
+    env = write_record(tmp_path, BackendName.nccl, BOXES["SM120"])
+    with pytest.raises(UserError, match="record is for TP 8; the command runs TP 4"):
+        L.plan_launch(str(env), "auto", None, CMD[:-1] + ["4"], environ={}, sglang=SGL, box=BOXES["SM120"])
+
+
+# --- the command line: exit 2, one line, nothing started ----------------------------------------
+
+
+def _launch(tmp_path, *args, env_extra=None):
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    env = subprocess_env()
+    env.pop("FASTVERIFY_DESCRIBE_BOX", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "fastverify", "launch", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _box_json(sm):
+    b = BOXES[sm]
+    return json.dumps({"gpu_name": b.gpu_name, "sm": list(b.sm), "gpu_count": b.gpu_count})
+
+
+@pytest.mark.parametrize("sm", ["SM89", "SM120"])
+def test_cli_refuses_fused_on_described_box(tmp_path, sm):
+    p2p = p2p_json(tmp_path)
+    proc = _launch(tmp_path, "--backend", "fused", "--p2p-check", str(p2p), "--describe-box", _box_json(sm),
+                   "--dry-run", "--", *CMD)
+    assert_user_error(proc, "fused", f"this box is {sm}", "SM90/SM100")
+    # the same box described through the environment
+    proc = _launch(tmp_path, "--backend", "fused", "--p2p-check", str(p2p), "--dry-run", "--", *CMD,
+                   env_extra={"FASTVERIFY_DESCRIBE_BOX": _box_json(sm)})
+    assert_user_error(proc, "fused", f"this box is {sm}")
+
+
+def test_cli_refuses_pcie_ipc_without_p2p_and_accepts_with_it(tmp_path):
+    proc = _launch(tmp_path, "--backend", "pcie_ipc", "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert_user_error(proc, "pcie_ipc", "P2P", "is not proven", "--p2p-check")
+    proc = _launch(tmp_path, "--backend", "pcie_ipc", "--p2p-check", str(p2p_json(tmp_path)), "--describe-box",
+                   _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert proc.returncode == 0, proc.stderr
+    assert "FASTVERIFY_BACKEND=pcie_ipc" in proc.stdout and "P2P: proven (p2p_check" in proc.stdout
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"{not json", ["not JSON"]),
+    (b'{"schema": "something.else", "version": 1}', ["not a fastverify deployment record"]),
+    (b'{"schema": "fastverify.deployment", "version": 99}', ["version 99"]),
+    (b'{"schema": "fastverify.deployment", "version": 1, "backend": "pcie-ipc"}', ["invalid deployment record"]),
+])
+def test_cli_bad_records(tmp_path, content, words):
+    rec = tmp_path / "bad.deploy.json"
+    rec.write_bytes(content)
+    proc = _launch(tmp_path, "--deployment", str(rec), "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert_user_error(proc, str(rec), *words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--backend", "pcie-ipc"], ["pcie-ipc", "the one spelling is pcie_ipc"]),
+    (["--backend", "mscclpp"], ["mscclpp", "expected one of auto, off, pcie_ipc"]),
+    (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
+    (["--p2p-check", "missing.json", "--backend", "pcie_ipc"], ["missing.json"]),
+])
+def test_cli_bad_input_one_line(tmp_path, args, words):
+    proc = _launch(tmp_path, *args, "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD) \
+        if "--describe-box" not in args else _launch(tmp_path, *args, "--dry-run", "--", *CMD)
+    assert_user_error(proc, *words)
+
+
+def test_cli_record_from_another_box(tmp_path):
+    env = write_record(tmp_path, BackendName.nccl, BOXES["SM120"])
+    proc = _launch(tmp_path, "--env", str(env), "--describe-box", _box_json("SM89"), "--dry-run", "--", *CMD)
+    assert_user_error(proc, "deployment record is for another box", "NVIDIA L40S")
+
+
+def test_predicted_record_without_gpu_name_checked_on_sm_and_count(tmp_path):
+    """``tune --predict`` from nvidia-smi text knows SM (--sm) and count, not the GPU name."""
+    unnamed = BoxFingerprint(gpu_name=None, sm=(12, 0), gpu_count=8, tp=8)
+    env = write_record(tmp_path, BackendName.nccl, unnamed)
+    plan = L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+    assert plan.env["FASTVERIFY_BACKEND"] == "nccl" and plan.env["NCCL_P2P_LEVEL"] == "SYS"
+    with pytest.raises(UserError, match="SM differ"):
+        L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM90"])
