@@ -27,11 +27,26 @@ if str(REPO) not in sys.path:
 
 import pytest  # noqa: E402
 
-from fastverify.backends import flashinfer_fused, flashinfer_pcie_ipc, sglang_custom_ar  # noqa: E402
+from fastverify.backends import flashinfer_fused  # noqa: E402
 from fastverify.backends.base import ExternalCall  # noqa: E402
+from fastverify.registry import BACKENDS  # noqa: E402
 
-BACKEND_MODULES = (flashinfer_pcie_ipc, flashinfer_fused, sglang_custom_ar)
+# Every registered backend's module, from the registry: a new backend's table is checked without
+# editing this file. Modules without library calls (torch_dist) have no EXTERNAL_CALLS.
+BACKEND_MODULES = tuple(
+    importlib.import_module(m) for m in dict.fromkeys(b.module for b in BACKENDS)
+    if hasattr(importlib.import_module(m), "EXTERNAL_CALLS")
+)
 CALLS: list[ExternalCall] = [c for m in BACKEND_MODULES for c in m.EXTERNAL_CALLS]
+# FlashInfer ships b12x as ``flashinfer/experimental/b12x/`` and aliases it as top-level ``b12x``
+# (``b12x/__init__.py``): imported objects report ``b12x.*`` module names, and b12x's own imports
+# are spelled ``from b12x...``; both name the same files.
+ALIASES = {"b12x": "flashinfer.experimental.b12x"}
+
+
+def _canonical(module: str) -> str:
+    head, _, rest = module.partition(".")
+    return ALIASES[head] + (f".{rest}" if rest else "") if head in ALIASES else module
 WHEEL_ENV = {"flashinfer": "FASTVERIFY_FLASHINFER_WHEEL", "sglang": "FASTVERIFY_SGLANG_WHEEL"}
 
 
@@ -49,6 +64,14 @@ def _importable(name: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def test_every_registered_backend_module_is_checked():
+    with_tables = {m.__name__ for m in BACKEND_MODULES}
+    expected = {"fastverify.backends.flashinfer_pcie_ipc", "fastverify.backends.flashinfer_fused",
+                "fastverify.backends.flashinfer_b12x", "fastverify.backends.sglang_custom_ar"}
+    assert with_tables == expected
+    assert {m for b in BACKENDS for m in [b.module]} - with_tables == {"fastverify.backends.torch_dist"}
 
 
 def test_table_is_well_formed():
@@ -88,7 +111,7 @@ def test_signature_installed(call: ExternalCall):
         return
     owner = call.resolve() if call.kind != "method" else ExternalCall(call.public, call.qualname.split(".")[0],
                                                                         call.defined_in).resolve()
-    assert inspect.getmodule(owner).__name__ == call.defined_in, "defined_in is what the source test reads"
+    assert _canonical(inspect.getmodule(owner).__name__) == call.defined_in, "defined_in is what the source test reads"
     sig = inspect.signature(obj)
     missing = _accepts(sig, call.params)
     assert not missing, f"{_ids(call)}{sig} has no parameter(s) {missing}"
@@ -114,6 +137,31 @@ class WheelSource:
                 raise AssertionError(f"{dotted} not found in the wheel")
         return self._trees[dotted]
 
+    def is_package(self, dotted: str) -> bool:
+        return f"{dotted.replace('.', '/')}/__init__.py" in self.names
+
+    def locate(self, dotted: str, name: str, depth: int = 0) -> tuple[str, str]:
+        """(module, name) where ``name`` as seen from module ``dotted`` is really defined: follows
+        ``from X import A as name`` re-exports (including ``if TYPE_CHECKING:`` ones, which
+        document lazy exports) to the defining module."""
+        assert depth < 8, f"re-export chain too long at {dotted}.{name}"
+        tree = self.module(dotted)
+        if _find(tree.body, name) is not None:
+            return dotted, name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for al in node.names:
+                    if (al.asname or al.name) == name:
+                        if node.level:
+                            pkg = dotted if self.is_package(dotted) else dotted.rsplit(".", 1)[0]
+                            for _ in range(node.level - 1):
+                                pkg = pkg.rsplit(".", 1)[0]
+                            target = f"{pkg}.{node.module}" if node.module else pkg
+                        else:
+                            target = _canonical(node.module or "")
+                        return self.locate(target, al.name, depth + 1)
+        raise AssertionError(f"{dotted} neither defines nor imports {name}")
+
 
 def _find(body: list[ast.stmt], name: str) -> ast.stmt | None:
     found = None
@@ -125,6 +173,10 @@ def _find(body: list[ast.stmt], name: str) -> ast.stmt | None:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
             found = node
     return found
+
+
+def _is_dataclass(cls: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in cls.decorator_list)
 
 
 def _param_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], bool]:
@@ -152,7 +204,9 @@ def test_signature_wheel_source(call: ExternalCall, wheels):
     src = wheels[top]
     head, *rest = call.qualname.split(".")
     assert _exported(src.module(call.public), head), f"{call.public} does not export {head}"
-    node = _find(src.module(call.defined_in).body, head)
+    where, real_name = src.locate(call.public, head)
+    assert where == call.defined_in, f"{call.public}.{head} is defined in {where}, the table says {call.defined_in}"
+    node = _find(src.module(call.defined_in).body, real_name)
     assert node is not None, f"{head} not defined in {call.defined_in}"
     if rest:
         assert isinstance(node, ast.ClassDef), f"{head} is not a class"
@@ -163,7 +217,14 @@ def test_signature_wheel_source(call: ExternalCall, wheels):
         return
     if call.kind == "class":
         assert isinstance(node, ast.ClassDef)
-        node = _find(node.body, "__init__")
+        init = _find(node.body, "__init__")
+        if init is None and _is_dataclass(node):
+            fields = {n.target.id for n in node.body
+                      if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            missing = [n for n in call.params if n not in fields]
+            assert not missing, f"dataclass {head} in {call.defined_in} has no field(s) {missing}"
+            return
+        node = init
         assert node is not None, f"{head} has no __init__ of its own"
     assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), f"{call.qualname} is not a function"
     names, var_kw = _param_names(node)

@@ -183,16 +183,25 @@ def _install_fake_flashinfer(broken_rank: int | None, rank: int) -> list:
     return calls
 
 
+def fused_cpu_context(world: int) -> ProbeContext:
+    """What the tune worker passes (``tune/worker.py``), on a CPU group standing in for a GPU box."""
+    return ProbeContext(world_size=world, device_type="cpu", dtype=torch.float32, group_backend="gloo",
+                        sm=(12, 0), p2p_ok=True, single_node=True)
+
+
 def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
     import torch.distributed as dist
 
-    from fastverify.backends.flashinfer_fused import FusedBackend
+    from fastverify.backends import flashinfer_fused
 
     calls = _install_fake_flashinfer(broken_rank, rank)
+    flashinfer_fused.check_cuda = lambda ctx: None  # the one probe fact a CPU box cannot have
     dtype = torch.float32
+    # Built as the tune worker, doctor and the patch build it: make_backend with hidden, no
+    # options["hidden"]; the probe's library check runs through the ExternalCall table on the fake.
     # Workspace of 4 tokens x 8: (4, 8) and (2, 8) fit, (6, 8) exceeds it and must fall back.
-    with FusedBackend(None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN,
-                      options={"hidden": HIDDEN, "self_check": True}) as be:
+    with make_backend("fused", None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN, hidden=HIDDEN,
+                      options={"self_check": True}, context=fused_cpu_context(2)) as be:
         be.prepare([(4, HIDDEN), (2, HIDDEN)])
         out["disabled_reason"] = be.disabled_reason
         results = {}
@@ -203,8 +212,8 @@ def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
                              "all_reduce": be.all_reduce(x).tolist()}
         out["results"] = results
         out["paths"] = dict(be.path_counts)
-    with FusedBackend(None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN,
-                      options={"hidden": HIDDEN, "oneshot": "twoshot", "self_check": False}) as be2:
+    with make_backend("fused", None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN, hidden=HIDDEN,
+                      options={"oneshot": "twoshot", "self_check": False}, context=fused_cpu_context(2)) as be2:
         for rows in (4, 2):
             x, residual, weight = make_inputs(rank, rows, dtype)
             be2.all_reduce_residual_rmsnorm(x, residual, weight, EPS)
@@ -347,6 +356,37 @@ def test_fused_self_check_disables_on_every_rank(tmp_path):
             assert got["all_reduce"] == want_sum
             assert max_rel(got["normed"], want_norm) <= 1e-5
         assert out["paths"] == {"fallback": 3, "fallback_all_reduce": 3}
+
+
+@pytest.mark.parametrize("hidden,max_numel,fragment", [
+    (None, 4 * HIDDEN, "needs the hidden size"),
+    (HIDDEN + 2, 4 * HIDDEN, "not a multiple of 4"),  # fp32: 16-byte vectors of 4 elements
+    (HIDDEN, HIDDEN - 4, "max_numel must be >= hidden"),
+    (HIDDEN, None, "max_numel must be >= hidden"),
+])
+def test_fused_without_usable_hidden_is_unavailable_not_a_crash(hidden, max_numel, fragment, monkeypatch):
+    """The tune worker, doctor and the patch skip a backend on BackendUnavailable; a ValueError
+    made every rank exit 1 (issue 9, item 2). Nothing collective runs before the refusal."""
+    from fastverify.backends import flashinfer_fused
+
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        monkeypatch.delitem(sys.modules, name)
+    _install_fake_flashinfer(None, 0)
+    monkeypatch.setattr(flashinfer_fused, "check_cuda", lambda ctx: None)
+    try:
+        with pytest.raises(BackendUnavailable, match=fragment) as info:
+            make_backend("fused", None, device="cpu", dtype=torch.float32, max_numel=max_numel, hidden=hidden,
+                         context=fused_cpu_context(2))
+    finally:
+        for name in ("flashinfer", "flashinfer.comm"):
+            sys.modules.pop(name, None)
+    assert info.value.name is BackendName.fused and "\n" not in str(info.value)
+
+
+def test_fused_hidden_is_no_longer_an_option():
+    from fastverify.backends.flashinfer_fused import FusedBackend
+
+    assert "hidden" not in FusedBackend.option_names
 
 
 # --- probes on this machine ------------------------------------------------------------------------
@@ -503,18 +543,20 @@ def test_reference_against_hand_arithmetic():
 
 def test_registry_order_and_coverage():
     names = [spec.name for spec in REGISTRY]
-    assert names == [BackendName.pcie_ipc, BackendName.fused, BackendName.custom_ar, BackendName.nccl, BackendName.gloo]
+    assert names == [BackendName.pcie_ipc, BackendName.b12x, BackendName.fused, BackendName.custom_ar,
+                     BackendName.nccl, BackendName.gloo]
     assert sorted(names) == sorted(BackendName), "every backend registered exactly once"
     for spec in REGISTRY:
         cls = backend_class(spec.name)
         assert issubclass(cls, AllReduceBackend) and cls.name == spec.name
+        assert (cls.__module__, cls.__qualname__) == (spec.module, spec.qualname)
     assert [spec.module for spec in REGISTRY[-2:]] == ["fastverify.backends.torch_dist"] * 2  # last resort
     with pytest.raises(ValueError, match="known:"):
         backend_class("mpi")
 
 
 def test_importing_backends_does_not_import_gpu_libraries():
-    code = ("import sys, fastverify.backends as b; [s.load() for s in b.REGISTRY]; "
+    code = ("import sys, fastverify.backends as b; [b.backend_class(s.name) for s in b.REGISTRY]; "
             "print(sorted(m for m in ('flashinfer', 'sglang') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -41,13 +41,13 @@ import torch.distributed as dist
 from fastverify.backends.base import (
     AllReduceBackend,
     BackendName,
+    BackendUnavailable,
     Capability,
     ExternalCall,
     ProbeContext,
     Shape,
     Tensor,
     _check_norm_args,
-    add_rmsnorm,
     check_close,
     check_cuda,
     check_dtype,
@@ -122,10 +122,14 @@ def choose_oneshot(tokens: int, hidden: int, itemsize: int, world_size: int, mod
 class FusedBackend(AllReduceBackend):
     """FlashInfer TRT-LLM fused all-reduce (+ residual + RMSNorm); collective construction.
 
+    ``hidden`` (the ``make_backend`` argument, stored as ``self.hidden``) is required: the workspace
+    holds ``max_numel // hidden`` tokens of it. Without it, or with a hidden size or ``max_numel``
+    the workspace cannot take, construction raises :class:`~fastverify.backends.base.BackendUnavailable`
+    before any collective call (the same on every rank, as the arguments are), which every caller
+    (tune worker, doctor, the patch) treats as "skipped", never as a crash.
+
     Options
     -------
-    hidden : int
-        Hidden size (required): the workspace holds ``max_numel // hidden`` tokens of it.
     oneshot : str
         ``"auto"`` (default, :func:`choose_oneshot`), ``"oneshot"`` or ``"twoshot"``.
     fp32_acc : bool
@@ -136,7 +140,7 @@ class FusedBackend(AllReduceBackend):
     """
 
     name = BackendName.fused
-    option_names = frozenset({"hidden", "oneshot", "fp32_acc", "self_check"})
+    option_names = frozenset({"oneshot", "fp32_acc", "self_check"})
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
@@ -170,15 +174,23 @@ class FusedBackend(AllReduceBackend):
             raise
 
     def _setup(self, group: Any, dtype: torch.dtype, max_numel: int | None) -> None:
-        hidden = self.options.get("hidden")
-        if not isinstance(hidden, int) or hidden <= 0 or hidden % (16 // _itemsize(dtype)):
-            raise ValueError(
-                f"option hidden must be a positive int divisible by {16 // _itemsize(dtype)} "
-                f"(16-byte vectors of {dtype}), got {hidden!r}"
+        # Checked before any collective: the arguments are the same on every rank, so every rank
+        # raises the same BackendUnavailable and the caller skips the backend on all of them.
+        hidden = self.hidden
+        pack = 16 // _itemsize(dtype)
+        if hidden is None:
+            raise BackendUnavailable(
+                self.name, "needs the hidden size to size its workspace; pass make_backend(..., hidden=H)"
+            )
+        if hidden % pack:
+            raise BackendUnavailable(
+                self.name,
+                f"hidden {hidden} is not a multiple of {pack} ({dtype} in 16-byte vectors); use pcie_ipc or nccl",
             )
         if max_numel is None or max_numel < hidden:
-            raise ValueError(f"max_numel must be >= hidden ({hidden}) for the fused workspace, got {max_numel!r}")
-        self.hidden = hidden
+            raise BackendUnavailable(
+                self.name, f"max_numel must be >= hidden ({hidden}) to hold one token, got {max_numel!r}"
+            )
         self.max_tokens = max_numel // hidden
         self.oneshot_mode = self.options.get("oneshot", "auto")
         choose_oneshot(1, hidden, _itemsize(dtype), 2, self.oneshot_mode)  # validates the mode
@@ -263,7 +275,8 @@ class FusedBackend(AllReduceBackend):
     def _unfused(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         # The fallback still all-reduces: plain torch.distributed on the same group.
         self.path_counts["fallback"] += 1
-        return add_rmsnorm(self._torch_all_reduce(x), residual, weight, eps)
+        # The backend's norm kernel (base.residual_rmsnorm), as for every backend's unfused path.
+        return self.residual_rmsnorm(self._torch_all_reduce(x), residual, weight, eps)
 
     # -- lifetime -------------------------------------------------------------------------------
 

@@ -1,0 +1,436 @@
+"""FlashInfer 0.7.4's b12x one-shot PCIe all-reduce, fused with residual add + RMSNorm (SM120/121).
+
+The only fused all-reduce + residual + RMSNorm a PCIe SM120 box (RTX PRO 6000) can run: the trtllm
+kernel behind :mod:`fastverify.backends.flashinfer_fused` is reached by SGLang 0.5.23 only on
+SM90/SM100. SGLang has no switch for b12x, so the patch calls this backend at the layer boundary's
+add-norm (``fastverify.registry``: ``Reach.patch_add_norm``).
+
+Facts, read in flashinfer-python 0.7.4 (``flashinfer/experimental/b12x/``; the package is also
+importable as top-level ``b12x``, which ``b12x/__init__.py`` aliases onto the same modules):
+
+* ``comm/pcie/api.py`` ``is_supported(device)``: SM120/SM121 (``_lib/gating.py`` ``is_b12x``) and
+  at least 2 visible CUDA devices. Kernels are CuTe DSL, compiled at preparation; they need
+  ``nvidia-cutlass-dsl`` >= ``_lib/gating.py`` ``MIN_CUTLASS_DSL`` (4.6.0).
+* ``comm/pcie/pcie_oneshot.py`` ``PCIeOneshotAllReduce`` (exported as ``OneshotAllReduce``):
+  world sizes ``SUPPORTED_WORLD_SIZES`` = 2/4/6/8/10, dtypes fp16/bf16/fp32, inputs of at most
+  ``max_size`` bytes in whole 16-byte packs (``should_allreduce``). ``from_exchange_group`` is
+  collective: it exchanges CUDA IPC handles on the group and raises on every rank together when
+  any rank fails (``_run_collective_preallocation_setup``). ``stream_affine=True`` (the default)
+  binds the channel to the first CUDA stream that uses it and raises on any other; fastverify
+  warms graphs up on a side stream ordered by ``wait_stream`` (``fastverify/cudagraph.py``), so
+  it passes ``stream_affine=False`` (calls never overlap on two streams). ``close()`` is
+  collective (``_coordinated_close_channels`` barriers on the group).
+* ``all_reduce(inp, *, plan, out)`` is out of place; ``all_reduce_fused_add_rms_norm(inp,
+  residual, weight, epsilon, *, plan, out, residual_out)`` writes ``residual_out = residual +
+  all_reduce(inp)`` and ``out = RMSNorm(residual_out) * weight``; ``inp`` and ``residual`` are not
+  written; ``out`` and ``residual_out`` must not alias; ``weight`` is ``(hidden,)`` in the input
+  dtype; ``epsilon >= 0``. Returns ``(out, residual_out)``.
+* Planned API (``comm/pcie/__init__.py``, ``_preparation.py``, ``_oneshot_preparation.py``,
+  ``preparation/session.py``): ``query_from_runtime(runtime, surface=..., call={"inp": x})`` then
+  ``plan(query, runtime=...)`` declare one exact shape (shape, stride, dtype, device are checked
+  at every run: ``_OneshotExecutionState._check_input``); ``PreparationSession.prepare`` compiles
+  and primes it, calling the request's ``prepare_call(state)`` (``_prepare_plain_call`` /
+  ``_prepare_fused_call``, which bind the input and launch the kernel once: a collective launch,
+  hence the request's ``CollectiveRequirement`` and the ``coordinator`` that authorizes it).
+  An unprepared plan is prepared lazily outside capture and refused under CUDA-graph capture
+  (``preparation/session.py`` ``prepare_default``); this backend never lets that happen: a shape
+  it did not prepare takes the torch.distributed path.
+* ``_oneshot_preparation.py`` ``query_from_runtime`` / ``query_from_metadata``: the fused surface
+  raises ``ValueError("fused allreduce RMSNorm supports at most 36 rows")`` above 36 rows (the
+  grid is at most ``_MAX_BLOCKS`` = 36 CTAs, at least one per row, ``pcie_oneshot.py``). A verify
+  step of batch x 4 draft tokens fits up to batch 9.
+
+The all-reduce always happens: above 36 rows, for a shape not prepared, or after a failed
+preparation, ``all_reduce_residual_rmsnorm`` is ``all_reduce`` (the b12x plain kernel where that
+shape was prepared, else ``torch.distributed``) + the backend's residual add + RMSNorm kernel
+(``base.residual_rmsnorm``, the one every backend's unfused path uses), never the norm alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    BackendUnavailable,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Shape,
+    Tensor,
+    _check_norm_args,
+    check_cuda,
+    check_dtype,
+    check_p2p,
+    check_single_node,
+    check_world_size,
+    fail,
+    first_failure,
+    library_status,
+)
+from fastverify.registry import backend_info, sm_text
+
+logger = logging.getLogger(__name__)
+
+INFO = backend_info(BackendName.b12x)
+MIN_FLASHINFER = (0, 7, 4)  # the planned API below is the one read in 0.7.4
+MAX_ROWS: int = INFO.max_rows  # 36, from _oneshot_preparation.py (checked against it by tests/test_b12x.py)
+DTYPES = tuple(getattr(torch, name) for name in INFO.dtypes)
+PACK_BYTES = 16  # kernels move 16-byte packs (pcie_oneshot.py should_allreduce)
+
+_B12X = "flashinfer.experimental.b12x"
+_PCIE = f"{_B12X}.comm.pcie"
+_ONESHOT = f"{_PCIE}.pcie_oneshot"
+_ONESHOT_PREP = f"{_PCIE}._oneshot_preparation"
+_PREP = f"{_B12X}.preparation"
+_GATING = f"{_B12X}._lib.gating"
+
+PLAIN_SURFACE = "OneshotAllReduce.all_reduce"
+FUSED_SURFACE = "OneshotAllReduce.all_reduce_fused_add_rms_norm"
+
+# Every FlashInfer name this module touches, with the keywords it passes (checked against the
+# wheel's source by tests/test_backend_signatures.py).
+HAS_CUTLASS_DSL = ExternalCall(_GATING, "has_cutlass_dsl", _GATING)
+MIN_CUTLASS_DSL = ExternalCall(_GATING, "MIN_CUTLASS_DSL", _GATING, (), "attribute")
+IS_SUPPORTED = ExternalCall(_PCIE, "is_supported", f"{_PCIE}.api", ("device",))
+FROM_EXCHANGE_GROUP = ExternalCall(
+    _PCIE, "OneshotAllReduce.from_exchange_group", _ONESHOT,
+    ("exchange_group", "device", "eager_buffer_bytes", "max_size", "stream_affine"), "method",
+)
+RT_SHOULD_ALLREDUCE = ExternalCall(_PCIE, "OneshotAllReduce.should_allreduce", _ONESHOT, ("inp",), "method")
+RT_ALL_REDUCE = ExternalCall(_PCIE, "OneshotAllReduce.all_reduce", _ONESHOT, ("inp", "plan", "out"), "method")
+RT_FUSED = ExternalCall(
+    _PCIE, "OneshotAllReduce.all_reduce_fused_add_rms_norm", _ONESHOT,
+    ("inp", "residual", "weight", "epsilon", "plan", "out", "residual_out"), "method",
+)
+RT_CLOSE = ExternalCall(_PCIE, "OneshotAllReduce.close", _ONESHOT, (), "method")
+QUERY_FROM_RUNTIME = ExternalCall(
+    _PCIE, "query_from_runtime", f"{_PCIE}._preparation", ("runtime", "surface", "call")
+)
+PLAN = ExternalCall(_PCIE, "plan", f"{_PCIE}._preparation", ("query", "runtime"))
+PLAN_REQUEST = ExternalCall(_PREP, "Plan.request", f"{_PREP}.types", ("name", "prepare_call", "collective"), "method")
+COLLECTIVE = ExternalCall(_PREP, "CollectiveRequirement", f"{_PREP}.types", ("key", "ranks"), "class")
+SESSION = ExternalCall(
+    _PREP, "PreparationSession", f"{_PREP}.session", ("device", "autotune", "compile_workers"), "class"
+)
+SESSION_PREPARE = ExternalCall(_PREP, "PreparationSession.prepare", f"{_PREP}.session", ("requests", "coordinator"),
+                               "method")
+SESSION_CLOSE = ExternalCall(_PREP, "PreparationSession.close", f"{_PREP}.session", (), "method")
+# The library's own prepare-call builders (bind the input, then the primed run): private names,
+# pinned by the signature test like the public ones.
+PREPARE_PLAIN_CALL = ExternalCall(_ONESHOT_PREP, "_prepare_plain_call", _ONESHOT_PREP, ("state", "inp", "out"))
+PREPARE_FUSED_CALL = ExternalCall(
+    _ONESHOT_PREP, "_prepare_fused_call", _ONESHOT_PREP,
+    ("state", "inp", "residual", "weight", "out", "residual_out", "epsilon"),
+)
+GATING_CALLS = (HAS_CUTLASS_DSL, MIN_CUTLASS_DSL)
+EXTERNAL_CALLS = (
+    *GATING_CALLS, IS_SUPPORTED, FROM_EXCHANGE_GROUP, RT_SHOULD_ALLREDUCE, RT_ALL_REDUCE, RT_FUSED, RT_CLOSE,
+    QUERY_FROM_RUNTIME, PLAN, PLAN_REQUEST, COLLECTIVE, SESSION, SESSION_PREPARE, SESSION_CLOSE,
+    PREPARE_PLAIN_CALL, PREPARE_FUSED_CALL,
+)
+
+
+def fused_fits(rows: int) -> bool:
+    """Whether the b12x fused kernel takes ``rows`` tokens: ``1 <= rows <= MAX_ROWS`` (36)."""
+    return 0 < rows <= MAX_ROWS
+
+
+def check_b12x_sm(ctx: ProbeContext) -> Capability | None:
+    """The kernel's SM gate, from the registry (``kernel_sm``: SM120/SM121, ``is_b12x``)."""
+    if ctx.sm is None:
+        return fail("GPU compute capability unknown (no CUDA device); run on the GPU box")
+    if not INFO.kernel_runs_on(ctx.sm):
+        want = "/".join(sm_text(s) for s in INFO.kernel_sm or ())
+        return fail(f"GPU is {sm_text(ctx.sm)}, b12x kernels run only on {want} (flashinfer b12x is_supported); "
+                    "use pcie_ipc or nccl")
+    return None
+
+
+class _RoundsEnded(Exception):
+    """Every rank saw the same failed exchange round; no rank sends another message."""
+
+
+class B12xFusedBackend(AllReduceBackend):
+    """FlashInfer b12x one-shot all-reduce (+ residual + RMSNorm up to 36 rows); collective.
+
+    Parameters are those of :class:`~fastverify.backends.base.AllReduceBackend`. The workspace
+    (``max_size`` bytes of CUDA IPC eager buffers per rank) holds ``max_numel`` elements; without
+    ``max_numel`` it holds ``MAX_ROWS * hidden``; with neither construction raises
+    :class:`BackendUnavailable` before any collective call.
+
+    Construction, :meth:`prepare` and :meth:`close` are collective: every rank calls them with the
+    same arguments. Construction votes on ``group`` (all-gather of each rank's
+    ``is_supported``) before FlashInfer's collective constructor, so every rank raises together.
+
+    Attributes
+    ----------
+    disabled_reason : str or None
+        Set on every rank when preparation failed on any rank; every call then takes the
+        torch.distributed path.
+    prepared_shapes : dict[str, set[tuple[int, int]]]
+        ``{"plain": {...}, "fused": {...}}``: the ``(rows, hidden)`` shapes with a prepared plan.
+    """
+
+    name = BackendName.b12x
+
+    @classmethod
+    def probe(cls, ctx: ProbeContext) -> Capability:
+        bad = first_failure(
+            check_cuda(ctx),
+            check_world_size(ctx, INFO.world_sizes or ()),
+            check_dtype(ctx, DTYPES),
+            check_b12x_sm(ctx),
+            check_single_node(ctx),
+            check_p2p(ctx),
+        )
+        if bad is not None:
+            return bad
+        gating = library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, GATING_CALLS)
+        if not gating.ok:
+            return gating
+        if not HAS_CUTLASS_DSL.resolve()():
+            return fail(f"b12x compiles its kernels with CuTe DSL; pip install "
+                        f"'nvidia-cutlass-dsl>={MIN_CUTLASS_DSL.resolve()}'")
+        return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
+
+    def __init__(
+        self,
+        group: Any,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        max_numel: int | None,
+        hidden: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
+        self._closed = True  # until the runtime exists: nothing collective to close
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if max_numel is None and hidden is None:
+            raise BackendUnavailable(self.name, "needs max_numel or hidden to size its IPC workspace")
+        numel = max_numel if max_numel is not None else MAX_ROWS * int(hidden)  # type: ignore[arg-type]
+        self.max_bytes = -(-numel * itemsize // PACK_BYTES) * PACK_BYTES
+        self.world_size = dist.get_world_size(group)
+        self.disabled_reason: str | None = None
+        self.prepared_shapes: dict[str, set[tuple[int, int]]] = {"plain": set(), "fused": set()}
+        self._plans: dict[tuple[str, tuple[int, int]], Any] = {}
+        self._query = QUERY_FROM_RUNTIME.resolve()
+        self._plan = PLAN.resolve()
+        self._collective = COLLECTIVE.resolve()
+        self._prepare_plain = PREPARE_PLAIN_CALL.resolve()
+        self._prepare_fused = PREPARE_FUSED_CALL.resolve()
+        self._is_supported = IS_SUPPORTED.resolve()
+        # Vote first: FlashInfer's constructor is collective, so a rank that would refuse must not
+        # leave the others waiting in it. The session is local (compiles in this process).
+        local = ""
+        try:
+            if not self._is_supported(**IS_SUPPORTED.kwargs(device=self.device)):
+                local = "is_supported() is False (needs SM120/SM121 and >= 2 visible GPUs)"
+            else:
+                self._session = SESSION.resolve()(
+                    **SESSION.kwargs(device=self.device, autotune=False, compile_workers=0))
+        except Exception as err:
+            local = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        bad = [f"rank {r}: {why}" for r, why in enumerate(self._exchange(local)) if why]
+        if bad:
+            raise BackendUnavailable(self.name, "; ".join(bad))
+        try:
+            # Collective; FlashInfer exchanges every rank's setup failure first, so it raises on
+            # every rank together (pcie_oneshot.py _run_collective_preallocation_setup).
+            self._runtime = FROM_EXCHANGE_GROUP.resolve()(
+                **FROM_EXCHANGE_GROUP.kwargs(
+                    exchange_group=group if group is not None else dist.group.WORLD,
+                    device=self.device,
+                    eager_buffer_bytes=self.max_bytes,
+                    max_size=self.max_bytes,
+                    stream_affine=False,
+                )
+            )
+        except Exception as err:
+            text = str(err).splitlines()[0] if str(err) else ""
+            raise BackendUnavailable(self.name, f"OneshotAllReduce setup failed: {type(err).__name__}: {text}") from err
+        self._closed = False
+
+    # -- collective helpers --------------------------------------------------------------------
+
+    def _exchange(self, message: Any) -> list[Any]:
+        """All-gather one picklable object per rank on ``group``; every rank gets the same list."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, message, group=self.group)
+        return out
+
+    def _round(self, message: tuple) -> None:
+        """One round of the preparation protocol: every rank sends one message. Unless all are
+        the same ``("key", k)`` / ``("done",)``, every rank raises :class:`_RoundsEnded` with the
+        same reason, so every rank stops sending at the same round."""
+        got = self._exchange(message)
+        if message[0] != "fail" and all(m == message for m in got):
+            return
+        fails = [f"rank {r}: {m[1]}" for r, m in enumerate(got) if m[0] == "fail"]
+        raise _RoundsEnded("; ".join(fails) if fails else f"ranks disagree on the preparation step: {got}")
+
+    def _coordinate(self, progress: Any) -> str | None:
+        """``PreparationSession.prepare``'s coordinator: authorize a collective (priming) launch
+        once every rank reached the same one; returns its key. Nothing to authorize: None, no
+        communication (ranks reach this a different number of times while compiling)."""
+        if getattr(progress, "ready_tuning", ()) or getattr(progress, "ready_cache", None) is not None:
+            raise RuntimeError("b12x asked for a tuning agreement with autotune=False")
+        ready = tuple(progress.ready_collectives)
+        if not ready:
+            return None
+        key = ready[0].key
+        self._round(("key", key))
+        return key
+
+    # -- preparation ----------------------------------------------------------------------------
+
+    def _wanted(self, shapes: Sequence[Shape]) -> list[tuple[str, tuple[int, int]]]:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        wanted = []
+        for shape in sorted({tuple(int(d) for d in s) for s in shapes if len(s) == 2}):
+            rows, hidden = shape
+            nbytes = rows * hidden * itemsize
+            if rows <= 0 or (self.hidden is not None and hidden != self.hidden):
+                continue
+            if nbytes > self.max_bytes or nbytes % PACK_BYTES:
+                continue
+            wanted.append(("plain", shape))
+            if fused_fits(rows) and hidden * itemsize % PACK_BYTES == 0:
+                wanted.append(("fused", shape))
+        return [w for w in wanted if w[1] not in self.prepared_shapes[w[0]]]
+
+    def _request(self, kind: str, shape: tuple[int, int], ranks: tuple[int, ...]) -> tuple[Any, Any]:
+        x = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        surface = FUSED_SURFACE if kind == "fused" else PLAIN_SURFACE
+        query = self._query(**QUERY_FROM_RUNTIME.kwargs(runtime=self._runtime, surface=surface, call={"inp": x}))
+        plan = self._plan(**PLAN.kwargs(query=query, runtime=self._runtime))
+        out = torch.empty_like(x)
+        if kind == "fused":
+            residual, residual_out = torch.zeros_like(x), torch.empty_like(x)
+            weight = torch.ones(shape[1], dtype=self.dtype, device=self.device)
+
+            def prepare_call(state: Any) -> Any:
+                return self._prepare_fused(**PREPARE_FUSED_CALL.kwargs(
+                    state=state, inp=x, residual=residual, weight=weight, out=out, residual_out=residual_out,
+                    epsilon=1e-6))
+        else:
+
+            def prepare_call(state: Any) -> Any:
+                return self._prepare_plain(**PREPARE_PLAIN_CALL.kwargs(state=state, inp=x, out=out))
+
+        name = f"fastverify.b12x.{kind}.{shape[0]}x{shape[1]}"
+        collective = self._collective(**COLLECTIVE.kwargs(key=name, ranks=ranks))
+        return plan, plan.request(**PLAN_REQUEST.kwargs(name=name, prepare_call=prepare_call, collective=collective))
+
+    def prepare(self, shapes: Sequence[Shape]) -> None:
+        """Plan, compile and prime a b12x plan for every shape in ``shapes`` that fits: the plain
+        all-reduce up to ``max_numel``, the fused kernel up to 36 rows. Collective; must run
+        before CUDA-graph capture (raises ``RuntimeError`` under capture, as FlashInfer would).
+        A failure on any rank disables b12x on every rank (``disabled_reason``); nothing raises."""
+        if self._closed or self.disabled_reason is not None:
+            return
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("b12x preparation must complete before CUDA-graph capture (prepare() earlier)")
+        wanted = self._wanted(shapes)
+        ranks = tuple(sorted(dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)))
+        reason = None
+        plans: dict[tuple[str, tuple[int, int]], Any] = {}
+        try:
+            try:
+                requests = []
+                for kind, shape in wanted:
+                    plan, request = self._request(kind, shape, ranks)
+                    plans[(kind, shape)] = plan
+                    requests.append(request)
+                if requests:
+                    self._session.prepare(**SESSION_PREPARE.kwargs(requests=requests, coordinator=self._coordinate))
+            except _RoundsEnded:
+                raise
+            except Exception as err:  # local failure: tell the others in the round they are in
+                text = str(err).splitlines()[0] if str(err) else ""
+                self._round(("fail", f"{type(err).__name__}: {text}"))
+            self._round(("done",))
+        except _RoundsEnded as ended:
+            reason = str(ended)
+        if reason is not None:
+            self.disabled_reason = f"b12x preparation failed ({reason}); using torch.distributed + RMSNorm"
+            if dist.get_rank(self.group) == 0:
+                logger.warning("fastverify b12x disabled: %s", self.disabled_reason)
+            return
+        self._plans.update(plans)
+        for kind, shape in plans:
+            self.prepared_shapes[kind].add(shape)
+
+    # -- per call ---------------------------------------------------------------------------------
+
+    def _ready(self, kind: str, x: Tensor) -> Any:
+        """The prepared plan for ``x`` (same shape, contiguous, this dtype/device), else None."""
+        if self._closed or self.disabled_reason is not None or not super().supports(x) or not x.is_contiguous():
+            return None
+        plan = self._plans.get((kind, tuple(x.shape)))
+        if plan is None or not self._runtime.should_allreduce(**RT_SHOULD_ALLREDUCE.kwargs(inp=x)):
+            return None
+        return plan
+
+    def supports(self, x: Tensor) -> bool:
+        """True for a shape :meth:`prepare` planned for the b12x plain kernel (so a chain sends
+        every other shape, and every shape after a failed preparation, to the next backend)."""
+        return self._ready("plain", x) is not None
+
+    def _torch_all_reduce(self, x: Tensor) -> Tensor:
+        out = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, group=self.group)
+        return out
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """Sum over the group, out of place: b12x for a prepared shape, torch.distributed else."""
+        plan = self._ready("plain", x)
+        if plan is None:
+            self.path_counts["fallback_all_reduce"] += 1
+            return self._torch_all_reduce(x)
+        out = torch.empty_like(x)
+        self._runtime.all_reduce(**RT_ALL_REDUCE.kwargs(inp=x, plan=plan, out=out))
+        self.path_counts["all_reduce"] += 1
+        return out
+
+    def all_reduce_residual_rmsnorm(
+        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """The fused kernel for a prepared shape of at most 36 rows; otherwise :meth:`all_reduce`
+        + :meth:`residual_rmsnorm` (the all-reduce always happens). See the base class for shapes."""
+        _check_norm_args(x, residual, weight)
+        plan = self._ready("fused", x) if fused_fits(x.shape[0]) else None
+        if plan is None:
+            self.path_counts["fallback"] += 1
+            # The backend's norm kernel (base.residual_rmsnorm), the same as every other backend's.
+            return self.residual_rmsnorm(self.all_reduce(x), residual, weight, eps)
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        self._runtime.all_reduce_fused_add_rms_norm(**RT_FUSED.kwargs(
+            inp=x, residual=residual.contiguous(), weight=weight.contiguous(), epsilon=float(eps), plan=plan,
+            out=out, residual_out=residual_out))
+        self.path_counts["fused"] += 1
+        return out, residual_out
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the prepared plans, then close the IPC channel (collective: every rank)."""
+        if self.closed:
+            return
+        try:
+            self._plans.clear()
+            self._session.close(**SESSION_CLOSE.kwargs())
+        finally:
+            try:
+                self._runtime.close(**RT_CLOSE.kwargs())
+            finally:
+                # Drop the runtime (it holds the process group): a group object outliving
+                # destroy_process_group aborts the process at exit.
+                self._runtime = self._session = None
+                super().close()
