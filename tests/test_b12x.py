@@ -92,10 +92,21 @@ def wheel_source(relpath: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory) -> types.SimpleNamespace:
+def real(tmp_path_factory):
     if not os.environ.get(WHEEL_ENV):
         pytest.skip(f"set {WHEEL_ENV} to the flashinfer-python 0.7.4 wheel to run b12x's own code")
-    return import_b12x(extract_b12x(os.environ[WHEEL_ENV], tmp_path_factory.mktemp("fi")))
+    root = extract_b12x(os.environ[WHEEL_ENV], tmp_path_factory.mktemp("fi"))
+    before = set(sys.modules)
+    try:
+        yield import_b12x(root)
+    finally:
+        # The extracted tree holds a partial ``flashinfer`` package: leave neither it on sys.path nor
+        # its modules imported, or later tests see a broken ``import flashinfer``.
+        while str(root) in sys.path:
+            sys.path.remove(str(root))
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in ("b12x", "flashinfer"):
+                del sys.modules[name]
 
 
 # --- stand-ins for what needs CUDA -------------------------------------------------------------------
