@@ -18,7 +18,14 @@ Parts:
 ``ranks``        W processes (gloo over TCP on 127.0.0.1) that build the real SGLang groups with
                  ``init_distributed_environment`` + ``initialize_model_parallel``, a real ``RMSNorm``,
                  and compare the patched ``forward_with_allreduce_fusion`` (and the unpatched one)
-                 against a plain torch reference, counting the real all-reduces.
+                 against a plain torch reference, counting the real all-reduces; then b12x at the
+                 REAL layer boundary (``prepare._reduce_update_read`` / ``_run_entry`` with the
+                 candidates ``fusions/allreduce.py`` binds) for SM89/SM90/SM100/SM120 described by
+                 SGLang's ``override_platform``, the slot built from the real TP GroupCoordinator
+                 (gloo standing in for b12x).
+``gate``         SGLang's real ``flashinfer_ar_fusion_applies`` per described GPU (module reloaded),
+                 the fused-norm and b12x reach, and the wrapped ``fused_ffn_input`` reaching
+                 SGLang's own fusion where that gate holds.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ def probe_imports() -> dict:
 
 
 def _originals() -> dict:
-    """Target key -> the object in the class __dict__ right now (None if absent)."""
+    """Target key -> the object in the class (or module, for a module-level target) __dict__ now."""
     import importlib
 
     from fastverify.patch import install as I
@@ -91,8 +98,9 @@ def _originals() -> dict:
     out = {}
     for t in I.TARGETS:
         try:
-            cls = getattr(importlib.import_module(t.module), t.cls)
-            out[t.key] = cls.__dict__.get(t.attr)
+            mod = importlib.import_module(t.module)
+            owner = mod if t.cls is None else getattr(mod, t.cls)
+            out[t.key] = owner.__dict__.get(t.attr)
         except Exception:
             out[t.key] = None
     return out
@@ -314,9 +322,10 @@ def probe_static() -> dict:
                                               "FASTVERIFY_PROFILE_VERIFY": d})
         out["off"] = _install_with({"FASTVERIFY_PATCH": "0", "FASTVERIFY_BACKEND": "fused"})
         out["nccl"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "nccl"})
-        out["pcie_ipc"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie-ipc"})
+        out["b12x"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
+        out["pcie_ipc"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"})
         out["pcie_ipc_without_sglang_ipc"] = _install_with(
-            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=False)
+            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
         # install twice is a no-op; uninstall restores once
         os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused"})
         try:
@@ -334,6 +343,158 @@ def probe_static() -> dict:
     out["verify_timer"] = probe_verify_timer()
     out["pre_capture"] = probe_pre_capture()
     out["plugin"] = probe_plugin_group()
+    out["sizing"] = probe_sizing()
+    return out
+
+
+def write_record(path: str, *, max_batch: int = 8, draft: int = 4, hidden: int = HIDDEN) -> str:
+    """A deployment record as ``tune`` writes it: P2P proven by the real check, the verify shapes."""
+    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes
+    from fastverify.deploy import write_record as write
+
+    rec = DeploymentRecord(backend="pcie_ipc", shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
+                           p2p=P2PFacts(True, "p2p_check", "all 2 ordered pairs passed", 2),
+                           box=BoxFingerprint("probe", (12, 0), 2, 2))
+    return str(write(path, rec))
+
+
+def probe_sizing() -> dict:
+    """SGLang's own PCIe IPC workspace sizing (``PcieIpcCommunicator._ensure_workspace``, the path
+    ``BaseRunner._pre_initialize_pcie_ipc_workspace`` takes with ``max_rows`` = widest captured decode)
+    against fastverify's (:func:`fastverify.patch.rank.workspace_numel` from the record). Only the
+    FlashInfer workspace class is replaced, by a recorder: no GPU here."""
+    from fastverify.deploy import read_record
+    from fastverify.patch import rank as R
+    from sglang.srt.distributed.device_communicators import pcie_ipc_ar as P
+
+    rows = []
+    saved = os.environ.pop("SGLANG_PCIE_IPC_MAX_NUMEL", None)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            for max_batch, draft, hidden in ((8, 4, 7168), (9, 4, 6144), (1, 1, 64), (48, 3, 4096)):
+                seen = {}
+
+                class Recorder:
+                    def __init__(self, **kw):
+                        seen.update(kw)
+
+                comm = P.PcieIpcCommunicator.__new__(P.PcieIpcCommunicator)
+                comm.disabled, comm.max_numel, comm._workspace, comm._bound_stream = False, 0, None, None
+                comm._cpu_group, comm._max_rows, comm._group, comm._device = None, max_batch * draft, None, "cpu"
+                comm._world_size, comm._workspace_cls, comm._build_failed = 2, Recorder, False
+                comm._tune = lambda hidden: None  # autotuning needs a GPU; not part of the sizing
+                import torch
+
+                built = comm._ensure_workspace(torch.empty((1, hidden), dtype=torch.bfloat16))
+                rec = read_record(write_record(os.path.join(d, f"r{max_batch}.deploy.json"), max_batch=max_batch,
+                                               draft=draft, hidden=hidden))
+                rows.append({"max_batch": max_batch, "draft": draft, "hidden": hidden, "built": built,
+                             "sglang_max_numel": comm.max_numel, "sglang_kw_max_numel": seen.get("max_numel"),
+                             "sglang_tune_batches": list(seen.get("tune_batches") or ()),
+                             "fastverify_max_numel": R.workspace_numel(rec, hidden, None)})
+    finally:
+        if saved is not None:
+            os.environ["SGLANG_PCIE_IPC_MAX_NUMEL"] = saved
+    return {"rows": rows}
+
+
+def probe_gate() -> dict:
+    """SGLang's real ``flashinfer_ar_fusion_applies`` for described GPUs. ``add_norm`` computes its SM
+    flags at import from ``get_platform()`` and ``is_cuda()``; it is re-executed (importlib.reload)
+    under SGLang's own ``override_platform(is_sm90=, is_sm100=)`` with ``torch.cuda.is_available``
+    answering True (no GPU here), and evaluated with a published config selecting a FlashInfer fusion
+    backend (``override_server_args(flashinfer_allreduce_fusion_backend="trtllm")``). Compared with
+    fastverify's in-rank reach (which calls the same function) and the registry's SM gate."""
+    import importlib
+
+    import torch
+
+    import sglang.srt.layers.layer_boundary.residual.add_norm as an
+    from fastverify.patch import rank as R
+    from fastverify.registry import BackendName, backend_info, unreachable_reason
+    from sglang.srt.runtime_context import get_context, override_platform
+    from sglang.srt.utils import common as C
+
+    rows = []
+    real_avail = torch.cuda.is_available
+    for sm in ((8, 9), (9, 0), (10, 0), (12, 0)):
+        torch.cuda.is_available = lambda: True
+        C.is_cuda.cache_clear()
+        C.is_flashinfer_available.cache_clear()
+        try:
+            with override_platform(is_sm90=(sm[0] == 9), is_sm100=(sm[0] == 10)):
+                importlib.reload(an)
+        finally:
+            torch.cuda.is_available = real_avail
+            C.is_cuda.cache_clear()
+            C.is_flashinfer_available.cache_clear()
+        o = get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm")
+        o.install()
+        try:
+            reach, why = R.fused_norm_reach(None, 32, sm)
+            b12x = b12x_gate(sm) if sm != (12, 0) else {}
+            with override_platform(device_capability=sm):
+                seen_sm = R.platform_sm(None)
+                b_reach, b_why = R.add_norm_reach(None, 32, seen_sm)
+            b12x.update(platform_sm=list(seen_sm or ()), reach=b_reach, why=b_why)
+            rows.append({"sm": list(sm), "b12x": b12x,
+                         "sglang_applies_32": bool(an.flashinfer_ar_fusion_applies(32)),
+                         "sglang_applies_4096": bool(an.flashinfer_ar_fusion_applies(4096)),
+                         "module_flags": [an._is_sm90_supported, an._is_sm100_supported],
+                         "fastverify_reach": reach, "fastverify_why": why,
+                         "registry_reachable": unreachable_reason(backend_info(BackendName.fused), sm=sm,
+                                                                  world_size=2, p2p_ok=True) is None})
+        finally:
+            o.restore()
+    importlib.reload(an)  # back to this machine's own facts
+    return {"rows": rows}
+
+
+def b12x_gate(sm) -> dict:
+    """``FASTVERIFY_BACKEND=b12x`` on a described GPU other than SM120 (``override_platform``), with
+    ``add_norm`` reloaded for it: the real rank step (wrapped ``ModelRunner.init_cuda_graphs`` on a
+    stand-in runner) keeps the b12x slot out, and the wrapped ``fused_ffn_input`` still reaches
+    SGLang's own fusion (``plan.norm.forward_with_allreduce_fusion``, recorded) where SGLang's gate
+    holds (SM90/SM100), nothing where it does not (SM89)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fastverify.patch import install as I
+    from sglang.srt.layers.layer_boundary.fusions import allreduce as A
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.runtime_context import override_platform
+
+    saved = {k: os.environ.get(k) for k in ("FASTVERIFY_PATCH", "FASTVERIFY_BACKEND")}
+    os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
+    out: dict = {}
+    try:
+        with override_platform(device_capability=sm):
+            rep = I.install()
+            try:
+                ModelRunner.init_cuda_graphs(_StandInRunner())
+            except Exception as e:
+                out["real_body_error"] = _err(e, 120)
+        out.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
+                   disabled=I._add_norm.disabled, hook_installed=A.fused_ffn_input is not A.fused_ffn_input.__wrapped__
+                   if hasattr(A.fused_ffn_input, "__wrapped__") else False)
+        seen = []
+        norm = RMSNorm(HIDDEN)
+        norm.forward_with_allreduce_fusion = lambda x, r, use_attn_tp_group=True: seen.append(x.shape[0]) or ("own", r)
+        x, r = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)
+        got = A.fused_ffn_input(SimpleNamespace(norm=norm, fusions=None), x, r,
+                                SimpleNamespace(forward_mode=ForwardMode.DECODE))
+        out["sglang_own_fusion_called"] = seen == [4] and got is not None and got[0] == "own"
+        out["returned_none"] = got is None
+    finally:
+        I.uninstall()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return out
 
 
@@ -382,6 +543,7 @@ def _maxerr(a, b) -> float:
 
 def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
     res: dict = {"rank": rank, "world": world, "steps": []}
+    record = os.environ.get("FASTVERIFY_PROBE_RECORD", "")
 
     def step(name, fn):
         try:
@@ -533,10 +695,20 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
         res["patched_in_place"] = RMSNorm.__dict__["forward_with_allreduce_fusion"] is not orig
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 6.25e-2)):
             res["cases"] += step(f"patched {dtype}", lambda: run_cases("fastverify", dtype, tol))
+        res["fused_rank_step"] = step("rank step (fused)", lambda: rank_step(I, ps))
         res["uninstalled"] = I.uninstall()
         res["restored_identity"] = RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
         res["forward_method"] = getattr(getattr(RMSNorm(HIDDEN), "_forward_method", None), "__name__", None)
         dist.all_reduce = real_dist_ar
+        for g in (tp, atp):  # the real class method again (the counting instance attributes go)
+            g.__dict__.pop("all_reduce", None)
+        os.environ.update({"FASTVERIFY_BACKEND": "pcie_ipc", "FASTVERIFY_DEPLOYMENT": record})
+        res["dispatch"] = step("rank step (pcie_ipc dispatch, gloo stand-in)",
+                               lambda: rank_step(I, ps, sglang_has_pcie_ipc=False, all_reduce=True))
+        I.uninstall()
+        os.environ.update({"FASTVERIFY_BACKEND": "b12x", "FASTVERIFY_DEPLOYMENT": record})
+        res["b12x"] = step("b12x at the layer boundary (gloo stand-in)", lambda: b12x_boundary(I, ps, rank))
+        I.uninstall()
         try:
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
@@ -548,6 +720,170 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
         json.dump(res, f, default=str)
 
 
+class _StandInRunner:
+    """What the rank step reads of SGLang's ModelRunner (0.5.23 names): no model is loaded here."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.model_config = type("MC", (), {"hidden_size": HIDDEN})()
+        self.dtype, self.device, self.gpu_id, self.is_draft_worker = torch.float32, "cpu", 0, False
+        self.server_args = type("SA", (), {"cuda_graph_bs": None, "cuda_graph_max_bs": None})()
+
+    def decode_num_tokens_per_req(self, *, num_draft_tokens=None):
+        return 4
+
+
+def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
+    """install() as in a rank, then the REAL ``ModelRunner.init_cuda_graphs`` (wrapped) on a stand-in
+    runner: the rank step builds the slot backend from the real TP GroupCoordinator and prints the
+    line; the real body then fails on the stand-in (no model), which is recorded."""
+    import torch
+    import torch.distributed as dist
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    out: dict = {}
+    rep = I.install(sglang_has_pcie_ipc=sglang_has_pcie_ipc)
+    out["install_applied"] = list(rep.applied)
+    try:
+        ModelRunner.init_cuda_graphs(_StandInRunner())
+        out["real_body_error"] = None
+    except Exception as e:
+        out["real_body_error"] = _err(e, 200)
+    out["applied"], out["skipped"], out["built"] = list(rep.applied), dict(rep.skipped), dict(rep.built)
+    slot = I._dispatch if all_reduce else I._fused
+    ctx = slot.context
+    if ctx is not None:
+        out["context"] = {"world_size": ctx.world_size, "device_type": ctx.device_type,
+                          "group_backend": ctx.group_backend, "single_node": ctx.single_node,
+                          "p2p_ok": ctx.p2p_ok, "p2p_note": ctx.p2p_note}
+    be = slot.backend
+    tp = ps.get_tp_group()
+    if be is not None:
+        out["backend"] = {"name": be.name.value, "max_numel": be.max_numel, "hidden": be.hidden,
+                          "on_tp_device_group": be.group is tp.device_group}
+    out["disabled"] = slot.disabled
+    if all_reduce and be is not None:
+        calls0 = dict(be.path_counts)
+        x = torch.full((4, HIDDEN), float(dist.get_rank() + 1))
+        y = type(tp).all_reduce(tp, x)  # the class method: fastverify's dispatch
+        out["all_reduce_ok"] = bool(torch.equal(y, torch.full((4, HIDDEN), 3.0)))
+        out["via_backend"] = be.path_counts.get("all_reduce", 0) - calls0.get("all_reduce", 0)
+    return out
+
+
+B12X_SMS = ((8, 9), (9, 0), (10, 0), (12, 0))
+B12X_ROWS = (1, 4, 36, 37, 64)  # the kernel's limit is 36 rows (_oneshot_preparation.py)
+
+
+def b12x_boundary(I, ps, rank: int) -> dict:
+    """The b12x slot at SGLang's REAL layer boundary, on the real 2-rank gloo TP group.
+
+    For each described GPU (SGLang's ``override_platform(device_capability=...)``, what the patch's
+    reach reads): install(b12x), then the real ``ModelRunner.init_cuda_graphs`` (wrapped) runs the
+    rank step on a stand-in runner -- on SM120 it builds the slot from the real TP
+    ``GroupCoordinator`` (gloo on CPU standing in for b12x, the same creation, prepare, first-result
+    check and votes). Then SGLang's own ``prepare._reduce_update_read`` (FFN input) and
+    ``prepare._run_entry`` (attention input, a carried ``UnreducedOutput``) run with the candidates
+    ``ffn_input_fusions`` / ``attn_input_fusions`` bind -- once as a model built before the patch
+    (SGLang's own: the reference), once after -- counting ``torch.distributed.all_reduce`` calls."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from sglang.srt.layers.layer_boundary import prepare as P
+    from sglang.srt.layers.layer_boundary.fusions import allreduce as A
+    from sglang.srt.layers.layer_boundary.layout import SumGroup
+    from sglang.srt.layers.layer_boundary.output import UnreducedOutput
+    from sglang.srt.layers.layer_boundary.residual.add_norm import NORM_QUANT_READOUT, NORM_READOUT
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.runtime_context import override_platform
+
+    count = {"n": 0}
+    real_ar = dist.all_reduce
+
+    def counting(*a, **k):
+        count["n"] += 1
+        return real_ar(*a, **k)
+
+    dist.all_reduce = counting
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE)
+    tp = ps.get_tp_group()
+    out: dict = {"sms": []}
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator().manual_seed(77)
+            norm = RMSNorm(HIDDEN, eps=1e-6)
+            with torch.no_grad():
+                norm.weight.copy_(1.0 + 0.1 * torch.randn(HIDDEN, generator=g))
+            norm = norm.to(dtype)
+            plan = SimpleNamespace(norm=norm, fusions=None)
+            own = {"ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),
+                   "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT)}
+
+            def boundary(path, cands, x, res):
+                if path == "ffn":
+                    return P._reduce_update_read(x, res, fb, norm, gathers_residual=False, fusions=cands,
+                                                 group=SumGroup.ATTN_TP, read=NORM_READOUT)
+                step = partial(P._update_read, pre_move=None, enters_stack=False, read=NORM_READOUT)
+                return P._run_entry(UnreducedOutput(partial=x, group=tp), res, fb, norm, step=step,
+                                    is_plain_add=True, carried_fusions=cands, read=NORM_READOUT)
+
+            for sm in B12X_SMS:
+                row: dict = {"sm": list(sm), "dtype": str(dtype).replace("torch.", ""), "cases": []}
+                I.uninstall()
+                runner = _StandInRunner()
+                runner.dtype = dtype
+                with override_platform(device_capability=sm):
+                    rep = I.install()
+                    row["install_applied"] = list(rep.applied)
+                    try:
+                        ModelRunner.init_cuda_graphs(runner)
+                    except Exception as e:  # the real body, after the rank step, on the stand-in
+                        row["real_body_error"] = _err(e, 120)
+                slot = I._add_norm
+                be = slot.backend
+                row.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
+                           disabled=slot.disabled, checked=slot.checked, ranks=slot.ranks,
+                           attn_is_tp=slot.attn_is_tp, backend=be.name.value if be is not None else None,
+                           on_tp_device_group=be is not None and be.group is tp.device_group)
+                patched = {"ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),  # a model built now
+                           "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT)}
+                for rows in (B12X_ROWS if sm == (12, 0) else (4, 37)):
+                    for path in ("ffn", "attn"):
+                        gx = torch.Generator().manual_seed(1000 + rows)
+                        xs = [torch.randn(rows, HIDDEN, generator=gx).to(dtype) for _ in range(2)]
+                        res0 = torch.randn(rows, HIDDEN, generator=gx).to(dtype)
+                        c: dict = {"rows": rows, "path": path}
+                        n0 = count["n"]
+                        want = boundary(path, own[path], xs[rank].clone(), res0.clone())
+                        c["ref_all_reduces"] = count["n"] - n0
+                        res_in = res0.clone()
+                        used0 = dict(be.path_counts) if be is not None else {}
+                        n0 = count["n"]
+                        got = boundary(path, patched[path], xs[rank].clone(), res_in)
+                        c["all_reduces"] = count["n"] - n0
+                        c["via_backend"] = sum(be.path_counts.values()) - sum(used0.values()) if be is not None else 0
+                        c["out_equal"] = bool(torch.equal(got[0], want[0]))
+                        c["res_equal"] = bool(torch.equal(got[1], want[1]))
+                        c["out_err"], c["res_err"] = _maxerr(got[0], want[0]), _maxerr(got[1], want[1])
+                        # independent of SGLang: the sum of both ranks' inputs + residual, normed
+                        ref_out, ref_res = _reference(xs, res0, None, norm.weight.detach(), 1e-6)
+                        c["ref_out_err"], c["ref_res_err"] = _maxerr(want[0], ref_out), _maxerr(want[1], ref_res)
+                        c["input_residual_untouched"] = bool(torch.equal(res_in, res0))
+                        c["residual_fresh"] = got[1].data_ptr() != res_in.data_ptr()
+                        row["cases"].append(c)
+                out["sms"].append(row)
+                I.uninstall()
+    finally:
+        dist.all_reduce = real_ar
+    return out
+
+
 def probe_ranks(world: int, timeout: float) -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory() as d:
@@ -555,7 +891,8 @@ def probe_ranks(world: int, timeout: float) -> dict:
         for r in range(world):
             out = os.path.join(d, f"rank{r}.json")
             outs.append(out)
-            env = dict(os.environ, FASTVERIFY_PATCH="1", FASTVERIFY_BACKEND="fused")
+            env = dict(os.environ, FASTVERIFY_PATCH="1", FASTVERIFY_BACKEND="fused",
+                       FASTVERIFY_PROBE_RECORD=write_record(os.path.join(d, "probe.deploy.json")))
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--world", str(world),
                  "--port", str(port), "--out", out],
@@ -569,7 +906,8 @@ def probe_ranks(world: int, timeout: float) -> dict:
                 p.kill()
                 o, _ = p.communicate()
                 o = (o or "") + "\n[probe: rank timed out]"
-            logs.append({"rc": p.returncode, "tail": (o or "")[-1500:]})
+            logs.append({"rc": p.returncode, "tail": (o or "")[-1500:],
+                         "lines": [ln for ln in (o or "").splitlines() if ln.startswith("fastverify patch [TP")]})
         ranks = []
         for r, out in enumerate(outs):
             try:
@@ -579,6 +917,7 @@ def probe_ranks(world: int, timeout: float) -> dict:
                 ranks.append({"rank": r, "error": f"no result ({_err(e)})", "log": logs[r]})
         for r, lg in enumerate(logs):
             ranks[r]["rc"] = lg["rc"]
+            ranks[r]["lines"] = lg["lines"]
             if lg["rc"] != 0 or "error" in ranks[r]:
                 ranks[r]["log_tail"] = lg["tail"]
     return {"world": world, "ranks": ranks}
@@ -616,6 +955,11 @@ def main() -> int:
     except BaseException as e:  # noqa: BLE001
         result["static_error"] = _err(e)
         result["static_trace"] = traceback.format_exc()[-2000:]
+    try:
+        result["gate"] = probe_gate()
+    except BaseException as e:  # noqa: BLE001
+        result["gate_error"] = _err(e)
+        result["gate_trace"] = traceback.format_exc()[-2000:]
     try:
         result["ranks"] = probe_ranks(a.world, a.rank_timeout)
     except BaseException as e:  # noqa: BLE001

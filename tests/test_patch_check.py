@@ -36,9 +36,14 @@ def test_real_source_every_target_resolves(sglang_tree, tmp_path):
     proc = run_fastverify(["patch", "--check", "--sglang-source", str(sglang_tree)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SGLang 0.5.23 at" in proc.stdout
-    assert "4 of 4 targets resolve" in proc.stdout
+    assert "6 of 6 targets resolve" in proc.stdout
     assert "switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): present" in proc.stdout
     assert "route: " in proc.stdout
+    # the b12x hook point: the layer boundary's add-norm candidates, module-level functions
+    assert "found     add_norm_ffn  sglang.srt.layers.layer_boundary.fusions.allreduce.fused_ffn_input: " \
+           "allreduce.py:" in proc.stdout, proc.stdout
+    assert "found     add_norm_attn sglang.srt.layers.layer_boundary.fusions.allreduce.fused_attn_input: " \
+           "allreduce.py:" in proc.stdout, proc.stdout
 
 
 def test_changed_copy_is_reported_and_skipped(sglang_tree, tmp_path):
@@ -50,12 +55,18 @@ def test_changed_copy_is_reported_and_skipped(sglang_tree, tmp_path):
     worker = tree / "sglang" / "srt" / "managers" / "tp_worker.py"
     w = worker.read_text()
     worker.write_text(w.replace("is_verify", "is_target_verify"))
+    fus = tree / "sglang" / "srt" / "layers" / "layer_boundary" / "fusions" / "allreduce.py"
+    f = fus.read_text()
+    assert "    keep_bf16: bool,\n) -> Optional" in f
+    fus.write_text(f.replace("    keep_bf16: bool,\n) -> Optional", "    keep_fp16: bool,\n) -> Optional", 1))
     proc = run_fastverify(["patch", "--check", "--sglang-source", str(tree)], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "different add_norm_attn" in proc.stdout and "has no parameter 'keep_bf16'" in proc.stdout
+    assert "found     add_norm_ffn" in proc.stdout
     assert "missing   fused_norm" in proc.stdout and "RMSNorm has no forward_with_allreduce_fusion" in proc.stdout
     assert "different verify_timer" in proc.stdout and "has no parameter 'is_verify'" in proc.stdout
     assert "found     all_reduce" in proc.stdout
-    assert "2 of 4 targets resolve" in proc.stdout  # all_reduce and pre_capture untouched
+    assert "3 of 6 targets resolve" in proc.stdout  # all_reduce, pre_capture, add_norm_ffn untouched
 
 
 def test_not_a_source_tree(tmp_path):

@@ -16,8 +16,8 @@ from fastverify.patch import install as I
 ON = {"FASTVERIFY_PATCH": "1"}
 
 
-def make_fake_sglang(world_size=2, *, norm_params=None):
-    calls = {"ar": 0, "orig_fused": 0}
+def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=None):
+    calls = {"ar": 0, "orig_fused": 0, "gate": [], "orig_ffn": 0, "orig_attn": 0}
 
     def _ar(x):
         calls["ar"] += 1
@@ -25,9 +25,10 @@ def make_fake_sglang(world_size=2, *, norm_params=None):
 
     ps = types.ModuleType(I.MOD_PARALLEL_STATE)
 
-    class GroupCoordinator:
+    class GroupCoordinator:  # what the patch reads of SGLang's (parallel_state.py, 0.5.23)
         def __init__(self):
             self.world_size, self.unique_name, self.device_group = world_size, "tp:0", None
+            self.cpu_group, self.rank_in_group, self.ranks = None, 0, list(range(world_size))
 
         def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
             return _ar(input_)
@@ -35,6 +36,20 @@ def make_fake_sglang(world_size=2, *, norm_params=None):
     group = GroupCoordinator()
     ps.GroupCoordinator = GroupCoordinator
     ps.get_tp_group = ps.get_attn_tp_group = lambda: group
+
+    def in_the_same_node_as(pg, source_rank=0):  # SGLang's is a shared-memory handshake (probe: the real one)
+        import torch.distributed as tdist
+
+        return [True] * tdist.get_world_size(pg)
+
+    ps.in_the_same_node_as = in_the_same_node_as
+    an = types.ModuleType(I.MOD_ADD_NORM)
+
+    def flashinfer_ar_fusion_applies(batch_size):
+        calls["gate"].append(batch_size)
+        return fusion_applies
+
+    an.flashinfer_ar_fusion_applies = flashinfer_ar_fusion_applies
 
     dist = types.ModuleType(I.MOD_DISTRIBUTED)
     dist.tensor_model_parallel_all_reduce = _ar
@@ -105,7 +120,28 @@ def make_fake_sglang(world_size=2, *, norm_params=None):
     graph_cfg = types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
         decode=types.SimpleNamespace(bs=[1, 2, 4, 8, 16, 32, 64])))
     rc.get_exec = lambda: types.SimpleNamespace(graph=graph_cfg)
-    mods = {m.__name__: m for m in (ps, dist, moe, ln, tw, mr, rc)}
+    if sm is not None:  # SGLang's platform facts (runtime_context.get_platform, override_platform)
+        rc.get_platform = lambda: types.SimpleNamespace(device_capability=sm)
+
+    fu = types.ModuleType(I.MOD_AR_FUSIONS)  # layer_boundary/fusions/allreduce.py, 0.5.23 names
+
+    class UnreducedOutput:  # layer_boundary/output.py: partial, group, reduce_to_dp_local, complete_sum
+        def __init__(self, partial, group, reduce_to_dp_local=None, complete_sum=None):
+            self.partial, self.group = partial, group
+            self.reduce_to_dp_local, self.complete_sum = reduce_to_dp_local, complete_sum
+
+    # SGLang's own candidates where its FlashInfer fusion does not apply (SM120): None, untouched
+    def fused_ffn_input(plan, hidden_states, residual, forward_batch):
+        calls["orig_ffn"] += 1
+        return None
+
+    def fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *, fuses_quant, keep_bf16):
+        calls["orig_attn"] += 1
+        return None
+
+    fu.RMSNorm, fu.UnreducedOutput = RMSNorm, UnreducedOutput
+    fu.fused_ffn_input, fu.fused_attn_input = fused_ffn_input, fused_attn_input
+    mods = {m.__name__: m for m in (ps, dist, moe, ln, tw, mr, rc, an, fu)}
     return mods, calls
 
 
@@ -203,7 +239,7 @@ def test_changed_signature_skipped_with_one_line(caplog):
     before = mods[I.MOD_LAYERNORM].RMSNorm.__dict__["forward_with_allreduce_fusion"]
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
-    assert rep.applied == [] and "fused_norm" in rep.skipped
+    assert rep.applied == ["pre_capture"] and "fused_norm" in rep.skipped  # pre_capture: the rank line
     assert len([m for m in caplog.messages if "skipped" in m]) == 1
     assert mods[I.MOD_LAYERNORM].RMSNorm.__dict__["forward_with_allreduce_fusion"] is before
 
@@ -214,18 +250,19 @@ def test_missing_targets_never_raise(caplog):
     del mods[I.MOD_LAYERNORM].RMSNorm
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_PROFILE_VERIFY": "/tmp/x"})
-        rep2 = I.install(None, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=False)
-    assert set(rep.skipped) == {"fused_norm", "verify_timer"} and rep.applied == []
-    assert "all_reduce" in rep2.skipped  # no SGLang importable here at all
-    assert len([m for m in caplog.messages if "skipped" in m]) == 3
+        rep2 = I.install(None, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
+    assert set(rep.skipped) == {"fused_norm", "verify_timer"} and rep.applied == ["pre_capture"]
+    assert {"all_reduce", "pre_capture"} <= set(rep2.skipped)  # no SGLang importable here at all
+    assert len([m for m in caplog.messages if "skipped" in m]) == 4
 
 
 def test_dispatch_wrapped_only_without_sglang_pcie_ipc():
     mods, calls = make_fake_sglang()
     GC = mods[I.MOD_PARALLEL_STATE].GroupCoordinator
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=True)
-    assert rep.applied == [] and "all_reduce" in rep.skipped and I.installed() == []
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=False)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
+    assert rep.applied == ["pre_capture"] and "all_reduce" in rep.skipped
+    assert I.installed() == ["ModelRunner.init_cuda_graphs"]
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
     assert rep.applied == ["all_reduce", "pre_capture"]
     g = GC()
     x = torch.ones(2, 4)
@@ -250,7 +287,7 @@ def test_cuda_max_connections_reapplied(monkeypatch):
     mods, _ = make_fake_sglang()
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "auto", "FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS": "1"})
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and rep.settings == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    assert rep.applied == []  # auto: SGLang's dispatch untouched
+    assert rep.applied == ["pre_capture"]  # auto: SGLang's dispatch untouched; only the rank line
 
 
 # --- before CUDA-graph capture --------------------------------------------------------------------
@@ -292,7 +329,7 @@ class BadPrepare(FakePrepared):
         BadPrepare.closed = True
 
 
-@pytest.mark.parametrize("backend,slot", [("fused", "_fused"), ("pcie-ipc", "_dispatch")])
+@pytest.mark.parametrize("backend,slot", [("fused", "_fused"), ("pcie_ipc", "_dispatch")])
 def test_pre_capture_prepares_once_before_the_original(backend, slot):
     mods, calls, events, MR, orig, factory = _capture_setup(backend)
     getattr(I, slot).factory = factory
@@ -320,7 +357,38 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
     assert MR.__dict__["init_cuda_graphs"] is orig and getattr(I, slot).prepared is False
 
 
-def test_pre_capture_falls_back_to_workspace_max_without_batch_sizes():
+def _record_file(tmp_path, *, max_batch=8, draft=4, hidden=16, p2p_ok=True, source="p2p_check"):
+    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_record
+
+    rec = DeploymentRecord(backend="fused", shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
+                           p2p=P2PFacts(p2p_ok, source, "all 2 ordered pairs passed", 2),
+                           box=BoxFingerprint("test GPU", (9, 0), 2, 2))
+    return str(write_record(tmp_path / "x.deploy.json", rec))
+
+
+def test_pre_capture_sizes_from_the_record_not_2048_rows(tmp_path):
+    """Item 7: the workspace is the record's max_batch x draft_tokens x hidden (8 x 4 x 16), and
+    only the captured shapes up to it are prepared -- not one batch, not 2048 rows."""
+    mods, calls, events, MR, orig, factory = _capture_setup("fused")
+    I._fused.factory = factory
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path)})
+    MR(hidden=16, width=4, pool=48).init_cuda_graphs()
+    # capture bs [1..64] + pool 48, x 4 tokens per request, up to the record's 32 rows
+    assert events[0][2] == (32, 16) and events[1] == ("prepare", [(4, 16), (8, 16), (16, 16), (32, 16)])
+    assert calls["gate"] == [32]  # SGLang's own fusion gate asked for the verify rows
+    from fastverify.deploy import read_record
+    from fastverify.patch import rank as R
+
+    rec = read_record(tmp_path / "x.deploy.json")
+    assert R.workspace_numel(rec, 16, 999) == 8 * 4 * 16 == 512
+    with pytest.raises(ValueError, match="hidden size 16, this model has 32"):
+        R.workspace_numel(rec, 32, None)
+    with pytest.raises(ValueError, match="no deployment record and no captured batch sizes"):
+        R.workspace_numel(None, 16, None)
+    assert R.workspace_numel(None, 16, 192) == 192 * 16  # SGLang's widest captured decode without a record
+
+
+def test_pre_capture_without_batch_sizes_or_record_prepares_nothing():
     mods, calls, events, MR, orig, factory = _capture_setup("fused")
     del mods[I.MOD_RUNTIME_CONTEXT]
     I._fused.factory = factory
@@ -328,7 +396,7 @@ def test_pre_capture_falls_back_to_workspace_max_without_batch_sizes():
     r = MR(hidden=16)
     del r.req_to_token_pool
     r.init_cuda_graphs()
-    assert events[-2:] == [("prepare", [(I.FUSED_MAX_TOKENS, 16)]), ("capture", True)]
+    assert [e[0] for e in events] == ["create", "capture"]  # no shapes known: no prepare, no 2048-row guess
     # server_args.cuda_graph_bs (older SGLang) is read when the runtime context is absent
     I.uninstall()
     events.clear()
@@ -341,20 +409,21 @@ def test_pre_capture_falls_back_to_workspace_max_without_batch_sizes():
 
 
 @pytest.mark.parametrize("fail", ["create", "prepare"])
-def test_pre_capture_failure_logged_not_raised(fail, caplog):
+def test_pre_capture_failure_disables_logged_not_raised(fail, caplog, capsys):
     mods, calls, events, MR, orig, factory = _capture_setup("fused", fail=fail)
     I._fused.factory = factory
+    BadPrepare.closed = False
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         MR().init_cuda_graphs()
         MR().init_cuda_graphs()
     assert calls["captures"] == [True, True]  # the original still ran
-    lines = [m for m in caplog.messages if "not prepared before CUDA-graph capture" in m]
+    lines = [m for m in caplog.messages if "disabled on every TP rank" in m]
     assert len(lines) == 1, caplog.messages
-    # left to the lazy path: no backend, not disabled
-    assert I._fused.backend is None and I._fused.disabled is None
-    if fail == "prepare":
-        assert BadPrepare.closed
+    assert I._fused.backend is None and I._fused.disabled is not None  # agreed (one rank here): no lazy retry
+    assert BadPrepare.closed is (fail == "prepare")  # every rank holds one after a failed prepare: closed
+    err = capsys.readouterr().err.splitlines()
+    assert len([ln for ln in err if ln.startswith("fastverify patch [TP 0]:")]) == 1, err
     # a runner that cannot even be read (no model_config): logged, never raised
     I.uninstall()
     caplog.clear()
@@ -364,17 +433,53 @@ def test_pre_capture_failure_logged_not_raised(fail, caplog):
     del runner.model_config
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         runner.init_cuda_graphs()
-    assert len([m for m in caplog.messages if "not prepared" in m]) == 1
+    assert len([m for m in caplog.messages if "before CUDA-graph capture failed" in m]) == 1
 
 
 @pytest.mark.parametrize("backend", ["nccl", "off", "auto"])
-def test_pre_capture_not_installed_for_other_backends(backend):
+def test_pre_capture_only_prints_for_other_backends(backend, capsys):
     mods, calls, events, MR, orig, factory = _capture_setup(backend)
+    I._fused.factory = I._dispatch.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend})
-    assert "pre_capture" not in rep.applied and MR.__dict__["init_cuda_graphs"] is orig
-    # nor for pcie-ipc where SGLang has its own PCIe IPC all-reduce (the patch creates no backend)
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"}, sglang_has_pcie_ipc=True)
-    assert "pre_capture" not in rep.applied and MR.__dict__["init_cuda_graphs"] is orig
+    assert rep.applied == ["pre_capture"]
+    MR().init_cuda_graphs()
+    assert [e[0] for e in events] == ["capture"]  # nothing created, the original ran
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch")]
+    assert line.startswith(f"fastverify patch [TP 0]: backend={backend} applied=pre_capture"), line
+    # nor for pcie_ipc where SGLang has its own PCIe IPC all-reduce (the patch creates no backend)
+    I.uninstall()
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
+    assert rep.applied == ["pre_capture"] and "all_reduce" in rep.skipped
+
+
+def test_unknown_backend_name_is_skipped():
+    mods, _ = make_fake_sglang()
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie-ipc"})
+    assert "unknown FASTVERIFY_BACKEND 'pcie-ipc'" in rep.skipped["backend"] and "pcie_ipc" in rep.skipped["backend"]
+    assert rep.applied == ["pre_capture"]
+
+
+def test_fused_norm_not_claimed_where_sglang_never_calls_it(capsys):
+    """Item 4: SGLang's gate (flashinfer_ar_fusion_applies) says no (SM89/SM120): fused_norm is moved
+    to skipped with the reason, and no backend (workspace) is built for a path nobody calls."""
+    mods, calls, events, MR, orig, factory = _capture_setup("fused")
+    mods[I.MOD_ADD_NORM].flashinfer_ar_fusion_applies = lambda bs: calls["gate"].append(bs) or False
+    I._fused.factory = factory
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    MR(hidden=8, width=4, pool=48).init_cuda_graphs()
+    assert "fused_norm" not in rep.applied and "flashinfer_ar_fusion_applies(192) is False" in rep.skipped["fused_norm"]
+    assert [e[0] for e in events] == ["capture"] and calls["gate"] == [192]
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert "applied=pre_capture " in line and "skipped=fused_norm (SGLang never calls" in line, line
+
+
+def test_fused_norm_reach_without_the_gate_uses_the_registry():
+    from fastverify.patch import rank as R
+
+    assert R.fused_norm_reach({}, 4, (12, 0))[0] is False  # no gate function: registry, SM120 not called
+    assert "SM90/SM100" in R.fused_norm_reach({}, 4, (8, 9))[1]
+    assert R.fused_norm_reach({}, 4, (9, 0))[0] is True
+    assert R.fused_norm_reach({}, 4, None)[0] is False  # neither: not claimed
 
 
 def test_pre_capture_signature_matches_real_source(tmp_path):
@@ -410,7 +515,7 @@ def test_verify_timer_writes_json_lines_without_sync(tmp_path):
     mods, _ = make_fake_sglang()
     timer = I.VerifyTimer(tmp_path, every=2, event_factory=FakeEvent, clock="test", rank=lambda: "3")
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "off"}, timer=timer)
-    assert rep.applied == ["verify_timer"]
+    assert rep.applied == ["pre_capture", "verify_timer"]
     w = mods[I.MOD_TP_WORKER].TpModelWorker()
     assert w.forward_batch_generation(None, "fb") == ("result", False)
     assert timer.steps == 0  # not a verify forward
@@ -436,7 +541,7 @@ def test_verify_trace_of_n_steps(tmp_path):
            "FASTVERIFY_PROFILE_VERIFY_STEPS": "2"}
     timer = I.VerifyTimer(tmp_path, every=100, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "1")
     rep = I.install(mods, environ=env, timer=timer)
-    assert rep.applied == ["verify_timer"]
+    assert rep.applied == ["pre_capture", "verify_timer"]
     w = mods[I.MOD_TP_WORKER].TpModelWorker()
     w.forward_batch_generation(None, "fb", is_verify=True)
     assert not list(tmp_path.glob("verify-TP-*.trace.json.gz"))  # written when the 2nd traced step ends
@@ -476,7 +581,13 @@ def _wheel_tree(tmp_path):
 
 
 def _method_params(source, cls, attr):
+    """(positional, keyword-only) parameter names of ``cls.attr`` (a top-level def when cls is None)."""
     tree = ast.parse(source)
+    if cls is None:
+        for item in tree.body:
+            if isinstance(item, ast.FunctionDef) and item.name == attr:
+                return [p.arg for p in item.args.posonlyargs + item.args.args], [p.arg for p in item.args.kwonlyargs]
+        return None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for item in node.body:
@@ -503,6 +614,17 @@ def test_targets_exist_in_real_sglang_source(tmp_path):
     assert "from sglang.srt.distributed.communication_op import *" in z.read("sglang/srt/distributed/__init__.py").decode()
     fus = z.read("sglang/srt/layers/layer_boundary/fusions/allreduce.py").decode()
     assert "plan.norm.forward_with_allreduce_fusion(" in fus
+    # the add-norm targets are module attributes looked up when the model is built (not imported by
+    # name anywhere else), and called by the boundary before its own all-reduce + norm
+    assert "partial(fused_ffn_input, plan)" in fus and "partial(\n            fused_attn_input," in fus
+    assert "from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm" in fus
+    assert "UnreducedOutput" in fus
+    for name, text in ((n, z.read(n).decode()) for n in z.namelist() if n.endswith(".py")):
+        if name != "sglang/srt/layers/layer_boundary/fusions/allreduce.py":
+            assert "import fused_ffn_input" not in text and "fused_attn_input," not in text, name
+    prep = z.read("sglang/srt/layers/layer_boundary/prepare.py").decode()
+    assert "for fused in fusions:\n        result = fused(hidden_states, residual, forward_batch)" in prep
+    assert "for fused in carried_fusions:" in prep
     ps = z.read("sglang/srt/distributed/parallel_state.py").decode()
     assert "def get_attn_tp_group(" in ps and "def get_tp_group(" in ps
     assert "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py" in z.namelist()
@@ -512,3 +634,426 @@ def test_targets_exist_in_real_sglang_source(tmp_path):
     plug = z.read("sglang/srt/plugins/__init__.py").decode()
     assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in plug and "SGLANG_PLUGINS" in plug
     assert "load_plugins()" in z.read("sglang/srt/managers/scheduler.py").decode()
+
+
+# --- two real gloo ranks: facts from the coordinator, votes on its CPU group ----------------------
+
+
+class _Closable:
+    def __init__(self, log, *, bad_prepare=False):
+        self.log, self.bad_prepare = log, bad_prepare
+
+    def supports(self, x):
+        return True
+
+    def prepare(self, shapes):
+        self.log.append("prepare")
+        if self.bad_prepare:
+            raise RuntimeError("prepare failed on this rank")
+
+    def close(self):
+        self.log.append("close")
+
+
+def _vote_worker(rank, world, port, record_path, q):
+    """One TP rank (spawned): a real 2-rank gloo group stands in for SGLang's device and CPU groups."""
+    import datetime
+
+    import torch.distributed as dist
+
+    out = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=30))
+        mods, calls = make_fake_sglang(world)
+        MR = mods[I.MOD_MODEL_RUNNER].ModelRunner
+        coord = mods[I.MOD_PARALLEL_STATE].get_tp_group()
+        coord.device_group = coord.cpu_group = dist.group.WORLD
+        coord.rank_in_group = rank
+
+        def real_ar(x):  # SGLang's plain all-reduce, for real on the gloo group
+            calls["ar"] += 1
+            y = x.clone()
+            dist.all_reduce(y, group=coord.device_group)
+            return y
+
+        d = mods[I.MOD_DISTRIBUTED]
+        d.tensor_model_parallel_all_reduce = d.attention_tensor_model_parallel_all_reduce = real_ar
+        mods[I.MOD_MOE_UTILS].deferred_post_experts_all_reduce = real_ar
+        env = {**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_DEPLOYMENT": record_path}
+
+        def run(case):
+            log = []
+            I.uninstall()
+            if case != "real":
+                def factory(c, x):
+                    if case == "create" and rank == 1:
+                        raise RuntimeError("no workspace on this rank")
+                    return _Closable(log, bad_prepare=(case == "prepare" and rank == 1))
+
+                I._fused.factory = factory
+            rep = I.install(mods, environ=env)
+            r = MR(hidden=16, width=4, pool=48)
+            r.dtype, r.device = torch.float32, "cpu"
+            r.init_cuda_graphs()
+            res = {"log": log, "disabled": I._fused.disabled, "built": I._fused.backend is not None,
+                   "applied": list(rep.applied), "skipped": dict(rep.skipped)}
+            if case == "real" and I._fused.backend is not None:
+                ctx = getattr(I._fused, "context", None)
+                res["ctx"] = ctx and [ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node,
+                                      ctx.p2p_ok, ctx.p2p_note]
+                be = I._fused.backend
+                res["backend"] = [be.name.value, be.max_numel, be.hidden]
+                # the fused replacement on the gloo backend: first check voted, result right
+                norm = mods[I.MOD_LAYERNORM].RMSNorm(16)
+                x = torch.full((4, 16), float(rank + 1))
+                resid = torch.ones(4, 16)
+                _, new_res = norm.forward_with_allreduce_fusion(x, resid)
+                res["sum_ok"] = bool(torch.equal(new_res, torch.full((4, 16), 1.0 + 3.0)))  # 1 + (1 + 2)
+                res["checked"] = I._fused.checked
+            if case == "check":  # the first result is wrong on rank 1 only
+                I.uninstall()
+                I.install(mods, environ=env)
+                be = FakeFused(bad=(rank == 1))
+                I.attach_fused_backend(be)
+                norm = mods[I.MOD_LAYERNORM].RMSNorm(16)
+                calls["ar"] = 0
+                x = torch.full((4, 16), 0.5)  # the same on both ranks: FakeFused's "x * 2" is the true sum
+                resid = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+                norm.forward_with_allreduce_fusion(x, resid)
+                norm.forward_with_allreduce_fusion(x, resid)
+                res = {"disabled": I._fused.disabled, "fused_calls": be.calls, "plain_calls": calls["ar"]}
+            return res
+
+        for case in ("real", "create", "prepare", "check"):
+            out[case] = run(case)
+        I.uninstall()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        import traceback
+
+        out["error"] = traceback.format_exc()
+    q.put((rank, out))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    import multiprocessing as mp
+    import socket
+
+    record = _record_file(tmp_path_factory.mktemp("rec"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_vote_worker, args=(r, 2, port, record, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in procs:
+            r, out = q.get(timeout=120)  # a rank stuck in a one-sided collective never answers
+            got[r] = out
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for r in (0, 1):
+        assert "error" not in got[r], got[r]["error"]
+    return got
+
+
+def test_two_ranks_backend_built_from_the_coordinator(two_ranks):
+    """Item 3: the context comes from the coordinator (world 2, its gloo group, single node from
+    in_the_same_node_as on its CPU group) and P2P from the record; on CPU the gloo backend is built,
+    sized from the record (8 x 4 x 16), and the fused replacement runs on it, first check voted."""
+    for r in (0, 1):
+        g = two_ranks[r]["real"]
+        assert g["built"] and g["disabled"] is None and "fused_norm" in g["applied"], g
+        assert g["ctx"][:5] == [2, "cpu", "gloo", True, True], g["ctx"]
+        assert g["ctx"][5].startswith("P2P proven by p2p_check (deployment record"), g["ctx"]
+        assert g["backend"] == ["gloo", 512, 16]
+        assert g["sum_ok"] and g["checked"]
+
+
+def test_two_ranks_failed_creation_disables_both_and_closes_neither(two_ranks):
+    """Item 8: creation fails on rank 1 only: both ranks end disabled (voted on the CPU group),
+    rank 0's backend is not closed alone (FlashInfer's destroy barriers would wait for rank 1)."""
+    for r in (0, 1):
+        c = two_ranks[r]["create"]
+        assert not c["built"] and c["disabled"].startswith("TP 1: cannot create it"), c
+        assert "close" not in c["log"] and "fused_norm" in c["skipped"], c
+
+
+def test_two_ranks_failed_prepare_closes_both(two_ranks):
+    for r in (0, 1):
+        c = two_ranks[r]["prepare"]
+        assert not c["built"] and c["disabled"].startswith("TP 1: prepare failed"), c
+        assert c["log"] == ["prepare", "close"], c  # every rank holds one: all close together
+
+
+def test_two_ranks_first_check_mismatch_disables_both(two_ranks):
+    """Item 8: the first fused result is wrong on rank 1 only: both ranks leave the fused kernel
+    together; the second call is plain on both."""
+    for r in (0, 1):
+        c = two_ranks[r]["check"]
+        assert c["disabled"] and c["disabled"].startswith("TP 1: first result differs"), c
+        # plain all-reduces: the check's and the fallback's on the first call, one on the second
+        assert c["fused_calls"] == 1 and c["plain_calls"] == 3, c
+
+
+def test_context_from_coordinator_for_a_gpu_backend_passes_p2p_and_node_checks(tmp_path):
+    """The GPU probe's P2P and single-node checks pass on the facts from the coordinator and the
+    record (the CUDA check itself cannot pass here); without a record P2P stays unknown."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from fastverify.backends.base import check_p2p, check_single_node
+    from fastverify.deploy import read_record
+    from fastverify.patch import rank as R
+
+    with socket_port() as port:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+    try:
+        mods, _ = make_fake_sglang(1)
+        coord = mods[I.MOD_PARALLEL_STATE].get_tp_group()
+        coord.device_group = coord.cpu_group = dist.group.WORLD
+        rec = read_record(_record_file(tmp_path))
+        ctx = R.context_from_coordinator(coord, device="cuda", dtype=torch.bfloat16, record=rec, modules=mods)
+        assert (ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node, ctx.p2p_ok) == \
+            (1, "cuda", "gloo", True, True)
+        assert check_p2p(ctx) is None and check_single_node(ctx) is None
+        ctx = R.context_from_coordinator(coord, device="cuda", dtype=torch.bfloat16, record=None, modules=mods)
+        assert ctx.p2p_ok is None and "no deployment record" in check_p2p(ctx).reason + ctx.p2p_note
+        nvml = read_record(_record_file(tmp_path, source="nvml"))  # the driver's word is not a proof
+        assert R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=nvml,
+                                          modules=mods).p2p_ok is None
+        del mods[I.MOD_PARALLEL_STATE].in_the_same_node_as  # an SGLang without it: unknown, not guessed
+        assert R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=rec,
+                                          modules=mods).single_node is None
+    finally:
+        dist.destroy_process_group()
+
+
+class socket_port:
+    def __enter__(self):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --- b12x: the layer boundary's add-norm (issue 9, What to build 4) -------------------------------
+
+
+class FakeB12x:
+    """Stands in for B12xFusedBackend in one process: the fake group's sum (every rank holds the same
+    partial, so the sum is world_size * x), then add + RMSNorm; counts its calls and prepares."""
+
+    def __init__(self, log=None, *, bad=False, ws=2):
+        self.log, self.bad, self.ws, self.calls, self.closed = log if log is not None else [], bad, ws, 0, False
+
+    def supports(self, x):
+        return x.dtype == torch.float32
+
+    def prepare(self, shapes):
+        self.log.append(("prepare", list(shapes)))
+
+    def all_reduce_residual_rmsnorm(self, x, residual, weight, eps):
+        self.calls += 1
+        r = residual + x * self.ws + (1.0 if self.bad else 0.0)
+        return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight, r
+
+    def close(self):
+        self.closed = True
+        self.log.append(("close",))
+
+
+def _boundary(fusions, ar, norm, x, residual):
+    """What layer_boundary/prepare.py _reduce_update_read does with its bound candidates: the first
+    non-None result, else its own all-reduce + the norm's residual add."""
+    for fused in fusions:
+        out = fused(x, residual, None)
+        if out is not None:
+            return out
+    return norm(ar(x), residual.clone())
+
+
+def test_b12x_hooks_the_layer_boundary_and_uninstall_restores():
+    """Before: b12x was reported skipped and nothing at the layer boundary was wrapped."""
+    mods, calls = make_fake_sglang(sm=(12, 0))
+    fu = mods[I.MOD_AR_FUSIONS]
+    orig = (fu.__dict__["fused_ffn_input"], fu.__dict__["fused_attn_input"])
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"})
+    assert rep.applied == ["add_norm_ffn", "add_norm_attn", "pre_capture"] and rep.skipped == {}, rep
+    assert fu.fused_ffn_input is not orig[0] and fu.fused_ffn_input.__wrapped__ is orig[0]
+    assert fu.fused_attn_input.__fastverify_original__ is orig[1]
+    assert I.installed() == ["allreduce.fused_ffn_input", "allreduce.fused_attn_input", "ModelRunner.init_cuda_graphs"]
+    # nothing built yet: both candidates are SGLang's own (None here, as on SM120)
+    norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
+    plan = types.SimpleNamespace(norm=norm, fusions=None)
+    x, res = torch.randn(4, 8), torch.randn(4, 8)
+    assert fu.fused_ffn_input(plan, x, res, None) is None and calls["orig_ffn"] == 1
+    assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"}).applied == rep.applied  # idempotent
+    assert I.uninstall() == 3
+    assert (fu.__dict__["fused_ffn_input"], fu.__dict__["fused_attn_input"]) == orig
+
+
+def test_b12x_without_the_layer_boundary_is_skipped():
+    """An SGLang without fusions/allreduce.py (older) or without the names the replacement needs."""
+    mods, _ = make_fake_sglang(sm=(12, 0))
+    del mods[I.MOD_AR_FUSIONS].UnreducedOutput
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"})
+    assert rep.applied == ["pre_capture"] and "has no UnreducedOutput" in rep.skipped["add_norm_ffn"]
+    I.uninstall()
+    mods, _ = make_fake_sglang(sm=(12, 0))
+    del mods[I.MOD_AR_FUSIONS]
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"})
+    assert rep.applied == ["pre_capture"] and "not given" in rep.skipped["add_norm_attn"]
+
+
+def _b12x_rank_step(tmp_path, sm, *, bad=False):
+    mods, calls = make_fake_sglang(sm=sm, fusion_applies=False)  # SGLang's own fusion gate: False
+    events = []
+
+    def factory(coordinator, x):
+        events.append(("create", tuple(x.shape)))
+        be = FakeB12x(events, bad=bad)
+        events.append(be)
+        return be
+
+    I._add_norm.factory = factory
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
+                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
+    runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
+    runner.device = "cpu"
+    runner.init_cuda_graphs()
+    return mods, calls, events, rep
+
+
+def test_b12x_rank_step_on_sm120_builds_prepares_and_checks(tmp_path, capsys):
+    mods, calls, events, rep = _b12x_rank_step(tmp_path, (12, 0))
+    be = I._add_norm.backend
+    assert isinstance(be, FakeB12x) and I._add_norm.checked and I._add_norm.disabled is None
+    # sized from the record (8 x 4 rows), the captured shapes up to it prepared, then the one check
+    assert events[0] == ("create", (32, 8)) and events[2] == ("prepare", [(4, 8), (8, 8), (16, 8), (32, 8)])
+    assert be.calls == 1 and calls["ar"] == 1  # the first-result check: b12x vs the coordinator's all-reduce
+    assert I._add_norm.ranks == [0, 1] and I._add_norm.attn_is_tp
+    assert rep.applied == ["add_norm_ffn", "add_norm_attn", "pre_capture"] and "add_norm" in rep.built
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert "applied=add_norm_ffn,add_norm_attn,pre_capture built=add_norm=" in line, line
+
+
+@pytest.mark.parametrize("sm,why", [((9, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
+                                    ((10, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
+                                    ((8, 9), "b12x runs only on SM120/SM121 (FlashInfer b12x is_supported); "
+                                             "this GPU is SM89"),
+                                    ((12, 2), "b12x runs only on SM120/SM121")])
+def test_b12x_rank_step_stays_out_of_the_way_elsewhere(tmp_path, capsys, sm, why):
+    mods, calls, events, rep = _b12x_rank_step(tmp_path, sm)
+    assert events == [] and I._add_norm.backend is None and why in I._add_norm.disabled
+    assert rep.applied == ["pre_capture"] and why in rep.skipped["add_norm"]
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert "skipped=add_norm (" in line
+    # the wrapped candidates call SGLang's own, every time
+    fu, norm = mods[I.MOD_AR_FUSIONS], mods[I.MOD_LAYERNORM].RMSNorm(8)
+    assert fu.fused_ffn_input(types.SimpleNamespace(norm=norm), torch.randn(4, 8), torch.randn(4, 8), None) is None
+    assert calls["orig_ffn"] == 1
+
+
+def test_b12x_reach_follows_sglangs_own_gate():
+    """Where SGLang's flashinfer_ar_fusion_applies holds, its fusion owns the boundary even on a GPU
+    b12x could run on; where it does not and the GPU is SM120/121, b12x takes it."""
+    from fastverify.patch import rank as R
+
+    mods, _ = make_fake_sglang(fusion_applies=True)
+    assert R.add_norm_reach(mods, 32, (12, 0)) == (False, "SGLang's own FlashInfer all-reduce fusion owns the "
+                                                   "layer boundary here (flashinfer_ar_fusion_applies(32) holds; "
+                                                   "this GPU is SM120); b12x stays out of the way")
+    mods, _ = make_fake_sglang(fusion_applies=False)
+    assert R.add_norm_reach(mods, 32, (12, 1))[0] is True
+    assert R.add_norm_reach(mods, 32, None)[0] is False
+    assert R.platform_sm(make_fake_sglang(sm=(12, 1))[0]) == (12, 1)
+
+
+def test_b12x_first_check_mismatch_disables_and_closes(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
+        mods, calls, events, rep = _b12x_rank_step(tmp_path, (12, 0), bad=True)
+    assert I._add_norm.backend is None and I._add_norm.disabled.startswith("first result differs")
+    assert events[-1] == ("close",) and "add_norm" in rep.skipped and rep.applied == ["pre_capture"]
+    fu, norm = mods[I.MOD_AR_FUSIONS], mods[I.MOD_LAYERNORM].RMSNorm(8)
+    assert fu.fused_ffn_input(types.SimpleNamespace(norm=norm), torch.randn(4, 8), torch.randn(4, 8), None) is None
+
+
+def test_b12x_candidates_take_only_what_the_kernel_computes():
+    """The FFN and attention candidates hand b12x exactly the batches its kernel computes as SGLang's
+    path would (1..36 rows, SGLang's RMSNorm, the TP group, no post addition, no fused quant); every
+    other batch goes to SGLang's own candidate (None here, as on SM120), then the boundary's own
+    all-reduce + norm: one all-reduce per call either way."""
+    mods, calls = make_fake_sglang(sm=(12, 0))
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"})
+    fu, ln, ps = mods[I.MOD_AR_FUSIONS], mods[I.MOD_LAYERNORM], mods[I.MOD_PARALLEL_STATE]
+    be = FakeB12x()
+    I.attach_add_norm_backend(be, ranks=[0, 1])
+    norm = ln.RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+    plan = types.SimpleNamespace(norm=norm, fusions=None)
+    ffn = [lambda x, r, fb: fu.fused_ffn_input(plan, x, r, fb)]
+
+    def run(rows, via, **kw):
+        x, res = torch.randn(rows, 8), torch.randn(rows, 8)
+        keep = res.clone()
+        n0, ar0 = be.calls, calls["ar"]
+        out, new_res = _boundary(kw.get("fusions", ffn), calls_ar, kw.get("norm", norm), x, res)
+        want_out, want_res = _expected(x, keep)
+        torch.testing.assert_close(new_res, want_res)
+        torch.testing.assert_close(out, want_out * norm.weight)
+        assert torch.equal(res, keep)  # the caller's residual untouched, a fresh one returned
+        assert (be.calls - n0, calls["ar"] - ar0) == ((1, 0) if via == "b12x" else (0, 1)), (rows, via)
+
+    calls_ar = mods[I.MOD_DISTRIBUTED].tensor_model_parallel_all_reduce
+    for rows in (1, 4, 36):
+        run(rows, "b12x")
+    for rows in (37, 64):  # above the kernel's 36 rows: SGLang's all-reduce + norm
+        run(rows, "sglang")
+    assert calls["orig_ffn"] == 2
+    # not SGLang's plain RMSNorm: a subclass (another formula), a weight in another dtype
+    class Sub(ln.RMSNorm):
+        pass
+
+    sub = Sub(8)
+    with torch.no_grad():
+        sub.weight.copy_(norm.weight)
+    x = torch.randn(4, 8)
+    assert fu.fused_ffn_input(types.SimpleNamespace(norm=sub), x, torch.randn(4, 8), None) is None
+    half = ln.RMSNorm(8)
+    half.weight.data = half.weight.data.half()
+    assert fu.fused_ffn_input(types.SimpleNamespace(norm=half), x, torch.randn(4, 8), None) is None
+    assert be.calls == 3
+    # the attention input: the carried UnreducedOutput over the TP group
+    U, tp = fu.UnreducedOutput, ps.get_tp_group()
+    r = torch.randn(4, 8)
+    out = fu.fused_attn_input(plan, U(x, tp), r, None, None, fuses_quant=False, keep_bf16=False)
+    torch.testing.assert_close(out[1], r + 2 * x)
+    assert be.calls == 4
+    other = types.SimpleNamespace(ranks=[0, 2])
+    for owed, post, quant in ((U(x, other), None, False), (U(x, tp), torch.ones(4, 8), False),
+                              (U(x, tp), None, True), (U(x, tp, complete_sum=lambda t: t), None, False),
+                              (x, None, False)):
+        assert fu.fused_attn_input(plan, owed, r, None, post, fuses_quant=quant, keep_bf16=False) is None
+    assert be.calls == 4 and calls["orig_attn"] == 5
+    # attention TP is not the TP group (DP attention): the FFN input is SGLang's
+    I._add_norm.attn_is_tp = False
+    assert fu.fused_ffn_input(plan, x, r, None) is None and be.calls == 4
+    I._add_norm.attn_is_tp = True
+    I._add_norm.disabled = "voted off"
+    assert fu.fused_ffn_input(plan, x, r, None) is None and be.calls == 4

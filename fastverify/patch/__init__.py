@@ -12,7 +12,11 @@ Two halves:
   hook that ``launch`` puts on ``PYTHONPATH``. Both call :func:`plugin`.
 
 Nothing happens unless ``FASTVERIFY_PATCH=1`` is in the environment (set by ``launch``): an
-installed fastverify never changes an SGLang server started without it.
+installed fastverify never changes an SGLang server started without it. ``launch`` also sets
+``FASTVERIFY_BACKEND`` (one registry name, or ``auto``/``off``) and ``FASTVERIFY_DEPLOYMENT`` (the
+deployment record, :mod:`fastverify.deploy`). Once SGLang's groups exist, every TP rank prints one
+line to stderr, ``fastverify patch [TP r]: backend=... applied=... built=... skipped=... (why)``
+(:mod:`fastverify.patch.rank`, :func:`fastverify.patch.install.install`).
 """
 
 from __future__ import annotations

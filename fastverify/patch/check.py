@@ -35,18 +35,22 @@ def _package_dir(source: str | Path) -> Path:
 
 
 def _target_status(pkg: Path, t: Target) -> TargetStatus:
-    where = f"{t.module}.{t.cls}.{t.attr}"
+    where = t.where
     path = pkg.joinpath(*t.module.split(".")[1:]).with_suffix(".py")
     try:
         tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError, ValueError) as e:
         return TargetStatus(t.key, where, "missing", f"{path}: {type(e).__name__}")
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == t.cls), None)
-    if cls is None:
-        return TargetStatus(t.key, where, "missing", f"no class {t.cls} in {path.name}")
-    fn = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == t.attr), None)
+    body, owner = tree.body, path.name
+    if t.cls is not None:
+        cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == t.cls), None)
+        if cls is None:
+            return TargetStatus(t.key, where, "missing", f"no class {t.cls} in {path.name}")
+        body, owner = cls.body, t.cls
+    # a module-level target: a top-level def (what install.resolve finds in the module's namespace)
+    fn = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == t.attr), None)
     if fn is None:
-        return TargetStatus(t.key, where, "missing", f"{t.cls} has no {t.attr}")
+        return TargetStatus(t.key, where, "missing", f"{owner} has no {t.attr}")
     pos = [a.arg for a in fn.args.posonlyargs + fn.args.args]
     names = pos + [a.arg for a in fn.args.kwonlyargs]
     # the same rule as install._check_signature, on the source instead of the live object

@@ -1,134 +1,184 @@
 """The patch applied inside every SGLang rank (from the plugin entry point or the import hook).
 
-Targets are found by feature detection, each checked with :mod:`inspect` before it is wrapped
-(names as in SGLang 0.5.23):
+``FASTVERIFY_BACKEND`` holds one registry name (:class:`fastverify.registry.BackendName`) or
+``auto``/``off``; ``FASTVERIFY_DEPLOYMENT`` names the deployment record (:mod:`fastverify.deploy`)
+whose P2P facts and verify shapes the rank uses. Targets (:mod:`fastverify.patch.targets`, names as
+in SGLang 0.5.23):
 
 ``parallel_state.GroupCoordinator.all_reduce(self, input_)``
-    wrapped only for ``--backend pcie-ipc`` on an SGLang without its own PCIe IPC all-reduce
+    wrapped only for ``pcie_ipc`` on an SGLang without its own PCIe IPC all-reduce
     (``pcie_ipc_ar.py``); where SGLang has it, ``launch`` sets ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``
     and the dispatch is left alone.
 ``layernorm.RMSNorm.forward_with_allreduce_fusion(self, x, residual, post_residual_addition, use_attn_tp_group)``
-    replaced for ``--backend fused``. Every fused all-reduce + residual + RMSNorm of the decoder
-    layer goes through it (``layer_boundary/fusions/allreduce.py`` calls
-    ``plan.norm.forward_with_allreduce_fusion``). The replacement ALWAYS all-reduces: it runs
-    fastverify's fused backend when that takes the tensor, else the group's plain all-reduce
-    followed by the norm -- never the norm alone (SGLang's AITER branch can still do that when the
-    fused call returns None). It returns a fresh residual, as SGLang's FlashInfer wrapper does
-    (``flashinfer_preserves_residual`` relies on it). The first fused result is checked against the
-    plain path; on a mismatch the fused backend is disabled with one logged line.
+    replaced for ``fused``. SGLang 0.5.23 calls it only where ``flashinfer_ar_fusion_applies``
+    holds (``layer_boundary/residual/add_norm.py``: SM90/SM100 ...); in the rank, once the config
+    is published, that real rule decides whether ``fused_norm`` is reported applied or skipped
+    (:func:`fastverify.patch.rank.fused_norm_reach`). The replacement ALWAYS all-reduces: the fused
+    backend when it takes the tensor, else the group's plain all-reduce followed by the norm. It
+    returns a fresh residual, as SGLang's FlashInfer wrapper does. The first fused result is
+    compared with the plain path on every rank and the outcome voted on the CPU group.
 ``tp_worker.TpModelWorker.forward_batch_generation(..., is_verify=...)``
-    wrapped for ``--profile-verify DIR``: a pair of events around each verify forward (CUDA events
-    on the current stream, no host sync), drained every ``DRAIN_EVERY`` calls into
-    ``DIR/verify-rank<R>.jsonl``.
+    wrapped for ``--profile-verify DIR`` (:mod:`fastverify.patch.verify`).
 ``model_runner.ModelRunner.init_cuda_graphs(self, capture_decode_cuda_graph)``
-    wrapped when the fused or the pcie-ipc target above was applied (never for ``nccl``/``off``/
-    ``auto``). Every TP rank's ``TpModelWorker.init_cuda_graphs`` calls it once per model runner,
-    eagerly, before ``capture_cuda_graphs``. Before the original runs (target runner only, once), the
-    wrapper creates the backend through the same factory as the lazy path and calls
-    ``backend.prepare(shapes)`` with the rows SGLang will capture (decode capture batch sizes ×
-    ``decode_num_tokens_per_req()``; else the workspace's max), so workspaces exist before capture.
-    Any failure is logged in one line and the backend is left to the lazy path; it never raises.
+    wrapped whenever the patch is active: every TP rank's ``Scheduler.init_all_cuda_graphs`` calls
+    it once per model runner, after the process groups exist and the config is published, also
+    with ``--disable-cuda-graph`` and on CPU. Before the original runs (target runner, once) the
+    wrapper builds each slot's backend from SGLang's real TP ``GroupCoordinator``, sized from the
+    record, prepares it for the capture shapes, votes on every step, and prints the rank's one line
+    (``fastverify patch [TP r]: ...``) to stderr.
+
+``layer_boundary.fusions.allreduce.fused_ffn_input(plan, hidden_states, residual, forward_batch)`` and
+``fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *, fuses_quant, keep_bf16)``
+    replaced (module attributes) for ``b12x``, which SGLang 0.5.23 has no switch for. They are the
+    layer boundary's fused reduce + residual add + RMSNorm candidates: ``ffn_input_fusions`` /
+    ``attn_input_fusions`` bind them into every stage when the model is built (after the plugin
+    ran), and ``layer_boundary/prepare.py`` (``_reduce_update_read`` for the FFN input,
+    ``_run_entry`` for the attention input) calls them on every GPU before its own all-reduce +
+    norm; on SM120 SGLang's own ones return None (``flashinfer_ar_fusion_applies`` is False there),
+    so the boundary's all-reduce + norm runs. The replacement first offers the tensor to the b12x
+    slot: only when the rank step found the boundary reached here (:func:`fastverify.patch.rank.add_norm_reach`:
+    SM120/SM121, SGLang's own fusion not applying), the backend was built, prepared and its first
+    result checked on every rank (voted), the rows are 1..36 (registry ``max_rows``, FlashInfer
+    ``_oneshot_preparation.py``), the norm is exactly SGLang's ``RMSNorm`` with default numerics and
+    a weight in the input's dtype, the owed sum is over the TP group (the backend's group), no
+    post-residual addition and no fused quant. Then b12x does the all-reduce + add + norm and
+    returns a fresh residual (``flashinfer_preserves_residual`` is False on SM120: SGLang does not
+    rely on it being kept). Otherwise SGLang's own candidate runs unchanged (None on SM120: SGLang
+    all-reduces and norms), so the all-reduce always happens, above 36 rows included. The decision
+    reads only facts that are the same on every TP rank, so all ranks take the same path.
 
 A target that is missing or has other parameters is skipped with ONE log line and left as it was.
-:func:`install` never raises; :func:`uninstall` restores every original; installing twice is a
-no-op.
+:func:`install` never raises; :func:`uninstall` restores every original; installing twice is a no-op.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
-import importlib
-import inspect
-import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastverify.patch import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
                               ENV_PROFILE_VERIFY_STEPS)
+from fastverify.patch import rank as R
+from fastverify.patch.targets import (MOD_AR_FUSIONS, MOD_DISTRIBUTED, MOD_LAYERNORM, MOD_MODEL_RUNNER,
+                                      MOD_MOE_UTILS, MOD_PARALLEL_STATE, MOD_RUNTIME_CONTEXT, MOD_TP_WORKER,
+                                      TARGET_ADD_NORM_ATTN, TARGET_ADD_NORM_FFN, TARGET_ALL_REDUCE,
+                                      TARGET_FUSED_NORM, TARGET_PRE_CAPTURE, TARGET_VERIFY, TARGETS, Target)
+from fastverify.patch.targets import check_signature as _check_signature
+from fastverify.patch.targets import installed_targets as _installed
+from fastverify.patch.targets import resolve as _resolve
+from fastverify.patch.targets import unwrap_all as _unwrap_all
+from fastverify.patch.targets import wrap as _wrap
+from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _WallEvent, _make_verify_wrapper
+from fastverify.registry import BackendName, backend_info
 
 log = logging.getLogger("fastverify.patch")
 
-MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
-MOD_DISTRIBUTED = "sglang.srt.distributed"
-MOD_LAYERNORM = "sglang.srt.layers.layernorm"
-MOD_MOE_UTILS = "sglang.srt.layers.moe.utils"
-MOD_TP_WORKER = "sglang.srt.managers.tp_worker"
-MOD_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
-MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+MOD_ADD_NORM = R.MOD_ADD_NORM
+FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: it never fuses more rows (add_norm.py)
+MODES = ("auto", "off")  # FASTVERIFY_BACKEND values that are not backends: SGLang's own choice / nothing
+ADD_NORM_KEY = "add_norm"  # the b12x slot in the report (built=, skipped=); its targets are add_norm_ffn/_attn
+ADD_NORM_TARGETS = (TARGET_ADD_NORM_FFN, TARGET_ADD_NORM_ATTN)
+B12X_MAX_ROWS: int = backend_info(BackendName.b12x).max_rows or 0  # 36 (_oneshot_preparation.py)
+# The names the add-norm replacement needs from the module it wraps (fusions/allreduce.py imports them)
+ADD_NORM_NAMES = ("RMSNorm", "UnreducedOutput")
+CHECK_EPS = 1e-6
 
-DRAIN_EVERY = 64
-FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: workspaces are sized for it
-
-
-@dataclass(frozen=True)
-class Target:
-    """One thing the patch may wrap: ``module.cls.attr`` whose parameters start with ``params``
-    (and contain ``needs``)."""
-
-    key: str
-    module: str
-    cls: str
-    attr: str
-    params: tuple[str, ...]
-    needs: tuple[str, ...] = ()
-
-
-TARGET_ALL_REDUCE = Target("all_reduce", MOD_PARALLEL_STATE, "GroupCoordinator", "all_reduce", ("self", "input_"))
-TARGET_FUSED_NORM = Target("fused_norm", MOD_LAYERNORM, "RMSNorm", "forward_with_allreduce_fusion",
-                           ("self", "x", "residual", "post_residual_addition", "use_attn_tp_group"))
-TARGET_VERIFY = Target("verify_timer", MOD_TP_WORKER, "TpModelWorker", "forward_batch_generation",
-                       ("self", "batch", "forward_batch"), needs=("is_verify",))
-TARGET_PRE_CAPTURE = Target("pre_capture", MOD_MODEL_RUNNER, "ModelRunner", "init_cuda_graphs",
-                            ("self", "capture_decode_cuda_graph"))
-TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE)
+__all__ = ["ADD_NORM_KEY", "DRAIN_EVERY", "FUSED_MAX_TOKENS", "MOD_ADD_NORM", "MOD_AR_FUSIONS", "MOD_DISTRIBUTED",
+           "MOD_LAYERNORM", "MOD_MODEL_RUNNER", "MOD_MOE_UTILS", "MOD_PARALLEL_STATE", "MOD_RUNTIME_CONTEXT",
+           "MOD_TP_WORKER", "PatchReport", "TARGETS", "Target", "VerifyTimer", "VerifyTrace",
+           "attach_add_norm_backend", "attach_dispatch_backend", "attach_fused_backend", "install", "installed",
+           "uninstall"]
 
 
 @dataclass
 class PatchReport:
-    """What :func:`install` did: ``applied`` target keys, ``skipped`` key → reason (also logged,
-    one line each), ``settings`` applied in-rank, ``backend`` asked for."""
+    """What :func:`install` (and, later, the rank step before capture) did.
+
+    Attributes
+    ----------
+    backend : str
+        ``FASTVERIFY_BACKEND`` as given.
+    applied : list[str]
+        Target keys in effect.
+    skipped : dict[str, str]
+        Key → one-line reason (a target, ``backend``, ``deployment``, ``add_norm``, ...).
+    settings : dict[str, str]
+        Environment settings applied in-rank.
+    built : dict[str, str]
+        Slot → what was built (``"gloo: world 2, single node, P2P proven by p2p_check"``).
+    active : bool
+        False when ``FASTVERIFY_PATCH`` is not ``1``.
+    """
 
     backend: str
     applied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)
+    built: dict[str, str] = field(default_factory=dict)
     active: bool = True
 
-    def line(self) -> str:
+    def line(self, tp: str | None = None) -> str:
+        """One line: ``fastverify patch [TP r]: backend=... applied=... built=... skipped=k (why); ...``."""
         parts = [f"backend={self.backend}", "applied=" + (",".join(self.applied) or "none")]
+        if self.built:
+            parts.append("built=" + "; ".join(f"{k}={v}" for k, v in self.built.items()))
         if self.skipped:
-            parts.append("skipped=" + ",".join(self.skipped))
-        return "fastverify patch: " + " ".join(parts)
+            parts.append("skipped=" + "; ".join(f"{k} ({v})" for k, v in self.skipped.items()))
+        where = f" [TP {tp}]" if tp is not None else ""
+        return f"fastverify patch{where}: " + " ".join(parts)
+
+    def unapply(self, key: str, reason: str) -> None:
+        """Move ``key`` from applied to skipped."""
+        if key in self.applied:
+            self.applied.remove(key)
+        self.skipped[key] = reason
 
 
 # --- state ------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_installed: list[tuple[type, str, Any]] = []  # (owner, attr, original), in install order
 
 
 @dataclass
 class _BackendSlot:
-    """A fastverify backend for one role, created lazily on the first eager CUDA call (or attached)."""
+    """A fastverify backend for one role; built before capture or on the first eager call (or attached)."""
 
-    kind: str  # fastverify BackendName value: "fused" / "pcie_ipc"
+    kind: BackendName
     backend: Any = None
     disabled: str | None = None
     checked: bool = False
-    prepared: bool = False  # prepare() ran before CUDA-graph capture
-    factory: Callable[[Any, Any], Any] | None = None  # (coordinator-or-None, tensor) -> backend
+    prepared: bool = False  # the rank step before CUDA-graph capture ran for it
+    factory: Callable[[Any, Any], Any] | None = None  # (coordinator, tensor-or-probe) -> backend
+    context: Any = None  # the ProbeContext it was built with
+    ranks: list[int] | None = None  # global ranks of the group it was built on (add_norm: the TP group)
+    attn_is_tp: bool = False  # add_norm: the attention-TP group is the TP group (no DP attention)
 
 
-_fused = _BackendSlot("fused")
-_dispatch = _BackendSlot("pcie_ipc")
-_timer: "VerifyTimer | None" = None
+@dataclass(frozen=True)
+class _SlotUse:
+    """A slot as the rank step sees it: built on the attention-TP group (``use_attn``) or the TP
+    group; ``key`` names it in the line (``built=``); ``targets`` are the keys it serves."""
+
+    slot: _BackendSlot
+    use_attn: bool
+    key: str
+    targets: tuple[str, ...]
+
+
+_fused = _BackendSlot(BackendName.fused)
+_dispatch = _BackendSlot(BackendName.pcie_ipc)
+_add_norm = _BackendSlot(BackendName.b12x)
+_SLOTS = (_fused, _dispatch, _add_norm)
+_timer: VerifyTimer | None = None
+_report: PatchReport | None = None
+_record: Any = None  # the DeploymentRecord of this rank, or None
+_abandoned: list[Any] = []  # built on some ranks only: never closed (closing them alone would hang)
+_rank_step_done = False
 
 
 def attach_fused_backend(backend: Any, *, checked: bool = False) -> None:
@@ -138,133 +188,119 @@ def attach_fused_backend(backend: Any, *, checked: bool = False) -> None:
 
 
 def attach_dispatch_backend(backend: Any) -> None:
-    """Use ``backend`` for tensor-parallel all-reduces that it ``supports`` (``--backend pcie-ipc``
-    on an SGLang without its own PCIe IPC path)."""
+    """Use ``backend`` for tensor-parallel all-reduces that it ``supports`` (``pcie_ipc`` on an
+    SGLang without its own PCIe IPC path)."""
     _dispatch.backend, _dispatch.disabled = backend, None
+
+
+def attach_add_norm_backend(backend: Any, *, ranks: list[int], attn_is_tp: bool = True) -> None:
+    """Use ``backend`` for the layer boundary's add-norm (the b12x slot), built on the group of
+    global ``ranks``; taken as checked (the rank step's first-result check is for built ones)."""
+    _add_norm.backend, _add_norm.disabled, _add_norm.checked = backend, None, True
+    _add_norm.ranks, _add_norm.attn_is_tp = list(ranks), attn_is_tp
 
 
 def _disable(slot: _BackendSlot, reason: str) -> None:
     if slot.disabled is None:
         slot.disabled = reason
-        log.warning("fastverify patch: %s backend disabled: %s; using the plain all-reduce", slot.kind, reason)
+        log.warning("fastverify patch: %s backend disabled on every TP rank: %s; using the plain all-reduce",
+                    slot.kind.value, reason)
 
 
-def _is_capturing() -> bool:
+def _close_quietly(be: Any) -> None:
     try:
-        import torch
-
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:
-        return False
-
-
-def _is_compiling() -> bool:
-    try:
-        import torch
-
-        return bool(torch.compiler.is_compiling())
-    except Exception:
-        return False
+        close = getattr(be, "close", None)
+        if callable(close):
+            close()
+    except Exception as err:
+        log.warning("fastverify patch: closing the backend failed (%s: %s)", type(err).__name__, err)
 
 
-def _max_numel(kind: str, hidden: int) -> int:
-    env_max = os.environ.get("SGLANG_PCIE_IPC_MAX_NUMEL")
-    if kind == "pcie_ipc" and env_max and env_max.isdigit():
-        return int(env_max)
-    return FUSED_MAX_TOKENS * hidden
+def _default_factory(kind: BackendName, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
+    """Build ``kind`` (gloo on CPU) from SGLang's coordinator and the record (:func:`rank.make_for_rank`).
+    The workspace is sized from the record; without one, from the widest captured decode (the
+    ``_Probe`` of the step before capture), never from the first live batch."""
+    slot = next(s for s in _SLOTS if s.kind is kind)
 
-
-def _default_factory(kind: str) -> Callable[[Any, Any], Any]:
     def make(coordinator: Any, x: Any) -> Any:
-        from fastverify.backends import make_backend
-
-        group = getattr(coordinator, "device_group", None)
-        hidden = int(x.shape[-1])
-        max_numel = _max_numel(kind, hidden)
-        return make_backend(kind, group, device=x.device, dtype=x.dtype, max_numel=max_numel)
+        rows = int(x.shape[0]) if isinstance(x, _Probe) else None
+        be, ctx = R.make_for_rank(kind, coordinator, x, record=_record, rows=rows, modules=modules)
+        slot.context = ctx
+        return be
 
     return make
 
 
+def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[tuple[int, int]],
+                     check: Callable[[Any], str | None] | None = None) -> Any:
+    """Create (and prepare, when ``shapes``; then ``check``, when given) the slot's backend on every
+    TP rank or on none: each step's outcome is exchanged on the CPU group before the next. A failed
+    creation is not closed (the ranks without a backend cannot join its collective destroy); a
+    failed prepare or check is closed on every rank. ``check(backend)`` returns None or why the
+    backend is wrong (it may raise); it passing sets ``slot.checked``. Returns the backend or None
+    (then the slot is disabled everywhere)."""
+    be, why = None, None
+    try:
+        be = slot.factory(coordinator, x)
+    except Exception as err:
+        why = f"cannot create it ({type(err).__name__}: {err})"
+    failed = R.first_reason(R.gather_reasons(coordinator, why))
+    if failed is not None:
+        if be is not None:
+            _abandoned.append(be)
+        _disable(slot, failed)
+        return None
+    if shapes:
+        try:
+            prep = getattr(be, "prepare", None)
+            if callable(prep):
+                prep(shapes)
+        except Exception as err:
+            why = f"prepare failed ({type(err).__name__}: {err})"
+        failed = R.first_reason(R.gather_reasons(coordinator, why))
+        if failed is not None:
+            _close_quietly(be)  # every rank holds one: closed together
+            _disable(slot, failed)
+            return None
+        slot.prepared = True
+    if check is not None:
+        try:
+            why = check(be)
+        except Exception as err:
+            why = f"first result check failed ({type(err).__name__}: {err})"
+        failed = R.first_reason(R.gather_reasons(coordinator, why))
+        if failed is not None:
+            _close_quietly(be)
+            _disable(slot, failed)
+            return None
+        slot.checked = True
+    slot.backend = be
+    return be
+
+
 def _slot_backend(slot: _BackendSlot, coordinator: Any, x: Any) -> Any:
-    """The slot's backend, creating it on the first eager call on a GPU tensor; None when there is
-    none (disabled, not creatable now, CPU tensor)."""
+    """The slot's backend, created (voted) on the first eager call on a GPU tensor when the step
+    before capture did not; None when there is none (disabled, not creatable now, CPU tensor)."""
     if slot.disabled is not None:
         return None
     if slot.backend is None:
-        if slot.factory is None or not getattr(x, "is_cuda", False) or _is_capturing() or _is_compiling():
+        if slot.factory is None or not getattr(x, "is_cuda", False) or R.is_capturing() or R.is_compiling():
             return None
-        try:
-            slot.backend = slot.factory(coordinator, x)
-        except Exception as err:
-            _disable(slot, f"cannot create it ({type(err).__name__}: {err})")
-            return None
+        return _create_together(slot, coordinator, x, [])
     return slot.backend
-
-
-# --- wrapping ---------------------------------------------------------------------------------------
-
-
-def _check_signature(fn: Any, target: Target) -> str | None:
-    """None when ``fn`` looks like the target, else what differs (one phrase)."""
-    if not callable(fn):
-        return "not callable"
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return "signature cannot be read"
-    names = [p.name for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if tuple(names[: len(target.params)]) != target.params:
-        return f"parameters ({', '.join(names)}) do not start with ({', '.join(target.params)})"
-    for n in target.needs:
-        if n not in sig.parameters:
-            return f"has no parameter {n!r}"
-    return None
-
-
-def _resolve(target: Target, modules: Mapping[str, Any] | None) -> tuple[type | None, Any, str | None]:
-    try:
-        mod = modules[target.module] if modules is not None else importlib.import_module(target.module)
-    except KeyError:
-        return None, None, f"module {target.module} not given"
-    except Exception as err:
-        return None, None, f"cannot import {target.module} ({type(err).__name__}: {err})"
-    cls = getattr(mod, target.cls, None)
-    if not isinstance(cls, type):
-        return None, None, f"{target.module} has no class {target.cls}"
-    fn = cls.__dict__.get(target.attr)
-    if fn is None:
-        return None, None, f"{target.cls} defines no {target.attr}"
-    return cls, fn, None
-
-
-def _wrap(cls: type, attr: str, make: Callable[[Any], Any]) -> bool:
-    """Replace ``cls.attr`` by ``make(original)``; False when it is already ours (idempotent)."""
-    current = cls.__dict__[attr]
-    if getattr(current, "__fastverify_original__", None) is not None:
-        return False
-    new = functools.wraps(current)(make(current))
-    new.__fastverify_original__ = current
-    setattr(cls, attr, new)
-    _installed.append((cls, attr, current))
-    return True
 
 
 def _skip(report: PatchReport, target: Target, reason: str) -> None:
     report.skipped[target.key] = reason
-    log.warning("fastverify patch: skipped %s.%s.%s: %s; SGLang's own code runs unchanged",
-                target.module, target.cls, target.attr, reason)
+    log.warning("fastverify patch: skipped %s: %s; SGLang's own code runs unchanged", target.where, reason)
 
 
 def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] | None,
-                make: Callable[[Any], Any], extra_check: Callable[[], str | None] | None = None) -> None:
+                make: Callable[[Any], Any]) -> None:
     try:
         cls, fn, why = _resolve(target, modules)
         if why is None:
             why = _check_signature(fn, target)
-        if why is None and extra_check is not None:
-            why = extra_check()
         if why is not None:
             _skip(report, target, why)
             return
@@ -294,11 +330,7 @@ def _make_all_reduce(original: Callable) -> Callable:
 def _group_all_reduces(modules: Mapping[str, Any] | None) -> tuple[Callable | None, Callable | None, str | None]:
     """(attention-TP all-reduce, post-experts all-reduce) as SGLang's fallback uses them."""
     def get(mod_name: str, name: str) -> Callable | None:
-        try:
-            mod = modules[mod_name] if modules is not None else importlib.import_module(mod_name)
-        except Exception:
-            return None
-        fn = getattr(mod, name, None)
+        fn = getattr(R.module(mod_name, modules), name, None)
         return fn if callable(fn) else None
 
     attn = get(MOD_DISTRIBUTED, "attention_tensor_model_parallel_all_reduce")
@@ -312,7 +344,7 @@ def _group_all_reduces(modules: Mapping[str, Any] | None) -> tuple[Callable | No
 
 def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: bool) -> Any:
     try:
-        mod = modules[MOD_PARALLEL_STATE] if modules is not None else importlib.import_module(MOD_PARALLEL_STATE)
+        mod = R.module(MOD_PARALLEL_STATE, modules)
         getter = getattr(mod, "get_attn_tp_group" if use_attn_tp_group else "get_tp_group", None) \
             or getattr(mod, "get_tp_group")
         return getter()
@@ -326,17 +358,19 @@ def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, 
                                           use_attn_tp_group=True):
             if residual is not None and post_residual_addition is not None:
                 residual = residual + post_residual_addition  # fresh tensor; the caller's is untouched
+            plain_ar = attn_ar if use_attn_tp_group else moe_ar
             if residual is not None:
                 weight = getattr(self, "weight", None)
                 eps = getattr(self, "variance_epsilon", None)
-                be = None
+                be, coord = None, None
                 if weight is not None and eps is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_TOKENS:
-                    be = _slot_backend(_fused, _group_coordinator(modules, use_attn_tp_group), x)
+                    coord = _group_coordinator(modules, use_attn_tp_group)
+                    be = _slot_backend(_fused, coord, x)
                 if be is not None and be.supports(x):
-                    out = _run_fused(be, x, residual, weight, eps, attn_ar if use_attn_tp_group else moe_ar, self)
+                    out = _run_fused(be, coord, x, residual, weight, eps, plain_ar)
                     if out is not None:
                         return out
-            reduced = (attn_ar if use_attn_tp_group else moe_ar)(x)
+            reduced = plain_ar(x)
             if residual is None:
                 return self.forward(reduced)
             if post_residual_addition is None:
@@ -348,219 +382,109 @@ def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, 
     return make
 
 
-def _run_fused(be: Any, x: Any, residual: Any, weight: Any, eps: float, plain_ar: Callable, norm: Any) -> Any:
-    """The fused result, or None to fall back (after disabling the backend on a mismatch/error).
-    Always collective-consistent: on the first call every rank runs both paths."""
-    try:
-        w = weight.data if hasattr(weight, "data") else weight
-        out = be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
-        if not _fused.checked:
-            _fused.checked = True
-            from fastverify.backends import add_rmsnorm, check_close
+def _run_fused(be: Any, coordinator: Any, x: Any, residual: Any, weight: Any, eps: float,
+               plain_ar: Callable) -> Any:
+    """The fused result, or None to take the plain path.
 
-            want = add_rmsnorm(plain_ar(x.clone()), residual, w, float(eps))
-            ok0, err0 = check_close(out[0], want[0], x.dtype)
-            ok1, err1 = check_close(out[1], want[1], x.dtype)
-            if not (ok0 and ok1):
-                _disable(_fused, f"first result differs from the plain path (max error {max(err0, err1):.3g})")
-                return None
-        return out
-    except Exception as err:
-        _disable(_fused, f"{type(err).__name__}: {err}")
+    The first eager call runs the plain path and the fused one on every rank, compares them and
+    votes on the CPU group: any rank's mismatch or error disables the fused backend on all of them.
+    Inside a graph capture before that check, None (the plain path is captured). After the check an
+    error is raised, not swallowed: a one-rank fallback would leave the other ranks inside the
+    collective kernel."""
+    w = weight.data if hasattr(weight, "data") else weight
+    if _fused.checked:
+        return be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
+    if R.is_capturing():
         return None
+    from fastverify.backends import add_rmsnorm, check_close
 
-
-# --- the verify timer -------------------------------------------------------------------------------
-
-
-class _WallEvent:
-    """CPU stand-in for ``torch.cuda.Event`` (no GPU): wall clock, always complete."""
-
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0
-
-    def record(self) -> None:
-        self.t = time.perf_counter_ns()
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: "_WallEvent") -> float:
-        return (end.t - self.t) / 1e6
-
-
-def _default_event_factory() -> tuple[Callable[[], Any], str]:
+    want = add_rmsnorm(plain_ar(x.clone()), residual, w, float(eps))  # the plain path first, on every rank
+    out, why = None, None
     try:
-        import torch
-
-        if torch.cuda.is_available():
-            return (lambda: torch.cuda.Event(enable_timing=True)), "cuda_events"
-    except Exception:
-        pass
-    return _WallEvent, "cpu_wall_clock"
-
-
-def _default_rank() -> str:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return str(dist.get_rank())
-    except Exception:
-        pass
-    return f"pid{os.getpid()}"
+        out = be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
+        ok0, err0 = check_close(out[0], want[0], x.dtype)
+        ok1, err1 = check_close(out[1], want[1], x.dtype)
+        if not (ok0 and ok1):
+            why = f"first result differs from the plain path (max error {max(err0, err1):.3g})"
+    except Exception as err:
+        why = f"{type(err).__name__}: {err}"
+    failed = R.first_reason(R.gather_reasons(coordinator, why))
+    if failed is not None:
+        _disable(_fused, failed)
+        return None
+    _fused.checked = True
+    return out
 
 
-class VerifyTimer:
-    """Events around each verify forward; :meth:`drain` writes the finished ones as JSON lines
-    (``{"step", "verify_ms", "clock", "rank", "pid"}``) to ``out_dir/verify-rank<R>.jsonl``.
-    Recording never waits for the GPU; draining reads only events whose ``query()`` is True."""
-
-    def __init__(self, out_dir: str | Path, *, every: int = DRAIN_EVERY,
-                 event_factory: Callable[[], Any] | None = None, clock: str | None = None,
-                 rank: Callable[[], str] = _default_rank) -> None:
-        self.out_dir = Path(out_dir)
-        self.every = max(1, int(every))
-        if event_factory is None:
-            event_factory, default_clock = _default_event_factory()
-            clock = clock or default_clock
-        self.event_factory = event_factory
-        self.clock = clock or "unknown"
-        self.rank = rank
-        self.pending: list[tuple[int, Any, Any]] = []
-        self.steps = 0
-        self.written = 0
-        self._path: Path | None = None
-
-    def start(self) -> Any:
-        ev = self.event_factory()
-        ev.record()
-        return ev
-
-    def stop(self, start_ev: Any) -> None:
-        end = self.event_factory()
-        end.record()
-        self.pending.append((self.steps, start_ev, end))
-        self.steps += 1
-        if len(self.pending) >= self.every:
-            self.drain()
-
-    def drain(self, *, wait: bool = False) -> int:
-        """Write finished events; ``wait=True`` (at exit) synchronizes on the last ones."""
-        done, keep = [], []
-        for item in self.pending:
-            _, s, e = item
-            if wait and hasattr(e, "synchronize"):
-                try:
-                    e.synchronize()
-                except Exception:
-                    pass
-            (done if e.query() else keep).append(item)
-        self.pending = keep
-        if not done:
-            return 0
-        try:
-            if self._path is None:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self._path = self.out_dir / f"verify-rank{self.rank()}.jsonl"
-            rank, pid = self.rank(), os.getpid()
-            with open(self._path, "a", encoding="utf-8") as f:
-                for step, s, e in done:
-                    f.write(json.dumps({"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6),
-                                        "clock": self.clock, "rank": rank, "pid": pid}) + "\n")
-        except Exception as err:
-            log.warning("fastverify patch: verify timings not written to %s: %s", self.out_dir, err)
-            return 0
-        self.written += len(done)
-        return len(done)
+# --- the layer boundary's add-norm (b12x) ------------------------------------------------------------
 
 
-class VerifyTrace:
-    """A torch.profiler trace of the next ``steps`` verify forwards of this rank, each inside a
-    ``step[TARGET_VERIFY #i]`` span (the form ``fastverify profile --trace`` splits steps on),
-    written to ``out_dir/verify-TP-<rank>.trace.json.gz`` when the last one ends. Profiling costs
-    time, so the timings in the JSON lines of those steps are not representative; it stops itself."""
-
-    def __init__(self, out_dir: str | Path, steps: int, *, rank: Callable[[], str] = _default_rank) -> None:
-        self.out_dir = Path(out_dir)
-        self.steps = int(steps)
-        self.rank = rank
-        self.done = 0
-        self._prof: Any = None
-        self._span: Any = None
-        self.path: Path | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.done < self.steps
-
-    def begin(self) -> None:
-        if not self.active:
-            return
-        try:
-            import torch
-
-            if self._prof is None:
-                acts = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
-                    acts.append(torch.profiler.ProfilerActivity.CUDA)
-                self._prof = torch.profiler.profile(activities=acts)
-                self._prof.__enter__()
-            self._span = torch.profiler.record_function(f"step[TARGET_VERIFY #{self.done}]")
-            self._span.__enter__()
-        except Exception as err:  # profiling must never break serving
-            log.warning("fastverify patch: verify trace not started: %s", err)
-            self.steps = 0
-
-    def end(self) -> None:
-        if self._span is None:
-            return
-        try:
-            self._span.__exit__(None, None, None)
-            self._span = None
-            self.done += 1
-            if self.done >= self.steps:
-                self._prof.__exit__(None, None, None)
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self.path = self.out_dir / f"verify-TP-{self.rank()}.trace.json.gz"
-                self._prof.export_chrome_trace(str(self.path))
-                self._prof = None
-                log.info("fastverify patch: wrote a trace of %d verify steps to %s", self.done, self.path)
-        except Exception as err:
-            log.warning("fastverify patch: verify trace not written: %s", err)
-            self.steps = 0
+def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
+    """``(normed, residual_out)`` from the b12x slot, or None (nothing touched, no collective
+    started: the caller runs SGLang's own candidate). Every condition is the same on every TP rank
+    (slot state voted at the rank step, shapes, dtypes, the model's norm), so all ranks agree."""
+    slot = _add_norm
+    be = slot.backend
+    if be is None or slot.disabled is not None or not slot.checked or residual is None:
+        return None
+    dim = getattr(x, "dim", None)
+    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= B12X_MAX_ROWS:
+        return None  # above 36 rows the kernel refuses (_oneshot_preparation.py): SGLang's all-reduce + norm
+    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype or R.is_compiling():
+        return None
+    got = R.plain_rmsnorm(getattr(plan, "norm", None), rmsnorm_cls, x)
+    if got is None or not be.supports(x):
+        return None
+    # Past this point an error is raised, not swallowed: the other ranks are in the collective.
+    return be.all_reduce_residual_rmsnorm(x, residual, got[0], got[1])
 
 
-def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTrace | None = None) -> Callable:
-    sig = inspect.signature(original)
-    names = list(sig.parameters)
-    pos = names.index("is_verify") - 1 if "is_verify" in names else -1  # minus self
-
-    def forward_batch_generation(self, *args, **kwargs):
-        if "is_verify" in kwargs:
-            is_verify = kwargs["is_verify"]
-        else:
-            is_verify = 0 <= pos < len(args) and args[pos]
-        if not is_verify or _is_capturing():
-            return original(self, *args, **kwargs)
-        tracing = trace is not None and trace.active
-        if tracing:
-            trace.begin()
-        start = timer.start()
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            timer.stop(start)
-            if tracing:
-                trace.end()
-        return out
-
-    return forward_batch_generation
+def _same_group(group: Any) -> bool:
+    ranks = getattr(group, "ranks", None)
+    return ranks is not None and _add_norm.ranks is not None and list(ranks) == _add_norm.ranks
 
 
-# --- before CUDA-graph capture ---------------------------------------------------------------------
+def _make_add_norm_ffn(names: Mapping[str, Any]) -> Callable[[Callable], Callable]:
+    """The FFN input's candidate (attention output's sum over attention TP + add + norm).
+    ``names``: the wrapped module's namespace (its ``RMSNorm``, imported from ``layernorm.py``)."""
+    rmsnorm_cls = names.get("RMSNorm")
+
+    def make(original: Callable) -> Callable:
+        def fused_ffn_input(plan, hidden_states, residual, forward_batch, *args, **kwargs):
+            if not args and not kwargs and _add_norm.attn_is_tp:
+                out = _b12x_add_norm(plan, hidden_states, residual, rmsnorm_cls)
+                if out is not None:
+                    return out
+            return original(plan, hidden_states, residual, forward_batch, *args, **kwargs)
+
+        return fused_ffn_input
+
+    return make
+
+
+def _make_add_norm_attn(names: Mapping[str, Any]) -> Callable[[Callable], Callable]:
+    """The attention input's candidate (the previous FFN's carried ``UnreducedOutput`` + add + norm).
+    ``names``: the wrapped module's namespace (its ``RMSNorm`` and ``UnreducedOutput``)."""
+    rmsnorm_cls, unreduced = names.get("RMSNorm"), names.get("UnreducedOutput")
+
+    def make(original: Callable) -> Callable:
+        def fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *args, **kwargs):
+            # SGLang's own declines a post-residual addition too ("the kernel does not add it")
+            if (not args and post_residual_addition is None and not kwargs.get("fuses_quant")
+                    and set(kwargs) <= {"fuses_quant", "keep_bf16"} and unreduced is not None
+                    and type(owed) is unreduced and getattr(owed, "reduce_to_dp_local", None) is None
+                    and getattr(owed, "complete_sum", None) is None and _same_group(getattr(owed, "group", None))):
+                out = _b12x_add_norm(plan, owed.partial, residual, rmsnorm_cls)
+                if out is not None:
+                    return out
+            return original(plan, owed, residual, forward_batch, post_residual_addition, *args, **kwargs)
+
+        return fused_attn_input
+
+    return make
+
+
+# --- the rank step before CUDA-graph capture --------------------------------------------------------
 
 
 @dataclass
@@ -580,8 +504,7 @@ def _capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list
     ``get_batch_sizes_to_capture`` does; older: ``server_args.cuda_graph_bs`` / ``cuda_graph_max_bs``)."""
     bs: list[int] = []
     try:
-        mod = modules[MOD_RUNTIME_CONTEXT] if modules is not None else importlib.import_module(MOD_RUNTIME_CONTEXT)
-        bs = [int(b) for b in (mod.get_exec().graph.cuda_graph_config.decode.bs or [])]
+        bs = [int(b) for b in (R.module(MOD_RUNTIME_CONTEXT, modules).get_exec().graph.cuda_graph_config.decode.bs or [])]
     except Exception:
         bs = []
     if not bs:
@@ -597,10 +520,8 @@ def _capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list
     return sorted({b for b in bs if b > 0})
 
 
-def _capture_shapes(runner: Any, hidden: int, kind: str, modules: Mapping[str, Any] | None) -> list[tuple[int, int]]:
-    """(rows, hidden) for every captured decode/verify batch: batch size × tokens per request, up
-    to what the workspace holds; the workspace's max when the batch sizes cannot be read."""
-    max_rows = max(1, _max_numel(kind, hidden) // hidden)
+def _capture_rows(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
+    """Rows of every captured decode/verify batch: batch size × tokens per request."""
     width = 1
     try:
         fn = getattr(runner, "decode_num_tokens_per_req", None)
@@ -608,8 +529,16 @@ def _capture_shapes(runner: Any, hidden: int, kind: str, modules: Mapping[str, A
             width = max(1, int(fn()))
     except Exception:
         width = 1
-    rows = sorted({b * width for b in _capture_batch_sizes(runner, modules) if b * width <= max_rows})
-    return [(r, hidden) for r in rows] or [(max_rows, hidden)]
+    return sorted({b * width for b in _capture_batch_sizes(runner, modules)})
+
+
+def _max_rows(runner: Any, modules: Mapping[str, Any] | None) -> int | None:
+    """The widest verify all-reduce: the record's ``max_batch × draft_tokens``, else SGLang's
+    widest captured decode; None when neither is known."""
+    if _record is not None:
+        return _record.shapes.max_rows
+    rows = _capture_rows(runner, modules)
+    return rows[-1] if rows else None
 
 
 def _runner_probe(runner: Any) -> tuple[int, Any, Any]:
@@ -620,51 +549,82 @@ def _runner_probe(runner: Any) -> tuple[int, Any, Any]:
     try:
         import torch
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and str(device).startswith("cuda"):
             device = torch.device("cuda", torch.cuda.current_device())
-        elif isinstance(getattr(runner, "gpu_id", None), int):
-            device = f"{device}:{runner.gpu_id}"
+        elif str(device) == "cuda" and isinstance(getattr(runner, "gpu_id", None), int):
+            device = f"cuda:{runner.gpu_id}"
     except Exception:
         pass
     return hidden, device, dtype
 
 
-def _prepare_slots(runner: Any, slots: list[tuple[_BackendSlot, bool]], modules: Mapping[str, Any] | None) -> None:
-    """Create and prepare each slot's backend before capture; on any failure one log line, and the
-    slot is left to the lazy path (backend None, not disabled). Never raises."""
-    if getattr(runner, "is_draft_worker", False):
+def _slot_text(slot: _BackendSlot) -> str:
+    be, ctx = slot.backend, slot.context
+    name = getattr(getattr(be, "name", None), "value", type(be).__name__)
+    if ctx is None:
+        return str(name)
+    node = {True: "single node", False: "several nodes", None: "node unknown"}[ctx.single_node]
+    return f"{name} (world {ctx.world_size}, {ctx.group_backend}, {node}, {ctx.p2p_note})"
+
+
+def _unapply_use(report: PatchReport, use: _SlotUse, reason: str) -> None:
+    """Take every target of ``use`` out of ``applied``; one ``skipped`` entry under its key."""
+    for k in use.targets:
+        if k in report.applied:
+            report.applied.remove(k)
+    report.skipped[use.key] = reason
+
+
+def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any] | None) -> None:
+    """The rank step (target runner, once): decide whether SGLang reaches each slot's target,
+    build and prepare the backend on every rank or none (the b12x slot: and check its first
+    result), and print this rank's line."""
+    global _rank_step_done
+    if getattr(runner, "is_draft_worker", False) or _rank_step_done:
         return  # the target runner's hidden size sizes the workspaces
-    for slot, use_attn in slots:
-        if slot.prepared or slot.disabled is not None or slot.factory is None:
+    _rank_step_done = True
+    report = _report or PatchReport(backend="?")
+    tp_coord = _group_coordinator(modules, False)
+    for use in slots:
+        slot = use.slot
+        if slot.disabled is not None or slot.factory is None or slot.backend is not None:
             continue
-        slot.prepared = True  # once, even when it fails
-        created = False
         try:
             hidden, device, dtype = _runner_probe(runner)
-            shapes = _capture_shapes(runner, hidden, slot.kind, modules)
-            if slot.backend is None:
-                coord = _group_coordinator(modules, use_attn)
-                slot.backend = slot.factory(coord, _Probe((shapes[-1][0], hidden), device, dtype))
-                created = True
-            prep = getattr(slot.backend, "prepare", None)
-            if callable(prep):
-                prep(shapes)
-            log.info("fastverify patch: %s backend prepared before CUDA-graph capture for %d shapes (max %s)",
-                     slot.kind, len(shapes), shapes[-1])
-        except Exception as err:
-            if created:
-                try:
-                    close = getattr(slot.backend, "close", None)
-                    if callable(close):
-                        close()
-                except Exception:
-                    pass
-                slot.backend = None
-            log.warning("fastverify patch: %s backend not prepared before CUDA-graph capture (%s: %s); "
-                        "it is created on the first eager call instead", slot.kind, type(err).__name__, err)
+            max_rows = _max_rows(runner, modules)
+            reach = None
+            if slot is _fused:
+                reach = R.fused_norm_reach(modules, max_rows or 1, R.this_sm())
+            elif slot is _add_norm:
+                reach = R.add_norm_reach(modules, max_rows or 1, R.platform_sm(modules))
+            if reach is not None and not reach[0]:
+                _unapply_use(report, use, reach[1])
+                slot.disabled = reach[1]  # the same published config and GPU on every rank: no vote needed
+                continue
+            rows = [r for r in _capture_rows(runner, modules) if max_rows is None or r <= max_rows]
+            shapes = [(r, hidden) for r in rows] or ([(max_rows, hidden)] if max_rows else [])
+            coord = _group_coordinator(modules, use.use_attn)
+            check = None
+            if slot is _add_norm:
+                attn = _group_coordinator(modules, True)
+                slot.ranks = list(getattr(coord, "ranks", None) or [])
+                slot.attn_is_tp = attn is coord or list(getattr(attn, "ranks", None) or []) == slot.ranks
+                fits = [r for r, _ in shapes if r <= B12X_MAX_ROWS]
+                check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, B12X_MAX_ROWS),
+                                           hidden, device, dtype, eps=CHECK_EPS)
+            be = _create_together(slot, coord, _Probe((max_rows or 1, hidden), device, dtype), shapes, check)
+            if be is None:
+                _unapply_use(report, use, f"backend not built: {slot.disabled}")
+            else:
+                report.built[use.key] = _slot_text(slot)
+        except Exception as err:  # never into the server; a failure before the votes is local and logged
+            log.warning("fastverify patch: %s backend step before CUDA-graph capture failed (%s: %s)",
+                        slot.kind.value, type(err).__name__, err)
+            _unapply_use(report, use, f"{type(err).__name__}: {err}")
+    R.emit(report.line(R.tp_rank(tp_coord, runner)))
 
 
-def _make_pre_capture(slots: list[tuple[_BackendSlot, bool]], modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
+def _make_pre_capture(slots: list[_SlotUse], modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
     def make(original: Callable) -> Callable:
         def init_cuda_graphs(self, *args, **kwargs):
             try:
@@ -690,30 +650,52 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
     sglang_modules
         Module name → module for the targets (tests pass fakes); default: import them.
     environ
-        Default ``os.environ``. Reads ``FASTVERIFY_PATCH`` (must be ``1``), ``FASTVERIFY_BACKEND``,
-        ``FASTVERIFY_PROFILE_VERIFY``, ``FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS``.
+        Default ``os.environ``. Reads ``FASTVERIFY_PATCH`` (must be ``1``), ``FASTVERIFY_BACKEND``
+        (a registry name, ``auto`` or ``off``), ``FASTVERIFY_DEPLOYMENT``, ``FASTVERIFY_PROFILE_VERIFY``,
+        ``FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS``.
     sglang_has_pcie_ipc
         Whether SGLang has its own PCIe IPC all-reduce (default: looked up).
     timer
         The verify timer to use (tests); default one writing to ``FASTVERIFY_PROFILE_VERIFY``.
 
+    Returns
+    -------
+    PatchReport
+        The same object the rank step completes (reach, build) and prints before capture.
+
     Never raises; every skipped target is logged in one line and listed in the report.
     """
-    global _timer
+    global _timer, _report, _record, _rank_step_done
     env = os.environ if environ is None else environ
     report = PatchReport(backend=env.get(ENV_BACKEND, "auto"))
     if env.get(ENV_FLAG) != "1":
         report.active = False
         return report
     with _lock:
+        _report, _rank_step_done = report, False
         try:
             cdmc = env.get(ENV_CUDA_MAX_CONNECTIONS)
             if cdmc:
                 # SGLang's launcher wrote 8; the ranks have not created a CUDA context yet.
                 os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
                 report.settings["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
+            from fastverify.deploy import record_from_environ
+            from fastverify.errors import UserError
 
-            if report.backend == "pcie-ipc":
+            try:
+                _record = record_from_environ(dict(env))
+            except UserError as err:
+                _record = None
+                report.skipped["deployment"] = str(err)
+            kind = None
+            if report.backend not in MODES:
+                try:
+                    kind = BackendName(report.backend)
+                except ValueError:
+                    report.skipped["backend"] = (f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
+                                                 f"{', '.join([b.value for b in BackendName] + list(MODES))}")
+
+            if kind is BackendName.pcie_ipc:
                 has = sglang_has_pcie_ipc
                 if has is None:
                     has = _has_module("sglang.srt.distributed.device_communicators.pcie_ipc_ar", sglang_modules)
@@ -721,24 +703,40 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     report.skipped[TARGET_ALL_REDUCE.key] = "SGLang's own PCIe IPC all-reduce is used (not patched)"
                 else:
                     if _dispatch.factory is None:
-                        _dispatch.factory = _default_factory("pcie_ipc")
+                        _dispatch.factory = _default_factory(BackendName.pcie_ipc, modules=sglang_modules)
                     _try_target(report, TARGET_ALL_REDUCE, sglang_modules, _make_all_reduce)
 
-            if report.backend == "fused":
+            if kind is BackendName.fused:
                 attn_ar, moe_ar, why = _group_all_reduces(sglang_modules)
                 if why is not None:
                     _skip(report, TARGET_FUSED_NORM, why)
                 else:
                     if _fused.factory is None:
-                        _fused.factory = _default_factory("fused")
+                        _fused.factory = _default_factory(BackendName.fused, modules=sglang_modules)
                     _try_target(report, TARGET_FUSED_NORM, sglang_modules,
                                 _make_fused_norm(attn_ar, moe_ar, sglang_modules))
 
-            slots = [(slot, use_attn) for slot, use_attn, key in
-                     ((_dispatch, False, TARGET_ALL_REDUCE.key), (_fused, True, TARGET_FUSED_NORM.key))
-                     if key in report.applied and slot.factory is not None]
-            if slots:
-                _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
+            if kind is BackendName.b12x:
+                mod = R.module(MOD_AR_FUSIONS, sglang_modules)
+                lacks = [n for n in ADD_NORM_NAMES if mod is not None and n not in vars(mod)]
+                if lacks:
+                    for t in ADD_NORM_TARGETS:
+                        _skip(report, t, f"{MOD_AR_FUSIONS} has no {', '.join(lacks)}")
+                else:
+                    if _add_norm.factory is None:
+                        _add_norm.factory = _default_factory(BackendName.b12x, modules=sglang_modules)
+                    names = vars(mod) if mod is not None else {}
+                    _try_target(report, TARGET_ADD_NORM_FFN, sglang_modules, _make_add_norm_ffn(names))
+                    _try_target(report, TARGET_ADD_NORM_ATTN, sglang_modules, _make_add_norm_attn(names))
+
+            uses = (_SlotUse(_dispatch, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
+                    _SlotUse(_fused, True, TARGET_FUSED_NORM.key, (TARGET_FUSED_NORM.key,)),
+                    # built on the TP group: the attention input's owed sum is over TP, the FFN
+                    # input's over attention TP, taken only when that is the TP group
+                    _SlotUse(_add_norm, False, ADD_NORM_KEY, tuple(t.key for t in ADD_NORM_TARGETS)))
+            slots = [u for u in uses if any(k in report.applied for k in u.targets) and u.slot.factory is not None]
+            # Always: the rank step prints the line, and builds the slots when there are any.
+            _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
 
             prof = env.get(ENV_PROFILE_VERIFY)
             if prof or timer is not None:
@@ -751,7 +749,7 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     atexit.register(lambda: t.drain(wait=True))
         except Exception as err:  # never into the server
             log.warning("fastverify patch: stopped early (%s: %s)", type(err).__name__, err)
-    log.info(report.line())
+    log.debug(report.line())  # the rank is not known yet; the rank step prints the line that counts
     return report
 
 
@@ -767,26 +765,23 @@ def _has_module(name: str, modules: Mapping[str, Any] | None) -> bool:
 
 
 def installed() -> list[str]:
-    """``Class.attr`` of every wrapped target, in install order."""
-    return [f"{cls.__name__}.{attr}" for cls, attr, _ in _installed]
+    """``Class.attr`` (``module.attr`` for a module-level target, the module's last name) of every
+    wrapped target, in install order."""
+    return [f"{owner.__name__.rsplit('.', 1)[-1]}.{attr}" for owner, attr, _ in _installed]
 
 
 def uninstall() -> int:
     """Restore every original (latest first) and forget attached backends; returns how many."""
-    global _timer
+    global _timer, _report, _record, _rank_step_done
     with _lock:
-        n = 0
-        while _installed:
-            cls, attr, original = _installed.pop()
-            setattr(cls, attr, original)
-            n += 1
-        for slot in (_fused, _dispatch):
-            slot.backend, slot.disabled, slot.checked, slot.factory = None, None, False, None
-            slot.prepared = False
+        n = _unwrap_all()
+        for slot in _SLOTS:
+            slot.backend, slot.disabled, slot.checked, slot.factory, slot.context = None, None, False, None, None
+            slot.prepared, slot.ranks, slot.attn_is_tp = False, None, False
         if _timer is not None:
             try:
                 _timer.drain(wait=True)
             except Exception:
                 pass
-        _timer = None
+        _timer, _report, _record, _rank_step_done = None, None, None, False
     return n

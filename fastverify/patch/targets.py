@@ -1,0 +1,135 @@
+"""The SGLang functions the in-rank patch may wrap, and the mechanics of wrapping them.
+
+Each target is found by feature detection and checked with :mod:`inspect` before it is wrapped
+(names and parameters as in SGLang 0.5.23); ``fastverify patch --check`` applies the same rule to
+the source with :mod:`ast` (:mod:`fastverify.patch.check`). A target is a method (``cls`` set: the
+function in the class ``__dict__`` is replaced) or a module-level function (``cls`` None: the module
+attribute is replaced, so it must be wrapped before SGLang binds it -- the layer boundary's
+fusions are bound into each stage when the model is built).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+MOD_DISTRIBUTED = "sglang.srt.distributed"
+MOD_LAYERNORM = "sglang.srt.layers.layernorm"
+MOD_MOE_UTILS = "sglang.srt.layers.moe.utils"
+MOD_TP_WORKER = "sglang.srt.managers.tp_worker"
+MOD_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+MOD_AR_FUSIONS = "sglang.srt.layers.layer_boundary.fusions.allreduce"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing the patch may wrap: ``module.cls.attr`` (or the module-level function
+    ``module.attr`` when ``cls`` is None) whose parameters start with ``params`` (and contain
+    ``needs``, positional or keyword-only)."""
+
+    key: str
+    module: str
+    cls: str | None
+    attr: str
+    params: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """``module.Class.attr`` or ``module.attr``."""
+        return ".".join(p for p in (self.module, self.cls, self.attr) if p)
+
+
+TARGET_ALL_REDUCE = Target("all_reduce", MOD_PARALLEL_STATE, "GroupCoordinator", "all_reduce", ("self", "input_"))
+TARGET_FUSED_NORM = Target("fused_norm", MOD_LAYERNORM, "RMSNorm", "forward_with_allreduce_fusion",
+                           ("self", "x", "residual", "post_residual_addition", "use_attn_tp_group"))
+TARGET_VERIFY = Target("verify_timer", MOD_TP_WORKER, "TpModelWorker", "forward_batch_generation",
+                       ("self", "batch", "forward_batch"), needs=("is_verify",))
+TARGET_PRE_CAPTURE = Target("pre_capture", MOD_MODEL_RUNNER, "ModelRunner", "init_cuda_graphs",
+                            ("self", "capture_decode_cuda_graph"))
+# The layer boundary's fused reduce + residual add + RMSNorm candidates (fusions/allreduce.py,
+# 0.5.23). ``ffn_input_fusions`` / ``attn_input_fusions`` bind them with ``partial`` into every
+# stage at model construction, and ``prepare.py`` ``_reduce_update_read`` / ``_run_entry`` call them
+# on EVERY GPU before their own all-reduce + norm (they return None where their kernel does not
+# apply, e.g. on SM120), so wrapping them reaches the boundary where SGLang's own gated method
+# (RMSNorm.forward_with_allreduce_fusion) is never called.
+TARGET_ADD_NORM_FFN = Target("add_norm_ffn", MOD_AR_FUSIONS, None, "fused_ffn_input",
+                             ("plan", "hidden_states", "residual", "forward_batch"))
+TARGET_ADD_NORM_ATTN = Target("add_norm_attn", MOD_AR_FUSIONS, None, "fused_attn_input",
+                              ("plan", "owed", "residual", "forward_batch", "post_residual_addition"),
+                              needs=("fuses_quant", "keep_bf16"))
+TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE, TARGET_ADD_NORM_FFN,
+           TARGET_ADD_NORM_ATTN)
+
+installed_targets: list[tuple[Any, str, Any]] = []
+"""(owner -- a class or a module --, attr, original) of every wrapped target, in install order."""
+
+
+def check_signature(fn: Any, target: Target) -> str | None:
+    """None when ``fn`` looks like the target, else what differs (one phrase)."""
+    if not callable(fn):
+        return "not callable"
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "signature cannot be read"
+    names = [p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if tuple(names[: len(target.params)]) != target.params:
+        return f"parameters ({', '.join(names)}) do not start with ({', '.join(target.params)})"
+    for n in target.needs:
+        if n not in sig.parameters:
+            return f"has no parameter {n!r}"
+    return None
+
+
+def resolve(target: Target, modules: Mapping[str, Any] | None) -> tuple[Any, Any, str | None]:
+    """(owner, function in its ``__dict__``, None) or (None, None, why it cannot be found). The owner
+    is the class, or the module itself for a module-level target (``cls`` None)."""
+    try:
+        mod = modules[target.module] if modules is not None else importlib.import_module(target.module)
+    except KeyError:
+        return None, None, f"module {target.module} not given"
+    except Exception as err:
+        return None, None, f"cannot import {target.module} ({type(err).__name__}: {err})"
+    if target.cls is None:
+        fn = vars(mod).get(target.attr)
+        if fn is None:
+            return None, None, f"{target.module} defines no {target.attr}"
+        return mod, fn, None
+    cls = getattr(mod, target.cls, None)
+    if not isinstance(cls, type):
+        return None, None, f"{target.module} has no class {target.cls}"
+    fn = cls.__dict__.get(target.attr)
+    if fn is None:
+        return None, None, f"{target.cls} defines no {target.attr}"
+    return cls, fn, None
+
+
+def wrap(cls: Any, attr: str, make: Callable[[Any], Any]) -> bool:
+    """Replace ``cls.attr`` (a class or a module attribute) by ``make(original)``; False when it is
+    already ours (idempotent)."""
+    current = cls.__dict__[attr]
+    if getattr(current, "__fastverify_original__", None) is not None:
+        return False
+    new = functools.wraps(current)(make(current))
+    new.__fastverify_original__ = current
+    setattr(cls, attr, new)
+    installed_targets.append((cls, attr, current))
+    return True
+
+
+def unwrap_all() -> int:
+    """Restore every original (latest first); returns how many."""
+    n = 0
+    while installed_targets:
+        cls, attr, original = installed_targets.pop()
+        setattr(cls, attr, original)
+        n += 1
+    return n
