@@ -729,7 +729,7 @@ def _vote_worker(rank, world, port, record_path, q):
             out[case] = run(case)
         I.uninstall()
         dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
+    except BaseException:  # noqa: BLE001 - reported to the parent
         import traceback
 
         out["error"] = traceback.format_exc()

@@ -19,13 +19,6 @@ PINNED_FLASHINFER = "0.7.4"  # pyproject.toml [gpu] extra: the version the backe
 PATCH_NOT_CHECKED = "SGLang not installed: the patch targets of `fastverify launch` are not checked"
 NO_NCCL = "no libnccl found: NCCL settings are checked against the newest rules"
 
-# What the SGLang patch (fastverify/patch/install.py) wraps: module, class, attribute.
-SGLANG_PATCH_TARGETS: tuple[tuple[str, str, str], ...] = (
-    ("sglang.srt.distributed.parallel_state", "GroupCoordinator", "all_reduce"),
-    ("sglang.srt.managers.tp_worker", "TpModelWorker", "forward_batch_generation"),
-    ("sglang.srt.layers.layernorm", "RMSNorm", "forward_with_allreduce_fusion"),
-)
-
 GLOO_TIMEOUT_S = 60.0
 TRIAL_TIMEOUT_S = 60.0  # measurement limit of one backend trial: warm-up, check, graph replays
 TRIAL_STARTUP_S = 120.0  # its start-up limit (interpreter, torch, CUDA, NCCL, FlashInfer import)

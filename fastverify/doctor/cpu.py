@@ -18,7 +18,6 @@ from fastverify.doctor.core import (
     NO_NCCL,
     PATCH_NOT_CHECKED,
     PINNED_FLASHINFER,
-    SGLANG_PATCH_TARGETS,
     GLOO_TIMEOUT_S,
     Outcome,
     Status,
@@ -205,19 +204,22 @@ def check_sglang(ctx: _Context) -> Outcome:
 
 
 def check_sglang_patch_targets(ctx: _Context) -> Outcome:
-    """The attributes the SGLang patch (``fastverify launch``) wraps, found by import + hasattr: ok
-    when all are there, warn when some are missing (the patch then skips them, one log line each)."""
+    """Every target the SGLang patch may wrap (``fastverify.patch.targets.TARGETS``: methods and
+    the layer boundary's module-level fusions), resolved and signature-checked in the installed
+    SGLang by the patch's own rule: ok when all are there, warn when some are missing or differ (the
+    patch then skips them, one line each)."""
     targets: dict[str, Any] = {}
     if _installed("sglang"):
-        for module, cls, attr in SGLANG_PATCH_TARGETS:
-            key = f"{module}.{cls}.{attr}"
+        from fastverify.patch.targets import TARGETS, check_signature, resolve
+
+        for target in TARGETS:
             try:
-                obj = getattr(importlib.import_module(module), cls, None)
+                _, fn, why = resolve(target, None)
+                if why is None:
+                    why = check_signature(fn, target)
             except Exception as err:  # noqa: BLE001 - reported per target
-                targets[key] = f"import failed: {_error_text(err)}"
-                continue
-            targets[key] = "found" if obj is not None and hasattr(obj, attr) else \
-                ("missing" if obj is not None else f"class {cls} missing")
+                why = f"import failed: {_error_text(err)}"
+            targets[target.where] = "found" if why is None else why
         found = sum(v == "found" for v in targets.values())
         status = Status.ok if found == len(targets) else Status.warn
         return _out(status, f"{found} of {len(targets)} patch targets found in the installed SGLang",

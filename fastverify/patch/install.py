@@ -73,7 +73,8 @@ from fastverify.patch.targets import installed_targets as _installed
 from fastverify.patch.targets import resolve as _resolve
 from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
-from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _WallEvent, _make_verify_wrapper
+from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_verify_wrapper
+from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
 from fastverify.registry import BackendName, backend_info
 
 log = logging.getLogger("fastverify.patch")
