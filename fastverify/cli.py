@@ -46,13 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="split the verify step into compute and all-reduce time",
         description=("Split the verify step into compute vs all-reduce time per TP rank, per step, per layer "
-                     "position and per message size. With --trace: from PyTorch profiler traces (one per rank). "
+                     "position and per message size. With --trace: from PyTorch profiler traces (one per rank; CPU-only "
+                     "traces of a CPU server read as CPU-clock all-reduces). With --verify-log: the measured "
+                     "verify latency from the records of `fastverify launch --profile-verify`. "
                      "Otherwise: a live TP verify forward with the model's shapes (default: the tiny preset on "
                      "2 ranks; gloo on CPU, NCCL on GPUs)."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     prof.add_argument("--trace", nargs="+", metavar="PATH",
                       help="trace files (.json, .json.gz) or folders of them, one file per TP rank")
+    prof.add_argument("--verify-log", nargs="+", metavar="DIR",
+                      help=("measured verify latency from the records of `fastverify launch --profile-verify DIR` "
+                            "(steps, p50/p90 per rank, clock); DIR DIR2: before and after, and the change"))
     prof.add_argument("--model", default="tiny",
                       help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
@@ -181,7 +186,27 @@ _LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--war
                "--backend", "--dtype")
 
 
+def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
+    from fastverify.profile import default_output
+    from fastverify.verifylog import build_report, format_report, write_report
+
+    if len(args.verify_log) > 2:
+        raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
+    clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png") if any(a == f or a.startswith(f + "=") for a in argv)]
+    if clash:
+        raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")
+    report = build_report(*args.verify_log)
+    out = args.output or default_output("verify-log")
+    write_report(report, out)
+    if not args.quiet:
+        sys.stdout.write(format_report(report))
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.verify_log:
+        return _cmd_verify_log(args, argv)
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:

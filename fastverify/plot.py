@@ -72,7 +72,8 @@ def plot_profile(profile: dict, path: Path) -> None:
     ax2.set_xlabel("message size (bytes)")
     ax2.set_ylabel("all-reduce latency (µs)")
     ax2.set_title("All-reduce latency vs message size")
-    note = {"cpu_wall_clock": "CPU wall clock over gloo - NOT GPU timings"}.get(clock, f"clock: {clock}")
+    note = {"cpu_wall_clock": "CPU wall clock over gloo - NOT GPU timings",
+            "cpu_trace": "CPU-only traces, host clock over gloo - NOT GPU timings"}.get(clock, f"clock: {clock}")
     fig.suptitle(f"fastverify profile ({note})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")

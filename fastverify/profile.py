@@ -5,8 +5,9 @@ The document is the typed record :class:`fastverify.profile_record.Profile` (sch
 validates what the analyzer produced against it, and :func:`write_outputs` writes it through the
 record's one encoder, so every file ``profile`` writes is one ``tune`` can decode. Every
 timing in it carries the clock it came from in ``timing.clock``: ``trace`` (GPU timestamps from
-a profiler trace), ``cuda_events`` (live run on GPUs) or ``cpu_wall_clock`` (live run on CPU
-over gloo, which is not a GPU timing and says so in ``timing.note``).
+a profiler trace), ``cpu_trace`` (a CPU-only profiler trace of a CPU server, whose all-reduces
+are gloo CPU events: host wall clock), ``cuda_events`` (live run on GPUs) or ``cpu_wall_clock``
+(live run on CPU over gloo); the two CPU clocks are not GPU timings and say so in ``timing.note``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ CLOCK_NOTES = {
     "cuda_events": "live run, CUDA events on the GPU",
     "cpu_wall_clock": ("live run on CPU over gloo, wall clock: NOT GPU timings; use them for the "
                        "shape of the collective sequence, not for latency"),
+    "cpu_trace": ("CPU-only PyTorch profiler traces (a CPU server over gloo): CPU ops and CPU-clock "
+                  "all-reduces (gloo:* spans), host wall clock: NOT GPU timings"),
 }
 
 

@@ -31,7 +31,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
             line += (f"; {src['experts_allocated']} of {src['n_routed_experts']} routed experts allocated "
                      "(all that the tokens' top-k can reach)")
         console.print(line, markup=False)
-    if clock == "cpu_wall_clock":
+    if clock in ("cpu_wall_clock", "cpu_trace"):
         console.print("# [bold]CPU timings over gloo: these are NOT GPU timings[/bold]")
     t = Table(title="per TP rank (whole window)", title_justify="left")
     for col in ("rank", "window µs", "compute µs", "all-reduce µs", "#AR", "AR wait µs",

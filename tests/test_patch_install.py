@@ -4,6 +4,7 @@ import ast
 import json
 import logging
 import os
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -511,6 +512,16 @@ class FakeEvent:
         return float(end.t - self.t)
 
 
+def _wait_rows(path, n, timeout=5.0):
+    """The JSON lines at ``path`` once it holds ``n`` (the writer thread appends them)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            break
+        time.sleep(0.01)
+    return [json.loads(l) for l in path.read_text().splitlines()]
+
+
 def test_verify_timer_writes_json_lines_without_sync(tmp_path):
     mods, _ = make_fake_sglang()
     timer = I.VerifyTimer(tmp_path, every=2, event_factory=FakeEvent, clock="test", rank=lambda: "3")
@@ -521,7 +532,7 @@ def test_verify_timer_writes_json_lines_without_sync(tmp_path):
     assert timer.steps == 0  # not a verify forward
     assert w.forward_batch_generation(None, "fb", None, True) == ("result", True)  # positional is_verify
     assert w.forward_batch_generation(None, forward_batch="fb", is_verify=True) == ("result", True)
-    rows = [json.loads(l) for l in (tmp_path / "verify-rank3.jsonl").read_text().splitlines()]
+    rows = _wait_rows(tmp_path / "verify-rank3.jsonl", 2)  # written by the timer's writer thread, not the forward
     assert [r["step"] for r in rows] == [0, 1] and all(r["verify_ms"] == 5.0 for r in rows)
     assert rows[0]["clock"] == "test" and rows[0]["rank"] == "3"
     FakeEvent.clock = 2000  # the GPU has not finished these: not read yet, kept for later
@@ -557,8 +568,8 @@ def test_verify_trace_of_n_steps(tmp_path):
 def test_cpu_timer_default(tmp_path):
     t = I.VerifyTimer(tmp_path, every=1, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
     t.stop(t.start())
-    row = json.loads((tmp_path / "verify-rank0.jsonl").read_text())
-    assert row["clock"] == "cpu_wall_clock" and row["verify_ms"] >= 0
+    (row,) = _wait_rows(tmp_path / "verify-rank0.jsonl", 1)
+    assert row["clock"] == "cpu_wall_clock" and row["verify_ms"] >= 0 and row["step"] == 0 and row["rank"] == "0"
 
 
 def test_plugin_entry_point_is_gated(monkeypatch):

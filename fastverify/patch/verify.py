@@ -1,16 +1,42 @@
 """The verify timer and trace of the in-rank patch (``--profile-verify DIR``): events around each
-verify forward, no host sync, drained as JSON lines; optionally a torch.profiler trace of N steps.
+verify forward, no host sync, written as JSON lines while the server runs; optionally a
+torch.profiler trace of N steps.
 
 Wraps ``tp_worker.TpModelWorker.forward_batch_generation(..., is_verify=...)`` (SGLang 0.5.23).
+
+Why the records are written while the server runs: SGLang ends its scheduler processes with
+SIGKILL (``kill_process_tree`` in ``sglang/srt/utils/common.py``), so nothing at exit runs there.
+The timer therefore works in two halves:
+
+- the verify path (:meth:`VerifyTimer.stop`) records the end event, reads ``query()`` of the
+  oldest pending events (completed ones only; never ``synchronize``), turns the completed ones
+  into finished JSON lines in a bounded buffer, and wakes the writer every ``every`` lines. It
+  does no file I/O and shares no lock with the writer (``collections.deque`` appends and pops
+  are atomic), so a slow disk never stalls a forward;
+- a daemon writer thread appends the finished lines with one ``os.write`` on an ``O_APPEND``
+  descriptor every ``interval_s`` seconds or when woken, whichever comes first. It never touches
+  a CUDA event: a ``cudaEventQuery`` from another thread while SGLang captures a CUDA graph in
+  the default global capture mode is an operation the capture prohibits, whereas the verify
+  path is never inside a capture (the wrapper skips captured forwards).
+
+One ``write`` of whole lines to a regular file is not split by a signal, so a reader sees whole
+lines only, except possibly a last line cut by a full disk; :mod:`fastverify.verifylog` tolerates
+that one. A SIGKILL loses at most the lines of the last flush interval: fewer than ``every``
+records or those of the last ``interval_s`` seconds, whichever is fewer (plus, on CUDA, the
+steps still running on the GPU when the last verify forward returned: their events are read on
+the next forward or at exit).
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 import logging
 import os
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +45,13 @@ from fastverify.patch.rank import is_capturing as _is_capturing
 
 log = logging.getLogger("fastverify.patch")
 
-DRAIN_EVERY = 64
+DRAIN_EVERY = 8
+"""Wake the writer once this many finished records wait (the "every few steps" of the flush)."""
+FLUSH_INTERVAL_S = 1.0
+"""The writer appends whatever is finished at least this often (the "every second")."""
+MAX_BUFFERED = 4096
+"""Bound on records held in memory (pending events plus finished lines); beyond it new records are
+dropped and counted in :attr:`VerifyTimer.dropped` (a stuck disk must not grow the server)."""
 
 
 # --- the verify timer -------------------------------------------------------------------------------
@@ -66,25 +98,60 @@ def _default_rank() -> str:
 
 
 class VerifyTimer:
-    """Events around each verify forward; :meth:`drain` writes the finished ones as JSON lines
-    (``{"step", "verify_ms", "clock", "rank", "pid"}``) to ``out_dir/verify-rank<R>.jsonl``.
-    Recording never waits for the GPU; draining reads only events whose ``query()`` is True."""
+    """Events around each verify forward, written as JSON lines to ``out_dir/verify-rank<R>.jsonl``
+    while the server runs (see the module docstring for the two halves and what a SIGKILL loses).
 
-    def __init__(self, out_dir: str | Path, *, every: int = DRAIN_EVERY,
+    One line per verify step: ``{"step": int, "verify_ms": float, "clock": str, "rank": str,
+    "pid": int}``; ``step`` counts this process's verify forwards from 0, ``verify_ms`` is
+    milliseconds between the events around the forward, ``clock`` is ``cuda_events`` (GPU time)
+    or ``cpu_wall_clock`` (host ``perf_counter``, not a GPU time).
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder of the JSON lines (created on the first write).
+    every : int
+        Wake the writer once this many finished lines wait (:data:`DRAIN_EVERY`).
+    interval_s : float
+        The writer appends at least this often (:data:`FLUSH_INTERVAL_S`); ``0`` or less: no
+        writer thread, lines are written only by :meth:`drain` (tests, the doctor).
+    event_factory, clock
+        Events with ``record()``, ``query()`` and ``elapsed_time(end)`` (ms), and the clock name
+        written into each line; default CUDA events when CUDA is available, else the wall clock.
+    rank : callable returning str
+        The rank in the file name and lines (read once, at the first finished record).
+    max_buffered : int
+        :data:`MAX_BUFFERED`.
+    """
+
+    def __init__(self, out_dir: str | Path, *, every: int = DRAIN_EVERY, interval_s: float = FLUSH_INTERVAL_S,
                  event_factory: Callable[[], Any] | None = None, clock: str | None = None,
-                 rank: Callable[[], str] = _default_rank) -> None:
+                 rank: Callable[[], str] = _default_rank, max_buffered: int = MAX_BUFFERED) -> None:
         self.out_dir = Path(out_dir)
         self.every = max(1, int(every))
+        self.interval_s = float(interval_s)
         if event_factory is None:
             event_factory, default_clock = _default_event_factory()
             clock = clock or default_clock
         self.event_factory = event_factory
         self.clock = clock or "unknown"
         self.rank = rank
-        self.pending: list[tuple[int, Any, Any]] = []
+        self.max_buffered = max(1, int(max_buffered))
+        self.pending: collections.deque[tuple[int, Any, Any]] = collections.deque()  # events not yet complete
         self.steps = 0
         self.written = 0
+        self.dropped = 0
+        self._lines: collections.deque[str] = collections.deque()  # finished, not yet written
+        self._rank_pid: tuple[str, int] | None = None
         self._path: Path | None = None
+        self._fd: int | None = None
+        self._failed = False
+        self._write_lock = threading.Lock()  # the writer thread vs drain(): whole batches, in order
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        _after_fork_timers.add(self)
+
+    # -- the verify path: no I/O, no lock, no wait ----------------------------------------------------
 
     def start(self) -> Any:
         ev = self.event_factory()
@@ -94,39 +161,133 @@ class VerifyTimer:
     def stop(self, start_ev: Any) -> None:
         end = self.event_factory()
         end.record()
-        self.pending.append((self.steps, start_ev, end))
+        if len(self.pending) + len(self._lines) >= self.max_buffered:
+            self.dropped += 1
+        else:
+            self.pending.append((self.steps, start_ev, end))
         self.steps += 1
-        if len(self.pending) >= self.every:
-            self.drain()
+        self._finish_completed()
+        if self._thread is None and self.interval_s > 0:
+            self._start_writer()
+        elif len(self._lines) >= self.every and not self._wake.is_set():
+            self._wake.set()  # the one lock on this path: Event's own, once per `every` lines
 
-    def drain(self, *, wait: bool = False) -> int:
-        """Write finished events; ``wait=True`` (at exit) synchronizes on the last ones."""
-        done, keep = [], []
-        for item in self.pending:
-            _, s, e = item
+    def _finish_completed(self, *, wait: bool = False) -> None:
+        """Turn the oldest pending events that have completed into lines; stop at the first that
+        has not (events of one stream complete in order). ``wait`` (exit only) synchronizes."""
+        pending = self.pending
+        while pending:
+            step, s, e = pending[0]
             if wait and hasattr(e, "synchronize"):
                 try:
                     e.synchronize()
                 except Exception:
                     pass
-            (done if e.query() else keep).append(item)
-        self.pending = keep
-        if not done:
-            return 0
+            if not e.query():
+                return
+            pending.popleft()
+            if self._rank_pid is None:
+                self._rank_pid = (str(self.rank()), os.getpid())
+            rank, pid = self._rank_pid
+            self._lines.append(json.dumps({"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6),
+                                           "clock": self.clock, "rank": rank, "pid": pid}))
+
+    # -- writing ----------------------------------------------------------------------------------------
+
+    def _start_writer(self) -> None:
+        self._thread = threading.Thread(target=_writer_loop, args=(weakref.ref(self),),
+                                        name="fastverify-verify-log", daemon=True)
         try:
-            if self._path is None:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self._path = self.out_dir / f"verify-rank{self.rank()}.jsonl"
-            rank, pid = self.rank(), os.getpid()
-            with open(self._path, "a", encoding="utf-8") as f:
-                for step, s, e in done:
-                    f.write(json.dumps({"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6),
-                                        "clock": self.clock, "rank": rank, "pid": pid}) + "\n")
-        except Exception as err:
-            log.warning("fastverify patch: verify timings not written to %s: %s", self.out_dir, err)
-            return 0
-        self.written += len(done)
-        return len(done)
+            self._thread.start()
+        except RuntimeError as err:  # e.g. at interpreter shutdown: drain() at exit still writes
+            log.warning("fastverify patch: verify-log writer not started: %s", err)
+            self.interval_s = 0
+
+    def _write_lines(self) -> int:
+        """Append every finished line with one ``os.write`` (whole lines only); returns how many."""
+        with self._write_lock:
+            batch = []
+            while self._lines:
+                try:
+                    batch.append(self._lines.popleft())
+                except IndexError:
+                    break
+            if not batch or self._failed:
+                return 0
+            try:
+                if self._fd is None:
+                    self.out_dir.mkdir(parents=True, exist_ok=True)
+                    if self._rank_pid is None:
+                        self._rank_pid = (str(self.rank()), os.getpid())
+                    self._path = self.out_dir / f"verify-rank{self._rank_pid[0]}.jsonl"
+                    self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                data = ("\n".join(batch) + "\n").encode()
+                view = memoryview(data)
+                while view:  # a regular file takes it in one call; a short write (disk full) goes on
+                    view = view[os.write(self._fd, view):]
+            except OSError as err:
+                self._failed = True
+                log.warning("fastverify patch: verify timings not written to %s: %s", self.out_dir, err)
+                return 0
+            self.written += len(batch)
+            return len(batch)
+
+    def drain(self, *, wait: bool = False) -> int:
+        """Write every finished record now; returns how many this call wrote.
+
+        Reads only events whose ``query()`` is True, unless ``wait`` (at exit), which first
+        synchronizes on each pending end event. Called by the patch at exit and by tests and the
+        doctor; the verify path never calls it.
+        """
+        self._finish_completed(wait=wait)
+        return self._write_lines()
+
+    def _after_fork(self) -> None:
+        """In a forked child: no writer thread, fresh locks, nothing of the parent's records (the
+        parent writes those), and a file of the child's own rank."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self.pending.clear()
+        self._lines.clear()
+        self._write_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._fd = None
+        self._path = None
+        self._rank_pid = None
+
+
+def _writer_loop(ref: weakref.ref[VerifyTimer]) -> None:
+    """The writer thread: append finished lines every ``interval_s`` or when woken; ends with the
+    timer (weak reference: a timer a test drops takes its thread with it)."""
+    while True:
+        t = ref()
+        if t is None or t.interval_s <= 0:
+            return
+        wake, interval = t._wake, t.interval_s
+        del t
+        wake.wait(interval)
+        wake.clear()
+        t = ref()
+        if t is None:
+            return
+        t._write_lines()
+        del t
+
+
+_after_fork_timers: weakref.WeakSet[VerifyTimer] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for t in list(_after_fork_timers):
+        t._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class VerifyTrace:
@@ -158,7 +319,8 @@ class VerifyTrace:
                 acts = [torch.profiler.ProfilerActivity.CPU]
                 if torch.cuda.is_available():
                     acts.append(torch.profiler.ProfilerActivity.CUDA)
-                self._prof = torch.profiler.profile(activities=acts)
+                # Shapes give the all-reduce sizes of a CPU trace (gloo spans carry Input Dims).
+                self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
                 self._prof.__enter__()
             self._span = torch.profiler.record_function(f"step[TARGET_VERIFY #{self.done}]")
             self._span.__enter__()

@@ -325,6 +325,7 @@ class _PerRank:
         self.ops_by_ext: dict[int, dict] = {}  # External id -> comm cpu_op (name, args)
         self.step_candidates: list[dict] = []
         self.skipped = 0  # GPU events without a usable ts/dur
+        self.classes: list[EventClass] | None = None  # a CPU-only trace: each event's class, decided already
 
 
 def _load_trace(path: Path) -> list[RankEvents]:
@@ -359,6 +360,7 @@ def _load_trace(path: Path) -> list[RankEvents]:
             if ev["ts_ns"] is not None and ev["dur_ns"] is not None and any(r.match(name) for r in step_res):
                 acc.step_candidates.append(ev)
 
+    timing = "trace"
     if not any(acc.gpu for acc in per.values()):
         skipped = sum(acc.skipped for acc in per.values())
         if skipped:
@@ -366,8 +368,13 @@ def _load_trace(path: Path) -> list[RankEvents]:
                             "(finite numbers of µs within ±2**62 ns)")
         if not events and not doc.get("_any_event_object", True):
             raise UserError(f"{path}: 'traceEvents' holds no event objects; not a PyTorch profiler trace")
-        raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) in the trace; "
-                        "was it recorded with ProfilerActivity.CUDA?")
+        per = _cpu_ranks(path, step_res)  # a TP run on CPU: CPU collectives (gloo) and CPU ops
+        if not per:
+            raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) and no CPU all-reduces "
+                            "(gloo:*, record_param_comms) in the trace; was it recorded with ProfilerActivity.CUDA?")
+        from fastverify.trace.cpu import CPU_CLOCK
+
+        timing = CPU_CLOCK
 
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     world = dist.get("world_size")
@@ -377,8 +384,11 @@ def _load_trace(path: Path) -> list[RankEvents]:
         "nccl_version": _str_or_none(dist.get("nccl_version")),
         "dist_backend": _str_or_none(dist.get("backend")),
         "gpu_name": _gpu_name(doc),
-        "timing": "trace",
+        "timing": timing,
     }
+    if timing != "trace":
+        meta["cpu_only"] = ("no GPU events: CPU ops and CPU collectives (gloo) on the host wall clock, "
+                            "not GPU timings")
 
     labelled = sorted(k for k in per if k >= 0 and per[k].gpu)
     if labelled:  # SGLang merged file: ranks from the pid labels
@@ -407,6 +417,26 @@ def _load_trace(path: Path) -> list[RankEvents]:
             m["skipped_gpu_events"] = acc.skipped
         out.append(_build(rank, path, acc, _find_steps(acc.step_candidates, acc.graph_launches), m))
     return out
+
+
+def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
+    """Per pid label, the events of a CPU-only trace (:mod:`fastverify.trace.cpu`) in the shape
+    :func:`_build` takes; labels without a CPU collective are left out (none: not a CPU TP trace)."""
+    from fastverify.trace.cpu import read_host_events, split_rank_events
+
+    by_label: dict[int, list[dict]] = {}
+    for ev in read_host_events(path, _read_bytes(path)):
+        by_label.setdefault(ev["label"], []).append(ev)
+    per: dict[int, _PerRank] = {}
+    for label, evs in by_label.items():
+        got = split_rank_events(evs, step_res)
+        if not got["events"]:
+            continue
+        acc = per[label] = _PerRank()
+        acc.gpu = [{**e, "ph": "X"} for e in got["events"]]
+        acc.classes = got["classes"]
+        acc.step_candidates = got["steps"]
+    return per
 
 
 def _str_or_none(v) -> str | None:
@@ -487,10 +517,12 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
             names.append(name)
         name_id[i] = j
         args = ev["args"]
-        c = classify_name(name).cls
+        c = classify_name(name).cls if acc.classes is None else acc.classes[i]
         ext = args.get("External id")
         op = acc.ops_by_ext.get(ext) if type(ext) is int else None
-        if c is None:
+        if acc.classes is not None:
+            pass
+        elif c is None:
             collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
             c = resolve_from_op(collective)
             if c is EventClass.UNKNOWN_COMM:
@@ -503,7 +535,7 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
             if b < 0 and op is not None:
                 b = _msg_bytes(op["args"])
             msg[i] = b if 0 <= b < 2**62 else -1
-        s = args.get("stream")
+        s = args.get("stream") if acc.classes is None else ev["tid"]  # CPU trace: the thread
         stream[i] = s if type(s) is int and abs(s) < 2**62 else -1
         corr = args.get("correlation")
         # Host launch time: the runtime call with the kernel's correlation id (under CUDA-graph
@@ -541,14 +573,15 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
 
 
 def _is_fastverify_profile(path: Path) -> bool:
-    """A profile written by fastverify (its first key is ``"schema": "fastverify.profile"``), which
-    a user may well have written into the trace folder: not a trace, so a folder scan skips it."""
+    """A profile written by fastverify (its first key is ``"schema": "fastverify.profile"``, or
+    ``"fastverify.verify_log"`` for ``profile --verify-log``), which a user may well have written
+    into the trace folder: not a trace, so a folder scan skips it."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
     except OSError:
         return False
-    return b'"fastverify.profile"' in head
+    return b'"fastverify.profile"' in head or b'"fastverify.verify_log"' in head
 
 
 def load_traces(paths: list[str | Path]) -> list[RankEvents]:
@@ -586,4 +619,8 @@ def load_traces(paths: list[str | Path]) -> list[RankEvents]:
                                     f"{result[r.rank].origin} is rank {r.rank} too; name files with -TP-<rank>")
                 raise UserError(f"{f}: rank {r.rank} also claimed by {result[r.rank].origin}")
             result[r.rank] = r
+    kinds = {r.meta["timing"]: r.origin for r in result.values()}
+    if len(kinds) > 1:  # GPU kernel times and host wall clock must never be added up together
+        raise UserError(f"{kinds.get('cpu_trace')}: a CPU-only trace (host clock), but {kinds.get('trace')} "
+                        "has GPU events; profile the traces of one run at a time")
     return [result[k] for k in sorted(result)]

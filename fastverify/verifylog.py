@@ -1,0 +1,285 @@
+"""``fastverify profile --verify-log DIR [DIR2]``: the measured verify latency of a real server.
+
+Reads the JSON lines the in-rank patch's verify timer writes (``fastverify launch
+--profile-verify DIR``; :class:`fastverify.patch.verify.VerifyTimer`): one file
+``verify-rank<R>.jsonl`` per rank, one record per verify forward,
+``{"step", "verify_ms", "clock", "rank", "pid"}``. Summarises per rank (steps, p50 and p90 of
+``verify_ms``, clock) and over all ranks; given a before and an after folder, the measured change
+per rank and overall (after − before, and relative to before).
+
+Every number here is measured, never predicted (``basis: "measured"``), and carries its clock:
+``cuda_events`` times the GPU; ``cpu_wall_clock`` is host wall clock of a CPU server and is
+labelled so, never as a GPU time. Percentiles are linear between closest ranks
+(``numpy.percentile``'s default, the same as ``statistics.quantiles(method="inclusive")``).
+"Overall" pools the records of every rank: in TP every rank times the same forwards.
+
+The writer appends whole lines, so only a file's last line can be cut (a writer killed mid-write
+on a full disk): a last line without its newline that does not decode is skipped and reported.
+Any other line that does not decode is an error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from fastverify import __version__
+from fastverify.errors import UserError
+from fastverify.procs import writable_target
+
+SCHEMA = "fastverify.verify_log"
+SCHEMA_VERSION = 1
+FILE_GLOB = "verify-rank*.jsonl"
+
+CLOCK_LABELS = {
+    "cuda_events": "GPU time (CUDA events around each verify forward)",
+    "cpu_wall_clock": "CPU wall clock (host perf_counter on a CPU server): NOT GPU time",
+}
+
+
+class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One line of ``verify-rank<R>.jsonl``: the verify forward number ``step`` of process ``pid``
+    (from 0), its time ``verify_ms`` (ms) on ``clock``, and the ``rank`` that wrote it."""
+
+    step: int
+    verify_ms: float
+    clock: str
+    rank: str
+    pid: int
+
+
+_DECODER = msgspec.json.Decoder(VerifyRecord)
+
+
+class RankSummary(msgspec.Struct, frozen=True):
+    """Steps and percentiles (ms) of one rank, or of all ranks pooled (``rank`` ``"all"``)."""
+
+    rank: str
+    steps: int
+    p50_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
+class LogSummary(msgspec.Struct, frozen=True):
+    """One folder: its files, clock, per-rank and pooled summaries, and what was skipped."""
+
+    dir: str
+    files: list[str]
+    clock: str
+    clock_label: str
+    ranks: list[RankSummary]
+    overall: RankSummary
+    torn_last_lines: list[str]
+
+
+class Change(msgspec.Struct, frozen=True):
+    """after − before of one rank (or ``"all"``): ms and % of before, for p50 and p90."""
+
+    rank: str
+    before_p50_ms: float
+    after_p50_ms: float
+    p50_change_ms: float
+    p50_change_pct: float | None
+    before_p90_ms: float
+    after_p90_ms: float
+    p90_change_ms: float
+    p90_change_pct: float | None
+
+
+class VerifyLogReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The document ``profile --verify-log`` writes (schema ``fastverify.verify_log`` v1)."""
+
+    schema: str = SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    fastverify_version: str
+    created_utc: str
+    basis: str = "measured"
+    clock: str
+    clock_label: str
+    before: LogSummary
+    after: LogSummary | None = None
+    change: list[Change] = []
+    warnings: list[str] = []
+
+
+def read_log_dir(folder: str | Path) -> dict:
+    """Read every ``verify-rank*.jsonl`` in ``folder``.
+
+    Returns
+    -------
+    dict
+        ``{"records": {rank: [VerifyRecord, ...]}, "files": [path, ...], "torn": ["name:line", ...],
+        "clock": str}``, ranks as the records name them.
+
+    Raises
+    ------
+    UserError
+        No such folder, no ``verify-rank*.jsonl`` in it, a file that cannot be read or holds no
+        record, a line that is not a record (except a cut last line), a negative or non-finite
+        time, or records of more than one clock.
+    """
+    d = Path(folder)
+    if not d.is_dir():
+        raise UserError(f"{d}: no such folder (give the --profile-verify DIR of `fastverify launch`)")
+    files = sorted(f for f in d.glob(FILE_GLOB) if f.is_file())
+    if not files:
+        raise UserError(f"{d}: no {FILE_GLOB} files (written by `fastverify launch --profile-verify {d}`)")
+    records: dict[str, list[VerifyRecord]] = {}
+    torn: list[str] = []
+    clocks: dict[str, str] = {}
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError as e:
+            raise UserError(f"{f}: cannot read ({e.strerror or e})") from None
+        lines = data.split(b"\n")
+        n = 0
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = _DECODER.decode(line)
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                if i == len(lines) and not data.endswith(b"\n"):  # the cut last line of a killed writer
+                    torn.append(f"{f.name}:{i}")
+                    continue
+                raise UserError(f"{f}:{i}: not a verify record ({' '.join(str(e).split())})") from None
+            if not (np.isfinite(rec.verify_ms) and rec.verify_ms >= 0):
+                raise UserError(f"{f}:{i}: verify_ms {rec.verify_ms!r} is not a finite time >= 0")
+            clocks.setdefault(rec.clock, f"{f.name}:{i}")
+            records.setdefault(rec.rank, []).append(rec)
+            n += 1
+        if n == 0:
+            raise UserError(f"{f}: holds no verify records" + (" (only a cut last line)" if torn else ""))
+    if len(clocks) > 1:
+        raise UserError(f"{d}: records of different clocks ({', '.join(f'{c} at {w}' for c, w in sorted(clocks.items()))}); "
+                        "time one kind of run per folder")
+    return {"records": records, "files": [str(f) for f in files], "torn": torn, "clock": next(iter(clocks))}
+
+
+def _summary(rank: str, ms: np.ndarray) -> RankSummary:
+    return RankSummary(rank=rank, steps=len(ms), p50_ms=_r(np.percentile(ms, 50)), p90_ms=_r(np.percentile(ms, 90)),
+                       mean_ms=_r(ms.mean()), min_ms=_r(ms.min()), max_ms=_r(ms.max()))
+
+
+def _r(x) -> float:
+    return round(float(x), 6)
+
+
+def _rank_key(rank: str):
+    return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
+
+
+def summarise_dir(folder: str | Path) -> LogSummary:
+    """:func:`read_log_dir` summarised per rank (sorted numerically) and pooled (``"all"``)."""
+    got = read_log_dir(folder)
+    ranks = []
+    pooled = []
+    for rank in sorted(got["records"], key=_rank_key):
+        ms = np.array([r.verify_ms for r in got["records"][rank]], dtype=np.float64)
+        ranks.append(_summary(rank, ms))
+        pooled.append(ms)
+    clock = got["clock"]
+    return LogSummary(dir=str(folder), files=got["files"], clock=clock,
+                      clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
+                      ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"])
+
+
+def _change(b: RankSummary, a: RankSummary) -> Change:
+    def pct(before: float, after: float) -> float | None:
+        return round(100.0 * (after - before) / before, 3) if before > 0 else None
+
+    return Change(rank=b.rank, before_p50_ms=b.p50_ms, after_p50_ms=a.p50_ms, p50_change_ms=_r(a.p50_ms - b.p50_ms),
+                  p50_change_pct=pct(b.p50_ms, a.p50_ms), before_p90_ms=b.p90_ms, after_p90_ms=a.p90_ms,
+                  p90_change_ms=_r(a.p90_ms - b.p90_ms), p90_change_pct=pct(b.p90_ms, a.p90_ms))
+
+
+def build_report(before: str | Path, after: str | Path | None = None) -> VerifyLogReport:
+    """The summary of one folder, or of a before and an after folder with the change.
+
+    Raises
+    ------
+    UserError
+        As :func:`read_log_dir`, for either folder; before and after of different clocks.
+    """
+    b = summarise_dir(before)
+    a = summarise_dir(after) if after is not None else None
+    warnings = [f"{b.dir if s is b else s.dir}: skipped a cut last line {t} (a writer killed mid-write)"
+                for s in (b, a) if s is not None for t in s.torn_last_lines]
+    change: list[Change] = []
+    if a is not None:
+        if a.clock != b.clock:
+            raise UserError(f"{after}: records on clock {a.clock}, but {before} on {b.clock}; "
+                            "a before/after change needs one clock")
+        br, ar = {r.rank: r for r in b.ranks}, {r.rank: r for r in a.ranks}
+        change = [_change(br[k], ar[k]) for k in sorted(br.keys() & ar.keys(), key=_rank_key)]
+        only = sorted((br.keys() ^ ar.keys()), key=_rank_key)
+        if only:
+            warnings.append(f"rank(s) {', '.join(only)} in only one folder: no per-rank change for them")
+        change.append(_change(b.overall, a.overall))
+    return VerifyLogReport(fastverify_version=__version__,
+                           created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                           clock=b.clock, clock_label=b.clock_label, before=b, after=a, change=change,
+                           warnings=warnings)
+
+
+def encode_report(report: VerifyLogReport) -> bytes:
+    """Indented JSON, keys in field order, newline-terminated."""
+    return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
+
+
+def write_report(report: VerifyLogReport, path: Path) -> None:
+    """Write atomically (a temporary file in the target folder, renamed when complete).
+
+    Raises
+    ------
+    UserError
+        The folder cannot be created or written, or ``path`` is not a regular file.
+    """
+    path = writable_target(Path(path))
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode_report(report))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def format_report(report: VerifyLogReport) -> str:
+    """The terminal table: per rank, then the change (when there is an after folder)."""
+    out = [f"# fastverify verify log: measured, {report.clock_label}"]
+    for label, s in (("before" if report.after else "verify log", report.before), ("after", report.after)):
+        if s is None:
+            continue
+        out.append(f"## {label}: {s.dir}")
+        out.append(f"{'rank':>6} {'steps':>7} {'p50 ms':>10} {'p90 ms':>10} {'mean ms':>10}")
+        for r in [*s.ranks, s.overall]:
+            out.append(f"{r.rank:>6} {r.steps:>7} {r.p50_ms:>10.3f} {r.p90_ms:>10.3f} {r.mean_ms:>10.3f}")
+    if report.change:
+        out.append("## measured change (after - before)")
+        out.append(f"{'rank':>6} {'p50 ms':>22} {'p50 %':>8} {'p90 ms':>22} {'p90 %':>8}")
+        for c in report.change:
+            def pct(v):
+                return "-" if v is None else f"{v:+.1f}"
+            out.append(f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.p50_change_pct):>8} "
+                       f"{c.before_p90_ms:>9.3f} -> {c.after_p90_ms:<9.3f} {pct(c.p90_change_pct):>8}")
+    out += [f"! {w}" for w in report.warnings]
+    return "\n".join(out) + "\n"
