@@ -1,0 +1,223 @@
+"""Test-only helpers that start the CPU SGLang server through ``fastverify launch`` and read what it
+left behind (never imported by fastverify).
+
+Why: issue 10's tests all need the same expensive thing (a real SGLang 0.5.23 TP 2 engine on CPU,
+about two minutes a start) and the same reading of its outputs, so both live here once.
+
+The environment a server gets (:func:`server_env`) holds the CPU settings issue 10 found necessary
+for SGLang 0.5.23, each checked against its source:
+
+* ``SGLANG_USE_CPU_ENGINE=1`` (``srt/utils/common.py::is_cpu``);
+* ``SGLANG_NCCL_SO_PATH`` naming a libnccl that does not exist, so SGLang's NCCL wrapper fails to
+  load and turns itself off (else TP > 1 fails with "Expected a cuda device, but got: cpu");
+* ``SGLANG_CPU_OMP_THREADS_BIND="0|1"`` (one core per TP rank; at TP 2 an assertion otherwise);
+* ``SGLANG_PLUGINS=fastverify_test_shim``: 0.5.23 loads only the plugins listed there
+  (``srt/plugins/__init__.py``; the install brings two ``smg-*`` plugins), and ``launch`` appends
+  ``fastverify`` (:func:`fastverify.patch.launch.plan_launch`);
+* ``PYTHONPATH``: the shim's ``.dist-info`` folder, the ``sgl_kernel`` stand-in and this checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+KERNELS = HERE / "kernels"
+ENGINE = HERE / "engine.py"
+PATCH_LINE = re.compile(r"^fastverify patch \[TP (\d+)\]: (.*)$", re.M)
+RESULT = "FVTEST_RESULT "
+
+
+def write_shim_site(site: Path) -> Path:
+    """A folder whose ``.dist-info`` registers :func:`tests.sglang_server.shim.plugin` as the SGLang
+    general plugin ``fastverify_test_shim`` (``importlib.metadata`` finds distributions on every
+    ``sys.path`` entry, so no install is needed)."""
+    info = site / "fastverify_test_shim-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fastverify-test-shim\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nfastverify_test_shim = tests.sglang_server.shim:plugin\n")
+    return site
+
+
+def server_env(work: Path, *, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for ``fastverify launch`` (see the module docstring); no ``FASTVERIFY_*``
+    from the caller's environment."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FASTVERIFY_", "SGLANG_", "NCCL_", "FVTEST_")) and k != "PYTHONPATH"}
+    site = write_shim_site(work / "site")
+    env.update({
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "SGLANG_NCCL_SO_PATH": str(work / "no-such-dir" / "libnccl.so.2"),
+        "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+        "SGLANG_PLUGINS": "fastverify_test_shim",
+        "PYTHONPATH": os.pathsep.join([str(site), str(KERNELS), str(REPO)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "TOKENIZERS_PARALLELISM": "false",
+        "FVTEST_STATS_DIR": str(work / "stats"),
+    })
+    (work / "stats").mkdir(parents=True, exist_ok=True)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Run:
+    """One server run: its exit code, output, wall time, and what it left in ``work``."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    work: Path
+    result: dict = field(default_factory=dict)
+
+    def patch_lines(self) -> dict[int, str]:
+        """TP rank → the rest of its ``fastverify patch [TP r]: ...`` line (last one wins)."""
+        return {int(r): rest for r, rest in PATCH_LINE.findall(self.stderr + self.stdout)}
+
+    def stats(self) -> dict[int, dict]:
+        """TP rank → the shim's ``stats-rank<R>.json`` (env seen in the worker, verify forwards)."""
+        out = {}
+        for p in sorted((self.work / "stats").glob("stats-rank*.json")):
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = d
+        return out
+
+    def verify_records(self, prof: Path) -> dict[int, list[dict]]:
+        """Rank → the JSON records of ``prof/verify-rank<R>.jsonl``."""
+        out = {}
+        for p in sorted(prof.glob("verify-rank*.jsonl")):
+            rank = int(p.stem.removeprefix("verify-rank"))
+            out[rank] = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return out
+
+    def tail(self, n: int = 4000) -> str:
+        return f"rc={self.rc}\n--- stdout\n{self.stdout[-n:]}\n--- stderr\n{self.stderr[-n:]}"
+
+
+def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
+                  trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
+                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600) -> Run:
+    """``python -m fastverify launch [--env F] [--profile-verify D [--trace-verify-steps N]] --
+    python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end."""
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = work / "engine.json"
+    cfg.write_text(json.dumps({"model": str(model), "tp": tp, "prompts": prompts, "max_new_tokens": max_new_tokens,
+                               "linger_s": linger_s}))
+    cmd = [py, "-m", "fastverify", "launch", "--backend", "auto"]
+    if env_file is not None:
+        cmd += ["--env", str(env_file)]
+    if prof is not None:
+        cmd += ["--profile-verify", str(prof)]
+    if trace_steps:
+        cmd += ["--trace-verify-steps", str(trace_steps)]
+    cmd += ["--", py, str(ENGINE), str(cfg)]
+    t0 = time.perf_counter()
+    try:
+        cp = subprocess.run(cmd, cwd=str(work), env=server_env(work, extra=extra_env), capture_output=True,
+                            text=True, timeout=timeout)
+        rc, so, se = cp.returncode, cp.stdout, cp.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, so, se = -9, _text(e.stdout), _text(e.stderr) + f"\n[timed out after {timeout} s]"
+    run = Run(rc, so, se, time.perf_counter() - t0, work)
+    for line in so.splitlines():
+        if line.startswith(RESULT):
+            run.result = json.loads(line[len(RESULT):])
+    return run
+
+
+SERVER_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+                "--skip-server-warmup", "--mem-fraction-static", "0.4", "--max-total-tokens", "4096",
+                "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
+                "--speculative-ngram-max-bfs-breadth", "1", "--max-running-requests", "4", "--log-level", "warning")
+"""``python -m sglang.launch_server`` flags: the same CPU settings as :data:`engine.CPU_ENGINE_ARGS`."""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+    """(status, text) of one HTTP request; (0, why) when the server does not answer."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, ValueError) as e:
+        return 0, f"{type(e).__name__}: {e}"
+
+
+class HttpServer:
+    """``fastverify launch ... -- python -m sglang.launch_server ...`` in its own session (so the
+    whole tree it spawns can be ended by its process-group id); stdout+stderr go to ``work/server.log``."""
+
+    def __init__(self, py: str, work: Path, model: Path, *, prof: Path, tp: int = 2,
+                 extra_env: dict[str, str] | None = None) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.work, self.port = work, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = work / "server.log"
+        cmd = [py, "-m", "fastverify", "launch", "--backend", "auto", "--profile-verify", str(prof), "--",
+               py, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", str(tp),
+               "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS]
+        self._out = open(self.log, "w")
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=str(work), env=server_env(work, extra=extra_env), stdout=self._out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.ready_s: float | None = None
+
+    def wait_ready(self, timeout: float = 400) -> float:
+        """Seconds until ``/health_generate`` answers 200 (SGLang runs one generation for it)."""
+        end = time.perf_counter() + timeout
+        while time.perf_counter() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited rc={self.proc.returncode}:\n{self.text()[-4000:]}")
+            status, _ = http("GET", self.url + "/health_generate", timeout=60)
+            if status == 200:
+                self.ready_s = time.perf_counter() - self.t0
+                return self.ready_s
+            time.sleep(2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.text()[-4000:]}")
+
+    def text(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 20 s."""
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(10)
+        self._out.close()
+
+
+def _text(b) -> str:
+    if b is None:
+        return ""
+    return b.decode(errors="replace") if isinstance(b, bytes) else b
