@@ -64,6 +64,51 @@ def rank_device(rank: int, cuda: bool, cpu_threads: int):
     return torch.device("cpu")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same inode when both exist, else the same
+    resolved path (symlinks and ``./`` folded)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return Path(os.path.realpath(a)) == Path(os.path.realpath(b))
+
+
+def check_outputs(outputs: "dict[str, Path | str | None]", inputs: "dict[str, Path | str | None]" = None) -> None:
+    """Refuse, before any work, an output that would replace an input or another output.
+
+    Parameters
+    ----------
+    outputs : dict[str, path or None]
+        Flag (``"--output"``) → the file it writes; None entries are ignored. Each is also checked
+        with :func:`writable_target` (no directory, device or FIFO).
+    inputs : dict[str, path or None]
+        Flag → a file (or folder) it reads. A folder input also protects every existing file
+        inside it (a new file may be written there).
+
+    Raises
+    ------
+    UserError
+        One line naming both flags and the path.
+    """
+    from fastverify.errors import UserError
+
+    outs = [(flag, Path(p)) for flag, p in outputs.items() if p]
+    ins = [(flag, Path(p)) for flag, p in (inputs or {}).items() if p]
+    for i, (flag, path) in enumerate(outs):
+        writable_target(path)
+        for in_flag, in_path in ins:
+            # a file that already sits in an input folder is one of the inputs read from it
+            inside = in_path.is_dir() and path.exists() and \
+                Path(os.path.realpath(path)).is_relative_to(os.path.realpath(in_path))
+            if inside or _same_file(path, in_path):
+                raise UserError(f"{flag} {path}: is the input of {in_flag}; an output never replaces an input")
+        for other_flag, other in outs[:i]:
+            if _same_file(path, other):
+                raise UserError(f"{flag} {path}: is also the output of {other_flag}; give each output its own file")
+
+
 def writable_target(path: Path) -> Path:
     """The file to write for ``path``: a symlink's target; anything but a regular file (a directory,
     a device, a FIFO) is refused with a UserError naming it, so an output never replaces one."""
