@@ -38,6 +38,21 @@ def _bounded(lo: int, hi: int):
     return parse
 
 
+MAX_TIMEOUT_S = 86400.0  # one day, as tune bounds its --timeout; beyond it TCPStore's timedelta overflows
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds in (0, MAX_TIMEOUT_S]; nan, inf and 1e300 are refused here, before
+    ``torch.distributed.TCPStore`` turns them into an OverflowError or a hang."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}") from None
+    if not 0 < v <= MAX_TIMEOUT_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastverify", allow_abbrev=False, description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -61,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--model", default="tiny",
                       help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
-    prof.add_argument("--draft-tokens", type=_positive, default=4, help="live run: draft tokens per request (K)")
-    prof.add_argument("--batch", type=_positive, default=1, help="live run: requests in the verify batch (B)")
+    # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
+    prof.add_argument("--draft-tokens", type=_bounded(1, 64), default=4, help="live run: draft tokens per request (K)")
+    prof.add_argument("--batch", type=_bounded(1, 4096), default=1, help="live run: requests in the verify batch (B)")
     prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
     prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
@@ -76,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                       help="live run: dtype of weights, activations and all-reduces")
-    prof.add_argument("--timeout", type=float, default=300.0, help="live run: seconds before a rank counts as hung")
+    prof.add_argument("--timeout", type=_seconds, default=300.0,
+                      help="live run: seconds before a rank counts as hung, in (0, 86400]")
     prof.add_argument("--output", type=Path, default=None,
                       help="profile JSON path [default: profiles/<name>-<UTC time>.json]")
     png = prof.add_mutually_exclusive_group()
@@ -187,6 +204,7 @@ _LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--war
 
 
 def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
+    from fastverify.procs import check_outputs
     from fastverify.profile import default_output
     from fastverify.verifylog import build_report, format_report, write_report
 
@@ -195,6 +213,8 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png") if any(a == f or a.startswith(f + "=") for a in argv)]
     if clash:
         raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")
+    for folder in args.verify_log:  # before reading anything: the report never replaces a record
+        check_outputs({"--output": args.output}, {"--verify-log": folder})
     report = build_report(*args.verify_log)
     out = args.output or default_output("verify-log")
     write_report(report, out)
@@ -204,9 +224,30 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _check_profile_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a --output or PNG that would replace an input (a --trace file, a
+    file inside a --trace folder, the --model config) or each other. A default --output is a new
+    name under profiles/ (and its PNG too), so only the paths the user gave can clash."""
+    from fastverify.live.config import preset_names
+    from fastverify.procs import check_outputs
+
+    outputs = {"--output": args.output}
+    if not args.no_png:
+        if args.png is not None:
+            outputs["--png"] = args.png
+        elif args.output is not None:  # the default PNG, beside the JSON
+            outputs["the PNG beside --output"] = args.output.with_suffix(".png")
+    inputs = [("--trace", t) for t in args.trace or ()]
+    if not args.trace and args.model not in preset_names():
+        inputs.append(("--model", args.model))
+    for flag, path in inputs or [("--trace", None)]:
+        check_outputs(outputs, {flag: path})
+
+
 def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     if args.verify_log:
         return _cmd_verify_log(args, argv)
+    _check_profile_outputs(args)
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:
@@ -301,6 +342,12 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from fastverify.nccl.catalogue import Severity, validate_setting
     from fastverify.topo.diagnose import diagnose
 
+    for item in args.set:  # the form first, before reading any input
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
+        if value == "":  # refused as the env file refuses it (fastverify/tune/envfile.py)
+            raise UserError(f"--set {item!r}: {name} has an empty value (leave the setting out instead)")
     topo = log = None
     if args.nvidia_smi:
         from fastverify.topo.matrix import parse_nvidia_smi_topo
@@ -327,9 +374,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         found = read_nccl_version()
         version = str(found) if found else None
     for item in args.set:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
+        name, _, value = item.partition("=")
         from fastverify.nccl.version import NcclVersion
 
         finding = validate_setting(name, value, NcclVersion.parse(log.version if log and log.version else version)

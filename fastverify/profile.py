@@ -26,7 +26,7 @@ from fastverify.events import RankEvents
 from fastverify.procs import writable_target
 from fastverify.profile_record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "as_builtins"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "write_error", "as_builtins"]
 
 CLOCK_NOTES = {
     "trace": "GPU event timestamps from PyTorch profiler traces",
@@ -142,6 +142,17 @@ def default_output(stem: str, folder: str | Path = "profiles") -> Path:
     return path
 
 
+def write_error(path: Path, err: OSError) -> str:
+    """The one line for a failed write of ``path``: where a folder on the way is a file (mkdir says
+    only "File exists" / "Not a directory"), that file is named; else the OS reason."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{path}: cannot write: {parent} is a file, not a folder"
+            break
+    return f"{path}: cannot write ({err.strerror or err})"
+
+
 def write_outputs(profile: Profile, json_path: Path, png_path: Path | None) -> None:
     """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
     and are renamed into place only when both are complete, so a failure leaves nothing behind.
@@ -182,7 +193,7 @@ def write_outputs(profile: Profile, json_path: Path, png_path: Path | None) -> N
             os.replace(tmp, current)
         tmps = []
     except OSError as e:
-        raise UserError(f"{current}: cannot write ({e.strerror or e})") from None
+        raise UserError(write_error(current, e)) from None
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)

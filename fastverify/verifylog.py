@@ -257,7 +257,9 @@ def write_report(report: VerifyLogReport, path: Path) -> None:
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
-        raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+        from fastverify.profile import write_error
+
+        raise UserError(write_error(path, e)) from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

@@ -58,12 +58,23 @@ def _ids(call: ExternalCall) -> str:
     return f"{call.public}.{call.qualname}"
 
 
-def _importable(name: str) -> bool:
+def _import_error(name: str) -> str | None:
+    """None when ``name`` imports, else why not (the exception's first line)."""
     try:
         importlib.import_module(name)
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def _not_importable_reason(call: ExternalCall, why: str, environ=os.environ) -> str:
+    """The skip line of the installed check: what is really missing, and where the wheel check
+    stands (it runs when the wheel variable is set, so the line never asks for it then)."""
+    env = WHEEL_ENV[_top(call)]
+    head = f"{call.public} is not installed here ({why})"
+    if environ.get(env):
+        return f"{head}; test_signature_wheel_source checks it against the wheel in {env}"
+    return f"{head}; set {env} to a {_top(call)} wheel for the source check"
 
 
 def test_every_registered_backend_module_is_checked():
@@ -103,8 +114,9 @@ def _accepts(sig: inspect.Signature, names: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("call", CALLS, ids=_ids)
 def test_signature_installed(call: ExternalCall):
-    if not _importable(call.public):
-        pytest.skip(f"{call.public} not importable here; set {WHEEL_ENV[_top(call)]} for the source check")
+    why = _import_error(call.public)
+    if why is not None:
+        pytest.skip(_not_importable_reason(call, why))
     obj = call.resolve()
     if call.kind == "attribute":
         assert not callable(obj) or isinstance(obj, int)

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -144,30 +145,77 @@ def test_config_that_would_be_mis_modelled_or_hang_is_refused(tmp_path, config, 
 
 
 def _rank_processes(marker: str) -> list[int]:
+    """Live ranks started by this test: a ``_worker_main`` command line whose environment holds
+    ``FASTVERIFY_TEST_RUN=<marker>`` (the test's own ``fastverify`` passes its environment on to
+    its ranks, procs.child_env), so ranks of any other profile on the machine are never counted.
+    The environment, not the parent pid: a rank whose parent was killed is re-parented to init."""
     pids = []
+    tag = f"{_MARKER_VAR}={marker}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes()
+                env = (entry / "environ").read_bytes() if b"_worker_main" in cmd else b""
             except OSError:
                 continue
-            if marker.encode() in cmd and b"_worker_main" in cmd:
+            if b"_worker_main" in cmd and tag in env.split(b"\0"):
                 pids.append(int(entry.name))
     return pids
 
 
+_MARKER_VAR = "FASTVERIFY_TEST_RUN"
+
+
+def _marked_env(marker: str) -> dict:
+    return {**subprocess_env(), _MARKER_VAR: marker}
+
+
+@pytest.fixture
+def marker():
+    return f"robustness-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def bystander():
+    """A process that looks like a live rank of someone else's profile (a ``fastverify-live-``
+    spec path and ``_worker_main`` on its command line, without this test's marker); the scans
+    must not count it, or wait for it to die."""
+    code = "import time; time.sleep(300)  # _worker_main"
+    proc = subprocess.Popen([sys.executable, "-c", code, "/tmp/fastverify-live-bystander/spec.json", "0"],
+                            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_scan_counts_only_this_tests_ranks(marker, bystander):
+    deadline = time.monotonic() + 10  # until the bystander's command line is readable
+    while time.monotonic() < deadline and not (Path(f"/proc/{bystander.pid}/cmdline").read_bytes()):
+        time.sleep(0.05)
+    assert bystander.pid not in _rank_processes(marker)
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # _worker_main", "0"],
+                            env=_marked_env(marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and mine.pid not in _rank_processes(marker):
+            time.sleep(0.05)
+        assert _rank_processes(marker) == [mine.pid]
+    finally:
+        mine.kill()
+        mine.wait()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find rank processes")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, sig):
+def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, sig, marker, bystander):
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marker = "fastverify-live-"
+        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
         time.sleep(0.1)
     started = _rank_processes(marker)
-    assert len(started) >= 2, "the ranks never started"
+    assert len(started) == 2, "the ranks never started"  # --tp 2: exactly this run's two ranks
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig, err
@@ -178,22 +226,23 @@ def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, 
     assert not set(started) & set(_rank_processes(marker))  # no orphaned ranks
     assert not (tmp_path / "p.json").exists()
     assert not (tmp_path / "profiles").exists()
+    assert bystander.poll() is None  # another run's rank is left alone
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
-def test_ranks_die_with_a_killed_parent(tmp_path):
+def test_ranks_die_with_a_killed_parent(tmp_path, marker, bystander):
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    marker = "fastverify-live-"
+        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
         time.sleep(0.1)
     started = _rank_processes(marker)
-    assert len(started) >= 2, "the ranks never started"
+    assert len(started) == 2, "the ranks never started"
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and set(started) & set(_rank_processes(marker)):
         time.sleep(0.1)
     assert not set(started) & set(_rank_processes(marker))
+    assert bystander.poll() is None

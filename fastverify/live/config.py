@@ -390,3 +390,82 @@ def check_tp(config: ModelConfig, tp: int) -> None:
     if config.num_moe_layers > 0:
         need(config.moe_intermediate_size, "moe_intermediate_size")
     need(config.vocab_padded, f"vocab_size padded to a multiple of {VOCAB_PADDING}")
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """A lower bound on one live rank's memory, in bytes (see :func:`rank_memory`).
+
+    Attributes
+    ----------
+    setup : int
+        What the rank allocates before the first forward and keeps: weights, the fake KV context,
+        the input ids and the attention mask (routing plans, at least ``T × top-k`` rows per MoE
+        layer, are not counted: their size depends on the draw).
+    transient : int
+        The larger of the two peaks on top of ``setup``: the routing draw (``[T, n_routed]``
+        float32, at setup) and the forward's logits (``[T, V/tp]``) plus, with ``tp > 1``, the
+        gathered logits (``[T, V_padded]``).
+    """
+
+    setup: int
+    transient: int
+
+    @property
+    def total(self) -> int:
+        return self.setup + self.transient
+
+
+def rank_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int,
+                context_tokens: int) -> RankMemory:
+    """At least how much memory one rank of the live verify forward needs; no allocation, no torch.
+
+    The tensors are those :class:`fastverify.live.forward.TPVerifyModel` allocates (one layer's
+    weights serve every layer; routed experts only as many as ``T × top-k`` can reach), so a shape
+    that cannot fit is refused before any rank starts.
+
+    Parameters
+    ----------
+    config : ModelConfig
+    tp, batch, draft_tokens : int
+        TP ranks, requests and draft tokens per request (``T = batch × draft_tokens``).
+    dtype_bytes : int
+        Bytes per element of weights and activations (2 for bfloat16).
+    context_tokens : int
+        Cached tokens per request in the fake KV context
+        (:data:`fastverify.live.forward.DEFAULT_CONTEXT_TOKENS`).
+
+    Returns
+    -------
+    RankMemory
+        Bytes per rank; :attr:`RankMemory.setup` equals the model's ``weight_bytes()`` less its
+        routing plans.
+    """
+    T, H, e = batch * draft_tokens, config.hidden_size, dtype_bytes
+    heads, vshard = config.num_attention_heads // tp, config.vocab_padded // tp
+    n = 2 * vshard * H + 3 * H  # embed, lm_head, final / input / post-attention norms
+    if config.is_mla:
+        dq, dv, kv_heads = config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim, heads
+        if config.q_lora_rank is None:
+            n += H * heads * dq
+        else:
+            n += H * config.q_lora_rank + config.q_lora_rank + config.q_lora_rank * heads * dq
+        n += H * (config.kv_lora_rank + config.qk_rope_head_dim) + config.kv_lora_rank
+        n += config.kv_lora_rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+    else:
+        dq = dv = config.head_dim
+        kv_heads = max(1, config.num_key_value_heads // tp)
+        n += H * heads * dq + H * 2 * kv_heads * dq
+    n += heads * dv * H  # o_proj
+    n += batch * kv_heads * context_tokens * (dq + dv)  # K and V context
+    if config.first_k_dense_replace > 0:
+        n += 3 * H * (config.intermediate_size // tp)
+    routing = 0
+    if config.num_moe_layers > 0:
+        inter = config.moe_intermediate_size // tp
+        n += H * config.n_routed_experts + 3 * config.experts_allocated(T) * H * inter
+        n += 3 * H * (config.moe_intermediate_size * config.n_shared_experts // tp)
+        routing = 4 * T * config.n_routed_experts  # torch.rand(T, n_routed), float32
+    setup = n * e + 8 * T + draft_tokens * (context_tokens + draft_tokens)  # + int64 ids, bool mask
+    logits = T * vshard * e * (1 + (tp if tp > 1 else 0))
+    return RankMemory(setup=setup, transient=max(routing, logits))

@@ -56,6 +56,10 @@ from fastverify.procs import (
 logger = logging.getLogger(__name__)
 
 _HOST = "127.0.0.1"
+# Bounds of the CLI (fastverify/cli.py) and of tune (fastverify/tune/command.py), also enforced
+# here for callers of run_live: a verify step never has more requests or draft tokens, and
+# beyond a day ``timedelta(seconds=...)`` in TCPStore overflows or waits for ever.
+MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S = 4096, 64, 86400.0
 TRACE_REPLAYS = 3
 """Graph replays recorded in each rank's Chrome trace (after one profiler warm-up replay)."""
 
@@ -83,15 +87,15 @@ def run_live(
     tp : int
         Tensor-parallel ranks (processes); each uses one GPU on CUDA.
     draft_tokens, batch : int
-        Tokens per request in verify (SGLang ``speculative_num_draft_tokens``) and requests; the
-        forward runs ``T = batch × draft_tokens`` tokens.
+        Tokens per request in verify (SGLang ``speculative_num_draft_tokens``, 1..64) and requests
+        (1..4096); the forward runs ``T = batch × draft_tokens`` tokens.
     iters, warmup : int
         Timed forwards (one :class:`~fastverify.events.Step` each, named ``verify#<i>``) and
         untimed ones before them.
     device : {"auto", "cpu", "cuda"}
         ``"auto"`` is CUDA + NCCL when ``torch.cuda.device_count() >= tp``, else CPU + gloo.
     timeout_s : float
-        Limit for the whole run, start-up included, in seconds.
+        Limit for the whole run, start-up included, in seconds, in (0, 86400].
     trace_dir : str | None
         CUDA only: where each rank writes ``verify-TP-<rank>.trace.json.gz``.
     backend : str | None
@@ -121,7 +125,9 @@ def run_live(
     Raises
     ------
     UserError
-        Bad arguments, a model that ``tp`` cannot split, a CUDA request without ``tp`` GPUs, an
+        Bad arguments, a model that ``tp`` cannot split, a shape whose memory
+        (:func:`~fastverify.live.config.rank_memory`, a lower bound) exceeds the host's available
+        memory (CPU, all ranks) or a GPU's total (CUDA, per rank), a CUDA request without ``tp`` GPUs, an
         unknown backend or one that cannot run here (the probe's one-line reason), or a rank that
         crashed or timed out (the message names the rank and its last stderr line).
     """
@@ -130,8 +136,11 @@ def run_live(
                              ("--iters", iters, 1), ("--warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
-    if not timeout_s > 0:
-        raise UserError(f"timeout must be > 0 seconds, got {timeout_s!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for nan; inf and 1e300 overflow TCPStore's timedelta
+        raise UserError(f"--timeout {timeout_s!r}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
+    for flag, value, high in (("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS), ("--batch", batch, MAX_BATCH)):
+        if value > high:
+            raise UserError(f"{flag} {value}: expected at most {high}")
 
     import torch
     import torch.distributed as dist
@@ -141,6 +150,7 @@ def run_live(
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     use_cuda = _pick_device(device, tp, torch)
+    _check_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype=dtype, cuda=use_cuda, torch=torch)
     ar_backend = _pick_backend(backend, use_cuda, tp, dtype, torch)
     warnings: list[str] = []
     if trace_dir is not None and not use_cuda:
@@ -239,6 +249,44 @@ def _pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) 
     cap = cls.probe(ctx)
     raise UserError(f"--backend {info.name.value}: cannot run on {here}: "
                     f"{cap.reason if not cap.ok else 'needs ' + info.device + ' tensors'}")
+
+
+def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
+    """Memory the ranks can use and what it is: the smallest GPU's total on CUDA (one rank per GPU),
+    else the host's ``MemAvailable`` (``/proc/meminfo``, shared by all ranks); None when unknown."""
+    if cuda:
+        return min(torch.cuda.get_device_properties(r).total_memory for r in range(tp)), "per GPU"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "of host memory available"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype: str, cuda: bool,
+                  torch) -> None:
+    """Refuse, before any rank starts, a shape whose lower-bound memory
+    (:func:`fastverify.live.config.rank_memory`) exceeds what this machine has, naming the flags."""
+    from fastverify.live.config import rank_memory
+    from fastverify.live.forward import DEFAULT_CONTEXT_TOKENS
+
+    have = _available_bytes(cuda, tp, torch)
+    if have is None:
+        return
+    mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
+                      dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
+                      context_tokens=DEFAULT_CONTEXT_TOKENS)
+    need = mem.total if cuda else tp * mem.total  # CPU ranks share the host's memory
+    if need > have[0]:
+        gib = 2 ** 30
+        who = f"each rank needs at least {mem.total / gib:.1f} GiB" if cuda else \
+            f"{tp} ranks need at least {need / gib:.1f} GiB ({mem.total / gib:.1f} each)"
+        raise UserError(f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of "
+                        f"{config.name} at --tp {tp}: {who} (weights and KV context {mem.setup / gib:.1f}, "
+                        f"largest temporary {mem.transient / gib:.1f}); this machine has {have[0] / gib:.1f} GiB {have[1]}; "
+                        "lower --batch or --draft-tokens")
 
 
 def _pick_device(device: str, tp: int, torch) -> bool:

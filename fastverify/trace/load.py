@@ -303,7 +303,8 @@ def load_trace(path: str | Path) -> list[RankEvents]:
     Raises
     ------
     UserError
-        Any problem from :func:`read_trace_json`, or a trace without GPU events.
+        Any problem from :func:`read_trace_json`, a trace without GPU events, or a
+        ``distributedInfo.rank`` not below its ``world_size``.
     """
     path = Path(path)
     gc_was_enabled = gc.isenabled()
@@ -401,6 +402,11 @@ def _load_trace(path: Path) -> list[RankEvents]:
         if not (type(rank) is int and 0 <= rank < 2**31):
             rank = from_name
             meta["rank_source"] = "file name"
+        elif meta["world_size"] is not None and rank >= meta["world_size"]:
+            # distributedInfo holds the global rank and world size together, so they must agree
+            # even with DP/PP; a rank past the world is a broken or hand-edited trace.
+            raise UserError(f"{path}: distributedInfo.rank = {rank} is not below its world_size = "
+                            f"{meta['world_size']}; not one rank of that run")
         elif from_name is not None and from_name != rank:
             # With DP/PP the global rank in distributedInfo is not the TP rank in SGLang's name.
             meta["rank_conflict"] = (f"{path.name}: distributedInfo.rank = {rank} but the file name says "
