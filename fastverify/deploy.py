@@ -32,6 +32,11 @@ VERSION = 1
 ENV_DEPLOYMENT = "FASTVERIFY_DEPLOYMENT"
 """Env var naming the record's absolute path in every TP rank (set by ``launch``)."""
 
+MAX_BATCH = 4096
+MAX_DRAFT_TOKENS = 64
+MAX_HIDDEN = 65536
+INT64_MAX = 2**63 - 1
+
 P2PSource = Literal["p2p_check", "nvml", "nccl_log", "caller", "not_checked"]
 Basis = Literal["measured", "predicted"]
 
@@ -42,13 +47,21 @@ class VerifyShapes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Attributes
     ----------
     max_batch : int
-        Largest batch (requests) SGLang captures or serves in one verify step.
+        Largest batch (requests) SGLang captures or serves in one verify step, 1..4096.
     draft_tokens : int
-        Tokens per request in a verify step (draft tokens; SGLang's ``num_draft_tokens``).
+        Tokens per request in a verify step (draft tokens; SGLang's ``num_draft_tokens``), 1..64.
     hidden : int
-        Hidden size (elements per row).
+        Hidden size (elements per row), 1..65536.
     dtype : str
         torch dtype name of the all-reduced tensors (``"bfloat16"``).
+
+    Why the bounds: they are ``tune``'s own (``--max-batch``/``--batch`` ≤ 4096,
+    ``--draft-tokens`` ≤ 64, ``--hidden`` ≤ 65536; the widest released models have hidden
+    16384), so a record ``tune`` could not have written is refused before ``launch`` exports
+    ``max_numel`` as SGLang's workspace size. They keep :attr:`max_numel` ≤ 2**34, which SGLang
+    0.5.23 reads with ``int()`` (``srt/environ.py`` ``EnvInt``) and hands to FlashInfer's
+    ``PcieIpcAllReduceWorkspace(max_numel=...)`` (a 64-bit integer in its binding), and which the
+    env-file validator's 18-digit size rule accepts.
     """
 
     max_batch: int
@@ -57,12 +70,14 @@ class VerifyShapes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "draft_tokens", "hidden"):
+        for name, hi in (("max_batch", MAX_BATCH), ("draft_tokens", MAX_DRAFT_TOKENS), ("hidden", MAX_HIDDEN)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
+                raise ValueError(f"{name} must be an int in 1..{hi}, got {value!r}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.max_numel > INT64_MAX:  # unreachable within the bounds above; the contract stated as code
+            raise ValueError(f"max_numel {self.max_numel} does not fit a 64-bit integer")
 
     @property
     def max_rows(self) -> int:
@@ -115,9 +130,18 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gpu_count : int
         GPUs visible.
     tp : int
-        Tensor-parallel size the record is for.
+        Tensor-parallel size the record is for (0: not known yet, never in a record).
     driver : str or None
     nccl_version : str or None
+    nvlink_full : bool or None
+        Every pair of the first ``tp`` GPUs (all GPUs when ``tp`` is 0) on NVLink, the test SGLang
+        0.5.23 makes before it runs its custom all-reduce on more than 2 GPUs
+        (``custom_all_reduce_utils.py::is_full_nvlink``); None: unknown.
+
+    Raises
+    ------
+    ValueError
+        ``gpu_count`` or ``tp`` negative, an ``sm`` part negative.
     """
 
     gpu_name: str | None
@@ -126,6 +150,15 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tp: int
     driver: str | None = None
     nccl_version: str | None = None
+    nvlink_full: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_count", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.sm is not None and any(part < 0 for part in self.sm):
+            raise ValueError(f"sm parts must be >= 0, got {list(self.sm)}")
 
     def key(self) -> str:
         """A file-name-safe key: ``<gpu>-sm<XY>-tp<N>-nccl<V>``."""
@@ -191,16 +224,46 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
         head = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
         raise UserError(f"{source}: not JSON ({err})") from None
-    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
-        got = head.get("schema") if isinstance(head, dict) else type(head).__name__
-        raise UserError(f"{source}: not a fastverify deployment record (schema {got!r}, expected {SCHEMA!r})")
-    if head.get("version") != VERSION:
-        raise UserError(f"{source}: deployment record version {head.get('version')!r}; this fastverify reads "
-                        f"version {VERSION} (re-run `fastverify tune --write-env`)")
+    if not isinstance(head, dict):
+        kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}.get(
+            type(head), "a JSON number")
+        raise UserError(f"{source}: not a fastverify deployment record ({kind}; expected an object with "
+                        f"schema {SCHEMA!r})")
+    if head.get("schema") != SCHEMA:
+        raise UserError(f"{source}: not a fastverify deployment record (schema {head.get('schema')!r}, "
+                        f"expected {SCHEMA!r})")
+    version = head.get("version")
+    if version != VERSION or type(version) is not int:
+        what = (f"{version!r} ({type(version).__name__}, expected the integer {VERSION})"
+                if type(version) is not int else f"{version}; this fastverify reads version {VERSION}")
+        raise UserError(f"{source}: deployment record version {what} (re-run `fastverify tune --write-env`)")
     try:
-        return msgspec.json.decode(data, type=DeploymentRecord)
+        record = msgspec.json.decode(data, type=DeploymentRecord)
     except (msgspec.ValidationError, ValueError) as err:
         raise UserError(f"{source}: invalid deployment record: {err}") from None
+    _check_record(record, source)
+    return record
+
+
+def _check_record(record: DeploymentRecord, source: str) -> None:
+    """What a record must hold beyond its types: a TP size, and NCCL settings that an env file
+    could hold (allowed ``NCCL_*`` names, values the NCCL catalogue does not reject for the
+    record's NCCL version: :func:`fastverify.tune.envfile.check_setting`)."""
+    from fastverify.nccl.version import NcclVersion
+    from fastverify.tune.envfile import check_setting
+
+    if record.box.tp < 1:
+        raise UserError(f"{source}: invalid deployment record: box.tp must be >= 1, got {record.box.tp}")
+    version = None
+    if record.box.nccl_version is not None:
+        try:
+            version = NcclVersion.parse(record.box.nccl_version)
+        except UserError as err:
+            raise UserError(f"{source}: invalid deployment record: box.nccl_version: {err}") from None
+    for key, value in record.nccl_settings.items():
+        if not key.startswith("NCCL_"):
+            raise UserError(f"{source}: invalid deployment record: nccl_settings holds {key}, not an NCCL_* name")
+        check_setting(key, value, f"{source}: nccl_settings", version)
 
 
 def write_record(path: str | Path, record: DeploymentRecord) -> Path:

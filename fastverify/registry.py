@@ -23,6 +23,11 @@ Sources of the facts (read in the released packages):
   b12x one-shot all-reduce + residual + RMSNorm runs on SM120/SM121 only, at most 36 rows.
 * SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``: switched on by
   ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``, workspace bound ``SGLANG_PCIE_IPC_MAX_NUMEL`` elements.
+* SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/custom_all_reduce.py``
+  (``CustomAllreduce._SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]``) and ``custom_all_reduce_utils.py``
+  (``can_use_custom_all_reduce_with_nvlink``: disabled when ``world_size > 2 and not full_nvlink``,
+  ``full_nvlink`` from ``is_full_nvlink``: ``nvmlDeviceGetP2PStatus(..., NVML_P2P_CAPS_INDEX_NVLINK)``
+  OK for every pair): SGLang's custom all-reduce runs on 2 PCIe GPUs, or on 4/6/8 fully NVLinked.
 """
 
 from __future__ import annotations
@@ -89,6 +94,11 @@ class BackendInfo:
         so an unproven P2P status counts as "no".
     world_sizes : tuple[int, ...] or None
         Tensor-parallel sizes the kernels dispatch; None: any.
+    world_sizes_without_nvlink : tuple[int, ...] or None
+        The subset of ``world_sizes`` that runs without full NVLink (every GPU pair on NVLink);
+        the others need it. None: NVLink is never needed.
+    nvlink_gate : str
+        The source of ``world_sizes_without_nvlink`` (for error messages).
     dtypes : tuple[str, ...]
         torch dtype names (``"bfloat16"``) it takes.
     max_rows : int or None
@@ -115,6 +125,8 @@ class BackendInfo:
     sglang_gate: str = ""
     needs_p2p: bool = False
     world_sizes: tuple[int, ...] | None = None
+    world_sizes_without_nvlink: tuple[int, ...] | None = None
+    nvlink_gate: str = ""
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
     max_rows: int | None = None
     sglang_switch: str | None = None
@@ -162,7 +174,10 @@ BACKENDS: tuple[BackendInfo, ...] = (
     ),
     BackendInfo(
         BackendName.custom_ar, "fastverify.backends.sglang_custom_ar", "SglangCustomArBackend",
-        Role.all_reduce, Reach.native, needs_p2p=True, world_sizes=(2, 4, 6, 8),
+        Role.all_reduce, Reach.native, needs_p2p=True, world_sizes=(2, 4, 6, 8), world_sizes_without_nvlink=(2,),
+        nvlink_gate=("SGLang 0.5.23 runs it on 2 PCIe GPUs, on more only with full NVLink "
+                     "(custom_all_reduce_utils.py can_use_custom_all_reduce_with_nvlink: disabled when "
+                     "world_size > 2 and not full_nvlink)"),
         dtypes=("bfloat16", "float16", "float32"), tunable=True,
     ),
     BackendInfo(BackendName.nccl, "fastverify.backends.torch_dist", "NcclBackend", Role.baseline, Reach.native),
@@ -207,7 +222,7 @@ def sm_text(sm: tuple[int, int] | None) -> str:
 
 def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_size: int | None,
                        p2p_ok: bool | None, p2p_source: str = "", sglang_version: str | None = None,
-                       ) -> str | None:
+                       nvlink_full: bool | None = None) -> str | None:
     """Why ``info`` cannot run inside SGLang on this box, in one line starting with its name; None
     when nothing known stops it. Facts left None are unknown: an unknown SM or P2P status blocks a
     backend that depends on it (a guess could hang or crash every TP rank).
@@ -224,6 +239,9 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
         How ``p2p_ok`` was obtained (named in the message).
     sglang_version : str or None
         Installed SGLang version (named in the message).
+    nvlink_full : bool or None
+        Every pair of the ``world_size`` GPUs on NVLink (True), not (False, a PCIe box), unknown
+        (None). Only read for a backend with ``world_sizes_without_nvlink``.
     """
     sg = f"SGLang {sglang_version}" if sglang_version else "SGLang"
     n = info.name.value
@@ -241,6 +259,11 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
         return f"{n}: the kernel runs only on {want}; this box is {sm_text(sm)}"
     if world_size is not None and info.world_sizes is not None and world_size not in info.world_sizes:
         return f"{n}: world size {world_size} unsupported (kernel dispatches {list(info.world_sizes)})"
+    if (world_size is not None and info.world_sizes_without_nvlink is not None
+            and world_size not in info.world_sizes_without_nvlink and nvlink_full is not True):
+        state = "this box has none" if nvlink_full is False else "this box's NVLink status is unknown"
+        return (f"{n}: world size {world_size} needs full NVLink between every GPU pair and {state}; "
+                f"{info.nvlink_gate}")
     if info.needs_p2p and p2p_ok is not True:
         how = f" ({p2p_source})" if p2p_source else ""
         state = "fails" if p2p_ok is False else "is not proven"

@@ -137,21 +137,28 @@ def test_write_env_refuses_a_trace_profile_without_hidden(tmp_path):
     assert not (tmp_path / "x.env").exists() and not (tmp_path / "x.deploy.json").exists()
 
 
-def _box(sm):
+def _box(sm, nvlink_full=False):
     from fastverify.deploy import BoxFingerprint
 
-    return BoxFingerprint(gpu_name="G", sm=sm, gpu_count=8, tp=8)
+    return BoxFingerprint(gpu_name="G", sm=sm, gpu_count=8, tp=8, nvlink_full=nvlink_full)
 
 
 COMMON = dict(world_size=8, device="cuda", dtype="bfloat16", hidden=7168, sizes=((28672, 123),), warmup=1, iters=2,
               op="all_reduce_residual_rmsnorm")
+# An 8-GPU PCIe box: SGLang 0.5.23 runs its custom all-reduce on more than 2 GPUs only with full
+# NVLink (custom_all_reduce_utils.py: disabled when world_size > 2 and not full_nvlink).
+CUSTOM_AR_PCIE_8 = ("custom_ar: world size 8 needs full NVLink between every GPU pair and this box has none; "
+                    "SGLang 0.5.23 runs it on 2 PCIe GPUs, on more only with full NVLink (custom_all_reduce_utils.py "
+                    "can_use_custom_all_reduce_with_nvlink: disabled when world_size > 2 and not full_nvlink)")
 
 
 @pytest.mark.parametrize("sm, want, not_measured", [
-    ((12, 0), {"pcie_ipc", "b12x", "custom_ar"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM120"}),
-    ((8, 9), {"pcie_ipc", "custom_ar"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM89",
-                                         "b12x: the kernel runs only on SM120, SM121; this box is SM89"}),
-    ((9, 0), {"pcie_ipc", "fused", "custom_ar"}, {"b12x: the kernel runs only on SM120, SM121; this box is SM90"}),
+    ((12, 0), {"pcie_ipc", "b12x"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM120",
+                                     CUSTOM_AR_PCIE_8}),
+    ((8, 9), {"pcie_ipc"}, {"fused: SGLang 0.5.23 calls it only on SM90/SM100; this box is SM89",
+                            "b12x: the kernel runs only on SM120, SM121; this box is SM89", CUSTOM_AR_PCIE_8}),
+    ((9, 0), {"pcie_ipc", "fused"}, {"b12x: the kernel runs only on SM120, SM121; this box is SM90",
+                                     CUSTOM_AR_PCIE_8}),
 ])
 def test_backend_trials_iterate_the_registry_and_skip_the_unreachable(sm, want, not_measured):
     from fastverify.deploy import P2PFacts
@@ -162,6 +169,15 @@ def test_backend_trials_iterate_the_registry_and_skip_the_unreachable(sm, want, 
     assert {t.backend for t in trials} == want
     assert set(skipped) == not_measured
     assert all(t.hidden == 7168 and t.options_dict["max_numel"] == 917504 for t in trials)
+
+
+def test_custom_ar_is_measured_at_tp8_only_with_full_nvlink():
+    from fastverify.deploy import P2PFacts
+    from fastverify.tune.command import backend_trials
+
+    trials, skipped = backend_trials(COMMON, box=_box((9, 0), nvlink_full=True), p2p=P2PFacts(ok=True, source="nvml"),
+                                     fused_ok=True, max_numel=917504, sglang_version="0.5.23")
+    assert {t.backend for t in trials} == {"pcie_ipc", "fused", "custom_ar"}
 
 
 def test_a_fused_winner_on_sm120_is_never_recommended():

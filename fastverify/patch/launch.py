@@ -20,6 +20,11 @@ What launch reads and checks, before anything starts:
   (``device_communicators/pcie_ipc_ar.py``: "workspace ... failed ...; reductions stay on NCCL"),
   so with partial P2P (ACS/IOMMU) the failed ranks go back to NCCL while the others wait in the
   barrier: the server hangs at start-up.
+* ``custom_ar`` beyond 2 GPUs needs full NVLink (the registry's ``world_sizes_without_nvlink``,
+  from SGLang 0.5.23 ``custom_all_reduce_utils.py``); the box's ``nvlink_full`` comes from NVML
+  with SGLang's own query (:func:`fastverify.topo.box.read_box`); unknown counts as none.
+* A record whose NCCL settings differ from the env file's is noted, not refused
+  (:func:`_settings_notes` says why).
 
 What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
 and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
@@ -284,11 +289,17 @@ def _box_matches(record: DeploymentRecord, box: BoxFingerprint, where: str) -> N
         diffs.append("GPU count")
     if diffs:
         def show(b: BoxFingerprint) -> str:
-            name = b.gpu_name or ("GPU of unknown name" if b.gpu_count else "no GPU")
-            return f"{b.gpu_count} x {name} ({sm_text(tuple(b.sm) if b.sm else None)})"
+            return _box_text(b)
 
         raise UserError(f"{where}: deployment record is for another box ({', '.join(diffs)} differ): made on "
                         f"{show(rb)}, this box has {show(box)}; re-run `fastverify tune --write-env` here")
+
+
+def _box_text(b: BoxFingerprint) -> str:
+    """``8 x NVIDIA GeForce RTX 4090 (SM89)``; ``no GPU`` for a box without one."""
+    if not b.gpu_count:
+        return "no GPU"
+    return f"{b.gpu_count} x {b.gpu_name or 'GPU of unknown name'} ({sm_text(tuple(b.sm) if b.sm else None)})"
 
 
 def _p2p_for_check(p2p: P2PFacts, world: int | None) -> tuple[bool | None, str]:
@@ -350,7 +361,9 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     record_path: Path | None = None
     if deployment is not None:
         record_path = Path(deployment).expanduser()
-    elif env_file is not None and record_path_for(env_file).is_file():
+    elif env_file is not None and (record_path_for(env_file).exists() or record_path_for(env_file).is_symlink()):
+        # Anything at X.deploy.json is the record: a folder or an unreadable file is an error
+        # (read_record names it), never silently "no record".
         record_path = record_path_for(env_file)
     record = read_record(record_path) if record_path is not None else None
     info = sglang if sglang is not None else detect_sglang(sglang_dir)
@@ -402,7 +415,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         p2p_ok, how = _p2p_for_check(p2p, world)
         for b in to_check:
             reason = unreachable_reason(b, sm=tuple(box.sm) if box.sm else None, world_size=world, p2p_ok=p2p_ok,
-                                        p2p_source=how, sglang_version=info.version)
+                                        p2p_source=how, sglang_version=info.version, nvlink_full=box.nvlink_full)
             if reason is not None:
                 if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
                     reason += " (or give --p2p-check FILE with its JSON)"
@@ -447,6 +460,8 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                      "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
     if record is not None:
         _shape_notes(record, argv, info, notes)
+        if env_file is not None:
+            _settings_notes(record, settings, env_file, notes)
 
     prof: str | None = None
     if trace_steps and profile_verify is None:
@@ -457,6 +472,9 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         p = Path(profile_verify).expanduser()
         if p.exists() and not p.is_dir():
             raise UserError(f"--profile-verify {profile_verify}: exists and is not a folder")
+        from fastverify.tune.envfile import check_folder  # noqa: PLC0415
+
+        check_folder(p, "--profile-verify", is_folder=True)  # "afile/dir": afile is a file, not a folder
         prof = str(p.resolve())
 
     if chosen is not None:
@@ -511,6 +529,24 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                       box=checked_box, p2p=p2p)
 
 
+def _settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_file: str, notes: list[str]) -> None:
+    """A note (not a refusal) where the env file's NCCL settings differ from the record's.
+
+    The env file is what is exported, and it is validated line by line like the record's
+    settings; a hand edit of it (a plain docker/systemd file) is a normal thing to do, and the
+    record's other facts (box, TP, backend, shapes, P2P) are checked on their own. What differs
+    is only the record's gain, which was obtained with the record's settings: the note says so.
+    """
+    env_nccl = {k: v for k, v in settings.items() if k.startswith("NCCL_")}
+    if env_nccl == dict(record.nccl_settings):
+        return
+    keys = sorted(set(env_nccl) | set(record.nccl_settings))
+    diff = ", ".join(f"{k}: env {env_nccl.get(k, '(unset)')} / record {record.nccl_settings.get(k, '(unset)')}"
+                     for k in keys if env_nccl.get(k) != record.nccl_settings.get(k))
+    notes.append(f"{env_file}: NCCL settings differ from the deployment record's ({diff}); the env file's are "
+                 "set, and the record's gain was obtained with the record's")
+
+
 def _shape_notes(record: DeploymentRecord, argv: Sequence[str], info: SGLangInfo, notes: list[str]) -> None:
     """Notes where the command or the installed SGLang differ from what the record was made for."""
     max_bs = _flag_int(argv, ("--cuda-graph-max-bs",))
@@ -539,9 +575,7 @@ def describe(plan: LaunchPlan) -> str:
     lines.append(f"backend: {plan.backend}")
     if plan.box is not None:
         b = plan.box
-        lines.append(f"box: {b.gpu_count} x {b.gpu_name or ('GPU of unknown name' if b.gpu_count else 'no GPU')} "
-                     f"({sm_text(tuple(b.sm) if b.sm else None)}), "
-                     f"driver {b.driver or 'unknown'}")
+        lines.append(f"box: {_box_text(b)}, driver {b.driver or 'unknown'}")
     if plan.p2p is not None:
         lines.append(f"P2P: {'proven' if plan.p2p.proven else 'not proven'} ({plan.p2p.source}"
                      + (f": {plan.p2p.note}" if plan.p2p.note else "") + ")")

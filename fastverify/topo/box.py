@@ -55,6 +55,21 @@ def _summarise(names: list[str], sms: list[tuple[int, int]]) -> tuple[str | None
     return names[sms.index(low)] if names else None, low
 
 
+def _nvlink_full(nvml: Any, handles: list[Any], error_type: type) -> bool | None:
+    """SGLang 0.5.23's own test (``custom_all_reduce_utils.py::is_full_nvlink``): every pair's
+    ``nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK)`` is ``NVML_P2P_STATUS_OK``.
+    None when NVML lacks the query or it fails (unknown, not "no")."""
+    index = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+    ok = getattr(nvml, "NVML_P2P_STATUS_OK", None)
+    if index is None or ok is None or not hasattr(nvml, "nvmlDeviceGetP2PStatus"):
+        return None
+    try:
+        return all(nvml.nvmlDeviceGetP2PStatus(a, b, index) == ok
+                   for i, a in enumerate(handles) for b in handles[i + 1:])
+    except error_type:
+        return None
+
+
 def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = True,
              nccl_version: str | None = None) -> BoxFingerprint:
     """This box's fingerprint.
@@ -75,8 +90,11 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
     BoxFingerprint
         ``gpu_count == 0`` and ``sm is None`` when neither NVML nor torch sees a GPU (never raises
         for that: a box without GPUs is a fact, and the callers refuse what it cannot run).
+        ``nvlink_full`` from NVML over the first ``tp`` GPUs (all when ``tp`` is 0); None
+        without NVML.
     """
     names: list[str] = []
+    nvlink: bool | None = None
     sms: list[tuple[int, int]] = []
     driver: str | None = None
     got = False
@@ -94,18 +112,21 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
         else:
             try:
                 count = nvml.nvmlDeviceGetCount()
+                handles = []
                 for i in range(count):
                     h = nvml.nvmlDeviceGetHandleByIndex(i)
+                    handles.append(h)
                     names.append(_text(nvml.nvmlDeviceGetName(h)))
                     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
                     sms.append((int(major), int(minor)))
+                nvlink = _nvlink_full(nvml, handles[: tp or None], error_type) if len(handles) > 1 else None
                 try:
                     driver = _text(nvml.nvmlSystemGetDriverVersion())
                 except error_type:
                     driver = None
                 got = count > 0
             except error_type:
-                names, sms, got = [], [], False
+                names, sms, got, nvlink = [], [], False, None
             finally:
                 try:
                     nvml.nvmlShutdown()
@@ -124,7 +145,8 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
             names, sms, got = [], [], False
     name, sm = _summarise(names, sms) if got else (None, None)
     return BoxFingerprint(gpu_name=name, sm=sm, gpu_count=len(names) if got else 0, tp=int(tp), driver=driver,
-                          nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None))
+                          nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None),
+                          nvlink_full=nvlink if got else None)
 
 
 def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 0) -> BoxFingerprint:
@@ -137,24 +159,34 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         One line naming ``where``: unreadable file, bad JSON, unknown field or bad value.
     """
     raw = text.strip()
-    if not raw.startswith("{"):
+    # JSON text when it looks like JSON or names no file; a path otherwise (so "[]" is a JSON
+    # array, not a missing file called "[]").
+    is_json = raw[:1] in ("{", "[", '"')
+    if not is_json and not Path(raw).expanduser().exists():
+        try:
+            json.loads(raw)
+            is_json = True
+        except json.JSONDecodeError:
+            pass
+    if not is_json:
         try:
             raw = Path(raw).expanduser().read_text(encoding="utf-8")
-        except OSError as err:
-            raise UserError(f"{where}: cannot read the box description {text!r} ({err.strerror or err})") from None
+        except (OSError, UnicodeDecodeError) as err:
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise UserError(f"{where}: cannot read the box description {text!r} ({why})") from None
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as err:
         raise UserError(f"{where}: box description is not JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(doc, dict):
-        raise UserError(f"{where}: box description must be a JSON object")
+        raise UserError(f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}")
     doc.setdefault("tp", tp)
     doc.setdefault("gpu_name", None)
     doc.setdefault("sm", None)
     doc.setdefault("gpu_count", 0)
     try:
         return msgspec.convert(doc, BoxFingerprint)
-    except msgspec.ValidationError as err:
+    except (msgspec.ValidationError, ValueError) as err:
         raise UserError(f"{where}: invalid box description: {err}") from None
 
 
@@ -178,9 +210,14 @@ def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p
                     pairs=len(results))
 
 
-def read_p2p_file(path: str | Path) -> P2PFacts:
-    """P2P facts from the real check's JSON: the list ``python -m fastverify.topo.p2p check``
-    prints, or its cache file (an object with ``results``).
+def read_p2p_results(path: str | Path) -> dict:
+    """The per-direction results of the real check's JSON: the list ``python -m
+    fastverify.topo.p2p check`` prints, or its cache file (an object with ``results``).
+
+    Returns
+    -------
+    dict[(int, int), P2PResult]
+        ``(src, dst)`` → result: GPU ``dst`` read and wrote the memory of GPU ``src``.
 
     Raises
     ------
@@ -203,11 +240,27 @@ def read_p2p_file(path: str | Path) -> P2PFacts:
     for row in rows:
         ok = row.get("ok") if isinstance(row, dict) else None
         src, dst = (row.get("src"), row.get("dst")) if isinstance(row, dict) else (None, None)
-        if type(ok) is not bool or type(src) is not int or type(dst) is not int:
-            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}}: {str(row)[:80]}")
+        if type(ok) is not bool or type(src) is not int or type(dst) is not int or src < 0 or dst < 0 or src == dst:
+            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
         results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
+    return results
+
+
+def p2p_file_facts(path: str | Path, results: Mapping[tuple[int, int], Any]) -> P2PFacts:
+    """:class:`P2PFacts` of results read from ``path`` (:func:`read_p2p_results`)."""
     facts = p2p_from_results(results)
-    return P2PFacts(ok=facts.ok, source="p2p_check", note=f"{facts.note} ({p})"[:300], pairs=facts.pairs)
+    return P2PFacts(ok=facts.ok, source="p2p_check", note=f"{facts.note} ({path})"[:300], pairs=facts.pairs)
+
+
+def read_p2p_file(path: str | Path) -> P2PFacts:
+    """P2P facts from the real check's JSON (:func:`read_p2p_results`); the only proof of P2P.
+
+    Raises
+    ------
+    UserError
+        One line naming the file when it cannot be read or is not such a JSON document.
+    """
+    return p2p_file_facts(path, read_p2p_results(path))
 
 
 def p2p_from_topology(topo: Any | None) -> P2PFacts:

@@ -270,8 +270,15 @@ def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
 
 
 def _custom_ar(n: int, pairs: list[PairReport]) -> dict:
+    # The world-size and NVLink rule is the registry's (fastverify.registry, SGLang 0.5.23
+    # custom_all_reduce.py / custom_all_reduce_utils.py), the one launch and tune apply.
+    from fastverify.registry import BackendName, backend_info
+
+    info = backend_info(BackendName.custom_ar)
     all_nvlink = bool(pairs) and all((p.link or "").startswith("NV") for p in pairs)
-    if n != 2 and not all_nvlink:
+    if info.world_sizes is not None and n not in info.world_sizes:
+        return {"possible": False, "reason": f"SGLang's custom all-reduce runs on {list(info.world_sizes)} GPUs; {n} GPUs"}
+    if n not in (info.world_sizes_without_nvlink or ()) and not all_nvlink:
         return {"possible": False, "reason": f"SGLang's custom all-reduce needs 2 GPUs or full NVLink; {n} PCIe GPUs"}
     if any(p.hw_p2p is False for p in pairs):
         return {"possible": False, "reason": "no CUDA peer access between the GPUs"}

@@ -19,11 +19,20 @@ Two modes:
 and their source, the box fingerprint, the NCCL settings, the SGLang version and the gain with its
 basis. The winner's SGLang switch and workspace bound come from the registry
 (:func:`fastverify.deploy.sglang_settings`).
+
+Before any work (:func:`_check_outputs`): no output replaces an input (``--topology``,
+``--profile``, ``--p2p-check``, a ``--model`` file) or another output, every output's folder
+exists or can be created, ``--png`` names a format matplotlib writes, ``--write-env`` names a
+``.env`` file, ``--tok-s`` is finite and positive, ``--hidden`` agrees with a workload that knows
+its hidden size. ``--p2p-check FILE`` is read whenever given; its per-pair results replace the
+topology's P2P status in the ranking (:func:`fastverify.tune.predict.with_p2p_results`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -42,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--max-batch", type=bounded(1, 4096), default=None,
                    help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs): sizes the "
                         "deployment's IPC workspace [default: the workload's batch]")
-    w.add_argument("--hidden", type=bounded(1, 1 << 17), default=None,
-                   help="hidden size, for a trace profile that does not record it [default: the workload's]")
+    w.add_argument("--hidden", type=bounded(1, 65536), default=None,
+                   help="hidden size, for a trace profile that does not record it (with a model or a live "
+                        "profile it must equal theirs) [default: the workload's]")
     b = p.add_argument_group("box")
     b.add_argument("--topology", type=Path, metavar="FILE", help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
@@ -79,25 +89,68 @@ more than the baseline's own p90 spread) before its settings are written: smalle
 run-to-run noise, not a reason to change a server's settings."""
 
 
-def _check_outputs(args) -> None:
-    """Refuse unusable output paths before any work, so nothing is half-written afterwards."""
-    from fastverify.procs import writable_target
-
-    from fastverify.deploy import record_path_for
-
-    for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
-                        ("--png", args.png), ("--journal", args.journal)):
-        if value:
-            path = Path(value)
-            if str(value).endswith(os.sep):
-                raise UserError(f"{flag} {value}: give a file path, not a folder")
-            writable_target(path)
-            if flag == "--write-env":
-                writable_target(record_path_for(path))
+def _check_flags(args) -> None:
+    """Flag combinations and values that need no input read: refused first."""
     if not args.predict and args.write_tuner_config is not None:
         raise UserError("--write-tuner-config comes from the cost model's per-size choice: use it with --predict")
     if args.predict and args.png is not None:
         raise UserError("--png plots measured latencies: it does not apply with --predict")
+    if args.accept_length is not None and not (1.0 <= args.accept_length <= 64):
+        raise UserError(f"--accept-length {args.accept_length:g}: expected tokens per cycle in [1, 64]")
+    if args.tok_s is not None and not (math.isfinite(args.tok_s) and args.tok_s > 0):
+        # one message for nan, inf, 0 and negatives
+        raise UserError(f"--tok-s {args.tok_s:g}: expected a finite positive number (tokens/s per stream)")
+    if not 0 < args.timeout <= 86400:
+        raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, 86400]")
+
+
+def _env_path(args, fp: str) -> Path | None:
+    from fastverify.tune.envfile import default_env_path
+
+    if args.write_env is None:
+        return None
+    return Path(args.write_env) if args.write_env else default_env_path(fp)
+
+
+def _journal_path(args, fp: str) -> Path:
+    return args.journal or Path("nccl_configs") / f"{fp}.journal.jsonl"
+
+
+def _check_outputs(args, fp: str) -> None:
+    """Refuse unusable output paths before any work, so nothing is half-written afterwards: each
+    output's folder must exist or be creatable (:func:`fastverify.tune.envfile.check_folder`),
+    ``--png`` must name a format matplotlib writes, and no output may replace an input
+    (``--topology``, ``--profile``, ``--p2p-check``, a ``--model`` config file) or another output
+    (:func:`fastverify.procs.check_outputs`)."""
+    from fastverify.deploy import record_path_for
+    from fastverify.live.config import preset_names
+    from fastverify.procs import check_outputs
+    from fastverify.tune.envfile import check_folder
+
+    env_p = _env_path(args, fp)
+    outputs = {"--write-env": env_p,
+               "--write-env (deployment record)": record_path_for(env_p) if env_p is not None else None,
+               "--write-tuner-config": args.write_tuner_config, "--png": args.png,
+               "--journal": None if args.predict else _journal_path(args, fp)}
+    for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
+                        ("--png", args.png), ("--journal", args.journal)):
+        if value and str(value).endswith(os.sep):
+            raise UserError(f"{flag} {value}: give a file path, not a folder")
+    if env_p is not None and (not env_p.name.endswith(".env") or env_p.name == ".env"):
+        stem = env_p.name.split(".")[0] or "box"
+        raise UserError(f"--write-env {env_p}: name the env file <name>.env, e.g. {env_p.with_name(stem + '.env')} "
+                        f"(its deployment record goes beside it as {stem}.deploy.json)")
+    model = args.model if args.model is not None and args.model not in preset_names() else None
+    inputs = {"--topology": args.topology, "--profile": args.profile, "--p2p-check": args.p2p_check,
+              "--model": model}
+    for flag, path in outputs.items():
+        if path is not None:
+            check_folder(path, flag.split(" ")[0])
+    check_outputs(outputs, inputs)
+    if args.png is not None:
+        from fastverify.tune.report import plot_format
+
+        plot_format(args.png)
 
 
 def _workload(args):
@@ -107,10 +160,15 @@ def _workload(args):
         if args.model is not None:
             raise UserError("--profile and --model both describe the workload; give one")
         return workload_from_profile(args.profile)
-    from fastverify.live.config import load_model_config
+    from fastverify.live.config import load_model_config, preset_names
 
-    return workload_from_model(load_model_config(args.model or "tiny"), tp=args.tp, draft_tokens=args.draft_tokens,
-                               batch=args.batch)
+    name = args.model or "tiny"
+    config = load_model_config(name)
+    workload = workload_from_model(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch)
+    if name in preset_names():  # the package's own file: its absolute path says nothing portable
+        workload = dataclasses.replace(workload, source=workload.source.replace(f" ({config.source})",
+                                                                                " (fastverify preset)"))
+    return workload
 
 
 def _topology(args, tp: int):
@@ -154,41 +212,58 @@ def run(args) -> int:
     import sys
 
     console = Console(width=None if sys.stdout.isatty() else 130)
+    _check_flags(args)
     workload = _workload(args)
-    if args.accept_length is not None and not (1.0 <= args.accept_length <= 64):
-        raise UserError(f"--accept-length {args.accept_length:g}: expected tokens per cycle in [1, 64]")
-    if args.tok_s is not None and not args.tok_s > 0:
-        raise UserError(f"--tok-s {args.tok_s:g}: expected a positive tok/s")
-    if not 0 < args.timeout <= 86400:
-        raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, 86400]")
-    _check_outputs(args)
-    shapes = _shapes(args, workload) if args.write_env is not None else None  # refused before any work
+    if args.hidden is not None and workload.hidden and args.hidden != workload.hidden:
+        raise UserError(f"--hidden {args.hidden}: the workload ({workload.source}) has hidden size {workload.hidden}; --hidden is "
+                        "for a trace profile that records none (leave it out)")
+    if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
+        verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s)
+    p2p_results = p2p_given = None
+    if args.p2p_check is not None:  # read and validated whenever given, whatever else is asked
+        from fastverify.topo.box import p2p_file_facts, read_p2p_results
+
+        p2p_results = read_p2p_results(args.p2p_check)
+        p2p_given = p2p_file_facts(args.p2p_check, p2p_results)
     version = _version(args)
     topo = _topology(args, workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
+    if topo is not None and p2p_results is not None:
+        from fastverify.tune.predict import with_p2p_results
+
+        topo = with_p2p_results(topo, p2p_results, source=str(args.p2p_check))
+    fp = _fingerprint(workload, topo, version)
+    _check_outputs(args, fp)
+    shapes = _shapes(args, workload) if args.write_env is not None else None  # refused before any work
 
     from fastverify.nccl.catalogue import Severity, validate_env
 
+    ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
+                                sm=args.sm, p2p_check=str(args.p2p_check) if p2p_results is not None else None) \
+        if topo is not None else []
+    red = None
+    if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
+        baseline = next(c for c in ranked if c.is_baseline)
+        red = verify_reduction(workload, baseline.allreduce_us, ranked[0].allreduce_us,
+                               accept_length=args.accept_length, tok_s=args.tok_s)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
             console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
                           + (f" -> {f.fix}" if f.fix else ""), markup=False)
-    ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
-                                sm=args.sm) if topo is not None else []
     for note in (ranked[0].notes if ranked and ranked[0].is_baseline else ()):
         console.print(f"# note: {note}", markup=False)
     if args.predict:
-        return _report_prediction(args, console, workload, topo, version, ranked, shapes)
-    return _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes)
+        return _report_prediction(args, console, workload, topo, version, ranked, shapes, red, p2p_given, fp)
+    return _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes, p2p_given, fp)
 
 
-def _report_prediction(args, console, workload, topo, version, ranked, shapes) -> int:
+def _report_prediction(args, console, workload, topo, version, ranked, shapes, red, p2p_given, fp) -> int:
     from rich.table import Table
 
     from fastverify.registry import BackendName
-    from fastverify.tune.envfile import default_env_path, write_tuner_config
-    from fastverify.tune.predict import prediction_header, tuner_choices, verify_reduction
+    from fastverify.tune.envfile import write_tuner_config
+    from fastverify.tune.predict import change_pct, prediction_header, tuner_choices
 
     baseline = next(c for c in ranked if c.is_baseline)
     best = ranked[0]
@@ -199,21 +274,19 @@ def _report_prediction(args, console, workload, topo, version, ranked, shapes) -
         t.add_column(col, justify="right", overflow="fold")
     for i, c in enumerate(ranked, 1):
         t.add_row(str(i), ", ".join(f"{k}={v}" for k, v in c.settings.items()) or "(current environment)",
-                  c.transport, f"{c.p2p_pairs}/{c.pairs}", f"{c.allreduce_us:,.1f}", f"{-c.vs_baseline_pct:+.1f} %")
+                  c.transport, f"{c.p2p_pairs}/{c.pairs}", f"{c.allreduce_us:,.1f}", change_pct(-c.vs_baseline_pct))
     console.print(t)
-    red = verify_reduction(workload, baseline.allreduce_us, best.allreduce_us, accept_length=args.accept_length,
-                           tok_s=args.tok_s)
     _print_reduction(console, red, predicted=True)
     for n in best.notes:
         console.print(f"# note: {n}", markup=False)
     if args.write_env is not None:
         from fastverify.deploy import Gain
 
-        path = Path(args.write_env) if args.write_env else default_env_path(_fingerprint(workload, topo, version))
+        path = _env_path(args, fp)
         header = prediction_header(workload, best, baseline, red, topology_source=topo.source, n_gpus=len(topo.gpus),
                                    pcie_gen=args.pcie_gen, sm=args.sm)
         box = _predicted_box(args, workload, topo, version)
-        p2p = _p2p_facts(args, topo, cuda=False)
+        p2p = _p2p_facts(p2p_given, topo, cuda=False)
         # The cost model ranks NCCL settings only: the deployment is NCCL with the best of them.
         gain = Gain(baseline_us=baseline.allreduce_us, best_us=best.allreduce_us, basis="predicted")
         env_p, rec_p = _write_deployment(args, path, BackendName.nccl, dict(best.settings), header, version,
@@ -230,20 +303,21 @@ def _report_prediction(args, console, workload, topo, version, ranked, shapes) -
 
 
 def _print_reduction(console, red: dict, *, predicted: bool) -> None:
+    from fastverify.tune.predict import change_pct
+
     word = "predicted" if predicted else "from the measured all-reduce times"
-    console.print(f"all-reduce per verify step: -{red['allreduce_reduction_pct']:.1f} % ({word})", markup=False)
+    console.print(f"all-reduce per verify step: {change_pct(-red['allreduce_reduction_pct'])} ({word})", markup=False)
     console.print(f"verify step: {red['verify_baseline_us'] / 1e3:.3f} ms -> {red['verify_predicted_us'] / 1e3:.3f} ms, "
-                  f"-{red['verify_reduction_pct']:.1f} % (predicted; baseline {red['verify_baseline_basis']})",
+                  f"{change_pct(-red['verify_reduction_pct'])} (predicted; baseline {red['verify_baseline_basis']})",
                   markup=False)
     if red.get("tok_s_baseline") is not None:
         console.print(f"tok/s per stream at accept length {red['accept_length']:g}: {red['tok_s_baseline']:.1f} -> "
                       f"{red['tok_s_predicted']:.1f} (predicted; rest of the cycle {red['t_rest_basis']})", markup=False)
 
 
-def _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes) -> int:
+def _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes, p2p_given, fp) -> int:
     from fastverify.deploy import Gain, installed_sglang_version
     from fastverify.registry import BackendName
-    from fastverify.tune.envfile import default_env_path
     from fastverify.tune.report import plot_latency, print_report, rank_candidates
     from fastverify.tune.sweep import run_sweep
     from fastverify.tune.trial import DTYPE_BYTES, Op, TrialSpec
@@ -285,15 +359,14 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
         from fastverify.topo.box import read_box
 
         box = read_box(workload.tp, nccl_version=str(version) if version else None)
-        p2p = _p2p_facts(args, topo, cuda=True)
+        p2p = _p2p_facts(p2p_given, topo, cuda=True)
         max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
         extra, skipped = backend_trials(common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel,
                                         sglang_version=sglang_version)
         trials += extra
         for why in skipped:
             console.print(f"# not measured: {why}", markup=False)
-    fp = _fingerprint(workload, topo, version)
-    journal = args.journal or Path("nccl_configs") / f"{fp}.journal.jsonl"
+    journal = _journal_path(args, fp)
     console.print(f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
                   f"{device}; journal {journal}", markup=False)
     if not cuda:
@@ -305,18 +378,20 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
     except OSError as e:
         raise UserError(f"{journal}: cannot write the journal ({e.strerror or e})") from None
     ranking = rank_candidates(trials, results)
+    red = None
+    if ranking.best is not None and ranking.baseline is not None:  # a bad --tok-s: before the report
+        red = verify_reduction(workload, ranking.baseline.step_us, ranking.best.step_us,
+                               accept_length=args.accept_length, tok_s=args.tok_s)
     print_report(ranking, console)
     if args.png:
         written = plot_latency(ranking, args.png)
         console.print(f"wrote {written}", markup=False)
-    if ranking.best is None or ranking.baseline is None:
+    if red is None:
         raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
-    red = verify_reduction(workload, ranking.baseline.step_us, ranking.best.step_us,
-                           accept_length=args.accept_length, tok_s=args.tok_s)
     if cuda:
         _print_reduction(console, red, predicted=False)
     if args.write_env is not None:
-        path = Path(args.write_env) if args.write_env else default_env_path(fp)
+        path = _env_path(args, fp)
         chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
                                         sglang_version=sglang_version)
         for why in why_not:
@@ -377,17 +452,22 @@ def _predicted_box(args, workload, topo, version):
     from fastverify.deploy import BoxFingerprint
 
     name = next((g.name for g in topo.gpus if g.name), None)
+    first = sorted(topo.gpu_indices)[: workload.tp]
+    links = [topo.link(a, b) for i, a in enumerate(first) for b in first[i + 1:]]
+    # SGLang's full-NVLink test (custom_all_reduce_utils.py::is_full_nvlink) over the first tp GPUs
+    nvlink = None if any(link is None for link in links) else all(link.startswith("NV") for link in links)
     return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
-                          driver=None, nccl_version=str(version) if version else None)
+                          driver=None, nccl_version=str(version) if version else None, nvlink_full=nvlink)
 
 
-def _p2p_facts(args, topo, *, cuda: bool):
-    """P2P facts for the record: ``--p2p-check FILE`` (proof), else on a GPU box the real check
-    (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's status (not proof)."""
-    from fastverify.topo.box import p2p_from_results, p2p_from_topology, read_p2p_file
+def _p2p_facts(given, topo, *, cuda: bool):
+    """P2P facts for the record: those of ``--p2p-check FILE`` (``given``, proof), else on a GPU
+    box the real check (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's
+    status (not proof)."""
+    from fastverify.topo.box import p2p_from_results, p2p_from_topology
 
-    if args.p2p_check is not None:
-        return read_p2p_file(args.p2p_check)
+    if given is not None:
+        return given
     if cuda:
         from fastverify.topo.p2p import check_p2p
 
@@ -435,7 +515,8 @@ def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
             skipped.append(f"{name.value}: dtype {common['dtype']} unsupported (takes {', '.join(info.dtypes)})")
             continue
         reason = unreachable_reason(info, sm=tuple(box.sm) if box.sm else None, world_size=common["world_size"],
-                                    p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version)
+                                    p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version,
+                                    nvlink_full=box.nvlink_full)
         if reason is not None:
             skipped.append(reason)
             continue
@@ -464,7 +545,8 @@ def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | N
             return c, passed
         reason = unreachable_reason(info, sm=tuple(box.sm) if box is not None and box.sm else None,
                                     world_size=world_size, p2p_ok=p2p.ok if p2p is not None else None,
-                                    p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version)
+                                    p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version,
+                                    nvlink_full=box.nvlink_full if box is not None else None)
         if reason is None:
             return c, passed
         passed.append(reason)
@@ -486,5 +568,5 @@ def _write_deployment(args, path, backend, settings, header, version, *, shapes,
     if args.max_batch is None:
         lines.append(f"max batch = the profiled batch {shapes.max_batch}: give --max-batch (SGLang's --cuda-graph-max-bs) "
                      "so larger verify steps are not sent to NCCL")
-    inputs = (args.profile, args.topology, args.p2p_check, args.journal)
+    inputs = (args.profile, args.topology, args.p2p_check, args.journal)  # checked in full by _check_outputs
     return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)

@@ -105,6 +105,43 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
     return value
 
 
+def check_setting(key: str, value: str, where: str, version: NcclVersion | None = None) -> str:
+    """Check one ``KEY=VALUE`` with the env file's rules: an allowed name (:data:`ALLOWED_KEYS`), a
+    plain value, and for ``NCCL_*`` no ``error`` finding from
+    :func:`fastverify.nccl.catalogue.validate_setting` for ``version``. Returns ``value``.
+
+    Raises
+    ------
+    UserError
+        ``<where>: <what is wrong>``.
+    """
+    return _check_value(_check_key(key, where), value, where, version)
+
+
+def check_folder(path: str | Path, flag: str = "", *, is_folder: bool = False) -> None:
+    """Refuse, before any work, an output whose folder can neither be used nor created: the
+    nearest existing ancestor of ``path``'s folder (of ``path`` itself with ``is_folder``) must
+    be a folder this process may write in.
+
+    Raises
+    ------
+    UserError
+        ``<flag> <path>: <ancestor> is a file, not a folder`` (where ``mkdir`` would only say
+        "File exists"), or ``... cannot write in <ancestor> (permission denied)``.
+    """
+    p = Path(path)
+    what = f"{flag} {p}" if flag else str(p)
+    folder = p if is_folder else p.parent
+    while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
+        folder = folder.parent
+    shown = folder if str(folder) else Path(".")
+    if not folder.is_dir():
+        raise UserError(f"{what}: {shown} is a file, not a folder" if folder.exists() else
+                        f"{what}: {shown} is a broken link, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{what}: cannot write in {shown} (permission denied)")
+
+
 def _comment_lines(lines: Iterable[str]) -> list[str]:
     out = []
     for line in lines:
@@ -123,6 +160,7 @@ def atomic_write_text(path: Path, text: str) -> Path:
     existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
     ``path`` changes and no temporary file is left."""
     path = writable_target(Path(path))
+    check_folder(path)
     tmps: list[str] = []
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from fastverify.errors import UserError
 from fastverify.nccl import catalogue as cat
@@ -145,6 +146,36 @@ def _topology(topology: Topology | str | Path, tp: int) -> Topology:
                    p2p_reason=sub(topology.p2p_reason))
 
 
+def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any], *, source: str) -> Topology:
+    """``topology`` with the real P2P check's per-direction results in place of NVML's status.
+
+    ``results[(src, dst)].ok`` (GPU ``dst`` read and wrote GPU ``src``'s memory,
+    :func:`fastverify.topo.box.read_p2p_results`) becomes ``p2p_read`` and ``p2p_write`` of that
+    ordered pair, so a pair with a failed direction is not P2P in any candidate (diagnose's
+    ``hw_p2p`` is False when any of the four values is) and a pair whose directions all passed is
+    known to allow P2P. The check exercises P2P; NVML only reports it, so the check wins.
+
+    Raises
+    ------
+    UserError
+        A result names a GPU the topology does not have (a check from another box).
+    """
+    have = set(topology.gpu_indices)
+    stray = sorted({g for pair in results for g in pair} - have)
+    if stray:
+        raise UserError(f"--p2p-check {source}: GPU {stray[0]} is not in the topology {topology.source} "
+                        f"(GPUs {', '.join(map(str, sorted(have)))}): a check from another box?")
+    read, write, reason = dict(topology.p2p_read), dict(topology.p2p_write), dict(topology.p2p_reason)
+    for pair, r in results.items():
+        ok = bool(r.ok)
+        read[pair] = write[pair] = ok
+        if not ok:
+            reason[pair] = f"P2P check {source}: {r.reason or 'failed'}"
+        else:
+            reason.pop(pair, None)
+    return replace(topology, p2p_read=read, p2p_write=write, p2p_reason=reason)
+
+
 def _allreduce_enabled(name: str, value: str, version: NcclVersion | None) -> dict[str, int] | None:
     """What ``NCCL_ALGO`` / ``NCCL_PROTO`` = ``value`` leaves enabled for AllReduce (name → 0 off, 1 on,
     2 NCCL's default rule), parsed by the catalogue's own replay of NCCL's parser; ``None`` when
@@ -209,7 +240,8 @@ class _Level:
     notes: tuple[str, ...]
 
 
-def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: int, sm: int) -> list[_Level]:
+def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: int, sm: int,
+            p2p_check: str | None = None) -> list[_Level]:
     def run(e: dict) -> tuple[str, tuple[str, ...], list]:
         d = D.diagnose(topo, None, e, nccl_version=str(version) if version else None, batches=(),
                        pcie_gen=pcie_gen, sm=sm)
@@ -228,7 +260,11 @@ def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: in
         notes = []
         unknown = [f"{p.a}-{p.b}" for p, q in zip(lpairs, pairs)
                    if p.transport_now == "P2P" and q.transport_now != "P2P" and p.hw_p2p is None]
-        if unknown:
+        if unknown and p2p_check is not None:
+            notes.append(f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P that the P2P check "
+                         f"{p2p_check} does not cover ({', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''}), "
+                         "assuming the driver allows it: run the check with every GPU of the box visible")
+        elif unknown:
             notes.append(f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P assuming the driver allows it "
                          "(unknown from nvidia-smi text): check with `python -m fastverify.topo.p2p check`; consumer "
                          "GPUs on stock drivers refuse P2P and stay on SHM; ACS/IOMMU can make it slow or hang")
@@ -247,7 +283,7 @@ def _per_size(workload: Workload, transport: M.Transport, inputs: M.ModelInputs)
 
 def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
                        env: Mapping[str, str] | None = None, nccl_version: NcclVersion | str | None = None,
-                       pcie_gen: int = 4, sm: int = 89) -> list[Candidate]:
+                       pcie_gen: int = 4, sm: int = 89, p2p_check: str | None = None) -> list[Candidate]:
     """NCCL setting candidates for ``workload`` on ``topology``, fastest predicted first.
 
     Parameters
@@ -265,6 +301,9 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
         (2.30.7): ``allreduce:`` grammar and its constants.
     pcie_gen, sm
         PCIe generation (x16 assumed) and compute capability x10, which nvidia-smi text lacks.
+    p2p_check
+        The file of the real P2P check whose results are already in ``topology``
+        (:func:`with_p2p_results`): the notes then never ask for that check again.
 
     Returns
     -------
@@ -292,7 +331,7 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
         base_notes.append("NCCL version unknown: model constants and setting grammar of NCCL 2.30.7")
     env_algos, env_protos = _env_algos_protos(env, version, sm, base_notes)
 
-    levels = _levels(topo, env, version, pcie_gen, sm)
+    levels = _levels(topo, env, version, pcie_gen, sm, p2p_check)
     proto_opts: list[tuple[str | None, frozenset[M.Proto] | None]] = [(None, env_protos)]
     for proto in (M.Proto.LL, M.Proto.SIMPLE):
         value = _proto_value(proto, version)
@@ -472,6 +511,13 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
 # --- env file header and tuner table ------------------------------------------------------------------
 
 
+def change_pct(pct: float) -> str:
+    """A change in percent with its sign, one decimal: ``-3.5 %``, ``+1.2 %``; ``0.0 %`` when it
+    rounds to zero (never ``-0.0 %``)."""
+    r = round(pct, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
+    return "0.0 %" if r == 0 else f"{r:+.1f} %"
+
+
 def prediction_header(workload: Workload, best: Candidate, baseline: Candidate, reduction: Mapping, *,
                       topology_source: str, n_gpus: int, pcie_gen: int, sm: int) -> list[str]:
     """Comment lines for an env file written from a prediction: how the values were obtained, the
@@ -489,9 +535,9 @@ def prediction_header(workload: Workload, best: Candidate, baseline: Candidate, 
         f"workload: {workload.source}; all-reduces per verify step: {sizes}",
         f"chosen: {best.name}",
         f"all-reduce per verify step: {baseline.allreduce_us:.1f} us (baseline, {baseline.transport}) -> "
-        f"{best.allreduce_us:.1f} us ({best.transport}), -{reduction['allreduce_reduction_pct']:.1f} % (predicted)",
+        f"{best.allreduce_us:.1f} us ({best.transport}), {change_pct(-reduction['allreduce_reduction_pct'])} (predicted)",
         f"verify step: {reduction['verify_baseline_us'] / 1e3:.3f} ms -> {reduction['verify_predicted_us'] / 1e3:.3f} ms, "
-        f"-{reduction['verify_reduction_pct']:.1f} % (predicted; baseline {reduction['verify_baseline_basis']})",
+        f"{change_pct(-reduction['verify_reduction_pct'])} (predicted; baseline {reduction['verify_baseline_basis']})",
         f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])} -> "
         f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})",
     ]

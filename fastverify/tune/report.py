@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fastverify.errors import UserError
 from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
 
 CLOCK_LABEL = {
@@ -191,15 +192,46 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
         console.print(f"note: {escape(note)}", highlight=False)
 
 
+def plot_format(path: str | Path, flag: str = "--png") -> str:
+    """The image format matplotlib writes ``path`` in: its suffix (``png`` when it has none),
+    checked against ``FigureCanvasBase.get_supported_filetypes()`` of the installed matplotlib.
+
+    Raises
+    ------
+    UserError
+        ``<flag> <path>: matplotlib cannot write .<ext> files (it writes eps, jpeg, ...)``.
+    """
+    from matplotlib.figure import Figure
+
+    ext = Path(path).suffix[1:].lower() or "png"
+    supported = Figure().canvas.get_supported_filetypes()
+    if ext not in supported:
+        raise UserError(f"{flag} {path}: matplotlib cannot write .{ext} files (it writes "
+                        f"{', '.join(sorted(supported))})")
+    return ext
+
+
 def plot_latency(ranking: Ranking, path: str | Path, *, top: int = 12) -> Path:
-    """A PNG of median latency (p90 as the bar's top) against message size, one line per candidate
-    (the ``top`` fastest plus the baseline); log-log axes; the title names the clock. Returns the path."""
+    """An image (PNG unless ``path``'s suffix names another format matplotlib writes:
+    :func:`plot_format`) of median latency (p90 as the bar's top) against message size, one line
+    per candidate (the ``top`` fastest plus the baseline); log-log axes; the title names the clock.
+    Written atomically (a temporary file in the same folder, then renamed). Returns the path.
+
+    Raises
+    ------
+    UserError
+        An unsupported format, or the file cannot be written.
+    """
+    import os
+    import tempfile
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    fmt = plot_format(path)
     shown = list(ranking.candidates[:top])
     if ranking.baseline is not None and ranking.baseline not in shown:
         shown.append(ranking.baseline)
@@ -224,7 +256,22 @@ def plot_latency(ranking: Ranking, path: str | Path, *, top: int = 12) -> Path:
         if shown:
             ax.legend(fontsize=7, loc="upper left")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp.{fmt}", dir=path.parent)
+            os.close(fd)
+            fig.savefig(tmp, dpi=110, format=fmt)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as err:
+            raise UserError(f"--png {path}: cannot write ({err.strerror or err})") from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
     finally:
         plt.close(fig)
     return path
