@@ -6,11 +6,12 @@ random Llama made at test time (:mod:`tests.sglang_server.tiny_model`). The test
 that makes SGLang's CPU mode run here (``sgl_kernel`` stand-in, verify shim plugin) is in
 ``tests/sglang_server/`` and says why in its docstrings; fastverify never imports it.
 
-Two server starts in all (each about 40-120 s on two cores): one ``Engine`` through ``launch`` shared
-by the module fixture ``engine_run`` (answers, patch lines, verify records, env file, traces), one
-``python -m sglang.launch_server`` (HTTP ``/generate``, ``/start_profile``) with a patch target
-deliberately broken. Per run the timings are written to the terminal summary (start-up, requests
-answered, verify steps against records per rank).
+Three server starts in all (each about 20-120 s on two cores): one ``Engine`` through ``launch``
+shared by the module fixture ``engine_run`` (answers, patch lines, verify records, env file, traces),
+one ``python -m sglang.launch_server`` (HTTP ``/generate``, ``/start_profile``) with a patch target
+deliberately broken, and one ``Engine`` that answers in a loop until the test SIGKILLs a TP worker
+(what a ``kill -9`` costs the verify records). Per run the timings are written to the terminal
+summary (start-up, requests answered, verify steps against records per rank, the kill's loss).
 
 Skipped, with the reason, when ``FASTVERIFY_SGLANG_PYTHON`` (the venv of ``.ci/sglang-venv.sh``)
 is not set.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -320,3 +322,109 @@ def test_standin_tree_links_equal_sglang_rule(sglang_python, tmp_path):
                         cwd=str(tmp_path))
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert json.loads(cp.stdout.strip().splitlines()[-1]) == {"cases": 8}
+
+
+# --- kill -9 of one TP worker mid-run (issue 10, Done when: "loses at most the last flush interval") ---
+
+KILL_RANK = 1
+"""The TP worker killed: one that only computes (rank 0 also feeds the detokenizer), so the engine
+notices the kill only at its next collective."""
+LOAD_SLACK_S = 0.5
+"""Added to the timer's ``FLUSH_INTERVAL_S`` for the time half of the bound: covers the forward
+itself (its record is made when it returns; ~20-60 ms here, printed) and the writer thread's
+wake-up on a loaded two-core box."""
+KILL_MAX_NEW = 64  # ~55 verify steps a request: the worker is mid-generation, not between requests
+KILL_LOOP_S = 300.0  # the engine stops answering by itself after this (bounds a test that died)
+KILL_DEADLINE_S = 420.0  # start-up (~20-120 s) + the forwards before the kill
+
+
+def _read_stats(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())  # whole or absent: the shim writes it with os.replace
+    except (OSError, ValueError):
+        return None
+
+
+def _jsonl_records(data: bytes) -> tuple[list[dict], bytes | None]:
+    """The records of a verify log and its torn last line (None if the file ends with a newline).
+    Every line but a torn last one must be one whole JSON record."""
+    lines = data.split(b"\n")
+    torn = lines.pop() or None  # after the last "\n": b"" for a whole file
+    return [json.loads(line) for line in lines], torn
+
+
+def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(sglang_python, tiny_model, tmp_path_factory,
+                                                                      request):
+    """SIGKILL one TP worker while the engine generates, then hold its ``verify-rank<R>.jsonl``
+    against the shim's count of that worker's verify forwards at the kill (SIGKILL-safe, see
+    :mod:`tests.sglang_server.shim`). The bound is the timer's own (``fastverify.patch.verify``):
+
+    * count: at most ``DRAIN_EVERY`` records lost: fewer than ``DRAIN_EVERY`` finished lines wait
+      for the writer, plus the one forward the kill may cut (counted at its first layer, never
+      finished, so never a record);
+    * time: every forward that began more than ``FLUSH_INTERVAL_S`` + :data:`LOAD_SLACK_S` before
+      the kill has its record on disk;
+    * whole records (a torn last line tolerated, and counted as lost), steps 0, 1, 2, ... in order.
+    """
+    from fastverify.patch.verify import DRAIN_EVERY, FLUSH_INTERVAL_S
+    from tests.sglang_server.harness import EngineProcess, wait_dead
+
+    window_s = FLUSH_INTERVAL_S + LOAD_SLACK_S
+    kill_after = 5 * DRAIN_EVERY  # five writer batches into the run
+    work = tmp_path_factory.mktemp("kill9")
+    prof = work / "prof"
+    eng = EngineProcess(sglang_python, work / "run", tiny_model, prof=prof, prompts=PROMPTS,
+                        max_new_tokens=KILL_MAX_NEW, loop_s=KILL_LOOP_S)
+    stats_path = eng.work / "stats" / f"stats-rank{KILL_RANK}.json"
+    log_path = prof / f"verify-rank{KILL_RANK}.jsonl"
+    try:
+        end = time.monotonic() + KILL_DEADLINE_S
+        while True:
+            assert eng.proc.poll() is None, f"engine exited rc={eng.proc.returncode}:\n{eng.text()[-4000:]}"
+            assert time.monotonic() < end, f"not {kill_after} verify forwards in time:\n{eng.text()[-4000:]}"
+            st = _read_stats(stats_path)
+            # enough forwards, and a further 1 s of them old enough for the time half of the bound
+            if st and st["verify_forwards"] >= kill_after and time.time() - st["verify_t"][0] >= window_s + 1.0:
+                break
+            time.sleep(0.005)
+        pid, seen = st["pid"], st["verify_forwards"]
+        procs = len(eng.processes())  # engine (the launcher exec'd), resource tracker, schedulers, detokenizer
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.time()
+        to_kill_s = time.perf_counter() - eng.t0
+        assert wait_dead(pid), f"TP {KILL_RANK} (pid {pid}) still running 20 s after SIGKILL"
+        final = _read_stats(stats_path)  # the dead worker's last word: its count at the kill
+        data = log_path.read_bytes() if log_path.is_file() else b""
+        other = prof / f"verify-rank{1 - KILL_RANK}.jsonl"
+        other_n = other.read_bytes().count(b"\n") if other.is_file() else 0
+        answers = eng.text().count("FVTEST_ANSWER ")
+    finally:
+        t = time.perf_counter()
+        found, left = eng.stop()
+        stop_s = time.perf_counter() - t
+    assert not left, f"processes of the run still alive after the cleanup: {left}"
+    assert final is not None and final["pid"] == pid, final
+
+    n = final["verify_forwards"]
+    recs, torn = _jsonl_records(data)
+    lost = n - len(recs)
+    times = final["verify_t"]
+    old = sum(1 for t in times if t < t_kill - window_s)  # forwards that began before the window
+    oldest_lost_s = round(t_kill - times[len(recs)], 3) if lost > 0 else None
+    ms = [r["verify_ms"] for r in recs]
+    _report(request, f"kill -9 of TP {KILL_RANK} (pid {pid}) {to_kill_s:.1f} s after launch ({answers} answers, "
+                     f"kill at shim count >= {seen}): verify forwards at the kill {n}, records on disk {len(recs)}"
+                     f"{' + a torn last line' if torn else ''}, lost {lost} (bound {DRAIN_EVERY} = "
+                     f"DRAIN_EVERY - 1 waiting + 1 in flight); forwards older than {window_s:.1f} s at the kill "
+                     f"{old}, oldest lost began {oldest_lost_s} s before the kill; verify ms max "
+                     f"{max(ms) if ms else None}; TP {1 - KILL_RANK} records {other_n}; {procs} processes at the kill, "
+                     f"{found} still there for the cleanup, killed in {stop_s:.1f} s, none left")
+
+    assert len(times) == n and n >= seen >= kill_after, (len(times), n, seen)
+    assert recs, f"no verify records of TP {KILL_RANK} on disk after {n} verify forwards"
+    assert [r["step"] for r in recs] == list(range(len(recs))), [r["step"] for r in recs]  # in order, no gap
+    for r in recs:
+        assert str(r["rank"]) == str(KILL_RANK) and r["pid"] == pid and r["verify_ms"] > 0, r
+    assert 0 <= lost <= DRAIN_EVERY, (n, len(recs), lost, DRAIN_EVERY)
+    assert old >= 1 and len(recs) >= old, (
+        f"{old} forwards began more than {window_s} s before the kill, only {len(recs)} records on disk")

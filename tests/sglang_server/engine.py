@@ -8,11 +8,13 @@ the tiny model) whose answers, including SGLang's own count of verify steps (``m
     python engine.py CONFIG.json
 
 ``CONFIG.json``: ``{"model": DIR, "tp": 2, "prompts": [...], "max_new_tokens": N,
-"engine": {extra Engine kwargs}, "linger_s": S}``
-(``linger_s``: seconds to wait after the last answer before ``shutdown``). Prints one line ``FVTEST_RESULT {json}`` on stdout:
-``startup_s`` (Engine construction, seconds), ``requests`` (per prompt: ``text``, ``latency_s`` and
-the ``meta_info`` fields ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``,
-``spec_accept_token_num``), ``verify_ct_total``.
+"engine": {extra Engine kwargs}, "linger_s": S, "loop_s": L}``
+(``linger_s``: seconds to wait after the last answer before ``shutdown``; ``loop_s``: go on
+answering the prompts again and again until ``L`` seconds after start-up, so that a test can kill a
+TP worker mid-run; each answer then prints one ``FVTEST_ANSWER {json}`` line). Prints one line
+``FVTEST_RESULT {json}`` on stdout: ``startup_s`` (Engine construction, seconds), ``requests``
+(per prompt: ``text``, ``latency_s`` and the ``meta_info`` fields ``completion_tokens``,
+``spec_verify_ct``, ``spec_accept_length``, ``spec_accept_token_num``), ``verify_ct_total``.
 """
 
 from __future__ import annotations
@@ -40,13 +42,19 @@ def main(config_path: str) -> None:
     startup = time.perf_counter() - t0
     params = {"temperature": 0.0, "max_new_tokens": int(cfg.get("max_new_tokens", 24)), "ignore_eos": True}
     out = []
+    loop_until = time.perf_counter() + float(cfg.get("loop_s", 0))
     try:
-        for prompt in cfg["prompts"]:
-            t = time.perf_counter()
-            r = engine.generate(prompt, params)
-            meta = r.get("meta_info", {})
-            out.append({"text": r.get("text"), "latency_s": round(time.perf_counter() - t, 3),
-                        **{k: meta.get(k) for k in META}})
+        while True:
+            for prompt in cfg["prompts"]:
+                t = time.perf_counter()
+                r = engine.generate(prompt, params)
+                meta = r.get("meta_info", {})
+                out.append({"text": r.get("text"), "latency_s": round(time.perf_counter() - t, 3),
+                            **{k: meta.get(k) for k in META}})
+                if "loop_s" in cfg:
+                    print("FVTEST_ANSWER " + json.dumps(out[-1]), flush=True)
+            if time.perf_counter() >= loop_until:
+                break
     finally:
         result = {"startup_s": round(startup, 3), "requests": out,
                   "verify_ct_total": sum(int(x.get("spec_verify_ct") or 0) for x in out)}

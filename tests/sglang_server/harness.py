@@ -102,15 +102,17 @@ class Run:
         return f"rc={self.rc}\n--- stdout\n{self.stdout[-n:]}\n--- stderr\n{self.stderr[-n:]}"
 
 
-def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
-                  trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
-                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600) -> Run:
-    """``python -m fastverify launch [--env F] [--profile-verify D [--trace-verify-steps N]] --
-    python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end."""
+def engine_command(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
+                   trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
+                   linger_s: float = 0, loop_s: float | None = None) -> list[str]:
+    """The ``python -m fastverify launch ... -- python engine.py CONFIG`` command line (``CONFIG``
+    written to ``work/engine.json``; see :mod:`tests.sglang_server.engine` for its fields)."""
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "engine.json"
-    cfg.write_text(json.dumps({"model": str(model), "tp": tp, "prompts": prompts, "max_new_tokens": max_new_tokens,
-                               "linger_s": linger_s}))
+    conf = {"model": str(model), "tp": tp, "prompts": prompts, "max_new_tokens": max_new_tokens, "linger_s": linger_s}
+    if loop_s is not None:
+        conf["loop_s"] = loop_s
+    cfg.write_text(json.dumps(conf))
     cmd = [py, "-m", "fastverify", "launch", "--backend", "auto"]
     if env_file is not None:
         cmd += ["--env", str(env_file)]
@@ -118,7 +120,16 @@ def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, pr
         cmd += ["--profile-verify", str(prof)]
     if trace_steps:
         cmd += ["--trace-verify-steps", str(trace_steps)]
-    cmd += ["--", py, str(ENGINE), str(cfg)]
+    return cmd + ["--", py, str(ENGINE), str(cfg)]
+
+
+def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
+                  trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
+                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600) -> Run:
+    """``python -m fastverify launch [--env F] [--profile-verify D [--trace-verify-steps N]] --
+    python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end."""
+    cmd = engine_command(py, work, model, env_file=env_file, prof=prof, trace_steps=trace_steps, prompts=prompts,
+                         tp=tp, max_new_tokens=max_new_tokens, linger_s=linger_s)
     t0 = time.perf_counter()
     try:
         cp = subprocess.run(cmd, cwd=str(work), env=server_env(work, extra=extra_env), capture_output=True,
@@ -131,6 +142,124 @@ def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, pr
         if line.startswith(RESULT):
             run.result = json.loads(line[len(RESULT):])
     return run
+
+
+# --- a run that a test ends itself (kill -9 of a TP worker) -----------------------------------------
+
+
+def _proc_stat(pid: str) -> tuple[int, int, int, str] | None:
+    """(ppid, process group, session, state) of a live process from ``/proc/<pid>/stat``."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0]
+
+
+def run_processes(root: int, marker: tuple[str, str]) -> list[int]:
+    """Pids of the live processes (Linux ``/proc``) of one server run started as ``root`` in its
+    own session: those of its session or process group, its descendants, and any other process
+    whose environment holds ``marker`` (``KEY``, ``value``).
+
+    Why three ways: SGLang names its workers with ``setproctitle`` (``sglang::scheduler_TP0``),
+    which overwrites their ``/proc/<pid>/environ``, so the environment marker alone misses them;
+    the session and the parent links miss a process that called ``setsid`` and was re-parented,
+    which the marker (``FVTEST_STATS_DIR``, unique to the run, :func:`server_env`) still finds.
+    Zombies (already dead) are not listed."""
+    needle = f"{marker[0]}={marker[1]}".encode()
+    stats = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid() and (st := _proc_stat(d.name)) and st[3] not in "ZX":
+            stats[int(d.name)] = st
+    out = set()
+    for pid, (ppid, pgrp, sid, _) in stats.items():
+        if root in (sid, pgrp, pid):
+            out.add(pid)
+            continue
+        seen, p = set(), ppid
+        while p in stats and p not in seen:  # an ancestor of this run?
+            if p == root:
+                out.add(pid)
+                break
+            seen.add(p)
+            p = stats[p][0]
+        else:
+            try:
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    out.add(pid)
+            except OSError:  # gone, or not ours
+                pass
+    return sorted(out)
+
+
+def wait_dead(pid: int, timeout: float = 20) -> bool:
+    """True once ``pid`` is gone or a zombie (its threads have stopped: nothing more is written)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class EngineProcess:
+    """``fastverify launch ... -- python engine.py CONFIG`` (``loop_s``: answering prompts until the
+    test ends it) started in its own session and not waited for; stdout+stderr go to
+    ``work/engine.log``. :meth:`stop` kills the whole process tree."""
+
+    def __init__(self, py: str, work: Path, model: Path, *, prof: Path, prompts: list[str],
+                 max_new_tokens: int, loop_s: float, tp: int = 2) -> None:
+        cmd = engine_command(py, work, model, env_file=None, prof=prof, prompts=prompts, tp=tp,
+                             max_new_tokens=max_new_tokens, loop_s=loop_s)
+        self.work = work
+        self.log = work / "engine.log"
+        env = server_env(work)
+        self.marker = ("FVTEST_STATS_DIR", env["FVTEST_STATS_DIR"])  # unique to this run
+        self._out = open(self.log, "w")
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def text(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def processes(self) -> list[int]:
+        """Live pids of this run's process tree (:func:`run_processes`)."""
+        return run_processes(self.proc.pid, self.marker)
+
+    def stop(self, timeout: float = 30) -> tuple[int, list[int]]:
+        """SIGKILL to the session's process group, then, by pid, to every process of the run still
+        alive (:meth:`processes`: one that left the group); waits up to ``timeout`` s for them to go.
+        Returns (how many processes were found to kill, pids still alive after ``timeout``)."""
+        import signal
+
+        found = set(self.processes())
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + timeout
+        left = self.processes()
+        while left and time.monotonic() < end:
+            found.update(left)
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+            left = self.processes()
+        try:
+            self.proc.wait(max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            left = sorted(set(left) | {self.proc.pid})
+        self._out.close()
+        return len(found), left
 
 
 SERVER_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",

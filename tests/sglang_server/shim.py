@@ -15,9 +15,11 @@ Why it exists:
   shim counts those in ``non_causal_masks``) and a plain causal extend would be wrong.
   NGRAM reaches the same verify forward as EAGLE: ``TpModelWorker.forward_batch_generation(...,
   is_verify=True)`` (``ngram_worker.py``), which the fastverify patch times.
-* The tests need to see, from inside each TP worker, the environment it got and how many verify
-  forwards it ran: each worker rewrites ``$FVTEST_STATS_DIR/stats-rank<R>.json`` after every verify
-  forward (a SIGKILL loses nothing already counted).
+* The tests need to see, from inside each TP worker, the environment it got, its pid and how many
+  verify forwards it ran, and when (``verify_t``: ``time.time()`` at each one's first layer, the
+  same clock as the test's): each worker rewrites ``$FVTEST_STATS_DIR/stats-rank<R>.json`` (write
+  then ``os.replace``, so a reader sees a whole file) after every verify forward, so a SIGKILL loses
+  nothing already counted and the file is the count at the moment of the kill.
 * ``FVTEST_BREAK_TARGET=verify_timer`` replaces ``TpModelWorker.forward_batch_generation`` with a
   pass-through of another signature before fastverify's plugin runs (entry points are loaded in
   ``sys.path`` order and this one lies on ``PYTHONPATH``), so the patch must skip that target.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 ENV_STATS = "FVTEST_STATS_DIR"
 ENV_BREAK = "FVTEST_BREAK_TARGET"
@@ -38,7 +41,7 @@ PLUGIN_NAME = "fastverify_test_shim"
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "FASTVERIFY_", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONPATH")
 
 KVWriteLoc = None  # sglang.srt.mem_cache.memory_pool.KVWriteLoc, bound by plugin()
-_stats: dict = {"verify_forwards": 0, "non_causal_masks": 0, "checked_slots": 0}
+_stats: dict = {"verify_forwards": 0, "non_causal_masks": 0, "checked_slots": 0, "verify_t": []}
 _lock = threading.Lock()
 
 
@@ -85,6 +88,7 @@ def _verify_attention(original):
         if layer.layer_id == 0:
             with _lock:
                 _stats["verify_forwards"] += 1
+                _stats["verify_t"].append(time.time())  # wall clock (the test's clock) at this forward
                 causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
                 bad = (tree != causal).flatten(1).any(1)
                 _stats["non_causal_masks"] += int(bad.sum())
