@@ -122,3 +122,35 @@ def test_benchmark_runs_on_the_hta_pair(tmp_path):
     # integer-us traces: HTA's rounding does not apply; the pair's comm kernel count agrees
     kt = {r["rank"]: r for r in rec["numbers"] if r["metric"] == "kernel_time"}
     assert kt[0]["hta"] > 0 and kt[0]["fastverify"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_model.py: leave-one-box-out of fastverify/tune/backend_model.py (runs on the packaged data)
+
+
+def test_bench_model_lobo_pcie_ipc_holds_out_each_box():
+    """Two published PCIe IPC boxes share one size (12 KiB, TP8): each predicts the other.
+    Held out SGLang 8x SM120 (5.3 us): from the L40S alone, 18.7/1.25 .. 28.9*1.25 = 14.96 .. 36.13 us,
+    point 21.8 -> outside, error +311 %. Held out L40S (21.8 us): 5.3/1.25 .. 5.3*1.25 -> outside."""
+    from fastverify.registry import BackendName
+
+    r = _load("bench_model").lobo(BackendName.pcie_ipc)
+    assert r["judged"] == ["flashinfer-pr4393-8xl40s", "sglang-docstring-8xsm120"] and r["inside"] == []
+    sg = next(p for p in r["boxes"]["sglang-docstring-8xsm120"] if p["size_bytes"] == 12288)
+    assert (sg["low_us"], sg["point_us"], sg["high_us"]) == pytest.approx((18.7 / 1.25, 21.8, 28.9 * 1.25))
+    assert sg["error"] == pytest.approx(21.8 / 5.3 - 1)
+    l40 = r["boxes"]["flashinfer-pr4393-8xl40s"][0]
+    assert (l40["low_us"], l40["high_us"]) == pytest.approx((5.3 / 1.25, 5.3 * 1.25)) and not l40["inside"]
+    # the 96 and 384 KiB rows have no other box within 2x: reported as uncovered, not judged
+    assert [p["covered"] for p in r["boxes"]["sglang-docstring-8xsm120"]] == [True, False, False]
+
+
+def test_bench_model_prints_lobo_for_every_backend(capsys):
+    rc = _load("bench_model").main([])
+    out = capsys.readouterr().out
+    for name in ("nccl", "pcie_ipc", "custom_ar", "b12x"):
+        assert re.search(rf"^lobo {name}: ", out, re.MULTILINE), name
+    assert re.search(r"^lobo pcie_ipc: boxes inside range 0/2 \(0 %\), points inside 0/2, median point error "
+                     r"193\.5 %$", out, re.MULTILINE)  # median of |+311.3 %| and |-75.7 %|
+    assert "lobo b12x: no published measurement; estimate() returns None" in out
+    assert rc in (0, 1, 2)  # the cost-model part keeps its own exit rule; lobo never changes it
