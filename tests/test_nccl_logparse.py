@@ -432,3 +432,49 @@ def test_long_lines_stay_fast(line):
     t0 = time.perf_counter()
     _returns_or_user_error(line + "\n")
     assert time.perf_counter() - t0 < 2.0
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 11: what topo and tune read off a log (devices, pair kinds, P2P off by env, TUNING rows)
+
+
+def test_devices_and_pair_kinds_of_nccl_1027():
+    log = parse_nccl_log(_read("nccldebug-nccl-1027.txt"))
+    # every [dev] that printed a line in the excerpt: 0..7
+    assert log.devices == (0, 1, 2, 3, 4, 5, 6, 7)
+    # read off the file: 0->1, 2->3, 6->7 P2P/direct pointer/read; 1->2, 5->6 P2P/direct pointer; 3->4 SHM
+    assert log.transport_kinds() == {(0, 1): "P2P", (1, 2): "P2P", (2, 3): "P2P", (3, 4): "SHM",
+                                     (5, 6): "P2P", (6, 7): "P2P"}
+    assert log.p2p_disabled_by_env is None
+
+
+def test_pair_kind_shm_wins_over_p2p():
+    log = parse_nccl_log(_log("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
+                              "Channel 01 : 1[1] -> 0[0] via SHM/direct/direct"))
+    assert log.transport_kinds() == {(0, 1): "SHM"}
+
+
+@pytest.mark.parametrize("line, want", [
+    ("NCCL_P2P_LEVEL set by environment to LOC", "NCCL_P2P_LEVEL=LOC"),
+    ("NCCL_P2P_LEVEL set by environment to 0.", "NCCL_P2P_LEVEL=0"),
+    ("NCCL_P2P_DISABLE set by environment to 1.", "NCCL_P2P_DISABLE=1"),
+    ("NCCL_P2P_LEVEL set by environment to PIX", None),
+    ("NCCL_P2P_DISABLE set by environment to 0.", None),
+])
+def test_p2p_disabled_by_env(line, want):
+    log = parse_nccl_log(_log(line))
+    assert log.p2p_disabled_by_env == want
+    assert log.transports == () and log.devices == (0,)
+
+
+def test_tuning_rows_leave_out_disabled_cells():
+    # one 2.18+ block as graph/tuning.cc prints it; NVLS/CollNet cells 0/0 (no such hardware)
+    head = ["  Algorithm   |" + "".join(" %14s   %14s   %14s |" % ("", a, "") for a in ("Tree", "Ring", "CollNetDirect")),
+            "  Protocol    |" + "".join(" %14s |" % p for _ in range(3) for p in ("LL", "LL128", "Simple")),
+            " Max NThreads |" + "".join(" %14d |" % n for n in (512, 640, 512, 512, 640, 256, 0, 0, 640))]
+    row = "%13s |" % "AllReduce" + "".join("%8.1f/%6.1f |" % c for c in [
+        (10.8, 2.2), (0.0, 0.0), (46.0, 14.4), (20.6, 1.9), (0.0, 0.0), (43.5, 12.0)] + [(0.0, 0.0)] * 3)
+    log = parse_nccl_log(_log(*head, row))
+    assert log.tuning_rows() == [("TREE", "LL", 10.8, 2.2), ("TREE", "SIMPLE", 46.0, 14.4),
+                                 ("RING", "LL", 20.6, 1.9), ("RING", "SIMPLE", 43.5, 12.0)]
+    assert log.tuning_rows("Broadcast") == []

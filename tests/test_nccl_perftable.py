@@ -385,3 +385,86 @@ def test_other_text_glued_to_a_log_line_does_not_join_the_next_row():
     )
     t = parse_all_reduce_perf(text)
     assert [(r.size_bytes, r.oop_time_us) for r in t.rows] == [(8, 38.83)] and t.problems == ()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 11: MPI tags glued inside a row, measured time per size
+
+
+# The first ten rows of allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt, as typed in by hand:
+# (size, count, out-of-place time/algbw/busbw, in-place time/algbw/busbw)
+SHM_FIRST_TEN = [
+    (8, 2, "38.83", "0.00", "0.00", "40.43", "0.00", "0.00"),
+    (16, 4, "38.73", "0.00", "0.00", "38.59", "0.00", "0.00"),
+    (32, 8, "41.85", "0.00", "0.00", "42.55", "0.00", "0.00"),
+    (64, 16, "42.55", "0.00", "0.00", "42.65", "0.00", "0.00"),
+    (128, 32, "42.42", "0.00", "0.01", "42.88", "0.00", "0.01"),
+    (256, 64, "42.44", "0.01", "0.01", "42.53", "0.01", "0.01"),
+    (512, 128, "42.58", "0.01", "0.02", "42.68", "0.01", "0.02"),
+    (1024, 256, "44.04", "0.02", "0.04", "42.39", "0.02", "0.04"),
+    (2048, 512, "42.91", "0.05", "0.08", "42.61", "0.05", "0.08"),
+    (4096, 1024, "43.18", "0.09", "0.17", "42.69", "0.10", "0.17"),
+]
+
+
+@pytest.mark.parametrize("tag", ["[0] ", "[1,0]<stdout>:", "[0]"])
+def test_mpi_tag_glued_inside_rows(tag):
+    """mpirun tags every chunk nccl-tests writes (the row is printed in three pieces), so the tag lands
+    after the root column and after the first half's #wrong: ``-1[0]``, ``0[0]``. Before issue 11
+    the parser read 0 of these 10 rows (UserError: no complete data row)."""
+    lines = [tag + line for line in NEW_HEADER.splitlines()]
+    for size, count, ot, oa, ob, it, ia, ib in SHM_FIRST_TEN:
+        lines.append(f"{tag}{size:>12}  {count:>12}     float     sum      -1{tag}{ot:>8} {oa:>7} {ob:>7}      0"
+                     f"{tag}{it:>8} {ia:>7} {ib:>7}      0")
+    t = parse_all_reduce_perf("\n".join(lines) + "\n", source="mpi.txt")
+    assert len(t.rows) == 10 and t.problems == ()
+    assert [(r.size_bytes, r.count, r.oop_time_us, r.ip_time_us) for r in t.rows] == [
+        (s, c, float(ot), float(it)) for s, c, ot, _, _, it, _, _ in SHM_FIRST_TEN]
+    assert t.rows[9].oop_busbw_gbps == 0.17 and t.rows[9].ip_algbw_gbps == 0.10
+    assert all(r.root == -1 and r.oop_wrong == 0 and r.ip_wrong == 0 for r in t.rows)
+
+
+def test_time_us_exact_rows_of_the_real_tables(shm, p2p):
+    for size, t in SHM_OOP:
+        assert shm.time_us(size) == t
+    for size, t in P2P_OOP:
+        assert p2p.time_us(size) == t
+    # in-place column, read off the p2pdisabled file: 65536 -> 45.28, 131072 -> 54.86, 134217728 -> 16227
+    assert shm.time_us(65536, in_place=True) == 45.28
+    assert shm.time_us(131072, in_place=True) == 54.86
+    assert shm.time_us(134217728, in_place=True) == 16227.0
+
+
+def test_time_us_interpolates_in_log_log_between_neighbours(shm):
+    # 57344 B (Kimi-K2 verify, 4 tokens x 7168 x 2 B) lies between the 32768 B (44.18 µs) and
+    # 65536 B (45.66 µs) rows: log2(57344/32768) = log2(1.75) of the way in log-log.
+    import math
+
+    f = math.log2(1.75)
+    want = 44.18 * (45.66 / 44.18) ** f
+    assert shm.time_us(57344) == pytest.approx(want, rel=1e-12)
+    assert 45.36 < want < 45.38  # worked by hand: 44.18 * 1.0335^0.807 = 45.37
+    # halfway in log(size) between 131072 (67.27) and 262144 (124.8): the geometric mean
+    assert shm.time_us(185364) == pytest.approx(math.sqrt(67.27 * 124.8), rel=1e-4)
+
+
+def test_time_us_outside_the_measured_range_is_none(shm):
+    assert shm.time_us(7) is None and shm.time_us(0) is None
+    assert shm.time_us(134217729) is None
+    with pytest.raises(ValueError):
+        shm.time_us(-1)
+    with pytest.raises(ValueError):
+        shm.time_us(1.5)  # type: ignore[arg-type]
+
+
+def test_summary_of_the_real_tables(shm, p2p):
+    s = shm.summary()
+    assert (s["rows"], s["min_bytes"], s["max_bytes"], s["n_ranks"]) == (25, 8, 134217728, 8)
+    assert s["devices"] == ["NVIDIA GeForce RTX 4090"] and s["dtypes"] == ["float"] and s["redops"] == ["sum"]
+    assert (s["time_us_at_min"], s["time_us_at_max"]) == (38.83, 16253.0)
+    assert (s["peak_busbw_gbps"], s["peak_busbw_bytes"]) == (15.04, 33554432)
+    assert s["avg_busbw_gbps"] == 4.85265 and s["graph"] == "0" and s["label"] == "measured"
+    s = p2p.summary()
+    assert (s["time_us_at_min"], s["time_us_at_max"], s["peak_busbw_gbps"], s["peak_busbw_bytes"]) == (
+        38.82, 11382.0, 20.64, 134217728)
+    assert s["avg_busbw_gbps"] == 6.11168

@@ -206,6 +206,7 @@ class NcclLog:
     warnings: tuple[WarnLine, ...] = ()
     n_nccl_lines: int = 0
     problems: tuple[str, ...] = ()
+    devices: tuple[int, ...] = ()  # CUDA devices (``[dev]`` of the prefix) that printed a line, sorted
 
     @property
     def version_tuple(self) -> tuple[int, int, int] | None:
@@ -240,6 +241,38 @@ class NcclLog:
         """GPU → other GPU paths only, keyed by the two normalised node names."""
         return {(s, d): p for s, row in self.paths.items() if s.startswith("GPU/")
                 for d, p in row.items() if d.startswith("GPU/") and d != s}
+
+    def transport_kinds(self) -> dict[tuple[int, int], str]:
+        """(a, b) with a < b (device indices) → ``"P2P"``, ``"SHM"`` or ``"NET"`` as the log's
+        ``via`` lines show, either direction; SHM wins where a pair shows both (the ring runs at
+        its slowest hop). Pairs named by PCI bus id (NCCL < 2.18) are left out."""
+        out: dict[tuple[int, int], str] = {}
+        for t in self.transports:
+            if not (isinstance(t.src_dev, int) and isinstance(t.dst_dev, int)) or t.src_dev == t.dst_dev:
+                continue
+            key = (min(t.src_dev, t.dst_dev), max(t.src_dev, t.dst_dev))
+            if out.get(key) != "SHM":
+                out[key] = t.kind
+        return out
+
+    @property
+    def p2p_disabled_by_env(self) -> str | None:
+        """The setting NCCL read that turns P2P off for every pair, as ``NAME=VALUE``, else ``None``:
+        ``NCCL_P2P_DISABLE=1``, or ``NCCL_P2P_LEVEL`` LOC / 0 (``src/graph/paths.cc``: a path type
+        must be <= the level, and LOC is below every path between two GPUs), so every pair is on
+        SHM (or NET). ``NCCL_P2P_LEVEL set by environment to …`` is printed only for a value NCCL
+        understood (paths.cc)."""
+        if self.env.get("NCCL_P2P_DISABLE", "").strip() == "1":
+            return "NCCL_P2P_DISABLE=1"
+        level = self.env.get("NCCL_P2P_LEVEL", "").strip()
+        if level in ("LOC", "0"):
+            return f"NCCL_P2P_LEVEL={level}"
+        return None
+
+    def tuning_rows(self, func: str = "AllReduce") -> list[tuple[str, str, float, float]]:
+        """The TUNING model table of ``func`` as ``(algo, proto, latency µs, algBw GB/s)`` rows, in
+        table order, without the (0, 0) cells NCCL prints for a disabled or unsupported pair."""
+        return [(a, p, lat, bw) for (a, p), (lat, bw) in self.tuning.get(func, {}).items() if (lat, bw) != (0.0, 0.0)]
 
     @property
     def uses_shm(self) -> bool:
@@ -372,6 +405,7 @@ class _State:
         self.tables: dict[tuple[str, str], dict] = {}  # per (pid, tid): TUNING table columns
         self.comm_seen: set[tuple] = set()
         self.old_busid = False  # NCCL < 2.18 prints bus ids in transport brackets
+        self.devices: set[int] = set()
 
     def problem(self, lineno: int, what: str, text: str) -> None:
         t = " ".join(text.split())
@@ -673,6 +707,8 @@ def parse_nccl_log(text: str, *, source: str = "<text>") -> NcclLog:
             _h_version(st, lineno, b.group(1))
             continue
         n_nccl += 1
+        if int(m.group("dev")) >= 0:
+            st.devices.add(int(m.group("dev")))
         key = (m.group("pid"), m.group("tid"))
         msg = raw[m.end():]
         msg = msg[1:] if msg[:1] == " " else msg
@@ -699,4 +735,5 @@ def parse_nccl_log(text: str, *, source: str = "<text>") -> NcclLog:
         calls=tuple(L["calls"]), env=st.env, env_invalid=st.env_invalid,
         p2p_unavailable=tuple(L["p2p_unavailable"]), tuner_plugin=st.tuner, tuner_lines=tuple(L["tuner_lines"]),
         warnings=tuple(L["warnings"]), n_nccl_lines=n_nccl, problems=tuple(L["problems"]),
+        devices=tuple(sorted(st.devices)),
     )

@@ -14,7 +14,9 @@ threads; see ``research/nccl.md`` §5):
   ``-I 1`` adds i_min/i_max/i_p99/i_cv% after each half; ``-T``-style timestamps add a date and a time
   at the end. Pre-2020 builds have no root column and an ``error`` column (max abs error, a float like
   ``1e-07``) instead of ``#wrong``.
-- Noise: MPI launchers prefix each line (``[0] ``, ``[1,0]<stdout>:``, Slurm ``0: ``); NCCL's own
+- Noise: MPI launchers prefix each line (``[0] ``, ``[1,0]<stdout>:``, Slurm ``0: ``), and those that
+  tag every chunk they forward put the tag inside a row too (``-1[0]``, ``0[0]``: nccl-tests writes
+  a row in pieces); NCCL's own
   ``NCCL_DEBUG=INFO`` lines share stdout and can land between rows or inside one (NCCL >= 2.22
   connects lazily at the first collective, so its ``Channel …`` lines appear after the first row's
   size/count/type columns). Both are removed before the rows are read.
@@ -25,6 +27,7 @@ complete data row is left; dropped lines are listed in :attr:`PerfTable.problems
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from fastverify.errors import UserError
 from fastverify.nccl.logparse import search_near_nccl
 
-__all__ = ["PerfRow", "PerfTable", "parse_all_reduce_perf", "algbw_from_time", "busbw_from_time"]
+__all__ = ["PerfRow", "PerfTable", "algbw_from_time", "busbw_from_time", "parse_all_reduce_perf"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,65 @@ class PerfTable:
     def sizes(self) -> tuple[int, ...]:
         return tuple(r.size_bytes for r in self.rows)
 
+    def time_us(self, msg_bytes: int, *, in_place: bool = False) -> float | None:
+        """Measured all-reduce time of one ``msg_bytes`` message on this box, in µs.
+
+        Parameters
+        ----------
+        msg_bytes : int
+            Message size in bytes (nccl-tests' ``size`` column: the whole buffer, not per rank).
+        in_place : bool
+            Read the in-place half of the table instead of the out-of-place one.
+
+        Returns
+        -------
+        float or None
+            The row's time where the table has that size; between two measured sizes, the
+            straight line between the neighbouring rows in log(size)-log(time) (all_reduce_perf
+            steps sizes by a factor, and time is close to a power law between two steps); ``None``
+            below the smallest or above the largest measured size (no extrapolation), or when the
+            table holds no usable time there. The first row of a size wins where a size repeats.
+
+        Raises
+        ------
+        ValueError
+            ``msg_bytes`` is not an integer >= 0.
+        """
+        if isinstance(msg_bytes, bool) or not isinstance(msg_bytes, int) or msg_bytes < 0:
+            raise ValueError(f"msg_bytes must be an integer >= 0, got {msg_bytes!r}")
+        pts: dict[int, float] = {}
+        for r in self.rows:
+            t = r.ip_time_us if in_place else r.oop_time_us
+            if r.size_bytes not in pts and math.isfinite(t) and t > 0:
+                pts[r.size_bytes] = t
+        if msg_bytes in pts:
+            return pts[msg_bytes]
+        sizes = sorted(s for s in pts if s > 0)
+        if not sizes or msg_bytes < sizes[0] or msg_bytes > sizes[-1]:
+            return None
+        for lo, hi in itertools.pairwise(sizes):
+            if lo < msg_bytes < hi:
+                f = (math.log(msg_bytes) - math.log(lo)) / (math.log(hi) - math.log(lo))
+                return math.exp(math.log(pts[lo]) + f * (math.log(pts[hi]) - math.log(pts[lo])))
+        return None  # unreachable: msg_bytes is inside [sizes[0], sizes[-1]] and not a row
+
+    def summary(self) -> dict:
+        """What the table holds, for a report: row count, size range (B), ranks, GPU names, data
+        types, the out-of-place time at the smallest and largest size (µs), the peak out-of-place
+        bus bandwidth (GB/s) and its size, the footer's average bus bandwidth, dropped lines."""
+        rows = self.rows
+        peak = max(rows, key=lambda r: r.oop_busbw_gbps)
+        first, last = min(rows, key=lambda r: r.size_bytes), max(rows, key=lambda r: r.size_bytes)
+        return {
+            "source": self.source, "rows": len(rows), "min_bytes": first.size_bytes, "max_bytes": last.size_bytes,
+            "n_ranks": self.n_ranks, "devices": sorted(set(self.devices)), "dtypes": sorted({r.dtype for r in rows}),
+            "redops": sorted({r.redop for r in rows}),
+            "time_us_at_min": first.oop_time_us, "time_us_at_max": last.oop_time_us,
+            "peak_busbw_gbps": peak.oop_busbw_gbps, "peak_busbw_bytes": peak.size_bytes,
+            "avg_busbw_gbps": self.avg_busbw_gbps, "graph": self.header.get("graph"),
+            "problems": list(self.problems), "label": "measured",
+        }
+
     def row(self, size_bytes: int) -> PerfRow:
         """The first row of ``size_bytes``; ``KeyError`` naming the sizes present if there is none."""
         for r in self.rows:
@@ -132,6 +194,12 @@ def _find_log(line: str) -> re.Match[str] | None:
     return search_near_nccl(line, _NCCL_LOG)
 
 
+# ``-1[0]``: an MPI launcher's rank tag glued to a printed column. nccl-tests prints one row in
+# pieces (common.cu: the size/count/type/redop/root part, then each half), and launchers that tag
+# every chunk they forward (Intel MPI / MPICH ``-prepend-rank``, Open MPI ``--tag-output``) put
+# ``[0] `` / ``[1,0]<stdout>:`` in front of each piece, i.e. in the middle of the row.
+_MPI_TAG_INSIDE = re.compile(r"\[[0-9]{1,6}(?:,[0-9]{1,6})*\](?:<std(?:out|err)>)?:?")
+
 # ``-1host0``: a row's last printed column glued to the host name of a log line. A host name that
 # itself starts with digits is mis-split here; no way to tell them apart from the text alone.
 _NUMERIC_HEAD = re.compile(r"^(-?[0-9]+|N/A)([A-Za-z].*)$")
@@ -150,7 +218,7 @@ _RANK_LINE = re.compile(
 )
 _KV_LINE = re.compile(r"^#\s*([A-Za-z][\w .()-]*?)\s*:\s*(.*?)\s*$")
 _INT = re.compile(r"^-?[0-9]+$")
-_FLOAT = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?(?:inf|nan)$", re.I)
+_FLOAT = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?(?:inf|nan)$", re.IGNORECASE)
 _WORD = re.compile(r"^[A-Za-z_][\w]*$")
 
 
@@ -341,6 +409,8 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
                 continue
             _read_header_line(s, header, ranks)
             continue
+        if "[" in s:
+            s = _MPI_TAG_INSIDE.sub(" ", s).strip()
         tokens = s.split()
         lay = layout or _GUESSES.get(len(tokens))
         row = _parse_row(tokens, lay, lineno) if lay is not None else None

@@ -5,8 +5,10 @@ settings.
 
 Inputs, any of: a topology (``nvidia-smi topo -m`` text, or NVML on a live box), an
 ``NCCL_DEBUG=INFO`` log (what NCCL really did: transports per pair, graph, version, settings it
-read), and the environment's ``NCCL_*`` settings. What a log shows is reported as seen; what comes
-from the topology alone is labelled predicted.
+read), an ``all_reduce_perf`` table (NCCL measured on the box), and the environment's ``NCCL_*``
+settings. What a log shows is reported as seen; what comes from the topology alone is labelled
+predicted; the table's times are measured. Any one input is enough for a (partial) diagnosis; where
+inputs disagree the log's transports win and ``Diagnosis.warnings`` says so.
 
 Rules (NCCL ``src/graph/paths.cc`` ``ncclTopoCheckP2p``, summarised in ``research/nccl.md`` §2.5):
 a pair uses P2P when its NCCL path type is at most ``NCCL_P2P_LEVEL`` (default PXB) and NVML reports
@@ -22,18 +24,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from fastverify.errors import UserError
 from fastverify.nccl import model as M
 from fastverify.nccl.catalogue import Finding, Severity, validate_env
+from fastverify.nccl.enabled import enabled_algos_protos
 from fastverify.nccl.logparse import NcclLog
+from fastverify.nccl.perftable import PerfTable
 from fastverify.topo.matrix import NCCL_PATH_ORDER, Topology, nccl_path_type, p2p_allowed
 
 DEFAULT_HIDDEN = 7168  # Kimi-K2 / DeepSeek-V3 hidden size (config.json)
 DEFAULT_DRAFT_TOKENS = 4  # SGLang's auto default for DeepSeek-V3/Kimi (speculative_hook.py)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 _LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # NCCL_P2P_LEVEL=0..5 (paths.cc)
+_LOG_PROTO = {"LL": M.Proto.LL, "LL128": M.Proto.LL128, "SIMPLE": M.Proto.SIMPLE}  # names as the log prints them
 
 # The PCIe correction of fastverify.nccl.model fitted on the two all_reduce_perf tables of one
 # 8x RTX 4090 box (2x EPYC 7542, all pairs SYS; blog.chlc.cc, shared/inputs/allreduceperf-blog-
@@ -54,7 +58,9 @@ CALIBRATION_NOTE = ("predicted: NCCL's cost model (src/graph/tuning.cc) with a P
 
 @dataclass(frozen=True)
 class PairReport:
-    """One GPU pair (a < b). ``transport_*`` is "P2P" or "SHM"; ``seen`` = from the NCCL log."""
+    """One GPU pair (a < b). ``transport_*`` is "P2P" or "SHM"; ``seen`` = from the NCCL log;
+    ``basis`` says where ``transport_now`` comes from: "seen in log", "predicted" (the topology and
+    NCCL's path rule) or "environment: NCCL_P2P_LEVEL=LOC" (P2P off for every pair)."""
 
     a: int
     b: int
@@ -64,6 +70,7 @@ class PairReport:
     transport_now: str
     transport_recommended: str
     seen: bool
+    basis: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,14 @@ class Prediction:
 
 @dataclass
 class Diagnosis:
-    """Everything ``fastverify topo`` reports; :meth:`as_dict` is its ``--json`` form."""
+    """Everything ``fastverify topo`` reports; :meth:`as_dict` is its ``--json`` form.
+
+    ``warnings``: where pieces of evidence disagree (the log against the topology, a GPU the log
+    names that the topology lacks, a perf table of another world size). ``nccl_tuning``: NCCL's own
+    TUNING lines of the log (model table, the choice it gives each verify size, launched sizes),
+    ``None`` without. ``perf_table``: :meth:`PerfTable.summary` of the ``all_reduce_perf`` table;
+    ``measured``: its time for each verify size (µs, measured, interpolated between sizes).
+    """
 
     sources: list[str]
     n_gpus: int
@@ -97,6 +111,10 @@ class Diagnosis:
     predictions: list[Prediction]
     prediction_note: str
     actions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    nccl_tuning: dict | None = None
+    perf_table: dict | None = None
+    measured: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -119,18 +137,6 @@ def current_p2p_level(env: Mapping[str, str]) -> tuple[str, str]:
             return _LEGACY_LEVELS[min(int(value), 5)], f"NCCL_P2P_LEVEL={value} (legacy number)"
         return "PXB", f"default (NCCL ignores NCCL_P2P_LEVEL={value!r})"
     return "PXB", "default"
-
-
-def _pairs_from_log(log: NcclLog) -> dict[tuple[int, int], str]:
-    """(a, b) with a < b → "P2P"/"SHM"/"NET" as the log shows (either direction; SHM wins if mixed)."""
-    out: dict[tuple[int, int], str] = {}
-    for t in log.transports:
-        if not (isinstance(t.src_dev, int) and isinstance(t.dst_dev, int)) or t.src_dev == t.dst_dev:
-            continue
-        key = (min(t.src_dev, t.dst_dev), max(t.src_dev, t.dst_dev))
-        if out.get(key) != "SHM":
-            out[key] = t.kind
-    return out
 
 
 def _rank(path: str) -> int:
@@ -172,11 +178,17 @@ def diagnose(
     batches: tuple[int, ...] = DEFAULT_BATCHES,
     pcie_gen: int = 4,
     sm: int = 89,
+    perf: PerfTable | None = None,
 ) -> Diagnosis:
-    """Build the diagnosis. ``topo`` or ``log`` must be given (the CLI checks).
+    """Build the diagnosis from whatever evidence is given; partial evidence gives a partial one.
 
     Parameters
     ----------
+    topo, log, perf
+        Any of: the topology, an NCCL_DEBUG=INFO log, an ``all_reduce_perf`` table (measured on the
+        box). Where two disagree the log's transports win over the topology's rule, and each
+        disagreement is one line in ``warnings``; a GPU the log names but the topology lacks is a
+        warning and its pairs are left out. With no input at all the CLI reads NVML.
     env : mapping, default ``os.environ``
         Where the ``NCCL_*`` settings are read.
     nccl_version : str, optional
@@ -185,6 +197,13 @@ def diagnose(
         Verify message sizes: ``batch × draft_tokens × hidden × 2`` bytes (bf16).
     pcie_gen, sm
         Used by the cost model when the topology does not say (offline text has neither).
+
+    Returns
+    -------
+    Diagnosis
+        Never refuses for missing evidence: what the input cannot tell is said in ``log_notes`` /
+        ``actions`` (e.g. a log with only ``NCCL_P2P_LEVEL set by environment to LOC``: every pair on
+        SHM, by the environment).
     """
     env = dict(os.environ if env is None else env)
     if log and log.env:
@@ -197,14 +216,19 @@ def diagnose(
     findings = [f for f in validate_env(env, nv) if f.severity is not Severity.OK]
     level, level_source = current_p2p_level(env)
 
-    seen = _pairs_from_log(log) if log else {}
+    seen = log.transport_kinds() if log else {}
     log_paths = _paths_from_log(log) if log else {}
     refused = {tuple(sorted(p)) for p in log.p2p_unavailable} if log else set()
+    warnings: list[str] = []
+    if topo is not None and log is not None:
+        warnings += _stray_gpus(topo, log, seen, log_paths, refused)
+    env_off = None if level != "LOC" else level_source  # P2P off for every pair by the environment
     gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in (*seen, *log_paths) for d in pair})
-    if not gpus and log is not None:
-        raise UserError(f"{log.source}: the log shows no GPU pairs (no 'via' transport lines, no GRAPH path dump); "
-                        "capture it with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV")
+    if not gpus and log is not None and env_off and len(log.devices) >= 2:
+        gpus = list(log.devices)  # P2P off for all: every pair of the devices that printed is on SHM
     pairs: list[PairReport] = []
+    log_shm_allowed: list[str] = []  # the log shows SHM where the level allows P2P
+    log_p2p_refused: list[str] = []  # the log shows P2P where the level does not allow it
     for i, a in enumerate(gpus):
         for b in gpus[i + 1:]:
             link = topo.link(a, b) if topo else None
@@ -220,12 +244,27 @@ def diagnose(
                 if link is None:
                     link = seen_path
             if (a, b) in seen:
-                now, was_seen = seen[(a, b)], True
+                now, was_seen, basis = seen[(a, b)], True, "seen in log"
+                if link is not None and now == "SHM" and p2p_allowed(link, level) and hw is not False:
+                    hw = False  # NCCL tried P2P (the level allows it) and fell back: no peer access there
+                    log_shm_allowed.append(f"{a}-{b}")
+                elif link is not None and now == "P2P" and not p2p_allowed(link, level):
+                    log_p2p_refused.append(f"{a}-{b}")
             elif link is not None:
-                now, was_seen = ("P2P" if p2p_allowed(link, level) and hw is not False else "SHM"), False
+                now, was_seen, basis = ("P2P" if p2p_allowed(link, level) and hw is not False else "SHM"), False, "predicted"
+            elif env_off:
+                now, was_seen, basis = "SHM", False, f"environment: {env_off}"
             else:
                 continue
-            pairs.append(PairReport(a, b, link, path, hw, now, "SHM" if hw is False else "P2P", was_seen))
+            pairs.append(PairReport(a, b, link, path, hw, now, "SHM" if hw is False else "P2P", was_seen, basis))
+    if log_shm_allowed:
+        warnings.append(f"{log.source} shows SHM for pair(s) {', '.join(log_shm_allowed)} although their path is within "
+                        f"NCCL_P2P_LEVEL={level} ({level_source}): NCCL found no peer access there (driver or "
+                        "ACS/IOMMU), so P2P is not recommended for them; the log's transport is what is shown")
+    if log_p2p_refused:
+        warnings.append(f"{log.source} shows P2P for pair(s) {', '.join(log_p2p_refused)} whose path NCCL_P2P_LEVEL="
+                        f"{level} ({level_source}) does not allow: the log was taken with other settings than these; "
+                        "the log's transport is what is shown")
 
     # Recommended level: the widest NCCL path type among pairs whose hardware can do P2P.
     capable = [p.nccl_path for p in pairs if p.hw_p2p is not False and p.nccl_path]
@@ -233,21 +272,136 @@ def diagnose(
     if recommended is not None and NCCL_PATH_ORDER.index(recommended) <= NCCL_PATH_ORDER.index(level):
         recommended = None  # the current level already covers every pair that can do P2P
     if recommended is None:
-        pairs = [PairReport(p.a, p.b, p.link, p.nccl_path, p.hw_p2p, p.transport_now, p.transport_now, p.seen)
-                 for p in pairs]
+        pairs = [replace(p, transport_recommended=p.transport_now) for p in pairs]
 
     n = len(gpus)
+    if not gpus:
+        # one device printing is no world size (rank 0 alone prints the TUNING lines); 0 = unknown
+        n = (log.n_ranks or (len(log.devices) if len(log.devices) >= 2 else 0)) if log else 0
+        if perf is not None and perf.n_ranks:
+            n = max(n, perf.n_ranks)
+    notes = _log_notes(log) if log else []
+    if not gpus and log is not None:
+        notes.append(_partial_note(log, env_off, n))
+    tuning = _nccl_tuning(log, hidden, draft_tokens, batches, env, nv, sm) if log else None
+    measured = _measured(perf, hidden, draft_tokens, batches) if perf else []
+    perf_summary = perf.summary() if perf else None
+    if perf is not None:
+        # a world size to compare with: the topology's, or the communicator's nRanks in the log
+        # (the GPUs of the log's pairs can be an excerpt of the ring)
+        known = (n, "topology") if topo else ((log.n_ranks, "log's communicator") if log and log.comms else (None, ""))
+        warnings += _perf_warnings(perf, *known)
     ipc = _pcie_ipc(n, pairs)
     car = _custom_ar(n, pairs)
-    notes = _log_notes(log) if log else []
-    preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
+    if pairs:
+        preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
+    else:
+        preds, note = [], ("no prediction: no GPU pair is known from this input (add --nvidia-smi, or an NCCL log "
+                           "with transport lines)" if n != 1 else "one GPU: no all-reduce")
     diag = Diagnosis(
-        sources=[s for s in (topo.source if topo else None, log.source if log else None) if s],
+        sources=list(dict.fromkeys(s for s in (topo.source if topo else None, log.source if log else None,
+                                               perf.source if perf else None) if s)),
         n_gpus=n, nccl_version=str(nv) if nv else None, p2p_level_now=level, p2p_level_now_source=level_source,
         p2p_level_recommended=recommended, pairs=pairs, pcie_ipc_allreduce=ipc, custom_allreduce=car,
-        findings=findings, log_notes=notes, predictions=preds, prediction_note=note)
+        findings=findings, log_notes=notes, predictions=preds, prediction_note=note, warnings=warnings,
+        nccl_tuning=tuning, perf_table=perf_summary, measured=measured)
     diag.actions = _actions(diag, log)
     return diag
+
+
+def _stray_gpus(topo: Topology, log: NcclLog, seen: dict, log_paths: dict, refused: set) -> list[str]:
+    """One warning naming the GPUs the log names but the topology lacks (their pairs are left out)."""
+    have = set(topo.gpu_indices)
+    named = {d for pair in (*seen, *log_paths, *refused) for d in pair}
+    stray = sorted(named - have)
+    if not stray:
+        return []
+    lines = sorted({t.line for t in log.transports if t.src_dev in stray or t.dst_dev in stray} - {0})
+    where = f" (line {lines[0]}{' and more' if len(lines) > 1 else ''})" if lines else ""
+    return [(f"{log.source} names GPU(s) {', '.join(map(str, stray))}{where}, which {topo.source} does not have "
+             f"(GPUs {_span(sorted(have))}): their pairs are left out, the rest is kept; a log from another box, "
+             "or taken under another CUDA_VISIBLE_DEVICES?")]
+
+
+def _span(xs: list[int]) -> str:
+    return f"{xs[0]}-{xs[-1]}" if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else ", ".join(map(str, xs))
+
+
+def _partial_note(log: NcclLog, env_off: str | None, n: int) -> str:
+    """What a log without GPU pairs (no ``via`` lines, no GRAPH path dump) still says."""
+    gpus = f"{n} GPUs" if n > 1 else "the number of GPUs is unknown"
+    if env_off:
+        return (f"partial: the log shows no GPU pair, but {env_off} (P2P disabled) puts every pair on SHM "
+                f"(NCCL src/graph/paths.cc); {gpus}")
+    what = [k for k, v in (("the TUNING table", log.tuning), ("NCCL's per-size choices", log.calls),
+                           ("the settings NCCL read", log.env), ("the version", log.version)) if v]
+    return (f"partial: the log shows no GPU pair (no 'via' transport lines, no GRAPH path dump){'; it holds ' if what else ''}"
+            f"{', '.join(what)}; {gpus}; capture NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING for the pairs")
+
+
+def _nccl_tuning(log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[int, ...], env: Mapping[str, str],
+                 nv, sm: int) -> dict | None:
+    """NCCL's own TUNING evidence in the log: the AllReduce model table (latency µs, algBw GB/s per
+    algorithm/protocol), the choice that table gives each verify size (``ncclTopoGetAlgoTime``:
+    ``lat + bytes / (1000 · algBw)``, Tree's algBw × ``treeCorrectionFactor``; NCCL src/graph/tuning.cc
+    and enqueue.cc, as in :func:`fastverify.nccl.model.predict`), and the per-size choices NCCL
+    printed for the collectives it launched. ``None`` when the log has neither."""
+    rows = log.tuning_rows("AllReduce")
+    calls = [c for c in log.calls if c.func in (None, "AllReduce")]
+    if not rows and not calls:
+        return None
+    enabled = enabled_algos_protos(env, nv, sm)
+    on_a = {a.value.upper() for a in enabled.algos}
+    # The table already holds 0/0 where NCCL's own rule turned a cell off; an explicit NCCL_PROTO
+    # (e.g. a --set being evaluated) is applied on top.
+    on_p = {p.value.upper() for p in enabled.protos} if enabled.protos_set else set(_LOG_PROTO)
+    verify = []
+    for b in batches:
+        nbytes = b * draft_tokens * hidden * 2
+        times = {}
+        for algo, proto, lat, bw in rows:
+            if algo not in ("TREE", "RING") or algo not in on_a or proto not in on_p or proto not in _LOG_PROTO \
+                    or bw <= 0:
+                continue
+            f = M.tree_correction_factor(_LOG_PROTO[proto], nbytes) if algo == "TREE" else 1.0
+            times[(algo, proto)] = lat + nbytes / (1000.0 * bw * f)
+        if times:
+            order = [(a, p) for a in ("TREE", "RING") for p in ("LL", "LL128", "SIMPLE")]
+            best = min(times, key=lambda k: (times[k], order.index(k)))
+            verify.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "algo_proto": f"{best[0]}/{best[1]}",
+                           "time_us": round(times[best], 1), "label": "predicted"})
+    choices: dict[tuple, dict] = {}
+    for c in calls:
+        choices.setdefault((c.size_bytes, c.algo, c.proto), {
+            "size_bytes": c.size_bytes, "algo": c.algo, "proto": c.proto, "time_us": c.time_us, "line": c.line})
+    return {"model_table": [{"algo": a, "proto": p, "latency_us": lat, "algbw_gbps": bw} for a, p, lat, bw in rows],
+            "verify_choice": verify, "launched": sorted(choices.values(), key=lambda d: (d["size_bytes"], d["line"])),
+            "basis": f"NCCL's own TUNING lines in {log.source}"}
+
+
+def _measured(perf: PerfTable, hidden: int, draft_tokens: int, batches: tuple[int, ...]) -> list[dict]:
+    """Measured NCCL time of each verify size from the user's all_reduce_perf table (interpolated
+    between measured sizes; None outside them)."""
+    out = []
+    for b in batches:
+        nbytes = b * draft_tokens * hidden * 2
+        t = perf.time_us(nbytes)
+        exact = nbytes in perf.sizes
+        out.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "time_us": None if t is None else round(t, 1),
+                    "basis": ("measured" if exact else "interpolated between measured sizes") if t is not None
+                    else f"outside the measured sizes {min(perf.sizes)}-{max(perf.sizes)} B",
+                    "source": perf.source, "label": "measured"})
+    return out
+
+
+def _perf_warnings(perf: PerfTable, n: int | None, what: str) -> list[str]:
+    out = []
+    if perf.n_ranks and n and perf.n_ranks != n:
+        out.append(f"{perf.source} was measured on {perf.n_ranks} ranks, the {what} has {n}: its times are for "
+                   "another world size")
+    if perf.problems:
+        out.append(f"{perf.source}: {len(perf.problems)} line(s) dropped: {perf.problems[0]}")
+    return out
 
 
 def _predicted_gain_pct(preds: list[Prediction]) -> float:
@@ -257,6 +411,9 @@ def _predicted_gain_pct(preds: list[Prediction]) -> float:
 
 
 def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
+    if not pairs and n in (0, 2, 4, 8):
+        return {"possible": None, "reason": "unknown from this input: no GPU pair known (add --nvidia-smi, or run "
+                                            "`python -m fastverify.topo.p2p check` on the box)"}
     if n not in (2, 4, 8):
         return {"possible": False, "reason": f"world size {n}: FlashInfer's PCIe IPC all-reduce takes 2, 4 or 8 GPUs"}
     no = [f"{p.a}-{p.b}" for p in pairs if p.hw_p2p is False]
@@ -275,9 +432,14 @@ def _custom_ar(n: int, pairs: list[PairReport]) -> dict:
     from fastverify.registry import BackendName, backend_info
 
     info = backend_info(BackendName.custom_ar)
+    if n == 0:
+        return {"possible": None, "reason": "unknown from this input: the number of GPUs is not known"}
     all_nvlink = bool(pairs) and all((p.link or "").startswith("NV") for p in pairs)
     if info.world_sizes is not None and n not in info.world_sizes:
         return {"possible": False, "reason": f"SGLang's custom all-reduce runs on {list(info.world_sizes)} GPUs; {n} GPUs"}
+    if not any(p.link for p in pairs) and n not in (info.world_sizes_without_nvlink or ()):
+        return {"possible": None, "reason": f"{n} GPUs: SGLang's custom all-reduce needs 2 GPUs or full NVLink, and "
+                                            "the links are unknown from this input"}
     if n not in (info.world_sizes_without_nvlink or ()) and not all_nvlink:
         return {"possible": False, "reason": f"SGLang's custom all-reduce needs 2 GPUs or full NVLink; {n} PCIe GPUs"}
     if any(p.hw_p2p is False for p in pairs):
@@ -318,10 +480,9 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
                     "unusable, or a NIC judged faster; see NCCL_NET_DISABLE_INTRA)")
     if env.get("NCCL_SHM_DISABLE", "").strip() == "1" and any(p.transport_now == "SHM" for p in pairs):
         return [], "no prediction: NCCL_SHM_DISABLE=1 sends the non-P2P pairs over NET, which is not modelled"
-    from fastverify.tune.predict import _env_algos_protos  # local: predict imports this module
-
-    notes: list[str] = []
-    algos, protos = _env_algos_protos(env, nv, sm, notes)
+    enabled = enabled_algos_protos(env, nv, sm)
+    notes = list(enabled.notes)
+    algos, protos = enabled.algos, enabled.protos_or_none
     graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
     kw = dict(gen=pcie_gen, width=16, sm=sm, algos=algos, protos=protos)
     if nv is not None:
@@ -364,6 +525,9 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
                     + f"; predicted all-reduce change {gain_pct:+.0f} % at the smallest verify size, within the "
                       "model's error (~10 %), so measure it: NCCL keeps cross-root-port and cross-socket pairs on "
                       "SHM by default because P2P there is often no faster and ACS/IOMMU can make it slow or hang")
+    elif d.p2p_level_now == "LOC" and not any(p.link for p in d.pairs):
+        acts.append(f"{d.p2p_level_now_source} turns P2P off for every pair (all on SHM): if P2P is wanted, remove it "
+                    "or set the level that covers the pairs' path type (add --nvidia-smi to see which)")
     seen_shm = [f"{p.a}-{p.b}" for p in shm if p.seen and p.link is None]
     if seen_shm and not d.p2p_level_recommended:
         acts.append(f"the log shows SHM for pair(s) {', '.join(seen_shm)}: add --nvidia-smi (their path type) to "
@@ -376,6 +540,12 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
     if d.pcie_ipc_allreduce.get("possible"):
         acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step (SGLang: "
                     "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, SGLANG_PCIE_IPC_MAX_NUMEL = max batch x draft tokens x hidden)")
+    timed = [m for m in d.measured if m["time_us"] is not None]
+    if timed:
+        m = timed[0]
+        acts.append(f"your all_reduce_perf table ({m['source']}) measures NCCL at {m['time_us']:,.1f} µs for the "
+                    f"smallest verify message ({m['msg_bytes']:,} B, {m['basis']}): that, not the model, is the "
+                    f"baseline; rank backends against it with `fastverify tune --perf-table {m['source']}`")
     if log and log.graph_fallbacks:
         acts.append("NCCL's graph search failed on this box: try NCCL_PROTO=LL for the small verify all-reduces")
     if not acts:

@@ -13,18 +13,22 @@ from fastverify.topo.diagnose import Diagnosis
 def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     """Print the diagnosis in words a user acts on: actions first, then the evidence."""
     c = console or Console(width=None if sys.stdout.isatty() else 130)
-    c.print(f"# fastverify topo: {d.n_gpus} GPU(s); from {', '.join(d.sources)}; NCCL {d.nccl_version or 'version unknown'}",
+    gpus = f"{d.n_gpus} GPU(s)" if d.n_gpus else "GPU count unknown from this input"
+    c.print(f"# fastverify topo: {gpus}; from {', '.join(d.sources)}; NCCL {d.nccl_version or 'version unknown'}",
             markup=False)
     c.print(f"# NCCL_P2P_LEVEL now: {d.p2p_level_now} ({d.p2p_level_now_source}); recommended: "
             f"{d.p2p_level_recommended or 'no change'}", markup=False)
     c.print("what to do:", style="bold")
     for a in d.actions:
         c.print(f"  - {a}", markup=False)
+    for w in d.warnings:
+        c.print(f"warning: {w}", markup=False, style="yellow")
 
     if d.pairs:
         by: dict[tuple, list[str]] = {}
         for p in d.pairs:
-            key = (p.link or "?", p.nccl_path or "?", p.transport_now, "seen in log" if p.seen else "predicted",
+            key = (p.link or "?", p.nccl_path or "?", p.transport_now,
+                   p.basis or ("seen in log" if p.seen else "predicted"),
                    p.transport_recommended, {True: "yes", False: "no", None: "unknown"}[p.hw_p2p])
             by.setdefault(key, []).append(f"{p.a}-{p.b}")
         t = Table(title="GPU pairs", title_justify="left")
@@ -54,3 +58,48 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
                       f"{p.recommended_us:,.1f}", p.recommended_algo_proto)
         c.print(t)
         c.print(f"# {d.prediction_note}", markup=False)
+
+    _print_evidence(d, c)
+
+
+def _print_evidence(d: Diagnosis, c: Console) -> None:
+    """The user's own measurements and NCCL's own TUNING lines, each naming its source."""
+    if d.perf_table:
+        p = d.perf_table
+        ranks = f"{p['n_ranks']} ranks" if p["n_ranks"] else "ranks unknown"
+        gpus = f" on {', '.join(p['devices'])}" if p["devices"] else ""
+        avg = f", footer average busBw {p['avg_busbw_gbps']:g} GB/s" if p["avg_busbw_gbps"] is not None else ""
+        c.print(f"all_reduce_perf {p['source']} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
+                f"{ranks}{gpus}, {'/'.join(p['dtypes'])} {'/'.join(p['redops'])}; {p['time_us_at_min']:g} µs at the "
+                f"smallest, {p['time_us_at_max']:g} µs at the largest; peak busBw {p['peak_busbw_gbps']:g} GB/s at "
+                f"{p['peak_busbw_bytes']:,} B{avg}", markup=False)
+    if d.measured:
+        t = Table(title=f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({d.measured[0]['source']})",
+                  title_justify="left")
+        for col in ("tokens", "bytes", "NCCL µs", "basis"):
+            t.add_column(col, justify="right", overflow="fold")
+        for m in d.measured:
+            t.add_row(str(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
+                      m["basis"])
+        c.print(t)
+    tu = d.nccl_tuning
+    if tu:
+        if tu["model_table"]:
+            cells = ", ".join(f"{r['algo']}/{r['proto']} {r['latency_us']:g} µs + size/{r['algbw_gbps']:g} GB/s"
+                              for r in tu["model_table"])
+            c.print(f"NCCL's model table (TUNING, AllReduce): {cells}", markup=False)
+        if tu["verify_choice"]:
+            t = Table(title="verify all-reduce, NCCL's own model table from the log, PREDICTED", title_justify="left")
+            for col in ("tokens", "bytes", "NCCL picks", "model µs"):
+                t.add_column(col, justify="right")
+            for v in tu["verify_choice"]:
+                t.add_row(str(v["tokens"]), f"{v['msg_bytes']:,}", v["algo_proto"], f"{v['time_us']:,.1f}")
+            c.print(t)
+        if tu["launched"]:
+            shown = tu["launched"][:12]
+            more = f" (+{len(tu['launched']) - 12} more)" if len(tu["launched"]) > 12 else ""
+            c.print("NCCL's choice per launched all-reduce: " + ", ".join(
+                f"{x['size_bytes']:,} B -> {x['algo']}/{x['proto']}" + (f" ({x['time_us']:g} µs model)"
+                                                                        if x["time_us"] is not None else "")
+                for x in shown) + more, markup=False)
+        c.print(f"# {tu['basis']}", markup=False)
