@@ -108,12 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=("Which GPU pairs NCCL runs over P2P and which over SHM, whether a PCIe IPC all-reduce can "
                      "run, the NCCL_P2P_LEVEL to use, NCCL settings NCCL would ignore, and the PREDICTED "
                      "all-reduce time of the verify messages now and with the recommended settings. Reads NVML "
-                     "on a GPU box; offline, give the text of `nvidia-smi topo -m` and/or an NCCL_DEBUG=INFO log."),
+                     "on a GPU box; offline, give the text of `nvidia-smi topo -m`, an NCCL_DEBUG=INFO log and/or an "
+                     "all_reduce_perf table, in any combination; partial evidence gives a partial diagnosis."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     topo.add_argument("--nvidia-smi", type=Path, metavar="FILE", help="output of `nvidia-smi topo -m`")
     topo.add_argument("--nccl-log", type=Path, metavar="FILE",
                       help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)")
+    topo.add_argument("--perf-table", type=Path, metavar="FILE",
+                      help="output of nccl-tests all_reduce_perf on this box (measured NCCL times; MPI-prefixed is fine)")
     topo.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="evaluate this NCCL setting as if it were in the environment (repeatable); "
                            "an unknown name or a value NCCL rejects is an error")
@@ -134,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=("Rank NCCL settings with the cost model and measure them, with FlashInfer's PCIe IPC and "
                      "fused all-reduce and SGLang's custom all-reduce where they can run, in isolated worker "
                      "processes; report the verify-latency reduction and write the winning settings. "
-                     "--predict: cost model only, for a box described by `nvidia-smi topo -m` text."),
+                     "--predict: measure nothing; rank NCCL settings and the backends the box allows, PREDICTED "
+                     "from the cost model and published measurements, your --profile / --perf-table / --nccl-log "
+                     "first, for a box described by `nvidia-smi topo -m` text. --json: one JSON document."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_tune_arguments(tune, _positive, _bounded)
@@ -362,7 +367,21 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         if cut:
             raise UserError(f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
                             "capture it again (or end it with a newline if it is complete)")
-    if topo is None and log is None:
+    perf = None
+    if args.perf_table:
+        from fastverify.nccl.perftable import parse_all_reduce_perf
+
+        text = _read_text(args.perf_table)
+        perf = parse_all_reduce_perf(text, source=str(args.perf_table))
+        if log is None and "NCCL INFO" in text:
+            # NCCL_DEBUG=INFO shares all_reduce_perf's stdout: its lines are the run's NCCL log
+            from fastverify.nccl.logparse import parse_nccl_log
+
+            try:
+                log = parse_nccl_log(text, source=str(args.perf_table))
+            except UserError:
+                log = None  # "NCCL INFO" only in a comment: the table stands alone
+    if topo is None and log is None and perf is None:
         from fastverify.topo.nvml import read_nvml_topology
 
         topo = read_nvml_topology()  # UserError on a machine without GPUs names the offline options
@@ -383,7 +402,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
             raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
         env[name] = value
     d = diagnose(topo, log, env, nccl_version=version, hidden=args.hidden, draft_tokens=args.draft_tokens,
-                 batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm)
+                 batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm, perf=perf)
     if args.json:
         import orjson
 

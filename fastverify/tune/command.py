@@ -3,8 +3,14 @@ candidates in isolated workers (unless ``--predict``), report, and write the env
 
 Two modes:
 
-* ``--predict --topology FILE``: cost model only, for a box described by ``nvidia-smi topo -m``
-  text. Every number is labelled predicted, and so is the env file's header.
+* ``--predict --topology FILE``: for a box described by ``nvidia-smi topo -m`` text, NCCL settings
+  (cost model) and every tunable registry backend the box allows (published measurements) ranked
+  together (:mod:`fastverify.tune.candidates`), the user's evidence first: ``--profile`` >
+  ``--perf-table`` > ``--nccl-log`` > topology. Every number is labelled predicted (or measured where
+  the user's files measured it), every figure names its evidence, and so does the env file's header;
+  the winner may be a backend, written by registry name with gain basis ``predicted``.
+* ``--json`` (both modes): one JSON document on stdout (:func:`fastverify.tune.candidates.prediction_document`
+  / :func:`~fastverify.tune.candidates.measured_document`); the words go to stderr.
 * measure (default): each candidate runs in a fresh set of worker processes
   (:mod:`fastverify.tune.sweep`): NCCL settings ranked by the model (top ``--top``) plus the current
   environment as the baseline, and on GPUs every tunable backend of the registry
@@ -63,8 +69,16 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
                                                                     "with --predict, the deployment record's box)")
     b.add_argument("--p2p-check", type=Path, metavar="FILE", default=None,
                    help="JSON of `python -m fastverify.topo.p2p check` [default: run it on a GPU box]")
+    b.add_argument("--perf-table", type=Path, metavar="FILE", default=None,
+                   help="nccl-tests all_reduce_perf output from this box: NCCL measured there replaces the "
+                        "model's NCCL baseline (second only to a --profile's own times)")
+    b.add_argument("--nccl-log", type=Path, metavar="FILE", default=None,
+                   help="NCCL_DEBUG=INFO output of a run on this box: its TUNING table and transports come "
+                        "before the topology in the NCCL baseline")
     m = p.add_argument_group("measurement")
-    m.add_argument("--predict", action="store_true", help="cost model only: rank NCCL settings, measure nothing")
+    m.add_argument("--predict", action="store_true",
+                   help="predict only: rank NCCL settings and the registry's backends from the cost model, "
+                        "published measurements and your evidence; measure nothing")
     m.add_argument("--top", type=bounded(0, 20), default=3, help="NCCL candidates from the model to measure")
     m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where trials run")
     m.add_argument("--iters", type=bounded(1, 10000), default=20, help="timed repetitions per size")
@@ -81,6 +95,8 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
                         "[default path: nccl_configs/<box fingerprint>.env]")
     o.add_argument("--write-tuner-config", type=Path, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
     o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
+    o.add_argument("--json", action="store_true",
+                   help="print one JSON document (label, baseline, candidates[]) on stdout; notes go to stderr")
 
 
 MIN_WIN_PCT = 2.0
@@ -142,7 +158,7 @@ def _check_outputs(args, fp: str) -> None:
                         f"(its deployment record goes beside it as {stem}.deploy.json)")
     model = args.model if args.model is not None and args.model not in preset_names() else None
     inputs = {"--topology": args.topology, "--profile": args.profile, "--p2p-check": args.p2p_check,
-              "--model": model}
+              "--model": model, "--perf-table": args.perf_table, "--nccl-log": args.nccl_log}
     for flag, path in outputs.items():
         if path is not None:
             check_folder(path, flag.split(" ")[0])
@@ -204,14 +220,60 @@ def _fingerprint(workload, topo, version) -> str:
     return f"{name}-tp{workload.tp}-nccl{version or 'unknown'}"
 
 
+def _read_perf(args, tp: int):
+    """``--perf-table FILE`` parsed (:func:`fastverify.nccl.perftable.parse_all_reduce_perf`), or None.
+    A table of another world size is refused: its times are not this workload's."""
+    if args.perf_table is None:
+        return None
+    from fastverify.nccl.perftable import parse_all_reduce_perf
+
+    try:
+        text = args.perf_table.read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"--perf-table {args.perf_table}: cannot read ({e.strerror or e})") from None
+    table = parse_all_reduce_perf(text, source=str(args.perf_table))
+    if table.n_ranks is not None and table.n_ranks != tp:
+        raise UserError(f"--perf-table {args.perf_table}: all_reduce_perf ran on {table.n_ranks} GPUs, the workload "
+                        f"on tp {tp}: run it with -g {tp} (or under mpirun -np {tp})")
+    return table
+
+
+def _read_log(args):
+    """``--nccl-log FILE`` parsed (:func:`fastverify.nccl.logparse.parse_nccl_log`), or None."""
+    if args.nccl_log is None:
+        return None
+    from fastverify.nccl.logparse import parse_nccl_log
+
+    try:
+        text = args.nccl_log.read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"--nccl-log {args.nccl_log}: cannot read ({e.strerror or e})") from None
+    return parse_nccl_log(text, source=str(args.nccl_log))
+
+
+def _prediction_p2p(p2p_given, topo, log):
+    """(ok, source) of P2P between every pair for the prediction: the P2P check, else NVML's status
+    in the topology, else a log line "Could not enable P2P between dev a and dev b" (refuted),
+    else unknown."""
+    facts = _p2p_facts(p2p_given, topo, cuda=False)
+    if facts.ok is None and log is not None and log.p2p_unavailable:
+        a, b = log.p2p_unavailable[0]
+        return False, f"NCCL log {log.source}: could not enable P2P between dev {a} and dev {b}"
+    if facts.ok is None:
+        return None, f"{facts.source}: {facts.note}" if facts.note else facts.source
+    return facts.ok, facts.source
+
+
 def run(args) -> int:
+    import sys
+
     from rich.console import Console
 
     from fastverify.tune.predict import rank_nccl_settings, verify_reduction
 
-    import sys
-
-    console = Console(width=None if sys.stdout.isatty() else 130)
+    # --json: stdout holds the one document; everything said in words goes to stderr
+    console = (Console(file=sys.stderr, width=130) if args.json
+               else Console(width=None if sys.stdout.isatty() else 130))
     _check_flags(args)
     workload = _workload(args)
     if args.hidden is not None and workload.hidden and args.hidden != workload.hidden:
@@ -225,7 +287,12 @@ def run(args) -> int:
 
         p2p_results = read_p2p_results(args.p2p_check)
         p2p_given = p2p_file_facts(args.p2p_check, p2p_results)
+    perf, log = _read_perf(args, workload.tp), _read_log(args)
     version = _version(args)
+    if version is None and log is not None and log.version:
+        from fastverify.nccl.version import NcclVersion
+
+        version = NcclVersion.parse(log.version)
     topo = _topology(args, workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
@@ -242,11 +309,10 @@ def run(args) -> int:
     ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
                                 sm=args.sm, p2p_check=str(args.p2p_check) if p2p_results is not None else None) \
         if topo is not None else []
-    red = None
+    pred = box_doc = None
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
-        baseline = next(c for c in ranked if c.is_baseline)
-        red = verify_reduction(workload, baseline.allreduce_us, ranked[0].allreduce_us,
-                               accept_length=args.accept_length, tok_s=args.tok_s)
+        pred = _predict(args, workload, topo, version, ranked, p2p_given, perf, log)
+        box_doc = _box_doc(args, workload, topo, version, p2p_given, log)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
             console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
@@ -254,59 +320,101 @@ def run(args) -> int:
     for note in (ranked[0].notes if ranked and ranked[0].is_baseline else ()):
         console.print(f"# note: {note}", markup=False)
     if args.predict:
-        return _report_prediction(args, console, workload, topo, version, ranked, shapes, red, p2p_given, fp)
+        return _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc)
     return _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes, p2p_given, fp)
 
 
-def _report_prediction(args, console, workload, topo, version, ranked, shapes, red, p2p_given, fp) -> int:
-    from rich.table import Table
+def _predict(args, workload, topo, version, ranked, p2p_given, perf, log):
+    """Every candidate (:func:`fastverify.tune.candidates.predict_candidates`) with verify time and tok/s."""
+    from fastverify.deploy import installed_sglang_version
+    from fastverify.nccl.enabled import enabled_algos_protos
+    from fastverify.tune.candidates import predict_candidates, with_verify
 
+    p2p_ok, p2p_source = _prediction_p2p(p2p_given, topo, log)
+    en = enabled_algos_protos(os.environ, version, args.sm)
+    pred = predict_candidates(workload, ranked, sm=args.sm, pcie_gen=args.pcie_gen, p2p_ok=p2p_ok,
+                              p2p_source=p2p_source, nvlink_full=_predicted_box(args, workload, topo, version).nvlink_full,
+                              perf=perf, log=log, enabled=(en.algos, en.protos if en.protos_set else None),
+                              sglang_version=installed_sglang_version())
+    notes = []
+    if log is not None:
+        for k, v in sorted(log.env.items()):
+            if k.startswith("NCCL_") and os.environ.get(k) != v:
+                notes.append(f"the NCCL log {log.source} ran with {k}={v} (set by environment there, not here)")
+        for w in getattr(log, "problems", ())[:3]:
+            notes.append(f"NCCL log {log.source}: {w}")
+    if perf is not None and any(perf.time_us(b, in_place=True) is None for b, _ in workload.msg_sizes):
+        notes.append(f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
+                     f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those")
+    pred = dataclasses.replace(pred, notes=pred.notes + tuple(notes))
+    return with_verify(pred, workload, accept_length=args.accept_length, tok_s=args.tok_s)
+
+
+def _box_doc(args, workload, topo, version, p2p_given, log) -> dict:
+    p2p_ok, p2p_source = _prediction_p2p(p2p_given, topo, log)
+    return {"topology": topo.source if topo is not None else None, "gpus": len(topo.gpus) if topo is not None else None,
+            "tp": workload.tp, "sm": args.sm, "pcie_gen": args.pcie_gen,
+            "nccl_version": str(version) if version else None, "p2p_ok": p2p_ok, "p2p_source": p2p_source,
+            "perf_table": str(args.perf_table) if args.perf_table else None,
+            "nccl_log": str(args.nccl_log) if args.nccl_log else None}
+
+
+def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc) -> int:
     from fastverify.registry import BackendName
+    from fastverify.tune.candidates import prediction_document
     from fastverify.tune.envfile import write_tuner_config
-    from fastverify.tune.predict import change_pct, prediction_header, tuner_choices
+    from fastverify.tune.predict import prediction_header, tuner_choices
+    from fastverify.tune.report import print_prediction
 
-    baseline = next(c for c in ranked if c.is_baseline)
-    best = ranked[0]
-    console.print(f"# fastverify tune --predict: {workload.source}; {workload.allreduce_count} all-reduces per verify "
-                  f"step; topology {topo.source}; NCCL {version or 'version unknown (newest rules)'}", markup=False)
-    t = Table(title="NCCL settings, PREDICTED all-reduce time per verify step (not measured)", title_justify="left")
-    for col in ("rank", "settings", "transport", "P2P pairs", "µs / step", "vs baseline (− = faster)"):
-        t.add_column(col, justify="right", overflow="fold")
-    for i, c in enumerate(ranked, 1):
-        t.add_row(str(i), ", ".join(f"{k}={v}" for k, v in c.settings.items()) or "(current environment)",
-                  c.transport, f"{c.p2p_pairs}/{c.pairs}", f"{c.allreduce_us:,.1f}", change_pct(-c.vs_baseline_pct))
-    console.print(t)
-    _print_reduction(console, red, predicted=True)
-    for n in best.notes:
-        console.print(f"# note: {n}", markup=False)
+    base, best = pred.baseline, pred.best
+    red = best.verify["reduction"]
+    if args.json:
+        import json
+
+        doc = prediction_document(pred, workload, box=box_doc)
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        console.print(f"# fastverify tune --predict: {workload.source}; {workload.allreduce_count} all-reduces per "
+                      f"verify step; topology {topo.source}; NCCL {version or 'version unknown (newest rules)'}",
+                      markup=False)
+        print_prediction(pred, console)
+        _print_reduction(console, red, predicted=True, best=best.name)
     if args.write_env is not None:
         from fastverify.deploy import Gain
 
         path = _env_path(args, fp)
-        header = prediction_header(workload, best, baseline, red, topology_source=topo.source, n_gpus=len(topo.gpus),
+        header = prediction_header(workload, best, base, red, topology_source=topo.source, n_gpus=len(topo.gpus),
                                    pcie_gen=args.pcie_gen, sm=args.sm)
         box = _predicted_box(args, workload, topo, version)
         p2p = _p2p_facts(p2p_given, topo, cuda=False)
-        # The cost model ranks NCCL settings only: the deployment is NCCL with the best of them.
-        gain = Gain(baseline_us=baseline.allreduce_us, best_us=best.allreduce_us, basis="predicted")
-        env_p, rec_p = _write_deployment(args, path, BackendName.nccl, dict(best.settings), header, version,
+        # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).
+        name = BackendName.nccl if best.nccl is not None else best.backend
+        gain = Gain(baseline_us=base.point_us, best_us=best.point_us, basis="predicted")
+        env_p, rec_p = _write_deployment(args, path, name, dict(best.settings), header, version,
                                          shapes=shapes, box=box, p2p=p2p, gain=gain,
                                          source=f"tune --predict: {workload.source}")
-        console.print(f"wrote {env_p} ({len(best.settings)} setting(s); header says PREDICTED) and {rec_p}",
-                      markup=False)
+        console.print(f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
+                      f"PREDICTED) and {rec_p}", markup=False)
+        if backend_info(name).needs_p2p and not p2p.proven:
+            console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+                          "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json", markup=False)
     if args.write_tuner_config is not None:
-        write_tuner_config(args.write_tuner_config, tuner_choices(best),
+        nccl_best = pred.best_nccl.nccl
+        write_tuner_config(args.write_tuner_config, tuner_choices(nccl_best),
                            header_lines=[f"PREDICTED by fastverify tune --predict for {workload.source}",
+                                         f"from the best NCCL candidate: {nccl_best.name}",
                                          "allreduce rows only; other collectives run on one channel under this plugin"])
         console.print(f"wrote {args.write_tuner_config}", markup=False)
     return 0
 
 
-def _print_reduction(console, red: dict, *, predicted: bool) -> None:
+def _print_reduction(console, red: dict, *, predicted: bool, best: str | None = None) -> None:
     from fastverify.tune.predict import change_pct
 
     word = "predicted" if predicted else "from the measured all-reduce times"
-    console.print(f"all-reduce per verify step: {change_pct(-red['allreduce_reduction_pct'])} ({word})", markup=False)
+    who = f" with candidate 1 ({best})" if best else ""
+    console.print(f"all-reduce per verify step: {change_pct(-red['allreduce_reduction_pct'])} ({word}){who}",
+                  markup=False)
     console.print(f"verify step: {red['verify_baseline_us'] / 1e3:.3f} ms -> {red['verify_predicted_us'] / 1e3:.3f} ms, "
                   f"{change_pct(-red['verify_reduction_pct'])} (predicted; baseline {red['verify_baseline_basis']})",
                   markup=False)
@@ -388,6 +496,16 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
         console.print(f"wrote {written}", markup=False)
     if red is None:
         raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
+    if args.json:
+        import json
+
+        from fastverify.tune.candidates import measured_document
+
+        doc = measured_document(ranking, workload, accept_length=args.accept_length, tok_s=args.tok_s,
+                                box={"device": device, "tp": workload.tp, "nccl_version": str(version) if version else None,
+                                     "topology": topo.source if topo is not None else None,
+                                     "gpu_name": box.gpu_name if box is not None else None})
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
     if cuda:
         _print_reduction(console, red, predicted=False)
     if args.write_env is not None:

@@ -44,6 +44,7 @@ from fastverify.errors import UserError
 from fastverify.nccl import catalogue as cat
 from fastverify.nccl import model as M
 from fastverify.nccl.catalogue import Severity, validate_setting
+from fastverify.nccl.enabled import enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo import diagnose as D
 from fastverify.topo.matrix import Topology, parse_nvidia_smi_topo
@@ -176,48 +177,6 @@ def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any],
     return replace(topology, p2p_read=read, p2p_write=write, p2p_reason=reason)
 
 
-def _allreduce_enabled(name: str, value: str, version: NcclVersion | None) -> dict[str, int] | None:
-    """What ``NCCL_ALGO`` / ``NCCL_PROTO`` = ``value`` leaves enabled for AllReduce (name → 0 off, 1 on,
-    2 NCCL's default rule), parsed by the catalogue's own replay of NCCL's parser; ``None`` when
-    NCCL rejects the value (init fails) or ignores all of it."""
-    ctx = cat._Ctx(version or cat.NEWEST_CHECKED, version is not None)
-    table = cat._ALGOS if name == "NCCL_ALGO" else cat._PROTOS
-    names = cat._names_at(table, ctx)
-    if ctx.at_least(cat.GRAMMAR_2_24):
-        parsed = cat._parse_new(value, names, table, ctx)
-    else:
-        parsed = cat._parse_old(value, names)
-    if parsed.error:
-        return None
-    return dict(parsed.enable["AllReduce"])
-
-
-def _env_algos_protos(env: Mapping[str, str], version: NcclVersion | None, sm: int,
-                      notes: list[str]) -> tuple[frozenset[M.Algo], frozenset[M.Proto] | None]:
-    """The all-reduce algorithms and protocols the current environment leaves enabled on PCIe."""
-    algos: frozenset[M.Algo] = frozenset({M.Algo.RING, M.Algo.TREE})
-    protos: frozenset[M.Proto] | None = None
-    if "NCCL_ALGO" in env and validate_setting("NCCL_ALGO", env["NCCL_ALGO"], version).severity is not Severity.ERROR:
-        on = _allreduce_enabled("NCCL_ALGO", env["NCCL_ALGO"], version)
-        if on is not None:
-            algos = frozenset(a for a in M.Algo if on.get(a.value))
-            if not algos:
-                # NCCL <= 2.23 switches Ring and Tree back on; >= 2.24 would fail (an error finding).
-                algos = frozenset({M.Algo.RING, M.Algo.TREE})
-    elif "NCCL_ALGO" in env:
-        notes.append(f"NCCL rejects or ignores NCCL_ALGO={env['NCCL_ALGO']!r}: the baseline is predicted without it")
-    if "NCCL_PROTO" in env and validate_setting("NCCL_PROTO", env["NCCL_PROTO"], version).severity is not Severity.ERROR:
-        on = _allreduce_enabled("NCCL_PROTO", env["NCCL_PROTO"], version)
-        if on is not None:
-            code = version.code if version else M.DEFAULT_NCCL_VERSION
-            default = M.default_protos(M.LinkType.PCI, sm, code)
-            protos = frozenset(p for p in M.Proto if on.get(p.value) == 1 or (on.get(p.value) == 2 and p in default))
-            protos = protos or None
-    elif "NCCL_PROTO" in env:
-        notes.append(f"NCCL rejects NCCL_PROTO={env['NCCL_PROTO']!r}: the baseline is predicted without it")
-    return algos, protos
-
-
 def _algo_value(algo: M.Algo, version: NcclVersion | None) -> str:
     new = version is None or version >= cat.GRAMMAR_2_24
     return f"allreduce:{_ALGO_VALUES[algo]}" if new else _ALGO_VALUES[algo]
@@ -329,7 +288,9 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
     base_notes: list[str] = []
     if version is None:
         base_notes.append("NCCL version unknown: model constants and setting grammar of NCCL 2.30.7")
-    env_algos, env_protos = _env_algos_protos(env, version, sm, base_notes)
+    enabled = enabled_algos_protos(env, version, sm)
+    base_notes += enabled.notes
+    env_algos, env_protos = enabled.algos, enabled.protos_or_none
 
     levels = _levels(topo, env, version, pcie_gen, sm, p2p_check)
     proto_opts: list[tuple[str | None, frozenset[M.Proto] | None]] = [(None, env_protos)]
@@ -518,29 +479,44 @@ def change_pct(pct: float) -> str:
     return "0.0 %" if r == 0 else f"{r:+.1f} %"
 
 
-def prediction_header(workload: Workload, best: Candidate, baseline: Candidate, reduction: Mapping, *,
+def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
                       topology_source: str, n_gpus: int, pcie_gen: int, sm: int) -> list[str]:
     """Comment lines for an env file written from a prediction: how the values were obtained, the
-    box, the workload and the predicted numbers (the writer adds date and NCCL version)."""
+    box, the workload and the predicted numbers with their ranges and evidence (the writer adds
+    date and NCCL version).
+
+    Parameters
+    ----------
+    best, baseline : fastverify.tune.candidates.Figure
+        The winner (an NCCL setting or a registry backend) and the current environment.
+    reduction : mapping
+        :func:`verify_reduction` of the winner against the baseline.
+    """
     sizes = ", ".join(f"{c} x {b:,} B" for b, c in workload.msg_sizes)
 
     def tok(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.1f}"
 
+    def rng(f) -> str:
+        lo, hi = f.range_us
+        return f"range {lo:,.1f}..{hi:,.1f} us"
+
     lines = [
         "PREDICTED, not measured: NCCL cost model + PCIe correction fitted on one 8x RTX 4090 box "
-        "(fastverify.topo.diagnose.CALIBRATION); measure with `fastverify tune` before relying on it",
+        "(fastverify.topo.diagnose.CALIBRATION) and published all-reduce measurements of comparable boxes "
+        "(fastverify/data/published_allreduce.json); measure with `fastverify tune` before relying on it",
         f"topology: {topology_source}; GPUs: {n_gpus} in the topology, tp {workload.tp}; "
         f"assumed PCIe Gen{pcie_gen} x16, sm_{sm}",
         f"workload: {workload.source}; all-reduces per verify step: {sizes}",
-        f"chosen: {best.name}",
-        f"all-reduce per verify step: {baseline.allreduce_us:.1f} us (baseline, {baseline.transport}) -> "
-        f"{best.allreduce_us:.1f} us ({best.transport}), {change_pct(-reduction['allreduce_reduction_pct'])} (predicted)",
+        f"chosen: {best.name} (backend {best.backend.value}, {best.label})",
+        f"all-reduce per verify step: {baseline.point_us:.1f} us (baseline, {rng(baseline)}) -> "
+        f"{best.point_us:.1f} us ({rng(best)}), {change_pct(-reduction['allreduce_reduction_pct'])} ({best.label})",
         f"verify step: {reduction['verify_baseline_us'] / 1e3:.3f} ms -> {reduction['verify_predicted_us'] / 1e3:.3f} ms, "
         f"{change_pct(-reduction['verify_reduction_pct'])} (predicted; baseline {reduction['verify_baseline_basis']})",
         f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])} -> "
         f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})",
     ]
+    lines += [f"evidence: {e}" for e in best.evidence]
     lines += [f"note: {n}" for n in best.notes]
     return lines
 

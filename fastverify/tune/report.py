@@ -275,3 +275,52 @@ def plot_latency(ranking: Ranking, path: str | Path, *, top: int = 12) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def print_prediction(pred, console: Console | None = None) -> None:
+    """Print ``tune --predict``'s candidates (:class:`fastverify.tune.candidates.Prediction`): one
+    row per candidate, numbered in the "candidate" column, every figure labelled (predicted or
+    measured) with its range; then each ranked candidate's evidence and notes, the backends
+    without published data, and those the registry rules out on this box, with the reason."""
+    from fastverify.tune.candidates import NO_DATA
+    from fastverify.tune.predict import change_pct
+
+    console = console or Console()
+    base = pred.baseline.point_us
+    t = Table(title="all-reduce time per verify step, PREDICTED unless marked measured (NCCL settings and "
+                    "backends together)", title_justify="left")
+    for col in ("candidate", "backend", "settings", "label", "µs / step", "range µs", "vs baseline (− = faster)",
+                "verify ms", "tok/s"):
+        t.add_column(col, justify="left" if col in ("backend", "settings", "label") else "right", overflow="fold")
+    for i, f in enumerate(pred.candidates, 1):
+        settings = ", ".join(f"{k}={v}" for k, v in f.settings.items()) or (
+            "(current environment)" if f.backend.value == "nccl" else "-")
+        if not f.ranked:
+            t.add_row("-", escape(f.backend.value), "-", f.label, NO_DATA, "-", "-", "-", "-")
+            continue
+        v = f.verify or {}
+        vs = "baseline" if f.is_baseline else change_pct(-100.0 * (base - f.point_us) / base if base else 0.0)
+        t.add_row(str(i), escape(f.backend.value), escape(settings), f.label, _us(f.point_us),
+                  f"{_us(f.range_us[0])} – {_us(f.range_us[1])}", vs,
+                  "-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}",
+                  "-" if v.get("tok_s") is None else f"{v['tok_s']:.1f}" + ("" if not v.get("tok_s_upper_bound") else "*"))
+    console.print(t)
+    if any((f.verify or {}).get("tok_s_upper_bound") for f in pred.candidates):
+        console.print("* tok/s upper bound: the rest of the cycle is unknown without --tok-s", highlight=False)
+    # Each line once, naming the candidates it belongs to (most lines are shared by several).
+    said: dict[tuple[str, str], list[str]] = {}
+    for i, f in enumerate(pred.candidates, 1):
+        who = str(i) if f.ranked else f"{f.backend.value} (not ranked)"
+        lines = [("evidence", e) for e in f.evidence] + [("note", n) for n in f.notes]
+        if f.bounds:
+            lines.append(("wait", f"a faster kernel replaces the transfer, not the wait for a slower rank: wait kept "
+                                  f"{_us(f.bounds['wait_kept_us'])} µs, wait shrinks {_us(f.bounds['wait_shrinks_us'])} µs "
+                                  "per step"))
+        for key in lines:
+            said.setdefault(key, []).append(who)
+    for (kind, text), who in said.items():
+        console.print(f"# {kind} (candidate {', '.join(who)}): {escape(text)}", highlight=False)
+    for why in pred.not_candidates:
+        console.print(f"# not a candidate: {escape(why)}", highlight=False)
+    for n in pred.notes:
+        console.print(f"# note: {escape(n)}", highlight=False)

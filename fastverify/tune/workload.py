@@ -70,6 +70,16 @@ class Workload:
     allgather_bytes : int | None
         Per-rank input of the logits all-gather (``T × vocab_padded / tp × 2``), model workloads
         only; not an all-reduce, reported for completeness.
+    allreduce_us_by_size : tuple of (msg_bytes, median_us)
+        Measured median time of ONE all-reduce call per message size (µs), from a version-2
+        profile's ``allreduce_by_msg_size[].median_us``; empty when nothing was measured.
+    allreduce_wait_us, allreduce_transfer_us : float | None
+        Per verify step, measured: the all-reduce time split into waiting for the slowest rank and
+        the transfer itself (µs). The profile's cross-rank split (``ranks[].allreduce_wait_us`` /
+        ``allreduce_transfer_us``, window totals) gives the wait fraction (median over ranks),
+        which is applied to :attr:`allreduce_us`. ``None`` with one rank or without the split.
+    profile_backend : str | None
+        The all-reduce backend a live profile ran with (registry name), else ``None``.
     notes : tuple of str
         Assumptions made while building the workload.
     """
@@ -87,6 +97,10 @@ class Workload:
     allreduce_us: float | None = None
     allgather_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
+    allreduce_us_by_size: tuple[tuple[int, float], ...] = ()
+    allreduce_wait_us: float | None = None
+    allreduce_transfer_us: float | None = None
+    profile_backend: str | None = None
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted((int(b), int(c)) for b, c in self.msg_sizes))
@@ -120,6 +134,9 @@ class Workload:
             "tokens": self.tokens, "tp": self.tp, "compute_us": self.compute_us, "verify_us": self.verify_us,
             "accept_length": self.accept_length, "source": self.source, "clock": self.clock,
             "allreduce_us": self.allreduce_us, "allgather_bytes": self.allgather_bytes, "notes": list(self.notes),
+            "allreduce_us_by_size": [{"msg_bytes": b, "median_us": t} for b, t in self.allreduce_us_by_size],
+            "allreduce_wait_us": self.allreduce_wait_us, "allreduce_transfer_us": self.allreduce_transfer_us,
+            "profile_backend": self.profile_backend,
         }
 
 
@@ -254,8 +271,35 @@ def workload_from_profile(path: str | Path) -> Workload:
     if view.backend:
         notes.append(f"profiled with all-reduce backend {view.backend}")
     accept = view.accept_length if view.accept_length is not None and view.accept_length >= 1 else None
+    by_size, wait_us, transfer_us = _measured_split(path, view.version, allreduce_us)
     return Workload(
         msg_sizes=msg_sizes, dtype=dtype, hidden=hidden, tokens=tokens, tp=tp,
         compute_us=compute_us, verify_us=verify_us, accept_length=accept,
         source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
+        allreduce_us_by_size=by_size, allreduce_wait_us=wait_us, allreduce_transfer_us=transfer_us,
+        profile_backend=view.backend,
     )
+
+
+def _measured_split(path: Path, version: int, allreduce_us: float | None
+                    ) -> tuple[tuple[tuple[int, float], ...], float | None, float | None]:
+    """A version-2 profile's measured median per message size and the per-step wait / transfer
+    split of :attr:`Workload.allreduce_us` (see its docstring); nothing for version 1, which
+    recorded neither. The file was already validated by ``read_profile_view``."""
+    from fastverify.profile_record import SCHEMA_VERSION, decode_profile
+
+    if version != SCHEMA_VERSION:
+        return (), None, None
+
+    prof = decode_profile(path.read_bytes(), source=str(path))
+    by_size = tuple(sorted((s.msg_bytes, float(s.median_us)) for s in prof.allreduce_by_msg_size
+                           if s.msg_bytes is not None and s.count > 0 and s.median_us > 0))
+    fractions = []
+    for r in prof.ranks:
+        w, t = r.allreduce_wait_us, r.allreduce_transfer_us
+        if w is not None and t is not None and w >= 0 and t >= 0 and w + t > 0:
+            fractions.append(w / (w + t))
+    if not fractions or allreduce_us is None:
+        return by_size, None, None
+    wait = statistics.median(fractions) * allreduce_us
+    return by_size, wait, allreduce_us - wait

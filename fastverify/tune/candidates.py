@@ -1,0 +1,453 @@
+"""The figures ``tune`` shows: every candidate (NCCL settings and registry backends) with a point,
+a range and the evidence each number came from, and the JSON document both modes print.
+
+Evidence order, per message size of the verify step (the first that has the size wins):
+
+1. a profile of the user's server (``--profile``, GPU clock only): the measured median time per
+   all-reduce call of that size (``allreduce_by_msg_size[].median_us``);
+2. an ``all_reduce_perf`` table from the user's box (``--perf-table``): NCCL measured there
+   (:meth:`fastverify.nccl.perftable.PerfTable.time_us`, in place, as ``torch.distributed``'s
+   all-reduce runs);
+3. the NCCL log (``--nccl-log``): NCCL's own TUNING table (``latency + bytes / (1000 × bw)``,
+   NCCL's ``src/graph/tuning.cc`` model, fastest enabled pair), else the cost model with the
+   transports the log shows;
+4. the topology: NCCL's cost model with the PCIe correction (:mod:`fastverify.tune.predict`),
+   its range from published NCCL measurements of comparable boxes
+   (:func:`fastverify.tune.backend_model.estimate`).
+
+NCCL-setting candidates are the cost model's ratio to the baseline applied to the baseline's
+figure. A backend's figure is its published per-size model (sum over sizes × counts of
+``estimate``); a size it cannot take (more rows than ``max_rows``) stays on NCCL at the baseline's
+figure. With a profile's transfer / wait split, a faster kernel replaces the transfer only:
+"wait kept" = wait + kernel, "wait shrinks" = kernel; the range spans both and the point is the
+wait-kept bound. A backend with no comparable published measurement is listed as
+"no published data: measure with fastverify tune" and is not ranked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
+
+PREDICTED = "predicted"
+MEASURED = "measured"
+NO_DATA = "no published data: measure with fastverify tune"
+MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
+SCHEMA = "fastverify.tune"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One candidate's all-reduce time per verify step (µs), with where it came from.
+
+    ``point_us`` / ``range_us`` are ``None`` for a backend without comparable published data
+    (listed, not ranked). ``evidence`` holds one line per source used (a file path, or
+    ``"published: …"``); ``sources`` the ids of published measurements; ``bounds`` the
+    ``wait_kept_us`` / ``wait_shrinks_us`` of a profile's split; ``nccl`` the
+    :class:`fastverify.tune.predict.Candidate` behind an NCCL-settings figure; ``verify`` the
+    verify-time / tok/s figures (:func:`with_verify`).
+    """
+
+    backend: BackendName
+    name: str
+    settings: Mapping[str, str]
+    point_us: float | None
+    range_us: tuple[float, float] | None
+    evidence: tuple[str, ...]
+    label: str = PREDICTED
+    is_baseline: bool = False
+    sources: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    bounds: Mapping[str, float] | None = None
+    transport: str | None = None
+    nccl: Any = field(default=None, compare=False, repr=False)
+    verify: Mapping[str, Any] | None = None
+    per_call_us: Mapping[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ranked(self) -> bool:
+        return self.point_us is not None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``baseline`` (also among ``candidates``); ``candidates`` ranked fastest first, then the
+    unranked ones; ``not_candidates`` one line per backend the registry (or the shapes) rules out."""
+
+    baseline: Figure
+    candidates: tuple[Figure, ...]
+    not_candidates: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Figure:
+        return self.candidates[0]
+
+    @property
+    def best_nccl(self) -> Figure:
+        return next(c for c in self.candidates if c.nccl is not None)
+
+
+def _dedup(items) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(i for i in items if i))
+
+
+# --- the NCCL baseline, per size, in evidence order -------------------------------------------------
+
+
+def _tuning_time_us(log, nbytes: int, enabled: tuple[frozenset, frozenset | None] | None) -> float | None:
+    """NCCL's own predicted time of one AllReduce of ``nbytes`` from the log's TUNING table: the
+    fastest (algorithm, protocol) with a bandwidth > 0 (NCCL prints 0 for disabled pairs) among
+    those the environment enables; ``lat + nbytes / (1000 × bw)`` µs with bw in GB/s
+    (NCCL ``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``)."""
+    rows = (log.tuning or {}).get("AllReduce") if log is not None else None
+    if not rows:
+        return None
+    algos, protos = enabled if enabled else (None, None)
+    times = []
+    for (algo, proto), (lat, bw) in rows.items():
+        if not (bw and bw > 0 and lat is not None and lat >= 0):
+            continue
+        if algos is not None and not any(a.value.upper() == algo.upper() for a in algos):
+            continue
+        if protos is not None and not any(p.value.upper() == proto.upper() for p in protos):
+            continue
+        times.append(lat + nbytes / (1000.0 * bw))
+    return min(times) if times else None
+
+
+def log_transport(log) -> str | None:
+    """``"SHM"`` when the NCCL log shows any intra-node GPU pair on SHM, ``"P2P"`` when every pair
+    it shows is on P2P, ``None`` when it shows no transport (the ring runs at its slowest hop)."""
+    kinds = {t.kind for t in (log.transports if log is not None else ()) if t.kind in ("P2P", "SHM")}
+    if not kinds:
+        return None
+    return "SHM" if "SHM" in kinds else "P2P"
+
+
+def _baseline(workload, base, *, perf, log, enabled, nccl_range) -> Figure:
+    """The current environment's figure: per size, the first evidence that has it."""
+    from fastverify.nccl import model as M
+    from fastverify.topo import diagnose as D
+
+    profile_ok = workload.measured_on_gpu and workload.profile_backend in (None, BackendName.nccl.value)
+    by_size = dict(workload.allreduce_us_by_size) if profile_ok else {}
+    lt = log_transport(log)
+    point = low = high = 0.0
+    evidence: list[str] = []
+    labels: set[str] = set()
+    sources: list[str] = []
+    notes: list[str] = []
+    per_model = {s.msg_bytes: s.time_us for s in base.per_size}
+    per_call: dict[int, float] = {}
+    for nbytes, count in workload.msg_sizes:
+        t = per_call[nbytes] = by_size.get(nbytes)
+        if t is not None:
+            evidence.append(f"measured: {workload.source}, median per call ({workload.clock})")
+            labels.add(MEASURED)
+            point, low, high = point + count * t, low + count * t, high + count * t
+            continue
+        t = per_call[nbytes] = perf.time_us(nbytes, in_place=True) if perf is not None else None
+        if t is not None:
+            evidence.append(f"measured on your box: all_reduce_perf {perf.source} (in place)")
+            labels.add(MEASURED)
+            point, low, high = point + count * t, low + count * t, high + count * t
+            continue
+        t = per_call[nbytes] = _tuning_time_us(log, nbytes, enabled)
+        if t is not None:
+            evidence.append(f"predicted: NCCL's own TUNING table in the NCCL log {log.source}")
+            labels.add(PREDICTED)
+            point, low, high = point + count * t, low + count * t, high + count * t
+            continue
+        if lt is not None and lt != base.transport:
+            t = D.CALIBRATION[M.Transport(lt)].predict(nbytes, base.inputs).time_us
+            evidence.append(f"predicted: NCCL cost model with the transport the NCCL log {log.source} shows ({lt}; "
+                            f"the topology alone says {base.transport})")
+        else:
+            t = per_model[nbytes]
+            seen = f", as the NCCL log {log.source} shows" if lt is not None else ""
+            evidence.append(f"predicted: NCCL cost model ({base.transport}{seen}) on the topology")
+        per_call[nbytes] = t
+        labels.add(PREDICTED)
+        est = nccl_range.get(nbytes)
+        lo, hi = (min(t, est.low_us), max(t, est.high_us)) if est is not None else (t, t)
+        if est is not None:
+            evidence.append(f"range: {est.evidence}")
+            sources += est.sources
+            notes += est.notes
+        point, low, high = point + count * t, low + count * lo, high + count * hi
+    if workload.measured_on_gpu and not profile_ok:
+        notes.append(f"the profile ran with backend {workload.profile_backend}, not NCCL: its times are not "
+                     "the NCCL baseline's")
+    if workload.allreduce_us_by_size and not workload.measured_on_gpu:
+        notes.append(f"the profile's times ({workload.clock}) are not GPU timings and are not used")
+    label = MEASURED if labels == {MEASURED} else PREDICTED
+    name = f"baseline (current environment, NCCL_P2P_LEVEL {base.p2p_level})"
+    return Figure(BackendName.nccl, name, MappingProxyType({}), point, (low, high), _dedup(evidence), label,
+                  is_baseline=True, sources=_dedup(sources), notes=_dedup(list(base.notes) + notes),
+                  transport=lt or base.transport, nccl=base, per_call_us=MappingProxyType(per_call))
+
+
+def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
+    """An NCCL-settings candidate: the cost model's ratio to the baseline, applied to the
+    baseline's figure and range (the published range is that of the current settings)."""
+    ratio = c.allreduce_us / base_model_us if base_model_us > 0 else 1.0
+    lo, hi = baseline.range_us
+    ev = (f"predicted: NCCL cost model ratio to the baseline ({c.transport}, {c.p2p_pairs}/{c.pairs} pairs P2P) "
+          "x the baseline's figure and range",)
+    return Figure(BackendName.nccl, c.name, c.settings, baseline.point_us * ratio, (lo * ratio, hi * ratio),
+                  _dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c)
+
+
+# --- backends -------------------------------------------------------------------------------------------
+
+
+def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, estimate) -> Figure | str:
+    """A registry backend's figure, or one line saying why it is not a candidate."""
+    elem = {"bfloat16": 2, "float16": 2, "float32": 4}.get(workload.dtype, 2)
+    n = info.name.value
+    kernel = kernel_lo = kernel_hi = 0.0
+    fallback = 0.0  # sizes left on NCCL, at the baseline's per-size share
+    evidence: list[str] = []
+    sources: list[str] = []
+    notes: list[str] = []
+    missing = []
+    for nbytes, count in workload.msg_sizes:
+        rows = nbytes // (elem * workload.hidden) if workload.hidden else None
+        if info.max_rows is not None and rows is not None and rows > info.max_rows:
+            fallback += count * baseline.per_call_us[nbytes]
+            notes.append(f"{nbytes:,} B ({rows} rows) is above {n}'s {info.max_rows} rows: stays on NCCL")
+            continue
+        est = estimate(info.name, nbytes, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=p2p_ok)
+        if est is None:
+            missing.append(nbytes)
+            continue
+        kernel, kernel_lo, kernel_hi = kernel + count * est.point_us, kernel_lo + count * est.low_us, \
+            kernel_hi + count * est.high_us
+        evidence.append(est.evidence)
+        sources += est.sources
+        notes += est.notes
+    name = n
+    if missing:
+        return Figure(info.name, name, MappingProxyType({}), None, None,
+                      (f"{NO_DATA} ({', '.join(f'{b:,} B' for b in missing)})",), PREDICTED, notes=_dedup(notes))
+    if info.role is Role.fused_norm:
+        notes.append(f"{n} fuses the residual add + RMSNorm into the all-reduce: its time is the fused op's")
+    wait = workload.allreduce_wait_us if workload.measured_on_gpu else None
+    bounds = None
+    if wait is not None:
+        # A faster kernel replaces the transfer, not the wait for a slower rank (the straggler's
+        # own compute); whether that wait shrinks with it is unknown, so both bounds are given.
+        kept, shrinks = wait + kernel + fallback, kernel + fallback
+        bounds = MappingProxyType({"wait_kept_us": kept, "wait_shrinks_us": shrinks, "wait_us": wait})
+        point, rng = kept, (kernel_lo + fallback, wait + kernel_hi + fallback)
+        evidence.append(f"measured: {workload.source}: wait for the slowest rank {wait:,.1f} us per step "
+                        "(transfer/wait split); range from wait shrinks (kernel only) to wait kept (wait + kernel)")
+    else:
+        point, rng = kernel + fallback, (kernel_lo + fallback, kernel_hi + fallback)
+    if fallback:
+        evidence.append("sizes above the backend's rows: the baseline's figure")
+    notes.append(MEASURE_HINT)
+    return Figure(info.name, name, MappingProxyType({}), point, rng, _dedup(evidence), PREDICTED,
+                  sources=_dedup(sources), notes=_dedup(notes), bounds=bounds)
+
+
+def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
+                       p2p_source: str, nvlink_full: bool | None, perf=None, log=None, enabled=None,
+                       sglang_version: str | None = None, estimate=None) -> Prediction:
+    """Every candidate for ``workload``: the NCCL settings ``ranked`` by the cost model
+    (:func:`fastverify.tune.predict.rank_nccl_settings`) and every tunable registry backend that
+    :func:`fastverify.registry.unreachable_reason` allows on the box, ranked by point estimate.
+
+    Parameters
+    ----------
+    workload : Workload
+    ranked : sequence of fastverify.tune.predict.Candidate
+        Includes the baseline (``is_baseline``).
+    sm : int
+        Compute capability × 10 (``--sm``).
+    pcie_gen : int
+    p2p_ok, p2p_source
+        P2P between every pair: proven / refuted / unknown (None), and how that was learnt. Unknown
+        P2P is *assumed* for the prediction (said in the candidate's notes); refuted P2P rules the
+        P2P backends out.
+    nvlink_full : bool or None
+        Every pair of the first ``tp`` GPUs on NVLink (the topology's links).
+    perf : PerfTable or None
+        ``--perf-table``: NCCL measured on the box.
+    log : NcclLog or None
+        ``--nccl-log``.
+    enabled : (algos, protos) or None
+        What the current environment enables (for the log's TUNING table).
+    estimate : callable
+        :func:`fastverify.tune.backend_model.estimate` (a parameter for the leave-one-box-out
+        benchmark).
+
+    Returns
+    -------
+    Prediction
+    """
+    if estimate is None:
+        from fastverify.tune.backend_model import estimate
+    smt = (sm // 10, sm % 10)
+    base = next(c for c in ranked if c.is_baseline)
+    nccl_range = {b: e for b, _ in workload.msg_sizes
+                  if (e := estimate(BackendName.nccl, b, world_size=workload.tp, sm=smt, pcie_gen=pcie_gen,
+                                    p2p=base.transport == "P2P")) is not None}
+    baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_range=nccl_range)
+    figures = [baseline] + [_settings_figure(c, base.allreduce_us, baseline) for c in ranked if not c.is_baseline]
+    refused: list[str] = []
+    assumed = p2p_ok is None
+    for name in names(tunable=True):
+        info = backend_info(name)
+        if info.role is Role.fused_norm and not workload.hidden:
+            refused.append(f"{name.value}: the workload has no hidden size (a trace profile); give --model")
+            continue
+        if workload.dtype not in info.dtypes:
+            refused.append(f"{name.value}: dtype {workload.dtype} unsupported (takes {', '.join(info.dtypes)})")
+            continue
+        reason = unreachable_reason(info, sm=smt, world_size=workload.tp, p2p_ok=True if assumed else p2p_ok,
+                                    p2p_source=p2p_source, sglang_version=sglang_version, nvlink_full=nvlink_full)
+        if reason is not None:
+            if p2p_ok is False and info.needs_p2p:
+                reason = reason.split("; run `")[0]  # the check was run: asking for it again says nothing
+            refused.append(reason)
+            continue
+        fig = _backend_figure(info, workload, baseline, sm=smt, pcie_gen=pcie_gen, p2p_ok=True if assumed else p2p_ok,
+                              estimate=estimate)
+        if info.needs_p2p and assumed:
+            fig = replace(fig, notes=fig.notes + (
+                f"assumes P2P between every GPU pair, which is not proven ({p2p_source}): run "
+                "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json",))
+        figures.append(fig)
+    ranked_f = sorted((f for f in figures if f.ranked),
+                      key=lambda f: (round(f.point_us, 6), not f.is_baseline, len(f.settings), f.name))
+    unranked = [f for f in figures if not f.ranked]
+    return Prediction(baseline, tuple(ranked_f + unranked), tuple(refused))
+
+
+# --- verify time and tok/s ------------------------------------------------------------------------------
+
+
+def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_s: float | None) -> Prediction:
+    """Each ranked figure with ``verify`` = ``verify_ms`` / ``tok_s`` at its point and range
+    (:func:`fastverify.tune.predict.verify_reduction` against the baseline's point)."""
+    from fastverify.tune.predict import verify_reduction
+
+    b = pred.baseline.point_us
+
+    def one(f: Figure) -> Figure:
+        if not f.ranked:
+            return f
+        reds = [verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s)
+                for v in (f.point_us, *f.range_us)]
+        ms = [r["verify_predicted_us"] / 1e3 for r in reds]
+        rates = [r["tok_s_predicted"] for r in reds]
+        v = {"verify_ms": ms[0], "verify_ms_range": [ms[1], ms[2]],
+             "tok_s": rates[0], "tok_s_range": [rates[2], rates[1]] if None not in rates else None,
+             "tok_s_upper_bound": tok_s is None, "reduction": reds[0]}
+        return replace(f, verify=MappingProxyType(v))
+
+    cands = tuple(one(f) for f in pred.candidates)
+    base = next(f for f in cands if f.is_baseline)
+    return replace(pred, baseline=base, candidates=cands)
+
+
+# --- JSON ---------------------------------------------------------------------------------------------
+
+
+def _r(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(float(v), nd)
+
+
+def figure_dict(f: Figure, number: int | None, baseline_us: float | None) -> dict:
+    """One candidate of the JSON document."""
+    v = f.verify or {}
+    vs = (100.0 * (baseline_us - f.point_us) / baseline_us
+          if f.point_us is not None and baseline_us else None)
+    return {
+        "candidate": number, "backend": f.backend.value, "name": f.name, "settings": dict(f.settings),
+        "is_baseline": f.is_baseline, "label": f.label,
+        "allreduce_us_per_step": _r(f.point_us),
+        "allreduce_us_per_step_range": None if f.range_us is None else [_r(x) for x in f.range_us],
+        "vs_baseline_pct": _r(vs, 2), "evidence": list(f.evidence), "sources": list(f.sources),
+        "bounds": None if f.bounds is None else {k: _r(x) for k, x in f.bounds.items()},
+        "transport": f.transport,
+        "verify_ms": _r(v.get("verify_ms"), 4),
+        "verify_ms_range": [_r(x, 4) for x in v["verify_ms_range"]] if v.get("verify_ms_range") else None,
+        "tok_s": _r(v.get("tok_s"), 2),
+        "tok_s_range": [_r(x, 2) for x in v["tok_s_range"]] if v.get("tok_s_range") else None,
+        "notes": list(f.notes),
+    }
+
+
+def prediction_document(pred: Prediction, workload, *, box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
+    """``tune --predict --json``: one document, every figure labelled predicted (or measured where
+    the user's own profile / perf table gave every size)."""
+    base_us = pred.baseline.point_us
+    red = (pred.baseline.verify or {}).get("reduction") or {}
+    cands = [figure_dict(f, i if f.ranked else None, base_us)
+             for i, f in enumerate(pred.candidates, 1)]
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "predict", "label": PREDICTED,
+        "workload": {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
+                     "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes]},
+        "box": dict(box),
+        "accept_length": red.get("accept_length"), "accept_length_source": red.get("accept_length_source"),
+        "t_rest_basis": red.get("t_rest_basis"), "verify_baseline_basis": red.get("verify_baseline_basis"),
+        "baseline": figure_dict(pred.baseline, next(i for i, f in enumerate(pred.candidates, 1) if f.is_baseline),
+                                base_us),
+        "candidates": cands,
+        "not_candidates": list(pred.not_candidates),
+        "notes": list(_dedup([*pred.notes, *notes])),
+    }
+
+
+def measured_document(ranking, workload, *, accept_length: float | None, tok_s: float | None,
+                      box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
+    """``tune --json`` in measure mode: the same shape with measured figures. The label is
+    ``measured`` for GPU (CUDA events) timings and ``CPU wall clock`` for a gloo run, which
+    measures the machinery, not the GPU."""
+    from fastverify.tune.trial import Clock
+
+    gpu = ranking.clock is Clock.CUDA_EVENTS
+    label = MEASURED if gpu else "CPU wall clock"
+    base = ranking.baseline
+    base_us = base.step_us if base is not None else None
+
+    def one(c, number) -> dict:
+        lo = sum(s.count_per_step * s.median_us for s in c.result.sizes if s.median_us is not None)
+        hi = sum(s.count_per_step * (s.p90_us if s.p90_us is not None else s.median_us)
+                 for s in c.result.sizes if s.median_us is not None)
+        verify_ms = tok = None
+        if gpu and base_us:  # CPU wall-clock times say nothing about a GPU verify step
+            from fastverify.tune.predict import verify_reduction
+
+            r = verify_reduction(workload, base_us, c.step_us, accept_length=accept_length, tok_s=tok_s)
+            verify_ms, tok = r["verify_predicted_us"] / 1e3, r["tok_s_predicted"]
+        return {
+            "candidate": number, "backend": c.spec.backend, "name": c.spec.name, "settings": dict(c.spec.env),
+            "is_baseline": c is base, "label": label, "clock": c.result.clock.value if c.result.clock else None,
+            "allreduce_us_per_step": _r(c.step_us), "allreduce_us_per_step_range": [_r(lo), _r(hi)],
+            "vs_baseline_pct": _r(100.0 * (base_us - c.step_us) / base_us, 2) if base_us else None,
+            "evidence": [f"{label}: fastverify tune trial {c.spec.trial_id} (median per call; range to p90)"],
+            "verify_ms": _r(verify_ms, 4), "tok_s": _r(tok, 2),
+        }
+
+    cands = [one(c, i) for i, c in enumerate(ranking.candidates, 1)]
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "measure", "label": label,
+        "workload": {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
+                     "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes]},
+        "box": dict(box),
+        "baseline": next((d for d, c in zip(cands, ranking.candidates) if c is base), None),
+        "candidates": cands,
+        "not_ranked": [{"name": s.name, "status": r.status.value, "reason": r.reason} for s, r in ranking.not_ok],
+        "notes": list(_dedup([*ranking.notes, *notes])),
+    }
