@@ -1,11 +1,18 @@
-"""Rank processes shared by the live profiler and the tune sweep: environment, parent-death
-signal, and reading a failed rank's exit status and stderr."""
+"""Rank processes shared by the live profiler, the tune sweep and the P2P check: the one launcher
+(:class:`RankGroup`, with the one kill rule), environment, parent-death signal, reading a failed
+rank's exit status and stderr, and the checks on output paths."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -120,3 +127,193 @@ def writable_target(path: Path) -> Path:
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: is {kind}; give a file path to write")
     return path
+
+
+# ---- the one rank-process launcher ----------------------------------------------------------------
+
+KILL_GRACE_S = 5.0
+"""Seconds a rank's process group has between SIGTERM and SIGKILL when :class:`RankGroup` stops it."""
+
+
+class RankGroup:
+    """The one launcher of rank processes (live profiler, tune trials, P2P check children and sides).
+
+    Each ``argv`` starts in its own session, hence its own process group (``start_new_session``),
+    asks Linux to SIGKILL it when the parent dies (:func:`die_with_parent`), reads nothing on stdin
+    and writes stderr to ``workdir/rank<r>.stderr`` (stdout too, to ``rank<r>.stdout``, with
+    ``capture_stdout``; else it is discarded: data never passes through stdout).
+
+    One kill rule, applied by :meth:`stop` (and on leaving the ``with`` block, whatever happened):
+    every rank's process group gets SIGTERM; after ``grace_s`` seconds, or as soon as every rank
+    has exited, every group gets SIGKILL (so a descendant that ignores SIGTERM, or outlives its
+    rank, goes too), and then every rank is reaped. A temporary ``workdir`` made here is removed
+    on leaving. Exits are observed without reaping (``waitid`` with ``WNOWAIT``) until then, so a
+    rank's pid, which is its group id, cannot be reused by another process before the group is
+    killed.
+
+    Parameters
+    ----------
+    workdir : path or None
+        Folder of the stderr/stdout files (and of the callers' spec and result files); ``None``
+        makes one with :func:`make_workdir` and removes it on leaving.
+    prefix : str
+        Prefix of the temporary folder.
+    env : dict[str, str] or None
+        The ranks' environment (``None``: the parent's).
+    grace_s : float
+        Seconds from SIGTERM to SIGKILL.
+    capture_stdout : bool
+        Keep stdout in ``rank<r>.stdout`` instead of discarding it.
+
+    Raises
+    ------
+    OSError
+        From :meth:`start`: a program that cannot be started (the ranks started so far are stopped
+        on leaving the ``with`` block).
+    """
+
+    def __init__(self, workdir: str | Path | None = None, *, prefix: str = "fastverify-",
+                 env: dict[str, str] | None = None, grace_s: float = KILL_GRACE_S,
+                 capture_stdout: bool = False) -> None:
+        self._owned = workdir is None
+        self.workdir = make_workdir(prefix) if workdir is None else Path(workdir)
+        self.env = env
+        self.grace_s = float(grace_s)
+        self.capture_stdout = capture_stdout
+        self.procs: list = []
+        self._codes: dict[int, int] = {}  # rank -> exit status as Popen.returncode spells it
+        self._seen_ns: dict[int, int] = {}  # rank -> time.monotonic_ns() when its exit was first seen
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, argvs) -> None:
+        """Start one process per ``argv`` in ``argvs`` (a sequence of argument lists); rank ``r``
+        is ``argvs[r]``, run with ``cwd=workdir``."""
+        import subprocess
+
+        for argv in argvs:
+            rank = len(self.procs)
+            out_path = self.workdir / f"rank{rank}.stdout"
+            with open(stderr_path(self.workdir, rank), "wb") as err, \
+                    (open(out_path, "wb") if self.capture_stdout else open(os.devnull, "wb")) as out:
+                self.procs.append(subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
+                    cwd=self.workdir, start_new_session=True, preexec_fn=die_with_parent))
+
+    def returncode(self, rank: int) -> int | None:
+        """Rank ``rank``'s exit status (negative: killed by that signal), or None while it runs;
+        the process is not reaped."""
+        if rank not in self._codes:
+            try:
+                info = os.waitid(os.P_PID, self.procs[rank].pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped already (by stop): Popen has the status
+                info, code = None, self.procs[rank].returncode
+            else:
+                if info is None:
+                    return None
+                code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            self._codes[rank] = code
+            self._seen_ns[rank] = time.monotonic_ns()
+        return self._codes[rank]
+
+    def poll(self) -> dict[int, int]:
+        """The ranks that have exited so far → ``time.monotonic_ns()`` when each exit was first seen."""
+        for rank in range(len(self.procs)):
+            self.returncode(rank)
+        return dict(self._seen_ns)
+
+    def all_exited(self) -> bool:
+        return len(self.poll()) == len(self.procs)
+
+    def stop(self) -> None:
+        """The kill rule (class docstring): SIGTERM to every group, SIGKILL after the grace period
+        or once every rank has exited, then reap every rank. Safe to call more than once."""
+        live = [p for p in self.procs if p.returncode is None]  # not reaped: pid = our group id
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and not self.all_exited():
+            time.sleep(0.01)
+        for p in live:
+            _signal_group(p, signal.SIGKILL)
+        for p in live:
+            p.wait()
+
+    def close(self) -> None:
+        """:meth:`stop`, then remove the workdir when it was made here."""
+        try:
+            self.stop()
+        finally:
+            if self._owned:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _signal_group(proc, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass  # the group is empty: every member has been reaped
+    except PermissionError:
+        proc.send_signal(sig)
+
+
+# ---- temporary folders of rank runs ---------------------------------------------------------------
+
+_OWNER_FILE = ".fastverify-owner"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot): with the pid it
+    names one process, so a reused pid is not taken for the folder's owner. None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after "(comm)", which may hold spaces
+    return fields[19] if len(fields) > 19 and fields[0] not in ("Z", "X") else None
+
+
+def make_workdir(prefix: str) -> Path:
+    """A new temporary folder ``<tmp>/<prefix>XXXXXXXX`` stamped with this process (pid and start
+    time, in ``.fastverify-owner``), after removing every ``<prefix>*`` folder whose stamped owner
+    is gone.
+
+    A run ended by SIGKILL (``kill -9``, the OOM killer) cannot remove its own folder; the next run
+    with the same prefix does. Only folders carrying an owner stamp whose process no longer exists
+    are removed, so a concurrent run's folder, or anything else in ``/tmp``, is never touched.
+    Linux only for the sweep (it reads ``/proc``); elsewhere nothing is swept.
+
+    Returns
+    -------
+    Path
+        The new folder; the caller removes it (:func:`rank_workdir` and :class:`RankGroup` do).
+    """
+    base = Path(tempfile.gettempdir())
+    if Path("/proc/self/stat").exists():
+        for old in base.glob(f"{glob.escape(prefix)}*"):
+            try:
+                pid_text, ticks = (old / _OWNER_FILE).read_text().split()
+                stale = _start_ticks(int(pid_text)) != ticks
+            except (OSError, ValueError):
+                continue  # not stamped by us (or being written): leave it
+            if stale:
+                shutil.rmtree(old, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    ticks = _start_ticks(os.getpid())
+    if ticks is not None:
+        (path / _OWNER_FILE).write_text(f"{os.getpid()} {ticks}")
+    return path
+
+
+@contextlib.contextmanager
+def rank_workdir(prefix: str) -> Iterator[str]:
+    """:func:`make_workdir` as a ``with`` block (its path as a str), removed on leaving."""
+    path = make_workdir(prefix)
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -231,9 +231,13 @@ def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
 def test_ranks_die_with_a_killed_parent(tmp_path, marker, bystander):
+    # A SIGKILLed run cannot remove its temporary folder (the next run does: procs.make_workdir,
+    # tests/test_procs_launcher.py); keep it in tmp_path rather than leave one in /tmp per run.
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=tmp_path, env={**_marked_env(marker), "TMPDIR": str(tmp_path / "tmp")},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
         time.sleep(0.1)

@@ -6,7 +6,8 @@ Process model: one fresh Python process per rank (``sys.executable -c`` calling
 the rendezvous ``TCPStore`` on 127.0.0.1 with a port the OS picks, so no port is guessed. The spec
 goes to each rank as a JSON file and the result comes back as ``rank<r>.json`` in a temporary
 directory; stderr goes to ``rank<r>.stderr`` there, and stdout is never parsed. A rank that exits
-non-zero or outlives ``timeout_s`` ends the run: every rank is killed and
+non-zero or outlives ``timeout_s`` ends the run: every rank's process group is stopped by the one
+launcher's kill rule (:class:`fastverify.procs.RankGroup`: SIGTERM, then SIGKILL) and
 :class:`~fastverify.errors.UserError` names the rank and the last line of its stderr.
 
 Clocks
@@ -28,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
-from tempfile import TemporaryDirectory
 
 import orjson
 
@@ -44,13 +43,13 @@ from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.live.config import ModelConfig, check_tp
 from fastverify.procs import (
+    RankGroup,
     child_env as _child_env,
-    die_with_parent as _die_with_parent,
     exit_reason as _exit_reason,
     failure_time as _failure_time,
     last_stderr_line as _last_stderr_line,
     rank_device,
-    stderr_path as _stderr_path,
+    rank_workdir,
 )
 
 logger = logging.getLogger(__name__)
@@ -199,7 +198,7 @@ def run_live(
         "p2p_note": p2p_note,
     }
     try:
-        with TemporaryDirectory(prefix="fastverify-live-") as workdir:
+        with rank_workdir("fastverify-live-") as workdir:
             spec_path = Path(workdir) / "spec.json"
             spec_path.write_bytes(orjson.dumps(spec))
             try:
@@ -318,26 +317,21 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
             env: dict[str, str] | None = None) -> None:
     """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
 
-    On the first failure (the earliest by the time the rank recorded in ``rank<r>.failed``, else by
-    when the exit was seen) or at the deadline, every rank still running is killed and a one-line
-    :class:`UserError` names the rank, the reason and the last line of its stderr.
+    The ranks run under :class:`fastverify.procs.RankGroup`, the one launcher and kill rule. On the
+    first failure (the earliest by the time the rank recorded in ``rank<r>.failed``, else by when
+    the exit was seen) or at the deadline, every rank's process group is stopped (SIGTERM, then
+    SIGKILL) and a one-line :class:`UserError` names the rank, the reason and the last line of its
+    stderr.
     """
-    procs: list[subprocess.Popen] = []
-    seen_exit: dict[int, int] = {}
     deadline = time.monotonic() + timeout_s
-    try:
-        for rank in range(tp):
-            with open(_stderr_path(workdir, rank), "wb") as err:
-                procs.append(subprocess.Popen(argv(rank), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=err, env=env, cwd=workdir, preexec_fn=_die_with_parent))
+    with RankGroup(workdir, env=env) as ranks:
+        ranks.start(argv(rank) for rank in range(tp))
         while True:
-            for rank, p in enumerate(procs):
-                if rank not in seen_exit and p.poll() is not None:
-                    seen_exit[rank] = time.monotonic_ns()
-            failed = [r for r in seen_exit if procs[r].returncode != 0]
+            seen_exit = ranks.poll()
+            failed = [r for r in seen_exit if ranks.returncode(r) != 0]
             if failed:
                 rank = min(failed, key=lambda r: (_failure_time(workdir, r, seen_exit[r]), r))
-                raise UserError(f"live rank {rank} failed ({_exit_reason(procs[rank].returncode)}): "
+                raise UserError(f"live rank {rank} failed ({_exit_reason(ranks.returncode(rank))}): "
                                 f"{_last_stderr_line(workdir, rank)}")
             if len(seen_exit) == tp:
                 return
@@ -346,12 +340,6 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
                 raise UserError(f"live rank {rank} did not finish within {timeout_s:g} s "
                                 f"(last stderr line: {_last_stderr_line(workdir, rank)})")
             time.sleep(0.02)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
 
 
 def _load_result(workdir: Path, rank: int, backend: str) -> RankEvents:

@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,13 +43,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from fastverify.errors import EXIT_USER_ERROR, UserError
+from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
 
 SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_S = 120.0
 BUFFER_BYTES = 4 << 20
 NO_CUDA = "no CUDA GPUs: the real P2P check needs a GPU box"
 _POLL_S = 0.02
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 # argv of the child that tests the unordered pair {i, j} and writes its JSON result to out_path.
 ChildArgv = Callable[[int, int, Path], Sequence[str]]
@@ -175,8 +174,7 @@ def default_child_argv(timeout_s: float = DEFAULT_TIMEOUT_S) -> ChildArgv:
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env = child_env()  # the parent's environment, this package importable
     # Expandable segments export cuMem handles instead of cudaIpc ones; test the legacy path that
     # the PCIe IPC all-reduces use.
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
@@ -193,39 +191,41 @@ def _tail(text: bytes | str | None, limit: int = 200) -> str:
     return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group (the child and the side processes it started)."""
+def _file_tail(path: Path) -> str:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            return _tail(f.read())
+    except OSError:
+        return ""
 
 
 def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_s: float,
                    env: dict[str, str] | None = None) -> dict[tuple[int, int], P2PResult]:
     """Run one pair child with a timeout and read its result file; both directions ``(i, j)`` and
-    ``(j, i)`` always get a result (a failure reason when the child did not give one)."""
+    ``(j, i)`` always get a result (a failure reason when the child did not give one).
+
+    The child runs under :class:`fastverify.procs.RankGroup`, the one launcher: its own process
+    group (so the side processes it starts go with it), stdout and stderr in a temporary folder
+    that is removed afterwards, and one kill rule at the end (SIGTERM to the group, SIGKILL after
+    the grace period)."""
     def both(ok: bool, reason: str) -> dict[tuple[int, int], P2PResult]:
         return {(i, j): P2PResult(ok, reason), (j, i): P2PResult(ok, reason)}
 
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, env=env)
-    except OSError as err:
-        return both(False, f"could not start the check: {err}")
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+    with RankGroup(prefix="fastverify-p2p-child-", env=env, capture_stdout=True) as child:
         try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
-            pass
-        return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child stalled)")
-    if proc.returncode != 0:
-        detail = _tail(stderr) or _tail(stdout) or "no output"
-        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-        return both(False, f"check process failed ({how}): {detail}")
+            child.start([argv])
+        except OSError as err:
+            return both(False, f"could not start the check: {err}")
+        deadline = time.monotonic() + timeout_s
+        while not child.all_exited():
+            if time.monotonic() >= deadline:
+                return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child stalled)")
+            time.sleep(_POLL_S)
+        code = child.returncode(0)
+        stderr, stdout = _file_tail(stderr_path(child.workdir, 0)), _file_tail(child.workdir / "rank0.stdout")
+    if code != 0:
+        return both(False, f"check process failed ({exit_reason(code)}): {stderr or stdout or 'no output'}")
     try:
         doc = json.loads(out_path.read_text())
         results = _results_from_json(doc.get("results") if isinstance(doc, dict) else None)
@@ -301,7 +301,7 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
     results = dict(cached)
     if todo:
         env = _child_env()
-        with tempfile.TemporaryDirectory(prefix="fastverify-p2p-") as tmp, \
+        with rank_workdir("fastverify-p2p-") as tmp, \
                 concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
             futures = [pool.submit(run_pair_child, child_argv(a, b, Path(tmp) / f"pair-{a}-{b}.json"), a, b,
                                    Path(tmp) / f"pair-{a}-{b}.json", timeout_s, env) for a, b in todo]
@@ -433,27 +433,25 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
     ``{"results": [{"src", "dst", "ok", "reason"}, ...]}`` to ``out_path``."""
     deadline = time.monotonic() + timeout_s + 5.0
     gpu_of = {"a": i, "b": j}
-    with tempfile.TemporaryDirectory(prefix="fastverify-p2p-pair-") as tmp:
-        workdir = Path(tmp)
-        sides = {}
-        for me, peer in (("a", "b"), ("b", "a")):
-            argv = [sys.executable, "-m", "fastverify.topo.p2p", "side", me, peer, str(gpu_of[me]),
-                    str(gpu_of[peer]), str(workdir), "--timeout", f"{timeout_s:g}"]
-            # stderr to a file, not a pipe: a chatty side must not block on a full pipe.
-            with open(workdir / f"{me}.stderr", "wb") as err_file:
-                sides[me] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file)
+    # The two sides run under the one launcher (fastverify.procs.RankGroup): side "a" is rank 0,
+    # "b" rank 1; their stderr and reports live in its temporary folder, removed on leaving.
+    with RankGroup(prefix="fastverify-p2p-pair-") as group:
+        workdir = group.workdir
+        sides = {"a": 0, "b": 1}
+        group.start([sys.executable, "-m", "fastverify.topo.p2p", "side", me, peer, str(gpu_of[me]),
+                     str(gpu_of[peer]), str(workdir), "--timeout", f"{timeout_s:g}"]
+                    for me, peer in (("a", "b"), ("b", "a")))
+        while not group.all_exited() and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
         errors = {}
-        for me, proc in sides.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for me, rank in sides.items():
+            code = group.returncode(rank)
+            if code is None:
                 errors[me] = f"timeout: GPU {gpu_of[me]}'s side hung for {timeout_s:g} s"
-                continue
-            if proc.returncode != 0:
-                err = (workdir / f"{me}.stderr").read_bytes()[-4096:]
-                errors[me] = f"GPU {gpu_of[me]}'s side failed (exit {proc.returncode}): {_tail(err) or 'no output'}"
+            elif code != 0:
+                err = _file_tail(stderr_path(workdir, rank))
+                errors[me] = f"GPU {gpu_of[me]}'s side failed ({exit_reason(code)}): {err or 'no output'}"
+        group.stop()  # the kill rule, before the reports are read: a hung side writes nothing more
         reports = {}
         for me in sides:
             try:
@@ -471,6 +469,10 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
 
     rows = [dict(src=i, dst=j, **direction("a", "b")), dict(src=j, dst=i, **direction("b", "a"))]
     _write_json_atomic(out_path, {"results": rows})
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -503,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(_results_to_json(results), indent=1))
         return 0 if all(r.ok for r in results.values()) else 1
     if args.cmd == "pair":
+        # The launcher's kill rule starts with SIGTERM: leave through the ``with`` blocks, so the
+        # sides are stopped and the pair's temporary folder is removed before SIGKILL would come.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         run_pair(args.i, args.j, args.out, args.timeout)
         return 0
     run_side(args.me, args.peer, args.my_gpu, args.peer_gpu, args.workdir, args.timeout)

@@ -4,8 +4,9 @@ Process model (the pattern of :mod:`fastverify.live.runner`, whose helpers it re
 the parent opens a ``TCPStore`` on 127.0.0.1 with an OS-chosen port, writes the spec as JSON into a
 temporary directory and starts ``world_size`` processes ``python -m fastverify.tune.worker SPEC
 RANK`` (stdout discarded, stderr to ``rank<r>.stderr``, results back as ``rank<r>.json``). Each
-rank starts in its own session/process group and asks Linux to SIGKILL it when the parent dies, so
-a ``kill -9`` of the sweep leaves no ranks behind.
+rank is started by :class:`fastverify.procs.RankGroup`, the one launcher: its own session/process
+group, and Linux SIGKILLs it when the parent dies, so a ``kill -9`` of the sweep leaves no ranks
+behind.
 
 Each trial runs in three phases, each with its own limit (:class:`TrialLimits`):
 
@@ -18,7 +19,7 @@ Each trial runs in three phases, each with its own limit (:class:`TrialLimits`):
 * measurement, ``timeout_s``: until every rank has exited (hung IPC kernels spin forever).
 
 A rank that exits non-zero, or a phase past its limit, ends that trial: every rank's process group
-is SIGKILLed, the trial is recorded as ``failed`` with a one-line reason naming the phase and each
+is stopped by the launcher's kill rule (SIGTERM, then SIGKILL after a grace period), the trial is recorded as ``failed`` with a one-line reason naming the phase and each
 unfinished rank's last stage, and the sweep goes on with the next trial.
 
 The trial's ``env`` is set in the ranks' environment (and applied again by the worker before it
@@ -30,15 +31,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 import orjson
@@ -47,12 +45,12 @@ from fastverify.errors import UserError
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
+    RankGroup,
     child_env as _child_env,
-    die_with_parent as _die_with_parent,
     exit_reason as _exit_reason,
     failure_time as _failure_time,
     last_stderr_line as _last_stderr_line,
-    stderr_path as _stderr_path,
+    rank_workdir,
 )
 from fastverify.tune.journal import Journal, fingerprint
 from fastverify.tune.trial import (
@@ -226,7 +224,7 @@ def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = D
     limit_s = limits.total_s  # for the store and the process group's collectives
     store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=limit_s), wait_for_workers=False)
     try:
-        with TemporaryDirectory(prefix="fastverify-tune-") as workdir:
+        with rank_workdir("fastverify-tune-") as workdir:
             doc = {"trial": spec.to_dict(), "port": store.port, "timeout_s": limit_s, "workdir": workdir,
                    "threads": max(1, (os.cpu_count() or 1) // spec.world_size)}
             spec_path = Path(workdir) / "spec.json"
@@ -242,10 +240,9 @@ def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = D
 
 
 def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str, env: dict[str, str]) -> str:
-    """Start the ranks and wait: ``""`` when all exit 0, else the one-line failure reason.
-    Every rank still running at the end is SIGKILLed with its whole process group."""
-    procs: list[subprocess.Popen] = []
-    seen_exit: dict[int, int] = {}
+    """Start the ranks and wait: ``""`` when all exit 0, else the one-line failure reason. The
+    ranks run under :class:`fastverify.procs.RankGroup` (the one launcher): at the end every rank's
+    whole process group is stopped by its kill rule (SIGTERM, then SIGKILL)."""
     phase = 0  # index into phases: the ranks' marker files move it on
     phases = (  # (marker every rank writes when the phase is over, limit, reason past the limit)
         (READY_MARK, limits.startup_s, f"start-up timeout after {limits.startup_s:g} s; still running"),
@@ -257,21 +254,14 @@ def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str,
     def marked(rank: int, mark: str) -> bool:
         return os.path.exists(os.path.join(workdir, f"rank{rank}.{mark}"))
 
-    try:
-        for rank in range(world):
-            with open(_stderr_path(workdir, rank), "wb") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", WORKER_MODULE, spec_path, str(rank)], stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=workdir, start_new_session=True,
-                    preexec_fn=_die_with_parent))
+    with RankGroup(workdir, env=env) as ranks:
+        ranks.start([sys.executable, "-m", WORKER_MODULE, spec_path, str(rank)] for rank in range(world))
         while True:
-            for rank, p in enumerate(procs):
-                if rank not in seen_exit and p.poll() is not None:
-                    seen_exit[rank] = time.monotonic_ns()
-            failed = [r for r in seen_exit if procs[r].returncode != 0]
+            seen_exit = ranks.poll()
+            failed = [r for r in seen_exit if ranks.returncode(r) != 0]
             if failed:
                 rank = min(failed, key=lambda r: _blame_key(workdir, r, seen_exit[r]))
-                return (f"rank {rank} crashed ({_exit_reason(procs[rank].returncode)}): "
+                return (f"rank {rank} crashed ({_exit_reason(ranks.returncode(rank))}): "
                         f"{_stage_text(_last_stderr_line(workdir, rank))}")
             if len(seen_exit) == world:
                 return ""
@@ -286,15 +276,6 @@ def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str,
                 where = ", ".join(f"rank {r}: {_stage_text(_last_stderr_line(workdir, r))}" for r in late)
                 return f"{phases[phase][2]}: {where}"
             time.sleep(0.02)
-    finally:
-        for p in procs:
-            if p.returncode is None:  # not reaped yet, so its pid (= its process group id) is still ours
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            p.wait()
 
 
 def _blame_key(workdir: str, rank: int, seen_ns: int) -> tuple[bool, int, int]:
