@@ -4,10 +4,12 @@ Definitions (per rank, all times in µs, from ns integers):
 
 - ``window_us``: last GPU event end − first GPU event start (HTA's ``kernel_time``).
 - ``busy_us``: length of the union of all GPU events; ``idle_us = window_us − busy_us``.
-- ``compute_us``, ``allreduce_us``, ``other_comm_us``, ``memory_us``, ``unknown_comm_us``: length of
+- ``compute_us``, ``allreduce_us``, ``other_comm_us``, ``ep_alltoall_us`` (expert-parallel
+  dispatch/combine), ``memory_us``, ``unknown_comm_us``: length of
   the union of each class's intervals (so two overlapping kernels of one class count once).
   ``allreduce_us`` includes fused all-reduce + RMSNorm kernels; ``fused_allreduce_us`` is their part.
-- ``exposed_comm_us``: time where communication (all-reduce or other) runs and no compute does.
+- ``exposed_comm_us``: time where communication (all-reduce, EP all-to-all or other) runs and no
+  compute does.
 - ``comm_compute_overlap_pct``: |comm ∩ compute| / |comm| × 100 (HTA ``get_comm_comp_overlap``;
   None when there is no communication).
 - ``hta``: HTA's temporal breakdown (``hta/analyzers/breakdown_analysis.py``) with our
@@ -31,9 +33,9 @@ from fastverify.events import CLASSES, EventClass, RankEvents
 _BIT = {c: 1 << i for i, c in enumerate(CLASSES)}
 _COMPUTE = _BIT[EventClass.COMPUTE]
 _AR = _BIT[EventClass.ALLREDUCE] | _BIT[EventClass.FUSED_ALLREDUCE]
-_COMM = _AR | _BIT[EventClass.OTHER_COMM]
+_COMM = _AR | _BIT[EventClass.OTHER_COMM] | _BIT[EventClass.EP_ALLTOALL]
 _COLLECTIVE_CODES = np.array([EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code,
-                              EventClass.OTHER_COMM.code], dtype=np.int8)
+                              EventClass.OTHER_COMM.code, EventClass.EP_ALLTOALL.code], dtype=np.int8)
 _AR_CODES = np.array([EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code], dtype=np.int8)
 
 
@@ -131,6 +133,7 @@ def breakdown(start_ns: np.ndarray, dur_ns: np.ndarray, cls: np.ndarray) -> dict
         "allreduce_us": us(_sum_masks(bm, _AR)),
         "fused_allreduce_us": us(_sum_masks(bm, _BIT[EventClass.FUSED_ALLREDUCE])),
         "other_comm_us": us(_sum_masks(bm, _BIT[EventClass.OTHER_COMM])),
+        "ep_alltoall_us": us(_sum_masks(bm, _BIT[EventClass.EP_ALLTOALL])),
         "memory_us": us(_sum_masks(bm, _BIT[EventClass.MEMORY])),
         "unknown_comm_us": us(_sum_masks(bm, _BIT[EventClass.UNKNOWN_COMM])),
         "exposed_comm_us": us(_sum_masks(bm, _COMM, _COMPUTE)),

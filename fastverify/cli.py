@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
     png.add_argument("--no-png", action="store_true", help="write no PNG")
     prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
+    prof.add_argument("--force", action="store_true",
+                      help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
+                            "NCCL version or backend), with a warning instead of an error"))
 
     topo = sub.add_parser(
         "topo",
@@ -253,6 +256,8 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     if args.verify_log:
         return _cmd_verify_log(args, argv)
     _check_profile_outputs(args)
+    if args.force and not args.trace:
+        raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:
@@ -261,7 +266,7 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
                             f"--trace reads existing traces; {', '.join(clash)} apply only to a live run")
         from fastverify.trace.load import load_traces
 
-        ranks = load_traces(args.trace)
+        ranks = load_traces(args.trace, force=args.force)
         source = {"kind": "trace", "files": [r.origin for r in ranks]}
         stem = "trace"
     else:
@@ -361,7 +366,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.nccl_log:
         from fastverify.nccl.logparse import parse_nccl_log
 
-        text = _read_text(args.nccl_log)
+        text = _read_text(args.nccl_log, "log")
         log = parse_nccl_log(text, source=str(args.nccl_log))
         cut = [p for p in log.problems if "cut off" in p]
         if cut:
@@ -439,6 +444,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from fastverify.doctor import print_checks, run_doctor, summarise
 
+    if args.env_file:  # a FIFO, device, folder or oversize file is a bad argument (exit 2), not a finding
+        from fastverify.inputs import read_bytes
+
+        read_bytes(args.env_file, kind="text", flag="--env-file")
     checks = run_doctor(quick=args.quick, env_file=str(args.env_file) if args.env_file else None)
     summary = summarise(checks)
     if args.json:
@@ -452,11 +461,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if summary["verdict"] == "fail" else 0
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+def _read_text(path: Path, kind: str = "text") -> str:
+    from fastverify.inputs import read_text
+
+    return read_text(path, kind=kind, errors="replace")
 
 
 def main(argv: list[str] | None = None) -> int:

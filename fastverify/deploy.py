@@ -224,6 +224,8 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
         head = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
         raise UserError(f"{source}: not JSON ({err})") from None
+    except RecursionError:  # msgspec bounds nesting (fastverify/inputs.py)
+        raise UserError(f"{source}: not JSON (nested too deeply)") from None
     if not isinstance(head, dict):
         kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}.get(
             type(head), "a JSON number")
@@ -278,10 +280,9 @@ def read_record(path: str | Path) -> DeploymentRecord:
     """Read and validate the record at ``path``; :class:`UserError` (one line naming the file)
     when it is missing, unreadable or invalid."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as err:
-        raise UserError(f"{p}: cannot read the deployment record ({err.strerror or err})") from None
+    from fastverify.inputs import read_bytes
+
+    data = read_bytes(p, kind="json", what="the deployment record")
     return decode_record(data, source=str(p))
 
 

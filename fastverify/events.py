@@ -20,6 +20,9 @@ class EventClass(str, Enum):
     all-reduce and the residual add + RMSNorm in one launch and cannot be split from a trace, so it
     is its own class. ``UNKNOWN_COMM`` is a kernel whose name looks collective but that no rule
     of :data:`fastverify.trace.classify.RULES` knows: it is reported, never counted as compute.
+    ``EP_ALLTOALL`` is expert-parallel token dispatch/combine (DeepEP, pplx-kernels, NCCL
+    all-to-all): communication that a TP all-reduce backend cannot replace, so it is kept apart
+    from both the all-reduces and compute.
     """
 
     ALLREDUCE = "allreduce"
@@ -28,6 +31,8 @@ class EventClass(str, Enum):
     UNKNOWN_COMM = "unknown_comm"
     MEMORY = "memory"
     COMPUTE = "compute"
+    # Appended last so every older class keeps its code (RankEvents.cls stores codes).
+    EP_ALLTOALL = "ep_alltoall"
 
     @property
     def code(self) -> int:
@@ -39,7 +44,8 @@ class EventClass(str, Enum):
 
     @property
     def is_comm(self) -> bool:
-        return self in (EventClass.ALLREDUCE, EventClass.FUSED_ALLREDUCE, EventClass.OTHER_COMM)
+        return self in (EventClass.ALLREDUCE, EventClass.FUSED_ALLREDUCE, EventClass.OTHER_COMM,
+                        EventClass.EP_ALLTOALL)
 
 
 CLASSES: tuple[EventClass, ...] = tuple(EventClass)

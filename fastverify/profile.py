@@ -74,7 +74,7 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
         m = r["meta"]
         if str(m.get("rank_source", "")).startswith("default"):
             warnings.append(f"{r['origin']}: no rank in the trace or its name; taken as rank 0")
-        for key, what in (("rank_conflict", None),
+        for key, what in (("rank_conflict", None), ("merge_conflict", None),
                           ("skipped_gpu_events", "GPU events without a usable ts/dur were skipped"),
                           ("negative_duration_events", "GPU events had a negative duration, counted as 0"),
                           ("implausible_duration_events", "GPU events last over 10 s; check the trace")):

@@ -153,6 +153,7 @@ class _Split(_Base):
     allreduce_us: float = 0.0
     fused_allreduce_us: float = 0.0
     other_comm_us: float = 0.0
+    ep_alltoall_us: float = 0.0  # expert-parallel all-to-all (DeepEP, pplx, NCCL all-to-all)
     memory_us: float = 0.0
     unknown_comm_us: float = 0.0
     exposed_comm_us: float = 0.0
@@ -383,10 +384,9 @@ def read_profile_view(path: str | Path) -> ProfileView:
         this fastverify does not read, or a field missing or mistyped.
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as err:
-        raise UserError(f"{p}: cannot read profile: {err.strerror or err}") from None
+    from fastverify.inputs import read_bytes
+
+    data = read_bytes(p, kind="json", what="profile")
     head = _head(data, str(p))
     accept = _finite(head.accept_length)
     if head.schema_version == SCHEMA_VERSION:
@@ -446,6 +446,8 @@ def _head(data: bytes, source: str) -> _Head:
                         "(write one with `fastverify profile`)") from None
     except msgspec.DecodeError as err:
         raise UserError(f"{source}: not a fastverify profile: invalid JSON ({err})") from None
+    except RecursionError:  # msgspec bounds nesting (fastverify/inputs.py)
+        raise UserError(f"{source}: not a fastverify profile: JSON nested too deeply") from None
     if head.schema != SCHEMA:
         raise UserError(f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
                         "(write one with `fastverify profile`)")
@@ -455,6 +457,6 @@ def _head(data: bytes, source: str) -> _Head:
 def _decode(data: bytes, typ: type, source: str):
     try:
         return msgspec.json.decode(data, type=typ)
-    except (msgspec.ValidationError, ValueError) as err:
+    except (msgspec.ValidationError, ValueError, RecursionError) as err:
         text = " ".join(str(err).split())
         raise UserError(f"{source}: not a usable fastverify profile: {text}") from None

@@ -30,6 +30,7 @@ import numpy as np
 
 from fastverify import __version__
 from fastverify.errors import UserError
+from fastverify.inputs import read_bytes
 from fastverify.procs import writable_target
 
 SCHEMA = "fastverify.verify_log"
@@ -136,10 +137,7 @@ def read_log_dir(folder: str | Path) -> dict:
     torn: list[str] = []
     clocks: dict[str, str] = {}
     for f in files:
-        try:
-            data = f.read_bytes()
-        except OSError as e:
-            raise UserError(f"{f}: cannot read ({e.strerror or e})") from None
+        data = read_bytes(f, kind="json")
         lines = data.split(b"\n")
         n = 0
         for i, line in enumerate(lines, 1):
@@ -147,7 +145,7 @@ def read_log_dir(folder: str | Path) -> dict:
                 continue
             try:
                 rec = _DECODER.decode(line)
-            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as e:
                 if i == len(lines) and not data.endswith(b"\n"):  # the cut last line of a killed writer
                     torn.append(f"{f.name}:{i}")
                     continue

@@ -64,9 +64,27 @@ def test_scenario_1_split():
     assert b["allreduce_kernel_sum_us"] == 14.0
     assert b["allreduce_count"] == 2
     assert b["counts"] == {"allreduce": 2, "fused_allreduce": 0, "other_comm": 0, "unknown_comm": 0,
-                           "memory": 1, "compute": 3}
+                           "memory": 1, "compute": 3, "ep_alltoall": 0}
+    assert b["ep_alltoall_us"] == 0.0
     assert b["hta"] == {"kernel_time_us": 40.0, "idle_us": 5.001, "compute_us": 23.999,
                         "non_compute_us": 11.0, "comm_compute_overlap_pct": 35.714}
+
+
+def test_ep_alltoall_is_exposed_communication_and_matched_across_ranks():
+    """Expert-parallel dispatch/combine (issue 12): communication, never compute; exposed where no
+    compute runs; matched across ranks like any collective (rank 1 waited 30 µs for rank 0)."""
+    E, C = EventClass.EP_ALLTOALL, EventClass.COMPUTE
+    # rank 0: GEMM [0, 20) µs, dispatch [10, 30) µs (10 µs under the GEMM), combine [40, 50) µs
+    r0 = rank_of([("gemm", C, 0, 20_000, -1), ("deep_ep::intranode::dispatch", E, 10_000, 20_000, 4096),
+                  ("deep_ep::intranode::combine", E, 40_000, 10_000, 4096)])
+    r1 = rank_of([("gemm", C, 0, 20_000, -1), ("deep_ep::intranode::dispatch", E, 10_000, 50_000, 4096),
+                  ("deep_ep::intranode::combine", E, 70_000, 10_000, 4096)], rank=1)
+    b = breakdown(r0.start_ns, r0.dur_ns, r0.cls)
+    assert b["compute_us"] == 20.0 and b["ep_alltoall_us"] == 30.0 and b["allreduce_us"] == 0.0
+    assert b["exposed_comm_us"] == 20.0 and b["comm_compute_overlap_pct"] == round(100 * 10 / 30, 3)
+    m = match_collectives([r0, r1])
+    assert m["matched"] == 2 and [c["kind"] for c in m["collectives"]] == ["ep_alltoall", "ep_alltoall"]
+    assert m["per_rank"]["1"]["wait_us"] == 30.0 and m["per_rank"]["0"]["wait_us"] == 0.0
 
 
 def test_scenario_1_is_order_independent():

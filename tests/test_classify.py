@@ -23,6 +23,7 @@ O = EventClass.OTHER_COMM
 M = EventClass.MEMORY
 U = EventClass.UNKNOWN_COMM
 C = EventClass.COMPUTE
+E = EventClass.EP_ALLTOALL
 NEEDS_OP = None
 
 NAMES: list[tuple[str, EventClass | None]] = [
@@ -101,9 +102,35 @@ NAMES: list[tuple[str, EventClass | None]] = [
     ("compute_position_kernel", C),
     # A CUTLASS GEMM with a bias-broadcast epilogue (cutlass/epilogue/threadblock/epilogue_with_broadcast.h)
     ("void cutlass::Kernel<cutlass::gemm::kernel::GemmWithFusedEpilogue<cutlass::gemm::threadblock::MmaMultistage<cutlass::gemm::GemmShape<128, 128, 32>>, cutlass::epilogue::threadblock::EpilogueWithBroadcast<cutlass::gemm::GemmShape<128, 128, 32>>, cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<8>, false>>(cutlass::gemm::kernel::GemmWithFusedEpilogue<>::Params)", C),
+    # --- expert-parallel all-to-all: its own class, never compute (issue 12) --------------------
+    # DeepEP: deepseek-ai/DeepEP csrc/kernels/intranode.cu (commit f7fb36f) declares, in namespace
+    # deep_ep::intranode, `template<int kNumRanks> notify_dispatch`, `cached_notify_dispatch`, and
+    # `template<int kNumRanks, int kNumThreads, int kNumTMABytesPerWarp> dispatch(int4* recv_x, ...)`;
+    # csrc/kernels/internode.cu declares deep_ep::internode::notify_dispatch<bool kLowLatencyMode,
+    # int kNumRDMARanks>; internode_ll.cu the low-latency dispatch/combine. Names below are those
+    # declarations as Kineto demangles them (return type first, template arguments, parameter types).
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*, int*, int4 const*, "
+     "float const*, long const*, float const*, bool const*, int const*, int, int, int, int, int, int, int, int, "
+     "void**, int, int, int)", E),
+    ("void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int const*, int*, int, int, int, bool const*, "
+     "int*, int*, int, int, void**, int**, int)", E),
+    ("void deep_ep::intranode::cached_notify_dispatch<8>(int const*, int, void**, int**, int)", E),
+    ("void deep_ep::intranode::combine<__nv_bfloat16, 8, 768, 4096>(__nv_bfloat16*, float*, int*, int*)", E),
+    ("void deep_ep::internode::notify_dispatch<false, 2>(int const*, int*, int, int const*, int*)", E),
+    ("void deep_ep::internode::combine<false, 2, 4, 7168>(int4*, float*, bool const*)", E),
+    ("void deep_ep::internode_ll::dispatch<true, 3, 7168>(void*, float*, int*, long*)", E),
+    ("void deep_ep::internode_ll::combine<false, 3, 7168, 9>(void*, void*, int*, void*)", E),
+    # AMD's port keeps DeepEP's namespaces under primus_turbo:: (Primus-Turbo csrc/kernels/deep_ep/)
+    ("void primus_turbo::deep_ep::internode::dispatch<false, 2, 8>(int4*, float*)", E),
+    # pplx-kernels: namespace pplx, classes AllToAllIntraNode / AllToAllInterNode (include
+    # all_to_all/intranode.h, internode.h); its dispatch and combine kernels live in that namespace.
+    ("void pplx::dispatchKernel<32, 7168, 8, __nv_bfloat16>(int*, unsigned long, void*)", E),
+    ("void pplx::combineKernel<__nv_bfloat16, __nv_bfloat16, 8>(__nv_bfloat16*, unsigned long)", E),
+    ("void pplx::(anonymous namespace)::dispatchKernel<true>(unsigned int*, __nv_bfloat16 const*)", E),
+    # NCCL's all-to-all function (msccl src/collectives/device/all_to_all.h: ncclFuncAllToAll)
+    ("ncclKernel_AllToAll_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)", E),
     # --- look collective, no rule: reported as unknown_comm, never counted as compute ------------
     ("void my_team::custom_allreduce_push_kernel<__nv_bfloat16>(__nv_bfloat16*, int)", U),
-    ("void deep_ep::internode::all_to_all_dispatch_kernel<8>(void*, int)", U),
     ("void mylib::lamport_push_kernel<__nv_bfloat16>(__nv_bfloat16*, int)", U),
     ("void fancy::multimem_ld_reduce_kernel<16>(float*, unsigned long)", U),
 ]
@@ -161,7 +188,7 @@ def test_every_rule_has_a_source_and_a_listed_name():
 @pytest.mark.parametrize("collective, expected", [
     ("allreduce", A), ("c10d::allreduce_", A), ("vllm::all_reduce", A), ("nccl:all_reduce", A),
     ("_allgather_base", O), ("nccl:_all_gather_base", O), ("reduce_scatter_tensor_coalesced", O),
-    ("_reduce_scatter_base", O), ("all_to_all", O), ("broadcast", O), ("nccl:send", O), ("recv", O),
+    ("_reduce_scatter_base", O), ("all_to_all", E), ("c10d::alltoall_base_", E), ("broadcast", O), ("nccl:send", O), ("recv", O),
     (None, U), ("", U), ("record_param_comms", U),
 ])
 def test_resolve_from_op(collective, expected):
@@ -204,3 +231,41 @@ def test_kernel_names_in_shared_traces(traces_dir):
         else:
             want = C
         assert classify_name(name).cls == want, name
+
+
+def _ep_trace(path, ops):
+    """Kernels with their launching ops: (kernel name, op name, Collective name or None)."""
+    events = []
+    for i, (kernel, op, coll) in enumerate(ops):
+        args = {"External id": 100 + i, "In msg nelems": 1024, "dtype": "BFloat16"}
+        if coll:
+            args["Collective name"] = coll
+        events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 0, "tid": 1, "ts": 100 * i, "dur": 50,
+                       "args": args})
+        events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": 100 * i + 10,
+                       "dur": 20, "args": {"stream": 7, "External id": 100 + i}})
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    return path
+
+
+def test_sendrecv_kernel_is_ep_alltoall_when_an_all_to_all_launched_it(tmp_path):
+    """NCCL runs torch all_to_all_single as grouped send/recv: ncclDevKernel_SendRecv with a
+    record_param_comms 'all_to_all' (or c10d::alltoall_base_) op; pipeline send/recv stays other_comm."""
+    sr = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    (r,) = load_trace(_ep_trace(tmp_path / "t.json.gz", [
+        (sr, "record_param_comms", "all_to_all"), (sr, "c10d::alltoall_base_", None),
+        (sr, "nccl:send", None), ("gemm", "aten::mm", None)]))
+    assert r.cls.tolist() == [E.code, E.code, O.code, C.code]
+    assert r.msg_bytes.tolist() == [2048, 2048, 2048, -1]
+
+
+def test_deep_ep_time_is_communication_not_compute(tmp_path):
+    """A DeepEP dispatch beside a GEMM: the profile counts it as ep_alltoall, compute stays the GEMM."""
+    from fastverify.analyze import breakdown
+
+    (r,) = load_trace(_ep_trace(tmp_path / "t.json.gz", [
+        ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", "deep_ep::dispatch", None),
+        ("gemm", "aten::mm", None)]))
+    b = breakdown(r.start_ns, r.dur_ns, r.cls)
+    assert b["compute_us"] == 20.0 and b["ep_alltoall_us"] == 20.0 and b["exposed_comm_us"] == 20.0
+    assert b["counts"]["ep_alltoall"] == 1 and b["counts"]["compute"] == 1 and b["allreduce_us"] == 0.0

@@ -105,7 +105,7 @@ def test_eager_window_memory_compute_idle(eager):
     assert r["memory_us"] == approx(length(map(iv, g["memory"])))
     assert r["compute_us"] == approx(length(map(iv, g["compute"])))
     assert r["counts"] == {"allreduce": 73, "fused_allreduce": 0, "other_comm": 1, "unknown_comm": 0,
-                           "memory": len(g["memory"]), "compute": len(g["compute"])}
+                           "memory": len(g["memory"]), "compute": len(g["compute"]), "ep_alltoall": 0}
     # HTA's temporal breakdown, with our classification
     assert r["hta"]["kernel_time_us"] == approx(end - start)
     assert r["hta"]["non_compute_us"] == approx(busy - length(map(iv, g["compute"])))

@@ -191,10 +191,9 @@ def load_model_config(preset_or_path: str) -> ModelConfig:
         raise UserError(
             f"--model {preset_or_path!r}: no such preset or file (known presets: {', '.join(names)})"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read model config: {err}") from None
+    from fastverify.inputs import read_text
+
+    text = read_text(path, kind="text", what="model config")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return _from_text(text, source=str(path), name=name)
 
@@ -204,6 +203,8 @@ def _from_text(text: str, *, source: str, name: str) -> ModelConfig:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{source}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+    except RecursionError:
+        raise UserError(f"{source}: JSON nested too deeply (over Python's recursion limit)") from None
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a model config must be a JSON object, got {type(doc).__name__}")
     prefix = ""

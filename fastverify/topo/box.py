@@ -166,18 +166,18 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         try:
             json.loads(raw)
             is_json = True
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     if not is_json:
-        try:
-            raw = Path(raw).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise UserError(f"{where}: cannot read the box description {text!r} ({why})") from None
+        from fastverify.inputs import read_text
+
+        raw = read_text(Path(raw).expanduser(), kind="text", flag=where, what="the box description")
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as err:
         raise UserError(f"{where}: box description is not JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{where}: box description nested too deeply") from None
     if not isinstance(doc, dict):
         raise UserError(f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}")
     doc.setdefault("tp", tp)
@@ -227,10 +227,13 @@ def read_p2p_results(path: str | Path) -> dict:
     from fastverify.topo.p2p import P2PResult  # noqa: PLC0415 - torch-free module
 
     p = Path(path)
+    from fastverify.inputs import read_text
+
+    text = read_text(p, kind="text", what="the P2P check results")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise UserError(f"{p}: cannot read the P2P check results ({err.strerror or err})") from None
+        doc = json.loads(text)
+    except RecursionError:
+        raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{p}: not the JSON of `python -m fastverify.topo.p2p check`") from None
     rows = doc.get("results") if isinstance(doc, dict) else doc

@@ -18,14 +18,18 @@ from functools import lru_cache
 
 from fastverify.events import EventClass
 
-A, F, O, M, U, C = (
+A, F, O, M, U, C, E = (
     EventClass.ALLREDUCE,
     EventClass.FUSED_ALLREDUCE,
     EventClass.OTHER_COMM,
     EventClass.MEMORY,
     EventClass.UNKNOWN_COMM,
     EventClass.COMPUTE,
+    EventClass.EP_ALLTOALL,
 )
+
+
+SENDRECV_FAMILY = "nccl_sendrecv"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,21 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 # Order matters: specific families before the catch-alls.
 RULES: tuple[Rule, ...] = (
+    # --- expert-parallel all-to-all (before everything: their names hold "dispatch"/"combine",
+    # never "all_reduce", and they must never fall through to compute) -------------------------
+    Rule(r"(^|[\s:])deep_ep::(intranode|internode|internode_ll)::", E, "deep_ep",
+         "DeepEP csrc/kernels/intranode.cu, internode.cu, internode_ll.cu: kernels in namespaces "
+         "deep_ep::intranode / internode / internode_ll (notify_dispatch, cached_notify_dispatch, dispatch, "
+         "cached_notify_combine, combine; internode_ll::dispatch/combine), demangled by Kineto as "
+         "'void deep_ep::intranode::dispatch<8, 768, 8192>(...)'"),
+    Rule(r"(^|[\s:])pplx::.*(dispatch|combine)|(^|[\s:])pplx::.*[Aa]ll[Tt]o[Aa]ll", E, "pplx",
+         "pplx-kernels csrc/all_to_all/ (namespace pplx, classes AllToAllIntraNode / AllToAllInterNode, "
+         "dispatch and combine kernels)"),
+    Rule(r"^nccl(Symk?)?(Dev)?Kernel_AllToAll", E, "nccl",
+         "NCCL ncclFuncAllToAll kernels (msccl src/collectives/device/all_to_all.h)"),
+    Rule(r"^nccl(Symk?)?(Dev)?Kernel_SendRecv", O, SENDRECV_FAMILY,
+         "NCCL src/device/sendrecv.h: ncclDevKernel_SendRecv carries both pipeline send/recv and "
+         "torch all_to_all(_single) (grouped ncclSend/ncclRecv); the launching op decides, see refine_from_op"),
     # --- NCCL / RCCL -----------------------------------------------------------------------
     Rule(r"^nccl(Symk?)?(Dev)?Kernel_AllReduce", A, "nccl",
          "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, "
@@ -107,6 +126,7 @@ COLLECTIVE_LIKE = re.compile(
 
 # Collective names as they appear in `Collective name` args and c10d / engine CPU ops.
 _OP_ALLREDUCE = re.compile(r"(?i)all_?reduce")
+_OP_ALLTOALL = re.compile(r"(?i)all_?to_?all|alltoall_base|deep_ep|pplx")
 _OP_OTHER_COMM = re.compile(r"(?i)all_?gather|reduce_?scatter|all_?to_?all|broadcast|send|recv|^nccl:|gather|scatter")
 
 
@@ -145,6 +165,18 @@ def resolve_from_op(collective: str | None) -> EventClass:
         return U
     if _OP_ALLREDUCE.search(collective):
         return A
+    if _OP_ALLTOALL.search(collective):
+        return E
     if _OP_OTHER_COMM.search(collective):
         return O
     return U
+
+
+def refine_from_op(cls: EventClass, family: str, collective: str | None) -> EventClass:
+    """An NCCL SendRecv kernel launched by an all-to-all op (``all_to_all_single``,
+    ``c10d::alltoall_base_``, ``Collective name`` ``all_to_all``) is expert-parallel all-to-all;
+    launched by anything else (pipeline ``send``/``recv``) or with no op known it stays ``cls``.
+    """
+    if family == SENDRECV_FAMILY and isinstance(collective, str) and _OP_ALLTOALL.search(collective):
+        return E
+    return cls

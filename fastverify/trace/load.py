@@ -19,20 +19,19 @@ This module must not import torch: the trace path starts in well under a second.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import re
-import zlib
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 
 import msgspec
 import numpy as np
-import orjson
 
+from fastverify.bounds import MAX_EVENT_NS, MAX_MSG_BYTES
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step, assign_steps
-from fastverify.trace.classify import classify_name, resolve_from_op
+from fastverify.inputs import inflate_trace, loads_json, read_bytes
+from fastverify.trace.classify import classify_name, refine_from_op, resolve_from_op
 
 GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
@@ -63,12 +62,14 @@ _RANK_FROM_NAME = (
 _RANK_FROM_PID = re.compile(r"^\[TP(\d+)")
 _NULL = msgspec.Raw(b"null")
 
-try:  # python-isal inflates about 1.5x faster than zlib; same format
-    from isal.igzip import decompress as _gunzip
-    from isal.igzip_lib import IsalError as _InflateError
-except ImportError:  # pragma: no cover - isal is a declared dependency
-    from gzip import decompress as _gunzip
-    from zlib import error as _InflateError
+
+
+class _TooDeep(UserError):
+    """A value nested deeper than msgspec allows; re-raised naming the file by the reader."""
+
+    def __init__(self, path: object = None):
+        super().__init__(f"{path or 'a trace'}: JSON nested too deeply inside one event "
+                         "(over the parser's recursion limit)")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -140,16 +141,8 @@ def _rank_label(pid) -> int:
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = _gunzip(raw)
-        except (EOFError, OSError, zlib.error, _InflateError) as e:
-            raise UserError(f"{path}: truncated or corrupt gzip ({e})") from None
-    return raw
+    """The trace's JSON bytes through the one input opener (regular file, size caps, gzip)."""
+    return inflate_trace(read_bytes(path, kind="trace"), path)
 
 
 def read_trace(path: Path) -> tuple[dict, list[dict]]:
@@ -170,10 +163,18 @@ def read_trace(path: Path) -> tuple[dict, list[dict]]:
     raw = _read_bytes(path)
     try:
         doc = _TRACE_DECODER.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        # RecursionError: msgspec bounds nesting; the slow path names the file in one line
         return _normalise_parsed(read_trace_json(path, raw))
     if not doc.traceEvents:
         raise UserError(f"{path}: the trace has no events")
+    try:
+        return _fast_events(doc)
+    except _TooDeep:
+        raise _TooDeep(path) from None
+
+
+def _fast_events(doc) -> tuple[dict, list[dict]]:
     top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
     events = []
     for ev in doc.traceEvents:
@@ -222,6 +223,8 @@ def _raw(value: msgspec.Raw):
         return _RAW_DECODER.decode(value)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
+    except RecursionError:  # one kernel's args nested thousands deep: refuse the file, in one line
+        raise _TooDeep() from None
 
 
 def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
@@ -237,14 +240,8 @@ def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the parse allocates millions of objects; GC passes over them only cost time
     try:
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            # orjson rejects integers wider than 64 bits (e.g. NCCL `Comms Id`) and NaN; json does not.
-            try:
-                doc = json.loads(raw)
-            except (ValueError, RecursionError) as e:
-                raise UserError(f"{path}: not valid JSON ({_first_line(e)})") from None
+        # orjson where it is safe, json for >64-bit integers (NCCL `Comms Id`) and NaN; nesting bounded
+        doc = loads_json(raw, path)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -272,22 +269,41 @@ def rank_from_filename(path: Path) -> int | None:
     return None
 
 
+class _Implausible(ValueError):
+    """A message size no GPU can hold (see :mod:`fastverify.bounds`); :func:`_build` names the
+    file and kernel."""
+
+
 def _msg_bytes(args: dict) -> int:
     """Payload of a collective in bytes from c10d args (``In msg nelems`` × dtype), else from
-    ``Input Dims``/``Input type`` of the launching op (first input); -1 when unknown."""
+    ``Input Dims``/``Input type`` of the launching op (first input); -1 when unknown.
+
+    Raises
+    ------
+    _Implausible
+        A size past ``MAX_MSG_BYTES`` (1 TiB) or a non-finite dimension (``inf`` in ``Input Dims``).
+    """
     nelems = args.get("In msg nelems")
     dtype = args.get("dtype")
     if isinstance(nelems, int) and isinstance(dtype, str) and dtype.lower() in _DTYPE_BYTES:
-        return nelems * _DTYPE_BYTES[dtype.lower()]
+        b = nelems * _DTYPE_BYTES[dtype.lower()]
+        if b > MAX_MSG_BYTES:
+            raise _Implausible(f"'In msg nelems' = {nelems} ({dtype}) is {b:.3g} bytes, over 1 TiB")
+        return b
     dims = args.get("Input Dims")
     types = args.get("Input type")
     if isinstance(dims, list) and isinstance(types, list) and dims and types:
         first, t = dims[0], types[0]
         if isinstance(first, list) and first and isinstance(t, str) and t.lower() in _DTYPE_BYTES:
+            if any(type(x) is float and not math.isfinite(x) for x in first):
+                raise _Implausible(f"'Input Dims' {first!r:.80} holds a non-finite dimension")
             try:
-                return math.prod(int(x) for x in first) * _DTYPE_BYTES[t.lower()]
-            except (TypeError, ValueError):
+                b = math.prod(int(x) for x in first) * _DTYPE_BYTES[t.lower()]
+            except (TypeError, ValueError, OverflowError):
                 return -1
+            if b > MAX_MSG_BYTES and all(int(x) >= 0 for x in first):
+                raise _Implausible(f"'Input Dims' {first!r:.80} ({t}) is {b:.3g} bytes, over 1 TiB")
+            return b
     return -1
 
 
@@ -431,7 +447,11 @@ def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
     from fastverify.trace.cpu import read_host_events, split_rank_events
 
     by_label: dict[int, list[dict]] = {}
-    for ev in read_host_events(path, _read_bytes(path)):
+    try:
+        host = read_host_events(path, _read_bytes(path))
+    except _TooDeep:
+        raise _TooDeep(path) from None
+    for ev in host:
         by_label.setdefault(ev["label"], []).append(ev)
     per: dict[int, _PerRank] = {}
     for label, evs in by_label.items():
@@ -512,7 +532,7 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
     launch_ns = np.empty(n, dtype=np.int64)
     unresolved: dict[str, int] = {}
     comm_codes = {EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
-                  EventClass.UNKNOWN_COMM.code}
+                  EventClass.UNKNOWN_COMM.code, EventClass.EP_ALLTOALL.code}
     for i, ev in enumerate(evs):
         name = ev["name"]
         if not isinstance(name, str):
@@ -523,11 +543,15 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
             names.append(name)
         name_id[i] = j
         args = ev["args"]
-        c = classify_name(name).cls if acc.classes is None else acc.classes[i]
+        got = classify_name(name) if acc.classes is None else None
+        c = got.cls if got is not None else acc.classes[i]
         ext = args.get("External id")
         op = acc.ops_by_ext.get(ext) if type(ext) is int else None
         if acc.classes is not None:
             pass
+        elif c is EventClass.OTHER_COMM and got.family != "nccl":  # SendRecv: all-to-all or p2p, by its op
+            c = refine_from_op(c, got.family, args.get("Collective name") or
+                               (op["args"].get("Collective name") or op["name"] if op else None))
         elif c is None:
             collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
             c = resolve_from_op(collective)
@@ -537,9 +561,13 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
             c = EventClass.MEMORY
         cls[i] = c.code
         if c.code in comm_codes:
-            b = _msg_bytes(args)
-            if b < 0 and op is not None:
-                b = _msg_bytes(op["args"])
+            try:
+                b = _msg_bytes(args)
+                if b < 0 and op is not None:
+                    b = _msg_bytes(op["args"])
+            except _Implausible as e:
+                raise UserError(f"{path}: kernel {name[:60]!r}: {e}; no GPU holds such a message "
+                                "(bound 1 TiB), the trace is corrupt or hand-edited") from None
             msg[i] = b if 0 <= b < 2**62 else -1
         s = args.get("stream") if acc.classes is None else ev["tid"]  # CPU trace: the thread
         stream[i] = s if type(s) is int and abs(s) < 2**62 else -1
@@ -553,6 +581,10 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
     negative = int((dur_ns < 0).sum())
     if negative:
         meta["negative_duration_events"] = negative
+    if n and int(dur_ns.max()) > MAX_EVENT_NS:
+        k = int(dur_ns.argmax())
+        raise UserError(f"{path}: GPU event {str(evs[k]['name'])[:60]!r} lasts {int(dur_ns[k]) / 1000:.6g} µs, "
+                        "over 1 hour (3.6e9 µs); no kernel of a serving trace runs that long, the trace is corrupt")
     implausible = int((dur_ns > _IMPLAUSIBLE_NS).sum())
     if implausible:
         meta["implausible_duration_events"] = implausible
@@ -590,16 +622,18 @@ def _is_fastverify_profile(path: Path) -> bool:
     return b'"fastverify.profile"' in head or b'"fastverify.verify_log"' in head
 
 
-def load_traces(paths: list[str | Path]) -> list[RankEvents]:
+def load_traces(paths: list[str | Path], *, force: bool = False) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
 
-    Returns one :class:`RankEvents` per rank, sorted by rank.
+    Returns one :class:`RankEvents` per rank, sorted by rank. Traces that cannot come from one run
+    (see :func:`merge_conflict`) are refused; with ``force`` they are merged and the first rank's
+    ``meta["merge_conflict"]`` says why they should not have been.
 
     Raises
     ------
     UserError
         A path that does not exist, a folder without traces, a bad file (see :func:`load_trace`),
-        or two files claiming the same rank.
+        two files claiming the same rank, or (without ``force``) traces of different runs.
     """
     files: list[Path] = []
     for p in map(Path, paths):
@@ -629,4 +663,41 @@ def load_traces(paths: list[str | Path]) -> list[RankEvents]:
     if len(kinds) > 1:  # GPU kernel times and host wall clock must never be added up together
         raise UserError(f"{kinds.get('cpu_trace')}: a CPU-only trace (host clock), but {kinds.get('trace')} "
                         "has GPU events; profile the traces of one run at a time")
-    return [result[k] for k in sorted(result)]
+    ordered = [result[k] for k in sorted(result)]
+    conflict = merge_conflict(ordered)
+    if conflict and not force:
+        raise UserError(f"{conflict}; these traces are not one run (pass --force to merge them anyway)")
+    if conflict:
+        ordered[0].meta["merge_conflict"] = f"merged with --force although {conflict}"
+    return ordered
+
+
+# Facts every rank of one run shares (distributedInfo and deviceProperties), with their wording.
+_RUN_FACTS = (("world_size", "distributedInfo.world_size"), ("gpu_name", "GPU model (deviceProperties)"),
+              ("nccl_version", "distributedInfo.nccl_version"), ("dist_backend", "distributedInfo.backend"))
+
+
+def merge_conflict(ranks: list[RankEvents]) -> str | None:
+    """Why ``ranks`` cannot be the ranks of one run, naming both files; None when they can.
+
+    Every rank of one torch.distributed run records the same ``world_size``, NCCL version and
+    backend in its ``distributedInfo`` (torch ``profiler/_utils``/Kineto write them per process from
+    the one default group), and a TP group runs on one GPU model; a rank absent from a trace
+    says nothing. A rank at or past another file's ``world_size`` cannot be in that run either.
+    """
+    for key, what in _RUN_FACTS:
+        seen: dict = {}
+        for r in ranks:
+            v = r.meta.get(key)
+            if v is None:
+                continue
+            if seen and v not in seen:
+                other_v, other = next(iter(seen.items()))
+                return f"{what} differs: {other_v!r} in {other}, {v!r} in {r.origin}"
+            seen.setdefault(v, r.origin)
+    worlds = [(r.meta["world_size"], r.origin) for r in ranks if r.meta.get("world_size")]
+    for r in ranks:
+        for world, origin in worlds:
+            if r.rank >= world:
+                return (f"rank {r.rank} of {r.origin} is not below world_size {world} of {origin}")
+    return None

@@ -191,10 +191,9 @@ def _topology(args, tp: int):
     if args.topology is not None:
         from fastverify.topo.matrix import parse_nvidia_smi_topo
 
-        try:
-            text = args.topology.read_text(errors="replace")
-        except OSError as e:
-            raise UserError(f"{args.topology}: cannot read ({e.strerror or e})") from None
+        from fastverify.inputs import read_text
+
+        text = read_text(args.topology, kind="text", errors="replace")
         return parse_nvidia_smi_topo(text, source=str(args.topology))
     from fastverify.topo.nvml import read_nvml_topology
 
@@ -227,10 +226,9 @@ def _read_perf(args, tp: int):
         return None
     from fastverify.nccl.perftable import parse_all_reduce_perf
 
-    try:
-        text = args.perf_table.read_text(errors="replace")
-    except OSError as e:
-        raise UserError(f"--perf-table {args.perf_table}: cannot read ({e.strerror or e})") from None
+    from fastverify.inputs import read_text
+
+    text = read_text(args.perf_table, kind="text", flag="--perf-table", errors="replace")
     table = parse_all_reduce_perf(text, source=str(args.perf_table))
     if table.n_ranks is not None and table.n_ranks != tp:
         raise UserError(f"--perf-table {args.perf_table}: all_reduce_perf ran on {table.n_ranks} GPUs, the workload "
@@ -244,10 +242,9 @@ def _read_log(args):
         return None
     from fastverify.nccl.logparse import parse_nccl_log
 
-    try:
-        text = args.nccl_log.read_text(errors="replace")
-    except OSError as e:
-        raise UserError(f"--nccl-log {args.nccl_log}: cannot read ({e.strerror or e})") from None
+    from fastverify.inputs import read_text
+
+    text = read_text(args.nccl_log, kind="log", flag="--nccl-log", errors="replace")
     return parse_nccl_log(text, source=str(args.nccl_log))
 
 

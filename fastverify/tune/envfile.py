@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastverify.errors import UserError
+from fastverify.inputs import read_text
 from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
 from fastverify.nccl.version import NcclVersion
 from fastverify.procs import writable_target
@@ -158,7 +159,18 @@ def _comment_lines(lines: Iterable[str]) -> list[str]:
 def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
     existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
-    ``path`` changes and no temporary file is left."""
+    ``path`` or ``<path>.bak`` changes and no temporary file is left.
+
+    The backup is staged in a temporary file and moved to ``<path>.bak`` only after ``path`` has
+    been replaced: a ``path`` that cannot be replaced (an immutable file, ``chattr +i``) leaves no
+    ``.bak`` behind and an older ``.bak`` untouched. Should the backup's own move fail, the
+    original is moved back to ``path`` before the error is raised.
+
+    Raises
+    ------
+    UserError
+        ``<path>: cannot write: <reason>``.
+    """
     path = writable_target(Path(path))
     check_folder(path)
     tmps: list[str] = []
@@ -170,6 +182,7 @@ def atomic_write_text(path: Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        bak = bak_tmp = None
         if path.exists():
             bak = path.with_name(path.name + ".bak")
             writable_target(bak)
@@ -177,9 +190,14 @@ def atomic_write_text(path: Path, text: str) -> Path:
             os.close(fd)
             tmps.append(bak_tmp)
             shutil.copy2(path, bak_tmp)
-            os.replace(bak_tmp, bak)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        if bak is not None:
+            try:
+                os.replace(bak_tmp, bak)
+            except OSError:
+                os.replace(bak_tmp, path)  # put the original back: no write without its backup
+                raise
     except OSError as err:
         raise UserError(f"{path}: cannot write: {err.strerror or err}") from None
     finally:
@@ -265,11 +283,9 @@ def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = 
     """
     path = Path(path)
     version = NcclVersion.parse(nccl_version) if isinstance(nccl_version, str) else nccl_version
-    try:
-        text = path.read_bytes().decode("utf-8")  # bytes: universal newlines would hide a CRLF
-    except (OSError, UnicodeDecodeError) as err:
-        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise UserError(f"{path}: cannot read env file: {why}") from None
+    # the one input opener (regular file, 16 MiB cap, UTF-8); bytes, since universal newlines
+    # would hide a CRLF
+    text = read_text(path, kind="text", what="env file")
     out: dict[str, str] = {}
     for n, line in enumerate(text.split("\n"), 1):
         where = f"{path}: line {n}"

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from fastverify.bounds import MAX_COUNT, MAX_MSG_BYTES, implausible_count, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.tune.trial import TrialResult, TrialSpec
 
@@ -134,13 +135,18 @@ def _record(doc: dict) -> JournalRecord:
         raise ValueError(f"unknown record kind {doc.get('kind')!r}")
     spec = TrialSpec.from_dict(doc["spec"])
     result = TrialResult.from_dict(doc["result"])
-    for size in result.sizes:  # times are compared and summed later: refuse anything but numbers now
+    # Times are compared, summed and divided later: refuse now anything that is not a plausible
+    # measurement (fastverify.bounds: a time in [0, 1 hour] µs, a size <= 1 TiB, counts <= 1e9).
+    for size in result.sizes:
         for name in ("median_us", "p90_us"):
             v = getattr(size, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ValueError(f"{name} is {v!r}, not a number")
-    if result.step_us is not None and (isinstance(result.step_us, bool) or not isinstance(result.step_us, (int, float))):
-        raise ValueError(f"step_us is {result.step_us!r}, not a number")
+            if v is not None and (why := implausible_time_us(v)):
+                raise ValueError(f"{name} {why}")
+        for name, upper in (("numel", MAX_MSG_BYTES), ("msg_bytes", MAX_MSG_BYTES), ("count_per_step", MAX_COUNT)):
+            if why := implausible_count(getattr(size, name), upper=upper, what=name):
+                raise ValueError(f"{name} {why}")
+    if result.step_us is not None and (why := implausible_time_us(result.step_us)):
+        raise ValueError(f"step_us {why}")
     if result.trial_id != spec.trial_id:
         raise ValueError(f"result trial id {result.trial_id!r} differs from its spec's {spec.trial_id!r}")
     return JournalRecord(spec, result)

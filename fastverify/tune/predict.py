@@ -127,10 +127,9 @@ def _version(nccl_version: NcclVersion | str | None) -> NcclVersion | None:
 def _topology(topology: Topology | str | Path, tp: int) -> Topology:
     if not isinstance(topology, Topology):
         path = Path(topology)
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as err:
-            raise UserError(f"{path}: cannot read topology: {err.strerror or err}") from None
+        from fastverify.inputs import read_text
+
+        text = read_text(path, kind="text", errors="replace", what="topology")
         topology = parse_nvidia_smi_topo(text, source=str(path))
     gpus = sorted(topology.gpu_indices)
     if tp > len(gpus):

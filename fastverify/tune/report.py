@@ -163,7 +163,9 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
     for i, c in enumerate(ranking.candidates[:top], 1):
         per = {s.msg_bytes: s.median_us for s in c.result.sizes}
         errs = [s.max_rel_err for s in c.result.sizes if s.max_rel_err is not None]
-        vs = "-" if c.vs_baseline_us is None else f"{c.vs_baseline_us:+,.1f} ({c.speedup:.2f}×)"
+        # speedup is None where a step time is 0 (a ratio has no meaning there); the difference still has
+        vs = ("-" if c.vs_baseline_us is None else f"{c.vs_baseline_us:+,.1f}" +
+              (f" ({c.speedup:.2f}×)" if c.speedup is not None else ""))
         if c is ranking.baseline:
             vs = "baseline"
         t.add_row(str(i), escape(c.spec.name), _us(c.step_us), vs, *(_us(per.get(n)) for n, _ in sizes),

@@ -291,7 +291,9 @@ def _measured_split(path: Path, version: int, allreduce_us: float | None
     if version != SCHEMA_VERSION:
         return (), None, None
 
-    prof = decode_profile(path.read_bytes(), source=str(path))
+    from fastverify.inputs import read_bytes
+
+    prof = decode_profile(read_bytes(path, kind="json", what="profile"), source=str(path))
     by_size = tuple(sorted((s.msg_bytes, float(s.median_us)) for s in prof.allreduce_by_msg_size
                            if s.msg_bytes is not None and s.count > 0 and s.median_us > 0))
     fractions = []

@@ -1,0 +1,41 @@
+"""Plausibility bounds: values past these are broken or hand-edited input, never measurements.
+
+Each bound is far above anything a real verify step, trace or sweep holds, so a real input never
+meets it, and far below where arithmetic on it goes wrong (float overflow, 4.9e11 µs per step):
+
+- ``MAX_MSG_BYTES`` = 1 TiB: one collective's payload lives in one GPU's memory, and the largest
+  GPU today holds under 200 GB (B200: 180 GB HBM3e, NVIDIA B200 datasheet); a verify all-reduce is
+  tokens × hidden × 2 B, ~14 KiB to ~1 MiB.
+- ``MAX_EVENT_US`` = 1 hour: a profiler trace covers seconds, and a kernel or a step that runs for
+  an hour is a hung or corrupt record (the trace loader already warns past 10 s).
+- ``MAX_COUNT`` = 1e9: counts of events, calls per step or elements; a verify step has ~123
+  all-reduces and a trace a few million events.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_MSG_BYTES = 1 << 40
+MAX_EVENT_US = 3600.0 * 1e6
+MAX_EVENT_NS = 3600 * 10**9
+MAX_COUNT = 10**9
+
+
+def implausible_time_us(value) -> str | None:
+    """Why ``value`` (µs) cannot be a measured time, or None when it can: a finite number in
+    ``[0, MAX_EVENT_US]`` (bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number"
+    if not math.isfinite(value) or value < 0 or value > MAX_EVENT_US:
+        return f"{value!r} µs is outside [0, 1 hour = {MAX_EVENT_US:.0f} µs]"
+    return None
+
+
+def implausible_count(value, *, upper: int = MAX_COUNT, what: str = "count") -> str | None:
+    """Why ``value`` cannot be a ``what`` (an int in ``[0, upper]``), or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{value!r} is not an integer {what}"
+    if not 0 <= value <= upper:
+        return f"{value!r} is outside [0, {upper:g}]"
+    return None
