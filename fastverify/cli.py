@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fastverify.errors import EXIT_USER_ERROR, UserError
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_tune(args)
     except UserError as e:
-        sys.stderr.write(f"fastverify: error: {e}\n")
+        sys.stderr.write(f"fastverify: error: {one_line(str(e))}\n")
         return EXIT_USER_ERROR
     except _Terminated as e:
         sys.stderr.write(f"fastverify: stopped by {signal.Signals(e.signum).name}\n")
