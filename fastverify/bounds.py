@@ -10,6 +10,16 @@ meets it, and far below where arithmetic on it goes wrong (float overflow, 4.9e1
   an hour is a hung or corrupt record (the trace loader already warns past 10 s).
 - ``MAX_COUNT`` = 1e9: counts of events, calls per step or elements; a verify step has ~123
   all-reduces and a trace a few million events.
+
+Bounds of the verify step's shape, shared by every flag and record that carries one (``profile``,
+``topo``, ``tune``, the deployment record, ``run_live``):
+
+- ``MAX_BATCH`` = 4096 requests, ``MAX_DRAFT_TOKENS`` = 64 draft tokens per request: a verify step
+  never has more;
+- ``MAX_HIDDEN`` = 65536: the widest released models have hidden 16384, and 4096 × 64 × 65536 keeps
+  a workspace's element count at 2^34, inside SGLang's int and the env file's 18-digit rule;
+- ``MAX_TIMEOUT_S`` = one day: beyond it ``timedelta(seconds=...)`` in torch's TCPStore overflows
+  or waits for ever.
 """
 
 from __future__ import annotations
@@ -20,6 +30,10 @@ MAX_MSG_BYTES = 1 << 40
 MAX_EVENT_US = 3600.0 * 1e6
 MAX_EVENT_NS = 3600 * 10**9
 MAX_COUNT = 10**9
+MAX_BATCH = 4096
+MAX_DRAFT_TOKENS = 64
+MAX_HIDDEN = 65536
+MAX_TIMEOUT_S = 86400.0
 
 
 def implausible_time_us(value) -> str | None:

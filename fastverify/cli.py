@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
 from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
 
 
@@ -38,7 +39,6 @@ def _bounded(lo: int, hi: int):
     return parse
 
 
-MAX_TIMEOUT_S = 86400.0  # one day, as tune bounds its --timeout; beyond it TCPStore's timedelta overflows
 
 
 def _seconds(text: str) -> float:
@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
     # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
-    prof.add_argument("--draft-tokens", type=_bounded(1, 64), default=4, help="live run: draft tokens per request (K)")
-    prof.add_argument("--batch", type=_bounded(1, 4096), default=1, help="live run: requests in the verify batch (B)")
+    prof.add_argument("--draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
+    prof.add_argument("--batch", type=_bounded(1, MAX_BATCH), default=1, help="live run: requests in the verify batch (B)")
     prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
     prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="evaluate this NCCL setting as if it were in the environment (repeatable); "
                            "an unknown name or a value NCCL rejects is an error")
     topo.add_argument("--hidden", type=_bounded(1, 1 << 17), default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
-    topo.add_argument("--draft-tokens", type=_bounded(1, 64), default=4, help="draft tokens per request")
-    topo.add_argument("--batch", type=_bounded(1, 4096), nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
+    topo.add_argument("--draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
+    topo.add_argument("--batch", type=_bounded(1, MAX_BATCH), nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
     topo.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4,
                       help="PCIe generation for the cost model when the input does not say")
     topo.add_argument("--sm", type=_bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")

@@ -24,6 +24,7 @@ from typing import Literal
 
 import msgspec
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, Reach, backend_info
 
@@ -32,9 +33,6 @@ VERSION = 1
 ENV_DEPLOYMENT = "FASTVERIFY_DEPLOYMENT"
 """Env var naming the record's absolute path in every TP rank (set by ``launch``)."""
 
-MAX_BATCH = 4096
-MAX_DRAFT_TOKENS = 64
-MAX_HIDDEN = 65536
 INT64_MAX = 2**63 - 1
 
 P2PSource = Literal["p2p_check", "nvml", "nccl_log", "caller", "not_checked"]

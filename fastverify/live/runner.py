@@ -39,6 +39,8 @@ from pathlib import Path
 
 import orjson
 
+# The CLI's bounds (fastverify/bounds.py), also enforced here for callers of run_live.
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.live.config import ModelConfig, check_tp
@@ -55,10 +57,6 @@ from fastverify.procs import (
 logger = logging.getLogger(__name__)
 
 _HOST = "127.0.0.1"
-# Bounds of the CLI (fastverify/cli.py) and of tune (fastverify/tune/command.py), also enforced
-# here for callers of run_live: a verify step never has more requests or draft tokens, and
-# beyond a day ``timedelta(seconds=...)`` in TCPStore overflows or waits for ever.
-MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S = 4096, 64, 86400.0
 TRACE_REPLAYS = 3
 """Graph replays recorded in each rank's Chrome trace (after one profiler warm-up replay)."""
 

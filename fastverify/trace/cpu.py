@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 
 from fastverify.events import EventClass
+from fastverify.trace.load import _NULL, _Event  # load imports this module lazily: no cycle
 
 CPU_CLOCK = "cpu_trace"
 """``timing.clock`` of a profile made from CPU-only traces."""
@@ -41,18 +42,13 @@ _SHM = re.compile(r"^sgl_kernel::shm_")
 _PARAM_COMMS = "record_param_comms"
 _ALLREDUCE = re.compile(r"(?i)all_?reduce")
 _HOST_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
-_NULL = msgspec.Raw(b"null")
 
 
-class _CpuEvent(msgspec.Struct, gc=False):
-    ph: str = ""
-    cat: str = ""
-    name: msgspec.Raw = _NULL
-    ts: msgspec.Raw = _NULL
-    dur: msgspec.Raw = _NULL
-    pid: msgspec.Raw = _NULL
+class _CpuEvent(_Event, gc=False):
+    """The trace loader's event plus ``tid``: a CPU trace's collectives run on gloo's own threads,
+    so the thread separates them from the calling op (``_Event`` leaves ``tid`` unparsed)."""
+
     tid: msgspec.Raw = _NULL
-    args: msgspec.Raw = _NULL
 
 
 class _CpuTrace(msgspec.Struct, gc=False):

@@ -42,6 +42,7 @@ import math
 import os
 from pathlib import Path
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
 
@@ -52,12 +53,12 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, deepseek-v3) or config.json [default: tiny]")
     w.add_argument("--tp", type=bounded(2, 64), default=2, help="tensor-parallel world size")
-    w.add_argument("--draft-tokens", type=bounded(1, 64), default=4, help="draft tokens per request")
-    w.add_argument("--batch", type=bounded(1, 4096), default=1, help="requests per verify batch")
-    w.add_argument("--max-batch", type=bounded(1, 4096), default=None,
+    w.add_argument("--draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
+    w.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="requests per verify batch")
+    w.add_argument("--max-batch", type=bounded(1, MAX_BATCH), default=None,
                    help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs): sizes the "
                         "deployment's IPC workspace [default: the workload's batch]")
-    w.add_argument("--hidden", type=bounded(1, 65536), default=None,
+    w.add_argument("--hidden", type=bounded(1, MAX_HIDDEN), default=None,
                    help="hidden size, for a trace profile that does not record it (with a model or a live "
                         "profile it must equal theirs) [default: the workload's]")
     b = p.add_argument_group("box")
@@ -116,8 +117,8 @@ def _check_flags(args) -> None:
     if args.tok_s is not None and not (math.isfinite(args.tok_s) and args.tok_s > 0):
         # one message for nan, inf, 0 and negatives
         raise UserError(f"--tok-s {args.tok_s:g}: expected a finite positive number (tokens/s per stream)")
-    if not 0 < args.timeout <= 86400:
-        raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, 86400]")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:
+        raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
 
 
 def _env_path(args, fp: str) -> Path | None:
