@@ -53,9 +53,7 @@ def _seconds(text: str) -> float:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fastverify", allow_abbrev=False, description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_profile(sub) -> None:
     prof = sub.add_parser(
         "profile",
         allow_abbrev=False,
@@ -104,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
                             "NCCL version or backend), with a warning instead of an error"))
 
+
+def _add_topo(sub) -> None:
     topo = sub.add_parser(
         "topo",
         allow_abbrev=False,
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--sm", type=_bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
     topo.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
+
+def _add_tune(sub) -> None:
     from fastverify.tune.command import add_arguments as add_tune_arguments
 
     tune = sub.add_parser(
@@ -147,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tune_arguments(tune, _positive, _bounded)
 
+
+def _add_doctor(sub) -> None:
     doctor = sub.add_parser(
         "doctor",
         allow_abbrev=False,
@@ -166,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
     doctor.add_argument("--env-file", type=Path, default=None, help="also validate this env file")
 
+
+def _add_launch(sub) -> None:
     from fastverify.patch.launch import BACKENDS
 
     launch = sub.add_parser(
@@ -193,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
 
+
+def _add_patch(sub) -> None:
     patch = sub.add_parser(
         "patch",
         allow_abbrev=False,
@@ -204,6 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch.add_argument("--check", action="store_true", required=True, help="report (the only action)")
     patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
+
+
+_COMMANDS = {
+    "profile": ('split the verify step into compute and all-reduce time', _add_profile),
+    "topo": ('diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce', _add_topo),
+    "tune": ('sweep NCCL settings and all-reduce backends on the verify shapes; write the winner', _add_tune),
+    "doctor": ('check a box end to end before tuning; exercise every GPU code path on the GPUs present', _add_doctor),
+    "launch": ('start SGLang with the tuned settings and the fastverify patch in every TP worker', _add_launch),
+    "patch": ('report which SGLang patch targets resolve and which route loads the patch', _add_patch),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. ``only``: build that subcommand's arguments alone (the others get their
+    name and help line), so that a run imports only what its own subcommand needs."""
+    p = _Parser(prog="fastverify", allow_abbrev=False, description="Profile and speed up the TP verify step of EAGLE speculative decoding.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (helptext, add) in _COMMANDS.items():
+        if only is None or only == name:
+            add(sub)
+        else:
+            sub.add_parser(name, help=helptext)
     return p
 
 
@@ -469,7 +499,7 @@ def _read_text(path: Path, kind: str = "text") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if args.command == "profile":

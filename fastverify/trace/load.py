@@ -145,15 +145,15 @@ def _read_bytes(path: Path) -> bytes:
     return inflate_trace(read_bytes(path, kind="trace"), path)
 
 
-def read_trace(path: Path) -> tuple[dict, list[dict]]:
-    """Read one trace file (``.json`` or gzip, detected by magic bytes).
+def read_trace(path: Path) -> tuple[dict, dict[int, _PerRank]]:
+    """Read one trace file (``.json`` or gzip, detected by magic bytes) into per-rank columns.
 
-    Returns the top-level ``distributedInfo``/``deviceProperties``, and the events the analyzer
-    uses (GPU, runtime and the host ops that matter) as dicts with keys ``cat``, ``ph``, ``name``
-    (str), ``ts_ns``/``dur_ns`` (int ns or None), ``label`` (TP rank from a merged file's pid, or
-    -1) and ``args`` (dict). Well-formed traces take a typed msgspec decode that skips unused
-    keys; anything it rejects goes through :func:`read_trace_json`, which either parses it or
-    names the problem.
+    Returns the top-level ``distributedInfo``/``deviceProperties``, and per pid label (a TP rank
+    of a SGLang merged file; -1 for every event of a plain file) what one pass collects: the GPU
+    events as :class:`~fastverify.trace.columns.GpuColumns`, host launch times by correlation
+    id, graph launches, comm ops by External id and step candidates. Well-formed traces take the
+    columnar reader (:mod:`fastverify.trace.columns`); anything its typed decode rejects goes
+    through :func:`read_trace_json`, which either parses it or names the problem.
 
     Raises
     ------
@@ -165,45 +165,52 @@ def read_trace(path: Path) -> tuple[dict, list[dict]]:
         doc = _TRACE_DECODER.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         # RecursionError: msgspec bounds nesting; the slow path names the file in one line
-        return _normalise_parsed(read_trace_json(path, raw))
+        return _slow_ranks(read_trace_json(path, raw))
     if not doc.traceEvents:
         raise UserError(f"{path}: the trace has no events")
+    from fastverify.trace.columns import read_columns
+
     try:
-        return _fast_events(doc)
+        got = read_columns(doc, _HOST_KEEP_RAW, _looks_comm_op)
     except _TooDeep:
         raise _TooDeep(path) from None
-
-
-def _fast_events(doc) -> tuple[dict, list[dict]]:
     top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
-    events = []
-    for ev in doc.traceEvents:
-        cat = ev.cat
-        if cat in GPU_CATS or cat in RUNTIME_CATS:
-            args = _raw(ev.args)
-            pid = ev.pid
-            events.append({"cat": cat, "ph": ev.ph or "X", "name": _raw(ev.name),
-                           "ts_ns": _ns_from_text(bytes(ev.ts)), "dur_ns": _ns_from_text(bytes(ev.dur)),
-                           "label": _rank_label(_raw(pid)) if bytes(pid).startswith(b'"[TP') else -1,
-                           "args": args if isinstance(args, dict) else {}})
-        elif cat in HOST_CATS and _HOST_KEEP_RAW.search(ev.name):
-            # Only comm ops (External id, shapes) and step spans are read: a byte-level look at the
-            # still-encoded name drops the other ~95 % of host ops without decoding them.
-            name = _raw(ev.name)
-            args = _raw(ev.args) if isinstance(name, str) and _looks_comm_op(name) else {}
-            pid = ev.pid
-            events.append({"cat": cat, "ph": ev.ph, "name": name,
-                           "ts_ns": _ns_from_text(bytes(ev.ts)), "dur_ns": _ns_from_text(bytes(ev.dur)),
-                           "label": _rank_label(_raw(pid)) if bytes(pid).startswith(b'"[TP') else -1,
-                           "args": args if isinstance(args, dict) else {}})
-    return top, events
+    per: dict[int, _PerRank] = {}
+    for label, s in got.items():
+        acc = per[label] = _PerRank()
+        if s["gpu"] is not None:
+            acc.gpu = s["gpu"]
+        acc.skipped = s["skipped"]
+        acc.runtime_ns = s["runtime_ns"]
+        acc.graph_launches = s["graph_launches"]
+        _host_ops(acc, s["host"])
+    return top, per
 
 
-def _normalise_parsed(doc: dict) -> tuple[dict, list[dict]]:
-    """The slow path's events in :func:`read_trace`'s shape."""
+_STEP_RES = [re.compile(p) for p, _ in STEP_PATTERNS]
+
+
+def _host_ops(acc: _PerRank, host: list[dict]) -> None:
+    """Comm ops by External id and step candidates from host op dicts (``name``, ``args``, ns)."""
+    for ev in host:
+        name, args = ev["name"], ev["args"]
+        if not isinstance(name, str):
+            continue
+        ext = args.get("External id")
+        if type(ext) is int and _looks_comm_op(name):
+            acc.ops_by_ext[ext] = {"name": name, "args": args}
+        if ev["ts_ns"] is not None and ev["dur_ns"] is not None and any(r.match(name) for r in _STEP_RES):
+            acc.step_candidates.append(ev)
+
+
+def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
+    """The slow path (plain Python objects from :func:`read_trace_json`) in :func:`read_trace`'s shape."""
+    from fastverify.trace.columns import GpuColumns
+
     top = {k: doc.get(k) for k in ("distributedInfo", "deviceProperties")}
     top["_any_event_object"] = any(isinstance(ev, dict) for ev in doc["traceEvents"])
-    events = []
+    per: dict[int, _PerRank] = {}
+    gpu: dict[int, list[dict]] = {}
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
             continue
@@ -211,10 +218,31 @@ def _normalise_parsed(doc: dict) -> tuple[dict, list[dict]]:
         if type(cat) is not str or not (cat in GPU_CATS or cat in RUNTIME_CATS or cat in HOST_CATS):
             continue
         args = ev.get("args")
-        events.append({"cat": cat, "ph": ev.get("ph", "X"), "name": ev.get("name"),
-                       "ts_ns": _ns_from_value(ev.get("ts")), "dur_ns": _ns_from_value(ev.get("dur")),
-                       "label": _rank_label(ev.get("pid")), "args": args if isinstance(args, dict) else {}})
-    return top, events
+        args = args if isinstance(args, dict) else {}
+        label = _rank_label(ev.get("pid"))
+        acc = per.get(label)
+        if acc is None:
+            acc = per[label] = _PerRank()
+        name = ev.get("name")
+        ts, dur = _ns_from_value(ev.get("ts")), _ns_from_value(ev.get("dur"))
+        if cat in GPU_CATS:
+            if ev.get("ph", "X") == "X" and ts is not None and dur is not None:
+                gpu.setdefault(label, []).append({"name": name, "cat": cat, "ts_ns": ts, "dur_ns": dur, "args": args})
+            else:
+                acc.skipped += 1
+        elif cat in RUNTIME_CATS:
+            if ts is None:
+                continue
+            corr = args.get("correlation")
+            if type(corr) is int:
+                acc.runtime_ns[corr] = ts
+            if isinstance(name, str) and GRAPH_LAUNCH.match(name):
+                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur})
+        else:
+            _host_ops(acc, [{"name": name, "args": args, "ts_ns": ts, "dur_ns": dur}])
+    for label, evs in gpu.items():
+        per[label].gpu = GpuColumns.from_dicts(evs)
+    return top, per
 
 
 def _raw(value: msgspec.Raw):
@@ -336,9 +364,11 @@ class _PerRank:
     """What one pass collects for one rank of a file (a merged file has several)."""
 
     def __init__(self) -> None:
-        self.gpu: list[dict] = []
+        from fastverify.trace.columns import GpuColumns
+
+        self.gpu: GpuColumns = GpuColumns.from_dicts([])
         self.runtime_ns: dict[int, int] = {}  # correlation -> host launch time (ns)
-        self.graph_launches: list[dict] = []
+        self.graph_launches: list[dict] = []  # {"ts_ns", "dur_ns"}
         self.ops_by_ext: dict[int, dict] = {}  # External id -> comm cpu_op (name, args)
         self.step_candidates: list[dict] = []
         self.skipped = 0  # GPU events without a usable ts/dur
@@ -346,44 +376,16 @@ class _PerRank:
 
 
 def _load_trace(path: Path) -> list[RankEvents]:
-    doc, events = read_trace(path)
-
-    # One pass over the events, collected per pid label (-1 for every event of a plain file, so
-    # that host and GPU events of one rank in a merged file are never paired with another's).
-    per: dict[int, _PerRank] = {}
-    step_res = [re.compile(p) for p, _ in STEP_PATTERNS]
-    for ev in events:
-        cat, name, args = ev["cat"], ev["name"], ev["args"]
-        acc = per.get(ev["label"])
-        if acc is None:
-            acc = per[ev["label"]] = _PerRank()
-        if cat in GPU_CATS:
-            if ev["ph"] == "X" and ev["ts_ns"] is not None and ev["dur_ns"] is not None:
-                acc.gpu.append(ev)
-            else:
-                acc.skipped += 1
-        elif cat in RUNTIME_CATS:
-            if ev["ts_ns"] is None:
-                continue
-            corr = args.get("correlation")
-            if type(corr) is int:
-                acc.runtime_ns[corr] = ev["ts_ns"]
-            if isinstance(name, str) and GRAPH_LAUNCH.match(name):
-                acc.graph_launches.append(ev)
-        elif isinstance(name, str):  # host op
-            ext = args.get("External id")
-            if type(ext) is int and _looks_comm_op(name):
-                acc.ops_by_ext[ext] = {"name": name, "args": args}
-            if ev["ts_ns"] is not None and ev["dur_ns"] is not None and any(r.match(name) for r in step_res):
-                acc.step_candidates.append(ev)
+    doc, per = read_trace(path)
+    step_res = _STEP_RES
 
     timing = "trace"
-    if not any(acc.gpu for acc in per.values()):
+    if not any(len(acc.gpu) for acc in per.values()):
         skipped = sum(acc.skipped for acc in per.values())
         if skipped:
             raise UserError(f"{path}: {skipped} GPU events, none with a usable ts/dur "
                             "(finite numbers of µs within ±2**62 ns)")
-        if not events and not doc.get("_any_event_object", True):
+        if not per and not doc.get("_any_event_object", True):
             raise UserError(f"{path}: 'traceEvents' holds no event objects; not a PyTorch profiler trace")
         per = _cpu_ranks(path, step_res)  # a TP run on CPU: CPU collectives (gloo) and CPU ops
         if not per:
@@ -407,7 +409,7 @@ def _load_trace(path: Path) -> list[RankEvents]:
         meta["cpu_only"] = ("no GPU events: CPU ops and CPU collectives (gloo) on the host wall clock, "
                             "not GPU timings")
 
-    labelled = sorted(k for k in per if k >= 0 and per[k].gpu)
+    labelled = sorted(k for k in per if k >= 0 and len(per[k].gpu))
     if labelled:  # SGLang merged file: ranks from the pid labels
         ranks = {k: per[k] for k in labelled}
         meta["rank_source"] = "pid label (merged file)"
@@ -430,7 +432,7 @@ def _load_trace(path: Path) -> list[RankEvents]:
         if rank is None:
             rank = 0
             meta["rank_source"] = "default (no rank in the trace or its name)"
-        ranks = {rank: per[-1]}
+        ranks = {rank: per.get(-1) or _PerRank()}
 
     out = []
     for rank, acc in sorted(ranks.items()):
@@ -444,6 +446,7 @@ def _load_trace(path: Path) -> list[RankEvents]:
 def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
     """Per pid label, the events of a CPU-only trace (:mod:`fastverify.trace.cpu`) in the shape
     :func:`_build` takes; labels without a CPU collective are left out (none: not a CPU TP trace)."""
+    from fastverify.trace.columns import GpuColumns
     from fastverify.trace.cpu import read_host_events, split_rank_events
 
     by_label: dict[int, list[dict]] = {}
@@ -459,7 +462,7 @@ def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
         if not got["events"]:
             continue
         acc = per[label] = _PerRank()
-        acc.gpu = [{**e, "ph": "X"} for e in got["events"]]
+        acc.gpu = GpuColumns.from_dicts(got["events"])
         acc.classes = got["classes"]
         acc.step_candidates = got["steps"]
     return per
@@ -520,70 +523,89 @@ def _non_overlapping(windows: list[Step]) -> list[Step]:
     return out
 
 
+_MEMORY_CATS = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
+_COMM_CODES = frozenset({EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
+                         EventClass.UNKNOWN_COMM.code, EventClass.EP_ALLTOALL.code})
+
+
 def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) -> RankEvents:
-    evs = acc.gpu
-    n = len(evs)
+    """One rank's columns to :class:`RankEvents`: classes by distinct name (the launching op only
+    where the name does not decide), message sizes of collectives, streams and launch times."""
+    g = acc.gpu
+    n = len(g)
     names: list[str] = []
     name_index: dict[str, int] = {}
-    name_id = np.empty(n, dtype=np.int32)
-    cls = np.empty(n, dtype=np.int8)
-    msg = np.full(n, -1, dtype=np.int64)
-    stream = np.empty(n, dtype=np.int64)
-    launch_ns = np.empty(n, dtype=np.int64)
-    unresolved: dict[str, int] = {}
-    comm_codes = {EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
-                  EventClass.UNKNOWN_COMM.code, EventClass.EP_ALLTOALL.code}
-    for i, ev in enumerate(evs):
-        name = ev["name"]
+    ids = []
+    for name in g.name:
         if not isinstance(name, str):
             name = str(name)
         j = name_index.get(name)
         if j is None:
             j = name_index[name] = len(names)
             names.append(name)
-        name_id[i] = j
-        args = ev["args"]
-        got = classify_name(name) if acc.classes is None else None
-        c = got.cls if got is not None else acc.classes[i]
-        ext = args.get("External id")
+        ids.append(j)
+    name_id = np.array(ids, dtype=np.int32) if n else np.empty(0, dtype=np.int32)
+    unresolved: dict[str, int] = {}
+    if acc.classes is not None:  # a CPU-only trace: classes decided by its reader
+        cls = np.fromiter((c.code for c in acc.classes), dtype=np.int8, count=n)
+    else:
+        got = [classify_name(nm) for nm in names]
+        base = np.array([-1 if c.cls is None else c.cls.code for c in got], dtype=np.int8)
+        cls = base[name_id] if n else np.empty(0, dtype=np.int8)
+        # the launching op decides: SendRecv (all-to-all or p2p), and kernels whose name says nothing
+        needs_op = {j for j, c in enumerate(got)
+                    if c.cls is None or (c.cls is EventClass.OTHER_COMM and c.family != "nccl")}
+        memory = [i for i, cat in enumerate(g.cat) if cat in _MEMORY_CATS]
+        if memory:
+            m = np.array(memory, dtype=np.intp)
+            m = m[~np.isin(name_id[m], np.array(sorted(needs_op), dtype=np.int32))] if needs_op else m
+            cls[m] = EventClass.MEMORY.code
+        if needs_op:
+            for i in np.flatnonzero(np.isin(name_id, np.array(sorted(needs_op), dtype=np.int32))).tolist():
+                c = got[ids[i]]
+                args = g.args_dict(i)
+                ext = g.external_id[i]
+                op = acc.ops_by_ext.get(ext) if type(ext) is int else None
+                collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"]
+                                                             if op else None)
+                if c.cls is None:
+                    k = resolve_from_op(collective)
+                    if k is EventClass.UNKNOWN_COMM:
+                        unresolved[names[ids[i]]] = unresolved.get(names[ids[i]], 0) + 1
+                else:
+                    k = refine_from_op(c.cls, c.family, collective)
+                cls[i] = k.code
+    msg = np.full(n, -1, dtype=np.int64)
+    for i in np.flatnonzero(np.isin(cls, np.array(sorted(_COMM_CODES), dtype=np.int8))).tolist():
+        args = g.args_dict(i)
+        ext = g.external_id[i]
         op = acc.ops_by_ext.get(ext) if type(ext) is int else None
-        if acc.classes is not None:
-            pass
-        elif c is EventClass.OTHER_COMM and got.family != "nccl":  # SendRecv: all-to-all or p2p, by its op
-            c = refine_from_op(c, got.family, args.get("Collective name") or
-                               (op["args"].get("Collective name") or op["name"] if op else None))
-        elif c is None:
-            collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"] if op else None)
-            c = resolve_from_op(collective)
-            if c is EventClass.UNKNOWN_COMM:
-                unresolved[name] = unresolved.get(name, 0) + 1
-        elif ev["cat"] in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset"):
-            c = EventClass.MEMORY
-        cls[i] = c.code
-        if c.code in comm_codes:
-            try:
-                b = _msg_bytes(args)
-                if b < 0 and op is not None:
-                    b = _msg_bytes(op["args"])
-            except _Implausible as e:
-                raise UserError(f"{path}: kernel {name[:60]!r}: {e}; no GPU holds such a message "
-                                "(bound 1 TiB), the trace is corrupt or hand-edited") from None
-            msg[i] = b if 0 <= b < 2**62 else -1
-        s = args.get("stream") if acc.classes is None else ev["tid"]  # CPU trace: the thread
-        stream[i] = s if type(s) is int and abs(s) < 2**62 else -1
-        corr = args.get("correlation")
-        # Host launch time: the runtime call with the kernel's correlation id (under CUDA-graph
-        # replay, the graph launch); the kernel's own start when there is none.
-        launch_ns[i] = acc.runtime_ns.get(corr, ev["ts_ns"]) if type(corr) is int else ev["ts_ns"]
-
-    start_ns = np.fromiter((ev["ts_ns"] for ev in evs), dtype=np.int64, count=n)
-    dur_ns = np.fromiter((ev["dur_ns"] for ev in evs), dtype=np.int64, count=n)
+        try:
+            b = _msg_bytes(args)
+            if b < 0 and op is not None:
+                b = _msg_bytes(op["args"])
+        except _Implausible as e:
+            raise UserError(f"{path}: kernel {names[ids[i]][:60]!r}: {e}; no GPU holds such a message "
+                            "(bound 1 TiB), the trace is corrupt or hand-edited") from None
+        msg[i] = b if 0 <= b < 2**62 else -1
+    streams = g.stream if acc.classes is None else g.tid  # CPU trace: the thread
+    stream = np.fromiter((s if type(s) is int and abs(s) < 2**62 else -1 for s in streams), dtype=np.int64, count=n)
+    # Host launch time: the runtime call with the kernel's correlation id (under CUDA-graph
+    # replay, the graph launch); the kernel's own start when there is none.
+    start_ns = g.ts_ns
+    dur_ns = g.dur_ns
+    rt = acc.runtime_ns
+    if rt:
+        launch_ns = np.fromiter((rt.get(c, t) if type(c) is int else t for c, t in zip(g.correlation, start_ns.tolist())),
+                                dtype=np.int64, count=n)
+    else:
+        launch_ns = start_ns.copy()
     negative = int((dur_ns < 0).sum())
     if negative:
         meta["negative_duration_events"] = negative
     if n and int(dur_ns.max()) > MAX_EVENT_NS:
         k = int(dur_ns.argmax())
-        raise UserError(f"{path}: GPU event {str(evs[k]['name'])[:60]!r} lasts {int(dur_ns[k]) / 1000:.6g} µs, "
+        raise UserError(f"{path}: GPU event {str(g.name[k])[:60]!r} lasts {int(dur_ns[k]) / 1000:.6g} µs, "
                         "over 1 hour (3.6e9 µs); no kernel of a serving trace runs that long, the trace is corrupt")
     implausible = int((dur_ns > _IMPLAUSIBLE_NS).sum())
     if implausible:

@@ -1,0 +1,321 @@
+"""The columnar trace reader: one typed decode, then every field the analyzer uses as a column.
+
+:mod:`fastverify.trace.load` decodes a trace once with msgspec into its small ``_Event`` struct
+(every key the analyzer never reads is skipped unparsed; ``name``/``ts``/``dur``/``pid``/``args``
+stay raw JSON text). This module turns those events into columns without a Python call per field
+per event:
+
+* the events are sorted into GPU work (kernels, memcpy, memset), runtime calls (launches) and host
+  ops in one pass;
+* each text column is decoded by ONE ``msgspec`` call over the column's raw texts joined into a
+  JSON array (names, ``ts``, ``dur``, a typed ``args`` struct with only ``stream``, ``correlation``,
+  ``External id``), instead of one decode per event;
+* ``ts``/``dur`` become int64 ns vectorised (:func:`ns_column`, exact; see there);
+* a host op is judged by its still-encoded name once per distinct name, not once per event;
+* the full ``args`` of an event is decoded only for the few events whose class needs it
+  (collectives: message size, collective name).
+
+The results are :class:`GpuColumns` per TP rank, which :func:`fastverify.trace.load._build` turns
+into :class:`~fastverify.events.RankEvents`; a trace that the typed decode rejects takes the
+dict-based slow path of :mod:`fastverify.trace.load`, which ends in the same columns
+(:func:`GpuColumns.from_dicts`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+import numpy as np
+
+__all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "ns_column", "read_columns"]
+
+NS_EXACT_FLOAT_US = 2**41
+"""Below this many µs (about 25 days) a ``ts``/``dur`` with at most 3 decimals converts to ns
+exactly through float64: the value's own rounding (≤ 1000·2**-12/2 = 0.122 ns after × 1000) plus
+the product's (≤ ulp(2**51)/2 = 0.125 ns) stay under the 0.5 ns that ``rint`` forgives. Larger
+values take the per-value text path (:func:`fastverify.trace.load._ns_from_text`)."""
+
+# Texts that the float path must not take: more than 3 decimals (ties round half to even on the
+# exact decimal), exponents, and anything that is not a plain number (null, strings, NaN, bools).
+_NS_SLOW_TEXT = re.compile(rb"\.[0-9]{4}|[^0-9.,\-]")
+_ANY = msgspec.json.Decoder()
+_GRAPH_LAUNCH_RAW = re.compile(rb'^"(cuda|hip)GraphLaunch')
+
+
+class _GpuArgs(msgspec.Struct, gc=False):
+    """The keys of a GPU event's ``args`` every event needs; the rest stay in the raw text."""
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+
+
+class _RuntimeArgs(msgspec.Struct, gc=False):
+    correlation: Any = None
+
+
+_GPU_ARGS = (msgspec.json.Decoder(list[_GpuArgs | None]), msgspec.json.Decoder(_GpuArgs | None))
+_RUNTIME_ARGS = (msgspec.json.Decoder(list[_RuntimeArgs | None]), msgspec.json.Decoder(_RuntimeArgs | None))
+
+
+def _join(raws: list) -> bytes:
+    return b"[" + b",".join(raws) + b"]"
+
+
+def _decode_many(raws: list) -> list:
+    """Decode each raw JSON text; one msgspec call for the whole column when every text is valid,
+    else one per text (an undecodable one becomes None, as :func:`~fastverify.trace.load._raw`)."""
+    from fastverify.trace.load import _raw, _TooDeep
+
+    try:
+        return _ANY.decode(_join(raws))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return [_raw(r) for r in raws]
+    except RecursionError:
+        raise _TooDeep() from None
+
+
+def _decode_typed(raws: list, decoders) -> list:
+    """``raws`` decoded by a typed ``(list decoder, one decoder)`` pair; a text the type rejects
+    (``args`` that is not an object, a key of another type) becomes None, as if absent."""
+    from fastverify.trace.load import _TooDeep
+
+    many, one = decoders
+    try:
+        return many.decode(_join(raws))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        out = []
+        for r in raws:
+            try:
+                out.append(one.decode(r))
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                out.append(None)
+            except RecursionError:
+                raise _TooDeep() from None
+        return out
+    except RecursionError:
+        raise _TooDeep() from None
+
+
+def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
+    """Raw JSON numbers of µs (``ts`` or ``dur`` texts) to int64 ns, with a validity mask.
+
+    Returns ``(ns, ok)``, both shape (n,): ``ns`` int64 (0 where not ok), ``ok`` bool, False for
+    a text that is not a finite number within ±2**62 ns (the per-value rule of
+    :func:`fastverify.trace.load._ns_from_text`, which this matches value for value).
+
+    Three routes, all exact: plain numbers with at most 3 decimals below :data:`NS_EXACT_FLOAT_US`
+    go through one float64 array (``rint(µs × 1000)``); integers of any size (old Kineto's epoch
+    µs) through int64; anything else (more decimals, exponents, null, strings, huge floats) through
+    the text rule, one value at a time.
+    """
+    from fastverify.trace.load import _MAX_NS, _ns_from_text
+
+    n = len(raws)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    joined = b",".join(raws)
+    if not _NS_SLOW_TEXT.search(joined):
+        vals = _ANY.decode(b"[" + joined + b"]")
+        if b"." not in joined:  # integers only
+            big = max(abs(min(vals)), abs(max(vals)))
+            if big * 1000 < _MAX_NS:
+                return np.array(vals, dtype=np.int64) * 1000, np.ones(n, dtype=bool)
+        else:
+            f = np.array(vals, dtype=np.float64)
+            if float(np.abs(f).max()) < NS_EXACT_FLOAT_US:
+                return np.rint(f * 1000.0).astype(np.int64), np.ones(n, dtype=bool)
+    got = [_ns_from_text(bytes(r)) for r in raws]
+    ok = np.fromiter((g is not None for g in got), dtype=bool, count=n)
+    return np.fromiter((g or 0 for g in got), dtype=np.int64, count=n), ok
+
+
+class GpuColumns:
+    """The GPU events (kernels, memcpy, memset) of one rank, one list/array entry per event.
+
+    Attributes
+    ----------
+    name : list
+        Decoded names (str, or whatever the trace holds there).
+    cat : list[str]
+        Trace category (``kernel``, ``gpu_memcpy``, ...).
+    ts_ns, dur_ns : np.ndarray, int64, shape (n,)
+        Start and duration, ns; meaningful where ``ok``.
+    ok : np.ndarray, bool, shape (n,)
+        ``ph`` is ``X`` and both times are usable.
+    stream, correlation, external_id : list
+        Those ``args`` values as decoded (None where absent).
+    args : list
+        The full ``args`` of each event, raw JSON text (fast path) or a dict (slow path); decode
+        with :meth:`args_dict` when an event needs more than the three keys above.
+    tid : list or None
+        The thread of each event (CPU-only traces, where the "stream" is the thread).
+    """
+
+    __slots__ = ("name", "cat", "ts_ns", "dur_ns", "ok", "stream", "correlation", "external_id", "args", "tid")
+
+    def __init__(self, name, cat, ts_ns, dur_ns, ok, stream, correlation, external_id, args, tid=None):
+        self.name, self.cat, self.ts_ns, self.dur_ns, self.ok = name, cat, ts_ns, dur_ns, ok
+        self.stream, self.correlation, self.external_id, self.args, self.tid = (
+            stream, correlation, external_id, args, tid)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @classmethod
+    def from_dicts(cls, evs: list[dict]) -> GpuColumns:
+        """Columns of the slow path's / CPU reader's event dicts (keys ``name``, ``cat``,
+        ``ts_ns``, ``dur_ns``, ``args`` dict, optional ``tid``); all rows are taken as usable."""
+        n = len(evs)
+        args = [e["args"] for e in evs]
+        return cls(
+            name=[e["name"] for e in evs], cat=[e["cat"] for e in evs],
+            ts_ns=np.fromiter((e["ts_ns"] for e in evs), dtype=np.int64, count=n),
+            dur_ns=np.fromiter((e["dur_ns"] for e in evs), dtype=np.int64, count=n),
+            ok=np.ones(n, dtype=bool),
+            stream=[a.get("stream") for a in args], correlation=[a.get("correlation") for a in args],
+            external_id=[a.get("External id") for a in args], args=args,
+            tid=[e["tid"] for e in evs] if evs and "tid" in evs[0] else None)
+
+    def take(self, idx) -> GpuColumns:
+        """The rows at ``idx`` (a sequence of ints, or a bool mask), in that order."""
+        ix = np.flatnonzero(idx) if getattr(idx, "dtype", None) == bool else np.asarray(idx, dtype=np.intp)
+        pick = ix.tolist()
+
+        def sub(v):
+            return None if v is None else [v[i] for i in pick]
+
+        return GpuColumns(sub(self.name), sub(self.cat), self.ts_ns[ix], self.dur_ns[ix], self.ok[ix],
+                          sub(self.stream), sub(self.correlation), sub(self.external_id), sub(self.args),
+                          sub(self.tid))
+
+    def args_dict(self, i: int) -> dict:
+        """The full ``args`` of event ``i`` as a dict (``{}`` when absent or not an object)."""
+        from fastverify.trace.load import _raw
+
+        a = self.args[i]
+        if not isinstance(a, dict):
+            a = _raw(a)
+        return a if isinstance(a, dict) else {}
+
+
+def _labels(evs: list) -> list[int] | None:
+    """TP rank per event from a SGLang merged file's pid labels; None when no event has one."""
+    from fastverify.trace.load import _rank_label, _raw
+
+    pids = [e.pid for e in evs]
+    if b'"[TP' not in b",".join(pids):
+        return None
+    return [_rank_label(_raw(p)) if bytes(p).startswith(b'"[TP') else -1 for p in pids]
+
+
+def _groups(labels: list[int] | None, n: int) -> dict[int, list[int] | None]:
+    """Event indices per label (None: every event, label -1)."""
+    if labels is None:
+        return {-1: None}
+    out: dict[int, list[int]] = {}
+    for i, lab in enumerate(labels):
+        out.setdefault(lab, []).append(i)
+    return out
+
+
+def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
+    """Per pid label (-1 for a plain file), what the loader needs from a typed-decoded trace.
+
+    Parameters
+    ----------
+    doc : fastverify.trace.load._Trace
+        The typed decode of one file.
+    host_keep : re.Pattern[bytes]
+        Superset filter over a host op's still-encoded name (comm ops, step spans).
+    looks_comm_op : callable(str) -> bool
+        The exact comm-op test on a decoded name (only such ops get their args decoded).
+
+    Returns
+    -------
+    dict[int, dict]
+        ``{label: {"gpu": GpuColumns, "skipped": int, "runtime_ns": {correlation: ns},
+        "graph_launches": [{"ts_ns", "dur_ns"}], "host": [event dict]}}``; ``host`` dicts have
+        ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args``.
+    """
+    from fastverify.trace.load import GPU_CATS, HOST_CATS, RUNTIME_CATS, _ns_from_text, _raw
+
+    gpu: list = []
+    runtime: list = []
+    host: list = []
+    bucket = {**{c: gpu for c in GPU_CATS}, **{c: runtime for c in RUNTIME_CATS}, **{c: host for c in HOST_CATS}}
+    for ev in doc.traceEvents:
+        b = bucket.get(ev.cat)
+        if b is not None:
+            b.append(ev)
+
+    out: dict[int, dict] = {}
+
+    def slot(label: int) -> dict:
+        s = out.get(label)
+        if s is None:
+            s = out[label] = {"gpu": None, "skipped": 0, "runtime_ns": {}, "graph_launches": [], "host": []}
+        return s
+
+    # GPU work
+    if gpu:
+        ts, ts_ok = ns_column([e.ts for e in gpu])
+        dur, dur_ok = ns_column([e.dur for e in gpu])
+        ok = ts_ok & dur_ok & np.fromiter(((e.ph or "X") == "X" for e in gpu), dtype=bool, count=len(gpu))
+        typed = _decode_typed([e.args for e in gpu], _GPU_ARGS)
+        cols = GpuColumns(
+            name=_decode_many([e.name for e in gpu]), cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
+            stream=[a.stream if a is not None else None for a in typed],
+            correlation=[a.correlation if a is not None else None for a in typed],
+            external_id=[a.external_id if a is not None else None for a in typed],
+            args=[e.args for e in gpu])
+        for label, idx in _groups(_labels(gpu), len(gpu)).items():
+            part = cols if idx is None else cols.take(idx)
+            s = slot(label)
+            s["skipped"] = int((~part.ok).sum())
+            s["gpu"] = part.take(part.ok) if s["skipped"] else part
+
+    # Runtime calls: host launch time per correlation id, and CUDA/HIP graph launches
+    if runtime:
+        rts, rts_ok = ns_column([e.ts for e in runtime])
+        corr = [a.correlation if a is not None else None
+                for a in _decode_typed([e.args for e in runtime], _RUNTIME_ARGS)]
+        labels = _labels(runtime)
+        ts_list = rts.tolist()
+        ok_list = rts_ok.tolist()
+        graph: dict[bytes, bool] = {}
+        for i, ev in enumerate(runtime):
+            if not ok_list[i]:
+                continue
+            s = slot(labels[i] if labels is not None else -1)
+            c = corr[i]
+            if type(c) is int:
+                s["runtime_ns"][c] = ts_list[i]
+            nb = bytes(ev.name)
+            g = graph.get(nb)
+            if g is None:
+                g = graph[nb] = bool(_GRAPH_LAUNCH_RAW.match(nb))
+            if g:
+                s["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": _ns_from_text(bytes(ev.dur))})
+
+    # Host ops: only comm ops (External id, shapes) and step spans matter; judged once per name
+    if host:
+        keep: dict[bytes, bool] = {}
+        kept = []
+        for ev in host:
+            nb = bytes(ev.name)
+            k = keep.get(nb)
+            if k is None:
+                k = keep[nb] = bool(host_keep.search(nb))
+            if k:
+                kept.append(ev)
+        labels = _labels(kept) if kept else None
+        for i, ev in enumerate(kept):
+            name = _raw(ev.name)
+            args = _raw(ev.args) if isinstance(name, str) and looks_comm_op(name) else {}
+            slot(labels[i] if labels is not None else -1)["host"].append(
+                {"cat": ev.cat, "ph": ev.ph, "name": name, "ts_ns": _ns_from_text(bytes(ev.ts)),
+                 "dur_ns": _ns_from_text(bytes(ev.dur)), "args": args if isinstance(args, dict) else {}})
+    return out
