@@ -153,8 +153,49 @@ def breakdown(start_ns: np.ndarray, dur_ns: np.ndarray, cls: np.ndarray) -> dict
     }
 
 
-def _percentile(values: np.ndarray, q: float) -> float:
-    return round(float(np.percentile(values, q)) / 1000.0, 3)
+def grouped_percentiles(values: np.ndarray, groups: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """Percentiles ``qs`` (0-100) of ``values`` within each group, all groups in one sort.
+
+    ``values`` and ``groups`` have shape (n,) (``values`` int64 ns or float64; ``groups`` any
+    integer ids). Returns float64, shape (len(qs), number of distinct groups), groups in
+    ascending id order. Each entry equals ``np.percentile(values[groups == g], q)`` bit for bit:
+    numpy's default "linear" method (virtual index ``(n - 1) * q / 100``, the two neighbours, and
+    numpy's own two-sided lerp from ``numpy/lib/_function_base_impl.py::_lerp``), so that a
+    profile's numbers do not change with the batching. 808 separate ``np.percentile`` calls took
+    44-78 ms on a 53.7 MB trace; this takes one ``lexsort``.
+    """
+    values = np.asarray(values)
+    groups = np.asarray(groups)
+    if not len(values):
+        return np.zeros((len(qs), 0))
+    order = np.lexsort((values, groups))
+    v, g = values[order], groups[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    counts = np.diff(np.r_[starts, len(v)])
+    out = np.empty((len(qs), len(starts)))
+    for k, q in enumerate(qs):
+        vi = (counts - 1) * np.true_divide(q, 100)
+        prev = np.floor(vi)
+        gamma = vi - prev
+        lo = np.clip(prev.astype(np.intp), 0, counts - 1)
+        hi = np.clip(lo + 1, 0, counts - 1)
+        a, b = v[starts + lo], v[starts + hi]
+        diff = b - a
+        res = np.add(a, diff * gamma)
+        np.subtract(b, diff * (1 - gamma), out=res, where=gamma >= 0.5, casting="unsafe")
+        out[k] = res
+    return out
+
+
+def median(values) -> float:
+    """The median as ``np.median`` computes it (the mean of the two middle values for an even
+    count), without ``np.median``'s import of ``numpy.ma`` (30-45 ms of a trace job's start)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    m = n // 2
+    return float(x[m]) if n % 2 else float((x[m - 1] + x[m]) / 2)
 
 
 def by_message_size(ranks: list[RankEvents]) -> list[dict]:
@@ -172,13 +213,16 @@ def by_message_size(ranks: list[RankEvents]) -> list[dict]:
     size = np.concatenate(sizes)
     dur = np.concatenate(durs)
     rows = []
-    for b in np.unique(size):
+    if not len(size):
+        return rows
+    pct = grouped_percentiles(dur, size, (50, 90))
+    for j, b in enumerate(np.unique(size)):
         d = dur[size == b]
         rows.append({
             "msg_bytes": int(b) if b >= 0 else None,
             "count": int(len(d)),
-            "median_us": _percentile(d, 50),
-            "p90_us": _percentile(d, 90),
+            "median_us": round(float(pct[0, j]) / 1000.0, 3),
+            "p90_us": round(float(pct[1, j]) / 1000.0, 3),
             "min_us": round(int(d.min()) / 1000.0, 3),
             "max_us": round(int(d.max()) / 1000.0, 3),
             "sum_us": round(int(d.sum()) / 1000.0, 3),
@@ -264,12 +308,17 @@ def by_position(ranks: list[RankEvents]) -> list[dict]:
             if r.label is not None:
                 labels.setdefault(p, r.label[ev])
     rows = []
-    for p in sorted(acc):
-        d = np.array(acc[p], dtype=np.int64)
+    if not acc:
+        return rows
+    positions = sorted(acc)
+    d_all = np.concatenate([np.array(acc[p], dtype=np.int64) for p in positions])
+    g_all = np.repeat(np.array(positions, dtype=np.int64), [len(acc[p]) for p in positions])
+    pct = grouped_percentiles(d_all, g_all, (50, 90))
+    for j, p in enumerate(positions):
         s = sizes[p] - {-1}
-        rows.append({"position": p, "label": labels.get(p), "count": int(len(d)),
+        rows.append({"position": p, "label": labels.get(p), "count": len(acc[p]),
                      "msg_bytes": (min(s) if len(s) == 1 else None),
-                     "median_us": _percentile(d, 50), "p90_us": _percentile(d, 90)})
+                     "median_us": round(float(pct[0, j]) / 1000.0, 3), "p90_us": round(float(pct[1, j]) / 1000.0, 3)})
     return rows
 
 
@@ -293,7 +342,7 @@ def step_median(steps: list[dict]) -> dict | None:
     if not steps:
         return None
     return {"steps": len(steps),
-            **{k: round(float(np.median([s[k] for s in steps])), 3) for k in _STEP_FIELDS}}
+            **{k: round(median([s[k] for s in steps]), 3) for k in _STEP_FIELDS}}
 
 
 def analyze_rank(r: RankEvents) -> dict:

@@ -262,11 +262,16 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _is_preset(model: str) -> bool:
+    from fastverify.live.config import preset_names
+
+    return model in preset_names()
+
+
 def _check_profile_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, a --output or PNG that would replace an input (a --trace file, a
     file inside a --trace folder, the --model config) or each other. A default --output is a new
     name under profiles/ (and its PNG too), so only the paths the user gave can clash."""
-    from fastverify.live.config import preset_names
     from fastverify.procs import check_outputs
 
     outputs = {"--output": args.output}
@@ -276,7 +281,7 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         elif args.output is not None:  # the default PNG, beside the JSON
             outputs["the PNG beside --output"] = args.output.with_suffix(".png")
     inputs = [("--trace", t) for t in args.trace or ()]
-    if not args.trace and args.model not in preset_names():
+    if not args.trace and not _is_preset(args.model):
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})

@@ -285,37 +285,43 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
         labels = _labels(runtime)
         ts_list = rts.tolist()
         ok_list = rts_ok.tolist()
-        graph: dict[bytes, bool] = {}
-        for i, ev in enumerate(runtime):
-            if not ok_list[i]:
-                continue
-            s = slot(labels[i] if labels is not None else -1)
-            c = corr[i]
-            if type(c) is int:
-                s["runtime_ns"][c] = ts_list[i]
-            nb = bytes(ev.name)
-            g = graph.get(nb)
-            if g is None:
-                g = graph[nb] = bool(_GRAPH_LAUNCH_RAW.match(nb))
-            if g:
-                s["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": _ns_from_text(bytes(ev.dur))})
+        if labels is None:
+            slot(-1)["runtime_ns"].update(
+                {c: t for c, t, ok in zip(corr, ts_list, ok_list) if ok and type(c) is int})
+        else:
+            for c, t, ok, lab in zip(corr, ts_list, ok_list, labels):
+                if ok and type(c) is int:
+                    slot(lab)["runtime_ns"][c] = t
+        names = [e.name for e in runtime]
+        if b"GraphLaunch" in b",".join(names):
+            graph: dict[bytes, bool] = {}
+            for i, nm in enumerate(names):
+                nb = bytes(nm)
+                g = graph.get(nb)
+                if g is None:
+                    g = graph[nb] = bool(_GRAPH_LAUNCH_RAW.match(nb))
+                if g and ok_list[i]:
+                    slot(labels[i] if labels is not None else -1)["graph_launches"].append(
+                        {"ts_ns": ts_list[i], "dur_ns": _ns_from_text(bytes(runtime[i].dur))})
 
     # Host ops: only comm ops (External id, shapes) and step spans matter; judged once per name
     if host:
         keep: dict[bytes, bool] = {}
-        kept = []
-        for ev in host:
-            nb = bytes(ev.name)
-            k = keep.get(nb)
-            if k is None:
-                k = keep[nb] = bool(host_keep.search(nb))
-            if k:
-                kept.append(ev)
-        labels = _labels(kept) if kept else None
-        for i, ev in enumerate(kept):
-            name = _raw(ev.name)
-            args = _raw(ev.args) if isinstance(name, str) and looks_comm_op(name) else {}
-            slot(labels[i] if labels is not None else -1)["host"].append(
-                {"cat": ev.cat, "ph": ev.ph, "name": name, "ts_ns": _ns_from_text(bytes(ev.ts)),
-                 "dur_ns": _ns_from_text(bytes(ev.dur)), "args": args if isinstance(args, dict) else {}})
+        for nb in set(map(bytes, (e.name for e in host))):
+            keep[nb] = bool(host_keep.search(nb))
+        kept = [e for e in host if keep[bytes(e.name)]]
+        if kept:
+            labels = _labels(kept)
+            names = _decode_many([e.name for e in kept])
+            ts, ts_ok = ns_column([e.ts for e in kept])
+            dur, dur_ok = ns_column([e.dur for e in kept])
+            comm = [i for i, nm in enumerate(names) if isinstance(nm, str) and looks_comm_op(nm)]
+            args = dict(zip(comm, _decode_many([kept[i].args for i in comm]))) if comm else {}
+            ts_l, dur_l = ts.tolist(), dur.tolist()
+            ts_okl, dur_okl = ts_ok.tolist(), dur_ok.tolist()
+            for i, ev in enumerate(kept):
+                a = args.get(i)
+                slot(labels[i] if labels is not None else -1)["host"].append(
+                    {"cat": ev.cat, "ph": ev.ph, "name": names[i], "ts_ns": ts_l[i] if ts_okl[i] else None,
+                     "dur_ns": dur_l[i] if dur_okl[i] else None, "args": a if isinstance(a, dict) else {}})
     return out
