@@ -293,15 +293,32 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     _check_profile_outputs(args)
     if args.force and not args.trace:
         raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
+    painter = None
+    try:
+        if args.trace and not args.no_png:
+            from fastverify.painter import Painter
+
+            painter = Painter.start()  # imports matplotlib in a child while the traces load
+        return _profile(args, argv, painter)
+    finally:
+        if painter is not None:
+            painter.close()
+
+
+def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
         if clash:
             raise UserError(f"--trace reads existing traces; {', '.join(clash)} applies only to a live run"
                             if len(clash) == 1 else
                             f"--trace reads existing traces; {', '.join(clash)} apply only to a live run")
+        import os
+
+        # a trace job uses numpy for sorting and reductions only: no BLAS thread pool to spin up
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         from fastverify.trace.load import load_traces
 
-        ranks = load_traces(args.trace, force=args.force)
+        ranks = load_traces(args.trace, force=args.force, progress=not args.quiet)
         source = {"kind": "trace", "files": [r.origin for r in ranks]}
         stem = "trace"
     else:
@@ -327,7 +344,7 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
             replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
     out = args.output or default_output(stem)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
-    write_outputs(profile, out, png)
+    write_outputs(profile, out, png, painter)
     if not args.quiet:
         from fastverify.report import print_profile
 

@@ -153,9 +153,11 @@ def write_error(path: Path, err: OSError) -> str:
     return f"{path}: cannot write ({err.strerror or err})"
 
 
-def write_outputs(profile: Profile, json_path: Path, png_path: Path | None) -> None:
+def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, painter=None) -> None:
     """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
     and are renamed into place only when both are complete, so a failure leaves nothing behind.
+    ``painter``: a :class:`fastverify.painter.Painter` that draws the PNG in its own process
+    (drawn here when it is None or fails).
 
     Raises
     ------
@@ -178,14 +180,15 @@ def write_outputs(profile: Profile, json_path: Path, png_path: Path | None) -> N
         with os.fdopen(fd, "wb") as f:
             f.write(encode_profile(profile))
         if png_path:
-            from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
-
             current = png_path
             fd, tmp = tempfile.mkstemp(prefix=f".{Path(png_path).name}.", suffix=".tmp.png",
                                        dir=Path(png_path).parent)
             os.close(fd)
             tmps.append(Path(tmp))
-            plot_profile(as_builtins(profile), Path(tmp))
+            if painter is None or not painter.draw(as_builtins(profile), Path(tmp)):
+                from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
+
+                plot_profile(as_builtins(profile), Path(tmp))
         umask = os.umask(0)
         os.umask(umask)
         for tmp, current in zip(tmps, targets):

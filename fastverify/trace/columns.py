@@ -240,7 +240,7 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
         "graph_launches": [{"ts_ns", "dur_ns"}], "host": [event dict]}}``; ``host`` dicts have
         ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args``.
     """
-    from fastverify.trace.load import GPU_CATS, HOST_CATS, RUNTIME_CATS, _ns_from_text, _raw
+    from fastverify.trace.load import GPU_CATS, HOST_CATS, RUNTIME_CATS, _ns_from_text
 
     gpu: list = []
     runtime: list = []

@@ -644,12 +644,17 @@ def _is_fastverify_profile(path: Path) -> bool:
     return b'"fastverify.profile"' in head or b'"fastverify.verify_log"' in head
 
 
-def load_traces(paths: list[str | Path], *, force: bool = False) -> list[RankEvents]:
+def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | None = None,
+                progress: bool = False) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
 
     Returns one :class:`RankEvents` per rank, sorted by rank. Traces that cannot come from one run
     (see :func:`merge_conflict`) are refused; with ``force`` they are merged and the first rank's
     ``meta["merge_conflict"]`` says why they should not have been.
+
+    Several files are decoded in worker processes (``workers``; default :func:`load_workers`),
+    each holding one file at a time; ``progress`` prints a line per file on stderr once loading
+    has taken over 2 s (:mod:`fastverify.progress`).
 
     Raises
     ------
@@ -672,8 +677,8 @@ def load_traces(paths: list[str | Path], *, force: bool = False) -> list[RankEve
     seen: set[Path] = set()
     files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # a file given twice counts once
     result: dict[int, RankEvents] = {}
-    for f in files:
-        for r in load_trace(f):
+    for f, loaded in zip(files, _load_files(files, workers=workers, progress=progress)):
+        for r in loaded:
             if r.rank in result:
                 if r.meta.get("rank_source", "").startswith("default") or \
                         result[r.rank].meta.get("rank_source", "").startswith("default"):
@@ -723,3 +728,99 @@ def merge_conflict(ranks: list[RankEvents]) -> str | None:
             if r.rank >= world:
                 return (f"rank {r.rank} of {r.origin} is not below world_size {world} of {origin}")
     return None
+
+
+PEAK_BYTES_PER_JSON_BYTE = 4
+"""A worker's peak memory per byte of inflated trace JSON, rounded up: 207 MB peak RSS (interpreter
+and imports included) for the 53.7 MB HTA ``df_index_resolver`` trace, measured with
+``/usr/bin/time`` on the benchmark machine (``benchmarks/bench_trace.py``)."""
+
+
+PARALLEL_MIN_BYTES = 16 << 20
+"""Below this much JSON in all, files are read one after the other: starting worker processes
+costs more (30-100 ms measured on 2 cores) than reading two 3 MB traces takes."""
+
+
+def json_size(path: Path) -> int:
+    """Bytes of JSON a trace file holds: its size, or for gzip the trailer's ISIZE (the inflated
+    size modulo 2**32; RFC 1952), whichever is larger (0 when unreadable)."""
+    import stat
+
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened here (the reader refuses it)
+            return 0
+        size = st.st_size
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            f.seek(-4, 2)
+            return max(size, int.from_bytes(f.read(4), "little"))
+    except OSError:
+        return 0
+
+
+def load_workers(files: list[Path]) -> int:
+    """How many files to decode at once: 1 below :data:`PARALLEL_MIN_BYTES` of JSON in all, else
+    one per usable core, no more than the files, and no more
+    than fit in half of the memory available now at :data:`PEAK_BYTES_PER_JSON_BYTE` times the
+    largest file's JSON (so peak memory stays under about ``workers x 4 x`` that size)."""
+    import os
+
+    if len(files) < 2:
+        return 1
+    sizes = [json_size(f) for f in files]
+    if sum(sizes) < PARALLEL_MIN_BYTES:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    need = PEAK_BYTES_PER_JSON_BYTE * max(sizes)
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        avail = 0
+    by_memory = max(1, int(avail // 2 // need)) if need and avail else cores
+    return max(1, min(cores, len(files), by_memory))
+
+
+def _load_one(path: Path) -> tuple[str, object]:
+    """:func:`load_trace` in a worker: ("ok", ranks) or ("error", the one-line message)."""
+    try:
+        return "ok", load_trace(path)
+    except UserError as e:
+        return "error", str(e)
+
+
+def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> list[list[RankEvents]]:
+    """:func:`load_trace` of every file, in file order; in parallel where ``workers`` > 1."""
+    from fastverify.progress import Progress
+
+    bar = Progress("loading traces", len(files), enabled=progress)
+    w = load_workers(files) if workers is None else max(1, min(workers, len(files)))
+    if w == 1:
+        out = []
+        for i, f in enumerate(files):
+            out.append(load_trace(f))
+            bar.update(i + 1, f.name)
+        return out
+    import multiprocessing
+    import sys
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork where it is safe (Linux: no threads yet, numpy's BLAS held to one), spawn elsewhere
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    got: list = [None] * len(files)
+    with ProcessPoolExecutor(max_workers=w, mp_context=ctx) as pool:
+        futures = {pool.submit(_load_one, f): i for i, f in enumerate(files)}
+        from concurrent.futures import as_completed
+
+        for done, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            got[i] = fut.result()
+            bar.update(done, files[i].name)
+    for f, (status, value) in zip(files, got):
+        if status == "error":
+            raise UserError(value)
+    return [value for _, value in got]

@@ -1,0 +1,100 @@
+"""Draw the profile PNG in a helper process that gets matplotlib ready while the traces load.
+
+Importing matplotlib and drawing a first figure (fonts, text layout, the PNG writer) costs about
+0.3 s of CPU, as long as reading a 50 MB trace. On a box with two or more cores, ``profile
+--trace`` starts a :class:`Painter` first: a forked child imports :mod:`fastverify.plot` and
+draws a throw-away figure while the parent reads and analyses the traces, then draws the real
+figure when the parent sends the profile. The PNG is the same figure, pixel for pixel, as drawn
+in-process (``tests/test_painter.py``).
+
+Anything that goes wrong in the child (it died, matplotlib failed to import, the drawing raised)
+makes :meth:`Painter.draw` return False, and the caller draws in-process, where the same failure
+surfaces as it always did.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["Painter", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity on Linux, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _serve(conn, parent_end) -> None:
+    parent_end.close()
+    try:
+        from fastverify.plot import plot_profile, warm_up
+
+        warm_up()
+        ready = None
+    except Exception as e:  # reported to the parent, which draws in-process
+        ready = f"{type(e).__name__}: {e}"
+    try:
+        job = conn.recv()
+    except EOFError:  # the parent needs no PNG after all (an error, --no-png path)
+        return
+    if ready is not None:
+        conn.send(ready)
+        return
+    profile, path = job
+    try:
+        plot_profile(profile, Path(path))
+        conn.send(None)
+    except Exception as e:
+        conn.send(f"{type(e).__name__}: {e}")
+
+
+class Painter:
+    """A child process that draws one profile PNG (see the module docstring).
+
+    Use ``Painter.start()`` (None where it brings nothing: one core, or no ``fork`` start method),
+    then :meth:`draw` once, and :meth:`close` in all cases.
+    """
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child_end = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child_end, self._conn), daemon=True, name="fastverify-png")
+        self._proc.start()
+        child_end.close()
+
+    @classmethod
+    def start(cls) -> Painter | None:
+        """A started painter, or None on a single core or where ``fork`` is unavailable or unsafe
+        (only Linux forks here: macOS system libraries are not fork-safe)."""
+        if usable_cores() < 2 or not sys.platform.startswith("linux"):
+            return None
+        try:
+            return cls()
+        except OSError:  # no processes left to fork: draw in-process
+            return None
+
+    def draw(self, profile: dict, path: Path) -> bool:
+        """Draw ``profile`` (plain JSON-able dict) to ``path`` in the child; True when the PNG is
+        written, False when the caller must draw it in-process."""
+        try:
+            self._conn.send((profile, str(path)))
+            err = self._conn.recv()
+        except (EOFError, OSError):
+            return False
+        return err is None
+
+    def close(self) -> None:
+        """Stop the child (if it still runs) and release the pipe."""
+        try:
+            self._conn.close()
+        finally:
+            self._proc.join(timeout=2.0)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()

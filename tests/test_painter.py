@@ -1,0 +1,98 @@
+"""The PNG drawn by the painter process is the in-process PNG, pixel for pixel; a painter that
+fails hands the drawing back; several trace files load the same in worker processes as in one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastverify.painter import Painter, usable_cores
+from fastverify.plot import plot_profile
+from fastverify.profile import as_builtins, build_profile
+from fastverify.trace.load import PARALLEL_MIN_BYTES, load_traces, load_workers
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+PAIR = [SHARED / "HolisticTraceAnalysis" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
+needs_shared = pytest.mark.skipif(not all(p.is_file() for p in PAIR), reason=f"{SHARED} not present (CI copies shared/)")
+needs_two_cores = pytest.mark.skipif(usable_cores() < 2, reason="the painter runs only with 2+ cores")
+
+
+def _pixels(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(path))
+
+
+@needs_shared
+@needs_two_cores
+def test_painter_png_equals_in_process_png(tmp_path):
+    prof = as_builtins(build_profile(load_traces(PAIR), {"kind": "trace", "files": [str(p) for p in PAIR]}))
+    here = tmp_path / "here.png"
+    plot_profile(prof, here)
+    painter = Painter.start()
+    assert painter is not None
+    try:
+        there = tmp_path / "there.png"
+        assert painter.draw(prof, there) is True
+    finally:
+        painter.close()
+    a, b = _pixels(here), _pixels(there)
+    assert a.shape == b.shape and (a != b).sum() == 0
+
+
+@needs_two_cores
+def test_a_dead_painter_hands_the_drawing_back(tmp_path):
+    painter = Painter.start()
+    assert painter is not None
+    painter._proc.kill()
+    painter._proc.join()
+    try:
+        assert painter.draw({"ranks": []}, tmp_path / "x.png") is False
+    finally:
+        painter.close()
+    assert not (tmp_path / "x.png").exists()
+
+
+@needs_shared
+def test_parallel_load_equals_sequential_load():
+    seq = load_traces(PAIR, workers=1)
+    par = load_traces(PAIR, workers=2)
+    assert [r.rank for r in seq] == [r.rank for r in par] == [0, 1]
+    for a, b in zip(seq, par):
+        for attr in ("start_ns", "dur_ns", "cls", "name_id", "msg_bytes", "step", "stream"):
+            assert np.array_equal(getattr(a, attr), getattr(b, attr)), attr
+        assert a.names == b.names and a.meta == b.meta and a.steps == b.steps
+
+
+def test_a_bad_file_among_several_is_named_in_one_line(tmp_path):
+    good = tmp_path / "rank0.json"
+    good.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2,
+                                                  "pid": 0, "tid": 7, "args": {"stream": 7}}]}))
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [')
+    from fastverify.errors import UserError
+
+    with pytest.raises(UserError) as ei:
+        load_traces([good, bad], workers=2)
+    assert str(bad) in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_small_traces_are_not_worth_worker_processes(tmp_path):
+    files = []
+    for r in range(2):
+        f = tmp_path / f"rank{r}.json"
+        f.write_bytes(b" " * 1024)
+        files.append(f)
+    assert load_workers(files) == 1
+    big = []
+    for r in range(2):
+        f = tmp_path / f"big{r}.json"
+        with open(f, "wb") as fh:
+            fh.truncate(PARALLEL_MIN_BYTES)  # sparse: the size counts, not the bytes
+        big.append(f)
+    want = min(len(os.sched_getaffinity(0)), 2)
+    assert load_workers(big) == want
