@@ -98,6 +98,10 @@ def _add_profile(sub) -> None:
     png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
     png.add_argument("--no-png", action="store_true", help="write no PNG")
     prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
+    prof.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                      help=("--trace: decode up to N rank files at once in worker processes [default: one per core, "
+                            "fewer when memory is short (about 4 bytes per byte of trace JSON each) or the traces are "
+                            "small]"))
     prof.add_argument("--force", action="store_true",
                       help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
                             "NCCL version or backend), with a warning instead of an error"))
@@ -248,7 +252,7 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
 
     if len(args.verify_log) > 2:
         raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
-    clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png") if any(a == f or a.startswith(f + "=") for a in argv)]
+    clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png", "--jobs") if any(a == f or a.startswith(f + "=") for a in argv)]
     if clash:
         raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")
     for folder in args.verify_log:  # before reading anything: the report never replaces a record
@@ -293,6 +297,8 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     _check_profile_outputs(args)
     if args.force and not args.trace:
         raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
+    if args.jobs is not None and not args.trace:
+        raise UserError("--jobs sets how many --trace files are decoded at once; it does not apply without --trace")
     painter = None
     try:
         if args.trace and not args.no_png:
@@ -318,7 +324,7 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         from fastverify.trace.load import load_traces
 
-        ranks = load_traces(args.trace, force=args.force, progress=not args.quiet)
+        ranks = load_traces(args.trace, force=args.force, workers=args.jobs, progress=not args.quiet)
         source = {"kind": "trace", "files": [r.origin for r in ranks]}
         stem = "trace"
     else:

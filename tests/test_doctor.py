@@ -75,9 +75,34 @@ def test_quick_run_runs_only_quick_checks_and_is_fast():
     for name in ("versions", "trace_analyzer", "env_file"):
         assert got[name].status is Status.ok, got[name]
     assert "gloo_allreduce" not in got  # starts processes: not quick
+    # --quick on a machine without the NVIDIA driver never imports torch (1-3 s): it says so
+    import os
+
+    from fastverify.doctor.core import NO_DRIVER, NVIDIA_DEVICE_NODES
+
+    no_driver = not any(os.path.exists(p) for p in NVIDIA_DEVICE_NODES)
     for name in GPU_CHECKS & set(got):
-        assert got[name].status is Status.skipped and got[name].reason == NO_GPU
+        assert got[name].status is Status.skipped and got[name].reason == (NO_DRIVER if no_driver else NO_GPU)
+    if no_driver:
+        assert got["versions"].details["torch_imported"] is False and "not imported" in got["versions"].reason
     assert elapsed < 10, elapsed
+
+
+def test_quick_versions_on_a_driverless_machine_import_no_torch(tmp_path):
+    """In a fresh interpreter: doctor --quick leaves torch out of sys.modules when there is no driver."""
+    import os
+    import subprocess
+    import sys
+
+    from fastverify.doctor.core import NVIDIA_DEVICE_NODES
+
+    if any(os.path.exists(p) for p in NVIDIA_DEVICE_NODES):
+        pytest.skip("this machine has the NVIDIA driver: --quick imports torch to look for GPUs")
+    code = ("import sys; from fastverify.doctor import run_doctor; run_doctor(quick=True); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_full_run_cpu_checks_pass_and_gpu_checks_skip(full_run):

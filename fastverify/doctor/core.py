@@ -3,6 +3,8 @@ the summary and table printing. Torch is imported only inside the context's meth
 
 from __future__ import annotations
 
+import os
+
 import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
@@ -120,6 +122,11 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+"""Present wherever the NVIDIA kernel driver is loaded (the driver creates both); CUDA needs it."""
+NO_DRIVER = "no NVIDIA driver on this machine (no /dev/nvidiactl): no CUDA GPU"
+
+
 class _Context:
     """What the checks share: the options, whether CUDA is usable, and GPU state built once (the
     tiny model, a 1-rank NCCL group, P2P and backend results). :meth:`close` releases it."""
@@ -135,6 +142,11 @@ class _Context:
     def _detect_gpu(self) -> tuple[str | None, int]:
         # On first use, not at start: importing torch is part of the first check's time.
         if self._gpu is None:
+            if self.quick and not any(os.path.exists(p) for p in NVIDIA_DEVICE_NODES):
+                # --quick on a machine without the NVIDIA driver: no GPU to find, and importing torch
+                # (1-3 s) would be the whole run's time
+                self._gpu = (NO_DRIVER, 0)
+                return self._gpu
             try:
                 import torch
 

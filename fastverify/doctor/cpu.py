@@ -39,6 +39,15 @@ def check_versions(ctx: _Context) -> Outcome:
     if sys.version_info < (3, 11):
         return _out(Status.fail, f"Python {details['python']} is older than 3.11", "use Python >= 3.11 (./setup.sh)",
                     **details)
+    if ctx.quick:
+        # --quick does not import torch (1-3 s): it says which torch is installed; the full doctor imports it
+        version = _dist_version("torch")
+        if version is None or importlib.util.find_spec("torch") is None:
+            return _out(Status.fail, "torch is not installed", "run ./setup.sh (installs a CPU torch only where "
+                        "none imports)", **details)
+        details.update(torch=version, torch_imported=False)
+        return _out(Status.ok, f"Python {details['python']}, torch {version} installed (not imported under --quick; "
+                    f"the full doctor imports it), numpy {numpy.__version__}", **details)
     try:
         import torch
     except Exception as err:  # noqa: BLE001 - a broken torch install is the finding
