@@ -35,7 +35,8 @@ def _serve(conn, parent_end) -> None:
     try:
         from fastverify.plot import plot_profile, warm_up
 
-        warm_up()
+        if not conn.poll():  # the profile is not here yet: spend the wait loading fonts and the writer
+            warm_up()
         ready = None
     except Exception as e:  # reported to the parent, which draws in-process
         ready = f"{type(e).__name__}: {e}"

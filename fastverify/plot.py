@@ -10,6 +10,28 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+
+def _bytes_label(x: float, _pos=None) -> str:
+    """A message size in bytes as ``512 B``, ``56 KiB``, ``1.5 MiB``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} B"
+
+
+def _us_label(y: float, _pos=None) -> str:
+    """A latency in µs, as a plain number (``25``, ``0.5``, ``1200``)."""
+    return f"{y:.3g}"
+
+
+def _decades(rows: list[dict]) -> float:
+    """How many powers of ten the plotted latencies span (minor ticks are labelled below one)."""
+    import math
+
+    ys = [v for r in rows for v in (r["median_us"], r["p90_us"]) if v > 0]
+    return math.log10(max(ys) / min(ys)) if ys else 0.0
 
 
 def bar_segments(rank: dict) -> dict[str, float]:
@@ -72,9 +94,16 @@ def plot_profile(profile: dict, path: Path) -> None:
         x = [r["msg_bytes"] for r in rows]
         ax2.plot(x, [r["median_us"] for r in rows], "o-", label="median")
         ax2.plot(x, [r["p90_us"] for r in rows], "x--", label="p90")
-        ax2.set_xscale("log")
+        # Log axes with plain-text tick labels: the measured sizes as B/KiB/MiB, µs as numbers.
+        # matplotlib's default 10^x labels go through mathtext, ~50 ms of a drawing.
+        ax2.set_xscale("log", base=2)
+        ticks = x if len(x) <= 8 else [x[round(i * (len(x) - 1) / 7)] for i in range(8)]
+        ax2.set_xticks(ticks, [_bytes_label(v) for v in ticks])  # at the measured sizes
+        ax2.xaxis.set_minor_formatter(NullFormatter())
         if any(r["p90_us"] > 0 for r in rows):  # log scale needs a positive value
             ax2.set_yscale("log")
+            ax2.yaxis.set_major_formatter(FuncFormatter(_us_label))
+            ax2.yaxis.set_minor_formatter(FuncFormatter(_us_label) if _decades(rows) < 1 else NullFormatter())
         ax2.legend(fontsize=8)
     else:
         ax2.text(0.5, 0.5, "no all-reduce with a known message size\n(none in the data, or CUDA-graph replays, which carry no shapes)",
@@ -97,8 +126,10 @@ def warm_up() -> None:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     ax.plot([1, 2], [1, 2], "o-", label="x")
-    ax.set_xscale("log")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(_us_label))
     ax.barh(0, 1.0, label="y")
     ax.legend(fontsize=8)
     ax.set_title("µs")
