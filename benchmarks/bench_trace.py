@@ -1,13 +1,26 @@
 #!/usr/bin/env python3
 """fastverify's trace analyzer against Holistic Trace Analysis (HTA 0.5.0) on the same traces.
 
-For every case (a set of trace files, one per rank) both tools run as whole child processes, start-up
-and imports included, several times, interleaved:
+For every case (a set of trace files, one per rank) these run as whole child processes, start-up and
+imports included, several times, interleaved (the order is reversed on every other repeat):
 
-* HTA:        ``<hta python> -c <runner> ...`` -> ``TraceAnalysis(trace_files=[...])``,
-              ``get_temporal_breakdown()``, ``get_comm_comp_overlap()`` (HTA defaults; the rank of each
-              file comes from HTA's own regex on the file content, as with ``trace_dir``);
-* fastverify: ``<python> -m fastverify profile --trace FILE... --output OUT.json --no-png --quiet``.
+* HTA:             ``<hta python> -c <runner> ...`` -> ``TraceAnalysis(trace_files=[...])``,
+                   ``get_temporal_breakdown()``, ``get_comm_comp_overlap()`` (HTA defaults; the rank of
+                   each file comes from HTA's own regex on the file content, as with ``trace_dir``);
+* fastverify:      ``<python> -m fastverify profile --trace FILE... --output OUT.json --no-png --quiet``;
+* fastverify PNG:  the same without ``--no-png``: the JSON plus the PNG beside it (the default output);
+* fastverify ``--jobs 1`` (cases of 2 or more files only): the no-PNG run with the rank files decoded one
+                   after the other, against the default (one worker per core when there is enough JSON);
+                   ``sequential / parallel`` is the whole-process speed-up of the parallel decode;
+* floor:           ``<python> -c <floor runner> FILE...``: reads each file, inflates it with python-isal
+                   (``isal.igzip_lib.IgzipDecompressor(DECOMP_GZIP).decompress``) and does one typed
+                   msgspec decode of ``traceEvents`` into a small Struct (``ph``, ``cat``, ``name``, ``ts``,
+                   ``dur``, ``pid``, ``args`` kept as ``msgspec.Raw``), one file after the other, and prints
+                   the event count. That is the least any reader that looks at every event must do
+                   (inflate every byte, tokenize every event once, keep the fields an analysis needs);
+                   it analyses nothing and writes nothing, so ``fastverify / floor`` says how far the whole
+                   tool is from the cost of reading its input, and ``HTA / floor`` the same for HTA.
+                   Same launcher and interpreter as fastverify, so start-up and imports count alike.
 
 Each child is started (``posix_spawn``) and reaped (``os.wait4``) by a tiny launcher process, which
 reports the child's wall time and own ``rusage``: the peak memory is its ``ru_maxrss`` (on Linux the
@@ -15,6 +28,12 @@ maximum over the child and the descendants it waited for, e.g. HTA's multiproces
 their sum). The launcher exists because a child's ``ru_maxrss`` starts from the peak RSS of the
 process that spawned it; spawned straight from this process (which reads the traces) both tools would
 show this process's peak. The median wall time over the repeats is reported, with min and max.
+
+fastverify's JSON from every no-PNG, PNG and ``--jobs 1`` run of a case is compared with the first
+no-PNG one, ``created_utc`` left out: ``json identical: yes`` means the PNG and the worker processes
+change nothing in the numbers. The machine (nproc, CPU model, memory) and the load average at the
+start and the end are recorded; a 1-minute load average above 0.5 at the start is flagged, since the
+timings are then not from an idle machine.
 
 Then the numbers both tools compute are printed side by side per rank: HTA's ``idle_time(us)``,
 ``compute_time(us)``, ``non_compute_time(us)``, ``kernel_time(us)`` and the comm/compute overlap %,
@@ -24,10 +43,18 @@ start up / end down); one extra, untimed HTA run with rounding disabled (and, fo
 ``ProfilerStep#`` markers, one with the last step included) shows which part of each difference comes
 from rounding or step filtering; the rest is kernel classification, explained in the notes.
 
+Cases: the real traces under ``../shared/traces`` (``b200-eager``, ``hta-pair``, ``sglang-qwen3``); the
+derived ~50 MB ``b200-eager-xN`` (the B200 trace tiled N times by ``make_big_trace.py``) and the derived
+2-rank ``b200-rank-pair-xN`` (the same tiling written twice, ``--rank 0`` and ``--rank 1``); the real
+53.7 MB HTA test trace ``hta-df-index`` when ``bench_out/df_index_resolver.json.gz`` is present (see
+benchmarks/README.md for fetching it); and any ``--trace-case NAME=PATH[,PATH...]``. ``--no-big`` drops
+the ~50 MB ones.
+
 Usage (from the repository root, with the project's venv)::
 
     .venv/bin/python benchmarks/bench_trace.py                  # all cases, 3 repeats
     .venv/bin/python benchmarks/bench_trace.py --cases b200-eager --repeats 5 --json bench_out/r.json
+    .venv/bin/python benchmarks/bench_trace.py --no-big --trace-case mine=a.json.gz,b.json.gz
 
 HTA: ``pip install -e '.[bench]'`` puts it in the venv; otherwise the benchmark uses (and on first run
 creates) a separate venv ``bench_out/hta-venv`` with ``holistictraceanalysis==0.5.0``.
@@ -58,7 +85,15 @@ HTA_REQUIREMENT = "holistictraceanalysis==0.5.0"
 HTA_DIST = "holistictraceanalysis"
 HTA_VERSION = "0.5.0"
 NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
-SPEED_AIM = 10.0
+SPEED_AIM = 10.0  # issue 13: HTA / fastverify on a ~50 MB trace, whole process, without the PNG
+SPEED_AIM_PNG = 6.0  # the same with the PNG
+PARALLEL_AIM = 1.5  # issue 13: two ~50 MB rank files, --jobs 1 / default, on 2 idle cores
+BIG_JSON_BYTES = 40e6  # a case (or each file of a multi-rank case) this large is a "~50 MB" one
+IDLE_LOAD = 0.5  # 1-minute load average above this at the start: timings not from an idle machine
+HTA_TRACE_NAME = "df_index_resolver.json.gz"
+# The 53.7 MB, 216,092-event test trace of HTA (MIT): tests/data/df_index_resolver/ in
+# https://github.com/facebookresearch/HolisticTraceAnalysis, git blob of this id.
+HTA_TRACE_BLOB = "07019a1e8e6d026c4b834477b5691c2505badc1e"
 
 # (fastverify key in ranks[].hta, HTA column, unit, label)
 METRICS = (
@@ -126,6 +161,38 @@ signal.setitimer(signal.ITIMER_REAL, 0)
 print(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, os.waitstatus_to_exitcode(status), 1 if killed else 0)
 """
 
+# The floor: inflate + one typed decode of every event; prints the event count. See the module docstring.
+FLOOR_RUNNER = r"""
+import sys
+import msgspec
+from isal.igzip_lib import DECOMP_GZIP, IgzipDecompressor
+
+class Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str | None = None
+    args: msgspec.Raw = msgspec.Raw()
+
+class Trace(msgspec.Struct):
+    traceEvents: list[Event] = []
+
+decode = msgspec.json.Decoder(Trace).decode
+n = 0
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if path.endswith(".gz"):
+        d = IgzipDecompressor(DECOMP_GZIP)
+        data = d.decompress(data)
+        if not d.eof or d.unused_data:
+            sys.exit(f"{path}: not one complete gzip member; the floor reads single-member files only")
+    n += len(decode(data).traceEvents)
+print(n)
+"""
+
 VERSIONS_PROBE = r"""
 import json, platform, sys
 from importlib import metadata
@@ -156,8 +223,9 @@ class Case:
 
 
 def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | None,
-                   rebuild_big: bool) -> tuple[list[Case], list[str]]:
-    """The cases whose files exist, and one message per case skipped."""
+                   rebuild_big: bool, extra: list[Case] | None = None) -> tuple[list[Case], list[str]]:
+    """The cases whose files exist (building the derived ones when missing), and one line per case
+    skipped. ``extra`` (from --trace-case) is appended as given."""
     cases: list[Case] = []
     skipped: list[str] = []
     b200 = shared / "TraceLens" / "eager_trace.json.gz"
@@ -175,7 +243,7 @@ def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | Non
             cases.append(Case(name, files, note))
     if big:
         if not b200.is_file():
-            skipped.append(f"b200-eager-big: its source {b200} is missing")
+            skipped.append(f"b200-eager-big and b200-rank-pair: their source {b200} is missing")
         else:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import make_big_trace  # noqa: E402  (sibling script)
@@ -190,7 +258,38 @@ def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | Non
                 make_big_trace.make_big_trace(b200, path, copies=copies)
             cases.append(Case(f"b200-eager-x{copies}", [path],
                               f"DERIVED: real b200 trace tiled {copies}x (make_big_trace.py)"))
+            ranked = [out_dir / f"eager_trace_x{copies}_rank{r}.json.gz" for r in (0, 1)]
+            for r, p in enumerate(ranked):
+                if rebuild_big or not p.is_file():
+                    print(f"# building {p} ({copies} tiled copies of {b200.name}, rank {r}) ...", file=sys.stderr)
+                    make_big_trace.make_big_trace(b200, p, copies=copies, rank=r)
+            cases.append(Case(f"b200-rank-pair-x{copies}", ranked,
+                              f"DERIVED: 2 ranks, each the real b200 trace tiled {copies}x, distributedInfo.rank "
+                              f"set to 0 and 1 (make_big_trace.py --rank); same events in both"))
+        # looked for in the work folder, then in the default one (where the README puts it)
+        hta_trace = next((d / HTA_TRACE_NAME for d in (out_dir, DEFAULT_OUT) if (d / HTA_TRACE_NAME).is_file()),
+                         out_dir / HTA_TRACE_NAME)
+        if hta_trace.is_file():
+            cases.append(Case("hta-df-index", [hta_trace],
+                              "real 53.7 MB trace, HTA test data tests/data/df_index_resolver (MIT), rank 1 of 2"))
+        else:
+            skipped.append(f"hta-df-index: {hta_trace} not present (how to fetch it: benchmarks/README.md)")
+    cases.extend(extra or [])
     return cases, skipped
+
+
+def parse_trace_case(spec: str) -> Case:
+    """``NAME=PATH[,PATH...]`` -> a Case (one file per rank). Raises BenchError naming the bad part:
+    no ``=``, an empty name or list, or a path that is not a file."""
+    name, sep, paths = spec.partition("=")
+    name = name.strip()
+    if not sep or not name or not paths.strip():
+        raise BenchError(f"--trace-case {spec!r}: expected NAME=PATH[,PATH...]")
+    files = [Path(p.strip()).expanduser() for p in paths.split(",") if p.strip()]
+    for f in files:
+        if not f.is_file():
+            raise BenchError(f"--trace-case {name}: {f} is not a file")
+    return Case(name, files, f"given with --trace-case ({len(files)} file(s))")
 
 
 def _json_size(path: Path) -> int:
@@ -330,6 +429,11 @@ class Run:
     timed_out: bool = False
 
 
+def _ext(base: Path, ext: str) -> Path:
+    """``base`` with ``ext`` appended (not with_suffix: the run tags such as ``.r0`` must stay)."""
+    return base.parent / (base.name + ext)
+
+
 def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path,
                  timeout: float) -> Run:
     """Run cmd as one child of a tiny launcher; wall clock and rusage (os.wait4) come from the launcher.
@@ -337,9 +441,9 @@ def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path,
     Why a launcher: on Linux a child's ru_maxrss starts from the peak RSS of the process it was
     spawned from (exec keeps the old mm's high-water mark), so spawning the tools from this process,
     which has read the traces for their facts, would put a floor of this process's peak under both
-    tools' figures. The launcher stays at ~10 MB; `floor_mib` in the header shows that floor.
+    tools' figures. The launcher stays at ~10 MB; `launcher_floor_mib` in the header shows that floor.
     """
-    out_p, err_p = log_base.with_suffix(".out"), log_base.with_suffix(".err")
+    out_p, err_p = _ext(log_base, ".out"), _ext(log_base, ".err")
     exe = cmd[0] if os.path.isabs(cmd[0]) else (shutil.which(cmd[0]) or cmd[0])
     argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(out_p), str(err_p), str(cwd), str(timeout),
             os.path.abspath(exe), *cmd[1:]]
@@ -363,9 +467,27 @@ def hta_cmd(python: str, out_json: Path, files: list[Path], include_last: bool =
             *[str(f.resolve()) for f in files]]
 
 
-def fv_cmd(python: str, out_json: Path, files: list[Path]) -> list[str]:
-    return [python, "-m", "fastverify", "profile", "--trace", *[str(f.resolve()) for f in files],
-            "--output", str(out_json), "--no-png", "--quiet"]
+def fv_cmd(python: str, out_json: Path, files: list[Path], png: bool = False,
+           jobs: int | None = None) -> list[str]:
+    """fastverify's command line: --no-png unless png (then the PNG goes beside out_json);
+    --jobs only when given (None = fastverify's default)."""
+    cmd = [python, "-m", "fastverify", "profile", "--trace", *[str(f.resolve()) for f in files],
+           "--output", str(out_json), "--quiet"]
+    if not png:
+        cmd.append("--no-png")
+    if jobs is not None:
+        cmd += ["--jobs", str(jobs)]
+    return cmd
+
+
+def floor_cmd(python: str, files: list[Path]) -> list[str]:
+    return [python, "-c", FLOOR_RUNNER, *[str(f.resolve()) for f in files]]
+
+
+def same_json(a: Path, b: Path, ignore: tuple[str, ...] = ("created_utc",)) -> list[str]:
+    """Top-level keys whose values differ between two JSON files, ``ignore`` left out ([] = same)."""
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    return sorted(k for k in set(da) | set(db) if k not in ignore and da.get(k, ...) != db.get(k, ...))
 
 
 def hta_env(ns_rounding: bool) -> dict[str, str]:
@@ -404,38 +526,89 @@ def median_run(runs: list[Run]) -> dict[str, Any]:
     }
 
 
+# (key in the record, label in the table)
+TOOLS = (("hta", "HTA"), ("fastverify", "fv no-PNG"), ("fastverify_png", "fv PNG"),
+         ("fastverify_jobs1", "fv --jobs 1"), ("floor", "floor"))
+
+
 def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup: int,
-               log_dir: Path, timeout: float, extra_hta: bool) -> dict[str, Any]:
+               log_dir: Path, timeout: float, extra_hta: bool, floor_py: str | None = None) -> dict[str, Any]:
+    """Time every tool on one case (interleaved repeats after the warm-ups) and gather the numbers.
+
+    Returns the case's record: per tool a median_run() dict; ratios (HTA / fastverify and the floor's);
+    ``json_identical`` (bool or None) with ``json_differences``; the shared numbers; ``errors`` (list of
+    one-line strings, empty when all went well). A failed HTA or fastverify run ends the case (its
+    timings so far are dropped); a failed floor run only drops the floor.
+    """
     rec: dict[str, Any] = {"case": case.name, "note": case.note,
                            "files": [str(f) for f in case.files], "facts": case.facts,
                            "errors": []}
-    tools: dict[str, list[Run]] = {"hta": [], "fastverify": []}
-    outputs: dict[str, list[Path]] = {"hta": [], "fastverify": []}
+    order = ["hta"]
+    if fv_py:
+        order += ["fastverify", "fastverify_png"]
+        if len(case.files) >= 2:
+            order.append("fastverify_jobs1")
+    if floor_py:
+        order.append("floor")
+    tools: dict[str, list[Run]] = {t: [] for t in order}
+    outputs: dict[str, list[Path]] = {t: [] for t in order}
+    pngs: list[Path] = []
     env_hta, env_fv = hta_env(ns_rounding=True), dict(os.environ)
 
     def one(tool: str, tag: str) -> Run:
         base = log_dir / f"{case.name}.{tool}.{tag}"
         if tool == "hta":
-            out = base.with_suffix(".result.json")
+            out = _ext(base, ".result.json")
             run = run_measured(hta_cmd(hta_py, out, case.files), env_hta, log_dir, base, timeout)
+        elif tool == "floor":
+            out = _ext(base, ".out")
+            run = run_measured(floor_cmd(floor_py, case.files), env_fv, REPO, base, timeout)
         else:
-            out = base.with_suffix(".profile.json")
-            run = run_measured(fv_cmd(fv_py, out, case.files), env_fv, REPO, base, timeout)
+            out = _ext(base, ".profile.json")
+            for stale in (out, out.with_suffix(".png")):
+                stale.unlink(missing_ok=True)
+            run = run_measured(fv_cmd(fv_py, out, case.files, png=tool == "fastverify_png",
+                                      jobs=1 if tool == "fastverify_jobs1" else None),
+                               env_fv, REPO, base, timeout)
         if run.rc != 0 or not out.is_file():
             why = "timed out" if run.timed_out else f"exit {run.rc}"
             raise BenchError(f"{case.name}: {tool} run {tag} failed ({why}): {_err_tail(run)}")
+        if tool == "fastverify_png":
+            png = out.with_suffix(".png")
+            if not png.is_file() or png.stat().st_size == 0:
+                raise BenchError(f"{case.name}: fastverify run {tag} with the PNG wrote no {png.name}")
+            if tag.startswith("r"):
+                pngs.append(png)
+        if tool == "floor":
+            got = out.read_text().strip()
+            want = case.facts.get("events")
+            if want is not None and got != str(want):
+                raise BenchError(f"{case.name}: floor run {tag} decoded {got} events, the trace has {want}")
         if tag.startswith("r"):
             outputs[tool].append(out)
         return run
 
-    order = ["hta", "fastverify"] if fv_py else ["hta"]
+    def attempt(tool: str, tag: str) -> Run | None:
+        """One run; a floor failure drops the floor (recorded), any other failure propagates."""
+        try:
+            return one(tool, tag)
+        except BenchError as exc:
+            if tool != "floor":
+                raise
+            rec["errors"].append(str(exc))
+            order.remove("floor")
+            tools.pop("floor", None)
+            return None
+
     try:
         for w in range(warmup):
-            for tool in order:
-                one(tool, f"w{w}")
+            for tool in list(order):
+                attempt(tool, f"w{w}")
         for i in range(repeats):
-            for tool in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
-                tools[tool].append(one(tool, f"r{i}"))
+            for tool in (list(order) if i % 2 == 0 else order[::-1]):  # alternate who goes first
+                run = attempt(tool, f"r{i}")
+                if run is not None:
+                    tools[tool].append(run)
     except BenchError as exc:
         rec["errors"].append(str(exc))
         return rec
@@ -460,8 +633,39 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
                     k: v.get("hta") for k, v in fv_ranks.items()}:
                 rec["errors"].append(f"{case.name}: fastverify numbers differ between repeats")
                 break
-        rec["ratio_speed"] = rec["hta"]["wall_s_median"] / rec["fastverify"]["wall_s_median"]
+        rec["fastverify_png"] = median_run(tools["fastverify_png"])
+        if "fastverify_jobs1" in tools:
+            rec["fastverify_jobs1"] = median_run(tools["fastverify_jobs1"])
+        hta_w, fv_w = rec["hta"]["wall_s_median"], rec["fastverify"]["wall_s_median"]
+        fvp_w = rec["fastverify_png"]["wall_s_median"]
+        rec["ratio_speed"] = hta_w / fv_w
+        rec["ratio_speed_png"] = hta_w / fvp_w
         rec["ratio_memory"] = rec["hta"]["maxrss_mib_median"] / rec["fastverify"]["maxrss_mib_median"]
+        if "fastverify_jobs1" in rec:
+            rec["parallel_speedup"] = rec["fastverify_jobs1"]["wall_s_median"] / fv_w
+        # Same numbers with and without the PNG (and with --jobs 1): every run's JSON against the first.
+        ref = outputs["fastverify"][0]
+        diffs: dict[str, list[str]] = {}
+        for tool in ("fastverify", "fastverify_png", "fastverify_jobs1"):
+            for out in outputs.get(tool, []):
+                d = same_json(ref, out)
+                if d:
+                    diffs[out.name] = d
+        rec["json_identical"] = not diffs
+        rec["json_compared"] = sum(len(outputs.get(t, [])) for t in ("fastverify", "fastverify_png",
+                                                                      "fastverify_jobs1"))
+        rec["json_differences"] = diffs
+        if diffs:
+            rec["errors"].append(f"{case.name}: fastverify's JSON differs between runs (created_utc left out): "
+                                 + "; ".join(f"{n}: {', '.join(k)}" for n, k in sorted(diffs.items())[:3]))
+        rec["png_bytes"] = pngs[0].stat().st_size if pngs else None
+    if tools.get("floor"):
+        rec["floor"] = median_run(tools["floor"])
+        fl = rec["floor"]["wall_s_median"]
+        rec["hta_over_floor"] = rec["hta"]["wall_s_median"] / fl
+        if fv_py:
+            rec["fastverify_over_floor"] = rec["fastverify"]["wall_s_median"] / fl
+            rec["fastverify_png_over_floor"] = rec["fastverify_png"]["wall_s_median"] / fl
 
     # Untimed HTA variants that isolate rounding and step filtering.
     variants: dict[str, dict[int, dict[str, Any]]] = {}
@@ -473,7 +677,7 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
             specs.append(("hta_noround_last", False, True))
         for key, rounding, last in specs:
             base = log_dir / f"{case.name}.{key}"
-            out = base.with_suffix(".result.json")
+            out = _ext(base, ".result.json")
             run = run_measured(hta_cmd(hta_py, out, case.files, include_last=last), hta_env(rounding),
                                log_dir, base, timeout)
             if run.rc != 0 or not out.is_file():
@@ -579,16 +783,81 @@ def explain(rec: dict[str, Any]) -> list[str]:
     return notes
 
 
+def _x(v: float | None, nd: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}×"
+
+
+def is_big(rec: dict[str, Any]) -> bool:
+    """A ~50 MB case: at least BIG_JSON_BYTES of JSON (in all)."""
+    return rec.get("facts", {}).get("json_bytes", 0) >= BIG_JSON_BYTES
+
+
+def big_files(rec: dict[str, Any]) -> bool:
+    """Every rank file of the case is a ~50 MB one (the parallel-decode aim is set for those)."""
+    pf = rec.get("facts", {}).get("per_file", {})
+    return bool(pf) and all(p.get("json_bytes", 0) >= BIG_JSON_BYTES for p in pf.values())
+
+
+def summary_lines(rec: dict[str, Any]) -> list[str]:
+    """The end-of-report lines of one case: speed against HTA and the floor, the aims, json identity,
+    the parallel decode for multi-file cases. The first line is the `speed:` line."""
+    if "ratio_speed" not in rec:
+        return [f"speed: n/a ({'; '.join(rec.get('errors') or ['not measured'])[:200]})"]
+    fv, fvp = rec["fastverify"]["wall_s_median"], rec["fastverify_png"]["wall_s_median"]
+    fl = rec.get("floor", {}).get("wall_s_median")
+    floor_part = (f"floor / fastverify = {fl / fv:.2f} (no PNG), {fl / fvp:.2f} (PNG)" if fl
+                  else "floor / fastverify = n/a (no floor run)")
+    ok = rec["ratio_speed"] >= SPEED_AIM and rec["ratio_speed_png"] >= SPEED_AIM_PNG
+    if is_big(rec):
+        aim = "met" if ok else "MISSED"
+    else:
+        aim = (f"{'met' if ok else 'MISSED'} (the aim is set for ~50 MB; this case has "
+               f"{rec['facts'].get('json_bytes', 0) / 1e6:.1f} MB)")
+    out = [(f"speed: HTA / fastverify = {_x(rec['ratio_speed'])} (no PNG), {_x(rec['ratio_speed_png'])} (PNG); "
+            f"{floor_part}; aim {SPEED_AIM:.0f}× / {SPEED_AIM_PNG:.0f}×: {aim}")]
+    out.append(f"walls: HTA {rec['hta']['wall_s_median']:.3f} s, fastverify {fv:.3f} s (no PNG), {fvp:.3f} s (PNG)"
+               + (f", fastverify --jobs 1 {rec['fastverify_jobs1']['wall_s_median']:.3f} s"
+                  if "fastverify_jobs1" in rec else "")
+               + (f", floor {fl:.3f} s" if fl else ""))
+    if fl:
+        out.append(f"from the floor: fastverify / floor = {_x(rec['fastverify_over_floor'])} (no PNG), "
+                   f"{_x(rec['fastverify_png_over_floor'])} (PNG); HTA / floor = {_x(rec['hta_over_floor'])}")
+    out.append(f"peak memory: HTA / fastverify = {_x(rec['ratio_memory'])}")
+    out.append(f"json identical: {'yes' if rec.get('json_identical') else 'no'} "
+               f"({rec.get('json_compared', 0)} fastverify JSONs, no-PNG / PNG"
+               f"{' / --jobs 1' if 'fastverify_jobs1' in rec else ''}, created_utc left out)")
+    if "parallel_speedup" in rec:
+        ps = rec["parallel_speedup"]
+        verdict = (("met" if ps >= PARALLEL_AIM else "MISSED") if big_files(rec)
+                   else "n/a: the aim is set for ~50 MB rank files")
+        out.append(f"parallel decode: sequential / parallel = {_x(ps, 2)} (aim {PARALLEL_AIM}×): {verdict} "
+                   f"(fastverify --jobs 1 vs default, no PNG, whole process, {len(rec['files'])} files)")
+    return out
+
+
 def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str]) -> str:
     L: list[str] = []
     add = L.append
     add("# fastverify trace benchmark: fastverify profile vs Holistic Trace Analysis, whole processes")
     add(f"# date {meta['date']}  host {meta['host']}")
     add(f"# machine: nproc {meta['nproc']}, cpu {meta['cpu']}, memory {meta['mem_gib']:.1f} GiB")
+    la0, la1 = meta.get("loadavg_start"), meta.get("loadavg_end")
+    if la0:
+        add(f"# load average (1/5/15 min): at start {la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}"
+            + (f", at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}" if la1 else ""))
+        if la0[0] > IDLE_LOAD:
+            add(f"# WARNING: 1-minute load average {la0[0]:.2f} > {IDLE_LOAD} at the start: the machine was not idle "
+                f"(shared); the timings are slower and noisier than on an idle machine")
+    fl = meta.get("floor_env") or {}
+    if meta.get("floor_missing"):
+        add(f"# floor: NOT RUN ({meta['floor_missing']})")
+    elif fl:
+        add(f"# floor: isal {fl.get('isal')}  msgspec {fl.get('msgspec')}  python {fl.get('python')}")
     fv = meta.get("fastverify_env") or {}
     if fv:
         add(f"# fastverify {fv.get('fastverify')}  python {fv.get('python')} ({fv.get('executable')})  "
-            f"numpy {fv.get('numpy')}  orjson {fv.get('orjson')}")
+            f"numpy {fv.get('numpy')}  orjson {fv.get('orjson')}  msgspec {fv.get('msgspec')}  "
+            f"matplotlib {fv.get('matplotlib')}; --jobs default (one per core above 16 MiB of JSON in all)")
     else:
         add(f"# fastverify: NOT RUN ({meta.get('fastverify_missing')})")
     h = meta["hta_env"]
@@ -599,14 +868,15 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
     add(f"# repeats {meta['repeats']} per tool (median), {meta['warmup']} untimed warm-up each, runs interleaved; "
         f"wall = spawn to reap (start-up, imports, parse, analysis, output file); "
         f"peak memory = ru_maxrss of the child via os.wait4")
-    add(f"# children are spawned by a small launcher: a do-nothing child measures {meta['floor_mib']:.1f} MB "
-        f"(the floor); a bare `python -c pass` {meta['python_bare_mib']:.1f} MB, {meta['python_bare_wall_s']:.3f} s")
+    add(f"# children are spawned by a small launcher: a do-nothing child measures "
+        f"{meta['launcher_floor_mib']:.1f} MB (the launcher's floor under every maxrss); a bare `python -c pass` "
+        f"{meta['python_bare_mib']:.1f} MB, {meta['python_bare_wall_s']:.3f} s")
     for s in skipped:
         add(f"# skipped case {s}")
     add("#")
     hdr = ("case", "files", "json", "events", "tool", "wall", "min", "max", "user", "sys", "maxrss")
     units = ("", "", "(MB)", "", "", "(s)", "(s)", "(s)", "(s)", "(s)", "(MB)")
-    widths = (18, 5, 7, 9, 10, 8, 8, 8, 8, 7, 8)
+    widths = (20, 5, 7, 9, 11, 8, 8, 8, 8, 7, 8)
 
     def line(cells: tuple, lead: str = " ") -> str:
         out = [f"{cells[0]:>{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:])]
@@ -616,16 +886,16 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
     add(line(units, "#"))
     for rec in recs:
         f = rec.get("facts", {})
-        for tool, label in (("hta", "HTA"), ("fastverify", "fastverify")):
+        lead = (rec["case"], len(rec["files"]), f"{f.get('json_bytes', 0) / 1e6:.1f}", f"{f.get('events', 0):,}")
+        for tool, label in TOOLS:
             m = rec.get(tool)
             if not m:
-                add(line((rec["case"], len(rec["files"]), f"{f.get('json_bytes', 0) / 1e6:.1f}",
-                          f"{f.get('events', 0):,}", label) + ("n/a",) * 6))
+                if tool in ("hta", "fastverify"):
+                    add(line(lead + (label,) + ("n/a",) * 6))
                 continue
-            add(line((rec["case"], len(rec["files"]), f"{f.get('json_bytes', 0) / 1e6:.1f}",
-                      f"{f.get('events', 0):,}", label, f"{m['wall_s_median']:.3f}", f"{m['wall_s_min']:.3f}",
-                      f"{m['wall_s_max']:.3f}", f"{m['user_s_median']:.2f}", f"{m['sys_s_median']:.2f}",
-                      f"{m['maxrss_mib_median']:.1f}")))
+            add(line(lead + (label, f"{m['wall_s_median']:.3f}", f"{m['wall_s_min']:.3f}",
+                             f"{m['wall_s_max']:.3f}", f"{m['user_s_median']:.2f}", f"{m['sys_s_median']:.2f}",
+                             f"{m['maxrss_mib_median']:.1f}")))
     add("#")
     add("# shared numbers per rank: HTA get_temporal_breakdown()/get_comm_comp_overlap() vs fastverify ranks[].hta")
     add("# (diff = fastverify - HTA; HTA-noround: untimed HTA run with HTA_DISABLE_NS_ROUNDING=1; "
@@ -651,17 +921,12 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
                      _diff(r["fastverify"], like))
             add(" " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, nw)))
     add("#")
+    add("# summary (walls: medians, whole process; floor = isal gunzip + one typed msgspec decode of every "
+        "event, one file after the other)")
     for rec in recs:
-        if "ratio_speed" in rec:
-            add(f"# {rec['case']:<18} speed: HTA / fastverify = {rec['ratio_speed']:.1f}×   "
-                f"peak memory: HTA / fastverify = {rec['ratio_memory']:.1f}×")
-    big = [r for r in recs if "ratio_speed" in r and r.get("facts", {}).get("json_bytes", 0) >= 40e6]
-    for rec in big:
-        ok_speed = rec["ratio_speed"] >= SPEED_AIM
-        ok_mem = rec["ratio_memory"] > 1.0
-        add(f"# aim on {rec['case']} ({rec['facts']['json_bytes'] / 1e6:.0f} MB JSON): speed >= {SPEED_AIM:.0f}× "
-            f"{'MET' if ok_speed else 'NOT MET'} ({rec['ratio_speed']:.1f}×), lower peak memory "
-            f"{'MET' if ok_mem else 'NOT MET'} ({rec['ratio_memory']:.2f}×)")
+        add(f"# {rec['case']:<20} " + " ".join(summary_lines(rec)[0:1]))
+        for extra in summary_lines(rec)[1:]:
+            add(f"# {'':<20} {extra}")
     add("#")
     for rec in recs:
         add(f"# notes on {rec['case']} ({rec.get('note', '')}):")
@@ -701,13 +966,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder of the real traces (default: ../shared/traces from the repo root)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder (default: bench_out/)")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated case names (b200-eager, hta-pair, sglang-qwen3, b200-eager-xN)")
+                    help="comma-separated case names (b200-eager, hta-pair, sglang-qwen3, b200-eager-xN, "
+                         "b200-rank-pair-xN, hta-df-index, and those of --trace-case)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per tool and case (median shown)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool and case first")
-    ap.add_argument("--no-big", action="store_true", help="skip the ~50 MB derived trace")
+    ap.add_argument("--no-big", action="store_true",
+                    help="skip the ~50 MB cases (b200-eager-xN, b200-rank-pair-xN, hta-df-index)")
+    ap.add_argument("--trace-case", action="append", default=[], metavar="NAME=PATH[,PATH...]",
+                    help="one more case: these trace files, one per rank (repeatable)")
     ap.add_argument("--big-copies", type=int, default=None,
                     help="tiles of the b200 trace in the big case (default: nearest to 50 MB)")
-    ap.add_argument("--rebuild-big", action="store_true", help="rebuild the big trace even if present")
+    ap.add_argument("--rebuild-big", action="store_true", help="rebuild the derived traces even if present")
     ap.add_argument("--no-extra-hta", action="store_true",
                     help="skip the untimed HTA runs without rounding / with the last step")
     ap.add_argument("--hta-python", default=None, help="interpreter that has holistictraceanalysis 0.5.0")
@@ -720,18 +989,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         ap.error("--repeats must be >= 1 and --warmup >= 0")
+    load_start = os.getloadavg()
+    if load_start[0] > IDLE_LOAD:
+        print(f"# WARNING: 1-minute load average {load_start[0]:.2f} > {IDLE_LOAD}: the machine is not idle, "
+              f"timings will be slower and noisier", file=sys.stderr)
 
-    if not args.shared.is_dir():
-        print(f"# SKIPPED: shared traces not found at {args.shared} (pass --shared DIR)")
-        return 0
     out_dir = args.out.resolve()
     log_dir = out_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        hta_py, hta_how = resolve_hta_python(args.hta_python, out_dir, not args.no_install)
+        extra = [parse_trace_case(spec) for spec in args.trace_case]
+        names = [c.name for c in extra]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise BenchError(f"--trace-case: name {dup[0]} given twice")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        shared_skip = [] if args.shared.is_dir() else [f"shared traces: not found at {args.shared} (pass --shared DIR)"]
         cases, skipped = discover_cases(args.shared, out_dir, not args.no_big, args.big_copies,
                                         args.rebuild_big)
-    except BenchError as exc:
+        clash = sorted({c.name for c in cases} & set(names))
+        if clash:
+            raise BenchError(f"--trace-case: name {clash[0]} is a built-in case; pick another")
+        cases += extra
+        skipped = shared_skip + skipped
+    except (BenchError, OSError, ValueError) as exc:
         print(f"bench_trace: {exc}", file=sys.stderr)
         return 2
     if args.cases:
@@ -743,11 +1023,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         cases = [c for c in cases if c.name in want]
     if not cases:
-        print(f"# SKIPPED: no trace case available under {args.shared}: {'; '.join(skipped)}")
+        print(f"# SKIPPED: no trace case available: {'; '.join(skipped)}")
         return 0
+    try:
+        hta_py, hta_how = resolve_hta_python(args.hta_python, out_dir, not args.no_install)
+    except BenchError as exc:
+        print(f"bench_trace: {exc}", file=sys.stderr)
+        return 2
 
     meta = machine_meta()
-    meta.update(repeats=args.repeats, warmup=args.warmup, hta_how=hta_how,
+    meta.update(repeats=args.repeats, warmup=args.warmup, hta_how=hta_how, loadavg_start=list(load_start),
                 hta_env=probe_versions(hta_py, [HTA_DIST, "pandas", "numpy"]))
     fv_py: str | None = args.fastverify_python
     missing = fastverify_available(fv_py)
@@ -756,10 +1041,17 @@ def main(argv: list[str] | None = None) -> int:
         fv_py = None
         print(f"# fastverify side not run: {missing}", file=sys.stderr)
     else:
-        meta["fastverify_env"] = probe_versions(fv_py, ["fastverify", "numpy", "orjson"])
+        meta["fastverify_env"] = probe_versions(fv_py, ["fastverify", "numpy", "orjson", "msgspec", "matplotlib"])
+    floor_py: str | None = args.fastverify_python
+    meta["floor_env"] = probe_versions(floor_py, ["isal", "msgspec"])
+    lacking = [d for d in ("isal", "msgspec") if meta["floor_env"].get(d) is None]
+    if lacking:
+        meta["floor_missing"] = f"{floor_py} lacks {', '.join(lacking)} (pip install isal msgspec)"
+        floor_py = None
+        print(f"# floor not run: {meta['floor_missing']}", file=sys.stderr)
 
     # What a do-nothing child measures through the launcher: the floor under every figure.
-    calib = [("floor", ["/bin/true"]), ("python_bare", [fv_py or sys.executable, "-c", "pass"])]
+    calib = [("launcher_floor", ["/bin/true"]), ("python_bare", [fv_py or sys.executable, "-c", "pass"])]
     for key, cmd in calib:
         r = run_measured(cmd, dict(os.environ), out_dir, log_dir / f"calibrate.{key}", 60)
         meta[f"{key}_mib"] = r.maxrss_kib / 1024.0
@@ -781,13 +1073,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# running {case.name} ({len(case.files)} file(s), {case.facts['json_bytes'] / 1e6:.1f} MB JSON)"
               " ...", file=sys.stderr)
         recs.append(bench_case(case, hta_py, fv_py, args.repeats, args.warmup, log_dir, args.timeout,
-                               not args.no_extra_hta))
+                               not args.no_extra_hta, floor_py))
+    meta["loadavg_end"] = list(os.getloadavg())
     text = render(meta, recs, skipped)
     sys.stdout.write(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         for rec in recs:
-            for tool in ("hta", "fastverify"):
+            for tool, _ in TOOLS:
                 if tool in rec:
                     rec[tool]["runs"] = [dict(r, maxrss_mib=r["maxrss_kib"] / 1024.0) for r in rec[tool]["runs"]]
         args.json.write_text(json.dumps({"meta": meta, "skipped": skipped, "cases": recs}, indent=2,

@@ -11,10 +11,19 @@ Everything else is kept: the top-level metadata (``deviceProperties``, ``distrib
 ``python_function`` events (part of a real trace's size), the args and the source's JSON layout
 (4-space indentation). ``traceName`` says plainly that the file is derived and from what.
 
+``--rank R`` makes the copy claim to be rank ``R`` of the run: ``distributedInfo.rank`` is set to
+``R`` (``distributedInfo`` is added, first in the document, when the source has none) and a
+``world_size`` present there is raised to ``R + 1`` when it is smaller; ``traceName`` says so. Two
+such files (``--rank 0``, ``--rank 1``) are a derived 2-rank run for the benchmark's parallel-decode
+case: same events, different ranks. HTA reads a file's rank with the regex ``"rank":\\s+(\\d+)`` on
+the file text (its first match), which finds ``distributedInfo.rank`` as long as it comes before the
+events, as in Kineto's own layout.
+
 Usage::
 
     python benchmarks/make_big_trace.py                       # ~50 MB -> bench_out/
     python benchmarks/make_big_trace.py --copies 2 --out /tmp/x2.json.gz
+    python benchmarks/make_big_trace.py --rank 1 --out bench_out/eager_trace_x4_rank1.json.gz
 
 Only the standard library is used, so any Python 3.11 runs it.
 """
@@ -173,25 +182,58 @@ def write_trace(
     return written
 
 
+def with_rank(doc: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The document with ``distributedInfo.rank = rank`` (a shallow copy; ``doc`` is not changed).
+
+    A ``world_size`` (int) present in ``distributedInfo`` is raised to ``rank + 1`` if smaller; none is
+    added. Without ``distributedInfo`` one ``{"rank": rank}`` is put first in the document, so that
+    HTA's rank regex (first ``"rank":\\s+N`` in the file) meets it before any event.
+    Raises ValueError for a negative rank or a ``distributedInfo`` that is not an object.
+    """
+    if rank < 0:
+        raise ValueError(f"--rank must be >= 0, got {rank}")
+    info = doc.get("distributedInfo")
+    if info is None:
+        return {"distributedInfo": {"rank": rank}, **{k: v for k, v in doc.items() if k != "distributedInfo"}}
+    if not isinstance(info, dict):
+        raise ValueError(f"distributedInfo is a {type(info).__name__}, not an object")
+    new_info = dict(info)
+    new_info["rank"] = rank
+    ws = info.get("world_size")
+    if isinstance(ws, int) and not isinstance(ws, bool) and ws < rank + 1:
+        new_info["world_size"] = rank + 1
+    new_doc = dict(doc)
+    new_doc["distributedInfo"] = new_info
+    return new_doc
+
+
 def make_big_trace(
     source: Path,
     out: Path | None = None,
     copies: int | None = None,
     target_mb: float = DEFAULT_TARGET_MB,
     gap_us: float = DEFAULT_GAP_US,
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """Build the tiled trace; return a summary dict (path, copies, events, bytes)."""
+    """Build the tiled trace; return a summary dict (path, copies, events, json_bytes, gz_bytes, rank).
+
+    ``rank``: None keeps the source's ``distributedInfo``; an int sets ``distributedInfo.rank`` (see
+    ``with_rank``). Raises ValueError for a source without events, copies < 1 or a bad rank; OSError
+    from reading or writing. The output appears whole or not at all (written to ``.part``, renamed).
+    """
     doc, src_bytes = load_trace(source)
-    events = doc.get("traceEvents")
-    if not isinstance(events, list) or not events:
+    if not isinstance(doc, dict) or not isinstance(events := doc.get("traceEvents"), list) or not events:
         raise ValueError(f"{source}: no traceEvents to tile")
+    if rank is not None:
+        doc = with_rank(doc, rank)
     if copies is None:
         copies = max(1, round(target_mb * 1e6 / src_bytes))
     if copies < 1:
         raise ValueError("copies must be >= 1")
     if out is None:
         stem = source.name.split(".")[0]
-        out = DEFAULT_OUT_DIR / f"{stem}_x{copies}.json.gz"
+        tail = "" if rank is None else f"_rank{rank}"
+        out = DEFAULT_OUT_DIR / f"{stem}_x{copies}{tail}.json.gz"
     orig_name = doc.get("traceName", "")
     label = (
         f"DERIVED TRACE (not a recording): the real trace {source.name}"
@@ -199,6 +241,8 @@ def make_big_trace(
         f" fastverify benchmarks/make_big_trace.py; ts, correlation, External id, Ev Idx,"
         f" Python id/parent id and flow ids shifted per copy"
     )
+    if rank is not None:
+        label += f"; distributedInfo.rank set to {rank} (not the recorded rank; events are the source's)"
     # Keep the key order of the source; traceName stays where it was (added last if absent).
     new_doc = dict(doc)
     new_doc["traceName"] = label
@@ -210,6 +254,7 @@ def make_big_trace(
         "events": len(events) * copies,
         "json_bytes": nbytes,
         "gz_bytes": out.stat().st_size,
+        "rank": rank,
     }
 
 
@@ -222,18 +267,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="aim for about this many MB of uncompressed JSON (default 50)")
     ap.add_argument("--gap-us", type=float, default=DEFAULT_GAP_US,
                     help="idle gap between copies in µs (default 1000)")
+    ap.add_argument("--rank", type=int, default=None,
+                    help="set distributedInfo.rank to this (world_size raised to rank+1 if smaller)")
     args = ap.parse_args(argv)
+    if args.rank is not None and args.rank < 0:
+        print(f"make_big_trace: --rank must be >= 0, got {args.rank}", file=sys.stderr)
+        return 2
     if not args.source.exists():
         print(f"make_big_trace: source trace not found: {args.source}", file=sys.stderr)
         return 2
     try:
-        info = make_big_trace(args.source, args.out, args.copies, args.target_mb, args.gap_us)
+        info = make_big_trace(args.source, args.out, args.copies, args.target_mb, args.gap_us, rank=args.rank)
     except (OSError, ValueError) as exc:
         print(f"make_big_trace: {exc}", file=sys.stderr)
         return 2
     print(
         f"wrote {info['path']}: {info['copies']} copies, {info['events']:,} events,"
         f" {info['json_bytes'] / 1e6:.1f} MB JSON ({info['gz_bytes'] / 1e6:.1f} MB gz)"
+        + ("" if info["rank"] is None else f", distributedInfo.rank {info['rank']}")
     )
     return 0
 

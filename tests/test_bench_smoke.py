@@ -100,6 +100,146 @@ def _hta_python() -> str | None:
     return py
 
 
+def test_make_big_trace_rank_sets_distributed_info(tmp_path):
+    mbt = _load("make_big_trace")
+    src = tmp_path / "src.json.gz"
+    with gzip.open(src, "wt") as fh:
+        json.dump(_tiny_trace(), fh, indent=4)  # rank 0 of world_size 2
+    for rank, world in ((1, 2), (3, 4)):  # world_size kept at 2 for rank 1, raised to 4 for rank 3
+        out = tmp_path / f"r{rank}.json.gz"
+        rc = _load("make_big_trace").main(["--source", str(src), "--out", str(out), "--copies", "2",
+                                            "--rank", str(rank)])
+        assert rc == 0
+        raw = gzip.open(out).read()
+        doc = json.loads(raw)
+        assert doc["distributedInfo"] == {"backend": "nccl", "rank": rank, "world_size": world}
+        assert int(re.search(rb'"rank":\s+(\d+)', raw).group(1)) == rank  # what HTA reads
+        assert f"distributedInfo.rank set to {rank}" in doc["traceName"] and "DERIVED" in doc["traceName"]
+        assert len(doc["traceEvents"]) == 14
+    # a source without distributedInfo gets one, first in the file, so HTA's regex meets it first
+    bare = {k: v for k, v in _tiny_trace().items() if k != "distributedInfo"}
+    bare["traceEvents"] = bare["traceEvents"] + [{"ph": "X", "cat": "user_annotation", "name": "u", "pid": 1,
+                                                  "tid": 1, "ts": 1.0, "dur": 1.0, "args": {"rank": 5}}]
+    src2 = tmp_path / "bare.json"
+    src2.write_text(json.dumps(bare, indent=4))
+    info = mbt.make_big_trace(src2, tmp_path / "b.json", copies=1, rank=2)
+    raw = (tmp_path / "b.json").read_bytes()
+    assert info["rank"] == 2 and list(json.loads(raw))[0] == "distributedInfo"
+    assert json.loads(raw)["distributedInfo"] == {"rank": 2}
+    assert int(re.search(rb'"rank":\s+(\d+)', raw).group(1)) == 2
+
+
+def test_make_big_trace_rejects_negative_rank(tmp_path):
+    out = tmp_path / "x.json"
+    res = subprocess.run([sys.executable, str(BENCH / "make_big_trace.py"), "--source", str(tmp_path / "none.json"),
+                          "--out", str(out), "--rank", "-1"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "make_big_trace: --rank must be >= 0, got -1"
+    assert not out.exists()
+
+
+def test_floor_runner_counts_every_event(tmp_path):
+    """The floor child (isal inflate + one typed msgspec decode) on a gzip and a plain file: 7 + 7 events."""
+    pytest.importorskip("isal")
+    bt = _load("bench_trace")
+    gz, plain = tmp_path / "t.json.gz", tmp_path / "t.json"
+    with gzip.open(gz, "wt") as fh:
+        json.dump(_tiny_trace(), fh)
+    plain.write_text(json.dumps(_tiny_trace()))
+    res = subprocess.run(bt.floor_cmd(sys.executable, [gz, plain]), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "14"
+    two = tmp_path / "two.json.gz"  # two gzip members: refused, not half-read
+    two.write_bytes(gzip.compress(b'{"traceEvents": []}') + gzip.compress(b"{}"))
+    res = subprocess.run(bt.floor_cmd(sys.executable, [two]), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "not one complete gzip member" in res.stderr
+
+
+def test_same_json_ignores_only_created_utc(tmp_path):
+    bt = _load("bench_trace")
+    a, b, c = (tmp_path / f"{n}.json" for n in "abc")
+    a.write_text(json.dumps({"created_utc": "2026-01-01T00:00:00+00:00", "ranks": [{"rank": 0, "x": 1.5}]}))
+    b.write_text(json.dumps({"created_utc": "2026-01-01T00:00:09+00:00", "ranks": [{"rank": 0, "x": 1.5}]}))
+    c.write_text(json.dumps({"created_utc": "2026-01-01T00:00:00+00:00", "ranks": [{"rank": 0, "x": 1.25}],
+                             "extra": 1}))
+    assert bt.same_json(a, b) == []
+    assert bt.same_json(a, c) == ["extra", "ranks"]
+
+
+def test_trace_case_parsing(tmp_path):
+    bt = _load("bench_trace")
+    f0, f1 = tmp_path / "r0.json", tmp_path / "r1.json"
+    f0.write_text("{}")
+    f1.write_text("{}")
+    case = bt.parse_trace_case(f"mine={f0}, {f1}")
+    assert case.name == "mine" and case.files == [f0, f1]
+    for bad, msg in (("mine", "expected NAME=PATH"), (f"={f0}", "expected NAME=PATH"),
+                     (f"mine={tmp_path / 'nope.json'}", "nope.json is not a file")):
+        with pytest.raises(bt.BenchError, match=msg):
+            bt.parse_trace_case(bad)
+    # on the command line: one line, exit 2, before HTA is looked for or anything is built
+    res = subprocess.run([sys.executable, str(BENCH / "bench_trace.py"), "--no-big", "--no-install",
+                          "--out", str(tmp_path / "o"), "--trace-case", f"x={tmp_path / 'nope.json'}"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == f"bench_trace: --trace-case x: {tmp_path / 'nope.json'} is not a file"
+    assert not (tmp_path / "o").exists()
+
+
+def _rec(json_mb: float, files_mb: list[float], hta: float, fv: float, fvp: float, floor: float,
+         jobs1: float | None = None) -> dict:
+    rec = {"case": "c", "files": [f"f{i}" for i in range(len(files_mb))],
+           "facts": {"json_bytes": json_mb * 1e6,
+                     "per_file": {str(i): {"json_bytes": m * 1e6} for i, m in enumerate(files_mb)}},
+           "hta": {"wall_s_median": hta}, "fastverify": {"wall_s_median": fv},
+           "fastverify_png": {"wall_s_median": fvp}, "floor": {"wall_s_median": floor},
+           "ratio_speed": hta / fv, "ratio_speed_png": hta / fvp, "ratio_memory": 2.0,
+           "hta_over_floor": hta / floor, "fastverify_over_floor": fv / floor,
+           "fastverify_png_over_floor": fvp / floor, "json_identical": True, "json_compared": 3}
+    if jobs1 is not None:
+        rec["fastverify_jobs1"] = {"wall_s_median": jobs1}
+        rec["parallel_speedup"] = jobs1 / fv
+    return rec
+
+
+def test_summary_lines_judge_the_aims():
+    bt = _load("bench_trace")
+    # 12 s / 1.2 s = 10.0x, 12 s / 2 s = 6.0x: both aims met exactly; floor 0.6 s: 0.50 and 0.30
+    lines = bt.summary_lines(_rec(50, [50], hta=12.0, fv=1.2, fvp=2.0, floor=0.6))
+    assert lines[0] == ("speed: HTA / fastverify = 10.0× (no PNG), 6.0× (PNG); floor / fastverify = 0.50 (no PNG), "
+                        "0.30 (PNG); aim 10× / 6×: met")
+    assert "from the floor: fastverify / floor = 2.0× (no PNG), 3.3× (PNG); HTA / floor = 20.0×" in lines
+    assert any(ln.startswith("json identical: yes (3 fastverify JSONs") for ln in lines)
+    # 12 / 2.5 = 4.8x with the PNG: missed; a 3 MB case says the aim is set for ~50 MB
+    assert bt.summary_lines(_rec(50, [50], 12.0, 1.2, 2.5, 0.6))[0].endswith("aim 10× / 6×: MISSED")
+    assert "MISSED (the aim is set for ~50 MB; this case has 3.0 MB)" in bt.summary_lines(
+        _rec(3, [3], 12.0, 1.2, 2.5, 0.6))[0]
+    # two 50 MB ranks: --jobs 1 1.8 s over the default 1.2 s = 1.50x, met; 1.7 s = 1.42x, missed
+    par = [ln for ln in bt.summary_lines(_rec(100, [50, 50], 24.0, 1.2, 2.0, 0.6, jobs1=1.8))
+           if ln.startswith("parallel decode")]
+    assert par and par[0].startswith("parallel decode: sequential / parallel = 1.50× (aim 1.5×): met")
+    par = [ln for ln in bt.summary_lines(_rec(100, [50, 50], 24.0, 1.2, 2.0, 0.6, jobs1=1.7))
+           if ln.startswith("parallel decode")]
+    assert par[0].startswith("parallel decode: sequential / parallel = 1.42× (aim 1.5×): MISSED")
+
+
+def test_benchmark_skips_without_any_case(tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH / "bench_trace.py"), "--shared", str(tmp_path / "none"),
+                          "--no-big", "--no-install", "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("# SKIPPED: no trace case available: shared traces: not found at")
+
+
+def _hta_python() -> str | None:
+    bt = _load("bench_trace")
+    try:
+        py, _ = bt.resolve_hta_python(None, REPO / "bench_out", install=False)
+    except Exception:
+        return None
+    return py
+
+
 @pytest.mark.skipif(not (SHARED / "HolisticTraceAnalysis" / "sampled_rank-0.json.gz").is_file(),
                     reason="shared traces not present")
 def test_benchmark_runs_on_the_hta_pair(tmp_path):
@@ -111,17 +251,37 @@ def test_benchmark_runs_on_the_hta_pair(tmp_path):
         [sys.executable, str(BENCH / "bench_trace.py"), "--cases", "hta-pair", "--repeats", "1", "--warmup", "0",
          "--no-big", "--no-install", "--no-extra-hta", "--hta-python", hta_py, "--out", str(tmp_path),
          "--json", str(js)],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+        capture_output=True, text=True, timeout=180, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
-    assert re.search(r"speed: HTA / fastverify = \d+\.\d×", res.stdout)
-    assert re.search(r"peak memory: HTA / fastverify = \d+\.\d×", res.stdout)
-    rec = json.loads(js.read_text())["cases"][0]
+    doc = json.loads(js.read_text())
+    rec = doc["cases"][0]
     assert not rec["errors"]
     ranks = {r["rank"] for r in rec["numbers"]}
     assert ranks == {0, 1}
     # integer-us traces: HTA's rounding does not apply; the pair's comm kernel count agrees
     kt = {r["rank"]: r for r in rec["numbers"] if r["metric"] == "kernel_time"}
     assert kt[0]["hta"] > 0 and kt[0]["fastverify"] > 0
+    # every tool ran once; the printed ratios are the ratios of the recorded walls
+    walls = {t: rec[t]["runs"][0]["wall_s"] for t in ("hta", "fastverify", "fastverify_png", "fastverify_jobs1",
+                                                      "floor")}
+    m = re.search(r"speed: HTA / fastverify = (\d+\.\d)× \(no PNG\), (\d+\.\d)× \(PNG\); "
+                  r"floor / fastverify = (\d\.\d\d) \(no PNG\), (\d\.\d\d) \(PNG\); aim 10× / 6×: (met|MISSED)",
+                  res.stdout)
+    assert m, res.stdout[-3000:]
+    assert float(m[1]) == round(walls["hta"] / walls["fastverify"], 1)
+    assert float(m[2]) == round(walls["hta"] / walls["fastverify_png"], 1)
+    assert float(m[3]) == round(walls["floor"] / walls["fastverify"], 2)
+    assert re.search(r"peak memory: HTA / fastverify = \d+\.\d×", res.stdout)
+    assert "json identical: yes (3 fastverify JSONs, no-PNG / PNG / --jobs 1" in res.stdout
+    assert rec["json_identical"] is True and rec["png_bytes"] > 0
+    m = re.search(r"parallel decode: sequential / parallel = (\d+\.\d\d)×", res.stdout)
+    assert m and float(m[1]) == round(walls["fastverify_jobs1"] / walls["fastverify"], 2)
+    assert "hta-pair" in res.stdout and re.search(r"hta-pair .*\bfloor\b", res.stdout)
+    # the floor decoded every event of both files (checked against the trace facts by the benchmark)
+    assert (tmp_path / "logs" / "hta-pair.floor.r0.out").read_text().strip() == str(rec["facts"]["events"])
+    la = doc["meta"]["loadavg_start"]
+    assert len(la) == 3 and len(doc["meta"]["loadavg_end"]) == 3
+    assert ("WARNING: 1-minute load average" in res.stdout) == (la[0] > 0.5)
 
 
 # ---------------------------------------------------------------------------------------------
