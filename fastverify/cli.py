@@ -299,16 +299,28 @@ def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
     if args.jobs is not None and not args.trace:
         raise UserError("--jobs sets how many --trace files are decoded at once; it does not apply without --trace")
-    painter = None
+    painter = _EARLY.pop("painter", None)
     try:
-        if args.trace and not args.no_png:
-            from fastverify.painter import Painter
-
-            painter = Painter.start()  # imports matplotlib in a child while the traces load
+        if not (args.trace and not args.no_png) and painter is not None:
+            painter.close()
+            painter = None
         return _profile(args, argv, painter)
     finally:
         if painter is not None:
             painter.close()
+
+
+_EARLY: dict = {}  # what main() started before parsing (the painter of a `profile --trace` run)
+
+
+def _start_painter_early(argv: list[str]) -> None:
+    """``profile --trace`` with a PNG: fork the painter before anything else is imported, so its
+    matplotlib import overlaps the parsing and the trace loading (:mod:`fastverify.painter`)."""
+    if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
+            and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
+        from fastverify.painter import Painter
+
+        _EARLY["painter"] = Painter.start()
 
 
 def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
@@ -527,6 +539,16 @@ def _read_text(path: Path, kind: str = "text") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _start_painter_early(argv)
+    try:
+        return _main(argv)
+    finally:
+        leftover = _EARLY.pop("painter", None)  # parsing failed, or another path never took it
+        if leftover is not None:
+            leftover.close()
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
