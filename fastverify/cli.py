@@ -391,7 +391,7 @@ def _live(args: argparse.Namespace):
     ranks = run_live(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch, iters=args.iters,
                      warmup=args.warmup, device=args.device, timeout_s=args.timeout,
                      trace_dir=None if trace_dir is None else str(trace_dir), backend=args.backend,
-                     dtype=args.dtype)
+                     dtype=args.dtype, progress=not args.quiet)
     meta = ranks[0].meta
     source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
               "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,

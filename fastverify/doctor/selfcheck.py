@@ -435,7 +435,7 @@ def check_live_tp1(ctx: _Context) -> Outcome:
 
     iters = 3
     ranks = run_live(load_model_config("tiny"), tp=1, draft_tokens=4, batch=1, iters=iters, warmup=1,
-                     device="cuda", timeout_s=LIVE_TIMEOUT_S)
+                     device="cuda", timeout_s=LIVE_TIMEOUT_S, progress=False)
     r = ranks[0]
     names = [r.names[i] for i in r.name_id]
     counts = {n: names.count(n) for n in sorted(set(names))}

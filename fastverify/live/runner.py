@@ -8,7 +8,10 @@ goes to each rank as a JSON file and the result comes back as ``rank<r>.json`` i
 directory; stderr goes to ``rank<r>.stderr`` there, and stdout is never parsed. A rank that exits
 non-zero or outlives ``timeout_s`` ends the run: every rank's process group is stopped by the one
 launcher's kill rule (:class:`fastverify.procs.RankGroup`: SIGTERM, then SIGKILL) and
-:class:`~fastverify.errors.UserError` names the rank and the last line of its stderr.
+:class:`~fastverify.errors.UserError` names the rank and the last line of its stderr. While the
+parent waits it reads each rank's ``rank<r>.progress`` (one line per stage: joined, weights built,
+and on rank 0 each forward done) and prints progress lines on stderr (:mod:`fastverify.progress`).
+A CPU run's time and memory are estimated before any rank starts (:func:`estimate_cpu_run`).
 
 Clocks
 ------
@@ -33,7 +36,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -43,7 +46,7 @@ import orjson
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
-from fastverify.live.config import ModelConfig, check_tp
+from fastverify.live.config import ModelConfig, check_tp, rank_memory
 from fastverify.procs import (
     RankGroup,
     child_env as _child_env,
@@ -53,6 +56,7 @@ from fastverify.procs import (
     rank_device,
     rank_workdir,
 )
+from fastverify.progress import Progress, say
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,7 @@ def run_live(
     trace_dir: str | None = None,
     backend: str | None = None,
     dtype: str = "bfloat16",
+    progress: bool = True,
 ) -> list[RankEvents]:
     """Time ``iters`` verify forwards of ``config`` on ``tp`` ranks (after ``warmup`` untimed ones).
 
@@ -90,7 +95,12 @@ def run_live(
         Timed forwards (one :class:`~fastverify.events.Step` each, named ``verify#<i>``) and
         untimed ones before them.
     device : {"auto", "cpu", "cuda"}
-        ``"auto"`` is CUDA + NCCL when ``torch.cuda.device_count() >= tp``, else CPU + gloo.
+        ``"auto"`` is CUDA + NCCL when ``torch.cuda.device_count() >= tp``, else CPU + gloo; that
+        fallback is said at once on stderr (unless ``progress`` is False), before any rank
+        starts, in one ``fastverify:`` line: why (no CUDA, or only K GPUs for ``tp``) and the CPU
+        run's estimated time and memory (:func:`estimate_cpu_run`), with a warning when the
+        estimate is over ``timeout_s``. An explicit ``"cpu"`` run says its estimate only in that
+        last case.
     timeout_s : float
         Limit for the whole run, start-up included, in seconds, in (0, 86400].
     trace_dir : str | None
@@ -103,6 +113,13 @@ def run_live(
     dtype : str
         torch dtype name of weights, activations and all-reduces (``bfloat16``, ``float16``,
         ``float32``).
+    progress : bool
+        Progress lines on stderr (:class:`fastverify.progress.Progress`: none in the first 2 s,
+        then at most one a second): ranks started ``i/tp``, weights built ``i/tp``, forwards done
+        ``i/(warmup + iters)`` with the time left. The ranks report through small files in the
+        run's folder (``rank<r>.progress``; forwards from rank 0 only), which the parent reads
+        while it waits. ``FASTVERIFY_PROGRESS_AFTER_S=0`` prints from the first step. False
+        (``--quiet``): nothing on stderr but errors (no progress lines, no fallback line).
 
     Returns
     -------
@@ -124,10 +141,13 @@ def run_live(
     UserError
         Bad arguments, a model that ``tp`` cannot split, a shape whose memory
         (:func:`~fastverify.live.config.rank_memory`, a lower bound) exceeds the host's available
-        memory (CPU, all ranks) or a GPU's total (CUDA, per rank), a CUDA request without ``tp`` GPUs, an
+        memory (CPU, all ranks, with each process's interpreter: :func:`estimate_cpu_run`) or a
+        GPU's total (CUDA, per rank), a CUDA request without ``tp`` GPUs, an
         unknown backend or one that cannot run here (the probe's one-line reason), or a rank that
-        crashed or timed out (the message names the rank and its last stderr line).
+        crashed or timed out (the message names the rank, how far the run got and the rank's last
+        stderr line).
     """
+    job_start = time.monotonic()
     check_tp(config, tp)
     for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
                              ("--iters", iters, 1), ("--warmup", warmup, 0)):
@@ -146,8 +166,12 @@ def run_live(
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    use_cuda = _pick_device(device, tp, torch)
-    _check_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype=dtype, cuda=use_cuda, torch=torch)
+    use_cuda, fallback = _pick_device(device, tp, torch)
+    dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    estimate = None if use_cuda else estimate_cpu_run(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
+                                                      iters=iters, warmup=warmup, dtype_bytes=dtype_bytes)
+    _check_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype=dtype, cuda=use_cuda, torch=torch,
+                  estimate=estimate, fallback=fallback)
     ar_backend = _pick_backend(backend, use_cuda, tp, dtype, torch)
     warnings: list[str] = []
     if trace_dir is not None and not use_cuda:
@@ -171,6 +195,13 @@ def run_live(
 
         # IPC kernels hang without P2P; only the real read/write check proves it (cached per box).
         p2p_ok, p2p_note = summarize_p2p(check_p2p(pairs=[(a, b) for a in range(tp) for b in range(a + 1, tp)]))
+    if estimate is not None and progress:  # after every refusal (each is one line alone), before any rank starts
+        late = (f"; that is over --timeout {timeout_s:g} s, so raise --timeout or the run will be stopped"
+                if estimate.seconds > timeout_s else "")
+        if fallback:
+            say(f"live run on CPU + gloo, not CUDA: {fallback}; {estimate.describe(config.name)}{late}")
+        elif late:
+            say(f"live run on CPU: {estimate.describe(config.name)}{late}")
     logger.info("live verify: model %s, tp %d, T = %d tokens, all-reduce %s over %s on %s",
                 config.name, tp, batch * draft_tokens, ar_backend, dist_backend, "cuda" if use_cuda else "cpu")
 
@@ -199,8 +230,10 @@ def run_live(
         with rank_workdir("fastverify-live-") as workdir:
             spec_path = Path(workdir) / "spec.json"
             spec_path.write_bytes(orjson.dumps(spec))
+            watch = _LiveWatch(workdir, tp, warmup=warmup, iters=iters, enabled=progress, job_start=job_start,
+                               estimate=estimate)
             try:
-                _launch(_worker_argv(str(spec_path)), tp, timeout_s, workdir, _child_env())
+                _launch(_worker_argv(str(spec_path)), tp, timeout_s, workdir, _child_env(), watch=watch)
             except UserError:
                 # A backend a rank could not build: its probe's line, not "rank r failed".
                 refused = sorted(Path(workdir).glob("rank*.unavailable"))
@@ -263,39 +296,291 @@ def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
 
 
 def _check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype: str, cuda: bool,
-                  torch) -> None:
-    """Refuse, before any rank starts, a shape whose lower-bound memory
-    (:func:`fastverify.live.config.rank_memory`) exceeds what this machine has, naming the flags."""
-    from fastverify.live.config import rank_memory
-    from fastverify.live.forward import DEFAULT_CONTEXT_TOKENS
-
+                  torch, estimate: CpuEstimate | None = None, fallback: str | None = None) -> None:
+    """Refuse, before any rank starts, a shape whose memory exceeds what this machine has, naming
+    the flags. CUDA: :func:`fastverify.live.config.rank_memory` (a lower bound) per GPU. CPU: all
+    ranks share the host, so the need is ``estimate.memory_bytes`` (:func:`estimate_cpu_run`: that
+    lower bound plus each process's Python and torch) against ``MemAvailable``. ``fallback``: why
+    ``--device auto`` chose the CPU, named in the message."""
     have = _available_bytes(cuda, tp, torch)
     if have is None:
         return
     mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
                       dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
-                      context_tokens=DEFAULT_CONTEXT_TOKENS)
-    need = mem.total if cuda else tp * mem.total  # CPU ranks share the host's memory
+                      context_tokens=_context_tokens())
+    need = mem.total if cuda or estimate is None else estimate.memory_bytes
     if need > have[0]:
         gib = 2 ** 30
-        who = f"each rank needs at least {mem.total / gib:.1f} GiB" if cuda else \
-            f"{tp} ranks need at least {need / gib:.1f} GiB ({mem.total / gib:.1f} each)"
+        if cuda:
+            who = f"each rank needs at least {mem.total / gib:.1f} GiB"
+        else:
+            who = (f"{tp} ranks need at least {need / gib:.1f} GiB ({mem.total / gib:.1f} each, "
+                   f"+ {CPU_PROCESS_BYTES / 2 ** 20:.0f} MiB per process for Python and torch)")
+        physical = _physical_bytes()
+        of = f" (of {physical / gib:.1f} GiB physical)" if not cuda and physical else ""
+        where = f" on CPU ({fallback})" if fallback else ""
         raise UserError(f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of "
-                        f"{config.name} at --tp {tp}: {who} (weights and KV context {mem.setup / gib:.1f}, "
-                        f"largest temporary {mem.transient / gib:.1f}); this machine has {have[0] / gib:.1f} GiB {have[1]}; "
-                        "lower --batch or --draft-tokens")
+                        f"{config.name} at --tp {tp}{where}: {who} (weights and KV context {mem.setup / gib:.1f}, "
+                        f"largest temporary {mem.transient / gib:.1f}); this machine has {have[0] / gib:.1f} GiB "
+                        f"{have[1]}{of}; lower --batch or --draft-tokens"
+                        f"{'' if cuda or tp == 1 else ', or --tp (each CPU rank is a process of its own)'}")
 
 
-def _pick_device(device: str, tp: int, torch) -> bool:
-    """True for CUDA + NCCL, False for CPU + gloo."""
+def _physical_bytes() -> int | None:
+    """The host's physical memory in bytes (``SC_PHYS_PAGES`` × ``SC_PAGE_SIZE``), None when unknown."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _context_tokens() -> int:
+    from fastverify.live.forward import DEFAULT_CONTEXT_TOKENS
+
+    return DEFAULT_CONTEXT_TOKENS
+
+
+def _pick_device(device: str, tp: int, torch) -> tuple[bool, str | None]:
+    """``(True, None)`` for CUDA + NCCL; ``(False, why)`` for CPU + gloo, where ``why`` says why
+    ``"auto"`` fell back to the CPU (None for ``--device cpu``)."""
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
     if device == "cpu":
-        return False
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return False, None
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
     if device == "cuda" and count < tp:
         raise UserError(f"--device cuda needs {tp} GPUs for --tp {tp}, found {count}")
-    return count >= tp
+    if count >= tp:
+        return True, None
+    if not available:
+        why = ("this torch has no CUDA (a CPU-only build)" if torch.version.cuda is None
+               else "no CUDA GPU found (torch.cuda.is_available() is False)")
+    else:
+        why = f"only {count} GPU{'' if count == 1 else 's'} for --tp {tp}"
+    return False, why
+
+
+# ---- what a CPU run will cost ---------------------------------------------------------------------
+
+# Calibration of estimate_cpu_run (see its docstring for the runs these come from).
+CPU_PROCESS_BYTES = 192 * 2 ** 20
+"""Memory of one rank process beyond its tensors (Python, torch, gloo), bytes: measured PSS."""
+CPU_PARENT_BYTES = 320 * 2 ** 20
+"""Memory of the parent ``fastverify`` process (it imports torch too), bytes: measured PSS."""
+CPU_START_S = 1.5
+"""CPU seconds one rank spends before its first tensor: interpreter, ``import torch``, joining gloo."""
+CPU_FILL_PER_S = 9.0e7
+"""Elements of random weights one core draws per second (``normal_`` in bf16)."""
+CPU_READ_BYTES_PER_S = 6.5e9
+"""Bytes of weights one core streams per second through the forward's small GEMMs (bf16)."""
+CPU_FLOPS_PER_S = 4.5e11
+"""GEMM FLOPs one core does per second once a GEMM has enough rows to be compute-bound (bf16)."""
+CPU_COLLECTIVE_S = 1.5e-3
+"""Seconds of one gloo collective between ranks on one host (latency; the payloads are small)."""
+CPU_PARENT_S = 1.5
+"""Seconds of the parent around the ranks: the store, the spec, reading the results."""
+
+
+@dataclass(frozen=True)
+class CpuEstimate:
+    """What a live run on CPU is expected to take (:func:`estimate_cpu_run`); estimates, not measurements.
+
+    Attributes
+    ----------
+    seconds : float
+        Wall time of :func:`run_live`, start-up included.
+    memory_bytes : int
+        Peak memory of all ranks and the parent together, bytes.
+    start_s, build_s, forward_s : float
+        Rank start-up, weight allocation, and one forward (all ranks together), seconds.
+    forwards : int
+        ``warmup + iters``.
+    cores : int
+        Cores the ranks share (``os.sched_getaffinity``).
+    tp : int
+        Ranks.
+    """
+
+    seconds: float
+    memory_bytes: int
+    start_s: float
+    build_s: float
+    forward_s: float
+    forwards: int
+    cores: int
+    tp: int
+
+    def describe(self, model: str) -> str:
+        """One clause for a ``fastverify:`` line, e.g. ``"estimated 150 s and 8.7 GiB for kimi-k2 at
+        --tp 2 (2 ranks on 2 cores: 40 s to start and build, 7 forwards of 15.7 s)"``."""
+        return (f"estimated {_seconds_text(self.seconds)} and {_bytes_text(self.memory_bytes)} for {model} "
+                f"at --tp {self.tp} ({self.tp} rank{'s' if self.tp > 1 else ''} on {self.cores} "
+                f"core{'s' if self.cores > 1 else ''}: {_seconds_text(self.start_s + self.build_s)} to start and "
+                f"build, {self.forwards} forward{'s' if self.forwards > 1 else ''} of "
+                f"{_seconds_text(self.forward_s)})")
+
+
+def _seconds_text(s: float) -> str:
+    if s < 0.1:
+        return f"{s * 1e3:.0f} ms"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 600:
+        return f"{s:.0f} s"
+    return f"{s / 60:.0f} min"
+
+
+def _bytes_text(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def forward_work(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int,
+                 context_tokens: int) -> tuple[int, int]:
+    """Weight bytes one rank reads and GEMM FLOPs it does in one live verify forward (no torch).
+
+    Counted from the shapes :class:`fastverify.live.forward.TPVerifyModel` uses, per layer (its one
+    attention block, dense MLP and MoE block serve every layer, so each is read once per layer):
+    every projection of ``[T, k] @ [k, n]`` reads ``k × n × dtype_bytes`` bytes and does ``2 × T × k
+    × n`` FLOPs, ``T = batch × draft_tokens``. Routed experts: ``T × top_k`` rows, and the expected
+    number of distinct experts a uniform draw visits, ``E × (1 − (1 − top_k / E)^T)`` (at most the
+    allocated ones), read. Attention over the fake context: reading its K and V
+    (``batch × kv_heads × context × (dq + dv)`` elements) and ``2 × batch × heads × draft × (context
+    + draft) × (dq + dv)`` FLOPs. Norms, the embedding lookup and the collectives are left out.
+
+    Returns
+    -------
+    tuple[int, int]
+        ``(bytes, flops)`` of one rank per forward.
+    """
+    T, H, e = batch * draft_tokens, config.hidden_size, dtype_bytes
+    heads = config.num_attention_heads // tp
+    read = flops = 0
+
+    def gemm(rows: int, k: int, n: int, times: int) -> None:
+        nonlocal read, flops
+        read += k * n * e * times
+        flops += 2 * rows * k * n * times
+
+    L = config.num_layers
+    if config.is_mla:
+        dq, dv, kv_heads = config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim, heads
+        if config.q_lora_rank is None:
+            gemm(T, H, heads * dq, L)
+        else:
+            gemm(T, H, config.q_lora_rank, L)
+            gemm(T, config.q_lora_rank, heads * dq, L)
+        gemm(T, H, config.kv_lora_rank + config.qk_rope_head_dim, L)
+        gemm(T, config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), L)
+    else:
+        dq = dv = config.head_dim
+        kv_heads = max(1, config.num_key_value_heads // tp)
+        gemm(T, H, heads * dq, L)
+        gemm(T, H, 2 * kv_heads * dq, L)
+    gemm(T, heads * dv, H, L)  # o_proj
+    read += batch * kv_heads * context_tokens * (dq + dv) * e * L
+    flops += 2 * batch * heads * draft_tokens * (context_tokens + draft_tokens) * (dq + dv) * L
+    moe_layers = config.num_moe_layers
+    dense_layers = L - moe_layers
+    if dense_layers and config.first_k_dense_replace > 0:
+        inter = config.intermediate_size // tp
+        gemm(T, H, 2 * inter, dense_layers)
+        gemm(T, inter, H, dense_layers)
+    if moe_layers:
+        E, k, inter = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size // tp
+        gemm(T, H, E, moe_layers)  # router
+        visited = min(config.experts_allocated(T), E * (1 - (1 - k / E) ** T))
+        read += round(visited * 3 * H * inter * e) * moe_layers
+        flops += 2 * T * k * 3 * H * inter * moe_layers
+        shared = config.moe_intermediate_size * config.n_shared_experts // tp
+        if shared:
+            gemm(T, H, 2 * shared, moe_layers)
+            gemm(T, shared, H, moe_layers)
+    gemm(T, H, config.vocab_padded // tp, 1)  # lm_head
+    return int(read), int(flops)
+
+
+def estimate_cpu_run(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, iters: int, warmup: int,
+                     dtype_bytes: int = 2, cores: int | None = None) -> CpuEstimate:
+    """Expected wall time and memory of :func:`run_live` on CPU + gloo: a simple model of the run,
+    calibrated on one machine, to tell a user at once what a CPU run will cost. An estimate:
+    another CPU can be several times faster or slower.
+
+    Model (``P`` = cores the ranks use together = ``min(cores, tp × max(1, cpu_count // tp))``,
+    each rank running ``cpu_count // tp`` torch threads as :func:`run_live` sets them):
+
+    * memory = ``tp × (rank_memory(...).total + CPU_PROCESS_BYTES) + CPU_PARENT_BYTES``
+      (:func:`fastverify.live.config.rank_memory`);
+    * start = ``CPU_START_S × tp / min(tp, cores)``;
+    * build = all ranks' setup elements (``rank_memory(...).setup / dtype_bytes × tp``) /
+      (``CPU_FILL_PER_S × P``);
+    * one forward = ``tp × (bytes / CPU_READ_BYTES_PER_S + flops / CPU_FLOPS_PER_S) / P +
+      collectives × CPU_COLLECTIVE_S``, with ``(bytes, flops)`` of one rank from
+      :func:`forward_work` and ``1 + 2 × num_layers`` all-reduces and one all-gather at ``tp > 1``;
+    * seconds = ``CPU_PARENT_S + start + build + (warmup + iters) × forward``.
+
+    Calibrated on a 2-core AMD EPYC VM (KVM, 24 GiB, no GPU; torch CPU build, bf16; the 2 cores
+    shared with other work, so times varied by up to 30 %): ``fastverify profile`` with its
+    defaults (``--draft-tokens 4 --batch 1 --iters 5 --warmup 2``): the whole command's wall time
+    (``/usr/bin/time``; about 2 s more than :func:`run_live`, for the CLI's imports and the
+    report), the peak of the summed PSS of its process tree (sampled every 0.2 s), the stage
+    times from its progress lines, and the timed forwards from the profile:
+
+    ===============================  =======  ===========  ===============  =============  ==================
+    run                              wall     peak memory  start / build    one forward    this estimate
+    ===============================  =======  ===========  ===============  =============  ==================
+    tiny (the default), --tp 2       4.1 s    555 MiB      1.9 s / 0 s      10-40 ms       3.1 s, 708 MiB
+    kimi-k2 --tp 2 --device cpu      156 s    8883 MiB     2.6 s / 27 s     14.8-23.8 s    132 s, 8.7 GiB
+    kimi-k2 --tp 8 (auto → CPU)      135 s    10056 MiB    5.1 s / 21 s     14.3-15.3 s    144 s, 10.1 GiB
+    ===============================  =======  ===========  ===============  =============  ==================
+
+    (A second kimi-k2 --tp 2 run, with the cores busier, took 181 s, forwards 17.5-25.0 s.)
+    ``CPU_PROCESS_BYTES`` and ``CPU_PARENT_BYTES`` solve the two Kimi-K2 memory rows (PSS less
+    ``tp × rank_memory().total``: 2 R + P = 631 MiB, 8 R + P = 1589 MiB, so R = 160 MiB and
+    P = 311 MiB), rounded up. ``CPU_READ_BYTES_PER_S`` fits the Kimi-K2 forwards (188 GB of
+    weights read per forward at --tp 2, 201 GB at --tp 8, :func:`forward_work`); a one-thread
+    bf16 ``[T, 7168] @ [7168, 4096]`` there took 7.1 ms at T = 1 and 4 (8.2 GB/s) and 33.5 ms at
+    T = 256, which with the read time taken off is 5.7e11 FLOP/s: ``CPU_FLOPS_PER_S`` is a
+    rounded-down 4.5e11. ``CPU_START_S`` and ``CPU_FILL_PER_S`` (8.06 GiB drawn in 27 s at
+    --tp 2, 8.27 GiB in 21 s at --tp 8, on 2 cores) come from the stage times;
+    ``CPU_COLLECTIVE_S`` from the tiny run's all-reduces (83 ms for 45 on rank 0, waits included).
+
+    Parameters
+    ----------
+    config : ModelConfig
+    tp, batch, draft_tokens, iters, warmup : int
+        As for :func:`run_live`.
+    dtype_bytes : int
+        Bytes per element (2 for bfloat16).
+    cores : int or None
+        Cores the ranks share; None: this process's CPU affinity.
+
+    Returns
+    -------
+    CpuEstimate
+    """
+    cores = _cores() if cores is None else max(1, int(cores))
+    mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype_bytes=dtype_bytes,
+                      context_tokens=_context_tokens())
+    threads = max(1, (os.cpu_count() or cores) // tp)
+    parallel = max(1, min(cores, tp * threads))
+    start = CPU_START_S * tp / min(tp, cores)
+    build = mem.setup / dtype_bytes * tp / (CPU_FILL_PER_S * parallel)
+    read, flops = forward_work(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype_bytes=dtype_bytes,
+                               context_tokens=_context_tokens())
+    collectives = 2 + 2 * config.num_layers if tp > 1 else 0
+    forward = tp * (read / CPU_READ_BYTES_PER_S + flops / CPU_FLOPS_PER_S) / parallel + collectives * CPU_COLLECTIVE_S
+    forwards = warmup + iters
+    return CpuEstimate(seconds=CPU_PARENT_S + start + build + forwards * forward,
+                       memory_bytes=tp * (mem.total + CPU_PROCESS_BYTES) + CPU_PARENT_BYTES,
+                       start_s=start, build_s=build, forward_s=forward, forwards=forwards, cores=cores, tp=tp)
 
 
 # ---- parent side: start, watch, collect ---------------------------------------------------------
@@ -312,16 +597,18 @@ def _worker_argv(spec_path: str) -> Callable[[int], list[str]]:
 
 
 def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir: str,
-            env: dict[str, str] | None = None) -> None:
+            env: dict[str, str] | None = None, watch: _LiveWatch | None = None) -> None:
     """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
 
     The ranks run under :class:`fastverify.procs.RankGroup`, the one launcher and kill rule. On the
     first failure (the earliest by the time the rank recorded in ``rank<r>.failed``, else by when
     the exit was seen) or at the deadline, every rank's process group is stopped (SIGTERM, then
     SIGKILL) and a one-line :class:`UserError` names the rank, the reason and the last line of its
-    stderr.
+    stderr (and, with a ``watch``, how far the run had got). While it waits it calls
+    ``watch.poll()`` (progress lines) every :data:`_WATCH_EVERY_S` seconds.
     """
     deadline = time.monotonic() + timeout_s
+    next_watch = 0.0
     with RankGroup(workdir, env=env) as ranks:
         ranks.start(argv(rank) for rank in range(tp))
         while True:
@@ -332,12 +619,113 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
                 raise UserError(f"live rank {rank} failed ({_exit_reason(ranks.returncode(rank))}): "
                                 f"{_last_stderr_line(workdir, rank)}")
             if len(seen_exit) == tp:
+                if watch is not None:
+                    watch.poll()  # the last forward's line
                 return
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if watch is not None and now >= next_watch:
+                watch.poll()
+                next_watch = now + _WATCH_EVERY_S
+            if now >= deadline:
                 rank = min(r for r in range(tp) if r not in seen_exit)
+                got = "" if watch is None else f"{watch.reached()}; "
                 raise UserError(f"live rank {rank} did not finish within {timeout_s:g} s "
-                                f"(last stderr line: {_last_stderr_line(workdir, rank)})")
+                                f"({got}last stderr line: {_last_stderr_line(workdir, rank)})")
             time.sleep(0.02)
+
+
+_WATCH_EVERY_S = 0.25
+"""Seconds between two reads of the ranks' progress files by the waiting parent."""
+
+
+class _LiveWatch:
+    """The parent's view of a live run's progress, read from the ranks' ``rank<r>.progress`` files.
+
+    A rank appends one line per stage (``up`` once it has joined the process group, ``built
+    <bytes>`` once its weights are allocated; rank 0 also ``forward <k>`` after its k-th forward,
+    warm-up ones first, and ``trace`` before the CUDA trace export). :meth:`poll` turns new lines
+    into :class:`~fastverify.progress.Progress` lines; :meth:`reached` says how far the run got,
+    for a timeout message."""
+
+    def __init__(self, workdir: str | Path, tp: int, *, warmup: int, iters: int, enabled: bool = True,
+                 job_start: float | None = None, estimate: CpuEstimate | None = None, stream=None) -> None:
+        self.workdir = Path(workdir)
+        self.stream = stream  # the lines' stream (None: stderr)
+        self.tp, self.warmup, self.iters = tp, warmup, iters
+        self.enabled = enabled
+        self.job_start = time.monotonic() if job_start is None else job_start
+        self.estimate = estimate
+        self._sizes = [-1] * tp
+        self.stages: list[list[str]] = [[] for _ in range(tp)]
+        self.up = self.built = self.forwards = 0
+        self.weight_bytes = 0
+        self.tracing = False
+        # Ranks start and build side by side: no time left from the first one's pace.
+        self._up = Progress("live run: ranks started", tp, enabled=enabled, job_start=self.job_start, eta=False,
+                            stream=stream)
+        self._built = Progress("live run: weights built", tp, enabled=enabled, job_start=self.job_start, eta=False,
+                               stream=stream)
+        self._fwd: Progress | None = None
+
+    def _read(self) -> None:
+        for rank in range(self.tp):
+            path = self.workdir / f"rank{rank}.progress"
+            try:
+                size = path.stat().st_size
+                if size == self._sizes[rank]:
+                    continue
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            self._sizes[rank] = size
+            self.stages[rank] = text.split("\n")[:-1]  # complete lines only
+
+    def _count(self) -> tuple[int, int, int]:
+        """Ranks up, ranks built, and rank 0's forwards done, from the files as they are now."""
+        self._read()
+        up = sum("up" in lines for lines in self.stages)
+        built_lines = [next((ln for ln in lines if ln.startswith("built ")), None) for lines in self.stages]
+        built = sum(b is not None for b in built_lines)
+        if built and not self.weight_bytes:
+            self.weight_bytes = int(next(b for b in built_lines if b is not None).split()[1])
+        forwards = max((int(ln.split()[1]) for ln in self.stages[0] if ln.startswith("forward ")), default=0)
+        self.tracing = "trace" in self.stages[0]
+        return up, built, forwards
+
+    def poll(self) -> None:
+        """Read the progress files and print the lines that are due."""
+        up, built, forwards = self._count()
+        if up > self.up:
+            self.up = up
+            self._up.update(up)
+        if built > self.built:
+            self.built = built
+            self._built.update(built, f"{_bytes_text(self.weight_bytes)} per rank")
+        if built == self.tp and self._fwd is None:
+            # The forwards begin once every rank is built: the time left comes from their own rate.
+            self._fwd = Progress("live run: forwards", self.warmup + self.iters, enabled=self.enabled,
+                                 job_start=self.job_start, stream=self.stream)
+        if forwards > self.forwards and self._fwd is not None:
+            self.forwards = forwards
+            self._fwd.update(forwards, self._which(forwards))
+
+    def _which(self, k: int) -> str:
+        return f"warm-up {k}/{self.warmup}" if k <= self.warmup else f"timed {k - self.warmup}/{self.iters}"
+
+    def reached(self) -> str:
+        """How far the run got, e.g. ``"reached: 2/2 ranks started, 2/2 built, forward 3/7 (timed
+        1/5)"``, plus the CPU estimate when there is one (for a timeout message)."""
+        up, built, forwards = self._count()
+        parts = [f"{up}/{self.tp} ranks started"]
+        if up:
+            parts.append(f"{built}/{self.tp} built")
+        if built == self.tp:
+            parts.append(f"forward {forwards}/{self.warmup + self.iters}"
+                         + (f" ({self._which(forwards)})" if forwards else ""))
+        if self.tracing:
+            parts.append("exporting the CUDA trace")
+        est = "" if self.estimate is None else f"; estimated {self.estimate.seconds:.0f} s for the whole run"
+        return "reached: " + ", ".join(parts) + est
 
 
 def _load_result(workdir: Path, rank: int, backend: str) -> RankEvents:
@@ -369,6 +757,13 @@ def _worker_main(spec_path: str, rank: int) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
+
+
+def _mark(workdir: Path, rank: int, stage: str) -> None:
+    """Append one line ``stage`` to ``rank<r>.progress`` (read by the parent's :class:`_LiveWatch`).
+    One ``write`` of a short line per stage, so a reader sees whole lines or none of the new one."""
+    with open(workdir / f"rank{rank}.progress", "a", encoding="utf-8") as f:
+        f.write(stage + "\n")
 
 
 class _WallClockRecorder:
@@ -475,6 +870,7 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     store = dist.TCPStore(_HOST, spec["port"], None, False, timeout=timeout)
     dist_backend = spec["dist_backend"]
     dist.init_process_group(dist_backend, store=store, rank=rank, world_size=tp, timeout=timeout)
+    _mark(workdir, rank, "up")
     # No teardown on error: the process exits at once (os._exit), and destroying a communicator with
     # work in flight can block and hide the error behind the timeout.
     config = ModelConfig(**spec["config"])
@@ -485,11 +881,20 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
         ar.prepare([(tokens, config.hidden_size)])  # before any forward, so before graph capture
     model = TPVerifyModel(config, tp=tp, rank=rank, batch=spec["batch"], draft_tokens=spec["draft_tokens"],
                           device=device, dtype=dtype, context_tokens=DEFAULT_CONTEXT_TOKENS, backend=ar)
-    for _ in range(spec["warmup"]):
+    _mark(workdir, rank, f"built {model.weight_bytes()}")
+    warmup = spec["warmup"]
+
+    def forward_done(k: int) -> None:  # rank 0 alone reports forwards: they run in lockstep
+        if rank == 0:
+            _mark(workdir, rank, f"forward {k}")
+
+    for k in range(warmup):
         model.forward()
+        forward_done(k + 1)
     if cuda:
         torch.cuda.synchronize()
-    rows, labels, steps = _time_forwards(model, spec["iters"], rank, cuda, torch, dist)
+    rows, labels, steps = _time_forwards(model, spec["iters"], rank, cuda, torch, dist,
+                                         done=lambda i: forward_done(warmup + i + 1))
     meta = {
         "timing": "cuda_events" if cuda else "cpu_wall_clock",
         "device": torch.cuda.get_device_name(rank) if cuda else "cpu",
@@ -519,6 +924,7 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     if cuda:
         meta["nccl_version"] = _nccl_version(torch)
         if spec["trace_dir"] is not None:
+            _mark(workdir, rank, "trace")
             meta["trace_file"] = _export_trace(model, rank, spec["trace_dir"], torch, dist)
     if ar is not None:
         meta["allreduce_paths"] = dict(ar.path_counts)
@@ -527,9 +933,11 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     return {"rows": rows, "labels": labels, "steps": steps, "meta": meta}
 
 
-def _time_forwards(model, iters: int, rank: int, cuda: bool, torch, dist) -> tuple[list[list], list[str], list[list]]:
+def _time_forwards(model, iters: int, rank: int, cuda: bool, torch, dist,
+                   done: Callable[[int], None] | None = None) -> tuple[list[list], list[str], list[list]]:
     """Run ``iters`` timed forwards, each after a barrier. Returns rows ``[name, cls, start_ns, dur_ns,
-    msg_bytes]``, their labels, and steps ``[name, start_ns, end_ns]`` (clocks: module docstring)."""
+    msg_bytes]``, their labels, and steps ``[name, start_ns, end_ns]`` (clocks: module docstring).
+    ``done(i)`` is called after timed forward ``i`` (0-based), outside its timed window."""
     rows: list[list] = []
     labels: list[str] = []
     steps: list[list] = []
@@ -556,6 +964,8 @@ def _time_forwards(model, iters: int, rank: int, cuda: bool, torch, dist) -> tup
             r, lab = rec.rows, rec.labels
         rows += r
         labels += lab
+        if done is not None:
+            done(i)
     return rows, labels, steps
 
 

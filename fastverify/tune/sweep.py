@@ -143,7 +143,8 @@ def run_sweep(
         Keep the trials already in the journal (same sweep: same trials and ``config``) and run
         only the others. False: an existing journal is kept as ``<journal>.bak`` and all trials run.
     progress : bool
-        Show a rich progress bar on stderr.
+        Show progress on stderr: trial i/N, elapsed and time left, as a rich bar on a terminal
+        and as plain ``fastverify:`` lines elsewhere (CI, a log file); see :class:`_Progress`.
     config : Mapping or None
         JSON-able description of the sweep (workload, box fingerprint…), part of the journal's
         fingerprint.
@@ -347,38 +348,88 @@ def _result(spec: TrialSpec, status: TrialStatus, reason: str, started: float, *
 
 
 class _Progress:
-    """A rich progress bar on stderr (or nothing when disabled)."""
+    """Trial progress on stderr, or nothing when disabled.
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    On a terminal: a rich bar, ``tune ━━━━━━ 3/8 0:01:12 ETA 0:02:05 <trial name>`` (trials done
+    of all, elapsed, rich's estimate of the time left, the running trial). Anywhere else (CI, a
+    log file, ``2>&1 | tee``), where a bar shows nothing until it ends: plain lines from
+    :class:`fastverify.progress.Progress`, e.g. ``fastverify: tune: trials 2/8 (running nccl
+    NCCL_PROTO=LL), 12.3 s elapsed, about 36.9 s left`` when a trial starts (none in the first
+    2 s, at most one a second) and one when the last has finished. A trial that does not end
+    ``ok`` is reported either way: a rich line on the terminal, a ``fastverify:`` line elsewhere.
+
+    Parameters
+    ----------
+    enabled : bool
+        False (or no trials): nothing at all.
+    total : int
+        Trials to run.
+    console : rich.console.Console or None
+        Where the bar goes and whether that is a terminal (``Console.is_terminal``); None: a
+        console on stderr.
+    """
+
+    def __init__(self, enabled: bool, total: int, *, console=None) -> None:
         self.enabled = enabled and total > 0
         self.total = total
+        self._console = console
         self._bar = None
+        self._lines = None  # fastverify.progress.Progress when stderr is not a terminal
+        self._done = 0
 
     def __enter__(self) -> _Progress:
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("[bold]tune[/]"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=Console(stderr=True), transient=False)
-            self._bar.__enter__()
-            self._task = self._bar.add_task("", total=self.total)
+            console = self._console or Console(stderr=True)
+            if console.is_terminal:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
+
+                self._bar = Progress(TextColumn("[bold]tune[/]"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                     TextColumn("{task.description}"), console=console, transient=False)
+                self._bar.__enter__()
+                self._task = self._bar.add_task("", total=self.total)
+            else:
+                from fastverify.progress import Progress as Lines
+
+                self._lines = Lines("tune: trials", self.total, stream=console.file)
         return self
 
     def start(self, spec: TrialSpec) -> None:
         if self._bar is not None:
             self._bar.update(self._task, description=spec.name)
+        elif self._lines is not None:
+            self._lines.update(self._done, f"running {spec.name}")
 
     def finish(self, spec: TrialSpec, result: TrialResult) -> None:
-        if self._bar is None:
+        if not self.enabled:
+            return
+        self._done += 1
+        if self._bar is not None:
+            if result.status is not TrialStatus.OK:
+                from rich.markup import escape
+
+                self._bar.console.print(f"[yellow]{escape(spec.name)}: {result.status.value}[/] "
+                                        f"{escape(result.reason)}", highlight=False)
+            self._bar.advance(self._task)
+            return
+        if self._lines is None:
             return
         if result.status is not TrialStatus.OK:
-            from rich.markup import escape
+            from fastverify.progress import say
 
-            self._bar.console.print(f"[yellow]{escape(spec.name)}: {result.status.value}[/] {escape(result.reason)}",
-                                    highlight=False)
-        self._bar.advance(self._task)
+            say(f"tune: trial {self._done}/{self.total} {spec.name}: {result.status.value}"
+                f"{f' ({result.reason})' if result.reason else ''}", stream=self._lines.stream)
+        if self._done == self.total:
+            self._lines.update(self._done, "all run")
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
