@@ -346,6 +346,33 @@ def test_the_watch_reads_only_whole_lines_and_counts_forwards_of_rank_0(tmp_path
     assert len(got) == 5
 
 
+def test_a_long_forward_gets_a_heartbeat_line_every_5_s(tmp_path, monkeypatch):
+    """A CPU forward of Kimi-K2 takes 15 s and more: the parent says what is running every
+    HEARTBEAT_S (5 s) without a new stage, so no live run is silent for over 10 s."""
+    import fastverify.live.runner as R
+
+    monkeypatch.setenv(AFTER_S_ENV, "0")
+    now = [1000.0]
+    monkeypatch.setattr(R.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    (tmp_path / "rank0.progress").write_text("up\nbuilt 1024\nforward 1\n")
+    (tmp_path / "rank1.progress").write_text("up\nbuilt 1024\n")
+    watch = R._LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=True, job_start=990.0, stream=out)
+    watch.poll()
+    first = len(lines_of(out))
+    now[0] += R.HEARTBEAT_S - 0.1
+    watch.poll()
+    assert len(lines_of(out)) == first  # under 5 s: nothing more
+    now[0] += 0.2
+    watch.poll()
+    got = lines_of(out)
+    assert len(got) == first + 1
+    assert got[-1] == "fastverify: live run: forward 2/7 running (warm-up 2/2), 15.1 s elapsed"
+    now[0] += R.HEARTBEAT_S
+    watch.poll()
+    assert lines_of(out)[-1] == "fastverify: live run: forward 2/7 running (warm-up 2/2), 20.1 s elapsed"
+
+
 # ---- tune sweeps -----------------------------------------------------------------------------------
 
 

@@ -56,7 +56,7 @@ from fastverify.procs import (
     rank_device,
     rank_workdir,
 )
-from fastverify.progress import Progress, say
+from fastverify.progress import Progress, default_after_s, say
 
 logger = logging.getLogger(__name__)
 
@@ -638,6 +638,10 @@ _WATCH_EVERY_S = 0.25
 """Seconds between two reads of the ranks' progress files by the waiting parent."""
 
 
+HEARTBEAT_S = 5.0
+"""Longest a live run's progress stays silent once it has begun printing (s)."""
+
+
 class _LiveWatch:
     """The parent's view of a live run's progress, read from the ranks' ``rank<r>.progress`` files.
 
@@ -666,6 +670,7 @@ class _LiveWatch:
         self._built = Progress("live run: weights built", tp, enabled=enabled, job_start=self.job_start, eta=False,
                                stream=stream)
         self._fwd: Progress | None = None
+        self._last_line: float | None = None
 
     def _read(self) -> None:
         for rank in range(self.tp):
@@ -693,21 +698,40 @@ class _LiveWatch:
         return up, built, forwards
 
     def poll(self) -> None:
-        """Read the progress files and print the lines that are due."""
+        """Read the progress files and print the lines that are due; with nothing new for
+        :data:`HEARTBEAT_S`, one line saying what is running (a CPU forward of a large model takes
+        15 s and more, and no command may stay silent for over 10 s)."""
         up, built, forwards = self._count()
+        printed = False
         if up > self.up:
             self.up = up
-            self._up.update(up)
+            printed |= self._up.update(up)
         if built > self.built:
             self.built = built
-            self._built.update(built, f"{_bytes_text(self.weight_bytes)} per rank")
+            printed |= self._built.update(built, f"{_bytes_text(self.weight_bytes)} per rank")
         if built == self.tp and self._fwd is None:
             # The forwards begin once every rank is built: the time left comes from their own rate.
             self._fwd = Progress("live run: forwards", self.warmup + self.iters, enabled=self.enabled,
                                  job_start=self.job_start, stream=self.stream)
         if forwards > self.forwards and self._fwd is not None:
             self.forwards = forwards
-            self._fwd.update(forwards, self._which(forwards))
+            printed |= self._fwd.update(forwards, self._which(forwards))
+        now = time.monotonic()
+        if printed or self._last_line is None:
+            self._last_line = now
+        elif self.enabled and now - self._last_line >= HEARTBEAT_S and now - self.job_start >= default_after_s():
+            self._last_line = now
+            say(f"live run: {self._running(up, built, forwards)}, {now - self.job_start:.1f} s elapsed",
+                stream=self.stream)
+
+    def _running(self, up: int, built: int, forwards: int) -> str:
+        if up < self.tp:
+            return f"starting ranks ({up}/{self.tp} up)"
+        if built < self.tp:
+            return f"building weights ({built}/{self.tp} ranks done)"
+        if forwards < self.warmup + self.iters:
+            return f"forward {forwards + 1}/{self.warmup + self.iters} running ({self._which(forwards + 1)})"
+        return "exporting the CUDA trace" if self.tracing else "collecting the ranks' results"
 
     def _which(self, k: int) -> str:
         return f"warm-up {k}/{self.warmup}" if k <= self.warmup else f"timed {k - self.warmup}/{self.iters}"
