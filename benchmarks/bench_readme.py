@@ -59,13 +59,14 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("profile-tiny", "profile"),
+    Command("profile-tiny", "profile", claim_s=3.5),
     Command("profile-trace-pair", "profile --trace ../shared/traces/HolisticTraceAnalysis/"),
     Command("profile-trace-b200", "profile --trace ../shared/traces/TraceLens/eager_trace.json.gz --output /tmp/fastverify-readme/verify.json"),
     Command("profile-live-kimi-tp8", "profile --model kimi-k2 --tp 8 --draft-tokens 4 --batch 1", runs=False,
             why="needs 8 GPUs (on CPU it refuses at once when memory is short, or runs with progress)"),
     Command("profile-live-config-cpu", "profile --model fastverify/live/presets/tiny.json --tp 2 --device cpu"),
-    Command("profile-kimi-tp2-cpu", "profile --model kimi-k2 --tp 2 --device cpu --output /tmp/fastverify-readme/kimi-tp2.json"),
+    Command("profile-kimi-tp2-cpu", "profile --model kimi-k2 --tp 2 --device cpu --output /tmp/fastverify-readme/kimi-tp2.json",
+            claim_s=108.0),
     Command("profile-kimi-pcie-ipc", "profile --model kimi-k2 --tp 8 --backend pcie_ipc", runs=False,
             why="needs 8 GPUs with P2P (FlashInfer's PCIe IPC all-reduce)"),
     Command("verify-log", "profile --verify-log /tmp/verify", runs=False,
@@ -92,8 +93,8 @@ COMMANDS: tuple[Command, ...] = (
             why="the whole flow on a GPU box: measures there"),
     Command("flow-launch", "launch --env nccl_configs/box.env --profile-verify /tmp/verify --", runs=False,
             why="the whole flow on a GPU box: starts SGLang"),
-    Command("doctor-quick", "doctor --quick"),
-    Command("doctor-json", "doctor --json"),
+    Command("doctor-quick", "doctor --quick", claim_s=0.2),
+    Command("doctor-json", "doctor --json", claim_s=2.7),
     Command("doctor-env-file", "doctor --env-file nccl_configs/example.env"),
 )
 
