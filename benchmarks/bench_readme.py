@@ -100,16 +100,12 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def _machine() -> str:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    return f"nproc {os.cpu_count()}, cpu {cpu or platform.processor()}, memory {mem:.1f} GiB"
+    """The machine line, from the trace benchmark's own record of it (one reading of /proc)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_trace import machine_meta  # sibling script
+
+    m = machine_meta()
+    return f"nproc {m['nproc']}, cpu {m['cpu']}, memory {m['mem_gib']:.1f} GiB"
 
 
 def run_one(cmd: Command, python: str) -> dict:

@@ -236,14 +236,6 @@ def test_benchmark_skips_without_any_case(tmp_path):
     assert res.stdout.startswith("# SKIPPED: no trace case available: shared traces: not found at")
 
 
-def _hta_python() -> str | None:
-    bt = _load("bench_trace")
-    try:
-        py, _ = bt.resolve_hta_python(None, REPO / "bench_out", install=False)
-    except Exception:
-        return None
-    return py
-
 
 @pytest.mark.skipif(not (SHARED / "HolisticTraceAnalysis" / "sampled_rank-0.json.gz").is_file(),
                     reason="shared traces not present")
