@@ -301,3 +301,24 @@ def test_profile_wait_split_is_read_from_a_real_profile(tmp_path):
     assert w.allreduce_wait_us == pytest.approx(med(fr) * med(ar))
     assert w.allreduce_wait_us + w.allreduce_transfer_us == pytest.approx(w.allreduce_us)
     assert dict(w.allreduce_us_by_size) == {r["msg_bytes"]: r["median_us"] for r in doc["allreduce_by_msg_size"]}
+
+
+def test_hidden_flag_gives_a_trace_profile_its_hidden_size_for_every_stage(tmp_path, capsys):
+    """A trace profile records no hidden size; --hidden fills it for the whole run: without it the
+    fused backends are refused for that reason, with it b12x (SM120) is a candidate and the workload
+    notes say where the hidden size came from."""
+    trace = SHARED / "traces" / "TraceLens" / "eager_trace.json.gz"
+    if not trace.is_file():
+        pytest.skip(f"{trace} absent")
+    prof = tmp_path / "verify.json"
+    assert main(["profile", "--trace", str(trace), "--output", str(prof), "--no-png", "--quiet"]) == 0
+    capsys.readouterr()
+    argv = ["tune", "--predict", "--topology", str(TOPO_307), "--profile", str(prof), "--sm", "120", "--pcie-gen", "5",
+            "--json"]
+    doc, _ = _json(argv, capsys)
+    assert any("b12x: the workload has no hidden size" in r for r in doc["not_candidates"]), doc["not_candidates"]
+    assert "b12x" not in {c["backend"] for c in doc["candidates"]}
+    doc, _ = _json(argv + ["--hidden", "7168"], capsys)
+    assert not any("no hidden size" in r for r in doc["not_candidates"])
+    assert "b12x" in {c["backend"] for c in doc["candidates"]}
+    assert "hidden size 7168 from --hidden" in doc["workload"]["notes"]

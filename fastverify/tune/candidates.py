@@ -258,6 +258,14 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
                   sources=_dedup(sources), notes=_dedup(notes), bounds=bounds)
 
 
+def _workload_json(workload) -> dict:
+    """The workload part of ``tune --json`` (predict and measure alike): source, TP, the all-reduces
+    per step by size, dtype, hidden size (None for a trace profile without ``--hidden``) and notes."""
+    return {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
+            "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes],
+            "dtype": workload.dtype, "hidden": workload.hidden, "notes": list(workload.notes)}
+
+
 def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
                        p2p_source: str, nvlink_full: bool | None, perf=None, log=None, enabled=None,
                        sglang_version: str | None = None, estimate=None) -> Prediction:
@@ -396,8 +404,7 @@ def prediction_document(pred: Prediction, workload, *, box: Mapping[str, Any], n
              for i, f in enumerate(pred.candidates, 1)]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "predict", "label": PREDICTED,
-        "workload": {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
-                     "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes]},
+        "workload": _workload_json(workload),
         "box": dict(box),
         "accept_length": red.get("accept_length"), "accept_length_source": red.get("accept_length_source"),
         "t_rest_basis": red.get("t_rest_basis"), "verify_baseline_basis": red.get("verify_baseline_basis"),
@@ -443,8 +450,7 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
     cands = [one(c, i) for i, c in enumerate(ranking.candidates, 1)]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "measure", "label": label,
-        "workload": {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
-                     "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes]},
+        "workload": _workload_json(workload),
         "box": dict(box),
         "baseline": next((d for d, c in zip(cands, ranking.candidates) if c is base), None),
         "candidates": cands,

@@ -277,6 +277,13 @@ def run(args) -> int:
     if args.hidden is not None and workload.hidden and args.hidden != workload.hidden:
         raise UserError(f"--hidden {args.hidden}: the workload ({workload.source}) has hidden size {workload.hidden}; --hidden is "
                         "for a trace profile that records none (leave it out)")
+    if args.hidden is not None and not workload.hidden:
+        # a trace profile records no hidden size: the user's --hidden is the one every stage reads
+        # (the fused candidates, the sweep's norm, the deployment record), said once in the notes
+        import dataclasses
+
+        workload = dataclasses.replace(workload, hidden=args.hidden,
+                                       notes=(*workload.notes, f"hidden size {args.hidden} from --hidden"))
     if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
         verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s)
     p2p_results = p2p_given = None
