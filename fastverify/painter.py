@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["Painter", "usable_cores"]
+__all__ = ["Painter", "quiet_child_signals", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -30,8 +30,28 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def quiet_child_signals() -> None:
+    """In a forked helper (painter, trace-decoding worker): Ctrl-C goes to the whole process group,
+    and the parent alone answers it (one line, then it stops its children); SIGTERM/SIGHUP end the
+    helper without Python's handler, which the fork copied from the CLI and which would print a
+    traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _serve(conn, parent_end) -> None:
+    quiet_child_signals()
     parent_end.close()
+    try:
+        _serve_one(conn)
+    except BaseException:  # noqa: BLE001 - the parent went away mid-drawing (pipe closed): nothing to say
+        pass
+
+
+def _serve_one(conn) -> None:
     try:
         from fastverify.plot import plot_profile, warm_up
 
@@ -88,7 +108,17 @@ class Painter:
             err = self._conn.recv()
         except (EOFError, OSError):
             return False
+        except BaseException:
+            # interrupted while the child draws: stop it before the caller removes the temporary
+            # PNG, or the child would write it again after the clean-up
+            self._stop()
+            raise
         return err is None
+
+    def _stop(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join()
 
     def close(self) -> None:
         """Stop the child (if it still runs) and release the pipe."""
@@ -96,6 +126,4 @@ class Painter:
             self._conn.close()
         finally:
             self._proc.join(timeout=2.0)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join()
+            self._stop()

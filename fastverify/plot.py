@@ -6,11 +6,30 @@ Drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas: the same 
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+
+def _import_matplotlib():
+    """Import matplotlib for drawing on the Agg canvas directly. ``MPLBACKEND`` names a backend for
+    pyplot, which this module never uses; matplotlib still validates it at import and raises
+    ``ValueError`` for an unknown name, so it is set aside for that import and put back."""
+    if "matplotlib" in sys.modules:
+        return
+    saved = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib  # noqa: F401
+    finally:
+        if saved is not None:
+            os.environ["MPLBACKEND"] = saved
+
+
+_import_matplotlib()
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 
 def _bytes_label(x: float, _pos=None) -> str:

@@ -96,3 +96,62 @@ def test_small_traces_are_not_worth_worker_processes(tmp_path):
         big.append(f)
     want = min(len(os.sched_getaffinity(0)), 2)
     assert load_workers(big) == want
+
+
+@needs_two_cores
+def test_an_interrupted_draw_stops_the_child_before_the_caller_cleans_up(tmp_path, monkeypatch):
+    painter = Painter.start()
+    assert painter is not None
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(painter._conn, "recv", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        painter.draw({"ranks": []}, tmp_path / "x.png")
+    assert not painter._proc.is_alive()  # the child can no longer write the PNG after the clean-up
+    painter.close()
+
+
+B200 = SHARED / "TraceLens" / "eager_trace.json.gz"
+
+
+@pytest.mark.skipif(not B200.is_file(), reason=f"{B200} absent (CI copies shared/)")
+@pytest.mark.parametrize("delay", [0.1, 0.25, 0.4])
+def test_ctrl_c_to_the_process_group_gives_one_line_and_leaves_nothing(tmp_path, delay):
+    """A terminal's Ctrl-C reaches every process of the group (the painter and the decoding workers
+    too): only the parent speaks, and no file or temporary file is left half-written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "o"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "fastverify", "profile", "--trace", str(B200), str(B200.parent / "sglang_Qwen3-8B_prefilldecode.json.gz"),
+                          "--force", "--jobs", "2", "--output", str(out / "p.json")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(delay)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    lines = err.decode().strip().splitlines()
+    if p.returncode == 0:  # finished before the signal
+        assert sorted(f.name for f in out.iterdir()) == ["p.json", "p.png"]
+        return
+    assert p.returncode == 130 and lines == ["fastverify: interrupted"], err.decode()[-2000:]
+    assert [f.name for f in out.iterdir() if f.name.startswith(".")] == []  # no temporary file left
+
+
+def test_an_unknown_mplbackend_does_not_stop_the_png(tmp_path):
+    """MPLBACKEND names a pyplot backend; the PNG is drawn on the Agg canvas whatever it says."""
+    import subprocess
+    import sys
+
+    trace = PAIR[0]
+    if not trace.is_file():
+        pytest.skip(f"{trace} absent")
+    env = dict(os.environ, MPLBACKEND="nonsense_backend")
+    res = subprocess.run([sys.executable, "-m", "fastverify", "profile", "--trace", str(trace), "--output",
+                          str(tmp_path / "p.json"), "--quiet"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "p.png").stat().st_size > 1000

@@ -811,15 +811,28 @@ def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> li
 
     # fork where it is safe (Linux: no threads yet, numpy's BLAS held to one), spawn elsewhere
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    got: list = [None] * len(files)
-    with ProcessPoolExecutor(max_workers=w, mp_context=ctx) as pool:
-        futures = {pool.submit(_load_one, f): i for i, f in enumerate(files)}
-        from concurrent.futures import as_completed
+    from concurrent.futures import as_completed
 
+    from fastverify.painter import quiet_child_signals
+
+    got: list = [None] * len(files)
+    pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=quiet_child_signals)
+    try:
+        futures = {pool.submit(_load_one, f): i for i, f in enumerate(files)}
         for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             got[i] = fut.result()
             bar.update(done, files[i].name)
+    except BaseException:
+        # Ctrl-C, SIGTERM or a broken worker: stop the workers now instead of letting them finish
+        # their files (the parent says the one line)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            if child.name.startswith(("ForkProcess", "SpawnProcess")):
+                child.kill()
+                child.join()
+        raise
+    pool.shutdown()
     for f, (status, value) in zip(files, got):
         if status == "error":
             raise UserError(value)
