@@ -423,6 +423,28 @@ def test_lines_order_when_a_trial_fails():
     assert lines_of(file) == ["fastverify: tune: trial 1/1 only: skipped (needs 2 GPUs, found 0)"]
 
 
+def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
+    """One trial that runs for a long time (a JIT build, a slow CPU trial) is not silent: a line
+    every HEARTBEAT_S names it and how long it has run."""
+    import fastverify.tune.sweep as S
+    from fastverify.tune.trial import TrialStatus
+
+    monkeypatch.setenv(AFTER_S_ENV, "0")
+    monkeypatch.setattr(S, "HEARTBEAT_S", 0.6)
+    file = io.StringIO()
+    t = _trial("slow")
+    with S._Progress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
+        bar.start(t)
+        time.sleep(1.5)  # two heartbeats at about 0.6 s and 1.2 s (checked every 0.5 s)
+        bar.finish(t, S._result(t, TrialStatus.OK, "", time.time()))
+    lines = lines_of(file)
+    beats = [ln for ln in lines if " running slow for " in ln]
+    assert lines[0].startswith("fastverify: tune: trials 0/1 (running slow), ")
+    assert 1 <= len(beats) <= 2, lines
+    assert beats[0].startswith("fastverify: tune: trial 1/1 running slow for ")
+    assert lines[-1].startswith("fastverify: tune: trials 1/1 (all run), ")
+
+
 def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
     from fastverify.tune.sweep import _Progress, _result
     from fastverify.tune.trial import TrialStatus

@@ -347,6 +347,10 @@ def _result(spec: TrialSpec, status: TrialStatus, reason: str, started: float, *
                        worker_meta=tuple((meta or {}).items()))
 
 
+HEARTBEAT_S = 5.0
+"""Longest a sweep's plain progress lines stay silent while a trial runs (s)."""
+
+
 class _Progress:
     """Trial progress on stderr, or nothing when disabled.
 
@@ -376,6 +380,9 @@ class _Progress:
         self._bar = None
         self._lines = None  # fastverify.progress.Progress when stderr is not a terminal
         self._done = 0
+        self._running: tuple[TrialSpec | None, float] = (None, 0.0)
+        self._last_line = float("-inf")
+        self._stop = None
 
     def __enter__(self) -> _Progress:
         if self.enabled:
@@ -398,21 +405,46 @@ class _Progress:
                 self._bar.__enter__()
                 self._task = self._bar.add_task("", total=self.total)
             else:
+                import threading
+
                 from fastverify.progress import Progress as Lines
 
                 self._lines = Lines("tune: trials", self.total, stream=console.file)
+                self._stop = threading.Event()
+                self._beat = threading.Thread(target=self._heartbeat, name="fastverify-tune-progress", daemon=True)
+                self._beat.start()
         return self
 
+    def _heartbeat(self) -> None:
+        """Plain-lines mode: with no line for :data:`HEARTBEAT_S` (a trial can build kernels for
+        minutes), say which trial runs and for how long."""
+        import time
+
+        from fastverify.progress import default_after_s, say
+
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            spec, since = self._running
+            if spec is None or now - self._last_line < HEARTBEAT_S or self._lines.elapsed() < default_after_s():
+                continue
+            self._last_line = now
+            say(f"tune: trial {self._done + 1}/{self.total} running {spec.name} for {now - since:.0f} s, "
+                f"{self._lines.elapsed():.1f} s elapsed", stream=self._lines.stream)
+
     def start(self, spec: TrialSpec) -> None:
+        import time
+
+        self._running = (spec, time.monotonic())
         if self._bar is not None:
             self._bar.update(self._task, description=spec.name)
-        elif self._lines is not None:
-            self._lines.update(self._done, f"running {spec.name}")
+        elif self._lines is not None and self._lines.update(self._done, f"running {spec.name}"):
+            self._last_line = time.monotonic()
 
     def finish(self, spec: TrialSpec, result: TrialResult) -> None:
         if not self.enabled:
             return
         self._done += 1
+        self._running = (None, 0.0)
         if self._bar is not None:
             if result.status is not TrialStatus.OK:
                 from rich.markup import escape
@@ -432,5 +464,8 @@ class _Progress:
             self._lines.update(self._done, "all run")
 
     def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._beat.join()
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
