@@ -289,6 +289,11 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})
+    from fastverify.procs import check_writable
+
+    for path in outputs.values():
+        if path is not None:
+            check_writable(path)  # before any trace is read or rank started
 
 
 def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:

@@ -129,6 +129,28 @@ def writable_target(path: Path) -> Path:
     return path
 
 
+def check_writable(path: Path) -> None:
+    """Refuse, before any work, an output that cannot be written: its folder (or the nearest one
+    that exists, where it will be created) must take new files, since outputs are written to a
+    temporary file there and renamed. ``os.access`` answers for the real user and sees read-only
+    mounts.
+
+    Raises
+    ------
+    UserError
+        One line naming the path and the folder that refuses it.
+    """
+    from fastverify.errors import UserError
+
+    folder = Path(os.path.abspath(path)).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"{path}: {folder} is not a folder; give a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: cannot write in {folder} (no write permission, or a read-only file system)")
+
+
 # ---- the one rank-process launcher ----------------------------------------------------------------
 
 KILL_GRACE_S = 5.0
