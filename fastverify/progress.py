@@ -36,10 +36,16 @@ def default_after_s() -> float:
         try:
             value = float(text)
         except ValueError:
-            return AFTER_S
+            value = float("nan")
         if math.isfinite(value) and value >= 0:
             return value
+        if text not in _WARNED:  # said once per value, on stderr; the default is used
+            _WARNED.add(text)
+            say(f"warning: {AFTER_S_ENV}={text!r} is not a number of seconds >= 0; using {AFTER_S:g} s")
     return AFTER_S
+
+
+_WARNED: set[str] = set()
 
 
 def say(text: str, *, stream: TextIO | None = None) -> None:

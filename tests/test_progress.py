@@ -472,3 +472,17 @@ def test_a_real_sweep_under_capture_prints_plain_lines(monkeypatch, capsys, tmp_
     assert lines[0].startswith("fastverify: tune: trials 0/2 (running base), ")
     assert any(ln.startswith("fastverify: tune: trial 2/2 crash: failed (rank 1 crashed") for ln in lines), lines
     assert lines[-1].startswith("fastverify: tune: trials 2/2 (all run), ")
+
+
+def test_a_bad_after_s_value_is_said_once_and_the_default_used(monkeypatch, capsys):
+    import fastverify.progress as P
+
+    monkeypatch.setattr(P, "_WARNED", set())
+    monkeypatch.setenv(AFTER_S_ENV, "abc")
+    assert P.default_after_s() == P.AFTER_S and P.default_after_s() == P.AFTER_S
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fastverify: warning: {AFTER_S_ENV}='abc' is not a number of seconds >= 0; using 2 s"]
+    monkeypatch.setenv(AFTER_S_ENV, "-1")
+    assert P.default_after_s() == P.AFTER_S
+    monkeypatch.setenv(AFTER_S_ENV, "0.5")
+    assert P.default_after_s() == 0.5

@@ -665,8 +665,11 @@ def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | 
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz"))
-                           and not _is_fastverify_profile(f))
+            named = sorted(f for f in p.iterdir() if f.name.endswith(".json") or f.name.endswith(".json.gz"))
+            odd = [f for f in named if not f.is_file() and not f.is_dir()]
+            if odd:  # a FIFO or device named like a trace: refused as it is when given directly
+                raise UserError(f"{odd[0]}: not a regular file (a trace folder's *.json / *.json.gz must be files)")
+            found = [f for f in named if f.is_file() and not _is_fastverify_profile(f)]
             if not found:
                 raise UserError(f"{p}: folder holds no .json or .json.gz trace files")
             files.extend(found)
