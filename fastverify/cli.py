@@ -544,9 +544,12 @@ def _read_text(path: Path, kind: str = "text") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _start_painter_early(argv)
     try:
+        _start_painter_early(argv)
         return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while parsing or importing, before _main's own handler
+        sys.stderr.write("fastverify: interrupted\n")
+        return 130
     finally:
         leftover = _EARLY.pop("painter", None)  # parsing failed, or another path never took it
         if leftover is not None:

@@ -146,7 +146,7 @@ def check_writable(path: Path) -> None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise UserError(f"{path}: {folder} is not a folder; give a path in a folder")
+        raise UserError(f"{path}: {folder.name or folder} is a file, not a folder; give a path in a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{path}: cannot write in {folder} (no write permission, or a read-only file system)")
 

@@ -24,7 +24,7 @@ def test_check_writable_names_the_folder_that_refuses(tmp_path, monkeypatch):
 def test_check_writable_refuses_a_path_under_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(UserError, match="is not a folder"):
+    with pytest.raises(UserError, match="file is a file, not a folder"):
         check_writable(f / "out.json")
 
 
