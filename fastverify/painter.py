@@ -14,8 +14,10 @@ surfaces as it always did.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -30,16 +32,31 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP in this thread while helpers are forked: a helper starts with
+    them held until :func:`quiet_child_signals` has set its own handling, so a Ctrl-C that lands
+    during the fork cannot interrupt the new process half-way (a traceback from the child). The
+    parent gets a signal that came meanwhile as soon as the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def quiet_child_signals() -> None:
     """In a forked helper (painter, trace-decoding worker): Ctrl-C goes to the whole process group,
     and the parent alone answers it (one line, then it stops its children); SIGTERM/SIGHUP end the
     helper without Python's handler, which the fork copied from the CLI and which would print a
-    traceback."""
-    import signal
-
+    traceback. Then the signals held over the fork (:func:`signals_held`) are let through."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
 
 
 def _serve(conn, parent_end) -> None:
@@ -86,7 +103,8 @@ class Painter:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child_end, self._conn), daemon=True, name="fastverify-png")
-        self._proc.start()
+        with signals_held():
+            self._proc.start()
         child_end.close()
 
     @classmethod

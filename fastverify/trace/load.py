@@ -816,12 +816,13 @@ def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> li
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     from concurrent.futures import as_completed
 
-    from fastverify.painter import quiet_child_signals
+    from fastverify.painter import quiet_child_signals, signals_held
 
     got: list = [None] * len(files)
     pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=quiet_child_signals)
     try:
-        futures = {pool.submit(_load_one, f): i for i, f in enumerate(files)}
+        with signals_held():  # the workers are forked at the first submit
+            futures = {pool.submit(_load_one, f): i for i, f in enumerate(files)}
         for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             got[i] = fut.result()
