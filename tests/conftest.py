@@ -118,3 +118,60 @@ def assert_user_error(proc: subprocess.CompletedProcess, *words: str) -> str:
     for word in words:
         assert word in lines[0], (word, lines[0])
     return lines[0]
+
+
+# ---- processes (/proc) --------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then ppid)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is neither a zombie nor dead."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            fields = _proc_stat(int(d))
+            if fields is not None and int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+# ---- the real SGLang venv ------------------------------------------------------------------------
+
+SGLANG_PYTHON_ENV = "FASTVERIFY_SGLANG_PYTHON"
+
+
+def sglang_python_or_skip() -> str:
+    """The SGLang 0.5.23 venv's interpreter from ``$FASTVERIFY_SGLANG_PYTHON``; skips (saying why)
+    when it is unset or not an executable file."""
+    py = os.environ.get(SGLANG_PYTHON_ENV)
+    if not py:
+        pytest.skip(f"{SGLANG_PYTHON_ENV} is not set (make the SGLang venv with .ci/sglang-venv.sh and export its python)")
+    if not Path(py).is_file() or not os.access(py, os.X_OK):
+        pytest.skip(f"{SGLANG_PYTHON_ENV}={py} is not an executable file")
+    return py
+
+
+# ---- a minimal trace profile -----------------------------------------------------------------------
+
+
+def two_rank_trace_profile() -> dict:
+    """A version-1 trace profile of 2 ranks: 6 all-reduces of 4096 B per run, 2 per step (no hidden
+    size, as every trace profile), for tune's workload readers."""
+    return {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
+            "source": {"kind": "trace", "files": ["a", "b"]},
+            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
+            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
+                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT as REPO
-from conftest import SHARED, run_fastverify
+from conftest import SHARED, run_fastverify, two_rank_trace_profile
 
 from fastverify.cli import main
 
@@ -61,11 +61,7 @@ def box_dir(tmp_path, monkeypatch):
     (tmp_path / "p2pbad.json").write_text(json.dumps([{"src": i, "dst": j, "ok": (i, j) != (0, 5),
                                                        "reason": "" if (i, j) != (0, 5) else "read back zeros"}
                                                       for i, j in pairs]))
-    prof = {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
-            "source": {"kind": "trace", "files": ["a", "b"]},
-            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
-            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
-                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    prof = two_rank_trace_profile()
     (tmp_path / "pin.json").write_text(json.dumps(prof))
 
     def no_sweep(*a, **k):

@@ -17,25 +17,15 @@ from conftest import REPO_ROOT, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastverify.nccl import catalogue as cat
 from fastverify.nccl import model as M
 from fastverify.nccl.catalogue import Severity, validate_setting
-from fastverify.nccl.enabled import EnabledAlgos, enabled_algos_protos
+from fastverify.nccl.enabled import EnabledAlgos, allreduce_enabled, enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 
 
-# --- the oracle: tune/predict.py at 99f660f, unchanged but for the names -------------------------
-def _ref_allreduce_enabled(name, value, version):
-    ctx = cat._Ctx(version or cat.NEWEST_CHECKED, version is not None)
-    table = cat._ALGOS if name == "NCCL_ALGO" else cat._PROTOS
-    names = cat._names_at(table, ctx)
-    if ctx.at_least(cat.GRAMMAR_2_24):
-        parsed = cat._parse_new(value, names, table, ctx)
-    else:
-        parsed = cat._parse_old(value, names)
-    if parsed.error:
-        return None
-    return dict(parsed.enable["AllReduce"])
+# --- the oracle: tune/predict.py at 99f660f, unchanged but for the names; its per-variable parse
+# was moved as it stood into nccl.enabled.allreduce_enabled (pinned by the known-answer tests below)
+_ref_allreduce_enabled = allreduce_enabled
 
 
 def _reference(env, version, sm, notes):

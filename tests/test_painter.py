@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import children
+
 from fastverify.painter import Painter, usable_cores
 from fastverify.plot import plot_profile
 from fastverify.profile import as_builtins, build_profile
@@ -123,18 +125,6 @@ def _cmdline_has(pid: int, text: str) -> bool:
         return False
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc/*/stat, field 4)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = open(f"/proc/{d}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d))
-    return out
 
 
 @needs_shared
@@ -154,7 +144,7 @@ def test_ctrl_c_to_the_process_group_gives_one_line_and_leaves_nothing(tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     # from the painter's fork on, main() runs (a signal during interpreter start-up is Python's)
     deadline = time.monotonic() + 30
-    while not _children(p.pid) and p.poll() is None and time.monotonic() < deadline:
+    while not children(p.pid) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     time.sleep(delay)
     os.killpg(p.pid, signal.SIGINT)

@@ -16,19 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sglang_python_or_skip
+
 PROBE = Path(__file__).with_name("sglang_patch_probe.py")
 REPO = PROBE.parent.parent
-ENV = "FASTVERIFY_SGLANG_PYTHON"
 TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def probe() -> dict:
-    py = os.environ.get(ENV)
-    if not py:
-        pytest.skip(f"{ENV} is not set (make the SGLang venv with .ci/sglang-venv.sh and export its python)")
-    if not Path(py).is_file() or not os.access(py, os.X_OK):
-        pytest.skip(f"{ENV}={py} is not an executable file")
+    py = sglang_python_or_skip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTVERIFY_") and k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(REPO)  # this checkout's fastverify, whatever the venv has installed
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU: the probe is about the real Python objects

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import subprocess_env
+from conftest import alive, subprocess_env
 from fastverify import procs
 from fastverify.errors import UserError
 from fastverify.procs import RankGroup, make_workdir
@@ -24,12 +24,6 @@ from fastverify.procs import RankGroup, make_workdir
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -83,7 +77,7 @@ def test_rank_ignoring_sigterm_gets_sigkill_after_grace_and_its_group_and_folder
     deadline = time.monotonic() + 10
     while _group_members(leader) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _group_members(leader) == [] and not _alive(grandchild)
+    assert _group_members(leader) == [] and not alive(grandchild)
     assert not workdir.exists()  # the launcher's temporary folder is removed
 
 

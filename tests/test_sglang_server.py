@@ -29,10 +29,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sglang_python_or_skip
+
 from tests.conftest import run_fastverify
 from tests.sglang_server.harness import HttpServer, http, launch_engine
 
-ENV = "FASTVERIFY_SGLANG_PYTHON"
 PROMPTS = ["one two three four five six seven", "the quick brown fox jumps over the lazy dog. the quick",
            "speculative decoding verifies draft tokens"]
 MAX_NEW = 24
@@ -61,12 +62,7 @@ def _report(request, line: str) -> None:
 
 @pytest.fixture(scope="session")
 def sglang_python() -> str:
-    py = os.environ.get(ENV)
-    if not py:
-        pytest.skip(f"{ENV} is not set (make the SGLang venv with .ci/sglang-venv.sh and export its python)")
-    if not Path(py).is_file() or not os.access(py, os.X_OK):
-        pytest.skip(f"{ENV}={py} is not an executable file")
-    return py
+    return sglang_python_or_skip()
 
 
 @pytest.fixture(scope="session")

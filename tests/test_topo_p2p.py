@@ -3,6 +3,8 @@ codes, result parsing) with fake child commands injected through ``child_argv``.
 
 from __future__ import annotations
 
+from conftest import alive
+
 import json
 import subprocess
 import sys
@@ -192,17 +194,11 @@ time.sleep(600)
         assert r.ok is False and r.reason.startswith("timeout")
     pid = int((tmp_path / "grandchild.pid").read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_pairs_run_in_parallel_and_each_has_its_own_timeout(tmp_path):

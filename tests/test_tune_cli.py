@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import assert_user_error, run_fastverify
+from conftest import assert_user_error, run_fastverify, two_rank_trace_profile
 from fastverify.nccl.catalogue import Severity, validate_env
 from fastverify.tune.envfile import read_env_file
 
@@ -85,11 +85,7 @@ def test_tune_output_paths_checked_before_any_work(shared_dir, tmp_path, extra, 
 
 def test_trace_profile_workload_is_measured_as_plain_all_reduces(tmp_path):
     """A trace profile has sizes but no hidden size: the sweep times plain all-reduces."""
-    prof = {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
-            "source": {"kind": "trace", "files": ["a", "b"]},
-            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
-            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
-                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    prof = two_rank_trace_profile()
     (tmp_path / "p.json").write_text(json.dumps(prof))
     proc = run_fastverify(["tune", "--profile", "p.json", "--iters", "2", "--warmup", "1", "--journal", "j.jsonl"],
                           cwd=tmp_path, timeout=300)
@@ -129,11 +125,7 @@ def test_predict_writes_env_file_and_deployment_record(shared_dir, tmp_path):
 
 
 def test_write_env_refuses_a_trace_profile_without_hidden(tmp_path):
-    prof = {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
-            "source": {"kind": "trace", "files": ["a", "b"]},
-            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
-            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
-                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    prof = two_rank_trace_profile()
     (tmp_path / "p.json").write_text(json.dumps(prof))
     (tmp_path / "t.txt").write_text("        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n")
     proc = run_fastverify(["tune", "--profile", "p.json", "--predict", "--topology", "t.txt", "--write-env", "x.env"],

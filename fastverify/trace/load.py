@@ -775,10 +775,9 @@ def load_workers(files: list[Path]) -> int:
     sizes = [json_size(f) for f in files]
     if sum(sizes) < PARALLEL_MIN_BYTES:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    from fastverify.painter import usable_cores
+
+    cores = usable_cores()
     need = PEAK_BYTES_PER_JSON_BYTE * max(sizes)
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
