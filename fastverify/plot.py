@@ -134,23 +134,3 @@ def plot_profile(profile: dict, path: Path) -> None:
             "cpu_trace": "CPU-only traces, host clock over gloo - NOT GPU timings"}.get(clock, f"clock: {clock}")
     fig.suptitle(f"fastverify profile ({note})", fontsize=10)
     fig.savefig(path, dpi=110, format="png")
-
-
-def warm_up() -> None:
-    """Load what a first drawing loads (font files, text layout, the PNG writer) into this process,
-    so that a later :func:`plot_profile` pays only for its own figure."""
-    import io
-
-    fig = Figure(figsize=(6, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ax.plot([1, 2], [1, 2], "o-", label="x")
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(_us_label))
-    ax.barh(0, 1.0, label="y")
-    ax.legend(fontsize=8)
-    ax.set_title("µs")
-    fig.suptitle("warm", fontsize=10)
-    fig.savefig(io.BytesIO(), dpi=20, format="png")

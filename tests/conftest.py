@@ -175,3 +175,21 @@ def two_rank_trace_profile() -> dict:
             "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
             "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
                                                   "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+
+
+RANK_ARRAYS = ("start_ns", "dur_ns", "cls", "name_id", "msg_bytes", "step", "stream")
+
+
+def assert_same_ranks(got: list, want: list) -> None:
+    """Two ``load_trace`` results equal field for field: every per-event array (values and
+    dtype), the names, the steps and the meta, rank by rank."""
+    import numpy as np
+
+    assert [r.rank for r in got] == [r.rank for r in want]
+    for g, w in zip(got, want):
+        for key in RANK_ARRAYS:
+            a, b = getattr(g, key), getattr(w, key)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (g.rank, key)
+        assert g.names == w.names
+        assert g.steps == w.steps
+        assert g.meta == w.meta

@@ -1,19 +1,18 @@
 """The columnar trace reader: one typed decode, then every field the analyzer uses as a column.
 
-:mod:`fastverify.trace.load` decodes a trace once with msgspec into its small ``_Event`` struct
-(every key the analyzer never reads is skipped unparsed; ``name``/``ts``/``dur``/``pid``/``args``
-stay raw JSON text). This module turns those events into columns without a Python call per field
-per event:
+:mod:`fastverify.trace.load` decodes a trace once with msgspec into its small ``_Event`` struct:
+every key the analyzer never reads is skipped unparsed, ``name`` and the few ``args`` keys it
+reads (``stream``, ``correlation``, ``External id`` and a collective's name and size) are decoded
+in that same pass, and ``ts``/``dur``/``pid`` stay raw JSON text. This module turns those events
+into columns without a Python call per field per event:
 
 * the events are sorted into GPU work (kernels, memcpy, memset), runtime calls (launches) and host
   ops in one pass;
-* each text column is decoded by ONE ``msgspec`` call over the column's raw texts joined into a
-  JSON array (names, ``ts``, ``dur``, a typed ``args`` struct with only ``stream``, ``correlation``,
-  ``External id``), instead of one decode per event;
-* ``ts``/``dur`` become int64 ns vectorised (:func:`ns_column`, exact; see there);
-* a host op is judged by its still-encoded name once per distinct name, not once per event;
-* the full ``args`` of an event is decoded only for the few events whose class needs it
-  (collectives: message size, collective name).
+* ``ts``/``dur`` become int64 ns vectorised, one ``msgspec`` call over a column's raw texts joined
+  into a JSON array (:func:`ns_column`, exact; see there);
+* a host op is judged by its name once per distinct name, not once per event;
+* a collective's ``Input Dims``/``Input type`` (raw text on every ``cpu_op``) are decoded only for
+  the few events that need them (message size).
 
 The results are :class:`GpuColumns` per TP rank, which :func:`fastverify.trace.load._build` turns
 into :class:`~fastverify.events.RankEvents`; a trace that the typed decode rejects takes the
@@ -24,8 +23,6 @@ dict-based slow path of :mod:`fastverify.trace.load`, which ends in the same col
 from __future__ import annotations
 
 import re
-from typing import Any
-
 import msgspec
 import numpy as np
 
@@ -43,62 +40,6 @@ values take the per-value text path (:func:`fastverify.trace.load._ns_from_text`
 _NUMBER_BYTES = b"0123456789.,-"
 _FOUR_DECIMALS = re.compile(rb"\.[0-9]{4}")
 _ANY = msgspec.json.Decoder()
-_GRAPH_LAUNCH_RAW = re.compile(rb'^"(cuda|hip)GraphLaunch')
-
-
-class _GpuArgs(msgspec.Struct, gc=False):
-    """The keys of a GPU event's ``args`` every event needs; the rest stay in the raw text."""
-
-    stream: Any = None
-    correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-
-
-class _RuntimeArgs(msgspec.Struct, gc=False):
-    correlation: Any = None
-
-
-_GPU_ARGS = (msgspec.json.Decoder(list[_GpuArgs | None]), msgspec.json.Decoder(_GpuArgs | None))
-_RUNTIME_ARGS = (msgspec.json.Decoder(list[_RuntimeArgs | None]), msgspec.json.Decoder(_RuntimeArgs | None))
-
-
-def _join(raws: list) -> bytes:
-    return b"[" + b",".join(raws) + b"]"
-
-
-def _decode_many(raws: list) -> list:
-    """Decode each raw JSON text; one msgspec call for the whole column when every text is valid,
-    else one per text (an undecodable one becomes None, as :func:`~fastverify.trace.load._raw`)."""
-    from fastverify.trace.load import _raw, _TooDeep
-
-    try:
-        return _ANY.decode(_join(raws))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return [_raw(r) for r in raws]
-    except RecursionError:
-        raise _TooDeep() from None
-
-
-def _decode_typed(raws: list, decoders) -> list:
-    """``raws`` decoded by a typed ``(list decoder, one decoder)`` pair; a text the type rejects
-    (``args`` that is not an object, a key of another type) becomes None, as if absent."""
-    from fastverify.trace.load import _TooDeep
-
-    many, one = decoders
-    try:
-        return many.decode(_join(raws))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        out = []
-        for r in raws:
-            try:
-                out.append(one.decode(r))
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                out.append(None)
-            except RecursionError:
-                raise _TooDeep() from None
-        return out
-    except RecursionError:
-        raise _TooDeep() from None
 
 
 def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
@@ -150,8 +91,9 @@ class GpuColumns:
     stream, correlation, external_id : list
         Those ``args`` values as decoded (None where absent).
     args : list
-        The full ``args`` of each event, raw JSON text (fast path) or a dict (slow path); decode
-        with :meth:`args_dict` when an event needs more than the three keys above.
+        The ``args`` of each event: the typed decode's used keys (fast path,
+        :class:`fastverify.trace.load._Args` or None) or a dict (slow path); read them with
+        :meth:`args_dict` when an event needs more than the three keys above.
     tid : list or None
         The thread of each event (CPU-only traces, where the "stream" is the thread).
     """
@@ -181,6 +123,36 @@ class GpuColumns:
             external_id=[a.get("External id") for a in args], args=args,
             tid=[e["tid"] for e in evs] if evs and "tid" in evs[0] else None)
 
+    @classmethod
+    def concat(cls, parts: list[GpuColumns]) -> GpuColumns:
+        """The rows of ``parts`` one after the other, in that order."""
+        def join(key):
+            cols = [getattr(p, key) for p in parts]
+            return None if any(c is None for c in cols) else [x for c in cols for x in c]
+
+        arrays = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("ts_ns", "dur_ns", "ok")}
+        return cls(join("name"), join("cat"), arrays["ts_ns"], arrays["dur_ns"], arrays["ok"], join("stream"),
+                   join("correlation"), join("external_id"), join("args"), join("tid"))
+
+    def __getstate__(self) -> dict:
+        # Pickled when a worker process sends its part of a file (fastverify.trace.halves): the
+        # names (long kernel names, each repeated thousands of times) travel once each.
+        state = {k: getattr(self, k) for k in self.__slots__}
+        for k in ("name", "cat"):
+            v = state[k]
+            if all(type(x) is str for x in v):
+                index: dict[str, int] = {}
+                ids = [index.setdefault(x, len(index)) for x in v]
+                state[k] = (list(index), np.array(ids, dtype=np.int32))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            if k in ("name", "cat") and type(v) is tuple:
+                distinct, ids = v
+                v = [distinct[i] for i in ids.tolist()]
+            setattr(self, k, v)
+
     def take(self, idx) -> GpuColumns:
         """The rows at ``idx`` (a sequence of ints, or a bool mask), in that order."""
         ix = np.flatnonzero(idx) if getattr(idx, "dtype", None) == bool else np.asarray(idx, dtype=np.intp)
@@ -193,14 +165,13 @@ class GpuColumns:
                           sub(self.stream), sub(self.correlation), sub(self.external_id), sub(self.args),
                           sub(self.tid))
 
-    def args_dict(self, i: int) -> dict:
-        """The full ``args`` of event ``i`` as a dict (``{}`` when absent or not an object)."""
-        from fastverify.trace.load import _raw
-
+    def args_dict(self, i: int):
+        """The ``args`` of event ``i``: a dict (slow path) or the typed decode's keys, read alike
+        with ``.get`` (:meth:`fastverify.trace.load._Args.get`); ``{}`` when absent."""
         a = self.args[i]
-        if not isinstance(a, dict):
-            a = _raw(a)
-        return a if isinstance(a, dict) else {}
+        if a is None:
+            return {}
+        return a
 
 
 def _labels(evs: list) -> list[int] | None:
@@ -223,35 +194,42 @@ def _groups(labels: list[int] | None, n: int) -> dict[int, list[int] | None]:
     return out
 
 
-def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
+def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None = None) -> dict[int, dict]:
     """Per pid label (-1 for a plain file), what the loader needs from a typed-decoded trace.
 
     Parameters
     ----------
     doc : fastverify.trace.load._Trace
-        The typed decode of one file.
-    host_keep : re.Pattern[bytes]
-        Superset filter over a host op's still-encoded name (comm ops, step spans).
+        The typed decode of one file (names and the used ``args`` keys already decoded).
+    host_keep : re.Pattern[str]
+        Superset filter over a host op's name (comm ops, step spans).
     looks_comm_op : callable(str) -> bool
-        The exact comm-op test on a decoded name (only such ops get their args decoded).
+        The exact comm-op test on a name (only such ops keep their args).
+    facts : dict, optional
+        Filled with what decided the pid labels, for a reader that splits a file in parts
+        (:mod:`fastverify.trace.halves`): ``gpu`` (any GPU event), ``gpu_labelled`` (a GPU pid
+        carries a ``[TP..]`` label), ``merged`` (runtime and host ops were labelled by pid) and
+        ``tp_pids`` (a runtime or kept host op's pid carries a label).
 
     Returns
     -------
     dict[int, dict]
         ``{label: {"gpu": GpuColumns, "skipped": int, "runtime_ns": {correlation: ns},
         "graph_launches": [{"ts_ns", "dur_ns"}], "host": [event dict]}}``; ``host`` dicts have
-        ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args``.
+        ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args`` (read with ``.get``; kept only
+        for comm ops).
     """
-    from fastverify.trace.load import GPU_CATS, HOST_CATS, RUNTIME_CATS, _ns_from_text
+    from fastverify.trace.load import GPU_CATS, GRAPH_LAUNCH, HOST_CATS, RUNTIME_CATS, _ns_from_text
 
     gpu: list = []
     runtime: list = []
     host: list = []
-    bucket = {**{c: gpu for c in GPU_CATS}, **{c: runtime for c in RUNTIME_CATS}, **{c: host for c in HOST_CATS}}
+    bucket = {**{c: gpu.append for c in GPU_CATS}, **{c: runtime.append for c in RUNTIME_CATS},
+              **{c: host.append for c in HOST_CATS}}
     for ev in doc.traceEvents:
-        b = bucket.get(ev.cat)
-        if b is not None:
-            b.append(ev)
+        put = bucket.get(ev.cat)
+        if put is not None:
+            put(ev)
 
     out: dict[int, dict] = {}
 
@@ -267,13 +245,13 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
         ts, ts_ok = ns_column([e.ts for e in gpu])
         dur, dur_ok = ns_column([e.dur for e in gpu])
         ok = ts_ok & dur_ok & np.fromiter(((e.ph or "X") == "X" for e in gpu), dtype=bool, count=len(gpu))
-        typed = _decode_typed([e.args for e in gpu], _GPU_ARGS)
+        args = [e.args for e in gpu]
         cols = GpuColumns(
-            name=_decode_many([e.name for e in gpu]), cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
-            stream=[a.stream if a is not None else None for a in typed],
-            correlation=[a.correlation if a is not None else None for a in typed],
-            external_id=[a.external_id if a is not None else None for a in typed],
-            args=[e.args for e in gpu])
+            name=[e.name for e in gpu], cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
+            stream=[None if a is None else a.stream for a in args],
+            correlation=[None if a is None else a.correlation for a in args],
+            external_id=[None if a is None else a.external_id for a in args],
+            args=args)
         gpu_labels = _labels(gpu)
         for label, idx in _groups(gpu_labels, len(gpu)).items():
             part = cols if idx is None else cols.take(idx)
@@ -283,13 +261,16 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
 
     # A merged file labels every event's pid; a file whose GPU events carry no label has none.
     merged = bool(gpu) and gpu_labels is not None or not gpu
+    tp_pids = False
 
     # Runtime calls: host launch time per correlation id, and CUDA/HIP graph launches
     if runtime:
         rts, rts_ok = ns_column([e.ts for e in runtime])
-        corr = [a.correlation if a is not None else None
-                for a in _decode_typed([e.args for e in runtime], _RUNTIME_ARGS)]
-        labels = _labels(runtime) if merged else None
+        corr = [None if e.args is None else e.args.correlation for e in runtime]
+        labels = _labels(runtime) if merged or facts is not None else None
+        tp_pids = labels is not None
+        if not merged:
+            labels = None
         ts_list = rts.tolist()
         ok_list = rts_ok.tolist()
         if labels is None:
@@ -300,35 +281,33 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op) -> dict[int, dict]:
                 if ok and type(c) is int:
                     slot(lab)["runtime_ns"][c] = t
         names = [e.name for e in runtime]
-        if b"GraphLaunch" in b",".join(names):
-            graph: dict[bytes, bool] = {}
+        launches = {nm for nm in set(n for n in names if type(n) is str) if GRAPH_LAUNCH.match(nm)}
+        if launches:
             for i, nm in enumerate(names):
-                nb = bytes(nm)
-                g = graph.get(nb)
-                if g is None:
-                    g = graph[nb] = bool(_GRAPH_LAUNCH_RAW.match(nb))
-                if g and ok_list[i]:
+                if ok_list[i] and type(nm) is str and nm in launches:
                     slot(labels[i] if labels is not None else -1)["graph_launches"].append(
                         {"ts_ns": ts_list[i], "dur_ns": _ns_from_text(bytes(runtime[i].dur))})
 
     # Host ops: only comm ops (External id, shapes) and step spans matter; judged once per name
     if host:
-        keep: dict[bytes, bool] = {}
-        for nb in set(map(bytes, (e.name for e in host))):
-            keep[nb] = bool(host_keep.search(nb))
-        kept = [e for e in host if keep[bytes(e.name)]]
+        keep = {nm: bool(host_keep.search(nm)) for nm in {e.name for e in host if type(e.name) is str}}
+        kept = [e for e in host if type(e.name) is str and keep[e.name]]
         if kept:
-            labels = _labels(kept) if merged else None
-            names = _decode_many([e.name for e in kept])
+            labels = _labels(kept) if merged or facts is not None else None
+            tp_pids = tp_pids or labels is not None
+            if not merged:
+                labels = None
             ts, ts_ok = ns_column([e.ts for e in kept])
             dur, dur_ok = ns_column([e.dur for e in kept])
-            comm = [i for i, nm in enumerate(names) if isinstance(nm, str) and looks_comm_op(nm)]
-            args = dict(zip(comm, _decode_many([kept[i].args for i in comm]))) if comm else {}
             ts_l, dur_l = ts.tolist(), dur.tolist()
             ts_okl, dur_okl = ts_ok.tolist(), dur_ok.tolist()
+            comm = {nm: looks_comm_op(nm) for nm in keep if keep[nm]}
             for i, ev in enumerate(kept):
-                a = args.get(i)
+                a = ev.args
                 slot(labels[i] if labels is not None else -1)["host"].append(
-                    {"cat": ev.cat, "ph": ev.ph, "name": names[i], "ts_ns": ts_l[i] if ts_okl[i] else None,
-                     "dur_ns": dur_l[i] if dur_okl[i] else None, "args": a if isinstance(a, dict) else {}})
+                    {"cat": ev.cat, "ph": ev.ph, "name": ev.name, "ts_ns": ts_l[i] if ts_okl[i] else None,
+                     "dur_ns": dur_l[i] if dur_okl[i] else None,
+                     "args": a if a is not None and comm[ev.name] else {}})
+    if facts is not None:
+        facts.update(gpu=bool(gpu), gpu_labelled=gpu_labels is not None, merged=merged, tp_pids=tp_pids)
     return out

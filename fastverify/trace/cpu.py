@@ -32,7 +32,7 @@ from pathlib import Path
 import msgspec
 
 from fastverify.events import EventClass
-from fastverify.trace.load import _NULL, _Event  # load imports this module lazily: no cycle
+from fastverify.trace.load import _NULL  # load imports this module lazily: no cycle
 
 CPU_CLOCK = "cpu_trace"
 """``timing.clock`` of a profile made from CPU-only traces."""
@@ -44,10 +44,18 @@ _ALLREDUCE = re.compile(r"(?i)all_?reduce")
 _HOST_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
 
 
-class _CpuEvent(_Event, gc=False):
-    """The trace loader's event plus ``tid``: a CPU trace's collectives run on gloo's own threads,
-    so the thread separates them from the calling op (``_Event`` leaves ``tid`` unparsed)."""
+class _CpuEvent(msgspec.Struct, gc=False):
+    """The keys of an event a CPU-only trace is read from, as raw JSON text until used. ``tid``
+    too: a CPU trace's collectives run on gloo's own threads, so the thread separates them from
+    the calling op. ``args`` whole: the collective and compute classes read any key of it."""
 
+    ph: str = ""
+    cat: str = ""
+    name: msgspec.Raw = _NULL
+    ts: msgspec.Raw = _NULL
+    dur: msgspec.Raw = _NULL
+    pid: msgspec.Raw = _NULL
+    args: msgspec.Raw = _NULL
     tid: msgspec.Raw = _NULL
 
 

@@ -23,6 +23,7 @@ import math
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -72,19 +73,49 @@ class _TooDeep(UserError):
                          "(over the parser's recursion limit)")
 
 
+class _Args(msgspec.Struct, gc=False):
+    """The keys of an event's ``args`` the analyzer reads, decoded in the one pass over the file;
+    every other key is skipped unparsed. ``Input Dims``/``Input type`` (nested and on every
+    ``cpu_op``) stay raw JSON text until a collective needs them (:meth:`get`)."""
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = None
+    input_dims: msgspec.Raw | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="Input Dims")
+    input_type: msgspec.Raw | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="Input type")
+
+    def get(self, key: str, default=None):
+        """``args[key]`` as a plain ``args`` dict would give it (``Input Dims``/``Input type``
+        decoded here), ``default`` for a key not read or not in the event; so that
+        :func:`_msg_bytes` and the collective name lookup read either."""
+        field = _ARGS_FIELD.get(key)
+        if field is None:
+            return default
+        v = getattr(self, field)
+        if v is msgspec.UNSET or v is None:
+            return default
+        return _raw(v) if type(v) is msgspec.Raw else v
+
+
+_ARGS_FIELD = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
+
+
 class _Event(msgspec.Struct, gc=False):
-    """The keys of a trace event the analyzer reads; every other key is skipped unparsed, and the
-    rest stay raw JSON text until an event turns out to matter (most events are
-    ``python_function`` or flow events, which never do). ``ts``/``dur`` stay text so that they
-    convert to integer ns exactly (see :func:`_ns_from_text`)."""
+    """The keys of a trace event the analyzer reads; every other key is skipped unparsed, and
+    ``ts``/``dur``/``pid`` stay raw JSON text (``ts``/``dur`` convert to integer ns exactly, see
+    :func:`_ns_from_text`). An ``args`` that is not an object makes the typed decode fail and the
+    file take the slow path (:func:`read_trace_json`), which reads such args as empty."""
 
     ph: str = ""
     cat: str = ""
-    name: msgspec.Raw = _NULL
+    name: Any = None
     ts: msgspec.Raw = _NULL
     dur: msgspec.Raw = _NULL
     pid: msgspec.Raw = _NULL
-    args: msgspec.Raw = _NULL
+    args: _Args | None = None
 
 
 class _Trace(msgspec.Struct, gc=False):
@@ -145,7 +176,7 @@ def _read_bytes(path: Path) -> bytes:
     return inflate_trace(read_bytes(path, kind="trace"), path)
 
 
-def read_trace(path: Path) -> tuple[dict, dict[int, _PerRank]]:
+def read_trace(path: Path, *, halves: bool = False) -> tuple[dict, dict[int, _PerRank]]:
     """Read one trace file (``.json`` or gzip, detected by magic bytes) into per-rank columns.
 
     Returns the top-level ``distributedInfo``/``deviceProperties``, and per pid label (a TP rank
@@ -153,28 +184,44 @@ def read_trace(path: Path) -> tuple[dict, dict[int, _PerRank]]:
     events as :class:`~fastverify.trace.columns.GpuColumns`, host launch times by correlation
     id, graph launches, comm ops by External id and step candidates. Well-formed traces take the
     columnar reader (:mod:`fastverify.trace.columns`); anything its typed decode rejects goes
-    through :func:`read_trace_json`, which either parses it or names the problem.
+    through :func:`read_trace_json`, which either parses it or names the problem. With ``halves``,
+    a file of at least :data:`~fastverify.trace.halves.SPLIT_MIN_BYTES` of JSON on a box with two
+    or more cores is read in two halves at once (:mod:`fastverify.trace.halves`; same result).
 
     Raises
     ------
     UserError
         As :func:`read_trace_json`.
     """
+    _HELD.clear()  # the file read before this one: freed now, before this one is decoded
     raw = _read_bytes(path)
-    try:
-        doc = _TRACE_DECODER.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-        # RecursionError: msgspec bounds nesting; the slow path names the file in one line
-        return _slow_ranks(read_trace_json(path, raw))
-    if not doc.traceEvents:
-        raise UserError(f"{path}: the trace has no events")
-    from fastverify.trace.columns import read_columns
+    split = None
+    if halves and _halves_pay(raw):
+        from fastverify.trace.halves import read_in_halves
 
-    try:
-        got = read_columns(doc, _HOST_KEEP_RAW, _looks_comm_op)
-    except _TooDeep:
-        raise _TooDeep(path) from None
-    top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
+        try:
+            split = read_in_halves(raw, _HOST_KEEP, _looks_comm_op)
+        except _TooDeep:
+            raise _TooDeep(path) from None
+    if split is not None:
+        top, got = split
+    else:
+        try:
+            doc = _TRACE_DECODER.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            # RecursionError: msgspec bounds nesting; the slow path names the file in one line
+            return _slow_ranks(read_trace_json(path, raw))
+        if not doc.traceEvents:
+            raise UserError(f"{path}: the trace has no events")
+        from fastverify.trace.columns import read_columns
+
+        try:
+            got = read_columns(doc, _HOST_KEEP, _looks_comm_op)
+        except _TooDeep:
+            raise _TooDeep(path) from None
+        top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
+        done_with(doc)
+        del doc
     per: dict[int, _PerRank] = {}
     for label, s in got.items():
         acc = per[label] = _PerRank()
@@ -190,16 +237,48 @@ def read_trace(path: Path) -> tuple[dict, dict[int, _PerRank]]:
 _STEP_RES = [re.compile(p) for p, _ in STEP_PATTERNS]
 
 
+HOLD_DECODED = False
+"""When True, the decoded events of the file read last are kept (until the next file is read)
+instead of freed object by object: ``fastverify profile --trace`` sets it, since it ends soon
+after loading with ``os._exit`` (:func:`fastverify.cli.run`), where the memory goes at once.
+Freeing the ~200k event structs of a 50 MB trace costs about 20 ms."""
+
+_HELD: list = []
+
+
+def done_with(doc) -> None:
+    """Free ``doc`` (a typed decode), or keep it while :data:`HOLD_DECODED` (see there)."""
+    if HOLD_DECODED:
+        _HELD.append(doc)
+
+
+def _halves_pay(raw: bytes) -> bool:
+    """Whether reading ``raw`` in two processes can be faster: enough JSON, two cores, ``fork``."""
+    import sys
+
+    from fastverify.painter import usable_cores
+    from fastverify.trace.halves import SPLIT_MIN_BYTES
+
+    return len(raw) >= SPLIT_MIN_BYTES and usable_cores() >= 2 and sys.platform.startswith("linux")
+
+
 def _host_ops(acc: _PerRank, host: list[dict]) -> None:
-    """Comm ops by External id and step candidates from host op dicts (``name``, ``args``, ns)."""
+    """Comm ops by External id and step candidates from host op dicts (``name``, ``args`` with
+    ``.get``, ns); each distinct name is judged once."""
+    judged: dict[str, tuple[bool, bool]] = {}
     for ev in host:
         name, args = ev["name"], ev["args"]
         if not isinstance(name, str):
             continue
-        ext = args.get("External id")
-        if type(ext) is int and _looks_comm_op(name):
-            acc.ops_by_ext[ext] = {"name": name, "args": args}
-        if ev["ts_ns"] is not None and ev["dur_ns"] is not None and any(r.match(name) for r in _STEP_RES):
+        j = judged.get(name)
+        if j is None:
+            j = judged[name] = (_looks_comm_op(name), any(r.match(name) for r in _STEP_RES))
+        comm, step = j
+        if comm:
+            ext = args.get("External id")
+            if type(ext) is int:
+                acc.ops_by_ext[ext] = {"name": name, "args": args}
+        if step and ev["ts_ns"] is not None and ev["dur_ns"] is not None:
             acc.step_candidates.append(ev)
 
 
@@ -335,14 +414,15 @@ def _msg_bytes(args: dict) -> int:
     return -1
 
 
-def load_trace(path: str | Path) -> list[RankEvents]:
+def load_trace(path: str | Path, *, halves: bool = False) -> list[RankEvents]:
     """Load one trace file into one :class:`RankEvents` per rank it holds (one, or several for a
     SGLang merged file).
 
     The rank comes from ``distributedInfo.rank``, else the file name, else the ``pid`` labels of a
     merged file; a single unnamed rank defaults to 0 and says so in ``meta["rank_source"]``.
     ``python_function`` events are skipped. GPU events are kernels, memcpys and memsets;
-    ``gpu_user_annotation`` spans are not GPU work.
+    ``gpu_user_annotation`` spans are not GPU work. ``halves``: a large file may be read on two
+    cores at once (:func:`read_trace`); the result is the same.
 
     Raises
     ------
@@ -354,7 +434,7 @@ def load_trace(path: str | Path) -> list[RankEvents]:
     gc_was_enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of short-lived objects and no cycles: GC passes only cost time
     try:
-        return _load_trace(path)
+        return _load_trace(path, halves)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -375,8 +455,8 @@ class _PerRank:
         self.classes: list[EventClass] | None = None  # a CPU-only trace: each event's class, decided already
 
 
-def _load_trace(path: Path) -> list[RankEvents]:
-    doc, per = read_trace(path)
+def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
+    doc, per = read_trace(path, halves=halves)
     step_res = _STEP_RES
 
     timing = "trace"
@@ -476,11 +556,11 @@ _COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all
                       r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce")
 
 
-# The same patterns (comm ops, step spans) over a JSON-encoded name, quotes included: a superset
-# filter, the exact check runs on the decoded string.
-_HOST_KEEP_RAW = re.compile(
-    rb"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl:|record_param_comms|c10d::"
-    rb"|symm_mem::|custom_ar|sgl_kernel::|^\"ProfilerStep#|^\"step\[|^\"execute_"
+# The comm-op and step-span patterns in one search: a superset filter over a host op's name that
+# keeps the few ops the loader reads; the exact checks then run on the ops it kept.
+_HOST_KEEP = re.compile(
+    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl:|record_param_comms|c10d::"
+    r"|symm_mem::|custom_ar|sgl_kernel::|^ProfilerStep#|^step\[|^execute_"
 )
 
 
@@ -526,6 +606,15 @@ def _non_overlapping(windows: list[Step]) -> list[Step]:
 _MEMORY_CATS = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 _COMM_CODES = frozenset({EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
                          EventClass.UNKNOWN_COMM.code, EventClass.EP_ALLTOALL.code})
+
+
+def reads_args(name) -> bool:
+    """Whether :func:`_build` may read more of a GPU event's ``args`` than its stream,
+    correlation and External id: only for events whose name leaves the class open or makes them a
+    collective (message size, collective name). A reader that sends columns between processes
+    drops the other events' ``args`` (:mod:`fastverify.trace.halves`)."""
+    c = classify_name(name if isinstance(name, str) else str(name))
+    return c.cls is None or c.cls.code in _COMM_CODES
 
 
 def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) -> RankEvents:
@@ -804,7 +893,7 @@ def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> li
     if w == 1:
         out = []
         for i, f in enumerate(files):
-            out.append(load_trace(f))
+            out.append(load_trace(f, halves=workers != 1))
             bar.update(i + 1, f.name)
         return out
     import multiprocessing
