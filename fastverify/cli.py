@@ -319,10 +319,18 @@ _EARLY: dict = {}  # what main() started before parsing (the painter of a `profi
 
 
 def _start_painter_early(argv: list[str]) -> None:
-    """``profile --trace`` with a PNG: fork the painter before anything else is imported, so its
-    matplotlib import overlaps the parsing and the trace loading (:mod:`fastverify.painter`)."""
+    """``profile --trace`` with a PNG: fork the painter before anything but numpy is imported, so
+    its matplotlib import overlaps the parsing and the trace loading (:mod:`fastverify.painter`)."""
     if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
             and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
+        import os
+
+        # numpy first, with one BLAS thread (a trace job sorts and sums, it multiplies no
+        # matrices): the painter then shares this import instead of paying for its own, and its
+        # OpenBLAS does not spin up a thread per core, which took a core from the trace reading
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        import numpy  # noqa: F401
+
         from fastverify.painter import Painter
 
         _EARLY["painter"] = Painter.start()
@@ -343,7 +351,10 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
 
         if _PROGRAM.get("running"):  # the process ends right after this command (see run())
             load.HOLD_DECODED = True
-        ranks = load.load_traces(args.trace, force=args.force, workers=args.jobs, progress=not args.quiet)
+        # With the painter drawing the PNG on the second core, one big file is read on one core
+        # (measured on 2 cores: reading in halves there slowed the PNG, the run's end, by 6-14 %)
+        ranks = load.load_traces(args.trace, force=args.force, workers=args.jobs, progress=not args.quiet,
+                                 halves=painter is None)
         source = {"kind": "trace", "files": [r.origin for r in ranks]}
         stem = "trace"
     else:

@@ -103,7 +103,7 @@ def test_collective_args_and_launch_times_match(tmp_path, monkeypatch):
     assert r.start_ns.tolist() == [100_125, 200_000, 300_000]
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=400, **SETTINGS)
 @given(good_lists, st.booleans())
 def test_generated_traces_read_the_same_on_both_paths(tmp_path_factory, events, gz):
     data = json.dumps({"traceEvents": events}).encode()
@@ -126,3 +126,14 @@ def test_generated_traces_read_the_same_on_both_paths(tmp_path_factory, events, 
         assert fast == slow
     else:
         assert_same_ranks(fast, slow)
+
+
+@given(st.lists(st.integers(min_value=-(2**64), max_value=2**64) | st.none() | st.booleans()
+                | st.floats(allow_nan=False) | st.text(max_size=2), max_size=20))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_int_column_is_the_per_value_rule(values):
+    """The stream column's vectorised path equals its per-value rule: an int within ±2**62
+    stays, anything else (bool, None, float, text, a wider int) is -1."""
+    want = [v if type(v) is int and abs(v) < 2**62 else -1 for v in values]
+    assert L._int_column(values).tolist() == want
+    assert L._int_column([v for v in values if type(v) is int]).tolist() == [w for v, w in zip(values, want) if type(v) is int]

@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,9 @@ def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, mon
     whole = L.load_trace(path)
     assert_same_ranks(L.load_trace(path, halves=True), whole)
     assert spy == [True]
+    deadline = time.monotonic() + 5  # it answered and is exiting; a thread reaps it
+    while [c for c in children(os.getpid()) if alive(c)] and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not [c for c in children(os.getpid()) if alive(c)]
     spy.clear()
     monkeypatch.setattr(H, "_worker_call", lambda *a: os._exit(9))
@@ -253,13 +257,35 @@ def test_halves_need_the_size_two_cores_and_fork(monkeypatch):
     assert not L._halves_pay(b" " * H.SPLIT_MIN_BYTES)
 
 
-def test_the_command_line_reads_one_big_file_in_halves_unless_jobs_1(monkeypatch, tmp_path):
-    """load_traces of one file: halves by default, none with --jobs 1 (one process)."""
+def test_the_loader_reads_one_big_file_in_halves_unless_jobs_1_or_told_not_to(monkeypatch, tmp_path):
+    """load_traces of one file: halves by default, none with --jobs 1 (one process) or halves=False."""
     seen = []
     monkeypatch.setattr(L, "read_trace", lambda path, halves=False: (seen.append(halves), ({}, {}))[1])
     monkeypatch.setattr(L, "_cpu_ranks", lambda path, res: {})
     path = _write(tmp_path, {"traceEvents": _events(1)})
-    for workers in (None, 1):
+    for workers, halves in ((None, True), (1, True), (None, False)):
         with pytest.raises(Exception):
-            L.load_traces([path], workers=workers)
+            L.load_traces([path], workers=workers, halves=halves)
+    assert seen == [True, False, False]
+
+
+def test_the_command_line_leaves_the_second_core_to_the_painter(monkeypatch, tmp_path):
+    """`profile --trace` reads in halves without a PNG, and on one core when the painter draws one."""
+    from fastverify import cli
+    from fastverify.painter import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("the painter runs only with two or more cores")
+    seen = []
+    real = L.load_traces
+
+    def spy_load(*a, **k):
+        seen.append(k.get("halves"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(L, "load_traces", spy_load)
+    path = _write(tmp_path, {"traceEvents": _events(4)})
+    assert cli.main(["profile", "--trace", str(path), "--output", str(tmp_path / "a.json"), "--no-png", "--quiet"]) == 0
+    assert cli.main(["profile", "--trace", str(path), "--output", str(tmp_path / "b.json"), "--quiet"]) == 0
     assert seen == [True, False]
+    assert (tmp_path / "b.png").stat().st_size > 0

@@ -26,7 +26,12 @@ import re
 import msgspec
 import numpy as np
 
-__all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "ns_column", "read_columns"]
+__all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "NotPlain", "ns_column", "read_columns"]
+
+
+class NotPlain(ValueError):
+    """A trace the typed decode accepted but whose columns it cannot give exactly as the slow path
+    reads them; the reader takes the slow path (:func:`fastverify.trace.load.read_trace`)."""
 
 NS_EXACT_FLOAT_US = 2**41
 """Below this many µs (about 25 days) a ``ts``/``dur`` with at most 3 decimals converts to ns
@@ -211,6 +216,11 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
         carries a ``[TP..]`` label), ``merged`` (runtime and host ops were labelled by pid) and
         ``tp_pids`` (a runtime or kept host op's pid carries a label).
 
+    Raises
+    ------
+    NotPlain
+        A GPU event whose name is not a string.
+
     Returns
     -------
     dict[int, dict]
@@ -241,6 +251,10 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
 
     # GPU work
     gpu_labels = None
+    if gpu and not all(type(e.name) is str for e in gpu):
+        # a number as a kernel name: msgspec reads one past 64 bits as a float, the slow path's
+        # parser as the integer it is, and the name is shown; the slow path reads such a file
+        raise NotPlain("a GPU event's name is not a string")
     if gpu:
         ts, ts_ok = ns_column([e.ts for e in gpu])
         dur, dur_ok = ns_column([e.dur for e in gpu])

@@ -90,11 +90,12 @@ def _second_half(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
 def _worker_call(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
     import msgspec
 
+    from fastverify.trace.columns import NotPlain
     from fastverify.trace.load import _TooDeep
 
     try:
         return _second_half(start, marker, host_keep, looks_comm_op)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, _TooDeep):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, _TooDeep, NotPlain):
         return ("refused",)
 
 
@@ -117,7 +118,7 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
     """
     import msgspec
 
-    from fastverify.trace.columns import read_columns
+    from fastverify.trace.columns import NotPlain, read_columns
     from fastverify.trace.load import _TRACE_DECODER, _raw, done_with
 
     cut = cut_points(raw)
@@ -139,7 +140,10 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
             return None
         del events[-1], events
         facts: dict = {}
-        got_a = read_columns(doc, host_keep, looks_comm_op, facts)
+        try:
+            got_a = read_columns(doc, host_keep, looks_comm_op, facts)
+        except NotPlain:
+            return None
         top_a = (_raw(doc.distributedInfo), _raw(doc.deviceProperties))
         done_with(doc)
         del doc
@@ -198,6 +202,7 @@ class _Worker:
         from fastverify.painter import signals_held
 
         ctx = multiprocessing.get_context("fork")
+        self._answered = False
         self._conn, child_end = ctx.Pipe(duplex=False)
         _TEXT["raw"] = raw
         try:
@@ -212,13 +217,22 @@ class _Worker:
     def result(self) -> tuple:
         """The worker's reply; ``("refused",)`` when it died before sending one."""
         try:
-            return self._conn.recv()
+            reply = self._conn.recv()
         except (EOFError, OSError):
             return ("refused",)
+        self._answered = True
+        return reply
 
     def stop(self) -> None:
-        """Stop the worker if it still runs (an early answer, an error or Ctrl-C here) and reap it."""
+        """Reap the worker: once it has answered it is only exiting, and a thread waits for that
+        (the exit of a process of ~150 MB takes about 7 ms); otherwise (an early answer, an error
+        or Ctrl-C here) it is killed and reaped now."""
+        import threading
+
         self._conn.close()
+        if self._answered:
+            threading.Thread(target=self._proc.join, name="fastverify-half-reaper", daemon=True).start()
+            return
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join()

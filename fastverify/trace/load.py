@@ -213,12 +213,14 @@ def read_trace(path: Path, *, halves: bool = False) -> tuple[dict, dict[int, _Pe
             return _slow_ranks(read_trace_json(path, raw))
         if not doc.traceEvents:
             raise UserError(f"{path}: the trace has no events")
-        from fastverify.trace.columns import read_columns
+        from fastverify.trace.columns import NotPlain, read_columns
 
         try:
             got = read_columns(doc, _HOST_KEEP, _looks_comm_op)
         except _TooDeep:
             raise _TooDeep(path) from None
+        except NotPlain:
+            return _slow_ranks(read_trace_json(path, raw))
         top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
         done_with(doc)
         del doc
@@ -617,22 +619,28 @@ def reads_args(name) -> bool:
     return c.cls is None or c.cls.code in _COMM_CODES
 
 
+def _int_column(values: list) -> np.ndarray:
+    """int64 array of ``values``: each an int within ±2**62 as it is, anything else -1."""
+    if set(map(type, values)) <= {int}:
+        try:
+            a = np.array(values, dtype=np.int64)
+        except OverflowError:
+            a = None
+        if a is not None and (not len(a) or (int(a.min()) > -2**62 and int(a.max()) < 2**62)):
+            return a
+    return np.fromiter((s if type(s) is int and abs(s) < 2**62 else -1 for s in values), dtype=np.int64,
+                       count=len(values))
+
+
 def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) -> RankEvents:
     """One rank's columns to :class:`RankEvents`: classes by distinct name (the launching op only
     where the name does not decide), message sizes of collectives, streams and launch times."""
     g = acc.gpu
     n = len(g)
-    names: list[str] = []
-    name_index: dict[str, int] = {}
-    ids = []
-    for name in g.name:
-        if not isinstance(name, str):
-            name = str(name)
-        j = name_index.get(name)
-        if j is None:
-            j = name_index[name] = len(names)
-            names.append(name)
-        ids.append(j)
+    texts = g.name if all(type(x) is str for x in g.name) else [x if isinstance(x, str) else str(x) for x in g.name]
+    name_index = {name: j for j, name in enumerate(dict.fromkeys(texts))}  # first-seen order
+    names: list[str] = list(name_index)
+    ids = [name_index[x] for x in texts]
     name_id = np.array(ids, dtype=np.int32) if n else np.empty(0, dtype=np.int32)
     unresolved: dict[str, int] = {}
     if acc.classes is not None:  # a CPU-only trace: classes decided by its reader
@@ -678,13 +686,15 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
                             "(bound 1 TiB), the trace is corrupt or hand-edited") from None
         msg[i] = b if 0 <= b < 2**62 else -1
     streams = g.stream if acc.classes is None else g.tid  # CPU trace: the thread
-    stream = np.fromiter((s if type(s) is int and abs(s) < 2**62 else -1 for s in streams), dtype=np.int64, count=n)
+    stream = _int_column(streams)
     # Host launch time: the runtime call with the kernel's correlation id (under CUDA-graph
     # replay, the graph launch); the kernel's own start when there is none.
     start_ns = g.ts_ns
     dur_ns = g.dur_ns
     rt = acc.runtime_ns
-    if rt:
+    if rt and set(map(type, g.correlation)) <= {int, type(None)}:  # the keys are ints: one C-level lookup each
+        launch_ns = np.fromiter(map(rt.get, g.correlation, start_ns.tolist()), dtype=np.int64, count=n)
+    elif rt:
         launch_ns = np.fromiter((rt.get(c, t) if type(c) is int else t for c, t in zip(g.correlation, start_ns.tolist())),
                                 dtype=np.int64, count=n)
     else:
@@ -734,7 +744,7 @@ def _is_fastverify_profile(path: Path) -> bool:
 
 
 def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | None = None,
-                progress: bool = False) -> list[RankEvents]:
+                progress: bool = False, halves: bool = True) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
 
     Returns one :class:`RankEvents` per rank, sorted by rank. Traces that cannot come from one run
@@ -742,8 +752,9 @@ def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | 
     ``meta["merge_conflict"]`` says why they should not have been.
 
     Several files are decoded in worker processes (``workers``; default :func:`load_workers`),
-    each holding one file at a time; ``progress`` prints a line per file on stderr once loading
-    has taken over 2 s (:mod:`fastverify.progress`).
+    each holding one file at a time; a large file read here is read in two halves at once
+    (:func:`read_trace`) unless ``halves`` is False or ``workers`` is 1; ``progress`` prints a
+    line per file on stderr once loading has taken over 2 s (:mod:`fastverify.progress`).
 
     Raises
     ------
@@ -769,7 +780,7 @@ def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | 
     seen: set[Path] = set()
     files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # a file given twice counts once
     result: dict[int, RankEvents] = {}
-    for f, loaded in zip(files, _load_files(files, workers=workers, progress=progress)):
+    for f, loaded in zip(files, _load_files(files, workers=workers, progress=progress, halves=halves)):
         for r in loaded:
             if r.rank in result:
                 if r.meta.get("rank_source", "").startswith("default") or \
@@ -884,7 +895,8 @@ def _load_one(path: Path) -> tuple[str, object]:
         return "error", str(e)
 
 
-def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> list[list[RankEvents]]:
+def _load_files(files: list[Path], *, workers: int | None, progress: bool,
+                halves: bool = True) -> list[list[RankEvents]]:
     """:func:`load_trace` of every file, in file order; in parallel where ``workers`` > 1."""
     from fastverify.progress import Progress
 
@@ -893,7 +905,7 @@ def _load_files(files: list[Path], *, workers: int | None, progress: bool) -> li
     if w == 1:
         out = []
         for i, f in enumerate(files):
-            out.append(load_trace(f, halves=workers != 1))
+            out.append(load_trace(f, halves=halves and workers != 1))
             bar.update(i + 1, f.name)
         return out
     import multiprocessing
