@@ -101,7 +101,8 @@ def _add_profile(sub) -> None:
     prof.add_argument("--jobs", type=_positive, default=None, metavar="N",
                       help=("--trace: decode up to N rank files at once in worker processes [default: one per core, "
                             "fewer when memory is short (about 4 bytes per byte of trace JSON each) or the traces are "
-                            "small]"))
+                            "small]; a file of 16 MiB of JSON or more read on its own is read in two halves at once "
+                            "(no PNG) unless N is 1"))
     prof.add_argument("--force", action="store_true",
                       help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
                             "NCCL version or backend), with a warning instead of an error"))

@@ -234,19 +234,23 @@ def test_the_cut_is_past_the_first_share_and_between_objects():
 def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, monkeypatch, spy):
     """No process of the read outlives it; a worker that dies before answering (killed, out of
     memory) makes the halves decline, and the file is read whole."""
+    def new_children():  # other tests may have left helpers of their own running
+        return [c for c in children(os.getpid()) if alive(c) and c not in before]
+
     path = _write(tmp_path, {"traceEvents": _events(8)}, indent=1)
     whole = L.load_trace(path)
+    before = set(children(os.getpid()))
     assert_same_ranks(L.load_trace(path, halves=True), whole)
     assert spy == [True]
     deadline = time.monotonic() + 5  # it answered and is exiting; a thread reaps it
-    while [c for c in children(os.getpid()) if alive(c)] and time.monotonic() < deadline:
+    while new_children() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not [c for c in children(os.getpid()) if alive(c)]
+    assert not new_children()
     spy.clear()
     monkeypatch.setattr(H, "_worker_call", lambda *a: os._exit(9))
     assert_same_ranks(L.load_trace(path, halves=True), whole)
     assert spy == [False]
-    assert not [c for c in children(os.getpid()) if alive(c)]
+    assert not new_children()
 
 
 def test_halves_need_the_size_two_cores_and_fork(monkeypatch):
