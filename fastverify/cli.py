@@ -382,11 +382,21 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     out = args.output or default_output(stem)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
     write_outputs(profile, out, png, painter)
-    if not args.quiet:
-        from fastverify.report import print_profile
+    wrote = f"wrote {out}" + (f" and {png}" if png else "")
+    try:
+        if not args.quiet and sys.stdout is not None:  # `>&-` closes it: the files are the output
+            from fastverify.report import print_profile
 
-        print_profile(as_builtins(profile))
-    print(f"wrote {out}" + (f" and {png}" if png else ""))
+            print_profile(as_builtins(profile))
+        print(wrote)
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:  # a full disk or a device that refuses writes behind stdout
+        import os
+
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
+        sys.stderr.write(f"fastverify: error: cannot write to standard output ({e.strerror or e}); {wrote}\n")
+        return 1
     if source["kind"] == "trace":
         _PROGRAM["exit_now"] = True
     return 0
@@ -578,8 +588,9 @@ def run() -> None:
     rc = main()
     if _PROGRAM.get("exit_now"):
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:  # None: closed by the shell (`>&-`)
+                    stream.flush()
         except (BrokenPipeError, OSError):  # a closed pipe: the normal exit reports it as it always did
             sys.exit(rc)
         os._exit(rc)

@@ -141,11 +141,13 @@ def read_bytes(path: str | Path, *, kind: str = "text", flag: str | None = None,
 
 def inflate_trace(raw: bytes, path: str | Path, *, flag: str | None = None) -> bytes:
     """``raw`` inflated if it is gzip (magic bytes), else ``raw``; at most :data:`TRACE_INFLATED_CAP`.
+    A file of several gzip members (``cat a.gz b.gz``) inflates to their texts one after the other,
+    as ``zcat`` and Python's ``gzip`` read it; zero bytes after the last member are allowed.
 
     Raises
     ------
     UserError
-        Truncated or corrupt gzip, or an inflated size over the cap.
+        Truncated or corrupt gzip, other bytes after the gzip data, or an inflated size over the cap.
     """
     if raw[:2] != b"\x1f\x8b":
         return raw
@@ -154,22 +156,39 @@ def inflate_trace(raw: bytes, path: str | Path, *, flag: str | None = None) -> b
     try:  # python-isal inflates about 1.5x faster than zlib; same format and the same max_length API
         from isal.igzip_lib import DECOMP_GZIP, IgzipDecompressor, IsalError
 
-        d = IgzipDecompressor(DECOMP_GZIP)
+        def member():
+            return IgzipDecompressor(DECOMP_GZIP)
+
         errors: tuple = (EOFError, OSError, zlib.error, IsalError)
     except ImportError:  # pragma: no cover - isal is a declared dependency
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        def member():
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+
         errors = (EOFError, OSError, zlib.error)
+    d = member()
     name = _name(Path(path), flag)
-    try:
-        out = d.decompress(raw, TRACE_INFLATED_CAP + 1)
-        eof = d.eof
-    except errors as e:
-        raise UserError(f"{name}: truncated or corrupt gzip ({e})") from None
-    if len(out) > TRACE_INFLATED_CAP:
-        raise UserError(f"{name}: inflates to over the {_size(TRACE_INFLATED_CAP)} limit for a trace")
-    if not eof:
-        raise UserError(f"{name}: truncated or corrupt gzip (the stream ends early)")
-    return out
+    parts: list[bytes] = []
+    total = 0
+    while True:  # a gzip file may hold several members, read one after the other (RFC 1952 2.2)
+        try:
+            out = d.decompress(raw, TRACE_INFLATED_CAP + 1 - total)
+            eof = d.eof
+        except errors as e:
+            raise UserError(f"{name}: truncated or corrupt gzip ({e})") from None
+        total += len(out)
+        if total > TRACE_INFLATED_CAP:
+            raise UserError(f"{name}: inflates to over the {_size(TRACE_INFLATED_CAP)} limit for a trace")
+        if not eof:
+            raise UserError(f"{name}: truncated or corrupt gzip (the stream ends early)")
+        parts.append(out)
+        raw = d.unused_data
+        if not raw.strip(b"\0"):  # nothing more, or zero padding (which gzip itself allows)
+            break
+        if raw[:2] != b"\x1f\x8b":
+            raise UserError(f"{name}: {len(raw)} bytes after the end of the gzip data that are not "
+                            "another gzip member (a damaged or appended-to file?)")
+        d = member()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def read_text(path: str | Path, *, kind: str = "text", flag: str | None = None, errors: str = "strict",

@@ -101,6 +101,7 @@ class Painter:
 
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("fork")
+        self._sent = False
         self._conn, child_end = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child_end, self._conn), daemon=True, name="fastverify-png")
         with signals_held():
@@ -122,6 +123,7 @@ class Painter:
         """Draw ``profile`` (plain JSON-able dict) to ``path`` in the child; True when the PNG is
         written, False when the caller must draw it in-process."""
         try:
+            self._sent = True
             self._conn.send((profile, str(path)))
             err = self._conn.recv()
         except (EOFError, OSError):
@@ -139,9 +141,12 @@ class Painter:
         self._proc.join()
 
     def close(self) -> None:
-        """Stop the child (if it still runs) and release the pipe."""
+        """Stop the child (if it still runs) and release the pipe. A child never sent a profile (an
+        error, nothing to draw) is stopped at once rather than waited for: it may still be in its
+        matplotlib import, which an error line need not wait 0.3 s for."""
         try:
             self._conn.close()
         finally:
-            self._proc.join(timeout=2.0)
+            if self._sent:
+                self._proc.join(timeout=2.0)
             self._stop()

@@ -18,7 +18,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     """Print the per-rank split, the per-step medians and the all-reduce sizes.
 
     ``profile`` is the record as plain dicts (:func:`fastverify.profile.as_builtins`)."""
-    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    console = console or Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 150)
     clock = profile["timing"]["clock"]
     console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
                   f"clock: {clock}")

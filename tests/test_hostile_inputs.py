@@ -190,6 +190,26 @@ def test_size_caps_are_stated_and_enforced(tmp_path):
     assert len(read_bytes(big, kind="log")) == (16 << 20) + 1  # a log may be larger
 
 
+def test_gzip_of_several_members_reads_as_zcat_reads_it(tmp_path, monkeypatch):
+    """``cat a.gz b.gz``: the members' texts one after the other (as Python's gzip reads them);
+    zero padding after the last is fine; other bytes after it, or a cut second member, are an
+    error naming the file; the inflated-size cap counts every member."""
+    import fastverify.inputs as inputs
+
+    text = b'{"traceEvents": [' + b", ".join(b'{"ph": "X", "n": %d}' % i for i in range(2000)) + b"]}"
+    cut = len(text) // 3
+    two = gzip.compress(text[:cut], mtime=0) + gzip.compress(text[cut:], mtime=0)
+    assert inputs.inflate_trace(two, "t.gz") == text == gzip.decompress(two)
+    assert inputs.inflate_trace(two + b"\0" * 9, "t.gz") == text
+    with pytest.raises(UserError, match=r"^t\.gz: 4 bytes after the end of the gzip data"):
+        inputs.inflate_trace(two + b"junk", "t.gz")
+    with pytest.raises(UserError, match=r"^t\.gz: truncated or corrupt gzip"):
+        inputs.inflate_trace(two[:-5], "t.gz")
+    monkeypatch.setattr(inputs, "TRACE_INFLATED_CAP", len(text) - 1)
+    with pytest.raises(UserError, match="inflates to over"):
+        inputs.inflate_trace(two, "t.gz")
+
+
 def test_gzip_bomb_is_capped_on_the_inflated_size(tmp_path, monkeypatch):
     import fastverify.inputs as inputs
 

@@ -44,3 +44,34 @@ def test_profile_refuses_an_unwritable_output_before_loading_anything(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"fastverify: error: {tmp_path / 'p.json'}: cannot write in {tmp_path} (no write permission, "
                    "or a read-only file system)"]
+
+
+def _profile_cmd(trace, out):
+    import sys
+
+    return [sys.executable, "-m", "fastverify", "profile", "--trace", str(trace), "--output", str(out), "--no-png"]
+
+
+def test_stdout_closed_or_full_gives_one_line_and_keeps_the_files(tmp_path):
+    """The files are the output: with stdout closed (`>&-`) the run succeeds without the table;
+    with stdout on a full device it says so in one line (exit 1), naming what it wrote."""
+    import subprocess
+
+    from conftest import DATA, subprocess_env
+
+    trace = DATA / "rccl_generic" / "rccl_generic_eager.trace.json.gz"
+    closed = subprocess.run(_profile_cmd(trace, tmp_path / "a.json"), env=subprocess_env(), stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    assert closed.returncode == 0 and closed.stderr == "", closed.stderr
+    assert (tmp_path / "a.json").stat().st_size > 0
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        for extra in ([], ["--quiet"]):
+            out = tmp_path / f"b{len(extra)}.json"
+            r = subprocess.run(_profile_cmd(trace, out) + extra, env=subprocess_env(), stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+            assert r.returncode == 1
+            assert r.stderr == (f"fastverify: error: cannot write to standard output (No space left on device); "
+                                f"wrote {out}\n")
+            assert out.stat().st_size > 0

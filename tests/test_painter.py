@@ -173,3 +173,15 @@ def test_an_unknown_mplbackend_does_not_stop_the_png(tmp_path):
                           str(tmp_path / "p.json"), "--quiet"], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_a_painter_never_sent_a_profile_is_stopped_not_waited_for():
+    """An error before the drawing closes the painter at once: killed in its matplotlib import
+    (SIGKILL), not left to finish it (0.3 s before the error line)."""
+    import signal
+
+    p = Painter.start()
+    if p is None:
+        pytest.skip("the painter runs only with two or more cores on Linux")
+    p.close()
+    assert p._proc.exitcode == -signal.SIGKILL

@@ -158,6 +158,23 @@ def test_a_second_trace_events_key_or_a_bare_array_is_read_whole(tmp_path, monke
     assert set(_every_cut(bare, monkeypatch, spy)) == {False}
 
 
+def test_a_top_level_key_on_both_sides_of_the_cut_is_read_whole(tmp_path, monkeypatch, spy):
+    """``distributedInfo`` before ``traceEvents`` and again, as null, after it: the parser keeps
+    the last (null, so no rank or world size from it); a cut between them is declined, since the
+    halves cannot say which came last."""
+    text, _ = _text('"distributedInfo": {"rank": 1, "world_size": 2}, ', _events(4), ', "distributedInfo": null')
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    (whole,) = L.load_trace(path)
+    assert whole.meta["world_size"] is None and whole.rank == 0
+    assert set(_every_cut(path, monkeypatch, spy)) == {False}
+    # the same key once, after the events: the halves are used
+    text, _ = _text("", _events(4), ', "distributedInfo": {"rank": 1, "world_size": 2}')
+    path.write_text(text)
+    assert all(_every_cut(path, monkeypatch, spy))
+    assert L.load_trace(path, halves=True)[0].rank == 1
+
+
 def test_merged_sglang_file_with_labels_on_one_side_of_the_cut(tmp_path, monkeypatch, spy):
     """A SGLang merged file (pids "[TPnn] ..."): whichever side of the cut holds the labelled GPU
     events, both ranks come out as whole; a plain file whose launches (not kernels) carry labels

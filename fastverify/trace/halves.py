@@ -65,7 +65,7 @@ def _marker() -> bytes:
 def _second_half(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
     """In the worker: decode and read the second part (see the module docstring)."""
     from fastverify.trace.columns import read_columns
-    from fastverify.trace.load import _TRACE_DECODER, _raw, reads_args
+    from fastverify.trace.load import _TRACE_DECODER, reads_args
 
     raw = _TEXT["raw"]
     part = b"".join((b'{"traceEvents":[', marker, b",", memoryview(raw)[start:]))
@@ -83,7 +83,7 @@ def _second_half(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
             need = {}
             g.args = [a if (need[n] if n in need else need.setdefault(n, reads_args(n))) else None
                       for n, a in zip(g.name, g.args)] if all(type(n) is str for n in g.name) else g.args
-    top = (_raw(doc.distributedInfo), _raw(doc.deviceProperties))
+    top = (doc.distributedInfo, doc.deviceProperties)  # raw text, or UNSET: absent in this half
     _TEXT["keep"] = doc  # freed with the worker at its os._exit, not one object at a time
     return "ok", len(events), top, got, facts
 
@@ -120,7 +120,7 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
     import msgspec
 
     from fastverify.trace.columns import NotPlain, read_columns
-    from fastverify.trace.load import _TRACE_DECODER, _raw, done_with
+    from fastverify.trace.load import _TRACE_DECODER, _top, done_with
 
     cut = cut_points(raw)
     if cut is None:
@@ -145,7 +145,7 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
             got_a = read_columns(doc, host_keep, looks_comm_op, facts)
         except NotPlain:
             return None
-        top_a = (_raw(doc.distributedInfo), _raw(doc.deviceProperties))
+        top_a = (doc.distributedInfo, doc.deviceProperties)
         done_with(doc)
         del doc
         reply = worker.result()  # ("refused",) also when it died (killed, out of memory)
@@ -156,10 +156,10 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
     _, n_b, top_b, got_b, facts_b = reply
     if not n_b or not _labels_agree(facts, facts_b):
         return None
-    if any(a is not None and b is not None for a, b in zip(top_a, top_b)):
-        return None  # a top-level key on both sides of the cut: a duplicated key, read it whole
-    top = {"distributedInfo": top_a[0] if top_a[0] is not None else top_b[0],
-           "deviceProperties": top_a[1] if top_a[1] is not None else top_b[1]}
+    if any(a is not msgspec.UNSET and b is not msgspec.UNSET for a, b in zip(top_a, top_b)):
+        return None  # a top-level key on both sides of the cut (even as null): duplicated, read it whole
+    top = {"distributedInfo": _top(top_a[0] if top_a[0] is not msgspec.UNSET else top_b[0]),
+           "deviceProperties": _top(top_a[1] if top_a[1] is not msgspec.UNSET else top_b[1])}
     return top, _join(got_a, got_b)
 
 

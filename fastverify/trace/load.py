@@ -120,8 +120,9 @@ class _Event(msgspec.Struct, gc=False):
 
 class _Trace(msgspec.Struct, gc=False):
     traceEvents: list[_Event]
-    distributedInfo: msgspec.Raw = _NULL
-    deviceProperties: msgspec.Raw = _NULL
+    # UNSET, not null, when absent: the halves reader must tell a key given as null from no key
+    distributedInfo: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    deviceProperties: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _TRACE_DECODER = msgspec.json.Decoder(_Trace)
@@ -221,7 +222,7 @@ def read_trace(path: Path, *, halves: bool = False) -> tuple[dict, dict[int, _Pe
             raise _TooDeep(path) from None
         except NotPlain:
             return _slow_ranks(read_trace_json(path, raw))
-        top = {"distributedInfo": _raw(doc.distributedInfo), "deviceProperties": _raw(doc.deviceProperties)}
+        top = {"distributedInfo": _top(doc.distributedInfo), "deviceProperties": _top(doc.deviceProperties)}
         done_with(doc)
         del doc
     per: dict[int, _PerRank] = {}
@@ -324,6 +325,11 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
     for label, evs in gpu.items():
         per[label].gpu = GpuColumns.from_dicts(evs)
     return top, per
+
+
+def _top(value):
+    """A top-level key's raw value decoded; None when the key is absent."""
+    return None if value is msgspec.UNSET else _raw(value)
 
 
 def _raw(value: msgspec.Raw):
