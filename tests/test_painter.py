@@ -156,7 +156,10 @@ def test_ctrl_c_to_the_process_group_gives_one_line_and_leaves_nothing(tmp_path,
     if p.returncode == 0:  # finished before the signal
         assert sorted(f.name for f in out.iterdir()) == ["p.json", "p.png"]
         return
-    assert p.returncode == 130 and lines == ["fastverify: interrupted"], err.decode()[-2000:]
+    # 130, or killed by SIGINT itself: a shell shows 130 for both. The second comes when the
+    # signal lands just as the painter is forked (Python then ends the process by re-raising it;
+    # seen in about 1 run in 3 at delay 0, before this session's changes as after them)
+    assert p.returncode in (130, -signal.SIGINT) and lines == ["fastverify: interrupted"], err.decode()[-2000:]
     assert [f.name for f in out.iterdir() if f.name.startswith(".")] == []  # no temporary file left
 
 
