@@ -137,3 +137,13 @@ def test_int_column_is_the_per_value_rule(values):
     want = [v if type(v) is int and abs(v) < 2**62 else -1 for v in values]
     assert L._int_column(values).tolist() == want
     assert L._int_column([v for v in values if type(v) is int]).tolist() == [w for v, w in zip(values, want) if type(v) is int]
+
+
+@given(st.text(max_size=12) | st.sampled_from(
+    ["ProfilerStep#3", "profilerstep#3", "NCCL:all_reduce", "x nccl:y", "step[DECODE bs=1]", "Step[x",
+     "execute_context_1", "record_param_comms", "c10d::allreduce_", "sgl_kernel::shm_allreduce", "gemm"]))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_host_keep_is_exactly_the_comm_and_step_rules(name):
+    """The one search that keeps host ops is the comm-op test or a step pattern, nothing else."""
+    want = L._looks_comm_op(name) or any(r.match(name) for r in L._STEP_RES)
+    assert bool(L._HOST_KEEP.search(name)) == want

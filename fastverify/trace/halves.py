@@ -58,11 +58,13 @@ def cut_points(raw: bytes, share: float = SECOND_SHARE) -> tuple[int, int] | Non
     return m.start() + 1, m.end() - 1
 
 
-def _marker() -> bytes:
-    return b'{"ph":"fastverify-cut-' + secrets.token_hex(16).encode() + b'"}'
+def _marker() -> tuple[bytes, str]:
+    """A marker event for this read's cut, and its ``ph`` (a random nonce no trace holds)."""
+    tag = "fastverify-cut-" + secrets.token_hex(16)
+    return b'{"ph":"' + tag.encode() + b'"}', tag
 
 
-def _second_half(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
+def _second_half(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> tuple:
     """In the worker: decode and read the second part (see the module docstring)."""
     from fastverify.trace.columns import read_columns
     from fastverify.trace.load import _TRACE_DECODER, reads_args
@@ -72,30 +74,29 @@ def _second_half(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
     doc = _TRACE_DECODER.decode(part)
     del part
     events = doc.traceEvents
-    if len(events) < 2 or events[0].ph != marker[7:-2].decode():
+    if len(events) < 2 or events[0].ph != tag:
         return ("refused",)
     del events[0]
     facts: dict = {}
     got = read_columns(doc, host_keep, looks_comm_op, facts)
     for s in got.values():  # the args the parent never reads do not travel
         g = s["gpu"]
-        if g is not None:
-            need = {}
-            g.args = [a if (need[n] if n in need else need.setdefault(n, reads_args(n))) else None
-                      for n, a in zip(g.name, g.args)] if all(type(n) is str for n in g.name) else g.args
+        if g is not None:  # names are strings here (read_columns refuses others)
+            need = {n: reads_args(n) for n in set(g.name)}
+            g.args = [a if need[n] else None for n, a in zip(g.name, g.args)]
     top = (doc.distributedInfo, doc.deviceProperties)  # raw text, or UNSET: absent in this half
     _TEXT["keep"] = doc  # freed with the worker at its os._exit, not one object at a time
     return "ok", len(events), top, got, facts
 
 
-def _worker_call(start: int, marker: bytes, host_keep, looks_comm_op) -> tuple:
+def _worker_call(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> tuple:
     import msgspec
 
     from fastverify.trace.columns import NotPlain
     from fastverify.trace.load import _TooDeep
 
     try:
-        return _second_half(start, marker, host_keep, looks_comm_op)
+        return _second_half(start, marker, tag, host_keep, looks_comm_op)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, _TooDeep, NotPlain):
         return ("refused",)
 
@@ -126,9 +127,8 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
     if cut is None:
         return None
     end, start = cut
-    marker = _marker()
-    tag = marker[7:-2].decode()
-    worker = _Worker(raw, start, marker, host_keep, looks_comm_op)
+    marker, tag = _marker()
+    worker = _Worker(raw, start, marker, tag, host_keep, looks_comm_op)
     try:
         first = b"".join((memoryview(raw)[:end], b",", marker, b"]}"))
         try:
@@ -197,7 +197,7 @@ class _Worker:
     """The forked process that reads the second half: it starts on its part at once (the text and
     the cut are in its copy of this process's memory) and sends one pickled reply on a pipe."""
 
-    def __init__(self, raw: bytes, start: int, marker: bytes, host_keep, looks_comm_op) -> None:
+    def __init__(self, raw: bytes, start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> None:
         import multiprocessing
 
         from fastverify.painter import signals_held
@@ -207,7 +207,7 @@ class _Worker:
         self._conn, child_end = ctx.Pipe(duplex=False)
         _TEXT["raw"] = raw
         try:
-            self._proc = ctx.Process(target=_serve, args=(child_end, self._conn, start, marker, host_keep, looks_comm_op),
+            self._proc = ctx.Process(target=_serve, args=(child_end, self._conn, start, marker, tag, host_keep, looks_comm_op),
                                      daemon=True, name="fastverify-half")
             with signals_held():
                 self._proc.start()
@@ -239,7 +239,7 @@ class _Worker:
         self._proc.join()
 
 
-def _serve(conn, parent_end, start: int, marker: bytes, host_keep, looks_comm_op) -> None:
+def _serve(conn, parent_end, start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> None:
     import os
 
     from fastverify.painter import quiet_child_signals
@@ -247,7 +247,7 @@ def _serve(conn, parent_end, start: int, marker: bytes, host_keep, looks_comm_op
     quiet_child_signals()
     parent_end.close()
     try:
-        conn.send(_worker_call(start, marker, host_keep, looks_comm_op))
+        conn.send(_worker_call(start, marker, tag, host_keep, looks_comm_op))
         conn.close()
     except BaseException:  # noqa: BLE001 - the parent stopped waiting (pipe closed): nothing to say
         pass

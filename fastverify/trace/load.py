@@ -564,12 +564,10 @@ _COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all
                       r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce")
 
 
-# The comm-op and step-span patterns in one search: a superset filter over a host op's name that
-# keeps the few ops the loader reads; the exact checks then run on the ops it kept.
-_HOST_KEEP = re.compile(
-    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl:|record_param_comms|c10d::"
-    r"|symm_mem::|custom_ar|sgl_kernel::|^ProfilerStep#|^step\[|^execute_"
-)
+# The host ops the loader reads, in one search per distinct name: comm ops (_COMM_OP, which sets
+# the case-blind flag for the whole pattern) or step spans (STEP_PATTERNS, case kept as _STEP_RES
+# matches them; each starts with ^, so search is match).
+_HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS)]))
 
 
 def _looks_comm_op(name: str) -> bool:
