@@ -3,9 +3,12 @@
 Reads the JSON lines the in-rank patch's verify timer writes (``fastverify launch
 --profile-verify DIR``; :class:`fastverify.patch.verify.VerifyTimer`): one file
 ``verify-rank<R>.jsonl`` per rank, one record per verify forward,
-``{"step", "verify_ms", "clock", "rank", "pid"}``. Summarises per rank (steps, p50 and p90 of
-``verify_ms``, clock) and over all ranks; given a before and an after folder, the measured change
-per rank and overall (after − before, and relative to before).
+``{"step", "verify_ms", "clock", "rank", "pid", "allreduce_paths"}``. Summarises per rank (steps,
+p50 and p90 of ``verify_ms``, clock) and over all ranks; given a before and an after folder, the
+measured change per rank and overall (after − before, and relative to before). ``allreduce_paths``
+(per forward mode, which path each all-reduce took: :mod:`fastverify.patch.paths`) is summed per
+mode and path over the records, per rank and over all ranks: ``verify: sglang.gloo 240 of 240
+all-reduces, ranks 0-1``.
 
 Every number here is measured, never predicted (``basis: "measured"``), and carries its clock:
 ``cuda_events`` times the GPU; ``cpu_wall_clock`` is host wall clock of a CPU server and is
@@ -29,6 +32,7 @@ import msgspec
 import numpy as np
 
 from fastverify import __version__
+from fastverify.bounds import MAX_COUNT, implausible_count
 from fastverify.errors import UserError
 from fastverify.inputs import read_bytes
 from fastverify.procs import writable_target
@@ -52,6 +56,7 @@ class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     clock: str
     rank: str
     pid: int
+    allreduce_paths: dict[str, dict[str, int]] | None = None
 
 
 _DECODER = msgspec.json.Decoder(VerifyRecord)
@@ -69,8 +74,20 @@ class RankSummary(msgspec.Struct, frozen=True):
     max_ms: float
 
 
+class PathCount(msgspec.Struct, frozen=True):
+    """All-reduces of one forward ``mode`` that took ``path``, summed over the records: ``count``
+    over all ranks, ``per_rank`` rank → count; ``of`` all-reduces of that mode in all."""
+
+    mode: str
+    path: str
+    count: int
+    of: int
+    per_rank: dict[str, int]
+
+
 class LogSummary(msgspec.Struct, frozen=True):
-    """One folder: its files, clock, per-rank and pooled summaries, and what was skipped."""
+    """One folder: its files, clock, per-rank and pooled summaries, what was skipped, and the
+    all-reduce path counts (empty when the records carry none)."""
 
     dir: str
     files: list[str]
@@ -79,6 +96,7 @@ class LogSummary(msgspec.Struct, frozen=True):
     ranks: list[RankSummary]
     overall: RankSummary
     torn_last_lines: list[str]
+    paths: list[PathCount] = []
 
 
 class Change(msgspec.Struct, frozen=True):
@@ -152,6 +170,10 @@ def read_log_dir(folder: str | Path) -> dict:
                 raise UserError(f"{f}:{i}: not a verify record ({' '.join(str(e).split())})") from None
             if not (np.isfinite(rec.verify_ms) and rec.verify_ms >= 0):
                 raise UserError(f"{f}:{i}: verify_ms {rec.verify_ms!r} is not a finite time >= 0")
+            bad = [f"{m}.{p}={n}" for m, c in (rec.allreduce_paths or {}).items() for p, n in c.items()
+                   if implausible_count(n, what="all-reduce count") is not None]
+            if bad:
+                raise UserError(f"{f}:{i}: allreduce_paths {bad[0]} is not a count in [0, {MAX_COUNT:g}]")
             clocks.setdefault(rec.clock, f"{f.name}:{i}")
             records.setdefault(rec.rank, []).append(rec)
             n += 1
@@ -188,7 +210,37 @@ def summarise_dir(folder: str | Path) -> LogSummary:
     clock = got["clock"]
     return LogSummary(dir=str(folder), files=got["files"], clock=clock,
                       clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
-                      ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"])
+                      ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"],
+                      paths=_path_counts(got["records"]))
+
+
+def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
+    """Per (mode, path): the count over every rank's records, per rank, and of how many."""
+    per: dict[tuple[str, str], dict[str, int]] = {}
+    for rank, recs in records.items():
+        for rec in recs:
+            for mode, counts in (rec.allreduce_paths or {}).items():
+                for path, n in counts.items():
+                    slot = per.setdefault((mode, path), {})
+                    slot[rank] = slot.get(rank, 0) + n
+    totals: dict[str, int] = {}
+    for (mode, _), by_rank in per.items():
+        totals[mode] = totals.get(mode, 0) + sum(by_rank.values())
+    from fastverify.patch.paths import MODES
+
+    order = {m: i for i, m in enumerate(MODES)}
+    keys = sorted(per, key=lambda mp: (order.get(mp[0], len(order)), mp[0], -sum(per[mp].values()), mp[1]))
+    return [PathCount(mode=m, path=p, count=sum(per[(m, p)].values()), of=totals[m],
+                      per_rank={r: per[(m, p)][r] for r in sorted(per[(m, p)], key=_rank_key)}) for m, p in keys]
+
+
+def _ranks_text(ranks: list[str]) -> str:
+    """``0-1`` for consecutive numeric ranks, else ``0, 2, 5``."""
+    if ranks and all(r.isdigit() for r in ranks):
+        n = [int(r) for r in ranks]
+        if n == list(range(n[0], n[0] + len(n))) and len(n) > 1:
+            return f"{n[0]}-{n[-1]}"
+    return ", ".join(ranks)
 
 
 def _change(b: RankSummary, a: RankSummary) -> Change:
@@ -273,6 +325,15 @@ def format_report(report: VerifyLogReport) -> str:
         out.append(f"{'rank':>6} {'steps':>7} {'p50 ms':>10} {'p90 ms':>10} {'mean ms':>10}")
         for r in [*s.ranks, s.overall]:
             out.append(f"{r.rank:>6} {r.steps:>7} {r.p50_ms:>10.3f} {r.p90_ms:>10.3f} {r.mean_ms:>10.3f}")
+        if s.paths:
+            out.append("all-reduce paths, counted in each rank (per forward mode; verify = the target's verify "
+                       "forwards, draft / draft_extend = the drafter's):")
+            for pc in s.paths:
+                per = ", ".join(f"TP {r} {n}" for r, n in pc.per_rank.items())
+                out.append(f"  {pc.mode}: {pc.path}: {pc.count} of {pc.of} {pc.mode} all-reduces, ranks "
+                           f"{_ranks_text(list(pc.per_rank))} ({per})")
+        else:
+            out.append("all-reduce paths: not counted (records without allreduce_paths)")
     if report.change:
         out.append("## measured change (after - before)")
         out.append(f"{'rank':>6} {'p50 ms':>22} {'p50 %':>8} {'p90 ms':>22} {'p90 %':>8}")

@@ -333,9 +333,11 @@ def test_hidden_equal_to_the_model_and_for_a_trace_profile_is_accepted(box_dir, 
     rc, _, err = _cli(PREDICT_8 + ["--hidden", "7168", "--write-env", "h.env"], capsys)
     assert rc == 0, err
     assert read_record("h.deploy.json").shapes.hidden == 7168
-    rc, _, err = _cli(PREDICT_PIN + ["--hidden", "4096", "--write-env", "p.env"], capsys)
+    # a trace profile records neither hidden size nor draft tokens: both come from the flags
+    _one_line_error(*_cli(PREDICT_PIN + ["--hidden", "4096", "--write-env", "p.env"], capsys), "--draft-tokens N")
+    rc, _, err = _cli(PREDICT_PIN + ["--hidden", "4096", "--draft-tokens", "3", "--write-env", "p.env"], capsys)
     assert rc == 0, err
-    assert read_record("p.deploy.json").shapes.hidden == 4096
+    assert (read_record("p.deploy.json").shapes.hidden, read_record("p.deploy.json").shapes.draft_tokens) == (4096, 3)
 
 
 # --- item 9: the record's values are bounded and its NCCL settings validated ---------------------------

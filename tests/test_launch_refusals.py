@@ -111,19 +111,46 @@ def test_env_file_switch_without_p2p_is_refused_too(tmp_path):
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in plan.env
 
 
-def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_size(tmp_path):
-    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
-    plan = L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+EAGLE3_48x6 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "6",
+               "--cuda-graph-max-bs-decode", "48"]
+
+
+def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_leaves_sizing_to_sglang(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])  # record: 32 x 4 x 7168
+    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
     assert plan.env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
-    assert plan.env["SGLANG_PCIE_IPC_MAX_NUMEL"] == "917504"  # 32 x 4 x 7168
+    # never capped below the server's 48 x 6 x 7168: no size at all, SGLang derives its own from the
+    # decode width (pcie_ipc_ar.py _decode_width = max_bs x draft tokens)
+    assert "SGLANG_PCIE_IPC_MAX_NUMEL" not in plan.env
     assert plan.env["FASTVERIFY_BACKEND"] == "pcie_ipc"
     assert plan.env["FASTVERIFY_DEPLOYMENT"] == str(record_path_for(env).resolve())
     assert os.path.isabs(plan.env["FASTVERIFY_DEPLOYMENT"])
-    assert not plan.patch  # SGLang 0.5.23 runs it itself
-    # a larger captured batch than the record was sized for is pointed out
-    plan = L.plan_launch(str(env), "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ={}, sglang=SGL,
-                         box=BOXES["SM120"])
-    assert any("up to 256 rows" in n and "sized for 128" in n for n in plan.notes)
+    assert plan.patch and plan.env["FASTVERIFY_PATCH"] == "1"  # SGLang runs it; the patch counts its paths
+    assert (plan.server.max_batch, plan.server.draft_tokens, plan.server.max_rows) == (48, 6, 288)
+    text = L.describe(plan)
+    assert "server: verify steps up to 48 requests x 6 tokens (288 rows)" in text, text
+    assert any(n.startswith("pcie_ipc: SGLANG_PCIE_IPC_MAX_NUMEL not set") and "48 requests x 6 tokens" in n
+               for n in plan.notes), plan.notes
+    # the record was measured for 32 x 4 = 128 rows: said, with the flags that would cover the server
+    assert any("up to 128 rows" in n and "up to 288" in n and "--max-batch 48 --draft-tokens 6" in n
+               for n in plan.notes), plan.notes
+
+
+def test_a_size_in_the_env_file_that_caps_the_workspace_says_which_steps_go_to_nccl(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    env.write_text(env.read_text() + "SGLANG_PCIE_IPC_MAX_NUMEL=28672\n")  # 1 x 4 x 7168: an old env file
+    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
+    assert plan.env["SGLANG_PCIE_IPC_MAX_NUMEL"] == "28672"  # the user's line is kept, and explained
+    cap = [n for n in plan.notes if "caps the workspace" in n]
+    assert len(cap) == 1 and "at 4 rows x hidden 7168" in cap[0] and "above 4 rows go to NCCL" in cap[0], plan.notes
+    assert "48 requests x 6 tokens (288 rows)" in cap[0]
+
+
+def test_the_removed_cuda_graph_max_bs_flag_is_refused_as_sglangs_parser_refuses_it(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    with pytest.raises(UserError, match="ambiguous option: --cuda-graph-max-bs could match"):
+        L.plan_launch(str(env), "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ={}, sglang=SGL,
+                      box=BOXES["SM120"])
 
 
 @pytest.mark.parametrize("other, words", [

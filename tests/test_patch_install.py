@@ -190,8 +190,10 @@ def test_fused_path_always_all_reduces_and_restores():
     assert calls["ar"] == 4
     # idempotent
     assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"}).applied == ["fused_norm", "pre_capture"]
-    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "ModelRunner.init_cuda_graphs"]
-    assert I.uninstall() == 2
+    # the fused norm, the all-reduce counter (the fake has no other counting target), the rank step
+    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "GroupCoordinator.all_reduce",
+                             "ModelRunner.init_cuda_graphs"]
+    assert I.uninstall() == 3
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
 
 
@@ -262,7 +264,7 @@ def test_dispatch_wrapped_only_without_sglang_pcie_ipc():
     GC = mods[I.MOD_PARALLEL_STATE].GroupCoordinator
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
     assert rep.applied == ["pre_capture"] and "all_reduce" in rep.skipped
-    assert I.installed() == ["ModelRunner.init_cuda_graphs"]
+    assert I.installed() == ["GroupCoordinator.all_reduce", "ModelRunner.init_cuda_graphs"]  # counted, not routed
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
     assert rep.applied == ["all_reduce", "pre_capture"]
     g = GC()
@@ -573,13 +575,37 @@ def test_cpu_timer_default(tmp_path):
 
 
 def test_plugin_entry_point_is_gated(monkeypatch):
+    """SGLang calls ``plugin()`` in every process that loads its plugins: without
+    ``FASTVERIFY_PATCH=1`` it must wrap nothing; with it, it installs (the fake SGLang's modules
+    are importable, as the real ones are in a server)."""
+    import sys
+
     from fastverify.patch import plugin
 
-    monkeypatch.delenv("FASTVERIFY_PATCH", raising=False)
-    plugin()  # nothing, no import of SGLang
-    monkeypatch.setenv("FASTVERIFY_PATCH", "1")
+    mods, calls = make_fake_sglang()
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    RMSNorm = mods[I.MOD_LAYERNORM].RMSNorm
+    orig = RMSNorm.__dict__["forward_with_allreduce_fusion"]
     monkeypatch.setenv("FASTVERIFY_BACKEND", "fused")
-    plugin()  # no SGLang here: skips with a log line, never raises
+    for flag in (None, "0", "true", "yes"):  # only "1" opens the gate
+        if flag is None:
+            monkeypatch.delenv("FASTVERIFY_PATCH", raising=False)
+        else:
+            monkeypatch.setenv("FASTVERIFY_PATCH", flag)
+        plugin()
+        assert I.installed() == [] and I._report is None, flag  # install() never ran
+        assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
+    monkeypatch.setenv("FASTVERIFY_PATCH", "1")
+    plugin()
+    # the fused norm, the all-reduce counter (the fake has no out/in-place halves to count) and the
+    # pre-capture hook: the three targets the fake SGLang has
+    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "GroupCoordinator.all_reduce",
+                             "ModelRunner.init_cuda_graphs"]
+    assert I._report.active and I._report.backend == "fused" and I._report.applied == ["fused_norm", "pre_capture"]
+    assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is not orig
+    out, _ = RMSNorm(8).forward_with_allreduce_fusion(torch.ones(2, 8), torch.zeros(2, 8))
+    assert calls["ar"] == 1 and calls["orig_fused"] == 0  # the patched path all-reduces itself
 
 
 # --- the real SGLang 0.5.23 source (ast only, nothing imported) --------------------------------------
@@ -907,14 +933,15 @@ def test_b12x_hooks_the_layer_boundary_and_uninstall_restores():
     assert rep.applied == ["add_norm_ffn", "add_norm_attn", "pre_capture"] and rep.skipped == {}, rep
     assert fu.fused_ffn_input is not orig[0] and fu.fused_ffn_input.__wrapped__ is orig[0]
     assert fu.fused_attn_input.__fastverify_original__ is orig[1]
-    assert I.installed() == ["allreduce.fused_ffn_input", "allreduce.fused_attn_input", "ModelRunner.init_cuda_graphs"]
+    assert I.installed() == ["allreduce.fused_ffn_input", "allreduce.fused_attn_input", "GroupCoordinator.all_reduce",
+                             "ModelRunner.init_cuda_graphs"]
     # nothing built yet: both candidates are SGLang's own (None here, as on SM120)
     norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
     plan = types.SimpleNamespace(norm=norm, fusions=None)
     x, res = torch.randn(4, 8), torch.randn(4, 8)
     assert fu.fused_ffn_input(plan, x, res, None) is None and calls["orig_ffn"] == 1
     assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x"}).applied == rep.applied  # idempotent
-    assert I.uninstall() == 3
+    assert I.uninstall() == 4
     assert (fu.__dict__["fused_ffn_input"], fu.__dict__["fused_attn_input"]) == orig
 
 
@@ -1068,3 +1095,47 @@ def test_b12x_candidates_take_only_what_the_kernel_computes():
     I._add_norm.attn_is_tp = True
     I._add_norm.disabled = "voted off"
     assert fu.fused_ffn_input(plan, x, r, None) is None and be.calls == 4
+
+
+# --- b12x: a fallback never passes for b12x ---------------------------------------------------------------
+
+
+class _SwallowingB12x(FakeB12x):
+    """As B12xFusedBackend.prepare does on a failed plan: it catches the error, sets
+    ``disabled_reason`` and would then answer every call with torch.distributed + RMSNorm."""
+
+    disabled_reason = None
+
+    def prepare(self, shapes):
+        super().prepare(shapes)
+        self.disabled_reason = "b12x preparation failed (plan: stride mismatch); using torch.distributed + RMSNorm"
+
+
+def test_b12x_prepare_that_disables_itself_is_a_failed_prepare_not_built(tmp_path, capsys):
+    mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
+    made = []
+    I._add_norm.factory = lambda coordinator, x: made.append(_SwallowingB12x()) or made[-1]
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
+                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
+    runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
+    runner.device = "cpu"
+    runner.init_cuda_graphs()
+    assert I._add_norm.backend is None and made and made[0].closed  # closed on every rank, not used
+    assert "add_norm" not in rep.built and "prepare failed (b12x preparation failed (plan" in rep.skipped["add_norm"]
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert "built=add_norm" not in line and "skipped=add_norm (backend not built: prepare failed (b12x" in line, line
+
+
+def test_b12x_not_built_where_every_captured_verify_step_is_wider_than_it_takes(tmp_path, capsys):
+    # 40 draft tokens a request (a wide tree): even batch 1 is 40 rows > 36, so b12x would never run
+    mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
+    made = []
+    I._add_norm.factory = lambda coordinator, x: made.append(FakeB12x()) or made[-1]
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
+                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, max_batch=2, draft=40, hidden=8)})
+    runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=40, pool=48)
+    runner.device = "cpu"
+    runner.init_cuda_graphs()
+    assert made == [] and I._add_norm.backend is None
+    assert "wider than the 36 rows b12x takes (smallest 40 rows)" in rep.skipped["add_norm"], rep.skipped
+    assert "built=add_norm" not in capsys.readouterr().err

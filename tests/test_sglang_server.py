@@ -48,6 +48,11 @@ ENV_FILE = {"NCCL_ALGO": "Ring",  # SGLang never sets it
             "NCCL_CUMEM_ENABLE": "1",  # SGLang sets 0 when unset (entrypoints/engine.py::_set_envs_and_config)
             "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # SGLang always writes 8 in its launcher (same function)
 
+STANDIN_MAX_ROWS = 4
+"""The dispatch-slot stand-in (``tests/sglang_server/shim.py``) takes all-reduces of at most this many
+rows: every verify step (1 request x 4 NGRAM draft tokens = 4 rows) and no prefill of a prompt (each
+longer than 4 tokens), whose all-reduces must then be counted as its fallback."""
+
 _timings: list[str] = []
 
 
@@ -84,7 +89,8 @@ def engine_run(sglang_python, tiny_model, tmp_path_factory, request):
     env_file.write_text("".join(f"{k}={v}\n" for k, v in ENV_FILE.items()))
     prof = work / "prof"
     run = launch_engine(sglang_python, work / "run", tiny_model, env_file=env_file, prof=prof,
-                        trace_steps=TRACE_STEPS, prompts=PROMPTS, max_new_tokens=MAX_NEW, linger_s=LINGER_S)
+                        trace_steps=TRACE_STEPS, prompts=PROMPTS, max_new_tokens=MAX_NEW, linger_s=LINGER_S,
+                        extra_env={"FVTEST_STANDIN_MAX_ROWS": str(STANDIN_MAX_ROWS)})
     if run.rc != 0 or not run.result.get("requests"):
         pytest.fail(f"the launched engine failed:\n{run.tail()}")
     recs = run.verify_records(prof)
@@ -117,7 +123,10 @@ def test_patch_line_in_every_tp_rank(engine_run):
         fields = dict(p.split("=", 1) for p in rest.split() if "=" in p)
         assert fields["backend"] == "auto", rest
         assert set(fields["applied"].split(",")) == {"pre_capture", "verify_timer"}, rest
-        assert "skipped=" not in rest, rest
+        # every counting target resolves on the real SGLang 0.5.23
+        assert set(fields["counting"].split(",")) == {"count_all_reduce", "count_out_place", "count_in_place",
+                                                      "count_mode", "count_capture", "count_replay"}, rest
+        assert "skipped=" not in rest and "uncounted=" not in rest, rest
 
 
 def test_verify_records_match_sglang_verify_steps(engine_run):
@@ -135,6 +144,36 @@ def test_verify_records_match_sglang_verify_steps(engine_run):
             assert str(r["rank"]) == str(rank) and r["pid"] == stats[rank]["pid"], r
             assert r["clock"] == "cpu_wall_clock", r  # a CPU timing, labelled so
             assert r["verify_ms"] > 0, r
+
+
+def test_paths_line_after_the_first_verify_forward_in_every_tp_rank(engine_run):
+    # [issue: count what happened] printed once the first verify step ran, not at install time: its
+    # 5 all-reduces of 4 rows taken by the stand-in; the prefills before it (> 4 rows) fell back
+    run, _ = engine_run
+    lines = run.paths_lines()
+    assert sorted(lines) == [0, 1], run.tail()
+    for rank, rest in lines.items():
+        parts = dict(p.split(": ", 1) for p in rest.split("; "))
+        assert parts["verify"] == f"fastverify.gloo {AR_PER_STEP} of {AR_PER_STEP}", rest
+        fell = parts["extend"].split()
+        assert fell[0] == "fastverify.gloo.fallback" and fell[1] == fell[3] and int(fell[1]) % AR_PER_STEP == 0, rest
+        assert "draft" not in parts, rest  # NGRAM drafts on the host: no drafter all-reduce
+
+
+def test_verify_records_carry_the_path_counts_of_each_step(engine_run):
+    run, prof = engine_run
+    recs = run.verify_records(prof)
+    for rank in (0, 1):
+        extend_fallbacks = 0
+        for r in recs[rank]:
+            paths = r["allreduce_paths"]
+            assert paths["verify"] == {"fastverify.gloo": AR_PER_STEP}, (rank, r)  # this step's, apart
+            assert set(paths) <= {"verify", "extend"}, (rank, r)
+            extend = paths.get("extend", {})
+            assert set(extend) <= {"fastverify.gloo.fallback"}, (rank, r)  # every prefill is wider than 4 rows
+            extend_fallbacks += sum(extend.values())
+        # each request's prefill (5 all-reduces) is carried by the record of its first verify step
+        assert extend_fallbacks >= AR_PER_STEP * len(PROMPTS) and extend_fallbacks % AR_PER_STEP == 0, rank
 
 
 def test_env_file_settings_visible_in_workers(engine_run):
@@ -203,6 +242,13 @@ def test_verify_log_summary_reads_the_records(engine_run):
     for rank in (0, 1):
         assert str(len(recs[rank])) in out, (rank, len(recs[rank]), out)
     assert "cpu" in out.lower(), out
+    # per-path counts of both ranks, verify apart from the other modes
+    n0, n1 = (AR_PER_STEP * len(recs[r]) for r in (0, 1))
+    want = (f"verify: fastverify.gloo: {n0 + n1} of {n0 + n1} verify all-reduces, ranks 0-1 "
+            f"(TP 0 {n0}, TP 1 {n1})")
+    assert want in out, out
+    ext = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("extend: ")]
+    assert len(ext) == 1 and ext[0].startswith("extend: fastverify.gloo.fallback: ") and "ranks 0-1" in ext[0], out
 
 
 # --- python -m sglang.launch_server, HTTP, a patch target broken -------------------------------------

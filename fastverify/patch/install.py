@@ -63,11 +63,15 @@ from typing import Any
 
 from fastverify.patch import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
                               ENV_PROFILE_VERIFY_STEPS)
+from fastverify.patch import counting as C
 from fastverify.patch import rank as R
+from fastverify.patch.paths import COUNTER
 from fastverify.patch.targets import (MOD_AR_FUSIONS, MOD_DISTRIBUTED, MOD_LAYERNORM, MOD_MODEL_RUNNER,
                                       MOD_MOE_UTILS, MOD_PARALLEL_STATE, MOD_RUNTIME_CONTEXT, MOD_TP_WORKER,
                                       TARGET_ADD_NORM_ATTN, TARGET_ADD_NORM_FFN, TARGET_ALL_REDUCE,
-                                      TARGET_FUSED_NORM, TARGET_PRE_CAPTURE, TARGET_VERIFY, TARGETS, Target)
+                                      TARGET_CAPTURE_SHAPE, TARGET_FORWARD, TARGET_FUSED_NORM, TARGET_IN_PLACE,
+                                      TARGET_OUT_PLACE, TARGET_PRE_CAPTURE, TARGET_REPLAY, TARGET_VERIFY, TARGETS,
+                                      Target)
 from fastverify.patch.targets import check_signature as _check_signature
 from fastverify.patch.targets import installed_targets as _installed
 from fastverify.patch.targets import resolve as _resolve
@@ -112,6 +116,9 @@ class PatchReport:
         Environment settings applied in-rank.
     built : dict[str, str]
         Slot → what was built (``"gloo: world 2, single node, P2P proven by p2p_check"``).
+    counting, uncounted : list[str], dict[str, str]
+        Counting targets in effect (:mod:`fastverify.patch.counting`), and those missing with why
+        (their part of the path counts is then absent).
     active : bool
         False when ``FASTVERIFY_PATCH`` is not ``1``.
     """
@@ -122,6 +129,8 @@ class PatchReport:
     settings: dict[str, str] = field(default_factory=dict)
     built: dict[str, str] = field(default_factory=dict)
     active: bool = True
+    counting: list[str] = field(default_factory=list)
+    uncounted: dict[str, str] = field(default_factory=dict)
 
     def line(self, tp: str | None = None) -> str:
         """One line: ``fastverify patch [TP r]: backend=... applied=... built=... skipped=k (why); ...``."""
@@ -130,6 +139,10 @@ class PatchReport:
             parts.append("built=" + "; ".join(f"{k}={v}" for k, v in self.built.items()))
         if self.skipped:
             parts.append("skipped=" + "; ".join(f"{k} ({v})" for k, v in self.skipped.items()))
+        if self.counting:
+            parts.append("counting=" + ",".join(self.counting))
+        if self.uncounted:
+            parts.append("uncounted=" + "; ".join(f"{k} ({v})" for k, v in self.uncounted.items()))
         where = f" [TP {tp}]" if tp is not None else ""
         return f"fastverify patch{where}: " + " ".join(parts)
 
@@ -256,6 +269,11 @@ def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[
             prep = getattr(be, "prepare", None)
             if callable(prep):
                 prep(shapes)
+            # a backend that catches its own failure and disables itself (b12x, fused) would
+            # otherwise run its torch fallback under its own name: that is a failed prepare
+            swallowed = getattr(be, "disabled_reason", None)
+            if swallowed:
+                why = f"prepare failed ({swallowed})"
         except Exception as err:
             why = f"prepare failed ({type(err).__name__}: {err})"
         failed = R.first_reason(R.gather_reasons(coordinator, why))
@@ -314,13 +332,44 @@ def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] 
 # --- the all-reduce dispatch ------------------------------------------------------------------------
 
 
-def _make_all_reduce(original: Callable) -> Callable:
+def _fallbacks(be: Any) -> int:
+    """Calls the backend itself counted as fallbacks so far (its ``path_counts`` keys naming one)."""
+    counts = getattr(be, "path_counts", None) or {}
+    return sum(n for k, n in counts.items() if "fallback" in k)
+
+
+def _count_taken(be: Any, fallbacks_before: int) -> None:
+    """Count a call a slot's backend answered: its kernel, or its own internal fallback (the backend
+    returned a result through ``dist.all_reduce``: ``fastverify.<name>.fallback``)."""
+    fell = _fallbacks(be) > fallbacks_before
+    COUNTER.count(f"fastverify.{_be_name(be)}{'.fallback' if fell else ''}", capturing=R.is_capturing())
+
+
+def _be_name(be: Any) -> str:
+    """The backend's registry name (``be.name``), else its class name."""
+    name = getattr(be, "name", None)
+    return str(getattr(name, "value", name or type(be).__name__))
+
+
+def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None) -> Callable:
+    """``GroupCoordinator.all_reduce``: the dispatch slot first (when one is configured: a TP
+    group, a tensor it ``supports``), then SGLang's own path; every call counted
+    (:mod:`fastverify.patch.paths`): ``fastverify.<backend>``, its ``.fallback`` when it declined,
+    or the method SGLang ran."""
     def all_reduce(self, input_, *args, **kwargs):
-        if not args and not kwargs and getattr(self, "world_size", 1) > 1 and getattr(self, "unique_name", "").startswith("tp"):
+        if args or kwargs or getattr(self, "world_size", 1) <= 1:
+            return original(self, input_, *args, **kwargs)
+        if (_dispatch.factory is not None or _dispatch.backend is not None) \
+                and getattr(self, "unique_name", "").startswith("tp"):
             be = _slot_backend(_dispatch, self, input_)
-            if be is not None and be.supports(input_):
-                return be.all_reduce(input_)
-        return original(self, input_, *args, **kwargs)
+            if be is not None:
+                if be.supports(input_):
+                    before = _fallbacks(be)
+                    out = be.all_reduce(input_)
+                    _count_taken(be, before)
+                    return out
+                COUNTER.mark_fallback(_be_name(be))
+        return C.counted(original, self, input_, modules)
 
     return all_reduce
 
@@ -368,9 +417,13 @@ def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, 
                     coord = _group_coordinator(modules, use_attn_tp_group)
                     be = _slot_backend(_fused, coord, x)
                 if be is not None and be.supports(x):
+                    before = _fallbacks(be)
                     out = _run_fused(be, coord, x, residual, weight, eps, plain_ar)
                     if out is not None:
+                        _count_taken(be, before)
                         return out
+                if be is not None:
+                    COUNTER.mark_fallback(_be_name(be))
             reduced = plain_ar(x)
             if residual is None:
                 return self.forward(reduced)
@@ -423,11 +476,24 @@ def _run_fused(be: Any, coordinator: Any, x: Any, residual: Any, weight: Any, ep
 def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
     """``(normed, residual_out)`` from the b12x slot, or None (nothing touched, no collective
     started: the caller runs SGLang's own candidate). Every condition is the same on every TP rank
-    (slot state voted at the rank step, shapes, dtypes, the model's norm), so all ranks agree."""
+    (slot state voted at the rank step, shapes, dtypes, the model's norm), so all ranks agree.
+    Counted (:mod:`fastverify.patch.paths`): ``fastverify.b12x`` when taken; declined by a live
+    slot, the boundary's next all-reduce is counted as its fallback."""
     slot = _add_norm
     be = slot.backend
     if be is None or slot.disabled is not None or not slot.checked or residual is None:
         return None
+    before = _fallbacks(be)
+    out = _b12x_take(be, plan, x, residual, rmsnorm_cls)
+    if out is None:
+        COUNTER.mark_fallback(_be_name(be))
+    else:
+        _count_taken(be, before)
+    return out
+
+
+def _b12x_take(be: Any, plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
+    """The b12x result when every condition holds (see :func:`_b12x_add_norm`), else None."""
     dim = getattr(x, "dim", None)
     if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= B12X_MAX_ROWS:
         return None  # above 36 rows the kernel refuses (_oneshot_preparation.py): SGLang's all-reduce + norm
@@ -611,6 +677,12 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
                 slot.ranks = list(getattr(coord, "ranks", None) or [])
                 slot.attn_is_tp = attn is coord or list(getattr(attn, "ranks", None) or []) == slot.ranks
                 fits = [r for r, _ in shapes if r <= B12X_MAX_ROWS]
+                if shapes and not fits:  # it would never take a step: say so, build nothing
+                    why = (f"every captured verify step is wider than the {B12X_MAX_ROWS} rows b12x takes (smallest "
+                           f"{min(r for r, _ in shapes)} rows): SGLang's all-reduce + norm runs them all")
+                    _unapply_use(report, use, why)
+                    slot.disabled = why
+                    continue
                 check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, B12X_MAX_ROWS),
                                            hidden, device, dtype, eps=CHECK_EPS)
             be = _create_together(slot, coord, _Probe((max_rows or 1, hidden), device, dtype), shapes, check)
@@ -705,7 +777,8 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                 else:
                     if _dispatch.factory is None:
                         _dispatch.factory = _default_factory(BackendName.pcie_ipc, modules=sglang_modules)
-                    _try_target(report, TARGET_ALL_REDUCE, sglang_modules, _make_all_reduce)
+                    _try_target(report, TARGET_ALL_REDUCE, sglang_modules,
+                                lambda orig: _make_all_reduce(orig, sglang_modules))
 
             if kind is BackendName.fused:
                 attn_ar, moe_ar, why = _group_all_reduces(sglang_modules)
@@ -730,12 +803,14 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     _try_target(report, TARGET_ADD_NORM_FFN, sglang_modules, _make_add_norm_ffn(names))
                     _try_target(report, TARGET_ADD_NORM_ATTN, sglang_modules, _make_add_norm_attn(names))
 
+            _install_counting(report, sglang_modules)
             uses = (_SlotUse(_dispatch, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
                     _SlotUse(_fused, True, TARGET_FUSED_NORM.key, (TARGET_FUSED_NORM.key,)),
                     # built on the TP group: the attention input's owed sum is over TP, the FFN
                     # input's over attention TP, taken only when that is the TP group
                     _SlotUse(_add_norm, False, ADD_NORM_KEY, tuple(t.key for t in ADD_NORM_TARGETS)))
             slots = [u for u in uses if any(k in report.applied for k in u.targets) and u.slot.factory is not None]
+            # the all-reduce target counts whatever the backend; it is the dispatch slot's only with a factory
             # Always: the rank step prints the line, and builds the slots when there are any.
             _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
 
@@ -752,6 +827,34 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
             log.warning("fastverify patch: stopped early (%s: %s)", type(err).__name__, err)
     log.debug(report.line())  # the rank is not known yet; the rank step prints the line that counts
     return report
+
+
+def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) -> None:
+    """The all-reduce wrapper (dispatch slot + count) and the counting targets
+    (:mod:`fastverify.patch.counting`); the rank's paths line after its first verify forward."""
+    todo = [] if TARGET_ALL_REDUCE.key in report.applied else [  # the dispatch wrapper counts too
+        (TARGET_ALL_REDUCE, lambda orig: _make_all_reduce(orig, modules))]
+    todo += [(TARGET_OUT_PLACE, C.make_out_place), (TARGET_IN_PLACE, C.make_in_place),
+             (TARGET_FORWARD, C.make_forward), (TARGET_CAPTURE_SHAPE, C.make_capture_one_shape),
+             (TARGET_REPLAY, C.make_execute)]
+    for target, make in todo:
+        key = "count_all_reduce" if target is TARGET_ALL_REDUCE else target.key
+        try:
+            cls, fn, why = _resolve(target, modules)
+            why = why or _check_signature(fn, target)
+            if why is None:
+                _wrap(cls, target.attr, make)
+                report.counting.append(key)
+            else:
+                report.uncounted[key] = why
+        except Exception as err:  # never into the server
+            report.uncounted[key] = f"{type(err).__name__}: {err}"
+    backend = report.backend if report.backend in {b.value for b in BackendName} else None
+
+    def line(counts: dict) -> None:
+        R.emit(C.paths_line(R.tp_rank(_group_coordinator(modules, False)), counts, backend))
+
+    C.on_first_verify(line)
 
 
 def _has_module(name: str, modules: Mapping[str, Any] | None) -> bool:
@@ -785,4 +888,5 @@ def uninstall() -> int:
             except Exception:
                 pass
         _timer, _report, _record, _rank_step_done = None, None, None, False
+        COUNTER.reset()
     return n

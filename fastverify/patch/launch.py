@@ -29,9 +29,12 @@ What launch reads and checks, before anything starts:
 What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
 and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
 for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's switch (``=1``) and
-size variable (``SGLANG_PCIE_IPC_MAX_NUMEL`` from the record's ``max_batch × draft_tokens ×
-hidden``, the same product SGLang derives from ``max(capture_bs) × tokens_per_req × hidden`` in
-``model_executor/runner/base_runner.py::_widest_decode_rows``).
+no size: SGLang 0.5.23 sizes the workspace from the server's own decode width (largest captured
+batch × tokens per request, ``device_communicators/pcie_ipc_ar.py::_decode_width``), so every
+captured verify step is covered; a size variable in the env file is used verbatim by SGLang and
+the plan says which steps it leaves to NCCL (:func:`_workspace_note`). The command's shapes are
+read with SGLang's own parser (:mod:`fastverify.patch.server_cmd`) and every plan says what they
+cover (``server: verify steps up to 48 requests x 6 tokens (288 rows)``).
 
 SGLang facts this relies on (read in the 0.5.23 wheel):
 
@@ -85,6 +88,7 @@ from fastverify.patch import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
+from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names, sm_text,
                                  unreachable_reason)
@@ -214,6 +218,8 @@ class LaunchPlan:
         The box the plan was checked against (None when nothing needed checking).
     p2p : P2PFacts or None
         The P2P facts used for the check.
+    server : ServerShapes or None
+        The SGLang command's verify shapes (None: not an SGLang server command).
     replaced : dict[str, tuple[str, str]]
         Variables whose value in the current environment the plan replaces: name → (old, new).
     in_rank : dict[str, str]
@@ -236,6 +242,7 @@ class LaunchPlan:
     deployment: str | None = None
     box: BoxFingerprint | None = None
     p2p: P2PFacts | None = None
+    server: ServerShapes | None = None
 
     def child_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The complete environment the command gets: ``environ`` updated with :attr:`env`."""
@@ -317,7 +324,8 @@ def _p2p_for_check(p2p: P2PFacts, world: int | None) -> tuple[bool | None, str]:
 def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
                 environ: Mapping[str, str], sglang_dir: str | Path | None = None,
                 sglang: SGLangInfo | None = None, trace_steps: int = 0, deployment: str | Path | None = None,
-                p2p_file: str | Path | None = None, box: BoxFingerprint | None = None) -> LaunchPlan:
+                p2p_file: str | Path | None = None, box: BoxFingerprint | None = None,
+                server: ServerShapes | None = None) -> LaunchPlan:
     """Validate the inputs against this box and decide what to set.
 
     Parameters
@@ -331,8 +339,10 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     profile_verify
         Folder for per-rank verify timings (JSON lines), or None.
     command
-        The SGLang command line (after ``--``); its ``--tp-size`` / ``--tp``,
-        ``--cuda-graph-max-bs`` and ``--speculative-num-draft-tokens`` are read.
+        The SGLang command line (after ``--``). An SGLang server command is read with the installed
+        SGLang's own parser where it imports, else with fastverify's reader of 0.5.23's flags
+        (:func:`fastverify.patch.server_cmd.read_command`): TP size, speculative algorithm, draft
+        tokens, topk/steps, decode CUDA-graph batch sizes, dtype.
     environ
         The current environment (read only); ``FASTVERIFY_DESCRIBE_BOX`` describes a box.
     sglang_dir, sglang
@@ -344,6 +354,8 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     box
         The box to check against (tests: a described box); default ``FASTVERIFY_DESCRIBE_BOX``,
         else :func:`fastverify.topo.box.read_box`.
+    server
+        The command's shapes, already read (tests); default: read from ``command``.
 
     Raises
     ------
@@ -370,7 +382,9 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     notes: list[str] = []
     env: dict[str, str] = {}
     in_rank: dict[str, str] = {}
-    tp = _flag_int(argv, _TP_FLAGS)
+    if server is None:
+        server = read_command(argv, sglang_found=sglang is None and sglang_dir is None and info.found)
+    tp = server.tp if server is not None and server.tp else _flag_int(argv, _TP_FLAGS)
 
     chosen: BackendName | None
     if backend == OFF:
@@ -437,12 +451,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         if b.reach is Reach.sglang_switch:
             if info.has_switch(b):
                 env[b.sglang_switch] = "1"
-                if b.size_env and record is not None:
-                    want = str(record.shapes.max_numel)
-                    if b.size_env in settings and settings[b.size_env] != want:
-                        notes.append(f"{b.size_env}={settings[b.size_env]} from the env file, not the record's {want}")
-                    else:
-                        env[b.size_env] = want
+                notes.append(_workspace_note(b, settings, record, server))
             else:
                 patch_in_rank = True
                 notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces itself "
@@ -459,7 +468,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
                      "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
     if record is not None:
-        _shape_notes(record, argv, info, notes)
+        _shape_notes(record, server, info, notes)
         if env_file is not None:
             _settings_notes(record, settings, env_file, notes)
 
@@ -481,7 +490,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         env[ENV_BACKEND] = chosen.value
     if record_path is not None:
         env[ENV_DEPLOYMENT] = str(record_path.resolve())
-    patch = bool(patch_in_rank or prof)
+    patch = bool(patch_in_rank or prof or chosen is not None)  # a chosen backend: its paths are counted
     route = ""
     use_hook_dir = bool(in_rank)  # CUDA_DEVICE_MAX_CONNECTIONS is restored by the hook at start-up
     if patch:
@@ -522,7 +531,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
             notes.append(f"{key} unset: SGLang will set it to 0")
 
     replaced = {k: (environ[k], v) for k, v in env.items() if k in environ and environ[k] != v}
-    return LaunchPlan(env=env, route=route, patch=patch, argv=argv,
+    return LaunchPlan(env=env, route=route, patch=patch, argv=argv, server=server,
                       backend=chosen.value if chosen is not None else backend, env_file=env_file,
                       profile_verify=prof, sglang=info, replaced=replaced, in_rank=in_rank, notes=tuple(notes),
                       deployment=str(record_path.resolve()) if record_path is not None else None,
@@ -547,16 +556,44 @@ def _settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_f
                  "set, and the record's gain was obtained with the record's")
 
 
-def _shape_notes(record: DeploymentRecord, argv: Sequence[str], info: SGLangInfo, notes: list[str]) -> None:
+def _workspace_note(b: BackendInfo, settings: Mapping[str, str], record: DeploymentRecord | None,
+                    server: ServerShapes | None) -> str:
+    """What covers the verify steps of a backend SGLang switches and sizes itself (one line).
+
+    Without ``b.size_env`` in the env file SGLang 0.5.23 sizes the workspace from its own decode
+    width (largest captured batch x draft tokens, ``pcie_ipc_ar.py::_decode_width``): every
+    captured step is covered. With it, SGLang uses the value verbatim and sends every wider step to
+    NCCL: the line says which steps, where the command's shapes and the hidden size are known.
+    """
+    covers = server.covers() if server is not None else "every captured verify step"
+    if not b.size_env or b.size_env not in settings:
+        return (f"{b.name.value}: {b.size_env or 'the workspace'} not set: SGLang sizes the workspace from its "
+                f"decode CUDA-graph width, covering {covers}")
+    value = int(settings[b.size_env])
+    hidden = record.shapes.hidden if record is not None else None
+    rows = server.max_rows if server is not None else None
+    if hidden and rows and value < rows * hidden:
+        return (f"{b.name.value}: {b.size_env}={value} from the env file caps the workspace at {value // hidden} rows "
+                f"x hidden {hidden}; the command runs {covers}: verify steps above {value // hidden} rows go to "
+                f"NCCL (drop the line to let SGLang size it)")
+    return (f"{b.name.value}: {b.size_env}={value} from the env file sizes the workspace (SGLang uses it verbatim; "
+            f"the command runs {covers})")
+
+
+def _shape_notes(record: DeploymentRecord, server: ServerShapes | None, info: SGLangInfo, notes: list[str]) -> None:
     """Notes where the command or the installed SGLang differ from what the record was made for."""
-    max_bs = _flag_int(argv, ("--cuda-graph-max-bs",))
-    draft = _flag_int(argv, ("--speculative-num-draft-tokens",))
     s = record.shapes
-    rows = (max_bs or s.max_batch) * (draft or s.draft_tokens)
-    if rows > s.max_rows:
-        notes.append(f"the command captures verify steps of up to {rows} rows; the record was sized for "
-                     f"{s.max_rows} ({s.max_batch} x {s.draft_tokens}): larger steps go to NCCL "
-                     f"(re-run tune with --max-batch {max_bs or s.max_batch} --draft-tokens {draft or s.draft_tokens})")
+    if server is not None:
+        notes.append(f"the command (read by {server.source}{'; ' + server.note if server.note else ''}) runs "
+                     f"{server.covers()}")
+        rows = server.max_rows
+        if rows is not None and rows > s.max_rows:
+            notes.append(f"the record was measured for verify steps up to {s.max_rows} rows ({s.max_batch} requests x "
+                         f"{s.draft_tokens} tokens); the command runs up to {rows}: its gain was not measured there "
+                         f"(re-run tune with --max-batch {server.max_batch} --draft-tokens {server.tokens_per_request})")
+        if server.draft_tokens is not None and server.algorithm and server.draft_tokens != s.draft_tokens:
+            notes.append(f"the command verifies {server.draft_tokens} tokens per request; the record was made for "
+                         f"{s.draft_tokens}")
     if record.sglang_version and info.version and record.sglang_version != info.version:
         notes.append(f"the record was made with SGLang {record.sglang_version}; this SGLang is {info.version}")
 
@@ -573,6 +610,8 @@ def describe(plan: LaunchPlan) -> str:
     lines.append(f"env file: {plan.env_file or '(none)'}")
     lines.append(f"deployment record: {plan.deployment or '(none)'}")
     lines.append(f"backend: {plan.backend}")
+    if plan.server is not None:
+        lines.append(f"server: {plan.server.covers()} (read by {plan.server.source})")
     if plan.box is not None:
         b = plan.box
         lines.append(f"box: {_box_text(b)}, driver {b.driver or 'unknown'}")

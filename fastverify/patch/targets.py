@@ -25,6 +25,7 @@ MOD_TP_WORKER = "sglang.srt.managers.tp_worker"
 MOD_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 MOD_AR_FUSIONS = "sglang.srt.layers.layer_boundary.fusions.allreduce"
+MOD_DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,20 @@ TARGET_ADD_NORM_FFN = Target("add_norm_ffn", MOD_AR_FUSIONS, None, "fused_ffn_in
 TARGET_ADD_NORM_ATTN = Target("add_norm_attn", MOD_AR_FUSIONS, None, "fused_attn_input",
                               ("plan", "owed", "residual", "forward_batch", "post_residual_addition"),
                               needs=("fuses_quant", "keep_bf16"))
+# What the path counts read (fastverify/patch/counting.py): the method SGLang's dispatch runs, the
+# forward mode, and the decode CUDA graphs captured and replayed.
+TARGET_OUT_PLACE = Target("count_out_place", MOD_PARALLEL_STATE, "GroupCoordinator", "_all_reduce_out_place",
+                          ("self", "input_", "outplace_all_reduce_method"))
+TARGET_IN_PLACE = Target("count_in_place", MOD_PARALLEL_STATE, "GroupCoordinator", "_all_reduce_in_place",
+                         ("self", "input_"))
+TARGET_FORWARD = Target("count_mode", MOD_MODEL_RUNNER, "ModelRunner", "forward", ("self", "forward_batch"))
+TARGET_CAPTURE_SHAPE = Target("count_capture", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "capture_one_shape",
+                              ("self", "size"))
+TARGET_REPLAY = Target("count_replay", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "execute",
+                       ("self", "forward_batch"))
+COUNT_TARGETS = (TARGET_OUT_PLACE, TARGET_IN_PLACE, TARGET_FORWARD, TARGET_CAPTURE_SHAPE, TARGET_REPLAY)
 TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE, TARGET_ADD_NORM_FFN,
-           TARGET_ADD_NORM_ATTN)
+           TARGET_ADD_NORM_ATTN, *COUNT_TARGETS)
 
 installed_targets: list[tuple[Any, str, Any]] = []
 """(owner -- a class or a module --, attr, original) of every wrapped target, in install order."""

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fastverify.patch.paths import COUNTER
 from fastverify.patch.rank import is_capturing as _is_capturing
 
 log = logging.getLogger("fastverify.patch")
@@ -102,7 +103,9 @@ class VerifyTimer:
     while the server runs (see the module docstring for the two halves and what a SIGKILL loses).
 
     One line per verify step: ``{"step": int, "verify_ms": float, "clock": str, "rank": str,
-    "pid": int}``; ``step`` counts this process's verify forwards from 0, ``verify_ms`` is
+    "pid": int, "allreduce_paths": {mode: {path: count}}}``; ``allreduce_paths`` (when the patch
+    counts) holds the all-reduces since the previous record per forward mode, this step's under
+    ``verify`` (:mod:`fastverify.patch.paths`); ``step`` counts this process's verify forwards from 0, ``verify_ms`` is
     milliseconds between the events around the forward, ``clock`` is ``cuda_events`` (GPU time)
     or ``cpu_wall_clock`` (host ``perf_counter``, not a GPU time).
 
@@ -137,7 +140,7 @@ class VerifyTimer:
         self.clock = clock or "unknown"
         self.rank = rank
         self.max_buffered = max(1, int(max_buffered))
-        self.pending: collections.deque[tuple[int, Any, Any]] = collections.deque()  # events not yet complete
+        self.pending: collections.deque[tuple[int, Any, Any, dict | None]] = collections.deque()  # not yet complete
         self.steps = 0
         self.written = 0
         self.dropped = 0
@@ -158,13 +161,15 @@ class VerifyTimer:
         ev.record()
         return ev
 
-    def stop(self, start_ev: Any) -> None:
+    def stop(self, start_ev: Any, paths: dict | None = None) -> None:
+        """End the step begun by ``start_ev``; ``paths``: the all-reduce path counts per forward
+        mode since the previous record (:meth:`fastverify.patch.paths.PathCounter.take`)."""
         end = self.event_factory()
         end.record()
         if len(self.pending) + len(self._lines) >= self.max_buffered:
             self.dropped += 1
         else:
-            self.pending.append((self.steps, start_ev, end))
+            self.pending.append((self.steps, start_ev, end, paths))
         self.steps += 1
         self._finish_completed()
         if self._thread is None and self.interval_s > 0:
@@ -177,7 +182,7 @@ class VerifyTimer:
         has not (events of one stream complete in order). ``wait`` (exit only) synchronizes."""
         pending = self.pending
         while pending:
-            step, s, e = pending[0]
+            step, s, e, paths = pending[0]
             if wait and hasattr(e, "synchronize"):
                 try:
                     e.synchronize()
@@ -189,8 +194,11 @@ class VerifyTimer:
             if self._rank_pid is None:
                 self._rank_pid = (str(self.rank()), os.getpid())
             rank, pid = self._rank_pid
-            self._lines.append(json.dumps({"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6),
-                                           "clock": self.clock, "rank": rank, "pid": pid}))
+            rec = {"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6), "clock": self.clock,
+                   "rank": rank, "pid": pid}
+            if paths is not None:
+                rec["allreduce_paths"] = paths
+            self._lines.append(json.dumps(rec))
 
     # -- writing ----------------------------------------------------------------------------------------
 
@@ -366,7 +374,7 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTr
         try:
             out = original(self, *args, **kwargs)
         finally:
-            timer.stop(start)
+            timer.stop(start, COUNTER.take())
             if tracing:
                 trace.end()
         return out

@@ -46,6 +46,11 @@ from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEO
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
 
+DEFAULT_DRAFT_TOKENS = 4
+"""``--draft-tokens`` of a model workload when not given: SGLang 0.5.23's automatic EAGLE choice for
+DeepSeek-V3/Kimi-like models, ``(steps, topk, draft tokens) = (3, 1, 4)``
+(``srt/arg_groups/speculative_hook.py::_auto_choose_speculative_params``)."""
+
 
 def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     """The ``tune`` subcommand's flags (``positive``/``bounded`` are the CLI's int parsers)."""
@@ -53,11 +58,13 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, deepseek-v3) or config.json [default: tiny]")
     w.add_argument("--tp", type=bounded(2, 64), default=2, help="tensor-parallel world size")
-    w.add_argument("--draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
+    w.add_argument("--draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
+                   help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
+                        "own; 4 with --model]")
     w.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="requests per verify batch")
     w.add_argument("--max-batch", type=bounded(1, MAX_BATCH), default=None,
-                   help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs): sizes the "
-                        "deployment's IPC workspace [default: the workload's batch]")
+                   help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs-decode), recorded "
+                        "in the deployment record [default: the workload's batch]")
     w.add_argument("--hidden", type=bounded(1, MAX_HIDDEN), default=None,
                    help="hidden size, for a trace profile that does not record it (with a model or a live "
                         "profile it must equal theirs) [default: the workload's]")
@@ -181,7 +188,8 @@ def _workload(args):
 
     name = args.model or "tiny"
     config = load_model_config(name)
-    workload = workload_from_model(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch)
+    workload = workload_from_model(config, tp=args.tp, draft_tokens=args.draft_tokens or DEFAULT_DRAFT_TOKENS,
+                                   batch=args.batch)
     if name in preset_names():  # the package's own file: its absolute path says nothing portable
         workload = dataclasses.replace(workload, source=workload.source.replace(f" ({config.source})",
                                                                                 " (fastverify preset)"))
@@ -550,19 +558,39 @@ def _spread_pct(result) -> float:
 
 
 def _shapes(args, workload):
-    """The shapes the deployment prepares (:class:`fastverify.deploy.VerifyShapes`): the largest
-    batch the server captures (``--max-batch``, default the workload's batch) × draft tokens ×
-    hidden, with the workload's dtype. Raises :class:`UserError` when the workload has no hidden
-    size (a trace profile) and ``--hidden`` is not given."""
+    """The verify shapes the deployment record carries (:class:`fastverify.deploy.VerifyShapes`),
+    read from the workload as its source recorded them: draft tokens and batch of a live profile
+    or model workload; ``--draft-tokens`` only where the source does not say (a trace profile).
+    ``max_batch`` is ``--max-batch`` (the server's largest captured batch), default the workload's
+    batch.
+
+    Raises
+    ------
+    UserError
+        No hidden size (a trace profile without ``--hidden``); no draft-token count (a trace profile
+        without ``--draft-tokens``); ``--draft-tokens`` contradicting the profile's; ``--max-batch``
+        below the workload's batch.
+    """
     from fastverify.deploy import VerifyShapes
 
-    draft = getattr(workload, "draft_tokens", None) or args.draft_tokens
     hidden = args.hidden or workload.hidden
     if not hidden:
         raise UserError(f"--write-env: {workload.source} has no hidden size (a trace profile); give --hidden N "
                         "(the model's hidden_size) or use --model")
-    tokens = workload.tokens
-    batch = getattr(workload, "batch", None) or (tokens // draft if tokens and tokens % draft == 0 else 1)
+    draft = workload.draft_tokens
+    if draft is None:
+        draft = args.draft_tokens
+        if draft is None:
+            raise UserError(f"--write-env: {workload.source} does not record the draft tokens per request (a trace "
+                            "profile); give --draft-tokens N (SGLang's --speculative-num-draft-tokens)")
+    elif args.draft_tokens is not None and args.draft_tokens != draft:
+        raise UserError(f"--draft-tokens {args.draft_tokens}: the workload was measured with {draft} draft tokens "
+                        "per request; drop the flag or re-profile")
+    batch = workload.batch
+    if batch is None:
+        batch = workload.tokens // draft if workload.tokens else 1
+        if workload.tokens and workload.tokens % draft:
+            raise UserError(f"--draft-tokens {draft}: does not divide the profile's {workload.tokens} tokens per step")
     max_batch = args.max_batch or batch
     if max_batch < batch:
         raise UserError(f"--max-batch {max_batch}: smaller than the workload's batch {batch}")
@@ -689,7 +717,7 @@ def _write_deployment(args, path, backend, settings, header, version, *, shapes,
     lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
              f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
     if args.max_batch is None:
-        lines.append(f"max batch = the profiled batch {shapes.max_batch}: give --max-batch (SGLang's --cuda-graph-max-bs) "
-                     "so larger verify steps are not sent to NCCL")
+        lines.append(f"max batch = the profiled batch {shapes.max_batch} (no --max-batch given); `fastverify launch` "
+                     "reads the server's own captured batch sizes from its command")
     inputs = (args.profile, args.topology, args.p2p_check, args.journal)  # checked in full by _check_outputs
     return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)

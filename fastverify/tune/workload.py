@@ -52,6 +52,10 @@ class Workload:
     hidden, tokens : int | None
         Hidden size and tokens per verify step (``batch × draft_tokens``); ``None`` when the
         source does not say (a trace profile).
+    draft_tokens, batch : int | None
+        Tokens per request (SGLang's ``speculative_num_draft_tokens``) and requests of the verify
+        step, as the source records them (a live profile's ``shapes``, the model workload's
+        arguments); ``None`` when it does not say (a trace profile).
     tp : int
         Ranks of the all-reduce (tensor parallelism).
     compute_us, verify_us : float | None
@@ -101,6 +105,8 @@ class Workload:
     allreduce_wait_us: float | None = None
     allreduce_transfer_us: float | None = None
     profile_backend: str | None = None
+    draft_tokens: int | None = None
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted((int(b), int(c)) for b, c in self.msg_sizes))
@@ -111,6 +117,8 @@ class Workload:
             raise ValueError(f"Workload.msg_sizes: a size appears twice in {sizes}")
         object.__setattr__(self, "msg_sizes", sizes)
         object.__setattr__(self, "notes", tuple(self.notes))
+        if None not in (self.tokens, self.draft_tokens, self.batch) and self.tokens != self.draft_tokens * self.batch:
+            raise ValueError(f"Workload: tokens {self.tokens} != draft_tokens {self.draft_tokens} x batch {self.batch}")
 
     @property
     def allreduce_count(self) -> int:
@@ -136,7 +144,7 @@ class Workload:
             "allreduce_us": self.allreduce_us, "allgather_bytes": self.allgather_bytes, "notes": list(self.notes),
             "allreduce_us_by_size": [{"msg_bytes": b, "median_us": t} for b, t in self.allreduce_us_by_size],
             "allreduce_wait_us": self.allreduce_wait_us, "allreduce_transfer_us": self.allreduce_transfer_us,
-            "profile_backend": self.profile_backend,
+            "profile_backend": self.profile_backend, "draft_tokens": self.draft_tokens, "batch": self.batch,
         }
 
 
@@ -172,6 +180,7 @@ def workload_from_model(config: ModelConfig, *, tp: int, draft_tokens: int, batc
     count = 1 + 2 * config.num_layers
     return Workload(
         msg_sizes=((msg, count),), dtype=DTYPE, hidden=config.hidden_size, tokens=tokens, tp=tp,
+        draft_tokens=draft_tokens, batch=batch,
         source=f"model {config.name} ({config.source}), tp {tp}, {draft_tokens} draft tokens x batch {batch}",
         clock=None,
         allgather_bytes=tokens * (config.vocab_padded // tp) * DTYPE_BYTES,
@@ -277,7 +286,7 @@ def workload_from_profile(path: str | Path) -> Workload:
         compute_us=compute_us, verify_us=verify_us, accept_length=accept,
         source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
         allreduce_us_by_size=by_size, allreduce_wait_us=wait_us, allreduce_transfer_us=transfer_us,
-        profile_backend=view.backend,
+        profile_backend=view.backend, draft_tokens=shapes.draft_tokens, batch=shapes.batch,
     )
 
 

@@ -32,6 +32,7 @@ REPO = HERE.parent.parent
 KERNELS = HERE / "kernels"
 ENGINE = HERE / "engine.py"
 PATCH_LINE = re.compile(r"^fastverify patch \[TP (\d+)\]: (.*)$", re.M)
+PATHS_LINE = re.compile(r"^fastverify paths \[TP (\d+)\] after the first verify forward: (.*)$", re.M)
 RESULT = "FVTEST_RESULT "
 
 
@@ -81,6 +82,10 @@ class Run:
     def patch_lines(self) -> dict[int, str]:
         """TP rank → the rest of its ``fastverify patch [TP r]: ...`` line (last one wins)."""
         return {int(r): rest for r, rest in PATCH_LINE.findall(self.stderr + self.stdout)}
+
+    def paths_lines(self) -> dict[int, str]:
+        """TP rank → the rest of its ``fastverify paths [TP r] after the first verify forward: ...`` line."""
+        return {int(r): rest for r, rest in PATHS_LINE.findall(self.stderr + self.stdout)}
 
     def stats(self) -> dict[int, dict]:
         """TP rank → the shim's ``stats-rank<R>.json`` (env seen in the worker, verify forwards)."""

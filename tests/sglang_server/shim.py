@@ -24,6 +24,10 @@ Why it exists:
   pass-through of another signature before fastverify's plugin runs (entry points are loaded in
   ``sys.path`` order and this one lies on ``PYTHONPATH``), so the patch must skip that target.
 
+* ``FVTEST_STANDIN_MAX_ROWS=N`` attaches to fastverify's dispatch slot a backend stand-in that
+  all-reduces over SGLang's TP device group (gloo here) and takes only tensors of at most ``N`` rows,
+  so the path counts must show every wider all-reduce as that backend's fallback.
+
 Loaded through the entry point ``fastverify_test_shim`` in group ``sglang.srt.plugins`` of a
 ``.dist-info`` that :func:`tests.sglang_server.harness.write_shim_site` writes at test time.
 """
@@ -37,6 +41,7 @@ import time
 
 ENV_STATS = "FVTEST_STATS_DIR"
 ENV_BREAK = "FVTEST_BREAK_TARGET"
+ENV_STANDIN = "FVTEST_STANDIN_MAX_ROWS"
 PLUGIN_NAME = "fastverify_test_shim"
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "FASTVERIFY_", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONPATH")
 
@@ -121,6 +126,32 @@ def _verify_attention(original):
     return forward_extend
 
 
+class RowCapStandIn:
+    """A dispatch-slot backend for the test server: ``torch.distributed.all_reduce`` on SGLang's TP
+    device group for ``[rows, hidden]`` tensors of at most ``max_rows`` rows; it declines wider ones
+    (``supports`` False), as a kernel with a bounded workspace does."""
+
+    def __init__(self, max_rows: int) -> None:
+        from collections import Counter
+
+        from fastverify.registry import BackendName
+
+        self.name = BackendName.gloo
+        self.max_rows = max_rows
+        self.path_counts: Counter[str] = Counter()
+
+    def supports(self, x) -> bool:
+        return x.dim() == 2 and int(x.shape[0]) <= self.max_rows
+
+    def all_reduce(self, x):
+        import torch.distributed as dist
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        dist.all_reduce(x, group=get_tp_group().device_group)
+        self.path_counts["all_reduce"] += 1
+        return x
+
+
 def plugin() -> None:
     """SGLang general-plugin entry point (runs in the launcher, every scheduler and the detokenizer)."""
     from sglang.srt.layers.attention import torch_native_backend as tnb
@@ -133,6 +164,10 @@ def plugin() -> None:
         new = _verify_attention(cls.forward_extend)
         new.__fvtest_shim__ = True
         cls.forward_extend = new
+    if os.environ.get(ENV_STANDIN):
+        from fastverify.patch.install import attach_dispatch_backend
+
+        attach_dispatch_backend(RowCapStandIn(int(os.environ[ENV_STANDIN])))
     if os.environ.get(ENV_BREAK) == "verify_timer":
         from sglang.srt.managers import tp_worker
 

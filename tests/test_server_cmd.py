@@ -1,0 +1,132 @@
+"""The verify shapes read from an SGLang server command (fastverify/patch/server_cmd.py): the reader
+of 0.5.23's flags on its own, and against SGLang 0.5.23's own parser (``prepare_server_args``) in the
+SGLang venv. Expected values are the commands' own numbers and SGLang's rules as its source states
+them (``srt/arg_groups/speculative_hook.py``, ``srt/speculative/adaptive_spec_params.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fastverify.errors import UserError
+from fastverify.patch.server_cmd import (SOURCE_READER, SOURCE_SGLANG, read_command, read_flags, read_with_sglang,
+                                         server_args_of)
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "/models/kimi-k2.5"]
+
+# (flags, tp, algorithm, draft tokens, topk, steps, max batch, graphs disabled)
+CASES = [
+    (["--tp", "8", "--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "6",
+      "--cuda-graph-max-bs-decode", "48"], 8, "EAGLE3", 6, None, None, 48, False),
+    (["--tp-size", "8", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1",
+      "--speculative-num-steps", "3", "--cuda-graph-bs-decode", "1", "2", "4", "16"], 8, "EAGLE", 4, 1, 3, 16, False),
+    # tree draft: 4 steps x topk 2, 8 draft tokens (more than 36 rows per step from batch 5)
+    (["--tensor-parallel-size", "4", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"], 4, "EAGLE3", 8, 2, 4, None, False),
+    # adaptive: SGLang's default candidate steps {0, 1, 3, 5, 7} -> up to 7 + 1 tokens
+    (["--tp", "2", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive", "--cuda-graph-max-bs-decode",
+      "8"], 2, "EAGLE3", 8, 1, None, 8, False),
+    (["--tp", "2", "--speculative-algorithm", "NGRAM", "--disable-cuda-graph"], 2, "NGRAM", 12, None, None, None, True),
+    (["--tp", "2", "--cuda-graph-backend-decode", "disabled"], 2, None, None, None, None, None, True),
+]
+
+
+@pytest.mark.parametrize("flags, tp, algo, draft, topk, steps, max_bs, off", CASES)
+def test_reader_of_the_flags(flags, tp, algo, draft, topk, steps, max_bs, off):
+    s = read_command(LAUNCH + flags, sglang_found=False)
+    assert (s.tp, s.algorithm, s.draft_tokens, s.topk, s.steps, s.max_batch, s.graphs_disabled) == \
+        (tp, algo, draft, topk, steps, max_bs, off)
+    assert s.source == SOURCE_READER
+    if max_bs and draft:
+        assert s.max_rows == max_bs * draft and s.covers() == \
+            f"verify steps up to {max_bs} requests x {draft} tokens ({max_bs * draft} rows)"
+
+
+def test_adaptive_config_file_sets_the_widest_step(tmp_path):
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 2]}, "16": {"candidate_steps": [0, 4]}}))
+    s = read_flags(["--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-adaptive-config",
+                    str(cfg)])
+    assert s.draft_tokens == 5  # max candidate 4, + the root token
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--cuda-graph-max-bs", "48"], "ambiguous option: --cuda-graph-max-bs could match"),
+    (["--tp", "eight"], "invalid int value: 'eight'"),
+    (["--speculative-num-draft-tokens"], "expected one argument"),
+])
+def test_flags_sglang_refuses_are_refused_in_one_line(flags, words):
+    with pytest.raises(UserError, match=words):
+        read_flags(flags)
+
+
+def test_only_sglang_server_commands_are_read():
+    assert server_args_of(["python3", "-m", "sglang.launch_server", "--tp", "2"]) == ["--tp", "2"]
+    assert server_args_of(["/opt/venv/bin/sglang", "serve", "--tp", "2"]) == ["--tp", "2"]
+    assert server_args_of(["python", "my_engine.py", "--tp", "2"]) is None
+    assert read_command(["python", "my_engine.py"], sglang_found=True) is None
+
+
+_AGAINST = r"""
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+from fastverify.patch.server_cmd import read_flags
+out = []
+for flags in json.loads(sys.argv[1]):
+    sa = prepare_server_args(["--model-path", "/nonexistent"] + flags)
+    mine = read_flags(flags)
+    theirs = {"tp": sa.tp_size, "algorithm": sa.speculative_algorithm, "topk": sa.speculative_eagle_topk,
+              "steps": sa.speculative_num_steps, "decode_bs": list(sa.cuda_graph_bs_decode or []),
+              "decode_max_bs": sa.cuda_graph_max_bs_decode, "adaptive": sa.speculative_adaptive, "dtype": sa.dtype,
+              "draft_as_given": sa.speculative_num_draft_tokens}
+    ours = {"tp": mine.tp, "algorithm": mine.algorithm, "topk": mine.topk if not mine.adaptive else None,
+            "steps": mine.steps, "decode_bs": list(mine.decode_bs), "decode_max_bs": mine.decode_max_bs,
+            "adaptive": mine.adaptive, "dtype": mine.dtype, "draft_as_given": None}
+    out.append({"flags": flags, "theirs": theirs, "ours": ours, "draft": mine.draft_tokens})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _sglang_python() -> str:
+    py = os.environ.get("FASTVERIFY_SGLANG_PYTHON")
+    if not py or not Path(py).is_file():
+        pytest.skip("FASTVERIFY_SGLANG_PYTHON not set (make the SGLang venv with .ci/sglang-venv.sh)")
+    return py
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    return env
+
+
+def test_reader_agrees_with_sglangs_own_parser():
+    py = _sglang_python()
+    flags = [c[0] for c in CASES if "--disable-cuda-graph" not in c[0] and "disabled" not in c[0]]
+    cp = subprocess.run([py, "-c", _AGAINST, json.dumps(flags)], capture_output=True, text=True, timeout=300,
+                        env=_env(), cwd=str(REPO))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    got = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    for g, case in zip(got, [c for c in CASES if c[0] in flags]):
+        theirs, ours = g["theirs"], g["ours"]
+        if theirs["algorithm"] is not None:
+            theirs["algorithm"] = theirs["algorithm"].upper()
+        theirs["draft_as_given"] = None  # SGLang resolves the width at start-up; compared below
+        if theirs["adaptive"]:
+            theirs["topk"] = None
+        assert ours == theirs, g["flags"]
+        assert g["draft"] == case[3], g["flags"]
+
+
+def test_read_with_sglang_runs_sglangs_parser_and_refuses_what_it_refuses():
+    py = _sglang_python()
+    env = _env()
+    s = read_with_sglang(["--model-path", "/nonexistent", *CASES[0][0]], py, env=env)
+    assert s.source == SOURCE_SGLANG and (s.tp, s.max_batch, s.draft_tokens, s.max_rows) == (8, 48, 6, 288), s
+    with pytest.raises(UserError, match="SGLang's parser says: ambiguous option: --cuda-graph-max-bs"):
+        read_with_sglang(["--model-path", "/nonexistent", "--cuda-graph-max-bs", "48"], py, env=env)
