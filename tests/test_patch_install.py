@@ -378,7 +378,8 @@ def test_pre_capture_sizes_from_the_record_not_2048_rows(tmp_path):
     MR(hidden=16, width=4, pool=48).init_cuda_graphs()
     # capture bs [1..64] + pool 48, x 4 tokens per request, up to the record's 32 rows
     assert events[0][2] == (32, 16) and events[1] == ("prepare", [(4, 16), (8, 16), (16, 16), (32, 16)])
-    assert calls["gate"] == [32]  # SGLang's own fusion gate asked for the verify rows
+    # SGLang's own fusion gate asked for the verify rows, before capture and after its start-up checks
+    assert calls["gate"] == [32, 32]
     from fastverify.deploy import read_record
     from fastverify.patch import rank as R
 
@@ -1139,3 +1140,26 @@ def test_b12x_not_built_where_every_captured_verify_step_is_wider_than_it_takes(
     assert made == [] and I._add_norm.backend is None
     assert "wider than the 36 rows b12x takes (smallest 40 rows)" in rep.skipped["add_norm"], rep.skipped
     assert "built=add_norm" not in capsys.readouterr().err
+
+
+def test_fused_norm_not_claimed_when_sglangs_preflight_turns_the_fusion_off(capsys):
+    """SGLang's gate holds before capture; its warm-up inside init_cuda_graphs (the workspace
+    preflight, base_runner._pre_initialize_flashinfer_allreduce_workspace) then marks the fusion
+    unavailable: the line, printed after SGLang's start-up, must not say applied=fused_norm."""
+    mods, calls, events, MR, orig, factory = _capture_setup("fused")
+    state = {"preflight_ok": True}
+    mods[I.MOD_ADD_NORM].flashinfer_ar_fusion_applies = lambda bs: state["preflight_ok"]
+
+    def init_cuda_graphs(self, capture_decode_cuda_graph=True):
+        orig(self, capture_decode_cuda_graph)
+        state["preflight_ok"] = False  # "Skipping allreduce fusion": the unavailable flag is set
+
+    MR.init_cuda_graphs = init_cuda_graphs
+    I._fused.factory = factory
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    MR(hidden=8, width=4, pool=48).init_cuda_graphs()
+    assert "fused_norm" not in rep.applied and "fused_norm" not in rep.built
+    assert rep.skipped["fused_norm"].startswith("after SGLang's start-up checks: SGLang never calls"), rep.skipped
+    assert I._fused.backend is None and I._fused.disabled is not None
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")]
+    assert len(lines) == 1 and "applied=pre_capture " in lines[0] and "built=" not in lines[0], lines

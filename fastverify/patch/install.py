@@ -193,6 +193,7 @@ _report: PatchReport | None = None
 _record: Any = None  # the DeploymentRecord of this rank, or None
 _abandoned: list[Any] = []  # built on some ranks only: never closed (closing them alone would hang)
 _rank_step_done = False
+_line_due: str | None = None  # the TP rank whose line waits for SGLang's start-up checks
 
 
 def attach_fused_backend(backend: Any, *, checked: bool = False) -> None:
@@ -694,7 +695,33 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
             log.warning("fastverify patch: %s backend step before CUDA-graph capture failed (%s: %s)",
                         slot.kind.value, type(err).__name__, err)
             _unapply_use(report, use, f"{type(err).__name__}: {err}")
-    R.emit(report.line(R.tp_rank(tp_coord, runner)))
+    global _line_due
+    _line_due = R.tp_rank(tp_coord, runner)  # printed once SGLang's own start-up checks ran
+
+
+def _after_start_up(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any] | None) -> None:
+    """After SGLang's ``init_cuda_graphs`` (its warm-up ran the FlashInfer workspace preflight,
+    ``base_runner.py::_pre_initialize_flashinfer_allreduce_workspace``, which votes across TP and
+    can turn the fusion off): the fused slot's reach is asked again, and where SGLang will no
+    longer call ``forward_with_allreduce_fusion`` the slot is taken out of ``applied`` (closed on
+    every rank: SGLang's vote gave all of them the same answer). Then the rank's line."""
+    global _line_due
+    if _line_due is None:
+        return
+    report = _report or PatchReport(backend="?")
+    for use in slots:
+        if use.slot is not _fused or not any(k in report.applied for k in use.targets):
+            continue
+        ok, why = R.fused_norm_reach(modules, _max_rows(runner, modules) or 1, R.this_sm())
+        if not ok:
+            _unapply_use(report, use, f"after SGLang's start-up checks: {why}")
+            report.built.pop(use.key, None)
+            if _fused.backend is not None:
+                _close_quietly(_fused.backend)
+                _fused.backend = None
+            _disable(_fused, why)
+    tp, _line_due = _line_due, None
+    R.emit(report.line(tp))
 
 
 def _make_pre_capture(slots: list[_SlotUse], modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
@@ -704,7 +731,13 @@ def _make_pre_capture(slots: list[_SlotUse], modules: Mapping[str, Any] | None) 
                 _prepare_slots(self, slots, modules)
             except Exception as err:  # never into the server
                 log.warning("fastverify patch: pre-capture step failed (%s: %s)", type(err).__name__, err)
-            return original(self, *args, **kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                try:
+                    _after_start_up(self, slots, modules)
+                except Exception as err:  # never into the server
+                    log.warning("fastverify patch: post-capture step failed (%s: %s)", type(err).__name__, err)
 
         return init_cuda_graphs
 
@@ -876,7 +909,7 @@ def installed() -> list[str]:
 
 def uninstall() -> int:
     """Restore every original (latest first) and forget attached backends; returns how many."""
-    global _timer, _report, _record, _rank_step_done
+    global _timer, _report, _record, _rank_step_done, _line_due
     with _lock:
         n = _unwrap_all()
         for slot in _SLOTS:
@@ -888,5 +921,6 @@ def uninstall() -> int:
             except Exception:
                 pass
         _timer, _report, _record, _rank_step_done = None, None, None, False
+        _line_due = None
         COUNTER.reset()
     return n
