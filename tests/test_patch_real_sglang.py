@@ -82,7 +82,7 @@ def test_other_backends(probe):
     # SGLang 0.5.23 ships its own PCIe IPC all-reduce: the dispatch is left alone...
     assert st["pcie_ipc_ar_module"] is True
     assert st["pcie_ipc"]["applied"] == ["pre_capture"] and "all_reduce" in st["pcie_ipc"]["skipped"]
-    assert "own PCIe IPC" in st["pcie_ipc"]["skipped"]["all_reduce"]
+    assert "SGLang's own pcie_ipc all-reduce is used" in st["pcie_ipc"]["skipped"]["all_reduce"]
     # ...and the real GroupCoordinator.all_reduce is wrappable where it would not be
     w = st["pcie_ipc_without_sglang_ipc"]
     assert w["applied"] == ["all_reduce", "pre_capture"] and w["restored_identity"], w

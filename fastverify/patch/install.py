@@ -79,7 +79,7 @@ from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
 from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_verify_wrapper
 from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
-from fastverify.registry import BackendName, backend_info
+from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, backend_info
 
 log = logging.getLogger("fastverify.patch")
 
@@ -88,7 +88,6 @@ FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: it never fuse
 MODES = ("auto", "off")  # FASTVERIFY_BACKEND values that are not backends: SGLang's own choice / nothing
 ADD_NORM_KEY = "add_norm"  # the b12x slot in the report (built=, skipped=); its targets are add_norm_ffn/_attn
 ADD_NORM_TARGETS = (TARGET_ADD_NORM_FFN, TARGET_ADD_NORM_ATTN)
-B12X_MAX_ROWS: int = backend_info(BackendName.b12x).max_rows or 0  # 36 (_oneshot_preparation.py)
 # The names the add-norm replacement needs from the module it wraps (fusions/allreduce.py imports them)
 ADD_NORM_NAMES = ("RMSNorm", "UnreducedOutput")
 CHECK_EPS = 1e-6
@@ -160,9 +159,13 @@ _lock = threading.Lock()
 
 @dataclass
 class _BackendSlot:
-    """A fastverify backend for one role; built before capture or on the first eager call (or attached)."""
+    """The rank's slot for one reach (:class:`fastverify.registry.Reach`): which registry backend
+    fills it is set at install from ``FASTVERIFY_BACKEND`` (``kind``; before that the registry's
+    first backend of that reach); built before capture or on the first eager call (or attached).
+    Its limits (``max_rows``) are the registry entry's."""
 
-    kind: BackendName
+    reach: Reach
+    kind: BackendName = None  # type: ignore[assignment]
     backend: Any = None
     disabled: str | None = None
     checked: bool = False
@@ -184,10 +187,28 @@ class _SlotUse:
     targets: tuple[str, ...]
 
 
-_fused = _BackendSlot(BackendName.fused)
-_dispatch = _BackendSlot(BackendName.pcie_ipc)
-_add_norm = _BackendSlot(BackendName.b12x)
+def _first_of(*reaches: Reach) -> BackendName:
+    return next(b.name for b in BACKENDS if b.reach in reaches)
+
+
+_fused = _BackendSlot(Reach.patch_fused_norm, _first_of(Reach.patch_fused_norm))
+_dispatch = _BackendSlot(Reach.patch_dispatch, _first_of(Reach.patch_dispatch, Reach.sglang_switch))
+_add_norm = _BackendSlot(Reach.patch_add_norm, _first_of(Reach.patch_add_norm))
 _SLOTS = (_fused, _dispatch, _add_norm)
+
+
+def _max_rows_of(slot: _BackendSlot) -> int:
+    """The registry's row limit of the slot's backend (b12x: 36, FlashInfer ``_oneshot_preparation.py``);
+    0 without one."""
+    return backend_info(slot.kind).max_rows or 0
+
+
+def _slot_for(info: BackendInfo, has_switch: bool) -> _BackendSlot | None:
+    """The slot a backend fills, by its reach: SGLang's own switch needs none where this SGLang has
+    it (else the patch routes the dispatch itself); native and CPU stand-ins none."""
+    if info.reach is Reach.sglang_switch:
+        return None if has_switch else _dispatch
+    return next((s for s in _SLOTS if s.reach is info.reach), None)
 _timer: VerifyTimer | None = None
 _report: PatchReport | None = None
 _record: Any = None  # the DeploymentRecord of this rank, or None
@@ -231,15 +252,15 @@ def _close_quietly(be: Any) -> None:
         log.warning("fastverify patch: closing the backend failed (%s: %s)", type(err).__name__, err)
 
 
-def _default_factory(kind: BackendName, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
-    """Build ``kind`` (gloo on CPU) from SGLang's coordinator and the record (:func:`rank.make_for_rank`).
-    The workspace is sized from the record; without one, from the widest captured decode (the
-    ``_Probe`` of the step before capture), never from the first live batch."""
-    slot = next(s for s in _SLOTS if s.kind is kind)
+def _default_factory(slot: _BackendSlot, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
+    """Build the slot's backend (gloo on CPU) from SGLang's coordinator and the record
+    (:func:`rank.make_for_rank`). The workspace is sized from the record; without one, from the
+    widest captured decode (the ``_Probe`` of the step before capture), never from the first live
+    batch."""
 
     def make(coordinator: Any, x: Any) -> Any:
         rows = int(x.shape[0]) if isinstance(x, _Probe) else None
-        be, ctx = R.make_for_rank(kind, coordinator, x, record=_record, rows=rows, modules=modules)
+        be, ctx = R.make_for_rank(slot.kind, coordinator, x, record=_record, rows=rows, modules=modules)
         slot.context = ctx
         return be
 
@@ -496,8 +517,8 @@ def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
 def _b12x_take(be: Any, plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
     """The b12x result when every condition holds (see :func:`_b12x_add_norm`), else None."""
     dim = getattr(x, "dim", None)
-    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= B12X_MAX_ROWS:
-        return None  # above 36 rows the kernel refuses (_oneshot_preparation.py): SGLang's all-reduce + norm
+    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= _max_rows_of(_add_norm):
+        return None  # above the registry's max_rows the kernel refuses: SGLang's all-reduce + norm
     if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype or R.is_compiling():
         return None
     got = R.plain_rmsnorm(getattr(plan, "norm", None), rmsnorm_cls, x)
@@ -662,9 +683,9 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
             max_rows = _max_rows(runner, modules)
             reach = None
             if slot is _fused:
-                reach = R.fused_norm_reach(modules, max_rows or 1, R.this_sm())
+                reach = R.fused_norm_reach(modules, max_rows or 1, R.this_sm(), kind=slot.kind)
             elif slot is _add_norm:
-                reach = R.add_norm_reach(modules, max_rows or 1, R.platform_sm(modules))
+                reach = R.add_norm_reach(modules, max_rows or 1, R.platform_sm(modules), kind=slot.kind)
             if reach is not None and not reach[0]:
                 _unapply_use(report, use, reach[1])
                 slot.disabled = reach[1]  # the same published config and GPU on every rank: no vote needed
@@ -677,14 +698,15 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
                 attn = _group_coordinator(modules, True)
                 slot.ranks = list(getattr(coord, "ranks", None) or [])
                 slot.attn_is_tp = attn is coord or list(getattr(attn, "ranks", None) or []) == slot.ranks
-                fits = [r for r, _ in shapes if r <= B12X_MAX_ROWS]
+                cap = _max_rows_of(slot)
+                fits = [r for r, _ in shapes if r <= cap]
                 if shapes and not fits:  # it would never take a step: say so, build nothing
-                    why = (f"every captured verify step is wider than the {B12X_MAX_ROWS} rows b12x takes (smallest "
-                           f"{min(r for r, _ in shapes)} rows): SGLang's all-reduce + norm runs them all")
+                    why = (f"every captured verify step is wider than the {cap} rows {slot.kind.value} takes "
+                           f"(smallest {min(r for r, _ in shapes)} rows): SGLang's all-reduce + norm runs them all")
                     _unapply_use(report, use, why)
                     slot.disabled = why
                     continue
-                check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, B12X_MAX_ROWS),
+                check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, cap),
                                            hidden, device, dtype, eps=CHECK_EPS)
             be = _create_together(slot, coord, _Probe((max_rows or 1, hidden), device, dtype), shapes, check)
             if be is None:
@@ -712,7 +734,7 @@ def _after_start_up(runner: Any, slots: list[_SlotUse], modules: Mapping[str, An
     for use in slots:
         if use.slot is not _fused or not any(k in report.applied for k in use.targets):
             continue
-        ok, why = R.fused_norm_reach(modules, _max_rows(runner, modules) or 1, R.this_sm())
+        ok, why = R.fused_norm_reach(modules, _max_rows(runner, modules) or 1, R.this_sm(), kind=_fused.kind)
         if not ok:
             _unapply_use(report, use, f"after SGLang's start-up checks: {why}")
             report.built.pop(use.key, None)
@@ -801,40 +823,20 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     report.skipped["backend"] = (f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
                                                  f"{', '.join([b.value for b in BackendName] + list(MODES))}")
 
-            if kind is BackendName.pcie_ipc:
-                has = sglang_has_pcie_ipc
-                if has is None:
-                    has = _has_module("sglang.srt.distributed.device_communicators.pcie_ipc_ar", sglang_modules)
-                if has:
-                    report.skipped[TARGET_ALL_REDUCE.key] = "SGLang's own PCIe IPC all-reduce is used (not patched)"
-                else:
-                    if _dispatch.factory is None:
-                        _dispatch.factory = _default_factory(BackendName.pcie_ipc, modules=sglang_modules)
-                    _try_target(report, TARGET_ALL_REDUCE, sglang_modules,
-                                lambda orig: _make_all_reduce(orig, sglang_modules))
-
-            if kind is BackendName.fused:
-                attn_ar, moe_ar, why = _group_all_reduces(sglang_modules)
-                if why is not None:
-                    _skip(report, TARGET_FUSED_NORM, why)
-                else:
-                    if _fused.factory is None:
-                        _fused.factory = _default_factory(BackendName.fused, modules=sglang_modules)
-                    _try_target(report, TARGET_FUSED_NORM, sglang_modules,
-                                _make_fused_norm(attn_ar, moe_ar, sglang_modules))
-
-            if kind is BackendName.b12x:
-                mod = R.module(MOD_AR_FUSIONS, sglang_modules)
-                lacks = [n for n in ADD_NORM_NAMES if mod is not None and n not in vars(mod)]
-                if lacks:
-                    for t in ADD_NORM_TARGETS:
-                        _skip(report, t, f"{MOD_AR_FUSIONS} has no {', '.join(lacks)}")
-                else:
-                    if _add_norm.factory is None:
-                        _add_norm.factory = _default_factory(BackendName.b12x, modules=sglang_modules)
-                    names = vars(mod) if mod is not None else {}
-                    _try_target(report, TARGET_ADD_NORM_FFN, sglang_modules, _make_add_norm_ffn(names))
-                    _try_target(report, TARGET_ADD_NORM_ATTN, sglang_modules, _make_add_norm_attn(names))
+            info = backend_info(kind) if kind is not None else None
+            has_switch = False
+            if info is not None and info.reach is Reach.sglang_switch:
+                has_switch = sglang_has_pcie_ipc if sglang_has_pcie_ipc is not None else \
+                    _has_module(info.sglang_switch_module or "", sglang_modules)
+                if has_switch:
+                    report.skipped[TARGET_ALL_REDUCE.key] = (f"SGLang's own {info.name.value} all-reduce is used "
+                                                             "(not patched)")
+            slot = _slot_for(info, has_switch) if info is not None else None
+            if slot is not None:
+                slot.kind = info.name
+                if slot.factory is None:
+                    slot.factory = _default_factory(slot, modules=sglang_modules)
+                _install_slot(report, slot, sglang_modules)
 
             _install_counting(report, sglang_modules)
             uses = (_SlotUse(_dispatch, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
@@ -860,6 +862,28 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
             log.warning("fastverify patch: stopped early (%s: %s)", type(err).__name__, err)
     log.debug(report.line())  # the rank is not known yet; the rank step prints the line that counts
     return report
+
+
+def _install_slot(report: PatchReport, slot: _BackendSlot, modules: Mapping[str, Any] | None) -> None:
+    """Wrap the targets of ``slot``'s reach (none of it depends on which backend fills it)."""
+    if slot is _dispatch:
+        _try_target(report, TARGET_ALL_REDUCE, modules, lambda orig: _make_all_reduce(orig, modules))
+    elif slot is _fused:
+        attn_ar, moe_ar, why = _group_all_reduces(modules)
+        if why is not None:
+            _skip(report, TARGET_FUSED_NORM, why)
+        else:
+            _try_target(report, TARGET_FUSED_NORM, modules, _make_fused_norm(attn_ar, moe_ar, modules))
+    elif slot is _add_norm:
+        mod = R.module(MOD_AR_FUSIONS, modules)
+        lacks = [n for n in ADD_NORM_NAMES if mod is not None and n not in vars(mod)]
+        if lacks:
+            for t in ADD_NORM_TARGETS:
+                _skip(report, t, f"{MOD_AR_FUSIONS} has no {', '.join(lacks)}")
+        else:
+            names = vars(mod) if mod is not None else {}
+            _try_target(report, TARGET_ADD_NORM_FFN, modules, _make_add_norm_ffn(names))
+            _try_target(report, TARGET_ADD_NORM_ATTN, modules, _make_add_norm_attn(names))
 
 
 def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) -> None:

@@ -297,7 +297,7 @@ def first_reason(reasons: list[str | None]) -> str | None:
 
 
 def fused_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None,
-                     sglang_version: str | None = None) -> tuple[bool, str]:
+                     sglang_version: str | None = None, kind: BackendName = BackendName.fused) -> tuple[bool, str]:
     """Whether SGLang calls ``RMSNorm.forward_with_allreduce_fusion`` for a ``rows``-row verify
     all-reduce, and why (one line).
 
@@ -320,12 +320,13 @@ def fused_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int
             return False, f"SGLang's flashinfer_ar_fusion_applies could not be evaluated ({type(err).__name__}: {err})"
     if sm is None:
         return False, "cannot tell whether SGLang calls forward_with_allreduce_fusion (no gate found, GPU unknown)"
-    why = unreachable_reason(backend_info(BackendName.fused), sm=sm, world_size=None, p2p_ok=True,
+    why = unreachable_reason(backend_info(kind), sm=sm, world_size=None, p2p_ok=True,
                              sglang_version=sglang_version)
     return (why is None), (why or "registry: SGLang calls it on this GPU")
 
 
-def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None) -> tuple[bool, str]:
+def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None,
+                   kind: BackendName = BackendName.b12x) -> tuple[bool, str]:
     """Whether the b12x slot takes the layer boundary's reduce + add + RMSNorm on this GPU, and why
     (one line). Same answer on every TP rank (the published config, one kind of GPU), so no vote.
 
@@ -348,15 +349,16 @@ def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, 
         gate = f"flashinfer_ar_fusion_applies({rows}) holds" if owns else \
             "/".join(f"SM{m}0" for m in sglang_majors) + " is where it runs"
         return False, (f"SGLang's own FlashInfer all-reduce fusion owns the layer boundary here ({gate}; "
-                       f"{_sm_text(sm)}); b12x stays out of the way")
-    info = backend_info(BackendName.b12x)
+                       f"{_sm_text(sm)}); {kind.value} stays out of the way")
+    info = backend_info(kind)
+    n = info.name.value
     want = "/".join(f"SM{a}{b}" for a, b in info.kernel_sm or ())
     if sm is None:
-        return False, f"GPU compute capability unknown; b12x runs only on {want}"
+        return False, f"GPU compute capability unknown; {n} runs only on {want}"
     if not info.kernel_runs_on(sm):
-        return False, f"b12x runs only on {want} (FlashInfer b12x is_supported); {_sm_text(sm)}"
+        return False, f"{n} runs only on {want} (FlashInfer {n} is_supported); {_sm_text(sm)}"
     return True, (f"{_sm_text(sm)}: SGLang's FlashInfer fusion does not apply, the layer boundary's "
-                  f"add-norm candidates take b12x up to {info.max_rows} rows")
+                  f"add-norm candidates take {n} up to {info.max_rows} rows")
 
 
 def platform_sm(modules: Mapping[str, Any] | None) -> tuple[int, int] | None:
