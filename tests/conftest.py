@@ -164,6 +164,37 @@ def sglang_python_or_skip() -> str:
     return py
 
 
+# ---- CI: the contract tests run, they do not skip --------------------------------------------------
+
+CI_REQUIRED_ENV = (SGLANG_PYTHON_ENV, "FASTVERIFY_FLASHINFER_WHEEL", "FASTVERIFY_SGLANG_WHEEL")
+"""What the contract tests read (the SGLang venv's python, the two released wheels); each skips
+without its file. ``.ci/run`` provides all three."""
+
+
+def ci_missing() -> list[str]:
+    """Under ``CI=true``: one phrase per :data:`CI_REQUIRED_ENV` variable that is unset or names
+    no file; empty elsewhere, and when all are there."""
+    if os.environ.get("CI") != "true":
+        return []
+    out = []
+    for name in CI_REQUIRED_ENV:
+        value = os.environ.get(name)
+        if not value:
+            out.append(f"{name} is unset")
+        elif not Path(value).is_file():
+            out.append(f"{name}={value} is not a file")
+    return out
+
+
+def pytest_configure(config) -> None:
+    """Under ``CI=true`` refuse to start (one line, pytest's usage-error exit code 4) when a
+    contract test's input is missing (:func:`ci_missing`): a green run must not hide ~100 skips."""
+    missing = ci_missing()
+    if missing:
+        raise pytest.UsageError(f"CI=true but {'; '.join(missing)}: the contract tests that need it would "
+                                "skip; run .ci/run, which fetches the wheels and builds the SGLang venv")
+
+
 # ---- a minimal trace profile -----------------------------------------------------------------------
 
 

@@ -3,6 +3,10 @@
 Every number keeps its clock: a sweep on CPU measures host wall-clock times of gloo all-reduces,
 and the table title, column headers and the PNG say "CPU/gloo" and never "GPU". Results with
 different clocks are never ranked together.
+
+A trial ranks as its backend only when its path counts show the backend's own path took every
+call (:func:`fastverify.tune.sweep.fell_back`); one that fell back (to ``torch.distributed``) is
+listed as ``fell_back`` with the counts, never ranked, never the winner.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from fastverify.errors import UserError
+from fastverify.registry import Role, backend_info
+from fastverify.tune.sweep import NotRankedStatus, fell_back, path_counts
 from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
 
 CLOCK_LABEL = {
@@ -24,6 +30,42 @@ CLOCK_LABEL = {
     Clock.CPU_WALL_CLOCK: "CPU/gloo wall clock, not GPU times",
 }
 CLOCK_SHORT = {Clock.CUDA_EVENTS: "GPU", Clock.CPU_WALL_CLOCK: "CPU/gloo"}
+
+
+@dataclass(frozen=True)
+class Unranked:
+    """An ``ok`` trial left out of the ranking: its measured ``result`` with its own ``status``
+    and one-line ``reason``; every other attribute reads through to ``result``, so it is listed in
+    :attr:`Ranking.not_ok` like a failed trial."""
+
+    result: TrialResult
+    status: NotRankedStatus
+    reason: str
+
+    def __getattr__(self, name: str):
+        if name == "result":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.result, name)
+
+
+def path_verdict(spec: TrialSpec, result: TrialResult) -> Unranked | None:
+    """The :class:`Unranked` entry of an ``ok`` result whose backend did not take every call
+    (:func:`fastverify.tune.sweep.fell_back` on its path counts), None when it did. A result
+    without path counts is :attr:`~NotRankedStatus.UNVERIFIED` unless its backend is the
+    torch.distributed baseline (no other path: it is the fallback)."""
+    counts = path_counts(result)
+    if counts is None:
+        try:
+            baseline = backend_info(spec.backend).role is Role.baseline
+        except ValueError:
+            baseline = False
+        if baseline:
+            return None
+        return Unranked(result, NotRankedStatus.UNVERIFIED,
+                        f"no path counts recorded: cannot show {spec.backend} took its own path; "
+                        f"run the trial again without --resume")
+    why = fell_back(spec, counts)
+    return None if why is None else Unranked(result, NotRankedStatus.FELL_BACK, why)
 
 
 @dataclass(frozen=True)
@@ -59,14 +101,15 @@ class Ranking:
 
     ``mixed_step_us`` is Σ count × the best median per size: reachable only by choosing per size
     (NCCL's tuner plugin CSV, or a size-bounded IPC workspace falling back to NCCL), not with one
-    env setting. ``not_ok`` holds the failed, skipped and wrong-result trials with their reasons.
+    env setting. ``not_ok`` holds the failed, skipped and wrong-result trials with their reasons,
+    and, as :class:`Unranked`, the ok trials that fell back (or cannot show they did not).
     """
 
     clock: Clock | None
     candidates: tuple[Candidate, ...]
     buckets: tuple[BucketBest, ...]
     baseline: Candidate | None
-    not_ok: tuple[tuple[TrialSpec, TrialResult], ...]
+    not_ok: tuple[tuple[TrialSpec, TrialResult | Unranked], ...]
     mixed_step_us: float | None
     notes: tuple[str, ...]
 
@@ -77,7 +120,8 @@ class Ranking:
 
 def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], *,
                     baseline_id: str | None = None) -> Ranking:
-    """Pair ``results`` with ``specs`` (by trial id) and rank the ok ones by ``step_us``.
+    """Pair ``results`` with ``specs`` (by trial id) and rank the ok ones by ``step_us``; an ok
+    trial whose backend fell back (:func:`path_verdict`) is not ranked, it joins ``not_ok``.
 
     Parameters
     ----------
@@ -99,7 +143,14 @@ def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], 
         baseline_id = next((s.trial_id for s in specs if s.baseline), None)
     elif baseline_id not in by_id:
         raise ValueError(f"baseline_id {baseline_id!r} is not one of the specs' trial ids")
-    ok = [r for r in results if r.status is TrialStatus.OK and r.step_us is not None]
+    ok, unranked = [], {}
+    for r in results:
+        if r.status is TrialStatus.OK and r.step_us is not None:
+            why = path_verdict(by_id[r.trial_id], r)
+            if why is None:
+                ok.append(r)
+            else:
+                unranked[r.trial_id] = why
     clocks = {r.clock for r in ok}
     if len(clocks) > 1:
         raise ValueError(f"results mix clocks {sorted(c.value for c in clocks)}; rank each sweep on its own")
@@ -118,7 +169,8 @@ def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], 
         notes.append("no baseline trial: nothing to compare against")
     elif base is None:
         notes.append(f"the baseline trial ({by_id[baseline_id].name}) did not finish ok: no comparison")
-    not_ok = tuple((by_id[r.trial_id], r) for r in results if r.status is not TrialStatus.OK)
+    not_ok = tuple((by_id[r.trial_id], unranked.get(r.trial_id, r)) for r in results
+                   if r.status is not TrialStatus.OK or r.trial_id in unranked)
     return Ranking(clock, tuple(cands), buckets, baseline, not_ok, mixed, tuple(notes))
 
 

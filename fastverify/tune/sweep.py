@@ -36,12 +36,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from fastverify.errors import UserError
+from fastverify.registry import Role, backend_info
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
@@ -57,6 +59,7 @@ from fastverify.tune.trial import (
     DTYPE_BYTES,
     Clock,
     Device,
+    Op,
     SizeResult,
     TrialResult,
     TrialSpec,
@@ -305,6 +308,7 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
                            f"{getattr(err, 'strerror', None) or err})", started, note=note)
     clock = Clock(docs[0]["clock"])
     meta = {k: v for k, v in docs[0]["meta"].items() if isinstance(v, (str, int, float, bool, type(None)))}
+    meta.update(_path_meta(spec, docs))
     for status in ("skipped", "wrong_result"):
         hit = [d for d in docs if d["status"] == status]
         if hit:
@@ -316,6 +320,78 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
     step_us = sum(s.count_per_step * s.median_us for s in sizes)
     return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note,
                    meta=meta)
+
+
+class NotRankedStatus(StrEnum):
+    """Why an ``ok`` trial is left out of the ranking (:func:`fastverify.tune.report.rank_candidates`)."""
+
+    FELL_BACK = "fell_back"  # its path counts show calls off the backend's own path (:func:`fell_back`)
+    UNVERIFIED = "unverified"  # no path counts to show it took its own path (an older journal)
+
+
+PATH_COUNT_PREFIX = "path_count:"
+"""``TrialResult.worker_meta`` keys ``path_count:<path>``: how many calls took each internal path
+of the trial's backend (its ``path_counts``: build, warm-up, check and timed calls together), as
+one rank counted them (:data:`PATH_COUNTS_RANK`)."""
+PATH_COUNTS_RANK = "path_counts_rank"
+"""``worker_meta`` key: the rank whose counts are recorded, the first that fell back, else 0."""
+_FUSED_PATH = "fused"
+_FUSED_OFF_PATHS = ("fallback", "unfused")
+_PLAIN_PATHS = ("all_reduce", "fused_all_reduce")
+_PLAIN_FALLBACK = "fallback_all_reduce"
+
+
+def backend_paths(spec: TrialSpec, counts: Mapping[str, int]) -> tuple[str, int, int]:
+    """``(own path, calls on it, calls of the timed operation)`` from a backend's ``path_counts``.
+
+    The path names are the backends' own labels (``fastverify/backends``): a fused residual +
+    RMSNorm backend timed on that operation must take ``"fused"``; its others are ``"fallback"``
+    (``torch.distributed`` + norm) and the base class's ``"unfused"``. Any other trial counts
+    plain all-reduces: ``"all_reduce"`` (``"fused_all_reduce"`` for the trtllm kernel), against
+    ``"fallback_all_reduce"``. An unknown backend name counts as a plain backend.
+    """
+    try:
+        fused = backend_info(spec.backend).role is Role.fused_norm
+    except ValueError:
+        fused = False
+    if fused and spec.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM:
+        own = counts.get(_FUSED_PATH, 0)
+        return _FUSED_PATH, own, own + sum(counts.get(k, 0) for k in _FUSED_OFF_PATHS)
+    own_key = next((k for k in _PLAIN_PATHS if counts.get(k)), _PLAIN_PATHS[0])
+    own = sum(counts.get(k, 0) for k in _PLAIN_PATHS)
+    return own_key, own, own + counts.get(_PLAIN_FALLBACK, 0)
+
+
+def fell_back(spec: TrialSpec, counts: Mapping[str, int]) -> str | None:
+    """None when the trial's backend took its own path (:func:`backend_paths`) on every call it
+    counted, else one line with the counts: ``fell back: fused 0 of 40 calls, fallback 40``.
+    Every call of a size takes the same path, so this holds for the timed calls too."""
+    own_key, own, total = backend_paths(spec, counts)
+    if total and own == total:
+        return None
+    others = "".join(f", {k} {v}" for k, v in sorted(counts.items()) if k != own_key and v)
+    return f"fell back: {own_key} {own} of {total} calls{others}"
+
+
+def _path_meta(spec: TrialSpec, docs: list[dict]) -> dict[str, int]:
+    """The ``worker_meta`` entries of the ranks' path counts (:data:`PATH_COUNT_PREFIX`): those of
+    the first rank that fell back, else rank 0's; nothing where a rank sent none (a skipped trial)."""
+    per_rank = [d.get("meta", {}).get("path_counts") for d in docs]
+    if not per_rank or not all(isinstance(c, dict) for c in per_rank):
+        return {}
+    rank = next((r for r, c in enumerate(per_rank) if fell_back(spec, c) is not None), 0)
+    out = {PATH_COUNT_PREFIX + str(k): v for k, v in per_rank[rank].items()}
+    out[PATH_COUNTS_RANK] = rank
+    return out
+
+
+def path_counts(result: TrialResult) -> dict[str, int] | None:
+    """A result's path counts (:data:`PATH_COUNT_PREFIX` entries of ``worker_meta``); None where it
+    has none (a trial that never ran its backend, or an older journal) or one is not a count >= 0."""
+    counts = {k[len(PATH_COUNT_PREFIX):]: v for k, v in result.worker_meta if k.startswith(PATH_COUNT_PREFIX)}
+    if not counts or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()):
+        return None
+    return counts
 
 
 def _sizes(spec: TrialSpec, docs: list[dict]) -> tuple[SizeResult, ...]:
@@ -445,21 +521,25 @@ class _Progress:
             return
         self._done += 1
         self._running = (None, 0.0)
+        status, reason = result.status.value, result.reason
+        counts = path_counts(result) if result.ok else None
+        if counts is not None and (why := fell_back(spec, counts)) is not None:
+            # measured, but not as its backend: said like a failure
+            status, reason = NotRankedStatus.FELL_BACK.value, why
         if self._bar is not None:
-            if result.status is not TrialStatus.OK:
+            if status != TrialStatus.OK.value:
                 from rich.markup import escape
 
-                self._bar.console.print(f"[yellow]{escape(spec.name)}: {result.status.value}[/] "
-                                        f"{escape(result.reason)}", highlight=False)
+                self._bar.console.print(f"[yellow]{escape(spec.name)}: {status}[/] {escape(reason)}", highlight=False)
             self._bar.advance(self._task)
             return
         if self._lines is None:
             return
-        if result.status is not TrialStatus.OK:
+        if status != TrialStatus.OK.value:
             from fastverify.progress import say
 
-            say(f"tune: trial {self._done}/{self.total} {spec.name}: {result.status.value}"
-                f"{f' ({result.reason})' if result.reason else ''}", stream=self._lines.stream)
+            say(f"tune: trial {self._done}/{self.total} {spec.name}: {status}"
+                f"{f' ({reason})' if reason else ''}", stream=self._lines.stream)
         if self._done == self.total:
             self._lines.update(self._done, "all run")
 
