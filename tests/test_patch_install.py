@@ -1163,3 +1163,12 @@ def test_fused_norm_not_claimed_when_sglangs_preflight_turns_the_fusion_off(caps
     assert I._fused.backend is None and I._fused.disabled is not None
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")]
     assert len(lines) == 1 and "applied=pre_capture " in lines[0] and "built=" not in lines[0], lines
+
+
+def test_rank_line_says_what_the_captured_graphs_cover(capsys):
+    # the fake runner captures bs 1..64, clamped to its request pool of 48 (SGLang's rule), x 4 tokens
+    mods, calls, events, MR, orig, factory = _capture_setup("fused")
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "nccl"})
+    MR(hidden=8, width=4, pool=48).init_cuda_graphs()
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert line.endswith(" covers: verify steps up to 48 requests x 4 tokens (192 rows) in CUDA graphs"), line

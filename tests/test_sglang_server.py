@@ -127,6 +127,8 @@ def test_patch_line_in_every_tp_rank(engine_run):
         assert set(fields["counting"].split(",")) == {"count_all_reduce", "count_out_place", "count_in_place",
                                                       "count_mode", "count_capture", "count_replay"}, rest
         assert "skipped=" not in rest and "uncounted=" not in rest, rest
+        # what this rank's graphs cover, from SGLang's own config: NGRAM verifies 4 tokens a request
+        assert " 4 tokens" in rest.split(" covers: ", 1)[1], rest
 
 
 def test_verify_records_match_sglang_verify_steps(engine_run):

@@ -118,6 +118,9 @@ class PatchReport:
     counting, uncounted : list[str], dict[str, str]
         Counting targets in effect (:mod:`fastverify.patch.counting`), and those missing with why
         (their part of the path counts is then absent).
+    covers : str
+        What SGLang's captured graphs in this rank cover (``verify steps up to 48 requests x 6
+        tokens (288 rows) in CUDA graphs``), set by the rank step.
     active : bool
         False when ``FASTVERIFY_PATCH`` is not ``1``.
     """
@@ -130,6 +133,7 @@ class PatchReport:
     active: bool = True
     counting: list[str] = field(default_factory=list)
     uncounted: dict[str, str] = field(default_factory=dict)
+    covers: str = ""
 
     def line(self, tp: str | None = None) -> str:
         """One line: ``fastverify patch [TP r]: backend=... applied=... built=... skipped=k (why); ...``."""
@@ -143,7 +147,8 @@ class PatchReport:
         if self.uncounted:
             parts.append("uncounted=" + "; ".join(f"{k} ({v})" for k, v in self.uncounted.items()))
         where = f" [TP {tp}]" if tp is not None else ""
-        return f"fastverify patch{where}: " + " ".join(parts)
+        covers = f" covers: {self.covers}" if self.covers else ""
+        return f"fastverify patch{where}: " + " ".join(parts) + covers
 
     def unapply(self, key: str, reason: str) -> None:
         """Move ``key`` from applied to skipped."""
@@ -621,6 +626,20 @@ def _capture_rows(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
     return sorted({b * width for b in _capture_batch_sizes(runner, modules)})
 
 
+def _covers(runner: Any, modules: Mapping[str, Any] | None) -> str:
+    """What the captured graphs cover, from SGLang's own config in this rank:
+    ``verify steps up to 48 requests x 6 tokens (288 rows)``, or that every step runs eagerly."""
+    bs = _capture_batch_sizes(runner, modules)
+    width = 1
+    fn = getattr(runner, "decode_num_tokens_per_req", None)
+    if callable(fn):
+        width = max(1, int(fn()))
+    what = "verify steps" if width > 1 else "decode steps"
+    if not bs:
+        return f"{what} eager (no decode CUDA graph captured), {width} tokens a request"
+    return f"{what} up to {max(bs)} requests x {width} tokens ({max(bs) * width} rows) in CUDA graphs"
+
+
 def _max_rows(runner: Any, modules: Mapping[str, Any] | None) -> int | None:
     """The widest verify all-reduce: the record's ``max_batch × draft_tokens``, else SGLang's
     widest captured decode; None when neither is known."""
@@ -674,6 +693,10 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
     _rank_step_done = True
     report = _report or PatchReport(backend="?")
     tp_coord = _group_coordinator(modules, False)
+    try:
+        report.covers = _covers(runner, modules)
+    except Exception as err:  # never into the server
+        report.covers = f"unknown ({type(err).__name__})"
     for use in slots:
         slot = use.slot
         if slot.disabled is not None or slot.factory is None or slot.backend is not None:
