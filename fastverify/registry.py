@@ -12,7 +12,8 @@ read it for free.
 Sources of the facts (read in the released packages):
 
 * FlashInfer 0.7.4 ``flashinfer/comm/pcie_ipc_ar.py``: PCIe IPC all-reduce, world sizes 2/4/8,
-  bf16/fp16, no architecture limit (plain PTX loads/stores), CUDA IPC needs P2P between every pair.
+  bf16/fp16 kernels, no architecture limit (plain PTX loads/stores), CUDA IPC needs P2P between
+  every pair.
 * FlashInfer 0.7.4 ``flashinfer/comm/trtllm_ar.py`` / ``flashinfer/jit/comm.py``: the fused
   all-reduce + residual + RMSNorm (``trtllm_comm``) is built for SM majors 9, 10, 12 only.
 * SGLang 0.5.23 ``sglang/srt/layers/layer_boundary/residual/add_norm.py``
@@ -23,6 +24,10 @@ Sources of the facts (read in the released packages):
   b12x one-shot all-reduce + residual + RMSNorm runs on SM120/SM121 only, at most 36 rows.
 * SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``: switched on by
   ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``, workspace bound ``SGLANG_PCIE_IPC_MAX_NUMEL`` elements.
+  SGLang builds that workspace with ``dtype=torch.bfloat16`` and ``should_pcie_ipc_ar`` returns
+  False when ``inp.dtype is not torch.bfloat16``: pcie_ipc reaches SGLang only through that switch,
+  so on an fp16 model it is a no-op there, and the registry admits bf16 only (FlashInfer's fp16
+  kernel is never what SGLang runs).
 * SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/custom_all_reduce.py``
   (``CustomAllreduce._SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]``) and ``custom_all_reduce_utils.py``
   (``can_use_custom_all_reduce_with_nvlink``: disabled when ``world_size > 2 and not full_nvlink``,
@@ -100,7 +105,10 @@ class BackendInfo:
     nvlink_gate : str
         The source of ``world_sizes_without_nvlink`` (for error messages).
     dtypes : tuple[str, ...]
-        torch dtype names (``"bfloat16"``) it takes.
+        torch dtype names (``"bfloat16"``) it takes, where SGLang runs it (stricter than the kernel
+        where SGLang is: pcie_ipc).
+    dtype_gate : str
+        The source of a ``dtypes`` limit (for error messages); empty: the kernel's own.
     max_rows : int or None
         Most rows (tokens) per call; larger calls fall back to all-reduce + norm.
     sglang_switch : str or None
@@ -133,6 +141,7 @@ class BackendInfo:
     sglang_switch_module: str | None = None
     size_env: str | None = None
     tunable: bool = False
+    dtype_gate: str = ""
 
     @property
     def deployable(self) -> bool:
@@ -157,9 +166,11 @@ BACKENDS: tuple[BackendInfo, ...] = (
     BackendInfo(
         BackendName.pcie_ipc, "fastverify.backends.flashinfer_pcie_ipc", "PcieIpcBackend",
         Role.all_reduce, Reach.sglang_switch, needs_p2p=True, world_sizes=(2, 4, 8),
-        dtypes=("bfloat16", "float16"), sglang_switch="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+        dtypes=("bfloat16",), sglang_switch="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
         sglang_switch_module="sglang.srt.distributed.device_communicators.pcie_ipc_ar",
         size_env="SGLANG_PCIE_IPC_MAX_NUMEL", tunable=True,
+        dtype_gate=("SGLang 0.5.23 builds its PCIe IPC workspace in bfloat16 and sends it bfloat16 only "
+                    "(should_pcie_ipc_ar, distributed/device_communicators/pcie_ipc_ar.py)"),
     ),
     BackendInfo(
         BackendName.b12x, "fastverify.backends.flashinfer_b12x", "B12xFusedBackend",
@@ -220,9 +231,18 @@ def sm_text(sm: tuple[int, int] | None) -> str:
     return "SM unknown" if sm is None else f"SM{sm[0]}{sm[1]}"
 
 
+def dtype_reason(info: BackendInfo, dtype: str) -> str | None:
+    """Why ``info`` cannot run on ``dtype`` (a torch dtype name, ``"float16"``), in one line
+    starting with its name, naming the source of the limit; None when ``dtype`` is in ``dtypes``."""
+    if dtype in info.dtypes:
+        return None
+    why = f": {info.dtype_gate}" if info.dtype_gate else ""
+    return f"{info.name.value}: dtype {dtype} unsupported (takes {', '.join(info.dtypes)}{why})"
+
+
 def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_size: int | None,
                        p2p_ok: bool | None, p2p_source: str = "", sglang_version: str | None = None,
-                       nvlink_full: bool | None = None) -> str | None:
+                       nvlink_full: bool | None = None, dtype: str | None = None) -> str | None:
     """Why ``info`` cannot run inside SGLang on this box, in one line starting with its name; None
     when nothing known stops it. Facts left None are unknown: an unknown SM or P2P status blocks a
     backend that depends on it (a guess could hang or crash every TP rank).
@@ -242,11 +262,16 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
     nvlink_full : bool or None
         Every pair of the ``world_size`` GPUs on NVLink (True), not (False, a PCIe box), unknown
         (None). Only read for a backend with ``world_sizes_without_nvlink``.
+    dtype : str or None
+        torch dtype name of the model's all-reduced tensors (``"bfloat16"``); one outside
+        ``info.dtypes`` is refused (:func:`dtype_reason`). None: unknown, not checked.
     """
     sg = f"SGLang {sglang_version}" if sglang_version else "SGLang"
     n = info.name.value
     if not info.deployable:
         return f"{n}: not deployable into an SGLang server ({info.device} stand-in)"
+    if dtype is not None and (why := dtype_reason(info, dtype)) is not None:
+        return why
     if info.device == "cuda" and sm is None:
         return f"{n}: needs a CUDA GPU and this box's compute capability is unknown"
     # SGLang's gate first: where SGLang never calls the code path, the kernel's own range is moot.

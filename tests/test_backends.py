@@ -207,9 +207,11 @@ def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
         results = {}
         for rows in (4, 2, 6):
             x, residual, weight = make_inputs(rank, rows, dtype)
+            residual_before = residual.clone()
             normed, res = be.all_reduce_residual_rmsnorm(x, residual, weight, EPS)
             results[rows] = {"normed": normed.tolist(), "residual_out": res.tolist(),
-                             "all_reduce": be.all_reduce(x).tolist()}
+                             "all_reduce": be.all_reduce(x).tolist(),
+                             "residual_unchanged": bool(torch.equal(residual, residual_before))}
         out["results"] = results
         out["paths"] = dict(be.path_counts)
     with make_backend("fused", None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN, hidden=HIDDEN,
@@ -332,6 +334,9 @@ def test_fused_always_all_reduces_and_passes_safe_flags(tmp_path):
             assert got["all_reduce"] == want_sum
             assert max_rel(got["residual_out"], want_res) <= 1e-6
             assert max_rel(got["normed"], want_norm) <= 1e-5
+            # The fused kernel writes a new residual, and so does its fallback (6 rows), as SGLang's
+            # does when the kernel declines; only the plain backends add into the residual given.
+            assert got["residual_unchanged"], rows
         # (4, 8) and (2, 8) fit the 4-token workspace and run fused; (6, 8) falls back and still
         # all-reduces.
         assert out["paths"] == {"fused": 2, "fused_all_reduce": 2, "fallback": 1, "fallback_all_reduce": 1}
@@ -366,7 +371,7 @@ def test_fused_self_check_disables_on_every_rank(tmp_path):
 ])
 def test_fused_without_usable_hidden_is_unavailable_not_a_crash(hidden, max_numel, fragment, monkeypatch):
     """The tune worker, doctor and the patch skip a backend on BackendUnavailable; a ValueError
-    made every rank exit 1 (issue 9, item 2). Nothing collective runs before the refusal."""
+    made every rank exit 1. Nothing collective runs before the refusal."""
     from fastverify.backends import flashinfer_fused
 
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:

@@ -256,3 +256,12 @@ def test_predicted_record_without_gpu_name_checked_on_sm_and_count(tmp_path):
     assert plan.env["FASTVERIFY_BACKEND"] == "nccl" and plan.env["NCCL_P2P_LEVEL"] == "SYS"
     with pytest.raises(UserError, match="SM differ"):
         L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM90"])
+
+
+def test_pcie_ipc_refused_for_a_float16_server(tmp_path):
+    # SGLang 0.5.23 serves PCIe IPC in bf16 only (pcie_ipc_ar.py should_pcie_ipc_ar): switching it on
+    # for an fp16 model would be a no-op that the counts would show as NCCL on every step
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    with pytest.raises(UserError, match="pcie_ipc: dtype float16 unsupported .takes bfloat16"):
+        L.plan_launch(str(env), "auto", None, CMD + ["--dtype", "half"], environ={}, sglang=SGL, box=BOXES["SM120"])
+    L.plan_launch(str(env), "auto", None, CMD + ["--dtype", "bfloat16"], environ={}, sglang=SGL, box=BOXES["SM120"])

@@ -1,5 +1,5 @@
 """Every backend does the residual add + RMSNorm after its all-reduce with the same kernel, chosen
-once per trial (issue 9, item 6).
+once per trial.
 
 Before: ``nccl``/``gloo``/``custom_ar`` always used the ~13-kernel fp32 torch path
 (``base.add_rmsnorm``) and ``pcie_ipc`` always FlashInfer's ``fused_add_rmsnorm``, so a sweep ranked
@@ -185,7 +185,7 @@ def test_the_worker_gives_every_backend_the_same_norm_and_the_hidden_size(device
         worker.make_trial_backend(trial, device=device, dtype=torch.bfloat16, norm=norm, context=None)
     assert set(made) == {n.value for n in names()}
     assert {kw["options"]["norm"] for kw in made.values()} == {want}
-    assert {kw["hidden"] for kw in made.values()} == {64}  # item 2: the fused backends size rows from it
+    assert {kw["hidden"] for kw in made.values()} == {64}  # the fused backends size rows from it
     assert made["pcie_ipc"]["max_numel"] == 1024 and made["nccl"]["max_numel"] == 512
 
 

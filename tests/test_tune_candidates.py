@@ -1,4 +1,4 @@
-"""issue 11 (tune side): backends and NCCL settings ranked together, the user's evidence before the
+"""Tune's candidates: backends and NCCL settings ranked together, the user's evidence before the
 model, the wait kept / wait shrinks bounds, and ``tune --json`` in both modes.
 
 Expected numbers are worked out here: backend figures from :func:`fastverify.tune.backend_model.estimate`
@@ -322,3 +322,20 @@ def test_hidden_flag_gives_a_trace_profile_its_hidden_size_for_every_stage(tmp_p
     assert not any("no hidden size" in r for r in doc["not_candidates"])
     assert "b12x" in {c["backend"] for c in doc["candidates"]}
     assert "hidden size 7168 from --hidden" in doc["workload"]["notes"]
+
+
+def test_a_float16_workload_gets_no_pcie_ipc_candidate_and_says_why(kimi):
+    """SGLang 0.5.23 sends its PCIe IPC all-reduce bf16 only (``should_pcie_ipc_ar``), so on an fp16
+    model the switch is a no-op: no figure for it, and one line naming SGLang's gate. The other
+    backends are judged by their own limits (b12x takes fp16 on this SM120 box)."""
+    from dataclasses import replace
+
+    _, bf16 = _figures(kimi)
+    assert BackendName.pcie_ipc in {f.backend for f in bf16.candidates}  # the same box and sizes in bf16
+    _, fp16 = _figures(replace(kimi, dtype="float16"))
+    assert BackendName.pcie_ipc not in {f.backend for f in fp16.candidates}
+    why = [r for r in fp16.not_candidates if r.startswith("pcie_ipc:")]
+    assert len(why) == 1 and "\n" not in why[0], fp16.not_candidates
+    assert why[0].startswith("pcie_ipc: dtype float16 unsupported (takes bfloat16")
+    assert "should_pcie_ipc_ar" in why[0] and "SGLang 0.5.23" in why[0]
+    assert BackendName.b12x in {f.backend for f in fp16.candidates}

@@ -65,21 +65,22 @@ from fastverify.backends.base import (
     Tensor,
     _check_norm_args,
     check_cuda,
-    check_dtype,
+    check_kernel_sm,
     check_p2p,
+    check_registry_limits,
     check_single_node,
-    check_world_size,
     fail,
     first_failure,
     library_status,
 )
-from fastverify.registry import backend_info, sm_text
+from fastverify.registry import backend_info
 
 logger = logging.getLogger(__name__)
 
 INFO = backend_info(BackendName.b12x)
 MIN_FLASHINFER = (0, 7, 4)  # the planned API below is the one read in 0.7.4
-MAX_ROWS: int = INFO.max_rows  # 36, from _oneshot_preparation.py (checked against it by tests/test_b12x.py)
+# Views of the registry entry, not facts of their own (the registry is the one source).
+MAX_ROWS: int = INFO.max_rows or 0  # 36, from _oneshot_preparation.py
 DTYPES = tuple(getattr(torch, name) for name in INFO.dtypes)
 PACK_BYTES = 16  # kernels move 16-byte packs (pcie_oneshot.py should_allreduce)
 
@@ -141,15 +142,12 @@ def fused_fits(rows: int) -> bool:
     return 0 < rows <= MAX_ROWS
 
 
+SM_WHY = "b12x kernels: flashinfer b12x is_supported"
+
+
 def check_b12x_sm(ctx: ProbeContext) -> Capability | None:
     """The kernel's SM gate, from the registry (``kernel_sm``: SM120/SM121, ``is_b12x``)."""
-    if ctx.sm is None:
-        return fail("GPU compute capability unknown (no CUDA device); run on the GPU box")
-    if not INFO.kernel_runs_on(ctx.sm):
-        want = "/".join(sm_text(s) for s in INFO.kernel_sm or ())
-        return fail(f"GPU is {sm_text(ctx.sm)}, b12x kernels run only on {want} (flashinfer b12x is_supported); "
-                    "use pcie_ipc or nccl")
-    return None
+    return check_kernel_sm(ctx, INFO, SM_WHY)
 
 
 class _RoundsEnded(Exception):
@@ -183,9 +181,7 @@ class B12xFusedBackend(AllReduceBackend):
     def probe(cls, ctx: ProbeContext) -> Capability:
         bad = first_failure(
             check_cuda(ctx),
-            check_world_size(ctx, INFO.world_sizes or ()),
-            check_dtype(ctx, DTYPES),
-            check_b12x_sm(ctx),
+            check_registry_limits(ctx, INFO, SM_WHY),
             check_single_node(ctx),
             check_p2p(ctx),
         )
@@ -409,7 +405,10 @@ class B12xFusedBackend(AllReduceBackend):
         if plan is None:
             self.path_counts["fallback"] += 1
             # The backend's norm kernel (base.residual_rmsnorm), the same as every other backend's.
-            return self.residual_rmsnorm(self.all_reduce(x), residual, weight, eps)
+            # It adds in place and the fused kernel does not write ``residual``, so it adds into a
+            # copy here: the contract of this method stays the fused kernel's on every path.
+            fresh = residual.clone(memory_format=torch.contiguous_format)
+            return self.residual_rmsnorm(self.all_reduce(x), fresh, weight, eps)
         out, residual_out = torch.empty_like(x), torch.empty_like(x)
         self._runtime.all_reduce_fused_add_rms_norm(**RT_FUSED.kwargs(
             inp=x, residual=residual.contiguous(), weight=weight.contiguous(), epsilon=float(eps), plan=plan,

@@ -4,8 +4,8 @@ kernel, FlashInfer >= 0.7).
 
 Fastest on NVLink; on the wrong fabric it was measured ~10x slower (vLLM #48071/#48075), and its
 one-shot Lamport kernel is the all-to-all push FlashInfer itself says collapses on root-complex
-PCIe. So ``tune`` measures it like every other candidate; the probe checks hard requirements only
-(``../shared/research/flashinfer.md`` §1a-1d, §4, §7):
+PCIe. So ``tune`` measures it like every other candidate; the probe checks hard requirements only,
+the registry's (:data:`INFO`; FlashInfer 0.7.4 ``flashinfer/comm/trtllm_ar.py``, ``flashinfer/jit/comm.py``):
 
 * CUDA, SM90 / SM10x / SM12x: the ``trtllm_comm`` JIT module is built for majors 9, 10, 12 only;
 * world size 2/4/8/16: the C++ dispatch handles only these (``_trtllm_workspace_check`` says
@@ -23,7 +23,7 @@ Safety rules kept here:
   <= 16 tokens, i.e. exactly the verify step (vLLM PR #45448).
 * The all-reduce always happens. A shape the workspace cannot take (or a fused path disabled by
   the start-up self-check) goes through ``torch.distributed.all_reduce`` + torch add + RMSNorm,
-  never through the norm alone (SGLang's hazard, ``../shared/research/sglang.md`` §4).
+  never through the norm alone (see :mod:`fastverify.backends.base`).
 
 Memory per rank (TRT-LLM workspace): ``buffer = W*T*H*2 B``, ``lamport = 3*W*T*H*2 B`` (W ranks, T =
 ``max_numel // hidden`` tokens, H hidden; x2 for fp32), each rounded to 2 MiB: TP8, hidden 7168,
@@ -50,21 +50,19 @@ from fastverify.backends.base import (
     _check_norm_args,
     check_close,
     check_cuda,
-    check_dtype,
     check_p2p,
+    check_registry_limits,
     check_single_node,
-    check_sm,
-    check_world_size,
     first_failure,
     library_status,
 )
+from fastverify.registry import backend_info
 
 logger = logging.getLogger(__name__)
 
+INFO = backend_info(BackendName.fused)
+"""The registry entry: world sizes, dtypes and SM majors the probe checks (module docstring)."""
 MIN_FLASHINFER = (0, 7)
-WORLD_SIZES = (2, 4, 8, 16)
-SM_MAJORS = (9, 10, 12)
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # FlashInfer's one-shot heuristic (trtllm_ar.py ``_use_oneshot_heuristics``, measured on B200):
 # one-shot iff tokens*hidden*2*world*itemsize <= this many MiB. It has no entry for 16 ranks (the
@@ -146,9 +144,7 @@ class FusedBackend(AllReduceBackend):
     def probe(cls, ctx: ProbeContext) -> Capability:
         bad = first_failure(
             check_cuda(ctx),
-            check_world_size(ctx, WORLD_SIZES),
-            check_dtype(ctx, DTYPES),
-            check_sm(ctx, SM_MAJORS, "FlashInfer builds trtllm_comm for SM90/SM10x/SM12x only"),
+            check_registry_limits(ctx, INFO, "FlashInfer builds trtllm_comm for SM90/SM10x/SM12x only"),
             check_single_node(ctx),
             check_p2p(ctx),
         )
@@ -253,6 +249,8 @@ class FusedBackend(AllReduceBackend):
     def all_reduce_residual_rmsnorm(
         self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
+        """As the base class, except that ``residual`` is never written: the kernel writes
+        ``residual_out`` into a new ``(T, hidden)`` tensor, and so does the fallback."""
         _check_norm_args(x, residual, weight)
         if not self.supports(x) or self.disabled_reason is not None:
             return self._unfused(x, residual, weight, eps)
@@ -276,7 +274,11 @@ class FusedBackend(AllReduceBackend):
         # The fallback still all-reduces: plain torch.distributed on the same group.
         self.path_counts["fallback"] += 1
         # The backend's norm kernel (base.residual_rmsnorm), as for every backend's unfused path.
-        return self.residual_rmsnorm(self._torch_all_reduce(x), residual, weight, eps)
+        # That kernel adds in place; the fused kernel leaves ``residual`` alone, so the fallback
+        # adds into a copy, as SGLang 0.5.23 does when this kernel declines
+        # (``_forward_with_allreduce_fusion`` in sglang/srt/layers/layernorm.py: residual.clone()).
+        fresh = residual.clone(memory_format=torch.contiguous_format)
+        return self.residual_rmsnorm(self._torch_all_reduce(x), fresh, weight, eps)
 
     # -- lifetime -------------------------------------------------------------------------------
 

@@ -3,10 +3,13 @@
 backend shares (:func:`fastverify.backends.base.choose_norm`), so rankings compare all-reduces.
 
 Why: on 8 PCIe GPUs without NVLink it takes 5-15 us where NCCL takes ~205 us at 12 KiB
-(SGLang ``pcie_ipc_ar.py`` docstring, ``../shared/research/flashinfer.md`` §1e, §6).
+(SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py`` docstring).
 
-Hard requirements (:meth:`PcieIpcBackend.probe`): CUDA, world size 2/4/8, bf16/fp16, all ranks on
-one host, working P2P between every GPU pair (``cudaIpcOpenMemHandle`` with lazy peer access;
+Hard requirements (:meth:`PcieIpcBackend.probe`): CUDA, the registry's world sizes (2/4/8) and
+dtypes (bf16 only: FlashInfer's kernels also take fp16, but SGLang 0.5.23 builds its workspace in
+bf16 and sends it nothing else, ``should_pcie_ipc_ar`` in
+``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``), all ranks on one host, working
+P2P between every GPU pair (``cudaIpcOpenMemHandle`` with lazy peer access;
 the kernels spin on peer flags with no timeout, so broken P2P hangs rather than errors), and
 flashinfer >= 0.7 with the class. No GPU-architecture limit (plain PTX loads/stores).
 
@@ -53,17 +56,17 @@ from fastverify.backends.base import (
     Shape,
     Tensor,
     check_cuda,
-    check_dtype,
     check_p2p,
+    check_registry_limits,
     check_single_node,
-    check_world_size,
     first_failure,
     library_status,
 )
+from fastverify.registry import backend_info
 
+INFO = backend_info(BackendName.pcie_ipc)
+"""The registry entry: world sizes and dtypes the probe checks (bf16 only: SGLang's own gate)."""
 MIN_FLASHINFER = (0, 7)
-WORLD_SIZES = (2, 4, 8)
-DTYPES = (torch.bfloat16, torch.float16)
 PACK_ELEMS = 8  # kernels move 16-byte packs: max_numel must be a multiple of 16 B / 2 B
 
 # Every FlashInfer name this module touches, with the keywords it passes (checked against the
@@ -137,8 +140,7 @@ class PcieIpcBackend(AllReduceBackend):
     def probe(cls, ctx: ProbeContext) -> Capability:
         bad = first_failure(
             check_cuda(ctx),
-            check_world_size(ctx, WORLD_SIZES),
-            check_dtype(ctx, DTYPES),
+            check_registry_limits(ctx, INFO),
             check_single_node(ctx),
             check_p2p(ctx),
         )

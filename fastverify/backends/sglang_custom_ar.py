@@ -1,9 +1,10 @@
 """SGLang's custom all-reduce (the legacy ``CustomAllreduce`` class of
 ``sglang.srt.distributed.device_communicators.custom_all_reduce``, a port of vLLM's one).
 
-Only where it can run (``../shared/research/sglang.md`` §3): world size 2, or 4/6/8 with every GPU
-pair on NVLink; SGLang itself disables it for more than two PCIe-only GPUs ("not supported on more
-than two PCIe-only GPUs"), and its kernel launches nothing at 4/8 ranks without full NVLink. It needs
+Only where it can run (the registry's entry, from SGLang 0.5.23 ``custom_all_reduce.py`` and
+``custom_all_reduce_utils.py``): world size 2, or 4/6/8 with every GPU pair on NVLink; SGLang
+itself disables it for more than two PCIe-only GPUs ("not supported on more than two PCIe-only
+GPUs"), and its kernel launches nothing at 4/8 ranks without full NVLink. It needs
 working P2P (CUDA IPC buffers) and all ranks on one host. The all-reduce is out-of-place; residual
 add + RMSNorm use the base class's path with the ``norm`` kernel every backend shares
 (:func:`fastverify.backends.base.choose_norm`).
@@ -34,19 +35,20 @@ from fastverify.backends.base import (
     ProbeContext,
     Tensor,
     check_cuda,
-    check_dtype,
     check_p2p,
+    check_registry_limits,
     check_single_node,
-    check_world_size,
     fail,
     first_failure,
     library_status,
 )
+from fastverify.registry import backend_info
 
 MODULE = "sglang.srt.distributed.device_communicators.custom_all_reduce"
 MIN_SGLANG = (0, 4)
-WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INFO = backend_info(BackendName.custom_ar)
+"""The registry entry: world sizes (``CustomAllreduce._SUPPORTED_WORLD_SIZES``), the ones that run
+without full NVLink, and dtypes, as the probe checks them."""
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024  # CustomAllreduce._MAX_CAR_SIZE on CUDA
 
 CUSTOM_ALLREDUCE = ExternalCall(MODULE, "CustomAllreduce", MODULE, ("group", "device", "max_size"), "class")
@@ -75,8 +77,7 @@ class SglangCustomArBackend(AllReduceBackend):
     def probe(cls, ctx: ProbeContext) -> Capability:
         bad = first_failure(
             check_cuda(ctx),
-            check_world_size(ctx, WORLD_SIZES),
-            check_dtype(ctx, DTYPES),
+            check_registry_limits(ctx, INFO),
             _check_fabric(ctx),
             check_single_node(ctx),
             check_p2p(ctx),
@@ -175,10 +176,13 @@ class SglangCustomArBackend(AllReduceBackend):
 
 
 def _check_fabric(ctx: ProbeContext) -> Capability | None:
-    if ctx.world_size == 2 or ctx.nvlink_full:
+    """Full NVLink beyond the registry's ``world_sizes_without_nvlink`` (2: ``nvlink_gate``)."""
+    plain = INFO.world_sizes_without_nvlink or ()
+    if ctx.world_size in plain or ctx.nvlink_full:
         return None
+    sizes = "/".join(map(str, plain))
     if ctx.nvlink_full is None:
         return fail(f"NVLink status unknown at world size {ctx.world_size}; SGLang's custom all-reduce needs "
-                    "2 GPUs or full NVLink: pass nvlink_full from nvidia-smi topo -m")
-    return fail(f"world size {ctx.world_size} without full NVLink: SGLang's custom all-reduce runs only on 2 "
+                    f"{sizes} GPUs or full NVLink: pass nvlink_full from nvidia-smi topo -m")
+    return fail(f"world size {ctx.world_size} without full NVLink: SGLang's custom all-reduce runs only on {sizes} "
                 "PCIe GPUs or fully NVLinked GPUs; use pcie_ipc or nccl")

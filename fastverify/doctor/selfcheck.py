@@ -389,14 +389,14 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     want = reference_residual_rmsnorm([x0], r0, w, eps)
     x, r = x0.clone(), r0.clone()
 
-    def call():
+    def call():  # fresh inputs every call: the unfused path adds into ``r`` in place
         x.copy_(x0)
         r.copy_(r0)
         return backend.all_reduce_residual_rmsnorm(x, r, w, eps)
 
     errs: dict[str, float] = {}
     try:
-        eager = call()
+        eager = tuple(t.clone() for t in call())  # ``r`` is returned and reused by the graph below
         torch.cuda.synchronize()
         errs["eager"] = max(check_close(g, e, dtype)[1] for g, e in zip(eager, want))
         graph, out = capture_cuda_graph(call, warmup=2)

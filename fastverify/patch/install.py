@@ -79,7 +79,7 @@ from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
 from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_verify_wrapper
 from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
-from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, backend_info
+from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, Role, backend_info
 
 log = logging.getLogger("fastverify.patch")
 
@@ -529,8 +529,18 @@ def _b12x_take(be: Any, plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> A
     got = R.plain_rmsnorm(getattr(plan, "norm", None), rmsnorm_cls, x)
     if got is None or not be.supports(x):
         return None
+    if _is_stand_in(be):  # the CPU stand-in adds in place; the b12x kernel leaves the caller's residual alone
+        residual = residual.clone()
     # Past this point an error is raised, not swallowed: the other ranks are in the collective.
     return be.all_reduce_residual_rmsnorm(x, residual, got[0], got[1])
+
+
+def _is_stand_in(be: Any) -> bool:
+    """A baseline backend (gloo on CPU) standing in for a slot's kernel (registry role)."""
+    try:
+        return backend_info(_be_name(be)).role is Role.baseline
+    except ValueError:
+        return False
 
 
 def _same_group(group: Any) -> bool:

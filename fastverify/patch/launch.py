@@ -429,7 +429,8 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         p2p_ok, how = _p2p_for_check(p2p, world)
         for b in to_check:
             reason = unreachable_reason(b, sm=tuple(box.sm) if box.sm else None, world_size=world, p2p_ok=p2p_ok,
-                                        p2p_source=how, sglang_version=info.version, nvlink_full=box.nvlink_full)
+                                        p2p_source=how, sglang_version=info.version, nvlink_full=box.nvlink_full,
+                                        dtype=_served_dtype(record, server))
             if reason is not None:
                 if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
                     reason += " (or give --p2p-check FILE with its JSON)"
@@ -554,6 +555,14 @@ def _settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_f
                      for k in keys if env_nccl.get(k) != record.nccl_settings.get(k))
     notes.append(f"{env_file}: NCCL settings differ from the deployment record's ({diff}); the env file's are "
                  "set, and the record's gain was obtained with the record's")
+
+
+def _served_dtype(record: DeploymentRecord | None, server: ServerShapes | None) -> str | None:
+    """The dtype the server's all-reduces run in: the command's ``--dtype`` where it names one
+    (``bfloat16``, ``float16``/``half``, ``float32``/``float``), else the record's; None unknown."""
+    given = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
+             "float": "float32"}.get((server.dtype or "") if server is not None else "")
+    return given or (record.shapes.dtype if record is not None else None)
 
 
 def _workspace_note(b: BackendInfo, settings: Mapping[str, str], record: DeploymentRecord | None,

@@ -317,11 +317,10 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
         if info.role is Role.fused_norm and not workload.hidden:
             refused.append(f"{name.value}: the workload has no hidden size (a trace profile); give --model")
             continue
-        if workload.dtype not in info.dtypes:
-            refused.append(f"{name.value}: dtype {workload.dtype} unsupported (takes {', '.join(info.dtypes)})")
-            continue
+        # The registry's dtype limit (pcie_ipc: SGLang serves bf16 only) comes first, with its source.
         reason = unreachable_reason(info, sm=smt, world_size=workload.tp, p2p_ok=True if assumed else p2p_ok,
-                                    p2p_source=p2p_source, sglang_version=sglang_version, nvlink_full=nvlink_full)
+                                    p2p_source=p2p_source, sglang_version=sglang_version, nvlink_full=nvlink_full,
+                                    dtype=workload.dtype)
         if reason is not None:
             if p2p_ok is False and info.needs_p2p:
                 reason = reason.split("; run `")[0]  # the check was run: asking for it again says nothing

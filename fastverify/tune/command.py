@@ -524,7 +524,7 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
     if args.write_env is not None:
         path = _env_path(args, fp)
         chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
-                                        sglang_version=sglang_version)
+                                        sglang_version=sglang_version, dtype=workload.dtype)
         for why in why_not:
             console.print(f"# not recommended: {why}", markup=False)
         best = chosen.spec
@@ -662,12 +662,9 @@ def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
         if info.role is Role.fused_norm and not fused_ok:
             skipped.append(f"{name.value}: the workload has no hidden size (a trace profile)")
             continue
-        if common["dtype"] not in info.dtypes:
-            skipped.append(f"{name.value}: dtype {common['dtype']} unsupported (takes {', '.join(info.dtypes)})")
-            continue
         reason = unreachable_reason(info, sm=tuple(box.sm) if box.sm else None, world_size=common["world_size"],
                                     p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version,
-                                    nvlink_full=box.nvlink_full)
+                                    nvlink_full=box.nvlink_full, dtype=common["dtype"])
         if reason is not None:
             skipped.append(reason)
             continue
@@ -676,7 +673,7 @@ def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
     return trials, skipped
 
 
-def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | None):
+def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | None, dtype: str | None = None):
     """The fastest candidate SGLang can reach on ``box`` (a baseline always qualifies).
 
     A candidate the registry says SGLang cannot reach there (``fused`` on SM89/SM120: SGLang 0.5.23
@@ -697,7 +694,7 @@ def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | N
         reason = unreachable_reason(info, sm=tuple(box.sm) if box is not None and box.sm else None,
                                     world_size=world_size, p2p_ok=p2p.ok if p2p is not None else None,
                                     p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version,
-                                    nvlink_full=box.nvlink_full if box is not None else None)
+                                    nvlink_full=box.nvlink_full if box is not None else None, dtype=dtype)
         if reason is None:
             return c, passed
         passed.append(reason)

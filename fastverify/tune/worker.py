@@ -27,6 +27,10 @@ Timing
   which is replayed ``iters`` times, each replay bracketed by CUDA events after a barrier; the
   time per call is the replay's elapsed time / ``k`` (``clock = "cuda_events"``). The output of
   the last replay is checked against the reference too.
+* The residual + RMSNorm op: the unfused path adds into the residual it is given, as SGLang's
+  does (:meth:`fastverify.backends.AllReduceBackend.all_reduce_residual_rmsnorm`), so every call
+  gets a residual restored from the case's pristine copy beforehand, outside the timed region
+  (before the barrier; on CUDA one buffer per captured call, restored before each replay).
 
 Each rank reports, per size, its per-iteration times in ns; the parent takes the slowest rank per
 iteration. A failing rank prints its traceback to stderr (``rank<r>.stderr``), writes
@@ -204,7 +208,7 @@ def _run_rank(rank: int, spec: dict) -> dict:
     cases = [_Case(trial, shape, rank, world, device, dtype, torch) for shape in shapes]
     for (numel, _), case in zip(trial.sizes, cases):
         _stage(rank, f"{BUILD_STAGE}numel {numel}: first call (lazy JIT builds)")
-        case.call(backend)  # output unchecked: the measurement checks every size
+        case.fresh_call(backend)  # output unchecked: the measurement checks every size
     if cuda:
         torch.cuda.synchronize()  # the build is over when its kernels have run, not when queued
     (workdir / f"rank{rank}.{BUILT_MARK}").touch()
@@ -217,8 +221,8 @@ def _run_rank(rank: int, spec: dict) -> dict:
     for (numel, count), case in zip(trial.sizes, cases):
         _stage(rank, f"numel {numel}: warm-up and check")
         for _ in range(trial.warmup):
-            case.call(backend)
-        ok, err = case.check(case.call(backend))
+            case.fresh_call(backend)
+        ok, err = case.check(case.fresh_call(backend))
         if _any_rank(not ok, device, torch, dist):
             status = "wrong_result"
             reason = (f"numel {numel}: max relative error {err:.3g} on rank {rank}" if not ok
@@ -266,6 +270,10 @@ class _Case:
     ``x`` on rank r holds ``((i·5 + 3r) mod 9 − 4) / 4`` (element i, row-major): quarter steps in
     [-1, 1], exact in bf16/fp16, and their sum over ranks is exact too, so any error comes from the
     backend. Residual and weight are the same on every rank, as in tensor parallelism.
+
+    ``residual`` is the pristine residual, never passed to a backend; ``residuals`` are the
+    buffers the calls get (the unfused path adds into them), one per call slot
+    (:meth:`use_slots`), put back to ``residual`` by :meth:`reset`.
     """
 
     def __init__(self, trial, shape, rank, world, device, dtype, torch):
@@ -284,16 +292,34 @@ class _Case:
         self.x = xs[rank].to(device=device, dtype=dtype).contiguous()
         if self.fused:
             self.residual = (((idx * 7) % 5 - 2).float() / 2).reshape(shape).to(device=device, dtype=dtype)
+            self.residuals = [self.residual.clone()]
             self.weight = (1 + (torch.arange(shape[1]) % 3).float() / 4).to(device=device, dtype=dtype)
             normed, res = reference_residual_rmsnorm([x.to(dtype) for x in xs], self.residual, self.weight, EPS)
             self.want = (normed, res)
         else:
             self.want = (sum(xs),)
 
-    def call(self, backend):
+    def use_slots(self, k: int) -> None:
+        """Give the residual + RMSNorm op ``k`` residual buffers (call slots 0..k-1)."""
         if self.fused:
-            return backend.all_reduce_residual_rmsnorm(self.x, self.residual, self.weight, EPS)
+            self.residuals += [self.residual.clone() for _ in range(k - len(self.residuals))]
+
+    def reset(self) -> None:
+        """Put every residual buffer back to the pristine residual (not timed: call it outside)."""
+        if self.fused:
+            for buf in self.residuals:
+                buf.copy_(self.residual)
+
+    def call(self, backend, slot: int = 0):
+        """One call of the trial's op, on residual buffer ``slot``, as it is (see :meth:`reset`)."""
+        if self.fused:
+            return backend.all_reduce_residual_rmsnorm(self.x, self.residuals[slot], self.weight, EPS)
         return (backend.all_reduce(self.x),)
+
+    def fresh_call(self, backend):
+        """:meth:`reset`, then :meth:`call` on slot 0: an untimed call whose result can be checked."""
+        self.reset()
+        return self.call(backend)
 
     def check(self, got) -> tuple[bool, float]:
         from fastverify.backends import check_close
@@ -308,6 +334,7 @@ class _Case:
 def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
     out = []
     for _ in range(iters):
+        case.reset()
         dist.barrier()
         t0 = time.perf_counter_ns()
         case.call(backend)
@@ -317,14 +344,21 @@ def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
 
 def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, dist):
     """Capture ``k`` calls in one CUDA graph, replay it ``iters`` times; ns per call per replay,
-    and the outputs of the last captured call (read after the last replay)."""
+    and the outputs of the last captured call (read after the last replay). Captured call ``j``
+    uses residual slot ``j`` (the warm-up call slot ``k - 1``); all are reset before each replay,
+    before the barrier, so the copies are not timed and every replay computes the reference."""
+    import itertools
+
     from fastverify.cudagraph import capture_cuda_graph
 
     k = max(1, min(count, GRAPH_OPS_MAX))
-    graph, last = capture_cuda_graph(lambda: case.call(backend), warmup=1, calls=k)
+    case.use_slots(k)
+    slots = itertools.count(-1)
+    graph, last = capture_cuda_graph(lambda: case.call(backend, next(slots) % k), warmup=1, calls=k)
     torch.cuda.synchronize()
     out = []
     for _ in range(iters):
+        case.reset()
         torch.cuda.synchronize()
         dist.barrier(device_ids=[rank])
         torch.cuda.synchronize()
