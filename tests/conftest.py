@@ -57,6 +57,15 @@ def subprocess_env() -> dict:
     return env
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a gloo rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_fastverify(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m fastverify ARGS`` in ``cwd``; returns the completed process (text mode)."""
     return subprocess.run([sys.executable, "-m", "fastverify", *args], cwd=cwd, env=subprocess_env(),

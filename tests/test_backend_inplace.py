@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -137,16 +136,12 @@ def _worker_main(argv: list[str]) -> None:
 # --- the test -----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("inplace")
-    port = _free_port()
+    from conftest import free_port
+
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(WORLD), str(port), str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]

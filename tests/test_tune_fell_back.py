@@ -14,7 +14,6 @@ import io
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 from rich.console import Console

@@ -10,7 +10,8 @@ the multi-GPU swap depends on.
   with two or more GPUs the real ``pcie_ipc`` backend in a tune trial.
 * ``flashinfer_norm``: ``fused_add_rmsnorm`` against the fp32 reference, eager and in a graph.
 * ``verify_timer``: the patch's verify timer with real CUDA events and no host sync.
-* ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph, in this
+* ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph (its path
+  counted once at capture, attributed to each replay, warm-ups apart), in this
   process and as a tune trial in a fresh worker.
 * ``live_tp1``: the live runner at TP 1.
 
@@ -389,19 +390,28 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     want = reference_residual_rmsnorm([x0], r0, w, eps)
     x, r = x0.clone(), r0.clone()
 
+    from fastverify.patch.paths import PathCounter
+    from fastverify.patch.rank import is_capturing
+
+    counter = PathCounter()  # the patch's path counting, on a real capture: counted once per graph
+
     def call():  # fresh inputs every call: the unfused path adds into ``r`` in place
         x.copy_(x0)
         r.copy_(r0)
-        return backend.all_reduce_residual_rmsnorm(x, r, w, eps)
+        out = backend.all_reduce_residual_rmsnorm(x, r, w, eps)
+        counter.count("sglang.nccl", capturing=is_capturing())
+        return out
 
     errs: dict[str, float] = {}
     try:
         eager = tuple(t.clone() for t in call())  # ``r`` is returned and reused by the graph below
         torch.cuda.synchronize()
         errs["eager"] = max(check_close(g, e, dtype)[1] for g, e in zip(eager, want))
-        graph, out = capture_cuda_graph(call, warmup=2)
+        with counter.in_mode("verify"), counter.capturing(("verify", 1)):
+            graph, out = capture_cuda_graph(call, warmup=2)
         for _ in range(3):
             graph.replay()
+            counter.replayed(("verify", 1), into="verify")
         torch.cuda.synchronize()
         errs["graph"] = max(check_close(g, e, dtype)[1] for g, e in zip(out, want))
         ok_in = all(check_close(g, e, dtype)[0] for g, e in zip(out, want)) and \
@@ -413,11 +423,18 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
                      hidden=hidden, sizes=((tokens * hidden, 1), (8 * tokens * hidden, 1)), warmup=1, iters=5,
                      op=Op.ALL_REDUCE_RESIDUAL_RMSNORM, label="doctor nccl 1 rank")
     res, how = run_doctor_trial(spec)
+    counts = counter.snapshot()
+    counts_ok = counts == {"other": {"sglang.nccl": 1}, "capture_warmup": {"sglang.nccl": 2},
+                           "verify": {"sglang.nccl": 3}} and counter.graphs == {("verify", 1): {"sglang.nccl": 1}}
     details = {"hidden": hidden, "tokens": tokens, "in_process_rel_err": errs, "path_counts": dict(backend.path_counts),
+               "allreduce_paths": counts,
                "trial": {"status": res.status.value, "reason": res.reason, **how,
                          "median_us": [s.median_us for s in res.sizes], "clock": res.clock and res.clock.value}}
     if not ok_in:
         return _out(Status.fail, f"1-rank NCCL backend differs from the reference (relative error {errs})",
+                    "report this with `fastverify doctor --json`", **details)
+    if not counts_ok:  # the eager call (no mode), the graph's 2 warm-ups apart, 1 captured x 3 replays
+        return _out(Status.fail, f"path counts of a captured, replayed graph are wrong: {counts}",
                     "report this with `fastverify doctor --json`", **details)
     if res.status.value != "ok":
         status = Status.warn if how["phase"] == BUILDING else Status.fail

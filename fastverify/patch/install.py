@@ -79,12 +79,16 @@ from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
 from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_verify_wrapper
 from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
-from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, Role, backend_info
+from fastverify.patch.slots import (FUSED_MAX_TOKENS, _SLOTS, _BackendSlot, _SlotUse, _abandoned, _add_norm,  # noqa: F401
+                                    _close_quietly, _create_together, _disable, _dispatch, _fused,
+                                    _group_all_reduces, _group_coordinator, _make_add_norm_attn, _make_add_norm_ffn,
+                                    _make_all_reduce, _make_fused_norm, _max_rows_of, _slot_for,
+                                    attach_add_norm_backend, attach_dispatch_backend, attach_fused_backend)
+from fastverify.registry import BackendName, Reach, backend_info
 
 log = logging.getLogger("fastverify.patch")
 
 MOD_ADD_NORM = R.MOD_ADD_NORM
-FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: it never fuses more rows (add_norm.py)
 MODES = ("auto", "off")  # FASTVERIFY_BACKEND values that are not backends: SGLang's own choice / nothing
 ADD_NORM_KEY = "add_norm"  # the b12x slot in the report (built=, skipped=); its targets are add_norm_ffn/_attn
 ADD_NORM_TARGETS = (TARGET_ADD_NORM_FFN, TARGET_ADD_NORM_ATTN)
@@ -162,99 +166,11 @@ class PatchReport:
 _lock = threading.Lock()
 
 
-@dataclass
-class _BackendSlot:
-    """The rank's slot for one reach (:class:`fastverify.registry.Reach`): which registry backend
-    fills it is set at install from ``FASTVERIFY_BACKEND`` (``kind``; before that the registry's
-    first backend of that reach); built before capture or on the first eager call (or attached).
-    Its limits (``max_rows``) are the registry entry's."""
-
-    reach: Reach
-    kind: BackendName = None  # type: ignore[assignment]
-    backend: Any = None
-    disabled: str | None = None
-    checked: bool = False
-    prepared: bool = False  # the rank step before CUDA-graph capture ran for it
-    factory: Callable[[Any, Any], Any] | None = None  # (coordinator, tensor-or-probe) -> backend
-    context: Any = None  # the ProbeContext it was built with
-    ranks: list[int] | None = None  # global ranks of the group it was built on (add_norm: the TP group)
-    attn_is_tp: bool = False  # add_norm: the attention-TP group is the TP group (no DP attention)
-
-
-@dataclass(frozen=True)
-class _SlotUse:
-    """A slot as the rank step sees it: built on the attention-TP group (``use_attn``) or the TP
-    group; ``key`` names it in the line (``built=``); ``targets`` are the keys it serves."""
-
-    slot: _BackendSlot
-    use_attn: bool
-    key: str
-    targets: tuple[str, ...]
-
-
-def _first_of(*reaches: Reach) -> BackendName:
-    return next(b.name for b in BACKENDS if b.reach in reaches)
-
-
-_fused = _BackendSlot(Reach.patch_fused_norm, _first_of(Reach.patch_fused_norm))
-_dispatch = _BackendSlot(Reach.patch_dispatch, _first_of(Reach.patch_dispatch, Reach.sglang_switch))
-_add_norm = _BackendSlot(Reach.patch_add_norm, _first_of(Reach.patch_add_norm))
-_SLOTS = (_fused, _dispatch, _add_norm)
-
-
-def _max_rows_of(slot: _BackendSlot) -> int:
-    """The registry's row limit of the slot's backend (b12x: 36, FlashInfer ``_oneshot_preparation.py``);
-    0 without one."""
-    return backend_info(slot.kind).max_rows or 0
-
-
-def _slot_for(info: BackendInfo, has_switch: bool) -> _BackendSlot | None:
-    """The slot a backend fills, by its reach: SGLang's own switch needs none where this SGLang has
-    it (else the patch routes the dispatch itself); native and CPU stand-ins none."""
-    if info.reach is Reach.sglang_switch:
-        return None if has_switch else _dispatch
-    return next((s for s in _SLOTS if s.reach is info.reach), None)
 _timer: VerifyTimer | None = None
 _report: PatchReport | None = None
 _record: Any = None  # the DeploymentRecord of this rank, or None
-_abandoned: list[Any] = []  # built on some ranks only: never closed (closing them alone would hang)
 _rank_step_done = False
 _line_due: str | None = None  # the TP rank whose line waits for SGLang's start-up checks
-
-
-def attach_fused_backend(backend: Any, *, checked: bool = False) -> None:
-    """Use ``backend`` (an :class:`fastverify.backends.AllReduceBackend`) for the fused path.
-    ``checked=True`` skips the first-result check against the plain path."""
-    _fused.backend, _fused.disabled, _fused.checked = backend, None, checked
-
-
-def attach_dispatch_backend(backend: Any) -> None:
-    """Use ``backend`` for tensor-parallel all-reduces that it ``supports`` (``pcie_ipc`` on an
-    SGLang without its own PCIe IPC path)."""
-    _dispatch.backend, _dispatch.disabled = backend, None
-
-
-def attach_add_norm_backend(backend: Any, *, ranks: list[int], attn_is_tp: bool = True) -> None:
-    """Use ``backend`` for the layer boundary's add-norm (the b12x slot), built on the group of
-    global ``ranks``; taken as checked (the rank step's first-result check is for built ones)."""
-    _add_norm.backend, _add_norm.disabled, _add_norm.checked = backend, None, True
-    _add_norm.ranks, _add_norm.attn_is_tp = list(ranks), attn_is_tp
-
-
-def _disable(slot: _BackendSlot, reason: str) -> None:
-    if slot.disabled is None:
-        slot.disabled = reason
-        log.warning("fastverify patch: %s backend disabled on every TP rank: %s; using the plain all-reduce",
-                    slot.kind.value, reason)
-
-
-def _close_quietly(be: Any) -> None:
-    try:
-        close = getattr(be, "close", None)
-        if callable(close):
-            close()
-    except Exception as err:
-        log.warning("fastverify patch: closing the backend failed (%s: %s)", type(err).__name__, err)
 
 
 def _default_factory(slot: _BackendSlot, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
@@ -270,70 +186,6 @@ def _default_factory(slot: _BackendSlot, modules: Mapping[str, Any] | None = Non
         return be
 
     return make
-
-
-def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[tuple[int, int]],
-                     check: Callable[[Any], str | None] | None = None) -> Any:
-    """Create (and prepare, when ``shapes``; then ``check``, when given) the slot's backend on every
-    TP rank or on none: each step's outcome is exchanged on the CPU group before the next. A failed
-    creation is not closed (the ranks without a backend cannot join its collective destroy); a
-    failed prepare or check is closed on every rank. ``check(backend)`` returns None or why the
-    backend is wrong (it may raise); it passing sets ``slot.checked``. Returns the backend or None
-    (then the slot is disabled everywhere)."""
-    be, why = None, None
-    try:
-        be = slot.factory(coordinator, x)
-    except Exception as err:
-        why = f"cannot create it ({type(err).__name__}: {err})"
-    failed = R.first_reason(R.gather_reasons(coordinator, why))
-    if failed is not None:
-        if be is not None:
-            _abandoned.append(be)
-        _disable(slot, failed)
-        return None
-    if shapes:
-        try:
-            prep = getattr(be, "prepare", None)
-            if callable(prep):
-                prep(shapes)
-            # a backend that catches its own failure and disables itself (b12x, fused) would
-            # otherwise run its torch fallback under its own name: that is a failed prepare
-            swallowed = getattr(be, "disabled_reason", None)
-            if swallowed:
-                why = f"prepare failed ({swallowed})"
-        except Exception as err:
-            why = f"prepare failed ({type(err).__name__}: {err})"
-        failed = R.first_reason(R.gather_reasons(coordinator, why))
-        if failed is not None:
-            _close_quietly(be)  # every rank holds one: closed together
-            _disable(slot, failed)
-            return None
-        slot.prepared = True
-    if check is not None:
-        try:
-            why = check(be)
-        except Exception as err:
-            why = f"first result check failed ({type(err).__name__}: {err})"
-        failed = R.first_reason(R.gather_reasons(coordinator, why))
-        if failed is not None:
-            _close_quietly(be)
-            _disable(slot, failed)
-            return None
-        slot.checked = True
-    slot.backend = be
-    return be
-
-
-def _slot_backend(slot: _BackendSlot, coordinator: Any, x: Any) -> Any:
-    """The slot's backend, created (voted) on the first eager call on a GPU tensor when the step
-    before capture did not; None when there is none (disabled, not creatable now, CPU tensor)."""
-    if slot.disabled is not None:
-        return None
-    if slot.backend is None:
-        if slot.factory is None or not getattr(x, "is_cuda", False) or R.is_capturing() or R.is_compiling():
-            return None
-        return _create_together(slot, coordinator, x, [])
-    return slot.backend
 
 
 def _skip(report: PatchReport, target: Target, reason: str) -> None:
@@ -359,233 +211,10 @@ def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] 
 # --- the all-reduce dispatch ------------------------------------------------------------------------
 
 
-def _fallbacks(be: Any) -> int:
-    """Calls the backend itself counted as fallbacks so far (its ``path_counts`` keys naming one)."""
-    counts = getattr(be, "path_counts", None) or {}
-    return sum(n for k, n in counts.items() if "fallback" in k)
-
-
-def _count_taken(be: Any, fallbacks_before: int) -> None:
-    """Count a call a slot's backend answered: its kernel, or its own internal fallback (the backend
-    returned a result through ``dist.all_reduce``: ``fastverify.<name>.fallback``)."""
-    fell = _fallbacks(be) > fallbacks_before
-    COUNTER.count(f"fastverify.{_be_name(be)}{'.fallback' if fell else ''}", capturing=R.is_capturing())
-
-
-def _be_name(be: Any) -> str:
-    """The backend's registry name (``be.name``), else its class name."""
-    name = getattr(be, "name", None)
-    return str(getattr(name, "value", name or type(be).__name__))
-
-
-def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None) -> Callable:
-    """``GroupCoordinator.all_reduce``: the dispatch slot first (when one is configured: a TP
-    group, a tensor it ``supports``), then SGLang's own path; every call counted
-    (:mod:`fastverify.patch.paths`): ``fastverify.<backend>``, its ``.fallback`` when it declined,
-    or the method SGLang ran."""
-    def all_reduce(self, input_, *args, **kwargs):
-        if args or kwargs or getattr(self, "world_size", 1) <= 1:
-            return original(self, input_, *args, **kwargs)
-        if (_dispatch.factory is not None or _dispatch.backend is not None) \
-                and getattr(self, "unique_name", "").startswith("tp"):
-            be = _slot_backend(_dispatch, self, input_)
-            if be is not None:
-                if be.supports(input_):
-                    before = _fallbacks(be)
-                    out = be.all_reduce(input_)
-                    _count_taken(be, before)
-                    return out
-                COUNTER.mark_fallback(_be_name(be))
-        return C.counted(original, self, input_, modules)
-
-    return all_reduce
-
-
 # --- the fused all-reduce + residual + RMSNorm ------------------------------------------------------
 
 
-def _group_all_reduces(modules: Mapping[str, Any] | None) -> tuple[Callable | None, Callable | None, str | None]:
-    """(attention-TP all-reduce, post-experts all-reduce) as SGLang's fallback uses them."""
-    def get(mod_name: str, name: str) -> Callable | None:
-        fn = getattr(R.module(mod_name, modules), name, None)
-        return fn if callable(fn) else None
-
-    attn = get(MOD_DISTRIBUTED, "attention_tensor_model_parallel_all_reduce")
-    tp = get(MOD_DISTRIBUTED, "tensor_model_parallel_all_reduce")
-    moe = get(MOD_MOE_UTILS, "deferred_post_experts_all_reduce") or tp
-    if attn is None or moe is None:
-        return None, None, (f"{MOD_DISTRIBUTED} lacks attention_tensor_model_parallel_all_reduce / "
-                            "tensor_model_parallel_all_reduce")
-    return attn, moe, None
-
-
-def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: bool) -> Any:
-    try:
-        mod = R.module(MOD_PARALLEL_STATE, modules)
-        getter = getattr(mod, "get_attn_tp_group" if use_attn_tp_group else "get_tp_group", None) \
-            or getattr(mod, "get_tp_group")
-        return getter()
-    except Exception:
-        return None
-
-
-def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
-    def make(original: Callable) -> Callable:
-        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None,
-                                          use_attn_tp_group=True):
-            if residual is not None and post_residual_addition is not None:
-                residual = residual + post_residual_addition  # fresh tensor; the caller's is untouched
-            plain_ar = attn_ar if use_attn_tp_group else moe_ar
-            if residual is not None:
-                weight = getattr(self, "weight", None)
-                eps = getattr(self, "variance_epsilon", None)
-                be, coord = None, None
-                if weight is not None and eps is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_TOKENS:
-                    coord = _group_coordinator(modules, use_attn_tp_group)
-                    be = _slot_backend(_fused, coord, x)
-                if be is not None and be.supports(x):
-                    before = _fallbacks(be)
-                    out = _run_fused(be, coord, x, residual, weight, eps, plain_ar)
-                    if out is not None:
-                        _count_taken(be, before)
-                        return out
-                if be is not None:
-                    COUNTER.mark_fallback(_be_name(be))
-            reduced = plain_ar(x)
-            if residual is None:
-                return self.forward(reduced)
-            if post_residual_addition is None:
-                residual = residual.clone()  # a fresh residual, as SGLang's fused wrapper returns
-            return self.forward(reduced, residual, None)
-
-        return forward_with_allreduce_fusion
-
-    return make
-
-
-def _run_fused(be: Any, coordinator: Any, x: Any, residual: Any, weight: Any, eps: float,
-               plain_ar: Callable) -> Any:
-    """The fused result, or None to take the plain path.
-
-    The first eager call runs the plain path and the fused one on every rank, compares them and
-    votes on the CPU group: any rank's mismatch or error disables the fused backend on all of them.
-    Inside a graph capture before that check, None (the plain path is captured). After the check an
-    error is raised, not swallowed: a one-rank fallback would leave the other ranks inside the
-    collective kernel."""
-    w = weight.data if hasattr(weight, "data") else weight
-    if _fused.checked:
-        return be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
-    if R.is_capturing():
-        return None
-    from fastverify.backends import add_rmsnorm, check_close
-
-    want = add_rmsnorm(plain_ar(x.clone()), residual, w, float(eps))  # the plain path first, on every rank
-    out, why = None, None
-    try:
-        out = be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
-        ok0, err0 = check_close(out[0], want[0], x.dtype)
-        ok1, err1 = check_close(out[1], want[1], x.dtype)
-        if not (ok0 and ok1):
-            why = f"first result differs from the plain path (max error {max(err0, err1):.3g})"
-    except Exception as err:
-        why = f"{type(err).__name__}: {err}"
-    failed = R.first_reason(R.gather_reasons(coordinator, why))
-    if failed is not None:
-        _disable(_fused, failed)
-        return None
-    _fused.checked = True
-    return out
-
-
 # --- the layer boundary's add-norm (b12x) ------------------------------------------------------------
-
-
-def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
-    """``(normed, residual_out)`` from the b12x slot, or None (nothing touched, no collective
-    started: the caller runs SGLang's own candidate). Every condition is the same on every TP rank
-    (slot state voted at the rank step, shapes, dtypes, the model's norm), so all ranks agree.
-    Counted (:mod:`fastverify.patch.paths`): ``fastverify.b12x`` when taken; declined by a live
-    slot, the boundary's next all-reduce is counted as its fallback."""
-    slot = _add_norm
-    be = slot.backend
-    if be is None or slot.disabled is not None or not slot.checked or residual is None:
-        return None
-    before = _fallbacks(be)
-    out = _b12x_take(be, plan, x, residual, rmsnorm_cls)
-    if out is None:
-        COUNTER.mark_fallback(_be_name(be))
-    else:
-        _count_taken(be, before)
-    return out
-
-
-def _b12x_take(be: Any, plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
-    """The b12x result when every condition holds (see :func:`_b12x_add_norm`), else None."""
-    dim = getattr(x, "dim", None)
-    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= _max_rows_of(_add_norm):
-        return None  # above the registry's max_rows the kernel refuses: SGLang's all-reduce + norm
-    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype or R.is_compiling():
-        return None
-    got = R.plain_rmsnorm(getattr(plan, "norm", None), rmsnorm_cls, x)
-    if got is None or not be.supports(x):
-        return None
-    if _is_stand_in(be):  # the CPU stand-in adds in place; the b12x kernel leaves the caller's residual alone
-        residual = residual.clone()
-    # Past this point an error is raised, not swallowed: the other ranks are in the collective.
-    return be.all_reduce_residual_rmsnorm(x, residual, got[0], got[1])
-
-
-def _is_stand_in(be: Any) -> bool:
-    """A baseline backend (gloo on CPU) standing in for a slot's kernel (registry role)."""
-    try:
-        return backend_info(_be_name(be)).role is Role.baseline
-    except ValueError:
-        return False
-
-
-def _same_group(group: Any) -> bool:
-    ranks = getattr(group, "ranks", None)
-    return ranks is not None and _add_norm.ranks is not None and list(ranks) == _add_norm.ranks
-
-
-def _make_add_norm_ffn(names: Mapping[str, Any]) -> Callable[[Callable], Callable]:
-    """The FFN input's candidate (attention output's sum over attention TP + add + norm).
-    ``names``: the wrapped module's namespace (its ``RMSNorm``, imported from ``layernorm.py``)."""
-    rmsnorm_cls = names.get("RMSNorm")
-
-    def make(original: Callable) -> Callable:
-        def fused_ffn_input(plan, hidden_states, residual, forward_batch, *args, **kwargs):
-            if not args and not kwargs and _add_norm.attn_is_tp:
-                out = _b12x_add_norm(plan, hidden_states, residual, rmsnorm_cls)
-                if out is not None:
-                    return out
-            return original(plan, hidden_states, residual, forward_batch, *args, **kwargs)
-
-        return fused_ffn_input
-
-    return make
-
-
-def _make_add_norm_attn(names: Mapping[str, Any]) -> Callable[[Callable], Callable]:
-    """The attention input's candidate (the previous FFN's carried ``UnreducedOutput`` + add + norm).
-    ``names``: the wrapped module's namespace (its ``RMSNorm`` and ``UnreducedOutput``)."""
-    rmsnorm_cls, unreduced = names.get("RMSNorm"), names.get("UnreducedOutput")
-
-    def make(original: Callable) -> Callable:
-        def fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *args, **kwargs):
-            # SGLang's own declines a post-residual addition too ("the kernel does not add it")
-            if (not args and post_residual_addition is None and not kwargs.get("fuses_quant")
-                    and set(kwargs) <= {"fuses_quant", "keep_bf16"} and unreduced is not None
-                    and type(owed) is unreduced and getattr(owed, "reduce_to_dp_local", None) is None
-                    and getattr(owed, "complete_sum", None) is None and _same_group(getattr(owed, "group", None))):
-                out = _b12x_add_norm(plan, owed.partial, residual, rmsnorm_cls)
-                if out is not None:
-                    return out
-            return original(plan, owed, residual, forward_batch, post_residual_addition, *args, **kwargs)
-
-        return fused_attn_input
-
-    return make
 
 
 # --- the rank step before CUDA-graph capture --------------------------------------------------------

@@ -24,7 +24,7 @@ What launch reads and checks, before anything starts:
   from SGLang 0.5.23 ``custom_all_reduce_utils.py``); the box's ``nvlink_full`` comes from NVML
   with SGLang's own query (:func:`fastverify.topo.box.read_box`); unknown counts as none.
 * A record whose NCCL settings differ from the env file's is noted, not refused
-  (:func:`_settings_notes` says why).
+  (:func:`fastverify.patch.launch_notes.settings_notes` says why).
 
 What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
 and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
@@ -32,7 +32,7 @@ for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's sw
 no size: SGLang 0.5.23 sizes the workspace from the server's own decode width (largest captured
 batch × tokens per request, ``device_communicators/pcie_ipc_ar.py::_decode_width``), so every
 captured verify step is covered; a size variable in the env file is used verbatim by SGLang and
-the plan says which steps it leaves to NCCL (:func:`_workspace_note`). The command's shapes are
+the plan says which steps it leaves to NCCL (:func:`fastverify.patch.launch_notes.workspace_note`). The command's shapes are
 read with SGLang's own parser (:mod:`fastverify.patch.server_cmd`) and every plan says what they
 cover (``server: verify steps up to 48 requests x 6 tokens (288 rows)``).
 
@@ -88,6 +88,7 @@ from fastverify.patch import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
+from fastverify.patch.launch_notes import served_dtype, settings_notes, shape_notes, workspace_note
 from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names, sm_text,
@@ -430,7 +431,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         for b in to_check:
             reason = unreachable_reason(b, sm=tuple(box.sm) if box.sm else None, world_size=world, p2p_ok=p2p_ok,
                                         p2p_source=how, sglang_version=info.version, nvlink_full=box.nvlink_full,
-                                        dtype=_served_dtype(record, server))
+                                        dtype=served_dtype(record, server))
             if reason is not None:
                 if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
                     reason += " (or give --p2p-check FILE with its JSON)"
@@ -452,7 +453,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         if b.reach is Reach.sglang_switch:
             if info.has_switch(b):
                 env[b.sglang_switch] = "1"
-                notes.append(_workspace_note(b, settings, record, server))
+                notes.append(workspace_note(b, settings, record, server))
             else:
                 patch_in_rank = True
                 notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces itself "
@@ -469,9 +470,9 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
                      "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
     if record is not None:
-        _shape_notes(record, server, info, notes)
+        shape_notes(record, server, info, notes)
         if env_file is not None:
-            _settings_notes(record, settings, env_file, notes)
+            settings_notes(record, settings, env_file, notes)
 
     prof: str | None = None
     if trace_steps and profile_verify is None:
@@ -537,74 +538,6 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                       profile_verify=prof, sglang=info, replaced=replaced, in_rank=in_rank, notes=tuple(notes),
                       deployment=str(record_path.resolve()) if record_path is not None else None,
                       box=checked_box, p2p=p2p)
-
-
-def _settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_file: str, notes: list[str]) -> None:
-    """A note (not a refusal) where the env file's NCCL settings differ from the record's.
-
-    The env file is what is exported, and it is validated line by line like the record's
-    settings; a hand edit of it (a plain docker/systemd file) is a normal thing to do, and the
-    record's other facts (box, TP, backend, shapes, P2P) are checked on their own. What differs
-    is only the record's gain, which was obtained with the record's settings: the note says so.
-    """
-    env_nccl = {k: v for k, v in settings.items() if k.startswith("NCCL_")}
-    if env_nccl == dict(record.nccl_settings):
-        return
-    keys = sorted(set(env_nccl) | set(record.nccl_settings))
-    diff = ", ".join(f"{k}: env {env_nccl.get(k, '(unset)')} / record {record.nccl_settings.get(k, '(unset)')}"
-                     for k in keys if env_nccl.get(k) != record.nccl_settings.get(k))
-    notes.append(f"{env_file}: NCCL settings differ from the deployment record's ({diff}); the env file's are "
-                 "set, and the record's gain was obtained with the record's")
-
-
-def _served_dtype(record: DeploymentRecord | None, server: ServerShapes | None) -> str | None:
-    """The dtype the server's all-reduces run in: the command's ``--dtype`` where it names one
-    (``bfloat16``, ``float16``/``half``, ``float32``/``float``), else the record's; None unknown."""
-    given = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
-             "float": "float32"}.get((server.dtype or "") if server is not None else "")
-    return given or (record.shapes.dtype if record is not None else None)
-
-
-def _workspace_note(b: BackendInfo, settings: Mapping[str, str], record: DeploymentRecord | None,
-                    server: ServerShapes | None) -> str:
-    """What covers the verify steps of a backend SGLang switches and sizes itself (one line).
-
-    Without ``b.size_env`` in the env file SGLang 0.5.23 sizes the workspace from its own decode
-    width (largest captured batch x draft tokens, ``pcie_ipc_ar.py::_decode_width``): every
-    captured step is covered. With it, SGLang uses the value verbatim and sends every wider step to
-    NCCL: the line says which steps, where the command's shapes and the hidden size are known.
-    """
-    covers = server.covers() if server is not None else "every captured verify step"
-    if not b.size_env or b.size_env not in settings:
-        return (f"{b.name.value}: {b.size_env or 'the workspace'} not set: SGLang sizes the workspace from its "
-                f"decode CUDA-graph width, covering {covers}")
-    value = int(settings[b.size_env])
-    hidden = record.shapes.hidden if record is not None else None
-    rows = server.max_rows if server is not None else None
-    if hidden and rows and value < rows * hidden:
-        return (f"{b.name.value}: {b.size_env}={value} from the env file caps the workspace at {value // hidden} rows "
-                f"x hidden {hidden}; the command runs {covers}: verify steps above {value // hidden} rows go to "
-                f"NCCL (drop the line to let SGLang size it)")
-    return (f"{b.name.value}: {b.size_env}={value} from the env file sizes the workspace (SGLang uses it verbatim; "
-            f"the command runs {covers})")
-
-
-def _shape_notes(record: DeploymentRecord, server: ServerShapes | None, info: SGLangInfo, notes: list[str]) -> None:
-    """Notes where the command or the installed SGLang differ from what the record was made for."""
-    s = record.shapes
-    if server is not None:
-        notes.append(f"the command (read by {server.source}{'; ' + server.note if server.note else ''}) runs "
-                     f"{server.covers()}")
-        rows = server.max_rows
-        if rows is not None and rows > s.max_rows:
-            notes.append(f"the record was measured for verify steps up to {s.max_rows} rows ({s.max_batch} requests x "
-                         f"{s.draft_tokens} tokens); the command runs up to {rows}: its gain was not measured there "
-                         f"(re-run tune with --max-batch {server.max_batch} --draft-tokens {server.tokens_per_request})")
-        if server.draft_tokens is not None and server.algorithm and server.draft_tokens != s.draft_tokens:
-            notes.append(f"the command verifies {server.draft_tokens} tokens per request; the record was made for "
-                         f"{s.draft_tokens}")
-    if record.sglang_version and info.version and record.sglang_version != info.version:
-        notes.append(f"the record was made with SGLang {record.sglang_version}; this SGLang is {info.version}")
 
 
 def describe(plan: LaunchPlan) -> str:
