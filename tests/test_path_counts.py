@@ -215,3 +215,43 @@ def test_forward_modes(name, draft, mode):
 ])
 def test_path_backends(path, backend):
     assert backend_of(path) == backend
+
+
+_REAL_KEY = r"""
+import json
+from types import SimpleNamespace
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from fastverify.patch.counting import _graph_key
+out = {}
+for ragged in (False, True):
+    for draft in (False, True):
+        r = object.__new__(DecodeCudaGraphRunner)  # the GPU-only constructor is skipped; the rule is real
+        r.ragged_verify_mode, r.captured_req_width = ragged, 4
+        r.capture_forward_mode = ForwardMode.DECODE if draft else ForwardMode.TARGET_VERIFY
+        r.model_runner = SimpleNamespace(is_draft_worker=draft)
+        out[f"{ragged}-{draft}"] = list(_graph_key(r, 3))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_graph_keys_follow_sglangs_own_capture_size_rule():
+    """The key a capture is counted under is the one SGLang replays by: its own
+    ``DecodeCudaGraphRunner._capture_graph_size`` (0.5.23: the token count, size x tokens per
+    request, in ragged-verify mode; else the batch size), with the target's TARGET_VERIFY graphs
+    counted as verify and the draft runner's as draft."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    py = os.environ.get("FASTVERIFY_SGLANG_PYTHON")
+    if not py or not Path(py).is_file():
+        pytest.skip("FASTVERIFY_SGLANG_PYTHON not set (make the SGLang venv with .ci/sglang-venv.sh)")
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(repo))
+    cp = subprocess.run([py, "-c", _REAL_KEY], capture_output=True, text=True, timeout=300, env=env, cwd=str(repo))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    got = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert got == {"False-False": ["verify", 3], "False-True": ["draft", 3],
+                   "True-False": ["verify", 12], "True-True": ["draft", 12]}
