@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import msgspec
 import numpy as np
 
 from fastverify import __version__
-from fastverify.bounds import MAX_COUNT, implausible_count
+from fastverify.bounds import MAX_COUNT, implausible_count, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.inputs import read_bytes
 from fastverify.procs import writable_target
@@ -97,6 +98,7 @@ class LogSummary(msgspec.Struct, frozen=True):
     overall: RankSummary
     torn_last_lines: list[str]
     paths: list[PathCount] = []
+    counted_records: int = 0
 
 
 class Change(msgspec.Struct, frozen=True):
@@ -148,14 +150,19 @@ def read_log_dir(folder: str | Path) -> dict:
     d = Path(folder)
     if not d.is_dir():
         raise UserError(f"{d}: no such folder (give the --profile-verify DIR of `fastverify launch`)")
-    files = sorted(f for f in d.glob(FILE_GLOB) if f.is_file())
+    files = sorted(d.glob(FILE_GLOB))
     if not files:
         raise UserError(f"{d}: no {FILE_GLOB} files (written by `fastverify launch --profile-verify {d}`)")
+    from fastverify.inputs import check_regular
+
+    for f in files:
+        check_regular(f, what="a verify log")
     records: dict[str, list[VerifyRecord]] = {}
     torn: list[str] = []
     clocks: dict[str, str] = {}
     for f in files:
         data = read_bytes(f, kind="json")
+        file_rank = f.name[len("verify-rank"):-len(".jsonl")]
         lines = data.split(b"\n")
         n = 0
         for i, line in enumerate(lines, 1):
@@ -168,12 +175,14 @@ def read_log_dir(folder: str | Path) -> dict:
                     torn.append(f"{f.name}:{i}")
                     continue
                 raise UserError(f"{f}:{i}: not a verify record ({' '.join(str(e).split())})") from None
-            if not (np.isfinite(rec.verify_ms) and rec.verify_ms >= 0):
-                raise UserError(f"{f}:{i}: verify_ms {rec.verify_ms!r} is not a finite time >= 0")
-            bad = [f"{m}.{p}={n}" for m, c in (rec.allreduce_paths or {}).items() for p, n in c.items()
-                   if implausible_count(n, what="all-reduce count") is not None]
+            why = implausible_time_us(float(rec.verify_ms) * 1000.0)
+            if why is not None:
+                raise UserError(f"{f}:{i}: verify_ms {rec.verify_ms!r} is not a verify time ({why})")
+            if rec.rank != file_rank:
+                raise UserError(f"{f}:{i}: a record of rank {rec.rank!r} in the file of rank {file_rank!r}")
+            bad = _bad_paths(rec.allreduce_paths)
             if bad:
-                raise UserError(f"{f}:{i}: allreduce_paths {bad[0]} is not a count in [0, {MAX_COUNT:g}]")
+                raise UserError(f"{f}:{i}: allreduce_paths: {bad}")
             clocks.setdefault(rec.clock, f"{f.name}:{i}")
             records.setdefault(rec.rank, []).append(rec)
             n += 1
@@ -183,6 +192,26 @@ def read_log_dir(folder: str | Path) -> dict:
         raise UserError(f"{d}: records of different clocks ({', '.join(f'{c} at {w}' for c, w in sorted(clocks.items()))}); "
                         "time one kind of run per folder")
     return {"records": records, "files": [str(f) for f in files], "torn": torn, "clock": next(iter(clocks))}
+
+
+_PATH = re.compile(r"(sglang|fastverify)\.[A-Za-z0-9_.]{1,64}")
+
+
+def _bad_paths(paths: dict[str, dict[str, int]] | None) -> str | None:
+    """Why a record's ``allreduce_paths`` is not one the patch writes (a mode of
+    :data:`fastverify.patch.paths.MODES` or ``capture_warmup``; a path ``sglang.<method>`` /
+    ``fastverify.<backend>[.fallback]``; counts in ``[0, MAX_COUNT]``), or None."""
+    from fastverify.patch.paths import MODES, WARMUP
+
+    for mode, counts in (paths or {}).items():
+        if mode not in MODES and mode != WARMUP:
+            return f"unknown forward mode {mode[:40]!r} (known: {', '.join([*MODES, WARMUP])})"
+        for path, n in counts.items():
+            if not _PATH.fullmatch(path):
+                return f"{mode}: {path[:40]!r} is not a path (sglang.<method> or fastverify.<backend>[.fallback])"
+            if implausible_count(n, what="all-reduce count") is not None:
+                return f"{mode}.{path}={n!r} is not a count in [0, {MAX_COUNT:g}]"
+    return None
 
 
 def _summary(rank: str, ms: np.ndarray) -> RankSummary:
@@ -211,7 +240,8 @@ def summarise_dir(folder: str | Path) -> LogSummary:
     return LogSummary(dir=str(folder), files=got["files"], clock=clock,
                       clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
                       ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"],
-                      paths=_path_counts(got["records"]))
+                      paths=_path_counts(got["records"]),
+                      counted_records=sum(r.allreduce_paths is not None for rs in got["records"].values() for r in rs))
 
 
 def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
@@ -332,6 +362,9 @@ def format_report(report: VerifyLogReport) -> str:
                 per = ", ".join(f"TP {r} {n}" for r, n in pc.per_rank.items())
                 out.append(f"  {pc.mode}: {pc.path}: {pc.count} of {pc.of} {pc.mode} all-reduces, ranks "
                            f"{_ranks_text(list(pc.per_rank))} ({per})")
+        elif s.counted_records:
+            out.append(f"all-reduce paths: {s.counted_records} record(s) carry allreduce_paths, all of them empty "
+                       "(no all-reduce counted)")
         else:
             out.append("all-reduce paths: not counted (records without allreduce_paths)")
     if report.change:

@@ -111,8 +111,8 @@ def test_env_file_switch_without_p2p_is_refused_too(tmp_path):
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in plan.env
 
 
-EAGLE3_48x6 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "6",
-               "--cuda-graph-max-bs-decode", "48"]
+EAGLE3_48x6 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+               "--speculative-num-draft-tokens", "6", "--cuda-graph-max-bs-decode", "48"]
 
 
 def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_leaves_sizing_to_sglang(tmp_path):

@@ -44,6 +44,7 @@ def test_record_has_the_profiles_draft_tokens_and_batch(profile_3x5, tmp_path):
 @pytest.mark.parametrize("extra, words", [
     (["--draft-tokens", "4"], "--draft-tokens 4: the workload was measured with 3 draft tokens"),
     (["--max-batch", "4"], "--max-batch 4: smaller than the workload's batch 5"),
+    (["--tp", "8"], "was measured at TP 2; drop the flag"),
 ])
 def test_flags_that_contradict_the_profile_are_refused(profile_3x5, tmp_path, extra, words):
     cp = _tune(profile_3x5, tmp_path, *extra)

@@ -21,8 +21,8 @@ LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "/models/kimi-
 
 # (flags, tp, algorithm, draft tokens, topk, steps, max batch, graphs disabled)
 CASES = [
-    (["--tp", "8", "--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "6",
-      "--cuda-graph-max-bs-decode", "48"], 8, "EAGLE3", 6, None, None, 48, False),
+    (["--tp", "8", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk",
+      "1", "--speculative-num-draft-tokens", "6", "--cuda-graph-max-bs-decode", "48"], 8, "EAGLE3", 6, 1, 5, 48, False),
     (["--tp-size", "8", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1",
       "--speculative-num-steps", "3", "--cuda-graph-bs-decode", "1", "2", "4", "16"], 8, "EAGLE", 4, 1, 3, 16, False),
     # tree draft: 4 steps x topk 2, 8 draft tokens (more than 36 rows per step from batch 5)
@@ -42,23 +42,75 @@ def test_reader_of_the_flags(flags, tp, algo, draft, topk, steps, max_bs, off):
     assert (s.tp, s.algorithm, s.draft_tokens, s.topk, s.steps, s.max_batch, s.graphs_disabled) == \
         (tp, algo, draft, topk, steps, max_bs, off)
     assert s.source == SOURCE_READER
-    if max_bs and draft:
+    if max_bs and draft and not off:
         assert s.max_rows == max_bs * draft and s.covers() == \
             f"verify steps up to {max_bs} requests x {draft} tokens ({max_bs * draft} rows)"
+    if off:
+        assert s.max_rows is None and "eager (decode CUDA graphs off)" in s.covers()
+
+
+@pytest.mark.parametrize("flags, draft, words", [
+    # SGLang turns adaptive off here (adaptive_unsupported_reason) and verifies the tokens given
+    (["--speculative-algorithm", "EAGLE3", "--speculative-adaptive", "--speculative-eagle-topk", "2",
+      "--speculative-num-steps", "4", "--speculative-num-draft-tokens", "16"], 16, "only topk=1 is supported"),
+    (["--speculative-algorithm", "NGRAM", "--speculative-adaptive", "--speculative-num-draft-tokens", "16"], 16,
+     "only EAGLE/EAGLE3 are supported"),
+])
+def test_adaptive_is_dropped_where_sglang_drops_it(flags, draft, words):
+    s = read_flags(flags)
+    assert not s.adaptive and s.draft_tokens == draft and words in s.note, s
+
+
+def test_one_token_and_one_request_read_as_such():
+    s = read_flags(["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps",
+                    "0", "--cuda-graph-max-bs-decode", "1"])
+    assert s.covers() == "verify steps up to 1 request x 1 token (1 rows)"
+
+
+def _adaptive(tmp_path, config) -> list[str]:
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps(config))
+    return ["--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-adaptive-config", str(cfg)]
 
 
 def test_adaptive_config_file_sets_the_widest_step(tmp_path):
-    cfg = tmp_path / "adaptive.json"
-    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 2]}, "16": {"candidate_steps": [0, 4]}}))
-    s = read_flags(["--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-adaptive-config",
-                    str(cfg)])
+    s = read_flags(_adaptive(tmp_path, {"1": {"candidate_steps": [1, 2]}, "16": {"candidate_steps": [0, 4]}}))
     assert s.draft_tokens == 5  # max candidate 4, + the root token
+    # keys that are not digits are skipped, as SGLang's _load_adaptive_config skips them
+    s = read_flags(_adaptive(tmp_path, {"comment": "x", "x": {"candidate_steps": [1, 30]}, "1": {"candidate_steps": [1, 3]}}))
+    assert s.draft_tokens == 4
+
+
+@pytest.mark.parametrize("config, words", [
+    ({}, "at least one integer-string BS key"),
+    ({"1": {"candidate_steps": []}}, "candidate_steps must be a list of non-negative ints, got []"),
+    ({"1": {"candidate_steps": [-5]}}, "got [-5]"),
+    ({"1": {"candidate_steps": [1.5, 3]}}, "got [1.5, 3]"),
+    ({"1": {"candidate_steps": ["3", "9"]}}, "got ['3', '9']"),
+    ({"1": {"candidate_steps": [10 ** 20]}}, "got [1e+20]"),  # past 64 bits the JSON reader gives a float
+    ({"1": {"candidate_steps": [100]}}, "candidate step 100 means 101 draft tokens, more than 64"),
+    ({"1": [1, 3]}, "got None"),
+    ([1, 3], "expected an object of batch sizes"),
+])
+def test_adaptive_configs_sglang_refuses_are_refused(tmp_path, config, words):
+    with pytest.raises(UserError, match="not an SGLang adaptive config") as err:
+        read_flags(_adaptive(tmp_path, config))
+    assert words in str(err.value), err.value
 
 
 @pytest.mark.parametrize("flags, words", [
     (["--cuda-graph-max-bs", "48"], "ambiguous option: --cuda-graph-max-bs could match"),
     (["--tp", "eight"], "invalid int value: 'eight'"),
     (["--speculative-num-draft-tokens"], "expected one argument"),
+    (["--speculative-num-draft-tokens", "-6"], "--speculative-num-draft-tokens -6: expected 1..64"),
+    (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens 0: expected 1..64"),
+    (["--cuda-graph-max-bs-decode", "-48"], "--cuda-graph-max-bs-decode -48: expected 1..4096"),
+    (["--cuda-graph-bs-decode", "1", "0"], "--cuda-graph-bs-decode 0: expected 1..4096"),
+    (["--tp-size", "0"], "--tp-size 0: expected 1..4096"),
+    (["--speculative-num-steps", "-3"], "--speculative-num-steps -3: expected 0..64"),
+    (["--speculative-num-draft-tokens", "1" + "0" * 22], "expected 1..64"),
+    # SGLang 0.5.23 asserts both unset when the steps are (speculative_hook.py _handle_eagle_family)
+    (["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "6"], "without --speculative-num-steps"),
 ])
 def test_flags_sglang_refuses_are_refused_in_one_line(flags, words):
     with pytest.raises(UserError, match=words):
@@ -130,3 +182,18 @@ def test_read_with_sglang_runs_sglangs_parser_and_refuses_what_it_refuses():
     assert s.source == SOURCE_SGLANG and (s.tp, s.max_batch, s.draft_tokens, s.max_rows) == (8, 48, 6, 288), s
     with pytest.raises(UserError, match="SGLang's parser says: ambiguous option: --cuda-graph-max-bs"):
         read_with_sglang(["--model-path", "/nonexistent", "--cuda-graph-max-bs", "48"], py, env=env)
+
+
+def test_read_with_sglang_asks_sglang_about_adaptive(tmp_path):
+    py = _sglang_python()
+    env = _env()
+    s = read_with_sglang(["--model-path", "/nonexistent", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                          "--speculative-eagle-topk", "2", "--speculative-num-steps", "4",
+                          "--speculative-num-draft-tokens", "16"], py, env=env)
+    assert s.source == SOURCE_SGLANG and not s.adaptive and s.draft_tokens == 16, s
+    assert "speculative_eagle_topk=2 (only topk=1 is supported)" in s.note, s  # SGLang's own reason
+    bad = tmp_path / "adaptive.json"
+    bad.write_text(json.dumps({"1": {"candidate_steps": []}}))
+    with pytest.raises(UserError, match="SGLang refuses the adaptive config: ValueError: BS 1: candidate_steps"):
+        read_with_sglang(["--model-path", "/nonexistent", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                          "--speculative-adaptive-config", str(bad)], py, env=env)

@@ -151,3 +151,60 @@ def test_verify_log_with_trace_or_live_flags_is_refused(tmp_path):
         proc = run_fastverify(["profile", "--verify-log", "cpu", *extra, "--quiet"], cwd=tmp_path)
         assert_user_error(proc, extra[0])
     assert not (tmp_path / "profiles").exists()
+
+
+def _one(tmp_path, name="verify-rank0.jsonl", **fields):
+    rec = {"step": 0, "verify_ms": 1.5, "clock": "cpu_wall_clock", "rank": "0", "pid": 1, **fields}
+    d = tmp_path / "log"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(json.dumps(rec) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"allreduce_paths": {"verify": {"sglang.gloo": -1}}}, "verify.sglang.gloo=-1 is not a count"),
+    ({"allreduce_paths": {"warp": {"sglang.gloo": 1}}}, "unknown forward mode 'warp'"),
+    ({"allreduce_paths": {"verify": {"": 1}}}, "'' is not a path"),
+    ({"allreduce_paths": {"verify": {"sglang.\x1b[31mred": 1}}}, "is not a path"),
+    ({"allreduce_paths": {"verify": {"sglang." + "x" * 5000: 1}}}, "is not a path"),
+    ({"verify_ms": 1e308}, "verify_ms 1e+308 is not a verify time"),
+    ({"verify_ms": 3.6e6 + 1}, "is not a verify time"),
+    ({"rank": "1"}, "a record of rank '1' in the file of rank '0'"),
+])
+def test_records_the_patch_cannot_write_are_refused_in_one_line(tmp_path, fields, words):
+    from fastverify.errors import UserError
+    from fastverify.verifylog import build_report
+
+    with pytest.raises(UserError, match="verify-rank0.jsonl:1: ") as err:
+        build_report(_one(tmp_path, **fields))
+    assert words in str(err.value), err.value
+
+
+def test_a_rank_file_of_another_spelling_is_not_merged_into_rank_0(tmp_path):
+    from fastverify.errors import UserError
+    from fastverify.verifylog import build_report
+
+    d = _one(tmp_path)
+    (d / "verify-rank00.jsonl").write_text((d / "verify-rank0.jsonl").read_text())
+    with pytest.raises(UserError, match="a record of rank '0' in the file of rank '00'"):
+        build_report(d)
+
+
+def test_empty_counts_are_said_as_such(tmp_path):
+    from fastverify.verifylog import build_report, format_report
+
+    text = format_report(build_report(_one(tmp_path, allreduce_paths={"verify": {}})))
+    assert "1 record(s) carry allreduce_paths, all of them empty" in text, text
+
+
+def test_a_fifo_named_like_a_log_is_refused_by_name(tmp_path):
+    import os
+
+    from fastverify.errors import UserError
+    from fastverify.verifylog import build_report
+
+    d = tmp_path / "log"
+    d.mkdir()
+    os.mkfifo(d / "verify-rank0.jsonl")
+    with pytest.raises(UserError, match="verify-rank0.jsonl"):
+        build_report(d)

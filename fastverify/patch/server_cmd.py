@@ -32,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
 
 SOURCE_SGLANG = "SGLang's prepare_server_args"
@@ -42,6 +43,7 @@ ADAPTIVE_DEFAULT_STEPS = (0, 1, 3, 5, 7)
 """The union of SGLang 0.5.23's default adaptive ``candidate_steps`` (``DEFAULT_ADAPTIVE_CONFIG``,
 ``srt/speculative/adaptive_spec_params.py``); the verify width is ``max + 1`` (topk 1)."""
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # srt/arg_groups/speculative_hook.py::_handle_ngram (0.5.23)
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # _handle_eagle_family (speculative/spec_info.py)
 _SERVER_ENTRIES = ("sglang.launch_server", "sglang.cli.serve")
 
 
@@ -101,17 +103,21 @@ class ServerShapes:
 
     @property
     def max_rows(self) -> int | None:
-        """Rows of the widest verify all-reduce, when both factors are known."""
+        """Rows of the widest captured verify all-reduce, when both factors are known (None with
+        decode CUDA graphs off: no captured bound)."""
         b, k = self.max_batch, self.tokens_per_request
-        return b * k if b and k else None
+        return b * k if b and k and not self.graphs_disabled else None
 
     def covers(self) -> str:
-        """``verify steps up to 48 requests x 6 tokens (288 rows)``, or what is unknown."""
+        """``verify steps up to 48 requests x 6 tokens (288 rows)``, or what is unknown; with decode
+        CUDA graphs off, every step runs eager at whatever batch the scheduler forms."""
         b, k = self.max_batch, self.tokens_per_request
-        bs = f"{b} requests" if b else "SGLang's automatic largest batch"
-        ks = f"{k} tokens" if k else "SGLang's automatic draft tokens"
-        rows = f" ({b * k} rows)" if b and k else ""
+        ks = (f"{k} token{'s' if k != 1 else ''}" if k else "SGLang's automatic draft tokens")
         what = "verify steps" if self.algorithm else "decode steps"
+        if self.graphs_disabled:
+            return f"{what} of any batch, eager (decode CUDA graphs off), x {ks}"
+        bs = f"{b} request{'s' if b != 1 else ''}" if b else "SGLang's automatic largest batch"
+        rows = f" ({b * k} rows)" if b and k else ""
         return f"{what} up to {bs} x {ks}{rows}"
 
     def as_dict(self) -> dict:
@@ -164,35 +170,102 @@ def _parse(parser: argparse.ArgumentParser, flags: Sequence[str]) -> argparse.Na
 
 
 def _adaptive_steps(config_path: str | None) -> tuple[int, ...]:
-    """Union of the adaptive config's ``candidate_steps`` (SGLang's JSON form ``{"<bs>":
-    {"candidate_steps": [...]}}``), else SGLang's default union."""
+    """Union of the adaptive config's ``candidate_steps``, read as SGLang 0.5.23 reads it
+    (``adaptive_spec_params.py::_load_adaptive_config``): keys that are not digits are skipped;
+    every digit key's ``candidate_steps`` must be a non-empty list of non-negative ints; at least
+    one digit key. Without a config, SGLang's default union.
+
+    Raises
+    ------
+    UserError
+        The file is unreadable or not JSON, or breaks one of SGLang's rules (its own wording).
+    """
     if not config_path:
         return ADAPTIVE_DEFAULT_STEPS
     from fastverify.inputs import read_json
 
     data = read_json(config_path, what="the adaptive speculative config")
-    try:
-        return tuple(sorted({int(s) for e in data.values() for s in e["candidate_steps"]}))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        raise UserError(f"{config_path}: not an SGLang adaptive config (expected {{\"<bs>\": {{\"candidate_steps\": "
-                        "[...]}}}})") from None
+    where = f"{config_path}: not an SGLang adaptive config"
+    if not isinstance(data, dict):
+        raise UserError(f'{where}: expected an object of batch sizes, e.g. {{"1": {{"candidate_steps": [1, 3, 7]}}}}')
+    steps: set[int] = set()
+    for key, entry in data.items():
+        if not key.isdigit():
+            continue
+        got = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(got, list) or not got or not all(isinstance(v, int) and v >= 0 for v in got):
+            raise UserError(f"{where}: BS {key}: candidate_steps must be a list of non-negative ints, got {got!r}")
+        steps.update(got)
+    if not steps:
+        raise UserError(f"{where}: it must contain at least one integer-string BS key, e.g. "
+                        f'{{"1": {{"candidate_steps": [1, 3, 7]}}}}; got keys {list(data)}')
+    if max(steps) + 1 > MAX_DRAFT_TOKENS:
+        raise UserError(f"{where}: candidate step {max(steps)} means {max(steps) + 1} draft tokens, more than "
+                        f"{MAX_DRAFT_TOKENS}")
+    return tuple(sorted(steps))
+
+
+def _adaptive_off(algo: str, topk: int | None) -> str | None:
+    """Why SGLang 0.5.23 turns ``--speculative-adaptive`` off for this command (the rules of
+    ``adaptive_spec_params.py::adaptive_unsupported_reason`` a command line decides), or None."""
+    if algo not in ("EAGLE", "EAGLE3"):
+        return f"speculative_algorithm={algo} (only EAGLE/EAGLE3 are supported)"
+    if topk is not None and topk != 1:
+        return f"speculative_eagle_topk={topk} (only topk=1 is supported)"
+    return None
+
+
+_RANGES = (("tp_size", "--tp-size", 1, 4096), ("speculative_num_draft_tokens", "--speculative-num-draft-tokens", 1,
+           MAX_DRAFT_TOKENS), ("speculative_eagle_topk", "--speculative-eagle-topk", 1, MAX_DRAFT_TOKENS),
+           ("speculative_num_steps", "--speculative-num-steps", 0, MAX_DRAFT_TOKENS),
+           ("cuda_graph_max_bs_decode", "--cuda-graph-max-bs-decode", 1, MAX_BATCH))
+
+
+def _check_ranges(ns: argparse.Namespace) -> None:
+    """Refuse a value no server can run (fastverify's bounds, :mod:`fastverify.bounds`)."""
+    for attr, flag, lo, hi in _RANGES:
+        v = getattr(ns, attr, None)
+        if v is not None and not lo <= v <= hi:
+            raise UserError(f"the SGLang command: {flag} {v}: expected {lo}..{hi}")
+    for v in ns.cuda_graph_bs_decode or ():
+        if not 1 <= v <= MAX_BATCH:
+            raise UserError(f"the SGLang command: --cuda-graph-bs-decode {v}: expected 1..{MAX_BATCH}")
 
 
 def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
-             adaptive_steps: Sequence[int] | None = None) -> ServerShapes:
+             adaptive_steps: Sequence[int] | None = None, adaptive_off: str | None = None) -> ServerShapes:
     """The record from a namespace of the flags above, with SGLang 0.5.23's resolution of the
-    draft width (``srt/arg_groups/speculative_hook.py``): NGRAM defaults to 12 draft tokens; under
-    ``--speculative-adaptive`` topk is 1 and the width is the largest candidate step + 1; with
+    draft width (``srt/arg_groups/speculative_hook.py``): NGRAM defaults to 12 draft tokens;
+    ``--speculative-adaptive`` is dropped where SGLang drops it (:func:`_adaptive_off`, or
+    ``adaptive_off``: SGLang's own reason when it was asked), else topk is 1 and the width the
+    largest candidate step + 1 (``adaptive_steps``: SGLang's own union, when it was asked); with
     ``topk == 1`` and ``steps`` given the width is ``steps + 1``. Anything else left unresolved is
-    SGLang's automatic choice (None). ``adaptive_steps``: SGLang's own union of the candidate
-    steps (``resolve_candidate_steps_from_config``), when it was asked.
+    SGLang's automatic choice (None).
 
     SGLang's ``prepare_server_args`` leaves these rules to start-up (0.5.23 resolves the speculative
     defaults in ``ServerArgs`` hooks run by the engine), so both readers apply them.
+
+    Raises
+    ------
+    UserError
+        A value out of range; an EAGLE-family command giving draft tokens or topk without
+        ``--speculative-num-steps`` (SGLang 0.5.23 asserts both unset then,
+        ``speculative_hook.py::_handle_eagle_family``); a bad adaptive config.
     """
+    _check_ranges(ns)
     algo = ns.speculative_algorithm.upper() if ns.speculative_algorithm else None
     draft, topk, steps = ns.speculative_num_draft_tokens, ns.speculative_eagle_topk, ns.speculative_num_steps
     adaptive = bool(ns.speculative_adaptive) and algo is not None
+    notes = [note] if note else []
+    if adaptive:
+        off = adaptive_off or _adaptive_off(algo, topk)
+        if off is not None:
+            adaptive = False
+            notes.append(f"SGLang turns --speculative-adaptive off: {off}")
+    if algo in EAGLE_FAMILY and not adaptive and steps is None and (topk is not None or draft is not None):
+        raise UserError("the SGLang command: --speculative-num-draft-tokens / --speculative-eagle-topk without "
+                        "--speculative-num-steps: SGLang 0.5.23 refuses it at start-up (speculative_hook.py "
+                        "_handle_eagle_family asserts both unset when the steps are); give all three or none")
     if algo == "NGRAM" and draft is None:
         draft = NGRAM_DEFAULT_DRAFT_TOKENS
     elif adaptive:
@@ -204,7 +277,7 @@ def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
     disabled = bool(ns.disable_cuda_graph or ns.disable_decode_cuda_graph or ns.cuda_graph_backend_decode == "disabled")
     return ServerShapes(tp=ns.tp_size, algorithm=algo, draft_tokens=draft, topk=topk, steps=steps, adaptive=adaptive,
                         decode_bs=tuple(ns.cuda_graph_bs_decode or ()), decode_max_bs=ns.cuda_graph_max_bs_decode,
-                        graphs_disabled=disabled, dtype=ns.dtype, source=source, note=note)
+                        graphs_disabled=disabled, dtype=ns.dtype, source=source, note="; ".join(notes))
 
 
 def read_flags(flags: Sequence[str]) -> ServerShapes:
@@ -242,8 +315,17 @@ except BaseException as err:
     ns, _ = p.parse_known_args(argv)
 out["fields"] = {k: getattr(ns, k, None) for k in keys}
 if out["fields"]["speculative_adaptive"] and out["fields"]["speculative_algorithm"]:
-    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
-    out["adaptive_steps"] = list(resolve_candidate_steps_from_config(cfg_path=out["fields"]["speculative_adaptive_config"]))
+    from sglang.srt.speculative import adaptive_spec_params as asp
+    try:
+        out["adaptive_off"] = asp.adaptive_unsupported_reason(ns) if out["resolved"] else None
+    except Exception as err:
+        out["adaptive_off"] = None
+    if not out.get("adaptive_off"):
+        try:
+            out["adaptive_steps"] = list(asp.resolve_candidate_steps_from_config(
+                cfg_path=out["fields"]["speculative_adaptive_config"]))
+        except Exception as err:
+            out["adaptive_error"] = f"{type(err).__name__}: {err}"[:300]
 print("FASTVERIFY_SERVER_ARGS " + json.dumps(out, default=str))
 """
 
@@ -274,10 +356,13 @@ def read_with_sglang(flags: Sequence[str], python: str | None = None, *, timeout
         last = (cp.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return _fallback(flags, f"SGLang's parser exited {cp.returncode} ({last})")
     got = json.loads(line.split(" ", 1)[1])
+    if got.get("adaptive_error"):
+        raise UserError(f"the SGLang command: SGLang refuses the adaptive config: {got['adaptive_error']}")
     ns = argparse.Namespace(**got["fields"])
     ns.disable_cuda_graph, ns.disable_decode_cuda_graph = bool(ns.disable_cuda_graph), bool(ns.disable_decode_cuda_graph)
     if got.get("resolved"):
-        return _resolve(ns, source=SOURCE_SGLANG, adaptive_steps=got.get("adaptive_steps"))
+        return _resolve(ns, source=SOURCE_SGLANG, adaptive_steps=got.get("adaptive_steps"),
+                        adaptive_off=got.get("adaptive_off"))
     return _resolve(ns, source=SOURCE_SGLANG_RAW, note=f"prepare_server_args did not finish ({got['why']})",
                     adaptive_steps=got.get("adaptive_steps"))
 

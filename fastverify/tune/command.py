@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w = p.add_argument_group("workload (a profile, or a model's shapes)")
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, deepseek-v3) or config.json [default: tiny]")
-    w.add_argument("--tp", type=bounded(2, 64), default=2, help="tensor-parallel world size")
+    w.add_argument("--tp", type=bounded(2, 64), default=None,
+                   help="tensor-parallel world size [default: a profile's own; 2 with --model]")
     w.add_argument("--draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
                    help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
                         "own; 4 with --model]")
@@ -183,12 +184,16 @@ def _workload(args):
     if args.profile is not None:
         if args.model is not None:
             raise UserError("--profile and --model both describe the workload; give one")
-        return workload_from_profile(args.profile)
+        workload = workload_from_profile(args.profile)
+        if args.tp is not None and args.tp != workload.tp:
+            raise UserError(f"--tp {args.tp}: {args.profile} was measured at TP {workload.tp}; drop the flag or "
+                            "re-profile")
+        return workload
     from fastverify.live.config import load_model_config, preset_names
 
     name = args.model or "tiny"
     config = load_model_config(name)
-    workload = workload_from_model(config, tp=args.tp, draft_tokens=args.draft_tokens or DEFAULT_DRAFT_TOKENS,
+    workload = workload_from_model(config, tp=args.tp or 2, draft_tokens=args.draft_tokens or DEFAULT_DRAFT_TOKENS,
                                    batch=args.batch)
     if name in preset_names():  # the package's own file: its absolute path says nothing portable
         workload = dataclasses.replace(workload, source=workload.source.replace(f" ({config.source})",
@@ -405,7 +410,7 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
         gain = Gain(baseline_us=base.point_us, best_us=best.point_us, basis="predicted")
         env_p, rec_p = _write_deployment(args, path, name, dict(best.settings), header, version,
                                          shapes=shapes, box=box, p2p=p2p, gain=gain,
-                                         source=f"tune --predict: {workload.source}")
+                                         source=f"tune --predict: {workload.source}", batch_known=workload.batch is not None)
         console.print(f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
                       f"PREDICTED) and {rec_p}", markup=False)
         if backend_info(name).needs_p2p and not p2p.proven:
@@ -542,7 +547,8 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
         gain = Gain(baseline_us=ranking.baseline.step_us, best_us=chosen.step_us, basis="measured",
                     clock=chosen.result.clock.value if chosen.result.clock else None)
         env_p, rec_p = _write_deployment(args, path, name, dict(best.env), header, version, shapes=shapes, box=box,
-                                         p2p=p2p, gain=gain, source=f"tune (measured): {workload.source}")
+                                         p2p=p2p, gain=gain, source=f"tune (measured): {workload.source}",
+                                         batch_known=workload.batch is not None)
         console.print(f"wrote {env_p} and {rec_p} (backend {name.value})", markup=False)
         if info.needs_p2p and not p2p.proven:
             console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
@@ -701,7 +707,8 @@ def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | N
     return ranking.baseline, passed
 
 
-def _write_deployment(args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source):
+def _write_deployment(args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source,
+                      batch_known=True):
     """The env file (NCCL settings + the backend's SGLang switch and size lines) and the
     deployment record beside it; see :func:`fastverify.deploy.write_deployment`."""
     from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
@@ -714,7 +721,9 @@ def _write_deployment(args, path, backend, settings, header, version, *, shapes,
     lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
              f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
     if args.max_batch is None:
-        lines.append(f"max batch = the profiled batch {shapes.max_batch} (no --max-batch given); `fastverify launch` "
-                     "reads the server's own captured batch sizes from its command")
+        what = (f"the profiled batch {shapes.max_batch}" if batch_known else
+                f"{shapes.max_batch}: the profile records no batch (a trace profile)")
+        lines.append(f"max batch = {what} (no --max-batch given); `fastverify launch` reads the server's own "
+                     "captured batch sizes from its command")
     inputs = (args.profile, args.topology, args.p2p_check, args.journal)  # checked in full by _check_outputs
     return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)
