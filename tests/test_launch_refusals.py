@@ -265,3 +265,10 @@ def test_pcie_ipc_refused_for_a_float16_server(tmp_path):
     with pytest.raises(UserError, match="pcie_ipc: dtype float16 unsupported .takes bfloat16"):
         L.plan_launch(str(env), "auto", None, CMD + ["--dtype", "half"], environ={}, sglang=SGL, box=BOXES["SM120"])
     L.plan_launch(str(env), "auto", None, CMD + ["--dtype", "bfloat16"], environ={}, sglang=SGL, box=BOXES["SM120"])
+
+
+def test_a_p2p_check_file_is_read_even_where_no_backend_needs_it(tmp_path):
+    bad = tmp_path / "p2p.json"
+    bad.write_text("not json")
+    with pytest.raises(UserError, match="p2p.json"):
+        L.plan_launch(None, "nccl", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"], p2p_file=str(bad))

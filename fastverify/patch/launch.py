@@ -437,6 +437,11 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                     reason += " (or give --p2p-check FILE with its JSON)"
                 raise UserError(reason)
 
+    if p2p_file is not None and p2p is None:  # given but no backend here needs it: still read, and said
+        from fastverify.topo.box import read_p2p_file  # noqa: PLC0415
+
+        p2p = read_p2p_file(p2p_file)
+        notes.append(f"--p2p-check {p2p_file}: read; nothing in this plan needs P2P")
     for key, value in settings.items():
         if key in OVERWRITTEN:
             in_rank[key] = value
