@@ -229,3 +229,16 @@ def test_tuner_csv_from_a_prediction(tmp_path, shared_dir):
     p = write_tuner_config(tmp_path / "t.conf", tuner_choices(best))
     data = [ln.split(",") for ln in p.read_text().splitlines() if ln and not ln.startswith("#")]
     assert data and all(int(f[5]) >= 1 and f[7] == "8" for f in data)
+
+
+@pytest.mark.parametrize("value", ["17179869185", "1" + "0" * 18, "1" + "0" * 29])
+def test_a_workspace_size_past_the_bounds_says_the_bound(tmp_path, value):
+    from fastverify.errors import UserError
+    from fastverify.tune.envfile import read_env_file
+
+    f = tmp_path / "x.env"
+    f.write_text(f"SGLANG_PCIE_IPC_MAX_NUMEL={value}\n")
+    with pytest.raises(UserError, match=r"at most 17179869184 elements \(4096 requests x 64 tokens x hidden 65536\)"):
+        read_env_file(f)
+    f.write_text("SGLANG_PCIE_IPC_MAX_NUMEL=17179869184\n")
+    assert read_env_file(f)["SGLANG_PCIE_IPC_MAX_NUMEL"] == "17179869184"

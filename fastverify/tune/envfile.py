@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.errors import UserError
 from fastverify.inputs import read_text
 from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
@@ -98,8 +99,10 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
         if value not in ("0", "1"):
             raise UserError(f"{where}: {key}={value}: write 1 (on) or 0 (off)")
     elif key in SIZE_KEYS:
-        if not _DECIMAL_RE.fullmatch(value):
-            raise UserError(f"{where}: {key}={value}: must be a positive decimal integer (elements)")
+        most = MAX_BATCH * MAX_DRAFT_TOKENS * MAX_HIDDEN  # the widest verify step fastverify's bounds admit
+        if not _DECIMAL_RE.fullmatch(value) or int(value) > most:
+            raise UserError(f"{where}: {key}={value}: must be a positive decimal integer of at most {most} elements "
+                            f"({MAX_BATCH} requests x {MAX_DRAFT_TOKENS} tokens x hidden {MAX_HIDDEN})")
     elif key == "CUDA_DEVICE_MAX_CONNECTIONS":
         if not _DECIMAL_RE.fullmatch(value) or not 1 <= int(value) <= 32:
             raise UserError(f"{where}: {key}={value}: must be an integer in 1..32")
