@@ -255,3 +255,13 @@ def test_graph_keys_follow_sglangs_own_capture_size_rule():
     got = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     assert got == {"False-False": ["verify", 3], "False-True": ["draft", 3],
                    "True-False": ["verify", 12], "True-True": ["draft", 12]}
+
+
+def test_nothing_is_routed_or_counted_while_torch_compile_traces(patched, monkeypatch):
+    mods, coord, _, _ = patched
+    monkeypatch.setattr(R, "is_compiling", lambda: True)
+    coord.all_reduce(torch.ones(4, 4))
+    assert COUNTER.snapshot() == {}
+    monkeypatch.setattr(R, "is_compiling", lambda: False)
+    coord.all_reduce(torch.ones(4, 4))
+    assert COUNTER.snapshot() == {"other": {"sglang.pcie_ipc": 1}}

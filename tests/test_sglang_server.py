@@ -149,7 +149,7 @@ def test_verify_records_match_sglang_verify_steps(engine_run):
 
 
 def test_paths_line_after_the_first_verify_forward_in_every_tp_rank(engine_run):
-    # [issue: count what happened] printed once the first verify step ran, not at install time: its
+    # printed once the first verify step ran, not at install time: its
     # 5 all-reduces of 4 rows taken by the stand-in; the prefills before it (> 4 rows) fell back
     run, _ = engine_run
     lines = run.paths_lines()

@@ -200,9 +200,18 @@ def _fallbacks(be: Any) -> int:
     return sum(n for k, n in counts.items() if "fallback" in k)
 
 
+def _mark_fallback(be: Any) -> None:
+    """The slot declined: the next all-reduce of this thread is its fallback (not while tracing)."""
+    if not R.is_compiling():
+        COUNTER.mark_fallback(_be_name(be))
+
+
 def _count_taken(be: Any, fallbacks_before: int) -> None:
     """Count a call a slot's backend answered: its kernel, or its own internal fallback (the backend
-    returned a result through ``dist.all_reduce``: ``fastverify.<name>.fallback``)."""
+    returned a result through ``dist.all_reduce``: ``fastverify.<name>.fallback``); nothing while
+    torch.compile traces."""
+    if R.is_compiling():
+        return
     fell = _fallbacks(be) > fallbacks_before
     COUNTER.count(f"fastverify.{_be_name(be)}{'.fallback' if fell else ''}", capturing=R.is_capturing())
 
@@ -219,7 +228,9 @@ def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = Non
     (:mod:`fastverify.patch.paths`): ``fastverify.<backend>``, its ``.fallback`` when it declined,
     or the method SGLang ran."""
     def all_reduce(self, input_, *args, **kwargs):
-        if args or kwargs or getattr(self, "world_size", 1) <= 1:
+        # under torch.compile tracing SGLang defers its own choice to the op it emits: nothing to
+        # route or count here (and no lock or thread-local inside a traced region)
+        if args or kwargs or getattr(self, "world_size", 1) <= 1 or R.is_compiling():
             return original(self, input_, *args, **kwargs)
         if (_dispatch.factory is not None or _dispatch.backend is not None) \
                 and getattr(self, "unique_name", "").startswith("tp"):
@@ -230,7 +241,7 @@ def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = Non
                     out = be.all_reduce(input_)
                     _count_taken(be, before)
                     return out
-                COUNTER.mark_fallback(_be_name(be))
+                _mark_fallback(be)
         return C.counted(original, self, input_, modules)
 
     return all_reduce
@@ -282,7 +293,7 @@ def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, 
                         _count_taken(be, before)
                         return out
                 if be is not None:
-                    COUNTER.mark_fallback(_be_name(be))
+                    _mark_fallback(be)
             reduced = plain_ar(x)
             if residual is None:
                 return self.forward(reduced)
@@ -342,7 +353,7 @@ def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
     before = _fallbacks(be)
     out = _b12x_take(be, plan, x, residual, rmsnorm_cls)
     if out is None:
-        COUNTER.mark_fallback(_be_name(be))
+        _mark_fallback(be)
     else:
         _count_taken(be, before)
     return out
