@@ -295,6 +295,8 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
     warnings = [f"{b.dir if s is b else s.dir}: skipped a cut last line {t} (a writer killed mid-write)"
                 for s in (b, a) if s is not None for t in s.torn_last_lines]
     change: list[Change] = []
+    if after is not None and os.path.realpath(str(before)) == os.path.realpath(str(after)):
+        warnings.append(f"{before} is both the before and the after folder: the change is 0 by construction")
     if a is not None:
         if a.clock != b.clock:
             raise UserError(f"{after}: records on clock {a.clock}, but {before} on {b.clock}; "

@@ -208,3 +208,12 @@ def test_a_fifo_named_like_a_log_is_refused_by_name(tmp_path):
     os.mkfifo(d / "verify-rank0.jsonl")
     with pytest.raises(UserError, match="verify-rank0.jsonl"):
         build_report(d)
+
+
+def test_the_same_folder_as_before_and_after_is_said(tmp_path):
+    from fastverify.verifylog import build_report
+
+    d = _one(tmp_path)
+    rep = build_report(d, d)
+    assert any("both the before and the after folder" in w for w in rep.warnings), rep.warnings
+    assert all(c.p50_change_ms == 0 for c in rep.change)
