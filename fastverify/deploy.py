@@ -292,18 +292,17 @@ def record_from_environ(environ: "os._Environ[str] | dict[str, str] | None" = No
     return read_record(path) if path else None
 
 
-def sglang_settings(backend: BackendName | str, shapes: VerifyShapes) -> dict[str, str]:
+def sglang_settings(backend: BackendName | str) -> dict[str, str]:
     """The env-file lines that make SGLang itself run ``backend`` (registry facts, no names here).
 
     For a backend SGLang switches (``Reach.sglang_switch``): its switch ``=1``, and no size line.
     SGLang 0.5.23 then sizes the workspace from its own decode CUDA-graph width, the largest
     captured batch x draft tokens of the server it runs in (``device_communicators/pcie_ipc_ar.py``
     ``_decode_width``), so every captured verify step is covered; a size line would be used
-    verbatim and send every wider step to NCCL. ``shapes`` is not used to cap it: a cap is only
-    a decision from a measured crossover. Backends the patch reaches, or SGLang's native ones,
+    verbatim and send every wider step to NCCL; the record's shapes never cap it (a cap is only a
+    decision from a measured crossover). Backends the patch reaches, or SGLang's native ones,
     need no line: the record carries them. ``{}`` then.
     """
-    del shapes  # the record carries them; SGLang sizes its own workspace
     info = backend_info(backend)
     out: dict[str, str] = {}
     if info.reach is Reach.sglang_switch and info.sglang_switch:

@@ -37,14 +37,14 @@ def record(backend=BackendName.pcie_ipc) -> DeploymentRecord:
 def test_sglang_settings_from_the_registry():
     # the switch only: SGLang 0.5.23 sizes the workspace from the server's own decode width, a size
     # line would be used verbatim and cap it at the record's shapes
-    assert sglang_settings(BackendName.pcie_ipc, SHAPES) == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    assert sglang_settings(BackendName.pcie_ipc) == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     for other in (BackendName.fused, BackendName.b12x, BackendName.nccl, BackendName.custom_ar):
-        assert sglang_settings(other, SHAPES) == {}  # reached by the patch / native: the record carries them
+        assert sglang_settings(other) == {}  # reached by the patch / native: the record carries them
 
 
 def test_write_deployment_writes_both_and_round_trips(tmp_path):
     env = tmp_path / "box.env"
-    settings = {"NCCL_P2P_LEVEL": "SYS", **sglang_settings(BackendName.pcie_ipc, SHAPES)}
+    settings = {"NCCL_P2P_LEVEL": "SYS", **sglang_settings(BackendName.pcie_ipc)}
     env_p, rec_p = write_deployment(env, settings, record(), header_lines=["MEASURED"])
     assert rec_p == tmp_path / "box.deploy.json" == record_path_for(env)
     assert read_record(rec_p) == record()

@@ -401,7 +401,7 @@ def test_record_at_the_bounds_decodes_and_its_numel_fits_the_env_file(tmp_path):
     (tmp_path / "r.deploy.json").write_text(json.dumps(doc))
     rec = read_record(tmp_path / "r.deploy.json")
     assert rec.shapes.max_numel == 4096 * 64 * 65536 == 2**34
-    for k, v in sglang_settings(rec.backend, rec.shapes).items():
+    for k, v in sglang_settings(rec.backend).items():
         check_setting(k, v, "test")  # SGLANG_PCIE_IPC_MAX_NUMEL=17179869184 passes the env-file rule
 
 

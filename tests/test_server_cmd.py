@@ -197,3 +197,12 @@ def test_read_with_sglang_asks_sglang_about_adaptive(tmp_path):
     with pytest.raises(UserError, match="SGLang refuses the adaptive config: ValueError: BS 1: candidate_steps"):
         read_with_sglang(["--model-path", "/nonexistent", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
                           "--speculative-adaptive-config", str(bad)], py, env=env)
+
+
+def test_a_parser_that_cannot_run_falls_back_to_the_reader_and_keeps_its_notes():
+    import sys
+
+    # this interpreter has no SGLang: the child exits 1, the reader runs, both reasons are said
+    s = read_with_sglang(["--speculative-algorithm", "NGRAM", "--speculative-adaptive"], sys.executable, env=_env())
+    assert s.source == SOURCE_READER and s.draft_tokens == 12 and not s.adaptive, s
+    assert s.note.startswith("SGLang's parser exited 1") and "SGLang turns --speculative-adaptive off" in s.note, s

@@ -114,12 +114,18 @@ def make_forward(original: Callable) -> Callable:
     return forward
 
 
+def _capture_mode(runner: Any) -> str:
+    """The counting mode of the graphs a ``DecodeCudaGraphRunner`` captures: its
+    ``capture_forward_mode`` on its model runner (target or draft)."""
+    return mode_of(getattr(runner, "capture_forward_mode", None),
+                   bool(getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)))
+
+
 def _graph_key(runner: Any, size: int) -> tuple[str, int]:
     """(capture mode, the size SGLang keys the graph by): its own ``_capture_graph_size(bs=size,
     num_tokens=size x captured_req_width)`` (0.5.23: the token count in ragged-verify mode, else
     the batch size), else ``size``."""
-    mode = mode_of(getattr(runner, "capture_forward_mode", None),
-                   bool(getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)))
+    mode = _capture_mode(runner)
     rule = getattr(runner, "_capture_graph_size", None)
     if callable(rule):
         try:
@@ -143,9 +149,7 @@ def make_execute(original: Callable) -> Callable:
         out = original(self, forward_batch, *args, **kwargs)
         size = getattr(getattr(self, "_replay_graph_key", None), "size", None)
         if isinstance(size, int):
-            mode = mode_of(getattr(self, "capture_forward_mode", None),
-                           bool(getattr(getattr(self, "model_runner", None), "is_draft_worker", False)))
-            COUNTER.replayed((mode, size), into=COUNTER.mode)
+            COUNTER.replayed((_capture_mode(self), size), into=COUNTER.mode)
         return out
 
     return execute

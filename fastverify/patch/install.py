@@ -193,19 +193,26 @@ def _skip(report: PatchReport, target: Target, reason: str) -> None:
     log.warning("fastverify patch: skipped %s: %s; SGLang's own code runs unchanged", target.where, reason)
 
 
-def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] | None,
-                make: Callable[[Any], Any]) -> None:
+def _wrap_target(target: Target, modules: Mapping[str, Any] | None, make: Callable[[Any], Any]) -> str | None:
+    """Resolve ``target``, check its signature and wrap it with ``make``; None when wrapped, else
+    why not (one phrase). Never raises."""
     try:
         cls, fn, why = _resolve(target, modules)
+        why = why or _check_signature(fn, target)
         if why is None:
-            why = _check_signature(fn, target)
-        if why is not None:
-            _skip(report, target, why)
-            return
-        _wrap(cls, target.attr, make)
-        report.applied.append(target.key)
+            _wrap(cls, target.attr, make)
+        return why
     except Exception as err:  # never into the server
-        _skip(report, target, f"{type(err).__name__}: {err}")
+        return f"{type(err).__name__}: {err}"
+
+
+def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] | None,
+                make: Callable[[Any], Any]) -> None:
+    why = _wrap_target(target, modules, make)
+    if why is not None:
+        _skip(report, target, why)
+    else:
+        report.applied.append(target.key)
 
 
 # --- the all-reduce dispatch ------------------------------------------------------------------------
@@ -253,15 +260,19 @@ def _capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list
     return sorted({b for b in bs if b > 0})
 
 
-def _capture_rows(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
-    """Rows of every captured decode/verify batch: batch size × tokens per request."""
-    width = 1
+def _tokens_per_request(runner: Any) -> int:
+    """Rows a request takes in one decode/verify step: the runner's ``decode_num_tokens_per_req()``
+    (SGLang 0.5.23: the draft tokens in speculative decoding), else 1."""
     try:
         fn = getattr(runner, "decode_num_tokens_per_req", None)
-        if callable(fn):
-            width = max(1, int(fn()))
+        return max(1, int(fn())) if callable(fn) else 1
     except Exception:
-        width = 1
+        return 1
+
+
+def _capture_rows(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
+    """Rows of every captured decode/verify batch: batch size × tokens per request."""
+    width = _tokens_per_request(runner)
     return sorted({b * width for b in _capture_batch_sizes(runner, modules)})
 
 
@@ -269,10 +280,7 @@ def _covers(runner: Any, modules: Mapping[str, Any] | None) -> str:
     """What the captured graphs cover, from SGLang's own config in this rank:
     ``verify steps up to 48 requests x 6 tokens (288 rows)``, or that every step runs eagerly."""
     bs = _capture_batch_sizes(runner, modules)
-    width = 1
-    fn = getattr(runner, "decode_num_tokens_per_req", None)
-    if callable(fn):
-        width = max(1, int(fn()))
+    width = _tokens_per_request(runner)
     what = "verify steps" if width > 1 else "decode steps"
     if not bs:
         return f"{what} eager (no decode CUDA graph captured), {width} tokens a request"
@@ -507,7 +515,6 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                     # input's over attention TP, taken only when that is the TP group
                     _SlotUse(_add_norm, False, ADD_NORM_KEY, tuple(t.key for t in ADD_NORM_TARGETS)))
             slots = [u for u in uses if any(k in report.applied for k in u.targets) and u.slot.factory is not None]
-            # the all-reduce target counts whatever the backend; it is the dispatch slot's only with a factory
             # Always: the rank step prints the line, and builds the slots when there are any.
             _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
 
@@ -558,16 +565,11 @@ def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) ->
              (TARGET_REPLAY, C.make_execute)]
     for target, make in todo:
         key = "count_all_reduce" if target is TARGET_ALL_REDUCE else target.key
-        try:
-            cls, fn, why = _resolve(target, modules)
-            why = why or _check_signature(fn, target)
-            if why is None:
-                _wrap(cls, target.attr, make)
-                report.counting.append(key)
-            else:
-                report.uncounted[key] = why
-        except Exception as err:  # never into the server
-            report.uncounted[key] = f"{type(err).__name__}: {err}"
+        why = _wrap_target(target, modules, make)
+        if why is None:
+            report.counting.append(key)
+        else:
+            report.uncounted[key] = why
     backend = report.backend if report.backend in {b.value for b in BackendName} else None
 
     def line(counts: dict) -> None:

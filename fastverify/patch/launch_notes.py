@@ -14,6 +14,7 @@ from fastverify.registry import BackendInfo
 if TYPE_CHECKING:
     from fastverify.patch.launch import SGLangInfo
 
+
 def settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_file: str, notes: list[str]) -> None:
     """A note (not a refusal) where the env file's NCCL settings differ from the record's.
 

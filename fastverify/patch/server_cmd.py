@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
@@ -333,8 +333,9 @@ print("FASTVERIFY_SERVER_ARGS " + json.dumps(out, default=str))
 def read_with_sglang(flags: Sequence[str], python: str | None = None, *, timeout_s: float = SGLANG_TIMEOUT_S,
                      env: dict[str, str] | None = None) -> ServerShapes:
     """:class:`ServerShapes` from SGLang's own ``prepare_server_args`` in a child ``python``
-    (default this interpreter). Where the full resolution fails, the flags are read by
-    :func:`read_flags` after SGLang's parser accepted them, and the record says why.
+    (default this interpreter). Where ``prepare_server_args`` fails after SGLang's parser accepted
+    the flags, the flags as SGLang's parser read them (:data:`SOURCE_SGLANG_RAW`); where the child
+    cannot run at all, :func:`read_flags`. The record says which, and why.
 
     Raises
     ------
@@ -367,9 +368,10 @@ def read_with_sglang(flags: Sequence[str], python: str | None = None, *, timeout
                     adaptive_steps=got.get("adaptive_steps"))
 
 
-def _fallback(flags: Sequence[str], why: str, *, source: str = SOURCE_READER) -> ServerShapes:
+def _fallback(flags: Sequence[str], why: str) -> ServerShapes:
+    """:func:`read_flags`, with why SGLang's parser could not be used before its own note."""
     shapes = read_flags(flags)
-    return ServerShapes(**{**shapes.as_dict(), "source": source, "note": why})
+    return replace(shapes, note="; ".join(n for n in (why, shapes.note) if n))
 
 
 def read_command(argv: Sequence[str], *, sglang_found: bool, python: str | None = None) -> ServerShapes | None:

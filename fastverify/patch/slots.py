@@ -67,14 +67,8 @@ def _first_of(*reaches: Reach) -> BackendName:
 
 
 _fused = _BackendSlot(Reach.patch_fused_norm, _first_of(Reach.patch_fused_norm))
-
-
 _dispatch = _BackendSlot(Reach.patch_dispatch, _first_of(Reach.patch_dispatch, Reach.sglang_switch))
-
-
 _add_norm = _BackendSlot(Reach.patch_add_norm, _first_of(Reach.patch_add_norm))
-
-
 _SLOTS = (_fused, _dispatch, _add_norm)
 
 

@@ -714,7 +714,7 @@ def _write_deployment(args, path, backend, settings, header, version, *, shapes,
     from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
 
     env = dict(settings)
-    env.update(sglang_settings(backend, shapes))
+    env.update(sglang_settings(backend))
     record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
                               nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
                               sglang_version=installed_sglang_version(), gain=gain, source=source)
