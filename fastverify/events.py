@@ -95,6 +95,16 @@ class RankEvents:
         Steps found on this rank, in time order.
     meta : dict
         Facts about the source: world size, GPU name, NCCL version, timing clock, warnings.
+    launch_ns : np.ndarray | None, shape (n,), int64
+        Host time of the runtime call that launched each event (for a kernel replayed from a CUDA
+        graph, the graph launch); the event's own start where the trace has none. None: not known
+        (a live run).
+    in_graph : np.ndarray | None, shape (n,), bool
+        The event was replayed from a CUDA/HIP graph (its correlation is a graph launch's).
+    spans : list[Step]
+        Coarse speculative stage spans on the host (``draft``, ``draft_extend``), sorted by start.
+    host_syncs : list[Step]
+        Host calls that block on the GPU (``cudaStreamSynchronize`` and kin), sorted by start.
     """
 
     rank: int
@@ -110,11 +120,15 @@ class RankEvents:
     steps: list[Step] = field(default_factory=list)
     label: list[str] | None = None
     meta: dict = field(default_factory=dict)
+    launch_ns: np.ndarray | None = None
+    in_graph: np.ndarray | None = None
+    spans: list[Step] = field(default_factory=list)
+    host_syncs: list[Step] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
-        for attr in ("dur_ns", "cls", "name_id", "msg_bytes", "step", "stream"):
-            if len(getattr(self, attr)) != n:
+        for attr in ("dur_ns", "cls", "name_id", "msg_bytes", "step", "stream", "launch_ns", "in_graph"):
+            if getattr(self, attr) is not None and len(getattr(self, attr)) != n:
                 raise ValueError(f"RankEvents.{attr} has {len(getattr(self, attr))} rows, start_ns has {n}")
         if self.label is not None and len(self.label) != n:
             raise ValueError(f"RankEvents.label has {len(self.label)} rows, start_ns has {n}")

@@ -225,11 +225,12 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
     -------
     dict[int, dict]
         ``{label: {"gpu": GpuColumns, "skipped": int, "runtime_ns": {correlation: ns},
-        "graph_launches": [{"ts_ns", "dur_ns"}], "host": [event dict]}}``; ``host`` dicts have
+        "graph_launches": [{"ts_ns", "dur_ns", "correlation"}], "host": [event dict],
+        "host_syncs": [{"name", "ts_ns", "dur_ns"}]}}``; ``host`` dicts have
         ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args`` (read with ``.get``; kept only
         for comm ops).
     """
-    from fastverify.trace.load import GPU_CATS, GRAPH_LAUNCH, HOST_CATS, RUNTIME_CATS, _ns_from_text
+    from fastverify.trace.load import GPU_CATS, GRAPH_LAUNCH, HOST_CATS, HOST_SYNC, RUNTIME_CATS, _ns_from_text
 
     gpu: list = []
     runtime: list = []
@@ -246,7 +247,8 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
     def slot(label: int) -> dict:
         s = out.get(label)
         if s is None:
-            s = out[label] = {"gpu": None, "skipped": 0, "runtime_ns": {}, "graph_launches": [], "host": []}
+            s = out[label] = {"gpu": None, "skipped": 0, "runtime_ns": {}, "graph_launches": [], "host": [],
+                              "host_syncs": []}
         return s
 
     # GPU work
@@ -295,12 +297,19 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
                 if ok and type(c) is int:
                     slot(lab)["runtime_ns"][c] = t
         names = [e.name for e in runtime]
-        launches = {nm for nm in set(n for n in names if type(n) is str) if GRAPH_LAUNCH.match(nm)}
-        if launches:
+        distinct = set(n for n in names if type(n) is str)
+        launches = {nm for nm in distinct if GRAPH_LAUNCH.match(nm)}
+        syncs = {nm for nm in distinct if HOST_SYNC.match(nm)}
+        if launches or syncs:
             for i, nm in enumerate(names):
-                if ok_list[i] and type(nm) is str and nm in launches:
-                    slot(labels[i] if labels is not None else -1)["graph_launches"].append(
-                        {"ts_ns": ts_list[i], "dur_ns": _ns_from_text(bytes(runtime[i].dur))})
+                if not (ok_list[i] and type(nm) is str and (nm in launches or nm in syncs)):
+                    continue
+                dest = slot(labels[i] if labels is not None else -1)
+                dur_ns = _ns_from_text(bytes(runtime[i].dur))
+                if nm in launches:
+                    dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns, "correlation": corr[i]})
+                elif dur_ns is not None:
+                    dest["host_syncs"].append({"name": nm, "ts_ns": ts_list[i], "dur_ns": dur_ns})
 
     # Host ops: only comm ops (External id, shapes) and step spans matter; judged once per name
     if host:

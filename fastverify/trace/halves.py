@@ -189,7 +189,7 @@ def _join(a: dict, b: dict) -> dict:
         out[label] = {"gpu": GpuColumns.concat(gpu) if len(gpu) > 1 else (gpu[0] if gpu else None),
                       "skipped": sa["skipped"] + sb["skipped"], "runtime_ns": runtime,
                       "graph_launches": sa["graph_launches"] + sb["graph_launches"],
-                      "host": sa["host"] + sb["host"]}
+                      "host": sa["host"] + sb["host"], "host_syncs": sa["host_syncs"] + sb["host_syncs"]}
     return out
 
 

@@ -38,6 +38,13 @@ GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", 
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
 HOST_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
 GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
+# Runtime/driver calls that block the host until the GPU (a stream, the device, an event) is done:
+# after one returns, the GPU idles until the host launches more work.
+HOST_SYNC = re.compile(r"^(?:(?:cuda|hip)(?:Stream|Device|Event)Synchronize|(?:cuda|hip)Memcpy|"
+                       r"cu(?:Stream|Ctx|Event)Synchronize)$")
+# Coarse speculative stages around the draft model's forwards: SGLang 0.5.23
+# speculative/spec_utils.py::spec_stage_span ("draft", "draft_extend"; "verify" in its docstring).
+STAGE_SPAN = re.compile(r"^(?:draft|draft_extend|verify)$")
 
 # Host-side regions that make one step, tried in this order; the first that matches any event wins.
 # (name regex, source)
@@ -233,6 +240,7 @@ def read_trace(path: Path, *, halves: bool = False) -> tuple[dict, dict[int, _Pe
         acc.skipped = s["skipped"]
         acc.runtime_ns = s["runtime_ns"]
         acc.graph_launches = s["graph_launches"]
+        acc.host_syncs = s["host_syncs"]
         _host_ops(acc, s["host"])
     return top, per
 
@@ -266,23 +274,24 @@ def _halves_pay(raw: bytes) -> bool:
 
 
 def _host_ops(acc: _PerRank, host: list[dict]) -> None:
-    """Comm ops by External id and step candidates from host op dicts (``name``, ``args`` with
-    ``.get``, ns); each distinct name is judged once."""
-    judged: dict[str, tuple[bool, bool]] = {}
+    """Comm ops by External id, step candidates and speculative stage spans from host op dicts
+    (``name``, ``args`` with ``.get``, ns); each distinct name is judged once."""
+    judged: dict[str, tuple[bool, bool, bool]] = {}
     for ev in host:
         name, args = ev["name"], ev["args"]
         if not isinstance(name, str):
             continue
         j = judged.get(name)
         if j is None:
-            j = judged[name] = (_looks_comm_op(name), any(r.match(name) for r in _STEP_RES))
-        comm, step = j
+            j = judged[name] = (_looks_comm_op(name), any(r.match(name) for r in _STEP_RES),
+                                bool(STAGE_SPAN.match(name)))
+        comm, step, stage = j
         if comm:
             ext = args.get("External id")
             if type(ext) is int:
                 acc.ops_by_ext[ext] = {"name": name, "args": args}
-        if step and ev["ts_ns"] is not None and ev["dur_ns"] is not None:
-            acc.step_candidates.append(ev)
+        if (step or stage) and ev["ts_ns"] is not None and ev["dur_ns"] is not None:
+            (acc.step_candidates if step else acc.stage_candidates).append(ev)
 
 
 def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
@@ -319,7 +328,9 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
             if type(corr) is int:
                 acc.runtime_ns[corr] = ts
             if isinstance(name, str) and GRAPH_LAUNCH.match(name):
-                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur})
+                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur, "correlation": corr})
+            elif isinstance(name, str) and HOST_SYNC.match(name) and dur is not None:
+                acc.host_syncs.append({"name": name, "ts_ns": ts, "dur_ns": dur})
         else:
             _host_ops(acc, [{"name": name, "args": args, "ts_ns": ts, "dur_ns": dur}])
     for label, evs in gpu.items():
@@ -456,7 +467,9 @@ class _PerRank:
 
         self.gpu: GpuColumns = GpuColumns.from_dicts([])
         self.runtime_ns: dict[int, int] = {}  # correlation -> host launch time (ns)
-        self.graph_launches: list[dict] = []  # {"ts_ns", "dur_ns"}
+        self.graph_launches: list[dict] = []  # {"ts_ns", "dur_ns", "correlation"}
+        self.host_syncs: list[dict] = []  # blocking runtime calls (HOST_SYNC): {"name", "ts_ns", "dur_ns"}
+        self.stage_candidates: list[dict] = []  # STAGE_SPAN host spans
         self.ops_by_ext: dict[int, dict] = {}  # External id -> comm cpu_op (name, args)
         self.step_candidates: list[dict] = []
         self.skipped = 0  # GPU events without a usable ts/dur
@@ -567,7 +580,8 @@ _COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all
 # The host ops the loader reads, in one search per distinct name: comm ops (_COMM_OP, which sets
 # the case-blind flag for the whole pattern) or step spans (STEP_PATTERNS, case kept as _STEP_RES
 # matches them; each starts with ^, so search is match).
-_HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS)]))
+_HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS),
+                                  f"(?-i:{STAGE_SPAN.pattern})"]))
 
 
 def _looks_comm_op(name: str) -> bool:
@@ -715,6 +729,9 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
         meta["implausible_duration_events"] = implausible
     order = np.argsort(start_ns, kind="stable")
     step_idx = assign_steps(launch_ns, steps)
+    graph_corr = {e.get("correlation") for e in acc.graph_launches} - {None}
+    in_graph = (np.fromiter((c in graph_corr for c in g.correlation), dtype=bool, count=n) if graph_corr
+                else np.zeros(n, dtype=bool))
     meta["step_source"] = ("annotation" if steps and not steps[0].name.startswith("graph_launch#")
                            else "graph_launch" if steps else "none (whole trace is one window)")
     if unresolved:
@@ -732,7 +749,17 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
         names=names,
         steps=steps,
         meta=meta,
+        launch_ns=launch_ns[order],
+        in_graph=in_graph[order],
+        spans=_windows(acc.stage_candidates),
+        host_syncs=_windows(acc.host_syncs),
     )
+
+
+def _windows(evs: list[dict]) -> list[Step]:
+    """Host spans (``name``, ``ts_ns``, ``dur_ns``) as :class:`Step` windows sorted by start."""
+    return sorted((Step(e["name"], e["ts_ns"], e["ts_ns"] + e["dur_ns"]) for e in evs
+                   if e["ts_ns"] is not None and e["dur_ns"] is not None), key=lambda w: w.start_ns)
 
 
 def _is_fastverify_profile(path: Path) -> bool:

@@ -1,0 +1,153 @@
+"""``fastverify report BUNDLE``: read a bundle of ``fastverify collect`` anywhere (no GPU) and say
+where each speculative cycle's time goes, what is anomalous (with the evidence) and how much a
+faster all-reduce can remove. Text (default), ``--json`` (one document), ``--png`` (the split)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+import orjson
+
+from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_means
+from fastverify.cycle.split import CycleSplit, split_cycles
+from fastverify.errors import UserError
+
+SCHEMA = "fastverify.cycle_report"
+SCHEMA_VERSION = 1
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="the .tar.gz written by `fastverify collect`")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
+    p.add_argument("--png", type=Path, default=None, metavar="PATH", help="also draw the cycle split per mode")
+
+
+def _traces(bundle, tmp: Path) -> tuple[list[str], str | None]:
+    """Extract the server's traces (else the verify-log folder's) and return their paths and part."""
+    for part in ("server_trace", "verify_log"):
+        p = bundle.part(part)
+        if p is None or p.status != "ok":
+            continue
+        names = [f for f in p.files if f.endswith(_TRACE_SUFFIXES) and "trace" in Path(f).name]
+        if names:
+            return [str(x) for x in bundle.extract(names, tmp / part)], part
+    return [], None
+
+
+def _json_part(bundle, name: str) -> dict | None:
+    p = bundle.part(name)
+    if p is None or p.status != "ok" or not p.files:
+        return None
+    try:
+        doc = orjson.loads(bundle.read(p.files[0]))
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"{bundle.path}: {p.files[0]} is not JSON ({e})") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _msg_bytes(ranks, server: dict | None, meta: dict) -> int | None:
+    """The verify all-reduce payload (bytes): the traces' own sizes where they record them (eager
+    launches), else draft tokens x hidden x 2 B (bf16) from the server's arguments and model config."""
+    from fastverify.events import EventClass
+
+    sizes = [int(b) for r in ranks for b, c in zip(r.msg_bytes.tolist(), r.cls.tolist())
+             if b > 0 and c in (EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code)]
+    if sizes:
+        return statistics.mode(sizes)
+    hidden = meta.get("hidden_size")
+    k = (server or {}).get("speculative_num_draft_tokens")
+    if isinstance(hidden, int) and isinstance(k, int) and hidden > 0 and k > 0:
+        return k * hidden * 2
+    return None
+
+
+def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
+    """Parse every part of ``bundle`` the report uses; notes say what was missing."""
+    notes = []
+    files, part = _traces(bundle, tmp)
+    ev = Evidence()
+    server = _json_part(bundle, "server_args")
+    args_part = bundle.part("server_args")
+    server_args = (server or {}).get("server_args", server) if isinstance(server, dict) else None
+    if files:
+        from fastverify.trace.load import load_traces
+
+        ranks = load_traces(files, progress=False)
+        ev.split = split_cycles(ranks)
+        ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
+        ev.world_size = next((r.meta.get("world_size") for r in ranks if r.meta.get("world_size")), None)
+        ev.msg_bytes = _msg_bytes(ranks, server_args, dict(args_part.meta) if args_part else {})
+        if ev.split is None:
+            notes.append("the traces have no SGLang step spans (step[VERIFY ...]): no cycles to split; was the "
+                         "profile taken with SGLang's /start_profile?")
+    else:
+        notes.append("no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
+                     "while the server serves traffic")
+    if ev.world_size is None and isinstance(server_args, dict) and isinstance(server_args.get("tp_size"), int):
+        ev.world_size = server_args["tp_size"]
+    p = bundle.part("nccl_log")
+    if p is not None and p.status == "ok" and p.files:
+        from fastverify.nccl.logparse import parse_nccl_log
+
+        ev.nccl_log = parse_nccl_log(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
+        ev.sources["nccl_log"] = p.files[0]
+    ev.iommu = _json_part(bundle, "host_iommu")
+    ev.sweep = _json_part(bundle, "sweep")
+    if ev.sweep is not None:
+        ev.sources["sweep"] = "sweep/tune.json"
+    for part_ in bundle.manifest.parts:
+        if part_.status != "ok":
+            notes.append(f"{part_.name}: {part_.status} ({part_.reason})")
+    return ev, notes
+
+
+def document(bundle, ev: Evidence, found: list[Flag], ans: Answer | None, notes: list[str]) -> dict:
+    """The report as one JSON-ready dict."""
+    split: CycleSplit | None = ev.split
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "bundle": str(bundle.path),
+        "collected_utc": bundle.manifest.created_utc, "host": bundle.manifest.host,
+        "clock": split.clock if split else None,
+        "world_size": ev.world_size, "verify_msg_bytes": ev.msg_bytes,
+        "cycles": msgspec.to_builtins(split) if split else None,
+        "modes_mean_us": mode_means(split) if split else None,
+        "flags": [msgspec.to_builtins(f) for f in found],
+        "answer": msgspec.to_builtins(ans) if ans else None,
+        "sources": ev.sources, "notes": notes,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastverify.bundle import open_bundle
+    from fastverify.procs import check_outputs, check_writable
+
+    if args.png is not None:
+        check_outputs({"--png": args.png}, {"BUNDLE": args.bundle})
+        check_writable(args.png)
+    bundle = open_bundle(args.bundle)
+    with tempfile.TemporaryDirectory(prefix="fastverify-report-") as tmp:
+        ev, notes = evidence(bundle, Path(tmp))
+    found = flags(ev)
+    ans = answer(ev, found)
+    doc = document(bundle, ev, found, ans, notes)
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        from fastverify.cycle.printer import print_report
+
+        print_report(doc)
+    if args.png is not None:
+        if ev.split is None:
+            raise UserError(f"--png {args.png}: the bundle has no cycles to draw (no server trace)")
+        from fastverify.cycle.plot import plot_cycle
+
+        plot_cycle(doc, args.png)
+        if not args.json:
+            print(f"wrote {args.png}")
+    return 0

@@ -1,0 +1,271 @@
+"""Anomaly flags with their evidence, and the answer: how much of a cycle a faster all-reduce can
+remove (the transfer) and how much it cannot (wait, idle, compute), and what to do first.
+
+Evidence comes as typed inputs (:class:`Evidence`), each optional: the cycle split of the server's
+traces, the NCCL_DEBUG=INFO log, the host's IOMMU/ACS facts, the box's own measured sweep and
+the published NCCL measurements (``fastverify/data/published_allreduce.json``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import msgspec
+
+from fastverify.cycle.split import CAUSES, CycleSplit
+
+SLOW_FACTOR = 2.0
+"""A transfer per all-reduce this many times the reference (the box's own sweep, else the median
+of published NCCL boxes of the same world size) is flagged."""
+SKEW_SHARE = 0.5
+"""A rank last to arrive in at least this share of the all-reduces where some rank waited, with
+the wait at least :data:`WAIT_SHARE` of all-reduce time, is a straggler."""
+WAIT_SHARE = 0.2
+IDLE_SHARE = 0.05
+"""GPU idle (in a mode, or between forwards) above this share of the cycle is flagged."""
+_CAUSE_TEXT = {"d2h_copy": "after a device-to-host copy (.item()/.tolist(): a GPU->CPU sync)",
+               "host_sync": "while the host blocked in cudaStreamSynchronize-like calls",
+               "launch_gap": "waiting for the host to launch the next kernel (host-bound)",
+               "dependency": "waiting on another stream or event"}
+
+
+class Flag(msgspec.Struct, frozen=True):
+    """One anomaly: ``kind`` (``rank_skew``, ``p2p_off``, ``iommu_acs``, ``slow_transfer``,
+    ``idle``, ``eager_kernels``), what was found, the evidence lines, and the fix."""
+
+    kind: str
+    finding: str
+    evidence: tuple[str, ...]
+    fix: str
+    setup: bool = True  # a setup problem (fix before any swap), not a kernel choice
+
+
+class Answer(msgspec.Struct, frozen=True):
+    """Per cycle, mean over TP ranks (ms): what a faster all-reduce can remove and what it cannot."""
+
+    cycle_ms: float
+    removable_ms: float
+    not_removable_ms: dict[str, float]
+    by_mode_ms: dict[str, dict[str, float]]
+    next_action: str
+    actions: tuple[str, ...]
+    basis: str
+
+
+@dataclass
+class Evidence:
+    """What a bundle holds, parsed; every part optional."""
+
+    split: CycleSplit | None = None
+    nccl_log: object | None = None  # fastverify.nccl.logparse.NcclLog
+    iommu: dict | None = None
+    sweep: dict | None = None
+    world_size: int | None = None
+    msg_bytes: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def mode_means(split: CycleSplit) -> dict[str, dict[str, float]]:
+    """Per mode, the mean over ranks of each per-cycle quantity (µs)."""
+    keys = ("compute_us", "allreduce_us", "allreduce_count", "transfer_us", "wait_us", "unmatched_us",
+            "other_comm_us", "memory_us", "idle_us", "forwards", "eager_kernels", "eager_us")
+    modes: dict[str, list] = {}
+    for r in split.ranks:
+        for m in r.modes:
+            modes.setdefault(m.mode, []).append(m)
+    out = {}
+    for mode, rows in modes.items():
+        out[mode] = {k: _mean(getattr(m, k) for m in rows) * len(rows) / len(split.ranks) for k in keys}
+        out[mode]["idle_causes_us"] = {c: _mean(m.idle_causes_us.get(c, 0.0) for m in rows) for c in CAUSES}
+    return out
+
+
+def _reference(ev: Evidence) -> tuple[float, str] | None:
+    """Reference NCCL time (µs) per all-reduce at the verify size: this box's sweep, else published."""
+    size = ev.msg_bytes
+    if ev.sweep and size:
+        base = next((c for c in ev.sweep.get("candidates", []) if c.get("is_baseline")), None)
+        rows = [s for s in (base or {}).get("sizes", []) if s.get("median_us") is not None]
+        if rows and (ev.sweep.get("label") == "measured"):
+            best = min(rows, key=lambda s: abs(s["msg_bytes"] - size))
+            return best["median_us"], (f"this box's measured sweep: NCCL {best['median_us']:.1f} µs at "
+                                       f"{best['msg_bytes']:,} B ({ev.sources.get('sweep', 'sweep')})")
+    if size and ev.world_size and ev.world_size >= 2:
+        from fastverify.registry import BackendName
+        from fastverify.tune.backend_model import comparable
+
+        times = sorted(t for m in comparable(BackendName.nccl, ev.world_size) if (t := m.time_at(size)))
+        if times:
+            med = statistics.median(times)
+            return med, (f"published NCCL on {len(times)} {ev.world_size}-GPU PCIe boxes at {size:,} B: median "
+                         f"{med:.1f} µs (range {times[0]:.1f}-{times[-1]:.1f}; fastverify/data/published_allreduce.json)")
+    return None
+
+
+def _skew(split: CycleSplit, means: dict) -> Flag | None:
+    ar = sum(m["allreduce_us"] for m in means.values())
+    wait = sum(m["wait_us"] for m in means.values())
+    if split.straggler_rank is None or not ar or wait / ar < WAIT_SHARE or (split.straggler_share or 0) < SKEW_SHARE:
+        return None
+    r = split.straggler_rank
+    return Flag("rank_skew",
+                f"TP rank {r} arrives last: the other ranks wait {wait / 1000:.3f} ms per cycle "
+                f"({100 * wait / ar:.0f} % of all-reduce time) for it",
+                (f"rank {r} last in {split.last_arrivals.get(str(r), 0)} of {split.waited} all-reduces where a rank "
+                 f"waited ({100 * split.straggler_share:.0f} %), of {split.matched} matched across "
+                 f"{len(split.ranks)} ranks",),
+                f"look at TP rank {r} first: MoE expert load imbalance (SGLang --enable-eplb), its GPU clocks and "
+                "temperature (nvidia-smi -q -d CLOCK,PERFORMANCE), and its host thread (CPU pinning, numactl); "
+                "a faster all-reduce does not remove this wait")
+
+
+def _p2p(ev: Evidence) -> Flag | None:
+    log = ev.nccl_log
+    if log is None:
+        return None
+    kinds = log.transport_kinds()
+    shm = sorted(p for p, k in kinds.items() if k == "SHM")
+    env = log.p2p_disabled_by_env
+    if not (shm or env or (log.uses_shm and not log.uses_p2p)):
+        return None
+    evid = [f"{ev.sources.get('nccl_log', 'NCCL log')}: "
+            + (f"{len(shm)} of {len(kinds)} GPU pairs run over SHM (host memory): "
+               + ", ".join(f"{a}-{b}" for a, b in shm[:8]) + (" ..." if len(shm) > 8 else "") if kinds
+               else "transport SHM")]
+    if env:
+        evid.append(f"NCCL read {env} from the environment")
+    fix = (f"remove {env} from the server's environment" if env else
+           "let NCCL use P2P: NCCL_P2P_LEVEL=SYS (check it with `fastverify topo --nccl-log`), a driver with "
+           "P2P enabled, and in the BIOS/kernel IOMMU off or passthrough (iommu=pt) and PCIe ACS off")
+    return Flag("p2p_off", "P2P is off: NCCL moves the all-reduces through host memory (SHM)", tuple(evid), fix)
+
+
+def _iommu(ev: Evidence) -> Flag | None:
+    info = ev.iommu
+    if not info:
+        return None
+    tokens = [t for t in info.get("cmdline_iommu_tokens") or [] if isinstance(t, str)]
+    on = [t for t in tokens if t.split("=", 1)[-1] in ("on", "force", "1")] and "iommu=pt" not in tokens
+    acs = [a for a in info.get("acs") or [] if isinstance(a, dict)
+           and any(f in str(a.get("acsctl", "")) for f in ("SrcValid+", "ReqRedir+"))]
+    if not (on or acs):
+        return None
+    evid = []
+    if on:
+        evid.append(f"kernel command line: {' '.join(tokens)} (IOMMU translating, not passthrough)")
+    if info.get("iommu_groups"):
+        evid.append(f"{info['iommu_groups']} IOMMU groups in /sys/kernel/iommu_groups")
+    for a in acs[:4]:
+        evid.append(f"ACSCtl on {a.get('device')}: {a.get('acsctl')}")
+    return Flag("iommu_acs", "IOMMU/ACS can route peer-to-peer traffic through the CPU root complex",
+                tuple(evid), "set iommu=pt (or the IOMMU off) on the kernel command line and disable PCIe ACS "
+                "(BIOS, or setpci ECAP_ACS+0x6.w=0000 on the bridges), then rerun `fastverify collect`")
+
+
+def _slow(ev: Evidence, means: dict) -> Flag | None:
+    v = means.get("verify")
+    if not v or not v["allreduce_count"]:
+        return None
+    per = (v["transfer_us"] if v["transfer_us"] else v["allreduce_us"]) / v["allreduce_count"]
+    ref = _reference(ev)
+    if ref is None or per < SLOW_FACTOR * ref[0]:
+        return None
+    what = "transfer" if v["transfer_us"] else "all-reduce time (wait not separated)"
+    return Flag("slow_transfer",
+                f"verify all-reduces take {per:.1f} µs each ({what}), {per / ref[0]:.1f}x the reference",
+                (f"trace: {v['allreduce_count']:g} verify all-reduces per cycle, {per:.1f} µs {what} each"
+                 + (f" at {ev.msg_bytes:,} B" if ev.msg_bytes else ""), ref[1]),
+                "fix the transport first (P2P, IOMMU/ACS above), then `fastverify tune` for NCCL settings or a "
+                "PCIe-aware backend", setup=False)
+
+
+def _idle(split: CycleSplit, means: dict, cycle_us: float) -> list[Flag]:
+    out = []
+    if not cycle_us:
+        return out
+    between = {c: _mean(r.between_causes_us.get(c, 0.0) for r in split.ranks) for c in CAUSES}
+    places = [(f"in {m} forwards", v["idle_causes_us"]) for m, v in means.items() if m != "outside"]
+    places.append(("between forwards", between))
+    for where, causes in places:
+        total = sum(causes.values())
+        if total / cycle_us < IDLE_SHARE:
+            continue
+        top = max(causes, key=causes.get)
+        evid = tuple(f"{c}: {v / 1000:.3f} ms per cycle ({_CAUSE_TEXT[c]})" for c, v in causes.items() if v)
+        fix = {"d2h_copy": "find the GPU->CPU read in the cycle (a .item()/.tolist() on the host path, e.g. "
+                           "sglang#26171 for EAGLE-3) and keep the value on the GPU or read it asynchronously",
+               "host_sync": "remove the blocking synchronize from the cycle's host path",
+               "launch_gap": "the host launches too slowly: keep the forward in a CUDA graph, check the CPU is "
+                             "not throttled or shared (pin the scheduler threads)",
+               "dependency": "look at the streams: a kernel waits on another stream's event"}[top]
+        out.append(Flag("idle", f"GPU idle {where}: {total / 1000:.3f} ms per cycle "
+                                f"({100 * total / cycle_us:.0f} % of the cycle), mostly {_CAUSE_TEXT[top]}", evid, fix))
+    for m, v in means.items():
+        if v["eager_kernels"] and v["eager_us"] / cycle_us >= IDLE_SHARE:
+            out.append(Flag("eager_kernels", f"{v['eager_kernels']:g} kernels per cycle of {m} run outside its CUDA "
+                                             f"graph ({v['eager_us'] / 1000:.3f} ms)",
+                            (f"{m}: some kernels replay from a graph, {v['eager_kernels']:g} do not",),
+                            "check why the forward falls back to eager launches (capture sizes: "
+                            "--cuda-graph-max-bs, the batch seen here)"))
+    return out
+
+
+def flags(ev: Evidence) -> list[Flag]:
+    """Every flag the evidence supports, setup problems first."""
+    out: list[Flag] = []
+    for f in (_p2p(ev), _iommu(ev)):
+        if f is not None:
+            out.append(f)
+    if ev.split is not None:
+        means = mode_means(ev.split)
+        cycle = _mean(r.cycle_mean_us for r in ev.split.ranks)
+        for f in (_skew(ev.split, means), _slow(ev, means)):
+            if f is not None:
+                out.append(f)
+        out += _idle(ev.split, means, cycle)
+    return out
+
+
+def answer(ev: Evidence, found: list[Flag]) -> Answer | None:
+    """The removable / not removable split per cycle and the next action; None without a split."""
+    split = ev.split
+    if split is None or not split.ranks:
+        return None
+    means = mode_means(split)
+    cycle = _mean(r.cycle_mean_us for r in split.ranks)
+    transfer = sum(m["transfer_us"] for m in means.values())
+    unmatched = sum(m["unmatched_us"] for m in means.values())
+    wait = sum(m["wait_us"] for m in means.values())
+    idle = sum(m["idle_us"] for m in means.values()) + _mean(r.between_idle_us for r in split.ranks)
+    compute = sum(m["compute_us"] for m in means.values())
+    other = sum(m["other_comm_us"] + m["memory_us"] for m in means.values())
+    removable = transfer + unmatched
+    basis = ("transfer = the shortest duration of each all-reduce across the ranks' traces (the last rank to "
+             "arrive waits for no one)")
+    if unmatched:
+        basis += (f"; {unmatched / 1000:.3f} ms of all-reduce time could not be matched across ranks and is "
+                  "counted as removable: an upper bound")
+    by_mode = {m: {"transfer": round(v["transfer_us"] / 1000, 4), "wait": round(v["wait_us"] / 1000, 4),
+                   "unmatched": round(v["unmatched_us"] / 1000, 4), "compute": round(v["compute_us"] / 1000, 4),
+                   "idle": round(v["idle_us"] / 1000, 4),
+                   "other": round((v["other_comm_us"] + v["memory_us"]) / 1000, 4)} for m, v in means.items()}
+    setup = [f for f in found if f.setup]
+    swap = cycle > 0 and removable / cycle >= 0.1
+    if setup and swap:
+        action = "both: fix the setup first, then swap the backend"
+    elif setup:
+        action = "fix the setup first"
+    elif swap:
+        action = "swap the backend (`fastverify tune --write-env`, then `fastverify launch`)"
+    else:
+        action = "neither helps much: the cycle is compute-bound"
+    return Answer(cycle_ms=round(cycle / 1000, 4), removable_ms=round(removable / 1000, 4),
+                  not_removable_ms={"wait": round(wait / 1000, 4), "idle": round(idle / 1000, 4),
+                                    "compute": round(compute / 1000, 4), "other": round(other / 1000, 4)},
+                  by_mode_ms=by_mode, next_action=action, actions=tuple(f.fix for f in setup), basis=basis)
