@@ -83,7 +83,11 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
         ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
         ev.world_size = next((r.meta.get("world_size") for r in ranks if r.meta.get("world_size")), None)
         ev.msg_bytes = _msg_bytes(ranks, server_args, dict(args_part.meta) if args_part else {})
-        if ev.split is None:
+        if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
+            notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
+                         "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
+            ev.split = None
+        elif ev.split is None:
             notes.append("the traces have no SGLang step spans (step[VERIFY ...]): no cycles to split; was the "
                          "profile taken with SGLang's /start_profile?")
     else:
@@ -143,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(doc)
     if args.png is not None:
-        if ev.split is None:
+        if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
+            notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
+                         "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
+            ev.split = None
+        elif ev.split is None:
             raise UserError(f"--png {args.png}: the bundle has no cycles to draw (no server trace)")
         from fastverify.cycle.plot import plot_cycle
 

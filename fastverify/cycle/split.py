@@ -10,7 +10,8 @@ any forward of the draft model, ``step[EXTEND bs=1 toks=40]``, ``step[DECODE bs=
 inside it; a step span outside every stage span is one forward of its own mode.
 
 A cycle starts at each ``draft`` stage (EAGLE) or, without a drafter on the GPUs (NGRAM), at each
-verify forward, and runs to the next start; the last start has no end and is left out. A GPU
+verify forward (without speculative decoding: each decode forward), and runs to the next start;
+the last start has no end and is left out. A GPU
 event belongs to the forward whose host window holds its launch (its runtime call, or its graph
 launch); launched between forwards it is ``outside`` (sampling and bookkeeping kernels).
 
@@ -132,10 +133,11 @@ def forwards(r: RankEvents) -> list[tuple[str, int, int]]:
 
 
 def _boundaries(fwd: list[tuple[str, int, int]]) -> tuple[str, np.ndarray]:
-    draft = [s for m, s, _ in fwd if m == "draft"]
-    if draft:
-        return "draft stage", np.array(draft, dtype=np.int64)
-    return "verify forward", np.array([s for m, s, _ in fwd if m == "verify"], dtype=np.int64)
+    for mode, anchor in (("draft", "draft stage"), ("verify", "verify forward"), ("decode", "decode forward")):
+        starts = [s for m, s, _ in fwd if m == mode]
+        if len(starts) >= 2:
+            return anchor, np.array(starts, dtype=np.int64)
+    return "none", np.zeros(0, dtype=np.int64)
 
 
 class _Rank:

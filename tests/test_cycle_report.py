@@ -1,0 +1,176 @@
+"""``fastverify report``: the cycle split, the flags and the answer, on bundles built from synthetic
+8-rank EAGLE traces with planted causes (tests/cycle_traces.py), a planted P2P-off NCCL log and the
+public inputs in ../shared/. Expected values are worked out from each plan's parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
+from fastverify.cli import main
+from tests import cycle_traces as ct
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+P2P_OFF_LOG = "\n".join(
+    ["host0:1000:1000 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+     "host0:1000:1000 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1"]
+    + [f"host0:1000:{1010 + r} [{r}] NCCL INFO Channel 00 : {r}[{r}] -> {(r + 1) % 8}[{(r + 1) % 8}] via SHM/direct/direct"
+       for r in range(8)]) + "\n"
+
+
+def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None = None,
+                iommu: dict | None = None) -> Path:
+    """A bundle as `collect` writes it, with the given parts ok and the others skipped."""
+    files: dict[str, bytes | Path] = {}
+    parts = []
+    for name in PART_NAMES:
+        arcs: tuple[str, ...] = ()
+        if name == "server_trace" and plan is not None:
+            traces = ct.write(tmp / "traces", plan)
+            arcs = tuple(f"server/traces/{p.name}" for p in traces)
+            files.update(zip(arcs, traces))
+        elif name == "nccl_log" and nccl_log is not None:
+            arcs = ("nccl/nccl-debug.log",)
+            files[arcs[0]] = nccl_log.encode()
+        elif name == "host_iommu" and iommu is not None:
+            arcs = ("host/iommu.json",)
+            files[arcs[0]] = orjson.dumps(iommu)
+        parts.append(Part(name, "ok", None, arcs) if arcs else Part(name, "skipped", "not in this test"))
+    out = tmp / "bundle.tar.gz"
+    write_bundle(out, Manifest(created_utc="2026-12-01T00:00:00Z", fastverify_version="test",
+                               host={"hostname": "box"}, budget_s=600.0, elapsed_s=1.0, parts=tuple(parts)), files)
+    return out
+
+
+def report_json(bundle: Path, capsys) -> dict:
+    assert main(["report", str(bundle), "--json"]) == 0
+    return orjson.loads(capsys.readouterr().out)
+
+
+def _cycle_us(p: ct.Plan) -> float:
+    draft = p.draft_steps * (1.5 * p.draft_us + 2 * p.transfer_us)
+    straggle = p.straggle_us if p.straggler is not None else 0.0
+    verify = p.transfer_us + p.layers * (p.attn_us + p.moe_us + straggle + 2 * p.transfer_us) + p.late_launch_us
+    extend = 1.5 * p.draft_us + 2 * p.transfer_us
+    return draft + verify + p.d2h_us + p.host_pause_us + extend
+
+
+def test_straggler_and_p2p_off_are_named_with_the_removable_share(tmp_path, capsys):
+    plan = ct.Plan()
+    doc = report_json(make_bundle(tmp_path, plan, nccl_log=P2P_OFF_LOG), capsys)
+    kinds = {f["kind"]: f for f in doc["flags"]}
+    assert {"rank_skew", "p2p_off"} <= set(kinds), kinds
+    assert "TP rank 5" in kinds["rank_skew"]["finding"]
+    assert doc["cycles"]["straggler_rank"] == plan.straggler and doc["cycles"]["straggler_share"] == 1.0
+    assert "NCCL_P2P_DISABLE=1" in " ".join(kinds["p2p_off"]["evidence"])
+    assert "8 of 8 GPU pairs run over SHM" in kinds["p2p_off"]["evidence"][0]
+    ans = doc["answer"]
+    transfer = (plan.draft_ars + plan.verify_ars + 2) * plan.transfer_us  # every all-reduce, per cycle
+    wait = (plan.world - 1) / plan.world * plan.layers * plan.straggle_us  # mean over ranks
+    assert ans["removable_ms"] == pytest.approx(transfer / 1000, abs=1e-6)
+    assert ans["not_removable_ms"]["wait"] == pytest.approx(wait / 1000, abs=1e-6)
+    assert ans["not_removable_ms"]["idle"] == pytest.approx((plan.late_launch_us + plan.host_pause_us) / 1000, abs=1e-6)
+    assert ans["cycle_ms"] == pytest.approx(_cycle_us(plan) / 1000, abs=1e-6)
+    assert ans["next_action"].startswith("both")
+
+
+def test_modes_and_idle_causes(tmp_path, capsys):
+    plan = ct.Plan()
+    doc = report_json(make_bundle(tmp_path, plan), capsys)
+    means = doc["modes_mean_us"]
+    assert means["verify"]["allreduce_count"] == plan.verify_ars
+    assert means["draft"]["allreduce_count"] == plan.draft_ars
+    assert means["draft_extend"]["allreduce_count"] == 2
+    assert means["verify"]["transfer_us"] == pytest.approx(plan.verify_ars * plan.transfer_us)
+    assert means["verify"]["idle_causes_us"]["launch_gap"] == pytest.approx(plan.late_launch_us)
+    ranks = doc["cycles"]["ranks"]
+    assert all(r["cycles"] == plan.cycles for r in ranks)
+    assert all(r["between_causes_us"]["d2h_copy"] == pytest.approx(plan.host_pause_us) for r in ranks)
+    waits = {r["rank"]: next(m["wait_us"] for m in r["modes"] if m["mode"] == "verify") for r in ranks}
+    assert waits[plan.straggler] == 0.0
+    assert all(w == pytest.approx(plan.layers * plan.straggle_us) for k, w in waits.items() if k != plan.straggler)
+
+
+def test_no_straggler_no_skew_flag_and_swap_is_the_answer(tmp_path, capsys):
+    plan = dataclasses.replace(ct.Plan(), straggler=None, host_pause_us=0.0, late_launch_us=0.0, d2h_us=0.0)
+    doc = report_json(make_bundle(tmp_path, plan), capsys)
+    assert not doc["flags"], doc["flags"]
+    assert doc["answer"]["not_removable_ms"]["wait"] == 0.0
+    assert doc["answer"]["next_action"].startswith("swap the backend")
+
+
+def test_iommu_and_acs_signs_are_flagged(tmp_path, capsys):
+    iommu = {"cmdline_iommu_tokens": ["intel_iommu=on"], "iommu_groups": 120,
+             "acs": [{"device": "0000:00:01.1", "acsctl": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+"}]}
+    doc = report_json(make_bundle(tmp_path, None, iommu=iommu), capsys)
+    flag = next(f for f in doc["flags"] if f["kind"] == "iommu_acs")
+    assert any("intel_iommu=on" in e for e in flag["evidence"]) and any("0000:00:01.1" in e for e in flag["evidence"])
+    assert doc["answer"] is None and any("no server trace" in n for n in doc["notes"])
+
+
+def test_passthrough_iommu_is_not_flagged(tmp_path, capsys):
+    iommu = {"cmdline_iommu_tokens": ["intel_iommu=on", "iommu=pt"], "iommu_groups": 120, "acs": []}
+    doc = report_json(make_bundle(tmp_path, None, iommu=iommu), capsys)
+    assert not [f for f in doc["flags"] if f["kind"] == "iommu_acs"]
+
+
+@pytest.mark.skipif(not (SHARED / "inputs").is_dir(), reason="../shared/inputs is absent on this machine")
+def test_public_nccl_log_with_a_shm_hop_is_p2p_off(tmp_path, capsys):
+    text = (SHARED / "inputs" / "nccldebug-nccl-1027.txt").read_text()
+    doc = report_json(make_bundle(tmp_path, None, nccl_log=text), capsys)
+    flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")
+    assert "3-4" in flag["evidence"][0]  # the log's one SHM hop: 3[3] -> 4[4] via SHM/direct/direct
+
+
+def test_text_report_and_png(tmp_path, capsys):
+    bundle = make_bundle(tmp_path, ct.Plan(), nccl_log=P2P_OFF_LOG)
+    png = tmp_path / "cycle.png"
+    assert main(["report", str(bundle), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "removable by a faster all-reduce (transfer)" in out and "[rank_skew]" in out and "[p2p_off]" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_bundle_and_png_over_the_bundle_exit_2(tmp_path, capsys):
+    bad = tmp_path / "not-a-bundle.tar.gz"
+    bad.write_bytes(b"hello")
+    assert main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err
+    bundle = make_bundle(tmp_path, ct.Plan())
+    before = bundle.read_bytes()
+    assert main(["report", str(bundle), "--png", str(bundle)]) == 2
+    assert bundle.read_bytes() == before
+
+
+def test_loader_reads_spans_syncs_and_launches_the_same_on_both_paths(tmp_path, monkeypatch):
+    import numpy as np
+
+    from fastverify.trace import load as L
+    from tests.test_fast_vs_slow_path import _both
+
+    path = ct.write(tmp_path, ct.Plan(world=2, cycles=2))[0]
+    fast, slow = _both(path, monkeypatch)
+    for a, b in zip(fast, slow):
+        assert a.spans == b.spans and a.host_syncs == b.host_syncs
+        assert np.array_equal(a.launch_ns, b.launch_ns) and np.array_equal(a.in_graph, b.in_graph)
+    r = fast[0]
+    assert [s.name for s in r.spans] == ["draft", "draft_extend"] * 3  # 2 cycles + the last start
+    assert len(r.host_syncs) == 3 and r.host_syncs[0].name == "cudaStreamSynchronize"
+    assert not r.in_graph.any()
+    # the host launched each kernel LAG µs before it ran; the planted late one 1 µs before (after the GPU ran dry)
+    lead = (r.start_ns - r.launch_ns) / 1000.0
+    assert set(np.round(lead, 3).tolist()) == {ct.LAG, 1.0}
+    assert L.HOST_SYNC.match("cudaStreamSynchronize") and not L.HOST_SYNC.match("cudaStreamSynchronizeX")
+
+
+def test_graph_replayed_kernels_are_marked_in_graph():
+    from fastverify.trace.load import load_trace
+
+    data = Path(__file__).parent / "data" / "cuda_graph_replay"
+    r = load_trace(sorted(data.glob("*.json*"))[0])[0]
+    assert r.in_graph.any() and r.meta["step_source"] in ("graph_launch", "annotation")
