@@ -41,7 +41,7 @@ class Plan:
     d2h_us: float = 10.0
     host_pause_us: float = 300.0
     late_launch_us: float = 50.0
-    msg_bytes: int = 4 * 7168 * 2
+    msg_bytes: int | None = 4 * 7168 * 2  # None: sizes unknown, as under CUDA-graph replay
 
     @property
     def verify_ars(self) -> int:
@@ -73,10 +73,13 @@ class _Clock:
         self.events[r].append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
                                "ts": start - LAG, "dur": end - start})
 
-    def all_reduce(self, transfer: float) -> None:
+    def all_reduce(self, transfer: float, msg_bytes: int | None) -> None:
         end = max(self.t) + transfer
         for r in range(len(self.t)):
             self.kernel(r, AR_KERNEL, end - self.t[r])
+            if msg_bytes:  # eager NCCL kernels carry c10d's args (In msg nelems x dtype)
+                self.events[r][-1]["args"].update({"In msg nelems": msg_bytes // 2, "dtype": "BFloat16",
+                                                   "Collective name": "allreduce"})
 
 
 def build(plan: Plan = Plan()) -> list[dict]:
@@ -89,20 +92,20 @@ def build(plan: Plan = Plan()) -> list[dict]:
             s0 = list(ck.t)
             for r in ranks:
                 ck.kernel(r, COMPUTE, plan.draft_us)
-            ck.all_reduce(plan.transfer_us)
+            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
             for r in ranks:
                 ck.kernel(r, COMPUTE, plan.draft_us / 2)
-            ck.all_reduce(plan.transfer_us)
+            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
             for r in ranks:
                 ck.span(r, "step[DRAFT bs=1]", s0[r], ck.t[r])
         for r in ranks:
             ck.span(r, "draft", start[r], ck.t[r])
         v0 = list(ck.t)
-        ck.all_reduce(plan.transfer_us)  # embedding
+        ck.all_reduce(plan.transfer_us, plan.msg_bytes)  # embedding
         for layer in range(plan.layers):
             for r in ranks:
                 ck.kernel(r, COMPUTE, plan.attn_us)
-            ck.all_reduce(plan.transfer_us)
+            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
             for r in ranks:
                 extra = plan.straggle_us if r == plan.straggler else 0.0
                 last = layer == plan.layers - 1
@@ -111,7 +114,7 @@ def build(plan: Plan = Plan()) -> list[dict]:
                     ck.kernel(r, COMPUTE, plan.moe_us + extra, launch_at=ck.t[r] - 1.0)
                 else:
                     ck.kernel(r, COMPUTE, plan.moe_us + extra)
-            ck.all_reduce(plan.transfer_us)
+            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
         for r in ranks:
             ck.span(r, "step[VERIFY bs=1]", v0[r], ck.t[r])
         for r in ranks:  # accept-length read back: D2H copy, host sync, host work, then draft_extend
@@ -122,10 +125,10 @@ def build(plan: Plan = Plan()) -> list[dict]:
         e0 = list(ck.t)
         for r in ranks:
             ck.kernel(r, COMPUTE, plan.draft_us)
-        ck.all_reduce(plan.transfer_us)
+        ck.all_reduce(plan.transfer_us, plan.msg_bytes)
         for r in ranks:
             ck.kernel(r, COMPUTE, plan.draft_us / 2)
-        ck.all_reduce(plan.transfer_us)
+        ck.all_reduce(plan.transfer_us, plan.msg_bytes)
         for r in ranks:
             ck.span(r, "step[DRAFT bs=1]", e0[r], ck.t[r])
             ck.span(r, "draft_extend", e0[r], ck.t[r])

@@ -23,7 +23,7 @@ P2P_OFF_LOG = "\n".join(
 
 
 def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None = None,
-                iommu: dict | None = None) -> Path:
+                iommu: dict | None = None, sweep: dict | None = None) -> Path:
     """A bundle as `collect` writes it, with the given parts ok and the others skipped."""
     files: dict[str, bytes | Path] = {}
     parts = []
@@ -36,6 +36,9 @@ def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None 
         elif name == "nccl_log" and nccl_log is not None:
             arcs = ("nccl/nccl-debug.log",)
             files[arcs[0]] = nccl_log.encode()
+        elif name == "sweep" and sweep is not None:
+            arcs = ("sweep/tune.json",)
+            files[arcs[0]] = orjson.dumps(sweep)
         elif name == "host_iommu" and iommu is not None:
             arcs = ("host/iommu.json",)
             files[arcs[0]] = orjson.dumps(iommu)
@@ -174,3 +177,32 @@ def test_graph_replayed_kernels_are_marked_in_graph():
     data = Path(__file__).parent / "data" / "cuda_graph_replay"
     r = load_trace(sorted(data.glob("*.json*"))[0])[0]
     assert r.in_graph.any() and r.meta["step_source"] in ("graph_launch", "annotation")
+
+
+def test_seed_sized_transfer_is_slow_against_published_boxes(tmp_path, capsys):
+    """200 µs per 56 KiB all-reduce (the seed's figure) on 8 ranks against the published NCCL
+    boxes of that world size; 40 µs is within them."""
+    from fastverify.registry import BackendName
+    from fastverify.tune.backend_model import comparable
+
+    times = sorted(t for m in comparable(BackendName.nccl, 8) if (t := m.time_at(57344)))
+    median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+    slow = dataclasses.replace(ct.Plan(), straggler=None, transfer_us=200.0)
+    doc = report_json(make_bundle(tmp_path / "slow", slow), capsys)
+    assert doc["verify_msg_bytes"] == 57344
+    flag = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")
+    assert f"{200 / median:.1f}x" in flag["finding"] and f"median {median:.1f} µs" in flag["evidence"][1]
+    fast = dataclasses.replace(ct.Plan(), straggler=None, transfer_us=40.0)
+    doc = report_json(make_bundle(tmp_path / "fast", fast), capsys)
+    assert not [f for f in doc["flags"] if f["kind"] == "slow_transfer"]
+
+
+def test_transfer_is_set_against_the_boxs_own_sweep_first(tmp_path, capsys):
+    sweep = {"mode": "measure", "label": "measured", "candidates": [
+        {"is_baseline": True, "name": "current environment", "sizes": [
+            {"msg_bytes": 28672, "count_per_step": 1, "median_us": 25.0, "p90_us": 27.0},
+            {"msg_bytes": 57344, "count_per_step": 1, "median_us": 30.0, "p90_us": 33.0}]}]}
+    plan = dataclasses.replace(ct.Plan(), straggler=None, transfer_us=70.0)  # 2.3x the sweep, ~1.5x published
+    doc = report_json(make_bundle(tmp_path, plan, sweep=sweep), capsys)
+    flag = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")
+    assert "2.3x" in flag["finding"] and "this box's measured sweep: NCCL 30.0 µs at 57,344 B" in flag["evidence"][1]
