@@ -342,9 +342,11 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
 # --- verify time and tok/s ------------------------------------------------------------------------------
 
 
-def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_s: float | None) -> Prediction:
+def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_s: float | None,
+                user=None) -> Prediction:
     """Each ranked figure with ``verify`` = ``verify_ms`` / ``tok_s`` at its point and range
-    (:func:`fastverify.tune.predict.verify_reduction` against the baseline's point)."""
+    (:func:`fastverify.tune.predict.verify_reduction` against the baseline's point; ``user``: the
+    user's own figures, :class:`fastverify.tune.user_figures.UserFigures`)."""
     from fastverify.tune.predict import verify_reduction
 
     b = pred.baseline.point_us
@@ -352,13 +354,13 @@ def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_
     def one(f: Figure) -> Figure:
         if not f.ranked:
             return f
-        reds = [verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s)
+        reds = [verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s, user=user)
                 for v in (f.point_us, *f.range_us)]
         ms = [r["verify_predicted_us"] / 1e3 for r in reds]
         rates = [r["tok_s_predicted"] for r in reds]
         v = {"verify_ms": ms[0], "verify_ms_range": [ms[1], ms[2]],
              "tok_s": rates[0], "tok_s_range": [rates[2], rates[1]] if None not in rates else None,
-             "tok_s_upper_bound": tok_s is None, "reduction": reds[0]}
+             "tok_s_upper_bound": tok_s is None and user is None, "reduction": reds[0]}
         return replace(f, verify=MappingProxyType(v))
 
     cands = tuple(one(f) for f in pred.candidates)
@@ -419,7 +421,9 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
                       box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
     """``tune --json`` in measure mode: the same shape with measured figures. The label is
     ``measured`` for GPU (CUDA events) timings and ``CPU wall clock`` for a gloo run, which
-    measures the machinery, not the GPU."""
+    measures the machinery, not the GPU. Each candidate's ``sizes`` lists its trial's rows, one per
+    message size: ``msg_bytes``, ``count_per_step``, ``median_us`` / ``p90_us`` (µs per call, ``None``
+    where not measured)."""
     from fastverify.tune.trial import Clock
 
     gpu = ranking.clock is Clock.CUDA_EVENTS
@@ -444,6 +448,8 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
             "vs_baseline_pct": _r(100.0 * (base_us - c.step_us) / base_us, 2) if base_us else None,
             "evidence": [f"{label}: fastverify tune trial {c.spec.trial_id} (median per call; range to p90)"],
             "verify_ms": _r(verify_ms, 4), "tok_s": _r(tok, 2),
+            "sizes": [{"msg_bytes": s.msg_bytes, "count_per_step": s.count_per_step, "median_us": _r(s.median_us),
+                       "p90_us": _r(s.p90_us)} for s in c.result.sizes],
         }
 
     cands = [one(c, i) for i, c in enumerate(ranking.candidates, 1)]

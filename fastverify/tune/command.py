@@ -9,6 +9,10 @@ Two modes:
   ``--perf-table`` > ``--nccl-log`` > topology. Every number is labelled predicted (or measured where
   the user's files measured it), every figure names its evidence, and so does the env file's header;
   the winner may be a backend, written by registry name with gain basis ``predicted``.
+* ``--predict --verify-ms V --allreduce-ms R [--tok-s S]``: the user's own figures are the
+  baseline (``measured-by-user``), each candidate at R × its predicted ratio to the predicted
+  baseline, every gain an upper bound; without ``--topology`` or NVML the box is assumed
+  (:mod:`fastverify.tune.user_figures`).
 * ``--json`` (both modes): one JSON document on stdout (:func:`fastverify.tune.candidates.prediction_document`
   / :func:`~fastverify.tune.candidates.measured_document`); the words go to stderr.
 * measure (default): each candidate runs in a fresh set of worker processes
@@ -69,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--hidden", type=bounded(1, MAX_HIDDEN), default=None,
                    help="hidden size, for a trace profile that does not record it (with a model or a live "
                         "profile it must equal theirs) [default: the workload's]")
+    u = p.add_argument_group("your own figures (with --predict; fastverify.tune.user_figures)")
+    u.add_argument("--verify-ms", type=float, default=None, metavar="MS",
+                   help="your measured verify step, ms (with --allreduce-ms): the baseline, labelled measured-by-user")
+    u.add_argument("--allreduce-ms", type=float, default=None, metavar="MS",
+                   help="the all-reduce time of that verify step, ms (at most --verify-ms)")
     b = p.add_argument_group("box")
     b.add_argument("--topology", type=Path, metavar="FILE", help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
@@ -201,7 +210,7 @@ def _workload(args):
     return workload
 
 
-def _topology(args, tp: int):
+def _topology(args, tp: int, assume=None):
     if args.topology is not None:
         from fastverify.topo.matrix import parse_nvidia_smi_topo
 
@@ -214,6 +223,8 @@ def _topology(args, tp: int):
     try:
         return read_nvml_topology()
     except UserError:
+        if assume is not None:  # the user's own figures: an assumed box, said in every output
+            return assume()
         if args.predict:
             raise UserError("--predict needs the box's topology: give --topology FILE (`nvidia-smi topo -m` text)") from None
         return None
@@ -286,6 +297,9 @@ def run(args) -> int:
     console = (Console(file=sys.stderr, width=130) if args.json
                else Console(width=None if sys.stdout.isatty() else 130))
     _check_flags(args)
+    from fastverify.tune import user_figures as uf
+
+    user = uf.from_args(args)
     workload = _workload(args)
     if args.hidden is not None and workload.hidden and args.hidden != workload.hidden:
         raise UserError(f"--hidden {args.hidden}: the workload ({workload.source}) has hidden size {workload.hidden}; --hidden is "
@@ -297,8 +311,9 @@ def run(args) -> int:
 
         workload = dataclasses.replace(workload, hidden=args.hidden,
                                        notes=(*workload.notes, f"hidden size {args.hidden} from --hidden"))
+    user, user_said = uf.reconcile(user, workload, args.profile)
     if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
-        verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s)
+        verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
     p2p_results = p2p_given = None
     if args.p2p_check is not None:  # read and validated whenever given, whatever else is asked
         from fastverify.topo.box import p2p_file_facts, read_p2p_results
@@ -311,7 +326,9 @@ def run(args) -> int:
         from fastverify.nccl.version import NcclVersion
 
         version = NcclVersion.parse(log.version)
-    topo = _topology(args, workload.tp)
+    topo = _topology(args, workload.tp,
+                     assume=None if user is None else lambda: uf.assumed_topology(workload.tp, p2p_results))
+    uf.check_outputs(args, topo)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
     if topo is not None and p2p_results is not None:
@@ -329,21 +346,24 @@ def run(args) -> int:
         if topo is not None else []
     pred = box_doc = None
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
-        pred = _predict(args, workload, topo, version, ranked, p2p_given, perf, log)
+        pred = _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user)
         box_doc = _box_doc(args, workload, topo, version, p2p_given, log)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
             console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
                           + (f" -> {f.fix}" if f.fix else ""), markup=False)
-    for note in (ranked[0].notes if ranked and ranked[0].is_baseline else ()):
+    for note in (*user_said, *(ranked[0].notes if ranked and ranked[0].is_baseline else ())):
         console.print(f"# note: {note}", markup=False)
     if args.predict:
-        return _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc)
+        return _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc,
+                                  user)
     return _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes, p2p_given, fp)
 
 
-def _predict(args, workload, topo, version, ranked, p2p_given, perf, log):
-    """Every candidate (:func:`fastverify.tune.candidates.predict_candidates`) with verify time and tok/s."""
+def _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=None):
+    """Every candidate (:func:`fastverify.tune.candidates.predict_candidates`) with verify time and tok/s;
+    with ``user`` (the user's own figures) scaled to them
+    (:func:`fastverify.tune.user_figures.scale_prediction`)."""
     from fastverify.deploy import installed_sglang_version
     from fastverify.nccl.enabled import enabled_algos_protos
     from fastverify.tune.candidates import predict_candidates, with_verify
@@ -365,7 +385,11 @@ def _predict(args, workload, topo, version, ranked, p2p_given, perf, log):
         notes.append(f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
                      f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those")
     pred = dataclasses.replace(pred, notes=pred.notes + tuple(notes))
-    return with_verify(pred, workload, accept_length=args.accept_length, tok_s=args.tok_s)
+    if user is not None:
+        from fastverify.tune import user_figures as uf
+
+        pred = uf.scale_prediction(pred, user, uf.notes(args, topo, user))
+    return with_verify(pred, workload, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
 
 
 def _box_doc(args, workload, topo, version, p2p_given, log) -> dict:
@@ -377,7 +401,8 @@ def _box_doc(args, workload, topo, version, p2p_given, log) -> dict:
             "nccl_log": str(args.nccl_log) if args.nccl_log else None}
 
 
-def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc) -> int:
+def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc,
+                       user=None) -> int:
     from fastverify.registry import BackendName
     from fastverify.tune.candidates import prediction_document
     from fastverify.tune.envfile import write_tuner_config
@@ -390,19 +415,28 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
         import json
 
         doc = prediction_document(pred, workload, box=box_doc)
+        if user is not None:
+            from fastverify.tune.user_figures import decorate
+
+            doc = decorate(doc, user, red, topo=topo)
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         console.print(f"# fastverify tune --predict: {workload.source}; {workload.allreduce_count} all-reduces per "
                       f"verify step; topology {topo.source}; NCCL {version or 'version unknown (newest rules)'}",
                       markup=False)
         print_prediction(pred, console)
-        _print_reduction(console, red, predicted=True, best=best.name)
+        if user is not None:
+            from fastverify.tune.user_figures import print_summary
+
+            print_summary(console, red, user, best.name)
+        else:
+            _print_reduction(console, red, predicted=True, best=best.name)
     if args.write_env is not None:
         from fastverify.deploy import Gain
 
         path = _env_path(args, fp)
         header = prediction_header(workload, best, base, red, topology_source=topo.source, n_gpus=len(topo.gpus),
-                                   pcie_gen=args.pcie_gen, sm=args.sm)
+                                   pcie_gen=args.pcie_gen, sm=args.sm, user=user)
         box = _predicted_box(args, workload, topo, version)
         p2p = _p2p_facts(p2p_given, topo, cuda=False)
         # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).

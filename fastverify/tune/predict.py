@@ -360,7 +360,7 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
 
 
 def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float, *,
-                     accept_length: float | None = None, tok_s: float | None = None) -> dict:
+                     accept_length: float | None = None, tok_s: float | None = None, user=None) -> dict:
     """What an all-reduce saving per verify step means for the verify step and tok/s (predicted).
 
     Parameters
@@ -377,6 +377,11 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
     tok_s
         A measured per-stream tok/s at the baseline, if known: fixes ``t_rest``. Without it
         ``t_rest = 0`` and both tok/s values are upper bounds.
+    user
+        The user's own verify / all-reduce time per step
+        (:class:`fastverify.tune.user_figures.UserFigures`, µs), labelled ``measured-by-user``: the
+        baseline verify time, and the all-reduce time the predicted ratio applies to (as with a
+        profile's measured times). Without ``tok_s`` the tok/s values are then None, not bounds.
 
     Returns
     -------
@@ -407,7 +412,13 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
         raise UserError(f"--accept-length {a!r}: must be a number >= 1 (tokens per cycle, bonus token included)")
 
     saved = baseline_us - candidate_us
-    if workload.verify_us is not None and workload.measured_on_gpu:
+    if user is not None:
+        v_base, basis = user.verify_us, user.basis
+        cut = user.allreduce_us * (1.0 - candidate_us / baseline_us) if baseline_us > 0 else saved
+        notes.append(f"predicted verify = your verify - your all-reduce x (1 - predicted candidate / predicted "
+                     f"baseline), i.e. the predicted ratio applied to your all-reduce time ({user.label})")
+        v_pred = max(v_base - cut, v_base - user.allreduce_us)
+    elif workload.verify_us is not None and workload.measured_on_gpu:
         v_base = workload.verify_us
         basis = f"measured ({workload.clock}: median verify-step window)"
         floor = workload.compute_us or 0.0
@@ -439,11 +450,16 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
             raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s * 1e3:.2f} ms, "
                             f"shorter than the verify step ({v_base / 1e3:.2f} ms, {basis.split(':')[0]})")
         rest_basis = f"A / tok_s - verify(baseline) with the given {tok_s:g} tok/s, held fixed (plan §1.4)"
+    elif user is not None:
+        t_rest = None
+        rest_basis = "unknown without --tok-s (your measured tok/s per stream now): no tok/s figures"
     else:
         t_rest = 0.0
         rest_basis = "assumed 0 (draft, draft-extend and scheduling unknown): tok/s values are upper bounds"
 
     def rate(v: float) -> float | None:
+        if t_rest is None:
+            return None
         total = t_rest + v
         return a / (total * 1e-6) if total > 0 else None
 
@@ -479,7 +495,7 @@ def change_pct(pct: float) -> str:
 
 
 def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
-                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int) -> list[str]:
+                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int, user=None) -> list[str]:
     """Comment lines for an env file written from a prediction: how the values were obtained, the
     box, the workload and the predicted numbers with their ranges and evidence (the writer adds
     date and NCCL version).
@@ -490,6 +506,9 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         The winner (an NCCL setting or a registry backend) and the current environment.
     reduction : mapping
         :func:`verify_reduction` of the winner against the baseline.
+    user : fastverify.tune.user_figures.UserFigures or None
+        The user's own figures: the baseline is labelled with their label (``measured-by-user``),
+        and their lines (:func:`fastverify.tune.user_figures.header_lines`) follow.
     """
     sizes = ", ".join(f"{c} x {b:,} B" for b, c in workload.msg_sizes)
 
@@ -508,13 +527,21 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         f"assumed PCIe Gen{pcie_gen} x16, sm_{sm}",
         f"workload: {workload.source}; all-reduces per verify step: {sizes}",
         f"chosen: {best.name} (backend {best.backend.value}, {best.label})",
-        f"all-reduce per verify step: {baseline.point_us:.1f} us (baseline, {rng(baseline)}) -> "
+        f"all-reduce per verify step: {baseline.point_us:.1f} us (baseline"
+        f"{', ' + user.label if user is not None else ''}, {rng(baseline)}) -> "
         f"{best.point_us:.1f} us ({rng(best)}), {change_pct(-reduction['allreduce_reduction_pct'])} ({best.label})",
         f"verify step: {reduction['verify_baseline_us'] / 1e3:.3f} ms -> {reduction['verify_predicted_us'] / 1e3:.3f} ms, "
         f"{change_pct(-reduction['verify_reduction_pct'])} (predicted; baseline {reduction['verify_baseline_basis']})",
-        f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])} -> "
-        f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})",
+        f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])}"
+        f"{' (' + user.label + ')' if user is not None else ''} -> "
+        f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})"
+        if reduction["tok_s_baseline"] is not None or user is None else
+        f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
     ]
+    if user is not None:
+        from fastverify.tune.user_figures import header_lines
+
+        lines += header_lines(user, reduction)
     lines += [f"evidence: {e}" for e in best.evidence]
     lines += [f"note: {n}" for n in best.notes]
     return lines

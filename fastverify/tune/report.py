@@ -345,7 +345,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
                     "backends together)", title_justify="left")
     for col in ("candidate", "backend", "settings", "label", "µs / step", "range µs", "vs baseline (− = faster)",
                 "verify ms", "tok/s"):
-        t.add_column(col, justify="left" if col in ("backend", "settings", "label") else "right", overflow="fold")
+        t.add_column(col, justify="left" if col in ("backend", "settings", "label") else "right", overflow="fold",
+                     no_wrap=col == "label")  # "measured-by-user" stays one word
     for i, f in enumerate(pred.candidates, 1):
         settings = ", ".join(f"{k}={v}" for k, v in f.settings.items()) or (
             "(current environment)" if f.backend.value == "nccl" else "-")

@@ -1,0 +1,205 @@
+"""``tune --predict`` from the user's own four figures (verify 30 ms, all-reduce 25 ms of it, 82 tok/s,
+accept length 3), and the per-size rows of the measure-mode JSON document.
+
+Expected numbers are worked out here: a candidate's all-reduce is 25 ms × its predicted ratio to the
+predicted baseline (the same command without the user's figures gives both), its verify time
+``30 − 25 + all-reduce`` ms, its tok/s ``3 / (3/82 s − 30 ms + verify)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import SHARED, assert_user_error, run_fastverify, two_rank_trace_profile
+
+from fastverify.cli import main
+from fastverify.errors import UserError
+
+TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
+KIMI = ["--model", "kimi-k2", "--tp", "8", "--sm", "120", "--pcie-gen", "5"]
+MINE = ["--verify-ms", "30", "--allreduce-ms", "25"]
+A, TOK_S, VERIFY_S, ALLREDUCE_S = 3.0, 82.0, 0.030, 0.025
+needs_topo = pytest.mark.skipif(not TOPO_307.is_file(), reason=f"{TOPO_307} absent (../shared/inputs)")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("NCCL_")]:
+        monkeypatch.delenv(k)
+
+
+@pytest.fixture
+def no_nvml(monkeypatch):
+    """A machine without GPUs, whatever this one has."""
+    def refuse(*_a, **_k):
+        raise UserError("NVML: no GPUs here")
+
+    monkeypatch.setattr("fastverify.topo.nvml.read_nvml_topology", refuse)
+
+
+def _run(argv, capsys):
+    rc = main(["tune", "--predict", *map(str, argv)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _json(argv, capsys):
+    rc, out, err = _run([*argv, "--json"], capsys)
+    assert rc == 0, err
+    return json.loads(out), err
+
+
+def _ranked_others(doc):
+    return [c for c in doc["candidates"] if not c["is_baseline"] and c["allreduce_us_per_step"] is not None]
+
+
+@needs_topo
+def test_figures_with_tok_s(capsys):
+    doc, _ = _json(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3"], capsys)
+    pred, _ = _json(["--topology", TOPO_307, *KIMI, "--accept-length", "3"], capsys)  # the same, predicted only
+    base = doc["baseline"]
+    assert base["label"] == "measured-by-user" and base["bound"] is None
+    assert base["allreduce_us_per_step"] == pytest.approx(25_000.0)
+    assert base["verify_ms"] == pytest.approx(30.0) and base["tok_s"] == pytest.approx(82.0, abs=0.01)
+    u = doc["user_figures"]
+    assert (u["label"], u["verify_ms"], u["allreduce_ms"], u["tok_s"], u["bound"]) == ("measured-by-user", 30, 25, 82,
+                                                                                      "upper")
+    assert u["t_rest_ms"] == pytest.approx((A / TOK_S - VERIFY_S) * 1e3) and "fastverify collect" in u["settle"]
+    assert doc["verify_baseline_basis"].startswith("measured-by-user")
+    pred_base = pred["baseline"]["allreduce_us_per_step"]
+    pred_by = {(c["backend"], c["name"]): c["allreduce_us_per_step"] for c in pred["candidates"]}
+    others = _ranked_others(doc)
+    assert len(others) >= 3 and any(c["backend"] == "pcie_ipc" for c in others)
+    for c in others:
+        assert c["label"] == "predicted" and c["bound"] == "upper"
+        ratio = pred_by[(c["backend"], c["name"])] / pred_base
+        assert c["allreduce_us_per_step"] == pytest.approx(25_000.0 * ratio, rel=1e-4)
+        assert c["verify_ms"] == pytest.approx(5.0 + c["allreduce_us_per_step"] / 1e3, abs=2e-4)
+        assert c["tok_s"] == pytest.approx(A / (A / TOK_S - VERIFY_S + c["verify_ms"] / 1e3), rel=1e-3)
+    # the brief's check: an all-reduce of 0 leaves verify 5 ms and 3 / 11.585 ms
+    assert A / (A / TOK_S - VERIFY_S + (VERIFY_S - ALLREDUCE_S)) == pytest.approx(258.95, abs=0.01)
+    assert any("UPPER BOUND" in n and "fastverify report BUNDLE" in n for n in doc["notes"])
+
+
+@needs_topo
+def test_text_output_labels_the_baseline_and_says_upper_bound(capsys):
+    rc, out, err = _run(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3"], capsys)
+    assert rc == 0, err
+    text = " ".join(out.split())  # rich wraps long lines
+    assert "verify step: 30.000 ms (measured-by-user) ->" in text
+    assert "tok/s per stream at accept length 3: 82.0 (measured-by-user) ->" in text
+    assert "all-reduce per verify step: 25.000 ms (measured-by-user) ->" in text
+    assert "UPPER BOUND" in text and "`fastverify collect`" in text and "`fastverify report BUNDLE`" in text
+    assert "measured-by-user" in text.split("┃")[-1]  # the table's baseline row
+
+
+@needs_topo
+def test_without_tok_s_there_is_no_tok_s(capsys):
+    doc, _ = _json(["--topology", TOPO_307, *KIMI, *MINE], capsys)
+    for c in (doc["baseline"], *doc["candidates"]):
+        assert c["tok_s"] is None and c["tok_s_range"] is None
+    assert doc["user_figures"]["tok_s"] is None and "--tok-s" in doc["user_figures"]["tok_s_note"]
+    for c in _ranked_others(doc):  # the all-reduce change and verify time are still there
+        assert c["verify_ms"] == pytest.approx(5.0 + c["allreduce_us_per_step"] / 1e3, abs=2e-4)
+    rc, out, _ = _run(["--topology", TOPO_307, *KIMI, *MINE], capsys)
+    assert rc == 0
+    text = " ".join(out.split())
+    assert "tok/s per stream at" not in text and "no tok/s figures: without --tok-s" in text
+    assert "upper bound: the rest of the cycle" not in text  # no starred tok/s either
+    rows = [line.split("│") for line in out.splitlines() if line.startswith("│")]
+    assert rows and all(r[-2].strip() in ("", "-") for r in rows)  # the tok/s column is empty
+
+
+def test_no_topology_and_no_nvml_assumes_a_box_and_says_so(no_nvml, capsys, tmp_path):
+    doc, err = _json([*MINE, "--tok-s", "82", "--accept-length", "3"], capsys)
+    assert doc["box"]["topology"].startswith("assumed box: 2 GPUs") and doc["user_figures"]["topology_assumed"]
+    assert any(n.startswith("assumed box") for n in doc["notes"])
+    assert any("tiny preset" in n for n in doc["notes"])  # the default workload is said too
+    assert doc["baseline"]["label"] == "measured-by-user"
+    for c in _ranked_others(doc):
+        assert c["tok_s"] == pytest.approx(A / (A / TOK_S - VERIFY_S + c["verify_ms"] / 1e3), rel=1e-3)
+    rc, out, _ = _run([*MINE, "--tok-s", "82"], capsys)
+    assert rc == 0 and "assumed box" in out
+    rc, _, err = _run([*MINE, "--write-env", tmp_path / "k.env"], capsys)
+    assert rc == 2 and "--write-env" in err and "--topology" in err and not (tmp_path / "k.env").exists()
+
+
+def test_without_figures_predict_still_needs_a_topology(no_nvml, capsys):
+    rc, _, err = _run(["--tok-s", "82"], capsys)
+    assert rc == 2 and "--topology" in err
+
+
+@needs_topo
+def test_env_file_header_labels_the_baseline(tmp_path, capsys):
+    env = tmp_path / "k.env"
+    rc, _, err = _run(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--write-env", env], capsys)
+    assert rc == 0, err
+    header = [line for line in env.read_text().splitlines() if line.startswith("#")]
+    text = "\n".join(header)
+    assert "baseline, measured-by-user" in text and "82.0 (measured-by-user)" in text
+    assert "baseline measured-by-user: verify 30 ms per step, all-reduce 25 ms" in text and "UPPER BOUND" in text
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--predict", "--verify-ms", "30"], ["--verify-ms 30", "--allreduce-ms"]),
+    (["--predict", "--allreduce-ms", "25"], ["--allreduce-ms 25", "--verify-ms"]),
+    (["--predict", "--verify-ms", "nan", "--allreduce-ms", "1"], ["--verify-ms nan"]),
+    (["--predict", "--verify-ms", "inf", "--allreduce-ms", "1"], ["--verify-ms inf"]),
+    (["--predict", "--verify-ms", "61000", "--allreduce-ms", "1"], ["--verify-ms 61000"]),
+    (["--predict", "--verify-ms", "30", "--allreduce-ms", "0"], ["--allreduce-ms 0"]),
+    (["--predict", "--verify-ms", "30", "--allreduce-ms", "-2"], ["--allreduce-ms -2"]),
+    (["--predict", "--verify-ms", "30", "--allreduce-ms", "31"], ["--allreduce-ms 31", "--verify-ms 30"]),
+    (["--predict", "--verify-ms", "abc", "--allreduce-ms", "1"], ["--verify-ms", "abc"]),
+    (["--predict", *MINE, "--tok-s", "200", "--accept-length", "3"], ["--tok-s 200", "measured-by-user"]),
+    (MINE, ["--verify-ms 30", "--predict"]),
+    (["--predict", "--profile", "p.json", *MINE], ["--verify-ms 30", "p.json", "contradicts"]),
+])
+def test_bad_figures_exit_2_with_one_line(tmp_path, extra, words):
+    (tmp_path / "p.json").write_text(json.dumps(two_rank_trace_profile()))  # verify 20 us, all-reduce 5 us
+    assert_user_error(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
+
+
+@needs_topo
+def test_figures_that_agree_with_the_profile_leave_it_in_charge(tmp_path, capsys):
+    (tmp_path / "p.json").write_text(json.dumps(two_rank_trace_profile()))
+    doc, err = _json(["--topology", TOPO_307, "--profile", tmp_path / "p.json", "--verify-ms", "0.0201",
+                      "--allreduce-ms", "0.005"], capsys)
+    assert "user_figures" not in doc and doc["baseline"]["label"] != "measured-by-user"
+    assert doc["verify_baseline_basis"].startswith("measured (trace")  # the profile's own window
+    assert "agree with --profile" in " ".join(err.split())
+
+
+# --- Task B: per-size rows of the measure-mode document -------------------------------------------
+
+
+def test_measured_document_has_the_per_size_rows():
+    from fastverify.live.config import load_model_config
+    from fastverify.tune.candidates import measured_document
+    from fastverify.tune.report import rank_candidates
+    from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
+    from fastverify.tune.workload import workload_from_model
+
+    common = dict(backend="gloo", world_size=2, device="cpu", dtype="bfloat16", hidden=64, sizes=((64, 2), (512, 4)))
+    specs = [TrialSpec(env={}, label="baseline", baseline=True, **common),
+             TrialSpec(env={"NCCL_PROTO": "LL"}, label="ll", **common)]
+    rows = {"baseline": (SizeResult(64, 128, 2, 10.0, 12.5, 0.0), SizeResult(512, 1024, 4, 20.0, None, 0.0)),
+            "ll": (SizeResult(64, 128, 2, 9.0, 9.5, 0.0), SizeResult(512, 1024, 4, None, None, None))}
+    step = {"baseline": 2 * 10.0 + 4 * 20.0, "ll": 2 * 9.0}
+    results = [TrialResult(s.trial_id, "ok", "", rows[s.label], step[s.label], "cpu_wall_clock", 0.0, 1.0)
+               for s in specs]
+    workload = workload_from_model(load_model_config("tiny"), tp=2, draft_tokens=4, batch=1)
+    doc = measured_document(rank_candidates(specs, results), workload, accept_length=None, tok_s=None,
+                            box={"device": "cpu"})
+    want = {"baseline": [{"msg_bytes": 128, "count_per_step": 2, "median_us": 10.0, "p90_us": 12.5},
+                         {"msg_bytes": 1024, "count_per_step": 4, "median_us": 20.0, "p90_us": None}],
+            "ll": [{"msg_bytes": 128, "count_per_step": 2, "median_us": 9.0, "p90_us": 9.5},
+                   {"msg_bytes": 1024, "count_per_step": 4, "median_us": None, "p90_us": None}]}
+    assert len(doc["candidates"]) == 2
+    for c in doc["candidates"]:
+        assert c["sizes"] == want[c["name"]]
+        assert all(isinstance(r["msg_bytes"], int) and isinstance(r["count_per_step"], int) for r in c["sizes"])
+        assert {"allreduce_us_per_step", "allreduce_us_per_step_range", "verify_ms", "tok_s", "label"} <= set(c)
+    assert doc["baseline"]["sizes"] == want["baseline"]
+    json.dumps(doc)  # still one JSON document
