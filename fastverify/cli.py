@@ -219,6 +219,39 @@ def _add_patch(sub) -> None:
     patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
 
 
+def _add_collect(sub) -> None:
+    from fastverify.collect.command import add_arguments
+
+    p = sub.add_parser(
+        "collect",
+        allow_abbrev=False,
+        help="gather one evidence bundle on the serving box (traces of the server's cycles, topology, NCCL log, sweep)",
+        description=("Run on the box that serves (ideally while the SGLang server runs): doctor's checks, "
+                     "`nvidia-smi topo -m`, NVML facts, IOMMU/ACS facts, the P2P check, an NCCL_DEBUG log and a "
+                     "measured all-reduce sweep at the verify sizes, a trace of the server's speculative cycles "
+                     "(/start_profile) and its arguments, and verify-log records; each part optional and said "
+                     "when skipped. Writes one .tar.gz that `fastverify report` reads anywhere."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(p)
+
+
+def _add_report(sub) -> None:
+    from fastverify.cycle.command import add_arguments
+
+    p = sub.add_parser(
+        "report",
+        allow_abbrev=False,
+        help="where each speculative cycle's time goes, from a bundle of `fastverify collect` (no GPU needed)",
+        description=("Per cycle and forward mode (draft, verify, draft-extend): compute, all-reduce transfer and "
+                     "wait, other communication, GPU idle by cause; anomaly flags with their evidence (rank "
+                     "skew, P2P off / SHM, IOMMU/ACS, slow transfer, idle); and how much of the cycle a faster "
+                     "all-reduce can remove (the transfer) and how much it cannot (wait, idle, compute)."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(p)
+
+
 _COMMANDS = {
     "profile": ('split the verify step into compute and all-reduce time', _add_profile),
     "topo": ('diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce', _add_topo),
@@ -226,6 +259,10 @@ _COMMANDS = {
     "doctor": ('check a box end to end before tuning; exercise every GPU code path on the GPUs present', _add_doctor),
     "launch": ('start SGLang with the tuned settings and the fastverify patch in every TP worker', _add_launch),
     "patch": ('report which SGLang patch targets resolve and which route loads the patch', _add_patch),
+    "collect": ("gather one evidence bundle on the serving box (traces of the server's cycles, topology, NCCL "
+                "log, sweep)", _add_collect),
+    "report": ("where each speculative cycle's time goes, from a bundle of `fastverify collect` (no GPU needed)",
+               _add_report),
 }
 
 
@@ -629,6 +666,14 @@ def _main(argv: list[str]) -> int:
             return _cmd_launch(args)
         if args.command == "doctor":
             return _cmd_doctor(args)
+        if args.command == "collect":
+            from fastverify.collect.command import run as run_collect
+
+            return run_collect(args)
+        if args.command == "report":
+            from fastverify.cycle.command import run as run_report
+
+            return run_report(args)
         if args.command == "tune":
             from fastverify.tune.command import run as run_tune
 

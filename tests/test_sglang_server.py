@@ -272,6 +272,14 @@ def http_run(sglang_python, tiny_model, tmp_path_factory, request):
                 "temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}})
             gens.append((status, json.loads(text) if status == 200 else text, time.perf_counter() - t))
         out["generate"] = gens
+        # before the fixture's own /start_profile: a server profiles one request at a time
+        bundle = work / "bundle.tar.gz"
+        try:
+            out["collect"] = (run_fastverify(["collect", "--server", srv.url, "--cycles", "2", "--send-requests", "2",
+                                              "--budget", "240", "--skip", "doctor", "--output", str(bundle)],
+                                             cwd=work, timeout=300), bundle)
+        except subprocess.TimeoutExpired as e:  # said by the test, not by every test of the fixture
+            out["collect"] = (e, bundle)
         out["start_profile"] = http("POST", srv.url + "/start_profile", {
             "output_dir": str(torch_prof), "num_steps": 2, "activities": ["CPU"]})
         out["after_profile"] = http("POST", srv.url + "/generate", {"text": PROMPTS[2], "sampling_params": {
@@ -307,6 +315,41 @@ def test_http_start_profile_writes_traces(http_run):
     assert http_run["after_profile"][0] == 200, http_run["after_profile"]
     files = sorted(p.name for p in http_run["torch_prof"].glob("*.trace.json*"))
     assert len(files) >= 2, (files, http_run["log"][-3000:])  # one per TP rank
+
+
+def test_collect_bundles_the_servers_trace(http_run):
+    from fastverify.bundle import open_bundle
+
+    cp, path = http_run["collect"]
+    assert not isinstance(cp, subprocess.TimeoutExpired), f"collect ran past 300 s: {cp.stderr!r}"[-3000:]
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-3000:]
+    b = open_bundle(path)
+    args, trace = b.part("server_args"), b.part("server_trace")
+    assert args.status == "ok" and args.meta["tp_size"] == 2, args
+    assert trace.status == "ok", (trace.reason, cp.stderr[-3000:])
+    assert trace.meta["activities"] == ["CPU"] and trace.meta["traffic"] == "collect sent requests", trace.meta
+    assert len(trace.files) >= 2 and {f.rsplit("-TP-", 1)[1] for f in trace.files} >= {"0.trace.json.gz", "1.trace.json.gz"}
+    for f in trace.files:  # whole gzip traces, one per TP rank
+        assert "traceEvents" in json.loads(gzip.decompress(b.read(f))), f
+
+
+def test_report_splits_the_real_servers_cycles(http_run, tmp_path):
+    """`fastverify report` on collect's bundle of the real CPU server: NGRAM cycles (one verify
+    forward each), the gloo all-reduces matched across both TP ranks, CPU clock said."""
+    cp, path = http_run["collect"]
+    assert not isinstance(cp, subprocess.TimeoutExpired) and cp.returncode == 0, cp
+    rp = run_fastverify(["report", str(path), "--json"], cwd=tmp_path, timeout=120)
+    assert rp.returncode == 0, rp.stdout[-2000:] + rp.stderr[-3000:]
+    doc = json.loads(rp.stdout)
+    split = doc["cycles"]
+    assert split is not None, doc["notes"]
+    assert split["anchor"] == "verify forward" and split["clock"] != "trace", split
+    assert sorted(r["rank"] for r in split["ranks"]) == [0, 1]
+    verify = doc["modes_mean_us"]["verify"]
+    assert verify["forwards"] == 1 and verify["allreduce_count"] == AR_PER_STEP, verify
+    assert split["matched"] >= AR_PER_STEP and doc["answer"]["removable_ms"] > 0, doc["answer"]
+    text = run_fastverify(["report", str(path)], cwd=tmp_path, timeout=120)
+    assert text.returncode == 0 and "NOT GPU timings" in text.stdout, text.stdout[-3000:]
 
 
 def test_broken_target_skipped_and_server_still_answers(http_run):

@@ -5,6 +5,7 @@ faster all-reduce can remove. Text (default), ``--json`` (one document), ``--png
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from fastverify.errors import UserError
 SCHEMA = "fastverify.cycle_report"
 SCHEMA_VERSION = 1
 _TRACE_SUFFIXES = (".json", ".json.gz")
+_VERIFY_BS = re.compile(r"^step\[(?:TARGET_)?VERIFY bs=(\d+)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,17 +55,22 @@ def _json_part(bundle, name: str) -> dict | None:
 
 def _msg_bytes(ranks, server: dict | None, meta: dict) -> int | None:
     """The verify all-reduce payload (bytes): the traces' own sizes where they record them (eager
-    launches), else draft tokens x hidden x 2 B (bf16) from the server's arguments and model config."""
+    launches), else the verify batch (the step spans' ``bs=``) x draft tokens x hidden x 2 B (bf16) as
+    collect read them from the server (never its defaults)."""
     from fastverify.events import EventClass
 
     sizes = [int(b) for r in ranks for b, c in zip(r.msg_bytes.tolist(), r.cls.tolist())
              if b > 0 and c in (EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code)]
     if sizes:
         return statistics.mode(sizes)
-    hidden = meta.get("hidden_size")
-    k = (server or {}).get("speculative_num_draft_tokens")
-    if isinstance(hidden, int) and isinstance(k, int) and hidden > 0 and k > 0:
-        return k * hidden * 2
+    shapes = meta.get("verify_shapes") if isinstance(meta.get("verify_shapes"), dict) else {}
+    read = shapes.get("shapes_from") if isinstance(shapes.get("shapes_from"), dict) else {}
+    hidden, k = shapes.get("hidden"), shapes.get("draft_tokens")
+    if any(str(read.get(f, "default")).startswith("default") for f in ("hidden", "draft_tokens")):
+        return None  # collect's defaults, not the server's: no size is known
+    bs = [int(m.group(1)) for r in ranks for st in r.steps if (m := _VERIFY_BS.match(st.name))]
+    if isinstance(hidden, int) and isinstance(k, int) and hidden > 0 and k > 0 and bs:
+        return int(statistics.median_low(bs)) * k * hidden * 2
     return None
 
 

@@ -1,0 +1,287 @@
+"""``fastverify collect``: gather everything a diagnosis of this box needs into one bundle
+(:mod:`fastverify.bundle`), within a time budget.
+
+Before any work (:func:`_prepare`): the flags' values, ``--output`` (never a file that is not a
+bundle, never inside ``--verify-log``, in a folder that takes new files), ``--verify-log`` (a folder
+with verify records) and ``--server`` (it must answer ``/server_info``; its arguments give the
+verify shapes' defaults). Then the parts run in :data:`RUN_ORDER` (the server's trace before the
+GPU work that would disturb it); each part not excluded up front (``--skip``, no GPUs, no server)
+gets a share of the time left in proportion to its weight (:data:`SPECS`), capped by its own
+maximum; a part whose share is under its minimum is skipped ``time budget``. The manifest lists
+every part of :data:`~fastverify.bundle.PART_NAMES`, in that order. Ctrl-C leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
+from fastverify.bundle import PART_NAMES, Manifest, Part, is_bundle, write_bundle
+from fastverify.collect import gpu, parts, server
+from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
+from fastverify.errors import UserError, one_line
+from fastverify.progress import say
+
+DEFAULT_BUDGET_S = 600.0
+DEFAULT_CYCLES = 20
+DEFAULT_DRAFT_TOKENS = 4  # SGLang 0.5.23's EAGLE choice for DeepSeek-V3/Kimi (fastverify.tune.command)
+DEFAULT_HIDDEN = 7168  # DeepSeek-V3 / Kimi-K2 hidden_size (fastverify/live/presets)
+DEFAULT_BATCHES = (1, 2, 4, 8)
+WRITE_RESERVE = 0.02
+"""Share of the budget kept back for writing the bundle (at most :data:`WRITE_RESERVE_MAX_S`)."""
+WRITE_RESERVE_MAX_S = 10.0
+TIME_BUDGET = "time budget"
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """A part: its function ``fn(ctx, limit_s) -> Outcome``, ``weight`` (its share of the time
+    left), ``min_s`` (skipped ``time budget`` below it) and ``max_s`` (its cap), seconds."""
+
+    name: str
+    fn: Callable[[Context, float], Outcome]
+    weight: float
+    min_s: float
+    max_s: float | None = None
+
+
+SPECS = {s.name: s for s in (
+    PartSpec("doctor", parts.doctor, 1.0, 3.0, 120.0),
+    PartSpec("nvidia_smi_topo", parts.nvidia_smi_topo, 0.2, 1.0, 30.0),
+    PartSpec("nvml", parts.nvml, 0.2, 1.0, 30.0),
+    PartSpec("host_iommu", parts.host_iommu, 0.2, 0.5, 30.0),
+    PartSpec("server_args", server.server_args, 0.05, 0.05, 10.0),
+    PartSpec("verify_log", parts.verify_log, 0.2, 0.5, 60.0),
+    PartSpec("server_trace", server.server_trace, 3.0, 10.0),
+    PartSpec("p2p_check", gpu.p2p_check, 1.5, 20.0),
+    PartSpec("nccl_log", gpu.nccl_log, 1.0, 30.0, 300.0),
+    PartSpec("sweep", gpu.sweep, 4.0, 60.0),
+)}
+RUN_ORDER = ("doctor", "nvidia_smi_topo", "nvml", "host_iommu", "server_args", "verify_log", "server_trace",
+             "p2p_check", "nccl_log", "sweep")
+assert sorted(RUN_ORDER) == sorted(PART_NAMES) == sorted(SPECS)
+
+
+def _number(kind, lo, hi, what):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} in [{lo:g}, {hi:g}], got {text!r}") from None
+        if not lo <= v <= hi:  # also false for nan
+            raise argparse.ArgumentTypeError(f"expected {what} in [{lo:g}, {hi:g}], got {text}")
+        return v
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``collect`` subcommand's flags."""
+    p.add_argument("--output", type=Path, default=None,
+                   help="bundle path [default: fastverify-bundle-<UTC time>.tar.gz in the working directory]")
+    p.add_argument("--budget", type=_number(float, 1.0, MAX_TIMEOUT_S, "seconds"), default=DEFAULT_BUDGET_S,
+                   help="seconds for the whole run; parts that no longer fit are skipped ('time budget')")
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="a running SGLang server (http://host:port): its arguments and a profiler trace")
+    p.add_argument("--cycles", type=_number(int, 1, 1000, "forwards"), default=DEFAULT_CYCLES,
+                   help="forwards the server's profiler records (its num_steps)")
+    p.add_argument("--send-requests", type=_number(int, 0, 1000, "requests"), default=0, metavar="N",
+                   help="send N small /generate requests while the server profiles (for a quiet server) "
+                        "[default: none; collect never sends traffic unless asked]")
+    p.add_argument("--verify-log", type=Path, metavar="DIR", default=None,
+                   help="the records of `fastverify launch --profile-verify DIR` to include")
+    p.add_argument("--tp", type=_number(int, 1, 64, "ranks"), default=None,
+                   help="tensor-parallel size of the verify all-reduces [default: the server's tp_size, else the GPU count]")
+    p.add_argument("--draft-tokens", type=_number(int, 1, MAX_DRAFT_TOKENS, "tokens"), default=None,
+                   help=f"draft tokens per request (K) [default: the server's, else {DEFAULT_DRAFT_TOKENS}]")
+    p.add_argument("--batch", type=_number(int, 1, MAX_BATCH, "requests"), nargs="+", default=None,
+                   help=f"verify batch sizes [default: {' '.join(map(str, DEFAULT_BATCHES))}]")
+    p.add_argument("--hidden", type=_number(int, 1, MAX_HIDDEN, "a hidden size"), default=None,
+                   help=f"model hidden size (message = batch x K x hidden x 2 B) [default: the served model's "
+                        f"config.json, else {DEFAULT_HIDDEN}]")
+    p.add_argument("--skip", action="append", choices=PART_NAMES, default=[], metavar="PART",
+                   help=f"leave a part out (repeatable): {', '.join(PART_NAMES)}")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def default_output(now: _dt.datetime | None = None) -> Path:
+    """``fastverify-bundle-<UTC time>[-<n>].tar.gz`` in the working directory, a new name."""
+    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    path, n = Path(f"fastverify-bundle-{stamp}.tar.gz"), 2
+    while path.exists() or path.is_symlink():
+        path, n = Path(f"fastverify-bundle-{stamp}-{n}.tar.gz"), n + 1
+    return path
+
+
+def _check_output(out: Path, verify_log: Path | None) -> None:
+    from fastverify.procs import check_writable, writable_target
+
+    writable_target(out)  # a folder, a device or a FIFO: refused
+    if out.exists() and not is_bundle(out):
+        raise UserError(f"--output {out}: exists and is not a fastverify bundle; it is never replaced (give a new name)")
+    if verify_log is not None:
+        inside = Path(os.path.realpath(out)).is_relative_to(os.path.realpath(verify_log))
+        if inside:
+            raise UserError(f"--output {out}: is inside --verify-log {verify_log}; write the bundle elsewhere")
+    check_writable(out)
+
+
+def _shapes(args, info: ServerInfo | None, gpus: int) -> Shapes:
+    """The verify shapes: each flag, else the server's, else the defaults (said per field)."""
+    source: dict[str, str] = {}
+
+    def pick(name, flag_value, server_key, fallback, fallback_what):
+        if flag_value is not None:
+            source[name] = "flag"
+            return flag_value
+        value = info.fact(server_key) if info is not None and server_key else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            source[name] = "server"
+            return value
+        source[name] = fallback_what
+        return fallback
+
+    tp = pick("tp", args.tp, "tp_size", gpus if gpus >= 2 else None, "GPU count" if gpus >= 2 else "unknown")
+    k = pick("draft_tokens", args.draft_tokens, "speculative_num_draft_tokens", DEFAULT_DRAFT_TOKENS, "default")
+    hidden = args.hidden
+    source["hidden"] = "flag"
+    if hidden is None:
+        hidden = server.model_hidden_size(info) if info is not None else None
+        source["hidden"] = "the served model's config.json" if hidden else "default"
+        hidden = hidden or DEFAULT_HIDDEN
+    batches = tuple(args.batch) if args.batch else DEFAULT_BATCHES
+    source["batches"] = "flag" if args.batch else "default"
+    return Shapes(tp=tp, draft_tokens=k, hidden=hidden, batches=batches, source=source)
+
+
+def _host() -> tuple[dict, int]:
+    """Host facts for the manifest, and the CUDA GPU count (0 without torch or CUDA)."""
+    torch_version, cuda, gpus = None, False, 0
+    try:
+        import torch
+
+        torch_version = str(torch.__version__)  # a str subclass msgspec does not encode
+        cuda = bool(torch.cuda.is_available())
+        gpus = torch.cuda.device_count() if cuda else 0
+    except ImportError:
+        pass
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch_version, "cuda_available": cuda, "gpu_count": gpus}, gpus
+
+
+def _skip_reasons(args, ctx: Context) -> dict[str, str]:
+    """Parts left out before the run, and why."""
+    why = {name: "--skip" for name in args.skip}
+    if ctx.server is None:
+        why.setdefault("server_args", "no --server")
+        why.setdefault("server_trace", "no --server")
+    if ctx.verify_log is None:
+        why.setdefault("verify_log", "no --verify-log")
+    if shutil.which("nvidia-smi") is None:
+        why.setdefault("nvidia_smi_topo", parts.NO_NVIDIA_SMI)
+    for name, reason in (("p2p_check", gpu.gpu_skip_reason(ctx, needs_tp=False)), ("nccl_log", gpu.gpu_skip_reason(ctx)),
+                         ("sweep", gpu.gpu_skip_reason(ctx, sweep=True))):
+        if reason is not None:
+            why.setdefault(name, reason)
+    return why
+
+
+def _run_part(spec: PartSpec, ctx: Context, limit_s: float) -> Outcome:
+    """``spec.fn`` with any exception but Ctrl-C turned into a failed part (one line)."""
+    try:
+        return spec.fn(ctx, limit_s)
+    except UserError as e:
+        return failed(one_line(str(e), 300))
+    except Exception as e:  # noqa: BLE001 - one broken part never costs the others
+        return failed(one_line(f"{type(e).__name__}: {e}", 300))
+
+
+def run_parts(ctx: Context, budget_s: float, t0: float, excluded: dict[str, str]) -> tuple[dict[str, Part], dict]:
+    """Run the parts not ``excluded`` in :data:`RUN_ORDER`, each within its share of the time left
+    (module docstring); returns name -> :class:`Part`, and arcname -> bytes or Path of their files."""
+    out: dict[str, Part] = {}
+    files: dict = {}
+    todo = [n for n in RUN_ORDER if n not in excluded]
+    reserve = min(WRITE_RESERVE * budget_s, WRITE_RESERVE_MAX_S)
+    for name in RUN_ORDER:
+        if name in excluded:
+            out[name] = Part(name, "skipped", excluded[name])
+            if not ctx.quiet:
+                say(f"collect: {name} skipped: {excluded[name]}")
+            continue
+        spec = SPECS[name]
+        left = budget_s - reserve - (time.monotonic() - t0)
+        weights = sum(SPECS[n].weight for n in todo[todo.index(name):])
+        limit = min(left * spec.weight / weights, spec.max_s or float("inf"))
+        if limit < spec.min_s:
+            out[name] = Part(name, "skipped", f"{TIME_BUDGET}: {max(left, 0):.1f} s of {budget_s:g} s left, its share "
+                             f"{max(limit, 0):.1f} s is under the {spec.min_s:g} s it needs")
+            if not ctx.quiet:
+                say(f"collect: {name} skipped: {out[name].reason}")
+            continue
+        if not ctx.quiet:
+            say(f"collect: {name} (up to {limit:.0f} s)")
+        t = time.monotonic()
+        res = _run_part(spec, ctx, limit)
+        seconds = time.monotonic() - t
+        out[name] = Part(name, res.status, None if res.status == "ok" else one_line(res.reason or res.status, 400),
+                         files=tuple(res.files), seconds=round(seconds, 3), meta=res.meta)
+        files.update(res.files)
+        if not ctx.quiet:
+            say(f"collect: {name} {res.status} in {seconds:.1f} s" + (f": {res.reason}" if res.reason else ""))
+    return out, files
+
+
+def _prepare(args) -> tuple[Path, ServerInfo | None, Path | None]:
+    """Every refusal that needs no part to run (module docstring)."""
+    verify_log = args.verify_log
+    if verify_log is not None:
+        parts.check_verify_log(verify_log)
+    out = args.output or default_output()
+    _check_output(out, verify_log)
+    if args.send_requests and not args.server:
+        raise UserError("--send-requests sends requests to --server; give --server URL")
+    info = None
+    if args.server is not None:
+        info = server.fetch_server_info(server.normalise_url(args.server))
+    return out, info, verify_log
+
+
+def run(args) -> int:
+    """``fastverify collect``: check the flags, run the parts, write the bundle; 0 when written.
+
+    Raises
+    ------
+    UserError
+        A refusal before any work (:func:`_prepare`), or the bundle cannot be written.
+    """
+    from fastverify import __version__
+    from fastverify.procs import make_workdir
+
+    t0 = time.monotonic()
+    out, info, verify_log = _prepare(args)
+    host, gpus = _host()
+    workdir = make_workdir("fastverify-collect-")
+    try:
+        ctx = Context(workdir=workdir, shapes=_shapes(args, info, gpus), gpus=gpus, quiet=args.quiet, server=info,
+                      cycles=args.cycles, send_requests=args.send_requests, verify_log=verify_log)
+        done, files = run_parts(ctx, args.budget, t0, _skip_reasons(args, ctx))
+        manifest = Manifest(created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            fastverify_version=__version__, host=host, budget_s=float(args.budget),
+                            elapsed_s=round(time.monotonic() - t0, 3), parts=tuple(done[n] for n in PART_NAMES))
+        write_bundle(out, manifest, files)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    counts = {s: sum(1 for p in manifest.parts if p.status == s) for s in ("ok", "skipped", "failed")}
+    print(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,172 @@
+"""What every part of ``fastverify collect`` shares: the run's facts (:class:`Context`), a part's
+outcome (:class:`Outcome`), the child-process runner with a hard time limit (:func:`run_child`)
+and the verify message sizes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastverify.procs import child_env, die_with_parent
+
+KILL_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL of a child's process group that ran past its limit."""
+DTYPE_BYTES = 2  # bf16, the verify step's all-reduce dtype on SGLang's DeepSeek/Kimi path
+
+
+@dataclass
+class ServerInfo:
+    """A running SGLang server: its base ``url``, the endpoint that answered (``/server_info`` or
+    ``/get_server_info``), the JSON as received (``raw``) and decoded (``info``)."""
+
+    url: str
+    endpoint: str
+    raw: bytes
+    info: dict
+
+    def fact(self, key: str):
+        """``info[key]``, else the first ``key`` in a nested dict (SGLang nests some argument
+        groups); None when absent."""
+        if key in self.info:
+            return self.info[key]
+        stack = [v for k, v in self.info.items() if isinstance(v, dict) and k != "internal_states"]
+        while stack:
+            d = stack.pop(0)
+            if key in d:
+                return d[key]
+            stack.extend(v for v in d.values() if isinstance(v, dict))
+        return None
+
+
+@dataclass
+class Shapes:
+    """The verify step's all-reduce shapes: ``tp`` ranks, ``draft_tokens`` (K) per request,
+    ``hidden`` size, verify ``batches``; ``source`` says where each came from."""
+
+    tp: int | None
+    draft_tokens: int
+    hidden: int
+    batches: tuple[int, ...]
+    source: dict[str, str]
+
+    def msg_bytes(self) -> list[int]:
+        """One all-reduce message per batch: batch × K × hidden × 2 bytes (bf16)."""
+        return [b * self.draft_tokens * self.hidden * DTYPE_BYTES for b in self.batches]
+
+    def as_meta(self) -> dict:
+        return {"tp": self.tp, "draft_tokens": self.draft_tokens, "hidden": self.hidden,
+                "batches": list(self.batches), "msg_bytes": self.msg_bytes(), "shapes_from": self.source}
+
+
+@dataclass
+class Context:
+    """Facts of one collect run, read by every part."""
+
+    workdir: Path
+    shapes: Shapes
+    gpus: int
+    quiet: bool = False
+    server: ServerInfo | None = None
+    cycles: int = 20
+    send_requests: int = 0
+    verify_log: Path | None = None
+
+
+@dataclass
+class Outcome:
+    """What a part returns: ``status`` ok / skipped / failed, a one-line ``reason`` (None when
+    ok), its ``files`` (arcname -> bytes or a Path to copy) and small ``meta`` facts."""
+
+    status: str
+    reason: str | None = None
+    files: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+def ok(files: dict | None = None, **meta) -> Outcome:
+    return Outcome("ok", None, dict(files or {}), meta)
+
+
+def skipped(reason: str, **meta) -> Outcome:
+    return Outcome("skipped", reason, {}, meta)
+
+
+def failed(reason: str, files: dict | None = None, **meta) -> Outcome:
+    return Outcome("failed", reason, dict(files or {}), meta)
+
+
+@dataclass
+class Child:
+    """A finished child: exit code (None: killed at its limit), output, wall time (s)."""
+
+    rc: int | None
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.rc is None
+
+    def last_line(self) -> str:
+        """The child's last non-empty stderr line (else stdout's), for a one-line reason."""
+        for stream in (self.stderr, self.stdout):
+            lines = [ln.strip() for ln in stream.decode(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                return lines[-1][:300]
+        return "no output"
+
+    def why(self, what: str, limit_s: float) -> str:
+        if self.timed_out:
+            return f"{what} ran past its {limit_s:.0f} s share of the time budget and was stopped"
+        return f"{what} exited {self.rc}: {self.last_line()}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(argv: list[str], *, timeout_s: float, env: dict | None = None, cwd: Path | None = None) -> Child:
+    """Run ``argv`` in its own process group (SIGKILLed if this process dies), stdin closed, and
+    stop the whole group past ``timeout_s`` seconds (SIGTERM, then SIGKILL after
+    :data:`KILL_GRACE_S`); Ctrl-C stops it the same way and is re-raised.
+
+    Raises
+    ------
+    OSError
+        The program cannot be started.
+    """
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env() if env is None else env, cwd=cwd, start_new_session=True,
+                            preexec_fn=die_with_parent)
+    try:
+        out, err = proc.communicate(timeout=max(timeout_s, 0.1))
+        rc: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        rc = None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return Child(rc, out or b"", err or b"", time.monotonic() - t0)
+
+
+def fastverify_argv(*args: str) -> list[str]:
+    """``python -m fastverify ARGS`` with this interpreter (the checkout in ``child_env``)."""
+    return [sys.executable, "-m", "fastverify", *args]
