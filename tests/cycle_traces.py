@@ -82,6 +82,19 @@ class _Clock:
                                                    "Collective name": "allreduce"})
 
 
+def _draft_forward(ck: _Clock, plan: Plan) -> list[float]:
+    """One ``step[DRAFT bs=1]`` forward on every rank (compute, all-reduce, compute, all-reduce);
+    returns each rank's start (µs)."""
+    s0 = list(ck.t)
+    for half in (1.0, 0.5):
+        for r in range(plan.world):
+            ck.kernel(r, COMPUTE, plan.draft_us * half)
+        ck.all_reduce(plan.transfer_us, plan.msg_bytes)
+    for r in range(plan.world):
+        ck.span(r, "step[DRAFT bs=1]", s0[r], ck.t[r])
+    return s0
+
+
 def build(plan: Plan = Plan()) -> list[dict]:
     """One Kineto document per rank (a dict with ``traceEvents`` and ``distributedInfo``)."""
     ck = _Clock(plan.world)
@@ -89,15 +102,7 @@ def build(plan: Plan = Plan()) -> list[dict]:
     for _cycle in range(plan.cycles + 1):  # the last cycle start has no end: the analysis drops it
         start = list(ck.t)
         for _s in range(plan.draft_steps):
-            s0 = list(ck.t)
-            for r in ranks:
-                ck.kernel(r, COMPUTE, plan.draft_us)
-            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
-            for r in ranks:
-                ck.kernel(r, COMPUTE, plan.draft_us / 2)
-            ck.all_reduce(plan.transfer_us, plan.msg_bytes)
-            for r in ranks:
-                ck.span(r, "step[DRAFT bs=1]", s0[r], ck.t[r])
+            _draft_forward(ck, plan)
         for r in ranks:
             ck.span(r, "draft", start[r], ck.t[r])
         v0 = list(ck.t)
@@ -122,15 +127,8 @@ def build(plan: Plan = Plan()) -> list[dict]:
             ck.events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
                                  "tid": 1, "ts": ck.t[r] - plan.d2h_us - LAG + 3.0, "dur": plan.d2h_us + LAG - 2.0})
             ck.t[r] += plan.host_pause_us
-        e0 = list(ck.t)
+        e0 = _draft_forward(ck, plan)
         for r in ranks:
-            ck.kernel(r, COMPUTE, plan.draft_us)
-        ck.all_reduce(plan.transfer_us, plan.msg_bytes)
-        for r in ranks:
-            ck.kernel(r, COMPUTE, plan.draft_us / 2)
-        ck.all_reduce(plan.transfer_us, plan.msg_bytes)
-        for r in ranks:
-            ck.span(r, "step[DRAFT bs=1]", e0[r], ck.t[r])
             ck.span(r, "draft_extend", e0[r], ck.t[r])
         ck.t = [max(ck.t)] * plan.world  # the scheduler's next batch starts on every rank together
     return [{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": plan.world},

@@ -206,3 +206,12 @@ def test_transfer_is_set_against_the_boxs_own_sweep_first(tmp_path, capsys):
     doc = report_json(make_bundle(tmp_path, plan, sweep=sweep), capsys)
     flag = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")
     assert "2.3x" in flag["finding"] and "this box's measured sweep: NCCL 30.0 µs at 57,344 B" in flag["evidence"][1]
+
+
+def test_wrong_typed_json_parts_are_read_as_absent_facts(tmp_path, capsys):
+    iommu = {"cmdline_iommu_tokens": "intel_iommu=on", "iommu_groups": "many", "acs": 5}
+    sweep = {"label": "measured", "candidates": [{"is_baseline": True, "sizes": [{"msg_bytes": "x", "median_us": None}]}]}
+    doc = report_json(make_bundle(tmp_path, ct.Plan(transfer_us=200.0), iommu=iommu, sweep=sweep), capsys)
+    assert not [f for f in doc["flags"] if f["kind"] == "iommu_acs"]
+    slow = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")  # published boxes, the sweep unusable
+    assert "published NCCL" in slow["evidence"][1]

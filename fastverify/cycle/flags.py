@@ -66,6 +66,11 @@ class Evidence:
     sources: dict[str, str] = field(default_factory=dict)
 
 
+def _list(value) -> list:
+    """``value`` when it is a list (a bundle's JSON is read, not trusted), else empty."""
+    return value if isinstance(value, list) else []
+
+
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -90,8 +95,11 @@ def _reference(ev: Evidence) -> tuple[float, str] | None:
     """Reference NCCL time (µs) per all-reduce at the verify size: this box's sweep, else published."""
     size = ev.msg_bytes
     if ev.sweep and size:
-        base = next((c for c in ev.sweep.get("candidates", []) if c.get("is_baseline")), None)
-        rows = [s for s in (base or {}).get("sizes", []) if s.get("median_us") is not None]
+        base = next((c for c in _list(ev.sweep.get("candidates")) if isinstance(c, dict) and c.get("is_baseline")),
+                    None)
+        rows = [s for s in _list((base or {}).get("sizes")) if isinstance(s, dict)
+                and isinstance(s.get("msg_bytes"), int) and isinstance(s.get("median_us"), (int, float))
+                and s["median_us"] > 0]
         if rows and (ev.sweep.get("label") == "measured"):
             best = min(rows, key=lambda s: abs(s["msg_bytes"] - size))
             return best["median_us"], (f"this box's measured sweep: NCCL {best['median_us']:.1f} µs at "
@@ -150,16 +158,16 @@ def _iommu(ev: Evidence) -> Flag | None:
     info = ev.iommu
     if not info:
         return None
-    tokens = [t for t in info.get("cmdline_iommu_tokens") or [] if isinstance(t, str)]
+    tokens = [t for t in _list(info.get("cmdline_iommu_tokens")) if isinstance(t, str)]
     on = [t for t in tokens if t.split("=", 1)[-1] in ("on", "force", "1")] and "iommu=pt" not in tokens
-    acs = [a for a in info.get("acs") or [] if isinstance(a, dict)
+    acs = [a for a in _list(info.get("acs")) if isinstance(a, dict)
            and any(f in str(a.get("acsctl", "")) for f in ("SrcValid+", "ReqRedir+"))]
     if not (on or acs):
         return None
     evid = []
     if on:
         evid.append(f"kernel command line: {' '.join(tokens)} (IOMMU translating, not passthrough)")
-    if info.get("iommu_groups"):
+    if isinstance(info.get("iommu_groups"), int) and info["iommu_groups"] > 0:
         evid.append(f"{info['iommu_groups']} IOMMU groups in /sys/kernel/iommu_groups")
     for a in acs[:4]:
         evid.append(f"ACSCtl on {a.get('device')}: {a.get('acsctl')}")
