@@ -255,10 +255,10 @@ def test_server_parts_against_a_stand_in(tmp_path, model_dir):
     assert trace.files == ("server/traces/1700000000.5-TP-0.trace.json.gz", "server/traces/1700000000.5-TP-1.trace.json.gz")
     assert trace.meta["activities"] == ["CPU"] and trace.meta["traffic"] == "collect sent requests"
     assert trace.meta["requests_sent"] == ["200", "200"] and fake.generates == 2
-    # exactly SGLang 0.5.23's ProfileReq fields (managers/io_struct.py), a fresh folder, the cycles
+    # exactly SGLang 0.5.23's ProfileReq fields (managers/io_struct.py), a fresh folder, the cycles + 2 (the last cycle's end, a prefill)
     req = fake.profile_req
     assert set(req) == {"output_dir", "num_steps", "activities", "profile_by_stage", "merge_profiles"}
-    assert req["num_steps"] == 3 and req["profile_by_stage"] is False and req["merge_profiles"] is False
+    assert req["num_steps"] == 3 + 2 and req["profile_by_stage"] is False and req["merge_profiles"] is False
     assert not fake.stopped  # the profiler stopped by itself after num_steps
 
 
@@ -272,7 +272,7 @@ def test_server_trace_without_forwards_says_so(tmp_path, monkeypatch):
         res = server.server_trace(ctx, 3.0)
     finally:
         fake.close()
-    assert res.status == "failed" and "fewer than 5 forwards ran in" in res.reason, res.reason
+    assert res.status == "failed" and "fewer than 7 scheduler steps ran in" in res.reason, res.reason
     assert "send traffic to the server while collect runs" in res.reason
     assert res.files == {} and fake.stopped  # the server's profiler is not left running
     assert fake.profile_req["activities"] == ["CPU", "GPU"]  # a CUDA server: its kernels too

@@ -275,7 +275,7 @@ def http_run(sglang_python, tiny_model, tmp_path_factory, request):
         # before the fixture's own /start_profile: a server profiles one request at a time
         bundle = work / "bundle.tar.gz"
         try:
-            out["collect"] = (run_fastverify(["collect", "--server", srv.url, "--cycles", "2", "--send-requests", "2",
+            out["collect"] = (run_fastverify(["collect", "--server", srv.url, "--cycles", "3", "--send-requests", "2",
                                               "--budget", "240", "--skip", "doctor", "--output", str(bundle)],
                                              cwd=work, timeout=300), bundle)
         except subprocess.TimeoutExpired as e:  # said by the test, not by every test of the fixture

@@ -92,8 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds for the whole run; parts that no longer fit are skipped ('time budget')")
     p.add_argument("--server", metavar="URL", default=None,
                    help="a running SGLang server (http://host:port): its arguments and a profiler trace")
-    p.add_argument("--cycles", type=_number(int, 1, 1000, "forwards"), default=DEFAULT_CYCLES,
-                   help="forwards the server's profiler records (its num_steps)")
+    p.add_argument("--cycles", type=_number(int, 1, 1000, "cycles"), default=DEFAULT_CYCLES,
+                   help="complete speculative cycles to trace (the profiler's num_steps is this + 2: the last "
+                        "cycle's end, and a prefill step)")
     p.add_argument("--send-requests", type=_number(int, 0, 1000, "requests"), default=0, metavar="N",
                    help="send N small /generate requests while the server profiles (for a quiet server) "
                         "[default: none; collect never sends traffic unless asked]")

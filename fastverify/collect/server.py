@@ -78,6 +78,12 @@ def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -
         raise OSError(str(e) or type(e).__name__) from None
 
 
+def profiler_steps(cycles: int) -> int:
+    """SGLang's ``num_steps`` (scheduler steps; one speculative cycle each) for ``cycles`` complete
+    cycles: one more, since a cycle runs to the next cycle's start, and one for a prefill step."""
+    return cycles + 2
+
+
 def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInfo:
     """The server's arguments from ``/server_info``, else ``/get_server_info`` (older SGLang).
 
@@ -204,11 +210,12 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
     folder = ctx.workdir / "server-traces"
     folder.mkdir()
     acts, why_acts = activities(s)
-    body = {"output_dir": str(folder), "num_steps": ctx.cycles, "activities": acts, "profile_by_stage": False,
+    steps = profiler_steps(ctx.cycles)
+    body = {"output_dir": str(folder), "num_steps": steps, "activities": acts, "profile_by_stage": False,
             "merge_profiles": False}
     tp, pp = s.fact("tp_size"), s.fact("pp_size")
     expected = (tp if isinstance(tp, int) and tp > 0 else 1) * (pp if isinstance(pp, int) and pp > 0 else 1)
-    meta = {"output_dir": str(folder), "num_steps": ctx.cycles, "activities": acts, "activities_why": why_acts,
+    meta = {"output_dir": str(folder), "num_steps": steps, "cycles_asked": ctx.cycles, "activities": acts, "activities_why": why_acts,
             "expected_files": expected, "traffic": "collect sent requests" if ctx.send_requests else "the server's own"}
     try:
         status, text = http("POST", s.url + "/start_profile", body, timeout_s=min(30.0, limit_s))
@@ -222,7 +229,7 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
         sender = threading.Thread(target=_send_requests, args=(s.url, ctx.send_requests, deadline, sent), daemon=True)
         sender.start()
     try:
-        files = _wait(folder, expected, deadline, ctx.quiet, f"waiting for {ctx.cycles} forwards")
+        files = _wait(folder, expected, deadline, ctx.quiet, f"waiting for {steps} scheduler steps")
     except BaseException:  # Ctrl-C: the server's profiler is not left running
         _stop_profile(s.url)
         raise
@@ -241,7 +248,7 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
     if too_big:
         meta["left_out_over_2_GiB"] = too_big
     if not complete:
-        return failed(f"no complete profile: fewer than {ctx.cycles} forwards ran in {waited:.0f} s (maybe none): "
+        return failed(f"no complete profile: fewer than {steps} scheduler steps ran in {waited:.0f} s (maybe none): "
                       "send traffic to the server while collect runs, or lower --cycles (the server writes the "
                       f"traces into {folder}: run collect on the server's machine)", out, **meta)
     return ok(out, **meta)
