@@ -215,3 +215,18 @@ def test_wrong_typed_json_parts_are_read_as_absent_facts(tmp_path, capsys):
     assert not [f for f in doc["flags"] if f["kind"] == "iommu_acs"]
     slow = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")  # published boxes, the sweep unusable
     assert "published NCCL" in slow["evidence"][1]
+
+
+def test_cpu_clock_traces_are_never_set_against_gpu_figures(tmp_path, capsys, monkeypatch):
+    """A CPU server's trace (gloo, CPU clock): no slow-transfer verdict from GPU NCCL figures."""
+    import msgspec
+
+    from fastverify.cycle.split import split_cycles as real
+
+    def cpu_split(ranks):
+        return msgspec.structs.replace(real(ranks), clock="cpu_trace")
+
+    monkeypatch.setattr("fastverify.cycle.command.split_cycles", cpu_split)
+    doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), transfer_us=200.0)), capsys)
+    assert not [f for f in doc["flags"] if f["kind"] == "slow_transfer"]
+    assert all(not f["finding"].startswith("GPU") for f in doc["flags"])

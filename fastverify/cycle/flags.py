@@ -178,8 +178,8 @@ def _iommu(ev: Evidence) -> Flag | None:
 
 def _slow(ev: Evidence, means: dict) -> Flag | None:
     v = means.get("verify")
-    if not v or not v["allreduce_count"]:
-        return None
+    if not v or not v["allreduce_count"] or ev.split is None or ev.split.clock != "trace":
+        return None  # a CPU server's gloo timings are never set against GPU NCCL figures
     per = (v["transfer_us"] if v["transfer_us"] else v["allreduce_us"]) / v["allreduce_count"]
     ref = _reference(ev)
     if ref is None or per < SLOW_FACTOR * ref[0]:
@@ -212,7 +212,7 @@ def _idle(split: CycleSplit, means: dict, cycle_us: float) -> list[Flag]:
                "launch_gap": "the host launches too slowly: keep the forward in a CUDA graph, check the CPU is "
                              "not throttled or shared (pin the scheduler threads)",
                "dependency": "look at the streams: a kernel waits on another stream's event"}[top]
-        out.append(Flag("idle", f"GPU idle {where}: {total / 1000:.3f} ms per cycle "
+        out.append(Flag("idle", f"{'GPU' if split.clock == 'trace' else 'CPU-clock'} idle {where}: {total / 1000:.3f} ms per cycle "
                                 f"({100 * total / cycle_us:.0f} % of the cycle), mostly {_CAUSE_TEXT[top]}", evid, fix))
     for m, v in means.items():
         if v["eager_kernels"] and v["eager_us"] / cycle_us >= IDLE_SHARE:
