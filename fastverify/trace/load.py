@@ -302,6 +302,11 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
     top["_any_event_object"] = any(isinstance(ev, dict) for ev in doc["traceEvents"])
     per: dict[int, _PerRank] = {}
     gpu: dict[int, list[dict]] = {}
+    # As the columnar reader: runtime and host ops are labelled by pid only in a merged file (its
+    # GPU events carry [TP..] labels, or it has none); in a plain file they all belong to its rank.
+    gpu_events = [ev for ev in doc["traceEvents"] if isinstance(ev, dict) and type(ev.get("cat")) is str
+                  and ev["cat"] in GPU_CATS]
+    merged = not gpu_events or any(_rank_label(ev.get("pid")) >= 0 for ev in gpu_events)
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
             continue
@@ -310,7 +315,7 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
             continue
         args = ev.get("args")
         args = args if isinstance(args, dict) else {}
-        label = _rank_label(ev.get("pid"))
+        label = _rank_label(ev.get("pid")) if merged or cat in GPU_CATS else -1
         acc = per.get(label)
         if acc is None:
             acc = per[label] = _PerRank()
