@@ -330,3 +330,40 @@ def test_nccl_log_trial_runs_on_the_tune_machinery(tmp_path):
     assert res.meta["trial"] == "ok", res.meta
     assert res.status == "failed" and res.reason.startswith("no NCCL log written (trial ok")
     assert res.meta["env"]["NCCL_DEBUG"] == "INFO" and res.meta["env"]["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
+
+
+def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout():
+    """A reply with Content-Length 1,000,000 sent at one byte per 0.2 s: urlopen's timeout bounds
+    each read only, so collect bounds the whole body."""
+    import http.server
+    import threading
+    import time
+
+    from fastverify.collect.server import fetch_server_info
+    from fastverify.errors import UserError
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = time.monotonic()
+        with pytest.raises(UserError, match="did not end in time"):
+            fetch_server_info(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=1.0)
+        assert time.monotonic() - t < 5.0
+    finally:
+        srv.shutdown()

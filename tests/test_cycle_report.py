@@ -230,3 +230,46 @@ def test_cpu_clock_traces_are_never_set_against_gpu_figures(tmp_path, capsys, mo
     doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), transfer_us=200.0)), capsys)
     assert not [f for f in doc["flags"] if f["kind"] == "slow_transfer"]
     assert all(not f["finding"].startswith("GPU") for f in doc["flags"])
+
+
+def test_a_corrupt_trace_in_the_bundle_is_named_by_its_member(tmp_path, capsys):
+    import gzip
+    import tarfile
+
+    bundle = make_bundle(tmp_path, ct.Plan(world=2, cycles=2))
+    # rewrite one trace member with a cut-off gzip stream, the manifest unchanged
+    src = tmp_path / "bundle.tar.gz"
+    out = tmp_path / "cut.tar.gz"
+    with tarfile.open(src, "r:gz") as a, tarfile.open(out, "w:gz") as b:
+        for m in a.getmembers():
+            data = a.extractfile(m).read()
+            if m.name.endswith("TP-1.trace.json.gz"):
+                data = gzip.compress(b'{"traceEvents": [{"ph": "X", "cat": "kernel"')
+                m.size = len(data)
+            b.addfile(m, __import__("io").BytesIO(data))
+    assert bundle == src
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out}: server/traces/1700000000-TP-1.trace.json.gz" in err, err
+
+
+def test_png_refusals_come_before_any_output(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("mine")
+    bundle = make_bundle(tmp_path, ct.Plan(world=2, cycles=2))
+    assert main(["report", str(bundle), "--png", str(text)]) == 2
+    assert text.read_text() == "mine" and capsys.readouterr().out == ""
+    no_trace = make_bundle(tmp_path / "empty", None, nccl_log=P2P_OFF_LOG)
+    assert main(["report", str(no_trace), "--png", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().out == "" and not (tmp_path / "x.png").exists()
+
+
+def test_an_unreadable_nccl_log_is_a_note(tmp_path, capsys):
+    doc = report_json(make_bundle(tmp_path, ct.Plan(world=2, cycles=2), nccl_log="\x00\x01garbage\n"), capsys)
+    assert any(n.startswith("nccl_log: not read") for n in doc["notes"]) and doc["answer"] is not None
+
+
+def test_one_cycle_start_is_no_complete_cycle_and_says_so(tmp_path, capsys):
+    doc = report_json(make_bundle(tmp_path, ct.Plan(world=2, cycles=0)), capsys)
+    assert doc["cycles"] is None and doc["answer"] is None
+    assert any("no complete cycle" in n for n in doc["notes"])

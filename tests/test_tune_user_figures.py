@@ -73,7 +73,8 @@ def test_figures_with_tok_s(capsys):
     others = _ranked_others(doc)
     assert len(others) >= 3 and any(c["backend"] == "pcie_ipc" for c in others)
     for c in others:
-        assert c["label"] == "predicted" and c["bound"] == "upper"
+        # faster than the baseline: an upper bound on the gain; slower: the loss is at most the figure
+        assert c["label"] == "predicted" and c["bound"] == ("upper" if c["allreduce_us_per_step"] < 25_000.0 else "lower")
         ratio = pred_by[(c["backend"], c["name"])] / pred_base
         assert c["allreduce_us_per_step"] == pytest.approx(25_000.0 * ratio, rel=1e-4)
         assert c["verify_ms"] == pytest.approx(5.0 + c["allreduce_us_per_step"] / 1e3, abs=2e-4)

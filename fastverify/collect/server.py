@@ -57,6 +57,26 @@ def normalise_url(text: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+MAX_REPLY_BYTES = 64 << 20
+"""Largest server reply read (bytes): /server_info is a few KiB."""
+
+
+def _read_by(r, deadline: float, url: str) -> bytes:
+    """The reply body, read in chunks until ``deadline`` (monotonic s); OSError past it or past
+    :data:`MAX_REPLY_BYTES` (a server that trickles or floods)."""
+    chunks, size = [], 0
+    while True:
+        if time.monotonic() > deadline:
+            raise OSError(f"{url}: the reply did not end in time ({size:,} bytes read)")
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise OSError(f"{url}: the reply is over {MAX_REPLY_BYTES >> 20} MiB")
+        chunks.append(chunk)
+
+
 def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -> tuple[int, bytes]:
     """(HTTP status, body) of one request; an HTTP error status is returned, not raised.
 
@@ -67,11 +87,12 @@ def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -
     """
     data = orjson.dumps(body) if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + timeout_s  # urlopen's timeout bounds each socket read, not the whole body
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, r.read()
+            return r.status, _read_by(r, deadline, url)
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, _read_by(e, deadline, url)
     except urllib.error.URLError as e:
         raise OSError(str(e.reason)) from None
     except (TimeoutError, ConnectionError) as e:

@@ -85,7 +85,10 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
     if files:
         from fastverify.trace.load import load_traces
 
-        ranks = load_traces(files, progress=False)
+        try:
+            ranks = load_traces(files, progress=False)
+        except UserError as e:  # name the bundle's member, not the temporary folder it was read from
+            raise UserError(str(e).replace(str(tmp / part) + "/", f"{bundle.path}: ")) from None
         ev.split = split_cycles(ranks)
         ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
         ev.world_size = next((r.meta.get("world_size") for r in ranks if r.meta.get("world_size")), None)
@@ -106,8 +109,11 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
     if p is not None and p.status == "ok" and p.files:
         from fastverify.nccl.logparse import parse_nccl_log
 
-        ev.nccl_log = parse_nccl_log(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
-        ev.sources["nccl_log"] = p.files[0]
+        try:
+            ev.nccl_log = parse_nccl_log(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
+            ev.sources["nccl_log"] = p.files[0]
+        except UserError as e:  # one unreadable part is a note; the rest of the report stands
+            notes.append(f"nccl_log: not read ({e})")
     ev.iommu = _json_part(bundle, "host_iommu")
     ev.sweep = _json_part(bundle, "sweep")
     if ev.sweep is not None:
@@ -141,28 +147,26 @@ def run(args: argparse.Namespace) -> int:
     if args.png is not None:
         check_outputs({"--png": args.png}, {"BUNDLE": args.bundle})
         check_writable(args.png)
+        if args.png.is_file() and args.png.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
+            raise UserError(f"--png {args.png}: the file exists and is not a PNG; name a new file")
     bundle = open_bundle(args.bundle)
     with tempfile.TemporaryDirectory(prefix="fastverify-report-") as tmp:
         ev, notes = evidence(bundle, Path(tmp))
+    if args.png is not None and ev.split is None:
+        raise UserError(f"--png {args.png}: the bundle has no cycles to draw ({notes[0] if notes else 'no trace'})")
     found = flags(ev)
     ans = answer(ev, found)
     doc = document(bundle, ev, found, ans, notes)
+    if args.png is not None:  # drawn before anything is printed: a failure leaves no half output
+        from fastverify.cycle.plot import plot_cycle
+
+        plot_cycle(doc, args.png)
     if args.json:
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
         from fastverify.cycle.printer import print_report
 
         print_report(doc)
-    if args.png is not None:
-        if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
-            notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
-                         "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
-            ev.split = None
-        elif ev.split is None:
-            raise UserError(f"--png {args.png}: the bundle has no cycles to draw (no server trace)")
-        from fastverify.cycle.plot import plot_cycle
-
-        plot_cycle(doc, args.png)
-        if not args.json:
+        if args.png is not None:
             print(f"wrote {args.png}")
     return 0

@@ -49,6 +49,9 @@ def plot_cycle(doc: dict, path: Path) -> None:
         os.close(fd)
         try:
             fig.savefig(tmp, format="png", dpi=110)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

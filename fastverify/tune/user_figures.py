@@ -170,10 +170,16 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
 
 
 def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
-    """``tune --predict --json`` in this mode: ``bound`` on each candidate (``"upper"``; None for
-    the baseline and unranked ones) and a ``user_figures`` block (ms, tok/s per stream)."""
+    """``tune --predict --json`` in this mode: ``bound`` on each candidate's gain (``"upper"`` for a
+    faster one, ``"lower"`` for a slower one: its loss is at most the figure; None for the baseline,
+    unchanged and unranked ones) and a ``user_figures`` block (ms, tok/s per stream)."""
+    base = doc["baseline"]["allreduce_us_per_step"]
     for c in (doc["baseline"], *doc["candidates"]):
-        c["bound"] = None if c["is_baseline"] or c["allreduce_us_per_step"] is None else "upper"
+        t = c["allreduce_us_per_step"]
+        # faster: the whole measured all-reduce (wait included) was scaled down, so the gain is at
+        # most this; slower: the wait was scaled up too, so the loss is at most this
+        c["bound"] = (None if c["is_baseline"] or t is None or base is None or t == base
+                      else "upper" if t < base else "lower")
     a = red["accept_length"]
     cycle = a / user.tok_s * 1e3 if user.tok_s is not None else None
     doc["user_figures"] = {
@@ -204,7 +210,8 @@ def print_summary(console, red: dict, user: UserFigures, best: str) -> None:
     if red["tok_s_baseline"] is None:
         console.print(f"tok/s: {NO_TOK_S}", markup=False)
         return
-    console.print(f"tok/s per stream at accept length {red['accept_length']:g}: {red['tok_s_baseline']:.1f} ({LABEL}) "
+    a_src = "" if red.get("accept_length_source") == "given" else f" ({red.get('accept_length_source')})"
+    console.print(f"tok/s per stream at accept length {red['accept_length']:g}{a_src}: {red['tok_s_baseline']:.1f} ({LABEL}) "
                   f"-> {red['tok_s_predicted']:.1f} ({up}; rest of the cycle {red['t_rest_us'] / 1e3:.3f} ms = "
                   f"A / tok/s - verify, held fixed)", markup=False)
 
