@@ -23,7 +23,8 @@ P2P_OFF_LOG = "\n".join(
 
 
 def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None = None,
-                iommu: dict | None = None, sweep: dict | None = None) -> Path:
+                iommu: dict | None = None, sweep: dict | None = None, p2p: list | None = None,
+                nvml: dict | None = None) -> Path:
     """A bundle as `collect` writes it, with the given parts ok and the others skipped."""
     files: dict[str, bytes | Path] = {}
     parts = []
@@ -36,6 +37,12 @@ def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None 
         elif name == "nccl_log" and nccl_log is not None:
             arcs = ("nccl/nccl-debug.log",)
             files[arcs[0]] = nccl_log.encode()
+        elif name == "p2p_check" and p2p is not None:
+            arcs = ("p2p.json",)
+            files[arcs[0]] = orjson.dumps(p2p)
+        elif name == "nvml" and nvml is not None:
+            arcs = ("topo/nvml.json",)
+            files[arcs[0]] = orjson.dumps(nvml)
         elif name == "sweep" and sweep is not None:
             arcs = ("sweep/tune.json",)
             files[arcs[0]] = orjson.dumps(sweep)
@@ -273,3 +280,17 @@ def test_one_cycle_start_is_no_complete_cycle_and_says_so(tmp_path, capsys):
     doc = report_json(make_bundle(tmp_path, ct.Plan(world=2, cycles=0)), capsys)
     assert doc["cycles"] is None and doc["answer"] is None
     assert any("no complete cycle" in n for n in doc["notes"])
+
+
+def test_failed_p2p_check_and_nvml_refusals_are_p2p_evidence(tmp_path, capsys):
+    p2p = [{"src": 0, "dst": 1, "ok": True, "reason": ""},
+           {"src": 1, "dst": 0, "ok": False, "reason": "timeout after 30 s (P2P write hung)"}]
+    nvml = {"p2p_read": {"0-1": True, "0-2": False, "1-2": False}, "p2p_write": {}}
+    doc = report_json(make_bundle(tmp_path, None, p2p=p2p, nvml=nvml), capsys)
+    flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")
+    assert flag["finding"].startswith("P2P does not work")
+    assert "1 of 2 directions failed" in flag["evidence"][0] and "timeout after 30 s" in flag["evidence"][0]
+    assert "refused on 2 GPU pairs (0-2, 1-2)" in flag["evidence"][1]
+    ok = [{"src": 0, "dst": 1, "ok": True, "reason": ""}]
+    doc = report_json(make_bundle(tmp_path / "ok", None, p2p=ok, nvml={"p2p_read": {"0-1": True}}), capsys)
+    assert not [f for f in doc["flags"] if f["kind"] == "p2p_off"]

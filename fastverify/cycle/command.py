@@ -42,7 +42,14 @@ def _traces(bundle, tmp: Path) -> tuple[list[str], str | None]:
     return [], None
 
 
-def _json_part(bundle, name: str) -> dict | None:
+def _json_part(bundle, name: str, kind: type = dict):
+    """The JSON of part ``name`` when it is a ``kind`` (a bundle is read, not trusted), else None.
+
+    Raises
+    ------
+    UserError
+        The member is not JSON (named with the bundle).
+    """
     p = bundle.part(name)
     if p is None or p.status != "ok" or not p.files:
         return None
@@ -50,7 +57,7 @@ def _json_part(bundle, name: str) -> dict | None:
         doc = orjson.loads(bundle.read(p.files[0]))
     except orjson.JSONDecodeError as e:
         raise UserError(f"{bundle.path}: {p.files[0]} is not JSON ({e})") from None
-    return doc if isinstance(doc, dict) else None
+    return doc if isinstance(doc, kind) else None
 
 
 def _msg_bytes(ranks, server: dict | None, meta: dict) -> int | None:
@@ -115,6 +122,8 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
         except UserError as e:  # one unreadable part is a note; the rest of the report stands
             notes.append(f"nccl_log: not read ({e})")
     ev.iommu = _json_part(bundle, "host_iommu")
+    ev.nvml = _json_part(bundle, "nvml")
+    ev.p2p_check = _json_part(bundle, "p2p_check", list)
     ev.sweep = _json_part(bundle, "sweep")
     if ev.sweep is not None:
         ev.sources["sweep"] = "sweep/tune.json"

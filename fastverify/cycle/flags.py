@@ -61,6 +61,8 @@ class Evidence:
     nccl_log: object | None = None  # fastverify.nccl.logparse.NcclLog
     iommu: dict | None = None
     sweep: dict | None = None
+    p2p_check: list | None = None  # rows of `python -m fastverify.topo.p2p check`
+    nvml: dict | None = None  # fastverify.topo.matrix.Topology.as_dict of NVML
     world_size: int | None = None
     msg_bytes: int | None = None
     sources: dict[str, str] = field(default_factory=dict)
@@ -133,25 +135,52 @@ def _skew(split: CycleSplit, means: dict) -> Flag | None:
                 "a faster all-reduce does not remove this wait")
 
 
-def _p2p(ev: Evidence) -> Flag | None:
+def _log_p2p(ev: Evidence) -> tuple[list[str], str | None]:
+    """Evidence lines from the NCCL log (pairs over SHM, a disabling setting) and the setting."""
     log = ev.nccl_log
     if log is None:
-        return None
+        return [], None
     kinds = log.transport_kinds()
     shm = sorted(p for p, k in kinds.items() if k == "SHM")
     env = log.p2p_disabled_by_env
-    if not (shm or env or (log.uses_shm and not log.uses_p2p)):
-        return None
-    evid = [f"{ev.sources.get('nccl_log', 'NCCL log')}: "
-            + (f"{len(shm)} of {len(kinds)} GPU pairs run over SHM (host memory): "
-               + ", ".join(f"{a}-{b}" for a, b in shm[:8]) + (" ..." if len(shm) > 8 else "") if kinds
-               else "transport SHM")]
+    evid = []
+    if shm or (log.uses_shm and not log.uses_p2p):
+        evid.append(f"{ev.sources.get('nccl_log', 'NCCL log')}: "
+                    + (f"{len(shm)} of {len(kinds)} GPU pairs run over SHM (host memory): "
+                       + ", ".join(f"{a}-{b}" for a, b in shm[:8]) + (" ..." if len(shm) > 8 else "")
+                       if kinds else "transport SHM"))
     if env:
         evid.append(f"NCCL read {env} from the environment")
+    return evid, env
+
+
+def _box_p2p(ev: Evidence) -> list[str]:
+    """Evidence lines from the real P2P check and NVML's P2P status per pair."""
+    evid = []
+    bad = [r for r in _list(ev.p2p_check) if isinstance(r, dict) and r.get("ok") is False]
+    if bad:
+        r = bad[0]
+        evid.append(f"P2P check: {len(bad)} of {len(_list(ev.p2p_check))} directions failed, e.g. GPU "
+                    f"{r.get('dst')} on GPU {r.get('src')}'s memory: {r.get('reason')}")
+    read = (ev.nvml or {}).get("p2p_read")
+    refused = sorted(k for k, v in read.items() if v is False) if isinstance(read, dict) else []
+    if refused:
+        evid.append(f"NVML: P2P read refused on {len(refused)} GPU pairs ({', '.join(refused[:8])}"
+                    + (" ..." if len(refused) > 8 else "") + ")")
+    return evid
+
+
+def _p2p(ev: Evidence) -> Flag | None:
+    log_evid, env = _log_p2p(ev)
+    box_evid = _box_p2p(ev)
+    if not (log_evid or box_evid):
+        return None
     fix = (f"remove {env} from the server's environment" if env else
            "let NCCL use P2P: NCCL_P2P_LEVEL=SYS (check it with `fastverify topo --nccl-log`), a driver with "
            "P2P enabled, and in the BIOS/kernel IOMMU off or passthrough (iommu=pt) and PCIe ACS off")
-    return Flag("p2p_off", "P2P is off: NCCL moves the all-reduces through host memory (SHM)", tuple(evid), fix)
+    finding = ("P2P is off: NCCL moves the all-reduces through host memory (SHM)" if log_evid else
+               "P2P does not work on this box (NCCL then falls back to SHM, and IPC all-reduces cannot run)")
+    return Flag("p2p_off", finding, tuple(log_evid + box_evid), fix)
 
 
 def _iommu(ev: Evidence) -> Flag | None:
