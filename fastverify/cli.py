@@ -231,7 +231,6 @@ def _add_collect(sub) -> None:
                      "measured all-reduce sweep at the verify sizes, a trace of the server's speculative cycles "
                      "(/start_profile) and its arguments, and verify-log records; each part optional and said "
                      "when skipped. Writes one .tar.gz that `fastverify report` reads anywhere."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(p)
 

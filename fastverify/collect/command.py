@@ -34,6 +34,8 @@ from fastverify.progress import say
 
 DEFAULT_BUDGET_S = 600.0
 DEFAULT_CYCLES = 20
+MIN_BUDGET_S = 1.0
+"""Shortest --budget (s); a budget of a few seconds runs only the quick parts, the rest say "time budget"."""
 DEFAULT_DRAFT_TOKENS = 4  # SGLang 0.5.23's EAGLE choice for DeepSeek-V3/Kimi (fastverify.tune.command)
 DEFAULT_HIDDEN = 7168  # DeepSeek-V3 / Kimi-K2 hidden_size (fastverify/live/presets)
 DEFAULT_BATCHES = (1, 2, 4, 8)
@@ -88,13 +90,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``collect`` subcommand's flags."""
     p.add_argument("--output", type=Path, default=None,
                    help="bundle path [default: fastverify-bundle-<UTC time>.tar.gz in the working directory]")
-    p.add_argument("--budget", type=_number(float, 1.0, MAX_TIMEOUT_S, "seconds"), default=DEFAULT_BUDGET_S,
-                   help="seconds for the whole run; parts that no longer fit are skipped ('time budget')")
+    p.add_argument("--budget", type=_number(float, MIN_BUDGET_S, MAX_TIMEOUT_S, "seconds"), default=DEFAULT_BUDGET_S,
+                   help=f"seconds for the whole run; parts that no longer fit are skipped ('time budget') "
+                        f"[default: {DEFAULT_BUDGET_S:g}]")
     p.add_argument("--server", metavar="URL", default=None,
                    help="a running SGLang server (http://host:port): its arguments and a profiler trace")
     p.add_argument("--cycles", type=_number(int, 1, 1000, "cycles"), default=DEFAULT_CYCLES,
                    help="complete speculative cycles to trace (the profiler's num_steps is this + 2: the last "
-                        "cycle's end, and a prefill step)")
+                        f"cycle's end, and a prefill step) [default: {DEFAULT_CYCLES}]")
     p.add_argument("--send-requests", type=_number(int, 0, 1000, "requests"), default=0, metavar="N",
                    help="send N small /generate requests while the server profiles (for a quiet server) "
                         "[default: none; collect never sends traffic unless asked]")
