@@ -24,7 +24,7 @@ P2P_OFF_LOG = "\n".join(
 
 def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None = None,
                 iommu: dict | None = None, sweep: dict | None = None, p2p: list | None = None,
-                nvml: dict | None = None) -> Path:
+                nvml: dict | None = None, topo: str | None = None) -> Path:
     """A bundle as `collect` writes it, with the given parts ok and the others skipped."""
     files: dict[str, bytes | Path] = {}
     parts = []
@@ -40,6 +40,9 @@ def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None 
         elif name == "p2p_check" and p2p is not None:
             arcs = ("p2p.json",)
             files[arcs[0]] = orjson.dumps(p2p)
+        elif name == "nvidia_smi_topo" and topo is not None:
+            arcs = ("topo/nvidia-smi-topo.txt",)
+            files[arcs[0]] = topo.encode()
         elif name == "nvml" and nvml is not None:
             arcs = ("topo/nvml.json",)
             files[arcs[0]] = orjson.dumps(nvml)
@@ -294,3 +297,15 @@ def test_failed_p2p_check_and_nvml_refusals_are_p2p_evidence(tmp_path, capsys):
     ok = [{"src": 0, "dst": 1, "ok": True, "reason": ""}]
     doc = report_json(make_bundle(tmp_path / "ok", None, p2p=ok, nvml={"p2p_read": {"0-1": True}}), capsys)
     assert not [f for f in doc["flags"] if f["kind"] == "p2p_off"]
+
+
+@pytest.mark.skipif(not (SHARED / "inputs").is_dir(), reason="../shared/inputs is absent on this machine")
+def test_public_topology_predicts_shm_pairs_under_nccls_default(tmp_path, capsys):
+    """nccl-tests#307's 8x RTX 4090 box: 4 GPUs per socket, every cross-socket pair SYS, which NCCL's
+    default NCCL_P2P_LEVEL=PXB puts on SHM (4 x 4 = 16 pairs; 12 same-socket pairs stay P2P)."""
+    text = (SHARED / "inputs" / "topo-nccl-tests-307.txt").read_text()
+    doc = report_json(make_bundle(tmp_path, None, topo=text), capsys)
+    flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")
+    assert flag["finding"].startswith("predicted from the topology")
+    assert "NCCL_P2P_LEVEL=PXB (default) NCCL puts 16 of 28 GPU pairs on SHM" in flag["evidence"][0]
+    assert "SYS would put them on P2P" in flag["evidence"][0]

@@ -121,6 +121,18 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
             ev.sources["nccl_log"] = p.files[0]
         except UserError as e:  # one unreadable part is a note; the rest of the report stands
             notes.append(f"nccl_log: not read ({e})")
+    p = bundle.part("nvidia_smi_topo")
+    if p is not None and p.status == "ok" and p.files:
+        from fastverify.topo.diagnose import diagnose
+        from fastverify.topo.matrix import parse_nvidia_smi_topo
+
+        try:
+            topo = parse_nvidia_smi_topo(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
+            # the server's own NCCL_* settings are not in the bundle: NCCL's defaults, said in the flag
+            ev.topo = diagnose(topo, ev.nccl_log, {})
+            ev.sources["nvidia_smi_topo"] = p.files[0]
+        except UserError as e:
+            notes.append(f"nvidia_smi_topo: not read ({e})")
     ev.iommu = _json_part(bundle, "host_iommu")
     ev.nvml = _json_part(bundle, "nvml")
     ev.p2p_check = _json_part(bundle, "p2p_check", list)

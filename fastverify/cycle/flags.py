@@ -63,6 +63,7 @@ class Evidence:
     sweep: dict | None = None
     p2p_check: list | None = None  # rows of `python -m fastverify.topo.p2p check`
     nvml: dict | None = None  # fastverify.topo.matrix.Topology.as_dict of NVML
+    topo: object | None = None  # fastverify.topo.diagnose.Diagnosis of `nvidia-smi topo -m`, NCCL's defaults
     world_size: int | None = None
     msg_bytes: int | None = None
     sources: dict[str, str] = field(default_factory=dict)
@@ -162,6 +163,15 @@ def _box_p2p(ev: Evidence) -> list[str]:
         r = bad[0]
         evid.append(f"P2P check: {len(bad)} of {len(_list(ev.p2p_check))} directions failed, e.g. GPU "
                     f"{r.get('dst')} on GPU {r.get('src')}'s memory: {r.get('reason')}")
+    d = ev.topo
+    if d is not None:
+        shm = [f"{q.a}-{q.b}" for q in d.pairs if q.transport_now == "SHM"]
+        if shm and not any(q.seen for q in d.pairs):  # predicted from the topology, no NCCL log saw them
+            evid.append(f"{ev.sources.get('nvidia_smi_topo', 'topology')}: under NCCL_P2P_LEVEL={d.p2p_level_now} "
+                        f"({d.p2p_level_now_source}) NCCL puts {len(shm)} of {len(d.pairs)} GPU pairs on SHM "
+                        f"({', '.join(shm[:8])}{' ...' if len(shm) > 8 else ''}); predicted by NCCL's path rule, "
+                        "assuming the server sets no NCCL_P2P_LEVEL"
+                        + (f"; {d.p2p_level_recommended} would put them on P2P" if d.p2p_level_recommended else ""))
     read = (ev.nvml or {}).get("p2p_read")
     refused = sorted(k for k, v in read.items() if v is False) if isinstance(read, dict) else []
     if refused:
@@ -178,8 +188,11 @@ def _p2p(ev: Evidence) -> Flag | None:
     fix = (f"remove {env} from the server's environment" if env else
            "let NCCL use P2P: NCCL_P2P_LEVEL=SYS (check it with `fastverify topo --nccl-log`), a driver with "
            "P2P enabled, and in the BIOS/kernel IOMMU off or passthrough (iommu=pt) and PCIe ACS off")
+    tested = [e for e in box_evid if e.startswith(("P2P check", "NVML"))]
     finding = ("P2P is off: NCCL moves the all-reduces through host memory (SHM)" if log_evid else
-               "P2P does not work on this box (NCCL then falls back to SHM, and IPC all-reduces cannot run)")
+               "P2P does not work on this box (NCCL then falls back to SHM, and IPC all-reduces cannot run)"
+               if tested else
+               "predicted from the topology: NCCL's default P2P level puts some GPU pairs on SHM (host memory)")
     return Flag("p2p_off", finding, tuple(log_evid + box_evid), fix)
 
 
