@@ -79,6 +79,10 @@ def test_straggler_and_p2p_off_are_named_with_the_removable_share(tmp_path, caps
     assert {"rank_skew", "p2p_off"} <= set(kinds), kinds
     assert "TP rank 5" in kinds["rank_skew"]["finding"]
     assert doc["cycles"]["straggler_rank"] == plan.straggler and doc["cycles"]["straggler_share"] == 1.0
+    per_mode = doc["cycles"]["straggler_by_mode"]  # only the verify MoE all-reduces had anyone waiting
+    assert set(per_mode) == {"verify"} and per_mode["verify"] == {
+        "rank": plan.straggler, "last": plan.layers * plan.cycles, "waited": plan.layers * plan.cycles,
+        "matched": plan.verify_ars * plan.cycles}
     assert "NCCL_P2P_DISABLE=1" in " ".join(kinds["p2p_off"]["evidence"])
     assert "8 of 8 GPU pairs run over SHM" in kinds["p2p_off"]["evidence"][0]
     ans = doc["answer"]

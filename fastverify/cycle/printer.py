@@ -20,17 +20,20 @@ def _modes_table(doc: dict) -> Table:
     split = doc["cycles"]
     t = Table(title=f"per cycle, mean over {len(split['ranks'])} TP rank(s), ms (cycle starts at each "
                     f"{split['anchor']}; clock: {split['clock']})", title_justify="left")
-    for col in ("mode", "forwards", "compute", "#AR", "AR transfer", "AR wait", "AR unmatched", "other comm",
-                "memory", "GPU idle"):
+    idle = "GPU idle" if split["clock"] == "trace" else "idle"
+    for col in ("mode", "forwards", "compute", "#AR", "AR transfer", "AR wait", "last to arrive", "AR unmatched",
+                "other comm", "memory", idle):
         t.add_column(col, justify="right")
     means = doc["modes_mean_us"]
     for mode in sorted(means, key=_ORDER.index):
         m = means[mode]
+        s = split.get("straggler_by_mode", {}).get(mode)
+        last = f"TP {s['rank']}: {s['last']}/{s['waited']}" if s else "-"
         t.add_row(mode, f"{m['forwards']:g}", _ms(m["compute_us"]), f"{m['allreduce_count']:g}",
-                  _ms(m["transfer_us"]), _ms(m["wait_us"]), _ms(m["unmatched_us"]), _ms(m["other_comm_us"]),
+                  _ms(m["transfer_us"]), _ms(m["wait_us"]), last, _ms(m["unmatched_us"]), _ms(m["other_comm_us"]),
                   _ms(m["memory_us"]), _ms(m["idle_us"]))
     between = sum(r["between_idle_us"] for r in split["ranks"]) / max(len(split["ranks"]), 1)
-    t.add_row("between forwards", "", "", "", "", "", "", "", "", _ms(between))
+    t.add_row("between forwards", "", "", "", "", "", "", "", "", "", _ms(between))
     return t
 
 

@@ -89,7 +89,8 @@ class CycleSplit(msgspec.Struct, frozen=True):
     """Per-rank cycles plus the cross-rank facts: ``anchor`` (what starts a cycle), ``clock``,
     ``matched`` all-reduces, of them ``waited`` (some rank waited over 2 µs and a tenth of the
     transfer), per rank how often it arrived last among those, and the straggler: the rank most
-    often last, with its share of ``waited``."""
+    often last, with its share of ``waited``; ``straggler_by_mode``: per mode the rank most often
+    last, how often (``last``), of ``waited`` and of ``matched`` all-reduces."""
 
     anchor: str
     clock: str
@@ -99,6 +100,7 @@ class CycleSplit(msgspec.Struct, frozen=True):
     straggler_rank: int | None
     straggler_share: float | None
     last_arrivals: dict[str, int]
+    straggler_by_mode: dict[str, dict[str, int]] = {}
     notes: tuple[str, ...] = ()
 
 
@@ -256,6 +258,14 @@ def _match(xs: list[_Rank]) -> tuple[dict, dict[int, int], int, int, list[str]]:
             sel = mode == m
             per[MODES[m]] = (float(transfer[sel].sum()), float((mat[j, sel] - transfer[sel]).sum()))
     arrivals = {x.r.rank: int(((last == j) & waited).sum()) for j, x in enumerate(xs)}
+    by_mode = {}
+    for m in np.unique(mode[waited]).tolist():
+        sel = waited & (mode == m)
+        counts = {x.r.rank: int((last[sel] == j).sum()) for j, x in enumerate(xs)}
+        top = max(counts, key=lambda k: (counts[k], -k))
+        by_mode[MODES[m]] = {"rank": top, "last": counts[top], "waited": int(sel.sum()),
+                             "matched": int((mode == m).sum())}
+    out["_stragglers"] = by_mode
     return out, arrivals, len(common), int(waited.sum()), notes
 
 
@@ -313,6 +323,7 @@ def split_cycles(ranks: list[RankEvents]) -> CycleSplit | None:
     if any(x.n_cycles == 0 for x in per):
         notes.append("a rank has fewer than two cycle starts: no complete cycle on it")
     matched, arrivals, n_matched, n_waited, match_notes = _match(per) if len(per) > 1 else ({}, {}, 0, 0, [])
+    by_mode = matched.pop("_stragglers", {})
     notes += match_notes
     if len(per) < 2:
         notes.append("one rank only: all-reduce wait cannot be told from transfer (needs every rank's trace); "
@@ -337,4 +348,5 @@ def split_cycles(ranks: list[RankEvents]) -> CycleSplit | None:
     clock = per[0].r.meta.get("timing", "trace")
     return CycleSplit(anchor=anchor or "none", clock=clock, ranks=tuple(out), matched=n_matched, waited=n_waited,
                       straggler_rank=straggler, straggler_share=share,
-                      last_arrivals={str(k): v for k, v in arrivals.items()}, notes=tuple(notes))
+                      last_arrivals={str(k): v for k, v in arrivals.items()}, straggler_by_mode=by_mode,
+                      notes=tuple(notes))
