@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
-from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, path_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -499,12 +499,12 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.nvidia_smi:
         from fastverify.topo.matrix import parse_nvidia_smi_topo
 
-        topo = parse_nvidia_smi_topo(_read_text(args.nvidia_smi), source=str(args.nvidia_smi))
+        topo = parse_nvidia_smi_topo(_read_text(args.nvidia_smi), source=path_text(args.nvidia_smi))
     if args.nccl_log:
         from fastverify.nccl.logparse import parse_nccl_log
 
         text = _read_text(args.nccl_log, "log")
-        log = parse_nccl_log(text, source=str(args.nccl_log))
+        log = parse_nccl_log(text, source=path_text(args.nccl_log))
         cut = [p for p in log.problems if "cut off" in p]
         if cut:
             raise UserError(f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
@@ -514,13 +514,13 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         from fastverify.nccl.perftable import parse_all_reduce_perf
 
         text = _read_text(args.perf_table)
-        perf = parse_all_reduce_perf(text, source=str(args.perf_table))
+        perf = parse_all_reduce_perf(text, source=path_text(args.perf_table))
         if log is None and "NCCL INFO" in text:
             # NCCL_DEBUG=INFO shares all_reduce_perf's stdout: its lines are the run's NCCL log
             from fastverify.nccl.logparse import parse_nccl_log
 
             try:
-                log = parse_nccl_log(text, source=str(args.perf_table))
+                log = parse_nccl_log(text, source=path_text(args.perf_table))
             except UserError:
                 log = None  # "NCCL INFO" only in a comment: the table stands alone
     if topo is None and log is None and perf is None:
@@ -633,8 +633,21 @@ def run() -> None:
     sys.exit(rc)
 
 
+def _streams_survive_any_encoding() -> None:
+    """Make stdout/stderr write what their encoding cannot hold as escapes (``\\xb5`` for µ under
+    ``PYTHONIOENCODING=ascii`` or a C-locale cron job) instead of raising after outputs were written."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: nothing to write to anyway
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _streams_survive_any_encoding()
     try:
         _start_painter_early(argv)
         return _main(argv)

@@ -9,6 +9,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from fastverify.errors import printable
+
 _ORDER = ("draft", "verify", "draft_extend", "extend", "decode", "other", "outside")
 
 
@@ -41,8 +43,8 @@ def print_report(doc: dict, console: Console | None = None) -> None:
     """Print the report document ``doc`` (plain dicts)."""
     console = console or Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 150)
     host = doc.get("host") or {}
-    console.print(f"# fastverify report: {doc['bundle']} (collected {doc['collected_utc']} on "
-                  f"{host.get('hostname', '?')})", markup=False)
+    console.print(printable(f"# fastverify report: {doc['bundle']} (collected {doc['collected_utc']} on "
+                            f"{host.get('hostname', '?')})"), markup=False)
     if doc["cycles"]:
         split = doc["cycles"]
         if split["clock"] != "trace":
@@ -54,8 +56,8 @@ def print_report(doc: dict, console: Console | None = None) -> None:
     console.print("[bold]flags[/bold]" if doc["flags"] else "flags: none")
     for f in doc["flags"]:
         console.print(f"- [{f['kind']}] {f['finding']}", markup=False)
-        for e in f["evidence"]:
-            console.print(f"    evidence: {e}", markup=False)
+        for e in f["evidence"]:  # evidence quotes the bundle (device names, file names)
+            console.print(printable(f"    evidence: {e}"), markup=False)
         console.print(f"    fix: {f['fix']}", markup=False)
     ans = doc["answer"]
     if ans:
@@ -72,4 +74,4 @@ def print_report(doc: dict, console: Console | None = None) -> None:
             console.print(f"  - {a}", markup=False)
         console.print(f"# {ans['basis']}", markup=False)
     for n in doc["notes"]:
-        console.print(f"# note: {n}", markup=False)
+        console.print(printable(f"# note: {n}"), markup=False)

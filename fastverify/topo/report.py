@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from fastverify.errors import printable
 from fastverify.topo.diagnose import Diagnosis
 
 
@@ -14,7 +15,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     """Print the diagnosis in words a user acts on: actions first, then the evidence."""
     c = console or Console(width=None if sys.stdout.isatty() else 130)
     gpus = f"{d.n_gpus} GPU(s)" if d.n_gpus else "GPU count unknown from this input"
-    c.print(f"# fastverify topo: {gpus}; from {', '.join(d.sources)}; NCCL {d.nccl_version or 'version unknown'}",
+    c.print(f"# fastverify topo: {gpus}; from {printable(', '.join(d.sources))}; NCCL {d.nccl_version or 'version unknown'}",
             markup=False)
     c.print(f"# NCCL_P2P_LEVEL now: {d.p2p_level_now} ({d.p2p_level_now_source}); recommended: "
             f"{d.p2p_level_recommended or 'no change'}", markup=False)
@@ -69,12 +70,12 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         ranks = f"{p['n_ranks']} ranks" if p["n_ranks"] else "ranks unknown"
         gpus = f" on {', '.join(p['devices'])}" if p["devices"] else ""
         avg = f", footer average busBw {p['avg_busbw_gbps']:g} GB/s" if p["avg_busbw_gbps"] is not None else ""
-        c.print(f"all_reduce_perf {p['source']} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
+        c.print(f"all_reduce_perf {printable(p['source'])} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
                 f"{ranks}{gpus}, {'/'.join(p['dtypes'])} {'/'.join(p['redops'])}; {p['time_us_at_min']:g} µs at the "
                 f"smallest, {p['time_us_at_max']:g} µs at the largest; peak busBw {p['peak_busbw_gbps']:g} GB/s at "
                 f"{p['peak_busbw_bytes']:,} B{avg}", markup=False)
     if d.measured:
-        t = Table(title=f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({d.measured[0]['source']})",
+        t = Table(title=f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({printable(d.measured[0]['source'])})",
                   title_justify="left")
         for col in ("tokens", "bytes", "NCCL µs", "basis"):
             t.add_column(col, justify="right", overflow="fold")

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from fastverify.bounds import MAX_EVENT_NS, MAX_MSG_BYTES
-from fastverify.errors import UserError
+from fastverify.errors import UserError, path_text
 from fastverify.events import EventClass, RankEvents, Step, assign_steps
 from fastverify.inputs import inflate_trace, loads_json, read_bytes
 from fastverify.trace.classify import classify_name, refine_from_op, resolve_from_op
@@ -504,7 +504,7 @@ def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     world = dist.get("world_size")
     meta = {
-        "file": str(path),
+        "file": path_text(path),
         "world_size": world if type(world) is int and 1 <= world < 2**31 else None,
         "nccl_version": _str_or_none(dist.get("nccl_version")),
         "dist_backend": _str_or_none(dist.get("backend")),
@@ -743,7 +743,7 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
         meta["unresolved_comm_kernels"] = unresolved
     return RankEvents(
         rank=rank,
-        origin=str(path),
+        origin=path_text(path),
         start_ns=start_ns[order],
         dur_ns=np.maximum(dur_ns[order], 0),
         cls=cls[order],

@@ -1,0 +1,69 @@
+"""One printer: user-controlled strings reach the terminal with control characters escaped, paths
+that are not UTF-8 with their bytes escaped, and stdout/stderr survive any encoding."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fastverify.errors import one_line, path_text, printable
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_printable_escapes_controls_and_undecodable_bytes_only():
+    assert printable("a\x1b[2Jb\x07c\x9bd\x7f") == "a\\x1b[2Jb\\x07c\\x9bd\\x7f"
+    assert printable(os.fsdecode(b"tr\xffce")) == "tr\\xffce"
+    assert printable("µs ─ table\twith\nlines") == "µs ─ table\twith\nlines"
+    assert printable("a\u2028b") == "a\\u2028b"  # a line separator is a line break to a terminal
+    assert one_line("first\nsecond\x1b[2J") == "first second\\x1b[2J"
+
+
+def test_path_text_is_valid_utf8_for_records():
+    p = os.fsdecode(b"/tmp/r\xff.json")
+    assert path_text(p) == "/tmp/r\\xff.json"
+    path_text(p).encode("utf-8")  # orjson and msgspec take it
+    assert path_text("/tmp/plain µ.json") == "/tmp/plain µ.json"
+
+
+def _run(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastverify", *args], capture_output=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_an_escape_sequence_in_a_file_name_is_shown_escaped(tmp_path):
+    bad = os.fsencode(tmp_path) + b"/topo\x1b[2J.txt"  # does not exist: the error names it
+    cp = _run(["topo", "--nvidia-smi", os.fsdecode(bad)])
+    assert cp.returncode == 2 and b"\x1b" not in cp.stderr, cp.stderr
+    assert cp.stderr.count(b"\n") == 1 and b"topo\\x1b[2J.txt" in cp.stderr
+
+
+@pytest.mark.skipif(not (SHARED / "traces").is_dir(), reason="../shared/traces is absent on this machine")
+def test_ascii_only_stdout_still_prints_and_writes(tmp_path):
+    out = tmp_path / "p.json"
+    cp = _run(["profile", "--trace", str(SHARED / "traces" / "HolisticTraceAnalysis"), "--no-png", "--output", str(out)],
+              env={"PYTHONIOENCODING": "ascii"})
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert b"\\xb5s" in cp.stdout and orjson.loads(out.read_bytes())["schema"] == "fastverify.profile"
+
+
+@pytest.mark.skipif(not (SHARED / "inputs").is_dir(), reason="../shared/inputs is absent on this machine")
+def test_non_utf8_names_go_into_json_escaped(tmp_path):
+    topo = os.fsencode(tmp_path) + b"/t\xff.txt"
+    shutil.copy(SHARED / "inputs" / "topo-nccl-tests-307.txt", topo)
+    cp = _run(["topo", "--nvidia-smi", os.fsdecode(topo), "--json"])
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert orjson.loads(cp.stdout)["sources"] == [path_text(os.fsdecode(topo))]
+    trace = os.fsencode(tmp_path) + b"/r\xff-rank0.json.gz"
+    shutil.copy(SHARED / "traces" / "HolisticTraceAnalysis" / "sampled_rank-0.json.gz", trace)
+    out = tmp_path / "p.json"
+    cp = _run(["profile", "--trace", os.fsdecode(trace), "--no-png", "--output", str(out)])
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert orjson.loads(out.read_bytes())["source"]["files"] == [path_text(os.fsdecode(trace))]
