@@ -67,3 +67,13 @@ def test_non_utf8_names_go_into_json_escaped(tmp_path):
     cp = _run(["profile", "--trace", os.fsdecode(trace), "--no-png", "--output", str(out)])
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert orjson.loads(out.read_bytes())["source"]["files"] == [path_text(os.fsdecode(trace))]
+
+
+def test_a_folder_of_ten_thousand_traces_is_refused_before_reading(tmp_path):
+    from fastverify.trace.load import MAX_TRACE_FILES
+
+    for i in range(MAX_TRACE_FILES + 1):
+        (tmp_path / f"t-TP-{i}.json").write_bytes(b"{}")
+    cp = _run(["profile", "--trace", str(tmp_path), "--no-png", "--output", str(tmp_path / "out.json")])
+    assert cp.returncode == 2 and cp.stderr.count(b"\n") == 1, cp.stderr[-2000:]
+    assert f"{MAX_TRACE_FILES + 1:,} trace files".encode() in cp.stderr and not (tmp_path / "out.json").exists()

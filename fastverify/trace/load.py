@@ -779,6 +779,12 @@ def _is_fastverify_profile(path: Path) -> bool:
     return b'"fastverify.profile"' in head or b'"fastverify.verify_log"' in head
 
 
+MAX_TRACE_FILES = 1024
+"""Most trace files one ``--trace`` run reads: one per rank of one run (SGLang writes one per TP
+rank, and tune bounds TP at 64; a DP x TP x PP x EP run of 1,024 GPUs is far past any PCIe box).
+A folder with more is the wrong folder (a whole /tmp), refused before any is read."""
+
+
 def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | None = None,
                 progress: bool = False, halves: bool = True) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
@@ -795,8 +801,9 @@ def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | 
     Raises
     ------
     UserError
-        A path that does not exist, a folder without traces, a bad file (see :func:`load_trace`),
-        two files claiming the same rank, or (without ``force``) traces of different runs.
+        A path that does not exist, a folder without traces, more than :data:`MAX_TRACE_FILES`
+        files, a bad file (see :func:`load_trace`), two files claiming the same rank, or (without
+        ``force``) traces of different runs.
     """
     files: list[Path] = []
     for p in map(Path, paths):
@@ -815,6 +822,9 @@ def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | 
             raise UserError(f"{p}: no such file or folder")
     seen: set[Path] = set()
     files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # a file given twice counts once
+    if len(files) > MAX_TRACE_FILES:
+        raise UserError(f"{len(files):,} trace files under {', '.join(path_text(p) for p in paths)[:200]}: more than "
+                        f"{MAX_TRACE_FILES:,}, the ranks one run can have; give the folder of one profile")
     result: dict[int, RankEvents] = {}
     for f, loaded in zip(files, _load_files(files, workers=workers, progress=progress, halves=halves)):
         for r in loaded:
