@@ -11,10 +11,15 @@ extracted from ``$FASTVERIFY_FLASHINFER_WHEEL`` and its CPU-runnable parts are r
 * the world sizes and dtypes: constants read with ``ast``;
 * on a 2-rank gloo group: the real ``query_from_runtime``/``plan``, ``Plan.request``,
   ``CollectiveRequirement``, ``_OneshotExecutionState``, ``_prepare_plain_call``/``_prepare_fused_call``,
-  ``types._prime`` and the real public ``all_reduce``/``all_reduce_fused_add_rms_norm`` input checks.
-  What cannot run on CPU is a stand-in: the kernels (a gloo all-reduce + fp32 add + RMSNorm that
-  refuses more than 36 rows, as ``_oneshot_preparation.py`` states), CuTe compilation inside
-  ``PreparationSession``, the CUDA IPC setup/teardown, and ``require_prepared``'s CUDA-device check.
+  ``types._prime``, the real public ``all_reduce``/``all_reduce_fused_add_rms_norm`` input checks and
+  ``PreparationSession``'s real loop (``preparation/session.py``: coordinator, ``collective_barrier``
+  hook, materialize, bind, prime). What cannot run on CPU is a stand-in: the kernels (a gloo
+  all-reduce + fp32 add + RMSNorm that refuses more than 36 rows, as ``_oneshot_preparation.py``
+  states), their compilation (``_oneshot_preparation.compile_oneshot_surface`` / ``load_programs``:
+  CuTe DSL and Triton, absent here; Triton's observer hook in ``_lib/compile_plan.py`` is marked
+  installed), the plan's declared device (``_configure`` takes only CUDA declarations: it reads
+  ``cuda`` while the tensors stay on CPU), the CUDA IPC setup/teardown, and ``require_prepared``'s
+  CUDA-device check.
 
 This file is also the worker script: ``python tests/test_b12x.py RANK WORLD PORT OUT SCENARIO``.
 """
@@ -28,10 +33,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import types
 import zipfile
 from pathlib import Path
-from types import MappingProxyType
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -82,7 +87,8 @@ def import_b12x(root: Path) -> types.SimpleNamespace:
 
     names = {"po": "b12x.comm.pcie.pcie_oneshot", "op": "b12x.comm.pcie._oneshot_preparation",
              "prep": "b12x.comm.pcie._preparation", "types": "b12x.preparation.types",
-             "device": "b12x.preparation.device", "gating": "b12x._lib.gating"}
+             "device": "b12x.preparation.device", "gating": "b12x._lib.gating",
+             "session": "b12x.preparation.session", "compile_plan": "b12x._lib.compile_plan"}
     return types.SimpleNamespace(**{k: importlib.import_module(v) for k, v in names.items()})
 
 
@@ -113,10 +119,10 @@ def real(tmp_path_factory):
 
 
 def standins(real: types.SimpleNamespace, record: list, fail: dict | None = None) -> types.SimpleNamespace:
-    """The real runtime class with CPU tensors and a gloo kernel; a session without compilation."""
+    """The real runtime class with CPU tensors and a gloo kernel; the real session, compiling nothing."""
     import torch.distributed as dist
 
-    po, op, tmod = real.po, real.op, real.types
+    po = real.po
 
     class CpuExt(po._CuTeOneshotBackend):
         """The real pure-Python extension adapter; only its CUDA assertions differ."""
@@ -198,51 +204,67 @@ def standins(real: types.SimpleNamespace, record: list, fail: dict | None = None
                 dist.barrier(group=self.exchange_group)
             self._coordinated_close_complete = True
 
-    class Session:
-        """PreparationSession for a fixed-contract job with autotune off (preparation/session.py):
-        per request, in order, the coordinator authorizes its CollectiveRequirement, the plan is
-        materialized (stand-in launchers: CuTe compilation needs CUDA), ``prepare_call(state)`` is
-        primed with the real ``_prime`` and the payload installed in the plan."""
-
-        def __init__(self, *, device=None, autotune=True, compile_workers=None):
-            record.append(["session", {"autotune": autotune, "compile_workers": compile_workers}])
-            self.plans: list = []
-
-        def prepare(self, requests, *, coordinator=None, progress=None, autotune=None):
-            requests = tuple(requests)
-            if coordinator is None and any(r.collective is not None for r in requests):
-                raise ValueError("collective preparation requires a coordinator")
-            for req in requests:
-                if coordinator(tmod.PreparationProgress(True, True, (), False)) is not None:
-                    raise ValueError("collective authorization does not match ready work")
-                if req.collective is not None and coordinator(
-                        tmod.PreparationProgress(False, False, (req.collective,), False)) != req.collective.key:
-                    raise ValueError("collective authorization does not match ready work")
-                plan = req.plan
-                variants = tuple(tuple(v) for v in plan.query.setup["variants"])
-                state = op._OneshotExecutionState(plan.query, Runtime.live[-1],
-                                                  MappingProxyType({v: ("launcher", v) for v in variants}))
-                call = req.prepare_call(state)
-                tmod._prime(call)
-                plan._install(tmod._Prepared(state=state, selection=None, programs=frozenset(), retained=None,
-                                             owners=tuple(call.owners), closers=(),
-                                             device=real.device.detect_device(None), scratch=()))
-                self.plans.append(plan)
-                record.append(["prepared", req.name, list(req.collective.ranks)])
-
-        def close(self):
-            for plan in self.plans:
-                plan._clear()
-            record.append(["session_close"])
-
     def query_from_runtime(runtime, *, surface, call):
         inp = call["inp"]
-        if fail and fail.get("rank") == runtime.rank and tuple(inp.shape) == tuple(fail["shape"]) \
+        if fail and fail.get("rank") == runtime.rank and tuple(inp.shape) == tuple(fail.get("shape", ())) \
                 and surface.endswith("rms_norm"):
             raise ValueError("stand-in: this rank fails to plan the shape")
         return real.prep.query_from_runtime(runtime, surface=surface, call=call)
 
-    return types.SimpleNamespace(Runtime=Runtime, Session=Session, query_from_runtime=query_from_runtime)
+    return types.SimpleNamespace(Runtime=Runtime, query_from_runtime=query_from_runtime,
+                                 **vars(session_and_compile(real, record, fail)))
+
+
+def session_and_compile(real: types.SimpleNamespace, record: list, fail: dict | None) -> types.SimpleNamespace:
+    """The real ``PreparationSession`` (recording), and stand-ins for kernel compilation and the
+    plan's declared device: what its loop needs CUDA for (Triton's hook: ``install_modules``)."""
+
+    class Session(real.session.PreparationSession):
+        """The real PreparationSession (preparation/session.py), its loop untouched; it records its
+        construction, every call of the embedder's barrier hook (and on which thread), what it
+        prepared and its close."""
+
+        def __init__(self, **kw):
+            record.append(["session", {k: kw.get(k) for k in ("autotune", "compile_workers")}])
+            hook = kw.get("collective_barrier")
+            if hook is not None:
+                def barrier(key, ranks, hook=hook):
+                    off_main = threading.current_thread() is not threading.main_thread()
+                    record.append(["barrier", key, list(ranks), off_main])
+                    return hook(key, ranks)
+                kw["collective_barrier"] = barrier
+            super().__init__(**kw)
+
+        def prepare(self, requests, **kw):
+            requests = tuple(requests)
+            result = super().prepare(requests, **kw)
+            record.extend(["prepared", r.name, list(r.collective.ranks)] for r in requests)
+            return result
+
+        def close(self):
+            super().close()
+            record.append(["session_close"])
+
+    def compile_surface(query_payload, ordinal):
+        """For ``_oneshot_preparation.compile_oneshot_surface`` (CuTe, under ``torch.cuda.device``):
+        one launcher token per slot variant the query declares; ``fail["compile"]`` = ``[kind,
+        rows]`` makes this rank's compile of that request raise, as an OOM would."""
+        payload = dict(query_payload)
+        setup = dict(payload["setup"])
+        kind = "fused" if payload["surface"] == b12x_backend.FUSED_SURFACE else "plain"
+        record.append(["compile", kind, int(setup["rows"])])
+        if fail and fail.get("rank") == payload["rank"] and fail.get("compile") == [kind, int(setup["rows"])]:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in: this rank's kernel compile fails)")
+        return {tuple(v): ("launcher", kind, tuple(v)) for v in setup["variants"]}
+
+    def plan(query, *, runtime, **kw):
+        made = real.prep.plan(query, runtime=runtime, **kw)
+        # session.py _configure: "declaration and session devices differ" unless the declaration
+        # is CUDA; the CPU session's ordinal is None, as torch.device("cuda").index.
+        object.__setattr__(made, "_device", torch.device("cuda"))
+        return made
+
+    return types.SimpleNamespace(Session=Session, compile_surface=compile_surface, plan=plan)
 
 
 def install_modules(real: types.SimpleNamespace, fakes: types.SimpleNamespace) -> None:
@@ -257,13 +279,18 @@ def install_modules(real: types.SimpleNamespace, fakes: types.SimpleNamespace) -
     pcie.is_supported = lambda device=None: True  # the SM gate is tested from the real source below
     pcie.OneshotAllReduce = fakes.Runtime
     pcie.query_from_runtime = fakes.query_from_runtime
-    pcie.plan = real.prep.plan
+    pcie.plan = fakes.plan
     prep = types.ModuleType(f"{prefix}.preparation")
     prep.Plan = real.types.Plan
     prep.CollectiveRequirement = real.types.CollectiveRequirement
     prep.PreparationSession = fakes.Session
     sys.modules.update({"flashinfer": pkg, gating.__name__: gating, pcie.__name__: pcie, prep.__name__: prep,
                         f"{prefix}.comm.pcie._oneshot_preparation": real.op})
+    # What compiles and loads kernels (CuTe DSL, Triton: absent here). Triton's observer hook
+    # (_lib/compile_plan.py _ensure_triton_hook, imports triton) is marked installed.
+    real.op.compile_oneshot_surface = fakes.compile_surface
+    real.op.load_programs = lambda value: value
+    real.compile_plan._TRITON_HOOK = object()
     # require_prepared's last check is "tensor on the plan's CUDA device"; everything else is real.
     real_require = real.types.require_prepared
     real.po.require_prepared = lambda plan, component_id, device=None: real_require(plan, component_id, None)
@@ -521,6 +548,11 @@ def test_fused_to_36_rows_and_fallback_above_still_all_reduces(ok_ranks):
                                 (("plain", 4), ("fused", 4), ("plain", 36), ("fused", 36), ("plain", 37),
                                  ("plain", 40))]
             assert all(e[2] == [0, 1] for e in res["record"] if e[0] == "prepared")
+            # the real session called the barrier hook once per request, on its own thread, each
+            # before that request compiled (session.py: authorize, barrier, materialize, prime)
+            assert [e[1:] for e in res["record"] if e[0] == "barrier"] == [[n, [0, 1], True] for n in prepared]
+            steps = [e[0] for e in res["record"] if e[0] in ("barrier", "compile")]
+            assert steps == ["barrier", "compile"] * len(prepared)
             assert res["record"][-2:] == [["session_close"], ["close"]] and res["closed"]
             assert res["runtime_released"]
     assert ok_ranks[0]["dtypes"].keys() == ok_ranks[1]["dtypes"].keys()
@@ -530,9 +562,11 @@ def test_preparation_failure_on_one_rank_disables_on_every_rank(tmp_path):
     outs = run_ranks(tmp_path, "fail")  # rank 1 cannot plan the fused 36-row shape
     for out in outs:
         for dtype, res in out["dtypes"].items():
-            assert res["disabled_reason"] and "rank 1: ValueError" in res["disabled_reason"]
+            assert res["disabled_reason"] == b12x_backend.not_built_line(
+                f"rank 1: fastverify.b12x.fused.36x{HIDDEN}: ValueError: stand-in: this rank fails to plan the shape")
             assert res["prepared"] == {"plain": [], "fused": []}
-            assert not any(e[0] in ("plain", "fused", "prepared") for e in res["record"]), "no kernel ran"
+            # rank 1 failed while planning, before its session ran; rank 0's first round met its fail
+            assert not any(e[0] in ("plain", "fused", "prepared", "barrier", "compile") for e in res["record"])
             for rows, call in res["calls"].items():
                 assert all(call[w][0] for w in ("normed", "residual_out", "all_reduce")), (dtype, rows)
             assert res["paths"] == {"fallback": 5, "fallback_all_reduce": 10}

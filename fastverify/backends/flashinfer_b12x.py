@@ -40,6 +40,24 @@ importable as top-level ``b12x``, which ``b12x/__init__.py`` aliases onto the sa
   grid is at most ``_MAX_BLOCKS`` = 36 CTAs, at least one per row, ``pcie_oneshot.py``). A verify
   step of batch x 4 draft tokens fits up to batch 9.
 
+* ``preparation/session.py``: with autotune off (``_warmup_only``) each request is authorized
+  (``yield item.collective`` -> ``coordinator``), then the embedder's
+  ``PreparationSession(collective_barrier=...)`` hook runs (``PreparationJob._collective_barrier``:
+  a daemon thread, bounded by ``B12X_COLLECTIVE_BARRIER_TIMEOUT``, 120 s), and only then the plan
+  is compiled (``_instantiate(..., compile_directly=True)``: ``_materialize``), bound
+  (``prepare_call(state)``) and launched (``_prime``). A compile that fails on one rank after
+  its peers launched leaves them spinning in the priming kernel; so every cross-rank step here
+  (the construction vote, the coordinator, the barrier hook, a vote after the bind and before
+  the launch, the final "done") is one exchange round on SGLang's gloo CPU group
+  (``GroupCoordinator.cpu_group``, ``sglang/srt/distributed/parallel_state.py``), never on the
+  NCCL device group, and a failing rank's next round is its ``("fail", why)``: every rank stops
+  at the same round, before any launch of that request, and logs one line
+  ``b12x not built: <why>; all-reduces stay on NCCL``.
+* ``_oneshot_preparation.py`` ``_OneshotExecutionState._check_input``: a run must match the
+  prepared input's exact ``(shape, stride, dtype, device index)`` (``query.setup``), else
+  ``ValueError``. ``is_contiguous()`` is weaker (a ``(1, H)`` view with stride ``(2H, 1)`` passes
+  it), so :meth:`B12xFusedBackend._ready` calls that rule itself and falls back instead.
+
 The all-reduce always happens: above 36 rows, for a shape not prepared, or after a failed
 preparation, ``all_reduce_residual_rmsnorm`` is ``all_reduce`` (the b12x plain kernel where that
 shape was prepared, else ``torch.distributed``) + the backend's residual add + RMSNorm kernel
@@ -49,6 +67,8 @@ shape was prepared, else ``torch.distributed``) + the backend's residual add + R
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -117,7 +137,8 @@ PLAN = ExternalCall(_PCIE, "plan", f"{_PCIE}._preparation", ("query", "runtime")
 PLAN_REQUEST = ExternalCall(_PREP, "Plan.request", f"{_PREP}.types", ("name", "prepare_call", "collective"), "method")
 COLLECTIVE = ExternalCall(_PREP, "CollectiveRequirement", f"{_PREP}.types", ("key", "ranks"), "class")
 SESSION = ExternalCall(
-    _PREP, "PreparationSession", f"{_PREP}.session", ("device", "autotune", "compile_workers"), "class"
+    _PREP, "PreparationSession", f"{_PREP}.session", ("device", "autotune", "compile_workers", "collective_barrier"),
+    "class",
 )
 SESSION_PREPARE = ExternalCall(_PREP, "PreparationSession.prepare", f"{_PREP}.session", ("requests", "coordinator"),
                                "method")
@@ -129,12 +150,15 @@ PREPARE_FUSED_CALL = ExternalCall(
     _ONESHOT_PREP, "_prepare_fused_call", _ONESHOT_PREP,
     ("state", "inp", "residual", "weight", "out", "residual_out", "epsilon"),
 )
+# The plan's own per-run input rule (exact shape/stride/dtype/device of the prepared input).
+CHECK_INPUT = ExternalCall(_ONESHOT_PREP, "_OneshotExecutionState._check_input", _ONESHOT_PREP, ("inp",), "method")
 GATING_CALLS = (HAS_CUTLASS_DSL, MIN_CUTLASS_DSL)
 EXTERNAL_CALLS = (
     *GATING_CALLS, IS_SUPPORTED, FROM_EXCHANGE_GROUP, RT_SHOULD_ALLREDUCE, RT_ALL_REDUCE, RT_FUSED, RT_CLOSE,
     QUERY_FROM_RUNTIME, PLAN, PLAN_REQUEST, COLLECTIVE, SESSION, SESSION_PREPARE, SESSION_CLOSE,
-    PREPARE_PLAIN_CALL, PREPARE_FUSED_CALL,
+    PREPARE_PLAIN_CALL, PREPARE_FUSED_CALL, CHECK_INPUT,
 )
+MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"  # _groups: unique_name -> weakref(GroupCoordinator)
 
 
 def fused_fits(rows: int) -> bool:
@@ -150,6 +174,73 @@ def check_b12x_sm(ctx: ProbeContext) -> Capability | None:
     return check_kernel_sm(ctx, INFO, SM_WHY)
 
 
+def not_built_line(reason: str) -> str:
+    """The one line every rank logs when b12x preparation failed on any rank."""
+    return f"b12x not built: {reason}; all-reduces stay on NCCL"
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: first line`` of the innermost cause (the library wraps a prime failure in
+    ``"<request> failed to prepare with configuration ...: <error>"``, session.py ``_instantiate``)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}".rstrip(": ")
+
+
+def _backend_of(group: Any) -> str:
+    return str(dist.get_backend(group)).lower()
+
+
+def sglang_cpu_group(group: Any) -> Any:
+    """The ``cpu_group`` (gloo) of the SGLang ``GroupCoordinator`` whose ``device_group`` is
+    ``group``, found in ``parallel_state._groups`` (name -> weakref, ``_register_group``; SGLang
+    0.5.23 ``sglang/srt/distributed/parallel_state.py``); None outside an SGLang worker."""
+    groups = getattr(sys.modules.get(MOD_PARALLEL_STATE), "_groups", None)
+    if not isinstance(groups, dict):
+        return None
+    for ref in list(groups.values()):
+        coordinator = ref() if callable(ref) else None
+        if coordinator is not None and getattr(coordinator, "device_group", None) is group:
+            return getattr(coordinator, "cpu_group", None)
+    return None
+
+
+def cpu_group_for(group: Any, option: Any) -> tuple[Any, bool]:
+    """``(gloo group over the ranks of group, owned)``: the ``cpu_group`` option, else SGLang's
+    coordinator's, else ``group`` itself when it is gloo, else a new gloo group when ``group``
+    spans the default group (``new_group`` is collective over it). Decided from facts every rank
+    shares, so every rank takes the same branch. Raises ``ValueError`` when none fits."""
+    world = group if group is not None else dist.group.WORLD
+    cpu = option if option is not None else sglang_cpu_group(world)
+    if cpu is not None:
+        if _backend_of(cpu) != "gloo":
+            raise ValueError(f"the CPU group must be gloo, got {_backend_of(cpu)}")
+        return cpu, False
+    if _backend_of(world) == "gloo":
+        return world, False
+    ranks = dist.get_process_group_ranks(world)
+    if len(ranks) != dist.get_world_size():
+        raise ValueError("no gloo CPU group for this subgroup: pass options={'cpu_group': <gloo group>}")
+    return dist.new_group(ranks=ranks, backend="gloo"), True
+
+
+def plan_takes(plan: Any, x: Tensor) -> bool:
+    """Whether prepared ``plan`` runs on ``x``, by the plan's own rule: its execution state's
+    ``_check_input`` (``_oneshot_preparation.py``: ``(shape, stride, dtype, device index)`` equal
+    to the prepared input's, else ``ValueError``), so a tensor it would refuse inside the forward
+    takes the fallback instead. A plan without a prepared state takes nothing."""
+    prepared = getattr(plan, "prepared", None)
+    state = getattr(prepared, "state", None)
+    if state is None:
+        return False
+    try:
+        state._check_input(**CHECK_INPUT.kwargs(inp=x))
+    except ValueError:
+        return False
+    return True
+
+
 class _RoundsEnded(Exception):
     """Every rank saw the same failed exchange round; no rank sends another message."""
 
@@ -163,19 +254,27 @@ class B12xFusedBackend(AllReduceBackend):
     :class:`BackendUnavailable` before any collective call.
 
     Construction, :meth:`prepare` and :meth:`close` are collective: every rank calls them with the
-    same arguments. Construction votes on ``group`` (all-gather of each rank's
-    ``is_supported``) before FlashInfer's collective constructor, so every rank raises together.
+    same arguments. Every vote is an exchange on a gloo CPU group (:func:`cpu_group_for`: SGLang's
+    ``GroupCoordinator.cpu_group`` in a worker), never on the NCCL ``group``: construction votes
+    each rank's ``is_supported`` before FlashInfer's collective constructor (which exchanges IPC
+    handles on ``group``), so every rank raises together.
+
+    Options
+    -------
+    cpu_group : ProcessGroup
+        gloo group over the ranks of ``group``; found or built when omitted (:func:`cpu_group_for`).
 
     Attributes
     ----------
     disabled_reason : str or None
-        Set on every rank when preparation failed on any rank; every call then takes the
-        torch.distributed path.
+        Set on every rank, to :func:`not_built_line`, when preparation failed on any rank; every
+        call then takes the torch.distributed path.
     prepared_shapes : dict[str, set[tuple[int, int]]]
         ``{"plain": {...}, "fused": {...}}``: the ``(rows, hidden)`` shapes with a prepared plan.
     """
 
     name = BackendName.b12x
+    option_names = frozenset({"cpu_group"})
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
@@ -213,9 +312,18 @@ class B12xFusedBackend(AllReduceBackend):
         numel = max_numel if max_numel is not None else MAX_ROWS * int(hidden)  # type: ignore[arg-type]
         self.max_bytes = -(-numel * itemsize // PACK_BYTES) * PACK_BYTES
         self.world_size = dist.get_world_size(group)
+        self._ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
         self.disabled_reason: str | None = None
         self.prepared_shapes: dict[str, set[tuple[int, int]]] = {"plain": set(), "fused": set()}
         self._plans: dict[tuple[str, tuple[int, int]], Any] = {}
+        self._ended: str | None = None  # why the rounds of the current prepare() ended (every rank)
+        self._step: str | None = None
+        self._round_lock = threading.Lock()  # the barrier hook's round runs on a library thread
+        self.barrier_calls: list[tuple[str, tuple[int, ...]]] = []  # (key, ranks) the library's hook got
+        try:
+            self.cpu_group, self._own_cpu_group = cpu_group_for(group, self.options.get("cpu_group"))
+        except ValueError as err:
+            raise BackendUnavailable(self.name, str(err)) from err
         self._query = QUERY_FROM_RUNTIME.resolve()
         self._plan = PLAN.resolve()
         self._collective = COLLECTIVE.resolve()
@@ -229,12 +337,13 @@ class B12xFusedBackend(AllReduceBackend):
             if not self._is_supported(**IS_SUPPORTED.kwargs(device=self.device)):
                 local = "is_supported() is False (needs SM120/SM121 and >= 2 visible GPUs)"
             else:
-                self._session = SESSION.resolve()(
-                    **SESSION.kwargs(device=self.device, autotune=False, compile_workers=0))
+                self._session = SESSION.resolve()(**SESSION.kwargs(
+                    device=self.device, autotune=False, compile_workers=0, collective_barrier=self._barrier))
         except Exception as err:
-            local = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            local = _describe(err)
         bad = [f"rank {r}: {why}" for r, why in enumerate(self._exchange(local)) if why]
         if bad:
+            self._release_cpu_group()
             raise BackendUnavailable(self.name, "; ".join(bad))
         try:
             # Collective; FlashInfer exchanges every rank's setup failure first, so it raises on
@@ -249,27 +358,32 @@ class B12xFusedBackend(AllReduceBackend):
                 )
             )
         except Exception as err:
+            self._release_cpu_group()
             text = str(err).splitlines()[0] if str(err) else ""
             raise BackendUnavailable(self.name, f"OneshotAllReduce setup failed: {type(err).__name__}: {text}") from err
         self._closed = False
 
-    # -- collective helpers --------------------------------------------------------------------
+    # -- collective helpers (all on the gloo CPU group) ------------------------------------------
 
     def _exchange(self, message: Any) -> list[Any]:
-        """All-gather one picklable object per rank on ``group``; every rank gets the same list."""
+        """All-gather one picklable object per rank on the CPU group; every rank gets the same list."""
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, message, group=self.group)
+        dist.all_gather_object(out, message, group=self.cpu_group)
         return out
 
     def _round(self, message: tuple) -> None:
         """One round of the preparation protocol: every rank sends one message. Unless all are
-        the same ``("key", k)`` / ``("done",)``, every rank raises :class:`_RoundsEnded` with the
-        same reason, so every rank stops sending at the same round."""
-        got = self._exchange(message)
-        if message[0] != "fail" and all(m == message for m in got):
-            return
-        fails = [f"rank {r}: {m[1]}" for r, m in enumerate(got) if m[0] == "fail"]
-        raise _RoundsEnded("; ".join(fails) if fails else f"ranks disagree on the preparation step: {got}")
+        the same ``(step, key)`` / ``("done",)``, every rank records the same reason in ``_ended``
+        and raises :class:`_RoundsEnded`, so every rank stops sending at the same round. Once the
+        rounds ended (on any thread) it sends nothing and raises again."""
+        with self._round_lock:  # the barrier thread's round and a main-thread round never overlap
+            if self._ended is None:
+                got = self._exchange(message)
+                if message[0] != "fail" and all(m == message for m in got):
+                    return
+                fails = [f"rank {r}: {m[1]}" for r, m in enumerate(got) if m[0] == "fail"]
+                self._ended = "; ".join(fails) if fails else f"ranks disagree on the preparation step: {got}"
+            raise _RoundsEnded(self._ended)
 
     def _coordinate(self, progress: Any) -> str | None:
         """``PreparationSession.prepare``'s coordinator: authorize a collective (priming) launch
@@ -280,9 +394,18 @@ class B12xFusedBackend(AllReduceBackend):
         ready = tuple(progress.ready_collectives)
         if not ready:
             return None
-        key = ready[0].key
+        key = self._step = ready[0].key
         self._round(("key", key))
         return key
+
+    def _barrier(self, key: str, ranks: tuple[int, ...]) -> None:
+        """The session's ``collective_barrier(key, ranks)`` hook (session.py
+        ``PreparationJob._collective_barrier``, on its daemon thread): one round on the CPU group
+        after the authorization and before this request compiles and launches."""
+        self.barrier_calls.append((key, tuple(ranks)))
+        if tuple(ranks) != self._ranks:
+            raise ValueError(f"collective {key!r} is over ranks {tuple(ranks)}, this group is {self._ranks}")
+        self._round(("barrier", key))
 
     # -- preparation ----------------------------------------------------------------------------
 
@@ -301,7 +424,8 @@ class B12xFusedBackend(AllReduceBackend):
                 wanted.append(("fused", shape))
         return [w for w in wanted if w[1] not in self.prepared_shapes[w[0]]]
 
-    def _request(self, kind: str, shape: tuple[int, int], ranks: tuple[int, ...]) -> tuple[Any, Any]:
+    def _request(self, kind: str, shape: tuple[int, int]) -> tuple[Any, Any]:
+        name = self._step = f"fastverify.b12x.{kind}.{shape[0]}x{shape[1]}"
         x = torch.zeros(shape, dtype=self.dtype, device=self.device)
         surface = FUSED_SURFACE if kind == "fused" else PLAIN_SURFACE
         query = self._query(**QUERY_FROM_RUNTIME.kwargs(runtime=self._runtime, surface=surface, call={"inp": x}))
@@ -311,53 +435,54 @@ class B12xFusedBackend(AllReduceBackend):
             residual, residual_out = torch.zeros_like(x), torch.empty_like(x)
             weight = torch.ones(shape[1], dtype=self.dtype, device=self.device)
 
-            def prepare_call(state: Any) -> Any:
+            def bind(state: Any) -> Any:
                 return self._prepare_fused(**PREPARE_FUSED_CALL.kwargs(
                     state=state, inp=x, residual=residual, weight=weight, out=out, residual_out=residual_out,
                     epsilon=1e-6))
         else:
 
-            def prepare_call(state: Any) -> Any:
+            def bind(state: Any) -> Any:
                 return self._prepare_plain(**PREPARE_PLAIN_CALL.kwargs(state=state, inp=x, out=out))
 
-        name = f"fastverify.b12x.{kind}.{shape[0]}x{shape[1]}"
-        collective = self._collective(**COLLECTIVE.kwargs(key=name, ranks=ranks))
+        def prepare_call(state: Any) -> Any:
+            # Called after this rank compiled (_materialize) and before the priming launch
+            # (_prime): the last point at which a failing rank can still stop every rank.
+            call = bind(state)
+            self._round(("bound", name))
+            return call
+
+        collective = self._collective(**COLLECTIVE.kwargs(key=name, ranks=self._ranks))
         return plan, plan.request(**PLAN_REQUEST.kwargs(name=name, prepare_call=prepare_call, collective=collective))
 
     def prepare(self, shapes: Sequence[Shape]) -> None:
         """Plan, compile and prime a b12x plan for every shape in ``shapes`` that fits: the plain
         all-reduce up to ``max_numel``, the fused kernel up to 36 rows. Collective; must run
         before CUDA-graph capture (raises ``RuntimeError`` under capture, as FlashInfer would).
-        A failure on any rank disables b12x on every rank (``disabled_reason``); nothing raises."""
+        A failure on any rank disables b12x on every rank (``disabled_reason``, one logged line
+        per rank) before any rank launches the failing request's kernel; nothing raises."""
         if self._closed or self.disabled_reason is not None:
             return
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("b12x preparation must complete before CUDA-graph capture (prepare() earlier)")
-        wanted = self._wanted(shapes)
-        ranks = tuple(sorted(dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)))
-        reason = None
+        self._ended = self._step = None  # _step: the request being planned or authorized
         plans: dict[tuple[str, tuple[int, int]], Any] = {}
         try:
             try:
                 requests = []
-                for kind, shape in wanted:
-                    plan, request = self._request(kind, shape, ranks)
+                for kind, shape in self._wanted(shapes):
+                    plan, request = self._request(kind, shape)
                     plans[(kind, shape)] = plan
                     requests.append(request)
                 if requests:
                     self._session.prepare(**SESSION_PREPARE.kwargs(requests=requests, coordinator=self._coordinate))
-            except _RoundsEnded:
-                raise
-            except Exception as err:  # local failure: tell the others in the round they are in
-                text = str(err).splitlines()[0] if str(err) else ""
-                self._round(("fail", f"{type(err).__name__}: {text}"))
+            except Exception as err:
+                # A local failure: tell the others, in the round they are in (nothing is sent when
+                # the rounds already ended, e.g. in the barrier hook). Always raises _RoundsEnded.
+                self._round(("fail", f"{self._step}: {_describe(err)}" if self._step else _describe(err)))
             self._round(("done",))
-        except _RoundsEnded as ended:
-            reason = str(ended)
-        if reason is not None:
-            self.disabled_reason = f"b12x preparation failed ({reason}); using torch.distributed + RMSNorm"
-            if dist.get_rank(self.group) == 0:
-                logger.warning("fastverify b12x disabled: %s", self.disabled_reason)
+        except _RoundsEnded:
+            self.disabled_reason = not_built_line(self._ended or "preparation rounds ended")
+            logger.warning("%s", self.disabled_reason)
             return
         self._plans.update(plans)
         for kind, shape in plans:
@@ -366,11 +491,14 @@ class B12xFusedBackend(AllReduceBackend):
     # -- per call ---------------------------------------------------------------------------------
 
     def _ready(self, kind: str, x: Tensor) -> Any:
-        """The prepared plan for ``x`` (same shape, contiguous, this dtype/device), else None."""
-        if self._closed or self.disabled_reason is not None or not super().supports(x) or not x.is_contiguous():
+        """The prepared plan for ``x``, else None: a plan of ``x``'s shape whose own input rule
+        takes ``x`` (:func:`plan_takes`: exact shape, stride, dtype and device of the prepared
+        input) and which the runtime takes (``should_allreduce``)."""
+        if self._closed or self.disabled_reason is not None or not super().supports(x):
             return None
         plan = self._plans.get((kind, tuple(x.shape)))
-        if plan is None or not self._runtime.should_allreduce(**RT_SHOULD_ALLREDUCE.kwargs(inp=x)):
+        if plan is None or not plan_takes(plan, x) \
+                or not self._runtime.should_allreduce(**RT_SHOULD_ALLREDUCE.kwargs(inp=x)):
             return None
         return plan
 
@@ -418,6 +546,13 @@ class B12xFusedBackend(AllReduceBackend):
 
     # -- lifetime -----------------------------------------------------------------------------------
 
+    def _release_cpu_group(self) -> None:
+        """Destroy the CPU group when this backend built it (every rank does, at the same point)."""
+        cpu, self.cpu_group = self.cpu_group, None
+        if self._own_cpu_group and cpu is not None:
+            self._own_cpu_group = False
+            dist.destroy_process_group(cpu)
+
     def close(self) -> None:
         """Release the prepared plans, then close the IPC channel (collective: every rank)."""
         if self.closed:
@@ -429,7 +564,8 @@ class B12xFusedBackend(AllReduceBackend):
             try:
                 self._runtime.close(**RT_CLOSE.kwargs())
             finally:
-                # Drop the runtime (it holds the process group): a group object outliving
-                # destroy_process_group aborts the process at exit.
+                # Drop the runtime and groups (the runtime holds the process group): a group
+                # object outliving destroy_process_group aborts the process at exit.
                 self._runtime = self._session = None
+                self._release_cpu_group()
                 super().close()

@@ -172,8 +172,13 @@ def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: 
     failed = first_reason(gather_reasons(coordinator, why))
     if failed is not None:
         raise BackendUnavailable(name, failed)
+    from fastverify.backends.base import backend_class
+
+    # a backend that votes across ranks while it builds (b12x) votes on SGLang's gloo CPU group
+    cpu = getattr(coordinator, "cpu_group", None)
+    options = {"cpu_group": cpu} if cpu is not None and "cpu_group" in backend_class(name).option_names else None
     be = make_backend(name, getattr(coordinator, "device_group", None), device=x.device, dtype=x.dtype,
-                      max_numel=max_numel, hidden=hidden, context=ctx)
+                      max_numel=max_numel, hidden=hidden, options=options, context=ctx)
     return be, ctx
 
 
