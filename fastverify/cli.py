@@ -283,7 +283,10 @@ _LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--war
 
 
 def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
-    from fastverify.procs import check_outputs
+    import os
+
+    from fastverify.errors import printable
+    from fastverify.procs import check_outputs, check_writable, refuse_symlink
     from fastverify.profile import default_output
     from fastverify.verifylog import build_report, format_report, write_report
 
@@ -292,14 +295,24 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png", "--jobs") if any(a == f or a.startswith(f + "=") for a in argv)]
     if clash:
         raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")
-    for folder in args.verify_log:  # before reading anything: the report never replaces a record
+    if args.output is not None:  # before reading anything: the report never replaces a record
+        refuse_symlink(args.output, "--output")
+        real_out = Path(os.path.realpath(args.output))
+        for folder in args.verify_log:  # a report in a log folder could be read as (or replace) a record
+            real_dir = Path(os.path.realpath(folder))
+            if real_out == real_dir or real_out.is_relative_to(real_dir):
+                raise UserError(f"--output {args.output}: is inside the --verify-log folder {folder}; "
+                                "write the report outside the log folders")
+    for folder in args.verify_log:
         check_outputs({"--output": args.output}, {"--verify-log": folder})
+    if args.output is not None:
+        check_writable(args.output)
     report = build_report(*args.verify_log)
-    out = args.output or default_output("verify-log")
+    out = args.output or default_output("verify-log", png=False)
     write_report(report, out)
     if not args.quiet:
         sys.stdout.write(format_report(report))
-    print(f"wrote {out}")
+    print(f"wrote {printable(out)}")
     return 0
 
 
@@ -326,10 +339,11 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})
-    from fastverify.procs import check_writable
+    from fastverify.procs import check_writable, refuse_symlink
 
-    for path in outputs.values():
+    for flag, path in outputs.items():
         if path is not None:
+            refuse_symlink(path, flag)  # a dangling link would put the file elsewhere: refused
             check_writable(path)  # before any trace is read or rank started
 
 
@@ -415,10 +429,13 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
         replay = load_traces([source["graph_replay_traces"]])
         profile = msgspec.structs.replace(profile, graph_replay=build_profile(
             replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
-    out = args.output or default_output(stem)
+    from fastverify.errors import printable
+
+    # a default name is taken with an exclusive create (its PNG's too): concurrent runs never share one
+    out = args.output or default_output(stem, png=not args.no_png and args.png is None)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
     write_outputs(profile, out, png, painter)
-    wrote = f"wrote {out}" + (f" and {png}" if png else "")
+    wrote = f"wrote {printable(out)}" + (f" and {printable(png)}" if png else "")
     try:
         if not args.quiet and sys.stdout is not None:  # `>&-` closes it: the files are the output
             from fastverify.report import print_profile

@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -127,6 +127,216 @@ def writable_target(path: Path) -> Path:
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise UserError(f"{path}: is {kind}; give a file path to write")
     return path
+
+
+def refuse_symlink(path: Path | str, flag: str | None = None) -> None:
+    """Refuse an output path that is a symlink (dangling or not): fastverify replaces the file at
+    ``path`` by renaming a new one over it, and never writes through a link to somewhere else.
+
+    Raises
+    ------
+    UserError
+        One line naming the flag, the path and where the link points.
+    """
+    from fastverify.errors import UserError
+
+    p = Path(path)
+    if os.path.islink(p):
+        try:
+            target = os.readlink(p)
+        except OSError:
+            target = "?"
+        name = f"{flag} {p}" if flag else str(p)
+        raise UserError(f"{name}: is a symlink (to {target}); outputs are never written through a symlink, "
+                        "so it is refused: give the real file's path")
+
+
+def write_error(path: Path, err: OSError) -> str:
+    """The one line for a failed write of ``path``: where a folder on the way is a file (mkdir says
+    only "File exists" / "Not a directory"), that file is named; else the OS reason."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{path}: cannot write: {parent} is a file, not a folder"
+            break
+    return f"{path}: cannot write ({err.strerror or err})"
+
+
+# ---- the one output writer ----------------------------------------------------------------------
+
+_RESERVED: dict[str, tuple[int, int]] = {}
+"""Placeholders this process made with :func:`reserve_names` (absolute path -> ``(st_dev, st_ino)``)
+and has not yet filled (:func:`write_files`) or removed (:func:`release_reserved`)."""
+_CREATED: list[str] = []
+"""Folders :func:`reserve_names` made; :func:`release_reserved` removes each one left empty."""
+_MAX_TRIES = 10_000
+
+
+def _exclusive_create(path: Path) -> tuple[int, int]:
+    """Create ``path`` empty, failing with FileExistsError if any entry (a symlink too) has the name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o666)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def reserve_names(folder: Path | str, base: str, suffixes: tuple[str, ...],
+                  free: tuple[str, ...] = ()) -> list[Path]:
+    """New, unique file names ``folder/<base>[-<n>]<suffix>`` for each of ``suffixes``, each created
+    empty with an exclusive create (``O_CREAT | O_EXCL``) so that no other run, started in the same
+    second, can take the same name; ``-<n>`` (2, 3, ...) is added until every name is new and no
+    entry named ``<base>[-<n>]<s>`` for ``s`` in ``free`` exists. The placeholders are filled by
+    :func:`write_files` (a temporary file renamed over each) and removed by :func:`release_reserved`
+    (at the latest when the process exits) if they never are.
+
+    Raises
+    ------
+    UserError
+        The folder cannot be created or written.
+    """
+    import atexit
+
+    from fastverify.errors import UserError
+
+    folder = Path(folder)
+    if not _RESERVED:
+        atexit.register(release_reserved)
+    n = remade = 0
+    while n < _MAX_TRIES:
+        n += 1
+        if n == 1 or remade:  # again if a concurrent run removed its empty new folder
+            try:
+                if not folder.is_dir():
+                    folder.mkdir(parents=True)
+                    _CREATED.append(os.path.abspath(folder))
+            except FileExistsError:
+                pass  # made meanwhile by a concurrent run, or a file: the create below says which
+            except OSError as e:
+                raise UserError(write_error(folder / f"{base}{suffixes[0]}", e)) from None
+        stem = base if n == 1 else f"{base}-{n}"
+        made: list[Path] = []
+        current = folder / f"{stem}{suffixes[0]}"
+        try:
+            for suffix in suffixes:
+                current = folder / f"{stem}{suffix}"
+                ident = _exclusive_create(current)
+                made.append(current)
+                _RESERVED[os.path.abspath(current)] = ident
+            if any(os.path.lexists(folder / f"{stem}{s}") for s in free if s not in suffixes):
+                raise FileExistsError
+        except FileExistsError:
+            release_reserved(made)
+            continue
+        except FileNotFoundError as e:  # the folder went (a concurrent run's clean-up): make it again
+            release_reserved(made)
+            if folder.is_dir() or remade >= 3:
+                raise UserError(write_error(current, e)) from None
+            n, remade = n - 1, remade + 1
+            continue
+        except OSError as e:
+            release_reserved(made)
+            raise UserError(write_error(current, e)) from None
+        return made
+    raise UserError(f"{folder}: {_MAX_TRIES} names {base}-<n>{suffixes[0]} are taken; give --output")
+
+
+def release_reserved(paths: list[Path] | None = None) -> None:
+    """Remove placeholders of :func:`reserve_names` that were never filled (all of them when
+    ``paths`` is None): only while the entry is still the empty file made here."""
+    keys = list(_RESERVED) if paths is None else [os.path.abspath(p) for p in paths]
+    for key in keys:
+        ident = _RESERVED.pop(key, None)
+        if ident is None:
+            continue
+        try:
+            st = os.lstat(key)
+            if (st.st_dev, st.st_ino) == ident and st.st_size == 0:
+                os.unlink(key)
+        except OSError:
+            pass
+    if paths is None:
+        while _CREATED:  # a folder made for the names, left empty: removed (rmdir fails if not empty)
+            try:
+                os.rmdir(_CREATED.pop())
+            except OSError:
+                pass
+
+
+def _check_target(path: Path) -> None:
+    """A path an output may replace: not a symlink (:func:`refuse_symlink`), and nothing but a
+    regular file (a directory, a device, a FIFO) where it exists."""
+    from fastverify.errors import UserError
+
+    refuse_symlink(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(write_error(path, e)) from None
+    import stat as _stat
+
+    if not _stat.S_ISREG(st.st_mode):
+        kind = "a directory" if _stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise UserError(f"{path}: is {kind}; give a file path to write")
+
+
+def write_files(targets: list[tuple[Path, Callable[[Path], object]]]) -> None:
+    """The one output writer: for each ``(path, fill)``, ``fill(tmp)`` writes the whole content to
+    a temporary file in ``path``'s folder; only when every one is complete are they renamed into
+    place (over a placeholder of :func:`reserve_names`, or over the user's file), so a failure
+    leaves no output, no temporary file and no placeholder behind. A symlink, a directory, a device
+    or a FIFO at a ``path`` is refused, never written through. Placeholders reserved by this process
+    and not among ``targets`` (a PNG name not used) are removed.
+
+    Raises
+    ------
+    UserError
+        A path refused as above, or the folder cannot be created or written (one line naming the
+        user's path, never the temporary file).
+    """
+    from fastverify.errors import UserError
+
+    paths = [Path(p) for p, _ in targets]
+    tmps: list[Path] = []
+    current = paths[0] if paths else None
+    try:
+        for i, p in enumerate(paths):
+            if any(os.path.abspath(p) == os.path.abspath(q) for q in paths[:i]):
+                raise UserError(f"{p}: two outputs would be the same file")
+        for path in paths:
+            current = path
+            if os.path.abspath(path) not in _RESERVED:
+                _check_target(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        for path, fill in zip(paths, (f for _, f in targets)):
+            current = path
+            suffix = ".tmp.png" if path.suffix.lower() == ".png" else ".tmp"  # a plotter goes by the suffix
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+            os.close(fd)
+            tmps.append(Path(tmp))
+            fill(Path(tmp))
+        umask = os.umask(0)
+        os.umask(umask)
+        for tmp, path in zip(tmps, paths):
+            current = path
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+        for tmp, path in zip(tmps, paths):
+            current = path
+            if os.path.abspath(path) not in _RESERVED:
+                _check_target(path)  # again, just before the rename: nothing swapped in meanwhile
+            os.replace(tmp, path)
+            _RESERVED.pop(os.path.abspath(path), None)
+        tmps = []
+    except OSError as e:
+        raise UserError(write_error(current, e)) from None
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        release_reserved()
 
 
 def check_writable(path: Path) -> None:

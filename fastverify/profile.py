@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
 from pathlib import Path
 
 import msgspec
 
 from fastverify import __version__
 from fastverify.analyze import analyze
-from fastverify.errors import UserError
+from fastverify.errors import UserError, path_text
 from fastverify.events import RankEvents
-from fastverify.procs import writable_target
+from fastverify.procs import release_reserved, reserve_names, write_error, write_files
 from fastverify.profile_record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "write_error", "as_builtins"]
@@ -62,6 +61,7 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
         The analyzer's output or ``source`` does not fit the schema (a bug, not a user error).
     """
     body = analyze(ranks)
+    source = {k: _text(v) for k, v in source.items()}  # a non-UTF-8 path, escaped: JSON holds text
     clocks = sorted({r.meta.get("timing", "trace") for r in ranks})
     clock = clocks[0] if len(clocks) == 1 else "mixed"
     warnings: list[str] = list(body["cross_rank"].get("warnings", []))
@@ -114,6 +114,15 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
         raise ValueError(f"profile does not fit schema {SCHEMA} v{SCHEMA_VERSION}: {err}") from None
 
 
+def _text(value):
+    """A str (or the strs of a list) as valid UTF-8 text (:func:`fastverify.errors.path_text`)."""
+    if isinstance(value, str):
+        return path_text(value)
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    return value
+
+
 def _plain(obj):
     """Numpy scalars/arrays (a trace's ``meta`` may hold them) as Python numbers and lists."""
     if isinstance(obj, dict):
@@ -130,73 +139,51 @@ def as_builtins(profile: Profile) -> dict:
     return msgspec.to_builtins(profile)
 
 
-def default_output(stem: str, folder: str | Path = "profiles") -> Path:
-    """``profiles/<stem>-<UTC timestamp>[-<n>].json`` (relative to the working directory); the
-    ``-<n>`` suffix keeps runs within one second from overwriting each other's JSON or PNG."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    path = Path(folder) / f"{stem}-{stamp}.json"
-    n = 2
-    while path.exists() or path.with_suffix(".png").exists():
-        path = Path(folder) / f"{stem}-{stamp}-{n}.json"
-        n += 1
-    return path
-
-
-def write_error(path: Path, err: OSError) -> str:
-    """The one line for a failed write of ``path``: where a folder on the way is a file (mkdir says
-    only "File exists" / "Not a directory"), that file is named; else the OS reason."""
-    for parent in Path(path).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{path}: cannot write: {parent} is a file, not a folder"
-            break
-    return f"{path}: cannot write ({err.strerror or err})"
-
-
-def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, painter=None) -> None:
-    """Write the JSON (and the PNG) atomically: both go to temporary files in the target folder
-    and are renamed into place only when both are complete, so a failure leaves nothing behind.
-    ``painter``: a :class:`fastverify.painter.Painter` that draws the PNG in its own process
-    (drawn here when it is None or fails).
+def default_output(stem: str, folder: str | Path = "profiles", *, png: bool = True,
+                   now: _dt.datetime | None = None) -> Path:
+    """A new ``profiles/<stem>-<UTC timestamp>[-<n>].json`` (relative to the working directory),
+    taken with an exclusive create: the JSON name (and, with ``png``, the PNG beside it) is created
+    empty here, so runs started in the same second, in this or other processes, each get their own
+    names, and neither name was in use (``-<n>`` counts up until both are free). The placeholders
+    are filled by :func:`write_outputs` (or :func:`fastverify.verifylog.write_report`) through a
+    temporary file renamed over each, and removed if the run ends without writing them.
 
     Raises
     ------
     UserError
         The folder cannot be created or written.
     """
-    json_path = writable_target(Path(json_path))
-    png_path = writable_target(Path(png_path)) if png_path else None
-    if png_path is not None and os.path.abspath(png_path) == os.path.abspath(json_path):
-        raise UserError(f"{png_path}: the PNG and the JSON would be the same file")
-    targets = [json_path] + ([png_path] if png_path else [])
-    tmps: list[Path] = []
-    current = json_path  # the user's path named in an error, never a temporary file
-    try:
-        for current in targets:
-            current.parent.mkdir(parents=True, exist_ok=True)
-        current = json_path
-        fd, tmp = tempfile.mkstemp(prefix=f".{json_path.name}.", suffix=".tmp", dir=json_path.parent)
-        tmps.append(Path(tmp))
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode_profile(profile))
-        if png_path:
-            current = png_path
-            fd, tmp = tempfile.mkstemp(prefix=f".{Path(png_path).name}.", suffix=".tmp.png",
-                                       dir=Path(png_path).parent)
-            os.close(fd)
-            tmps.append(Path(tmp))
-            if painter is None or not painter.draw(as_builtins(profile), Path(tmp)):
-                from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
+    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    suffixes = (".json", ".png") if png else (".json",)
+    return reserve_names(folder, f"{stem}-{stamp}", suffixes, free=(".png",))[0]
 
-                plot_profile(as_builtins(profile), Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        for tmp, current in zip(tmps, targets):
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-            os.replace(tmp, current)
-        tmps = []
-    except OSError as e:
-        raise UserError(write_error(current, e)) from None
-    finally:
-        for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+
+def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, painter=None) -> None:
+    """Write the JSON (and the PNG) atomically through the one writer
+    (:func:`fastverify.procs.write_files`): both go to temporary files in the target folder and are
+    renamed into place only when both are complete, so a failure leaves nothing behind; a
+    symlinked output is refused, never written through. ``painter``: a
+    :class:`fastverify.painter.Painter` that draws the PNG in its own process (drawn here when it
+    is None or fails).
+
+    Raises
+    ------
+    UserError
+        The folder cannot be created or written, or an output is a symlink or not a regular file.
+    """
+    json_path = Path(json_path)
+    png_path = Path(png_path) if png_path else None
+    if png_path is not None and os.path.abspath(png_path) == os.path.abspath(json_path):
+        release_reserved()  # a default name taken for this run: not left behind
+        raise UserError(f"{png_path}: the PNG and the JSON would be the same file")
+
+    def fill_json(tmp: Path) -> None:
+        tmp.write_bytes(encode_profile(profile))
+
+    def fill_png(tmp: Path) -> None:
+        if painter is None or not painter.draw(as_builtins(profile), tmp):
+            from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
+
+            plot_profile(as_builtins(profile), tmp)
+
+    write_files([(json_path, fill_json)] + ([(png_path, fill_png)] if png_path else []))

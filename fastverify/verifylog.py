@@ -24,23 +24,31 @@ Any other line that does not decode is an error naming the file and line.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from fastverify import __version__
-from fastverify.bounds import MAX_COUNT, implausible_count, implausible_time_us
-from fastverify.errors import UserError
+from fastverify.bounds import MAX_COUNT, MAX_EVENT_US, implausible_count
+from fastverify.errors import UserError, path_text
 from fastverify.inputs import read_bytes
-from fastverify.procs import writable_target
+from fastverify.procs import write_files
 
 SCHEMA = "fastverify.verify_log"
 SCHEMA_VERSION = 1
 FILE_GLOB = "verify-rank*.jsonl"
+MAX_RANK_FILES = 4096
+"""Most ``verify-rank*.jsonl`` files one folder may hold: one file per rank process of one server,
+and 4096 is far above any TP (or TP x DP) group SGLang runs (the largest NVLink domain, GB200
+NVL72, is 72 GPUs); a folder with more is not one server's logs (10,000 files are refused before
+any is read)."""
+_RANK_NAME = re.compile(r"[0-9]{1,9}|pid[0-9]{1,10}")
+"""The ``<R>`` of ``verify-rank<R>.jsonl`` the timer writes (:func:`fastverify.patch.verify._default_rank`):
+``dist.get_rank()`` or ``pid<os.getpid()>``; ASCII digits only (``"²".isdigit()`` is true, ``int("²")`` fails)."""
 
 CLOCK_LABELS = {
     "cuda_events": "GPU time (CUDA events around each verify forward)",
@@ -143,9 +151,12 @@ def read_log_dir(folder: str | Path) -> dict:
     Raises
     ------
     UserError
-        No such folder, no ``verify-rank*.jsonl`` in it, a file that cannot be read or holds no
-        record, a line that is not a record (except a cut last line), a negative or non-finite
-        time, or records of more than one clock.
+        No such folder, no ``verify-rank*.jsonl`` in it, more than :data:`MAX_RANK_FILES` of them,
+        a name whose ``<R>`` is not a rank the timer writes, a file that is not a regular file or
+        cannot be read (a FIFO, a device, a folder, a dangling link, a link loop: refused, never
+        skipped) or holds no record, a line that is not a record (except a cut last line), a
+        record of another rank than its file's, a time outside [0, 1 hour] or not finite, a step or
+        pid out of bounds, two files of one rank, or records of more than one clock.
     """
     d = Path(folder)
     if not d.is_dir():
@@ -153,16 +164,26 @@ def read_log_dir(folder: str | Path) -> dict:
     files = sorted(d.glob(FILE_GLOB))
     if not files:
         raise UserError(f"{d}: no {FILE_GLOB} files (written by `fastverify launch --profile-verify {d}`)")
+    if len(files) > MAX_RANK_FILES:
+        raise UserError(f"{d}: {len(files):,} {FILE_GLOB} files, over the {MAX_RANK_FILES:,} ranks one folder may "
+                        "hold (one file per rank); give the folder of one server run")
+    file_ranks = {}
+    for f in files:  # every name first: nothing is read from a folder with a name the timer never writes
+        file_rank = f.name[len("verify-rank"):-len(".jsonl")]
+        if not _RANK_NAME.fullmatch(file_rank):
+            raise UserError(f"{f}: not a verify log name: the verify timer writes verify-rank<R>.jsonl, R a rank "
+                            "number (up to 9 digits) or pid<N>")
+        file_ranks[f] = file_rank
     from fastverify.inputs import check_regular
 
-    for f in files:
+    for f in files:  # a FIFO, a device, a folder, a dangling link or a link loop: refused, never skipped
         check_regular(f, what="a verify log")
     records: dict[str, list[VerifyRecord]] = {}
     torn: list[str] = []
     clocks: dict[str, str] = {}
     for f in files:
-        data = read_bytes(f, kind="json")
-        file_rank = f.name[len("verify-rank"):-len(".jsonl")]
+        data = read_bytes(f, kind="json", what="a verify log")
+        file_rank = file_ranks[f]
         lines = data.split(b"\n")
         n = 0
         for i, line in enumerate(lines, 1):
@@ -172,26 +193,59 @@ def read_log_dir(folder: str | Path) -> dict:
                 rec = _DECODER.decode(line)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as e:
                 if i == len(lines) and not data.endswith(b"\n"):  # the cut last line of a killed writer
-                    torn.append(f"{f.name}:{i}")
+                    torn.append(f"{path_text(f.name)}:{i}")
                     continue
                 raise UserError(f"{f}:{i}: not a verify record ({' '.join(str(e).split())})") from None
-            why = implausible_time_us(float(rec.verify_ms) * 1000.0)
-            if why is not None:
-                raise UserError(f"{f}:{i}: verify_ms {rec.verify_ms!r} is not a verify time ({why})")
             if rec.rank != file_rank:
-                raise UserError(f"{f}:{i}: a record of rank {rec.rank!r} in the file of rank {file_rank!r}")
+                raise UserError(f"{f}:{i}: a record of rank {rec.rank[:40]!r} in the file of rank {file_rank!r}; "
+                                "each rank writes its own file")
+            why = _bad_record(rec)
+            if why is not None:
+                raise UserError(f"{f}:{i}: {why}")
             bad = _bad_paths(rec.allreduce_paths)
             if bad:
                 raise UserError(f"{f}:{i}: allreduce_paths: {bad}")
-            clocks.setdefault(rec.clock, f"{f.name}:{i}")
+            clocks.setdefault(rec.clock, f"{path_text(f.name)}:{i}")
             records.setdefault(rec.rank, []).append(rec)
             n += 1
         if n == 0:
             raise UserError(f"{f}: holds no verify records" + (" (only a cut last line)" if torn else ""))
+    seen: dict[int, Path] = {}
+    for f, rank in file_ranks.items():  # verify-rank0 and verify-rank00: one rank, two files
+        if rank.isdigit():
+            if int(rank) in seen:
+                raise UserError(f"{f}: rank {int(rank)} again (also in {seen[int(rank)].name}); one file per rank")
+            seen[int(rank)] = f
     if len(clocks) > 1:
         raise UserError(f"{d}: records of different clocks ({', '.join(f'{c} at {w}' for c, w in sorted(clocks.items()))}); "
                         "time one kind of run per folder")
-    return {"records": records, "files": [str(f) for f in files], "torn": torn, "clock": next(iter(clocks))}
+    return {"records": records, "files": [path_text(f) for f in files], "torn": torn, "clock": next(iter(clocks))}
+
+
+MAX_VERIFY_MS = MAX_EVENT_US / 1000.0
+"""Longest verify forward (ms) a record may hold: :data:`fastverify.bounds.MAX_EVENT_US`, one hour."""
+MAX_PID = 2**31 - 1
+"""Largest process id (``pid_t`` is a 32-bit int; Linux's own limit is 2**22)."""
+_CLOCK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _bad_record(rec: VerifyRecord) -> str | None:
+    """Why a decoded record's numbers or clock are not what the verify timer writes, or None:
+    ``verify_ms`` finite in ``[0, 1 hour]`` (1.7e308 ms is refused, never summed to inf), ``step``
+    a count, ``pid`` a process id, ``clock`` a short name."""
+    ms = rec.verify_ms
+    if not (math.isfinite(ms) and 0.0 <= ms <= MAX_VERIFY_MS):
+        return (f"verify_ms {ms!r} is not a verify time (outside [0, {MAX_VERIFY_MS:.0f}] ms, "
+                "i.e. 0 to 1 hour)")
+    why = implausible_count(rec.step, what="step")
+    if why is not None:
+        return f"step {why}"
+    why = implausible_count(rec.pid, upper=MAX_PID, what="pid")
+    if why is not None:
+        return f"pid {why}"
+    if not _CLOCK.fullmatch(rec.clock):
+        return f"clock {rec.clock[:40]!r} is not a clock name (letters, digits, _ . -, up to 64)"
+    return None
 
 
 _PATH = re.compile(r"(sglang|fastverify)\.[A-Za-z0-9_.]{1,64}")
@@ -224,7 +278,7 @@ def _r(x) -> float:
 
 
 def _rank_key(rank: str):
-    return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
+    return (0, int(rank), "") if rank.isascii() and rank.isdigit() else (1, 0, rank)
 
 
 def summarise_dir(folder: str | Path) -> LogSummary:
@@ -237,7 +291,7 @@ def summarise_dir(folder: str | Path) -> LogSummary:
         ranks.append(_summary(rank, ms))
         pooled.append(ms)
     clock = got["clock"]
-    return LogSummary(dir=str(folder), files=got["files"], clock=clock,
+    return LogSummary(dir=path_text(folder), files=got["files"], clock=clock,
                       clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
                       ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"],
                       paths=_path_counts(got["records"]),
@@ -266,7 +320,7 @@ def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
 
 def _ranks_text(ranks: list[str]) -> str:
     """``0-1`` for consecutive numeric ranks, else ``0, 2, 5``."""
-    if ranks and all(r.isdigit() for r in ranks):
+    if ranks and all(r.isascii() and r.isdigit() for r in ranks):
         n = [int(r) for r in ranks]
         if n == list(range(n[0], n[0] + len(n))) and len(n) > 1:
             return f"{n[0]}-{n[-1]}"
@@ -296,7 +350,7 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
                 for s in (b, a) if s is not None for t in s.torn_last_lines]
     change: list[Change] = []
     if after is not None and os.path.realpath(str(before)) == os.path.realpath(str(after)):
-        warnings.append(f"{before} is both the before and the after folder: the change is 0 by construction")
+        warnings.append(f"{path_text(before)} is both the before and the after folder: the change is 0 by construction")
     if a is not None:
         if a.clock != b.clock:
             raise UserError(f"{after}: records on clock {a.clock}, but {before} on {b.clock}; "
@@ -319,32 +373,16 @@ def encode_report(report: VerifyLogReport) -> bytes:
 
 
 def write_report(report: VerifyLogReport, path: Path) -> None:
-    """Write atomically (a temporary file in the target folder, renamed when complete).
+    """Write atomically through the one writer (:func:`fastverify.procs.write_files`: a temporary
+    file in the target folder, renamed when complete, over a placeholder of
+    :func:`fastverify.profile.default_output` or the user's file; a symlink is refused).
 
     Raises
     ------
     UserError
-        The folder cannot be created or written, or ``path`` is not a regular file.
+        The folder cannot be created or written, or ``path`` is a symlink or not a regular file.
     """
-    path = writable_target(Path(path))
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode_report(report))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        from fastverify.profile import write_error
-
-        raise UserError(write_error(path, e)) from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    write_files([(Path(path), lambda tmp: tmp.write_bytes(encode_report(report)))])
 
 
 def format_report(report: VerifyLogReport) -> str:

@@ -72,10 +72,13 @@ def test_verify_log_report_never_replaces_a_record(tmp_path):
     assert_user_error(proc, "--output", "verify-rank0.jsonl", "--verify-log")
     assert (d / "verify-rank0.jsonl").read_text() == record
     assert sorted(p.name for p in d.iterdir()) == ["verify-rank0.jsonl"]
-    # a new file in that folder is not an input, and is written
-    ok = run_fastverify(["profile", "--verify-log", "run", "--output", "run/summary.json", "--quiet"], cwd=tmp_path)
+    # nor a new file in that folder: the log folder takes records only, and the report goes elsewhere
+    no = run_fastverify(["profile", "--verify-log", "run", "--output", "run/summary.json", "--quiet"], cwd=tmp_path)
+    assert no.returncode == 2 and no.stderr.count("\n") == 1, no.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["verify-rank0.jsonl"]
+    ok = run_fastverify(["profile", "--verify-log", "run", "--output", "summary.json", "--quiet"], cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert json.loads((d / "summary.json").read_text())["before"]["overall"]["steps"] == 4
+    assert json.loads((tmp_path / "summary.json").read_text())["before"]["overall"]["steps"] == 4
 
 
 def test_live_output_on_the_model_config_is_refused_before_the_run(tmp_path):

@@ -54,15 +54,14 @@ def test_png_on_a_directory_leaves_no_json(tmp_path):
     assert not (tmp_path / "x" / "p.json").exists()
 
 
-def test_output_through_a_symlink_writes_the_target(tmp_path):
+def test_output_through_a_symlink_is_refused_and_the_target_kept(tmp_path):
     target = tmp_path / "real.json"
     target.write_text("old")
     (tmp_path / "link.json").symlink_to(target)
     proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "link.json", "--no-png", "--quiet"],
                           cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "link.json").is_symlink()
-    assert json.loads(target.read_text())["schema"] == "fastverify.profile"
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "symlink" in proc.stderr, proc.stderr
+    assert (tmp_path / "link.json").is_symlink() and target.read_text() == "old"
 
 
 def test_default_names_do_not_overwrite_each_other(tmp_path):
