@@ -10,6 +10,11 @@ meets it, and far below where arithmetic on it goes wrong (float overflow, 4.9e1
   an hour is a hung or corrupt record (the trace loader already warns past 10 s).
 - ``MAX_COUNT`` = 1e9: counts of events, calls per step or elements; a verify step has ~123
   all-reduces and a trace a few million events.
+- ``MAX_BANDWIDTH_GBPS`` = 1e6 GB/s (1 PB/s): the fastest GPU link today moves 1.8 TB/s (NVLink 5,
+  NVIDIA B200 datasheet) and NCCL's topology gives a GPU's path to itself ``LOC_BW`` = 5000 GB/s
+  (``src/graph/topo.h``); a bandwidth 200x past that is a corrupt or hand-edited figure.
+- ``MAX_CHANNELS`` = 64: NCCL's ``MAXCHANNELS`` (``src/include/device.h``; 32 before NCCL 2.25): no
+  communicator, graph or collective has more channels, and fastverify's cost model takes 1..64.
 
 Bounds of the verify step's shape, shared by every flag and record that carries one (``profile``,
 ``topo``, ``tune``, the deployment record, ``run_live``):
@@ -30,6 +35,8 @@ MAX_MSG_BYTES = 1 << 40
 MAX_EVENT_US = 3600.0 * 1e6
 MAX_EVENT_NS = 3600 * 10**9
 MAX_COUNT = 10**9
+MAX_BANDWIDTH_GBPS = 1e6
+MAX_CHANNELS = 64
 MAX_BATCH = 4096
 MAX_DRAFT_TOKENS = 64
 MAX_HIDDEN = 65536
@@ -52,4 +59,14 @@ def implausible_count(value, *, upper: int = MAX_COUNT, what: str = "count") -> 
         return f"{value!r} is not an integer {what}"
     if not 0 <= value <= upper:
         return f"{value!r} is outside [0, {upper:g}]"
+    return None
+
+
+def implausible_bandwidth(value) -> str | None:
+    """Why ``value`` (GB/s) cannot be a bandwidth, or None when it can: a finite number in
+    ``[0, MAX_BANDWIDTH_GBPS]`` (bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number"
+    if not math.isfinite(value) or value < 0 or value > MAX_BANDWIDTH_GBPS:
+        return f"{value!r} GB/s is outside [0, {MAX_BANDWIDTH_GBPS:g} GB/s]"
     return None

@@ -11,17 +11,24 @@ dims), so tune never re-derives a hidden size or a dtype from byte counts.
 Version 1 files (written before the shapes existed) still load in :func:`read_profile_view`,
 with dtype and hidden unknown, so an old profile is timed as plain all-reduces.
 
+Both versions are decoded against fastverify's plausibility bounds (:mod:`fastverify.bounds`):
+a message over 1 TiB, a time outside [0, 1 hour], a count over 1e9, a world size or TP size of 0, a
+shape past the verify-step bounds is refused when the file is read, with the field's JSON path, its
+value and the bound, so that tune never prices a 1e15-byte all-reduce.
+
 The README ("Profile JSON") documents every field. Nothing here imports torch or numpy: tune's
 sweep workers import this module through :mod:`fastverify.tune.workload`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
+from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_HIDDEN, MAX_MSG_BYTES
 from fastverify.errors import UserError
 
 SCHEMA = "fastverify.profile"
@@ -31,6 +38,38 @@ READABLE_VERSIONS = (1, 2)
 
 DTYPES = ("bfloat16", "float16", "float32")
 """torch dtype names a profile may record (the verify step's all-reduce element type)."""
+
+# Plausibility bounds (fastverify/bounds.py), checked by msgspec when a profile is decoded (not when
+# one is built): a value past them is a broken or hand-edited file, and refused with the field's path.
+Us = Annotated[float, msgspec.Meta(ge=0, le=MAX_EVENT_US)]
+"""A time in µs: [0, 1 hour]."""
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+"""A count (events, calls, steps) or an index (a rank, a position): [0, 1e9]."""
+FloatCount = Annotated[float, msgspec.Meta(ge=0, le=MAX_COUNT)]
+"""A median of counts: [0, 1e9]."""
+MsgBytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_MSG_BYTES)]
+"""One collective's payload in bytes: [0, 1 TiB]."""
+Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
+"""A share of a union (overlap of comm with compute): [0, 100]."""
+Share = Annotated[float, msgspec.Meta(ge=0)]
+"""A ratio of two sums in percent (all-reduce time over window time): >= 0 (timers of a live run can
+put it a little over 100)."""
+Ranks = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+"""A world size / TP size: at least one rank."""
+Hidden = Annotated[int, msgspec.Meta(ge=1, le=MAX_HIDDEN)]
+Tokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH * MAX_DRAFT_TOKENS)]
+DraftTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_DRAFT_TOKENS)]
+Batch = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH)]
+Step = Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)]
+"""A step index; -1 for a collective outside every step."""
+
+_BOUND_NAMES = {
+    MAX_MSG_BYTES: "1 TiB, fastverify's bound on one message",
+    MAX_EVENT_US: "1 hour in µs, fastverify's bound on a time",
+    MAX_COUNT: "fastverify's bound on a count", MAX_HIDDEN: "fastverify's bound on a hidden size",
+    MAX_BATCH: "fastverify's bound on a batch", MAX_DRAFT_TOKENS: "fastverify's bound on draft tokens",
+    MAX_BATCH * MAX_DRAFT_TOKENS: "fastverify's bound on tokens per step",
+}
 
 
 class _Base(msgspec.Struct, frozen=True, omit_defaults=False):
@@ -53,10 +92,10 @@ class Shapes(_Base, forbid_unknown_fields=True):
     """
 
     dtype: str | None = None
-    hidden: int | None = None
-    tokens: int | None = None
-    draft_tokens: int | None = None
-    batch: int | None = None
+    hidden: Hidden | None = None
+    tokens: Tokens | None = None
+    draft_tokens: DraftTokens | None = None
+    batch: Batch | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -83,19 +122,19 @@ class LiveSource(_Base, tag_field="kind", tag="live"):
     """
 
     model: str
-    tp: int
-    draft_tokens: int
-    batch: int
-    tokens: int
-    iters: int
-    warmup: int
+    tp: Ranks
+    draft_tokens: DraftTokens
+    batch: Batch
+    tokens: Tokens
+    iters: Count
+    warmup: Count
     device: str | None
     dist_backend: str | None
     backend: str
     dtype: str
-    hidden: int
-    experts_allocated: int | None = None
-    n_routed_experts: int | None = None
+    hidden: Hidden
+    experts_allocated: Count | None = None
+    n_routed_experts: Count | None = None
     graph_replay_traces: str | None = None
 
 
@@ -110,132 +149,132 @@ class Timing(_Base):
 
 
 class Summary(_Base):
-    ranks: int
-    allreduce_count: int
-    allreduce_us: float
-    allreduce_share_of_window_pct: float | None
-    straggler_rank: int | None
+    ranks: Count
+    allreduce_count: Count
+    allreduce_us: Us
+    allreduce_share_of_window_pct: Share | None
+    straggler_rank: Count | None
 
 
 class Hta(_Base):
-    kernel_time_us: float
-    idle_us: float
-    compute_us: float
-    non_compute_us: float
-    comm_compute_overlap_pct: float | None
+    kernel_time_us: Us
+    idle_us: Us
+    compute_us: Us
+    non_compute_us: Us
+    comm_compute_overlap_pct: Pct | None
 
 
 class StepMedian(_Base):
     """Medians over a rank's steps (µs; the count ``allreduce_count`` is a median, so a float)."""
 
-    steps: int
-    window_us: float
-    busy_us: float
-    idle_us: float
-    compute_us: float
-    allreduce_us: float
-    other_comm_us: float
-    memory_us: float
-    exposed_comm_us: float
-    allreduce_kernel_sum_us: float
-    allreduce_count: float
+    steps: Count
+    window_us: Us
+    busy_us: Us
+    idle_us: Us
+    compute_us: Us
+    allreduce_us: Us
+    other_comm_us: Us
+    memory_us: Us
+    exposed_comm_us: Us
+    allreduce_kernel_sum_us: Us
+    allreduce_count: FloatCount
 
 
 class _Split(_Base):
     """The split of one window (:func:`fastverify.analyze.breakdown`); an empty window has only
     ``events`` and ``window_us``, so every other field defaults."""
 
-    events: int = 0
-    window_us: float = 0.0
-    busy_us: float = 0.0
-    idle_us: float = 0.0
-    compute_us: float = 0.0
-    allreduce_us: float = 0.0
-    fused_allreduce_us: float = 0.0
-    other_comm_us: float = 0.0
-    ep_alltoall_us: float = 0.0  # expert-parallel all-to-all (DeepEP, pplx, NCCL all-to-all)
-    memory_us: float = 0.0
-    unknown_comm_us: float = 0.0
-    exposed_comm_us: float = 0.0
-    allreduce_exposed_us: float = 0.0
-    other_exposed_us: float = 0.0
-    comm_compute_overlap_pct: float | None = None
-    allreduce_kernel_sum_us: float = 0.0
-    allreduce_count: int = 0
-    counts: dict[str, int] = {}
+    events: Count = 0
+    window_us: Us = 0.0
+    busy_us: Us = 0.0
+    idle_us: Us = 0.0
+    compute_us: Us = 0.0
+    allreduce_us: Us = 0.0
+    fused_allreduce_us: Us = 0.0
+    other_comm_us: Us = 0.0
+    ep_alltoall_us: Us = 0.0  # expert-parallel all-to-all (DeepEP, pplx, NCCL all-to-all)
+    memory_us: Us = 0.0
+    unknown_comm_us: Us = 0.0
+    exposed_comm_us: Us = 0.0
+    allreduce_exposed_us: Us = 0.0
+    other_exposed_us: Us = 0.0
+    comm_compute_overlap_pct: Pct | None = None
+    allreduce_kernel_sum_us: Us = 0.0
+    allreduce_count: Count = 0
+    counts: dict[str, Count] = {}
 
 
 class StepSplit(_Split, kw_only=True):
-    index: int
+    index: Count
     name: str
-    gpu_start_us: float
+    gpu_start_us: float  # a clock reading, not a duration: only finite (JSON has no nan or inf)
 
 
 class TopKernel(_Base):
     name: str
     # ``class`` is a Python keyword: the attribute is ``cls``, the JSON key stays ``class``.
     cls: str = msgspec.field(name="class")
-    count: int
-    sum_us: float
+    count: Count
+    sum_us: Us
 
 
 class RankRecord(_Split, kw_only=True):
     """One TP rank: the whole-window split, its steps and facts about its source (``meta``)."""
 
-    rank: int
+    rank: Count
     origin: str
     hta: Hta | None = None
     steps: list[StepSplit] = []
     step_median: StepMedian | None = None
-    outside_steps_events: int = 0
+    outside_steps_events: Count = 0
     unknown_comm_kernels: list[str] = []
     top_kernels: list[TopKernel] = []
     meta: dict[str, Any] = {}
-    allreduce_wait_us: float | None = None
-    allreduce_transfer_us: float | None = None
+    allreduce_wait_us: Us | None = None
+    allreduce_transfer_us: Us | None = None
 
 
 class SizeRow(_Base):
-    msg_bytes: int | None
-    count: int
-    median_us: float
-    p90_us: float
-    min_us: float
-    max_us: float
-    sum_us: float
+    msg_bytes: MsgBytes | None
+    count: Count
+    median_us: Us
+    p90_us: Us
+    min_us: Us
+    max_us: Us
+    sum_us: Us
 
 
 class PositionRow(_Base):
-    position: int
+    position: Count
     label: str | None
-    count: int
-    msg_bytes: int | None
-    median_us: float
-    p90_us: float
+    count: Count
+    msg_bytes: MsgBytes | None
+    median_us: Us
+    p90_us: Us
 
 
 class Collective(_Base):
-    index: int
+    index: Count
     kind: str
     name: str
-    msg_bytes: int | None
-    step: int
+    msg_bytes: MsgBytes | None
+    step: Step
     label: str | None
-    duration_us: dict[str, float]
-    transfer_us: float
-    straggler_rank: int
+    duration_us: dict[str, Us]
+    transfer_us: Us
+    straggler_rank: Count
 
 
 class RankWait(_Base):
-    wait_us: float
-    transfer_us: float
-    allreduce_wait_us: float
-    allreduce_transfer_us: float
-    straggler_count: int
+    wait_us: Us
+    transfer_us: Us
+    allreduce_wait_us: Us
+    allreduce_transfer_us: Us
+    straggler_count: Count
 
 
 class CrossRank(_Base):
-    matched: int
+    matched: Count
     per_rank: dict[str, RankWait]
     straggler_rank: int | None
     collectives: list[Collective]
@@ -252,7 +291,7 @@ class Profile(_Base, kw_only=True):
     created_utc: str
     source: Source
     timing: Timing
-    world_size: int | None
+    world_size: Ranks | None
     shapes: Shapes
     summary: Summary
     ranks: list[RankRecord]
@@ -269,10 +308,10 @@ class Profile(_Base, kw_only=True):
 
 
 class _StepMedianV1(msgspec.Struct, frozen=True):
-    allreduce_count: float
-    compute_us: float | None = None
-    window_us: float | None = None
-    allreduce_us: float | None = None
+    allreduce_count: FloatCount
+    compute_us: Us | None = None
+    window_us: Us | None = None
+    allreduce_us: Us | None = None
 
 
 class _RankV1(msgspec.Struct, frozen=True):
@@ -280,8 +319,8 @@ class _RankV1(msgspec.Struct, frozen=True):
 
 
 class _SizeV1(msgspec.Struct, frozen=True):
-    msg_bytes: int | None
-    count: int
+    msg_bytes: MsgBytes | None
+    count: Count
 
 
 class _TimingV1(msgspec.Struct, frozen=True):
@@ -292,7 +331,7 @@ class _ProfileV1(msgspec.Struct, frozen=True):
     ranks: list[_RankV1]
     allreduce_by_msg_size: list[_SizeV1]
     timing: _TimingV1 = _TimingV1()
-    world_size: int | None = None
+    world_size: Ranks | None = None
     source: dict[str, Any] = {}
 
 
@@ -381,14 +420,16 @@ def read_profile_view(path: str | Path) -> ProfileView:
     ------
     UserError
         One line naming the file: unreadable, not JSON, not schema ``fastverify.profile``, a version
-        this fastverify does not read, or a field missing or mistyped.
+        this fastverify does not read, a field missing or mistyped, or a size, count or time past the
+        plausibility bounds of :mod:`fastverify.bounds` (the message names the field, its value and the
+        bound), a world size below 1 or an accept length outside [0, draft tokens + 1].
     """
     p = Path(path)
     from fastverify.inputs import read_bytes
 
     data = read_bytes(p, kind="json", what="profile")
     head = _head(data, str(p))
-    accept = _finite(head.accept_length)
+    accept = _accept_length(head.accept_length, str(p), "accept_length")
     if head.schema_version == SCHEMA_VERSION:
         prof = _decode(data, Profile, str(p))
         if not prof.ranks:
@@ -412,10 +453,11 @@ def read_profile_view(path: str | Path) -> ProfileView:
             raise UserError(f"{p}: not a usable fastverify profile: 'ranks' is empty")
         kind = old.source.get("kind") if isinstance(old.source.get("kind"), str) else "unknown"
         if accept is None:
-            accept = _finite(old.source.get("accept_length"))
+            accept = _accept_length(old.source.get("accept_length"), str(p), "source.accept_length")
         ms = [r.step_median for r in old.ranks]
         return ProfileView(
-            version=1, kind=kind, shapes=_v1_shapes(old.source) if kind == "live" else Shapes(), backend=None, world_size=old.world_size,
+            version=1, kind=kind, shapes=_v1_shapes(old.source, str(p)) if kind == "live" else Shapes(), backend=None,
+            world_size=old.world_size,
             clock=old.timing.clock, step_allreduce_counts=tuple(m.allreduce_count for m in ms),
             step_compute_us=tuple(v for m in ms if (v := _finite(m.compute_us)) is not None),
             step_window_us=tuple(v for m in ms if (v := _finite(m.window_us)) is not None),
@@ -426,11 +468,34 @@ def read_profile_view(path: str | Path) -> ProfileView:
                     f"fastverify reads {' or '.join(map(str, READABLE_VERSIONS))}")
 
 
-def _v1_shapes(source: dict[str, Any]) -> Shapes:
-    """A version-1 live source recorded tokens, draft tokens and batch, but no hidden size or dtype."""
+MAX_ACCEPT_LENGTH = MAX_DRAFT_TOKENS + 1
+"""Tokens one verify step can accept: every draft token and the bonus token."""
+
+
+def _accept_length(value: Any, where: str, key: str) -> float | None:
+    """A recorded accept length, or None where none is recorded (or it is not a number, as before);
+    a number outside [0, :data:`MAX_ACCEPT_LENGTH`] is refused."""
+    v = _finite(value)
+    if v is not None and not 0 <= v <= MAX_ACCEPT_LENGTH:
+        raise UserError(f"{where}: not a usable fastverify profile: {key} = {value!r} is outside [0, "
+                        f"{MAX_ACCEPT_LENGTH}] (a verify step accepts at most {MAX_DRAFT_TOKENS} draft tokens + 1)")
+    return v
+
+
+def _v1_shapes(source: dict[str, Any], where: str) -> Shapes:
+    """A version-1 live source recorded tokens, draft tokens and batch, but no hidden size or dtype.
+    A value that is not a positive integer is left out (version 1 did not promise one); one past
+    fastverify's bounds is refused."""
+    tops = {"tokens": MAX_BATCH * MAX_DRAFT_TOKENS, "draft_tokens": MAX_DRAFT_TOKENS, "batch": MAX_BATCH}
+
     def pos(key: str) -> int | None:
         v = source.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+        if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return None
+        if v > tops[key]:
+            raise UserError(f"{where}: not a usable fastverify profile: source.{key} = {v} is past "
+                            f"{_BOUND_NAMES[tops[key]]} ({tops[key]})")
+        return v
 
     tokens, draft, batch = pos("tokens"), pos("draft_tokens"), pos("batch")
     if None not in (tokens, draft, batch) and tokens != draft * batch:
@@ -459,4 +524,36 @@ def _decode(data: bytes, typ: type, source: str):
         return msgspec.json.decode(data, type=typ)
     except (msgspec.ValidationError, ValueError, RecursionError) as err:
         text = " ".join(str(err).split())
-        raise UserError(f"{source}: not a usable fastverify profile: {text}") from None
+        raise UserError(f"{source}: not a usable fastverify profile: {_out_of_bounds(text, data) or text}") from None
+
+
+_CONSTRAINT = re.compile(r"^Expected `(\w+)` (>=|<=) (-?[0-9.e+]+) - at `\$(.*)`$")
+_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]|\[\.\.\.\]")
+
+
+def _out_of_bounds(text: str, data: bytes) -> str | None:
+    """msgspec's message for a value past a bound (``Expected `int` <= 1099511627776 - at
+    `$.allreduce_by_msg_size[0].msg_bytes```), said with the value and what the bound is:
+    ``allreduce_by_msg_size[0].msg_bytes = 1000000000000000 is past 1 TiB, …``; None for any other
+    message."""
+    m = _CONSTRAINT.match(text)
+    if m is None:
+        return None
+    kind, op, bound, path = m.groups()
+    value: Any = msgspec.json.decode(data)  # valid JSON: the typed decode got as far as a value
+    for part in _PATH_PART.finditer(path):
+        key, index = part.group(1), part.group(2)
+        if key is not None and isinstance(value, dict) and key in value:
+            value = value[key]
+        elif index is not None and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:  # a dict value (``[...]``) or a path this walk does not follow: no value to show
+            value = None
+            break
+    number = float(bound)
+    name = _BOUND_NAMES.get(int(number)) if op == "<=" and number == int(number) else None
+    shown = "" if value is None else f" = {value!r}"
+    if op == ">=":
+        return f"{path.lstrip('.')}{shown} is below {bound}: expected {kind} >= {bound}"
+    return (f"{path.lstrip('.')}{shown} is past {name or 'its bound'}: expected {kind} <= {bound}"
+            " (values past fastverify's plausibility bounds are broken or hand-edited input)")

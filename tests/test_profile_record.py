@@ -117,6 +117,11 @@ def _good_doc(tmp_path) -> dict:
     (lambda d: d["source"].update(kind="somewhere"), ["somewhere"]),
     (lambda d: d.update(schema_version=99), ["schema_version 99", "reads 1 or 2"]),
     (lambda d: d.update(schema="fastverify.other"), ["'schema' is not 'fastverify.profile'"]),
+    # past fastverify/bounds.py: the field, its value and the bound are named
+    (lambda d: d["allreduce_by_msg_size"][0].update(msg_bytes=10**15),
+     ["allreduce_by_msg_size[0].msg_bytes = 1000000000000000", "1 TiB"]),
+    (lambda d: d["ranks"][0]["step_median"].update(window_us=-1.0), ["ranks[0].step_median.window_us = -1.0"]),
+    (lambda d: d["source"].update(tp=0), ["source.tp = 0"]),
 ])
 def test_bad_version_2_profiles_are_one_line_user_errors(tmp_path, mutate, words):
     doc = _good_doc(tmp_path)

@@ -116,6 +116,10 @@ def test_unknown_size_names_the_file_and_the_way_out(tmp_path):
     json.dumps({**_minimal(), "ranks": [{"rank": 0}]}),
     json.dumps({k: v for k, v in _minimal().items() if k != "allreduce_by_msg_size"}),
     json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": "big", "count": 1}]}),
+    # past fastverify/bounds.py: a message over 1 TiB, a negative time, no rank
+    json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": 10**15, "count": 40}]}),
+    json.dumps({**_minimal(), "world_size": 0}),
+    json.dumps({**_minimal(), "world_size": 1}),
 ])
 def test_bad_profiles_are_one_line_user_errors(tmp_path, content):
     p = _write(tmp_path, content)

@@ -4,7 +4,11 @@ Each :class:`Setting` says what values NCCL accepts (per NCCL version where that
 default, whether NCCL reads it once per process or at each communicator init, and the NCCL source
 file that reads it. :func:`validate_setting` / :func:`validate_env` replay how NCCL parses a value
 (``strtoll`` with base 0, case-sensitive ``strcmp``, the two ``NCCL_ALGO``/``NCCL_PROTO``
-grammars) and say what NCCL would do with it.
+grammars) and say what NCCL would do with it; :func:`validate_settings` checks a whole set of
+settings against each other (a minimum channel count above a maximum, an alias overridden …), and
+:func:`validate_env` runs both. A buffer size too small for its protocol's chunk (``NCCL_BUFFSIZE``
+< 4096, ``NCCL_LL_BUFFSIZE`` < 256, ``NCCL_LL128_BUFFSIZE`` < 16384 since NCCL 2.22) is an error:
+NCCL takes it unchecked and divides by a 0-byte chunk (:func:`buffsize_minimum`).
 
 Severity policy of a :class:`Finding`:
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -470,6 +474,61 @@ def _check_nthreads(lo: int, hi: int) -> Callable[[str, _Ctx, Setting], _V]:
     return check
 
 
+# The smallest buffer each protocol can run a collective with. NCCL takes the value unchecked
+# (src/init.cc computeBuffSizes: anything but -2 is the size). calcCollChunking (src/enqueue.cc)
+# makes a chunk of one step, buffSize / NCCL_STEPS (8), for every protocol but Ring/Simple (whose
+# chunk is 4 steps): LL halves it (a 16-B line carries 8 B), LL128 keeps 15 of 16 words of each
+# 128-B line; since 2.22 the chunk is then rounded down to the protocol's grain
+# (ncclProtoGrainSize, src/include/device.h: LL 16 B, LL128 32 x 8 / 16 x 15 x 8 = 1920 B, Simple
+# 512 B) and divided into the bytes (DIVUP(nBytes, nChannels x nchunksPerLoop x chunkSize)). A
+# buffer that leaves a chunk of 0 B is an integer division by zero on the host: the process dies
+# with SIGFPE at the first collective that picks the protocol (Tree/Simple for NCCL_BUFFSIZE).
+_NCCL_STEPS = 8  # src/include/device.h
+GRAIN_2_22 = V(2, 22)  # chunk rounded down to ncclProtoGrainSize (v2.22.3-1 src/enqueue.cc; not in v2.21.5-1)
+# setting -> (protocol, grain B, what a chunk is, chunk bytes of a buffer of n bytes)
+_BUFF_CHUNK: dict[str, tuple[str, int, str, Callable[[int], int]]] = {
+    "NCCL_BUFFSIZE": ("one-step Simple (Tree/Simple, a Ring broadcast)", 512,
+                      "a one-step Simple chunk is BUFFSIZE/8", lambda n: n // _NCCL_STEPS),
+    "NCCL_LL_BUFFSIZE": ("LL", 16, "an LL chunk is half a step (8 data bytes per 16-B line), LL_BUFFSIZE/8/2",
+                         lambda n: n // _NCCL_STEPS // 2),
+    "NCCL_LL128_BUFFSIZE": ("LL128", 1920, "an LL128 chunk is 15/16 of a step (15 data words per 128-B line), "
+                            "LL128_BUFFSIZE/8/16*15", lambda n: n // _NCCL_STEPS // 16 * 15),
+}
+
+
+def buffsize_minimum(name: str, version: NcclVersion | None = None) -> int:
+    """The smallest ``name`` (``NCCL_BUFFSIZE``, ``NCCL_LL_BUFFSIZE``, ``NCCL_LL128_BUFFSIZE``) whose
+    chunk is not 0 B for NCCL ``version`` (``None``: the newest): 4096 / 256 / 16384 bytes since 2.22
+    (the chunk must hold one grain), 8 / 16 / 128 bytes before."""
+    _, grain, _, chunk = _BUFF_CHUNK[name]
+    least = grain if version is None or version >= GRAIN_2_22 else 1
+    n = 1
+    while chunk(n) < least:
+        n *= 2
+    while n > 1 and chunk(n - 1) >= least:  # the smallest, not only the smallest power of 2
+        n -= 1
+    return n
+
+
+def _buffsize_floor(n: int, ctx: _Ctx, s: Setting) -> _V | None:
+    """An error when ``n`` bytes leave the protocol a chunk of 0 B (see the comment above)."""
+    proto, grain, how, chunk = _BUFF_CHUNK[s.name]
+    new = ctx.at_least(GRAIN_2_22)
+    least = buffsize_minimum(s.name, ctx.version if new else V(2, 21))
+    if n >= least:
+        if not new and n < buffsize_minimum(s.name):
+            return _V(Severity.WARNING, f"{n} bytes: {how} = {chunk(n)} B, under the {grain}-B grain that NCCL >= "
+                      f"2.22 rounds it down to (0 B: a division by zero there); older releases run it untested",
+                      f"use at least {buffsize_minimum(s.name)} bytes; NCCL's default is {s.default}")
+        return None
+    rounded = f", below the {grain}-B grain NCCL rounds it down to, so 0 B" if new and chunk(n) else ""
+    size = "1 byte" if n == 1 else f"{n} bytes"
+    return _V(Severity.ERROR, f"{size}: {how} = {chunk(n)} B{rounded}; NCCL takes the value unchecked (src/init.cc "
+              f"computeBuffSizes) and divides by that chunk (src/enqueue.cc calcCollChunking): the first {proto} "
+              f"collective kills the process (SIGFPE)" + ctx.assumed("NCCL >= 2.22"),
+              f"use at least {least} bytes, a power of 2; NCCL's default is {s.default}")
+
+
 def _check_buffsize(value: str, ctx: _Ctx, s: Setting) -> _V:
     n, note = _param_int(value, s.default)  # src/init.cc computeBuffSizes: used as is unless -2
     if n is None:
@@ -481,6 +540,11 @@ def _check_buffsize(value: str, ctx: _Ctx, s: Setting) -> _V:
                                f"use a positive power of 2 (default {s.default})"))
     if n > _INT32_MAX:
         return _merge(note, _V(Severity.ERROR, f"{n} does not fit NCCL's int buffer size", "use at most 1 GiB"))
+    floor = _buffsize_floor(n, ctx, s)
+    if floor is not None and floor.severity is Severity.ERROR:
+        return _merge(note, floor)
+    if floor is not None:
+        note = _merge(note, floor)
     if n & (n - 1) and s.name == "NCCL_BUFFSIZE":  # the LL/LL128 defaults are not powers of 2 themselves
         return _merge(note, _V(Severity.WARNING, f"{n} bytes is not a power of 2 (NCCL docs recommend one)",
                                "use a power of 2"))
@@ -675,14 +739,14 @@ _ENTRIES: tuple[tuple[Setting, Callable[[str, _Ctx, Setting], _V]], ...] = (
     (Setting("NCCL_LL128_NTHREADS", Kind.INT, "multiple of 32 in [160, 640]", "640", P, V(2, 5),
              "threads per CUDA block for LL128", "NCCL_PARAM Ll128Nthreads, src/graph/tuning.cc (getNthreads)"),
      _check_nthreads(160, 640)),
-    (Setting("NCCL_BUFFSIZE", Kind.INT, "positive bytes, power of 2 recommended", "4194304 (4 MiB)", P, ALWAYS,
-             "per-peer FIFO size of the Simple protocol", "NCCL_PARAM BuffSize, src/init.cc (computeBuffSizes)"),
-     _check_buffsize),
-    (Setting("NCCL_LL_BUFFSIZE", Kind.INT, "positive bytes", "524288 (8 lines x 512 threads x 8 steps x 16 B)", P,
-             V(2, 7), "per-peer FIFO size of the LL protocol", "NCCL_PARAM LlBuffSize, src/init.cc (computeBuffSizes)"),
-     _check_buffsize),
-    (Setting("NCCL_LL128_BUFFSIZE", Kind.INT, "positive bytes", "4915200 (120 x 640 threads x 8 steps x 8 B)", P,
-             V(2, 7), "per-peer FIFO size of the LL128 protocol",
+    (Setting("NCCL_BUFFSIZE", Kind.INT, "bytes >= 4096 (less crashes NCCL >= 2.22), power of 2 recommended",
+             "4194304 (4 MiB)", P, ALWAYS, "per-peer FIFO size of the Simple protocol",
+             "NCCL_PARAM BuffSize, src/init.cc (computeBuffSizes)"), _check_buffsize),
+    (Setting("NCCL_LL_BUFFSIZE", Kind.INT, "bytes >= 256 (less crashes NCCL >= 2.22)",
+             "524288 (8 lines x 512 threads x 8 steps x 16 B)", P, V(2, 7), "per-peer FIFO size of the LL protocol",
+             "NCCL_PARAM LlBuffSize, src/init.cc (computeBuffSizes)"), _check_buffsize),
+    (Setting("NCCL_LL128_BUFFSIZE", Kind.INT, "bytes >= 16384 (less crashes NCCL >= 2.22)",
+             "4915200 (120 x 640 threads x 8 steps x 8 B)", P, V(2, 7), "per-peer FIFO size of the LL128 protocol",
              "NCCL_PARAM Ll128BuffSize, src/init.cc (computeBuffSizes)"), _check_buffsize),
     (Setting("NCCL_P2P_LEVEL", Kind.CHOICE, "LOC, NVL, NVB, C2C (2.26+), PIX, PXB, P2C (2.27+), PXN (2.12+), PHB, SYS "
              "(exact case); legacy 0..5 = LOC, PIX, PXB, PHB, SYS, SYS", "PXB (SYS on AMD x86 with <= 2 GPUs)", P,
@@ -895,11 +959,37 @@ def validate_setting(name: str, value: str, version: NcclVersion | None = None) 
 
 
 def validate_env(env: Mapping[str, str], version: NcclVersion | None = None) -> list[Finding]:
-    """Findings for every NCCL_* variable of ``env`` (also mis-cased ``nccl_*`` ones), in name order,
-    plus the interactions NCCL resolves silently (an alias overridden, P2P_LEVEL under P2P_DISABLE)."""
+    """Findings for every NCCL_* variable of ``env`` (also mis-cased ``nccl_*`` ones), in name order
+    (:func:`validate_setting`), then those of the settings taken together (:func:`validate_settings`:
+    an alias overridden, P2P_LEVEL under P2P_DISABLE, a minimum channel count above a maximum …)."""
     names = sorted(k for k in env if isinstance(k, str) and k.upper().startswith("NCCL_"))
     findings = [validate_setting(k, env[k], version) for k in names]
-    present = {k: str(env[k]) for k in names}
+    return findings + validate_settings({k: str(env[k]) for k in names}, version)
+
+
+def validate_settings(pairs: Mapping[str, str] | Iterable[tuple[str, str]],
+                      version: NcclVersion | None = None) -> list[Finding]:
+    """What NCCL ``version`` does with a whole set of settings that it resolves silently, one
+    :class:`Finding` per interaction (each value on its own is :func:`validate_setting`'s job).
+
+    ``pairs`` is a mapping or ``(name, value)`` pairs (a later pair of a name wins, as in an
+    environment). Never raises on text input. Findings (facts: NCCL 2.18 .. 2.30.7):
+
+    * ``error``: a minimum channel count above a maximum one. NCCL caps the communicator's channels
+      at the maximum, then copies channels up to the minimum (``src/graph/connect.cc``, "max, then
+      min"), so it runs the minimum and the maximum is not honoured; ``NCCL_MIN_CTAS`` above
+      ``NCCL_MAX_CTAS`` is instead lowered to it (``src/init.cc``: "minCTAs … is larger than maxCTAs,
+      set both to …"). Each pair of ``NCCL_MIN_NCHANNELS`` / ``NCCL_MIN_NRINGS`` / ``NCCL_MIN_CTAS``
+      and ``NCCL_MAX_NCHANNELS`` / ``NCCL_MAX_NRINGS`` / ``NCCL_MAX_CTAS`` is compared as NCCL reads
+      and clamps them (the NCHANNELS name wins over its NRINGS alias; out-of-range values clamped).
+    * ``warning``: an NRINGS alias overridden by its NCHANNELS name; ``NCCL_P2P_LEVEL`` ignored under
+      ``NCCL_P2P_DISABLE=1``; P2P and SHM both disabled (GPUs of one node then use the network).
+    """
+    present: dict[str, str] = {}
+    for name, value in (pairs.items() if isinstance(pairs, Mapping) else pairs):
+        present[str(name)] = str(value)
+    ctx = _Ctx(version or NEWEST_CHECKED, version is not None)
+    findings: list[Finding] = []
     for old, new in (("NCCL_MIN_NRINGS", "NCCL_MIN_NCHANNELS"), ("NCCL_MAX_NRINGS", "NCCL_MAX_NCHANNELS")):
         if old in present and new in present:
             findings.append(Finding(old, present[old], Severity.WARNING, f"ignored: {new} is also set and wins",
@@ -911,7 +1001,60 @@ def validate_env(env: Mapping[str, str], version: NcclVersion | None = None) -> 
         findings.append(Finding("NCCL_SHM_DISABLE", present["NCCL_SHM_DISABLE"], Severity.WARNING,
                                 "with P2P and SHM both disabled, GPUs of one node talk through the network (sockets)",
                                 "keep SHM enabled"))
+    findings += _channel_bounds(present, ctx)
     return findings
+
+
+def _channel_read(present: Mapping[str, str], names: tuple[str, ...], ctx: _Ctx) -> tuple[str, int] | None:
+    """The first of ``names`` that is set and that NCCL reads as a number: (name, value NCCL uses,
+    clamped as ``ncclMinNchannels``/``ncclMaxNchannels``/``envConfigOverride`` clamp it); None if none."""
+    top = 64 if ctx.at_least(CHANNELS_64) else 32
+    for name in names:
+        if name not in present:
+            continue
+        if name.endswith("_CTAS") and not ctx.at_least(V(2, 17)):
+            return None  # this NCCL does not read NCCL_MIN_CTAS / NCCL_MAX_CTAS
+        n, _ = _param_int(present[name], "")
+        if n is None:
+            return None  # not a number NCCL reads: validate_setting says so; the default applies
+        if name.endswith("_CTAS"):
+            return None if n <= 0 else (name, min(n, top))  # <= 0: "too low, leaving it set"
+        if n == -2:
+            return None  # NCCL_PARAM's unset marker
+        lo = 0 if "_MIN_" in name else 1
+        return name, max(lo, min(n, top))
+    return None
+
+
+def _channel_bounds(present: Mapping[str, str], ctx: _Ctx) -> list[Finding]:
+    """Error findings for each minimum channel setting above a maximum one (see :func:`validate_settings`)."""
+    mins = [m for m in (_channel_read(present, ("NCCL_MIN_NCHANNELS", "NCCL_MIN_NRINGS"), ctx),
+                        _channel_read(present, ("NCCL_MIN_CTAS",), ctx)) if m]
+    maxs = [m for m in (_channel_read(present, ("NCCL_MAX_NCHANNELS", "NCCL_MAX_NRINGS"), ctx),
+                        _channel_read(present, ("NCCL_MAX_CTAS",), ctx)) if m]
+    ctas_max = next((hi for name, hi in maxs if name == "NCCL_MAX_CTAS"), None)
+    out = []
+    for lo_name, asked in mins:
+        for hi_name, hi in maxs:
+            lo = asked
+            if lo_name == "NCCL_MIN_CTAS" and hi_name != "NCCL_MAX_CTAS" and ctas_max is not None:
+                lo = min(asked, ctas_max)  # minCTAs is first lowered to maxCTAs (reported on its own)
+            if lo <= hi:
+                continue
+            pair = f"{lo_name}={present[lo_name]} and {hi_name}={present[hi_name]}"
+            if lo_name == "NCCL_MIN_CTAS" and hi_name == "NCCL_MAX_CTAS":
+                out.append(Finding(lo_name, present[lo_name], Severity.ERROR,
+                                   f"{pair} contradict: the minimum ({lo}) is above the maximum ({hi}), and "
+                                   f"{ctx.nccl} lowers minCTAs to {hi} (src/init.cc: 'minCTAs is larger than maxCTAs, "
+                                   f"set both to {hi}'), so {lo_name} is not honoured",
+                                   f"set {lo_name} <= {hi_name}, or drop one of them"))
+                continue
+            out.append(Finding(hi_name, present[hi_name], Severity.ERROR,
+                               f"{pair} contradict: the minimum ({lo}) is above the maximum ({hi}); {ctx.nccl} "
+                               f"caps the communicator at {hi} channel(s), then copies them up to {lo} "
+                               f"(src/graph/connect.cc, 'max, then min'), so it runs {lo} channels and {hi_name} "
+                               f"is not honoured", f"set {lo_name} <= {hi_name}, or drop one of them"))
+    return out
 
 
 def explain(name: str) -> str:

@@ -37,8 +37,14 @@ Line shapes, with where NCCL prints them (NVIDIA/nccl ``src/``; ``research/nccl.
 - tuner plugin (``plugin/tuner*.cc``): ``TUNER/Plugin: …``, ``Successfully loaded external tuner plugin
   %s``.
 
-Nothing here raises except :class:`~fastverify.errors.UserError` when the text has no NCCL line at
-all. Lines that start like a known form but do not parse (a line cut off) go to ``problems``.
+Nothing here raises except :class:`~fastverify.errors.UserError`, in two cases: the text has no
+NCCL line at all, or a line of a known form holds a number no NCCL prints, past fastverify's
+plausibility bounds (:mod:`fastverify.bounds`): a channel index or count beyond NCCL's 64
+(``MAXCHANNELS``), a bandwidth that is negative, nan, inf or over 1e6 GB/s, a time outside
+[0, 1 hour], a message over 1 TiB, a rank or hop count over 1e9. Such a line is corrupt or
+hand-edited, and every field is held to the same rule: the error names the file, the line, the
+field and its value. Lines that start like a known form but do not parse (a line cut off) go to
+``problems``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fastverify.bounds import (
+    MAX_CHANNELS,
+    MAX_COUNT,
+    MAX_MSG_BYTES,
+    implausible_bandwidth,
+    implausible_count,
+    implausible_time_us,
+)
 from fastverify.errors import UserError
 
 __all__ = [
@@ -304,32 +318,33 @@ _COMM_INIT = re.compile(
     r"^(?:.*? )?comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,9})(?: nvmlDev \d+)? "
     r"busId ([0-9a-fA-F]{1,16})\b.* - (?:Init (?:START|COMPLETE))$", _A)
 _TRANSPORT = re.compile(
-    r"^Channel (\d{1,4})(?:/(\d{1,4}))? : (\d{1,9})\[([0-9a-fA-F]{1,16})\] -> (\d{1,9})\[([0-9a-fA-F]{1,16})\]"
+    r"^Channel (\d{1,30})(?:/(\d{1,30}))? : (\d{1,30})\[([0-9a-fA-F]{1,16})\] -> (\d{1,30})\[([0-9a-fA-F]{1,16})\]"
     r"(?: \[(send|receive)\])? via (.+?)\s*$", _A)
 _P2P_VIA = re.compile(
     r"^P2P/(?:direct pointer(?P<r1>/read)?|(?:IPC|CUMEM|MNNVL)(?P<r2>/read)?(?P<ce>/CE)?"
     r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$", _A)
 _SHM_VIA = re.compile(r"^SHM/(?:direct|CE)(?:/(?:direct|CE))?$", _A)
 _NET_VIA = re.compile(r"^NET/\S+/\d+\S*$", _A)
-_RING = re.compile(r"^Channel (\d{1,4})/(\d{1,4}) :((?: +-?\d{1,9})+)\s*$", _A)
-_RING_LINK = re.compile(r"^Ring (\d{1,4}) : (-?\d{1,9}) -> (-?\d{1,9}) -> (-?\d{1,9})$", _A)
-_TREES = re.compile(r"^Trees((?: \[\d{1,4}\] -?\d{1,9}/-?\d{1,9}/-?\d{1,9}->-?\d{1,9}->-?\d{1,9})*)\s*$", _A)
-_TREE_ITEM = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)", _A)
+_RING = re.compile(r"^Channel (\d{1,30})/(\d{1,30}) :((?: +-?\d{1,30})+)\s*$", _A)
+_RING_LINK = re.compile(r"^Ring (\d{1,30}) : (-?\d{1,30}) -> (-?\d{1,30}) -> (-?\d{1,30})$", _A)
+_TREES = re.compile(r"^Trees((?: \[\d{1,30}\] -?\d{1,30}/-?\d{1,30}/-?\d{1,30}->-?\d{1,30}->-?\d{1,30})*)\s*$", _A)
+_TREE_ITEM = re.compile(r"\[(\d{1,30})\] (-?\d{1,30})/(-?\d{1,30})/(-?\d{1,30})->(-?\d{1,30})->(-?\d{1,30})", _A)
 _CHANNELS = re.compile(
-    r"^(\d{1,6}) coll channels, (?:(\d{1,6}) collnet channels, )?(?:(\d{1,6}) nvls channels, )?"
-    r"(\d{1,6}) p2p channels, (\d{1,6}) p2p channels per peer$", _A)
+    r"^(\d{1,30}) coll channels, (?:(\d{1,30}) collnet channels, )?(?:(\d{1,30}) nvls channels, )?"
+    r"(\d{1,30}) p2p channels, (\d{1,30}) p2p channels per peer$", _A)
+_NUM = r"[-+\w.]{1,40}"  # a number as NCCL prints it, or what a corrupt log put there (1e308, nan)
 _GRAPH = re.compile(
-    r"^Pattern (\d{1,3}), crossNic (\d{1,3}), nChannels (\d{1,6}), (?:bw|speed) ([\d.]{1,20})/([\d.]{1,20}), "
+    rf"^Pattern (\d{{1,3}}), crossNic (\d{{1,3}}), nChannels (\d{{1,30}}), (?:bw|speed) ({_NUM})/({_NUM}), "
     r"type (\w{1,8})/(\w{1,8}), sameChannels (\d{1,3})$", _A)
 _FALLBACK = re.compile(r"^Could not find a path for pattern (\d{1,3}), falling back to simple order$", _A)
-_SYSTEM = re.compile(r"^=== System : maxBw ([\d.]{1,20}) totalBw ([\d.]{1,20}) ===$", _A)
+_SYSTEM = re.compile(rf"^=== System : maxBw ({_NUM}) totalBw ({_NUM}) ===$", _A)
 _NODE = r"(?:GPU|PCI|NVS|CPU|NIC|NET|GIN|RMA|DEV|CXB)/[0-9a-fA-F]{1,16}(?:-[0-9a-fA-F]{1,16})?"
 _PATHS = re.compile(rf"^({_NODE}) :(.*)$", _A)
-_PATH_ITEM = re.compile(rf"({_NODE}) \((\d{{1,6}})/([\d.]{{1,20}})/([A-Z0-9]{{2,4}})\)\s*", _A)
+_PATH_ITEM = re.compile(rf"({_NODE}) \((\d{{1,30}})/([-+\w.]{{1,40}})/([A-Z0-9]{{2,4}})\)\s*", _A)
 _TOPO_GPU = re.compile(r"^(?:\+ \w+\[[\d.]+\] - )?(GPU/[0-9a-fA-F]{1,16}-[0-9a-fA-F]{1,16}) \((\d{1,9})\)", _A)
 _CALL = re.compile(
-    r"^(?:(\w+): )?(\d{1,20}) Bytes -> Algo (\w+) proto (\w+)"
-    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,4})\.\.(\d{1,4})\}| time ([-+\w.]{1,30}))$", _A)
+    r"^(?:(\w+): )?(\d{1,30}) Bytes -> Algo (\w+) proto (\w+)"
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,30})\.\.(\d{1,30})\}| time ([-+\w.]{1,30}))$", _A)
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$", _A)
 _ENV_INVALID = re.compile(r"^Invalid value (.*) for (NCCL_\w+), using default", _A)
 _P2P_FAIL = re.compile(
@@ -389,7 +404,8 @@ def _norm_node(name: str) -> str:
 class _State:
     """Mutable accumulator; frozen into an :class:`NcclLog` at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "<text>") -> None:
+        self.source = source
         self.lists: dict[str, list] = {k: [] for k in (
             "comms", "transports", "rings", "ring_links", "trees", "channel_counts", "graphs",
             "graph_fallbacks", "calls", "p2p_unavailable", "tuner_lines", "warnings", "problems")}
@@ -411,6 +427,25 @@ class _State:
         t = " ".join(text.split())
         self.lists["problems"].append(f"line {lineno}: {what}: {t[:100]}")
 
+    def refuse(self, lineno: int, what: str, why: str | None) -> None:
+        """Raise the one-line error for a number past fastverify's bounds (``why``, from
+        :mod:`fastverify.bounds`); nothing when ``why`` is None."""
+        if why:
+            raise UserError(f"{self.source}: line {lineno}: {what} {why}: no NCCL prints that "
+                            "(a corrupt or hand-edited log; fastverify's plausibility bounds)")
+
+    def channel(self, lineno: int, what: str, value: int | None, *, index: bool = False) -> None:
+        """A channel count (<= NCCL's MAXCHANNELS) or a channel index (< MAXCHANNELS)."""
+        if value is not None:
+            top = MAX_CHANNELS - 1 if index else MAX_CHANNELS
+            self.refuse(lineno, what, implausible_count(value, upper=top, what=what)
+                        and f"{value} is outside [0, {top}] (NCCL has at most {MAX_CHANNELS} channels, MAXCHANNELS)")
+
+    def count(self, lineno: int, what: str, value: int, *, lowest: int = 0) -> None:
+        """A rank, a rank count or a hop count: in [lowest, 1e9]; -1 (none) allowed with ``lowest=-1``."""
+        if not lowest <= value <= MAX_COUNT:
+            self.refuse(lineno, what, f"{value} is outside [{lowest}, {MAX_COUNT:g}]")
+
 
 def _dev(s: str, st: _State) -> Dev:
     if st.old_busid or not s.isdigit() or len(s) >= 4:
@@ -423,7 +458,7 @@ def _msg(st: _State, lineno: int, key: tuple[str, str], dev: int, level: str, fi
         st.lists["warnings"].append(WarnLine(msg.strip(), file, dev, lineno))
         return
     s = msg.strip()
-    if _tuning_line(st, key, s):
+    if _tuning_line(st, key, s, lineno):
         return
     for handler in _HANDLERS:
         if handler(st, lineno, s):
@@ -486,9 +521,15 @@ def _h_transport(st: _State, lineno: int, s: str) -> bool:
         if not _is_other_channel_line(s):
             st.problem(lineno, "unknown transport", s)
         return True
+    channel, src, dst = int(m.group(1)), int(m.group(3)), int(m.group(5))
+    st.channel(lineno, "transport channel", channel, index=True)
+    st.count(lineno, "transport source rank", src)
+    st.count(lineno, "transport destination rank", dst)
+    if "via_rank" in kw:
+        st.count(lineno, "transport intermediate rank", kw["via_rank"])
     st.lists["transports"].append(Transport(
-        int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None, int(m.group(3)),
-        _dev(m.group(4), st), int(m.group(5)), _dev(m.group(6), st), via, kind,
+        channel, int(m.group(2)) if m.group(2) is not None else None, src,
+        _dev(m.group(4), st), dst, _dev(m.group(6), st), via, kind,
         direction=m.group(7), line=lineno, **kw))
     return True
 
@@ -496,12 +537,21 @@ def _h_transport(st: _State, lineno: int, s: str) -> bool:
 def _h_ring(st: _State, lineno: int, s: str) -> bool:
     m = _RING.match(s)
     if m:
-        st.lists["rings"].append(Ring(int(m.group(1)), int(m.group(2)),
-                                      tuple(int(x) for x in m.group(3).split()), lineno))
+        c, n = int(m.group(1)), int(m.group(2))
+        st.channel(lineno, "ring channel", c, index=True)
+        st.channel(lineno, "ring channel count", n)
+        ranks = tuple(int(x) for x in m.group(3).split())
+        for r in ranks:
+            st.count(lineno, "ring rank", r)
+        st.lists["rings"].append(Ring(c, n, ranks, lineno))
         return True
     m = _RING_LINK.match(s)
     if m:
-        st.lists["ring_links"].append(RingLink(*(int(g) for g in m.groups()), line=lineno))
+        c, *ranks = (int(g) for g in m.groups())
+        st.channel(lineno, "ring channel", c, index=True)
+        for r in ranks:
+            st.count(lineno, "ring rank", r, lowest=-1)
+        st.lists["ring_links"].append(RingLink(c, *ranks, line=lineno))
         return True
     return False
 
@@ -515,6 +565,9 @@ def _h_trees(st: _State, lineno: int, s: str) -> bool:
         st.problem(lineno, "Trees line cut off", s)
     for t in _TREE_ITEM.finditer(s if m is None else m.group(1)):
         c, d0, d1, d2, r, up = (int(g) for g in t.groups())
+        st.channel(lineno, "tree channel", c, index=True)
+        for v in (d0, d1, d2, r, up):
+            st.count(lineno, "tree rank", v, lowest=-1)
         st.lists["trees"].append(Tree(c, r, (d0, d1, d2), up, lineno))
     return True
 
@@ -524,6 +577,9 @@ def _h_channels(st: _State, lineno: int, s: str) -> bool:
     if not m:
         return False
     g = [None if x is None else int(x) for x in m.groups()]
+    for what, v in zip(("coll channels", "collnet channels", "nvls channels", "p2p channels",
+                        "p2p channels per peer"), g):
+        st.channel(lineno, what, v)
     st.lists["channel_counts"].append(ChannelCounts(g[0], g[1], g[2], g[3], g[4], lineno))
     return True
 
@@ -535,6 +591,9 @@ def _h_graph(st: _State, lineno: int, s: str) -> bool:
         if bi is None or be is None:
             st.problem(lineno, "bad graph bandwidth", s)
             return True
+        st.channel(lineno, "graph nChannels", int(m.group(3)))
+        st.refuse(lineno, "graph intra bandwidth", implausible_bandwidth(bi))
+        st.refuse(lineno, "graph inter bandwidth", implausible_bandwidth(be))
         st.lists["graphs"].append(GraphInfo(int(m.group(1)), int(m.group(2)), int(m.group(3)), bi, be,
                                             m.group(6), m.group(7), int(m.group(8)), lineno))
         return True
@@ -549,7 +608,12 @@ def _h_topology(st: _State, lineno: int, s: str) -> bool:
     m = _SYSTEM.match(s)
     if m:
         a, b = _f(m.group(1)), _f(m.group(2))
-        if a is not None and b is not None and st.system is None:
+        if a is None or b is None:
+            st.problem(lineno, "bad system bandwidth", s)
+            return True
+        st.refuse(lineno, "system maxBw", implausible_bandwidth(a))
+        st.refuse(lineno, "system totalBw", implausible_bandwidth(b))
+        if st.system is None:
             st.system = (a, b)
         return True
     m = _PATHS.match(s)
@@ -566,6 +630,8 @@ def _h_topology(st: _State, lineno: int, s: str) -> bool:
             bw = _f(it.group(3))
             if bw is None:
                 break
+            st.count(lineno, "path hops", int(it.group(2)))
+            st.refuse(lineno, f"path bandwidth to {it.group(1)}", implausible_bandwidth(bw))
             row[_norm_node(it.group(1))] = PathInfo(int(it.group(2)), bw, it.group(4))
             pos = it.end()
         if pos != len(rest_s):
@@ -573,6 +639,7 @@ def _h_topology(st: _State, lineno: int, s: str) -> bool:
         return True
     m = _TOPO_GPU.match(s)
     if m:
+        st.count(lineno, "topology GPU rank", int(m.group(2)))
         st.gpu_ranks[_norm_node(m.group(1))] = int(m.group(2))
         return True
     return False
@@ -587,9 +654,15 @@ def _h_call(st: _State, lineno: int, s: str) -> bool:
         algo = ALGO_BY_ID.get(int(algo), algo)
     if proto.isdigit():
         proto = PROTO_BY_ID.get(int(proto), proto)
-    st.lists["calls"].append(CallChoice(
-        func, int(size), algo.upper(), proto.upper(), int(lo) if lo is not None else None,
-        int(hi) if hi is not None else None, _f(t) if t is not None else None, lineno))
+    size_b, lo_c, hi_c = int(size), int(lo) if lo is not None else None, int(hi) if hi is not None else None
+    time_us = _f(t) if t is not None else None
+    st.refuse(lineno, "call size", implausible_count(size_b, upper=MAX_MSG_BYTES, what="size")
+              and f"{size_b} bytes is over 1 TiB")
+    st.channel(lineno, "call channel", lo_c, index=True)
+    st.channel(lineno, "call channel", hi_c, index=True)
+    if time_us is not None:
+        st.refuse(lineno, "call time", implausible_time_us(time_us))
+    st.lists["calls"].append(CallChoice(func, size_b, algo.upper(), proto.upper(), lo_c, hi_c, time_us, lineno))
     return True
 
 
@@ -626,7 +699,7 @@ _HANDLERS = (_h_version, _h_transport, _h_ring, _h_trees, _h_comm, _h_channels, 
              _h_call, _h_env, _h_tuner)
 
 
-def _tuning_line(st: _State, key: tuple[str, str], s: str) -> bool:
+def _tuning_line(st: _State, key: tuple[str, str], s: str, lineno: int = 0) -> bool:
     """The model table; its column layout lives in the thread's state between lines."""
     m = _TUNE_HEAD.match(s)
     tab = st.tables.setdefault(key, {"algos": [], "cols": []})
@@ -644,7 +717,8 @@ def _tuning_line(st: _State, key: tuple[str, str], s: str) -> bool:
             tab["cols"] = [(_TABLE_ALGO.get(a, a.upper()), p.upper()) for a, p in pairs]
         elif head == "Max NThreads":
             for col, c in zip(tab["cols"], cells):
-                if c.isdigit() and len(c) < 10:
+                if c.isascii() and c.isdigit() and len(c) <= 30:
+                    st.count(lineno, f"TUNING Max NThreads {'/'.join(col)}", int(c))
                     st.max_nthreads.setdefault(col, int(c))
         return True
     if not tab["cols"]:
@@ -659,6 +733,8 @@ def _tuning_line(st: _State, key: tuple[str, str], s: str) -> bool:
         lb = _LATBW.match(c)
         lat, bw = (_f(lb.group(1)), _f(lb.group(2))) if lb else (None, None)
         if lat is not None and bw is not None:
+            st.refuse(lineno, f"TUNING {func} {'/'.join(col)} latency", implausible_time_us(lat))
+            st.refuse(lineno, f"TUNING {func} {'/'.join(col)} bandwidth", implausible_bandwidth(bw))
             row.setdefault(col, (lat, bw))  # first communicator's table wins
     return True
 
@@ -683,11 +759,14 @@ def parse_nccl_log(text: str, *, source: str = "<text>") -> NcclLog:
     Raises
     ------
     UserError
-        One line naming ``source`` when the text holds no NCCL line at all.
+        One line naming ``source`` when the text holds no NCCL line at all, or naming ``source``,
+        the line, the field and its value when a number is past fastverify's plausibility bounds
+        (see the module docstring: channels over 64, bandwidths over 1e6 GB/s or negative, times
+        outside [0, 1 hour], sizes over 1 TiB, ranks over 1e9; nan and inf included).
     """
     if not isinstance(text, str):
         raise UserError(f"{source}: expected an NCCL log as text, got {type(text).__name__}")
-    st = _State()
+    st = _State(source)
     n_nccl = 0
     lines = text.splitlines()
     for lineno, raw in enumerate(lines, start=1):

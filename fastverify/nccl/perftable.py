@@ -21,8 +21,13 @@ threads; see ``research/nccl.md`` §5):
   connects lazily at the first collective, so its ``Channel …`` lines appear after the first row's
   size/count/type columns). Both are removed before the rows are read.
 
-The parser never raises anything but :class:`~fastverify.errors.UserError`, and that only when no
-complete data row is left; dropped lines are listed in :attr:`PerfTable.problems`.
+The parser never raises anything but :class:`~fastverify.errors.UserError`: when no complete data
+row is left, or when a row holds a value no measurement can have (fastverify's plausibility bounds,
+:mod:`fastverify.bounds`: a size or element count that is negative or over 1 TiB, a time that is
+nan, inf, negative or over 1 hour, a bandwidth that is nan, inf, negative or over 1e6 GB/s; the
+footer's average bus bandwidth likewise). That error names the file and the line; the table is
+refused whole, because a nan or a negative time is a broken run, not a noisy one. Lines dropped
+otherwise (a row cut off at the end) are listed in :attr:`PerfTable.problems`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from fastverify.bounds import MAX_MSG_BYTES, implausible_bandwidth, implausible_count, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.nccl.logparse import search_near_nccl
 
@@ -292,7 +298,7 @@ def _parse_row(tokens: list[str], lay: _Layout, lineno: int) -> PerfRow | None:
     if len(tokens) != lay.n_tokens:
         return None
     size, count = _to_int(tokens[0]), _to_int(tokens[1])
-    if size is None or count is None or size < 0 or count < 0:
+    if size is None or count is None:  # a negative one is a row, refused by _implausible
         return None
     dtype, redop = tokens[2], tokens[3]
     if not _WORD.match(dtype) or not _WORD.match(redop):
@@ -325,6 +331,24 @@ def _parse_row(tokens: list[str], lay: _Layout, lineno: int) -> PerfRow | None:
     (o, ow, oe), (p, pw, pe) = halves
     return PerfRow(size, count, dtype, redop, root, o[0], o[1], o[2], ow, p[0], p[1], p[2], pw,
                    oop_error=oe, ip_error=pe, line=lineno)
+
+
+def _implausible(row: PerfRow) -> str | None:
+    """Why ``row`` cannot be a measurement (fastverify/bounds.py), or None when it can."""
+    for name, value in (("size", row.size_bytes), ("count", row.count)):
+        if why := implausible_count(value, upper=MAX_MSG_BYTES, what=name):
+            return f"{name} {why} (a message holds at most 1 TiB)"
+    for half, t, alg, bus, wrong in (("out-of-place", row.oop_time_us, row.oop_algbw_gbps, row.oop_busbw_gbps,
+                                      row.oop_wrong),
+                                     ("in-place", row.ip_time_us, row.ip_algbw_gbps, row.ip_busbw_gbps, row.ip_wrong)):
+        if why := implausible_time_us(t):
+            return f"{half} time {why}"
+        for what, v in (("algbw", alg), ("busbw", bus)):
+            if why := implausible_bandwidth(v):
+                return f"{half} {what} {why}"
+        if wrong is not None and (why := implausible_count(wrong, upper=MAX_MSG_BYTES, what="#wrong")):
+            return f"{half} #wrong {why}"
+    return None
 
 
 def _looks_like_row(body: str) -> bool:
@@ -382,7 +406,10 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
     Raises
     ------
     UserError
-        One line naming ``source`` and a line number when no complete data row is found.
+        One line naming ``source`` and a line number when no complete data row is found, or when a
+        row (or the footer's average bus bandwidth) holds a value past fastverify's plausibility
+        bounds: a nan, inf or negative time or bandwidth, a time over 1 hour, a size or count that
+        is negative or over 1 TiB, a bandwidth over 1e6 GB/s.
     """
     if not isinstance(text, str):
         raise UserError(f"{source}: expected all_reduce_perf output as text, got {type(text).__name__}")
@@ -407,7 +434,13 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
                 layout = _layout_from_header(cols)
                 header_line = lineno
                 continue
+            avg_before = header.get("Avg bus bandwidth")
             _read_header_line(s, header, ranks)
+            if header.get("Avg bus bandwidth") is not avg_before:
+                avg = _avg_busbw(header)
+                if avg is not None and (why := implausible_bandwidth(avg)):
+                    raise UserError(f"{source}: line {lineno}: Avg bus bandwidth {why}: not a measured "
+                                    "all_reduce_perf value")
             continue
         if "[" in s:
             s = _MPI_TAG_INSIDE.sub(" ", s).strip()
@@ -415,6 +448,8 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
         lay = layout or _GUESSES.get(len(tokens))
         row = _parse_row(tokens, lay, lineno) if lay is not None else None
         if row is not None:
+            if why := _implausible(row):
+                raise UserError(f"{source}: line {lineno}: {why}: not a measured all_reduce_perf row")
             rows.append(row)
         elif _looks_like_row(s):
             cut = " (cut off at the end of the text)" if lineno == last_line else ""

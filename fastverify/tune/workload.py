@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastverify.bounds import MAX_COUNT, MAX_MSG_BYTES, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.live.config import ModelConfig, check_tp
 
@@ -111,8 +112,15 @@ class Workload:
     def __post_init__(self) -> None:
         sizes = tuple(sorted((int(b), int(c)) for b, c in self.msg_sizes))
         for b, c in sizes:
-            if b < 0 or c < 1:
-                raise ValueError(f"Workload.msg_sizes: ({b}, {c}): need msg_bytes >= 0 and count >= 1")
+            if not (0 <= b <= MAX_MSG_BYTES and 1 <= c <= MAX_COUNT):
+                raise ValueError(f"Workload.msg_sizes: ({b}, {c}): need msg_bytes in [0, {MAX_MSG_BYTES}] (1 TiB) "
+                                 f"and count in [1, {MAX_COUNT}] (fastverify/bounds.py)")
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"Workload.tp: {self.tp!r}: need an int >= 1")
+        for name in ("compute_us", "verify_us", "allreduce_us", "allreduce_wait_us", "allreduce_transfer_us"):
+            v = getattr(self, name)
+            if v is not None and (why := implausible_time_us(v)):
+                raise ValueError(f"Workload.{name}: {why}")
         if len({b for b, _ in sizes}) != len(sizes):
             raise ValueError(f"Workload.msg_sizes: a size appears twice in {sizes}")
         object.__setattr__(self, "msg_sizes", sizes)
@@ -202,7 +210,7 @@ def workload_from_profile(path: str | Path) -> Workload:
       per-step count and rounded (the largest share absorbs the rounding);
     * compute / all-reduce / verify time per step: the median over ranks of ``step_median.compute_us``
       / ``allreduce_us`` / ``window_us``, with the clock of ``timing.clock``;
-    * ``tp``: ``world_size``;
+    * ``tp``: ``world_size`` (the number of ranks recorded when it is missing); at least 2;
     * ``dtype``, ``hidden``, ``tokens``: as the profile's ``shapes`` record them (version 2). Nothing
       is re-derived from message bytes: where the profile does not say (a trace, a version-1 file),
       ``hidden`` and ``tokens`` stay None (so the sweep times plain all-reduces) and the dtype is
@@ -213,13 +221,21 @@ def workload_from_profile(path: str | Path) -> Workload:
     UserError
         One line naming the file: unreadable, not JSON, not schema ``fastverify.profile``, a version
         this fastverify does not read, a missing or mistyped field, no all-reduce at all, an
-        all-reduce of unknown size (a CUDA-graph replay trace: :data:`UNKNOWN_SIZE_MESSAGE`), or a
-        recorded hidden size / dtype that the message sizes contradict.
+        all-reduce of unknown size (a CUDA-graph replay trace: :data:`UNKNOWN_SIZE_MESSAGE`), a
+        recorded hidden size / dtype that the message sizes contradict, a size, count or time past
+        the plausibility bounds of :mod:`fastverify.bounds` (refused by the decoder), or a world
+        size below 2 (one rank runs no all-reduce).
     """
     from fastverify.profile_record import read_profile_view  # torch- and numpy-free
 
     path = Path(path)
-    view = read_profile_view(path)
+    view = read_profile_view(path)  # refuses sizes, counts and times past fastverify/bounds.py
+    tp_raw = view.world_size  # >= 1 when recorded (the decoder refuses 0)
+    tp = tp_raw if tp_raw is not None else view.ranks
+    if tp < 2:
+        said = f"world_size {tp_raw}" if tp_raw is not None else f"no world_size and {view.ranks} rank"
+        raise UserError(f"{path}: the profile records {said}: a single rank runs no all-reduce; nothing to "
+                        "tune (profile a run with tensor parallelism >= 2)")
     per_step = statistics.median(view.step_allreduce_counts)
     n_per_step = int(round(per_step))
     if n_per_step < 1:
@@ -256,8 +272,6 @@ def workload_from_profile(path: str | Path) -> Workload:
     elif clock not in GPU_CLOCKS:
         notes.append(f"unknown timing.clock {clock!r}: times treated as not measured on the GPU")
 
-    tp_raw = view.world_size
-    tp = tp_raw if isinstance(tp_raw, int) and tp_raw >= 1 else view.ranks
     shapes = view.shapes
     dtype = shapes.dtype
     if dtype is None:
