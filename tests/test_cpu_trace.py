@@ -141,8 +141,9 @@ def test_cpu_traces_read_as_cpu_clock_allreduces(cpu_traces, tmp_path):
         assert c["kind"] == "allreduce" and c["name"] == "gloo:all_reduce"
         assert c["duration_us"] == {"0": _us(d0[i]), "1": _us(d1[i])}
         assert c["straggler_rank"] == (0 if d0[i] <= d1[i] else 1)  # argmin: the first on a tie
-    # Rank 1 sleeps before each all-reduce, so rank 0 waits in (nearly) all of them.
-    assert sum(d0) > sum(d1) and prof["summary"]["straggler_rank"] == 1
+    # Rank 1 sleeps before each all-reduce, so rank 0 waits in (nearly) all of them; the first one
+    # also holds the two processes' start-up skew (up to a second on a loaded machine), left out
+    assert sum(d0[1:]) > sum(d1[1:]) and prof["summary"]["straggler_rank"] == 1
 
 
 def test_cpu_profile_never_poses_as_gpu(cpu_traces, tmp_path):

@@ -61,13 +61,22 @@ def _json_part(bundle, name: str, kind: type = dict):
 
 
 def _msg_bytes(ranks, server: dict | None, meta: dict) -> int | None:
-    """The verify all-reduce payload (bytes): the traces' own sizes where they record them (eager
-    launches), else the verify batch (the step spans' ``bs=``) x draft tokens x hidden x 2 B (bf16) as
+    """The verify all-reduce payload (bytes): the most common size of the verify forwards' own
+    all-reduces where the traces record sizes (eager launches), else the verify batch (the step spans' ``bs=``) x draft tokens x hidden x 2 B (bf16) as
     collect read them from the server (never its defaults)."""
     from fastverify.events import EventClass
 
-    sizes = [int(b) for r in ranks for b, c in zip(r.msg_bytes.tolist(), r.cls.tolist())
-             if b > 0 and c in (EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code)]
+    from fastverify.cycle.split import forwards
+
+    sizes = []
+    for r in ranks:  # the verify forwards' own all-reduces, not the drafter's (another shape)
+        t = r.launch_ns if r.launch_ns is not None else r.start_ns
+        for mode, start, end in forwards(r):
+            if mode != "verify":
+                continue
+            sel = (t >= start) & (t < end) & (r.msg_bytes > 0) & (
+                (r.cls == EventClass.ALLREDUCE.code) | (r.cls == EventClass.FUSED_ALLREDUCE.code))
+            sizes += r.msg_bytes[sel].tolist()
     if sizes:
         return statistics.mode(sizes)
     shapes = meta.get("verify_shapes") if isinstance(meta.get("verify_shapes"), dict) else {}

@@ -571,6 +571,7 @@ def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
         acc.gpu = GpuColumns.from_dicts(got["events"])
         acc.classes = got["classes"]
         acc.step_candidates = got["steps"]
+        acc.stage_candidates = [e for e in evs if STAGE_SPAN.match(e["name"])]  # draft / draft_extend
     return per
 
 
