@@ -560,6 +560,15 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         if finding.severity is Severity.ERROR:
             raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
         env[name] = value
+    if args.set:  # the --set values against each other and the environment (MIN over MAX channels, ...)
+        from fastverify.nccl.catalogue import validate_settings
+
+        given = {item.partition("=")[0] for item in args.set}
+        ver = log.version if log and log.version else version
+        for f in validate_settings({k: v for k, v in env.items() if k.startswith("NCCL_")},
+                                   NcclVersion.parse(ver) if ver else None):
+            if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
+                raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
     d = diagnose(topo, log, env, nccl_version=version, hidden=args.hidden, draft_tokens=args.draft_tokens,
                  batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm, perf=perf)
     if args.json:

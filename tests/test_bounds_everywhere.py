@@ -393,3 +393,14 @@ def test_a_complete_bad_last_line_is_not_taken_for_torn(tmp_path, capsys):
     path.write_bytes(_journal(path) + b'{"kind":"trial","spec":{"trial_id":"c7\n')
     argv, topo = _tune_resume(tmp_path)
     _refused(argv, capsys, [path, topo], "j.jsonl", "line 3 is corrupt")
+
+
+def test_topo_set_values_that_contradict_each_other_exit_2(tmp_path, capsys):
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\tGPU0\tGPU1\nGPU0\t X \tSYS\nGPU1\tSYS\t X \n")
+    before = hashlib.sha256(topo.read_bytes()).hexdigest()
+    rc = main(["topo", "--nvidia-smi", str(topo), "--set", "NCCL_MIN_NCHANNELS=64", "--set", "NCCL_MAX_NCHANNELS=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "the minimum (64) is above the maximum (1)" in err, err
+    assert hashlib.sha256(topo.read_bytes()).hexdigest() == before
+    assert main(["topo", "--nvidia-smi", str(topo), "--set", "NCCL_MIN_NCHANNELS=2", "--set", "NCCL_MAX_NCHANNELS=4"]) == 0
