@@ -8,7 +8,8 @@ the tiny model) whose answers, including SGLang's own count of verify steps (``m
     python engine.py CONFIG.json
 
 ``CONFIG.json``: ``{"model": DIR, "tp": 2, "prompts": [...], "max_new_tokens": N,
-"engine": {extra Engine kwargs}, "linger_s": S, "loop_s": L}``
+"engine": {extra Engine kwargs}, "engine_drop": [CPU_ENGINE_ARGS keys to leave out], "linger_s": S,
+"loop_s": L}``
 (``linger_s``: seconds to wait after the last answer before ``shutdown``; ``loop_s``: go on
 answering the prompts again and again until ``L`` seconds after start-up, so that a test can kill a
 TP worker mid-run; each answer then prints one ``FVTEST_ANSWER {json}`` line). Prints one line
@@ -28,7 +29,8 @@ CPU_ENGINE_ARGS = dict(device="cpu", attention_backend="torch_native", disable_c
                        skip_server_warmup=True, mem_fraction_static=0.4, max_total_tokens=4096,
                        speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
                        speculative_ngram_max_bfs_breadth=1, max_running_requests=4, log_level="warning")
-META = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_token_num")
+META = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accept_rate",
+        "spec_num_correct_drafts", "spec_num_proposed_drafts")
 
 
 def main(config_path: str) -> None:
@@ -36,6 +38,8 @@ def main(config_path: str) -> None:
     import sglang
 
     kwargs = dict(CPU_ENGINE_ARGS, model_path=cfg["model"], tp_size=int(cfg.get("tp", 2)))
+    for key in cfg.get("engine_drop", []):  # e.g. the NGRAM-only settings, for an EAGLE engine
+        kwargs.pop(key, None)
     kwargs.update(cfg.get("engine", {}))
     t0 = time.perf_counter()
     engine = sglang.Engine(**kwargs)

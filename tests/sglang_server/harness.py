@@ -2,7 +2,11 @@
 left behind (never imported by fastverify).
 
 Why: issue 10's tests all need the same expensive thing (a real SGLang 0.5.23 TP 2 engine on CPU,
-about two minutes a start) and the same reading of its outputs, so both live here once.
+about two minutes a start) and the same reading of its outputs, so both live here once. The NGRAM
+engine is the default; ``engine=`` / ``engine_drop=`` of :func:`launch_engine` change its
+``sglang.Engine`` kwargs (the EAGLE / EAGLE-3 tests, ``tests/test_sglang_eagle.py``). A run that
+:func:`launch_engine` waits for is bounded by its ``timeout`` and leaves no process behind
+(:func:`_run_bounded`).
 
 The environment a server gets (:func:`server_env`) holds the CPU settings issue 10 found necessary
 for SGLang 0.5.23, each checked against its source:
@@ -109,14 +113,21 @@ class Run:
 
 def engine_command(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
                    trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
-                   linger_s: float = 0, loop_s: float | None = None) -> list[str]:
+                   linger_s: float = 0, loop_s: float | None = None, engine: dict | None = None,
+                   engine_drop: list[str] | None = None) -> list[str]:
     """The ``python -m fastverify launch ... -- python engine.py CONFIG`` command line (``CONFIG``
-    written to ``work/engine.json``; see :mod:`tests.sglang_server.engine` for its fields)."""
+    written to ``work/engine.json``; see :mod:`tests.sglang_server.engine` for its fields:
+    ``engine`` are extra ``sglang.Engine`` kwargs over the CPU defaults, ``engine_drop`` defaults
+    left out)."""
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "engine.json"
     conf = {"model": str(model), "tp": tp, "prompts": prompts, "max_new_tokens": max_new_tokens, "linger_s": linger_s}
     if loop_s is not None:
         conf["loop_s"] = loop_s
+    if engine:
+        conf["engine"] = engine
+    if engine_drop:
+        conf["engine_drop"] = list(engine_drop)
     cfg.write_text(json.dumps(conf))
     cmd = [py, "-m", "fastverify", "launch", "--backend", "auto"]
     if env_file is not None:
@@ -130,23 +141,55 @@ def engine_command(py: str, work: Path, model: Path, *, env_file: Path | None, p
 
 def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
                   trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
-                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600) -> Run:
+                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600,
+                  engine: dict | None = None, engine_drop: list[str] | None = None) -> Run:
     """``python -m fastverify launch [--env F] [--profile-verify D [--trace-verify-steps N]] --
-    python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end."""
+    python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end (at most ``timeout``
+    seconds: then the whole process tree is killed, see :func:`_run_bounded`)."""
     cmd = engine_command(py, work, model, env_file=env_file, prof=prof, trace_steps=trace_steps, prompts=prompts,
-                         tp=tp, max_new_tokens=max_new_tokens, linger_s=linger_s)
+                         tp=tp, max_new_tokens=max_new_tokens, linger_s=linger_s, engine=engine,
+                         engine_drop=engine_drop)
+    env = server_env(work, extra=extra_env)
     t0 = time.perf_counter()
-    try:
-        cp = subprocess.run(cmd, cwd=str(work), env=server_env(work, extra=extra_env), capture_output=True,
-                            text=True, timeout=timeout)
-        rc, so, se = cp.returncode, cp.stdout, cp.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, so, se = -9, _text(e.stdout), _text(e.stderr) + f"\n[timed out after {timeout} s]"
+    rc, so, se = _run_bounded(cmd, work, env, timeout)
     run = Run(rc, so, se, time.perf_counter() - t0, work)
     for line in so.splitlines():
         if line.startswith(RESULT):
             run.result = json.loads(line[len(RESULT):])
     return run
+
+
+def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run ``cmd`` in its own session and wait at most ``timeout`` s; (rc, stdout, stderr). On a
+    timeout (rc -9, a line saying so appended to stderr), and after a normal exit too, every process
+    of the run still alive (:func:`run_processes`: the session, its descendants, and any process
+    with the run's ``FVTEST_STATS_DIR`` in its environment) is SIGKILLed by pid, so no SGLang worker
+    outlives the test."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    marker = ("FVTEST_STATS_DIR", env["FVTEST_STATS_DIR"])
+    try:
+        so, se = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        so, se = proc.communicate()
+        rc, se = -9, (se or "") + f"\n[timed out after {timeout} s: the run's processes were killed]"
+    end = time.monotonic() + 30
+    # the launcher itself is reaped by now: its pid is left out (it could already be another process's)
+    while (left := [p for p in run_processes(proc.pid, marker) if p != proc.pid]) and time.monotonic() < end:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    return rc, so or "", se or ""
 
 
 # --- a run that a test ends itself (kill -9 of a TP worker) -----------------------------------------

@@ -14,9 +14,14 @@ Why it exists:
   the root, so even at ``speculative_ngram_max_bfs_breadth=1`` the mask is often not causal (the
   shim counts those in ``non_causal_masks``) and a plain causal extend would be wrong.
   NGRAM reaches the same verify forward as EAGLE: ``TpModelWorker.forward_batch_generation(...,
-  is_verify=True)`` (``ngram_worker.py``), which the fastverify patch times.
-* The tests need to see, from inside each TP worker, the environment it got, its pid and how many
-  verify forwards it ran, and when (``verify_t``: ``time.time()`` at each one's first layer, the
+  is_verify=True)`` (``ngram_worker.py``), which the fastverify patch times. EAGLE / EAGLE-3 on CPU
+  verify here too: their target keeps ``torch_native`` (``--attention-backend intel_amx`` falls back
+  to it without AMX, ``arg_groups/overrides.py``; only the drafter gets ``intel_amx``), and their
+  CPU tree mask is the same QLEN_ONLY ``[bs, n, n]`` one (``speculative/eagle_utils.py::
+  default_tree_mask_mode``), causal for a chain (topk 1), a tree for topk > 1.
+* The tests need to see, from inside each TP worker, the environment it got, its pid, the calls of
+  each ``sgl_kernel`` stand-in op so far (``standin_calls``), and how many verify forwards it ran,
+  and when (``verify_t``: ``time.time()`` at each one's first layer, the
   same clock as the test's): each worker rewrites ``$FVTEST_STATS_DIR/stats-rank<R>.json`` (write
   then ``os.replace``, so a reader sees a whole file) after every verify forward, so a SIGKILL loses
   nothing already counted and the file is the count at the moment of the kill.
@@ -59,12 +64,24 @@ def _rank() -> int | None:
         return None
 
 
+def _standin_calls() -> dict[str, int]:
+    """Calls so far of each op of the ``sgl_kernel`` stand-in in this worker (its ``CALLS`` and
+    those of its ``draft`` / ``attention`` modules); empty when it was never imported."""
+    import sys
+
+    out: dict[str, int] = {}
+    for name in ("sgl_kernel", "sgl_kernel.draft", "sgl_kernel.attention"):
+        calls = getattr(sys.modules.get(name), "CALLS", None) or {}
+        out.update({k: int(v) for k, v in calls.items() if v})
+    return out
+
+
 def _write_stats() -> None:
     out = os.environ.get(ENV_STATS)
     if not out:
         return
     rank = _rank()
-    data = dict(_stats, pid=os.getpid(), rank=rank,
+    data = dict(_stats, pid=os.getpid(), rank=rank, standin_calls=_standin_calls(),
                 env={k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)})
     path = os.path.join(out, f"stats-rank{rank}.json")
     tmp = path + f".{os.getpid()}.tmp"

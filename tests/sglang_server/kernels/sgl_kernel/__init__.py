@@ -3,17 +3,27 @@
 Why: SGLang 0.5.23's CPU mode (``SGLANG_USE_CPU_ENGINE=1``) imports ``*_cpu`` ops from
 ``sgl_kernel`` at module level, and PyPI ships only the CUDA build. A Llama model served with NGRAM
 speculative decoding calls exactly the seven ops below; their contracts are taken from the Triton
-kernels SGLang runs on GPUs for the same job, named on each function. Any other op is importable (SGLang
-imports some at module level, e.g. ``assign_draft_cache_locs_contiguous_cpu`` in
-``kernels/ops/speculative/cache_locs.py``) but raises when called, so an SGLang bump that needs
-more fails loudly instead of computing something wrong.
+kernels SGLang runs on GPUs for the same job, named on each function. EAGLE / EAGLE-3 drafting on
+CPU needs six more, whose contracts come from sgl-kernel's own CPU sources: the three draft ops of
+:mod:`.draft` (``build_draft_decode_metadata_cpu``, ``assign_draft_cache_locs_contiguous_cpu``,
+``build_tree_kernel_efficient_cpu``) and the two attention ops of :mod:`.attention`
+(``decode_attention_cpu``, ``extend_attention_cpu``) that SGLang's ``intel_amx`` attention backend
+calls as ``torch.ops.sgl_kernel.*``. Any other op is importable (SGLang imports some at module
+level, e.g. ``rotate_input_ids_cpu`` in ``kernels/ops/speculative/multi_layer_eagle.py``) but
+raises when called, so an SGLang bump that needs more fails loudly instead of computing something
+wrong.
 
-Nothing is registered under ``torch.ops.sgl_kernel``: SGLang's CPU all-reduce then takes
-``torch.distributed.all_reduce`` over gloo (``distributed/parallel_state.py``: the ``shm_allreduce``
-op is used only when present), and ``cpu_has_amx_support()`` is False (it checks for
-``torch.ops.sgl_kernel.convert_weight_packed``, ``srt/utils/common.py``).
+Registered under ``torch.ops.sgl_kernel`` at import: only the two attention ops. Nothing else is,
+on purpose: SGLang's CPU all-reduce then takes ``torch.distributed.all_reduce`` over gloo
+(``distributed/parallel_state.py``: the ``shm_allreduce`` op is used only when
+``is_shm_available``, which needs AMX support), and ``cpu_has_amx_support()`` is False (it checks
+for ``torch.ops.sgl_kernel.convert_weight_packed``, ``srt/utils/common.py``), so no layer takes an
+AMX path and ``--attention-backend intel_amx`` for the target still falls back to ``torch_native``
+(``arg_groups/overrides.py::_attention_backend_platform_fallbacks``); only the draft runner, given
+``speculative_draft_attention_backend="intel_amx"``, uses the attention ops.
 
-Every call is counted in :data:`CALLS` (op name → calls), so a test can see which ops ran.
+Every call is counted in :data:`CALLS` (op name → calls; the draft and attention ops count in their
+modules' ``CALLS``), so a test can see which ops ran.
 """
 
 from __future__ import annotations
@@ -23,11 +33,21 @@ from collections import Counter
 
 import torch
 
+from . import attention as _attention
+from . import draft as _draft
+from .draft import (  # noqa: F401
+    assign_draft_cache_locs_contiguous_cpu,
+    build_draft_decode_metadata_cpu,
+    build_tree_kernel_efficient_cpu,
+)
+
 __version__ = "0.0.0+fastverify-test-standin"
 CALLS: Counter = Counter()
 IMPLEMENTED = ("assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu", "assign_extend_cache_locs_cpu",
                "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
-               "reconstruct_indices_from_tree_mask")
+               "reconstruct_indices_from_tree_mask", *_draft.CALLS, *_attention.CALLS)
+_LIB = torch.library.Library("sgl_kernel", "FRAGMENT")  # kept alive: the ops live as long as this object
+_attention.register(_LIB)
 
 
 def _spans(start: torch.Tensor, end: torch.Tensor) -> list[tuple[int, int, int]]:
