@@ -11,6 +11,11 @@ One versioned, typed JSON file written beside the env file (``X.env`` → ``X.de
   NCCL version, tensor-parallel size;
 * the NCCL settings written to the env file, and the gain with its basis (measured or predicted).
 
+The env file beside it holds NCCL settings only (:mod:`fastverify.tune.envfile`): the backend,
+and with it SGLang's switch for it, is in the record alone, so sourcing the env file without
+``launch`` (docker, systemd) never starts an IPC path that nobody checked P2P for.
+:func:`write_deployment` writes the two files all or none.
+
 ``launch`` checks the record against the box it runs on and the installed SGLang
 (:func:`fastverify.registry.unreachable_reason`); the patch reads it in every rank through
 ``FASTVERIFY_DEPLOYMENT``. Nothing here imports torch.
@@ -37,6 +42,69 @@ INT64_MAX = 2**63 - 1
 
 P2PSource = Literal["p2p_check", "nvml", "nccl_log", "caller", "not_checked"]
 Basis = Literal["measured", "predicted"]
+
+
+def _uuid_key(uuid: str | None) -> str | None:
+    """``"GPU-8ba4..."`` (NVML) and ``"8ba4..."`` (``torch.cuda.get_device_properties(i).uuid``)
+    name one GPU: lower case, without the ``GPU-`` prefix; None for an empty value."""
+    if not uuid:
+        return None
+    text = str(uuid).strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def _pci_key(bus_id: str | None) -> str | None:
+    """NVML's ``"00000000:18:00.0"`` and sysfs' ``"0000:18:00.0"`` name one PCI function:
+    :func:`fastverify.topo.nvml.sysfs_bdf` of either; None when it is not a PCI address."""
+    if not bus_id:
+        return None
+    from fastverify.topo.nvml import sysfs_bdf
+
+    return sysfs_bdf(str(bus_id))
+
+
+class GpuId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One GPU as NVML names it: what ties a P2P check, and a record's P2P proof, to the box's
+    own GPUs (item 1 of the P2P issue: a check that only counts passing directions proves
+    nothing about *which* GPUs passed).
+
+    Attributes
+    ----------
+    index : int or None
+        NVML index (``nvidia-smi`` order; NVML ignores ``CUDA_VISIBLE_DEVICES``).
+    pci_bus_id : str or None
+        NVML's PCI bus id, ``"00000000:18:00.0"``.
+    uuid : str or None
+        NVML's UUID, ``"GPU-8ba4b3d5-..."``.
+    name : str or None
+        Device name (said in messages, never compared).
+    """
+
+    index: int | None = None
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.index is not None and (isinstance(self.index, bool) or self.index < 0):
+            raise ValueError(f"index must be an int >= 0, got {self.index!r}")
+        if _uuid_key(self.uuid) is None and _pci_key(self.pci_bus_id) is None:
+            raise ValueError("a GPU needs a uuid or a PCI bus id (as NVML reports them)")
+
+    def same_gpu(self, other: "GpuId") -> bool:
+        """Whether both name one physical GPU: the UUIDs where both have one, else the PCI
+        addresses where both have one; never the index or the name (another box has a GPU 0
+        of the same name too)."""
+        a, b = _uuid_key(self.uuid), _uuid_key(other.uuid)
+        if a is not None and b is not None:
+            return a == b
+        a, b = _pci_key(self.pci_bus_id), _pci_key(other.pci_bus_id)
+        return a is not None and a == b
+
+    def label(self) -> str:
+        """``GPU 3 (0000:18:00.0)`` for messages."""
+        where = _pci_key(self.pci_bus_id) or self.uuid or "?"
+        return f"GPU {self.index if self.index is not None else '?'} ({where})"
 
 
 class VerifyShapes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,12 +171,18 @@ class P2PFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         One line: which pair failed, or how many passed.
     pairs : int
         Ordered pairs checked.
+    gpus : tuple[GpuId, ...]
+        The GPUs the real check tested, every ordered pair among them present and passed (empty
+        otherwise, and for every other source). ``launch`` accepts the record's proof only for a
+        TP group whose GPUs are all among them (:func:`fastverify.topo.p2p.proof_for`); a record
+        without them (written before the check named its GPUs) proves nothing there.
     """
 
     ok: bool | None
     source: P2PSource = "not_checked"
     note: str = ""
     pairs: int = 0
+    gpus: tuple[GpuId, ...] = ()
 
     @property
     def proven(self) -> bool:
@@ -135,11 +209,19 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Every pair of the first ``tp`` GPUs (all GPUs when ``tp`` is 0) on NVLink, the test SGLang
         0.5.23 makes before it runs its custom all-reduce on more than 2 GPUs
         (``custom_all_reduce_utils.py::is_full_nvlink``); None: unknown.
+    gpus : tuple[GpuId, ...] or None
+        The GPUs the server's CUDA ordinals 0, 1, ... are, in that order (NVML's identities,
+        mapped through ``CUDA_VISIBLE_DEVICES``; :func:`fastverify.topo.p2p.visible_gpus`);
+        None: unknown. ``launch`` fills it from NVML; a described box may give it.
+    gpu_memory_bytes : int or None
+        Total memory of the smallest of those GPUs (NVML ``nvmlDeviceGetMemoryInfo().total``);
+        None: unknown. ``launch`` checks an IPC workspace against it.
 
     Raises
     ------
     ValueError
-        ``gpu_count`` or ``tp`` negative, an ``sm`` part negative.
+        ``gpu_count`` or ``tp`` negative, an ``sm`` part negative, ``gpu_memory_bytes`` not
+        positive.
     """
 
     gpu_name: str | None
@@ -149,6 +231,8 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     driver: str | None = None
     nccl_version: str | None = None
     nvlink_full: bool | None = None
+    gpus: tuple[GpuId, ...] | None = None
+    gpu_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpu_count", "tp"):
@@ -157,6 +241,9 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if self.sm is not None and any(part < 0 for part in self.sm):
             raise ValueError(f"sm parts must be >= 0, got {list(self.sm)}")
+        mem = self.gpu_memory_bytes
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
+            raise ValueError(f"gpu_memory_bytes must be a positive int, got {mem!r}")
 
     def key(self) -> str:
         """A file-name-safe key: ``<gpu>-sm<XY>-tp<N>-nccl<V>``."""
@@ -250,7 +337,7 @@ def _check_record(record: DeploymentRecord, source: str) -> None:
     could hold (allowed ``NCCL_*`` names, values the NCCL catalogue does not reject for the
     record's NCCL version: :func:`fastverify.tune.envfile.check_setting`)."""
     from fastverify.nccl.version import NcclVersion
-    from fastverify.tune.envfile import check_setting
+    from fastverify.tune.envfile import check_setting, check_together
 
     if record.box.tp < 1:
         raise UserError(f"{source}: invalid deployment record: box.tp must be >= 1, got {record.box.tp}")
@@ -264,6 +351,7 @@ def _check_record(record: DeploymentRecord, source: str) -> None:
         if not key.startswith("NCCL_"):
             raise UserError(f"{source}: invalid deployment record: nccl_settings holds {key}, not an NCCL_* name")
         check_setting(key, value, f"{source}: nccl_settings", version)
+    check_together(dict(record.nccl_settings), f"{source}: nccl_settings", version)
 
 
 def write_record(path: str | Path, record: DeploymentRecord) -> Path:
@@ -293,15 +381,18 @@ def record_from_environ(environ: "os._Environ[str] | dict[str, str] | None" = No
 
 
 def sglang_settings(backend: BackendName | str) -> dict[str, str]:
-    """The env-file lines that make SGLang itself run ``backend`` (registry facts, no names here).
+    """The variables that make SGLang itself run ``backend`` (registry facts, no names here):
+    what ``fastverify launch`` exports, after the P2P proof. Never written to an env file
+    (:mod:`fastverify.tune.envfile`: an env file sourced without launch would start the path
+    unchecked).
 
-    For a backend SGLang switches (``Reach.sglang_switch``): its switch ``=1``, and no size line.
+    For a backend SGLang switches (``Reach.sglang_switch``): its switch ``=1``, and no size.
     SGLang 0.5.23 then sizes the workspace from its own decode CUDA-graph width, the largest
     captured batch x draft tokens of the server it runs in (``device_communicators/pcie_ipc_ar.py``
-    ``_decode_width``), so every captured verify step is covered; a size line would be used
-    verbatim and send every wider step to NCCL; the record's shapes never cap it (a cap is only a
+    ``_decode_width``), so every captured verify step is covered; a size would be used verbatim
+    and send every wider step to NCCL; the record's shapes never cap it (a cap is only a
     decision from a measured crossover). Backends the patch reaches, or SGLang's native ones,
-    need no line: the record carries them. ``{}`` then.
+    need no variable: the record carries them. ``{}`` then.
     """
     info = backend_info(backend)
     out: dict[str, str] = {}
@@ -324,33 +415,41 @@ def installed_sglang_version() -> str | None:
 def write_deployment(env_path: str | Path, settings: dict[str, str], record: DeploymentRecord, *,
                      header_lines: "list[str] | tuple[str, ...]" = (), nccl_version: object = None,
                      inputs: "tuple[str | Path | None, ...]" = ()) -> tuple[Path, Path]:
-    """Write the env file and the deployment record beside it (:func:`record_path_for`).
+    """Write the env file and the deployment record beside it (:func:`record_path_for`), both or
+    neither.
 
-    Both are validated before either is written (a bad setting leaves no file changed), then each
-    is written atomically (the record first, so an env file never points at a missing record).
+    Both are validated before either is written (a bad setting, an ``SGLANG_*`` key among them,
+    leaves no file changed); then both are staged and renamed together
+    (:func:`fastverify.tune.envfile.atomic_write_texts`): should the env file's rename fail, the
+    record gets its old content back (or is removed, where there was none), so a failed write
+    never leaves a new record beside an old env file.
 
     Parameters
     ----------
+    settings
+        The env file's lines: NCCL settings and ``CUDA_DEVICE_MAX_CONNECTIONS`` only; the backend
+        is the record's.
     inputs
-        Files the command read (profile, topology, P2P results): neither output may be one of them.
+        Files the command read (profile, topology, P2P results): neither output, nor the ``.bak``
+        each keeps of an existing file, may be one of them.
 
     Raises
     ------
     UserError
-        An output path is one of ``inputs``, a setting is not allowed, or a file cannot be written.
+        An output path (or its backup) is one of ``inputs``, a setting is not allowed, or a file
+        cannot be written.
     """
-    from fastverify.tune.envfile import atomic_write_text, render_env
+    from fastverify.tune.envfile import atomic_write_texts, backup_path, render_env
 
     env_p = Path(env_path)
     rec_p = record_path_for(env_p)
     taken = {os.path.realpath(str(i)) for i in inputs if i}
-    for out in (env_p, rec_p):
+    for out in (env_p, rec_p, backup_path(env_p), backup_path(rec_p)):
         if os.path.realpath(str(out)) in taken:
             raise UserError(f"{out}: is one of this command's inputs; write the env file elsewhere")
     text = render_env(settings, header_lines=[*header_lines, f"deployment record: {rec_p.name} (read by "
                                               "`fastverify launch --env` and every TP rank)"],
                       nccl_version=nccl_version, where=str(env_p))  # type: ignore[arg-type]
     data = encode_record(record).decode("utf-8")
-    atomic_write_text(rec_p, data)
-    atomic_write_text(env_p, text)
+    atomic_write_texts([(rec_p, data), (env_p, text)])
     return env_p, rec_p

@@ -30,9 +30,18 @@ Sources of the facts (read in the released packages):
   kernel is never what SGLang runs).
 * SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/custom_all_reduce.py``
   (``CustomAllreduce._SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]``) and ``custom_all_reduce_utils.py``
-  (``can_use_custom_all_reduce_with_nvlink``: disabled when ``world_size > 2 and not full_nvlink``,
-  ``full_nvlink`` from ``is_full_nvlink``: ``nvmlDeviceGetP2PStatus(..., NVML_P2P_CAPS_INDEX_NVLINK)``
-  OK for every pair): SGLang's custom all-reduce runs on 2 PCIe GPUs, or on 4/6/8 fully NVLinked.
+  (``can_use_custom_all_reduce_with_nvlink``: ``if world_size > 2 and not full_nvlink:`` it logs
+  "disabled because it's not supported on more than two PCIe-only GPUs" and returns None, which
+  the constructor reads as "stay disabled"; ``full_nvlink`` from ``is_full_nvlink``:
+  ``nvmlDeviceGetP2PStatus(..., NVML_P2P_CAPS_INDEX_NVLINK)`` OK for every pair, False when NVML
+  cannot tell). The JIT ``CustomAllReduceV2`` that ``dispatch_custom_allreduce`` prefers on CUDA
+  calls the same function and is admitted only when it returns ``True`` (``custom_all_reduce_v2.py``
+  ``can_use_custom_all_reduce_v2``), so neither class runs on more than 2 PCIe-only GPUs: SGLang's
+  custom all-reduce runs on 2 PCIe GPUs, or on 4/6/8 fully NVLinked. The entry's
+  ``world_sizes_without_nvlink = (2,)`` keeps it gated off there (unknown NVLink counts as none),
+  so ``tune`` never measures or recommends it on such a box: fastverify's worker builds the class
+  itself and could time a kernel SGLang will never call in the server, and a deployment of it
+  would silently run NCCL.
 """
 
 from __future__ import annotations

@@ -404,3 +404,24 @@ def test_topo_set_values_that_contradict_each_other_exit_2(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "the minimum (64) is above the maximum (1)" in err, err
     assert hashlib.sha256(topo.read_bytes()).hexdigest() == before
     assert main(["topo", "--nvidia-smi", str(topo), "--set", "NCCL_MIN_NCHANNELS=2", "--set", "NCCL_MAX_NCHANNELS=4"]) == 0
+
+
+def test_env_file_settings_that_contradict_each_other_are_refused(tmp_path, capsys):
+    from fastverify.errors import UserError
+    from fastverify.tune.envfile import read_env_file, render_env
+
+    env = tmp_path / "box.env"
+    env.write_text("NCCL_MIN_NCHANNELS=64\nNCCL_MAX_NCHANNELS=1\n")
+    with pytest.raises(UserError, match=r"box.env: NCCL_\w+=\d+: .*the minimum \(64\) is above the maximum \(1\)"):
+        read_env_file(env)
+    with pytest.raises(UserError, match="the minimum"):
+        render_env({"NCCL_MIN_NCHANNELS": "64", "NCCL_MAX_NCHANNELS": "1"})
+    assert read_env_file(_write(tmp_path / "ok.env", "NCCL_MIN_NCHANNELS=2\nNCCL_MAX_NCHANNELS=4\n")) == {
+        "NCCL_MIN_NCHANNELS": "2", "NCCL_MAX_NCHANNELS": "4"}
+    assert main(["doctor", "--quick", "--env-file", str(env)]) == 1  # the doctor's env-file check fails on it
+    capsys.readouterr()
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path

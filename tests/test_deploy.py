@@ -1,9 +1,11 @@
 """The deployment record's writing side and the facts it carries (issue 9, What-to-build §2, item 7):
 
-* tune writes the env file and the record beside it, both validated first, never over an input;
-* the SGLang lines come from the registry, the IPC workspace bound from ``max_batch × draft tokens
-  × hidden`` — checked against SGLang 0.5.23's OWN sizing code (``PcieIpcCommunicator.prepare``
-  / ``_ensure_workspace`` in ``device_communicators/pcie_ipc_ar.py``), run in the real SGLang venv;
+* tune writes the env file and the record beside it, both validated first, never over an input
+  (nor over an input named like the ``.bak`` either keeps);
+* the env file holds NCCL settings only; the SGLang switch launch sets comes from the registry, and
+  the IPC workspace bound from ``max_batch × draft tokens × hidden`` — checked against SGLang
+  0.5.23's OWN sizing code (``PcieIpcCommunicator.prepare`` / ``_ensure_workspace`` in
+  ``device_communicators/pcie_ipc_ar.py``), run in the real SGLang venv;
 * backend names appear only in the registry.
 """
 
@@ -44,13 +46,31 @@ def test_sglang_settings_from_the_registry():
 
 def test_write_deployment_writes_both_and_round_trips(tmp_path):
     env = tmp_path / "box.env"
-    settings = {"NCCL_P2P_LEVEL": "SYS", **sglang_settings(BackendName.pcie_ipc)}
-    env_p, rec_p = write_deployment(env, settings, record(), header_lines=["MEASURED"])
+    env_p, rec_p = write_deployment(env, {"NCCL_P2P_LEVEL": "SYS"}, record(), header_lines=["MEASURED"])
     assert rec_p == tmp_path / "box.deploy.json" == record_path_for(env)
-    assert read_record(rec_p) == record()
+    assert read_record(rec_p) == record() and read_record(rec_p).backend is BackendName.pcie_ipc
     text = env_p.read_text()
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in text and "# deployment record: box.deploy.json" in text
-    assert "SGLANG_PCIE_IPC_MAX_NUMEL" not in text
+    assert "# deployment record: box.deploy.json" in text
+    assert "SGLANG_" not in text.replace("# ", "")  # the backend is the record's; no switch line
+    assert [ln for ln in text.splitlines() if not ln.startswith("#")] == ["NCCL_P2P_LEVEL=SYS"]
+
+
+def test_write_deployment_refuses_an_sglang_switch_and_writes_neither(tmp_path):
+    env = tmp_path / "box.env"
+    with pytest.raises(UserError, match="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: env files hold NCCL settings only"):
+        write_deployment(env, {"NCCL_P2P_LEVEL": "SYS", **sglang_settings(BackendName.pcie_ipc)}, record())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bak", ["box.env.bak", "box.deploy.json.bak"])
+def test_write_deployment_never_writes_a_backup_over_an_input(tmp_path, bak):
+    env = tmp_path / "box.env"
+    write_deployment(env, {"NCCL_P2P_LEVEL": "SYS"}, record())
+    (tmp_path / bak).write_text("an input\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(UserError, match=f"{bak}: is one of this command's inputs"):
+        write_deployment(env, {"NCCL_P2P_LEVEL": "PHB"}, record(), inputs=(tmp_path / bak,))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_write_deployment_validates_before_writing_and_never_over_an_input(tmp_path):

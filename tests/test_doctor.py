@@ -221,10 +221,19 @@ def test_unreadable_env_file_fails_with_its_path(tmp_path):
 
 def test_good_env_file_is_ok(tmp_path):
     path = tmp_path / "box.env"
-    path.write_text("# tuned\nNCCL_P2P_LEVEL=SYS\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    path.write_text("# tuned\nNCCL_P2P_LEVEL=SYS\nCUDA_DEVICE_MAX_CONNECTIONS=1\n")
     c = by_name(run_doctor(quick=True, env_file=str(path)))["env_file"]
     assert c.status is Status.ok, c
-    assert c.details["settings"] == {"NCCL_P2P_LEVEL": "SYS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    assert c.details["settings"] == {"NCCL_P2P_LEVEL": "SYS", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def test_env_file_with_an_sglang_switch_fails(tmp_path):
+    """An env file holds NCCL settings only: sourced without `fastverify launch` (docker --env-file),
+    an SGLang switch would start the IPC path with no P2P proof."""
+    path = tmp_path / "box.env"
+    path.write_text("NCCL_P2P_LEVEL=SYS\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    c = by_name(run_doctor(quick=True, env_file=str(path)))["env_file"]
+    assert c.status is Status.fail and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in c.reason, c
 
 
 # --- isolation -----------------------------------------------------------------------------------

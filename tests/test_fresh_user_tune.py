@@ -25,7 +25,9 @@ from fastverify.cli import main
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
-PCIE_4090_BOX = '{"gpu_name": "NVIDIA GeForce RTX 4090", "sm": [8, 9], "gpu_count": 8}'
+_GPUS = [{"index": i, "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000"}
+         for i in range(8)]
+PCIE_4090_BOX = json.dumps({"gpu_name": "NVIDIA GeForce RTX 4090", "sm": [8, 9], "gpu_count": 8, "gpus": _GPUS})
 
 
 def _cli(argv, capsys):
@@ -56,8 +58,9 @@ def box_dir(tmp_path, monkeypatch):
     (tmp_path / "t2.txt").write_text(TWO_GPU_TOPO)
     (tmp_path / "afile").write_text("a file\n")
     pairs = [(i, j) for i in range(8) for j in range(8) if i != j]
-    (tmp_path / "p2pgood.json").write_text(json.dumps([{"src": i, "dst": j, "ok": True, "reason": ""}
-                                                       for i, j in pairs]))
+    (tmp_path / "p2pgood.json").write_text(json.dumps({
+        "schema": "fastverify.p2p_check", "version": 2, "gpus": [dict(g, cuda=g["index"]) for g in _GPUS],
+        "results": [{"src": i, "dst": j, "ok": True, "reason": ""} for i, j in pairs]}))
     (tmp_path / "p2pbad.json").write_text(json.dumps([{"src": i, "dst": j, "ok": (i, j) != (0, 5),
                                                        "reason": "" if (i, j) != (0, 5) else "read back zeros"}
                                                       for i, j in pairs]))

@@ -21,7 +21,7 @@ import os
 import pytest
 
 from conftest import assert_user_error
-from fastverify.deploy import (BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, encode_record,
+from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts, VerifyShapes, encode_record,
                                record_path_for)
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
@@ -30,21 +30,33 @@ from fastverify.registry import BackendName
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
 SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
                    entry_point_installed=True)
+# The described boxes' GPUs as NVML names them (index, PCI bus id, UUID): a P2P check proves
+# something only for the GPUs it names.
+GPUS = tuple(GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444")
+             for i in range(8))
 BOXES = {
-    "SM89": BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8),
-    "SM120": BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8),
-    "SM90": BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8),
-    "SM100": BoxFingerprint(gpu_name="NVIDIA B200", sm=(10, 0), gpu_count=8, tp=8),
+    "SM89": BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8, gpus=GPUS),
+    "SM120": BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8,
+                            gpus=GPUS),
+    "SM90": BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8, gpus=GPUS),
+    "SM100": BoxFingerprint(gpu_name="NVIDIA B200", sm=(10, 0), gpu_count=8, tp=8, gpus=GPUS),
 }
-PROVEN = P2PFacts(ok=True, source="p2p_check", note="all 56 directions passed", pairs=56)
+PROVEN = P2PFacts(ok=True, source="p2p_check", note="all 56 directions passed", pairs=56, gpus=GPUS)
 SHAPES = VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168)
+
+
+def check_doc(rows, gpus=GPUS):
+    """What `python -m fastverify.topo.p2p check` prints: the GPUs it tested, by CUDA ordinal, and the rows."""
+    return {"schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": None, "cuda_device_order": None,
+            "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": "G"}
+                     for k, g in enumerate(gpus)], "results": rows}
 
 
 def p2p_json(tmp_path, failing=()):
     rows = [{"src": i, "dst": j, "ok": (i, j) not in failing, "reason": "timeout" if (i, j) in failing else "ok"}
             for i in range(8) for j in range(8) if i != j]
     p = tmp_path / "p2p.json"
-    p.write_text(json.dumps(rows))
+    p.write_text(json.dumps(check_doc(rows)))
     return p
 
 
@@ -89,26 +101,42 @@ def test_pcie_ipc_refused_without_proven_p2p(tmp_path, how):
         kw["p2p_file"] = p2p_json(tmp_path, failing={(3, 5)})
     if how == "too few pairs":
         p = tmp_path / "two.json"
-        p.write_text('[{"src": 0, "dst": 1, "ok": true, "reason": "ok"}, {"src": 1, "dst": 0, "ok": true, "reason": "ok"}]')
+        p.write_text(json.dumps(check_doc([{"src": 0, "dst": 1, "ok": True, "reason": "ok"},
+                                           {"src": 1, "dst": 0, "ok": True, "reason": "ok"}])))
         kw["p2p_file"] = p
     env_file = kw.pop("env_file")
     with pytest.raises(UserError) as e:
         L.plan_launch(env_file, "pcie_ipc", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"], **kw)
     msg = str(e.value)
-    assert msg.startswith("pcie_ipc: needs P2P between every GPU pair and it ") and "\n" not in msg
+    assert "\n" not in msg
+    if how == "too few pairs":  # two passing directions prove nothing about the other 54: the file is named
+        assert msg.startswith(f"{kw['p2p_file']}: the P2P check misses direction (0, 2)") and "all 56 ordered" in msg
+        return
+    assert msg.startswith("pcie_ipc: needs P2P between every GPU pair and it ")
     assert ("fails" in msg) == (how == "failed pair")
-    if how == "too few pairs":
-        assert "covers 2 directions, TP 8 needs 56" in msg
 
 
-def test_env_file_switch_without_p2p_is_refused_too(tmp_path):
-    """An old env file that turns SGLang's PCIe IPC all-reduce on hangs the same way."""
+def test_env_file_switch_is_refused_and_an_environment_switch_needs_p2p_too(tmp_path):
+    """An old env file that turns SGLang's PCIe IPC all-reduce on is refused when read (sourced without
+    launch it would start the path unchecked); the same switch in the shell hangs the same way, so
+    it needs the proof as the chosen backend does, and `--backend off` turns it off for the command."""
     env = tmp_path / "old.env"
-    env.write_text("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    env.write_text("NCCL_P2P_LEVEL=SYS\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1\n")
+    for backend in ("auto", "off"):
+        with pytest.raises(UserError) as e:
+            L.plan_launch(str(env), backend, None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
+        msg = str(e.value)
+        assert msg.startswith(f"{env}: line 2: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: env files hold NCCL settings only")
+        assert "rerun `fastverify tune --write-env`" in msg and "deployment record" in msg and "\n" not in msg
+    shell = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     with pytest.raises(UserError, match="^pcie_ipc: needs P2P"):
-        L.plan_launch(str(env), "auto", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"])
-    plan = L.plan_launch(str(env), "off", None, CMD, environ={}, sglang=SGL)  # off: the switch is not exported
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in plan.env
+        L.plan_launch(None, "auto", None, CMD, environ=shell, sglang=SGL, box=BOXES["SM120"])
+    plan = L.plan_launch(None, "off", None, CMD, environ=shell, sglang=SGL)
+    assert plan.child_env(shell)["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "0"
+    assert any("environment's SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 is set to 0" in n for n in plan.notes)
+    plan = L.plan_launch(None, "auto", None, CMD, environ=shell, sglang=SGL, box=BOXES["SM120"],
+                         p2p_file=p2p_json(tmp_path))
+    assert plan.p2p.proven
 
 
 EAGLE3_48x6 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
@@ -136,11 +164,11 @@ def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_leaves_sizing_to_sgla
                for n in plan.notes), plan.notes
 
 
-def test_a_size_in_the_env_file_that_caps_the_workspace_says_which_steps_go_to_nccl(tmp_path):
+def test_a_size_in_the_environment_that_caps_the_workspace_says_which_steps_go_to_nccl(tmp_path):
     env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
-    env.write_text(env.read_text() + "SGLANG_PCIE_IPC_MAX_NUMEL=28672\n")  # 1 x 4 x 7168: an old env file
-    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
-    assert plan.env["SGLANG_PCIE_IPC_MAX_NUMEL"] == "28672"  # the user's line is kept, and explained
+    shell = {"SGLANG_PCIE_IPC_MAX_NUMEL": "28672"}  # 1 x 4 x 7168, set in the user's shell
+    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ=shell, sglang=SGL, box=BOXES["SM120"])
+    assert "SGLANG_PCIE_IPC_MAX_NUMEL" not in plan.env  # launch never sets a size; the inherited one is explained
     cap = [n for n in plan.notes if "caps the workspace" in n]
     assert len(cap) == 1 and "at 4 rows x hidden 7168" in cap[0] and "above 4 rows go to NCCL" in cap[0], plan.notes
     assert "48 requests x 6 tokens (288 rows)" in cap[0]
@@ -193,7 +221,8 @@ def _launch(tmp_path, *args, env_extra=None):
 
 def _box_json(sm):
     b = BOXES[sm]
-    return json.dumps({"gpu_name": b.gpu_name, "sm": list(b.sm), "gpu_count": b.gpu_count})
+    return json.dumps({"gpu_name": b.gpu_name, "sm": list(b.sm), "gpu_count": b.gpu_count,
+                       "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in b.gpus]})
 
 
 @pytest.mark.parametrize("sm", ["SM89", "SM120"])
@@ -272,3 +301,74 @@ def test_a_p2p_check_file_is_read_even_where_no_backend_needs_it(tmp_path):
     bad.write_text("not json")
     with pytest.raises(UserError, match="p2p.json"):
         L.plan_launch(None, "nccl", None, CMD, environ={}, sglang=SGL, box=BOXES["SM120"], p2p_file=str(bad))
+
+
+# --- the IPC workspace: never an implausible size, and checked against the GPU's memory ---------------
+# FlashInfer 0.7.4's PCIe IPC slab per rank (pcie_ipc_all_reduce.cuh::compute_workspace_layout): two
+# scratch regions of 2 x world x payload, plus the copy-engine ring (< 2 x payload): at least
+# (4 x world + 2) x payload, 34 x at TP 8. payload = elements x 2 B (SGLang builds it in bf16).
+
+
+def test_an_env_file_size_of_10_to_the_18_is_refused_and_never_exported(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    env.write_text("NCCL_P2P_LEVEL=SYS\nSGLANG_PCIE_IPC_MAX_NUMEL=" + "1" + "0" * 18 + "\n")
+    before = env.read_bytes()
+    with pytest.raises(UserError) as e:
+        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
+    assert str(e.value).startswith(f"{env}: line 2: SGLANG_PCIE_IPC_MAX_NUMEL: env files hold NCCL settings only")
+    assert env.read_bytes() == before
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 18, "17179869185", "0", "12abc"])
+def test_an_inherited_size_past_the_bounds_is_refused_before_sglang_reads_it(tmp_path, value):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    with pytest.raises(UserError) as e:
+        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value},
+                      sglang=SGL, box=BOXES["SM120"])
+    msg = str(e.value)
+    assert msg.startswith(f"the environment: SGLANG_PCIE_IPC_MAX_NUMEL={value}") and "\n" not in msg
+    assert "at most 17179869184 elements" in msg
+    # where nothing switches SGLang's IPC path on, the variable is inert and not in the way
+    L.plan_launch(str(env), "nccl", None, CMD, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value}, sglang=SGL,
+                  box=BOXES["SM120"])
+
+
+def _mem_box(mem):
+    import msgspec
+
+    return msgspec.structs.replace(BOXES["SM120"], gpu_memory_bytes=mem)
+
+
+def test_the_workspace_is_checked_against_the_gpus_memory_exactly_at_the_bound(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    elements = 48 * 6 * 7168  # the command's decode width x the record's hidden (SGLang's own sizing)
+    slab = elements * 2 * (4 * 8 + 2)
+    assert slab == 140_378_112
+    at_bound = slab * 10  # the workspace is exactly 10 % of this GPU
+    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=_mem_box(at_bound))
+    note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
+    assert "workspace about 134 MiB per GPU (2,064,384 elements x 2 B x 34 (FlashInfer's layout at TP 8))" in note
+    assert note.endswith("10.0 % of its 1.3 GiB")
+    with pytest.raises(UserError) as e:
+        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=_mem_box(at_bound - 1))
+    msg = str(e.value)
+    assert msg.startswith("pcie_ipc: its IPC workspace would take 134 MiB per GPU") and "more than the 10 %" in msg
+    assert "\n" not in msg
+
+
+def test_a_size_at_the_bounds_on_a_24_gb_gpu_is_refused(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    with pytest.raises(UserError, match=r"^pcie_ipc: its IPC workspace would take 1,088.0 GiB per GPU"):
+        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": str(2**34)},
+                      sglang=SGL, box=_mem_box(24 << 30))
+
+
+def test_unknown_gpu_memory_is_said(tmp_path):
+    env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
+    plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
+    note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
+    assert note.endswith("GPU memory unknown (NVML gave none): not checked against it")
+    plan = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=SGL, box=_mem_box(24 << 30),
+                         p2p_file=p2p_json(tmp_path))
+    note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
+    assert "no deployment record gives the hidden size" in note

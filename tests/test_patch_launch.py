@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fastverify.deploy import BoxFingerprint
+from fastverify.deploy import BoxFingerprint, GpuId
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 
@@ -15,8 +15,11 @@ CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp", "8",
 NEW = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
                    entry_point_installed=True)
 OLD = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.6", has_plugins=False, has_pcie_ipc=False)
-# A described SM90 box: fused is reachable there (SGLang 0.5.23 gates it to SM90/SM100).
-H100 = BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8)
+# A described SM90 box: fused is reachable there (SGLang 0.5.23 gates it to SM90/SM100). Its GPUs
+# as NVML names them: the P2P check file must name the same ones to prove anything here.
+GPUS = tuple(GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", uuid=f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd")
+             for i in range(8))
+H100 = BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8, gpus=GPUS)
 
 
 def env_file(tmp_path, text):
@@ -96,8 +99,14 @@ def test_pcie_ipc_uses_sglang_switch(tmp_path):
     # SGLang 0.5.23 runs it itself; the patch loads only to count which path each all-reduce took
     assert plan.env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and plan.patch
     assert plan.env["FASTVERIFY_BACKEND"] == "pcie_ipc"
-    assert plan.p2p == P2PFacts(ok=True, source="p2p_check", note=f"all 56 directions passed ({proven})", pairs=56)
-    with pytest.raises(UserError, match="contradicts --backend pcie_ipc"):
+    assert plan.p2p == P2PFacts(ok=True, source="p2p_check", pairs=56, gpus=GPUS,
+                                note=f"all 56 directions of the TP group's GPUs passed ({proven})")
+    with pytest.raises(UserError, match="the environment's SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 contradicts --backend "
+                                        "pcie_ipc"):
+        L.plan_launch(None, "pcie_ipc", None, CMD, environ={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"}, sglang=NEW,
+                      box=H100, p2p_file=proven)
+    # an env file never holds the switch (sourced without launch it would skip the P2P proof)
+    with pytest.raises(UserError, match="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: env files hold NCCL settings only"):
         L.plan_launch(env_file(tmp_path, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n"), "pcie_ipc", None, CMD,
                       environ={}, sglang=NEW, box=H100, p2p_file=proven)
     old = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=OLD, box=H100, p2p_file=proven)
@@ -116,12 +125,16 @@ def test_import_hook_route_and_pythonpath(tmp_path):
 
 
 def _proven(tmp_path):
-    """The JSON `python -m fastverify.topo.p2p check` prints when every pair of 8 GPUs passed."""
+    """The JSON `python -m fastverify.topo.p2p check` prints when every pair of H100's 8 GPUs passed."""
     import json
 
     p = tmp_path / "p2p-proven.json"
-    p.write_text(json.dumps([{"src": i, "dst": j, "ok": True, "reason": "read+write ok"}
-                             for i in range(8) for j in range(8) if i != j]))
+    p.write_text(json.dumps({
+        "schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": None, "cuda_device_order": None,
+        "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": "NVIDIA H100 PCIe"}
+                 for k, g in enumerate(GPUS)],
+        "results": [{"src": i, "dst": j, "ok": True, "reason": "read+write ok"}
+                    for i in range(8) for j in range(8) if i != j]}))
     return p
 
 

@@ -215,3 +215,94 @@ def test_the_gpu_sweep_covers_both_answers():
     for info in GPU_BACKENDS:
         if info.kernel_sm is not None or info.kernel_sm_majors is not None:
             assert {info.kernel_runs_on(sm) for sm in SMS} == {True, False}, info.name
+
+
+# --- custom_ar on more than 2 PCIe-only GPUs: SGLang refuses it, so fastverify never offers it ---------
+# SGLang 0.5.23 custom_all_reduce_utils.py::can_use_custom_all_reduce_with_nvlink: `if world_size > 2
+# and not full_nvlink:` logs "not supported on more than two PCIe-only GPUs" and returns None (the
+# constructor stays disabled); custom_all_reduce_v2.py::can_use_custom_all_reduce_v2 admits the JIT
+# class only when that function returns True. So neither class runs on >2 PCIe GPUs.
+
+CAR_UTILS = "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py"
+CAR_V2 = "sglang/srt/distributed/device_communicators/custom_all_reduce_v2.py"
+
+
+def _sglang_source(rel: str) -> str:
+    """``rel`` from an unpacked SGLang (``FASTVERIFY_SGLANG_SOURCE``: the folder holding ``sglang/``)
+    or the 0.5.23 wheel (``FASTVERIFY_SGLANG_WHEEL``)."""
+    src = os.environ.get("FASTVERIFY_SGLANG_SOURCE")
+    if src and (Path(src) / rel).is_file():
+        return (Path(src) / rel).read_text()
+    whl = os.environ.get("FASTVERIFY_SGLANG_WHEEL")
+    if whl and Path(whl).is_file():
+        with zipfile.ZipFile(whl) as z:
+            return z.read(rel).decode()
+    pytest.skip("neither FASTVERIFY_SGLANG_SOURCE nor FASTVERIFY_SGLANG_WHEEL gives SGLang 0.5.23's source")
+
+
+def test_sglang_disables_custom_ar_on_more_than_two_pcie_gpus_in_both_classes():
+    utils = ast.parse(_sglang_source(CAR_UTILS))
+    fn = next(n for n in ast.walk(utils) if isinstance(n, ast.FunctionDef)
+              and n.name == "can_use_custom_all_reduce_with_nvlink")
+    gates = [n for n in ast.walk(fn) if isinstance(n, ast.If)
+             and ast.unparse(n.test) == "world_size > 2 and (not full_nvlink)"]
+    assert len(gates) == 1
+    ret = [s for s in gates[0].body if isinstance(s, ast.Return)]
+    assert len(ret) == 1 and ret[0].value is None  # None: "fail", the class stays disabled
+    assert "more than two PCIe-only GPUs" in ast.unparse(gates[0])
+    v2 = ast.parse(_sglang_source(CAR_V2))
+    fn2 = next(n for n in ast.walk(v2) if isinstance(n, ast.FunctionDef) and n.name == "can_use_custom_all_reduce_v2")
+    assert "can_use_custom_all_reduce_with_nvlink" in ast.unparse(fn2)
+    assert ast.unparse(fn2.body[-1]) == "return full_nvlink is True"
+
+
+@pytest.mark.parametrize("world", [4, 6, 8])
+@pytest.mark.parametrize("nvlink", [False, None])
+def test_the_registry_gates_custom_ar_off_on_more_than_two_pcie_gpus(world, nvlink):
+    info = backend_info(BackendName.custom_ar)
+    why = unreachable_reason(info, sm=(8, 9), world_size=world, p2p_ok=True, p2p_source="p2p_check",
+                             sglang_version="0.5.23", nvlink_full=nvlink)
+    state = "this box has none" if nvlink is False else "this box's NVLink status is unknown"
+    assert why == (f"custom_ar: world size {world} needs full NVLink between every GPU pair and {state}; "
+                   f"{info.nvlink_gate}")
+    assert "custom_all_reduce_utils.py" in why and "world_size > 2 and not full_nvlink" in why
+    assert unreachable_reason(info, sm=(8, 9), world_size=world, p2p_ok=True, nvlink_full=True) is None
+    assert unreachable_reason(info, sm=(8, 9), world_size=2, p2p_ok=True, nvlink_full=nvlink) is None
+
+
+def test_tune_never_measures_or_recommends_custom_ar_on_four_pcie_gpus(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from fastverify.deploy import BoxFingerprint, P2PFacts
+    from fastverify.tune.command import backend_trials, choose_winner
+
+    pcie4 = BoxFingerprint(gpu_name="NVIDIA GeForce RTX 4090", sm=(8, 9), gpu_count=4, tp=4, nvlink_full=False)
+    common = dict(world_size=4, device="cuda", dtype="bfloat16", hidden=7168, sizes=((28672, 123),), warmup=1,
+                  iters=2, op="all_reduce_residual_rmsnorm")
+    proven = P2PFacts(ok=True, source="p2p_check", pairs=12)
+    trials, skipped = backend_trials(common, box=pcie4, p2p=proven, fused_ok=True, max_numel=917504,
+                                     sglang_version="0.5.23")
+    assert "custom_ar" not in {t.backend for t in trials}
+    assert any(s.startswith("custom_ar: world size 4 needs full NVLink") for s in skipped)
+    car, base = NS(spec=NS(backend="custom_ar"), step_us=100.0), NS(spec=NS(backend="nccl"), step_us=900.0)
+    won, passed = choose_winner(NS(candidates=(car, base), baseline=base), box=pcie4, p2p=proven, world_size=4,
+                                sglang_version="0.5.23")
+    assert won is base and passed[0].startswith("custom_ar: world size 4 needs full NVLink")
+
+
+def test_predict_lists_custom_ar_as_not_a_candidate_on_four_pcie_gpus(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import subprocess_env
+
+    topo = "\t GPU0\tGPU1\tGPU2\tGPU3\n" + "".join(
+        f"GPU{i}\t" + "\t".join("X" if i == j else "PHB" for j in range(4)) + "\n" for i in range(4))
+    (tmp_path / "t4.txt").write_text(topo)
+    proc = subprocess.run([sys.executable, "-m", "fastverify", "tune", "--predict", "--topology", "t4.txt", "--model",
+                           "tiny", "--tp", "4", "--sm", "89", "--json"], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert "custom_ar" not in {c.get("backend") for c in doc["candidates"]}
+    assert any(s.startswith("custom_ar: world size 4 needs full NVLink") for s in doc["not_candidates"]), doc

@@ -24,7 +24,10 @@ def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
     assert "all-reduce per verify step: -" in out and "(predicted)" in out
     env_path = tmp_path / "nccl_configs" / "example.env"
     settings = read_env_file(env_path)
-    assert settings, "the winner sets something on this box (SYS pairs are on SHM by default)"
+    from fastverify.deploy import read_record
+    # the winner is a backend (pcie_ipc): it is the record's; the env file holds NCCL settings only
+    assert read_record(tmp_path / "nccl_configs" / "example.deploy.json").backend.value == "pcie_ipc"
+    assert all(k.startswith("NCCL_") for k in settings)
     assert all(f.severity is not Severity.ERROR for f in validate_env(settings, None))
     text = env_path.read_text()
     assert "PREDICTED" in text
@@ -117,9 +120,8 @@ def test_predict_writes_env_file_and_deployment_record(shared_dir, tmp_path):
     assert rec.gain.basis == "predicted" and rec.gain.best_us < rec.gain.baseline_us
     settings = read_env_file(tmp_path / "out" / "k.env")
     assert rec.nccl_settings == {k: v for k, v in settings.items() if k.startswith("NCCL_")} == {}
-    # SGLang's own switch, and no size line: SGLang sizes the workspace from the server's decode width
-    assert settings["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
-    assert "SGLANG_PCIE_IPC_MAX_NUMEL" not in settings
+    # no SGLang switch in the env file: the backend is the record's, launch sets the switch after the P2P proof
+    assert not [k for k in settings if k.startswith("SGLANG_")]
     assert "PREDICTED" in (tmp_path / "out" / "k.env").read_text()
     assert "# deployment record: k.deploy.json" in (tmp_path / "out" / "k.env").read_text()
 

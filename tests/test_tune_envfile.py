@@ -25,8 +25,7 @@ GOOD = {
     "NCCL_P2P_LEVEL": "SYS",
     "NCCL_PROTO": "allreduce:ll",
     "NCCL_ALGO": "allreduce:ring",
-    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1",
-    "SGLANG_PCIE_IPC_MAX_NUMEL": "917504",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
 
 
@@ -64,7 +63,8 @@ def test_set_a_dot_file_exports_the_values(tmp_path):
 
 
 @pytest.mark.parametrize("key", ["LD_PRELOAD", "PATH", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "NCCL_SOCKET_IFNAME",
-                                 "nccl_proto", "NCCL PROTO"])
+                                 "nccl_proto", "NCCL PROTO", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+                                 "SGLANG_PCIE_IPC_MAX_NUMEL", "SGLANG_ANYTHING_ELSE"])
 def test_disallowed_key_is_refused_and_named(tmp_path, key):
     p = tmp_path / "x.env"
     with pytest.raises(UserError) as err:
@@ -78,8 +78,6 @@ def test_disallowed_key_is_refused_and_named(tmp_path, key):
     ("NCCL_PROTO", "allreduce:fast"),    # unknown protocol: init fails on >= 2.24
     ("NCCL_MAX_NCHANNELS", "99"),        # clamped
     ("NCCL_BUFFSIZE", "4MB"),            # strtoll reads 4
-    ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "yes"),
-    ("SGLANG_PCIE_IPC_MAX_NUMEL", "0"),
     ("CUDA_DEVICE_MAX_CONNECTIONS", "64"),
 ])
 def test_invalid_value_is_refused(tmp_path, key, value):
@@ -164,9 +162,12 @@ def test_read_is_strict_with_line_numbers(tmp_path, text, needle):
 
 def test_allowed_keys():
     assert {s.name for s in CATALOGUE} <= ALLOWED_KEYS
-    assert {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL", "CUDA_DEVICE_MAX_CONNECTIONS"} <= ALLOWED_KEYS
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in ALLOWED_KEYS
     assert not {"CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PATH", "LD_LIBRARY_PATH"} & ALLOWED_KEYS
-    assert all(k.startswith(("NCCL_", "SGLANG_", "CUDA_")) for k in ALLOWED_KEYS)
+    # NCCL settings only: no SGLang switch or size (an env file sourced without launch would start
+    # SGLang's IPC all-reduce with no P2P check)
+    assert not {k for k in ALLOWED_KEYS if k.startswith("SGLANG_")}
+    assert all(k.startswith(("NCCL_", "CUDA_")) for k in ALLOWED_KEYS)
 
 
 @pytest.mark.parametrize("fp, name", [
@@ -231,14 +232,38 @@ def test_tuner_csv_from_a_prediction(tmp_path, shared_dir):
     assert data and all(int(f[5]) >= 1 and f[7] == "8" for f in data)
 
 
-@pytest.mark.parametrize("value", ["17179869185", "1" + "0" * 18, "1" + "0" * 29])
-def test_a_workspace_size_past_the_bounds_says_the_bound(tmp_path, value):
-    from fastverify.errors import UserError
-    from fastverify.tune.envfile import read_env_file
-
-    f = tmp_path / "x.env"
-    f.write_text(f"SGLANG_PCIE_IPC_MAX_NUMEL={value}\n")
-    with pytest.raises(UserError, match=r"at most 17179869184 elements \(4096 requests x 64 tokens x hidden 65536\)"):
+@pytest.mark.parametrize("line", ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
+                                  "SGLANG_PCIE_IPC_MAX_NUMEL=917504", "SGLANG_PCIE_IPC_MAX_NUMEL=" + "1" + "0" * 18])
+def test_an_sglang_key_in_an_env_file_is_refused_with_what_to_do(tmp_path, line):
+    f = tmp_path / "old.env"
+    f.write_text(f"# an env file written before the backend moved to the record\nNCCL_P2P_LEVEL=SYS\n{line}\n")
+    before = f.read_bytes()
+    with pytest.raises(UserError) as err:
         read_env_file(f)
-    f.write_text("SGLANG_PCIE_IPC_MAX_NUMEL=17179869184\n")
-    assert read_env_file(f)["SGLANG_PCIE_IPC_MAX_NUMEL"] == "17179869184"
+    msg = str(err.value)
+    key = line.split("=")[0]
+    assert msg.startswith(f"{f}: line 3: {key}: env files hold NCCL settings only") and "\n" not in msg
+    assert "rerun `fastverify tune --write-env`" in msg and "deployment record" in msg and "P2P" in msg
+    assert f.read_bytes() == before
+
+
+@pytest.mark.parametrize("value", ["17179869185", "1" + "0" * 18, "1" + "0" * 29])
+def test_a_workspace_size_past_the_bounds_says_the_bound(value):
+    """What launch checks before an inherited SGLANG_PCIE_IPC_MAX_NUMEL reaches SGLang (never from an env
+    file any more): the bound of fastverify.bounds, 4096 x 64 x 65536 elements."""
+    from fastverify.tune.envfile import check_setting
+
+    with pytest.raises(UserError, match=r"at most 17179869184 elements \(4096 requests x 64 tokens x hidden 65536\)"):
+        check_setting("SGLANG_PCIE_IPC_MAX_NUMEL", value, "the environment")
+    assert check_setting("SGLANG_PCIE_IPC_MAX_NUMEL", "17179869184", "the environment") == "17179869184"
+    with pytest.raises(UserError, match="write 1 .on. or 0 .off."):
+        check_setting("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "yes", "the environment")
+
+
+def test_backup_path_follows_a_symlink(tmp_path):
+    real = tmp_path / "real.env"
+    real.write_text("NCCL_P2P_LEVEL=SYS\n")
+    link = tmp_path / "link.env"
+    link.symlink_to(real)
+    assert envfile.backup_path(tmp_path / "x.env") == tmp_path / "x.env.bak"
+    assert envfile.backup_path(link) == real.with_name("real.env.bak")

@@ -13,13 +13,28 @@ What launch reads and checks, before anything starts:
   a backend SGLang cannot reach on this box is refused, exit 2, one line (``fused`` on SM89/SM120:
   SGLang 0.5.23 calls ``RMSNorm.forward_with_allreduce_fusion`` only on SM90/SM100).
 * P2P for backends that need it (``pcie_ipc``, ``fused``, ``b12x``, ``custom_ar``): only a real
-  check proves it (the record's :attr:`~fastverify.deploy.P2PFacts.proven`, or ``--p2p-check
-  FILE`` with the JSON of ``python -m fastverify.topo.p2p check``). Why it is refused otherwise:
+  check proves it, and only for the GPUs it tested. ``--p2p-check FILE`` (the JSON of ``python -m
+  fastverify.topo.p2p check``, which names each GPU it tested by NVML index, PCI bus id and UUID)
+  proves P2P when every GPU of the server's TP group is one the check tested and every ordered
+  pair ``(i, j)``, ``i != j``, of the group passed (:func:`fastverify.topo.p2p.proof_for`); else
+  it is refused, one line naming the file: an older file naming no GPU ("rerun the check"), a
+  check of other GPUs or another box, a missing direction. The record's proof
+  (:attr:`~fastverify.deploy.P2PFacts.gpus`) is bound the same way. The TP group is CUDA ordinals
+  ``base_gpu_id + r x gpu_id_step`` of the command (SGLang's rule), mapped to NVML's GPUs through
+  the command's ``CUDA_VISIBLE_DEVICES`` (:func:`fastverify.topo.p2p.visible_gpus`; a described
+  box gives ``gpus`` itself). Why it is refused otherwise:
   FlashInfer 0.7.4 opens every peer's IPC handle and then ``dist.barrier()``s
   (``flashinfer/comm/cuda_ipc.py``); SGLang 0.5.23 catches the failure per rank
   (``device_communicators/pcie_ipc_ar.py``: "workspace ... failed ...; reductions stay on NCCL"),
   so with partial P2P (ACS/IOMMU) the failed ranks go back to NCCL while the others wait in the
   barrier: the server hangs at start-up.
+* The env file holds NCCL settings only (:mod:`fastverify.tune.envfile` refuses an ``SGLANG_*``
+  line): launch sets SGLang's switch itself, after the proof. A switch already in the command's
+  environment (the shell, a unit file) is checked like the chosen backend, and ``--backend off``
+  sets it to 0; an inherited workspace size is validated against the bounds first.
+* The IPC workspace SGLang will build (its decode width x the record's hidden, or an inherited
+  size, x 2 B x FlashInfer's per-rank layout) is checked against the GPU's memory from NVML
+  (:func:`fastverify.patch.launch_notes.workspace_check`), and said where that is unknown.
 * ``custom_ar`` beyond 2 GPUs needs full NVLink (the registry's ``world_sizes_without_nvlink``,
   from SGLang 0.5.23 ``custom_all_reduce_utils.py``); the box's ``nvlink_full`` comes from NVML
   with SGLang's own query (:func:`fastverify.topo.box.read_box`); unknown counts as none.
@@ -28,11 +43,12 @@ What launch reads and checks, before anything starts:
 
 What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
 and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
-for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's switch (``=1``) and
-no size: SGLang 0.5.23 sizes the workspace from the server's own decode width (largest captured
-batch × tokens per request, ``device_communicators/pcie_ipc_ar.py::_decode_width``), so every
-captured verify step is covered; a size variable in the env file is used verbatim by SGLang and
-the plan says which steps it leaves to NCCL (:func:`fastverify.patch.launch_notes.workspace_note`). The command's shapes are
+for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's switch (``=1``,
+:func:`fastverify.deploy.sglang_settings`) and no size: SGLang 0.5.23 sizes the workspace from the
+server's own decode width (largest captured batch × tokens per request,
+``device_communicators/pcie_ipc_ar.py::_decode_width``), so every captured verify step is covered;
+a size inherited from the environment is used verbatim by SGLang and the plan says which steps it
+leaves to NCCL (:func:`fastverify.patch.launch_notes.workspace_check`). The command's shapes are
 read with SGLang's own parser (:mod:`fastverify.patch.server_cmd`) and every plan says what they
 cover (``server: verify steps up to 48 requests x 6 tokens (288 rows)``).
 
@@ -77,7 +93,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastverify.deploy import ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, read_record, record_path_for
+from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, read_record, record_path_for,
+                               sglang_settings)
 from fastverify.errors import UserError
 from fastverify.patch import (
     ENV_BACKEND,
@@ -88,7 +105,7 @@ from fastverify.patch import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
-from fastverify.patch.launch_notes import served_dtype, settings_notes, shape_notes, workspace_note
+from fastverify.patch.launch_notes import served_dtype, settings_notes, shape_notes, workspace_check
 from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names, sm_text,
@@ -310,16 +327,76 @@ def _box_text(b: BoxFingerprint) -> str:
     return f"{b.gpu_count} x {b.gpu_name or 'GPU of unknown name'} ({sm_text(tuple(b.sm) if b.sm else None)})"
 
 
-def _p2p_for_check(p2p: P2PFacts, world: int | None) -> tuple[bool | None, str]:
-    """``p2p_ok`` for :func:`unreachable_reason`: True only when proven for every ordered pair of
-    ``world`` GPUs (a check of fewer pairs proves nothing about the others); the source in words."""
-    ok = True if p2p.proven else (False if p2p.ok is False else None)
-    how = {"p2p_check": "real P2P check", "nvml": "NVML's report only, not exercised",
-           "nccl_log": "NCCL's log only, not exercised", "caller": "given by the caller",
-           "not_checked": "not checked"}.get(p2p.source, p2p.source)
-    if ok and world and p2p.source == "p2p_check" and p2p.pairs < world * (world - 1):
-        return None, f"{how} covers {p2p.pairs} directions, TP {world} needs {world * (world - 1)}"
-    return ok, how + (f": {p2p.note}" if p2p.note and ok is not True else "")
+_HOW = {"p2p_check": "real P2P check", "nvml": "NVML's report only, not exercised",
+        "nccl_log": "NCCL's log only, not exercised", "caller": "given by the caller", "not_checked": "not checked"}
+
+
+def _tp_ordinals(argv: Sequence[str], world: int) -> list[int]:
+    """The CUDA ordinals of the server's TP ranks: SGLang 0.5.23 puts rank ``r`` on
+    ``base_gpu_id + r * gpu_id_step`` (``entrypoints/engine.py``; ``--base-gpu-id`` 0 and
+    ``--gpu-id-step`` 1 by default, ``arg_groups/fields/device.py``)."""
+    base = _flag_int(argv, ("--base-gpu-id",))
+    step = _flag_int(argv, ("--gpu-id-step",))
+    base = 0 if base is None else base
+    step = 1 if step is None else step
+    return [base + r * step for r in range(world)]
+
+
+def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str]) -> BoxFingerprint:
+    """``box`` (read from this box) with its GPUs' identities and memory from NVML
+    (:func:`fastverify.topo.p2p.nvml_gpus`), as the command's environment maps them to CUDA
+    ordinals (:func:`fastverify.topo.p2p.visible_gpus`); unchanged where NVML cannot tell."""
+    import msgspec  # noqa: PLC0415
+
+    from fastverify.topo.p2p import gpu_id, nvml_gpus, visible_gpus  # noqa: PLC0415
+
+    rows, _ = visible_gpus(nvml_gpus(), environ)
+    if not rows:
+        return box
+    try:
+        ids = tuple(gpu_id(r) for r in rows)
+    except (ValueError, TypeError):
+        return box
+    mems = [r.get("memory_bytes") for r in rows]  # the smallest GPU the command sees: the tightest fit
+    mem = min(mems) if mems and all(isinstance(m, int) and m > 0 for m in mems) else None
+    return msgspec.structs.replace(box, gpus=ids, gpu_memory_bytes=mem if box.gpu_memory_bytes is None
+                                   else box.gpu_memory_bytes)
+
+
+def _tp_gpus(box: BoxFingerprint, argv: Sequence[str], world: int | None) -> tuple[list | None, str]:
+    """This box's GPUs of the server's TP group (rank order), or ``(None, why)``. With the TP size
+    unknown (not an SGLang command) the group is every GPU the command sees: the proof must
+    then cover all of them."""
+    if box.gpus is None:
+        return None, "NVML gave no GPU identities here (a described box without \"gpus\")"
+    if not world:
+        return (list(box.gpus), "") if len(box.gpus) > 1 else (None, "the TP size is not known")
+    ordinals = _tp_ordinals(argv, world)
+    if max(ordinals) >= len(box.gpus) or min(ordinals) < 0:
+        return None, (f"the command's TP group needs CUDA ordinals {ordinals[0]}..{ordinals[-1]}, and this box shows "
+                      f"{len(box.gpus)} GPU(s) to it")
+    return [box.gpus[o] for o in ordinals], ""
+
+
+def _record_proof(p2p: P2PFacts, tp_gpus: list | None, why: str) -> tuple[bool | None, str]:
+    """``p2p_ok`` for :func:`unreachable_reason` from a deployment record's P2P facts: True only
+    when the record's real check tested every GPU of this TP group (:attr:`P2PFacts.gpus`, every
+    ordered pair among them passed); the source in words."""
+    how = _HOW.get(p2p.source, p2p.source)
+    if not p2p.proven:
+        return (False if p2p.ok is False else None), how + (f": {p2p.note}" if p2p.note else "")
+    if not p2p.gpus:
+        return None, (f"{how} of the deployment record names no GPU (a record written before the check recorded "
+                      "which GPUs it tested), so it cannot show they are this box's; rerun `fastverify tune "
+                      "--write-env --p2p-check FILE`")
+    if tp_gpus is None:
+        return None, f"{how} of the deployment record cannot be bound to this box's GPUs: {why}"
+    missing = [g for g in tp_gpus if not any(g.same_gpu(h) for h in p2p.gpus)]
+    if missing:
+        return None, (f"{how} of the deployment record did not test {missing[0].label()} of this TP group (it "
+                      f"tested {', '.join(h.label() for h in p2p.gpus)})")
+    n = len(tp_gpus)
+    return True, f"{how} of the deployment record: all {n * (n - 1)} directions of the TP group's GPUs passed"
 
 
 def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
@@ -397,68 +474,98 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         if record is not None and record.backend is not chosen:
             notes.append(f"--backend {chosen.value} overrides the record's {record.backend.value} "
                          "(the record's shapes and P2P facts still apply)")
-    # Backends the env file itself switches on in SGLang are checked like the chosen one: an
-    # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 line without proven P2P hangs the same way.
-    switched = [b for b in REGISTRY if b.sglang_switch and settings.get(b.sglang_switch) == "1"]
+    # A switch in the command's environment (the user's shell, a unit file) turns SGLang's path on
+    # as surely as launch does: it is checked like the chosen backend (the env file cannot hold
+    # one: fastverify.tune.envfile refuses SGLANG_* keys).
+    switched = [b for b in REGISTRY if b.sglang_switch and environ.get(b.sglang_switch) == "1"]
     for b in REGISTRY:
-        if chosen is b.name and b.sglang_switch and settings.get(b.sglang_switch) == "0":
-            raise UserError(f"{env_file}: {b.sglang_switch}=0 contradicts --backend {b.name.value} (drop one of them)")
+        if chosen is b.name and b.sglang_switch and environ.get(b.sglang_switch) == "0":
+            raise UserError(f"the environment's {b.sglang_switch}=0 contradicts --backend {b.name.value} (unset it or "
+                            "drop one of them)")
     to_check = [] if backend == OFF else [b for b in switched if b.name is not chosen]
     if chosen is not None and chosen is not BackendName.nccl:
         to_check.insert(0, backend_info(chosen))
 
     checked_box: BoxFingerprint | None = None
     p2p: P2PFacts | None = None
+    check_file = None
+    if p2p_file is not None:  # read and validated whenever given
+        from fastverify.topo.p2p import read_check_file  # noqa: PLC0415
+
+        check_file = read_check_file(p2p_file)
+    world = None
     if to_check or record is not None:
         if box is None:
             from fastverify.topo.box import described_box, read_box  # noqa: PLC0415
 
-            box = described_box(environ, tp=tp or 0) or read_box(tp or 0)
+            box = described_box(environ, tp=tp or 0)
+            if box is None:
+                box = _with_nvml_gpus(read_box(tp or 0), environ)
         checked_box = box
         if record is not None:
             _box_matches(record, box, str(record_path))
             if tp is not None and record.box.tp and tp != record.box.tp:
                 raise UserError(f"{record_path}: deployment record is for TP {record.box.tp}; the command runs "
                                 f"TP {tp} (re-run `fastverify tune --write-env --tp {tp}`)")
-        if p2p_file is not None:
-            from fastverify.topo.box import read_p2p_file  # noqa: PLC0415
+        world = tp if tp is not None else (record.box.tp if record is not None and record.box.tp else None)
+        facts = dict(sm=tuple(box.sm) if box.sm else None, world_size=world, sglang_version=info.version,
+                     nvlink_full=box.nvlink_full, dtype=served_dtype(record, server))
+        for b in to_check:  # every reason but P2P first: a box the backend cannot run on is said as such
+            reason = unreachable_reason(b, p2p_ok=True, **facts)
+            if reason is not None:
+                raise UserError(reason)
+        needs_p2p = any(b.needs_p2p for b in to_check)
+        tp_gpus, why = _tp_gpus(box, argv, world)
+        if check_file is not None and needs_p2p:
+            from fastverify.topo.p2p import proof_for  # noqa: PLC0415
 
-            p2p = read_p2p_file(p2p_file)
+            ok, note = proof_for(check_file, tp_gpus, why)  # refuses, naming the file, what proves nothing here
+            p2p = P2PFacts(ok=ok, source="p2p_check", note=note[:300], pairs=len(tp_gpus) * (len(tp_gpus) - 1),
+                           gpus=tuple(tp_gpus) if ok else ())
+            p2p_ok, how = ok, _HOW["p2p_check"] + ("" if ok else f": {note}")
         else:
             p2p = record.p2p if record is not None else P2PFacts(ok=None, source="not_checked")
-        world = tp if tp is not None else (record.box.tp if record is not None and record.box.tp else None)
-        p2p_ok, how = _p2p_for_check(p2p, world)
+            p2p_ok, how = _record_proof(p2p, tp_gpus, why)
         for b in to_check:
-            reason = unreachable_reason(b, sm=tuple(box.sm) if box.sm else None, world_size=world, p2p_ok=p2p_ok,
-                                        p2p_source=how, sglang_version=info.version, nvlink_full=box.nvlink_full,
-                                        dtype=served_dtype(record, server))
+            reason = unreachable_reason(b, p2p_ok=p2p_ok, p2p_source=how, **facts)
             if reason is not None:
                 if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
                     reason += " (or give --p2p-check FILE with its JSON)"
                 raise UserError(reason)
 
-    if p2p_file is not None and p2p is None:  # given but no backend here needs it: still read, and said
-        from fastverify.topo.box import read_p2p_file  # noqa: PLC0415
+    if check_file is not None and not any(b.needs_p2p for b in to_check):  # read, said, not needed
+        import msgspec  # noqa: PLC0415
 
-        p2p = read_p2p_file(p2p_file)
+        from fastverify.topo.box import p2p_file_facts  # noqa: PLC0415
+        from fastverify.topo.p2p import complete_gpus  # noqa: PLC0415
+
+        p2p = msgspec.structs.replace(p2p_file_facts(p2p_file, check_file.results), gpus=complete_gpus(check_file))
         notes.append(f"--p2p-check {p2p_file}: read; nothing in this plan needs P2P")
     for key, value in settings.items():
         if key in OVERWRITTEN:
             in_rank[key] = value
             env[ENV_CUDA_MAX_CONNECTIONS] = value
             # Also exported: the launcher process and non-SGLang children honour it directly.
-        if backend == OFF and any(key == b.sglang_switch for b in REGISTRY):
-            notes.append(f"--backend off: {key}={value} from the env file is not set")
-            continue
         env[key] = value
+    for b in switched:
+        if backend == OFF:  # the environment's switch would start the path anyway: turned off for the command
+            env[b.sglang_switch] = "0"
+            notes.append(f"--backend off: the environment's {b.sglang_switch}=1 is set to 0 for the command")
 
     patch_in_rank = False
+    for b in [x for x in REGISTRY if x.size_env and x.size_env in environ and backend != OFF
+              and (x.name is chosen or x in switched)]:
+        # SGLang reads the size from the environment verbatim: validated before it is inherited
+        # (a value of 10**18 would be handed to FlashInfer as the workspace size).
+        from fastverify.tune.envfile import check_setting  # noqa: PLC0415
+
+        check_setting(b.size_env, environ[b.size_env], "the environment")
     if chosen is not None:
         b = backend_info(chosen)
         if b.reach is Reach.sglang_switch:
             if info.has_switch(b):
-                env[b.sglang_switch] = "1"
-                notes.append(workspace_note(b, settings, record, server))
+                env.update(sglang_settings(b.name))  # the switch, set here after the P2P proof; no size
+                notes.append(workspace_check(b, environ, record, server, checked_box, world))
             else:
                 patch_in_rank = True
                 notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces itself "
@@ -469,8 +576,10 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
             raise UserError("--backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)")
     for b in switched:
         if info.found and not info.has_switch(b) and backend != OFF:
-            notes.append(f"{b.sglang_switch} is in the env file but this SGLang has no {b.sglang_switch_module}: "
+            notes.append(f"{b.sglang_switch} is in the environment but this SGLang has no {b.sglang_switch_module}: "
                          "it has no effect")
+        elif b.name is not chosen and backend != OFF and info.has_switch(b):
+            notes.append(workspace_check(b, environ, record, server, checked_box, world))
     if chosen is not None and backend_info(chosen).role is Role.fused_norm and switched:
         notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
                      "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")

@@ -423,7 +423,8 @@ def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
     if unknown:
         return {"possible": None, "reason": "peer access unknown from this input: run the real P2P check on the box "
                                             "(python -m fastverify.topo.p2p check)"}
-    return {"possible": True, "reason": "every pair reports CUDA peer access; SGLang: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"}
+    return {"possible": True, "reason": "every pair reports CUDA peer access; deploy it with `fastverify launch "
+                                        "--backend pcie_ipc --p2p-check FILE` (launch sets SGLang's switch after the proof)"}
 
 
 def _custom_ar(n: int, pairs: list[PairReport]) -> dict:
@@ -538,8 +539,8 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
                     "them through the CPU): they stay on SHM whatever the level; consumer GPUs on stock drivers are "
                     "the usual cause")
     if d.pcie_ipc_allreduce.get("possible"):
-        acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step (SGLang: "
-                    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, SGLANG_PCIE_IPC_MAX_NUMEL = max batch x draft tokens x hidden)")
+        acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step: `fastverify tune` measures it, "
+                    "`fastverify launch --p2p-check FILE` deploys it (launch sets SGLang's switch after the P2P proof)")
     timed = [m for m in d.measured if m["time_us"] is not None]
     if timed:
         m = timed[0]

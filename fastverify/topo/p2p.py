@@ -25,6 +25,24 @@ ordinal ``i`` means), and the key is repeated inside the file.
 This checks legacy CUDA IPC (``cudaIpcOpenMemHandle``), the mechanism of the PCIe IPC all-reduces
 (SGLang/vLLM custom all-reduce, FlashInfer); NCCL may use cuMem handles instead
 (``NCCL_CUMEM_ENABLE``), which share the same fabric path.
+
+The check file (``python -m fastverify.topo.p2p check > p2p.json``, schema
+``fastverify.p2p_check`` version 2, :func:`check_document`) names the GPUs it tested, so a proof
+is bound to a box, not to a count of passing directions::
+
+    {"schema": "fastverify.p2p_check", "version": 2,
+     "cuda_visible_devices": null, "cuda_device_order": null,
+     "gpus": [{"cuda": 0, "index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-...", "name": "..."}, ...],
+     "results": [{"src": 0, "dst": 1, "ok": true, "reason": "..."}, ...]}
+
+``src``/``dst`` are CUDA ordinals of the checking process; ``gpus[k]`` is ordinal ``k`` as NVML
+names it (index, PCI bus id, UUID; :func:`gpu_identities` matches torch's device properties to
+NVML's GPUs), under the ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` recorded beside them.
+:func:`read_check_file` also reads the older forms (the bare result list, the cache file) but
+they name no GPU, so :func:`proof_for` refuses them for proof ("rerun the check"). ``launch``
+accepts a proof only when every GPU of its TP group is one the check tested (by UUID, else PCI
+address: never by index, which every box has) and every ordered pair ``(i, j)``, ``i != j``,
+of the group passed (``world x (world - 1)`` directions; a count alone proves nothing).
 """
 
 from __future__ import annotations
@@ -45,7 +63,9 @@ from typing import Any, Callable, Iterable, Sequence
 from fastverify.errors import EXIT_USER_ERROR, UserError
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # of the cache file (its own "schema_version")
+CHECK_SCHEMA = "fastverify.p2p_check"
+CHECK_VERSION = 2  # version 1: the bare result list, naming no GPU
 DEFAULT_TIMEOUT_S = 120.0
 BUFFER_BYTES = 4 << 20
 NO_CUDA = "no CUDA GPUs: the real P2P check needs a GPU box"
@@ -135,11 +155,17 @@ def read_cache(path: Path, key: dict) -> dict[tuple[int, int], P2PResult]:
         return {}
 
 
-def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult]) -> None:
-    """Write ``results`` atomically (temporary file in the same folder, then rename)."""
+def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult],
+                gpus: Sequence[dict] | None = None) -> None:
+    """Write ``results`` atomically (temporary file in the same folder, then rename); with
+    ``gpus`` (:func:`gpu_identities`) the file names the GPUs too, and proves like the check's
+    own output (:func:`read_check_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema_version": SCHEMA_VERSION, "fingerprint": fingerprint_of(key), "box": key,
            "written_unix_s": round(time.time(), 3), "results": _results_to_json(results)}
+    if gpus is not None:
+        doc.update(cuda_visible_devices=key.get("cuda_visible_devices"),
+                   cuda_device_order=key.get("cuda_device_order"), gpus=list(gpus))
     _write_json_atomic(path, doc)
 
 
@@ -157,6 +183,281 @@ def _write_json_atomic(path: Path, doc: Any) -> None:
         except OSError:
             pass
         raise
+
+
+# --- which GPUs: the identities that bind a check to a box ----------------------------------------
+
+
+def _nvml_text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def nvml_gpus(nvml: Any | None = None) -> list[dict]:
+    """This box's GPUs as NVML names them, in NVML order: ``[{"index", "pci_bus_id", "uuid",
+    "name", "memory_bytes"}, ...]`` (a query NVML refuses leaves that field None;
+    ``memory_bytes`` is ``nvmlDeviceGetMemoryInfo().total``). No CUDA context, no torch. ``[]``
+    when NVML cannot start (no driver, no ``pynvml``)."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415
+        except ImportError:
+            return []
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except (error, OSError):
+        return []
+    queries = (("pci_bus_id", lambda h: _nvml_text(nvml.nvmlDeviceGetPciInfo(h).busId)),
+               ("uuid", lambda h: _nvml_text(nvml.nvmlDeviceGetUUID(h))),
+               ("name", lambda h: _nvml_text(nvml.nvmlDeviceGetName(h))),
+               ("memory_bytes", lambda h: int(nvml.nvmlDeviceGetMemoryInfo(h).total)))
+    gpus: list[dict] = []
+    try:
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            row: dict[str, Any] = {"index": i, "pci_bus_id": None, "uuid": None, "name": None, "memory_bytes": None}
+            for field, query in queries:  # a refused query loses its own field only
+                try:
+                    row[field] = query(handle)
+                except (error, AttributeError, TypeError, ValueError):
+                    pass
+            gpus.append(row)
+    except error:
+        return []
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except error:
+            pass
+    return gpus
+
+
+def gpu_id(row: dict):
+    """:class:`~fastverify.deploy.GpuId` of one :func:`nvml_gpus` row (ValueError when it has
+    neither UUID nor PCI bus id)."""
+    from fastverify.deploy import GpuId  # noqa: PLC0415
+
+    return GpuId(index=row.get("index"), pci_bus_id=row.get("pci_bus_id"), uuid=row.get("uuid"), name=row.get("name"))
+
+
+def gpu_identities(nvml: Any | None = None, torch_mod: Any | None = None) -> list[dict]:
+    """The checking process's CUDA devices as NVML names them, in CUDA ordinal order:
+    ``[{"cuda": k, "index", "pci_bus_id", "uuid", "name"}, ...]``.
+
+    Ordinal ``k`` is matched to NVML's GPU by UUID (``torch.cuda.get_device_properties(k).uuid``),
+    else by PCI address (``pci_domain_id``/``pci_bus_id``/``pci_device_id``), the way ``doctor``
+    matches them: CUDA's order and ``CUDA_VISIBLE_DEVICES`` are whatever this process runs under.
+    A device NVML does not list keeps torch's own facts (``index`` None). Needs torch with CUDA."""
+    if torch_mod is None:
+        import torch as torch_mod  # noqa: PLC0415
+    listed = nvml_gpus(nvml)
+    from fastverify.deploy import _pci_key, _uuid_key  # noqa: PLC0415 - the one comparison rule
+
+    out = []
+    for k in range(torch_mod.cuda.device_count()):
+        props = torch_mod.cuda.get_device_properties(k)
+        uuid = getattr(props, "uuid", None)
+        uuid = str(uuid) if uuid is not None and str(uuid) else None
+        parts = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        bus = (f"{int(parts[0]):08x}:{int(parts[1]):02x}:{int(parts[2]):02x}.0" if None not in parts else None)
+        match = next((g for g in listed if _uuid_key(uuid) is not None and _uuid_key(g["uuid"]) == _uuid_key(uuid)),
+                     None) or next((g for g in listed if bus is not None and _pci_key(g["pci_bus_id"]) == _pci_key(bus)),
+                                   None)
+        if match is not None:
+            out.append({"cuda": k, **{f: match[f] for f in ("index", "pci_bus_id", "uuid", "name")}})
+        else:
+            out.append({"cuda": k, "index": None, "pci_bus_id": bus,
+                        "uuid": (uuid if uuid is None or uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"),
+                        "name": getattr(props, "name", None)})
+    return out
+
+
+def check_document(results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict],
+                   environ: dict[str, str] | None = None) -> dict:
+    """The JSON ``python -m fastverify.topo.p2p check`` prints (module docstring)."""
+    env = os.environ if environ is None else environ
+    return {"schema": CHECK_SCHEMA, "version": CHECK_VERSION,
+            "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
+            "gpus": list(gpus), "results": _results_to_json(results)}
+
+
+def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | None, str]:
+    """The GPUs (:func:`nvml_gpus` rows) a process started with ``environ`` gets as CUDA ordinals
+    0, 1, ...; ``(None, why)`` where that cannot be told.
+
+    ``CUDA_VISIBLE_DEVICES`` entries are NVML indices or (prefixes of) UUIDs: torch's own NVML
+    device count (``torch.cuda._device_count_nvml``) and SGLang 0.5.23's custom all-reduce
+    (``custom_all_reduce_utils.py``: ``device_ids[device.index]`` handed to
+    ``nvmlDeviceGetHandleByIndex``) read them so; unset, the ordinals are NVML's order. That is
+    CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; under CUDA's default (fastest first) it
+    is the same for GPUs of one model, and not known for a mixed box, which gives ``None``.
+    """
+    if not listed:
+        return None, "NVML lists no GPU here"
+    text = environ.get("CUDA_VISIBLE_DEVICES")
+    if environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len({g.get("name") for g in listed}) > 1:
+        return None, ("GPUs of several models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA orders them fastest "
+                      "first, not as NVML does")
+    if text is None:
+        return list(listed), ""
+    chosen: list[dict] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if entry.isdigit():
+            hit = [g for g in listed if g["index"] == int(entry)]
+        elif entry.upper().startswith("GPU-"):
+            hit = [g for g in listed if (g.get("uuid") or "").lower().startswith(entry.lower())]
+        else:
+            hit = []
+        if len(hit) != 1:
+            break  # CUDA stops at the first entry it cannot use
+        if hit[0] in chosen:
+            return None, f"CUDA_VISIBLE_DEVICES={text} names a GPU twice"
+        chosen.append(hit[0])
+    return chosen, ""
+
+
+@dataclass(frozen=True)
+class CheckFile:
+    """A P2P check file as read (:func:`read_check_file`).
+
+    ``gpus``: CUDA ordinal → :class:`~fastverify.deploy.GpuId`, None for an older file that
+    names no GPU (it proves nothing: :func:`proof_for`). ``results``: ``(src, dst)`` →
+    :class:`P2PResult`, each direction once."""
+
+    path: str
+    results: dict
+    gpus: dict | None
+    cuda_visible_devices: str | None = None
+    cuda_device_order: str | None = None
+
+
+def read_check_file(path: str | os.PathLike) -> CheckFile:
+    """Read the output of ``python -m fastverify.topo.p2p check`` (version 2, module docstring),
+    its cache file, or the older bare result list (``gpus`` None then).
+
+    Raises
+    ------
+    UserError
+        One line naming the file: unreadable, not such JSON, a malformed result, a direction
+        given twice (which of two answers would count?), a result for a GPU the file does not
+        name, a GPU named twice or without UUID and PCI bus id.
+    """
+    from fastverify.deploy import GpuId  # noqa: PLC0415
+    from fastverify.inputs import read_text  # noqa: PLC0415
+
+    p = str(path)
+    text = read_text(Path(path), kind="text", what="the P2P check results")
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{p}: not the JSON of `python -m fastverify.topo.p2p check`") from None
+    if isinstance(doc, dict) and "schema" in doc and (doc.get("schema") != CHECK_SCHEMA
+                                                      or doc.get("version") != CHECK_VERSION):
+        raise UserError(f"{p}: not a P2P check this fastverify reads (schema {doc.get('schema')!r} version "
+                        f"{doc.get('version')!r}, expected {CHECK_SCHEMA!r} version {CHECK_VERSION})")
+    rows = doc.get("results") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise UserError(f"{p}: no P2P results (expected the JSON `python -m fastverify.topo.p2p check` prints)")
+    results: dict[tuple[int, int], P2PResult] = {}
+    for row in rows:
+        ok = row.get("ok") if isinstance(row, dict) else None
+        src, dst = (row.get("src"), row.get("dst")) if isinstance(row, dict) else (None, None)
+        if type(ok) is not bool or type(src) is not int or type(dst) is not int or src < 0 or dst < 0 or src == dst:
+            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
+        if (src, dst) in results:
+            raise UserError(f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
+                            "(rerun `python -m fastverify.topo.p2p check`)")
+        results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
+    gpus = None
+    raw = doc.get("gpus") if isinstance(doc, dict) else None
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise UserError(f"{p}: 'gpus' is not a list of GPUs")
+        gpus = {}
+        for g in raw:
+            k = g.get("cuda") if isinstance(g, dict) else None
+            if type(k) is not int or k < 0 or k in gpus:
+                raise UserError(f"{p}: a GPU entry needs its own CUDA ordinal 'cuda': {str(g)[:80]}")
+            try:
+                gpus[k] = GpuId(index=g.get("index"), pci_bus_id=g.get("pci_bus_id"), uuid=g.get("uuid"),
+                                name=g.get("name"))
+            except (ValueError, TypeError) as err:
+                raise UserError(f"{p}: GPU {k}: {err}") from None
+        for k, g in gpus.items():
+            if any(o != k and g.same_gpu(h) for o, h in gpus.items()):
+                raise UserError(f"{p}: {g.label()} is named for two CUDA ordinals")
+        unnamed = sorted({i for pair in results for i in pair} - set(gpus))
+        if unnamed:
+            raise UserError(f"{p}: results for CUDA ordinal {unnamed[0]}, which the file's 'gpus' does not name")
+    env = doc if isinstance(doc, dict) else {}
+    return CheckFile(path=p, results=results, gpus=gpus, cuda_visible_devices=env.get("cuda_visible_devices"),
+                     cuda_device_order=env.get("cuda_device_order"))
+
+
+def complete_gpus(check: CheckFile) -> tuple:
+    """The check's GPUs (CUDA ordinal order) when every ordered pair among all of them is in the
+    file and passed; ``()`` otherwise or for a file that names no GPU. What a deployment record
+    keeps as its P2P proof (:attr:`fastverify.deploy.P2PFacts.gpus`)."""
+    if not check.gpus:
+        return ()
+    ks = sorted(check.gpus)
+    if all(check.results.get((a, b), P2PResult(False, "")).ok for a in ks for b in ks if a != b):
+        return tuple(check.gpus[k] for k in ks)
+    return ()
+
+
+OLD_CHECK = ("names no GPU (written before the check recorded which GPUs it tested), so it cannot show "
+             "they are this box's: rerun `python -m fastverify.topo.p2p check > FILE` on this box")
+
+
+def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "") -> tuple[bool, str]:
+    """Whether ``check`` proves P2P for the TP group whose GPUs are ``tp_gpus`` (rank order,
+    :class:`~fastverify.deploy.GpuId`): ``(True, note)`` when every ordered pair ``(i, j)``,
+    ``i != j``, of the group passed, ``(False, note)`` when one of them failed.
+
+    Raises
+    ------
+    UserError
+        One line naming the file: it names no GPU (an older file); this box's GPUs are not known
+        (``why_unknown``); a GPU of the group is not one the check tested (another box, or other
+        GPUs of this one); a direction of the group is missing.
+    """
+    p = check.path
+    if check.gpus is None:
+        raise UserError(f"{p}: this P2P check {OLD_CHECK}")
+    if not tp_gpus:
+        raise UserError(f"{p}: cannot tell whether the P2P check tested this box's GPUs ({why_unknown or 'unknown'}); "
+                        "launch needs NVML's GPU identities to bind the proof to the box")
+    ordinal = []
+    for rank, g in enumerate(tp_gpus):
+        hits = [k for k, h in check.gpus.items() if h.same_gpu(g)]
+        if not hits:
+            tested = ", ".join(h.label() for _, h in sorted(check.gpus.items()))
+            raise UserError(f"{p}: the P2P check did not test {g.label()}, TP rank {rank}'s GPU on this box (it tested "
+                            f"{tested}): rerun `python -m fastverify.topo.p2p check` on this box with the server's "
+                            "CUDA_VISIBLE_DEVICES")
+        ordinal.append(hits[0])
+    world = len(tp_gpus)
+    failed = []
+    for a in range(world):
+        for b in range(world):
+            if a == b:
+                continue
+            r = check.results.get((ordinal[a], ordinal[b]))
+            if r is None:
+                raise UserError(f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
+                                f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
+                                f"needs all {world * (world - 1)} ordered pairs: rerun `python -m fastverify.topo.p2p check`")
+            if not r.ok:
+                failed.append((a, b, r.reason))
+    if failed:
+        a, b, reason = failed[0]
+        return False, (f"{len(failed)} of {world * (world - 1)} directions of the TP group failed ({p}); first: "
+                       f"{tp_gpus[b].label()} -> memory of {tp_gpus[a].label()}: {reason}")[:300]
+    return True, f"all {world * (world - 1)} directions of the TP group's GPUs passed ({p})"
 
 
 # --- running the pair children ----------------------------------------------------------------
@@ -250,7 +551,8 @@ def _gpu_count_or_fail() -> int:
 def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               cache_dir: str | os.PathLike | None = None, refresh: bool = False, max_parallel: int = 4,
               n_gpus: int | None = None, key: dict | None = None,
-              child_argv: ChildArgv | None = None) -> dict[tuple[int, int], P2PResult]:
+              child_argv: ChildArgv | None = None, gpus: Sequence[dict] | None = None
+              ) -> dict[tuple[int, int], P2PResult]:
     """Test P2P between GPUs for real, in child processes; cached per box.
 
     Parameters
@@ -271,6 +573,8 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
         For tests and callers that know better: the GPU count (default torch's), the box key
         (default :func:`box_key`), and the pair child's argv (default :func:`default_child_argv`).
         With the default child the CUDA check below applies.
+    gpus
+        The GPUs' identities (:func:`gpu_identities`), written into the cache file with the results.
 
     Returns
     -------
@@ -307,7 +611,7 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
                                    Path(tmp) / f"pair-{a}-{b}.json", timeout_s, env) for a, b in todo]
             for future in futures:
                 results.update(future.result())
-        write_cache(path, box, results)
+        write_cache(path, box, results, gpus)
     return {p: results[p] for a, b in wanted for p in ((a, b), (b, a))}
 
 
@@ -498,11 +802,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "check":
         try:
-            results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh)
+            _gpu_count_or_fail()
+            gpus = gpu_identities()
+            results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh, gpus=gpus)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
-        print(json.dumps(_results_to_json(results), indent=1))
+        print(json.dumps(check_document(results, gpus), indent=1))
         return 0 if all(r.ok for r in results.values()) else 1
     if args.cmd == "pair":
         # The launcher's kill rule starts with SIGTERM: leave through the ``with`` blocks, so the

@@ -27,11 +27,14 @@ Two modes:
 (:mod:`fastverify.deploy`): the winner by registry name (never one SGLang cannot reach on the box,
 :func:`choose_winner`), the shapes (``--max-batch`` × draft tokens × hidden, dtype), the P2P facts
 and their source, the box fingerprint, the NCCL settings, the SGLang version and the gain with its
-basis. The winner's SGLang switch and workspace bound come from the registry
-(:func:`fastverify.deploy.sglang_settings`).
+basis. The env file holds NCCL settings only: the winner's SGLang switch is never written there
+(sourced without ``launch`` it would start that path unchecked); ``launch`` sets it from the
+record after the P2P proof (:func:`fastverify.deploy.sglang_settings`). Both files or neither are
+written.
 
-Before any work (:func:`_check_outputs`): no output replaces an input (``--topology``,
-``--profile``, ``--p2p-check``, a ``--model`` file) or another output, every output's folder
+Before any work (:func:`_check_outputs`): no output, nor the ``.bak`` it keeps of an existing file
+(``X.env.bak``, ``X.deploy.json.bak``), replaces an input (``--topology``, ``--profile``,
+``--p2p-check``, a ``--model`` file) or another output, every output's folder
 exists or can be created, ``--png`` names a format matplotlib writes, ``--write-env`` names a
 ``.env`` file, ``--tok-s`` is finite and positive, ``--hidden`` agrees with a workload that knows
 its hidden size. ``--p2p-check FILE`` is read whenever given; its per-pair results replace the
@@ -161,11 +164,20 @@ def _check_outputs(args, fp: str) -> None:
     from fastverify.procs import check_outputs
     from fastverify.tune.envfile import check_folder
 
+    from fastverify.tune.envfile import backup_path
+
     env_p = _env_path(args, fp)
+    rec_p = record_path_for(env_p) if env_p is not None else None
+    # atomic_write_text keeps an existing file as <name>.bak: the backups are outputs too, so an
+    # input named X.env.bak (or X.deploy.json.bak) is never replaced by the old env file.
     outputs = {"--write-env": env_p,
-               "--write-env (deployment record)": record_path_for(env_p) if env_p is not None else None,
+               "--write-env (deployment record)": rec_p,
                "--write-tuner-config": args.write_tuner_config, "--png": args.png,
-               "--journal": None if args.predict else _journal_path(args, fp)}
+               "--journal": None if args.predict else _journal_path(args, fp),
+               "--write-env (backup of the env file)": backup_path(env_p) if env_p is not None else None,
+               "--write-env (backup of the deployment record)": backup_path(rec_p) if rec_p is not None else None,
+               "--write-tuner-config (backup)": (backup_path(args.write_tuner_config)
+                                                 if args.write_tuner_config is not None else None)}
     for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
                         ("--png", args.png), ("--journal", args.journal)):
         if value and str(value).endswith(os.sep):
@@ -316,10 +328,20 @@ def run(args) -> int:
         verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
     p2p_results = p2p_given = None
     if args.p2p_check is not None:  # read and validated whenever given, whatever else is asked
-        from fastverify.topo.box import p2p_file_facts, read_p2p_results
+        import msgspec
 
-        p2p_results = read_p2p_results(args.p2p_check)
-        p2p_given = p2p_file_facts(args.p2p_check, p2p_results)
+        from fastverify.topo.box import p2p_file_facts
+        from fastverify.topo.p2p import complete_gpus, read_check_file
+
+        check = read_check_file(args.p2p_check)
+        p2p_results = check.results
+        # the record keeps the GPUs the check tested (every ordered pair among them passed): launch
+        # accepts the record's proof only for a TP group of those GPUs
+        p2p_given = msgspec.structs.replace(p2p_file_facts(args.p2p_check, p2p_results), gpus=complete_gpus(check))
+        if check.gpus is None:
+            console.print(f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
+                          "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a record "
+                          "made from it as proof only once the check is rerun on the box", markup=False)
     perf, log = _read_perf(args, workload.tp), _read_log(args)
     version = _version(args)
     if version is None and log is not None and log.version:
@@ -660,12 +682,28 @@ def _p2p_facts(given, topo, *, cuda: bool):
     if given is not None:
         return given
     if cuda:
-        from fastverify.topo.p2p import check_p2p
+        import msgspec
+
+        from fastverify.topo.p2p import CheckFile, check_p2p, complete_gpus, gpu_identities
 
         try:
-            return p2p_from_results(check_p2p())
+            gpus = gpu_identities()
+            results = check_p2p(gpus=gpus)
         except UserError:
             pass
+        else:
+            from fastverify.deploy import GpuId
+
+            named = {}
+            for g in gpus:
+                try:
+                    named[g["cuda"]] = GpuId(index=g["index"], pci_bus_id=g["pci_bus_id"], uuid=g["uuid"],
+                                             name=g["name"])
+                except (ValueError, TypeError):
+                    named = None
+                    break
+            proof = complete_gpus(CheckFile(path="", results=results, gpus=named))
+            return msgspec.structs.replace(p2p_from_results(results), gpus=proof)
     return p2p_from_topology(topo)
 
 
@@ -743,21 +781,26 @@ def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | N
 
 def _write_deployment(args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source,
                       batch_known=True):
-    """The env file (NCCL settings + the backend's SGLang switch and size lines) and the
-    deployment record beside it; see :func:`fastverify.deploy.write_deployment`."""
+    """The env file (NCCL settings only: never the backend's SGLang switch, which an env file
+    sourced without launch would turn on with no P2P check) and the deployment record beside it,
+    which alone names the backend; both or neither (:func:`fastverify.deploy.write_deployment`)."""
     from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
 
     env = dict(settings)
-    env.update(sglang_settings(backend))
     record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
                               nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
                               sglang_version=installed_sglang_version(), gain=gain, source=source)
     lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
              f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
+    if sglang_settings(backend):
+        lines.append(f"no SGLang switch here: the backend ({backend.value}) is in the deployment record; `fastverify "
+                     "launch --env FILE` switches SGLang to it after proving P2P (this file alone, sourced by docker "
+                     "or systemd, runs NCCL)")
     if args.max_batch is None:
         what = (f"the profiled batch {shapes.max_batch}" if batch_known else
                 f"{shapes.max_batch}: the profile records no batch (a trace profile)")
         lines.append(f"max batch = {what} (no --max-batch given); `fastverify launch` reads the server's own "
                      "captured batch sizes from its command")
-    inputs = (args.profile, args.topology, args.p2p_check, args.journal)  # checked in full by _check_outputs
+    inputs = (args.profile, args.topology, args.p2p_check, args.journal, args.perf_table, args.nccl_log)
+    # (checked in full, backups included, by _check_outputs)
     return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)

@@ -12,8 +12,21 @@ So values are restricted to the characters that mean the same thing to all three
 ``A-Z a-z 0-9 _ . , : / @ % + = ^ -`` (no spaces, ``#``, quotes, ``\\``, ``$``, ``;``, ``~``, ``*``...).
 A value outside that set is refused, not quoted: quoting would break ``docker --env-file``.
 
-Only :data:`ALLOWED_KEYS` may appear; every ``NCCL_*`` value must pass the settings catalogue
+Only :data:`ALLOWED_KEYS` may appear — NCCL settings and ``CUDA_DEVICE_MAX_CONNECTIONS``, nothing
+that switches a code path on; every ``NCCL_*`` value must pass the settings catalogue
 (:func:`fastverify.nccl.catalogue.validate_setting`) without an ``error`` finding.
+
+Why no SGLang switch (``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``, ``SGLANG_PCIE_IPC_MAX_NUMEL``, any
+``SGLANG_*``): an env file is meant to be sourced without fastverify (``docker --env-file``, systemd
+``EnvironmentFile=``), and a switch in it would start SGLang's PCIe IPC all-reduce with no P2P
+check at all — the partial-P2P start-up hang ``fastverify launch`` refuses
+(:mod:`fastverify.patch.launch`). The backend lives in the deployment record only
+(:mod:`fastverify.deploy`); ``launch`` sets the switch itself, after the proof. A file that holds
+one is refused when read or written, in one line saying what to do.
+
+Writing (:func:`atomic_write_text`, :func:`atomic_write_texts`): through temporary files and
+``os.replace``, an existing file kept as ``<name>.bak``; several files (the env file and its
+deployment record) are written all or none.
 """
 
 from __future__ import annotations
@@ -46,6 +59,8 @@ NCCL_KEYS = frozenset(s.name for s in CATALOGUE)
 # srt/distributed/device_communicators/pcie_ipc_ar.py: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE turns
 # FlashInfer's PCIe IPC all-reduce on, SGLANG_PCIE_IPC_MAX_NUMEL bounds its workspace in elements:
 # max batch x draft tokens x hidden, decode-sized; a prefill-sized one costs TTFT).
+# Never in an env file (module docstring): `fastverify launch` exports the switch itself after the
+# P2P proof, and validates an inherited size with check_setting().
 SWITCH_KEYS = frozenset(b.sglang_switch for b in REGISTRY if b.sglang_switch)
 SIZE_KEYS = frozenset(b.size_env for b in REGISTRY if b.size_env)
 SGLANG_KEYS = SWITCH_KEYS | SIZE_KEYS
@@ -60,7 +75,8 @@ SGLANG_KEYS = SWITCH_KEYS | SIZE_KEYS
 # or anything else that changes what code runs.
 CUDA_KEYS = frozenset({"CUDA_DEVICE_MAX_CONNECTIONS"})
 
-ALLOWED_KEYS: frozenset[str] = NCCL_KEYS | SGLANG_KEYS | CUDA_KEYS
+ALLOWED_KEYS: frozenset[str] = NCCL_KEYS | CUDA_KEYS
+"""What an env file may hold: NCCL settings and ``CUDA_DEVICE_MAX_CONNECTIONS``, no switch."""
 
 _KEY_RE = re.compile(r"[A-Z_][A-Z0-9_]*", re.ASCII)
 _VALUE_RE = re.compile(r"[A-Za-z0-9_.,:/@%+=^-]+", re.ASCII)
@@ -68,15 +84,24 @@ _DECIMAL_RE = re.compile(r"[1-9][0-9]{0,17}", re.ASCII)
 _MAX_HEADER_LINE = 500
 
 
-def _check_key(key: object, where: str) -> str:
+def _check_key(key: object, where: str, *, launch_keys: bool = False) -> str:
+    """``key`` when an env file may hold it (``launch_keys``: also the SGLang variables
+    ``launch`` itself exports); one-line :class:`UserError` otherwise."""
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise UserError(f"{where}: {key!r} is not an environment variable name (A-Z, 0-9, _)")
+    if launch_keys and key in SGLANG_KEYS:
+        return key
+    if key.startswith("SGLANG_"):
+        raise UserError(f"{where}: {key}: env files hold NCCL settings only, no SGLang switch or size (sourced "
+                        "without fastverify, by docker --env-file or systemd EnvironmentFile=, it would start "
+                        "SGLang's IPC all-reduce with no P2P check): rerun `fastverify tune --write-env`, or delete "
+                        "the line and keep the backend in the deployment record (`fastverify launch` switches it "
+                        "on after the P2P proof)")
     if key not in ALLOWED_KEYS:
         if key.startswith("NCCL_"):
             why = "not a setting fastverify's NCCL catalogue checks"
         else:
-            why = (f"env files hold only NCCL_* settings, {', '.join(sorted(SGLANG_KEYS))} "
-                   "and CUDA_DEVICE_MAX_CONNECTIONS")
+            why = "env files hold only NCCL_* settings and CUDA_DEVICE_MAX_CONNECTIONS"
         raise UserError(f"{where}: {key} is not allowed in an env file ({why})")
     return key
 
@@ -110,16 +135,18 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
 
 
 def check_setting(key: str, value: str, where: str, version: NcclVersion | None = None) -> str:
-    """Check one ``KEY=VALUE`` with the env file's rules: an allowed name (:data:`ALLOWED_KEYS`), a
-    plain value, and for ``NCCL_*`` no ``error`` finding from
-    :func:`fastverify.nccl.catalogue.validate_setting` for ``version``. Returns ``value``.
+    """Check one ``KEY=VALUE`` that fastverify may export: an env-file name (:data:`ALLOWED_KEYS`)
+    or one of the SGLang variables ``launch`` sets itself (:data:`SGLANG_KEYS`: the switch ``0``/``1``,
+    the workspace size a positive decimal within the bounds), a plain value, and for ``NCCL_*`` no
+    ``error`` finding from :func:`fastverify.nccl.catalogue.validate_setting` for ``version``.
+    Returns ``value``. (The env file itself never holds an SGLang key: :func:`read_env_file`.)
 
     Raises
     ------
     UserError
         ``<where>: <what is wrong>``.
     """
-    return _check_value(_check_key(key, where), value, where, version)
+    return _check_value(_check_key(key, where, launch_keys=True), value, where, version)
 
 
 def check_folder(path: str | Path, flag: str = "", *, is_folder: bool = False) -> None:
@@ -159,6 +186,16 @@ def _comment_lines(lines: Iterable[str]) -> list[str]:
 # --- atomic writing --------------------------------------------------------------------------------
 
 
+def backup_path(path: str | Path) -> Path:
+    """Where :func:`atomic_write_text` keeps the old ``path``: ``<path>.bak`` beside the file it
+    really writes (a symlink's target). The caller's input/output check must cover it too: the
+    backup replaces whatever is there."""
+    p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
+    return p.with_name(p.name + ".bak")
+
+
 def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
     existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
@@ -174,42 +211,93 @@ def atomic_write_text(path: Path, text: str) -> Path:
     UserError
         ``<path>: cannot write: <reason>``.
     """
-    path = writable_target(Path(path))
-    check_folder(path)
+    return atomic_write_texts([(Path(path), text)])[0]
+
+
+def atomic_write_texts(items: Sequence[tuple[str | Path, str]]) -> list[Path]:
+    """Write several files all or none (the env file and its deployment record).
+
+    Every file is staged first (a temporary file beside it, written and fsync'd; the old file
+    copied aside for its ``.bak``); only then are the temporaries renamed over their targets, in
+    order. Should a rename fail, every target already replaced gets its old content back (or is
+    removed, where there was none) before the error is raised; then the backups move to
+    ``<name>.bak``, and should one of those moves fail, every target is restored the same way (a
+    backup already moved goes back to its target, so an older ``.bak`` it replaced is lost, and
+    nothing new is left). On failure no temporary file is left and no target holds new content.
+
+    Raises
+    ------
+    UserError
+        ``<path>: cannot write: <reason>``, naming the file that failed.
+    """
+    targets = [writable_target(Path(p)) for p, _ in items]
+    for t in targets:
+        check_folder(t)
+    staged: list[dict] = []  # per target: path, tmp (new text), old (copy of the old file) or None, bak
     tmps: list[str] = []
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        tmps.append(tmp)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        bak = bak_tmp = None
-        if path.exists():
-            bak = path.with_name(path.name + ".bak")
-            writable_target(bak)
-            fd, bak_tmp = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
-            tmps.append(bak_tmp)
-            shutil.copy2(path, bak_tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        if bak is not None:
+    current = targets[0] if targets else Path()
+
+    def restore(done: list[dict]) -> None:
+        # Put back what the renames replaced, last first; best effort (the first error is raised).
+        for s in reversed(done):
             try:
-                os.replace(bak_tmp, bak)
+                if s["old"] is None:
+                    os.unlink(s["path"])
+                elif s["old_moved"]:
+                    os.replace(s["bak"], s["path"])  # the old content went to .bak: moved back
+                else:
+                    os.replace(s["old"], s["path"])
             except OSError:
-                os.replace(bak_tmp, path)  # put the original back: no write without its backup
+                pass
+
+    try:
+        for path, (_, text) in zip(targets, items):
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            tmps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            old = bak = None
+            if path.exists():
+                bak = backup_path(path)
+                writable_target(bak)
+                fd, old = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
+                os.close(fd)
+                tmps.append(old)
+                shutil.copy2(path, old)
+            staged.append({"path": path, "tmp": tmp, "old": old, "bak": bak, "old_moved": False})
+        done: list[dict] = []
+        for s in staged:
+            current = s["path"]
+            try:
+                os.replace(s["tmp"], s["path"])
+            except OSError:
+                restore(done)
                 raise
+            done.append(s)
+        for s in staged:
+            if s["old"] is None:
+                continue
+            current = s["bak"]
+            try:
+                os.replace(s["old"], s["bak"])
+            except OSError:
+                restore(done)  # no write without its backup
+                raise
+            s["old_moved"] = True
     except OSError as err:
-        raise UserError(f"{path}: cannot write: {err.strerror or err}") from None
+        raise UserError(f"{current}: cannot write: {err.strerror or err}") from None
     finally:
         for t in tmps:
             try:
                 os.unlink(t)
             except FileNotFoundError:
                 pass
-    return path
+    return targets
 
 
 # --- env files ---------------------------------------------------------------------------------------
@@ -229,6 +317,7 @@ def render_env(settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
     for key in sorted(settings):
         _check_key(key, where)
         body.append(f"{key}={_check_value(key, settings[key], where, version)}")
+    check_together(dict(settings), where, version)
     from fastverify import __version__
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -307,7 +396,25 @@ def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = 
         if key in out:
             raise UserError(f"{where}: {key} is set twice")
         out[key] = _check_value(key, value, where, version)
+    check_together(out, str(path), version)
     return out
+
+
+def check_together(settings: dict[str, str], where: str, version: NcclVersion | None) -> None:
+    """Refuse NCCL settings that contradict each other (each one already valid on its own): the
+    catalogue's :func:`~fastverify.nccl.catalogue.validate_settings` errors, e.g. a minimum channel
+    count above the maximum, which NCCL resolves silently against the maximum.
+
+    Raises
+    ------
+    UserError
+        One line naming ``where`` and the setting.
+    """
+    from fastverify.nccl.catalogue import Severity, validate_settings
+
+    for f in validate_settings({k: v for k, v in settings.items() if k in NCCL_KEYS}, version):
+        if f.severity is Severity.ERROR:
+            raise UserError(f"{where}: {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
 
 
 def default_env_path(fingerprint: str, folder: str | Path = "nccl_configs") -> Path:
