@@ -211,8 +211,9 @@ def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p
 
 
 def read_p2p_results(path: str | Path) -> dict:
-    """The per-direction results of the real check's JSON: the list ``python -m
-    fastverify.topo.p2p check`` prints, or its cache file (an object with ``results``).
+    """The per-direction results of the real check's JSON: the document ``python -m
+    fastverify.topo.p2p check`` prints (either version), or its cache file; read by
+    :func:`fastverify.topo.p2p.read_check_file`, the one reader of that file.
 
     Returns
     -------
@@ -224,29 +225,9 @@ def read_p2p_results(path: str | Path) -> dict:
     UserError
         One line naming the file when it cannot be read or is not such a JSON document.
     """
-    from fastverify.topo.p2p import P2PResult  # noqa: PLC0415 - torch-free module
+    from fastverify.topo.p2p import read_check_file  # noqa: PLC0415 - torch-free module
 
-    p = Path(path)
-    from fastverify.inputs import read_text
-
-    text = read_text(p, kind="text", what="the P2P check results")
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{p}: not the JSON of `python -m fastverify.topo.p2p check`") from None
-    rows = doc.get("results") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not rows:
-        raise UserError(f"{p}: no P2P results (expected the JSON list `python -m fastverify.topo.p2p check` prints)")
-    results: dict[tuple[int, int], P2PResult] = {}
-    for row in rows:
-        ok = row.get("ok") if isinstance(row, dict) else None
-        src, dst = (row.get("src"), row.get("dst")) if isinstance(row, dict) else (None, None)
-        if type(ok) is not bool or type(src) is not int or type(dst) is not int or src < 0 or dst < 0 or src == dst:
-            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
-        results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
-    return results
+    return dict(read_check_file(path).results)
 
 
 def p2p_file_facts(path: str | Path, results: Mapping[tuple[int, int], Any]) -> P2PFacts:
