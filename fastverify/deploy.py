@@ -292,8 +292,26 @@ def record_path_for(env_path: str | Path) -> Path:
 
 
 def encode_record(record: DeploymentRecord) -> bytes:
-    """The record as indented JSON bytes (keys in field order), newline-terminated."""
-    return msgspec.json.format(msgspec.json.encode(record), indent=2) + b"\n"
+    """The record as indented JSON bytes (keys in field order), newline-terminated; a text that
+    is not valid UTF-8 (the path of a non-UTF-8 input file) is written with its bytes escaped
+    (:func:`fastverify.errors.path_text`)."""
+    try:
+        raw = msgspec.json.encode(record)
+    except UnicodeEncodeError:
+        raw = msgspec.json.encode(_utf8(msgspec.to_builtins(record)))
+    return msgspec.json.format(raw, indent=2) + b"\n"
+
+
+def _utf8(obj):
+    from fastverify.errors import path_text
+
+    if isinstance(obj, str):
+        return path_text(obj)
+    if isinstance(obj, dict):
+        return {_utf8(k): _utf8(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_utf8(v) for v in obj]
+    return obj
 
 
 def decode_record(data: bytes, *, source: str = "deployment record") -> DeploymentRecord:

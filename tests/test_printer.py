@@ -77,3 +77,28 @@ def test_a_folder_of_ten_thousand_traces_is_refused_before_reading(tmp_path):
     cp = _run(["profile", "--trace", str(tmp_path), "--no-png", "--output", str(tmp_path / "out.json")])
     assert cp.returncode == 2 and cp.stderr.count(b"\n") == 1, cp.stderr[-2000:]
     assert f"{MAX_TRACE_FILES + 1:,} trace files".encode() in cp.stderr and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.skipif(not (SHARED / "inputs").is_dir(), reason="../shared/inputs is absent on this machine")
+def test_tune_write_env_with_a_non_utf8_input_name_and_an_escape_in_a_name(tmp_path):
+    topo = os.fsencode(tmp_path) + b"/\xfftopo.txt"
+    shutil.copy(SHARED / "inputs" / "topo-nccl-tests-307.txt", topo)
+    env = tmp_path / "ff.env"
+    cp = _run(["tune", "--predict", "--topology", os.fsdecode(topo), "--model", "kimi-k2", "--tp", "8",
+               "--write-env", str(env)])
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    record = orjson.loads((tmp_path / "ff.deploy.json").read_bytes())
+    assert "\\xfftopo.txt" in orjson.dumps(record).decode()  # the name, escaped, in valid UTF-8
+    esc = os.fsencode(tmp_path) + b"/a\x1b[2Jb.txt"
+    shutil.copy(SHARED / "inputs" / "topo-nccl-tests-307.txt", esc)
+    cp = _run(["tune", "--predict", "--topology", os.fsdecode(esc), "--model", "kimi-k2", "--tp", "8"])
+    assert cp.returncode == 0 and b"\x1b" not in cp.stdout + cp.stderr and b"a\\x1b[2Jb.txt" in cp.stdout
+
+
+def test_doctor_names_the_fix_for_settings_that_contradict(tmp_path):
+    from fastverify.doctor import run_doctor
+
+    env = tmp_path / "b.env"
+    env.write_text("NCCL_MIN_NCHANNELS=64\nNCCL_MAX_NCHANNELS=1\n")
+    c = next(c for c in run_doctor(quick=True, env_file=str(env)) if c.name == "env_file")
+    assert "contradict" in c.reason and "agree" in c.fix, c

@@ -94,9 +94,14 @@ def check_env_file(ctx: _Context) -> Outcome:
         try:
             settings = read_env_file(ctx.env_file, nccl_version=version)
         except UserError as err:
-            fix = ("fix or delete the line named (plain KEY=VALUE, allowed keys, values NCCL accepts), or rewrite "
-                   "the file with `fastverify tune --write-env`") if ": line " in str(err) else \
-                "give the path of a readable UTF-8 env file"
+            text = str(err)
+            if ": line " in text:
+                fix = ("fix or delete the line named (plain KEY=VALUE, allowed keys, values NCCL accepts), or "
+                       "rewrite the file with `fastverify tune --write-env`")
+            elif "contradict" in text:  # settings valid one by one, not together (check_together)
+                fix = "change one of the two settings named so that they agree, or drop one of them"
+            else:
+                fix = "give the path of a readable UTF-8 env file"
             return _out(Status.fail, str(err), fix, file=str(ctx.env_file))
         return _out(Status.ok, f"{ctx.env_file}: {len(settings)} setting(s) valid against {rules}",
                     file=str(ctx.env_file), settings=settings)

@@ -273,7 +273,8 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
     text
         The whole output.
     source
-        Name used in error messages and stored in ``Topology.source`` (a file name).
+        Name used in error messages and stored in ``Topology.source`` (a file name; control
+        characters and the bytes of a non-UTF-8 name escaped).
 
     Returns
     -------
@@ -289,6 +290,9 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
         a non-square matrix (missing or unknown row), a missing ``X`` diagonal, or asymmetric
         entries.
     """
+    from fastverify.errors import path_text, printable
+
+    source = printable(path_text(source))  # printed by every command and stored in records
     if not isinstance(text, str):
         raise _fail(source, f"expected text, got {type(text).__name__}")
     lines = [_ANSI.sub("", line).replace("\x1b", "") for line in text.splitlines()]
