@@ -15,8 +15,9 @@ import msgspec
 import orjson
 
 from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_means
-from fastverify.cycle.split import CycleSplit, split_cycles
+from fastverify.cycle.split import CycleSplit, forwards, split_cycles
 from fastverify.errors import UserError
+from fastverify.events import EventClass
 
 SCHEMA = "fastverify.cycle_report"
 SCHEMA_VERSION = 1
@@ -60,14 +61,11 @@ def _json_part(bundle, name: str, kind: type = dict):
     return doc if isinstance(doc, kind) else None
 
 
-def _msg_bytes(ranks, server: dict | None, meta: dict) -> int | None:
+def _msg_bytes(ranks, meta: dict) -> int | None:
     """The verify all-reduce payload (bytes): the most common size of the verify forwards' own
-    all-reduces where the traces record sizes (eager launches), else the verify batch (the step spans' ``bs=``) x draft tokens x hidden x 2 B (bf16) as
-    collect read them from the server (never its defaults)."""
-    from fastverify.events import EventClass
-
-    from fastverify.cycle.split import forwards
-
+    all-reduces where the traces record sizes (eager launches), else the verify batch (the step
+    spans' ``bs=``) x draft tokens x hidden x 2 B (bf16) as collect read them from the server
+    (``meta``: the server_args part's facts; never collect's defaults)."""
     sizes = []
     for r in ranks:  # the verify forwards' own all-reduces, not the drafter's (another shape)
         t = r.launch_ns if r.launch_ns is not None else r.start_ns
@@ -108,7 +106,7 @@ def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
         ev.split = split_cycles(ranks)
         ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
         ev.world_size = next((r.meta.get("world_size") for r in ranks if r.meta.get("world_size")), None)
-        ev.msg_bytes = _msg_bytes(ranks, server_args, dict(args_part.meta) if args_part else {})
+        ev.msg_bytes = _msg_bytes(ranks, dict(args_part.meta) if args_part else {})
         if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
             notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
                          "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
