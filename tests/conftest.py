@@ -129,6 +129,47 @@ def assert_user_error(proc: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``fastverify ARGV`` run in this process."""
+    from fastverify.cli import main
+
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def one_line_error(rc: int, out: str, err: str, *words: str) -> str:
+    """As :func:`assert_user_error`, for an in-process :func:`cli` run: exit 2, one
+    ``fastverify: error:`` line on stderr holding each of ``words``. Returns that line."""
+    assert rc == 2, (out, err)
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("fastverify: error: "), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def tree_state(root: Path) -> dict:
+    """Every entry under ``root`` (bytes paths; links as links) → the SHA-256 of a regular file's
+    bytes, ``"dir"``, ``("link", target)`` or ``"special"`` (a FIFO is never opened)."""
+    import hashlib
+
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(os.fsencode(root)):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                out[p] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[p] = "dir"
+            elif os.path.isfile(p):
+                with open(p, "rb") as f:
+                    out[p] = hashlib.sha256(f.read()).hexdigest()
+            else:
+                out[p] = "special"
+    return out
+
+
 # ---- processes (/proc) --------------------------------------------------------------------------
 
 

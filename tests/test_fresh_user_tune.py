@@ -18,32 +18,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT as REPO
+from conftest import REPO_ROOT as REPO, cli, one_line_error
 from conftest import SHARED, run_fastverify, two_rank_trace_profile
 
-from fastverify.cli import main
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
 _GPUS = [{"index": i, "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000"}
          for i in range(8)]
 PCIE_4090_BOX = json.dumps({"gpu_name": "NVIDIA GeForce RTX 4090", "sm": [8, 9], "gpu_count": 8, "gpus": _GPUS})
-
-
-def _cli(argv, capsys):
-    """(exit code, stdout, stderr) of ``fastverify ARGV`` run in this process."""
-    rc = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def _one_line_error(rc, out, err, *words):
-    assert rc == 2, (out, err)
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("fastverify: error: "), err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 @pytest.fixture
@@ -104,7 +87,7 @@ MEASURE = ["tune", "--model", "tiny", "--tp", "2", "--top", "0"]
 ])
 def test_outputs_never_replace_an_input_or_each_other(box_dir, capsys, argv, words, kept):
     before = {p.name: p.read_bytes() for p in box_dir.iterdir() if p.is_file()}
-    _one_line_error(*_cli(argv, capsys), *words)
+    one_line_error(*cli(argv, capsys), *words)
     after = {p.name: p.read_bytes() for p in box_dir.iterdir() if p.is_file()}
     assert after == before, "nothing written, nothing replaced"
     if kept:
@@ -117,7 +100,7 @@ def test_a_model_config_file_is_an_input_too(box_dir, capsys):
     cfg = json.loads(Path(load_model_config("tiny").source).read_text())
     (box_dir / "m.json").write_text(json.dumps(cfg))
     argv = ["tune", "--predict", "--topology", "t2.txt", "--model", "m.json", "--write-tuner-config", "m.json"]
-    _one_line_error(*_cli(argv, capsys), "--write-tuner-config", "--model")
+    one_line_error(*cli(argv, capsys), "--write-tuner-config", "--model")
     assert json.loads((box_dir / "m.json").read_text()) == cfg
 
 
@@ -132,7 +115,7 @@ def test_a_model_config_file_is_an_input_too(box_dir, capsys):
     (PREDICT_8 + ["--write-tuner-config", "afile/t.csv"], ["--write-tuner-config afile/t.csv: afile is a file"]),
 ])
 def test_output_paths_refused_before_any_work(box_dir, capsys, argv, words):
-    line = _one_line_error(*_cli(argv, capsys), *words)
+    line = one_line_error(*cli(argv, capsys), *words)
     assert "File exists" not in line and "x.deploy.json" not in line
 
 
@@ -160,7 +143,7 @@ def test_plot_format_follows_the_installed_matplotlib(tmp_path):
 
 def test_launch_profile_verify_under_a_file(box_dir, capsys):
     argv = ["launch", "--profile-verify", "afile/v", "--dry-run", "--", "python", "-c", "pass"]
-    _one_line_error(*_cli(argv, capsys), "--profile-verify afile/v: afile is a file, not a folder")
+    one_line_error(*cli(argv, capsys), "--profile-verify afile/v: afile is a file, not a folder")
 
 
 # --- item 6: SGLang's custom all-reduce needs full NVLink beyond 2 GPUs ---------------------------------
@@ -220,11 +203,11 @@ def test_launch_custom_ar_follows_the_nvlink_rule(box_dir, capsys, monkeypatch, 
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", box)
     argv = ["launch", "--backend", "custom_ar", "--p2p-check", "p2pgood.json", "--dry-run", "--",
             "python", "-m", "sglang.launch_server", "--tp-size", tp]
-    rc, out, err = _cli(argv, capsys)
+    rc, out, err = cli(argv, capsys)
     if ok:
         assert rc == 0 and "backend: custom_ar" in out, err
     else:
-        _one_line_error(rc, out, err, "custom_ar", f"world size {tp}", "full NVLink", "custom_all_reduce_utils.py")
+        one_line_error(rc, out, err, "custom_ar", f"world size {tp}", "full NVLink", "custom_all_reduce_utils.py")
 
 
 def test_topo_and_predicted_record_agree_with_launch(box_dir, capsys):
@@ -236,12 +219,12 @@ def test_topo_and_predicted_record_agree_with_launch(box_dir, capsys):
 
     d = diagnose(parse_nvidia_smi_topo((box_dir / "topo.txt").read_text(), source="topo.txt"), None, {}, batches=())
     assert d.custom_allreduce["possible"] is False and "full NVLink" in d.custom_allreduce["reason"]
-    rc, out, err = _cli(PREDICT_8 + ["--p2p-check", "p2pgood.json", "--write-env", "e.env"], capsys)
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pgood.json", "--write-env", "e.env"], capsys)
     assert rc == 0, err
     assert read_record("e.deploy.json").box.nvlink_full is False
-    rc, out, err = _cli(["launch", "--env", "e.env", "--backend", "custom_ar", "--describe-box", PCIE_4090_BOX[:-1]
+    rc, out, err = cli(["launch", "--env", "e.env", "--backend", "custom_ar", "--describe-box", PCIE_4090_BOX[:-1]
                          + ', "nvlink_full": false}', "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
-    _one_line_error(rc, out, err, "custom_ar", "this box has none")
+    one_line_error(rc, out, err, "custom_ar", "this box has none")
 
 
 def test_read_box_asks_nvml_for_nvlink_like_sglang():
@@ -283,7 +266,7 @@ def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
     from fastverify.deploy import read_record
     from fastverify.tune.envfile import read_env_file
 
-    rc, out, err = _cli(PREDICT_8 + ["--p2p-check", "p2pbad.json", "--write-env", "b.env"], capsys)
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json", "--write-env", "b.env"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())
     # GPU 5 cannot reach GPU 0's memory: that pair is SHM at any level, so SYS moves 15 of the 16
@@ -295,7 +278,7 @@ def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
 
 
 def test_predict_with_a_passing_p2p_check_does_not_ask_for_it(box_dir, capsys):
-    rc, out, err = _cli(PREDICT_8 + ["--p2p-check", "p2pgood.json"], capsys)
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pgood.json"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())
     assert "28/28" in text and "assuming the driver allows it" not in text
@@ -304,7 +287,7 @@ def test_predict_with_a_passing_p2p_check_does_not_ask_for_it(box_dir, capsys):
 
 def test_a_p2p_check_of_another_box_is_refused(box_dir, capsys):
     (box_dir / "other.json").write_text(json.dumps([{"src": 0, "dst": 9, "ok": True, "reason": ""}]))
-    _one_line_error(*_cli(PREDICT_8 + ["--p2p-check", "other.json"], capsys), "GPU 9", "topo.txt")
+    one_line_error(*cli(PREDICT_8 + ["--p2p-check", "other.json"], capsys), "GPU 9", "topo.txt")
 
 
 # --- item 11: --p2p-check is read whenever given -------------------------------------------------------
@@ -318,14 +301,14 @@ def test_a_p2p_check_of_another_box_is_refused(box_dir, capsys):
 ])
 def test_p2p_check_is_validated_without_write_env(box_dir, capsys, make, words):
     make(box_dir)
-    _one_line_error(*_cli(PREDICT_8 + ["--p2p-check", "missing.json"], capsys), *words)
+    one_line_error(*cli(PREDICT_8 + ["--p2p-check", "missing.json"], capsys), *words)
 
 
 # --- item 8: --hidden must not contradict a known hidden size -----------------------------------------
 
 
 def test_hidden_contradicting_the_model_is_refused(box_dir, capsys):
-    _one_line_error(*_cli(PREDICT_8 + ["--hidden", "100", "--write-env", "h.env"], capsys),
+    one_line_error(*cli(PREDICT_8 + ["--hidden", "100", "--write-env", "h.env"], capsys),
                     "--hidden 100", "7168")
     assert not (box_dir / "h.env").exists() and not (box_dir / "h.deploy.json").exists()
 
@@ -333,12 +316,12 @@ def test_hidden_contradicting_the_model_is_refused(box_dir, capsys):
 def test_hidden_equal_to_the_model_and_for_a_trace_profile_is_accepted(box_dir, capsys):
     from fastverify.deploy import read_record
 
-    rc, _, err = _cli(PREDICT_8 + ["--hidden", "7168", "--write-env", "h.env"], capsys)
+    rc, _, err = cli(PREDICT_8 + ["--hidden", "7168", "--write-env", "h.env"], capsys)
     assert rc == 0, err
     assert read_record("h.deploy.json").shapes.hidden == 7168
     # a trace profile records neither hidden size nor draft tokens: both come from the flags
-    _one_line_error(*_cli(PREDICT_PIN + ["--hidden", "4096", "--write-env", "p.env"], capsys), "--draft-tokens N")
-    rc, _, err = _cli(PREDICT_PIN + ["--hidden", "4096", "--draft-tokens", "3", "--write-env", "p.env"], capsys)
+    one_line_error(*cli(PREDICT_PIN + ["--hidden", "4096", "--write-env", "p.env"], capsys), "--draft-tokens N")
+    rc, _, err = cli(PREDICT_PIN + ["--hidden", "4096", "--draft-tokens", "3", "--write-env", "p.env"], capsys)
     assert rc == 0, err
     assert (read_record("p.deploy.json").shapes.hidden, read_record("p.deploy.json").shapes.draft_tokens) == (4096, 3)
 
@@ -433,13 +416,13 @@ def test_launch_notes_env_settings_that_differ_from_the_record(box_dir, capsys, 
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
     write_record(record_path_for(env), decode_record(json.dumps(doc).encode()))
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_name": "G", "sm": [8, 9], "gpu_count": 8}')
-    rc, out, err = _cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
+    rc, out, err = cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
     assert rc == 0, err
     assert "note: d.env: NCCL settings differ from the deployment record's (NCCL_P2P_LEVEL: env SYS / record PHB)" \
         in " ".join(out.split())
     assert "NCCL_P2P_LEVEL=SYS" in out  # the env file's value is the one set
     env.write_text("NCCL_P2P_LEVEL=PHB\n")
-    rc, out, err = _cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
+    rc, out, err = cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
     assert rc == 0 and "differ from the deployment record" not in out, err
 
 
@@ -450,8 +433,8 @@ def test_launch_notes_env_settings_that_differ_from_the_record(box_dir, capsys, 
 def test_launch_env_with_a_record_folder_is_refused(box_dir, capsys, make):
     (box_dir / "x.env").write_text("NCCL_P2P_LEVEL=SYS\n")
     make(box_dir / "x.deploy.json")
-    rc, out, err = _cli(["launch", "--env", "x.env", "--dry-run", "--", "python", "x"], capsys)
-    _one_line_error(rc, out, err, "x.deploy.json", "cannot read the deployment record")
+    rc, out, err = cli(["launch", "--env", "x.env", "--dry-run", "--", "python", "x"], capsys)
+    one_line_error(rc, out, err, "x.deploy.json", "cannot read the deployment record")
 
 
 # --- low items ------------------------------------------------------------------------------------------
@@ -464,26 +447,26 @@ def test_launch_env_with_a_record_folder_is_refused(box_dir, capsys, make):
     ("1e9", ["--tok-s 1e+09", "shorter than the verify step"]),
 ])
 def test_tok_s_refused_before_any_output(box_dir, capsys, value, words):
-    rc, out, err = _cli(PREDICT_8 + ["--tok-s", value], capsys)
-    _one_line_error(rc, out, err, *words)
+    rc, out, err = cli(PREDICT_8 + ["--tok-s", value], capsys)
+    one_line_error(rc, out, err, *words)
     assert out == "", "nothing printed before the refusal"
 
 
 @pytest.mark.parametrize("name", ["x.txt", "y.deploy.json", ".env", "noext"])
 def test_write_env_needs_an_env_name(box_dir, capsys, name):
-    _one_line_error(*_cli(PREDICT_8 + ["--write-env", name], capsys), f"--write-env {name}", ".env")
+    one_line_error(*cli(PREDICT_8 + ["--write-env", name], capsys), f"--write-env {name}", ".env")
     assert sorted(p.name for p in box_dir.iterdir()) == sorted(
         ["topo.txt", "t2.txt", "afile", "p2pgood.json", "p2pbad.json", "pin.json"])
 
 
 def test_box_wording(box_dir, capsys, monkeypatch):
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", "[]")
-    line = _one_line_error(*_cli(["launch", "--backend", "pcie_ipc", "--dry-run", "--", "python", "x"], capsys),
+    line = one_line_error(*cli(["launch", "--backend", "pcie_ipc", "--dry-run", "--", "python", "x"], capsys),
                            "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
     assert "No such file" not in line
-    assert _cli(PREDICT_8 + ["--write-env", "e.env"], capsys)[0] == 0
+    assert cli(PREDICT_8 + ["--write-env", "e.env"], capsys)[0] == 0
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_count": 0}')
-    line = _one_line_error(*_cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys),
+    line = one_line_error(*cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys),
                            "this box has no GPU;")
     assert "0 x" not in line
 
@@ -492,7 +475,7 @@ def test_no_negative_zero_percent(box_dir, capsys):
     from fastverify.tune.predict import change_pct
 
     assert [change_pct(v) for v in (-0.0, -0.04, 0.04, -3.46, 2.0)] == ["0.0 %", "0.0 %", "0.0 %", "-3.5 %", "+2.0 %"]
-    rc, out, err = _cli(PREDICT_8 + ["--p2p-check", "p2pbad.json"], capsys)  # the baseline wins: a 0 % change
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json"], capsys)  # the baseline wins: a 0 % change
     assert rc == 0, err
     assert "-0.0 %" not in out and not re.search(r"--\d", out)
 

@@ -6,7 +6,6 @@ non-UTF-8 path is shown escaped, never as a traceback."""
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, subprocess_env
+from conftest import DATA, subprocess_env, tree_state
 
 TRACES = [
     DATA / "rccl_generic" / "rccl_generic_eager.trace.json.gz",
@@ -30,22 +29,6 @@ GOOD = TRACES[0]
 def _run(args, cwd, **kw):
     return subprocess.run([sys.executable, "-m", "fastverify", *args], cwd=cwd, env=subprocess_env(),
                           capture_output=True, timeout=180, **kw)
-
-
-def _tree(root: Path) -> dict:
-    """Every entry under ``root`` (links as links) → the hash of its bytes, or what it is."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(os.fsencode(root)):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            if os.path.islink(p):
-                out[p] = ("link", os.readlink(p))
-            elif os.path.isdir(p):
-                out[p] = "dir"
-            else:
-                with open(p, "rb") as f:
-                    out[p] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def _one_error_line(proc, *words):
@@ -201,20 +184,20 @@ def test_a_default_verify_log_report_gets_its_own_name(tmp_path):
 def test_a_symlinked_output_is_refused_in_one_line_and_nothing_is_written(tmp_path, flags, link):
     (tmp_path / "nowhere").mkdir()
     (tmp_path / link).symlink_to("nowhere/x")
-    before = _tree(tmp_path)
+    before = tree_state(tmp_path)
     proc = _run(["profile", "--trace", str(GOOD), "--quiet", *flags], tmp_path)
     line = _one_error_line(proc, link, "is a symlink", "refused")
     assert "nowhere/x" in line
-    assert _tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_a_symlink_to_an_existing_file_is_refused_too(tmp_path):
     (tmp_path / "real.json").write_text("old")
     (tmp_path / "link.json").symlink_to("real.json")
-    before = _tree(tmp_path)
+    before = tree_state(tmp_path)
     proc = _run(["profile", "--trace", str(GOOD), "--output", "link.json", "--no-png", "--quiet"], tmp_path)
     _one_error_line(proc, "--output link.json", "is a symlink (to real.json)")
-    assert _tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_the_writer_refuses_a_symlink_swapped_in_after_the_checks(tmp_path):
@@ -253,11 +236,11 @@ def test_a_bad_trace_with_a_non_utf8_name_is_one_line_with_the_bytes_escaped(tmp
     os.mkdir(d)
     with open(os.path.join(d, b"\xff.json"), "wb") as f:
         f.write(b"not json")
-    before = _tree(tmp_path)
+    before = tree_state(tmp_path)
     proc = _run(["profile", "--trace", os.fsdecode(d), "--quiet"], tmp_path)
     line = _one_error_line(proc, "tr\\xff")
     assert "\udcff" not in line
-    assert _tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_a_non_utf8_output_name_is_written_and_printed_escaped(tmp_path):

@@ -67,6 +67,7 @@ import pytest
 from conftest import sglang_python_or_skip
 
 from tests.conftest import run_fastverify
+from tests.sglang_server.harness import report_line
 
 KERNEL_DIR = Path(__file__).resolve().parent / "sglang_server" / "kernels" / "sgl_kernel"
 REPO = Path(__file__).resolve().parents[1]
@@ -439,16 +440,8 @@ ALGOS = {a.name: a for a in (Algo("eagle3_chain", "EAGLE3", "eagle3", 3, 1, 4, T
                              Algo("eagle3_tree", "EAGLE3", "eagle3", 4, 2, 8, True),
                              Algo("eagle_chain", "EAGLE", "eagle", 3, 1, 4, False))}
 TRACED = [n for n, a in ALGOS.items() if a.trace]
-_timings: list[str] = []
-
-
 def _report(request, line: str) -> None:
-    _timings.append(line)
-    pm = request.config.pluginmanager
-    tr, cap = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
-    if tr is not None and cap is not None:
-        with cap.global_and_fixture_disabled():  # shown even under -q and output capture
-            tr.write_line(f"[sglang eagle] {line}")
+    report_line(request, "sglang eagle", line)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import pytest
 from conftest import sglang_python_or_skip
 
 from tests.conftest import run_fastverify
-from tests.sglang_server.harness import HttpServer, http, launch_engine
+from tests.sglang_server.harness import HttpServer, http, launch_engine, report_line
 
 PROMPTS = ["one two three four five six seven", "the quick brown fox jumps over the lazy dog. the quick",
            "speculative decoding verifies draft tokens"]
@@ -53,16 +53,8 @@ STANDIN_MAX_ROWS = 4
 rows: every verify step (1 request x 4 NGRAM draft tokens = 4 rows) and no prefill of a prompt (each
 longer than 4 tokens), whose all-reduces must then be counted as its fallback."""
 
-_timings: list[str] = []
-
-
 def _report(request, line: str) -> None:
-    _timings.append(line)
-    pm = request.config.pluginmanager
-    tr, cap = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
-    if tr is not None and cap is not None:
-        with cap.global_and_fixture_disabled():  # shown even under -q and output capture
-            tr.write_line(f"[sglang server] {line}")
+    report_line(request, "sglang server", line)
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,13 @@ files than one server has (MAX_RANK_FILES); a non-UTF-8 folder name is shown esc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from conftest import run_fastverify
+from conftest import run_fastverify, tree_state
 
 
 def _rec(rank="0", **fields) -> str:
@@ -27,27 +26,10 @@ def _log(folder: Path, rank="0", lines=None) -> Path:
     return path
 
 
-def _tree(root: Path) -> dict:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(os.fsencode(root)):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            if os.path.islink(p):
-                out[p] = ("link", os.readlink(p))
-            elif os.path.isdir(p):
-                out[p] = "dir"
-            elif os.path.isfile(p):
-                with open(p, "rb") as f:
-                    out[p] = hashlib.sha256(f.read()).hexdigest()
-            else:
-                out[p] = "special"
-    return out
-
-
 def _refused(tmp_path: Path, args: list[str], *words: str) -> str:
     """Run `profile --verify-log ARGS`; exit 2, one `fastverify: error:` line holding ``words``,
     and nothing under tmp_path written, removed or changed."""
-    before = _tree(tmp_path)
+    before = tree_state(tmp_path)
     proc = run_fastverify(["profile", "--verify-log", *args, "--quiet"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -56,7 +38,7 @@ def _refused(tmp_path: Path, args: list[str], *words: str) -> str:
     for w in words:
         assert w in lines[0], (w, lines[0])
     assert proc.stdout == ""
-    assert _tree(tmp_path) == before, "a file was written or changed"
+    assert tree_state(tmp_path) == before, "a file was written or changed"
     return lines[0]
 
 

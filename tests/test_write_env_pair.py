@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
-from fastverify.cli import main
+from conftest import SHARED, cli, one_line_error
 from fastverify.deploy import read_record
 from fastverify.registry import BackendName
 from fastverify.tune import envfile
@@ -33,21 +32,6 @@ from fastverify.tune.envfile import read_env_file
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
 PREDICT_2 = ["tune", "--predict", "--model", "tiny", "--tp", "2", "--sm", "120"]
-
-
-def _cli(argv, capsys):
-    rc = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def _one_line_error(rc, out, err, *words):
-    assert rc == 2, (out, err)
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("fastverify: error: "), err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 def digest(folder: Path) -> dict:
@@ -73,7 +57,7 @@ def test_a_backend_winner_goes_to_the_record_and_the_env_file_stays_nccl_only(wo
     if not TOPO_307.is_file():
         pytest.skip(f"{TOPO_307} absent (../shared/inputs)")
     (work / "topo.txt").write_text(TOPO_307.read_text())
-    rc, out, err = _cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8", "--sm",
+    rc, out, err = cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8", "--sm",
                          "120", "--max-batch", "32", "--write-env", "k.env"], capsys)
     assert rc == 0, err
     rec = read_record("k.deploy.json")
@@ -100,7 +84,7 @@ def test_a_backend_winner_goes_to_the_record_and_the_env_file_stays_nccl_only(wo
     ("--p2p-check", "X.deploy.json.bak", "--write-env (backup of the deployment record)"),
 ])
 def test_a_backup_never_replaces_an_input(work, capsys, flag, bak, out_flag):
-    rc, _, err = _cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)  # X.env and its record
+    rc, _, err = cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)  # X.env and its record
     assert rc == 0, err
     if flag == "--topology":
         (work / bak).write_text(TWO_GPU_TOPO)
@@ -110,15 +94,15 @@ def test_a_backup_never_replaces_an_input(work, capsys, flag, bak, out_flag):
                                 '{"src": 1, "dst": 0, "ok": true, "reason": ""}]')
         argv = PREDICT_2 + ["--topology", "t2.txt", "--p2p-check", bak, "--write-env", "X.env"]
     before = digest(work)
-    _one_line_error(*_cli(argv, capsys), out_flag, bak, flag, "an output never replaces an input")
+    one_line_error(*cli(argv, capsys), out_flag, bak, flag, "an output never replaces an input")
     assert digest(work) == before
 
 
 def test_the_tuner_config_never_lands_on_a_backup(work, capsys):
-    rc, _, err = _cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)
+    rc, _, err = cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)
     assert rc == 0, err
     before = digest(work)
-    _one_line_error(*_cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env", "--write-tuner-config",
+    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env", "--write-tuner-config",
                                        "X.env.bak"], capsys), "--write-tuner-config", "X.env.bak", "backup")
     assert digest(work) == before
 
@@ -127,7 +111,7 @@ def test_without_an_old_file_the_bak_named_input_is_still_refused(work, capsys):
     """Refused whether or not X.env exists yet: the check does not depend on timing."""
     (work / "X.env.bak").write_text(TWO_GPU_TOPO)
     before = digest(work)
-    _one_line_error(*_cli(PREDICT_2 + ["--topology", "X.env.bak", "--write-env", "X.env"], capsys), "X.env.bak")
+    one_line_error(*cli(PREDICT_2 + ["--topology", "X.env.bak", "--write-env", "X.env"], capsys), "X.env.bak")
     assert digest(work) == before and not (work / "X.env").exists() and not (work / "X.deploy.json").exists()
 
 
@@ -137,7 +121,7 @@ def test_without_an_old_file_the_bak_named_input_is_still_refused(work, capsys):
 def test_an_env_path_that_is_a_folder_leaves_no_record(work, capsys):
     (work / "X.env").mkdir()
     before = digest(work)
-    _one_line_error(*_cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys), "X.env",
+    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys), "X.env",
                     "directory")
     assert digest(work) == before and not (work / "X.deploy.json").exists()
 
@@ -156,13 +140,13 @@ def _fail_replace(monkeypatch, target: Path):
 
 @pytest.mark.parametrize("fails", ["X.env", "X.deploy.json", "X.env.bak", "X.deploy.json.bak"])
 def test_a_failed_write_leaves_the_old_pair_untouched(work, capsys, monkeypatch, fails):
-    rc, _, err = _cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)
+    rc, _, err = cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys)
     assert rc == 0, err
     for bak in ("X.env.bak", "X.deploy.json.bak"):
         (work / bak).unlink(missing_ok=True)
     before = digest(work)
     _fail_replace(monkeypatch, work / fails)
-    _one_line_error(*_cli(PREDICT_2 + ["--topology", "t2.txt", "--pcie-gen", "5", "--write-env", "X.env"], capsys),
+    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--pcie-gen", "5", "--write-env", "X.env"], capsys),
                     f"{fails}: cannot write", "No space left on device")
     assert digest(work) == before, "no file changed, none added (no .bak, no temporary file)"
 
@@ -171,7 +155,7 @@ def test_a_failed_write_leaves_the_old_pair_untouched(work, capsys, monkeypatch,
 def test_a_failed_first_write_leaves_neither_file(work, capsys, monkeypatch, fails):
     before = digest(work)
     _fail_replace(monkeypatch, work / fails)
-    _one_line_error(*_cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys),
+    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--write-env", "X.env"], capsys),
                     f"{fails}: cannot write")
     assert digest(work) == before
     assert not (work / "X.env").exists() and not (work / "X.deploy.json").exists()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -165,7 +166,6 @@ def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float
     of the run still alive (:func:`run_processes`: the session, its descendants, and any process
     with the run's ``FVTEST_STATS_DIR`` in its environment) is SIGKILLed by pid, so no SGLang worker
     outlives the test."""
-    import signal
 
     proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -183,16 +183,30 @@ def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float
     end = time.monotonic() + 30
     # the launcher itself is reaped by now: its pid is left out (it could already be another process's)
     while (left := [p for p in run_processes(proc.pid, marker) if p != proc.pid]) and time.monotonic() < end:
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        sigkill(left)
         time.sleep(0.2)
     return rc, so or "", se or ""
 
 
 # --- a run that a test ends itself (kill -9 of a TP worker) -----------------------------------------
+
+
+def sigkill(pids) -> None:
+    """SIGKILL each of ``pids``; one already gone is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def report_line(request, tag: str, line: str) -> None:
+    """Print ``[tag] line`` in the test session's output, shown even under ``-q`` and capture."""
+    pm = request.config.pluginmanager
+    tr, cap = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
+    if tr is not None and cap is not None:
+        with cap.global_and_fixture_disabled():
+            tr.write_line(f"[{tag}] {line}")
 
 
 def _proc_stat(pid: str) -> tuple[int, int, int, str] | None:
@@ -295,11 +309,7 @@ class EngineProcess:
         left = self.processes()
         while left and time.monotonic() < end:
             found.update(left)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(left)
             time.sleep(0.1)
             left = self.processes()
         try:
