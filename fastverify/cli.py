@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
-from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, path_text
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,9 +73,9 @@ def _add_profile(sub) -> None:
                             "(steps, p50/p90 per rank, clock); DIR DIR2: before and after, and the change"))
     prof.add_argument("--model", default="tiny",
                       help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
-    prof.add_argument("--tp", type=_positive, default=2, help="live run: tensor-parallel world size")
+    prof.add_argument("--tp", "--tp-size", type=_positive, default=2, help="live run: tensor-parallel world size")
     # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
-    prof.add_argument("--draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
+    prof.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
     prof.add_argument("--batch", type=_bounded(1, MAX_BATCH), default=1, help="live run: requests in the verify batch (B)")
     prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
     prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
@@ -109,6 +109,8 @@ def _add_profile(sub) -> None:
 
 
 def _add_topo(sub) -> None:
+    from fastverify.topo.command import add_arguments
+
     topo = sub.add_parser(
         "topo",
         allow_abbrev=False,
@@ -120,21 +122,26 @@ def _add_topo(sub) -> None:
                      "all_reduce_perf table, in any combination; partial evidence gives a partial diagnosis."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    topo.add_argument("--nvidia-smi", type=Path, metavar="FILE", help="output of `nvidia-smi topo -m`")
-    topo.add_argument("--nccl-log", type=Path, metavar="FILE",
-                      help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)")
-    topo.add_argument("--perf-table", type=Path, metavar="FILE",
-                      help="output of nccl-tests all_reduce_perf on this box (measured NCCL times; MPI-prefixed is fine)")
-    topo.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                      help="evaluate this NCCL setting as if it were in the environment (repeatable); "
-                           "an unknown name or a value NCCL rejects is an error")
-    topo.add_argument("--hidden", type=_bounded(1, 1 << 17), default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
-    topo.add_argument("--draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
-    topo.add_argument("--batch", type=_bounded(1, MAX_BATCH), nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
-    topo.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4,
-                      help="PCIe generation for the cost model when the input does not say")
-    topo.add_argument("--sm", type=_bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
-    topo.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    add_arguments(topo, _bounded)
+
+
+def _add_p2p(sub) -> None:
+    p = sub.add_parser(
+        "p2p",
+        allow_abbrev=False,
+        help="the real GPU P2P check: every ordered GPU pair's memory written and read (GPU box only)",
+        description=("Child processes open and write each GPU pair's memory through CUDA IPC, both ways; a hang "
+                     "counts as a failure. Prints the check's JSON (the GPUs tested, by CUDA ordinal, NVML index, "
+                     "PCI bus id and UUID, and a result per ordered pair) that `tune --p2p-check` and "
+                     "`launch --p2p-check` read; cached per box. Exit 1 if any pair fails."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from fastverify.topo.p2p import DEFAULT_TIMEOUT_S
+
+    p.add_argument("--output", type=Path, metavar="FILE", default=None,
+                   help="write the JSON there (a new file) instead of printing it")
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help="seconds per pair")
+    p.add_argument("--refresh", action="store_true", help="run again even where this box's result is cached")
 
 
 def _add_tune(sub) -> None:
@@ -195,7 +202,7 @@ def _add_launch(sub) -> None:
     launch.add_argument("--deployment", type=Path, metavar="FILE",
                         help="deployment record [default: X.deploy.json beside the --env file X.env]")
     launch.add_argument("--p2p-check", type=Path, metavar="FILE",
-                        help="JSON of `python -m fastverify.topo.p2p check` (proves P2P for pcie_ipc, fused, b12x)")
+                        help="JSON of `fastverify p2p` (proves P2P for pcie_ipc, fused, b12x)")
     launch.add_argument("--describe-box", metavar="JSON|FILE", default=None, help=argparse.SUPPRESS)
     launch.add_argument("--profile-verify", type=Path, metavar="DIR",
                         help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
@@ -254,6 +261,7 @@ def _add_report(sub) -> None:
 _COMMANDS = {
     "profile": ('split the verify step into compute and all-reduce time', _add_profile),
     "topo": ('diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce', _add_topo),
+    "p2p": ("the real GPU P2P check: every ordered GPU pair's memory written and read (GPU box only)", _add_p2p),
     "tune": ('sweep NCCL settings and all-reduce backends on the verify shapes; write the winner', _add_tune),
     "doctor": ('check a box end to end before tuning; exercise every GPU code path on the GPUs present', _add_doctor),
     "launch": ('start SGLang with the tuned settings and the fastverify patch in every TP worker', _add_launch),
@@ -278,8 +286,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-_LIVE_FLAGS = ("--model", "--tp", "--draft-tokens", "--batch", "--iters", "--warmup", "--device", "--timeout",
-               "--backend", "--dtype")
+_LIVE_FLAGS = ("--model", "--tp", "--tp-size", "--draft-tokens", "--speculative-num-draft-tokens", "--batch",
+               "--iters", "--warmup", "--device", "--timeout", "--backend", "--dtype")
 
 
 def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
@@ -500,88 +508,6 @@ def _raise_terminated(signum, _frame) -> None:
     raise _Terminated(signum)
 
 
-def _cmd_topo(args: argparse.Namespace) -> int:
-    import os
-
-    from fastverify.nccl.catalogue import Severity, validate_setting
-    from fastverify.topo.diagnose import diagnose
-
-    for item in args.set:  # the form first, before reading any input
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
-        if value == "":  # refused as the env file refuses it (fastverify/tune/envfile.py)
-            raise UserError(f"--set {item!r}: {name} has an empty value (leave the setting out instead)")
-    topo = log = None
-    if args.nvidia_smi:
-        from fastverify.topo.matrix import parse_nvidia_smi_topo
-
-        topo = parse_nvidia_smi_topo(_read_text(args.nvidia_smi), source=path_text(args.nvidia_smi))
-    if args.nccl_log:
-        from fastverify.nccl.logparse import parse_nccl_log
-
-        text = _read_text(args.nccl_log, "log")
-        log = parse_nccl_log(text, source=path_text(args.nccl_log))
-        cut = [p for p in log.problems if "cut off" in p]
-        if cut:
-            raise UserError(f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
-                            "capture it again (or end it with a newline if it is complete)")
-    perf = None
-    if args.perf_table:
-        from fastverify.nccl.perftable import parse_all_reduce_perf
-
-        text = _read_text(args.perf_table)
-        perf = parse_all_reduce_perf(text, source=path_text(args.perf_table))
-        if log is None and "NCCL INFO" in text:
-            # NCCL_DEBUG=INFO shares all_reduce_perf's stdout: its lines are the run's NCCL log
-            from fastverify.nccl.logparse import parse_nccl_log
-
-            try:
-                log = parse_nccl_log(text, source=path_text(args.perf_table))
-            except UserError:
-                log = None  # "NCCL INFO" only in a comment: the table stands alone
-    if topo is None and log is None and perf is None:
-        from fastverify.topo.nvml import read_nvml_topology
-
-        topo = read_nvml_topology()  # UserError on a machine without GPUs names the offline options
-    env = dict(os.environ)
-    version = None
-    if not (log and log.version):
-        from fastverify.nccl.version import read_nccl_version
-
-        found = read_nccl_version()
-        version = str(found) if found else None
-    for item in args.set:
-        name, _, value = item.partition("=")
-        from fastverify.nccl.version import NcclVersion
-
-        finding = validate_setting(name, value, NcclVersion.parse(log.version if log and log.version else version)
-                                   if (log and log.version) or version else None)
-        if finding.severity is Severity.ERROR:
-            raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
-        env[name] = value
-    if args.set:  # the --set values against each other and the environment (MIN over MAX channels, ...)
-        from fastverify.nccl.catalogue import validate_settings
-
-        given = {item.partition("=")[0] for item in args.set}
-        ver = log.version if log and log.version else version
-        for f in validate_settings({k: v for k, v in env.items() if k.startswith("NCCL_")},
-                                   NcclVersion.parse(ver) if ver else None):
-            if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
-                raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
-    d = diagnose(topo, log, env, nccl_version=version, hidden=args.hidden, draft_tokens=args.draft_tokens,
-                 batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm, perf=perf)
-    if args.json:
-        import orjson
-
-        sys.stdout.write(orjson.dumps(d.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
-    else:
-        from fastverify.topo.report import print_diagnosis
-
-        print_diagnosis(d)
-    return 0
-
-
 def _cmd_launch(args: argparse.Namespace) -> int:
     import os
 
@@ -622,12 +548,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
         print_checks(checks, Console(width=None if sys.stdout.isatty() else 150))
     return 1 if summary["verdict"] == "fail" else 0
-
-
-def _read_text(path: Path, kind: str = "text") -> str:
-    from fastverify.inputs import read_text
-
-    return read_text(path, kind=kind, errors="replace")
 
 
 _PROGRAM: dict = {}  # set by run(): this process is the fastverify program, not a caller of main()
@@ -693,7 +613,13 @@ def _main(argv: list[str]) -> int:
         if args.command == "profile":
             return _cmd_profile(args, argv)
         if args.command == "topo":
-            return _cmd_topo(args)
+            from fastverify.topo.command import run as run_topo
+
+            return run_topo(args)
+        if args.command == "p2p":
+            from fastverify.topo.p2p import run_check_command
+
+            return run_check_command(output=args.output, timeout_s=args.timeout, refresh=args.refresh)
         if args.command == "patch":
             from fastverify.patch.check import check, format_report
 

@@ -302,7 +302,7 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
         how = f" ({p2p_source})" if p2p_source else ""
         state = "fails" if p2p_ok is False else "is not proven"
         return (f"{n}: needs P2P between every GPU pair and it {state} on this box{how}; "
-                "run `python -m fastverify.topo.p2p check` or use nccl")
+                "run `fastverify p2p` or use nccl")
     # An SGLang without the backend's own switch module (``sglang_has_switch`` False) is not a
     # refusal: the in-rank patch routes GroupCoordinator.all_reduce itself (Reach.patch_dispatch).
     return None

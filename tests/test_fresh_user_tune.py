@@ -272,7 +272,7 @@ def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
     # GPU 5 cannot reach GPU 0's memory: that pair is SHM at any level, so SYS moves 15 of the 16
     # SYS pairs (27/28) and the ring stays SHM-paced: SYS gains nothing, the baseline is kept.
     assert "27/28" in text and "28/28" not in text
-    assert "fastverify.topo.p2p check" not in text
+    assert "fastverify p2p" not in text
     assert read_env_file("b.env") == {}
     assert read_record("b.deploy.json").p2p.ok is False
 
@@ -282,7 +282,7 @@ def test_predict_with_a_passing_p2p_check_does_not_ask_for_it(box_dir, capsys):
     assert rc == 0, err
     text = " ".join(out.split())
     assert "28/28" in text and "assuming the driver allows it" not in text
-    assert "fastverify.topo.p2p check" not in text
+    assert "fastverify p2p" not in text
 
 
 def test_a_p2p_check_of_another_box_is_refused(box_dir, capsys):

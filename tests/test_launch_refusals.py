@@ -46,7 +46,7 @@ SHAPES = VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168)
 
 
 def check_doc(rows, gpus=GPUS):
-    """What `python -m fastverify.topo.p2p check` prints: the GPUs it tested, by CUDA ordinal, and the rows."""
+    """What `fastverify p2p` prints: the GPUs it tested, by CUDA ordinal, and the rows."""
     return {"schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": None, "cuda_device_order": None,
             "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": "G"}
                      for k, g in enumerate(gpus)], "results": rows}

@@ -56,7 +56,7 @@ def pairs(ordinals):
 
 
 def check_file(path: Path, gpus=BOX_A, rows=None, *, ordinals=None, failing=(), cvd=None) -> Path:
-    """A file as `python -m fastverify.topo.p2p check` writes it: ``gpus`` at CUDA ordinals
+    """A file as `fastverify p2p` writes it: ``gpus`` at CUDA ordinals
     ``ordinals`` (default 0..n-1), and ``rows`` (default every ordered pair, passing)."""
     ordinals = list(range(len(gpus))) if ordinals is None else list(ordinals)
     rows = pairs(ordinals) if rows is None else rows
@@ -163,14 +163,14 @@ def test_the_issues_gpus_50_to_57_are_refused_in_both_forms(tmp_path):
     with pytest.raises(UserError) as e:
         plan(old)
     assert str(e.value) == (f"{old}: this P2P check names no GPU (written before the check recorded which GPUs it "
-                            "tested), so it cannot show they are this box's: rerun `python -m fastverify.topo.p2p "
-                            "check > FILE` on this box")
+                            "tested), so it cannot show they are this box's: rerun `fastverify p2p --output FILE` "
+                            "on this box")
 
 
 def test_an_old_file_of_this_box_is_refused_too_and_the_old_cache_file(tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps([{"src": i, "dst": j, "ok": True, "reason": "ok"} for i, j in pairs(range(8))]))
-    with pytest.raises(UserError, match="names no GPU.*rerun `python -m fastverify.topo.p2p check"):
+    with pytest.raises(UserError, match="names no GPU.*rerun `fastverify p2p"):
         plan(old)
     cache = tmp_path / "cache.json"
     cache.write_text(json.dumps({"schema_version": 1, "results": json.loads(old.read_text())}))
@@ -331,7 +331,7 @@ def test_check_names_each_cuda_ordinal_as_nvml_does(tmp_path, uuid):
 
 
 def test_the_check_command_prints_the_gpus_and_caches_them(tmp_path, monkeypatch, capsys):
-    """`python -m fastverify.topo.p2p check` end to end with the CUDA parts stood in for."""
+    """`fastverify p2p` end to end with the CUDA parts stood in for."""
     ids = P.gpu_identities(nvml=FakeNvml(BOX_A), torch_mod=FakeTorch(list(range(8))))
     monkeypatch.setattr(P, "_gpu_count_or_fail", lambda: 8)
     monkeypatch.setattr(P, "gpu_identities", lambda: ids)

@@ -125,7 +125,7 @@ def test_import_hook_route_and_pythonpath(tmp_path):
 
 
 def _proven(tmp_path):
-    """The JSON `python -m fastverify.topo.p2p check` prints when every pair of H100's 8 GPUs passed."""
+    """The JSON `fastverify p2p` prints when every pair of H100's 8 GPUs passed."""
     import json
 
     p = tmp_path / "p2p-proven.json"

@@ -61,7 +61,7 @@ class Evidence:
     nccl_log: object | None = None  # fastverify.nccl.logparse.NcclLog
     iommu: dict | None = None
     sweep: dict | None = None
-    p2p_check: list | None = None  # rows of `python -m fastverify.topo.p2p check`
+    p2p_check: list | None = None  # rows of `fastverify p2p`
     nvml: dict | None = None  # fastverify.topo.matrix.Topology.as_dict of NVML
     topo: object | None = None  # fastverify.topo.diagnose.Diagnosis of `nvidia-smi topo -m`, NCCL's defaults
     world_size: int | None = None
@@ -262,7 +262,7 @@ def _idle(split: CycleSplit, means: dict, cycle_us: float) -> list[Flag]:
                                              f"graph ({v['eager_us'] / 1000:.3f} ms)",
                             (f"{m}: some kernels replay from a graph, {v['eager_kernels']:g} do not",),
                             "check why the forward falls back to eager launches (capture sizes: "
-                            "--cuda-graph-max-bs, the batch seen here)"))
+                            "--cuda-graph-max-bs-decode, the batch seen here)"))
     return out
 
 

@@ -13,8 +13,7 @@ What launch reads and checks, before anything starts:
   a backend SGLang cannot reach on this box is refused, exit 2, one line (``fused`` on SM89/SM120:
   SGLang 0.5.23 calls ``RMSNorm.forward_with_allreduce_fusion`` only on SM90/SM100).
 * P2P for backends that need it (``pcie_ipc``, ``fused``, ``b12x``, ``custom_ar``): only a real
-  check proves it, and only for the GPUs it tested. ``--p2p-check FILE`` (the JSON of ``python -m
-  fastverify.topo.p2p check``, which names each GPU it tested by NVML index, PCI bus id and UUID)
+  check proves it, and only for the GPUs it tested. ``--p2p-check FILE`` (the JSON of ``fastverify p2p``, which names each GPU it tested by NVML index, PCI bus id and UUID)
   proves P2P when every GPU of the server's TP group is one the check tested and every ordered
   pair ``(i, j)``, ``i != j``, of the group passed (:func:`fastverify.topo.p2p.proof_for`); else
   it is refused, one line naming the file: an older file naming no GPU ("rerun the check"), a
@@ -428,7 +427,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     deployment
         A deployment record to use instead of the one beside the env file.
     p2p_file
-        The JSON of ``python -m fastverify.topo.p2p check`` (replaces the record's P2P facts).
+        The JSON of ``fastverify p2p`` (replaces the record's P2P facts).
     box
         The box to check against (tests: a described box); default ``FASTVERIFY_DESCRIBE_BOX``,
         else :func:`fastverify.topo.box.read_box`.

@@ -9,7 +9,7 @@
   and for checking a record on a machine other than the target (``launch`` reads it from the
   ``FASTVERIFY_DESCRIBE_BOX`` variable or its hidden ``--describe-box`` flag).
 * :func:`read_p2p_file`: :class:`~fastverify.deploy.P2PFacts` from the output of the real check
-  (``python -m fastverify.topo.p2p check > p2p.json``, or its cache file
+  (``fastverify p2p --output p2p.json``, or its cache file
   ``~/.cache/fastverify/p2p-<fingerprint>.json``): the only source that *proves* P2P.
 * :func:`p2p_from_topology` / :func:`p2p_from_results`: facts from NVML's P2P status (not proof)
   or from :func:`fastverify.topo.p2p.check_p2p` results (proof).
@@ -211,8 +211,8 @@ def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p
 
 
 def read_p2p_results(path: str | Path) -> dict:
-    """The per-direction results of the real check's JSON: the document ``python -m
-    fastverify.topo.p2p check`` prints (either version), or its cache file; read by
+    """The per-direction results of the real check's JSON: the document ``fastverify p2p``
+    prints (either version), or its cache file; read by
     :func:`fastverify.topo.p2p.read_check_file`, the one reader of that file.
 
     Returns

@@ -413,7 +413,7 @@ def _predicted_gain_pct(preds: list[Prediction]) -> float:
 def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
     if not pairs and n in (0, 2, 4, 8):
         return {"possible": None, "reason": "unknown from this input: no GPU pair known (add --nvidia-smi, or run "
-                                            "`python -m fastverify.topo.p2p check` on the box)"}
+                                            "`fastverify p2p` on the box)"}
     if n not in (2, 4, 8):
         return {"possible": False, "reason": f"world size {n}: FlashInfer's PCIe IPC all-reduce takes 2, 4 or 8 GPUs"}
     no = [f"{p.a}-{p.b}" for p in pairs if p.hw_p2p is False]
@@ -422,7 +422,7 @@ def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
     unknown = [p for p in pairs if p.hw_p2p is None]
     if unknown:
         return {"possible": None, "reason": "peer access unknown from this input: run the real P2P check on the box "
-                                            "(python -m fastverify.topo.p2p check)"}
+                                            "(fastverify p2p)"}
     return {"possible": True, "reason": "every pair reports CUDA peer access; deploy it with `fastverify launch "
                                         "--backend pcie_ipc --p2p-check FILE` (launch sets SGLang's switch after the proof)"}
 
@@ -522,7 +522,7 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
         verb = "set" if known else "try"
         acts.append(f"{verb} NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P"
                     + ("" if known else " if the driver allows P2P there (unknown from this input; check with "
-                       "`python -m fastverify.topo.p2p check`)")
+                       "`fastverify p2p`)")
                     + f"; predicted all-reduce change {gain_pct:+.0f} % at the smallest verify size, within the "
                       "model's error (~10 %), so measure it: NCCL keeps cross-root-port and cross-socket pairs on "
                       "SHM by default because P2P there is often no faster and ACS/IOMMU can make it slow or hang")

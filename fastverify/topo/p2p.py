@@ -26,7 +26,7 @@ This checks legacy CUDA IPC (``cudaIpcOpenMemHandle``), the mechanism of the PCI
 (SGLang/vLLM custom all-reduce, FlashInfer); NCCL may use cuMem handles instead
 (``NCCL_CUMEM_ENABLE``), which share the same fabric path.
 
-The check file (``python -m fastverify.topo.p2p check > p2p.json``, schema
+The check file (``fastverify p2p --output p2p.json``, schema
 ``fastverify.p2p_check`` version 2, :func:`check_document`) names the GPUs it tested, so a proof
 is bound to a box, not to a count of passing directions::
 
@@ -274,7 +274,7 @@ def gpu_identities(nvml: Any | None = None, torch_mod: Any | None = None) -> lis
 
 def check_document(results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict],
                    environ: dict[str, str] | None = None) -> dict:
-    """The JSON ``python -m fastverify.topo.p2p check`` prints (module docstring)."""
+    """The JSON ``fastverify p2p`` prints (module docstring)."""
     env = os.environ if environ is None else environ
     return {"schema": CHECK_SCHEMA, "version": CHECK_VERSION,
             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
@@ -333,7 +333,7 @@ class CheckFile:
 
 
 def read_check_file(path: str | os.PathLike) -> CheckFile:
-    """Read the output of ``python -m fastverify.topo.p2p check`` (version 2, module docstring),
+    """Read the output of ``fastverify p2p`` (version 2, module docstring),
     its cache file, or the older bare result list (``gpus`` None then).
 
     Raises
@@ -353,14 +353,14 @@ def read_check_file(path: str | os.PathLike) -> CheckFile:
     except RecursionError:
         raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{p}: not the JSON of `python -m fastverify.topo.p2p check`") from None
+        raise UserError(f"{p}: not the JSON of `fastverify p2p`") from None
     if isinstance(doc, dict) and "schema" in doc and (doc.get("schema") != CHECK_SCHEMA
                                                       or doc.get("version") != CHECK_VERSION):
         raise UserError(f"{p}: not a P2P check this fastverify reads (schema {doc.get('schema')!r} version "
                         f"{doc.get('version')!r}, expected {CHECK_SCHEMA!r} version {CHECK_VERSION})")
     rows = doc.get("results") if isinstance(doc, dict) else doc
     if not isinstance(rows, list) or not rows:
-        raise UserError(f"{p}: no P2P results (expected the JSON `python -m fastverify.topo.p2p check` prints)")
+        raise UserError(f"{p}: no P2P results (expected the JSON `fastverify p2p` prints)")
     results: dict[tuple[int, int], P2PResult] = {}
     for row in rows:
         ok = row.get("ok") if isinstance(row, dict) else None
@@ -369,7 +369,7 @@ def read_check_file(path: str | os.PathLike) -> CheckFile:
             raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
         if (src, dst) in results:
             raise UserError(f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
-                            "(rerun `python -m fastverify.topo.p2p check`)")
+                            "(rerun `fastverify p2p`)")
         results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
     gpus = None
     raw = doc.get("gpus") if isinstance(doc, dict) else None
@@ -410,7 +410,7 @@ def complete_gpus(check: CheckFile) -> tuple:
 
 
 OLD_CHECK = ("names no GPU (written before the check recorded which GPUs it tested), so it cannot show "
-             "they are this box's: rerun `python -m fastverify.topo.p2p check > FILE` on this box")
+             "they are this box's: rerun `fastverify p2p --output FILE` on this box")
 
 
 def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "") -> tuple[bool, str]:
@@ -437,7 +437,7 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
         if not hits:
             tested = ", ".join(h.label() for _, h in sorted(check.gpus.items()))
             raise UserError(f"{p}: the P2P check did not test {g.label()}, TP rank {rank}'s GPU on this box (it tested "
-                            f"{tested}): rerun `python -m fastverify.topo.p2p check` on this box with the server's "
+                            f"{tested}): rerun `fastverify p2p` on this box with the server's "
                             "CUDA_VISIBLE_DEVICES")
         ordinal.append(hits[0])
     world = len(tp_gpus)
@@ -450,7 +450,7 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
             if r is None:
                 raise UserError(f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
                                 f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
-                                f"needs all {world * (world - 1)} ordered pairs: rerun `python -m fastverify.topo.p2p check`")
+                                f"needs all {world * (world - 1)} ordered pairs: rerun `fastverify p2p`")
             if not r.ok:
                 failed.append((a, b, r.reason))
     if failed:
@@ -773,6 +773,35 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
 
     rows = [dict(src=i, dst=j, **direction("a", "b")), dict(src=j, dst=i, **direction("b", "a"))]
     _write_json_atomic(out_path, {"results": rows})
+
+
+def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -> int:
+    """``fastverify p2p``: the check on every GPU pair, its JSON (:func:`check_document`) printed,
+    or written to ``output`` by the one writer (:func:`fastverify.procs.write_files`) with a
+    one-line summary. Returns 0 when every ordered pair passed, else 1.
+
+    Raises
+    ------
+    UserError
+        No GPU pair to check (fewer than 2 GPUs, no NVIDIA driver), or an unusable ``output``.
+    """
+    from fastverify.procs import check_outputs, check_writable, refuse_symlink, write_files
+
+    if output is not None:
+        refuse_symlink(output, "--output")
+        check_outputs({"--output": output})
+        check_writable(output)
+    _gpu_count_or_fail()
+    gpus = gpu_identities()
+    results = check_p2p(timeout_s=timeout_s, refresh=refresh, gpus=gpus)
+    text = json.dumps(check_document(results, gpus), indent=1) + "\n"
+    ok = sum(r.ok for r in results.values())
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_files([(output, lambda tmp: tmp.write_text(text))])
+        print(f"P2P: {ok} of {len(results)} ordered GPU pairs passed; wrote {output}")
+    return 0 if ok == len(results) else 1
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

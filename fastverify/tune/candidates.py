@@ -331,7 +331,7 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
         if info.needs_p2p and assumed:
             fig = replace(fig, notes=fig.notes + (
                 f"assumes P2P between every GPU pair, which is not proven ({p2p_source}): run "
-                "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json",))
+                "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json",))
         figures.append(fig)
     ranked_f = sorted((f for f in figures if f.ranked),
                       key=lambda f: (round(f.point_us, 6), not f.is_baseline, len(f.settings), f.name))

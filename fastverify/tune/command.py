@@ -64,13 +64,13 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w = p.add_argument_group("workload (a profile, or a model's shapes)")
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, deepseek-v3) or config.json [default: tiny]")
-    w.add_argument("--tp", type=bounded(2, 64), default=None,
+    w.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
                    help="tensor-parallel world size [default: a profile's own; 2 with --model]")
-    w.add_argument("--draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
+    w.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
                    help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
                         "own; 4 with --model]")
     w.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="requests per verify batch")
-    w.add_argument("--max-batch", type=bounded(1, MAX_BATCH), default=None,
+    w.add_argument("--max-batch", "--cuda-graph-max-bs-decode", type=bounded(1, MAX_BATCH), default=None,
                    help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs-decode), recorded "
                         "in the deployment record [default: the workload's batch]")
     w.add_argument("--hidden", type=bounded(1, MAX_HIDDEN), default=None,
@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     b.add_argument("--sm", type=bounded(30, 300), default=89, help="compute capability x10 for the model (and, "
                                                                     "with --predict, the deployment record's box)")
     b.add_argument("--p2p-check", type=Path, metavar="FILE", default=None,
-                   help="JSON of `python -m fastverify.topo.p2p check` [default: run it on a GPU box]")
+                   help="JSON of `fastverify p2p` [default: run it on a GPU box]")
     b.add_argument("--perf-table", type=Path, metavar="FILE", default=None,
                    help="nccl-tests all_reduce_perf output from this box: NCCL measured there replaces the "
                         "model's NCCL baseline (second only to a --profile's own times)")
@@ -471,7 +471,7 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
                       f"PREDICTED) and {rec_p}", markup=False)
         if backend_info(name).needs_p2p and not p2p.proven:
             console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                          "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json", markup=False)
+                          "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
     if args.write_tuner_config is not None:
         nccl_best = pred.best_nccl.nccl
         write_tuner_config(args.write_tuner_config, tuner_choices(nccl_best),
@@ -608,7 +608,7 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
         console.print(f"wrote {env_p} and {rec_p} (backend {name.value})", markup=False)
         if info.needs_p2p and not p2p.proven:
             console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                          "`python -m fastverify.topo.p2p check > p2p.json` and pass --p2p-check p2p.json", markup=False)
+                          "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
     return 0
 
 

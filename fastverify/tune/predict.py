@@ -224,7 +224,7 @@ def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: in
                          "assuming the driver allows it: run the check with every GPU of the box visible")
         elif unknown:
             notes.append(f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P assuming the driver allows it "
-                         "(unknown from nvidia-smi text): check with `python -m fastverify.topo.p2p check`; consumer "
+                         "(unknown from nvidia-smi text): check with `fastverify p2p`; consumer "
                          "GPUs on stock drivers refuse P2P and stay on SHM; ACS/IOMMU can make it slow or hang")
         out.append(_Level(level, lvl, {"NCCL_P2P_LEVEL": level}, transports, tuple(notes)))
     return out
