@@ -464,6 +464,9 @@ def test_box_wording(box_dir, capsys, monkeypatch):
     line = one_line_error(*cli(["launch", "--backend", "pcie_ipc", "--dry-run", "--", "python", "x"], capsys),
                            "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
     assert "No such file" not in line
+    # tune reads the described box too: the same bad description is the same one line
+    one_line_error(*cli(PREDICT_8, capsys), "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
+    monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX")
     assert cli(PREDICT_8 + ["--write-env", "e.env"], capsys)[0] == 0
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_count": 0}')
     line = one_line_error(*cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys),

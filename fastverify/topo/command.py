@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
     p.add_argument("--hidden", type=bounded(1, 1 << 17), default=7168, help="model hidden size (verify message = tokens x hidden x 2 B)")
     p.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
     p.add_argument("--batch", type=bounded(1, MAX_BATCH), nargs="+", default=[1, 2, 4, 8, 16, 32], help="verify batch sizes")
-    p.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4,
-                      help="PCIe generation for the cost model when the input does not say")
-    p.add_argument("--sm", type=bounded(30, 300), default=89, help="GPU compute capability x10 for the cost model (89 = Ada)")
+    from fastverify.topo.boxfacts import add_box_arguments
+
+    add_box_arguments(p, bounded)
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
@@ -107,14 +107,20 @@ def run(args: argparse.Namespace) -> int:
                                    NcclVersion.parse(ver) if ver else None):
             if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
                 raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
+    from fastverify.topo.boxfacts import resolve_args
+
+    gpus = len(topo.gpus) if topo is not None else (log.n_ranks if log is not None else None)
+    facts = resolve_args(args, topology_gpus=gpus)
     d = diagnose(topo, log, env, nccl_version=version, hidden=args.hidden, draft_tokens=args.draft_tokens,
                  batches=tuple(args.batch), pcie_gen=args.pcie_gen, sm=args.sm, perf=perf)
     if args.json:
         import orjson
 
-        sys.stdout.write(orjson.dumps(d.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+        doc = {"box": facts.as_dict(), **d.as_dict()}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
         from fastverify.topo.report import print_diagnosis
 
+        print(facts.first_line())
         print_diagnosis(d)
     return 0

@@ -85,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     b.add_argument("--topology", type=Path, metavar="FILE", help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
                                                         "library's own, else the newest known]")
-    b.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=4, help="PCIe generation for the model")
-    b.add_argument("--sm", type=bounded(30, 300), default=89, help="compute capability x10 for the model (and, "
-                                                                    "with --predict, the deployment record's box)")
+    from fastverify.topo.boxfacts import add_box_arguments
+
+    add_box_arguments(b, bounded)
     b.add_argument("--p2p-check", type=Path, metavar="FILE", default=None,
                    help="JSON of `fastverify p2p` [default: run it on a GPU box]")
     b.add_argument("--perf-table", type=Path, metavar="FILE", default=None,
@@ -327,6 +327,7 @@ def run(args) -> int:
     if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
         verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
     p2p_results = p2p_given = None
+    late_notes: list[str] = []  # said after the box line, which comes first
     if args.p2p_check is not None:  # read and validated whenever given, whatever else is asked
         import msgspec
 
@@ -339,9 +340,9 @@ def run(args) -> int:
         # accepts the record's proof only for a TP group of those GPUs
         p2p_given = msgspec.structs.replace(p2p_file_facts(args.p2p_check, p2p_results), gpus=complete_gpus(check))
         if check.gpus is None:
-            console.print(f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
-                          "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a record "
-                          "made from it as proof only once the check is rerun on the box", markup=False)
+            late_notes.append(f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
+                              "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a "
+                              "record made from it as proof only once the check is rerun on the box")
     perf, log = _read_perf(args, workload.tp), _read_log(args)
     version = _version(args)
     if version is None and log is not None and log.version:
@@ -351,6 +352,10 @@ def run(args) -> int:
     topo = _topology(args, workload.tp,
                      assume=None if user is None else lambda: uf.assumed_topology(workload.tp, p2p_results))
     uf.check_outputs(args, topo)
+    from fastverify.topo.boxfacts import resolve_args
+
+    args.box_facts = resolve_args(args, topology_gpus=None if topo is None or uf.is_assumed(topo) else len(topo.gpus),
+                                  tp=workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
     if topo is not None and p2p_results is not None:
@@ -370,6 +375,9 @@ def run(args) -> int:
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
         pred = _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user)
         box_doc = _box_doc(args, workload, topo, version, p2p_given, log)
+    console.print(args.box_facts.first_line(), markup=False)  # the first line: what the box is, and from where
+    for note in late_notes:
+        console.print(note, markup=False)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
             console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
@@ -417,7 +425,7 @@ def _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=N
 def _box_doc(args, workload, topo, version, p2p_given, log) -> dict:
     p2p_ok, p2p_source = _prediction_p2p(p2p_given, topo, log)
     return {"topology": topo.source if topo is not None else None, "gpus": len(topo.gpus) if topo is not None else None,
-            "tp": workload.tp, "sm": args.sm, "pcie_gen": args.pcie_gen,
+            "tp": workload.tp, "sm": args.sm, "pcie_gen": args.pcie_gen, "facts": args.box_facts.as_dict(),
             "nccl_version": str(version) if version else None, "p2p_ok": p2p_ok, "p2p_source": p2p_source,
             "perf_table": str(args.perf_table) if args.perf_table else None,
             "nccl_log": str(args.nccl_log) if args.nccl_log else None}
