@@ -57,11 +57,12 @@ def user_error(fn, *args) -> str:
 
 
 def test_preset_names():
-    assert preset_names() == ["deepseek-v3", "kimi-k2", "tiny"]
+    assert preset_names() == ["deepseek-v3", "kimi-k2", "kimi-k2.5", "tiny"]
 
 
 @pytest.mark.parametrize("name,expected,moe_layers", [
     ("kimi-k2", KIMI_K2, 60),
+    ("kimi-k2.5", dict(KIMI_K2, rms_norm_eps=1e-5), 60),  # the same text model, nested under text_config
     ("deepseek-v3", DEEPSEEK_V3, 58),
     ("tiny", TINY, 3),
 ])
@@ -144,9 +145,16 @@ def test_kimi_k25_text_config(tmp_path):
     assert "config.json" in msg and "'text_config.kv_lora_rank' is missing" in msg
 
 
+def test_kimi_k25_preset_is_the_wrapped_text_model():
+    doc = json.loads((PRESET_DIR / "kimi-k2.5.json").read_text())
+    assert doc["architectures"] == ["KimiK25ForConditionalGeneration"] and "hidden_size" not in doc
+    assert doc["text_config"]["hidden_size"] == 7168 and doc["text_config"]["n_routed_experts"] == 384
+    assert load_model_config("kimi-k2.5").rms_norm_eps == 1e-5
+
+
 def test_unknown_preset_lists_known():
     msg = user_error(load_model_config, "kimi-k3")
-    assert "'kimi-k3'" in msg and "deepseek-v3, kimi-k2, tiny" in msg
+    assert "'kimi-k3'" in msg and "deepseek-v3, kimi-k2, kimi-k2.5, tiny" in msg
 
 
 def test_bad_json(tmp_path):
