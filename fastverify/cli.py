@@ -72,7 +72,7 @@ def _add_profile(sub) -> None:
                       help=("measured verify latency from the records of `fastverify launch --profile-verify DIR` "
                             "(steps, p50/p90 per rank, clock); DIR DIR2: before and after, and the change"))
     prof.add_argument("--model", default="tiny",
-                      help="live run: preset (tiny, kimi-k2, deepseek-v3) or a Hugging Face config.json")
+                      help="live run: preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", "--tp-size", type=_positive, default=2, help="live run: tensor-parallel world size")
     # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
     prof.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
@@ -192,8 +192,9 @@ def _add_launch(sub) -> None:
         help="start SGLang with the tuned settings and the fastverify patch in every TP worker",
         description=("Validate the env file (allow-listed keys only), put its settings in the environment, make "
                      "the patch load in every TP rank (SGLang's plugin entry point, else an import hook) and exec "
-                     "the command given after --. --dry-run prints what would be set and which route loads the "
-                     "patch."),
+                     "the command given after --. --dry-run prints what would be set, which route loads the "
+                     "patch, and every check that would refuse the launch with its fix (exit 2 when any does, "
+                     "0 when none); the real launch stops at the first one and starts nothing."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
@@ -203,12 +204,19 @@ def _add_launch(sub) -> None:
                         help="deployment record [default: X.deploy.json beside the --env file X.env]")
     launch.add_argument("--p2p-check", type=Path, metavar="FILE",
                         help="JSON of `fastverify p2p` (proves P2P for pcie_ipc, fused, b12x)")
-    launch.add_argument("--describe-box", metavar="JSON|FILE", default=None, help=argparse.SUPPRESS)
+    launch.add_argument("--describe-box", metavar="JSON|FILE", default=None,
+                        help=("describe the serving box when checking a record away from it: a "
+                              "JSON object with the box fingerprint's fields, e.g. '{\"gpu_name\": \"NVIDIA RTX PRO "
+                              "6000 Blackwell Server Edition\", \"sm\": [12, 0], \"gpu_count\": 8}' (also "
+                              "driver, nccl_version, nvlink_full, gpu_memory_bytes, and gpus: [{\"index\", "
+                              "\"pci_bus_id\", \"uuid\"}, ...] in CUDA order, which P2P proofs bind to), or a "
+                              "file holding one; the same as FASTVERIFY_DESCRIBE_BOX [default: read this machine]"))
     launch.add_argument("--profile-verify", type=Path, metavar="DIR",
                         help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
     launch.add_argument("--trace-verify-steps", type=_bounded(0, 1000), default=0, metavar="N",
                         help="also record a torch.profiler trace of N verify steps per rank into --profile-verify")
-    launch.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print the plan and every check that blocks it, start nothing (exit 2 if blocked)")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
 
 
@@ -514,17 +522,25 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from fastverify.patch.launch import describe, exec_plan, plan_launch
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    box = None
-    if args.describe_box is not None:  # a described box (tests; checking a record away from its box)
+    box = source = None
+    if args.describe_box is not None:  # a described box: checking a record away from its box
         from fastverify.topo.box import box_from_description
 
         box = box_from_description(args.describe_box, where="--describe-box")
+        source = "--describe-box"
+    # The dry run collects every blocker into the plan; the real launch raises at the first.
     plan = plan_launch(str(args.env) if args.env else None, args.backend,
                        str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
                        trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
-                       box=box)
+                       box=box, box_source=source, collect_blockers=args.dry_run)
     if args.dry_run:
+        from fastverify.patch.launch_plan import summary
+
         sys.stdout.write(describe(plan))
+        if plan.blockers:
+            sys.stdout.flush()  # the plan first, then the one-line verdict
+            sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
+            return EXIT_USER_ERROR
         return 0
     exec_plan(plan)  # replaces this process; returns only through an error
     return 1

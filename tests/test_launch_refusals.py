@@ -1,6 +1,6 @@
 """`fastverify launch` refuses, exit 2 and one line, a backend SGLang cannot reach on the box it
 runs on, and a deployment record that is not for this box (issue 9: item 5, item 4's launch side,
-What-to-build §2). Boxes are *described* (``plan_launch(box=...)``, the hidden ``--describe-box``
+What-to-build §2). Boxes are *described* (``plan_launch(box=...)``, the ``--describe-box``
 flag, ``FASTVERIFY_DESCRIBE_BOX``): no GPU is needed.
 
 Facts the expected values come from (independent of fastverify's code):
@@ -239,7 +239,13 @@ def test_cli_refuses_fused_on_described_box(tmp_path, sm):
 
 def test_cli_refuses_pcie_ipc_without_p2p_and_accepts_with_it(tmp_path):
     proc = _launch(tmp_path, "--backend", "pcie_ipc", "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
-    assert_user_error(proc, "pcie_ipc", "P2P", "is not proven", "--p2p-check")
+    # the dry run prints the plan and what blocks it, then one summary line naming the first blocker
+    line = assert_user_error(proc, "pcie_ipc", "P2P", "is not proven", "--p2p-check")
+    assert line.startswith("fastverify: error: launch is blocked by 1 check (listed above); first: pcie_ipc: ")
+    assert proc.stdout.splitlines()[0] == "box: described by --describe-box (not read from this machine)"
+    assert proc.stdout.splitlines()[-2:] == ["blocked by:", "  - P2P: " + line.split("; first: ", 1)[1]
+                                             + "; fix: run `fastverify p2p --output p2p.json` on the serving box, "
+                                             "then add `--p2p-check p2p.json`"]
     proc = _launch(tmp_path, "--backend", "pcie_ipc", "--p2p-check", str(p2p_json(tmp_path)), "--describe-box",
                    _box_json("SM120"), "--dry-run", "--", *CMD)
     assert proc.returncode == 0, proc.stderr
@@ -274,7 +280,12 @@ def test_cli_bad_input_one_line(tmp_path, args, words):
 def test_cli_record_from_another_box(tmp_path):
     env = write_record(tmp_path, BackendName.nccl, BOXES["SM120"])
     proc = _launch(tmp_path, "--env", str(env), "--describe-box", _box_json("SM89"), "--dry-run", "--", *CMD)
-    assert_user_error(proc, "deployment record is for another box", "NVIDIA L40S")
+    line = assert_user_error(proc, "deployment record is for another box", "NVIDIA L40S")
+    assert line.startswith("fastverify: error: launch is blocked by 1 check (listed above); first: ")
+    assert proc.stdout.splitlines()[-2:] == ["blocked by:", "  - box: " + line.split("; first: ", 1)[1]]
+    # the real launch refuses with that blocker itself, and starts nothing
+    proc = _launch(tmp_path, "--env", str(env), "--describe-box", _box_json("SM89"), "--", *CMD)
+    assert assert_user_error(proc) == "fastverify: error: " + line.split("; first: ", 1)[1] and proc.stdout == ""
 
 
 def test_predicted_record_without_gpu_name_checked_on_sm_and_count(tmp_path):

@@ -40,6 +40,12 @@ What launch reads and checks, before anything starts:
 * A record whose NCCL settings differ from the env file's is noted, not refused
   (:func:`fastverify.patch.launch_notes.settings_notes` says why).
 
+The real launch refuses at the first failed check. ``--dry-run`` (``plan_launch(...,
+collect_blockers=True)``) runs the same checks, records each failure as a blocker
+(:mod:`fastverify.patch.launch_plan`) and still builds the plan, so a user preparing away from
+the box sees every blocker at once; an input that cannot be read (env file, record, box
+description, P2P check file) is refused at once in both modes.
+
 What launch sets for the ranks: the env file's settings; ``FASTVERIFY_BACKEND=<registry name>``
 and ``FASTVERIFY_DEPLOYMENT=<record's absolute path>`` (the patch reads both in every rank);
 for a backend SGLang switches itself (``Reach.sglang_switch``) the registry's switch (``=1``,
@@ -92,7 +98,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, read_record, record_path_for,
+from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, P2PFacts, read_record, record_path_for,
                                sglang_settings)
 from fastverify.errors import UserError
 from fastverify.patch import (
@@ -104,11 +110,11 @@ from fastverify.patch import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
 )
-from fastverify.patch.launch_notes import served_dtype, settings_notes, shape_notes, workspace_check
+from fastverify.patch.launch_notes import settings_notes, shape_notes
+from fastverify.patch.launch_plan import Blocker, Checks, blocked_text, box_text, check_box, flag_int, workspace_note
 from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.registry import BACKENDS as REGISTRY
-from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names, sm_text,
-                                 unreachable_reason)
+from fastverify.registry import (BackendInfo, BackendName, Reach, Role, backend_info, names)
 
 AUTO, OFF = "auto", "off"
 BACKENDS = (AUTO, OFF, *(n.value for n in names(deployable=True)))
@@ -243,6 +249,12 @@ class LaunchPlan:
         Variables SGLang overwrites in its launcher, restored at interpreter start in each rank.
     notes : tuple[str, ...]
         What the user should know (SGLang not found, flags that override the env file, ...).
+    box_source : str or None
+        Where the box was described (``--describe-box``, ``FASTVERIFY_DESCRIBE_BOX``); None: read
+        from this machine (or given by a caller).
+    blockers : tuple[Blocker, ...]
+        Every check that would refuse the real launch (``plan_launch(collect_blockers=True)``;
+        always empty otherwise: the first one raised). :func:`exec_plan` refuses a plan with any.
     """
 
     env: dict[str, str]
@@ -260,6 +272,8 @@ class LaunchPlan:
     box: BoxFingerprint | None = None
     p2p: P2PFacts | None = None
     server: ServerShapes | None = None
+    box_source: str | None = None
+    blockers: tuple[Blocker, ...] = ()
 
     def child_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The complete environment the command gets: ``environ`` updated with :attr:`env`."""
@@ -274,21 +288,6 @@ def _read_env_file(path: str) -> dict[str, str]:
     return read_env_file(path)
 
 
-def _flag_int(argv: Sequence[str], flags: Sequence[str]) -> int | None:
-    """The integer after any of ``flags`` in ``argv`` (``--f N`` or ``--f=N``; last one wins)."""
-    value = None
-    for i, a in enumerate(argv):
-        name, eq, rest = a.partition("=")
-        if name not in flags:
-            continue
-        text = rest if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        try:
-            value = int(text)
-        except ValueError:
-            raise UserError(f"the command's {name} {text!r}: expected an integer") from None
-    return value
-
-
 def _check_backend_name(backend: str) -> None:
     if backend in BACKENDS:
         return
@@ -297,48 +296,6 @@ def _check_backend_name(backend: str) -> None:
     if norm in BACKENDS:
         hint = f" (the one spelling is {norm})"
     raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}{hint}")
-
-
-def _box_matches(record: DeploymentRecord, box: BoxFingerprint, where: str) -> None:
-    """Refuse a record made on another box (GPU name, compute capability or count differ). A field
-    the record does not know (``tune --predict`` from ``nvidia-smi topo -m`` text has no GPU name)
-    is not compared."""
-    rb = record.box
-    diffs = []
-    if rb.gpu_name is not None and rb.gpu_name != box.gpu_name:
-        diffs.append("GPU")
-    if rb.sm is not None and tuple(rb.sm) != (tuple(box.sm) if box.sm else None):
-        diffs.append("SM")
-    if rb.gpu_count != box.gpu_count:
-        diffs.append("GPU count")
-    if diffs:
-        def show(b: BoxFingerprint) -> str:
-            return _box_text(b)
-
-        raise UserError(f"{where}: deployment record is for another box ({', '.join(diffs)} differ): made on "
-                        f"{show(rb)}, this box has {show(box)}; re-run `fastverify tune --write-env` here")
-
-
-def _box_text(b: BoxFingerprint) -> str:
-    """``8 x NVIDIA GeForce RTX 4090 (SM89)``; ``no GPU`` for a box without one."""
-    if not b.gpu_count:
-        return "no GPU"
-    return f"{b.gpu_count} x {b.gpu_name or 'GPU of unknown name'} ({sm_text(tuple(b.sm) if b.sm else None)})"
-
-
-_HOW = {"p2p_check": "real P2P check", "nvml": "NVML's report only, not exercised",
-        "nccl_log": "NCCL's log only, not exercised", "caller": "given by the caller", "not_checked": "not checked"}
-
-
-def _tp_ordinals(argv: Sequence[str], world: int) -> list[int]:
-    """The CUDA ordinals of the server's TP ranks: SGLang 0.5.23 puts rank ``r`` on
-    ``base_gpu_id + r * gpu_id_step`` (``entrypoints/engine.py``; ``--base-gpu-id`` 0 and
-    ``--gpu-id-step`` 1 by default, ``arg_groups/fields/device.py``)."""
-    base = _flag_int(argv, ("--base-gpu-id",))
-    step = _flag_int(argv, ("--gpu-id-step",))
-    base = 0 if base is None else base
-    step = 1 if step is None else step
-    return [base + r * step for r in range(world)]
 
 
 def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str]) -> BoxFingerprint:
@@ -362,47 +319,12 @@ def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str]) -> BoxFinge
                                    else box.gpu_memory_bytes)
 
 
-def _tp_gpus(box: BoxFingerprint, argv: Sequence[str], world: int | None) -> tuple[list | None, str]:
-    """This box's GPUs of the server's TP group (rank order), or ``(None, why)``. With the TP size
-    unknown (not an SGLang command) the group is every GPU the command sees: the proof must
-    then cover all of them."""
-    if box.gpus is None:
-        return None, "NVML gave no GPU identities here (a described box without \"gpus\")"
-    if not world:
-        return (list(box.gpus), "") if len(box.gpus) > 1 else (None, "the TP size is not known")
-    ordinals = _tp_ordinals(argv, world)
-    if max(ordinals) >= len(box.gpus) or min(ordinals) < 0:
-        return None, (f"the command's TP group needs CUDA ordinals {ordinals[0]}..{ordinals[-1]}, and this box shows "
-                      f"{len(box.gpus)} GPU(s) to it")
-    return [box.gpus[o] for o in ordinals], ""
-
-
-def _record_proof(p2p: P2PFacts, tp_gpus: list | None, why: str) -> tuple[bool | None, str]:
-    """``p2p_ok`` for :func:`unreachable_reason` from a deployment record's P2P facts: True only
-    when the record's real check tested every GPU of this TP group (:attr:`P2PFacts.gpus`, every
-    ordered pair among them passed); the source in words."""
-    how = _HOW.get(p2p.source, p2p.source)
-    if not p2p.proven:
-        return (False if p2p.ok is False else None), how + (f": {p2p.note}" if p2p.note else "")
-    if not p2p.gpus:
-        return None, (f"{how} of the deployment record names no GPU (a record written before the check recorded "
-                      "which GPUs it tested), so it cannot show they are this box's; rerun `fastverify tune "
-                      "--write-env --p2p-check FILE`")
-    if tp_gpus is None:
-        return None, f"{how} of the deployment record cannot be bound to this box's GPUs: {why}"
-    missing = [g for g in tp_gpus if not any(g.same_gpu(h) for h in p2p.gpus)]
-    if missing:
-        return None, (f"{how} of the deployment record did not test {missing[0].label()} of this TP group (it "
-                      f"tested {', '.join(h.label() for h in p2p.gpus)})")
-    n = len(tp_gpus)
-    return True, f"{how} of the deployment record: all {n * (n - 1)} directions of the TP group's GPUs passed"
-
-
 def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
                 environ: Mapping[str, str], sglang_dir: str | Path | None = None,
                 sglang: SGLangInfo | None = None, trace_steps: int = 0, deployment: str | Path | None = None,
                 p2p_file: str | Path | None = None, box: BoxFingerprint | None = None,
-                server: ServerShapes | None = None) -> LaunchPlan:
+                server: ServerShapes | None = None, box_source: str | None = None,
+                collect_blockers: bool = False) -> LaunchPlan:
     """Validate the inputs against this box and decide what to set.
 
     Parameters
@@ -433,14 +355,23 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         else :func:`fastverify.topo.box.read_box`.
     server
         The command's shapes, already read (tests); default: read from ``command``.
+    box_source
+        Where ``box`` was described (``"--describe-box"``), said by :func:`describe`; None: read
+        from this machine, or a caller's box. A box from ``FASTVERIFY_DESCRIBE_BOX`` names it.
+    collect_blockers
+        False (the real launch): the first failed check raises. True (``--dry-run``): every
+        check that would refuse the launch (the record's box or TP, a backend the box, SGLang or
+        P2P cannot reach, a switch or size in the environment, the IPC workspace against the
+        GPU's memory, a command SGLang's parser refuses or that contradicts the backend) is
+        recorded in :attr:`LaunchPlan.blockers` and the plan is still built; bad inputs still
+        raise.
 
     Raises
     ------
     UserError
-        One line: empty command, unknown backend, a bad env file or record (naming the file), a
-        record from another box or TP size, a backend this box or SGLang cannot reach
-        (:func:`fastverify.registry.unreachable_reason`), a profile folder that is a file, or a
-        backend that contradicts the env file or the command.
+        One line: empty command, unknown backend, a bad env file, record, box description or
+        P2P check file (naming it), a profile folder that is a file, bad --trace-verify-steps;
+        and, unless ``collect_blockers``, the first blocker (see above).
     """
     argv = tuple(str(a) for a in command)
     if not argv or argv[0] == "":
@@ -456,12 +387,14 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         record_path = record_path_for(env_file)
     record = read_record(record_path) if record_path is not None else None
     info = sglang if sglang is not None else detect_sglang(sglang_dir)
+    checks = Checks(collect_blockers)
     notes: list[str] = []
     env: dict[str, str] = {}
     in_rank: dict[str, str] = {}
     if server is None:
-        server = read_command(argv, sglang_found=sglang is None and sglang_dir is None and info.found)
-    tp = server.tp if server is not None and server.tp else _flag_int(argv, _TP_FLAGS)
+        with checks.guard("command"):  # SGLang's own parser refuses it: so would the server
+            server = read_command(argv, sglang_found=sglang is None and sglang_dir is None and info.found)
+    tp = server.tp if server is not None and server.tp else flag_int(argv, _TP_FLAGS)
 
     chosen: BackendName | None
     if backend == OFF:
@@ -479,8 +412,8 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     switched = [b for b in REGISTRY if b.sglang_switch and environ.get(b.sglang_switch) == "1"]
     for b in REGISTRY:
         if chosen is b.name and b.sglang_switch and environ.get(b.sglang_switch) == "0":
-            raise UserError(f"the environment's {b.sglang_switch}=0 contradicts --backend {b.name.value} (unset it or "
-                            "drop one of them)")
+            checks.refuse("environment", f"the environment's {b.sglang_switch}=0 contradicts --backend "
+                                         f"{b.name.value} (unset it or drop one of them)")
     to_check = [] if backend == OFF else [b for b in switched if b.name is not chosen]
     if chosen is not None and chosen is not BackendName.nccl:
         to_check.insert(0, backend_info(chosen))
@@ -495,42 +428,16 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     world = None
     if to_check or record is not None:
         if box is None:
-            from fastverify.topo.box import described_box, read_box  # noqa: PLC0415
+            from fastverify.topo.box import ENV_DESCRIBE_BOX, described_box, read_box  # noqa: PLC0415
 
             box = described_box(environ, tp=tp or 0)
             if box is None:
                 box = _with_nvml_gpus(read_box(tp or 0), environ)
+            else:
+                box_source = ENV_DESCRIBE_BOX
         checked_box = box
-        if record is not None:
-            _box_matches(record, box, str(record_path))
-            if tp is not None and record.box.tp and tp != record.box.tp:
-                raise UserError(f"{record_path}: deployment record is for TP {record.box.tp}; the command runs "
-                                f"TP {tp} (re-run `fastverify tune --write-env --tp {tp}`)")
-        world = tp if tp is not None else (record.box.tp if record is not None and record.box.tp else None)
-        facts = dict(sm=tuple(box.sm) if box.sm else None, world_size=world, sglang_version=info.version,
-                     nvlink_full=box.nvlink_full, dtype=served_dtype(record, server))
-        for b in to_check:  # every reason but P2P first: a box the backend cannot run on is said as such
-            reason = unreachable_reason(b, p2p_ok=True, **facts)
-            if reason is not None:
-                raise UserError(reason)
-        needs_p2p = any(b.needs_p2p for b in to_check)
-        tp_gpus, why = _tp_gpus(box, argv, world)
-        if check_file is not None and needs_p2p:
-            from fastverify.topo.p2p import proof_for  # noqa: PLC0415
-
-            ok, note = proof_for(check_file, tp_gpus, why)  # refuses, naming the file, what proves nothing here
-            p2p = P2PFacts(ok=ok, source="p2p_check", note=note[:300], pairs=len(tp_gpus) * (len(tp_gpus) - 1),
-                           gpus=tuple(tp_gpus) if ok else ())
-            p2p_ok, how = ok, _HOW["p2p_check"] + ("" if ok else f": {note}")
-        else:
-            p2p = record.p2p if record is not None else P2PFacts(ok=None, source="not_checked")
-            p2p_ok, how = _record_proof(p2p, tp_gpus, why)
-        for b in to_check:
-            reason = unreachable_reason(b, p2p_ok=p2p_ok, p2p_source=how, **facts)
-            if reason is not None:
-                if b.needs_p2p and p2p_ok is not True and "P2P" in reason and p2p_file is None:
-                    reason += " (or give --p2p-check FILE with its JSON)"
-                raise UserError(reason)
+        world, p2p = check_box(checks, box, record, record_path, tp, argv, to_check, check_file, p2p_file, info,
+                                server)
 
     if check_file is not None and not any(b.needs_p2p for b in to_check):  # read, said, not needed
         import msgspec  # noqa: PLC0415
@@ -552,19 +459,26 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
             notes.append(f"--backend off: the environment's {b.sglang_switch}=1 is set to 0 for the command")
 
     patch_in_rank = False
+    bad_size = set()  # backends whose inherited size is a blocker: their workspace cannot be sized
     for b in [x for x in REGISTRY if x.size_env and x.size_env in environ and backend != OFF
               and (x.name is chosen or x in switched)]:
         # SGLang reads the size from the environment verbatim: validated before it is inherited
         # (a value of 10**18 would be handed to FlashInfer as the workspace size).
         from fastverify.tune.envfile import check_setting  # noqa: PLC0415
 
-        check_setting(b.size_env, environ[b.size_env], "the environment")
+        valid = False
+        with checks.guard("environment", f"unset {b.size_env} (SGLang sizes the workspace itself)"):
+            check_setting(b.size_env, environ[b.size_env], "the environment")
+            valid = True
+        if not valid:
+            bad_size.add(b.name)
     if chosen is not None:
         b = backend_info(chosen)
         if b.reach is Reach.sglang_switch:
             if info.has_switch(b):
                 env.update(sglang_settings(b.name))  # the switch, set here after the P2P proof; no size
-                notes.append(workspace_check(b, environ, record, server, checked_box, world))
+                if b.name not in bad_size:
+                    workspace_note(checks, notes, b, environ, record, server, checked_box, world)
             else:
                 patch_in_rank = True
                 notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces itself "
@@ -572,13 +486,14 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         elif b.reach in _PATCH_REACH:
             patch_in_rank = True
         elif chosen is BackendName.custom_ar and "--disable-custom-all-reduce" in argv:
-            raise UserError("--backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)")
+            checks.refuse("command", "--backend custom_ar contradicts the command's --disable-custom-all-reduce "
+                                     "(drop one)")
     for b in switched:
         if info.found and not info.has_switch(b) and backend != OFF:
             notes.append(f"{b.sglang_switch} is in the environment but this SGLang has no {b.sglang_switch_module}: "
                          "it has no effect")
-        elif b.name is not chosen and backend != OFF and info.has_switch(b):
-            notes.append(workspace_check(b, environ, record, server, checked_box, world))
+        elif b.name is not chosen and backend != OFF and info.has_switch(b) and b.name not in bad_size:
+            workspace_note(checks, notes, b, environ, record, server, checked_box, world)
     if chosen is not None and backend_info(chosen).role is Role.fused_norm and switched:
         notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
                      "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
@@ -650,12 +565,17 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                       backend=chosen.value if chosen is not None else backend, env_file=env_file,
                       profile_verify=prof, sglang=info, replaced=replaced, in_rank=in_rank, notes=tuple(notes),
                       deployment=str(record_path.resolve()) if record_path is not None else None,
-                      box=checked_box, p2p=p2p)
+                      box=checked_box, p2p=p2p, box_source=box_source, blockers=checks.blockers)
 
 
 def describe(plan: LaunchPlan) -> str:
-    """The ``--dry-run`` text: exactly what would be set, how the patch loads, the command."""
+    """The ``--dry-run`` text: where the box's facts come from (first, when it was described),
+    exactly what would be set, how the patch loads, the command, and what blocks the launch
+    (:attr:`LaunchPlan.blockers`: ``blocked by:`` and one line per check with its fix, or
+    ``blocked by: nothing``)."""
     lines = []
+    if plan.box_source is not None:
+        lines.append(f"box: described by {plan.box_source} (not read from this machine)")
     s = plan.sglang
     if s.found:
         mech = ", ".join(n for n, ok in (("plugins", s.has_plugins), ("pcie_ipc_ar", s.has_pcie_ipc)) if ok) or "none"
@@ -669,7 +589,7 @@ def describe(plan: LaunchPlan) -> str:
         lines.append(f"server: {plan.server.covers()} (read by {plan.server.source})")
     if plan.box is not None:
         b = plan.box
-        lines.append(f"box: {_box_text(b)}, driver {b.driver or 'unknown'}")
+        lines.append(f"box: {box_text(b)}, driver {b.driver or 'unknown'}")
     if plan.p2p is not None:
         lines.append(f"P2P: {'proven' if plan.p2p.proven else 'not proven'} ({plan.p2p.source}"
                      + (f": {plan.p2p.note}" if plan.p2p.note else "") + ")")
@@ -697,12 +617,22 @@ def describe(plan: LaunchPlan) -> str:
     for n in plan.notes:
         lines.append(f"note: {n}")
     lines.append("command: " + shlex.join(plan.argv))
+    lines.extend(blocked_text(plan.blockers))
     return "\n".join(lines) + "\n"
 
 
 def exec_plan(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> None:
     """Replace this process with the command (``os.execvpe``), environment updated by the plan.
-    Creates the ``--profile-verify`` folder first. Returns only by raising."""
+    Creates the ``--profile-verify`` folder first. Returns only by raising.
+
+    Raises
+    ------
+    UserError
+        The plan has blockers (the first one's line; nothing is run), the profile folder cannot
+        be created, or the command cannot be run.
+    """
+    if plan.blockers:
+        raise UserError(plan.blockers[0].message)
     env = plan.child_env(os.environ if environ is None else environ)
     if plan.profile_verify:
         try:
