@@ -21,6 +21,8 @@ Bounds of the verify step's shape, shared by every flag and record that carries 
 
 - ``MAX_BATCH`` = 4096 requests, ``MAX_DRAFT_TOKENS`` = 64 draft tokens per request: a verify step
   never has more;
+- ``MAX_VERIFY_TOKENS`` = ``MAX_BATCH`` × ``MAX_DRAFT_TOKENS`` = 262144 rows the target verifies in
+  one step (batch × draft tokens per request);
 - ``MAX_HIDDEN`` = 65536: the widest released models have hidden 16384, and 4096 × 64 × 65536 keeps
   a workspace's element count at 2^34, inside SGLang's int and the env file's 18-digit rule;
 - ``MAX_TIMEOUT_S`` = one day: beyond it ``timedelta(seconds=...)`` in torch's TCPStore overflows
@@ -39,6 +41,7 @@ MAX_BANDWIDTH_GBPS = 1e6
 MAX_CHANNELS = 64
 MAX_BATCH = 4096
 MAX_DRAFT_TOKENS = 64
+MAX_VERIFY_TOKENS = MAX_BATCH * MAX_DRAFT_TOKENS
 MAX_HIDDEN = 65536
 MAX_TIMEOUT_S = 86400.0
 

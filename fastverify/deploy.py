@@ -30,7 +30,7 @@ from typing import Literal
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
-from fastverify.errors import UserError
+from fastverify.errors import UserError, schema_error
 from fastverify.registry import BackendName, Reach, backend_info
 
 SCHEMA = "fastverify.deployment"
@@ -314,6 +314,30 @@ def _utf8(obj):
     return obj
 
 
+GPU_EXAMPLES = {"index": "0", "pci_bus_id": '"00000000:18:00.0"', "uuid": '"GPU-8ba4b3d5-0000-0000-0000-000000000000"',
+                "name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"'}
+"""An example value (JSON text) of every :class:`GpuId` field, said in a schema error."""
+BOX_EXAMPLES = {
+    "gpu_name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"', "sm": "[12, 0]", "gpu_count": "8", "tp": "4",
+    "driver": '"580.65.06"', "nccl_version": '"2.27.3"', "nvlink_full": "false",
+    "gpus": '[{"index": 0, "pci_bus_id": "00000000:18:00.0"}]', "gpu_memory_bytes": "102005473280",
+    **{f"gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
+}
+"""An example value (JSON text) of every :class:`BoxFingerprint` field, said in a schema error."""
+RECORD_EXAMPLES = {
+    "backend": '"pcie_ipc"', "shapes": '{"max_batch": 8, "draft_tokens": 4, "hidden": 7168, "dtype": "bfloat16"}',
+    "shapes.max_batch": "8", "shapes.draft_tokens": "4", "shapes.hidden": "7168", "shapes.dtype": '"bfloat16"',
+    "p2p": '{"ok": true, "source": "p2p_check", "pairs": 12}', "p2p.ok": "true", "p2p.source": '"p2p_check"',
+    "p2p.note": '"all 12 directions passed"', "p2p.pairs": "12", "box": '{"gpu_name": null, "sm": [12, 0], '
+    '"gpu_count": 4, "tp": 4}', "nccl_settings": '{"NCCL_P2P_LEVEL": "PHB"}', "sglang_version": '"0.5.23"',
+    "gain": '{"baseline_us": 250.0, "best_us": 180.0, "basis": "measured", "clock": "cuda_events"}',
+    "gain.baseline_us": "250.0", "gain.best_us": "180.0", "gain.basis": '"measured"', "gain.clock": '"cuda_events"',
+    "source": '"tune --write-env"', "schema": f'"{SCHEMA}"', "version": str(VERSION),
+    **{f"box.{k}": v for k, v in BOX_EXAMPLES.items()}, **{f"p2p.gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
+}
+"""An example value (JSON text) of every :class:`DeploymentRecord` field and nested field."""
+
+
 def decode_record(data: bytes, *, source: str = "deployment record") -> DeploymentRecord:
     """Parse and validate a record.
 
@@ -344,7 +368,9 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
         raise UserError(f"{source}: deployment record version {what} (re-run `fastverify tune --write-env`)")
     try:
         record = msgspec.json.decode(data, type=DeploymentRecord)
-    except (msgspec.ValidationError, ValueError) as err:
+    except msgspec.ValidationError as err:
+        raise schema_error(f"{source}: invalid deployment record", err, RECORD_EXAMPLES) from None
+    except ValueError as err:
         raise UserError(f"{source}: invalid deployment record: {err}") from None
     _check_record(record, source)
     return record

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_HIDDEN, MAX_MSG_BYTES
-from fastverify.errors import UserError
+from fastverify.errors import UserError, schema_error
 
 SCHEMA = "fastverify.profile"
 SCHEMA_VERSION = 2
@@ -519,12 +519,51 @@ def _head(data: bytes, source: str) -> _Head:
     return head
 
 
+_US_FIELDS = ("allreduce_us", "kernel_time_us", "idle_us", "compute_us", "non_compute_us", "window_us", "busy_us",
+              "other_comm_us", "memory_us", "exposed_comm_us", "allreduce_kernel_sum_us", "fused_allreduce_us",
+              "ep_alltoall_us", "unknown_comm_us", "allreduce_exposed_us", "other_exposed_us", "sum_us", "median_us",
+              "p90_us", "min_us", "max_us", "transfer_us", "wait_us", "allreduce_wait_us", "allreduce_transfer_us")
+PROFILE_EXAMPLES = {
+    "schema": f'"{SCHEMA}"', "schema_version": str(SCHEMA_VERSION), "fastverify_version": '"0.1.0"',
+    "created_utc": '"2025-06-01T12:00:00+00:00"', "source": '{"kind": "trace", "files": ["rank0.trace.json"]}',
+    "timing": '{"clock": "trace", "note": "kernel times from the profiler trace"}', "world_size": "2",
+    "shapes": '{"dtype": "bfloat16", "hidden": 7168, "tokens": 16, "draft_tokens": 4, "batch": 4}',
+    "summary": '{"ranks": 2, "allreduce_count": 61, "allreduce_us": 900.0, "allreduce_share_of_window_pct": 30.0, '
+               '"straggler_rank": null}',
+    "ranks": '[{"rank": 0, "origin": "rank0.trace.json"}]', "allreduce_by_msg_size": "[]",
+    "allreduce_by_position": "[]",
+    "cross_rank": '{"matched": 0, "per_rank": {}, "straggler_rank": null, "collectives": [], "warnings": []}',
+    "warnings": "[]", "graph_replay": "null", "accept_length": "2.5",
+    "dtype": '"bfloat16"', "hidden": "7168", "tokens": "16", "draft_tokens": "4", "batch": "4",
+    "files": '["rank0.trace.json"]', "kind": '"trace"', "model": '"tiny"', "tp": "2", "iters": "20", "warmup": "3",
+    "device": '"cuda"', "dist_backend": '"nccl"', "backend": '"nccl"', "experts_allocated": "256",
+    "n_routed_experts": "256", "graph_replay_traces": "null", "clock": '"trace"', "note": '"kernel times"',
+    "summary.ranks": "2", "allreduce_count": "61", "allreduce_share_of_window_pct": "30.0", "straggler_rank": "1",
+    "comm_compute_overlap_pct": "35.0", "step_median.steps": "8", "events": "5000", "counts": '{"allreduce": 61}',
+    "index": "0", "name": '"step[TARGET_VERIFY #0]"', "gpu_start_us": "1750000000000000.0", "class": '"allreduce"',
+    "count": "61", "rank": "0", "origin": '"rank0.trace.json"', "hta": "null", "step_median": "null",
+    "ranks.steps": '[{"index": 0, "name": "step[TARGET_VERIFY #0]", "gpu_start_us": 0.0}]',
+    "outside_steps_events": "0", "unknown_comm_kernels": "[]", "top_kernels": "[]", "meta": "{}",
+    "msg_bytes": "229376", "position": "0", "label": '"attn"', "step": "0", "duration_us": '{"0": 12.5, "1": 13.0}',
+    "matched": "61", "per_rank": '{"0": {"wait_us": 1.0, "transfer_us": 9.0, "allreduce_wait_us": 1.0, '
+    '"allreduce_transfer_us": 9.0, "straggler_count": 0}}', "straggler_count": "3", "collectives": "[]",
+    **{name: "12.5" for name in _US_FIELDS},
+}
+"""An example value (JSON text) of every profile field (by name, or path where names repeat),
+said in a schema error."""
+
+
 def _decode(data: bytes, typ: type, source: str):
     try:
         return msgspec.json.decode(data, type=typ)
-    except (msgspec.ValidationError, ValueError, RecursionError) as err:
+    except msgspec.ValidationError as err:
+        bound = _out_of_bounds(" ".join(str(err).split()), data)
+        if bound is not None:
+            raise UserError(f"{source}: not a usable fastverify profile: {bound}") from None
+        raise schema_error(f"{source}: not a usable fastverify profile", err, PROFILE_EXAMPLES) from None
+    except (ValueError, RecursionError) as err:
         text = " ".join(str(err).split())
-        raise UserError(f"{source}: not a usable fastverify profile: {_out_of_bounds(text, data) or text}") from None
+        raise UserError(f"{source}: not a usable fastverify profile: {text}") from None
 
 
 _CONSTRAINT = re.compile(r"^Expected `(\w+)` (>=|<=) (-?[0-9.e+]+) - at `\$(.*)`$")

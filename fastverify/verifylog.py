@@ -3,9 +3,14 @@
 Reads the JSON lines the in-rank patch's verify timer writes (``fastverify launch
 --profile-verify DIR``; :class:`fastverify.patch.verify.VerifyTimer`): one file
 ``verify-rank<R>.jsonl`` per rank, one record per verify forward,
-``{"step", "verify_ms", "clock", "rank", "pid", "allreduce_paths"}``. Summarises per rank (steps,
-p50 and p90 of ``verify_ms``, clock) and over all ranks; given a before and an after folder, the
-measured change per rank and overall (after − before, and relative to before). ``allreduce_paths``
+``{"step", "verify_ms", "clock", "rank", "pid", "batch", "tokens", "allreduce_paths"}`` (records
+written before ``batch`` and ``tokens`` existed still load; their load is unknown).
+Summarises per rank (steps, p50 and p90 of ``verify_ms``, clock) and over all ranks, and the load
+pooled over ranks (the set and median of ``batch`` and ``tokens``); given a before and an after
+folder, the measured change per rank and overall: ``p50_change_ms`` = after − before (ms) and
+``change_pct`` = (after − before) / before × 100 of the p50, so a negative change is less time
+(``p90_change_ms`` / ``p90_change_pct`` the same of the p90), and a warning when the two folders
+ran different loads (the change then compares different work). ``allreduce_paths``
 (per forward mode, which path each all-reduce took: :mod:`fastverify.patch.paths`) is summed per
 mode and path over the records, per rank and over all ranks: ``verify: sglang.gloo 240 of 240
 all-reduces, ranks 0-1``.
@@ -33,13 +38,14 @@ import msgspec
 import numpy as np
 
 from fastverify import __version__
-from fastverify.bounds import MAX_COUNT, MAX_EVENT_US, implausible_count
-from fastverify.errors import UserError, path_text
+from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_EVENT_US, MAX_VERIFY_TOKENS, implausible_count
+from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import read_bytes
 from fastverify.procs import write_files
 
 SCHEMA = "fastverify.verify_log"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``Change.change_pct`` (was ``p50_change_pct``), the load fields of :class:`LogSummary`."""
 FILE_GLOB = "verify-rank*.jsonl"
 MAX_RANK_FILES = 4096
 """Most ``verify-rank*.jsonl`` files one folder may hold: one file per rank process of one server,
@@ -58,7 +64,9 @@ CLOCK_LABELS = {
 
 class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One line of ``verify-rank<R>.jsonl``: the verify forward number ``step`` of process ``pid``
-    (from 0), its time ``verify_ms`` (ms) on ``clock``, and the ``rank`` that wrote it."""
+    (from 0), its time ``verify_ms`` (ms) on ``clock``, the ``rank`` that wrote it, and its load:
+    ``batch`` requests and ``tokens`` rows verified (batch × draft tokens per request); None in a
+    record of an older fastverify or where the patch could not read them."""
 
     step: int
     verify_ms: float
@@ -66,7 +74,15 @@ class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank: str
     pid: int
     allreduce_paths: dict[str, dict[str, int]] | None = None
+    batch: int | None = None
+    tokens: int | None = None
 
+
+RECORD_EXAMPLES = {
+    "step": "0", "verify_ms": "1.25", "clock": '"cuda_events"', "rank": '"0"', "pid": "4242",
+    "allreduce_paths": '{"verify": {"sglang.pynccl": 120}}', "batch": "4", "tokens": "16",
+}
+"""An example value (JSON text) of every :class:`VerifyRecord` field, said in a schema error."""
 
 _DECODER = msgspec.json.Decoder(VerifyRecord)
 
@@ -107,16 +123,24 @@ class LogSummary(msgspec.Struct, frozen=True):
     torn_last_lines: list[str]
     paths: list[PathCount] = []
     counted_records: int = 0
+    load_records: int = 0
+    batch_values: list[int] = []
+    batch_median: float | None = None
+    tokens_values: list[int] = []
+    tokens_median: float | None = None
+    tokens_per_request: list[float] = []
 
 
 class Change(msgspec.Struct, frozen=True):
-    """after − before of one rank (or ``"all"``): ms and % of before, for p50 and p90."""
+    """The change of one rank (or ``"all"``), after vs before: ``*_change_ms`` = after − before
+    (ms), ``change_pct`` = (after − before) / before × 100 of the p50 (negative: less time),
+    ``p90_change_pct`` the same of the p90; None where before is 0."""
 
     rank: str
     before_p50_ms: float
     after_p50_ms: float
     p50_change_ms: float
-    p50_change_pct: float | None
+    change_pct: float | None
     before_p90_ms: float
     after_p90_ms: float
     p90_change_ms: float
@@ -124,7 +148,7 @@ class Change(msgspec.Struct, frozen=True):
 
 
 class VerifyLogReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The document ``profile --verify-log`` writes (schema ``fastverify.verify_log`` v1)."""
+    """The document ``profile --verify-log`` writes (schema ``fastverify.verify_log`` v2)."""
 
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
@@ -155,8 +179,10 @@ def read_log_dir(folder: str | Path) -> dict:
         a name whose ``<R>`` is not a rank the timer writes, a file that is not a regular file or
         cannot be read (a FIFO, a device, a folder, a dangling link, a link loop: refused, never
         skipped) or holds no record, a line that is not a record (except a cut last line), a
-        record of another rank than its file's, a time outside [0, 1 hour] or not finite, a step or
-        pid out of bounds, two files of one rank, or records of more than one clock.
+        record of another rank than its file's (a field of the wrong type: the field, the type and an
+        example, :func:`fastverify.errors.schema_error`), a time outside [0, 1 hour] or not finite,
+        a step, pid, batch (``MAX_BATCH``) or tokens (``MAX_VERIFY_TOKENS``) out of bounds, two
+        files of one rank, or records of more than one clock.
     """
     d = Path(folder)
     if not d.is_dir():
@@ -195,7 +221,7 @@ def read_log_dir(folder: str | Path) -> dict:
                 if i == len(lines) and not data.endswith(b"\n"):  # the cut last line of a killed writer
                     torn.append(f"{path_text(f.name)}:{i}")
                     continue
-                raise UserError(f"{f}:{i}: not a verify record ({' '.join(str(e).split())})") from None
+                raise _not_a_record(f"{f}:{i}", e) from None
             if rec.rank != file_rank:
                 raise UserError(f"{f}:{i}: a record of rank {rec.rank[:40]!r} in the file of rank {file_rank!r}; "
                                 "each rank writes its own file")
@@ -222,6 +248,15 @@ def read_log_dir(folder: str | Path) -> dict:
     return {"records": records, "files": [path_text(f) for f in files], "torn": torn, "clock": next(iter(clocks))}
 
 
+def _not_a_record(where: str, err: Exception) -> UserError:
+    """The one line for a line that does not decode: a field of the wrong type, missing or
+    unknown names the field, the expected type and an example (:func:`fastverify.errors.schema_error`);
+    a line that is not JSON says msgspec's reason."""
+    if isinstance(err, msgspec.ValidationError):
+        return schema_error(where, err, RECORD_EXAMPLES)
+    return UserError(f"{where}: not a verify record ({' '.join(str(err).split())})")
+
+
 MAX_VERIFY_MS = MAX_EVENT_US / 1000.0
 """Longest verify forward (ms) a record may hold: :data:`fastverify.bounds.MAX_EVENT_US`, one hour."""
 MAX_PID = 2**31 - 1
@@ -232,7 +267,8 @@ _CLOCK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 def _bad_record(rec: VerifyRecord) -> str | None:
     """Why a decoded record's numbers or clock are not what the verify timer writes, or None:
     ``verify_ms`` finite in ``[0, 1 hour]`` (1.7e308 ms is refused, never summed to inf), ``step``
-    a count, ``pid`` a process id, ``clock`` a short name."""
+    a count, ``pid`` a process id, ``clock`` a short name, ``batch`` in ``[0, MAX_BATCH]`` and
+    ``tokens`` in ``[0, MAX_VERIFY_TOKENS]`` (or null)."""
     ms = rec.verify_ms
     if not (math.isfinite(ms) and 0.0 <= ms <= MAX_VERIFY_MS):
         return (f"verify_ms {ms!r} is not a verify time (outside [0, {MAX_VERIFY_MS:.0f}] ms, "
@@ -245,6 +281,10 @@ def _bad_record(rec: VerifyRecord) -> str | None:
         return f"pid {why}"
     if not _CLOCK.fullmatch(rec.clock):
         return f"clock {rec.clock[:40]!r} is not a clock name (letters, digits, _ . -, up to 64)"
+    for name, value, upper, what in (("batch", rec.batch, MAX_BATCH, "requests in one verify forward"),
+                                     ("tokens", rec.tokens, MAX_VERIFY_TOKENS, "rows one verify forward verifies")):
+        if value is not None and implausible_count(value, upper=upper, what=name) is not None:
+            return f"{name} {value!r} is not a count of {what} (outside [0, {upper}])"
     return None
 
 
@@ -295,7 +335,57 @@ def summarise_dir(folder: str | Path) -> LogSummary:
                       clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
                       ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"],
                       paths=_path_counts(got["records"]),
-                      counted_records=sum(r.allreduce_paths is not None for rs in got["records"].values() for r in rs))
+                      counted_records=sum(r.allreduce_paths is not None for rs in got["records"].values() for r in rs),
+                      **_load(got["records"]))
+
+
+def _load(records: dict[str, list[VerifyRecord]]) -> dict:
+    """The load fields of :class:`LogSummary`, pooled over ranks: of the records carrying both
+    ``batch`` and ``tokens``, how many, the sorted distinct values and the median of each, and
+    the distinct tokens per request (``tokens / batch``, batch > 0; 3 decimals)."""
+    pairs = [(r.batch, r.tokens) for rs in records.values() for r in rs if r.batch is not None and r.tokens is not None]
+    if not pairs:
+        return {}
+    batch = np.array([b for b, _ in pairs], dtype=np.float64)
+    tokens = np.array([t for _, t in pairs], dtype=np.float64)
+    return {"load_records": len(pairs), "batch_values": sorted({b for b, _ in pairs}),
+            "batch_median": _r(np.median(batch)), "tokens_values": sorted({t for _, t in pairs}),
+            "tokens_median": _r(np.median(tokens)),
+            "tokens_per_request": sorted({round(t / b, 3) for b, t in pairs if b > 0})}
+
+
+def _values_text(values: list) -> str:
+    """``4``, ``1-4`` (consecutive integers), ``1, 4, 8`` (up to 4), else ``1-64 (9 values)``."""
+    v = [f"{x:g}" for x in values]
+    if len(v) == 1:
+        return v[0]
+    if all(float(x).is_integer() for x in values) and values == list(range(int(values[0]), int(values[-1]) + 1)):
+        return f"{v[0]}-{v[-1]}"
+    return ", ".join(v) if len(v) <= 4 else f"{v[0]}-{v[-1]} ({len(v)} values)"
+
+
+def load_text(s: LogSummary) -> str:
+    """``batch 1-4 (median 2), 4-16 tokens (median 8; 4 tokens/request)``; ``not recorded`` when
+    no record carries ``batch`` and ``tokens``."""
+    if not s.load_records:
+        return "not recorded"
+    per = f"; {_values_text(s.tokens_per_request)} tokens/request" if s.tokens_per_request else ""
+    return (f"batch {_values_text(s.batch_values)} (median {s.batch_median:g}), "
+            f"{_values_text(s.tokens_values)} tokens (median {s.tokens_median:g}{per})")
+
+
+def _load_warning(b: LogSummary, a: LogSummary) -> str | None:
+    """A warning when before and after ran different loads (another set or median of ``batch``
+    or ``tokens``) or a folder's records do not say their load; None when the loads agree."""
+    if b.load_records and a.load_records:
+        same = (b.batch_values, b.batch_median, b.tokens_values, b.tokens_median) == \
+               (a.batch_values, a.batch_median, a.tokens_values, a.tokens_median)
+        return None if same else (f"the load differs: before ran {load_text(b)}, after {load_text(a)}: "
+                                  "the change compares different loads")
+    missing = [label for label, s in (("before", b), ("after", a)) if not s.load_records]
+    where = "either folder" if len(missing) == 2 else f"the {missing[0]} folder"
+    return (f"the load is not recorded in {where} (records without batch and tokens, written by an older "
+            "fastverify): the change may compare different loads")
 
 
 def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
@@ -332,7 +422,7 @@ def _change(b: RankSummary, a: RankSummary) -> Change:
         return round(100.0 * (after - before) / before, 3) if before > 0 else None
 
     return Change(rank=b.rank, before_p50_ms=b.p50_ms, after_p50_ms=a.p50_ms, p50_change_ms=_r(a.p50_ms - b.p50_ms),
-                  p50_change_pct=pct(b.p50_ms, a.p50_ms), before_p90_ms=b.p90_ms, after_p90_ms=a.p90_ms,
+                  change_pct=pct(b.p50_ms, a.p50_ms), before_p90_ms=b.p90_ms, after_p90_ms=a.p90_ms,
                   p90_change_ms=_r(a.p90_ms - b.p90_ms), p90_change_pct=pct(b.p90_ms, a.p90_ms))
 
 
@@ -361,6 +451,9 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
         if only:
             warnings.append(f"rank(s) {', '.join(only)} in only one folder: no per-rank change for them")
         change.append(_change(b.overall, a.overall))
+        load = _load_warning(b, a)
+        if load is not None:
+            warnings.append(load)
     return VerifyLogReport(fastverify_version=__version__,
                            created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                            clock=b.clock, clock_label=b.clock_label, before=b, after=a, change=change,
@@ -386,7 +479,8 @@ def write_report(report: VerifyLogReport, path: Path) -> None:
 
 
 def format_report(report: VerifyLogReport) -> str:
-    """The terminal table: per rank, then the change (when there is an after folder)."""
+    """The terminal table: per rank and the load of each folder, then the change (when there is
+    an after folder) with one note of its sign, then the warnings (``! ...``, one line each)."""
     out = [f"# fastverify verify log: measured, {report.clock_label}"]
     for label, s in (("before" if report.after else "verify log", report.before), ("after", report.after)):
         if s is None:
@@ -407,13 +501,18 @@ def format_report(report: VerifyLogReport) -> str:
                        "(no all-reduce counted)")
         else:
             out.append("all-reduce paths: not counted (records without allreduce_paths)")
+        of = f", from {s.load_records} of {s.overall.steps} records" if s.load_records else \
+            " (records without batch and tokens)"
+        out.append(f"load: {load_text(s)}{of}")
     if report.change:
         out.append("## measured change (after - before)")
+        out.append("# change: after vs before, ms = after - before, % = (after - before) / before x 100; "
+                   "- = less time (faster)")
         out.append(f"{'rank':>6} {'p50 ms':>22} {'p50 %':>8} {'p90 ms':>22} {'p90 %':>8}")
         for c in report.change:
             def pct(v):
                 return "-" if v is None else f"{v:+.1f}"
-            out.append(f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.p50_change_pct):>8} "
+            out.append(f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.change_pct):>8} "
                        f"{c.before_p90_ms:>9.3f} -> {c.after_p90_ms:<9.3f} {pct(c.p90_change_pct):>8}")
     out += [f"! {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

@@ -250,3 +250,26 @@ def test_backend_names_only_in_the_registry():
                 offenders.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not offenders, "backend names outside the registry:\n" + "\n".join(offenders)
     assert set(names(tunable=True)) >= {BackendName.pcie_ipc, BackendName.fused}
+
+
+def test_hand_written_box_and_record_errors_name_the_field_the_type_and_an_example(tmp_path):
+    """One line: where, what the document is, the field path, the expected type in words, what
+    was there, and an example value of that field."""
+    with pytest.raises(UserError) as err:
+        box_from_description('{"gpu_name": "X", "sm": [9, 0], "gpu_count": "8"}', where="--describe-box")
+    assert str(err.value) == ('--describe-box: invalid box description: field "gpu_count": expected an integer, '
+                              'got a string (e.g. "gpu_count": 8)')
+    from fastverify.deploy import decode_record, encode_record
+
+    doc = json.loads(encode_record(record()))
+    doc["shapes"]["hidden"] = "7168"
+    with pytest.raises(UserError) as err:
+        decode_record(json.dumps(doc).encode(), source="x.deploy.json")
+    assert str(err.value) == ('x.deploy.json: invalid deployment record: field "shapes.hidden": expected an integer, '
+                              'got a string (e.g. "hidden": 7168)')
+    doc = json.loads(encode_record(record()))
+    doc["box"]["gpus"] = [{"index": "0", "uuid": "GPU-1"}]
+    with pytest.raises(UserError) as err:
+        decode_record(json.dumps(doc).encode(), source="x.deploy.json")
+    assert str(err.value) == ('x.deploy.json: invalid deployment record: field "box.gpus[0].index": expected an '
+                              'integer or null, got a string (e.g. "index": 0)')

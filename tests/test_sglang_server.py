@@ -138,6 +138,9 @@ def test_verify_records_match_sglang_verify_steps(engine_run):
             assert str(r["rank"]) == str(rank) and r["pid"] == stats[rank]["pid"], r
             assert r["clock"] == "cpu_wall_clock", r  # a CPU timing, labelled so
             assert r["verify_ms"] > 0, r
+            # the load, read off SGLang's batch: requests, and their draft tokens (>= 1 a request)
+            assert type(r["batch"]) is int and r["batch"] >= 1 and type(r["tokens"]) is int \
+                and r["tokens"] >= r["batch"], r
 
 
 def test_paths_line_after_the_first_verify_forward_in_every_tp_rank(engine_run):

@@ -73,7 +73,7 @@ def test_before_after_change(tmp_path):
     for key, (p50, p90) in EXPECTED.items():
         c = change[key]
         assert (c["before_p50_ms"], c["after_p50_ms"]) == (p50, p50 / 2)
-        assert c["p50_change_ms"] == pytest.approx(-p50 / 2) and c["p50_change_pct"] == -50.0
+        assert c["p50_change_ms"] == pytest.approx(-p50 / 2) and c["change_pct"] == -50.0
         assert (c["before_p90_ms"], c["after_p90_ms"]) == (p90, pytest.approx(p90 / 2))
         assert c["p90_change_pct"] == -50.0
     assert "measured change" in text
@@ -123,7 +123,8 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "unrelated_files": (["other"], ["other", "verify-rank*.jsonl"]),
         "no_records": (["norecords"], ["verify-rank0.jsonl", "no verify records"]),
         "only_a_torn_line": (["onlytorn"], ["verify-rank0.jsonl", "no verify records"]),
-        "corrupt_line": (["corrupt"], ["verify-rank0.jsonl:4", "not a verify record"]),
+        "corrupt_line": (["corrupt"], ['verify-rank0.jsonl:4: field "verify_ms": expected a number, got a string '
+                                       '(e.g. "verify_ms": 1.25)']),
         "cut_line_not_last": (["cutmiddle"], ["verify-rank0.jsonl:5", "not a verify record"]),
         "negative_time": (["negative"], ["verify-rank0.jsonl:2", "-2.0"]),
         "mixed_clocks_in_a_folder": (["mixed"], ["mixed", "cpu_wall_clock", "cuda_events"]),

@@ -71,7 +71,8 @@ def _run_and_kill(tmp_path: Path, n: int, step_s: float, idle_s: float) -> tuple
 def _check_records(rows: list[dict], pid: int) -> None:
     assert [r["step"] for r in rows] == list(range(len(rows))), "records must be the steps in order, none twice"
     for r in rows:
-        assert set(r) == {"step", "verify_ms", "clock", "rank", "pid"}
+        assert set(r) == {"step", "verify_ms", "clock", "rank", "pid", "batch", "tokens"}
+        assert r["batch"] is None and r["tokens"] is None  # stop() was given no load
         assert r["clock"] == "cpu_wall_clock" and r["rank"] == "0" and r["pid"] == pid
         assert r["verify_ms"] > 0
 

@@ -103,11 +103,14 @@ class VerifyTimer:
     while the server runs (see the module docstring for the two halves and what a SIGKILL loses).
 
     One line per verify step: ``{"step": int, "verify_ms": float, "clock": str, "rank": str,
-    "pid": int, "allreduce_paths": {mode: {path: count}}}``; ``allreduce_paths`` (when the patch
-    counts) holds the all-reduces since the previous record per forward mode, this step's under
-    ``verify`` (:mod:`fastverify.patch.paths`); ``step`` counts this process's verify forwards from 0, ``verify_ms`` is
-    milliseconds between the events around the forward, ``clock`` is ``cuda_events`` (GPU time)
-    or ``cpu_wall_clock`` (host ``perf_counter``, not a GPU time).
+    "pid": int, "batch": int | null, "tokens": int | null, "allreduce_paths": {mode: {path:
+    count}}}``; ``allreduce_paths`` (when the patch counts) holds the all-reduces since the
+    previous record per forward mode, this step's under ``verify`` (:mod:`fastverify.patch.paths`);
+    ``step`` counts this process's verify forwards from 0, ``verify_ms`` is milliseconds between
+    the events around the forward, ``clock`` is ``cuda_events`` (GPU time) or ``cpu_wall_clock``
+    (host ``perf_counter``, not a GPU time); ``batch`` is the requests in the verify forward and
+    ``tokens`` the rows the target verifies (batch × draft tokens per request), as the forward
+    batch held them (:func:`verify_load`), null where they could not be read.
 
     Parameters
     ----------
@@ -140,7 +143,8 @@ class VerifyTimer:
         self.clock = clock or "unknown"
         self.rank = rank
         self.max_buffered = max(1, int(max_buffered))
-        self.pending: collections.deque[tuple[int, Any, Any, dict | None]] = collections.deque()  # not yet complete
+        # (step, start event, end event, paths, batch, tokens), not yet complete
+        self.pending: collections.deque[tuple[int, Any, Any, dict | None, int | None, int | None]] = collections.deque()
         self.steps = 0
         self.written = 0
         self.dropped = 0
@@ -161,15 +165,18 @@ class VerifyTimer:
         ev.record()
         return ev
 
-    def stop(self, start_ev: Any, paths: dict | None = None) -> None:
+    def stop(self, start_ev: Any, paths: dict | None = None, *, batch: int | None = None,
+             tokens: int | None = None) -> None:
         """End the step begun by ``start_ev``; ``paths``: the all-reduce path counts per forward
-        mode since the previous record (:meth:`fastverify.patch.paths.PathCounter.take`)."""
+        mode since the previous record (:meth:`fastverify.patch.paths.PathCounter.take`);
+        ``batch`` / ``tokens``: the step's requests and verified rows (None: not known, written
+        as null)."""
         end = self.event_factory()
         end.record()
         if len(self.pending) + len(self._lines) >= self.max_buffered:
             self.dropped += 1
         else:
-            self.pending.append((self.steps, start_ev, end, paths))
+            self.pending.append((self.steps, start_ev, end, paths, batch, tokens))
         self.steps += 1
         self._finish_completed()
         if self._thread is None and self.interval_s > 0:
@@ -182,7 +189,7 @@ class VerifyTimer:
         has not (events of one stream complete in order). ``wait`` (exit only) synchronizes."""
         pending = self.pending
         while pending:
-            step, s, e, paths = pending[0]
+            step, s, e, paths, batch, tokens = pending[0]
             if wait and hasattr(e, "synchronize"):
                 try:
                     e.synchronize()
@@ -195,7 +202,7 @@ class VerifyTimer:
                 self._rank_pid = (str(self.rank()), os.getpid())
             rank, pid = self._rank_pid
             rec = {"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6), "clock": self.clock,
-                   "rank": rank, "pid": pid}
+                   "rank": rank, "pid": pid, "batch": batch, "tokens": tokens}
             if paths is not None:
                 rec["allreduce_paths"] = paths
             self._lines.append(json.dumps(rec))
@@ -355,10 +362,63 @@ class VerifyTrace:
             self.steps = 0
 
 
+_BATCH_ARGS = ("forward_batch", "model_worker_batch", "batch")
+"""Parameters of ``forward_batch_generation`` that may hold the verify batch, in the order read:
+SGLang 0.5.23's EAGLE verify passes ``batch=None, forward_batch=<ForwardBatch>``; earlier
+releases passed a ``ModelWorkerBatch`` (first parameter)."""
+
+
+def _int(value: Any) -> int | None:
+    """``value`` when it is a plain ``int`` >= 0 (never a tensor: ``int(t)`` of a CUDA tensor
+    would sync the host), else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def _rows(tensor: Any) -> int | None:
+    """Rows of a 1-D tensor from its ``shape`` (host metadata: no sync), else None."""
+    shape = getattr(tensor, "shape", None)
+    return _int(shape[0]) if shape is not None and len(shape) == 1 else None
+
+
+def verify_load(fb: Any) -> tuple[int | None, int | None]:
+    """``(batch, tokens)`` of a verify forward's batch object, each None where it cannot be read.
+
+    Parameters
+    ----------
+    fb : ForwardBatch, ModelWorkerBatch, ScheduleBatch or anything
+        ``batch`` is ``fb.batch_size`` (an int field of ``ForwardBatch``; called where it is a
+        method, ``ScheduleBatch.batch_size()`` = ``len(reqs)``), else ``fb.seq_lens.shape[0]``;
+        ``tokens`` is ``fb.input_ids.shape[0]`` (the flat draft tokens of the verify:
+        batch × ``spec_info.draft_token_num``), else ``batch * fb.spec_info.draft_token_num``.
+
+    Never reads a tensor's values (no ``.item()``, ``.tolist()``: no GPU sync) and never raises.
+    """
+    try:
+        size = getattr(fb, "batch_size", None)
+        batch = _int(size() if callable(size) else size)
+        if batch is None:
+            batch = _rows(getattr(fb, "seq_lens", None))
+        tokens = _rows(getattr(fb, "input_ids", None))
+        if tokens is None and batch is not None:
+            per = _int(getattr(getattr(fb, "spec_info", None), "draft_token_num", None))
+            tokens = batch * per if per is not None else None
+        return batch, tokens
+    except Exception:  # a record without its load, never a broken forward
+        return None, None
+
+
 def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTrace | None = None) -> Callable:
     sig = inspect.signature(original)
     names = list(sig.parameters)
     pos = names.index("is_verify") - 1 if "is_verify" in names else -1  # minus self
+    batch_pos = [(n, names.index(n) - 1) for n in _BATCH_ARGS if n in names]
+
+    def load_of(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
+        for name, i in batch_pos:
+            fb = kwargs[name] if name in kwargs else (args[i] if 0 <= i < len(args) else None)
+            if fb is not None:
+                return verify_load(fb)
+        return None, None
 
     def forward_batch_generation(self, *args, **kwargs):
         if "is_verify" in kwargs:
@@ -367,6 +427,7 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTr
             is_verify = 0 <= pos < len(args) and args[pos]
         if not is_verify or _is_capturing():
             return original(self, *args, **kwargs)
+        batch, tokens = load_of(args, kwargs)  # before the forward, which may change the batch
         tracing = trace is not None and trace.active
         if tracing:
             trace.begin()
@@ -374,7 +435,7 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTr
         try:
             out = original(self, *args, **kwargs)
         finally:
-            timer.stop(start, COUNTER.take())
+            timer.stop(start, COUNTER.take(), batch=batch, tokens=tokens)
             if tracing:
                 trace.end()
         return out

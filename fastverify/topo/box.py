@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from fastverify.deploy import BoxFingerprint, P2PFacts
-from fastverify.errors import UserError
+from fastverify.deploy import BOX_EXAMPLES, BoxFingerprint, P2PFacts
+from fastverify.errors import UserError, schema_error
 
 ENV_DESCRIBE_BOX = "FASTVERIFY_DESCRIBE_BOX"
 """Env var holding a described box (JSON object text, or the path of a file with one)."""
@@ -186,7 +186,9 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
     doc.setdefault("gpu_count", 0)
     try:
         return msgspec.convert(doc, BoxFingerprint)
-    except (msgspec.ValidationError, ValueError) as err:
+    except msgspec.ValidationError as err:
+        raise schema_error(f"{where}: invalid box description", err, BOX_EXAMPLES) from None
+    except ValueError as err:
         raise UserError(f"{where}: invalid box description: {err}") from None
 
 
