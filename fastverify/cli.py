@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
+from fastverify.bounds import MAX_TIMEOUT_S
 from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
 
 
@@ -54,58 +54,9 @@ def _seconds(text: str) -> float:
 
 
 def _add_profile(sub) -> None:
-    prof = sub.add_parser(
-        "profile",
-        allow_abbrev=False,
-        help="split the verify step into compute and all-reduce time",
-        description=("Split the verify step into compute vs all-reduce time per TP rank, per step, per layer "
-                     "position and per message size. With --trace: from PyTorch profiler traces (one per rank; CPU-only "
-                     "traces of a CPU server read as CPU-clock all-reduces). With --verify-log: the measured "
-                     "verify latency from the records of `fastverify launch --profile-verify`. "
-                     "Otherwise: a live TP verify forward with the model's shapes (default: the tiny preset on "
-                     "2 ranks; gloo on CPU, NCCL on GPUs)."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    prof.add_argument("--trace", nargs="+", metavar="PATH",
-                      help="trace files (.json, .json.gz) or folders of them, one file per TP rank")
-    prof.add_argument("--verify-log", nargs="+", metavar="DIR",
-                      help=("measured verify latency from the records of `fastverify launch --profile-verify DIR` "
-                            "(steps, p50/p90 per rank, clock); DIR DIR2: before and after, and the change"))
-    prof.add_argument("--model", default="tiny",
-                      help="live run: preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or a Hugging Face config.json")
-    prof.add_argument("--tp", "--tp-size", type=_positive, default=2, help="live run: tensor-parallel world size")
-    # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
-    prof.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=_bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
-    prof.add_argument("--batch", type=_bounded(1, MAX_BATCH), default=1, help="live run: requests in the verify batch (B)")
-    prof.add_argument("--iters", type=_positive, default=5, help="live run: timed verify forwards")
-    prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
-    prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
-    from fastverify.registry import BackendName
+    from fastverify.profile_command import add_arguments
 
-    prof.add_argument("--backend", default=None, metavar="NAME",
-                      help=("live run: all-reduce backend of the forward, one of "
-                            f"{', '.join(b.value for b in BackendName)} [default: "
-                            f"{BackendName.nccl.value} on GPUs, {BackendName.gloo.value} on CPU]"))
-    from fastverify.profile_record import DTYPES
-
-    prof.add_argument("--dtype", choices=DTYPES, default="bfloat16",
-                      help="live run: dtype of weights, activations and all-reduces")
-    prof.add_argument("--timeout", type=_seconds, default=300.0,
-                      help="live run: seconds before a rank counts as hung, in (0, 86400]")
-    prof.add_argument("--output", type=Path, default=None,
-                      help="profile JSON path [default: profiles/<name>-<UTC time>.json]")
-    png = prof.add_mutually_exclusive_group()
-    png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
-    png.add_argument("--no-png", action="store_true", help="write no PNG")
-    prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
-    prof.add_argument("--jobs", type=_positive, default=None, metavar="N",
-                      help=("--trace: decode up to N rank files at once in worker processes [default: one per core, "
-                            "fewer when memory is short (about 4 bytes per byte of trace JSON each) or the traces are "
-                            "small]; a file of 16 MiB of JSON or more read on its own is read in two halves at once "
-                            "(no PNG) unless N is 1"))
-    prof.add_argument("--force", action="store_true",
-                      help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
-                            "NCCL version or backend), with a warning instead of an error"))
+    add_arguments(sub, _positive, _bounded, _seconds)
 
 
 def _add_topo(sub) -> None:
@@ -294,215 +245,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-_LIVE_FLAGS = ("--model", "--tp", "--tp-size", "--draft-tokens", "--speculative-num-draft-tokens", "--batch",
-               "--iters", "--warmup", "--device", "--timeout", "--backend", "--dtype")
-
-
-def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
-    import os
-
-    from fastverify.errors import printable
-    from fastverify.procs import check_outputs, check_writable, refuse_symlink
-    from fastverify.profile import default_output
-    from fastverify.verifylog import build_report, format_report, write_report
-
-    if len(args.verify_log) > 2:
-        raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
-    clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png", "--jobs") if any(a == f or a.startswith(f + "=") for a in argv)]
-    if clash:
-        raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")
-    if args.output is not None:  # before reading anything: the report never replaces a record
-        refuse_symlink(args.output, "--output")
-        real_out = Path(os.path.realpath(args.output))
-        for folder in args.verify_log:  # a report in a log folder could be read as (or replace) a record
-            real_dir = Path(os.path.realpath(folder))
-            if real_out == real_dir or real_out.is_relative_to(real_dir):
-                raise UserError(f"--output {args.output}: is inside the --verify-log folder {folder}; "
-                                "write the report outside the log folders")
-    for folder in args.verify_log:
-        check_outputs({"--output": args.output}, {"--verify-log": folder})
-    if args.output is not None:
-        check_writable(args.output)
-    report = build_report(*args.verify_log)
-    out = args.output or default_output("verify-log", png=False)
-    write_report(report, out)
-    if not args.quiet:
-        sys.stdout.write(format_report(report))
-    print(f"wrote {printable(out)}")
-    return 0
-
-
-def _is_preset(model: str) -> bool:
-    from fastverify.live.config import preset_names
-
-    return model in preset_names()
-
-
-def _check_profile_outputs(args: argparse.Namespace) -> None:
-    """Refuse, before any work, a --output or PNG that would replace an input (a --trace file, a
-    file inside a --trace folder, the --model config) or each other. A default --output is a new
-    name under profiles/ (and its PNG too), so only the paths the user gave can clash."""
-    from fastverify.procs import check_outputs
-
-    outputs = {"--output": args.output}
-    if not args.no_png:
-        if args.png is not None:
-            outputs["--png"] = args.png
-        elif args.output is not None:  # the default PNG, beside the JSON
-            outputs["the PNG beside --output"] = args.output.with_suffix(".png")
-    inputs = [("--trace", t) for t in args.trace or ()]
-    if not args.trace and not _is_preset(args.model):
-        inputs.append(("--model", args.model))
-    for flag, path in inputs or [("--trace", None)]:
-        check_outputs(outputs, {flag: path})
-    from fastverify.procs import check_writable, refuse_symlink
-
-    for flag, path in outputs.items():
-        if path is not None:
-            refuse_symlink(path, flag)  # a dangling link would put the file elsewhere: refused
-            check_writable(path)  # before any trace is read or rank started
-
-
-def _cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.verify_log:
-        return _cmd_verify_log(args, argv)
-    _check_profile_outputs(args)
-    if args.force and not args.trace:
-        raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
-    if args.jobs is not None and not args.trace:
-        raise UserError("--jobs sets how many --trace files are decoded at once; it does not apply without --trace")
-    painter = _EARLY.pop("painter", None)
-    try:
-        if not (args.trace and not args.no_png) and painter is not None:
-            painter.close()
-            painter = None
-        return _profile(args, argv, painter)
-    finally:
-        if painter is not None:
-            painter.close()
-
-
-_EARLY: dict = {}  # what main() started before parsing (the painter of a `profile --trace` run)
-
-
-def _start_painter_early(argv: list[str]) -> None:
-    """``profile --trace`` with a PNG: fork the painter before anything but numpy is imported, so
-    its matplotlib import overlaps the parsing and the trace loading (:mod:`fastverify.painter`)."""
-    if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
-            and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
-        import os
-
-        # numpy first, with one BLAS thread (a trace job sorts and sums, it multiplies no
-        # matrices): the painter then shares this import instead of paying for its own, and its
-        # OpenBLAS does not spin up a thread per core, which took a core from the trace reading
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        import numpy  # noqa: F401
-
-        from fastverify.painter import Painter
-
-        _EARLY["painter"] = Painter.start()
-
-
-def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
-    if args.trace:
-        clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
-        if clash:
-            raise UserError(f"--trace reads existing traces; {', '.join(clash)} applies only to a live run"
-                            if len(clash) == 1 else
-                            f"--trace reads existing traces; {', '.join(clash)} apply only to a live run")
-        import os
-
-        # a trace job uses numpy for sorting and reductions only: no BLAS thread pool to spin up
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        from fastverify.trace import load
-
-        if _PROGRAM.get("running"):  # the process ends right after this command (see run())
-            load.HOLD_DECODED = True
-        # With the painter drawing the PNG on the second core, one big file is read on one core
-        # (measured on 2 cores: reading in halves there slowed the PNG, the run's end, by 6-14 %)
-        ranks = load.load_traces(args.trace, force=args.force, workers=args.jobs, progress=not args.quiet,
-                                 halves=painter is None)
-        source = {"kind": "trace", "files": [r.origin for r in ranks]}
-        stem = "trace"
-    else:
-        if args.warmup < 0:
-            raise UserError(f"--warmup must be >= 0, got {args.warmup}")
-        ranks, source, stem = _live(args)
-
-    import msgspec
-
-    from fastverify.profile import as_builtins, build_profile, default_output, write_outputs
-    from fastverify.profile_record import Shapes
-
-    shapes = None
-    if source["kind"] == "live":  # a live run knows its shapes; a trace records none (never guessed)
-        shapes = Shapes(dtype=source["dtype"], hidden=source["hidden"], tokens=source["tokens"],
-                        draft_tokens=source["draft_tokens"], batch=source["batch"])
-    profile = build_profile(ranks, source, shapes)
-    if source.get("graph_replay_traces"):
-        from fastverify.trace.load import load_traces
-
-        replay = load_traces([source["graph_replay_traces"]])
-        profile = msgspec.structs.replace(profile, graph_replay=build_profile(
-            replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
-    from fastverify.errors import printable
-
-    # a default name is taken with an exclusive create (its PNG's too): concurrent runs never share one
-    out = args.output or default_output(stem, png=not args.no_png and args.png is None)
-    png = None if args.no_png else (args.png or out.with_suffix(".png"))
-    write_outputs(profile, out, png, painter)
-    wrote = f"wrote {printable(out)}" + (f" and {printable(png)}" if png else "")
-    try:
-        if not args.quiet and sys.stdout is not None:  # `>&-` closes it: the files are the output
-            from fastverify.report import print_profile
-
-            print_profile(as_builtins(profile))
-        print(wrote)
-        if sys.stdout is not None:
-            sys.stdout.flush()
-    except OSError as e:  # a full disk or a device that refuses writes behind stdout
-        import os
-
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
-        sys.stderr.write(f"fastverify: error: cannot write to standard output ({e.strerror or e}); {wrote}\n")
-        return 1
-    if source["kind"] == "trace":
-        _PROGRAM["exit_now"] = True
-    return 0
-
-
-def _live(args: argparse.Namespace):
-    from fastverify.live.config import load_model_config
-    from fastverify.live.runner import run_live
-    from fastverify.profile import default_output
-
-    model = args.model
-    config = load_model_config(model)
-    stem = f"live-{Path(model).stem if model.endswith('.json') else model}-tp{args.tp}"
-    trace_dir = None
-    if args.device != "cpu":
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.device_count() >= args.tp:
-            # On GPUs the ranks also trace a CUDA-graph replay of the forward; it goes through the
-            # same trace analyzer as --trace input and lands in the profile as "graph_replay".
-            args.output = args.output or default_output(stem)  # one name for the JSON and its traces
-            trace_dir = args.output.parent / f"{args.output.stem}-traces"
-    ranks = run_live(config, tp=args.tp, draft_tokens=args.draft_tokens, batch=args.batch, iters=args.iters,
-                     warmup=args.warmup, device=args.device, timeout_s=args.timeout,
-                     trace_dir=None if trace_dir is None else str(trace_dir), backend=args.backend,
-                     dtype=args.dtype, progress=not args.quiet)
-    meta = ranks[0].meta
-    source = {"kind": "live", "model": model, "tp": args.tp, "draft_tokens": args.draft_tokens,
-              "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
-              "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend"),
-              "backend": meta["allreduce_backend"], "dtype": meta["dtype"], "hidden": meta["hidden_size"],
-              "experts_allocated": meta.get("experts_allocated"), "n_routed_experts": config.n_routed_experts}
-    if trace_dir is not None:
-        source["graph_replay_traces"] = str(trace_dir)
-    return ranks, source, stem
-
-
 class _Terminated(KeyboardInterrupt):
     """SIGTERM/SIGHUP, raised like Ctrl-C so that the same clean-up runs (ranks killed, temporary
     files removed, nothing half-written)."""
@@ -566,7 +308,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if summary["verdict"] == "fail" else 0
 
 
-_PROGRAM: dict = {}  # set by run(): this process is the fastverify program, not a caller of main()
 
 
 def run() -> None:
@@ -582,9 +323,11 @@ def run() -> None:
     """
     import os
 
-    _PROGRAM["running"] = True
+    from fastverify.profile_command import EARLY, PROGRAM  # noqa: F401 - EARLY: what main() started early
+
+    PROGRAM["running"] = True
     rc = main()
-    if _PROGRAM.get("exit_now"):
+    if PROGRAM.get("exit_now"):
         try:
             for stream in (sys.stdout, sys.stderr):
                 if stream is not None:  # None: closed by the shell (`>&-`)
@@ -610,14 +353,16 @@ def _streams_survive_any_encoding() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _streams_survive_any_encoding()
+    from fastverify.profile_command import EARLY, start_painter_early
+
     try:
-        _start_painter_early(argv)
+        start_painter_early(argv)
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C while parsing or importing, before _main's own handler
         sys.stderr.write("fastverify: interrupted\n")
         return 130
     finally:
-        leftover = _EARLY.pop("painter", None)  # parsing failed, or another path never took it
+        leftover = EARLY.pop("painter", None)  # parsing failed, or another path never took it
         if leftover is not None:
             leftover.close()
 
@@ -627,7 +372,9 @@ def _main(argv: list[str]) -> int:
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if args.command == "profile":
-            return _cmd_profile(args, argv)
+            from fastverify.profile_command import run as run_profile
+
+            return run_profile(args, argv)
         if args.command == "topo":
             from fastverify.topo.command import run as run_topo
 
