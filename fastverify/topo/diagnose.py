@@ -95,6 +95,10 @@ class Diagnosis:
     TUNING lines of the log (model table, the choice it gives each verify size, launched sizes),
     ``None`` without. ``perf_table``: :meth:`PerfTable.summary` of the ``all_reduce_perf`` table;
     ``measured``: its time for each verify size (µs, measured, interpolated between sizes).
+    ``advice``: the box's options ranked by :func:`fastverify.tune.advice.rank_options`, the
+    ranking ``tune --predict`` prints (:func:`with_advice`; entries of
+    :func:`fastverify.topo.advice_text.advice_entries`), ``None`` where it could not run;
+    ``advice_notes``: where its evidence stops, or the one line saying why there is none.
     """
 
     sources: list[str]
@@ -115,6 +119,8 @@ class Diagnosis:
     nccl_tuning: dict | None = None
     perf_table: dict | None = None
     measured: list[dict] = field(default_factory=list)
+    advice: list[dict] | None = None
+    advice_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -506,7 +512,14 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
     return out, "; ".join([CALIBRATION_NOTE, graph_src, f"{n} ranks", *notes])
 
 
-def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
+def with_advice(d: Diagnosis, log: NcclLog | None, advice: list[dict] | None, notes: list[str]) -> Diagnosis:
+    """``d`` with the shared ranking (``advice``, ``notes``) as its recommendation: the actions
+    keep what the diagnosis alone finds (settings to fix, pairs without P2P, NCCL's failed graph
+    search), and drop its own NCCL_P2P_LEVEL and PCIe IPC advice, which the ranking weighs."""
+    return replace(d, advice=advice, advice_notes=list(notes), actions=_actions(d, log, ranked=advice is not None))
+
+
+def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list[str]:
     acts = []
     for f in d.findings:
         if f.severity is Severity.ERROR:
@@ -515,6 +528,8 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
     if d.p2p_level_now_source.startswith("NCCL_P2P_DISABLE"):
         acts.append("NCCL_P2P_DISABLE=1 turns P2P off for every pair whatever NCCL_P2P_LEVEL says: remove it "
                     "first if P2P is wanted")
+    elif d.p2p_level_recommended and ranked:
+        pass  # the ranking says whether the wider level is worth it, against the backends
     elif d.p2p_level_recommended:
         gain = [p for p in shm if p.transport_recommended == "P2P"]
         known = all(p.hw_p2p is True for p in gain)
@@ -538,7 +553,7 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
         acts.append(f"{len(hw_no)} pair(s) cannot use P2P (the driver refuses it, or NCCL's log shows it re-routed "
                     "them through the CPU): they stay on SHM whatever the level; consumer GPUs on stock drivers are "
                     "the usual cause")
-    if d.pcie_ipc_allreduce.get("possible"):
+    if d.pcie_ipc_allreduce.get("possible") and not ranked:
         acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step: `fastverify tune` measures it, "
                     "`fastverify launch --p2p-check FILE` deploys it (launch sets SGLang's switch after the P2P proof)")
     timed = [m for m in d.measured if m["time_us"] is not None]
@@ -549,6 +564,6 @@ def _actions(d: Diagnosis, log: NcclLog | None) -> list[str]:
                     f"baseline; rank backends against it with `fastverify tune --perf-table {m['source']}`")
     if log and log.graph_fallbacks:
         acts.append("NCCL's graph search failed on this box: try NCCL_PROTO=LL for the small verify all-reduces")
-    if not acts:
+    if not acts and not ranked:
         acts.append("nothing to change from this input; measure the candidates with `fastverify tune`")
     return acts

@@ -8,18 +8,21 @@ from rich.console import Console
 from rich.table import Table
 
 from fastverify.errors import printable
+from fastverify.topo.advice_text import advice_lines, level_line
 from fastverify.topo.diagnose import Diagnosis
 
 
 def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
-    """Print the diagnosis in words a user acts on: actions first, then the evidence."""
+    """Print the diagnosis in words a user acts on: the ranked options (:mod:`fastverify.topo.advice_text`)
+    and the actions first, then the evidence."""
     c = console or Console(width=None if sys.stdout.isatty() else 130)
     gpus = f"{d.n_gpus} GPU(s)" if d.n_gpus else "GPU count unknown from this input"
     c.print(f"# fastverify topo: {gpus}; from {printable(', '.join(d.sources))}; NCCL {d.nccl_version or 'version unknown'}",
             markup=False)
-    c.print(f"# NCCL_P2P_LEVEL now: {d.p2p_level_now} ({d.p2p_level_now_source}); recommended: "
-            f"{d.p2p_level_recommended or 'no change'}", markup=False)
+    c.print(level_line(d), markup=False)
     c.print("what to do:", style="bold")
+    for line in advice_lines(d.advice, d.advice_notes):
+        c.print(f"  {line}", markup=False)
     for a in d.actions:
         c.print(f"  - {a}", markup=False)
     for w in d.warnings:
