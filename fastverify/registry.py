@@ -128,6 +128,8 @@ class BackendInfo:
         Env var through which SGLang sizes the workspace, in elements.
     tunable : bool
         ``tune`` measures it on GPUs.
+    title : str
+        What it is, in words, for advice lines (``"FlashInfer PCIe IPC all-reduce"``).
     """
 
     name: BackendName
@@ -150,6 +152,7 @@ class BackendInfo:
     sglang_switch_module: str | None = None
     size_env: str | None = None
     tunable: bool = False
+    title: str = ""
     dtype_gate: str = ""
 
     @property
@@ -174,7 +177,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
     # all-reduce, and torch.distributed last as the backend that supports every shape.
     BackendInfo(
         BackendName.pcie_ipc, "fastverify.backends.flashinfer_pcie_ipc", "PcieIpcBackend",
-        Role.all_reduce, Reach.sglang_switch, needs_p2p=True, world_sizes=(2, 4, 8),
+        Role.all_reduce, Reach.sglang_switch, needs_p2p=True, world_sizes=(2, 4, 8), title="FlashInfer PCIe IPC all-reduce",
         dtypes=("bfloat16",), sglang_switch="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
         sglang_switch_module="sglang.srt.distributed.device_communicators.pcie_ipc_ar",
         size_env="SGLANG_PCIE_IPC_MAX_NUMEL", tunable=True,
@@ -184,17 +187,20 @@ BACKENDS: tuple[BackendInfo, ...] = (
     BackendInfo(
         BackendName.b12x, "fastverify.backends.flashinfer_b12x", "B12xFusedBackend",
         Role.fused_norm, Reach.patch_add_norm, kernel_sm=((12, 0), (12, 1)), kernel_sm_majors=(12,),
+        title="FlashInfer b12x one-shot all-reduce + RMSNorm",
         needs_p2p=True, world_sizes=(2, 4, 6, 8, 10), dtypes=("bfloat16", "float16", "float32"),
         max_rows=36, tunable=True,
     ),
     BackendInfo(
         BackendName.fused, "fastverify.backends.flashinfer_fused", "FusedBackend",
         Role.fused_norm, Reach.patch_fused_norm, kernel_sm_majors=(9, 10, 12), sglang_sm_majors=(9, 10),
+        title="FlashInfer fused all-reduce + RMSNorm",
         sglang_gate=_SM90_SM100_GATE, needs_p2p=True, world_sizes=(2, 4, 8, 16), tunable=True,
     ),
     BackendInfo(
         BackendName.custom_ar, "fastverify.backends.sglang_custom_ar", "SglangCustomArBackend",
         Role.all_reduce, Reach.native, needs_p2p=True, world_sizes=(2, 4, 6, 8), world_sizes_without_nvlink=(2,),
+        title="SGLang custom all-reduce",
         nvlink_gate=("SGLang 0.5.23 runs it on 2 PCIe GPUs, on more only with full NVLink "
                      "(custom_all_reduce_utils.py can_use_custom_all_reduce_with_nvlink: disabled when "
                      "world_size > 2 and not full_nvlink)"),

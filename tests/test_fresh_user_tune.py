@@ -266,7 +266,7 @@ def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
     from fastverify.deploy import read_record
     from fastverify.tune.envfile import read_env_file
 
-    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json", "--write-env", "b.env"], capsys)
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json", "--write-env", "b.env", "--explain"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())
     # GPU 5 cannot reach GPU 0's memory: that pair is SHM at any level, so SYS moves 15 of the 16
@@ -278,7 +278,7 @@ def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
 
 
 def test_predict_with_a_passing_p2p_check_does_not_ask_for_it(box_dir, capsys):
-    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pgood.json"], capsys)
+    rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pgood.json", "--explain"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())
     assert "28/28" in text and "assuming the driver allows it" not in text

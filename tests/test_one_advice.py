@@ -76,8 +76,8 @@ def test_seed_box_text_names_pcie_ipc_first(capsys):
     assert lines[0].startswith("# box: SM 120 (--sm), PCIe Gen 5 (--pcie-gen)")
     text = " ".join(out.split())
     todo = text[text.index("what to do:"):text.index("GPU pairs")]
-    assert todo.index("1. pcie_ipc (FlashInfer PCIe IPC all-reduce): −76 % per verify step") < \
-        todo.index("2. NCCL_P2P_LEVEL=SYS: −3 % per verify step")
+    assert todo.index("1. pcie_ipc (FlashInfer PCIe IPC all-reduce): -75.9 % per verify step") < \
+        todo.index("2. NCCL_P2P_LEVEL=SYS: -2.9 % per verify step")
     assert "predicted from 1 comparable published box" in todo
     assert "123 all-reduces per verify step" in todo  # Kimi-K2: 1 embedding + 2 x 61 layers
     assert "needs P2P: unproven, run `fastverify p2p --output p2p.json`" in todo
@@ -85,7 +85,7 @@ def test_seed_box_text_names_pcie_ipc_first(capsys):
     assert "unknown from this input: driver P2P" in todo and "ACS/IOMMU" in todo
     # the old advice that made NCCL_P2P_LEVEL=SYS the thing to do is gone
     assert "try NCCL_P2P_LEVEL=SYS" not in text
-    assert "best level: SYS (option 2 of the ranking below, −3 %)" in text
+    assert "best level: SYS (option 2 of the ranking below, -2.9 %)" in text
 
 
 def test_without_model_the_figures_are_per_all_reduce(capsys):

@@ -151,4 +151,4 @@ def test_report_prints_a_zero_time_candidate_without_a_speedup():
     assert ranking.candidates[0].speedup is None and ranking.candidates[0].vs_baseline_us == -20.0
     out = io.StringIO()
     print_report(ranking, Console(file=out, width=200))
-    assert "-20.0" in out.getvalue()
+    assert "-100.0 %" in out.getvalue()

@@ -97,8 +97,11 @@ def test_seed_case_terminal_table(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert rc == 0
     assert "candidate" in out and "┃ rank" not in out
-    assert "pcie_ipc" in out and "PREDICTED" in out and "disagree" in out
-    assert "measure with `fastverify tune`" in out
+    assert "pcie_ipc" in out and "predicted" in out and "--explain shows them" in out
+    # the published measurements' disagreement and the advice to measure: behind --explain
+    assert main(SEED + ["--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "disagree" in out and "measure with `fastverify tune`" in out
 
 
 def test_unreachable_backends_are_absent_with_a_reason(capsys):

@@ -20,8 +20,8 @@ def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
                            "--draft-tokens", "4", "--write-env", "nccl_configs/example.env"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())  # rich wraps long lines
-    assert "123 all-reduces per verify step" in out
-    assert "all-reduce per verify step: -" in out and "(predicted)" in out
+    assert "all-reduce per verify step (123 calls)" in out
+    assert "winner: pcie_ipc: all-reduce per verify step" in out and "% (predicted)" in out
     env_path = tmp_path / "nccl_configs" / "example.env"
     settings = read_env_file(env_path)
     from fastverify.deploy import read_record

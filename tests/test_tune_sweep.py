@@ -144,7 +144,8 @@ def test_report_labels_cpu_timings(sweep, tmp_path):
     out = io.StringIO()
     print_report(ranking, Console(file=out, width=200))
     text = out.getvalue()
-    assert "CPU/gloo" in text and "step µs (CPU/gloo)" in text and "timeout after" in text
+    assert "CPU/gloo" in text and "step ms (CPU/gloo)" in text and "timeout after" in text
+    assert "CPU wall clock, not GPU time" in text and "step µs" not in text
     assert "GPU (" not in text and "µs (GPU)" not in text
     png = plot_latency(ranking, tmp_path / "lat.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,9 +18,16 @@ TOP = 3
 MODEL_ERROR_PCT = 10.0
 """Held-out error of the NCCL cost model (:data:`fastverify.topo.diagnose.CALIBRATION`): a smaller
 predicted change of an NCCL setting is within it."""
-_TITLES = {"pcie_ipc": "FlashInfer PCIe IPC all-reduce", "b12x": "FlashInfer b12x one-shot all-reduce + RMSNorm",
-           "fused": "FlashInfer fused all-reduce + RMSNorm", "custom_ar": "SGLang custom all-reduce"}
-MINUS = "\u2212"
+
+
+def _title(backend: str | None) -> str:
+    """The registry's words for a backend (empty for NCCL settings or an unknown name)."""
+    from fastverify.registry import BackendName, backend_info
+
+    try:
+        return backend_info(BackendName(backend)).title
+    except ValueError:
+        return ""
 
 
 def build_advice(workload, topo, *, counts_known: bool, env, nccl_version, sm: int, pcie_gen: int, perf=None,
@@ -151,7 +158,9 @@ def _listed(entries: list[dict]) -> list[dict]:
 
 
 def _pct(v: float) -> str:
-    return f"{v:+.0f} %".replace("-", MINUS)
+    from fastverify.tune.predict import change_pct
+
+    return change_pct(v)
 
 
 def _amount(us: float, counts_known: bool) -> str:
@@ -169,7 +178,7 @@ def advice_lines(entries: list[dict] | None, notes: list[str]) -> list[str]:
     unit = "per verify step" if counts_known else "of the all-reduce time"
     lines = []
     for e in listed:
-        title = _TITLES.get(e["backend"])
+        title = _title(e["backend"])
         name = f"{e['candidate']} ({title})" if title and not e["settings"] else e["candidate"]
         line = (f"{e['rank']}. {name}: {_pct(e['change_pct'])} {unit} ({_amount(e['allreduce_us'], counts_known)} "
                 f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}")

@@ -39,7 +39,9 @@ MEASURED = "measured"
 NO_DATA = "no published data: measure with fastverify tune"
 MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
 SCHEMA = "fastverify.tune"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``change_pct`` (new vs baseline, negative = less time) replaced ``vs_baseline_pct`` (positive =
+faster)."""
 
 
 @dataclass(frozen=True)
@@ -372,20 +374,21 @@ def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_
 
 
 def _r(v: float | None, nd: int = 3) -> float | None:
-    return None if v is None or not math.isfinite(v) else round(float(v), nd)
+    return None if v is None or not math.isfinite(v) else round(float(v), nd) + 0.0  # + 0.0: no -0.0
 
 
 def figure_dict(f: Figure, number: int | None, baseline_us: float | None) -> dict:
-    """One candidate of the JSON document."""
+    """One candidate of the JSON document; ``change_pct`` = (its time - the baseline's) / the
+    baseline's x 100 (negative: less time)."""
     v = f.verify or {}
-    vs = (100.0 * (baseline_us - f.point_us) / baseline_us
-          if f.point_us is not None and baseline_us else None)
+    change = (100.0 * (f.point_us - baseline_us) / baseline_us
+              if f.point_us is not None and baseline_us else None)
     return {
         "candidate": number, "backend": f.backend.value, "name": f.name, "settings": dict(f.settings),
         "is_baseline": f.is_baseline, "label": f.label,
         "allreduce_us_per_step": _r(f.point_us),
         "allreduce_us_per_step_range": None if f.range_us is None else [_r(x) for x in f.range_us],
-        "vs_baseline_pct": _r(vs, 2), "evidence": list(f.evidence), "sources": list(f.sources),
+        "change_pct": _r(change, 2), "evidence": list(f.evidence), "sources": list(f.sources),
         "bounds": None if f.bounds is None else {k: _r(x) for k, x in f.bounds.items()},
         "transport": f.transport,
         "verify_ms": _r(v.get("verify_ms"), 4),
@@ -445,7 +448,7 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
             "candidate": number, "backend": c.spec.backend, "name": c.spec.name, "settings": dict(c.spec.env),
             "is_baseline": c is base, "label": label, "clock": c.result.clock.value if c.result.clock else None,
             "allreduce_us_per_step": _r(c.step_us), "allreduce_us_per_step_range": [_r(lo), _r(hi)],
-            "vs_baseline_pct": _r(100.0 * (base_us - c.step_us) / base_us, 2) if base_us else None,
+            "change_pct": _r(100.0 * (c.step_us - base_us) / base_us, 2) if base_us else None,
             "evidence": [f"{label}: fastverify tune trial {c.spec.trial_id} (median per call; range to p90)"],
             "verify_ms": _r(verify_ms, 4), "tok_s": _r(tok, 2),
             "sizes": [{"msg_bytes": s.msg_bytes, "count_per_step": s.count_per_step, "median_us": _r(s.median_us),

@@ -52,6 +52,7 @@ from pathlib import Path
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
+from fastverify.tune.advice import _p2p_facts, _prediction_p2p  # shared with topo's advice
 
 DEFAULT_DRAFT_TOKENS = 4
 """``--draft-tokens`` of a model workload when not given: SGLang 0.5.23's automatic EAGLE choice for
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     """The ``tune`` subcommand's flags (``positive``/``bounded`` are the CLI's int parsers)."""
     w = p.add_argument_group("workload (a profile, or a model's shapes)")
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
-    w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, deepseek-v3) or config.json [default: tiny]")
+    w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json [default: tiny]")
     w.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
                    help="tensor-parallel world size [default: a profile's own; 2 with --model]")
     w.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
@@ -118,6 +119,9 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
     o.add_argument("--json", action="store_true",
                    help="print one JSON document (label, baseline, candidates[]) on stdout; notes go to stderr")
+    o.add_argument("--explain", action="store_true",
+                   help="with --predict: every candidate with its range, and every evidence line, note and "
+                        "ruled-out backend behind the figures [default: the top candidates and the decision]")
 
 
 MIN_WIN_PCT = 2.0
@@ -285,19 +289,6 @@ def _read_log(args):
     return parse_nccl_log(text, source=str(args.nccl_log))
 
 
-def _prediction_p2p(p2p_given, topo, log):
-    """(ok, source) of P2P between every pair for the prediction: the P2P check, else NVML's status
-    in the topology, else a log line "Could not enable P2P between dev a and dev b" (refuted),
-    else unknown."""
-    facts = _p2p_facts(p2p_given, topo, cuda=False)
-    if facts.ok is None and log is not None and log.p2p_unavailable:
-        a, b = log.p2p_unavailable[0]
-        return False, f"NCCL log {log.source}: could not enable P2P between dev {a} and dev {b}"
-    if facts.ok is None:
-        return None, f"{facts.source}: {facts.note}" if facts.note else facts.source
-    return facts.ok, facts.source
-
-
 def run(args) -> int:
     import sys
 
@@ -382,7 +373,9 @@ def run(args) -> int:
         if f.severity is not Severity.OK:
             console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
                           + (f" -> {f.fix}" if f.fix else ""), markup=False)
-    for note in (*user_said, *(ranked[0].notes if ranked and ranked[0].is_baseline else ())):
+    early = (*user_said, *(ranked[0].notes if ranked and ranked[0].is_baseline else ()))
+    args.held_notes = early if args.predict and not args.json and not args.explain else ()
+    for note in () if args.held_notes else early:  # held: counted in the --explain line instead
         console.print(f"# note: {note}", markup=False)
     if args.predict:
         return _report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc,
@@ -391,35 +384,19 @@ def run(args) -> int:
 
 
 def _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=None):
-    """Every candidate (:func:`fastverify.tune.candidates.predict_candidates`) with verify time and tok/s;
-    with ``user`` (the user's own figures) scaled to them
-    (:func:`fastverify.tune.user_figures.scale_prediction`)."""
-    from fastverify.deploy import installed_sglang_version
-    from fastverify.nccl.enabled import enabled_algos_protos
-    from fastverify.tune.candidates import predict_candidates, with_verify
+    """Every candidate, NCCL settings and backends ranked together, with verify time and tok/s:
+    :func:`fastverify.tune.advice.rank_options` (the ranking ``topo`` advises from too) on this
+    command's flags; with ``user`` (the user's own figures) scaled to them."""
+    from fastverify.tune.advice import rank_options
 
-    p2p_ok, p2p_source = _prediction_p2p(p2p_given, topo, log)
-    en = enabled_algos_protos(os.environ, version, args.sm)
-    pred = predict_candidates(workload, ranked, sm=args.sm, pcie_gen=args.pcie_gen, p2p_ok=p2p_ok,
-                              p2p_source=p2p_source, nvlink_full=_predicted_box(args, workload, topo, version).nvlink_full,
-                              perf=perf, log=log, enabled=(en.algos, en.protos if en.protos_set else None),
-                              sglang_version=installed_sglang_version())
-    notes = []
-    if log is not None:
-        for k, v in sorted(log.env.items()):
-            if k.startswith("NCCL_") and os.environ.get(k) != v:
-                notes.append(f"the NCCL log {log.source} ran with {k}={v} (set by environment there, not here)")
-        for w in getattr(log, "problems", ())[:3]:
-            notes.append(f"NCCL log {log.source}: {w}")
-    if perf is not None and any(perf.time_us(b, in_place=True) is None for b, _ in workload.msg_sizes):
-        notes.append(f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
-                     f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those")
-    pred = dataclasses.replace(pred, notes=pred.notes + tuple(notes))
+    user_notes = ()
     if user is not None:
         from fastverify.tune import user_figures as uf
 
-        pred = uf.scale_prediction(pred, user, uf.notes(args, topo, user))
-    return with_verify(pred, workload, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
+        user_notes = uf.notes(args, topo, user)
+    return rank_options(workload, topo, env=os.environ, nccl_version=version, sm=args.sm, pcie_gen=args.pcie_gen,
+                        p2p_given=p2p_given, perf=perf, log=log, accept_length=args.accept_length,
+                        tok_s=args.tok_s, user=user, user_notes=user_notes, ranked=ranked)
 
 
 def _box_doc(args, workload, topo, version, p2p_given, log) -> dict:
@@ -437,7 +414,6 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
     from fastverify.tune.candidates import prediction_document
     from fastverify.tune.envfile import write_tuner_config
     from fastverify.tune.predict import prediction_header, tuner_choices
-    from fastverify.tune.report import print_prediction
 
     base, best = pred.baseline, pred.best
     red = best.verify["reduction"]
@@ -451,16 +427,10 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
             doc = decorate(doc, user, red, topo=topo)
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        console.print(f"# fastverify tune --predict: {workload.source}; {workload.allreduce_count} all-reduces per "
-                      f"verify step; topology {topo.source}; NCCL {version or 'version unknown (newest rules)'}",
-                      markup=False)
-        print_prediction(pred, console)
-        if user is not None:
-            from fastverify.tune.user_figures import print_summary
+        from fastverify.tune.printer import print_prediction
 
-            print_summary(console, red, user, best.name)
-        else:
-            _print_reduction(console, red, predicted=True, best=best.name)
+        print_prediction(args, console, workload, topo, version, pred, red, p2p_ok=box_doc["p2p_ok"], user=user,
+                         held_notes=getattr(args, "held_notes", ()))
     if args.write_env is not None:
         from fastverify.deploy import Gain
 
@@ -490,19 +460,13 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
     return 0
 
 
-def _print_reduction(console, red: dict, *, predicted: bool, best: str | None = None) -> None:
-    from fastverify.tune.predict import change_pct
+def _print_reduction(console, red: dict, *, best: str, tok_s_given: bool, keep: bool = False) -> None:
+    """The measured winner's lines (:func:`fastverify.tune.printer.winner_lines`)."""
+    from fastverify.tune.printer import winner_lines
 
-    word = "predicted" if predicted else "from the measured all-reduce times"
-    who = f" with candidate 1 ({best})" if best else ""
-    console.print(f"all-reduce per verify step: {change_pct(-red['allreduce_reduction_pct'])} ({word}){who}",
-                  markup=False)
-    console.print(f"verify step: {red['verify_baseline_us'] / 1e3:.3f} ms -> {red['verify_predicted_us'] / 1e3:.3f} ms, "
-                  f"{change_pct(-red['verify_reduction_pct'])} (predicted; baseline {red['verify_baseline_basis']})",
-                  markup=False)
-    if red.get("tok_s_baseline") is not None:
-        console.print(f"tok/s per stream at accept length {red['accept_length']:g}: {red['tok_s_baseline']:.1f} -> "
-                      f"{red['tok_s_predicted']:.1f} (predicted; rest of the cycle {red['t_rest_basis']})", markup=False)
+    for line in winner_lines(red, best=best, base_label="measured", best_label="measured", tok_s_given=tok_s_given,
+                             keep=keep):
+        console.print(line, markup=False, highlight=False)
 
 
 def _measure(args, console, workload, topo, version, ranked, verify_reduction, shapes, p2p_given, fp) -> int:
@@ -589,7 +553,8 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
                                      "gpu_name": box.gpu_name if box is not None else None})
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     if cuda:
-        _print_reduction(console, red, predicted=False)
+        _print_reduction(console, red, best=ranking.best.spec.name, tok_s_given=args.tok_s is not None,
+                         keep=ranking.best is ranking.baseline)
     if args.write_env is not None:
         path = _env_path(args, fp)
         chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
@@ -679,40 +644,6 @@ def _predicted_box(args, workload, topo, version):
     nvlink = None if any(link is None for link in links) else all(link.startswith("NV") for link in links)
     return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
                           driver=None, nccl_version=str(version) if version else None, nvlink_full=nvlink)
-
-
-def _p2p_facts(given, topo, *, cuda: bool):
-    """P2P facts for the record: those of ``--p2p-check FILE`` (``given``, proof), else on a GPU
-    box the real check (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's
-    status (not proof)."""
-    from fastverify.topo.box import p2p_from_results, p2p_from_topology
-
-    if given is not None:
-        return given
-    if cuda:
-        import msgspec
-
-        from fastverify.topo.p2p import CheckFile, check_p2p, complete_gpus, gpu_identities
-
-        try:
-            gpus = gpu_identities()
-            results = check_p2p(gpus=gpus)
-        except UserError:
-            pass
-        else:
-            from fastverify.deploy import GpuId
-
-            named = {}
-            for g in gpus:
-                try:
-                    named[g["cuda"]] = GpuId(index=g["index"], pci_bus_id=g["pci_bus_id"], uuid=g["uuid"],
-                                             name=g["name"])
-                except (ValueError, TypeError):
-                    named = None
-                    break
-            proof = complete_gpus(CheckFile(path="", results=results, gpus=named))
-            return msgspec.structs.replace(p2p_from_results(results), gpus=proof)
-    return p2p_from_topology(topo)
 
 
 def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,

@@ -488,8 +488,9 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
 
 
 def change_pct(pct: float) -> str:
-    """A change in percent with its sign, one decimal: ``-3.5 %``, ``+1.2 %``; ``0.0 %`` when it
-    rounds to zero (never ``-0.0 %``)."""
+    """A change in percent, new vs old (``(new - old) / old x 100``: ``-`` is less time), with its
+    sign, one decimal: ``-3.5 %``, ``+1.2 %``; ``0.0 %`` when it rounds to zero (never ``-0.0 %``).
+    The one formatter of a change in tune's words."""
     r = round(pct, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
     return "0.0 %" if r == 0 else f"{r:+.1f} %"
 

@@ -27,7 +27,7 @@ from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
 
 CLOCK_LABEL = {
     Clock.CUDA_EVENTS: "GPU (CUDA events, CUDA-graph replay)",
-    Clock.CPU_WALL_CLOCK: "CPU/gloo wall clock, not GPU times",
+    Clock.CPU_WALL_CLOCK: "CPU/gloo: CPU wall clock, not GPU time",
 }
 CLOCK_SHORT = {Clock.CUDA_EVENTS: "GPU", Clock.CPU_WALL_CLOCK: "CPU/gloo"}
 
@@ -191,6 +191,29 @@ def _us(v: float | None) -> str:
     return f"{v:,.1f}"
 
 
+def _ms(v: float | None) -> str:
+    """µs shown as ms, 3 decimals (CPU wall-clock times: milliseconds, not 9-digit µs)."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v / 1e3:,.3f}"
+
+
+def _unit(clock: Clock | None):
+    """(unit name, formatter of a µs value): ms for CPU wall clock, µs for GPU timings."""
+    return ("ms", _ms) if clock is Clock.CPU_WALL_CLOCK else ("µs", _us)
+
+
+def _change(c: Candidate, base: Candidate | None) -> str:
+    """new vs baseline in percent, - = less time (:func:`fastverify.tune.predict.change_pct`)."""
+    from fastverify.tune.predict import change_pct
+
+    if c is base:
+        return "baseline"
+    if c.vs_baseline_us is None or base is None or not base.step_us:
+        return "-"
+    return change_pct(100.0 * c.vs_baseline_us / base.step_us)
+
+
 def _bytes(n: int) -> str:
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -199,40 +222,40 @@ def _bytes(n: int) -> str:
 
 
 def print_report(ranking: Ranking, console: Console | None = None, *, top: int = 20) -> None:
-    """Print the ranked candidates, the best per message size and the failures."""
+    """Print the ranked candidates, the best per message size and the failures. Times are µs for
+    GPU timings and ms for CPU wall clock (gloo); a change is new vs baseline, - = less time."""
     console = console or Console()
     short = CLOCK_SHORT.get(ranking.clock, "?")
     label = CLOCK_LABEL.get(ranking.clock, "no timing")
+    unit, fmt = _unit(ranking.clock)
     sizes = sorted({(s.msg_bytes, s.count_per_step) for c in ranking.candidates for s in c.result.sizes})
-    t = Table(title=f"all-reduce time per verify step, ranked ({escape(label)})", title_justify="left")
+    # the title on a line of its own: a table title wraps at the (narrow) table's width
+    console.print(f"all-reduce time per verify step, ranked ({label}); change = new vs baseline, - = less time",
+                  markup=False, highlight=False)
+    t = Table()
     t.add_column("#", justify="right")
     t.add_column("candidate")
-    t.add_column(f"step µs ({short})", justify="right")
-    t.add_column("vs baseline", justify="right")
+    t.add_column(f"step {unit} ({short})", justify="right")
+    t.add_column("change", justify="right", no_wrap=True)
     for nbytes, count in sizes:
-        t.add_column(f"{_bytes(nbytes)} ×{count} µs", justify="right")
+        t.add_column(f"{_bytes(nbytes)} ×{count} {unit}", justify="right")
     t.add_column("max rel err", justify="right")
     for i, c in enumerate(ranking.candidates[:top], 1):
         per = {s.msg_bytes: s.median_us for s in c.result.sizes}
         errs = [s.max_rel_err for s in c.result.sizes if s.max_rel_err is not None]
-        # speedup is None where a step time is 0 (a ratio has no meaning there); the difference still has
-        vs = ("-" if c.vs_baseline_us is None else f"{c.vs_baseline_us:+,.1f}" +
-              (f" ({c.speedup:.2f}×)" if c.speedup is not None else ""))
-        if c is ranking.baseline:
-            vs = "baseline"
-        t.add_row(str(i), escape(c.spec.name), _us(c.step_us), vs, *(_us(per.get(n)) for n, _ in sizes),
-                  f"{max(errs):.2g}" if errs else "-")
+        t.add_row(str(i), escape(c.spec.name), fmt(c.step_us), _change(c, ranking.baseline),
+                  *(fmt(per.get(n)) for n, _ in sizes), f"{max(errs):.2g}" if errs else "-")
     console.print(t)
     if ranking.buckets:
-        b = Table(title=f"best per message size ({escape(short)} median µs per call)", title_justify="left")
-        for col in ("size", "count/step", "best", f"µs ({short})", f"baseline µs ({short})"):
+        b = Table(title=f"best per message size ({escape(short)} median {unit} per call)", title_justify="left")
+        for col in ("size", "count/step", "best", f"{unit} ({short})", f"baseline {unit} ({short})"):
             b.add_column(col, justify="left" if col == "best" else "right")
         for k in ranking.buckets:
-            b.add_row(_bytes(k.msg_bytes), str(k.count_per_step), escape(k.best.name), _us(k.median_us),
-                      _us(k.baseline_us))
+            b.add_row(_bytes(k.msg_bytes), str(k.count_per_step), escape(k.best.name), fmt(k.median_us),
+                      fmt(k.baseline_us))
         console.print(b)
         if ranking.mixed_step_us is not None:
-            console.print(f"best per size combined: {_us(ranking.mixed_step_us)} µs per step ({escape(short)}); "
+            console.print(f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({escape(short)}); "
                           f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)",
                           highlight=False)
     if ranking.not_ok:
@@ -329,53 +352,3 @@ def plot_latency(ranking: Ranking, path: str | Path, *, top: int = 12) -> Path:
     finally:
         plt.close(fig)
     return path
-
-
-def print_prediction(pred, console: Console | None = None) -> None:
-    """Print ``tune --predict``'s candidates (:class:`fastverify.tune.candidates.Prediction`): one
-    row per candidate, numbered in the "candidate" column, every figure labelled (predicted or
-    measured) with its range; then each ranked candidate's evidence and notes, the backends
-    without published data, and those the registry rules out on this box, with the reason."""
-    from fastverify.tune.candidates import NO_DATA
-    from fastverify.tune.predict import change_pct
-
-    console = console or Console()
-    base = pred.baseline.point_us
-    t = Table(title="all-reduce time per verify step, PREDICTED unless marked measured (NCCL settings and "
-                    "backends together)", title_justify="left")
-    for col in ("candidate", "backend", "settings", "label", "µs / step", "range µs", "vs baseline (− = faster)",
-                "verify ms", "tok/s"):
-        t.add_column(col, justify="left" if col in ("backend", "settings", "label") else "right", overflow="fold",
-                     no_wrap=col == "label")  # "measured-by-user" stays one word
-    for i, f in enumerate(pred.candidates, 1):
-        settings = ", ".join(f"{k}={v}" for k, v in f.settings.items()) or (
-            "(current environment)" if f.backend.value == "nccl" else "-")
-        if not f.ranked:
-            t.add_row("-", escape(f.backend.value), "-", f.label, NO_DATA, "-", "-", "-", "-")
-            continue
-        v = f.verify or {}
-        vs = "baseline" if f.is_baseline else change_pct(-100.0 * (base - f.point_us) / base if base else 0.0)
-        t.add_row(str(i), escape(f.backend.value), escape(settings), f.label, _us(f.point_us),
-                  f"{_us(f.range_us[0])} – {_us(f.range_us[1])}", vs,
-                  "-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}",
-                  "-" if v.get("tok_s") is None else f"{v['tok_s']:.1f}" + ("" if not v.get("tok_s_upper_bound") else "*"))
-    console.print(t)
-    if any((f.verify or {}).get("tok_s_upper_bound") for f in pred.candidates):
-        console.print("* tok/s upper bound: the rest of the cycle is unknown without --tok-s", highlight=False)
-    # Each line once, naming the candidates it belongs to (most lines are shared by several).
-    said: dict[tuple[str, str], list[str]] = {}
-    for i, f in enumerate(pred.candidates, 1):
-        who = str(i) if f.ranked else f"{f.backend.value} (not ranked)"
-        lines = [("evidence", e) for e in f.evidence] + [("note", n) for n in f.notes]
-        if f.bounds:
-            lines.append(("wait", f"a faster kernel replaces the transfer, not the wait for a slower rank: wait kept "
-                                  f"{_us(f.bounds['wait_kept_us'])} µs, wait shrinks {_us(f.bounds['wait_shrinks_us'])} µs "
-                                  "per step"))
-        for key in lines:
-            said.setdefault(key, []).append(who)
-    for (kind, text), who in said.items():
-        console.print(f"# {kind} (candidate {', '.join(who)}): {escape(text)}", highlight=False)
-    for why in pred.not_candidates:
-        console.print(f"# not a candidate: {escape(why)}", highlight=False)
-    for n in pred.notes:
-        console.print(f"# note: {escape(n)}", highlight=False)

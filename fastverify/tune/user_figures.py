@@ -196,26 +196,6 @@ def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
     return doc
 
 
-def print_summary(console, red: dict, user: UserFigures, best: str) -> None:
-    """The closing lines of the text output, every figure labelled."""
-    from fastverify.tune.predict import change_pct
-
-    up = "predicted, an upper bound on the gain"
-    console.print(f"all-reduce per verify step: {red['allreduce_baseline_us'] / 1e3:.3f} ms ({LABEL}) -> "
-                  f"{red['allreduce_predicted_us'] / 1e3:.3f} ms ({up}), {change_pct(-red['allreduce_reduction_pct'])} "
-                  f"with candidate 1 ({best})", markup=False)
-    console.print(f"verify step: {red['verify_baseline_us'] / 1e3:.3f} ms ({LABEL}) -> "
-                  f"{red['verify_predicted_us'] / 1e3:.3f} ms ({up}), {change_pct(-red['verify_reduction_pct'])}",
-                  markup=False)
-    if red["tok_s_baseline"] is None:
-        console.print(f"tok/s: {NO_TOK_S}", markup=False)
-        return
-    a_src = "" if red.get("accept_length_source") == "given" else f" ({red.get('accept_length_source')})"
-    console.print(f"tok/s per stream at accept length {red['accept_length']:g}{a_src}: {red['tok_s_baseline']:.1f} ({LABEL}) "
-                  f"-> {red['tok_s_predicted']:.1f} ({up}; rest of the cycle {red['t_rest_us'] / 1e3:.3f} ms = "
-                  f"A / tok/s - verify, held fixed)", markup=False)
-
-
 def header_lines(user: UserFigures, red: dict) -> list[str]:
     """Env-file header lines of this mode (after :func:`fastverify.tune.predict.prediction_header`'s)."""
     tok = f", {user.tok_s:g} tok/s per stream at A = {red['accept_length']:g}" if user.tok_s is not None else ""
