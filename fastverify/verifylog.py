@@ -3,8 +3,10 @@
 Reads the JSON lines the in-rank patch's verify timer writes (``fastverify launch
 --profile-verify DIR``; :class:`fastverify.patch.verify.VerifyTimer`): one file
 ``verify-rank<R>.jsonl`` per rank, one record per verify forward,
-``{"step", "verify_ms", "clock", "rank", "pid", "batch", "tokens", "allreduce_paths"}`` (records
-written before ``batch`` and ``tokens`` existed still load; their load is unknown).
+``{"step", "verify_ms", "clock", "rank", "pid", "batch", "tokens", "accepted", "allreduce_paths"}``
+(records written before ``batch``, ``tokens`` or ``accepted`` existed still load; what they lack is
+unknown). ``accepted``: the accepted draft tokens of each request of the step (bonus token
+excluded), so the accept length is ``mean(accepted) + 1`` tokens per request per verify.
 Summarises per rank (steps, p50 and p90 of ``verify_ms``, clock) and over all ranks, and the load
 pooled over ranks (the set and median of ``batch`` and ``tokens``); given a before and an after
 folder, the measured change per rank and overall: ``p50_change_ms`` = after − before (ms) and
@@ -38,7 +40,8 @@ import msgspec
 import numpy as np
 
 from fastverify import __version__
-from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_EVENT_US, MAX_VERIFY_TOKENS, implausible_count
+from fastverify.bounds import (MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_VERIFY_TOKENS,
+                               implausible_count)
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import read_bytes
 from fastverify.procs import write_files
@@ -76,11 +79,13 @@ class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     allreduce_paths: dict[str, dict[str, int]] | None = None
     batch: int | None = None
     tokens: int | None = None
+    accepted: list[int] | None = None
 
 
 RECORD_EXAMPLES = {
     "step": "0", "verify_ms": "1.25", "clock": '"cuda_events"', "rank": '"0"', "pid": "4242",
     "allreduce_paths": '{"verify": {"sglang.pynccl": 120}}', "batch": "4", "tokens": "16",
+    "accepted": "[3, 0, 2, 1]",
 }
 """An example value (JSON text) of every :class:`VerifyRecord` field, said in a schema error."""
 
@@ -129,6 +134,8 @@ class LogSummary(msgspec.Struct, frozen=True):
     tokens_values: list[int] = []
     tokens_median: float | None = None
     tokens_per_request: list[float] = []
+    accept_records: int = 0
+    accept_length_mean: float | None = None
 
 
 class Change(msgspec.Struct, frozen=True):
@@ -285,6 +292,23 @@ def _bad_record(rec: VerifyRecord) -> str | None:
                                      ("tokens", rec.tokens, MAX_VERIFY_TOKENS, "rows one verify forward verifies")):
         if value is not None and implausible_count(value, upper=upper, what=name) is not None:
             return f"{name} {value!r} is not a count of {what} (outside [0, {upper}])"
+    return _bad_accepted(rec)
+
+
+def _bad_accepted(rec: VerifyRecord) -> str | None:
+    """Why ``accepted`` is not what the timer writes, or None: one count per request (``batch``
+    of them, when known), each in ``[0, MAX_DRAFT_TOKENS]`` and below the draft tokens per request
+    (``tokens / batch``; a request accepts at most all its drafts but the root)."""
+    acc = rec.accepted
+    if acc is None:
+        return None
+    if len(acc) > MAX_BATCH or (rec.batch is not None and len(acc) != rec.batch):
+        return f"accepted has {len(acc)} values, not one per request (batch {rec.batch})"
+    per = rec.tokens // rec.batch if rec.batch and rec.tokens is not None else MAX_DRAFT_TOKENS + 1
+    for a in acc:
+        if implausible_count(a, upper=min(MAX_DRAFT_TOKENS, max(per - 1, 0)), what="accepted") is not None:
+            return (f"accepted {a!r} is not a count of accepted draft tokens (outside [0, "
+                    f"{min(MAX_DRAFT_TOKENS, max(per - 1, 0))}] for {per} tokens per request)")
     return None
 
 
@@ -342,13 +366,18 @@ def summarise_dir(folder: str | Path) -> LogSummary:
 def _load(records: dict[str, list[VerifyRecord]]) -> dict:
     """The load fields of :class:`LogSummary`, pooled over ranks: of the records carrying both
     ``batch`` and ``tokens``, how many, the sorted distinct values and the median of each, and
-    the distinct tokens per request (``tokens / batch``, batch > 0; 3 decimals)."""
+    the distinct tokens per request (``tokens / batch``, batch > 0; 3 decimals); and of the records
+    carrying ``accepted``, how many and the mean accept length (``mean(accepted) + 1``, tokens per
+    request per verify, pooled over requests, steps and ranks)."""
+    acc = [a for rs in records.values() for r in rs if r.accepted for a in r.accepted]
+    out = {"accept_records": sum(r.accepted is not None for rs in records.values() for r in rs),
+           "accept_length_mean": _r(np.mean(acc) + 1.0) if acc else None}
     pairs = [(r.batch, r.tokens) for rs in records.values() for r in rs if r.batch is not None and r.tokens is not None]
     if not pairs:
-        return {}
+        return out
     batch = np.array([b for b, _ in pairs], dtype=np.float64)
     tokens = np.array([t for _, t in pairs], dtype=np.float64)
-    return {"load_records": len(pairs), "batch_values": sorted({b for b, _ in pairs}),
+    return {**out, "load_records": len(pairs), "batch_values": sorted({b for b, _ in pairs}),
             "batch_median": _r(np.median(batch)), "tokens_values": sorted({t for _, t in pairs}),
             "tokens_median": _r(np.median(tokens)),
             "tokens_per_request": sorted({round(t / b, 3) for b, t in pairs if b > 0})}
@@ -504,6 +533,9 @@ def format_report(report: VerifyLogReport) -> str:
         of = f", from {s.load_records} of {s.overall.steps} records" if s.load_records else \
             " (records without batch and tokens)"
         out.append(f"load: {load_text(s)}{of}")
+        if s.accept_length_mean is not None:
+            out.append(f"accept length: {s.accept_length_mean:.3f} tokens per request per verify (mean accepted "
+                       f"draft tokens + 1, from {s.accept_records} of {s.overall.steps} records)")
     if report.change:
         out.append("## measured change (after - before)")
         out.append("# change: after vs before, ms = after - before, % = (after - before) / before x 100; "
@@ -514,5 +546,9 @@ def format_report(report: VerifyLogReport) -> str:
                 return "-" if v is None else f"{v:+.1f}"
             out.append(f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.change_pct):>8} "
                        f"{c.before_p90_ms:>9.3f} -> {c.after_p90_ms:<9.3f} {pct(c.p90_change_pct):>8}")
+        b, a = report.before, report.after
+        if a is not None and b.accept_length_mean is not None and a.accept_length_mean is not None:
+            out.append(f"accept length: {b.accept_length_mean:.3f} -> {a.accept_length_mean:.3f} tokens per request "
+                       "per verify (tok/s per stream = accept length / cycle time)")
     out += [f"! {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

@@ -141,6 +141,29 @@ def test_verify_records_match_sglang_verify_steps(engine_run):
             # the load, read off SGLang's batch: requests, and their draft tokens (>= 1 a request)
             assert type(r["batch"]) is int and r["batch"] >= 1 and type(r["tokens"]) is int \
                 and r["tokens"] >= r["batch"], r
+            # the accepted draft tokens of each request (SGLang's accept_lens - 1, read off eagle_sample); a
+            # tiny random drafter's values mean nothing, so only the mechanism is checked
+            assert type(r.get("accepted")) is list and len(r["accepted"]) == r["batch"] \
+                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"]), r
+
+
+def test_draft_shape_reads_the_real_servers_records(engine_run, capsys):
+    """``tune --draft-shape`` on the server's own verify records: a per-depth table, each depth up to
+    the run's own labelled (derived or measured); the run's depth is the current one."""
+    from conftest import cli
+
+    _, prof = engine_run
+    rc, out, err = cli(["tune", "--draft-shape", "--verify-log", str(prof), "--json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "fastverify.draft_shape" and doc["rows"], doc
+    depths = [r["depth"] for r in doc["rows"]]
+    assert depths == list(range(1, len(depths) + 1)) and doc["current_depth"] in depths, doc
+    for r in doc["rows"]:
+        assert r["accept_label"] in ("derived", "measured") and 1.0 <= r["accept_length"] <= r["depth"] + 1, r
+        assert r["cycle_ms"] > 0 and r["tok_s"] > 0, r
+    rc, out, err = cli(["tune", "--draft-shape", "--verify-log", str(prof)], capsys)
+    assert rc == 0 and "accept len" in out and "cycle ms" in out and "tok/s" in out, (out, err)
 
 
 def test_paths_line_after_the_first_verify_forward_in_every_tp_rank(engine_run):

@@ -233,7 +233,7 @@ def _one(tmp_path: Path, **fields) -> Path:
     ({"tokens": 1.5}, 'field "tokens": expected an integer or null, got a number (e.g. "tokens": 16)'),
     ({"pid": None}, 'field "pid": expected an integer, got null (e.g. "pid": 4242)'),
     ({"load": 4}, 'field "load": unknown (the fields are step, verify_ms, clock, rank, pid, allreduce_paths, '
-                  'batch, tokens)'),
+                  'batch, tokens, accepted)'),
     # past fastverify.bounds: MAX_BATCH = 4096 requests, MAX_VERIFY_TOKENS = 4096 x 64 = 262144 rows
     ({"batch": 4097, "tokens": 4097}, "batch 4097 is not a count of requests in one verify forward "
                                       "(outside [0, 4096])"),

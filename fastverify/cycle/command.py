@@ -185,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     found = flags(ev)
     ans = answer(ev, found)
     doc = document(bundle, ev, found, ans, notes)
+    from fastverify.cycle.draft_section import draft_section
+
+    doc["draft_shape"] = draft_section(args.bundle, ev.split)
     if args.png is not None:  # drawn before anything is printed: a failure leaves no half output
         from fastverify.cycle.plot import plot_cycle
 

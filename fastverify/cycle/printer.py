@@ -75,3 +75,6 @@ def print_report(doc: dict, console: Console | None = None) -> None:
         console.print(f"# {ans['basis']}", markup=False)
     for n in doc["notes"]:
         console.print(printable(f"# note: {n}"), markup=False)
+    from fastverify.cycle.draft_section import print_draft_section
+
+    print_draft_section(doc.get("draft_shape"), console)

@@ -77,7 +77,8 @@ from fastverify.patch.targets import installed_targets as _installed
 from fastverify.patch.targets import resolve as _resolve
 from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
-from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_verify_wrapper
+from fastverify.patch.targets import ACCEPT_TARGETS
+from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_accept_wrapper, _make_verify_wrapper
 from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
 from fastverify.patch.slots import (FUSED_MAX_TOKENS, _SLOTS, _BackendSlot, _SlotUse, _abandoned, _add_norm,  # noqa: F401
                                     _close_quietly, _create_together, _disable, _dispatch, _fused,
@@ -527,10 +528,24 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
                 if TARGET_VERIFY.key in report.applied and _timer is None:
                     _timer = t
                     atexit.register(lambda: t.drain(wait=True))
+                if TARGET_VERIFY.key in report.applied:
+                    _install_accepted(t, sglang_modules)
         except Exception as err:  # never into the server
             log.warning("fastverify patch: stopped early (%s: %s)", type(err).__name__, err)
     log.debug(report.line())  # the rank is not known yet; the rank step prints the line that counts
     return report
+
+
+def _install_accepted(timer: VerifyTimer, modules: Mapping[str, Any] | None) -> None:
+    """Wrap SGLang's accept sampler where the verifying workers bind it, so the timer's records carry
+    ``accepted`` (:func:`fastverify.patch.verify._make_accept_wrapper`); one info line per target
+    not found (the records then go without it)."""
+    for target in ACCEPT_TARGETS:
+        why = _wrap_target(target, modules, lambda orig: _make_accept_wrapper(orig, timer))
+        if why is None:
+            timer.expect_accepted = True
+        else:
+            log.info("fastverify patch: accepted tokens not recorded through %s: %s", target.where, why)
 
 
 def _install_slot(report: PatchReport, slot: _BackendSlot, modules: Mapping[str, Any] | None) -> None:

@@ -26,6 +26,8 @@ MOD_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 MOD_AR_FUSIONS = "sglang.srt.layers.layer_boundary.fusions.allreduce"
 MOD_DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+MOD_EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
+MOD_NGRAM_WORKER = "sglang.srt.speculative.ngram_worker"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,14 @@ TARGET_CAPTURE_SHAPE = Target("count_capture", MOD_DECODE_GRAPHS, "DecodeCudaGra
                               ("self", "size"))
 TARGET_REPLAY = Target("count_replay", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "execute",
                        ("self", "forward_batch"))
+# Where the verify's per-request accept lengths are computed (fastverify/patch/verify.py): SGLang's
+# ``eagle_utils.eagle_sample``, as each verifying worker module binds it by name (module globals are
+# looked up at call time, so wrapping the name there reaches every call). Not in TARGETS: ``patch
+# --check`` looks for definitions, and these modules import the function.
+_SAMPLE_PARAMS = ("verify_input", "batch", "logits_output")
+TARGET_ACCEPT_EAGLE = Target("accept_eagle", MOD_EAGLE_COMMON, None, "eagle_sample", _SAMPLE_PARAMS)
+TARGET_ACCEPT_NGRAM = Target("accept_ngram", MOD_NGRAM_WORKER, None, "eagle_sample", _SAMPLE_PARAMS)
+ACCEPT_TARGETS = (TARGET_ACCEPT_EAGLE, TARGET_ACCEPT_NGRAM)
 COUNT_TARGETS = (TARGET_OUT_PLACE, TARGET_IN_PLACE, TARGET_FORWARD, TARGET_CAPTURE_SHAPE, TARGET_REPLAY)
 TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE, TARGET_ADD_NORM_FFN,
            TARGET_ADD_NORM_ATTN, *COUNT_TARGETS)

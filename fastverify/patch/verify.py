@@ -25,6 +25,19 @@ that one. A SIGKILL loses at most the lines of the last flush interval: fewer th
 records or those of the last ``interval_s`` seconds, whichever is fewer (plus, on CUDA, the
 steps still running on the GPU when the last verify forward returned: their events are read on
 the next forward or at exit).
+
+Accepted tokens (``accepted`` in a record): SGLang 0.5.23 computes each request's accept length
+after the target's verify forward returns, in ``speculative/eagle_utils.py::eagle_sample`` (its
+second result, ``accept_lens``: int32, shape ``(batch,)``, on the forward's device, the bonus
+token included), called by ``speculative/eagle_worker_common.py::run_eagle_verify`` (EAGLE,
+EAGLE-3, multi-layer EAGLE) and by ``speculative/ngram_worker.py::NGRAMWorker.forward_batch_generation``.
+The patch wraps that name in both modules (:func:`_make_accept_wrapper`) and hands
+``accept_lens`` to :meth:`VerifyTimer.accept`, which attaches it to the step just timed: a CPU
+tensor is read at once; a CUDA tensor is copied with ``non_blocking=True`` into pinned host memory
+and read only once an event recorded after the copy has completed (``query()``, never a sync), so
+the record waits in ``pending`` like its timing events. ``accepted`` is the accepted DRAFT tokens
+per request, ``accept_lens - 1`` (the bonus token excluded), so a chain's accept length is
+``mean(accepted) + 1``.
 """
 
 from __future__ import annotations
@@ -98,13 +111,65 @@ def _default_rank() -> str:
     return f"pid{os.getpid()}"
 
 
+_AWAIT = object()
+"""``_Step.accepted`` while the step waits for :meth:`VerifyTimer.accept`."""
+
+
+class _Step:
+    """One timed verify step until its line is written: events, load, and accepted tokens
+    (``_AWAIT``, None: not known, or ``(host buffer, ready event or None)``)."""
+
+    __slots__ = ("step", "start", "end", "paths", "batch", "tokens", "accepted")
+
+    def __init__(self, step, start, end, paths, batch, tokens, accepted) -> None:
+        self.step, self.start, self.end, self.paths = step, start, end, paths
+        self.batch, self.tokens, self.accepted = batch, tokens, accepted
+
+
+def host_copy(lens: Any) -> tuple[Any, Any] | None:
+    """Start reading ``accept_lens`` without a sync: ``(host values, ready event or None)``.
+
+    Parameters
+    ----------
+    lens : list of int, or torch.Tensor of shape ``(batch,)``
+        A list or a CPU tensor is read at once (no device involved); a CUDA tensor is copied
+        with ``non_blocking=True`` into a pinned CPU tensor, and a ``torch.cuda.Event`` recorded
+        on the current stream after the copy says when it holds the values. Any other device:
+        None (not read).
+    """
+    if isinstance(lens, (list, tuple)):
+        return list(lens), None
+    device = getattr(getattr(lens, "device", None), "type", None)
+    if device == "cpu":
+        return lens.tolist(), None
+    if device != "cuda":
+        return None
+    import torch
+
+    buf = torch.empty(tuple(lens.shape), dtype=lens.dtype, pin_memory=True)
+    buf.copy_(lens, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return buf, ready
+
+
+def _accepted_of(values: Any) -> list[int] | None:
+    """Accepted draft tokens per request, ``accept_lens - 1``, from the host values; None when a
+    value is not an int >= 1 (an accept length always counts the bonus token)."""
+    vals = values if isinstance(values, list) else values.tolist()
+    if not all(type(v) is int and v >= 1 for v in vals):
+        return None
+    return [v - 1 for v in vals]
+
+
 class VerifyTimer:
     """Events around each verify forward, written as JSON lines to ``out_dir/verify-rank<R>.jsonl``
     while the server runs (see the module docstring for the two halves and what a SIGKILL loses).
 
     One line per verify step: ``{"step": int, "verify_ms": float, "clock": str, "rank": str,
-    "pid": int, "batch": int | null, "tokens": int | null, "allreduce_paths": {mode: {path:
-    count}}}``; ``allreduce_paths`` (when the patch counts) holds the all-reduces since the
+    "pid": int, "batch": int | null, "tokens": int | null, "accepted": [int, ...], "allreduce_paths":
+    {mode: {path: count}}}``; ``accepted`` (only where :meth:`accept` gave it) holds the accepted
+    draft tokens of each request, bonus excluded (see the module docstring); ``allreduce_paths`` (when the patch counts) holds the all-reduces since the
     previous record per forward mode, this step's under ``verify`` (:mod:`fastverify.patch.paths`);
     ``step`` counts this process's verify forwards from 0, ``verify_ms`` is milliseconds between
     the events around the forward, ``clock`` is ``cuda_events`` (GPU time) or ``cpu_wall_clock``
@@ -128,11 +193,21 @@ class VerifyTimer:
         The rank in the file name and lines (read once, at the first finished record).
     max_buffered : int
         :data:`MAX_BUFFERED`.
+    copy : callable
+        :func:`host_copy` (tests give a stand-in for the CUDA copy).
+
+    Attributes
+    ----------
+    expect_accepted : bool
+        Set by the patch once the accept sampler is wrapped: each step then waits for
+        :meth:`accept` (at most until the next step; a step the sampler never follows turns it
+        off, so a worker that samples elsewhere loses nothing but its first step's wait).
     """
 
     def __init__(self, out_dir: str | Path, *, every: int = DRAIN_EVERY, interval_s: float = FLUSH_INTERVAL_S,
                  event_factory: Callable[[], Any] | None = None, clock: str | None = None,
-                 rank: Callable[[], str] = _default_rank, max_buffered: int = MAX_BUFFERED) -> None:
+                 rank: Callable[[], str] = _default_rank, max_buffered: int = MAX_BUFFERED,
+                 copy: Callable[[Any], tuple[Any, Any] | None] = host_copy) -> None:
         self.out_dir = Path(out_dir)
         self.every = max(1, int(every))
         self.interval_s = float(interval_s)
@@ -143,8 +218,10 @@ class VerifyTimer:
         self.clock = clock or "unknown"
         self.rank = rank
         self.max_buffered = max(1, int(max_buffered))
-        # (step, start event, end event, paths, batch, tokens), not yet complete
-        self.pending: collections.deque[tuple[int, Any, Any, dict | None, int | None, int | None]] = collections.deque()
+        self.copy = copy
+        self.expect_accepted = False
+        self._awaiting: _Step | None = None  # the last step, until accept() gives its accepted tokens
+        self.pending: collections.deque[_Step] = collections.deque()  # not yet complete
         self.steps = 0
         self.written = 0
         self.dropped = 0
@@ -173,11 +250,31 @@ class VerifyTimer:
         as null)."""
         end = self.event_factory()
         end.record()
+        if self._awaiting is not None:  # the previous step had no accept(): this worker samples elsewhere
+            self._awaiting.accepted = None
+            self._awaiting = None
+            self.expect_accepted = False
         if len(self.pending) + len(self._lines) >= self.max_buffered:
             self.dropped += 1
         else:
-            self.pending.append((self.steps, start_ev, end, paths, batch, tokens))
+            step = _Step(self.steps, start_ev, end, paths, batch, tokens, _AWAIT if self.expect_accepted else None)
+            self.pending.append(step)
+            if self.expect_accepted:
+                self._awaiting = step
         self.steps += 1
+        self._advance()
+
+    def accept(self, accept_lens: Any) -> None:
+        """Attach ``accept_lens`` (per request, bonus included: SGLang's ``eagle_sample``) to the
+        step just timed; nothing when no step waits. Starts a copy, never waits for one."""
+        step, self._awaiting = self._awaiting, None
+        if step is None:
+            return
+        step.accepted = None  # should the copy raise, the record goes without it
+        step.accepted = self.copy(accept_lens)
+        self._advance()
+
+    def _advance(self) -> None:
         self._finish_completed()
         if self._thread is None and self.interval_s > 0:
             self._start_writer()
@@ -189,22 +286,29 @@ class VerifyTimer:
         has not (events of one stream complete in order). ``wait`` (exit only) synchronizes."""
         pending = self.pending
         while pending:
-            step, s, e, paths, batch, tokens = pending[0]
-            if wait and hasattr(e, "synchronize"):
-                try:
-                    e.synchronize()
-                except Exception:
-                    pass
-            if not e.query():
+            st = pending[0]
+            if wait and st.accepted is _AWAIT:  # at exit: no accept() comes any more
+                st.accepted, self._awaiting = None, None
+            ready = st.accepted[1] if isinstance(st.accepted, tuple) else None
+            for ev in (st.end, ready) if wait else ():
+                if hasattr(ev, "synchronize"):
+                    try:
+                        ev.synchronize()
+                    except Exception:
+                        pass
+            if st.accepted is _AWAIT or not st.end.query() or (ready is not None and not ready.query()):
                 return
             pending.popleft()
             if self._rank_pid is None:
                 self._rank_pid = (str(self.rank()), os.getpid())
             rank, pid = self._rank_pid
-            rec = {"step": step, "verify_ms": round(float(s.elapsed_time(e)), 6), "clock": self.clock,
-                   "rank": rank, "pid": pid, "batch": batch, "tokens": tokens}
-            if paths is not None:
-                rec["allreduce_paths"] = paths
+            rec = {"step": st.step, "verify_ms": round(float(st.start.elapsed_time(st.end)), 6), "clock": self.clock,
+                   "rank": rank, "pid": pid, "batch": st.batch, "tokens": st.tokens}
+            accepted = _accepted_of(st.accepted[0]) if isinstance(st.accepted, tuple) else None
+            if accepted is not None:
+                rec["accepted"] = accepted
+            if st.paths is not None:
+                rec["allreduce_paths"] = st.paths
             self._lines.append(json.dumps(rec))
 
     # -- writing ----------------------------------------------------------------------------------------
@@ -266,6 +370,7 @@ class VerifyTimer:
             except OSError:
                 pass
         self.pending.clear()
+        self._awaiting = None
         self._lines.clear()
         self._write_lock = threading.Lock()
         self._wake = threading.Event()
@@ -441,3 +546,21 @@ def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTr
         return out
 
     return forward_batch_generation
+
+
+def _make_accept_wrapper(original: Callable, timer: VerifyTimer) -> Callable:
+    """Wrap SGLang's ``eagle_sample(verify_input, batch, logits_output, ...)`` (as bound in
+    ``speculative/eagle_worker_common.py`` and ``speculative/ngram_worker.py``): its result is
+    unchanged; its ``accept_lens`` (second item) goes to :meth:`VerifyTimer.accept`. Never raises
+    into the server; a failed read leaves the record without ``accepted``."""
+
+    def eagle_sample(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if timer._awaiting is not None and not _is_capturing():
+            try:
+                timer.accept(out[1])
+            except Exception as err:
+                log.debug("fastverify patch: accepted tokens not read: %s: %s", type(err).__name__, err)
+        return out
+
+    return eagle_sample

@@ -109,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     m.add_argument("--journal", type=Path, default=None,
                    help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]")
     m.add_argument("--resume", action="store_true", help="skip trials the journal already holds")
+    from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments
+
+    add_draft_shape_arguments(p.add_argument_group("draft shape (--draft-shape; fastverify.tune.draft_shape)"))
     o = p.add_argument_group("output")
     o.add_argument("--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]")
     o.add_argument("--tok-s", type=float, default=None, help="measured tok/s per stream now (fixes the rest of the cycle)")
@@ -299,6 +302,15 @@ def run(args) -> int:
     # --json: stdout holds the one document; everything said in words goes to stderr
     console = (Console(file=sys.stderr, width=130) if args.json
                else Console(width=None if sys.stdout.isatty() else 130))
+    if args.draft_shape:
+        from fastverify.tune.draft_shape import run as run_draft_shape
+
+        return run_draft_shape(args, console)
+    given = [flag for flag, v in (("--accept-histogram", args.accept_histogram), ("--verify-log", args.verify_log),
+                                  ("--bundle", args.bundle), ("--draft-step-ms", args.draft_step_ms),
+                                  ("--draft-extend-ms", args.draft_extend_ms)) if v is not None]
+    if given:
+        raise UserError(f"{given[0]} applies to --draft-shape only (add --draft-shape, or leave it out)")
     _check_flags(args)
     from fastverify.tune import user_figures as uf
 

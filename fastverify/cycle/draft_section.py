@@ -1,0 +1,42 @@
+"""The draft-shape section of ``fastverify report``: when the bundle's verify-log part carries
+``accepted`` (per request accepted draft tokens, :mod:`fastverify.patch.verify`), the accept
+length by chain depth (derived: ``E[min(A, k)] + 1``, exact for topk 1) and the recommended depth
+of :mod:`fastverify.tune.draft_shape` (verify cost from the records, draft cost from the trace)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from fastverify.errors import UserError
+
+
+def draft_section(bundle_path: str | Path, split=None) -> dict | None:
+    """The section as plain dicts (:class:`fastverify.tune.draft_shape.DraftShapeReport`), or
+    None when the bundle has no verify records with ``accepted``; ``{"error": one line}`` when
+    they cannot be read (the rest of the report stands). ``split``: the report's cycle split
+    (:class:`fastverify.cycle.split.CycleSplit`), so the trace is not read twice."""
+    from fastverify.tune import draft_shape as D
+
+    try:
+        hist, curve, draft, notes = D._from_bundle(Path(bundle_path), split)
+    except UserError as e:
+        return None if "no verify-log part" in str(e) else {"error": str(e)}
+    if hist is None or not curve.points:
+        return None
+    draft = draft or D.DraftCost(draft_step_ms=0.0, draft_extend_ms=0.0, label="assumed", source="none in the trace")
+    return msgspec.to_builtins(D.recommend(hist, curve, draft, sources=[curve.source, draft.source], notes=notes))
+
+
+def print_draft_section(section: dict | None, console) -> None:
+    """Print the section under the report (nothing when it is None)."""
+    if section is None:
+        return
+    if "error" in section:
+        console.print(f"# draft shape: not read ({section['error']})", markup=False, highlight=False)
+        return
+    from fastverify.tune import draft_shape as D
+
+    console.print("[bold]draft shape[/bold] (accept length by depth: derived from the verify records' accepted)")
+    D.print_report(msgspec.convert(section, D.DraftShapeReport), console)
