@@ -56,6 +56,7 @@ class Command:
     why: str = ""
     claim_s: float | None = None
     timeout_s: float = 900.0
+    after: str = ""  # what the README line has after ``--`` (the wrapped server command), for a run
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -74,8 +75,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("verify-log-change", "profile --verify-log /tmp/verify-nccl /tmp/verify-fast", runs=False,
             why="reads the records of two server runs"),
     Command("topo-live", "topo", runs=False, why="reads NVML on a GPU box"),
-    Command("topo-offline", "topo --nvidia-smi ../shared/inputs/topo-nccl-tests-307.txt --nccl-log ../shared/inputs/nccldebug-nccl-tests-307.txt --set NCCL_P2P_LEVEL=SYS --json"),
-    Command("topo-perf-table", "topo --perf-table ../shared/inputs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --nvidia-smi ../shared/inputs/topo-blog-chlc-rtx4090.txt"),
+    Command("topo-offline", "topo --topology ../shared/inputs/topo-nccl-tests-307.txt --nccl-log ../shared/inputs/nccldebug-nccl-tests-307.txt --set NCCL_P2P_LEVEL=SYS --json"),
+    Command("topo-perf-table", "topo --perf-table ../shared/inputs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --topology ../shared/inputs/topo-blog-chlc-rtx4090.txt"),
     Command("tune-predict-write", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --draft-tokens 4 --max-batch 32 --sm 89 --write-env /tmp/fastverify-readme/example.env --write-tuner-config /tmp/fastverify-readme/example-tuner.csv"),
     Command("tune-predict-seed", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3 --json"),
     Command("tune-predict-evidence", "tune --predict --topology ../shared/inputs/topo-blog-chlc-rtx4090.txt --profile /tmp/fastverify-readme/verify.json --perf-table ../shared/inputs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --nccl-log ../shared/inputs/nccldebug-nccl-tests-307.txt --sm 89 --pcie-gen 4 --hidden 7168"),
@@ -98,6 +99,25 @@ COMMANDS: tuple[Command, ...] = (
     Command("report-bundle", "report fastverify-bundle-<UTC time>.tar.gz --png cycle.png", runs=False,
             why="reads the bundle collect wrote on the serving box (tests/test_cycle_report.py builds bundles)"),
     Command("tune-predict-user", "tune --predict --verify-ms 30 --allreduce-ms 25 --tok-s 82 --accept-length 3 --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5"),
+    Command("box-baseline", "launch --profile-verify before/ --", runs=False,
+            why="on the GPU box: starts the user's SGLang server, unchanged, with the verify timer"),
+    Command("box-tune", "tune --profile profiles/verify.json --hidden 7168 --speculative-num-draft-tokens 4 "
+            "--cuda-graph-max-bs-decode 32 --write-env nccl_configs/box.env", runs=False,
+            why="on the GPU box: measures there"),
+    Command("box-p2p", "p2p --output p2p.json", runs=False, why="the real P2P check needs 2+ GPUs"),
+    Command("box-launch", "launch --env nccl_configs/box.env --p2p-check p2p.json --profile-verify after/ --", runs=False,
+            why="on the GPU box: starts SGLang with the winner"),
+    Command("box-change", "profile --verify-log before/ after/", runs=False,
+            why="reads the records of the two server runs on the box"),
+    Command("away-predict", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+            "--tp-size 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3"),
+    Command("away-topo", "topo --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 "
+            "--sm 120 --pcie-gen 5"),
+    Command("away-write", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+            "--tp-size 8 --sm 120 --pcie-gen 5 --cuda-graph-max-bs-decode 32 --write-env /tmp/fastverify-readme/box.env"),
+    Command("away-dry-run", "launch --env /tmp/fastverify-readme/box.env --describe-box '{\"gpu_name\": \"NVIDIA RTX "
+            "PRO 6000 Blackwell Server Edition\", \"sm\": [12, 0], \"gpu_count\": 8}' --dry-run --",
+            after="python -m sglang.launch_server --model-path ... --tp-size 8 --speculative-algorithm EAGLE3"),
     Command("doctor-quick", "doctor --quick", claim_s=0.2),
     Command("doctor-json", "doctor --json", claim_s=2.7),
     Command("doctor-env-file", "doctor --env-file nccl_configs/example.env"),
@@ -115,7 +135,7 @@ def _machine() -> str:
 
 def run_one(cmd: Command, python: str) -> dict:
     """Run one README line; wall, peak RSS (MB), longest silence (s), exit status."""
-    argv = [python, "-m", "fastverify", *shlex.split(cmd.line)]
+    argv = [python, "-m", "fastverify", *shlex.split(cmd.line), *shlex.split(cmd.after)]
     t0 = time.perf_counter()
     last = t0
     longest = 0.0

@@ -1,4 +1,4 @@
-"""Every ``.venv/bin/fastverify`` line in the README is one the README benchmark knows
+"""Every ``.venv/bin/fastverify`` line in the README and in docs/reference.md is one the README benchmark knows
 (``benchmarks/bench_readme.py``): either it runs it as written, or it says why it cannot run here.
 A README example that names a file nobody can have, or one the benchmark never ran, fails here."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = ".venv/bin/fastverify "
+DOCS = ("README.md", "docs/reference.md")
 
 
 def _bench():
@@ -43,7 +44,7 @@ def readme_commands(text: str) -> list[str]:
 def test_every_readme_command_is_known_to_the_readme_benchmark():
     bench = _bench()
     known = {" ".join(shlex.split(c.line)): c for c in bench.COMMANDS}
-    cmds = readme_commands((REPO / "README.md").read_text())
+    cmds = [c for doc in DOCS for c in readme_commands((REPO / doc).read_text())]
     assert len(cmds) >= 15
     unknown = [c for c in cmds if c not in known]
     assert not unknown, f"README lines bench_readme.py neither runs nor explains: {unknown}"

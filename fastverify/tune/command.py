@@ -590,7 +590,11 @@ def _measure(args, console, workload, topo, version, ranked, verify_reduction, s
         env_p, rec_p = _write_deployment(args, path, name, dict(best.env), header, version, shapes=shapes, box=box,
                                          p2p=p2p, gain=gain, source=f"tune (measured): {workload.source}",
                                          batch_known=workload.batch is not None)
-        console.print(f"wrote {env_p} and {rec_p} (backend {name.value})", markup=False)
+        from fastverify.tune.predict import change_pct
+
+        change = change_pct(100.0 * (chosen.step_us - ranking.baseline.step_us) / ranking.baseline.step_us)
+        console.print(f"wrote {env_p} and {rec_p} (backend {name.value}, all-reduce per verify step {change}, "
+                      "measured)", markup=False)
         if info.needs_p2p and not p2p.proven:
             console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
                           "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
