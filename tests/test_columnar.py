@@ -17,7 +17,7 @@ import msgspec
 
 from fastverify.analyze import grouped_percentiles, median
 from fastverify.trace.columns import NS_EXACT_FLOAT_US, ns_column
-from fastverify.trace.load import _ns_from_text
+from fastverify.trace.decode import _ns_from_text
 
 # µs texts as Kineto writes them: an integer part and 0-3 decimals
 _int_part = st.one_of(st.integers(0, 10**6), st.integers(0, NS_EXACT_FLOAT_US + 10**9), st.integers(0, 2**52))

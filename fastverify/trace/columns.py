@@ -1,9 +1,10 @@
 """The columnar trace reader: one typed decode, then every field the analyzer uses as a column.
 
-:mod:`fastverify.trace.load` decodes a trace once with msgspec into its small ``_Event`` struct:
-every key the analyzer never reads is skipped unparsed, ``name`` and the few ``args`` keys it
-reads (``stream``, ``correlation``, ``External id`` and a collective's name and size) are decoded
-in that same pass, and ``ts``/``dur``/``pid`` stay raw JSON text. This module turns those events
+:mod:`fastverify.trace.load` decodes a trace once with msgspec into the small ``_Event`` struct of
+:mod:`fastverify.trace.decode`: every key the analyzer never reads is skipped unparsed, ``name``
+and the few ``args`` keys it reads (``stream``, ``correlation``, ``External id`` and a
+collective's name and size) are decoded in that same pass, and ``ts``/``dur``/``pid`` stay raw
+JSON text. This module turns those events
 into columns without a Python call per field per event:
 
 * the events are sorted into GPU work (kernels, memcpy, memset), runtime calls (launches) and host
@@ -14,17 +15,30 @@ into columns without a Python call per field per event:
 * a collective's ``Input Dims``/``Input type`` (raw text on every ``cpu_op``) are decoded only for
   the few events that need them (message size).
 
-The results are :class:`GpuColumns` per TP rank, which :func:`fastverify.trace.load._build` turns
+The results are :class:`GpuColumns` per TP rank, which :func:`fastverify.trace.build._build` turns
 into :class:`~fastverify.events.RankEvents`; a trace that the typed decode rejects takes the
-dict-based slow path of :mod:`fastverify.trace.load`, which ends in the same columns
+dict-based slow path (:func:`fastverify.trace.build._slow_ranks`), which ends in the same columns
 (:func:`GpuColumns.from_dicts`).
 """
 
 from __future__ import annotations
 
 import re
+
 import msgspec
 import numpy as np
+
+from fastverify.trace.decode import (
+    _MAX_NS,
+    GPU_CATS,
+    GRAPH_LAUNCH,
+    HOST_CATS,
+    HOST_SYNC,
+    RUNTIME_CATS,
+    _ns_from_text,
+    _rank_label,
+    _raw,
+)
 
 __all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "NotPlain", "ns_column", "read_columns"]
 
@@ -37,7 +51,7 @@ NS_EXACT_FLOAT_US = 2**41
 """Below this many µs (about 25 days) a ``ts``/``dur`` with at most 3 decimals converts to ns
 exactly through float64: the value's own rounding (≤ 1000·2**-12/2 = 0.122 ns after × 1000) plus
 the product's (≤ ulp(2**51)/2 = 0.125 ns) stay under the 0.5 ns that ``rint`` forgives. Larger
-values take the per-value text path (:func:`fastverify.trace.load._ns_from_text`)."""
+values take the per-value text path (:func:`fastverify.trace.decode._ns_from_text`)."""
 
 # Texts that the float path must not take: more than 3 decimals (ties round half to even on the
 # exact decimal), exponents, and anything that is not a plain number (null, strings, NaN, bools).
@@ -52,15 +66,13 @@ def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
 
     Returns ``(ns, ok)``, both shape (n,): ``ns`` int64 (0 where not ok), ``ok`` bool, False for
     a text that is not a finite number within ±2**62 ns (the per-value rule of
-    :func:`fastverify.trace.load._ns_from_text`, which this matches value for value).
+    :func:`fastverify.trace.decode._ns_from_text`, which this matches value for value).
 
     Three routes, all exact: plain numbers with at most 3 decimals below :data:`NS_EXACT_FLOAT_US`
     go through one float64 array (``rint(µs × 1000)``); integers of any size (old Kineto's epoch
     µs) through int64; anything else (more decimals, exponents, null, strings, huge floats) through
     the text rule, one value at a time.
     """
-    from fastverify.trace.load import _MAX_NS, _ns_from_text
-
     n = len(raws)
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
@@ -97,7 +109,7 @@ class GpuColumns:
         Those ``args`` values as decoded (None where absent).
     args : list
         The ``args`` of each event: the typed decode's used keys (fast path,
-        :class:`fastverify.trace.load._Args` or None) or a dict (slow path); read them with
+        :class:`fastverify.trace.decode._Args` or None) or a dict (slow path); read them with
         :meth:`args_dict` when an event needs more than the three keys above.
     tid : list or None
         The thread of each event (CPU-only traces, where the "stream" is the thread).
@@ -172,7 +184,7 @@ class GpuColumns:
 
     def args_dict(self, i: int):
         """The ``args`` of event ``i``: a dict (slow path) or the typed decode's keys, read alike
-        with ``.get`` (:meth:`fastverify.trace.load._Args.get`); ``{}`` when absent."""
+        with ``.get`` (:meth:`fastverify.trace.decode._Args.get`); ``{}`` when absent."""
         a = self.args[i]
         if a is None:
             return {}
@@ -181,8 +193,6 @@ class GpuColumns:
 
 def _labels(evs: list) -> list[int] | None:
     """TP rank per event from a SGLang merged file's pid labels; None when no event has one."""
-    from fastverify.trace.load import _rank_label, _raw
-
     pids = [e.pid for e in evs]
     if b'"[TP' not in b",".join(pids):
         return None
@@ -204,7 +214,7 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
 
     Parameters
     ----------
-    doc : fastverify.trace.load._Trace
+    doc : fastverify.trace.decode._Trace
         The typed decode of one file (names and the used ``args`` keys already decoded).
     host_keep : re.Pattern[str]
         Superset filter over a host op's name (comm ops, step spans).
@@ -230,8 +240,6 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
         ``name``, ``cat``, ``ph``, ``ts_ns``, ``dur_ns``, ``args`` (read with ``.get``; kept only
         for comm ops).
     """
-    from fastverify.trace.load import GPU_CATS, GRAPH_LAUNCH, HOST_CATS, HOST_SYNC, RUNTIME_CATS, _ns_from_text
-
     gpu: list = []
     runtime: list = []
     host: list = []
@@ -251,86 +259,102 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
                               "host_syncs": []}
         return s
 
-    # GPU work
-    gpu_labels = None
     if gpu and not all(type(e.name) is str for e in gpu):
         # a number as a kernel name: msgspec reads one past 64 bits as a float, the slow path's
         # parser as the integer it is, and the name is shown; the slow path reads such a file
         raise NotPlain("a GPU event's name is not a string")
-    if gpu:
-        ts, ts_ok = ns_column([e.ts for e in gpu])
-        dur, dur_ok = ns_column([e.dur for e in gpu])
-        ok = ts_ok & dur_ok & np.fromiter(((e.ph or "X") == "X" for e in gpu), dtype=bool, count=len(gpu))
-        args = [e.args for e in gpu]
-        cols = GpuColumns(
-            name=[e.name for e in gpu], cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
-            stream=[None if a is None else a.stream for a in args],
-            correlation=[None if a is None else a.correlation for a in args],
-            external_id=[None if a is None else a.external_id for a in args],
-            args=args)
-        gpu_labels = _labels(gpu)
-        for label, idx in _groups(gpu_labels, len(gpu)).items():
-            part = cols if idx is None else cols.take(idx)
-            s = slot(label)
-            s["skipped"] = int((~part.ok).sum())
-            s["gpu"] = part.take(part.ok) if s["skipped"] else part
-
+    gpu_labels = _gpu_rows(gpu, slot) if gpu else None
     # A merged file labels every event's pid; a file whose GPU events carry no label has none.
     merged = bool(gpu) and gpu_labels is not None or not gpu
     tp_pids = False
-
-    # Runtime calls: host launch time per correlation id, and CUDA/HIP graph launches
     if runtime:
-        rts, rts_ok = ns_column([e.ts for e in runtime])
-        corr = [None if e.args is None else e.args.correlation for e in runtime]
-        labels = _labels(runtime) if merged or facts is not None else None
-        tp_pids = labels is not None
-        if not merged:
-            labels = None
-        ts_list = rts.tolist()
-        ok_list = rts_ok.tolist()
-        if labels is None:
-            slot(-1)["runtime_ns"].update(
-                {c: t for c, t, ok in zip(corr, ts_list, ok_list) if ok and type(c) is int})
-        else:
-            for c, t, ok, lab in zip(corr, ts_list, ok_list, labels):
-                if ok and type(c) is int:
-                    slot(lab)["runtime_ns"][c] = t
-        names = [e.name for e in runtime]
-        distinct = set(n for n in names if type(n) is str)
-        launches = {nm for nm in distinct if GRAPH_LAUNCH.match(nm)}
-        syncs = {nm for nm in distinct if HOST_SYNC.match(nm)}
-        if launches or syncs:
-            for i, nm in enumerate(names):
-                if not (ok_list[i] and type(nm) is str and (nm in launches or nm in syncs)):
-                    continue
-                dest = slot(labels[i] if labels is not None else -1)
-                dur_ns = _ns_from_text(bytes(runtime[i].dur))
-                if nm in launches:
-                    dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns, "correlation": corr[i]})
-                elif dur_ns is not None:
-                    dest["host_syncs"].append({"name": nm, "ts_ns": ts_list[i], "dur_ns": dur_ns})
-
-    # Host ops: only comm ops (External id, shapes) and step spans matter; judged once per name
+        tp_pids = _runtime_rows(runtime, merged, facts is not None, slot)
     if host:
-        keep = {nm: bool(host_keep.search(nm)) for nm in {e.name for e in host if type(e.name) is str}}
-        kept = [e for e in host if type(e.name) is str and keep[e.name]]
-        if kept:
-            labels = _labels(kept) if merged or facts is not None else None
-            tp_pids = tp_pids or labels is not None
-            if not merged:
-                labels = None
-            ts, ts_ok = ns_column([e.ts for e in kept])
-            dur, dur_ok = ns_column([e.dur for e in kept])
-            ts_l, dur_l = ts.tolist(), dur.tolist()
-            ts_okl, dur_okl = ts_ok.tolist(), dur_ok.tolist()
-            comm = {nm: looks_comm_op(nm) for nm in keep if keep[nm]}
-            for i, ev in enumerate(kept):
-                a = ev.args
-                slot(labels[i] if labels is not None else -1)["host"].append(
-                    {"cat": ev.cat, "ph": ev.ph, "name": ev.name, "ts_ns": ts_l[i] if ts_okl[i] else None,
-                     "dur_ns": dur_l[i] if dur_okl[i] else None,
-                     "args": a if a is not None and comm[ev.name] else {}})
+        tp_pids = _host_rows(host, host_keep, looks_comm_op, merged, facts is not None, slot) or tp_pids
     if facts is not None:
         facts.update(gpu=bool(gpu), gpu_labelled=gpu_labels is not None, merged=merged, tp_pids=tp_pids)
     return out
+
+
+def _gpu_rows(gpu: list, slot) -> list[int] | None:
+    """Put the GPU events (typed-decode ``_Event``, names all str) as :class:`GpuColumns` into
+    ``slot(label)["gpu"]`` / ``["skipped"]`` per pid label; returns the labels (None: unlabelled)."""
+    ts, ts_ok = ns_column([e.ts for e in gpu])
+    dur, dur_ok = ns_column([e.dur for e in gpu])
+    ok = ts_ok & dur_ok & np.fromiter(((e.ph or "X") == "X" for e in gpu), dtype=bool, count=len(gpu))
+    args = [e.args for e in gpu]
+    cols = GpuColumns(
+        name=[e.name for e in gpu], cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
+        stream=[None if a is None else a.stream for a in args],
+        correlation=[None if a is None else a.correlation for a in args],
+        external_id=[None if a is None else a.external_id for a in args],
+        args=args)
+    gpu_labels = _labels(gpu)
+    for label, idx in _groups(gpu_labels, len(gpu)).items():
+        part = cols if idx is None else cols.take(idx)
+        s = slot(label)
+        s["skipped"] = int((~part.ok).sum())
+        s["gpu"] = part.take(part.ok) if s["skipped"] else part
+    return gpu_labels
+
+
+def _runtime_rows(runtime: list, merged: bool, want_pids: bool, slot) -> bool:
+    """Runtime calls: host launch time (ns) per correlation id, CUDA/HIP graph launches and
+    blocking syncs, into ``slot(label)``, labelled by pid only when ``merged``. Returns whether
+    any pid carries a ``[TP..]`` label (looked at when ``merged`` or ``want_pids``)."""
+    rts, rts_ok = ns_column([e.ts for e in runtime])
+    corr = [None if e.args is None else e.args.correlation for e in runtime]
+    labels = _labels(runtime) if merged or want_pids else None
+    tp_pids = labels is not None
+    if not merged:
+        labels = None
+    ts_list = rts.tolist()
+    ok_list = rts_ok.tolist()
+    if labels is None:
+        slot(-1)["runtime_ns"].update(
+            {c: t for c, t, ok in zip(corr, ts_list, ok_list) if ok and type(c) is int})
+    else:
+        for c, t, ok, lab in zip(corr, ts_list, ok_list, labels):
+            if ok and type(c) is int:
+                slot(lab)["runtime_ns"][c] = t
+    names = [e.name for e in runtime]
+    distinct = set(n for n in names if type(n) is str)
+    launches = {nm for nm in distinct if GRAPH_LAUNCH.match(nm)}
+    syncs = {nm for nm in distinct if HOST_SYNC.match(nm)}
+    if launches or syncs:
+        for i, nm in enumerate(names):
+            if not (ok_list[i] and type(nm) is str and (nm in launches or nm in syncs)):
+                continue
+            dest = slot(labels[i] if labels is not None else -1)
+            dur_ns = _ns_from_text(bytes(runtime[i].dur))
+            if nm in launches:
+                dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns, "correlation": corr[i]})
+            elif dur_ns is not None:
+                dest["host_syncs"].append({"name": nm, "ts_ns": ts_list[i], "dur_ns": dur_ns})
+    return tp_pids
+
+
+def _host_rows(host: list, host_keep: re.Pattern, looks_comm_op, merged: bool, want_pids: bool, slot) -> bool:
+    """Host ops: only comm ops (External id, shapes) and step spans matter, judged once per name;
+    into ``slot(label)["host"]``, labelled by pid only when ``merged``. Returns whether a kept
+    op's pid carries a ``[TP..]`` label (looked at when ``merged`` or ``want_pids``)."""
+    keep = {nm: bool(host_keep.search(nm)) for nm in {e.name for e in host if type(e.name) is str}}
+    kept = [e for e in host if type(e.name) is str and keep[e.name]]
+    if not kept:
+        return False
+    labels = _labels(kept) if merged or want_pids else None
+    tp_pids = labels is not None
+    if not merged:
+        labels = None
+    ts, ts_ok = ns_column([e.ts for e in kept])
+    dur, dur_ok = ns_column([e.dur for e in kept])
+    ts_l, dur_l = ts.tolist(), dur.tolist()
+    ts_okl, dur_okl = ts_ok.tolist(), dur_ok.tolist()
+    comm = {nm: looks_comm_op(nm) for nm in keep if keep[nm]}
+    for i, ev in enumerate(kept):
+        a = ev.args
+        slot(labels[i] if labels is not None else -1)["host"].append(
+            {"cat": ev.cat, "ph": ev.ph, "name": ev.name, "ts_ns": ts_l[i] if ts_okl[i] else None,
+             "dur_ns": dur_l[i] if dur_okl[i] else None,
+             "args": a if a is not None and comm[ev.name] else {}})
+    return tp_pids

@@ -32,7 +32,15 @@ from pathlib import Path
 import msgspec
 
 from fastverify.events import EventClass
-from fastverify.trace.load import _NULL  # load imports this module lazily: no cycle
+from fastverify.trace.decode import (
+    _NULL,
+    _looks_comm_op,
+    _ns_from_text,
+    _ns_from_value,
+    _rank_label,
+    _raw,
+    read_trace_json,
+)
 
 CPU_CLOCK = "cpu_trace"
 """``timing.clock`` of a profile made from CPU-only traces."""
@@ -85,28 +93,34 @@ def collective_class(name: str, args: dict) -> EventClass | None:
 def read_host_events(path: Path, raw: bytes) -> list[dict]:
     """Every complete (``ph: X``) host event of the trace with a usable ts/dur, as dicts with
     ``name``, ``cat``, ``ts_ns``, ``dur_ns``, ``tid``, ``label`` (TP rank of a merged file's pid,
-    else -1) and ``args``. ``raw`` is the file's (inflated) bytes."""
-    from fastverify.trace import load as L
+    else -1) and ``args``. ``raw`` is the file's (inflated) bytes.
 
+    Raises
+    ------
+    UserError
+        JSON the typed decode rejects and the slow path cannot read
+        (:func:`~fastverify.trace.decode.read_trace_json`); ``_TooDeep`` (a UserError) for a
+        value nested past the parser's limit (the caller names the file).
+    """
     out = []
     try:
         doc = _DECODER.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        parsed = L.read_trace_json(path, raw)
+        parsed = read_trace_json(path, raw)
         for ev in parsed["traceEvents"]:
             cat = ev.get("cat") if isinstance(ev, dict) else None
             if type(cat) is not str or cat not in _HOST_CATS or ev.get("ph", "X") != "X":
                 continue
             name, args = ev.get("name"), ev.get("args")
-            _append(out, name, ev.get("cat"), L._ns_from_value(ev.get("ts")), L._ns_from_value(ev.get("dur")),
-                    ev.get("tid"), L._rank_label(ev.get("pid")), args)
+            _append(out, name, ev.get("cat"), _ns_from_value(ev.get("ts")), _ns_from_value(ev.get("dur")),
+                    ev.get("tid"), _rank_label(ev.get("pid")), args)
         return out
     for ev in doc.traceEvents:
         if ev.cat not in _HOST_CATS or (ev.ph or "X") != "X":
             continue
-        pid = L._raw(ev.pid)
-        _append(out, L._raw(ev.name), ev.cat, L._ns_from_text(bytes(ev.ts)), L._ns_from_text(bytes(ev.dur)),
-                L._raw(ev.tid), L._rank_label(pid), L._raw(ev.args))
+        pid = _raw(ev.pid)
+        _append(out, _raw(ev.name), ev.cat, _ns_from_text(bytes(ev.ts)), _ns_from_text(bytes(ev.dur)),
+                _raw(ev.tid), _rank_label(pid), _raw(ev.args))
     return out
 
 
@@ -128,8 +142,6 @@ def split_rank_events(events: list[dict], step_regexes: list[re.Pattern]) -> dic
         — the collectives and outermost compute ops (same order as ``classes``), and the step
         spans; empty ``events`` when the rank has no CPU collective.
     """
-    from fastverify.trace.load import _looks_comm_op
-
     steps = [e for e in events if any(r.match(e["name"]) for r in step_regexes)]
     has_gloo = any(_GLOO.match(e["name"]) for e in events)
     picked: list[tuple[dict, EventClass | None]] = []  # None: a hand-off op, dropped with its children

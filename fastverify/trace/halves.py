@@ -18,21 +18,26 @@ first part's marker must be the last event of its ``traceEvents`` (so the array 
 that key's value) and the second part's marker the first of its own (so no later
 ``traceEvents`` key replaced it). Any other outcome, and any decode error, makes the caller read
 the file whole, as before. The parts' columns are then joined in file order, which is the order
-the whole-file reader keeps; ``tests/test_trace_halves.py`` checks the result equal to the
-whole-file read, field for field, on the real traces and on cuts placed in strings, nested
-arrays and other top-level arrays.
+the whole-file reader keeps; the package's tests check the result equal to the whole-file read,
+field for field, on the real traces and on cuts placed in strings, nested arrays and other
+top-level arrays.
 
 Memory: the worker shares the parent's inflated text (fork, copy on write) and decodes its half
 into its own objects; each side also copies its part of the text once. Measured on the 53.7 MB
 ``df_index_resolver`` trace: parent peak 189 MB (the whole-file reader's: 205 MB), worker 80 MB of
 its own pages (``/proc/self/smaps_rollup``, private), so both together stay within
-:data:`fastverify.trace.load.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
+:data:`fastverify.trace.folder.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+
+import msgspec
+
+from fastverify.trace.columns import GpuColumns, NotPlain, read_columns
+from fastverify.trace.decode import _TRACE_DECODER, _TooDeep, _top, reads_args
 
 __all__ = ["SPLIT_MIN_BYTES", "cut_points", "read_in_halves"]
 
@@ -66,9 +71,6 @@ def _marker() -> tuple[bytes, str]:
 
 def _second_half(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> tuple:
     """In the worker: decode and read the second part (see the module docstring)."""
-    from fastverify.trace.columns import read_columns
-    from fastverify.trace.load import _TRACE_DECODER, reads_args
-
     raw = _TEXT["raw"]
     part = b"".join((b'{"traceEvents":[', marker, b",", memoryview(raw)[start:]))
     doc = _TRACE_DECODER.decode(part)
@@ -90,22 +92,23 @@ def _second_half(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) 
 
 
 def _worker_call(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> tuple:
-    import msgspec
-
-    from fastverify.trace.columns import NotPlain
-    from fastverify.trace.load import _TooDeep
-
     try:
         return _second_half(start, marker, tag, host_keep, looks_comm_op)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, _TooDeep, NotPlain):
         return ("refused",)
 
 
-def read_in_halves(raw: bytes, host_keep, looks_comm_op):
+def _free(doc) -> None:
+    """The default ``done_with`` of :func:`read_in_halves`: keep nothing (the decode is freed)."""
+
+
+def read_in_halves(raw: bytes, host_keep, looks_comm_op, done_with=_free):
     """:func:`fastverify.trace.columns.read_columns` of the whole of ``raw``, computed in two
     halves (here and in a forked worker), with the top-level ``distributedInfo`` and
     ``deviceProperties``; None when the text cannot be cut or the halves do not make the whole
-    (then the caller reads it whole).
+    (then the caller reads it whole). ``done_with`` is called with the first half's typed decode
+    once its columns are read (the loader's :func:`fastverify.trace.load.done_with`, which may
+    keep it alive instead of freeing it here).
 
     Returns
     -------
@@ -115,14 +118,9 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op):
 
     Raises
     ------
-    fastverify.trace.load._TooDeep
+    fastverify.trace.decode._TooDeep
         From the first half's columns (the caller names the file).
     """
-    import msgspec
-
-    from fastverify.trace.columns import NotPlain, read_columns
-    from fastverify.trace.load import _TRACE_DECODER, _top, done_with
-
     cut = cut_points(raw)
     if cut is None:
         return None
@@ -175,8 +173,6 @@ def _labels_agree(a: dict, b: dict) -> bool:
 def _join(a: dict, b: dict) -> dict:
     """Per label, ``a``'s then ``b``'s: GPU rows, skipped counts, launch times (``b`` after ``a``,
     as one pass over the file updates them), graph launches and host ops."""
-    from fastverify.trace.columns import GpuColumns
-
     out: dict[int, dict] = {}
     for label in [*a, *(k for k in b if k not in a)]:
         sa, sb = a.get(label), b.get(label)
