@@ -219,6 +219,7 @@ def read_log_dir(folder: str | Path) -> dict:
         file_rank = file_ranks[f]
         lines = data.split(b"\n")
         n = 0
+        steps: dict[int, int] = {}
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -238,6 +239,10 @@ def read_log_dir(folder: str | Path) -> dict:
             bad = _bad_paths(rec.allreduce_paths)
             if bad:
                 raise UserError(f"{f}:{i}: allreduce_paths: {bad}")
+            if rec.step in steps:
+                raise UserError(f"{f}:{i}: step {rec.step} again (also line {steps[rec.step]}): two server runs in one "
+                                "folder? give each run its own --profile-verify folder")
+            steps[rec.step] = i
             clocks.setdefault(rec.clock, f"{path_text(f.name)}:{i}")
             records.setdefault(rec.rank, []).append(rec)
             n += 1
@@ -288,6 +293,10 @@ def _bad_record(rec: VerifyRecord) -> str | None:
         return f"pid {why}"
     if not _CLOCK.fullmatch(rec.clock):
         return f"clock {rec.clock[:40]!r} is not a clock name (letters, digits, _ . -, up to 64)"
+    if rec.clock not in CLOCK_LABELS:
+        return f"clock {rec.clock!r} is not one the verify timer writes ({', '.join(CLOCK_LABELS)})"
+    if rec.batch is not None and rec.tokens is not None and rec.tokens < rec.batch:
+        return f"tokens {rec.tokens} < batch {rec.batch}: a verify forward checks at least one token per request"
     for name, value, upper, what in (("batch", rec.batch, MAX_BATCH, "requests in one verify forward"),
                                      ("tokens", rec.tokens, MAX_VERIFY_TOKENS, "rows one verify forward verifies")):
         if value is not None and implausible_count(value, upper=upper, what=name) is not None:
@@ -413,8 +422,8 @@ def _load_warning(b: LogSummary, a: LogSummary) -> str | None:
                                   "the change compares different loads")
     missing = [label for label, s in (("before", b), ("after", a)) if not s.load_records]
     where = "either folder" if len(missing) == 2 else f"the {missing[0]} folder"
-    return (f"the load is not recorded in {where} (records without batch and tokens, written by an older "
-            "fastverify): the change may compare different loads")
+    return (f"the load is not recorded in {where} (records without batch and tokens: an older fastverify, a "
+            "hand-written record, or a batch the patch could not read): the change may compare different loads")
 
 
 def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
@@ -469,7 +478,7 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
                 for s in (b, a) if s is not None for t in s.torn_last_lines]
     change: list[Change] = []
     if after is not None and os.path.realpath(str(before)) == os.path.realpath(str(after)):
-        warnings.append(f"{path_text(before)} is both the before and the after folder: the change is 0 by construction")
+        raise UserError(f"{path_text(before)} is both the before and the after folder: give the two runs' folders")
     if a is not None:
         if a.clock != b.clock:
             raise UserError(f"{after}: records on clock {a.clock}, but {before} on {b.clock}; "

@@ -575,6 +575,11 @@ def test_verify_records_for_every_verify_step_of_both_ranks(served):
         for r in got:
             assert str(r["rank"]) == str(rank) and r["pid"] == stats[rank]["pid"], r
             assert r["clock"] == "cpu_wall_clock" and r["verify_ms"] > 0, r
+            # the load and each request's accepted draft tokens (SGLang's eagle_sample accept_lens - 1);
+            # a random drafter's values mean nothing: the mechanism only
+            assert type(r["batch"]) is int and r["batch"] >= 1 and r["tokens"] >= r["batch"], r
+            assert type(r.get("accepted")) is list and len(r["accepted"]) == r["batch"] \
+                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"]), r
 
 
 def test_records_carry_the_drafters_all_reduces_apart(served):

@@ -187,8 +187,9 @@ def test_a_side_without_the_load_is_warned(tmp_path, old_side, where):
     old = [(ms, None, None) for ms, _, _ in BEFORE]
     rep = build_report(_both_ranks(tmp_path / "b", old if old_side == "both" else BEFORE),
                        _both_ranks(tmp_path / "a", old))
-    assert rep.warnings == [f"the load is not recorded in {where} (records without batch and tokens, written by an "
-                            "older fastverify): the change may compare different loads"]
+    assert rep.warnings == [f"the load is not recorded in {where} (records without batch and tokens: an older "
+                            "fastverify, a hand-written record, or a batch the patch could not read): the change "
+                            "may compare different loads"]
     assert rep.after.load_records == 0 and rep.after.batch_values == [] and rep.after.batch_median is None
     assert "load: not recorded (records without batch and tokens)" in format_report(rep).splitlines()
 
@@ -256,3 +257,27 @@ def test_the_rank_error_at_the_command_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ('fastverify: error: log/verify-rank0.jsonl:1: field "rank": expected a string, '
                            'got an integer (e.g. "rank": "0")\n')
+
+
+def test_records_the_timer_cannot_write_are_refused(tmp_path):
+    """A clock the timer never writes, fewer tokens than requests, and a step twice in one file (two
+    runs in one folder) are each one line naming the file and line."""
+    import json as _json
+
+    from fastverify.errors import UserError
+    from fastverify.verifylog import build_report
+
+    def folder(name, recs):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "verify-rank0.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in recs))
+        return d
+
+    base = {"step": 0, "verify_ms": 1.0, "clock": "cuda_events", "rank": "0", "pid": 1, "allreduce_paths": None}
+    cases = [("clock", [dict(base, clock="wall")], "clock 'wall' is not one the verify timer writes"),
+             ("load", [dict(base, batch=8, tokens=4)], "tokens 4 < batch 8"),
+             ("twice", [base, dict(base, verify_ms=2.0)], "step 0 again (also line 1)")]
+    for name, recs, words in cases:
+        with pytest.raises(UserError) as err:
+            build_report(folder(name, recs))
+        assert words in str(err.value) and "verify-rank0.jsonl:" in str(err.value), str(err.value)

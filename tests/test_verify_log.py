@@ -211,10 +211,10 @@ def test_a_fifo_named_like_a_log_is_refused_by_name(tmp_path):
         build_report(d)
 
 
-def test_the_same_folder_as_before_and_after_is_said(tmp_path):
+def test_the_same_folder_as_before_and_after_is_refused(tmp_path):
+    from fastverify.errors import UserError
     from fastverify.verifylog import build_report
 
     d = _one(tmp_path)
-    rep = build_report(d, d)
-    assert any("both the before and the after folder" in w for w in rep.warnings), rep.warnings
-    assert all(c.p50_change_ms == 0 for c in rep.change)
+    with pytest.raises(UserError, match="is both the before and the after folder: give the two runs' folders"):
+        build_report(d, d)
