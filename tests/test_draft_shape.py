@@ -52,7 +52,7 @@ def test_flat_verify_cost_deepest_chain_wins():
     rep = D.recommend(HIST, _curve({t: 10.0 for t in range(2, 7)}), _draft(0.1))
     assert [r.cycle_ms for r in rep.rows] == pytest.approx([10.1, 10.2, 10.3, 10.4, 10.5])
     assert [r.tok_s for r in rep.rows] == pytest.approx([178.22, 235.29, 271.84, 288.46, 295.24], abs=0.01)
-    assert rep.best_depth == 5 and rep.change_pct == 0.0
+    assert rep.best_depth == 5 and rep.tok_s_change_pct == 0.0
     assert rep.flags == "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6"
 
 
@@ -62,7 +62,7 @@ def test_steep_verify_cost_shallow_chain_wins():
     (89.55 - 51.24) / 51.24 = +74.8 % over the run's depth 5."""
     rep = D.recommend(HIST, _curve({t: 10.0 * t for t in range(2, 7)}), _draft(0.1))
     assert [r.tok_s for r in rep.rows] == pytest.approx([89.55, 79.47, 69.48, 59.52, 51.24], abs=0.01)
-    assert rep.best_depth == 1 and rep.change_pct == pytest.approx(74.77, abs=0.02)
+    assert rep.best_depth == 1 and rep.tok_s_change_pct == pytest.approx(74.77, abs=0.02)
     assert rep.flags.startswith("--speculative-num-steps 1 ") and rep.flags.endswith("--speculative-num-draft-tokens 2")
     # depth 5 = the run itself: accept and verify measured, the draft cost given -> "given"
     assert [r.label for r in rep.rows] == ["derived"] * 4 + ["given"]
@@ -77,7 +77,7 @@ def test_verify_cost_between_and_beyond_the_points_is_labelled():
     assert D.verify_at(_curve({6: 7.5}), 3) == (7.5, "extrapolated")  # one point: flat, and said so
     rep = D.recommend(HIST, _curve({6: 7.5}), _draft(0.0, label="assumed"))
     assert [r.label for r in rep.rows] == ["extrapolated"] * 4 + ["assumed"]
-    assert any("extrapolated beyond the measured tokens per request (6)" in n for n in rep.notes)
+    assert any("extrapolated outside the measured tokens per request (6)" in n for n in rep.notes)
     assert any("draft cost assumed 0 ms" in n for n in rep.notes)
 
 
@@ -108,15 +108,15 @@ def test_histogram_file_table_and_winner(tmp_path, capsys):
     text = out.getvalue()
     lines = text.splitlines()
     assert len(lines) <= 15, text
-    assert "best: depth 2 (+11.7% tok/s vs depth 4; + = gain): --speculative-num-steps 2 --speculative-eagle-topk 1 " \
-           "--speculative-num-draft-tokens 3" in text
+    assert "best: depth 2 (+11.7 % tok/s vs depth 4: more tokens per second): --speculative-num-steps 2 " \
+           "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in " ".join(text.split())
     assert "fastverify profile --verify-log before/ after/" in text
     row2 = next(ln for ln in lines if ln.strip().startswith("2 *"))
     assert row2.split() == ["2", "*", "3", "2.600", "12.000", "16.000", "162.5", "derived"]
     args = _args(accept_histogram=f, draft_step_ms=1, draft_extend_ms=2, json=True)
     assert D.run(args, None) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["best_depth"] == 2 and doc["change_pct"] == pytest.approx(11.72, abs=0.01)
+    assert doc["best_depth"] == 2 and doc["tok_s_change_pct"] == pytest.approx(11.72, abs=0.01)
     assert [r["accept_length"] for r in doc["rows"]] == pytest.approx([1.9, 2.6, 3.0, 3.2])
     assert [r["cycle_ms"] for r in doc["rows"]] == pytest.approx([13.0, 16.0, 19.0, 22.0])
     assert doc["draft"]["label"] == "given" and doc["rows"][-1]["label"] == "given"
@@ -199,7 +199,7 @@ def test_tune_draft_shape_through_the_cli(tmp_path, capsys):
     assert [round(r["accept_length"], 3) for r in doc["rows"]] == [1.9, 2.6, 3.0, 3.2]
     assert [round(r["cycle_ms"], 3) for r in doc["rows"]] == [13.0, 16.0, 19.0, 22.0]
     assert doc["best_depth"] == 2 and doc["current_depth"] == 4
-    assert doc["change_pct"] == pytest.approx((2.6 / 16 - 3.2 / 22) / (3.2 / 22) * 100, abs=0.05)
+    assert doc["tok_s_change_pct"] == pytest.approx((2.6 / 16 - 3.2 / 22) / (3.2 / 22) * 100, abs=0.05)
     assert "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in doc["flags"]
     one_line_error(*cli(["tune", "--predict", "--accept-histogram", str(h)], capsys),
                    "--accept-histogram applies to --draft-shape only")

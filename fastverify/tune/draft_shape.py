@@ -120,7 +120,7 @@ class DepthRow(msgspec.Struct, frozen=True):
 
 
 class DraftShapeReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The document of ``tune --draft-shape --json``. ``change_pct`` = (best − current) / current
+    """The document of ``tune --draft-shape --json``. ``tok_s_change_pct`` = (best − current) / current
     × 100 of tok/s per stream: positive is a gain (more tokens per second), negative a loss."""
 
     schema: str = SCHEMA
@@ -132,7 +132,7 @@ class DraftShapeReport(msgspec.Struct, frozen=True, kw_only=True):
     best_depth: int | None
     rows: list[DepthRow]
     flags: str | None
-    change_pct: float | None
+    tok_s_change_pct: float | None
     verify_command: str
     cost: CostCurve
     draft: DraftCost
@@ -221,7 +221,7 @@ def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist
     if tree:
         notes.insert(0, tree_note(hist))
     elif any(r.verify_label == "extrapolated" for r in rows):
-        notes.append("verify cost extrapolated beyond the measured tokens per request "
+        notes.append("verify cost extrapolated outside the measured tokens per request "
                      f"({', '.join(str(p.tokens_per_request) for p in curve.points)}): measure more points with a "
                      "short run per draft-token count and pass each folder as another --verify-log")
     if draft.label == "assumed":
@@ -231,7 +231,7 @@ def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist
               if best is not None and cur is not None and cur.tok_s > 0 else None)
     return DraftShapeReport(steps=hist.steps, topk=hist.topk, tree=tree, current_depth=hist.steps,
                             best_depth=best.depth if best else None, rows=rows,
-                            flags=chain_flags(best.depth) if best else None, change_pct=change,
+                            flags=chain_flags(best.depth) if best else None, tok_s_change_pct=change,
                             verify_command=("fastverify launch --profile-verify after/ -- <sglang command> <flags>; "
                                             "then fastverify profile --verify-log before/ after/"),
                             cost=curve, draft=draft, histogram=list(hist.counts), sources=list(sources or []),
@@ -495,7 +495,8 @@ def print_report(rep: DraftShapeReport, console) -> None:
                   f"{r.cycle_ms:.3f}", f"{r.tok_s:.1f}", r.label)
     console.print(t)
     if rep.flags is not None:
-        gain = "" if rep.change_pct is None else f" ({rep.change_pct:+.1f}% tok/s vs depth {rep.current_depth}; + = gain)"
+        gain = "" if rep.tok_s_change_pct is None else \
+            f" ({rep.tok_s_change_pct:+.1f} % tok/s vs depth {rep.current_depth}: more tokens per second)"
         console.print(f"best: depth {rep.best_depth}{gain}: {rep.flags}", markup=False, highlight=False)
         console.print(f"verify: {rep.verify_command}", markup=False, highlight=False)
     for n in rep.notes:
