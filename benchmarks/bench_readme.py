@@ -115,8 +115,8 @@ COMMANDS: tuple[Command, ...] = (
             "--sm 120 --pcie-gen 5"),
     Command("away-write", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
             "--tp-size 8 --sm 120 --pcie-gen 5 --cuda-graph-max-bs-decode 32 --write-env /tmp/fastverify-readme/box.env"),
-    Command("away-dry-run", "launch --env /tmp/fastverify-readme/box.env --describe-box '{\"gpu_name\": \"NVIDIA RTX "
-            "PRO 6000 Blackwell Server Edition\", \"sm\": [12, 0], \"gpu_count\": 8}' --dry-run --",
+    Command("away-dry-run", "launch --env /tmp/fastverify-readme/box.env --describe-box '{\"gpu_name\": \"NVIDIA L40S\", "
+            "\"sm\": [8, 9], \"gpu_count\": 8}' --dry-run --",
             after="python -m sglang.launch_server --model-path ... --tp-size 8 --speculative-algorithm EAGLE3"),
     Command("doctor-quick", "doctor --quick", claim_s=0.2),
     Command("doctor-json", "doctor --json", claim_s=2.7),

@@ -17,6 +17,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults in the help, once: not where the help says its own ``[default: …]``, and
+    not for a flag without a value (``None``, ``False``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "[default" in text or action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -56,7 +67,7 @@ def _seconds(text: str) -> float:
 def _add_profile(sub) -> None:
     from fastverify.profile_command import add_arguments
 
-    add_arguments(sub, _positive, _bounded, _seconds)
+    add_arguments(sub, _positive, _bounded, _seconds, DefaultsHelp)
 
 
 def _add_topo(sub) -> None:
@@ -71,7 +82,7 @@ def _add_topo(sub) -> None:
                      "all-reduce time of the verify messages now and with the recommended settings. Reads NVML "
                      "on a GPU box; offline, give the text of `nvidia-smi topo -m`, an NCCL_DEBUG=INFO log and/or an "
                      "all_reduce_perf table, in any combination; partial evidence gives a partial diagnosis."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     add_arguments(topo, _bounded)
 
@@ -85,7 +96,7 @@ def _add_p2p(sub) -> None:
                      "counts as a failure. Prints the check's JSON (the GPUs tested, by CUDA ordinal, NVML index, "
                      "PCI bus id and UUID, and a result per ordered pair) that `tune --p2p-check` and "
                      "`launch --p2p-check` read; cached per box. Exit 1 if any pair fails."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     from fastverify.topo.p2p import DEFAULT_TIMEOUT_S
 
@@ -108,7 +119,7 @@ def _add_tune(sub) -> None:
                      "--predict: measure nothing; rank NCCL settings and the backends the box allows, PREDICTED "
                      "from the cost model and published measurements, your --profile / --perf-table / --nccl-log "
                      "first, for a box described by `nvidia-smi topo -m` text. --json: one JSON document."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     add_tune_arguments(tune, _positive, _bounded)
 
@@ -127,7 +138,7 @@ def _add_doctor(sub) -> None:
                      "runner at TP 1, the tiny forward's graph and profiler trace); with several GPUs the real "
                      "P2P check and one all-reduce per registry backend. FlashInfer checks are skipped where "
                      "it is not installed. Exit 1 if any check fails."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
     doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
@@ -146,7 +157,7 @@ def _add_launch(sub) -> None:
                      "the command given after --. --dry-run prints what would be set, which route loads the "
                      "patch, and every check that would refuse the launch with its fix (exit 2 when any does, "
                      "0 when none); the real launch stops at the first one and starts nothing."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
     launch.add_argument("--backend", default="auto", metavar="{" + ",".join(BACKENDS) + "}",
@@ -179,7 +190,7 @@ def _add_patch(sub) -> None:
         description=("For the installed SGLang, or a source tree (--sglang-source, read with ast, never imported): "
                      "which targets the patch would wrap, which it would skip and why, and whether the plugin "
                      "entry point or the import hook loads it. Exit 1 when a target does not resolve."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     patch.add_argument("--check", action="store_true", required=True, help="report (the only action)")
     patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
@@ -212,7 +223,7 @@ def _add_report(sub) -> None:
                      "wait, other communication, GPU idle by cause; anomaly flags with their evidence (rank "
                      "skew, P2P off / SHM, IOMMU/ACS, slow transfer, idle); and how much of the cycle a faster "
                      "all-reduce can remove (the transfer) and how much it cannot (wait, idle, compute)."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     add_arguments(p)
 
@@ -367,7 +378,27 @@ def main(argv: list[str] | None = None) -> int:
             leftover.close()
 
 
+_SPELLINGS = (("--tp", "--tp-size"), ("--draft-tokens", "--speculative-num-draft-tokens"),
+              ("--max-batch", "--cuda-graph-max-bs-decode"), ("--topology", "--nvidia-smi"))
+"""fastverify's name and SGLang's (or the older) name of the same flag."""
+
+
+def _one_spelling(argv: list[str]) -> None:
+    """Refuse a flag given twice, under either of its names, before the ``--`` of a wrapped command."""
+    mine = argv[: argv.index("--")] if "--" in argv else argv
+    for names in _SPELLINGS:
+        given = [a.split("=", 1)[0] for a in mine if a.split("=", 1)[0] in names]
+        if len(given) > 1:
+            raise UserError(f"{' and '.join(dict.fromkeys(given))}: the same setting given {len(given)} times; "
+                            "give it once")
+
+
 def _main(argv: list[str]) -> int:
+    try:
+        _one_spelling(argv)
+    except UserError as e:
+        sys.stderr.write(f"fastverify: error: {one_line(str(e))}\n")
+        return EXIT_USER_ERROR
     args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -11,7 +11,7 @@ One versioned, typed JSON file written beside the env file (``X.env`` → ``X.de
   NCCL version, tensor-parallel size;
 * the NCCL settings written to the env file, and the gain with its basis (measured or predicted).
 
-The env file beside it holds NCCL settings only (:mod:`fastverify.tune.envfile`): the backend,
+The env file beside it holds NCCL settings only (:mod:`fastverify.envfile`): the backend,
 and with it SGLang's switch for it, is in the record alone, so sourcing the env file without
 ``launch`` (docker, systemd) never starts an IPC path that nobody checked P2P for.
 :func:`write_deployment` writes the two files all or none.
@@ -30,7 +30,16 @@ from typing import Literal
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
+from fastverify.envfile import (
+    atomic_write_text,
+    atomic_write_texts,
+    backup_path,
+    check_setting,
+    check_together,
+    render_env,
+)
 from fastverify.errors import UserError, schema_error
+from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BackendName, Reach, backend_info
 
 SCHEMA = "fastverify.deployment"
@@ -65,8 +74,8 @@ def _pci_key(bus_id: str | None) -> str | None:
 
 class GpuId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One GPU as NVML names it: what ties a P2P check, and a record's P2P proof, to the box's
-    own GPUs (item 1 of the P2P issue: a check that only counts passing directions proves
-    nothing about *which* GPUs passed).
+    own GPUs (a check that only counts passing directions proves nothing about *which* GPUs
+    passed).
 
     Attributes
     ----------
@@ -264,10 +273,6 @@ class Gain(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     basis: Basis
     clock: str | None = None
 
-    @property
-    def reduction_pct(self) -> float:
-        return 100.0 * (self.baseline_us - self.best_us) / self.baseline_us if self.baseline_us else 0.0
-
 
 class DeploymentRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What ``tune --write-env`` decided (see the module docstring)."""
@@ -379,10 +384,7 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
 def _check_record(record: DeploymentRecord, source: str) -> None:
     """What a record must hold beyond its types: a TP size, and NCCL settings that an env file
     could hold (allowed ``NCCL_*`` names, values the NCCL catalogue does not reject for the
-    record's NCCL version: :func:`fastverify.tune.envfile.check_setting`)."""
-    from fastverify.nccl.version import NcclVersion
-    from fastverify.tune.envfile import check_setting, check_together
-
+    record's NCCL version: :func:`fastverify.envfile.check_setting`)."""
     if record.box.tp < 1:
         raise UserError(f"{source}: invalid deployment record: box.tp must be >= 1, got {record.box.tp}")
     version = None
@@ -401,8 +403,6 @@ def _check_record(record: DeploymentRecord, source: str) -> None:
 def write_record(path: str | Path, record: DeploymentRecord) -> Path:
     """Write ``record`` atomically (temporary file + rename; an existing file is kept as
     ``.bak``). Raises :class:`UserError` when the path cannot be written."""
-    from fastverify.tune.envfile import atomic_write_text
-
     return atomic_write_text(Path(path), encode_record(record).decode("utf-8"))
 
 
@@ -427,7 +427,7 @@ def record_from_environ(environ: "os._Environ[str] | dict[str, str] | None" = No
 def sglang_settings(backend: BackendName | str) -> dict[str, str]:
     """The variables that make SGLang itself run ``backend`` (registry facts, no names here):
     what ``fastverify launch`` exports, after the P2P proof. Never written to an env file
-    (:mod:`fastverify.tune.envfile`: an env file sourced without launch would start the path
+    (:mod:`fastverify.envfile`: an env file sourced without launch would start the path
     unchecked).
 
     For a backend SGLang switches (``Reach.sglang_switch``): its switch ``=1``, and no size.
@@ -464,7 +464,7 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
 
     Both are validated before either is written (a bad setting, an ``SGLANG_*`` key among them,
     leaves no file changed); then both are staged and renamed together
-    (:func:`fastverify.tune.envfile.atomic_write_texts`): should the env file's rename fail, the
+    (:func:`fastverify.envfile.atomic_write_texts`): should the env file's rename fail, the
     record gets its old content back (or is removed, where there was none), so a failed write
     never leaves a new record beside an old env file.
 
@@ -483,8 +483,6 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
         An output path (or its backup) is one of ``inputs``, a setting is not allowed, or a file
         cannot be written.
     """
-    from fastverify.tune.envfile import atomic_write_texts, backup_path, render_env
-
     env_p = Path(env_path)
     rec_p = record_path_for(env_p)
     taken = {os.path.realpath(str(i)) for i in inputs if i}

@@ -13,8 +13,9 @@ from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
 
 
-def add_arguments(sub, positive, bounded, seconds) -> None:
-    """The ``profile`` subcommand and its flags (``positive``/``bounded``/``seconds``: the CLI's parsers)."""
+def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
+    """The ``profile`` subcommand and its flags (``positive``/``bounded``/``seconds``: the CLI's
+    parsers; ``formatter``: its help formatter)."""
     prof = sub.add_parser(
         "profile",
         allow_abbrev=False,
@@ -25,7 +26,7 @@ def add_arguments(sub, positive, bounded, seconds) -> None:
                      "verify latency from the records of `fastverify launch --profile-verify`. "
                      "Otherwise: a live TP verify forward with the model's shapes (default: the tiny preset on "
                      "2 ranks; gloo on CPU, NCCL on GPUs)."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=formatter,
     )
     prof.add_argument("--trace", nargs="+", metavar="PATH",
                       help="trace files (.json, .json.gz) or folders of them, one file per TP rank")

@@ -61,28 +61,53 @@ def test_bad_data_file_is_one_line_naming_the_file(tmp_path, mutate, says):
     assert str(p) in msg and says in msg and "\n" not in msg
 
 
-T95 = {5: 2.015, 10: 1.812, 11: 1.796, 20: 1.725, 22: 1.717, 24: 1.711}  # Student t, one-sided 0.95 (tables)
+Z80 = 1.2816  # normal 0.90 quantile (tables): an 80 % central range
+MAD_SD = 1 / 0.6745  # 1 / normal 0.75 quantile (tables): MAD -> standard deviation
 
 
-def _kernel_spread_by_hand():
-    """s of the P2P-kernel cells of the packaged file, worked out from the sources' numbers.
+def _lower_weighted_median(pairs):
+    """Sorted (value, weight): the first value where the running weight reaches half the total."""
+    items = sorted(pairs)
+    total, acc = sum(w for _, w in items), 0.0
+    for v, w in items:
+        acc += w
+        if acc >= total / 2 - 1e-9:
+            return v
+    raise AssertionError("unreachable")
 
-    Cells with two boxes: PCIe IPC TP8 at 8 and 16 KiB (SGLang 8x SM120 12 KiB 5.3 us held below /
-    log-log to 96 KiB 15.3 us; FlashInfer L40S 21.8 us, one size, held within 2x) and the
-    lukealonso/sglang one-shot kernel at TP4 on the WRX90 3-switch box vs the ASUS ESC8000A,
-    4 KiB .. 1 MiB (WRX90's table ends at 512 KiB: 1 MiB continues its last slope). Two boxes per
-    cell: the squared deviations from the cell mean sum to (ln a - ln b)^2 / 2, one df per cell."""
+
+def _kernel_pairs_by_hand():
+    """The P2P-kernel cells of the packaged file with two boxes, worked out from the sources' numbers:
+    (SGLang 8x SM120 or WRX90 value, FlashInfer L40S or ASUS ESC8000A value) in µs.
+
+    PCIe IPC TP8 at 8 and 16 KiB (SGLang 8x SM120 12 KiB 5.3 us held below / log-log to 96 KiB
+    15.3 us; FlashInfer L40S 21.8 us, one size, held within 2x) and the lukealonso/sglang one-shot
+    kernel at TP4 on the WRX90 3-switch box vs the ASUS ESC8000A, 4 KiB .. 1 MiB (WRX90's table ends
+    at 512 KiB: 1 MiB continues its last slope)."""
     wrx_1m = 128.0 * 2 ** (math.log(128.0 / 40.1) / math.log(4))  # slope 131072 -> 524288, < 1
-    pairs = [(5.3, 21.8), (_loglog(12288, 5.3, 98304, 15.3, 16384), 21.8),
-             (7.9, 6.5), (_loglog(4096, 7.9, 16384, 11.6, 8192), 6.4), (11.6, 7.7), (16.3, 9.2), (24.6, 11.8),
-             (40.1, 17.6), (_loglog(131072, 40.1, 524288, 128.0, 262144), 28.7), (128.0, 51.0), (wrx_1m, 95.6)]
-    ss = sum((math.log(a) - math.log(b)) ** 2 / 2 for a, b in pairs)
-    return math.sqrt(ss / len(pairs)), len(pairs)
+    tp8 = [(5.3, 21.8), (_loglog(12288, 5.3, 98304, 15.3, 16384), 21.8)]
+    tp4 = [(7.9, 6.5), (_loglog(4096, 7.9, 16384, 11.6, 8192), 6.4), (11.6, 7.7), (16.3, 9.2), (24.6, 11.8),
+           (40.1, 17.6), (_loglog(131072, 40.1, 524288, 128.0, 262144), 28.7), (128.0, 51.0), (wrx_1m, 95.6)]
+    return tp8, tp4
 
 
-def test_seed_case_pcie_ipc_low_end_is_at_most_40_percent_of_nccl_point():
-    """Issue 11 done-when: 8x SM120, PCIe Gen5, 56 KiB (4 tokens x 7168 x 2 B): the pcie_ipc
-    candidate's range low end is <= 40 % of the NCCL baseline point."""
+def _kernel_fit_by_hand():
+    """Centre, scale and width of the kernel range (ranges.py rules) from :func:`_kernel_pairs_by_hand`.
+
+    Two boxes per cell: each box's point is the other's value, so its residual is ln(own / other).
+    Each box weighs 1, shared over its cells: the TP8 boxes 1/2 per residual, the TP4 boxes 1/9."""
+    tp8, tp4 = _kernel_pairs_by_hand()
+    res = [(math.log(a / b), 1 / 2) for a, b in tp8] + [(math.log(b / a), 1 / 2) for a, b in tp8]
+    res += [(math.log(a / b), 1 / 9) for a, b in tp4] + [(math.log(b / a), 1 / 9) for a, b in tp4]
+    c = _lower_weighted_median(res)
+    s = MAD_SD * _lower_weighted_median((abs(x - c), w) for x, w in res)
+    return c, s, math.exp(2 * Z80 * s), len(res)
+
+
+def test_seed_case_pcie_ipc_is_unknown_at_this_size_and_nccl_has_a_range():
+    """Issue 11's seed case, 8x SM120, PCIe Gen5, 56 KiB (4 tokens x 7168 x 2 B): the pcie_ipc point
+    is still below NCCL's, but its range is unknown (the kernel misses are too wide to order it
+    against NCCL), so nothing can claim its low end is <= 40 % of NCCL's point."""
     ipc = BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
     nccl = BM.estimate(BackendName.nccl, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
     assert ipc.label == nccl.label == "predicted"
@@ -91,35 +116,37 @@ def test_seed_case_pcie_ipc_low_end_is_at_most_40_percent_of_nccl_point():
     p_ipc = _loglog(12288, 5.3, 98304, 15.3, SEED_BYTES)
     assert ipc.point_us == pytest.approx(p_ipc) and p_ipc == pytest.approx(11.62, abs=0.01)
     assert ipc.sources == ("sglang-docstring-pcie-ipc",)
-    # range: n = 1 box, s of the kernel cells (11 df: own pool), q = t_0.95(11) = 1.796
-    s, df = _kernel_spread_by_hand()
-    assert df == 11 and s == pytest.approx(0.6017, abs=1e-4)
-    factor = math.exp(T95[11] * s * math.sqrt(1 + 1 / 1))  # 4.61
-    assert ipc.low_us == pytest.approx(p_ipc / factor, rel=1e-3)  # 2.52 us, below the envelope's 11.62 / 1.25
-    assert ipc.high_us == pytest.approx(p_ipc * factor, rel=1e-3)  # 53.6 us
-    assert "90 % prediction interval" in ipc.evidence and "8x SM120 GPU (model not named)" in ipc.evidence
+    # range: 4 boxes, 22 residuals; centre ln(6.5 / 7.9) (ASUS's 4 KiB miss), robust s 1.59, so the
+    # 80 % range would be e^(2 x 1.2816 x 1.59) = 59x wide, more than 8x: unknown, no range at all
+    c, s, width, k = _kernel_fit_by_hand()
+    assert k == 22 and c == pytest.approx(math.log(6.5 / 7.9))
+    assert s == pytest.approx(1.590, abs=2e-3) and width == pytest.approx(59, abs=1)
+    assert ipc.low_us is None and ipc.high_us is None
+    assert ipc.unknown.startswith("unknown at this size: measure with fastverify tune")
+    assert f"on 4 published boxes give a range {width:.0f}x wide (more than 8x)" in ipc.unknown
+    assert "8x SM120 GPU (model not named)" in ipc.evidence
     # NCCL point: median over the SM12x boxes on PCIe Gen5 at 56 KiB (EPYC 9124 direct-attach and
     # luke's 3-switch Max-Q box; the SGLang SM120 box's generation is not stated).
     epyc = _loglog(32768, 24.9, 65536, 27.0, SEED_BYTES)
     luke = _loglog(32768, 24.5, 65536, 24.1, SEED_BYTES)
     p_nccl = statistics.median([epyc, luke])
     assert nccl.point_us == pytest.approx(p_nccl) and p_nccl == pytest.approx(25.38, abs=0.01)
-    assert nccl.low_us <= nccl.point_us <= nccl.high_us
-    assert ipc.low_us <= 0.40 * nccl.point_us  # 2.52 us vs 0.4 x 25.38 = 10.15 us
-    assert ipc.low_us / nccl.point_us == pytest.approx(0.0994, abs=0.001)
+    assert nccl.unknown is None and nccl.low_us < nccl.point_us < nccl.high_us
+    assert nccl.high_us / nccl.low_us <= 8.0
+    assert ipc.point_us / nccl.point_us == pytest.approx(0.458, abs=0.001)  # the point alone: no verdict
 
 
-def test_t_quantile_matches_the_tables():
-    for df in (5, 10, 20):
-        assert BM.t_quantile(df) == pytest.approx(T95[df], abs=0.001)
-    assert BM.t_quantile(1) == pytest.approx(6.314, abs=0.001)  # closed forms
-    assert BM.t_quantile(2) == pytest.approx(2.920, abs=0.001)
-    assert BM.t_quantile(3) == pytest.approx(2.353, abs=0.001)
-    assert BM.t_quantile(29) == pytest.approx(1.699, abs=0.001)
-    assert BM.t_quantile(30) == BM.t_quantile(500) == pytest.approx(1.6449, abs=1e-4)  # normal from df 30
-    assert BM.t_quantile(10, 0.975) == pytest.approx(2.228, abs=0.001)
+def test_normal_quantile_and_mad_constants_match_the_tables():
+    from fastverify.tune import ranges as R
+
+    assert R.Z == pytest.approx(Z80, abs=1e-4) and R.LEVEL == 0.80
+    assert R.MAD_TO_SD == pytest.approx(MAD_SD, abs=1e-3)
+    assert R.FLOOR == pytest.approx(math.sqrt(28.9 / 18.7), abs=0.01)  # FlashInfer PR #4393 run range
+    # lower weighted median: 1 (w 1), 2 (w 1), 10 (w 2): half the weight (2) is reached at 2
+    assert R.weighted_median([(10.0, 2.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
+    assert R.weighted_median([(3.0, 1.0)]) == 3.0
     with pytest.raises(ValueError):
-        BM.t_quantile(0)
+        R.weighted_median([])
 
 
 def _box(i):
@@ -134,15 +161,8 @@ def _meas(mid, box, backend, sizes, times, *, kernel="k", ws=8, p2p=True, settin
             "table_file": None, "link": f"https://example.org/{mid}"}
 
 
-@pytest.fixture
-def synthetic(tmp_path):
-    """Three boxes A, B, C. NCCL TP8 default: 4 KiB .. 4 MiB, C = 2 B = 4 A at every size, so each of
-    the 11 grid cells has ln values ln a + (0, ln 2, 2 ln 2): deviations (-ln 2, 0, ln 2), SS 2 ln^2 2,
-    2 df; s_nccl^2 = 22 ln^2 2 / 22, s_nccl = ln 2, df 22. Kernel "k" (no backend), P2P on, A 5 us,
-    B 15 us at 4 KiB (held to 8 KiB): 2 cells, SS (ln 3)^2 / 2 each, 2 df: under 10 -> pool of all:
-    s^2 = (22 ln^2 2 + ln^2 3) / 24. Left out by the comparable rule (each would change s): NCCL
-    with settings changed on A, a pcie_ipc run with P2P off on C, kernel "k" with P2P unknown on C."""
-    d = {"version": 1, "description": "synthetic", "boxes": [_box("A"), _box("B"), _box("C")], "measurements": [
+def _synthetic_dict() -> dict:
+    return {"version": 1, "description": "synthetic", "boxes": [_box("A"), _box("B"), _box("C")], "measurements": [
         _meas("a-nccl", "A", "nccl", [4096, 4194304], [10.0, 1000.0]),
         _meas("b-nccl", "B", "nccl", [4096, 4194304], [20.0, 2000.0]),
         _meas("c-nccl", "C", "nccl", [4096, 4194304], [40.0, 4000.0]),
@@ -153,55 +173,89 @@ def synthetic(tmp_path):
         _meas("a-ipc", "A", "pcie_ipc", [4096], [7.0]),
         _meas("c-ipc-no-p2p", "C", "pcie_ipc", [4096], [700.0], p2p=False),
     ]}
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """Three boxes A, B, C, all SM120 Gen5. NCCL TP8 default: 4 KiB .. 4 MiB, C = 2 B = 4 A at every
+    size, so each of the 11 grid cells holds a, 2a, 4a. Each box's residual is ln(its value / the
+    median of the other two): A ln(1 / 3), B ln(2 / 2.5) = ln 0.8, C ln(4 / 1.5) = ln(8 / 3).
+    Kernel "k" (no backend), P2P on, A 5 us, B 15 us at 4 KiB (held to 8 KiB): 2 cells, residuals
+    -ln 3 (A) and ln 3 (B). Left out by the comparable rule (each would change a residual): NCCL with
+    settings changed on A, a pcie_ipc run with P2P off on C, kernel "k" with P2P unknown on C."""
     p = tmp_path / "synthetic.json"
-    p.write_text(json.dumps(d))
+    p.write_text(json.dumps(_synthetic_dict()))
     return BM.load(p)
 
 
-def test_pooled_spread_by_hand(synthetic):
-    ln2, ln3 = math.log(2), math.log(3)
-    sp = BM.spread("nccl", data=synthetic)
-    assert (sp.group, sp.df, sp.cells) == ("nccl", 22, 11)
-    assert sp.s == pytest.approx(ln2) and sp.q == pytest.approx(T95[22], abs=0.001)
-    k = BM.spread("kernel", data=synthetic)  # own pool: 2 df < MIN_GROUP_DF -> all cells
-    assert (k.group, k.df, k.cells) == ("all", 24, 13)
-    assert k.s == pytest.approx(math.sqrt((22 * ln2 ** 2 + ln3 ** 2) / 24)) and k.q == pytest.approx(T95[24], abs=0.001)
+def _by_box(residuals) -> dict[str, set[float]]:
+    out: dict[str, set[float]] = {}
+    for r in residuals:
+        out.setdefault(r.box, set()).add(round(r.log_ratio, 9))
+    return out
 
 
-def test_excluding_a_box_changes_s_no_leakage(synthetic):
+def test_residual_pools_by_hand(synthetic):
+    from fastverify.tune import ranges as R
+
+    ln3 = math.log(3)
+    nccl = BM.published_residuals("nccl", data=synthetic)
+    assert len(nccl) == 33 and {r.msg_bytes for r in nccl} == set(BM.SPREAD_GRID)
+    assert _by_box(nccl) == {"A": {round(math.log(1 / 3), 9)}, "B": {round(math.log(0.8), 9)},
+                             "C": {round(math.log(8 / 3), 9)}}
+    # each box weighs 1 (1/11 per residual): the lower weighted median is B's ln 0.8
+    assert R.weighted_median((r.log_ratio, 1 / 11) for r in nccl) == pytest.approx(math.log(0.8))
+    k = BM.published_residuals("kernel", data=synthetic)  # the pcie_ipc cells have one box: no residual
+    assert len(k) == 4 and _by_box(k) == {"A": {round(-ln3, 9)}, "B": {round(ln3, 9)}}
+    # 3 boxes tell: fewer than MIN_BOXES (4), so the range is unknown, never a guess
+    f = R.fit(nccl, world_size=8, msg_bytes=4096)
+    assert not f.known and f.low is None and "3 published boxes, fewer than 4" in f.reason
+
+
+def test_excluding_a_box_changes_the_residuals_no_leakage(synthetic):
     ln2 = math.log(2)
-    sp = BM.spread("nccl", exclude_box="C", data=synthetic)  # A, B: deviations ±ln2/2, 1 df per cell
-    assert (sp.df, sp.cells) == (11, 11) and sp.s == pytest.approx(ln2 / math.sqrt(2))
-    assert BM.spread("nccl", exclude_box="C", data=synthetic).s != BM.spread("nccl", data=synthetic).s
-    # the held-out box's estimate uses that s: A and B only, n = 2
+    full = _by_box(BM.published_residuals("nccl", data=synthetic))
+    held = _by_box(BM.published_residuals("nccl", exclude_box="C", data=synthetic))
+    # A and B only: each one's point is the other's value, ln(10 / 20) and ln(20 / 10)
+    assert held == {"A": {round(-ln2, 9)}, "B": {round(ln2, 9)}} and held["A"] != full["A"]
     e = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic, exclude_box="C")
-    half = T95[11] * (ln2 / math.sqrt(2)) * math.sqrt(1 + 1 / 2)  # n = 2 boxes (A 10, B 20)
-    centre = math.sqrt(10.0 * 20.0)
-    assert e.low_us == pytest.approx(min(10.0 / 1.25, centre / math.exp(half)), rel=1e-3)
-    assert e.high_us == pytest.approx(max(20.0 * 1.25, centre * math.exp(half)), rel=1e-3)
-    # and the LOBO benchmark's pcie_ipc held-out SGLang box: its two kernel cells leave the kernel pool
-    # with 9 df, under MIN_GROUP_DF: the pool of all cells is used
-    assert BM.spread("kernel", exclude_box="sglang-docstring-8xsm120").group == "all"
-    assert BM.spread("kernel").group == "kernel"
+    assert e.point_us == pytest.approx(15.0) and e.sources == ("a-nccl", "b-nccl")  # median of 10, 20
+    assert e.low_us is None and "2 published boxes, fewer than 4" in e.unknown
+    # the LOBO benchmark's pcie_ipc held-out SGLang box leaves the packaged kernel pool entirely, and
+    # so does the L40S box, whose two TP8 cells had only these two boxes: the TP4 pair is left
+    pool = BM.published_residuals("kernel", exclude_box="sglang-docstring-8xsm120")
+    assert len(_by_box(BM.published_residuals("kernel"))) == 4
+    assert set(_by_box(pool)) == {"rtx6kpro-wrx90-3switch-8xpro6000", "rtx6kpro-asus-esc8000a"}
 
 
-def test_estimate_on_other_data_is_a_prediction_interval(synthetic):
-    ln2, ln3 = math.log(2), math.log(3)
+def test_estimate_on_other_data_is_unknown_with_three_boxes_and_a_range_with_four(synthetic, tmp_path):
     e = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, pcie_gen=5, data=synthetic)
     assert e.point_us == pytest.approx(20.0)  # median of 10, 20, 40; the tuned A run is not comparable
-    half = T95[22] * ln2 * math.sqrt(1 + 1 / 3)  # geometric mean 20, x/÷ e^half = 3.95
-    assert e.low_us == pytest.approx(20.0 / math.exp(half), rel=1e-3)  # 5.06 < envelope 10 / 1.25
-    assert e.high_us == pytest.approx(20.0 * math.exp(half), rel=1e-3)  # 79.0 > envelope 40 x 1.25
     assert e.sources == ("a-nccl", "b-nccl", "c-nccl")
-    assert "3 comparable boxes (8x GPU A, 8x GPU B, 8x GPU C)" in e.evidence and "df 22, q 1.717" in e.evidence
-    # one box (n = 1): the interval still applies, with the pooled s (all cells: 24 df)
+    assert "3 comparable boxes (8x GPU A, 8x GPU B, 8x GPU C)" in e.evidence
+    assert (e.low_us, e.high_us) == (None, None) and "fewer than 4" in e.unknown
     ipc = BM.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic)
-    s_all = math.sqrt((22 * ln2 ** 2 + ln3 ** 2) / 24)
-    f = math.exp(T95[24] * s_all * math.sqrt(2))
-    assert ipc.sources == ("a-ipc",) and ipc.point_us == 7.0
-    assert (ipc.low_us, ipc.high_us) == pytest.approx((7.0 / f, 7.0 * f), rel=1e-3)
+    assert ipc.sources == ("a-ipc",) and ipc.point_us == 7.0 and ipc.low_us is None  # kernel pool: 2 boxes
+    assert "2 published boxes" in ipc.unknown
     assert BM.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
                                                                        if m.id == "a-ipc"]
+    # a fourth box D at 1.5 A: cells a, 1.5a, 2a, 4a. Residuals (own / median of the others):
+    # A ln(1/2), D ln(1.5/2) = ln 0.75, B ln(2/1.5), C ln(4/1.5). Lower median c = ln 0.75; |r - c|:
+    # D 0, A ln(2/3), B ln(16/9), C ln(32/9): MAD ln 1.5, s = 1.4826 ln 1.5 = 0.601; the range is
+    # e^(c ± 1.2816 s) = x0.347 .. x1.621 (4.7x wide), beyond the 1.25 floor both ways.
+    d = _synthetic_dict()
+    d["boxes"].append(_box("D"))
+    d["measurements"].append(_meas("d-nccl", "D", "nccl", [4096, 4194304], [15.0, 1500.0]))
+    p = tmp_path / "four.json"
+    p.write_text(json.dumps(d))
+    four = BM.load(p)
+    e4 = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, pcie_gen=5, data=four)
+    c, s = math.log(0.75), MAD_SD * math.log(1.5)
+    assert e4.point_us == pytest.approx(17.5)  # median of 10, 15, 20, 40
+    assert e4.unknown is None
+    assert e4.low_us == pytest.approx(17.5 * math.exp(c - Z80 * s), rel=2e-3)  # 6.07 us
+    assert e4.high_us == pytest.approx(17.5 * math.exp(c + Z80 * s), rel=2e-3)  # 28.4 us
+    assert "4 published boxes left out one at a time (44 sizes)" in e4.evidence
 
 
 def test_disagreeing_sources_carry_the_note():
@@ -226,19 +280,15 @@ def test_exclude_box_really_excludes():
     # 12 KiB, TP8, PCIe IPC: SGLang SM120 box 5.3 us; FlashInfer PR #4393 L40S 21.8 us (runs 18.7..28.9).
     both = BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True)
     assert both.point_us == pytest.approx(21.8)  # same SM major (8) as the L40S box
-    s, _ = _kernel_spread_by_hand()
-    half = T95[11] * s * math.sqrt(1 + 1 / 2)
-    centre = math.sqrt(5.3 * 21.8)
-    assert both.low_us == pytest.approx(min(5.3 / 1.25, centre / math.exp(half)), rel=1e-3)  # 2.45 us
-    assert both.high_us == pytest.approx(max(28.9 * 1.25, centre * math.exp(half)), rel=1e-3)  # 47.2 us
+    assert set(both.sources) == {"sglang-docstring-pcie-ipc", "flashinfer-pr4393-pcie-ipc-b1"}
+    _, _, width, _ = _kernel_fit_by_hand()
+    assert both.low_us is None and f"{width:.0f}x wide" in both.unknown  # 4 boxes, 59x: unknown
     only_l40s = BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
                             exclude_box="sglang-docstring-8xsm120")
     assert only_l40s.sources == ("flashinfer-pr4393-pcie-ipc-b1",) and only_l40s.point_us == pytest.approx(21.8)
-    # the held-out box is out of s too: the kernel pool drops to 9 df and the pool of all cells is used
-    sp = BM.spread("kernel", exclude_box="sglang-docstring-8xsm120")
-    f = math.exp(sp.q * sp.s * math.sqrt(2))
-    assert (only_l40s.low_us, only_l40s.high_us) == pytest.approx(
-        (min(18.7 / 1.25, 21.8 / f), max(28.9 * 1.25, 21.8 * f)))
+    # the held-out box is out of the residual pool too (and the L40S one with it, alone in its cells):
+    # 2 boxes left, fewer than 4
+    assert only_l40s.low_us is None and "2 published boxes, fewer than 4" in only_l40s.unknown
     assert BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
                        exclude_box="flashinfer-pr4393-8xl40s").point_us == pytest.approx(5.3)
 

@@ -31,7 +31,6 @@ from fastverify.backends import (  # noqa: E402
     REGISTRY,
     TOLERANCE,
     AllReduceBackend,
-    BackendChain,
     BackendName,
     BackendUnavailable,
     Capability,
@@ -119,11 +118,6 @@ def _worker_gloo(rank: int, out: dict) -> None:
         except BackendUnavailable as err:
             reasons[name] = err.reason
     out["unavailable"] = reasons
-    gloo = make_backend("gloo", None, device="cpu", dtype=torch.float32, max_numel=None)
-    with BackendChain([gloo]) as chain:
-        x, _, _ = make_inputs(rank, ROWS, torch.float32)
-        out["chain"] = {"sum": chain.all_reduce(x).tolist(), "paths": dict(chain.path_counts)}
-    out["gloo_closed_by_chain"] = gloo.closed
     dist.barrier()
 
 
@@ -311,14 +305,6 @@ def test_gpu_backends_unavailable_on_cpu_group(gloo_results):
         assert "not 'nccl'" in reasons["nccl"]
         for name in ("pcie_ipc", "fused", "custom_ar"):
             assert reasons[name] and "CUDA" in reasons[name] and "\n" not in reasons[name], (name, reasons[name])
-
-
-def test_chain_runs_and_records(gloo_results):
-    want_sum, _, _ = expected(2, ROWS)
-    for out in gloo_results:
-        assert out["chain"]["sum"] == want_sum
-        assert out["chain"]["paths"] == {"gloo": 1}
-        assert out["gloo_closed_by_chain"]
 
 
 # --- fused backend's control flow with a flashinfer stand-in -------------------------------------
@@ -584,19 +570,6 @@ class Scale(AllReduceBackend):
 
 def fake(factor: float, max_numel: int | None) -> Scale:
     return Scale(None, device="cpu", dtype=torch.float32, max_numel=max_numel, options={"factor": factor})
-
-
-def test_chain_falls_back_in_order():
-    small, big = fake(2.0, 4), fake(3.0, None)
-    with BackendChain([small, big]) as chain:
-        assert chain.all_reduce(torch.ones(2, 2)).tolist() == [[2.0, 2.0]] * 2
-        assert chain.all_reduce(torch.ones(2, 3)).tolist() == [[3.0] * 3] * 2
-        normed, res = chain.all_reduce_residual_rmsnorm(torch.ones(1, 4), torch.zeros(1, 4), torch.ones(4), 0.0)
-        assert res.tolist() == [[2.0] * 4] and normed.tolist() == [[1.0] * 4]  # 4 elements: small backend
-        assert chain.path_counts == {"gloo": 3}
-    assert small.closed and big.closed
-    with BackendChain([fake(2.0, 4)]) as only_small, pytest.raises(ValueError, match="no backend"):
-        only_small.all_reduce(torch.ones(3, 3))
 
 
 def test_default_residual_rmsnorm_uses_the_backends_all_reduce():

@@ -289,39 +289,31 @@ def test_benchmark_runs_on_the_hta_pair(tmp_path):
 
 
 def test_bench_model_lobo_pcie_ipc_holds_out_each_box():
-    """Two published PCIe IPC boxes share one size (12 KiB, TP8): each predicts the other.
-    The range is the union of the old envelope (min/1.25 .. max*1.25 over the other box's runs) and
-    the 90 % prediction interval point x/÷ e^(q s sqrt(1 + 1/n)), n = 1, with the pooled spread
-    computed without the held-out box (backend_model.spread, checked by hand in test_backend_model).
-    Held out SGLang 8x SM120 (5.3 us): from the L40S, envelope 18.7/1.25 .. 28.9*1.25, point 21.8.
-    Held out L40S (21.8 us): from the SGLang box, envelope 5.3/1.25 .. 5.3*1.25, point 5.3."""
-    import math
-
-    from fastverify.registry import BackendName
+    """Two published PCIe IPC boxes share one size (12 KiB, TP8): each gives the other's point.
+    Held out SGLang 8x SM120 (5.3 us): point 21.8 from the L40S; held out L40S (21.8 us): point 5.3
+    from the SGLang box. The range comes from the kernel residual pool without the held-out box:
+    the two TP8 cells held only these two boxes, so both leave it and 2 boxes (the TP4 WRX90 /
+    ASUS pair) remain, fewer than 4: unknown, an abstention, counted as a miss (never inside)."""
     from fastverify.tune import backend_model as BM
+    from fastverify.registry import BackendName
 
     r = _load("bench_model").lobo(BackendName.pcie_ipc)
     assert r["judged"] == ["flashinfer-pr4393-8xl40s", "sglang-docstring-8xsm120"]
-
-    def interval(point, held_out):
-        sp = BM.spread("kernel", exclude_box=held_out)
-        f = math.exp(sp.q * sp.s * math.sqrt(2.0))
-        return point / f, point * f
-
+    for held in r["judged"]:
+        pool = {x.box for x in BM.published_residuals("kernel", exclude_box=held)}
+        assert pool == {"rtx6kpro-wrx90-3switch-8xpro6000", "rtx6kpro-asus-esc8000a"}  # 2 < 4 boxes
     sg = next(p for p in r["boxes"]["sglang-docstring-8xsm120"] if p["size_bytes"] == 12288)
-    lo, hi = interval(21.8, "sglang-docstring-8xsm120")
-    assert (sg["low_us"], sg["point_us"], sg["high_us"]) == pytest.approx(
-        (min(18.7 / 1.25, lo), 21.8, max(28.9 * 1.25, hi)))
-    assert sg["error"] == pytest.approx(21.8 / 5.3 - 1)
-    assert sg["inside"] == (sg["low_us"] <= 5.3 <= sg["high_us"])
+    assert sg["point_us"] == pytest.approx(21.8) and sg["error"] == pytest.approx(21.8 / 5.3 - 1)
+    assert (sg["low_us"], sg["high_us"], sg["width"]) == (None, None, None)
+    assert sg["abstained"] and not sg["inside"]
     l40 = r["boxes"]["flashinfer-pr4393-8xl40s"][0]
-    lo, hi = interval(5.3, "flashinfer-pr4393-8xl40s")
-    assert (l40["low_us"], l40["high_us"]) == pytest.approx((min(5.3 / 1.25, lo), max(5.3 * 1.25, hi)))
-    assert l40["inside"] == (l40["low_us"] <= 21.8 <= l40["high_us"])
-    assert sorted(r["inside"]) == sorted(b for b, pts in r["boxes"].items()
-                                         if all(p["inside"] for p in pts if p["covered"]))
-    # the 96 and 384 KiB rows have no other box within 2x: reported as uncovered, not judged
+    assert l40["point_us"] == pytest.approx(5.3) and l40["error"] == pytest.approx(5.3 / 21.8 - 1)
+    assert (l40["low_us"], l40["high_us"]) == (None, None) and l40["abstained"] and not l40["inside"]
+    assert r["inside"] == [] and r["points_inside"] == 0 and r["points"] == 2
+    # the 96 and 384 KiB rows have no other box within 2x: reported as uncovered, not judged, and
+    # counted among the 4 points that got no range
     assert [p["covered"] for p in r["boxes"]["sglang-docstring-8xsm120"]] == [True, False, False]
+    assert (r["all_points"], r["abstained"]) == (4, 4)
 
 
 def test_bench_model_prints_lobo_for_every_backend(capsys):
@@ -329,8 +321,10 @@ def test_bench_model_prints_lobo_for_every_backend(capsys):
     out = capsys.readouterr().out
     for name in ("nccl", "pcie_ipc", "custom_ar", "b12x"):
         assert re.search(rf"^lobo {name}: ", out, re.MULTILINE), name
-    # median point error of |+311.3 %| and |-75.7 %|; inside counts and widths as lobo() computes them
-    assert re.search(r"^lobo pcie_ipc: boxes inside range \d/2 \(\d+ %\), points inside \d/2, median point error "
-                     r"193\.5 %, median range width high/low [0-9.]+ x$", out, re.MULTILINE)
+    # median point error of |+311.3 %| and |-75.7 %|; no range answered, so no width; 4 of 4 points abstain
+    assert re.search(r"^lobo pcie_ipc: boxes inside range 0/2 \(0 %\), points inside 0/2, median point error "
+                     r"193\.5 %, median range width high/low n/a; abstained 4/4$", out, re.MULTILINE)
+    assert re.search(r"^# lobo aim P2P kernels .*: 0/9 inside \(0 %\), n/a where answered, median width n/a, "
+                     r"abstained 9/9 \(100 %\): MISSED$", out, re.MULTILINE)
     assert "lobo b12x: no published measurement; estimate() returns None" in out
     assert rc in (0, 1, 2)  # the cost-model part keeps its own exit rule; lobo never changes it

@@ -408,7 +408,7 @@ def test_topo_set_values_that_contradict_each_other_exit_2(tmp_path, capsys):
 
 def test_env_file_settings_that_contradict_each_other_are_refused(tmp_path, capsys):
     from fastverify.errors import UserError
-    from fastverify.tune.envfile import read_env_file, render_env
+    from fastverify.envfile import read_env_file, render_env
 
     env = tmp_path / "box.env"
     env.write_text("NCCL_MIN_NCHANNELS=64\nNCCL_MAX_NCHANNELS=1\n")

@@ -264,7 +264,7 @@ def test_read_box_asks_nvml_for_nvlink_like_sglang():
 
 def test_predict_uses_a_failing_p2p_check(box_dir, capsys):
     from fastverify.deploy import read_record
-    from fastverify.tune.envfile import read_env_file
+    from fastverify.envfile import read_env_file
 
     rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json", "--write-env", "b.env", "--explain"], capsys)
     assert rc == 0, err
@@ -380,7 +380,7 @@ def test_record_values_are_bounded(tmp_path, path, value, words):
 
 def test_record_at_the_bounds_decodes_and_its_numel_fits_the_env_file(tmp_path):
     from fastverify.deploy import read_record, sglang_settings
-    from fastverify.tune.envfile import check_setting
+    from fastverify.envfile import check_setting
 
     doc = _record_doc()
     doc["shapes"].update(max_batch=4096, draft_tokens=64, hidden=65536)

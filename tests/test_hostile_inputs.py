@@ -322,7 +322,7 @@ def test_tune_write_env_on_the_topology_is_refused(tmp_path, target):
 def test_a_failed_env_write_leaves_no_bak_and_keeps_an_old_one(tmp_path, monkeypatch):
     """``path`` cannot be replaced (as for ``chattr +i``): before the fix, ``x.env.bak`` was
     already written (or an older one overwritten) when the final replace failed."""
-    from fastverify.tune import envfile
+    from fastverify import envfile
 
     target = tmp_path / "x.env"
     target.write_text("NCCL_P2P_LEVEL=SYS\n")
@@ -348,7 +348,7 @@ def test_a_failed_env_write_leaves_no_bak_and_keeps_an_old_one(tmp_path, monkeyp
 
 
 def test_a_failed_backup_move_puts_the_original_back(tmp_path, monkeypatch):
-    from fastverify.tune import envfile
+    from fastverify import envfile
 
     target = tmp_path / "x.env"
     target.write_text("A=1\n")

@@ -227,3 +227,12 @@ def test_every_kind_of_blocker_is_collected_with_its_fix(here):
                          box=msgspec.structs.replace(box, nvlink_full=True), p2p_file=p2p, collect_blockers=True)
     assert [b.line() for b in plan.blockers] == [
         "command: --backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)"]
+
+
+def test_a_command_without_tp_size_runs_sglangs_tp_1_and_is_blocked(here, capsys):
+    # SGLang 0.5.23's tp_size defaults to 1: a TP-8 record does not fit a command that leaves it out
+    check_file(here)
+    rc, out, err = cli(["launch", "--env", "box.env", "--describe-box", SAME, "--p2p-check", "p2p.json",
+                        "--dry-run", "--", *CMD[:-2]], capsys)
+    assert rc == 2, (out, err)
+    assert any("deployment record is for TP 8; the command runs TP 1" in ln for ln in blocked_lines(out)), out

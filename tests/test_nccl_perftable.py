@@ -223,7 +223,7 @@ def test_old_format_no_root_error_column():
     assert (r0.oop_time_us, r0.ip_time_us) == (13.44, 13.38)
     assert (r0.oop_error, r0.ip_error) == (1e-07, 0.0)
     assert (r1.oop_error, r1.ip_error) == (2e-07, None)
-    assert t.n_ranks == 4  # the old rank line has no Group field: falls back to nThread × nGpus
+    assert t.n_ranks == 4  # one rank line of the 4 the header counts (an excerpt): nThread × nGpus wins
 
 
 def test_rows_without_any_header_are_guessed_by_width():

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import SHARED, assert_user_error, run_fastverify
+from conftest import SHARED, assert_user_error, cli, pin_pcie_ipc, run_fastverify
 from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts, VerifyShapes, encode_record,
                                read_record, record_path_for)
 from fastverify.errors import UserError
@@ -452,15 +452,16 @@ def test_nvml_gpus_reads_identity_and_memory():
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 
 
-def test_tune_records_the_checked_gpus_and_launch_binds_them(tmp_path):
+def test_tune_records_the_checked_gpus_and_launch_binds_them(tmp_path, monkeypatch, capsys):
     if not TOPO_307.is_file():
         pytest.skip(f"{TOPO_307} absent (../shared/inputs)")
     (tmp_path / "topo.txt").write_text(TOPO_307.read_text())
     check_file(tmp_path / "p2p.json")
-    proc = run_fastverify(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8",
-                           "--sm", "120", "--max-batch", "32", "--p2p-check", "p2p.json", "--write-env", "e.env"],
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    pin_pcie_ipc(monkeypatch)  # the packaged data alone leave pcie_ipc unknown: pinned evidence makes it win
+    rc, out, err = cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8",
+                        "--sm", "120", "--max-batch", "32", "--p2p-check", "p2p.json", "--write-env", "e.env"], capsys)
+    assert rc == 0, err
     rec = read_record(tmp_path / "e.deploy.json")
     assert rec.backend is BackendName.pcie_ipc and rec.p2p.proven and rec.p2p.gpus == BOX_A
     inputs = digest(tmp_path)

@@ -341,18 +341,18 @@ def test_perf_table_gives_measured_verify_times(shared_dir, inputs):
     f = shared_dir / "inputs" / "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt"
     perf = parse_all_reduce_perf(f.read_text(), source=str(f))
     d = diagnose(inputs["chlc"], None, {}, batches=(1, 16), perf=perf)
-    # 57344 B between the 32768 (44.18 µs) and 65536 (45.66 µs) rows; 917504 B between 524288 (196.9)
-    # and 1048576 (222.8): log-log interpolation worked by hand
+    # the in-place columns (SGLang's all-reduce is in place): 57344 B between the 32768 (43.63 µs) and
+    # 65536 (45.28 µs) rows; 917504 B between 524288 (200.5) and 1048576 (226.1): log-log by hand
     import math
 
     f1 = math.log(57344 / 32768) / math.log(2)
     f2 = math.log(917504 / 524288) / math.log(2)
     assert [(m["msg_bytes"], m["time_us"]) for m in d.measured] == [
-        (57344, round(44.18 * (45.66 / 44.18) ** f1, 1)), (917504, round(196.9 * (222.8 / 196.9) ** f2, 1))]
-    assert d.measured[0]["time_us"] == 45.4 and d.measured[1]["time_us"] == 217.6  # 196.9 * 1.1315^0.807
+        (57344, round(43.63 * (45.28 / 43.63) ** f1, 1)), (917504, round(200.5 * (226.1 / 200.5) ** f2, 1))]
+    assert d.measured[0]["time_us"] == 45.0 and d.measured[1]["time_us"] == 220.9  # 200.5 * 1.1277^0.807
     assert all(m["label"] == "measured" for m in d.measured) and d.warnings == []
     assert d.perf_table["rows"] == 25 and d.sources[-1] == str(f)
-    assert any("measures NCCL at 45.4 µs" in a for a in d.actions)
+    assert any("measures NCCL at 45.0 µs" in a for a in d.actions)
     # an 8-rank table next to a 2-GPU topology: said so
     two = parse_nvidia_smi_topo("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU1\tPIX\t X \n", source="two")
     d = diagnose(two, None, {}, perf=perf)

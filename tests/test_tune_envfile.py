@@ -11,8 +11,8 @@ import pytest
 
 from fastverify.errors import UserError
 from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
-from fastverify.tune import envfile
-from fastverify.tune.envfile import (
+from fastverify import envfile
+from fastverify.envfile import (
     ALLOWED_KEYS,
     TunerChoice,
     default_env_path,
@@ -251,7 +251,7 @@ def test_an_sglang_key_in_an_env_file_is_refused_with_what_to_do(tmp_path, line)
 def test_a_workspace_size_past_the_bounds_says_the_bound(value):
     """What launch checks before an inherited SGLANG_PCIE_IPC_MAX_NUMEL reaches SGLang (never from an env
     file any more): the bound of fastverify.bounds, 4096 x 64 x 65536 elements."""
-    from fastverify.tune.envfile import check_setting
+    from fastverify.envfile import check_setting
 
     with pytest.raises(UserError, match=r"at most 17179869184 elements \(4096 requests x 64 tokens x hidden 65536\)"):
         check_setting("SGLANG_PCIE_IPC_MAX_NUMEL", value, "the environment")

@@ -181,9 +181,14 @@ def test_model_workload_reduction_is_all_reduce_only_upper_bound(kimi):
     assert r["verify_baseline_us"] == 6000.0 and r["verify_predicted_us"] == 4500.0
     assert r["verify_reduction_pct"] == pytest.approx(25.0)
     assert "upper bound" in r["verify_baseline_basis"]
-    assert r["accept_length"] == DEFAULT_ACCEPT_LENGTH and r["t_rest_us"] == 0.0
-    assert r["tok_s_baseline"] == pytest.approx(3.0 / 6000e-6)
-    assert r["tok_s_predicted"] == pytest.approx(3.0 / 4500e-6)
+    # no --tok-s and no cycle time: t_rest is unknown, so there is no tok/s at all (not an upper bound)
+    assert r["accept_length"] == DEFAULT_ACCEPT_LENGTH and r["t_rest_us"] is None
+    assert r["tok_s_baseline"] is None and r["tok_s_predicted"] is None
+    assert "no tok/s" in r["t_rest_basis"] and "--tok-s" in r["t_rest_basis"]
+    # with a measured rate the all-reduce-only verify gives t_rest = A / tok_s - 6 ms
+    r = verify_reduction(kimi, 6000.0, 4500.0, tok_s=400.0)
+    assert r["t_rest_us"] == pytest.approx(3.0 / 400.0 * 1e6 - 6000.0)  # 1,500 us
+    assert r["tok_s_predicted"] == pytest.approx(3.0 / (1500e-6 + 4500e-6))  # 500 tok/s
 
 
 def test_measured_verify_applies_the_predicted_ratio_to_the_measured_all_reduce():

@@ -50,20 +50,26 @@ def test_the_seed_command_prints_the_decision_in_twenty_lines(capsys):
     assert "change = new vs baseline, - = less time" in "\n".join(lines)
     rows = _table_rows(lines)
     ranked = [r for r in rows if r[0].isdigit()]
-    # the top candidates with their labels; pcie_ipc first (its published figure), the baseline among them
-    assert [r[0] for r in ranked] == ["1", "2", "3", "4", "5"] and ranked[0][1] == "pcie_ipc"
+    # the top candidates with their labels (one fewer per unranked backend: 5 - 2); the cost model's
+    # NCCL_P2P_LEVEL=SYS first, the baseline among them; pcie_ipc (unknown at 57 KB) and b12x (no
+    # published data) listed, never ranked
+    assert [r[0] for r in ranked] == ["1", "2", "3"] and ranked[0][1] == "NCCL_P2P_LEVEL=SYS"
     assert all(r[2] == "predicted" for r in ranked)
-    assert any(r[4] == "baseline" for r in ranked) and any(r[1].startswith("b12x") for r in rows)
+    assert any(r[4] == "baseline" for r in ranked)
+    unranked = [r for r in rows if r[0] == "-"]
+    assert [r[1] for r in unranked] == ["pcie_ipc (unknown at this size)", "b12x (no published data)"]
+    assert all(r[3] == "-" and r[4] == "-" for r in unranked)
+    assert any(ln.startswith("per size: 57 KB unknown at this size (pcie_ipc): measure") for ln in lines)
     winner = [ln for ln in lines if ln.startswith("winner: ")]
-    assert len(winner) == 1 and winner[0].startswith("winner: pcie_ipc: all-reduce per verify step ")
+    assert len(winner) == 1 and winner[0].startswith("winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step ")
     assert "(predicted)" in winner[0] and re.search(r", -\d+\.\d %", winner[0])
     verify = next(ln for ln in lines if ln.startswith("verify step: "))
     assert "(predicted)" in verify and "upper bound" in verify
     tok = next(ln for ln in lines if ln.startswith("tok/s per stream"))
     assert "82.0 (measured-by-user) ->" in tok and "(predicted;" in tok
+    # the winner needs no P2P and the backend is unknown: the next step is to measure on the box
     nxt = [ln for ln in lines if ln.startswith("next: ")]
-    assert nxt == ["next: `fastverify p2p --output p2p.json` on the box (pcie_ipc needs P2P, not proven), then add "
-                   "--p2p-check p2p.json"]
+    assert nxt == ["next: measure on the box: `fastverify tune --model kimi-k2 --tp 8 --write-env`"]
     assert lines[-1].endswith(": --explain shows them") and "2 backends ruled out" in lines[-1]
     # the derivations are not in these lines
     assert not any(ln.startswith(("# evidence", "# note", "# not a candidate")) for ln in lines)
@@ -73,10 +79,12 @@ def test_the_seed_command_prints_the_decision_in_twenty_lines(capsys):
 def test_explain_shows_the_evidence_and_the_backends_ruled_out(capsys):
     lines = _seed(capsys, "--explain")
     text = " ".join(" ".join(lines).split())
-    assert "# evidence (candidate 1): published: 1 comparable box" in text
+    assert "# evidence (candidate pcie_ipc (not ranked)): published: 1 comparable box" in text
+    assert "range: unknown at this size: measure with fastverify tune (the point's misses on 4 published" in text
+    assert "# per size 57,344 B x 123: pcie_ipc 11.6 µs (range unknown)" in text
     assert "# not a candidate: fused: SGLang calls it only on SM90/SM100; this box is SM120" in text
     assert "disagree" in text and "range µs" in text
-    assert len([r for r in _table_rows(lines) if r[0].isdigit()]) == 9  # every ranked candidate
+    assert len([r for r in _table_rows(lines) if r[0].isdigit()]) == 8  # every ranked candidate (all NCCL)
 
 
 @needs_topo
@@ -103,7 +111,8 @@ def test_change_pct_is_new_vs_baseline_in_the_json(capsys):
     assert doc["schema_version"] == 2 and "vs_baseline_pct" not in _keys(doc)
     base_us = doc["baseline"]["allreduce_us_per_step"]
     win = doc["candidates"][0]
-    assert win["backend"] == "pcie_ipc" and win["allreduce_us_per_step"] < base_us
+    assert win["backend"] == "nccl" and win["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
+    assert win["allreduce_us_per_step"] < base_us
     assert win["change_pct"] < 0  # faster: less time
     assert win["change_pct"] == pytest.approx((win["allreduce_us_per_step"] - base_us) / base_us * 100, abs=0.01)
     assert doc["baseline"]["change_pct"] == 0.0

@@ -71,7 +71,12 @@ def test_figures_with_tok_s(capsys):
     pred_base = pred["baseline"]["allreduce_us_per_step"]
     pred_by = {(c["backend"], c["name"]): c["allreduce_us_per_step"] for c in pred["candidates"]}
     others = _ranked_others(doc)
-    assert len(others) >= 3 and any(c["backend"] == "pcie_ipc" for c in others)
+    assert len(others) >= 3 and all(c["backend"] == "nccl" for c in others)
+    # pcie_ipc is unknown at this size: no figure on the user's scale either, and it says so
+    ipc = next(c for c in doc["candidates"] if c["backend"] == "pcie_ipc")
+    assert ipc["candidate"] is None and ipc["allreduce_us_per_step"] is None and ipc["tok_s"] is None
+    assert ipc["bound"] is None and ipc["status"].startswith("unknown at this size")
+    assert any(e.startswith("scaled: unknown at this size") for e in ipc["evidence"])
     for c in others:
         # faster than the baseline: an upper bound on the gain; slower: the loss is at most the figure
         assert c["label"] == "predicted" and c["bound"] == ("upper" if c["allreduce_us_per_step"] < 25_000.0 else "lower")
@@ -89,7 +94,16 @@ def test_text_output_labels_the_baseline_and_says_upper_bound(capsys):
     rc, out, err = _run(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())  # rich wraps long lines
-    assert "verify step: 30.000 ms (measured-by-user) -> 11.026 ms (predicted), -63.2 % (upper bound)" in text
+    # the winner, NCCL_P2P_LEVEL=SYS: its predicted ratio to the predicted baseline x 25 ms, plus
+    # the 5 ms of compute the figures leave: verify 30 ms -> 5 + 25 x ratio ms
+    pred, _ = _json(["--topology", TOPO_307, *KIMI, "--accept-length", "3"], capsys)
+    win = pred["candidates"][0]
+    assert win["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
+    v = 5.0 + 25.0 * win["allreduce_us_per_step"] / pred["baseline"]["allreduce_us_per_step"]
+    assert v == pytest.approx(29.264, abs=1e-3)
+    assert (f"verify step: 30.000 ms (measured-by-user) -> {v:.3f} ms (predicted), "
+            f"{100 * (v - 30.0) / 30.0:+.1f} % (upper bound)") in text
+    assert "winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step" in text
     assert "tok/s per stream at accept length 3: 82.0 (measured-by-user) ->" in text
     assert "all-reduce per verify step 25,000.0 µs (measured-by-user) ->" in text
     assert "measured-by-user" in text.split("┃")[-1]  # the table's baseline row
@@ -117,8 +131,8 @@ def test_without_tok_s_there_is_no_tok_s(capsys):
     text = " ".join(out.split())
     assert "tok/s per stream at" not in text and "no tok/s figures: without --tok-s" in text
     assert "upper bound: the rest of the cycle" not in text  # no starred tok/s either
-    rows = [line.split("│") for line in out.splitlines() if line.startswith("│")]
-    assert rows and all(r[-2].strip() in ("", "-") for r in rows)  # the tok/s column is empty
+    head = [line for line in out.splitlines() if line.startswith("┃")]
+    assert len(head) == 1 and "verify ms" in head[0] and "tok/s" not in head[0]  # no tok/s column at all
 
 
 def test_no_topology_and_no_nvml_assumes_a_box_and_says_so(no_nvml, capsys, tmp_path):
@@ -212,3 +226,29 @@ def test_measured_document_has_the_per_size_rows():
         assert {"allreduce_us_per_step", "allreduce_us_per_step_range", "verify_ms", "tok_s", "label"} <= set(c)
     assert doc["baseline"]["sizes"] == want["baseline"]
     json.dumps(doc)  # still one JSON document
+
+
+def test_scaling_keeps_an_unknown_backend_range_unknown_and_says_so():
+    """user_figures.scale_prediction: a backend figure whose range is unknown (None) stays unknown on
+    the user's scale (never a range made up), and one with no point stays unranked; both say so."""
+    from types import MappingProxyType
+
+    from fastverify.registry import BackendName
+    from fastverify.tune import candidates as C
+    from fastverify.tune import user_figures as uf
+
+    base = C.Figure(BackendName.nccl, "baseline", MappingProxyType({}), 100.0, (50.0, 200.0), ("b",),
+                    is_baseline=True, nccl=object())
+    known = C.Figure(BackendName.pcie_ipc, "pcie_ipc", MappingProxyType({}), 40.0, (20.0, 80.0), ("k",))
+    open_ = C.Figure(BackendName.b12x, "b12x", MappingProxyType({}), 60.0, None, ("u",))
+    none = C.Figure(BackendName.custom_ar, "custom_ar", MappingProxyType({}), None, None, ("n",),
+                    status=C.UNKNOWN)
+    pred = C.Prediction(base, (base, known, open_, none), ())
+    out = uf.scale_prediction(pred, uf.UserFigures(verify_us=3000.0, allreduce_us=1000.0))  # k = 10
+    by = {f.name: f for f in out.candidates}
+    assert by["baseline"].point_us == 1000.0 and by["baseline"].label == uf.LABEL
+    assert by["pcie_ipc"].point_us == pytest.approx(400.0) and by["pcie_ipc"].range_us == pytest.approx((200.0, 800.0))
+    assert by["b12x"].point_us == pytest.approx(600.0) and by["b12x"].range_us is None
+    assert f"range: {uf.UNSCALED}" in by["b12x"].evidence
+    assert not by["custom_ar"].ranked and by["custom_ar"].range_us is None
+    assert by["custom_ar"].evidence[-1] == f"scaled: {uf.UNSCALED}"

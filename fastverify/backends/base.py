@@ -30,7 +30,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from enum import StrEnum
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -52,13 +52,14 @@ from fastverify.backends.probing import (
     summarize_p2p,
 )
 from fastverify.backends.reference import TOLERANCE, check_close, reference_residual_rmsnorm
+from fastverify.backends.settings import BackendSettings
 from fastverify.registry import BACKENDS, BackendInfo, BackendName, backend_info
 
 Tensor = torch.Tensor
 Shape = tuple[int, ...]
 
 __all__ = [  # the names the backend modules and the rest of the package import from here
-    "OK", "TOLERANCE", "AllReduceBackend", "BackendChain", "BackendName", "BackendUnavailable", "Capability",
+    "OK", "TOLERANCE", "AllReduceBackend", "BackendName", "BackendSettings", "BackendUnavailable", "Capability",
     "ExternalCall", "FUSED_ADD_RMSNORM", "NormKernel", "ProbeContext", "REGISTRY", "Shape", "Tensor",
     "add_rmsnorm", "backend_class", "check_close", "check_cuda", "check_dtype", "check_kernel_sm", "check_p2p",
     "check_registry_limits", "check_single_node", "check_world_size", "choose_norm", "fail", "first_failure",
@@ -76,20 +77,22 @@ class AllReduceBackend(ABC):
     ----------
     group : ProcessGroup or None
         The tensor-parallel group (None: the default group). Not owned: ``close`` never destroys it.
-    device : torch.device or str
-        This rank's device; inputs must live there.
-    dtype : torch.dtype
-        Element type of the inputs (bf16/fp16 for the GPU kernels).
-    max_numel : int or None
-        Largest ``x.numel()`` the backend must handle; sizes IPC workspaces. None: unbounded
-        (only backends without a workspace accept it).
-    hidden : int or None
-        Hidden size (the last dimension of every input), where the caller knows it: the fused
-        backends size their workspaces in rows of it. None: not known.
-    options : Mapping[str, Any] or None
-        Backend-specific settings; unknown keys raise ``ValueError``. Every backend also takes
-        ``norm`` (:data:`NORM_OPTION`): the residual add + RMSNorm kernel of the unfused path,
-        ``"flashinfer"``, ``"torch"`` or ``"auto"``/absent (:func:`choose_norm`).
+    settings : BackendSettings, optional
+        Device, dtype, ``max_numel``, ``hidden`` and ``options`` (:class:`BackendSettings`, where
+        each is documented); or pass those as keywords instead (:meth:`BackendSettings.of`). Every
+        backend takes the ``norm`` option (:data:`NORM_OPTION`): the residual add + RMSNorm kernel
+        of the unfused path, ``"flashinfer"``, ``"torch"`` or ``"auto"``/absent (:func:`choose_norm`).
+        A subclass declares its own option names in ``option_names`` and builds its resources in
+        :meth:`_setup`, never in ``__init__``.
+
+    Raises
+    ------
+    ValueError
+        Bad ``max_numel``/``hidden`` or an option outside ``option_names`` and ``norm``.
+    TypeError
+        Both ``settings`` and keyword fields, or a missing field.
+    BackendUnavailable
+        ``norm="flashinfer"`` that cannot run, or whatever the subclass's :meth:`_setup` raises.
 
     Attributes
     ----------
@@ -104,21 +107,9 @@ class AllReduceBackend(ABC):
     name: BackendName  # set by each subclass (a property where it depends on the group)
     option_names: frozenset[str] = frozenset()
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        if max_numel is not None and (not isinstance(max_numel, int) or max_numel <= 0):
-            raise ValueError(f"max_numel must be a positive int or None, got {max_numel!r}")
-        if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0):
-            raise ValueError(f"hidden must be a positive int or None, got {hidden!r}")
-        options = dict(options or {})
+    def __init__(self, group: Any, settings: BackendSettings | None = None, **fields: Any) -> None:
+        settings = BackendSettings.of(settings, fields)
+        options = dict(settings.options)
         allowed = self.option_names | COMMON_OPTIONS
         unknown = set(options) - allowed
         if unknown:
@@ -126,18 +117,30 @@ class AllReduceBackend(ABC):
                 f"unknown option(s) {sorted(unknown)} for backend {self.name.value!r}; "
                 f"allowed: {sorted(allowed)}"
             )
+        self.settings = settings
         self.group = group
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.max_numel = max_numel
-        self.hidden = hidden
+        self.device = settings.device
+        self.dtype = settings.dtype
+        self.max_numel = settings.max_numel
+        self.hidden = settings.hidden
         self.options = options
         self.path_counts: Counter[str] = Counter()
         self._closed = True  # until construction is through: nothing to release yet
         # One mechanism for every backend, so a sweep compares all-reduces on one norm kernel.
-        self.norm = resolve_norm(options.get(NORM_OPTION), self.device, dtype, backend=self.name)
+        self.norm = resolve_norm(options.get(NORM_OPTION), self.device, self.dtype, backend=self.name)
         self._fi_norm = FUSED_ADD_RMSNORM.resolve() if self.norm is NormKernel.FLASHINFER else None
         self._closed = False
+        try:
+            self._setup()
+        except BaseException:
+            self._closed = True  # a failed setup leaves nothing for close() to release
+            raise
+
+    def _setup(self) -> None:
+        """Build this backend's resources from the attributes set by ``__init__`` (``group``,
+        ``device``, ``dtype``, ``max_numel``, ``hidden``, ``options``). Collective where the
+        backend's construction is. Raises :class:`BackendUnavailable` (the same on every rank)
+        for a setting the backend cannot take. Default: nothing to build."""
 
     # -- capability -----------------------------------------------------------------------------
 
@@ -435,18 +438,17 @@ def probe(name: BackendName | str, ctx: ProbeContext) -> Capability:
 def make_backend(
     name: BackendName | str,
     group: Any,
+    settings: BackendSettings | None = None,
     *,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    max_numel: int | None,
-    hidden: int | None = None,
-    options: Mapping[str, Any] | None = None,
     context: ProbeContext | None = None,
+    **fields: Any,
 ) -> AllReduceBackend:
     """Probe, then construct backend ``name`` on ``group``.
 
-    ``context`` defaults to :meth:`ProbeContext.detect` (P2P unknown, so P2P-dependent backends
-    fail their probe: pass a context carrying ``p2p_ok`` from the topology check).
+    ``settings`` is a :class:`BackendSettings`, or its fields are passed as keywords
+    (``device=``, ``dtype=``, ``max_numel=``, ``hidden=``, ``options=``). ``context`` defaults to
+    :meth:`ProbeContext.detect` (P2P unknown, so P2P-dependent backends fail their probe: pass a
+    context carrying ``p2p_ok`` from the topology check).
 
     Raises
     ------
@@ -454,61 +456,13 @@ def make_backend(
         When the probe fails; ``reason`` is the probe's one line.
     ValueError
         For an unknown name or bad options.
+    TypeError
+        Both ``settings`` and keyword fields, or a missing field.
     """
     cls = backend_class(name)
-    ctx = context or ProbeContext.detect(group, device=device, dtype=dtype)
+    settings = BackendSettings.of(settings, fields)
+    ctx = context or ProbeContext.detect(group, device=settings.device, dtype=settings.dtype)
     cap = probe(name, ctx)
     if not cap.ok:
         raise BackendUnavailable(name, cap.reason)
-    return cls(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
-
-
-class BackendChain(AllReduceBackend):
-    """Runs each call on the first backend whose ``supports`` is True (the fallback order is the
-    list order, data not code). The last backend should be torch.distributed, which supports
-    everything; ``path_counts`` records which backend ran every call."""
-
-    def __init__(self, backends: Sequence[AllReduceBackend]) -> None:
-        if not backends:
-            raise ValueError("BackendChain needs at least one backend")
-        first = backends[0]
-        self.backends = list(backends)
-        super().__init__(first.group, device=first.device, dtype=first.dtype, max_numel=None)
-
-    @property
-    def name(self) -> BackendName:  # type: ignore[override]
-        return self.backends[0].name
-
-    @classmethod
-    def probe(cls, ctx: ProbeContext) -> Capability:
-        return OK
-
-    def _pick(self, x: Tensor) -> AllReduceBackend:
-        for be in self.backends:
-            if be.supports(x):
-                self.path_counts[be.name.value] += 1
-                return be
-        raise ValueError(
-            f"no backend in {[b.name.value for b in self.backends]} supports shape {tuple(x.shape)} "
-            f"dtype {x.dtype}; end the chain with a torch.distributed backend"
-        )
-
-    def supports(self, x: Tensor) -> bool:
-        return any(be.supports(x) for be in self.backends)
-
-    def all_reduce(self, x: Tensor) -> Tensor:
-        return self._pick(x).all_reduce(x)
-
-    def all_reduce_residual_rmsnorm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        return self._pick(x).all_reduce_residual_rmsnorm(x, residual, weight, eps)
-
-    def prepare(self, shapes: Sequence[Shape]) -> None:
-        for be in self.backends:
-            be.prepare(shapes)
-
-    def close(self) -> None:
-        for be in self.backends:
-            be.close()
-        super().close()
+    return cls(group, settings)

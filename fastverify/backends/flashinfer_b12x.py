@@ -69,7 +69,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -294,17 +294,17 @@ class B12xFusedBackend(AllReduceBackend):
                         f"'nvidia-cutlass-dsl>={MIN_CUTLASS_DSL.resolve()}'")
         return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
+    def _setup(self) -> None:
+        """Size the workspace, vote ``is_supported`` on the CPU group, then build FlashInfer's
+        runtime (collective).
+
+        Raises
+        ------
+        BackendUnavailable
+            Neither ``max_numel`` nor ``hidden``, no usable CPU group, a rank that refuses, or a
+            failed FlashInfer setup (every rank raises together).
+        """
+        group, dtype, max_numel, hidden = self.group, self.dtype, self.max_numel, self.hidden
         self._closed = True  # until the runtime exists: nothing collective to close
         itemsize = torch.empty((), dtype=dtype).element_size()
         if max_numel is None and hidden is None:

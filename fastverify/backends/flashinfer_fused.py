@@ -33,7 +33,7 @@ bf16: 7 MiB at 16 tokens, 56 MiB at 128.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -152,24 +152,20 @@ class FusedBackend(AllReduceBackend):
             return bad
         return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
-        try:
-            self._setup(group, dtype, max_numel)
-        except BaseException:
-            self._closed = True  # nothing was allocated, or FlashInfer failed on every rank
-            raise
+    def _setup(self) -> None:
+        """Check ``hidden`` and ``max_numel``, then build the TRT-LLM workspace (collective). On
+        failure the base class marks this closed: nothing was allocated, or FlashInfer failed on
+        every rank.
 
-    def _setup(self, group: Any, dtype: torch.dtype, max_numel: int | None) -> None:
+        Raises
+        ------
+        BackendUnavailable
+            No ``hidden``, a ``hidden`` not a whole number of 16-byte vectors, or ``max_numel``
+            below one token (``hidden`` elements).
+        ValueError
+            An unknown ``oneshot`` mode.
+        """
+        group, dtype, max_numel = self.group, self.dtype, self.max_numel
         # Checked before any collective: the arguments are the same on every rank, so every rank
         # raises the same BackendUnavailable and the caller skips the backend on all of them.
         hidden = self.hidden

@@ -42,7 +42,7 @@ same time stay unsupported: that is a race, not a stream change.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -149,17 +149,16 @@ class PcieIpcBackend(AllReduceBackend):
         # The import is last: it is the slow check (~2.5 s for flashinfer).
         return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
+    def _setup(self) -> None:
+        """Check the sizes and the device, then build FlashInfer's workspace (collective).
+
+        Raises
+        ------
+        ValueError
+            ``max_numel`` is None or not a multiple of :data:`PACK_ELEMS` elements, or ``device``
+            is not the current CUDA device.
+        """
+        group, dtype, max_numel = self.group, self.dtype, self.max_numel
         if max_numel is None or max_numel % PACK_ELEMS:
             raise ValueError(
                 f"max_numel must be a positive multiple of {PACK_ELEMS} for the PCIe IPC workspace, got "
@@ -175,11 +174,8 @@ class PcieIpcBackend(AllReduceBackend):
         for key in ("max_blocks", "profile", "tune_batches", "tune_cache"):
             if key in self.options:
                 ws_kwargs[key] = self.options[key]
-        try:
-            self._ws = WORKSPACE.resolve()(**WORKSPACE.kwargs(**ws_kwargs))
-        except BaseException:
-            self._closed = True  # nothing to release; FlashInfer failed on every rank jointly
-            raise
+        # On failure the base class marks this closed: FlashInfer failed on every rank jointly.
+        self._ws = WORKSPACE.resolve()(**WORKSPACE.kwargs(**ws_kwargs))
         # The stream the workspace last ran on, as FlashInfer binds it (None: unbound). Kept here
         # rather than read from the workspace's private ``_stream``.
         self._bound: Any = None

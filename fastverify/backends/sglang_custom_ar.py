@@ -21,7 +21,7 @@ for wrapping a real ``torch.cuda.graph`` capture.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -95,17 +95,18 @@ class SglangCustomArBackend(AllReduceBackend):
             return fail("sglang reports its custom all-reduce kernels unavailable (sgl-kernel missing or not CUDA)")
         return lib
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
+    def _setup(self) -> None:
+        """Build (or take) the gloo CPU group and SGLang's ``CustomAllreduce`` (collective);
+        on failure release what was built.
+
+        Raises
+        ------
+        ValueError
+            ``group`` is a strict subgroup and no ``cpu_group`` option was given.
+        BackendUnavailable
+            SGLang's ``CustomAllreduce`` disabled itself.
+        """
+        group, dtype, max_numel = self.group, self.dtype, self.max_numel
         self._own_cpu_group = False
         self._ca: Any = None
         try:

@@ -9,7 +9,6 @@ all-reduces, not norms.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
@@ -28,39 +27,21 @@ from fastverify.backends.base import (
 class TorchDistBackend(AllReduceBackend):
     """``dist.all_reduce(SUM)`` on a clone of the input.
 
-    ``name`` follows the group's backend (``nccl`` or ``gloo``); use :meth:`for_group` to build
-    the right subclass from a live group. ``max_numel`` is accepted and ignored: there is no
+    ``name`` follows the group's backend: :class:`NcclBackend` or :class:`GlooBackend`, each
+    refusing a group of the other kind. ``max_numel`` is accepted and ignored: there is no
     workspace, every size is supported.
     """
 
     _expected: str  # the torch.distributed backend string this class runs on
 
-    def __init__(
-        self,
-        group: Any,
-        *,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        max_numel: int | None = None,
-        hidden: int | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(group, device=device, dtype=dtype, max_numel=max_numel, hidden=hidden, options=options)
-        actual = str(dist.get_backend(group)).lower()
+    def _setup(self) -> None:
+        """Raises ``ValueError`` when ``group`` does not run this class's torch.distributed backend."""
+        actual = str(dist.get_backend(self.group)).lower()
         if actual != self._expected:
             raise ValueError(
                 f"{type(self).__name__} needs a {self._expected!r} process group, got {actual!r}; "
-                f"use TorchDistBackend.for_group(group, ...)"
+                f"build the backend named {actual!r} instead"
             )
-
-    @classmethod
-    def for_group(cls, group: Any, **kwargs: Any) -> "TorchDistBackend":
-        """The NCCL or gloo backend matching ``dist.get_backend(group)``."""
-        actual = str(dist.get_backend(group)).lower()
-        for sub in (NcclBackend, GlooBackend):
-            if sub._expected == actual:
-                return sub(group, **kwargs)
-        raise ValueError(f"process group backend {actual!r} is not supported; use 'nccl' or 'gloo'")
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:

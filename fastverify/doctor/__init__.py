@@ -8,7 +8,7 @@ others. GPU checks are ``skipped`` with the reason when torch sees no CUDA devic
 runs only the checks marked quick (versions, library presence, the env-file validator, the
 analyzer on a built-in trace: no processes, no GPU work, a few seconds).
 
-On one GPU it is the single-GPU self-check of issue 9 (:mod:`.selfcheck`): FlashInfer's stream
+On one GPU it is the single-GPU self-check (:mod:`.selfcheck`): FlashInfer's stream
 binding with real streams, a 1-rank NCCL backend eager and in a replayed CUDA graph, the live
 runner at TP 1, ``fused_add_rmsnorm`` against the fp32 reference eager and in a graph, FlashInfer's
 JIT build times, the patch's verify timer on real events without a host sync, NVML on one GPU,

@@ -1,5 +1,5 @@
 """Does ``CUDA_DEVICE_MAX_CONNECTIONS`` still take effect when it is set after
-``torch.cuda.is_available()`` has run (issue 9 item 11)?
+``torch.cuda.is_available()`` has run?
 
 SGLang's import calls ``torch.cuda.is_available()`` before the in-rank patch runs, so a value the
 patch sets comes late. The question is answered by measurement, in child processes run as

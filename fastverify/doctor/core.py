@@ -27,7 +27,7 @@ TRIAL_STARTUP_S = 120.0  # its start-up limit (interpreter, torch, CUDA, NCCL, F
 # Building a backend (FlashInfer's JIT compile of its module in the constructor, trtllm_comm at its
 # first call, a default tune()) is not measurement: minutes on a cold cache without
 # flashinfer-jit-cache. It gets its own limit, and a trial stopped there is "building/JIT", not
-# "failed" (issue 9 item 9).
+# "failed".
 TRIAL_BUILD_S = 600.0
 JIT_BUILD_TIMEOUT_S = 900.0  # the jit_builds check: every FlashInfer module compiled once, in a child
 BUILDING = "building/JIT"

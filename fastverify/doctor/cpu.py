@@ -86,7 +86,7 @@ _BAD_LINE = "NCCL_P2P_LEVEL=sys"  # NCCL compares level names case-sensitively: 
 def check_env_file(ctx: _Context) -> Outcome:
     """Validate ``--env-file`` with the reader ``tune`` and ``launch`` use; without one, prove the
     validator accepts a known-good line and refuses a known-bad one."""
-    from fastverify.tune.envfile import read_env_file
+    from fastverify.envfile import read_env_file
 
     version = ctx.nccl_version()
     rules = f"NCCL {version} rules" if version is not None else "the newest NCCL rules"

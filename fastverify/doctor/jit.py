@@ -1,4 +1,4 @@
-"""FlashInfer's JIT builds, timed in a child process under their own limit (issue 9 item 9).
+"""FlashInfer's JIT builds, timed in a child process under their own limit.
 
 FlashInfer compiles a module the first time it is needed (``JitSpec.build_and_load``,
 ``flashinfer/jit/core.py``), unless ``flashinfer-jit-cache`` ships it (``is_aot``) or an earlier

@@ -1,4 +1,4 @@
-"""The single-GPU self-check (issue 9, What to build §5): what one GPU can prove about the paths
+"""The single-GPU self-check: what one GPU can prove about the paths
 the multi-GPU swap depends on.
 
 * ``torch_nccl``: ``ncclGetVersion`` of the libnccl this process really mapped, against

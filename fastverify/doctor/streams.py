@@ -1,6 +1,6 @@
 """The stream-binding self-check: FlashInfer's PCIe IPC workspace binds itself to one CUDA stream,
 and fastverify's backends must rebind it (after ordering the streams) before the calls of a
-CUDA-graph warm-up on a side stream (issue 9 item 1).
+CUDA-graph warm-up on a side stream.
 
 The rule is FlashInfer's, driven for real: ``PcieIpcAllReduceWorkspace._check_stream`` /
 ``rebind_stream`` (``flashinfer/comm/pcie_ipc_ar.py``) where FlashInfer imports, else the function

@@ -1,6 +1,6 @@
 """Tune trials as the doctor runs them: the build of a backend (FlashInfer's JIT compile, a default
 ``tune()``) kept out of the measurement limit, and a trial stopped while building reported as
-``building/JIT`` instead of ``failed`` (issue 9 item 9).
+``building/JIT`` instead of ``failed``.
 
 Two ways, whichever the installed trial runner offers:
 

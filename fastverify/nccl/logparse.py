@@ -12,7 +12,7 @@ Line shapes, with where NCCL prints them (NVIDIA/nccl ``src/``; ``research/nccl.
 - transports (``transport/p2p.cc``, ``shm.cc``, ``net.cc``): ``Channel %02d/%01d : %d[%d] -> %d[%d] via
   P2P/direct pointer[/read]``, ``P2P/CUMEM|IPC|MNNVL[/read][/CE]``, ``P2P/indirect/%d[%d][/read]``,
   ``Channel %02d : … via SHM/direct/direct`` (≤2.30.4; ``SHM/CE/…`` with memcpy) or ``SHM/direct``
-  (2.30.7+), ``… [send] via NET/IB/0/GDRDMA``. In brackets: the NVML device index since 2.18, the PCI
+  (2.30.7+), ``via direct shared memory`` (≤2.8), ``… [send] via NET/IB/0/GDRDMA``. In brackets: the NVML device index since 2.18, the PCI
   bus id in hex (``%lx``) before; before 2.14 there is no ``/connIndex``.
 - rings (``graph/rings.cc``, rank 0 only): ``Channel 00/02 :    0   1 …`` (``%3d``, ≤2.22) or
   ``Channel 00/02 : 0 1 …`` (``%*d``, 2.23+); ``Ring 00 : 7 -> 0 -> 1`` (GRAPH) per rank.
@@ -323,7 +323,9 @@ _TRANSPORT = re.compile(
 _P2P_VIA = re.compile(
     r"^P2P/(?:direct pointer(?P<r1>/read)?|(?:IPC|CUMEM|MNNVL)(?P<r2>/read)?(?P<ce>/CE)?"
     r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$", _A)
-_SHM_VIA = re.compile(r"^SHM/(?:direct|CE)(?:/(?:direct|CE))?$", _A)
+# ``direct shared memory``: what NCCL up to 2.8 printed for SHM (transport/shm.cc,
+# ``Channel %02d : %d[%lx] -> %d[%lx] via direct shared memory``).
+_SHM_VIA = re.compile(r"^(?:SHM/(?:direct|CE)(?:/(?:direct|CE))?|direct shared memory)$", _A)
 _NET_VIA = re.compile(r"^NET/\S+/\d+\S*$", _A)
 _RING = re.compile(r"^Channel (\d{1,30})/(\d{1,30}) :((?: +-?\d{1,30})+)\s*$", _A)
 _RING_LINK = re.compile(r"^Ring (\d{1,30}) : (-?\d{1,30}) -> (-?\d{1,30}) -> (-?\d{1,30})$", _A)

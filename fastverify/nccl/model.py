@@ -155,6 +155,17 @@ _V2_23 = 22300  # Tree/Simple latency: base 8.4, 4.0 µs/hop
 _V2_25 = 22500  # LL128 default whitelist gains sm100/sm120
 _V2_27 = 22700  # LL128 default: any sm >= 70 (whitelist dropped)
 
+
+
+def _is_version_code(code: object) -> bool:
+    """``code`` is an int NCCL's ``NCCL_VERSION`` macro gives a 2.x release: 2000..2899
+    (``X*1000+Y*100+Z``, releases up to 2.8, whose patch numbers stayed below 10: 2.7.8, 2.8.4)
+    or 20900..29999 (``X*10000+Y*100+Z``, 2.9 on). 2234 is neither (it would be "2.2.34")."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return False
+    return (2000 <= code <= 2899 and code % 100 < 10) or 20900 <= code <= 29999
+
+
 # The calibration window of the issue: 8 B to 4 MiB rows only.
 CALIBRATION_MIN_BYTES = 8
 CALIBRATION_MAX_BYTES = 4 * 1024 * 1024
@@ -247,7 +258,10 @@ class ModelInputs:
     link
         ``PCI`` unless the graph's ``typeIntra`` is NVLink.
     nccl_version
-        Integer code (2.23.4 -> 22304).
+        Integer code as ``ncclGetVersion`` returns it (NCCL ``nccl.h.in`` ``NCCL_VERSION``):
+        ``X*1000 + Y*100 + Z`` up to 2.8 (2.8.3 -> 2803), ``X*10000 + Y*100 + Z`` from 2.9
+        (2.23.4 -> 22304). Every old code is below every new one, so the version gates compare
+        the integers directly; a release before 2.18 gets the 2.18 constants (the oldest read).
     algos, protos
         What is left after ``NCCL_ALGO``/``NCCL_PROTO`` (and LL128's default rule, see
         :func:`default_protos`); ``protos=None`` means NCCL's default for ``link`` and ``sm``.
@@ -292,8 +306,9 @@ class ModelInputs:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
                 raise bad(name, v, "an int in 1..64 (graph channels, 'nChannels N' of the GRAPH line)")
-        if isinstance(self.nccl_version, bool) or not isinstance(self.nccl_version, int) or self.nccl_version < 20900:
-            raise bad("nccl_version", self.nccl_version, "an int code X*10000+Y*100+Z >= 20900, e.g. 22304")
+        if not _is_version_code(self.nccl_version):
+            raise bad("nccl_version", self.nccl_version, "an NCCL version code as ncclGetVersion returns it: "
+                      "X*1000+Y*100+Z up to 2.8 (2803 = 2.8.3), X*10000+Y*100+Z from 2.9 (22304 = 2.23.4)")
         try:
             object.__setattr__(self, "link", LinkType(self.link))
             object.__setattr__(self, "algos", frozenset(Algo(a) for a in self.algos))

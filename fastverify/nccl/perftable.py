@@ -26,8 +26,21 @@ row is left, or when a row holds a value no measurement can have (fastverify's p
 :mod:`fastverify.bounds`: a size or element count that is negative or over 1 TiB, a time that is
 nan, inf, negative or over 1 hour, a bandwidth that is nan, inf, negative or over 1e6 GB/s; the
 footer's average bus bandwidth likewise). That error names the file and the line; the table is
-refused whole, because a nan or a negative time is a broken run, not a noisy one. Lines dropped
-otherwise (a row cut off at the end) are listed in :attr:`PerfTable.problems`.
+refused whole, because a nan or a negative time is a broken run, not a noisy one. Rows dropped
+otherwise (a row cut off at the end, a row without its size column, a row of the wrong width) are
+listed with their line and the reason in :attr:`PerfTable.dropped` (and as text in
+:attr:`PerfTable.problems`).
+
+Which column fastverify reads: the in-place one (:meth:`PerfTable.verify_time_us`). SGLang's
+all-reduce on the NCCL path is in place: ``GroupCoordinator.all_reduce`` ends in
+``_all_reduce_in_place``, which calls pynccl's ``all_reduce(input_)`` (``ncclAllReduce`` with the
+same pointer as send and receive buffer) or ``torch.distributed.all_reduce(input_)``, both writing
+into their input (sglang ``srt/distributed/parallel_state.py``, ``device_communicators/pynccl.py``).
+
+Rank count: the ``#  Rank`` lines when the table has them, else nThread × nGpus of the header, but
+both halves' busBw/algBw = 2(n−1)/n (nccl-tests ``doc/PERFORMANCE.md``) is solved for n as well;
+where the header's product disagrees with a ratio that every row agrees on, the ratio wins (under
+MPI the header counts one process's GPUs).
 """
 
 from __future__ import annotations
@@ -41,7 +54,10 @@ from fastverify.bounds import MAX_MSG_BYTES, implausible_bandwidth, implausible_
 from fastverify.errors import UserError
 from fastverify.nccl.logparse import search_near_nccl
 
-__all__ = ["PerfRow", "PerfTable", "algbw_from_time", "busbw_from_time", "parse_all_reduce_perf"]
+__all__ = ["DroppedRow", "PerfRow", "PerfTable", "algbw_from_time", "busbw_from_time", "parse_all_reduce_perf"]
+
+IN_PLACE = "in-place"
+OUT_OF_PLACE = "out-of-place"
 
 
 @dataclass(frozen=True)
@@ -72,13 +88,27 @@ class PerfRow:
 
 
 @dataclass(frozen=True)
+class DroppedRow:
+    """A line that looked like a data row and was not read: its 1-based ``line``, why (``reason``)
+    and the text (whitespace squeezed, clipped to 80 characters)."""
+
+    line: int
+    reason: str
+    text: str
+
+
+@dataclass(frozen=True)
 class PerfTable:
     """A whole ``all_reduce_perf`` run.
 
     ``n_ranks`` counts the ``#  Rank`` lines (all processes under MPI), else nThread × nGpus of the
-    header, else ``None``. ``header`` holds the ``#`` key/value lines as printed (``nGpus``,
+    header, else the rank count busBw/algBw gives (``n_ranks_basis`` says which; see the module
+    docstring). ``n_ranks_bw`` is n solved from busBw/algBw = 2(n−1)/n, ``None`` where the rows
+    give no precise ratio (algBw under 0.5 GB/s) or disagree. ``hosts`` are the distinct host
+    names of the rank lines. ``header`` holds the ``#`` key/value lines as printed (``nGpus``,
     ``graph``, ``Avg bus bandwidth`` …). ``devices`` is the GPU name of each rank line in order.
-    ``problems`` lists the lines that looked like data rows but were dropped (a truncated last row).
+    ``dropped`` lists the lines that looked like data rows but were not read, ``problems`` the same
+    and other notes as text.
     """
 
     rows: tuple[PerfRow, ...]
@@ -88,6 +118,10 @@ class PerfTable:
     devices: tuple[str, ...]
     source: str
     problems: tuple[str, ...] = ()
+    dropped: tuple[DroppedRow, ...] = ()
+    n_ranks_bw: int | None = None
+    n_ranks_basis: str | None = None
+    hosts: tuple[str, ...] = ()
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -135,6 +169,69 @@ class PerfTable:
                 return math.exp(math.log(pts[lo]) + f * (math.log(pts[hi]) - math.log(pts[lo])))
         return None  # unreachable: msg_bytes is inside [sizes[0], sizes[-1]] and not a row
 
+    def verify_time_us(self, msg_bytes: int) -> tuple[float | None, str | None]:
+        """The all-reduce time of one ``msg_bytes`` verify message, as fastverify reads the table
+        everywhere (``topo`` and ``tune``): the in-place column, because SGLang's NCCL all-reduce
+        is in place (module docstring), the out-of-place one only where the in-place column has
+        no usable time for that size.
+
+        Returns
+        -------
+        (float or None, str or None)
+            The time in µs (:meth:`time_us`: a row, or interpolated between two rows; ``None``
+            outside the measured sizes) and the column read, ``"in-place"`` or ``"out-of-place"``
+            (``None`` with no time).
+
+        Raises
+        ------
+        ValueError
+            ``msg_bytes`` is not an integer >= 0.
+        """
+        in_place = all(math.isfinite(r.ip_time_us) and r.ip_time_us > 0 for r in self._around(msg_bytes))
+        t = self.time_us(msg_bytes, in_place=in_place)
+        if t is None and in_place:
+            in_place, t = False, self.time_us(msg_bytes, in_place=False)
+        return (t, IN_PLACE if in_place else OUT_OF_PLACE) if t is not None else (None, None)
+
+    def _around(self, msg_bytes: int) -> list[PerfRow]:
+        """The rows a time at ``msg_bytes`` is read from: the first row of that size, else the
+        nearest smaller and larger sizes; empty outside the table."""
+        if isinstance(msg_bytes, bool) or not isinstance(msg_bytes, int) or msg_bytes < 0:
+            raise ValueError(f"msg_bytes must be an integer >= 0, got {msg_bytes!r}")
+        first: dict[int, PerfRow] = {}
+        for r in self.rows:
+            first.setdefault(r.size_bytes, r)
+        if msg_bytes in first:
+            return [first[msg_bytes]]
+        lo = [s for s in first if s < msg_bytes]
+        hi = [s for s in first if s > msg_bytes]
+        return [first[max(lo)], first[min(hi)]] if lo and hi else []
+
+    def several_nodes(self, gpus: int | None) -> str | None:
+        """The warning for a table that ran across several nodes, or ``None``: its rank lines name
+        more than one host, or its busBw/algBw rank count exceeds ``gpus`` (the GPU count of the
+        box it is read for; ``None`` when unknown) and the ranks its own lines name. The text starts
+        with :attr:`source`."""
+        if len(self.hosts) > 1:
+            return (f"{self.source}: this table ran on {self.n_ranks} ranks on {len(self.hosts)} hosts (its '# Rank' "
+                    "lines), several nodes: its times are not this box's")
+        # a table whose own rank lines count as many ranks as busBw/algBw says is one box of that
+        # size (another world size, not several nodes)
+        own = self.n_ranks_basis != "busBw/algBw" and self.n_ranks == self.n_ranks_bw
+        if self.n_ranks_bw is not None and gpus is not None and self.n_ranks_bw > gpus and not own:
+            return (f"{self.source}: this table ran on about {self.n_ranks_bw} ranks (busBw/algBw), likely several "
+                    "nodes: its times are not this box's")
+        return None
+
+    def dropped_warning(self) -> str | None:
+        """One line summarising :attr:`dropped` (count, first line and reason), or ``None``."""
+        if not self.dropped:
+            return None
+        d = self.dropped[0]
+        more = f" ({len(self.dropped) - 1} more)" if len(self.dropped) > 1 else ""
+        return (f"{self.source}: {len(self.dropped)} data row(s) dropped; the first, line {d.line}: {d.reason}{more}: "
+                f"{d.text}")
+
     def summary(self) -> dict:
         """What the table holds, for a report: row count, size range (B), ranks, GPU names, data
         types, the out-of-place time at the smallest and largest size (µs), the peak out-of-place
@@ -144,12 +241,14 @@ class PerfTable:
         first, last = min(rows, key=lambda r: r.size_bytes), max(rows, key=lambda r: r.size_bytes)
         return {
             "source": self.source, "rows": len(rows), "min_bytes": first.size_bytes, "max_bytes": last.size_bytes,
-            "n_ranks": self.n_ranks, "devices": sorted(set(self.devices)), "dtypes": sorted({r.dtype for r in rows}),
+            "n_ranks": self.n_ranks, "n_ranks_basis": self.n_ranks_basis, "n_ranks_bw": self.n_ranks_bw,
+            "hosts": len(self.hosts), "devices": sorted(set(self.devices)), "dtypes": sorted({r.dtype for r in rows}),
             "redops": sorted({r.redop for r in rows}),
             "time_us_at_min": first.oop_time_us, "time_us_at_max": last.oop_time_us,
             "peak_busbw_gbps": peak.oop_busbw_gbps, "peak_busbw_bytes": peak.size_bytes,
             "avg_busbw_gbps": self.avg_busbw_gbps, "graph": self.header.get("graph"),
-            "problems": list(self.problems), "label": "measured",
+            "problems": list(self.problems), "dropped": [{"line": d.line, "reason": d.reason} for d in self.dropped],
+            "label": "measured",
         }
 
     def row(self, size_bytes: int) -> PerfRow:
@@ -219,7 +318,7 @@ _RUN_KEYS = re.compile(
 )
 _VERSION_LINE = re.compile(r"^#\s*nccl-tests version\s+(\S+)(.*)$")
 _RANK_LINE = re.compile(
-    r"^#\s*Rank\s+([0-9]+)\s+Group\s+([0-9]+)\s+Pid\s+([0-9]+)\s+on\s+(\S+)\s+device\s+([0-9]+)\s+"
+    r"^#\s*Rank\s+([0-9]+)(?:\s+Group\s+([0-9]+))?\s+Pid\s+([0-9]+)\s+on\s+(\S+)\s+device\s+([0-9]+)\s+"
     r"\[([^\]]*)\]\s*(.*?)\s*$"
 )
 _KV_LINE = re.compile(r"^#\s*([A-Za-z][\w .()-]*?)\s*:\s*(.*?)\s*$")
@@ -351,6 +450,35 @@ def _implausible(row: PerfRow) -> str | None:
     return None
 
 
+# nccl-tests' type names (src/common.cu test_typenames), old and new
+_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
+                     "fp8_e4m3", "fp8_e5m2", "char", "int", "uint"})
+
+
+def _drop_reason(tokens: list[str], lay: _Layout | None, *, last: bool) -> str | None:
+    """Why a line that looks like a data row was not read, or ``None`` when it is no data row at
+    all: a row cut off at the end, one whose size (or count) column is missing, one of another
+    width than the table's rows, one with a column that does not parse."""
+    if len(tokens) >= 2 and _INT.match(tokens[0]) and _INT.match(tokens[1]):
+        if last:
+            return "cut off at the end of the text"
+        if lay is not None and len(tokens) != lay.n_tokens:
+            return f"{len(tokens)} columns where the table's rows have {lay.n_tokens}"
+        if lay is None:
+            return f"{len(tokens)} columns: no all_reduce_perf layout has that many"
+        return "a column that is not a number where one is expected"
+    if len(tokens) == 1 and _INT.match(tokens[0]):
+        return "cut off at the end of the text" if last else "only one column"
+    k = next((i for i, t in enumerate(tokens[:3]) if t in _DTYPES), None)
+    if k is None or k >= 2 or not all(_INT.match(t) for t in tokens[:k]) or len(tokens) < k + 6:
+        return None
+    numeric = sum(_to_float(t) is not None or t == "N/A" for t in tokens[k + 2:])
+    if numeric < len(tokens[k + 2:]) - 1:
+        return None
+    return ("no size column (the row starts with its element count)" if k == 1
+            else "no size and no count column (the row starts with its data type)")
+
+
 def _looks_like_row(body: str) -> bool:
     """A line that starts like a data row (a size and a count) and so must not be silently skipped."""
     toks = body.split(None, 2)
@@ -417,6 +545,8 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
     ranks: dict[int, str] = {}
     rows: list[PerfRow] = []
     problems: list[str] = []
+    dropped: list[DroppedRow] = []
+    hosts: dict[str, None] = {}
     layout: _Layout | None = None
     header_line = 0
     n_lines = 0
@@ -435,7 +565,7 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
                 header_line = lineno
                 continue
             avg_before = header.get("Avg bus bandwidth")
-            _read_header_line(s, header, ranks)
+            _read_header_line(s, header, ranks, hosts)
             if header.get("Avg bus bandwidth") is not avg_before:
                 avg = _avg_busbw(header)
                 if avg is not None and (why := implausible_bandwidth(avg)):
@@ -451,22 +581,28 @@ def parse_all_reduce_perf(text: str, *, source: str = "<text>") -> PerfTable:
             if why := _implausible(row):
                 raise UserError(f"{source}: line {lineno}: {why}: not a measured all_reduce_perf row")
             rows.append(row)
-        elif _looks_like_row(s):
-            cut = " (cut off at the end of the text)" if lineno == last_line else ""
-            problems.append(f"line {lineno}: data row dropped{cut}: {_clip(s)}")
+        elif (why := _drop_reason(tokens, layout or lay, last=lineno == last_line)) is not None:
+            dropped.append(DroppedRow(lineno, why, _clip(s)))
+            problems.append(f"line {lineno}: data row dropped ({why}): {_clip(s)}")
     if not rows:
         if problems:
             raise UserError(f"{source}: {problems[0]}; no complete all_reduce_perf data row")
         where = f"line {header_line}: column header is followed by" if header_line else f"line {max(n_lines, 1)}:"
         raise UserError(f"{source}: {where} no all_reduce_perf data rows (size count type redop … time algbw busbw)")
+    bw_ranks = _ranks_from_bw(rows)
+    n_ranks, basis = _n_ranks(header, ranks, bw_ranks)
     return PerfTable(
         rows=tuple(rows),
-        n_ranks=_n_ranks(header, ranks),
+        n_ranks=n_ranks,
         avg_busbw_gbps=_avg_busbw(header),
         header=header,
         devices=tuple(ranks[r] for r in sorted(ranks)),
         source=source,
         problems=tuple(problems),
+        dropped=tuple(dropped),
+        n_ranks_bw=bw_ranks,
+        n_ranks_basis=basis,
+        hosts=tuple(hosts),
     )
 
 
@@ -475,12 +611,13 @@ def _clip(s: str, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _read_header_line(s: str, header: dict[str, str], ranks: dict[int, str]) -> None:
+def _read_header_line(s: str, header: dict[str, str], ranks: dict[int, str], hosts: dict[str, None]) -> None:
     if len(s) > 4096:  # nccl-tests header lines are short; keeps the lazy regexes below linear
         return
     m = _RANK_LINE.match(s)
     if m:
         ranks[int(m.group(1))] = m.group(7)
+        hosts.setdefault(m.group(4), None)
         return
     m = _VERSION_LINE.match(s)
     if m:
@@ -497,13 +634,48 @@ def _read_header_line(s: str, header: dict[str, str], ranks: dict[int, str]) -> 
         header[m.group(1)] = m.group(2)
 
 
-def _n_ranks(header: dict[str, str], ranks: dict[int, str]) -> int | None:
-    if ranks:
-        return len(ranks)
+def _n_ranks(header: dict[str, str], ranks: dict[int, str], bw_ranks: int | None) -> tuple[int | None, str | None]:
+    """The rank count and where it comes from (see the module docstring). Rank lines fewer than
+    nThread × nGpus are an excerpt of the header: the product wins then."""
     t, g = _to_int(header.get("nThread", "")), _to_int(header.get("nGpus", ""))
-    if t is not None and g is not None and t > 0 and g > 0:
-        return t * g
-    return None
+    product = t * g if t is not None and g is not None and t > 0 and g > 0 else None
+    if ranks and (product is None or len(ranks) >= product):
+        return len(ranks), "rank lines"
+    if product is not None and (ranks or bw_ranks in (None, product)):
+        return product, "nThread x nGpus"
+    if bw_ranks is not None:
+        return bw_ranks, "busBw/algBw"
+    return None, None
+
+
+def _half_unit(v: float) -> float:
+    """Half the last printed digit of a bandwidth: nccl-tests prints ``%6.2f`` and drops decimals
+    to keep 6 characters (``124.85``, ``1234.5``, ``16253``)."""
+    return 0.005 if v < 1000 else 0.05 if v < 10000 else 0.5
+
+
+def _ranks_from_bw(rows: list[PerfRow]) -> int | None:
+    """n from busBw/algBw = 2(n−1)/n (nccl-tests ``src/all_reduce.cu`` GetBw), over both halves of
+    every row with algBw >= 0.5 GB/s (smaller ones are printed with too few digits): solved on the
+    summed ratio, rounded, and kept only when every such row's ratio, within its printed rounding
+    (and 0.1 %), agrees. ``None`` without such rows or when they disagree."""
+    pts = [(a, b) for r in rows for a, b in ((r.oop_algbw_gbps, r.oop_busbw_gbps), (r.ip_algbw_gbps, r.ip_busbw_gbps))
+           if a >= 0.5]
+    if not pts:
+        return None
+    ratio = sum(b for _, b in pts) / sum(a for a, _ in pts)
+    if not 0 <= ratio < 2 - 2e-6:
+        return None
+    n = round(2 / (2 - ratio))
+    if not 1 <= n <= 1 << 20:
+        return None
+    want = 2 * (n - 1) / n
+    for a, b in pts:
+        lo = max(b - _half_unit(b), 0.0) / (a + _half_unit(a)) * 0.999
+        hi = (b + _half_unit(b)) / (a - _half_unit(a)) * 1.001
+        if not lo <= want <= hi:
+            return None
+    return n
 
 
 def _avg_busbw(header: dict[str, str]) -> float | None:

@@ -64,7 +64,10 @@ class NcclVersion:
 
     @classmethod
     def from_code(cls, code: int, library: str | None = None) -> NcclVersion:
-        """Decode the integer of ``ncclGetVersion``: 23203 -> 2.32.3, 2804 -> 2.8.4."""
+        """Decode the integer of ``ncclGetVersion``: 23203 -> 2.32.3, 2804 -> 2.8.4, 2803 -> 2.8.3.
+
+        Raises ``ValueError`` for anything but a positive int that ``NCCL_VERSION`` can produce
+        (e.g. 2950 would be "2.9.50" in the old encoding, which 2.9 never used)."""
         if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
             raise ValueError(f"NCCL version code must be a positive int, got {code!r}")
         if code >= _NEW_ENCODING_MIN_CODE:
@@ -72,17 +75,26 @@ class NcclVersion:
         else:
             major, rest = divmod(code, 1000)
         minor, patch = divmod(rest, 100)
+        if encode_version(major, minor, patch) != code:
+            raise ValueError(f"{code} is no NCCL version code (X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z from 2.9)")
         return cls(major, minor, patch, code, library)
 
     @classmethod
     def parse(cls, text: str) -> NcclVersion:
-        """Parse ``"2.27.5"`` (also ``"2.27"``, ``"v2.27.5-1"``, ``"2.32.3+cuda12.9"``).
+        """Parse ``"2.27.5"`` (also ``"2.27"``, ``"v2.27.5-1"``, ``"2.32.3+cuda12.9"``), or the
+        integer ``ncclGetVersion`` reports, as text, in either encoding (:meth:`from_code`:
+        ``"2803"`` -> 2.8.3, ``"21903"`` -> 2.19.3).
 
         Raises
         ------
         UserError
             ``text`` is not a version; the message names it.
         """
+        if isinstance(text, str) and text.strip().isascii() and text.strip().isdigit() and 4 <= len(text.strip()) <= 6:
+            try:
+                return cls.from_code(int(text.strip()))
+            except ValueError as err:
+                raise UserError(f"not an NCCL version: {text!r} ({err})") from None
         m = _VERSION_RE.fullmatch(text) if isinstance(text, str) else None
         if m is None:
             raise UserError(f"not an NCCL version: {text!r} (expected MAJOR.MINOR[.PATCH], e.g. 2.27.5)")

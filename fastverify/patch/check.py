@@ -10,7 +10,9 @@ from pathlib import Path
 
 from fastverify.errors import UserError
 from fastverify.patch.install import TARGETS, Target
-from fastverify.patch.launch import PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK, ROUTE_PLUGIN, SGLangInfo, detect_sglang
+from fastverify.patch import PLUGIN_GROUP, PLUGIN_NAME
+from fastverify.patch.launch_env import ROUTE_HOOK, ROUTE_PLUGIN
+from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
 
 
 @dataclass(frozen=True)

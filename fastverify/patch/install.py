@@ -1,54 +1,13 @@
-"""The patch applied inside every SGLang rank (from the plugin entry point or the import hook).
+"""The patch applied inside every SGLang rank (from the plugin entry point or the import hook):
+:func:`install` wraps the SGLang functions the chosen backend needs (:mod:`fastverify.patch.targets`
+lists them, names as in SGLang 0.5.23) and, before CUDA-graph capture, builds each slot's backend
+on SGLang's real TP group and prints the rank's one line (``fastverify patch [TP r]: ...``).
 
 ``FASTVERIFY_BACKEND`` holds one registry name (:class:`fastverify.registry.BackendName`) or
 ``auto``/``off``; ``FASTVERIFY_DEPLOYMENT`` names the deployment record (:mod:`fastverify.deploy`)
-whose P2P facts and verify shapes the rank uses. Targets (:mod:`fastverify.patch.targets`, names as
-in SGLang 0.5.23):
-
-``parallel_state.GroupCoordinator.all_reduce(self, input_)``
-    wrapped only for ``pcie_ipc`` on an SGLang without its own PCIe IPC all-reduce
-    (``pcie_ipc_ar.py``); where SGLang has it, ``launch`` sets ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``
-    and the dispatch is left alone.
-``layernorm.RMSNorm.forward_with_allreduce_fusion(self, x, residual, post_residual_addition, use_attn_tp_group)``
-    replaced for ``fused``. SGLang 0.5.23 calls it only where ``flashinfer_ar_fusion_applies``
-    holds (``layer_boundary/residual/add_norm.py``: SM90/SM100 ...); in the rank, once the config
-    is published, that real rule decides whether ``fused_norm`` is reported applied or skipped
-    (:func:`fastverify.patch.rank.fused_norm_reach`). The replacement ALWAYS all-reduces: the fused
-    backend when it takes the tensor, else the group's plain all-reduce followed by the norm. It
-    returns a fresh residual, as SGLang's FlashInfer wrapper does. The first fused result is
-    compared with the plain path on every rank and the outcome voted on the CPU group.
-``tp_worker.TpModelWorker.forward_batch_generation(..., is_verify=...)``
-    wrapped for ``--profile-verify DIR`` (:mod:`fastverify.patch.verify`).
-``model_runner.ModelRunner.init_cuda_graphs(self, capture_decode_cuda_graph)``
-    wrapped whenever the patch is active: every TP rank's ``Scheduler.init_all_cuda_graphs`` calls
-    it once per model runner, after the process groups exist and the config is published, also
-    with ``--disable-cuda-graph`` and on CPU. Before the original runs (target runner, once) the
-    wrapper builds each slot's backend from SGLang's real TP ``GroupCoordinator``, sized from the
-    record, prepares it for the capture shapes, votes on every step, and prints the rank's one line
-    (``fastverify patch [TP r]: ...``) to stderr.
-
-``layer_boundary.fusions.allreduce.fused_ffn_input(plan, hidden_states, residual, forward_batch)`` and
-``fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *, fuses_quant, keep_bf16)``
-    replaced (module attributes) for ``b12x``, which SGLang 0.5.23 has no switch for. They are the
-    layer boundary's fused reduce + residual add + RMSNorm candidates: ``ffn_input_fusions`` /
-    ``attn_input_fusions`` bind them into every stage when the model is built (after the plugin
-    ran), and ``layer_boundary/prepare.py`` (``_reduce_update_read`` for the FFN input,
-    ``_run_entry`` for the attention input) calls them on every GPU before its own all-reduce +
-    norm; on SM120 SGLang's own ones return None (``flashinfer_ar_fusion_applies`` is False there),
-    so the boundary's all-reduce + norm runs. The replacement first offers the tensor to the b12x
-    slot: only when the rank step found the boundary reached here (:func:`fastverify.patch.rank.add_norm_reach`:
-    SM120/SM121, SGLang's own fusion not applying), the backend was built, prepared and its first
-    result checked on every rank (voted), the rows are 1..36 (registry ``max_rows``, FlashInfer
-    ``_oneshot_preparation.py``), the norm is exactly SGLang's ``RMSNorm`` with default numerics and
-    a weight in the input's dtype, the owed sum is over the TP group (the backend's group), no
-    post-residual addition and no fused quant. Then b12x does the all-reduce + add + norm and
-    returns a fresh residual (``flashinfer_preserves_residual`` is False on SM120: SGLang does not
-    rely on it being kept). Otherwise SGLang's own candidate runs unchanged (None on SM120: SGLang
-    all-reduces and norms), so the all-reduce always happens, above 36 rows included. The decision
-    reads only facts that are the same on every TP rank, so all ranks take the same path.
-
-A target that is missing or has other parameters is skipped with ONE log line and left as it was.
-:func:`install` never raises; :func:`uninstall` restores every original; installing twice is a no-op.
+whose P2P facts and verify shapes the rank uses. A target that is missing or has other parameters
+is skipped with ONE log line and left as it was. :func:`install` never raises; :func:`uninstall`
+restores every original; installing twice is a no-op.
 """
 
 from __future__ import annotations
@@ -63,6 +22,7 @@ from typing import Any
 
 from fastverify.patch import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
                               ENV_PROFILE_VERIFY_STEPS)
+from fastverify.patch import capture_shapes as S
 from fastverify.patch import counting as C
 from fastverify.patch import rank as R
 from fastverify.patch.paths import COUNTER
@@ -155,12 +115,6 @@ class PatchReport:
         covers = f" covers: {self.covers}" if self.covers else ""
         return f"fastverify patch{where}: " + " ".join(parts) + covers
 
-    def unapply(self, key: str, reason: str) -> None:
-        """Move ``key`` from applied to skipped."""
-        if key in self.applied:
-            self.applied.remove(key)
-        self.skipped[key] = reason
-
 
 # --- state ------------------------------------------------------------------------------------------
 
@@ -177,11 +131,11 @@ _line_due: str | None = None  # the TP rank whose line waits for SGLang's start-
 def _default_factory(slot: _BackendSlot, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
     """Build the slot's backend (gloo on CPU) from SGLang's coordinator and the record
     (:func:`rank.make_for_rank`). The workspace is sized from the record; without one, from the
-    widest captured decode (the ``_Probe`` of the step before capture), never from the first live
+    widest captured decode (the ``Probe`` of the step before capture), never from the first live
     batch."""
 
     def make(coordinator: Any, x: Any) -> Any:
-        rows = int(x.shape[0]) if isinstance(x, _Probe) else None
+        rows = int(x.shape[0]) if isinstance(x, S.Probe) else None
         be, ctx = R.make_for_rank(slot.kind, coordinator, x, record=_record, rows=rows, modules=modules)
         slot.context = ctx
         return be
@@ -228,92 +182,6 @@ def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] 
 # --- the rank step before CUDA-graph capture --------------------------------------------------------
 
 
-@dataclass
-class _Probe:
-    """What a factory reads of the first tensor (``shape[-1]``, ``device``, ``dtype``), without
-    allocating one."""
-
-    shape: tuple[int, ...]
-    device: Any
-    dtype: Any
-    is_cuda: bool = True
-
-
-def _capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
-    """The decode batch sizes SGLang will capture, as far as they can be read before it does
-    (0.5.23: ``get_exec().graph.cuda_graph_config.decode.bs``, clamped to the request pool as
-    ``get_batch_sizes_to_capture`` does; older: ``server_args.cuda_graph_bs`` / ``cuda_graph_max_bs``)."""
-    bs: list[int] = []
-    try:
-        bs = [int(b) for b in (R.module(MOD_RUNTIME_CONTEXT, modules).get_exec().graph.cuda_graph_config.decode.bs or [])]
-    except Exception:
-        bs = []
-    if not bs:
-        sa = getattr(runner, "server_args", None)
-        got = getattr(sa, "cuda_graph_bs", None)
-        if got:
-            bs = [int(b) for b in got]
-        elif isinstance(getattr(sa, "cuda_graph_max_bs", None), int):
-            bs = [int(sa.cuda_graph_max_bs)]
-    pool = getattr(getattr(runner, "req_to_token_pool", None), "size", None)
-    if bs and isinstance(pool, int) and pool > 0:
-        bs = [b for b in bs if b <= pool] + ([pool] if max(bs) > pool else [])
-    return sorted({b for b in bs if b > 0})
-
-
-def _tokens_per_request(runner: Any) -> int:
-    """Rows a request takes in one decode/verify step: the runner's ``decode_num_tokens_per_req()``
-    (SGLang 0.5.23: the draft tokens in speculative decoding), else 1."""
-    try:
-        fn = getattr(runner, "decode_num_tokens_per_req", None)
-        return max(1, int(fn())) if callable(fn) else 1
-    except Exception:
-        return 1
-
-
-def _capture_rows(runner: Any, modules: Mapping[str, Any] | None) -> list[int]:
-    """Rows of every captured decode/verify batch: batch size × tokens per request."""
-    width = _tokens_per_request(runner)
-    return sorted({b * width for b in _capture_batch_sizes(runner, modules)})
-
-
-def _covers(runner: Any, modules: Mapping[str, Any] | None) -> str:
-    """What the captured graphs cover, from SGLang's own config in this rank:
-    ``verify steps up to 48 requests x 6 tokens (288 rows)``, or that every step runs eagerly."""
-    bs = _capture_batch_sizes(runner, modules)
-    width = _tokens_per_request(runner)
-    what = "verify steps" if width > 1 else "decode steps"
-    if not bs:
-        return f"{what} eager (no decode CUDA graph captured), {width} tokens a request"
-    return f"{what} up to {max(bs)} requests x {width} tokens ({max(bs) * width} rows) in CUDA graphs"
-
-
-def _max_rows(runner: Any, modules: Mapping[str, Any] | None) -> int | None:
-    """The widest verify all-reduce: the record's ``max_batch × draft_tokens``, else SGLang's
-    widest captured decode; None when neither is known."""
-    if _record is not None:
-        return _record.shapes.max_rows
-    rows = _capture_rows(runner, modules)
-    return rows[-1] if rows else None
-
-
-def _runner_probe(runner: Any) -> tuple[int, Any, Any]:
-    """(hidden, device, dtype) of the target model runner."""
-    hidden = int(runner.model_config.hidden_size)
-    dtype = getattr(runner, "dtype", None)
-    device: Any = getattr(runner, "device", "cuda")
-    try:
-        import torch
-
-        if torch.cuda.is_available() and str(device).startswith("cuda"):
-            device = torch.device("cuda", torch.cuda.current_device())
-        elif str(device) == "cuda" and isinstance(getattr(runner, "gpu_id", None), int):
-            device = f"cuda:{runner.gpu_id}"
-    except Exception:
-        pass
-    return hidden, device, dtype
-
-
 def _slot_text(slot: _BackendSlot) -> str:
     be, ctx = slot.backend, slot.context
     name = getattr(getattr(be, "name", None), "value", type(be).__name__)
@@ -342,7 +210,7 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
     report = _report or PatchReport(backend="?")
     tp_coord = _group_coordinator(modules, False)
     try:
-        report.covers = _covers(runner, modules)
+        report.covers = S.covers(runner, modules)
     except Exception as err:  # never into the server
         report.covers = f"unknown ({type(err).__name__})"
     for use in slots:
@@ -350,8 +218,8 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
         if slot.disabled is not None or slot.factory is None or slot.backend is not None:
             continue
         try:
-            hidden, device, dtype = _runner_probe(runner)
-            max_rows = _max_rows(runner, modules)
+            hidden, device, dtype = S.runner_probe(runner)
+            max_rows = S.max_rows(runner, modules, _record)
             reach = None
             if slot is _fused:
                 reach = R.fused_norm_reach(modules, max_rows or 1, R.this_sm(), kind=slot.kind)
@@ -361,7 +229,7 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
                 _unapply_use(report, use, reach[1])
                 slot.disabled = reach[1]  # the same published config and GPU on every rank: no vote needed
                 continue
-            rows = [r for r in _capture_rows(runner, modules) if max_rows is None or r <= max_rows]
+            rows = [r for r in S.capture_rows(runner, modules) if max_rows is None or r <= max_rows]
             shapes = [(r, hidden) for r in rows] or ([(max_rows, hidden)] if max_rows else [])
             coord = _group_coordinator(modules, use.use_attn)
             check = None
@@ -379,7 +247,7 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
                     continue
                 check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, cap),
                                            hidden, device, dtype, eps=CHECK_EPS)
-            be = _create_together(slot, coord, _Probe((max_rows or 1, hidden), device, dtype), shapes, check)
+            be = _create_together(slot, coord, S.Probe((max_rows or 1, hidden), device, dtype), shapes, check)
             if be is None:
                 _unapply_use(report, use, f"backend not built: {slot.disabled}")
             else:
@@ -405,7 +273,7 @@ def _after_start_up(runner: Any, slots: list[_SlotUse], modules: Mapping[str, An
     for use in slots:
         if use.slot is not _fused or not any(k in report.applied for k in use.targets):
             continue
-        ok, why = R.fused_norm_reach(modules, _max_rows(runner, modules) or 1, R.this_sm(), kind=_fused.kind)
+        ok, why = R.fused_norm_reach(modules, S.max_rows(runner, modules, _record) or 1, R.this_sm(), kind=_fused.kind)
         if not ok:
             _unapply_use(report, use, f"after SGLang's start-up checks: {why}")
             report.built.pop(use.key, None)

@@ -13,7 +13,7 @@ from fastverify.patch.server_cmd import ServerShapes
 from fastverify.registry import BackendInfo
 
 if TYPE_CHECKING:
-    from fastverify.patch.launch import SGLangInfo
+    from fastverify.patch.sglang_info import SGLangInfo
 
 
 def settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_file: str, notes: list[str]) -> None:
@@ -74,7 +74,7 @@ def workspace_check(b: BackendInfo, environ: Mapping[str, str], record: Deployme
 
     The size: ``b.size_env`` from the environment where set (SGLang 0.5.23 uses it verbatim and
     sends every wider step to NCCL; the caller validated it against the bounds first,
-    :func:`fastverify.tune.envfile.check_setting`), else SGLang's own decode width
+    :func:`fastverify.envfile.check_setting`), else SGLang's own decode width
     (``pcie_ipc_ar.py::_decode_width``: largest captured batch x draft tokens, the command's
     rows here, else the record's) times the record's hidden size. Elements x dtype bytes (the
     record's dtype; SGLang builds the workspace in bfloat16) x FlashInfer's per-rank layout

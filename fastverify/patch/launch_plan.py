@@ -25,7 +25,7 @@ from fastverify.patch.server_cmd import ServerShapes
 from fastverify.registry import BackendInfo, sm_text, unreachable_reason
 
 if TYPE_CHECKING:
-    from fastverify.patch.launch import SGLangInfo
+    from fastverify.patch.sglang_info import SGLangInfo
 
 P2P_FIX = "run `fastverify p2p --output p2p.json` on the serving box, then add `--p2p-check p2p.json`"
 """The fix of every P2P blocker: only the real check proves P2P, and only for the GPUs it tested."""

@@ -139,7 +139,7 @@ def server_args_of(argv: Sequence[str]) -> list[str] | None:
 def _reader() -> argparse.ArgumentParser:
     # allow_abbrev as SGLang's parser; the -prefill siblings make the same prefixes ambiguous.
     p = argparse.ArgumentParser(prog="sglang serve", add_help=False, allow_abbrev=True)
-    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int)
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)  # 0.5.23: tp_size = 1
     p.add_argument("--speculative-algorithm", type=str)
     p.add_argument("--speculative-num-steps", type=int)
     p.add_argument("--speculative-eagle-topk", type=int)

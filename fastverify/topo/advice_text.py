@@ -100,7 +100,7 @@ def advice_entries(pred, *, p2p_ok: bool | None, p2p_source: str, per_verify_ste
                     "allreduce_us_range": None if f.range_us is None else [round(x, 3) for x in f.range_us],
                     "baseline_us": None if base is None else round(base, 3), "change_pct": change,
                     "evidence": list(f.evidence), "notes": list(f.notes), "needs_p2p": needs,
-                    "p2p": p2p if needs else None, "per_verify_step": per_verify_step})
+                    "p2p": p2p if needs else None, "per_verify_step": per_verify_step, "status": f.status})
     return out
 
 
@@ -140,10 +140,9 @@ def _limits(pred, entries: list[dict], p2p_ok, p2p_source: str, no_p2p_pairs=())
     ruled = [r.split(";")[0] for r in pred.not_candidates]
     if ruled:
         out.append("ruled out on this box: " + "; ".join(ruled))
-    unranked = [e["backend"] for e in entries if e["rank"] is None]
+    unranked = [f"{e['backend']} ({(e['status'] or 'no figure').split(':')[0]})" for e in entries if e["rank"] is None]
     if unranked:
-        out.append(f"not ranked, no published data for these sizes: {', '.join(unranked)} (measure with "
-                   "`fastverify tune` on the box)")
+        out.append(f"not ranked: {', '.join(unranked)}: measure each with `fastverify tune` on the box")
     return out
 
 

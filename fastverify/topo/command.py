@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
     p.add_argument("--batch", type=bounded(1, MAX_BATCH), nargs="+", default=None,
                    help="verify batch sizes [default: 1 2 4 8 16 32; with --model one batch, default 1]")
     p.add_argument("--model", default=None,
-                   help="preset (tiny, kimi-k2, deepseek-v3) or config.json: the advice then ranks options per verify "
+                   help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json: the advice then ranks options per verify "
                         "step of this model, as `fastverify tune --predict --model` does")
     p.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
                    help="tensor-parallel world size of the advice's workload [default: the box's GPU count]")

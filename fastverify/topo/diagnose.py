@@ -386,14 +386,16 @@ def _nccl_tuning(log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[in
 
 
 def _measured(perf: PerfTable, hidden: int, draft_tokens: int, batches: tuple[int, ...]) -> list[dict]:
-    """Measured NCCL time of each verify size from the user's all_reduce_perf table (interpolated
-    between measured sizes; None outside them)."""
+    """Measured NCCL time of each verify size from the user's all_reduce_perf table, read as
+    ``tune`` reads it (:meth:`PerfTable.verify_time_us`: the in-place column, interpolated between
+    measured sizes; None outside them); ``column`` names the column read."""
     out = []
-    for b in batches:
+    for b in sorted(set(batches)):
         nbytes = b * draft_tokens * hidden * 2
-        t = perf.time_us(nbytes)
+        t, column = perf.verify_time_us(nbytes)
         exact = nbytes in perf.sizes
         out.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "time_us": None if t is None else round(t, 1),
+                    "column": column,
                     "basis": ("measured" if exact else "interpolated between measured sizes") if t is not None
                     else f"outside the measured sizes {min(perf.sizes)}-{max(perf.sizes)} B",
                     "source": perf.source, "label": "measured"})
@@ -401,12 +403,17 @@ def _measured(perf: PerfTable, hidden: int, draft_tokens: int, batches: tuple[in
 
 
 def _perf_warnings(perf: PerfTable, n: int | None, what: str) -> list[str]:
+    """The table against the box (several nodes, another world size), and the rows it dropped."""
     out = []
-    if perf.n_ranks and n and perf.n_ranks != n:
+    several = perf.several_nodes(n or None)
+    if several:
+        out.append(several)
+    elif perf.n_ranks and n and perf.n_ranks != n:
         out.append(f"{perf.source} was measured on {perf.n_ranks} ranks, the {what} has {n}: its times are for "
                    "another world size")
-    if perf.problems:
-        out.append(f"{perf.source}: {len(perf.problems)} line(s) dropped: {perf.problems[0]}")
+    if (dropped := perf.dropped_warning()) is not None:
+        out.append(dropped)
+    out += [f"{perf.source}: {p}" for p in perf.problems if "data row dropped" not in p]  # a second table
     return out
 
 
@@ -558,9 +565,12 @@ def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list
                     "`fastverify launch --p2p-check FILE` deploys it (launch sets SGLang's switch after the P2P proof)")
     timed = [m for m in d.measured if m["time_us"] is not None]
     if timed:
-        m = timed[0]
-        acts.append(f"your all_reduce_perf table ({m['source']}) measures NCCL at {m['time_us']:,.1f} µs for the "
-                    f"smallest verify message ({m['msg_bytes']:,} B, {m['basis']}): that, not the model, is the "
+        m = min(timed, key=lambda x: x["msg_bytes"])
+        smallest = min(x["msg_bytes"] for x in d.measured)
+        which = ("the smallest verify message" if m["msg_bytes"] == smallest
+                 else f"the smallest verify message it covers (the smallest, {smallest:,} B, is outside it)")
+        acts.append(f"your all_reduce_perf table ({m['source']}) measures NCCL at {m['time_us']:,.1f} µs for "
+                    f"{which} ({m['msg_bytes']:,} B, {m['column']} column, {m['basis']}): that, not the model, is the "
                     f"baseline; rank backends against it with `fastverify tune --perf-table {m['source']}`")
     if log and log.graph_fallbacks:
         acts.append("NCCL's graph search failed on this box: try NCCL_PROTO=LL for the small verify all-reduces")

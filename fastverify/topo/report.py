@@ -80,18 +80,27 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
     if d.measured:
         t = Table(title=f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({printable(d.measured[0]['source'])})",
                   title_justify="left")
-        for col in ("tokens", "bytes", "NCCL µs", "basis"):
+        for col in ("tokens", "bytes", "NCCL µs", "column", "basis"):
             t.add_column(col, justify="right", overflow="fold")
         for m in d.measured:
             t.add_row(str(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
-                      m["basis"])
+                      m.get("column") or "-", m["basis"])
         c.print(t)
+        c.print("# the in-place column: SGLang's NCCL all-reduce writes into its input", markup=False)
     tu = d.nccl_tuning
     if tu:
         if tu["model_table"]:
             cells = ", ".join(f"{r['algo']}/{r['proto']} {r['latency_us']:g} µs + size/{r['algbw_gbps']:g} GB/s"
                               for r in tu["model_table"])
             c.print(f"NCCL's model table (TUNING, AllReduce): {cells}", markup=False)
+            t = Table(title="NCCL's model table from the log (TUNING, AllReduce; NCCL's own numbers)",
+                      title_justify="left")
+            for col in ("algorithm", "protocol", "latency µs", "algBw GB/s"):
+                t.add_column(col, justify="right")
+            for r in tu["model_table"]:
+                bw = f"{r['algbw_gbps']:g}" if r["algbw_gbps"] > 0 else "0 (never picked)"
+                t.add_row(r["algo"], r["proto"], f"{r['latency_us']:g}", bw)
+            c.print(t)
         if tu["verify_choice"]:
             t = Table(title="verify all-reduce, NCCL's own model table from the log, PREDICTED", title_justify="left")
             for col in ("tokens", "bytes", "NCCL picks", "model µs"):

@@ -6,21 +6,17 @@ The measurements live in ``fastverify/data/published_allreduce.json``: one :clas
 times in µs, how the numbers were read, link). :func:`estimate` turns them into a range and a point
 for one backend and one message size.
 
-Why a range over boxes and not a fitted curve: NCCL time on PCIe differs 5-15x between hosts
-with the same GPU (at 12-96 KiB the SGLang ``pcie_ipc_ar.py`` 8x SM120 host measured 205-585 µs,
-the rtx6kpro 8x RTX PRO 6000 Turin host 48-49 µs). Switches, NUMA and P2P decide it and the
-topology alone does not tell them, so the honest answer is a wide range ("a new box like the
-published ones lands here"); the user's own measurement (``fastverify tune``, ``--perf-table``)
-replaces it.
+Why a range from the point's own misses: NCCL time on PCIe differs 5-15x between hosts with the
+same GPU (at 12-96 KiB the SGLang ``pcie_ipc_ar.py`` 8x SM120 host measured 205-585 µs, the
+rtx6kpro 8x RTX PRO 6000 Turin host 48-49 µs), so a range joined from the boxes' raw times is too
+wide to act on (36-49x). The range is the point x/÷ how far this point rule missed on published
+boxes it did not see (:mod:`fastverify.tune.ranges`), or "unknown at this size" where too few
+boxes tell; the user's own measurement (``fastverify tune``, ``--perf-table``) replaces it.
 
-Rules. All but the range rule were fixed before the leave-one-box-out benchmark
-``benchmarks/bench_model.py`` first ran and were not adjusted to its result. The range rule was
-revised on 2026-12-01 after that first run (1/6 NCCL boxes, 0/2 PCIe IPC boxes inside the range;
-3/9 and 0/2 once the data file grew to 14 boxes): the old range, the min..max envelope of the
-comparable boxes, cannot reach the 80 % aim by construction (a new box falls inside the envelope
-of n others with probability at most (n-1)/(n+1) at one size, and must be inside at every size).
-The 90 % level, the size grid and the fallback threshold below were chosen before the second run
-and were not tuned to it.
+Rules. Comparable, interpolation, box value and point were fixed before the leave-one-box-out
+benchmark ``benchmarks/bench_model.py`` first ran. The range rule was revised twice after it:
+on 2026-12-01 (the min..max envelope reached 1/6 NCCL boxes) and on 2026-12-10 (a reviewer's
+37 public points: the t interval of raw between-box spread joined with the envelope was 36x wide).
 
 * **Comparable**: same world size; for NCCL only measurements taken with default settings (the
   baseline a user has before tuning); for a backend that needs P2P (registry ``needs_p2p``) only
@@ -32,29 +28,17 @@ and were not tuned to it.
   log-log slope is continued, clamped to [0, 1] (time cannot grow faster than the bytes), flat
   when the table has one size. Further away the measurement does not count.
 * **Box value**: a box with several comparable measurements at a size counts once, as their median.
-* **Range** (revised 2026-12-01, see above): the union of two intervals, and always
-  ``low <= point <= high``:
-
-  - a :data:`PREDICTION_LEVEL` (90 %, two-sided) prediction interval for a *new* box in log space:
-    ``exp(mean ± q·s·sqrt(1 + 1/n))``, the mean of ln(box value) over the n comparable boxes at the
-    size (n = 1 included), ``s`` the pooled between-box standard deviation of ln(time)
-    (:func:`spread`), ``q`` the 0.95 quantile of Student's t with the pool's degrees of freedom
-    (:func:`t_quantile`; the normal quantile 1.645 from 30 degrees of freedom on);
-  - the old envelope: min .. max over the comparable measurements (a source's own run-to-run
-    spread included where it gives one), widened by :data:`RANGE_WIDEN` each way. 1.25 is the
-    run-to-run spread of the one source that publishes repeats: FlashInfer PR #4393, 8x L40S TP8
-    batch 1, three runs 18.7 / 21.8 / 28.9 µs, sqrt(28.9 / 18.7) = 1.24. So the range is never
-    narrower than before the revision.
-* **Pooled spread** ``s`` (:func:`spread`): a *cell* is (backend, or for a measurement with no
+* **Residuals** (:func:`published_residuals`): a *cell* is (backend, or for a measurement with no
   registry backend its ``kernel`` string; world size; message size on :data:`SPREAD_GRID`, the
   powers of two 4 KiB .. 4 MiB). Every measurement with times that passes the comparable rule of
-  its backend (NCCL: default settings; a P2P backend, or a kernel with no registry backend: P2P
-  working) is interpolated at the grid sizes; each box gives one value per cell (median); cells
-  with at least 2 boxes count: ``s² = Σ_cells Σ_boxes (ln v - cell mean)² / Σ_cells (n_cell - 1)``.
-  NCCL cells and P2P-kernel cells are pooled apart (``s`` of NCCL for ``nccl``, of the kernels for
-  every other backend); a group with fewer than :data:`MIN_GROUP_DF` (10) degrees of freedom uses
-  the pool of all cells instead. With ``exclude_box`` the box is left out of ``s`` too (no leakage
-  in the leave-one-box-out benchmark). With no degrees of freedom at all only the envelope is left.
+  its backend is interpolated at the grid sizes; each box gives one value per cell (median). In a
+  cell of at least 2 boxes each box's residual is ln(its value / the point rule below applied to
+  the cell's other boxes, with its own SM and PCIe generation). NCCL cells and P2P-kernel cells
+  are pooled apart. With ``exclude_box`` that box is left out of every cell first (no leakage).
+* **Range**: :func:`fastverify.tune.ranges.fit` of the pool: point x exp(median residual ± 1.2816 x
+  robust spread), at least x/÷ 1.25, or unknown (fewer than 4 boxes in the pool, a world size or
+  size more than 2x from the pool's, a range wider than 8x): then ``low_us`` / ``high_us`` are None
+  and ``unknown`` says why.
 * **Point**: the median over boxes (a box with several measurements counts once, as their
   median) of the boxes closest to the caller's: same SM major when any comparable box has it
   (same GPU generation: same PCIe generation and host platforms in the data), then same PCIe
@@ -85,41 +69,41 @@ import msgspec
 
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, backend_info
+from fastverify.tune import ranges as R
 
 __all__ = [
     "DATA_FILE",
     "DISAGREE",
     "EXTRAPOLATE",
-    "MIN_GROUP_DF",
-    "NORMAL_DF",
-    "PREDICTION_LEVEL",
     "RANGE_WIDEN",
     "SPREAD_GRID",
     "Box",
     "Estimate",
     "Measurement",
     "PublishedData",
-    "Spread",
     "comparable",
     "estimate",
     "interpolate",
     "load",
     "measurements",
     "published_boxes",
-    "spread",
-    "t_quantile",
+    "passes",
+    "published_residuals",
 ]
 
 DATA_FILE = "published_allreduce.json"
-RANGE_WIDEN = 1.25  # see the module docstring: FlashInfer PR #4393 run-to-run spread, sqrt(28.9/18.7)
+RANGE_WIDEN = R.FLOOR  # narrowest range factor each way (FlashInfer PR #4393 run-to-run spread)
 EXTRAPOLATE = 2.0  # one power-of-two step beyond a table's sizes, no further
 DISAGREE = 3.0  # comparable sources further apart than this get the note
-PREDICTION_LEVEL = 0.90  # two-sided level of the prediction interval; chosen before the second LOBO run
-SPREAD_GRID = tuple(4096 << k for k in range(11))  # 4 KiB .. 4 MiB, the sizes s is pooled over
-MIN_GROUP_DF = 10  # a group (NCCL / P2P kernels) with fewer degrees of freedom uses the pool of all cells
-NORMAL_DF = 30  # from this many degrees of freedom on, t_quantile returns the normal quantile
+SPREAD_GRID = tuple(4096 << k for k in range(11))  # 4 KiB .. 4 MiB, the sizes residuals are taken at
 
 ReadFrom = Literal["table", "text", "docstring table", "derived from busBw", "plot"]
+
+# What measured a table, where a ``tool`` names one of these it starts with the label. Only an
+# nccl-tests all_reduce_perf run may be labelled ``nccl-tests``: the NCCL column of another
+# benchmark (SGLang's PCIe oneshot crossover table, p2pmark's custom-vs-NCCL table) is labelled by
+# that benchmark, since its timing loop is not all_reduce_perf's.
+TOOL_LABELS = ("nccl-tests all_reduce_perf", "SGLang PCIe oneshot auto-crossover benchmark", "p2pmark")
 Fabric = Literal["switch", "root_complex", "mixed", "unknown"]
 
 
@@ -200,6 +184,9 @@ def _check(data: PublishedData, name: str) -> PublishedData:
             raise UserError(f"{name}: record {r.id!r} has no https link ({r.link!r})")
     for m in data.measurements:
         where = f"{name}: measurement {m.id!r}"
+        if m.tool.startswith("nccl-tests") and (other := next(
+                (t for t in TOOL_LABELS[1:] if t.lower() in f"{m.kernel} {m.note}".lower()), None)):
+            raise UserError(f"{where}: labelled {m.tool!r} but its note names {other!r}: label it {other!r}")
         if m.box not in boxes:
             raise UserError(f"{where} names unknown box {m.box!r}")
         values = m.times_us if m.times_us is not None else m.speedup_vs_nccl
@@ -300,14 +287,19 @@ class Estimate:
     backend : BackendName
     msg_bytes : int
         Message size in bytes (the whole buffer each rank reduces).
-    point_us, low_us, high_us : float
-        Point estimate and range in µs; ``low_us <= point_us <= high_us``.
+    point_us : float
+        Point estimate in µs.
+    low_us, high_us : float or None
+        The range in µs, ``low_us < point_us < high_us``; None when the evidence cannot give one
+        (``unknown`` says why).
     sources : tuple[str, ...]
         Measurement ids used (each names box, GPU, P2P, tool and link in the data file).
     evidence : str
         One line naming what the figure comes from.
     notes : tuple[str, ...]
         The disagreement note (see the module docstring), if any.
+    unknown : str or None
+        Why there is no range (:data:`fastverify.tune.ranges.UNKNOWN` and the reason).
     label : str
         Always ``"predicted"``.
     """
@@ -315,11 +307,12 @@ class Estimate:
     backend: BackendName
     msg_bytes: int
     point_us: float
-    low_us: float
-    high_us: float
+    low_us: float | None
+    high_us: float | None
     sources: tuple[str, ...]
     evidence: str
     notes: tuple[str, ...] = ()
+    unknown: str | None = None
     label: str = "predicted"
 
 
@@ -335,7 +328,7 @@ def _gate_ok(backend: BackendName, sm: tuple[int, int] | None, p2p: bool | None)
     return True
 
 
-def _passes(m: Measurement) -> bool:
+def passes(m: Measurement) -> bool:
     """The comparable rule of ``m``'s own backend, world size and size aside (module docstring):
     times given; NCCL: default settings; a backend that needs P2P, or a kernel with no registry
     backend: P2P working."""
@@ -351,7 +344,7 @@ def _passes(m: Measurement) -> bool:
 def _comparable(backend: BackendName, world_size: int, exclude_box: str | None,
                 data: PublishedData) -> Iterable[Measurement]:
     for m in data.measurements:
-        if m.backend is backend and m.world_size == world_size and m.box != exclude_box and _passes(m):
+        if m.backend is backend and m.world_size == world_size and m.box != exclude_box and passes(m):
             yield m
 
 
@@ -363,126 +356,56 @@ def comparable(backend: BackendName, world_size: int, exclude_box: str | None = 
     return list(_comparable(backend, world_size, exclude_box, data if data is not None else _packaged()))
 
 
-def t_quantile(df: int, p: float = 0.95) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (no scipy).
-
-    df 1 and 2: the closed forms (df 1: tan(pi (p - 1/2)); df 2: (2p - 1) / sqrt(2 p (1 - p)));
-    3 <= df < :data:`NORMAL_DF` (30): the Cornish-Fisher expansion of t in powers of 1/df to the
-    fourth term (Abramowitz & Stegun, Handbook of Mathematical Functions, 26.7.5), within 0.001 of
-    the tables from df 3 on (df 5: 2.015, df 10: 1.812, df 20: 1.725 at p = 0.95); df >= 30: the
-    normal quantile ``statistics.NormalDist().inv_cdf(p)`` (1.645 at p = 0.95, where t is 1.697 at
-    df 30 and 1.671 at df 60: the interval is up to 3 % narrower in log space than t's).
-
-    Raises
-    ------
-    ValueError
-        ``df < 1`` or ``p`` outside (0, 1).
-    """
-    if df < 1 or not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile needs df >= 1 and 0 < p < 1 (got df {df}, p {p})")
-    if df == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df == 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = statistics.NormalDist().inv_cdf(p)
-    if df >= NORMAL_DF:
-        return z
-    g1 = (z ** 3 + z) / 4
-    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
-    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
-    g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
-
-
-SpreadGroup = Literal["nccl", "kernel"]
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The pooled between-box spread of ln(time) that sets the prediction interval's width.
-
-    Attributes
-    ----------
-    group : "nccl", "kernel" or "all"
-        The pool used: the one asked for, or ``"all"`` when it had fewer than :data:`MIN_GROUP_DF`
-        degrees of freedom.
-    s : float or None
-        Pooled standard deviation of ln(time in µs) between boxes in one cell (dimensionless;
-        e^s is a factor); None when no cell has two boxes.
-    df : int
-        Degrees of freedom, Σ_cells (n_cell - 1).
-    cells : int
-        Cells with at least two boxes in the pool.
-    q : float or None
-        ``t_quantile(df, (1 + PREDICTION_LEVEL) / 2)``; None with ``s``.
-    """
-
-    group: Literal["nccl", "kernel", "all"]
-    s: float | None
-    df: int
-    cells: int
-    q: float | None
-
-
-def _group_of(m: Measurement) -> SpreadGroup:
-    return "nccl" if m.backend is BackendName.nccl else "kernel"
-
-
 @functools.lru_cache(maxsize=256)
-def _cell_logs(data: PublishedData, exclude_box: str | None) -> dict[SpreadGroup, tuple[tuple[float, ...], ...]]:
-    """Per group, the ln(box value) of every cell with >= 2 boxes (module docstring, Pooled spread)."""
-    cells: dict[tuple, dict[str, list[float]]] = {}
+def _cells(data: PublishedData, exclude_box: str | None) -> dict[tuple, dict[str, float]]:
+    """(group, key, world size, grid size) -> box -> value in µs (module docstring, Residuals)."""
+    raw: dict[tuple, dict[str, list[float]]] = {}
     for m in data.measurements:
-        if m.box == exclude_box or not _passes(m):
+        if m.box == exclude_box or not passes(m):
             continue
         key = ("backend", m.backend.value) if m.backend is not None else ("kernel", m.kernel)
+        group = "nccl" if m.backend is BackendName.nccl else "kernel"
         for size in SPREAD_GRID:
             t = m.time_at(size)
             if t is not None:
-                cells.setdefault((_group_of(m), key, m.world_size, size), {}).setdefault(m.box, []).append(t)
-    out: dict[SpreadGroup, list[tuple[float, ...]]] = {"nccl": [], "kernel": []}
-    for (group, *_), boxes in cells.items():
-        if len(boxes) >= 2:
-            out[group].append(tuple(math.log(statistics.median(ts)) for ts in boxes.values()))
-    return {g: tuple(v) for g, v in out.items()}
+                raw.setdefault((group, key, m.world_size, size), {}).setdefault(m.box, []).append(t)
+    return {k: {b: statistics.median(ts) for b, ts in v.items()} for k, v in raw.items()}
 
 
-def _pool(cells: Iterable[tuple[float, ...]]) -> tuple[float | None, int, int]:
-    ss, df, n = 0.0, 0, 0
-    for logs in cells:
-        mean = statistics.fmean(logs)
-        ss += sum((x - mean) ** 2 for x in logs)
-        df += len(logs) - 1
-        n += 1
-    return (math.sqrt(ss / df) if df else None), df, n
+@functools.lru_cache(maxsize=256)
+def _residuals(group: str, data: PublishedData, exclude_box: str | None) -> tuple[R.Residual, ...]:
+    out = []
+    for (g, _, ws, size), vals in _cells(data, exclude_box).items():
+        if g != group or len(vals) < 2:
+            continue
+        for b, v in vals.items():
+            bx = _box(b, data)
+            point, _ = _point({o: x for o, x in vals.items() if o != b}, data, bx.sm, bx.pcie_gen)
+            out.append(R.Residual(b, ws, size, math.log(v / point)))
+    return tuple(out)
 
 
-def spread(group: SpreadGroup, *, exclude_box: str | None = None, data: PublishedData | None = None) -> Spread:
-    """Pooled between-box spread of ln(time) for ``"nccl"`` or ``"kernel"`` (every other backend).
+def published_residuals(group: Literal["nccl", "kernel"], *, exclude_box: str | None = None,
+                        data: PublishedData | None = None) -> tuple[R.Residual, ...]:
+    """The point rule's misses on the published boxes, ``"nccl"`` or ``"kernel"`` cells (module
+    docstring, Residuals); ``exclude_box`` left out of every cell first. ``data``: a file read with
+    :func:`load`; default the packaged one."""
+    return _residuals(group, data if data is not None else _packaged(), exclude_box)
 
-    Parameters
-    ----------
-    group : "nccl" or "kernel"
-    exclude_box : str or None
-        Leave that box out of every cell (leave-one-box-out: the held-out box must not widen or
-        narrow its own interval).
-    data : PublishedData or None
-        A file read with :func:`load`; default the packaged one.
 
-    Returns
-    -------
-    Spread
-        The rule is the module docstring's "Pooled spread". ``group`` falls back to ``"all"``
-        when the asked group has fewer than :data:`MIN_GROUP_DF` degrees of freedom.
-    """
-    logs = _cell_logs(data if data is not None else _packaged(), exclude_box)
-    s, df, n = _pool(logs[group])
-    used: Literal["nccl", "kernel", "all"] = group
-    if df < MIN_GROUP_DF:
-        s, df, n = _pool(logs["nccl"] + logs["kernel"])
-        used = "all"
-    q = t_quantile(df, (1 + PREDICTION_LEVEL) / 2) if s is not None else None
-    return Spread(group=used, s=s, df=df, cells=n, q=q)
+def _point(box_val: dict[str, float], data: PublishedData, sm: tuple[int, int] | None,
+           pcie_gen: int | None) -> tuple[float, str]:
+    """The point rule (module docstring, Point) over ``box_val`` (box -> µs), and its basis."""
+    pool = list(box_val)
+    basis = "median of every comparable box"
+    boxes = {b: _box(b, data) for b in pool}
+    if sm is not None and any(boxes[b].sm[0] == sm[0] for b in pool):
+        pool = [b for b in pool if boxes[b].sm[0] == sm[0]]
+        basis = f"median of the SM{sm[0]}x boxes"
+        if pcie_gen is not None and any(boxes[b].pcie_gen == pcie_gen for b in pool):
+            pool = [b for b in pool if boxes[b].pcie_gen == pcie_gen]
+            basis += f" on PCIe Gen{pcie_gen}"
+    return statistics.median(box_val[b] for b in pool), basis
 
 
 def _speedups(msg_bytes: int, exclude_box: str | None, data: PublishedData) -> dict[str, float]:
@@ -532,8 +455,8 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
     p2p : bool or None
         False: a backend that needs P2P gets None.
     exclude_box : str or None
-        Leave that box's measurements out (leave-one-box-out benchmark), from the pooled spread
-        ``s`` too.
+        Leave that box's measurements out (leave-one-box-out benchmark), from the residual pool
+        too.
     data : PublishedData or None
         Measurements read with :func:`load` from another file (tests, a user's own collection);
         default the packaged file.
@@ -546,53 +469,27 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
         all-reduce + residual + RMSNorm kernel is published (b12x PR #139's hierarchical and
         island kernels are other kernels, at 16 GPUs), and for ``custom_ar`` at world size 2: the
         only PCIe figure (sglang-V100 PR #2) is at 4 GPUs. No number is invented for either.
-        Otherwise ``low_us .. high_us`` is the module docstring's range (a 90 % prediction interval
-        for a new box joined with the comparable boxes' min..max x/÷ 1.25), in µs.
+        Otherwise ``low_us .. high_us`` is the module docstring's range in µs (the point x/÷ the
+        point rule's own misses), or None with ``unknown`` set.
     """
     if msg_bytes <= 0 or not _gate_ok(backend, sm, p2p):
         return None
     if data is None:
         data = _packaged()
-    vals: list[tuple[Measurement, float, float, float]] = []
-    for m in _comparable(backend, world_size, exclude_box, data):
-        t = m.time_at(msg_bytes)
-        if t is not None:
-            lo, hi = m.range_at(msg_bytes) or (t, t)
-            vals.append((m, t, lo, hi))
+    vals = [(m, t) for m in _comparable(backend, world_size, exclude_box, data) if (t := m.time_at(msg_bytes))]
     if not vals:
         return None
     per_box: dict[str, list[float]] = {}
-    for m, t, _, _ in vals:
+    for m, t in vals:
         per_box.setdefault(m.box, []).append(t)
     box_val = {b: statistics.median(ts) for b, ts in per_box.items()}
-    pool = list(box_val)
-    basis = "median of every comparable box"
-    boxes = {b: _box(b, data) for b in box_val}
-    if sm is not None and any(boxes[b].sm[0] == sm[0] for b in pool):
-        pool = [b for b in pool if boxes[b].sm[0] == sm[0]]
-        basis = f"median of the SM{sm[0]}x boxes"
-        if pcie_gen is not None and any(boxes[b].pcie_gen == pcie_gen for b in pool):
-            pool = [b for b in pool if boxes[b].pcie_gen == pcie_gen]
-            basis += f" on PCIe Gen{pcie_gen}"
-    point = statistics.median(box_val[b] for b in pool)
-    low = min(v[2] for v in vals) / RANGE_WIDEN
-    high = max(v[3] for v in vals) * RANGE_WIDEN
-    n = len(box_val)
-    sp = spread("nccl" if backend is BackendName.nccl else "kernel", exclude_box=exclude_box, data=data)
-    if sp.s is not None and sp.q is not None:
-        centre = statistics.fmean(math.log(v) for v in box_val.values())
-        half = sp.q * sp.s * math.sqrt(1 + 1 / n)
-        low, high = min(low, math.exp(centre - half)), max(high, math.exp(centre + half))
-        pool_name = {"nccl": "NCCL", "kernel": "P2P-kernel", "all": "all"}[sp.group]
-        rng = (f"range = 90 % prediction interval for a new box: geometric mean of the comparable boxes x/÷ "
-               f"e^(q·s·sqrt(1+1/n)) = x/÷ {math.exp(half):.3g} (s {sp.s:.3f} = pooled between-box spread of ln "
-               f"time over the {pool_name} cells, df {sp.df}, q {sp.q:.3f}, n {n}), joined with their min..max "
-               f"x/÷ {RANGE_WIDEN:g}")
-    else:
-        rng = f"range = their min..max x/÷ {RANGE_WIDEN:g} (no pooled spread: no cell has two boxes)"
-    low, high = min(low, point), max(high, point)
+    point, basis = _point(box_val, data, sm, pcie_gen)
+    group = "nccl" if backend is BackendName.nccl else "kernel"
+    rf = R.fit(published_residuals(group, exclude_box=exclude_box, data=data), world_size=world_size,
+               msg_bytes=msg_bytes)
+    low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
     notes: list[str] = []
-    ratio = max(v[1] for v in vals) / min(v[1] for v in vals)
+    ratio = max(t for _, t in vals) / min(t for _, t in vals)
     if backend is BackendName.nccl:
         if ratio > DISAGREE:
             notes.append(f"published NCCL times on comparable boxes differ {ratio:.0f}x at this size (hosts differ in "
@@ -602,8 +499,10 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
         su = _speedups(msg_bytes, exclude_box, data)
         if ratio > DISAGREE or (len(su) >= 2 and max(su.values()) / min(su.values()) > DISAGREE):
             notes.append(_collapse_note(min(su.values(), default=float("nan")), max(su.values(), default=float("nan"))))
-    described = ", ".join(f"{(bx := boxes[b]).gpu_count}x {bx.gpu}" for b in box_val)
-    evidence = (f"published: {n} comparable box{'es' if n > 1 else ''} ({described}), "
-                f"TP{world_size}; point = {basis}; {rng}")
+    n = len(box_val)
+    described = ", ".join(f"{(bx := _box(b, data)).gpu_count}x {bx.gpu}" for b in box_val)
+    evidence = (f"published: {n} comparable box{'es' if n > 1 else ''} ({described}), TP{world_size}; "
+                f"point = {basis}; {rf.text('the point')}")
     return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
-                    sources=tuple(v[0].id for v in vals), evidence=evidence, notes=tuple(notes))
+                    sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
+                    unknown=None if rf.known else f"{R.UNKNOWN} ({rf.reason})")

@@ -12,8 +12,8 @@ Evidence order, per message size of the verify step (the first that has the size
    NCCL's ``src/graph/tuning.cc`` model, fastest enabled pair), else the cost model with the
    transports the log shows;
 4. the topology: NCCL's cost model with the PCIe correction (:mod:`fastverify.tune.predict`),
-   its range from published NCCL measurements of comparable boxes
-   (:func:`fastverify.tune.backend_model.estimate`).
+   its range the point x/÷ the cost model's own misses on the published NCCL boxes
+   (:func:`fastverify.tune.ranges.nccl_fit`), or unknown where they cannot tell.
 
 NCCL-setting candidates are the cost model's ratio to the baseline applied to the baseline's
 figure. A backend's figure is its published per-size model (sum over sizes × counts of
@@ -21,7 +21,10 @@ figure. A backend's figure is its published per-size model (sum over sizes × co
 figure. With a profile's transfer / wait split, a faster kernel replaces the transfer only:
 "wait kept" = wait + kernel, "wait shrinks" = kernel; the range spans both and the point is the
 wait-kept bound. A backend with no comparable published measurement is listed as
-"no published data: measure with fastverify tune" and is not ranked.
+"no published data: measure with fastverify tune", one whose range is unknown at a size as
+"unknown at this size: measure with fastverify tune"; neither is ranked. A backend that fits no
+size of the step (more rows than ``max_rows`` at every size) is not a candidate. The verdict per
+size and each backend's crossover: :func:`fastverify.tune.per_size.per_size_rows`.
 """
 
 from __future__ import annotations
@@ -33,28 +36,29 @@ from types import MappingProxyType
 from typing import Any
 
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
+from fastverify.tune.per_size import per_size_json, per_size_rows, tuning_time_us
 
 PREDICTED = "predicted"
 MEASURED = "measured"
 NO_DATA = "no published data: measure with fastverify tune"
+UNKNOWN = "unknown at this size: measure with fastverify tune"
 MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
 SCHEMA = "fastverify.tune"
-SCHEMA_VERSION = 2
-"""2: ``change_pct`` (new vs baseline, negative = less time) replaced ``vs_baseline_pct`` (positive =
-faster)."""
+SCHEMA_VERSION = 2  # 2: change_pct (new vs baseline, - = less time) replaced vs_baseline_pct (+ = faster)
 
 
 @dataclass(frozen=True)
 class Figure:
     """One candidate's all-reduce time per verify step (µs), with where it came from.
 
-    ``point_us`` / ``range_us`` are ``None`` for a backend without comparable published data
-    (listed, not ranked). ``evidence`` holds one line per source used (a file path, or
-    ``"published: …"``); ``sources`` the ids of published measurements; ``bounds`` the
-    ``wait_kept_us`` / ``wait_shrinks_us`` of a profile's split; ``nccl`` the
-    :class:`fastverify.tune.predict.Candidate` behind an NCCL-settings figure; ``verify`` the
-    verify-time / tok/s figures (:func:`with_verify`).
-    """
+    ``point_us`` / ``range_us`` are ``None`` for a backend without comparable published data or
+    with an unknown range at some size (listed, not ranked; ``status`` says which); ``range_us``
+    is None too for a baseline whose range is unknown at some size. ``per_call_us`` / ``per_call_range``
+    hold one all-reduce of each size (µs; a range None where unknown). ``evidence``: one line per
+    source used (a file path, or ``"published: …"``); ``sources``: published measurement ids;
+    ``bounds``: ``wait_kept_us`` / ``wait_shrinks_us`` of a profile's split; ``nccl``: the
+    :class:`fastverify.tune.predict.Candidate` behind an NCCL-settings figure; ``verify``: the
+    verify-time / tok/s figures (:func:`with_verify`)."""
 
     backend: BackendName
     name: str
@@ -71,6 +75,9 @@ class Figure:
     nccl: Any = field(default=None, compare=False, repr=False)
     verify: Mapping[str, Any] | None = None
     per_call_us: Mapping[int, float] = field(default_factory=dict, compare=False, repr=False)
+    per_call_range: Mapping[int, tuple[float, float] | None] = field(default_factory=dict, compare=False,
+                                                                     repr=False)
+    status: str | None = None
 
     @property
     def ranked(self) -> bool:
@@ -80,12 +87,15 @@ class Figure:
 @dataclass(frozen=True)
 class Prediction:
     """``baseline`` (also among ``candidates``); ``candidates`` ranked fastest first, then the
-    unranked ones; ``not_candidates`` one line per backend the registry (or the shapes) rules out."""
+    unranked ones; ``not_candidates`` one line per backend ruled out; ``per_size`` one row per size
+    and ``crossover_bytes`` per backend name (:func:`fastverify.tune.per_size.per_size_rows`)."""
 
     baseline: Figure
     candidates: tuple[Figure, ...]
     not_candidates: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    per_size: tuple[Mapping[str, Any], ...] = ()
+    crossover_bytes: Mapping[str, int | None] = field(default_factory=dict)
 
     @property
     def best(self) -> Figure:
@@ -103,27 +113,6 @@ def _dedup(items) -> tuple[str, ...]:
 # --- the NCCL baseline, per size, in evidence order -------------------------------------------------
 
 
-def _tuning_time_us(log, nbytes: int, enabled: tuple[frozenset, frozenset | None] | None) -> float | None:
-    """NCCL's own predicted time of one AllReduce of ``nbytes`` from the log's TUNING table: the
-    fastest (algorithm, protocol) with a bandwidth > 0 (NCCL prints 0 for disabled pairs) among
-    those the environment enables; ``lat + nbytes / (1000 × bw)`` µs with bw in GB/s
-    (NCCL ``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``)."""
-    rows = (log.tuning or {}).get("AllReduce") if log is not None else None
-    if not rows:
-        return None
-    algos, protos = enabled if enabled else (None, None)
-    times = []
-    for (algo, proto), (lat, bw) in rows.items():
-        if not (bw and bw > 0 and lat is not None and lat >= 0):
-            continue
-        if algos is not None and not any(a.value.upper() == algo.upper() for a in algos):
-            continue
-        if protos is not None and not any(p.value.upper() == proto.upper() for p in protos):
-            continue
-        times.append(lat + nbytes / (1000.0 * bw))
-    return min(times) if times else None
-
-
 def log_transport(log) -> str | None:
     """``"SHM"`` when the NCCL log shows any intra-node GPU pair on SHM, ``"P2P"`` when every pair
     it shows is on P2P, ``None`` when it shows no transport (the ring runs at its slowest hop)."""
@@ -133,7 +122,7 @@ def log_transport(log) -> str | None:
     return "SHM" if "SHM" in kinds else "P2P"
 
 
-def _baseline(workload, base, *, perf, log, enabled, nccl_range) -> Figure:
+def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
     """The current environment's figure: per size, the first evidence that has it."""
     from fastverify.nccl import model as M
     from fastverify.topo import diagnose as D
@@ -148,41 +137,49 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_range) -> Figure:
     notes: list[str] = []
     per_model = {s.msg_bytes: s.time_us for s in base.per_size}
     per_call: dict[int, float] = {}
+    per_range: dict[int, tuple[float, float] | None] = {}
+    unknown = False
     for nbytes, count in workload.msg_sizes:
         t = per_call[nbytes] = by_size.get(nbytes)
         if t is not None:
             evidence.append(f"measured: {workload.source}, median per call ({workload.clock})")
             labels.add(MEASURED)
+            per_range[nbytes] = (t, t)
             point, low, high = point + count * t, low + count * t, high + count * t
             continue
-        t = per_call[nbytes] = perf.time_us(nbytes, in_place=True) if perf is not None else None
+        t, column = perf.verify_time_us(nbytes) if perf is not None else (None, None)
+        per_call[nbytes] = t
         if t is not None:
-            evidence.append(f"measured on your box: all_reduce_perf {perf.source} (in place)")
+            evidence.append(f"measured on your box: all_reduce_perf {perf.source} ({column} column)")
             labels.add(MEASURED)
+            per_range[nbytes] = (t, t)
             point, low, high = point + count * t, low + count * t, high + count * t
             continue
-        t = per_call[nbytes] = _tuning_time_us(log, nbytes, enabled)
+        t = per_call[nbytes] = tuning_time_us(log, nbytes, enabled)
         if t is not None:
             evidence.append(f"predicted: NCCL's own TUNING table in the NCCL log {log.source}")
             labels.add(PREDICTED)
-            point, low, high = point + count * t, low + count * t, high + count * t
-            continue
-        if lt is not None and lt != base.transport:
+            what = "NCCL's TUNING-table point (the cost model's misses)"
+        elif lt is not None and lt != base.transport:
             t = D.CALIBRATION[M.Transport(lt)].predict(nbytes, base.inputs).time_us
             evidence.append(f"predicted: NCCL cost model with the transport the NCCL log {log.source} shows ({lt}; "
                             f"the topology alone says {base.transport})")
+            what = "the NCCL cost model's point"
         else:
             t = per_model[nbytes]
             seen = f", as the NCCL log {log.source} shows" if lt is not None else ""
-            evidence.append(f"predicted: NCCL cost model ({base.transport}{seen}) on the topology")
+            evidence.append(f"predicted: NCCL cost model ({base.transport}{seen}) on the topology; point = the "
+                            "cost model")
+            what = "the NCCL cost model's point"
         per_call[nbytes] = t
         labels.add(PREDICTED)
-        est = nccl_range.get(nbytes)
-        lo, hi = (min(t, est.low_us), max(t, est.high_us)) if est is not None else (t, t)
-        if est is not None:
-            evidence.append(f"range: {est.evidence}")
-            sources += est.sources
-            notes += est.notes
+        rf = nccl_fit(nbytes, workload.tp)
+        evidence.append(rf.text(what))
+        if rf.known:
+            lo, hi = t * rf.low, t * rf.high
+            per_range[nbytes] = (lo, hi)
+        else:
+            unknown, lo, hi, per_range[nbytes] = True, t, t, None
         point, low, high = point + count * t, low + count * lo, high + count * hi
     if workload.measured_on_gpu and not profile_ok:
         notes.append(f"the profile ran with backend {workload.profile_backend}, not NCCL: its times are not "
@@ -191,20 +188,29 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_range) -> Figure:
         notes.append(f"the profile's times ({workload.clock}) are not GPU timings and are not used")
     label = MEASURED if labels == {MEASURED} else PREDICTED
     name = f"baseline (current environment, NCCL_P2P_LEVEL {base.p2p_level})"
-    return Figure(BackendName.nccl, name, MappingProxyType({}), point, (low, high), _dedup(evidence), label,
-                  is_baseline=True, sources=_dedup(sources), notes=_dedup(list(base.notes) + notes),
-                  transport=lt or base.transport, nccl=base, per_call_us=MappingProxyType(per_call))
+    return Figure(BackendName.nccl, name, MappingProxyType({}), point, None if unknown else (low, high),
+                  _dedup(evidence), label, is_baseline=True, sources=_dedup(sources),
+                  notes=_dedup(list(base.notes) + notes), transport=lt or base.transport, nccl=base,
+                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
 
 
 def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
     """An NCCL-settings candidate: the cost model's ratio to the baseline, applied to the
     baseline's figure and range (the published range is that of the current settings)."""
     ratio = c.allreduce_us / base_model_us if base_model_us > 0 else 1.0
-    lo, hi = baseline.range_us
+    rng = None if baseline.range_us is None else (baseline.range_us[0] * ratio, baseline.range_us[1] * ratio)
+    base_model = {s.msg_bytes: s.time_us for s in baseline.nccl.per_size}
+    per_call, per_range = {}, {}
+    for s in c.per_size:  # the same size's ratio, applied to the baseline's per-call figure and range
+        k = s.time_us / base_model[s.msg_bytes] if base_model.get(s.msg_bytes) else 1.0
+        per_call[s.msg_bytes] = baseline.per_call_us[s.msg_bytes] * k
+        r = baseline.per_call_range.get(s.msg_bytes)
+        per_range[s.msg_bytes] = None if r is None else (r[0] * k, r[1] * k)
     ev = (f"predicted: NCCL cost model ratio to the baseline ({c.transport}, {c.p2p_pairs}/{c.pairs} pairs P2P) "
           "x the baseline's figure and range",)
-    return Figure(BackendName.nccl, c.name, c.settings, baseline.point_us * ratio, (lo * ratio, hi * ratio),
-                  _dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c)
+    return Figure(BackendName.nccl, c.name, c.settings, baseline.point_us * ratio, rng,
+                  _dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c,
+                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
 
 
 # --- backends -------------------------------------------------------------------------------------------
@@ -219,26 +225,40 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
     evidence: list[str] = []
     sources: list[str] = []
     notes: list[str] = []
-    missing = []
+    missing, unknown, all_rows = [], [], []
+    per_call: dict[int, float] = {}
+    per_range: dict[int, tuple[float, float] | None] = {}
     for nbytes, count in workload.msg_sizes:
         rows = nbytes // (elem * workload.hidden) if workload.hidden else None
         if info.max_rows is not None and rows is not None and rows > info.max_rows:
             fallback += count * baseline.per_call_us[nbytes]
+            all_rows.append(rows)
             notes.append(f"{nbytes:,} B ({rows} rows) is above {n}'s {info.max_rows} rows: stays on NCCL")
             continue
         est = estimate(info.name, nbytes, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=p2p_ok)
         if est is None:
             missing.append(nbytes)
             continue
-        kernel, kernel_lo, kernel_hi = kernel + count * est.point_us, kernel_lo + count * est.low_us, \
-            kernel_hi + count * est.high_us
+        per_call[nbytes] = est.point_us
+        per_range[nbytes] = None if est.low_us is None else (est.low_us, est.high_us)
         evidence.append(est.evidence)
         sources += est.sources
         notes += est.notes
+        if est.low_us is None:
+            unknown.append(nbytes)
+            continue
+        kernel, kernel_lo, kernel_hi = kernel + count * est.point_us, kernel_lo + count * est.low_us, \
+            kernel_hi + count * est.high_us
     name = n
-    if missing:
-        return Figure(info.name, name, MappingProxyType({}), None, None,
-                      (f"{NO_DATA} ({', '.join(f'{b:,} B' for b in missing)})",), PREDICTED, notes=_dedup(notes))
+    if len(all_rows) == len(workload.msg_sizes):
+        return (f"{n}: not a candidate: it takes at most {info.max_rows} rows and every all-reduce of the verify "
+                f"step has more ({', '.join(map(str, sorted(set(all_rows))))} rows)")
+    if missing or unknown:
+        status = NO_DATA if missing else UNKNOWN
+        said = ", ".join(f"{b:,} B" for b in (missing or unknown))
+        return Figure(info.name, name, MappingProxyType({}), None, None, (f"{status} ({said})", *evidence),
+                      PREDICTED, sources=_dedup(sources), notes=_dedup(notes), status=status,
+                      per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
     if info.role is Role.fused_norm:
         notes.append(f"{n} fuses the residual add + RMSNorm into the all-reduce: its time is the fused op's")
     wait = workload.allreduce_wait_us if workload.measured_on_gpu else None
@@ -257,7 +277,8 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
         evidence.append("sizes above the backend's rows: the baseline's figure")
     notes.append(MEASURE_HINT)
     return Figure(info.name, name, MappingProxyType({}), point, rng, _dedup(evidence), PREDICTED,
-                  sources=_dedup(sources), notes=_dedup(notes), bounds=bounds)
+                  sources=_dedup(sources), notes=_dedup(notes), bounds=bounds,
+                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
 
 
 def _workload_json(workload) -> dict:
@@ -270,7 +291,7 @@ def _workload_json(workload) -> dict:
 
 def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
                        p2p_source: str, nvlink_full: bool | None, perf=None, log=None, enabled=None,
-                       sglang_version: str | None = None, estimate=None) -> Prediction:
+                       sglang_version: str | None = None, estimate=None, nccl_fit=None) -> Prediction:
     """Every candidate for ``workload``: the NCCL settings ``ranked`` by the cost model
     (:func:`fastverify.tune.predict.rank_nccl_settings`) and every tunable registry backend that
     :func:`fastverify.registry.unreachable_reason` allows on the box, ranked by point estimate.
@@ -298,6 +319,8 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     estimate : callable
         :func:`fastverify.tune.backend_model.estimate` (a parameter for the leave-one-box-out
         benchmark).
+    nccl_fit : callable
+        :func:`fastverify.tune.ranges.nccl_fit`, the baseline's range factor per size (likewise).
 
     Returns
     -------
@@ -305,12 +328,11 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     """
     if estimate is None:
         from fastverify.tune.backend_model import estimate
+    if nccl_fit is None:
+        from fastverify.tune.ranges import nccl_fit
     smt = (sm // 10, sm % 10)
     base = next(c for c in ranked if c.is_baseline)
-    nccl_range = {b: e for b, _ in workload.msg_sizes
-                  if (e := estimate(BackendName.nccl, b, world_size=workload.tp, sm=smt, pcie_gen=pcie_gen,
-                                    p2p=base.transport == "P2P")) is not None}
-    baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_range=nccl_range)
+    baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_fit=nccl_fit)
     figures = [baseline] + [_settings_figure(c, base.allreduce_us, baseline) for c in ranked if not c.is_baseline]
     refused: list[str] = []
     assumed = p2p_ok is None
@@ -330,6 +352,9 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
             continue
         fig = _backend_figure(info, workload, baseline, sm=smt, pcie_gen=pcie_gen, p2p_ok=True if assumed else p2p_ok,
                               estimate=estimate)
+        if isinstance(fig, str):
+            refused.append(fig)
+            continue
         if info.needs_p2p and assumed:
             fig = replace(fig, notes=fig.notes + (
                 f"assumes P2P between every GPU pair, which is not proven ({p2p_source}): run "
@@ -338,7 +363,9 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     ranked_f = sorted((f for f in figures if f.ranked),
                       key=lambda f: (round(f.point_us, 6), not f.is_baseline, len(f.settings), f.name))
     unranked = [f for f in figures if not f.ranked]
-    return Prediction(baseline, tuple(ranked_f + unranked), tuple(refused))
+    cands = tuple(ranked_f + unranked)
+    rows, cross = per_size_rows(workload, cands)
+    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross))
 
 
 # --- verify time and tok/s ------------------------------------------------------------------------------
@@ -357,12 +384,12 @@ def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_
         if not f.ranked:
             return f
         reds = [verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s, user=user)
-                for v in (f.point_us, *f.range_us)]
+                for v in (f.point_us, *(f.range_us or ()))]
         ms = [r["verify_predicted_us"] / 1e3 for r in reds]
         rates = [r["tok_s_predicted"] for r in reds]
-        v = {"verify_ms": ms[0], "verify_ms_range": [ms[1], ms[2]],
-             "tok_s": rates[0], "tok_s_range": [rates[2], rates[1]] if None not in rates else None,
-             "tok_s_upper_bound": tok_s is None and user is None, "reduction": reds[0]}
+        v = {"verify_ms": ms[0], "verify_ms_range": [ms[1], ms[2]] if len(ms) == 3 else None,
+             "tok_s": rates[0], "tok_s_range": [rates[2], rates[1]] if len(rates) == 3 and None not in rates else None,
+             "tok_s_reason": reds[0]["t_rest_basis"] if rates[0] is None else None, "reduction": reds[0]}
         return replace(f, verify=MappingProxyType(v))
 
     cands = tuple(one(f) for f in pred.candidates)
@@ -395,6 +422,9 @@ def figure_dict(f: Figure, number: int | None, baseline_us: float | None) -> dic
         "verify_ms_range": [_r(x, 4) for x in v["verify_ms_range"]] if v.get("verify_ms_range") else None,
         "tok_s": _r(v.get("tok_s"), 2),
         "tok_s_range": [_r(x, 2) for x in v["tok_s_range"]] if v.get("tok_s_range") else None,
+        "tok_s_reason": v.get("tok_s_reason"), "status": f.status,
+        "per_call": [{"msg_bytes": b, "point_us": _r(t), "range_us": None if (r := f.per_call_range.get(b)) is None
+                      else [_r(r[0]), _r(r[1])]} for b, t in f.per_call_us.items() if t is not None],
         "notes": list(f.notes),
     }
 
@@ -416,6 +446,9 @@ def prediction_document(pred: Prediction, workload, *, box: Mapping[str, Any], n
                                 base_us),
         "candidates": cands,
         "not_candidates": list(pred.not_candidates),
+        "per_size": per_size_json(pred.per_size, _r),
+        "crossover_bytes": dict(pred.crossover_bytes),
+        "tok_s_reason": red.get("t_rest_basis") if red.get("tok_s_baseline") is None else None,
         "notes": list(_dedup([*pred.notes, *notes])),
     }
 

@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json [default: tiny]")
     w.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
-                   help="tensor-parallel world size [default: a profile's own; 2 with --model]")
+                   help="tensor-parallel world size [default: a profile's own; with --model every GPU of --topology (or NVML), "
+                        "else 2]")
     w.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
                    help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
                         "own; 4 with --model]")
@@ -83,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     u.add_argument("--allreduce-ms", type=float, default=None, metavar="MS",
                    help="the all-reduce time of that verify step, ms (at most --verify-ms)")
     b = p.add_argument_group("box")
-    b.add_argument("--topology", type=Path, metavar="FILE", help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
+    b.add_argument("--topology", "--nvidia-smi", dest="topology", type=Path, metavar="FILE",
+                   help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
                                                         "library's own, else the newest known]")
     from fastverify.topo.boxfacts import add_box_arguments
@@ -146,10 +148,20 @@ def _check_flags(args) -> None:
         raise UserError(f"--tok-s {args.tok_s:g}: expected a finite positive number (tokens/s per stream)")
     if not 0 < args.timeout <= MAX_TIMEOUT_S:
         raise UserError(f"--timeout {args.timeout:g}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
+    if args.explain and not args.predict:
+        raise UserError("--explain prints the evidence of a prediction: use it with --predict")
+    if args.explain and args.json:
+        raise UserError("--explain adds the evidence to the text; --json holds all of it already (drop one)")
+    if args.max_batch is not None and args.batch > args.max_batch:
+        raise UserError(f"--batch {args.batch}: larger than --max-batch {args.max_batch} (the largest batch served)")
+    draft = args.draft_tokens or (DEFAULT_DRAFT_TOKENS if args.profile is None else None)
+    if args.accept_length is not None and draft is not None and args.accept_length > draft:
+        raise UserError(f"--accept-length {args.accept_length:g}: more than the {draft} draft tokens a verify step "
+                        "checks per request (accepted tokens per cycle are at most the draft tokens)")
 
 
 def _env_path(args, fp: str) -> Path | None:
-    from fastverify.tune.envfile import default_env_path
+    from fastverify.envfile import default_env_path
 
     if args.write_env is None:
         return None
@@ -169,9 +181,9 @@ def _check_outputs(args, fp: str) -> None:
     from fastverify.deploy import record_path_for
     from fastverify.live.config import preset_names
     from fastverify.procs import check_outputs
-    from fastverify.tune.envfile import check_folder
+    from fastverify.envfile import check_folder
 
-    from fastverify.tune.envfile import backup_path
+    from fastverify.envfile import backup_path
 
     env_p = _env_path(args, fp)
     rec_p = record_path_for(env_p) if env_p is not None else None
@@ -221,12 +233,36 @@ def _workload(args):
 
     name = args.model or "tiny"
     config = load_model_config(name)
-    workload = workload_from_model(config, tp=args.tp or 2, draft_tokens=args.draft_tokens or DEFAULT_DRAFT_TOKENS,
+    tp, tp_from = _default_tp(args)
+    workload = workload_from_model(config, tp=tp, draft_tokens=args.draft_tokens or DEFAULT_DRAFT_TOKENS,
                                    batch=args.batch)
+    if tp_from:  # a TP nobody gave is said where the workload is named
+        workload = dataclasses.replace(workload, source=workload.source.replace(f", tp {tp},", f", tp {tp} ({tp_from}),"))
     if name in preset_names():  # the package's own file: its absolute path says nothing portable
         workload = dataclasses.replace(workload, source=workload.source.replace(f" ({config.source})",
                                                                                 " (fastverify preset)"))
     return workload
+
+
+def _default_tp(args) -> tuple[int, str]:
+    """``(tp, where it came from)`` of a model workload: ``--tp`` as given (``""``), else every GPU
+    of the ``--topology`` text, else every GPU NVML sees here (2 or more), else 2."""
+    if args.tp is not None:
+        return args.tp, ""
+    if args.topology is not None:
+        from fastverify.inputs import read_text
+        from fastverify.topo.matrix import parse_nvidia_smi_topo
+
+        gpus = len(parse_nvidia_smi_topo(read_text(args.topology, kind="text", errors="replace"),
+                                         source=str(args.topology)).gpus)
+        if gpus >= 2:
+            return gpus, "every GPU of the topology; --tp-size for fewer"
+    from fastverify.topo.boxfacts import nvml_facts
+
+    count = nvml_facts()[2]
+    if count >= 2:
+        return count, "every GPU NVML sees; --tp-size for fewer"
+    return 2, "default; --tp-size for yours"
 
 
 def _topology(args, tp: int, assume=None):
@@ -264,20 +300,27 @@ def _fingerprint(workload, topo, version) -> str:
 
 
 def _read_perf(args, tp: int):
-    """``--perf-table FILE`` parsed (:func:`fastverify.nccl.perftable.parse_all_reduce_perf`), or None.
-    A table of another world size is refused: its times are not this workload's."""
+    """``--perf-table FILE`` parsed (:func:`fastverify.nccl.perftable.parse_all_reduce_perf`) and
+    the warnings to print (``# warning: …`` lines), or ``(None, [])``. A table that ran across
+    several nodes (:meth:`~fastverify.nccl.perftable.PerfTable.several_nodes`, against the
+    topology's GPU count, else ``tp``) is warned about and not used; one of another world size is
+    refused: its times are not this workload's."""
     if args.perf_table is None:
-        return None
+        return None, []
     from fastverify.nccl.perftable import parse_all_reduce_perf
 
     from fastverify.inputs import read_text
 
     text = read_text(args.perf_table, kind="text", flag="--perf-table", errors="replace")
     table = parse_all_reduce_perf(text, source=str(args.perf_table))
+    warnings = [f"# warning: {w}" for w in (table.dropped_warning(),) if w]
+    gpus = len(_topology(args, tp).gpus) if args.topology is not None else tp
+    if (several := table.several_nodes(gpus)) is not None:
+        return None, [f"# warning: {several}; tune does not use them", *warnings]
     if table.n_ranks is not None and table.n_ranks != tp:
         raise UserError(f"--perf-table {args.perf_table}: all_reduce_perf ran on {table.n_ranks} GPUs, the workload "
                         f"on tp {tp}: run it with -g {tp} (or under mpirun -np {tp})")
-    return table
+    return table, warnings
 
 
 def _read_log(args):
@@ -304,6 +347,10 @@ def run(args) -> int:
                else Console(width=None if sys.stdout.isatty() else 130))
     if args.draft_shape:
         from fastverify.tune.draft_shape import run as run_draft_shape
+
+        if args.predict or args.write_env is not None or args.profile is not None:
+            raise UserError("--draft-shape reads accept lengths and verify costs only; --predict, --write-env and "
+                            "--profile do not apply to it")
 
         return run_draft_shape(args, console)
     given = [flag for flag, v in (("--accept-histogram", args.accept_histogram), ("--verify-log", args.verify_log),
@@ -346,7 +393,8 @@ def run(args) -> int:
             late_notes.append(f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
                               "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a "
                               "record made from it as proof only once the check is rerun on the box")
-    perf, log = _read_perf(args, workload.tp), _read_log(args)
+    (perf, perf_warnings), log = _read_perf(args, workload.tp), _read_log(args)
+    late_notes += perf_warnings
     version = _version(args)
     if version is None and log is not None and log.version:
         from fastverify.nccl.version import NcclVersion
@@ -424,7 +472,7 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
                        user=None) -> int:
     from fastverify.registry import BackendName
     from fastverify.tune.candidates import prediction_document
-    from fastverify.tune.envfile import write_tuner_config
+    from fastverify.envfile import write_tuner_config
     from fastverify.tune.predict import prediction_header, tuner_choices
 
     base, best = pred.baseline, pred.best

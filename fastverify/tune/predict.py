@@ -26,7 +26,8 @@ like the others; ties go to the candidate that changes fewer settings.
 Verify time and tok/s (``plan/eagle-fast-verify.md`` §1.4): ``tok/s per stream ≈ A / (t_rest +
 t_verify)``. ``t_rest`` (draft forwards, draft-extend, scheduling) is not in a verify workload:
 given a measured per-stream tok/s at the baseline it is ``A / tok_s − t_verify(baseline)`` (held
-fixed, as in the plan); otherwise ``t_rest = 0``, which makes both tok/s figures upper bounds.
+fixed, as in the plan); otherwise it is unknown and there is no tok/s figure at all (None, with
+the reason in ``t_rest_basis``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from fastverify.nccl.enabled import enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo import diagnose as D
 from fastverify.topo.matrix import Topology, parse_nvidia_smi_topo
-from fastverify.tune.envfile import TUNER_MAX_BYTES, TunerChoice
+from fastverify.envfile import TUNER_MAX_BYTES, TunerChoice
 from fastverify.tune.workload import Workload
 
 LABEL = "predicted"
@@ -376,7 +377,7 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
         A, tokens emitted per cycle per stream; default the workload's, else 3.0 (plan §1.4).
     tok_s
         A measured per-stream tok/s at the baseline, if known: fixes ``t_rest``. Without it
-        ``t_rest = 0`` and both tok/s values are upper bounds.
+        ``t_rest`` and both tok/s values are None (no tok/s without a cycle).
     user
         The user's own verify / all-reduce time per step
         (:class:`fastverify.tune.user_figures.UserFigures`, µs), labelled ``measured-by-user``: the
@@ -454,8 +455,9 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
         t_rest = None
         rest_basis = "unknown without --tok-s (your measured tok/s per stream now): no tok/s figures"
     else:
-        t_rest = 0.0
-        rest_basis = "assumed 0 (draft, draft-extend and scheduling unknown): tok/s values are upper bounds"
+        t_rest = None
+        rest_basis = ("unknown without --tok-s (your measured tok/s per stream now) or a cycle time: no tok/s "
+                      "figures, the all-reduce change only")
 
     def rate(v: float) -> float | None:
         if t_rest is None:
@@ -517,6 +519,8 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         return "n/a" if v is None else f"{v:.1f}"
 
     def rng(f) -> str:
+        if f.range_us is None:
+            return "range unknown at this size"
         lo, hi = f.range_us
         return f"range {lo:,.1f}..{hi:,.1f} us"
 

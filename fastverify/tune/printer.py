@@ -2,9 +2,12 @@
 
 Without ``--explain``: one header line (workload, topology, NCCL version), a table of the top
 :data:`TOP` ranked candidates plus the baseline and each unranked backend (one setting per line in
-the candidate column, never cut), the winner's all-reduce and verify change, tok/s when ``--tok-s``
-gave a rate to start from, one next command, and one line counting what ``--explain`` adds. With
-``--explain``: every candidate with its range, and every evidence line, note and ruled-out backend.
+the candidate column, never cut), one line of the verdict per message size (:func:`per_size_line`:
+the winner, "too close to call: measure" or unknown, and each backend's crossover), the winner's
+all-reduce and verify change, tok/s only when ``--tok-s`` gave a rate to start from (no tok/s
+without a cycle), one next command, and one line counting what ``--explain`` adds. With
+``--explain``: every candidate with its range, the per-size table (:func:`per_size_table_lines`),
+and every evidence line, note and ruled-out backend.
 
 A change is always new vs baseline, ``(new - old) / old x 100``: ``-`` means less time
 (:func:`fastverify.tune.predict.change_pct`). Every figure carries its label: ``predicted``,
@@ -42,7 +45,7 @@ def header_line(workload, topo, version) -> str:
 def candidate_cell(f) -> str:
     """The candidate column: a backend's name, an NCCL setting per line, never cut."""
     if not f.ranked:
-        return f"{f.backend.value} (no published data)"
+        return f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})"
     settings = "\n".join(f"{k}={v}" for k, v in f.settings.items())
     if f.backend is not BackendName.nccl:
         return "\n".join(x for x in (f.backend.value, settings) if x)
@@ -60,13 +63,16 @@ def change_text(f, base: float | None) -> str:
 
 
 def shown_candidates(pred, explain: bool) -> list:
-    """The rows: every candidate with ``explain``; else the top :data:`TOP` ranked, the baseline
-    where it is further down, and each unranked backend."""
+    """The rows: every candidate with ``explain``; else the top :data:`TOP` ranked (one fewer for
+    each unranked backend, at least 2, so the table keeps its height), the baseline where it is
+    further down, and each unranked backend."""
     if explain:
         return list(pred.candidates)
     ranked = [f for f in pred.candidates if f.ranked]
-    rows = ranked[:TOP] + [f for f in ranked[TOP:] if f.is_baseline]
-    return rows + [f for f in pred.candidates if not f.ranked]
+    unranked = [f for f in pred.candidates if not f.ranked]
+    top = max(2, TOP - len(unranked))
+    rows = ranked[:top] + [f for f in ranked[top:] if f.is_baseline]
+    return rows + unranked
 
 
 def _verify_differs(pred) -> bool:
@@ -84,7 +90,7 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
     as a line of its own (a table title wraps at the table's width)."""
     base = pred.baseline.point_us
     verify_col = explain or _verify_differs(pred)
-    tok_col = explain or tok_s
+    tok_col = tok_s  # no tok/s without a cycle
     t = Table()
     t.add_column("#", justify="right")
     t.add_column("candidate", no_wrap=True)  # a setting is never cut: one per line
@@ -102,12 +108,13 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
         v = f.verify or {}
         row = [str(i) if f.ranked else "-", escape(candidate_cell(f)), f.label if f.ranked else "-", _us(f.point_us)]
         if explain:
-            row.append("-" if f.range_us is None else f"{_us(f.range_us[0])} – {_us(f.range_us[1])}")
+            row.append(("unknown" if f.ranked else "-") if f.range_us is None
+                       else f"{_us(f.range_us[0])} – {_us(f.range_us[1])}")
         row.append(change_text(f, base))
         if verify_col:
             row.append("-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}")
         if tok_col:
-            row.append("-" if v.get("tok_s") is None else f"{v['tok_s']:.1f}" + ("*" if v.get("tok_s_upper_bound") else ""))
+            row.append("-" if v.get("tok_s") is None else f"{v['tok_s']:.1f}")
         t.add_row(*row)
     return t
 
@@ -211,8 +218,9 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     console.print(table_title(workload), markup=False, highlight=False)
     console.print(prediction_table(pred, explain=explain, tok_s=args.tok_s is not None))
     best, base = pred.best, pred.baseline
-    if explain and any((f.verify or {}).get("tok_s_upper_bound") for f in pred.candidates):
-        console.print("* tok/s upper bound: the rest of the cycle is unknown without --tok-s", highlight=False)
+    line = per_size_line(pred)
+    if line:
+        console.print(line, markup=False, highlight=False)
     best_name = candidate_cell(best).replace("\n", ", ")
     for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
                              tok_s_given=args.tok_s is not None, keep=best.is_baseline):
@@ -220,8 +228,57 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     console.print(next_command(args, workload, best, p2p_ok=p2p_ok), markup=False, highlight=False)
     lines = explain_lines(pred, held_notes)
     if explain:
+        for line in per_size_table_lines(pred):
+            console.print(line, markup=False, highlight=False)
         for line in lines:
             console.print(line, markup=False, highlight=False)
     else:
         console.print(explain_count_line(pred, len(shown_candidates(pred, False)), len(lines)), markup=False,
                       highlight=False)
+
+
+def _kb(nbytes: int) -> str:
+    return f"{nbytes / 1000:.0f} KB" if nbytes >= 1000 else f"{nbytes} B"
+
+
+def per_size_line(pred) -> str:
+    """One line: per message size the winner with its change against NCCL's point at that size,
+    "too close to call", or unknown; then each backend's crossover (the size from which NCCL's
+    point is at or below the backend's; "never" within the step's sizes). Empty when no backend
+    has a figure at any size."""
+    from fastverify.tune.predict import change_pct
+
+    rows = [r for r in pred.per_size if len(r["entries"]) >= 2]
+    if not rows:
+        return ""
+    parts = []
+    for r in rows:
+        nccl = next(e for e in r["entries"] if e["backend"] == BackendName.nccl.value)
+        win = next((e for e in r["entries"] if e["name"] == r["winner"]), None)
+        if win is None:
+            if r["verdict"].startswith("too close"):
+                parts.append(f"{_kb(r['msg_bytes'])} too close to call: measure")
+            else:
+                who = ", ".join(e["name"] for e in r["entries"] if e["range_us"] is None)
+                parts.append(f"{_kb(r['msg_bytes'])} unknown at this size ({who}): measure")
+        elif win is nccl:
+            parts.append(f"{_kb(r['msg_bytes'])} NCCL")
+        else:
+            chg = change_pct(100.0 * (win["point_us"] - nccl["point_us"]) / nccl["point_us"])
+            parts.append(f"{_kb(r['msg_bytes'])} {win['name']} ({chg})")
+    cross = [f"crossover {n} {_kb(b) if b is not None else 'never'}" for n, b in pred.crossover_bytes.items()
+             if any(e["name"] == n for r in rows for e in r["entries"])]
+    return "per size: " + ", ".join(parts + cross)
+
+
+def per_size_table_lines(pred) -> list[str]:
+    """``--explain``: one line per (size, figure): point and range per call (µs), and the verdict."""
+    out = []
+    for r in pred.per_size:
+        figs = "; ".join(f"{e['name']} {_us(e['point_us'])} µs ("
+                         + ("range unknown" if e["range_us"] is None else
+                            f"{_us(e['range_us'][0])} – {_us(e['range_us'][1])}") + ")" for e in r["entries"])
+        out.append(f"# per size {r['msg_bytes']:,} B x {r['count']}: {figs}; verdict: {r['verdict']}")
+    out += [f"# crossover {n}: NCCL at or below it from {b:,} B" if b is not None else
+            f"# crossover {n}: none within the step's sizes" for n, b in pred.crossover_bytes.items()]
+    return out

@@ -33,6 +33,8 @@ BOUND_NOTE = ("your figures are scalars: they cannot separate the all-reduce's w
               "its transfer, and a faster kernel removes transfer, not the wait, so each predicted gain is an "
               "UPPER BOUND")
 SETTLE = "to settle it, run `fastverify collect` on the box, then `fastverify report BUNDLE`"
+UNSCALED = ("unknown at this size: the predicted figure has no range (or no point) to scale, so the figure on "
+            "your scale is unknown too; measure with fastverify tune")
 NO_TOK_S = ("no tok/s figures: without --tok-s the rest of the cycle (drafting, draft-extend, scheduling) is "
             "unknown; give --tok-s (your measured tok/s per stream now)")
 
@@ -152,14 +154,17 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
                   f"the candidates' ratios are to the predicted baseline, {base:,.1f} us per step:", *f.evidence)
             return replace(f, point_us=user.allreduce_us, range_us=(user.allreduce_us, user.allreduce_us),
                            label=LABEL, evidence=ev, bounds=None)
-        if not f.ranked:
-            return f
+        if not f.ranked:  # no point (no published data, or unknown at a size): nothing to scale
+            return replace(f, evidence=(*f.evidence, f"scaled: {UNSCALED}"))
         ev = [*f.evidence, f"scaled: predicted ratio to the predicted baseline x your all-reduce {r_ms:g} ms ({LABEL})"]
         bounds = None if f.bounds is None else {key: v * k for key, v in f.bounds.items()}
         point = f.point_us * k
         if f.nccl is not None:  # the cost model's ratio x a measured baseline: no published spread left
             rng = (point, point)
             ev.append("range: none, the cost model's ratio applied to your measured all-reduce")
+        elif f.range_us is None:  # the backend's range is unknown: so is the scaled one
+            rng = None
+            ev.append(f"range: {UNSCALED}")
         else:  # a backend's own published spread, relative to the predicted baseline
             rng = (f.range_us[0] * k, f.range_us[1] * k)
         return replace(f, point_us=point, range_us=rng, evidence=tuple(ev), bounds=bounds)
