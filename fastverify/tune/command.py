@@ -496,7 +496,8 @@ def _report_prediction(args, console, workload, topo, version, pred, shapes, p2p
 
         path = _env_path(args, fp)
         header = prediction_header(workload, best, base, red, topology_source=topo.source, n_gpus=len(topo.gpus),
-                                   pcie_gen=args.pcie_gen, sm=args.sm, user=user)
+                                   pcie_gen=args.pcie_gen, sm=args.sm, user=user,
+                                   box_facts=args.box_facts)
         box = _predicted_box(args, workload, topo, version)
         p2p = _p2p_facts(p2p_given, topo, cuda=False)
         # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).

@@ -498,7 +498,8 @@ def change_pct(pct: float) -> str:
 
 
 def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
-                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int, user=None) -> list[str]:
+                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int, user=None,
+                      box_facts=None) -> list[str]:
     """Comment lines for an env file written from a prediction: how the values were obtained, the
     box, the workload and the predicted numbers with their ranges and evidence (the writer adds
     date and NCCL version).
@@ -529,7 +530,7 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         "(fastverify.topo.diagnose.CALIBRATION) and published all-reduce measurements of comparable boxes "
         "(fastverify/data/published_allreduce.json); measure with `fastverify tune` before relying on it",
         f"topology: {topology_source}; GPUs: {n_gpus} in the topology, tp {workload.tp}; "
-        f"assumed PCIe Gen{pcie_gen} x16, sm_{sm}",
+        + (box_facts.first_line()[2:] if box_facts is not None else f"assumed PCIe Gen{pcie_gen} x16, sm_{sm}"),
         f"workload: {workload.source}; all-reduces per verify step: {sizes}",
         f"chosen: {best.name} (backend {best.backend.value}, {best.label})",
         f"all-reduce per verify step: {baseline.point_us:.1f} us (baseline"
@@ -540,7 +541,7 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])}"
         f"{' (' + user.label + ')' if user is not None else ''} -> "
         f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})"
-        if reduction["tok_s_baseline"] is not None or user is None else
+        if reduction["tok_s_baseline"] is not None else
         f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
     ]
     if user is not None:
