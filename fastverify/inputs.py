@@ -1,4 +1,4 @@
-"""The one way fastverify opens a file it reads (issue 12, item 1).
+"""The one way fastverify opens a file it reads.
 
 Every input a command reads (a trace, a model config, ``nvidia-smi topo -m`` text, an NCCL log, a
 perf table, a profile or deployment record, an env file) goes through :func:`read_bytes` /

@@ -14,16 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "fastverify"
 FORBIDDEN = re.compile(r"STYLE\.md|\.\./shared|shared/research|\bissue \d+", re.IGNORECASE)
 
-# Files whose comments are being rewritten elsewhere (still cite ../shared/...): this set only
-# shrinks; remove a file from it once it is clean.
-_PENDING = frozenset({
-    "fastverify/inputs.py",
-    "fastverify/live/forward.py",
-    "fastverify/nccl/catalogue.py",
-    "fastverify/nccl/model.py",
-    "fastverify/nccl/version.py",
-    "fastverify/topo/matrix.py",
-})
+# Files allowed to cite such documents: none.
+_PENDING: frozenset[str] = frozenset()
 
 
 def _texts(source: str) -> list[tuple[int, str]]:

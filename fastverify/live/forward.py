@@ -4,8 +4,7 @@ What is real and what is not
 ----------------------------
 * **Real**: every per-rank weight shape, the token count ``T = batch × draft_tokens``, the dtype
   (bf16 as served, by default), and the collectives with their payloads, in SGLang's order for DeepSeek-V2/V3 and Kimi
-  (``python/sglang/srt/models/deepseek_v2.py`` with ``layers/communicator.py``; see
-  ``shared/research/sglang.md`` §2):
+  (SGLang 0.5.23 ``python/sglang/srt/models/deepseek_v2.py`` with ``layers/communicator.py``):
 
   1. ``VocabParallelEmbedding``: all-reduce of ``[T, hidden]`` (``T × hidden × 2`` bytes);
   2. per decoder layer: RMSNorm (with the residual add from the layer before), attention, ``o_proj``

@@ -19,7 +19,7 @@ Severity policy of a :class:`Finding`:
   or this NCCL version does not read the setting at all, or it replaces a useful default.
 * ``ok``: used as written (the reason may still say what it means, e.g. a legacy integer).
 
-Facts: ``shared/research/nccl.md`` §1, checked against NVIDIA/nccl at tags v2.18.3 … v2.30.7
+Facts: NVIDIA/nccl's own source at tags v2.18.3 … v2.30.7
 (``git show <tag>:<path>``); each setting names its source file.
 """
 

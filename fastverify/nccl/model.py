@@ -8,7 +8,7 @@ NCCL's model (what NCCL itself computes to pick algorithm and protocol)
 Source: NVIDIA/nccl ``src/graph/tuning.cc`` (``ncclTunerConstantsDefaults``, ``ncclTopoTuneModel``,
 ``treeCorrectionFactor``, ``ncclTopoGetAlgoTime``) and ``src/enqueue.cc`` (``updateCollCostTable``,
 ``topoGetAlgoInfo``), read at commit 5067397c (2.30.7); older values from the tags v2.18.3 … v2.30.4
-where they differ. Summary in ``../shared/research/nccl.md`` §2. For one node and all-reduce:
+where they differ. For one node and all-reduce:
 
 * latency ``lat[a][p] = base[a][p] + hops(a) · hw[link][a][p]`` with ``hops = 2(n−1)`` for Ring
   (``nsteps``) and for Tree (``2·(nRanks/nNodes − 1)``); ``link`` is NVLINK when the graph's
@@ -29,7 +29,7 @@ plausible values from the PCIe generation and width (see its docstring).
 
 Why a correction, and what it is
 --------------------------------
-On the 8× RTX 4090 box of ``../shared/inputs/allreduceperf-blog-chlc-rtx4090-*.txt`` (2× EPYC 7542,
+On a public 8× RTX 4090 box (its nccl-tests tables with P2P disabled and unlocked; 2× EPYC 7542,
 one GPU per NUMA node, every pair SYS) NCCL's model is far off: it predicts 20.6 µs for a tiny
 all-reduce where 38.8 µs are measured, and its LL and Simple bandwidths are ≈1.3–1.8× too high. Its
 PCI per-hop latencies (1.0 µs LL, 5.7 µs Simple) are one value for every PCIe path; here every step

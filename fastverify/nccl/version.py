@@ -6,8 +6,8 @@ build of torch loads), a library under torch's own ``lib/`` (old torch wheels bu
 system install. ``NCCL_LIBRARY`` (read by fastverify, not by NCCL) names one explicitly.
 
 Why ctypes and not ``torch.cuda.nccl.version()``: that needs a CUDA build of torch and imports all
-of torch; the wheel's library answers on a GPU-less box in milliseconds. (Facts:
-``shared/research/nccl.md`` §4, checked on nvidia-nccl-cu12 2.32.3: ``ncclGetVersion`` -> 23203.)
+of torch; the wheel's library answers on a GPU-less box in milliseconds (checked on
+nvidia-nccl-cu12 2.32.3: ``ncclGetVersion`` -> 23203).
 """
 
 from __future__ import annotations

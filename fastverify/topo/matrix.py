@@ -7,8 +7,7 @@ any offline topology). It comes from :func:`parse_nvidia_smi_topo` (offline, fro
 :func:`fastverify.topo.nvml.read_nvml_topology` (live, from the driver).
 
 NCCL names paths differently from nvidia-smi; :func:`nccl_path_type` maps one onto the other and
-:func:`p2p_allowed` applies NCCL's ``NCCL_P2P_LEVEL`` rule (see ``../shared/research/nccl.md``
-section 2.5; sources: NCCL ``src/include/graph.h`` for the order, ``src/graph/topo.cc`` for the
+:func:`p2p_allowed` applies NCCL's ``NCCL_P2P_LEVEL`` rule (sources: NCCL ``src/include/graph.h`` for the order, ``src/graph/topo.cc`` for the
 names, ``src/graph/paths.cc`` ``ncclTopoSetPaths`` / ``ncclTopoCheckP2p`` for the rules).
 
 Example of the text parsed (tabs or runs of spaces between cells; nvidia-smi underlines the
