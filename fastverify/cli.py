@@ -394,14 +394,10 @@ def _one_spelling(argv: list[str]) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    try:
-        _one_spelling(argv)
-    except UserError as e:
-        sys.stderr.write(f"fastverify: error: {one_line(str(e))}\n")
-        return EXIT_USER_ERROR
     args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        _one_spelling(argv)
         if args.command == "profile":
             from fastverify.profile_command import run as run_profile
 

@@ -250,11 +250,7 @@ def _default_tp(args) -> tuple[int, str]:
     if args.tp is not None:
         return args.tp, ""
     if args.topology is not None:
-        from fastverify.inputs import read_text
-        from fastverify.topo.matrix import parse_nvidia_smi_topo
-
-        gpus = len(parse_nvidia_smi_topo(read_text(args.topology, kind="text", errors="replace"),
-                                         source=str(args.topology)).gpus)
+        gpus = len(_topology_file(args).gpus)
         if gpus >= 2:
             return gpus, "every GPU of the topology; --tp-size for fewer"
     from fastverify.topo.boxfacts import nvml_facts
@@ -265,14 +261,22 @@ def _default_tp(args) -> tuple[int, str]:
     return 2, "default; --tp-size for yours"
 
 
-def _topology(args, tp: int, assume=None):
-    if args.topology is not None:
+def _topology_file(args):
+    """The ``--topology`` text, read and parsed once per run (the TP default and the box both need it)."""
+    parsed = getattr(args, "topology_parsed", None)
+    if parsed is None:
+        from fastverify.inputs import read_text
         from fastverify.topo.matrix import parse_nvidia_smi_topo
 
-        from fastverify.inputs import read_text
+        parsed = parse_nvidia_smi_topo(read_text(args.topology, kind="text", errors="replace"),
+                                       source=str(args.topology))
+        args.topology_parsed = parsed
+    return parsed
 
-        text = read_text(args.topology, kind="text", errors="replace")
-        return parse_nvidia_smi_topo(text, source=str(args.topology))
+
+def _topology(args, tp: int, assume=None):
+    if args.topology is not None:
+        return _topology_file(args)
     from fastverify.topo.nvml import read_nvml_topology
 
     try:
