@@ -89,8 +89,9 @@ def test_per_size_verdicts_and_crossover_by_hand():
     assert cross == {"pcie_ipc": 262144}
     assert P.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, ipc])[1] == {"pcie_ipc": None}
     unknown = _fig("pcie_ipc", BackendName.pcie_ipc, {16384: (10.0, None)})
-    rows, _ = P.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, unknown])
+    rows, cross = P.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, unknown])
     assert rows[0]["verdict"] == P.UNKNOWN == C.UNKNOWN and rows[0]["winner"] is None
+    assert cross == {}  # no range at any size: no crossover is claimed from its point
 
 
 def test_b12x_with_no_fitting_size_is_not_a_candidate():

@@ -4,8 +4,9 @@ verdict, and each backend's crossover (always *predicted* unless the figures are
 Per size (:func:`per_size_rows`): the best NCCL figure and every backend with a figure at that
 size, fastest point first; where the two fastest ranges overlap the size is "too close to call:
 measure", where one is unknown it is unknown. ``crossover_bytes`` per backend: the smallest size
-of the step at which NCCL's point is at or below the backend's (None when it never is), usable as
-the backend's workspace cap (the backend below it, NCCL from it on).
+of the step, among those where the backend's range is known, at which NCCL's point is at or below
+the backend's (None when it never is), usable as the backend's workspace cap (the backend below it,
+NCCL from it on); a backend whose range is unknown at every size has no crossover.
 
 The figures are :class:`fastverify.tune.candidates.Figure` (``per_call_us`` / ``per_call_range``
 per size in µs, ``nccl`` set on an NCCL-settings figure). This module imports neither torch nor
@@ -37,7 +38,8 @@ def per_size_rows(workload, figures: Sequence) -> tuple[tuple[dict, ...], dict[s
     best_nccl = min(nccl, key=lambda f: f.point_us)
     kernels = [f for f in figures if f.nccl is None and f.per_call_us]
     rows = []
-    cross: dict[str, int | None] = {f.name: None for f in kernels}
+    cross: dict[str, int | None] = {f.name: None for f in kernels
+                                    if any(f.per_call_range.get(b) is not None for b, _ in workload.msg_sizes)}
     for nbytes, count in workload.msg_sizes:
         entries = [{"name": f.name, "backend": f.backend.value, "point_us": f.per_call_us[nbytes],
                     "range_us": f.per_call_range.get(nbytes)}
@@ -50,7 +52,8 @@ def per_size_rows(workload, figures: Sequence) -> tuple[tuple[dict, ...], dict[s
         n_point = best_nccl.per_call_us.get(nbytes)
         for f in kernels:
             k = f.per_call_us.get(nbytes)
-            if cross[f.name] is None and k is not None and n_point is not None and n_point <= k:
+            if f.name in cross and cross[f.name] is None and f.per_call_range.get(nbytes) is not None \
+                    and k is not None and n_point is not None and n_point <= k:
                 cross[f.name] = nbytes
         rows.append({"msg_bytes": nbytes, "count": count, "entries": entries, "verdict": verdict,
                      "winner": verdict if verdict not in (UNKNOWN, TOO_CLOSE) else None})
