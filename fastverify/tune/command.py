@@ -430,7 +430,7 @@ def run(args) -> int:
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
         pred = _predict(args, workload, topo, version, ranked, p2p_given, perf, log, user)
         box_doc = _box_doc(args, workload, topo, version, p2p_given, log)
-    console.print(args.box_facts.first_line(), markup=False)  # the first line: what the box is, and from where
+    console.print(args.box_facts.first_line(), markup=False, soft_wrap=True)  # first: the box, and from where
     for note in late_notes:
         console.print(note, markup=False)
     for f in validate_env(os.environ, version):

@@ -214,7 +214,8 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
                      held_notes=()) -> None:
     """``tune --predict``'s words (the module docstring)."""
     explain = bool(getattr(args, "explain", False))
-    console.print(header_line(workload, topo, version), markup=False, highlight=False)
+    # a line naming a file is one line whatever the path's length: the terminal wraps it, not rich
+    console.print(header_line(workload, topo, version), markup=False, highlight=False, soft_wrap=True)
     console.print(table_title(workload), markup=False, highlight=False)
     console.print(prediction_table(pred, explain=explain, tok_s=args.tok_s is not None))
     best, base = pred.best, pred.baseline
@@ -225,7 +226,7 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
                              tok_s_given=args.tok_s is not None, keep=best.is_baseline):
         console.print(line, markup=False, highlight=False)
-    console.print(next_command(args, workload, best, p2p_ok=p2p_ok), markup=False, highlight=False)
+    console.print(next_command(args, workload, best, p2p_ok=p2p_ok), markup=False, highlight=False, soft_wrap=True)
     lines = explain_lines(pred, held_notes)
     if explain:
         for line in per_size_table_lines(pred):
