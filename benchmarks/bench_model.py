@@ -250,6 +250,27 @@ def lobo_cost_model() -> dict:
     return _summary("nccl (cost model)", boxes)
 
 
+def lobo_kernel_model() -> dict:
+    """Leave-one-box-out of the P2P kernel model (``fastverify/tune/kernel_cost.py``, the figure
+    ``tune`` shows for pcie_ipc and custom_ar) on every published P2P-kernel measurement, whichever
+    kernel ran: the held-out box's point from the other boxes' latency, x/÷ the other boxes' misses.
+    Same sizes and counting as :func:`lobo`."""
+    from fastverify.tune import kernel_cost as K
+
+    data = BM.load()
+    boxes: dict[str, list[dict]] = {}
+    for m in (m for m in data.measurements if K.p2p_kernel(m)):
+        bx = next(b for b in data.boxes if b.id == m.box)
+        latency = K.latency_us(data, m.box)
+        for size, t in zip(m.sizes_bytes, m.times_us):
+            if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
+                point = K.point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
+                f = K.kernel_fit(data, size, m.world_size, m.box)
+                lo, hi = (point * f.low, point * f.high) if f.known else (None, None)
+                boxes.setdefault(m.box, []).append(_point_record(m, size, t, point, lo, hi))
+    return _summary("p2p kernels (kernel model)", boxes)
+
+
 def aim_line(name: str, results: list[dict], aim_pct: float, width_aim: float) -> str:
     """One verdict line for a group of backends: coverage with unknowns as misses, coverage where
     answered, median width, abstention; the aim (``aim_pct`` inside, median width <= ``width_aim``)."""
@@ -294,12 +315,13 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
     print(f"# data: {len(BM.published_boxes())} boxes, {len(BM.measurements())} measurements in "
           f"fastverify/data/{BM.DATA_FILE}; sizes {LOBO_MIN_BYTES}..{LOBO_MAX_BYTES} B; extrapolation "
           f"<= {BM.EXTRAPOLATE:g}x (fixed before the first run)")
-    print("# range: point x exp(median miss ± 1.2816 x robust spread) of the point rule's misses on the other "
-          "boxes (fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or "
-          "size, or wider than 8x")
+    print("# range: point x the shortest span of a share of the other boxes' median misses, widened by their "
+          "within-box spread, the share the smallest that holds 80 % of a left-out box's misses at 8 KiB..1 MiB "
+          "(fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "
+          "or wider than 8x")
     for line in _cross_check(shared):
         print(line)
-    res = [lobo_cost_model()] + [lobo(b) for b in LOBO_BACKENDS]
+    res = [lobo_cost_model(), lobo_kernel_model()] + [lobo(b) for b in LOBO_BACKENDS]
     print(f"# {'backend':>9} {'held-out box':>26} {'size':>8} {'measured':>9} {'low':>8} {'point':>8} {'high':>8} "
           f"{'err':>7} inside")
     print(f"# {'':>9} {'':>26} {'(B)':>8} {'(us)':>9} {'(us)':>8} {'(us)':>8} {'(us)':>8} {'(%)':>7}")
@@ -332,6 +354,8 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
     print(aim_line("NCCL (the cost-model figure tune shows)", res[:1], aim_pct, LOBO_WIDTH_AIM))
     print(aim_line("NCCL (published-median estimate)", [r for r in res if r["backend"] == "nccl"], aim_pct,
                    LOBO_WIDTH_AIM))
+    print(aim_line("P2P kernels (the kernel-model figure tune shows, every published P2P kernel)", res[1:2],
+                   aim_pct, LOBO_WIDTH_AIM))
     print(aim_line("P2P kernels (pcie_ipc, custom_ar)", [r for r in res if r["backend"] in ("pcie_ipc", "custom_ar")],
                    aim_pct, LOBO_WIDTH_AIM))
     if record is not None:

@@ -50,8 +50,6 @@ def _bounded(lo: int, hi: int):
     return parse
 
 
-
-
 def _seconds(text: str) -> float:
     """A finite number of seconds in (0, MAX_TIMEOUT_S]; nan, inf and 1e300 are refused here, before
     ``torch.distributed.TCPStore`` turns them into an OverflowError or a hang."""
@@ -64,6 +62,12 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``: its help line from :data:`_COMMANDS`, no abbreviated flags."""
+    return sub.add_parser(name, allow_abbrev=False, help=_COMMANDS[name][0], description=description,
+                          formatter_class=formatter_class)
+
+
 def _add_profile(sub) -> None:
     from fastverify.profile_command import add_arguments
 
@@ -73,31 +77,23 @@ def _add_profile(sub) -> None:
 def _add_topo(sub) -> None:
     from fastverify.topo.command import add_arguments
 
-    topo = sub.add_parser(
-        "topo",
-        allow_abbrev=False,
-        help="diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce",
-        description=("Which GPU pairs NCCL runs over P2P and which over SHM, whether a PCIe IPC all-reduce can "
-                     "run, the NCCL_P2P_LEVEL to use, NCCL settings NCCL would ignore, and the PREDICTED "
-                     "all-reduce time of the verify messages now and with the recommended settings. Reads NVML "
-                     "on a GPU box; offline, give the text of `nvidia-smi topo -m`, an NCCL_DEBUG=INFO log and/or an "
-                     "all_reduce_perf table, in any combination; partial evidence gives a partial diagnosis."),
-        formatter_class=DefaultsHelp,
-    )
+    topo = _subcommand(
+        sub, "topo",
+        ("Which GPU pairs NCCL runs over P2P and which over SHM, whether a PCIe IPC all-reduce can "
+         "run, the NCCL_P2P_LEVEL to use, NCCL settings NCCL would ignore, and the PREDICTED "
+         "all-reduce time of the verify messages now and with the recommended settings. Reads NVML "
+         "on a GPU box; offline, give the text of `nvidia-smi topo -m`, an NCCL_DEBUG=INFO log and/or an "
+         "all_reduce_perf table, in any combination; partial evidence gives a partial diagnosis."))
     add_arguments(topo, _bounded)
 
 
 def _add_p2p(sub) -> None:
-    p = sub.add_parser(
-        "p2p",
-        allow_abbrev=False,
-        help="the real GPU P2P check: every ordered GPU pair's memory written and read (GPU box only)",
-        description=("Child processes open and write each GPU pair's memory through CUDA IPC, both ways; a hang "
-                     "counts as a failure. Prints the check's JSON (the GPUs tested, by CUDA ordinal, NVML index, "
-                     "PCI bus id and UUID, and a result per ordered pair) that `tune --p2p-check` and "
-                     "`launch --p2p-check` read; cached per box. Exit 1 if any pair fails."),
-        formatter_class=DefaultsHelp,
-    )
+    p = _subcommand(
+        sub, "p2p",
+        ("Child processes open and write each GPU pair's memory through CUDA IPC, both ways; a hang "
+         "counts as a failure. Prints the check's JSON (the GPUs tested, by CUDA ordinal, NVML index, "
+         "PCI bus id and UUID, and a result per ordered pair) that `tune --p2p-check` and "
+         "`launch --p2p-check` read; cached per box. Exit 1 if any pair fails."))
     from fastverify.topo.p2p import DEFAULT_TIMEOUT_S
 
     p.add_argument("--output", type=Path, metavar="FILE", default=None,
@@ -109,37 +105,29 @@ def _add_p2p(sub) -> None:
 def _add_tune(sub) -> None:
     from fastverify.tune.command import add_arguments as add_tune_arguments
 
-    tune = sub.add_parser(
-        "tune",
-        allow_abbrev=False,
-        help="sweep NCCL settings and all-reduce backends on the verify shapes; write the winner",
-        description=("Rank NCCL settings with the cost model and measure them, with FlashInfer's PCIe IPC and "
-                     "fused all-reduce and SGLang's custom all-reduce where they can run, in isolated worker "
-                     "processes; report the verify-latency reduction and write the winning settings. "
-                     "--predict: measure nothing; rank NCCL settings and the backends the box allows, PREDICTED "
-                     "from the cost model and published measurements, your --profile / --perf-table / --nccl-log "
-                     "first, for a box described by `nvidia-smi topo -m` text. --json: one JSON document."),
-        formatter_class=DefaultsHelp,
-    )
+    tune = _subcommand(
+        sub, "tune",
+        ("Rank NCCL settings with the cost model and measure them, with FlashInfer's PCIe IPC and "
+         "fused all-reduce and SGLang's custom all-reduce where they can run, in isolated worker "
+         "processes; report the verify-latency reduction and write the winning settings. "
+         "--predict: measure nothing; rank NCCL settings and the backends the box allows, PREDICTED "
+         "from the cost model and published measurements, your --profile / --perf-table / --nccl-log "
+         "first, for a box described by `nvidia-smi topo -m` text. --json: one JSON document."))
     add_tune_arguments(tune, _positive, _bounded)
 
 
 def _add_doctor(sub) -> None:
-    doctor = sub.add_parser(
-        "doctor",
-        allow_abbrev=False,
-        help="check a box end to end before tuning; exercise every GPU code path on the GPUs present",
-        description=("Checks, each ok / warn / fail / skipped with a one-line reason and a fix: versions, a gloo "
-                     "all-reduce across 2 processes, the trace analyzer, the env-file validator, the NCCL "
-                     "library, FlashInfer, SGLang; on one GPU the single-GPU self-check (ncclGetVersion vs "
-                     "torch, NVML, whether a late CUDA_DEVICE_MAX_CONNECTIONS takes effect, FlashInfer's JIT "
-                     "build times and stream binding with real streams, fused_add_rmsnorm eager and in a graph, "
-                     "the verify timer without host sync, a 1-rank NCCL backend in a replayed graph, the live "
-                     "runner at TP 1, the tiny forward's graph and profiler trace); with several GPUs the real "
-                     "P2P check and one all-reduce per registry backend. FlashInfer checks are skipped where "
-                     "it is not installed. Exit 1 if any check fails."),
-        formatter_class=DefaultsHelp,
-    )
+    doctor = _subcommand(
+        sub, "doctor",
+        ("Checks, each ok / warn / fail / skipped with a one-line reason and a fix: versions, a gloo "
+         "all-reduce across 2 processes, the trace analyzer, the env-file validator, the NCCL "
+         "library, FlashInfer, SGLang; on one GPU the single-GPU self-check (ncclGetVersion vs "
+         "torch, NVML, whether a late CUDA_DEVICE_MAX_CONNECTIONS takes effect, FlashInfer's JIT "
+         "build times and stream binding with real streams, fused_add_rmsnorm eager and in a graph, "
+         "the verify timer without host sync, a 1-rank NCCL backend in a replayed graph, the live "
+         "runner at TP 1, the tiny forward's graph and profiler trace); with several GPUs the real "
+         "P2P check and one all-reduce per registry backend. FlashInfer checks are skipped where "
+         "it is not installed. Exit 1 if any check fails."))
     doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
     doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
     doctor.add_argument("--env-file", type=Path, default=None, help="also validate this env file")
@@ -148,17 +136,13 @@ def _add_doctor(sub) -> None:
 def _add_launch(sub) -> None:
     from fastverify.patch.launch import BACKENDS
 
-    launch = sub.add_parser(
-        "launch",
-        allow_abbrev=False,
-        help="start SGLang with the tuned settings and the fastverify patch in every TP worker",
-        description=("Validate the env file (allow-listed keys only), put its settings in the environment, make "
-                     "the patch load in every TP rank (SGLang's plugin entry point, else an import hook) and exec "
-                     "the command given after --. --dry-run prints what would be set, which route loads the "
-                     "patch, and every check that would refuse the launch with its fix (exit 2 when any does, "
-                     "0 when none); the real launch stops at the first one and starts nothing."),
-        formatter_class=DefaultsHelp,
-    )
+    launch = _subcommand(
+        sub, "launch",
+        ("Validate the env file (allow-listed keys only), put its settings in the environment, make "
+         "the patch load in every TP rank (SGLang's plugin entry point, else an import hook) and exec "
+         "the command given after --. --dry-run prints what would be set, which route loads the "
+         "patch, and every check that would refuse the launch with its fix (exit 2 when any does, "
+         "0 when none); the real launch stops at the first one and starts nothing."))
     launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
     launch.add_argument("--backend", default="auto", metavar="{" + ",".join(BACKENDS) + "}",
                         help="all-reduce backend in the ranks (auto: the deployment record's)")
@@ -183,15 +167,11 @@ def _add_launch(sub) -> None:
 
 
 def _add_patch(sub) -> None:
-    patch = sub.add_parser(
-        "patch",
-        allow_abbrev=False,
-        help="report which SGLang patch targets resolve and which route loads the patch",
-        description=("For the installed SGLang, or a source tree (--sglang-source, read with ast, never imported): "
-                     "which targets the patch would wrap, which it would skip and why, and whether the plugin "
-                     "entry point or the import hook loads it. Exit 1 when a target does not resolve."),
-        formatter_class=DefaultsHelp,
-    )
+    patch = _subcommand(
+        sub, "patch",
+        ("For the installed SGLang, or a source tree (--sglang-source, read with ast, never imported): "
+         "which targets the patch would wrap, which it would skip and why, and whether the plugin "
+         "entry point or the import hook loads it. Exit 1 when a target does not resolve."))
     patch.add_argument("--check", action="store_true", required=True, help="report (the only action)")
     patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
 
@@ -199,32 +179,26 @@ def _add_patch(sub) -> None:
 def _add_collect(sub) -> None:
     from fastverify.collect.command import add_arguments
 
-    p = sub.add_parser(
-        "collect",
-        allow_abbrev=False,
-        help="gather one evidence bundle on the serving box (traces of the server's cycles, topology, NCCL log, sweep)",
-        description=("Run on the box that serves (ideally while the SGLang server runs): doctor's checks, "
-                     "`nvidia-smi topo -m`, NVML facts, IOMMU/ACS facts, the P2P check, an NCCL_DEBUG log and a "
-                     "measured all-reduce sweep at the verify sizes, a trace of the server's speculative cycles "
-                     "(/start_profile) and its arguments, and verify-log records; each part optional and said "
-                     "when skipped. Writes one .tar.gz that `fastverify report` reads anywhere."),
-    )
+    p = _subcommand(
+        sub, "collect",
+        ("Run on the box that serves (ideally while the SGLang server runs): doctor's checks, "
+         "`nvidia-smi topo -m`, NVML facts, IOMMU/ACS facts, the P2P check, an NCCL_DEBUG log and a "
+         "measured all-reduce sweep at the verify sizes, a trace of the server's speculative cycles "
+         "(/start_profile) and its arguments, and verify-log records; each part optional and said "
+         "when skipped. Writes one .tar.gz that `fastverify report` reads anywhere."),
+        formatter_class=argparse.HelpFormatter)  # plain help: argparse's defaults not appended
     add_arguments(p)
 
 
 def _add_report(sub) -> None:
     from fastverify.cycle.command import add_arguments
 
-    p = sub.add_parser(
-        "report",
-        allow_abbrev=False,
-        help="where each speculative cycle's time goes, from a bundle of `fastverify collect` (no GPU needed)",
-        description=("Per cycle and forward mode (draft, verify, draft-extend): compute, all-reduce transfer and "
-                     "wait, other communication, GPU idle by cause; anomaly flags with their evidence (rank "
-                     "skew, P2P off / SHM, IOMMU/ACS, slow transfer, idle); and how much of the cycle a faster "
-                     "all-reduce can remove (the transfer) and how much it cannot (wait, idle, compute)."),
-        formatter_class=DefaultsHelp,
-    )
+    p = _subcommand(
+        sub, "report",
+        ("Per cycle and forward mode (draft, verify, draft-extend): compute, all-reduce transfer and "
+         "wait, other communication, GPU idle by cause; anomaly flags with their evidence (rank "
+         "skew, P2P off / SHM, IOMMU/ACS, slow transfer, idle); and how much of the cycle a faster "
+         "all-reduce can remove (the transfer) and how much it cannot (wait, idle, compute)."))
     add_arguments(p)
 
 
@@ -317,8 +291,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
         print_checks(checks, Console(width=None if sys.stdout.isatty() else 150))
     return 1 if summary["verdict"] == "fail" else 0
-
-
 
 
 def run() -> None:

@@ -30,16 +30,11 @@ from typing import Literal
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
-from fastverify.envfile import (
-    atomic_write_text,
-    atomic_write_texts,
-    backup_path,
-    check_setting,
-    check_together,
-    render_env,
-)
+from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, schema_error
 from fastverify.nccl.version import NcclVersion
+from fastverify.output_paths import backup_path
+from fastverify.outputs import atomic_write_text, atomic_write_texts
 from fastverify.registry import BackendName, Reach, backend_info
 
 SCHEMA = "fastverify.deployment"
@@ -183,7 +178,7 @@ class P2PFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gpus : tuple[GpuId, ...]
         The GPUs the real check tested, every ordered pair among them present and passed (empty
         otherwise, and for every other source). ``launch`` accepts the record's proof only for a
-        TP group whose GPUs are all among them (:func:`fastverify.topo.p2p.proof_for`); a record
+        TP group whose GPUs are all among them (:func:`fastverify.topo.p2p_proof.proof_for`); a record
         without them (written before the check named its GPUs) proves nothing there.
     """
 
@@ -220,7 +215,7 @@ class BoxFingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         (``custom_all_reduce_utils.py::is_full_nvlink``); None: unknown.
     gpus : tuple[GpuId, ...] or None
         The GPUs the server's CUDA ordinals 0, 1, ... are, in that order (NVML's identities,
-        mapped through ``CUDA_VISIBLE_DEVICES``; :func:`fastverify.topo.p2p.visible_gpus`);
+        mapped through ``CUDA_VISIBLE_DEVICES``; :func:`fastverify.topo.gpu_identity.visible_gpus`);
         None: unknown. ``launch`` fills it from NVML; a described box may give it.
     gpu_memory_bytes : int or None
         Total memory of the smallest of those GPUs (NVML ``nvmlDeviceGetMemoryInfo().total``);
@@ -464,7 +459,7 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
 
     Both are validated before either is written (a bad setting, an ``SGLANG_*`` key among them,
     leaves no file changed); then both are staged and renamed together
-    (:func:`fastverify.envfile.atomic_write_texts`): should the env file's rename fail, the
+    (:func:`fastverify.outputs.atomic_write_texts`): should the env file's rename fail, the
     record gets its old content back (or is removed, where there was none), so a failed write
     never leaves a new record beside an old env file.
 

@@ -1,41 +1,25 @@
 """Env files with tuned settings, and the CSV of NCCL's example tuner plugin.
 
 Env file format (``nccl_configs/<fingerprint>.env``): ``#`` comment lines, blank lines and plain
-``KEY=VALUE`` lines — no quotes, no ``export``, no spaces around ``=`` — so that one file works
-unchanged with all three readers:
+``KEY=VALUE`` lines (no quotes, no ``export``, no spaces around ``=``), so that one file reads the
+same in ``docker run --env-file FILE`` (everything after the first ``=``, quotes included), systemd
+``EnvironmentFile=FILE`` (``#``/``;`` comments, strips quotes, processes backslashes) and
+``set -a; . FILE; set +a`` (expands ``$``, runs backticks, splits on ``;``). Values are therefore
+restricted to ``A-Z a-z 0-9 _ . , : / @ % + = ^ -``; anything else is refused, not quoted (quoting
+would break ``docker --env-file``).
 
-* ``docker run --env-file FILE`` (takes everything after the first ``=`` literally, quotes included);
-* systemd ``EnvironmentFile=FILE`` (``#``/``;`` comments, would strip quotes and process backslashes);
-* ``set -a; . FILE; set +a`` in a POSIX shell (expands ``$``, runs backticks, splits on ``;``).
-
-So values are restricted to the characters that mean the same thing to all three:
-``A-Z a-z 0-9 _ . , : / @ % + = ^ -`` (no spaces, ``#``, quotes, ``\\``, ``$``, ``;``, ``~``, ``*``...).
-A value outside that set is refused, not quoted: quoting would break ``docker --env-file``.
-
-Only :data:`ALLOWED_KEYS` may appear — NCCL settings and ``CUDA_DEVICE_MAX_CONNECTIONS``, nothing
-that switches a code path on; every ``NCCL_*`` value must pass the settings catalogue
-(:func:`fastverify.nccl.catalogue.validate_setting`) without an ``error`` finding.
-
-Why no SGLang switch (``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``, ``SGLANG_PCIE_IPC_MAX_NUMEL``, any
-``SGLANG_*``): an env file is meant to be sourced without fastverify (``docker --env-file``, systemd
-``EnvironmentFile=``), and a switch in it would start SGLang's PCIe IPC all-reduce with no P2P
-check at all — the partial-P2P start-up hang ``fastverify launch`` refuses
-(:mod:`fastverify.patch.launch`). The backend lives in the deployment record only
-(:mod:`fastverify.deploy`); ``launch`` sets the switch itself, after the proof. A file that holds
-one is refused when read or written, in one line saying what to do.
-
-Writing (:func:`atomic_write_text`, :func:`atomic_write_texts`): through temporary files and
-``os.replace``, an existing file kept as ``<name>.bak``; several files (the env file and its
-deployment record) are written all or none.
+Only :data:`ALLOWED_KEYS` may appear: NCCL settings that pass the catalogue
+(:func:`fastverify.nccl.catalogue.validate_setting`) and ``CUDA_DEVICE_MAX_CONNECTIONS``. No
+``SGLANG_*`` switch or size: sourced without fastverify, a switch would start SGLang's PCIe IPC
+all-reduce with no P2P check (the start-up hang :mod:`fastverify.patch.launch` refuses); the backend
+lives in the deployment record (:mod:`fastverify.deploy`) and ``launch`` sets the switch after the
+proof. Files are written by :func:`fastverify.outputs.atomic_write_text` (old file kept as ``.bak``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +27,15 @@ from pathlib import Path
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.errors import UserError
 from fastverify.inputs import read_text
-from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
+from fastverify.nccl.catalogue import Severity, validate_setting
+from fastverify.nccl.settings import CATALOGUE
 from fastverify.nccl.version import NcclVersion
-from fastverify.procs import writable_target
+from fastverify.outputs import atomic_write_text
 from fastverify.registry import BACKENDS as REGISTRY
 
 # --- what may be written --------------------------------------------------------------------------
 
-# NCCL: every setting the catalogue checks (fastverify.nccl.catalogue.CATALOGUE). NCCL names that
+# NCCL: every setting the catalogue checks (fastverify.nccl.settings.CATALOGUE). NCCL names that
 # NCCL reads but the catalogue does not check (NCCL_SOCKET_IFNAME, NCCL_IB_*, ...) are refused:
 # a tuned file must hold nothing whose value fastverify cannot vouch for.
 NCCL_KEYS = frozenset(s.name for s in CATALOGUE)
@@ -149,30 +134,6 @@ def check_setting(key: str, value: str, where: str, version: NcclVersion | None 
     return _check_value(_check_key(key, where, launch_keys=True), value, where, version)
 
 
-def check_folder(path: str | Path, flag: str = "", *, is_folder: bool = False) -> None:
-    """Refuse, before any work, an output whose folder can neither be used nor created: the
-    nearest existing ancestor of ``path``'s folder (of ``path`` itself with ``is_folder``) must
-    be a folder this process may write in.
-
-    Raises
-    ------
-    UserError
-        ``<flag> <path>: <ancestor> is a file, not a folder`` (where ``mkdir`` would only say
-        "File exists"), or ``... cannot write in <ancestor> (permission denied)``.
-    """
-    p = Path(path)
-    what = f"{flag} {p}" if flag else str(p)
-    folder = p if is_folder else p.parent
-    while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
-        folder = folder.parent
-    shown = folder if str(folder) else Path(".")
-    if not folder.is_dir():
-        raise UserError(f"{what}: {shown} is a file, not a folder" if folder.exists() else
-                        f"{what}: {shown} is a broken link, not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{what}: cannot write in {shown} (permission denied)")
-
-
 def _comment_lines(lines: Iterable[str]) -> list[str]:
     out = []
     for line in lines:
@@ -181,123 +142,6 @@ def _comment_lines(lines: Iterable[str]) -> list[str]:
             part = "".join(ch if ch.isprintable() else "?" for ch in part)[:_MAX_HEADER_LINE]
             out.append(("# " + part).rstrip())
     return out
-
-
-# --- atomic writing --------------------------------------------------------------------------------
-
-
-def backup_path(path: str | Path) -> Path:
-    """Where :func:`atomic_write_text` keeps the old ``path``: ``<path>.bak`` beside the file it
-    really writes (a symlink's target). The caller's input/output check must cover it too: the
-    backup replaces whatever is there."""
-    p = Path(path)
-    if p.is_symlink():
-        p = Path(os.path.realpath(p))
-    return p.with_name(p.name + ".bak")
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``; an
-    existing file is first copied to ``<path>.bak`` (also atomically). On failure nothing at
-    ``path`` or ``<path>.bak`` changes and no temporary file is left.
-
-    The backup is staged in a temporary file and moved to ``<path>.bak`` only after ``path`` has
-    been replaced: a ``path`` that cannot be replaced (an immutable file, ``chattr +i``) leaves no
-    ``.bak`` behind and an older ``.bak`` untouched. Should the backup's own move fail, the
-    original is moved back to ``path`` before the error is raised.
-
-    Raises
-    ------
-    UserError
-        ``<path>: cannot write: <reason>``.
-    """
-    return atomic_write_texts([(Path(path), text)])[0]
-
-
-def atomic_write_texts(items: Sequence[tuple[str | Path, str]]) -> list[Path]:
-    """Write several files all or none (the env file and its deployment record).
-
-    Every file is staged first (a temporary file beside it, written and fsync'd; the old file
-    copied aside for its ``.bak``); only then are the temporaries renamed over their targets, in
-    order. Should a rename fail, every target already replaced gets its old content back (or is
-    removed, where there was none) before the error is raised; then the backups move to
-    ``<name>.bak``, and should one of those moves fail, every target is restored the same way (a
-    backup already moved goes back to its target, so an older ``.bak`` it replaced is lost, and
-    nothing new is left). On failure no temporary file is left and no target holds new content.
-
-    Raises
-    ------
-    UserError
-        ``<path>: cannot write: <reason>``, naming the file that failed.
-    """
-    targets = [writable_target(Path(p)) for p, _ in items]
-    for t in targets:
-        check_folder(t)
-    staged: list[dict] = []  # per target: path, tmp (new text), old (copy of the old file) or None, bak
-    tmps: list[str] = []
-    current = targets[0] if targets else Path()
-
-    def restore(done: list[dict]) -> None:
-        # Put back what the renames replaced, last first; best effort (the first error is raised).
-        for s in reversed(done):
-            try:
-                if s["old"] is None:
-                    os.unlink(s["path"])
-                elif s["old_moved"]:
-                    os.replace(s["bak"], s["path"])  # the old content went to .bak: moved back
-                else:
-                    os.replace(s["old"], s["path"])
-            except OSError:
-                pass
-
-    try:
-        for path, (_, text) in zip(targets, items):
-            current = path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            tmps.append(tmp)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            old = bak = None
-            if path.exists():
-                bak = backup_path(path)
-                writable_target(bak)
-                fd, old = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
-                os.close(fd)
-                tmps.append(old)
-                shutil.copy2(path, old)
-            staged.append({"path": path, "tmp": tmp, "old": old, "bak": bak, "old_moved": False})
-        done: list[dict] = []
-        for s in staged:
-            current = s["path"]
-            try:
-                os.replace(s["tmp"], s["path"])
-            except OSError:
-                restore(done)
-                raise
-            done.append(s)
-        for s in staged:
-            if s["old"] is None:
-                continue
-            current = s["bak"]
-            try:
-                os.replace(s["old"], s["bak"])
-            except OSError:
-                restore(done)  # no write without its backup
-                raise
-            s["old_moved"] = True
-    except OSError as err:
-        raise UserError(f"{current}: cannot write: {err.strerror or err}") from None
-    finally:
-        for t in tmps:
-            try:
-                os.unlink(t)
-            except FileNotFoundError:
-                pass
-    return targets
 
 
 # --- env files ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from fastverify import __version__
 from fastverify.analyze import analyze
 from fastverify.errors import UserError, path_text
 from fastverify.events import RankEvents
-from fastverify.procs import release_reserved, reserve_names, write_error, write_files
+from fastverify.outputs import release_reserved, reserve_names, write_error, write_files
 from fastverify.profile_record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "write_error", "as_builtins"]
@@ -160,7 +160,7 @@ def default_output(stem: str, folder: str | Path = "profiles", *, png: bool = Tr
 
 def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, painter=None) -> None:
     """Write the JSON (and the PNG) atomically through the one writer
-    (:func:`fastverify.procs.write_files`): both go to temporary files in the target folder and are
+    (:func:`fastverify.outputs.write_files`): both go to temporary files in the target folder and are
     renamed into place only when both are complete, so a failure leaves nothing behind; a
     symlinked output is refused, never written through. ``painter``: a
     :class:`fastverify.painter.Painter` that draws the PNG in its own process (drawn here when it

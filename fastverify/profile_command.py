@@ -78,7 +78,7 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     import os
 
     from fastverify.errors import printable
-    from fastverify.procs import check_outputs, check_writable, refuse_symlink
+    from fastverify.output_paths import check_outputs, check_writable, refuse_symlink
     from fastverify.profile import default_output
     from fastverify.verifylog import build_report, format_report, write_report
 
@@ -118,7 +118,7 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, a --output or PNG that would replace an input (a --trace file, a
     file inside a --trace folder, the --model config) or each other. A default --output is a new
     name under profiles/ (and its PNG too), so only the paths the user gave can clash."""
-    from fastverify.procs import check_outputs
+    from fastverify.output_paths import check_outputs
 
     outputs = {"--output": args.output}
     if not args.no_png:
@@ -131,7 +131,7 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})
-    from fastverify.procs import check_writable, refuse_symlink
+    from fastverify.output_paths import check_writable, refuse_symlink
 
     for flag, path in outputs.items():
         if path is not None:

@@ -1,40 +1,32 @@
 """The profile record (schema ``fastverify.profile``): one typed structure that ``fastverify
-profile`` writes and ``fastverify tune --profile`` reads.
+profile`` writes and ``fastverify tune --profile`` reads (:mod:`fastverify.profile_view`).
 
-Version 2 (this module) adds :class:`Shapes` — the dtype, hidden size, tokens per step, draft
-tokens and batch of the profiled verify step — and, for live runs, the all-reduce backend the
-forward ran with (:attr:`LiveSource.backend`, a :class:`fastverify.registry.BackendName` value).
-A fact is recorded only where the source knows it: a live run knows every shape; a trace profile
-records none of them (the trace loader keeps message bytes per collective, not their dtype or
-dims), so tune never re-derives a hidden size or a dtype from byte counts.
+Version 2 adds :class:`Shapes` (dtype, hidden size, tokens per step, draft tokens and batch of the
+profiled verify step) and, for live runs, the all-reduce backend the forward ran with
+(:attr:`LiveSource.backend`, a :class:`fastverify.registry.BackendName` value). A fact is recorded
+only where the source knows it: a live run knows every shape; a trace profile records none (the
+trace loader keeps message bytes per collective, not their dtype or dims), so tune never
+re-derives a hidden size or a dtype from byte counts.
 
-Version 1 files (written before the shapes existed) still load in :func:`read_profile_view`,
-with dtype and hidden unknown, so an old profile is timed as plain all-reduces.
-
-Both versions are decoded against fastverify's plausibility bounds (:mod:`fastverify.bounds`):
-a message over 1 TiB, a time outside [0, 1 hour], a count over 1e9, a world size or TP size of 0, a
-shape past the verify-step bounds is refused when the file is read, with the field's JSON path, its
-value and the bound, so that tune never prices a 1e15-byte all-reduce.
-
-The README ("Profile JSON") documents every field. Nothing here imports torch or numpy: tune's
-sweep workers import this module through :mod:`fastverify.tune.workload`.
+Decoding checks fastverify's plausibility bounds (:mod:`fastverify.bounds`): a message over 1 TiB,
+a time outside [0, 1 hour], a count over 1e9, a world size or TP size of 0, a shape past the
+verify-step bounds is refused with the field's JSON path, its value and the bound
+(:mod:`fastverify.profile_bounds`). The README ("Profile JSON") documents every field. Nothing here
+imports torch or numpy: tune's sweep workers import this module through :mod:`fastverify.tune.workload`.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Annotated, Any, Union
 
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_HIDDEN, MAX_MSG_BYTES
 from fastverify.errors import UserError, schema_error
+from fastverify.profile_bounds import out_of_bounds
 
 SCHEMA = "fastverify.profile"
 SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Versions :func:`read_profile_view` reads (1 with every shape unknown)."""
 
 DTYPES = ("bfloat16", "float16", "float32")
 """torch dtype names a profile may record (the verify step's all-reduce element type)."""
@@ -62,14 +54,6 @@ DraftTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_DRAFT_TOKENS)]
 Batch = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH)]
 Step = Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)]
 """A step index; -1 for a collective outside every step."""
-
-_BOUND_NAMES = {
-    MAX_MSG_BYTES: "1 TiB, fastverify's bound on one message",
-    MAX_EVENT_US: "1 hour in µs, fastverify's bound on a time",
-    MAX_COUNT: "fastverify's bound on a count", MAX_HIDDEN: "fastverify's bound on a hidden size",
-    MAX_BATCH: "fastverify's bound on a batch", MAX_DRAFT_TOKENS: "fastverify's bound on draft tokens",
-    MAX_BATCH * MAX_DRAFT_TOKENS: "fastverify's bound on tokens per step",
-}
 
 
 class _Base(msgspec.Struct, frozen=True, omit_defaults=False):
@@ -302,93 +286,16 @@ class Profile(_Base, kw_only=True):
     graph_replay: Profile | None = None
 
 
-# --- the view tune reads -------------------------------------------------------------------------
-# Tune needs a handful of fields. Version 2 files decode in full (:class:`Profile`, strict);
-# version 1 files decode into the lenient view below, which is all that version 1 guaranteed.
+class ProfileHead(msgspec.Struct):
+    """The keys read before a profile is decoded: which schema and version it claims, and an
+    ``accept_length`` a writer may have put at the top level (any JSON value)."""
 
-
-class _StepMedianV1(msgspec.Struct, frozen=True):
-    allreduce_count: FloatCount
-    compute_us: Us | None = None
-    window_us: Us | None = None
-    allreduce_us: Us | None = None
-
-
-class _RankV1(msgspec.Struct, frozen=True):
-    step_median: _StepMedianV1
-
-
-class _SizeV1(msgspec.Struct, frozen=True):
-    msg_bytes: MsgBytes | None
-    count: Count
-
-
-class _TimingV1(msgspec.Struct, frozen=True):
-    clock: str | None = None
-
-
-class _ProfileV1(msgspec.Struct, frozen=True):
-    ranks: list[_RankV1]
-    allreduce_by_msg_size: list[_SizeV1]
-    timing: _TimingV1 = _TimingV1()
-    world_size: Ranks | None = None
-    source: dict[str, Any] = {}
-
-
-class ProfileView(msgspec.Struct, frozen=True):
-    """What ``tune`` reads from a profile of any readable version.
-
-    Attributes
-    ----------
-    version : int
-        The file's ``schema_version``.
-    kind : str
-        ``source.kind`` (``"trace"``, ``"live"``; ``"unknown"`` for a version-1 file without one).
-    shapes : Shapes
-        Version 2: as recorded. Version 1: ``tokens``, ``draft_tokens``, ``batch`` of a live run;
-        ``dtype`` and ``hidden`` None (version 1 did not record them).
-    backend : str or None
-        Live version-2 profiles: the all-reduce backend the forward ran with.
-    world_size : int or None
-    clock : str or None
-        ``timing.clock``.
-    step_allreduce_counts, step_compute_us, step_window_us, step_allreduce_us : tuple
-        Per rank with a step median, the medians over steps (None entries dropped for times).
-    sizes : tuple of (msg_bytes or None, count)
-        ``allreduce_by_msg_size`` rows over all ranks and steps.
-    ranks : int
-        Entries in ``ranks``.
-    accept_length : float or None
-        ``accept_length`` at the top level or in ``source``, where a writer recorded one.
-    """
-
-    version: int
-    kind: str
-    shapes: Shapes
-    backend: str | None
-    world_size: int | None
-    clock: str | None
-    step_allreduce_counts: tuple[float, ...]
-    step_compute_us: tuple[float, ...]
-    step_window_us: tuple[float, ...]
-    step_allreduce_us: tuple[float, ...]
-    sizes: tuple[tuple[int | None, int], ...]
-    ranks: int
-    accept_length: float | None = None
-
-
-class _Head(msgspec.Struct):
     schema: Any = None
     schema_version: Any = None
     accept_length: Any = None
 
 
 _ENCODER = msgspec.json.Encoder()
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf") \
-        else None
 
 
 def encode_profile(profile: Profile) -> bytes:
@@ -406,106 +313,23 @@ def decode_profile(data: bytes, *, source: str = "profile") -> Profile:
         One line naming ``source``: not JSON, not schema ``fastverify.profile``, another version,
         or a field missing, mistyped or out of range (msgspec's message says which, as a JSON path).
     """
-    head = _head(data, source)
+    head = decode_head(data, source)
     if head.schema_version != SCHEMA_VERSION:
         raise UserError(f"{source}: profile schema_version {head.schema_version!r}; this reads "
                         f"{SCHEMA_VERSION} (re-run `fastverify profile`)")
-    return _decode(data, Profile, source)
+    return decode_as(data, Profile, source)
 
 
-def read_profile_view(path: str | Path) -> ProfileView:
-    """Read the profile at ``path`` (version 1 or 2) into the view ``tune`` needs.
+def decode_head(data: bytes, source: str) -> ProfileHead:
+    """The head of the profile JSON ``data``.
 
     Raises
     ------
     UserError
-        One line naming the file: unreadable, not JSON, not schema ``fastverify.profile``, a version
-        this fastverify does not read, a field missing or mistyped, or a size, count or time past the
-        plausibility bounds of :mod:`fastverify.bounds` (the message names the field, its value and the
-        bound), a world size below 1 or an accept length outside [0, draft tokens + 1].
+        Not JSON, nested too deeply, not an object, or ``schema`` is not ``fastverify.profile``.
     """
-    p = Path(path)
-    from fastverify.inputs import read_bytes
-
-    data = read_bytes(p, kind="json", what="profile")
-    head = _head(data, str(p))
-    accept = _accept_length(head.accept_length, str(p), "accept_length")
-    if head.schema_version == SCHEMA_VERSION:
-        prof = _decode(data, Profile, str(p))
-        if not prof.ranks:
-            raise UserError(f"{p}: not a usable fastverify profile: 'ranks' is empty")
-        live = prof.source if isinstance(prof.source, LiveSource) else None
-        medians = [r.step_median for r in prof.ranks if r.step_median is not None]
-        if not medians:
-            raise UserError(f"{p}: not a usable fastverify profile: no rank has a step_median (no steps found)")
-        return ProfileView(
-            version=SCHEMA_VERSION, kind="live" if live else "trace", shapes=prof.shapes,
-            backend=live.backend if live else None, world_size=prof.world_size, clock=prof.timing.clock,
-            step_allreduce_counts=tuple(m.allreduce_count for m in medians),
-            step_compute_us=tuple(m.compute_us for m in medians),
-            step_window_us=tuple(m.window_us for m in medians),
-            step_allreduce_us=tuple(m.allreduce_us for m in medians),
-            sizes=tuple((s.msg_bytes, s.count) for s in prof.allreduce_by_msg_size),
-            ranks=len(prof.ranks), accept_length=accept)
-    if head.schema_version == 1:
-        old = _decode(data, _ProfileV1, str(p))
-        if not old.ranks:
-            raise UserError(f"{p}: not a usable fastverify profile: 'ranks' is empty")
-        kind = old.source.get("kind") if isinstance(old.source.get("kind"), str) else "unknown"
-        if accept is None:
-            accept = _accept_length(old.source.get("accept_length"), str(p), "source.accept_length")
-        ms = [r.step_median for r in old.ranks]
-        return ProfileView(
-            version=1, kind=kind, shapes=_v1_shapes(old.source, str(p)) if kind == "live" else Shapes(), backend=None,
-            world_size=old.world_size,
-            clock=old.timing.clock, step_allreduce_counts=tuple(m.allreduce_count for m in ms),
-            step_compute_us=tuple(v for m in ms if (v := _finite(m.compute_us)) is not None),
-            step_window_us=tuple(v for m in ms if (v := _finite(m.window_us)) is not None),
-            step_allreduce_us=tuple(v for m in ms if (v := _finite(m.allreduce_us)) is not None),
-            sizes=tuple((s.msg_bytes, s.count) for s in old.allreduce_by_msg_size),
-            ranks=len(old.ranks), accept_length=accept)
-    raise UserError(f"{p}: not a usable fastverify profile: schema_version {head.schema_version!r}, this "
-                    f"fastverify reads {' or '.join(map(str, READABLE_VERSIONS))}")
-
-
-MAX_ACCEPT_LENGTH = MAX_DRAFT_TOKENS + 1
-"""Tokens one verify step can accept: every draft token and the bonus token."""
-
-
-def _accept_length(value: Any, where: str, key: str) -> float | None:
-    """A recorded accept length, or None where none is recorded (or it is not a number, as before);
-    a number outside [0, :data:`MAX_ACCEPT_LENGTH`] is refused."""
-    v = _finite(value)
-    if v is not None and not 0 <= v <= MAX_ACCEPT_LENGTH:
-        raise UserError(f"{where}: not a usable fastverify profile: {key} = {value!r} is outside [0, "
-                        f"{MAX_ACCEPT_LENGTH}] (a verify step accepts at most {MAX_DRAFT_TOKENS} draft tokens + 1)")
-    return v
-
-
-def _v1_shapes(source: dict[str, Any], where: str) -> Shapes:
-    """A version-1 live source recorded tokens, draft tokens and batch, but no hidden size or dtype.
-    A value that is not a positive integer is left out (version 1 did not promise one); one past
-    fastverify's bounds is refused."""
-    tops = {"tokens": MAX_BATCH * MAX_DRAFT_TOKENS, "draft_tokens": MAX_DRAFT_TOKENS, "batch": MAX_BATCH}
-
-    def pos(key: str) -> int | None:
-        v = source.get(key)
-        if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-            return None
-        if v > tops[key]:
-            raise UserError(f"{where}: not a usable fastverify profile: source.{key} = {v} is past "
-                            f"{_BOUND_NAMES[tops[key]]} ({tops[key]})")
-        return v
-
-    tokens, draft, batch = pos("tokens"), pos("draft_tokens"), pos("batch")
-    if None not in (tokens, draft, batch) and tokens != draft * batch:
-        draft = batch = None
-    return Shapes(tokens=tokens, draft_tokens=draft, batch=batch)
-
-
-def _head(data: bytes, source: str) -> _Head:
     try:
-        head = msgspec.json.decode(data, type=_Head)
+        head = msgspec.json.decode(data, type=ProfileHead)
     except msgspec.ValidationError:  # valid JSON, but not an object
         raise UserError(f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
                         "(write one with `fastverify profile`)") from None
@@ -553,46 +377,22 @@ PROFILE_EXAMPLES = {
 said in a schema error."""
 
 
-def _decode(data: bytes, typ: type, source: str):
+def decode_as(data: bytes, typ: type, source: str):
+    """``data`` decoded as ``typ`` (a profile record or a lenient view of one).
+
+    Raises
+    ------
+    UserError
+        A field missing, mistyped or past a bound: the field's path, the value and the bound, or an
+        example value of the field (:data:`PROFILE_EXAMPLES`).
+    """
     try:
         return msgspec.json.decode(data, type=typ)
     except msgspec.ValidationError as err:
-        bound = _out_of_bounds(" ".join(str(err).split()), data)
+        bound = out_of_bounds(" ".join(str(err).split()), data)
         if bound is not None:
             raise UserError(f"{source}: not a usable fastverify profile: {bound}") from None
         raise schema_error(f"{source}: not a usable fastverify profile", err, PROFILE_EXAMPLES) from None
     except (ValueError, RecursionError) as err:
         text = " ".join(str(err).split())
         raise UserError(f"{source}: not a usable fastverify profile: {text}") from None
-
-
-_CONSTRAINT = re.compile(r"^Expected `(\w+)` (>=|<=) (-?[0-9.e+]+) - at `\$(.*)`$")
-_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]|\[\.\.\.\]")
-
-
-def _out_of_bounds(text: str, data: bytes) -> str | None:
-    """msgspec's message for a value past a bound (``Expected `int` <= 1099511627776 - at
-    `$.allreduce_by_msg_size[0].msg_bytes```), said with the value and what the bound is:
-    ``allreduce_by_msg_size[0].msg_bytes = 1000000000000000 is past 1 TiB, …``; None for any other
-    message."""
-    m = _CONSTRAINT.match(text)
-    if m is None:
-        return None
-    kind, op, bound, path = m.groups()
-    value: Any = msgspec.json.decode(data)  # valid JSON: the typed decode got as far as a value
-    for part in _PATH_PART.finditer(path):
-        key, index = part.group(1), part.group(2)
-        if key is not None and isinstance(value, dict) and key in value:
-            value = value[key]
-        elif index is not None and isinstance(value, list) and int(index) < len(value):
-            value = value[int(index)]
-        else:  # a dict value (``[...]``) or a path this walk does not follow: no value to show
-            value = None
-            break
-    number = float(bound)
-    name = _BOUND_NAMES.get(int(number)) if op == "<=" and number == int(number) else None
-    shown = "" if value is None else f" = {value!r}"
-    if op == ">=":
-        return f"{path.lstrip('.')}{shown} is below {bound}: expected {kind} >= {bound}"
-    return (f"{path.lstrip('.')}{shown} is past {name or 'its bound'}: expected {kind} <= {bound}"
-            " (values past fastverify's plausibility bounds are broken or hand-edited input)")

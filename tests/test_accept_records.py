@@ -19,7 +19,8 @@ import torch
 from fastverify.errors import UserError
 from fastverify.patch import install as I
 from fastverify.patch.targets import MOD_EAGLE_COMMON, MOD_NGRAM_WORKER
-from fastverify.patch.verify import VerifyTimer, _make_accept_wrapper, _make_verify_wrapper, _WallEvent
+from fastverify.patch.verify import VerifyTimer, _WallEvent
+from fastverify.patch.verify_wrap import _make_accept_wrapper, _make_verify_wrapper
 from fastverify.verifylog import build_report, format_report
 
 

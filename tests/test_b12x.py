@@ -54,6 +54,7 @@ from fastverify.backends import (  # noqa: E402
     reference_residual_rmsnorm,
 )
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
+from fastverify.backends import ipc  # noqa: E402
 from fastverify.registry import backend_info  # noqa: E402
 
 WHEEL_ENV = "FASTVERIFY_FLASHINFER_WHEEL"
@@ -316,7 +317,7 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     install_modules(real, fakes)
     # CUDA is the one probe fact this machine cannot have; the rest (SM from the context,
     # library_status through the ExternalCall tables) runs as on a GPU box.
-    b12x_backend.check_cuda = lambda ctx: None
+    ipc.check_cuda = lambda ctx: None
     out: dict = {"dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
         ctx = ProbeContext(world_size=world, device_type="cpu", dtype=dtype, group_backend="gloo", sm=(12, 0),

@@ -44,6 +44,7 @@ import test_b12x as base  # noqa: E402
 import torch  # noqa: E402
 
 from fastverify.backends import BackendName, ProbeContext, check_close, make_backend  # noqa: E402
+from fastverify.backends import b12x_rounds, ipc  # noqa: E402
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
 
 H = base.HIDDEN
@@ -65,7 +66,7 @@ def _sglang_groups(dist) -> tuple[object, object, object]:
 
     device, cpu = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
     coordinator = GroupCoordinator(device, cpu)
-    ps = types.ModuleType(b12x_backend.MOD_PARALLEL_STATE)
+    ps = types.ModuleType(b12x_rounds.MOD_PARALLEL_STATE)
     ps._groups = {"tp:0": weakref.ref(coordinator)}
     sys.modules[ps.__name__] = ps
     return device, cpu, coordinator
@@ -156,7 +157,7 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     fail = {"rank": 1, "compile": ["fused", 4]} if scenario == "compile_fails" else None
     fakes = base.standins(real, record, fail)
     base.install_modules(real, fakes)
-    b12x_backend.check_cuda = lambda ctx: None  # the one probe fact a CPU box cannot have
+    ipc.check_cuda = lambda ctx: None  # the one probe fact a CPU box cannot have
     device, cpu, coordinator = _sglang_groups(dist)
     exchanges: list = []
     _spy_exchanges(dist, device, cpu, exchanges)
@@ -359,7 +360,7 @@ def test_sglang_keeps_its_coordinators_cpu_group_where_we_look():
         pytest.skip("set FASTVERIFY_SGLANG_WHEEL to the sglang 0.5.23 wheel to check parallel_state.py")
     with zipfile.ZipFile(wheel) as z:
         src = z.read("sglang/srt/distributed/parallel_state.py").decode()
-    assert b12x_backend.MOD_PARALLEL_STATE == "sglang.srt.distributed.parallel_state"
+    assert b12x_rounds.MOD_PARALLEL_STATE == "sglang.srt.distributed.parallel_state"
     assert '_groups: Dict[str, Callable[[], Optional["GroupCoordinator"]]] = {}' in src
     assert "_groups[group.unique_name] = weakref.ref(group)" in src
     assert "self.device_group = device_group" in src and "self.cpu_group = cpu_group" in src

@@ -186,10 +186,10 @@ def fused_cpu_context(world: int) -> ProbeContext:
 def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
     import torch.distributed as dist
 
-    from fastverify.backends import flashinfer_fused
+    from fastverify.backends import ipc
 
     calls = _install_fake_flashinfer(broken_rank, rank)
-    flashinfer_fused.check_cuda = lambda ctx: None  # the one probe fact a CPU box cannot have
+    ipc.check_cuda = lambda ctx: None  # the one probe fact a CPU box cannot have
     dtype = torch.float32
     # Built as the tune worker, doctor and the patch build it: make_backend with hidden, no
     # options["hidden"]; the probe's library check runs through the ExternalCall table on the fake.
@@ -358,12 +358,12 @@ def test_fused_self_check_disables_on_every_rank(tmp_path):
 def test_fused_without_usable_hidden_is_unavailable_not_a_crash(hidden, max_numel, fragment, monkeypatch):
     """The tune worker, doctor and the patch skip a backend on BackendUnavailable; a ValueError
     made every rank exit 1. Nothing collective runs before the refusal."""
-    from fastverify.backends import flashinfer_fused
+    from fastverify.backends import ipc
 
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
     _install_fake_flashinfer(None, 0)
-    monkeypatch.setattr(flashinfer_fused, "check_cuda", lambda ctx: None)
+    monkeypatch.setattr(ipc, "check_cuda", lambda ctx: None)
     try:
         with pytest.raises(BackendUnavailable, match=fragment) as info:
             make_backend("fused", None, device="cpu", dtype=torch.float32, max_numel=max_numel, hidden=hidden,

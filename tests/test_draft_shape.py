@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from fastverify.errors import UserError
+from fastverify.tune import draft_model as DM
 from fastverify.tune import draft_shape as D
 
 # A: accepted draft tokens per request per verify, one run at S = 5 steps; 100 request-verifies.
@@ -26,30 +27,30 @@ COUNTS = [20, 20, 20, 20, 10, 10]
 ACCEPT = {1: 1.8, 2: 2.4, 3: 2.8, 4: 3.0, 5: 3.1}
 
 
-def _curve(ms_by_tokens: dict[int, float]) -> D.CostCurve:
-    return D.CostCurve(batch=1, label="measured", source="test",
-                       points=[D.CostPoint(tokens_per_request=t, verify_ms=ms, records=10)
-                               for t, ms in sorted(ms_by_tokens.items())])
+def _curve(ms_by_tokens: dict[int, float]) -> DM.CostCurve:
+    return DM.CostCurve(batch=1, label="measured", source="test",
+                        points=[DM.CostPoint(tokens_per_request=t, verify_ms=ms, records=10)
+                                for t, ms in sorted(ms_by_tokens.items())])
 
 
-def _draft(step_ms: float, extend_ms: float = 0.0, label: str = "given") -> D.DraftCost:
-    return D.DraftCost(draft_step_ms=step_ms, draft_extend_ms=extend_ms, label=label, source="test")
+def _draft(step_ms: float, extend_ms: float = 0.0, label: str = "given") -> DM.DraftCost:
+    return DM.DraftCost(draft_step_ms=step_ms, draft_extend_ms=extend_ms, label=label, source="test")
 
 
-HIST = D.AcceptHistogram(steps=5, counts=COUNTS)
+HIST = DM.AcceptHistogram(steps=5, counts=COUNTS)
 
 
 def test_accept_length_by_depth_is_e_min_a_k_plus_1():
     for k, want in ACCEPT.items():
-        assert D.accept_length(COUNTS, k) == pytest.approx(want)
+        assert DM.accept_length(COUNTS, k) == pytest.approx(want)
     # a tiny one: A in {0, 2}, half each: k=1 -> 0.5 + 1; k=2 -> 1 + 1
-    assert D.accept_length([1, 0, 1], 1) == pytest.approx(1.5) and D.accept_length([1, 0, 1], 2) == pytest.approx(2.0)
+    assert DM.accept_length([1, 0, 1], 1) == pytest.approx(1.5) and DM.accept_length([1, 0, 1], 2) == pytest.approx(2.0)
 
 
 def test_flat_verify_cost_deepest_chain_wins():
     """verify 10 ms at every token count, 0.1 ms a draft step: cycles 10.1..10.5 ms;
     tok/s 1.8/10.1 = 178.2, 2.4/10.2 = 235.3, 2.8/10.3 = 271.8, 3.0/10.4 = 288.5, 3.1/10.5 = 295.2."""
-    rep = D.recommend(HIST, _curve({t: 10.0 for t in range(2, 7)}), _draft(0.1))
+    rep = DM.recommend(HIST, _curve({t: 10.0 for t in range(2, 7)}), _draft(0.1))
     assert [r.cycle_ms for r in rep.rows] == pytest.approx([10.1, 10.2, 10.3, 10.4, 10.5])
     assert [r.tok_s for r in rep.rows] == pytest.approx([178.22, 235.29, 271.84, 288.46, 295.24], abs=0.01)
     assert rep.best_depth == 5 and rep.tok_s_change_pct == 0.0
@@ -60,7 +61,7 @@ def test_steep_verify_cost_shallow_chain_wins():
     """verify 10 ms per token per request (20..60 ms), 0.1 ms a step: tok/s 1.8/20.1 = 89.55,
     2.4/30.2 = 79.47, 2.8/40.3 = 69.48, 3.0/50.4 = 59.52, 3.1/60.5 = 51.24: depth 1, a gain of
     (89.55 - 51.24) / 51.24 = +74.8 % over the run's depth 5."""
-    rep = D.recommend(HIST, _curve({t: 10.0 * t for t in range(2, 7)}), _draft(0.1))
+    rep = DM.recommend(HIST, _curve({t: 10.0 * t for t in range(2, 7)}), _draft(0.1))
     assert [r.tok_s for r in rep.rows] == pytest.approx([89.55, 79.47, 69.48, 59.52, 51.24], abs=0.01)
     assert rep.best_depth == 1 and rep.tok_s_change_pct == pytest.approx(74.77, abs=0.02)
     assert rep.flags.startswith("--speculative-num-steps 1 ") and rep.flags.endswith("--speculative-num-draft-tokens 2")
@@ -71,11 +72,11 @@ def test_steep_verify_cost_shallow_chain_wins():
 
 def test_verify_cost_between_and_beyond_the_points_is_labelled():
     curve = _curve({2: 10.0, 5: 16.0})  # slope 2 ms per token
-    assert D.verify_at(curve, 2) == (10.0, "measured")
-    assert D.verify_at(curve, 3) == (pytest.approx(12.0), "derived")
-    assert D.verify_at(curve, 6) == (pytest.approx(18.0), "extrapolated")
-    assert D.verify_at(_curve({6: 7.5}), 3) == (7.5, "extrapolated")  # one point: flat, and said so
-    rep = D.recommend(HIST, _curve({6: 7.5}), _draft(0.0, label="assumed"))
+    assert DM.verify_at(curve, 2) == (10.0, "measured")
+    assert DM.verify_at(curve, 3) == (pytest.approx(12.0), "derived")
+    assert DM.verify_at(curve, 6) == (pytest.approx(18.0), "extrapolated")
+    assert DM.verify_at(_curve({6: 7.5}), 3) == (7.5, "extrapolated")  # one point: flat, and said so
+    rep = DM.recommend(HIST, _curve({6: 7.5}), _draft(0.0, label="assumed"))
     assert [r.label for r in rep.rows] == ["extrapolated"] * 4 + ["assumed"]
     assert any("extrapolated outside the measured tokens per request (6)" in n for n in rep.notes)
     assert any("draft cost assumed 0 ms" in n for n in rep.notes)
@@ -123,7 +124,7 @@ def test_histogram_file_table_and_winner(tmp_path, capsys):
 
 
 def test_tree_run_says_one_run_gives_no_other_tree_shape():
-    rep = D.recommend(D.AcceptHistogram(steps=3, counts=[5, 5, 5, 5], topk=4), _curve({8: 12.0}), _draft(0.5))
+    rep = DM.recommend(DM.AcceptHistogram(steps=3, counts=[5, 5, 5, 5], topk=4), _curve({8: 12.0}), _draft(0.5))
     assert rep.tree and rep.best_depth is None and rep.flags is None
     assert [r.depth for r in rep.rows] == [3] and rep.rows[0].tokens_per_request == 8
     assert "one run's records do not give other tree shapes" in rep.notes[0]
@@ -179,8 +180,8 @@ def test_no_input_or_no_cost_is_refused(tmp_path):
 
 
 def test_report_document_round_trips():
-    rep = D.recommend(HIST, _curve({2: 10.0, 6: 10.0}), _draft(0.1))
-    again = msgspec.convert(msgspec.to_builtins(rep), D.DraftShapeReport)
+    rep = DM.recommend(HIST, _curve({2: 10.0, 6: 10.0}), _draft(0.1))
+    again = msgspec.convert(msgspec.to_builtins(rep), DM.DraftShapeReport)
     assert again == rep
 
 

@@ -147,3 +147,19 @@ def test_host_keep_is_exactly_the_comm_and_step_rules(name):
     """The one search that keeps host ops is the comm-op test or a step pattern, nothing else."""
     want = L._looks_comm_op(name) or any(r.match(name) for r in L._STEP_RES)
     assert bool(L._HOST_KEEP.search(name)) == want
+
+
+@pytest.mark.parametrize("corr", [[], {"x": 1}, "7", 7.5])
+def test_a_graph_launch_with_a_non_int_correlation_reads_on_both_paths(tmp_path, monkeypatch, corr):
+    """A ``cudaGraphLaunch`` whose ``correlation`` is not an int (a list, an object, text) carries no
+    id: both paths read the trace, and the all-reduce kernel (correlation 5) is not taken as
+    replayed inside that graph."""
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
+               "args": {"correlation": corr}},
+              {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pid": 0, "tid": 7,
+               "ts": 3, "dur": 5, "args": {"correlation": 5, "stream": 7}}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    fast, slow = _both(path, monkeypatch)
+    assert_same_ranks(fast, slow)
+    assert len(fast) == 1

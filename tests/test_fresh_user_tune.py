@@ -475,7 +475,7 @@ def test_box_wording(box_dir, capsys, monkeypatch):
 
 
 def test_no_negative_zero_percent(box_dir, capsys):
-    from fastverify.tune.predict import change_pct
+    from fastverify.tune.verify_time import change_pct
 
     assert [change_pct(v) for v in (-0.0, -0.04, 0.04, -3.46, 2.0)] == ["0.0 %", "0.0 %", "0.0 %", "-3.5 %", "+2.0 %"]
     rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pbad.json"], capsys)  # the baseline wins: a 0 % change

@@ -322,7 +322,7 @@ def test_tune_write_env_on_the_topology_is_refused(tmp_path, target):
 def test_a_failed_env_write_leaves_no_bak_and_keeps_an_old_one(tmp_path, monkeypatch):
     """``path`` cannot be replaced (as for ``chattr +i``): before the fix, ``x.env.bak`` was
     already written (or an older one overwritten) when the final replace failed."""
-    from fastverify import envfile
+    from fastverify import outputs
 
     target = tmp_path / "x.env"
     target.write_text("NCCL_P2P_LEVEL=SYS\n")
@@ -334,21 +334,21 @@ def test_a_failed_env_write_leaves_no_bak_and_keeps_an_old_one(tmp_path, monkeyp
             raise PermissionError(1, "Operation not permitted")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(envfile.os, "replace", replace)
+    monkeypatch.setattr(outputs.os, "replace", replace)
     with pytest.raises(UserError, match=r"x\.env: cannot write: Operation not permitted"):
-        envfile.atomic_write_text(target, "NCCL_P2P_LEVEL=PHB\n")
+        outputs.atomic_write_text(target, "NCCL_P2P_LEVEL=PHB\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.env", "x.env"]  # no .bak, no temp
     assert target.read_text() == "NCCL_P2P_LEVEL=SYS\n"
 
     (tmp_path / "x.env.bak").write_text("older backup\n")
     with pytest.raises(UserError):
-        envfile.atomic_write_text(target, "NCCL_P2P_LEVEL=PHB\n")
+        outputs.atomic_write_text(target, "NCCL_P2P_LEVEL=PHB\n")
     assert (tmp_path / "x.env.bak").read_text() == "older backup\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.env", "x.env", "x.env.bak"]
 
 
 def test_a_failed_backup_move_puts_the_original_back(tmp_path, monkeypatch):
-    from fastverify import envfile
+    from fastverify import outputs
 
     target = tmp_path / "x.env"
     target.write_text("A=1\n")
@@ -359,9 +359,9 @@ def test_a_failed_backup_move_puts_the_original_back(tmp_path, monkeypatch):
             raise PermissionError(1, "Operation not permitted")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(envfile.os, "replace", replace)
+    monkeypatch.setattr(outputs.os, "replace", replace)
     with pytest.raises(UserError, match="cannot write"):
-        envfile.atomic_write_text(target, "A=2\n")
+        outputs.atomic_write_text(target, "A=2\n")
     assert target.read_text() == "A=1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.env"]
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from fastverify.errors import UserError
 from fastverify.nccl.catalogue import (
-    CATALOGUE, Finding, Scope, Setting, Severity, explain, get_setting, suggest, validate_env, validate_setting,
+    Finding, Scope, Setting, Severity, explain, get_setting, suggest, validate_env, validate_setting,
 )
+from fastverify.nccl.settings import CATALOGUE
 from fastverify.nccl.version import NcclVersion
 
 OK, WARN, ERR = Severity.OK, Severity.WARNING, Severity.ERROR

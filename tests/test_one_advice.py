@@ -68,9 +68,10 @@ def test_topo_and_tune_recommend_the_same_first_option(topology, extra, sm, gen,
     assert [(a["backend"], a["settings"]) for a in advice if a["rank"] is not None] == tune_order
 
 
-def test_seed_box_text_names_the_p2p_level_first_and_pcie_ipc_unranked(capsys):
-    """pcie_ipc's range is unknown at 57,344 B (too few published boxes agree), so the seed box's
-    first option is NCCL_P2P_LEVEL=SYS at -2.9 %, and pcie_ipc is named among the unranked ones."""
+def test_seed_box_text_calls_pcie_ipc_too_close_and_names_the_p2p_level(capsys):
+    """pcie_ipc's point (the P2P kernel model: 7.5 us + 7 x 57,344 B / 63 GB/s = 13.87 us, x 123
+    all-reduces = 1,706.2 us per step, -71.2 % against 5,932.0) is listed first, but its range
+    reaches NCCL's, so it is too close to call; NCCL_P2P_LEVEL=SYS at -2.9 % is the decided option."""
     rc, out, err = cli(["topo", "--topology", INPUTS / SEED, "--sm", "120", "--pcie-gen", "5",
                         "--model", "kimi-k2", "--tp", "8"], capsys)
     assert rc == 0, err
@@ -78,18 +79,16 @@ def test_seed_box_text_names_the_p2p_level_first_and_pcie_ipc_unranked(capsys):
     assert lines[0].startswith("# box: SM 120 (--sm), PCIe Gen 5 (--pcie-gen)")
     text = " ".join(out.split())
     todo = text[text.index("what to do:"):text.index("GPU pairs")]
-    assert "1. NCCL_P2P_LEVEL=SYS: -2.9 % per verify step (5.757 ms vs 5.932 ms now)" in todo
-    assert "2. " not in todo and "-75.9 %" not in todo  # no figure for pcie_ipc, ranked or not
-    assert "predicted from 1 comparable published box" not in todo
-    unranked = todo[todo.index("not ranked"):]
-    unranked = unranked[:unranked.index("on the box") + len("on the box")]
-    assert "pcie_ipc (unknown at this size)" in unranked and "measure each with `fastverify tune` on the box" in unranked
+    assert 123 * (7.5 + 7 * 57344 / 63000) == pytest.approx(1706.2, abs=0.05)
+    assert "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure (its range " in todo
+    assert "reaches NCCL_P2P_LEVEL=SYS's " in todo and "at its point -71.2 %" in todo
+    assert "2. NCCL_P2P_LEVEL=SYS: -2.9 % per verify step (5.757 ms vs 5.932 ms now)" in todo
     assert "123 all-reduces per verify step" in todo  # Kimi-K2: 1 embedding + 2 x 61 layers
     assert "within the model's error" in todo
     assert "unknown from this input: driver P2P" in todo and "ACS/IOMMU" in todo
     # the old advice that made NCCL_P2P_LEVEL=SYS the thing to do is gone
     assert "try NCCL_P2P_LEVEL=SYS" not in text
-    assert "best level: SYS (option 1 of the ranking below, -2.9 %)" in text
+    assert "best level: SYS (option 2 of the ranking below, -2.9 %)" in text
 
 
 def test_without_model_the_figures_are_per_all_reduce(capsys):
@@ -98,13 +97,15 @@ def test_without_model_the_figures_are_per_all_reduce(capsys):
                         "--json"], capsys)
     assert rc == 0, err
     doc = json.loads(out)
-    # the first ranked option is NCCL's P2P level (pcie_ipc is unknown at this size: listed, unranked)
-    assert doc["advice"][0]["backend"] == "nccl" and doc["advice"][0]["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
-    ipc = next(a for a in doc["advice"] if a["backend"] == "pcie_ipc")
-    assert ipc["rank"] is None and ipc["allreduce_us"] is None
+    # first pcie_ipc at the kernel model's point, too close to call; then NCCL's P2P level
+    ipc, level = doc["advice"][0], doc["advice"][1]
+    assert ipc["backend"] == "pcie_ipc" and ipc["rank"] == 1
+    assert ipc["too_close"].startswith("pcie_ipc: too close to call: measure (its range ")
+    assert level["backend"] == "nccl" and level["settings"] == {"NCCL_P2P_LEVEL": "SYS"} and level["too_close"] is None
     # one all-reduce of 57,344 B, not a step: 1 x the per-call time
+    assert ipc["allreduce_us"] == pytest.approx(7.5 + 7 * 57344 / 63000, abs=1e-3)
     assert all(a["per_verify_step"] is False for a in doc["advice"])
-    assert doc["advice"][0]["allreduce_us"] < doc["advice"][0]["baseline_us"]
+    assert level["allreduce_us"] < level["baseline_us"]
     assert any("counts per verify step are unknown without --model" in n and "57,344 B" in n
                for n in doc["advice_notes"])
 

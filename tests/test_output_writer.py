@@ -77,7 +77,7 @@ def test_four_concurrent_runs_with_default_names_each_get_their_own_files(tmp_pa
 def test_same_second_names_are_unique_across_threads(tmp_path):
     """The same timestamp for every caller (the race of the issue, made certain): each gets a
     distinct name; both placeholders exist until written or released."""
-    from fastverify.procs import release_reserved
+    from fastverify.outputs import release_reserved
     from fastverify.profile import default_output
 
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
@@ -106,7 +106,7 @@ def test_same_second_names_are_unique_across_threads(tmp_path):
 
 
 def test_a_taken_png_name_moves_the_pair_on(tmp_path):
-    from fastverify.procs import release_reserved
+    from fastverify.outputs import release_reserved
     from fastverify.profile import default_output
 
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
@@ -122,7 +122,7 @@ def test_a_taken_png_name_moves_the_pair_on(tmp_path):
 
 def test_a_failed_write_leaves_no_placeholder_and_no_temporary_file(tmp_path):
     from fastverify.errors import UserError
-    from fastverify.procs import write_files
+    from fastverify.outputs import write_files
     from fastverify.profile import default_output
 
     out = default_output("trace", tmp_path / "profiles")
@@ -202,7 +202,7 @@ def test_a_symlink_to_an_existing_file_is_refused_too(tmp_path):
 
 def test_the_writer_refuses_a_symlink_swapped_in_after_the_checks(tmp_path):
     from fastverify.errors import UserError
-    from fastverify.procs import write_files
+    from fastverify.outputs import write_files
 
     out = tmp_path / "o.json"
 

@@ -28,9 +28,11 @@ from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.registry import BackendName
+from fastverify.topo import gpu_identity as G
 from fastverify.topo import p2p as P
+from fastverify.topo import p2p_proof as PF
 
-NVML_GPUS = P.nvml_gpus  # the real reader, before any test stands in for it
+NVML_GPUS = G.nvml_gpus  # the real reader, before any test stands in for it
 SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
                    entry_point_installed=True)
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -324,7 +326,7 @@ def test_check_names_each_cuda_ordinal_as_nvml_does(tmp_path, uuid):
     assert (doc["schema"], doc["version"], doc["cuda_visible_devices"]) == ("fastverify.p2p_check", 2, "4,5,6,7")
     f = tmp_path / "p2p.json"
     f.write_text(json.dumps(doc))
-    check = P.read_check_file(f)
+    check = PF.read_check_file(f)
     assert [check.gpus[k].same_gpu(BOX_A[4 + k]) for k in range(4)] == [True] * 4
     # the server runs with the same CUDA_VISIBLE_DEVICES: its ordinals 0..3 are those GPUs
     assert plan(f, box(BOX_A[4:], tp=4), tp=4).p2p.proven
@@ -376,7 +378,7 @@ def test_malformed_check_files_are_refused_in_one_line(tmp_path, doc, words):
     f = tmp_path / "p2p.json"
     f.write_text(json.dumps(doc))
     with pytest.raises(UserError) as e:
-        P.read_check_file(f)
+        PF.read_check_file(f)
     msg = str(e.value)
     assert msg.startswith(str(f)) and "\n" not in msg
     for w in words:
@@ -401,15 +403,15 @@ def _rows(gpus):
     ({"CUDA_VISIBLE_DEVICES": ""}, []),
 ])
 def test_visible_gpus_follow_cuda_visible_devices(env, want):
-    rows, why = P.visible_gpus(_rows(BOX_A), env)
+    rows, why = G.visible_gpus(_rows(BOX_A), env)
     assert [r["index"] for r in rows] == want and why == ""
 
 
 def test_visible_gpus_of_a_mixed_box_need_pci_order():
     mixed = list(BOX_A[:2]) + [GpuId(index=2, pci_bus_id="00000000:40:00.0", uuid="GPU-zz", name="NVIDIA L40S")]
-    rows, why = P.visible_gpus(_rows(mixed), {})
+    rows, why = G.visible_gpus(_rows(mixed), {})
     assert rows is None and "CUDA_DEVICE_ORDER" in why
-    rows, _ = P.visible_gpus(_rows(mixed), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    rows, _ = G.visible_gpus(_rows(mixed), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert [r["index"] for r in rows] == [0, 1, 2]
 
 
@@ -419,7 +421,7 @@ def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
     import fastverify.topo.box as B
 
     monkeypatch.setattr(B, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
-    monkeypatch.setattr(P, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A, 96 << 30)))
+    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A, 96 << 30)))
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
     env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     full = check_file(tmp_path / "all.json")
@@ -429,7 +431,7 @@ def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="did not test GPU 4"):
         L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL,
                       p2p_file=check_file(tmp_path / "low.json", BOX_A[:4]))
-    monkeypatch.setattr(P, "nvml_gpus", lambda nvml=None: [])  # no NVML: nothing to bind the proof to
+    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: [])  # no NVML: nothing to bind the proof to
     with pytest.raises(UserError, match="cannot tell whether the P2P check tested this box's GPUs"):
         L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL, p2p_file=full)
 

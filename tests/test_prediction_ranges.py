@@ -25,7 +25,7 @@ def _bench():
     return mod
 
 
-def test_lobo_of_the_nccl_figure_covers_80_percent_and_reports_abstention():
+def test_lobo_of_the_nccl_figure_meets_the_aim_and_reports_abstention():
     r = _bench().lobo_cost_model()
     pts = [p for pts in r["boxes"].values() for p in pts]
     inside = sum(p["inside"] for p in pts)
@@ -34,35 +34,51 @@ def test_lobo_of_the_nccl_figure_covers_80_percent_and_reports_abstention():
     assert inside / len(pts) >= 0.8  # unknowns counted as misses
     # every answered range holds its point and is never zero-width
     assert all(p["low_us"] < p["point_us"] < p["high_us"] for p in answered)
-    # the median width is what the data gives (4.8x on the packaged file, the 4x aim missed): at most 8x
-    assert statistics.median(p["width"] for p in answered) <= R.MAX_WIDTH
+    assert statistics.median(p["width"] for p in answered) <= 4.0
 
 
-def test_lobo_of_p2p_kernels_abstains_where_the_evidence_is_thin():
+def test_lobo_of_the_p2p_kernel_model_answers_every_point_within_8x():
+    """The kernel model answers each of the published P2P-kernel points left out one box at a time;
+    its coverage and width are what the data give (79 % at 4.5x on the packaged file: the aim is
+    missed, and the benchmark says so), every range holding its point and at most 8x wide."""
     b = _bench()
-    for backend in (BackendName.pcie_ipc, BackendName.custom_ar):
-        r = b.lobo(backend)
-        answered = [p for pts in r["boxes"].values() for p in pts if not p["abstained"]]
-        if answered:  # where it answers: the aim holds
-            assert sum(p["inside"] for p in answered) / len(answered) >= 0.8
-            assert statistics.median(p["width"] for p in answered) <= 4.0
-        assert r["abstained"] == r["all_points"] - len(answered)
+    r = b.lobo_kernel_model()
+    pts = [p for pts in r["boxes"].values() for p in pts]
+    assert len(r["boxes"]) == 8 and r["abstained"] == 0
+    assert all(p["low_us"] < p["point_us"] < p["high_us"] and p["width"] <= R.MAX_WIDTH for p in pts)
+    assert 0.7 <= sum(p["inside"] for p in pts) / len(pts) < 0.8
+    assert "MISSED" in b.aim_line("P2P", [r], 80.0, 4.0)
+
+
+def _boxes(offsets, delta, size=65536):
+    """One box per offset, two residuals each at ``offset ± delta`` (ln units)."""
+    return [R.Residual(f"B{i}", 8, size, o + d) for i, o in enumerate(offsets) for d in (-delta, delta)]
 
 
 def test_fit_by_hand():
-    # 4 boxes, one residual each: ln 0.8, 0, ln 1.25, ln 2 -> lower weighted median 0, |r| lower median ln 1.25
-    res = [R.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.8, 1.0, 1.25, 2.0))]
-    f = R.fit(res, world_size=8, msg_bytes=65536)
-    s = 1.4826 * math.log(1.25)
-    assert f.centre == pytest.approx(0.0)
-    assert f.scale == pytest.approx(s)
-    assert (f.low, f.high) == pytest.approx((math.exp(-1.2816 * s), math.exp(1.2816 * s)), rel=1e-3)  # x0.65 .. x1.53
-    assert not R.fit(res[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
-    assert not R.fit(res, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
-    assert not R.fit(res, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
-    # ln 0.5, 0, ln 2, ln 8: s = 1.4826 ln 2, width e^(2 x 1.2816 s) = 13.9x > 8x: unknown, not a wide range
-    wide = [R.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.5, 1.0, 2.0, 8.0))]
-    assert not R.fit(wide, world_size=8, msg_bytes=65536).known
+    """Five boxes, offsets -0.2, -0.1, 0, 0.1, 0.3, each with misses at offset ± 0.1: w = 1.4826 x 0.1.
+    Share 0.5: each box left out, the other four give the shortest span of ceil(0.5 x 4) = 2 offsets
+    (the first of equal spans), ± w, at least ± ln 1.25 = 0.223:
+      B0 out: (-0.1, 0) -> (-0.248, 0.223): B0's -0.3 out, -0.1 in;  B1 out: (0, 0.1) -> (-0.223, 0.248): 2 in;
+      B2 out: (-0.2, -0.1) -> (-0.348, 0.223): 2 in;  B3 out: the same: 0, 0.2 in;  B4 out: 0.2 in, 0.4 out.
+    8 of 10 held = 80 %: share 0.5. All five: 3 offsets, shortest (-0.2, 0) -> (-0.348, 0.223)."""
+    w = 1.4826 * 0.1
+    f = R.fit(_boxes((-0.2, -0.1, 0.0, 0.1, 0.3), 0.1), world_size=8, msg_bytes=65536)
+    assert f.known and f.level == 0.5 and f.within == pytest.approx(w)
+    assert (f.low, f.high) == pytest.approx((math.exp(-0.2 - w), 1.25))
+    assert "5 published boxes (10 sizes): x0.71 .. x1.25" in f.text("the point")
+    one = [R.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.7, 1.0, 1.1, 1.6))]
+    assert not R.fit(one[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
+    assert not R.fit(one, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
+    assert not R.fit(one, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
+    # one miss a box and no within-box spread: left out, the lowest (ln 0.7) and the highest (ln 1.6)
+    # box fall outside any span of the other three (and the ± ln 1.25 floor): 2 of 4 at every share
+    lone = R.fit(one, world_size=8, msg_bytes=65536)
+    assert not lone.known and "no share of the 4 published boxes' misses holds 80 %" in lone.reason
+    # offsets 0 with misses ± 1: w = 1.4826, every left-out miss is held at share 0.5, and the range
+    # e^(2 x 1.4826) = 19x is wider than 8x: unknown, not a wide range
+    wide = R.fit(_boxes((0.0, 0.0, 0.0, 0.0), 1.0), world_size=8, msg_bytes=65536)
+    assert not wide.known and wide.level == 0.5 and "19x wide (more than 8x)" in wide.reason
 
 
 def test_a_seven_gpu_box_gets_a_range_that_is_not_zero_width():

@@ -114,7 +114,7 @@ def test_say_is_one_prefixed_line_now():
 
 def test_forward_work_of_a_small_llama_by_hand():
     from fastverify.live.config import ModelConfig
-    from fastverify.live.runner import forward_work
+    from fastverify.live.estimate import forward_work
 
     cfg = ModelConfig(name="l", source="test", family="llama", hidden_size=64, num_layers=2, vocab_size=1000,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
@@ -132,7 +132,7 @@ def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine()
     """The docstring's measurements (2-core EPYC VM): the estimate for those shapes on 2 cores
     must stay within 25 % of the measured memory and 35 % of the measured wall time."""
     from fastverify.live.config import load_model_config
-    from fastverify.live.runner import estimate_cpu_run
+    from fastverify.live.estimate import estimate_cpu_run
 
     measured = {("kimi-k2", 2): (156.0, 8883), ("kimi-k2", 8): (135.0, 10056), ("tiny", 2): (4.1, 555)}
     for (model, tp), (wall_s, pss_mib) in measured.items():
@@ -144,7 +144,7 @@ def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine()
 
 def test_more_cores_make_the_same_run_faster_but_not_smaller():
     from fastverify.live.config import load_model_config
-    from fastverify.live.runner import estimate_cpu_run
+    from fastverify.live.estimate import estimate_cpu_run
 
     cfg = load_model_config("kimi-k2")
     two = estimate_cpu_run(cfg, tp=8, batch=1, draft_tokens=4, iters=5, warmup=2, cores=2)
@@ -169,10 +169,10 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torch.version, "cuda", "12.4")  # a CUDA build on a box without a GPU
-    from fastverify.live import runner
+    from fastverify.live import preflight
 
     # Kimi-K2's 8.7-10.1 GiB fits whatever this machine has (the refusal has its own test).
-    monkeypatch.setattr(runner, "_available_bytes", lambda cuda, tp, torch: (2 ** 40, "of host memory available"))
+    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (2 ** 40, "of host memory available"))
     return torch
 
 
@@ -238,10 +238,10 @@ def test_an_explicit_cpu_run_within_its_timeout_says_nothing_at_start(monkeypatc
 
 
 def test_a_cpu_fallback_that_cannot_fit_is_refused_at_once_in_one_line(monkeypatch, capsys, no_gpu):
-    from fastverify.live import runner
+    from fastverify.live import preflight, runner
     from fastverify.live.config import load_model_config
 
-    monkeypatch.setattr(runner, "_available_bytes", lambda cuda, tp, torch: (8 * 2 ** 30, "of host memory available"))
+    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (8 * 2 ** 30, "of host memory available"))
     seen = _stop_at_launch(monkeypatch, capsys)
     t0 = time.monotonic()
     with pytest.raises(UserError) as info:
@@ -386,7 +386,8 @@ def _trial(label: str, **kw):
 
 
 def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
-    from fastverify.tune.sweep import _Progress, _result
+    from fastverify.tune.sweep import _result
+    from fastverify.tune.sweep_progress import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
@@ -412,7 +413,8 @@ def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
 
 def test_lines_order_when_a_trial_fails():
     """The failure line comes when the trial ends, between its start line and the next one."""
-    from fastverify.tune.sweep import _Progress, _result
+    from fastverify.tune.sweep import _result
+    from fastverify.tune.sweep_progress import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()
@@ -427,13 +429,14 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
     """One trial that runs for a long time (a JIT build, a slow CPU trial) is not silent: a line
     every HEARTBEAT_S names it and how long it has run."""
     import fastverify.tune.sweep as S
+    import fastverify.tune.sweep_progress as SP
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
-    monkeypatch.setattr(S, "HEARTBEAT_S", 0.6)
+    monkeypatch.setattr(SP, "HEARTBEAT_S", 0.6)
     file = io.StringIO()
     t = _trial("slow")
-    with S._Progress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
+    with SP.TrialProgress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
         bar.start(t)
         time.sleep(1.5)  # two heartbeats at about 0.6 s and 1.2 s (checked every 0.5 s)
         bar.finish(t, S._result(t, TrialStatus.OK, "", time.time()))
@@ -446,7 +449,8 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
 
 
 def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
-    from fastverify.tune.sweep import _Progress, _result
+    from fastverify.tune.sweep import _result
+    from fastverify.tune.sweep_progress import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()

@@ -274,7 +274,7 @@ def test_tune_never_measures_or_recommends_custom_ar_on_four_pcie_gpus(tmp_path)
     from types import SimpleNamespace as NS
 
     from fastverify.deploy import BoxFingerprint, P2PFacts
-    from fastverify.tune.command import backend_trials, choose_winner
+    from fastverify.tune.measure import backend_trials, choose_winner
 
     pcie4 = BoxFingerprint(gpu_name="NVIDIA GeForce RTX 4090", sm=(8, 9), gpu_count=4, tp=4, nvlink_full=False)
     common = dict(world_size=4, device="cuda", dtype="bfloat16", hidden=7168, sizes=((28672, 123),), warmup=1,

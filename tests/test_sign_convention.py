@@ -32,15 +32,16 @@ def test_tune_and_topo_json_and_text_share_the_sign(capsys):
         new = c["allreduce_us_per_step"]
         assert c["change_pct"] == pytest.approx((new - base) / base * 100, abs=0.06), c["name"]
         assert (c["change_pct"] < 0) == (new < base), c["name"]
-    winner = doc["candidates"][0]
+    winner = next(c for c in doc["candidates"] if c["name"] == doc["winner"])
     assert winner["change_pct"] < 0
     rc, text, err = cli(["tune", "--predict", *BOX], capsys)
     assert f"{winner['change_pct']:+.1f} %" in text and "- = less time" in text
     rc, out, err = cli(["topo", *BOX, "--json"], capsys)
     advice = json.loads(out)["advice"]
-    assert advice[0]["candidate"] == winner["name"] and advice[0]["change_pct"] == winner["change_pct"]
+    entry = next(a for a in advice if a["candidate"] == winner["name"])
+    assert entry["change_pct"] == winner["change_pct"] and entry["too_close"] is None
     rc, text, err = cli(["topo", *BOX], capsys)
-    assert f"1. {winner['name']}" in text and f"{winner['change_pct']:+.1f} % per verify step" in text
+    assert f"{entry['rank']}. {winner['name']}: {winner['change_pct']:+.1f} % per verify step" in text
 
 
 def _records(folder: Path, ms: float) -> None:

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from fastverify.errors import UserError
 from fastverify.topo import p2p
-from fastverify.topo.p2p import P2PResult, cache_path, check_p2p, fingerprint_of, read_cache, write_cache
+from fastverify.topo.p2p import P2PResult, check_p2p
+from fastverify.topo.p2p_cache import cache_path, default_cache_dir, fingerprint_of, read_cache, write_cache
+from fastverify.topo.p2p_results import results_from_json
 
 from conftest import subprocess_env
 
@@ -172,7 +174,7 @@ def test_write_cache_round_trip_and_default_dir(tmp_path, monkeypatch):
     assert read_cache(tmp_path / "missing.json", KEY) == {}
     monkeypatch.delenv("FASTVERIFY_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert p2p.default_cache_dir() == tmp_path / ".cache" / "fastverify"
+    assert default_cache_dir() == tmp_path / ".cache" / "fastverify"
 
 
 # --- child handling ---------------------------------------------------------------------------------
@@ -270,7 +272,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 def test_result_rows_parse_or_value_error(rows):
     try:
-        out = p2p._results_from_json(rows)
+        out = results_from_json(rows)
     except ValueError:
         return
     assert all(isinstance(r, P2PResult) for r in out.values())

@@ -64,9 +64,9 @@ def _sum_estimates(backend, workload, sm=(12, 0), pcie_gen=5):
 
 
 def test_seed_case_pcie_ipc_candidate(kimi, capsys):
-    """The seed box: pcie_ipc's range is unknown at 57,344 B (its published kernel misses give a
-    59x-wide range, test_backend_model), so it is listed with that status and never ranked; the
-    winner is the best NCCL setting, with tok/s from the given 82 tok/s."""
+    """The seed box: pcie_ipc gets the P2P kernel model's point and range at 57,344 B (summed over
+    the step's all-reduces), is ranked first by its point, and is too close to call: its range
+    reaches the best NCCL setting's. The winner is that NCCL setting, with tok/s from 82 tok/s."""
     from fastverify.tune.predict import rank_nccl_settings
 
     doc, _ = _json(SEED + ["--json"], capsys)
@@ -79,23 +79,25 @@ def test_seed_case_pcie_ipc_candidate(kimi, capsys):
     assert len(ipc) == 1
     ipc = ipc[0]
     point, low, high, ests = _sum_estimates(BackendName.pcie_ipc, kimi)
-    assert (low, high) == (None, None) and all(e.unknown for e in ests)
-    assert ipc["label"] == "predicted" and ipc["candidate"] is None  # listed, not ranked
-    assert ipc["status"] == "unknown at this size: measure with fastverify tune"
-    assert ipc["allreduce_us_per_step"] is None and ipc["allreduce_us_per_step_range"] is None
-    assert ipc["evidence"][0] == f"{ipc['status']} ({', '.join(f'{b:,} B' for b, _ in kimi.msg_sizes)})"
-    # its per-call point is still shown, without a range
+    assert ipc["label"] == "predicted" and ipc["candidate"] == 1
+    assert ipc["allreduce_us_per_step"] == pytest.approx(point, abs=1e-3)
+    assert ipc["allreduce_us_per_step_range"] == pytest.approx([low, high], abs=1e-3)
     assert ipc["per_call"] == [{"msg_bytes": e.msg_bytes, "point_us": pytest.approx(e.point_us, abs=5e-4),
-                                "range_us": None} for e in ests]
+                                "range_us": [pytest.approx(e.low_us, abs=5e-4), pytest.approx(e.high_us, abs=5e-4)]}
+                               for e in ests]
     assert set(ipc["sources"]) == {s for e in ests for s in e.sources} and ipc["sources"]
     assert all(e.evidence in ipc["evidence"] for e in ests)
-    assert ipc["tok_s"] is None and ipc["verify_ms"] is None
     # published measurements disagree: the notes say so and say to measure
     assert any("disagree" in n for n in ipc["notes"])
     assert any("measure with `fastverify tune`" in n for n in ipc["notes"])
+    level = doc["candidates"][1]
+    assert low <= level["allreduce_us_per_step_range"][1] and high >= level["allreduce_us_per_step_range"][0]
+    assert doc["too_close_to_call"] == {"pcie_ipc": doc["too_close_to_call"]["pcie_ipc"]}
+    assert doc["too_close_to_call"]["pcie_ipc"].startswith("pcie_ipc: too close to call: measure (its range ")
+    assert doc["winner"] == "NCCL_P2P_LEVEL=SYS"
     # the winner: the NCCL setting the cost model ranks first (NCCL_P2P_LEVEL=SYS, -2.9 %)
-    best = doc["candidates"][0]
-    assert best["candidate"] == 1 and best["backend"] == "nccl" and best["settings"] == dict(ranked[0].settings)
+    best = doc["candidates"][1]
+    assert best["candidate"] == 2 and best["backend"] == "nccl" and best["settings"] == dict(ranked[0].settings)
     assert best["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
     assert best["change_pct"] == pytest.approx(-ranked[0].vs_baseline_pct, abs=0.01)
     assert best["change_pct"] == pytest.approx(-2.9, abs=0.05)
@@ -150,16 +152,12 @@ def test_a_backend_without_published_data_is_listed_not_ranked(capsys):
 
     doc, _ = _json(SEED + ["--json"], capsys)
     none = [c for c in doc["candidates"] if c["allreduce_us_per_step"] is None]
-    assert {c["backend"] for c in none} == {"b12x", "pcie_ipc"}
-    for c in none:  # no comparable data (b12x), or a range unknown at this size (pcie_ipc)
-        e = estimate(BackendName(c["backend"]), 57344, world_size=8, sm=(12, 0), pcie_gen=5, p2p=True)
-        assert c["candidate"] is None and c["allreduce_us_per_step_range"] is None
-        if e is None:
-            assert c["status"] == "no published data: measure with fastverify tune"
-            assert "no published data: measure with fastverify tune" in c["evidence"][0]
-        else:
-            assert e.low_us is None and c["status"] == "unknown at this size: measure with fastverify tune"
-            assert c["evidence"][0].startswith("unknown at this size: measure with fastverify tune (57,344 B")
+    assert {c["backend"] for c in none} == {"b12x"}  # no published b12x measurement
+    assert estimate(BackendName.b12x, 57344, world_size=8, sm=(12, 0), pcie_gen=5, p2p=True) is None
+    (c,) = none
+    assert c["candidate"] is None and c["allreduce_us_per_step_range"] is None
+    assert c["status"] == "no published data: measure with fastverify tune"
+    assert "no published data: measure with fastverify tune" in c["evidence"][0]
     ranked = [c for c in doc["candidates"] if c["allreduce_us_per_step"] is not None]
     assert doc["candidates"][: len(ranked)] == ranked  # unranked ones come last
     assert [c["allreduce_us_per_step"] for c in ranked] == sorted(c["allreduce_us_per_step"] for c in ranked)
@@ -251,7 +249,7 @@ def _perf():
 
 
 def test_evidence_order_profile_then_perf_table_then_log_then_topology(kimi):
-    from fastverify.nccl.logparse import NcclLog
+    from fastverify.nccl.logrecords import NcclLog
 
     size, count = kimi.msg_sizes[0]
     # NCCL's TUNING table (latency us, bandwidth GB/s): time = lat + bytes / (1000 x bw), fastest pair

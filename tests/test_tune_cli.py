@@ -21,9 +21,9 @@ def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())  # rich wraps long lines
     assert "all-reduce per verify step (123 calls)" in out
-    # pcie_ipc is unknown at 57 KB (not ranked): the cost model's NCCL_P2P_LEVEL=SYS wins
+    # pcie_ipc's range reaches NCCL's at 57 KB (too close to call): the cost model's NCCL_P2P_LEVEL=SYS wins
     assert "winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step" in out and "% (predicted)" in out
-    assert "pcie_ipc (unknown at this size)" in out
+    assert "pcie_ipc: too close to call: measure (its range " in out
     env_path = tmp_path / "nccl_configs" / "example.env"
     settings = read_env_file(env_path)
     from fastverify.deploy import read_record
@@ -169,7 +169,7 @@ CUSTOM_AR_PCIE_8 = ("custom_ar: world size 8 needs full NVLink between every GPU
 ])
 def test_backend_trials_iterate_the_registry_and_skip_the_unreachable(sm, want, not_measured):
     from fastverify.deploy import P2PFacts
-    from fastverify.tune.command import backend_trials
+    from fastverify.tune.measure import backend_trials
 
     trials, skipped = backend_trials(COMMON, box=_box(sm), p2p=P2PFacts(ok=True, source="nvml"), fused_ok=True,
                                      max_numel=917504, sglang_version="0.5.23")
@@ -180,7 +180,7 @@ def test_backend_trials_iterate_the_registry_and_skip_the_unreachable(sm, want, 
 
 def test_custom_ar_is_measured_at_tp8_only_with_full_nvlink():
     from fastverify.deploy import P2PFacts
-    from fastverify.tune.command import backend_trials
+    from fastverify.tune.measure import backend_trials
 
     trials, skipped = backend_trials(COMMON, box=_box((9, 0), nvlink_full=True), p2p=P2PFacts(ok=True, source="nvml"),
                                      fused_ok=True, max_numel=917504, sglang_version="0.5.23")
@@ -191,7 +191,7 @@ def test_a_fused_winner_on_sm120_is_never_recommended():
     from types import SimpleNamespace as NS
 
     from fastverify.deploy import P2PFacts
-    from fastverify.tune.command import choose_winner
+    from fastverify.tune.measure import choose_winner
 
     def cand(backend, us):
         return NS(spec=NS(backend=backend), step_us=us)

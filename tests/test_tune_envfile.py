@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from fastverify.errors import UserError
-from fastverify.nccl.catalogue import CATALOGUE, Severity, validate_setting
-from fastverify import envfile
+from fastverify.nccl.catalogue import Severity, validate_setting
+from fastverify.nccl.settings import CATALOGUE
+from fastverify import output_paths, outputs
 from fastverify.envfile import (
     ALLOWED_KEYS,
     TunerChoice,
@@ -118,7 +119,7 @@ def test_nothing_half_written_when_the_rename_fails(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(src, dst)
 
-    monkeypatch.setattr(envfile.os, "replace", failing)
+    monkeypatch.setattr(outputs.os, "replace", failing)
     with pytest.raises(UserError, match="cannot write"):
         write_env_file(p, {"NCCL_P2P_LEVEL": "SYS"})
     assert p.read_bytes() == before
@@ -265,5 +266,5 @@ def test_backup_path_follows_a_symlink(tmp_path):
     real.write_text("NCCL_P2P_LEVEL=SYS\n")
     link = tmp_path / "link.env"
     link.symlink_to(real)
-    assert envfile.backup_path(tmp_path / "x.env") == tmp_path / "x.env.bak"
-    assert envfile.backup_path(link) == real.with_name("real.env.bak")
+    assert output_paths.backup_path(tmp_path / "x.env") == tmp_path / "x.env.bak"
+    assert output_paths.backup_path(link) == real.with_name("real.env.bak")

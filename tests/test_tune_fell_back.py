@@ -20,7 +20,8 @@ from rich.console import Console
 
 from conftest import REPO_ROOT
 from fastverify.tune.report import print_report, rank_candidates
-from fastverify.tune.sweep import fell_back, run_sweep
+from fastverify.tune.path_counts import fell_back
+from fastverify.tune.sweep import run_sweep
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec, TrialStatus
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo rank processes")
@@ -124,7 +125,7 @@ def test_the_worker_records_the_counts_and_a_fallen_back_trial_is_not_ranked(sta
 
 def test_the_json_document_lists_it_as_fell_back(standin_sweep):
     from fastverify.live.config import load_model_config
-    from fastverify.tune.candidates import measured_document
+    from fastverify.tune.document import measured_document
     from fastverify.tune.workload import workload_from_model
 
     trials, results = standin_sweep
@@ -158,7 +159,7 @@ def test_the_verdict_from_the_counts(backend, op, counts, want):
 
 def test_the_sweeps_progress_line_says_it_fell_back():
     """Not a terminal (CI, a log): one ``fastverify:`` line per trial that is not ranked as run."""
-    from fastverify.tune.sweep import _Progress
+    from fastverify.tune.sweep_progress import TrialProgress as _Progress
 
     spec = _spec("b12x", device="cuda")
     buf = io.StringIO()

@@ -17,12 +17,8 @@ from fastverify.nccl.catalogue import Severity, validate_setting
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo.diagnose import CALIBRATION
 from fastverify.topo.matrix import parse_nvidia_smi_topo
-from fastverify.tune.predict import (
-    DEFAULT_ACCEPT_LENGTH,
-    rank_nccl_settings,
-    tuner_choices,
-    verify_reduction,
-)
+from fastverify.tune.predict import rank_nccl_settings, tuner_choices
+from fastverify.tune.verify_time import DEFAULT_ACCEPT_LENGTH, verify_reduction
 from fastverify.tune.workload import Workload, workload_from_model
 
 

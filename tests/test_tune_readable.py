@@ -50,16 +50,18 @@ def test_the_seed_command_prints_the_decision_in_twenty_lines(capsys):
     assert "change = new vs baseline, - = less time" in "\n".join(lines)
     rows = _table_rows(lines)
     ranked = [r for r in rows if r[0].isdigit()]
-    # the top candidates with their labels (one fewer per unranked backend: 5 - 2); the cost model's
-    # NCCL_P2P_LEVEL=SYS first, the baseline among them; pcie_ipc (unknown at 57 KB) and b12x (no
-    # published data) listed, never ranked
-    assert [r[0] for r in ranked] == ["1", "2", "3"] and ranked[0][1] == "NCCL_P2P_LEVEL=SYS"
+    # the top candidates with their labels (one fewer per unranked backend: 5 - 1): pcie_ipc first at
+    # its point, the cost model's NCCL_P2P_LEVEL=SYS next, the baseline among them; b12x (no published
+    # data) listed, never ranked
+    assert [r[0] for r in ranked] == ["1", "2", "3", "4"] and ranked[0][1] == "pcie_ipc"
+    assert ranked[1][1] == "NCCL_P2P_LEVEL=SYS"
     assert all(r[2] == "predicted" for r in ranked)
     assert any(r[4] == "baseline" for r in ranked)
     unranked = [r for r in rows if r[0] == "-"]
-    assert [r[1] for r in unranked] == ["pcie_ipc (unknown at this size)", "b12x (no published data)"]
+    assert [r[1] for r in unranked] == ["b12x (no published data)"]
     assert all(r[3] == "-" and r[4] == "-" for r in unranked)
-    assert any(ln.startswith("per size: 57 KB unknown at this size (pcie_ipc): measure") for ln in lines)
+    assert any(ln.startswith("per size: 57 KB too close to call: measure") for ln in lines)
+    assert any(ln.startswith("pcie_ipc: too close to call: measure (its range ") for ln in lines)
     winner = [ln for ln in lines if ln.startswith("winner: ")]
     assert len(winner) == 1 and winner[0].startswith("winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step ")
     assert "(predicted)" in winner[0] and re.search(r", -\d+\.\d %", winner[0])
@@ -79,12 +81,12 @@ def test_the_seed_command_prints_the_decision_in_twenty_lines(capsys):
 def test_explain_shows_the_evidence_and_the_backends_ruled_out(capsys):
     lines = _seed(capsys, "--explain")
     text = " ".join(" ".join(lines).split())
-    assert "# evidence (candidate pcie_ipc (not ranked)): published: 1 comparable box" in text
-    assert "range: unknown at this size: measure with fastverify tune (the point's misses on 4 published" in text
-    assert "# per size 57,344 B x 123: pcie_ipc 11.6 µs (range unknown)" in text
+    assert "# evidence (candidate 1): P2P kernel model: 7.5 µs latency" in text
+    assert "range: the point x/÷ its misses on 8 published boxes" in text
+    assert "# per size 57,344 B x 123: pcie_ipc 13.9 µs (" in text  # 7.5 + 7 x 57,344 / 63,000
     assert "# not a candidate: fused: SGLang calls it only on SM90/SM100; this box is SM120" in text
     assert "disagree" in text and "range µs" in text
-    assert len([r for r in _table_rows(lines) if r[0].isdigit()]) == 8  # every ranked candidate (all NCCL)
+    assert len([r for r in _table_rows(lines) if r[0].isdigit()]) == 9  # every ranked candidate (8 NCCL, pcie_ipc)
 
 
 @needs_topo
@@ -110,7 +112,7 @@ def test_change_pct_is_new_vs_baseline_in_the_json(capsys):
     doc = json.loads(out)
     assert doc["schema_version"] == 2 and "vs_baseline_pct" not in _keys(doc)
     base_us = doc["baseline"]["allreduce_us_per_step"]
-    win = doc["candidates"][0]
+    win = next(c for c in doc["candidates"] if c["name"] == doc["winner"])
     assert win["backend"] == "nccl" and win["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
     assert win["allreduce_us_per_step"] < base_us
     assert win["change_pct"] < 0  # faster: less time

@@ -71,12 +71,19 @@ def test_figures_with_tok_s(capsys):
     pred_base = pred["baseline"]["allreduce_us_per_step"]
     pred_by = {(c["backend"], c["name"]): c["allreduce_us_per_step"] for c in pred["candidates"]}
     others = _ranked_others(doc)
-    assert len(others) >= 3 and all(c["backend"] == "nccl" for c in others)
-    # pcie_ipc is unknown at this size: no figure on the user's scale either, and it says so
+    assert len(others) >= 3 and {c["backend"] for c in others} == {"nccl", "pcie_ipc"}
+    # pcie_ipc (the P2P kernel model) on the user's scale: its ratio to the predicted baseline x 25 ms,
+    # its range likewise; NCCL's figures are the cost model's ratio x 25 ms, with no range left, so
+    # pcie_ipc's whole range below NCCL_P2P_LEVEL=SYS's figure decides it: the winner, nothing too close
     ipc = next(c for c in doc["candidates"] if c["backend"] == "pcie_ipc")
-    assert ipc["candidate"] is None and ipc["allreduce_us_per_step"] is None and ipc["tok_s"] is None
-    assert ipc["bound"] is None and ipc["status"].startswith("unknown at this size")
-    assert any(e.startswith("scaled: unknown at this size") for e in ipc["evidence"])
+    p_ipc = next(c for c in pred["candidates"] if c["backend"] == "pcie_ipc")
+    k = 25_000.0 / pred_base
+    assert ipc["allreduce_us_per_step_range"] == pytest.approx([k * x for x in p_ipc["allreduce_us_per_step_range"]],
+                                                               rel=1e-4)
+    level = next(c for c in others if c["settings"] == {"NCCL_P2P_LEVEL": "SYS"})
+    assert ipc["allreduce_us_per_step_range"][1] < level["allreduce_us_per_step"]
+    assert doc["too_close_to_call"] == {} and doc["winner"] == "pcie_ipc"
+    assert pred["winner"] == "NCCL_P2P_LEVEL=SYS" and "pcie_ipc" in pred["too_close_to_call"]
     for c in others:
         # faster than the baseline: an upper bound on the gain; slower: the loss is at most the figure
         assert c["label"] == "predicted" and c["bound"] == ("upper" if c["allreduce_us_per_step"] < 25_000.0 else "lower")
@@ -94,16 +101,15 @@ def test_text_output_labels_the_baseline_and_says_upper_bound(capsys):
     rc, out, err = _run(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3"], capsys)
     assert rc == 0, err
     text = " ".join(out.split())  # rich wraps long lines
-    # the winner, NCCL_P2P_LEVEL=SYS: its predicted ratio to the predicted baseline x 25 ms, plus
-    # the 5 ms of compute the figures leave: verify 30 ms -> 5 + 25 x ratio ms
+    # the winner, pcie_ipc (decided on the user's scale, test_figures_with_tok_s): its predicted ratio
+    # to the predicted baseline x 25 ms, plus the 5 ms of compute the figures leave: 5 + 25 x ratio ms
     pred, _ = _json(["--topology", TOPO_307, *KIMI, "--accept-length", "3"], capsys)
-    win = pred["candidates"][0]
-    assert win["settings"] == {"NCCL_P2P_LEVEL": "SYS"}
+    win = next(c for c in pred["candidates"] if c["backend"] == "pcie_ipc")
     v = 5.0 + 25.0 * win["allreduce_us_per_step"] / pred["baseline"]["allreduce_us_per_step"]
-    assert v == pytest.approx(29.264, abs=1e-3)
+    assert v == pytest.approx(5.0 + 25.0 * 123 * (7.5 + 7 * 57344 / 63000) / pred["baseline"]["allreduce_us_per_step"])
     assert (f"verify step: 30.000 ms (measured-by-user) -> {v:.3f} ms (predicted), "
             f"{100 * (v - 30.0) / 30.0:+.1f} % (upper bound)") in text
-    assert "winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step" in text
+    assert "winner: pcie_ipc: all-reduce per verify step" in text
     assert "tok/s per stream at accept length 3: 82.0 (measured-by-user) ->" in text
     assert "all-reduce per verify step 25,000.0 µs (measured-by-user) ->" in text
     assert "measured-by-user" in text.split("┃")[-1]  # the table's baseline row
@@ -199,7 +205,7 @@ def test_figures_that_agree_with_the_profile_leave_it_in_charge(tmp_path, capsys
 
 def test_measured_document_has_the_per_size_rows():
     from fastverify.live.config import load_model_config
-    from fastverify.tune.candidates import measured_document
+    from fastverify.tune.document import measured_document
     from fastverify.tune.report import rank_candidates
     from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
     from fastverify.tune.workload import workload_from_model

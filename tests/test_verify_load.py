@@ -25,7 +25,8 @@ import pytest
 from conftest import run_fastverify
 
 from fastverify.errors import UserError
-from fastverify.patch.verify import VerifyTimer, _make_verify_wrapper, _WallEvent
+from fastverify.patch.verify import VerifyTimer, _WallEvent
+from fastverify.patch.verify_wrap import _make_verify_wrapper
 
 
 class _Shape:
@@ -106,7 +107,7 @@ def test_the_wrapper_writes_batch_and_tokens_without_reading_a_tensor(tmp_path):
 
 
 def test_new_and_old_records_load(tmp_path):
-    from fastverify.verifylog import read_log_dir
+    from fastverify.verify_records import read_log_dir
 
     _records(tmp_path, [((), {"batch": None, "forward_batch": _forward_batch(3, 4), "is_verify": True})])
     with (tmp_path / "verify-rank0.jsonl").open("a") as f:  # a record of a fastverify before the load fields
@@ -116,7 +117,7 @@ def test_new_and_old_records_load(tmp_path):
 
 
 def test_every_record_field_has_an_example():
-    from fastverify.verifylog import RECORD_EXAMPLES, VerifyRecord
+    from fastverify.verify_records import RECORD_EXAMPLES, VerifyRecord
 
     assert set(RECORD_EXAMPLES) == {f.name for f in msgspec.structs.fields(VerifyRecord)}
     for name, text in RECORD_EXAMPLES.items():

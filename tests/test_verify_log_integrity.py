@@ -147,7 +147,7 @@ def test_a_symlinked_output_is_refused(tmp_path):
 
 
 def test_ten_thousand_rank_files_are_refused_with_the_bound(tmp_path):
-    from fastverify.verifylog import MAX_RANK_FILES
+    from fastverify.verify_records import MAX_RANK_FILES
 
     d = tmp_path / "log"
     d.mkdir()

@@ -26,7 +26,7 @@ import pytest
 from conftest import SHARED, cli, one_line_error, pin_pcie_ipc
 from fastverify.deploy import read_record
 from fastverify.registry import BackendName
-from fastverify import envfile
+from fastverify import outputs
 from fastverify.envfile import read_env_file
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
@@ -137,7 +137,7 @@ def _fail_replace(monkeypatch, target: Path):
             raise OSError(28, "No space left on device")
         return real(src, dst)
 
-    monkeypatch.setattr(envfile.os, "replace", replace)
+    monkeypatch.setattr(outputs.os, "replace", replace)
 
 
 @pytest.mark.parametrize("fails", ["X.env", "X.deploy.json", "X.env.bak", "X.deploy.json.bak"])
@@ -170,11 +170,11 @@ def test_atomic_write_texts_restores_the_first_file_when_the_second_rename_fails
     (tmp_path / "a.deploy.json.bak").write_text("older record\n")
     before = digest(tmp_path)
     _fail_replace(monkeypatch, b)
-    with pytest.raises(envfile.UserError, match=f"^{b}: cannot write: No space left on device$"):
-        envfile.atomic_write_texts([(a, "new record\n"), (b, "NCCL_P2P_LEVEL=SYS\n")])
+    with pytest.raises(outputs.UserError, match=f"^{b}: cannot write: No space left on device$"):
+        outputs.atomic_write_texts([(a, "new record\n"), (b, "NCCL_P2P_LEVEL=SYS\n")])
     assert digest(tmp_path) == before
     monkeypatch.undo()
-    envfile.atomic_write_texts([(a, "new record\n"), (b, "NCCL_P2P_LEVEL=SYS\n")])
+    outputs.atomic_write_texts([(a, "new record\n"), (b, "NCCL_P2P_LEVEL=SYS\n")])
     assert a.read_text() == "new record\n" and (tmp_path / "a.deploy.json.bak").read_text() == "old record\n"
     assert (tmp_path / "a.env.bak").read_text() == "NCCL_P2P_LEVEL=PHB\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.deploy.json", "a.deploy.json.bak", "a.env",

@@ -1,7 +1,5 @@
-"""One interface for every all-reduce backend, the registry, and the plain torch reference.
-
-A backend does the verify step's tensor-parallel all-reduce, optionally fused with the residual
-add + RMSNorm that follows it in every decoder layer. Lifecycle::
+"""One interface for every all-reduce backend (:class:`AllReduceBackend`), the norm kernel after a
+plain all-reduce (:class:`NormKernel`), and the registry's classes. Lifecycle::
 
     cap = Backend.probe(ctx)               # once, cheap, no collective; hard requirements only
     with make_backend(name, group, device=..., dtype=..., max_numel=...) as be:
@@ -10,17 +8,10 @@ add + RMSNorm that follows it in every decoder layer. Lifecycle::
             y = be.all_reduce(x)            # out-of-place, always returns
             normed, res = be.all_reduce_residual_rmsnorm(x, residual, weight, eps)
 
-``probe`` never raises for a missing capability: it returns ``Capability(ok=False, reason)`` with a
-one-line reason that names the fix. ``make_backend`` turns that into :class:`BackendUnavailable`.
-The probe facts and checks live in :mod:`fastverify.backends.probing`, the external-call table in
-:mod:`fastverify.backends.external`, the fp32 reference and its tolerances in
-:mod:`fastverify.backends.reference`; all are re-exported here.
-
-The fused residual + RMSNorm path must always perform the all-reduce. SGLang's fused helper
-returns ``(None, None)`` when its kernel declines and leaves the all-reduce to its caller
-(SGLang 0.5.23 ``flashinfer_allreduce_residual_rmsnorm``, ``sglang/srt/layers/flashinfer_comm_fusion.py``);
-here a backend that cannot fuse falls back to ``all_reduce`` + add + norm itself, never to the norm
-alone.
+``probe`` never raises for a missing capability: it returns ``Capability(ok=False, reason)``, one
+line naming the fix; ``make_backend`` raises that as :class:`BackendUnavailable`. The probe checks
+(:mod:`fastverify.backends.probing`), the external-call table (:mod:`fastverify.backends.external`)
+and the fp32 reference (:mod:`fastverify.backends.reference`) are re-exported here.
 """
 
 from __future__ import annotations
@@ -71,7 +62,8 @@ __all__ = [  # the names the backend modules and the rest of the package import 
 
 
 class AllReduceBackend(ABC):
-    """Base class of every all-reduce backend.
+    """Base class of every all-reduce backend: the verify step's tensor-parallel all-reduce,
+    optionally fused with the residual add + RMSNorm that follows it in every decoder layer.
 
     Parameters
     ----------
@@ -190,6 +182,11 @@ class AllReduceBackend(ABC):
         still needs the old residual copies it itself, before (and outside any timing of) the
         call. Fused backends override this and leave ``residual`` untouched.
 
+        Every backend's version always performs the all-reduce: where a fused kernel declines it
+        falls back to ``all_reduce`` + add + norm, never to the norm alone (SGLang 0.5.23's
+        ``flashinfer_allreduce_residual_rmsnorm``, ``sglang/srt/layers/flashinfer_comm_fusion.py``,
+        returns ``(None, None)`` then and leaves the all-reduce to its caller).
+
         Parameters
         ----------
         x : Tensor
@@ -257,6 +254,17 @@ class AllReduceBackend(ABC):
         )
         return reduced, residual
 
+    def _residual_rmsnorm_copy(
+        self, reduced: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`residual_rmsnorm` into a contiguous copy of ``residual``: the unfused path of a
+        fused backend, whose kernel leaves ``residual`` unwritten, so the method's contract is the
+        kernel's on every path; SGLang 0.5.23 copies likewise when its fused kernel declines
+        (``_forward_with_allreduce_fusion`` in ``sglang/srt/layers/layernorm.py``:
+        ``residual.clone()``). Returns new ``(normed, residual_out)``, ``(T, hidden)``."""
+        fresh = residual.clone(memory_format=torch.contiguous_format)
+        return self.residual_rmsnorm(reduced, fresh, weight, eps)
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def prepare(self, shapes: Sequence[Shape]) -> None:
@@ -264,8 +272,17 @@ class AllReduceBackend(ABC):
         (allocate/register buffers, tune). Collective: every rank must call it. Default: nothing."""
 
     def close(self) -> None:
-        """Release buffers. Idempotent; collective for IPC backends (every rank must call it)."""
-        self._closed = True
+        """Release buffers (:meth:`_release`) once; idempotent. Collective for IPC backends
+        (every rank must call it). The backend counts as closed even when the release raises."""
+        if self._closed:
+            return
+        try:
+            self._release()
+        finally:
+            self._closed = True
+
+    def _release(self) -> None:
+        """Free what :meth:`_setup` built; run once, by :meth:`close`. Default: nothing."""
 
     @property
     def closed(self) -> bool:

@@ -17,7 +17,7 @@ from fastverify.backends.probing import Capability, fail
 class ExternalCall:
     """One function, class or constant of an external library that a backend uses, with the
     parameter names the backend passes. Backends build their keyword arguments through
-    :meth:`kwargs`, which refuses names missing from ``params``; ``tests/test_backend_signatures.py``
+    :meth:`kwargs`, which refuses names missing from ``params``; the test suite's signature test
     checks ``params`` against the real signatures. So code, table and library cannot drift apart.
 
     Attributes

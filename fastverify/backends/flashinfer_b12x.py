@@ -5,94 +5,28 @@ kernel behind :mod:`fastverify.backends.flashinfer_fused` is reached by SGLang 0
 SM90/SM100. SGLang has no switch for b12x, so the patch calls this backend at the layer boundary's
 add-norm (``fastverify.registry``: ``Reach.patch_add_norm``).
 
-Facts, read in flashinfer-python 0.7.4 (``flashinfer/experimental/b12x/``; the package is also
-importable as top-level ``b12x``, which ``b12x/__init__.py`` aliases onto the same modules):
-
-* ``comm/pcie/api.py`` ``is_supported(device)``: SM120/SM121 (``_lib/gating.py`` ``is_b12x``) and
-  at least 2 visible CUDA devices. Kernels are CuTe DSL, compiled at preparation; they need
-  ``nvidia-cutlass-dsl`` >= ``_lib/gating.py`` ``MIN_CUTLASS_DSL`` (4.6.0).
-* ``comm/pcie/pcie_oneshot.py`` ``PCIeOneshotAllReduce`` (exported as ``OneshotAllReduce``):
-  world sizes ``SUPPORTED_WORLD_SIZES`` = 2/4/6/8/10, dtypes fp16/bf16/fp32, inputs of at most
-  ``max_size`` bytes in whole 16-byte packs (``should_allreduce``). ``from_exchange_group`` is
-  collective: it exchanges CUDA IPC handles on the group and raises on every rank together when
-  any rank fails (``_run_collective_preallocation_setup``). ``stream_affine=True`` (the default)
-  binds the channel to the first CUDA stream that uses it and raises on any other; fastverify
-  warms graphs up on a side stream ordered by ``wait_stream`` (``fastverify/cudagraph.py``), so
-  it passes ``stream_affine=False`` (calls never overlap on two streams). ``close()`` is
-  collective (``_coordinated_close_channels`` barriers on the group).
-* ``all_reduce(inp, *, plan, out)`` is out of place; ``all_reduce_fused_add_rms_norm(inp,
-  residual, weight, epsilon, *, plan, out, residual_out)`` writes ``residual_out = residual +
-  all_reduce(inp)`` and ``out = RMSNorm(residual_out) * weight``; ``inp`` and ``residual`` are not
-  written; ``out`` and ``residual_out`` must not alias; ``weight`` is ``(hidden,)`` in the input
-  dtype; ``epsilon >= 0``. Returns ``(out, residual_out)``.
-* Planned API (``comm/pcie/__init__.py``, ``_preparation.py``, ``_oneshot_preparation.py``,
-  ``preparation/session.py``): ``query_from_runtime(runtime, surface=..., call={"inp": x})`` then
-  ``plan(query, runtime=...)`` declare one exact shape (shape, stride, dtype, device are checked
-  at every run: ``_OneshotExecutionState._check_input``); ``PreparationSession.prepare`` compiles
-  and primes it, calling the request's ``prepare_call(state)`` (``_prepare_plain_call`` /
-  ``_prepare_fused_call``, which bind the input and launch the kernel once: a collective launch,
-  hence the request's ``CollectiveRequirement`` and the ``coordinator`` that authorizes it).
-  An unprepared plan is prepared lazily outside capture and refused under CUDA-graph capture
-  (``preparation/session.py`` ``prepare_default``); this backend never lets that happen: a shape
-  it did not prepare takes the torch.distributed path.
-* ``_oneshot_preparation.py`` ``query_from_runtime`` / ``query_from_metadata``: the fused surface
-  raises ``ValueError("fused allreduce RMSNorm supports at most 36 rows")`` above 36 rows (the
-  grid is at most ``_MAX_BLOCKS`` = 36 CTAs, at least one per row, ``pcie_oneshot.py``). A verify
-  step of batch x 4 draft tokens fits up to batch 9.
-
-* ``preparation/session.py``: with autotune off (``_warmup_only``) each request is authorized
-  (``yield item.collective`` -> ``coordinator``), then the embedder's
-  ``PreparationSession(collective_barrier=...)`` hook runs (``PreparationJob._collective_barrier``:
-  a daemon thread, bounded by ``B12X_COLLECTIVE_BARRIER_TIMEOUT``, 120 s), and only then the plan
-  is compiled (``_instantiate(..., compile_directly=True)``: ``_materialize``), bound
-  (``prepare_call(state)``) and launched (``_prime``). A compile that fails on one rank after
-  its peers launched leaves them spinning in the priming kernel; so every cross-rank step here
-  (the construction vote, the coordinator, the barrier hook, a vote after the bind and before
-  the launch, the final "done") is one exchange round on SGLang's gloo CPU group
-  (``GroupCoordinator.cpu_group``, ``sglang/srt/distributed/parallel_state.py``), never on the
-  NCCL device group, and a failing rank's next round is its ``("fail", why)``: every rank stops
-  at the same round, before any launch of that request, and logs one line
-  ``b12x not built: <why>; all-reduces stay on NCCL``.
-* ``_oneshot_preparation.py`` ``_OneshotExecutionState._check_input``: a run must match the
-  prepared input's exact ``(shape, stride, dtype, device index)`` (``query.setup``), else
-  ``ValueError``. ``is_contiguous()`` is weaker (a ``(1, H)`` view with stride ``(2H, 1)`` passes
-  it), so :meth:`B12xFusedBackend._ready` calls that rule itself and falls back instead.
-
-The all-reduce always happens: above 36 rows, for a shape not prepared, or after a failed
-preparation, ``all_reduce_residual_rmsnorm`` is ``all_reduce`` (the b12x plain kernel where that
-shape was prepared, else ``torch.distributed``) + the backend's residual add + RMSNorm kernel
-(``base.residual_rmsnorm``, the one every backend's unfused path uses), never the norm alone.
+The library is ``flashinfer/experimental/b12x/`` of flashinfer-python 0.7.4, also importable as
+top-level ``b12x`` (``b12x/__init__.py`` aliases it onto the same modules); the facts used are
+noted at each name of the table below. Construction, ``prepare`` and ``close`` are collective, every
+cross-rank step one round on a gloo CPU group (:mod:`fastverify.backends.b12x_rounds`). The
+all-reduce always happens: for a shape not prepared, above 36 rows, or after a failed preparation,
+``all_reduce_residual_rmsnorm`` is ``all_reduce`` + the residual add + RMSNorm every backend's
+unfused path uses (``base.residual_rmsnorm``), never the norm alone.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from fastverify.backends.base import (
-    AllReduceBackend,
-    BackendName,
-    BackendUnavailable,
-    Capability,
-    ExternalCall,
-    ProbeContext,
-    Shape,
-    Tensor,
-    _check_norm_args,
-    check_cuda,
-    check_kernel_sm,
-    check_p2p,
-    check_registry_limits,
-    check_single_node,
-    fail,
-    first_failure,
-    library_status,
-)
+from fastverify.backends.b12x_rounds import PreparationRounds, RoundsEnded, cpu_group_for
+from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
+from fastverify.backends.base import ProbeContext, Shape, Tensor, _check_norm_args, check_kernel_sm, fail
+from fastverify.backends.ipc import PACK_BYTES, element_size, flashinfer_status, ipc_requirements
+from fastverify.backends.ipc import torch_all_reduce, whole_packs
 from fastverify.registry import backend_info
 
 logger = logging.getLogger(__name__)
@@ -102,7 +36,6 @@ MIN_FLASHINFER = (0, 7, 4)  # the planned API below is the one read in 0.7.4
 # Views of the registry entry, not facts of their own (the registry is the one source).
 MAX_ROWS: int = INFO.max_rows or 0  # 36, from _oneshot_preparation.py
 DTYPES = tuple(getattr(torch, name) for name in INFO.dtypes)
-PACK_BYTES = 16  # kernels move 16-byte packs (pcie_oneshot.py should_allreduce)
 
 _B12X = "flashinfer.experimental.b12x"
 _PCIE = f"{_B12X}.comm.pcie"
@@ -115,21 +48,39 @@ PLAIN_SURFACE = "OneshotAllReduce.all_reduce"
 FUSED_SURFACE = "OneshotAllReduce.all_reduce_fused_add_rms_norm"
 
 # Every FlashInfer name this module touches, with the keywords it passes (checked against the
-# wheel's source by tests/test_backend_signatures.py).
+# wheel's source by the signature test), and what this module relies on of each.
+# Kernels are CuTe DSL, compiled at preparation: they need nvidia-cutlass-dsl >= MIN_CUTLASS_DSL (4.6.0).
 HAS_CUTLASS_DSL = ExternalCall(_GATING, "has_cutlass_dsl", _GATING)
 MIN_CUTLASS_DSL = ExternalCall(_GATING, "MIN_CUTLASS_DSL", _GATING, (), "attribute")
+# comm/pcie/api.py: SM120/SM121 (_lib/gating.py is_b12x) and at least 2 visible CUDA devices.
 IS_SUPPORTED = ExternalCall(_PCIE, "is_supported", f"{_PCIE}.api", ("device",))
+# pcie_oneshot.py PCIeOneshotAllReduce (exported as OneshotAllReduce): world sizes
+# SUPPORTED_WORLD_SIZES = 2/4/6/8/10, fp16/bf16/fp32, inputs of at most max_size bytes in whole
+# 16-byte packs (should_allreduce). from_exchange_group is collective: it exchanges CUDA IPC
+# handles on the group and raises on every rank together when any rank fails
+# (_run_collective_preallocation_setup). close() is collective too (_coordinated_close_channels).
 FROM_EXCHANGE_GROUP = ExternalCall(
     _PCIE, "OneshotAllReduce.from_exchange_group", _ONESHOT,
     ("exchange_group", "device", "eager_buffer_bytes", "max_size", "stream_affine"), "method",
 )
 RT_SHOULD_ALLREDUCE = ExternalCall(_PCIE, "OneshotAllReduce.should_allreduce", _ONESHOT, ("inp",), "method")
+# all_reduce is out of place. The fused call writes residual_out = residual + all_reduce(inp) and
+# out = RMSNorm(residual_out) * weight, returns (out, residual_out) and writes neither inp nor
+# residual; out and residual_out must not alias; weight is (hidden,) in the input dtype; epsilon >= 0.
 RT_ALL_REDUCE = ExternalCall(_PCIE, "OneshotAllReduce.all_reduce", _ONESHOT, ("inp", "plan", "out"), "method")
 RT_FUSED = ExternalCall(
     _PCIE, "OneshotAllReduce.all_reduce_fused_add_rms_norm", _ONESHOT,
     ("inp", "residual", "weight", "epsilon", "plan", "out", "residual_out"), "method",
 )
 RT_CLOSE = ExternalCall(_PCIE, "OneshotAllReduce.close", _ONESHOT, (), "method")
+# The planned API (comm/pcie/__init__.py, _preparation.py, _oneshot_preparation.py,
+# preparation/session.py): query_from_runtime then plan declare one exact shape; the session's
+# prepare compiles and primes it through the request's prepare_call(state), a collective launch
+# (hence the CollectiveRequirement and the coordinator that authorizes it). An unprepared plan is
+# prepared lazily outside capture and refused under CUDA-graph capture (session.py
+# prepare_default); this backend never runs one: a shape it did not prepare takes torch.distributed.
+# The fused surface refuses more than 36 rows (query_from_runtime / query_from_metadata: "fused
+# allreduce RMSNorm supports at most 36 rows"; at most _MAX_BLOCKS = 36 CTAs, at least one per row).
 QUERY_FROM_RUNTIME = ExternalCall(
     _PCIE, "query_from_runtime", f"{_PCIE}._preparation", ("runtime", "surface", "call")
 )
@@ -158,11 +109,11 @@ EXTERNAL_CALLS = (
     QUERY_FROM_RUNTIME, PLAN, PLAN_REQUEST, COLLECTIVE, SESSION, SESSION_PREPARE, SESSION_CLOSE,
     PREPARE_PLAIN_CALL, PREPARE_FUSED_CALL, CHECK_INPUT,
 )
-MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"  # _groups: unique_name -> weakref(GroupCoordinator)
 
 
 def fused_fits(rows: int) -> bool:
-    """Whether the b12x fused kernel takes ``rows`` tokens: ``1 <= rows <= MAX_ROWS`` (36)."""
+    """Whether the b12x fused kernel takes ``rows`` tokens: ``1 <= rows <= MAX_ROWS`` (36). A
+    verify step of batch x 4 draft tokens fits up to batch 9."""
     return 0 < rows <= MAX_ROWS
 
 
@@ -188,48 +139,12 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
-def _backend_of(group: Any) -> str:
-    return str(dist.get_backend(group)).lower()
-
-
-def sglang_cpu_group(group: Any) -> Any:
-    """The ``cpu_group`` (gloo) of the SGLang ``GroupCoordinator`` whose ``device_group`` is
-    ``group``, found in ``parallel_state._groups`` (name -> weakref, ``_register_group``; SGLang
-    0.5.23 ``sglang/srt/distributed/parallel_state.py``); None outside an SGLang worker."""
-    groups = getattr(sys.modules.get(MOD_PARALLEL_STATE), "_groups", None)
-    if not isinstance(groups, dict):
-        return None
-    for ref in list(groups.values()):
-        coordinator = ref() if callable(ref) else None
-        if coordinator is not None and getattr(coordinator, "device_group", None) is group:
-            return getattr(coordinator, "cpu_group", None)
-    return None
-
-
-def cpu_group_for(group: Any, option: Any) -> tuple[Any, bool]:
-    """``(gloo group over the ranks of group, owned)``: the ``cpu_group`` option, else SGLang's
-    coordinator's, else ``group`` itself when it is gloo, else a new gloo group when ``group``
-    spans the default group (``new_group`` is collective over it). Decided from facts every rank
-    shares, so every rank takes the same branch. Raises ``ValueError`` when none fits."""
-    world = group if group is not None else dist.group.WORLD
-    cpu = option if option is not None else sglang_cpu_group(world)
-    if cpu is not None:
-        if _backend_of(cpu) != "gloo":
-            raise ValueError(f"the CPU group must be gloo, got {_backend_of(cpu)}")
-        return cpu, False
-    if _backend_of(world) == "gloo":
-        return world, False
-    ranks = dist.get_process_group_ranks(world)
-    if len(ranks) != dist.get_world_size():
-        raise ValueError("no gloo CPU group for this subgroup: pass options={'cpu_group': <gloo group>}")
-    return dist.new_group(ranks=ranks, backend="gloo"), True
-
-
 def plan_takes(plan: Any, x: Tensor) -> bool:
     """Whether prepared ``plan`` runs on ``x``, by the plan's own rule: its execution state's
     ``_check_input`` (``_oneshot_preparation.py``: ``(shape, stride, dtype, device index)`` equal
     to the prepared input's, else ``ValueError``), so a tensor it would refuse inside the forward
-    takes the fallback instead. A plan without a prepared state takes nothing."""
+    takes the fallback instead. ``is_contiguous()`` is weaker (a ``(1, H)`` view with stride
+    ``(2H, 1)`` passes it). A plan without a prepared state takes nothing."""
     prepared = getattr(plan, "prepared", None)
     state = getattr(prepared, "state", None)
     if state is None:
@@ -241,10 +156,6 @@ def plan_takes(plan: Any, x: Tensor) -> bool:
     return True
 
 
-class _RoundsEnded(Exception):
-    """Every rank saw the same failed exchange round; no rank sends another message."""
-
-
 class B12xFusedBackend(AllReduceBackend):
     """FlashInfer b12x one-shot all-reduce (+ residual + RMSNorm up to 36 rows); collective.
 
@@ -254,15 +165,16 @@ class B12xFusedBackend(AllReduceBackend):
     :class:`BackendUnavailable` before any collective call.
 
     Construction, :meth:`prepare` and :meth:`close` are collective: every rank calls them with the
-    same arguments. Every vote is an exchange on a gloo CPU group (:func:`cpu_group_for`: SGLang's
-    ``GroupCoordinator.cpu_group`` in a worker), never on the NCCL ``group``: construction votes
+    same arguments. Every vote is an exchange on a gloo CPU group
+    (:func:`~fastverify.backends.b12x_rounds.cpu_group_for`: SGLang's ``GroupCoordinator.cpu_group``
+    in a worker), never on the NCCL ``group``: construction votes
     each rank's ``is_supported`` before FlashInfer's collective constructor (which exchanges IPC
     handles on ``group``), so every rank raises together.
 
     Options
     -------
     cpu_group : ProcessGroup
-        gloo group over the ranks of ``group``; found or built when omitted (:func:`cpu_group_for`).
+        gloo group over the ranks of ``group``; found or built when omitted (``cpu_group_for``).
 
     Attributes
     ----------
@@ -278,21 +190,16 @@ class B12xFusedBackend(AllReduceBackend):
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
-        bad = first_failure(
-            check_cuda(ctx),
-            check_registry_limits(ctx, INFO, SM_WHY),
-            check_single_node(ctx),
-            check_p2p(ctx),
-        )
+        bad = ipc_requirements(ctx, INFO, SM_WHY)
         if bad is not None:
             return bad
-        gating = library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, GATING_CALLS)
+        gating = flashinfer_status(MIN_FLASHINFER, GATING_CALLS)
         if not gating.ok:
             return gating
         if not HAS_CUTLASS_DSL.resolve()():
             return fail(f"b12x compiles its kernels with CuTe DSL; pip install "
                         f"'nvidia-cutlass-dsl>={MIN_CUTLASS_DSL.resolve()}'")
-        return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
+        return flashinfer_status(MIN_FLASHINFER, EXTERNAL_CALLS)
 
     def _setup(self) -> None:
         """Size the workspace, vote ``is_supported`` on the CPU group, then build FlashInfer's
@@ -304,53 +211,61 @@ class B12xFusedBackend(AllReduceBackend):
             Neither ``max_numel`` nor ``hidden``, no usable CPU group, a rank that refuses, or a
             failed FlashInfer setup (every rank raises together).
         """
-        group, dtype, max_numel, hidden = self.group, self.dtype, self.max_numel, self.hidden
+        group, max_numel, hidden = self.group, self.max_numel, self.hidden
         self._closed = True  # until the runtime exists: nothing collective to close
-        itemsize = torch.empty((), dtype=dtype).element_size()
         if max_numel is None and hidden is None:
             raise BackendUnavailable(self.name, "needs max_numel or hidden to size its IPC workspace")
         numel = max_numel if max_numel is not None else MAX_ROWS * int(hidden)  # type: ignore[arg-type]
-        self.max_bytes = -(-numel * itemsize // PACK_BYTES) * PACK_BYTES
+        self.max_bytes = whole_packs(numel * element_size(self.dtype))
         self.world_size = dist.get_world_size(group)
-        self._ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
+        ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
         self.disabled_reason: str | None = None
         self.prepared_shapes: dict[str, set[tuple[int, int]]] = {"plain": set(), "fused": set()}
         self._plans: dict[tuple[str, tuple[int, int]], Any] = {}
-        self._ended: str | None = None  # why the rounds of the current prepare() ended (every rank)
-        self._step: str | None = None
-        self._round_lock = threading.Lock()  # the barrier hook's round runs on a library thread
-        self.barrier_calls: list[tuple[str, tuple[int, ...]]] = []  # (key, ranks) the library's hook got
         try:
-            self.cpu_group, self._own_cpu_group = cpu_group_for(group, self.options.get("cpu_group"))
+            cpu_group, owned = cpu_group_for(group, self.options.get("cpu_group"))
         except ValueError as err:
             raise BackendUnavailable(self.name, str(err)) from err
+        self._rounds = PreparationRounds(cpu_group, owned, self.world_size, ranks)
         self._query = QUERY_FROM_RUNTIME.resolve()
         self._plan = PLAN.resolve()
         self._collective = COLLECTIVE.resolve()
         self._prepare_plain = PREPARE_PLAIN_CALL.resolve()
         self._prepare_fused = PREPARE_FUSED_CALL.resolve()
         self._is_supported = IS_SUPPORTED.resolve()
-        # Vote first: FlashInfer's constructor is collective, so a rank that would refuse must not
-        # leave the others waiting in it. The session is local (compiles in this process).
+        self._vote_supported()
+        self._runtime = self._open_runtime()
+        self._closed = False
+
+    def _vote_supported(self) -> None:
+        """Every rank's ``is_supported`` (and its local session), voted on the CPU group first:
+        FlashInfer's constructor is collective, so a rank that would refuse must not leave the
+        others waiting in it. Raises :class:`BackendUnavailable` on every rank when any refuses."""
         local = ""
         try:
             if not self._is_supported(**IS_SUPPORTED.kwargs(device=self.device)):
                 local = "is_supported() is False (needs SM120/SM121 and >= 2 visible GPUs)"
-            else:
+            else:  # the session is local: it compiles in this process
                 self._session = SESSION.resolve()(**SESSION.kwargs(
-                    device=self.device, autotune=False, compile_workers=0, collective_barrier=self._barrier))
+                    device=self.device, autotune=False, compile_workers=0, collective_barrier=self._rounds.barrier))
         except Exception as err:
             local = _describe(err)
-        bad = [f"rank {r}: {why}" for r, why in enumerate(self._exchange(local)) if why]
+        bad = [f"rank {r}: {why}" for r, why in enumerate(self._rounds.exchange(local)) if why]
         if bad:
-            self._release_cpu_group()
+            self._rounds.release()
             raise BackendUnavailable(self.name, "; ".join(bad))
+
+    def _open_runtime(self) -> Any:
+        """FlashInfer's ``OneshotAllReduce`` over the group (collective; FlashInfer exchanges every
+        rank's setup failure first, so it raises on every rank together).
+
+        ``stream_affine=False``: the default binds the channel to the first CUDA stream that uses
+        it and raises on any other, and fastverify warms graphs up on a side stream ordered by
+        ``wait_stream`` (:mod:`fastverify.cudagraph`); calls never overlap on two streams."""
         try:
-            # Collective; FlashInfer exchanges every rank's setup failure first, so it raises on
-            # every rank together (pcie_oneshot.py _run_collective_preallocation_setup).
-            self._runtime = FROM_EXCHANGE_GROUP.resolve()(
+            return FROM_EXCHANGE_GROUP.resolve()(
                 **FROM_EXCHANGE_GROUP.kwargs(
-                    exchange_group=group if group is not None else dist.group.WORLD,
+                    exchange_group=self.group if self.group is not None else dist.group.WORLD,
                     device=self.device,
                     eager_buffer_bytes=self.max_bytes,
                     max_size=self.max_bytes,
@@ -358,59 +273,27 @@ class B12xFusedBackend(AllReduceBackend):
                 )
             )
         except Exception as err:
-            self._release_cpu_group()
+            self._rounds.release()
             text = str(err).splitlines()[0] if str(err) else ""
             raise BackendUnavailable(self.name, f"OneshotAllReduce setup failed: {type(err).__name__}: {text}") from err
-        self._closed = False
 
-    # -- collective helpers (all on the gloo CPU group) ------------------------------------------
+    @property
+    def cpu_group(self) -> Any:
+        """The gloo group the rounds run on (None once closed)."""
+        return self._rounds.cpu_group
 
-    def _exchange(self, message: Any) -> list[Any]:
-        """All-gather one picklable object per rank on the CPU group; every rank gets the same list."""
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, message, group=self.cpu_group)
-        return out
-
-    def _round(self, message: tuple) -> None:
-        """One round of the preparation protocol: every rank sends one message. Unless all are
-        the same ``(step, key)`` / ``("done",)``, every rank records the same reason in ``_ended``
-        and raises :class:`_RoundsEnded`, so every rank stops sending at the same round. Once the
-        rounds ended (on any thread) it sends nothing and raises again."""
-        with self._round_lock:  # the barrier thread's round and a main-thread round never overlap
-            if self._ended is None:
-                got = self._exchange(message)
-                if message[0] != "fail" and all(m == message for m in got):
-                    return
-                fails = [f"rank {r}: {m[1]}" for r, m in enumerate(got) if m[0] == "fail"]
-                self._ended = "; ".join(fails) if fails else f"ranks disagree on the preparation step: {got}"
-            raise _RoundsEnded(self._ended)
-
-    def _coordinate(self, progress: Any) -> str | None:
-        """``PreparationSession.prepare``'s coordinator: authorize a collective (priming) launch
-        once every rank reached the same one; returns its key. Nothing to authorize: None, no
-        communication (ranks reach this a different number of times while compiling)."""
-        if getattr(progress, "ready_tuning", ()) or getattr(progress, "ready_cache", None) is not None:
-            raise RuntimeError("b12x asked for a tuning agreement with autotune=False")
-        ready = tuple(progress.ready_collectives)
-        if not ready:
-            return None
-        key = self._step = ready[0].key
-        self._round(("key", key))
-        return key
-
-    def _barrier(self, key: str, ranks: tuple[int, ...]) -> None:
-        """The session's ``collective_barrier(key, ranks)`` hook (session.py
-        ``PreparationJob._collective_barrier``, on its daemon thread): one round on the CPU group
-        after the authorization and before this request compiles and launches."""
-        self.barrier_calls.append((key, tuple(ranks)))
-        if tuple(ranks) != self._ranks:
-            raise ValueError(f"collective {key!r} is over ranks {tuple(ranks)}, this group is {self._ranks}")
-        self._round(("barrier", key))
+    @property
+    def barrier_calls(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(key, ranks)`` of every call the library's barrier hook got."""
+        return self._rounds.barrier_calls
 
     # -- preparation ----------------------------------------------------------------------------
 
     def _wanted(self, shapes: Sequence[Shape]) -> list[tuple[str, tuple[int, int]]]:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        """The ``(kind, shape)`` plans to prepare: every 2-D shape of this hidden size within
+        ``max_bytes`` in whole 16-byte packs (``pcie_oneshot.py`` ``should_allreduce``), fused
+        too where :func:`fused_fits`; none already prepared."""
+        itemsize = element_size(self.dtype)
         wanted = []
         for shape in sorted({tuple(int(d) for d in s) for s in shapes if len(s) == 2}):
             rows, hidden = shape
@@ -425,7 +308,10 @@ class B12xFusedBackend(AllReduceBackend):
         return [w for w in wanted if w[1] not in self.prepared_shapes[w[0]]]
 
     def _request(self, kind: str, shape: tuple[int, int]) -> tuple[Any, Any]:
-        name = self._step = f"fastverify.b12x.{kind}.{shape[0]}x{shape[1]}"
+        """``(plan, request)`` for one ``(kind, shape)``: the plan of the exact shape and the
+        session request whose ``prepare_call`` binds the input with the library's own builder
+        (``_prepare_plain_call`` / ``_prepare_fused_call``), then votes before the launch."""
+        name = self._rounds.step = f"fastverify.b12x.{kind}.{shape[0]}x{shape[1]}"
         x = torch.zeros(shape, dtype=self.dtype, device=self.device)
         surface = FUSED_SURFACE if kind == "fused" else PLAIN_SURFACE
         query = self._query(**QUERY_FROM_RUNTIME.kwargs(runtime=self._runtime, surface=surface, call={"inp": x}))
@@ -448,10 +334,10 @@ class B12xFusedBackend(AllReduceBackend):
             # Called after this rank compiled (_materialize) and before the priming launch
             # (_prime): the last point at which a failing rank can still stop every rank.
             call = bind(state)
-            self._round(("bound", name))
+            self._rounds.round(("bound", name))
             return call
 
-        collective = self._collective(**COLLECTIVE.kwargs(key=name, ranks=self._ranks))
+        collective = self._collective(**COLLECTIVE.kwargs(key=name, ranks=self._rounds.ranks))
         return plan, plan.request(**PLAN_REQUEST.kwargs(name=name, prepare_call=prepare_call, collective=collective))
 
     def prepare(self, shapes: Sequence[Shape]) -> None:
@@ -459,12 +345,14 @@ class B12xFusedBackend(AllReduceBackend):
         all-reduce up to ``max_numel``, the fused kernel up to 36 rows. Collective; must run
         before CUDA-graph capture (raises ``RuntimeError`` under capture, as FlashInfer would).
         A failure on any rank disables b12x on every rank (``disabled_reason``, one logged line
-        per rank) before any rank launches the failing request's kernel; nothing raises."""
+        per rank, ``b12x not built: <why>; all-reduces stay on NCCL``) before any rank launches
+        the failing request's kernel; nothing raises."""
         if self._closed or self.disabled_reason is not None:
             return
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("b12x preparation must complete before CUDA-graph capture (prepare() earlier)")
-        self._ended = self._step = None  # _step: the request being planned or authorized
+        rounds = self._rounds
+        rounds.start()
         plans: dict[tuple[str, tuple[int, int]], Any] = {}
         try:
             try:
@@ -474,14 +362,12 @@ class B12xFusedBackend(AllReduceBackend):
                     plans[(kind, shape)] = plan
                     requests.append(request)
                 if requests:
-                    self._session.prepare(**SESSION_PREPARE.kwargs(requests=requests, coordinator=self._coordinate))
+                    self._session.prepare(**SESSION_PREPARE.kwargs(requests=requests, coordinator=rounds.coordinate))
             except Exception as err:
-                # A local failure: tell the others, in the round they are in (nothing is sent when
-                # the rounds already ended, e.g. in the barrier hook). Always raises _RoundsEnded.
-                self._round(("fail", f"{self._step}: {_describe(err)}" if self._step else _describe(err)))
-            self._round(("done",))
-        except _RoundsEnded:
-            self.disabled_reason = not_built_line(self._ended or "preparation rounds ended")
+                rounds.fail(_describe(err))
+            rounds.round(("done",))
+        except RoundsEnded:
+            self.disabled_reason = not_built_line(rounds.ended or "preparation rounds ended")
             logger.warning("%s", self.disabled_reason)
             return
         self._plans.update(plans)
@@ -507,17 +393,12 @@ class B12xFusedBackend(AllReduceBackend):
         every other shape, and every shape after a failed preparation, to the next backend)."""
         return self._ready("plain", x) is not None
 
-    def _torch_all_reduce(self, x: Tensor) -> Tensor:
-        out = x.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=self.group)
-        return out
-
     def all_reduce(self, x: Tensor) -> Tensor:
         """Sum over the group, out of place: b12x for a prepared shape, torch.distributed else."""
         plan = self._ready("plain", x)
         if plan is None:
             self.path_counts["fallback_all_reduce"] += 1
-            return self._torch_all_reduce(x)
+            return torch_all_reduce(x, self.group)
         out = torch.empty_like(x)
         self._runtime.all_reduce(**RT_ALL_REDUCE.kwargs(inp=x, plan=plan, out=out))
         self.path_counts["all_reduce"] += 1
@@ -527,16 +408,13 @@ class B12xFusedBackend(AllReduceBackend):
         self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
         """The fused kernel for a prepared shape of at most 36 rows; otherwise :meth:`all_reduce`
-        + :meth:`residual_rmsnorm` (the all-reduce always happens). See the base class for shapes."""
+        + :meth:`residual_rmsnorm` (the all-reduce always happens). See the base class for shapes.
+        ``residual`` is never written, on either path."""
         _check_norm_args(x, residual, weight)
         plan = self._ready("fused", x) if fused_fits(x.shape[0]) else None
         if plan is None:
             self.path_counts["fallback"] += 1
-            # The backend's norm kernel (base.residual_rmsnorm), the same as every other backend's.
-            # It adds in place and the fused kernel does not write ``residual``, so it adds into a
-            # copy here: the contract of this method stays the fused kernel's on every path.
-            fresh = residual.clone(memory_format=torch.contiguous_format)
-            return self.residual_rmsnorm(self.all_reduce(x), fresh, weight, eps)
+            return self._residual_rmsnorm_copy(self.all_reduce(x), residual, weight, eps)
         out, residual_out = torch.empty_like(x), torch.empty_like(x)
         self._runtime.all_reduce_fused_add_rms_norm(**RT_FUSED.kwargs(
             inp=x, residual=residual.contiguous(), weight=weight.contiguous(), epsilon=float(eps), plan=plan,
@@ -546,17 +424,8 @@ class B12xFusedBackend(AllReduceBackend):
 
     # -- lifetime -----------------------------------------------------------------------------------
 
-    def _release_cpu_group(self) -> None:
-        """Destroy the CPU group when this backend built it (every rank does, at the same point)."""
-        cpu, self.cpu_group = self.cpu_group, None
-        if self._own_cpu_group and cpu is not None:
-            self._own_cpu_group = False
-            dist.destroy_process_group(cpu)
-
-    def close(self) -> None:
+    def _release(self) -> None:
         """Release the prepared plans, then close the IPC channel (collective: every rank)."""
-        if self.closed:
-            return
         try:
             self._plans.clear()
             self._session.close(**SESSION_CLOSE.kwargs())
@@ -567,5 +436,4 @@ class B12xFusedBackend(AllReduceBackend):
                 # Drop the runtime and groups (the runtime holds the process group): a group
                 # object outliving destroy_process_group aborts the process at exit.
                 self._runtime = self._session = None
-                self._release_cpu_group()
-                super().close()
+                self._rounds.release()

@@ -12,22 +12,6 @@ the registry's (:data:`INFO`; FlashInfer 0.7.4 ``flashinfer/comm/trtllm_ar.py``,
   ``<= 16``; 3, 5, 6, 7 ... pass that check and fail in the kernel dispatch);
 * bf16, fp16 or fp32; all ranks on one host; working P2P (peer buffers are mapped and written
   with plain loads/stores; there is no P2P probe in FlashInfer).
-
-Safety rules kept here:
-
-* ``use_oneshot`` is always passed explicitly, computed from the shape alone
-  (:func:`choose_oneshot`), so every rank picks the same kernel; the two-shot kernel asserts
-  ``tokens > world_size``, so smaller inputs always go one-shot.
-* ``trigger_completion_at_end=True`` and ``launch_with_pdl=False``: with PDL and early
-  completion the one-shot Lamport kernel lets the next kernel read uncommitted data, giving NaN at
-  <= 16 tokens, i.e. exactly the verify step (vLLM PR #45448).
-* The all-reduce always happens. A shape the workspace cannot take (or a fused path disabled by
-  the start-up self-check) goes through ``torch.distributed.all_reduce`` + torch add + RMSNorm,
-  never through the norm alone (see :mod:`fastverify.backends.base`).
-
-Memory per rank (TRT-LLM workspace): ``buffer = W*T*H*2 B``, ``lamport = 3*W*T*H*2 B`` (W ranks, T =
-``max_numel // hidden`` tokens, H hidden; x2 for fp32), each rounded to 2 MiB: TP8, hidden 7168,
-bf16: 7 MiB at 16 tokens, 56 MiB at 128.
 """
 
 from __future__ import annotations
@@ -38,24 +22,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from fastverify.backends.base import (
-    AllReduceBackend,
-    BackendName,
-    BackendUnavailable,
-    Capability,
-    ExternalCall,
-    ProbeContext,
-    Shape,
-    Tensor,
-    _check_norm_args,
-    check_close,
-    check_cuda,
-    check_p2p,
-    check_registry_limits,
-    check_single_node,
-    first_failure,
-    library_status,
-)
+from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
+from fastverify.backends.base import ProbeContext, Shape, Tensor, _check_norm_args, check_close
+from fastverify.backends.ipc import element_size, flashinfer_status, ipc_requirements, torch_all_reduce
 from fastverify.registry import backend_info
 
 logger = logging.getLogger(__name__)
@@ -142,20 +111,17 @@ class FusedBackend(AllReduceBackend):
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
-        bad = first_failure(
-            check_cuda(ctx),
-            check_registry_limits(ctx, INFO, "FlashInfer builds trtllm_comm for SM90/SM10x/SM12x only"),
-            check_single_node(ctx),
-            check_p2p(ctx),
-        )
-        if bad is not None:
-            return bad
-        return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
+        bad = ipc_requirements(ctx, INFO, "FlashInfer builds trtllm_comm for SM90/SM10x/SM12x only")
+        return bad if bad is not None else flashinfer_status(MIN_FLASHINFER, EXTERNAL_CALLS)
 
     def _setup(self) -> None:
         """Check ``hidden`` and ``max_numel``, then build the TRT-LLM workspace (collective). On
         failure the base class marks this closed: nothing was allocated, or FlashInfer failed on
         every rank.
+
+        Memory per rank (TRT-LLM workspace): ``buffer = W*T*H*2 B``, ``lamport = 3*W*T*H*2 B`` (W
+        ranks, T = ``max_numel // hidden`` tokens, H hidden; x2 for fp32), each rounded to 2 MiB:
+        TP8, hidden 7168, bf16: 7 MiB at 16 tokens, 56 MiB at 128.
 
         Raises
         ------
@@ -169,7 +135,7 @@ class FusedBackend(AllReduceBackend):
         # Checked before any collective: the arguments are the same on every rank, so every rank
         # raises the same BackendUnavailable and the caller skips the backend on all of them.
         hidden = self.hidden
-        pack = 16 // _itemsize(dtype)
+        pack = 16 // element_size(dtype)
         if hidden is None:
             raise BackendUnavailable(
                 self.name, "needs the hidden size to size its workspace; pass make_backend(..., hidden=H)"
@@ -185,7 +151,7 @@ class FusedBackend(AllReduceBackend):
             )
         self.max_tokens = max_numel // hidden
         self.oneshot_mode = self.options.get("oneshot", "auto")
-        choose_oneshot(1, hidden, _itemsize(dtype), 2, self.oneshot_mode)  # validates the mode
+        choose_oneshot(1, hidden, element_size(dtype), 2, self.oneshot_mode)  # validates the mode
         self.fp32_acc = bool(self.options.get("fp32_acc", True))
         self.world_size = dist.get_world_size(group)
         self.disabled_reason: str | None = None
@@ -218,6 +184,13 @@ class FusedBackend(AllReduceBackend):
         return hidden % (16 // x.element_size()) == 0 and rows * hidden <= self.max_tokens * self.hidden and rows > 0
 
     def _common(self, x: Tensor) -> dict[str, Any]:
+        """The ``allreduce_fusion`` arguments both patterns pass.
+
+        ``use_oneshot`` is always explicit, from the shape alone (:func:`choose_oneshot`), so every
+        rank picks the same kernel. ``trigger_completion_at_end=True`` and ``launch_with_pdl=False``:
+        with PDL and early completion the one-shot Lamport kernel lets the next kernel read
+        uncommitted data, giving NaN at <= 16 tokens, i.e. exactly the verify step (vLLM PR #45448).
+        """
         rows, hidden = x.shape
         return {
             "input": x,
@@ -228,15 +201,10 @@ class FusedBackend(AllReduceBackend):
             "fp32_acc": self.fp32_acc,
         }
 
-    def _torch_all_reduce(self, x: Tensor) -> Tensor:
-        out = x.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=self.group)
-        return out
-
     def all_reduce(self, x: Tensor) -> Tensor:
         if not self.supports(x) or self.disabled_reason is not None:
             self.path_counts["fallback_all_reduce"] += 1
-            return self._torch_all_reduce(x)
+            return torch_all_reduce(x, self.group)
         out = torch.empty_like(x)
         self._allreduce_fusion(**ALLREDUCE_FUSION.kwargs(pattern=self._pattern_ar, output=out, **self._common(x)))
         self.path_counts["fused_all_reduce"] += 1
@@ -246,7 +214,9 @@ class FusedBackend(AllReduceBackend):
         self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
         """As the base class, except that ``residual`` is never written: the kernel writes
-        ``residual_out`` into a new ``(T, hidden)`` tensor, and so does the fallback."""
+        ``residual_out`` into a new ``(T, hidden)`` tensor, and so does the fallback, which a shape
+        the workspace cannot take (or a fused path the self-check disabled) takes: still an
+        all-reduce (``torch.distributed``), then add + RMSNorm."""
         _check_norm_args(x, residual, weight)
         if not self.supports(x) or self.disabled_reason is not None:
             return self._unfused(x, residual, weight, eps)
@@ -267,14 +237,10 @@ class FusedBackend(AllReduceBackend):
         return norm_out, residual_out
 
     def _unfused(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        # The fallback still all-reduces: plain torch.distributed on the same group.
+        # The fallback still all-reduces: plain torch.distributed on the same group, then the
+        # backend's norm kernel, as every backend's unfused path, into a copy of ``residual``.
         self.path_counts["fallback"] += 1
-        # The backend's norm kernel (base.residual_rmsnorm), as for every backend's unfused path.
-        # That kernel adds in place; the fused kernel leaves ``residual`` alone, so the fallback
-        # adds into a copy, as SGLang 0.5.23 does when this kernel declines
-        # (``_forward_with_allreduce_fusion`` in sglang/srt/layers/layernorm.py: residual.clone()).
-        fresh = residual.clone(memory_format=torch.contiguous_format)
-        return self.residual_rmsnorm(self._torch_all_reduce(x), fresh, weight, eps)
+        return self._residual_rmsnorm_copy(torch_all_reduce(x, self.group), residual, weight, eps)
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -307,14 +273,6 @@ class FusedBackend(AllReduceBackend):
                 logger.warning("fastverify fused all-reduce disabled: %s", self.disabled_reason)
         self.path_counts.clear()
 
-    def close(self) -> None:
+    def _release(self) -> None:
         """Drop the workspace references (FlashInfer frees the memory when they die)."""
-        if not self.closed:
-            try:
-                self._ws.destroy()
-            finally:
-                super().close()
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+        self._ws.destroy()

@@ -12,32 +12,6 @@ bf16 and sends it nothing else, ``should_pcie_ipc_ar`` in
 P2P between every GPU pair (``cudaIpcOpenMemHandle`` with lazy peer access;
 the kernels spin on peer flags with no timeout, so broken P2P hangs rather than errors), and
 flashinfer >= 0.7 with the class. No GPU-architecture limit (plain PTX loads/stores).
-
-Sizing ``max_numel``
---------------------
-The workspace is fixed at construction; ``supports(x)`` is False above ``max_numel`` and the
-chain falls back to NCCL. Size it to the verify step, **max batch x draft tokens x hidden**
-(:func:`decode_max_numel`; SGLang's ``SGLANG_PCIE_IPC_MAX_NUMEL`` default), not to prefill:
-the epoch double buffer places its halves ``world_size * max_numel`` elements apart, and SGLang
-measured a +66 % TTFT with a prefill-sized workspace (TPOT 21.1 -> 13.6 ms decode-sized, TP8,
-SM120). Prefill all-reduces are large and bandwidth-bound, where NCCL is fine.
-
-Collective contract (from FlashInfer's class docstring): every rank issues the same calls with the
-same shapes in the same order; one workspace per CUDA stream; ``prepare()`` every CUDA-graph
-capture shape, after ``tune()``, before capture.
-
-Streams
--------
-FlashInfer binds the workspace to the first stream that runs it and raises "already bound ... use
-one workspace per stream" on any other (``_check_stream`` in ``flashinfer/comm/pcie_ipc_ar.py``,
-``bind_stream`` in ``flashinfer/comm/pcie_ipc_collectives/_lifecycle.py``); capture is exempt.
-A CUDA-graph warm-up runs on a side stream after eager calls on the default stream (the tune
-worker through :func:`fastverify.cudagraph.capture_cuda_graph`, SGLang's capture likewise), so
-:meth:`PcieIpcBackend.all_reduce` moves the binding when the stream changes, as SGLang's adapter
-does (``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``, ``pcie_ipc_all_reduce``).
-``rebind_stream()`` is the caller's assertion that earlier work is ordered before later work, so
-the new stream first waits for everything queued on the old one. Two streams issuing calls at the
-same time stay unsupported: that is a race, not a stream change.
 """
 
 from __future__ import annotations
@@ -46,22 +20,9 @@ from typing import Any, Sequence
 
 import torch
 
-from fastverify.backends.base import (
-    AllReduceBackend,
-    BackendName,
-    Capability,
-    FUSED_ADD_RMSNORM,
-    ExternalCall,
-    ProbeContext,
-    Shape,
-    Tensor,
-    check_cuda,
-    check_p2p,
-    check_registry_limits,
-    check_single_node,
-    first_failure,
-    library_status,
-)
+from fastverify.backends.base import FUSED_ADD_RMSNORM, AllReduceBackend, BackendName, Capability, ExternalCall
+from fastverify.backends.base import ProbeContext, Shape, Tensor
+from fastverify.backends.ipc import flashinfer_status, ipc_requirements
 from fastverify.registry import backend_info
 
 INFO = backend_info(BackendName.pcie_ipc)
@@ -70,7 +31,7 @@ MIN_FLASHINFER = (0, 7)
 PACK_ELEMS = 8  # kernels move 16-byte packs: max_numel must be a multiple of 16 B / 2 B
 
 # Every FlashInfer name this module touches, with the keywords it passes (checked against the
-# real signatures by tests/test_backend_signatures.py).
+# real signatures by the signature test).
 WORKSPACE = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace", "flashinfer.comm.pcie_ipc_ar",
     ("group", "max_numel", "dtype", "max_blocks", "profile", "tune_batches", "tune_cache"), "class",
@@ -101,7 +62,15 @@ EXTERNAL_CALLS = (WORKSPACE, WS_SUPPORTS, WS_ALL_REDUCE, WS_TUNE, WS_PREPARE, WS
 
 def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
     """Workspace bound for the verify step: ``max_batch * draft_tokens * hidden`` elements,
-    rounded up to a whole 16-byte pack. The verify all-reduce is ``(batch * draft_tokens, hidden)``."""
+    rounded up to a whole 16-byte pack. The verify all-reduce is ``(batch * draft_tokens, hidden)``.
+
+    The workspace is fixed at construction; ``supports(x)`` is False above ``max_numel`` and the
+    chain falls back to NCCL. Size it to the verify step (SGLang's ``SGLANG_PCIE_IPC_MAX_NUMEL``
+    default), not to prefill: the epoch double buffer places its halves ``world_size *
+    max_numel`` elements apart, and SGLang measured a +66 % TTFT with a prefill-sized workspace
+    (TPOT 21.1 -> 13.6 ms decode-sized, TP8, SM120). Prefill all-reduces are large and
+    bandwidth-bound, where NCCL is fine.
+    """
     for name, value in (("max_batch", max_batch), ("draft_tokens", draft_tokens), ("hidden", hidden)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -111,6 +80,10 @@ def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
 
 class PcieIpcBackend(AllReduceBackend):
     """FlashInfer PCIe IPC all-reduce on ``group``; collective construction (all ranks).
+
+    Collective contract (FlashInfer's class docstring): every rank issues the same calls with the
+    same shapes in the same order; one workspace per CUDA stream; :meth:`prepare` every CUDA-graph
+    capture shape, after ``tune()``, before capture. ``max_numel``: :func:`decode_max_numel`.
 
     Options
     -------
@@ -138,16 +111,9 @@ class PcieIpcBackend(AllReduceBackend):
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
-        bad = first_failure(
-            check_cuda(ctx),
-            check_registry_limits(ctx, INFO),
-            check_single_node(ctx),
-            check_p2p(ctx),
-        )
-        if bad is not None:
-            return bad
+        bad = ipc_requirements(ctx, INFO)
         # The import is last: it is the slow check (~2.5 s for flashinfer).
-        return library_status("flashinfer", "flashinfer-python", MIN_FLASHINFER, EXTERNAL_CALLS)
+        return bad if bad is not None else flashinfer_status(MIN_FLASHINFER, EXTERNAL_CALLS)
 
     def _setup(self) -> None:
         """Check the sizes and the device, then build FlashInfer's workspace (collective).
@@ -194,8 +160,20 @@ class PcieIpcBackend(AllReduceBackend):
         return out
 
     def _follow_stream(self) -> None:
-        """Move FlashInfer's stream binding to the current stream when it changed (module
-        docstring, "Streams"), after ordering the new stream behind the old one.
+        """Move FlashInfer's stream binding to the current stream when it changed, after ordering
+        the new stream behind the old one.
+
+        FlashInfer binds the workspace to the first stream that runs it and raises "already bound
+        ... use one workspace per stream" on any other (``_check_stream`` in
+        ``flashinfer/comm/pcie_ipc_ar.py``, ``bind_stream`` in
+        ``flashinfer/comm/pcie_ipc_collectives/_lifecycle.py``). A CUDA-graph warm-up runs on a
+        side stream after eager calls on the default stream (the tune worker through
+        :func:`fastverify.cudagraph.capture_cuda_graph`, SGLang's capture likewise), so the
+        binding moves as SGLang's adapter moves it
+        (``pcie_ipc_all_reduce`` in ``sglang/srt/distributed/device_communicators/pcie_ipc_ar.py``).
+        ``rebind_stream()`` is the caller's assertion that earlier work is ordered before later
+        work, hence the wait. Two streams issuing calls at the same time stay unsupported: that
+        is a race, not a stream change.
 
         During stream capture nothing is touched: FlashInfer exempts capture from the binding,
         and a wait on an event recorded outside the capture would break it. Capture starts
@@ -232,10 +210,6 @@ class PcieIpcBackend(AllReduceBackend):
         self._ws.rebind_stream()
         self._bound = None
 
-    def close(self) -> None:
-        """Destroy the workspace. Collective: every rank must call it."""
-        if not self.closed:
-            try:
-                self._ws.destroy()
-            finally:
-                super().close()
+    def _release(self) -> None:
+        """Destroy the workspace. Collective: every rank's :meth:`close` runs it."""
+        self._ws.destroy()

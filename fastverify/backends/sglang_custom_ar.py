@@ -12,10 +12,6 @@ add + RMSNorm use the base class's path with the ``norm`` kernel every backend s
 The class is used directly rather than through ``dispatch_custom_allreduce()``, which returns
 ``CustomAllReduceV2`` in newer SGLang (needs full NVLink, different methods). Importing SGLang
 pulls in its whole runtime; the probe does that once.
-
-Hazard kept away: inside SGLang's ``capture()`` context but outside stream capture,
-``custom_all_reduce`` returns zeros (graph warm-up allocation mimicry). :meth:`capture` is only
-for wrapping a real ``torch.cuda.graph`` capture.
 """
 
 from __future__ import annotations
@@ -23,25 +19,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-import torch
 import torch.distributed as dist
 
-from fastverify.backends.base import (
-    AllReduceBackend,
-    BackendName,
-    BackendUnavailable,
-    Capability,
-    ExternalCall,
-    ProbeContext,
-    Tensor,
-    check_cuda,
-    check_p2p,
-    check_registry_limits,
-    check_single_node,
-    fail,
-    first_failure,
-    library_status,
-)
+from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
+from fastverify.backends.base import ProbeContext, Tensor, fail, library_status
+from fastverify.backends.ipc import element_size, ipc_requirements, new_gloo_group, whole_packs
 from fastverify.registry import backend_info
 
 MODULE = "sglang.srt.distributed.device_communicators.custom_all_reduce"
@@ -75,13 +57,7 @@ class SglangCustomArBackend(AllReduceBackend):
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
-        bad = first_failure(
-            check_cuda(ctx),
-            check_registry_limits(ctx, INFO),
-            _check_fabric(ctx),
-            check_single_node(ctx),
-            check_p2p(ctx),
-        )
+        bad = ipc_requirements(ctx, INFO, fabric=_check_fabric(ctx))
         if bad is not None:
             return bad
         lib = library_status("sglang", "sglang", MIN_SGLANG, EXTERNAL_CALLS)
@@ -112,17 +88,14 @@ class SglangCustomArBackend(AllReduceBackend):
         try:
             cpu_group = self.options.get("cpu_group")
             if cpu_group is None:
-                ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-                if len(ranks) != dist.get_world_size():
-                    raise ValueError(
-                        "group is a strict subgroup: new_group() is collective over the default group, so "
-                        "pass options={'cpu_group': <gloo group built by all ranks>}"
-                    )
-                cpu_group = dist.new_group(ranks=ranks, backend="gloo")
+                cpu_group = new_gloo_group(
+                    group,
+                    "group is a strict subgroup: new_group() is collective over the default group, so "
+                    "pass options={'cpu_group': <gloo group built by all ranks>}",
+                )
                 self._own_cpu_group = True
             self._cpu_group = cpu_group
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            max_bytes = DEFAULT_MAX_BYTES if max_numel is None else -(-max_numel * itemsize // 16) * 16
+            max_bytes = DEFAULT_MAX_BYTES if max_numel is None else whole_packs(max_numel * element_size(dtype))
             self._ca = CUSTOM_ALLREDUCE.resolve()(
                 **CUSTOM_ALLREDUCE.kwargs(group=cpu_group, device=self.device, max_size=max_bytes)
             )
@@ -153,11 +126,15 @@ class SglangCustomArBackend(AllReduceBackend):
     @contextmanager
     def capture(self) -> Iterator[None]:
         """Wrap a ``torch.cuda.graph`` capture: SGLang registers the graph's buffers on exit
-        (collective). Do not call :meth:`all_reduce` eagerly inside it (SGLang returns zeros)."""
+        (collective). Only for a real capture: inside SGLang's ``capture()`` context but outside
+        stream capture, ``custom_all_reduce`` returns zeros (graph warm-up allocation mimicry), so
+        never call :meth:`all_reduce` eagerly inside it."""
         with self._ca.capture():
             yield
 
     def _release(self) -> None:
+        """Free SGLang's IPC buffers and the gloo group built here. Collective; also run by a
+        failed :meth:`_setup` on what it built."""
         try:
             if self._ca is not None:
                 self._ca.close()
@@ -166,14 +143,6 @@ class SglangCustomArBackend(AllReduceBackend):
             if self._own_cpu_group:
                 dist.destroy_process_group(self._cpu_group)
                 self._own_cpu_group = False
-
-    def close(self) -> None:
-        """Free SGLang's IPC buffers and the gloo group built here. Collective."""
-        if not self.closed:
-            try:
-                self._release()
-            finally:
-                super().close()
 
 
 def _check_fabric(ctx: ProbeContext) -> Capability | None:

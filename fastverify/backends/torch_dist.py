@@ -9,7 +9,6 @@ all-reduces, not norms.
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 
@@ -33,6 +32,9 @@ class TorchDistBackend(AllReduceBackend):
     """
 
     _expected: str  # the torch.distributed backend string this class runs on
+    _device_type: str  # the tensors' device type it takes
+    _device_rule: str  # the probe's words for that rule
+    _device_fix: str  # what to use on another device
 
     def _setup(self) -> None:
         """Raises ``ValueError`` when ``group`` does not run this class's torch.distributed backend."""
@@ -52,10 +54,8 @@ class TorchDistBackend(AllReduceBackend):
                 f"process group backend is {ctx.group_backend!r}, not {cls._expected!r}; "
                 f"init the group with backend={cls._expected!r}"
             )
-        return cls._probe_device(ctx)
-
-    @classmethod
-    def _probe_device(cls, ctx: ProbeContext) -> Capability:
+        if ctx.device_type != cls._device_type:
+            return fail(f"{cls._device_rule}, device is {ctx.device_type!r}; use {cls._device_fix}")
         return OK
 
     def supports(self, x: Tensor) -> bool:
@@ -74,21 +74,13 @@ class TorchDistBackend(AllReduceBackend):
 class NcclBackend(TorchDistBackend):
     name = BackendName.nccl
     _expected = "nccl"
-
-    @classmethod
-    def _probe_device(cls, ctx: ProbeContext) -> Capability:
-        if ctx.device_type != "cuda":
-            return fail(f"NCCL needs CUDA tensors, device is {ctx.device_type!r}; use gloo on CPU")
-        return OK
+    _device_type, _device_rule, _device_fix = "cuda", "NCCL needs CUDA tensors", "gloo on CPU"
 
 
 class GlooBackend(TorchDistBackend):
+    """gloo on CPU tensors only: its CUDA all-reduce stages through host memory, so it is never a
+    contender on GPUs."""
+
     name = BackendName.gloo
     _expected = "gloo"
-
-    @classmethod
-    def _probe_device(cls, ctx: ProbeContext) -> Capability:
-        # gloo's CUDA all-reduce stages through host memory; it is never a contender on GPUs.
-        if ctx.device_type != "cpu":
-            return fail(f"gloo is used for CPU tensors only, device is {ctx.device_type!r}; use nccl")
-        return OK
+    _device_type, _device_rule, _device_fix = "cpu", "gloo is used for CPU tensors only", "nccl"

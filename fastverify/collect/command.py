@@ -127,7 +127,7 @@ def default_output(now: _dt.datetime | None = None) -> Path:
 
 
 def _check_output(out: Path, verify_log: Path | None) -> None:
-    from fastverify.procs import check_writable, writable_target
+    from fastverify.output_paths import check_writable, writable_target
 
     writable_target(out)  # a folder, a device or a FIFO: refused
     if out.exists() and not is_bundle(out):

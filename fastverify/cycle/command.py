@@ -170,7 +170,7 @@ def document(bundle, ev: Evidence, found: list[Flag], ans: Answer | None, notes:
 
 def run(args: argparse.Namespace) -> int:
     from fastverify.bundle import open_bundle
-    from fastverify.procs import check_outputs, check_writable
+    from fastverify.output_paths import check_outputs, check_writable
 
     if args.png is not None:
         check_outputs({"--png": args.png}, {"BUNDLE": args.bundle})

@@ -13,14 +13,15 @@ from fastverify.errors import UserError
 
 
 def draft_section(bundle_path: str | Path, split=None) -> dict | None:
-    """The section as plain dicts (:class:`fastverify.tune.draft_shape.DraftShapeReport`), or
+    """The section as plain dicts (:class:`fastverify.tune.draft_model.DraftShapeReport`), or
     None when the bundle has no verify records with ``accepted``; ``{"error": one line}`` when
     they cannot be read (the rest of the report stands). ``split``: the report's cycle split
     (:class:`fastverify.cycle.split.CycleSplit`), so the trace is not read twice."""
-    from fastverify.tune import draft_shape as D
+    from fastverify.tune import draft_model as D
+    from fastverify.tune.draft_inputs import from_bundle
 
     try:
-        hist, curve, draft, notes = D._from_bundle(Path(bundle_path), split)
+        hist, curve, draft, notes = from_bundle(Path(bundle_path), split)
     except UserError as e:
         return None if "no verify-log part" in str(e) else {"error": str(e)}
     if hist is None or not curve.points:
@@ -37,6 +38,7 @@ def print_draft_section(section: dict | None, console) -> None:
         console.print(f"# draft shape: not read ({section['error']})", markup=False, highlight=False)
         return
     from fastverify.tune import draft_shape as D
+    from fastverify.tune.draft_model import DraftShapeReport
 
     console.print("[bold]draft shape[/bold] (accept length by depth: derived from the verify records' accepted)")
-    D.print_report(msgspec.convert(section, D.DraftShapeReport), console)
+    D.print_report(msgspec.convert(section, DraftShapeReport), console)

@@ -179,7 +179,7 @@ def check_profiler_trace(ctx: _Context) -> Outcome:
     import torch
 
     from fastverify.analyze import analyze_rank
-    from fastverify.live.runner import TRACE_REPLAYS, _export_trace
+    from fastverify.live.trace_export import TRACE_REPLAYS, export_trace as _export_trace
     from fastverify.trace.load import load_trace
 
     model = ctx.tiny_model()
@@ -209,7 +209,7 @@ def check_hook_overhead(ctx: _Context) -> Outcome:
 
     from fastverify.events import EventClass
     from fastverify.live.forward import ALLREDUCE
-    from fastverify.live.runner import _CudaEventRecorder
+    from fastverify.live.clocks import CudaEventRecorder as _CudaEventRecorder
 
     from fastverify.live.config import load_model_config
 

@@ -21,12 +21,16 @@ from importlib import resources
 from pathlib import Path
 
 from fastverify.errors import UserError
+from fastverify.inputs import read_text
 
 # SGLang pads the vocabulary to a multiple of 64 before splitting it over TP ranks
 # (vLLM/SGLang ``layers/vocab_parallel_embedding.py``: ``DEFAULT_VOCAB_PADDING_SIZE = 64``,
 # ``pad_vocab_size``), so the per-rank embedding and lm_head shards, and the logits all-gather,
 # use the padded size.
 VOCAB_PADDING = 64
+
+DEFAULT_CONTEXT_TOKENS = 256
+"""Cached KV tokens per request that the draft tokens attend to (a short fake context)."""
 
 _PRESET_PACKAGE = "fastverify.live"  # presets live in its presets/ folder (package data, no __init__)
 
@@ -120,34 +124,26 @@ class ModelConfig:
         return min(self.n_routed_experts, tokens * self.num_experts_per_tok)
 
 
-# (field, allowed JSON types, may be null). ``int`` excludes ``bool`` (checked below).
-_DEEPSEEK_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
-    ("hidden_size", (int,), False),
-    ("num_hidden_layers", (int,), False),
-    ("first_k_dense_replace", (int,), False),
-    ("n_routed_experts", (int,), False),
-    ("num_experts_per_tok", (int,), False),
-    ("moe_intermediate_size", (int,), False),
-    ("n_shared_experts", (int,), False),
-    ("intermediate_size", (int,), False),
+_Field = tuple[str, tuple[type, ...], bool]
+"""(field, allowed JSON types, may be null). ``int`` excludes ``bool`` (checked by ``_get``)."""
+
+
+def _ints(*names: str) -> tuple[_Field, ...]:
+    """Required integer fields, not null."""
+    return tuple((name, (int,), False) for name in names)
+
+
+# In the order they are checked, so the first bad field is the one named.
+_DEEPSEEK_FIELDS: tuple[_Field, ...] = (
+    *_ints("hidden_size", "num_hidden_layers", "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
+           "moe_intermediate_size", "n_shared_experts", "intermediate_size"),
     ("q_lora_rank", (int,), True),
-    ("kv_lora_rank", (int,), False),
-    ("qk_nope_head_dim", (int,), False),
-    ("qk_rope_head_dim", (int,), False),
-    ("v_head_dim", (int,), False),
-    ("num_attention_heads", (int,), False),
-    ("vocab_size", (int,), False),
+    *_ints("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_attention_heads", "vocab_size"),
     ("rms_norm_eps", (int, float), False),
 )
 
-_LLAMA_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
-    ("hidden_size", (int,), False),
-    ("num_hidden_layers", (int,), False),
-    ("intermediate_size", (int,), False),
-    ("num_attention_heads", (int,), False),
-    ("num_key_value_heads", (int,), False),
-    ("vocab_size", (int,), False),
-)
+_LLAMA_FIELDS = _ints("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                      "num_key_value_heads", "vocab_size")
 
 # Fields that may be 0; every other integer field must be >= 1.
 _MAY_BE_ZERO = frozenset({"first_k_dense_replace", "n_shared_experts", "qk_rope_head_dim"})
@@ -191,8 +187,6 @@ def load_model_config(preset_or_path: str) -> ModelConfig:
         raise UserError(
             f"--model {preset_or_path!r}: no such preset or file (known presets: {', '.join(names)})"
         )
-    from fastverify.inputs import read_text
-
     text = read_text(path, kind="text", what="model config")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return _from_text(text, source=str(path), name=name)
@@ -434,7 +428,7 @@ def rank_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, 
         Bytes per element of weights and activations (2 for bfloat16).
     context_tokens : int
         Cached tokens per request in the fake KV context
-        (:data:`fastverify.live.forward.DEFAULT_CONTEXT_TOKENS`).
+        (:data:`DEFAULT_CONTEXT_TOKENS`).
 
     Returns
     -------

@@ -1,58 +1,20 @@
 """One rank's tensor-parallel verify forward: the real per-rank shapes and collective sequence, random weights.
 
-What is real and what is not
-----------------------------
-* **Real**: every per-rank weight shape, the token count ``T = batch × draft_tokens``, the dtype
-  (bf16 as served, by default), and the collectives with their payloads, in SGLang's order for DeepSeek-V2/V3 and Kimi
-  (SGLang 0.5.23 ``python/sglang/srt/models/deepseek_v2.py`` with ``layers/communicator.py``):
+Real: every per-rank weight shape, the token count ``T = batch × draft_tokens``, the dtype (bf16 as
+served, by default), and the collectives with their payloads, in SGLang's order for DeepSeek-V2/V3
+and Kimi (SGLang 0.5.23 ``python/sglang/srt/models/deepseek_v2.py`` with ``layers/communicator.py``):
+an all-reduce of ``[T, hidden]`` (``T × hidden × 2`` bytes) after the ``VocabParallelEmbedding``;
+per decoder layer one after attention's row-parallel ``o_proj`` and one after the MLP (dense for the
+first ``first_k_dense_replace`` layers, TP-MoE + shared experts after), each followed by the
+residual add + RMSNorm; after the final norm and the column-parallel ``lm_head``, an all-gather of
+the logits ``[T, vocab_padded / tp]`` (``LogitsProcessor``). That is ``1 + 2 × num_layers``
+all-reduces (123 for Kimi-K2) and one all-gather per forward; none at ``tp == 1`` (SGLang's
+``GroupCoordinator.all_reduce`` returns at once for a world of one), so no region is recorded.
 
-  1. ``VocabParallelEmbedding``: all-reduce of ``[T, hidden]`` (``T × hidden × 2`` bytes);
-  2. per decoder layer: RMSNorm (with the residual add from the layer before), attention, ``o_proj``
-     row-parallel without reduce → **all-reduce** ``[T, hidden]``; residual add + RMSNorm; MLP (dense
-     for the first ``first_k_dense_replace`` layers, TP-MoE + shared experts after) → **all-reduce**
-     ``[T, hidden]``;
-  3. final residual add + RMSNorm, ``lm_head`` column-parallel → **all-gather** of the logits
-     ``[T, vocab_padded / tp]`` (``LogitsProcessor``).
-
-  That is ``1 + 2 × num_layers`` all-reduces (123 for Kimi-K2) and one all-gather per forward.
-* **Shared**: one attention block, one dense MLP and one MoE block are allocated and reused by
-  every layer; the full model does not fit.
-* **Sized down**: only ``min(n_routed_experts, T × top_k)`` routed experts are allocated, the most
-  ``T`` tokens can reach. As in SGLang's TP-MoE (``FusedMoE`` without expert parallelism) each rank
-  holds the ``moe_intermediate_size / tp`` slice of every expert's gate/up and down projections.
-* **Fixed routing**: the router GEMM and the sigmoid top-k run (their cost is real), but the
-  experts each token visits come from a fixed uniform random draw per MoE layer, the same on every
-  rank. Random weights make the router's own choice meaningless, and a fixed plan keeps every shape
-  static, so the forward can be captured in a CUDA graph. The combine weights are the router's
-  normalised top-k scores. Experts run as one padded batched GEMM per projection (each expert's
-  tokens padded to the busiest expert's count), which reads each used expert's weights once, as
-  the fused MoE kernel does.
-* **Simplified attention**: MLA is computed in its non-absorbed form (``kv_b_proj`` expands the
-  latent into per-head K/V; SGLang absorbs it for decode), without RoPE, against a fixed random
-  context of ``context_tokens`` cached tokens per request plus the request's draft tokens, with a
-  causal mask over the drafts (EAGLE with ``topk=1``, SGLang's default for Kimi, verifies a chain).
-  Message sizes do not depend on any of this.
-
-With ``tp == 1`` no collective runs (SGLang's ``GroupCoordinator.all_reduce`` returns at once for a
-world of one), so no communication region is recorded.
-
-The all-reduce backend
-----------------------
-As gpt-fast adds its collectives to a model by hooks, the forward takes its all-reduces from an
-:class:`fastverify.backends.AllReduceBackend` (``backend=``), so one forward measures any backend.
-Which call it makes follows the backend's registry role (:mod:`fastverify.registry`):
-
-* ``Role.fused_norm`` (FlashInfer's fused all-reduce + residual + RMSNorm): at every boundary where
-  the model adds the residual and RMS-normalises right after the all-reduce — after each layer's
-  attention ``o_proj`` (``post_attention_layernorm``) and after each layer's MLP/MoE (the next layer's
-  ``input_layernorm``, or the final norm) — the forward calls
-  ``backend.all_reduce_residual_rmsnorm``, as SGLang's ``RMSNorm.forward_with_allreduce_fusion`` does
-  (``layers/layernorm.py``; the embedding's all-reduce has no residual, so it stays plain);
-* every other role: ``backend.all_reduce`` then the model's own add + RMSNorm, so the non-fused
-  backends are compared on one norm kernel.
-
-Without a backend (``backend=None``) the forward calls ``dist.all_reduce`` in place on the default
-group, as before.
+Not real: one attention block, one dense MLP and one MoE block serve every layer (the full model
+does not fit); only the routed experts ``T`` tokens can reach are allocated; the routing is a fixed
+draw and the attention simplified (see :meth:`TPVerifyModel._routing_plan` and
+:meth:`TPVerifyModel._attention`). Message sizes do not depend on any of this.
 """
 
 from __future__ import annotations
@@ -65,11 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fastverify.events import EventClass
-from fastverify.live.config import ModelConfig, check_tp
+from fastverify.live.config import DEFAULT_CONTEXT_TOKENS, ModelConfig, check_tp
 from fastverify.registry import Role, backend_info
-
-DEFAULT_CONTEXT_TOKENS = 256
-"""Cached KV tokens per request that the draft tokens attend to (a short fake context)."""
 
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
@@ -80,7 +39,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 
 class Recorder(Protocol):
-    """Times labelled regions of a forward; see :mod:`fastverify.live.runner` for the clocks."""
+    """Times labelled regions of a forward; see :mod:`fastverify.live.clocks` for the clocks."""
 
     def region(self, name: str, cls: EventClass, label: str, msg_bytes: int) -> ContextManager[None]:
         """Context manager around one region. ``name`` is the stable event name (``"allreduce"``,
@@ -146,7 +105,7 @@ class TPVerifyModel:
     backend : fastverify.backends.AllReduceBackend or None
         Does the all-reduces (``tp > 1``), built on the group the model runs on for
         ``[T, hidden]`` tensors of ``dtype`` (``make_backend(name, group, device=, dtype=,
-        max_numel=T × hidden, hidden=hidden)``); the module docstring says which call is used
+        max_numel=T × hidden, hidden=hidden)``); :meth:`forward` says which call is used
         where. None: ``dist.all_reduce`` on the default group. Not owned: the caller closes it.
 
     Raises
@@ -208,16 +167,29 @@ class TPVerifyModel:
         mk = lambda shape, fan_in: _weight(shape, fan_in, dtype=dtype, device=self.device, gen=own)  # noqa: E731
         ones = lambda n: torch.ones(n, dtype=dtype, device=self.device)  # noqa: E731
 
-        # Vocab-parallel embedding / lm_head: rows [rank × V/tp, (rank+1) × V/tp) of the padded vocab.
-        self.vocab_start = rank * self.vocab_shard
+        self._build_embedding(mk, ones, shared)
+        self._build_attention(mk, ones)
+        self._build_dense_mlp(mk)
+        self._build_moe(mk, shared)
+
+    def _build_embedding(self, mk, ones, shared: torch.Generator) -> None:
+        """Vocab-parallel embedding and ``lm_head`` (rows ``[rank × V/tp, (rank+1) × V/tp)`` of the
+        padded vocabulary), the three norms, and the input ids (``[T]`` int64, drawn from ``shared``)."""
+        config, H = self.config, self.config.hidden_size
+        self.vocab_start = self.rank * self.vocab_shard
         self.embed = mk((self.vocab_shard, H), 1)  # [V/tp, H]
         self.lm_head = mk((H, self.vocab_shard), H)  # [H, V/tp]
         self.final_norm = ones(H)
         self.input_norm = ones(H)
         self.post_attn_norm = ones(H)
-        self.input_ids = torch.randint(0, config.vocab_size, (T,), generator=shared).to(self.device)  # [T] int64
+        ids = torch.randint(0, config.vocab_size, (self.tokens,), generator=shared)
+        self.input_ids = ids.to(self.device)  # [T] int64
 
-        # Attention (one block shared by every layer).
+    def _build_attention(self, mk, ones) -> None:
+        """One attention block shared by every layer (MLA or GQA), its fake KV context
+        ``[batch, kv_heads, context_tokens, dq | dv]`` and the verify mask."""
+        config, tp, H = self.config, self.tp, self.config.hidden_size
+        batch, draft_tokens, context_tokens = self.batch, self.draft_tokens, self.context_tokens
         self.heads = config.num_attention_heads // tp
         ctx = (batch, self.heads, context_tokens)
         if config.is_mla:
@@ -252,14 +224,24 @@ class TPVerifyModel:
         mask[:, context_tokens:] = torch.tril(mask[:, context_tokens:])
         self.attn_mask = mask.to(self.device)
 
-        # Dense MLP (gate and up fused, column-parallel; down row-parallel).
+    def _build_dense_mlp(self, mk) -> None:
+        """The dense MLP of the first ``first_k_dense_replace`` layers: gate and up fused,
+        column-parallel; down row-parallel."""
+        config, tp, H = self.config, self.tp, self.config.hidden_size
         if config.first_k_dense_replace > 0:
             inter = config.intermediate_size // tp
             self.dense_gate_up = mk((H, 2 * inter), H)
             self.dense_down = mk((inter, H), inter)
 
-        # MoE: router (replicated), routed experts (each rank: inter/tp slice of every expert), shared experts.
-        self.experts_allocated = config.experts_allocated(T)
+    def _build_moe(self, mk, shared: torch.Generator) -> None:
+        """Router (replicated), routed experts and shared experts, and one routing plan per MoE layer.
+
+        Only ``min(n_routed_experts, T × top_k)`` routed experts are allocated, the most ``T`` tokens
+        can reach. As in SGLang's TP-MoE (``FusedMoE`` without expert parallelism) each rank holds
+        the ``moe_intermediate_size / tp`` slice of every expert's gate/up and down projections.
+        """
+        config, tp, H = self.config, self.tp, self.config.hidden_size
+        self.experts_allocated = config.experts_allocated(self.tokens)
         self.experts_used: list[int] = []
         self.plans: dict[int, tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if config.num_moe_layers > 0:
@@ -278,6 +260,11 @@ class TPVerifyModel:
 
     def _routing_plan(self, gen: torch.Generator) -> tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
         """A fixed routing for one MoE layer: each token visits ``top_k`` distinct experts drawn uniformly.
+
+        The router GEMM and the sigmoid top-k still run in the forward (their cost is real), but the
+        experts each token visits come from this draw, the same on every rank (``gen`` is seeded
+        alike): random weights make the router's own choice meaningless, and a fixed plan keeps
+        every shape static, so the forward can be captured in a CUDA graph.
 
         Returns ``(used, cap, token_index, pair_index, valid)``: ``used`` distinct experts are mapped to
         allocated slots ``0..used-1``; slot ``s`` takes ``cap`` rows, row ``s × cap + j`` being token
@@ -321,7 +308,13 @@ class TPVerifyModel:
         return rows * inside.unsqueeze(1).to(rows.dtype)
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, H] → partial ``o_proj`` output [T, H] (to be all-reduced)."""
+        """[T, H] → partial ``o_proj`` output [T, H] (to be all-reduced).
+
+        Simplified: MLA is computed in its non-absorbed form (``kv_b_proj`` expands the latent into
+        per-head K/V; SGLang absorbs it for decode), without RoPE, against the fixed random context
+        of ``context_tokens`` cached tokens per request plus the request's draft tokens, with a
+        causal mask over the drafts (EAGLE with ``topk=1``, SGLang's default for Kimi, verifies a chain).
+        """
         cfg, b, d = self.config, self.batch, self.draft_tokens
         if cfg.is_mla:
             if cfg.q_lora_rank is None:
@@ -347,7 +340,12 @@ class TPVerifyModel:
         return out.transpose(1, 2).reshape(b * d, self.heads * self.dv) @ self.o_proj
 
     def _moe(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """Router + routed experts (this rank's slice) + shared experts: [T, H] → partial [T, H]."""
+        """Router + routed experts (this rank's slice) + shared experts: [T, H] → partial [T, H].
+
+        The combine weights are the router's normalised top-k scores. Experts run as one padded
+        batched GEMM per projection (each expert's tokens padded to the busiest expert's count),
+        which reads each used expert's weights once, as the fused MoE kernel does.
+        """
         cfg, H = self.config, self.config.hidden_size
         used, cap, token_index, pair_index, valid = self.plans[layer]
         scores = (x @ self.router).float().sigmoid()  # [T, n_routed]
@@ -374,6 +372,17 @@ class TPVerifyModel:
 
     def forward(self, rec: Recorder = NULL_RECORDER) -> torch.Tensor:
         """One verify forward over the ``T`` tokens, every region timed by ``rec``.
+
+        The all-reduces go through ``backend`` (as gpt-fast adds its collectives to a model by
+        hooks, so one forward measures any backend), by its registry role (:mod:`fastverify.registry`).
+        ``Role.fused_norm`` (FlashInfer's fused all-reduce + residual + RMSNorm): at every boundary
+        where the residual add and RMSNorm follow the all-reduce (after ``o_proj``, the
+        ``post_attention_layernorm``; after the MLP/MoE, the next ``input_layernorm`` or the final
+        norm) it calls ``backend.all_reduce_residual_rmsnorm``, as SGLang's
+        ``RMSNorm.forward_with_allreduce_fusion`` does (``layers/layernorm.py``); the embedding's
+        all-reduce has no residual and stays plain. Every other role: ``backend.all_reduce``, then
+        the model's own add + RMSNorm, so non-fused backends share one norm kernel. No backend:
+        ``dist.all_reduce`` in place on the default group.
 
         Returns
         -------

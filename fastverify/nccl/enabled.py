@@ -1,9 +1,9 @@
 """Which all-reduce algorithms and protocols an environment leaves enabled, for one NCCL version.
 
 The one public answer that ``fastverify topo`` and ``fastverify tune`` both ask. It replays
-NCCL's own parsing of ``NCCL_ALGO`` / ``NCCL_PROTO`` through :mod:`fastverify.nccl.catalogue`
+NCCL's own parsing of ``NCCL_ALGO`` / ``NCCL_PROTO`` through :mod:`fastverify.nccl.algoproto`
 (NCCL ``src/graph/tuning.cc`` ``parseList`` for NCCL <= 2.23, the per-function grammar of
-``src/graph/tuning.cc`` from 2.24 on; ``research/nccl.md`` §3) and NCCL's default protocol rule
+``src/graph/tuning.cc`` from 2.24 on) and NCCL's default protocol rule
 (:func:`fastverify.nccl.model.default_protos`, ``tuning.cc`` ``ncclTopoTuneModel``: LL128 only on
 some architectures and links).
 
@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fastverify.nccl import catalogue as cat
 from fastverify.nccl import model as M
-from fastverify.nccl.catalogue import Severity, validate_setting
+from fastverify.nccl.algoproto import parse
+from fastverify.nccl.catalogue import validate_setting
+from fastverify.nccl.findings import Ctx, Severity
 from fastverify.nccl.version import NcclVersion
 
 __all__ = ["EnabledAlgos", "allreduce_enabled", "enabled_algos_protos"]
@@ -76,13 +77,7 @@ def allreduce_enabled(name: str, value: str, version: NcclVersion | None) -> dic
     """
     if name not in ("NCCL_ALGO", "NCCL_PROTO"):
         raise ValueError(f"name must be NCCL_ALGO or NCCL_PROTO, got {name!r}")
-    ctx = cat._Ctx(version or cat.NEWEST_CHECKED, version is not None)
-    table = cat._ALGOS if name == "NCCL_ALGO" else cat._PROTOS
-    names = cat._names_at(table, ctx)
-    if ctx.at_least(cat.GRAMMAR_2_24):
-        parsed = cat._parse_new(value, names, table, ctx)
-    else:
-        parsed = cat._parse_old(value, names)
+    parsed = parse(name, value, Ctx.of(version))
     if parsed.error:
         return None
     return dict(parsed.enable["AllReduce"])

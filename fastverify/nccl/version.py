@@ -107,6 +107,15 @@ class NcclVersion:
         return f"{self.major}.{self.minor}.{self.patch}"
 
 
+def _find_spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    """The import spec of top-level package ``name``, found without importing it; ``None`` when
+    it is not installed or its finder fails."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
 def _nvidia_wheel_libraries() -> list[str]:
     """``<site>/nvidia/nccl/lib/libnccl.so.2`` of every installed nvidia-nccl-cu12/cu13 wheel.
 
@@ -114,10 +123,7 @@ def _nvidia_wheel_libraries() -> list[str]:
     site directory), so the portions come from the spec's search locations, which is what
     ``nvidia.__path__`` holds; ``find_spec`` does this without importing anything.
     """
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
+    spec = _find_spec("nvidia")
     if spec is None or spec.submodule_search_locations is None:
         return []
     return [str(Path(portion) / "nccl" / "lib" / "libnccl.so.2") for portion in spec.submodule_search_locations]
@@ -125,10 +131,7 @@ def _nvidia_wheel_libraries() -> list[str]:
 
 def _torch_libraries() -> list[str]:
     """A libnccl inside torch's ``lib/`` (bundled by some torch wheels), found without importing torch."""
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return []
+    spec = _find_spec("torch")
     if spec is None or spec.origin is None:
         return []
     lib_dir = Path(spec.origin).parent / "lib"

@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastverify.patch import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
@@ -26,6 +25,7 @@ from fastverify.patch import capture_shapes as S
 from fastverify.patch import counting as C
 from fastverify.patch import rank as R
 from fastverify.patch.paths import COUNTER
+from fastverify.patch.rank_report import PatchReport
 from fastverify.patch.targets import (MOD_AR_FUSIONS, MOD_DISTRIBUTED, MOD_LAYERNORM, MOD_MODEL_RUNNER,
                                       MOD_MOE_UTILS, MOD_PARALLEL_STATE, MOD_RUNTIME_CONTEXT, MOD_TP_WORKER,
                                       TARGET_ADD_NORM_ATTN, TARGET_ADD_NORM_FFN, TARGET_ALL_REDUCE,
@@ -38,8 +38,10 @@ from fastverify.patch.targets import resolve as _resolve
 from fastverify.patch.targets import unwrap_all as _unwrap_all
 from fastverify.patch.targets import wrap as _wrap
 from fastverify.patch.targets import ACCEPT_TARGETS
-from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace, _make_accept_wrapper, _make_verify_wrapper
+from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer
 from fastverify.patch.verify import _WallEvent  # noqa: F401 - re-exported for callers of install._WallEvent
+from fastverify.patch.verify_trace import VerifyTrace
+from fastverify.patch.verify_wrap import _make_accept_wrapper, _make_verify_wrapper
 from fastverify.patch.slots import (FUSED_MAX_TOKENS, _SLOTS, _BackendSlot, _SlotUse, _abandoned, _add_norm,  # noqa: F401
                                     _close_quietly, _create_together, _disable, _dispatch, _fused,
                                     _group_all_reduces, _group_coordinator, _make_add_norm_attn, _make_add_norm_ffn,
@@ -64,63 +66,9 @@ __all__ = ["ADD_NORM_KEY", "DRAIN_EVERY", "FUSED_MAX_TOKENS", "MOD_ADD_NORM", "M
            "uninstall"]
 
 
-@dataclass
-class PatchReport:
-    """What :func:`install` (and, later, the rank step before capture) did.
-
-    Attributes
-    ----------
-    backend : str
-        ``FASTVERIFY_BACKEND`` as given.
-    applied : list[str]
-        Target keys in effect.
-    skipped : dict[str, str]
-        Key → one-line reason (a target, ``backend``, ``deployment``, ``add_norm``, ...).
-    settings : dict[str, str]
-        Environment settings applied in-rank.
-    built : dict[str, str]
-        Slot → what was built (``"gloo: world 2, single node, P2P proven by p2p_check"``).
-    counting, uncounted : list[str], dict[str, str]
-        Counting targets in effect (:mod:`fastverify.patch.counting`), and those missing with why
-        (their part of the path counts is then absent).
-    covers : str
-        What SGLang's captured graphs in this rank cover (``verify steps up to 48 requests x 6
-        tokens (288 rows) in CUDA graphs``), set by the rank step.
-    active : bool
-        False when ``FASTVERIFY_PATCH`` is not ``1``.
-    """
-
-    backend: str
-    applied: list[str] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-    settings: dict[str, str] = field(default_factory=dict)
-    built: dict[str, str] = field(default_factory=dict)
-    active: bool = True
-    counting: list[str] = field(default_factory=list)
-    uncounted: dict[str, str] = field(default_factory=dict)
-    covers: str = ""
-
-    def line(self, tp: str | None = None) -> str:
-        """One line: ``fastverify patch [TP r]: backend=... applied=... built=... skipped=k (why); ...``."""
-        parts = [f"backend={self.backend}", "applied=" + (",".join(self.applied) or "none")]
-        if self.built:
-            parts.append("built=" + "; ".join(f"{k}={v}" for k, v in self.built.items()))
-        if self.skipped:
-            parts.append("skipped=" + "; ".join(f"{k} ({v})" for k, v in self.skipped.items()))
-        if self.counting:
-            parts.append("counting=" + ",".join(self.counting))
-        if self.uncounted:
-            parts.append("uncounted=" + "; ".join(f"{k} ({v})" for k, v in self.uncounted.items()))
-        where = f" [TP {tp}]" if tp is not None else ""
-        covers = f" covers: {self.covers}" if self.covers else ""
-        return f"fastverify patch{where}: " + " ".join(parts) + covers
-
-
 # --- state ------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-
-
 _timer: VerifyTimer | None = None
 _report: PatchReport | None = None
 _record: Any = None  # the DeploymentRecord of this rank, or None
@@ -168,15 +116,6 @@ def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] 
         _skip(report, target, why)
     else:
         report.applied.append(target.key)
-
-
-# --- the all-reduce dispatch ------------------------------------------------------------------------
-
-
-# --- the fused all-reduce + residual + RMSNorm ------------------------------------------------------
-
-
-# --- the layer boundary's add-norm (b12x) ------------------------------------------------------------
 
 
 # --- the rank step before CUDA-graph capture --------------------------------------------------------
@@ -332,7 +271,7 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
 
     Never raises; every skipped target is logged in one line and listed in the report.
     """
-    global _timer, _report, _record, _rank_step_done
+    global _report, _rank_step_done
     env = os.environ if environ is None else environ
     report = PatchReport(backend=env.get(ENV_BACKEND, "auto"))
     if env.get(ENV_FLAG) != "1":
@@ -341,42 +280,8 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
     with _lock:
         _report, _rank_step_done = report, False
         try:
-            cdmc = env.get(ENV_CUDA_MAX_CONNECTIONS)
-            if cdmc:
-                # SGLang's launcher wrote 8; the ranks have not created a CUDA context yet.
-                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
-                report.settings["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
-            from fastverify.deploy import record_from_environ
-            from fastverify.errors import UserError
-
-            try:
-                _record = record_from_environ(dict(env))
-            except UserError as err:
-                _record = None
-                report.skipped["deployment"] = str(err)
-            kind = None
-            if report.backend not in MODES:
-                try:
-                    kind = BackendName(report.backend)
-                except ValueError:
-                    report.skipped["backend"] = (f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
-                                                 f"{', '.join([b.value for b in BackendName] + list(MODES))}")
-
-            info = backend_info(kind) if kind is not None else None
-            has_switch = False
-            if info is not None and info.reach is Reach.sglang_switch:
-                has_switch = sglang_has_pcie_ipc if sglang_has_pcie_ipc is not None else \
-                    _has_module(info.sglang_switch_module or "", sglang_modules)
-                if has_switch:
-                    report.skipped[TARGET_ALL_REDUCE.key] = (f"SGLang's own {info.name.value} all-reduce is used "
-                                                             "(not patched)")
-            slot = _slot_for(info, has_switch) if info is not None else None
-            if slot is not None:
-                slot.kind = info.name
-                if slot.factory is None:
-                    slot.factory = _default_factory(slot, modules=sglang_modules)
-                _install_slot(report, slot, sglang_modules)
-
+            _apply_settings(report, env)
+            _install_backend(report, sglang_modules, sglang_has_pcie_ipc)
             _install_counting(report, sglang_modules)
             uses = (_SlotUse(_dispatch, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
                     _SlotUse(_fused, True, TARGET_FUSED_NORM.key, (TARGET_FUSED_NORM.key,)),
@@ -386,27 +291,79 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
             slots = [u for u in uses if any(k in report.applied for k in u.targets) and u.slot.factory is not None]
             # Always: the rank step prints the line, and builds the slots when there are any.
             _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
-
-            prof = env.get(ENV_PROFILE_VERIFY)
-            if prof or timer is not None:
-                t = timer or _timer or VerifyTimer(prof)
-                n = env.get(ENV_PROFILE_VERIFY_STEPS, "")
-                tr = VerifyTrace(prof, int(n)) if prof and n.isdigit() and int(n) > 0 else None
-                _try_target(report, TARGET_VERIFY, sglang_modules, lambda orig: _make_verify_wrapper(orig, t, tr))
-                if TARGET_VERIFY.key in report.applied and _timer is None:
-                    _timer = t
-                    atexit.register(lambda: t.drain(wait=True))
-                if TARGET_VERIFY.key in report.applied:
-                    _install_accepted(t, sglang_modules)
+            _install_timer(report, env, sglang_modules, timer)
         except Exception as err:  # never into the server
             log.warning("fastverify patch: stopped early (%s: %s)", type(err).__name__, err)
     log.debug(report.line())  # the rank is not known yet; the rank step prints the line that counts
     return report
 
 
+def _apply_settings(report: PatchReport, env: Mapping[str, str]) -> None:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` restored in this process, and this rank's deployment record
+    read (a bad one is skipped in the report, never raised)."""
+    global _record
+    cdmc = env.get(ENV_CUDA_MAX_CONNECTIONS)
+    if cdmc:
+        # SGLang's launcher wrote 8; the ranks have not created a CUDA context yet.
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
+        report.settings["CUDA_DEVICE_MAX_CONNECTIONS"] = cdmc
+    from fastverify.deploy import record_from_environ
+    from fastverify.errors import UserError
+
+    try:
+        _record = record_from_environ(dict(env))
+    except UserError as err:
+        _record = None
+        report.skipped["deployment"] = str(err)
+
+
+def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sglang_has_pcie_ipc: bool | None) -> None:
+    """Wrap the targets of the slot ``FASTVERIFY_BACKEND`` names; none for ``auto``/``off``, an
+    unknown name, or a backend SGLang switches on itself (its own all-reduce is then used)."""
+    kind = None
+    if report.backend not in MODES:
+        try:
+            kind = BackendName(report.backend)
+        except ValueError:
+            report.skipped["backend"] = (f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
+                                         f"{', '.join([b.value for b in BackendName] + list(MODES))}")
+    info = backend_info(kind) if kind is not None else None
+    has_switch = False
+    if info is not None and info.reach is Reach.sglang_switch:
+        has_switch = sglang_has_pcie_ipc if sglang_has_pcie_ipc is not None else \
+            _has_module(info.sglang_switch_module or "", modules)
+        if has_switch:
+            report.skipped[TARGET_ALL_REDUCE.key] = (f"SGLang's own {info.name.value} all-reduce is used "
+                                                     "(not patched)")
+    slot = _slot_for(info, has_switch) if info is not None else None
+    if slot is not None:
+        slot.kind = info.name
+        if slot.factory is None:
+            slot.factory = _default_factory(slot, modules=modules)
+        _install_slot(report, slot, modules)
+
+
+def _install_timer(report: PatchReport, env: Mapping[str, str], modules: Mapping[str, Any] | None,
+                   timer: VerifyTimer | None) -> None:
+    """With ``FASTVERIFY_PROFILE_VERIFY`` (or a given ``timer``): time the verify forwards (and
+    trace ``FASTVERIFY_PROFILE_VERIFY_STEPS`` of them), drained at exit, with accepted tokens."""
+    global _timer
+    prof = env.get(ENV_PROFILE_VERIFY)
+    if prof or timer is not None:
+        t = timer or _timer or VerifyTimer(prof)
+        n = env.get(ENV_PROFILE_VERIFY_STEPS, "")
+        tr = VerifyTrace(prof, int(n)) if prof and n.isdigit() and int(n) > 0 else None
+        _try_target(report, TARGET_VERIFY, modules, lambda orig: _make_verify_wrapper(orig, t, tr))
+        if TARGET_VERIFY.key in report.applied and _timer is None:
+            _timer = t
+            atexit.register(lambda: t.drain(wait=True))
+        if TARGET_VERIFY.key in report.applied:
+            _install_accepted(t, modules)
+
+
 def _install_accepted(timer: VerifyTimer, modules: Mapping[str, Any] | None) -> None:
     """Wrap SGLang's accept sampler where the verifying workers bind it, so the timer's records carry
-    ``accepted`` (:func:`fastverify.patch.verify._make_accept_wrapper`); one info line per target
+    ``accepted`` (:func:`fastverify.patch.verify_wrap._make_accept_wrapper`); one info line per target
     not found (the records then go without it)."""
     for target in ACCEPT_TARGETS:
         why = _wrap_target(target, modules, lambda orig: _make_accept_wrapper(orig, timer))

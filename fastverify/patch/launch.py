@@ -122,11 +122,11 @@ def _check_backend_name(backend: str) -> None:
 
 def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str]) -> BoxFingerprint:
     """``box`` (read from this box) with its GPUs' identities and memory from NVML
-    (:func:`fastverify.topo.p2p.nvml_gpus`), as the command's environment maps them to CUDA
-    ordinals (:func:`fastverify.topo.p2p.visible_gpus`); unchanged where NVML cannot tell."""
+    (:func:`fastverify.topo.gpu_identity.nvml_gpus`), as the command's environment maps them to CUDA
+    ordinals (:func:`fastverify.topo.gpu_identity.visible_gpus`); unchanged where NVML cannot tell."""
     import msgspec  # noqa: PLC0415
 
-    from fastverify.topo.p2p import gpu_id, nvml_gpus, visible_gpus  # noqa: PLC0415
+    from fastverify.topo.gpu_identity import gpu_id, nvml_gpus, visible_gpus  # noqa: PLC0415
 
     rows, _ = visible_gpus(nvml_gpus(), environ)
     if not rows:
@@ -199,7 +199,7 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
     Only a real P2P check proves P2P, and only for the GPUs it tested: every GPU of the TP group
     (CUDA ordinals ``base_gpu_id + r x gpu_id_step``, SGLang's rule, mapped to NVML's GPUs through
     the command's ``CUDA_VISIBLE_DEVICES``) must be one it tested, every ordered pair passed
-    (:func:`fastverify.topo.p2p.proof_for`).
+    (:func:`fastverify.topo.p2p_proof.proof_for`).
 
     Returns
     -------
@@ -216,7 +216,7 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
     p2p: P2PFacts | None = None
     check_file = None
     if p2p_file is not None:
-        from fastverify.topo.p2p import read_check_file  # noqa: PLC0415
+        from fastverify.topo.p2p_proof import read_check_file  # noqa: PLC0415
 
         check_file = read_check_file(p2p_file)
     world = None
@@ -236,7 +236,7 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
         import msgspec  # noqa: PLC0415
 
         from fastverify.topo.box import p2p_file_facts  # noqa: PLC0415
-        from fastverify.topo.p2p import complete_gpus  # noqa: PLC0415
+        from fastverify.topo.p2p_proof import complete_gpus  # noqa: PLC0415
 
         p2p = msgspec.structs.replace(p2p_file_facts(p2p_file, check_file.results), gpus=complete_gpus(check_file))
         notes.append(f"--p2p-check {p2p_file}: read; nothing in this plan needs P2P")
@@ -254,18 +254,15 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     Parameters
     ----------
     env_file
-        A file written by ``fastverify tune --write-env`` (allow-listed ``KEY=VALUE`` lines, read
-        with :func:`fastverify.envfile.read_env_file`), or None. The deployment record beside
-        it (``X.deploy.json``) is read when present.
+        A file of ``fastverify tune --write-env`` (read with :func:`fastverify.envfile.read_env_file`)
+        or None; the deployment record beside it (``X.deploy.json``) is read when present.
     backend
         ``auto``, ``off`` or a deployable registry name (:data:`BACKENDS`).
     profile_verify
         Folder for per-rank verify timings (JSON lines), or None.
     command
-        The SGLang command line (after ``--``). An SGLang server command is read with the installed
-        SGLang's own parser where it imports, else with fastverify's reader of 0.5.23's flags
-        (:func:`fastverify.patch.server_cmd.read_command`): TP size, speculative algorithm, draft
-        tokens, topk/steps, decode CUDA-graph batch sizes, dtype.
+        The SGLang command line (after ``--``), read with the installed SGLang's own parser where
+        it imports, else :func:`fastverify.patch.server_cmd.read_command` (SGLang 0.5.23's flags).
     environ
         The current environment (read only); ``FASTVERIFY_DESCRIBE_BOX`` describes a box.
     sglang_dir, sglang
@@ -280,15 +277,14 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     server
         The command's shapes, already read (tests); default: read from ``command``.
     box_source
-        Where ``box`` was described (``"--describe-box"``), said by :func:`describe`; None: read
-        from this machine, or a caller's box. A box from ``FASTVERIFY_DESCRIBE_BOX`` names it.
+        Where ``box`` was described (``"--describe-box"``), said by :func:`describe`; None: this
+        machine or a caller's box (one from ``FASTVERIFY_DESCRIBE_BOX`` is named so).
     collect_blockers
-        False (the real launch): the first failed check raises. True (``--dry-run``): every
-        check that would refuse the launch (the record's box or TP, a backend the box, SGLang or
-        P2P cannot reach, a switch or size in the environment, the IPC workspace against the
-        GPU's memory, a command SGLang's parser refuses or that contradicts the backend) is
-        recorded in :attr:`LaunchPlan.blockers` and the plan is still built; bad inputs still
-        raise.
+        False (the real launch): the first failed check raises. True (``--dry-run``): every check
+        that would refuse the launch (the record's box or TP, a backend the box, SGLang or P2P
+        cannot reach, a switch or size in the environment, the IPC workspace against the GPU's
+        memory, a command SGLang refuses or that contradicts the backend) goes into
+        :attr:`LaunchPlan.blockers`; bad inputs still raise.
 
     Raises
     ------
@@ -305,10 +301,7 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     info = sglang if sglang is not None else detect_sglang(sglang_dir)
     checks = Checks(collect_blockers)
     draft = Draft()
-    if server is None:
-        with checks.guard("command"):  # SGLang's own parser refuses it: so would the server
-            server = read_command(argv, sglang_found=sglang is None and sglang_dir is None and info.found)
-    tp = server.tp if server is not None and server.tp else flag_int(argv, _TP_FLAGS)
+    server, tp = _command_shapes(argv, server, checks, sglang is None and sglang_dir is None and info.found)
     chosen, switched, to_check = _choose_backend(backend, record, environ, checks, draft.notes)
     checked_box, p2p, world, box_source = _check_the_box(
         checks, record, record_path, tp, argv, to_check, p2p_file, info, server, box, box_source, environ, draft.notes)
@@ -320,24 +313,43 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
         if env_file is not None:
             settings_notes(record, settings, env_file, draft.notes)
     prof = profile_folder(profile_verify, trace_steps)
-    if chosen is not None:
-        draft.env[ENV_BACKEND] = chosen.value
-    if record_path is not None:
-        draft.env[ENV_DEPLOYMENT] = str(record_path.resolve())
-    patch = bool(patch_in_rank or prof or chosen is not None)  # a chosen backend: its paths are counted
-    route = route_patch(draft, patch, backend, prof, trace_steps, info, environ)
-    if not info.found:
-        draft.notes.append("SGLang is not importable by this Python: the route assumes the command's Python sees "
-                           "the same packages (install fastverify next to SGLang)")
+    patch, route = _patch_route(draft, chosen, record_path, bool(patch_in_rank or prof), backend, prof, trace_steps,
+                                info, environ)
     flag_notes(draft.notes, settings, argv, environ)
-    env = draft.env
-    replaced = {k: (environ[k], v) for k, v in env.items() if k in environ and environ[k] != v}
-    return LaunchPlan(env=env, route=route, patch=patch, argv=argv, server=server,
+    replaced = {k: (environ[k], v) for k, v in draft.env.items() if k in environ and environ[k] != v}
+    return LaunchPlan(env=draft.env, route=route, patch=patch, argv=argv, server=server,
                       backend=chosen.value if chosen is not None else backend, env_file=env_file,
                       profile_verify=prof, sglang=info, replaced=replaced, in_rank=draft.in_rank,
                       notes=tuple(draft.notes),
                       deployment=str(record_path.resolve()) if record_path is not None else None,
                       box=checked_box, p2p=p2p, box_source=box_source, blockers=checks.blockers)
+
+
+def _command_shapes(argv: tuple[str, ...], server: ServerShapes | None, checks: Checks,
+                    sglang_found: bool) -> tuple[ServerShapes | None, int | None]:
+    """The command's verify shapes (``server``, else read from ``argv``; SGLang's own parser
+    refusing the command is a blocker: so would the server) and its TP size."""
+    if server is None:
+        with checks.guard("command"):
+            server = read_command(argv, sglang_found=sglang_found)
+    return server, server.tp if server is not None and server.tp else flag_int(argv, _TP_FLAGS)
+
+
+def _patch_route(draft: Draft, chosen: BackendName | None, record_path: Path | None, needed: bool, backend: str,
+                 prof: str | None, trace_steps: int, info: SGLangInfo, environ: Mapping[str, str]) -> tuple[bool, str]:
+    """The ranks' backend and record (``FASTVERIFY_BACKEND``, ``FASTVERIFY_DEPLOYMENT``), whether the
+    patch loads in them (``needed`` by the backend or the profile folder, or a backend is chosen:
+    its paths are counted) and the route that loads it (:func:`route_patch`)."""
+    if chosen is not None:
+        draft.env[ENV_BACKEND] = chosen.value
+    if record_path is not None:
+        draft.env[ENV_DEPLOYMENT] = str(record_path.resolve())
+    patch = needed or chosen is not None
+    route = route_patch(draft, patch, backend, prof, trace_steps, info, environ)
+    if not info.found:
+        draft.notes.append("SGLang is not importable by this Python: the route assumes the command's Python sees "
+                           "the same packages (install fastverify next to SGLang)")
+    return patch, route
 
 
 def describe(plan: LaunchPlan) -> str:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastverify.deploy import BoxFingerprint, DeploymentRecord, sglang_settings
-from fastverify.envfile import check_folder, check_setting
+from fastverify.envfile import check_setting
 from fastverify.errors import UserError
+from fastverify.output_paths import check_folder
 from fastverify.patch import (
     ENV_BACKEND,
     ENV_CUDA_MAX_CONNECTIONS,

@@ -267,7 +267,7 @@ def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | No
             blocked.add(b.name)
     tp_gpus, why = _tp_gpus(box, argv, world)
     if check_file is not None and any(b.needs_p2p for b in to_check):
-        from fastverify.topo.p2p import proof_for  # noqa: PLC0415
+        from fastverify.topo.p2p_proof import proof_for  # noqa: PLC0415
 
         proof = None
         with checks.guard("P2P", P2P_FIX):  # refuses, naming the file, what proves nothing here

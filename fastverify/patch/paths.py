@@ -13,19 +13,9 @@ A path is named by who ran it and how:
   ``fastverify.<backend>.fallback``: the slot was offered the tensor and declined it (too many
   rows, a shape or dtype it does not take), so SGLang's own path ran it.
 
-Forward modes (:func:`mode_of`): ``verify`` (TARGET_VERIFY on the target model), ``draft`` and
-``draft_extend`` (the draft model's runner: it shares the GPUs and its all-reduces are counted
-apart), ``extend`` (prefill), ``decode``, ``idle``, ``other``.
-
-CUDA graphs: Python runs only while a graph is captured. The all-reduces issued while the stream
-captures (``torch.cuda.is_current_stream_capturing``) are counted for that graph, keyed by runner
-(target/draft), capture mode and the graph's size; the capture's warm-up runs are kept apart
-(``capture_warmup``). Each replay adds the counts of the graph SGLang replays
-(``DecodeCudaGraphRunner._replay_graph_key.size``) to the replaying mode. Eager steps are counted as
-they run.
-
-One :class:`PathCounter` per process (:data:`COUNTER`); the patch's wrappers call it. Nothing here
-imports SGLang.
+Counted per forward mode (:func:`mode_of`), and for CUDA graphs per captured graph
+(:class:`PathCounter`). One :class:`PathCounter` per process (:data:`COUNTER`); the patch's
+wrappers call it. Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -48,7 +38,10 @@ WARMUP = "capture_warmup"
 
 def mode_of(forward_mode: Any, is_draft_worker: bool) -> str:
     """The counting mode of a forward: SGLang's ``ForwardMode`` (an enum with ``name``; 0.5.23
-    ``model_executor/forward_batch_info.py``) on the target or the draft runner."""
+    ``model_executor/forward_batch_info.py``) on the target or the draft runner: ``verify``
+    (TARGET_VERIFY on the target model), ``draft`` and ``draft_extend`` (the draft model's runner:
+    it shares the GPUs and its all-reduces are counted apart), ``extend`` (prefill), ``decode``,
+    ``idle``, ``other``."""
     name = str(getattr(forward_mode, "name", forward_mode) or "").upper()
     if is_draft_worker:
         if name in ("DRAFT_EXTEND", "DRAFT_EXTEND_V2", "EXTEND", "MIXED"):
@@ -69,7 +62,15 @@ def backend_of(path: str) -> str | None:
 
 class PathCounter:
     """Counts per mode (thread-local current mode), per captured graph, and since the last
-    :meth:`take` (what one verify-log record carries)."""
+    :meth:`take` (what one verify-log record carries).
+
+    CUDA graphs: Python runs only while a graph is captured. The all-reduces issued while the
+    stream captures (``torch.cuda.is_current_stream_capturing``) are counted for that graph, keyed
+    by runner (target/draft), capture mode and the graph's size; the capture's warm-up runs are kept
+    apart (``capture_warmup``). Each replay adds the counts of the graph SGLang replays
+    (``DecodeCudaGraphRunner._replay_graph_key.size``) to the replaying mode. Eager steps are
+    counted as they run.
+    """
 
     def __init__(self) -> None:
         self._local = threading.local()

@@ -1,55 +1,13 @@
-"""The SGLang functions the in-rank patch may wrap, and the mechanics of wrapping them.
+"""The SGLang functions the in-rank patch may wrap (names and parameters as in SGLang 0.5.23), and
+the mechanics of wrapping them.
 
-Each target is found by feature detection and checked with :mod:`inspect` before it is wrapped
-(names and parameters as in SGLang 0.5.23); ``fastverify patch --check`` applies the same rule to
-the source with :mod:`ast` (:mod:`fastverify.patch.check`). A target is a method (``cls`` set: the
-function in the class ``__dict__`` is replaced) or a module-level function (``cls`` None: the module
-attribute is replaced, so it must be wrapped before SGLang binds it -- the layer boundary's
-fusions are bound into each stage when the model is built).
-
-The targets, and what :mod:`fastverify.patch.install` does with each:
-
-``parallel_state.GroupCoordinator.all_reduce(self, input_)``
-    wrapped only for ``pcie_ipc`` on an SGLang without its own PCIe IPC all-reduce
-    (``pcie_ipc_ar.py``); where SGLang has it, ``launch`` sets ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE``
-    and the dispatch is left alone.
-``layernorm.RMSNorm.forward_with_allreduce_fusion(self, x, residual, post_residual_addition, use_attn_tp_group)``
-    replaced for ``fused``. SGLang 0.5.23 calls it only where ``flashinfer_ar_fusion_applies``
-    holds (``layer_boundary/residual/add_norm.py``: SM90/SM100 ...); in the rank, once the config
-    is published, that real rule decides whether ``fused_norm`` is reported applied or skipped
-    (:func:`fastverify.patch.rank.fused_norm_reach`). The replacement ALWAYS all-reduces: the fused
-    backend when it takes the tensor, else the group's plain all-reduce followed by the norm. It
-    returns a fresh residual, as SGLang's FlashInfer wrapper does. The first fused result is
-    compared with the plain path on every rank and the outcome voted on the CPU group.
-``tp_worker.TpModelWorker.forward_batch_generation(..., is_verify=...)``
-    wrapped for ``--profile-verify DIR`` (:mod:`fastverify.patch.verify`).
-``model_runner.ModelRunner.init_cuda_graphs(self, capture_decode_cuda_graph)``
-    wrapped whenever the patch is active: every TP rank's ``Scheduler.init_all_cuda_graphs`` calls
-    it once per model runner, after the process groups exist and the config is published, also
-    with ``--disable-cuda-graph`` and on CPU. Before the original runs (target runner, once) the
-    wrapper builds each slot's backend from SGLang's real TP ``GroupCoordinator``, sized from the
-    record, prepares it for the capture shapes, votes on every step, and prints the rank's one line
-    (``fastverify patch [TP r]: ...``) to stderr.
-
-``layer_boundary.fusions.allreduce.fused_ffn_input(plan, hidden_states, residual, forward_batch)`` and
-``fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *, fuses_quant, keep_bf16)``
-    replaced (module attributes) for ``b12x``, which SGLang 0.5.23 has no switch for. They are the
-    layer boundary's fused reduce + residual add + RMSNorm candidates: ``ffn_input_fusions`` /
-    ``attn_input_fusions`` bind them into every stage when the model is built (after the plugin
-    ran), and ``layer_boundary/prepare.py`` (``_reduce_update_read`` for the FFN input,
-    ``_run_entry`` for the attention input) calls them on every GPU before its own all-reduce +
-    norm; on SM120 SGLang's own ones return None (``flashinfer_ar_fusion_applies`` is False there),
-    so the boundary's all-reduce + norm runs. The replacement first offers the tensor to the b12x
-    slot: only when the rank step found the boundary reached here (:func:`fastverify.patch.rank.add_norm_reach`:
-    SM120/SM121, SGLang's own fusion not applying), the backend was built, prepared and its first
-    result checked on every rank (voted), the rows are 1..36 (registry ``max_rows``, FlashInfer
-    ``_oneshot_preparation.py``), the norm is exactly SGLang's ``RMSNorm`` with default numerics and
-    a weight in the input's dtype, the owed sum is over the TP group (the backend's group), no
-    post-residual addition and no fused quant. Then b12x does the all-reduce + add + norm and
-    returns a fresh residual (``flashinfer_preserves_residual`` is False on SM120: SGLang does not
-    rely on it being kept). Otherwise SGLang's own candidate runs unchanged (None on SM120: SGLang
-    all-reduces and norms), so the all-reduce always happens, above 36 rows included. The decision
-    reads only facts that are the same on every TP rank, so all ranks take the same path.
+Each target is found by feature detection and checked with :mod:`inspect` before it is wrapped;
+``fastverify patch --check`` applies the same rule to the source with :mod:`ast`
+(:mod:`fastverify.patch.check`). A target is a method (``cls`` set: the function in the class
+``__dict__`` is replaced) or a module-level function (``cls`` None: the module attribute is
+replaced, so it must be wrapped before SGLang binds it -- the layer boundary's fusions are bound
+into each stage when the model is built). What :mod:`fastverify.patch.install` does with each is
+said under its constant below.
 """
 
 from __future__ import annotations
@@ -94,12 +52,28 @@ class Target:
 
 
 TARGET_ALL_REDUCE = Target("all_reduce", MOD_PARALLEL_STATE, "GroupCoordinator", "all_reduce", ("self", "input_"))
+"""Wrapped only for ``pcie_ipc`` on an SGLang without its own PCIe IPC all-reduce (``pcie_ipc_ar.py``);
+where SGLang has it, ``launch`` sets ``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE`` and the dispatch is left alone."""
 TARGET_FUSED_NORM = Target("fused_norm", MOD_LAYERNORM, "RMSNorm", "forward_with_allreduce_fusion",
                            ("self", "x", "residual", "post_residual_addition", "use_attn_tp_group"))
+"""Replaced for ``fused``. SGLang 0.5.23 calls it only where ``flashinfer_ar_fusion_applies`` holds
+(``layer_boundary/residual/add_norm.py``: SM90/SM100 ...); in the rank, once the config is published,
+that real rule decides whether ``fused_norm`` is reported applied or skipped
+(:func:`fastverify.patch.rank.fused_norm_reach`). The replacement ALWAYS all-reduces: the fused backend
+when it takes the tensor, else the group's plain all-reduce followed by the norm. It returns a fresh
+residual, as SGLang's FlashInfer wrapper does. The first fused result is compared with the plain path
+on every rank and the outcome voted on the CPU group."""
 TARGET_VERIFY = Target("verify_timer", MOD_TP_WORKER, "TpModelWorker", "forward_batch_generation",
                        ("self", "batch", "forward_batch"), needs=("is_verify",))
+"""Wrapped for ``--profile-verify DIR`` (:mod:`fastverify.patch.verify_wrap`)."""
 TARGET_PRE_CAPTURE = Target("pre_capture", MOD_MODEL_RUNNER, "ModelRunner", "init_cuda_graphs",
                             ("self", "capture_decode_cuda_graph"))
+"""Wrapped whenever the patch is active: every TP rank's ``Scheduler.init_all_cuda_graphs`` calls it once
+per model runner, after the process groups exist and the config is published, also with
+``--disable-cuda-graph`` and on CPU. Before the original runs (target runner, once) the wrapper builds
+each slot's backend from SGLang's real TP ``GroupCoordinator``, sized from the record, prepares it for
+the capture shapes, votes on every step, and prints the rank's one line (``fastverify patch [TP r]: ...``)
+to stderr."""
 # The layer boundary's fused reduce + residual add + RMSNorm candidates (fusions/allreduce.py,
 # 0.5.23). ``ffn_input_fusions`` / ``attn_input_fusions`` bind them with ``partial`` into every
 # stage at model construction, and ``prepare.py`` ``_reduce_update_read`` / ``_run_entry`` call them
@@ -111,6 +85,19 @@ TARGET_ADD_NORM_FFN = Target("add_norm_ffn", MOD_AR_FUSIONS, None, "fused_ffn_in
 TARGET_ADD_NORM_ATTN = Target("add_norm_attn", MOD_AR_FUSIONS, None, "fused_attn_input",
                               ("plan", "owed", "residual", "forward_batch", "post_residual_addition"),
                               needs=("fuses_quant", "keep_bf16"))
+"""With :data:`TARGET_ADD_NORM_FFN`: replaced (module attributes) for ``b12x``, which SGLang 0.5.23 has
+no switch for; on SM120 SGLang's own ones return None (``flashinfer_ar_fusion_applies`` is False
+there), so the boundary's all-reduce + norm runs. The replacement first offers the tensor to the b12x
+slot: only when the rank step found the boundary reached here (:func:`fastverify.patch.rank.add_norm_reach`:
+SM120/SM121, SGLang's own fusion not applying), the backend was built, prepared and its first result
+checked on every rank (voted), the rows are 1..36 (registry ``max_rows``, FlashInfer
+``_oneshot_preparation.py``), the norm is exactly SGLang's ``RMSNorm`` with default numerics and a
+weight in the input's dtype, the owed sum is over the TP group (the backend's group), no post-residual
+addition and no fused quant. Then b12x does the all-reduce + add + norm and returns a fresh residual
+(``flashinfer_preserves_residual`` is False on SM120: SGLang does not rely on it being kept).
+Otherwise SGLang's own candidate runs unchanged, so the all-reduce always happens, above 36 rows
+included. The decision reads only facts that are the same on every TP rank, so all ranks take the
+same path."""
 # What the path counts read (fastverify/patch/counting.py): the method SGLang's dispatch runs, the
 # forward mode, and the decode CUDA graphs captured and replayed.
 TARGET_OUT_PLACE = Target("count_out_place", MOD_PARALLEL_STATE, "GroupCoordinator", "_all_reduce_out_place",
@@ -122,7 +109,7 @@ TARGET_CAPTURE_SHAPE = Target("count_capture", MOD_DECODE_GRAPHS, "DecodeCudaGra
                               ("self", "size"))
 TARGET_REPLAY = Target("count_replay", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "execute",
                        ("self", "forward_batch"))
-# Where the verify's per-request accept lengths are computed (fastverify/patch/verify.py): SGLang's
+# Where the verify's per-request accept lengths are computed (fastverify/patch/verify_wrap.py): SGLang's
 # ``eagle_utils.eagle_sample``, as each verifying worker module binds it by name (module globals are
 # looked up at call time, so wrapping the name there reaches every call). Not in TARGETS: ``patch
 # --check`` looks for definitions, and these modules import the function.

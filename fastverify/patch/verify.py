@@ -1,49 +1,28 @@
-"""The verify timer and trace of the in-rank patch (``--profile-verify DIR``): events around each
-verify forward, no host sync, written as JSON lines while the server runs; optionally a
-torch.profiler trace of N steps.
+"""The verify timer of the in-rank patch (``--profile-verify DIR``): events around each verify
+forward, no host sync, written as JSON lines while the server runs (SGLang ends its scheduler
+processes with SIGKILL, ``kill_process_tree`` in ``sglang/srt/utils/common.py``, so nothing at exit
+runs there). The wrappers that call it: :mod:`fastverify.patch.verify_wrap`; the optional
+torch.profiler trace: :mod:`fastverify.patch.verify_trace`. Two halves:
 
-Wraps ``tp_worker.TpModelWorker.forward_batch_generation(..., is_verify=...)`` (SGLang 0.5.23).
+- the verify path (:meth:`VerifyTimer.stop`) reads ``query()`` of the oldest pending events (never
+  ``synchronize``), turns the completed ones into JSON lines in a bounded buffer and wakes the
+  writer every ``every`` lines; it does no file I/O and shares no lock with the writer
+  (``collections.deque`` appends and pops are atomic), so a slow disk never stalls a forward;
+- a daemon writer thread appends the lines with one ``os.write`` on an ``O_APPEND`` descriptor
+  every ``interval_s`` seconds or when woken. It never touches a CUDA event: a ``cudaEventQuery``
+  from another thread while SGLang captures a CUDA graph in the default global capture mode is
+  prohibited, whereas the verify path is never inside a capture.
 
-Why the records are written while the server runs: SGLang ends its scheduler processes with
-SIGKILL (``kill_process_tree`` in ``sglang/srt/utils/common.py``), so nothing at exit runs there.
-The timer therefore works in two halves:
-
-- the verify path (:meth:`VerifyTimer.stop`) records the end event, reads ``query()`` of the
-  oldest pending events (completed ones only; never ``synchronize``), turns the completed ones
-  into finished JSON lines in a bounded buffer, and wakes the writer every ``every`` lines. It
-  does no file I/O and shares no lock with the writer (``collections.deque`` appends and pops
-  are atomic), so a slow disk never stalls a forward;
-- a daemon writer thread appends the finished lines with one ``os.write`` on an ``O_APPEND``
-  descriptor every ``interval_s`` seconds or when woken, whichever comes first. It never touches
-  a CUDA event: a ``cudaEventQuery`` from another thread while SGLang captures a CUDA graph in
-  the default global capture mode is an operation the capture prohibits, whereas the verify
-  path is never inside a capture (the wrapper skips captured forwards).
-
-One ``write`` of whole lines to a regular file is not split by a signal, so a reader sees whole
-lines only, except possibly a last line cut by a full disk; :mod:`fastverify.verifylog` tolerates
-that one. A SIGKILL loses at most the lines of the last flush interval: fewer than ``every``
-records or those of the last ``interval_s`` seconds, whichever is fewer (plus, on CUDA, the
-steps still running on the GPU when the last verify forward returned: their events are read on
-the next forward or at exit).
-
-Accepted tokens (``accepted`` in a record): SGLang 0.5.23 computes each request's accept length
-after the target's verify forward returns, in ``speculative/eagle_utils.py::eagle_sample`` (its
-second result, ``accept_lens``: int32, shape ``(batch,)``, on the forward's device, the bonus
-token included), called by ``speculative/eagle_worker_common.py::run_eagle_verify`` (EAGLE,
-EAGLE-3, multi-layer EAGLE) and by ``speculative/ngram_worker.py::NGRAMWorker.forward_batch_generation``.
-The patch wraps that name in both modules (:func:`_make_accept_wrapper`) and hands
-``accept_lens`` to :meth:`VerifyTimer.accept`, which attaches it to the step just timed: a CPU
-tensor is read at once; a CUDA tensor is copied with ``non_blocking=True`` into pinned host memory
-and read only once an event recorded after the copy has completed (``query()``, never a sync), so
-the record waits in ``pending`` like its timing events. ``accepted`` is the accepted DRAFT tokens
-per request, ``accept_lens - 1`` (the bonus token excluded), so a chain's accept length is
-``mean(accepted) + 1``.
+A reader sees whole lines only (one ``write`` of whole lines is not split by a signal), except a
+last line cut by a full disk (:mod:`fastverify.verify_records` skips it). A SIGKILL loses at most
+the lines of the last flush interval (fewer than ``every`` records or ``interval_s`` seconds), plus
+on CUDA the steps still running on the GPU. A CUDA ``accept_lens`` (:meth:`VerifyTimer.accept`) is
+copied ``non_blocking`` into pinned memory and read once an event recorded after the copy completed.
 """
 
 from __future__ import annotations
 
 import collections
-import inspect
 import json
 import logging
 import os
@@ -53,9 +32,6 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from fastverify.patch.paths import COUNTER
-from fastverify.patch.rank import is_capturing as _is_capturing
 
 log = logging.getLogger("fastverify.patch")
 
@@ -175,7 +151,7 @@ class VerifyTimer:
     the events around the forward, ``clock`` is ``cuda_events`` (GPU time) or ``cpu_wall_clock``
     (host ``perf_counter``, not a GPU time); ``batch`` is the requests in the verify forward and
     ``tokens`` the rows the target verifies (batch × draft tokens per request), as the forward
-    batch held them (:func:`verify_load`), null where they could not be read.
+    batch held them (:func:`fastverify.patch.verify_wrap.verify_load`), null where they could not be read.
 
     Parameters
     ----------
@@ -409,158 +385,3 @@ def _reset_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
-
-class VerifyTrace:
-    """A torch.profiler trace of the next ``steps`` verify forwards of this rank, each inside a
-    ``step[TARGET_VERIFY #i]`` span (the form ``fastverify profile --trace`` splits steps on),
-    written to ``out_dir/verify-TP-<rank>.trace.json.gz`` when the last one ends. Profiling costs
-    time, so the timings in the JSON lines of those steps are not representative; it stops itself."""
-
-    def __init__(self, out_dir: str | Path, steps: int, *, rank: Callable[[], str] = _default_rank) -> None:
-        self.out_dir = Path(out_dir)
-        self.steps = int(steps)
-        self.rank = rank
-        self.done = 0
-        self._prof: Any = None
-        self._span: Any = None
-        self.path: Path | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.done < self.steps
-
-    def begin(self) -> None:
-        if not self.active:
-            return
-        try:
-            import torch
-
-            if self._prof is None:
-                acts = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
-                    acts.append(torch.profiler.ProfilerActivity.CUDA)
-                # Shapes give the all-reduce sizes of a CPU trace (gloo spans carry Input Dims).
-                self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
-                self._prof.__enter__()
-            self._span = torch.profiler.record_function(f"step[TARGET_VERIFY #{self.done}]")
-            self._span.__enter__()
-        except Exception as err:  # profiling must never break serving
-            log.warning("fastverify patch: verify trace not started: %s", err)
-            self.steps = 0
-
-    def end(self) -> None:
-        if self._span is None:
-            return
-        try:
-            self._span.__exit__(None, None, None)
-            self._span = None
-            self.done += 1
-            if self.done >= self.steps:
-                self._prof.__exit__(None, None, None)
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self.path = self.out_dir / f"verify-TP-{self.rank()}.trace.json.gz"
-                self._prof.export_chrome_trace(str(self.path))
-                self._prof = None
-                log.info("fastverify patch: wrote a trace of %d verify steps to %s", self.done, self.path)
-        except Exception as err:
-            log.warning("fastverify patch: verify trace not written: %s", err)
-            self.steps = 0
-
-
-_BATCH_ARGS = ("forward_batch", "model_worker_batch", "batch")
-"""Parameters of ``forward_batch_generation`` that may hold the verify batch, in the order read:
-SGLang 0.5.23's EAGLE verify passes ``batch=None, forward_batch=<ForwardBatch>``; earlier
-releases passed a ``ModelWorkerBatch`` (first parameter)."""
-
-
-def _int(value: Any) -> int | None:
-    """``value`` when it is a plain ``int`` >= 0 (never a tensor: ``int(t)`` of a CUDA tensor
-    would sync the host), else None."""
-    return value if type(value) is int and value >= 0 else None
-
-
-def _rows(tensor: Any) -> int | None:
-    """Rows of a 1-D tensor from its ``shape`` (host metadata: no sync), else None."""
-    shape = getattr(tensor, "shape", None)
-    return _int(shape[0]) if shape is not None and len(shape) == 1 else None
-
-
-def verify_load(fb: Any) -> tuple[int | None, int | None]:
-    """``(batch, tokens)`` of a verify forward's batch object, each None where it cannot be read.
-
-    Parameters
-    ----------
-    fb : ForwardBatch, ModelWorkerBatch, ScheduleBatch or anything
-        ``batch`` is ``fb.batch_size`` (an int field of ``ForwardBatch``; called where it is a
-        method, ``ScheduleBatch.batch_size()`` = ``len(reqs)``), else ``fb.seq_lens.shape[0]``;
-        ``tokens`` is ``fb.input_ids.shape[0]`` (the flat draft tokens of the verify:
-        batch × ``spec_info.draft_token_num``), else ``batch * fb.spec_info.draft_token_num``.
-
-    Never reads a tensor's values (no ``.item()``, ``.tolist()``: no GPU sync) and never raises.
-    """
-    try:
-        size = getattr(fb, "batch_size", None)
-        batch = _int(size() if callable(size) else size)
-        if batch is None:
-            batch = _rows(getattr(fb, "seq_lens", None))
-        tokens = _rows(getattr(fb, "input_ids", None))
-        if tokens is None and batch is not None:
-            per = _int(getattr(getattr(fb, "spec_info", None), "draft_token_num", None))
-            tokens = batch * per if per is not None else None
-        return batch, tokens
-    except Exception:  # a record without its load, never a broken forward
-        return None, None
-
-
-def _make_verify_wrapper(original: Callable, timer: VerifyTimer, trace: VerifyTrace | None = None) -> Callable:
-    sig = inspect.signature(original)
-    names = list(sig.parameters)
-    pos = names.index("is_verify") - 1 if "is_verify" in names else -1  # minus self
-    batch_pos = [(n, names.index(n) - 1) for n in _BATCH_ARGS if n in names]
-
-    def load_of(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
-        for name, i in batch_pos:
-            fb = kwargs[name] if name in kwargs else (args[i] if 0 <= i < len(args) else None)
-            if fb is not None:
-                return verify_load(fb)
-        return None, None
-
-    def forward_batch_generation(self, *args, **kwargs):
-        if "is_verify" in kwargs:
-            is_verify = kwargs["is_verify"]
-        else:
-            is_verify = 0 <= pos < len(args) and args[pos]
-        if not is_verify or _is_capturing():
-            return original(self, *args, **kwargs)
-        batch, tokens = load_of(args, kwargs)  # before the forward, which may change the batch
-        tracing = trace is not None and trace.active
-        if tracing:
-            trace.begin()
-        start = timer.start()
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            timer.stop(start, COUNTER.take(), batch=batch, tokens=tokens)
-            if tracing:
-                trace.end()
-        return out
-
-    return forward_batch_generation
-
-
-def _make_accept_wrapper(original: Callable, timer: VerifyTimer) -> Callable:
-    """Wrap SGLang's ``eagle_sample(verify_input, batch, logits_output, ...)`` (as bound in
-    ``speculative/eagle_worker_common.py`` and ``speculative/ngram_worker.py``): its result is
-    unchanged; its ``accept_lens`` (second item) goes to :meth:`VerifyTimer.accept`. Never raises
-    into the server; a failed read leaves the record without ``accepted``."""
-
-    def eagle_sample(*args, **kwargs):
-        out = original(*args, **kwargs)
-        if timer._awaiting is not None and not _is_capturing():
-            try:
-                timer.accept(out[1])
-            except Exception as err:
-                log.debug("fastverify patch: accepted tokens not read: %s: %s", type(err).__name__, err)
-        return out
-
-    return eagle_sample

@@ -84,7 +84,8 @@ def advice_entries(pred, *, p2p_ok: bool | None, p2p_source: str, per_verify_ste
     ``settings``, ``is_baseline``, ``label``, ``allreduce_us`` / ``allreduce_us_range`` /
     ``baseline_us`` (µs), ``change_pct`` (new − old, %), ``evidence``, ``notes``, ``needs_p2p`` and
     ``p2p`` (``proven`` / ``reported by NVML`` / ``unproven`` / ``refuted``, None for NCCL),
-    ``per_verify_step`` (False: the times are one all-reduce of each size, counts unknown)."""
+    ``per_verify_step`` (False: the times are one all-reduce of each size, counts unknown), ``too_close``
+    (:attr:`fastverify.tune.candidates.Prediction.too_close`'s line, None when its lead is decided)."""
     from fastverify.registry import backend_info
 
     base = pred.baseline.point_us
@@ -100,7 +101,8 @@ def advice_entries(pred, *, p2p_ok: bool | None, p2p_source: str, per_verify_ste
                     "allreduce_us_range": None if f.range_us is None else [round(x, 3) for x in f.range_us],
                     "baseline_us": None if base is None else round(base, 3), "change_pct": change,
                     "evidence": list(f.evidence), "notes": list(f.notes), "needs_p2p": needs,
-                    "p2p": p2p if needs else None, "per_verify_step": per_verify_step, "status": f.status})
+                    "p2p": p2p if needs else None, "per_verify_step": per_verify_step, "status": f.status,
+                    "too_close": pred.too_close.get(f.name)})
     return out
 
 
@@ -157,7 +159,7 @@ def _listed(entries: list[dict]) -> list[dict]:
 
 
 def _pct(v: float) -> str:
-    from fastverify.tune.predict import change_pct
+    from fastverify.tune.verify_time import change_pct
 
     return change_pct(v)
 
@@ -181,6 +183,8 @@ def advice_lines(entries: list[dict] | None, notes: list[str]) -> list[str]:
         name = f"{e['candidate']} ({title})" if title and not e["settings"] else e["candidate"]
         line = (f"{e['rank']}. {name}: {_pct(e['change_pct'])} {unit} ({_amount(e['allreduce_us'], counts_known)} "
                 f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}")
+        if e.get("too_close"):
+            line = f"{e['rank']}. {name}: {e['too_close'].split(': ', 1)[1]}; at its point {_pct(e['change_pct'])}"
         if e["needs_p2p"]:
             line += f"; needs P2P: {e['p2p']}"
             if e["p2p"] != "proven":

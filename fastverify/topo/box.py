@@ -27,19 +27,17 @@ import msgspec
 
 from fastverify.deploy import BOX_EXAMPLES, BoxFingerprint, P2PFacts
 from fastverify.errors import UserError, schema_error
+from fastverify.inputs import read_text
+from fastverify.nccl.version import read_nccl_version
+from fastverify.topo.nvml import nvml_text
+from fastverify.topo.p2p_proof import read_check_file
 
 ENV_DESCRIBE_BOX = "FASTVERIFY_DESCRIBE_BOX"
 """Env var holding a described box (JSON object text, or the path of a file with one)."""
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _nccl_text() -> str | None:
     try:
-        from fastverify.nccl.version import read_nccl_version  # noqa: PLC0415
-
         v = read_nccl_version()
     except (UserError, OSError):
         return None
@@ -116,12 +114,12 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
                 for i in range(count):
                     h = nvml.nvmlDeviceGetHandleByIndex(i)
                     handles.append(h)
-                    names.append(_text(nvml.nvmlDeviceGetName(h)))
+                    names.append(nvml_text(nvml.nvmlDeviceGetName(h)))
                     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
                     sms.append((int(major), int(minor)))
                 nvlink = _nvlink_full(nvml, handles[: tp or None], error_type) if len(handles) > 1 else None
                 try:
-                    driver = _text(nvml.nvmlSystemGetDriverVersion())
+                    driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
                 except error_type:
                     driver = None
                 got = count > 0
@@ -169,8 +167,6 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         except (json.JSONDecodeError, RecursionError):
             pass
     if not is_json:
-        from fastverify.inputs import read_text
-
         raw = read_text(Path(raw).expanduser(), kind="text", flag=where, what="the box description")
     try:
         doc = json.loads(raw)
@@ -215,7 +211,7 @@ def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p
 def read_p2p_results(path: str | Path) -> dict:
     """The per-direction results of the real check's JSON: the document ``fastverify p2p``
     prints (either version), or its cache file; read by
-    :func:`fastverify.topo.p2p.read_check_file`, the one reader of that file.
+    :func:`fastverify.topo.p2p_proof.read_check_file`, the one reader of that file.
 
     Returns
     -------
@@ -227,8 +223,6 @@ def read_p2p_results(path: str | Path) -> dict:
     UserError
         One line naming the file when it cannot be read or is not such a JSON document.
     """
-    from fastverify.topo.p2p import read_check_file  # noqa: PLC0415 - torch-free module
-
     return dict(read_check_file(path).results)
 
 
@@ -251,7 +245,7 @@ def read_p2p_file(path: str | Path) -> P2PFacts:
 
 def p2p_from_topology(topo: Any | None) -> P2PFacts:
     """NVML's P2P status (``Topology.p2p_read`` / ``p2p_write``): what the driver reports, which
-    can say yes where P2P fails or hangs (see :mod:`fastverify.topo.p2p`), so it never proves."""
+    can say yes where P2P fails or hangs (see :mod:`fastverify.topo.p2p_side`), so it never proves."""
     if topo is None or not getattr(topo, "p2p_read", None):
         return P2PFacts(ok=None, source="not_checked", note="no P2P status (topology text has none)")
     values = list(topo.p2p_read.values()) + list(topo.p2p_write.values())

@@ -8,16 +8,8 @@ Inputs, any of: a topology (``nvidia-smi topo -m`` text, or NVML on a live box),
 read), an ``all_reduce_perf`` table (NCCL measured on the box), and the environment's ``NCCL_*``
 settings. What a log shows is reported as seen; what comes from the topology alone is labelled
 predicted; the table's times are measured. Any one input is enough for a (partial) diagnosis; where
-inputs disagree the log's transports win and ``Diagnosis.warnings`` says so.
-
-Rules (NCCL ``src/graph/paths.cc`` ``ncclTopoCheckP2p``, summarised in ``research/nccl.md`` §2.5):
-a pair uses P2P when its NCCL path type is at most ``NCCL_P2P_LEVEL`` (default PXB) and NVML reports
-P2P read and write support; otherwise NCCL routes it through the CPU and uses SHM. nvidia-smi's
-NODE is NCCL's PHB.
-
-PCIe IPC all-reduce (FlashInfer ``PcieIpcAllReduceWorkspace``, flashinfer PR #4393): world size 2, 4
-or 8 on one node, and CUDA peer access between every pair. SGLang's custom all-reduce
-(``custom_all_reduce.py``): world size 2, or every pair on NVLink, plus peer access.
+inputs disagree the log's transports win and ``Diagnosis.warnings`` says so. The pair rules are in
+:mod:`fastverify.topo.transports`, the backends' in :mod:`fastverify.topo.allreduce_fit`.
 """
 
 from __future__ import annotations
@@ -29,21 +21,23 @@ from dataclasses import asdict, dataclass, field, replace
 from fastverify.nccl import model as M
 from fastverify.nccl.catalogue import Finding, Severity, validate_env
 from fastverify.nccl.enabled import enabled_algos_protos
-from fastverify.nccl.logparse import NcclLog
+from fastverify.nccl.logrecords import NcclLog
 from fastverify.nccl.perftable import PerfTable
-from fastverify.topo.matrix import NCCL_PATH_ORDER, Topology, nccl_path_type, p2p_allowed
+from fastverify.nccl.version import NcclVersion
+from fastverify.topo.allreduce_fit import custom_ar_fit, pcie_ipc_fit
+from fastverify.topo.evidence import log_notes, measured_times, nccl_tuning, partial_note, perf_warnings
+from fastverify.topo.matrix import NCCL_PATH_ORDER, Topology
+from fastverify.topo.transports import PairReport, pair_reports, recommend_level
 
 DEFAULT_HIDDEN = 7168  # Kimi-K2 / DeepSeek-V3 hidden size (config.json)
 DEFAULT_DRAFT_TOKENS = 4  # SGLang's auto default for DeepSeek-V3/Kimi (speculative_hook.py)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 _LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # NCCL_P2P_LEVEL=0..5 (paths.cc)
-_LOG_PROTO = {"LL": M.Proto.LL, "LL128": M.Proto.LL128, "SIMPLE": M.Proto.SIMPLE}  # names as the log prints them
 
-# The PCIe correction of fastverify.nccl.model fitted on the two all_reduce_perf tables of one
-# 8x RTX 4090 box (2x EPYC 7542, all pairs SYS; blog.chlc.cc, shared/inputs/allreduceperf-blog-
-# chlc-rtx4090-p2pdisabled.txt and -p2punlocked.txt) by model.fit over 8 B..4 MiB; the test
-# test_embedded_calibration_matches_a_fresh_fit re-fits and compares. Held-out median error
-# 4.7 % / 6.6 % (benchmarks/bench_model.py). One box: a prediction for others, not a measurement.
+# The PCIe correction of fastverify.nccl.model fitted by model.fit over 8 B..4 MiB on the two
+# all_reduce_perf tables (P2P disabled, P2P unlocked) of one 8x RTX 4090 box (2x EPYC 7542, all
+# pairs SYS; blog.chlc.cc); the tests re-fit and compare. Held-out median error 4.7 % / 6.6 %.
+# One box: a prediction for others, not a measurement.
 CALIBRATION = {
     M.Transport.SHM: M.CorrectedModel(1.427508763214285, {M.Proto.LL: 0.5471045232094344,
                                                            M.Proto.SIMPLE: 0.6259045643247795},
@@ -54,23 +48,6 @@ CALIBRATION = {
 }
 CALIBRATION_NOTE = ("predicted: NCCL's cost model (src/graph/tuning.cc) with a PCIe correction fitted on one "
                     "8x RTX 4090 all-SYS box; measure with `fastverify tune` before relying on it")
-
-
-@dataclass(frozen=True)
-class PairReport:
-    """One GPU pair (a < b). ``transport_*`` is "P2P" or "SHM"; ``seen`` = from the NCCL log;
-    ``basis`` says where ``transport_now`` comes from: "seen in log", "predicted" (the topology and
-    NCCL's path rule) or "environment: NCCL_P2P_LEVEL=LOC" (P2P off for every pair)."""
-
-    a: int
-    b: int
-    link: str | None  # nvidia-smi connection (PIX, PXB, PHB, NODE, SYS, NV#)
-    nccl_path: str | None
-    hw_p2p: bool | None  # NVML P2P read+write support (None: unknown)
-    transport_now: str
-    transport_recommended: str
-    seen: bool
-    basis: str = ""
 
 
 @dataclass(frozen=True)
@@ -145,34 +122,6 @@ def current_p2p_level(env: Mapping[str, str]) -> tuple[str, str]:
     return "PXB", "default"
 
 
-def _rank(path: str) -> int:
-    return NCCL_PATH_ORDER.index(path) if path in NCCL_PATH_ORDER else len(NCCL_PATH_ORDER)
-
-
-def _paths_from_log(log: NcclLog) -> dict[tuple[int, int], str]:
-    """(a, b) with a < b → the NCCL path type the log's GRAPH dump shows between the two GPUs
-    (keyed by the ranks of its topology dump), e.g. PHB where NCCL found no P2P."""
-    out: dict[tuple[int, int], str] = {}
-    ranks = log.gpu_ranks
-    for (src, dst), info in log.gpu_paths().items():
-        if src in ranks and dst in ranks and ranks[src] != ranks[dst]:
-            a, b = sorted((ranks[src], ranks[dst]))
-            if _rank(info.path_type) > _rank(out.get((a, b), "LOC")):
-                out[(a, b)] = info.path_type
-    return out
-
-
-def _hw_p2p(topo: Topology | None, a: int, b: int) -> bool | None:
-    if topo is None:
-        return None
-    r = [topo.p2p_read.get((a, b)), topo.p2p_write.get((a, b)), topo.p2p_read.get((b, a)), topo.p2p_write.get((b, a))]
-    if any(v is False for v in r):
-        return False
-    if all(v is True for v in r):
-        return True
-    return None
-
-
 def diagnose(
     topo: Topology | None,
     log: NcclLog | None,
@@ -216,267 +165,46 @@ def diagnose(
         # The log shows what NCCL read when it ran; that run is what is being diagnosed.
         env.update(log.env)
     version = (log.version if log and log.version else None) or nccl_version
-    from fastverify.nccl.version import NcclVersion  # local: only the version's ordering is needed
-
     nv = NcclVersion.parse(version) if version else None
     findings = [f for f in validate_env(env, nv) if f.severity is not Severity.OK]
     level, level_source = current_p2p_level(env)
-
-    seen = log.transport_kinds() if log else {}
-    log_paths = _paths_from_log(log) if log else {}
-    refused = {tuple(sorted(p)) for p in log.p2p_unavailable} if log else set()
-    warnings: list[str] = []
-    if topo is not None and log is not None:
-        warnings += _stray_gpus(topo, log, seen, log_paths, refused)
     env_off = None if level != "LOC" else level_source  # P2P off for every pair by the environment
-    gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in (*seen, *log_paths) for d in pair})
-    if not gpus and log is not None and env_off and len(log.devices) >= 2:
-        gpus = list(log.devices)  # P2P off for all: every pair of the devices that printed is on SHM
-    pairs: list[PairReport] = []
-    log_shm_allowed: list[str] = []  # the log shows SHM where the level allows P2P
-    log_p2p_refused: list[str] = []  # the log shows P2P where the level does not allow it
-    for i, a in enumerate(gpus):
-        for b in gpus[i + 1:]:
-            link = topo.link(a, b) if topo else None
-            path = nccl_path_type(link) if link else None
-            hw = _hw_p2p(topo, a, b)
-            if (a, b) in refused:
-                hw = False  # NCCL said it could not enable P2P for this pair
-            seen_path = log_paths.get((a, b))
-            if seen_path is not None:
-                if path is not None and _rank(seen_path) > _rank(path) and _rank(path) <= _rank("PXB"):
-                    hw = False  # NCCL re-routed a switch-local pair through the CPU: no P2P there
-                path = seen_path
-                if link is None:
-                    link = seen_path
-            if (a, b) in seen:
-                now, was_seen, basis = seen[(a, b)], True, "seen in log"
-                if link is not None and now == "SHM" and p2p_allowed(link, level) and hw is not False:
-                    hw = False  # NCCL tried P2P (the level allows it) and fell back: no peer access there
-                    log_shm_allowed.append(f"{a}-{b}")
-                elif link is not None and now == "P2P" and not p2p_allowed(link, level):
-                    log_p2p_refused.append(f"{a}-{b}")
-            elif link is not None:
-                now, was_seen, basis = ("P2P" if p2p_allowed(link, level) and hw is not False else "SHM"), False, "predicted"
-            elif env_off:
-                now, was_seen, basis = "SHM", False, f"environment: {env_off}"
-            else:
-                continue
-            pairs.append(PairReport(a, b, link, path, hw, now, "SHM" if hw is False else "P2P", was_seen, basis))
-    if log_shm_allowed:
-        warnings.append(f"{log.source} shows SHM for pair(s) {', '.join(log_shm_allowed)} although their path is within "
-                        f"NCCL_P2P_LEVEL={level} ({level_source}): NCCL found no peer access there (driver or "
-                        "ACS/IOMMU), so P2P is not recommended for them; the log's transport is what is shown")
-    if log_p2p_refused:
-        warnings.append(f"{log.source} shows P2P for pair(s) {', '.join(log_p2p_refused)} whose path NCCL_P2P_LEVEL="
-                        f"{level} ({level_source}) does not allow: the log was taken with other settings than these; "
-                        "the log's transport is what is shown")
-
-    # Recommended level: the widest NCCL path type among pairs whose hardware can do P2P.
-    capable = [p.nccl_path for p in pairs if p.hw_p2p is not False and p.nccl_path]
-    recommended = max(capable, key=NCCL_PATH_ORDER.index) if capable else None
-    if recommended is not None and NCCL_PATH_ORDER.index(recommended) <= NCCL_PATH_ORDER.index(level):
-        recommended = None  # the current level already covers every pair that can do P2P
-    if recommended is None:
-        pairs = [replace(p, transport_recommended=p.transport_now) for p in pairs]
-
-    n = len(gpus)
-    if not gpus:
-        # one device printing is no world size (rank 0 alone prints the TUNING lines); 0 = unknown
-        n = (log.n_ranks or (len(log.devices) if len(log.devices) >= 2 else 0)) if log else 0
-        if perf is not None and perf.n_ranks:
-            n = max(n, perf.n_ranks)
-    notes = _log_notes(log) if log else []
+    pairs, gpus, warnings = pair_reports(topo, log, level, level_source, env_off)
+    recommended, pairs = recommend_level(pairs, level)
+    n = _world_size(gpus, log, perf)
+    notes = log_notes(log) if log else []
     if not gpus and log is not None:
-        notes.append(_partial_note(log, env_off, n))
-    tuning = _nccl_tuning(log, hidden, draft_tokens, batches, env, nv, sm) if log else None
-    measured = _measured(perf, hidden, draft_tokens, batches) if perf else []
-    perf_summary = perf.summary() if perf else None
+        notes.append(partial_note(log, env_off, n))
     if perf is not None:
         # a world size to compare with: the topology's, or the communicator's nRanks in the log
         # (the GPUs of the log's pairs can be an excerpt of the ring)
         known = (n, "topology") if topo else ((log.n_ranks, "log's communicator") if log and log.comms else (None, ""))
-        warnings += _perf_warnings(perf, *known)
-    ipc = _pcie_ipc(n, pairs)
-    car = _custom_ar(n, pairs)
-    if pairs:
-        preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
-    else:
-        preds, note = [], ("no prediction: no GPU pair is known from this input (add --nvidia-smi, or an NCCL log "
-                           "with transport lines)" if n != 1 else "one GPU: no all-reduce")
+        warnings += perf_warnings(perf, *known)
+    preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
     diag = Diagnosis(
         sources=list(dict.fromkeys(s for s in (topo.source if topo else None, log.source if log else None,
                                                perf.source if perf else None) if s)),
         n_gpus=n, nccl_version=str(nv) if nv else None, p2p_level_now=level, p2p_level_now_source=level_source,
-        p2p_level_recommended=recommended, pairs=pairs, pcie_ipc_allreduce=ipc, custom_allreduce=car,
-        findings=findings, log_notes=notes, predictions=preds, prediction_note=note, warnings=warnings,
-        nccl_tuning=tuning, perf_table=perf_summary, measured=measured)
+        p2p_level_recommended=recommended, pairs=pairs, pcie_ipc_allreduce=pcie_ipc_fit(n, pairs),
+        custom_allreduce=custom_ar_fit(n, pairs), findings=findings, log_notes=notes, predictions=preds,
+        prediction_note=note, warnings=warnings,
+        nccl_tuning=nccl_tuning(log, hidden, draft_tokens, batches, env, nv, sm) if log else None,
+        perf_table=perf.summary() if perf else None,
+        measured=measured_times(perf, hidden, draft_tokens, batches) if perf else [])
     diag.actions = _actions(diag, log)
     return diag
 
 
-def _stray_gpus(topo: Topology, log: NcclLog, seen: dict, log_paths: dict, refused: set) -> list[str]:
-    """One warning naming the GPUs the log names but the topology lacks (their pairs are left out)."""
-    have = set(topo.gpu_indices)
-    named = {d for pair in (*seen, *log_paths, *refused) for d in pair}
-    stray = sorted(named - have)
-    if not stray:
-        return []
-    lines = sorted({t.line for t in log.transports if t.src_dev in stray or t.dst_dev in stray} - {0})
-    where = f" (line {lines[0]}{' and more' if len(lines) > 1 else ''})" if lines else ""
-    return [(f"{log.source} names GPU(s) {', '.join(map(str, stray))}{where}, which {topo.source} does not have "
-             f"(GPUs {_span(sorted(have))}): their pairs are left out, the rest is kept; a log from another box, "
-             "or taken under another CUDA_VISIBLE_DEVICES?")]
-
-
-def _span(xs: list[int]) -> str:
-    return f"{xs[0]}-{xs[-1]}" if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else ", ".join(map(str, xs))
-
-
-def _partial_note(log: NcclLog, env_off: str | None, n: int) -> str:
-    """What a log without GPU pairs (no ``via`` lines, no GRAPH path dump) still says."""
-    gpus = f"{n} GPUs" if n > 1 else "the number of GPUs is unknown"
-    if env_off:
-        return (f"partial: the log shows no GPU pair, but {env_off} (P2P disabled) puts every pair on SHM "
-                f"(NCCL src/graph/paths.cc); {gpus}")
-    what = [k for k, v in (("the TUNING table", log.tuning), ("NCCL's per-size choices", log.calls),
-                           ("the settings NCCL read", log.env), ("the version", log.version)) if v]
-    return (f"partial: the log shows no GPU pair (no 'via' transport lines, no GRAPH path dump){'; it holds ' if what else ''}"
-            f"{', '.join(what)}; {gpus}; capture NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING for the pairs")
-
-
-def _nccl_tuning(log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[int, ...], env: Mapping[str, str],
-                 nv, sm: int) -> dict | None:
-    """NCCL's own TUNING evidence in the log: the AllReduce model table (latency µs, algBw GB/s per
-    algorithm/protocol), the choice that table gives each verify size (``ncclTopoGetAlgoTime``:
-    ``lat + bytes / (1000 · algBw)``, Tree's algBw × ``treeCorrectionFactor``; NCCL src/graph/tuning.cc
-    and enqueue.cc, as in :func:`fastverify.nccl.model.predict`), and the per-size choices NCCL
-    printed for the collectives it launched. ``None`` when the log has neither."""
-    rows = log.tuning_rows("AllReduce")
-    calls = [c for c in log.calls if c.func in (None, "AllReduce")]
-    if not rows and not calls:
-        return None
-    enabled = enabled_algos_protos(env, nv, sm)
-    on_a = {a.value.upper() for a in enabled.algos}
-    # The table already holds 0/0 where NCCL's own rule turned a cell off; an explicit NCCL_PROTO
-    # (e.g. a --set being evaluated) is applied on top.
-    on_p = {p.value.upper() for p in enabled.protos} if enabled.protos_set else set(_LOG_PROTO)
-    verify = []
-    for b in batches:
-        nbytes = b * draft_tokens * hidden * 2
-        times = {}
-        for algo, proto, lat, bw in rows:
-            if algo not in ("TREE", "RING") or algo not in on_a or proto not in on_p or proto not in _LOG_PROTO \
-                    or bw <= 0:
-                continue
-            f = M.tree_correction_factor(_LOG_PROTO[proto], nbytes) if algo == "TREE" else 1.0
-            times[(algo, proto)] = lat + nbytes / (1000.0 * bw * f)
-        if times:
-            order = [(a, p) for a in ("TREE", "RING") for p in ("LL", "LL128", "SIMPLE")]
-            best = min(times, key=lambda k: (times[k], order.index(k)))
-            verify.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "algo_proto": f"{best[0]}/{best[1]}",
-                           "time_us": round(times[best], 1), "label": "predicted"})
-    choices: dict[tuple, dict] = {}
-    for c in calls:
-        choices.setdefault((c.size_bytes, c.algo, c.proto), {
-            "size_bytes": c.size_bytes, "algo": c.algo, "proto": c.proto, "time_us": c.time_us, "line": c.line})
-    return {"model_table": [{"algo": a, "proto": p, "latency_us": lat, "algbw_gbps": bw} for a, p, lat, bw in rows],
-            "verify_choice": verify, "launched": sorted(choices.values(), key=lambda d: (d["size_bytes"], d["line"])),
-            "basis": f"NCCL's own TUNING lines in {log.source}"}
-
-
-def _measured(perf: PerfTable, hidden: int, draft_tokens: int, batches: tuple[int, ...]) -> list[dict]:
-    """Measured NCCL time of each verify size from the user's all_reduce_perf table, read as
-    ``tune`` reads it (:meth:`PerfTable.verify_time_us`: the in-place column, interpolated between
-    measured sizes; None outside them); ``column`` names the column read."""
-    out = []
-    for b in sorted(set(batches)):
-        nbytes = b * draft_tokens * hidden * 2
-        t, column = perf.verify_time_us(nbytes)
-        exact = nbytes in perf.sizes
-        out.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "time_us": None if t is None else round(t, 1),
-                    "column": column,
-                    "basis": ("measured" if exact else "interpolated between measured sizes") if t is not None
-                    else f"outside the measured sizes {min(perf.sizes)}-{max(perf.sizes)} B",
-                    "source": perf.source, "label": "measured"})
-    return out
-
-
-def _perf_warnings(perf: PerfTable, n: int | None, what: str) -> list[str]:
-    """The table against the box (several nodes, another world size), and the rows it dropped."""
-    out = []
-    several = perf.several_nodes(n or None)
-    if several:
-        out.append(several)
-    elif perf.n_ranks and n and perf.n_ranks != n:
-        out.append(f"{perf.source} was measured on {perf.n_ranks} ranks, the {what} has {n}: its times are for "
-                   "another world size")
-    if (dropped := perf.dropped_warning()) is not None:
-        out.append(dropped)
-    out += [f"{perf.source}: {p}" for p in perf.problems if "data row dropped" not in p]  # a second table
-    return out
-
-
-def _predicted_gain_pct(preds: list[Prediction]) -> float:
-    if not preds or preds[0].now_us <= 0:
-        return 0.0
-    return 100.0 * (preds[0].recommended_us - preds[0].now_us) / preds[0].now_us
-
-
-def _pcie_ipc(n: int, pairs: list[PairReport]) -> dict:
-    if not pairs and n in (0, 2, 4, 8):
-        return {"possible": None, "reason": "unknown from this input: no GPU pair known (add --nvidia-smi, or run "
-                                            "`fastverify p2p` on the box)"}
-    if n not in (2, 4, 8):
-        return {"possible": False, "reason": f"world size {n}: FlashInfer's PCIe IPC all-reduce takes 2, 4 or 8 GPUs"}
-    no = [f"{p.a}-{p.b}" for p in pairs if p.hw_p2p is False]
-    if no:
-        return {"possible": False, "reason": f"no CUDA peer access for pair(s) {', '.join(no)} (NVML); it needs every pair"}
-    unknown = [p for p in pairs if p.hw_p2p is None]
-    if unknown:
-        return {"possible": None, "reason": "peer access unknown from this input: run the real P2P check on the box "
-                                            "(fastverify p2p)"}
-    return {"possible": True, "reason": "every pair reports CUDA peer access; deploy it with `fastverify launch "
-                                        "--backend pcie_ipc --p2p-check FILE` (launch sets SGLang's switch after the proof)"}
-
-
-def _custom_ar(n: int, pairs: list[PairReport]) -> dict:
-    # The world-size and NVLink rule is the registry's (fastverify.registry, SGLang 0.5.23
-    # custom_all_reduce.py / custom_all_reduce_utils.py), the one launch and tune apply.
-    from fastverify.registry import BackendName, backend_info
-
-    info = backend_info(BackendName.custom_ar)
-    if n == 0:
-        return {"possible": None, "reason": "unknown from this input: the number of GPUs is not known"}
-    all_nvlink = bool(pairs) and all((p.link or "").startswith("NV") for p in pairs)
-    if info.world_sizes is not None and n not in info.world_sizes:
-        return {"possible": False, "reason": f"SGLang's custom all-reduce runs on {list(info.world_sizes)} GPUs; {n} GPUs"}
-    if not any(p.link for p in pairs) and n not in (info.world_sizes_without_nvlink or ()):
-        return {"possible": None, "reason": f"{n} GPUs: SGLang's custom all-reduce needs 2 GPUs or full NVLink, and "
-                                            "the links are unknown from this input"}
-    if n not in (info.world_sizes_without_nvlink or ()) and not all_nvlink:
-        return {"possible": False, "reason": f"SGLang's custom all-reduce needs 2 GPUs or full NVLink; {n} PCIe GPUs"}
-    if any(p.hw_p2p is False for p in pairs):
-        return {"possible": False, "reason": "no CUDA peer access between the GPUs"}
-    return {"possible": None if any(p.hw_p2p is None for p in pairs) else True,
-            "reason": "2 GPUs (or full NVLink); needs working peer access"}
-
-
-def _log_notes(log: NcclLog) -> list[str]:
-    notes = []
-    if log.graph_fallbacks:
-        notes.append("NCCL's topology search failed ('falling back to simple order', pattern "
-                     f"{', '.join(map(str, log.graph_fallbacks))}): it then picks the Simple protocol for most sizes; "
-                     "NCCL_PROTO=LL (small messages) or a graph file (NCCL_GRAPH_FILE) avoids that")
-    for name, value in sorted(log.env.items()):
-        notes.append(f"NCCL read {name}={value} from the environment")
-    for name, value in sorted(log.env_invalid.items()):
-        notes.append(f"NCCL rejected {name}={value} and used its default")
-    for a, b in log.p2p_unavailable:
-        notes.append(f"NCCL could not enable P2P between devices {a} and {b}")
-    for w in log.warnings[:5]:
-        notes.append(f"NCCL WARN: {w.message}")
-    return notes
+def _world_size(gpus: list[int], log: NcclLog | None, perf: PerfTable | None) -> int:
+    """The GPU count: the pairs' GPUs, else the log's communicator or printing devices, or the
+    perf table's ranks. One device printing is no world size (rank 0 alone prints the TUNING
+    lines); 0 = unknown."""
+    if gpus:
+        return len(gpus)
+    n = (log.n_ranks or (len(log.devices) if len(log.devices) >= 2 else 0)) if log else 0
+    if perf is not None and perf.n_ranks:
+        n = max(n, perf.n_ranks)
+    return n
 
 
 def _ring_transport(pairs: list[PairReport], which: str) -> M.Transport:
@@ -485,6 +213,12 @@ def _ring_transport(pairs: list[PairReport], which: str) -> M.Transport:
 
 
 def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env):
+    """The predicted all-reduce time of each verify size under the current and the recommended
+    transports (:data:`CALIBRATION`), and the note saying on what; ``[]`` and why not where the
+    model does not apply (no pair known, one GPU, NVLink, NET)."""
+    if not pairs:
+        return [], ("no prediction: no GPU pair is known from this input (add --nvidia-smi, or an NCCL log "
+                    "with transport lines)" if n != 1 else "one GPU: no all-reduce")
     if n < 2:
         return [], "one GPU: no all-reduce"
     if any((p.link or "").startswith("NV") for p in pairs):
@@ -577,3 +311,9 @@ def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list
     if not acts and not ranked:
         acts.append("nothing to change from this input; measure the candidates with `fastverify tune`")
     return acts
+
+
+def _predicted_gain_pct(preds: list[Prediction]) -> float:
+    if not preds or preds[0].now_us <= 0:
+        return 0.0
+    return 100.0 * (preds[0].recommended_us - preds[0].now_us) / preds[0].now_us

@@ -1,26 +1,18 @@
 """GPU topology records and the parser for ``nvidia-smi topo -m`` text.
 
-A :class:`Topology` holds the GPUs of one box, the connection type of every ordered GPU pair in
-nvidia-smi's names (``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``, ``NV<n>``), the NICs and their
-connection to each GPU, and NVML's P2P read/write status per pair (``None`` when unknown, as in
-any offline topology). It comes from :func:`parse_nvidia_smi_topo` (offline, from text) or from
-:func:`fastverify.topo.nvml.read_nvml_topology` (live, from the driver).
-
-NCCL names paths differently from nvidia-smi; :func:`nccl_path_type` maps one onto the other and
-:func:`p2p_allowed` applies NCCL's ``NCCL_P2P_LEVEL`` rule (sources: NCCL ``src/include/graph.h`` for the order, ``src/graph/topo.cc`` for the
-names, ``src/graph/paths.cc`` ``ncclTopoSetPaths`` / ``ncclTopoCheckP2p`` for the rules).
-
-Example of the text parsed (tabs or runs of spaces between cells; nvidia-smi underlines the
-header with ANSI escapes)::
+A :class:`Topology` holds one box's GPUs, the connection of every ordered GPU pair in nvidia-smi's
+names (``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``, ``NV<n>``), the NICs and their connection to
+each GPU, and NVML's P2P read/write status per pair (``None`` when unknown, as offline). It comes
+from :func:`parse_nvidia_smi_topo` (text) or :func:`fastverify.topo.nvml.read_nvml_topology`.
+:func:`nccl_path_type` maps nvidia-smi's names onto NCCL's path types and :func:`p2p_allowed`
+applies NCCL's ``NCCL_P2P_LEVEL`` rule (NCCL ``src/include/graph.h``: the order;
+``src/graph/topo.cc``: the names; ``src/graph/paths.cc`` ``ncclTopoSetPaths`` /
+``ncclTopoCheckP2p``: the rules). The text parsed (tabs or spaces between cells)::
 
             GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity   GPU NUMA ID
     GPU0     X      PIX     PIX     0-35,72-107     0               N/A
     GPU1    PIX      X      PIX     0-35,72-107     0               N/A
     NIC0    PIX     PIX      X
-
-    Legend: ...
-    NIC Legend:
-      NIC0: mlx5_0
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from fastverify.errors import UserError
+from fastverify.errors import UserError, path_text, printable
 
 # nvidia-smi connection names, closest first (the order of its legend, reversed).
 SMI_LINK_ORDER: tuple[str, ...] = ("NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -258,6 +250,18 @@ def _optional_int(cell: str) -> int | None:
     return int(cell) if _SMALL_INT.fullmatch(cell) else None
 
 
+@dataclass(frozen=True)
+class _Header:
+    """The header row: device column labels, attribute column names, each label's column, the
+    GPU number of each ``GPU<n>`` label, and the row's index in the lines."""
+
+    devices: list[str]
+    attributes: list[str]
+    column_of: dict[str, int]
+    gpu_of_label: dict[str, int]
+    at: int
+
+
 def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
     """Parse the output of ``nvidia-smi topo -m``.
 
@@ -289,13 +293,23 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
         a non-square matrix (missing or unknown row), a missing ``X`` diagonal, or asymmetric
         entries.
     """
-    from fastverify.errors import path_text, printable
-
     source = printable(path_text(source))  # printed by every command and stored in records
     if not isinstance(text, str):
         raise _fail(source, f"expected text, got {type(text).__name__}")
     lines = [_ANSI.sub("", line).replace("\x1b", "") for line in text.splitlines()]
+    head = _read_header(lines, source)
+    cells, attrs, row_line, end = _read_rows(lines, head, source)
+    _check_square(cells, head, row_line, source)
+    nic_names: dict[str, str] = {}
+    for line in lines[end:]:
+        m = _NIC_LEGEND.fullmatch(line.strip())
+        if m:
+            nic_names[m.group(1)] = m.group(2)
+    return _topology(head, cells, attrs, nic_names, source)
 
+
+def _read_header(lines: list[str], source: str) -> _Header:
+    """The first row starting with ``GPU0`` that is not a matrix row, split into its columns."""
     header_at = None
     for n, line in enumerate(lines):
         tokens = line.split()
@@ -317,12 +331,18 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
     gpu_of_label = {label: int(m.group(1)) for label in devices if (m := _GPU_LABEL.fullmatch(label))}
     if len(set(gpu_of_label.values())) != len(gpu_of_label):
         raise _fail(source, "two GPU columns have the same number", header_at + 1)
+    return _Header(devices, attributes, column_of, gpu_of_label, header_at)
 
-    # Matrix rows: up to the first blank line or the legend.
+
+def _read_rows(lines: list[str], head: _Header, source: str
+               ) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, int], int]:
+    """Matrix rows, up to the first blank line or the legend: each row's connections and attribute
+    cells, its 1-based line number, and the index of the line after the matrix."""
+    devices, attributes = head.devices, head.attributes
     cells: dict[str, list[str]] = {}
     attrs: dict[str, list[str]] = {}
     row_line: dict[str, int] = {}
-    n = header_at + 1
+    n = head.at + 1
     while n < len(lines):
         tokens = lines[n].split()
         if not tokens:
@@ -336,53 +356,57 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
         if tokens[0].startswith("Legend"):
             break
         label = tokens[0]
-        if label not in column_of:
+        if label not in head.column_of:
             raise _fail(source, f"row {_shown(label)} is not one of the header's columns", n + 1)
         if label in cells:
             raise _fail(source, f"row {_shown(label)} appears twice", n + 1)
         values = tokens[1:]
-        is_gpu = label in gpu_of_label
-        wanted = len(devices) + (len(attributes) if is_gpu else 0)
+        wanted = len(devices) + (len(attributes) if label in head.gpu_of_label else 0)
         if len(values) < wanted:
             where = f" (no cell from column {devices[len(values)]} on)" if len(values) < len(devices) else ""
             raise _fail(source, f"row {label} has {len(values)} cells, expected {wanted}: a cell is missing{where}", n + 1)
         if len(values) > len(devices) + len(attributes):
             raise _fail(source, f"row {label} has {len(values)} cells, expected {wanted}: extra cell "
                         f"{_shown(values[len(devices) + len(attributes)])}", n + 1)
-        links: list[str] = []
-        for c, cell in enumerate(values[: len(devices)]):
-            link = _normalise_link(cell)
-            if link is None:
-                raise _fail(source, f"row {label}, column {devices[c]}: unknown connection {_shown(cell)} "
-                            "(expected X, PIX, PXB, PHB, NODE, SYS or NV<n>)", n + 1)
-            links.append(link)
-        cells[label] = links
+        cells[label] = [_row_link(source, label, devices[c], cell, n + 1) for c, cell in enumerate(values[: len(devices)])]
         attrs[label] = values[len(devices):]
         row_line[label] = n + 1
         n += 1
+    return cells, attrs, row_line, n
 
-    for label in devices:
+
+def _row_link(source: str, label: str, column: str, cell: str, line_no: int) -> str:
+    """The connection name of one matrix cell; UserError for a code that is none."""
+    link = _normalise_link(cell)
+    if link is None:
+        raise _fail(source, f"row {label}, column {column}: unknown connection {_shown(cell)} "
+                    "(expected X, PIX, PXB, PHB, NODE, SYS or NV<n>)", line_no)
+    return link
+
+
+def _check_square(cells: dict[str, list[str]], head: _Header, row_line: dict[str, int], source: str) -> None:
+    """Every column has its row, X exactly on the diagonal, and the matrix is symmetric."""
+    for label in head.devices:
         if label not in cells:
             raise _fail(source, f"matrix is not square: no row for column {label}")
     for label, links in cells.items():
         for c, link in enumerate(links):
-            other = devices[c]
+            other = head.devices[c]
             if (link == "X") != (other == label):
                 what = "diagonal must be X" if other == label else "X off the diagonal"
                 raise _fail(source, f"row {label}, column {other}: {what}", row_line[label])
-            if cells[other][column_of[label]] != link:
+            if cells[other][head.column_of[label]] != link:
                 raise _fail(source, f"asymmetric entries: row {label}, column {other} is {link} but row "
-                            f"{other}, column {label} is {cells[other][column_of[label]]}", row_line[label])
+                            f"{other}, column {label} is {cells[other][head.column_of[label]]}", row_line[label])
 
-    nic_names: dict[str, str] = {}
-    for line in lines[n:]:
-        m = _NIC_LEGEND.fullmatch(line.strip())
-        if m:
-            nic_names[m.group(1)] = m.group(2)
 
+def _topology(head: _Header, cells: dict[str, list[str]], attrs: dict[str, list[str]], nic_names: dict[str, str],
+              source: str) -> Topology:
+    """The checked matrix as a :class:`Topology`: GPUs with their attribute columns, GPU pairs, NICs."""
+    gpu_of_label, column_of = head.gpu_of_label, head.column_of
     gpus: list[Gpu] = []
     for label, index in sorted(gpu_of_label.items(), key=lambda kv: kv[1]):
-        row_attrs = dict(zip(attributes, attrs[label]))
+        row_attrs = dict(zip(head.attributes, attrs[label]))
         affinity = row_attrs.get("CPU Affinity")
         gpus.append(Gpu(
             index=index,
@@ -397,9 +421,8 @@ def parse_nvidia_smi_topo(text: str, *, source: str = "<text>") -> Topology:
     nics = tuple(
         Nic(label=label, name=nic_names.get(label, None if _NIC_LABEL.fullmatch(label) else label),
             gpu_links={gpu_of_label[g]: cells[label][column_of[g]] for g in gpu_of_label})
-        for label in devices if label not in gpu_of_label
+        for label in head.devices if label not in gpu_of_label
     )
     unknown = {pair: None for pair in pair_links}
     return Topology(gpus=tuple(gpus), links=pair_links, nics=nics, p2p_read=dict(unknown),
                     p2p_write=dict(unknown), source=source)
-

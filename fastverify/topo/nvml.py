@@ -1,27 +1,20 @@
 """Live GPU topology from NVML (the ``nvidia-ml-py`` package, imported as ``pynvml``).
 
 :func:`read_nvml_topology` asks the driver what ``nvidia-smi topo -m`` shows and more: GPU names,
-PCI bus ids, the common PCIe ancestor of each pair, NVLink counts, NVML's P2P read/write status,
-current and maximum PCIe generation and width, and NUMA placement. It needs the NVIDIA driver;
-without one it raises a one-line :class:`~fastverify.errors.UserError` that points at the offline
-``--nvidia-smi FILE`` route.
+PCI bus ids, each pair's common PCIe ancestor, NVLink counts, P2P read/write status, current and
+maximum PCIe generation and width, NUMA placement. Without a driver it raises a one-line
+:class:`~fastverify.errors.UserError` that points at the offline ``--nvidia-smi FILE`` route.
 
-Constant names checked against nvidia-ml-py 13.615 (``pynvml.py``): ``NVML_TOPOLOGY_INTERNAL/
-SINGLE/MULTIPLE/HOSTBRIDGE/NODE/SYSTEM`` (0/10/20/30/40/50; ``NVML_TOPOLOGY_CPU`` is an alias of
-NODE), ``NVML_P2P_CAPS_INDEX_READ/WRITE``, ``NVML_P2P_STATUS_*``, ``NVML_NVLINK_MAX_LINKS``,
-``NVML_NVLINK_DEVICE_TYPE_GPU/SWITCH``. That release defines ``NVML_P2P_CAPS_INDEX_READ = 0,``
-with a stray comma, i.e. the tuple ``(0,)``, which ctypes cannot pass; :func:`_const_int` unwraps it.
-
-Refusals: NVML answers some queries with ``NVML_ERROR_NOT_SUPPORTED`` (or ``NO_PERMISSION`` and
-the like) per GPU or per pair, e.g. ``nvmlDeviceGetTopologyCommonAncestor`` on some virtualised
-GPUs. Each such query loses only its own fact: the pair's link is recorded as unknown with the
-error's name (``Topology.link_errors``), and every refused query is listed in
-``Topology.unsupported``. Only the queries the whole topology needs (init, count, handles) fail it.
-
-NUMA: ``nvmlDeviceGetNumaNodeId`` is *not* the CPU NUMA node of a PCIe GPU; NVML documents it as
-"the NUMA node of the given GPU device. This only applies to platforms where the GPUs are NUMA
-nodes" (nvidia-smi's "GPU NUMA ID"). The CPU side (nvidia-smi's "NUMA Affinity") comes from sysfs
-``/sys/bus/pci/devices/<bdf>/numa_node``, else from ``nvmlDeviceGetMemoryAffinity``.
+Constants checked against nvidia-ml-py 13.615 (``pynvml.py``): ``NVML_TOPOLOGY_INTERNAL/SINGLE/
+MULTIPLE/HOSTBRIDGE/NODE/SYSTEM`` (0/10/20/30/40/50; ``NVML_TOPOLOGY_CPU`` aliases NODE),
+``NVML_P2P_CAPS_INDEX_READ/WRITE``, ``NVML_P2P_STATUS_*``, ``NVML_NVLINK_MAX_LINKS``,
+``NVML_NVLINK_DEVICE_TYPE_GPU/SWITCH``; that release's ``NVML_P2P_CAPS_INDEX_READ = 0,`` is the
+tuple ``(0,)``, which ctypes cannot pass (:func:`_const_int` unwraps it). A query NVML refuses
+(``NVML_ERROR_NOT_SUPPORTED``, ``NO_PERMISSION``, ...) loses only its own fact: a pair's link goes
+to ``Topology.link_errors``, every refused query to ``Topology.unsupported``; only init, count and
+handles fail the read. NUMA: ``nvmlDeviceGetNumaNodeId`` is the node of the GPU's own memory where
+GPUs are NUMA nodes ("GPU NUMA ID"), not a PCIe GPU's CPU node ("NUMA Affinity"), which comes from
+sysfs ``/sys/bus/pci/devices/<bdf>/numa_node``, else ``nvmlDeviceGetMemoryAffinity``.
 """
 
 from __future__ import annotations
@@ -69,7 +62,8 @@ def _const_int(nvml: Any, name: str, default: int) -> int:
     return int(value)
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """An NVML string as text: pynvml returns ``bytes`` in some releases, ``str`` in others."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
@@ -193,7 +187,7 @@ def _nvlink_peers(q: _Queries, handle: Any, index: int, bus_to_index: dict[str, 
             to_switch += 1
             continue
         remote = q.maybe("nvmlDeviceGetNvLinkRemotePciInfo", f"{where}, link {link}", handle, link)
-        peer = bus_to_index.get(_text(remote.busId).lower()) if remote is not None else None
+        peer = bus_to_index.get(nvml_text(remote.busId).lower()) if remote is not None else None
         if peer is not None and kind in (None, gpu_type):
             per_peer[peer] = per_peer.get(peer, 0) + 1
     return per_peer, to_switch
@@ -262,7 +256,7 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
     for i, h in enumerate(handles):
         at = f"GPU {i}"
         pci = q.maybe("nvmlDeviceGetPciInfo", at, h)
-        bus_id = _text(pci.busId) if pci is not None else None
+        bus_id = nvml_text(pci.busId) if pci is not None else None
         name = q.maybe("nvmlDeviceGetName", at, h)
         numa = _sysfs_numa_node(bus_id, sysfs_root)
         if numa is None:
@@ -273,7 +267,7 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
         cpus = q.maybe("nvmlDeviceGetCpuAffinity", at, h, _CPU_WORDS)
         gpus.append(Gpu(
             index=i,
-            name=_text(name) if name is not None else None,
+            name=nvml_text(name) if name is not None else None,
             pci_bus_id=bus_id,
             numa_node=numa,
             cpu_affinity=_bitmask_ranges(cpus) if cpus is not None else None,
@@ -325,6 +319,6 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
                     refused.append(f"{what}: {p2p_status_text(nvml, status)}")
             if refused:
                 p2p_reason[(i, j)] = "; ".join(refused)
-    source = f"NVML (driver {_text(driver)})" if driver is not None else "NVML"
+    source = f"NVML (driver {nvml_text(driver)})" if driver is not None else "NVML"
     return Topology(gpus=tuple(gpus), links=links, nics=(), p2p_read=p2p_read, p2p_write=p2p_write,
                     source=source, p2p_reason=p2p_reason, link_errors=link_errors, unsupported=tuple(q.failed))

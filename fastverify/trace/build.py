@@ -128,7 +128,7 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
             if type(corr) is int:
                 acc.runtime_ns[corr] = ts
             if isinstance(name, str) and GRAPH_LAUNCH.match(name):
-                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur, "correlation": corr})
+                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur, "correlation": corr if type(corr) is int else None})
             elif isinstance(name, str) and HOST_SYNC.match(name) and dur is not None:
                 acc.host_syncs.append({"name": name, "ts_ns": ts, "dur_ns": dur})
         else:

@@ -328,7 +328,9 @@ def _runtime_rows(runtime: list, merged: bool, want_pids: bool, slot) -> bool:
             dest = slot(labels[i] if labels is not None else -1)
             dur_ns = _ns_from_text(bytes(runtime[i].dur))
             if nm in launches:
-                dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns, "correlation": corr[i]})
+                c = corr[i]  # only an int id can match a kernel's; anything else is no id
+                dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns,
+                                               "correlation": c if type(c) is int else None})
             elif dur_ns is not None:
                 dest["host_syncs"].append({"name": nm, "ts_ns": ts_list[i], "dur_ns": dur_ns})
     return tp_pids

@@ -9,24 +9,10 @@ middle, and each part is made a document of its own:
 * first part:  ``<text up to the end of event k>,{"ph":"<marker>"}]}``
 * second part: ``{"traceEvents":[{"ph":"<marker>"},<text from event k+1 to the end>``
 
-where ``<marker>`` holds a random nonce drawn for this read. The cut is where ``}``, a comma and
-``{`` follow each other with only white space between. Such a place is either inside a string
-(then the first part cannot parse: the string ends at the marker's first quote and a bare name
-follows) or between two objects of some array. Both parts parse, and each has its marker at the
-right end of its ``traceEvents``, only when that array is the document's ``traceEvents``: the
-first part's marker must be the last event of its ``traceEvents`` (so the array closed there is
-that key's value) and the second part's marker the first of its own (so no later
-``traceEvents`` key replaced it). Any other outcome, and any decode error, makes the caller read
-the file whole, as before. The parts' columns are then joined in file order, which is the order
-the whole-file reader keeps; the package's tests check the result equal to the whole-file read,
-field for field, on the real traces and on cuts placed in strings, nested arrays and other
-top-level arrays.
-
-Memory: the worker shares the parent's inflated text (fork, copy on write) and decodes its half
-into its own objects; each side also copies its part of the text once. Measured on the 53.7 MB
-``df_index_resolver`` trace: parent peak 189 MB (the whole-file reader's: 205 MB), worker 80 MB of
-its own pages (``/proc/self/smaps_rollup``, private), so both together stay within
-:data:`fastverify.trace.folder.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
+where ``<marker>`` holds a random nonce drawn for this read (why such a cut is safe:
+:func:`cut_points`). Any decode error makes the caller read the file whole. The parts' columns are
+joined in file order, which is the order the whole-file reader keeps; the package's tests check the
+result equal to the whole-file read, field for field. Memory use: :class:`_Worker`.
 """
 
 from __future__ import annotations
@@ -56,7 +42,18 @@ _TEXT: dict = {}  # the inflated text, set while the worker is forked (it reads 
 def cut_points(raw: bytes, share: float = SECOND_SHARE) -> tuple[int, int] | None:
     """``(end, start)``: the first part of ``raw`` ends at ``end`` (just after a ``}``) and the
     second starts at ``start`` (a ``{``), at the first place between two objects at or after
-    ``1 - share`` of the text; None where there is none."""
+    ``1 - share`` of the text; None where there is none.
+
+    The cut is where ``}``, a comma and ``{`` follow each other with only white space between.
+    Such a place is either inside a string (then the first part cannot parse: the string ends at
+    the marker's first quote and a bare name follows) or between two objects of some array. Both
+    parts parse, and each has its marker at the right end of its ``traceEvents``, only when that
+    array is the document's ``traceEvents``: the first part's marker must be the last event of its
+    ``traceEvents`` (so the array closed there is that key's value) and the second part's marker
+    the first of its own (so no later ``traceEvents`` key replaced it). Any other outcome makes
+    :func:`read_in_halves` return None (the tests place cuts in strings, nested arrays and other
+    top-level arrays).
+    """
     m = _BETWEEN_OBJECTS.search(raw, int(len(raw) * (1.0 - share)))
     if m is None:
         return None
@@ -191,7 +188,14 @@ def _join(a: dict, b: dict) -> dict:
 
 class _Worker:
     """The forked process that reads the second half: it starts on its part at once (the text and
-    the cut are in its copy of this process's memory) and sends one pickled reply on a pipe."""
+    the cut are in its copy of this process's memory) and sends one pickled reply on a pipe.
+
+    Memory: the worker shares the parent's inflated text (fork, copy on write) and decodes its half
+    into its own objects; each side also copies its part of the text once. Measured on the 53.7 MB
+    ``df_index_resolver`` trace: parent peak 189 MB (the whole-file reader's: 205 MB), worker 80 MB
+    of its own pages (``/proc/self/smaps_rollup``, private), so both together stay within
+    :data:`fastverify.trace.folder.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
+    """
 
     def __init__(self, raw: bytes, start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> None:
         import multiprocessing

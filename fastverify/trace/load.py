@@ -52,19 +52,13 @@ from fastverify.trace.decode import (
     _HOST_KEEP,
     _STEP_RES,
     _TRACE_DECODER,
-    GPU_CATS,
-    GRAPH_LAUNCH,
-    HOST_CATS,
     HOST_SYNC,
-    RUNTIME_CATS,
     STAGE_SPAN,
-    STEP_PATTERNS,
     _looks_comm_op,
     _read_bytes,
     _TooDeep,
     _top,
     read_trace_json,
-    reads_args,
 )
 from fastverify.trace.folder import (
     MAX_TRACE_FILES,
@@ -78,10 +72,9 @@ from fastverify.trace.folder import (
 )
 
 __all__ = [
-    "GPU_CATS", "GRAPH_LAUNCH", "HOLD_DECODED", "HOST_CATS", "HOST_SYNC", "MAX_TRACE_FILES", "PARALLEL_MIN_BYTES",
-    "PEAK_BYTES_PER_JSON_BYTE", "RUNTIME_CATS", "STAGE_SPAN", "STEP_PATTERNS", "done_with", "json_size",
-    "load_trace", "load_traces", "load_workers", "merge_conflict", "rank_from_filename", "read_trace",
-    "read_trace_json", "reads_args",
+    "HOLD_DECODED", "HOST_SYNC", "MAX_TRACE_FILES", "PARALLEL_MIN_BYTES", "PEAK_BYTES_PER_JSON_BYTE", "STAGE_SPAN",
+    "done_with", "json_size", "load_trace", "load_traces", "load_workers", "merge_conflict", "rank_from_filename",
+    "read_trace", "read_trace_json",
 ]
 
 HOLD_DECODED = False

@@ -5,8 +5,8 @@ ranked together, with verify time and tok/s (:func:`fastverify.tune.candidates.w
 
 ``fastverify tune --predict`` prints this ranking and ``fastverify topo`` advises from it
 (:mod:`fastverify.topo.advice_text`), so the two commands never recommend different things for the
-same box and workload. :func:`rank_options` is the one public function; the P2P helpers below are
-shared with ``tune``'s deployment record.
+same box and workload. :func:`rank_options` is the one public function; the P2P and NVLink helpers
+below are shared with ``tune``'s deployment record.
 """
 
 from __future__ import annotations
@@ -82,6 +82,17 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
                               nvlink_full=_nvlink_full(topology, workload.tp), perf=perf, log=log,
                               enabled=(en.algos, en.protos if en.protos_set else None),
                               sglang_version=installed_sglang_version())
+    pred = replace(pred, notes=pred.notes + tuple(_evidence_notes(workload, env, perf, log)))
+    if user is not None:
+        from fastverify.tune import user_figures as uf
+
+        pred = uf.scale_prediction(pred, user, tuple(user_notes))
+    return with_verify(pred, workload, accept_length=accept_length, tok_s=tok_s, user=user)
+
+
+def _evidence_notes(workload, env: Mapping[str, str], perf, log) -> list[str]:
+    """What the evidence files say about themselves: NCCL settings the log ran with that this
+    environment lacks, the log's first problems, verify sizes outside the perf table."""
     notes = []
     if log is not None:
         for k, v in sorted(log.env.items()):
@@ -92,12 +103,7 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
     if perf is not None and any(perf.time_us(b, in_place=True) is None for b, _ in workload.msg_sizes):
         notes.append(f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
                      f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those")
-    pred = replace(pred, notes=pred.notes + tuple(notes))
-    if user is not None:
-        from fastverify.tune import user_figures as uf
-
-        pred = uf.scale_prediction(pred, user, tuple(user_notes))
-    return with_verify(pred, workload, accept_length=accept_length, tok_s=tok_s, user=user)
+    return notes
 
 
 def _nvlink_full(topology, tp: int) -> bool | None:
@@ -119,7 +125,9 @@ def _p2p_facts(given, topo, *, cuda: bool):
     if cuda:
         import msgspec
 
-        from fastverify.topo.p2p import CheckFile, check_p2p, complete_gpus, gpu_identities
+        from fastverify.topo.gpu_identity import gpu_identities
+        from fastverify.topo.p2p import check_p2p
+        from fastverify.topo.p2p_proof import CheckFile, complete_gpus
 
         try:
             gpus = gpu_identities()

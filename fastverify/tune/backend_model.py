@@ -1,55 +1,30 @@
-"""Per-backend all-reduce time models fitted to published measurements (always *predicted*).
+"""Per-backend all-reduce time models from published measurements (always *predicted*).
 
 The measurements live in ``fastverify/data/published_allreduce.json``: one :class:`Box` per host
 (GPU, SM, GPU count, PCIe generation, switch or root complex, NUMA layout, link) and one
 :class:`Measurement` per source table (backend, world size, P2P, tool, settings, sizes in bytes,
-times in µs, how the numbers were read, link). :func:`estimate` turns them into a range and a point
-for one backend and one message size.
+times in µs, how the numbers were read, link). :func:`estimate` gives a point and a range for one
+backend and one message size. A range is the point x/÷ how far its rule missed on published boxes
+it did not see (:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs
+5-15x between hosts with the same GPU, so raw between-box spread is too wide to act on.
 
-Why a range from the point's own misses: NCCL time on PCIe differs 5-15x between hosts with the
-same GPU (at 12-96 KiB the SGLang ``pcie_ipc_ar.py`` 8x SM120 host measured 205-585 µs, the
-rtx6kpro 8x RTX PRO 6000 Turin host 48-49 µs), so a range joined from the boxes' raw times is too
-wide to act on (36-49x). The range is the point x/÷ how far this point rule missed on published
-boxes it did not see (:mod:`fastverify.tune.ranges`), or "unknown at this size" where too few
-boxes tell; the user's own measurement (``fastverify tune``, ``--perf-table``) replaces it.
-
-Rules. Comparable, interpolation, box value and point were fixed before the leave-one-box-out
-benchmark ``benchmarks/bench_model.py`` first ran. The range rule was revised twice after it:
-on 2026-12-01 (the min..max envelope reached 1/6 NCCL boxes) and on 2026-12-10 (a reviewer's
-37 public points: the t interval of raw between-box spread joined with the envelope was 36x wide).
-
-* **Comparable**: same world size; for NCCL only measurements taken with default settings (the
-  baseline a user has before tuning); for a backend that needs P2P (registry ``needs_p2p``) only
-  measurements with P2P working, and nothing at all when the caller says P2P is off; a backend
-  with a kernel SM gate (registry ``kernel_sm_majors`` / ``kernel_sm``) nothing when ``sm`` fails it.
-* **Interpolation**: log-log linear between a measurement's neighbouring sizes. Beyond its sizes by
-  at most :data:`EXTRAPOLATE` (2x, one power-of-two step): below the smallest size the smallest
-  size's time is held (small all-reduces are latency-bound); above the largest the last segment's
-  log-log slope is continued, clamped to [0, 1] (time cannot grow faster than the bytes), flat
-  when the table has one size. Further away the measurement does not count.
-* **Box value**: a box with several comparable measurements at a size counts once, as their median.
-* **Residuals** (:func:`published_residuals`): a *cell* is (backend, or for a measurement with no
-  registry backend its ``kernel`` string; world size; message size on :data:`SPREAD_GRID`, the
-  powers of two 4 KiB .. 4 MiB). Every measurement with times that passes the comparable rule of
-  its backend is interpolated at the grid sizes; each box gives one value per cell (median). In a
-  cell of at least 2 boxes each box's residual is ln(its value / the point rule below applied to
-  the cell's other boxes, with its own SM and PCIe generation). NCCL cells and P2P-kernel cells
-  are pooled apart. With ``exclude_box`` that box is left out of every cell first (no leakage).
-* **Range**: :func:`fastverify.tune.ranges.fit` of the pool: point x exp(median residual ± 1.2816 x
-  robust spread), at least x/÷ 1.25, or unknown (fewer than 4 boxes in the pool, a world size or
-  size more than 2x from the pool's, a range wider than 8x): then ``low_us`` / ``high_us`` are None
-  and ``unknown`` says why.
-* **Point**: the median over boxes (a box with several measurements counts once, as their
-  median) of the boxes closest to the caller's: same SM major when any comparable box has it
-  (same GPU generation: same PCIe generation and host platforms in the data), then same PCIe
-  generation when given and known; otherwise the median of every comparable box. A median
-  because one outlying host (the 205 µs SM120 box) must not drag the point alone.
-* **Disagreement note**: added when the comparable values at the size differ by more than
-  :data:`DISAGREE` (3x), or, for a P2P kernel, when published speed-ups over NCCL of peer-write
-  kernels at that size (any world size, same-box NCCL) differ by more than 3x: one-shot kernels
-  collapse on some fabrics (SGLang-V100 PR #2: 4x V100 behind a PLX switch, one-shot push 120.3 µs
-  vs NCCL 83.5 µs at 384 KB; FlashInfer PR #4393: all-to-all peer writes collapse on root-complex
-  PCIe) while staged-ring ones do not (SGLang ``pcie_ipc_ar.py``: 34x faster than NCCL at 384 KiB).
+* **Comparable**: same world size; NCCL only with default settings (the user's baseline); a backend
+  that needs P2P (registry ``needs_p2p``) only with P2P working, nothing when the caller says P2P is
+  off; a backend with a kernel SM gate (registry ``kernel_sm_majors`` / ``kernel_sm``) nothing when
+  ``sm`` fails it.
+* **Interpolation**: log-log between a measurement's neighbouring sizes; up to :data:`EXTRAPOLATE`
+  (2x) beyond them: the smallest size's time held below, the last slope (clamped to [0, 1]) above.
+* **NCCL point**: the median over comparable boxes (a box counts once) of those closest to the
+  caller's: same SM major when any has it, then same PCIe generation; the median so that one
+  outlying host (the 205 µs SM120 box) cannot drag it alone. Its misses (:func:`published_residuals`):
+  per (world size, power of two 4 KiB .. 4 MiB) cell of at least 2 boxes, ln(box value / the rule on
+  the cell's other boxes); ``exclude_box`` leaves a box out of every cell first.
+* **P2P backends** (pcie_ipc, custom_ar, ...): :mod:`fastverify.tune.kernel_cost`'s point and range,
+  for a backend with at least one published PCIe measurement (else None: no number is invented).
+* **Disagreement note**: comparable values more than :data:`DISAGREE` (3x) apart, or for a P2P
+  kernel published speed-ups over same-box NCCL more than 3x apart: one-shot kernels collapse on
+  some fabrics (sglang-V100 PR #2: 4x V100 behind a PLX switch, 120.3 µs vs NCCL 83.5 µs at 384 KB;
+  FlashInfer PR #4393: root-complex PCIe) while staged ones do not (SGLang ``pcie_ipc_ar.py``).
 
 This module imports neither torch nor any GPU library.
 """
@@ -69,6 +44,7 @@ import msgspec
 
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, backend_info
+from fastverify.tune import kernel_cost as K
 from fastverify.tune import ranges as R
 
 __all__ = [
@@ -357,26 +333,24 @@ def comparable(backend: BackendName, world_size: int, exclude_box: str | None = 
 
 
 @functools.lru_cache(maxsize=256)
-def _cells(data: PublishedData, exclude_box: str | None) -> dict[tuple, dict[str, float]]:
-    """(group, key, world size, grid size) -> box -> value in µs (module docstring, Residuals)."""
-    raw: dict[tuple, dict[str, list[float]]] = {}
+def _cells(data: PublishedData, exclude_box: str | None) -> dict[tuple[int, int], dict[str, float]]:
+    """(world size, grid size) -> box -> NCCL value in µs (module docstring, Residuals)."""
+    raw: dict[tuple[int, int], dict[str, list[float]]] = {}
     for m in data.measurements:
-        if m.box == exclude_box or not passes(m):
+        if m.box == exclude_box or m.backend is not BackendName.nccl or not passes(m):
             continue
-        key = ("backend", m.backend.value) if m.backend is not None else ("kernel", m.kernel)
-        group = "nccl" if m.backend is BackendName.nccl else "kernel"
         for size in SPREAD_GRID:
             t = m.time_at(size)
             if t is not None:
-                raw.setdefault((group, key, m.world_size, size), {}).setdefault(m.box, []).append(t)
+                raw.setdefault((m.world_size, size), {}).setdefault(m.box, []).append(t)
     return {k: {b: statistics.median(ts) for b, ts in v.items()} for k, v in raw.items()}
 
 
 @functools.lru_cache(maxsize=256)
-def _residuals(group: str, data: PublishedData, exclude_box: str | None) -> tuple[R.Residual, ...]:
+def _residuals(data: PublishedData, exclude_box: str | None) -> tuple[R.Residual, ...]:
     out = []
-    for (g, _, ws, size), vals in _cells(data, exclude_box).items():
-        if g != group or len(vals) < 2:
+    for (ws, size), vals in _cells(data, exclude_box).items():
+        if len(vals) < 2:
             continue
         for b, v in vals.items():
             bx = _box(b, data)
@@ -385,12 +359,11 @@ def _residuals(group: str, data: PublishedData, exclude_box: str | None) -> tupl
     return tuple(out)
 
 
-def published_residuals(group: Literal["nccl", "kernel"], *, exclude_box: str | None = None,
-                        data: PublishedData | None = None) -> tuple[R.Residual, ...]:
-    """The point rule's misses on the published boxes, ``"nccl"`` or ``"kernel"`` cells (module
-    docstring, Residuals); ``exclude_box`` left out of every cell first. ``data``: a file read with
-    :func:`load`; default the packaged one."""
-    return _residuals(group, data if data is not None else _packaged(), exclude_box)
+def published_residuals(*, exclude_box: str | None = None, data: PublishedData | None = None) -> tuple[R.Residual, ...]:
+    """The NCCL point rule's misses on the published boxes (module docstring, Residuals);
+    ``exclude_box`` left out of every cell first. ``data``: a file read with :func:`load`; default
+    the packaged one."""
+    return _residuals(data if data is not None else _packaged(), exclude_box)
 
 
 def _point(box_val: dict[str, float], data: PublishedData, sm: tuple[int, int] | None,
@@ -464,19 +437,17 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
     Returns
     -------
     Estimate or None
-        None when no comparable published measurement covers this size (then the backend is not a
-        candidate). In the packaged data that is so for ``b12x``: no isolated figure of its one-shot
-        all-reduce + residual + RMSNorm kernel is published (b12x PR #139's hierarchical and
-        island kernels are other kernels, at 16 GPUs), and for ``custom_ar`` at world size 2: the
-        only PCIe figure (sglang-V100 PR #2) is at 4 GPUs. No number is invented for either.
-        Otherwise ``low_us .. high_us`` is the module docstring's range in µs (the point x/÷ the
-        point rule's own misses), or None with ``unknown`` set.
+        None when no comparable published measurement covers this size (NCCL) or the backend has
+        no published PCIe measurement at all (``b12x``: b12x PR #139's 16-GPU kernels are other
+        kernels); otherwise ``low_us .. high_us`` in µs, or None with ``unknown`` set.
     """
     if msg_bytes <= 0 or not _gate_ok(backend, sm, p2p):
         return None
     if data is None:
         data = _packaged()
     vals = [(m, t) for m in _comparable(backend, world_size, exclude_box, data) if (t := m.time_at(msg_bytes))]
+    if backend is not BackendName.nccl:
+        return _kernel_estimate(backend, msg_bytes, world_size, sm, pcie_gen, vals, exclude_box, data)
     if not vals:
         return None
     per_box: dict[str, list[float]] = {}
@@ -484,25 +455,46 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
         per_box.setdefault(m.box, []).append(t)
     box_val = {b: statistics.median(ts) for b, ts in per_box.items()}
     point, basis = _point(box_val, data, sm, pcie_gen)
-    group = "nccl" if backend is BackendName.nccl else "kernel"
-    rf = R.fit(published_residuals(group, exclude_box=exclude_box, data=data), world_size=world_size,
+    rf = R.fit(published_residuals(exclude_box=exclude_box, data=data), world_size=world_size,
                msg_bytes=msg_bytes)
     low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
     notes: list[str] = []
     ratio = max(t for _, t in vals) / min(t for _, t in vals)
-    if backend is BackendName.nccl:
-        if ratio > DISAGREE:
-            notes.append(f"published NCCL times on comparable boxes differ {ratio:.0f}x at this size (hosts differ in "
-                         "switches, NUMA and P2P; topology alone cannot predict it); measure with `fastverify tune` "
-                         "or give an all_reduce_perf table (--perf-table)")
-    else:
-        su = _speedups(msg_bytes, exclude_box, data)
-        if ratio > DISAGREE or (len(su) >= 2 and max(su.values()) / min(su.values()) > DISAGREE):
-            notes.append(_collapse_note(min(su.values(), default=float("nan")), max(su.values(), default=float("nan"))))
+    if ratio > DISAGREE:
+        notes.append(f"published NCCL times on comparable boxes differ {ratio:.0f}x at this size (hosts differ in "
+                     "switches, NUMA and P2P; topology alone cannot predict it); measure with `fastverify tune` "
+                     "or give an all_reduce_perf table (--perf-table)")
     n = len(box_val)
     described = ", ".join(f"{(bx := _box(b, data)).gpu_count}x {bx.gpu}" for b in box_val)
     evidence = (f"published: {n} comparable box{'es' if n > 1 else ''} ({described}), TP{world_size}; "
                 f"point = {basis}; {rf.text('the point')}")
+    return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
+                    sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
+                    unknown=None if rf.known else f"{R.UNKNOWN} ({rf.reason})")
+
+
+def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: tuple[int, int] | None,
+                     pcie_gen: int | None, vals: list[tuple[Measurement, float]], exclude_box: str | None,
+                     data: PublishedData) -> Estimate | None:
+    """A P2P backend's figure: :mod:`fastverify.tune.kernel_cost`'s point and range; None when the
+    backend has no published PCIe measurement at all (no number is invented for it)."""
+    if not any(m.backend is backend and m.box != exclude_box and passes(m) for m in data.measurements):
+        return None
+    latency = K.latency_us(data, exclude_box)
+    if latency is None:
+        return None
+    point = K.point_us(world_size, msg_bytes, pcie_gen=pcie_gen, sm=sm, latency=latency)
+    rf = K.kernel_fit(data, msg_bytes, world_size, exclude_box)
+    low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
+    notes: list[str] = []
+    su = _speedups(msg_bytes, exclude_box, data)
+    ratio = max(t for _, t in vals) / min(t for _, t in vals) if vals else 1.0
+    if ratio > DISAGREE or (len(su) >= 2 and max(su.values()) / min(su.values()) > DISAGREE):
+        notes.append(_collapse_note(min(su.values(), default=float("nan")), max(su.values(), default=float("nan"))))
+    seen = "; ".join(f"{m.id} {t:.3g} µs" for m, t in vals) or f"none at TP{world_size} and this size"
+    evidence = (f"P2P kernel model: {latency:.3g} µs latency (published P2P kernels' smallest sizes) + "
+                f"{world_size - 1} x {msg_bytes:,} B over one PCIe x16 link; published {backend.value}: {seen}; "
+                f"{rf.text('the point')}")
     return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
                     sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
                     unknown=None if rf.known else f"{R.UNKNOWN} ({rf.reason})")

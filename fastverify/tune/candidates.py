@@ -1,50 +1,35 @@
 """The figures ``tune`` shows: every candidate (NCCL settings and registry backends) with a point,
-a range and the evidence each number came from, and the JSON document both modes print.
+a range and the evidence each number came from (printed as JSON by :mod:`fastverify.tune.document`).
 
-Evidence order, per message size of the verify step (the first that has the size wins):
-
-1. a profile of the user's server (``--profile``, GPU clock only): the measured median time per
-   all-reduce call of that size (``allreduce_by_msg_size[].median_us``);
-2. an ``all_reduce_perf`` table from the user's box (``--perf-table``): NCCL measured there
-   (:meth:`fastverify.nccl.perftable.PerfTable.time_us`, in place, as ``torch.distributed``'s
-   all-reduce runs);
-3. the NCCL log (``--nccl-log``): NCCL's own TUNING table (``latency + bytes / (1000 × bw)``,
-   NCCL's ``src/graph/tuning.cc`` model, fastest enabled pair), else the cost model with the
-   transports the log shows;
-4. the topology: NCCL's cost model with the PCIe correction (:mod:`fastverify.tune.predict`),
-   its range the point x/÷ the cost model's own misses on the published NCCL boxes
-   (:func:`fastverify.tune.ranges.nccl_fit`), or unknown where they cannot tell.
-
-NCCL-setting candidates are the cost model's ratio to the baseline applied to the baseline's
-figure. A backend's figure is its published per-size model (sum over sizes × counts of
-``estimate``); a size it cannot take (more rows than ``max_rows``) stays on NCCL at the baseline's
-figure. With a profile's transfer / wait split, a faster kernel replaces the transfer only:
-"wait kept" = wait + kernel, "wait shrinks" = kernel; the range spans both and the point is the
-wait-kept bound. A backend with no comparable published measurement is listed as
-"no published data: measure with fastverify tune", one whose range is unknown at a size as
-"unknown at this size: measure with fastverify tune"; neither is ranked. A backend that fits no
-size of the step (more rows than ``max_rows`` at every size) is not a candidate. The verdict per
-size and each backend's crossover: :func:`fastverify.tune.per_size.per_size_rows`.
+The baseline, per message size, from the first evidence that has the size: (1) ``--profile`` on
+a GPU clock, the measured median per call; (2) ``--perf-table``, NCCL measured on the box (in
+place, as ``torch.distributed`` runs it); (3) ``--nccl-log``, NCCL's own TUNING table (``latency +
+bytes / (1000 × bw)``, NCCL ``src/graph/tuning.cc``, fastest enabled pair), else the cost model
+on the log's transports; (4) the topology, NCCL's cost model with the PCIe correction
+(:mod:`fastverify.tune.predict`), its range from the model's own misses on published NCCL boxes
+(:func:`fastverify.tune.ranges.nccl_fit`). An NCCL setting is the cost model's ratio to the
+baseline x the baseline's figure. A backend is its published per-size model summed over sizes x
+counts; a size above its ``max_rows`` stays on NCCL; with a profile's wait / transfer split the
+kernel replaces the transfer only (point: wait kept; range down to wait shrinks). No comparable
+data (:data:`NO_DATA`) or an unknown range (:data:`UNKNOWN`): listed, not ranked; no size fits:
+not a candidate. Verdicts per size: :func:`fastverify.tune.per_size.per_size_rows`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
-from fastverify.tune.per_size import per_size_json, per_size_rows, tuning_time_us
+from fastverify.tune.per_size import TOO_CLOSE, per_size_rows, tuning_time_us
 
 PREDICTED = "predicted"
 MEASURED = "measured"
 NO_DATA = "no published data: measure with fastverify tune"
 UNKNOWN = "unknown at this size: measure with fastverify tune"
 MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
-SCHEMA = "fastverify.tune"
-SCHEMA_VERSION = 2  # 2: change_pct (new vs baseline, - = less time) replaced vs_baseline_pct (+ = faster)
 
 
 @dataclass(frozen=True)
@@ -96,17 +81,20 @@ class Prediction:
     notes: tuple[str, ...] = ()
     per_size: tuple[Mapping[str, Any], ...] = ()
     crossover_bytes: Mapping[str, int | None] = field(default_factory=dict)
+    too_close: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def best(self) -> Figure:
-        return self.candidates[0]
+        """The fastest candidate whose lead is not too close to call (:func:`too_close_calls`)."""
+        return next(c for c in self.candidates if c.name not in self.too_close)
 
     @property
     def best_nccl(self) -> Figure:
         return next(c for c in self.candidates if c.nccl is not None)
 
 
-def _dedup(items) -> tuple[str, ...]:
+def dedup(items) -> tuple[str, ...]:
+    """The non-empty ``items`` once each, in first-seen order."""
     return tuple(dict.fromkeys(i for i in items if i))
 
 
@@ -140,17 +128,10 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
     per_range: dict[int, tuple[float, float] | None] = {}
     unknown = False
     for nbytes, count in workload.msg_sizes:
-        t = per_call[nbytes] = by_size.get(nbytes)
-        if t is not None:
-            evidence.append(f"measured: {workload.source}, median per call ({workload.clock})")
-            labels.add(MEASURED)
-            per_range[nbytes] = (t, t)
-            point, low, high = point + count * t, low + count * t, high + count * t
-            continue
-        t, column = perf.verify_time_us(nbytes) if perf is not None else (None, None)
+        t, said = _measured_call(workload, by_size, perf, nbytes)
         per_call[nbytes] = t
         if t is not None:
-            evidence.append(f"measured on your box: all_reduce_perf {perf.source} ({column} column)")
+            evidence.append(said)
             labels.add(MEASURED)
             per_range[nbytes] = (t, t)
             point, low, high = point + count * t, low + count * t, high + count * t
@@ -189,9 +170,21 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
     label = MEASURED if labels == {MEASURED} else PREDICTED
     name = f"baseline (current environment, NCCL_P2P_LEVEL {base.p2p_level})"
     return Figure(BackendName.nccl, name, MappingProxyType({}), point, None if unknown else (low, high),
-                  _dedup(evidence), label, is_baseline=True, sources=_dedup(sources),
-                  notes=_dedup(list(base.notes) + notes), transport=lt or base.transport, nccl=base,
+                  dedup(evidence), label, is_baseline=True, sources=dedup(sources),
+                  notes=dedup(list(base.notes) + notes), transport=lt or base.transport, nccl=base,
                   per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
+
+
+def _measured_call(workload, by_size: Mapping[int, float], perf, nbytes: int) -> tuple[float | None, str]:
+    """One all-reduce of ``nbytes`` as measured (µs) and the evidence line: the profile's median
+    per call, else the perf table's; ``(None, "")`` where neither has the size."""
+    t = by_size.get(nbytes)
+    if t is not None:
+        return t, f"measured: {workload.source}, median per call ({workload.clock})"
+    t, column = perf.verify_time_us(nbytes) if perf is not None else (None, None)
+    if t is not None:
+        return t, f"measured on your box: all_reduce_perf {perf.source} ({column} column)"
+    return None, ""
 
 
 def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
@@ -209,7 +202,7 @@ def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
     ev = (f"predicted: NCCL cost model ratio to the baseline ({c.transport}, {c.p2p_pairs}/{c.pairs} pairs P2P) "
           "x the baseline's figure and range",)
     return Figure(BackendName.nccl, c.name, c.settings, baseline.point_us * ratio, rng,
-                  _dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c,
+                  dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c,
                   per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
 
 
@@ -257,7 +250,7 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
         status = NO_DATA if missing else UNKNOWN
         said = ", ".join(f"{b:,} B" for b in (missing or unknown))
         return Figure(info.name, name, MappingProxyType({}), None, None, (f"{status} ({said})", *evidence),
-                      PREDICTED, sources=_dedup(sources), notes=_dedup(notes), status=status,
+                      PREDICTED, sources=dedup(sources), notes=dedup(notes), status=status,
                       per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
     if info.role is Role.fused_norm:
         notes.append(f"{n} fuses the residual add + RMSNorm into the all-reduce: its time is the fused op's")
@@ -276,17 +269,9 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
     if fallback:
         evidence.append("sizes above the backend's rows: the baseline's figure")
     notes.append(MEASURE_HINT)
-    return Figure(info.name, name, MappingProxyType({}), point, rng, _dedup(evidence), PREDICTED,
-                  sources=_dedup(sources), notes=_dedup(notes), bounds=bounds,
+    return Figure(info.name, name, MappingProxyType({}), point, rng, dedup(evidence), PREDICTED,
+                  sources=dedup(sources), notes=dedup(notes), bounds=bounds,
                   per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
-
-
-def _workload_json(workload) -> dict:
-    """The workload part of ``tune --json`` (predict and measure alike): source, TP, the all-reduces
-    per step by size, dtype, hidden size (None for a trace profile without ``--hidden``) and notes."""
-    return {"source": workload.source, "tp": workload.tp, "allreduce_count": workload.allreduce_count,
-            "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in workload.msg_sizes],
-            "dtype": workload.dtype, "hidden": workload.hidden, "notes": list(workload.notes)}
 
 
 def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
@@ -365,7 +350,30 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     unranked = [f for f in figures if not f.ranked]
     cands = tuple(ranked_f + unranked)
     rows, cross = per_size_rows(workload, cands)
-    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross))
+    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross),
+                      too_close=MappingProxyType(too_close_calls(cands)))
+
+
+def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
+    """Backends ranked ahead of the fastest NCCL figure whose range reaches into its range: name ->
+    one line ``<name>: too close to call: measure (…)``. Such a backend is listed at its point but
+    never the winner: the ranges cannot order it against NCCL."""
+    nccl = next((f for f in cands if f.ranked and f.nccl is not None), None)
+    out: dict[str, str] = {}
+    for f in cands:
+        if nccl is None or f is nccl or not f.ranked:
+            break
+        if f.nccl is not None:
+            continue
+        if f.range_us is None or nccl.range_us is None:
+            why = f"{nccl.name}'s range is unknown" if nccl.range_us is None else "its range is unknown"
+        elif f.range_us[1] >= nccl.range_us[0]:
+            why = (f"its range {f.range_us[0]:,.1f}..{f.range_us[1]:,.1f} µs reaches {nccl.name}'s "
+                   f"{nccl.range_us[0]:,.1f}..{nccl.range_us[1]:,.1f} µs")
+        else:
+            continue
+        out[f.name] = f"{f.name}: {TOO_CLOSE} ({why})"
+    return out
 
 
 # --- verify time and tok/s ------------------------------------------------------------------------------
@@ -374,9 +382,9 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
 def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_s: float | None,
                 user=None) -> Prediction:
     """Each ranked figure with ``verify`` = ``verify_ms`` / ``tok_s`` at its point and range
-    (:func:`fastverify.tune.predict.verify_reduction` against the baseline's point; ``user``: the
+    (:func:`fastverify.tune.verify_time.verify_reduction` against the baseline's point; ``user``: the
     user's own figures, :class:`fastverify.tune.user_figures.UserFigures`)."""
-    from fastverify.tune.predict import verify_reduction
+    from fastverify.tune.verify_time import verify_reduction
 
     b = pred.baseline.point_us
 
@@ -395,106 +403,3 @@ def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_
     cands = tuple(one(f) for f in pred.candidates)
     base = next(f for f in cands if f.is_baseline)
     return replace(pred, baseline=base, candidates=cands)
-
-
-# --- JSON ---------------------------------------------------------------------------------------------
-
-
-def _r(v: float | None, nd: int = 3) -> float | None:
-    return None if v is None or not math.isfinite(v) else round(float(v), nd) + 0.0  # + 0.0: no -0.0
-
-
-def figure_dict(f: Figure, number: int | None, baseline_us: float | None) -> dict:
-    """One candidate of the JSON document; ``change_pct`` = (its time - the baseline's) / the
-    baseline's x 100 (negative: less time)."""
-    v = f.verify or {}
-    change = (100.0 * (f.point_us - baseline_us) / baseline_us
-              if f.point_us is not None and baseline_us else None)
-    return {
-        "candidate": number, "backend": f.backend.value, "name": f.name, "settings": dict(f.settings),
-        "is_baseline": f.is_baseline, "label": f.label,
-        "allreduce_us_per_step": _r(f.point_us),
-        "allreduce_us_per_step_range": None if f.range_us is None else [_r(x) for x in f.range_us],
-        "change_pct": _r(change, 2), "evidence": list(f.evidence), "sources": list(f.sources),
-        "bounds": None if f.bounds is None else {k: _r(x) for k, x in f.bounds.items()},
-        "transport": f.transport,
-        "verify_ms": _r(v.get("verify_ms"), 4),
-        "verify_ms_range": [_r(x, 4) for x in v["verify_ms_range"]] if v.get("verify_ms_range") else None,
-        "tok_s": _r(v.get("tok_s"), 2),
-        "tok_s_range": [_r(x, 2) for x in v["tok_s_range"]] if v.get("tok_s_range") else None,
-        "tok_s_reason": v.get("tok_s_reason"), "status": f.status,
-        "per_call": [{"msg_bytes": b, "point_us": _r(t), "range_us": None if (r := f.per_call_range.get(b)) is None
-                      else [_r(r[0]), _r(r[1])]} for b, t in f.per_call_us.items() if t is not None],
-        "notes": list(f.notes),
-    }
-
-
-def prediction_document(pred: Prediction, workload, *, box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
-    """``tune --predict --json``: one document, every figure labelled predicted (or measured where
-    the user's own profile / perf table gave every size)."""
-    base_us = pred.baseline.point_us
-    red = (pred.baseline.verify or {}).get("reduction") or {}
-    cands = [figure_dict(f, i if f.ranked else None, base_us)
-             for i, f in enumerate(pred.candidates, 1)]
-    return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "predict", "label": PREDICTED,
-        "workload": _workload_json(workload),
-        "box": dict(box),
-        "accept_length": red.get("accept_length"), "accept_length_source": red.get("accept_length_source"),
-        "t_rest_basis": red.get("t_rest_basis"), "verify_baseline_basis": red.get("verify_baseline_basis"),
-        "baseline": figure_dict(pred.baseline, next(i for i, f in enumerate(pred.candidates, 1) if f.is_baseline),
-                                base_us),
-        "candidates": cands,
-        "not_candidates": list(pred.not_candidates),
-        "per_size": per_size_json(pred.per_size, _r),
-        "crossover_bytes": dict(pred.crossover_bytes),
-        "tok_s_reason": red.get("t_rest_basis") if red.get("tok_s_baseline") is None else None,
-        "notes": list(_dedup([*pred.notes, *notes])),
-    }
-
-
-def measured_document(ranking, workload, *, accept_length: float | None, tok_s: float | None,
-                      box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
-    """``tune --json`` in measure mode: the same shape with measured figures. The label is
-    ``measured`` for GPU (CUDA events) timings and ``CPU wall clock`` for a gloo run, which
-    measures the machinery, not the GPU. Each candidate's ``sizes`` lists its trial's rows, one per
-    message size: ``msg_bytes``, ``count_per_step``, ``median_us`` / ``p90_us`` (µs per call, ``None``
-    where not measured)."""
-    from fastverify.tune.trial import Clock
-
-    gpu = ranking.clock is Clock.CUDA_EVENTS
-    label = MEASURED if gpu else "CPU wall clock"
-    base = ranking.baseline
-    base_us = base.step_us if base is not None else None
-
-    def one(c, number) -> dict:
-        lo = sum(s.count_per_step * s.median_us for s in c.result.sizes if s.median_us is not None)
-        hi = sum(s.count_per_step * (s.p90_us if s.p90_us is not None else s.median_us)
-                 for s in c.result.sizes if s.median_us is not None)
-        verify_ms = tok = None
-        if gpu and base_us:  # CPU wall-clock times say nothing about a GPU verify step
-            from fastverify.tune.predict import verify_reduction
-
-            r = verify_reduction(workload, base_us, c.step_us, accept_length=accept_length, tok_s=tok_s)
-            verify_ms, tok = r["verify_predicted_us"] / 1e3, r["tok_s_predicted"]
-        return {
-            "candidate": number, "backend": c.spec.backend, "name": c.spec.name, "settings": dict(c.spec.env),
-            "is_baseline": c is base, "label": label, "clock": c.result.clock.value if c.result.clock else None,
-            "allreduce_us_per_step": _r(c.step_us), "allreduce_us_per_step_range": [_r(lo), _r(hi)],
-            "change_pct": _r(100.0 * (c.step_us - base_us) / base_us, 2) if base_us else None,
-            "evidence": [f"{label}: fastverify tune trial {c.spec.trial_id} (median per call; range to p90)"],
-            "verify_ms": _r(verify_ms, 4), "tok_s": _r(tok, 2),
-            "sizes": [{"msg_bytes": s.msg_bytes, "count_per_step": s.count_per_step, "median_us": _r(s.median_us),
-                       "p90_us": _r(s.p90_us)} for s in c.result.sizes],
-        }
-
-    cands = [one(c, i) for i, c in enumerate(ranking.candidates, 1)]
-    return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "mode": "measure", "label": label,
-        "workload": _workload_json(workload),
-        "box": dict(box),
-        "baseline": next((d for d, c in zip(cands, ranking.candidates) if c is base), None),
-        "candidates": cands,
-        "not_ranked": [{"name": s.name, "status": r.status.value, "reason": r.reason} for s, r in ranking.not_ok],
-        "notes": list(_dedup([*ranking.notes, *notes])),
-    }

@@ -208,7 +208,7 @@ class Journal:
             os.replace(path, backup)
             logger.warning("journal %s existed; kept it as %s and started a new one (use --resume to continue it)",
                            path, backup)
-        from fastverify.envfile import check_folder
+        from fastverify.output_paths import check_folder
 
         check_folder(path, "journal")  # "afile/j.jsonl": afile is a file (mkdir would say "File exists")
         try:

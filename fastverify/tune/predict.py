@@ -1,38 +1,22 @@
-"""``fastverify tune --predict``: rank NCCL settings for a verify workload with the cost model, and
-turn a predicted all-reduce saving into verify time and tok/s. Every number here is **predicted**.
+"""``fastverify tune --predict``: rank NCCL settings for a verify workload with NCCL's cost model
+(every number **predicted**), and the per-size NCCL tuner-plugin table of a candidate.
 
-How a candidate is predicted
-----------------------------
-* Transport per GPU pair: :func:`fastverify.topo.diagnose.diagnose` run on the topology with the
-  candidate's environment (NCCL's ``NCCL_P2P_LEVEL`` path rule; P2P where the pair's NCCL path
-  type is within the level and NVML does not refuse P2P). The ring runs at the pace of its slowest
-  hop, so one SHM pair makes the whole all-reduce SHM-paced (diagnose's rule).
-* Time of one all-reduce: :data:`fastverify.topo.diagnose.CALIBRATION` for that transport — NCCL's
-  own cost model (``fastverify.nccl.model``) with the PCIe correction fitted on one 8x RTX 4090
-  box — on the graph :func:`~fastverify.nccl.model.inputs_for_pcie_box` derives for the PCIe
-  generation and sm, restricted to the algorithms / protocols the candidate leaves enabled. NCCL
-  still picks the (algorithm, protocol) pair with its *own* model; the correction only changes
-  the time of that pair.
+* Transport per GPU pair: :func:`fastverify.topo.diagnose.diagnose` with the candidate's
+  environment (NCCL's ``NCCL_P2P_LEVEL`` path rule); one SHM pair paces the whole ring.
+* One all-reduce: :data:`fastverify.topo.diagnose.CALIBRATION` for that transport (NCCL's cost
+  model, PCIe correction fitted on one 8x RTX 4090 box) on the graph of
+  :func:`~fastverify.nccl.model.inputs_for_pcie_box`, only the algorithms / protocols the candidate
+  enables; NCCL picks the pair with its own model, the correction changes only its time.
 * Per verify step: ``sum(count x time(size))`` over the workload's message sizes.
 
-Candidates (the catalogue values that matter for small all-reduces on PCIe):
-``NCCL_P2P_LEVEL`` in {current, PHB, SYS} — a level is kept only where it moves some pair to
-another transport; ``NCCL_PROTO`` in {current, LL, Simple}; ``NCCL_ALGO`` in {current, Ring, Tree},
-written ``allreduce:<name>`` from NCCL 2.24 (the per-function grammar, which leaves the logits
-all-gather alone) and as a plain list before. "current" means "what the environment has now",
-so the baseline (the current environment, nothing changed) is one of the candidates and is ranked
-like the others; ties go to the candidate that changes fewer settings.
-
-Verify time and tok/s (``plan/eagle-fast-verify.md`` §1.4): ``tok/s per stream ≈ A / (t_rest +
-t_verify)``. ``t_rest`` (draft forwards, draft-extend, scheduling) is not in a verify workload:
-given a measured per-stream tok/s at the baseline it is ``A / tok_s − t_verify(baseline)`` (held
-fixed, as in the plan); otherwise it is unknown and there is no tok/s figure at all (None, with
-the reason in ``t_rest_basis``).
+Candidates: ``NCCL_P2P_LEVEL`` in {current, PHB, SYS} (a level only where it moves a pair to
+another transport) x ``NCCL_PROTO`` in {current, LL, Simple} x ``NCCL_ALGO`` in {current, Ring,
+Tree}, written ``allreduce:<name>`` from NCCL 2.24 (per-function grammar: the logits all-gather
+keeps its own) and as a plain list before; the baseline is ranked too; ties: fewer settings.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,8 +26,8 @@ from types import MappingProxyType
 from typing import Any
 
 from fastverify.errors import UserError
-from fastverify.nccl import catalogue as cat
 from fastverify.nccl import model as M
+from fastverify.nccl.algoproto import GRAMMAR_2_24
 from fastverify.nccl.catalogue import Severity, validate_setting
 from fastverify.nccl.enabled import enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
@@ -53,7 +37,6 @@ from fastverify.envfile import TUNER_MAX_BYTES, TunerChoice
 from fastverify.tune.workload import Workload
 
 LABEL = "predicted"
-DEFAULT_ACCEPT_LENGTH = 3.0  # plan §1.4: the tune default until a measured accept length is at hand
 P2P_LEVELS = ("PHB", "SYS")  # the levels beyond NCCL's default PXB that a PCIe box can need
 _PROTO_VALUES = {M.Proto.LL: "ll", M.Proto.SIMPLE: "simple"}
 _ALGO_VALUES = {M.Algo.RING: "ring", M.Algo.TREE: "tree"}
@@ -178,12 +161,12 @@ def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any],
 
 
 def _algo_value(algo: M.Algo, version: NcclVersion | None) -> str:
-    new = version is None or version >= cat.GRAMMAR_2_24
+    new = version is None or version >= GRAMMAR_2_24
     return f"allreduce:{_ALGO_VALUES[algo]}" if new else _ALGO_VALUES[algo]
 
 
 def _proto_value(proto: M.Proto, version: NcclVersion | None) -> str:
-    new = version is None or version >= cat.GRAMMAR_2_24
+    new = version is None or version >= GRAMMAR_2_24
     return f"allreduce:{_PROTO_VALUES[proto]}" if new else {M.Proto.LL: "LL", M.Proto.SIMPLE: "Simple"}[proto]
 
 
@@ -284,28 +267,14 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
     version = _version(nccl_version)
     env = {k: str(v) for k, v in (os.environ if env is None else env).items() if isinstance(k, str)}
     topo = _topology(topology, workload.tp)
-    code = version.code if version else M.DEFAULT_NCCL_VERSION
     base_notes: list[str] = []
     if version is None:
         base_notes.append("NCCL version unknown: model constants and setting grammar of NCCL 2.30.7")
     enabled = enabled_algos_protos(env, version, sm)
     base_notes += enabled.notes
-    env_algos, env_protos = enabled.algos, enabled.protos_or_none
-
     levels = _levels(topo, env, version, pcie_gen, sm, p2p_check)
-    proto_opts: list[tuple[str | None, frozenset[M.Proto] | None]] = [(None, env_protos)]
-    for proto in (M.Proto.LL, M.Proto.SIMPLE):
-        value = _proto_value(proto, version)
-        if env.get("NCCL_PROTO") != value:
-            proto_opts.append((value, frozenset({proto})))
-    algo_opts: list[tuple[str | None, frozenset[M.Algo]]] = [(None, env_algos)]
-    for algo in (M.Algo.RING, M.Algo.TREE):
-        value = _algo_value(algo, version)
-        if env.get("NCCL_ALGO") != value:
-            algo_opts.append((value, frozenset({algo})))
-
-    rejected: list[str] = []
-    built: list[Candidate] = []
+    proto_opts, algo_opts = _proto_algo_options(env, version, enabled.algos, enabled.protos_or_none)
+    built, rejected = [], []
     for lvl, (proto_v, protos), (algo_v, algos) in product(levels, proto_opts, algo_opts):
         settings = dict(lvl.settings)
         if proto_v is not None:
@@ -316,20 +285,51 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
         if bad:
             rejected.append(f"{bad[0].name}={bad[0].value}: {bad[0].reason}")
             continue
-        transport = M.Transport.SHM if "SHM" in lvl.transports else M.Transport.P2P
-        inputs = M.inputs_for_pcie_box(workload.tp, gen=pcie_gen, width=16, sm=sm,
-                                       p2p=transport is M.Transport.P2P, version=code,
-                                       algos=algos, protos=protos)
-        per_size = _per_size(workload, transport, inputs)
-        is_base = not settings
-        name = ("baseline (current environment, NCCL_P2P_LEVEL " + lvl.level + ")" if is_base
-                else " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
-        notes = list(lvl.notes) + (base_notes if is_base else [])
-        built.append(Candidate(
-            name=name, settings=MappingProxyType(dict(sorted(settings.items()))), is_baseline=is_base,
-            p2p_level=lvl.level, transport=transport.value,
-            p2p_pairs=sum(t == "P2P" for t in lvl.transports), pairs=len(lvl.transports),
-            allreduce_us=sum(s.total_us for s in per_size), per_size=per_size, notes=tuple(notes), inputs=inputs))
+        built.append(_candidate(workload, lvl, settings, algos, protos, version=version, pcie_gen=pcie_gen, sm=sm,
+                                base_notes=base_notes))
+    return _ranked(built, rejected)
+
+
+def _proto_algo_options(env: Mapping[str, str], version: NcclVersion | None, env_algos, env_protos):
+    """``(value written or None, what it enables)`` per protocol and per algorithm choice: the
+    environment's own first, then each single one the environment does not set already."""
+    proto_opts: list[tuple[str | None, frozenset[M.Proto] | None]] = [(None, env_protos)]
+    for proto in (M.Proto.LL, M.Proto.SIMPLE):
+        value = _proto_value(proto, version)
+        if env.get("NCCL_PROTO") != value:
+            proto_opts.append((value, frozenset({proto})))
+    algo_opts: list[tuple[str | None, frozenset[M.Algo]]] = [(None, env_algos)]
+    for algo in (M.Algo.RING, M.Algo.TREE):
+        value = _algo_value(algo, version)
+        if env.get("NCCL_ALGO") != value:
+            algo_opts.append((value, frozenset({algo})))
+    return proto_opts, algo_opts
+
+
+def _candidate(workload: Workload, lvl: _Level, settings: dict, algos, protos, *, version: NcclVersion | None,
+               pcie_gen: int, sm: int, base_notes: list[str]) -> Candidate:
+    """One combination of settings, its time predicted on the ring's pace-setting transport."""
+    transport = M.Transport.SHM if "SHM" in lvl.transports else M.Transport.P2P
+    inputs = M.inputs_for_pcie_box(workload.tp, gen=pcie_gen, width=16, sm=sm,
+                                   p2p=transport is M.Transport.P2P,
+                                   version=version.code if version else M.DEFAULT_NCCL_VERSION,
+                                   algos=algos, protos=protos)
+    per_size = _per_size(workload, transport, inputs)
+    is_base = not settings
+    name = ("baseline (current environment, NCCL_P2P_LEVEL " + lvl.level + ")" if is_base
+            else " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+    notes = list(lvl.notes) + (base_notes if is_base else [])
+    return Candidate(
+        name=name, settings=MappingProxyType(dict(sorted(settings.items()))), is_baseline=is_base,
+        p2p_level=lvl.level, transport=transport.value,
+        p2p_pairs=sum(t == "P2P" for t in lvl.transports), pairs=len(lvl.transports),
+        allreduce_us=sum(s.total_us for s in per_size), per_size=per_size, notes=tuple(notes), inputs=inputs)
+
+
+def _ranked(built: list[Candidate], rejected: list[str]) -> list[Candidate]:
+    """``built`` with their change against the baseline, fastest first (ties: fewer settings),
+    less those predicted to act exactly like a simpler one; the baseline's notes say what was
+    skipped or left out."""
     baseline = next(c for c in built if c.is_baseline)
     if rejected:
         baseline = replace(baseline, notes=baseline.notes + tuple(f"skipped, the catalogue rejects {r}"
@@ -357,203 +357,10 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
     return kept
 
 
-# --- verify time and tok/s ---------------------------------------------------------------------------
+# --- tuner table ------------------------------------------------------------------------------------
 
 
-def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float, *,
-                     accept_length: float | None = None, tok_s: float | None = None, user=None) -> dict:
-    """What an all-reduce saving per verify step means for the verify step and tok/s (predicted).
-
-    Parameters
-    ----------
-    workload
-        Supplies the measured verify / compute / all-reduce time per step when it has GPU timings.
-        With a measured verify time the predicted verify time is the measured one less the
-        measured all-reduce time x (1 - candidate_us / baseline_us): the model's ratio applied to
-        the measurement, assuming the profile was taken on the box being tuned.
-    baseline_us, candidate_us
-        Predicted all-reduce time per verify step now and with the candidate (µs).
-    accept_length
-        A, tokens emitted per cycle per stream; default the workload's, else 3.0 (plan §1.4).
-    tok_s
-        A measured per-stream tok/s at the baseline, if known: fixes ``t_rest``. Without it
-        ``t_rest`` and both tok/s values are None (no tok/s without a cycle).
-    user
-        The user's own verify / all-reduce time per step
-        (:class:`fastverify.tune.user_figures.UserFigures`, µs), labelled ``measured-by-user``: the
-        baseline verify time, and the all-reduce time the predicted ratio applies to (as with a
-        profile's measured times). Without ``tok_s`` the tok/s values are then None, not bounds.
-
-    Returns
-    -------
-    dict
-        ``allreduce_*_us`` and ``allreduce_reduction_pct``; ``verify_baseline_us`` with
-        ``verify_baseline_basis`` (measured, or predicted as compute + all-reduce, or all-reduce
-        only); ``verify_predicted_us``, ``verify_reduction_pct``; ``accept_length`` and its source;
-        ``t_rest_us`` and its basis; ``tok_s_baseline`` / ``tok_s_predicted`` per stream;
-        ``notes``; ``label`` = "predicted".
-
-    Raises
-    ------
-    UserError
-        A non-positive or non-finite accept length or tok/s, or a tok/s that implies a cycle
-        shorter than the verify step.
-    """
-    for name, v in (("baseline_us", baseline_us), ("candidate_us", candidate_us)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name}={v!r}: expected a finite time >= 0 in µs")
-    notes: list[str] = []
-    if accept_length is not None:
-        a, a_src = float(accept_length), "given"
-    elif workload.accept_length is not None:
-        a, a_src = float(workload.accept_length), "from the profile"
-    else:
-        a, a_src = DEFAULT_ACCEPT_LENGTH, "default (plan §1.4; pass --accept-length)"
-    if not (math.isfinite(a) and a >= 1):
-        raise UserError(f"--accept-length {a!r}: must be a number >= 1 (tokens per cycle, bonus token included)")
-
-    saved = baseline_us - candidate_us
-    if user is not None:
-        v_base, basis = user.verify_us, user.basis
-        cut = user.allreduce_us * (1.0 - candidate_us / baseline_us) if baseline_us > 0 else saved
-        notes.append(f"predicted verify = your verify - your all-reduce x (1 - predicted candidate / predicted "
-                     f"baseline), i.e. the predicted ratio applied to your all-reduce time ({user.label})")
-        v_pred = max(v_base - cut, v_base - user.allreduce_us)
-    elif workload.verify_us is not None and workload.measured_on_gpu:
-        v_base = workload.verify_us
-        basis = f"measured ({workload.clock}: median verify-step window)"
-        floor = workload.compute_us or 0.0
-        if workload.allreduce_us is not None and baseline_us > 0:
-            # The model predicts the ratio; the measured all-reduce time carries the box's level.
-            cut = workload.allreduce_us * (1.0 - candidate_us / baseline_us)
-            notes.append("predicted verify = measured verify - measured all-reduce x (1 - predicted candidate / "
-                         "predicted baseline), i.e. the predicted ratio applied to the measured all-reduce time")
-        else:
-            cut = saved
-            notes.append("predicted verify = measured verify - predicted all-reduce saving")
-        v_pred = max(v_base - cut, floor)
-    elif workload.compute_us is not None and workload.measured_on_gpu:
-        v_base = workload.compute_us + baseline_us
-        basis = "predicted: measured compute + predicted all-reduce"
-        v_pred = workload.compute_us + candidate_us
-    else:
-        v_base, v_pred = baseline_us, candidate_us
-        basis = "predicted: all-reduce only (compute not measured), so the reduction is an upper bound"
-        if workload.verify_us is not None:
-            notes.append(f"the workload's times ({workload.clock}) are not GPU timings and are not used")
-    red = 100.0 * (v_base - v_pred) / v_base if v_base > 0 else 0.0
-
-    if tok_s is not None:
-        if not (isinstance(tok_s, (int, float)) and math.isfinite(tok_s) and tok_s > 0):
-            raise UserError(f"--tok-s {tok_s!r}: must be a positive number (tokens/s per stream)")
-        t_rest = a / tok_s * 1e6 - v_base
-        if t_rest < 0:
-            raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s * 1e3:.2f} ms, "
-                            f"shorter than the verify step ({v_base / 1e3:.2f} ms, {basis.split(':')[0]})")
-        rest_basis = f"A / tok_s - verify(baseline) with the given {tok_s:g} tok/s, held fixed (plan §1.4)"
-    elif user is not None:
-        t_rest = None
-        rest_basis = "unknown without --tok-s (your measured tok/s per stream now): no tok/s figures"
-    else:
-        t_rest = None
-        rest_basis = ("unknown without --tok-s (your measured tok/s per stream now) or a cycle time: no tok/s "
-                      "figures, the all-reduce change only")
-
-    def rate(v: float) -> float | None:
-        if t_rest is None:
-            return None
-        total = t_rest + v
-        return a / (total * 1e-6) if total > 0 else None
-
-    return {
-        "label": LABEL,
-        "allreduce_baseline_us": baseline_us,
-        "allreduce_predicted_us": candidate_us,
-        "allreduce_saved_us": saved,
-        "allreduce_reduction_pct": 100.0 * saved / baseline_us if baseline_us > 0 else 0.0,
-        "verify_baseline_us": v_base,
-        "verify_baseline_basis": basis,
-        "verify_predicted_us": v_pred,
-        "verify_reduction_pct": red,
-        "accept_length": a,
-        "accept_length_source": a_src,
-        "t_rest_us": t_rest,
-        "t_rest_basis": rest_basis,
-        "tok_s_baseline": rate(v_base),
-        "tok_s_predicted": rate(v_pred),
-        "tok_s_formula": "tok/s per stream = A / (t_rest + t_verify)",
-        "notes": notes,
-    }
-
-
-# --- env file header and tuner table ------------------------------------------------------------------
-
-
-def change_pct(pct: float) -> str:
-    """A change in percent, new vs old (``(new - old) / old x 100``: ``-`` is less time), with its
-    sign, one decimal: ``-3.5 %``, ``+1.2 %``; ``0.0 %`` when it rounds to zero (never ``-0.0 %``).
-    The one formatter of a change in tune's words."""
-    r = round(pct, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
-    return "0.0 %" if r == 0 else f"{r:+.1f} %"
-
-
-def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
-                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int, user=None,
-                      box_facts=None) -> list[str]:
-    """Comment lines for an env file written from a prediction: how the values were obtained, the
-    box, the workload and the predicted numbers with their ranges and evidence (the writer adds
-    date and NCCL version).
-
-    Parameters
-    ----------
-    best, baseline : fastverify.tune.candidates.Figure
-        The winner (an NCCL setting or a registry backend) and the current environment.
-    reduction : mapping
-        :func:`verify_reduction` of the winner against the baseline.
-    user : fastverify.tune.user_figures.UserFigures or None
-        The user's own figures: the baseline is labelled with their label (``measured-by-user``),
-        and their lines (:func:`fastverify.tune.user_figures.header_lines`) follow.
-    """
-    sizes = ", ".join(f"{c} x {b:,} B" for b, c in workload.msg_sizes)
-
-    def tok(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.1f}"
-
-    def rng(f) -> str:
-        if f.range_us is None:
-            return "range unknown at this size"
-        lo, hi = f.range_us
-        return f"range {lo:,.1f}..{hi:,.1f} us"
-
-    lines = [
-        "PREDICTED, not measured: NCCL cost model + PCIe correction fitted on one 8x RTX 4090 box "
-        "(fastverify.topo.diagnose.CALIBRATION) and published all-reduce measurements of comparable boxes "
-        "(fastverify/data/published_allreduce.json); measure with `fastverify tune` before relying on it",
-        f"topology: {topology_source}; GPUs: {n_gpus} in the topology, tp {workload.tp}; "
-        + (box_facts.first_line()[2:] if box_facts is not None else f"assumed PCIe Gen{pcie_gen} x16, sm_{sm}"),
-        f"workload: {workload.source}; all-reduces per verify step: {sizes}",
-        f"chosen: {best.name} (backend {best.backend.value}, {best.label})",
-        f"all-reduce per verify step: {baseline.point_us:.1f} us (baseline"
-        f"{', ' + user.label if user is not None else ''}, {rng(baseline)}) -> "
-        f"{best.point_us:.1f} us ({rng(best)}), {change_pct(-reduction['allreduce_reduction_pct'])} ({best.label})",
-        f"verify step: {reduction['verify_baseline_us'] / 1e3:.3f} ms -> {reduction['verify_predicted_us'] / 1e3:.3f} ms, "
-        f"{change_pct(-reduction['verify_reduction_pct'])} (predicted; baseline {reduction['verify_baseline_basis']})",
-        f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])}"
-        f"{' (' + user.label + ')' if user is not None else ''} -> "
-        f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})"
-        if reduction["tok_s_baseline"] is not None else
-        f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
-    ]
-    if user is not None:
-        from fastverify.tune.user_figures import header_lines
-
-        lines += header_lines(user, reduction)
-    lines += [f"evidence: {e}" for e in best.evidence]
-    lines += [f"note: {n}" for n in best.notes]
-    return lines
-
-
-# Ring/LL and Ring/Simple thread thresholds and threads per channel (nccl.md §2.4, tuning.cc):
+# Ring/LL and Ring/Simple thread thresholds and threads per channel (NCCL src/graph/tuning.cc):
 # NCCL drops channels while nBytes < nChannels x threads x threshold.
 def _channels(nbytes: int, algo: M.Algo, proto: M.Proto, n_ranks: int, comm_channels: int) -> int:
     if algo is M.Algo.TREE:
@@ -569,9 +376,9 @@ def tuner_choices(candidate: Candidate, *, max_log2: int = 36) -> list[TunerChoi
     For every size band ``[2^k, 2^(k+1) - 1]`` (and ``[0, 1]``) the (algorithm, protocol) with the
     lowest *corrected* predicted time (which may differ from the pair NCCL's own model picks),
     adjacent bands with the same choice merged, the last band open to the largest size. Channels:
-    the count NCCL itself would use for the band's lower size (its per-channel thresholds,
-    ``nccl.md`` §2.4), never more than the communicator's ``2 x graph`` channels — always explicit,
-    because the example plugin runs unmatched sizes and ``-1`` on one channel. Only ``allreduce``
+    the count NCCL itself would use for the band's lower size (its per-channel thresholds, NCCL
+    ``src/graph/tuning.cc``), never more than the communicator's ``2 x graph`` channels — always
+    explicit, because the example plugin runs unmatched sizes and ``-1`` on one channel. Only ``allreduce``
     rows: other collectives keep NCCL's own choice only if the plugin's 1-channel default suits
     them — the header written with the file should say so.
     """

@@ -10,7 +10,7 @@ without a cycle), one next command, and one line counting what ``--explain`` add
 and every evidence line, note and ruled-out backend.
 
 A change is always new vs baseline, ``(new - old) / old x 100``: ``-`` means less time
-(:func:`fastverify.tune.predict.change_pct`). Every figure carries its label: ``predicted``,
+(:func:`fastverify.tune.verify_time.change_pct`). Every figure carries its label: ``predicted``,
 ``measured`` or ``measured-by-user``.
 """
 
@@ -53,7 +53,7 @@ def candidate_cell(f) -> str:
 
 
 def change_text(f, base: float | None) -> str:
-    from fastverify.tune.predict import change_pct
+    from fastverify.tune.verify_time import change_pct
 
     if f.is_baseline:
         return "baseline"
@@ -149,7 +149,7 @@ def winner_lines(red: dict, *, best, base_label: str, best_label: str, user=None
                  keep: bool = False) -> list[str]:
     """The winner's all-reduce and verify change (and tok/s when a rate was given), each figure
     labelled; "upper bound" where the figures make it one. ``keep``: the baseline won, one line."""
-    from fastverify.tune.predict import change_pct
+    from fastverify.tune.verify_time import change_pct
 
     if keep:
         return [f"winner: {best}, the baseline: keep the current settings (all-reduce "
@@ -220,7 +220,7 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     console.print(prediction_table(pred, explain=explain, tok_s=args.tok_s is not None))
     best, base = pred.best, pred.baseline
     line = per_size_line(pred)
-    if line:
+    for line in ([line] if line else []) + list(pred.too_close.values()):
         console.print(line, markup=False, highlight=False)
     best_name = candidate_cell(best).replace("\n", ", ")
     for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
@@ -247,7 +247,7 @@ def per_size_line(pred) -> str:
     "too close to call", or unknown; then each backend's crossover (the size from which NCCL's
     point is at or below the backend's; "never" within the step's sizes). Empty when no backend
     has a figure at any size."""
-    from fastverify.tune.predict import change_pct
+    from fastverify.tune.verify_time import change_pct
 
     rows = [r for r in pred.per_size if len(r["entries"]) >= 2]
     if not rows:

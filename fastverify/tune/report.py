@@ -5,7 +5,7 @@ and the table title, column headers and the PNG say "CPU/gloo" and never "GPU". 
 different clocks are never ranked together.
 
 A trial ranks as its backend only when its path counts show the backend's own path took every
-call (:func:`fastverify.tune.sweep.fell_back`); one that fell back (to ``torch.distributed``) is
+call (:func:`fastverify.tune.path_counts.fell_back`); one that fell back (to ``torch.distributed``) is
 listed as ``fell_back`` with the counts, never ranked, never the winner.
 """
 
@@ -22,7 +22,7 @@ from rich.table import Table
 
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
-from fastverify.tune.sweep import NotRankedStatus, fell_back, path_counts
+from fastverify.tune.path_counts import NotRankedStatus, fell_back, path_counts
 from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
 
 CLOCK_LABEL = {
@@ -50,7 +50,7 @@ class Unranked:
 
 def path_verdict(spec: TrialSpec, result: TrialResult) -> Unranked | None:
     """The :class:`Unranked` entry of an ``ok`` result whose backend did not take every call
-    (:func:`fastverify.tune.sweep.fell_back` on its path counts), None when it did. A result
+    (:func:`fastverify.tune.path_counts.fell_back` on its path counts), None when it did. A result
     without path counts is :attr:`~NotRankedStatus.UNVERIFIED` unless its backend is the
     torch.distributed baseline (no other path: it is the fallback)."""
     counts = path_counts(result)
@@ -204,8 +204,8 @@ def _unit(clock: Clock | None):
 
 
 def _change(c: Candidate, base: Candidate | None) -> str:
-    """new vs baseline in percent, - = less time (:func:`fastverify.tune.predict.change_pct`)."""
-    from fastverify.tune.predict import change_pct
+    """new vs baseline in percent, - = less time (:func:`fastverify.tune.verify_time.change_pct`)."""
+    from fastverify.tune.verify_time import change_pct
 
     if c is base:
         return "baseline"

@@ -1,30 +1,17 @@
 """Run tuning trials, each in a fresh set of rank processes, with a timeout, a journal and resume.
 
-Process model (the pattern of :mod:`fastverify.live.runner`, whose helpers it reuses): per trial,
-the parent opens a ``TCPStore`` on 127.0.0.1 with an OS-chosen port, writes the spec as JSON into a
-temporary directory and starts ``world_size`` processes ``python -m fastverify.tune.worker SPEC
-RANK`` (stdout discarded, stderr to ``rank<r>.stderr``, results back as ``rank<r>.json``). Each
-rank is started by :class:`fastverify.procs.RankGroup`, the one launcher: its own session/process
-group, and Linux SIGKILLs it when the parent dies, so a ``kill -9`` of the sweep leaves no ranks
-behind.
-
-Each trial runs in three phases, each with its own limit (:class:`TrialLimits`):
-
-* start-up, ``startup_timeout_s``: until every rank has joined the process group (interpreter,
-  torch, CUDA and NCCL start-up, which varies a lot between machines);
-* build, ``build_timeout_s``: until every rank has made its backend, run ``prepare()`` (FlashInfer's
-  ``tune()``) and one call per size. FlashInfer JIT-compiles with nvcc on first use (the PCIe IPC
-  module in the workspace constructor, ``trtllm_comm`` at its first call), which takes minutes;
-  later runs load the cached build. A hang here is reported as "hung while building/JIT-compiling";
-* measurement, ``timeout_s``: until every rank has exited (hung IPC kernels spin forever).
-
-A rank that exits non-zero, or a phase past its limit, ends that trial: every rank's process group
-is stopped by the launcher's kill rule (SIGTERM, then SIGKILL after a grace period), the trial is recorded as ``failed`` with a one-line reason naming the phase and each
-unfinished rank's last stage, and the sweep goes on with the next trial.
-
-The trial's ``env`` is set in the ranks' environment (and applied again by the worker before it
-imports torch); the parent's own environment passes through underneath it, so the baseline trial
-measures the settings currently in effect.
+Per trial the parent opens a ``TCPStore`` on 127.0.0.1 (OS-chosen port), writes the spec as JSON
+into a temporary directory and starts ``world_size`` processes ``python -m fastverify.tune.worker
+SPEC RANK`` (stdout discarded, stderr to ``rank<r>.stderr``, results back as ``rank<r>.json``)
+through :class:`fastverify.procs.RankGroup`, the one launcher (the pattern of
+:mod:`fastverify.live.runner`): each rank in its own session and process group, SIGKILLed by Linux
+when the parent dies, so a ``kill -9`` of the sweep leaves no ranks behind. A trial runs in three
+phases, each with its own limit (:class:`TrialLimits`); a rank that exits non-zero, or a phase
+past its limit, ends the trial: every rank's group is stopped (SIGTERM, then SIGKILL after a
+grace period), the trial is recorded as ``failed`` with a one-line reason naming the phase and
+each unfinished rank's last stage, and the sweep goes on. The trial's ``env`` is set over the
+parent's own environment (and applied again by the worker before it imports torch), so the
+baseline trial measures the settings currently in effect.
 """
 
 from __future__ import annotations
@@ -36,14 +23,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from fastverify.errors import UserError
-from fastverify.registry import Role, backend_info
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
@@ -55,11 +40,12 @@ from fastverify.procs import (
     rank_workdir,
 )
 from fastverify.tune.journal import Journal, fingerprint
+from fastverify.tune.path_counts import path_meta
+from fastverify.tune.sweep_progress import TrialProgress
 from fastverify.tune.trial import (
     DTYPE_BYTES,
     Clock,
     Device,
-    Op,
     SizeResult,
     TrialResult,
     TrialSpec,
@@ -83,18 +69,23 @@ CPU_NOTE = ("CPU/gloo: host wall-clock times of gloo all-reduces, not GPU times;
 
 @dataclass(frozen=True)
 class TrialLimits:
-    """The three wall-clock limits of one trial, in seconds (module docstring). The doctor and
-    ``tune`` share them through :func:`run_trial`.
+    """The three wall-clock limits of one trial, in seconds. The doctor and ``tune`` share them
+    through :func:`run_trial`.
 
     Attributes
     ----------
     measure_s : float
-        From the moment every rank is built until every rank has exited.
+        From the moment every rank is built until every rank has exited (hung IPC kernels spin
+        forever).
     startup_s : float
-        From starting the processes until every rank has joined the process group.
+        From starting the processes until every rank has joined the process group (interpreter,
+        torch, CUDA and NCCL start-up, which varies a lot between machines).
     build_s : float
         From the moment every rank is up until every rank has built (made the backend, prepared
-        and tuned it, called it once per size).
+        and tuned it, called it once per size). FlashInfer JIT-compiles with nvcc on first use
+        (the PCIe IPC module in the workspace constructor, ``trtllm_comm`` at its first call),
+        which takes minutes; later runs load the cached build. A hang here is reported as
+        :data:`BUILD_HANG`.
 
     Raises
     ------
@@ -147,7 +138,8 @@ def run_sweep(
         only the others. False: an existing journal is kept as ``<journal>.bak`` and all trials run.
     progress : bool
         Show progress on stderr: trial i/N, elapsed and time left, as a rich bar on a terminal
-        and as plain ``fastverify:`` lines elsewhere (CI, a log file); see :class:`_Progress`.
+        and as plain ``fastverify:`` lines elsewhere (CI, a log file); see
+        :class:`fastverify.tune.sweep_progress.TrialProgress`.
     config : Mapping or None
         JSON-able description of the sweep (workload, box fingerprint…), part of the journal's
         fingerprint.
@@ -173,6 +165,29 @@ def run_sweep(
         different ``norm`` kernels (one sweep compares all-reduces on one norm).
     """
     trials = list(trials)
+    ids = _trial_ids(trials)
+    limits = TrialLimits(measure_s=timeout_s, startup_s=startup_timeout_s, build_s=build_timeout_s)
+    fp = fingerprint(trials, config)
+    with Journal.open(journal_path, fingerprint=fp, resume=resume, config=config, trial_ids=ids) as journal:
+        done = {i: rec.result for i, rec in journal.done.items()}
+        todo = [t for t in trials if t.trial_id not in done]
+        if done:
+            logger.info("resuming %s: %d of %d trials already done", journal.path, len(trials) - len(todo),
+                        len(trials))
+        with TrialProgress(progress, len(todo)) as bar:
+            for t in todo:
+                bar.start(t)
+                result = run_trial(t, timeout_s=limits.measure_s, startup_timeout_s=limits.startup_s,
+                                   build_timeout_s=limits.build_s)
+                journal.append(t, result)
+                done[t.trial_id] = result
+                bar.finish(t, result)
+    return [done[i] for i in ids]
+
+
+def _trial_ids(trials: list) -> list[str]:
+    """The trials' ids, in order, once each is known to be a :class:`TrialSpec`, distinct, and on
+    the sweep's one norm kernel (the errors of :func:`run_sweep`)."""
     for t in trials:
         if not isinstance(t, TrialSpec):
             raise TypeError(f"trials must hold TrialSpec objects, got {type(t).__name__}")
@@ -184,23 +199,7 @@ def run_sweep(
     if len(norms) > 1:
         raise ValueError(f"trials ask for norm kernels {norms}; every trial of one sweep must use the same "
                          f"TrialSpec.norm, so backends are compared on the same residual + RMSNorm")
-    limits = TrialLimits(measure_s=timeout_s, startup_s=startup_timeout_s, build_s=build_timeout_s)
-    fp = fingerprint(trials, config)
-    with Journal.open(journal_path, fingerprint=fp, resume=resume, config=config, trial_ids=ids) as journal:
-        done = {i: rec.result for i, rec in journal.done.items()}
-        todo = [t for t in trials if t.trial_id not in done]
-        if done:
-            logger.info("resuming %s: %d of %d trials already done", journal.path, len(trials) - len(todo),
-                        len(trials))
-        with _Progress(progress, len(todo)) as bar:
-            for t in todo:
-                bar.start(t)
-                result = run_trial(t, timeout_s=limits.measure_s, startup_timeout_s=limits.startup_s,
-                                   build_timeout_s=limits.build_s)
-                journal.append(t, result)
-                done[t.trial_id] = result
-                bar.finish(t, result)
-    return [done[i] for i in ids]
+    return ids
 
 
 def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
@@ -308,7 +307,7 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
                            f"{getattr(err, 'strerror', None) or err})", started, note=note)
     clock = Clock(docs[0]["clock"])
     meta = {k: v for k, v in docs[0]["meta"].items() if isinstance(v, (str, int, float, bool, type(None)))}
-    meta.update(_path_meta(spec, docs))
+    meta.update(path_meta(spec, docs))
     for status in ("skipped", "wrong_result"):
         hit = [d for d in docs if d["status"] == status]
         if hit:
@@ -320,78 +319,6 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
     step_us = sum(s.count_per_step * s.median_us for s in sizes)
     return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note,
                    meta=meta)
-
-
-class NotRankedStatus(StrEnum):
-    """Why an ``ok`` trial is left out of the ranking (:func:`fastverify.tune.report.rank_candidates`)."""
-
-    FELL_BACK = "fell_back"  # its path counts show calls off the backend's own path (:func:`fell_back`)
-    UNVERIFIED = "unverified"  # no path counts to show it took its own path (an older journal)
-
-
-PATH_COUNT_PREFIX = "path_count:"
-"""``TrialResult.worker_meta`` keys ``path_count:<path>``: how many calls took each internal path
-of the trial's backend (its ``path_counts``: build, warm-up, check and timed calls together), as
-one rank counted them (:data:`PATH_COUNTS_RANK`)."""
-PATH_COUNTS_RANK = "path_counts_rank"
-"""``worker_meta`` key: the rank whose counts are recorded, the first that fell back, else 0."""
-_FUSED_PATH = "fused"
-_FUSED_OFF_PATHS = ("fallback", "unfused")
-_PLAIN_PATHS = ("all_reduce", "fused_all_reduce")
-_PLAIN_FALLBACK = "fallback_all_reduce"
-
-
-def backend_paths(spec: TrialSpec, counts: Mapping[str, int]) -> tuple[str, int, int]:
-    """``(own path, calls on it, calls of the timed operation)`` from a backend's ``path_counts``.
-
-    The path names are the backends' own labels (``fastverify/backends``): a fused residual +
-    RMSNorm backend timed on that operation must take ``"fused"``; its others are ``"fallback"``
-    (``torch.distributed`` + norm) and the base class's ``"unfused"``. Any other trial counts
-    plain all-reduces: ``"all_reduce"`` (``"fused_all_reduce"`` for the trtllm kernel), against
-    ``"fallback_all_reduce"``. An unknown backend name counts as a plain backend.
-    """
-    try:
-        fused = backend_info(spec.backend).role is Role.fused_norm
-    except ValueError:
-        fused = False
-    if fused and spec.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM:
-        own = counts.get(_FUSED_PATH, 0)
-        return _FUSED_PATH, own, own + sum(counts.get(k, 0) for k in _FUSED_OFF_PATHS)
-    own_key = next((k for k in _PLAIN_PATHS if counts.get(k)), _PLAIN_PATHS[0])
-    own = sum(counts.get(k, 0) for k in _PLAIN_PATHS)
-    return own_key, own, own + counts.get(_PLAIN_FALLBACK, 0)
-
-
-def fell_back(spec: TrialSpec, counts: Mapping[str, int]) -> str | None:
-    """None when the trial's backend took its own path (:func:`backend_paths`) on every call it
-    counted, else one line with the counts: ``fell back: fused 0 of 40 calls, fallback 40``.
-    Every call of a size takes the same path, so this holds for the timed calls too."""
-    own_key, own, total = backend_paths(spec, counts)
-    if total and own == total:
-        return None
-    others = "".join(f", {k} {v}" for k, v in sorted(counts.items()) if k != own_key and v)
-    return f"fell back: {own_key} {own} of {total} calls{others}"
-
-
-def _path_meta(spec: TrialSpec, docs: list[dict]) -> dict[str, int]:
-    """The ``worker_meta`` entries of the ranks' path counts (:data:`PATH_COUNT_PREFIX`): those of
-    the first rank that fell back, else rank 0's; nothing where a rank sent none (a skipped trial)."""
-    per_rank = [d.get("meta", {}).get("path_counts") for d in docs]
-    if not per_rank or not all(isinstance(c, dict) for c in per_rank):
-        return {}
-    rank = next((r for r, c in enumerate(per_rank) if fell_back(spec, c) is not None), 0)
-    out = {PATH_COUNT_PREFIX + str(k): v for k, v in per_rank[rank].items()}
-    out[PATH_COUNTS_RANK] = rank
-    return out
-
-
-def path_counts(result: TrialResult) -> dict[str, int] | None:
-    """A result's path counts (:data:`PATH_COUNT_PREFIX` entries of ``worker_meta``); None where it
-    has none (a trial that never ran its backend, or an older journal) or one is not a count >= 0."""
-    counts = {k[len(PATH_COUNT_PREFIX):]: v for k, v in result.worker_meta if k.startswith(PATH_COUNT_PREFIX)}
-    if not counts or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()):
-        return None
-    return counts
 
 
 def _sizes(spec: TrialSpec, docs: list[dict]) -> tuple[SizeResult, ...]:
@@ -421,131 +348,3 @@ def _result(spec: TrialSpec, status: TrialStatus, reason: str, started: float, *
     return TrialResult(trial_id=spec.trial_id, status=status, reason=reason, sizes=tuple(sizes), step_us=step_us,
                        clock=clock, started_unix_s=started, finished_unix_s=time.time(), note=note,
                        worker_meta=tuple((meta or {}).items()))
-
-
-HEARTBEAT_S = 5.0
-"""Longest a sweep's plain progress lines stay silent while a trial runs (s)."""
-
-
-class _Progress:
-    """Trial progress on stderr, or nothing when disabled.
-
-    On a terminal: a rich bar, ``tune ━━━━━━ 3/8 0:01:12 ETA 0:02:05 <trial name>`` (trials done
-    of all, elapsed, rich's estimate of the time left, the running trial). Anywhere else (CI, a
-    log file, ``2>&1 | tee``), where a bar shows nothing until it ends: plain lines from
-    :class:`fastverify.progress.Progress`, e.g. ``fastverify: tune: trials 2/8 (running nccl
-    NCCL_PROTO=LL), 12.3 s elapsed, about 36.9 s left`` when a trial starts (none in the first
-    2 s, at most one a second) and one when the last has finished. A trial that does not end
-    ``ok`` is reported either way: a rich line on the terminal, a ``fastverify:`` line elsewhere.
-
-    Parameters
-    ----------
-    enabled : bool
-        False (or no trials): nothing at all.
-    total : int
-        Trials to run.
-    console : rich.console.Console or None
-        Where the bar goes and whether that is a terminal (``Console.is_terminal``); None: a
-        console on stderr.
-    """
-
-    def __init__(self, enabled: bool, total: int, *, console=None) -> None:
-        self.enabled = enabled and total > 0
-        self.total = total
-        self._console = console
-        self._bar = None
-        self._lines = None  # fastverify.progress.Progress when stderr is not a terminal
-        self._done = 0
-        self._running: tuple[TrialSpec | None, float] = (None, 0.0)
-        self._last_line = float("-inf")
-        self._stop = None
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.console import Console
-
-            console = self._console or Console(stderr=True)
-            if console.is_terminal:
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeElapsedColumn,
-                    TimeRemainingColumn,
-                )
-
-                self._bar = Progress(TextColumn("[bold]tune[/]"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                     TextColumn("{task.description}"), console=console, transient=False)
-                self._bar.__enter__()
-                self._task = self._bar.add_task("", total=self.total)
-            else:
-                import threading
-
-                from fastverify.progress import Progress as Lines
-
-                self._lines = Lines("tune: trials", self.total, stream=console.file)
-                self._stop = threading.Event()
-                self._beat = threading.Thread(target=self._heartbeat, name="fastverify-tune-progress", daemon=True)
-                self._beat.start()
-        return self
-
-    def _heartbeat(self) -> None:
-        """Plain-lines mode: with no line for :data:`HEARTBEAT_S` (a trial can build kernels for
-        minutes), say which trial runs and for how long."""
-        import time
-
-        from fastverify.progress import default_after_s, say
-
-        while not self._stop.wait(0.5):
-            now = time.monotonic()
-            spec, since = self._running
-            if spec is None or now - self._last_line < HEARTBEAT_S or self._lines.elapsed() < default_after_s():
-                continue
-            self._last_line = now
-            say(f"tune: trial {self._done + 1}/{self.total} running {spec.name} for {now - since:.0f} s, "
-                f"{self._lines.elapsed():.1f} s elapsed", stream=self._lines.stream)
-
-    def start(self, spec: TrialSpec) -> None:
-        import time
-
-        self._running = (spec, time.monotonic())
-        if self._bar is not None:
-            self._bar.update(self._task, description=spec.name)
-        elif self._lines is not None and self._lines.update(self._done, f"running {spec.name}"):
-            self._last_line = time.monotonic()
-
-    def finish(self, spec: TrialSpec, result: TrialResult) -> None:
-        if not self.enabled:
-            return
-        self._done += 1
-        self._running = (None, 0.0)
-        status, reason = result.status.value, result.reason
-        counts = path_counts(result) if result.ok else None
-        if counts is not None and (why := fell_back(spec, counts)) is not None:
-            # measured, but not as its backend: said like a failure
-            status, reason = NotRankedStatus.FELL_BACK.value, why
-        if self._bar is not None:
-            if status != TrialStatus.OK.value:
-                from rich.markup import escape
-
-                self._bar.console.print(f"[yellow]{escape(spec.name)}: {status}[/] {escape(reason)}", highlight=False)
-            self._bar.advance(self._task)
-            return
-        if self._lines is None:
-            return
-        if status != TrialStatus.OK.value:
-            from fastverify.progress import say
-
-            say(f"tune: trial {self._done}/{self.total} {spec.name}: {status}"
-                f"{f' ({reason})' if reason else ''}", stream=self._lines.stream)
-        if self._done == self.total:
-            self._lines.update(self._done, "all run")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            self._beat.join()
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)

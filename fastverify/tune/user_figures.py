@@ -1,29 +1,26 @@
-"""``tune --predict`` from the user's own scalar figures (``--verify-ms``, ``--allreduce-ms``,
-``--tok-s``, ``--accept-length``): no profile, no bundle, four numbers.
+"""``tune --predict`` from the user's own scalar figures (``--verify-ms`` V, ``--allreduce-ms`` R,
+``--tok-s`` S, ``--accept-length`` A): no profile, no bundle, four numbers.
 
-* Baseline: the user's verify time V and all-reduce time R per verify step (and tok/s S per
-  stream), labelled :data:`LABEL` (``measured-by-user``) wherever they appear.
-* A candidate's all-reduce per step: ``R_c = R × pred_c / pred_base``, the prediction machinery's
-  ratio (cost model / published data, :mod:`fastverify.tune.candidates`) applied to R, which is the
-  rule :func:`fastverify.tune.predict.verify_reduction` uses for a profile's measured times; the
-  range scales the same way.
-* Its verify time ``V_c = V − R + R_c``; with S, ``t_rest = A / S − V`` held fixed and
-  ``tok/s_c = A / (t_rest + V_c)``; without S no tok/s at all (the cycle time is unknown).
-* Bound: scalars cannot split R into the wait for the slowest rank and the transfer; a faster
-  kernel removes transfer, not wait, so each gain is an upper bound (``"bound": "upper"``).
-* Box: ``--topology`` or NVML as always; with neither (a machine without GPUs), an assumed box
-  (:func:`assumed_topology`), said in every output; no env file or tuner table is written for it.
-* A ``--profile`` whose times are GPU timings: figures more than :data:`AGREE` off its own are
-  refused; figures within it leave the profile's measurement in charge (it splits wait from
-  transfer). A profile without GPU times gives the message sizes only.
+The baseline is V and R per verify step (and S), labelled :data:`LABEL` (``measured-by-user``)
+everywhere. A candidate's all-reduce is ``R_c = R × pred_c / pred_base`` (the prediction's ratio,
+:mod:`fastverify.tune.candidates`, applied to R: the rule
+:func:`fastverify.tune.verify_time.verify_reduction` uses for a profile's times; the range scales
+alike), its verify ``V_c = V − R + R_c``, and with S ``tok/s_c = A / (t_rest + V_c)``,
+``t_rest = A / S − V`` held fixed; without S no tok/s. Scalars cannot split R into wait and
+transfer, so every gain is an upper bound (``"bound": "upper"``). Box: ``--topology`` or NVML, else
+an assumed box (:func:`assumed_topology`), said in every output, for which no env file or tuner
+table is written. A ``--profile`` with GPU times refuses figures more than :data:`AGREE` off its
+own and otherwise stays in charge (it splits wait from transfer); one without gives sizes only.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from fastverify.errors import UserError
+from fastverify.tune.candidates import too_close_calls
 
 LABEL = "measured-by-user"
 MAX_VERIFY_MS = 60_000.0  # a verify step of a minute is no verify step
@@ -171,7 +168,7 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
 
     cands = tuple(one(f) for f in pred.candidates)
     return replace(pred, baseline=next(f for f in cands if f.is_baseline), candidates=cands,
-                   notes=pred.notes + tuple(extra_notes))
+                   notes=pred.notes + tuple(extra_notes), too_close=MappingProxyType(too_close_calls(cands)))
 
 
 def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
@@ -202,7 +199,7 @@ def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
 
 
 def header_lines(user: UserFigures, red: dict) -> list[str]:
-    """Env-file header lines of this mode (after :func:`fastverify.tune.predict.prediction_header`'s)."""
+    """Env-file header lines of this mode (after :func:`fastverify.tune.predict_mode.prediction_header`'s)."""
     tok = f", {user.tok_s:g} tok/s per stream at A = {red['accept_length']:g}" if user.tok_s is not None else ""
     return [f"baseline {LABEL}: verify {user.verify_us / 1e3:g} ms per step, all-reduce {user.allreduce_us / 1e3:g} "
             f"ms of it{tok} (your --verify-ms, --allreduce-ms{', --tok-s' if tok else ''})",

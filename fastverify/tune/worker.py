@@ -1,48 +1,18 @@
 """One rank of a tuning trial, run as ``python -m fastverify.tune.worker SPEC_JSON RANK``.
 
 Started by :mod:`fastverify.tune.sweep` in a fresh interpreter per rank and trial, so every trial
-gets its own NCCL/IPC state. The order matters:
-
-1. read the spec (JSON written by the parent: the :class:`~fastverify.tune.trial.TrialSpec` plus
-   ``port``, ``timeout_s``, ``threads``, ``workdir``), and apply its ``env`` to ``os.environ`` *before*
-   ``torch`` is imported: NCCL reads most settings once per process;
-2. join the parent's ``TCPStore`` on 127.0.0.1 and init the process group (gloo on CPU, NCCL on
-   CUDA, one GPU per rank), then touch ``rank<r>.ready`` (start-up ends when every rank is up);
-3. build, under the parent's build limit (``build_timeout_s``, long: FlashInfer JIT-compiles its
-   PCIe IPC module in the workspace constructor and ``trtllm_comm`` at the first call, and its
-   ``tune()`` times a whole ladder): make the backend with the trial's ``hidden`` and ``norm``
-   (``BackendUnavailable`` on any rank → the whole trial is ``skipped``, every rank agrees on
-   it), ``prepare()`` (tunes), one call per message size (triggers the lazy JIT builds), a device
-   synchronize; then touch ``rank<r>.built``. Stage lines start with ``build:``;
-4. measure, under the trial's own limit (``timeout_s``, from the moment every rank is built): per
-   message size, build inputs with a known per-rank pattern, warm up, check the result against the
-   torch reference (any rank off → ``wrong_result`` for every rank), then time;
-5. write ``rank<r>.json`` next to the spec (atomically). stdout is never used.
-
-Timing
-------
-* CPU: each timed call is bracketed by ``time.perf_counter_ns()`` after a barrier; host wall
-  time of an eager gloo call (``clock = "cpu_wall_clock"``), not GPU time.
-* CUDA: the op is captured ``k = min(count_per_step, GRAPH_OPS_MAX)`` times in one CUDA graph,
-  which is replayed ``iters`` times, each replay bracketed by CUDA events after a barrier; the
-  time per call is the replay's elapsed time / ``k`` (``clock = "cuda_events"``). The output of
-  the last replay is checked against the reference too.
-* The residual + RMSNorm op: the unfused path adds into the residual it is given, as SGLang's
-  does (:meth:`fastverify.backends.AllReduceBackend.all_reduce_residual_rmsnorm`), so every call
-  gets a residual restored from the case's pristine copy beforehand, outside the timed region
-  (before the barrier; on CUDA one buffer per captured call, restored before each replay).
-
-Each rank reports, per size, its per-iteration times in ns; the parent takes the slowest rank per
-iteration. A failing rank prints its traceback to stderr (``rank<r>.stderr``), writes
-``rank<r>.failed`` (``time.monotonic_ns()``) and exits 1. Progress lines on stderr
-(``fastverify-tune rank R: ...``) let the parent say where a hung trial was.
-
-Test hook (tests only, never set it otherwise): ``FASTVERIFY_TEST_INJECT=hang:<rank>`` makes that
-rank sleep forever right after the build (so in the measurement); ``crash:<rank>`` makes it exit
-with code 3 there; ``slow_build:<rank>:<seconds>`` makes it sleep that long in the build, right
-after making the backend (a slow JIT build); ``unavailable:<rank>`` makes ``make_backend`` raise
-``BackendUnavailable`` on that rank only. It is read after the trial's ``env`` is applied, so a
-trial can carry it in its ``env``.
+gets its own NCCL/IPC state. In order: (1) read the spec (the parent's JSON: the
+:class:`~fastverify.tune.trial.TrialSpec` plus ``port``, ``timeout_s``, ``threads``, ``workdir``) and
+apply its ``env`` *before* ``torch`` is imported (NCCL reads most settings once per process);
+(2) join the parent's ``TCPStore`` and init the process group (gloo on CPU, NCCL on CUDA, one GPU
+per rank), touch ``rank<r>.ready``; (3) build, under the parent's build limit: make the backend
+(unavailable on any rank: ``skipped`` on every rank), ``prepare()`` (FlashInfer's ``tune()``), one
+call per size (the lazy JIT builds), a device synchronize, touch ``rank<r>.built``; (4) measure,
+under the trial's limit: per size warm up, check against the torch reference (any rank off:
+``wrong_result`` on every rank), time (:func:`_time_cpu`, :func:`_time_cuda`: per-iteration ns;
+the parent takes the slowest rank per iteration); (5) write ``rank<r>.json`` atomically. A failing
+rank prints its traceback to stderr, writes ``rank<r>.failed`` (``time.monotonic_ns()``) and exits
+1; stage lines on stderr (``fastverify-tune rank R: ...``) say where a hung trial was.
 """
 
 from __future__ import annotations
@@ -64,6 +34,12 @@ GRAPH_OPS_MAX = 32
 EPS = 1e-6
 """RMSNorm epsilon of the residual + RMSNorm check."""
 INJECT_ENV = "FASTVERIFY_TEST_INJECT"
+"""Test hook (tests only, never set it otherwise): ``hang:<rank>`` makes that rank sleep forever
+right after the build (so in the measurement); ``crash:<rank>`` makes it exit with
+:data:`INJECT_CRASH_EXIT` there; ``slow_build:<rank>:<seconds>`` makes it sleep that long in the
+build, right after making the backend (a slow JIT build); ``unavailable:<rank>`` makes
+``make_backend`` raise ``BackendUnavailable`` on that rank only. Read after the trial's ``env`` is
+applied, so a trial can carry it in its ``env``."""
 INJECT_CRASH_EXIT = 3
 INJECT_KINDS = ("hang", "crash", "slow_build", "unavailable")
 READY_MARK = "ready"
@@ -159,49 +135,84 @@ def make_trial_backend(trial, *, device, dtype, norm, context):
 
 
 def _run_rank(rank: int, spec: dict) -> dict:
+    """Steps 2-4 of the module docstring on this rank: the result document it writes."""
     import torch
     import torch.distributed as dist
 
-    from fastverify.backends import BackendUnavailable
-    from fastverify.backends.base import ProbeContext
     from fastverify.tune.trial import TrialSpec
 
     trial = TrialSpec.from_dict(spec["trial"])
     cuda = trial.device.value == "cuda"
-    world = trial.world_size
-    timeout = timedelta(seconds=spec["timeout_s"])
     device = rank_device(rank, cuda, spec["threads"])
     dtype = getattr(torch, trial.dtype)
+    _store = _join_group(rank, spec, trial.world_size, cuda, device, dist)  # held until the rank is done
+    workdir = Path(spec["workdir"])
+    (workdir / f"rank{rank}.{READY_MARK}").touch()  # start-up is over when every rank is up
+
+    ctx = _probe_context(trial, device, dtype)
+    meta = _meta(trial, torch, rank, cuda)
+    clock = "cuda_events" if cuda else "cpu_wall_clock"
+    backend, unavailable = _make_backend(rank, trial, device, dtype, ctx, meta)
+    _inject(rank, "slow_build")
+    if _any_rank(bool(unavailable), device, torch, dist):
+        # No close(): a backend built on some ranks only may need a collective close that never comes.
+        return {"status": "skipped", "reason": unavailable or "skipped: the backend is unavailable on another rank",
+                "sizes": [], "clock": clock, "meta": meta}
+    cases = _build_cases(rank, trial, backend, device, dtype, torch)
+    (workdir / f"rank{rank}.{BUILT_MARK}").touch()
+    _stage(rank, "built")
+    _inject(rank, "hang", "crash")
+
+    status, reason, sizes_out = _measure_sizes(rank, trial, cases, backend, device, torch, dist)
+    meta["path_counts"] = dict(backend.path_counts)
+    backend.close()
+    dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
+    dist.destroy_process_group()
+    _stage(rank, "done")
+    return {"status": status, "reason": reason, "sizes": sizes_out, "clock": clock, "meta": meta}
+
+
+def _join_group(rank: int, spec: dict, world: int, cuda: bool, device, dist):
+    """Join the parent's ``TCPStore`` and init the process group (gloo on CPU, NCCL on CUDA, one
+    GPU per rank, ``spec["timeout_s"]`` for both); returns the store."""
+    timeout = timedelta(seconds=spec["timeout_s"])
     _stage(rank, "init process group")
     store = dist.TCPStore(HOST, spec["port"], None, False, timeout=timeout)
     kwargs = {"device_id": device} if cuda else {}
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timeout, **kwargs)
-    workdir = Path(spec["workdir"])
-    (workdir / f"rank{rank}.{READY_MARK}").touch()  # start-up is over when every rank is up
+    return store
 
-    # --- build: its own, long limit (JIT builds, tune) ---
+
+def _probe_context(trial, device, dtype):
+    """What the backend's probe may know of this box: the trial's ``probe_facts`` (P2P, NVLink)."""
+    from fastverify.backends.base import ProbeContext
+
     facts = dict(trial.probe_facts)
-    ctx = ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
-                              nvlink_full=facts.get("nvlink_full"), single_node=True)
-    meta = _meta(trial, torch, rank, cuda)
-    clock = "cuda_events" if cuda else "cpu_wall_clock"
-    backend, unavailable = None, ""
+    return ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
+                               nvlink_full=facts.get("nvlink_full"), single_node=True)
+
+
+def _make_backend(rank: int, trial, device, dtype, ctx, meta: dict):
+    """``(backend, "")``, or ``(None, why)`` where the backend is unavailable on this rank (the
+    trial is then skipped on every rank); records the norm kernel in ``meta``."""
+    from fastverify.backends import BackendUnavailable
+
     try:
         norm = trial_norm(trial, dtype)  # raises BackendUnavailable for an unusable explicit "flashinfer"
         meta["norm"] = norm.value
         _stage(rank, f"{BUILD_STAGE}make backend {trial.backend} (norm {norm.value}; FlashInfer JIT-compiles here)")
         if (_injection(rank) or ("",))[0] == "unavailable":
             raise BackendUnavailable(trial.backend, f"injected on rank {rank} (test hook)")
-        backend = make_trial_backend(trial, device=device, dtype=dtype, norm=norm, context=ctx)
+        return make_trial_backend(trial, device=device, dtype=dtype, norm=norm, context=ctx), ""
     except BackendUnavailable as err:
-        unavailable = str(err)
-    _inject(rank, "slow_build")
-    if _any_rank(bool(unavailable), device, torch, dist):
-        # No close(): a backend built on some ranks only may need a collective close that never comes.
-        return {"status": "skipped", "reason": unavailable or "skipped: the backend is unavailable on another rank",
-                "sizes": [], "clock": clock, "meta": meta}
+        return None, str(err)
 
+
+def _build_cases(rank: int, trial, backend, device, dtype, torch) -> list[_Case]:
+    """The rest of the build: ``prepare()`` (tunes), the inputs of every size and one call each
+    (the lazy JIT builds), then a device synchronize."""
+    world = trial.world_size
     shapes = [_shape(n, trial.hidden) for n, _ in trial.sizes]
     _stage(rank, f"{BUILD_STAGE}prepare {len(shapes)} shape(s) (tunes)")
     backend.prepare(shapes)
@@ -209,47 +220,41 @@ def _run_rank(rank: int, spec: dict) -> dict:
     for (numel, _), case in zip(trial.sizes, cases):
         _stage(rank, f"{BUILD_STAGE}numel {numel}: first call (lazy JIT builds)")
         case.fresh_call(backend)  # output unchecked: the measurement checks every size
-    if cuda:
+    if trial.device.value == "cuda":
         torch.cuda.synchronize()  # the build is over when its kernels have run, not when queued
-    (workdir / f"rank{rank}.{BUILT_MARK}").touch()
-    _stage(rank, "built")
-    _inject(rank, "hang", "crash")
+    return cases
 
-    # --- measurement: the trial's limit ---
+
+def _measure_sizes(rank: int, trial, cases, backend, device, torch, dist) -> tuple[str, str, list[dict]]:
+    """Step 4 per size: warm up, check, time (CUDA: also check the last replay). ``(status,
+    reason, sizes)``; the first wrong result on any rank ends it as ``wrong_result`` on every rank."""
+    cuda = trial.device.value == "cuda"
     sizes_out: list[dict] = []
-    status, reason = "ok", ""
     for (numel, count), case in zip(trial.sizes, cases):
         _stage(rank, f"numel {numel}: warm-up and check")
         for _ in range(trial.warmup):
             case.fresh_call(backend)
         ok, err = case.check(case.fresh_call(backend))
         if _any_rank(not ok, device, torch, dist):
-            status = "wrong_result"
+            sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
             reason = (f"numel {numel}: max relative error {err:.3g} on rank {rank}" if not ok
                       else f"numel {numel}: result differs from the torch reference on another rank")
-            sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
-            break
+            return "wrong_result", reason, sizes_out
         _stage(rank, f"numel {numel}: timing")
         if cuda:
             times_ns, last = _time_cuda(case, backend, trial.iters, count, rank, torch, dist)
             ok2, err2 = case.check(last)
             err = max(err, err2)
             if _any_rank(not ok2, device, torch, dist):
-                status = "wrong_result"
+                sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
                 reason = (f"numel {numel}: CUDA-graph replay result off, max relative error {err2:.3g} "
                           f"on rank {rank}" if not ok2 else
                           f"numel {numel}: CUDA-graph replay result differs on another rank")
-                sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
-                break
+                return "wrong_result", reason, sizes_out
         else:
             times_ns = _time_cpu(case, backend, trial.iters, dist)
         sizes_out.append({"numel": numel, "times_ns": times_ns, "max_rel_err": err})
-    meta["path_counts"] = dict(backend.path_counts)
-    backend.close()
-    dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
-    dist.destroy_process_group()
-    _stage(rank, "done")
-    return {"status": status, "reason": reason, "sizes": sizes_out, "clock": clock, "meta": meta}
+    return "ok", "", sizes_out
 
 
 def _shape(numel: int, hidden: int) -> tuple[int, int]:
@@ -272,8 +277,9 @@ class _Case:
     backend. Residual and weight are the same on every rank, as in tensor parallelism.
 
     ``residual`` is the pristine residual, never passed to a backend; ``residuals`` are the
-    buffers the calls get (the unfused path adds into them), one per call slot
-    (:meth:`use_slots`), put back to ``residual`` by :meth:`reset`.
+    buffers the calls get (the unfused path adds into the residual it is given, as SGLang's does:
+    :meth:`fastverify.backends.AllReduceBackend.all_reduce_residual_rmsnorm`), one per call slot
+    (:meth:`use_slots`), put back to ``residual`` by :meth:`reset` outside the timed region.
     """
 
     def __init__(self, trial, shape, rank, world, device, dtype, torch):
@@ -332,6 +338,8 @@ class _Case:
 
 
 def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
+    """ns per call: each timed call bracketed by ``time.perf_counter_ns()`` after a barrier, the
+    host wall time of an eager gloo call (``clock = "cpu_wall_clock"``), not GPU time."""
     out = []
     for _ in range(iters):
         case.reset()
@@ -343,10 +351,12 @@ def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
 
 
 def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, dist):
-    """Capture ``k`` calls in one CUDA graph, replay it ``iters`` times; ns per call per replay,
-    and the outputs of the last captured call (read after the last replay). Captured call ``j``
-    uses residual slot ``j`` (the warm-up call slot ``k - 1``); all are reset before each replay,
-    before the barrier, so the copies are not timed and every replay computes the reference."""
+    """Capture ``k = min(count, GRAPH_OPS_MAX)`` calls in one CUDA graph, replay it ``iters``
+    times, each replay bracketed by CUDA events after a barrier: ns per call per replay (elapsed
+    / ``k``, ``clock = "cuda_events"``), and the outputs of the last captured call (read after the
+    last replay, checked too). Captured call ``j`` uses residual slot ``j`` (the warm-up call slot
+    ``k - 1``); all are reset before each replay, before the barrier, so the copies are not timed
+    and every replay computes the reference."""
     import itertools
 
     from fastverify.cudagraph import capture_cuda_graph

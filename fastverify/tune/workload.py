@@ -1,19 +1,16 @@
 """The verify step's collectives, as the tuner needs them: message sizes, counts per step, and the
 measured compute / verify time per step where a profile has it.
 
-Two sources:
-
-* :func:`workload_from_model` — shapes only, from a preset or ``config.json`` (the same reader as
-  ``fastverify profile --model``). One verify forward of a DeepSeek-V3 / Kimi-K2 / Llama model at
-  tensor parallelism ``tp`` on ``T = batch × draft_tokens`` tokens runs (SGLang's TP layers, see
-  ``fastverify/live/forward.py``): one all-reduce after the vocab-parallel embedding, then per
-  layer one after attention (``o_proj``) and one after the MLP / MoE, all of ``T × hidden``
-  elements; then one all-gather of the logits (column-parallel ``lm_head``). So
-  ``1 + 2 × num_layers`` all-reduces of ``T × hidden × 2`` bytes (bf16) — 123 × 57,344 B for
-  Kimi-K2 at T = 4 — plus the logits all-gather, kept apart in :attr:`Workload.allgather_bytes`
-  because it is not an all-reduce and no all-reduce setting or backend changes it.
-* :func:`workload_from_profile` — what a ``fastverify profile`` JSON measured: all-reduces per step
-  and their sizes, compute and window time per step, and the clock they came from.
+* :func:`workload_from_model`: shapes only, from a preset or ``config.json`` (the reader of
+  ``fastverify profile --model``). One verify forward at tensor parallelism ``tp`` on ``T = batch ×
+  draft_tokens`` tokens runs SGLang's TP layers (``fastverify/live/forward.py``): one all-reduce
+  after the vocab-parallel embedding, then per layer one after attention (``o_proj``) and one
+  after the MLP / MoE, each of ``T × hidden`` elements, so ``1 + 2 × num_layers`` all-reduces of
+  ``T × hidden × 2`` bytes (bf16; 123 × 57,344 B for Kimi-K2 at T = 4). The logits all-gather
+  (column-parallel ``lm_head``) is kept apart in :attr:`Workload.allgather_bytes`: no all-reduce
+  setting or backend changes it.
+* :func:`workload_from_profile`: what a ``fastverify profile`` JSON measured: all-reduces per step
+  and their sizes, compute and window time per step, and their clock.
 
 Nothing here imports torch or numpy: sweep workers import this module.
 """
@@ -31,7 +28,7 @@ from fastverify.live.config import ModelConfig, check_tp
 DTYPE = "bfloat16"
 DTYPE_BYTES = 2
 
-# Clocks of a profile (README, ``timing.clock``) that time the GPU; ``cpu_wall_clock`` does not.
+# Clocks of a profile (its ``timing.clock``) that time the GPU; ``cpu_wall_clock`` does not.
 GPU_CLOCKS = frozenset({"trace", "cuda_events"})
 
 UNKNOWN_SIZE_MESSAGE = ("profile has all-reduces of unknown size (CUDA-graph trace); "
@@ -226,21 +223,54 @@ def workload_from_profile(path: str | Path) -> Workload:
         the plausibility bounds of :mod:`fastverify.bounds` (refused by the decoder), or a world
         size below 2 (one rank runs no all-reduce).
     """
-    from fastverify.profile_record import read_profile_view  # torch- and numpy-free
+    from fastverify.profile_view import read_profile_view  # torch- and numpy-free
 
     path = Path(path)
     view = read_profile_view(path)  # refuses sizes, counts and times past fastverify/bounds.py
+    tp = _profile_tp(path, view)
+    notes: list[str] = []
+    msg_sizes = _per_step_sizes(path, view, notes)
+    clock = view.clock
+    compute_us = statistics.median(view.step_compute_us) if view.step_compute_us else None
+    allreduce_us = statistics.median(view.step_allreduce_us) if view.step_allreduce_us else None
+    verify_us = statistics.median(view.step_window_us) if view.step_window_us else None
+    if clock == "cpu_wall_clock":
+        notes.append("times are CPU wall clock over gloo (timing.clock = cpu_wall_clock): not GPU timings")
+    elif clock not in GPU_CLOCKS:
+        notes.append(f"unknown timing.clock {clock!r}: times treated as not measured on the GPU")
+    shapes = view.shapes
+    dtype = _profile_dtype(path, view, msg_sizes, notes)
+    if view.backend:
+        notes.append(f"profiled with all-reduce backend {view.backend}")
+    accept = view.accept_length if view.accept_length is not None and view.accept_length >= 1 else None
+    by_size, wait_us, transfer_us = _measured_split(path, view.version, allreduce_us)
+    return Workload(
+        msg_sizes=msg_sizes, dtype=dtype, hidden=shapes.hidden, tokens=shapes.tokens, tp=tp,
+        compute_us=compute_us, verify_us=verify_us, accept_length=accept,
+        source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
+        allreduce_us_by_size=by_size, allreduce_wait_us=wait_us, allreduce_transfer_us=transfer_us,
+        profile_backend=view.backend, draft_tokens=shapes.draft_tokens, batch=shapes.batch,
+    )
+
+
+def _profile_tp(path: Path, view) -> int:
+    """The profile's ``world_size`` (else the number of ranks it recorded); below 2 is refused."""
     tp_raw = view.world_size  # >= 1 when recorded (the decoder refuses 0)
     tp = tp_raw if tp_raw is not None else view.ranks
     if tp < 2:
         said = f"world_size {tp_raw}" if tp_raw is not None else f"no world_size and {view.ranks} rank"
         raise UserError(f"{path}: the profile records {said}: a single rank runs no all-reduce; nothing to "
                         "tune (profile a run with tensor parallelism >= 2)")
+    return tp
+
+
+def _per_step_sizes(path: Path, view, notes: list[str]) -> tuple[tuple[int, int], ...]:
+    """``(msg_bytes, count per step)``: the sizes counted over all ranks and steps, scaled to the
+    median per-step count and rounded (the largest share absorbs the rounding, said in ``notes``)."""
     per_step = statistics.median(view.step_allreduce_counts)
     n_per_step = int(round(per_step))
     if n_per_step < 1:
         raise UserError(f"{path}: the profile has no all-reduce per step: nothing to tune")
-
     sizes: dict[int, int] = {}
     for i, (b, c) in enumerate(view.sizes):
         if b is None:
@@ -253,7 +283,6 @@ def workload_from_profile(path: str | Path) -> Workload:
     total = sum(sizes.values())
     if total == 0:
         raise UserError(f"{path}: {UNKNOWN_SIZE_MESSAGE}")
-    notes = []
     scaled = {b: c * n_per_step / total for b, c in sizes.items()}
     counts = {b: int(round(v)) for b, v in scaled.items()}
     biggest = max(counts, key=lambda b: (scaled[b], b))
@@ -261,17 +290,12 @@ def workload_from_profile(path: str | Path) -> Workload:
     if any(abs(counts[b] - scaled[b]) > 1e-6 for b in counts):
         notes.append(f"per-step counts per size scaled from {total} all-reduces over all ranks and steps to "
                      f"{n_per_step} per step and rounded")
-    msg_sizes = tuple((b, c) for b, c in sorted(counts.items()) if c > 0)
+    return tuple((b, c) for b, c in sorted(counts.items()) if c > 0)
 
-    clock = view.clock
-    compute_us = statistics.median(view.step_compute_us) if view.step_compute_us else None
-    allreduce_us = statistics.median(view.step_allreduce_us) if view.step_allreduce_us else None
-    verify_us = statistics.median(view.step_window_us) if view.step_window_us else None
-    if clock == "cpu_wall_clock":
-        notes.append("times are CPU wall clock over gloo (timing.clock = cpu_wall_clock): not GPU timings")
-    elif clock not in GPU_CLOCKS:
-        notes.append(f"unknown timing.clock {clock!r}: times treated as not measured on the GPU")
 
+def _profile_dtype(path: Path, view, msg_sizes, notes: list[str]) -> str:
+    """The recorded dtype (else bf16, said in ``notes``), once the recorded hidden size and tokens
+    agree with the most common all-reduce; a missing hidden size is said in ``notes``."""
     shapes = view.shapes
     dtype = shapes.dtype
     if dtype is None:
@@ -291,17 +315,7 @@ def workload_from_profile(path: str | Path) -> Workload:
         notes.append("no hidden size recorded (schema version 1): all-reduce + RMSNorm cannot be timed; "
                      "re-run `fastverify profile` to record it" if view.version == 1 else
                      "no hidden size recorded: all-reduce + RMSNorm cannot be timed")
-    if view.backend:
-        notes.append(f"profiled with all-reduce backend {view.backend}")
-    accept = view.accept_length if view.accept_length is not None and view.accept_length >= 1 else None
-    by_size, wait_us, transfer_us = _measured_split(path, view.version, allreduce_us)
-    return Workload(
-        msg_sizes=msg_sizes, dtype=dtype, hidden=hidden, tokens=tokens, tp=tp,
-        compute_us=compute_us, verify_us=verify_us, accept_length=accept,
-        source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
-        allreduce_us_by_size=by_size, allreduce_wait_us=wait_us, allreduce_transfer_us=transfer_us,
-        profile_backend=view.backend, draft_tokens=shapes.draft_tokens, batch=shapes.batch,
-    )
+    return dtype
 
 
 def _measured_split(path: Path, version: int, allreduce_us: float | None

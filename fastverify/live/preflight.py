@@ -1,0 +1,204 @@
+"""The checks and choices of a live run that come before any rank starts: arguments, device,
+all-reduce backend, memory and P2P.
+
+Each refusal is one :class:`~fastverify.errors.UserError` line naming the flag, so a run that
+cannot work fails at once instead of after its ranks have started. Callers pass the ``torch``
+module in (it is imported by :func:`fastverify.live.runner.run_live` only when it is needed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# The CLI's bounds (fastverify/bounds.py), also enforced here for callers of run_live.
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
+from fastverify.errors import UserError
+from fastverify.live.config import DEFAULT_CONTEXT_TOKENS, ModelConfig, check_tp, rank_memory
+from fastverify.live.estimate import CPU_PROCESS_BYTES, CpuEstimate, estimate_cpu_run
+from fastverify.profile_record import DTYPES
+from fastverify.registry import BackendName, Role, backend_info
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """What :func:`plan_run` settled for a live run.
+
+    Attributes
+    ----------
+    cuda : bool
+        CUDA + NCCL (True) or CPU + gloo.
+    fallback : str | None
+        Why ``--device auto`` chose the CPU; None otherwise.
+    estimate : CpuEstimate | None
+        The CPU run's expected time and memory (:func:`~fastverify.live.estimate.estimate_cpu_run`);
+        None on CUDA.
+    backend, dist_backend : str
+        Registry names of the all-reduce backend and of the process group's backend.
+    p2p_ok, p2p_note : bool | None, str | None
+        The real P2P check's verdict and note for a backend that needs P2P; None otherwise.
+    """
+
+    cuda: bool
+    fallback: str | None
+    estimate: CpuEstimate | None
+    backend: str
+    dist_backend: str
+    p2p_ok: bool | None = None
+    p2p_note: str | None = None
+
+
+def check_run_args(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int,
+                   timeout_s: float) -> None:
+    """Refuse a ``tp`` that cannot split ``config`` (:func:`~fastverify.live.config.check_tp`),
+    counts that are not integers in range, and a timeout outside ``(0, MAX_TIMEOUT_S]`` seconds."""
+    check_tp(config, tp)
+    for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
+                             ("--iters", iters, 1), ("--warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for nan; inf and 1e300 overflow TCPStore's timedelta
+        raise UserError(f"--timeout {timeout_s!r}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
+    for flag, value, high in (("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS), ("--batch", batch, MAX_BATCH)):
+        if value > high:
+            raise UserError(f"{flag} {value}: expected at most {high}")
+
+
+def plan_run(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int,
+             device: str, backend: str | None, dtype: str, torch) -> LivePlan:
+    """Check ``dtype``, pick the device, estimate a CPU run, refuse a shape that does not fit in
+    memory and pick the all-reduce backend, in that order, so the first refusal is the one a user
+    sees. The P2P verdict comes later (:func:`check_p2p_for`), after the trace directory."""
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    use_cuda, fallback = pick_device(device, tp, torch)
+    dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    estimate = None if use_cuda else estimate_cpu_run(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
+                                                      iters=iters, warmup=warmup, dtype_bytes=dtype_bytes)
+    check_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype=dtype, cuda=use_cuda, torch=torch,
+                 estimate=estimate, fallback=fallback)
+    ar_backend = pick_backend(backend, use_cuda, tp, dtype, torch)
+    dist_backend = (BackendName.nccl if use_cuda else BackendName.gloo).value
+    return LivePlan(use_cuda, fallback, estimate, ar_backend, dist_backend)
+
+
+def check_p2p_for(plan: LivePlan, tp: int) -> LivePlan:
+    """``plan`` with the P2P verdict filled in when its backend needs P2P on a CUDA run of
+    ``tp > 1`` ranks: IPC kernels hang without P2P, and only the real read/write check
+    (:func:`fastverify.topo.p2p.check_p2p`, cached per box) proves it."""
+    if not (plan.cuda and tp > 1 and backend_info(plan.backend).needs_p2p):
+        return plan
+    from fastverify.backends.base import summarize_p2p  # imports torch
+    from fastverify.topo.p2p import check_p2p
+
+    p2p_ok, p2p_note = summarize_p2p(check_p2p(pairs=[(a, b) for a in range(tp) for b in range(a + 1, tp)]))
+    return LivePlan(plan.cuda, plan.fallback, plan.estimate, plan.backend, plan.dist_backend, p2p_ok, p2p_note)
+
+
+def pick_device(device: str, tp: int, torch) -> tuple[bool, str | None]:
+    """``(True, None)`` for CUDA + NCCL; ``(False, why)`` for CPU + gloo, where ``why`` says why
+    ``"auto"`` fell back to the CPU (None for ``--device cpu``)."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return False, None
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
+    if device == "cuda" and count < tp:
+        raise UserError(f"--device cuda needs {tp} GPUs for --tp {tp}, found {count}")
+    if count >= tp:
+        return True, None
+    if not available:
+        why = ("this torch has no CUDA (a CPU-only build)" if torch.version.cuda is None
+               else "no CUDA GPU found (torch.cuda.is_available() is False)")
+    else:
+        why = f"only {count} GPU{'' if count == 1 else 's'} for --tp {tp}"
+    return False, why
+
+
+def pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) -> str:
+    """The all-reduce backend's registry name for this run; :class:`UserError` (one line) for an
+    unknown name or a backend that cannot run on this run's device, with the probe's reason."""
+    if name is None:
+        return (BackendName.nccl if use_cuda else BackendName.gloo).value
+    try:
+        info = backend_info(name)
+    except ValueError as err:
+        raise UserError(f"--backend: {err}") from None
+    here = "cuda" if use_cuda else "cpu"
+    if tp == 1 and info.role is not Role.baseline:
+        raise UserError(f"--backend {info.name.value}: --tp 1 runs no all-reduce, so there is nothing for it to do; "
+                        "use --tp >= 2")
+    if info.device == here:
+        return info.name.value
+    if info.role is Role.baseline:
+        # torch.distributed's probes need an initialised group; the reason is the device alone.
+        other = next(b for b in (BackendName.nccl, BackendName.gloo) if backend_info(b).device == here)
+        raise UserError(f"--backend {info.name.value}: runs on {info.device} tensors and this run is on {here}"
+                        f"{'' if use_cuda else f' (fewer than {tp} GPUs, or --device cpu)'}; use --backend "
+                        f"{other.value}")
+    from fastverify.backends.base import ProbeContext, backend_class  # imports torch
+
+    try:
+        cls = backend_class(info.name)
+    except ImportError as err:
+        raise UserError(f"--backend {info.name.value}: its module {info.module} does not import ({err})") from None
+    ctx = ProbeContext(world_size=tp, device_type=here, dtype=getattr(torch, dtype),
+                       group_backend=(BackendName.nccl if use_cuda else BackendName.gloo).value, single_node=True)
+    cap = cls.probe(ctx)
+    raise UserError(f"--backend {info.name.value}: cannot run on {here}: "
+                    f"{cap.reason if not cap.ok else 'needs ' + info.device + ' tensors'}")
+
+
+def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
+    """Memory the ranks can use and what it is: the smallest GPU's total on CUDA (one rank per GPU),
+    else the host's ``MemAvailable`` (``/proc/meminfo``, shared by all ranks); None when unknown."""
+    if cuda:
+        return min(torch.cuda.get_device_properties(r).total_memory for r in range(tp)), "per GPU"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "of host memory available"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype: str, cuda: bool,
+                 torch, estimate: CpuEstimate | None = None, fallback: str | None = None) -> None:
+    """Refuse, before any rank starts, a shape whose memory exceeds what this machine has, naming
+    the flags. CUDA: :func:`fastverify.live.config.rank_memory` (a lower bound) per GPU. CPU: all
+    ranks share the host, so the need is ``estimate.memory_bytes`` (:func:`estimate_cpu_run`: that
+    lower bound plus each process's Python and torch) against ``MemAvailable``. ``fallback``: why
+    ``--device auto`` chose the CPU, named in the message."""
+    have = _available_bytes(cuda, tp, torch)
+    if have is None:
+        return
+    mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
+                      dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
+                      context_tokens=DEFAULT_CONTEXT_TOKENS)
+    need = mem.total if cuda or estimate is None else estimate.memory_bytes
+    if need > have[0]:
+        gib = 2 ** 30
+        if cuda:
+            who = f"each rank needs at least {mem.total / gib:.1f} GiB"
+        else:
+            who = (f"{tp} ranks need at least {need / gib:.1f} GiB ({mem.total / gib:.1f} each, "
+                   f"+ {CPU_PROCESS_BYTES / 2 ** 20:.0f} MiB per process for Python and torch)")
+        physical = _physical_bytes()
+        of = f" (of {physical / gib:.1f} GiB physical)" if not cuda and physical else ""
+        where = f" on CPU ({fallback})" if fallback else ""
+        raise UserError(f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of "
+                        f"{config.name} at --tp {tp}{where}: {who} (weights and KV context {mem.setup / gib:.1f}, "
+                        f"largest temporary {mem.transient / gib:.1f}); this machine has {have[0] / gib:.1f} GiB "
+                        f"{have[1]}{of}; lower --batch or --draft-tokens"
+                        f"{'' if cuda or tp == 1 else ', or --tp (each CPU rank is a process of its own)'}")
+
+
+def _physical_bytes() -> int | None:
+    """The host's physical memory in bytes (``SC_PHYS_PAGES`` × ``SC_PAGE_SIZE``), None when unknown."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,0 +1,201 @@
+"""The P2P check file and the rule that makes it a proof of P2P for a TP group.
+
+The file ``fastverify p2p --output p2p.json`` writes (schema ``fastverify.p2p_check`` version 2,
+:func:`check_document`) names the GPUs it tested, so a proof is bound to a box, not to a count
+of passing directions::
+
+    {"schema": "fastverify.p2p_check", "version": 2,
+     "cuda_visible_devices": null, "cuda_device_order": null,
+     "gpus": [{"cuda": 0, "index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-...", "name": "..."}, ...],
+     "results": [{"src": 0, "dst": 1, "ok": true, "reason": "..."}, ...]}
+
+``src``/``dst`` are CUDA ordinals of the checking process; ``gpus[k]`` is ordinal ``k`` as NVML
+names it (:func:`fastverify.topo.gpu_identity.gpu_identities`), under the environment recorded
+beside them. Older forms (the bare result list, the cache file without GPUs) are read but prove
+nothing (:func:`proof_for`: "rerun the check").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from fastverify.deploy import GpuId
+from fastverify.errors import UserError
+from fastverify.inputs import read_text
+from fastverify.topo.p2p_results import P2PResult, results_to_json
+
+CHECK_SCHEMA = "fastverify.p2p_check"
+CHECK_VERSION = 2  # version 1: the bare result list, naming no GPU
+OLD_CHECK = ("names no GPU (written before the check recorded which GPUs it tested), so it cannot show "
+             "they are this box's: rerun `fastverify p2p --output FILE` on this box")
+
+
+def check_document(results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict],
+                   environ: dict[str, str] | None = None) -> dict:
+    """The JSON ``fastverify p2p`` prints (module docstring)."""
+    env = os.environ if environ is None else environ
+    return {"schema": CHECK_SCHEMA, "version": CHECK_VERSION,
+            "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
+            "gpus": list(gpus), "results": results_to_json(results)}
+
+
+@dataclass(frozen=True)
+class CheckFile:
+    """A P2P check file as read (:func:`read_check_file`).
+
+    ``gpus``: CUDA ordinal → :class:`~fastverify.deploy.GpuId`, None for an older file that
+    names no GPU (it proves nothing: :func:`proof_for`). ``results``: ``(src, dst)`` →
+    :class:`~fastverify.topo.p2p_results.P2PResult`, each direction once."""
+
+    path: str
+    results: dict
+    gpus: dict | None
+    cuda_visible_devices: str | None = None
+    cuda_device_order: str | None = None
+
+
+def read_check_file(path: str | os.PathLike) -> CheckFile:
+    """Read the output of ``fastverify p2p`` (version 2, module docstring),
+    its cache file, or the older bare result list (``gpus`` None then).
+
+    Raises
+    ------
+    UserError
+        One line naming the file: unreadable, not such JSON, a malformed result, a direction
+        given twice (which of two answers would count?), a result for a GPU the file does not
+        name, a GPU named twice or without UUID and PCI bus id.
+    """
+    p = str(path)
+    doc = _check_json(p, read_text(Path(path), kind="text", what="the P2P check results"))
+    results = _check_results(p, doc.get("results") if isinstance(doc, dict) else doc)
+    raw = doc.get("gpus") if isinstance(doc, dict) else None
+    gpus = None if raw is None else _check_gpus(p, raw, results)
+    env = doc if isinstance(doc, dict) else {}
+    return CheckFile(path=p, results=results, gpus=gpus, cuda_visible_devices=env.get("cuda_visible_devices"),
+                     cuda_device_order=env.get("cuda_device_order"))
+
+
+def _check_json(p: str, text: str) -> Any:
+    """The file's JSON, refused when it is not JSON or a schema other than this version's."""
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{p}: not the JSON of `fastverify p2p`") from None
+    if isinstance(doc, dict) and "schema" in doc and (doc.get("schema") != CHECK_SCHEMA
+                                                      or doc.get("version") != CHECK_VERSION):
+        raise UserError(f"{p}: not a P2P check this fastverify reads (schema {doc.get('schema')!r} version "
+                        f"{doc.get('version')!r}, expected {CHECK_SCHEMA!r} version {CHECK_VERSION})")
+    return doc
+
+
+def _check_results(p: str, rows: Any) -> dict[tuple[int, int], P2PResult]:
+    """The file's result rows, each direction of two GPUs once."""
+    if not isinstance(rows, list) or not rows:
+        raise UserError(f"{p}: no P2P results (expected the JSON `fastverify p2p` prints)")
+    results: dict[tuple[int, int], P2PResult] = {}
+    for row in rows:
+        ok = row.get("ok") if isinstance(row, dict) else None
+        src, dst = (row.get("src"), row.get("dst")) if isinstance(row, dict) else (None, None)
+        if type(ok) is not bool or type(src) is not int or type(dst) is not int or src < 0 or dst < 0 or src == dst:
+            raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
+        if (src, dst) in results:
+            raise UserError(f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
+                            "(rerun `fastverify p2p`)")
+        results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
+    return results
+
+
+def _check_gpus(p: str, raw: Any, results: dict[tuple[int, int], P2PResult]) -> dict[int, GpuId]:
+    """The file's ``gpus``: CUDA ordinal → GPU, each GPU once, naming every GPU of ``results``."""
+    if not isinstance(raw, list):
+        raise UserError(f"{p}: 'gpus' is not a list of GPUs")
+    gpus: dict[int, GpuId] = {}
+    for g in raw:
+        k = g.get("cuda") if isinstance(g, dict) else None
+        if type(k) is not int or k < 0 or k in gpus:
+            raise UserError(f"{p}: a GPU entry needs its own CUDA ordinal 'cuda': {str(g)[:80]}")
+        try:
+            gpus[k] = GpuId(index=g.get("index"), pci_bus_id=g.get("pci_bus_id"), uuid=g.get("uuid"),
+                            name=g.get("name"))
+        except (ValueError, TypeError) as err:
+            raise UserError(f"{p}: GPU {k}: {err}") from None
+    for k, g in gpus.items():
+        if any(o != k and g.same_gpu(h) for o, h in gpus.items()):
+            raise UserError(f"{p}: {g.label()} is named for two CUDA ordinals")
+    unnamed = sorted({i for pair in results for i in pair} - set(gpus))
+    if unnamed:
+        raise UserError(f"{p}: results for CUDA ordinal {unnamed[0]}, which the file's 'gpus' does not name")
+    return gpus
+
+
+def complete_gpus(check: CheckFile) -> tuple:
+    """The check's GPUs (CUDA ordinal order) when every ordered pair among all of them is in the
+    file and passed; ``()`` otherwise or for a file that names no GPU. What a deployment record
+    keeps as its P2P proof (:attr:`fastverify.deploy.P2PFacts.gpus`)."""
+    if not check.gpus:
+        return ()
+    ks = sorted(check.gpus)
+    if all(check.results.get((a, b), P2PResult(False, "")).ok for a in ks for b in ks if a != b):
+        return tuple(check.gpus[k] for k in ks)
+    return ()
+
+
+def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "") -> tuple[bool, str]:
+    """Whether ``check`` proves P2P for the TP group whose GPUs are ``tp_gpus`` (rank order,
+    :class:`~fastverify.deploy.GpuId`): ``(True, note)`` when every ordered pair ``(i, j)``,
+    ``i != j``, of the group passed (``world x (world - 1)`` directions: a count alone proves
+    nothing), ``(False, note)`` when one of them failed. GPUs match by UUID, else PCI address.
+
+    Raises
+    ------
+    UserError
+        One line naming the file: it names no GPU (an older file); this box's GPUs are not known
+        (``why_unknown``); a GPU of the group is not one the check tested (another box, or other
+        GPUs of this one); a direction of the group is missing.
+    """
+    p = check.path
+    if check.gpus is None:
+        raise UserError(f"{p}: this P2P check {OLD_CHECK}")
+    if not tp_gpus:
+        raise UserError(f"{p}: cannot tell whether the P2P check tested this box's GPUs ({why_unknown or 'unknown'}); "
+                        "launch needs NVML's GPU identities to bind the proof to the box")
+    ordinal = _tested_ordinals(check, tp_gpus)
+    world = len(tp_gpus)
+    failed = []
+    for a in range(world):
+        for b in range(world):
+            if a == b:
+                continue
+            r = check.results.get((ordinal[a], ordinal[b]))
+            if r is None:
+                raise UserError(f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
+                                f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
+                                f"needs all {world * (world - 1)} ordered pairs: rerun `fastverify p2p`")
+            if not r.ok:
+                failed.append((a, b, r.reason))
+    if failed:
+        a, b, reason = failed[0]
+        return False, (f"{len(failed)} of {world * (world - 1)} directions of the TP group failed ({p}); first: "
+                       f"{tp_gpus[b].label()} -> memory of {tp_gpus[a].label()}: {reason}")[:300]
+    return True, f"all {world * (world - 1)} directions of the TP group's GPUs passed ({p})"
+
+
+def _tested_ordinals(check: CheckFile, tp_gpus: Sequence) -> list[int]:
+    """The check's CUDA ordinal of each TP rank's GPU; UserError for a GPU it did not test."""
+    ordinal = []
+    for rank, g in enumerate(tp_gpus):
+        hits = [k for k, h in check.gpus.items() if h.same_gpu(g)]
+        if not hits:
+            tested = ", ".join(h.label() for _, h in sorted(check.gpus.items()))
+            raise UserError(f"{check.path}: the P2P check did not test {g.label()}, TP rank {rank}'s GPU on this box "
+                            f"(it tested {tested}): rerun `fastverify p2p` on this box with the server's "
+                            "CUDA_VISIBLE_DEVICES")
+        ordinal.append(hits[0])
+    return ordinal

@@ -1,0 +1,175 @@
+"""Where ``tune --draft-shape`` gets its accept lengths, verify costs and draft cost.
+
+- ``--verify-log DIR`` (repeatable): ``verify-rank*.jsonl`` of ``fastverify launch
+  --profile-verify DIR``: the histogram of ``accepted`` (one rank's records: in TP every rank
+  records the same steps) and the median ``verify_ms`` per tokens per request at the most
+  frequent batch; folders of runs at other draft tokens add points to the curve.
+- ``--bundle FILE`` (``fastverify collect``): its verify-log part as above, its server args
+  (``speculative_num_steps``, ``speculative_eagle_topk``) and its trace's cycle split for the
+  draft cost (the ``draft`` mode per cycle / steps, and ``draft_extend``).
+- ``--accept-histogram FILE``: ``{"steps": 5, "counts": [c0, ..., c5], "topk": 1, "verify_ms":
+  [[2, 10.0], [6, 10.4]]}``: ``counts[a]`` request-verifies accepted ``a`` draft tokens
+  (``steps + 1`` ints >= 0, not all 0); ``topk`` optional (default 1); ``verify_ms`` optional
+  ``[tokens per request, ms]`` pairs (label ``given``), used when no records give the curve.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS
+from fastverify.errors import UserError, path_text, schema_error
+from fastverify.tune.draft_model import AcceptHistogram, CostCurve, CostPoint, DraftCost
+
+HISTOGRAM_EXAMPLES = {"steps": "5", "counts": "[40, 30, 15, 8, 4, 3]", "topk": "1", "verify_ms": "[[6, 10.4]]"}
+
+
+
+def read_histogram(path: Path) -> AcceptHistogram:
+    """The ``--accept-histogram`` file (format in the module docstring).
+
+    Raises
+    ------
+    UserError
+        Not readable, not JSON, a field missing or of the wrong type (named, with an example),
+        ``steps`` outside [1, 63], ``counts`` not ``steps + 1`` ints in [0, 1e9] or all 0,
+        ``topk`` outside [1, 64], a ``verify_ms`` pair out of range.
+    """
+    from fastverify.inputs import read_bytes
+
+    data = read_bytes(Path(path), kind="json", what="an accept histogram")
+    try:
+        h = msgspec.json.decode(data, type=AcceptHistogram)
+    except msgspec.ValidationError as e:
+        raise schema_error(f"{path_text(path)}: invalid accept histogram", e, HISTOGRAM_EXAMPLES) from None
+    except msgspec.DecodeError as e:
+        raise UserError(f"{path_text(path)}: not JSON ({' '.join(str(e).split())})") from None
+    where = f"{path_text(path)}: field"
+    if not 1 <= h.steps < MAX_DRAFT_TOKENS:
+        raise UserError(f'{where} "steps": {h.steps} is outside [1, {MAX_DRAFT_TOKENS - 1}] (e.g. "steps": 5)')
+    if len(h.counts) != h.steps + 1:
+        raise UserError(f'{where} "counts": {len(h.counts)} values, need steps + 1 = {h.steps + 1} (accepted 0..steps)')
+    if any(not 0 <= c <= MAX_COUNT for c in h.counts) or sum(h.counts) == 0:
+        raise UserError(f'{where} "counts": each must be in [0, {MAX_COUNT:g}] and not all 0')
+    if not 1 <= h.topk <= MAX_DRAFT_TOKENS:
+        raise UserError(f'{where} "topk": {h.topk} is outside [1, {MAX_DRAFT_TOKENS}]')
+    for t, ms in h.verify_ms:
+        if not (1 <= t <= MAX_DRAFT_TOKENS and np.isfinite(ms) and 0 <= ms <= 3.6e6):
+            raise UserError(f'{where} "verify_ms": [{t}, {ms}] is not [tokens per request in 1..{MAX_DRAFT_TOKENS}, '
+                            "ms in [0, 3.6e6]]")
+    return h
+
+
+def from_records(records: dict, source: str) -> tuple[AcceptHistogram | None, list[CostPoint], int | None, list[str]]:
+    """From :func:`fastverify.verifylog.read_log_dir`'s records: the histogram of ``accepted`` of
+    the lowest rank at its deepest tokens per request (assumed a chain: S = tokens per request − 1),
+    the cost points (median ``verify_ms`` per tokens per request at the most frequent batch), that
+    batch, and notes."""
+    from fastverify.verifylog import _rank_key
+
+    rank = sorted(records, key=_rank_key)[0]
+    recs = [r for r in records[rank] if r.batch and r.tokens is not None and r.tokens % r.batch == 0]
+    notes = []
+    if not recs:
+        return None, [], None, [f"{source}: no record carries batch and tokens: no verify cost from it"]
+    batches = [r.batch for r in recs]
+    batch = max(set(batches), key=lambda b: (batches.count(b), -b))
+    by_t: dict[int, list[float]] = {}
+    for r in recs:
+        if r.batch == batch:
+            by_t.setdefault(r.tokens // r.batch, []).append(r.verify_ms)
+    points = [CostPoint(tokens_per_request=t, verify_ms=round(float(np.median(v)), 6), records=len(v))
+              for t, v in sorted(by_t.items())]
+    if len(set(batches)) > 1:
+        notes.append(f"{source}: verify cost taken at batch {batch} ({batches.count(batch)} of {len(recs)} records; "
+                     "other batches left out)")
+    with_acc = [r for r in recs if r.accepted is not None]
+    if not with_acc:
+        return None, points, batch, notes + [f"{source}: no record carries accepted (an older fastverify, or the "
+                                             "accept sampler was not wrapped): no accept lengths from it"]
+    depth = max(r.tokens // r.batch for r in with_acc) - 1
+    if depth < 1:
+        return None, points, batch, notes + [f"{source}: 1 token per request: no draft tokens, no accept lengths"]
+    counts = [0] * (depth + 1)
+    for r in with_acc:
+        if r.tokens // r.batch - 1 == depth:
+            for a in r.accepted:
+                counts[min(a, depth)] += 1
+    return AcceptHistogram(steps=depth, counts=counts), points, batch, notes
+
+
+def _merge_points(groups: list[list[CostPoint]]) -> list[CostPoint]:
+    """Points of several runs: per tokens per request, the median of the runs' medians (ms) and
+    the records summed (one run per shape is the usual case)."""
+    by_t: dict[int, list[CostPoint]] = {}
+    for g in groups:
+        for p in g:
+            by_t.setdefault(p.tokens_per_request, []).append(p)
+    return [CostPoint(tokens_per_request=t, verify_ms=round(float(np.median([p.verify_ms for p in ps])), 6),
+                      records=sum(p.records for p in ps)) for t, ps in sorted(by_t.items())]
+
+
+def from_dirs(dirs: list[Path], label: str = "measured"):
+    """Histogram (of the deepest run), cost curve and notes from verify-log folders."""
+    from fastverify.verifylog import read_log_dir
+
+    hist, groups, batches, notes = None, [], set(), []
+    for d in dirs:
+        got = read_log_dir(d)
+        h, pts, batch, n = from_records(got["records"], path_text(d))
+        notes += n
+        if pts:
+            groups.append(pts)
+            batches.add(batch)
+        if h is not None and (hist is None or h.steps > hist.steps):
+            hist = h
+    if len(batches) > 1:
+        notes.append(f"the folders ran different batches ({', '.join(map(str, sorted(batches)))}): the cost curve "
+                     "mixes them")
+    curve = CostCurve(batch=min(batches) if len(batches) == 1 else None, points=_merge_points(groups), label=label,
+                      source=", ".join(f"{path_text(d)} (verify records)" for d in dirs))
+    return hist, curve, notes
+
+
+def _mode_ms(mode: dict) -> float:
+    """A mode's GPU time per cycle (ms): compute, all-reduce, other comm, memory and idle (µs)."""
+    return sum(mode[k] for k in ("compute_us", "allreduce_us", "other_comm_us", "memory_us", "idle_us")) / 1000.0
+
+
+def from_bundle(path: Path, split=None):
+    """Histogram, cost curve, draft cost (None: not in the trace) and notes from a bundle;
+    ``split``: its cycle split when the caller has it (else the trace is read here)."""
+    from fastverify.bundle import open_bundle
+    from fastverify.cycle.command import _json_part, evidence
+    from fastverify.cycle.flags import mode_means
+
+    bundle = open_bundle(path)
+    part = bundle.part("verify_log")
+    if part is None or part.status != "ok":
+        raise UserError(f"{path_text(path)}: the bundle has no verify-log part (collect with --verify-log DIR)")
+    server = _json_part(bundle, "server_args") or {}
+    sargs = server.get("server_args", server) if isinstance(server, dict) else {}
+    with tempfile.TemporaryDirectory(prefix="fastverify-draft-shape-") as tmp:
+        names = [f for f in part.files if f.endswith(".jsonl")]
+        files = bundle.extract(names, Path(tmp) / "verify_log")
+        hist, curve, notes = from_dirs(sorted({f.parent for f in files}))
+        if split is None:
+            split = evidence(bundle, Path(tmp) / "ev")[0].split
+    curve = msgspec.structs.replace(curve, source=f"{path_text(path)}: verify-log part")
+    topk = sargs.get("speculative_eagle_topk") if isinstance(sargs, dict) else None
+    steps = sargs.get("speculative_num_steps") if isinstance(sargs, dict) else None
+    draft = None
+    if split is not None:
+        means = mode_means(split)
+        if "draft" in means and isinstance(steps, int) and steps > 0:
+            draft = DraftCost(draft_step_ms=round(_mode_ms(means["draft"]) / steps, 6),
+                              draft_extend_ms=round(_mode_ms(means["draft_extend"]), 6) if "draft_extend" in means
+                              else 0.0, label="measured",
+                              source=f"{path_text(path)}: trace cycle split (draft / {steps} steps, draft_extend)")
+    if hist is not None and isinstance(topk, int) and topk > 1:
+        hist = msgspec.structs.replace(hist, topk=topk)
+    return hist, curve, draft, notes

@@ -1,0 +1,260 @@
+"""``fastverify tune`` without ``--predict``: measure the candidates, each in a fresh set of worker
+processes (:mod:`fastverify.tune.sweep`), rank them (:mod:`fastverify.tune.report`) and write the
+winner.
+
+The trials: the current environment as the baseline, the cost model's top ``--top`` NCCL settings,
+and on GPUs every tunable registry backend (:func:`fastverify.registry.names`) that SGLang can
+reach on this box (:func:`fastverify.registry.unreachable_reason`; :func:`backend_trials`).
+Without GPUs the same machinery runs on gloo, which ignores NCCL settings: the output says so and
+the timings are CPU wall clock. ``--write-env`` writes the winner by registry name, never one
+SGLang cannot reach on the box (:func:`choose_winner`), and only when it beats the baseline by
+more than the noise (:data:`MIN_WIN_PCT`).
+"""
+
+from __future__ import annotations
+
+from fastverify.errors import UserError
+from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
+from fastverify.tune.advice import _p2p_facts  # shared with topo's advice
+from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
+from fastverify.tune.verify_time import change_pct, verify_reduction
+
+MIN_WIN_PCT = 2.0
+"""A measured candidate must beat the baseline's verify-step all-reduce time by this much (and by
+more than the baseline's own p90 spread) before its settings are written: smaller differences are
+run-to-run noise, not a reason to change a server's settings."""
+
+
+def measure(args, console, workload, topo, version, ranked, shapes, p2p_given, fp) -> int:
+    """Build the trials, run the sweep, print the ranking (``--json``: the document) and the
+    winner's verify change, and write ``--write-env``; returns 0.
+
+    Raises
+    ------
+    UserError
+        ``--device cuda`` without enough GPUs, ``--write-env`` without GPUs, sizes that are not
+        whole tensors, an unwritable journal, or no trial that finished with a correct result.
+    """
+    import torch  # the measure mode needs torch for its workers anyway
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
+                                     and torch.cuda.device_count() >= workload.tp)
+    if args.device == "cuda" and not cuda:
+        raise UserError(f"--device cuda: needs {workload.tp} GPUs, found "
+                        f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    device = "cuda" if cuda else "cpu"
+    if not cuda and args.write_env is not None:
+        raise UserError("--write-env: without GPUs the sweep runs on gloo, which ignores NCCL settings, so it "
+                        "measures nothing to write; use --predict --topology FILE, or run on the GPU box")
+    trials, box, p2p, sglang_version = _trials(args, console, workload, topo, version, ranked, shapes, p2p_given,
+                                               device)
+    ranking = _run(args, console, workload, trials, device, fp)
+    red = None
+    if ranking.best is not None and ranking.baseline is not None:  # a bad --tok-s: before the report
+        red = verify_reduction(workload, ranking.baseline.step_us, ranking.best.step_us,
+                               accept_length=args.accept_length, tok_s=args.tok_s)
+    _report(args, console, workload, topo, version, ranking, red, device, box)
+    if args.write_env is not None:
+        _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp)
+    return 0
+
+
+def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, device):
+    """``(trials, box, P2P facts, SGLang version)``: the baseline and NCCL trials, and on GPUs the
+    backends' (box and P2P then read here, else None); what is left out is said."""
+    from fastverify.deploy import installed_sglang_version
+    from fastverify.tune.trial import DTYPE_BYTES, Op, TrialSpec
+
+    cuda = device == "cuda"
+    elem = DTYPE_BYTES[workload.dtype]
+    bad = [b for b, _ in workload.msg_sizes if b <= 0 or b % elem]
+    if bad:
+        raise UserError(f"{workload.source}: all-reduce sizes {bad} B are not whole {workload.dtype} tensors")
+    sizes = tuple((b // elem, c) for b, c in workload.msg_sizes)
+    # all-reduce + residual + RMSNorm (like for like with the fused kernels) needs the hidden size;
+    # a trace profile has none, so its sizes are timed as plain all-reduces.
+    fused_ok = bool(workload.hidden) and all(n % workload.hidden == 0 for n, _ in sizes)
+    op = Op.ALL_REDUCE_RESIDUAL_RMSNORM if fused_ok else Op.ALL_REDUCE
+    common = dict(world_size=workload.tp, device=device, dtype=workload.dtype, hidden=workload.hidden or 1,
+                  sizes=sizes, warmup=args.warmup, iters=args.iters, op=op)
+    if not fused_ok:
+        console.print("# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
+                      "all-reduce + RMSNorm backend is left out", markup=False)
+    base_backend = (BackendName.nccl if cuda else BackendName.gloo).value
+    trials = [TrialSpec(backend=base_backend, env={}, label="current environment", baseline=True, **common)]
+    for c in [c for c in ranked if not c.is_baseline][: args.top]:
+        trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), label=c.name, **common))
+    if not ranked and not cuda:
+        console.print("# no topology (--topology FILE or NVML): only the current environment is measured", markup=False)
+    box = p2p = None
+    sglang_version = installed_sglang_version()
+    if cuda:
+        from fastverify.topo.box import read_box
+
+        box = read_box(workload.tp, nccl_version=str(version) if version else None)
+        p2p = _p2p_facts(p2p_given, topo, cuda=True)
+        max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
+        extra, skipped = backend_trials(common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel,
+                                        sglang_version=sglang_version)
+        trials += extra
+        for why in skipped:
+            console.print(f"# not measured: {why}", markup=False)
+    return trials, box, p2p, sglang_version
+
+
+def _run(args, console, workload, trials, device, fp):
+    """The sweep over ``trials`` (journaled, resumable), ranked."""
+    from fastverify.tune.report import rank_candidates
+    from fastverify.tune.sweep import run_sweep
+
+    journal = journal_path(args, fp)
+    console.print(f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
+                  f"{device}; journal {journal}", markup=False)
+    if device != "cuda":
+        console.print("# no GPUs: trials run on gloo over CPU, which ignores NCCL settings; timings are CPU wall "
+                      "clock, NOT GPU timings; this checks the machinery, it does not tune", markup=False)
+    try:
+        results = run_sweep(trials, journal_path=journal, timeout_s=args.timeout, resume=args.resume, progress=True,
+                            config={"workload": workload.source, "fingerprint": fp})
+    except OSError as e:
+        raise UserError(f"{journal}: cannot write the journal ({e.strerror or e})") from None
+    return rank_candidates(trials, results)
+
+
+def _report(args, console, workload, topo, version, ranking, red, device, box) -> None:
+    """The ranking table, ``--png``, ``--json``'s document and the winner's lines (GPU only)."""
+    from fastverify.tune.report import plot_latency, print_report
+
+    print_report(ranking, console)
+    if args.png:
+        written = plot_latency(ranking, args.png)
+        console.print(f"wrote {written}", markup=False)
+    if red is None:
+        raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
+    if args.json:
+        import json
+
+        from fastverify.tune.document import measured_document
+
+        doc = measured_document(ranking, workload, accept_length=args.accept_length, tok_s=args.tok_s,
+                                box={"device": device, "tp": workload.tp, "nccl_version": str(version) if version else None,
+                                     "topology": topo.source if topo is not None else None,
+                                     "gpu_name": box.gpu_name if box is not None else None})
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    if device == "cuda":
+        from fastverify.tune.printer import winner_lines
+
+        for line in winner_lines(red, best=ranking.best.spec.name, base_label="measured", best_label="measured",
+                                 tok_s_given=args.tok_s is not None, keep=ranking.best is ranking.baseline):
+            console.print(line, markup=False, highlight=False)
+
+
+def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp) -> None:
+    """The env file and deployment record of the fastest candidate SGLang can reach, or of the
+    baseline where the winner is within the noise."""
+    from fastverify.deploy import Gain
+
+    chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
+                                    sglang_version=sglang_version, dtype=workload.dtype)
+    for why in why_not:
+        console.print(f"# not recommended: {why}", markup=False)
+    best = chosen.spec
+    gain_pct = 100.0 * (ranking.baseline.step_us - chosen.step_us) / ranking.baseline.step_us
+    spread_pct = _spread_pct(ranking.baseline.result)
+    if best is not ranking.baseline.spec and gain_pct < max(MIN_WIN_PCT, spread_pct):
+        console.print(f"# the best candidate is {gain_pct:.1f} % faster than the baseline, within the noise "
+                      f"(needs > {max(MIN_WIN_PCT, spread_pct):.1f} %): keeping the current settings", markup=False)
+        chosen, best = ranking.baseline, ranking.baseline.spec
+    info = backend_info(best.backend)
+    name = BackendName.nccl if info.role is Role.baseline else info.name
+    header = ["MEASURED by fastverify tune (GPU, CUDA events)", f"workload: {workload.source}",
+              f"winner: {best.label or best.backend}: {chosen.step_us:.1f} us per verify step vs "
+              f"{ranking.baseline.step_us:.1f} us baseline"]
+    gain = Gain(baseline_us=ranking.baseline.step_us, best_us=chosen.step_us, basis="measured",
+                clock=chosen.result.clock.value if chosen.result.clock else None)
+    env_p, rec_p = write_env_and_record(args, env_path(args, fp), name, dict(best.env), header, version,
+                                        shapes=shapes, box=box, p2p=p2p, gain=gain,
+                                        source=f"tune (measured): {workload.source}",
+                                        batch_known=workload.batch is not None)
+    change = change_pct(100.0 * (chosen.step_us - ranking.baseline.step_us) / ranking.baseline.step_us)
+    console.print(f"wrote {env_p} and {rec_p} (backend {name.value}, all-reduce per verify step {change}, "
+                  "measured)", markup=False)
+    if info.needs_p2p and not p2p.proven:
+        console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+                      "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
+
+
+def _spread_pct(result) -> float:
+    """The baseline's own p90-over-median spread (%, worst size): differences below it are noise."""
+    spreads = [100.0 * (z.p90_us - z.median_us) / z.median_us for z in result.sizes
+               if z.median_us and z.p90_us is not None]
+    return max(spreads, default=0.0)
+
+
+def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
+                   sglang_version: str | None) -> tuple[list, list[str]]:
+    """One trial per tunable registry backend that SGLang can reach on ``box``.
+
+    Parameters
+    ----------
+    common : dict
+        The :class:`~fastverify.tune.trial.TrialSpec` fields shared by every trial (world size,
+        device, dtype, hidden, sizes, op, ...).
+    box : BoxFingerprint
+    p2p : P2PFacts
+        NVML's report is enough to *measure* (a hang is killed at the trial's timeout); ``launch``
+        later insists on proof.
+    fused_ok : bool
+        The workload has a hidden size, so all-reduce + residual + RMSNorm backends can be timed.
+    max_numel : int
+        Workspace bound (elements) for backends that take one.
+
+    Returns
+    -------
+    (trials, skipped)
+        The trials, and one line per backend left out, saying why
+        (:func:`fastverify.registry.unreachable_reason`).
+    """
+    from fastverify.tune.trial import TrialSpec
+
+    trials, skipped = [], []
+    for name in names(tunable=True):
+        info = backend_info(name)
+        if info.role is Role.fused_norm and not fused_ok:
+            skipped.append(f"{name.value}: the workload has no hidden size (a trace profile)")
+            continue
+        reason = unreachable_reason(info, sm=tuple(box.sm) if box.sm else None, world_size=common["world_size"],
+                                    p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version,
+                                    nvlink_full=box.nvlink_full, dtype=common["dtype"])
+        if reason is not None:
+            skipped.append(reason)
+            continue
+        trials.append(TrialSpec(backend=name.value, env={}, label=name.value, options={"max_numel": max_numel},
+                                probe_facts={"p2p_ok": p2p.ok}, **common))
+    return trials, skipped
+
+
+def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | None, dtype: str | None = None):
+    """The fastest candidate SGLang can reach on ``box`` (a baseline always qualifies).
+
+    A candidate the registry says SGLang cannot reach there (``fused`` on SM89/SM120: SGLang 0.5.23
+    calls it only on SM90/SM100) is never recommended, however fast it measured.
+
+    Returns
+    -------
+    (Candidate, list[str])
+        The winner, and one line per faster candidate passed over.
+    """
+    passed = []
+    for c in ranking.candidates:
+        info = backend_info(c.spec.backend)
+        if info.role is Role.baseline:
+            return c, passed
+        reason = unreachable_reason(info, sm=tuple(box.sm) if box is not None and box.sm else None,
+                                    world_size=world_size, p2p_ok=p2p.ok if p2p is not None else None,
+                                    p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version,
+                                    nvlink_full=box.nvlink_full if box is not None else None, dtype=dtype)
+        if reason is None:
+            return c, passed
+        passed.append(reason)
+    return ranking.baseline, passed
