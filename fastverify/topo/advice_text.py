@@ -61,7 +61,7 @@ def build_advice(workload, topo, *, counts_known: bool, env, nccl_version, sm: i
         return None, ["no ranking of options: the box's topology is unknown from this input (an NCCL log or an "
                       "all_reduce_perf table alone); add --topology FILE (`nvidia-smi topo -m`) to rank NCCL settings "
                       "and all-reduce backends together"]
-    from fastverify.tune.advice import _prediction_p2p, rank_options
+    from fastverify.tune.advice import prediction_p2p, rank_options
 
     notes = []
     if perf is not None and perf.n_ranks is not None and perf.n_ranks != workload.tp:
@@ -72,7 +72,7 @@ def build_advice(workload, topo, *, counts_known: bool, env, nccl_version, sm: i
                             perf=perf, log=log)
     except UserError as e:
         return None, [f"no ranking of options: {e}"]
-    p2p_ok, p2p_source = _prediction_p2p(None, topo, log)
+    p2p_ok, p2p_source = prediction_p2p(None, topo, log)
     entries = advice_entries(pred, p2p_ok=p2p_ok, p2p_source=p2p_source, per_verify_step=counts_known)
     return entries, [*_workload_notes(workload, counts_known), *notes,
                      *_limits(pred, entries, p2p_ok, p2p_source, no_p2p_pairs), *([tune_hint] if tune_hint else [])]

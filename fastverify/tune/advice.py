@@ -39,7 +39,7 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
         Compute capability × 10 and PCIe generation of the box (resolved: flag, NVML or guess).
     p2p_given : P2PFacts or None
         A P2P check's facts (``--p2p-check``); else NVML's status in the topology, else a log line
-        saying NCCL could not enable P2P, else unknown (:func:`_prediction_p2p`).
+        saying NCCL could not enable P2P, else unknown (:func:`prediction_p2p`).
     perf, log : PerfTable or None, NcclLog or None
         ``--perf-table`` (NCCL measured on the box; same world size as ``workload.tp``) and
         ``--nccl-log``; each replaces the cost model for the sizes it covers.
@@ -76,10 +76,10 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
     if ranked is None:
         ranked = rank_nccl_settings(workload, topology, env=env, nccl_version=nccl_version, pcie_gen=pcie_gen,
                                     sm=sm, p2p_check=p2p_check)
-    p2p_ok, p2p_source = _prediction_p2p(p2p_given, topology, log)
+    p2p_ok, p2p_source = prediction_p2p(p2p_given, topology, log)
     en = enabled_algos_protos(env, nccl_version, sm)
     pred = predict_candidates(workload, ranked, sm=sm, pcie_gen=pcie_gen, p2p_ok=p2p_ok, p2p_source=p2p_source,
-                              nvlink_full=_nvlink_full(topology, workload.tp), perf=perf, log=log,
+                              nvlink_full=topology_nvlink_full(topology, workload.tp), perf=perf, log=log,
                               enabled=(en.algos, en.protos if en.protos_set else None),
                               sglang_version=installed_sglang_version())
     pred = replace(pred, notes=pred.notes + tuple(_evidence_notes(workload, env, perf, log)))
@@ -106,7 +106,7 @@ def _evidence_notes(workload, env: Mapping[str, str], perf, log) -> list[str]:
     return notes
 
 
-def _nvlink_full(topology, tp: int) -> bool | None:
+def topology_nvlink_full(topology, tp: int) -> bool | None:
     """Every pair of the first ``tp`` GPUs on NVLink (SGLang's full-NVLink test,
     ``custom_all_reduce_utils.py::is_full_nvlink``); None where a link is unknown."""
     first = sorted(topology.gpu_indices)[:tp]
@@ -114,7 +114,7 @@ def _nvlink_full(topology, tp: int) -> bool | None:
     return None if any(link is None for link in links) else all(link.startswith("NV") for link in links)
 
 
-def _p2p_facts(given, topo, *, cuda: bool):
+def p2p_facts(given, topo, *, cuda: bool):
     """P2P facts for the record: those of ``--p2p-check FILE`` (``given``, proof), else on a GPU
     box the real check (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's
     status (not proof)."""
@@ -150,11 +150,11 @@ def _p2p_facts(given, topo, *, cuda: bool):
     return p2p_from_topology(topo)
 
 
-def _prediction_p2p(p2p_given, topo, log):
+def prediction_p2p(p2p_given, topo, log):
     """(ok, source) of P2P between every pair for the prediction: the P2P check, else NVML's status
     in the topology, else a log line "Could not enable P2P between dev a and dev b" (refuted),
     else unknown."""
-    facts = _p2p_facts(p2p_given, topo, cuda=False)
+    facts = p2p_facts(p2p_given, topo, cuda=False)
     if facts.ok is None and log is not None and log.p2p_unavailable:
         a, b = log.p2p_unavailable[0]
         return False, f"NCCL log {log.source}: could not enable P2P between dev {a} and dev {b}"

@@ -22,6 +22,9 @@ import msgspec
 import numpy as np
 
 from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS
+from fastverify.bundle import open_bundle
+from fastverify.cycle.evidence import evidence, json_part
+from fastverify.cycle.flags import mode_means
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.tune.draft_model import AcceptHistogram, CostCurve, CostPoint, DraftCost
 
@@ -143,15 +146,11 @@ def _mode_ms(mode: dict) -> float:
 def from_bundle(path: Path, split=None):
     """Histogram, cost curve, draft cost (None: not in the trace) and notes from a bundle;
     ``split``: its cycle split when the caller has it (else the trace is read here)."""
-    from fastverify.bundle import open_bundle
-    from fastverify.cycle.command import _json_part, evidence
-    from fastverify.cycle.flags import mode_means
-
     bundle = open_bundle(path)
     part = bundle.part("verify_log")
     if part is None or part.status != "ok":
         raise UserError(f"{path_text(path)}: the bundle has no verify-log part (collect with --verify-log DIR)")
-    server = _json_part(bundle, "server_args") or {}
+    server = json_part(bundle, "server_args") or {}
     sargs = server.get("server_args", server) if isinstance(server, dict) else {}
     with tempfile.TemporaryDirectory(prefix="fastverify-draft-shape-") as tmp:
         names = [f for f in part.files if f.endswith(".jsonl")]

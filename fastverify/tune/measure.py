@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
-from fastverify.tune.advice import _p2p_facts  # shared with topo's advice
+from fastverify.tune.advice import p2p_facts
 from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
 from fastverify.tune.verify_time import change_pct, verify_reduction
 
@@ -92,7 +92,7 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
         from fastverify.topo.box import read_box
 
         box = read_box(workload.tp, nccl_version=str(version) if version else None)
-        p2p = _p2p_facts(p2p_given, topo, cuda=True)
+        p2p = p2p_facts(p2p_given, topo, cuda=True)
         max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
         extra, skipped = backend_trials(common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel,
                                         sglang_version=sglang_version)

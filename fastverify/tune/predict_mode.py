@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 
 from fastverify.registry import backend_info
-from fastverify.tune.advice import _nvlink_full, _p2p_facts, _prediction_p2p  # shared with topo's advice
+from fastverify.tune.advice import p2p_facts, prediction_p2p, topology_nvlink_full
 from fastverify.tune.outputs import env_path, write_env_and_record
 from fastverify.tune.verify_time import change_pct
 from fastverify.tune.workload import Workload
@@ -37,7 +37,7 @@ def predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=No
 def box_doc(args, workload, topo, version, p2p_given, log) -> dict:
     """The ``box`` part of the JSON document: the topology, the resolved box facts, NCCL version,
     P2P and where it came from, and the evidence files."""
-    p2p_ok, p2p_source = _prediction_p2p(p2p_given, topo, log)
+    p2p_ok, p2p_source = prediction_p2p(p2p_given, topo, log)
     return {"topology": topo.source if topo is not None else None, "gpus": len(topo.gpus) if topo is not None else None,
             "tp": workload.tp, "sm": args.sm, "pcie_gen": args.pcie_gen, "facts": args.box_facts.as_dict(),
             "nccl_version": str(version) if version else None, "p2p_ok": p2p_ok, "p2p_source": p2p_source,
@@ -85,7 +85,7 @@ def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, 
                                pcie_gen=args.pcie_gen, sm=args.sm, user=user,
                                box_facts=args.box_facts)
     box = predicted_box(args, workload, topo, version)
-    p2p = _p2p_facts(p2p_given, topo, cuda=False)
+    p2p = p2p_facts(p2p_given, topo, cuda=False)
     # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).
     name = BackendName.nccl if best.nccl is not None else best.backend
     gain = Gain(baseline_us=base.point_us, best_us=best.point_us, basis="predicted")
@@ -121,7 +121,7 @@ def predicted_box(args, workload, topo, version):
     name = next((g.name for g in topo.gpus if g.name), None)
     return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
                           driver=None, nccl_version=str(version) if version else None,
-                          nvlink_full=_nvlink_full(topo, workload.tp))
+                          nvlink_full=topology_nvlink_full(topo, workload.tp))
 
 
 def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
