@@ -20,23 +20,15 @@ Usage (from the repository root)::
 
 Prints nccl-tests style: ``#`` metadata, a column row and a units row per direction, then one line per
 direction ``fit SHM -> test P2P: median error N %`` and NCCL's raw ``median error`` per table. Then the
-leave-one-box-out table of the published-box models (see :func:`lobo` for the range rule judged),
-the pooled spread ``s`` / degrees of freedom / quantile ``q`` over all boxes and with each box held
-out, and one line per backend: ``lobo <backend>: boxes inside range I/N (P %), points inside i/n,
-median point error E %, median range width high/low W x`` (the width is the price of the coverage).
+leave-one-box-out table: every published point at 8 KiB..1 MiB predicted without its box, for the
+NCCL cost model (the baseline ``tune`` shows), the P2P kernel model (``fastverify/tune/kernel_cost.py``,
+what ``tune`` shows for pcie_ipc / custom_ar, judged on every published P2P kernel) and each
+backend's ``estimate``; one line per group: ``lobo <group>: boxes inside range I/N (P %), points
+inside i/n, median point error E %, median range width high/low W x; abstained a/n``, and one aim
+line per group (>= 80 % of points inside, an abstention counted as a miss, median width <= 4x).
+The range is ``fastverify/tune/ranges.py``'s, made from the other boxes' misses only.
 Exits 1 when a corrected median error is above ``--aim`` (20 %), 2 when the inputs are absent, 0
-otherwise; the leave-one-box-out verdict (``--lobo-aim``, 80 %) is printed, never changes the exit
-status.
-
-Leave-one-box-out, the range judged (``fastverify/tune/backend_model.py``, revised 2026-12-01 after
-the first run of this benchmark gave 1/6 NCCL and 0/2 PCIe IPC boxes inside the old min..max
-envelope, which cannot reach 80 % by construction; the 90 % level was fixed before the second run
-and not tuned): a 90 % prediction interval for a new box in log space, the mean of ln(time) over
-the comparable boxes ± q·s·sqrt(1 + 1/n), with ``s`` the between-box standard deviation of ln(time)
-pooled over (backend or kernel, world size, 4 KiB..4 MiB power-of-two size) cells, NCCL cells
-apart from P2P-kernel cells (a group under 10 degrees of freedom uses all cells), the held-out box
-excluded from ``s`` as well, and ``q`` Student's t 0.95 quantile; joined with the old envelope
-(min..max of the other boxes x/÷ 1.25).
+otherwise; the leave-one-box-out verdicts are printed and never change the exit status.
 """
 
 from __future__ import annotations
