@@ -110,7 +110,8 @@ def _log_files(d: Path) -> dict[Path, str]:
     """The ``verify-rank*.jsonl`` files of folder ``d``, sorted, each with its ``<R>``; every name is
     checked before any file is opened, then every file is checked to be a regular file."""
     if not d.is_dir():
-        raise UserError(f"{d}: no such folder (give the --profile-verify DIR of `fastverify launch`)")
+        what = f"a file, not a folder (give its folder, {d.parent})" if d.exists() else "no such folder"
+        raise UserError(f"{d}: {what} (give the --profile-verify DIR of `fastverify launch`)")
     files = sorted(d.glob(FILE_GLOB))
     if not files:
         raise UserError(f"{d}: no {FILE_GLOB} files (written by `fastverify launch --profile-verify {d}`)")

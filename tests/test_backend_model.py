@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from importlib import resources
 
 import pytest
@@ -64,7 +63,7 @@ def test_bad_data_file_is_one_line_naming_the_file(tmp_path, mutate, says):
 MAD_SD = 1 / 0.6745  # 1 / normal 0.75 quantile (tables): MAD -> standard deviation
 
 
-def test_seed_case_pcie_ipc_from_the_kernel_model_and_nccl_has_a_range():
+def test_seed_case_pcie_ipc_from_the_kernel_model():
     """The seed case, 8x SM120, PCIe Gen5, 56 KiB (4 tokens x 7168 x 2 B). PCIe IPC's point is the
     P2P kernel model's: latency = the median over boxes of each box's smallest-size (<= 4 KiB) P2P
     kernel times: V100 4.0 (4 KiB), EPYC 9124 7.5, WRX90 7.5 (1 KiB), luke 7.5 (256 B), ASUS
@@ -75,21 +74,14 @@ def test_seed_case_pcie_ipc_from_the_kernel_model_and_nccl_has_a_range():
     data = BM.load()
     assert K.latency_us(data) == 7.5
     ipc = BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
-    nccl = BM.estimate(BackendName.nccl, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
-    assert ipc.label == nccl.label == "predicted"
+    assert ipc.label == "predicted"
     p_ipc = 7.5 + 7 * 57344 / 63000
     assert ipc.point_us == pytest.approx(p_ipc) and p_ipc == pytest.approx(13.87, abs=0.01)
     # the SGLang 8x SM120 table is the one pcie_ipc measurement at TP8 within 2x of 56 KiB
     assert ipc.sources == ("sglang-docstring-pcie-ipc",) and "sglang-docstring-pcie-ipc 11.6 µs" in ipc.evidence
     f = R.fit(K.kernel_residuals(data), world_size=8, msg_bytes=SEED_BYTES)
-    assert f.known and f.boxes == 8 and (ipc.low_us, ipc.high_us) == pytest.approx((p_ipc * f.low, p_ipc * f.high))
+    assert f.known and f.boxes == 9 and (ipc.low_us, ipc.high_us) == pytest.approx((p_ipc * f.low, p_ipc * f.high))
     assert ipc.low_us < ipc.point_us < ipc.high_us and ipc.high_us / ipc.low_us <= 8.0
-    # NCCL point: median over the SM12x boxes on PCIe Gen5 at 56 KiB (EPYC 9124 direct-attach and
-    # luke's 3-switch Max-Q box; the SGLang SM120 box's generation is not stated).
-    epyc = _loglog(32768, 24.9, 65536, 27.0, SEED_BYTES)
-    luke = _loglog(32768, 24.5, 65536, 24.1, SEED_BYTES)
-    p_nccl = statistics.median([epyc, luke])
-    assert nccl.point_us == pytest.approx(p_nccl) and p_nccl == pytest.approx(25.38, abs=0.01)
 
 
 def test_kernel_model_residuals_by_hand():
@@ -106,7 +98,7 @@ def test_kernel_model_residuals_by_hand():
     assert res[("rtx6kpro-epyc9124-8xpro6000", 1048576)] == pytest.approx(math.log(288.6 / epyc))
     held = K.kernel_residuals(data, "sglang-v100-pr2-4xv100")
     assert "sglang-v100-pr2-4xv100" not in {r.box for r in held} and K.latency_us(data, "sglang-v100-pr2-4xv100") == 7.5
-    assert len({r.box for r in K.kernel_residuals(data)}) == 8
+    assert len({r.box for r in K.kernel_residuals(data)}) == 9
 
 
 def test_range_constants_match_their_sources():
@@ -150,9 +142,7 @@ def _synthetic_dict() -> dict:
 
 @pytest.fixture
 def synthetic(tmp_path):
-    """Three boxes A, B, C, all SM120 Gen5. NCCL TP8 default: 4 KiB .. 4 MiB, C = 2 B = 4 A at every
-    size, so each of the 11 grid cells holds a, 2a, 4a. Each box's residual is ln(its value / the
-    median of the other two): A ln(1 / 3), B ln(2 / 2.5) = ln 0.8, C ln(4 / 1.5) = ln(8 / 3).
+    """Three boxes A, B, C, all SM120 Gen5. NCCL TP8 default: 4 KiB .. 4 MiB, C = 2 B = 4 A.
     P2P kernels at 4 KiB (the kernel model's latency): "k" (no backend) A 5 us, B 15 us; pcie_ipc A
     7 us. Left out by the comparable rule: NCCL with settings changed on A, a pcie_ipc run with P2P
     off on C, kernel "k" with P2P unknown on C."""
@@ -168,78 +158,51 @@ def _by_box(residuals) -> dict[str, set[float]]:
     return out
 
 
-def test_residual_pools_by_hand(synthetic):
+def test_kernel_pool_and_comparable_rows_by_hand(synthetic):
     from fastverify.tune import kernel_cost as K
-    from fastverify.tune import ranges as R
 
-    nccl = BM.published_residuals(data=synthetic)
-    assert len(nccl) == 33 and {r.msg_bytes for r in nccl} == set(BM.SPREAD_GRID)
-    assert _by_box(nccl) == {"A": {round(math.log(1 / 3), 9)}, "B": {round(math.log(0.8), 9)},
-                             "C": {round(math.log(8 / 3), 9)}}
     # kernel latency: A median(5, 7) = 6, B 15 -> 10.5 us; C's two P2P rows are not comparable
     assert K.latency_us(synthetic) == pytest.approx(10.5)
     assert {r.box for r in K.kernel_residuals(synthetic)} == {"A", "B"}
-    # 3 boxes tell: fewer than MIN_BOXES (4), so the range is unknown, never a guess
-    f = R.fit(nccl, world_size=8, msg_bytes=4096)
-    assert not f.known and f.low is None and "3 published boxes, fewer than 4" in f.reason
+    # without A: B's 15 us alone
+    assert K.latency_us(synthetic, "A") == pytest.approx(15.0)
+    assert {r.box for r in K.kernel_residuals(synthetic, "A")} == {"B"}
+    # NCCL rows: default settings only (the tuned A run is not the baseline)
+    assert [m.id for m in BM.comparable(BackendName.nccl, 8, data=synthetic)] == ["a-nccl", "b-nccl", "c-nccl"]
+    assert [m.id for m in BM.comparable(BackendName.nccl, 8, "C", data=synthetic)] == ["a-nccl", "b-nccl"]
+    assert BM.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
+                                                                       if m.id == "a-ipc"]
 
 
-def test_excluding_a_box_changes_the_residuals_no_leakage(synthetic):
-    from fastverify.tune import kernel_cost as K
-
-    ln2 = math.log(2)
-    full = _by_box(BM.published_residuals(data=synthetic))
-    held = _by_box(BM.published_residuals(exclude_box="C", data=synthetic))
-    # A and B only: each one's point is the other's value, ln(10 / 20) and ln(20 / 10)
-    assert held == {"A": {round(-ln2, 9)}, "B": {round(ln2, 9)}} and held["A"] != full["A"]
-    e = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic, exclude_box="C")
-    assert e.point_us == pytest.approx(15.0) and e.sources == ("a-nccl", "b-nccl")  # median of 10, 20
-    assert e.low_us is None and "2 published boxes, fewer than 4" in e.unknown
-    # the kernel model's pool without a box has none of its misses (the SGLang box has no row <= 4 KiB,
-    # so the latency stays 7.5 us)
-    pool = {r.box for r in K.kernel_residuals(BM.load(), "sglang-docstring-8xsm120")}
-    assert "sglang-docstring-8xsm120" not in pool and len(pool) == 7
-    assert K.latency_us(BM.load(), "sglang-docstring-8xsm120") == 7.5
-
-
-def test_estimate_on_other_data_is_unknown_with_three_boxes_and_with_four_that_disagree(synthetic, tmp_path):
-    e = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, pcie_gen=5, data=synthetic)
-    assert e.point_us == pytest.approx(20.0)  # median of 10, 20, 40; the tuned A run is not comparable
-    assert e.sources == ("a-nccl", "b-nccl", "c-nccl")
-    assert "3 comparable boxes (8x GPU A, 8x GPU B, 8x GPU C)" in e.evidence
-    assert (e.low_us, e.high_us) == (None, None) and "fewer than 4" in e.unknown
+def test_estimate_on_other_data_is_unknown_with_two_boxes(synthetic):
     ipc = BM.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic)
     # kernel model: 10.5 us latency + 7 x 4096 B / 63,000 (Gen5 by SM12x); its misses on 2 boxes
     assert ipc.sources == ("a-ipc",) and ipc.point_us == pytest.approx(10.5 + 7 * 4096 / 63000)
-    assert ipc.low_us is None and "2 published boxes" in ipc.unknown
-    assert BM.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
-                                                                       if m.id == "a-ipc"]
-    # a fourth box D at 1.5 A: cells a, 1.5a, 2a, 4a; each box's miss (own / median of the others) is
-    # the same at all 11 sizes: A ln(1/2), D ln(0.75), B ln(4/3), C ln(8/3), no within-box spread.
-    # Left out in turn, the lowest and the highest box fall outside every span of the other three at
-    # every share, and the middle two are held only at shares >= 0.675 (all three offsets): 22 of 44,
-    # under 80 %: unknown, with the reason. (With one miss per box and no within-box spread the two
-    # extreme boxes are always out, so such a pool needs 10 boxes to reach 80 %.)
-    d = _synthetic_dict()
-    d["boxes"].append(_box("D"))
-    d["measurements"].append(_meas("d-nccl", "D", "nccl", [4096, 4194304], [15.0, 1500.0]))
-    p = tmp_path / "four.json"
-    p.write_text(json.dumps(d))
-    four = BM.load(p)
-    e4 = BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, pcie_gen=5, data=four)
-    assert e4.point_us == pytest.approx(17.5)  # median of 10, 15, 20, 40
-    assert e4.low_us is None and "no share of the 4 published boxes' misses holds 80 %" in e4.unknown
+    assert ipc.low_us is None and "2 published boxes, fewer than 4" in ipc.unknown
+    # leaving A out leaves pcie_ipc no published row at all: no number invented
+    assert BM.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic,
+                       exclude_box="A") is None
+    with pytest.raises(ValueError, match="cost model"):
+        BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic)
+
+
+def test_four_boxes_that_disagree_get_no_range():
+    """Four boxes with one miss each at all 11 sizes, A ln(1/2), D ln(0.75), B ln(4/3), C ln(8/3),
+    no within-box spread. Left out in turn, the lowest and the highest box fall outside every span of
+    the other three at every share, and the middle two are held only at shares >= 0.675 (all three
+    offsets): 22 of 44, under 80 %: unknown, with the reason. (With one miss per box and no
+    within-box spread the two extreme boxes are always out: such a pool needs 10 boxes.)"""
+    from fastverify.tune import ranges as R
+
+    res = [R.Residual(b, 8, 4096 << k, math.log(x)) for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
+           for k in range(11)]
+    f = R.fit(res, world_size=8, msg_bytes=4096)
+    assert not f.known and "no share of the 4 published boxes' misses holds 80 %" in f.reason
 
 
 def test_disagreeing_sources_carry_the_note():
-    nccl = BM.estimate(BackendName.nccl, SEED_BYTES, world_size=8, sm=SM120)
-    # SGLang box 444.9 us vs the busBw-derived Turin row 23.12 us: 19x, above DISAGREE = 3
-    assert any("differ 19x" in n and "fastverify tune" in n for n in nccl.notes)
     ipc = BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=True)
     assert any("one-shot all-to-all kernels collapse" in n and "fastverify tune" in n for n in ipc.notes)
-    # 4 GPUs, 8 KiB: asus 4-GPU 1..16 KiB interpolation vs Turin 4-GPU 11.17 vs V100 20.3 -> within 3x: no note
-    quiet = BM.estimate(BackendName.nccl, 8192, world_size=4, sm=(12, 0))
-    assert quiet is not None and quiet.notes == ()
 
 
 def test_none_where_no_comparable_data_exist():
@@ -248,8 +211,8 @@ def test_none_where_no_comparable_data_exist():
     assert BM.estimate(BackendName.custom_ar, SEED_BYTES, world_size=2, sm=SM120, p2p=True).point_us == \
         pytest.approx(7.5 + 57344 / 63000)
     assert BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=False) is None  # needs P2P
-    assert BM.estimate(BackendName.nccl, SEED_BYTES, world_size=3, sm=SM120) is None
-    assert BM.estimate(BackendName.nccl, 8, world_size=8, sm=SM120) is None  # nearest default table starts at 256 B
+    assert BM.estimate(BackendName.pcie_ipc, 0, world_size=8, sm=SM120, p2p=True) is None
+
 
 def test_exclude_box_really_excludes():
     # 12 KiB, TP8, PCIe IPC on an SM89 box (Gen4 by its GPU generation, 31.5 GB/s): the kernel model's
@@ -264,7 +227,7 @@ def test_exclude_box_really_excludes():
                        exclude_box="sglang-docstring-8xsm120")
     assert held.sources == ("flashinfer-pr4393-pcie-ipc-b1",)
     f = K.kernel_fit(BM.load(), 12288, 8, "sglang-docstring-8xsm120")
-    assert f.boxes == 7 and (held.low_us, held.high_us) == pytest.approx((held.point_us * f.low, held.point_us * f.high))
+    assert f.boxes == 8 and (held.low_us, held.high_us) == pytest.approx((held.point_us * f.low, held.point_us * f.high))
     assert BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
                        exclude_box="flashinfer-pr4393-8xl40s").sources == ("sglang-docstring-pcie-ipc",)
 

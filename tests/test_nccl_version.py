@@ -164,3 +164,22 @@ def test_real_libnccl_if_present():
     assert version.code == version.major * 10000 + version.minor * 100 + version.patch
     assert version.library in candidates
     assert read_nccl_version(version.library, environ={}) == version
+
+
+def test_an_nccl_3_version_is_one_line_in_tune_and_a_note_in_topo(tmp_path, shared_dir):
+    """NCCL 3.x is beyond the 2.x releases the cost model knows: tune refuses in one line (exit 2),
+    topo still reads the box and says so in a note; neither gives a traceback."""
+    from conftest import run_fastverify
+
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    log = tmp_path / "nccl3.log"
+    log.write_text("host0:1:1 [0] NCCL INFO NCCL version 3.1.0+cuda12.4\n")
+    base = ["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2.5", "--tp", "8", "--sm", "120",
+            "--pcie-gen", "5"]
+    for extra in (["--nccl-version", "3.0"], ["--nccl-log", str(log)]):
+        proc = run_fastverify(base + extra, cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and "newer than the NCCL 2.x releases" in proc.stderr
+    proc = run_fastverify(["topo", "--topology", str(topo), "--nccl-log", str(log)], cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "NCCL 3.1.0 is newer than the 2.x releases the cost model knows" in " ".join(proc.stdout.split())

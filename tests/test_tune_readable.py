@@ -82,7 +82,7 @@ def test_explain_shows_the_evidence_and_the_backends_ruled_out(capsys):
     lines = _seed(capsys, "--explain")
     text = " ".join(" ".join(lines).split())
     assert "# evidence (candidate 1): P2P kernel model: 7.5 µs latency" in text
-    assert "range: the point x/÷ its misses on 8 published boxes" in text
+    assert "range: the point x/÷ its misses on 9 published boxes" in text
     assert "# per size 57,344 B x 123: pcie_ipc 13.9 µs (" in text  # 7.5 + 7 x 57,344 / 63,000
     assert "# not a candidate: fused: SGLang calls it only on SM90/SM100; this box is SM120" in text
     assert "disagree" in text and "range µs" in text

@@ -119,6 +119,7 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     _write(tmp / "gpu", "0", R0, clock="cuda_events")
     return {
         "missing": (["nosuch"], ["nosuch", "no such folder"]),
+        "a_file": (["cpu/verify-rank0.jsonl"], ["verify-rank0.jsonl", "a file, not a folder", "give its folder"]),
         "empty_dir": (["empty"], ["empty", "verify-rank*.jsonl"]),
         "unrelated_files": (["other"], ["other", "verify-rank*.jsonl"]),
         "no_records": (["norecords"], ["verify-rank0.jsonl", "no verify records"]),
@@ -133,7 +134,7 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     }
 
 
-CASES = ["missing", "empty_dir", "unrelated_files", "no_records", "only_a_torn_line", "corrupt_line",
+CASES = ["missing", "a_file", "empty_dir", "unrelated_files", "no_records", "only_a_torn_line", "corrupt_line",
          "cut_line_not_last", "negative_time", "mixed_clocks_in_a_folder", "mixed_clocks_before_after", "three_folders"]
 
 

@@ -202,6 +202,9 @@ def _basis(e: dict) -> str:
     ev = e["evidence"]
     if e["label"] == "measured":
         return f"measured ({ev[0].removeprefix('measured: ')})" if ev else "measured"
+    if any(x.startswith("P2P kernel model") for x in ev):
+        m = re.search(r"misses on (\d+) published boxes", " ".join(ev))
+        return "predicted by the P2P kernel model" + (f" (its misses on {m.group(1)} published boxes)" if m else "")
     published = next((x for x in ev if x.startswith("published")), None)
     if published is not None:
         m = re.search(r"(\d+) comparable box", published)

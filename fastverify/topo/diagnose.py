@@ -233,7 +233,10 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
     algos, protos = enabled.algos, enabled.protos_or_none
     graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
     kw = dict(gen=pcie_gen, width=16, sm=sm, algos=algos, protos=protos)
-    if nv is not None:
+    if nv is not None and nv.major > 2:  # the cost model's constants are NCCL 2.x's
+        notes.append(f"NCCL {nv} is newer than the 2.x releases the cost model knows: predicted with its default "
+                     "version's constants")
+    elif nv is not None:
         kw["version"] = nv.code
     if graph is not None and graph.bw_intra_gbps > 0:
         kw.update(graph_bw_intra_gbps=graph.bw_intra_gbps, graph_n_channels=graph.n_channels)

@@ -3,10 +3,12 @@
 The measurements live in ``fastverify/data/published_allreduce.json``: one :class:`Box` per host
 (GPU, SM, GPU count, PCIe generation, switch or root complex, NUMA layout, link) and one
 :class:`Measurement` per source table (backend, world size, P2P, tool, settings, sizes in bytes,
-times in µs, how the numbers were read, link). :func:`estimate` gives a point and a range for one
-backend and one message size. A range is the point x/÷ how far its rule missed on published boxes
-it did not see (:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs
-5-15x between hosts with the same GPU, so raw between-box spread is too wide to act on.
+times in µs, how the numbers were read, link). :func:`estimate` gives a P2P backend's point and
+range for one message size; NCCL's default-settings rows are the misses of NCCL's cost model
+(:func:`fastverify.tune.ranges.cost_model_residuals`), and :func:`comparable` gives the raw rows.
+A range is the point x/÷ how far its rule missed on published boxes it did not see
+(:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs 5-15x between
+hosts with the same GPU, so raw between-box spread is too wide to act on.
 
 * **Comparable**: same world size; NCCL only with default settings (the user's baseline); a backend
   that needs P2P (registry ``needs_p2p``) only with P2P working, nothing when the caller says P2P is
@@ -14,15 +16,10 @@ it did not see (:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL 
   ``sm`` fails it.
 * **Interpolation**: log-log between a measurement's neighbouring sizes; up to :data:`EXTRAPOLATE`
   (2x) beyond them: the smallest size's time held below, the last slope (clamped to [0, 1]) above.
-* **NCCL point**: the median over comparable boxes (a box counts once) of those closest to the
-  caller's: same SM major when any has it, then same PCIe generation; the median so that one
-  outlying host (the 205 µs SM120 box) cannot drag it alone. Its misses (:func:`published_residuals`):
-  per (world size, power of two 4 KiB .. 4 MiB) cell of at least 2 boxes, ln(box value / the rule on
-  the cell's other boxes); ``exclude_box`` leaves a box out of every cell first.
 * **P2P backends** (pcie_ipc, custom_ar, ...): :mod:`fastverify.tune.kernel_cost`'s point and range,
   for a backend with at least one published PCIe measurement (else None: no number is invented).
-* **Disagreement note**: comparable values more than :data:`DISAGREE` (3x) apart, or for a P2P
-  kernel published speed-ups over same-box NCCL more than 3x apart: one-shot kernels collapse on
+* **Disagreement note**: the backend's comparable values more than :data:`DISAGREE` (3x) apart, or
+  published speed-ups of P2P kernels over same-box NCCL more than 3x apart: one-shot kernels collapse on
   some fabrics (sglang-V100 PR #2: 4x V100 behind a PLX switch, 120.3 µs vs NCCL 83.5 µs at 384 KB;
   FlashInfer PR #4393: root-complex PCIe) while staged ones do not (SGLang ``pcie_ipc_ar.py``).
 
@@ -52,7 +49,6 @@ __all__ = [
     "DISAGREE",
     "EXTRAPOLATE",
     "RANGE_WIDEN",
-    "SPREAD_GRID",
     "Box",
     "Estimate",
     "Measurement",
@@ -64,14 +60,12 @@ __all__ = [
     "measurements",
     "published_boxes",
     "passes",
-    "published_residuals",
 ]
 
 DATA_FILE = "published_allreduce.json"
 RANGE_WIDEN = R.FLOOR  # narrowest range factor each way (FlashInfer PR #4393 run-to-run spread)
 EXTRAPOLATE = 2.0  # one power-of-two step beyond a table's sizes, no further
 DISAGREE = 3.0  # comparable sources further apart than this get the note
-SPREAD_GRID = tuple(4096 << k for k in range(11))  # 4 KiB .. 4 MiB, the sizes residuals are taken at
 
 ReadFrom = Literal["table", "text", "docstring table", "derived from busBw", "plot"]
 
@@ -226,10 +220,6 @@ def measurements(box: str | None = None) -> list[Measurement]:
     return [m for m in data.measurements if box is None or m.box == box]
 
 
-def _box(box_id: str, data: PublishedData) -> Box:
-    return next(b for b in data.boxes if b.id == box_id)
-
-
 def interpolate(sizes: tuple[int, ...], values: tuple[float, ...], msg_bytes: int) -> float | None:
     """``values`` at ``msg_bytes``: log-log between neighbours; beyond the ends by <= EXTRAPOLATE
     (held flat below, last slope clamped to [0, 1] above, flat for one point); else None."""
@@ -332,55 +322,6 @@ def comparable(backend: BackendName, world_size: int, exclude_box: str | None = 
     return list(_comparable(backend, world_size, exclude_box, data if data is not None else _packaged()))
 
 
-@functools.lru_cache(maxsize=256)
-def _cells(data: PublishedData, exclude_box: str | None) -> dict[tuple[int, int], dict[str, float]]:
-    """(world size, grid size) -> box -> NCCL value in µs (module docstring, Residuals)."""
-    raw: dict[tuple[int, int], dict[str, list[float]]] = {}
-    for m in data.measurements:
-        if m.box == exclude_box or m.backend is not BackendName.nccl or not passes(m):
-            continue
-        for size in SPREAD_GRID:
-            t = m.time_at(size)
-            if t is not None:
-                raw.setdefault((m.world_size, size), {}).setdefault(m.box, []).append(t)
-    return {k: {b: statistics.median(ts) for b, ts in v.items()} for k, v in raw.items()}
-
-
-@functools.lru_cache(maxsize=256)
-def _residuals(data: PublishedData, exclude_box: str | None) -> tuple[R.Residual, ...]:
-    out = []
-    for (ws, size), vals in _cells(data, exclude_box).items():
-        if len(vals) < 2:
-            continue
-        for b, v in vals.items():
-            bx = _box(b, data)
-            point, _ = _point({o: x for o, x in vals.items() if o != b}, data, bx.sm, bx.pcie_gen)
-            out.append(R.Residual(b, ws, size, math.log(v / point)))
-    return tuple(out)
-
-
-def published_residuals(*, exclude_box: str | None = None, data: PublishedData | None = None) -> tuple[R.Residual, ...]:
-    """The NCCL point rule's misses on the published boxes (module docstring, Residuals);
-    ``exclude_box`` left out of every cell first. ``data``: a file read with :func:`load`; default
-    the packaged one."""
-    return _residuals(data if data is not None else _packaged(), exclude_box)
-
-
-def _point(box_val: dict[str, float], data: PublishedData, sm: tuple[int, int] | None,
-           pcie_gen: int | None) -> tuple[float, str]:
-    """The point rule (module docstring, Point) over ``box_val`` (box -> µs), and its basis."""
-    pool = list(box_val)
-    basis = "median of every comparable box"
-    boxes = {b: _box(b, data) for b in pool}
-    if sm is not None and any(boxes[b].sm[0] == sm[0] for b in pool):
-        pool = [b for b in pool if boxes[b].sm[0] == sm[0]]
-        basis = f"median of the SM{sm[0]}x boxes"
-        if pcie_gen is not None and any(boxes[b].pcie_gen == pcie_gen for b in pool):
-            pool = [b for b in pool if boxes[b].pcie_gen == pcie_gen]
-            basis += f" on PCIe Gen{pcie_gen}"
-    return statistics.median(box_val[b] for b in pool), basis
-
-
 def _speedups(msg_bytes: int, exclude_box: str | None, data: PublishedData) -> dict[str, float]:
     """Published speed-up over same-box NCCL of every peer-write kernel at ``msg_bytes`` (any world size)."""
     out: dict[str, float] = {}
@@ -410,67 +351,45 @@ def _collapse_note(lo: float, hi: float) -> str:
 def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple[int, int] | None,
              pcie_gen: int | None = None, p2p: bool | None = None,
              exclude_box: str | None = None, data: PublishedData | None = None) -> Estimate | None:
-    """Predicted time of one all-reduce of ``msg_bytes`` bytes on ``backend``, from published boxes.
+    """Predicted time of one all-reduce of ``msg_bytes`` bytes on a P2P ``backend`` (pcie_ipc,
+    custom_ar, b12x, fused): the P2P kernel model's point and range (:mod:`fastverify.tune.kernel_cost`).
 
     Parameters
     ----------
-    backend : BackendName
-        ``nccl`` (default settings: the baseline), ``pcie_ipc``, ``custom_ar``, ``b12x``, ...
     msg_bytes : int
         Bytes per rank (e.g. 4 tokens x 7168 x 2 B bf16 = 57,344).
     world_size : int
-        Tensor-parallel ranks; only measurements at the same world size count.
+        Tensor-parallel ranks; the published measurements named as evidence are those at this size.
     sm : (major, minor) or None
-        The box's GPU; picks the point among boxes of the same SM major, and applies the
-        backend's kernel SM gate (registry).
-    pcie_gen : int or None
-        Breaks ties among same-SM boxes whose generation is known.
+        The box's GPU: its PCIe generation when ``pcie_gen`` is not given, and the backend's kernel
+        SM gate (registry).
     p2p : bool or None
-        False: a backend that needs P2P gets None.
+        False: None (the backend needs P2P).
     exclude_box : str or None
-        Leave that box's measurements out (leave-one-box-out benchmark), from the residual pool
-        too.
+        Leave that box out of everything (leave-one-box-out benchmark).
     data : PublishedData or None
-        Measurements read with :func:`load` from another file (tests, a user's own collection);
-        default the packaged file.
+        Measurements read with :func:`load` from another file; default the packaged one.
 
     Returns
     -------
     Estimate or None
-        None when no comparable published measurement covers this size (NCCL) or the backend has
-        no published PCIe measurement at all (``b12x``: b12x PR #139's 16-GPU kernels are other
-        kernels); otherwise ``low_us .. high_us`` in µs, or None with ``unknown`` set.
+        None when the gate fails or the backend has no published PCIe measurement at all (``b12x``:
+        b12x PR #139's 16-GPU kernels are other kernels); otherwise ``low_us .. high_us`` in µs, or
+        None with ``unknown`` set.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` needs no P2P (NCCL's figure is its cost model's, :mod:`fastverify.tune.ranges`).
     """
+    if not backend_info(backend).needs_p2p:
+        raise ValueError(f"{backend.value}: no published-measurement model; NCCL's figure is the cost model's")
     if msg_bytes <= 0 or not _gate_ok(backend, sm, p2p):
         return None
     if data is None:
         data = _packaged()
     vals = [(m, t) for m in _comparable(backend, world_size, exclude_box, data) if (t := m.time_at(msg_bytes))]
-    if backend is not BackendName.nccl:
-        return _kernel_estimate(backend, msg_bytes, world_size, sm, pcie_gen, vals, exclude_box, data)
-    if not vals:
-        return None
-    per_box: dict[str, list[float]] = {}
-    for m, t in vals:
-        per_box.setdefault(m.box, []).append(t)
-    box_val = {b: statistics.median(ts) for b, ts in per_box.items()}
-    point, basis = _point(box_val, data, sm, pcie_gen)
-    rf = R.fit(published_residuals(exclude_box=exclude_box, data=data), world_size=world_size,
-               msg_bytes=msg_bytes)
-    low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
-    notes: list[str] = []
-    ratio = max(t for _, t in vals) / min(t for _, t in vals)
-    if ratio > DISAGREE:
-        notes.append(f"published NCCL times on comparable boxes differ {ratio:.0f}x at this size (hosts differ in "
-                     "switches, NUMA and P2P; topology alone cannot predict it); measure with `fastverify tune` "
-                     "or give an all_reduce_perf table (--perf-table)")
-    n = len(box_val)
-    described = ", ".join(f"{(bx := _box(b, data)).gpu_count}x {bx.gpu}" for b in box_val)
-    evidence = (f"published: {n} comparable box{'es' if n > 1 else ''} ({described}), TP{world_size}; "
-                f"point = {basis}; {rf.text('the point')}")
-    return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
-                    sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
-                    unknown=None if rf.known else f"{R.UNKNOWN} ({rf.reason})")
+    return _kernel_estimate(backend, msg_bytes, world_size, sm, pcie_gen, vals, exclude_box, data)
 
 
 def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: tuple[int, int] | None,

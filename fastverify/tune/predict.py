@@ -105,6 +105,9 @@ def _version(nccl_version: NcclVersion | str | None) -> NcclVersion | None:
         v = NcclVersion.parse(str(nccl_version))
     if v is not None and v.code < 20900:
         raise UserError(f"NCCL {v}: the cost model covers NCCL >= 2.9 only")
+    if v is not None and v.major > 2:
+        raise UserError(f"NCCL {v}: newer than the NCCL 2.x releases the cost model knows; give the 2.x version "
+                        "you run (--nccl-version), or measure with `fastverify tune`")
     return v
 
 

@@ -84,6 +84,7 @@ def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, 
     header = prediction_header(workload, best, base, red, topology_source=topo.source, n_gpus=len(topo.gpus),
                                pcie_gen=args.pcie_gen, sm=args.sm, user=user,
                                box_facts=args.box_facts)
+    header += [f"not chosen: {line}" for line in pred.too_close.values()]
     box = predicted_box(args, workload, topo, version)
     p2p = p2p_facts(p2p_given, topo, cuda=False)
     # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).
