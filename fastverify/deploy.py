@@ -1,24 +1,14 @@
 """The deployment record: what ``tune`` decided, in the form ``launch`` and every TP rank read.
 
-One versioned, typed JSON file written beside the env file (``X.env`` → ``X.deploy.json``,
-:func:`record_path_for`). It carries the facts a later stage must not guess again:
-
-* the backend, by its one registry name (:class:`fastverify.registry.BackendName`);
-* the shapes to prepare: the largest captured batch × draft tokens, hidden size and dtype
-  (:class:`VerifyShapes`), which size IPC workspaces and CUDA-graph preparation;
-* the P2P facts and how they were obtained (:class:`P2PFacts`);
-* the box fingerprint (:class:`BoxFingerprint`): GPU name, compute capability, GPU count, driver,
-  NCCL version, tensor-parallel size;
-* the NCCL settings written to the env file, and the gain with its basis (measured or predicted).
-
-The env file beside it holds NCCL settings only (:mod:`fastverify.envfile`): the backend,
-and with it SGLang's switch for it, is in the record alone, so sourcing the env file without
-``launch`` (docker, systemd) never starts an IPC path that nobody checked P2P for.
-:func:`write_deployment` writes the two files all or none.
-
-``launch`` checks the record against the box it runs on and the installed SGLang
-(:func:`fastverify.registry.unreachable_reason`); the patch reads it in every rank through
-``FASTVERIFY_DEPLOYMENT``. Nothing here imports torch.
+One versioned, typed JSON file beside the env file (``X.env`` → ``X.deploy.json``,
+:func:`record_path_for`) with the facts a later stage must not guess again: the backend by its
+registry name, the shapes to prepare (:class:`VerifyShapes`: largest captured batch × draft
+tokens, hidden, dtype), the P2P facts and their source (:class:`P2PFacts`), the box fingerprint
+(:class:`BoxFingerprint`), the NCCL settings and the gain with its basis (measured or predicted).
+The env file holds NCCL settings only, so sourcing it without ``launch`` (docker, systemd) never
+starts an IPC path nobody checked P2P for; :func:`write_deployment` writes both files or none.
+``launch`` checks the record against the box and the installed SGLang; the patch reads it in
+every rank through ``FASTVERIFY_DEPLOYMENT``. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -32,6 +22,7 @@ import msgspec
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, schema_error
+from fastverify.inputs import read_text
 from fastverify.nccl.version import NcclVersion
 from fastverify.output_paths import backup_path
 from fastverify.outputs import atomic_write_text, atomic_write_texts
@@ -291,6 +282,22 @@ def record_path_for(env_path: str | Path) -> Path:
     return p.with_name(stem + ".deploy.json")
 
 
+RECORD_HEADER = "# deployment record: "  # the env-file header line naming the record beside it
+
+
+def named_record(env_path: str | Path) -> str | None:
+    """The record name an env file's header gives (the line :func:`write_deployment` writes), else None.
+
+    Raises
+    ------
+    UserError
+        The env file cannot be read (named).
+    """
+    text = read_text(Path(env_path), kind="text", what="env file")
+    line = next((ln for ln in text.split("\n") if ln.startswith(RECORD_HEADER)), None)
+    return None if line is None else line[len(RECORD_HEADER):].split(" (", 1)[0].strip() or None
+
+
 def encode_record(record: DeploymentRecord) -> bytes:
     """The record as indented JSON bytes (keys in field order), newline-terminated; a text that
     is not valid UTF-8 (the path of a non-UTF-8 input file) is written with its bytes escaped
@@ -484,7 +491,7 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
     for out in (env_p, rec_p, backup_path(env_p), backup_path(rec_p)):
         if os.path.realpath(str(out)) in taken:
             raise UserError(f"{out}: is one of this command's inputs; write the env file elsewhere")
-    text = render_env(settings, header_lines=[*header_lines, f"deployment record: {rec_p.name} (read by "
+    text = render_env(settings, header_lines=[*header_lines, f"{RECORD_HEADER[2:]}{rec_p.name} (read by "
                                               "`fastverify launch --env` and every TP rank)"],
                       nccl_version=nccl_version, where=str(env_p))  # type: ignore[arg-type]
     data = encode_record(record).decode("utf-8")

@@ -383,3 +383,24 @@ def test_unknown_gpu_memory_is_said(tmp_path):
                          p2p_file=p2p_json(tmp_path))
     note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
     assert "no deployment record gives the hidden size" in note
+
+
+def test_an_env_file_whose_named_record_is_missing_is_refused(tmp_path):
+    """An env file ``tune`` wrote names its record in the header; launched without it, the backend and
+    the box checks would silently be skipped, so launch refuses in one line. An env file written by
+    hand (no such header) still launches on NCCL settings alone."""
+    from fastverify.deploy import write_deployment
+
+    rec = DeploymentRecord(backend=BackendName.nccl, shapes=SHAPES, p2p=PROVEN, box=BOXES["SM120"],
+                           sglang_version="0.5.23")
+    env, rec_p = write_deployment(tmp_path / "box.env", {"NCCL_P2P_LEVEL": "SYS"}, rec, header_lines=["t"])
+    rec_p.rename(tmp_path / "elsewhere.json")
+    proc = _launch(tmp_path, "--env", str(env), "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert_user_error(proc, str(env), "names the deployment record box.deploy.json", "--deployment FILE")
+    proc = _launch(tmp_path, "--env", str(env), "--deployment", str(tmp_path / "elsewhere.json"), "--describe-box",
+                   _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert proc.returncode == 0, proc.stderr
+    hand = tmp_path / "hand.env"
+    hand.write_text("# my settings\nNCCL_P2P_LEVEL=SYS\n")
+    proc = _launch(tmp_path, "--env", str(hand), "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert proc.returncode == 0, proc.stderr

@@ -82,6 +82,8 @@ def test_cpu_sweep_refuses_to_write_an_env_file(shared_dir, tmp_path):
     (["--journal", "adir"], ["adir"]),
     (["--write-tuner-config", "t.csv"], ["--predict"]),
     (["--predict", "--topology", "topo.txt", "--png", "x.png"], ["--png"]),
+    (["--predict", "--topology", "topo.txt", "--journal", "topo.txt"], ["--journal", "does not apply with --predict"]),
+    (["--predict", "--topology", "topo.txt", "--resume"], ["--resume", "does not apply with --predict"]),
 ])
 def test_tune_output_paths_checked_before_any_work(shared_dir, tmp_path, extra, words):
     (tmp_path / "topo.txt").write_text((shared_dir / "inputs" / "topo-nccl-tests-307.txt").read_text())

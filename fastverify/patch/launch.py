@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, read_record,
-                               record_path_for)
+from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, named_record,
+                               read_record, record_path_for)
 from fastverify.envfile import read_env_file
 from fastverify.errors import UserError
 from fastverify.patch import (
@@ -152,6 +152,9 @@ def _read_inputs(env_file: str | None, deployment: str | Path | None,
         record_path = Path(deployment).expanduser()
     elif env_file is not None and (record_path_for(env_file).exists() or record_path_for(env_file).is_symlink()):
         record_path = record_path_for(env_file)
+    elif env_file is not None and (name := named_record(env_file)) is not None:
+        raise UserError(f"{env_file}: its header names the deployment record {name}, which is not beside it "
+                        f"({record_path_for(env_file)}): copy it there, or pass --deployment FILE")
     record = read_record(record_path) if record_path is not None else None
     return settings, record_path, record
 

@@ -113,6 +113,9 @@ def _check_flags(args) -> None:
         raise UserError("--write-tuner-config comes from the cost model's per-size choice: use it with --predict")
     if args.predict and args.png is not None:
         raise UserError("--png plots measured latencies: it does not apply with --predict")
+    if args.predict and (args.journal is not None or args.resume):
+        raise UserError(f"{'--journal' if args.journal is not None else '--resume'} records measured trials: "
+                        "it does not apply with --predict")
     if args.accept_length is not None and not (1.0 <= args.accept_length <= 64):
         raise UserError(f"--accept-length {args.accept_length:g}: expected tokens per cycle in [1, 64]")
     if args.tok_s is not None and not (math.isfinite(args.tok_s) and args.tok_s > 0):
