@@ -224,10 +224,10 @@ def lobo(backend: BackendName) -> dict:
 
 def lobo_cost_model() -> dict:
     """Leave-one-box-out of the NCCL figure ``tune --predict`` shows on a topology: the cost model's
-    point for the held-out box (:func:`fastverify.tune.ranges.cost_model_residuals`' inputs: its
-    GPU count, SM, PCIe generation, P2P) x/÷ :func:`fastverify.tune.ranges.nccl_fit` of the other
+    point for the held-out box (:func:`fastverify.tune.nccl_cost.cost_model_residuals`' inputs: its
+    GPU count, SM, PCIe generation, P2P) x/÷ :func:`fastverify.tune.nccl_cost.nccl_fit` of the other
     boxes' misses. Same sizes and counting as :func:`lobo`."""
-    from fastverify.tune import ranges as R
+    from fastverify.tune import nccl_cost as NC
 
     data = BM.load()
     boxes: dict[str, list[dict]] = {}
@@ -235,8 +235,8 @@ def lobo_cost_model() -> dict:
         bx = next(b for b in data.boxes if b.id == m.box)
         for size, t in zip(m.sizes_bytes, m.times_us or ()):
             if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
-                point = R._cost_model_us(bx, m.world_size, m.p2p, size)
-                f = R.nccl_fit(size, m.world_size, exclude_box=m.box)
+                point = NC.cost_model_us(bx, m.world_size, m.p2p, size)
+                f = NC.nccl_fit(size, m.world_size, exclude_box=m.box)
                 lo, hi = (point * f.low, point * f.high) if f.known else (None, None)
                 boxes.setdefault(m.box, []).append(_point_record(m, size, t, point, lo, hi))
     return _summary("nccl (cost model)", boxes)

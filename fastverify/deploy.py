@@ -282,7 +282,7 @@ def record_path_for(env_path: str | Path) -> Path:
     return p.with_name(stem + ".deploy.json")
 
 
-RECORD_HEADER = "# deployment record: "  # the env-file header line naming the record beside it
+RECORD_HEADER = "deployment record: "  # the env-file header line (after "# ") naming the record beside it
 
 
 def named_record(env_path: str | Path) -> str | None:
@@ -294,8 +294,8 @@ def named_record(env_path: str | Path) -> str | None:
         The env file cannot be read (named).
     """
     text = read_text(Path(env_path), kind="text", what="env file")
-    line = next((ln for ln in text.split("\n") if ln.startswith(RECORD_HEADER)), None)
-    return None if line is None else line[len(RECORD_HEADER):].split(" (", 1)[0].strip() or None
+    line = next((ln for ln in text.split("\n") if ln.startswith("# " + RECORD_HEADER)), None)
+    return None if line is None else line[len(RECORD_HEADER) + 2:].split(" (", 1)[0].strip() or None
 
 
 def encode_record(record: DeploymentRecord) -> bytes:
@@ -491,7 +491,7 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
     for out in (env_p, rec_p, backup_path(env_p), backup_path(rec_p)):
         if os.path.realpath(str(out)) in taken:
             raise UserError(f"{out}: is one of this command's inputs; write the env file elsewhere")
-    text = render_env(settings, header_lines=[*header_lines, f"{RECORD_HEADER[2:]}{rec_p.name} (read by "
+    text = render_env(settings, header_lines=[*header_lines, f"{RECORD_HEADER}{rec_p.name} (read by "
                                               "`fastverify launch --env` and every TP rank)"],
                       nccl_version=nccl_version, where=str(env_p))  # type: ignore[arg-type]
     data = encode_record(record).decode("utf-8")

@@ -13,6 +13,7 @@ import pytest
 from fastverify.registry import BackendName
 from fastverify.tune import candidates as C
 from fastverify.tune import per_size as P
+from fastverify.tune import nccl_cost as NC
 from fastverify.tune import ranges as R
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def test_fit_by_hand():
 
 
 def test_a_seven_gpu_box_gets_a_range_that_is_not_zero_width():
-    f = R.nccl_fit(57344, 7)
+    f = NC.nccl_fit(57344, 7)
     assert f.known and f.low < 1 < f.high
     assert f.width > R.FLOOR ** 2
 

@@ -184,7 +184,8 @@ def advice_lines(entries: list[dict] | None, notes: list[str]) -> list[str]:
         line = (f"{e['rank']}. {name}: {_pct(e['change_pct'])} {unit} ({_amount(e['allreduce_us'], counts_known)} "
                 f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}")
         if e.get("too_close"):
-            line = f"{e['rank']}. {name}: {e['too_close'].split(': ', 1)[1]}; at its point {_pct(e['change_pct'])}"
+            why = e["too_close"].removeprefix(f"{e['candidate']}: ")
+            line = f"{e['rank']}. {name}: {why}; at its point {_pct(e['change_pct'])}"
         if e["needs_p2p"]:
             line += f"; needs P2P: {e['p2p']}"
             if e["p2p"] != "proven":

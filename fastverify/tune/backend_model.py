@@ -5,7 +5,7 @@ The measurements live in ``fastverify/data/published_allreduce.json``: one :clas
 :class:`Measurement` per source table (backend, world size, P2P, tool, settings, sizes in bytes,
 times in µs, how the numbers were read, link). :func:`estimate` gives a P2P backend's point and
 range for one message size; NCCL's default-settings rows are the misses of NCCL's cost model
-(:func:`fastverify.tune.ranges.cost_model_residuals`), and :func:`comparable` gives the raw rows.
+(:func:`fastverify.tune.nccl_cost.cost_model_residuals`), and :func:`comparable` gives the raw rows.
 A range is the point x/÷ how far its rule missed on published boxes it did not see
 (:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs 5-15x between
 hosts with the same GPU, so raw between-box spread is too wide to act on.
@@ -48,7 +48,6 @@ __all__ = [
     "DATA_FILE",
     "DISAGREE",
     "EXTRAPOLATE",
-    "RANGE_WIDEN",
     "Box",
     "Estimate",
     "Measurement",
@@ -63,7 +62,6 @@ __all__ = [
 ]
 
 DATA_FILE = "published_allreduce.json"
-RANGE_WIDEN = R.FLOOR  # narrowest range factor each way (FlashInfer PR #4393 run-to-run spread)
 EXTRAPOLATE = 2.0  # one power-of-two step beyond a table's sizes, no further
 DISAGREE = 3.0  # comparable sources further apart than this get the note
 

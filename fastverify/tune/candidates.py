@@ -7,7 +7,7 @@ place, as ``torch.distributed`` runs it); (3) ``--nccl-log``, NCCL's own TUNING 
 bytes / (1000 × bw)``, NCCL ``src/graph/tuning.cc``, fastest enabled pair), else the cost model
 on the log's transports; (4) the topology, NCCL's cost model with the PCIe correction
 (:mod:`fastverify.tune.predict`), its range from the model's own misses on published NCCL boxes
-(:func:`fastverify.tune.ranges.nccl_fit`). An NCCL setting is the cost model's ratio to the
+(:func:`fastverify.tune.nccl_cost.nccl_fit`). An NCCL setting is the cost model's ratio to the
 baseline x the baseline's figure. A backend is its published per-size model summed over sizes x
 counts; a size above its ``max_rows`` stays on NCCL; with a profile's wait / transfer split the
 kernel replaces the transfer only (point: wait kept; range down to wait shrinks). No comparable
@@ -23,12 +23,11 @@ from types import MappingProxyType
 from typing import Any
 
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
-from fastverify.tune.per_size import TOO_CLOSE, per_size_rows, tuning_time_us
+from fastverify.tune.per_size import TOO_CLOSE, UNKNOWN, per_size_rows, tuning_time_us
 
 PREDICTED = "predicted"
 MEASURED = "measured"
 NO_DATA = "no published data: measure with fastverify tune"
-UNKNOWN = "unknown at this size: measure with fastverify tune"
 MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
 
 
@@ -81,12 +80,18 @@ class Prediction:
     notes: tuple[str, ...] = ()
     per_size: tuple[Mapping[str, Any], ...] = ()
     crossover_bytes: Mapping[str, int | None] = field(default_factory=dict)
-    too_close: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def too_close(self) -> dict[str, str]:
+        """Backend name -> ``<name>: too close to call: measure (…)``: :func:`too_close_calls` of
+        the candidates as they stand (scaled to the user's figures or not)."""
+        return too_close_calls(self.candidates)
 
     @property
     def best(self) -> Figure:
-        """The fastest candidate whose lead is not too close to call (:func:`too_close_calls`)."""
-        return next(c for c in self.candidates if c.name not in self.too_close)
+        """The fastest candidate whose lead is not too close to call."""
+        close = self.too_close
+        return next(c for c in self.candidates if c.name not in close)
 
     @property
     def best_nccl(self) -> Figure:
@@ -305,7 +310,7 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
         :func:`fastverify.tune.backend_model.estimate` (a parameter for the leave-one-box-out
         benchmark).
     nccl_fit : callable
-        :func:`fastverify.tune.ranges.nccl_fit`, the baseline's range factor per size (likewise).
+        :func:`fastverify.tune.nccl_cost.nccl_fit`, the baseline's range factor per size (likewise).
 
     Returns
     -------
@@ -314,7 +319,7 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     if estimate is None:
         from fastverify.tune.backend_model import estimate
     if nccl_fit is None:
-        from fastverify.tune.ranges import nccl_fit
+        from fastverify.tune.nccl_cost import nccl_fit
     smt = (sm // 10, sm % 10)
     base = next(c for c in ranked if c.is_baseline)
     baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_fit=nccl_fit)
@@ -350,21 +355,19 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     unranked = [f for f in figures if not f.ranked]
     cands = tuple(ranked_f + unranked)
     rows, cross = per_size_rows(workload, cands)
-    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross),
-                      too_close=MappingProxyType(too_close_calls(cands)))
+    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross))
 
 
 def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
     """Backends ranked ahead of the fastest NCCL figure whose range reaches into its range: name ->
     one line ``<name>: too close to call: measure (…)``. Such a backend is listed at its point but
     never the winner: the ranges cannot order it against NCCL."""
-    nccl = next((f for f in cands if f.ranked and f.nccl is not None), None)
+    at = next((i for i, f in enumerate(cands) if f.ranked and f.nccl is not None), None)
+    if at is None:
+        return {}
+    nccl = cands[at]
     out: dict[str, str] = {}
-    for f in cands:
-        if nccl is None or f is nccl or not f.ranked:
-            break
-        if f.nccl is not None:
-            continue
+    for f in cands[:at]:  # ranked ahead of the first NCCL figure: backends with faster points
         if f.range_us is None or nccl.range_us is None:
             why = f"{nccl.name}'s range is unknown" if nccl.range_us is None else "its range is unknown"
         elif f.range_us[1] >= nccl.range_us[0]:

@@ -35,10 +35,6 @@ def p2p_kernel(m) -> bool:
     return m.backend is None or backend_info(m.backend).needs_p2p
 
 
-def _gen(box_gen: int | None, sm: tuple[int, int] | None) -> int:
-    return box_gen or (R.GEN_BY_SM_MAJOR.get(sm[0], 4) if sm is not None else 4)
-
-
 @functools.lru_cache(maxsize=64)
 def _latency(data, exclude_box: str | None) -> float | None:
     per_box: dict[str, list[float]] = {}
@@ -59,7 +55,7 @@ def point_us(world_size: int, msg_bytes: int, *, pcie_gen: int | None, sm: tuple
              latency: float) -> float:
     """The model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs; the PCIe
     generation when not given is that of the published boxes of the same GPU generation."""
-    return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[_gen(pcie_gen, sm)] * 1e3)
+    return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[R.assumed_pcie_gen(pcie_gen, sm)] * 1e3)
 
 
 @functools.lru_cache(maxsize=64)
@@ -74,7 +70,7 @@ def _residuals(data, exclude_box: str | None) -> tuple[R.Residual, ...]:
             continue
         bx = boxes[m.box]
         for size, t in zip(m.sizes_bytes, m.times_us):
-            if R.COST_MODEL_SIZES[0] <= size <= R.COST_MODEL_SIZES[1]:
+            if R.RESIDUAL_BYTES[0] <= size <= R.RESIDUAL_BYTES[1]:
                 p = point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
                 out.append(R.Residual(m.box, m.world_size, size, math.log(t / p)))
     return tuple(out)

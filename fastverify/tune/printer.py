@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fastverify.registry import BackendName, backend_info
+from fastverify.tune.verify_time import change_pct
 
 TOP = 5
 """Ranked candidates the table shows without ``--explain`` (the baseline is shown in any case)."""
@@ -53,8 +54,6 @@ def candidate_cell(f) -> str:
 
 
 def change_text(f, base: float | None) -> str:
-    from fastverify.tune.verify_time import change_pct
-
     if f.is_baseline:
         return "baseline"
     if f.point_us is None or not base:
@@ -149,8 +148,6 @@ def winner_lines(red: dict, *, best, base_label: str, best_label: str, user=None
                  keep: bool = False) -> list[str]:
     """The winner's all-reduce and verify change (and tok/s when a rate was given), each figure
     labelled; "upper bound" where the figures make it one. ``keep``: the baseline won, one line."""
-    from fastverify.tune.verify_time import change_pct
-
     if keep:
         return [f"winner: {best}, the baseline: keep the current settings (all-reduce "
                 f"{_us(red['allreduce_baseline_us'])} µs per verify step, {base_label})"]
@@ -247,8 +244,6 @@ def per_size_line(pred) -> str:
     "too close to call", or unknown; then each backend's crossover (the size from which NCCL's
     point is at or below the backend's; "never" within the step's sizes). Empty when no backend
     has a figure at any size."""
-    from fastverify.tune.verify_time import change_pct
-
     rows = [r for r in pred.per_size if len(r["entries"]) >= 2]
     if not rows:
         return ""

@@ -47,9 +47,12 @@ __all__ = [
     "MAX_WIDTH",
     "MIN_BOXES",
     "REACH",
+    "GEN_BY_SM_MAJOR",
+    "RESIDUAL_BYTES",
     "UNKNOWN",
     "Fit",
     "Residual",
+    "assumed_pcie_gen",
     "calibrated_level",
     "fit",
     "weighted_median",
@@ -64,6 +67,15 @@ MIN_BOXES = 4  # fewer boxes in the pool: unknown
 REACH = 2.0  # world size / message size further than this factor from the pool: unknown
 MAX_WIDTH = 8.0  # a range wider than this (high / low): unknown
 UNKNOWN = "unknown at this size: measure with fastverify tune"
+RESIDUAL_BYTES = (4096, 4 << 20)  # bytes: the measured sizes whose misses count (the verify range, widened)
+GEN_BY_SM_MAJOR = {7: 3, 8: 4, 9: 5, 10: 5, 12: 5}
+"""PCIe generation assumed for a box that does not state it: that of the published boxes of the
+same GPU generation (V100 Gen3, Ada Gen4, Blackwell Gen5)."""
+
+
+def assumed_pcie_gen(pcie_gen: int | None, sm: tuple[int, int] | None) -> int:
+    """``pcie_gen`` when known, else :data:`GEN_BY_SM_MAJOR` for ``sm`` (Gen4 when neither tells)."""
+    return pcie_gen or (GEN_BY_SM_MAJOR.get(sm[0], 4) if sm is not None else 4)
 
 
 @dataclass(frozen=True)
@@ -149,10 +161,10 @@ def _interval(boxes: dict[str, list[Residual]], level: float) -> tuple[float, fl
     """``(lo, hi, w)`` in ln units: the shortest span holding ``ceil(level x n)`` of the n boxes'
     median misses, widened by ``w`` each way (``w`` = 1.4826 x the box-weighted median distance of a
     miss from its box's median), and at least ±ln(:data:`FLOOR`) around 0 (the point)."""
-    offsets = sorted(statistics.median(r.log_ratio for r in v) for v in boxes.values())
+    med = {b: statistics.median(r.log_ratio for r in v) for b, v in boxes.items()}
+    offsets = sorted(med.values())
     k = max(1, math.ceil(level * len(offsets) - 1e-9))
     lo, hi = min(((offsets[i], offsets[i + k - 1]) for i in range(len(offsets) - k + 1)), key=lambda p: p[1] - p[0])
-    med = {b: statistics.median(r.log_ratio for r in v) for b, v in boxes.items()}
     w = MAD_TO_SD * weighted_median((abs(r.log_ratio - med[b]), 1.0 / len(v)) for b, v in boxes.items() for r in v)
     return min(lo - w, -math.log(FLOOR)), max(hi + w, math.log(FLOOR)), w
 
@@ -180,9 +192,7 @@ def fit(residuals: Sequence[Residual], *, world_size: int, msg_bytes: int) -> Fi
     Fit
         ``low`` / ``high`` to multiply the point by, or a ``reason`` it is unknown. Never raises.
     """
-    boxes: dict[str, list[Residual]] = {}
-    for r in residuals:
-        boxes.setdefault(r.box, []).append(r)
+    boxes = _by_box(residuals)
     n, k = len(boxes), len(residuals)
     if n < MIN_BOXES:
         return Fit(None, None, None, None, n, k, f"the point's misses are known on {n} published box"
@@ -205,69 +215,13 @@ def fit(residuals: Sequence[Residual], *, world_size: int, msg_bytes: int) -> Fi
     return Fit(math.exp(lo), math.exp(hi), level, w, n, k)
 
 
-@functools.lru_cache(maxsize=512)
-def _cached_level(residuals: tuple[Residual, ...]) -> float | None:
+def _by_box(residuals) -> dict[str, list[Residual]]:
     boxes: dict[str, list[Residual]] = {}
     for r in residuals:
         boxes.setdefault(r.box, []).append(r)
-    return calibrated_level(boxes)
+    return boxes
 
 
-# --- the NCCL cost model's misses on the published boxes -------------------------------------------
-
-GEN_BY_SM_MAJOR = {7: 3, 8: 4, 9: 5, 10: 5, 12: 5}
-"""PCIe generation assumed for a published box that does not state it: that of the boxes of the
-same GPU generation in the data (V100 Gen3, Ada Gen4, Blackwell Gen5)."""
-COST_MODEL_SIZES = (4096, 4 << 20)  # bytes: the measured sizes whose misses count (as the verify range)
-
-
-def _cost_model_us(box, world_size: int, p2p: bool | None, msg_bytes: int) -> float:
-    from fastverify.nccl import model as M
-    from fastverify.topo import diagnose as D
-
-    gen = box.pcie_gen or GEN_BY_SM_MAJOR.get(box.sm[0], 4)
-    on_p2p = p2p is not False  # not stated: NCCL's default, P2P where the path allows it
-    inputs = M.inputs_for_pcie_box(world_size, gen=gen, width=16, sm=box.sm[0] * 10 + box.sm[1], p2p=on_p2p)
-    transport = M.Transport.P2P if on_p2p else M.Transport.SHM
-    return D.CALIBRATION[transport].predict(msg_bytes, inputs).time_us
-
-
-def cost_model_residuals(exclude_box: str | None = None, *, data=None) -> tuple[Residual, ...]:
-    """``ln(measured / cost model)`` of every published NCCL measurement with default settings, at
-    its measured sizes in :data:`COST_MODEL_SIZES` (bytes), with the box's GPU count, SM, PCIe
-    generation (else :data:`GEN_BY_SM_MAJOR`) and P2P (not stated: P2P). The cost model is
-    :data:`fastverify.topo.diagnose.CALIBRATION` on :func:`fastverify.nccl.model.inputs_for_pcie_box`,
-    fitted on none of these boxes but the 8x RTX 4090 one (``chlc-8x4090``), so leaving a box out
-    leaves the model unchanged. ``data``: a file read with
-    :func:`fastverify.tune.backend_model.load`; default the packaged one."""
-    from fastverify.registry import BackendName
-    from fastverify.tune import backend_model as BM
-
-    data = data if data is not None else BM.load()
-    boxes = {b.id: b for b in data.boxes}
-    out = []
-    for m in data.measurements:
-        if m.backend is not BackendName.nccl or m.box == exclude_box or not BM.passes(m):
-            continue
-        for size, t in zip(m.sizes_bytes, m.times_us or ()):
-            if COST_MODEL_SIZES[0] <= size <= COST_MODEL_SIZES[1]:
-                point = _cost_model_us(boxes[m.box], m.world_size, m.p2p, size)
-                out.append(Residual(m.box, m.world_size, size, math.log(t / point)))
-    return tuple(out)
-
-
-def nccl_fit(msg_bytes: int, world_size: int, *, exclude_box: str | None = None, data=None) -> Fit:
-    """The range factor of the NCCL cost model's point for a new box (:func:`fit` of
-    :func:`cost_model_residuals`); the cost model covers every GPU count, so a 7-GPU box gets a
-    range from the 4-, 8- and 16-GPU boxes' misses."""
-    return fit(_cached_cost_residuals(exclude_box, data), world_size=world_size, msg_bytes=msg_bytes)
-
-
-_CACHE: dict = {}
-
-
-def _cached_cost_residuals(exclude_box, data) -> tuple[Residual, ...]:
-    key = (exclude_box, id(data))
-    if key not in _CACHE or _CACHE[key][0] is not data:
-        _CACHE[key] = (data, cost_model_residuals(exclude_box, data=data))
-    return _CACHE[key][1]
+@functools.lru_cache(maxsize=512)
+def _cached_level(residuals: tuple[Residual, ...]) -> float | None:
+    return calibrated_level(_by_box(residuals))

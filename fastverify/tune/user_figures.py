@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 from fastverify.errors import UserError
-from fastverify.tune.candidates import too_close_calls
 
 LABEL = "measured-by-user"
 MAX_VERIFY_MS = 60_000.0  # a verify step of a minute is no verify step
@@ -168,7 +166,7 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
 
     cands = tuple(one(f) for f in pred.candidates)
     return replace(pred, baseline=next(f for f in cands if f.is_baseline), candidates=cands,
-                   notes=pred.notes + tuple(extra_notes), too_close=MappingProxyType(too_close_calls(cands)))
+                   notes=pred.notes + tuple(extra_notes))
 
 
 def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
