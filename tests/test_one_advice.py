@@ -80,8 +80,9 @@ def test_seed_box_text_calls_pcie_ipc_too_close_and_names_the_p2p_level(capsys):
     text = " ".join(out.split())
     todo = text[text.index("what to do:"):text.index("GPU pairs")]
     assert 123 * (7.5 + 7 * 57344 / 63000) == pytest.approx(1706.2, abs=0.05)
-    assert "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure (its range " in todo
-    assert "reaches NCCL_P2P_LEVEL=SYS's " in todo and "at its point -71.2 %" in todo
+    assert "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure (its predicted range " in todo
+    assert "reaches NCCL_P2P_LEVEL=SYS's " in todo
+    assert "at its point -71.2 %, predicted by the P2P kernel model (its misses on 9 published boxes)" in todo
     assert "2. NCCL_P2P_LEVEL=SYS: -2.9 % per verify step (5.757 ms vs 5.932 ms now)" in todo
     assert "123 all-reduces per verify step" in todo  # Kimi-K2: 1 embedding + 2 x 61 layers
     assert "within the model's error" in todo
@@ -100,7 +101,7 @@ def test_without_model_the_figures_are_per_all_reduce(capsys):
     # first pcie_ipc at the kernel model's point, too close to call; then NCCL's P2P level
     ipc, level = doc["advice"][0], doc["advice"][1]
     assert ipc["backend"] == "pcie_ipc" and ipc["rank"] == 1
-    assert ipc["too_close"].startswith("pcie_ipc: too close to call: measure (its range ")
+    assert ipc["too_close"].startswith("pcie_ipc: too close to call: measure (its predicted range ")
     assert level["backend"] == "nccl" and level["settings"] == {"NCCL_P2P_LEVEL": "SYS"} and level["too_close"] is None
     # one all-reduce of 57,344 B, not a step: 1 x the per-call time
     assert ipc["allreduce_us"] == pytest.approx(7.5 + 7 * 57344 / 63000, abs=1e-3)

@@ -93,7 +93,7 @@ def test_seed_case_pcie_ipc_candidate(kimi, capsys):
     level = doc["candidates"][1]
     assert low <= level["allreduce_us_per_step_range"][1] and high >= level["allreduce_us_per_step_range"][0]
     assert doc["too_close_to_call"] == {"pcie_ipc": doc["too_close_to_call"]["pcie_ipc"]}
-    assert doc["too_close_to_call"]["pcie_ipc"].startswith("pcie_ipc: too close to call: measure (its range ")
+    assert doc["too_close_to_call"]["pcie_ipc"].startswith("pcie_ipc: too close to call: measure (its predicted range ")
     assert doc["winner"] == "NCCL_P2P_LEVEL=SYS"
     # the winner: the NCCL setting the cost model ranks first (NCCL_P2P_LEVEL=SYS, -2.9 %)
     best = doc["candidates"][1]

@@ -23,7 +23,7 @@ def test_predict_writes_a_valid_env_file(shared_dir, tmp_path):
     assert "all-reduce per verify step (123 calls)" in out
     # pcie_ipc's range reaches NCCL's at 57 KB (too close to call): the cost model's NCCL_P2P_LEVEL=SYS wins
     assert "winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step" in out and "% (predicted)" in out
-    assert "pcie_ipc: too close to call: measure (its range " in out
+    assert "pcie_ipc: too close to call: measure (its predicted range " in out
     env_path = tmp_path / "nccl_configs" / "example.env"
     settings = read_env_file(env_path)
     from fastverify.deploy import read_record

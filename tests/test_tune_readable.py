@@ -61,7 +61,7 @@ def test_the_seed_command_prints_the_decision_in_twenty_lines(capsys):
     assert [r[1] for r in unranked] == ["b12x (no published data)"]
     assert all(r[3] == "-" and r[4] == "-" for r in unranked)
     assert any(ln.startswith("per size: 57 KB too close to call: measure") for ln in lines)
-    assert any(ln.startswith("pcie_ipc: too close to call: measure (its range ") for ln in lines)
+    assert any(ln.startswith("pcie_ipc: too close to call: measure (its predicted range ") for ln in lines)
     winner = [ln for ln in lines if ln.startswith("winner: ")]
     assert len(winner) == 1 and winner[0].startswith("winner: NCCL_P2P_LEVEL=SYS: all-reduce per verify step ")
     assert "(predicted)" in winner[0] and re.search(r", -\d+\.\d %", winner[0])

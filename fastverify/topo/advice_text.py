@@ -185,7 +185,7 @@ def advice_lines(entries: list[dict] | None, notes: list[str]) -> list[str]:
                 f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}")
         if e.get("too_close"):
             why = e["too_close"].removeprefix(f"{e['candidate']}: ")
-            line = f"{e['rank']}. {name}: {why}; at its point {_pct(e['change_pct'])}"
+            line = f"{e['rank']}. {name}: {why}; at its point {_pct(e['change_pct'])}, {_basis(e)}"
         if e["needs_p2p"]:
             line += f"; needs P2P: {e['p2p']}"
             if e["p2p"] != "proven":

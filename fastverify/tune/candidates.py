@@ -371,7 +371,7 @@ def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
         if f.range_us is None or nccl.range_us is None:
             why = f"{nccl.name}'s range is unknown" if nccl.range_us is None else "its range is unknown"
         elif f.range_us[1] >= nccl.range_us[0]:
-            why = (f"its range {f.range_us[0]:,.1f}..{f.range_us[1]:,.1f} µs reaches {nccl.name}'s "
+            why = (f"its predicted range {f.range_us[0]:,.1f}..{f.range_us[1]:,.1f} µs reaches {nccl.name}'s "
                    f"{nccl.range_us[0]:,.1f}..{nccl.range_us[1]:,.1f} µs")
         else:
             continue

@@ -217,8 +217,10 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     console.print(prediction_table(pred, explain=explain, tok_s=args.tok_s is not None))
     best, base = pred.best, pred.baseline
     line = per_size_line(pred)
-    for line in ([line] if line else []) + list(pred.too_close.values()):
+    if line:
         console.print(line, markup=False, highlight=False)
+    for line in pred.too_close.values():  # one line whatever its length, as the header's
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     best_name = candidate_cell(best).replace("\n", ", ")
     for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
                              tok_s_given=args.tok_s is not None, keep=best.is_baseline):
