@@ -62,6 +62,16 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _nats(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected nats in (0, 100], got {text!r}") from None
+    if not 0 < v <= 100:  # also false for nan
+        raise argparse.ArgumentTypeError(f"expected nats in (0, 100], got {text}")
+    return v
+
+
 def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) -> argparse.ArgumentParser:
     """The parser of subcommand ``name``: its help line from :data:`_COMMANDS`, no abbreviated flags."""
     return sub.add_parser(name, allow_abbrev=False, help=_COMMANDS[name][0], description=description,
@@ -163,7 +173,48 @@ def _add_launch(sub) -> None:
                         help="also record a torch.profiler trace of N verify steps per rank into --profile-verify")
     launch.add_argument("--dry-run", action="store_true",
                         help="print the plan and every check that blocks it, start nothing (exit 2 if blocked)")
+    proof = launch.add_argument_group(
+        "the proof of a swap (launch stays the server's parent, forwards SIGINT/SIGTERM to it and stops it after)")
+    proof.add_argument("--load", nargs="?", const="", default=None, metavar="FILE",
+                       help=("once the server is healthy, run a fixed load and write DIR/load.json beside the verify "
+                             "records (--profile-verify DIR), then stop the server: greedy answers to the prompts of "
+                             "FILE (JSONL, {\"prompt\": ...} a line) or fastverify's own 16, then SGLang's benchmark "
+                             "client at each --concurrency"))
+    proof.add_argument("--baseline", type=Path, metavar="DIR",
+                       help=("a --load run of the server without the swap: ask its prompts first and stop the server "
+                             "(exit 1) when the answers CHANGED; without --load, then go on serving"))
+    proof.add_argument("--max-new-tokens", type=_bounded(1, 4096), default=64, metavar="N",
+                       help="tokens per answer of the answer phase")
+    proof.add_argument("--concurrency", default="1", metavar="C[,C...]",
+                       help="parallel streams of each throughput run (1 = the single-stream tok/s)")
+    proof.add_argument("--requests", type=_bounded(1, 100_000), default=8, metavar="N",
+                       help="requests per throughput run (at least the concurrency)")
+    proof.add_argument("--input-len", type=_bounded(1, 1_000_000), default=128, metavar="N",
+                       help="prompt tokens of each throughput request")
+    proof.add_argument("--output-len", type=_bounded(2, 1_000_000), default=256, metavar="N",
+                       help="output tokens of each throughput request")
+    proof.add_argument("--ready-timeout", type=_seconds, default=1800.0, metavar="S",
+                       help="seconds the server may take to become healthy (then it is stopped)")
+    proof.add_argument("--logprob-tol", type=_nats, default=None, metavar="NATS",
+                       help="how far a numerics-only change may move a logprob [default: by the served dtype]")
+    proof.add_argument("--url", default=None, metavar="URL",
+                       help="the server's base URL [default: read from the command's --host/--port]")
+    proof.add_argument("--force", action="store_true", help="replace a run already in --profile-verify DIR")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
+
+
+def _add_compare(sub) -> None:
+    p = _subcommand(
+        sub, "compare",
+        ("Two `launch --load` runs of the same prompts, model and server shapes: verify ms per (requests, "
+         "tokens) bucket both served, tok/s per stream and aggregate with 95 % bootstrap intervals, the "
+         "accept length, and the answers (same, same within reordering noise, or CHANGED: exit 1)."))
+    p.add_argument("before", type=Path, metavar="BEFORE", help="the run without the swap (its --profile-verify DIR)")
+    p.add_argument("after", type=Path, metavar="AFTER", help="the run with it")
+    p.add_argument("--logprob-tol", type=_nats, default=None, metavar="NATS",
+                   help="how far a numerics-only change may move a logprob [default: by the served dtype]")
+    p.add_argument("--allow-incomplete", action="store_true", help="compare runs that were cut short")
+    p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
 
 
 def _add_patch(sub) -> None:
@@ -209,6 +260,7 @@ _COMMANDS = {
     "tune": ('sweep NCCL settings and all-reduce backends on the verify shapes; write the winner', _add_tune),
     "doctor": ('check a box end to end before tuning; exercise every GPU code path on the GPUs present', _add_doctor),
     "launch": ('start SGLang with the tuned settings and the fastverify patch in every TP worker', _add_launch),
+    "compare": ("the proof of a swap: two `launch --load` runs, answers and tok/s", _add_compare),
     "patch": ('report which SGLang patch targets resolve and which route loads the patch', _add_patch),
     "collect": ("gather one evidence bundle on the serving box (traces of the server's cycles, topology, NCCL "
                 "log, sweep)", _add_collect),
@@ -269,8 +321,32 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
             return EXIT_USER_ERROR
         return 0
+    if args.load is not None or args.baseline is not None:
+        from fastverify.proof.run import LoadOptions, supervise
+        from fastverify.proof.throughput import parse_concurrency
+
+        opts = LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
+                           max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
+                           requests=args.requests, input_len=args.input_len, output_len=args.output_len,
+                           ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
+                           force=args.force, url=args.url)
+        return supervise(plan, opts, os.environ)
     exec_plan(plan)  # replaces this process; returns only through an error
     return 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from fastverify.proof.compare import build_report, format_report
+
+    report = build_report(args.before, args.after, logprob_tol=args.logprob_tol,
+                          allow_incomplete=args.allow_incomplete)
+    if args.json:
+        import msgspec
+
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n")
+    else:
+        sys.stdout.write(format_report(report))
+    return report.exit_code
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -392,6 +468,8 @@ def _main(argv: list[str]) -> int:
             return _cmd_launch(args)
         if args.command == "doctor":
             return _cmd_doctor(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
         if args.command == "collect":
             from fastverify.collect.command import run as run_collect
 

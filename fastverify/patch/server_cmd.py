@@ -42,6 +42,8 @@ SGLANG_TIMEOUT_S = 180.0
 ADAPTIVE_DEFAULT_STEPS = (0, 1, 3, 5, 7)
 """The union of SGLang 0.5.23's default adaptive ``candidate_steps`` (``DEFAULT_ADAPTIVE_CONFIG``,
 ``srt/speculative/adaptive_spec_params.py``); the verify width is ``max + 1`` (topk 1)."""
+DEFAULT_HOST = "127.0.0.1"  # SGLang 0.5.23 arg_groups/fields/serving.py: host, port
+DEFAULT_PORT = 30000
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # srt/arg_groups/speculative_hook.py::_handle_ngram (0.5.23)
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # _handle_eagle_family (speculative/spec_info.py)
 _SERVER_ENTRIES = ("sglang.launch_server", "sglang.cli.serve")
@@ -72,6 +74,11 @@ class ServerShapes:
         Decode CUDA graphs switched off (every step eager).
     dtype : str or None
         ``--dtype`` as given (``auto``: the checkpoint's).
+    host, port : str, int or None
+        Where its HTTP server listens (SGLang 0.5.23 ``arg_groups/fields/serving.py``: 127.0.0.1 and
+        30000 when not given).
+    model : str or None
+        ``--model-path``.
     source : str
         Which reader ran (:data:`SOURCE_SGLANG`, :data:`SOURCE_SGLANG_RAW`, :data:`SOURCE_READER`).
     note : str
@@ -88,8 +95,21 @@ class ServerShapes:
     decode_max_bs: int | None = None
     graphs_disabled: bool = False
     dtype: str | None = None
+    host: str | None = None
+    port: int | None = None
+    model: str | None = None
     source: str = SOURCE_READER
     note: str = ""
+
+    @property
+    def url(self) -> str:
+        """The base URL a client on this machine reaches the server at (a wildcard host, ``0.0.0.0``
+        or ``::``, as its loopback address: SGLang's own ``ServerArgs.url`` rule)."""
+        host = self.host or DEFAULT_HOST
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port or DEFAULT_PORT}"
 
     @property
     def max_batch(self) -> int | None:
@@ -153,6 +173,9 @@ def _reader() -> argparse.ArgumentParser:
         p.add_argument(f"--disable-{phase}-cuda-graph", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--dtype", type=str, default="auto")
+    p.add_argument("--host", type=str, default=DEFAULT_HOST)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--model-path", "--model", dest="model_path", type=str)
     return p
 
 
@@ -277,7 +300,9 @@ def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
     disabled = bool(ns.disable_cuda_graph or ns.disable_decode_cuda_graph or ns.cuda_graph_backend_decode == "disabled")
     return ServerShapes(tp=ns.tp_size, algorithm=algo, draft_tokens=draft, topk=topk, steps=steps, adaptive=adaptive,
                         decode_bs=tuple(ns.cuda_graph_bs_decode or ()), decode_max_bs=ns.cuda_graph_max_bs_decode,
-                        graphs_disabled=disabled, dtype=ns.dtype, source=source, note="; ".join(notes))
+                        graphs_disabled=disabled, dtype=ns.dtype, host=getattr(ns, "host", None),
+                        port=getattr(ns, "port", None), model=getattr(ns, "model_path", None), source=source,
+                        note="; ".join(notes))
 
 
 def read_flags(flags: Sequence[str]) -> ServerShapes:
@@ -302,7 +327,7 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
 keys = ("tp_size", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
         "speculative_num_draft_tokens", "speculative_adaptive", "speculative_adaptive_config",
         "cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "cuda_graph_backend_decode",
-        "disable_decode_cuda_graph", "disable_cuda_graph", "dtype")
+        "disable_decode_cuda_graph", "disable_cuda_graph", "dtype", "host", "port", "model_path")
 out = {"resolved": True, "why": ""}
 try:
     ns = prepare_server_args(argv)

@@ -160,7 +160,26 @@ def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, pr
     return run
 
 
-def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+def launch_load(py: str, work: Path, model: Path, *, prof: Path, fastverify_args: list[str],
+                extra_env: dict[str, str] | None = None, server_flags: tuple[str, ...] = (),
+                timeout: float = 900) -> tuple[Run, list[int]]:
+    """``python -m fastverify launch --backend auto --profile-verify PROF ARGS -- python -m
+    sglang.launch_server ...`` (the CPU :data:`SERVER_FLAGS`, then ``server_flags``) waited for; the
+    run, and the pids of the run still alive right after launch exited (before the clean-up kills
+    them): launch must leave none."""
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [py, "-m", "fastverify", "launch", "--backend", "auto", "--profile-verify", str(prof), *fastverify_args,
+           "--", py, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "2", "--host",
+           "127.0.0.1", "--port", str(free_port()), *SERVER_FLAGS, *server_flags]
+    env = server_env(work, extra=extra_env)
+    left: list[int] = []
+    t0 = time.perf_counter()
+    rc, so, se = _run_bounded(cmd, work, env, timeout, left_after_exit=left)
+    return Run(rc, so, se, time.perf_counter() - t0, work), left
+
+
+def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float,
+                 left_after_exit: list[int] | None = None) -> tuple[int, str, str]:
     """Run ``cmd`` in its own session and wait at most ``timeout`` s; (rc, stdout, stderr). On a
     timeout (rc -9, a line saying so appended to stderr), and after a normal exit too, every process
     of the run still alive (:func:`run_processes`: the session, its descendants, and any process
@@ -180,6 +199,9 @@ def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float
             pass
         so, se = proc.communicate()
         rc, se = -9, (se or "") + f"\n[timed out after {timeout} s: the run's processes were killed]"
+    if left_after_exit is not None:  # what the command left running, before this clean-up
+        time.sleep(1.0)
+        left_after_exit.extend(p for p in run_processes(proc.pid, marker) if p != proc.pid)
     end = time.monotonic() + 30
     # the launcher itself is reaped by now: its pid is left out (it could already be another process's)
     while (left := [p for p in run_processes(proc.pid, marker) if p != proc.pid]) and time.monotonic() < end:

@@ -33,6 +33,12 @@ Why it exists:
   all-reduces over SGLang's TP device group (gloo here) and takes only tensors of at most ``N`` rows,
   so the path counts must show every wider all-reduce as that backend's fallback.
 
+* ``FVTEST_BROKEN=drop5|scale|ulp`` attaches to the dispatch slot a broken all-reduce (every TP
+  all-reduce, any rows): ``drop5`` returns the local tensor unreduced on every fifth call, ``scale``
+  returns the sum times 1.01, ``ulp`` moves every element of the sum one float step up (what a
+  different summation order does); every rank breaks the same calls, so the ranks stay in step.
+  ``compare`` and ``launch --baseline`` must call the first two CHANGED and not the third.
+
 Loaded through the entry point ``fastverify_test_shim`` in group ``sglang.srt.plugins`` of a
 ``.dist-info`` that :func:`tests.sglang_server.harness.write_shim_site` writes at test time.
 """
@@ -47,6 +53,7 @@ import time
 ENV_STATS = "FVTEST_STATS_DIR"
 ENV_BREAK = "FVTEST_BREAK_TARGET"
 ENV_STANDIN = "FVTEST_STANDIN_MAX_ROWS"
+ENV_BROKEN = "FVTEST_BROKEN"
 PLUGIN_NAME = "fastverify_test_shim"
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "FASTVERIFY_", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONPATH")
 
@@ -169,6 +176,30 @@ class RowCapStandIn:
         return x
 
 
+class BrokenBackend(RowCapStandIn):
+    """A dispatch-slot backend whose result is wrong in one of three ways (``FVTEST_BROKEN``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(1 << 30)
+        if how not in ("drop5", "scale", "ulp"):
+            raise ValueError(f"FVTEST_BROKEN={how!r}: expected drop5, scale or ulp")
+        self.how = how
+        self.calls = 0
+
+    def all_reduce(self, x):
+        import torch
+
+        self.calls += 1
+        if self.how == "drop5" and self.calls % 5 == 0:
+            return x  # the local partial sum, unreduced
+        x = super().all_reduce(x)
+        if self.how == "scale":
+            x.mul_(1.01)
+        elif self.how == "ulp":
+            x.copy_(torch.nextafter(x, torch.full_like(x, float("inf"))))
+        return x
+
+
 def plugin() -> None:
     """SGLang general-plugin entry point (runs in the launcher, every scheduler and the detokenizer)."""
     from sglang.srt.layers.attention import torch_native_backend as tnb
@@ -185,6 +216,10 @@ def plugin() -> None:
         from fastverify.patch.install import attach_dispatch_backend
 
         attach_dispatch_backend(RowCapStandIn(int(os.environ[ENV_STANDIN])))
+    if os.environ.get(ENV_BROKEN):
+        from fastverify.patch.install import attach_dispatch_backend
+
+        attach_dispatch_backend(BrokenBackend(os.environ[ENV_BROKEN]))
     if os.environ.get(ENV_BREAK) == "verify_timer":
         from sglang.srt.managers import tp_worker
 

@@ -31,8 +31,17 @@ CORPUS = [
 ]
 
 
-def build(out: str | Path) -> Path:
-    """Write the model folder to ``out`` (created); returns it. Takes ~10-30 s (imports)."""
+PEAKED_LM_HEAD_SCALE = 200.0
+"""``--lm-head-scale`` of the answer tests: a random Llama's logits have a standard deviation of about
+0.16 (its ``lm_head`` rows are N(0, 0.02) over a unit-RMS hidden of 64), so greedy answers turn on
+top-1/top-2 margins of about 0.01 nats and exact ties. Multiplying ``lm_head`` by 200 makes the
+logits about 32 wide: margins of several nats, few near-ties, so a wrong all-reduce shows as a
+changed token or logprob and a one-ulp one does not."""
+
+
+def build(out: str | Path, lm_head_scale: float = 1.0) -> Path:
+    """Write the model folder to ``out`` (created); returns it. Takes ~10-30 s (imports).
+    ``lm_head_scale`` multiplies the output layer (:data:`PEAKED_LM_HEAD_SCALE`: peaked logits)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -55,6 +64,8 @@ def build(out: str | Path) -> Path:
                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
                       torch_dtype="float32")
     model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(lm_head_scale)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -155,8 +166,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("out")
     ap.add_argument("--eagle3", help="also write an EAGLE-3 drafter here")
     ap.add_argument("--eagle", help="also write an EAGLE drafter here")
+    ap.add_argument("--lm-head-scale", type=float, default=1.0, help="multiply lm_head (peaked logits)")
     args = ap.parse_args(argv)
-    print(build(args.out))
+    print(build(args.out, args.lm_head_scale))
     if args.eagle3:
         print(build_eagle3_drafter(args.eagle3, args.out))
     if args.eagle:

@@ -1,0 +1,322 @@
+"""``fastverify launch --load`` / ``--baseline``: launch stays the server's parent, waits (bounded)
+until it is healthy, runs the answer phase (:mod:`fastverify.proof.answers`), checks the answers
+against a baseline run when given, runs the throughput phase (:mod:`fastverify.proof.throughput`),
+writes the run's record ``load.json`` beside the verify records, and stops the server.
+
+A run folder holds ``verify-rank<R>.jsonl`` (the patch's verify timer), ``answers.jsonl`` (one
+answer a line, appended as each arrives), ``bench-c<C>.jsonl`` / ``.log`` (the benchmark client's
+result and log per concurrency) and ``load.json`` (:class:`LoadRun`, written last, whole). A run
+cut short (the server died, a signal, a client failure) still writes ``load.json``, with
+``complete`` false and the reason; ``compare`` refuses it unless asked.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from fastverify import __version__
+from fastverify.collect.server import fetch_server_info
+from fastverify.errors import UserError, path_text, schema_error
+from fastverify.inputs import read_bytes
+from fastverify.outputs import atomic_write_text
+from fastverify.patch.verify import FLUSH_INTERVAL_S
+from fastverify.proof.answers import Answer, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
+from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
+from fastverify.proof.throughput import ThroughputRun, run_client
+from fastverify.verify_records import FILE_GLOB
+
+SCHEMA = "fastverify.load_run"
+SCHEMA_VERSION = 1
+RECORD = "load.json"
+ANSWERS = "answers.jsonl"
+BENCH_GLOB = "bench-c*.jsonl"
+RUN_FILES = (RECORD, ANSWERS, BENCH_GLOB, "bench-c*.log", FILE_GLOB)
+"""What a run writes into its folder: a folder holding any of these holds a run."""
+SERVER_FACTS = ("device", "dtype", "tp_size", "model_path", "speculative_algorithm", "speculative_num_draft_tokens",
+                "speculative_num_steps", "speculative_eagle_topk", "version")
+"""The ``/server_info`` fields a run keeps (the server's own resolved arguments)."""
+COMPARABLE = ("tp", "algorithm", "draft_tokens", "topk", "steps", "dtype", "model")
+"""Server-shape fields two runs must share to be compared (``launch``'s reading of the command)."""
+REQUEST_TIMEOUT_S = 600.0
+
+
+class LoadRun(msgspec.Struct, kw_only=True):
+    """One fixed-load run against one server.
+
+    ``complete`` false with ``incomplete`` saying why when the run was cut short. ``server`` is the
+    command as launch read it (SGLang's own parser: :class:`fastverify.patch.server_cmd.ServerShapes`),
+    ``server_info`` what the server said of itself (:data:`SERVER_FACTS`). ``clock`` names the
+    clock of every time here: the client's wall clock (``cpu_server_wall_clock`` when the server ran
+    on CPU: never a GPU timing). ``answers`` follow ``prompts``; ``throughput`` one per concurrency.
+    """
+
+    schema: str = SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    fastverify_version: str = __version__
+    created_utc: str = ""
+    complete: bool = False
+    incomplete: str | None = None
+    url: str = ""
+    command: list[str] = []
+    server: dict = {}
+    server_info: dict = {}
+    backend: str = ""
+    env_file: str | None = None
+    deployment: str | None = None
+    clock: str = "wall_clock"
+    prompts_source: str = ""
+    prompts_digest: str = ""
+    prompts: list[Prompt] = []
+    max_new_tokens: int = 0
+    answers: list[Answer] = []
+    throughput: list[ThroughputRun] = []
+    ready_s: float | None = None
+    baseline: str | None = None
+    answers_verdict: str | None = None
+
+    @property
+    def dtype(self) -> str | None:
+        """The served dtype: the server's own ``dtype`` unless ``auto``, else the command's."""
+        for d in (self.server_info.get("dtype"), self.server.get("dtype")):
+            if isinstance(d, str) and d not in ("auto", ""):
+                return d
+        return None
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What ``launch --load`` / ``--baseline`` was asked: ``load`` (run the throughput phase and
+    write the run), ``prompts`` (a JSONL file, None: fastverify's own), ``max_new_tokens``,
+    ``concurrency`` levels, ``requests`` per level, ``input_len`` / ``output_len`` (tokens),
+    ``ready_timeout_s`` (s), ``baseline`` (a run folder), ``logprob_tol`` (nats), ``force`` (replace
+    a run in the folder), ``url`` (the server's, when launch cannot read it from the command)."""
+
+    load: bool
+    prompts: Path | None = None
+    max_new_tokens: int = 64
+    concurrency: tuple[int, ...] = (1,)
+    requests: int = 8
+    input_len: int = 128
+    output_len: int = 256
+    ready_timeout_s: float = 1800.0
+    baseline: Path | None = None
+    logprob_tol: float | None = None
+    force: bool = False
+    url: str | None = None
+
+
+def _utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"fastverify launch: {text}\n")
+    sys.stderr.flush()
+
+
+def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -> LoadRun:
+    """The :class:`LoadRun` of ``folder/load.json``.
+
+    Raises
+    ------
+    UserError
+        No ``load.json`` (an unfinished or killed run: said), not a run record, or an incomplete run
+        unless ``allow_incomplete``.
+    """
+    path = Path(folder) / RECORD
+    if not path.exists():
+        what = "a run that never finished (launch killed?)" if (Path(folder) / ANSWERS).exists() else "no run"
+        raise UserError(f"{flag} {path_text(folder)}: no {RECORD} ({what}; `fastverify launch --load "
+                        "--profile-verify DIR -- ...` writes one)")
+    raw = read_bytes(path, kind="json", flag=flag)
+    try:
+        run = msgspec.json.decode(raw, type=LoadRun)
+    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        raise schema_error(f"{path_text(path)}", err, {"schema": f'"{SCHEMA}"', "complete": "true"}) from None
+    if run.schema != SCHEMA:
+        raise UserError(f"{path_text(path)}: not a fastverify load run (schema {run.schema!r})")
+    if not run.complete and not allow_incomplete:
+        raise UserError(f"{flag} {path_text(folder)}: an incomplete run ({run.incomplete}); "
+                        "--allow-incomplete compares what it holds")
+    return run
+
+
+def prepare_folder(folder: Path, force: bool) -> None:
+    """Make ``folder``; one that already holds a run (:data:`RUN_FILES`) is refused unless
+    ``force``, which removes that run's files (nothing else in the folder is touched).
+
+    Raises
+    ------
+    UserError
+        A run is there and not ``force``; the folder cannot be made or cleared.
+    """
+    old = sorted({p for pat in RUN_FILES for p in folder.glob(pat)}) if folder.is_dir() else []
+    if old and not force:
+        raise UserError(f"--profile-verify {path_text(folder)}: already holds a run ({old[0].name}, {len(old)} "
+                        "files); choose another folder, or --force to replace it")
+    try:
+        for p in old:
+            p.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--profile-verify {path_text(folder)}: {err.strerror or err}") from None
+
+
+def check_baseline(baseline: LoadRun, server: dict, where: str) -> None:
+    """Refuse a baseline whose server differs from this command in any :data:`COMPARABLE` field."""
+    for k in COMPARABLE:
+        if baseline.server.get(k) != server.get(k):
+            raise UserError(f"--baseline {where}: its server ran {k}={baseline.server.get(k)!r}, this command "
+                            f"{k}={server.get(k)!r}: not comparable")
+
+
+class _Writer:
+    """The run's record in the making: answers appended to ``answers.jsonl`` as they arrive,
+    ``load.json`` written once at the end (complete or not)."""
+
+    def __init__(self, folder: Path | None, run: LoadRun) -> None:
+        self.folder, self.run = folder, run
+        self._answers = None
+
+    def answer(self, a: Answer) -> None:
+        self.run.answers.append(a)
+        if self.folder is not None:
+            if self._answers is None:
+                self._answers = open(self.folder / ANSWERS, "ab")
+            self._answers.write(msgspec.json.encode(a) + b"\n")
+            self._answers.flush()
+
+    def finish(self, complete: bool, why: str | None = None) -> None:
+        if self._answers is not None:
+            self._answers.close()
+            self._answers = None
+        self.run.complete, self.run.incomplete = complete, why
+        if self.folder is not None:
+            text = msgspec.json.format(msgspec.json.encode(self.run).decode(), indent=1) + "\n"
+            atomic_write_text(self.folder / RECORD, text)
+            _say(f"wrote {path_text(self.folder / RECORD)}" + ("" if complete else f" (incomplete: {why})"))
+
+
+def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: str, max_new: int) -> LoadRun:
+    server = plan.server.as_dict() if plan.server is not None else {}
+    return LoadRun(created_utc=_utc(), url=url, command=list(plan.argv), server=server, backend=plan.backend,
+                   env_file=plan.env_file, deployment=plan.deployment, prompts_source=source,
+                   prompts_digest=prompt_digest(prompts), prompts=prompts, max_new_tokens=max_new,
+                   baseline=path_text(opts.baseline) if opts.baseline else None)
+
+
+def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt], str, int, Path | None]:
+    """The URL, the baseline run, the prompts (the baseline's when given), their source, the
+    tokens per answer and the run folder; every refusal before the server starts."""
+    if plan.blockers:
+        raise UserError(plan.blockers[0].message)
+    folder = Path(plan.profile_verify) if plan.profile_verify else None
+    if opts.load and folder is None:
+        raise UserError("--load writes its results beside the verify records: give --profile-verify DIR")
+    url = opts.url or (plan.server.url if plan.server is not None else None)
+    if url is None:
+        raise UserError("the command is not an SGLang server command launch can read: give --url http://host:port")
+    baseline = None
+    if opts.baseline is not None:
+        if opts.prompts is not None:
+            raise UserError("--baseline brings its own prompts: give --load without a FILE")
+        baseline = read_run(opts.baseline, flag="--baseline")
+        check_baseline(baseline, plan.server.as_dict() if plan.server is not None else {}, path_text(opts.baseline))
+        prompts, source, max_new = baseline.prompts, f"--baseline {path_text(opts.baseline)}", baseline.max_new_tokens
+    else:
+        (prompts, source), max_new = read_prompts(opts.prompts), opts.max_new_tokens
+    if folder is not None:
+        prepare_folder(folder, opts.force)
+    return url, baseline, prompts, source, max_new, folder
+
+
+def _check_answers(run: LoadRun, baseline: LoadRun, opts: LoadOptions) -> bool:
+    """The start-up check: True when the answers are the baseline's (or within noise)."""
+    tol, basis = tolerance(baseline.dtype or run.dtype, opts.logprob_tol)
+    verdict = judge(baseline.answers, run.answers, tol, basis)
+    run.answers_verdict = verdict.verdict
+    _say(f"answers against --baseline {path_text(opts.baseline)}: {verdict.line()}")
+    return verdict.verdict != "CHANGED"
+
+
+def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: LoadRun | None, folder: Path | None) -> int:
+    """Health, answers, the check, throughput; the exit code (the record is finished by the caller
+    on an exception)."""
+    run = w.run
+    run.ready_s = round(srv.wait_healthy(run.url, opts.ready_timeout_s), 3)
+    info = fetch_server_info(run.url).info
+    run.server_info = {k: info.get(k) for k in SERVER_FACTS if k in info}
+    if run.server_info.get("device") == "cpu":
+        run.clock = "cpu_server_wall_clock"
+    _say(f"server healthy after {run.ready_s:.1f} s at {run.url}; answer phase: {len(run.prompts)} prompts x "
+         f"{run.max_new_tokens} tokens, greedy")
+    t0 = time.monotonic()
+    answer_phase(run.url, run.prompts, run.max_new_tokens, timeout_s=REQUEST_TIMEOUT_S, on_answer=w.answer)
+    _say(f"answers: {len(run.answers)} in {time.monotonic() - t0:.1f} s")
+    if baseline is not None and not _check_answers(run, baseline, opts):
+        w.finish(False, "stopped at the start-up check: answers CHANGED against the baseline")
+        return 1
+    if not opts.load:
+        w.finish(True)
+        _say("serving; Ctrl-C stops the server")
+        return exit_code(srv.wait())
+    for c in opts.concurrency:
+        srv.check_alive()
+        out = folder / f"bench-c{c}.jsonl"
+        t = run_client(run.url, c, max(opts.requests, c), opts.input_len, opts.output_len, out,
+                       run.server.get("model"), REQUEST_TIMEOUT_S * max(opts.requests, c))
+        run.throughput.append(t)
+        mean = sum(t.per_stream_tok_s) / len(t.per_stream_tok_s) if t.per_stream_tok_s else float("nan")
+        _say(f"throughput at concurrency {c}: {t.completed}/{t.requests} requests, {mean:.1f} tok/s per stream "
+             f"(mean), {t.output_tok_s:.1f} tok/s aggregate ({run.clock})")
+    srv.check_alive()
+    time.sleep(2.5 * FLUSH_INTERVAL_S)  # the verify timer's writer appends at least once a second
+    w.finish(True)
+    return 0
+
+
+def supervise(plan, opts: LoadOptions, environ: Mapping[str, str]) -> int:
+    """Run the server as launch's child through the phases above; the exit code: 0 (done), 1
+    (answers CHANGED, or the run cut short by a client failure), the server's own (it ended), or
+    128 + N (signal N, forwarded to the server).
+
+    Raises
+    ------
+    UserError
+        Any refusal before the server starts (:func:`_inputs`); the server not healthy in time or
+        ending before it was (the server stopped first, nothing half-written).
+    """
+    url, baseline, prompts, source, max_new, folder = _inputs(plan, opts)
+    w = _Writer(folder, _new_run(plan, opts, url, prompts, source, max_new))
+    with Server(plan.argv, plan.child_env(environ)) as srv:
+        try:
+            return _phases(srv, w, opts, baseline, folder)
+        except UserError as err:  # the server answers, but not as SGLang does
+            w.finish(False, str(err))
+            raise
+        except TimeoutError as err:  # nothing was asked yet: nothing is written
+            raise UserError(f"{err}; the server was stopped") from None
+        except ServerExited as err:
+            why = f"the server exited with code {err.returncode}"
+            if w.run.ready_s is None:
+                raise UserError(f"{why} before it was healthy (its own output above says why)") from None
+            w.finish(False, f"{why} after {len(w.run.answers)} answers")
+            _say(f"{why}; the results so far are kept, marked incomplete")
+            return exit_code(err.returncode) or 1
+        except Stopped as err:
+            w.finish(False, f"stopped by signal {err.signum}")
+            return 128 + err.signum
+        except OSError as err:
+            if srv.proc.poll() is not None:
+                w.finish(False, f"the server exited with code {srv.proc.returncode} ({err})")
+                return exit_code(srv.proc.returncode) or 1
+            w.finish(False, str(err))
+            _say(f"the load failed: {err}; the results so far are kept, marked incomplete")
+            return 1
