@@ -138,3 +138,14 @@ def test_launch_refuses_a_bad_prompts_file_in_one_line_before_starting_anything(
                         "--url", "http://127.0.0.1:9", "--", "touch", marker], capsys)
     one_line_error(rc, out, err, "p.jsonl line 2", "empty prompt")
     assert not marker.exists()
+
+
+def test_a_margin_moved_past_twice_tol_is_changed_though_the_chosen_logprob_barely_moves():
+    # a token near probability 1 keeps a logprob near 0 while its logits move: the margin shows it
+    before = _answer([1, 2, 3], logprobs=[-1e-6] * 3, margins=[14.0, 14.0, 14.0])
+    after = _answer([1, 2, 3], logprobs=[-1.1e-6] * 3, margins=[14.0, 14.0 + 2.5 * TOL, 14.0])
+    v = judge([before], [after], TOL, "basis")
+    assert v.verdict == CHANGED and "margin moved" in v.prompts[0].why
+    assert v.prompts[0].max_dmargin == pytest.approx(2.5 * TOL)
+    after_ok = _answer([1, 2, 3], logprobs=[-1.1e-6] * 3, margins=[14.0, 14.0 + 1.5 * TOL, 14.0])
+    assert judge([before], [after_ok], TOL, "basis").verdict == SAME

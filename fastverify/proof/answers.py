@@ -12,7 +12,9 @@ The verdict's rule, one tolerance ``tol`` (nats) for both of its halves: a chang
 (a reordered sum) moves every logprob by at most ``tol``, so (1) the chosen tokens' logprobs before
 any divergence differ by at most ``tol``, and (2) a greedy answer can only diverge where the
 baseline's top-1/top-2 margin is at most ``2 x tol`` (each of the two moves ``tol`` towards the
-other): a near-tie. Anything else is CHANGED. ``tol`` defaults by the served dtype
+other): a near-tie; and (3) every top-1/top-2 margin before it moves by at most ``2 x tol``. The
+margin is the sharper of the two witnesses: a chosen token near probability 1 has a logprob near
+0 whatever its logits do, while the margin is a difference of logits. Anything else is CHANGED. ``tol`` defaults by the served dtype
 (:data:`DEFAULT_TOL`, said with its basis in every verdict).
 """
 
@@ -93,6 +95,7 @@ class PromptVerdict(msgspec.Struct, frozen=True):
     margin: float | None
     max_dlogprob: float | None
     why: str
+    max_dmargin: float | None = None
 
 
 class AnswersVerdict(msgspec.Struct, frozen=True):
@@ -288,24 +291,29 @@ def _judge(before: Answer, after: Answer, tol: float) -> PromptVerdict:
     if pos is None and len(a) != len(b):
         pos = min(len(a), len(b))
     upto = len(a) if pos is None else pos
-    dl = None
+    dl = dm = None
     if before.logprobs is not None and after.logprobs is not None:
-        diffs = [abs(x - y) for x, y in zip(before.logprobs[:upto], after.logprobs[:upto])]
-        dl = max(diffs, default=0.0)
+        dl = max((abs(x - y) for x, y in zip(before.logprobs[:upto], after.logprobs[:upto])), default=0.0)
+    if before.margins is not None and after.margins is not None:
+        dm = max((abs(x - y) for x, y in zip(before.margins[:upto], after.margins[:upto])
+                  if x is not None and y is not None), default=0.0)
     margin = None
     if pos is not None and before.margins is not None and pos < len(before.margins):
         margin = before.margins[pos]
+    at = "" if pos is None else f", then diverged at token {pos}"
     if dl is not None and dl > tol:
-        at = "" if pos is None else f", then diverged at token {pos}"
         return PromptVerdict(before.id, "changed", pos, margin, dl,
-                             f"a chosen token's logprob moved {dl:.3g} nats (> {tol:g}){at}")
+                             f"a chosen token's logprob moved {dl:.3g} nats (> {tol:g}){at}", dm)
+    if dm is not None and dm > 2 * tol:
+        return PromptVerdict(before.id, "changed", pos, margin, dl,
+                             f"a top-1/top-2 margin moved {dm:.3g} nats (> 2 x {tol:g}){at}", dm)
     if pos is None:
-        return PromptVerdict(before.id, "same", None, None, dl, "identical")
+        return PromptVerdict(before.id, "same", None, None, dl, "identical", dm)
     if margin is not None and margin <= 2 * tol:
         return PromptVerdict(before.id, "near_tie", pos, margin, dl,
-                             f"diverged at token {pos}, a near-tie (baseline margin {margin:.3g} nats)")
+                             f"diverged at token {pos}, a near-tie (baseline margin {margin:.3g} nats)", dm)
     said = "no margin known" if margin is None else f"baseline margin {margin:.3g} nats > 2 x {tol:g}"
-    return PromptVerdict(before.id, "changed", pos, margin, dl, f"diverged at token {pos} ({said})")
+    return PromptVerdict(before.id, "changed", pos, margin, dl, f"diverged at token {pos} ({said})", dm)
 
 
 def judge(before: Sequence[Answer], after: Sequence[Answer], tol: float, basis: str) -> AnswersVerdict:

@@ -13,6 +13,7 @@ cut short (the server died, a signal, a client failure) still writes ``load.json
 from __future__ import annotations
 
 import datetime as _dt
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ SERVER_FACTS = ("device", "dtype", "tp_size", "model_path", "speculative_algorit
 COMPARABLE = ("tp", "algorithm", "draft_tokens", "topk", "steps", "dtype", "model")
 """Server-shape fields two runs must share to be compared (``launch``'s reading of the command)."""
 REQUEST_TIMEOUT_S = 600.0
+DEATH_GRACE_S = 3.0
 
 
 class LoadRun(msgspec.Struct, kw_only=True):
@@ -314,6 +316,10 @@ def supervise(plan, opts: LoadOptions, environ: Mapping[str, str]) -> int:
             w.finish(False, f"stopped by signal {err.signum}")
             return 128 + err.signum
         except OSError as err:
+            try:  # a dropped connection may be the server's end: give it a moment to be reaped
+                srv.proc.wait(DEATH_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
             if srv.proc.poll() is not None:
                 w.finish(False, f"the server exited with code {srv.proc.returncode} ({err})")
                 return exit_code(srv.proc.returncode) or 1
