@@ -99,16 +99,18 @@ COMMANDS: tuple[Command, ...] = (
     Command("report-bundle", "report fastverify-bundle-<UTC time>.tar.gz --png cycle.png", runs=False,
             why="reads the bundle collect wrote on the serving box (tests/test_cycle_report.py builds bundles)"),
     Command("tune-predict-user", "tune --predict --verify-ms 30 --allreduce-ms 25 --tok-s 82 --accept-length 3 --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5"),
-    Command("box-baseline", "launch --profile-verify before/ --", runs=False,
-            why="on the GPU box: starts the user's SGLang server, unchanged, with the verify timer"),
+    Command("box-baseline", "launch --load --profile-verify before/ --", runs=False,
+            why="on the GPU box: starts the user's SGLang server, unchanged, runs the fixed load "
+                "(tests/test_sglang_proof.py runs it on a real CPU server)"),
     Command("box-tune", "tune --profile profiles/verify.json --hidden 7168 --speculative-num-draft-tokens 4 "
             "--cuda-graph-max-bs-decode 32 --write-env nccl_configs/box.env", runs=False,
             why="on the GPU box: measures there"),
     Command("box-p2p", "p2p --output p2p.json", runs=False, why="the real P2P check needs 2+ GPUs"),
-    Command("box-launch", "launch --env nccl_configs/box.env --p2p-check p2p.json --profile-verify after/ --", runs=False,
-            why="on the GPU box: starts SGLang with the winner"),
-    Command("box-change", "profile --verify-log before/ after/", runs=False,
-            why="reads the records of the two server runs on the box"),
+    Command("box-launch", "launch --env nccl_configs/box.env --p2p-check p2p.json --load --baseline before/ "
+            "--profile-verify after/ --", runs=False,
+            why="on the GPU box: starts SGLang with the winner under the same load"),
+    Command("box-change", "compare before/ after/", runs=False,
+            why="reads the two load runs of the box (tests/test_sglang_proof.py compares two on a real CPU server)"),
     Command("away-predict", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
             "--tp-size 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3"),
     Command("away-topo", "topo --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 "

@@ -322,31 +322,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             return EXIT_USER_ERROR
         return 0
     if args.load is not None or args.baseline is not None:
-        from fastverify.proof.run import LoadOptions, supervise
-        from fastverify.proof.throughput import parse_concurrency
+        from fastverify.proof.run import load_options, supervise
 
-        opts = LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
-                           max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
-                           requests=args.requests, input_len=args.input_len, output_len=args.output_len,
-                           ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
-                           force=args.force, url=args.url)
-        return supervise(plan, opts, os.environ)
+        return supervise(plan, load_options(args), os.environ)
     exec_plan(plan)  # replaces this process; returns only through an error
     return 1
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from fastverify.proof.compare import build_report, format_report
-
-    report = build_report(args.before, args.after, logprob_tol=args.logprob_tol,
-                          allow_incomplete=args.allow_incomplete)
-    if args.json:
-        import msgspec
-
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n")
-    else:
-        sys.stdout.write(format_report(report))
-    return report.exit_code
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -469,7 +449,9 @@ def _main(argv: list[str]) -> int:
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "compare":
-            return _cmd_compare(args)
+            from fastverify.proof.compare import run as run_compare
+
+            return run_compare(args)
         if args.command == "collect":
             from fastverify.collect.command import run as run_collect
 

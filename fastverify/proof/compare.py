@@ -19,6 +19,7 @@ fixed seed (the same report for the same runs).
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -284,3 +285,13 @@ def format_report(r: CompareReport) -> str:
                          f"{_f(p.margin, '{:.3g}')} nats, largest |d logprob| before it {dl} nats")
     lines.append(r.closing)
     return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    """``fastverify compare``: the report (text, or ``--json``) on stdout; exit 1 when CHANGED."""
+    report = build_report(args.before, args.after, logprob_tol=args.logprob_tol, allow_incomplete=args.allow_incomplete)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n")
+    else:
+        sys.stdout.write(format_report(report))
+    return report.exit_code

@@ -30,7 +30,7 @@ from fastverify.outputs import atomic_write_text
 from fastverify.patch.verify import FLUSH_INTERVAL_S
 from fastverify.proof.answers import Answer, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
 from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
-from fastverify.proof.throughput import ThroughputRun, run_client
+from fastverify.proof.throughput import ThroughputRun, parse_concurrency, run_client
 from fastverify.verify_records import FILE_GLOB
 
 SCHEMA = "fastverify.load_run"
@@ -112,6 +112,16 @@ class LoadOptions:
     logprob_tol: float | None = None
     force: bool = False
     url: str | None = None
+
+
+def load_options(args) -> LoadOptions:
+    """The :class:`LoadOptions` of ``launch``'s parsed arguments. Raises :class:`UserError` for a
+    bad ``--concurrency``."""
+    return LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
+                       max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
+                       requests=args.requests, input_len=args.input_len, output_len=args.output_len,
+                       ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
+                       force=args.force, url=args.url)
 
 
 def _utc() -> str:
