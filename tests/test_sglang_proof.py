@@ -12,6 +12,9 @@ two cores):
   through a stand-in backend (``FVTEST_STANDIN_MAX_ROWS``): a correct swap;
 * ``scale`` (sum x 1.01), ``drop5`` (every fifth call unreduced): broken, through the dispatch slot;
   ``ulp`` (every element one float step up, what a reordered sum does): not broken;
+* ``eagle3`` and ``eagle3-patched``: the same pair under EAGLE-3 (a chain: 3 steps, topk 1, 4 draft
+  tokens; the tiny random drafter of ``tiny_model.build_eagle3_drafter``), the drafter's all-reduces
+  of one row taken by the stand-in too;
 * ``heldout``: a broken all-reduce that fastverify never sees, an SGLang plugin written into a
   folder outside the project at test time, wrapping ``GroupCoordinator.all_reduce``.
 
@@ -69,17 +72,30 @@ def peaked_model(sglang_python, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def eagle3_drafter(sglang_python, peaked_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("peaked-eagle3")
+    code = ("import sys; from tests.sglang_server.tiny_model import build_eagle3_drafter; "
+            "build_eagle3_drafter(sys.argv[1], sys.argv[2])")
+    cp = subprocess.run([sglang_python, "-c", code, str(out), str(peaked_model)], capture_output=True, text=True,
+                        timeout=300, cwd=str(Path(__file__).resolve().parents[1]),
+                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
 def runs(sglang_python, peaked_model, tmp_path_factory, request):
     """name -> (Run, pids left after launch exited, run folder); started on first use."""
     root = tmp_path_factory.mktemp("proof")
     done: dict = {}
 
-    def get(name: str, *, env: dict | None = None, args: list[str] | None = None):
+    def get(name: str, *, env: dict | None = None, args: list[str] | None = None, flags: tuple[str, ...] = ()):
         if name not in done:
             prof = root / name / "run"
             t0 = time.perf_counter()
             run, left = launch_load(sglang_python, root / name, peaked_model, prof=prof,
-                                    fastverify_args=[*LOAD, *(args or [])], extra_env=env, server_flags=FLOAT32)
+                                    fastverify_args=[*LOAD, *(args or [])], extra_env=env,
+                                    server_flags=(*FLOAT32, *flags))
             report_line(request, "sglang proof", f"{name}: launch --load rc {run.rc} in "
                                                  f"{time.perf_counter() - t0:.1f} s")
             done[name] = (run, left, prof)
@@ -188,3 +204,19 @@ def test_a_held_out_broken_all_reduce_from_outside_the_project_is_caught(runs, t
     assert any("answers against --baseline" in x and "CHANGED" in x for x in run.stderr.splitlines()), run.tail()
     rc, out, err = cli(["compare", base, prof, "--allow-incomplete"], capsys)
     assert rc == 1 and "CHANGED" in out, out
+
+
+def test_eagle3_chain_patched_run_gives_the_same_answers(runs, eagle3_drafter, capsys):
+    # the later flags win in SGLang's parser: EAGLE-3 replaces the harness's NGRAM
+    flags = ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(eagle3_drafter),
+             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+             "--speculative-draft-attention-backend", "intel_amx")
+    base, left, base_dir = runs("eagle3", flags=flags)
+    assert base.rc == 0 and left == [], base.tail()
+    run, left, prof = runs("eagle3-patched", env={"FVTEST_STANDIN_MAX_ROWS": "4"}, flags=flags,
+                           args=["--baseline", str(base_dir)])
+    assert run.rc == 0 and left == [], run.tail()
+    doc = json.loads((prof / "load.json").read_text())
+    assert doc["server"]["algorithm"] == "EAGLE3" and doc["server"]["draft_tokens"] == 4
+    rc, out, err = cli(["compare", base_dir, prof], capsys)
+    assert rc == 0 and "answers: same answers (16/16)" in out and "1 x 4" in out, (out, err)
