@@ -200,6 +200,9 @@ def _add_launch(sub) -> None:
     proof.add_argument("--url", default=None, metavar="URL",
                        help="the server's base URL [default: read from the command's --host/--port]")
     proof.add_argument("--force", action="store_true", help="replace a run already in --profile-verify DIR")
+    proof.add_argument("--on-mismatch", choices=("stop", "fallback"), default="stop",
+                       help=("when the answers CHANGED (against --baseline or the record's baseline of `tune "
+                             "--write-env --baseline`): stop (exit 1), or start the server again without the swap"))
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the sglang command")
 
 
@@ -298,6 +301,7 @@ def _raise_terminated(signum, _frame) -> None:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import os
 
+    from fastverify.deploy import read_record
     from fastverify.patch.launch import describe, exec_plan, plan_launch
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -321,10 +325,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
             return EXIT_USER_ERROR
         return 0
-    if args.load is not None or args.baseline is not None:
-        from fastverify.proof.run import load_options, supervise
+    record = read_record(plan.deployment) if plan.deployment and args.baseline is None else None
+    if args.load is not None or args.baseline is not None or (record is not None and record.baseline is not None):
+        from fastverify.proof.run import FallBack, load_options, supervise
 
-        return supervise(plan, load_options(args), os.environ)
+        try:
+            return supervise(plan, load_options(args, record and record.baseline, plan.deployment), os.environ)
+        except FallBack:
+            sys.stderr.write("fastverify launch: --on-mismatch fallback: starting the server again without the swap "
+                             "(no env file, no patch)\n")
+            plan = plan_launch(None, "off", None, cmd, environ=os.environ)
     exec_plan(plan)  # replaces this process; returns only through an error
     return 1
 

@@ -21,11 +21,12 @@ import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.envfile import check_setting, check_together, render_env
-from fastverify.errors import UserError, schema_error
+from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import read_text
 from fastverify.nccl.version import NcclVersion
 from fastverify.output_paths import backup_path
 from fastverify.outputs import atomic_write_text, atomic_write_texts
+from fastverify.proof.answers import AnswerBaseline
 from fastverify.registry import BackendName, Reach, backend_info
 
 SCHEMA = "fastverify.deployment"
@@ -270,6 +271,7 @@ class DeploymentRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nccl_settings: dict[str, str] = {}
     sglang_version: str | None = None
     gain: Gain | None = None
+    baseline: AnswerBaseline | None = None
     source: str = ""
     schema: str = SCHEMA
     version: int = VERSION
@@ -310,8 +312,6 @@ def encode_record(record: DeploymentRecord) -> bytes:
 
 
 def _utf8(obj):
-    from fastverify.errors import path_text
-
     if isinstance(obj, str):
         return path_text(obj)
     if isinstance(obj, dict):
@@ -339,6 +339,7 @@ RECORD_EXAMPLES = {
     '"gpu_count": 4, "tp": 4}', "nccl_settings": '{"NCCL_P2P_LEVEL": "PHB"}', "sglang_version": '"0.5.23"',
     "gain": '{"baseline_us": 250.0, "best_us": 180.0, "basis": "measured", "clock": "cuda_events"}',
     "gain.baseline_us": "250.0", "gain.best_us": "180.0", "gain.basis": '"measured"', "gain.clock": '"cuda_events"',
+    "baseline": '{"source": "before/", "prompts": [{"id": "p00", "text": "Hi"}], "max_new_tokens": 64, "answers": []}',
     "source": '"tune --write-env"', "schema": f'"{SCHEMA}"', "version": str(VERSION),
     **{f"box.{k}": v for k, v in BOX_EXAMPLES.items()}, **{f"p2p.gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
 }

@@ -5,6 +5,7 @@ holds a run. The real SGLang server runs the same paths in ``tests/test_sglang_p
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import cli, free_port, subprocess_env
+from conftest import cli, free_port, run_fastverify, subprocess_env
 from fastverify.proof.answers import Prompt, answer_of, prompt_digest, read_prompts
 from fastverify.proof.run import LoadRun
 from tests.proof_server.fake import answer
@@ -151,3 +152,30 @@ def test_load_misuse_is_one_line(tmp_path, capsys, args, words):
     rc, out, err = cli(["launch", "--backend", "off", *args, "--url", "http://127.0.0.1:9", "--", "true"], capsys)
     assert rc == 2 and all(w in err for w in words), err
     assert os.listdir(tmp_path) == []
+
+
+def test_tune_keeps_the_baseline_in_the_record_and_launch_checks_it_then_falls_back(tmp_path, shared_dir):
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    base = _baseline(tmp_path / "base")
+    env_file = tmp_path / "box.env"
+    cp = run_fastverify(["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2.5", "--tp-size", "8",
+                         "--sm", "120", "--pcie-gen", "5", "--write-env", str(env_file), "--baseline", str(base)],
+                        cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    rec = json.loads((tmp_path / "box.deploy.json").read_text())
+    assert rec["baseline"]["max_new_tokens"] == N and len(rec["baseline"]["answers"]) == 16
+    assert rec["baseline"]["source"] == str(base.resolve())
+    # launch --env: the record's baseline is asked of the server before it serves; the stand-in changes
+    # one token, so launch stops it and, asked to, starts the command again in its own place, unpatched
+    proc, pid_file, first = _launch(tmp_path, "shift", "--env", str(env_file), "--describe-box", json.dumps(rec["box"]),
+                                    "--on-mismatch", "fallback")
+    assert _wait(lambda: pid_file.read_text().strip() == str(proc.pid), 60), "launch did not start the server again"
+    assert not _alive(first)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert "the deployment record" in err and "CHANGED: prompt p02" in err and "without the swap" in err, err
+
+
+def test_tune_baseline_needs_write_env(tmp_path, capsys):
+    rc, out, err = cli(["tune", "--predict", "--model", "kimi-k2.5", "--tp-size", "8", "--baseline", tmp_path], capsys)
+    assert rc == 2 and "--write-env" in err, err

@@ -84,6 +84,20 @@ class Answer(msgspec.Struct, frozen=True):
         return None
 
 
+class AnswerBaseline(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The answers of a ``launch --load`` run of the server without the swap (``tune --write-env
+    --baseline DIR``), which ``launch --env`` asks again of the patched server before it serves:
+    the run folder (``source``), its ``prompts``, ``max_new_tokens`` and ``answers``, the server
+    shapes it ran (``server``, launch's reading of the command) and the served ``dtype``."""
+
+    source: str
+    prompts: list[Prompt]
+    max_new_tokens: int
+    answers: list[Answer]
+    server: dict = {}
+    dtype: str | None = None
+
+
 class PromptVerdict(msgspec.Struct, frozen=True):
     """One prompt judged: ``status`` ``same`` / ``near_tie`` / ``changed``; the first divergent
     position (None: identical ids), the baseline's margin there (nats), and the largest |Δ logprob|

@@ -28,7 +28,7 @@ from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import read_bytes
 from fastverify.outputs import atomic_write_text
 from fastverify.patch.verify import FLUSH_INTERVAL_S
-from fastverify.proof.answers import Answer, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
+from fastverify.proof.answers import Answer, AnswerBaseline, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
 from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
 from fastverify.proof.throughput import ThroughputRun, parse_concurrency, run_client
 from fastverify.verify_records import FILE_GLOB
@@ -98,7 +98,9 @@ class LoadOptions:
     write the run), ``prompts`` (a JSONL file, None: fastverify's own), ``max_new_tokens``,
     ``concurrency`` levels, ``requests`` per level, ``input_len`` / ``output_len`` (tokens),
     ``ready_timeout_s`` (s), ``baseline`` (a run folder), ``logprob_tol`` (nats), ``force`` (replace
-    a run in the folder), ``url`` (the server's, when launch cannot read it from the command)."""
+    a run in the folder), ``url`` (the server's, when launch cannot read it from the command),
+    ``record_baseline`` (the deployment record's answers, at ``record_path``; used when ``baseline``
+    is not given), ``on_mismatch`` (``stop``, or ``fallback``: :class:`FallBack` on CHANGED)."""
 
     load: bool
     prompts: Path | None = None
@@ -112,16 +114,44 @@ class LoadOptions:
     logprob_tol: float | None = None
     force: bool = False
     url: str | None = None
+    record_baseline: AnswerBaseline | None = None
+    record_path: str | None = None
+    on_mismatch: str = "stop"
 
 
-def load_options(args) -> LoadOptions:
-    """The :class:`LoadOptions` of ``launch``'s parsed arguments. Raises :class:`UserError` for a
-    bad ``--concurrency``."""
+class FallBack(Exception):
+    """The answers CHANGED and ``--on-mismatch fallback`` was asked: the server was stopped; launch
+    starts it again without the swap."""
+
+
+def load_options(args, record_baseline: AnswerBaseline | None = None, record_path: str | None = None) -> LoadOptions:
+    """The :class:`LoadOptions` of ``launch``'s parsed arguments (and the deployment record's
+    baseline). Raises :class:`UserError` for a bad ``--concurrency``, or ``--on-mismatch fallback``
+    with ``--load`` (a load run measures one server)."""
+    if args.on_mismatch == "fallback" and args.load is not None:
+        raise UserError("--on-mismatch fallback restarts a serving server without the swap; a --load run measures "
+                        "one server: drop one of them")
     return LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
                        max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
                        requests=args.requests, input_len=args.input_len, output_len=args.output_len,
                        ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
-                       force=args.force, url=args.url)
+                       force=args.force, url=args.url, record_baseline=record_baseline, record_path=record_path,
+                       on_mismatch=args.on_mismatch)
+
+
+def baseline_of(folder: str | Path, flag: str = "--baseline") -> AnswerBaseline:
+    """The answers of the complete run in ``folder`` as a deployment record carries them. Raises
+    :class:`UserError` as :func:`read_run`."""
+    run = read_run(folder, flag=flag)
+    return AnswerBaseline(source=path_text(Path(folder).resolve()), prompts=run.prompts,
+                          max_new_tokens=run.max_new_tokens, answers=run.answers, server=run.server, dtype=run.dtype)
+
+
+def _run_of(b: AnswerBaseline) -> LoadRun:
+    """A deployment record's baseline as the run it came from (what the check reads of it)."""
+    return LoadRun(complete=True, prompts=b.prompts, max_new_tokens=b.max_new_tokens, answers=b.answers,
+                   server=b.server, server_info={"dtype": b.dtype} if b.dtype else {},
+                   prompts_digest=prompt_digest(b.prompts), prompts_source=b.source)
 
 
 def _utc() -> str:
@@ -185,7 +215,7 @@ def check_baseline(baseline: LoadRun, server: dict, where: str) -> None:
     """Refuse a baseline whose server differs from this command in any :data:`COMPARABLE` field."""
     for k in COMPARABLE:
         if baseline.server.get(k) != server.get(k):
-            raise UserError(f"--baseline {where}: its server ran {k}={baseline.server.get(k)!r}, this command "
+            raise UserError(f"{where}: its server ran {k}={baseline.server.get(k)!r}, this command "
                             f"{k}={server.get(k)!r}: not comparable")
 
 
@@ -221,7 +251,7 @@ def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: s
     return LoadRun(created_utc=_utc(), url=url, command=list(plan.argv), server=server, backend=plan.backend,
                    env_file=plan.env_file, deployment=plan.deployment, prompts_source=source,
                    prompts_digest=prompt_digest(prompts), prompts=prompts, max_new_tokens=max_new,
-                   baseline=path_text(opts.baseline) if opts.baseline else None)
+                   baseline=source if (opts.baseline or opts.record_baseline) else None)
 
 
 def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt], str, int, Path | None]:
@@ -235,13 +265,16 @@ def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt],
     url = opts.url or (plan.server.url if plan.server is not None else None)
     if url is None:
         raise UserError("the command is not an SGLang server command launch can read: give --url http://host:port")
-    baseline = None
+    baseline, where = None, None
     if opts.baseline is not None:
+        baseline, where = read_run(opts.baseline, flag="--baseline"), f"--baseline {path_text(opts.baseline)}"
+    elif opts.record_baseline is not None:
+        baseline, where = _run_of(opts.record_baseline), f"the deployment record {opts.record_path}'s baseline"
+    if baseline is not None:
         if opts.prompts is not None:
-            raise UserError("--baseline brings its own prompts: give --load without a FILE")
-        baseline = read_run(opts.baseline, flag="--baseline")
-        check_baseline(baseline, plan.server.as_dict() if plan.server is not None else {}, path_text(opts.baseline))
-        prompts, source, max_new = baseline.prompts, f"--baseline {path_text(opts.baseline)}", baseline.max_new_tokens
+            raise UserError(f"{where} brings its own prompts: give --load without a FILE")
+        check_baseline(baseline, plan.server.as_dict() if plan.server is not None else {}, where)
+        prompts, source, max_new = baseline.prompts, where, baseline.max_new_tokens
     else:
         (prompts, source), max_new = read_prompts(opts.prompts), opts.max_new_tokens
     if folder is not None:
@@ -254,7 +287,7 @@ def _check_answers(run: LoadRun, baseline: LoadRun, opts: LoadOptions) -> bool:
     tol, basis = tolerance(baseline.dtype or run.dtype, opts.logprob_tol)
     verdict = judge(baseline.answers, run.answers, tol, basis)
     run.answers_verdict = verdict.verdict
-    _say(f"answers against --baseline {path_text(opts.baseline)}: {verdict.line()}")
+    _say(f"answers against {run.baseline}: {verdict.line()}")
     return verdict.verdict != "CHANGED"
 
 
@@ -274,6 +307,8 @@ def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: LoadRun | None
     _say(f"answers: {len(run.answers)} in {time.monotonic() - t0:.1f} s")
     if baseline is not None and not _check_answers(run, baseline, opts):
         w.finish(False, "stopped at the start-up check: answers CHANGED against the baseline")
+        if opts.on_mismatch == "fallback":
+            raise FallBack()
         return 1
     if not opts.load:
         w.finish(True)

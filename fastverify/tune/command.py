@@ -98,6 +98,9 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     o.add_argument("--write-env", nargs="?", const="", default=None, metavar="PATH",
                    help="write the winning settings and the deployment record beside them (X.env, X.deploy.json) "
                         "[default path: nccl_configs/<box fingerprint>.env]")
+    o.add_argument("--baseline", type=Path, metavar="DIR", default=None,
+                   help="with --write-env: the answers of a `launch --load` run without the swap, kept in the "
+                        "deployment record; `launch --env` asks them again of the patched server before it serves")
     o.add_argument("--write-tuner-config", type=Path, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
     o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
     o.add_argument("--json", action="store_true",
@@ -153,6 +156,12 @@ def run(args) -> int:
     if given:
         raise UserError(f"{given[0]} applies to --draft-shape only (add --draft-shape, or leave it out)")
     _check_flags(args)
+    if args.baseline is not None:  # read before any work: the record carries its answers
+        if args.write_env is None:
+            raise UserError("--baseline goes into the deployment record: use it with --write-env")
+        from fastverify.proof.run import baseline_of
+
+        args.answer_baseline = baseline_of(args.baseline)
     from fastverify.tune import user_figures as uf
     from fastverify.tune.predict import rank_nccl_settings
     from fastverify.tune.verify_time import verify_reduction

@@ -128,13 +128,15 @@ def write_env_and_record(args, path, backend, settings, header, version, *, shap
                          batch_known=True):
     """The env file (NCCL settings only: never the backend's SGLang switch, which an env file
     sourced without launch would turn on with no P2P check) and the deployment record beside it,
-    which alone names the backend; both or neither (:func:`fastverify.deploy.write_deployment`)."""
+    which alone names the backend and carries the baseline's answers (``tune --baseline``); both or
+    neither (:func:`fastverify.deploy.write_deployment`)."""
     from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
 
     env = dict(settings)
     record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
                               nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
-                              sglang_version=installed_sglang_version(), gain=gain, source=source)
+                              sglang_version=installed_sglang_version(), gain=gain, source=source,
+                              baseline=getattr(args, "answer_baseline", None))
     lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
              f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
     if sglang_settings(backend):
