@@ -86,3 +86,14 @@ def test_not_comparable_runs_are_refused_in_one_line(tmp_path, capsys, change, w
     after = _run(tmp_path / "a", tok_s=[80.0] * 4, verify=v, **change)
     rc, out, err = cli(["compare", before, after], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_profile_verify_log_of_two_load_runs_is_compare(tmp_path, capsys):
+    v = {(1, 4): [10.0] * 4}
+    before = _run(tmp_path / "b", tok_s=[80.0] * 4, verify=v)
+    after = _run(tmp_path / "a", tok_s=[90.0] * 4, verify=v, ids_shift=1)
+    rc, out, err = cli(["profile", "--verify-log", before, after], capsys)
+    rc2, out2, err2 = cli(["compare", before, after], capsys)
+    assert (rc, out) == (rc2, out2) and rc == 1
+    rc, out, err = cli(["profile", "--verify-log", before, after, "--output", tmp_path / "x.json"], capsys)
+    assert rc == 2 and "fastverify compare" in err and not (tmp_path / "x.json").exists()

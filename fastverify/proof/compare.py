@@ -116,7 +116,9 @@ def _pct(before: float, after: float) -> float:
     return (after - before) / before * 100.0 if before else float("nan")
 
 
-def _interval(values: list[float], rng: np.random.Generator) -> Interval | None:
+def bootstrap_interval(values: list[float], rng: np.random.Generator) -> Interval | None:
+    """The mean of ``values`` and its 95 % percentile bootstrap interval (:data:`RESAMPLES`
+    resamples with replacement); None for no values."""
     if not values:
         return None
     x = np.asarray(values, dtype=np.float64)
@@ -140,7 +142,7 @@ def _streams(before: LoadRun, after: LoadRun, rng: np.random.Generator) -> list[
         ta = after_by.get(tb.concurrency)
         if ta is None or not tb.per_stream_tok_s or not ta.per_stream_tok_s:
             continue
-        ib, ia = _interval(tb.per_stream_tok_s, rng), _interval(ta.per_stream_tok_s, rng)
+        ib, ia = bootstrap_interval(tb.per_stream_tok_s, rng), bootstrap_interval(ta.per_stream_tok_s, rng)
         lo, hi = _change_interval(tb.per_stream_tok_s, ta.per_stream_tok_s, rng)
         out.append(StreamChange(tb.concurrency, ib, ia, round(_pct(ib.mean, ia.mean), 3), lo, hi,
                                 round(tb.output_tok_s, 3), round(ta.output_tok_s, 3),
@@ -179,8 +181,8 @@ def _buckets(before: str, after: str) -> tuple[list[BucketChange], str | None]:
 
 
 def _accept(before: LoadRun, after: LoadRun, rng: np.random.Generator) -> AcceptChange:
-    ib = _interval([x.accept_length for x in before.answers if x.accept_length is not None], rng)
-    ia = _interval([x.accept_length for x in after.answers if x.accept_length is not None], rng)
+    ib = bootstrap_interval([x.accept_length for x in before.answers if x.accept_length is not None], rng)
+    ia = bootstrap_interval([x.accept_length for x in after.answers if x.accept_length is not None], rng)
     return AcceptChange(ib, ia, bool(ib and ia and ia.mean < ib.lo))
 
 
