@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -60,6 +61,12 @@ def _seconds(text: str) -> float:
     if not 0 < v <= MAX_TIMEOUT_S:  # also false for nan
         raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text}")
     return v
+
+
+def _folder(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty value")
+    return Path(text)
 
 
 def _nats(text: str) -> float:
@@ -167,7 +174,7 @@ def _add_launch(sub) -> None:
                               "driver, nccl_version, nvlink_full, gpu_memory_bytes, and gpus: [{\"index\", "
                               "\"pci_bus_id\", \"uuid\"}, ...] in CUDA order, which P2P proofs bind to), or a "
                               "file holding one; the same as FASTVERIFY_DESCRIBE_BOX [default: read this machine]"))
-    launch.add_argument("--profile-verify", type=Path, metavar="DIR",
+    launch.add_argument("--profile-verify", type=_folder, metavar="DIR",
                         help="time every verify forward with CUDA events into DIR/verify-rank<R>.jsonl")
     launch.add_argument("--trace-verify-steps", type=_bounded(0, 1000), default=0, metavar="N",
                         help="also record a torch.profiler trace of N verify steps per rank into --profile-verify")
@@ -299,8 +306,6 @@ def _raise_terminated(signum, _frame) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    import os
-
     from fastverify.deploy import read_record
     from fastverify.patch.launch import describe, exec_plan, plan_launch
 
@@ -316,17 +321,20 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                        str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
                        trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
                        box=box, box_source=source, collect_blockers=args.dry_run)
+    record = read_record(plan.deployment) if plan.deployment and args.baseline is None and not plan.blockers else None
+    proof = args.load is not None or args.baseline is not None or (record is not None and record.baseline is not None)
     if args.dry_run:
         from fastverify.patch.launch_plan import summary
+        from fastverify.proof.run import refusal  # lazy: its inputs are read only when asked
 
         sys.stdout.write(describe(plan))
-        if plan.blockers:
+        why = summary(plan.blockers) if plan.blockers else refusal(plan, args, record) if proof else None
+        if why:
             sys.stdout.flush()  # the plan first, then the one-line verdict
-            sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
+            sys.stderr.write(f"fastverify: error: {one_line(why)}\n")
             return EXIT_USER_ERROR
         return 0
-    record = read_record(plan.deployment) if plan.deployment and args.baseline is None else None
-    if args.load is not None or args.baseline is not None or (record is not None and record.baseline is not None):
+    if proof:
         from fastverify.proof.run import FallBack, load_options, supervise
 
         try:
@@ -370,8 +378,6 @@ def run() -> None:
     them for this, :data:`fastverify.trace.load.HOLD_DECODED`). Every other command exits the
     normal way.
     """
-    import os
-
     from fastverify.profile_command import EARLY, PROGRAM  # noqa: F401 - EARLY: what main() started early
 
     PROGRAM["running"] = True

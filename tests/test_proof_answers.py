@@ -149,3 +149,8 @@ def test_a_margin_moved_past_twice_tol_is_changed_though_the_chosen_logprob_bare
     assert v.prompts[0].max_dmargin == pytest.approx(2.5 * TOL)
     after_ok = _answer([1, 2, 3], logprobs=[-1.1e-6] * 3, margins=[14.0, 14.0 + 1.5 * TOL, 14.0])
     assert judge([before], [after_ok], TOL, "basis").verdict == SAME
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt():
+    (p,) = parse_prompts('\ufeff{"prompt": "hello"}\n', "bom.jsonl")
+    assert p.text == "hello" and p.id == "line1"

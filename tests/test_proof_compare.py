@@ -11,7 +11,7 @@ import pytest
 
 from conftest import cli
 from fastverify.proof.answers import Answer, prompt_digest, read_prompts
-from fastverify.proof.run import LoadRun
+from fastverify.proof.record import LoadRun
 from fastverify.proof.throughput import ThroughputRun
 
 
@@ -73,7 +73,7 @@ def test_changed_answers_exit_1_and_a_dropped_accept_length_is_flagged(tmp_path,
     rc, out, err = cli(["compare", before, after], capsys)
     assert rc == 1, err
     assert "DROPPED" in out and "answers: CHANGED: prompt p00: diverged at token 0" in out
-    assert out.strip().splitlines()[-1].endswith("CHANGED answers (0/16 identical): do not deploy")
+    assert out.strip().splitlines()[-1].endswith("CHANGED answers (0/16 with identical tokens): do not deploy")
 
 
 @pytest.mark.parametrize("change, words", [
@@ -97,3 +97,29 @@ def test_profile_verify_log_of_two_load_runs_is_compare(tmp_path, capsys):
     assert (rc, out) == (rc2, out2) and rc == 1
     rc, out, err = cli(["profile", "--verify-log", before, after, "--output", tmp_path / "x.json"], capsys)
     assert rc == 2 and "fastverify compare" in err and not (tmp_path / "x.json").exists()
+
+
+def test_the_same_folder_twice_is_refused(tmp_path, capsys):
+    run = _run(tmp_path / "b", tok_s=[80.0] * 4, verify={(1, 4): [10.0] * 4})
+    rc, out, err = cli(["compare", run, run], capsys)
+    assert rc == 2 and "same folder" in err, err
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(max_new_tokens=10**30), ["max_new_tokens"]),
+    (lambda d: d.update(max_new_tokens=-5), ["max_new_tokens", "1..4096"]),
+    (lambda d: d.update(answers=d["answers"][:3]), ["answers must follow the prompts", "3 answers"]),
+    (lambda d: d["throughput"][0].update(per_stream_tok_s=[1e308, 1.0]), ["tok/s must be finite"]),
+    (lambda d: d["answers"][0].update(margins=[-1.0] * 8), ["answer 'p00'", "margins"]),
+    (lambda d: d.update(schema_version=2), ["of this version"]),
+])
+def test_a_hand_edited_run_is_refused_naming_file_and_field(tmp_path, capsys, edit, words):
+    v = {(1, 4): [10.0] * 4}
+    before = _run(tmp_path / "b", tok_s=[80.0] * 4, verify=v)
+    after = _run(tmp_path / "a", tok_s=[80.0] * 4, verify=v)
+    doc = json.loads((after / "load.json").read_text())
+    edit(doc)
+    (after / "load.json").write_text(json.dumps(doc))
+    rc, out, err = cli(["compare", before, after], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "load.json" in err, err
+    assert all(w in err for w in words), err

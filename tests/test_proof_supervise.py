@@ -18,7 +18,7 @@ import pytest
 
 from conftest import cli, free_port, run_fastverify, subprocess_env
 from fastverify.proof.answers import Prompt, answer_of, prompt_digest, read_prompts
-from fastverify.proof.run import LoadRun
+from fastverify.proof.record import LoadRun
 from tests.proof_server.fake import answer
 
 FAKE = Path(__file__).resolve().parent / "proof_server" / "fake.py"
@@ -179,3 +179,50 @@ def test_tune_keeps_the_baseline_in_the_record_and_launch_checks_it_then_falls_b
 def test_tune_baseline_needs_write_env(tmp_path, capsys):
     rc, out, err = cli(["tune", "--predict", "--model", "kimi-k2.5", "--tp-size", "8", "--baseline", tmp_path], capsys)
     assert rc == 2 and "--write-env" in err, err
+
+
+def test_baseline_folder_as_the_run_folder_is_refused_and_kept(tmp_path, capsys):
+    base = _baseline(tmp_path / "base")
+    before = (base / "load.json").read_bytes()
+    rc, out, err = cli(["launch", "--backend", "off", "--baseline", base, "--profile-verify", base, "--force", "--url",
+                        "http://127.0.0.1:9", "--", "true"], capsys)
+    assert rc == 2 and "is the --baseline folder" in err, err
+    assert (base / "load.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("url", ["notaurl://x", "http://", "http://127.0.0.1:99999", "http://[::1"])
+def test_a_bad_url_is_one_line_before_the_server_starts(tmp_path, capsys, url):
+    base = _baseline(tmp_path / "base")
+    marker = tmp_path / "started"
+    rc, out, err = cli(["launch", "--backend", "off", "--baseline", base, "--url", url, "--", "touch", marker], capsys)
+    assert rc == 2 and "--url" in err and len(err.strip().splitlines()) == 1, err
+    assert not marker.exists()
+
+
+def test_empty_profile_folder_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal, one line
+        cli(["launch", "--backend", "off", "--load", "--profile-verify", "", "--url", "http://127.0.0.1:9", "--",
+             "true"], capsys)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--profile-verify" in err and "empty" in err, err
+
+
+def test_a_signal_while_serving_leaves_the_finished_check_record_complete(tmp_path):
+    base = _baseline(tmp_path / "base")
+    proc, _, server = _launch(tmp_path, "ok", "--baseline", str(base), "--profile-verify", str(tmp_path / "run"))
+    assert _wait(lambda: (tmp_path / "run" / "load.json").exists())
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    doc = msgspec.json.decode((tmp_path / "run" / "load.json").read_bytes())
+    assert doc["complete"] is True and not (tmp_path / "run" / "load.json.bak").exists()
+
+
+def test_dry_run_says_what_the_load_would_refuse(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "load.json").write_text("{}")
+    rc, out, err = cli(["launch", "--backend", "off", "--dry-run", "--load", "--profile-verify", run, "--url",
+                        "http://127.0.0.1:9", "--", "true"], capsys)
+    assert rc == 2 and "command: true" in out and "already holds a run" in err, (out, err)
+    assert (run / "load.json").read_text() == "{}"

@@ -136,7 +136,9 @@ class AnswersVerdict(msgspec.Struct, frozen=True):
             where = ", ".join(f"{p.id} at token {p.position} (margin {p.margin:.2g})" for p in ties[:3])
             return (f"{NOISE} ({self.identical}/{self.total} identical; diverged only at near-ties: {where}; "
                     f"a near-tie is a margin <= 2 x {self.tol:g} nats, {self.basis})")
-        return f"{SAME} ({self.identical}/{self.total})"
+        unchecked = sum(p.max_dlogprob is None for p in self.prompts)
+        note = f"; {unchecked} without logprobs: tokens compared only" if unchecked else ""
+        return f"{SAME} ({self.identical}/{self.total}{note})"
 
 
 def prompt_digest(prompts: Sequence[Prompt]) -> str:
@@ -178,7 +180,7 @@ def parse_prompts(text: str, where: str) -> list[Prompt]:
     """
     out: list[Prompt] = []
     seen: dict[str, int] = {}
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):  # a byte-order mark is not a prompt
         if not line.strip():
             continue
         p = _prompt_of(line, n, where)

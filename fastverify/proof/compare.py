@@ -19,6 +19,7 @@ fixed seed (the same report for the same runs).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 
 from fastverify.errors import UserError, path_text
 from fastverify.proof.answers import CHANGED, AnswersVerdict, judge, tolerance
-from fastverify.proof.run import COMPARABLE, LoadRun, read_run
+from fastverify.proof.record import COMPARABLE, LoadRun, read_run
 from fastverify.verify_records import CLOCK_LABELS, read_log_dir
 
 SCHEMA = "fastverify.compare"
@@ -199,6 +200,10 @@ def comparable(before: LoadRun, after: LoadRun) -> None:
         if before.server.get(k) != after.server.get(k):
             raise UserError(f"the runs' servers differ: {k} {before.server.get(k)!r} vs {after.server.get(k)!r}: "
                             "not comparable")
+    for k in ("dtype", "model_path"):  # what the servers said of themselves
+        b, a = before.server_info.get(k), after.server_info.get(k)
+        if b is not None and a is not None and b != a:
+            raise UserError(f"the servers said {k} {b!r} vs {a!r}: not comparable")
 
 
 def _closing(after: LoadRun, streams: list[StreamChange], buckets: list[BucketChange], v: AnswersVerdict) -> str:
@@ -211,7 +216,7 @@ def _closing(after: LoadRun, streams: list[StreamChange], buckets: list[BucketCh
     if one is not None:
         parts.append(f"tok/s per stream {one.before.mean:.1f} -> {one.after.mean:.1f} ({one.change_pct:+.0f} %, "
                      f"95 % CI {one.change_lo:+.0f}..{one.change_hi:+.0f} %, concurrency {one.concurrency})")
-    answers = (f"CHANGED answers ({v.identical}/{v.total} identical): do not deploy" if v.verdict == CHANGED
+    answers = (f"CHANGED answers ({v.identical}/{v.total} with identical tokens): do not deploy" if v.verdict == CHANGED
                else f"{v.verdict} ({v.identical}/{v.total})")
     return f"{after.backend or 'auto'}: " + ", ".join([*parts, answers])
 
@@ -226,6 +231,8 @@ def build_report(before_dir: str | Path, after_dir: str | Path, *, logprob_tol: 
         A folder without a complete run (``allow_incomplete`` admits incomplete ones), runs that are
         not comparable (:func:`comparable`), verify records of two clocks.
     """
+    if os.path.realpath(before_dir) == os.path.realpath(after_dir):
+        raise UserError(f"BEFORE and AFTER are the same folder ({path_text(before_dir)}): compare two runs")
     before = read_run(before_dir, flag="BEFORE", allow_incomplete=allow_incomplete)
     after = read_run(after_dir, flag="AFTER", allow_incomplete=allow_incomplete)
     comparable(before, after)
@@ -282,9 +289,7 @@ def format_report(r: CompareReport) -> str:
     lines.append(f"answers: {r.answers.line()}")
     for p in r.answers.prompts:
         if p.status != "same":
-            dl = "-" if p.max_dlogprob is None else f"{p.max_dlogprob:.3g}"
-            lines.append(f"  {p.id}: {p.status}: first divergent token {p.position}, baseline margin "
-                         f"{_f(p.margin, '{:.3g}')} nats, largest |d logprob| before it {dl} nats")
+            lines.append(f"  {p.id}: {p.status}: {p.why}")
     lines.append(r.closing)
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,8 @@ cut short (the server died, a signal, a client failure) still writes ``load.json
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -22,74 +24,24 @@ from pathlib import Path
 
 import msgspec
 
-from fastverify import __version__
-from fastverify.collect.server import fetch_server_info
-from fastverify.errors import UserError, path_text, schema_error
-from fastverify.inputs import read_bytes
+from fastverify.collect.server import fetch_server_info, normalise_url
+from fastverify.errors import UserError, one_line, path_text
 from fastverify.outputs import atomic_write_text
 from fastverify.patch.verify import FLUSH_INTERVAL_S
 from fastverify.proof.answers import Answer, AnswerBaseline, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
+from fastverify.proof.record import ANSWERS, COMPARABLE, RECORD, LoadRun, read_run
 from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
-from fastverify.proof.throughput import ThroughputRun, parse_concurrency, run_client
+from fastverify.proof.throughput import CLIENT, parse_concurrency, run_client
 from fastverify.verify_records import FILE_GLOB
 
-SCHEMA = "fastverify.load_run"
-SCHEMA_VERSION = 1
-RECORD = "load.json"
-ANSWERS = "answers.jsonl"
 BENCH_GLOB = "bench-c*.jsonl"
-RUN_FILES = (RECORD, ANSWERS, BENCH_GLOB, "bench-c*.log", FILE_GLOB)
+RUN_FILES = (RECORD, RECORD + ".bak", ANSWERS, BENCH_GLOB, "bench-c*.log", FILE_GLOB)
 """What a run writes into its folder: a folder holding any of these holds a run."""
 SERVER_FACTS = ("device", "dtype", "tp_size", "model_path", "speculative_algorithm", "speculative_num_draft_tokens",
                 "speculative_num_steps", "speculative_eagle_topk", "version")
 """The ``/server_info`` fields a run keeps (the server's own resolved arguments)."""
-COMPARABLE = ("tp", "algorithm", "draft_tokens", "topk", "steps", "dtype", "model")
-"""Server-shape fields two runs must share to be compared (``launch``'s reading of the command)."""
 REQUEST_TIMEOUT_S = 600.0
 DEATH_GRACE_S = 3.0
-
-
-class LoadRun(msgspec.Struct, kw_only=True):
-    """One fixed-load run against one server.
-
-    ``complete`` false with ``incomplete`` saying why when the run was cut short. ``server`` is the
-    command as launch read it (SGLang's own parser: :class:`fastverify.patch.server_cmd.ServerShapes`),
-    ``server_info`` what the server said of itself (:data:`SERVER_FACTS`). ``clock`` names the
-    clock of every time here: the client's wall clock (``cpu_server_wall_clock`` when the server ran
-    on CPU: never a GPU timing). ``answers`` follow ``prompts``; ``throughput`` one per concurrency.
-    """
-
-    schema: str = SCHEMA
-    schema_version: int = SCHEMA_VERSION
-    fastverify_version: str = __version__
-    created_utc: str = ""
-    complete: bool = False
-    incomplete: str | None = None
-    url: str = ""
-    command: list[str] = []
-    server: dict = {}
-    server_info: dict = {}
-    backend: str = ""
-    env_file: str | None = None
-    deployment: str | None = None
-    clock: str = "wall_clock"
-    prompts_source: str = ""
-    prompts_digest: str = ""
-    prompts: list[Prompt] = []
-    max_new_tokens: int = 0
-    answers: list[Answer] = []
-    throughput: list[ThroughputRun] = []
-    ready_s: float | None = None
-    baseline: str | None = None
-    answers_verdict: str | None = None
-
-    @property
-    def dtype(self) -> str | None:
-        """The served dtype: the server's own ``dtype`` unless ``auto``, else the command's."""
-        for d in (self.server_info.get("dtype"), self.server.get("dtype")):
-            if isinstance(d, str) and d not in ("auto", ""):
-                return d
-        return None
 
 
 @dataclass(frozen=True)
@@ -159,38 +111,22 @@ def _utc() -> str:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"fastverify launch: {text}\n")
+    """One progress line on stderr; server text in it made terminal-safe and kept on one line."""
+    sys.stderr.write(f"fastverify launch: {one_line(text, 2000)}\n")
     sys.stderr.flush()
 
 
-def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -> LoadRun:
-    """The :class:`LoadRun` of ``folder/load.json``.
-
-    Raises
-    ------
-    UserError
-        No ``load.json`` (an unfinished or killed run: said), not a run record, or an incomplete run
-        unless ``allow_incomplete``.
-    """
-    path = Path(folder) / RECORD
-    if not path.exists():
-        what = "a run that never finished (launch killed?)" if (Path(folder) / ANSWERS).exists() else "no run"
-        raise UserError(f"{flag} {path_text(folder)}: no {RECORD} ({what}; `fastverify launch --load "
-                        "--profile-verify DIR -- ...` writes one)")
-    raw = read_bytes(path, kind="json", flag=flag)
+def refusal(plan, args, record) -> str | None:
+    """``launch --dry-run`` with ``--load`` / ``--baseline`` (or a record's baseline): why the real
+    launch would refuse its inputs before starting the server, or None."""
     try:
-        run = msgspec.json.decode(raw, type=LoadRun)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
-        raise schema_error(f"{path_text(path)}", err, {"schema": f'"{SCHEMA}"', "complete": "true"}) from None
-    if run.schema != SCHEMA:
-        raise UserError(f"{path_text(path)}: not a fastverify load run (schema {run.schema!r})")
-    if not run.complete and not allow_incomplete:
-        raise UserError(f"{flag} {path_text(folder)}: an incomplete run ({run.incomplete}); "
-                        "--allow-incomplete compares what it holds")
-    return run
+        _inputs(plan, load_options(args, record and record.baseline, plan.deployment), dry_run=True)
+    except UserError as err:
+        return str(err)
+    return None
 
 
-def prepare_folder(folder: Path, force: bool) -> None:
+def prepare_folder(folder: Path, force: bool, *, dry_run: bool = False) -> None:
     """Make ``folder``; one that already holds a run (:data:`RUN_FILES`) is refused unless
     ``force``, which removes that run's files (nothing else in the folder is touched).
 
@@ -199,10 +135,15 @@ def prepare_folder(folder: Path, force: bool) -> None:
     UserError
         A run is there and not ``force``; the folder cannot be made or cleared.
     """
-    old = sorted({p for pat in RUN_FILES for p in folder.glob(pat)}) if folder.is_dir() else []
+    try:
+        old = sorted({p for pat in RUN_FILES for p in folder.glob(pat)}) if folder.is_dir() else []
+    except OSError as err:  # a name too long, a loop
+        raise UserError(f"--profile-verify {path_text(folder)}: {err.strerror or err}") from None
     if old and not force:
         raise UserError(f"--profile-verify {path_text(folder)}: already holds a run ({old[0].name}, {len(old)} "
                         "files); choose another folder, or --force to replace it")
+    if dry_run:
+        return
     try:
         for p in old:
             p.unlink()
@@ -226,6 +167,7 @@ class _Writer:
     def __init__(self, folder: Path | None, run: LoadRun) -> None:
         self.folder, self.run = folder, run
         self._answers = None
+        self.done = False
 
     def answer(self, a: Answer) -> None:
         self.run.answers.append(a)
@@ -239,24 +181,27 @@ class _Writer:
         if self._answers is not None:
             self._answers.close()
             self._answers = None
-        self.run.complete, self.run.incomplete = complete, why
+        self.run.complete, self.run.incomplete, self.done = complete, why, True
         if self.folder is not None:
             text = msgspec.json.format(msgspec.json.encode(self.run).decode(), indent=1) + "\n"
             atomic_write_text(self.folder / RECORD, text)
-            _say(f"wrote {path_text(self.folder / RECORD)}" + ("" if complete else f" (incomplete: {why})"))
+            _say(f"wrote {path_text(self.folder / RECORD)}" + ("" if complete else " (incomplete)"))
 
 
 def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: str, max_new: int) -> LoadRun:
     server = plan.server.as_dict() if plan.server is not None else {}
-    return LoadRun(created_utc=_utc(), url=url, command=list(plan.argv), server=server, backend=plan.backend,
-                   env_file=plan.env_file, deployment=plan.deployment, prompts_source=source,
+    return LoadRun(created_utc=_utc(), url=url, command=[path_text(a) for a in plan.argv], server=server,
+                   backend=plan.backend, env_file=path_text(plan.env_file) if plan.env_file else None,
+                   deployment=path_text(plan.deployment) if plan.deployment else None, prompts_source=path_text(source),
                    prompts_digest=prompt_digest(prompts), prompts=prompts, max_new_tokens=max_new,
                    baseline=source if (opts.baseline or opts.record_baseline) else None)
 
 
-def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt], str, int, Path | None]:
+def _inputs(plan, opts: LoadOptions, *, dry_run: bool = False
+            ) -> tuple[str, LoadRun | None, list[Prompt], str, int, Path | None]:
     """The URL, the baseline run, the prompts (the baseline's when given), their source, the
-    tokens per answer and the run folder; every refusal before the server starts."""
+    tokens per answer and the run folder; every refusal before the server starts (``dry_run``:
+    the folder is checked, not made or cleared)."""
     if plan.blockers:
         raise UserError(plan.blockers[0].message)
     folder = Path(plan.profile_verify) if plan.profile_verify else None
@@ -265,6 +210,15 @@ def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt],
     url = opts.url or (plan.server.url if plan.server is not None else None)
     if url is None:
         raise UserError("the command is not an SGLang server command launch can read: give --url http://host:port")
+    try:
+        url = normalise_url(url)
+    except UserError as err:
+        raise UserError(str(err).replace("--server", "--url" if opts.url else "the server's address", 1)) from None
+    except ValueError as err:  # urllib's own refusals ("Invalid IPv6 URL")
+        raise UserError(f"--url {url!r}: {err}") from None
+    if folder is not None and opts.baseline is not None and _same_folder(folder, opts.baseline):
+        raise UserError(f"--profile-verify {path_text(folder)} is the --baseline folder: the new run would replace "
+                        "the baseline; give another folder")
     baseline, where = None, None
     if opts.baseline is not None:
         baseline, where = read_run(opts.baseline, flag="--baseline"), f"--baseline {path_text(opts.baseline)}"
@@ -278,8 +232,27 @@ def _inputs(plan, opts: LoadOptions) -> tuple[str, LoadRun | None, list[Prompt],
     else:
         (prompts, source), max_new = read_prompts(opts.prompts), opts.max_new_tokens
     if folder is not None:
+        prepare_folder(folder, opts.force, dry_run=True)
+    if opts.load and not _client_installed():
+        raise UserError(f"--load runs SGLang's benchmark client ({CLIENT}), which this Python cannot import: run "
+                        "launch with the Python that has SGLang")
+    if folder is not None and not dry_run:
         prepare_folder(folder, opts.force)
     return url, baseline, prompts, source, max_new, folder
+
+
+def _client_installed() -> bool:
+    """Whether this Python has SGLang's benchmark client (found by file: SGLang is never imported)."""
+    spec = importlib.util.find_spec("sglang")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any((Path(r) / "benchmark" / "serving.py").is_file() for r in roots)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
 
 
 def _check_answers(run: LoadRun, baseline: LoadRun, opts: LoadOptions) -> bool:
@@ -300,8 +273,8 @@ def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: LoadRun | None
     run.server_info = {k: info.get(k) for k in SERVER_FACTS if k in info}
     if run.server_info.get("device") == "cpu":
         run.clock = "cpu_server_wall_clock"
-    _say(f"server healthy after {run.ready_s:.1f} s at {run.url}; answer phase: {len(run.prompts)} prompts x "
-         f"{run.max_new_tokens} tokens, greedy")
+    _say(f"server healthy after {run.ready_s:.1f} s at {run.url}; answer phase: {len(run.prompts)} "
+         f"prompt{'s' if len(run.prompts) != 1 else ''} x {run.max_new_tokens} tokens, greedy")
     t0 = time.monotonic()
     answer_phase(run.url, run.prompts, run.max_new_tokens, timeout_s=REQUEST_TIMEOUT_S, on_answer=w.answer)
     _say(f"answers: {len(run.answers)} in {time.monotonic() - t0:.1f} s")
@@ -358,7 +331,8 @@ def supervise(plan, opts: LoadOptions, environ: Mapping[str, str]) -> int:
             _say(f"{why}; the results so far are kept, marked incomplete")
             return exit_code(err.returncode) or 1
         except Stopped as err:
-            w.finish(False, f"stopped by signal {err.signum}")
+            if not w.done:  # a signal while serving after a finished check leaves its record as it is
+                w.finish(False, f"stopped by signal {err.signum}")
             return 128 + err.signum
         except OSError as err:
             try:  # a dropped connection may be the server's end: give it a moment to be reaped
