@@ -272,9 +272,12 @@ def ask(url: str, prompt: Prompt, max_new_tokens: int, timeout_s: float) -> Answ
         reply = orjson.loads(raw)
         if not isinstance(reply, dict):
             raise ValueError("not a JSON object")
-        return answer_of(prompt, reply, latency)
+        answer = answer_of(prompt, reply, latency)
     except (orjson.JSONDecodeError, ValueError) as err:
         raise OSError(f"/generate: not an SGLang answer ({err}): {raw[:200].decode(errors='replace')}") from None
+    if not 0 < len(answer.output_ids) <= max_new_tokens:
+        raise OSError(f"/generate answered {len(answer.output_ids)} tokens for max_new_tokens {max_new_tokens}")
+    return answer
 
 
 def answer_phase(url: str, prompts: Sequence[Prompt], max_new_tokens: int, *, timeout_s: float,

@@ -297,8 +297,11 @@ def format_report(r: CompareReport) -> str:
 def run(args) -> int:
     """``fastverify compare``: the report (text, or ``--json``) on stdout; exit 1 when CHANGED."""
     report = build_report(args.before, args.after, logprob_tol=args.logprob_tol, allow_incomplete=args.allow_incomplete)
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n")
-    else:
-        sys.stdout.write(format_report(report))
+    text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n" if args.json \
+        else format_report(report)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, AttributeError) as err:  # a closed stdout (>&-: None), a full disk
+        raise UserError(f"cannot print the comparison: {getattr(err, 'strerror', None) or err}") from None
     return report.exit_code
