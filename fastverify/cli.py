@@ -51,32 +51,29 @@ def _bounded(lo: int, hi: int):
     return parse
 
 
-def _seconds(text: str) -> float:
-    """A finite number of seconds in (0, MAX_TIMEOUT_S]; nan, inf and 1e300 are refused here, before
-    ``torch.distributed.TCPStore`` turns them into an OverflowError or a hang."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}") from None
-    if not 0 < v <= MAX_TIMEOUT_S:  # also false for nan
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text}")
-    return v
+def _up_to(hi: float, unit: str):
+    """A parser of a finite number in (0, ``hi``] of ``unit``; nan and inf are refused."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {unit} in (0, {hi:g}], got {text!r}") from None
+        if not 0 < v <= hi:  # also false for nan
+            raise argparse.ArgumentTypeError(f"expected {unit} in (0, {hi:g}], got {text}")
+        return v
+    return parse
+
+
+_seconds = _up_to(MAX_TIMEOUT_S, "seconds")
+"""Seconds in (0, MAX_TIMEOUT_S]: nan, inf and 1e300 are refused here, before
+``torch.distributed.TCPStore`` turns them into an OverflowError or a hang."""
+_nats = _up_to(100.0, "nats")
 
 
 def _folder(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a folder, got an empty value")
     return Path(text)
-
-
-def _nats(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected nats in (0, 100], got {text!r}") from None
-    if not 0 < v <= 100:  # also false for nan
-        raise argparse.ArgumentTypeError(f"expected nats in (0, 100], got {text}")
-    return v
 
 
 def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) -> argparse.ArgumentParser:
@@ -306,7 +303,6 @@ def _raise_terminated(signum, _frame) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from fastverify.deploy import read_record
     from fastverify.patch.launch import describe, exec_plan, plan_launch
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -321,14 +317,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                        str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
                        trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
                        box=box, box_source=source, collect_blockers=args.dry_run)
-    record = read_record(plan.deployment) if plan.deployment and args.baseline is None and not plan.blockers else None
-    proof = args.load is not None or args.baseline is not None or (record is not None and record.baseline is not None)
+    proof = args.load is not None or args.baseline is not None or plan.answer_baseline is not None
     if args.dry_run:
         from fastverify.patch.launch_plan import summary
         from fastverify.proof.run import refusal  # lazy: its inputs are read only when asked
 
         sys.stdout.write(describe(plan))
-        why = summary(plan.blockers) if plan.blockers else refusal(plan, args, record) if proof else None
+        why = summary(plan.blockers) if plan.blockers else refusal(plan, args) if proof else None
         if why:
             sys.stdout.flush()  # the plan first, then the one-line verdict
             sys.stderr.write(f"fastverify: error: {one_line(why)}\n")
@@ -338,7 +333,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         from fastverify.proof.run import FallBack, load_options, supervise
 
         try:
-            return supervise(plan, load_options(args, record and record.baseline, plan.deployment), os.environ)
+            return supervise(plan, load_options(args), os.environ)
         except FallBack:
             sys.stderr.write("fastverify launch: --on-mismatch fallback: starting the server again without the swap "
                              "(no env file, no patch)\n")

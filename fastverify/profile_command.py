@@ -85,15 +85,12 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     if len(args.verify_log) > 2:
         raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
     if len(args.verify_log) == 2 and all((Path(f) / "load.json").is_file() for f in args.verify_log):
-        from fastverify.proof.compare import build_report as build_comparison  # two load runs: compare's alias
-        from fastverify.proof.compare import format_report as format_comparison
+        from fastverify.proof.compare import print_comparison  # two load runs: compare's alias
 
         if args.output is not None:
             raise UserError("two `launch --load` runs are compared by `fastverify compare BEFORE AFTER` (--json for "
                             "the document); --output does not apply")
-        comparison = build_comparison(*args.verify_log)
-        sys.stdout.write(format_comparison(comparison))
-        return comparison.exit_code
+        return print_comparison(*args.verify_log)
     clash = [f for f in (*_LIVE_FLAGS, "--trace", "--png", "--jobs") if any(a == f or a.startswith(f + "=") for a in argv)]
     if clash:
         raise UserError(f"--verify-log reads verify records; {', '.join(clash)} does not apply to it")

@@ -228,10 +228,14 @@ def _ranks_text(ranks: list[str]) -> str:
     return ", ".join(ranks)
 
 
-def _change(b: RankSummary, a: RankSummary) -> Change:
-    def pct(before: float, after: float) -> float | None:
-        return round(100.0 * (after - before) / before, 3) if before > 0 else None
+def change_pct(before: float, after: float) -> float | None:
+    """``(after - before) / before x 100`` (- = less), 3 decimals; None when ``before`` is not
+    positive (no change can be said of it)."""
+    return round(100.0 * (after - before) / before, 3) if before > 0 else None
 
+
+def _change(b: RankSummary, a: RankSummary) -> Change:
+    pct = change_pct
     return Change(rank=b.rank, before_p50_ms=b.p50_ms, after_p50_ms=a.p50_ms, p50_change_ms=_r(a.p50_ms - b.p50_ms),
                   change_pct=pct(b.p50_ms, a.p50_ms), before_p90_ms=b.p90_ms, after_p90_ms=a.p90_ms,
                   p90_change_ms=_r(a.p90_ms - b.p90_ms), p90_change_pct=pct(b.p90_ms, a.p90_ms))

@@ -33,6 +33,7 @@ from fastverify.patch.launch_env import (HOOK_DIR, OFF, ROUTE_HOOK, Draft, backe
                                         settings_env)
 from fastverify.patch.launch_plan import Blocker, Checks, blocked_text, box_text, check_box, flag_int
 from fastverify.patch.server_cmd import ServerShapes, read_command
+from fastverify.proof.answers import AnswerBaseline
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import BackendInfo, BackendName, backend_info, names
@@ -80,6 +81,9 @@ class LaunchPlan:
     box_source : str or None
         Where the box was described (``--describe-box``, ``FASTVERIFY_DESCRIBE_BOX``); None: read
         from this machine (or given by a caller).
+    answer_baseline : AnswerBaseline or None
+        The deployment record's baseline answers (``tune --write-env --baseline``): launch asks them
+        of the server before it serves.
     blockers : tuple[Blocker, ...]
         Every check that would refuse the real launch (``plan_launch(collect_blockers=True)``;
         always empty otherwise: the first one raised). :func:`exec_plan` refuses a plan with any.
@@ -101,6 +105,7 @@ class LaunchPlan:
     p2p: P2PFacts | None = None
     server: ServerShapes | None = None
     box_source: str | None = None
+    answer_baseline: AnswerBaseline | None = None
     blockers: tuple[Blocker, ...] = ()
 
     def child_env(self, environ: Mapping[str, str]) -> dict[str, str]:
@@ -322,10 +327,10 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     replaced = {k: (environ[k], v) for k, v in draft.env.items() if k in environ and environ[k] != v}
     return LaunchPlan(env=draft.env, route=route, patch=patch, argv=argv, server=server,
                       backend=chosen.value if chosen is not None else backend, env_file=env_file,
-                      profile_verify=prof, sglang=info, replaced=replaced, in_rank=draft.in_rank,
-                      notes=tuple(draft.notes),
+                      profile_verify=prof, sglang=info, replaced=replaced, in_rank=draft.in_rank, notes=tuple(draft.notes),
                       deployment=str(record_path.resolve()) if record_path is not None else None,
-                      box=checked_box, p2p=p2p, box_source=box_source, blockers=checks.blockers)
+                      box=checked_box, p2p=p2p, box_source=box_source, blockers=checks.blockers,
+                      answer_baseline=record.baseline if record is not None else None)
 
 
 def _command_shapes(argv: tuple[str, ...], server: ServerShapes | None, checks: Checks,

@@ -1,5 +1,6 @@
-"""The answer phase: fixed prompts asked greedily of a running SGLang server, and the verdict on two
-sets of answers (the same, the same within reordering noise, or CHANGED).
+"""The answer phase's records: fixed prompts, the greedy answers a running SGLang server gave them
+(asked by :mod:`fastverify.proof.run`), and the verdict on two sets of answers (the same, the
+same within reordering noise, or CHANGED).
 
 Each prompt is one ``POST /generate`` (SGLang 0.5.23 ``srt/entrypoints/http_server.py``) with
 ``temperature`` 0, a fixed ``max_new_tokens`` and ``ignore_eos`` (every answer runs its full length),
@@ -14,22 +15,20 @@ any divergence differ by at most ``tol``, and (2) a greedy answer can only diver
 baseline's top-1/top-2 margin is at most ``2 x tol`` (each of the two moves ``tol`` towards the
 other): a near-tie; and (3) every top-1/top-2 margin before it moves by at most ``2 x tol``. The
 margin is the sharper of the two witnesses: a chosen token near probability 1 has a logprob near
-0 whatever its logits do, while the margin is a difference of logits. Anything else is CHANGED. ``tol`` defaults by the served dtype
-(:data:`DEFAULT_TOL`, said with its basis in every verdict).
+0 whatever its logits do, while the margin is a difference of logits. Anything else is CHANGED.
+``tol`` defaults by the served dtype (:data:`DEFAULT_TOL`, said with its basis in every verdict).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 import msgspec
 import orjson
 
-from fastverify.collect.server import http
 from fastverify.errors import UserError, path_text
 from fastverify.inputs import read_text
 
@@ -252,46 +251,6 @@ def answer_of(prompt: Prompt, reply: dict, latency_s: float) -> Answer:
     lps, margins = _logprobs(meta, len(ids))
     return Answer(prompt.id, ids, lps, margins, _int_or_none(meta.get("completion_tokens")),
                   _int_or_none(meta.get("spec_verify_ct")), round(latency_s, 6))
-
-
-def ask(url: str, prompt: Prompt, max_new_tokens: int, timeout_s: float) -> Answer:
-    """One greedy answer of the server at ``url``.
-
-    Raises
-    ------
-    OSError
-        No answer in ``timeout_s``, an HTTP error status, or a reply that is not an SGLang answer
-        (its first 200 characters said).
-    """
-    t0 = time.perf_counter()
-    status, raw = http("POST", url + "/generate", request_body(prompt, max_new_tokens), timeout_s=timeout_s)
-    latency = time.perf_counter() - t0
-    if status != 200:
-        raise OSError(f"/generate answered HTTP {status}: {raw[:200].decode(errors='replace')}")
-    try:
-        reply = orjson.loads(raw)
-        if not isinstance(reply, dict):
-            raise ValueError("not a JSON object")
-        answer = answer_of(prompt, reply, latency)
-    except (orjson.JSONDecodeError, ValueError) as err:
-        raise OSError(f"/generate: not an SGLang answer ({err}): {raw[:200].decode(errors='replace')}") from None
-    if not 0 < len(answer.output_ids) <= max_new_tokens:
-        raise OSError(f"/generate answered {len(answer.output_ids)} tokens for max_new_tokens {max_new_tokens}")
-    return answer
-
-
-def answer_phase(url: str, prompts: Sequence[Prompt], max_new_tokens: int, *, timeout_s: float,
-                 on_answer: Callable[[Answer], None] | None = None) -> list[Answer]:
-    """Ask every prompt in turn (one at a time: the answers do not depend on batching); each answer
-    goes to ``on_answer`` as it arrives. Raises OSError as :func:`ask` (the answers so far were
-    given to ``on_answer``)."""
-    out = []
-    for p in prompts:
-        a = ask(url, p, max_new_tokens, timeout_s)
-        out.append(a)
-        if on_answer is not None:
-            on_answer(a)
-    return out
 
 
 def tolerance(dtype: str | None, given: float | None) -> tuple[float, str]:

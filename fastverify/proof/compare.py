@@ -29,8 +29,9 @@ import numpy as np
 
 from fastverify.errors import UserError, path_text
 from fastverify.proof.answers import CHANGED, AnswersVerdict, judge, tolerance
-from fastverify.proof.record import COMPARABLE, LoadRun, read_run
-from fastverify.verify_records import CLOCK_LABELS, read_log_dir
+from fastverify.proof.record import LoadRun, read_run, server_difference
+from fastverify.verify_records import CLOCK_LABELS, FILE_GLOB, read_log_dir
+from fastverify.verifylog import change_pct
 
 SCHEMA = "fastverify.compare"
 SCHEMA_VERSION = 1
@@ -58,12 +59,12 @@ class StreamChange(msgspec.Struct, frozen=True):
     concurrency: int
     before: Interval
     after: Interval
-    change_pct: float
+    change_pct: float | None
     change_lo: float
     change_hi: float
     aggregate_before: float
     aggregate_after: float
-    aggregate_change_pct: float
+    aggregate_change_pct: float | None
 
 
 class BucketChange(msgspec.Struct, frozen=True):
@@ -113,8 +114,10 @@ class CompareReport(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int
 
 
-def _pct(before: float, after: float) -> float:
-    return (after - before) / before * 100.0 if before else float("nan")
+def _resampled_means(values: list[float], rng: np.random.Generator) -> np.ndarray:
+    """The means of :data:`RESAMPLES` resamples of ``values`` with replacement."""
+    x = np.asarray(values, dtype=np.float64)
+    return rng.choice(x, size=(RESAMPLES, len(x)), replace=True).mean(axis=1)
 
 
 def bootstrap_interval(values: list[float], rng: np.random.Generator) -> Interval | None:
@@ -122,16 +125,12 @@ def bootstrap_interval(values: list[float], rng: np.random.Generator) -> Interva
     resamples with replacement); None for no values."""
     if not values:
         return None
-    x = np.asarray(values, dtype=np.float64)
-    means = rng.choice(x, size=(RESAMPLES, len(x)), replace=True).mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return Interval(round(float(x.mean()), 6), round(float(lo), 6), round(float(hi), 6), len(x))
+    lo, hi = np.percentile(_resampled_means(values, rng), [2.5, 97.5])
+    return Interval(round(float(np.mean(values)), 6), round(float(lo), 6), round(float(hi), 6), len(values))
 
 
 def _change_interval(b: list[float], a: list[float], rng: np.random.Generator) -> tuple[float, float]:
-    xb, xa = np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64)
-    mb = rng.choice(xb, size=(RESAMPLES, len(xb)), replace=True).mean(axis=1)
-    ma = rng.choice(xa, size=(RESAMPLES, len(xa)), replace=True).mean(axis=1)
+    mb, ma = _resampled_means(b, rng), _resampled_means(a, rng)
     lo, hi = np.percentile((ma - mb) / mb * 100.0, [2.5, 97.5])
     return round(float(lo), 3), round(float(hi), 3)
 
@@ -145,16 +144,16 @@ def _streams(before: LoadRun, after: LoadRun, rng: np.random.Generator) -> list[
             continue
         ib, ia = bootstrap_interval(tb.per_stream_tok_s, rng), bootstrap_interval(ta.per_stream_tok_s, rng)
         lo, hi = _change_interval(tb.per_stream_tok_s, ta.per_stream_tok_s, rng)
-        out.append(StreamChange(tb.concurrency, ib, ia, round(_pct(ib.mean, ia.mean), 3), lo, hi,
+        out.append(StreamChange(tb.concurrency, ib, ia, change_pct(ib.mean, ia.mean), lo, hi,
                                 round(tb.output_tok_s, 3), round(ta.output_tok_s, 3),
-                                round(_pct(tb.output_tok_s, ta.output_tok_s), 3)))
+                                change_pct(tb.output_tok_s, ta.output_tok_s)))
     return out
 
 
 def _by_bucket(folder: str) -> tuple[dict[tuple[int, int], list[float]], str | None]:
     """Verify ms per (batch, tokens), pooled over ranks, and the records' clock; empty when the
     folder has no verify records."""
-    if not any(Path(folder).glob("verify-rank*.jsonl")):
+    if not any(Path(folder).glob(FILE_GLOB)):
         return {}, None
     got = read_log_dir(folder)
     out: dict[tuple[int, int], list[float]] = defaultdict(list)
@@ -176,8 +175,7 @@ def _buckets(before: str, after: str) -> tuple[list[BucketChange], str | None]:
         ok = len(xb) >= MIN_BUCKET_STEPS and len(xa) >= MIN_BUCKET_STEPS
         p = [round(float(np.percentile(x, q)), 6) for x in (xb, xa) for q in (50, 90)]
         out.append(BucketChange(key[0], key[1], len(xb), len(xa), p[0], p[2], p[1], p[3],
-                                round(_pct(p[0], p[2]), 3) if ok else None, round(_pct(p[1], p[3]), 3) if ok else None,
-                                ok))
+                                change_pct(p[0], p[2]) if ok else None, change_pct(p[1], p[3]) if ok else None, ok))
     return out, clock_b or clock_a
 
 
@@ -196,10 +194,9 @@ def comparable(before: LoadRun, after: LoadRun) -> None:
     if before.max_new_tokens != after.max_new_tokens:
         raise UserError(f"the runs asked {before.max_new_tokens} vs {after.max_new_tokens} tokens per answer: "
                         "not comparable")
-    for k in COMPARABLE:
-        if before.server.get(k) != after.server.get(k):
-            raise UserError(f"the runs' servers differ: {k} {before.server.get(k)!r} vs {after.server.get(k)!r}: "
-                            "not comparable")
+    if (diff := server_difference(before.server, after.server)) is not None:
+        k, b, a = diff
+        raise UserError(f"the runs' servers differ: {k} {b!r} vs {a!r}: not comparable")
     for k in ("dtype", "model_path"):  # what the servers said of themselves
         b, a = before.server_info.get(k), after.server_info.get(k)
         if b is not None and a is not None and b != a:
@@ -208,7 +205,8 @@ def comparable(before: LoadRun, after: LoadRun) -> None:
 
 def _closing(after: LoadRun, streams: list[StreamChange], buckets: list[BucketChange], v: AnswersVerdict) -> str:
     parts = []
-    best = max((x for x in buckets if x.compared), key=lambda x: min(x.before_steps, x.after_steps), default=None)
+    best = max((x for x in buckets if x.p50_change_pct is not None), key=lambda x: min(x.before_steps, x.after_steps),
+               default=None)
     if best is not None:
         parts.append(f"verify step {best.p50_change_pct:+.0f} % ({best.batch} x {best.tokens // max(best.batch, 1)} "
                      "tokens, p50)")
@@ -274,9 +272,9 @@ def format_report(r: CompareReport) -> str:
     for s in r.streams:
         lines.append(f"tok/s per stream at concurrency {s.concurrency}: {s.before.mean:.2f} "
                      f"[{s.before.lo:.2f}, {s.before.hi:.2f}] -> {s.after.mean:.2f} [{s.after.lo:.2f}, {s.after.hi:.2f}] "
-                     f"(95 % CI over {s.before.n} / {s.after.n} requests), {s.change_pct:+.1f} % "
+                     f"(95 % CI over {s.before.n} / {s.after.n} requests), {_f(s.change_pct, '{:+.1f}')} % "
                      f"[{s.change_lo:+.1f}, {s.change_hi:+.1f}]; aggregate {s.aggregate_before:.2f} -> "
-                     f"{s.aggregate_after:.2f} tok/s ({s.aggregate_change_pct:+.1f} %)")
+                     f"{s.aggregate_after:.2f} tok/s ({_f(s.aggregate_change_pct, '{:+.1f}')} %)")
     if not r.streams:
         lines.append("tok/s: no concurrency measured by both runs")
     a = r.accept
@@ -294,10 +292,17 @@ def format_report(r: CompareReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args) -> int:
-    """``fastverify compare``: the report (text, or ``--json``) on stdout; exit 1 when CHANGED."""
-    report = build_report(args.before, args.after, logprob_tol=args.logprob_tol, allow_incomplete=args.allow_incomplete)
-    text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n" if args.json \
+def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = False,
+                     logprob_tol: float | None = None, allow_incomplete: bool = False) -> int:
+    """Build the report and print it (text, or JSON) on stdout; its exit code (1 when CHANGED).
+
+    Raises
+    ------
+    UserError
+        As :func:`build_report`; a closed or full stdout.
+    """
+    report = build_report(before, after, logprob_tol=logprob_tol, allow_incomplete=allow_incomplete)
+    text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n" if as_json \
         else format_report(report)
     try:
         sys.stdout.write(text)
@@ -305,3 +310,9 @@ def run(args) -> int:
     except (OSError, AttributeError) as err:  # a closed stdout (>&-: None), a full disk
         raise UserError(f"cannot print the comparison: {getattr(err, 'strerror', None) or err}") from None
     return report.exit_code
+
+
+def run(args) -> int:
+    """``fastverify compare``."""
+    return print_comparison(args.before, args.after, as_json=args.json, logprob_tol=args.logprob_tol,
+                            allow_incomplete=args.allow_incomplete)

@@ -103,6 +103,12 @@ def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -
     return run
 
 
+def server_difference(a: dict, b: dict) -> tuple[str, object, object] | None:
+    """The first :data:`COMPARABLE` field in which two readings of a server command differ, with
+    both values; None when they agree."""
+    return next(((k, a.get(k), b.get(k)) for k in COMPARABLE if a.get(k) != b.get(k)), None)
+
+
 def _bad_answer(a: Answer, max_new: int) -> str | None:
     if not 0 < len(a.output_ids) <= max_new:
         return f"{len(a.output_ids)} output ids (expected 1..{max_new})"

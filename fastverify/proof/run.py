@@ -18,18 +18,20 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import orjson
 
-from fastverify.collect.server import fetch_server_info, normalise_url
+from fastverify.collect.server import fetch_server_info, http, normalise_url
 from fastverify.errors import UserError, one_line, path_text
 from fastverify.outputs import atomic_write_text
 from fastverify.patch.verify import FLUSH_INTERVAL_S
-from fastverify.proof.answers import Answer, AnswerBaseline, Prompt, answer_phase, judge, prompt_digest, read_prompts, tolerance
-from fastverify.proof.record import ANSWERS, COMPARABLE, RECORD, LoadRun, read_run
+from fastverify.proof.answers import (Answer, AnswerBaseline, Prompt, answer_of, judge, prompt_digest, read_prompts,
+                                      request_body, tolerance)
+from fastverify.proof.record import ANSWERS, RECORD, LoadRun, read_run, server_difference
 from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
 from fastverify.proof.throughput import CLIENT, parse_concurrency, run_client
 from fastverify.verify_records import FILE_GLOB
@@ -51,8 +53,9 @@ class LoadOptions:
     ``concurrency`` levels, ``requests`` per level, ``input_len`` / ``output_len`` (tokens),
     ``ready_timeout_s`` (s), ``baseline`` (a run folder), ``logprob_tol`` (nats), ``force`` (replace
     a run in the folder), ``url`` (the server's, when launch cannot read it from the command),
-    ``record_baseline`` (the deployment record's answers, at ``record_path``; used when ``baseline``
-    is not given), ``on_mismatch`` (``stop``, or ``fallback``: :class:`FallBack` on CHANGED)."""
+    ``on_mismatch`` (``stop``, or ``fallback``: :class:`FallBack` on CHANGED). Without ``baseline``
+    the plan's deployment record's answers (``LaunchPlan.answer_baseline``), when it has some, are
+    the baseline."""
 
     load: bool
     prompts: Path | None = None
@@ -66,8 +69,6 @@ class LoadOptions:
     logprob_tol: float | None = None
     force: bool = False
     url: str | None = None
-    record_baseline: AnswerBaseline | None = None
-    record_path: str | None = None
     on_mismatch: str = "stop"
 
 
@@ -76,10 +77,10 @@ class FallBack(Exception):
     starts it again without the swap."""
 
 
-def load_options(args, record_baseline: AnswerBaseline | None = None, record_path: str | None = None) -> LoadOptions:
-    """The :class:`LoadOptions` of ``launch``'s parsed arguments (and the deployment record's
-    baseline). Raises :class:`UserError` for a bad ``--concurrency``, or ``--on-mismatch fallback``
-    with ``--load`` (a load run measures one server)."""
+def load_options(args) -> LoadOptions:
+    """The :class:`LoadOptions` of ``launch``'s parsed arguments. Raises :class:`UserError` for a
+    bad ``--concurrency``, or ``--on-mismatch fallback`` with ``--load`` (a load run measures one
+    server)."""
     if args.on_mismatch == "fallback" and args.load is not None:
         raise UserError("--on-mismatch fallback restarts a serving server without the swap; a --load run measures "
                         "one server: drop one of them")
@@ -87,8 +88,7 @@ def load_options(args, record_baseline: AnswerBaseline | None = None, record_pat
                        max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
                        requests=args.requests, input_len=args.input_len, output_len=args.output_len,
                        ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
-                       force=args.force, url=args.url, record_baseline=record_baseline, record_path=record_path,
-                       on_mismatch=args.on_mismatch)
+                       force=args.force, url=args.url, on_mismatch=args.on_mismatch)
 
 
 def baseline_of(folder: str | Path, flag: str = "--baseline") -> AnswerBaseline:
@@ -99,11 +99,44 @@ def baseline_of(folder: str | Path, flag: str = "--baseline") -> AnswerBaseline:
                           max_new_tokens=run.max_new_tokens, answers=run.answers, server=run.server, dtype=run.dtype)
 
 
-def _run_of(b: AnswerBaseline) -> LoadRun:
-    """A deployment record's baseline as the run it came from (what the check reads of it)."""
-    return LoadRun(complete=True, prompts=b.prompts, max_new_tokens=b.max_new_tokens, answers=b.answers,
-                   server=b.server, server_info={"dtype": b.dtype} if b.dtype else {},
-                   prompts_digest=prompt_digest(b.prompts), prompts_source=b.source)
+def ask(url: str, prompt: Prompt, max_new_tokens: int, timeout_s: float) -> Answer:
+    """One greedy answer of the server at ``url``.
+
+    Raises
+    ------
+    OSError
+        No answer in ``timeout_s``, an HTTP error status, or a reply that is not an SGLang answer
+        (its first 200 characters said).
+    """
+    t0 = time.perf_counter()
+    status, raw = http("POST", url + "/generate", request_body(prompt, max_new_tokens), timeout_s=timeout_s)
+    latency = time.perf_counter() - t0
+    if status != 200:
+        raise OSError(f"/generate answered HTTP {status}: {raw[:200].decode(errors='replace')}")
+    try:
+        reply = orjson.loads(raw)
+        if not isinstance(reply, dict):
+            raise ValueError("not a JSON object")
+        answer = answer_of(prompt, reply, latency)
+    except (orjson.JSONDecodeError, ValueError) as err:
+        raise OSError(f"/generate: not an SGLang answer ({err}): {raw[:200].decode(errors='replace')}") from None
+    if not 0 < len(answer.output_ids) <= max_new_tokens:
+        raise OSError(f"/generate answered {len(answer.output_ids)} tokens for max_new_tokens {max_new_tokens}")
+    return answer
+
+
+def answer_phase(url: str, prompts: Sequence[Prompt], max_new_tokens: int, *, timeout_s: float,
+                 on_answer: Callable[[Answer], None] | None = None) -> list[Answer]:
+    """Ask every prompt in turn (one at a time: the answers do not depend on batching); each answer
+    goes to ``on_answer`` as it arrives. Raises OSError as :func:`ask` (the answers so far were
+    given to ``on_answer``)."""
+    out = []
+    for p in prompts:
+        a = ask(url, p, max_new_tokens, timeout_s)
+        out.append(a)
+        if on_answer is not None:
+            on_answer(a)
+    return out
 
 
 def _utc() -> str:
@@ -116,11 +149,11 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def refusal(plan, args, record) -> str | None:
+def refusal(plan, args) -> str | None:
     """``launch --dry-run`` with ``--load`` / ``--baseline`` (or a record's baseline): why the real
     launch would refuse its inputs before starting the server, or None."""
     try:
-        _inputs(plan, load_options(args, record and record.baseline, plan.deployment), dry_run=True)
+        _inputs(plan, load_options(args), dry_run=True)
     except UserError as err:
         return str(err)
     return None
@@ -152,12 +185,11 @@ def prepare_folder(folder: Path, force: bool, *, dry_run: bool = False) -> None:
         raise UserError(f"--profile-verify {path_text(folder)}: {err.strerror or err}") from None
 
 
-def check_baseline(baseline: LoadRun, server: dict, where: str) -> None:
+def check_baseline(baseline: AnswerBaseline, server: dict, where: str) -> None:
     """Refuse a baseline whose server differs from this command in any :data:`COMPARABLE` field."""
-    for k in COMPARABLE:
-        if baseline.server.get(k) != server.get(k):
-            raise UserError(f"{where}: its server ran {k}={baseline.server.get(k)!r}, this command "
-                            f"{k}={server.get(k)!r}: not comparable")
+    if (diff := server_difference(baseline.server, server)) is not None:
+        k, was, now = diff
+        raise UserError(f"{where}: its server ran {k}={was!r}, this command {k}={now!r}: not comparable")
 
 
 class _Writer:
@@ -194,11 +226,11 @@ def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: s
                    backend=plan.backend, env_file=path_text(plan.env_file) if plan.env_file else None,
                    deployment=path_text(plan.deployment) if plan.deployment else None, prompts_source=path_text(source),
                    prompts_digest=prompt_digest(prompts), prompts=prompts, max_new_tokens=max_new,
-                   baseline=source if (opts.baseline or opts.record_baseline) else None)
+                   baseline=source if (opts.baseline or plan.answer_baseline) else None)
 
 
 def _inputs(plan, opts: LoadOptions, *, dry_run: bool = False
-            ) -> tuple[str, LoadRun | None, list[Prompt], str, int, Path | None]:
+            ) -> tuple[str, AnswerBaseline | None, list[Prompt], str, int, Path | None]:
     """The URL, the baseline run, the prompts (the baseline's when given), their source, the
     tokens per answer and the run folder; every refusal before the server starts (``dry_run``:
     the folder is checked, not made or cleared)."""
@@ -216,14 +248,13 @@ def _inputs(plan, opts: LoadOptions, *, dry_run: bool = False
         raise UserError(str(err).replace("--server", "--url" if opts.url else "the server's address", 1)) from None
     except ValueError as err:  # urllib's own refusals ("Invalid IPv6 URL")
         raise UserError(f"--url {url!r}: {err}") from None
-    if folder is not None and opts.baseline is not None and _same_folder(folder, opts.baseline):
+    if folder is not None and opts.baseline is not None and os.path.realpath(folder) == os.path.realpath(
+            opts.baseline):
         raise UserError(f"--profile-verify {path_text(folder)} is the --baseline folder: the new run would replace "
                         "the baseline; give another folder")
-    baseline, where = None, None
+    baseline, where = plan.answer_baseline, f"the deployment record {plan.deployment}'s baseline"
     if opts.baseline is not None:
-        baseline, where = read_run(opts.baseline, flag="--baseline"), f"--baseline {path_text(opts.baseline)}"
-    elif opts.record_baseline is not None:
-        baseline, where = _run_of(opts.record_baseline), f"the deployment record {opts.record_path}'s baseline"
+        baseline, where = baseline_of(opts.baseline), f"--baseline {path_text(opts.baseline)}"
     if baseline is not None:
         if opts.prompts is not None:
             raise UserError(f"{where} brings its own prompts: give --load without a FILE")
@@ -248,14 +279,7 @@ def _client_installed() -> bool:
     return any((Path(r) / "benchmark" / "serving.py").is_file() for r in roots)
 
 
-def _same_folder(a: Path, b: Path) -> bool:
-    try:
-        return os.path.realpath(a) == os.path.realpath(b)
-    except OSError:
-        return False
-
-
-def _check_answers(run: LoadRun, baseline: LoadRun, opts: LoadOptions) -> bool:
+def _check_answers(run: LoadRun, baseline: AnswerBaseline, opts: LoadOptions) -> bool:
     """The start-up check: True when the answers are the baseline's (or within noise)."""
     tol, basis = tolerance(baseline.dtype or run.dtype, opts.logprob_tol)
     verdict = judge(baseline.answers, run.answers, tol, basis)
@@ -264,7 +288,7 @@ def _check_answers(run: LoadRun, baseline: LoadRun, opts: LoadOptions) -> bool:
     return verdict.verdict != "CHANGED"
 
 
-def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: LoadRun | None, folder: Path | None) -> int:
+def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: AnswerBaseline | None, folder: Path | None) -> int:
     """Health, answers, the check, throughput; the exit code (the record is finished by the caller
     on an exception)."""
     run = w.run
