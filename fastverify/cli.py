@@ -320,7 +320,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     proof = args.load is not None or args.baseline is not None or plan.answer_baseline is not None
     if args.dry_run:
         from fastverify.patch.launch_plan import summary
-        from fastverify.proof.run import refusal  # lazy: its inputs are read only when asked
+        from fastverify.proof.run import refusal  # lazy: the HTTP client, only for --load / --baseline
 
         sys.stdout.write(describe(plan))
         why = summary(plan.blockers) if plan.blockers else refusal(plan, args) if proof else None
@@ -330,7 +330,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             return EXIT_USER_ERROR
         return 0
     if proof:
-        from fastverify.proof.run import FallBack, load_options, supervise
+        from fastverify.proof.run import FallBack, load_options, supervise  # lazy: the HTTP client
 
         try:
             return supervise(plan, load_options(args), os.environ)
@@ -460,7 +460,7 @@ def _main(argv: list[str]) -> int:
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "compare":
-            from fastverify.proof.compare import run as run_compare
+            from fastverify.proof.compare import run as run_compare  # lazy: numpy
 
             return run_compare(args)
         if args.command == "collect":

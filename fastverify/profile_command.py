@@ -85,7 +85,7 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     if len(args.verify_log) > 2:
         raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
     if len(args.verify_log) == 2 and all((Path(f) / "load.json").is_file() for f in args.verify_log):
-        from fastverify.proof.compare import print_comparison  # two load runs: compare's alias
+        from fastverify.proof.compare import print_comparison  # lazy: numpy; two load runs: compare's alias
 
         if args.output is not None:
             raise UserError("two `launch --load` runs are compared by `fastverify compare BEFORE AFTER` (--json for "

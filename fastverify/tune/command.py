@@ -159,7 +159,7 @@ def run(args) -> int:
     if args.baseline is not None:  # read before any work: the record carries its answers
         if args.write_env is None:
             raise UserError("--baseline goes into the deployment record: use it with --write-env")
-        from fastverify.proof.run import baseline_of
+        from fastverify.proof.run import baseline_of  # lazy: the HTTP client, only with --baseline
 
         args.answer_baseline = baseline_of(args.baseline)
     from fastverify.tune import user_figures as uf
