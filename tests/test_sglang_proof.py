@@ -10,7 +10,7 @@ two cores):
 * ``baseline``: no swap (SGLang's own all-reduce over gloo);
 * ``patched``: the dispatch slot carries every all-reduce of at most 4 rows (the verify steps)
   through a stand-in backend (``FVTEST_STANDIN_MAX_ROWS``): a correct swap;
-* ``scale`` (sum x 1.01), ``drop5`` (every fifth call unreduced): broken, through the dispatch slot;
+* ``scale`` (sum x 1.01), ``drop5`` (every fifth call TP rank 0's part alone): broken, through the dispatch slot;
   ``ulp`` (every element one float step up, what a reordered sum does): not broken;
 * ``eagle3`` and ``eagle3-patched``: the same pair under EAGLE-3 (a chain: 3 steps, topk 1, 4 draft
   tokens; the tiny random drafter of ``tiny_model.build_eagle3_drafter``), the drafter's all-reduces

@@ -34,7 +34,8 @@ Why it exists:
   so the path counts must show every wider all-reduce as that backend's fallback.
 
 * ``FVTEST_BROKEN=drop5|scale|ulp`` attaches to the dispatch slot a broken all-reduce (every TP
-  all-reduce, any rows): ``drop5`` returns the local tensor unreduced on every fifth call, ``scale``
+  all-reduce, any rows): ``drop5`` returns TP rank 0's partial sum alone on every fifth call (the
+  peers' parts dropped; the same tensor on every rank, unlike each rank's own unreduced part), ``scale``
   returns the sum times 1.01 (every all-reduce but the vocab-parallel embedding's: scaling all of them
   scales the whole residual stream, which the next RMSNorm removes, so the answers barely move:
   0.002 nats of margin, measured on the CPU server), ``ulp`` moves every element of the sum one float step up (what a
@@ -205,7 +206,14 @@ class BrokenBackend(RowCapStandIn):
 
         self.calls += 1
         if self.how == "drop5" and self.calls % 5 == 0:
-            return x  # the local partial sum, unreduced
+            # the peers' partial sums dropped, the same way on every rank: each rank's own partial
+            # would differ per rank, the ranks would sample different tokens and fall out of step
+            import torch.distributed as dist
+            from sglang.srt.distributed.parallel_state import get_tp_group
+
+            group = get_tp_group()
+            dist.broadcast(x, src=group.ranks[0], group=group.device_group)
+            return x
         x = super().all_reduce(x)
         if self.how == "scale" and not _in_embedding():
             x.mul_(1.01)
