@@ -27,6 +27,14 @@ Bounds of the verify step's shape, shared by every flag and record that carries 
   a workspace's element count at 2^34, inside SGLang's int and the env file's 18-digit rule;
 - ``MAX_TIMEOUT_S`` = one day: beyond it ``timedelta(seconds=...)`` in torch's TCPStore overflows
   or waits for ever.
+
+A floor, not a ceiling:
+
+- ``MIN_P2P_SIDE_S`` = 30 s: the least a P2P check side process is given to import torch, create
+  its CUDA context and test its pair. ``import torch`` took 1.8-2.4 s warm on a 2-core test box
+  (torch 2.14.1, measured for this bound) and 11-22 s cold in a container (a report on the
+  openvinotoolkit/stable-diffusion-webui tracker, "Slow Torch import": "import torch: done in
+  10.942s", "import torch: 22.0s"); less turns a slow start into a timeout of a healthy pair.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ MAX_DRAFT_TOKENS = 64
 MAX_VERIFY_TOKENS = MAX_BATCH * MAX_DRAFT_TOKENS
 MAX_HIDDEN = 65536
 MAX_TIMEOUT_S = 86400.0
+MIN_P2P_SIDE_S = 30.0
 
 
 def implausible_time_us(value) -> str | None:

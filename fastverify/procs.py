@@ -10,11 +10,13 @@ import glob
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
 
 def child_env() -> dict[str, str]:
     """The parent's environment (NCCL_*, CUDA_VISIBLE_DEVICES pass through) with this package importable."""
@@ -24,14 +26,66 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL this rank when the parent dies, so a killed
-    ``fastverify`` never leaves ranks computing (and holding GPUs) as orphans. No-op elsewhere."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+# The parent-death request runs in a tiny Python wrapper that then execs the real program, not in
+# ``preexec_fn``: Python's subprocess documentation warns that ``preexec_fn`` is not safe with
+# threads in the parent (the child can deadlock before exec), and the P2P check and ``tune`` start
+# ranks while other threads run. The wrapper (argv: signal, parent pid, report fd, program...)
+# asks for the signal (``prctl(PR_SET_PDEATHSIG)``, <linux/prctl.h> option 1), sends it to itself
+# if the parent already died, and execs the program with the environment it was started with
+# (``/proc/self/environ``: Python's start-up may add LC_CTYPE to ``os.environ``, PEP 538). An
+# exec failure is written to the report fd (close-on-exec, so a successful exec closes it); the
+# parent raises it as :class:`OSError`, as ``subprocess.Popen`` would.
+_PDEATH_WRAPPER = """\
+import ctypes, os, sys
+sig, parent, fd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+os.set_inheritable(fd, False)
+ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)
+if os.getppid() != parent:
+    os.kill(os.getpid(), sig)
+raw = open("/proc/self/environ", "rb").read().split(b"\\0")
+env = dict(os.fsdecode(e).split("=", 1) for e in raw if b"=" in e)
+try:
+    os.execvpe(sys.argv[4], sys.argv[4:], env)
+except OSError as err:
+    os.write(fd, f"{err.errno}\\0{err.strerror}".encode())
+    os._exit(127)
+"""
 
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+def popen_dying_with_parent(argv, *, death_signal: int = signal.SIGKILL, **popen_kw):
+    """``subprocess.Popen(argv, **popen_kw)`` whose process gets ``death_signal`` from Linux when
+    the thread that started it ends (``PR_SET_PDEATHSIG``: the parent *thread*, so call it from a
+    thread that outlives the child), so a killed ``fastverify`` never leaves ranks computing (and
+    holding GPUs) as orphans. Safe from any thread: no ``preexec_fn`` (see the wrapper above).
+    Elsewhere than Linux a plain ``Popen``. The returned ``Popen``'s pid is the program's own.
+
+    Raises
+    ------
+    OSError
+        The program cannot be started (not found, not executable), as ``Popen`` raises it.
+    """
+    if not sys.platform.startswith("linux"):
+        return subprocess.Popen(list(argv), **popen_kw)
+    read_fd, write_fd = os.pipe()
+    try:
+        wrapper = [sys.executable, "-I", "-S", "-c", _PDEATH_WRAPPER, str(int(death_signal)), str(os.getpid()),
+                   str(write_fd), *[os.fspath(a) for a in argv]]
+        proc = subprocess.Popen(wrapper, pass_fds=(write_fd,), **popen_kw)
+        os.close(write_fd)
+        write_fd = -1
+        with os.fdopen(read_fd, "rb") as report:
+            read_fd = -1
+            failure = report.read()  # EOF once the program is exec'd (or the wrapper died)
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+    if failure:
+        proc.wait()
+        code, _, text = failure.decode(errors="replace").partition("\0")
+        raise OSError(int(code), text, os.fspath(argv[0]))
+    proc.args = list(argv)
+    return proc
 
 
 def exit_reason(code: int) -> str:
@@ -81,7 +135,7 @@ class RankGroup:
     """The one launcher of rank processes (live profiler, tune trials, P2P check children and sides).
 
     Each ``argv`` starts in its own session, hence its own process group (``start_new_session``),
-    asks Linux to SIGKILL it when the parent dies (:func:`die_with_parent`), reads nothing on stdin
+    asks Linux to SIGKILL it when the parent dies (:func:`popen_dying_with_parent`), reads nothing on stdin
     and writes stderr to ``workdir/rank<r>.stderr`` (stdout too, to ``rank<r>.stdout``, with
     ``capture_stdout``; else it is discarded: data never passes through stdout).
 
@@ -135,16 +189,14 @@ class RankGroup:
     def start(self, argvs) -> None:
         """Start one process per ``argv`` in ``argvs`` (a sequence of argument lists); rank ``r``
         is ``argvs[r]``, run with ``cwd=workdir``."""
-        import subprocess
-
         for argv in argvs:
             rank = len(self.procs)
             out_path = self.workdir / f"rank{rank}.stdout"
             with open(stderr_path(self.workdir, rank), "wb") as err, \
                     (open(out_path, "wb") if self.capture_stdout else open(os.devnull, "wb")) as out:
-                self.procs.append(subprocess.Popen(
+                self.procs.append(popen_dying_with_parent(
                     list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
-                    cwd=self.workdir, start_new_session=True, preexec_fn=die_with_parent))
+                    cwd=self.workdir, start_new_session=True))
 
     def returncode(self, rank: int) -> int | None:
         """Rank ``rank``'s exit status (negative: killed by that signal), or None while it runs;

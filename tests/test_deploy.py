@@ -93,7 +93,7 @@ def test_box_description_and_p2p_file(tmp_path):
     assert box_from_description(str(f)).sm == (9, 0)
     with pytest.raises(UserError, match="invalid box description"):
         box_from_description('{"gpu_name": "X", "sm": "sm90", "gpu_count": 2}')
-    rows = [{"src": 0, "dst": 1, "ok": True, "reason": "ok"}, {"src": 1, "dst": 0, "ok": False, "reason": "timeout"}]
+    rows = [{"src": 0, "dst": 1, "ok": True, "reason": "ok"}, {"src": 1, "dst": 0, "ok": False, "reason": "read back zeros"}]
     f.write_text(json.dumps(rows))
     facts = read_p2p_file(f)
     assert facts.ok is False and facts.pairs == 2 and not facts.proven and "GPU 0 -> memory of GPU 1" in facts.note

@@ -398,13 +398,55 @@ def _rows(gpus):
     ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, [4, 5, 6, 7]),
     ({"CUDA_VISIBLE_DEVICES": "3,1"}, [3, 1]),
     ({"CUDA_VISIBLE_DEVICES": f"{BOX_A[6].uuid[:17]},{BOX_A[2].uuid}"}, [6, 2]),  # a unique UUID prefix
-    ({"CUDA_VISIBLE_DEVICES": f"{BOX_A[6].uuid[:12]},1"}, []),  # an ambiguous one: nothing
-    ({"CUDA_VISIBLE_DEVICES": "2,9,3"}, [2]),  # CUDA stops at the first entry it cannot use
-    ({"CUDA_VISIBLE_DEVICES": ""}, []),
 ])
 def test_visible_gpus_follow_cuda_visible_devices(env, want):
     rows, why = G.visible_gpus(_rows(BOX_A), env)
     assert [r["index"] for r in rows] == want and why == ""
+
+
+# CUDA C Programming Guide, "CUDA Environment Variables": parsing stops at the first entry CUDA cannot
+# use ("0,2,-1,1" shows GPUs 0 and 2); torch/cuda/__init__.py (_parse_visible_devices) reads it so.
+@pytest.mark.parametrize("text, want, entry", [
+    ("2,9,3", [2], "entry 2 ('9') names no GPU NVML lists here (GPU index 9)"),
+    ("0,2,-1,1", [0, 2], "entry 3 ('-1') is not a GPU index"),
+    ("4,MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c,5", [4], "entry 2 ('MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c') is a "
+     "MIG instance, not a whole GPU"),
+    (f"{BOX_A[6].uuid},1", [6], "entry 2 ('1') is not a GPU UUID, in a list of UUIDs"),
+    (f"{BOX_A[6].uuid[:12]},1", [], "matches 8 GPUs"),  # an ambiguous prefix
+    ("", [], "entry 1 ('') is not a GPU index"),
+])
+def test_visible_gpus_say_where_cuda_stops_reading(text, want, entry):
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": text})
+    assert [r["index"] for r in rows] == want
+    seen = ", ".join(f"GPU {i}" for i in want) or "no GPU"
+    assert why.startswith(f"CUDA_VISIBLE_DEVICES={text}: ") and entry in why and f"the command sees {seen} " in why
+    assert "\n" not in why
+
+
+@pytest.mark.parametrize("text", ["MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c",
+                                  f"MIG-{BOX_A[0].uuid}/1/0,MIG-{BOX_A[1].uuid}/2/0"])
+def test_visible_gpus_of_mig_instances_are_not_whole_gpus(text):
+    """MIG instances (both forms, ``MIG-<uuid>`` and ``MIG-<GPU-uuid>/<gi>/<ci>``) are slices of a
+    GPU: no P2P proof binds to them, and the reason says so."""
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": text})
+    assert rows is None and "MIG instances" in why and "P2P" in why
+
+
+def test_visible_gpus_naming_a_gpu_twice_show_none():
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": "1,3,1"})
+    assert rows is None and "names a GPU twice" in why
+
+
+def test_launch_prints_where_cuda_stopped_reading(tmp_path, monkeypatch):
+    import fastverify.topo.box as B
+
+    monkeypatch.setattr(B, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
+    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A)))
+    monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
+    pl = L.plan_launch(None, "pcie_ipc", None, cmd(2), environ={"CUDA_VISIBLE_DEVICES": "4,MIG-x,5"}, sglang=SGL,
+                       p2p_file=check_file(tmp_path / "p2p.json"), collect_blockers=True)
+    assert pl.box.gpus == (BOX_A[4],)  # what CUDA shows the command: GPU 4 alone
+    assert any(n.startswith("CUDA_VISIBLE_DEVICES=4,MIG-x,5: entry 2 ('MIG-x') is a MIG instance") for n in pl.notes)
 
 
 def test_visible_gpus_of_a_mixed_box_need_pci_order():
@@ -480,3 +522,71 @@ def test_tune_records_the_checked_gpus_and_launch_binds_them(tmp_path, monkeypat
                            cwd=tmp_path)
     assert_user_error(other, "pcie_ipc", "is not proven", "did not test GPU 0 (0000:80:00.0)")
     assert digest(tmp_path) == inputs
+
+
+# --- a timed-out direction is not known, not failed -----------------------------------------------------
+
+
+def test_a_timed_out_direction_of_the_group_is_unknown_not_failed(tmp_path):
+    f = check_file(tmp_path / "p2p.json", BOX_A[:4])
+    doc = json.loads(f.read_text())
+    for row in doc["results"]:
+        if (row["src"], row["dst"]) == (2, 3):
+            row.update(ok=False, reason="timeout: no answer within 36 s", timed_out=True)
+    f.write_text(json.dumps(doc))
+    with pytest.raises(UserError) as e:
+        plan(f, box(BOX_A[:4], tp=4), tp=4)
+    msg = str(e.value)
+    assert "1 of 12 directions of the TP group timed out (no answer in time, not a failure)" in msg
+    assert "rerun `fastverify p2p`" in msg and "fails" not in msg and "\n" not in msg
+    assert PF.complete_gpus(PF.read_check_file(f)) == ()
+    # A real failure beside it still says failed.
+    for row in doc["results"]:
+        if (row["src"], row["dst"]) == (0, 1):
+            row.update(ok=False, reason="read back zeros")
+    f.write_text(json.dumps(doc))
+    ok, note = PF.proof_for(PF.read_check_file(f), list(BOX_A[:4]))
+    assert ok is False and note.startswith("1 of 12 directions of the TP group failed")
+    from fastverify.topo.box import p2p_from_results
+
+    late = {(0, 1): P.P2PResult(True, "ok"), (1, 0): P.P2PResult(False, "timeout: x", timed_out=True)}
+    facts = p2p_from_results(late)
+    assert facts.ok is None and facts.note.startswith("1 of 2 directions timed out (not a failure")
+
+
+# --- a check of 8 GPUs that tested only GPUs 0-3 proves nothing for the 8 --------------------------------
+
+
+def test_a_check_naming_8_gpus_testing_12_directions_among_0_to_3_is_not_complete(tmp_path):
+    """12 passing directions among GPUs 0-3 in a file that names GPUs 0-7: every ordered pair
+    among all of them must be present and passed (complete_gpus), not any of them."""
+    f = check_file(tmp_path / "p2p.json", BOX_A, rows=pairs(range(4)))
+    check = PF.read_check_file(f)
+    assert len(check.results) == 12 and all(r.ok for r in check.results.values()) and len(check.gpus) == 8
+    assert PF.complete_gpus(check) == ()
+    # the full 56 do prove all 8; one missing direction or one failure does not
+    assert PF.complete_gpus(PF.read_check_file(check_file(tmp_path / "all.json"))) == BOX_A
+    assert PF.complete_gpus(PF.read_check_file(check_file(tmp_path / "55.json", rows=pairs(range(8))[1:]))) == ()
+    assert PF.complete_gpus(PF.read_check_file(check_file(tmp_path / "f.json", failing=[(7, 6)]))) == ()
+
+
+def test_the_record_of_a_partial_check_proves_nothing_at_launch(tmp_path, monkeypatch, capsys):
+    """The record path: `tune --write-env --p2p-check` of the partial file keeps no GPU as proof,
+    so launch refuses pcie_ipc on this box's 8 GPUs instead of "all 56 directions passed"."""
+    if not TOPO_307.is_file():
+        pytest.skip(f"{TOPO_307} absent (../shared/inputs)")
+    (tmp_path / "topo.txt").write_text(TOPO_307.read_text())
+    check_file(tmp_path / "p2p.json", BOX_A, rows=pairs(range(4)))
+    monkeypatch.chdir(tmp_path)
+    pin_pcie_ipc(monkeypatch)
+    rc, out, err = cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8",
+                        "--sm", "120", "--max-batch", "32", "--p2p-check", "p2p.json", "--write-env", "e.env"], capsys)
+    assert rc == 0, err
+    rec = read_record(tmp_path / "e.deploy.json")
+    assert rec.p2p.gpus == ()
+    described = json.dumps({"gpu_name": None, "sm": [12, 0], "gpu_count": 8,
+                            "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in BOX_A]})
+    res = run_fastverify(["launch", "--env", "e.env", "--backend", "pcie_ipc", "--describe-box", described,
+                          "--dry-run", "--", *cmd()], cwd=tmp_path)
+    assert res.returncode == 2 and "all 56 directions" not in res.stdout + res.stderr
+    assert "pcie_ipc" in res.stderr and "not proven" in res.stderr, res.stderr

@@ -235,3 +235,87 @@ def test_make_workdir_removes_only_folders_of_dead_owners(private_tmp):
     assert sorted(p.name for p in private_tmp.iterdir()) == sorted(
         ["fastverify-live-mine", "fastverify-live-bare", "fastverify-tune-dead", new.name])
     assert (new / ".fastverify-owner").read_text() == f"{os.getpid()} {ticks}"
+
+
+# ---- die with the parent, without preexec_fn (safe from threads) ------------------------------------
+
+
+def test_no_process_is_started_with_preexec_fn(tmp_path, monkeypatch):
+    """Python's subprocess docs: ``preexec_fn`` is not safe with threads in the parent (the child
+    can deadlock before exec), and the P2P check starts its children from a thread pool. The
+    launcher and collect's child runner start theirs without it; in the package only
+    ``proof/server.py`` keeps it (started from ``launch``'s only thread)."""
+    import ast
+    import subprocess as sp
+
+    from fastverify.collect import core
+
+    seen = []
+    real = sp.Popen
+
+    class Spy(real):
+        def __init__(self, *a, **kw):
+            seen.append(kw)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(sp, "Popen", Spy)
+    with RankGroup(tmp_path) as group:
+        group.start([[sys.executable, "-c", "pass"]])
+    core.run_child([sys.executable, "-c", "pass"], timeout_s=60)
+    assert len(seen) == 2 and all(kw.get("preexec_fn") is None for kw in seen), seen
+    users = []
+    for path in sorted((Path(procs.__file__).parent).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "preexec_fn":
+                users.append(path.relative_to(Path(procs.__file__).parent).as_posix())
+    assert users == ["proof/server.py"]
+
+
+DIES_WITH_PARENT = """
+import sys, threading, time
+from fastverify.collect.core import run_child
+from fastverify.procs import RankGroup
+def rank():
+    group = RankGroup(prefix="fastverify-test-launcher-")
+    group.start([[sys.executable, "-c", "import time; time.sleep(600)"]])
+    open("rank.pid", "w").write(str(group.procs[0].pid))
+    time.sleep(600)
+def child():
+    run_child([sys.executable, "-c", "import os, time; open('child.pid', 'w').write(str(os.getpid())); time.sleep(600)"],
+              timeout_s=600)
+for target in (rank, child):
+    threading.Thread(target=target, daemon=True).start()  # started from threads, as the P2P check does
+time.sleep(600)
+"""
+
+
+@linux_only
+def test_ranks_started_from_a_thread_die_with_a_killed_parent(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", DIES_WITH_PARENT], cwd=tmp_path, env=subprocess_env())
+    try:
+        _wait_for(tmp_path / "rank.pid")
+        _wait_for(tmp_path / "child.pid")
+        time.sleep(0.2)
+        pids = [int((tmp_path / f).read_text()) for f in ("rank.pid", "child.pid")]
+        assert all(alive(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)
+
+
+def test_the_program_gets_its_environment_exactly_and_a_missing_one_raises(tmp_path):
+    """What ``Popen`` does: the program's environment is the one given, nothing added (a Python
+    wrapper in the C locale would add LC_CTYPE), and a program that cannot run raises OSError."""
+    env = {"PATH": "/usr/bin:/bin", "FV_TEST": "a=b é"}
+    with RankGroup(tmp_path, env=env, capture_stdout=True) as group:
+        group.start([["env"]])
+        while not group.all_exited():
+            time.sleep(0.02)
+        assert group.returncode(0) == 0
+    assert (tmp_path / "rank0.stdout").read_text().splitlines() == ["PATH=/usr/bin:/bin", "FV_TEST=a=b é"]
+    with RankGroup(tmp_path) as group, pytest.raises(FileNotFoundError):
+        group.start([[str(tmp_path / "no-such-program")]])

@@ -167,9 +167,10 @@ def test_refresh_and_env_cache_dir(tmp_path, monkeypatch):
 
 
 def test_write_cache_round_trip_and_default_dir(tmp_path, monkeypatch):
-    results = {(0, 1): P2PResult(False, "timeout: x"), (1, 0): P2PResult(True, "ok")}
+    results = {(0, 1): P2PResult(False, "read back zeros"), (1, 0): P2PResult(True, "ok"),
+               (0, 2): P2PResult(False, "timeout: x", timed_out=True)}
     write_cache(tmp_path / "d" / "p.json", KEY, results)
-    assert read_cache(tmp_path / "d" / "p.json", KEY) == results
+    assert read_cache(tmp_path / "d" / "p.json", KEY) == {p: results[p] for p in ((0, 1), (1, 0))}  # no timeout
     assert read_cache(tmp_path / "d" / "p.json", dict(KEY, driver=None)) == {}
     assert read_cache(tmp_path / "missing.json", KEY) == {}
     monkeypatch.delenv("FASTVERIFY_CACHE_DIR", raising=False)
@@ -193,7 +194,7 @@ time.sleep(600)
     assert time.monotonic() - start < 30
     assert set(result) == {(0, 1), (1, 0)}
     for r in result.values():
-        assert r.ok is False and r.reason.startswith("timeout")
+        assert r.ok is False and r.reason.startswith("timeout") and r.timed_out and r.status == "timeout"
     pid = int((tmp_path / "grandchild.pid").read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and alive(pid):
@@ -276,3 +277,85 @@ def test_result_rows_parse_or_value_error(rows):
     except ValueError:
         return
     assert all(isinstance(r, P2PResult) for r in out.values())
+
+
+# --- a timeout is its own status: said as such, never cached, retried -------------------------------
+
+# Hangs on its first run of each pair (no answer within the timeout), answers on later runs.
+SLOW_FIRST_BODY = f"""
+first = not os.path.exists(os.path.join(os.path.dirname(LOG), f"seen-{{I}}-{{J}}"))
+open(os.path.join(os.path.dirname(LOG), f"seen-{{I}}-{{J}}"), "w").close()
+if first and (I, J) == (0, 1):
+    time.sleep(600)
+{OK_BODY}"""
+
+
+def test_a_timeout_is_not_cached_and_is_retried_next_run(tmp_path):
+    argv = fake_child(tmp_path, SLOW_FIRST_BODY)
+    cache = tmp_path / "cache"
+    first = check_p2p(n_gpus=3, key=KEY, child_argv=argv, cache_dir=cache, timeout_s=3)
+    assert [first[p].status for p in ((0, 1), (1, 0))] == ["timeout", "timeout"]
+    assert first[(0, 2)] == P2PResult(True, "fine 0->2") and first[(2, 0)].status == "failed"
+    doc = json.loads(cache_path(KEY, cache).read_text())
+    assert sorted((r["src"], r["dst"]) for r in doc["results"]) == [(0, 2), (1, 2), (2, 0), (2, 1)]
+    second = check_p2p(n_gpus=3, key=KEY, child_argv=argv, cache_dir=cache, timeout_s=3)  # no --refresh
+    assert sorted(runs(tmp_path)) == ["0-1", "0-1", "0-2", "1-2"]  # only the pair that timed out ran again
+    assert second[(0, 1)] == P2PResult(True, "fine 0->1") and second[(1, 0)] == P2PResult(False, "bad 1->0")
+    assert read_cache(cache_path(KEY, cache), KEY) == second  # now all cached
+
+
+def test_a_timeout_cached_by_an_older_fastverify_is_retried(tmp_path):
+    """Cache files written before timeouts had their own status hold them as plain failures
+    (reason "timeout: ..."): they are not reused either."""
+    path = cache_path(KEY, tmp_path / "c")
+    path.parent.mkdir()
+    old = [{"src": 0, "dst": 1, "ok": False, "reason": "timeout: no answer within 5 s (P2P access hung or the child "
+            "stalled)"}, {"src": 1, "dst": 0, "ok": False, "reason": "timeout waiting for GPU 0's buffer"}]
+    path.write_text(json.dumps({"schema_version": 1, "fingerprint": fingerprint_of(KEY), "box": KEY, "results": old}))
+    result = check_p2p(n_gpus=2, key=KEY, child_argv=fake_child(tmp_path, OK_BODY), cache_dir=tmp_path / "c")
+    assert runs(tmp_path) == ["0-1"]
+    assert result[(0, 1)] == P2PResult(True, "fine 0->1")
+
+
+def test_the_check_says_timeouts_as_such(tmp_path, monkeypatch, capsys):
+    """`fastverify p2p --output`: the summary line counts passes, failures and timeouts apart, and
+    the file marks each timed-out direction."""
+    results = {(0, 1): P2PResult(True, "ok"), (1, 0): P2PResult(False, "read back zeros"),
+               (0, 2): P2PResult(False, "timeout: x", timed_out=True), (2, 0): P2PResult(False, "timeout: x", True),
+               (1, 2): P2PResult(True, "ok"), (2, 1): P2PResult(True, "ok")}
+    monkeypatch.setattr(p2p, "_gpu_count_or_fail", lambda: 3)
+    monkeypatch.setattr(p2p, "gpu_identities", lambda: [{"cuda": k, "index": k, "pci_bus_id": f"00000000:1{k}:00.0",
+                                                         "uuid": f"GPU-{k}", "name": "x"} for k in range(3)])
+    monkeypatch.setattr(p2p, "check_p2p", lambda **kw: results)
+    out = tmp_path / "p2p.json"
+    assert p2p.run_check_command(output=out, timeout_s=120, refresh=False) == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("P2P: 3 of 6 ordered GPU pairs passed, 1 failed, 2 timed out (no answer in time: not a "
+                           "failure, not cached;") and line.endswith(f"; wrote {out}")
+    rows = {(r["src"], r["dst"]): r for r in json.loads(out.read_text())["results"]}
+    assert [p for p, r in sorted(rows.items()) if r.get("timed_out")] == [(0, 2), (2, 0)]
+    assert rows[(1, 0)]["ok"] is False and "timed_out" not in rows[(1, 0)]
+
+
+def test_a_side_that_waits_in_vain_reports_a_timeout(tmp_path, monkeypatch):
+    """The side process (real code, its buffer stood in for): the peer never publishes, so both of
+    its report entries are timeouts, not failures."""
+    from fastverify.topo import p2p_side
+
+    pytest.importorskip("torch")
+    monkeypatch.setattr(p2p_side, "_publish_buffer", lambda torch, me, gpu, workdir: object())
+    p2p_side.run_side("a", "b", 0, 1, tmp_path, 0.3)
+    report = json.loads((tmp_path / "a.report.json").read_text())
+    for entry in ("access", "own"):
+        assert report[entry]["ok"] is False and report[entry]["timed_out"] is True, report
+        assert report[entry]["reason"].startswith("timeout waiting for GPU 1")
+
+
+@pytest.mark.parametrize("seconds", [5, 35])
+def test_a_per_pair_timeout_under_a_torch_import_is_refused(seconds, capsys):
+    from fastverify.bounds import MIN_P2P_SIDE_S
+
+    assert p2p.main(["check", "--timeout", str(seconds)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --timeout {seconds}: under ") and "import torch" in err and err.count("\n") == 1
+    assert 0.9 * p2p.MIN_TIMEOUT_S - 2.0 >= MIN_P2P_SIDE_S  # the least allowed still gives a side its floor

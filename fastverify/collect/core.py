@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastverify.procs import child_env, die_with_parent
+from fastverify.procs import child_env, popen_dying_with_parent
 
 KILL_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL of a child's process group that ran past its limit."""
@@ -151,9 +151,8 @@ def run_child(argv: list[str], *, timeout_s: float, env: dict | None = None, cwd
         The program cannot be started.
     """
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=child_env() if env is None else env, cwd=cwd, start_new_session=True,
-                            preexec_fn=die_with_parent)
+    proc = popen_dying_with_parent(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=child_env() if env is None else env, cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=max(timeout_s, 0.1))
         rc: int | None = proc.returncode

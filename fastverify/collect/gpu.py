@@ -14,13 +14,14 @@ import orjson
 from fastverify.bundle import ARCNAMES
 from fastverify.collect.core import Context, Outcome, failed, fastverify_argv, ok, run_child
 from fastverify.registry import BackendName
+from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
+from fastverify.topo.p2p_results import count_statuses, results_from_json
 
 NO_CUDA = "no CUDA GPUs"
 NO_CUDA_SWEEP = "no CUDA GPUs: a gloo sweep times the CPU, not this box's GPUs"
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV,TUNING"}
 NCCL_LOG_ITERS, NCCL_LOG_WARMUP = 5, 2
 P2P_PARALLEL = 4  # pair children at once: fastverify.topo.p2p.check_p2p's max_parallel default
-P2P_PAIR_MAX_S = 120.0  # fastverify.topo.p2p.DEFAULT_TIMEOUT_S
 SWEEP_TRIAL_MAX_S = 120.0  # tune's own --timeout default
 PRESET_HIDDEN = {"kimi-k2": 7168}
 
@@ -43,23 +44,34 @@ def _tp(ctx: Context) -> int:
     return ctx.shapes.tp or ctx.gpus
 
 
+def p2p_timeout_s(gpus: int, limit_s: float) -> float:
+    """Seconds per pair child for ``gpus`` GPUs in ``limit_s``: the budget shared by the rounds of
+    :data:`P2P_PARALLEL` pairs, at most the check's default, and never under
+    :data:`fastverify.topo.p2p.MIN_TIMEOUT_S` (each side process needs time to import torch)."""
+    rounds = max(1, math.ceil(gpus * (gpus - 1) // 2 / P2P_PARALLEL))
+    return float(max(MIN_TIMEOUT_S, min(DEFAULT_TIMEOUT_S, math.floor((limit_s - 5.0) / rounds))))
+
+
 def p2p_check(ctx: Context, limit_s: float) -> Outcome:
     """``python -m fastverify.topo.p2p check``: every GPU pair read and written for real (CUDA IPC),
-    in children; a result cached for this box (``~/.cache/fastverify``) is reused."""
+    in children; a result cached for this box (``~/.cache/fastverify``) is reused (timeouts are
+    not cached: retried). Meta: ``passed_directions``, ``failed_directions`` and
+    ``timed_out_directions`` of the document printed (:mod:`fastverify.topo.p2p_proof`, version 2)."""
     pairs = ctx.gpus * (ctx.gpus - 1) // 2
-    rounds = math.ceil(pairs / P2P_PARALLEL)
-    per_pair = max(5.0, min(P2P_PAIR_MAX_S, (limit_s - 5.0) / rounds))
+    per_pair = p2p_timeout_s(ctx.gpus, limit_s)
     argv = [sys.executable, "-m", "fastverify.topo.p2p", "check", "--timeout", f"{per_pair:.0f}"]
     child = run_child(argv, timeout_s=limit_s, cwd=ctx.workdir)
     meta = {"pairs": pairs, "timeout_per_pair_s": round(per_pair), "cache": "reused when this box was checked before"}
-    if child.rc not in (0, 1):  # 1: some direction failed, which the JSON says
+    if child.rc not in (0, 1):  # 1: some direction failed or timed out, which the JSON says
         return failed(child.why("python -m fastverify.topo.p2p check", limit_s), **meta)
     try:
-        rows = orjson.loads(child.stdout)
-    except orjson.JSONDecodeError as e:
-        return failed(f"the P2P check printed no JSON ({e})", **meta)
-    bad = [r for r in rows if isinstance(r, dict) and not r.get("ok")] if isinstance(rows, list) else []
-    return ok({ARCNAMES["p2p_check"]: child.stdout}, failed_directions=len(bad), **meta)
+        doc = orjson.loads(child.stdout)
+        results = results_from_json(doc.get("results") if isinstance(doc, dict) else None)
+    except (orjson.JSONDecodeError, ValueError) as e:
+        return failed(f"the P2P check printed no JSON with results ({' '.join(str(e).split())[:120]})", **meta)
+    n = count_statuses(results.values())
+    return ok({ARCNAMES["p2p_check"]: child.stdout}, passed_directions=n["passed"], failed_directions=n["failed"],
+              timed_out_directions=n["timeout"], **meta)
 
 
 def nccl_log(ctx: Context, limit_s: float, *, device: str = "cuda", backend: str = BackendName.nccl.value) -> Outcome:

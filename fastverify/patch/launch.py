@@ -125,15 +125,19 @@ def _check_backend_name(backend: str) -> None:
     raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}{hint}")
 
 
-def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str]) -> BoxFingerprint:
+def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str], notes: list[str]) -> BoxFingerprint:
     """``box`` (read from this box) with its GPUs' identities and memory from NVML
     (:func:`fastverify.topo.gpu_identity.nvml_gpus`), as the command's environment maps them to CUDA
-    ordinals (:func:`fastverify.topo.gpu_identity.visible_gpus`); unchanged where NVML cannot tell."""
+    ordinals (:func:`fastverify.topo.gpu_identity.visible_gpus`, whose line goes to ``notes``);
+    unchanged where NVML cannot tell."""
     import msgspec  # noqa: PLC0415
 
     from fastverify.topo.gpu_identity import gpu_id, nvml_gpus, visible_gpus  # noqa: PLC0415
 
-    rows, _ = visible_gpus(nvml_gpus(), environ)
+    listed = nvml_gpus()
+    rows, why = visible_gpus(listed, environ)
+    if why and listed:  # no NVML (no GPU box): nothing to say
+        notes.append(why)
     if not rows:
         return box
     try:
@@ -234,7 +238,7 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
 
             box = described_box(environ, tp=tp or 0)
             if box is None:
-                box = _with_nvml_gpus(read_box(tp or 0), environ)
+                box = _with_nvml_gpus(read_box(tp or 0), environ, notes)
             else:
                 box_source = ENV_DESCRIBE_BOX
         checked_box = box

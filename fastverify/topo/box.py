@@ -196,10 +196,17 @@ def described_box(environ: Mapping[str, str] | None = None, *, tp: int = 0) -> B
 
 
 def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p2p_check") -> P2PFacts:
-    """Facts from real-check results (``{(i, j): P2PResult}``): ok when every direction passed."""
+    """Facts from real-check results (``{(i, j): P2PResult}``): ok when every direction passed;
+    not known (``ok`` None) when some timed out and none failed (a timeout is no answer)."""
     if not results:
         return P2PFacts(ok=None, source="not_checked", note="no GPU pair checked")
-    bad = [(p, r) for p, r in sorted(results.items()) if not r.ok]
+    bad = [(p, r) for p, r in sorted(results.items()) if not r.ok and not getattr(r, "timed_out", False)]
+    late = [(p, r) for p, r in sorted(results.items()) if getattr(r, "timed_out", False)]
+    if late and not bad:
+        (i, j), r = late[0]
+        note = (f"{len(late)} of {len(results)} directions timed out (not a failure; rerun the check); first: "
+                f"GPU {j} -> memory of GPU {i}: {r.reason}")
+        return P2PFacts(ok=None, source=source, note=note[:300], pairs=len(results))  # type: ignore[arg-type]
     if bad:
         (i, j), r = bad[0]
         note = f"{len(bad)} of {len(results)} directions failed; first: GPU {j} -> memory of GPU {i}: {r.reason}"

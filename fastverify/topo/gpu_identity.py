@@ -8,6 +8,7 @@ which every box has.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from fastverify.deploy import GpuId, _pci_key, _uuid_key
@@ -95,14 +96,30 @@ def _identity(k: int, props: Any, listed: list[dict]) -> dict:
 
 def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | None, str]:
     """The GPUs (:func:`nvml_gpus` rows) a process started with ``environ`` gets as CUDA ordinals
-    0, 1, ...; ``(None, why)`` where that cannot be told.
+    0, 1, ...; ``(None, why)`` where that cannot be told. The second item is ``""`` or one line
+    for the caller to print: why the GPUs are not known, or which entry of
+    ``CUDA_VISIBLE_DEVICES`` CUDA stopped at (never dropped silently).
 
-    ``CUDA_VISIBLE_DEVICES`` entries are NVML indices or (prefixes of) UUIDs: torch's own NVML
-    device count (``torch.cuda._device_count_nvml``) and SGLang 0.5.23's custom all-reduce
-    (``custom_all_reduce_utils.py``: ``device_ids[device.index]`` handed to
-    ``nvmlDeviceGetHandleByIndex``) read them so; unset, the ordinals are NVML's order. That is
-    CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; under CUDA's default (fastest first) it
-    is the same for GPUs of one model, and not known for a mixed box, which gives ``None``.
+    ``CUDA_VISIBLE_DEVICES`` is read as CUDA reads it (CUDA C Programming Guide, "CUDA Environment
+    Variables": GPU indices or UUIDs, a unique UUID prefix allowed; "if one of the indices is
+    invalid, only the devices whose index precedes the invalid index are visible", so ``0,2,-1,1``
+    shows GPUs 0 and 2), the way torch's own NVML device count parses it
+    (``torch/cuda/__init__.py``: ``_parse_visible_devices``, ``_transform_uuid_to_ordinals``):
+
+    - a list that starts with ``GPU-`` is a list of UUIDs (prefixes); it stops at the first entry
+      that is not one, or that matches no GPU or several;
+    - otherwise each entry is read like ``strtoul`` (its leading digits, so ``1gpu2`` is 1); it
+      stops at the first entry with none, or an index NVML does not list;
+    - a GPU named twice shows no GPU at all;
+    - ``MIG-...`` names a MIG instance: a slice of a GPU, not a whole GPU, and MIG instances have
+      no GPU-to-GPU P2P (NVIDIA MIG User Guide: every profile ``nvidia-smi mig -lgip`` lists says
+      P2P "No"), so no P2P check binds to it: a list starting with one gives ``None``; one later
+      in an index list stops it like any entry CUDA cannot use there.
+
+    Unset, the ordinals are NVML's order. That is CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
+    under CUDA's default (fastest first) it is the same for GPUs of one model, and not known for a
+    mixed box, which gives ``None``. SGLang 0.5.23's custom all-reduce maps ordinals the same way
+    (``custom_all_reduce_utils.py``: ``device_ids[device.index]`` to ``nvmlDeviceGetHandleByIndex``).
     """
     if not listed:
         return None, "NVML lists no GPU here"
@@ -112,17 +129,41 @@ def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | Non
                       "first, not as NVML does")
     if text is None:
         return list(listed), ""
+    if text.strip().upper().startswith("MIG-"):
+        return None, (f"CUDA_VISIBLE_DEVICES={text} names MIG instances: CUDA's devices are then slices of a GPU, "
+                      "not whole GPUs, and MIG instances have no GPU-to-GPU P2P (NVIDIA MIG User Guide)")
+    uuids = text.strip().upper().startswith("GPU-")
     chosen: list[dict] = []
-    for entry in (e.strip() for e in text.split(",")):
-        if entry.isdigit():
-            hit = [g for g in listed if g["index"] == int(entry)]
-        elif entry.upper().startswith("GPU-"):
-            hit = [g for g in listed if (g.get("uuid") or "").lower().startswith(entry.lower())]
-        else:
-            hit = []
-        if len(hit) != 1:
-            break  # CUDA stops at the first entry it cannot use
-        if hit[0] in chosen:
-            return None, f"CUDA_VISIBLE_DEVICES={text} names a GPU twice"
-        chosen.append(hit[0])
+    for k, entry in enumerate(e.strip() for e in text.split(",")):
+        hit, why = _visible_entry(listed, entry, uuids)
+        if why:
+            seen = ", ".join(f"GPU {g['index']}" for g in chosen) or "no GPU"
+            return chosen, (f"CUDA_VISIBLE_DEVICES={text}: entry {k + 1} ({entry!r}) {why}; CUDA stops at the first "
+                            f"entry it cannot use, so the command sees {seen} (CUDA C Programming Guide, CUDA "
+                            "environment variables)")
+        if hit in chosen:
+            return None, f"CUDA_VISIBLE_DEVICES={text} names a GPU twice: CUDA then shows no GPU"
+        chosen.append(hit)
     return chosen, ""
+
+
+def _visible_entry(listed: Sequence[dict], entry: str, uuids: bool) -> tuple[dict | None, str]:
+    """The NVML row one ``CUDA_VISIBLE_DEVICES`` entry names, or ``(None, why CUDA stops there)``
+    (:func:`visible_gpus`: ``uuids`` when the list is one of UUIDs)."""
+    if entry.upper().startswith("MIG-"):
+        return None, "is a MIG instance, not a whole GPU"
+    if uuids:
+        if not entry.upper().startswith("GPU-"):
+            return None, "is not a GPU UUID, in a list of UUIDs"
+        hits = [g for g in listed if (g.get("uuid") or "").lower().startswith(entry.lower())]
+        what = "GPU UUID"
+    else:
+        digits = re.match(r"\d+", entry)
+        if digits is None:
+            return None, "is not a GPU index"
+        hits = [g for g in listed if g["index"] == int(digits.group())]
+        what = f"GPU index {int(digits.group())}"
+    if len(hits) != 1:
+        return None, (f"matches {len(hits)} GPUs ({what} prefix is ambiguous)" if hits else
+                      f"names no GPU NVML lists here ({what})")
+    return hits[0], ""

@@ -3,8 +3,10 @@
 For each unordered GPU pair ``{i, j}`` one child (``python -m fastverify.topo.p2p pair i j OUT``)
 starts two side processes, one per GPU (:mod:`fastverify.topo.p2p_side`), that read and write each
 other's memory over CUDA IPC. Direction ``(i, j)`` = memory on GPU ``i``, accessed from GPU ``j``.
-Everything that can hang runs in a child with a timeout; a hang yields ``P2PResult(False,
-"timeout ...")``. Results are cached per box (:mod:`fastverify.topo.p2p_cache`); ``fastverify p2p``
+Everything that can hang runs in a child with a timeout; no answer in time yields
+``P2PResult(False, "timeout ...", timed_out=True)``, a status of its own (neither passed nor
+failed: a slow start looks the same as a hang), never cached and retried on the next run.
+Passes and failures are cached per box (:mod:`fastverify.topo.p2p_cache`); ``fastverify p2p``
 prints or writes the check file that proves P2P (:mod:`fastverify.topo.p2p_proof`).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import signal
 import sys
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from fastverify.bounds import MIN_P2P_SIDE_S
 from fastverify.errors import EXIT_USER_ERROR, UserError
 from fastverify.output_paths import check_outputs, check_writable, refuse_symlink
 from fastverify.outputs import write_files
@@ -27,11 +31,29 @@ from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, st
 from fastverify.topo.gpu_identity import gpu_identities
 from fastverify.topo.p2p_cache import box_key, cache_path, read_cache, write_cache
 from fastverify.topo.p2p_proof import check_document
-from fastverify.topo.p2p_results import POLL_S, P2PResult, results_from_json, write_json_atomic
+from fastverify.topo.p2p_results import POLL_S, P2PResult, count_statuses, results_from_json, write_json_atomic
 from fastverify.topo.p2p_side import run_side
 
 DEFAULT_TIMEOUT_S = 120.0
 NO_CUDA = "no CUDA GPUs: the real P2P check needs a GPU box"
+
+
+def side_timeout_s(timeout_s: float) -> float:
+    """Seconds each side process of a pair gets (its ``--timeout``) when the pair child gets
+    ``timeout_s``: a little less, so the pair child can report which step hung."""
+    return max(1.0, timeout_s * 0.9 - 2.0)
+
+
+MIN_TIMEOUT_S = float(math.ceil((MIN_P2P_SIDE_S + 2.0) / 0.9))
+"""The least per-pair timeout, seconds: the one whose sides get :data:`fastverify.bounds.MIN_P2P_SIDE_S`."""
+
+
+def check_timeout(timeout_s: float, flag: str = "--timeout") -> None:
+    """Refuse a per-pair timeout under :data:`MIN_TIMEOUT_S` (UserError, one line)."""
+    if timeout_s < MIN_TIMEOUT_S:
+        raise UserError(f"{flag} {timeout_s:g}: under {MIN_TIMEOUT_S:g} s per pair leaves each side process of the "
+                        f"P2P check less than {MIN_P2P_SIDE_S:g} s, less than a cold `import torch` can take; give "
+                        f"at least {MIN_TIMEOUT_S:g}")
 
 # argv of the child that tests the unordered pair {i, j} and writes its JSON result to out_path.
 ChildArgv = Callable[[int, int, Path], Sequence[str]]
@@ -39,8 +61,8 @@ ChildArgv = Callable[[int, int, Path], Sequence[str]]
 
 def default_child_argv(timeout_s: float = DEFAULT_TIMEOUT_S) -> ChildArgv:
     """The real pair child: ``python -m fastverify.topo.p2p pair I J OUT --timeout S`` (the inner
-    timeout is a little shorter, so the child can report which step hung)."""
-    inner = max(1.0, timeout_s * 0.9 - 2.0)
+    timeout, :func:`side_timeout_s`, is a little shorter, so the child can report which step hung)."""
+    inner = side_timeout_s(timeout_s)
 
     def argv(i: int, j: int, out_path: Path) -> list[str]:
         return [sys.executable, "-m", "fastverify.topo.p2p", "pair", str(i), str(j), str(out_path),
@@ -84,8 +106,8 @@ def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_
     group (so the side processes it starts go with it), stdout and stderr in a temporary folder
     that is removed afterwards, and one kill rule at the end (SIGTERM to the group, SIGKILL after
     the grace period)."""
-    def both(ok: bool, reason: str) -> dict[tuple[int, int], P2PResult]:
-        return {(i, j): P2PResult(ok, reason), (j, i): P2PResult(ok, reason)}
+    def both(ok: bool, reason: str, timed_out: bool = False) -> dict[tuple[int, int], P2PResult]:
+        return {(i, j): P2PResult(ok, reason, timed_out), (j, i): P2PResult(ok, reason, timed_out)}
 
     with RankGroup(prefix="fastverify-p2p-child-", env=env, capture_stdout=True) as child:
         try:
@@ -95,7 +117,8 @@ def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_
         deadline = time.monotonic() + timeout_s
         while not child.all_exited():
             if time.monotonic() >= deadline:
-                return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child stalled)")
+                return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child "
+                                   "started slowly; not a failure: retried on the next run)", timed_out=True)
             time.sleep(POLL_S)
         code = child.returncode(0)
         stderr, stdout = _file_tail(stderr_path(child.workdir, 0)), _file_tail(child.workdir / "rank0.stdout")
@@ -135,12 +158,14 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
         Unordered GPU pairs (CUDA ordinals) to test; default every pair of ``range(n_gpus)``.
     timeout_s
         Wall-clock limit per pair child, seconds; a child still running then is killed with its
-        process group and both directions get ``P2PResult(False, "timeout: ...")``.
+        process group and both directions get ``P2PResult(False, "timeout: ...", timed_out=True)``
+        (not cached: the next call tests them again).
     cache_dir
         Folder of ``p2p-<fingerprint>.json``; default ``$FASTVERIFY_CACHE_DIR`` or
         ``~/.cache/fastverify``.
     refresh
-        Ignore cached results (they are still rewritten).
+        Ignore cached results (they are still rewritten). Timeouts are never cached: those
+        directions are always tested again.
     max_parallel
         Pair children running at once.
     n_gpus, key, child_argv
@@ -191,7 +216,7 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
 
 def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
     """Test both directions between GPUs ``i`` and ``j`` with two side processes; write
-    ``{"results": [{"src", "dst", "ok", "reason"}, ...]}`` to ``out_path``."""
+    ``{"results": [{"src", "dst", "ok", "reason"[, "timed_out"]}, ...]}`` to ``out_path``."""
     deadline = time.monotonic() + timeout_s + 5.0
     gpu_of = {"a": i, "b": j}
     # The two sides run under the one launcher (fastverify.procs.RankGroup): side "a" is rank 0,
@@ -204,14 +229,16 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
                     for me, peer in (("a", "b"), ("b", "a")))
         while not group.all_exited() and time.monotonic() < deadline:
             time.sleep(POLL_S)
-        errors = {}
+        errors: dict[str, dict] = {}
         for me, rank in sides.items():
             code = group.returncode(rank)
             if code is None:
-                errors[me] = f"timeout: GPU {gpu_of[me]}'s side hung for {timeout_s:g} s"
+                errors[me] = {"ok": False, "reason": f"timeout: GPU {gpu_of[me]}'s side gave no answer within "
+                              f"{timeout_s:g} s", "timed_out": True}
             elif code != 0:
                 err = _file_tail(stderr_path(workdir, rank))
-                errors[me] = f"GPU {gpu_of[me]}'s side failed ({exit_reason(code)}): {err or 'no output'}"
+                errors[me] = {"ok": False, "reason": f"GPU {gpu_of[me]}'s side failed ({exit_reason(code)}): "
+                              f"{err or 'no output'}"}
         group.stop()  # the kill rule, before the reports are read: a hung side writes nothing more
         reports = {}
         for me in sides:
@@ -224,7 +251,7 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
         # Memory of `owner`, accessed from `user`: user's access report, then owner's check of the write.
         for side in (user, owner):
             if reports[side] is None:
-                return {"ok": False, "reason": errors.get(side, f"GPU {gpu_of[side]}'s side wrote no report")}
+                return errors.get(side, {"ok": False, "reason": f"GPU {gpu_of[side]}'s side wrote no report"})
         access, own = reports[user]["access"], reports[owner]["own"]
         return own if access["ok"] and not own["ok"] else access
 
@@ -235,13 +262,15 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
 def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -> int:
     """``fastverify p2p``: the check on every GPU pair, its JSON (:func:`check_document`) printed,
     or written to ``output`` by the one writer (:func:`fastverify.outputs.write_files`) with a
-    one-line summary. Returns 0 when every ordered pair passed, else 1.
+    one-line summary (:func:`summary_line`). Returns 0 when every ordered pair passed, else 1.
 
     Raises
     ------
     UserError
-        No GPU pair to check (fewer than 2 GPUs, no NVIDIA driver), or an unusable ``output``.
+        No GPU pair to check (fewer than 2 GPUs, no NVIDIA driver), an unusable ``output``, or a
+        ``timeout_s`` under :data:`MIN_TIMEOUT_S`.
     """
+    check_timeout(timeout_s)
     if output is not None:
         refuse_symlink(output, "--output")
         check_outputs({"--output": output})
@@ -250,13 +279,27 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -
     gpus = gpu_identities()
     results = check_p2p(timeout_s=timeout_s, refresh=refresh, gpus=gpus)
     text = json.dumps(check_document(results, gpus), indent=1) + "\n"
-    ok = sum(r.ok for r in results.values())
     if output is None:
         sys.stdout.write(text)
+        if not all(r.ok for r in results.values()):
+            print(summary_line(results), file=sys.stderr)
     else:
         write_files([(output, lambda tmp: tmp.write_text(text))])
-        print(f"P2P: {ok} of {len(results)} ordered GPU pairs passed; wrote {output}")
-    return 0 if ok == len(results) else 1
+        print(f"{summary_line(results)}; wrote {output}")
+    return 0 if all(r.ok for r in results.values()) else 1
+
+
+def summary_line(results: dict[tuple[int, int], P2PResult]) -> str:
+    """``P2P: P of N ordered GPU pairs passed`` plus the failures and the timeouts, each said as
+    such (a timeout is not a failure: it was not cached and is retried on the next run)."""
+    n = count_statuses(results.values())
+    line = f"P2P: {n['passed']} of {len(results)} ordered GPU pairs passed"
+    if n["failed"]:
+        line += f", {n['failed']} failed"
+    if n["timeout"]:
+        line += (f", {n['timeout']} timed out (no answer in time: not a failure, not cached; run `fastverify p2p` "
+                 "again to retry them)")
+    return line
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -286,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "check":
         try:
+            check_timeout(args.timeout)
             _gpu_count_or_fail()
             gpus = gpu_identities()
             results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh, gpus=gpus)
@@ -293,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
         print(json.dumps(check_document(results, gpus), indent=1))
+        if not all(r.ok for r in results.values()):
+            print(summary_line(results), file=sys.stderr)
         return 0 if all(r.ok for r in results.values()) else 1
     if args.cmd == "pair":
         # The launcher's kill rule starts with SIGTERM: leave through the ``with`` blocks, so the

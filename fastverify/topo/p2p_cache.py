@@ -3,6 +3,8 @@
 The fingerprint covers GPU names, PCI bus ids, the driver version, ``CUDA_VISIBLE_DEVICES`` and
 ``CUDA_DEVICE_ORDER`` (both change what CUDA ordinal ``i`` means); the key itself is repeated
 inside the file, so a fingerprint collision or a file from another box is never read as ours.
+Passes and failures are cached; timeouts never are (written or read: an older file may hold
+them), so a direction that timed out is tested again on the next run.
 """
 
 from __future__ import annotations
@@ -58,25 +60,28 @@ def cache_path(key: dict, cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def read_cache(path: Path, key: dict) -> dict[tuple[int, int], P2PResult]:
-    """Cached results in ``path`` when the file is ours and was written for ``key``; else ``{}``."""
+    """Cached results in ``path`` when the file is ours and was written for ``key``, less any
+    timeout (retried, module docstring); else ``{}``."""
     try:
         doc = json.loads(path.read_text())
         if (not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION
                 or doc.get("fingerprint") != fingerprint_of(key) or doc.get("box") != key):
             return {}
-        return results_from_json(doc.get("results"))
+        return {p: r for p, r in results_from_json(doc.get("results")).items() if not r.timed_out}
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
 
 
 def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult],
                 gpus: Sequence[dict] | None = None) -> None:
-    """Write ``results`` atomically (temporary file in the same folder, then rename); with
+    """Write ``results`` less their timeouts (module docstring) atomically (temporary file in the
+    same folder, then rename); with
     ``gpus`` (:func:`fastverify.topo.gpu_identity.gpu_identities`) the file names the GPUs too,
     and proves like the check's own output (:func:`fastverify.topo.p2p_proof.read_check_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema_version": SCHEMA_VERSION, "fingerprint": fingerprint_of(key), "box": key,
-           "written_unix_s": round(time.time(), 3), "results": results_to_json(results)}
+           "written_unix_s": round(time.time(), 3),
+           "results": results_to_json({p: r for p, r in results.items() if not r.timed_out})}
     if gpus is not None:
         doc.update(cuda_visible_devices=key.get("cuda_visible_devices"),
                    cuda_device_order=key.get("cuda_device_order"), gpus=list(gpus))

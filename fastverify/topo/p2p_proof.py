@@ -9,6 +9,9 @@ of passing directions::
      "gpus": [{"cuda": 0, "index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-...", "name": "..."}, ...],
      "results": [{"src": 0, "dst": 1, "ok": true, "reason": "..."}, ...]}
 
+A result that timed out carries ``"timed_out": true`` (:mod:`fastverify.topo.p2p_results`): it
+neither proves nor refutes P2P, so :func:`proof_for` refuses it as unknown and says to rerun.
+
 ``src``/``dst`` are CUDA ordinals of the checking process; ``gpus[k]`` is ordinal ``k`` as NVML
 names it (:func:`fastverify.topo.gpu_identity.gpu_identities`), under the environment recorded
 beside them. Older forms (the bare result list, the cache file without GPUs) are read but prove
@@ -26,7 +29,7 @@ from typing import Any, Sequence
 from fastverify.deploy import GpuId
 from fastverify.errors import UserError
 from fastverify.inputs import read_text
-from fastverify.topo.p2p_results import P2PResult, results_to_json
+from fastverify.topo.p2p_results import P2PResult, results_to_json, timed_out_row
 
 CHECK_SCHEMA = "fastverify.p2p_check"
 CHECK_VERSION = 2  # version 1: the bare result list, naming no GPU
@@ -108,7 +111,11 @@ def _check_results(p: str, rows: Any) -> dict[tuple[int, int], P2PResult]:
         if (src, dst) in results:
             raise UserError(f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
                             "(rerun `fastverify p2p`)")
-        results[(src, dst)] = P2PResult(ok, " ".join(str(row.get("reason", "")).split()))
+        reason = " ".join(str(row.get("reason", "")).split())
+        flag = row.get("timed_out")
+        if not (flag is None or type(flag) is bool):
+            raise UserError(f"{p}: a P2P result's 'timed_out' is not true or false: {str(row)[:80]}")
+        results[(src, dst)] = P2PResult(ok, reason, timed_out_row(ok, reason, flag))
     return results
 
 
@@ -158,7 +165,8 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
     UserError
         One line naming the file: it names no GPU (an older file); this box's GPUs are not known
         (``why_unknown``); a GPU of the group is not one the check tested (another box, or other
-        GPUs of this one); a direction of the group is missing.
+        GPUs of this one); a direction of the group is missing, or timed out (no answer either
+        way) while none failed.
     """
     p = check.path
     if check.gpus is None:
@@ -168,7 +176,7 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
                         "launch needs NVML's GPU identities to bind the proof to the box")
     ordinal = _tested_ordinals(check, tp_gpus)
     world = len(tp_gpus)
-    failed = []
+    failed, timed_out = [], []
     for a in range(world):
         for b in range(world):
             if a == b:
@@ -178,8 +186,15 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
                 raise UserError(f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
                                 f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
                                 f"needs all {world * (world - 1)} ordered pairs: rerun `fastverify p2p`")
-            if not r.ok:
+            if r.timed_out:
+                timed_out.append((a, b, r.reason))
+            elif not r.ok:
                 failed.append((a, b, r.reason))
+    if timed_out and not failed:
+        a, b, reason = timed_out[0]
+        raise UserError(f"{p}: {len(timed_out)} of {world * (world - 1)} directions of the TP group timed out (no "
+                        f"answer in time, not a failure), so P2P is not known; first: {tp_gpus[b].label()} -> memory "
+                        f"of {tp_gpus[a].label()}: {reason}: rerun `fastverify p2p` (timeouts are retried)")
     if failed:
         a, b, reason = failed[0]
         return False, (f"{len(failed)} of {world * (world - 1)} directions of the TP group failed ({p}); first: "

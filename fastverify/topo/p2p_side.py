@@ -32,6 +32,11 @@ class _CheckFailed(Exception):
     """A failure this module diagnosed itself (its message is the whole reason)."""
 
 
+class _TimedOut(_CheckFailed):
+    """No answer from the peer in time: a timeout, not a failure (the report row says
+    ``"timed_out": true``; :mod:`fastverify.topo.p2p_results`)."""
+
+
 def _pattern(torch: Any, seed: int, n: int, device: str) -> Any:
     """``n`` bytes ``(k * (2*seed + 1) + seed) % 256`` on ``device``: different for each seed."""
     k = torch.arange(n, dtype=torch.int64, device=device)
@@ -49,9 +54,14 @@ def _decode_share(items: list) -> tuple:
 def _wait_for(path: Path, deadline: float, what: str) -> Any:
     while not path.exists():
         if time.monotonic() > deadline:
-            raise _CheckFailed(f"timeout waiting for {what}")
+            raise _TimedOut(f"timeout waiting for {what}")
         time.sleep(POLL_S)
     return json.loads(path.read_text())
+
+
+def _failed(err: BaseException) -> dict:
+    """A report entry for ``err``: ``{"ok": False, "reason"}``, plus ``"timed_out": True`` for a timeout."""
+    return {"ok": False, "reason": _first_line(err), **({"timed_out": True} if isinstance(err, _TimedOut) else {})}
 
 
 def _first_line(err: BaseException) -> str:
@@ -123,7 +133,7 @@ def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, time
         wrote = True
         report["access"] = {"ok": True, "reason": f"GPU {my_gpu} read and wrote {n >> 20} MiB on GPU {peer_gpu}"}
     except Exception as err:  # noqa: BLE001 - every CUDA failure becomes the reason of this direction
-        report["access"] = {"ok": False, "reason": _first_line(err)}
+        report["access"] = _failed(err)
     write_json_atomic(workdir / f"{me}.written.json", {"wrote": wrote})
 
     try:
@@ -136,7 +146,7 @@ def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, time
         else:
             report["own"] = {"ok": False, "reason": f"GPU {peer_gpu} did not write"}
     except Exception as err:  # noqa: BLE001
-        report["own"] = {"ok": False, "reason": _first_line(err)}
+        report["own"] = _failed(err)
     try:
         del peer_view, storage  # drop the mapping of the peer's buffer before the peer frees it
         torch.cuda.synchronize(my_gpu)
