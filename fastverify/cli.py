@@ -105,9 +105,10 @@ def _add_p2p(sub) -> None:
     p = _subcommand(
         sub, "p2p",
         ("Child processes open and write each GPU pair's memory through CUDA IPC, both ways; a hang "
-         "counts as a failure. Prints the check's JSON (the GPUs tested, by CUDA ordinal, NVML index, "
-         "PCI bus id and UUID, and a result per ordered pair) that `tune --p2p-check` and "
-         "`launch --p2p-check` read; cached per box. Exit 1 if any pair fails."))
+         "is a timeout, not a failure (never cached; retried). Prints the check's JSON (the GPUs "
+         "tested, by CUDA ordinal, NVML index, PCI bus id and UUID, and a result per ordered pair) "
+         "that `tune --p2p-check` and `launch --p2p-check` read; passes and failures cached per "
+         "box. Exit 1 if any pair fails or times out."))
     from fastverify.topo.p2p import DEFAULT_TIMEOUT_S
 
     p.add_argument("--output", type=Path, metavar="FILE", default=None,
