@@ -149,6 +149,61 @@ def _scenario_strides(be, rank: int, out: dict) -> None:
     out["layouts"] = res
 
 
+PATCH_SHAPES = [(4, H), (8, H), (40, H)]  # verify rows as the rank step passes them (40 > 36)
+
+
+def _count_preparation(real, calls: dict) -> None:
+    """Count every call of the library's preparation entry points the backend resolves: the two
+    prepare-call builders (``_oneshot_preparation.py``) and ``query_from_runtime`` per surface."""
+    def counting(name: str, fn):
+        def builder(*args, **kw):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args, **kw)
+
+        return builder
+
+    for name in ("_prepare_plain_call", "_prepare_fused_call"):
+        setattr(real.op, name, counting(name, getattr(real.op, name)))
+    pcie = sys.modules["flashinfer.experimental.b12x.comm.pcie"]
+
+    def query(runtime, *, surface, call, _fn=pcie.query_from_runtime):
+        calls[surface] = calls.get(surface, 0) + 1
+        return _fn(runtime, surface=surface, call=call)
+
+    pcie.query_from_runtime = query
+
+
+def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
+    """The patch's own build and prepare of the add-norm slot (``install._default_factory`` ->
+    ``rank.make_for_rank`` -> ``slots._create_together``, as the rank step runs it), counting
+    the library's preparation calls. Stood in: the device choice (a CPU box gets the gloo
+    stand-in) and the context's GPU facts (SM120, proven P2P)."""
+    from fastverify.patch import capture_shapes, install, slots
+    from fastverify.patch import rank as R
+
+    calls: dict = {}
+    _count_preparation(real, calls)
+    R.backend_for_device = lambda kind, device_type: BackendName(kind)
+    R.context_from_coordinator = lambda coord, **kw: ProbeContext(
+        world_size=world, device_type="cpu", dtype=torch.float32, group_backend="gloo", sm=(12, 0), p2p_ok=True,
+        single_node=True)
+    coordinator.world_size, coordinator.rank_in_group = world, rank
+    slot = slots._add_norm
+    slot.factory = install._default_factory(slot, modules={})
+    probe = capture_shapes.Probe((40, H), "cpu", torch.float32, is_cuda=False)
+    be = slots._create_together(slot, coordinator, probe, PATCH_SHAPES)
+    x, residual, weight = base.inputs(rank, 4, torch.float32)
+    xs = [base.inputs(r, 4, torch.float32)[0] for r in range(world)]
+    normed, res_out = be.all_reduce_residual_rmsnorm(x, residual, weight, base.EPS)
+    want = base.reference_residual_rmsnorm(xs, residual, weight, base.EPS)
+    out.update(kind=slot.kind.value, slot_prepared=slot.prepared, calls=calls,
+               prepared={k: sorted(map(list, v)) for k, v in be.prepared_shapes.items()},
+               supports={str(r): be.supports(torch.zeros(r, H)) for r, _ in PATCH_SHAPES},
+               fused_ok=[check_close(normed, want[0], torch.float32)[0], check_close(res_out, want[1], torch.float32)[0]])
+    slot.backend = slot.factory = None
+    return be
+
+
 def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     import torch.distributed as dist
 
@@ -162,6 +217,13 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     exchanges: list = []
     _spy_exchanges(dist, device, cpu, exchanges)
     out: dict = {}
+    if scenario == "patch":
+        with _scenario_patch(rank, world, coordinator, real, out) as be:
+            out.update(disabled_reason=be.disabled_reason, paths=dict(be.path_counts))
+        fakes.Runtime.live.clear()
+        out.update(record=record)
+        del be, coordinator
+        return out
     with _backend(world, device) as be:
         out["cpu_group_is_sglangs"] = be.cpu_group is cpu
         {"compile_fails": _scenario_compile_fails, "strides": _scenario_strides}[scenario](be, rank, out)
@@ -269,6 +331,23 @@ def test_barrier_hook_is_the_sessions_and_votes_only_on_sglangs_cpu_group(compil
         on_thread = [e for e in out["exchanges"] if not e[1]]
         assert [m for _, _, m in on_thread] == [["barrier", c[0]] for c in out["barrier_calls"]]
         assert {where for where, _, _ in out["exchanges"]} == {"cpu"}
+
+
+def test_the_patch_prepares_no_plain_plan(tmp_path):
+    """The patch's add-norm slot calls only the fused kernel (at most 36 rows), so its start-up
+    asks the library for fused plans only: no plain-surface query, no ``_prepare_plain_call``,
+    no plain compile; the 40-row verify shape gets nothing. The slot still takes a prepared
+    shape through the fused kernel, summed over both ranks."""
+    outs, _, _ = run_ranks(tmp_path, "patch")
+    fused = f"fastverify.b12x.fused.{{}}x{H}"
+    for out in outs:
+        assert out["kind"] == "b12x" and out["slot_prepared"] and out["disabled_reason"] is None
+        assert out["calls"] == {b12x_backend.FUSED_SURFACE: 2, "_prepare_fused_call": 2}, out["calls"]
+        assert [e for e in out["record"] if e[0] == "compile"] == [["compile", "fused", 4], ["compile", "fused", 8]]
+        assert [e[1] for e in out["record"] if e[0] == "prepared"] == [fused.format(4), fused.format(8)]
+        assert out["prepared"] == {"plain": [], "fused": [[4, H], [8, H]]}
+        assert out["supports"] == {"4": True, "8": True, "40": False}
+        assert out["fused_ok"] == [True, True] and out["paths"] == {"fused": 1}
 
 
 @pytest.fixture(scope="module")

@@ -175,18 +175,26 @@ class B12xFusedBackend(AllReduceBackend):
     -------
     cpu_group : ProcessGroup
         gloo group over the ranks of ``group``; found or built when omitted (``cpu_group_for``).
+    fused_only : bool
+        Default False: :meth:`prepare` plans the plain all-reduce too (the ``tune`` and ``live``
+        workers call :meth:`all_reduce`: above 36 rows, and where no residual follows). True:
+        the fused kernel's plans only, for a caller that calls nothing else (the patch's add-norm
+        slot), which would otherwise CuTe-compile every plain plan at start-up for nothing;
+        :meth:`all_reduce` then always takes torch.distributed.
 
     Attributes
     ----------
     disabled_reason : str or None
         Set on every rank, to :func:`not_built_line`, when preparation failed on any rank; every
         call then takes the torch.distributed path.
+    fused_only : bool
+        The ``fused_only`` option.
     prepared_shapes : dict[str, set[tuple[int, int]]]
         ``{"plain": {...}, "fused": {...}}``: the ``(rows, hidden)`` shapes with a prepared plan.
     """
 
     name = BackendName.b12x
-    option_names = frozenset({"cpu_group"})
+    option_names = frozenset({"cpu_group", "fused_only"})
 
     @classmethod
     def probe(cls, ctx: ProbeContext) -> Capability:
@@ -220,6 +228,7 @@ class B12xFusedBackend(AllReduceBackend):
         self.world_size = dist.get_world_size(group)
         ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
         self.disabled_reason: str | None = None
+        self.fused_only = bool(self.options.get("fused_only", False))
         self.prepared_shapes: dict[str, set[tuple[int, int]]] = {"plain": set(), "fused": set()}
         self._plans: dict[tuple[str, tuple[int, int]], Any] = {}
         try:
@@ -291,8 +300,8 @@ class B12xFusedBackend(AllReduceBackend):
 
     def _wanted(self, shapes: Sequence[Shape]) -> list[tuple[str, tuple[int, int]]]:
         """The ``(kind, shape)`` plans to prepare: every 2-D shape of this hidden size within
-        ``max_bytes`` in whole 16-byte packs (``pcie_oneshot.py`` ``should_allreduce``), fused
-        too where :func:`fused_fits`; none already prepared."""
+        ``max_bytes`` in whole 16-byte packs (``pcie_oneshot.py`` ``should_allreduce``), plain
+        unless ``fused_only``, fused where :func:`fused_fits`; none already prepared."""
         itemsize = element_size(self.dtype)
         wanted = []
         for shape in sorted({tuple(int(d) for d in s) for s in shapes if len(s) == 2}):
@@ -302,7 +311,8 @@ class B12xFusedBackend(AllReduceBackend):
                 continue
             if nbytes > self.max_bytes or nbytes % PACK_BYTES:
                 continue
-            wanted.append(("plain", shape))
+            if not self.fused_only:
+                wanted.append(("plain", shape))
             if fused_fits(rows) and hidden * itemsize % PACK_BYTES == 0:
                 wanted.append(("fused", shape))
         return [w for w in wanted if w[1] not in self.prepared_shapes[w[0]]]
@@ -342,8 +352,9 @@ class B12xFusedBackend(AllReduceBackend):
 
     def prepare(self, shapes: Sequence[Shape]) -> None:
         """Plan, compile and prime a b12x plan for every shape in ``shapes`` that fits: the plain
-        all-reduce up to ``max_numel``, the fused kernel up to 36 rows. Collective; must run
-        before CUDA-graph capture (raises ``RuntimeError`` under capture, as FlashInfer would).
+        all-reduce up to ``max_numel`` (not with ``fused_only``), the fused kernel up to 36 rows.
+        Collective; must run before CUDA-graph capture (raises ``RuntimeError`` under capture, as
+        FlashInfer would).
         A failure on any rank disables b12x on every rank (``disabled_reason``, one logged line
         per rank, ``b12x not built: <why>; all-reduces stay on NCCL``) before any rank launches
         the failing request's kernel; nothing raises."""
@@ -389,9 +400,10 @@ class B12xFusedBackend(AllReduceBackend):
         return plan
 
     def supports(self, x: Tensor) -> bool:
-        """True for a shape :meth:`prepare` planned for the b12x plain kernel (so a chain sends
-        every other shape, and every shape after a failed preparation, to the next backend)."""
-        return self._ready("plain", x) is not None
+        """True for a shape :meth:`prepare` planned a b12x kernel for: the plain one, or with
+        ``fused_only`` the fused one (whose only caller asks this before the fused call). A
+        chain sends every other shape, and every shape after a failed preparation, on."""
+        return self._ready("fused" if self.fused_only else "plain", x) is not None
 
     def all_reduce(self, x: Tensor) -> Tensor:
         """Sum over the group, out of place: b12x for a prepared shape, torch.distributed else."""

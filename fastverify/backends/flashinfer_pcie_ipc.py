@@ -78,12 +78,35 @@ def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
     return -(-n // PACK_ELEMS) * PACK_ELEMS
 
 
+def _config_key(x: Tensor) -> tuple[int, int]:
+    """``(numel, hidden)``: FlashInfer's key for a resolved launch configuration, less the dtype
+    (one per workspace here): ``(inp.numel(), inp.shape[-1], inp.dtype)`` in
+    ``PcieIpcAllReduceWorkspace.tuned_launch_config`` (FlashInfer 0.7.4
+    ``flashinfer/comm/pcie_ipc_ar.py``)."""
+    return int(x.numel()), int(x.shape[-1])
+
+
 class PcieIpcBackend(AllReduceBackend):
     """FlashInfer PCIe IPC all-reduce on ``group``; collective construction (all ranks).
 
     Collective contract (FlashInfer's class docstring): every rank issues the same calls with the
     same shapes in the same order; one workspace per CUDA stream; :meth:`prepare` every CUDA-graph
     capture shape, after ``tune()``, before capture. ``max_numel``: :func:`decode_max_numel`.
+
+    A shape's launch configuration is resolved collectively on first use (a host read-back), then
+    cached until the next ``tune()``; under capture an unresolved shape raises
+    (``tuned_launch_config`` in ``flashinfer/comm/pcie_ipc_ar.py``). So under capture
+    :meth:`supports` is False for a shape not in :attr:`resolved`, and the caller's own path
+    captures it instead: a graph of some other shape (an EAGLE draft, a prefill) never raises.
+
+    Attributes
+    ----------
+    prepared : dict[tuple[int, int], IpcLaunchConfig or None]
+        FlashInfer's answer of the last :meth:`prepare`, per ``(rows, hidden)``.
+    resolved : set[tuple[int, int]]
+        ``(numel, hidden)`` of every shape FlashInfer holds a configuration for: prepared ones
+        (not None) and those an eager :meth:`all_reduce` ran since the last ``tune()``. The same
+        on every rank (every rank makes the same calls).
 
     Options
     -------
@@ -146,16 +169,23 @@ class PcieIpcBackend(AllReduceBackend):
         # rather than read from the workspace's private ``_stream``.
         self._bound: Any = None
         self.prepared: dict[tuple[int, int], Any] = {}
+        self.resolved: set[tuple[int, int]] = set()
 
     def supports(self, x: Tensor) -> bool:
-        # FlashInfer's answer covers contiguity, capacity and the minimum payload
-        # (numel >= 8 * world_size). It is a pure function of shape/dtype, so every rank agrees.
-        return super().supports(x) and bool(self._ws.supports(**WS_SUPPORTS.kwargs(inp=x)))
+        """FlashInfer's answer (contiguity, capacity, the minimum payload ``numel >= 8 *
+        world_size``); under CUDA-graph capture also that FlashInfer has resolved the shape's
+        launch configuration (:attr:`resolved`), since it raises for any other there. Every input
+        is a pure function of shape and dtype, or of calls every rank made, so every rank agrees."""
+        if not (super().supports(x) and bool(self._ws.supports(**WS_SUPPORTS.kwargs(inp=x)))):
+            return False
+        return not torch.cuda.is_current_stream_capturing() or _config_key(x) in self.resolved
 
     def all_reduce(self, x: Tensor) -> Tensor:
         self._follow_stream()
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         self._ws.all_reduce(**WS_ALL_REDUCE.kwargs(inp=x, out=out))
+        if not torch.cuda.is_current_stream_capturing():
+            self.resolved.add(_config_key(x))  # an eager call resolved and cached it
         self.path_counts["all_reduce"] += 1
         return out
 
@@ -194,7 +224,8 @@ class PcieIpcBackend(AllReduceBackend):
         """Tune (unless ``tune=False``) for the hidden sizes in ``shapes``, then resolve every
         ``(rows, hidden)`` shape so CUDA-graph capture touches no host collective. Collective;
         every rank passes the same list. Shapes the kernels cannot take map to None in
-        :attr:`prepared` and fall back at call time."""
+        :attr:`prepared` and fall back at call time; the others join :attr:`resolved` (which a
+        tune empties first, as it empties FlashInfer's cache)."""
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"shapes must be (rows, hidden) pairs, got {list(shapes)}")
         shapes2 = [(int(s[0]), int(s[1])) for s in shapes]
@@ -202,8 +233,10 @@ class PcieIpcBackend(AllReduceBackend):
             tune_kwargs: dict[str, Any] = {"hiddens": sorted({h for _, h in shapes2}), "dtype": self.dtype}
             if "tune_group" in self.options:
                 tune_kwargs["tune_group"] = self.options["tune_group"]
+            self.resolved = set()  # tune() empties FlashInfer's cache of resolved configurations
             self._ws.tune(**WS_TUNE.kwargs(**tune_kwargs))
         self.prepared = dict(self._ws.prepare(**WS_PREPARE.kwargs(shapes=shapes2, dtype=self.dtype)))
+        self.resolved |= {(r * h, h) for (r, h), config in self.prepared.items() if config is not None}
         # tune() moves FlashInfer's binding itself (synchronize, then rebind_stream). After a
         # synchronize nothing is pending, so unbinding is true whatever stream comes next.
         torch.cuda.synchronize(self.device)
