@@ -335,7 +335,8 @@ def probe_static() -> dict:
             I.install()
             twice = _originals()
             n_changed = sum(1 for k in before if before[k] is not mid[k])
-            out["install_twice_noop"] = all(mid[k] is twice[k] for k in mid) and len(I.installed()) == n_changed == 8  # fused_norm, pre_capture, 6 counting
+            out["install_twice_noop"] = all(mid[k] is twice[k] for k in mid) and n_changed == 8 \
+                and len(I.installed()) == n_changed + 6  # fused_norm, pre_capture, 6 counting + capture/replay on 3 graph backends
             I.uninstall()
             out["install_twice_restored"] = all(before[k] is _originals()[k] for k in before)
         finally:
@@ -541,6 +542,29 @@ def _maxerr(a, b) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def _initialize_model_parallel(ps, res: dict, step) -> None:
+    """SGLang's ``initialize_model_parallel(backend="gloo")`` at the published widths."""
+    try:
+        ps.initialize_model_parallel(backend="gloo")
+        res["initialize_model_parallel"] = "as is"
+    except Exception as e:
+        # SGLang 0.5.23 on a CPU-only machine: init_model_parallel_group defaults use_pynccl to
+        # True (not NPU/XPU/mooncake) and PyNcclCommunicator wants a CUDA device. Record the real
+        # error, then build the same groups with only that default changed.
+        res["initialize_model_parallel"] = "use_pynccl=False"
+        res["initialize_model_parallel_error"] = _err(e)
+        real_init_group = ps.init_model_parallel_group
+
+        def no_pynccl(*a, **k):
+            k["use_pynccl"] = False
+            return real_init_group(*a, **k)
+
+        ps.init_model_parallel_group = no_pynccl
+        step("initialize_model_parallel(gloo, use_pynccl=False)",
+             lambda: ps.initialize_model_parallel(backend="gloo"))
+        ps.init_model_parallel_group = real_init_group
+
+
 def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
     res: dict = {"rank": rank, "world": world, "steps": []}
     record = os.environ.get("FASTVERIFY_PROBE_RECORD", "")
@@ -582,25 +606,7 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
             return {n: getattr(get_parallel(), n, None) for n in ("tp_size", "attn_tp_size", "moe_tp_size")}
 
         res["parallel_widths"] = step("get_parallel().override_permanently(widths)", widths)
-        try:
-            ps.initialize_model_parallel(backend="gloo")
-            res["initialize_model_parallel"] = "as is"
-        except Exception as e:
-            # SGLang 0.5.23 on a CPU-only machine: init_model_parallel_group defaults use_pynccl to
-            # True (not NPU/XPU/mooncake) and PyNcclCommunicator wants a CUDA device. Record the real
-            # error, then build the same groups with only that default changed.
-            res["initialize_model_parallel"] = "use_pynccl=False"
-            res["initialize_model_parallel_error"] = _err(e)
-            real_init_group = ps.init_model_parallel_group
-
-            def no_pynccl(*a, **k):
-                k["use_pynccl"] = False
-                return real_init_group(*a, **k)
-
-            ps.init_model_parallel_group = no_pynccl
-            step("initialize_model_parallel(gloo, use_pynccl=False)",
-                 lambda: ps.initialize_model_parallel(backend="gloo"))
-            ps.init_model_parallel_group = real_init_group
+        _initialize_model_parallel(ps, res, step)
         tp, atp = ps.get_tp_group(), ps.get_attn_tp_group()
         res["groups"] = {"tp": [tp.unique_name, tp.world_size, tp.rank_in_group],
                          "attn_tp": [atp.unique_name, atp.world_size, atp.rank_in_group],
@@ -751,7 +757,7 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     except Exception as e:
         out["real_body_error"] = _err(e, 200)
     out["applied"], out["skipped"], out["built"] = list(rep.applied), dict(rep.skipped), dict(rep.built)
-    slot = I._dispatch if all_reduce else I._fused
+    slot = I._dispatch if all_reduce else (getattr(I, "_fused_groups", None) or [I._fused])[0]
     ctx = slot.context
     if ctx is not None:
         out["context"] = {"world_size": ctx.world_size, "device_type": ctx.device_type,
@@ -884,7 +890,87 @@ def b12x_boundary(I, ps, rank: int) -> dict:
     return out
 
 
-def probe_ranks(world: int, timeout: float) -> dict:
+FUSED_GROUP_ROWS = 4
+
+
+def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> None:
+    """The fused slot on SGLang's REAL groups with MoE data parallelism: ``world`` gloo ranks at
+    TP ``world``, moe_dp 2 (so MoE TP is ``world // 2``): the attention output is owed to the
+    attention-TP group (every rank), the MoE output to ``post_experts_reduction_group()`` (the
+    MoE-TP group of ``world // 2`` ranks; SGLang 0.5.23 ``layers/moe/utils.py``). SGLang's fusion
+    gate needs SM90/SM100 and FlashInfer, so it is stood in for (``flashinfer_ar_fusion_applies``
+    true up to 2,048 rows); everything else is SGLang's: the groups, ``resolve_fusion_group``, the
+    real ``ModelRunner.init_cuda_graphs`` (wrapped: the rank step builds the gloo stand-in per group)
+    and the real ``RMSNorm``. Each rank's input is ``rank + 1``, so a sum names the ranks it spans."""
+    res: dict = {"rank": rank, "world": world, "steps": []}
+
+    def step(name, fn):
+        try:
+            v = fn()
+            res["steps"].append({"step": name, "ok": True})
+            return v
+        except BaseException as e:  # noqa: BLE001
+            res["steps"].append({"step": name, "ok": False, "error": _err(e)})
+            raise
+
+    try:
+        import torch
+
+        import sglang.srt.distributed.parallel_state as ps
+        import sglang.srt.layers.layer_boundary.residual.add_norm as add_norm
+        from sglang.srt.layers.flashinfer_comm_fusion import resolve_fusion_group
+        from sglang.srt.layers.layernorm import RMSNorm
+        from sglang.srt.layers.moe.utils import post_experts_reduction_group
+        from sglang.srt.runtime_context import get_parallel
+
+        ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                        local_rank=rank, backend="gloo")
+        moe_tp = world // 2
+        get_parallel().override_permanently(
+            tp_size=world, pp_size=1, moe_dp_size=2, attn_dp_size=1, attn_cp_size=1, shared_experts_tp_size=None,
+            moe_ep_size=1, attn_dcp_size=1, attn_tp_size=world, moe_tp_size=moe_tp, tp_rank=rank, pp_rank=0,
+            attn_tp_rank=rank, attn_cp_rank=0, attn_dp_rank=0, moe_ep_rank=0, moe_tp_rank=rank % moe_tp,
+            moe_dp_rank=rank // moe_tp)
+        _initialize_model_parallel(ps, res, step)
+        attn, moe = resolve_fusion_group(use_attn_tp_group=True)[2], post_experts_reduction_group()
+        res["groups"] = {"attn": list(attn.ranks), "moe": list(moe.ranks), "moe_is_tp": moe is ps.get_tp_group(),
+                         "resolve_moe_is_post_experts": resolve_fusion_group(use_attn_tp_group=False)[2] is moe}
+        add_norm.flashinfer_ar_fusion_applies = lambda batch_size: 0 < batch_size <= 2048  # the SM90 gate
+        from fastverify.patch import install as I
+        from fastverify.patch.paths import COUNTER
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused",
+                           "FASTVERIFY_DEPLOYMENT": os.environ.get("FASTVERIFY_PROBE_RECORD", "")})
+        rep = step("install(fused)", lambda: I.install())
+        try:
+            ModelRunner.init_cuda_graphs(_StandInRunner())
+        except Exception as e:  # the real body fails on the stand-in runner, after the rank step
+            res["real_body_error"] = _err(e, 200)
+        res["applied"], res["built"], res["skipped"] = list(rep.applied), dict(rep.built), dict(rep.skipped)
+        res["backends"] = [{"ranks": list(s.group.ranks), "built": s.backend is not None}
+                           for s in getattr(I, "_fused_groups", [])]
+        norm = RMSNorm(HIDDEN, eps=1e-6)
+        x = torch.full((FUSED_GROUP_ROWS, HIDDEN), float(rank + 1))
+        residual = torch.zeros(FUSED_GROUP_ROWS, HIDDEN)
+        COUNTER.reset()
+        res["sums"] = {}
+        for name, use_attn in (("attn", True), ("moe", False)):  # attention first, as a layer runs
+            out = norm.forward_with_allreduce_fusion(x.clone(), residual.clone(), use_attn_tp_group=use_attn)
+            reduced = out[1] - residual  # the fresh residual: residual + the sum
+            res["sums"][name] = sorted({float(v) for v in reduced.flatten()})
+        res["paths"] = COUNTER.snapshot()
+        I.uninstall()
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+    except BaseException as e:  # noqa: BLE001
+        res.setdefault("error", _err(e))
+        res["trace"] = traceback.format_exc()[-2000:]
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(res, f, default=str)
+
+
+def probe_ranks(world: int, timeout: float, mode: str = "rank") -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory() as d:
         procs, outs = [], []
@@ -894,7 +980,7 @@ def probe_ranks(world: int, timeout: float) -> dict:
             env = dict(os.environ, FASTVERIFY_PATCH="1", FASTVERIFY_BACKEND="fused",
                        FASTVERIFY_PROBE_RECORD=write_record(os.path.join(d, "probe.deploy.json")))
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--world", str(world),
+                [sys.executable, os.path.abspath(__file__), f"--{mode}", str(r), "--world", str(world),
                  "--port", str(port), "--out", out],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         logs = []
@@ -926,6 +1012,7 @@ def probe_ranks(world: int, timeout: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int)
+    ap.add_argument("--fused-groups-rank", type=int)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--port", type=int)
     ap.add_argument("--out")
@@ -934,6 +1021,9 @@ def main() -> int:
     _quiet_logging()
     if a.rank is not None:
         run_rank(a.rank, a.world, a.port, a.out)
+        return 0
+    if a.fused_groups_rank is not None:
+        run_fused_groups_rank(a.fused_groups_rank, a.world, a.port, a.out)
         return 0
     t0 = time.perf_counter()
     result: dict = {"python": sys.executable}
@@ -964,6 +1054,10 @@ def main() -> int:
         result["ranks"] = probe_ranks(a.world, a.rank_timeout)
     except BaseException as e:  # noqa: BLE001
         result["ranks_error"] = _err(e)
+    try:
+        result["fused_groups"] = probe_ranks(4, a.rank_timeout, mode="fused-groups-rank")
+    except BaseException as e:  # noqa: BLE001
+        result["fused_groups_error"] = _err(e)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     sys.stdout.flush()
     print(json.dumps(result, default=str))

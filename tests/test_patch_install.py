@@ -17,12 +17,15 @@ from fastverify.patch import install as I
 ON = {"FASTVERIFY_PATCH": "1"}
 
 
-def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=None):
-    calls = {"ar": 0, "orig_fused": 0, "gate": [], "orig_ffn": 0, "orig_attn": 0}
+def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=None, all_reduce=None):
+    """``all_reduce(x)``: the TP group's sum (default: every rank holds the same partial, so the sum is
+    ``world_size * x``). ``calls["sglang_kernel"]``: SGLang's fused method reduces in its own kernel
+    (no ``GroupCoordinator.all_reduce``) instead of its fallback through the group."""
+    calls = {"ar": 0, "orig_fused": 0, "gate": [], "orig_ffn": 0, "orig_attn": 0, "sglang_kernel": False}
 
-    def _ar(x):
+    def _ar(x, n=world_size):
         calls["ar"] += 1
-        return x * world_size  # every rank holds the same partial: the sum is world_size * x
+        return all_reduce(x) if all_reduce is not None else x * n
 
     ps = types.ModuleType(I.MOD_PARALLEL_STATE)
 
@@ -32,7 +35,7 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
             self.cpu_group, self.rank_in_group, self.ranks = None, 0, list(range(world_size))
 
         def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
-            return _ar(input_)
+            return _ar(input_, self.world_size)  # every rank of the group holds the same partial
 
     group = GroupCoordinator()
     ps.GroupCoordinator = GroupCoordinator
@@ -52,11 +55,14 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
 
     an.flashinfer_ar_fusion_applies = flashinfer_ar_fusion_applies
 
+    # SGLang's group functions all-reduce through the group's coordinator (communication_op.py,
+    # moe/utils.py); the post-experts group is the TP group here (moe_dp 1)
     dist = types.ModuleType(I.MOD_DISTRIBUTED)
-    dist.tensor_model_parallel_all_reduce = _ar
-    dist.attention_tensor_model_parallel_all_reduce = _ar
+    dist.tensor_model_parallel_all_reduce = lambda x: ps.get_tp_group().all_reduce(x)
+    dist.attention_tensor_model_parallel_all_reduce = lambda x: ps.get_attn_tp_group().all_reduce(x)
     moe = types.ModuleType(I.MOD_MOE_UTILS)
-    moe.deferred_post_experts_all_reduce = _ar
+    moe.post_experts_reduction_group = lambda: group
+    moe.deferred_post_experts_all_reduce = lambda x: moe.post_experts_reduction_group().all_reduce(x)
 
     ln = types.ModuleType(I.MOD_LAYERNORM)
 
@@ -75,11 +81,23 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
             out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.weight
             return (out, residual) if residual is not None else out
 
-        # SGLang 0.5.23's hazard (AITER branch): no all-reduce when the fused call declines.
+        # SGLang 0.5.23's CUDA path (layernorm.py _forward_with_allreduce_fusion): no residual or a
+        # group of one: only the norm; else its fused kernel, or when that declines the group's
+        # all-reduce + the norm into a fresh residual
         def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None,
                                           use_attn_tp_group=True):
             calls["orig_fused"] += 1
-            return self.forward(x, residual, post_residual_addition)
+            owed = ps.get_attn_tp_group() if use_attn_tp_group else moe.post_experts_reduction_group()
+            if residual is None or owed.world_size <= 1:
+                return self.forward(x, residual, post_residual_addition)
+            if post_residual_addition is not None:
+                residual = residual + post_residual_addition
+            if calls["sglang_kernel"]:
+                x = x * owed.world_size  # its kernel's sum, without GroupCoordinator.all_reduce
+            else:
+                x = (dist.attention_tensor_model_parallel_all_reduce if use_attn_tp_group
+                     else moe.deferred_post_experts_all_reduce)(x)
+            return self.forward(x, residual.clone() if post_residual_addition is None else residual, None)
 
     if norm_params == "changed":
         def changed(self, hidden_states, residual=None):
@@ -166,7 +184,9 @@ def _expected(x, residual, ws=2, eps=1e-6):
     return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps), r
 
 
-def test_fused_path_always_all_reduces_and_restores():
+def test_fused_slot_without_a_backend_runs_sglangs_own_method_and_restores():
+    """No backend for the group (none built yet, a CPU tensor): SGLang's own method runs, unchanged
+    (one all-reduce with a residual, none without one), and uninstall restores it by identity."""
     mods, calls = make_fake_sglang()
     RMSNorm = mods[I.MOD_LAYERNORM].RMSNorm
     orig = RMSNorm.__dict__["forward_with_allreduce_fusion"]
@@ -181,13 +201,11 @@ def test_fused_path_always_all_reduces_and_restores():
         torch.testing.assert_close(out, want_out)
         torch.testing.assert_close(new_res, want_res)
         assert torch.equal(res, res_before)  # a fresh residual; the caller's is untouched
-    assert calls["ar"] == 2 and calls["orig_fused"] == 0
-    # residual None and post_residual_addition: still all-reduced
-    norm.forward_with_allreduce_fusion(x, None)
+    assert calls["ar"] == 2 and calls["orig_fused"] == 2
     post = torch.randn(4, 8)
     out, new_res = norm.forward_with_allreduce_fusion(x, res, post)
     torch.testing.assert_close(new_res, res_before + post + 2 * x)
-    assert calls["ar"] == 4
+    assert calls["ar"] == 3 and calls["orig_fused"] == 3
     # idempotent
     assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"}).applied == ["fused_norm", "pre_capture"]
     # the fused norm, the all-reduce counter (the fake has no other counting target), the rank step
@@ -198,16 +216,20 @@ def test_fused_path_always_all_reduces_and_restores():
 
 
 class FakeFused:
-    def __init__(self, bad=False, supports=True):
-        self.bad, self.ok, self.calls = bad, supports, 0
+    def __init__(self, bad=False, supports=True, sum_of=2):
+        self.bad, self.ok, self.calls, self.sum_of = bad, supports, 0, sum_of
 
     def supports(self, x):
         return self.ok
 
     def all_reduce_residual_rmsnorm(self, x, residual, weight, eps):
         self.calls += 1
-        r = residual + x * 2 + (1.0 if self.bad else 0.0)
+        r = residual + x * self.sum_of + (1.0 if self.bad else 0.0)
         return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight, r
+
+
+def _tp(mods):
+    return mods[I.MOD_PARALLEL_STATE].get_tp_group()
 
 
 def test_fused_backend_used_checked_and_disabled_on_mismatch(caplog):
@@ -216,25 +238,119 @@ def test_fused_backend_used_checked_and_disabled_on_mismatch(caplog):
     norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
     x, res = torch.randn(4, 8), torch.randn(4, 8)
     good = FakeFused()
-    I.attach_fused_backend(good)
+    I.attach_fused_backend(good, _tp(mods))
     out, r = norm.forward_with_allreduce_fusion(x, res)
     torch.testing.assert_close(r, _expected(x, res)[1])
     assert good.calls == 1 and calls["ar"] == 1  # the one startup comparison with the plain path
     norm.forward_with_allreduce_fusion(x, res)
-    assert good.calls == 2 and calls["ar"] == 1  # fused from then on
-    # a backend that does not take the shape: plain all-reduce + norm
-    I.attach_fused_backend(FakeFused(supports=False), checked=True)
-    norm.forward_with_allreduce_fusion(x, res)
-    assert calls["ar"] == 2
-    # a wrong backend: disabled with one line, result still correct
+    assert good.calls == 2 and calls["ar"] == 1 and calls["orig_fused"] == 0  # fused from then on
+    # a wrong backend: disabled with one line, result still correct (SGLang's own method then)
     bad = FakeFused(bad=True)
-    I.attach_fused_backend(bad)
+    I.attach_fused_backend(bad, _tp(mods))
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         out, r = norm.forward_with_allreduce_fusion(x, res)
-        norm.forward_with_allreduce_fusion(x, res)
+        out2, r2 = norm.forward_with_allreduce_fusion(x, res)
     torch.testing.assert_close(r, _expected(x, res)[1])
-    assert bad.calls == 1
+    torch.testing.assert_close(r2, _expected(x, res)[1])
+    assert bad.calls == 1 and calls["orig_fused"] == 2
     assert len([m for m in caplog.messages if "disabled" in m]) == 1
+
+
+def test_declined_call_runs_sglangs_own_fused_method_and_is_counted_as_such():
+    """Item 7: a call the backend declines (a shape above the record's rows) runs SGLang's ORIGINAL
+    forward_with_allreduce_fusion -- its own fused kernel, which covers up to 2,048 rows -- not a
+    plain all-reduce + a separate norm; counted as the backend's fallback to SGLang's fusion, or,
+    where SGLang's method all-reduces through the group, as the backend's plain fallback."""
+    from fastverify.patch.paths import COUNTER
+
+    mods, calls = make_fake_sglang()
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
+    x, res = torch.randn(40, 8), torch.randn(40, 8)
+    I.attach_fused_backend(FakeFused(supports=False), _tp(mods), checked=True)
+    calls["sglang_kernel"] = True
+    COUNTER.reset()
+    out, r = norm.forward_with_allreduce_fusion(x, res)
+    torch.testing.assert_close(r, _expected(x, res)[1])
+    assert calls["orig_fused"] == 1 and calls["ar"] == 0  # SGLang's own kernel, no plain all-reduce
+    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{I.FUSED_SGLANG_FALLBACK}": 1}}
+    calls["sglang_kernel"] = False  # SGLang's kernel declines too: its own all-reduce through the group
+    out, r = norm.forward_with_allreduce_fusion(x, res)
+    torch.testing.assert_close(r, _expected(x, res)[1])
+    assert calls["orig_fused"] == 2 and calls["ar"] == 1
+    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{I.FUSED_SGLANG_FALLBACK}": 1,
+                                            "fastverify.FakeFused.fallback": 1}}
+    assert COUNTER.take_fallback() is None  # no mark left for a later, unrelated all-reduce
+
+
+def test_no_residual_is_sglangs_own_norm_without_an_all_reduce():
+    """Item 8: residual=None with a live, checked backend: SGLang only norms (layernorm.py); the
+    replacement runs SGLang's method and all-reduces nothing."""
+    mods, calls = make_fake_sglang()
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
+    be = FakeFused()
+    I.attach_fused_backend(be, _tp(mods), checked=True)
+    x = torch.randn(4, 8)
+    out = norm.forward_with_allreduce_fusion(x, None)
+    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert calls["ar"] == 0 and be.calls == 0 and calls["orig_fused"] == 1
+
+
+def _two_group_sglang():
+    """The fake SGLang with moe_dp 2 on 4 ranks: the attention-TP group is the TP group (4 ranks),
+    the post-experts group another coordinator of 2 (SGLang's MoE-TP group, moe/utils.py)."""
+    mods, calls = make_fake_sglang(4)
+    ps = mods[I.MOD_PARALLEL_STATE]
+    moe_group = ps.GroupCoordinator()
+    moe_group.world_size, moe_group.unique_name, moe_group.ranks = 2, "moe_tp:0", [0, 1]
+    mods[I.MOD_MOE_UTILS].post_experts_reduction_group = lambda: moe_group
+    return mods, calls, ps.get_tp_group(), moe_group
+
+
+def test_fused_slot_keeps_one_backend_per_group_and_uses_it_only_for_calls_owed_to_it():
+    """Item 4: the attention output goes to the attention-TP group's backend, the MoE output to the
+    post-experts group's; each sums over its own group (4 and 2 ranks here)."""
+    mods, calls, tp, moe_group = _two_group_sglang()
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
+    on_tp, on_moe = FakeFused(sum_of=4), FakeFused(sum_of=2)
+    I.attach_fused_backend(on_tp, tp, checked=True)
+    I.attach_fused_backend(on_moe, moe_group, checked=True)
+    x, res = torch.randn(4, 8), torch.randn(4, 8)
+    _, r = norm.forward_with_allreduce_fusion(x, res, use_attn_tp_group=True)
+    torch.testing.assert_close(r, res + 4 * x)
+    _, r = norm.forward_with_allreduce_fusion(x, res, use_attn_tp_group=False)
+    torch.testing.assert_close(r, res + 2 * x)
+    assert (on_tp.calls, on_moe.calls, calls["ar"], calls["orig_fused"]) == (1, 1, 0, 0)
+    # a group without a backend: SGLang's own method, over that group
+    I.uninstall()
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    I.attach_fused_backend(on_tp, tp, checked=True)
+    _, r = norm.forward_with_allreduce_fusion(x, res, use_attn_tp_group=False)
+    torch.testing.assert_close(r, res + 2 * x)
+    assert on_tp.calls == 1 and calls["orig_fused"] == 1
+
+
+def test_rank_step_builds_one_fused_backend_per_group(capsys):
+    """Item 4: the rank step creates and prepares a backend on each group the fused calls are owed
+    to (attention TP, then post-experts), each on its own coordinator, and the line names both."""
+    mods, calls, tp, moe_group = _two_group_sglang()
+    events = []
+
+    def factory(coordinator, x):
+        events.append(("create", coordinator.unique_name, coordinator.world_size))
+        return FakePrepared(events)
+
+    I._fused.factory = factory
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
+    mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48).init_cuda_graphs()
+    assert [e[:2] for e in events if e[0] == "create"] == [("create", "tp:0"), ("create", "moe_tp:0")]
+    assert [s.group for s in I._fused_groups] == [tp, moe_group]
+    assert all(s.backend is not None for s in I._fused_groups)
+    assert rep.built["fused_norm"] == "tp:0: FakePrepared, moe_tp:0: FakePrepared", rep.built
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
+    assert "built=fused_norm=tp:0: FakePrepared, moe_tp:0: FakePrepared" in line, line
 
 
 def test_changed_signature_skipped_with_one_line(caplog):
@@ -348,7 +464,8 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
     group = mods[I.MOD_PARALLEL_STATE].get_tp_group()
     assert events == [("create", group, (192, 8), torch.float32), ("prepare", want), ("capture", False)]
     assert calls["captures"] == [False]  # the original ran, after prepare, with its argument
-    assert getattr(I, slot).backend is not None
+    built = I._fused_groups[0] if slot == "_fused" else getattr(I, slot)  # the fused slot: one per group
+    assert built.backend is not None and built.group is (group if slot == "_fused" else None)
     runner.init_cuda_graphs()  # second call (e.g. the draft runner or a recapture): no second prepare
     MR(is_draft_worker=True).init_cuda_graphs()
     assert [e[0] for e in events] == ["create", "prepare", "capture", "capture", "capture"]
@@ -606,7 +723,7 @@ def test_plugin_entry_point_is_gated(monkeypatch):
     assert I._report.active and I._report.backend == "fused" and I._report.applied == ["fused_norm", "pre_capture"]
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is not orig
     out, _ = RMSNorm(8).forward_with_allreduce_fusion(torch.ones(2, 8), torch.zeros(2, 8))
-    assert calls["ar"] == 1 and calls["orig_fused"] == 0  # the patched path all-reduces itself
+    assert calls["ar"] == 1 and calls["orig_fused"] == 1  # no backend built yet: SGLang's own method
 
 
 # --- the real SGLang 0.5.23 source (ast only, nothing imported) --------------------------------------
@@ -644,14 +761,23 @@ def test_targets_exist_in_real_sglang_source(tmp_path):
         pos, kw = found
         assert tuple(pos[: len(t.params)]) == t.params, (t.key, pos)
         assert all(n in pos + kw for n in t.needs), (t.key, pos, kw)
-    # the helpers the fused replacement calls, and how SGLang's layer boundary calls the norm
-    dist = z.read("sglang/srt/distributed/communication_op.py").decode()
-    assert "def attention_tensor_model_parallel_all_reduce(input_" in dist
-    assert "def tensor_model_parallel_all_reduce(input_" in dist
-    assert "def deferred_post_experts_all_reduce(hidden_states" in z.read("sglang/srt/layers/moe/utils.py").decode()
-    assert "from sglang.srt.distributed.communication_op import *" in z.read("sglang/srt/distributed/__init__.py").decode()
+    # the functions the fused replacement finds the owed group with (fused_slot._fusion_group): SGLang's
+    # resolve_fusion_group(use_attn_tp_group=...) -> (world, rank, coordinator), post_experts_reduction_group()
+    fi = z.read("sglang/srt/layers/flashinfer_comm_fusion.py").decode()
+    assert _method_params(fi, None, "resolve_fusion_group") == ([], ["use_attn_tp_group"])
+    assert "return group.world_size, group.rank_in_group, group" in fi
+    assert _method_params(z.read("sglang/srt/layers/moe/utils.py").decode(), None,
+                          "post_experts_reduction_group") == ([], [])
+    # how SGLang's layer boundary calls the norm: the MoE output only when owed to that very group
     fus = z.read("sglang/srt/layers/layer_boundary/fusions/allreduce.py").decode()
     assert "plan.norm.forward_with_allreduce_fusion(" in fus
+    assert "or owed.group is not post_experts_reduction_group()" in fus
+    assert "hidden_states, residual, use_attn_tp_group=False" in fus
+    # SGLang's method without a residual only norms (the replacement then runs it unchanged)
+    ln = z.read("sglang/srt/layers/layernorm.py").decode()
+    body = ln.split("def _forward_with_allreduce_fusion(")[1].split("\ndef ")[0]
+    assert "    if residual is not None:\n" in body and body.rstrip().endswith(
+        "return norm_module.forward(x, residual, post_residual_addition)")
     # the add-norm targets are module attributes looked up when the model is built (not imported by
     # name anywhere else), and called by the boundary before its own all-reduce + norm
     assert "partial(fused_ffn_input, plan)" in fus and "partial(\n            fused_attn_input," in fus
@@ -703,21 +829,16 @@ def _vote_worker(rank, world, port, record_path, q):
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=30))
-        mods, calls = make_fake_sglang(world)
+        def real_ar(x):  # SGLang's plain all-reduce, for real on the gloo group
+            y = x.clone()
+            dist.all_reduce(y, group=dist.group.WORLD)
+            return y
+
+        mods, calls = make_fake_sglang(world, all_reduce=real_ar)
         MR = mods[I.MOD_MODEL_RUNNER].ModelRunner
         coord = mods[I.MOD_PARALLEL_STATE].get_tp_group()
         coord.device_group = coord.cpu_group = dist.group.WORLD
         coord.rank_in_group = rank
-
-        def real_ar(x):  # SGLang's plain all-reduce, for real on the gloo group
-            calls["ar"] += 1
-            y = x.clone()
-            dist.all_reduce(y, group=coord.device_group)
-            return y
-
-        d = mods[I.MOD_DISTRIBUTED]
-        d.tensor_model_parallel_all_reduce = d.attention_tensor_model_parallel_all_reduce = real_ar
-        mods[I.MOD_MOE_UTILS].deferred_post_experts_all_reduce = real_ar
         env = {**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_DEPLOYMENT": record_path}
 
         def run(case):
@@ -734,13 +855,14 @@ def _vote_worker(rank, world, port, record_path, q):
             r = MR(hidden=16, width=4, pool=48)
             r.dtype, r.device = torch.float32, "cpu"
             r.init_cuda_graphs()
-            res = {"log": log, "disabled": I._fused.disabled, "built": I._fused.backend is not None,
+            slot = I._fused_slot(coord)  # the fused slot of the TP group (attention TP = post-experts here)
+            res = {"log": log, "disabled": slot.disabled, "built": slot.backend is not None,
                    "applied": list(rep.applied), "skipped": dict(rep.skipped)}
-            if case == "real" and I._fused.backend is not None:
-                ctx = getattr(I._fused, "context", None)
+            if case == "real" and slot.backend is not None:
+                ctx = getattr(slot, "context", None)
                 res["ctx"] = ctx and [ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node,
                                       ctx.p2p_ok, ctx.p2p_note]
-                be = I._fused.backend
+                be = slot.backend
                 res["backend"] = [be.name.value, be.max_numel, be.hidden]
                 # the fused replacement on the gloo backend: first check voted, result right
                 norm = mods[I.MOD_LAYERNORM].RMSNorm(16)
@@ -748,19 +870,20 @@ def _vote_worker(rank, world, port, record_path, q):
                 resid = torch.ones(4, 16)
                 _, new_res = norm.forward_with_allreduce_fusion(x, resid)
                 res["sum_ok"] = bool(torch.equal(new_res, torch.full((4, 16), 1.0 + 3.0)))  # 1 + (1 + 2)
-                res["checked"] = I._fused.checked
+                res["checked"] = slot.checked
             if case == "check":  # the first result is wrong on rank 1 only
                 I.uninstall()
                 I.install(mods, environ=env)
                 be = FakeFused(bad=(rank == 1))
-                I.attach_fused_backend(be)
+                I.attach_fused_backend(be, coord)
                 norm = mods[I.MOD_LAYERNORM].RMSNorm(16)
                 calls["ar"] = 0
                 x = torch.full((4, 16), 0.5)  # the same on both ranks: FakeFused's "x * 2" is the true sum
                 resid = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
                 norm.forward_with_allreduce_fusion(x, resid)
                 norm.forward_with_allreduce_fusion(x, resid)
-                res = {"disabled": I._fused.disabled, "fused_calls": be.calls, "plain_calls": calls["ar"]}
+                res = {"disabled": I._fused_slot(coord).disabled, "fused_calls": be.calls, "plain_calls": calls["ar"],
+                       "sglang_calls": calls["orig_fused"]}
             return res
 
         for case in ("real", "create", "prepare", "check"):
@@ -834,12 +957,12 @@ def test_two_ranks_failed_prepare_closes_both(two_ranks):
 
 def test_two_ranks_first_check_mismatch_disables_both(two_ranks):
     """Item 8: the first fused result is wrong on rank 1 only: both ranks leave the fused kernel
-    together; the second call is plain on both."""
+    together; SGLang's own method then runs both calls on both ranks."""
     for r in (0, 1):
         c = two_ranks[r]["check"]
         assert c["disabled"] and c["disabled"].startswith("TP 1: first result differs"), c
-        # plain all-reduces: the check's and the fallback's on the first call, one on the second
-        assert c["fused_calls"] == 1 and c["plain_calls"] == 3, c
+        # plain all-reduces: the check's and SGLang's own method's on the first call, SGLang's on the second
+        assert c["fused_calls"] == 1 and c["plain_calls"] == 3 and c["sglang_calls"] == 2, c
 
 
 def test_context_from_coordinator_for_a_gpu_backend_passes_p2p_and_node_checks(tmp_path):

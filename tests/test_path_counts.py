@@ -17,6 +17,7 @@ import torch
 
 from fastverify.patch import install as I
 from fastverify.patch import rank as R
+from fastverify.patch import targets as T
 from fastverify.patch.paths import COUNTER, PathCounter, backend_of, mode_of, summary
 from fastverify.patch.verify import VerifyTimer
 
@@ -67,27 +68,62 @@ def _modules():
 
     mr.ModelRunner = ModelRunner
     dg = types.ModuleType("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
+    gb = types.ModuleType(T.MOD_GRAPH_BACKEND)
+
+    class BaseCudaGraphBackend:  # SGLang 0.5.23's interface (runner_backend/base_cuda_graph_backend.py)
+        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+            raise NotImplementedError
+
+        def replay(self, shape_key, static_forward_batch, **kwargs):
+            raise NotImplementedError
+
+    class FullCudaGraphBackend(BaseCudaGraphBackend):
+        def __init__(self, runner):
+            self._cuda_graph_runner, self._graphs = runner, {}
+
+        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+            forward_fn()  # warm-up run, eager
+            with _capturing():
+                forward_fn()  # the captured run
+            self._graphs[shape_key] = True
+
+        def replay(self, shape_key, static_forward_batch, **kwargs):
+            assert self._graphs[shape_key]
+            return "replayed"
+
+    gb.BaseCudaGraphBackend = BaseCudaGraphBackend
 
     class DecodeCudaGraphRunner:
         def __init__(self, runner, width):
             self.model_runner, self.captured_req_width = runner, width
             self.capture_forward_mode = SimpleNamespace(name="DECODE" if runner.is_draft_worker else "TARGET_VERIFY")
             self.ragged_verify_mode = False
+            self.backend = FullCudaGraphBackend(self)
 
         def _capture_graph_size(self, *, bs, num_tokens):  # SGLang 0.5.23's rule
             return num_tokens if self.ragged_verify_mode else bs
 
         def capture_one_shape(self, size, forward=None):
-            forward(SimpleNamespace(rows=size * self.captured_req_width))  # warm-up run, eager
-            with _capturing():
-                forward(SimpleNamespace(rows=size * self.captured_req_width))  # the captured run
+            key = _Key(self._capture_graph_size(bs=size, num_tokens=size * self.captured_req_width))
+            self.backend.capture_one(key, lambda: forward(SimpleNamespace(rows=size * self.captured_req_width)))
 
         def execute(self, forward_batch, pp_proxy_tensors=None):
-            self._replay_graph_key = SimpleNamespace(size=min(s for s in (1, 2, 4) if s >= forward_batch.bs))
-            return "replayed"
+            self._replay_graph_key = _Key(min(s for s in (1, 2, 4) if s >= forward_batch.bs))
+            return self.backend.replay(self._replay_graph_key, forward_batch)
 
     dg.DecodeCudaGraphRunner = DecodeCudaGraphRunner
-    return {I.MOD_PARALLEL_STATE: ps, I.MOD_MODEL_RUNNER: mr, dg.__name__: dg}, coord
+    return {I.MOD_PARALLEL_STATE: ps, I.MOD_MODEL_RUNNER: mr, dg.__name__: dg, gb.__name__: gb}, coord
+
+
+class _Key(tuple):
+    """A hashable stand-in for SGLang's ``ShapeKey`` (``runner/shape_key.py``: a frozen dataclass with ``size``)."""
+
+    def __new__(cls, size):
+        return super().__new__(cls, (size,))
+
+    @property
+    def size(self):
+        return self[0]
 
 
 _capture_flag = {"on": False}
@@ -146,8 +182,8 @@ def test_graphs_are_counted_at_capture_and_each_replay_is_attributed_to_its_grap
     for size in (4, 2, 1):  # SGLang captures the large shapes first
         graphs.capture_one_shape(size, forward=lambda fb: target.forward.__wrapped__(target, fb))
     # captured runs only: bs 4 -> 16 rows (in place), bs 2 -> 8 and bs 1 -> 4 rows (pcie_ipc)
-    assert COUNTER.graphs == {("verify", 4): {"sglang.pynccl": 3}, ("verify", 2): {"sglang.pcie_ipc": 3},
-                              ("verify", 1): {"sglang.pcie_ipc": 3}}
+    assert {k[:2]: c for k, c in COUNTER.graphs.items()} == {
+        ("verify", 4): {"sglang.pynccl": 3}, ("verify", 2): {"sglang.pcie_ipc": 3}, ("verify", 1): {"sglang.pcie_ipc": 3}}
     assert COUNTER.snapshot() == {"capture_warmup": {"sglang.pynccl": 3, "sglang.pcie_ipc": 6}}
     COUNTER.take()
     with COUNTER.in_mode("verify"):
@@ -222,7 +258,9 @@ import json
 from types import SimpleNamespace
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-from fastverify.patch.counting import _graph_key
+from sglang.srt.model_executor.runner.shape_key import ShapeKey
+from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+from fastverify.patch.counting import graph_key
 out = {}
 for ragged in (False, True):
     for draft in (False, True):
@@ -230,7 +268,10 @@ for ragged in (False, True):
         r.ragged_verify_mode, r.captured_req_width = ragged, 4
         r.capture_forward_mode = ForwardMode.DECODE if draft else ForwardMode.TARGET_VERIFY
         r.model_runner = SimpleNamespace(is_draft_worker=draft)
-        out[f"{ragged}-{draft}"] = list(_graph_key(r, 3))
+        be = object.__new__(FullCudaGraphBackend)
+        be._cuda_graph_runner = r  # what its constructor keeps
+        # the key SGLang's capture_one_shape hands the backend: its own size rule
+        out[f"{ragged}-{draft}"] = list(graph_key(be, ShapeKey(r._capture_graph_size(bs=3, num_tokens=12))))[:2]
 print("RESULT " + json.dumps(out))
 """
 

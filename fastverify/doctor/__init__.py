@@ -82,6 +82,7 @@ from fastverify.doctor.gpu import (
 from fastverify.doctor.selfcheck import (
     check_cuda_max_connections,
     check_flashinfer_norm,
+    check_fused_two_groups,
     check_jit_builds,
     check_live_tp1,
     check_nccl_1rank,
@@ -111,6 +112,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("flashinfer_norm", check_flashinfer_norm, True, False),
     CheckSpec("verify_timer", check_verify_timer, True, False),
     CheckSpec("nccl_1rank", check_nccl_1rank, True, False),
+    CheckSpec("fused_two_groups", check_fused_two_groups, True, False),
     CheckSpec("live_tp1", check_live_tp1, True, False),
     CheckSpec("cuda_graph_forward", check_cuda_graph, True, False),
     CheckSpec("profiler_trace", check_profiler_trace, True, False),

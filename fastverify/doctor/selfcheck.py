@@ -464,3 +464,18 @@ def check_live_tp1(ctx: _Context) -> Outcome:
                     "run `fastverify profile --live --tp 1` for the rank's error", **details)
     return _out(Status.ok, f"live runner at TP 1: {iters} verify steps, {len(names)} timed regions "
                 f"({details['timing']}, {details['dist_backend']})", **details)
+
+
+def check_fused_two_groups(ctx: _Context) -> Outcome:
+    """The patch's fused slot with two SGLang groups (attention TP over 4 ranks, the post-experts
+    pair of moe_dp 2): one backend per group, each call summed over its own group's ranks
+    (:mod:`.fused_groups`; 4 gloo ranks on CPU, so it needs no second GPU)."""
+    from fastverify.doctor import fused_groups
+
+    got = fused_groups.run_two_groups()
+    ok, line = fused_groups.verdict(got)
+    if not ok:
+        return _out(Status.fail, line, "report this with `fastverify doctor --json`: the fused slot would "
+                    "change the model's answers with MoE data parallelism", ranks=got)
+    return _out(Status.ok, line, ranks=got)
+

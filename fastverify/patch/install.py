@@ -29,7 +29,8 @@ from fastverify.patch.rank_report import PatchReport
 from fastverify.patch.targets import (MOD_AR_FUSIONS, MOD_DISTRIBUTED, MOD_LAYERNORM, MOD_MODEL_RUNNER,
                                       MOD_MOE_UTILS, MOD_PARALLEL_STATE, MOD_RUNTIME_CONTEXT, MOD_TP_WORKER,
                                       TARGET_ADD_NORM_ATTN, TARGET_ADD_NORM_FFN, TARGET_ALL_REDUCE,
-                                      TARGET_CAPTURE_SHAPE, TARGET_FORWARD, TARGET_FUSED_NORM, TARGET_IN_PLACE,
+                                      TARGET_CAPTURE_SHAPE, TARGET_FLASHINFER_AR, TARGET_FORWARD,
+                                      TARGET_FUSED_NORM, TARGET_IN_PLACE, TARGET_PYNCCL_AR,
                                       TARGET_OUT_PLACE, TARGET_PRE_CAPTURE, TARGET_REPLAY, TARGET_VERIFY, TARGETS,
                                       Target)
 from fastverify.patch.targets import check_signature as _check_signature
@@ -44,9 +45,12 @@ from fastverify.patch.verify_trace import VerifyTrace
 from fastverify.patch.verify_wrap import _make_accept_wrapper, _make_verify_wrapper
 from fastverify.patch.slots import (FUSED_MAX_TOKENS, _SLOTS, _BackendSlot, _SlotUse, _abandoned, _add_norm,  # noqa: F401
                                     _close_quietly, _create_together, _disable, _dispatch, _fused,
-                                    _group_all_reduces, _group_coordinator, _make_add_norm_attn, _make_add_norm_ffn,
-                                    _make_all_reduce, _make_fused_norm, _max_rows_of, _slot_for,
-                                    attach_add_norm_backend, attach_dispatch_backend, attach_fused_backend)
+                                    _group_coordinator, _make_add_norm_attn, _make_add_norm_ffn,
+                                    _make_all_reduce, _max_rows_of, _slot_for, _slot_text,
+                                    attach_add_norm_backend, attach_dispatch_backend)
+from fastverify.patch.fused_slot import (FUSED_SGLANG_FALLBACK, _build_fused, _close_fused, _fused_groups,  # noqa: F401
+                                         _fused_slot, _fusion_group, _fusion_group_why, _make_fused_norm,
+                                         attach_fused_backend)
 from fastverify.registry import BackendName, Reach, backend_info
 
 log = logging.getLogger("fastverify.patch")
@@ -121,15 +125,6 @@ def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] 
 # --- the rank step before CUDA-graph capture --------------------------------------------------------
 
 
-def _slot_text(slot: _BackendSlot) -> str:
-    be, ctx = slot.backend, slot.context
-    name = getattr(getattr(be, "name", None), "value", type(be).__name__)
-    if ctx is None:
-        return str(name)
-    node = {True: "single node", False: "several nodes", None: "node unknown"}[ctx.single_node]
-    return f"{name} (world {ctx.world_size}, {ctx.group_backend}, {node}, {ctx.p2p_note})"
-
-
 def _unapply_use(report: PatchReport, use: _SlotUse, reason: str) -> None:
     """Take every target of ``use`` out of ``applied``; one ``skipped`` entry under its key."""
     for k in use.targets:
@@ -170,6 +165,13 @@ def _prepare_slots(runner: Any, slots: list[_SlotUse], modules: Mapping[str, Any
                 continue
             rows = [r for r in S.capture_rows(runner, modules) if max_rows is None or r <= max_rows]
             shapes = [(r, hidden) for r in rows] or ([(max_rows, hidden)] if max_rows else [])
+            if slot is _fused:  # one backend per group the fused calls are owed to
+                built, failed = _build_fused(modules, S.Probe((max_rows or 1, hidden), device, dtype), shapes)
+                if built is None:
+                    _unapply_use(report, use, f"backend not built: {failed}")
+                else:
+                    report.built[use.key] = built + (f" (not built on {failed})" if failed else "")
+                continue
             coord = _group_coordinator(modules, use.use_attn)
             check = None
             if slot is _add_norm:
@@ -216,10 +218,7 @@ def _after_start_up(runner: Any, slots: list[_SlotUse], modules: Mapping[str, An
         if not ok:
             _unapply_use(report, use, f"after SGLang's start-up checks: {why}")
             report.built.pop(use.key, None)
-            if _fused.backend is not None:
-                _close_quietly(_fused.backend)
-                _fused.backend = None
-            _disable(_fused, why)
+            _close_fused(why)
     tp, _line_due = _line_due, None
     R.emit(report.line(tp))
 
@@ -228,6 +227,7 @@ def _make_pre_capture(slots: list[_SlotUse], modules: Mapping[str, Any] | None) 
     def make(original: Callable) -> Callable:
         def init_cuda_graphs(self, *args, **kwargs):
             try:
+                C.wrap_graph_backends(modules)  # a graph backend defined after install: counted too
                 _prepare_slots(self, slots, modules)
             except Exception as err:  # never into the server
                 log.warning("fastverify patch: pre-capture step failed (%s: %s)", type(err).__name__, err)
@@ -378,11 +378,11 @@ def _install_slot(report: PatchReport, slot: _BackendSlot, modules: Mapping[str,
     if slot is _dispatch:
         _try_target(report, TARGET_ALL_REDUCE, modules, lambda orig: _make_all_reduce(orig, modules))
     elif slot is _fused:
-        attn_ar, moe_ar, why = _group_all_reduces(modules)
+        why = _fusion_group_why(modules)
         if why is not None:
             _skip(report, TARGET_FUSED_NORM, why)
         else:
-            _try_target(report, TARGET_FUSED_NORM, modules, _make_fused_norm(attn_ar, moe_ar, modules))
+            _try_target(report, TARGET_FUSED_NORM, modules, _make_fused_norm(modules))
     elif slot is _add_norm:
         mod = R.module(MOD_AR_FUSIONS, modules)
         lacks = [n for n in ADD_NORM_NAMES if mod is not None and n not in vars(mod)]
@@ -401,8 +401,8 @@ def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) ->
     todo = [] if TARGET_ALL_REDUCE.key in report.applied else [  # the dispatch wrapper counts too
         (TARGET_ALL_REDUCE, lambda orig: _make_all_reduce(orig, modules))]
     todo += [(TARGET_OUT_PLACE, C.make_out_place), (TARGET_IN_PLACE, C.make_in_place),
-             (TARGET_FORWARD, C.make_forward), (TARGET_CAPTURE_SHAPE, C.make_capture_one_shape),
-             (TARGET_REPLAY, C.make_execute)]
+             (TARGET_FLASHINFER_AR, C.make_flashinfer), (TARGET_PYNCCL_AR, C.make_pynccl),
+             (TARGET_FORWARD, C.make_forward)]
     for target, make in todo:
         key = "count_all_reduce" if target is TARGET_ALL_REDUCE else target.key
         why = _wrap_target(target, modules, make)
@@ -410,6 +410,12 @@ def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) ->
             report.counting.append(key)
         else:
             report.uncounted[key] = why
+    graphs, why = C.wrap_graph_backends(modules)  # by rule: every backend class that captures/replays
+    for t in (TARGET_CAPTURE_SHAPE, TARGET_REPLAY):
+        if any(g.endswith(f".{t.attr}") for g in graphs):
+            report.counting.append(t.key)
+        else:
+            report.uncounted[t.key] = why or f"no subclass of {t.cls} defines {t.attr}"
     backend = report.backend if report.backend in {b.value for b in BackendName} else None
 
     def line(counts: dict) -> None:
@@ -443,6 +449,7 @@ def uninstall() -> int:
         for slot in _SLOTS:
             slot.backend, slot.disabled, slot.checked, slot.factory, slot.context = None, None, False, None, None
             slot.prepared, slot.ranks, slot.attn_is_tp = False, None, False
+        _fused_groups.clear()
         if _timer is not None:
             try:
                 _timer.drain(wait=True)

@@ -6,7 +6,9 @@ A path is named by who ran it and how:
   ``distributed/parallel_state.py``), with the method it chose as it ran: the out-of-place method
   handed to ``_all_reduce_out_place`` (``pcie_ipc``, ``ca``, ``qr``, ``pymscclpp``,
   ``torch_symm_mem``, ``pynccl``), else ``_all_reduce_in_place``'s (``pynccl``,
-  ``torch_symm_mem``, or torch.distributed: the device group's backend, ``nccl`` / ``gloo``); a
+  ``torch_symm_mem``, or torch.distributed: the device group's backend, ``nccl`` / ``gloo``),
+  ``flashinfer`` (``_flashinfer_allreduce``) or ``pynccl_symm_mem`` (the symmetric-memory path,
+  PyNccl called directly; :mod:`fastverify.patch.counting`); a
   CPU tensor takes ``shm`` where SGLang's own ``is_shm_available`` holds, else torch.distributed
   on the device group. SGLang's names map onto the registry's (:data:`SGLANG_TO_REGISTRY`).
 * ``fastverify.<backend>``: one of the patch's slots ran its backend's kernel;
@@ -29,7 +31,8 @@ from typing import Any
 from fastverify.registry import BackendName
 
 SGLANG_TO_REGISTRY = {"pcie_ipc": BackendName.pcie_ipc.value, "ca": BackendName.custom_ar.value,
-                      "pynccl": BackendName.nccl.value, "nccl": BackendName.nccl.value, "gloo": BackendName.gloo.value}
+                      "pynccl": BackendName.nccl.value, "pynccl_symm_mem": BackendName.nccl.value,
+                      "nccl": BackendName.nccl.value, "gloo": BackendName.gloo.value}
 """SGLang 0.5.23 method names (``parallel_state.py``; the keys are SGLang's spellings) → fastverify
 registry names (``BackendName``), where one exists."""
 MODES = ("verify", "draft", "draft_extend", "extend", "decode", "idle", "other")
@@ -66,10 +69,11 @@ class PathCounter:
 
     CUDA graphs: Python runs only while a graph is captured. The all-reduces issued while the
     stream captures (``torch.cuda.is_current_stream_capturing``) are counted for that graph, keyed
-    by runner (target/draft), capture mode and the graph's size; the capture's warm-up runs are kept
-    apart (``capture_warmup``). Each replay adds the counts of the graph SGLang replays
-    (``DecodeCudaGraphRunner._replay_graph_key.size``) to the replaying mode. Eager steps are
-    counted as they run.
+    by (capture mode, size, backend) (:func:`fastverify.patch.counting.graph_key`); the capture's
+    warm-up runs are kept apart (``capture_warmup``), and so is everything a graph that runs its
+    forward eagerly at replay issues (``eager=True``: it keeps no counts, its replays count as they
+    run). Each replay adds the counts of the graph SGLang replays to the replaying mode. Eager
+    steps are counted as they run.
     """
 
     def __init__(self) -> None:
@@ -84,7 +88,12 @@ class PathCounter:
 
     @property
     def mode(self) -> str:
-        return getattr(self._local, "mode", "other")
+        return getattr(self._local, "mode", None) or "other"
+
+    @property
+    def forward_mode(self) -> str | None:
+        """The mode of the forward this thread is in (:meth:`in_mode`), None outside one."""
+        return getattr(self._local, "mode", None)
 
     @contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
@@ -95,19 +104,21 @@ class PathCounter:
         try:
             yield
         finally:
-            self._local.mode = old if old is not None else "other"
+            self._local.mode = old
 
     @contextmanager
-    def capturing(self, key: tuple[str, int]) -> Iterator[None]:
-        """The block captures the graph ``key`` = (mode, size): its counts start afresh."""
-        old = getattr(self._local, "capture", None)
-        self._local.capture = key
+    def capturing(self, key: tuple, *, eager: bool = False) -> Iterator[None]:
+        """The block captures the graph ``key`` = (mode, size, ...): its counts start afresh.
+        ``eager``: the graph reruns its forward in Python at every replay, so nothing issued here
+        is the graph's (all of it is a warm-up)."""
+        old = getattr(self._local, "capture", None), getattr(self._local, "eager", False)
+        self._local.capture, self._local.eager = key, eager
         with self._lock:
             self.graphs[key] = Counter()
         try:
             yield
         finally:
-            self._local.capture = old
+            self._local.capture, self._local.eager = old
 
     def mark_fallback(self, backend: str) -> None:
         """A slot declined the tensor: the next all-reduce of this thread is its fallback."""
@@ -125,19 +136,20 @@ class PathCounter:
         key = getattr(self._local, "capture", None)
         with self._lock:
             if key is not None:
-                (self.graphs.setdefault(key, Counter()) if capturing else
+                into_graph = capturing and not getattr(self._local, "eager", False)
+                (self.graphs.setdefault(key, Counter()) if into_graph else
                  self.total.setdefault(WARMUP, Counter()))[path] += 1
                 return
             mode = self.mode
             self.total.setdefault(mode, Counter())[path] += 1
             self.since.setdefault(mode, Counter())[path] += 1
 
-    def replayed(self, key: tuple[str, int], *, into: str) -> bool:
-        """One replay of the graph captured as ``key`` = (capture mode, size): its counts are added
+    def replayed(self, key: tuple, *, into: str) -> bool:
+        """One replay of the graph captured as ``key`` (:meth:`capturing`): its counts are added
         to the mode ``into`` (the replaying forward's). False (and counted as unattributed) when
         no such capture was seen."""
         with self._lock:
-            got = self.graphs.get((key[0], int(key[1])))
+            got = self.graphs.get(key)
             if got is None:
                 self.unattributed_replays += 1
                 return False

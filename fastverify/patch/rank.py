@@ -35,6 +35,7 @@ from fastverify.registry import BackendName, Role, backend_info, names, unreacha
 MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 MOD_ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
 MOD_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+MOD_FI_FUSION = "sglang.srt.layers.flashinfer_comm_fusion"  # resolve_fusion_group: the fused kernel's group
 
 
 def module(name: str, modules: Mapping[str, Any] | None) -> Any:
@@ -174,11 +175,15 @@ def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: 
         raise BackendUnavailable(name, failed)
     from fastverify.backends.base import backend_class
 
-    # a backend that votes across ranks while it builds (b12x) votes on SGLang's gloo CPU group
+    # a backend that votes across ranks while it builds (b12x) votes on SGLang's gloo CPU group;
+    # one that can prepare its fused kernel alone (b12x) does: the slots call nothing else of it
+    known = backend_class(name).option_names
     cpu = getattr(coordinator, "cpu_group", None)
-    options = {"cpu_group": cpu} if cpu is not None and "cpu_group" in backend_class(name).option_names else None
+    options = {"cpu_group": cpu} if cpu is not None and "cpu_group" in known else {}
+    if "fused_only" in known:
+        options["fused_only"] = True
     be = make_backend(name, getattr(coordinator, "device_group", None), device=x.device, dtype=x.dtype,
-                      max_numel=max_numel, hidden=hidden, options=options, context=ctx)
+                      max_numel=max_numel, hidden=hidden, options=options or None, context=ctx)
     return be, ctx
 
 

@@ -3,8 +3,8 @@ SGLang functions each one replaces.
 
 * the dispatch slot: ``GroupCoordinator.all_reduce`` routed to a fastverify backend where SGLang
   lacks its own switch (``pcie_ipc`` on an SGLang without ``pcie_ipc_ar.py``); every call counted;
-* the fused-norm slot: ``RMSNorm.forward_with_allreduce_fusion`` (``fused``), which always
-  all-reduces: the backend when it takes the tensor, else the group's plain all-reduce + the norm;
+* the fused-norm slot: ``RMSNorm.forward_with_allreduce_fusion`` (``fused``), one backend per
+  SGLang group (:mod:`fastverify.patch.fused_slot`; ``_fused`` here holds its kind and factory);
 * the add-norm slot: the layer boundary's ``fused_ffn_input`` / ``fused_attn_input`` candidates
   (``b12x``), offered the tensor before SGLang's own.
 
@@ -24,7 +24,7 @@ from typing import Any
 from fastverify.patch import counting as C
 from fastverify.patch import rank as R
 from fastverify.patch.paths import COUNTER
-from fastverify.patch.targets import MOD_DISTRIBUTED, MOD_MOE_UTILS, MOD_PARALLEL_STATE
+from fastverify.patch.targets import MOD_PARALLEL_STATE
 from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, Role, backend_info
 
 log = logging.getLogger("fastverify.patch")
@@ -48,6 +48,7 @@ class _BackendSlot:
     factory: Callable[[Any, Any], Any] | None = None  # (coordinator, tensor-or-probe) -> backend
     context: Any = None  # the ProbeContext it was built with
     ranks: list[int] | None = None  # global ranks of the group it was built on (add_norm: the TP group)
+    group: Any = None  # fused: the GroupCoordinator its backend is built on and serves (one slot per group)
     attn_is_tp: bool = False  # add_norm: the attention-TP group is the TP group (no DP attention)
 
 
@@ -87,12 +88,6 @@ def _slot_for(info: BackendInfo, has_switch: bool) -> _BackendSlot | None:
 
 
 _abandoned: list[Any] = []  # built on some ranks only: never closed (closing them alone would hang)
-
-
-def attach_fused_backend(backend: Any, *, checked: bool = False) -> None:
-    """Use ``backend`` (an :class:`fastverify.backends.AllReduceBackend`) for the fused path.
-    ``checked=True`` skips the first-result check against the plain path."""
-    _fused.backend, _fused.disabled, _fused.checked = backend, None, checked
 
 
 def attach_dispatch_backend(backend: Any) -> None:
@@ -241,21 +236,6 @@ def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = Non
     return all_reduce
 
 
-def _group_all_reduces(modules: Mapping[str, Any] | None) -> tuple[Callable | None, Callable | None, str | None]:
-    """(attention-TP all-reduce, post-experts all-reduce) as SGLang's fallback uses them."""
-    def get(mod_name: str, name: str) -> Callable | None:
-        fn = getattr(R.module(mod_name, modules), name, None)
-        return fn if callable(fn) else None
-
-    attn = get(MOD_DISTRIBUTED, "attention_tensor_model_parallel_all_reduce")
-    tp = get(MOD_DISTRIBUTED, "tensor_model_parallel_all_reduce")
-    moe = get(MOD_MOE_UTILS, "deferred_post_experts_all_reduce") or tp
-    if attn is None or moe is None:
-        return None, None, (f"{MOD_DISTRIBUTED} lacks attention_tensor_model_parallel_all_reduce / "
-                            "tensor_model_parallel_all_reduce")
-    return attn, moe, None
-
-
 def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: bool) -> Any:
     try:
         mod = R.module(MOD_PARALLEL_STATE, modules)
@@ -266,72 +246,14 @@ def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: boo
         return None
 
 
-def _make_fused_norm(attn_ar: Callable, moe_ar: Callable, modules: Mapping[str, Any] | None) -> Callable[[Callable], Callable]:
-    def make(original: Callable) -> Callable:
-        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None,
-                                          use_attn_tp_group=True):
-            if residual is not None and post_residual_addition is not None:
-                residual = residual + post_residual_addition  # fresh tensor; the caller's is untouched
-            plain_ar = attn_ar if use_attn_tp_group else moe_ar
-            if residual is not None:
-                weight = getattr(self, "weight", None)
-                eps = getattr(self, "variance_epsilon", None)
-                be, coord = None, None
-                if weight is not None and eps is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_TOKENS:
-                    coord = _group_coordinator(modules, use_attn_tp_group)
-                    be = _slot_backend(_fused, coord, x)
-                if be is not None and be.supports(x):
-                    before = _fallbacks(be)
-                    out = _run_fused(be, coord, x, residual, weight, eps, plain_ar)
-                    if out is not None:
-                        _count_taken(be, before)
-                        return out
-                if be is not None:
-                    _mark_fallback(be)
-            reduced = plain_ar(x)
-            if residual is None:
-                return self.forward(reduced)
-            if post_residual_addition is None:
-                residual = residual.clone()  # a fresh residual, as SGLang's fused wrapper returns
-            return self.forward(reduced, residual, None)
-
-        return forward_with_allreduce_fusion
-
-    return make
-
-
-def _run_fused(be: Any, coordinator: Any, x: Any, residual: Any, weight: Any, eps: float,
-               plain_ar: Callable) -> Any:
-    """The fused result, or None to take the plain path.
-
-    The first eager call runs the plain path and the fused one on every rank, compares them and
-    votes on the CPU group: any rank's mismatch or error disables the fused backend on all of them.
-    Inside a graph capture before that check, None (the plain path is captured). After the check an
-    error is raised, not swallowed: a one-rank fallback would leave the other ranks inside the
-    collective kernel."""
-    w = weight.data if hasattr(weight, "data") else weight
-    if _fused.checked:
-        return be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
-    if R.is_capturing():
-        return None
-    from fastverify.backends import add_rmsnorm, check_close
-
-    want = add_rmsnorm(plain_ar(x.clone()), residual, w, float(eps))  # the plain path first, on every rank
-    out, why = None, None
-    try:
-        out = be.all_reduce_residual_rmsnorm(x, residual, w, float(eps))
-        ok0, err0 = check_close(out[0], want[0], x.dtype)
-        ok1, err1 = check_close(out[1], want[1], x.dtype)
-        if not (ok0 and ok1):
-            why = f"first result differs from the plain path (max error {max(err0, err1):.3g})"
-    except Exception as err:
-        why = f"{type(err).__name__}: {err}"
-    failed = R.first_reason(R.gather_reasons(coordinator, why))
-    if failed is not None:
-        _disable(_fused, failed)
-        return None
-    _fused.checked = True
-    return out
+def _slot_text(slot: _BackendSlot) -> str:
+    """The backend of ``slot`` as the rank's line says it: name (world, group backend, node, P2P)."""
+    be, ctx = slot.backend, slot.context
+    name = getattr(getattr(be, "name", None), "value", type(be).__name__)
+    if ctx is None:
+        return str(name)
+    node = {True: "single node", False: "several nodes", None: "node unknown"}[ctx.single_node]
+    return f"{name} (world {ctx.world_size}, {ctx.group_backend}, {node}, {ctx.p2p_note})"
 
 
 def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:

@@ -30,6 +30,13 @@ MOD_AR_FUSIONS = "sglang.srt.layers.layer_boundary.fusions.allreduce"
 MOD_DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 MOD_EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
 MOD_NGRAM_WORKER = "sglang.srt.speculative.ngram_worker"
+MOD_PYNCCL = "sglang.srt.distributed.device_communicators.pynccl"
+MOD_GRAPH_BACKEND = "sglang.srt.model_executor.runner_backend.base_cuda_graph_backend"
+GRAPH_BACKEND_MODULES = tuple(f"sglang.srt.model_executor.runner_backend.{m}_cuda_graph_backend"
+                              for m in ("full", "breakable", "tc_piecewise"))
+"""SGLang 0.5.23's graph backends (``runner_backend/``): imported at install so their classes exist
+when the subclasses of ``BaseCudaGraphBackend`` are walked (an out-of-tree platform's, defined
+later, are found by the walk before capture)."""
 
 
 @dataclass(frozen=True)
@@ -99,16 +106,53 @@ Otherwise SGLang's own candidate runs unchanged, so the all-reduce always happen
 included. The decision reads only facts that are the same on every TP rank, so all ranks take the
 same path."""
 # What the path counts read (fastverify/patch/counting.py): the method SGLang's dispatch runs, the
-# forward mode, and the decode CUDA graphs captured and replayed.
+# forward mode, and the CUDA graphs captured and replayed.
 TARGET_OUT_PLACE = Target("count_out_place", MOD_PARALLEL_STATE, "GroupCoordinator", "_all_reduce_out_place",
                           ("self", "input_", "outplace_all_reduce_method"))
 TARGET_IN_PLACE = Target("count_in_place", MOD_PARALLEL_STATE, "GroupCoordinator", "_all_reduce_in_place",
                          ("self", "input_"))
+TARGET_FLASHINFER_AR = Target("count_flashinfer", MOD_PARALLEL_STATE, "GroupCoordinator", "_flashinfer_allreduce",
+                              ("self", "input_"))
+TARGET_PYNCCL_AR = Target("count_pynccl", MOD_PYNCCL, "PyNcclCommunicator", "all_reduce", ("self", "tensor"))
 TARGET_FORWARD = Target("count_mode", MOD_MODEL_RUNNER, "ModelRunner", "forward", ("self", "forward_batch"))
-TARGET_CAPTURE_SHAPE = Target("count_capture", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "capture_one_shape",
-                              ("self", "size"))
-TARGET_REPLAY = Target("count_replay", MOD_DECODE_GRAPHS, "DecodeCudaGraphRunner", "execute",
-                       ("self", "forward_batch"))
+TARGET_CAPTURE_SHAPE = Target("count_capture", MOD_GRAPH_BACKEND, "BaseCudaGraphBackend", "capture_one",
+                              ("self", "shape_key", "forward_fn"))
+TARGET_REPLAY = Target("count_replay", MOD_GRAPH_BACKEND, "BaseCudaGraphBackend", "replay",
+                       ("self", "shape_key", "static_forward_batch"))
+"""With :data:`TARGET_CAPTURE_SHAPE`: abstract on the base; wrapped BY RULE on every subclass that
+defines it (:func:`wrap_subclasses`), so every graph runner (decode, prefill, EAGLE draft and
+draft-extend, and any later one) is counted through the backend it captures and replays with."""
+SUBCLASS_TARGETS = (TARGET_CAPTURE_SHAPE, TARGET_REPLAY)
+UNCOUNTED = {
+    "sglang.srt.model_executor.cpu_graph_runner.CPUGraphRunner":
+        "the CPU graph runner: its forwards' all-reduces take the CPU path, counted as they run",
+    "sglang.srt.multimodal.*ViTCudaGraphRunner": "vision-encoder graphs: the ViT tower, not a language-model "
+        "forward; its all-reduces are outside the verify/draft/extend modes counted",
+    "sglang.srt.model_executor.runner.row_bucket_graph_runner.RowBucketGraphRunner":
+        "graphs of per-row bookkeeping kernels, no all-reduce captured",
+    "sglang.srt.model_executor.runner.metadata_glue_graph.MetadataGlueGraph":
+        "graphs of attention-metadata preparation, no all-reduce captured",
+    "sglang.srt.model_executor.runner_utils.deepep_adapter.DeepEPCudaGraphRunnerAdapter":
+        "DeepEP buffer-mode bookkeeping around a capture/replay, not a graph of its own",
+    "sglang.srt.model_executor.runner.base_cuda_graph_runner.BaseCudaGraphRunner":
+        "abstract: its capture / capture_one_shape / execute are declared only; every subclass captures "
+        "and replays through its backend",
+    "sglang.srt.model_executor.runner_backend.cuda_graph_dedup_mixin": "deduplicated graph segments "
+        "replayed inside a backend's replay, which is counted",
+    "sglang.srt.model_executor.runner_backend_utils": "graph segment containers (breakable graph, dedup) "
+        "replayed inside a backend's replay, which is counted",
+    "sglang.srt.hardware_backend": "NPU/XPU graph runners and backends: not CUDA; their backends subclass "
+        "BaseCudaGraphBackend and are wrapped by rule where present",
+    "runner.capture / execute / replay": "runner-level methods that capture or replay only through "
+        "self.backend.capture_one / self.backend.replay, which are counted (multi-step EAGLE runners' "
+        "replay(step) included)",
+    "PyNcclCommunicator.all_reduce outside GroupCoordinator.all_reduce":
+        "PyNccl's own warm-up at construction and non-TP users: not a tensor-parallel all-reduce",
+    "GroupCoordinator._all_reduce_out_place -> *_comm.all_reduce / outplace_all_reduce":
+        "the communicator a counted method picked; the method names the path",
+}
+"""Entry points deliberately NOT wrapped, with why (the coverage test, tests/test_patch_coverage.py,
+fails on one that is neither wrapped nor here)."""
 # Where the verify's per-request accept lengths are computed (fastverify/patch/verify_wrap.py): SGLang's
 # ``eagle_utils.eagle_sample``, as each verifying worker module binds it by name (module globals are
 # looked up at call time, so wrapping the name there reaches every call). Not in TARGETS: ``patch
@@ -117,7 +161,8 @@ _SAMPLE_PARAMS = ("verify_input", "batch", "logits_output")
 TARGET_ACCEPT_EAGLE = Target("accept_eagle", MOD_EAGLE_COMMON, None, "eagle_sample", _SAMPLE_PARAMS)
 TARGET_ACCEPT_NGRAM = Target("accept_ngram", MOD_NGRAM_WORKER, None, "eagle_sample", _SAMPLE_PARAMS)
 ACCEPT_TARGETS = (TARGET_ACCEPT_EAGLE, TARGET_ACCEPT_NGRAM)
-COUNT_TARGETS = (TARGET_OUT_PLACE, TARGET_IN_PLACE, TARGET_FORWARD, TARGET_CAPTURE_SHAPE, TARGET_REPLAY)
+COUNT_TARGETS = (TARGET_OUT_PLACE, TARGET_IN_PLACE, TARGET_FLASHINFER_AR, TARGET_PYNCCL_AR, TARGET_FORWARD,
+                 TARGET_CAPTURE_SHAPE, TARGET_REPLAY)
 TARGETS = (TARGET_ALL_REDUCE, TARGET_FUSED_NORM, TARGET_VERIFY, TARGET_PRE_CAPTURE, TARGET_ADD_NORM_FFN,
            TARGET_ADD_NORM_ATTN, *COUNT_TARGETS)
 
@@ -177,6 +222,41 @@ def wrap(cls: Any, attr: str, make: Callable[[Any], Any]) -> bool:
     setattr(cls, attr, new)
     installed_targets.append((cls, attr, current))
     return True
+
+
+def subclasses(base: type) -> list[type]:
+    """Every subclass of ``base`` now defined (depth first, each once)."""
+    out: list[type] = []
+    todo = list(type.__subclasses__(base))
+    while todo:
+        c = todo.pop(0)
+        if c not in out:
+            out.append(c)
+            todo.extend(type.__subclasses__(c))
+    return out
+
+
+def wrap_subclasses(target: Target, modules: Mapping[str, Any] | None,
+                    make: Callable[[Any], Any]) -> tuple[list[str], str | None]:
+    """Wrap ``target.attr`` on every subclass of ``target.cls`` that defines it itself and whose
+    signature matches (a subclass overriding without ``super()`` is its own path; the wrappers
+    count once per outermost call, so one calling ``super()`` is not counted twice). Returns
+    (``Class`` names newly wrapped, why none could be)."""
+    try:
+        mod = modules[target.module] if modules is not None else importlib.import_module(target.module)
+    except Exception as err:
+        return [], f"cannot import {target.module} ({type(err).__name__}: {err})"
+    base = getattr(mod, target.cls or "", None)
+    if not isinstance(base, type):
+        return [], f"{target.module} has no class {target.cls}"
+    done = []
+    for c in subclasses(base):
+        fn = c.__dict__.get(target.attr)
+        if fn is None or getattr(fn, "__isabstractmethod__", False) or check_signature(fn, target) is not None:
+            continue
+        if wrap(c, target.attr, make):
+            done.append(c.__name__)
+    return done, None
 
 
 def unwrap_all() -> int:
