@@ -77,7 +77,11 @@ def test_straggler_and_p2p_off_are_named_with_the_removable_share(tmp_path, caps
     doc = report_json(make_bundle(tmp_path, plan, nccl_log=P2P_OFF_LOG), capsys)
     kinds = {f["kind"]: f for f in doc["flags"]}
     assert {"rank_skew", "p2p_off"} <= set(kinds), kinds
-    assert "TP rank 5" in kinds["rank_skew"]["finding"]
+    # each of the 7 waiting ranks waits in every verify MoE all-reduce for the straggler: 4 x 80 µs per cycle;
+    # its all-reduce time per cycle: 17 all-reduces x 40 µs transfer + that wait = 1000 µs, so 32 %
+    assert kinds["rank_skew"]["finding"] == (
+        "TP rank 5 arrives last: each of the other 7 ranks waits 0.320 ms per cycle for it (mean over them; "
+        "range 0.320-0.320 ms), 32 % of their all-reduce time")
     assert doc["cycles"]["straggler_rank"] == plan.straggler and doc["cycles"]["straggler_share"] == 1.0
     per_mode = doc["cycles"]["straggler_by_mode"]  # only the verify MoE all-reduces had anyone waiting
     assert set(per_mode) == {"verify"} and per_mode["verify"] == {
@@ -113,11 +117,89 @@ def test_modes_and_idle_causes(tmp_path, capsys):
 
 
 def test_no_straggler_no_skew_flag_and_swap_is_the_answer(tmp_path, capsys):
-    plan = dataclasses.replace(ct.Plan(), straggler=None, host_pause_us=0.0, late_launch_us=0.0, d2h_us=0.0)
+    plan = dataclasses.replace(ct.Plan(), straggler=None, host_pause_us=0.0, late_launch_us=0.0, d2h_us=0.0,
+                               graph=GRAPHED)
     doc = report_json(make_bundle(tmp_path, plan), capsys)
     assert not doc["flags"], doc["flags"]
     assert doc["answer"]["not_removable_ms"]["wait"] == 0.0
     assert doc["answer"]["next_action"].startswith("swap the backend")
+
+
+GRAPHED = ("draft", "verify", "draft_extend")  # every forward replayed from a CUDA graph, as SGLang on a GPU
+
+
+def test_straggler_line_states_the_wait_of_each_waiting_rank(tmp_path, capsys):
+    """Rank r's MoE compute takes moe_extra[r] longer (the straggler 80 µs more): in each of the 4
+    verify MoE all-reduces rank r waits 80 - moe_extra[r] µs for rank 5, per cycle 4 x that:
+    320, 300, 280, 260, 240, (5: 0), 220, 200 µs. Mean over the 7 waiting ranks 1820 / 7 = 260 µs
+    (over all 8 ranks it would be 227.5); each rank's all-reduce time is 17 x 40 µs transfer plus its
+    wait, so the waiting ranks wait 1820 of 7 x 680 + 1820 = 6580 µs: 27.7 %."""
+    extra = (0.0, 5.0, 10.0, 15.0, 20.0, 0.0, 25.0, 30.0)
+    plan = dataclasses.replace(ct.Plan(), moe_extra_us=extra)
+    doc = report_json(make_bundle(tmp_path, plan), capsys)
+    [skew] = [f for f in doc["flags"] if f["kind"] == "rank_skew"]
+    assert skew["finding"] == ("TP rank 5 arrives last: each of the other 7 ranks waits 0.260 ms per cycle for it "
+                               "(mean over them; range 0.200-0.320 ms), 28 % of their all-reduce time")
+    assert skew["evidence"][1] == ("all-reduce wait per cycle by TP rank (ms): 0: 0.320, 1: 0.300, 2: 0.280, "
+                                   "3: 0.260, 4: 0.240, 5: 0.000 (last to arrive), 6: 0.220, 7: 0.200")
+
+
+def test_a_host_sync_in_an_idle_gap_is_its_cause(tmp_path, capsys):
+    """After the verify forward's embedding all-reduce the host blocks in cudaStreamSynchronize
+    until the GPU drains, then works 200 µs before its next launch: 200 µs of GPU idle per cycle in
+    the verify forward caused by the host sync (launched late too, so without the host_sync rule it
+    would read as a launch gap). The planted late launch stays a 50 µs launch gap; the D2H gap
+    between forwards (under a sync as well) stays a d2h_copy of 300 µs."""
+    plan = dataclasses.replace(ct.Plan(), host_sync_us=200.0)
+    doc = report_json(make_bundle(tmp_path, plan), capsys)
+    for r in doc["cycles"]["ranks"]:
+        verify = next(m for m in r["modes"] if m["mode"] == "verify")
+        assert verify["idle_causes_us"] == pytest.approx(
+            {"d2h_copy": 0.0, "host_sync": 200.0, "launch_gap": 50.0, "dependency": 0.0}), r["rank"]
+        assert r["between_causes_us"] == pytest.approx(
+            {"d2h_copy": 300.0, "host_sync": 0.0, "launch_gap": 0.0, "dependency": 0.0}), r["rank"]
+    cycle = _cycle_us(plan) + plan.host_sync_us
+    assert doc["answer"]["cycle_ms"] == pytest.approx(cycle / 1000, abs=1e-6)
+    idle = next(f for f in doc["flags"] if f["kind"] == "idle" and "in verify forwards" in f["finding"])
+    assert idle["finding"] == (f"GPU idle in verify forwards: 0.250 ms per cycle ({100 * 250 / cycle:.0f} % of the "
+                               "cycle), mostly while the host blocked in cudaStreamSynchronize-like calls")
+    assert idle["fix"] == "remove the blocking synchronize from the cycle's host path"
+
+
+def _eager_flags(doc: dict) -> list[dict]:
+    return [f for f in doc["flags"] if f["kind"] == "eager_kernels"]
+
+
+@pytest.mark.parametrize("graph, why", [
+    ((), ("no mode replays a CUDA graph: the server ran without them (--disable-cuda-graph or "
+          "--cuda-graph-backend-decode=disabled)")),
+    (("draft", "draft_extend"), ("other modes replay CUDA graphs (draft, draft_extend): the verify batch fit no "
+                                 "captured graph (a batch above the captured sizes, --cuda-graph-max-bs-decode)")),
+])
+def test_a_fully_eager_verify_forward_raises_eager_kernels(tmp_path, capsys, graph, why):
+    """A verify forward with no graph replay at all (--disable-cuda-graph, or a batch above the
+    captured sizes): 9 all-reduces + 4 x 2 computes = 17 kernels per cycle, launched one by one.
+    Their time per rank is the verify span less its 50 µs launch gap: 40 + 4 x (150 + 200 + 80 +
+    2 x 40) = 2080 µs, the same on every rank (a waiting rank's longer all-reduces make up for the
+    straggler's longer MoE). The drafter's eager forwards are not flagged: only forwards SGLang
+    replays from its decode graph runner (verify, decode) are expected in a graph."""
+    doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), graph=graph)), capsys)
+    [flag] = _eager_flags(doc)
+    assert flag["finding"] == ("verify forwards run everything eager: 17 kernels per cycle launched one by one, "
+                               "none from a CUDA graph (2.080 ms)")
+    assert flag["evidence"] == ["verify: 0 kernels replay from a graph, 17 do not", why]
+    assert "--cuda-graph-max-bs-decode" in flag["fix"] and flag["setup"] is True
+    verify = doc["modes_mean_us"]["verify"]
+    assert (verify["eager_kernels"], verify["graph_kernels"]) == (17, 0)
+    assert doc["modes_mean_us"]["draft"]["graph_kernels"] == (12 if "draft" in graph else 0)
+
+
+def test_graph_replayed_forwards_raise_no_eager_flag(tmp_path, capsys):
+    """Every forward in a graph: verify's 17 kernels per cycle all replay, none is eager."""
+    doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), graph=GRAPHED)), capsys)
+    assert not _eager_flags(doc)
+    verify = doc["modes_mean_us"]["verify"]
+    assert (verify["eager_kernels"], verify["graph_kernels"]) == (0, 17)
 
 
 def test_iommu_and_acs_signs_are_flagged(tmp_path, capsys):
@@ -291,12 +373,12 @@ def test_one_cycle_start_is_no_complete_cycle_and_says_so(tmp_path, capsys):
 
 def test_failed_p2p_check_and_nvml_refusals_are_p2p_evidence(tmp_path, capsys):
     p2p = [{"src": 0, "dst": 1, "ok": True, "reason": ""},
-           {"src": 1, "dst": 0, "ok": False, "reason": "timeout after 30 s (P2P write hung)"}]
+           {"src": 1, "dst": 0, "ok": False, "reason": "P2P write left 12 bytes wrong"}]
     nvml = {"p2p_read": {"0-1": True, "0-2": False, "1-2": False}, "p2p_write": {}}
     doc = report_json(make_bundle(tmp_path, None, p2p=p2p, nvml=nvml), capsys)
     flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")
     assert flag["finding"].startswith("P2P does not work")
-    assert "1 of 2 directions failed" in flag["evidence"][0] and "timeout after 30 s" in flag["evidence"][0]
+    assert "1 of 2 directions failed" in flag["evidence"][0] and "P2P write left 12 bytes wrong" in flag["evidence"][0]
     assert "refused on 2 GPU pairs (0-2, 1-2)" in flag["evidence"][1]
     ok = [{"src": 0, "dst": 1, "ok": True, "reason": ""}]
     doc = report_json(make_bundle(tmp_path / "ok", None, p2p=ok, nvml={"p2p_read": {"0-1": True}}), capsys)

@@ -82,6 +82,37 @@ def test_verify_cost_between_and_beyond_the_points_is_labelled():
     assert any("draft cost assumed 0 ms" in n for n in rep.notes)
 
 
+def test_a_tie_goes_to_the_shallower_depth():
+    """Every request-verify accepts 2 of 2 draft tokens: accept length 2 at depth 1, 3 at depth 2.
+    Verify 10 ms at 2 tokens per request, 15 ms at 3, no draft cost: 2 / 0.010 s = 200 tok/s and
+    3 / 0.015 s = 200 tok/s, a tie; the shallower chain (fewer draft tokens) wins. A 14.9 ms depth 2
+    (201.3 tok/s) wins on its own."""
+    hist = DM.AcceptHistogram(steps=2, counts=[0, 0, 10])
+    rep = DM.recommend(hist, _curve({2: 10.0, 3: 15.0}), _draft(0.0))
+    assert [(r.depth, r.tok_s) for r in rep.rows] == [(1, 200.0), (2, 200.0)]
+    assert rep.best_depth == 1 and rep.tok_s_change_pct == 0.0
+    assert rep.flags == "--speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2"
+    assert DM.recommend(hist, _curve({2: 10.0, 3: 14.9}), _draft(0.0)).best_depth == 2
+
+
+def test_extrapolation_runs_from_the_nearest_two_points_on_each_side():
+    """Points (2, 10), (3, 11), (5, 17): the slope is 1 ms per token at the low end and 3 at the
+    high end. Below 2 the line through the two lowest points: 1 token -> 10 - 1 = 9 ms; above 5 the
+    line through the two highest: 6 -> 17 + 3 = 20 ms, 7 -> 23 ms. Never below 0: (3, 1), (4, 10) at
+    2 tokens -> 1 - 9 < 0 -> 0."""
+    curve = _curve({2: 10.0, 3: 11.0, 5: 17.0})
+    assert DM.verify_at(curve, 1) == (pytest.approx(9.0), "extrapolated")
+    assert DM.verify_at(curve, 6) == (pytest.approx(20.0), "extrapolated")
+    assert DM.verify_at(curve, 7) == (pytest.approx(23.0), "extrapolated")
+    assert DM.verify_at(curve, 4) == (pytest.approx(14.0), "derived")  # between 3 and 5: 11 + 3
+    assert DM.verify_at(_curve({3: 1.0, 4: 10.0}), 2) == (0.0, "extrapolated")
+    # through the table: a run at 5 steps whose records were taken at 4..6 tokens per request only:
+    # depths 1 and 2 (2 and 3 tokens) extrapolate down the low end's 2 ms per token: 8 - 2 x 2, 8 - 2
+    rep = DM.recommend(HIST, _curve({4: 8.0, 5: 10.0, 6: 16.0}), _draft(0.0))
+    assert [(r.verify_ms, r.verify_label) for r in rep.rows] == [
+        (4.0, "extrapolated"), (6.0, "extrapolated"), (8.0, "measured"), (10.0, "measured"), (16.0, "measured")]
+
+
 def _args(**kw) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     D.add_arguments(p)

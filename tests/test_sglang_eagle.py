@@ -68,6 +68,7 @@ from conftest import sglang_python_or_skip
 
 from tests.conftest import run_fastverify
 from tests.sglang_server.harness import report_line
+from tests.test_sglang_server import assert_accepted_is_sglangs
 
 KERNEL_DIR = Path(__file__).resolve().parent / "sglang_server" / "kernels" / "sgl_kernel"
 REPO = Path(__file__).resolve().parents[1]
@@ -575,11 +576,13 @@ def test_verify_records_for_every_verify_step_of_both_ranks(served):
         for r in got:
             assert str(r["rank"]) == str(rank) and r["pid"] == stats[rank]["pid"], r
             assert r["clock"] == "cpu_wall_clock" and r["verify_ms"] > 0, r
-            # the load and each request's accepted draft tokens (SGLang's eagle_sample accept_lens - 1);
-            # a random drafter's values mean nothing: the mechanism only
+            # the load and each request's accepted draft tokens (SGLang's eagle_sample accept_lens - 1):
+            # their form here, their values against SGLang's own per-request counts below
             assert type(r["batch"]) is int and r["batch"] >= 1 and r["tokens"] >= r["batch"], r
             assert type(r.get("accepted")) is list and len(r["accepted"]) == r["batch"] \
                 and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"]), r
+        # and their values are SGLang's own (meta_info of the same run), request by request
+        assert assert_accepted_is_sglangs(run.result["requests"], got) >= len(PROMPTS) - 1, rank
 
 
 def test_records_carry_the_drafters_all_reduces_apart(served):

@@ -59,6 +59,18 @@ class FallsBack(_StandIn):
         return add_rmsnorm(self.all_reduce(x), residual, weight, eps)
 
 
+class FallsBackOnRank1(_StandIn):
+    """b12x whose plan is prepared on rank 0 only: rank 1 sends every call to torch.distributed."""
+
+    def all_reduce_residual_rmsnorm(self, x, residual, weight, eps):
+        if dist.get_rank(self.group) == 1:
+            self.path_counts["fallback"] += 1
+            self.path_counts["fallback_all_reduce"] += 1
+        else:
+            self.path_counts["fused"] += 1
+        return add_rmsnorm(self._sum(x), residual, weight, eps)
+
+
 class TakesItsPath(_StandIn):
     """b12x with a plan for every shape: the fused path takes every call."""
 
@@ -94,7 +106,8 @@ def standin_sweep(tmp_path_factory):
     path = f"{folder}{os.pathsep}{REPO_ROOT}"
     trials = [_spec(baseline=True, label="baseline"),
               _spec("b12x", {"PYTHONPATH": path, "STANDIN_CLASS": "FallsBack"}, label="falls back"),
-              _spec("b12x", {"PYTHONPATH": path, "STANDIN_CLASS": "TakesItsPath"}, label="takes its path")]
+              _spec("b12x", {"PYTHONPATH": path, "STANDIN_CLASS": "TakesItsPath"}, label="takes its path"),
+              _spec("b12x", {"PYTHONPATH": path, "STANDIN_CLASS": "FallsBackOnRank1"}, label="rank 1 falls back")]
     results = run_sweep(trials, journal_path=folder / "j.jsonl", timeout_s=60)
     return trials, results
 
@@ -111,9 +124,10 @@ def test_the_worker_records_the_counts_and_a_fallen_back_trial_is_not_ranked(sta
 
     ranking = rank_candidates(trials, results)
     assert {c.spec.label for c in ranking.candidates} == {"baseline", "takes its path"}
-    assert all(b.best.label != "falls back" for b in ranking.buckets)
-    [(spec, entry)] = ranking.not_ok
-    assert spec.label == "falls back" and entry.status.value == "fell_back"
+    assert all(b.best.label not in ("falls back", "rank 1 falls back") for b in ranking.buckets)
+    assert sorted(spec.label for spec, _ in ranking.not_ok) == ["falls back", "rank 1 falls back"]
+    spec, entry = next((s, e) for s, e in ranking.not_ok if s.label == "falls back")
+    assert entry.status.value == "fell_back"
     assert entry.reason == f"fell back: fused 0 of {CALLS} calls, fallback {CALLS}, fallback_all_reduce {CALLS}"
     assert entry.trial_id == spec.trial_id and entry.step_us == by_label["falls back"].step_us
 
@@ -121,6 +135,23 @@ def test_the_worker_records_the_counts_and_a_fallen_back_trial_is_not_ranked(sta
     print_report(ranking, Console(file=out, width=250))
     not_ranked = out.getvalue().split("not ranked", 1)[1]
     assert "falls back" in not_ranked and "fell_back" in not_ranked and f"fused 0 of {CALLS} calls" in not_ranked
+
+
+def test_one_rank_falling_back_keeps_the_trial_out_of_the_ranking(standin_sweep):
+    """Rank 0 ran its kernel on every call, rank 1 none: the trial measured torch.distributed on one
+    rank, so it is not ranked. The counts recorded are rank 1's (the first rank that fell back), and
+    the reason says so in rank 1's counts."""
+    trials, results = standin_sweep
+    spec, result = next((t, r) for t, r in zip(trials, results) if t.label == "rank 1 falls back")
+    assert result.status is TrialStatus.OK, result.reason
+    assert {k: v for k, v in dict(result.worker_meta).items() if k.startswith("path_count")} == {
+        "path_count:fallback": CALLS, "path_count:fallback_all_reduce": CALLS, "path_counts_rank": 1}
+    ranking = rank_candidates(trials, results)
+    assert spec.label not in {c.spec.label for c in ranking.candidates}
+    assert all(b.best.label != spec.label for b in ranking.buckets)
+    [entry] = [e for s, e in ranking.not_ok if s.label == spec.label]
+    assert entry.status.value == "fell_back"
+    assert entry.reason == f"fell back: fused 0 of {CALLS} calls, fallback {CALLS}, fallback_all_reduce {CALLS}"
 
 
 def test_the_json_document_lists_it_as_fell_back(standin_sweep):
@@ -133,9 +164,10 @@ def test_the_json_document_lists_it_as_fell_back(standin_sweep):
     doc = measured_document(rank_candidates(trials, results), workload, accept_length=None, tok_s=None,
                             box={"device": "cpu"})
     assert {c["name"] for c in doc["candidates"]} == {"baseline", "takes its path"}
-    assert doc["not_ranked"] == [{"name": "falls back", "status": "fell_back",
-                                  "reason": f"fell back: fused 0 of {CALLS} calls, fallback {CALLS}, "
-                                            f"fallback_all_reduce {CALLS}"}]
+    reason = f"fell back: fused 0 of {CALLS} calls, fallback {CALLS}, fallback_all_reduce {CALLS}"
+    assert sorted(doc["not_ranked"], key=lambda e: e["name"]) == [
+        {"name": "falls back", "status": "fell_back", "reason": reason},
+        {"name": "rank 1 falls back", "status": "fell_back", "reason": reason}]
 
 
 @pytest.mark.parametrize("backend, op, counts, want", [

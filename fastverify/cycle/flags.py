@@ -23,7 +23,13 @@ SKEW_SHARE = 0.5
 the wait at least :data:`WAIT_SHARE` of all-reduce time, is a straggler."""
 WAIT_SHARE = 0.2
 IDLE_SHARE = 0.05
-"""GPU idle (in a mode, or between forwards) above this share of the cycle is flagged."""
+"""GPU idle (in a mode, or between forwards) above this share of the cycle is flagged; so are
+kernels launched outside a CUDA graph."""
+GRAPHED_MODES = ("verify", "decode")
+"""Forwards SGLang 0.5.23 replays from a CUDA graph by default on GPUs: its
+``model_executor/runner/decode_cuda_graph_runner.py`` runs DECODE and TARGET_VERIFY batches up to
+the captured ``max_bs`` (``--cuda-graph-max-bs-decode``, ``can_run_graph``); such a forward
+replaying none ran everything eager."""
 _CAUSE_TEXT = {"d2h_copy": "after a device-to-host copy (.item()/.tolist(): a GPU->CPU sync)",
                "host_sync": "while the host blocked in cudaStreamSynchronize-like calls",
                "launch_gap": "waiting for the host to launch the next kernel (host-bound)",
@@ -82,7 +88,7 @@ def _mean(values) -> float:
 def mode_means(split: CycleSplit) -> dict[str, dict[str, float]]:
     """Per mode, the mean over ranks of each per-cycle quantity (µs)."""
     keys = ("compute_us", "allreduce_us", "allreduce_count", "transfer_us", "wait_us", "unmatched_us",
-            "other_comm_us", "memory_us", "idle_us", "forwards", "eager_kernels", "eager_us")
+            "other_comm_us", "memory_us", "idle_us", "forwards", "eager_kernels", "eager_us", "graph_kernels")
     modes: dict[str, list] = {}
     for r in split.ranks:
         for m in r.modes:
@@ -125,12 +131,20 @@ def _skew(split: CycleSplit, means: dict) -> Flag | None:
     if split.straggler_rank is None or not ar or wait / ar < WAIT_SHARE or (split.straggler_share or 0) < SKEW_SHARE:
         return None
     r = split.straggler_rank
+    waits = {x.rank: sum(m.wait_us for m in x.modes) for x in split.ranks}  # µs per cycle, each rank's own
+    others = [x for x in split.ranks if x.rank != r]
+    own = [waits[x.rank] for x in others]
+    others_ar = sum(m.allreduce_us for x in others for m in x.modes)
     return Flag("rank_skew",
-                f"TP rank {r} arrives last: the other ranks wait {wait / 1000:.3f} ms per cycle "
-                f"({100 * wait / ar:.0f} % of all-reduce time) for it",
+                f"TP rank {r} arrives last: each of the other {len(others)} ranks waits {_mean(own) / 1000:.3f} ms "
+                f"per cycle for it (mean over them; range {min(own) / 1000:.3f}-{max(own) / 1000:.3f} ms), "
+                f"{100 * sum(own) / others_ar if others_ar else 0:.0f} % of their all-reduce time",
                 (f"rank {r} last in {split.last_arrivals.get(str(r), 0)} of {split.waited} all-reduces where a rank "
                  f"waited ({100 * split.straggler_share:.0f} %), of {split.matched} matched across "
-                 f"{len(split.ranks)} ranks",),
+                 f"{len(split.ranks)} ranks",
+                 "all-reduce wait per cycle by TP rank (ms): "
+                 + ", ".join(f"{k}: {v / 1000:.3f}" + (" (last to arrive)" if k == r else "")
+                             for k, v in sorted(waits.items()))),
                 f"look at TP rank {r} first: MoE expert load imbalance (SGLang --enable-eplb), its GPU clocks and "
                 "temperature (nvidia-smi -q -d CLOCK,PERFORMANCE), and its host thread (CPU pinning, numactl); "
                 "a faster all-reduce does not remove this wait")
@@ -256,13 +270,34 @@ def _idle(split: CycleSplit, means: dict, cycle_us: float) -> list[Flag]:
                "dependency": "look at the streams: a kernel waits on another stream's event"}[top]
         out.append(Flag("idle", f"{'GPU' if split.clock == 'trace' else 'CPU-clock'} idle {where}: {total / 1000:.3f} ms per cycle "
                                 f"({100 * total / cycle_us:.0f} % of the cycle), mostly {_CAUSE_TEXT[top]}", evid, fix))
+    return out + _eager(split, means, cycle_us)
+
+
+def _eager(split: CycleSplit, means: dict, cycle_us: float) -> list[Flag]:
+    """``eager_kernels``: a mode that replays a CUDA graph but launches some kernels one by one, and
+    a :data:`GRAPHED_MODES` forward of a GPU trace that replays none (everything eager)."""
+    out = []
+    replaying = [m for m, v in means.items() if v["graph_kernels"]]
     for m, v in means.items():
-        if v["eager_kernels"] and v["eager_us"] / cycle_us >= IDLE_SHARE:
+        if not v["eager_kernels"] or v["eager_us"] / cycle_us < IDLE_SHARE:
+            continue
+        if v["graph_kernels"]:
             out.append(Flag("eager_kernels", f"{v['eager_kernels']:g} kernels per cycle of {m} run outside its CUDA "
                                              f"graph ({v['eager_us'] / 1000:.3f} ms)",
                             (f"{m}: some kernels replay from a graph, {v['eager_kernels']:g} do not",),
                             "check why the forward falls back to eager launches (capture sizes: "
                             "--cuda-graph-max-bs-decode, the batch seen here)"))
+        elif m in GRAPHED_MODES and split.clock == "trace":
+            why = (f"other modes replay CUDA graphs ({', '.join(replaying)}): the {m} batch fit no captured graph "
+                   "(a batch above the captured sizes, --cuda-graph-max-bs-decode)" if replaying else
+                   "no mode replays a CUDA graph: the server ran without them (--disable-cuda-graph or "
+                   "--cuda-graph-backend-decode=disabled)")
+            out.append(Flag("eager_kernels", f"{m} forwards run everything eager: {v['eager_kernels']:g} kernels per "
+                                             f"cycle launched one by one, none from a CUDA graph "
+                                             f"({v['eager_us'] / 1000:.3f} ms)",
+                            (f"{m}: 0 kernels replay from a graph, {v['eager_kernels']:g} do not", why),
+                            "serve with CUDA graphs on (no --disable-cuda-graph) and captured up to the batch seen "
+                            "here (--cuda-graph-max-bs-decode): each eager kernel waits for its own host launch"))
     return out
 
 

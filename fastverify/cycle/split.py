@@ -52,8 +52,9 @@ class ModeSplit(msgspec.Struct, frozen=True):
 
     ``allreduce_us`` is the kernel sum (= transfer + wait where matched; ``unmatched_us`` of it
     could not be matched across ranks). ``idle_us`` is GPU idle inside this mode's forwards, by
-    cause in ``idle_causes_us``. ``eager_kernels``/``eager_us``: events launched outside a CUDA
-    graph in a mode whose other events replay one."""
+    cause in ``idle_causes_us``. ``eager_kernels``/``eager_us``: events launched one by one, outside
+    any CUDA graph (all of a mode's events where it replays none: ``--disable-cuda-graph``, or a
+    batch above the captured sizes); ``graph_kernels``: events replayed from a CUDA graph."""
 
     mode: str
     forwards: float
@@ -69,6 +70,7 @@ class ModeSplit(msgspec.Struct, frozen=True):
     idle_causes_us: dict[str, float]
     eager_kernels: float = 0.0
     eager_us: float = 0.0
+    graph_kernels: float = 0.0
 
 
 class RankCycles(msgspec.Struct, frozen=True):
@@ -278,7 +280,8 @@ def _pick(keys: np.ndarray, values: np.ndarray, want: np.ndarray) -> np.ndarray:
 def _mode_splits(x: _Rank, matched: dict[str, tuple[float, float]], gaps: dict) -> list[ModeSplit]:
     r, n = x.r, max(x.n_cycles, 1)
     out = []
-    graph = r.in_graph if r.in_graph is not None else np.zeros(len(r.start_ns), bool)
+    known = r.in_graph is not None  # None: a live run, launches not known (nothing counted eager)
+    graph = r.in_graph if known else np.ones(len(r.start_ns), bool)
     for code, mode in enumerate(MODES):
         sel = np.flatnonzero((x.cycle >= 0) & (x.mode == code))
         fwd = int(((x.fwd_mode == code) & (x.fwd_cycle >= 0) & (x.fwd_cycle < x.n_cycles)).sum()) \
@@ -290,7 +293,7 @@ def _mode_splits(x: _Rank, matched: dict[str, tuple[float, float]], gaps: dict) 
         ar_sum = float(r.dur_ns[ar].sum())
         tr, wt = matched.get(mode, (0.0, 0.0))
         causes = gaps["mode"].get(mode, {c: 0.0 for c in CAUSES})
-        eager = sel[~graph[sel]] if graph[sel].any() else sel[:0]
+        eager = sel[~graph[sel]]
         out.append(ModeSplit(
             mode=mode, forwards=round(fwd / n, 3),
             compute_us=round(b.get("compute_us", 0.0) / n, 3),
@@ -301,7 +304,8 @@ def _mode_splits(x: _Rank, matched: dict[str, tuple[float, float]], gaps: dict) 
             memory_us=round(b.get("memory_us", 0.0) / n, 3),
             idle_us=round(sum(causes.values()) / n, 3),
             idle_causes_us={c: round(v / n, 3) for c, v in causes.items()},
-            eager_kernels=round(len(eager) / n, 3), eager_us=round(float(r.dur_ns[eager].sum()) / 1000.0 / n, 3)))
+            eager_kernels=round(len(eager) / n, 3), eager_us=round(float(r.dur_ns[eager].sum()) / 1000.0 / n, 3),
+            graph_kernels=round((len(sel) - len(eager)) / n, 3) if known else 0.0))
     return out
 
 

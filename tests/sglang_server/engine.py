@@ -30,7 +30,7 @@ CPU_ENGINE_ARGS = dict(device="cpu", attention_backend="torch_native", disable_c
                        speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
                        speculative_ngram_max_bfs_breadth=1, max_running_requests=4, log_level="warning")
 META = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accept_rate",
-        "spec_num_correct_drafts", "spec_num_proposed_drafts")
+        "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
 
 
 def main(config_path: str) -> None:
