@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from conftest import cli, free_port, run_fastverify, subprocess_env
-from fastverify.proof.answers import Prompt, answer_of, prompt_digest, read_prompts
+from fastverify.proof.answers import answer_of, prompt_digest, read_prompts
 from fastverify.proof.record import LoadRun
 from tests.proof_server.fake import answer
 
