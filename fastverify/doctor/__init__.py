@@ -79,6 +79,7 @@ from fastverify.doctor.gpu import (
     check_profiler_trace,
     match_torch_to_nvml,
 )
+from fastverify.doctor.graph_counts import check_compiled_counts, check_graph_counts
 from fastverify.doctor.selfcheck import (
     check_cuda_max_connections,
     check_flashinfer_norm,
@@ -113,6 +114,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("verify_timer", check_verify_timer, True, False),
     CheckSpec("nccl_1rank", check_nccl_1rank, True, False),
     CheckSpec("fused_two_groups", check_fused_two_groups, True, False),
+    CheckSpec("graph_counts", check_graph_counts, True, False),
+    CheckSpec("compiled_counts", check_compiled_counts, True, False),
     CheckSpec("live_tp1", check_live_tp1, True, False),
     CheckSpec("cuda_graph_forward", check_cuda_graph, True, False),
     CheckSpec("profiler_trace", check_profiler_trace, True, False),

@@ -1,10 +1,12 @@
 """What every doctor check shares: the outcome types, the context GPU state is built in once, and
-the summary and table printing. Torch is imported only inside the context's methods."""
+the summary and table printing, and the spawned processes of the multi-rank cases. Torch is imported
+only inside the context's methods."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
-
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
@@ -262,3 +264,32 @@ def print_checks(checks: list[Check], console) -> None:
                        style=_STYLE[Status(s["verdict"])]))
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a spawned group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(target: Callable, args_per_proc: list[tuple], timeout_s: float) -> list[Any]:
+    """Run ``target(*args, q)`` in one spawned process per args tuple; what each put on ``q``, in
+    arrival order; a missing answer is ``{"error": ...}``."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*a, q)) for a in args_per_proc]
+    for p in procs:
+        p.start()
+    got: list[Any] = []
+    try:
+        for _ in procs:
+            try:
+                got.append(q.get(timeout=timeout_s))
+            except Exception:  # noqa: BLE001 - queue.Empty or a dead process: said in one line
+                got.append({"error": f"a process did not answer within {timeout_s:.0f} s"})
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return got

@@ -13,9 +13,14 @@ holds ``r + 1``, so each sum names the ranks it spans: 10 for the four, 3 or 7 f
 from __future__ import annotations
 
 import datetime
-import socket
 import types
 from typing import Any
+
+from fastverify.doctor.core import free_port, spawn
+from fastverify.patch import fused_slot as F
+from fastverify.patch import rank as R
+from fastverify.patch import slots
+from fastverify.registry import BackendName
 
 WORLD = 4
 ROWS, HIDDEN = 4, 64
@@ -48,11 +53,7 @@ def _rank(rank: int, port: int, q: Any) -> None:
         import torch
         import torch.distributed as dist
 
-        from fastverify.backends import make_backend
-        from fastverify.patch import fused_slot as F
-        from fastverify.patch import rank as R
-        from fastverify.patch import slots
-        from fastverify.registry import BackendName
+        from fastverify.backends import make_backend  # lazy: torch
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
@@ -96,29 +97,9 @@ def _rank(rank: int, port: int, q: Any) -> None:
 def run_two_groups() -> dict[int, dict[str, Any]]:
     """Run the four ranks (spawned processes); {rank: result}. A rank that does not answer within
     :data:`TIMEOUT_S` is reported as such (a one-sided collective)."""
-    import multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, q)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in procs:
-            try:
-                r, res = q.get(timeout=TIMEOUT_S)
-            except Exception:
-                break
-            got[r] = res
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    port = free_port()
+    answers = spawn(_rank, [(r, port) for r in range(WORLD)], TIMEOUT_S)
+    got: dict[int, dict[str, Any]] = {a[0]: a[1] for a in answers if isinstance(a, tuple)}
     for r in range(WORLD):
         got.setdefault(r, {"error": f"rank {r} did not answer within {TIMEOUT_S:.0f} s"})
     return got
