@@ -121,14 +121,14 @@ def _worker_main(argv: list[str]) -> None:
     rank, world, port, out_dir = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        fi_calls = _install_fi_norm_standin()
-        out = {case: _one_case(rank, case) for case in CASES}
-        out["fi_calls"] = fi_calls
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    fi_calls = _install_fi_norm_standin()
+    out = {case: _one_case(rank, case) for case in CASES}
+    out["fi_calls"] = fi_calls
     (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    # no process-group teardown: gloo's can abort a rank whose peer left first ("terminate called
+    # without an active exception", seen on a loaded 2-core box); nothing is owed after the barrier
+    os._exit(0)
 
 
 # --- the test -----------------------------------------------------------------------------------------
