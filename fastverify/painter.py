@@ -7,7 +7,7 @@ the parent sends the profile. (It draws no throw-away figure meanwhile: that loa
 PNG writer, which saved 7 ms of the real drawing, 76 against 83 ms, for 65 ms of CPU taken from
 the parent's reading on two cores, and it delayed the real drawing when the profile came during
 it.) The PNG is the same figure, pixel for pixel, as drawn
-in-process (``tests/test_painter.py``).
+in-process.
 
 Anything that goes wrong in the child (it died, matplotlib failed to import, the drawing raised)
 makes :meth:`Painter.draw` return False, and the caller draws in-process, where the same failure

@@ -248,7 +248,9 @@ def test_every_graph_entry_point_and_all_reduce_call_site_is_counted_or_named():
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 defs = {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                if not defs & set(GRAPH_METHODS) or not ("Graph" in node.name or "graph" in name):
+                # a graph entry point by name or by what it touches (a class that mentions graphs)
+                if not defs & set(GRAPH_METHODS) or not ("Graph" in node.name or "graph" in name
+                                                        or "graph" in ast.unparse(node).lower()):
                     continue
                 seen_graph += 1
                 why = _graph_class_verdict(mod, node, graph_bases)
@@ -265,7 +267,7 @@ def test_every_graph_entry_point_and_all_reduce_call_site_is_counted_or_named():
                     seen_calls += 1  # PyNcclCommunicator.all_reduce: wrapped (symmetric-memory path)
                     if T.TARGET_PYNCCL_AR not in T.COUNT_TARGETS:
                         misses.append(f"{mod}:{node.lineno} calls pynccl all_reduce, not counted")
-    assert seen_graph >= 10 and seen_calls >= 12, (seen_graph, seen_calls)
+    assert seen_graph >= 30 and seen_calls >= 12, (seen_graph, seen_calls)
     assert misses == [], "\n".join(misses)
     # the custom ops reach only wrapped methods (their bodies, read from the source)
     ps = trees["sglang/srt/distributed/parallel_state.py"]

@@ -146,13 +146,27 @@ UNCOUNTED = {
     "runner.capture / execute / replay": "runner-level methods that capture or replay only through "
         "self.backend.capture_one / self.backend.replay, which are counted (multi-step EAGLE runners' "
         "replay(step) included)",
+    "sglang.srt.model_executor.runner.eager_runner.EagerRunner":
+        "no graph: execute runs the forward eagerly, its all-reduces counted as they run",
+    "sglang.srt.model_executor.runner.base_runner.BaseRunner":
+        "the runners' common base: warm-up and workspace set-up, no capture or replay of its own",
+    "sglang.srt.distributed.device_communicators.custom_all_reduce.CustomAllreduce":
+        "capture() registers the graph's buffers; its all-reduce is reached through _all_reduce_out_place, "
+        "which is counted",
+    "sglang.srt.distributed.device_communicators.custom_all_reduce_v2.CustomAllReduceV2":
+        "capture() registers the graph's buffers; its all-reduce is reached through _all_reduce_out_place, "
+        "which is counted",
+    "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker":
+        "captures EAGLE-3 auxiliary hidden states, not a CUDA graph",
+    "sglang.srt.state_capturer.": "capture routed-expert / top-k state for replay to the user, not CUDA graphs",
     "PyNcclCommunicator.all_reduce outside GroupCoordinator.all_reduce":
         "PyNccl's own warm-up at construction and non-TP users: not a tensor-parallel all-reduce",
     "GroupCoordinator._all_reduce_out_place -> *_comm.all_reduce / outplace_all_reduce":
         "the communicator a counted method picked; the method names the path",
 }
-"""Entry points deliberately NOT wrapped, with why (the coverage test, tests/test_patch_coverage.py,
-fails on one that is neither wrapped nor here)."""
+"""Entry points deliberately NOT wrapped, with why: SGLang's classes that capture or replay, and its
+all-reduce call sites, are each either wrapped or named here (a test walks SGLang's source for
+any other)."""
 # Where the verify's per-request accept lengths are computed (fastverify/patch/verify_wrap.py): SGLang's
 # ``eagle_utils.eagle_sample``, as each verifying worker module binds it by name (module globals are
 # looked up at call time, so wrapping the name there reaches every call). Not in TARGETS: ``patch
