@@ -51,15 +51,18 @@ def _bounded(lo: int, hi: int):
     return parse
 
 
-def _up_to(hi: float, unit: str):
-    """A parser of a finite number in (0, ``hi``] of ``unit``; nan and inf are refused."""
+def _up_to(hi: float, unit: str, lo: float = 0.0):
+    """A parser of a finite number of ``unit`` in (0, ``hi``], or [``lo``, ``hi``] when ``lo`` is
+    given; nan and inf are refused."""
+    span = f"[{lo:g}, {hi:g}]" if lo else f"(0, {hi:g}]"
+
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {unit} in (0, {hi:g}], got {text!r}") from None
-        if not 0 < v <= hi:  # also false for nan
-            raise argparse.ArgumentTypeError(f"expected {unit} in (0, {hi:g}], got {text}")
+            raise argparse.ArgumentTypeError(f"expected {unit} in {span}, got {text!r}") from None
+        if not (lo <= v if lo else 0 < v) or not v <= hi:  # also false for nan
+            raise argparse.ArgumentTypeError(f"expected {unit} in {span}, got {text}")
         return v
     return parse
 
@@ -109,11 +112,12 @@ def _add_p2p(sub) -> None:
          "tested, by CUDA ordinal, NVML index, PCI bus id and UUID, and a result per ordered pair) "
          "that `tune --p2p-check` and `launch --p2p-check` read; passes and failures cached per "
          "box. Exit 1 if any pair fails or times out."))
-    from fastverify.topo.p2p import DEFAULT_TIMEOUT_S
+    from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
 
     p.add_argument("--output", type=Path, metavar="FILE", default=None,
                    help="write the JSON there (a new file) instead of printing it")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help="seconds per pair")
+    p.add_argument("--timeout", type=_up_to(MAX_TIMEOUT_S, "seconds", MIN_TIMEOUT_S), default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds per pair, at least {MIN_TIMEOUT_S:g} (each side imports torch)")
     p.add_argument("--refresh", action="store_true", help="run again even where this box's result is cached")
 
 
@@ -139,7 +143,8 @@ def _add_doctor(sub) -> None:
          "library, FlashInfer, SGLang; on one GPU the single-GPU self-check (ncclGetVersion vs "
          "torch, NVML, whether a late CUDA_DEVICE_MAX_CONNECTIONS takes effect, FlashInfer's JIT "
          "build times and stream binding with real streams, fused_add_rmsnorm eager and in a graph, "
-         "the verify timer without host sync, a 1-rank NCCL backend in a replayed graph, the live "
+         "the verify timer without host sync, a 1-rank NCCL backend in a replayed graph, the patch's "
+         "counts on SGLang's draft/prefill graphs, a compiled forward and two fused groups, the live "
          "runner at TP 1, the tiny forward's graph and profiler trace); with several GPUs the real "
          "P2P check and one all-reduce per registry backend. FlashInfer checks are skipped where "
          "it is not installed. Exit 1 if any check fails."))

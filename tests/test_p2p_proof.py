@@ -423,6 +423,22 @@ def test_visible_gpus_say_where_cuda_stops_reading(text, want, entry):
     assert "\n" not in why
 
 
+def test_visible_gpus_read_only_ascii_digits_and_any_number_of_them():
+    """strtoul reads ASCII digits and saturates on a huge index (no GPU has it); an Arabic-Indic
+    zero is no digit to CUDA, so it stops there and shows no GPU."""
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": "\u0660,1"})
+    assert rows == [] and "is not a GPU index" in why
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": "0,1," + "9" * 5000})
+    assert [r["index"] for r in rows] == [0, 1] and "names no GPU NVML lists here" in why
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": "0003,00"})
+    assert [r["index"] for r in rows] == [3, 0] and why == ""
+
+
+def test_a_long_cuda_visible_devices_is_shortened_in_the_line():
+    rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": "GPU-" + "a" * 100_000})
+    assert rows == [] and len(why) < 400 and "(100004 characters)" in why
+
+
 @pytest.mark.parametrize("text", ["MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c",
                                   f"MIG-{BOX_A[0].uuid}/1/0,MIG-{BOX_A[1].uuid}/2/0"])
 def test_visible_gpus_of_mig_instances_are_not_whole_gpus(text):

@@ -129,8 +129,9 @@ def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | Non
                       "first, not as NVML does")
     if text is None:
         return list(listed), ""
+    shown = _shown(text)
     if text.strip().upper().startswith("MIG-"):
-        return None, (f"CUDA_VISIBLE_DEVICES={text} names MIG instances: CUDA's devices are then slices of a GPU, "
+        return None, (f"CUDA_VISIBLE_DEVICES={shown} names MIG instances: CUDA's devices are then slices of a GPU, "
                       "not whole GPUs, and MIG instances have no GPU-to-GPU P2P (NVIDIA MIG User Guide)")
     uuids = text.strip().upper().startswith("GPU-")
     chosen: list[dict] = []
@@ -138,13 +139,18 @@ def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | Non
         hit, why = _visible_entry(listed, entry, uuids)
         if why:
             seen = ", ".join(f"GPU {g['index']}" for g in chosen) or "no GPU"
-            return chosen, (f"CUDA_VISIBLE_DEVICES={text}: entry {k + 1} ({entry!r}) {why}; CUDA stops at the first "
+            return chosen, (f"CUDA_VISIBLE_DEVICES={shown}: entry {k + 1} ({_shown(entry)!r}) {why}; CUDA stops at the first "
                             f"entry it cannot use, so the command sees {seen} (CUDA C Programming Guide, CUDA "
                             "environment variables)")
         if hit in chosen:
-            return None, f"CUDA_VISIBLE_DEVICES={text} names a GPU twice: CUDA then shows no GPU"
+            return None, f"CUDA_VISIBLE_DEVICES={shown} names a GPU twice: CUDA then shows no GPU"
         chosen.append(hit)
     return chosen, ""
+
+
+def _shown(value: str, most: int = 80) -> str:
+    """``value`` as a line may show it: at most ``most`` characters, the length said when cut."""
+    return value if len(value) <= most else f"{value[: most - 20]}... ({len(value)} characters)"
 
 
 def _visible_entry(listed: Sequence[dict], entry: str, uuids: bool) -> tuple[dict | None, str]:
@@ -158,11 +164,13 @@ def _visible_entry(listed: Sequence[dict], entry: str, uuids: bool) -> tuple[dic
         hits = [g for g in listed if (g.get("uuid") or "").lower().startswith(entry.lower())]
         what = "GPU UUID"
     else:
-        digits = re.match(r"\d+", entry)
+        digits = re.match(r"[0-9]+", entry)  # ASCII digits only, as strtoul reads them
         if digits is None:
             return None, "is not a GPU index"
-        hits = [g for g in listed if g["index"] == int(digits.group())]
-        what = f"GPU index {int(digits.group())}"
+        d = digits.group().lstrip("0") or "0"
+        index = int(d) if len(d) <= 18 else -1  # strtoul saturates: no GPU has such an index
+        hits = [g for g in listed if g["index"] == index]
+        what = f"GPU index {_shown(digits.group(), 24)}"
     if len(hits) != 1:
         return None, (f"matches {len(hits)} GPUs ({what} prefix is ambiguous)" if hits else
                       f"names no GPU NVML lists here ({what})")
