@@ -226,12 +226,12 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
         shapes = Shapes(dtype=source["dtype"], hidden=source["hidden"], tokens=source["tokens"],
                         draft_tokens=source["draft_tokens"], batch=source["batch"])
     profile = build_profile(ranks, source, shapes)
-    if source.get("graph_replay_traces"):
-        from fastverify.trace.load import load_traces
+    if source["kind"] == "live":
+        from fastverify.profile_record import live_timing
 
-        replay = load_traces([source["graph_replay_traces"]])
-        profile = msgspec.structs.replace(profile, graph_replay=build_profile(
-            replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
+        profile = msgspec.structs.replace(profile, timing=live_timing(profile.timing, ranks[0].meta))
+    if source.get("graph_replay_traces"):
+        profile = _with_graph_replay(profile, ranks, shapes)
     from fastverify.errors import printable
 
     # a default name is taken with an exclusive create (its PNG's too): concurrent runs never share one
@@ -258,10 +258,37 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     return 0
 
 
+def _with_graph_replay(profile, ranks, shapes):
+    """``profile`` with the ranks' graph-replay traces read into ``graph_replay``; a trace that a
+    rank could not write, or that holds no kernels (CUPTI missing, or taken by another client
+    such as Nsight Systems), leaves the measured profile as it is, with one warning line on
+    stderr and in its ``warnings``."""
+    import msgspec
+
+    from fastverify.profile import build_profile
+    from fastverify.progress import say
+    from fastverify.trace.load import load_traces
+
+    failed = [f"rank {r.rank}: {r.meta['trace_error']}" for r in ranks if r.meta.get("trace_error")]
+    why = "; ".join(failed)
+    if not failed:
+        try:
+            replay = load_traces([profile.source.graph_replay_traces], progress=False)
+            return msgspec.structs.replace(profile, graph_replay=build_profile(
+                replay, {"kind": "trace", "files": [r.origin for r in replay]}, shapes))
+        except (UserError, OSError, ValueError) as err:
+            why = " ".join(str(err).split())
+    line = f"graph-replay trace not used ({why[:300]}); the measured profile is kept without it"
+    say(f"warning: {line}")
+    return msgspec.structs.replace(profile, source=msgspec.structs.replace(profile.source, graph_replay_traces=None),
+                                   warnings=[*profile.warnings, line])
+
+
 def _live(args: argparse.Namespace):
     from fastverify.live.config import load_model_config
     from fastverify.live.runner import run_live
     from fastverify.profile import default_output
+    from fastverify.profile_record import median_or_none
 
     model = args.model
     config = load_model_config(model)
@@ -284,7 +311,9 @@ def _live(args: argparse.Namespace):
               "batch": args.batch, "tokens": args.batch * args.draft_tokens, "iters": args.iters,
               "warmup": args.warmup, "device": meta.get("device"), "dist_backend": meta.get("dist_backend"),
               "backend": meta["allreduce_backend"], "dtype": meta["dtype"], "hidden": meta["hidden_size"],
-              "experts_allocated": meta.get("experts_allocated"), "n_routed_experts": config.n_routed_experts}
+              "experts_allocated": meta.get("experts_allocated"), "n_routed_experts": config.n_routed_experts,
+              "timed_forward": meta.get("timed_forward"), "graph_forward_us": median_or_none(meta.get("graph_forward_us")),
+              "eager_forward_us": median_or_none(meta.get("eager_forward_us"))}
     if trace_dir is not None:
         source["graph_replay_traces"] = str(trace_dir)
     return ranks, source, stem

@@ -17,6 +17,7 @@ imports torch or numpy: tune's sweep workers import this module through :mod:`fa
 
 from __future__ import annotations
 
+import statistics
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -102,7 +103,11 @@ class LiveSource(_Base, tag_field="kind", tag="live"):
     """Profile of a live verify forward (``fastverify profile --model``): its run parameters.
 
     ``backend`` is the all-reduce backend the forward ran with (registry name); ``dist_backend``
-    the torch.distributed group it ran on (``nccl`` / ``gloo``).
+    the torch.distributed group it ran on (``nccl`` / ``gloo``). ``timed_forward``: which forward
+    the rows time, one of :data:`TIMED_FORWARDS` (None in a profile written before it was
+    recorded). ``graph_forward_us`` / ``eager_forward_us`` (CUDA only): rank 0's median µs of one
+    replay of the whole-forward CUDA graph (the step as served) and of one eager forward (a
+    second figure, never the rows).
     """
 
     model: str
@@ -120,6 +125,9 @@ class LiveSource(_Base, tag_field="kind", tag="live"):
     experts_allocated: Count | None = None
     n_routed_experts: Count | None = None
     graph_replay_traces: str | None = None
+    timed_forward: str | None = None
+    graph_forward_us: Us | None = None
+    eager_forward_us: Us | None = None
 
 
 Source = Union[TraceSource, LiveSource]
@@ -130,6 +138,33 @@ class Timing(_Base):
 
     clock: str
     note: str
+
+
+TIMED_FORWARDS = {
+    "cuda_graph": ("the CUDA-graph forward, as SGLang serves it: CUDA events between replays of one graph per "
+                   "region (compute sections, each all-reduce)"),
+    "eager": "the eager forward (no CUDA graphs on CPU)",
+}
+"""Which forward a live run timed (``timed_forward`` in its ranks' meta and its source), in words."""
+
+
+def live_timing(timing: Timing, meta: dict[str, Any]) -> Timing:
+    """The ``timing`` of a live profile: ``timing`` (the clock's own note) plus which forward was
+    timed (:data:`TIMED_FORWARDS`) and, on CUDA, the whole-graph and eager medians of ``meta``
+    (rank 0's)."""
+    timed = meta.get("timed_forward")
+    note = f"{timing.note}; timed: {TIMED_FORWARDS.get(timed, 'the eager forward (a run that did not record which)')}"
+    graph, eager = median_or_none(meta.get("graph_forward_us")), median_or_none(meta.get("eager_forward_us"))
+    if graph is not None:
+        note += f"; whole-forward graph replay {graph:.1f} µs (the served step)"
+    if eager is not None:
+        note += f"; eager forward {eager:.1f} µs (second figure, not used)"
+    return Timing(clock=timing.clock, note=note)
+
+
+def median_or_none(values) -> float | None:
+    """The median of a non-empty list of numbers, else None."""
+    return float(statistics.median(values)) if values else None
 
 
 class Summary(_Base):
@@ -361,7 +396,8 @@ PROFILE_EXAMPLES = {
     "dtype": '"bfloat16"', "hidden": "7168", "tokens": "16", "draft_tokens": "4", "batch": "4",
     "files": '["rank0.trace.json"]', "kind": '"trace"', "model": '"tiny"', "tp": "2", "iters": "20", "warmup": "3",
     "device": '"cuda"', "dist_backend": '"nccl"', "backend": '"nccl"', "experts_allocated": "256",
-    "n_routed_experts": "256", "graph_replay_traces": "null", "clock": '"trace"', "note": '"kernel times"',
+    "n_routed_experts": "256", "graph_replay_traces": "null",
+    "timed_forward": '"cuda_graph"', "graph_forward_us": "850.0", "eager_forward_us": "1200.0", "clock": '"trace"', "note": '"kernel times"',
     "summary.ranks": "2", "allreduce_count": "61", "allreduce_share_of_window_pct": "30.0", "straggler_rank": "1",
     "comm_compute_overlap_pct": "35.0", "step_median.steps": "8", "events": "5000", "counts": '{"allreduce": 61}',
     "index": "0", "name": '"step[TARGET_VERIFY #0]"', "gpu_start_us": "1750000000000000.0", "class": '"allreduce"',

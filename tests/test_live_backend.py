@@ -41,11 +41,14 @@ def test_profile_tiny_backend_gloo_records_backend_hidden_dtype(tmp_path):
     assert doc["allreduce_by_msg_size"][0]["count"] == 2 * iters * PER_STEP
     assert all(r["step_median"]["allreduce_count"] == PER_STEP for r in doc["ranks"])
     assert doc["source"]["backend"] == "gloo" and doc["source"]["dist_backend"] == "gloo"
+    # CPU has no CUDA graphs: the eager forward was timed, and the record and its clock note say so.
+    assert doc["source"]["timed_forward"] == "eager" and doc["source"]["graph_forward_us"] is None
+    assert doc["timing"]["note"].endswith("; timed: the eager forward (no CUDA graphs on CPU)")
     assert doc["shapes"] == {"dtype": "bfloat16", "hidden": HIDDEN, "tokens": T, "draft_tokens": draft,
                              "batch": batch}
     for r in doc["ranks"]:
         # Every all-reduce of every forward (warm-up included) went through the backend.
-        assert r["meta"]["allreduce_backend"] == "gloo"
+        assert r["meta"]["allreduce_backend"] == "gloo" and r["meta"]["timed_forward"] == "eager"
         assert r["meta"]["allreduce_paths"] == {"all_reduce": (warmup + iters) * PER_STEP}
 
 

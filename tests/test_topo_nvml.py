@@ -369,3 +369,96 @@ def test_nvml_error_name():
     assert topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == \
         "NVML_ERROR_GPU_IS_LOST"
     assert topo_nvml.nvml_error_name(pynvml, RuntimeError("x")) == "RuntimeError"
+
+
+# --- free memory and its holders (read_gpu_memory) ------------------------------------------------
+
+
+class MemoryNvml(FakeNvml):
+    """FakeNvml plus memory, UUIDs and compute processes, as pynvml's own structures."""
+
+    def __init__(self, n, *, free, holders, refuse=(), **kw):
+        super().__init__(n, **kw)
+        self.free, self.holders, self.refuse = free, holders, set(refuse)
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        if ("memory", h) in self.refuse:
+            raise FakeNVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlMemory_t(total=24 << 30, free=self.free[h], used=(24 << 30) - self.free[h])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        if ("procs", h) in self.refuse:
+            raise FakeNVMLError(pynvml.NVML_ERROR_NO_PERMISSION, "Insufficient Permissions")
+        return [pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_v3_t(pid=pid, usedGpuMemory=used))
+                for pid, used in self.holders.get(h, [])]
+
+
+def _procfs(root, nspid: str, comms: dict[int, str]):
+    (root / "self").mkdir(parents=True)
+    (root / "self" / "status").write_text(f"Name:\tpython3\nPid:\t7053\nNSpid:\t{nspid}\nVmPeak:\t1 kB\n")
+    for pid, comm in comms.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "comm").write_text(comm + "\n")
+    return root
+
+
+def test_memory_names_exist_in_installed_pynvml():
+    for name in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetUUID",
+                 "c_nvmlMemory_t", "c_nvmlProcessInfo_v3_t", "nvmlStructToFriendlyObject"):
+        assert hasattr(pynvml, name), name
+
+
+def test_read_gpu_memory_free_bytes_and_named_holders(tmp_path):
+    proc = _procfs(tmp_path, "7053", {4242: "sglang::schedul"})
+    fake = MemoryNvml(2, free=[1 << 29, 20 << 30], holders={0: [(4242, 23 << 30), (5151, 1 << 28)]})
+    rows = topo_nvml.read_gpu_memory(fake, proc_root=proc)
+    assert rows == [
+        {"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-0", "name": "NVIDIA GeForce RTX 4090",
+         "total_bytes": 24 << 30, "free_bytes": 1 << 29,
+         "holders": [{"pid": 4242, "name": "sglang::schedul", "used_bytes": 23 << 30},
+                     {"pid": 5151, "name": None, "used_bytes": 1 << 28}]},  # /proc/5151 absent: no name
+        {"index": 1, "pci_bus_id": "00000000:28:00.0", "uuid": "GPU-1", "name": "NVIDIA GeForce RTX 4090",
+         "total_bytes": 24 << 30, "free_bytes": 20 << 30, "holders": []},
+    ]
+    assert fake.shutdowns == 1
+
+
+def test_read_gpu_memory_in_a_container_names_no_holder(tmp_path):
+    """NSpid lists two pids: this process is in a nested pid namespace, where the host pid NVML
+    reports names another process (here a stale /proc/4242): no name is taken."""
+    proc = _procfs(tmp_path, "7053\t12", {4242: "bash"})
+    fake = MemoryNvml(1, free=[1 << 29], holders={0: [(4242, 23 << 30)]})
+    (row,) = topo_nvml.read_gpu_memory(fake, proc_root=proc)
+    assert row["holders"] == [{"pid": 4242, "name": None, "used_bytes": 23 << 30}]
+
+
+def test_read_gpu_memory_refusals_lose_their_own_field_and_no_driver_is_none(tmp_path):
+    proc = _procfs(tmp_path, "7053", {})
+    fake = MemoryNvml(2, free=[1 << 29, 1 << 30], holders={1: [(9, 1 << 20)]}, refuse={("memory", 0), ("procs", 1)})
+    rows = topo_nvml.read_gpu_memory(fake, proc_root=proc)
+    assert [(r["total_bytes"], r["free_bytes"], r["holders"]) for r in rows] == [
+        (None, None, []), (24 << 30, 1 << 30, [])]
+    assert topo_nvml.read_gpu_memory(MemoryNvml(1, free=[0], holders={}, init_error=FakeNVMLError(9, "Driver Not Loaded")),
+                                     proc_root=proc) is None
+    assert topo_nvml.read_gpu_memory(MemoryNvml(1, free=[0], holders={}, fail_count=True), proc_root=proc) is None
+
+
+def test_read_gpu_memory_on_a_driver_without_the_v3_process_query(tmp_path):
+    """nvidia-ml-py's unversioned process query is ``_v3``; on an older driver it raises
+    ``NVMLLibraryMismatchError``, which is not an ``NVMLError``: the ``_v2`` query answers instead."""
+    proc = _procfs(tmp_path, "7053", {})
+    fake = MemoryNvml(1, free=[1 << 29], holders={0: [(77, 1 << 30)]})
+    fake.NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    v3 = fake.nvmlDeviceGetComputeRunningProcesses
+
+    def unversioned(h):
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called ...")
+
+    fake.nvmlDeviceGetComputeRunningProcesses = unversioned
+    fake.nvmlDeviceGetComputeRunningProcesses_v2 = v3
+    (row,) = topo_nvml.read_gpu_memory(fake, proc_root=proc)
+    assert row["holders"] == [{"pid": 77, "name": None, "used_bytes": 1 << 30}]

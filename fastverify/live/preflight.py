@@ -1,6 +1,12 @@
 """The checks and choices of a live run that come before any rank starts: arguments, device,
 all-reduce backend, memory and P2P.
 
+GPU memory is checked against what each GPU has free now (NVML, no CUDA context:
+:func:`fastverify.topo.nvml.read_gpu_memory`), not its capacity: a GPU a server already fills
+refuses the run in one line naming the GPU as CUDA numbers it, its free GiB and the processes
+holding it, instead of ranks dying of ``OutOfMemoryError`` after start-up. Where NVML is absent the
+check falls back to capacity (torch's ``total_memory``).
+
 Each refusal is one :class:`~fastverify.errors.UserError` line naming the flag, so a run that
 cannot work fails at once instead of after its ranks have started. Callers pass the ``torch``
 module in (it is imported by :func:`fastverify.live.runner.run_live` only when it is needed).
@@ -15,10 +21,37 @@ from pathlib import Path
 # The CLI's bounds (fastverify/bounds.py), also enforced here for callers of run_live.
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
 from fastverify.errors import UserError
-from fastverify.live.config import DEFAULT_CONTEXT_TOKENS, ModelConfig, check_tp, rank_memory
+from fastverify.live.config import (
+    DEFAULT_CONTEXT_TOKENS,
+    ModelConfig,
+    RankMemory,
+    check_tp,
+    rank_memory,
+)
 from fastverify.live.estimate import CPU_PROCESS_BYTES, CpuEstimate, estimate_cpu_run
 from fastverify.profile_record import DTYPES
 from fastverify.registry import BackendName, Role, backend_info
+from fastverify.topo.gpu_identity import visible_gpus
+from fastverify.topo.nvml import read_gpu_memory
+
+GIB = 2**30
+
+CUDA_CONTEXT_BYTES = 768 * 2**20
+"""Allowance for one process's CUDA context on its GPU (bytes; an estimate from public reports,
+not measured here): the first CUDA call of a PyTorch process took a GPU from 0 to 723 MiB used
+(PyTorch forums, "What is the reason for pytorch's GPU memory floor?"), "~700+MB" depending on the
+CUDA version and device (PyTorch forums, "High gpu memory overhead"); rounded up to 768 MiB."""
+
+NCCL_COMM_BYTES = 688 * 2**20
+"""Allowance for one NCCL communicator's buffers on each of its GPUs (bytes; an estimate from
+public reports, not measured here): 688 MB per GPU for a group of 3-4 A100s after one 4 MB
+all-reduce, 544 MB for 2 (NVIDIA/nccl#964); 484 MiB for a 1-GPU communicator at init (RTX
+3090, pull request NVIDIA/nccl#2366). NCCL's maintainers say it grows with the channels and
+algorithms used (NVIDIA/nccl#864), so this is a typical figure, not a bound."""
+
+RANK_OVERHEAD_BYTES = CUDA_CONTEXT_BYTES + NCCL_COMM_BYTES
+"""What a live rank holds on its GPU besides its tensors: one CUDA context and the default process
+group's NCCL communicator (bytes)."""
 
 
 @dataclass(frozen=True)
@@ -168,32 +201,126 @@ def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
 def check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype: str, cuda: bool,
                  torch, estimate: CpuEstimate | None = None, fallback: str | None = None) -> None:
     """Refuse, before any rank starts, a shape whose memory exceeds what this machine has, naming
-    the flags. CUDA: :func:`fastverify.live.config.rank_memory` (a lower bound) per GPU. CPU: all
-    ranks share the host, so the need is ``estimate.memory_bytes`` (:func:`estimate_cpu_run`: that
-    lower bound plus each process's Python and torch) against ``MemAvailable``. ``fallback``: why
-    ``--device auto`` chose the CPU, named in the message."""
-    have = _available_bytes(cuda, tp, torch)
-    if have is None:
-        return
+    the flags. CUDA: :func:`check_gpu_memory`. CPU: all ranks share the host, so the need is
+    ``estimate.memory_bytes`` (:func:`estimate_cpu_run`: the lower bound of
+    :func:`fastverify.live.config.rank_memory` plus each process's Python and torch) against
+    ``MemAvailable``. ``fallback``: why ``--device auto`` chose the CPU, named in the message."""
     mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
                       dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
                       context_tokens=DEFAULT_CONTEXT_TOKENS)
-    need = mem.total if cuda or estimate is None else estimate.memory_bytes
+    if cuda:
+        check_gpu_memory(config, mem, tp=tp, batch=batch, draft_tokens=draft_tokens, torch=torch)
+        return
+    have = _available_bytes(cuda, tp, torch)
+    if have is None:
+        return
+    need = mem.total if estimate is None else estimate.memory_bytes
     if need > have[0]:
-        gib = 2 ** 30
-        if cuda:
-            who = f"each rank needs at least {mem.total / gib:.1f} GiB"
-        else:
-            who = (f"{tp} ranks need at least {need / gib:.1f} GiB ({mem.total / gib:.1f} each, "
-                   f"+ {CPU_PROCESS_BYTES / 2 ** 20:.0f} MiB per process for Python and torch)")
+        who = (f"{tp} ranks need at least {need / GIB:.1f} GiB ({mem.total / GIB:.1f} each, "
+               f"+ {CPU_PROCESS_BYTES / 2 ** 20:.0f} MiB per process for Python and torch)")
         physical = _physical_bytes()
-        of = f" (of {physical / gib:.1f} GiB physical)" if not cuda and physical else ""
+        of = f" (of {physical / GIB:.1f} GiB physical)" if physical else ""
         where = f" on CPU ({fallback})" if fallback else ""
-        raise UserError(f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of "
-                        f"{config.name} at --tp {tp}{where}: {who} (weights and KV context {mem.setup / gib:.1f}, "
-                        f"largest temporary {mem.transient / gib:.1f}); this machine has {have[0] / gib:.1f} GiB "
-                        f"{have[1]}{of}; lower --batch or --draft-tokens"
-                        f"{'' if cuda or tp == 1 else ', or --tp (each CPU rank is a process of its own)'}")
+        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}{where}: {who} (weights and KV context "
+                        f"{mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}); this machine has "
+                        f"{have[0] / GIB:.1f} GiB {have[1]}{of}; lower --batch or --draft-tokens"
+                        f"{'' if tp == 1 else ', or --tp (each CPU rank is a process of its own)'}")
+
+
+def _shape(config: ModelConfig, tp: int, batch: int, draft_tokens: int) -> str:
+    return (f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of {config.name} "
+            f"at --tp {tp}")
+
+
+def check_gpu_memory(config: ModelConfig, mem: RankMemory, *, tp: int, batch: int, draft_tokens: int, torch,
+                     nvml=None, environ=None) -> None:
+    """Refuse a CUDA run whose rank does not fit its GPU: ``mem`` (bytes, a lower bound,
+    :func:`~fastverify.live.config.rank_memory`) plus :data:`RANK_OVERHEAD_BYTES` against the
+    smallest GPU's capacity, then against each GPU's free memory now (:func:`cuda_gpu_memory`:
+    NVML, CUDA ordinals ``0..tp-1`` under ``environ``'s ``CUDA_VISIBLE_DEVICES``; ``nvml``: the
+    binding, None for ``pynvml``). Without NVML only the capacity is checked, from torch."""
+    need = mem.total + RANK_OVERHEAD_BYTES
+    parts = (f"weights and KV context {mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}, "
+             f"CUDA context and NCCL's buffers {RANK_OVERHEAD_BYTES / GIB:.1f}")
+    gpus = cuda_gpu_memory(tp, nvml=nvml, environ=environ)
+    totals = [g["total_bytes"] for g in gpus or () if g["total_bytes"] is not None]
+    total = min(totals) if totals else _available_bytes(True, tp, torch)[0]
+    if need > total:
+        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}: each rank needs at least {need / GIB:.1f} GiB "
+                        f"({parts}); this machine has {total / GIB:.1f} GiB per GPU; lower --batch or --draft-tokens")
+    short = [g for g in gpus or () if g["free_bytes"] is not None and g["free_bytes"] < need]
+    if short:
+        # A smaller shape helps only where more than the context and NCCL is free; a smaller --tp
+        # only where the GPUs before the first short one have room (rank r runs on CUDA GPU r).
+        fixes = ["lower --batch or --draft-tokens"] if min(g["free_bytes"] for g in short) > RANK_OVERHEAD_BYTES else []
+        fewer = next((t for t in range(short[0]["cuda"], 0, -1) if _splits(config, t)), None)
+        if fewer is not None:
+            fixes.append(f"use --tp {fewer}")
+        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}: each rank needs about {need / GIB:.1f} GiB free "
+                        f"({parts}); {short_text(short)}; {free_fix(short, fixes)}")
+
+
+def _splits(config: ModelConfig, tp: int) -> bool:
+    """Whether ``tp`` ranks can split ``config`` (:func:`~fastverify.live.config.check_tp`)."""
+    try:
+        check_tp(config, tp)
+    except UserError:
+        return False
+    return True
+
+
+def cuda_gpu_memory(count: int, *, nvml=None, environ=None) -> list[dict] | None:
+    """The first ``count`` CUDA devices a process started with ``environ`` (None: this process's)
+    gets, as :func:`fastverify.topo.nvml.read_gpu_memory` rows (bytes) with ``"cuda"``: the
+    ordinal, mapped by :func:`fastverify.topo.gpu_identity.visible_gpus`. None where it cannot be
+    told: no NVML (a CPU box, no driver, no ``pynvml``) or ordinals NVML cannot map (MIG, a mixed
+    box in CUDA's default order)."""
+    rows = read_gpu_memory(nvml)
+    if not rows:
+        return None
+    shown, _why = visible_gpus(rows, os.environ if environ is None else environ)
+    if shown is None:
+        return None
+    return [{"cuda": k, **row} for k, row in enumerate(shown[:count])]
+
+
+def short_text(short: list[dict]) -> str:
+    """``"GPU 0 (NVIDIA GeForce RTX 4090, NVML GPU 2) has 0.5 GiB free of 24.0 GiB, held by
+    python3 (pid 4242, 23.1 GiB); GPUs 1, 3 too"``: the first GPU of ``short`` (the
+    :func:`cuda_gpu_memory` rows short of memory, in CUDA order) and who holds its memory, then
+    the others' CUDA ordinals; NVML's index is named where it differs from CUDA's."""
+    g = short[0]
+    nvml_index = "" if g["index"] == g["cuda"] else f", NVML GPU {g['index']}"
+    text = (f"GPU {g['cuda']} ({g['name'] or 'name unknown'}{nvml_index}) has {g['free_bytes'] / GIB:.1f} GiB free "
+            f"of {g['total_bytes'] / GIB:.1f} GiB, {holders_text(g['holders'])}")
+    if len(short) > 1:
+        text += f"; GPU{'s' if len(short) > 2 else ''} {', '.join(str(o['cuda']) for o in short[1:])} too"
+    return text
+
+
+def holders_text(holders: list[dict], most: int = 3) -> str:
+    """``"held by sglang::schedul (pid 4242, 21.3 GiB), pid 977 (1.2 GiB)"`` for
+    :func:`~fastverify.topo.nvml.read_gpu_memory` holders, largest first, at most ``most`` named;
+    this process is left out."""
+    others = sorted((h for h in holders if h["pid"] != os.getpid()), key=lambda h: -(h["used_bytes"] or 0))
+    if not others:
+        return "held by no process NVML names (another container's, or not a compute process)"
+    named = []
+    for h in others[:most]:
+        used = "" if h["used_bytes"] is None else f", {h['used_bytes'] / GIB:.1f} GiB"
+        named.append(f"{h['name']} (pid {h['pid']}{used})" if h["name"]
+                     else f"pid {h['pid']} ({used[2:] or 'size unknown'})")
+    more = f" and {len(others) - most} more" if len(others) > most else ""
+    return "held by " + ", ".join(named) + more
+
+
+def free_fix(short: list[dict], fixes: list[str]) -> str:
+    """The fix of a free-memory refusal: stop what holds ``short``'s GPUs, or point
+    ``CUDA_VISIBLE_DEVICES`` at GPUs with room, then the caller's ``fixes``."""
+    held = any(h["pid"] != os.getpid() for g in short for h in g["holders"])
+    first = (f"stop the server holding {'it' if len(short) == 1 else 'them'}" if held
+             else "free that memory")
+    return ", or ".join([first, "set CUDA_VISIBLE_DEVICES to GPUs with room", *fixes])
 
 
 def _physical_bytes() -> int | None:

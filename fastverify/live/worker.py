@@ -23,9 +23,9 @@ from pathlib import Path
 import orjson
 
 from fastverify.errors import UserError
-from fastverify.live.clocks import time_forwards
+from fastverify.live.clocks import capture_forward_graphs, time_forwards
 from fastverify.live.config import DEFAULT_CONTEXT_TOKENS, ModelConfig
-from fastverify.live.trace_export import export_trace
+from fastverify.live.trace_export import TraceFailed, export_trace
 from fastverify.procs import rank_device
 
 HOST = "127.0.0.1"
@@ -68,8 +68,9 @@ def _mark(workdir: Path, rank: int, stage: str) -> None:
 
 
 def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
-    """Join the group, build the model, run the warm-up and timed forwards (and on CUDA the trace),
-    leave the group. Returns ``{"rows", "labels", "steps", "meta"}`` (clocks:
+    """Join the group, build the model, run the warm-up and timed forwards (and on CUDA the trace
+    of the captured forward graph; a trace that fails leaves ``trace_error`` in the meta), leave
+    the group. Returns ``{"rows", "labels", "steps", "meta"}`` (clocks:
     :mod:`fastverify.live.clocks`)."""
     import torch
     import torch.distributed as dist
@@ -88,18 +89,29 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     model = TPVerifyModel(config, tp=spec["tp"], rank=rank, batch=spec["batch"], draft_tokens=spec["draft_tokens"],
                           device=device, dtype=dtype, context_tokens=DEFAULT_CONTEXT_TOKENS, backend=ar)
     _mark(workdir, rank, f"built {model.weight_bytes()}")
-    rows, labels, steps = _run_forwards(model, rank, spec, workdir, torch, dist)
+    rows, labels, steps, figures, graphs = _run_forwards(model, rank, spec, workdir, torch, dist)
     meta = _rank_meta(model, config, spec, rank, torch)
+    meta.update(figures)
     if spec["cuda"]:
         meta["nccl_version"] = _nccl_version(torch)
         if spec["trace_dir"] is not None:
             _mark(workdir, rank, "trace")
-            meta["trace_file"] = export_trace(model, rank, spec["trace_dir"], torch, dist)
+            meta.update(_trace(graphs, rank, spec["trace_dir"], torch, dist))
+    del graphs
     if ar is not None:
         meta["allreduce_paths"] = dict(ar.path_counts)
         ar.close()  # collective for the IPC backends: every rank reaches it, before the group goes
     dist.destroy_process_group()
     return {"rows": rows, "labels": labels, "steps": steps, "meta": meta}
+
+
+def _trace(graphs, rank: int, trace_dir: str, torch, dist) -> dict:
+    """``{"trace_file": path}``, or ``{"trace_error": one line}`` when the export raised: the trace
+    is evidence beside the measured forwards, never a reason to lose them."""
+    try:
+        return {"trace_file": export_trace(graphs.whole, rank, trace_dir, torch, dist)}
+    except TraceFailed as err:  # every replay ran: the ranks are still in step
+        return {"trace_error": str(err)}
 
 
 def _join_group(rank: int, spec: dict, workdir: Path, dist):
@@ -138,10 +150,11 @@ def _make_allreduce(rank: int, spec: dict, device, dtype, tokens: int, hidden: i
                         hidden=hidden, context=ctx)
 
 
-def _run_forwards(model, rank: int, spec: dict, workdir: Path, torch, dist) -> tuple[list, list, list]:
-    """``warmup`` untimed forwards, then ``iters`` timed ones: rows, labels and steps of
-    :func:`~fastverify.live.clocks.time_forwards`. Rank 0 alone marks each forward done: the ranks
-    run in lockstep."""
+def _run_forwards(model, rank: int, spec: dict, workdir: Path, torch, dist) -> tuple[list, list, list, dict, object]:
+    """``warmup`` untimed eager forwards, then on CUDA the capture of the forward's graphs
+    (:func:`~fastverify.live.clocks.capture_forward_graphs`), then ``iters`` timed ones: rows,
+    labels, steps and figures of :func:`~fastverify.live.clocks.time_forwards`, and the graphs
+    (None on CPU). Rank 0 alone marks each forward done: the ranks run in lockstep."""
     warmup, cuda = spec["warmup"], spec["cuda"]
 
     def forward_done(k: int) -> None:
@@ -151,9 +164,13 @@ def _run_forwards(model, rank: int, spec: dict, workdir: Path, torch, dist) -> t
     for k in range(warmup):
         model.forward()
         forward_done(k + 1)
+    graphs = None
     if cuda:
         torch.cuda.synchronize()
-    return time_forwards(model, spec["iters"], rank, cuda, torch, dist, done=lambda i: forward_done(warmup + i + 1))
+        graphs = capture_forward_graphs(model, torch)
+    timed = time_forwards(model, spec["iters"], rank, cuda, torch, dist, done=lambda i: forward_done(warmup + i + 1),
+                          graphs=graphs)
+    return (*timed, graphs)
 
 
 def _rank_meta(model, config: ModelConfig, spec: dict, rank: int, torch) -> dict:

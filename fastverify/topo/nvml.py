@@ -322,3 +322,109 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
     source = f"NVML (driver {nvml_text(driver)})" if driver is not None else "NVML"
     return Topology(gpus=tuple(gpus), links=links, nics=(), p2p_read=p2p_read, p2p_write=p2p_write,
                     source=source, p2p_reason=p2p_reason, link_errors=link_errors, unsupported=tuple(q.failed))
+
+
+def read_gpu_memory(nvml: ModuleType | Any | None = None, *,
+                    proc_root: str | os.PathLike = "/proc") -> list[dict] | None:
+    """Each GPU's free memory and the processes that hold it, from NVML: no CUDA context, no torch.
+
+    Parameters
+    ----------
+    nvml
+        The NVML binding; ``None`` imports ``pynvml`` (nvidia-ml-py). Tests pass a stand-in.
+    proc_root
+        Root of procfs, for a holder's name (``<proc_root>/<pid>/comm``).
+
+    Returns
+    -------
+    list[dict] | None
+        One row per GPU in NVML order: ``{"index", "pci_bus_id", "uuid", "name"}`` (the fields
+        :func:`fastverify.topo.gpu_identity.visible_gpus` maps to CUDA ordinals; None where NVML
+        refuses), ``"total_bytes"`` and ``"free_bytes"`` (bytes, ``nvmlDeviceGetMemoryInfo``; None
+        where NVML refuses, as on GPUs whose memory NVML does not report) and ``"holders"``:
+        ``[{"pid", "name", "used_bytes"}, ...]`` from ``nvmlDeviceGetComputeRunningProcesses``
+        (``[]`` where NVML refuses). ``pid`` is as NVML reports it, in the host's pid namespace;
+        ``name`` is ``/proc/<pid>/comm`` where that is readable and this process shares the
+        host's pid namespace (:func:`_in_host_pid_namespace`; in a container's own namespace a host
+        pid names another process or none), else None; ``used_bytes`` is None where the driver does
+        not say. None when NVML cannot start (no driver, no ``pynvml``) or cannot count or open
+        the GPUs.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml  # optional until a live box is asked about
+        except ImportError:
+            return None
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except (error, OSError):
+        return None
+    names = Path(proc_root) if _in_host_pid_namespace(Path(proc_root)) else None
+    try:
+        return [_memory_row(nvml, i, nvml.nvmlDeviceGetHandleByIndex(i), names)
+                for i in range(nvml.nvmlDeviceGetCount())]
+    except error:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except error:
+            pass
+
+
+def _memory_row(nvml: Any, index: int, handle: Any, proc_root: Path | None) -> dict:
+    """:func:`read_gpu_memory`'s row of GPU ``index``; a refused query loses its own fields only.
+    Holders' names come from ``proc_root`` (None: no names)."""
+    q = _Queries(nvml)
+    at = f"GPU {index}"
+    pci = q.maybe("nvmlDeviceGetPciInfo", at, handle)
+    uuid = q.maybe("nvmlDeviceGetUUID", at, handle)
+    name = q.maybe("nvmlDeviceGetName", at, handle)
+    memory = q.maybe("nvmlDeviceGetMemoryInfo", at, handle)
+    holders = []
+    for proc in _compute_processes(q, at, handle):
+        pid = int(proc.pid)
+        used = getattr(proc, "usedGpuMemory", None)
+        holders.append({"pid": pid, "name": None if proc_root is None else _process_name(proc_root, pid),
+                        "used_bytes": int(used) if isinstance(used, int) else None})
+    return {"index": index, "pci_bus_id": nvml_text(pci.busId) if pci is not None else None,
+            "uuid": nvml_text(uuid) if uuid is not None else None,
+            "name": nvml_text(name) if name is not None else None,
+            "total_bytes": int(memory.total) if memory is not None else None,
+            "free_bytes": int(memory.free) if memory is not None else None, "holders": holders}
+
+
+def _compute_processes(q: _Queries, at: str, handle: Any) -> list:
+    """``nvmlDeviceGetComputeRunningProcesses`` (``[]`` where NVML refuses). nvidia-ml-py maps the
+    unversioned name to ``_v3`` and raises ``NVMLLibraryMismatchError`` (not an ``NVMLError``)
+    where the driver lacks it; the ``_v2`` call is asked then."""
+    mismatch = getattr(q.nvml, "NVMLLibraryMismatchError", None)
+    try:
+        return q.maybe("nvmlDeviceGetComputeRunningProcesses", at, handle) or []
+    except Exception as err:  # only the binding's mismatch error is handled, the rest re-raised
+        if mismatch is None or not isinstance(err, mismatch):
+            raise
+    return q.maybe("nvmlDeviceGetComputeRunningProcesses_v2", at, handle) or []
+
+
+def _process_name(proc_root: Path, pid: int) -> str | None:
+    """``<proc_root>/<pid>/comm`` (the kernel's name of the process, at most 15 characters), None
+    where it is not readable."""
+    try:
+        return (proc_root / str(pid) / "comm").read_text(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def _in_host_pid_namespace(proc_root: Path) -> bool:
+    """Whether this process's pids are the host's, as NVML reports them: the ``NSpid:`` line of
+    ``<proc_root>/self/status`` lists one pid per nested pid namespace (Linux 4.1+, proc(5)), so a
+    single entry means no container namespace. True where the line is missing (older kernels)."""
+    try:
+        for line in (proc_root / "self" / "status").read_text(errors="replace").splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) == 2
+    except OSError:
+        return False
+    return True
