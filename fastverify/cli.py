@@ -350,22 +350,20 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from fastverify.doctor import print_checks, run_doctor, summarise
+    from fastverify.doctor.json_output import run_doctor_json
 
     if args.env_file:  # a FIFO, device, folder or oversize file is a bad argument (exit 2), not a finding
         from fastverify.inputs import read_bytes
 
         read_bytes(args.env_file, kind="text", flag="--env-file")
-    checks = run_doctor(quick=args.quick, env_file=str(args.env_file) if args.env_file else None)
-    summary = summarise(checks)
-    if args.json:
-        import orjson
+    env_file = str(args.env_file) if args.env_file else None
+    if args.json:  # stdout holds the JSON only: NCCL's log and the checks' output go elsewhere
+        return run_doctor_json(quick=args.quick, env_file=env_file)
+    checks = run_doctor(quick=args.quick, env_file=env_file)
+    from rich.console import Console
 
-        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
-    else:
-        from rich.console import Console
-
-        print_checks(checks, Console(width=None if sys.stdout.isatty() else 150))
-    return 1 if summary["verdict"] == "fail" else 0
+    print_checks(checks, Console(width=None if sys.stdout.isatty() else 150))
+    return 1 if summarise(checks)["verdict"] == "fail" else 0
 
 
 def run() -> None:

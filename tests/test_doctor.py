@@ -334,9 +334,10 @@ def test_backend_latency_reports_the_fastest_backend_per_size():
         "nccl": {"status": "ok", "sizes": sizes(20.0, 30.0, 60.0)},
         "pcie_ipc": {"status": "ok", "sizes": sizes(8.0, 31.0, 90.0)},
         "fused": {"status": "skipped", "reason": "GPU is SM89"},
-    }}
+    }, "calls_per_graph": 32}
     out = doctor.check_backend_latency(ctx)
     assert out.status is Status.ok
+    assert "median per call over graph replays of 32 calls" in out.reason
     assert out.reason.endswith("56 KiB: pcie_ipc 8.0 µs; 448 KiB: nccl 30.0 µs; 1792 KiB: nccl 60.0 µs")
     assert out.details["median_us"] == {"nccl": [20.0, 30.0, 60.0], "pcie_ipc": [8.0, 31.0, 90.0]}
 

@@ -24,3 +24,14 @@ def test_doctor_bad_env_file_fails_with_exit_1(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     check = next(c for c in json.loads(proc.stdout)["checks"] if c["name"] == "env_file")
     assert check["status"] == "fail" and "line 2" in check["reason"] and "LD_PRELOAD" in check["reason"]
+
+
+def test_doctor_json_with_nccl_debug_names_the_log_file(tmp_path, monkeypatch):
+    """``NCCL_DEBUG=INFO fastverify doctor --quick --json``: stdout is one JSON document, naming
+    the file NCCL's log goes to (NCCL_DEBUG_FILE, one per host and process), said on stderr too."""
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    proc = run_fastverify(["doctor", "--quick", "--json"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["nccl_log"].endswith("/nccl.%h.%p.log") and doc["nccl_log"] in proc.stderr

@@ -25,7 +25,7 @@ import torch
 
 from fastverify import doctor
 from fastverify.doctor import NO_GPU, Status, run_doctor, summarise
-from fastverify.doctor import connections, jit, selfcheck, streams, trials
+from fastverify.doctor import connections, jit, selfcheck, streams, trials, verify_timer
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
@@ -427,7 +427,7 @@ def _rows(n):
           rows=_rows(7) + [{"verify_ms": 0.5, "clock": "cpu_wall_clock"}]), False, "row {"),
 ])
 def test_judge_verify_timer(kw, ok, start):
-    got, line = selfcheck.judge_verify_timer(busy_ms=200.0, steps=8, **kw)
+    got, line = verify_timer.judge_verify_timer(busy_ms=200.0, steps=8, **kw)
     assert got is ok and line.startswith(start), line
 
 
@@ -449,14 +449,16 @@ def test_nvml_check_names_unsupported_queries_and_unknown_links(monkeypatch):
                     unsupported=(f"nvmlDeviceGetTopologyCommonAncestor(GPU 0, GPU 1): {err}",
                                  f"nvmlDeviceGetTopologyCommonAncestor(GPU 1, GPU 0): {err}"), source="NVML")
     monkeypatch.setattr(topo_nvml, "read_nvml_topology", lambda: topo)
-    out = doctor.check_nvml_topology(gpu_ctx(0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0))
+    out = doctor.check_nvml_topology(gpu_ctx(2))
     assert out.status is Status.warn
     assert out.reason == ("2 GPU(s) via NVML; pairs: none known; 2 NVML queries not supported; NVML did not "
                           "report the link of 1 pair(s), first GPU0-GPU1: NVML_ERROR_NOT_SUPPORTED")
     assert out.details["unsupported"] == list(topo.unsupported)
     one = Topology(gpus=gpus[:1], links={}, source="NVML (driver 580.159.03)")
     monkeypatch.setattr(topo_nvml, "read_nvml_topology", lambda: one)
-    out = doctor.check_nvml_topology(gpu_ctx(0))
+    out = doctor.check_nvml_topology(gpu_ctx(1))
     assert out.status is Status.ok and out.reason == "1 GPU(s) via NVML (driver 580.159.03); pairs: no pairs (one GPU)"
 
 

@@ -135,6 +135,40 @@ def test_other_box_recomputes(tmp_path):
     assert fingerprint_of(visible) != fingerprint_of(KEY)
 
 
+def test_a_changed_kernel_command_line_or_driver_misses_the_cache(tmp_path, monkeypatch):
+    """box_key reads /proc/cmdline (IOMMU/ACS switches) and the kernel module's version line: a
+    change to either, with the same GPUs and NVML driver string, must test P2P again."""
+    from types import SimpleNamespace
+
+    from fastverify.topo import p2p_cache
+
+    gpus = [SimpleNamespace(name=n, pci_bus_id=b) for n, b in KEY["gpus"]]
+    monkeypatch.setattr(p2p_cache.topo_nvml, "read_nvml_topology",
+                        lambda nvml=None: SimpleNamespace(gpus=gpus, source=KEY["driver"]))
+    cmdline, module = tmp_path / "cmdline", tmp_path / "version"
+    monkeypatch.setattr(p2p_cache, "CMDLINE_PATH", str(cmdline), raising=False)
+    monkeypatch.setattr(p2p_cache, "NVIDIA_VERSION_PATH", str(module), raising=False)
+    cmdline.write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro\n")
+    module.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\nGCC version\n")
+    argv = fake_child(tmp_path, OK_BODY)
+    cache = tmp_path / "c"
+
+    def check() -> None:
+        check_p2p(n_gpus=2, key=p2p_cache.box_key(), child_argv=argv, cache_dir=cache)
+
+    check()
+    check()
+    assert runs(tmp_path) == ["0-1"]  # same box: the cached "ok" is used
+    cmdline.write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro intel_iommu=on pcie_acs_override=downstream\n")
+    check()
+    assert runs(tmp_path) == ["0-1", "0-1"]  # IOMMU/ACS changed: tested again
+    module.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  560.35.03  Fri Aug 16 2024\n")
+    check()
+    assert runs(tmp_path) == ["0-1", "0-1", "0-1"]  # driver module changed: tested again
+    check()
+    assert len(runs(tmp_path)) == 3
+
+
 @pytest.mark.parametrize("content", ["not json", "[]", '{"schema_version": 1}', "\x00\xff",
                                      "WRONG_BOX", "OLD_SCHEMA", "BAD_ROWS"])
 def test_unusable_cache_file_recomputes(tmp_path, content):
@@ -202,6 +236,48 @@ time.sleep(600)
     assert not alive(pid)
 
 
+
+
+def test_ctrl_c_cancels_queued_pairs_and_stops_the_running_children(tmp_path):
+    """Six pairs of 3 s each, four at a time: SIGINT at 1 s must return within ~2 s (not after the
+    queued pairs ran), raise KeyboardInterrupt, and leave no pair child running."""
+    import signal
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from fastverify.topo.p2p import check_p2p
+        BODY = ("import os, sys, time; open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close(); "
+                "time.sleep(3)")
+        def argv(i, j, out):
+            return [sys.executable, "-c", BODY, {str(pids)!r}]
+        try:
+            check_p2p(n_gpus=4, key={{"box": "t"}}, child_argv=argv, cache_dir={str(tmp_path / "c")!r},
+                      timeout_s=60, max_parallel=4)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        sys.exit(0)
+    """))
+    proc = subprocess.Popen([sys.executable, str(driver)], env=subprocess_env())
+    deadline = time.monotonic() + 20
+    while len(list(pids.iterdir())) < 4 and time.monotonic() < deadline:  # the first four pairs run
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    took = time.monotonic() - sent
+    assert rc == 130
+    assert took < 2.0, f"returned {took:.1f} s after SIGINT"
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 4  # the two queued pairs never started
+    assert not [pid for pid in started if alive(pid)]
 
 
 def test_pairs_run_in_parallel_and_each_has_its_own_timeout(tmp_path):

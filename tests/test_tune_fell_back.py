@@ -165,7 +165,10 @@ def test_the_json_document_lists_it_as_fell_back(standin_sweep):
                             box={"device": "cpu"})
     assert {c["name"] for c in doc["candidates"]} == {"baseline", "takes its path"}
     reason = f"fell back: fused 0 of {CALLS} calls, fallback {CALLS}, fallback_all_reduce {CALLS}"
-    assert sorted(doc["not_ranked"], key=lambda e: e["name"]) == [
+    # each entry also says the environment its ranks ran in (the trial's own settings here)
+    assert all(e["environment"]["STANDIN_CLASS"] for e in doc["not_ranked"]), doc["not_ranked"]
+    assert sorted(({k: e[k] for k in ("name", "status", "reason")} for e in doc["not_ranked"]),
+                  key=lambda e: e["name"]) == [
         {"name": "falls back", "status": "fell_back", "reason": reason},
         {"name": "rank 1 falls back", "status": "fell_back", "reason": reason}]
 
@@ -279,7 +282,8 @@ def test_write_env_never_writes_a_trial_that_fell_back(gpu_box, monkeypatch, cap
     ranked = [c["backend"] for c in doc["candidates"]]
     assert ranked[0] == "nccl" and sorted(ranked[1:]) == ["custom_ar", "pcie_ipc"]  # 20 µs, then the 30 µs pair
     assert {"name": "b12x", "status": "fell_back",
-            "reason": "fell back: fused 0 of 12 calls, fallback 12, fallback_all_reduce 12"} in doc["not_ranked"]
+            "reason": "fell back: fused 0 of 12 calls, fallback 12, fallback_all_reduce 12"} in \
+        [{k: e[k] for k in ("name", "status", "reason")} for e in doc["not_ranked"]]
 
 
 def test_write_env_writes_the_backend_when_it_took_every_call(gpu_box, monkeypatch, capsys):

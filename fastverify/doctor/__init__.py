@@ -80,6 +80,7 @@ from fastverify.doctor.gpu import (
     match_torch_to_nvml,
 )
 from fastverify.doctor.graph_counts import check_compiled_counts, check_graph_counts
+from fastverify.doctor.memory import check_gpu_free_memory
 from fastverify.doctor.selfcheck import (
     check_cuda_max_connections,
     check_flashinfer_norm,
@@ -89,8 +90,8 @@ from fastverify.doctor.selfcheck import (
     check_nccl_1rank,
     check_stream_binding,
     check_torch_nccl,
-    check_verify_timer,
 )
+from fastverify.doctor.verify_timer import check_verify_timer
 from fastverify.errors import UserError
 
 CHECKS: tuple[CheckSpec, ...] = (
@@ -103,6 +104,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("flashinfer", check_flashinfer, False, True),
     CheckSpec("sglang", check_sglang, False, True),
     CheckSpec("sglang_patch_targets", check_sglang_patch_targets, False, False),
+    CheckSpec("gpu_free_memory", check_gpu_free_memory, True, True),
     CheckSpec("cuda", check_cuda, True, True),
     CheckSpec("torch_nccl", check_torch_nccl, True, True),
     CheckSpec("nvml_topology", check_nvml_topology, True, True),

@@ -94,10 +94,29 @@ def _torch_pci(torch, i: int) -> tuple[int, int, int] | None:
     return None if None in values else tuple(int(v) for v in values)
 
 
+def cuda_to_nvml(topo, match: dict, environ) -> tuple[dict[int, int], str]:
+    """``({CUDA ordinal: NVML index}, note)`` of the GPUs this process sees: by PCI address
+    (:func:`match_torch_to_nvml`); an ordinal torch gave no PCI address for, as
+    ``CUDA_VISIBLE_DEVICES`` in ``environ`` maps it (:func:`fastverify.topo.gpu_identity.visible_gpus`,
+    whose one line is the note). ``topo``: the NVML :class:`~fastverify.topo.matrix.Topology`."""
+    from fastverify.topo.gpu_identity import visible_gpus
+
+    got = {c: n for c, n in match["cuda_to_nvml"].items() if n is not None}
+    if not match["unknown"]:
+        return got, ""
+    rows = [{"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "uuid": None} for g in topo.gpus]
+    visible, why = visible_gpus(rows, environ)
+    for c in match["unknown"]:
+        if visible and c < len(visible):
+            got[c] = visible[c]["index"]
+    return got, why
+
+
 def check_nvml_topology(ctx: _Context) -> Outcome:
     """The GPU topology from NVML (what ``fastverify topo`` reads), also on one GPU: every CUDA
     device found among NVML's GPUs by PCI address, and each NVML query that was not supported
-    named (a pair whose link NVML would not report makes it a warning)."""
+    named (a pair whose link NVML would not report makes it a warning). GPUs are numbered as
+    CUDA sees them (:func:`cuda_to_nvml`); pairs with a GPU CUDA does not see are left out."""
     import torch
 
     from fastverify.topo.nvml import read_nvml_topology
@@ -107,21 +126,35 @@ def check_nvml_topology(ctx: _Context) -> Outcome:
     except UserError as err:
         return _out(Status.fail, str(err), "install the NVIDIA driver's NVML (libnvidia-ml) and nvidia-ml-py")
     ctx.state["topology"] = topo
-    pairs = topo.pairs_by_type()
-    kinds = ", ".join(f"{k} {len(v)}" for k, v in pairs.items()) or \
-        ("no pairs (one GPU)" if len(topo.gpus) == 1 else "none known")
-    refused = sum(1 for v in list(topo.p2p_read.values()) + list(topo.p2p_write.values()) if v is False)
     match = match_torch_to_nvml([g.pci_bus_id for g in topo.gpus], [_torch_pci(torch, i) for i in range(ctx.gpu_count)])
-    details = {**topo.as_dict(), "torch_to_nvml": match}
-    reason = f"{len(topo.gpus)} GPU(s) via {topo.source}; pairs: {kinds}"
+    nvml_of, note = cuda_to_nvml(topo, match, os.environ)
+    ctx.state["cuda_to_nvml"] = nvml_of
+    cuda_of = {n: c for c, n in nvml_of.items()}
+
+    def seen(pairs) -> list[tuple[int, int]]:  # NVML pairs both CUDA sees, as CUDA ordinals
+        return sorted((cuda_of[i], cuda_of[j]) for i, j in pairs if i in cuda_of and j in cuda_of)
+
+    pairs = {k: seen(v) for k, v in topo.pairs_by_type().items()}
+    kinds = ", ".join(f"{k} {len(v)}" for k, v in pairs.items() if v) or \
+        ("no pairs (one GPU)" if len(cuda_of) == 1 else "none known")
+    refused = len(seen(k for k, v in list(topo.p2p_read.items()) + list(topo.p2p_write.items()) if v is False))
+    link_errors = seen(k for k in topo.link_errors if k[0] < k[1])
+    details = {**topo.as_dict(), "torch_to_nvml": match, "cuda_to_nvml": nvml_of, "numbering": "CUDA ordinals"}
+    reason = f"{len(topo.gpus)} GPU(s) via {topo.source}"
+    if len(cuda_of) != len(topo.gpus):
+        reason += f", CUDA sees {len(cuda_of)} of them (numbered as CUDA does)"
+    reason += f"; pairs: {kinds}"
     if topo.unsupported:
         reason += f"; {len(topo.unsupported)} NVML quer{'y' if len(topo.unsupported) == 1 else 'ies'} not supported"
     if match["unmatched"]:
         return _out(Status.warn, f"{reason}; CUDA device(s) {match['unmatched']} not found among NVML's GPUs by PCI "
                     "address", "check CUDA_VISIBLE_DEVICES and that NVML and CUDA see the same driver", **details)
-    if topo.link_errors:
-        (i, j), err = next(iter(sorted(topo.link_errors.items())))
-        return _out(Status.warn, f"{reason}; NVML did not report the link of {len(topo.link_errors) // 2} pair(s), "
+    if note:
+        return _out(Status.warn, f"{reason}; {note}", "check CUDA_VISIBLE_DEVICES", **details)
+    if link_errors:
+        i, j = link_errors[0]
+        err = topo.link_errors[(nvml_of[i], nvml_of[j])]
+        return _out(Status.warn, f"{reason}; NVML did not report the link of {len(link_errors)} pair(s), "
                     f"first GPU{i}-GPU{j}: {err}", "give `fastverify topo --nvidia-smi FILE` the output of "
                     "`nvidia-smi topo -m` for those pairs", **details)
     if refused:
@@ -250,21 +283,59 @@ def _needs_gpus(ctx: _Context, n: int = 2) -> Outcome | None:
 
 
 def check_p2p_real(ctx: _Context) -> Outcome:
-    """The real P2P check (child processes read and write each pair's memory; a hang fails)."""
+    """The real P2P check (child processes read and write each pair's memory; a hang times out),
+    judged by :func:`p2p_outcome`."""
     skip = _needs_gpus(ctx)
     if skip:
         return skip
-    from fastverify.backends.base import summarize_p2p
     from fastverify.topo.p2p import check_p2p
 
     results = check_p2p(timeout_s=P2P_TIMEOUT_S, refresh=True, max_parallel=min(8, os.cpu_count() or 1))
     ctx.state["p2p"] = results
-    ok, note = summarize_p2p(results)
-    details = {"pairs": {f"{i}->{j}": {"ok": r.ok, "reason": r.reason} for (i, j), r in sorted(results.items())}}
-    if not ok:
-        return _out(Status.fail, note, "IPC all-reduces hang without P2P: fix ACS/IOMMU settings, or tune with nccl "
-                    "only", **details)
-    return _out(Status.ok, note, **details)
+    return p2p_outcome(results)
+
+
+def p2p_outcome(results: dict) -> Outcome:
+    """The verdict over the real P2P check's ``{(i, j): P2PResult}`` (CUDA ordinals).
+
+    * ``fail`` only for access the driver offered that then failed (a wrong byte, a CUDA error):
+      IPC all-reduces would hang or corrupt data there.
+    * ``warn`` where the driver offers no peer access (``cudaDeviceCanAccessPeer`` = 0, the
+      reason :data:`fastverify.topo.p2p_side.NO_PEER_ACCESS`; GeForce drivers, e.g. on the RTX
+      4090): no setting of the box changes that, and the backends that need P2P
+      (:attr:`fastverify.registry.BackendInfo.needs_p2p`) are not candidates.
+    * ``warn`` for a direction that timed out (:attr:`P2PResult.timed_out`): no answer, not a failure.
+    """
+    from fastverify.registry import BACKENDS
+    from fastverify.topo.p2p_side import NO_PEER_ACCESS
+
+    def first(keys: list) -> str:
+        i, j = keys[0]
+        return f"{len(keys)} direction(s), first GPU{i}->GPU{j}: {results[(i, j)].reason}"
+
+    pairs = sorted(results)
+    timed_out = [k for k in pairs if results[k].timed_out]
+    not_offered = [k for k in pairs if not results[k].ok and k not in timed_out
+                   and results[k].reason.startswith(NO_PEER_ACCESS)]
+    failed = [k for k in pairs if not results[k].ok and k not in timed_out and k not in not_offered]
+    details = {"pairs": {f"{i}->{j}": {"ok": r.ok, "reason": r.reason, "timed_out": r.timed_out}
+                         for (i, j), r in sorted(results.items())},
+               "failed": len(failed), "not_offered": len(not_offered), "timed_out": len(timed_out)}
+    needs = "/".join(b.name.value for b in BACKENDS if b.needs_p2p)
+    if failed:
+        return _out(Status.fail, f"P2P access the driver offers failed for {first(failed)}", "IPC all-reduces hang "
+                    "or corrupt data where P2P fails: check the ACS/IOMMU settings (`fastverify topo`), or tune "
+                    "with nccl only", **details)
+    if not_offered:
+        return _out(Status.warn, f"this GPU/driver does not offer P2P ({first(not_offered)}); {needs} are not "
+                    "candidates", None, **details)
+    if timed_out:
+        return _out(Status.warn, f"P2P check timed out for {first(timed_out)}: P2P is not known",
+                    "run `fastverify p2p --refresh` on an idle box; until then the backends that need P2P are "
+                    "left out", **details)
+    if not results:
+        return _out(Status.warn, "P2P check returned no pairs", "run `fastverify p2p --refresh`", **details)
+    return _out(Status.ok, f"P2P ok for all {len(results)} checked directions", **details)
 
 
 def _probe_world(n: int) -> int:
@@ -294,19 +365,25 @@ def check_backends(ctx: _Context) -> Outcome:
     from fastverify.live.config import load_model_config
     from fastverify.registry import Role, backend_info
     from fastverify.tune.trial import Op, TrialSpec
+    from fastverify.tune.worker import graph_calls
+    from fastverify.tune.workload import workload_from_model
 
     world = _probe_world(ctx.gpu_count)
-    hidden = load_model_config(PROBE_MODEL).hidden_size
+    config = load_model_config(PROBE_MODEL)
+    hidden = config.hidden_size
+    # As tune times the model: each size as often as one verify step calls it, and the worker
+    # captures up to graph_calls() of them per graph (a replay's rank skew spread over them).
+    count = workload_from_model(config, tp=world, draft_tokens=VERIFY_TOKENS[0], batch=1).allreduce_count
     p2p_ok, p2p_note = summarize_p2p(ctx.state.get("p2p"))
-    topo = ctx.state.get("topology")
+    topo, nvml_of = ctx.state.get("topology"), ctx.state.get("cuda_to_nvml", {})
     nvlink_full = None
-    if topo is not None:
-        links = [topo.link(i, j) for i in range(world) for j in range(world) if i != j]
+    if topo is not None and all(i in nvml_of for i in range(world)):  # the ranks' GPUs: CUDA ordinals 0..world-1
+        links = [topo.link(nvml_of[i], nvml_of[j]) for i in range(world) for j in range(world) if i != j]
         nvlink_full = None if None in links else bool(links) and all(link.startswith("NV") for link in links)
     pctx = ProbeContext(world_size=world, device_type="cuda", dtype=torch.bfloat16, group_backend="nccl",
                         sm=tuple(torch.cuda.get_device_capability(0)), p2p_ok=p2p_ok, p2p_note=p2p_note,
                         nvlink_full=nvlink_full, single_node=True)
-    sizes = tuple((t * hidden, 1) for t in VERIFY_TOKENS)
+    sizes = tuple((t * hidden, count) for t in VERIFY_TOKENS)
     max_numel = max(n for n, _ in sizes)
     per: dict[str, dict] = {}
     for name in backends_to_probe():
@@ -336,7 +413,7 @@ def check_backends(ctx: _Context) -> Outcome:
             "sizes": [{"tokens": n // hidden, "msg_bytes": s.msg_bytes, "median_us": s.median_us, "p90_us": s.p90_us,
                        "max_rel_err": s.max_rel_err} for n, s in zip((n for n, _ in sizes), res.sizes)],
         }
-    ctx.state["backends"] = {"world": world, "hidden": hidden, "results": per}
+    ctx.state["backends"] = {"world": world, "hidden": hidden, "results": per, "calls_per_graph": graph_calls(count)}
     return _backends_outcome(per, world=world, hidden=hidden, p2p_note=p2p_note, nvlink_full=nvlink_full)
 
 
@@ -371,7 +448,7 @@ def _backends_outcome(per: dict[str, dict], *, world: int, hidden: int, p2p_note
 
 def check_backend_latency(ctx: _Context) -> Outcome:
     """Latency per backend at the 3 verify sizes, from the trials of ``backend_allreduce``
-    (CUDA-graph replays timed with CUDA events)."""
+    (CUDA-graph replays of many calls each, timed with CUDA events, per call)."""
     skip = _needs_gpus(ctx)
     if skip:
         return skip
@@ -388,8 +465,9 @@ def check_backend_latency(ctx: _Context) -> Outcome:
     for i, t in enumerate(VERIFY_TOKENS):
         best = min(rows, key=lambda k: rows[k][i])
         parts.append(f"{t * info['hidden'] * 2 // 1024} KiB: {best} {rows[best][i]:.1f} µs")
-    return _out(Status.ok, f"fastest per size ({info['world']} GPUs, CUDA events, median): " + "; ".join(parts),
-                world_size=info["world"], tokens=list(VERIFY_TOKENS), median_us=rows,
-                note="pcie_ipc runs untuned here; `fastverify tune` tunes it")
+    k = info["calls_per_graph"]
+    return _out(Status.ok, f"fastest per size ({info['world']} GPUs, CUDA events, median per call over graph "
+                f"replays of {k} calls): " + "; ".join(parts), world_size=info["world"], tokens=list(VERIFY_TOKENS),
+                median_us=rows, calls_per_graph=k, note="pcie_ipc runs untuned here; `fastverify tune` tunes it")
 
 

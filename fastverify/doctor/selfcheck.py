@@ -9,7 +9,8 @@ the multi-GPU swap depends on.
 * ``stream_binding``: FlashInfer's stream-binding rule with real streams (:mod:`.streams`), and
   with two or more GPUs the real ``pcie_ipc`` backend in a tune trial.
 * ``flashinfer_norm``: ``fused_add_rmsnorm`` against the fp32 reference, eager and in a graph.
-* ``verify_timer``: the patch's verify timer with real CUDA events and no host sync.
+* ``verify_timer``: the patch's verify timer with real CUDA events and no host sync
+  (:mod:`.verify_timer`).
 * ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph (its path
   counted once at capture, attributed to each replay, warm-ups apart), in this
   process and as a tune trial in a fresh worker.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,6 @@ from fastverify.doctor.core import (
 
 NO_FLASHINFER = "flashinfer not importable: FlashInfer checks are optional and skipped"
 LIVE_TIMEOUT_S = 240.0
-TIMER_STEPS = 8
-TIMER_BUSY_MS = 200.0  # GPU work queued ahead of the timed steps
 
 
 def _flashinfer_installed() -> bool:
@@ -282,82 +280,6 @@ def check_flashinfer_norm(ctx: _Context) -> Outcome:
     parts = [f"{k} eager {v['eager']['rel_err_norm']:.2g} / graph {v['graph']['rel_err_norm']:.2g}"
              for k, v in results.items()]
     return _out(Status.ok, "fused_add_rmsnorm vs fp32 reference, relative error: " + ", ".join(parts), **details)
-
-
-# --- verify timer --------------------------------------------------------------------------------
-
-
-def judge_verify_timer(*, host_ms: float, busy_ms: float, written_while_busy: int, written_after: int,
-                       steps: int, rows: list[dict]) -> tuple[bool, str]:
-    """Whether the verify timer timed ``steps`` steps with CUDA events without waiting for the GPU.
-
-    Parameters
-    ----------
-    host_ms : float
-        Host time of ``steps`` start/stop pairs and one drain while ``busy_ms`` of GPU work was
-        queued ahead of them (ms, ``time.perf_counter``).
-    written_while_busy, written_after : int
-        Rows the drain wrote while the GPU was busy (must be 0: nothing had finished) and after a
-        synchronize (must be ``steps``).
-    rows : list of dict
-        The JSON lines the timer wrote.
-    """
-    if host_ms >= busy_ms / 2:
-        return False, f"recording and draining took {host_ms:.1f} ms of host time behind {busy_ms:.0f} ms of GPU " \
-                      "work: the timer waits for the GPU"
-    if written_while_busy:
-        return False, f"the drain wrote {written_while_busy} row(s) before their events could have completed"
-    if written_after != steps or len(rows) != steps:
-        return False, f"{written_after} row(s) written after the GPU finished ({len(rows)} in the file), " \
-                      f"expected {steps}"
-    bad = [r for r in rows if r.get("clock") != "cuda_events" or not float(r.get("verify_ms", 0)) > 0]
-    if bad:
-        return False, f"row {bad[0]} is not a positive CUDA-event time"
-    return True, f"{steps} steps timed with CUDA events; {host_ms:.2f} ms host time behind {busy_ms:.0f} ms of " \
-                 "queued GPU work, nothing written before it finished"
-
-
-def check_verify_timer(ctx: _Context) -> Outcome:
-    """The patch's verify timer (``fastverify.patch.install.VerifyTimer``) on real CUDA events:
-    steps recorded behind queued GPU work must cost no host wait, and every step is written once
-    the GPU is done."""
-    import orjson
-    import torch
-
-    from fastverify.patch.install import VerifyTimer
-
-    torch.cuda.set_device(0)
-    out_dir = ctx.tmp / "verify-timer"
-    timer = VerifyTimer(out_dir, every=TIMER_STEPS + 1)  # drained by hand below
-    a = torch.randn(256, 256, device="cuda")
-    torch.cuda._sleep(1000)  # load the spin kernel before timing
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    torch.cuda._sleep(10_000_000)
-    e1.record()
-    e1.synchronize()
-    cycles = int(10_000_000 * TIMER_BUSY_MS / max(e0.elapsed_time(e1), 1e-3))
-    torch.cuda._sleep(cycles)  # ~TIMER_BUSY_MS of GPU work ahead of the steps
-    t0 = time.perf_counter()
-    for _ in range(TIMER_STEPS):
-        ev = timer.start()
-        a = a @ a / 256
-        timer.stop(ev)
-    busy = timer.drain()
-    host_ms = (time.perf_counter() - t0) * 1000
-    torch.cuda.synchronize()
-    after = timer.drain()
-    path = next(iter(sorted(out_dir.glob("*.jsonl"))), None)
-    rows = [orjson.loads(ln) for ln in path.read_bytes().splitlines()] if path else []
-    ok, line = judge_verify_timer(host_ms=host_ms, busy_ms=TIMER_BUSY_MS, written_while_busy=busy,
-                                  written_after=after, steps=TIMER_STEPS, rows=rows)
-    details = {"host_ms": round(host_ms, 3), "busy_ms": TIMER_BUSY_MS, "written_while_busy": busy,
-               "written_after": after, "rows": rows[:3], "clock": timer.clock}
-    if not ok:
-        return _out(Status.fail, f"verify timer: {line}", "report this: the patch's timer must never sync the host",
-                    **details)
-    return _out(Status.ok, line, **details)
 
 
 # --- 1-rank NCCL and the live runner at TP 1 ------------------------------------------------------

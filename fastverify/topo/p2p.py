@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -98,14 +99,17 @@ def _file_tail(path: Path) -> str:
 
 
 def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_s: float,
-                   env: dict[str, str] | None = None) -> dict[tuple[int, int], P2PResult]:
+                   env: dict[str, str] | None = None, stop: threading.Event | None = None
+                   ) -> dict[tuple[int, int], P2PResult]:
     """Run one pair child with a timeout and read its result file; both directions ``(i, j)`` and
     ``(j, i)`` always get a result (a failure reason when the child did not give one).
 
     The child runs under :class:`fastverify.procs.RankGroup`, the one launcher: its own process
     group (so the side processes it starts go with it), stdout and stderr in a temporary folder
     that is removed afterwards, and one kill rule at the end (SIGTERM to the group, SIGKILL after
-    the grace period)."""
+    the grace period). ``stop`` set (Ctrl-C in the caller) ends the wait at once: the child is
+    stopped by that rule and both directions say ``interrupted`` (never returned to a caller,
+    which re-raises the interrupt)."""
     def both(ok: bool, reason: str, timed_out: bool = False) -> dict[tuple[int, int], P2PResult]:
         return {(i, j): P2PResult(ok, reason, timed_out), (j, i): P2PResult(ok, reason, timed_out)}
 
@@ -116,6 +120,8 @@ def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_
             return both(False, f"could not start the check: {err}")
         deadline = time.monotonic() + timeout_s
         while not child.all_exited():
+            if stop is not None and stop.is_set():
+                return both(False, "interrupted", timed_out=True)
             if time.monotonic() >= deadline:
                 return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child "
                                    "started slowly; not a failure: retried on the next run)", timed_out=True)
@@ -203,15 +209,32 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
     todo = [(a, b) for a, b in wanted if (a, b) not in cached or (b, a) not in cached]
     results = dict(cached)
     if todo:
-        env = _child_env()
-        with rank_workdir("fastverify-p2p-") as tmp, \
-                concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
-            futures = [pool.submit(run_pair_child, child_argv(a, b, Path(tmp) / f"pair-{a}-{b}.json"), a, b,
-                                   Path(tmp) / f"pair-{a}-{b}.json", timeout_s, env) for a, b in todo]
-            for future in futures:
-                results.update(future.result())
+        with rank_workdir("fastverify-p2p-") as tmp:
+            results.update(_run_pairs(todo, child_argv, Path(tmp), timeout_s, max_parallel))
         write_cache(path, box, results, gpus)
     return {p: results[p] for a, b in wanted for p in ((a, b), (b, a))}
+
+
+def _run_pairs(todo: Sequence[tuple[int, int]], child_argv: ChildArgv, tmp: Path, timeout_s: float,
+               max_parallel: int) -> dict[tuple[int, int], P2PResult]:
+    """Both directions of every pair in ``todo``, ``max_parallel`` pair children at a time.
+
+    Ctrl-C (or any exception) while waiting cancels the pairs not yet started, tells the running
+    ones to stop their children (process groups, :func:`run_pair_child`) and re-raises once they
+    have: the caller leaves within the kill rule's grace period, not after every queued pair."""
+    env, stop, results = _child_env(), threading.Event(), {}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_parallel))
+    try:
+        futures = [pool.submit(run_pair_child, child_argv(a, b, tmp / f"pair-{a}-{b}.json"), a, b,
+                               tmp / f"pair-{a}-{b}.json", timeout_s, env, stop) for a, b in todo]
+        for future in futures:
+            results.update(future.result())
+    except BaseException:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
 
 
 def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:

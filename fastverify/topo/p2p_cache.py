@@ -1,6 +1,8 @@
 """The per-box cache of real P2P check results, ``<cache>/p2p-<fingerprint>.json``.
 
-The fingerprint covers GPU names, PCI bus ids, the driver version, ``CUDA_VISIBLE_DEVICES`` and
+The fingerprint covers GPU names, PCI bus ids, the driver version (NVML's, and the loaded kernel
+module's from ``/proc/driver/nvidia/version``), the kernel command line (``/proc/cmdline``: IOMMU
+and ACS switches decide whether peer traffic works), ``CUDA_VISIBLE_DEVICES`` and
 ``CUDA_DEVICE_ORDER`` (both change what CUDA ordinal ``i`` means); the key itself is repeated
 inside the file, so a fingerprint collision or a file from another box is never read as ours.
 Passes and failures are cached; timeouts never are (written or read: an older file may hold
@@ -21,6 +23,12 @@ from fastverify.topo import nvml as topo_nvml
 from fastverify.topo.p2p_results import P2PResult, results_from_json, results_to_json, write_json_atomic
 
 SCHEMA_VERSION = 1  # of the cache file (its own "schema_version")
+CMDLINE_PATH = "/proc/cmdline"
+"""The kernel command line (Linux ``proc(5)``): ``intel_iommu=``, ``amd_iommu=``, ``iommu=``,
+``pci=`` (ACS overrides) change whether P2P works without any GPU or driver change."""
+NVIDIA_VERSION_PATH = "/proc/driver/nvidia/version"
+"""The loaded NVIDIA kernel module's version line (its first line, ``NVRM version: ...``); it can
+differ from NVML's user-space library after an upgrade without a reboot."""
 
 
 def default_cache_dir() -> Path:
@@ -29,13 +37,25 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "fastverify"
 
 
+def _first_line(path: str) -> str | None:
+    """The file's first line, stripped; None where it cannot be read (no such file, not Linux)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
 def box_key(nvml: Any | None = None) -> dict:
     """What identifies this box for the P2P cache: GPU names and PCI bus ids (NVML order), the
-    driver version, ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Without NVML the GPU list
-    comes from torch and the driver is ``None``."""
+    driver version (NVML's, and the kernel module's :data:`NVIDIA_VERSION_PATH`), the kernel command
+    line (:data:`CMDLINE_PATH`), ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Without NVML
+    the GPU list comes from torch and NVML's driver is ``None``; an unreadable file is ``None``."""
     key: dict[str, Any] = {
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "kernel_cmdline": _first_line(CMDLINE_PATH),
+        "driver_module": _first_line(NVIDIA_VERSION_PATH),
     }
     try:
         topo = topo_nvml.read_nvml_topology(nvml)

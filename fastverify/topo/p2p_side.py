@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from fastverify.topo.p2p_results import POLL_S, write_json_atomic
 
 BUFFER_BYTES = 4 << 20
+NO_PEER_ACCESS = "driver reports no peer access"  # a direction's reason starts with it: P2P not offered
 _SEEDS = {"a": (1, 3), "b": (2, 4)}  # per side: (pattern of its own buffer, pattern it writes to the peer)
 
 
@@ -114,7 +115,7 @@ def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, time
             raise _CheckFailed(str(doc["error"]))
         peer_share = _decode_share(doc["share"])
         if my_gpu != peer_gpu and not torch.cuda.can_device_access_peer(my_gpu, peer_gpu):
-            raise _CheckFailed(f"driver reports no peer access (cudaDeviceCanAccessPeer({my_gpu}, {peer_gpu}) = 0)")
+            raise _CheckFailed(f"{NO_PEER_ACCESS} (cudaDeviceCanAccessPeer({my_gpu}, {peer_gpu}) = 0)")
         # Open the peer's buffer under *this* device (first field replaced): the mapping lives in
         # this GPU's context, so the ops below run on this GPU and reach the peer's memory over
         # the fabric. Event sync is off: the peer synchronised before publishing the handle.

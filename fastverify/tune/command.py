@@ -89,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     m.add_argument("--journal", type=Path, default=None,
                    help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]")
     m.add_argument("--resume", action="store_true", help="skip trials the journal already holds")
+    m.add_argument("--server-args", default=None, metavar="'FLAGS'",
+                   help="the SGLang server's command or flags, one quoted string: every trial runs in the "
+                        "environment its start-up sets (SGLang's own _set_envs_and_config where it imports) "
+                        "[default: a plain server of --tp GPUs]")
     from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments
 
     add_draft_shape_arguments(p.add_argument_group("draft shape (--draft-shape; fastverify.tune.draft_shape)"))

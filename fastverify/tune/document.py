@@ -86,7 +86,9 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
     ``measured`` for GPU (CUDA events) timings and ``CPU wall clock`` for a gloo run, which
     measures the machinery, not the GPU. Each candidate's ``sizes`` lists its trial's rows, one per
     message size: ``msg_bytes``, ``count_per_step``, ``median_us`` / ``p90_us`` (µs per call, ``None``
-    where not measured)."""
+    where not measured); ``server_env`` is what SGLang's start-up set for the trial and
+    ``environment`` the ranks' environment as recorded (:class:`~fastverify.tune.trial.TrialResult`);
+    the trials not ranked carry both too."""
     from fastverify.tune.trial import Clock
 
     gpu = ranking.clock is Clock.CUDA_EVENTS
@@ -113,6 +115,7 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
             "verify_ms": _r(verify_ms, 4), "tok_s": _r(tok, 2),
             "sizes": [{"msg_bytes": s.msg_bytes, "count_per_step": s.count_per_step, "median_us": _r(s.median_us),
                        "p90_us": _r(s.p90_us)} for s in c.result.sizes],
+            "server_env": dict(c.spec.server_env), "environment": dict(c.result.environment),
         }
 
     cands = [one(c, i) for i, c in enumerate(ranking.candidates, 1)]
@@ -122,6 +125,8 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
         "box": dict(box),
         "baseline": next((d for d, c in zip(cands, ranking.candidates) if c is base), None),
         "candidates": cands,
-        "not_ranked": [{"name": s.name, "status": r.status.value, "reason": r.reason} for s, r in ranking.not_ok],
+        "not_ranked": [{"name": s.name, "status": r.status.value, "reason": r.reason,
+                        "server_env": dict(s.server_env), "environment": dict(r.environment)}
+                       for s, r in ranking.not_ok],
         "notes": list(dedup([*ranking.notes, *notes])),
     }

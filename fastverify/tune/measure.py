@@ -3,6 +3,7 @@ processes (:mod:`fastverify.tune.sweep`), rank them (:mod:`fastverify.tune.repor
 winner.
 
 The trials: the current environment as the baseline, the cost model's top ``--top`` NCCL settings,
+each over the environment the SGLang server's start-up imposes (:mod:`fastverify.tune.server_env`),
 and on GPUs every tunable registry backend (:func:`fastverify.registry.names`) that SGLang can
 reach on this box (:func:`fastverify.registry.unreachable_reason`; :func:`backend_trials`).
 Without GPUs the same machinery runs on gloo, which ignores NCCL settings: the output says so and
@@ -81,9 +82,13 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
         console.print("# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
                       "all-reduce + RMSNorm backend is left out", markup=False)
     base_backend = (BackendName.nccl if cuda else BackendName.gloo).value
-    trials = [TrialSpec(backend=base_backend, env={}, label="current environment", baseline=True, **common)]
-    for c in [c for c in ranked if not c.is_baseline][: args.top]:
-        trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), label=c.name, **common))
+    picked = [c for c in ranked if not c.is_baseline][: args.top]
+    server = _server_env(args, console, workload.tp, [{}] + [dict(c.settings) for c in picked])
+    trials = [TrialSpec(backend=base_backend, env={}, server_env=server.envs[0], label="current environment",
+                        baseline=True, **common)]
+    for c, senv in zip(picked, server.envs[1:]):
+        trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), server_env=senv, label=c.name, **common))
+    common["server_env"] = server.envs[0]  # the backends' trials carry no settings of their own
     if not ranked and not cuda:
         console.print("# no topology (--topology FILE or NVML): only the current environment is measured", markup=False)
     box = p2p = None
@@ -100,6 +105,25 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
         for why in skipped:
             console.print(f"# not measured: {why}", markup=False)
     return trials, box, p2p, sglang_version
+
+
+def _server_env(args, console, tp: int, overlays: list[dict]):
+    """What SGLang's start-up sets over the shell plus each overlay (:mod:`fastverify.tune.server_env`),
+    for the server of ``--server-args`` (else a plain ``tp``-way one); said in one line."""
+    import shlex
+
+    from fastverify.patch.server_cmd import server_args_of
+    from fastverify.tune.server_env import server_environment
+
+    flags = None
+    if args.server_args:
+        words = shlex.split(args.server_args)
+        flags = server_args_of(words) or words  # a whole `python -m sglang.launch_server ...`, or its flags
+    server = server_environment(flags, overlays, tp=tp)
+    base = " ".join(f"{k}={v}" for k, v in server.envs[0].items()) or "nothing"
+    console.print(f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"
+                  + (f"; {server.note}" if server.note else "") + ")", markup=False)
+    return server
 
 
 def _run(args, console, workload, trials, device, fp):

@@ -10,8 +10,9 @@ phases, each with its own limit (:class:`TrialLimits`); a rank that exits non-ze
 past its limit, ends the trial: every rank's group is stopped (SIGTERM, then SIGKILL after a
 grace period), the trial is recorded as ``failed`` with a one-line reason naming the phase and
 each unfinished rank's last stage, and the sweep goes on. The trial's ``env`` is set over the
-parent's own environment (and applied again by the worker before it imports torch), so the
-baseline trial measures the settings currently in effect.
+parent's own environment, then its ``server_env`` (what SGLang's start-up sets,
+:mod:`fastverify.tune.server_env`) over that, and both are applied again by the worker before it
+imports torch; each result records the environment the ranks ran with.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from fastverify.procs import (
 )
 from fastverify.tune.journal import Journal, fingerprint
 from fastverify.tune.path_counts import path_meta
+from fastverify.tune.server_env import recorded_environment
 from fastverify.tune.sweep_progress import TrialProgress
 from fastverify.tune.trial import (
     DTYPE_BYTES,
@@ -219,7 +221,7 @@ def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = D
     limits = TrialLimits(measure_s=timeout_s, startup_s=startup_timeout_s, build_s=build_timeout_s)
     started = time.time()
     note = CPU_NOTE if spec.device is Device.CPU else ""
-    if spec.device is Device.CUDA:
+    if spec.device is Device.CUDA:  # (skipped before any rank runs: no environment to record)
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count < spec.world_size:
             return _result(spec, TrialStatus.SKIPPED, f"needs {spec.world_size} GPUs, found {count}",
@@ -233,11 +235,12 @@ def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = D
             spec_path = Path(workdir) / "spec.json"
             spec_path.write_bytes(orjson.dumps(doc))
             env = _child_env()
-            env.update(spec.env_dict)
+            env.update(spec.run_env)
+            recorded = recorded_environment(env, *spec.run_env)
             failure = _launch_trial(str(spec_path), spec.world_size, limits, workdir, env)
             if failure:
-                return _result(spec, TrialStatus.FAILED, failure, started, note=note)
-            return _collect(spec, Path(workdir), started, note)
+                return replace(_result(spec, TrialStatus.FAILED, failure, started, note=note), environment=recorded)
+            return replace(_collect(spec, Path(workdir), started, note), environment=recorded)
     finally:
         del store
 

@@ -108,6 +108,10 @@ class TrialSpec:
         Facts the backend's capability probe cannot measure safely in the worker, from the topology
         check: ``p2p_ok`` (every GPU pair passed P2P), ``nvlink_full``. Unknown (absent) means the
         probe treats it as a failure where the backend needs it.
+    server_env : Mapping[str, str]
+        What the SGLang server's start-up sets over the shell's environment plus ``env``
+        (``fastverify.tune.server_env``): applied after ``env``, as SGLang applies it after the
+        user's settings. Part of :attr:`trial_id`; stored sorted as pairs.
     label : str
         Display name only; not part of :attr:`trial_id`.
     baseline : bool
@@ -127,6 +131,7 @@ class TrialSpec:
     op: Op | str = Op.ALL_REDUCE
     norm: str = "auto"
     probe_facts: tuple[tuple[str, bool | None], ...] | Mapping[str, bool | None] = ()
+    server_env: tuple[tuple[str, str], ...] | Mapping[str, str] = ()
     label: str = ""
     baseline: bool = False
     trial_id: str = field(init=False, compare=False)
@@ -135,13 +140,14 @@ class TrialSpec:
         set_ = object.__setattr__
         if not isinstance(self.backend, str) or not self.backend:
             raise ValueError(f"TrialSpec.backend must be a non-empty backend name, got {self.backend!r}")
-        env = dict(self.env)
-        for k, v in env.items():
-            if not isinstance(k, str) or not _ENV_KEY.match(k):
-                raise ValueError(f"TrialSpec.env key {k!r} is not an environment variable name (A-Z, 0-9, _)")
-            if not isinstance(v, str):
-                raise ValueError(f"TrialSpec.env[{k!r}] must be a string, got {v!r}; write numbers as text")
-        set_(self, "env", tuple(sorted(env.items())))
+        for name in ("env", "server_env"):
+            env = dict(getattr(self, name))
+            for k, v in env.items():
+                if not isinstance(k, str) or not _ENV_KEY.match(k):
+                    raise ValueError(f"TrialSpec.{name} key {k!r} is not an environment variable name (A-Z, 0-9, _)")
+                if not isinstance(v, str):
+                    raise ValueError(f"TrialSpec.{name}[{k!r}] must be a string, got {v!r}; write numbers as text")
+            set_(self, name, tuple(sorted(env.items())))
         _check_int("world_size", self.world_size, 1)
         try:
             set_(self, "device", Device(self.device))
@@ -205,6 +211,7 @@ class TrialSpec:
             "op": self.op.value,
             "norm": self.norm,
             "probe_facts": dict(self.probe_facts),
+            "server_env": dict(self.server_env),
             "label": self.label,
             "baseline": self.baseline,
         }
@@ -212,6 +219,11 @@ class TrialSpec:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+    @property
+    def run_env(self) -> dict[str, str]:
+        """What the trial sets over the shell's environment: ``env``, then ``server_env`` over it."""
+        return {**dict(self.env), **dict(self.server_env)}
 
     @property
     def options_dict(self) -> dict[str, Scalar]:
@@ -260,6 +272,9 @@ class TrialResult:
     step (``None`` unless ``status`` is ok). ``clock`` says what was timed; CPU results are gloo
     wall-clock times and never stand for GPU times. ``reason`` is one line (empty when ok); ``note``
     carries caveats (on CPU: gloo ignores NCCL settings). Timestamps are Unix seconds.
+    ``environment`` is the ranks' environment as far as it matters
+    (``fastverify.tune.server_env.recorded_environment``: every ``NCCL_*`` and each variable
+    SGLang's start-up sets), whoever set it: the shell, the trial or SGLang's rules.
     """
 
     trial_id: str
@@ -272,9 +287,11 @@ class TrialResult:
     finished_unix_s: float
     note: str = ""
     worker_meta: tuple[tuple[str, Scalar], ...] = ()
+    environment: tuple[tuple[str, str], ...] | Mapping[str, str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TrialStatus(self.status))
+        object.__setattr__(self, "environment", tuple(sorted(dict(self.environment).items())))
         if self.clock is not None:
             object.__setattr__(self, "clock", Clock(self.clock))
         object.__setattr__(self, "sizes", tuple(s if isinstance(s, SizeResult) else SizeResult(**s)
@@ -306,6 +323,7 @@ class TrialResult:
             "finished_unix_s": self.finished_unix_s,
             "note": self.note,
             "worker_meta": dict(self.worker_meta),
+            "environment": dict(self.environment),
         }
 
     @classmethod

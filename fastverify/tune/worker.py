@@ -61,6 +61,7 @@ def main(spec_path: str, rank: int) -> None:
     try:
         spec = orjson.loads(Path(spec_path).read_bytes())
         os.environ.update(spec["trial"]["env"])  # before torch: NCCL reads its env once
+        os.environ.update(spec["trial"].get("server_env", {}))  # SGLang's start-up sets these last
         result = _run_rank(rank, spec)
         tmp = workdir / f"rank{rank}.json.tmp"
         tmp.write_bytes(orjson.dumps(result))
@@ -350,6 +351,11 @@ def _time_cpu(case: _Case, backend, iters: int, dist) -> list[int]:
     return out
 
 
+def graph_calls(count: int) -> int:
+    """All-reduce calls captured in one CUDA graph for a size one verify step calls ``count`` times."""
+    return max(1, min(count, GRAPH_OPS_MAX))
+
+
 def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, dist):
     """Capture ``k = min(count, GRAPH_OPS_MAX)`` calls in one CUDA graph, replay it ``iters``
     times, each replay bracketed by CUDA events after a barrier: ns per call per replay (elapsed
@@ -361,7 +367,7 @@ def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, d
 
     from fastverify.cudagraph import capture_cuda_graph
 
-    k = max(1, min(count, GRAPH_OPS_MAX))
+    k = graph_calls(count)
     case.use_slots(k)
     slots = itertools.count(-1)
     graph, last = capture_cuda_graph(lambda: case.call(backend, next(slots) % k), warmup=1, calls=k)
