@@ -144,7 +144,8 @@ def test_patch_line_in_every_tp_rank(engine_run):
         assert set(fields["applied"].split(",")) == {"pre_capture", "verify_timer"}, rest
         # every counting target resolves on the real SGLang 0.5.23
         assert set(fields["counting"].split(",")) == {"count_all_reduce", "count_out_place", "count_in_place",
-                                                      "count_mode", "count_capture", "count_replay"}, rest
+                                                      "count_flashinfer", "count_pynccl", "count_mode",
+                                                      "count_capture", "count_replay"}, rest
         assert "skipped=" not in rest and "uncounted=" not in rest, rest
         # what this rank's graphs cover, from SGLang's own config: NGRAM verifies 4 tokens a request
         assert " 4 tokens" in rest.split(" covers: ", 1)[1], rest
