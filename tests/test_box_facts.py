@@ -91,3 +91,57 @@ def test_topo_says_the_box_first_and_refuses_a_bad_description(capsys):
     assert json.loads(out)["box"]["sm"] == {"value": GUESS_SM, "source": "guessed"}
     one_line_error(*cli(["topo", "--topology", str(TOPO), "--describe-box", "[1]"], capsys),
                    "--describe-box", "JSON object")
+
+
+def test_the_fingerprint_is_of_the_gpus_cuda_shows():
+    """CUDA_VISIBLE_DEVICES picks and orders the GPUs the fingerprint counts (CUDA C Programming
+    Guide, "CUDA Environment Variables"): 2 of 4 NVML GPUs, both Ada, the NVLink judged over them."""
+    from types import SimpleNamespace
+
+    from fastverify.topo.box import read_box
+
+    class Nvml:
+        NVMLError = RuntimeError
+        NVML_NVLINK_MAX_LINKS = 2
+        cc = [(9, 0), (9, 0), (8, 9), (8, 9)]
+        names = ["H100", "H100", "L40S", "L40S"]
+
+        def nvmlInit(self):
+            pass
+
+        def nvmlShutdown(self):
+            pass
+
+        def nvmlDeviceGetCount(self):
+            return 4
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return i
+
+        def nvmlDeviceGetName(self, h):
+            return self.names[h]
+
+        def nvmlDeviceGetUUID(self, h):
+            return f"GPU-{h}{h}{h}{h}-0000"
+
+        def nvmlDeviceGetPciInfo(self, h):
+            return SimpleNamespace(busId=f"00000000:{h + 1:02x}:00.0")
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            return SimpleNamespace(total=1 << 34)
+
+        def nvmlDeviceGetCudaComputeCapability(self, h):
+            return self.cc[h]
+
+        def nvmlSystemGetDriverVersion(self):
+            return "580.1"
+
+        def nvmlDeviceGetNvLinkState(self, h, link):
+            raise RuntimeError("no NVLink")
+
+    env = {"CUDA_VISIBLE_DEVICES": "3,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    box = read_box(2, nvml=Nvml(), torch_fallback=False, nccl_version="2.27.3", environ=env)
+    assert box.gpu_count == 2 and box.gpu_name == "L40S" and box.sm == (8, 9)
+    whole = read_box(2, nvml=Nvml(), torch_fallback=False, nccl_version="2.27.3",
+                     environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert whole.gpu_count == 4

@@ -30,7 +30,7 @@ from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
 NEW_GPU_CHECKS = ("torch_nccl", "nvml_topology", "cuda_max_connections", "jit_builds", "stream_binding",
-                  "flashinfer_norm", "verify_timer", "nccl_1rank", "live_tp1")
+                  "flashinfer_norm", "verify_timer", "nccl_1rank", "live_graph_timing")
 WHEEL_ENV = "FASTVERIFY_FLASHINFER_WHEEL"
 AR_PATH = "flashinfer/comm/pcie_ipc_ar.py"
 
@@ -499,3 +499,23 @@ def test_a_trial_still_building_is_not_a_failed_backend(monkeypatch):
     assert out.status is Status.warn, out
     assert "pcie_ipc: building/JIT: timeout after" in out.reason
     assert given["pcie_ipc"] >= doctor.core.TRIAL_TIMEOUT_S + doctor.core.TRIAL_BUILD_S
+
+
+@pytest.mark.parametrize("timed, graph, want", [("cuda_graph", [900.0, 800.0, 850.0], Status.ok),
+                                                ("eager", [], Status.fail)])
+def test_live_graph_timing_wants_graph_replays(monkeypatch, timed, graph, want):
+    """The live check passes only when the runner timed CUDA-graph replays, one whole-graph timing
+    per verify step; an eager-timed run fails and says what it timed."""
+    import fastverify.live.runner as runner
+    from types import SimpleNamespace
+
+    rank = SimpleNamespace(names=["attn", "all_reduce"], name_id=[0, 1, 0, 1], steps=[[0, 0, 1]] * 3,
+                           meta={"timed_forward": timed, "graph_forward_us": graph,
+                                 "eager_forward_us": [1500.0] * 3 if graph else []})
+    monkeypatch.setattr(runner, "run_live", lambda *a, **k: [rank])
+    out = selfcheck.check_live_graph_timing(None)
+    assert out.status is want, out
+    if want is Status.ok:
+        assert "850.0 us from its graph, 1500.0 us eager" in out.reason
+    else:
+        assert "timed 'eager' forwards, not CUDA-graph replays" in out.reason

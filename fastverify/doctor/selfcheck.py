@@ -14,7 +14,7 @@ the multi-GPU swap depends on.
 * ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph (its path
   counted once at capture, attributed to each replay, warm-ups apart), in this
   process and as a tune trial in a fresh worker.
-* ``live_tp1``: the live runner at TP 1.
+* ``live_graph_timing``: the live runner at TP 1, timed from CUDA-graph replays.
 
 Each check is skipped with its reason where its library or hardware is missing.
 """
@@ -366,9 +366,10 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
                 f"tune trial ok, {res.sizes[0].median_us:.1f} µs per call (CUDA events)", **details)
 
 
-def check_live_tp1(ctx: _Context) -> Outcome:
-    """The live runner (``fastverify profile --live``'s engine) at TP 1 on the tiny preset: one rank
-    process, NCCL, CUDA-event regions per op."""
+def check_live_graph_timing(ctx: _Context) -> Outcome:
+    """The live runner (``fastverify profile``'s engine) at TP 1 on the tiny preset: one rank process,
+    NCCL, the forward timed from CUDA-graph replays (``timed_forward = "cuda_graph"``: region graphs
+    and the whole-forward graph), the eager forward only as the second figure."""
     from fastverify.live.config import load_model_config
     from fastverify.live.runner import run_live
 
@@ -377,15 +378,22 @@ def check_live_tp1(ctx: _Context) -> Outcome:
                      device="cuda", timeout_s=LIVE_TIMEOUT_S, progress=False)
     r = ranks[0]
     names = [r.names[i] for i in r.name_id]
-    counts = {n: names.count(n) for n in sorted(set(names))}
-    details = {"ranks": len(ranks), "events": len(names), "steps": len(r.steps), "by_name": counts,
-               "timing": r.meta.get("timing"), "device": r.meta.get("device"),
+    graph, eager = r.meta.get("graph_forward_us") or [], r.meta.get("eager_forward_us") or []
+    details = {"ranks": len(ranks), "events": len(names), "steps": len(r.steps),
+               "timed_forward": r.meta.get("timed_forward"), "graph_forward_us": graph, "eager_forward_us": eager, "timing": r.meta.get("timing"),
                "dist_backend": r.meta.get("dist_backend")}
+    fix = "run `fastverify profile --tp 1` for the rank's error"
     if len(r.steps) != iters or not names:
         return _out(Status.fail, f"live runner at TP 1: {len(r.steps)} steps (expected {iters}), {len(names)} events",
-                    "run `fastverify profile --live --tp 1` for the rank's error", **details)
-    return _out(Status.ok, f"live runner at TP 1: {iters} verify steps, {len(names)} timed regions "
-                f"({details['timing']}, {details['dist_backend']})", **details)
+                    fix, **details)
+    if details["timed_forward"] != "cuda_graph" or len(graph) != iters:
+        return _out(Status.fail, f"live runner at TP 1 timed {details['timed_forward']!r} forwards, not CUDA-graph "
+                    f"replays ({len(graph)} whole-graph timings of {iters})", fix, **details)
+    med = sorted(graph)[len(graph) // 2]
+    med_eager = sorted(eager)[len(eager) // 2] if eager else float("nan")
+    return _out(Status.ok, f"live runner at TP 1: {iters} verify steps timed from CUDA-graph replays, {len(names)} "
+                f"regions; whole forward {med:.1f} us from its graph, {med_eager:.1f} us eager (second figure)",
+                **details)
 
 
 def check_fused_two_groups(ctx: _Context) -> Outcome:

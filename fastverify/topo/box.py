@@ -29,6 +29,7 @@ from fastverify.deploy import BOX_EXAMPLES, BoxFingerprint, P2PFacts
 from fastverify.errors import UserError, schema_error
 from fastverify.inputs import read_text
 from fastverify.nccl.version import read_nccl_version
+from fastverify.topo.gpu_identity import nvml_gpus, visible_gpus
 from fastverify.topo.nvml import nvml_text
 from fastverify.topo.p2p_proof import read_check_file
 
@@ -69,7 +70,7 @@ def _nvlink_full(nvml: Any, handles: list[Any], error_type: type) -> bool | None
 
 
 def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = True,
-             nccl_version: str | None = None) -> BoxFingerprint:
+             nccl_version: str | None = None, environ: Mapping[str, str] | None = None) -> BoxFingerprint:
     """This box's fingerprint.
 
     Parameters
@@ -82,14 +83,18 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
         Ask ``torch.cuda`` when NVML cannot start (it imports torch, ~1 s).
     nccl_version : str or None
         Known NCCL version; default read from the library the box would load.
+    environ : mapping or None
+        The environment whose ``CUDA_VISIBLE_DEVICES`` picks and orders the GPUs (default
+        ``os.environ``): the fingerprint is of the GPUs CUDA shows a process started with it
+        (:func:`fastverify.topo.gpu_identity.visible_gpus`; NVML order where that cannot be told).
 
     Returns
     -------
     BoxFingerprint
         ``gpu_count == 0`` and ``sm is None`` when neither NVML nor torch sees a GPU (never raises
         for that: a box without GPUs is a fact, and the callers refuse what it cannot run).
-        ``nvlink_full`` from NVML over the first ``tp`` GPUs (all when ``tp`` is 0); None
-        without NVML.
+        ``nvlink_full`` from NVML over the first ``tp`` GPUs CUDA shows (all when ``tp`` is 0);
+        None without NVML.
     """
     names: list[str] = []
     nvlink: bool | None = None
@@ -102,34 +107,7 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
         except ImportError:
             nvml = None
     if nvml is not None:
-        error_type = getattr(nvml, "NVMLError", Exception)
-        try:
-            nvml.nvmlInit()
-        except (error_type, OSError):
-            pass
-        else:
-            try:
-                count = nvml.nvmlDeviceGetCount()
-                handles = []
-                for i in range(count):
-                    h = nvml.nvmlDeviceGetHandleByIndex(i)
-                    handles.append(h)
-                    names.append(nvml_text(nvml.nvmlDeviceGetName(h)))
-                    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
-                    sms.append((int(major), int(minor)))
-                nvlink = _nvlink_full(nvml, handles[: tp or None], error_type) if len(handles) > 1 else None
-                try:
-                    driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
-                except error_type:
-                    driver = None
-                got = count > 0
-            except error_type:
-                names, sms, got, nvlink = [], [], False, None
-            finally:
-                try:
-                    nvml.nvmlShutdown()
-                except error_type:
-                    pass
+        names, sms, nvlink, driver, got = _nvml_facts(nvml, tp, environ if environ is not None else os.environ)
     if not got and torch_fallback:
         try:
             import torch  # noqa: PLC0415
@@ -145,6 +123,54 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
     return BoxFingerprint(gpu_name=name, sm=sm, gpu_count=len(names) if got else 0, tp=int(tp), driver=driver,
                           nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None),
                           nvlink_full=nvlink if got else None)
+
+
+def _nvml_facts(nvml: Any, tp: int,
+                environ: Mapping[str, str]) -> tuple[list[str], list, bool | None, str | None, bool]:
+    """(names, SMs, nvlink_full, driver, any GPU) from NVML, for the GPUs CUDA shows under
+    ``environ`` in CUDA's order (:func:`_cuda_order`)."""
+    names: list[str] = []
+    nvlink: bool | None = None
+    sms: list[tuple[int, int]] = []
+    driver: str | None = None
+    got = False
+    error_type = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except (error_type, OSError):
+        pass
+    else:
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            order = _cuda_order(nvml, environ)
+            handles = []
+            for i in (order if order is not None else range(count)):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                handles.append(h)
+                names.append(nvml_text(nvml.nvmlDeviceGetName(h)))
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+                sms.append((int(major), int(minor)))
+            nvlink = _nvlink_full(nvml, handles[: tp or None], error_type) if len(handles) > 1 else None
+            try:
+                driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
+            except error_type:
+                driver = None
+            got = len(handles) > 0
+        except error_type:
+            names, sms, got, nvlink = [], [], False, None
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except error_type:
+                pass
+    return names, sms, nvlink, driver, got
+
+
+def _cuda_order(nvml: Any, environ: Mapping[str, str]) -> list[int] | None:
+    """NVML indices of the GPUs CUDA shows under ``environ``, in CUDA's order; None where that
+    cannot be told (then NVML's order, all GPUs)."""
+    rows, _ = visible_gpus(nvml_gpus(nvml), environ)
+    return None if rows is None else [int(r["index"]) for r in rows]
 
 
 def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 0) -> BoxFingerprint:
