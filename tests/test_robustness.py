@@ -249,3 +249,46 @@ def test_ranks_die_with_a_killed_parent(tmp_path, marker, bystander):
         time.sleep(0.1)
     assert not set(started) & set(_rank_processes(marker))
     assert bystander.poll() is None
+
+
+def _tune_ranks(marker: str) -> list[int]:
+    """Live tune worker ranks (``-m fastverify.tune.worker``) whose environment holds the marker."""
+    tag = f"{_MARKER_VAR}={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                if b"fastverify.tune.worker" in cmd and tag in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find rank processes")
+def test_ctrl_c_during_a_tune_sweep_stops_its_ranks_within_seconds(tmp_path, marker, shared_dir):
+    """SIGINT while a trial's ranks run: one line, exit 130, no rank left, no journal trial
+    half-written, within seconds (the ranks are stopped, not waited for)."""
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastverify", "tune", "--topology", str(topo), "--model", "tiny", "--tp", "2",
+         "--top", "1", "--iters", "10000", "--warmup", "1", "--journal", "j.jsonl", "--timeout", "600"],
+        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(_tune_ranks(marker)) < 2:
+        time.sleep(0.1)
+    started = _tune_ranks(marker)
+    assert len(started) == 2, "the trial's ranks never started"
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "fastverify: interrupted", err
+    assert took < 10, f"tune took {took:.1f} s to stop after SIGINT"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and set(started) & set(_tune_ranks(marker)):
+        time.sleep(0.1)
+    assert not set(started) & set(_tune_ranks(marker))
