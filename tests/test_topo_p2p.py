@@ -435,3 +435,13 @@ def test_a_per_pair_timeout_under_a_torch_import_is_refused(seconds, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --timeout {seconds}: under ") and "import torch" in err and err.count("\n") == 1
     assert 0.9 * p2p.MIN_TIMEOUT_S - 2.0 >= MIN_P2P_SIDE_S  # the least allowed still gives a side its floor
+
+
+def test_output_over_a_file_that_is_not_a_p2p_check_is_refused_before_the_check(tmp_path):
+    """``--output`` writes a new file or replaces an earlier check only: an env file there is left
+    alone, and the refusal comes before any GPU is touched."""
+    env = tmp_path / "box.env"
+    env.write_text("NCCL_P2P_LEVEL=SYS\n")
+    with pytest.raises(UserError, match=r"exists and is not a P2P check document; it is never replaced"):
+        p2p.run_check_command(output=env, timeout_s=120.0, refresh=False)
+    assert env.read_text() == "NCCL_P2P_LEVEL=SYS\n"

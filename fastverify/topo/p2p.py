@@ -31,7 +31,7 @@ from fastverify.outputs import write_files
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
 from fastverify.topo.gpu_identity import gpu_identities
 from fastverify.topo.p2p_cache import box_key, cache_path, read_cache, write_cache
-from fastverify.topo.p2p_proof import check_document
+from fastverify.topo.p2p_proof import check_document, read_check_file
 from fastverify.topo.p2p_results import POLL_S, P2PResult, count_statuses, results_from_json, write_json_atomic
 from fastverify.topo.p2p_side import run_side
 
@@ -298,6 +298,12 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -
         refuse_symlink(output, "--output")
         check_outputs({"--output": output})
         check_writable(output)
+        if output.is_file():  # only an earlier P2P check is replaced ("a new file" otherwise)
+            try:
+                read_check_file(output)
+            except UserError:
+                raise UserError(f"--output {output}: exists and is not a P2P check document; it is never "
+                                "replaced (give a new file)") from None
     _gpu_count_or_fail()
     gpus = gpu_identities()
     results = check_p2p(timeout_s=timeout_s, refresh=refresh, gpus=gpus)
