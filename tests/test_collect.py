@@ -367,3 +367,16 @@ def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout():
         assert time.monotonic() - t < 5.0
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("text, said", [
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://" + "a" * 300 + ".com", "idna"),  # a host label over 63 characters
+    ("http://a b", "no spaces or control characters"),
+    ("http://a\x1b[2Jb:1", "no spaces or control characters"),
+])
+def test_a_malformed_server_url_is_one_line(text, said):
+    with pytest.raises(UserError) as e:
+        server.normalise_url(text)
+    line = str(e.value)
+    assert said in line and line.startswith("--server '") and "\n" not in line and len(line) < 300

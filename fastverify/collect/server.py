@@ -43,17 +43,24 @@ def normalise_url(text: str) -> str:
     """``http://host:port`` from ``--server`` (``host:port`` gets ``http://``); no path, query or
     fragment beyond a trailing slash."""
     url = text.strip()
+    shown = repr(text if len(text) <= 80 else text[:60] + "...")
     if "://" not in url:
         url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise UserError(f"--server {shown}: a URL holds no spaces or control characters")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        (parts.hostname or "").encode("idna")  # a label over 63 characters, or empty, is no host name
+    except (ValueError, UnicodeError) as e:  # urllib's "Invalid IPv6 URL"; the idna codec's refusal
+        raise UserError(f"--server {shown}: {' '.join(str(e).split())[:120]}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--server {text!r}: expected an HTTP URL such as http://127.0.0.1:30000")
+        raise UserError(f"--server {shown}: expected an HTTP URL such as http://127.0.0.1:30000")
     if parts.path.strip("/") or parts.query or parts.fragment:
-        raise UserError(f"--server {text!r}: give the server's base URL (http://host:port), not an endpoint")
+        raise UserError(f"--server {shown}: give the server's base URL (http://host:port), not an endpoint")
     try:
         parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
     except ValueError as e:
-        raise UserError(f"--server {text!r}: {e}") from None
+        raise UserError(f"--server {shown}: {e}") from None
     return f"{parts.scheme}://{parts.netloc}"
 
 
