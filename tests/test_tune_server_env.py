@@ -88,3 +88,23 @@ def test_sglangs_own_set_envs_and_config_and_the_table_agree():
 def test_without_sglang_the_table_is_used(flags, want):
     got = server_environment(flags, [{}], tp=2, shell={})
     assert got.envs[0]["NCCL_CUMEM_ENABLE"] == want
+
+
+@pytest.mark.parametrize("server_args, words", [
+    ('--tp 2 "x', ("--server-args", "No closing quotation")),
+    ("--tp-size 3", ("--tp-size 3", "--tp is 2")),
+    ("python -m sglang.launch_server --model-path m --tensor-parallel-size 4", ("--tp-size 4", "--tp is 2")),
+])
+def test_server_args_that_cannot_be_read_or_name_other_gpus_are_one_line(tmp_path, shared_dir, server_args, words):
+    from conftest import assert_user_error, run_fastverify
+
+    topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
+    proc = run_fastverify(["tune", "--topology", str(topo), "--model", "tiny", "--tp", "2", "--top", "1", "--iters",
+                           "1", "--warmup", "1", "--journal", "j.jsonl", f"--server-args={server_args}"], cwd=tmp_path)
+    assert_user_error(proc, *words)
+    assert not (tmp_path / "j.jsonl").exists()  # refused before any trial
+
+
+def test_without_sglang_the_line_says_the_flags_were_not_checked():
+    env = server_environment(["--bogus-flag", "1"], [{}], tp=2, shell={})
+    assert "not checked" in env.note and env.envs[0]["NCCL_CUMEM_ENABLE"] == "0"

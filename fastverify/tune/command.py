@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
@@ -36,6 +37,16 @@ DEFAULT_DRAFT_TOKENS = 4
 """``--draft-tokens`` of a model workload when not given: SGLang 0.5.23's automatic EAGLE choice for
 DeepSeek-V3/Kimi-like models, ``(steps, topk, draft tokens) = (3, 1, 4)``
 (``srt/arg_groups/speculative_hook.py::_auto_choose_speculative_params``)."""
+
+
+def _server_words(text: str) -> list[str]:
+    """``--server-args``: the words of one shell-quoted string (``shlex``), at most 64 KiB of it."""
+    if len(text) > 65536:
+        raise argparse.ArgumentTypeError(f"expected at most 65536 characters, got {len(text)}")
+    try:
+        return shlex.split(text)
+    except ValueError as err:  # "No closing quotation", "No escaped character"
+        raise argparse.ArgumentTypeError(f"{err} in {text[:60]!r}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
@@ -89,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     m.add_argument("--journal", type=Path, default=None,
                    help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]")
     m.add_argument("--resume", action="store_true", help="skip trials the journal already holds")
-    m.add_argument("--server-args", default=None, metavar="'FLAGS'",
+    m.add_argument("--server-args", default=None, metavar="'FLAGS'", type=_server_words,
                    help="the SGLang server's command or flags, one quoted string: every trial runs in the "
                         "environment its start-up sets (SGLang's own _set_envs_and_config where it imports) "
                         "[default: a plain server of --tp GPUs]")

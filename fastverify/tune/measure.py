@@ -110,15 +110,16 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
 def _server_env(args, console, tp: int, overlays: list[dict]):
     """What SGLang's start-up sets over the shell plus each overlay (:mod:`fastverify.tune.server_env`),
     for the server of ``--server-args`` (else a plain ``tp``-way one); said in one line."""
-    import shlex
-
     from fastverify.patch.server_cmd import server_args_of
-    from fastverify.tune.server_env import server_environment
+    from fastverify.tune.server_env import server_environment, tp_of
 
     flags = None
     if args.server_args:
-        words = shlex.split(args.server_args)
+        words = args.server_args  # shell words (tune.command's parser)
         flags = server_args_of(words) or words  # a whole `python -m sglang.launch_server ...`, or its flags
+        if tp_of(flags) not in (None, tp):
+            raise UserError(f"--server-args names --tp-size {tp_of(flags)} but --tp is {tp}: the trials must run "
+                            "on the server's GPUs; give the same size")
     server = server_environment(flags, overlays, tp=tp)
     base = " ".join(f"{k}={v}" for k, v in server.envs[0].items()) or "nothing"
     console.print(f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"

@@ -103,7 +103,8 @@ def server_environment(flags: Sequence[str] | None, overlays: Sequence[Mapping[s
     shell = dict(os.environ if shell is None else shell)
     overlays = [dict(o) for o in overlays]
     if python is None and importlib.util.find_spec("sglang") is None:
-        return _table(flags, overlays, shell, "SGLang is not installed in this Python")
+        return _table(flags, overlays, shell, "SGLang is not installed in this Python: the flags were read only for "
+                      "--enable-symm-mem, --enable-nccl-nvls and --dcp-size, not checked")
     # no network, no package-version gate (a check, not a setting); the shell's own values win
     env = {"HF_HUB_OFFLINE": "1", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", **shell}
     cmd = [python or sys.executable, "-c", _CHILD, json.dumps(_flags(flags, tp)), json.dumps(overlays),
@@ -158,6 +159,18 @@ def table_env(flags: Sequence[str] | None, env: Mapping[str, str]) -> dict[str, 
     if env.get("CUTE_DSL_LOG_TO_CONSOLE") is None:
         out["CUTE_DSL_LOG_TO_CONSOLE"] = "1"
     return {k: v for k, v in out.items() if env.get(k) != v}
+
+
+def tp_of(flags: Sequence[str]) -> int | None:
+    """The tensor-parallel size the server flags name (``--tp-size`` / ``--tp`` /
+    ``--tensor-parallel-size``, SGLang 0.5.23's spellings), None when they name none or not a number."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp", default=None)
+    ns, _ = p.parse_known_args(list(flags))
+    try:
+        return int(ns.tp) if ns.tp is not None else None
+    except ValueError:
+        return None
 
 
 def recorded_environment(env: Mapping[str, str], *keys: str) -> dict[str, str]:
