@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import run_fastverify
 
@@ -34,4 +35,7 @@ def test_doctor_json_with_nccl_debug_names_the_log_file(tmp_path, monkeypatch):
     proc = run_fastverify(["doctor", "--quick", "--json"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["nccl_log"].endswith("/nccl.%h.%p.log") and doc["nccl_log"] in proc.stderr
+    said = next(ln for ln in proc.stderr.splitlines() if "NCCL's log" in ln)
+    assert said.rstrip().endswith("/nccl.%h.%p.log")
+    # --quick on CPU starts no NCCL: no log was written, and no folder is left behind
+    assert doc["nccl_log"] is None and not os.path.exists(os.path.dirname(said.split(" goes to ")[1].strip()))

@@ -275,6 +275,10 @@ def _noisy_check(seen: dict):
         os.write(1, b"host:1:1 [0] NCCL INFO from the library's own fd 1 write\n")
         subprocess.run([sys.executable, "-c", "print('host:2:2 [0] NCCL INFO from a child')"], check=True,
                        env=seen["child_env"])
+        log = seen["child_env"].get("NCCL_DEBUG_FILE", "")
+        if "%p" in log and not seen.get("silent_nccl"):  # NCCL writing its log where it was told to
+            with open(log.replace("%h", "host").replace("%p", str(os.getpid())), "w") as f:
+                f.write("host:1:1 [0] NCCL INFO into the file\n")
         return doctor._out(Status.ok, "noisy but fine")
 
     return check
@@ -306,6 +310,18 @@ def test_doctor_json_stdout_is_json_with_nccl_debug_set(monkeypatch, capfd):
     for line in ("NCCL INFO from print", "NCCL INFO from the library's own fd 1 write", "NCCL INFO from a child"):
         assert line in err and line not in out
     assert "NCCL_DEBUG_FILE" not in os.environ  # set for the run only
+
+
+def test_doctor_json_leaves_no_folder_where_nccl_wrote_nothing(monkeypatch, capfd):
+    """NCCL never started (a CPU box, --quick): the folder made for its log is removed and the
+    summary's nccl_log is null."""
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    seen: dict = {"silent_nccl": True}
+    code, out, _ = _doctor_json(monkeypatch, capfd, seen)
+    doc = json.loads(out)
+    folder = os.path.dirname(seen["child_env"]["NCCL_DEBUG_FILE"])
+    assert code == 0 and doc["nccl_log"] is None and not os.path.exists(folder)
 
 
 def test_doctor_json_keeps_the_users_nccl_debug_file(monkeypatch, capfd, tmp_path):

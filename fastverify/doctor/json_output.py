@@ -7,7 +7,8 @@ that inherit this process's stdout. So under ``--json``:
 
 * where ``NCCL_DEBUG`` is set and ``NCCL_DEBUG_FILE`` is not, ``NCCL_DEBUG_FILE`` is set to a file
   per process in a new folder before any check runs (so before NCCL starts here and in every child,
-  which get this environment), and the summary names it (``nccl_log``);
+  which get this environment), and the summary names it (``nccl_log``; null, and the folder
+  removed, where NCCL wrote nothing);
 * while the checks run, file descriptor 1 points at stderr, so whatever still writes to stdout
   (this process, NCCL, a child) lands on stderr; the JSON is written after it is restored.
 """
@@ -73,6 +74,11 @@ def run_doctor_json(*, quick: bool, env_file: str | None) -> int:
         checks = run_doctor(quick=quick, env_file=env_file)
     summary = summarise(checks)
     if added:
-        summary["nccl_log"] = added["NCCL_DEBUG_FILE"]
+        folder = os.path.dirname(added["NCCL_DEBUG_FILE"])
+        if os.listdir(folder):
+            summary["nccl_log"] = added["NCCL_DEBUG_FILE"]
+        else:  # NCCL never started (no GPU, --quick): no log, no folder left behind
+            os.rmdir(folder)
+            summary["nccl_log"] = None
     sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     return 1 if summary["verdict"] == "fail" else 0
