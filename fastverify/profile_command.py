@@ -11,6 +11,8 @@ from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
+from fastverify.profile_record import live_timing, median_or_none
+from fastverify.progress import say
 
 
 def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
@@ -227,8 +229,6 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
                         draft_tokens=source["draft_tokens"], batch=source["batch"])
     profile = build_profile(ranks, source, shapes)
     if source["kind"] == "live":
-        from fastverify.profile_record import live_timing
-
         profile = msgspec.structs.replace(profile, timing=live_timing(profile.timing, ranks[0].meta))
     if source.get("graph_replay_traces"):
         profile = _with_graph_replay(profile, ranks, shapes)
@@ -265,9 +265,8 @@ def _with_graph_replay(profile, ranks, shapes):
     stderr and in its ``warnings``."""
     import msgspec
 
-    from fastverify.profile import build_profile
-    from fastverify.progress import say
-    from fastverify.trace.load import load_traces
+    from fastverify.profile import build_profile  # lazy: numpy
+    from fastverify.trace.load import load_traces  # lazy: numpy
 
     failed = [f"rank {r.rank}: {r.meta['trace_error']}" for r in ranks if r.meta.get("trace_error")]
     why = "; ".join(failed)
@@ -288,7 +287,6 @@ def _live(args: argparse.Namespace):
     from fastverify.live.config import load_model_config
     from fastverify.live.runner import run_live
     from fastverify.profile import default_output
-    from fastverify.profile_record import median_or_none
 
     model = args.model
     config = load_model_config(model)

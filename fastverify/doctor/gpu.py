@@ -24,6 +24,11 @@ from fastverify.doctor.core import (
     _out,
 )
 from fastverify.errors import UserError
+from fastverify.registry import BACKENDS
+from fastverify.topo.gpu_identity import visible_gpus
+from fastverify.topo.p2p_side import NO_PEER_ACCESS
+from fastverify.tune.worker import graph_calls
+from fastverify.tune.workload import workload_from_model
 
 def _driver_version() -> str | None:
     try:
@@ -99,7 +104,6 @@ def cuda_to_nvml(topo, match: dict, environ) -> tuple[dict[int, int], str]:
     (:func:`match_torch_to_nvml`); an ordinal torch gave no PCI address for, as
     ``CUDA_VISIBLE_DEVICES`` in ``environ`` maps it (:func:`fastverify.topo.gpu_identity.visible_gpus`,
     whose one line is the note). ``topo``: the NVML :class:`~fastverify.topo.matrix.Topology`."""
-    from fastverify.topo.gpu_identity import visible_gpus
 
     got = {c: n for c, n in match["cuda_to_nvml"].items() if n is not None}
     if not match["unknown"]:
@@ -306,8 +310,6 @@ def p2p_outcome(results: dict) -> Outcome:
       (:attr:`fastverify.registry.BackendInfo.needs_p2p`) are not candidates.
     * ``warn`` for a direction that timed out (:attr:`P2PResult.timed_out`): no answer, not a failure.
     """
-    from fastverify.registry import BACKENDS
-    from fastverify.topo.p2p_side import NO_PEER_ACCESS
 
     def first(keys: list) -> str:
         i, j = keys[0]
@@ -365,8 +367,6 @@ def check_backends(ctx: _Context) -> Outcome:
     from fastverify.live.config import load_model_config
     from fastverify.registry import Role, backend_info
     from fastverify.tune.trial import Op, TrialSpec
-    from fastverify.tune.worker import graph_calls
-    from fastverify.tune.workload import workload_from_model
 
     world = _probe_world(ctx.gpu_count)
     config = load_model_config(PROBE_MODEL)

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fastverify.doctor.fused_groups import run_two_groups, verdict
 from fastverify.doctor.core import (
     BUILDING,
     JIT_BUILD_TIMEOUT_S,
@@ -400,10 +401,8 @@ def check_fused_two_groups(ctx: _Context) -> Outcome:
     """The patch's fused slot with two SGLang groups (attention TP over 4 ranks, the post-experts
     pair of moe_dp 2): one backend per group, each call summed over its own group's ranks
     (:mod:`.fused_groups`; 4 gloo ranks on CPU, so it needs no second GPU)."""
-    from fastverify.doctor import fused_groups
-
-    got = fused_groups.run_two_groups()
-    ok, line = fused_groups.verdict(got)
+    got = run_two_groups()
+    ok, line = verdict(got)
     if not ok:
         return _out(Status.fail, line, "report this with `fastverify doctor --json`: the fused slot would "
                     "change the model's answers with MoE data parallelism", ranks=got)

@@ -15,9 +15,11 @@ more than the noise (:data:`MIN_WIN_PCT`).
 from __future__ import annotations
 
 from fastverify.errors import UserError
+from fastverify.patch.server_cmd import server_args_of
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 from fastverify.tune.advice import p2p_facts
 from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
+from fastverify.tune.server_env import server_environment, tp_of
 from fastverify.tune.verify_time import change_pct, verify_reduction
 
 MIN_WIN_PCT = 2.0
@@ -110,9 +112,6 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
 def _server_env(args, console, tp: int, overlays: list[dict]):
     """What SGLang's start-up sets over the shell plus each overlay (:mod:`fastverify.tune.server_env`),
     for the server of ``--server-args`` (else a plain ``tp``-way one); said in one line."""
-    from fastverify.patch.server_cmd import server_args_of
-    from fastverify.tune.server_env import server_environment, tp_of
-
     flags = None
     if args.server_args:
         words = args.server_args  # shell words (tune.command's parser)
