@@ -26,15 +26,7 @@ from fastverify import doctor
 from fastverify.doctor import Status, verify_timer
 
 
-@pytest.fixture(autouse=True)
-def _no_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-
-
-def gpu_ctx(count: int = 1) -> doctor._Context:
-    ctx = doctor._Context(quick=False, env_file=None)
-    ctx._gpu = (None, count)
-    return ctx
+from test_doctor_selfcheck import _no_cuda, gpu_ctx  # noqa: E402,F401 - _no_cuda: the same autouse fixture
 
 
 # --- item 4: the verify timer's first matmul ------------------------------------------------------
