@@ -111,11 +111,11 @@ COMMANDS: tuple[Command, ...] = (
             why="on the GPU box: starts SGLang with the winner under the same load"),
     Command("box-change", "compare before/ after/", runs=False,
             why="reads the two load runs of the box (tests/test_sglang_proof.py compares two on a real CPU server)"),
-    Command("away-predict", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+    Command("away-predict", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
             "--tp-size 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3"),
-    Command("away-topo", "topo --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 "
+    Command("away-topo", "topo --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 "
             "--sm 120 --pcie-gen 5"),
-    Command("away-write", "tune --predict --topology ../shared/inputs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+    Command("away-write", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
             "--tp-size 8 --sm 120 --pcie-gen 5 --cuda-graph-max-bs-decode 32 --write-env /tmp/fastverify-readme/box.env"),
     Command("away-dry-run", "launch --env /tmp/fastverify-readme/box.env --describe-box '{\"gpu_name\": \"NVIDIA L40S\", "
             "\"sm\": [8, 9], \"gpu_count\": 8}' --dry-run --",

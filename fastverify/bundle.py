@@ -7,32 +7,41 @@ absolute path, regular files only). Every part of :data:`PART_NAMES` is listed i
 
 :func:`write_bundle` writes atomically (a temporary file in the same folder, then ``os.replace``)
 and never replaces a file that is not a bundle, nor one of the files it collects.
-:func:`open_bundle` reads the whole archive once before trusting it: a file that is not gzip, not a
-tar, truncated (the gzip trailer is checked to the last byte), without ``manifest.json`` first,
-with another schema or version, a member named in the manifest but absent, a member with ``..``,
-an absolute name, a link, a device or a directory, or sizes past :data:`MAX_MEMBER_BYTES` /
-:data:`MAX_TOTAL_BYTES` / :data:`MAX_MANIFEST_BYTES` is refused with one
-:class:`~fastverify.errors.UserError` line naming the file. Only the standard library's ``gzip``
-and ``tarfile`` (with ``filter="data"`` on extraction where Python has it) and msgspec are used.
+:func:`open_bundle` reads the archive once, front to back (:mod:`fastverify.archive`: inflated
+bytes bounded, nothing after the gzip data, extended headers and member times checked), copying
+each listed member into a private temporary folder as it passes; nothing is read twice. Refused
+in one :class:`~fastverify.errors.UserError` line naming the file: not gzip, not a tar, truncated
+(the gzip trailer is checked), bytes after the gzip data, no ``manifest.json`` first, another
+schema or version, a manifest figure out of bounds (:mod:`fastverify.manifest_bounds`), a member
+named in the manifest but absent, a member it does not list (refused at its header, unread),
+``..``, an absolute name, a link, a device or a directory, or sizes past :data:`MAX_MEMBER_BYTES`
+/ :data:`MAX_TOTAL_BYTES` / :data:`MAX_MANIFEST_BYTES`. A listed member over the cap its kind
+has as a file (:func:`member_kind`, :data:`fastverify.inputs.CAPS`: 16 MiB for text and small
+JSON, 512 MiB for the NCCL log) is left uncopied: the bundle opens, and reading that member says
+why (:attr:`Bundle.unreadable`), so a report names the part it could not read and reports the rest.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import posixpath
+import shutil
 import stat
 import tarfile
 import tempfile
 import time
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import msgspec
 
-from fastverify.errors import UserError
+from fastverify.archive import ArchiveRefused, members
+from fastverify.errors import UserError, path_text, printable
+from fastverify.inputs import CAPS, check_regular
+from fastverify.manifest_bounds import manifest_figure_problem
 
 __all__ = ["ARCNAMES", "MANIFEST_NAME", "PART_NAMES", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "Bundle", "Manifest",
            "Part", "is_bundle", "open_bundle", "write_bundle"]
@@ -65,6 +74,10 @@ MAX_TOTAL_BYTES = 16 * GiB
 """Largest sum of member sizes (bytes): 8 ranks of large traces fit; a tar bomb does not."""
 MAX_MANIFEST_BYTES = 4 * MiB
 MAX_MEMBERS = 10_000
+MAX_HEADERS_BYTES = 256 * MiB
+"""Inflated bytes allowed on top of :data:`MAX_TOTAL_BYTES` for headers and padding: 10,000
+members of 512-byte headers and 4 KiB pax headers take ~45 MB."""
+TRACE_SUFFIXES = (".trace.json", ".trace.json.gz")
 COMPRESS_LEVEL = 6  # tarfile's default 9 costs much time on already-gzipped traces for ~no gain
 _CHUNK = 1 << 20
 
@@ -157,6 +170,9 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
     except msgspec.ValidationError as e:
         raise UserError(f"{where}: manifest.json: {e}") from None
     _check_manifest(m, where)
+    why = manifest_figure_problem(m)
+    if why is not None:
+        raise UserError(f"{where}: manifest.json: {why} (an altered or damaged bundle)")
     return m
 
 
@@ -273,151 +289,209 @@ def _member_problem(m: tarfile.TarInfo) -> str | None:
     return None
 
 
-class Bundle:
-    """An opened, validated bundle: :attr:`manifest`, :meth:`part`, :meth:`read`, :meth:`extract`.
-    Holds no open file: each read opens the archive again."""
+def member_kind(arcname: str) -> str:
+    """The input kind whose size cap (:data:`fastverify.inputs.CAPS`) a member gets, as the same
+    file given on the command line: ``trace`` (a trace), ``log`` (the NCCL log), ``json`` (verify
+    records), else ``text`` (the small JSON and text parts)."""
+    if arcname.startswith(ARCNAMES["server_trace"]) or arcname.endswith(TRACE_SUFFIXES):
+        return "trace"
+    if arcname == ARCNAMES["nccl_log"]:
+        return "log"
+    if arcname.startswith(ARCNAMES["verify_log"]) and arcname.endswith(".jsonl"):
+        return "json"
+    return "text"
 
-    def __init__(self, path: Path, manifest: Manifest, members: dict[str, int]) -> None:
+
+class Bundle:
+    """An opened, validated bundle: :attr:`manifest`, :meth:`part`, :meth:`read`, :meth:`local`,
+    :meth:`extract`. Its listed members were copied once, while it was opened, into a private
+    temporary folder (mode 0700) that :meth:`close` (or leaving a ``with`` block, or the end of the
+    process) removes. :attr:`unreadable` maps a member left out for its size to why; reading it
+    raises. Messages name a member ``BUNDLE:member`` (:meth:`where`), never the temporary copy."""
+
+    def __init__(self, path: Path, manifest: Manifest, members: dict[str, int], spool: Path,
+                 unreadable: dict[str, str]) -> None:
         self.path = path
         self.manifest = manifest
         self.members = members  # arcname -> size (bytes), manifest.json excluded
+        self.unreadable = unreadable
+        self._spool = spool
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(spool), ignore_errors=True)
 
     def __enter__(self) -> Bundle:
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        self.close()
+
+    def close(self) -> None:
+        """Remove the temporary copies (the bundle cannot be read after)."""
+        self._cleanup()
 
     def part(self, name: str) -> Part | None:
         return self.manifest.part(name)
 
-    def _tarinfos(self, names: Iterable[str]) -> list[str]:
-        names = list(names)
-        for n in names:
+    def where(self, arcname: str) -> str:
+        """``BUNDLE:member``: how a message names a member."""
+        return f"{path_text(self.path)}:{path_text(arcname)}"
+
+    def rename(self, text: str) -> str:
+        """``text`` (a message or note) with every path of a temporary copy as ``BUNDLE:member``."""
+        return text.replace(f"{self._spool}{os.sep}", f"{path_text(self.path)}:")
+
+    def local(self, arcnames: Iterable[str]) -> list[Path]:
+        """The temporary copies of ``arcnames`` (read them, never keep them; name them in messages
+        through :meth:`rename`).
+
+        Raises
+        ------
+        UserError
+            A member not in the bundle, or one left out for its size (:attr:`unreadable`).
+        """
+        out = []
+        for n in arcnames:
             if n not in self.members:
-                raise UserError(f"{self.path}: has no member {n!r}")
-        return names
+                raise UserError(f"{path_text(self.path)}: has no member {n!r}")
+            if n in self.unreadable:
+                raise UserError(f"{self.where(n)}: {self.unreadable[n]}")
+            if not self._cleanup.alive:
+                raise UserError(f"{self.where(n)}: the bundle was closed")
+            out.append(self._spool / n)
+        return out
 
     def read(self, arcname: str) -> bytes:
-        """The bytes of member ``arcname``; UserError when it is not in the bundle."""
-        (name,) = self._tarinfos([arcname])
-        try:
-            with tarfile.open(self.path, "r:gz") as tar:
-                f = tar.extractfile(tar.getmember(name))
-                return f.read() if f is not None else b""
-        except (tarfile.TarError, EOFError, OSError, zlib.error, KeyError) as e:
-            raise UserError(f"{self.path}: cannot read {name} ({e})") from None
+        """The bytes of member ``arcname`` (at most its kind's cap); UserError as :meth:`local`."""
+        (p,) = self.local([arcname])
+        return p.read_bytes()
 
     def extract(self, arcnames: Iterable[str], dest_dir: str | Path) -> list[Path]:
-        """Write the members ``arcnames`` under ``dest_dir`` (made if missing), regular files only,
-        never outside it (``filter="data"``, plus a resolved-path check); returns their paths."""
-        names = self._tarinfos(arcnames)
+        """Copy the members ``arcnames`` under ``dest_dir`` (made if missing) as new files, never
+        through a link and never over an existing file; returns their paths.
+
+        Raises
+        ------
+        UserError
+            As :meth:`local`, or a target exists or cannot be written (one line naming it).
+        """
         dest = Path(dest_dir)
-        dest.mkdir(parents=True, exist_ok=True)
-        root = os.path.realpath(dest)
         out = []
-        try:
-            with tarfile.open(self.path, "r:gz") as tar:
-                for name in names:
-                    target = os.path.realpath(dest / name)
-                    if os.path.commonpath([root, target]) != root:
-                        raise UserError(f"{self.path}: member {name!r} would land outside {dest}")
-                    member = tar.getmember(name)
-                    if hasattr(tarfile, "data_filter"):
-                        tar.extract(member, dest, filter="data")
-                    else:  # Python < 3.11.4: the same checks by hand, never through a link
-                        os.makedirs(os.path.dirname(target), exist_ok=True)
-                        src = tar.extractfile(member)
-                        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-                        with os.fdopen(fd, "wb") as f:
-                            while chunk := src.read(_CHUNK):
-                                f.write(chunk)
-                    out.append(dest / name)
-        except (tarfile.TarError, EOFError, zlib.error) as e:
-            raise UserError(f"{self.path}: cannot extract ({e})") from None
-        except OSError as e:
-            raise UserError(f"{self.path}: cannot extract into {dest} ({e.strerror or e})") from None
+        for name, src in zip(arcnames := list(arcnames), self.local(arcnames)):
+            target = dest / name
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
+                    shutil.copyfileobj(s, f, _CHUNK)
+            except OSError as e:
+                raise UserError(f"{self.where(name)}: cannot extract to {path_text(target)} ({e.strerror or e})") from None
+            out.append(target)
         return out
 
 
-def _scan(path: Path, gz: gzip.GzipFile) -> tuple[Manifest, dict[str, int]]:
-    where = str(path)
-    tar = tarfile.open(fileobj=gz, mode="r:")  # noqa: SIM115 - holds nothing of its own: gz is the caller's
-    first = tar.next()
+def _spool_member(spool: Path, name: str, data, size: int, where: str) -> None:
+    target = spool / name
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            left = size
+            while left > 0 and (chunk := data.read(min(_CHUNK, left))):
+                f.write(chunk)
+                left -= len(chunk)
+    except OSError as e:
+        raise UserError(f"{where}:{name}: cannot unpack it into {spool.parent} ({e.strerror or e})") from None
+
+
+def _scan(path: Path, raw, spool: Path) -> tuple[Manifest, dict[str, int], dict[str, str]]:
+    """Read the archive once: the manifest, then each listed member copied under ``spool``."""
+    where = path_text(path)
+    it = members(raw, max_inflated=MAX_TOTAL_BYTES + MAX_HEADERS_BYTES)
+    first, data = next(it, (None, None))
     if first is None or first.name != MANIFEST_NAME:
         raise UserError(f"{where}: no manifest.json as the first member: not a fastverify bundle")
     if not first.isreg() or first.size > MAX_MANIFEST_BYTES:
         raise UserError(f"{where}: manifest.json is not a regular file of at most {MAX_MANIFEST_BYTES // MiB} MiB")
-    manifest = decode_manifest(tar.extractfile(first).read(), where)
-    members: dict[str, int] = {}
+    manifest = decode_manifest(data.read(), where)
+    listed = {f for p in manifest.parts for f in p.files}
+    sizes: dict[str, int] = {}
+    unreadable: dict[str, str] = {}
     total = 0
-    while (m := tar.next()) is not None:
+    for m, data in it:
         why = _member_problem(m)
         if why is not None:
             raise UserError(f"{where}: refused member {why}")
-        if m.name in members or m.name == MANIFEST_NAME:
+        if m.name in sizes or m.name == MANIFEST_NAME:
             raise UserError(f"{where}: member {m.name!r} appears twice")
+        if m.name not in listed:
+            raise UserError(f"{where}: member {printable(m.name)!r} is not listed in manifest.json (an altered "
+                            "bundle); refused before it is read")
         if m.size > MAX_MEMBER_BYTES:
             raise UserError(f"{where}: member {m.name!r} is {m.size / GiB:.1f} GiB, over {MAX_MEMBER_BYTES // GiB} GiB")
         total += m.size
-        if total > MAX_TOTAL_BYTES or len(members) >= MAX_MEMBERS:
+        if total > MAX_TOTAL_BYTES or len(sizes) >= MAX_MEMBERS:
             raise UserError(f"{where}: more than {MAX_TOTAL_BYTES // GiB} GiB or {MAX_MEMBERS} members in all")
-        members[m.name] = m.size
-        tar.members = []  # keep no index of TarInfo objects: a hostile archive can hold millions
-    while gz.read(_CHUNK):  # to the gzip trailer: a cut archive fails here (EOFError), a bad CRC too
-        pass
-    missing = [f for p in manifest.parts for f in p.files if f not in members]
+        sizes[m.name] = m.size
+        kind = member_kind(m.name)
+        if m.size > CAPS[kind]:
+            unreadable[m.name] = f"{m.size:,} bytes, over the {CAPS[kind] // MiB} MiB limit for a {kind} input"
+        else:
+            _spool_member(spool, m.name, data, m.size, where)
+    missing = [f for p in manifest.parts for f in p.files if f not in sizes]
     if missing:
         raise UserError(f"{where}: manifest.json names {', '.join(missing[:5])} but the archive lacks "
                         f"{'it' if len(missing) == 1 else 'them'} (truncated or altered?)")
-    return manifest, members
+    return manifest, sizes, unreadable
 
 
 def open_bundle(path: str | Path) -> Bundle:
-    """Open and validate the bundle at ``path`` (reads it through once).
+    """Open and validate the bundle at ``path`` in one pass (module docstring); its listed members
+    are copied to a private temporary folder (:class:`Bundle`: close it, or use ``with``).
 
     Raises
     ------
     UserError
-        One line naming the file: unreadable, not gzip, not a tar, truncated or damaged, no
-        ``manifest.json`` first, another schema or version, a member named in the manifest but
-        missing, a hostile member (``..``, absolute, link, device), or past the size limits.
+        One line naming the file: each refusal of the module docstring, a hostile member (``..``,
+        absolute, link, device, sparse, a bad pax time), or no room to unpack it.
     """
-    from fastverify.inputs import check_regular
-
     path = check_regular(path, what="the bundle")  # a FIFO or device is refused before it is opened
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as e:
-        raise UserError(f"{path}: cannot read the bundle ({e.strerror or e})") from None
-    with raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):  # replaced since the check
-            raise UserError(f"{path}: is not a regular file; give a bundle file (.tar.gz)")
-        if raw.read(2) != b"\x1f\x8b":
-            raise UserError(f"{path}: not a gzip file: not a fastverify bundle (.tar.gz)")
-        raw.seek(0)
-        try:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-                manifest, members = _scan(path, gz)
-        except EOFError:
-            raise UserError(f"{path}: truncated archive (the gzip stream ends early); copy the bundle again") from None
-        except tarfile.ReadError as e:
-            raise UserError(f"{path}: not a tar archive inside the gzip ({e})") from None
-        except (tarfile.TarError, OSError, zlib.error) as e:
-            raise UserError(f"{path}: damaged archive ({e})") from None
-    return Bundle(path, manifest, members)
+        raise UserError(f"{path_text(path)}: cannot read the bundle ({e.strerror or e})") from None
+    where = path_text(path)
+    spool = Path(tempfile.mkdtemp(prefix="fastverify-bundle-"))
+    try:
+        with raw:
+            if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):  # replaced since the check
+                raise UserError(f"{where}: is not a regular file; give a bundle file (.tar.gz)")
+            if raw.read(2) != b"\x1f\x8b":
+                raise UserError(f"{where}: not a gzip file: not a fastverify bundle (.tar.gz)")
+            raw.seek(0)
+            try:
+                manifest, sizes, unreadable = _scan(path, raw, spool)
+            except ArchiveRefused as e:
+                raise UserError(f"{where}: refused: {e}") from None
+            except EOFError:
+                raise UserError(f"{where}: truncated archive (the gzip stream ends early); copy the bundle again") from None
+            except tarfile.ReadError as e:
+                raise UserError(f"{where}: not a tar archive inside the gzip ({e})") from None
+            except (tarfile.TarError, OSError, zlib.error) as e:
+                raise UserError(f"{where}: damaged archive ({e})") from None
+    except BaseException:
+        shutil.rmtree(spool, ignore_errors=True)
+        raise
+    return Bundle(path, manifest, sizes, spool, unreadable)
 
 
 def is_bundle(path: str | Path) -> bool:
     """Whether ``path`` starts like a fastverify bundle (gzip, tar, ``manifest.json`` of our
     schema first); reads only the start of the file."""
     try:
-        with gzip.open(path, "rb") as gz:
-            tar = tarfile.open(fileobj=gz, mode="r:")  # noqa: SIM115 - over gz, closed by the with
-            first = tar.next()
+        with open(path, "rb") as raw:
+            first, data = next(members(raw, max_inflated=MAX_MANIFEST_BYTES + MAX_HEADERS_BYTES), (None, None))
             if first is None or first.name != MANIFEST_NAME or not first.isreg() or first.size > MAX_MANIFEST_BYTES:
                 return False
-            raw = msgspec.json.decode(tar.extractfile(first).read())
-    except (OSError, EOFError, tarfile.TarError, zlib.error, msgspec.DecodeError, RecursionError):
+            doc = msgspec.json.decode(data.read())
+    except (OSError, EOFError, tarfile.TarError, zlib.error, ArchiveRefused, msgspec.DecodeError, RecursionError):
         return False
-    return isinstance(raw, dict) and raw.get("schema") == SCHEMA
+    return isinstance(doc, dict) and doc.get("schema") == SCHEMA

@@ -6,10 +6,10 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
 from fastverify.bounds import MAX_TIMEOUT_S
-from fastverify.errors import EXIT_USER_ERROR, UserError, one_line
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, print_guarded
+from fastverify.output_paths import or_default, output_arg, path_arg, path_arg as _folder, path_text_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,12 +73,6 @@ _seconds = _up_to(MAX_TIMEOUT_S, "seconds")
 _nats = _up_to(100.0, "nats")
 
 
-def _folder(text: str) -> Path:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder, got an empty value")
-    return Path(text)
-
-
 def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) -> argparse.ArgumentParser:
     """The parser of subcommand ``name``: its help line from :data:`_COMMANDS`, no abbreviated flags."""
     return sub.add_parser(name, allow_abbrev=False, help=_COMMANDS[name][0], description=description,
@@ -114,8 +108,9 @@ def _add_p2p(sub) -> None:
          "box. Exit 1 if any pair fails or times out."))
     from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
 
-    p.add_argument("--output", type=Path, metavar="FILE", default=None,
+    p.add_argument("--output", type=output_arg, metavar="FILE", default=None,
                    help="write the JSON there (a new file) instead of printing it")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
     p.add_argument("--timeout", type=_up_to(MAX_TIMEOUT_S, "seconds", MIN_TIMEOUT_S), default=DEFAULT_TIMEOUT_S,
                    help=f"seconds per pair, at least {MIN_TIMEOUT_S:g} (each side imports torch)")
     p.add_argument("--refresh", action="store_true", help="run again even where this box's result is cached")
@@ -150,7 +145,7 @@ def _add_doctor(sub) -> None:
          "it is not installed. Exit 1 if any check fails."))
     doctor.add_argument("--quick", action="store_true", help="only the checks that take well under a second")
     doctor.add_argument("--json", action="store_true", help="print the checks and summary as JSON")
-    doctor.add_argument("--env-file", type=Path, default=None, help="also validate this env file")
+    doctor.add_argument("--env-file", type=path_arg, default=None, help="also validate this env file")
 
 
 def _add_launch(sub) -> None:
@@ -163,12 +158,12 @@ def _add_launch(sub) -> None:
          "the command given after --. --dry-run prints what would be set, which route loads the "
          "patch, and every check that would refuse the launch with its fix (exit 2 when any does, "
          "0 when none); the real launch stops at the first one and starts nothing."))
-    launch.add_argument("--env", type=Path, metavar="FILE", help="env file written by `fastverify tune --write-env`")
+    launch.add_argument("--env", type=path_arg, metavar="FILE", help="env file written by `fastverify tune --write-env`")
     launch.add_argument("--backend", default="auto", metavar="{" + ",".join(BACKENDS) + "}",
                         help="all-reduce backend in the ranks (auto: the deployment record's)")
-    launch.add_argument("--deployment", type=Path, metavar="FILE",
+    launch.add_argument("--deployment", type=path_arg, metavar="FILE",
                         help="deployment record [default: X.deploy.json beside the --env file X.env]")
-    launch.add_argument("--p2p-check", type=Path, metavar="FILE",
+    launch.add_argument("--p2p-check", type=path_arg, metavar="FILE",
                         help="JSON of `fastverify p2p` (proves P2P for pcie_ipc, fused, b12x)")
     launch.add_argument("--describe-box", metavar="JSON|FILE", default=None,
                         help=("describe the serving box when checking a record away from it: a "
@@ -185,12 +180,12 @@ def _add_launch(sub) -> None:
                         help="print the plan and every check that blocks it, start nothing (exit 2 if blocked)")
     proof = launch.add_argument_group(
         "the proof of a swap (launch stays the server's parent, forwards SIGINT/SIGTERM to it and stops it after)")
-    proof.add_argument("--load", nargs="?", const="", default=None, metavar="FILE",
+    proof.add_argument("--load", nargs="?", const="", default=None, metavar="FILE", type=or_default(path_text_arg),
                        help=("once the server is healthy, run a fixed load and write DIR/load.json beside the verify "
                              "records (--profile-verify DIR), then stop the server: greedy answers to the prompts of "
                              "FILE (JSONL, {\"prompt\": ...} a line) or fastverify's own 16, then SGLang's benchmark "
                              "client at each --concurrency"))
-    proof.add_argument("--baseline", type=Path, metavar="DIR",
+    proof.add_argument("--baseline", type=path_arg, metavar="DIR",
                        help=("a --load run of the server without the swap: ask its prompts first and stop the server "
                              "(exit 1) when the answers CHANGED; without --load, then go on serving"))
     proof.add_argument("--max-new-tokens", type=_bounded(1, 4096), default=64, metavar="N",
@@ -222,8 +217,8 @@ def _add_compare(sub) -> None:
         ("Two `launch --load` runs of the same prompts, model and server shapes: verify ms per (requests, "
          "tokens) bucket both served, tok/s per stream and aggregate with 95 % bootstrap intervals, the "
          "accept length, and the answers (same, same within reordering noise, or CHANGED: exit 1)."))
-    p.add_argument("before", type=Path, metavar="BEFORE", help="the run without the swap (its --profile-verify DIR)")
-    p.add_argument("after", type=Path, metavar="AFTER", help="the run with it")
+    p.add_argument("before", type=path_arg, metavar="BEFORE", help="the run without the swap (its --profile-verify DIR)")
+    p.add_argument("after", type=path_arg, metavar="AFTER", help="the run with it")
     p.add_argument("--logprob-tol", type=_nats, default=None, metavar="NATS",
                    help="how far a numerics-only change may move a logprob [default: by the served dtype]")
     p.add_argument("--allow-incomplete", action="store_true", help="compare runs that were cut short")
@@ -237,7 +232,7 @@ def _add_patch(sub) -> None:
          "which targets the patch would wrap, which it would skip and why, and whether the plugin "
          "entry point or the import hook loads it. Exit 1 when a target does not resolve."))
     patch.add_argument("--check", action="store_true", required=True, help="report (the only action)")
-    patch.add_argument("--sglang-source", type=Path, metavar="DIR", help="an unpacked SGLang wheel or checkout")
+    patch.add_argument("--sglang-source", type=path_arg, metavar="DIR", help="an unpacked SGLang wheel or checkout")
 
 
 def _add_collect(sub) -> None:
@@ -309,33 +304,20 @@ def _raise_terminated(signum, _frame) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from fastverify.patch.launch import describe, exec_plan, plan_launch
+    from fastverify.patch.launch import describe, exec_plan, plan_launch, plan_of_args, proof_asked
 
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    box = source = None
-    if args.describe_box is not None:  # a described box: checking a record away from its box
-        from fastverify.topo.box import box_from_description
-
-        box = box_from_description(args.describe_box, where="--describe-box")
-        source = "--describe-box"
-    # The dry run collects every blocker into the plan; the real launch raises at the first.
-    plan = plan_launch(str(args.env) if args.env else None, args.backend,
-                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=os.environ,
-                       trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
-                       box=box, box_source=source, collect_blockers=args.dry_run)
-    proof = args.load is not None or args.baseline is not None or plan.answer_baseline is not None
+    # The dry run collects every blocker into the plan (the proof inputs' too); the real launch raises at the first.
+    plan = plan_of_args(args, os.environ)
     if args.dry_run:
         from fastverify.patch.launch_plan import summary
-        from fastverify.proof.run import refusal  # lazy: the HTTP client, only for --load / --baseline
 
         sys.stdout.write(describe(plan))
-        why = summary(plan.blockers) if plan.blockers else refusal(plan, args) if proof else None
-        if why:
+        if plan.blockers:
             sys.stdout.flush()  # the plan first, then the one-line verdict
-            sys.stderr.write(f"fastverify: error: {one_line(why)}\n")
+            sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
             return EXIT_USER_ERROR
         return 0
-    if proof:
+    if proof_asked(args, plan):
         from fastverify.proof.run import FallBack, load_options, supervise  # lazy: the HTTP client
 
         try:
@@ -343,7 +325,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         except FallBack:
             sys.stderr.write("fastverify launch: --on-mismatch fallback: starting the server again without the swap "
                              "(no env file, no patch)\n")
-            plan = plan_launch(None, "off", None, cmd, environ=os.environ)
+            plan = plan_launch(None, "off", None, plan.argv, environ=os.environ)
     exec_plan(plan)  # replaces this process; returns only through an error
     return 1
 
@@ -352,10 +334,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from fastverify.doctor import print_checks, run_doctor, summarise
     from fastverify.doctor.json_output import run_doctor_json
 
-    if args.env_file:  # a FIFO, device, folder or oversize file is a bad argument (exit 2), not a finding
-        from fastverify.inputs import read_bytes
+    if args.env_file:  # a FIFO, folder, oversize or binary file is a bad argument (exit 2), not a finding
+        from fastverify.inputs import read_text
 
-        read_bytes(args.env_file, kind="text", flag="--env-file")
+        read_text(args.env_file, kind="text", flag="--env-file", what="env file")
     env_file = str(args.env_file) if args.env_file else None
     if args.json:  # stdout holds the JSON only: NCCL's log and the checks' output go elsewhere
         return run_doctor_json(quick=args.quick, env_file=env_file)
@@ -411,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         start_painter_early(argv)
-        return _main(argv)
+        return print_guarded(lambda: _main(argv))  # a closed or full stdout: one line, exit 2
     except KeyboardInterrupt:  # Ctrl-C while parsing or importing, before _main's own handler
         sys.stderr.write("fastverify: interrupted\n")
         return 130
@@ -452,7 +434,7 @@ def _main(argv: list[str]) -> int:
         if args.command == "p2p":
             from fastverify.topo.p2p import run_check_command
 
-            return run_check_command(output=args.output, timeout_s=args.timeout, refresh=args.refresh)
+            return run_check_command(output=args.output, timeout_s=args.timeout, refresh=args.refresh, force=args.force)
         if args.command == "patch":
             from fastverify.patch.check import check, format_report
 
@@ -489,6 +471,8 @@ def _main(argv: list[str]) -> int:
         sys.stderr.write("fastverify: interrupted\n")
         return 130
     finally:
+        if "fastverify.outputs" in sys.modules:  # a name this run claimed for an output, never written: removed
+            sys.modules["fastverify.outputs"].release_reserved()
         for s, h in previous.items():
             signal.signal(s, h)
     return 1

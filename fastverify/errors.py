@@ -5,12 +5,17 @@ traceback. Raise it for bad input (a truncated trace, an unknown preset, a confi
 let programming errors raise anything else.
 :func:`schema_error` says a msgspec validation error of a hand-written JSON document in that one
 line: the field, the expected type in words and an example.
+:func:`shown` is the one way a printer shows text that came from an input (one escaped line), and
+:func:`print_guarded` the one place a closed or full standard output becomes that one line.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 
 
 class UserError(Exception):
@@ -18,6 +23,89 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 128 + 13
+"""A reader that left (``fastverify report B | head``): the shell's code for a process killed by
+SIGPIPE (13), with no message, as ``cat`` or ``git log`` end there."""
+
+
+class StdoutError(OSError):
+    """Standard output refused a write: a full device (``>/dev/full``), a closed pipe. Keeps the
+    errno and strerror of the write's own error."""
+
+
+class _GuardedStdout:
+    """``sys.stdout`` during a command: the same stream, whose failed writes raise :class:`StdoutError`
+    (and so are told apart from a failed write of an output file)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _hold_closed_stdout(*, always: bool = False) -> None:
+    """Where the shell closed file descriptor 1 (``>&-``), put ``/dev/null`` there, so that no file
+    this process opens lands on it and no child process writes its output into such a file.
+    ``sys.stdout`` stays None (what ``>&-`` means to Python). ``always``: also over a broken pipe,
+    so that nothing buffered is written to it again at exit."""
+    if not always:
+        try:
+            os.fstat(1)
+            return
+        except OSError:
+            pass
+    fd = os.open(os.devnull, os.O_WRONLY)
+    if fd != 1:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
+def print_guarded(command: Callable[[], int]) -> int:
+    """Run ``command`` (a CLI command; returns its exit code) with a standard output that says why
+    it cannot be written: a closed one (``>&-``: ``sys.stdout`` is None) or one whose write fails
+    (a full device) ends the command with ONE line on stderr and exit code
+    :data:`EXIT_USER_ERROR`, never a traceback; a reader that left (a broken pipe) ends it silently
+    with :data:`EXIT_BROKEN_PIPE`. A command that handles this itself (``profile``,
+    whose files are its output) keeps its own answer."""
+    original = sys.stdout
+    if original is None:
+        _hold_closed_stdout()
+    else:
+        sys.stdout = _GuardedStdout(original)
+    why = None
+    try:
+        return command()
+    except StdoutError as err:
+        if err.errno == errno.EPIPE:  # the reader left (``| head``): silent, as a tool killed by SIGPIPE
+            _hold_closed_stdout(always=True)
+            return EXIT_BROKEN_PIPE
+        why = err.strerror or str(err)
+    except AttributeError as err:  # None.write / None.isatty / None.flush: the output was closed
+        if sys.stdout is not None or "'NoneType'" not in str(err):
+            raise
+        why = "it is closed"
+    finally:
+        if isinstance(sys.stdout, _GuardedStdout):
+            sys.stdout = original
+    sys.stderr.write(f"fastverify: error: cannot write to standard output ({why})\n")
+    return EXIT_USER_ERROR
 
 
 MAX_ERROR_CHARS = 600
@@ -42,6 +130,28 @@ def printable(text: object) -> str:
         else:
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
     return "".join(out)
+
+
+MAX_SHOWN_CHARS = 1000
+"""Longest text from an input (a file, a record, a bundle, a server reply, a description) printed
+in one piece: a longer one is cut in the middle with a marker saying how much was left out."""
+
+
+def shown(text: object, limit: int | None = MAX_SHOWN_CHARS) -> str:
+    """``text`` that came from an input, as ONE terminal-safe line for the printers.
+
+    Control characters (C0, DEL, C1, the bidi and other format characters, line and paragraph
+    separators, carriage return) are ``\\x..``/``\\u....`` escapes as in :func:`printable`, and a
+    newline or tab is ``\\n``/``\\t``, so a note can neither move the cursor nor forge a line of
+    its own. A text longer than ``limit`` characters (after escaping) keeps its start and end and
+    says how many characters were left out; ``limit=None``: never cut (a command line to copy)."""
+    s = printable(text)
+    if "\n" in s or "\t" in s:
+        s = s.replace("\n", "\\n").replace("\t", "\\t")
+    if limit is None or len(s) <= limit:
+        return s
+    head, tail = limit * 2 // 3, limit // 4
+    return f"{s[:head]} … [{len(s) - head - tail:,} characters left out] … {s[-tail:]}"
 
 
 def path_text(path: object) -> str:

@@ -7,7 +7,10 @@ folder renamed into place (the paths are checked first: :mod:`fastverify.output_
 * :func:`atomic_write_texts`, the writer of tuned settings (the env file, its deployment record, the
   tuner CSV): the old file kept as ``<name>.bak``, every new file fsync'd.
 
-A symlink, a directory, a device or a FIFO at an output path is refused, never written through.
+A name the user gives is claimed before any work by :func:`claim_output`: an existing file only
+with ``--force``, else the name taken with an exclusive create, as :func:`reserve_names` takes a
+default one. A symlink, a directory, a device or a FIFO at an output path is refused, never
+written through.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastverify.errors import UserError
-from fastverify.output_paths import backup_path, check_folder, refuse_symlink, writable_target
+from fastverify.output_paths import backup_path, check_folder, check_new_output, refuse_symlink, shown, writable_target
 
 
 def write_error(path: Path, err: OSError) -> str:
@@ -111,6 +114,38 @@ def reserve_names(folder: Path | str, base: str, suffixes: tuple[str, ...],
             raise UserError(write_error(current, e)) from None
         return made
     raise UserError(f"{folder}: {_MAX_TRIES} names {base}-<n>{suffixes[0]} are taken; give --output")
+
+
+def claim_output(path: Path | str | None, flag: str, *, force: bool = False, reserve: bool = True) -> None:
+    """Check an output the user named (:func:`fastverify.output_paths.check_new_output`: an
+    existing file only with ``force``) and, where nothing is there, take its name with an exclusive
+    create, so that a file another run makes there meanwhile is never written over: this run is
+    refused instead. The empty placeholder is filled by :func:`write_files` or
+    :func:`atomic_write_texts` (or any writer that renames a complete file over it) and removed by
+    :func:`release_reserved` (at the latest when the process exits) if it never is. Where the
+    folder does not exist yet, or with ``reserve=False`` (the output lies in a folder the command
+    reads), no placeholder is made. None is skipped.
+
+    Raises
+    ------
+    UserError
+        As :func:`~fastverify.output_paths.check_new_output`, or the name was taken meanwhile.
+    """
+    if path is None:
+        return
+    check_new_output(path, flag, force=force)
+    p = Path(path)
+    if not reserve or os.path.lexists(p) or not p.parent.is_dir() or os.path.abspath(p) in _RESERVED:
+        return
+    if not _RESERVED:
+        atexit.register(release_reserved)
+    try:
+        _RESERVED[os.path.abspath(p)] = _exclusive_create(p)
+    except FileExistsError:
+        raise UserError(f"{flag} {shown(p)}: exists (made meanwhile); fastverify never writes over a file: give a "
+                        "new name, or --force to replace it") from None
+    except OSError as e:
+        raise UserError(write_error(p, e)) from None
 
 
 def release_reserved(paths: list[Path] | None = None) -> None:
@@ -293,7 +328,7 @@ class _Replacement:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         old = bak = None
-        if path.exists():
+        if path.exists() and os.path.abspath(path) not in _RESERVED:  # a placeholder is not an old file
             bak = backup_path(path)
             writable_target(bak)
             fd, old = tempfile.mkstemp(prefix=f".{bak.name}.", suffix=".tmp", dir=path.parent)
@@ -313,6 +348,7 @@ class _Replacement:
             except OSError:
                 _restore(done)
                 raise
+            _RESERVED.pop(os.path.abspath(s.path), None)
             done.append(s)
         for s in self.staged:
             if s.old is None:

@@ -9,8 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_ITERS, MAX_WARMUP
 from fastverify.errors import UserError
+from fastverify.output_paths import output_arg, path_text_arg
 from fastverify.profile_record import live_timing, median_or_none
 from fastverify.progress import say
 
@@ -30,9 +31,9 @@ def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
                      "2 ranks; gloo on CPU, NCCL on GPUs)."),
         formatter_class=formatter,
     )
-    prof.add_argument("--trace", nargs="+", metavar="PATH",
+    prof.add_argument("--trace", nargs="+", metavar="PATH", type=path_text_arg,
                       help="trace files (.json, .json.gz) or folders of them, one file per TP rank")
-    prof.add_argument("--verify-log", nargs="+", metavar="DIR",
+    prof.add_argument("--verify-log", nargs="+", metavar="DIR", type=path_text_arg,
                       help=("measured verify latency from the records of `fastverify launch --profile-verify DIR` "
                             "(steps, p50/p90 per rank, clock); DIR DIR2: before and after, and the change"))
     prof.add_argument("--model", default="tiny",
@@ -41,8 +42,8 @@ def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
     # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
     prof.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
     prof.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="live run: requests in the verify batch (B)")
-    prof.add_argument("--iters", type=positive, default=5, help="live run: timed verify forwards")
-    prof.add_argument("--warmup", type=int, default=2, help="live run: untimed warm-up forwards")
+    prof.add_argument("--iters", type=bounded(1, MAX_ITERS), default=5, help="live run: timed verify forwards")
+    prof.add_argument("--warmup", type=bounded(0, MAX_WARMUP), default=2, help="live run: untimed warm-up forwards")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
     from fastverify.registry import BackendName
 
@@ -56,10 +57,10 @@ def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
                       help="live run: dtype of weights, activations and all-reduces")
     prof.add_argument("--timeout", type=seconds, default=300.0,
                       help="live run: seconds before a rank counts as hung, in (0, 86400]")
-    prof.add_argument("--output", type=Path, default=None,
+    prof.add_argument("--output", type=output_arg, default=None,
                       help="profile JSON path [default: profiles/<name>-<UTC time>.json]")
     png = prof.add_mutually_exclusive_group()
-    png.add_argument("--png", type=Path, default=None, help="PNG path [default: beside the JSON]")
+    png.add_argument("--png", type=output_arg, default=None, help="PNG path [default: beside the JSON]")
     png.add_argument("--no-png", action="store_true", help="write no PNG")
     prof.add_argument("--quiet", action="store_true", help="print no table, only the output paths")
     prof.add_argument("--jobs", type=positive, default=None, metavar="N",
@@ -68,8 +69,9 @@ def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
                             "small]; a file of 16 MiB of JSON or more read on its own is read in two halves at once "
                             "(no PNG) unless N is 1"))
     prof.add_argument("--force", action="store_true",
-                      help=("--trace: merge traces that cannot be one run (different world size, GPU model, "
-                            "NCCL version or backend), with a warning instead of an error"))
+                      help=("replace an existing --output / --png file; --trace: also merge traces that cannot be "
+                            "one run (different world size, GPU model, NCCL version or backend), with a warning "
+                            "instead of an error"))
 
 
 _LIVE_FLAGS = ("--model", "--tp", "--tp-size", "--draft-tokens", "--speculative-num-draft-tokens", "--batch",
@@ -80,7 +82,8 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     import os
 
     from fastverify.errors import printable
-    from fastverify.output_paths import check_outputs, check_writable, refuse_symlink
+    from fastverify.output_paths import check_outputs, refuse_symlink
+    from fastverify.outputs import claim_output
     from fastverify.profile import default_output
     from fastverify.verifylog import build_report, format_report, write_report
 
@@ -106,8 +109,9 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
                                 "write the report outside the log folders")
     for folder in args.verify_log:
         check_outputs({"--output": args.output}, {"--verify-log": folder})
-    if args.output is not None:
-        check_writable(args.output)
+    if args.force and args.output is None:
+        raise UserError("--force replaces an existing --output file; the default name is always a new one")
+    claim_output(args.output, "--output", force=args.force)
     report = build_report(*args.verify_log)
     out = args.output or default_output("verify-log", png=False)
     write_report(report, out)
@@ -140,12 +144,15 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})
-    from fastverify.output_paths import check_writable, refuse_symlink
+    from fastverify.outputs import claim_output
 
-    for flag, path in outputs.items():
-        if path is not None:
-            refuse_symlink(path, flag)  # a dangling link would put the file elsewhere: refused
-            check_writable(path)  # before any trace is read or rank started
+    import os
+
+    folders = [os.path.realpath(t) for t in args.trace or () if os.path.isdir(t)]
+    for flag, path in outputs.items():  # before any trace is read or rank started
+        # an existing file only with --force; no placeholder where a --trace folder would read it
+        inside = path is not None and any(Path(os.path.realpath(path)).is_relative_to(f) for f in folders)
+        claim_output(path, flag, force=args.force, reserve=not inside)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -153,8 +160,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.verify_log:
         return _cmd_verify_log(args, argv)
     _check_profile_outputs(args)
-    if args.force and not args.trace:
-        raise UserError("--force merges --trace files that are not one run; it does not apply without --trace")
+    if args.force and not args.trace and args.output is None and args.png is None:
+        raise UserError("--force replaces an existing --output / --png file, or merges --trace files that are not "
+                        "one run; it does not apply without one of them")
     if args.jobs is not None and not args.trace:
         raise UserError("--jobs sets how many --trace files are decoded at once; it does not apply without --trace")
     painter = EARLY.pop("painter", None)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.table import Table
+
+from fastverify.console import cell, say, stdout_console
 
 
 def _fmt(v: float | None) -> str:
@@ -18,7 +18,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     """Print the per-rank split, the per-step medians and the all-reduce sizes.
 
     ``profile`` is the record as plain dicts (:func:`fastverify.profile.as_builtins`)."""
-    console = console or Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 150)
+    console = console or stdout_console()
     clock = profile["timing"]["clock"]
     console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
                   f"clock: {clock}")
@@ -30,7 +30,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         if src.get("n_routed_experts"):
             line += (f"; {src['experts_allocated']} of {src['n_routed_experts']} routed experts allocated "
                      "(all that the tokens' top-k can reach)")
-        console.print(line, markup=False)
+        say(console, line)
     if clock in ("cpu_wall_clock", "cpu_trace"):
         console.print("# [bold]CPU timings over gloo: these are NOT GPU timings[/bold]")
     t = Table(title="per TP rank (whole window)", title_justify="left")
@@ -71,7 +71,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         for col in ("position", "label", "bytes", "count", "median µs", "p90 µs"):
             t.add_column(col, justify="right", overflow="fold")
         for r in positions:
-            t.add_row(str(r["position"]), r["label"] or "-", "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
+            t.add_row(str(r["position"]), cell(r["label"] or "-"), "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
                       str(r["count"]), _fmt(r["median_us"]), _fmt(r["p90_us"]))
         console.print(t)
     xr = profile["cross_rank"]
@@ -79,4 +79,4 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         console.print(f"# {xr['matched']} collectives matched across ranks; straggler (most often last to "
                       f"arrive): TP rank {xr['straggler_rank']}")
     for w in profile["warnings"]:
-        console.print(f"# warning: {w}", style="yellow", markup=False)
+        say(console, f"# warning: {w}", style="yellow")  # warnings quote the traces (file and kernel names)

@@ -192,7 +192,8 @@ def test_hostile_members(tmp_path, member, word):
 
 
 def test_duplicate_member_and_oversize_manifest(tmp_path, monkeypatch):
-    p = _raw_tar(tmp_path / "b.tar.gz", [(_member(MANIFEST_NAME), _manifest_bytes(_manifest())),
+    listed = _manifest_bytes(_manifest({"doctor": ("a.json",)}))
+    p = _raw_tar(tmp_path / "b.tar.gz", [(_member(MANIFEST_NAME), listed),
                                          (_member("a.json"), b"1"), (_member("a.json"), b"2")])
     _refused(p, "twice")
     from fastverify import bundle
@@ -202,7 +203,7 @@ def test_duplicate_member_and_oversize_manifest(tmp_path, monkeypatch):
     _refused(p, "manifest.json")
     monkeypatch.setattr(bundle, "MAX_MANIFEST_BYTES", 1 << 22)
     monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", 10)
-    p = _raw_tar(tmp_path / "d.tar.gz", [(_member(MANIFEST_NAME), _manifest_bytes(_manifest())),
+    p = _raw_tar(tmp_path / "d.tar.gz", [(_member(MANIFEST_NAME), _manifest_bytes(_manifest({"doctor": ("big.bin",)}))),
                                          (_member("big.bin"), b"x" * 11)])
     _refused(p, "big.bin", "GiB")
 

@@ -148,7 +148,7 @@ def test_refusals_before_any_work(tmp_path):
             command.run(_args("--server", bad, "--output", str(tmp_path / "b.tar.gz")))
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    with pytest.raises(UserError, match="not a fastverify bundle"):
+    with pytest.raises(UserError, match="exists; fastverify never writes over a file: .* --force"):
         command.run(_args("--output", str(notes)))
     assert notes.read_text() == "mine"
     prof = tmp_path / "prof"

@@ -346,7 +346,7 @@ def test_a_corrupt_trace_in_the_bundle_is_named_by_its_member(tmp_path, capsys):
     assert bundle == src
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{out}: server/traces/1700000000-TP-1.trace.json.gz" in err, err
+    assert err.count("\n") == 1 and f"{out}:server/traces/1700000000-TP-1.trace.json.gz:" in err, err
 
 
 def test_png_refusals_come_before_any_output(tmp_path, capsys):

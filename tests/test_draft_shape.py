@@ -98,14 +98,15 @@ def test_a_tie_goes_to_the_shallower_depth():
 def test_extrapolation_runs_from_the_nearest_two_points_on_each_side():
     """Points (2, 10), (3, 11), (5, 17): the slope is 1 ms per token at the low end and 3 at the
     high end. Below 2 the line through the two lowest points: 1 token -> 10 - 1 = 9 ms; above 5 the
-    line through the two highest: 6 -> 17 + 3 = 20 ms, 7 -> 23 ms. Never below 0: (3, 1), (4, 10) at
-    2 tokens -> 1 - 9 < 0 -> 0."""
+    line through the two highest: 6 -> 17 + 3 = 20 ms, 7 -> 23 ms. Never below the lowest point scaled
+    by tokens (a fixed part plus a part per token, both >= 0): (3, 1), (4, 10) at 2 tokens -> the line
+    gives 1 - 9 < 0, the floor 1 x 2 / 3."""
     curve = _curve({2: 10.0, 3: 11.0, 5: 17.0})
     assert DM.verify_at(curve, 1) == (pytest.approx(9.0), "extrapolated")
     assert DM.verify_at(curve, 6) == (pytest.approx(20.0), "extrapolated")
     assert DM.verify_at(curve, 7) == (pytest.approx(23.0), "extrapolated")
     assert DM.verify_at(curve, 4) == (pytest.approx(14.0), "derived")  # between 3 and 5: 11 + 3
-    assert DM.verify_at(_curve({3: 1.0, 4: 10.0}), 2) == (0.0, "extrapolated")
+    assert DM.verify_at(_curve({3: 1.0, 4: 10.0}), 2) == (pytest.approx(2 / 3), "extrapolated")
     # through the table: a run at 5 steps whose records were taken at 4..6 tokens per request only:
     # depths 1 and 2 (2 and 3 tokens) extrapolate down the low end's 2 ms per token: 8 - 2 x 2, 8 - 2
     rep = DM.recommend(HIST, _curve({4: 8.0, 5: 10.0, 6: 16.0}), _draft(0.0))

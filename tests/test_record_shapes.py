@@ -36,13 +36,13 @@ def test_record_has_the_profiles_draft_tokens_and_batch(profile_3x5, tmp_path):
     assert cp.returncode == 0, cp.stderr[-2000:]
     shapes = json.loads((tmp_path / "x.deploy.json").read_text())["shapes"]
     assert shapes == {"max_batch": 5, "draft_tokens": 3, "hidden": hidden, "dtype": "bfloat16"}
-    cp = _tune(profile_3x5, tmp_path, "--max-batch", "48")
+    cp = _tune(profile_3x5, tmp_path, "--max-batch", "48", "--force")  # over the first pair: asked for
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert json.loads((tmp_path / "x.deploy.json").read_text())["shapes"]["max_batch"] == 48
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--draft-tokens", "4"], "--draft-tokens 4: the workload was measured with 3 draft tokens"),
+    (["--draft-tokens", "4"], "has 3 draft tokens per request; drop the flag"),
     (["--max-batch", "4"], "--max-batch 4: smaller than the workload's batch 5"),
     (["--tp", "8"], "was measured at TP 2; drop the flag"),
 ])

@@ -438,10 +438,10 @@ def test_a_per_pair_timeout_under_a_torch_import_is_refused(seconds, capsys):
 
 
 def test_output_over_a_file_that_is_not_a_p2p_check_is_refused_before_the_check(tmp_path):
-    """``--output`` writes a new file or replaces an earlier check only: an env file there is left
+    """``--output`` writes a new file (an existing one only with --force): an env file there is left
     alone, and the refusal comes before any GPU is touched."""
     env = tmp_path / "box.env"
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
-    with pytest.raises(UserError, match=r"exists and is not a P2P check document; it is never replaced"):
+    with pytest.raises(UserError, match=r"exists; fastverify never writes over a file: .* --force"):
         p2p.run_check_command(output=env, timeout_s=120.0, refresh=False)
     assert env.read_text() == "NCCL_P2P_LEVEL=SYS\n"

@@ -148,8 +148,8 @@ def test_a_failed_write_leaves_the_old_pair_untouched(work, capsys, monkeypatch,
         (work / bak).unlink(missing_ok=True)
     before = digest(work)
     _fail_replace(monkeypatch, work / fails)
-    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--pcie-gen", "5", "--write-env", "X.env"], capsys),
-                    f"{fails}: cannot write", "No space left on device")
+    one_line_error(*cli(PREDICT_2 + ["--topology", "t2.txt", "--pcie-gen", "5", "--write-env", "X.env", "--force"],
+                        capsys), f"{fails}: cannot write", "No space left on device")
     assert digest(work) == before, "no file changed, none added (no .bak, no temporary file)"
 
 

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
-from fastverify.bundle import PART_NAMES, Manifest, Part, is_bundle, write_bundle
+from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 from fastverify.collect import gpu, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
-from fastverify.errors import UserError, one_line
+from fastverify.errors import UserError, one_line, path_text, printable
+from fastverify.output_paths import output_arg, path_arg, shown
+from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
 from fastverify.progress import say
 
 DEFAULT_BUDGET_S = 600.0
@@ -88,8 +90,10 @@ def _number(kind, lo, hi, what):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``collect`` subcommand's flags."""
-    p.add_argument("--output", type=Path, default=None,
-                   help="bundle path [default: fastverify-bundle-<UTC time>.tar.gz in the working directory]")
+    p.add_argument("--output", type=output_arg, default=None,
+                   help="bundle path, a new file [default: fastverify-bundle-<UTC time>[-<n>].tar.gz in the working "
+                        "directory, a name no other run takes]")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
     p.add_argument("--budget", type=_number(float, MIN_BUDGET_S, MAX_TIMEOUT_S, "seconds"), default=DEFAULT_BUDGET_S,
                    help=f"seconds for the whole run; parts that no longer fit are skipped ('time budget') "
                         f"[default: {DEFAULT_BUDGET_S:g}]")
@@ -101,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--send-requests", type=_number(int, 0, 1000, "requests"), default=0, metavar="N",
                    help="send N small /generate requests while the server profiles (for a quiet server) "
                         "[default: none; collect never sends traffic unless asked]")
-    p.add_argument("--verify-log", type=Path, metavar="DIR", default=None,
+    p.add_argument("--verify-log", type=path_arg, metavar="DIR", default=None,
                    help="the records of `fastverify launch --profile-verify DIR` to include")
     p.add_argument("--tp", type=_number(int, 1, 64, "ranks"), default=None,
                    help="tensor-parallel size of the verify all-reduces [default: the server's tp_size, else the GPU count]")
@@ -117,26 +121,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def default_output(now: _dt.datetime | None = None) -> Path:
-    """``fastverify-bundle-<UTC time>[-<n>].tar.gz`` in the working directory, a new name."""
+def default_output(now: _dt.datetime | None = None, folder: Path | str = ".") -> Path:
+    """``fastverify-bundle-<UTC time>[-<n>].tar.gz`` in ``folder`` (the working directory), a new
+    name taken with an exclusive create (:func:`fastverify.outputs.reserve_names`), so that runs
+    started in the same second each get their own; the empty placeholder is removed if the run
+    ends without a bundle.
+
+    Raises
+    ------
+    UserError
+        The folder cannot be written.
+    """
     stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
-    path, n = Path(f"fastverify-bundle-{stamp}.tar.gz"), 2
-    while path.exists() or path.is_symlink():
-        path, n = Path(f"fastverify-bundle-{stamp}-{n}.tar.gz"), n + 1
-    return path
+    return reserve_names(folder, f"fastverify-bundle-{stamp}", (".tar.gz",))[0]
 
 
-def _check_output(out: Path, verify_log: Path | None) -> None:
-    from fastverify.output_paths import check_writable, writable_target
-
-    writable_target(out)  # a folder, a device or a FIFO: refused
-    if out.exists() and not is_bundle(out):
-        raise UserError(f"--output {out}: exists and is not a fastverify bundle; it is never replaced (give a new name)")
+def _check_output(out: Path, verify_log: Path | None, force: bool) -> None:
+    """``--output``: not inside ``--verify-log``; an existing file only with ``--force``, and then
+    only a regular, writable one; a folder that takes new files (:func:`fastverify.outputs.claim_output`)."""
     if verify_log is not None:
         inside = Path(os.path.realpath(out)).is_relative_to(os.path.realpath(verify_log))
         if inside:
-            raise UserError(f"--output {out}: is inside --verify-log {verify_log}; write the bundle elsewhere")
-    check_writable(out)
+            raise UserError(f"--output {shown(out)}: is inside --verify-log {shown(verify_log)}; write the bundle "
+                            "elsewhere")
+    claim_output(out, "--output", force=force)
+
+
+def _write(out: Path, manifest: Manifest, files: dict) -> None:
+    """The bundle at ``out`` through the one writer (:func:`fastverify.outputs.write_files`): it
+    is written whole to a temporary file beside ``out`` and renamed over the placeholder (or, with
+    ``--force``, the old file); an error names ``out``, never the temporary file."""
+    def fill(tmp: Path) -> None:
+        tmp.unlink()  # write_bundle makes its own file there (it never replaces a non-bundle)
+        try:
+            write_bundle(tmp, manifest, files)
+        except UserError as e:
+            raise UserError(str(e).replace(str(tmp), str(out))) from None
+
+    write_files([(out, fill)])
 
 
 def _shapes(args, info: ServerInfo | None, gpus: int) -> Shapes:
@@ -209,6 +231,12 @@ def _run_part(spec: PartSpec, ctx: Context, limit_s: float) -> Outcome:
         return failed(one_line(f"{type(e).__name__}: {e}", 300))
 
 
+def _member_name(arcname: str) -> str:
+    """``arcname`` with each undecodable byte of a non-UTF-8 file name (``os.fsdecode``'s lone
+    surrogates) as ``%xx``; any other name as it is."""
+    return "".join(f"%{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in arcname)
+
+
 def run_parts(ctx: Context, budget_s: float, t0: float, excluded: dict[str, str]) -> tuple[dict[str, Part], dict]:
     """Run the parts not ``excluded`` in :data:`RUN_ORDER`, each within its share of the time left
     (module docstring); returns name -> :class:`Part`, and arcname -> bytes or Path of their files."""
@@ -237,9 +265,14 @@ def run_parts(ctx: Context, budget_s: float, t0: float, excluded: dict[str, str]
         t = time.monotonic()
         res = _run_part(spec, ctx, limit)
         seconds = time.monotonic() - t
+        # the manifest is UTF-8 JSON: a name taken from a path (a non-UTF-8 folder or record
+        # name) goes in with its undecodable bytes escaped (%xx in a member name, which takes no
+        # backslash), never as a traceback after the work
+        got = {_member_name(arc): src for arc, src in res.files.items()}
+        meta = {k: path_text(v) if isinstance(v, str) else v for k, v in (res.meta or {}).items()}
         out[name] = Part(name, res.status, None if res.status == "ok" else one_line(res.reason or res.status, 400),
-                         files=tuple(res.files), seconds=round(seconds, 3), meta=res.meta)
-        files.update(res.files)
+                         files=tuple(got), seconds=round(seconds, 3), meta=meta)
+        files.update(got)
         if not ctx.quiet:
             say(f"collect: {name} {res.status} in {seconds:.1f} s" + (f": {res.reason}" if res.reason else ""))
     return out, files
@@ -250,13 +283,16 @@ def _prepare(args) -> tuple[Path, ServerInfo | None, Path | None]:
     verify_log = args.verify_log
     if verify_log is not None:
         parts.check_verify_log(verify_log)
-    out = args.output or default_output()
-    _check_output(out, verify_log)
+    if args.force and args.output is None:
+        raise UserError("--force replaces an existing --output file; the default name is always a new one")
+    if args.output is not None:
+        _check_output(args.output, verify_log, args.force)
     if args.send_requests and not args.server:
         raise UserError("--send-requests sends requests to --server; give --server URL")
     info = None
     if args.server is not None:
         info = server.fetch_server_info(server.normalise_url(args.server))
+    out = args.output or default_output()  # last: a refusal above leaves no placeholder
     return out, info, verify_log
 
 
@@ -272,7 +308,11 @@ def run(args) -> int:
     from fastverify.procs import make_workdir
 
     t0 = time.monotonic()
-    out, info, verify_log = _prepare(args)
+    try:
+        out, info, verify_log = _prepare(args)
+    except BaseException:
+        release_reserved()  # the name claimed for --output: not left behind
+        raise
     host, gpus = _host()
     workdir = make_workdir("fastverify-collect-")
     try:
@@ -282,10 +322,11 @@ def run(args) -> int:
         manifest = Manifest(created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                             fastverify_version=__version__, host=host, budget_s=float(args.budget),
                             elapsed_s=round(time.monotonic() - t0, 3), parts=tuple(done[n] for n in PART_NAMES))
-        write_bundle(out, manifest, files)
+        _write(out, manifest, files)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        release_reserved()  # a claimed name not written (Ctrl-C, a failed write): removed
     counts = {s: sum(1 for p in manifest.parts if p.status == s) for s in ("ok", "skipped", "failed")}
-    print(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
+    print(f"wrote {printable(out)} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
     sys.stdout.flush()
     return 0

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastverify.errors import path_text
 from fastverify.procs import child_env, popen_dying_with_parent
 
 KILL_GRACE_S = 5.0
@@ -88,16 +89,45 @@ class Outcome:
     meta: dict = field(default_factory=dict)
 
 
+def _text(value, depth: int = 0):
+    """``value`` with every string valid UTF-8 (the ``\\x..`` of a non-UTF-8 path's bytes,
+    :func:`fastverify.errors.path_text`), through dicts, lists and tuples: the manifest is JSON,
+    and one undecodable name in a part's facts must not cost the whole collection."""
+    if isinstance(value, str):
+        return path_text(value)
+    if depth > 20:
+        return value
+    if isinstance(value, dict):
+        return {_text(k, depth + 1): _text(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_text(v, depth + 1) for v in value)
+    return value
+
+
+def _outcome(status: str, reason: str | None, files: dict | None, meta: dict) -> Outcome:
+    """An :class:`Outcome` whose text is UTF-8 (:func:`_text`); a file whose member name is not
+    UTF-8 is left out and named in ``meta["left_out_not_utf8"]``."""
+    kept, left_out = {}, []
+    for name, src in (files or {}).items():
+        if path_text(name) == name:
+            kept[name] = src
+        else:
+            left_out.append(path_text(name))
+    if left_out:
+        meta = {**meta, "left_out_not_utf8": [*meta.get("left_out_not_utf8", ()), *left_out]}
+    return Outcome(status, None if reason is None else path_text(reason), kept, _text(meta))
+
+
 def ok(files: dict | None = None, **meta) -> Outcome:
-    return Outcome("ok", None, dict(files or {}), meta)
+    return _outcome("ok", None, files, meta)
 
 
 def skipped(reason: str, **meta) -> Outcome:
-    return Outcome("skipped", reason, {}, meta)
+    return _outcome("skipped", reason, None, meta)
 
 
 def failed(reason: str, files: dict | None = None, **meta) -> Outcome:
-    return Outcome("failed", reason, dict(files or {}), meta)
+    return _outcome("failed", reason, files, meta)
 
 
 @dataclass

@@ -14,7 +14,8 @@ import orjson
 
 from fastverify.bundle import ARCNAMES
 from fastverify.collect.core import Context, Outcome, failed, fastverify_argv, ok, run_child, skipped
-from fastverify.errors import UserError
+from fastverify.errors import UserError, path_text
+from fastverify.progress import say
 
 JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
 NO_NVIDIA_SMI = "nvidia-smi not found (no NVIDIA driver on this machine)"
@@ -144,28 +145,48 @@ def host_iommu(ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"),
 # ---- verify records -------------------------------------------------------------------------------
 
 
-def verify_log_files(folder: Path) -> list[Path]:
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def verify_log_files(folder: Path) -> tuple[list[Path], list[str]]:
     """The verify records (``verify-rank*.jsonl``) and traces (``*.trace.json[.gz]``) of a
-    ``fastverify launch --profile-verify`` folder, regular files only, sorted by name."""
+    ``fastverify launch --profile-verify`` folder, regular files only, sorted by name; and the
+    names (``\\x..`` escaped) of those left out because they are not UTF-8 (a bundle's member
+    names are UTF-8 text, and such a name is no record the timer writes)."""
     found = {p for pat in (VERIFY_RECORDS, *TRACE_PATTERNS) for p in folder.glob(pat)}
-    return sorted((p for p in found if p.is_file()), key=lambda p: p.name)
+    files = sorted((p for p in found if p.is_file()), key=lambda p: path_text(p.name))
+    return [p for p in files if _utf8(p.name)], [path_text(p.name) for p in files if not _utf8(p.name)]
 
 
 def check_verify_log(folder: Path) -> None:
-    """Refuse, before any work, a ``--verify-log`` that is not a folder holding verify records."""
+    """Refuse, before any work, a ``--verify-log`` that is not a folder holding verify records
+    with UTF-8 names; say on stderr which files will be left out for a name that is not UTF-8."""
+    where = f"--verify-log {path_text(folder)}"
     if not folder.is_dir():
-        raise UserError(f"--verify-log {folder}: not a folder (give the DIR of `fastverify launch --profile-verify DIR`)")
-    if not list(folder.glob(VERIFY_RECORDS)):
-        raise UserError(f"--verify-log {folder}: no {VERIFY_RECORDS} in it (the records of "
+        raise UserError(f"{where}: not a folder (give the DIR of `fastverify launch --profile-verify DIR`)")
+    files, left_out = verify_log_files(folder)
+    if not [p for p in files if p.match(VERIFY_RECORDS)]:
+        why = f" with a UTF-8 name (left out: {', '.join(left_out[:3])})" if left_out else ""
+        raise UserError(f"{where}: no {VERIFY_RECORDS}{why} in it (the records of "
                         "`fastverify launch --profile-verify DIR`)")
+    if left_out:
+        say(f"collect: {where}: leaving out {len(left_out)} file(s) whose name is not UTF-8: "
+            f"{', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''}")
 
 
 def verify_log(ctx: Context, limit_s: float) -> Outcome:
-    """Copy the verify records and traces of ``--verify-log DIR`` under ``verify-log/``."""
+    """Copy the verify records and traces of ``--verify-log DIR`` under ``verify-log/``; files
+    whose name is not UTF-8 are left out and listed in the meta (``left_out_not_utf8``)."""
     folder = ctx.verify_log
-    files = verify_log_files(folder)
+    files, left_out = verify_log_files(folder)
     records = [p for p in files if p.match(VERIFY_RECORDS)]
     if not records:  # checked before the run; gone since
-        return failed(f"{folder}: no {VERIFY_RECORDS} left in it")
-    return ok({ARCNAMES["verify_log"] + p.name: p for p in files}, folder=str(folder), records=len(records),
-              traces=len(files) - len(records))
+        return failed(f"{path_text(folder)}: no {VERIFY_RECORDS} left in it")
+    meta = {"left_out_not_utf8": left_out} if left_out else {}
+    return ok({ARCNAMES["verify_log"] + p.name: p for p in files}, folder=path_text(folder), records=len(records),
+              traces=len(files) - len(records), **meta)

@@ -14,6 +14,8 @@ resolved server arguments (``tp_size``, ``pp_size``, ``device``, ``speculative_n
 
 from __future__ import annotations
 
+import http.client as http_client
+import socket
 import threading
 import time
 import urllib.error
@@ -23,9 +25,11 @@ from pathlib import Path
 
 import orjson
 
+from fastverify.bounds import MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, duplicate_json_key, implausible_count
 from fastverify.bundle import ARCNAMES, MAX_MEMBER_BYTES
 from fastverify.collect.core import Context, Outcome, ServerInfo, failed, ok
-from fastverify.errors import UserError
+from fastverify.errors import UserError, one_line, printable
+from fastverify.inputs import loads_json, read_bytes
 from fastverify.progress import say
 
 INFO_ENDPOINTS = ("/server_info", "/get_server_info")
@@ -66,44 +70,193 @@ def normalise_url(text: str) -> str:
 
 MAX_REPLY_BYTES = 64 << 20
 """Largest server reply read (bytes): /server_info is a few KiB."""
+SHOWN_CHARS = 80  # of a server's own text (a status line, a Location) quoted in a message
 
 
-def _read_by(r, deadline: float, url: str) -> bytes:
-    """The reply body, read in chunks until ``deadline`` (monotonic s); OSError past it or past
-    :data:`MAX_REPLY_BYTES` (a server that trickles or floods)."""
+class ReplyError(OSError):
+    """A request that got no usable reply. ``str()`` is one line naming the URL and what came back
+    (or why nothing did); ``reason`` is that without the URL; ``reached`` is False when the server
+    at the URL never answered (refused, unreachable, no bytes before the deadline)."""
+
+    def __init__(self, method: str, url: str, reason: str, *, reached: bool) -> None:
+        super().__init__(f"{method} {url}: {reason}")
+        self.reason, self.reached = reason, reached
+
+
+def _shown(text: object) -> str:
+    """A server's own text, quoted, terminal-safe and at most :data:`SHOWN_CHARS` characters."""
+    t = printable(str(text).strip())
+    return "'" + (t if len(t) <= SHOWN_CHARS else t[:SHOWN_CHARS] + "...") + "'"
+
+
+class _Watch:
+    """The sockets of one request (its redirects too), shut down when :meth:`fire` runs at the
+    deadline: a blocked read then returns at once, so no header or body can trickle for ever."""
+
+    def __init__(self) -> None:
+        self.socks: list = []
+        self.fired = False
+        self.lock = threading.Lock()
+
+    def add(self, sock) -> None:
+        with self.lock:
+            self.socks.append(sock)
+            if self.fired:
+                self._shut(sock)
+
+    def fire(self) -> None:
+        with self.lock:
+            self.fired = True
+            for sock in self.socks:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _watched(base: type, watch: _Watch) -> type:
+    class Watched(base):
+        def connect(self):
+            super().connect()
+            watch.add(self.sock)
+    return Watched
+
+
+class _Http(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.conn = _watched(http_client.HTTPConnection, watch)
+
+    def http_open(self, req):
+        return self.do_open(self.conn, req)
+
+
+class _Https(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.conn = _watched(http_client.HTTPSConnection, watch)
+
+    def https_open(self, req):
+        return self.do_open(self.conn, req, context=self._context)
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect to an http(s) URL only, and keeps the last target for the messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: str | None = None
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            try:
+                parts = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, location))
+                parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
+                (parts.hostname or "").encode("idna")
+            except (ValueError, UnicodeError):
+                parts = None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ReplyError(req.get_method(), req.full_url, f"HTTP {code} redirect to {_shown(location)}, not an "
+                                 "http(s) URL: not followed", reached=True)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.target = newurl
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _read_by(r, watch: _Watch) -> bytes:
+    """The reply body, read in chunks until ``watch`` fires or past :data:`MAX_REPLY_BYTES`
+    (a server that trickles or floods): ValueError then, with what was read."""
     chunks, size = [], 0
     while True:
-        if time.monotonic() > deadline:
-            raise OSError(f"{url}: the reply did not end in time ({size:,} bytes read)")
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
+        if watch.fired:
+            raise ValueError(f"the reply did not end in time ({size:,} bytes of body read)")
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > MAX_REPLY_BYTES:
-            raise OSError(f"{url}: the reply is over {MAX_REPLY_BYTES >> 20} MiB")
+            raise ValueError(f"the reply is over {MAX_REPLY_BYTES >> 20} MiB")
         chunks.append(chunk)
 
 
+def _what_came_back(e: BaseException) -> str:
+    """A malformed reply in words (``http.client``'s exceptions)."""
+    if isinstance(e, http_client.RemoteDisconnected):
+        return "closed the connection without a reply"
+    if isinstance(e, http_client.BadStatusLine):
+        return f"not an HTTP reply (status line {_shown(e.line if isinstance(e.line, str) else e)})"
+    if isinstance(e, http_client.IncompleteRead):
+        return f"the body ends early or its chunked encoding is broken ({len(e.partial):,} bytes read)"
+    if isinstance(e, http_client.HTTPException):
+        text = " ".join(str(e).split()) or type(e).__name__
+        return f"not an HTTP reply ({_shown(text)[1:-1]})"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -> tuple[int, bytes]:
-    """(HTTP status, body) of one request; an HTTP error status is returned, not raised.
+    """(HTTP status, body) of one request, all within ``timeout_s`` (connect, headers, body and
+    redirects together); an HTTP error status is returned, not raised.
 
     Raises
     ------
-    OSError
-        No answer (refused, unreachable, timed out).
+    ReplyError
+        An OSError: no answer (refused, unreachable, timed out), a redirect that goes nowhere, or a
+        reply that is not HTTP (a bad status line, a header line over 64 KiB, over 100 headers, a
+        broken chunked body), never ends in time, or is over :data:`MAX_REPLY_BYTES`.
     """
     data = orjson.dumps(body) if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    deadline = time.monotonic() + timeout_s  # urlopen's timeout bounds each socket read, not the whole body
+    watch, redirects = _Watch(), _Redirects()
+    opener = urllib.request.build_opener(_Http(watch), _Https(watch), redirects)
+    timer = threading.Timer(timeout_s, watch.fire)
+    timer.daemon = True
+    timer.start()
+    got = False  # the server at ``url`` answered something
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, _read_by(r, deadline, url)
-    except urllib.error.HTTPError as e:
-        return e.code, _read_by(e, deadline, url)
-    except urllib.error.URLError as e:
-        raise OSError(str(e.reason)) from None
-    except (TimeoutError, ConnectionError) as e:
-        raise OSError(str(e) or type(e).__name__) from None
+        try:
+            with opener.open(req, timeout=timeout_s) as r:
+                got = True
+                return r.status, _read_by(r, watch)
+        except urllib.error.HTTPError as e:
+            got = True
+            with e:
+                return e.code, _read_by(e, watch)
+    except ReplyError:
+        raise
+    except urllib.error.URLError as e:  # urllib's wrapper of a failure to connect or to send
+        raise _failure(method, url, e.reason, watch, redirects.target, got, timeout_s) from None
+    except (OSError, http_client.HTTPException, ValueError, UnicodeError) as e:  # the reply itself
+        raise _failure(method, url, e, watch, redirects.target, True, timeout_s) from None
+    finally:
+        timer.cancel()
+
+
+def _failure(method: str, url: str, e: object, watch: _Watch, target: str | None, got: bool,
+             timeout_s: float) -> ReplyError:
+    """The one-line :class:`ReplyError` of a failed request (see :func:`http`); ``got``: some
+    reply came, so the server at ``url`` was reached."""
+    reached = got or target is not None
+    if watch.fired or (got and isinstance(e, TimeoutError)):  # the deadline, or a read's own timeout
+        said = str(e) if isinstance(e, ValueError) and "did not end in time" in str(e) else \
+            "the reply did not end in time"
+        reason = f"{said}: over {timeout_s:g} s"
+    elif isinstance(e, BaseException):
+        reason = _what_came_back(e)
+    else:
+        reason = " ".join(str(e).split()) or "no answer"
+    if target is not None:  # urllib followed a redirect: the failure is at its target
+        refused = isinstance(e, ConnectionRefusedError) or "refused" in reason.lower()
+        reason = f"redirect to {_shown(target)} {'refused' if refused else 'failed'} ({reason})"
+    return ReplyError(method, url, reason, reached=reached)
 
 
 def profiler_steps(cycles: int) -> int:
@@ -112,27 +265,73 @@ def profiler_steps(cycles: int) -> int:
     return cycles + 2
 
 
-def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInfo:
-    """The server's arguments from ``/server_info``, else ``/get_server_info`` (older SGLang).
+SERVER_INTS = {"tp_size": (1, MAX_WORLD_SIZE), "pp_size": (1, MAX_WORLD_SIZE),
+               "speculative_num_draft_tokens": (1, MAX_DRAFT_TOKENS)}
+"""The integer facts collect takes from a server, and their bounds (:mod:`fastverify.bounds`)."""
+SERVER_TEXTS = ("version", "device", "model_path", "speculative_algorithm")
+"""The text facts collect takes from a server."""
+MAX_FACT_CHARS = 4096  # PATH_MAX: the longest model path, and far past any version or device name
+
+
+def _shown_value(value: object) -> str:
+    return one_line(repr(value), 80) if not isinstance(value, str) else _shown(value)
+
+
+def check_server_facts(info: ServerInfo, raw: bytes) -> None:
+    """Refuse a server whose facts no SGLang server states: an integer fact
+    (:data:`SERVER_INTS`) that is no int (a bool, a float, a string) or out of bounds, a text fact
+    (:data:`SERVER_TEXTS`) that is no string, longer than :data:`MAX_FACT_CHARS` or holds a NUL,
+    or a key given twice in one JSON object. A fact that is absent or null is not refused.
 
     Raises
     ------
     UserError
-        ``cannot reach <url>: <reason>``; or it answers, but neither endpoint with a JSON object.
+        One line naming the URL, the field and the value.
+    """
+    where = f"{info.url}{info.endpoint}"
+    if (key := duplicate_json_key(raw)) is not None:
+        raise UserError(f"{where}: the key {_shown(key)} is given twice in one JSON object; which one holds is "
+                        "not known")
+    for key, (lower, upper) in SERVER_INTS.items():
+        value = info.fact(key)
+        if value is not None and implausible_count(value, lower=lower, upper=upper) is not None:
+            what = ("is outside " if isinstance(value, int) and not isinstance(value, bool) else
+                    "is not an integer in ")
+            raise UserError(f"{where}: {key} {_shown_value(value)} {what}[{lower}, {upper}] (fastverify/bounds.py)")
+    for key in SERVER_TEXTS:
+        value = info.fact(key)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_FACT_CHARS or "\0" in value):
+            what = (f"a {type(value).__name__}, not a string" if not isinstance(value, str) else
+                    "holds a NUL" if "\0" in value else f"{len(value):,} characters, over {MAX_FACT_CHARS}")
+            raise UserError(f"{where}: {key} {_shown_value(value)}: {what}")
+
+
+def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInfo:
+    """The server's arguments from ``/server_info``, else ``/get_server_info`` (older SGLang),
+    their facts checked (:func:`check_server_facts`).
+
+    Raises
+    ------
+    UserError
+        ``cannot reach <url>: <reason>``; one line naming the endpoint and what came back when the
+        reply is not HTTP, never ends, is too large or redirects nowhere (:func:`http`); it
+        answers, but neither endpoint with a JSON object; a fact out of bounds.
     """
     answers = []
     for endpoint in INFO_ENDPOINTS:
         try:
             status, raw = http("GET", url + endpoint, timeout_s=timeout_s)
-        except OSError as e:
-            raise UserError(f"cannot reach {url}: {e}") from None
+        except ReplyError as e:
+            raise UserError(str(e) if e.reached else f"cannot reach {url}: {e.reason}") from None
         if status == 200:
             try:
                 info = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 info = None
             if isinstance(info, dict):
-                return ServerInfo(url, endpoint, raw, info)
+                server = ServerInfo(url, endpoint, raw, info)
+                check_server_facts(server, raw)
+                return server
             answers.append(f"{endpoint}: not a JSON object")
         else:
             answers.append(f"{endpoint}: HTTP {status}")
@@ -141,20 +340,33 @@ def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInf
 
 def model_hidden_size(server: ServerInfo) -> int | None:
     """``hidden_size`` of the served model from ``<model_path>/config.json`` when that folder is on
-    this machine (``text_config.hidden_size`` for Kimi-K2.5-style configs); else None."""
-    from fastverify.inputs import read_json
+    this machine (``text_config.hidden_size`` for Kimi-K2.5-style configs); else None.
 
+    Raises
+    ------
+    UserError
+        The config states a ``hidden_size`` that is no int or outside ``[1, MAX_HIDDEN]``, or
+        gives a key twice.
+    """
     path = server.fact("model_path")
-    if not isinstance(path, str) or not (Path(path) / "config.json").is_file():
-        return None
     try:
-        doc = read_json(Path(path) / "config.json", kind="text")
-    except UserError:
+        config = Path(path) / "config.json" if isinstance(path, str) else None
+        if config is None or not config.is_file():
+            return None
+        raw = read_bytes(config, kind="text")
+        doc = loads_json(raw, config)
+    except (UserError, OSError, ValueError):  # unreadable, not JSON, a NUL or an over-long name
         return None
+    if (key := duplicate_json_key(raw)) is not None:
+        raise UserError(f"{config}: the key {_shown(key)} is given twice in one JSON object")
     if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):
         doc = doc["text_config"]
     value = doc.get("hidden_size") if isinstance(doc, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if value is None:
+        return None
+    if why := implausible_count(value, lower=1, upper=MAX_HIDDEN, what="hidden_size"):
+        raise UserError(f"{config}: hidden_size {why} (fastverify/bounds.py MAX_HIDDEN)")
+    return value
 
 
 def server_args(ctx: Context, limit_s: float) -> Outcome:
@@ -189,7 +401,7 @@ def _send_requests(url: str, n: int, deadline: float, statuses: list) -> None:
         try:
             statuses.append(http("POST", url + "/generate", body, timeout_s=left)[0])
         except OSError as e:
-            statuses.append(f"no answer: {e}")
+            statuses.append(f"no answer: {e.reason if isinstance(e, ReplyError) else e}")
 
 
 def _written(folder: Path, expected: int, sizes: dict) -> list[Path] | None:
@@ -247,10 +459,11 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
             "expected_files": expected, "traffic": "collect sent requests" if ctx.send_requests else "the server's own"}
     try:
         status, text = http("POST", s.url + "/start_profile", body, timeout_s=min(30.0, limit_s))
-    except OSError as e:
-        return failed(f"POST {s.url}/start_profile: no answer ({e})", **meta)
+    except OSError as e:  # ReplyError: one line naming the URL and what came back
+        return failed(str(e), **meta)
     if status != 200:
-        return failed(f"POST {s.url}/start_profile: HTTP {status}: {text.decode(errors='replace').strip()[:200]}", **meta)
+        return failed(f"POST {s.url}/start_profile: HTTP {status}: {_shown(text.decode(errors='replace'))}",
+                      **meta)
     sent: list = []
     sender = None
     if ctx.send_requests:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from pathlib import Path
 
 import msgspec
 import orjson
@@ -16,13 +14,16 @@ from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_m
 from fastverify.cycle.evidence import evidence
 from fastverify.cycle.split import CycleSplit
 from fastverify.errors import UserError
+from fastverify.output_paths import output_arg, path_arg
 
 SCHEMA = "fastverify.cycle_report"
 SCHEMA_VERSION = 1
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="the .tar.gz written by `fastverify collect`")
+    p.add_argument("bundle", type=path_arg, metavar="BUNDLE", help="the .tar.gz written by `fastverify collect`")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
-    p.add_argument("--png", type=Path, default=None, metavar="PATH", help="also draw the cycle split per mode")
+    p.add_argument("--png", type=output_arg, default=None, metavar="PATH",
+                   help="also draw the cycle split per mode (a new file)")
+    p.add_argument("--force", action="store_true", help="replace an existing --png file")
 
 
 def document(bundle, ev: Evidence, found: list[Flag], ans: Answer | None, notes: list[str]) -> dict:
@@ -43,24 +44,24 @@ def document(bundle, ev: Evidence, found: list[Flag], ans: Answer | None, notes:
 
 def run(args: argparse.Namespace) -> int:
     from fastverify.bundle import open_bundle
-    from fastverify.output_paths import check_outputs, check_writable
+    from fastverify.output_paths import check_outputs
+    from fastverify.outputs import claim_output
 
+    if args.force and args.png is None:
+        raise UserError("--force replaces an existing --png file; it does not apply without --png")
     if args.png is not None:
         check_outputs({"--png": args.png}, {"BUNDLE": args.bundle})
-        check_writable(args.png)
-        if args.png.is_file() and args.png.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
-            raise UserError(f"--png {args.png}: the file exists and is not a PNG; name a new file")
-    bundle = open_bundle(args.bundle)
-    with tempfile.TemporaryDirectory(prefix="fastverify-report-") as tmp:
-        ev, notes = evidence(bundle, Path(tmp))
-    if args.png is not None and ev.split is None:
-        raise UserError(f"--png {args.png}: the bundle has no cycles to draw ({notes[0] if notes else 'no trace'})")
-    found = flags(ev)
-    ans = answer(ev, found)
-    doc = document(bundle, ev, found, ans, notes)
+        claim_output(args.png, "--png", force=args.force)  # an existing file only with --force
     from fastverify.cycle.draft_section import draft_section
 
-    doc["draft_shape"] = draft_section(args.bundle, ev.split)
+    with open_bundle(args.bundle) as bundle:  # one pass over the archive; its copies removed after
+        ev, notes = evidence(bundle)
+        if args.png is not None and ev.split is None:
+            raise UserError(f"--png {args.png}: the bundle has no cycles to draw ({notes[0] if notes else 'no trace'})")
+        found = flags(ev)
+        ans = answer(ev, found)
+        doc = document(bundle, ev, found, ans, notes)
+        doc["draft_shape"] = draft_section(bundle, ev.split)  # the opened bundle: not read again
     if args.png is not None:  # drawn before anything is printed: a failure leaves no half output
         from fastverify.cycle.plot import plot_cycle
 

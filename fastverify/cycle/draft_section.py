@@ -21,7 +21,7 @@ def draft_section(bundle_path: str | Path, split=None) -> dict | None:
     from fastverify.tune.draft_inputs import from_bundle
 
     try:
-        hist, curve, draft, notes = from_bundle(Path(bundle_path), split)
+        hist, curve, draft, notes = from_bundle(bundle_path, split)  # a path or an opened Bundle
     except UserError as e:
         return None if "no verify-log part" in str(e) else {"error": str(e)}
     if hist is None or not curve.points:

@@ -7,48 +7,62 @@ import re
 import statistics
 from pathlib import Path
 
-import orjson
-
 from fastverify.cycle.flags import Evidence
 from fastverify.cycle.split import forwards, split_cycles
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, implausible_count
 from fastverify.errors import UserError
 from fastverify.events import EventClass
+from fastverify.inputs import loads_json
 
-__all__ = ["evidence", "json_part"]
+__all__ = ["evidence", "json_part", "server_arguments"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _VERIFY_BS = re.compile(r"^step\[(?:TARGET_)?VERIFY bs=(\d+)")
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "true or false", type(None): "null"}
 
-
-
-def _traces(bundle, tmp: Path) -> tuple[list[str], str | None]:
-    """Extract the server's traces (else the verify-log folder's) and return their paths and part."""
+def _traces(bundle) -> tuple[list[str], str | None]:
+    """The bundle's copies of the server's traces (else the verify-log folder's), and their part."""
     for part in ("server_trace", "verify_log"):
         p = bundle.part(part)
         if p is None or p.status != "ok":
             continue
         names = [f for f in p.files if f.endswith(_TRACE_SUFFIXES) and "trace" in Path(f).name]
         if names:
-            return [str(x) for x in bundle.extract(names, tmp / part)], part
+            return [str(x) for x in bundle.local(names)], part
     return [], None
 
 
-def json_part(bundle, name: str, kind: type = dict):
+def json_part(bundle, name: str, kind: type = dict, notes: list[str] | None = None):
     """The JSON of part ``name`` when it is a ``kind`` (a bundle is read, not trusted), else None.
+
+    A member that cannot be read (over its size cap), is not JSON or is not a ``kind`` is a note
+    in ``notes`` naming ``BUNDLE:member`` (the rest of the report stands); without ``notes``, it
+    raises.
 
     Raises
     ------
     UserError
-        The member is not JSON (named with the bundle).
+        Only when ``notes`` is None: the member cannot be read or is not JSON (named
+        ``BUNDLE:member``).
     """
     p = bundle.part(name)
     if p is None or p.status != "ok" or not p.files:
         return None
+    member = p.files[0]
     try:
-        doc = orjson.loads(bundle.read(p.files[0]))
-    except orjson.JSONDecodeError as e:
-        raise UserError(f"{bundle.path}: {p.files[0]} is not JSON ({e})") from None
-    return doc if isinstance(doc, kind) else None
+        doc = loads_json(bundle.read(member), bundle.where(member))
+    except UserError as e:
+        if notes is None:
+            raise
+        notes.append(f"{name}: not read ({e})")
+        return None
+    if not isinstance(doc, kind):
+        if notes is not None:
+            notes.append(f"{name}: not read ({bundle.where(member)}: {_JSON_TYPES.get(type(doc), 'a value')}, "
+                         f"not {_JSON_TYPES[kind]})")
+        return None
+    return doc
 
 
 def _msg_bytes(ranks, meta: dict) -> int | None:
@@ -73,67 +87,106 @@ def _msg_bytes(ranks, meta: dict) -> int | None:
     if any(str(read.get(f, "default")).startswith("default") for f in ("hidden", "draft_tokens")):
         return None  # collect's defaults, not the server's: no size is known
     bs = [int(m.group(1)) for r in ranks for st in r.steps if (m := _VERIFY_BS.match(st.name))]
-    if isinstance(hidden, int) and isinstance(k, int) and hidden > 0 and k > 0 and bs:
+    bs = [b for b in bs if 1 <= b <= MAX_BATCH]
+    if implausible_count(hidden, lower=1, upper=MAX_HIDDEN) is None and bs and \
+            implausible_count(k, lower=1, upper=MAX_DRAFT_TOKENS) is None:
         return int(statistics.median_low(bs)) * k * hidden * 2
     return None
 
 
-def evidence(bundle, tmp: Path) -> tuple[Evidence, list[str]]:
-    """Parse every part of ``bundle`` the report uses; notes say what was missing."""
-    notes = []
-    files, part = _traces(bundle, tmp)
-    ev = Evidence()
-    server = json_part(bundle, "server_args")
-    args_part = bundle.part("server_args")
-    server_args = (server or {}).get("server_args", server) if isinstance(server, dict) else None
-    if files:
-        from fastverify.trace.load import load_traces
+def server_arguments(bundle, notes: list[str]) -> dict | None:
+    """The server's arguments from the server_args part (SGLang nests them under ``server_args``)."""
+    server = json_part(bundle, "server_args", notes=notes)
+    args = server.get("server_args", server) if isinstance(server, dict) else None
+    return args if isinstance(args, dict) else None
 
-        try:
-            ranks = load_traces(files, progress=False)
-        except UserError as e:  # name the bundle's member, not the temporary folder it was read from
-            raise UserError(str(e).replace(str(tmp / part) + "/", f"{bundle.path}: ")) from None
-        ev.split = split_cycles(ranks)
-        ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
-        ev.world_size = next((r.meta.get("world_size") for r in ranks if r.meta.get("world_size")), None)
-        ev.msg_bytes = _msg_bytes(ranks, dict(args_part.meta) if args_part else {})
-        if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
-            notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
-                         "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
-            ev.split = None
-        elif ev.split is None:
-            notes.append("the traces have no SGLang step spans (step[VERIFY ...]): no cycles to split; was the "
-                         "profile taken with SGLang's /start_profile?")
-    else:
+
+def _text_part(bundle, name: str, notes: list[str]) -> tuple[str, str] | None:
+    """``(BUNDLE:member, text)`` of a text part that is ok, else None; unreadable: a note."""
+    p = bundle.part(name)
+    if p is None or p.status != "ok" or not p.files:
+        return None
+    try:
+        return bundle.where(p.files[0]), bundle.read(p.files[0]).decode(errors="replace")
+    except UserError as e:
+        notes.append(f"{name}: not read ({e})")
+        return None
+
+
+def _read_traces(bundle, ev: Evidence, notes: list[str]):
+    """The trace part split into cycles (``ev.split``, world size, message size); the ranks read."""
+    files, part = _traces(bundle)
+    if not files:
         notes.append("no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
                      "while the server serves traffic")
-    if ev.world_size is None and isinstance(server_args, dict) and isinstance(server_args.get("tp_size"), int):
-        ev.world_size = server_args["tp_size"]
-    p = bundle.part("nccl_log")
-    if p is not None and p.status == "ok" and p.files:
+        return None
+    from fastverify.trace.load import load_traces
+
+    try:
+        ranks = load_traces(files, progress=False)
+    except UserError as e:  # name the bundle's member, not the temporary copy it was read from
+        raise UserError(bundle.rename(str(e))) from None
+    ev.split = split_cycles(ranks)
+    ev.sources["trace"] = f"{len(files)} trace file(s) from the bundle's {part}"
+    sizes = [r.meta.get("world_size") for r in ranks]
+    ev.world_size = next((w for w in sizes if implausible_count(w, lower=1, upper=MAX_WORLD_SIZE) is None), None)
+    if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
+        notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
+                     "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
+        ev.split = None
+    elif ev.split is None:
+        notes.append("the traces have no SGLang step spans (step[VERIFY ...]): no cycles to split; was the "
+                     "profile taken with SGLang's /start_profile?")
+    return ranks
+
+
+def evidence(bundle) -> tuple[Evidence, list[str]]:
+    """Parse every part of ``bundle`` (:class:`fastverify.bundle.Bundle`) the report uses; notes
+    say what was missing, and which part could not be read (named ``BUNDLE:member``).
+
+    Every part but the trace is read as far as it can be: a member over its size cap, not JSON,
+    of the wrong JSON type or not parseable is a note and the rest of the report stands. The
+    trace is the report's subject: one that cannot be read is an error.
+
+    Raises
+    ------
+    UserError
+        A trace of the bundle cannot be read (one line naming ``BUNDLE:member``).
+    """
+    notes: list[str] = []
+    ev = Evidence()
+    server_args = server_arguments(bundle, notes)
+    ranks = _read_traces(bundle, ev, notes)
+    if ranks is not None:
+        args_part = bundle.part("server_args")
+        ev.msg_bytes = _msg_bytes(ranks, dict(args_part.meta) if args_part else {})
+    tp = server_args.get("tp_size") if server_args else None
+    if ev.world_size is None and implausible_count(tp, lower=1, upper=MAX_WORLD_SIZE) is None:
+        ev.world_size = tp
+    if (got := _text_part(bundle, "nccl_log", notes)) is not None:
         from fastverify.nccl.logparse import parse_nccl_log
 
         try:
-            ev.nccl_log = parse_nccl_log(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
-            ev.sources["nccl_log"] = p.files[0]
+            ev.nccl_log = parse_nccl_log(got[1], source=got[0])
+            ev.sources["nccl_log"] = got[0]
         except UserError as e:  # one unreadable part is a note; the rest of the report stands
             notes.append(f"nccl_log: not read ({e})")
-    p = bundle.part("nvidia_smi_topo")
-    if p is not None and p.status == "ok" and p.files:
+    if (got := _text_part(bundle, "nvidia_smi_topo", notes)) is not None:
         from fastverify.topo.diagnose import diagnose
         from fastverify.topo.matrix import parse_nvidia_smi_topo
 
         try:
-            topo = parse_nvidia_smi_topo(bundle.read(p.files[0]).decode(errors="replace"), source=p.files[0])
+            topo = parse_nvidia_smi_topo(got[1], source=got[0])
             # the server's own NCCL_* settings are not in the bundle: NCCL's defaults, said in the flag
             ev.topo = diagnose(topo, ev.nccl_log, {})
-            ev.sources["nvidia_smi_topo"] = p.files[0]
+            ev.sources["nvidia_smi_topo"] = got[0]
         except UserError as e:
             notes.append(f"nvidia_smi_topo: not read ({e})")
-    ev.iommu = json_part(bundle, "host_iommu")
-    ev.nvml = json_part(bundle, "nvml")
-    ev.p2p_check = json_part(bundle, "p2p_check", list)
-    ev.sweep = json_part(bundle, "sweep")
+    json_part(bundle, "doctor", notes=notes)  # not used by the report, but never silently unreadable
+    ev.iommu = json_part(bundle, "host_iommu", notes=notes)
+    ev.nvml = json_part(bundle, "nvml", notes=notes)
+    ev.p2p_check = json_part(bundle, "p2p_check", list, notes=notes)
+    ev.sweep = json_part(bundle, "sweep", notes=notes)
     if ev.sweep is not None:
         ev.sources["sweep"] = "sweep/tune.json"
     for part_ in bundle.manifest.parts:

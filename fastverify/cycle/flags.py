@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from fastverify.bounds import MAX_MSG_BYTES, implausible_count, implausible_work_us
 from fastverify.cycle.split import CAUSES, CycleSplit
 
 SLOW_FACTOR = 2.0
@@ -106,9 +107,9 @@ def _reference(ev: Evidence) -> tuple[float, str] | None:
     if ev.sweep and size:
         base = next((c for c in _list(ev.sweep.get("candidates")) if isinstance(c, dict) and c.get("is_baseline")),
                     None)
-        rows = [s for s in _list((base or {}).get("sizes")) if isinstance(s, dict)
-                and isinstance(s.get("msg_bytes"), int) and isinstance(s.get("median_us"), (int, float))
-                and s["median_us"] > 0]
+        rows = [s for s in _list((base or {}).get("sizes")) if isinstance(s, dict)  # a time of work, > 0
+                and implausible_count(s.get("msg_bytes"), upper=MAX_MSG_BYTES) is None
+                and implausible_work_us(s.get("median_us")) is None]
         if rows and (ev.sweep.get("label") == "measured"):
             best = min(rows, key=lambda s: abs(s["msg_bytes"] - size))
             return best["median_us"], (f"this box's measured sweep: NCCL {best['median_us']:.1f} µs at "
@@ -223,7 +224,7 @@ def _iommu(ev: Evidence) -> Flag | None:
     evid = []
     if on:
         evid.append(f"kernel command line: {' '.join(tokens)} (IOMMU translating, not passthrough)")
-    if isinstance(info.get("iommu_groups"), int) and info["iommu_groups"] > 0:
+    if implausible_count(info.get("iommu_groups"), lower=1) is None:  # a JSON true is no count
         evid.append(f"{info['iommu_groups']} IOMMU groups in /sys/kernel/iommu_groups")
     for a in acs[:4]:
         evid.append(f"ACSCtl on {a.get('device')}: {a.get('acsctl')}")

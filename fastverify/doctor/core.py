@@ -250,13 +250,15 @@ def print_checks(checks: list[Check], console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from fastverify.console import cell  # reasons quote inputs (an env file's name and lines): escaped
+
     t = Table(title="fastverify doctor", title_justify="left")
     for col, kw in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}), ("s", {"justify": "right"}),
                     ("reason", {"overflow": "fold"}), ("fix", {"overflow": "fold"})):
         t.add_column(col, **kw)
     for c in checks:
         t.add_row(Text(c.name), Text(c.status.value, style=_STYLE[c.status]), f"{c.seconds:.1f}",
-                  Text(c.reason), Text(c.fix or ""))
+                  cell(c.reason), cell(c.fix or ""))
     console.print(t)
     s = summarise(checks)
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items())

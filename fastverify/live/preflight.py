@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The CLI's bounds (fastverify/bounds.py), also enforced here for callers of run_live.
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_TIMEOUT_S
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_ITERS, MAX_TIMEOUT_S, MAX_WARMUP
 from fastverify.errors import UserError
 from fastverify.live.config import (
     DEFAULT_CONTEXT_TOKENS,
@@ -85,7 +85,8 @@ class LivePlan:
 def check_run_args(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int,
                    timeout_s: float) -> None:
     """Refuse a ``tp`` that cannot split ``config`` (:func:`~fastverify.live.config.check_tp`),
-    counts that are not integers in range, and a timeout outside ``(0, MAX_TIMEOUT_S]`` seconds."""
+    counts that are not integers in range (``--iters`` at most ``MAX_ITERS``, ``--warmup`` at most
+    ``MAX_WARMUP``: :mod:`fastverify.bounds`), and a timeout outside ``(0, MAX_TIMEOUT_S]`` seconds."""
     check_tp(config, tp)
     for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
                              ("--iters", iters, 1), ("--warmup", warmup, 0)):
@@ -93,7 +94,8 @@ def check_run_args(config: ModelConfig, *, tp: int, draft_tokens: int, batch: in
             raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for nan; inf and 1e300 overflow TCPStore's timedelta
         raise UserError(f"--timeout {timeout_s!r}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
-    for flag, value, high in (("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS), ("--batch", batch, MAX_BATCH)):
+    for flag, value, high in (("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS), ("--batch", batch, MAX_BATCH),
+                              ("--iters", iters, MAX_ITERS), ("--warmup", warmup, MAX_WARMUP)):
         if value > high:
             raise UserError(f"{flag} {value}: expected at most {high}")
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, named_record,
                                read_record, record_path_for)
 from fastverify.envfile import read_env_file
-from fastverify.errors import UserError
+from fastverify.errors import UserError, shown
 from fastverify.patch import (
     ENV_BACKEND,
     ENV_PROFILE_VERIFY_STEPS,
@@ -37,6 +37,7 @@ from fastverify.proof.answers import AnswerBaseline
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import BackendInfo, BackendName, backend_info, names
+from fastverify.topo.box import box_from_description
 
 AUTO = "auto"
 BACKENDS = (AUTO, OFF, *(n.value for n in names(deployable=True)))
@@ -337,6 +338,39 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
                       answer_baseline=record.baseline if record is not None else None)
 
 
+def proof_asked(args, plan: LaunchPlan) -> bool:
+    """Whether launch stays the server's parent for the proof of a swap: ``--load``, ``--baseline``
+    or a deployment record with baseline answers."""
+    return args.load is not None or args.baseline is not None or plan.answer_baseline is not None
+
+
+def plan_of_args(args, environ: Mapping[str, str]) -> LaunchPlan:
+    """The plan of ``launch``'s parsed arguments (``--describe-box`` read first). For ``--dry-run``
+    its :attr:`LaunchPlan.blockers` hold every check the real launch would refuse with: the
+    plan's own, then those of the proof inputs (:func:`fastverify.proof.run.proof_blockers`: the
+    checks the real launch runs before it starts the server, the same code).
+
+    Raises
+    ------
+    UserError
+        As :func:`plan_launch` (the real launch: its first blocker), or a bad ``--describe-box``.
+    """
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    box = source = None
+    if args.describe_box is not None:  # a described box: checking a record away from its box
+        box = box_from_description(args.describe_box, where="--describe-box")
+        source = "--describe-box"
+    plan = plan_launch(str(args.env) if args.env else None, args.backend,
+                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=environ,
+                       trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
+                       box=box, box_source=source, collect_blockers=args.dry_run)
+    if args.dry_run and proof_asked(args, plan):
+        from fastverify.proof.run import proof_blockers  # lazy: http (the proof's client)
+
+        plan = replace(plan, blockers=plan.blockers + proof_blockers(plan, args))
+    return plan
+
+
 def _command_shapes(argv: tuple[str, ...], server: ServerShapes | None, checks: Checks,
                     sglang_found: bool) -> tuple[ServerShapes | None, int | None]:
     """The command's verify shapes (``server``, else read from ``argv``; SGLang's own parser
@@ -414,7 +448,8 @@ def describe(plan: LaunchPlan) -> str:
         lines.append(f"note: {n}")
     lines.append("command: " + shlex.join(plan.argv))
     lines.extend(blocked_text(plan.blockers))
-    return "\n".join(lines) + "\n"
+    # each line may quote an input (a record's P2P note, a described box, an env value): one escaped line
+    return "".join(shown(line, limit=None) + "\n" for line in lines)
 
 
 def exec_plan(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> None:

@@ -45,7 +45,8 @@ class Blocker:
     ----------
     check : str
         What was checked, in a word or two: ``box``, ``TP``, ``backend``, ``P2P``,
-        ``environment``, ``IPC workspace``, ``command``.
+        ``environment``, ``IPC workspace``, ``command``; for the proof of a swap
+        (:func:`fastverify.proof.run.proof_blockers`) ``load``, ``URL``, ``baseline``, ``run folder``.
     message : str
         The one line the real launch refuses with (exactly that text).
     fix : str or None

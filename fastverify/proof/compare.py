@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from fastverify.errors import UserError, path_text
+from fastverify.errors import UserError, path_text, shown
 from fastverify.proof.answers import CHANGED, AnswersVerdict, judge, tolerance
 from fastverify.proof.record import LoadRun, read_run, server_difference
 from fastverify.verify_records import CLOCK_LABELS, FILE_GLOB, read_log_dir
@@ -289,7 +289,7 @@ def format_report(r: CompareReport) -> str:
         if p.status != "same":
             lines.append(f"  {p.id}: {p.status}: {p.why}")
     lines.append(r.closing)
-    return "\n".join(lines) + "\n"
+    return "".join(shown(line) + "\n" for line in lines)  # runs' names, prompt ids, answers: one escaped line each
 
 
 def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = False,

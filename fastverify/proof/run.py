@@ -28,6 +28,7 @@ import orjson
 from fastverify.collect.server import fetch_server_info, http, normalise_url
 from fastverify.errors import UserError, one_line, path_text
 from fastverify.outputs import atomic_write_text
+from fastverify.patch.launch_plan import Blocker, Checks
 from fastverify.patch.verify import FLUSH_INTERVAL_S
 from fastverify.proof.answers import (Answer, AnswerBaseline, Prompt, answer_of, judge, prompt_digest, read_prompts,
                                       request_body, tolerance)
@@ -77,15 +78,26 @@ class FallBack(Exception):
     starts it again without the swap."""
 
 
-def load_options(args) -> LoadOptions:
-    """The :class:`LoadOptions` of ``launch``'s parsed arguments. Raises :class:`UserError` for a
-    bad ``--concurrency``, or ``--on-mismatch fallback`` with ``--load`` (a load run measures one
-    server)."""
+def load_options(args, checks: Checks | None = None) -> LoadOptions:
+    """The :class:`LoadOptions` of ``launch``'s parsed arguments; ``checks`` (default: refuse at
+    once) decides whether a bad value raises or is recorded as a blocker (the dry run), then
+    ``--concurrency 1`` stands in for a bad one.
+
+    Raises
+    ------
+    UserError
+        A bad ``--concurrency``, or ``--on-mismatch fallback`` with ``--load`` (a load run
+        measures one server), unless ``checks`` collects them.
+    """
+    checks = Checks(collect=False) if checks is None else checks
     if args.on_mismatch == "fallback" and args.load is not None:
-        raise UserError("--on-mismatch fallback restarts a serving server without the swap; a --load run measures "
-                        "one server: drop one of them")
+        checks.refuse("load", "--on-mismatch fallback restarts a serving server without the swap; a --load run "
+                              "measures one server: drop one of them")
+    concurrency: tuple[int, ...] = (1,)
+    with checks.guard("load"):
+        concurrency = tuple(parse_concurrency(args.concurrency))
     return LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
-                       max_new_tokens=args.max_new_tokens, concurrency=tuple(parse_concurrency(args.concurrency)),
+                       max_new_tokens=args.max_new_tokens, concurrency=concurrency,
                        requests=args.requests, input_len=args.input_len, output_len=args.output_len,
                        ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
                        force=args.force, url=args.url, on_mismatch=args.on_mismatch)
@@ -149,14 +161,14 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def refusal(plan, args) -> str | None:
-    """``launch --dry-run`` with ``--load`` / ``--baseline`` (or a record's baseline): why the real
-    launch would refuse its inputs before starting the server, or None."""
-    try:
-        _inputs(plan, load_options(args), dry_run=True)
-    except UserError as err:
-        return str(err)
-    return None
+def proof_blockers(plan, args) -> tuple[Blocker, ...]:
+    """``launch --dry-run`` with ``--load`` / ``--baseline`` (or a record's baseline): every check
+    the real launch runs on these inputs before it starts the server (:func:`load_options`, then
+    :func:`_inputs`, the same code), each failure a :class:`Blocker`; nothing is made or cleared.
+    Empty when nothing would refuse."""
+    checks = Checks(collect=True)
+    _inputs(plan, load_options(args, checks), checks, dry_run=True)
+    return checks.blockers
 
 
 def prepare_folder(folder: Path, force: bool, *, dry_run: bool = False) -> None:
@@ -229,44 +241,59 @@ def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: s
                    baseline=source if (opts.baseline or plan.answer_baseline) else None)
 
 
-def _inputs(plan, opts: LoadOptions, *, dry_run: bool = False
-            ) -> tuple[str, AnswerBaseline | None, list[Prompt], str, int, Path | None]:
-    """The URL, the baseline run, the prompts (the baseline's when given), their source, the
-    tokens per answer and the run folder; every refusal before the server starts (``dry_run``:
-    the folder is checked, not made or cleared)."""
-    if plan.blockers:
-        raise UserError(plan.blockers[0].message)
-    folder = Path(plan.profile_verify) if plan.profile_verify else None
-    if opts.load and folder is None:
-        raise UserError("--load writes its results beside the verify records: give --profile-verify DIR")
+def _url(plan, opts: LoadOptions) -> str:
+    """The server's base URL: ``--url``, else the command's ``--host`` / ``--port``; normalised.
+    Raises :class:`UserError` (naming ``--url`` or the command) when there is none or it is bad."""
     url = opts.url or (plan.server.url if plan.server is not None else None)
     if url is None:
         raise UserError("the command is not an SGLang server command launch can read: give --url http://host:port")
     try:
-        url = normalise_url(url)
+        return normalise_url(url)
     except UserError as err:
         raise UserError(str(err).replace("--server", "--url" if opts.url else "the server's address", 1)) from None
     except ValueError as err:  # urllib's own refusals ("Invalid IPv6 URL")
         raise UserError(f"--url {url!r}: {err}") from None
+
+
+def _inputs(plan, opts: LoadOptions, checks: Checks, *, dry_run: bool = False
+            ) -> tuple[str, AnswerBaseline | None, list[Prompt], str, int, Path | None]:
+    """The URL, the baseline run, the prompts (the baseline's when given), their source, the
+    tokens per answer and the run folder; every refusal before the server starts, through
+    ``checks`` (the real launch raises the first; the dry run records each and goes on, and its
+    return value then means nothing). ``dry_run``: the folder is checked, not made or cleared."""
+    folder = Path(plan.profile_verify) if plan.profile_verify else None
+    if opts.load and folder is None:
+        checks.refuse("load", "--load writes its results beside the verify records: give --profile-verify DIR")
+    url = ""
+    with checks.guard("URL"):
+        url = _url(plan, opts)
     if folder is not None and opts.baseline is not None and os.path.realpath(folder) == os.path.realpath(
             opts.baseline):
-        raise UserError(f"--profile-verify {path_text(folder)} is the --baseline folder: the new run would replace "
-                        "the baseline; give another folder")
+        checks.refuse("run folder", f"--profile-verify {path_text(folder)} is the --baseline folder: the new run "
+                                    "would replace the baseline; give another folder")
     baseline, where = plan.answer_baseline, f"the deployment record {plan.deployment}'s baseline"
     if opts.baseline is not None:
-        baseline, where = baseline_of(opts.baseline), f"--baseline {path_text(opts.baseline)}"
-    if baseline is not None:
+        baseline, where = None, f"--baseline {path_text(opts.baseline)}"
+        with checks.guard("baseline"):
+            baseline = baseline_of(opts.baseline)
+    prompts: list[Prompt] = []
+    source, max_new = "", opts.max_new_tokens
+    if opts.baseline is not None or baseline is not None:
         if opts.prompts is not None:
-            raise UserError(f"{where} brings its own prompts: give --load without a FILE")
-        check_baseline(baseline, plan.server.as_dict() if plan.server is not None else {}, where)
-        prompts, source, max_new = baseline.prompts, where, baseline.max_new_tokens
+            checks.refuse("load", f"{where} brings its own prompts: give --load without a FILE")
+        if baseline is not None:
+            with checks.guard("baseline"):
+                check_baseline(baseline, plan.server.as_dict() if plan.server is not None else {}, where)
+            prompts, source, max_new = baseline.prompts, where, baseline.max_new_tokens
     else:
-        (prompts, source), max_new = read_prompts(opts.prompts), opts.max_new_tokens
+        with checks.guard("load"):
+            prompts, source = read_prompts(opts.prompts)
     if folder is not None:
-        prepare_folder(folder, opts.force, dry_run=True)
+        with checks.guard("run folder"):
+            prepare_folder(folder, opts.force, dry_run=True)
     if opts.load and not _client_installed():
-        raise UserError(f"--load runs SGLang's benchmark client ({CLIENT}), which this Python cannot import: run "
-                        "launch with the Python that has SGLang")
+        checks.refuse("load", f"--load runs SGLang's benchmark client ({CLIENT}), which this Python cannot import: "
+                              "run launch with the Python that has SGLang")
     if folder is not None and not dry_run:
         prepare_folder(folder, opts.force)
     return url, baseline, prompts, source, max_new, folder
@@ -334,10 +361,12 @@ def supervise(plan, opts: LoadOptions, environ: Mapping[str, str]) -> int:
     Raises
     ------
     UserError
-        Any refusal before the server starts (:func:`_inputs`); the server not healthy in time or
-        ending before it was (the server stopped first, nothing half-written).
+        A plan with blockers; any refusal before the server starts (:func:`_inputs`); the server
+        not healthy in time or ending before it was (the server stopped first, nothing half-written).
     """
-    url, baseline, prompts, source, max_new, folder = _inputs(plan, opts)
+    if plan.blockers:  # a dry run's plan: nothing starts
+        raise UserError(plan.blockers[0].message)
+    url, baseline, prompts, source, max_new, folder = _inputs(plan, opts, Checks(collect=False))
     w = _Writer(folder, _new_run(plan, opts, url, prompts, source, max_new))
     with Server(plan.argv, plan.child_env(environ)) as srv:
         try:

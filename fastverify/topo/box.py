@@ -25,12 +25,20 @@ from typing import Any
 
 import msgspec
 
+from fastverify.bounds import (
+    MAX_GPU_MEMORY_BYTES,
+    MAX_WORLD_SIZE,
+    duplicate_json_key,
+    implausible_count,
+    implausible_name,
+)
 from fastverify.deploy import BOX_EXAMPLES, BoxFingerprint, P2PFacts
-from fastverify.errors import UserError, schema_error
+from fastverify.errors import UserError, one_line, schema_error
 from fastverify.inputs import read_text
 from fastverify.nccl.version import read_nccl_version
 from fastverify.topo.gpu_identity import nvml_gpus, visible_gpus
 from fastverify.topo.nvml import nvml_text
+from fastverify.topo.boxfacts import SM_RANGE
 from fastverify.topo.p2p_proof import read_check_file
 
 ENV_DESCRIBE_BOX = "FASTVERIFY_DESCRIBE_BOX"
@@ -173,6 +181,15 @@ def _cuda_order(nvml: Any, environ: Mapping[str, str]) -> list[int] | None:
     return None if rows is None else [int(r["index"]) for r in rows]
 
 
+def _names_a_file(text: str) -> bool:
+    """Whether ``text`` is the path of something that exists (a name too long or holding a NUL
+    names nothing)."""
+    try:
+        return Path(text).expanduser().exists()
+    except (OSError, ValueError):
+        return False
+
+
 def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 0) -> BoxFingerprint:
     """A described box: a JSON object with :class:`BoxFingerprint`'s fields (``sm`` as
     ``[major, minor]``; ``tp`` defaults to ``tp``), or the path of a file holding one.
@@ -186,11 +203,11 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
     # JSON text when it looks like JSON or names no file; a path otherwise (so "[]" is a JSON
     # array, not a missing file called "[]").
     is_json = raw[:1] in ("{", "[", '"')
-    if not is_json and not Path(raw).expanduser().exists():
+    if not is_json and not _names_a_file(raw):
         try:
             json.loads(raw)
             is_json = True
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON; or an integer over Python's 4300 digits
             pass
     if not is_json:
         raw = read_text(Path(raw).expanduser(), kind="text", flag=where, what="the box description")
@@ -200,18 +217,55 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         raise UserError(f"{where}: box description is not JSON ({err.msg} at line {err.lineno})") from None
     except RecursionError:
         raise UserError(f"{where}: box description nested too deeply") from None
+    except ValueError as err:  # an integer of over 4300 digits
+        raise UserError(f"{where}: box description is not JSON ({one_line(str(err), 100)})") from None
     if not isinstance(doc, dict):
         raise UserError(f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}")
+    if (key := duplicate_json_key(raw)) is not None:
+        raise UserError(f"{where}: invalid box description: the key {one_line(repr(key), 80)} is given twice")
     doc.setdefault("tp", tp)
     doc.setdefault("gpu_name", None)
     doc.setdefault("sm", None)
     doc.setdefault("gpu_count", 0)
     try:
-        return msgspec.convert(doc, BoxFingerprint)
+        box = msgspec.convert(doc, BoxFingerprint)
     except msgspec.ValidationError as err:
         raise schema_error(f"{where}: invalid box description", err, BOX_EXAMPLES) from None
     except ValueError as err:
         raise UserError(f"{where}: invalid box description: {err}") from None
+    if (why := implausible_box(box)) is not None:
+        raise UserError(f"{where}: invalid box description: {why}")
+    return box
+
+
+def implausible_box(box: BoxFingerprint) -> str | None:
+    """Why a described box cannot be a real one (:mod:`fastverify.bounds`), or None when it can:
+    ``gpu_count``, ``tp``, ``gpus`` and their indices within ``MAX_WORLD_SIZE``; ``sm`` a
+    compute capability the cost model takes (``SM_RANGE``, minor 0-9); ``gpu_memory_bytes`` up to
+    ``MAX_GPU_MEMORY_BYTES``; each text at most ``MAX_NAME_CHARS`` characters."""
+    for name in ("gpu_count", "tp"):
+        if why := implausible_count(getattr(box, name), upper=MAX_WORLD_SIZE, what=name):
+            return f'field "{name}": {why} (fastverify/bounds.py MAX_WORLD_SIZE)'
+    if box.sm is not None:
+        major, minor = box.sm
+        if not (SM_RANGE[0] <= 10 * major + minor <= SM_RANGE[1] and 0 <= minor <= 9):
+            return (f'field "sm": {one_line(repr(list(box.sm)), 60)} is no compute capability from '
+                    f"[{SM_RANGE[0] // 10}, 0] to [{SM_RANGE[1] // 10}, 0] (e.g. [12, 0])")
+    mem = box.gpu_memory_bytes
+    if mem is not None and mem > MAX_GPU_MEMORY_BYTES:
+        return f'field "gpu_memory_bytes": {mem:.3g} bytes is over {MAX_GPU_MEMORY_BYTES:,} (1 TiB)'
+    texts = [(n, getattr(box, n)) for n in ("gpu_name", "driver", "nccl_version")]
+    if box.gpus is not None:
+        if len(box.gpus) > MAX_WORLD_SIZE:
+            return f'field "gpus": {len(box.gpus):,} GPUs is over {MAX_WORLD_SIZE} (fastverify/bounds.py)'
+        for i, g in enumerate(box.gpus):
+            if g.index is not None and g.index > MAX_WORLD_SIZE:
+                return f'field "gpus[{i}].index": {g.index:.3g} is over {MAX_WORLD_SIZE}'
+            texts += [(f"gpus[{i}].{n}", getattr(g, n)) for n in ("pci_bus_id", "uuid", "name")]
+    for name, text in texts:
+        if text is not None and (why := implausible_name(text, what=name)):
+            return f'field "{name}": {why}'
+    return None
 
 
 def described_box(environ: Mapping[str, str] | None = None, *, tp: int = 0) -> BoxFingerprint | None:

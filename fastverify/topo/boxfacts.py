@@ -18,6 +18,9 @@ GUESS_SM = 89
 """Compute capability × 10 assumed when nothing says it (the calibration box's, RTX 4090)."""
 GUESS_PCIE_GEN = 4
 """PCIe generation assumed when nothing says it (the calibration box's)."""
+SM_RANGE = (30, 300)
+"""Compute capability × 10 that ``--sm`` and a described box may state: the cost model's range
+(:class:`fastverify.nccl.model.ModelInputs`), sm_30 (Kepler) to past today's sm_121."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def resolve_box(*, sm: int | None, pcie_gen: int | None, described=None, topolog
 
 def add_box_arguments(p: argparse.ArgumentParser, bounded) -> None:
     """``--sm``, ``--pcie-gen`` and ``--describe-box``, the same for every command that models a box."""
-    p.add_argument("--sm", type=bounded(30, 300), default=None,
+    p.add_argument("--sm", type=bounded(*SM_RANGE), default=None,
                    help="GPU compute capability x10 (120 = RTX PRO 6000 / SM120, 90 = H100) [default: NVML on this "
                         "box, else --describe-box, else guessed 89 and said so]")
     p.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=None,

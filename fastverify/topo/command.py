@@ -16,15 +16,16 @@ from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError, path_text
+from fastverify.output_paths import path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
     """The ``topo`` subcommand's flags (``bounded`` is the CLI's int-range parser)."""
-    p.add_argument("--topology", "--nvidia-smi", dest="topology", type=Path, metavar="FILE",
+    p.add_argument("--topology", "--nvidia-smi", dest="topology", type=path_arg, metavar="FILE",
                       help="output of `nvidia-smi topo -m` (--nvidia-smi: the same flag)")
-    p.add_argument("--nccl-log", type=Path, metavar="FILE",
+    p.add_argument("--nccl-log", type=path_arg, metavar="FILE",
                       help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)")
-    p.add_argument("--perf-table", type=Path, metavar="FILE",
+    p.add_argument("--perf-table", type=path_arg, metavar="FILE",
                       help="output of nccl-tests all_reduce_perf on this box (measured NCCL times; MPI-prefixed is fine)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="evaluate this NCCL setting as if it were in the environment (repeatable); "

@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 from fastverify.bounds import MIN_P2P_SIDE_S
 from fastverify.errors import EXIT_USER_ERROR, UserError
-from fastverify.output_paths import check_outputs, check_writable, refuse_symlink
-from fastverify.outputs import write_files
+from fastverify.output_paths import check_outputs
+from fastverify.outputs import claim_output, write_files
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
 from fastverify.topo.gpu_identity import gpu_identities
 from fastverify.topo.p2p_cache import box_key, cache_path, read_cache, write_cache
-from fastverify.topo.p2p_proof import check_document, read_check_file
+from fastverify.topo.p2p_proof import check_document
 from fastverify.topo.p2p_results import POLL_S, P2PResult, count_statuses, results_from_json, write_json_atomic
 from fastverify.topo.p2p_side import run_side
 
@@ -282,10 +282,11 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
     write_json_atomic(out_path, {"results": rows})
 
 
-def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -> int:
+def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool, force: bool = False) -> int:
     """``fastverify p2p``: the check on every GPU pair, its JSON (:func:`check_document`) printed,
     or written to ``output`` by the one writer (:func:`fastverify.outputs.write_files`) with a
-    one-line summary (:func:`summary_line`). Returns 0 when every ordered pair passed, else 1.
+    one-line summary (:func:`summary_line`). An existing ``output`` is replaced only with ``force``
+    (:func:`fastverify.outputs.claim_output`). Returns 0 when every ordered pair passed, else 1.
 
     Raises
     ------
@@ -295,15 +296,8 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool) -
     """
     check_timeout(timeout_s)
     if output is not None:
-        refuse_symlink(output, "--output")
         check_outputs({"--output": output})
-        check_writable(output)
-        if output.is_file():  # only an earlier P2P check is replaced ("a new file" otherwise)
-            try:
-                read_check_file(output)
-            except UserError:
-                raise UserError(f"--output {output}: exists and is not a P2P check document; it is never "
-                                "replaced (give a new file)") from None
+        claim_output(output, "--output", force=force)  # an existing file only with --force
     _gpu_count_or_fail()
     gpus = gpu_identities()
     results = check_p2p(timeout_s=timeout_s, refresh=refresh, gpus=gpus)

@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.table import Table
 
-from fastverify.errors import printable
+from fastverify.console import cell, say, stdout_console
 from fastverify.topo.advice_text import advice_lines, level_line
 from fastverify.topo.diagnose import Diagnosis
 
 
 def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     """Print the diagnosis in words a user acts on: the ranked options (:mod:`fastverify.topo.advice_text`)
-    and the actions first, then the evidence."""
-    c = console or Console(width=None if sys.stdout.isatty() else 130)
+    and the actions first, then the evidence. Every line and cell that can quote an input (file
+    names, log lines, settings' values) goes through :func:`fastverify.console.say` / ``cell``."""
+    c = console or stdout_console(130)
     gpus = f"{d.n_gpus} GPU(s)" if d.n_gpus else "GPU count unknown from this input"
-    c.print(f"# fastverify topo: {gpus}; from {printable(', '.join(d.sources))}; NCCL {d.nccl_version or 'version unknown'}",
-            markup=False)
-    c.print(level_line(d), markup=False)
+    say(c, f"# fastverify topo: {gpus}; from {', '.join(d.sources)}; NCCL {d.nccl_version or 'version unknown'}")
+    say(c, level_line(d))
     c.print("what to do:", style="bold")
     for line in advice_lines(d.advice, d.advice_notes):
-        c.print(f"  {line}", markup=False)
+        say(c, f"  {line}")
     for a in d.actions:
-        c.print(f"  - {a}", markup=False)
+        say(c, f"  - {a}")
     for w in d.warnings:
-        c.print(f"warning: {w}", markup=False, style="yellow")
+        say(c, f"warning: {w}", style="yellow")
 
     if d.pairs:
         by: dict[tuple, list[str]] = {}
@@ -39,29 +37,29 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("pairs", "nvidia-smi", "NCCL path", "transport now", "basis", "recommended", "driver P2P"):
             t.add_column(col, overflow="fold")
         for key, names in by.items():
-            t.add_row(" ".join(names), *key)
+            t.add_row(" ".join(names), *map(cell, key))
         c.print(t)
 
     for name, info in (("FlashInfer PCIe IPC all-reduce", d.pcie_ipc_allreduce),
                        ("SGLang custom all-reduce", d.custom_allreduce)):
         verdict = {True: "can run", False: "cannot run", None: "unknown"}[info["possible"]]
-        c.print(f"{name}: {verdict} - {info['reason']}", markup=False)
+        say(c, f"{name}: {verdict} - {info['reason']}")
 
     for f in d.findings:
-        c.print(f"setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}" + (f" -> {f.fix}" if f.fix else ""),
-                markup=False, style="yellow" if f.severity.value == "warning" else "red")
+        say(c, f"setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}" + (f" -> {f.fix}" if f.fix else ""),
+            style="yellow" if f.severity.value == "warning" else "red")
     for n in d.log_notes:
-        c.print(f"log: {n}", markup=False)
+        say(c, f"log: {n}")
 
     if d.predictions:
         t = Table(title="verify all-reduce, PREDICTED (not measured)", title_justify="left")
         for col in ("tokens", "bytes", "now µs", "now algo", "recommended µs", "recommended algo"):
             t.add_column(col, justify="right", overflow="fold")
         for p in d.predictions:
-            t.add_row(str(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", p.now_algo_proto,
-                      f"{p.recommended_us:,.1f}", p.recommended_algo_proto)
+            t.add_row(str(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
+                      f"{p.recommended_us:,.1f}", cell(p.recommended_algo_proto))
         c.print(t)
-        c.print(f"# {d.prediction_note}", markup=False)
+        say(c, f"# {d.prediction_note}")
 
     _print_evidence(d, c)
 
@@ -73,46 +71,46 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         ranks = f"{p['n_ranks']} ranks" if p["n_ranks"] else "ranks unknown"
         gpus = f" on {', '.join(p['devices'])}" if p["devices"] else ""
         avg = f", footer average busBw {p['avg_busbw_gbps']:g} GB/s" if p["avg_busbw_gbps"] is not None else ""
-        c.print(f"all_reduce_perf {printable(p['source'])} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
+        say(c, f"all_reduce_perf {p['source']} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
                 f"{ranks}{gpus}, {'/'.join(p['dtypes'])} {'/'.join(p['redops'])}; {p['time_us_at_min']:g} µs at the "
                 f"smallest, {p['time_us_at_max']:g} µs at the largest; peak busBw {p['peak_busbw_gbps']:g} GB/s at "
-                f"{p['peak_busbw_bytes']:,} B{avg}", markup=False)
+                f"{p['peak_busbw_bytes']:,} B{avg}")
     if d.measured:
-        t = Table(title=f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({printable(d.measured[0]['source'])})",
+        t = Table(title=cell(f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({d.measured[0]['source']})"),
                   title_justify="left")
         for col in ("tokens", "bytes", "NCCL µs", "column", "basis"):
             t.add_column(col, justify="right", overflow="fold")
         for m in d.measured:
             t.add_row(str(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
-                      m.get("column") or "-", m["basis"])
+                      cell(m.get("column") or "-"), cell(m["basis"]))
         c.print(t)
-        c.print("# the in-place column: SGLang's NCCL all-reduce writes into its input", markup=False)
+        say(c, "# the in-place column: SGLang's NCCL all-reduce writes into its input")
     tu = d.nccl_tuning
     if tu:
         if tu["model_table"]:
             cells = ", ".join(f"{r['algo']}/{r['proto']} {r['latency_us']:g} µs + size/{r['algbw_gbps']:g} GB/s"
                               for r in tu["model_table"])
-            c.print(f"NCCL's model table (TUNING, AllReduce): {cells}", markup=False)
+            say(c, f"NCCL's model table (TUNING, AllReduce): {cells}")
             t = Table(title="NCCL's model table from the log (TUNING, AllReduce; NCCL's own numbers)",
                       title_justify="left")
             for col in ("algorithm", "protocol", "latency µs", "algBw GB/s"):
                 t.add_column(col, justify="right")
             for r in tu["model_table"]:
                 bw = f"{r['algbw_gbps']:g}" if r["algbw_gbps"] > 0 else "0 (never picked)"
-                t.add_row(r["algo"], r["proto"], f"{r['latency_us']:g}", bw)
+                t.add_row(cell(r["algo"]), cell(r["proto"]), f"{r['latency_us']:g}", bw)
             c.print(t)
         if tu["verify_choice"]:
             t = Table(title="verify all-reduce, NCCL's own model table from the log, PREDICTED", title_justify="left")
             for col in ("tokens", "bytes", "NCCL picks", "model µs"):
                 t.add_column(col, justify="right")
             for v in tu["verify_choice"]:
-                t.add_row(str(v["tokens"]), f"{v['msg_bytes']:,}", v["algo_proto"], f"{v['time_us']:,.1f}")
+                t.add_row(str(v["tokens"]), f"{v['msg_bytes']:,}", cell(v["algo_proto"]), f"{v['time_us']:,.1f}")
             c.print(t)
         if tu["launched"]:
             shown = tu["launched"][:12]
             more = f" (+{len(tu['launched']) - 12} more)" if len(tu["launched"]) > 12 else ""
-            c.print("NCCL's choice per launched all-reduce: " + ", ".join(
+            say(c, "NCCL's choice per launched all-reduce: " + ", ".join(
                 f"{x['size_bytes']:,} B -> {x['algo']}/{x['proto']}" + (f" ({x['time_us']:g} µs model)"
                                                                         if x["time_us"] is not None else "")
-                for x in shown) + more, markup=False)
-        c.print(f"# {tu['basis']}", markup=False)
+                for x in shown) + more)
+        say(c, f"# {tu['basis']}")

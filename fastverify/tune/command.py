@@ -15,13 +15,14 @@ rank NCCL settings with the cost model (:func:`fastverify.tune.predict.rank_nccl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shlex
-from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.errors import UserError
+from fastverify.output_paths import or_default, output_arg, path_arg
 from fastverify.tune.evidence import (
     box_topology,
     nccl_version,
@@ -52,7 +53,7 @@ def _server_words(text: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     """The ``tune`` subcommand's flags (``positive``/``bounded`` are the CLI's int parsers)."""
     w = p.add_argument_group("workload (a profile, or a model's shapes)")
-    w.add_argument("--profile", type=Path, metavar="JSON", help="profile written by `fastverify profile`")
+    w.add_argument("--profile", type=path_arg, metavar="JSON", help="profile written by `fastverify profile`")
     w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json [default: tiny]")
     w.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
                    help="tensor-parallel world size [default: a profile's own; with --model every GPU of --topology (or NVML), "
@@ -73,19 +74,19 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     u.add_argument("--allreduce-ms", type=float, default=None, metavar="MS",
                    help="the all-reduce time of that verify step, ms (at most --verify-ms)")
     b = p.add_argument_group("box")
-    b.add_argument("--topology", "--nvidia-smi", dest="topology", type=Path, metavar="FILE",
+    b.add_argument("--topology", "--nvidia-smi", dest="topology", type=path_arg, metavar="FILE",
                    help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
                                                         "library's own, else the newest known]")
     from fastverify.topo.boxfacts import add_box_arguments
 
     add_box_arguments(b, bounded)
-    b.add_argument("--p2p-check", type=Path, metavar="FILE", default=None,
+    b.add_argument("--p2p-check", type=path_arg, metavar="FILE", default=None,
                    help="JSON of `fastverify p2p` [default: run it on a GPU box]")
-    b.add_argument("--perf-table", type=Path, metavar="FILE", default=None,
+    b.add_argument("--perf-table", type=path_arg, metavar="FILE", default=None,
                    help="nccl-tests all_reduce_perf output from this box: NCCL measured there replaces the "
                         "model's NCCL baseline (second only to a --profile's own times)")
-    b.add_argument("--nccl-log", type=Path, metavar="FILE", default=None,
+    b.add_argument("--nccl-log", type=path_arg, metavar="FILE", default=None,
                    help="NCCL_DEBUG=INFO output of a run on this box: its TUNING table and transports come "
                         "before the topology in the NCCL baseline")
     m = p.add_argument_group("measurement")
@@ -97,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     m.add_argument("--iters", type=bounded(1, 10000), default=20, help="timed repetitions per size")
     m.add_argument("--warmup", type=bounded(0, 1000), default=3, help="untimed repetitions per size")
     m.add_argument("--timeout", type=float, default=120.0, help="seconds a trial may measure before it counts as hung")
-    m.add_argument("--journal", type=Path, default=None,
+    m.add_argument("--journal", type=output_arg, default=None,
                    help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]")
     m.add_argument("--resume", action="store_true", help="skip trials the journal already holds")
     m.add_argument("--server-args", default=None, metavar="'FLAGS'", type=_server_words,
@@ -110,14 +111,17 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]")
     o.add_argument("--tok-s", type=float, default=None, help="measured tok/s per stream now (fixes the rest of the cycle)")
-    o.add_argument("--write-env", nargs="?", const="", default=None, metavar="PATH",
+    o.add_argument("--write-env", nargs="?", const="", default=None, metavar="PATH", type=or_default(output_arg),
                    help="write the winning settings and the deployment record beside them (X.env, X.deploy.json) "
                         "[default path: nccl_configs/<box fingerprint>.env]")
-    o.add_argument("--baseline", type=Path, metavar="DIR", default=None,
+    o.add_argument("--baseline", type=path_arg, metavar="DIR", default=None,
                    help="with --write-env: the answers of a `launch --load` run without the swap, kept in the "
                         "deployment record; `launch --env` asks them again of the patched server before it serves")
-    o.add_argument("--write-tuner-config", type=Path, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
-    o.add_argument("--png", type=Path, default=None, help="latency vs message size per candidate (measure mode)")
+    o.add_argument("--write-tuner-config", type=output_arg, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
+    o.add_argument("--force", action="store_true",
+                   help="replace existing output files (the old env file, record and tuner CSV kept as <name>.bak), "
+                        "and start the --journal over without --resume")
+    o.add_argument("--png", type=output_arg, default=None, help="latency vs message size per candidate (measure mode)")
     o.add_argument("--json", action="store_true",
                    help="print one JSON document (label, baseline, candidates[]) on stdout; notes go to stderr")
     o.add_argument("--explain", action="store_true",
@@ -147,10 +151,36 @@ def _check_flags(args) -> None:
         raise UserError("--explain adds the evidence to the text; --json holds all of it already (drop one)")
     if args.max_batch is not None and args.batch > args.max_batch:
         raise UserError(f"--batch {args.batch}: larger than --max-batch {args.max_batch} (the largest batch served)")
-    draft = args.draft_tokens or (DEFAULT_DRAFT_TOKENS if args.profile is None else None)
-    if args.accept_length is not None and draft is not None and args.accept_length > draft:
-        raise UserError(f"--accept-length {args.accept_length:g}: more than the {draft} draft tokens a verify step "
-                        "checks per request (accepted tokens per cycle are at most the draft tokens)")
+
+
+def _draft_tokens_in_force(args, workload):
+    """``workload`` with the draft tokens per request in force: the profile's or the model's; for
+    a profile that records none, ``--draft-tokens`` (said in its notes). The accept length is then
+    checked against them in one place (:func:`fastverify.tune.verify_time.accept_length_in_force`).
+
+    Raises
+    ------
+    UserError
+        ``--draft-tokens`` contradicting the profile's; ``--accept-length`` with a profile that
+        records no draft tokens and no ``--draft-tokens`` (nothing to check it against).
+    """
+    have, given = workload.draft_tokens, args.draft_tokens
+    if have is not None:
+        if given is not None and given != have:
+            raise UserError(f"--draft-tokens {given}: the workload ({workload.source}) has {have} draft tokens per "
+                            "request; drop the flag or re-profile")
+        return workload
+    if given is None:
+        if args.accept_length is not None:
+            raise UserError(f"--accept-length {args.accept_length:g}: {args.profile} does not record the draft tokens "
+                            "per request, the most an accept length can be; give --draft-tokens N too (SGLang's "
+                            "--speculative-num-draft-tokens)")
+        return workload
+    if workload.batch is not None and workload.tokens is not None and given * workload.batch != workload.tokens:
+        raise UserError(f"--draft-tokens {given}: the workload ({workload.source}) has {workload.tokens} tokens at "
+                        f"batch {workload.batch} per verify step, not {given} x {workload.batch}")
+    return dataclasses.replace(workload, draft_tokens=given,
+                               notes=(*workload.notes, f"{given} draft tokens per request from --draft-tokens"))
 
 
 def run(args) -> int:
@@ -179,10 +209,12 @@ def run(args) -> int:
         args.answer_baseline = baseline_of(args.baseline)
     from fastverify.tune import user_figures as uf
     from fastverify.tune.predict import rank_nccl_settings
-    from fastverify.tune.verify_time import verify_reduction
+    from fastverify.tune.verify_time import accept_length_in_force, verify_reduction
 
     user = uf.from_args(args)
     workload = with_hidden(args, read_workload(args, args.draft_tokens or DEFAULT_DRAFT_TOKENS))
+    workload = _draft_tokens_in_force(args, workload)
+    accept_length_in_force(workload, args.accept_length)  # refused before any work, whichever way it came
     user, user_said = uf.reconcile(user, workload, args.profile)
     if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
         verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s, user=user)

@@ -10,22 +10,23 @@
 - ``--accept-histogram FILE``: ``{"steps": 5, "counts": [c0, ..., c5], "topk": 1, "verify_ms":
   [[2, 10.0], [6, 10.4]]}``: ``counts[a]`` request-verifies accepted ``a`` draft tokens
   (``steps + 1`` ints >= 0, not all 0); ``topk`` optional (default 1); ``verify_ms`` optional
-  ``[tokens per request, ms]`` pairs (label ``given``), used when no records give the curve.
+  ``[tokens per request, ms]`` pairs (label ``given``), used when no records give the curve:
+  each count once, each ms at least :data:`fastverify.bounds.MIN_TIME_US`. No key may appear
+  twice in an object.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS
-from fastverify.bundle import open_bundle
-from fastverify.cycle.evidence import evidence, json_part
+from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS, MIN_TIME_US, duplicate_json_key, implausible_count
+from fastverify.bundle import Bundle, open_bundle
+from fastverify.cycle.evidence import evidence, server_arguments
 from fastverify.cycle.flags import mode_means
-from fastverify.errors import UserError, path_text, schema_error
+from fastverify.errors import UserError, one_line, path_text, schema_error
 from fastverify.tune.draft_model import AcceptHistogram, CostCurve, CostPoint, DraftCost
 
 HISTOGRAM_EXAMPLES = {"steps": "5", "counts": "[40, 30, 15, 8, 4, 3]", "topk": "1", "verify_ms": "[[6, 10.4]]"}
@@ -40,7 +41,8 @@ def read_histogram(path: Path) -> AcceptHistogram:
     UserError
         Not readable, not JSON, a field missing or of the wrong type (named, with an example),
         ``steps`` outside [1, 63], ``counts`` not ``steps + 1`` ints in [0, 1e9] or all 0,
-        ``topk`` outside [1, 64], a ``verify_ms`` pair out of range.
+        ``topk`` outside [1, 64], a ``verify_ms`` pair out of range, a tokens-per-request count
+        given twice (both values named), a key given twice in one object.
     """
     from fastverify.inputs import read_bytes
 
@@ -51,6 +53,9 @@ def read_histogram(path: Path) -> AcceptHistogram:
         raise schema_error(f"{path_text(path)}: invalid accept histogram", e, HISTOGRAM_EXAMPLES) from None
     except msgspec.DecodeError as e:
         raise UserError(f"{path_text(path)}: not JSON ({' '.join(str(e).split())})") from None
+    twice = duplicate_json_key(data)
+    if twice is not None:
+        raise UserError(f"{path_text(path)}: key {one_line(twice, 80)!r} given twice in one object; give it once")
     where = f"{path_text(path)}: field"
     if not 1 <= h.steps < MAX_DRAFT_TOKENS:
         raise UserError(f'{where} "steps": {h.steps} is outside [1, {MAX_DRAFT_TOKENS - 1}] (e.g. "steps": 5)')
@@ -60,10 +65,16 @@ def read_histogram(path: Path) -> AcceptHistogram:
         raise UserError(f'{where} "counts": each must be in [0, {MAX_COUNT:g}] and not all 0')
     if not 1 <= h.topk <= MAX_DRAFT_TOKENS:
         raise UserError(f'{where} "topk": {h.topk} is outside [1, {MAX_DRAFT_TOKENS}]')
+    floor_ms = MIN_TIME_US / 1000.0
+    seen: dict[int, float] = {}
     for t, ms in h.verify_ms:
-        if not (1 <= t <= MAX_DRAFT_TOKENS and np.isfinite(ms) and 0 <= ms <= 3.6e6):
+        if not (1 <= t <= MAX_DRAFT_TOKENS and np.isfinite(ms) and floor_ms <= ms <= 3.6e6):
             raise UserError(f'{where} "verify_ms": [{t}, {ms}] is not [tokens per request in 1..{MAX_DRAFT_TOKENS}, '
-                            "ms in [0, 3.6e6]]")
+                            f"ms in [{floor_ms:g}, 3.6e6]]")
+        if t in seen:
+            raise UserError(f'{where} "verify_ms": {t} tokens per request given twice ({seen[t]:g} ms and {ms:g} ms); '
+                            "give each count once")
+        seen[t] = ms
     return h
 
 
@@ -143,32 +154,62 @@ def _mode_ms(mode: dict) -> float:
     return sum(mode[k] for k in ("compute_us", "allreduce_us", "other_comm_us", "memory_us", "idle_us")) / 1000.0
 
 
-def from_bundle(path: Path, split=None):
-    """Histogram, cost curve, draft cost (None: not in the trace) and notes from a bundle;
-    ``split``: its cycle split when the caller has it (else the trace is read here)."""
-    bundle = open_bundle(path)
+def from_bundle(source, split=None):
+    """Histogram, cost curve, draft cost (None: not in the trace) and notes from a bundle:
+    ``source`` its path, or a :class:`fastverify.bundle.Bundle` already open (so the archive is
+    read once); ``split``: its cycle split when the caller has it (else the trace is read here).
+    Server arguments out of bounds (``speculative_num_steps`` outside [1, 63],
+    ``speculative_eagle_topk`` outside [1, 64]) are left out, with a note.
+
+    Raises
+    ------
+    UserError
+        No verify-log part, the bundle or a verify record cannot be read (a member named
+        ``BUNDLE:member``).
+    """
+    if isinstance(source, Bundle):
+        return _from_open_bundle(source, split)
+    with open_bundle(Path(source)) as bundle:
+        return _from_open_bundle(bundle, split)
+
+
+def _server_fact(sargs: dict, key: str, upper: int, notes: list[str]) -> int | None:
+    value = sargs.get(key)
+    if value is None:
+        return None
+    why = implausible_count(value, lower=1, upper=upper, what=key)
+    if why is not None:
+        notes.append(f"server_args: {key} {why}: left out")
+        return None
+    return value
+
+
+def _from_open_bundle(bundle, split):
+    where = path_text(bundle.path)
     part = bundle.part("verify_log")
     if part is None or part.status != "ok":
-        raise UserError(f"{path_text(path)}: the bundle has no verify-log part (collect with --verify-log DIR)")
-    server = json_part(bundle, "server_args") or {}
-    sargs = server.get("server_args", server) if isinstance(server, dict) else {}
-    with tempfile.TemporaryDirectory(prefix="fastverify-draft-shape-") as tmp:
-        names = [f for f in part.files if f.endswith(".jsonl")]
-        files = bundle.extract(names, Path(tmp) / "verify_log")
-        hist, curve, notes = from_dirs(sorted({f.parent for f in files}))
-        if split is None:
-            split = evidence(bundle, Path(tmp) / "ev")[0].split
-    curve = msgspec.structs.replace(curve, source=f"{path_text(path)}: verify-log part")
-    topk = sargs.get("speculative_eagle_topk") if isinstance(sargs, dict) else None
-    steps = sargs.get("speculative_num_steps") if isinstance(sargs, dict) else None
+        raise UserError(f"{where}: the bundle has no verify-log part (collect with --verify-log DIR)")
+    notes: list[str] = []
+    sargs = server_arguments(bundle, notes) or {}
+    names = [f for f in part.files if f.endswith(".jsonl")]
+    try:  # the records are read from the bundle's copies: messages name BUNDLE:member
+        hist, curve, got = from_dirs(sorted({f.parent for f in bundle.local(names)}))
+    except UserError as e:
+        raise UserError(bundle.rename(str(e))) from None
+    notes += [bundle.rename(n) for n in got]
+    if split is None:
+        split = evidence(bundle)[0].split
+    curve = msgspec.structs.replace(curve, source=f"{where}: verify-log part")
+    topk = _server_fact(sargs, "speculative_eagle_topk", MAX_DRAFT_TOKENS, notes)
+    steps = _server_fact(sargs, "speculative_num_steps", MAX_DRAFT_TOKENS - 1, notes)
     draft = None
     if split is not None:
         means = mode_means(split)
-        if "draft" in means and isinstance(steps, int) and steps > 0:
+        if "draft" in means and steps is not None:
             draft = DraftCost(draft_step_ms=round(_mode_ms(means["draft"]) / steps, 6),
                               draft_extend_ms=round(_mode_ms(means["draft_extend"]), 6) if "draft_extend" in means
                               else 0.0, label="measured",
-                              source=f"{path_text(path)}: trace cycle split (draft / {steps} steps, draft_extend)")
+                              source=f"{where}: trace cycle split (draft / {steps} steps, draft_extend)")
     if hist is not None and isinstance(topk, int) and topk > 1:
         hist = msgspec.structs.replace(hist, topk=topk)
     return hist, curve, draft, notes

@@ -13,6 +13,12 @@ length is ``E[min(A, k)] + 1``. Depths above ``S`` are not derivable, and one tr
 gives no other tree shape. Labels, strongest first: ``measured``, ``given``,
 ``derived`` (exact from measured facts, or interpolated), ``assumed``, ``extrapolated`` (beyond
 the measured cost curve); a row's label is its weakest part's.
+
+The verify cost curve must be a cost (every point at least
+:data:`fastverify.bounds.MIN_TIME_US`) and must not fall as tokens per request grow (more rows
+verified never cost less); a measured curve may dip by run-to-run noise, up to
+:data:`MEASURED_NOISE`. Depths run up to ``MAX_DRAFT_TOKENS - 1`` (:mod:`fastverify.bounds`): no
+recommendation past fastverify's own limit of draft tokens per request.
 """
 
 from __future__ import annotations
@@ -20,12 +26,19 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from fastverify.bounds import MAX_DRAFT_TOKENS, MIN_TIME_US
 from fastverify.errors import UserError
 
 SCHEMA = "fastverify.draft_shape"
 SCHEMA_VERSION = 1
 LABELS = ("measured", "given", "derived", "assumed", "extrapolated")
 """From strongest to weakest; a row's label is the weakest of its parts."""
+MEASURED_NOISE = 0.05
+"""Largest fall of a measured verify cost from one point to the next (a fraction of the lower-token
+point) still taken as run-to-run noise: medians of separate runs at a flat, all-reduce-bound cost
+differ by a few percent either way. A given curve (the user's figures) may not fall at all."""
+MAX_DEPTH = MAX_DRAFT_TOKENS - 1
+"""Deepest chain considered: ``MAX_DEPTH + 1`` = ``MAX_DRAFT_TOKENS`` tokens per request."""
 
 
 class AcceptHistogram(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -113,10 +126,45 @@ def accept_length(counts: list[int], k: int) -> float:
     return float((np.minimum(a, k) * c).sum() / c.sum() + 1.0)
 
 
+def check_curve(curve: CostCurve) -> list[str]:
+    """Refuse a verify cost curve that is no cost; returns notes on a measured dip taken as noise.
+
+    Raises
+    ------
+    UserError
+        One line naming ``curve.source`` and the point: a verify ms below
+        :data:`~fastverify.bounds.MIN_TIME_US` (0 included), or a cost that falls as tokens per
+        request grow (a measured one by more than :data:`MEASURED_NOISE`).
+    """
+    notes = []
+    floor_ms = MIN_TIME_US / 1000.0
+    for p in curve.points:
+        if not p.verify_ms >= floor_ms:  # NaN too
+            raise UserError(f"{curve.source}: verify cost {p.verify_ms:g} ms at {p.tokens_per_request} tokens per "
+                            f"request is not a verify time (at least {floor_ms:g} ms); fix or re-measure that point")
+    tol = MEASURED_NOISE if curve.label == "measured" else 0.0
+    for a, b in zip(curve.points, curve.points[1:]):
+        if b.tokens_per_request <= a.tokens_per_request:
+            raise UserError(f"{curve.source}: {b.tokens_per_request} tokens per request given twice ({a.verify_ms:g} "
+                            f"ms and {b.verify_ms:g} ms) or out of order; give each count once")
+        if b.verify_ms >= a.verify_ms:
+            continue
+        fall = f"verify cost falls from {a.verify_ms:g} ms at {a.tokens_per_request} to {b.verify_ms:g} ms at " \
+               f"{b.tokens_per_request} tokens per request"
+        if b.verify_ms < a.verify_ms * (1.0 - tol):
+            allowed = f"by more than run-to-run noise ({tol:.0%})" if tol else "(a given curve may not fall)"
+            raise UserError(f"{curve.source}: {fall} {allowed}; verifying more tokens never costs less: fix or "
+                            "re-measure that point")
+        notes.append(f"{fall}, within run-to-run noise ({tol:.0%}): beyond the points the curve is held flat")
+    return notes
+
+
 def verify_at(curve: CostCurve, tokens: int) -> tuple[float, str]:
     """Verify ms at ``tokens`` per request and its label: a measured point (the curve's label),
-    linear between two points (``derived``), else ``extrapolated`` (linear from the two nearest
-    points, flat from a single one; never below 0)."""
+    linear between two points (``derived``), else ``extrapolated``: flat from a single point;
+    above the points the line through the two highest, never falling; below them the line through
+    the two lowest, never under the lowest point scaled by ``tokens / its tokens`` (a cost of a
+    fixed part plus a part per token, both >= 0, is at least that)."""
     pts = curve.points
     x = [p.tokens_per_request for p in pts]
     y = [p.verify_ms for p in pts]
@@ -127,13 +175,15 @@ def verify_at(curve: CostCurve, tokens: int) -> tuple[float, str]:
     if len(x) == 1:
         return y[0], "extrapolated"
     i, j = (0, 1) if tokens < x[0] else (-2, -1)
-    slope = (y[j] - y[i]) / (x[j] - x[i])
-    return max(0.0, y[i] + slope * (tokens - x[i])), "extrapolated"
+    slope = max(0.0, (y[j] - y[i]) / (x[j] - x[i]))
+    end = 0 if tokens < x[0] else -1  # the nearest point: the line runs from it
+    line = y[end] + slope * (tokens - x[end])
+    return (max(line, y[0] * tokens / x[0]) if tokens < x[0] else line), "extrapolated"
 
 
 def depth_rows(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, hist_label: str) -> list[DepthRow]:
     """One :class:`DepthRow` per chain depth 1..S (a tree: only its own shape, the run's)."""
-    depths = range(1, hist.steps + 1) if hist.topk == 1 else [hist.steps]
+    depths = range(1, min(hist.steps, MAX_DEPTH) + 1) if hist.topk == 1 else [hist.steps]
     rows = []
     for k in depths:
         tokens = k + 1 if hist.topk == 1 else max(p.tokens_per_request for p in curve.points)
@@ -143,7 +193,7 @@ def depth_rows(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, hist_l
         cycle = k * draft.draft_step_ms + v_ms + draft.draft_extend_ms
         rows.append(DepthRow(depth=k, tokens_per_request=tokens, accept_length=round(acc, 4), accept_label=acc_label,
                              verify_ms=round(v_ms, 4), verify_label=v_label, cycle_ms=round(cycle, 4),
-                             tok_s=round(acc / (cycle / 1000.0), 2) if cycle > 0 else 0.0,
+                             tok_s=round(acc / (cycle / 1000.0), 2),
                              label=_weakest(acc_label, v_label, draft.label)))
     return rows
 
@@ -164,21 +214,35 @@ def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist
               sources: list[str] | None = None, notes: list[str] | None = None) -> DraftShapeReport:
     """The per-depth table and the best chain depth (highest tok/s per stream; ties: shallower).
 
+    Chain depths stop at :data:`MAX_DEPTH` (``MAX_DRAFT_TOKENS`` tokens per request); a note says
+    when the run was deeper and when the best depth lies at that limit.
+
     Raises
     ------
     UserError
-        The histogram is empty or the curve has no point.
+        The histogram is empty, the curve has no point or is no cost (:func:`check_curve`), or a
+        draft cost is not a time in [0, 3.6e6] ms.
     """
     if sum(hist.counts) <= 0:
         raise UserError("the accept histogram holds no request-verify (all counts 0)")
     if not curve.points:
         raise UserError("no verify cost: give --verify-log DIR or --bundle FILE (records with batch and tokens), "
                         "or verify_ms pairs in the --accept-histogram file")
-    notes = list(notes or [])
+    for what, ms in (("draft step", draft.draft_step_ms), ("draft extend", draft.draft_extend_ms)):
+        if not 0 <= ms <= 3.6e6:  # NaN too
+            raise UserError(f"{draft.source}: {what} {ms!r} ms is not a time in [0, 3.6e6] ms")
+    notes = [*(notes or []), *check_curve(curve)]
     rows = depth_rows(hist, curve, draft, hist_label)
     tree = hist.topk > 1
     best = None if tree else max(rows, key=lambda r: (r.tok_s, -r.depth))
     cur = next((r for r in rows if r.depth == hist.steps), None)
+    if not tree and hist.steps > MAX_DEPTH:
+        notes.append(f"the run drafted {hist.steps} steps ({hist.steps + 1} tokens per request), past fastverify's "
+                     f"limit of {MAX_DRAFT_TOKENS} draft tokens per request: depths 1-{MAX_DEPTH} only (exact from "
+                     "the same records)")
+    if best is not None and best.depth == MAX_DEPTH:
+        notes.append(f"the best depth lies at fastverify's limit ({MAX_DEPTH} steps, {MAX_DRAFT_TOKENS} draft tokens "
+                     "per request): a deeper chain is not considered")
     if tree:
         notes.insert(0, tree_note(hist))
     elif any(r.verify_label == "extrapolated" for r in rows):

@@ -12,12 +12,14 @@ Raises :class:`fastverify.errors.UserError` (one line, exit 2) for a bad or miss
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from fastverify.errors import UserError, path_text
+from fastverify.output_paths import path_arg
 from fastverify.tune.draft_inputs import from_bundle, from_dirs, read_histogram
 from fastverify.tune.draft_model import CostCurve, CostPoint, DepthRow, DraftCost, DraftShapeReport, recommend
 
@@ -30,12 +32,12 @@ def add_arguments(group) -> None:
     group.add_argument("--draft-shape", action="store_true",
                        help="recommend --speculative-num-steps / -eagle-topk / -num-draft-tokens from accept lengths "
                             "and the measured cycle cost (per-depth table: accept length, cycle ms, tok/s)")
-    group.add_argument("--accept-histogram", type=Path, metavar="FILE", default=None,
+    group.add_argument("--accept-histogram", type=path_arg, metavar="FILE", default=None,
                        help='JSON {"steps": S, "counts": [S+1 ints: request-verifies that accepted 0..S draft '
                             'tokens], "topk": 1, "verify_ms": [[tokens per request, ms], ...]}')
-    group.add_argument("--verify-log", type=Path, metavar="DIR", action="append", default=None,
+    group.add_argument("--verify-log", type=path_arg, metavar="DIR", action="append", default=None,
                        help="verify records of `fastverify launch --profile-verify DIR` (repeat: one per run)")
-    group.add_argument("--bundle", type=Path, metavar="FILE", default=None,
+    group.add_argument("--bundle", type=path_arg, metavar="FILE", default=None,
                        help="a bundle of `fastverify collect` (verify log, server args, trace)")
     group.add_argument("--draft-step-ms", type=float, metavar="MS", default=None,
                        help="drafter ms per draft step when no trace gives it [default: 0, assumed]")
@@ -55,10 +57,12 @@ def build(args: argparse.Namespace) -> DraftShapeReport:
     Raises
     ------
     UserError
-        No input, ``--bundle`` with ``--verify-log``, no accept histogram or no verify cost in
-        what was given, a bad file or flag value.
+        No input, ``--bundle`` with ``--verify-log``, one ``--verify-log`` folder given twice, no
+        accept histogram or no verify cost in what was given, a bad file or flag value, a verify
+        cost that is no cost (:func:`fastverify.tune.draft_model.check_curve`).
     """
     dirs, bundle, hist_file = args.verify_log or [], args.bundle, args.accept_histogram
+    _no_folder_twice(dirs)
     if bundle is not None and dirs:
         raise UserError("--bundle and --verify-log: give one source of verify records")
     if bundle is None and not dirs and hist_file is None:
@@ -81,7 +85,7 @@ def build(args: argparse.Namespace) -> DraftShapeReport:
         if not curve.points and file_hist.verify_ms:
             curve = CostCurve(batch=None, label="given", source=f"{path_text(hist_file)} (verify_ms)",
                               points=[CostPoint(tokens_per_request=t, verify_ms=ms, records=0)
-                                      for t, ms in sorted(dict(file_hist.verify_ms).items())])
+                                      for t, ms in sorted(file_hist.verify_ms)])
     elif hist is not None:
         sources.append(f"{curve.source}: accepted")
     if hist is None:
@@ -96,6 +100,17 @@ def build(args: argparse.Namespace) -> DraftShapeReport:
         draft = DraftCost(draft_step_ms=0.0, draft_extend_ms=0.0, label="assumed", source="none given")
     sources.append(f"draft cost: {draft.source}")
     return recommend(hist, curve, draft, hist_label=hist_label, sources=sources, notes=notes)
+
+
+def _no_folder_twice(dirs: list[Path]) -> None:
+    """Refuse one ``--verify-log`` folder named twice (its records would count twice)."""
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        key = Path(os.path.realpath(d))
+        if key in seen:
+            raise UserError(f"--verify-log {path_text(d)}: the same folder as --verify-log {path_text(seen[key])}; "
+                            "give each run's folder once")
+        seen[key] = d
 
 
 def _shown(rows: list[DepthRow], best: int | None, current: int | None) -> list[DepthRow]:
@@ -117,7 +132,8 @@ def print_report(rep: DraftShapeReport, console) -> None:
     """The per-depth table (≤ :data:`MAX_ROWS` rows), the winner's flags and how to verify it."""
     from rich.table import Table
 
-    what = "tree run: its own shape only" if rep.tree else f"chain depths 1-{rep.steps} from one run at {rep.steps}"
+    what = ("tree run: its own shape only" if rep.tree
+            else f"chain depths 1-{rep.rows[-1].depth} from one run at {rep.steps}")
     batch = f"verify cost at batch {rep.cost.batch}" if rep.cost.batch is not None else "batch not known"
     console.print(f"# draft shape: {what}; tok/s per stream = accept length / cycle time; {batch}",
                   markup=False, highlight=False)
@@ -130,7 +146,8 @@ def print_report(rep: DraftShapeReport, console) -> None:
                   f"{r.cycle_ms:.3f}", f"{r.tok_s:.1f}", r.label)
     console.print(t)
     if rep.flags is not None:
-        gain = "" if rep.tok_s_change_pct is None else \
+        gain = "" if rep.tok_s_change_pct is None else " (the run's own depth)" \
+            if rep.best_depth == rep.current_depth else \
             f" ({rep.tok_s_change_pct:+.1f} % tok/s vs depth {rep.current_depth}: more tokens per second)"
         console.print(f"best: depth {rep.best_depth}{gain}: {rep.flags}", markup=False, highlight=False)
         console.print(f"verify: {rep.verify_command}", markup=False, highlight=False)

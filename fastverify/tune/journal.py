@@ -25,8 +25,16 @@ from typing import Any
 
 import orjson
 
-from fastverify.bounds import MAX_COUNT, MAX_MSG_BYTES, implausible_count, implausible_time_us
+from fastverify.bounds import (
+    MAX_COUNT,
+    MAX_MSG_BYTES,
+    MIN_TIME_US,
+    implausible_count,
+    implausible_time_us,
+    implausible_work_us,
+)
 from fastverify.errors import UserError
+from fastverify.inputs import read_bytes
 from fastverify.tune.trial import TrialResult, TrialSpec
 
 logger = logging.getLogger(__name__)
@@ -75,13 +83,12 @@ def read_journal(path: str | Path) -> JournalContents:
     Raises
     ------
     UserError
-        The file cannot be read, is not a fastverify tune journal, or has a bad line before the last.
+        The file cannot be read (not a regular file, over 512 MiB), is not a fastverify tune
+        journal, or has a bad line before the last (a time below ``MIN_TIME_US``, a value past
+        :mod:`fastverify.bounds`).
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"cannot read journal {path}: {err.strerror or err}") from None
+    raw = read_bytes(path, kind="json", what="journal")  # a FIFO, a device, a file over 512 MiB: refused
     lines = raw.split(b"\n")
     # A complete file ends with "\n", so the last piece is b"". Anything else there is a torn line.
     pieces = [(ln, True) for ln in lines[:-1]] + ([(lines[-1], False)] if lines[-1] else [])
@@ -136,16 +143,19 @@ def _record(doc: dict) -> JournalRecord:
     spec = TrialSpec.from_dict(doc["spec"])
     result = TrialResult.from_dict(doc["result"])
     # Times are compared, summed and divided later: refuse now anything that is not a plausible
-    # measurement (fastverify.bounds: a time in [0, 1 hour] µs, a size <= 1 TiB, counts <= 1e9).
+    # measurement (fastverify.bounds: a time of work in [MIN_TIME_US, 1 hour] µs, a size <= 1 TiB,
+    # counts <= 1e9; a step of no work, 0 µs, only where no size was timed).
     for size in result.sizes:
         for name in ("median_us", "p90_us"):
             v = getattr(size, name)
-            if v is not None and (why := implausible_time_us(v)):
+            if v is not None and (why := implausible_work_us(v)):
                 raise ValueError(f"{name} {why}")
         for name, upper in (("numel", MAX_MSG_BYTES), ("msg_bytes", MAX_MSG_BYTES), ("count_per_step", MAX_COUNT)):
             if why := implausible_count(getattr(size, name), upper=upper, what=name):
                 raise ValueError(f"{name} {why}")
-    if result.step_us is not None and (why := implausible_time_us(result.step_us)):
+    step = result.step_us
+    if step is not None and (why := implausible_time_us(step)
+                             or (0 < step < MIN_TIME_US and implausible_work_us(step))):
         raise ValueError(f"step_us {why}")
     if result.trial_id != spec.trial_id:
         raise ValueError(f"result trial id {result.trial_id!r} differs from its spec's {spec.trial_id!r}")

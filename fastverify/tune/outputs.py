@@ -70,10 +70,29 @@ def check_outputs(args, fp: str) -> None:
         if path is not None:
             check_folder(path, flag.split(" ")[0])
     check_no_clobber(outputs, inputs)
+    _claim(args, outputs)
     if args.png is not None:
         from fastverify.tune.report import plot_format
 
         plot_format(args.png)
+
+
+def _claim(args, outputs: dict) -> None:
+    """An existing output file is replaced only with ``--force`` (then kept as ``<name>.bak``),
+    and the journal of an earlier sweep is started over only with ``--force`` (``--resume``
+    continues it); every new name is taken by an exclusive create
+    (:func:`fastverify.outputs.claim_output`)."""
+    from fastverify.output_paths import shown
+    from fastverify.outputs import claim_output
+
+    force = getattr(args, "force", False)
+    journal = outputs.get("--journal")
+    if journal is not None and not args.resume and not force and os.path.isfile(journal) \
+            and os.path.getsize(journal) > 0:
+        raise UserError(f"--journal {shown(journal)}: holds an earlier sweep; --resume to continue it, or --force "
+                        "to start over (it is kept as .bak)")
+    for flag in ("--write-env", "--write-env (deployment record)", "--write-tuner-config", "--png"):
+        claim_output(outputs.get(flag), flag, force=force)
 
 
 def box_fingerprint(workload, topo, version) -> str:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import shlex
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from fastverify.console import say
+from fastverify.errors import shown
 from fastverify.registry import BackendName, backend_info
 from fastverify.tune.verify_time import change_pct
 
@@ -44,10 +46,11 @@ def header_line(workload, topo, version) -> str:
 
 
 def candidate_cell(f) -> str:
-    """The candidate column: a backend's name, an NCCL setting per line, never cut."""
+    """The candidate column: a backend's name, an NCCL setting per line (each escaped to one
+    line by :func:`fastverify.errors.shown`: a value may come from the environment), never cut."""
     if not f.ranked:
         return f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})"
-    settings = "\n".join(f"{k}={v}" for k, v in f.settings.items())
+    settings = "\n".join(shown(f"{k}={v}") for k, v in f.settings.items())
     if f.backend is not BackendName.nccl:
         return "\n".join(x for x in (f.backend.value, settings) if x)
     return settings or "current environment"
@@ -105,7 +108,7 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
     for f in shown_candidates(pred, explain):
         i = pred.candidates.index(f) + 1
         v = f.verify or {}
-        row = [str(i) if f.ranked else "-", escape(candidate_cell(f)), f.label if f.ranked else "-", _us(f.point_us)]
+        row = [str(i) if f.ranked else "-", Text(candidate_cell(f)), f.label if f.ranked else "-", _us(f.point_us)]
         if explain:
             row.append(("unknown" if f.ranked else "-") if f.range_us is None
                        else f"{_us(f.range_us[0])} – {_us(f.range_us[1])}")
@@ -209,32 +212,31 @@ def explain_count_line(pred, shown: int, n_lines: int) -> str:
 
 def print_prediction(args, console: Console, workload, topo, version, pred, red: dict, *, p2p_ok, user=None,
                      held_notes=()) -> None:
-    """``tune --predict``'s words (the module docstring)."""
+    """``tune --predict``'s words (the module docstring). Every line goes through
+    :func:`fastverify.console.say`: escaped, one line whatever its length (the terminal wraps it)."""
     explain = bool(getattr(args, "explain", False))
-    # a line naming a file is one line whatever the path's length: the terminal wraps it, not rich
-    console.print(header_line(workload, topo, version), markup=False, highlight=False, soft_wrap=True)
-    console.print(table_title(workload), markup=False, highlight=False)
+    say(console, header_line(workload, topo, version))
+    say(console, table_title(workload))
     console.print(prediction_table(pred, explain=explain, tok_s=args.tok_s is not None))
     best, base = pred.best, pred.baseline
     line = per_size_line(pred)
     if line:
-        console.print(line, markup=False, highlight=False)
+        say(console, line)
     for line in pred.too_close.values():  # one line whatever its length, as the header's
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        say(console, line)
     best_name = candidate_cell(best).replace("\n", ", ")
     for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
                              tok_s_given=args.tok_s is not None, keep=best.is_baseline):
-        console.print(line, markup=False, highlight=False)
-    console.print(next_command(args, workload, best, p2p_ok=p2p_ok), markup=False, highlight=False, soft_wrap=True)
+        say(console, line)
+    say(console, next_command(args, workload, best, p2p_ok=p2p_ok))
     lines = explain_lines(pred, held_notes)
     if explain:
         for line in per_size_table_lines(pred):
-            console.print(line, markup=False, highlight=False)
+            say(console, line)
         for line in lines:
-            console.print(line, markup=False, highlight=False)
+            say(console, line)
     else:
-        console.print(explain_count_line(pred, len(shown_candidates(pred, False)), len(lines)), markup=False,
-                      highlight=False)
+        say(console, explain_count_line(pred, len(shown_candidates(pred, False)), len(lines)))
 
 
 def _kb(nbytes: int) -> str:

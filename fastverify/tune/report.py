@@ -254,7 +254,8 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
             b.add_row(_bytes(k.msg_bytes), str(k.count_per_step), escape(k.best.name), fmt(k.median_us),
                       fmt(k.baseline_us))
         console.print(b)
-        if ranking.mixed_step_us is not None:
+        if ranking.mixed_step_us is not None and len({k.best.trial_id for k in ranking.buckets}) >= 2:
+            # one size, or one candidate best at every size: there is no per-size choice to make
             console.print(f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({escape(short)}); "
                           f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)",
                           highlight=False)

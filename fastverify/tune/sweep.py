@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from fastverify.bounds import implausible_work_us
 from fastverify.errors import UserError
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
@@ -319,6 +320,11 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
             return _result(spec, TrialStatus(status), reason, started, sizes=sizes, clock=clock, note=note,
                            meta=meta)
     sizes = _sizes(spec, docs)
+    bad = next(((s, why) for s in sizes for name in ("median_us", "p90_us") if getattr(s, name) is not None
+                and (why := implausible_work_us(getattr(s, name)))), None)
+    if bad is not None:  # a clock that read 0 (or 1e-300) is no measurement: never ranked or divided by
+        return _result(spec, TrialStatus.FAILED, f"numel {bad[0].numel}: the ranks' time {bad[1]}", started,
+                       sizes=sizes, clock=clock, note=note, meta=meta)
     step_us = sum(s.count_per_step * s.median_us for s in sizes)
     return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note,
                    meta=meta)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from fastverify.bounds import MIN_TIME_US
 from fastverify.errors import UserError
 
 LABEL = "measured-by-user"
@@ -50,7 +51,8 @@ class UserFigures:
 
 def from_args(args) -> UserFigures | None:
     """``--verify-ms`` / ``--allreduce-ms`` checked (both or neither, finite, in
-    (0, :data:`MAX_VERIFY_MS`] ms, all-reduce <= verify, with ``--predict``); None when neither."""
+    [:data:`~fastverify.bounds.MIN_TIME_US`, :data:`MAX_VERIFY_MS`] ms, all-reduce <= verify,
+    with ``--predict``); None when neither. Raises :class:`UserError` (one line naming the flag)."""
     v, r = args.verify_ms, args.allreduce_ms
     if v is None and r is None:
         return None
@@ -58,9 +60,10 @@ def from_args(args) -> UserFigures | None:
         raise UserError(f"--verify-ms {v:g}: give --allreduce-ms too (the all-reduce time of that verify step, ms)")
     if v is None:
         raise UserError(f"--allreduce-ms {r:g}: give --verify-ms too (the verify step it is part of, ms)")
+    low = MIN_TIME_US / 1e3
     for flag, x in (("--verify-ms", v), ("--allreduce-ms", r)):
-        if not (math.isfinite(x) and 0 < x <= MAX_VERIFY_MS):
-            raise UserError(f"{flag} {x:g}: expected a finite time in (0, {MAX_VERIFY_MS:g}] ms per verify step")
+        if not (math.isfinite(x) and low <= x <= MAX_VERIFY_MS):
+            raise UserError(f"{flag} {x:g}: expected a finite time in [{low:g}, {MAX_VERIFY_MS:g}] ms per verify step")
     if r > v:
         raise UserError(f"--allreduce-ms {r:g}: more than --verify-ms {v:g}; the all-reduce time is part of the "
                         "verify step")

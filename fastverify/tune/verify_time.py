@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from fastverify.bounds import MAX_EVENT_US
 from fastverify.errors import UserError
 from fastverify.tune.predict import LABEL
 from fastverify.tune.workload import Workload
@@ -54,14 +55,15 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
     Raises
     ------
     UserError
-        A non-positive or non-finite accept length or tok/s, or a tok/s that implies a cycle
-        shorter than the verify step.
+        A non-positive or non-finite accept length or tok/s, an accept length above the
+        workload's draft tokens (:func:`accept_length_in_force`), or a tok/s that implies a cycle
+        shorter than the verify step or longer than an hour.
     """
     for name, v in (("baseline_us", baseline_us), ("candidate_us", candidate_us)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise ValueError(f"{name}={v!r}: expected a finite time >= 0 in µs")
     notes: list[str] = []
-    a, a_src = _accept_length(workload, accept_length)
+    a, a_src = accept_length_in_force(workload, accept_length)
     saved = baseline_us - candidate_us
     v_base, basis, v_pred = _verify_times(workload, baseline_us, candidate_us, user, notes)
     red = 100.0 * (v_base - v_pred) / v_base if v_base > 0 else 0.0
@@ -94,16 +96,33 @@ def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float
     }
 
 
-def _accept_length(workload: Workload, accept_length: float | None) -> tuple[float, str]:
-    """``(A, where it came from)``: given, else the profile's, else :data:`DEFAULT_ACCEPT_LENGTH`."""
+def accept_length_in_force(workload: Workload, accept_length: float | None) -> tuple[float, str]:
+    """``(A, where it came from)``: given, else the profile's, else :data:`DEFAULT_ACCEPT_LENGTH`
+    (at most the workload's draft tokens). The one check of an accept length against the draft
+    tokens per request in force (``workload.draft_tokens``: the profile's, the model's, or
+    ``--draft-tokens`` for a profile that records none), whichever way each was given.
+
+    Raises
+    ------
+    UserError
+        A is not finite, below 1, or more than the draft tokens per request (accepted tokens per
+        cycle are at most the draft tokens, bonus included).
+    """
+    draft = workload.draft_tokens
     if accept_length is not None:
-        a, a_src = float(accept_length), "given"
+        a, a_src, what = float(accept_length), "given", f"--accept-length {accept_length:g}"
     elif workload.accept_length is not None:
-        a, a_src = float(workload.accept_length), "from the profile"
+        a, a_src, what = float(workload.accept_length), "from the profile", \
+            f"the accept length {workload.accept_length:g} of {workload.source}"
+    elif draft is not None and draft < DEFAULT_ACCEPT_LENGTH:
+        return float(draft), f"default {DEFAULT_ACCEPT_LENGTH:g} capped at the {draft} draft tokens per request"
     else:
-        a, a_src = DEFAULT_ACCEPT_LENGTH, "default (plan §1.4; pass --accept-length)"
+        a, a_src, what = DEFAULT_ACCEPT_LENGTH, "default (plan §1.4; pass --accept-length)", ""
     if not (math.isfinite(a) and a >= 1):
         raise UserError(f"--accept-length {a!r}: must be a number >= 1 (tokens per cycle, bonus token included)")
+    if draft is not None and a > draft:
+        raise UserError(f"{what}: more than the {draft} draft tokens a verify step checks per request "
+                        "(accepted tokens per cycle are at most the draft tokens)")
     return a, a_src
 
 
@@ -146,6 +165,9 @@ def _rest_of_cycle(a: float, tok_s: float | None, v_base: float, basis: str, use
     if tok_s is not None:
         if not (isinstance(tok_s, (int, float)) and math.isfinite(tok_s) and tok_s > 0):
             raise UserError(f"--tok-s {tok_s!r}: must be a positive number (tokens/s per stream)")
+        if a / tok_s * 1e6 > MAX_EVENT_US:
+            raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s:.3g} s, longer "
+                            "than an hour: not a tok/s per stream")
         t_rest = a / tok_s * 1e6 - v_base
         if t_rest < 0:
             raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s * 1e3:.2f} ms, "
