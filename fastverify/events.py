@@ -38,15 +38,6 @@ class EventClass(str, Enum):
     def code(self) -> int:
         return _CODES[self]
 
-    @property
-    def is_allreduce(self) -> bool:
-        return self in (EventClass.ALLREDUCE, EventClass.FUSED_ALLREDUCE)
-
-    @property
-    def is_comm(self) -> bool:
-        return self in (EventClass.ALLREDUCE, EventClass.FUSED_ALLREDUCE, EventClass.OTHER_COMM,
-                        EventClass.EP_ALLTOALL)
-
 
 CLASSES: tuple[EventClass, ...] = tuple(EventClass)
 _CODES = {c: i for i, c in enumerate(CLASSES)}

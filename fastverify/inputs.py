@@ -46,7 +46,6 @@ TRACE_INFLATED_CAP = 4 * GiB
 
 #: First orjson release whose ``loads`` raises on deep nesting instead of crashing (see above).
 ORJSON_FLOOR = (3, 9, 15)
-MSGSPEC_FLOOR = (0, 18)
 
 
 def _name(path: Path, flag: str | None) -> str:

@@ -122,17 +122,6 @@ class Measurement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Time in µs at ``msg_bytes`` under the module's interpolation rule; None outside it."""
         return interpolate(self.sizes_bytes, self.times_us, msg_bytes) if self.times_us else None
 
-    def range_at(self, msg_bytes: int) -> tuple[float, float] | None:
-        """The source's own [low, high] in µs at ``msg_bytes`` (its repeats), else (time, time)."""
-        t = self.time_at(msg_bytes)
-        if t is None:
-            return None
-        if not self.run_range_us or not self.times_us:
-            return t, t
-        lo = interpolate(self.sizes_bytes, tuple(r[0] / v for r, v in zip(self.run_range_us, self.times_us)), msg_bytes)
-        hi = interpolate(self.sizes_bytes, tuple(r[1] / v for r, v in zip(self.run_range_us, self.times_us)), msg_bytes)
-        return t * (lo or 1.0), t * (hi or 1.0)
-
 
 class PublishedData(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     version: int
