@@ -3,7 +3,7 @@
 # and never replaced). Installs a torch only when none can be imported: the pinned CPU build
 # (FASTVERIFY_TORCH_SPEC overrides it, e.g. for a CUDA build on a GPU box).
 #   ./setup.sh          runtime dependencies
-#   ./setup.sh --dev    plus test dependencies (pytest, hypothesis)
+#   ./setup.sh --dev    plus test dependencies (pytest, hypothesis, ruff)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}

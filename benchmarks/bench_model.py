@@ -21,7 +21,7 @@ Usage (from the repository root)::
 Prints nccl-tests style: ``#`` metadata, a column row and a units row per direction, then one line per
 direction ``fit SHM -> test P2P: median error N %`` and NCCL's raw ``median error`` per table. Then the
 leave-one-box-out table: every published point at 8 KiB..1 MiB predicted without its box, for the
-NCCL cost model (the baseline ``tune`` shows), the P2P kernel model (``fastverify/tune/kernel_cost.py``,
+NCCL cost model (the baseline ``tune`` shows), the P2P kernel model (``fastverify/tune/backend_model.py``,
 what ``tune`` shows for pcie_ipc / custom_ar, judged on every published P2P kernel) and each
 backend's ``estimate``; one line per group: ``lobo <group>: boxes inside range I/N (P %), points
 inside i/n, median point error E %, median range width high/low W x; abstained a/n``, and one aim
@@ -48,7 +48,7 @@ from fastverify.nccl import model as M  # noqa: E402
 from fastverify.nccl.perftable import parse_all_reduce_perf  # noqa: E402
 from fastverify.nccl.version import NcclVersion  # noqa: E402
 from fastverify.registry import BackendName  # noqa: E402
-from fastverify.tune import backend_model as BM  # noqa: E402
+from fastverify.tune import backend_model  # noqa: E402
 
 DEFAULT_SHARED = REPO.parent / "shared"
 TABLES = {  # transport -> file under <shared>/inputs
@@ -209,13 +209,13 @@ def lobo(backend: BackendName) -> dict:
     size is. Point error = (point - measured) / measured; range width = high / low (a factor).
     """
     boxes: dict[str, list[dict]] = {}
-    for m in BM.measurements():
-        if m.times_us is None or m not in BM.comparable(backend, m.world_size):
+    for m in backend_model.measurements():
+        if m.times_us is None or m not in backend_model.comparable(backend, m.world_size):
             continue
-        bx = next(b for b in BM.load().boxes if b.id == m.box)
+        bx = next(b for b in backend_model.load().boxes if b.id == m.box)
         for size, t in zip(m.sizes_bytes, m.times_us):
             if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
-                e = BM.estimate(backend, size, world_size=m.world_size, sm=bx.sm, pcie_gen=bx.pcie_gen, p2p=m.p2p,
+                e = backend_model.estimate(backend, size, world_size=m.world_size, sm=bx.sm, pcie_gen=bx.pcie_gen, p2p=m.p2p,
                                 exclude_box=m.box)
                 boxes.setdefault(m.box, []).append(_point_record(
                     m, size, t, e.point_us if e else None, e.low_us if e else None, e.high_us if e else None))
@@ -224,40 +224,36 @@ def lobo(backend: BackendName) -> dict:
 
 def lobo_cost_model() -> dict:
     """Leave-one-box-out of the NCCL figure ``tune --predict`` shows on a topology: the cost model's
-    point for the held-out box (:func:`fastverify.tune.nccl_cost.cost_model_residuals`' inputs: its
-    GPU count, SM, PCIe generation, P2P) x/÷ :func:`fastverify.tune.nccl_cost.nccl_fit` of the other
+    point for the held-out box (:func:`fastverify.tune.backend_model.cost_model_residuals`' inputs: its
+    GPU count, SM, PCIe generation, P2P) x/÷ :func:`fastverify.tune.backend_model.nccl_fit` of the other
     boxes' misses. Same sizes and counting as :func:`lobo`."""
-    from fastverify.tune import nccl_cost as NC
-
-    data = BM.load()
+    data = backend_model.load()
     boxes: dict[str, list[dict]] = {}
-    for m in (m for m in data.measurements if m.backend is BackendName.nccl and BM.passes(m)):
+    for m in (m for m in data.measurements if m.backend is BackendName.nccl and backend_model.passes(m)):
         bx = next(b for b in data.boxes if b.id == m.box)
         for size, t in zip(m.sizes_bytes, m.times_us or ()):
             if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
-                point = NC.cost_model_us(bx, m.world_size, m.p2p, size)
-                f = NC.nccl_fit(size, m.world_size, exclude_box=m.box)
+                point = backend_model.cost_model_us(bx, m.world_size, m.p2p, size)
+                f = backend_model.nccl_fit(size, m.world_size, exclude_box=m.box)
                 lo, hi = (point * f.low, point * f.high) if f.known else (None, None)
                 boxes.setdefault(m.box, []).append(_point_record(m, size, t, point, lo, hi))
     return _summary("nccl (cost model)", boxes)
 
 
 def lobo_kernel_model() -> dict:
-    """Leave-one-box-out of the P2P kernel model (``fastverify/tune/kernel_cost.py``, the figure
+    """Leave-one-box-out of the P2P kernel model (``fastverify/tune/backend_model.py``, the figure
     ``tune`` shows for pcie_ipc and custom_ar) on every published P2P-kernel measurement, whichever
     kernel ran: the held-out box's point from the other boxes' latency, x/÷ the other boxes' misses.
     Same sizes and counting as :func:`lobo`."""
-    from fastverify.tune import kernel_cost as K
-
-    data = BM.load()
+    data = backend_model.load()
     boxes: dict[str, list[dict]] = {}
-    for m in (m for m in data.measurements if K.p2p_kernel(m)):
+    for m in (m for m in data.measurements if backend_model.p2p_kernel(m)):
         bx = next(b for b in data.boxes if b.id == m.box)
-        latency = K.latency_us(data, m.box)
+        latency = backend_model.latency_us(data, m.box)
         for size, t in zip(m.sizes_bytes, m.times_us):
             if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
-                point = K.point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
-                f = K.kernel_fit(data, size, m.world_size, m.box)
+                point = backend_model.point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
+                f = backend_model.kernel_fit(data, size, m.world_size, m.box)
                 lo, hi = (point * f.low, point * f.high) if f.known else (None, None)
                 boxes.setdefault(m.box, []).append(_point_record(m, size, t, point, lo, hi))
     return _summary("p2p kernels (kernel model)", boxes)
@@ -286,7 +282,7 @@ def aim_line(name: str, results: list[dict], aim_pct: float, width_aim: float) -
 def _cross_check(shared: Path) -> list[str]:
     """The data file's copies of the shared/inputs tables against perftable's reading of the files."""
     out = []
-    for m in BM.measurements():
+    for m in backend_model.measurements():
         if not m.table_file:
             continue
         path = shared / "inputs" / m.table_file
@@ -304,9 +300,9 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
     """Print the leave-one-box-out judgement of every backend model, side by side."""
     print("#")
     print("# leave-one-box-out: fastverify/tune/backend_model.py (published boxes; every value predicted)")
-    print(f"# data: {len(BM.published_boxes())} boxes, {len(BM.measurements())} measurements in "
-          f"fastverify/data/{BM.DATA_FILE}; sizes {LOBO_MIN_BYTES}..{LOBO_MAX_BYTES} B; extrapolation "
-          f"<= {BM.EXTRAPOLATE:g}x (fixed before the first run)")
+    print(f"# data: {len(backend_model.published_boxes())} boxes, {len(backend_model.measurements())} measurements in "
+          f"fastverify/data/{backend_model.DATA_FILE}; sizes {LOBO_MIN_BYTES}..{LOBO_MAX_BYTES} B; extrapolation "
+          f"<= {backend_model.EXTRAPOLATE:g}x (fixed before the first run)")
     print("# range: point x the shortest span of a share of the other boxes' median misses, widened by their "
           "within-box spread, the share the smallest that holds 80 % of a left-out box's misses at 8 KiB..1 MiB "
           "(fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "

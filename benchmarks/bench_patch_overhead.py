@@ -29,7 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fastverify.patch import ENV_FLAG  # noqa: E402
+from fastverify.patch.handoff import ENV_FLAG  # noqa: E402
 from fastverify.patch.launch import plan_launch  # noqa: E402
 from fastverify.proof.compare import bootstrap_interval  # noqa: E402
 from fastverify.proof.run import LoadOptions, supervise  # noqa: E402

@@ -368,7 +368,7 @@ def analyze_rank(r: RankEvents) -> dict:
 
 
 def analyze(ranks: list[RankEvents]) -> dict:
-    """All analyses of a set of ranks: the body of a profile (see :mod:`fastverify.profile`)."""
+    """All analyses of a set of ranks: the body of a profile (see :mod:`fastverify.profile.build`)."""
     per_rank = [analyze_rank(r) for r in ranks]
     matched = match_collectives(ranks)
     for rr in per_rank:

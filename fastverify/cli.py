@@ -1,4 +1,8 @@
-"""The ``fastverify`` command line. User mistakes exit with code 2 and one line on stderr."""
+"""The ``fastverify`` command line. User mistakes exit with code 2 and one line on stderr.
+
+A run imports only its own subcommand's modules: each is imported where the subcommand's parser
+is built or run, marked ``# lazy: subcommand`` (with the heavy library it brings, where it brings
+one), so that ``fastverify profile --trace`` does not pay for ``doctor``'s or ``launch``'s imports."""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import sys
 
 from fastverify.bounds import MAX_TIMEOUT_S
 from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, print_guarded
+from fastverify.inputs import read_text
 from fastverify.output_paths import or_default, output_arg, path_arg, path_arg as _folder, path_text_arg
+from fastverify.profile.painter import EARLY, PROGRAM, start_painter_early
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,13 +86,13 @@ def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) 
 
 
 def _add_profile(sub) -> None:
-    from fastverify.profile_command import add_arguments
+    from fastverify.profile.command import add_arguments  # lazy: subcommand
 
     add_arguments(sub, _positive, _bounded, _seconds, DefaultsHelp)
 
 
 def _add_topo(sub) -> None:
-    from fastverify.topo.command import add_arguments
+    from fastverify.topo_command import add_arguments  # lazy: subcommand
 
     topo = _subcommand(
         sub, "topo",
@@ -106,7 +112,7 @@ def _add_p2p(sub) -> None:
          "tested, by CUDA ordinal, NVML index, PCI bus id and UUID, and a result per ordered pair) "
          "that `tune --p2p-check` and `launch --p2p-check` read; passes and failures cached per "
          "box. Exit 1 if any pair fails or times out."))
-    from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
+    from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S  # lazy: subcommand
 
     p.add_argument("--output", type=output_arg, metavar="FILE", default=None,
                    help="write the JSON there (a new file) instead of printing it")
@@ -117,7 +123,7 @@ def _add_p2p(sub) -> None:
 
 
 def _add_tune(sub) -> None:
-    from fastverify.tune.command import add_arguments as add_tune_arguments
+    from fastverify.tune.command import add_arguments as add_tune_arguments  # lazy: subcommand (numpy)
 
     tune = _subcommand(
         sub, "tune",
@@ -149,7 +155,7 @@ def _add_doctor(sub) -> None:
 
 
 def _add_launch(sub) -> None:
-    from fastverify.patch.launch import BACKENDS
+    from fastverify.patch.launch import BACKENDS  # lazy: subcommand (importlib.metadata)
 
     launch = _subcommand(
         sub, "launch",
@@ -236,7 +242,7 @@ def _add_patch(sub) -> None:
 
 
 def _add_collect(sub) -> None:
-    from fastverify.collect.command import add_arguments
+    from fastverify.collect.command import add_arguments  # lazy: subcommand (the HTTP client)
 
     p = _subcommand(
         sub, "collect",
@@ -250,7 +256,7 @@ def _add_collect(sub) -> None:
 
 
 def _add_report(sub) -> None:
-    from fastverify.cycle.command import add_arguments
+    from fastverify.cycle.command import add_arguments  # lazy: subcommand (numpy)
 
     p = _subcommand(
         sub, "report",
@@ -304,13 +310,12 @@ def _raise_terminated(signum, _frame) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from fastverify.patch.launch import describe, exec_plan, plan_launch, plan_of_args, proof_asked
+    from fastverify.patch.launch import describe, exec_plan, plan_launch, plan_of_args, proof_asked  # lazy: subcommand
+    from fastverify.patch.launch_plan import summary  # lazy: subcommand
 
     # The dry run collects every blocker into the plan (the proof inputs' too); the real launch raises at the first.
     plan = plan_of_args(args, os.environ)
     if args.dry_run:
-        from fastverify.patch.launch_plan import summary
-
         sys.stdout.write(describe(plan))
         if plan.blockers:
             sys.stdout.flush()  # the plan first, then the one-line verdict
@@ -318,7 +323,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             return EXIT_USER_ERROR
         return 0
     if proof_asked(args, plan):
-        from fastverify.proof.run import FallBack, load_options, supervise  # lazy: the HTTP client
+        from fastverify.proof.run import FallBack, load_options, supervise  # lazy: subcommand
 
         try:
             return supervise(plan, load_options(args), os.environ)
@@ -331,12 +336,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from fastverify.doctor import print_checks, run_doctor, summarise
-    from fastverify.doctor.json_output import run_doctor_json
+    from fastverify.doctor import print_checks, run_doctor, summarise  # lazy: subcommand
+    from fastverify.doctor import run_doctor_json  # lazy: subcommand
 
     if args.env_file:  # a FIFO, folder, oversize or binary file is a bad argument (exit 2), not a finding
-        from fastverify.inputs import read_text
-
         read_text(args.env_file, kind="text", flag="--env-file", what="env file")
     env_file = str(args.env_file) if args.env_file else None
     if args.json:  # stdout holds the JSON only: NCCL's log and the checks' output go elsewhere
@@ -359,8 +362,6 @@ def run() -> None:
     them for this, :data:`fastverify.trace.load.HOLD_DECODED`). Every other command exits the
     normal way.
     """
-    from fastverify.profile_command import EARLY, PROGRAM  # noqa: F401 - EARLY: what main() started early
-
     PROGRAM["running"] = True
     rc = main()
     if PROGRAM.get("exit_now"):
@@ -389,8 +390,6 @@ def _streams_survive_any_encoding() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _streams_survive_any_encoding()
-    from fastverify.profile_command import EARLY, start_painter_early
-
     try:
         start_painter_early(argv)
         return print_guarded(lambda: _main(argv))  # a closed or full stdout: one line, exit 2
@@ -424,19 +423,19 @@ def _main(argv: list[str]) -> int:
     try:
         _one_spelling(argv)
         if args.command == "profile":
-            from fastverify.profile_command import run as run_profile
+            from fastverify.profile.command import run as run_profile  # lazy: subcommand
 
             return run_profile(args, argv)
         if args.command == "topo":
-            from fastverify.topo.command import run as run_topo
+            from fastverify.topo_command import run as run_topo  # lazy: subcommand
 
             return run_topo(args)
         if args.command == "p2p":
-            from fastverify.topo.p2p import run_check_command
+            from fastverify.topo.p2p import run_check_command  # lazy: subcommand
 
             return run_check_command(output=args.output, timeout_s=args.timeout, refresh=args.refresh, force=args.force)
         if args.command == "patch":
-            from fastverify.patch.check import check, format_report
+            from fastverify.patch.sglang_info import check, format_report  # lazy: subcommand (importlib.metadata)
 
             info, statuses, route = check(args.sglang_source)
             sys.stdout.write(format_report(info, statuses, route))
@@ -446,19 +445,19 @@ def _main(argv: list[str]) -> int:
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "compare":
-            from fastverify.proof.compare import run as run_compare  # lazy: numpy
+            from fastverify.proof.compare import run as run_compare  # lazy: subcommand (numpy)
 
             return run_compare(args)
         if args.command == "collect":
-            from fastverify.collect.command import run as run_collect
+            from fastverify.collect.command import run as run_collect  # lazy: subcommand (the HTTP client)
 
             return run_collect(args)
         if args.command == "report":
-            from fastverify.cycle.command import run as run_report
+            from fastverify.cycle.command import run as run_report  # lazy: subcommand (numpy)
 
             return run_report(args)
         if args.command == "tune":
-            from fastverify.tune.command import run as run_tune
+            from fastverify.tune.command import run as run_tune  # lazy: subcommand (numpy)
 
             return run_tune(args)
     except UserError as e:

@@ -22,12 +22,13 @@ import msgspec
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, path_text, schema_error
-from fastverify.inputs import read_text
+from fastverify.inputs import read_bytes, read_text
 from fastverify.nccl.version import NcclVersion
 from fastverify.output_paths import backup_path
 from fastverify.outputs import atomic_write_text, atomic_write_texts
 from fastverify.proof.answers import AnswerBaseline
 from fastverify.registry import BackendName, Reach, backend_info
+from fastverify.topo.nvml import sysfs_bdf
 
 SCHEMA = "fastverify.deployment"
 VERSION = 1
@@ -54,7 +55,6 @@ def _pci_key(bus_id: str | None) -> str | None:
     :func:`fastverify.topo.nvml.sysfs_bdf` of either; None when it is not a PCI address."""
     if not bus_id:
         return None
-    from fastverify.topo.nvml import sysfs_bdf
 
     return sysfs_bdf(str(bus_id))
 
@@ -413,7 +413,6 @@ def read_record(path: str | Path) -> DeploymentRecord:
     """Read and validate the record at ``path``; :class:`UserError` (one line naming the file)
     when it is missing, unreadable or invalid."""
     p = Path(path)
-    from fastverify.inputs import read_bytes
 
     data = read_bytes(p, kind="json", what="the deployment record")
     return decode_record(data, source=str(p))

@@ -9,7 +9,7 @@ restricted to ``A-Z a-z 0-9 _ . , : / @ % + = ^ -``; anything else is refused, n
 would break ``docker --env-file``).
 
 Only :data:`ALLOWED_KEYS` may appear: NCCL settings that pass the catalogue
-(:func:`fastverify.nccl.catalogue.validate_setting`) and ``CUDA_DEVICE_MAX_CONNECTIONS``. No
+(:func:`fastverify.nccl.checks.validate_setting`) and ``CUDA_DEVICE_MAX_CONNECTIONS``. No
 ``SGLANG_*`` switch or size: sourced without fastverify, a switch would start SGLang's PCIe IPC
 all-reduce with no P2P check (the start-up hang :mod:`fastverify.patch.launch` refuses); the backend
 lives in the deployment record (:mod:`fastverify.deploy`) and ``launch`` sets the switch after the
@@ -24,18 +24,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastverify import __version__
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.errors import UserError
 from fastverify.inputs import read_text
-from fastverify.nccl.catalogue import Severity, validate_setting
-from fastverify.nccl.settings import CATALOGUE
+from fastverify.nccl.checks import CATALOGUE, Severity, validate_setting, validate_settings
 from fastverify.nccl.version import NcclVersion
 from fastverify.outputs import atomic_write_text
 from fastverify.registry import BACKENDS as REGISTRY
 
 # --- what may be written --------------------------------------------------------------------------
 
-# NCCL: every setting the catalogue checks (fastverify.nccl.settings.CATALOGUE). NCCL names that
+# NCCL: every setting the catalogue checks (fastverify.nccl.checks.CATALOGUE). NCCL names that
 # NCCL reads but the catalogue does not check (NCCL_SOCKET_IFNAME, NCCL_IB_*, ...) are refused:
 # a tuned file must hold nothing whose value fastverify cannot vouch for.
 NCCL_KEYS = frozenset(s.name for s in CATALOGUE)
@@ -123,7 +123,7 @@ def check_setting(key: str, value: str, where: str, version: NcclVersion | None 
     """Check one ``KEY=VALUE`` that fastverify may export: an env-file name (:data:`ALLOWED_KEYS`)
     or one of the SGLang variables ``launch`` sets itself (:data:`SGLANG_KEYS`: the switch ``0``/``1``,
     the workspace size a positive decimal within the bounds), a plain value, and for ``NCCL_*`` no
-    ``error`` finding from :func:`fastverify.nccl.catalogue.validate_setting` for ``version``.
+    ``error`` finding from :func:`fastverify.nccl.checks.validate_setting` for ``version``.
     Returns ``value``. (The env file itself never holds an SGLang key: :func:`read_env_file`.)
 
     Raises
@@ -162,7 +162,6 @@ def render_env(settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
         _check_key(key, where)
         body.append(f"{key}={_check_value(key, settings[key], where, version)}")
     check_together(dict(settings), where, version)
-    from fastverify import __version__
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     head = [f"written by fastverify {__version__} on {stamp} (UTC)", _version_text(version),
@@ -246,7 +245,7 @@ def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = 
 
 def check_together(settings: dict[str, str], where: str, version: NcclVersion | None) -> None:
     """Refuse NCCL settings that contradict each other (each one already valid on its own): the
-    catalogue's :func:`~fastverify.nccl.catalogue.validate_settings` errors, e.g. a minimum channel
+    catalogue's :func:`~fastverify.nccl.checks.validate_settings` errors, e.g. a minimum channel
     count above the maximum, which NCCL resolves silently against the maximum.
 
     Raises
@@ -254,8 +253,6 @@ def check_together(settings: dict[str, str], where: str, version: NcclVersion | 
     UserError
         One line naming ``where`` and the setting.
     """
-    from fastverify.nccl.catalogue import Severity, validate_settings
-
     for f in validate_settings({k: v for k, v in settings.items() if k in NCCL_KEYS}, version):
         if f.severity is Severity.ERROR:
             raise UserError(f"{where}: {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
@@ -338,7 +335,6 @@ def render_tuner_config(choices: Iterable[TunerChoice], *, header_lines: Sequenc
             if c.min_bytes <= hi and lo <= c.max_bytes:
                 raise UserError(f"tuner row {i} ({c.row()}) overlaps row {j}: the plugin would never use part of it")
         seen.setdefault(key, []).append((c.min_bytes, c.max_bytes, i))
-    from fastverify import __version__
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     head = [f"NCCL example tuner plugin config (NCCL_TUNER_CONFIG_FILE), written by fastverify {__version__} "

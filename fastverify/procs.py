@@ -1,6 +1,7 @@
 """Rank processes shared by the live profiler, the tune sweep and the P2P check: the one launcher
 (:class:`RankGroup`, with the one kill rule), environment, parent-death signal, reading a failed
-rank's exit status and stderr, and the temporary folders of rank runs. (Output paths and files:
+rank's exit status and stderr, the temporary folders of rank runs, and the signals and cores of
+forked helpers (the profile's painter, the trace-decoding workers). (Output paths and files:
 :mod:`fastverify.output_paths`, :mod:`fastverify.outputs`.)"""
 
 from __future__ import annotations
@@ -311,3 +312,38 @@ def rank_workdir(prefix: str) -> Iterator[str]:
         yield str(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity on Linux, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP in this thread while helpers are forked: a helper starts with
+    them held until :func:`quiet_child_signals` has set its own handling, so a Ctrl-C that lands
+    during the fork cannot interrupt the new process half-way (a traceback from the child). The
+    parent gets a signal that came meanwhile as soon as the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def quiet_child_signals() -> None:
+    """In a forked helper (painter, trace-decoding worker): Ctrl-C goes to the whole process group,
+    and the parent alone answers it (one line, then it stops its children); SIGTERM/SIGHUP end the
+    helper without Python's handler, which the fork copied from the CLI and which would print a
+    traceback. Then the signals held over the fork (:func:`signals_held`) are let through."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)

@@ -22,6 +22,7 @@ import msgspec
 from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_VERIFY_TOKENS, implausible_count
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import check_regular, read_bytes
+from fastverify.patch.paths import MODES, WARMUP
 
 FILE_GLOB = "verify-rank*.jsonl"
 MAX_RANK_FILES = 4096
@@ -241,8 +242,6 @@ def _bad_paths(paths: dict[str, dict[str, int]] | None) -> str | None:
     """Why a record's ``allreduce_paths`` is not one the patch writes (a mode of
     :data:`fastverify.patch.paths.MODES` or ``capture_warmup``; a path ``sglang.<method>`` /
     ``fastverify.<backend>[.fallback]``; counts in ``[0, MAX_COUNT]``), or None."""
-    from fastverify.patch.paths import MODES, WARMUP
-
     for mode, counts in (paths or {}).items():
         if mode not in MODES and mode != WARMUP:
             return f"unknown forward mode {mode[:40]!r} (known: {', '.join([*MODES, WARMUP])})"

@@ -29,6 +29,7 @@ import numpy as np
 from fastverify import __version__
 from fastverify.errors import UserError, path_text
 from fastverify.outputs import write_files
+from fastverify.patch.paths import MODES
 from fastverify.verify_records import CLOCK_LABELS, VerifyRecord, read_log_dir
 
 SCHEMA = "fastverify.verify_log"
@@ -211,8 +212,6 @@ def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
     totals: dict[str, int] = {}
     for (mode, _), by_rank in per.items():
         totals[mode] = totals.get(mode, 0) + sum(by_rank.values())
-    from fastverify.patch.paths import MODES
-
     order = {m: i for i, m in enumerate(MODES)}
     keys = sorted(per, key=lambda mp: (order.get(mp[0], len(order)), mp[0], -sum(per[mp].values()), mp[1]))
     return [PathCount(mode=m, path=p, count=sum(per[(m, p)].values()), of=totals[m],
@@ -283,7 +282,7 @@ def encode_report(report: VerifyLogReport) -> bytes:
 def write_report(report: VerifyLogReport, path: Path) -> None:
     """Write atomically through the one writer (:func:`fastverify.outputs.write_files`: a temporary
     file in the target folder, renamed when complete, over a placeholder of
-    :func:`fastverify.profile.default_output` or the user's file; a symlink is refused).
+    :func:`fastverify.profile.build.default_output` or the user's file; a symlink is refused).
 
     Raises
     ------

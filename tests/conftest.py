@@ -282,9 +282,9 @@ def pin_pcie_ipc(monkeypatch):
     from dataclasses import replace
 
     from fastverify.registry import BackendName
-    from fastverify.tune import backend_model as BM
+    from fastverify.tune import backend_model
 
-    real = BM.estimate
+    real = backend_model.estimate
 
     def pinned(backend, msg_bytes, **kw):
         e = real(backend, msg_bytes, **kw)
@@ -292,4 +292,4 @@ def pin_pcie_ipc(monkeypatch):
             return e
         return replace(e, low_us=e.point_us / 1.25, high_us=e.point_us * 1.25, unknown=None)
 
-    monkeypatch.setattr(BM, "estimate", pinned)
+    monkeypatch.setattr(backend_model, "estimate", pinned)

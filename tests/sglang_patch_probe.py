@@ -201,6 +201,7 @@ def probe_pre_capture() -> dict:
     backend; the wrapper is called on a stand-in runner with a failing factory to show that the
     failure is logged and the real body is still reached."""
     from fastverify.patch import install as I
+    from fastverify.patch import slots as S
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     out: dict = {"prepare_exercised": False,
@@ -220,7 +221,7 @@ def probe_pre_capture() -> dict:
         def bad_factory(coordinator, x):
             raise RuntimeError("probe: no GPU")
 
-        I._fused.factory = bad_factory
+        S.FUSED_SLOT.factory = bad_factory
 
         class _NotARunner:  # no model_config: creation fails first; the real body fails after
             pass
@@ -230,8 +231,8 @@ def probe_pre_capture() -> dict:
             out["real_body_error"] = None
         except Exception as e:
             out["real_body_error"] = _err(e)
-        out["slot_after_failure"] = {"backend": I._fused.backend is not None, "disabled": I._fused.disabled,
-                                     "prepared": I._fused.prepared}
+        out["slot_after_failure"] = {"backend": S.FUSED_SLOT.backend is not None, "disabled": S.FUSED_SLOT.disabled,
+                                     "prepared": S.FUSED_SLOT.prepared}
         out["uninstalled"] = I.uninstall()
         out["restored_identity"] = ModelRunner.__dict__["init_cuda_graphs"] is orig
     finally:
@@ -243,7 +244,7 @@ def probe_plugin_group() -> dict:
     from importlib.metadata import entry_points
 
     import sglang.srt.plugins as P
-    from fastverify.patch import PLUGIN_GROUP, PLUGIN_NAME
+    from fastverify.patch.handoff import PLUGIN_GROUP, PLUGIN_NAME
 
     out: dict = {"fastverify_group": PLUGIN_GROUP}
     out["sglang_general_group"] = getattr(P, "GENERAL_PLUGINS_GROUP", None)
@@ -306,13 +307,14 @@ def probe_plugin_group() -> dict:
 
 def probe_static() -> dict:
     from fastverify.patch import install as I
+    from fastverify.patch import targets as T
 
     out: dict = {}
     out["targets_found"] = {}
     for t in I.TARGETS:
-        cls, fn, why = I._resolve(t, None)
+        cls, fn, why = T.resolve(t, None)
         if why is None:
-            why = I._check_signature(fn, t)
+            why = T.check_signature(fn, t)
         out["targets_found"][t.key] = {"ok": why is None, "why": why,
                                       "signature": str(inspect.signature(fn)) if fn is not None else None}
     out["pcie_ipc_ar_module"] = I._has_module("sglang.srt.distributed.device_communicators.pcie_ipc_ar", None)
@@ -462,6 +464,7 @@ def b12x_gate(sm) -> dict:
     import torch
 
     from fastverify.patch import install as I
+    from fastverify.patch import slots as S
     from sglang.srt.layers.layer_boundary.fusions import allreduce as A
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -479,7 +482,7 @@ def b12x_gate(sm) -> dict:
             except Exception as e:
                 out["real_body_error"] = _err(e, 120)
         out.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
-                   disabled=I._add_norm.disabled, hook_installed=A.fused_ffn_input is not A.fused_ffn_input.__wrapped__
+                   disabled=S.ADD_NORM_SLOT.disabled, hook_installed=A.fused_ffn_input is not A.fused_ffn_input.__wrapped__
                    if hasattr(A.fused_ffn_input, "__wrapped__") else False)
         seen = []
         norm = RMSNorm(HIDDEN)
@@ -748,6 +751,9 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     import torch.distributed as dist
     from sglang.srt.model_executor.model_runner import ModelRunner
 
+    from fastverify.patch import fused_slot as F
+    from fastverify.patch import slots as S
+
     out: dict = {}
     rep = I.install(sglang_has_pcie_ipc=sglang_has_pcie_ipc)
     out["install_applied"] = list(rep.applied)
@@ -757,7 +763,7 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     except Exception as e:
         out["real_body_error"] = _err(e, 200)
     out["applied"], out["skipped"], out["built"] = list(rep.applied), dict(rep.skipped), dict(rep.built)
-    slot = I._dispatch if all_reduce else (getattr(I, "_fused_groups", None) or [I._fused])[0]
+    slot = S.DISPATCH_SLOT if all_reduce else (F.FUSED_GROUPS or [S.FUSED_SLOT])[0]
     ctx = slot.context
     if ctx is not None:
         out["context"] = {"world_size": ctx.world_size, "device_type": ctx.device_type,
@@ -809,6 +815,8 @@ def b12x_boundary(I, ps, rank: int) -> dict:
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.runtime_context import override_platform
 
+    from fastverify.patch import slots as S
+
     count = {"n": 0}
     real_ar = dist.all_reduce
 
@@ -851,7 +859,7 @@ def b12x_boundary(I, ps, rank: int) -> dict:
                         ModelRunner.init_cuda_graphs(runner)
                     except Exception as e:  # the real body, after the rank step, on the stand-in
                         row["real_body_error"] = _err(e, 120)
-                slot = I._add_norm
+                slot = S.ADD_NORM_SLOT
                 be = slot.backend
                 row.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
                            disabled=slot.disabled, checked=slot.checked, ranks=slot.ranks,
@@ -936,6 +944,7 @@ def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> No
         res["groups"] = {"attn": list(attn.ranks), "moe": list(moe.ranks), "moe_is_tp": moe is ps.get_tp_group(),
                          "resolve_moe_is_post_experts": resolve_fusion_group(use_attn_tp_group=False)[2] is moe}
         add_norm.flashinfer_ar_fusion_applies = lambda batch_size: 0 < batch_size <= 2048  # the SM90 gate
+        from fastverify.patch import fused_slot as F
         from fastverify.patch import install as I
         from fastverify.patch.paths import COUNTER
         from sglang.srt.model_executor.model_runner import ModelRunner
@@ -949,7 +958,7 @@ def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> No
             res["real_body_error"] = _err(e, 200)
         res["applied"], res["built"], res["skipped"] = list(rep.applied), dict(rep.built), dict(rep.skipped)
         res["backends"] = [{"ranks": list(s.group.ranks), "built": s.backend is not None}
-                           for s in getattr(I, "_fused_groups", [])]
+                           for s in F.FUSED_GROUPS]
         norm = RMSNorm(HIDDEN, eps=1e-6)
         x = torch.full((FUSED_GROUP_ROWS, HIDDEN), float(rank + 1))
         residual = torch.zeros(FUSED_GROUP_ROWS, HIDDEN)

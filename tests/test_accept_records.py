@@ -19,13 +19,13 @@ import torch
 from fastverify.errors import UserError
 from fastverify.patch import install as I
 from fastverify.patch.targets import MOD_EAGLE_COMMON, MOD_NGRAM_WORKER
-from fastverify.patch.verify import VerifyTimer, _WallEvent
-from fastverify.patch.verify_wrap import _make_accept_wrapper, _make_verify_wrapper
+from fastverify.patch.verify import VerifyTimer, WallEvent
+from fastverify.patch.install import make_accept_wrapper, make_verify_wrapper
 from fastverify.verifylog import build_report, format_report
 
 
 def _timer(path: Path, **kw) -> VerifyTimer:
-    t = VerifyTimer(path, interval_s=0, event_factory=_WallEvent, clock="cpu_wall_clock", rank=lambda: "0", **kw)
+    t = VerifyTimer(path, interval_s=0, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "0", **kw)
     t.expect_accepted = True  # as the patch sets it once the sampler is wrapped
     return t
 
@@ -62,12 +62,12 @@ def test_cpu_accept_lens_become_accepted_draft_tokens(tmp_path):
     """NGRAM's order: the target's verify forward, then eagle_sample on its logits. accept_lens
     [3, 1, 4] (bonus included) -> accepted [2, 0, 3]; one value per request of the batch of 3."""
     t = _timer(tmp_path)
-    target = _make_verify_wrapper(_target, t)
+    target = make_verify_wrapper(_target, t)
     lens = [torch.tensor([3, 1, 4], dtype=torch.int32), torch.tensor([1, 1, 2], dtype=torch.int32)]
     for acc in lens:
         b = _Batch(3, 4)
         assert target(object(), b, is_verify=True) == "logits"
-        out = _make_accept_wrapper(_sampler(acc), t)("vi", b, "logits")
+        out = make_accept_wrapper(_sampler(acc), t)("vi", b, "logits")
         assert out == ("predict", acc, "index")  # the result is SGLang's, unchanged
     t.drain()
     rows = _rows(tmp_path)
@@ -157,7 +157,7 @@ def test_exit_writes_the_last_step_without_waiting(tmp_path):
 def test_sampler_without_a_timed_step_is_ignored(tmp_path):
     """eagle_sample with no verify step waiting (e.g. a step the timer skipped) records nothing."""
     t = _timer(tmp_path)
-    _make_accept_wrapper(_sampler([2, 2]), t)("vi", None, "logits")
+    make_accept_wrapper(_sampler([2, 2]), t)("vi", None, "logits")
     t.drain(wait=True)
     assert _rows(tmp_path) == []
 
@@ -169,7 +169,7 @@ def test_install_wraps_the_sampler_in_both_worker_modules(tmp_path):
     original = _sampler([3])
     eagle.eagle_sample = ngram.eagle_sample = original  # both bind SGLang's one function by name
     mods = {I.MOD_TP_WORKER: tw, MOD_EAGLE_COMMON: eagle, MOD_NGRAM_WORKER: ngram}
-    t = VerifyTimer(tmp_path, interval_s=0, event_factory=_WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
+    t = VerifyTimer(tmp_path, interval_s=0, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
     try:
         rep = I.install(mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "off"}, timer=t)
         assert "verify_timer" in rep.applied and t.expect_accepted

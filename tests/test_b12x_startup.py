@@ -44,7 +44,7 @@ import test_b12x as base  # noqa: E402
 import torch  # noqa: E402
 
 from fastverify.backends import BackendName, ProbeContext, check_close, make_backend  # noqa: E402
-from fastverify.backends import b12x_rounds, ipc  # noqa: E402
+from fastverify.backends import ipc  # noqa: E402
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
 
 H = base.HIDDEN
@@ -66,7 +66,7 @@ def _sglang_groups(dist) -> tuple[object, object, object]:
 
     device, cpu = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
     coordinator = GroupCoordinator(device, cpu)
-    ps = types.ModuleType(b12x_rounds.MOD_PARALLEL_STATE)
+    ps = types.ModuleType(b12x_backend.MOD_PARALLEL_STATE)
     ps._groups = {"tp:0": weakref.ref(coordinator)}
     sys.modules[ps.__name__] = ps
     return device, cpu, coordinator
@@ -175,10 +175,10 @@ def _count_preparation(real, calls: dict) -> None:
 
 def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
     """The patch's own build and prepare of the add-norm slot (``install._default_factory`` ->
-    ``rank.make_for_rank`` -> ``slots._create_together``, as the rank step runs it), counting
+    ``rank.make_for_rank`` -> ``slots.create_together``, as the rank step runs it), counting
     the library's preparation calls. Stood in: the device choice (a CPU box gets the gloo
     stand-in) and the context's GPU facts (SM120, proven P2P)."""
-    from fastverify.patch import capture_shapes, install, slots
+    from fastverify.patch import install, slots
     from fastverify.patch import rank as R
 
     calls: dict = {}
@@ -188,10 +188,10 @@ def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
         world_size=world, device_type="cpu", dtype=torch.float32, group_backend="gloo", sm=(12, 0), p2p_ok=True,
         single_node=True)
     coordinator.world_size, coordinator.rank_in_group = world, rank
-    slot = slots._add_norm
+    slot = slots.ADD_NORM_SLOT
     slot.factory = install._default_factory(slot, modules={})
-    probe = capture_shapes.Probe((40, H), "cpu", torch.float32, is_cuda=False)
-    be = slots._create_together(slot, coordinator, probe, PATCH_SHAPES)
+    probe = install.Probe((40, H), "cpu", torch.float32, is_cuda=False)
+    be = slots.create_together(slot, coordinator, probe, PATCH_SHAPES)
     x, residual, weight = base.inputs(rank, 4, torch.float32)
     xs = [base.inputs(r, 4, torch.float32)[0] for r in range(world)]
     normed, res_out = be.all_reduce_residual_rmsnorm(x, residual, weight, base.EPS)
@@ -439,7 +439,7 @@ def test_sglang_keeps_its_coordinators_cpu_group_where_we_look():
         pytest.skip("set FASTVERIFY_SGLANG_WHEEL to the sglang 0.5.23 wheel to check parallel_state.py")
     with zipfile.ZipFile(wheel) as z:
         src = z.read("sglang/srt/distributed/parallel_state.py").decode()
-    assert b12x_rounds.MOD_PARALLEL_STATE == "sglang.srt.distributed.parallel_state"
+    assert b12x_backend.MOD_PARALLEL_STATE == "sglang.srt.distributed.parallel_state"
     assert '_groups: Dict[str, Callable[[], Optional["GroupCoordinator"]]] = {}' in src
     assert "_groups[group.unique_name] = weakref.ref(group)" in src
     assert "self.device_group = device_group" in src and "self.cpu_group = cpu_group" in src

@@ -13,7 +13,7 @@ import pytest
 
 from fastverify.errors import UserError
 from fastverify.registry import BackendName
-from fastverify.tune import backend_model as BM
+from fastverify.tune import backend_model, ranges
 
 SEED_BYTES = 4 * 7168 * 2  # Kimi-K2 hidden 7168, bf16, batch 1 x 4 draft tokens = 57,344 B
 SM120 = (12, 0)
@@ -25,11 +25,11 @@ def _loglog(x0, y0, x1, y1, x):
 
 
 def _raw() -> dict:
-    return json.loads(resources.files("fastverify.data").joinpath(BM.DATA_FILE).read_bytes())
+    return json.loads(resources.files("fastverify.data").joinpath(backend_model.DATA_FILE).read_bytes())
 
 
 def test_data_file_loads_strictly_and_every_record_has_a_link():
-    data = BM.load()
+    data = backend_model.load()
     assert data.version == 1 and len(data.boxes) >= 9 and len(data.measurements) >= 19
     for r in (*data.boxes, *data.measurements):
         assert r.link.startswith("https://"), r.id
@@ -37,7 +37,7 @@ def test_data_file_loads_strictly_and_every_record_has_a_link():
     ipc = next(m for m in data.measurements if m.id == "sglang-docstring-pcie-ipc")
     assert ipc.times_us[:3] == (5.3, 15.3, 34.6) and ipc.sizes_bytes[:3] == (12288, 98304, 393216)
     assert ipc.backend is BackendName.pcie_ipc
-    assert set(BM.published_boxes()) == {b.id for b in data.boxes}
+    assert set(backend_model.published_boxes()) == {b.id for b in data.boxes}
 
 
 @pytest.mark.parametrize("mutate, says", [
@@ -55,7 +55,7 @@ def test_bad_data_file_is_one_line_naming_the_file(tmp_path, mutate, says):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(d))
     with pytest.raises(UserError) as ei:
-        BM.load(p)
+        backend_model.load(p)
     msg = str(ei.value)
     assert str(p) in msg and says in msg and "\n" not in msg
 
@@ -68,18 +68,16 @@ def test_seed_case_pcie_ipc_from_the_kernel_model():
     P2P kernel model's: latency = the median over boxes of each box's smallest-size (<= 4 KiB) P2P
     kernel times: V100 4.0 (4 KiB), EPYC 9124 7.5, WRX90 7.5 (1 KiB), luke 7.5 (256 B), ASUS
     median(6.2, 8.3, 6.1) = 6.2 -> 7.5 us; plus 7 x 57,344 B over PCIe Gen5 x16, 63.0 GB/s."""
-    from fastverify.tune import kernel_cost as K
-    from fastverify.tune import ranges as R
 
-    data = BM.load()
-    assert K.latency_us(data) == 7.5
-    ipc = BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
+    data = backend_model.load()
+    assert backend_model.latency_us(data) == 7.5
+    ipc = backend_model.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, pcie_gen=5, p2p=True)
     assert ipc.label == "predicted"
     p_ipc = 7.5 + 7 * 57344 / 63000
     assert ipc.point_us == pytest.approx(p_ipc) and p_ipc == pytest.approx(13.87, abs=0.01)
     # the SGLang 8x SM120 table is the one pcie_ipc measurement at TP8 within 2x of 56 KiB
     assert ipc.sources == ("sglang-docstring-pcie-ipc",) and "sglang-docstring-pcie-ipc 11.6 µs" in ipc.evidence
-    f = R.fit(K.kernel_residuals(data), world_size=8, msg_bytes=SEED_BYTES)
+    f = ranges.fit(backend_model.kernel_residuals(data), world_size=8, msg_bytes=SEED_BYTES)
     assert f.known and f.boxes == 9 and (ipc.low_us, ipc.high_us) == pytest.approx((p_ipc * f.low, p_ipc * f.high))
     assert ipc.low_us < ipc.point_us < ipc.high_us and ipc.high_us / ipc.low_us <= 8.0
 
@@ -89,29 +87,26 @@ def test_kernel_model_residuals_by_hand():
     GPU generation, 15.75 GB/s), 4 KiB 4.0 us: model 7.5 + 3 x 4096 / 15,750 = 8.28 us; EPYC 9124
     8x RTX PRO 6000 (Gen5), 1 MiB 288.6 us: 7.5 + 7 x 1,048,576 / 63,000 = 124.0 us. Leaving a box out
     leaves it out of the latency too: without the V100 box the latency is still 7.5 us."""
-    from fastverify.tune import kernel_cost as K
 
-    data = BM.load()
-    res = {(r.box, r.msg_bytes): r.log_ratio for r in K.kernel_residuals(data)}
+    data = backend_model.load()
+    res = {(r.box, r.msg_bytes): r.log_ratio for r in backend_model.kernel_residuals(data)}
     assert res[("sglang-v100-pr2-4xv100", 4096)] == pytest.approx(math.log(4.0 / (7.5 + 3 * 4096 / 15750)))
     epyc = 7.5 + 7 * 1048576 / 63000
     assert res[("rtx6kpro-epyc9124-8xpro6000", 1048576)] == pytest.approx(math.log(288.6 / epyc))
-    held = K.kernel_residuals(data, "sglang-v100-pr2-4xv100")
-    assert "sglang-v100-pr2-4xv100" not in {r.box for r in held} and K.latency_us(data, "sglang-v100-pr2-4xv100") == 7.5
-    assert len({r.box for r in K.kernel_residuals(data)}) == 9
+    held = backend_model.kernel_residuals(data, "sglang-v100-pr2-4xv100")
+    assert "sglang-v100-pr2-4xv100" not in {r.box for r in held} and backend_model.latency_us(data, "sglang-v100-pr2-4xv100") == 7.5
+    assert len({r.box for r in backend_model.kernel_residuals(data)}) == 9
 
 
 def test_range_constants_match_their_sources():
-    from fastverify.tune import ranges as R
-
-    assert R.LEVEL == 0.80 and R.LEVELS[0] == 0.5 and R.LEVELS[-1] == 0.975 and len(R.LEVELS) == 20
-    assert R.MAD_TO_SD == pytest.approx(MAD_SD, abs=1e-3)
-    assert R.FLOOR == pytest.approx(math.sqrt(28.9 / 18.7), abs=0.01)  # FlashInfer PR #4393 run range
+    assert ranges.LEVEL == 0.80 and ranges.LEVELS[0] == 0.5 and ranges.LEVELS[-1] == 0.975 and len(ranges.LEVELS) == 20
+    assert ranges.MAD_TO_SD == pytest.approx(MAD_SD, abs=1e-3)
+    assert ranges.FLOOR == pytest.approx(math.sqrt(28.9 / 18.7), abs=0.01)  # FlashInfer PR #4393 run range
     # lower weighted median: 1 (w 1), 2 (w 1), 10 (w 2): half the weight (2) is reached at 2
-    assert R.weighted_median([(10.0, 2.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
-    assert R.weighted_median([(3.0, 1.0)]) == 3.0
+    assert ranges.weighted_median([(10.0, 2.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
+    assert ranges.weighted_median([(3.0, 1.0)]) == 3.0
     with pytest.raises(ValueError):
-        R.weighted_median([])
+        ranges.weighted_median([])
 
 
 def _box(i):
@@ -148,7 +143,7 @@ def synthetic(tmp_path):
     off on C, kernel "k" with P2P unknown on C."""
     p = tmp_path / "synthetic.json"
     p.write_text(json.dumps(_synthetic_dict()))
-    return BM.load(p)
+    return backend_model.load(p)
 
 
 def _by_box(residuals) -> dict[str, set[float]]:
@@ -159,31 +154,29 @@ def _by_box(residuals) -> dict[str, set[float]]:
 
 
 def test_kernel_pool_and_comparable_rows_by_hand(synthetic):
-    from fastverify.tune import kernel_cost as K
-
     # kernel latency: A median(5, 7) = 6, B 15 -> 10.5 us; C's two P2P rows are not comparable
-    assert K.latency_us(synthetic) == pytest.approx(10.5)
-    assert {r.box for r in K.kernel_residuals(synthetic)} == {"A", "B"}
+    assert backend_model.latency_us(synthetic) == pytest.approx(10.5)
+    assert {r.box for r in backend_model.kernel_residuals(synthetic)} == {"A", "B"}
     # without A: B's 15 us alone
-    assert K.latency_us(synthetic, "A") == pytest.approx(15.0)
-    assert {r.box for r in K.kernel_residuals(synthetic, "A")} == {"B"}
+    assert backend_model.latency_us(synthetic, "A") == pytest.approx(15.0)
+    assert {r.box for r in backend_model.kernel_residuals(synthetic, "A")} == {"B"}
     # NCCL rows: default settings only (the tuned A run is not the baseline)
-    assert [m.id for m in BM.comparable(BackendName.nccl, 8, data=synthetic)] == ["a-nccl", "b-nccl", "c-nccl"]
-    assert [m.id for m in BM.comparable(BackendName.nccl, 8, "C", data=synthetic)] == ["a-nccl", "b-nccl"]
-    assert BM.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
+    assert [m.id for m in backend_model.comparable(BackendName.nccl, 8, data=synthetic)] == ["a-nccl", "b-nccl", "c-nccl"]
+    assert [m.id for m in backend_model.comparable(BackendName.nccl, 8, "C", data=synthetic)] == ["a-nccl", "b-nccl"]
+    assert backend_model.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
                                                                        if m.id == "a-ipc"]
 
 
 def test_estimate_on_other_data_is_unknown_with_two_boxes(synthetic):
-    ipc = BM.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic)
+    ipc = backend_model.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic)
     # kernel model: 10.5 us latency + 7 x 4096 B / 63,000 (Gen5 by SM12x); its misses on 2 boxes
     assert ipc.sources == ("a-ipc",) and ipc.point_us == pytest.approx(10.5 + 7 * 4096 / 63000)
     assert ipc.low_us is None and "2 published boxes, fewer than 4" in ipc.unknown
     # leaving A out leaves pcie_ipc no published row at all: no number invented
-    assert BM.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic,
+    assert backend_model.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic,
                        exclude_box="A") is None
     with pytest.raises(ValueError, match="cost model"):
-        BM.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic)
+        backend_model.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic)
 
 
 def test_four_boxes_that_disagree_get_no_range():
@@ -192,50 +185,48 @@ def test_four_boxes_that_disagree_get_no_range():
     the other three at every share, and the middle two are held only at shares >= 0.675 (all three
     offsets): 22 of 44, under 80 %: unknown, with the reason. (With one miss per box and no
     within-box spread the two extreme boxes are always out: such a pool needs 10 boxes.)"""
-    from fastverify.tune import ranges as R
 
-    res = [R.Residual(b, 8, 4096 << k, math.log(x)) for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
+    res = [ranges.Residual(b, 8, 4096 << k, math.log(x)) for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
            for k in range(11)]
-    f = R.fit(res, world_size=8, msg_bytes=4096)
+    f = ranges.fit(res, world_size=8, msg_bytes=4096)
     assert not f.known and "no share of the 4 published boxes' misses holds 80 %" in f.reason
 
 
 def test_disagreeing_sources_carry_the_note():
-    ipc = BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=True)
+    ipc = backend_model.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=True)
     assert any("one-shot all-to-all kernels collapse" in n and "fastverify tune" in n for n in ipc.notes)
 
 
 def test_none_where_no_comparable_data_exist():
-    assert BM.estimate(BackendName.b12x, SEED_BYTES, world_size=8, sm=SM120, p2p=True) is None  # no isolated figure
+    assert backend_model.estimate(BackendName.b12x, SEED_BYTES, world_size=8, sm=SM120, p2p=True) is None  # no isolated figure
     # custom_ar's one PCIe figure (4x V100) makes it a kernel-model candidate at 2 GPUs too: 7.5 + 57,344 / 63,000
-    assert BM.estimate(BackendName.custom_ar, SEED_BYTES, world_size=2, sm=SM120, p2p=True).point_us == \
+    assert backend_model.estimate(BackendName.custom_ar, SEED_BYTES, world_size=2, sm=SM120, p2p=True).point_us == \
         pytest.approx(7.5 + 57344 / 63000)
-    assert BM.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=False) is None  # needs P2P
-    assert BM.estimate(BackendName.pcie_ipc, 0, world_size=8, sm=SM120, p2p=True) is None
+    assert backend_model.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=False) is None  # needs P2P
+    assert backend_model.estimate(BackendName.pcie_ipc, 0, world_size=8, sm=SM120, p2p=True) is None
 
 
 def test_exclude_box_really_excludes():
     # 12 KiB, TP8, PCIe IPC on an SM89 box (Gen4 by its GPU generation, 31.5 GB/s): the kernel model's
     # point 7.5 + 7 x 12,288 / 31,500 = 10.23 us; the SGLang SM120 box (5.3 us) and the FlashInfer
     # PR #4393 L40S box (21.8 us) are the published pcie_ipc rows at this size.
-    from fastverify.tune import kernel_cost as K
 
-    both = BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True)
+    both = backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True)
     assert both.point_us == pytest.approx(7.5 + 7 * 12288 / 31500)
     assert set(both.sources) == {"sglang-docstring-pcie-ipc", "flashinfer-pr4393-pcie-ipc-b1"}
-    held = BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
+    held = backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
                        exclude_box="sglang-docstring-8xsm120")
     assert held.sources == ("flashinfer-pr4393-pcie-ipc-b1",)
-    f = K.kernel_fit(BM.load(), 12288, 8, "sglang-docstring-8xsm120")
+    f = backend_model.kernel_fit(backend_model.load(), 12288, 8, "sglang-docstring-8xsm120")
     assert f.boxes == 8 and (held.low_us, held.high_us) == pytest.approx((held.point_us * f.low, held.point_us * f.high))
-    assert BM.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
+    assert backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
                        exclude_box="flashinfer-pr4393-8xl40s").sources == ("sglang-docstring-pcie-ipc",)
 
 
 def test_interpolation_rule():
     s, v = (1000, 4000), (10.0, 40.0)
-    assert BM.interpolate(s, v, 2000) == pytest.approx(20.0)  # log-log, slope 1
-    assert BM.interpolate(s, v, 500) == 10.0 and BM.interpolate(s, v, 499) is None  # held flat, <= 2x
-    assert BM.interpolate(s, v, 8000) == pytest.approx(80.0) and BM.interpolate(s, v, 8001) is None
-    assert BM.interpolate((1000, 2000), (10.0, 100.0), 4000) == pytest.approx(200.0)  # slope clamped to 1
-    assert BM.interpolate((1000,), (10.0,), 2000) == 10.0
+    assert backend_model.interpolate(s, v, 2000) == pytest.approx(20.0)  # log-log, slope 1
+    assert backend_model.interpolate(s, v, 500) == 10.0 and backend_model.interpolate(s, v, 499) is None  # held flat, <= 2x
+    assert backend_model.interpolate(s, v, 8000) == pytest.approx(80.0) and backend_model.interpolate(s, v, 8001) is None
+    assert backend_model.interpolate((1000, 2000), (10.0, 100.0), 4000) == pytest.approx(200.0)  # slope clamped to 1
+    assert backend_model.interpolate((1000,), (10.0,), 2000) == 10.0

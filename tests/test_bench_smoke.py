@@ -294,13 +294,12 @@ def test_bench_model_lobo_pcie_ipc_holds_out_each_box():
     (Gen5 by its GPU generation, 63 GB/s) at 12 KiB 8.87 us vs 5.3 measured; FlashInfer L40S (Gen4,
     31.5 GB/s) 10.23 us vs 21.8. Each range comes from the other 8 boxes' misses."""
     from fastverify.registry import BackendName
-    from fastverify.tune import backend_model as BM
-    from fastverify.tune import kernel_cost as K
+    from fastverify.tune import backend_model
 
     r = _load("bench_model").lobo(BackendName.pcie_ipc)
     assert r["judged"] == ["flashinfer-pr4393-8xl40s", "sglang-docstring-8xsm120"]
     for held in r["judged"]:
-        assert held not in {x.box for x in K.kernel_residuals(BM.load(), held)}
+        assert held not in {x.box for x in backend_model.kernel_residuals(backend_model.load(), held)}
     sg = next(p for p in r["boxes"]["sglang-docstring-8xsm120"] if p["size_bytes"] == 12288)
     p_sg = 7.5 + 7 * 12288 / 63000
     assert sg["point_us"] == pytest.approx(p_sg) and sg["error"] == pytest.approx(p_sg / 5.3 - 1)

@@ -20,12 +20,12 @@ import pytest
 
 from fastverify.cli import main
 from fastverify.events import EventClass, RankEvents, Step
-from fastverify.nccl.catalogue import Severity, validate_env, validate_setting, validate_settings
-from fastverify.nccl.logparse import parse_nccl_log
+from fastverify.nccl.checks import Severity, validate_env, validate_setting, validate_settings
+from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion
-from fastverify.profile import build_profile
-from fastverify.profile_record import Shapes, encode_profile
+from fastverify.profile.build import build_profile
+from fastverify.profile.record import Shapes, encode_profile
 from fastverify.tune import journal as journal_mod
 from fastverify.tune.journal import JOURNAL_SCHEMA_VERSION, Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastverify.deploy import BoxFingerprint
-from fastverify.topo.boxfacts import GUESS_PCIE_GEN, GUESS_SM, resolve_box
+from fastverify.topo.box import GUESS_PCIE_GEN, GUESS_SM, resolve_box
 from tests.conftest import cli, one_line_error
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "inputs"

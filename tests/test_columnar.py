@@ -1,6 +1,6 @@
 """The columnar trace reader and the batched statistics give exactly what the per-event code gave.
 
-``ns_column`` is checked value for value against ``_ns_from_text`` (the exact text rule) on
+``ns_column`` is checked value for value against ``ns_from_text`` (the exact text rule) on
 generated µs texts, across the float64 fast path's bound (2**41 µs), integers of epoch size and
 texts the fast path must refuse. ``grouped_percentiles`` and ``median`` are checked bit for bit
 against ``np.percentile`` / ``np.median`` on generated groups.
@@ -17,7 +17,7 @@ import msgspec
 
 from fastverify.analyze import grouped_percentiles, median
 from fastverify.trace.columns import NS_EXACT_FLOAT_US, ns_column
-from fastverify.trace.decode import _ns_from_text
+from fastverify.trace.decode import ns_from_text
 
 # µs texts as Kineto writes them: an integer part and 0-3 decimals
 _int_part = st.one_of(st.integers(0, 10**6), st.integers(0, NS_EXACT_FLOAT_US + 10**9), st.integers(0, 2**52))
@@ -34,7 +34,7 @@ def _raws(texts: list[bytes]) -> list:
 
 
 def _expected(texts: list[bytes]) -> tuple[list[int], list[bool]]:
-    got = [_ns_from_text(t) for t in texts]
+    got = [ns_from_text(t) for t in texts]
     return [g or 0 for g in got], [g is not None for g in got]
 
 

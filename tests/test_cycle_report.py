@@ -322,7 +322,7 @@ def test_cpu_clock_traces_are_never_set_against_gpu_figures(tmp_path, capsys, mo
     def cpu_split(ranks):
         return msgspec.structs.replace(real(ranks), clock="cpu_trace")
 
-    monkeypatch.setattr("fastverify.cycle.evidence.split_cycles", cpu_split)
+    monkeypatch.setattr("fastverify.cycle.bundle_evidence.split_cycles", cpu_split)
     doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), transfer_us=200.0)), capsys)
     assert not [f for f in doc["flags"] if f["kind"] == "slow_transfer"]
     assert all(not f["finding"].startswith("GPU") for f in doc["flags"])

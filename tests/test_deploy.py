@@ -219,7 +219,7 @@ _NOT_BACKEND_NAMES = {
     ("fastverify/backends/flashinfer_b12x.py", "fused"): "prepared-plan kind and path_counts label",
     ("fastverify/trace/classify.py", "custom_ar"): "trace kernel family name (like 'nccl', 'rccl')",
     ("fastverify/patch/paths.py", "pcie_ipc"): "SGLang 0.5.23's own out-of-place method name (a dict key)",
-    ("fastverify/tune/path_counts.py", "fused"): "path_counts label the fused backends count, read back by tune",
+    ("fastverify/tune/trial.py", "fused"): "path_counts label the fused backends count, read back by tune",
 }
 # Files of other helpers still holding backend literals when this test was written; the lead must
 # clear these (use BackendName.x / the registry) and then empty this set.

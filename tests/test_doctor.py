@@ -187,6 +187,7 @@ def test_trace_analyzer_finds_the_exact_allreduce_time(full_run, tmp_path):
 
 def test_trace_analyzer_check_fails_when_the_analyzer_is_off(monkeypatch):
     import fastverify.analyze as analyze_mod
+    from fastverify.doctor import cpu as doctor_cpu
 
     real = analyze_mod.analyze
 
@@ -195,7 +196,7 @@ def test_trace_analyzer_check_fails_when_the_analyzer_is_off(monkeypatch):
         body["ranks"][0]["allreduce_kernel_sum_us"] += 0.001
         return body
 
-    monkeypatch.setattr(analyze_mod, "analyze", off_by_one_ns)
+    monkeypatch.setattr(doctor_cpu, "analyze", off_by_one_ns)
     c = by_name(run_doctor(quick=True))["trace_analyzer"]
     assert c.status is Status.fail
     assert "allreduce_us 20.237" in c.reason and "expected 20.236" in c.reason

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from fastverify import doctor
-from fastverify.doctor import Status, verify_timer
+from fastverify.doctor import Status, selfcheck
 
 
 from test_doctor_selfcheck import _no_cuda, gpu_ctx  # noqa: E402,F401 - _no_cuda: the same autouse fixture
@@ -99,18 +99,18 @@ def test_verify_timer_warms_up_the_first_matmul_before_its_window(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", StandInGpu().module())
     out = doctor.check_verify_timer(gpu_ctx())
     assert out.status is Status.ok, out.reason
-    assert out.details["host_ms"] < verify_timer.TIMER_BUSY_MS / 2
-    assert out.details["written_while_busy"] == 0 and out.details["written_after"] == verify_timer.TIMER_STEPS
+    assert out.details["host_ms"] < selfcheck.TIMER_BUSY_MS / 2
+    assert out.details["written_while_busy"] == 0 and out.details["written_after"] == selfcheck.TIMER_STEPS
 
 
 def test_verify_timer_without_the_warm_up_blames_the_timer(monkeypatch):
     """The stand-in is sharp: with the warm-up taken out, the first matmul's wait lands in the
     window and the check fails (what doctor said on a GPU box before the fix)."""
     monkeypatch.setitem(sys.modules, "torch", StandInGpu().module())
-    monkeypatch.setattr(verify_timer, "warm_up", lambda torch_mod, a, out_dir: a)
+    monkeypatch.setattr(selfcheck, "warm_up", lambda torch_mod, a, out_dir: a)
     out = doctor.check_verify_timer(gpu_ctx())
     assert out.status is Status.fail and "the timer waits for the GPU" in out.reason, out.reason
-    assert out.details["host_ms"] >= verify_timer.TIMER_BUSY_MS / 2
+    assert out.details["host_ms"] >= selfcheck.TIMER_BUSY_MS / 2
 
 
 # --- item 5: P2P the driver does not offer, P2P that timed out ------------------------------------
@@ -118,12 +118,12 @@ def test_verify_timer_without_the_warm_up_blames_the_timer(monkeypatch):
 
 def _side_reports(monkeypatch, tmp_path, *, can_access: bool, open_error: str | None = None,
                   sides: tuple[str, ...] = ("a", "b"), timeout_s: float = 5.0) -> dict:
-    """The reports of the real P2P side (:func:`fastverify.topo.p2p_side.run_side`) for GPUs 0
+    """The reports of the real P2P side (:func:`fastverify.topo.p2p.run_side`) for GPUs 0
     (side a) and 1 (side b), on a stand-in torch whose driver answers ``can_access`` to
     ``cudaDeviceCanAccessPeer`` and whose IPC open raises ``open_error``; each side publishes a
     stand-in buffer. Only ``sides`` run (one alone: its peer never answers)."""
-    from fastverify.topo import p2p_side
-    from fastverify.topo.p2p_results import write_json_atomic
+    from fastverify.topo import p2p
+    from fastverify.topo.p2p_proof import write_json_atomic
 
     def publish(torch_mod, me, my_gpu, workdir):
         write_json_atomic(workdir / f"{me}.handle.json", {"share": [my_gpu, {"hex": "00"}, 0, 0, 0, 0, 0, 0]})
@@ -136,9 +136,9 @@ def _side_reports(monkeypatch, tmp_path, *, can_access: bool, open_error: str | 
     fake.cuda = types.SimpleNamespace(can_device_access_peer=lambda a, b: can_access, synchronize=lambda d=None: None)
     fake.UntypedStorage = types.SimpleNamespace(_new_shared_cuda=new_shared_cuda)
     monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(p2p_side, "_publish_buffer", publish)
+    monkeypatch.setattr(p2p, "_publish_buffer", publish)
     gpu = {"a": 0, "b": 1}
-    threads = [threading.Thread(target=p2p_side.run_side, args=(me, "b" if me == "a" else "a", gpu[me],
+    threads = [threading.Thread(target=p2p.run_side, args=(me, "b" if me == "a" else "a", gpu[me],
                                                                 1 - gpu[me], tmp_path, timeout_s))
                for me in sides]
     for t in threads:
@@ -150,7 +150,7 @@ def _side_reports(monkeypatch, tmp_path, *, can_access: bool, open_error: str | 
 
 def _results(reports: dict) -> dict:
     """Direction (memory on GPU i, used from GPU j) as the P2P check reports it: the user's access."""
-    from fastverify.topo.p2p_results import results_from_json
+    from fastverify.topo.p2p_proof import results_from_json
 
     gpu = {"a": 0, "b": 1}
     rows = [{"src": 1 - gpu[user], "dst": gpu[user], **r["access"]} for user, r in reports.items()]
@@ -194,7 +194,7 @@ def test_a_timed_out_p2p_direction_is_a_timeout_not_a_failure(monkeypatch, tmp_p
                           "buffer: P2P is not known")
     assert out.details["timed_out"] == 1 and out.details["failed"] == 0
     # a real failure beside a timeout still fails
-    from fastverify.topo.p2p_results import P2PResult
+    from fastverify.topo.p2p_proof import P2PResult
 
     out = doctor.gpu.p2p_outcome({**results, (0, 1): P2PResult(False, "P2P read returned 12 of 4194304 bytes wrong")})
     assert out.status is Status.fail and "GPU0->GPU1: P2P read returned 12" in out.reason
@@ -202,12 +202,12 @@ def test_a_timed_out_p2p_direction_is_a_timeout_not_a_failure(monkeypatch, tmp_p
 
 def test_check_p2p_real_says_what_the_check_saw(monkeypatch):
     """The check itself, on the P2P check's results: no peer access warns, it does not fail."""
-    from fastverify.topo import p2p as p2p_mod
-    from fastverify.topo.p2p_results import P2PResult
+    from fastverify.doctor import gpu as doctor_gpu
+    from fastverify.topo.p2p_proof import P2PResult
 
     got = {(0, 1): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(1, 0) = 0)"),
            (1, 0): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(0, 1) = 0)")}
-    monkeypatch.setattr(p2p_mod, "check_p2p", lambda **kw: got)
+    monkeypatch.setattr(doctor_gpu, "check_p2p", lambda **kw: got)
     ctx = gpu_ctx(2)
     out = doctor.check_p2p_real(ctx)
     assert out.status is Status.warn and out.reason.startswith("this GPU/driver does not offer P2P"), out
@@ -353,12 +353,14 @@ def test_doctor_numbers_gpus_as_cuda_sees_them(monkeypatch, torch_pci):
     CUDA does not see) and NVLink judged on NVML 0-1 (NV18: "full NVLink")."""
     from fastverify import backends
     from fastverify.backends.base import Capability
+    from fastverify.doctor import gpu as doctor_gpu
     from fastverify.topo import nvml as topo_nvml
     from fastverify.tune import sweep
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setattr(topo_nvml, "read_nvml_topology", _four_gpu_box)
+    monkeypatch.setattr(doctor_gpu, "read_nvml_topology", _four_gpu_box)
     props = (lambda i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1A + i, pci_device_id=0)) if torch_pci \
         else (lambda i: types.SimpleNamespace())
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)

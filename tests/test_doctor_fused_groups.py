@@ -4,7 +4,7 @@ SGLang groups, on 4 gloo ranks on this CPU box."""
 from __future__ import annotations
 
 from fastverify import doctor
-from fastverify.doctor import Status, fused_groups, selfcheck
+from fastverify.doctor import Status, selfcheck
 
 
 def test_fused_two_groups_is_a_gpu_case_skipped_on_cpu_with_the_reason(monkeypatch):
@@ -33,7 +33,7 @@ def test_fused_two_groups_verdict_names_a_sum_over_the_wrong_ranks():
     """What the case reports when the MoE call is summed over all four ranks (the single-backend bug)."""
     got = {r: {"built": "attn_tp: gloo", "sums": {"attn": [10.0], "moe": [10.0]},
                "want": {"attn": [10.0], "moe": [3.0 if r < 2 else 7.0]}} for r in range(4)}
-    ok, line = fused_groups.verdict(got)
+    ok, line = selfcheck.two_groups_verdict(got)
     assert not ok and line.startswith("the fused slot reduced over the wrong ranks: rank 0 summed"), line
     got[2] = {"error": "rank 2 did not answer within 120 s"}
-    assert fused_groups.verdict(got) == (False, "rank 2: rank 2 did not answer within 120 s")
+    assert selfcheck.two_groups_verdict(got) == (False, "rank 2: rank 2 did not answer within 120 s")

@@ -13,7 +13,7 @@ from conftest import run_fastverify
 from test_live_preflight import GIB, FakeNvml, held_by
 
 from fastverify.doctor.core import NO_DRIVER, NO_GPU, NVIDIA_DEVICE_NODES, Status
-from fastverify.doctor.memory import DOCTOR_GPU_BYTES, check_gpu_free_memory
+from fastverify.doctor.gpu import DOCTOR_GPU_BYTES, check_gpu_free_memory
 
 
 def test_doctor_json_on_cpu_lists_the_free_memory_check_as_skipped(tmp_path):

@@ -25,7 +25,7 @@ import torch
 
 from fastverify import doctor
 from fastverify.doctor import NO_GPU, Status, run_doctor, summarise
-from fastverify.doctor import connections, jit, selfcheck, streams, trials, verify_timer
+from fastverify.doctor import connections, jit, selfcheck, streams, trials
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
@@ -427,7 +427,7 @@ def _rows(n):
           rows=_rows(7) + [{"verify_ms": 0.5, "clock": "cpu_wall_clock"}]), False, "row {"),
 ])
 def test_judge_verify_timer(kw, ok, start):
-    got, line = verify_timer.judge_verify_timer(busy_ms=200.0, steps=8, **kw)
+    got, line = selfcheck.judge_verify_timer(busy_ms=200.0, steps=8, **kw)
     assert got is ok and line.startswith(start), line
 
 
@@ -438,7 +438,7 @@ def test_match_torch_to_nvml_by_pci_address():
 
 
 def test_nvml_check_names_unsupported_queries_and_unknown_links(monkeypatch):
-    from fastverify.topo import nvml as topo_nvml
+    from fastverify.doctor import gpu as doctor_gpu
     from fastverify.topo.matrix import Gpu, Topology
 
     gpus = tuple(Gpu(index=i, name="H200", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", numa_node=0,
@@ -448,7 +448,7 @@ def test_nvml_check_names_unsupported_queries_and_unknown_links(monkeypatch):
     topo = Topology(gpus=gpus, links={}, link_errors={(0, 1): err, (1, 0): err},
                     unsupported=(f"nvmlDeviceGetTopologyCommonAncestor(GPU 0, GPU 1): {err}",
                                  f"nvmlDeviceGetTopologyCommonAncestor(GPU 1, GPU 0): {err}"), source="NVML")
-    monkeypatch.setattr(topo_nvml, "read_nvml_topology", lambda: topo)
+    monkeypatch.setattr(doctor_gpu, "read_nvml_topology", lambda: topo)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
         pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0))
     out = doctor.check_nvml_topology(gpu_ctx(2))
@@ -457,7 +457,7 @@ def test_nvml_check_names_unsupported_queries_and_unknown_links(monkeypatch):
                           "report the link of 1 pair(s), first GPU0-GPU1: NVML_ERROR_NOT_SUPPORTED")
     assert out.details["unsupported"] == list(topo.unsupported)
     one = Topology(gpus=gpus[:1], links={}, source="NVML (driver 580.159.03)")
-    monkeypatch.setattr(topo_nvml, "read_nvml_topology", lambda: one)
+    monkeypatch.setattr(doctor_gpu, "read_nvml_topology", lambda: one)
     out = doctor.check_nvml_topology(gpu_ctx(1))
     assert out.status is Status.ok and out.reason == "1 GPU(s) via NVML (driver 580.159.03); pairs: no pairs (one GPU)"
 
@@ -506,13 +506,12 @@ def test_a_trial_still_building_is_not_a_failed_backend(monkeypatch):
 def test_live_graph_timing_wants_graph_replays(monkeypatch, timed, graph, want):
     """The live check passes only when the runner timed CUDA-graph replays, one whole-graph timing
     per verify step; an eager-timed run fails and says what it timed."""
-    import fastverify.live.runner as runner
     from types import SimpleNamespace
 
     rank = SimpleNamespace(names=["attn", "all_reduce"], name_id=[0, 1, 0, 1], steps=[[0, 0, 1]] * 3,
                            meta={"timed_forward": timed, "graph_forward_us": graph,
                                  "eager_forward_us": [1500.0] * 3 if graph else []})
-    monkeypatch.setattr(runner, "run_live", lambda *a, **k: [rank])
+    monkeypatch.setattr(selfcheck, "run_live", lambda *a, **k: [rank])
     out = selfcheck.check_live_graph_timing(None)
     assert out.status is want, out
     if want is Status.ok:

@@ -23,6 +23,7 @@ from test_loader_fuzz import SETTINGS, good_lists
 
 from fastverify.errors import UserError
 from fastverify.trace import load as L
+from fastverify.trace.build import int_column
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -37,7 +38,7 @@ class _Rejecting:
 def _both(path: Path, monkeypatch) -> tuple[list, list]:
     fast = L.load_trace(path)
     with monkeypatch.context() as m:
-        m.setattr(L, "_TRACE_DECODER", _Rejecting())
+        m.setattr(L, "TRACE_DECODER", _Rejecting())
         slow = L.load_trace(path)
     return fast, slow
 
@@ -115,7 +116,7 @@ def test_generated_traces_read_the_same_on_both_paths(tmp_path_factory, events, 
             fast = L.load_trace(path)
         except UserError as e:
             fast = ("error", str(e))
-        mp.setattr(L, "_TRACE_DECODER", _Rejecting())
+        mp.setattr(L, "TRACE_DECODER", _Rejecting())
         try:
             slow = L.load_trace(path)
         except UserError as e:
@@ -135,8 +136,8 @@ def test_int_column_is_the_per_value_rule(values):
     """The stream column's vectorised path equals its per-value rule: an int within ±2**62
     stays, anything else (bool, None, float, text, a wider int) is -1."""
     want = [v if type(v) is int and abs(v) < 2**62 else -1 for v in values]
-    assert L._int_column(values).tolist() == want
-    assert L._int_column([v for v in values if type(v) is int]).tolist() == [w for v, w in zip(values, want) if type(v) is int]
+    assert int_column(values).tolist() == want
+    assert int_column([v for v in values if type(v) is int]).tolist() == [w for v, w in zip(values, want) if type(v) is int]
 
 
 @given(st.text(max_size=12) | st.sampled_from(
@@ -145,8 +146,8 @@ def test_int_column_is_the_per_value_rule(values):
 @settings(max_examples=300, deadline=None, derandomize=True)
 def test_host_keep_is_exactly_the_comm_and_step_rules(name):
     """The one search that keeps host ops is the comm-op test or a step pattern, nothing else."""
-    want = L._looks_comm_op(name) or any(r.match(name) for r in L._STEP_RES)
-    assert bool(L._HOST_KEEP.search(name)) == want
+    want = L.looks_comm_op(name) or any(r.match(name) for r in L.STEP_RES)
+    assert bool(L.HOST_KEEP.search(name)) == want
 
 
 @pytest.mark.parametrize("corr", [[], {"x": 1}, "7", 7.5])

@@ -53,7 +53,7 @@ def box_dir(tmp_path, monkeypatch):
     def no_sweep(*a, **k):
         raise AssertionError("the sweep ran: the refusal must come before any trial")
 
-    monkeypatch.setattr("fastverify.tune.sweep.run_sweep", no_sweep)
+    monkeypatch.setattr("fastverify.tune.measure.run_sweep", no_sweep)
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
@@ -132,7 +132,7 @@ def test_plot_format_follows_the_installed_matplotlib(tmp_path):
     from matplotlib.figure import Figure
 
     from fastverify.errors import UserError
-    from fastverify.tune.report import plot_format
+    from fastverify.tune.ranking import plot_format
 
     supported = Figure().canvas.get_supported_filetypes()
     assert plot_format(tmp_path / "a.svg") == "svg" and "svg" in supported

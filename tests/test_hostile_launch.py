@@ -21,7 +21,7 @@ from conftest import cli, one_line_error
 from fastverify.bounds import MAX_ITERS, MAX_WARMUP
 from fastverify.proof.answers import answer_of, prompt_digest, read_prompts
 from fastverify.proof.record import LoadRun
-from fastverify.tune.report import print_report, rank_candidates
+from fastverify.tune.ranking import print_report, rank_candidates
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 REPO = Path(__file__).resolve().parent.parent

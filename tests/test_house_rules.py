@@ -47,38 +47,21 @@ def test_no_comment_cites_outside_files_or_issue_numbers():
 
 
 
-MAX_FILE_LINES = 500
-MAX_FUNCTION_LINES = 80
-
-
-def _kept_whole_file(tree: ast.Module) -> bool:
-    doc = ast.get_docstring(tree) or ""
-    return "kept whole:" in doc.split("\n", 1)[0].lower()
-
-
-def _kept_whole_function(node: ast.AST) -> bool:
-    doc = ast.get_docstring(node) or ""
-    return any(line.strip().startswith("Kept whole:") for line in doc.splitlines())
-
-
-def test_files_and_functions_hold_one_job_or_say_why_not():
-    """Every module is at most 500 lines and every function at most 80 (docstring included), unless
-    the module docstring's first line says ``kept whole: <why>`` or the function's docstring has a
-    line ``Kept whole: <why>``."""
-    long_files, long_functions = [], []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).as_posix()
-        source = path.read_text(encoding="utf-8")
-        tree = ast.parse(source)
-        n = len(source.splitlines())
-        if n > MAX_FILE_LINES and not _kept_whole_file(tree):
-            long_files.append(f"{rel}: {n} lines")
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                k = node.end_lineno - node.lineno + 1
-                if k > MAX_FUNCTION_LINES and not _kept_whole_function(node):
-                    long_functions.append(f"{rel}:{node.lineno} {node.name}: {k} lines")
-    assert not long_files and not long_functions, "\n".join(long_files + long_functions)
+LAZY = re.compile(r"#\s*lazy:\s*([A-Za-z_][\w.]*)")
+"""The comment a function-level import of the package's own module carries: the heavy library it
+keeps off the CLI's start-up path (``# lazy: torch``)."""
+HEAVY = frozenset({"torch", "flashinfer", "sglang", "matplotlib", "numpy", "rich"})
+"""The libraries worth keeping off start-up: each takes from a tenth of a second (rich's console:
+0.17 s measured here; numpy) to seconds (torch, sglang) to import."""
+DEFERRED = {
+    "fastverify.cli": "subcommand",
+    "fastverify.patch": "plugin",
+    "fastverify.patch.sitecustomize.sitecustomize": "plugin",
+}
+"""The modules whose function-level imports may name what they defer instead of a heavy library: the
+CLI imports the one command it runs (``# lazy: subcommand``), and SGLang's plugin entry point and the
+sitecustomize hook, loaded in every SGLang process, import the patch only where ``FASTVERIFY_PATCH=1``
+asks for it (``# lazy: plugin``)."""
 
 
 def _module_name(path: Path) -> str:
@@ -86,30 +69,56 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path, known: set[str]) -> set[str]:
-    """The package modules ``path`` imports when it is imported (module body, not inside functions)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    me = _module_name(path)
-    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}
-    return {m for m in out if m in known and m != me}
+def _targets(node: ast.Import | ast.ImportFrom, me: str, is_pkg: bool, known: set[str]) -> tuple[set[str], set[str]]:
+    """(the package modules, the outside top-level packages) one import statement names."""
+    if isinstance(node, ast.Import):
+        names = {a.name for a in node.names}
+    else:
+        base = node.module or ""
+        if node.level:
+            pkg = me if is_pkg else me.rpartition(".")[0]
+            anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+            base = ".".join(anchor + ([base] if base else []))
+        names = {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    own = {n for n in names if n in known and n != me}
+    outside = {n.split(".")[0] for n in names if not n.startswith("fastverify")}
+    return own, outside
 
 
-def test_no_import_circle_at_import_time():
-    """No two modules of the package import each other, directly or round a longer circle, when
-    imported (module-level imports; a lazy import of a heavy library inside a function is fine)."""
+class _Module:
+    """One module's imports: every import statement anywhere in it (``own``), those run when the
+    module is imported (``top_own``, ``top_outside``), and its function-level imports of the
+    package's own modules with their line text (``inner``)."""
+
+    def __init__(self, path: Path, known: set[str]) -> None:
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        me, is_pkg = _module_name(path), path.name == "__init__.py"
+        self.own: set[str] = set()
+        self.top_own: set[str] = set()
+        self.top_outside: set[str] = set()
+        self.inner: list[tuple[int, set[str], str]] = []
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for n in ast.walk(f) if n is not f}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                own, outside = _targets(node, me, is_pkg, known)
+                self.own |= own
+                if id(node) in inside:
+                    if own:
+                        self.inner.append((node.lineno, own, " ".join(lines[node.lineno - 1:node.end_lineno])))
+                else:
+                    self.top_own |= own
+                    self.top_outside |= outside
+
+
+def _modules() -> dict[str, _Module]:
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {m: _top_level_imports(p, set(paths)) for m, p in paths.items()}
+    return {m: _Module(p, set(paths)) for m, p in paths.items()}
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
 
     def visit(m: str, trail: list[str]) -> list[str] | None:
@@ -124,4 +133,67 @@ def test_no_import_circle_at_import_time():
 
     for m in sorted(graph):
         if m not in state and (circle := visit(m, [])):
-            raise AssertionError("import circle: " + " -> ".join(circle))
+            return circle
+    return None
+
+
+def test_no_import_circle_function_level_imports_included():
+    """No two modules of the package import each other, directly or round a longer circle, counting
+    every import statement (a function-level one too: it hides the circle from the module graph, it
+    does not remove the dependency)."""
+    modules = _modules()
+    circle = _circle({m: mod.own for m, mod in modules.items()})
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def _loaded_outside(modules: dict[str, _Module], start: set[str]) -> set[str]:
+    """The outside packages importing ``start`` loads (module-level imports, followed through the
+    package's own modules)."""
+    seen, todo, outside = set(), list(start), set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules]
+        outside |= modules[m].top_outside
+        todo += modules[m].top_own
+    return outside
+
+
+def test_function_level_imports_of_own_modules_say_what_they_keep_off_start_up():
+    """A function-level import of a fastverify module is there only to keep a heavy library off the
+    CLI's start-up path, and says which (``# lazy: torch``): one of :data:`HEAVY` that importing the
+    target really loads (followed through its module-level imports), not a guess."""
+    modules = _modules()
+    bad = []
+    for m, mod in sorted(modules.items()):
+        for line, own, text in mod.inner:
+            found = LAZY.search(text)
+            if found is None:
+                bad.append(f"{m}:{line}: no '# lazy: <dependency>': {text.strip()}")
+            elif DEFERRED.get(m) == found.group(1):
+                continue
+            elif found.group(1) not in HEAVY:
+                bad.append(f"{m}:{line}: '# lazy: {found.group(1)}' names none of {sorted(HEAVY)}")
+            elif found.group(1) not in _loaded_outside(modules, own):
+                bad.append(f"{m}:{line}: '# lazy: {found.group(1)}', but importing {sorted(own)} does not load it")
+    assert not bad, f"{len(bad)} function-level imports:\n" + "\n".join(bad)
+
+
+def _layout_paths() -> list[str]:
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    return [p for p in re.findall(r"`([\w./-]+)`", section) if p.endswith((".py", "/"))]
+
+
+def test_the_readme_layout_names_only_paths_that_exist():
+    """Every file or folder the README's Layout names (under ``fastverify/``, or beside it) exists,
+    and every package folder of ``fastverify/`` is named there."""
+    paths = _layout_paths()
+    root = PACKAGE.parent
+    missing = [p for p in paths if not (PACKAGE / p).exists() and not (root / p).exists()]
+    assert len(paths) > 30 and not missing, f"README Layout names missing paths: {missing}"
+    folders = {f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").exists() and d.name != "data"}
+    assert not folders - set(paths), f"README Layout leaves out {sorted(folders - set(paths))}"

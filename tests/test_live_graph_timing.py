@@ -1,5 +1,5 @@
 """The live run times the CUDA-graph forward SGLang serves (fastverify.live.clocks), and its trace is
-optional evidence (fastverify.live.trace_export, fastverify.profile_command).
+optional evidence (fastverify.live.trace_export, fastverify.profile.command).
 
 No GPU here: the CUDA path runs on a stand-in for ``torch.cuda``'s graph, stream and event API with
 the semantics of PyTorch's ``torch/cuda/graphs.py`` and ``torch/cuda/streams.py``: work issued
@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fastverify import cli
-from fastverify import profile_record as record
+from fastverify.profile import record
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.live import clocks, trace_export
 
@@ -239,7 +239,7 @@ def _live_ranks(trace_error: str | None = None) -> list[RankEvents]:
 
 
 def _run_profile(monkeypatch, tmp_path, ranks, traces):
-    from fastverify import profile_command
+    from fastverify.profile import command as profile_command
 
     def fake_live(args):
         source = {"kind": "live", "model": "tiny", "tp": 2, "draft_tokens": 4, "batch": 1, "tokens": 4, "iters": 1,

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from fastverify.errors import UserError
 from fastverify.events import RankEvents
-from fastverify.profile import build_profile
-from fastverify.profile_record import decode_profile, encode_profile
+from fastverify.profile.build import build_profile
+from fastverify.profile.record import decode_profile, encode_profile
 from fastverify.trace.load import load_trace
 
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,4 +1,4 @@
-"""fastverify.nccl.catalogue: the settings catalogue and the validator.
+"""fastverify.nccl.checks: the settings catalogue and the validator.
 
 Every expected severity below is what NCCL does with the value, read off NCCL's source (NVIDIA/nccl
 tags v2.21.5, v2.23.4, v2.24.3, v2.27.5, v2.30.7; file named per block) or
@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastverify.errors import UserError
-from fastverify.nccl.catalogue import (
-    Finding, Scope, Setting, Severity, explain, get_setting, suggest, validate_env, validate_setting,
+from fastverify.nccl.checks import (
+    CATALOGUE, CATALOGUE_BY_NAME, Finding, Scope, Setting, Severity, explain, suggest, validate_env, validate_setting,
 )
-from fastverify.nccl.settings import CATALOGUE
 from fastverify.nccl.version import NcclVersion
 
 OK, WARN, ERR = Severity.OK, Severity.WARNING, Severity.ERROR
@@ -51,16 +50,16 @@ def test_every_entry_has_source_scope_version_and_meaning(s: Setting):
     assert isinstance(s.since, NcclVersion) and s.since.major == 2
     assert s.meaning and s.values and s.default and "\n" not in s.meaning
     if s.alias_of:
-        assert get_setting(s.alias_of) is not None
+        assert CATALOGUE_BY_NAME.get(s.alias_of) is not None
 
 
 def test_versions_where_settings_appeared():
     # First NCCL tag whose source reads the variable (git grep over tags), or env.rst "(since …)".
-    assert str(get_setting("NCCL_MIN_CTAS").since) == "2.17.0"
-    assert str(get_setting("NCCL_CUMEM_ENABLE").since) == "2.18.0"
-    assert str(get_setting("NCCL_TUNER_PLUGIN").since) == "2.19.0"
-    assert str(get_setting("NCCL_CTA_POLICY").since) == "2.27.0"  # NCCL_PARAM CtaPolicy in v2.27.3
-    assert str(get_setting("NCCL_NO_CACHE").since) == "2.29.7"
+    assert str(CATALOGUE_BY_NAME.get("NCCL_MIN_CTAS").since) == "2.17.0"
+    assert str(CATALOGUE_BY_NAME.get("NCCL_CUMEM_ENABLE").since) == "2.18.0"
+    assert str(CATALOGUE_BY_NAME.get("NCCL_TUNER_PLUGIN").since) == "2.19.0"
+    assert str(CATALOGUE_BY_NAME.get("NCCL_CTA_POLICY").since) == "2.27.0"  # NCCL_PARAM CtaPolicy in v2.27.3
+    assert str(CATALOGUE_BY_NAME.get("NCCL_NO_CACHE").since) == "2.29.7"
 
 
 def _rows(name, value, versions, severity, words):

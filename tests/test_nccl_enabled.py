@@ -1,4 +1,4 @@
-"""fastverify.nccl.enabled: the one public answer to "which all-reduce algorithms and protocols does
+"""fastverify.nccl.model: the one public answer to "which all-reduce algorithms and protocols does
 this environment enable for this NCCL version" (issue 11 §6).
 
 The switch of tune/predict.py from its private ``_env_algos_protos`` to this function is safe only
@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastverify.nccl import model as M
-from fastverify.nccl.catalogue import Severity, validate_setting
-from fastverify.nccl.enabled import EnabledAlgos, allreduce_enabled, enabled_algos_protos
+from fastverify.nccl.checks import Severity, validate_setting
+from fastverify.nccl.model import EnabledAlgos, allreduce_enabled, enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 
 
 # --- the oracle: tune/predict.py at 99f660f, unchanged but for the names; its per-variable parse
-# was moved as it stood into nccl.enabled.allreduce_enabled (pinned by the known-answer tests below)
+# was moved as it stood into nccl.model.allreduce_enabled (pinned by the known-answer tests below)
 _ref_allreduce_enabled = allreduce_enabled
 
 
@@ -122,7 +122,7 @@ def test_topo_diagnose_no_longer_imports_tune():
 
 @pytest.mark.parametrize("name", ["NCCL_ALGO", "NCCL_PROTO"])
 def test_allreduce_enabled_names_the_library_values(name):
-    from fastverify.nccl.enabled import allreduce_enabled
+    from fastverify.nccl.model import allreduce_enabled
 
     on = allreduce_enabled(name, "allreduce:^ring" if name == "NCCL_ALGO" else "allreduce:^ll", NcclVersion.parse("2.27.5"))
     if name == "NCCL_ALGO":

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastverify.errors import UserError
-from fastverify.nccl.logparse import parse_nccl_log
-from fastverify.nccl.logrecords import CallChoice, ChannelCounts, GraphInfo, PathInfo, Ring, RingLink
+from fastverify.nccl.debuglog import CallChoice, ChannelCounts, GraphInfo, PathInfo, Ring, RingLink, parse_nccl_log
 
 INPUTS = Path(__file__).resolve().parents[2] / "shared" / "inputs"
 F1027 = "nccldebug-nccl-1027.txt"

@@ -41,7 +41,7 @@ def test_topo_and_tune_read_the_same_in_place_time(capsys):
     assert m[0]["time_us"] == round(IN_PLACE_US, 1) == 298.9
     # tune: its reader, then its baseline (the line that reads the table)
     from fastverify.tune.candidates import _baseline
-    from fastverify.tune.evidence import read_perf as _read_perf
+    from fastverify.tune.read_inputs import read_perf as _read_perf
 
     perf, warnings = _read_perf(Namespace(perf_table=TABLE, topology=TOPO), 8)
     assert warnings == []
@@ -103,7 +103,7 @@ def test_multinode_table_is_flagged_by_topo_and_tune(tmp_path, capsys):
     rc, out, err = cli(["topo", "--nvidia-smi", TOPO, "--perf-table", p], capsys)
     assert rc == 0, err
     assert want in " ".join(out.split())
-    from fastverify.tune.evidence import read_perf as _read_perf
+    from fastverify.tune.read_inputs import read_perf as _read_perf
 
     perf, warnings = _read_perf(Namespace(perf_table=p, topology=TOPO), 8)
     assert perf is None and len(warnings) == 1 and want in warnings[0] and warnings[0].startswith("# warning: ")
@@ -137,7 +137,7 @@ def test_nccl_2_8_3_log_reads_with_the_loc_diagnosis(capsys):
     assert d["nccl_version"] == "2.8.3" and d["p2p_level_now"] == "LOC"
     pairs = [(p["a"], p["b"], p["transport_now"], p["basis"]) for p in d["pairs"]]
     assert pairs == [(a, b, "SHM", "environment: NCCL_P2P_LEVEL=LOC") for a in range(4) for b in range(a + 1, 4)]
-    from fastverify.nccl.logparse import parse_nccl_log
+    from fastverify.nccl.debuglog import parse_nccl_log
 
     parsed = parse_nccl_log(log.read_text())
     assert parsed.problems == () and {t.kind for t in parsed.transports} == {"SHM"} and len(parsed.transports) == 14

@@ -78,7 +78,7 @@ def test_same_second_names_are_unique_across_threads(tmp_path):
     """The same timestamp for every caller (the race of the issue, made certain): each gets a
     distinct name; both placeholders exist until written or released."""
     from fastverify.outputs import release_reserved
-    from fastverify.profile import default_output
+    from fastverify.profile.build import default_output
 
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     got: list[Path] = []
@@ -107,7 +107,7 @@ def test_same_second_names_are_unique_across_threads(tmp_path):
 
 def test_a_taken_png_name_moves_the_pair_on(tmp_path):
     from fastverify.outputs import release_reserved
-    from fastverify.profile import default_output
+    from fastverify.profile.build import default_output
 
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     folder = tmp_path / "profiles"
@@ -123,7 +123,7 @@ def test_a_taken_png_name_moves_the_pair_on(tmp_path):
 def test_a_failed_write_leaves_no_placeholder_and_no_temporary_file(tmp_path):
     from fastverify.errors import UserError
     from fastverify.outputs import write_files
-    from fastverify.profile import default_output
+    from fastverify.profile.build import default_output
 
     out = default_output("trace", tmp_path / "profiles")
     assert out.exists()
@@ -140,9 +140,9 @@ def test_a_failed_write_leaves_no_placeholder_and_no_temporary_file(tmp_path):
 def test_a_failed_png_after_the_name_is_taken_leaves_nothing(tmp_path, monkeypatch):
     """The default names are taken, then drawing the PNG fails: no placeholder, no temporary
     file, and the profiles/ folder made for them is removed again."""
-    import fastverify.plot
+    import fastverify.profile.plot
     from fastverify.errors import UserError
-    from fastverify.profile import build_profile, default_output, write_outputs
+    from fastverify.profile.build import build_profile, default_output, write_outputs
     from fastverify.trace.load import load_traces
 
     ranks = load_traces([str(GOOD)])
@@ -152,7 +152,7 @@ def test_a_failed_png_after_the_name_is_taken_leaves_nothing(tmp_path, monkeypat
     def fail(doc, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fastverify.plot, "plot_profile", fail)
+    monkeypatch.setattr(fastverify.profile.plot, "plot_profile", fail)
     with pytest.raises(UserError, match="cannot write"):
         write_outputs(profile, out, out.with_suffix(".png"))
     assert list(tmp_path.iterdir()) == []

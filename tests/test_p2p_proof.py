@@ -454,10 +454,9 @@ def test_visible_gpus_naming_a_gpu_twice_show_none():
 
 
 def test_launch_prints_where_cuda_stopped_reading(tmp_path, monkeypatch):
-    import fastverify.topo.box as B
 
-    monkeypatch.setattr(B, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
-    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A)))
+    monkeypatch.setattr(L, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
+    monkeypatch.setattr(L, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A)))
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
     pl = L.plan_launch(None, "pcie_ipc", None, cmd(2), environ={"CUDA_VISIBLE_DEVICES": "4,MIG-x,5"}, sglang=SGL,
                        p2p_file=check_file(tmp_path / "p2p.json"), collect_blockers=True)
@@ -476,10 +475,9 @@ def test_visible_gpus_of_a_mixed_box_need_pci_order():
 def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
     """The real-box path: read_box's fingerprint, NVML's identities and memory, the command's
     CUDA_VISIBLE_DEVICES. A check run on all 8 GPUs proves TP 4 on GPUs 4-7; one run on 0-3 does not."""
-    import fastverify.topo.box as B
 
-    monkeypatch.setattr(B, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
-    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A, 96 << 30)))
+    monkeypatch.setattr(L, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
+    monkeypatch.setattr(L, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A, 96 << 30)))
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
     env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     full = check_file(tmp_path / "all.json")
@@ -489,7 +487,7 @@ def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="did not test GPU 4"):
         L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL,
                       p2p_file=check_file(tmp_path / "low.json", BOX_A[:4]))
-    monkeypatch.setattr(G, "nvml_gpus", lambda nvml=None: [])  # no NVML: nothing to bind the proof to
+    monkeypatch.setattr(L, "nvml_gpus", lambda nvml=None: [])  # no NVML: nothing to bind the proof to
     with pytest.raises(UserError, match="cannot tell whether the P2P check tested this box's GPUs"):
         L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL, p2p_file=full)
 

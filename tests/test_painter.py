@@ -12,9 +12,10 @@ import pytest
 
 from conftest import children
 
-from fastverify.painter import Painter, usable_cores
-from fastverify.plot import plot_profile
-from fastverify.profile import as_builtins, build_profile
+from fastverify.procs import usable_cores
+from fastverify.profile.build import as_builtins, build_profile
+from fastverify.profile.painter import Painter
+from fastverify.profile.plot import plot_profile
 from fastverify.trace.load import PARALLEL_MIN_BYTES, load_traces, load_workers
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastverify.patch import fused_slot as F
 from fastverify.patch import install as I
+from fastverify.patch import slots as S
+from fastverify.patch.verify import WallEvent
 
 ON = {"FASTVERIFY_PATCH": "1"}
 
@@ -273,12 +276,12 @@ def test_declined_call_runs_sglangs_own_fused_method_and_is_counted_as_such():
     out, r = norm.forward_with_allreduce_fusion(x, res)
     torch.testing.assert_close(r, _expected(x, res)[1])
     assert calls["orig_fused"] == 1 and calls["ar"] == 0  # SGLang's own kernel, no plain all-reduce
-    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{I.FUSED_SGLANG_FALLBACK}": 1}}
+    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{F.FUSED_SGLANG_FALLBACK}": 1}}
     calls["sglang_kernel"] = False  # SGLang's kernel declines too: its own all-reduce through the group
     out, r = norm.forward_with_allreduce_fusion(x, res)
     torch.testing.assert_close(r, _expected(x, res)[1])
     assert calls["orig_fused"] == 2 and calls["ar"] == 1
-    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{I.FUSED_SGLANG_FALLBACK}": 1,
+    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{F.FUSED_SGLANG_FALLBACK}": 1,
                                             "fastverify.FakeFused.fallback": 1}}
     assert COUNTER.take_fallback() is None  # no mark left for a later, unrelated all-reduce
 
@@ -342,12 +345,12 @@ def test_rank_step_builds_one_fused_backend_per_group(capsys):
         events.append(("create", coordinator.unique_name, coordinator.world_size))
         return FakePrepared(events)
 
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48).init_cuda_graphs()
     assert [e[:2] for e in events if e[0] == "create"] == [("create", "tp:0"), ("create", "moe_tp:0")]
-    assert [s.group for s in I._fused_groups] == [tp, moe_group]
-    assert all(s.backend is not None for s in I._fused_groups)
+    assert [s.group for s in F.FUSED_GROUPS] == [tp, moe_group]
+    assert all(s.backend is not None for s in F.FUSED_GROUPS)
     assert rep.built["fused_norm"] == "tp:0: FakePrepared, moe_tp:0: FakePrepared", rep.built
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
     assert "built=fused_norm=tp:0: FakePrepared, moe_tp:0: FakePrepared" in line, line
@@ -448,10 +451,10 @@ class BadPrepare(FakePrepared):
         BadPrepare.closed = True
 
 
-@pytest.mark.parametrize("backend,slot", [("fused", "_fused"), ("pcie_ipc", "_dispatch")])
+@pytest.mark.parametrize("backend,slot", [("fused", "FUSED_SLOT"), ("pcie_ipc", "DISPATCH_SLOT")])
 def test_pre_capture_prepares_once_before_the_original(backend, slot):
     mods, calls, events, MR, orig, factory = _capture_setup(backend)
-    getattr(I, slot).factory = factory
+    getattr(S, slot).factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
     assert "pre_capture" in rep.applied and rep.skipped == {}
     assert MR.__dict__["init_cuda_graphs"].__fastverify_original__ is orig
@@ -464,8 +467,8 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
     group = mods[I.MOD_PARALLEL_STATE].get_tp_group()
     assert events == [("create", group, (192, 8), torch.float32), ("prepare", want), ("capture", False)]
     assert calls["captures"] == [False]  # the original ran, after prepare, with its argument
-    built = I._fused_groups[0] if slot == "_fused" else getattr(I, slot)  # the fused slot: one per group
-    assert built.backend is not None and built.group is (group if slot == "_fused" else None)
+    built = F.FUSED_GROUPS[0] if slot == "FUSED_SLOT" else getattr(S, slot)  # the fused slot: one per group
+    assert built.backend is not None and built.group is (group if slot == "FUSED_SLOT" else None)
     runner.init_cuda_graphs()  # second call (e.g. the draft runner or a recapture): no second prepare
     MR(is_draft_worker=True).init_cuda_graphs()
     assert [e[0] for e in events] == ["create", "prepare", "capture", "capture", "capture"]
@@ -474,7 +477,7 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
     assert I.installed().count("ModelRunner.init_cuda_graphs") == 1
     I.uninstall()
-    assert MR.__dict__["init_cuda_graphs"] is orig and getattr(I, slot).prepared is False
+    assert MR.__dict__["init_cuda_graphs"] is orig and getattr(S, slot).prepared is False
 
 
 def _record_file(tmp_path, *, max_batch=8, draft=4, hidden=16, p2p_ok=True, source="p2p_check"):
@@ -490,7 +493,7 @@ def test_pre_capture_sizes_from_the_record_not_2048_rows(tmp_path):
     """Item 7: the workspace is the record's max_batch x draft_tokens x hidden (8 x 4 x 16), and
     only the captured shapes up to it are prepared -- not one batch, not 2048 rows."""
     mods, calls, events, MR, orig, factory = _capture_setup("fused")
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path)})
     MR(hidden=16, width=4, pool=48).init_cuda_graphs()
     # capture bs [1..64] + pool 48, x 4 tokens per request, up to the record's 32 rows
@@ -512,7 +515,7 @@ def test_pre_capture_sizes_from_the_record_not_2048_rows(tmp_path):
 def test_pre_capture_without_batch_sizes_or_record_prepares_nothing():
     mods, calls, events, MR, orig, factory = _capture_setup("fused")
     del mods[I.MOD_RUNTIME_CONTEXT]
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     r = MR(hidden=16)
     del r.req_to_token_pool
@@ -521,7 +524,7 @@ def test_pre_capture_without_batch_sizes_or_record_prepares_nothing():
     # server_args.cuda_graph_bs (older SGLang) is read when the runtime context is absent
     I.uninstall()
     events.clear()
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     r = MR(hidden=16, width=2, pool=100)
     r.server_args.cuda_graph_bs = [1, 3, 2000]
@@ -532,7 +535,7 @@ def test_pre_capture_without_batch_sizes_or_record_prepares_nothing():
 @pytest.mark.parametrize("fail", ["create", "prepare"])
 def test_pre_capture_failure_disables_logged_not_raised(fail, caplog, capsys):
     mods, calls, events, MR, orig, factory = _capture_setup("fused", fail=fail)
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     BadPrepare.closed = False
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
@@ -541,14 +544,14 @@ def test_pre_capture_failure_disables_logged_not_raised(fail, caplog, capsys):
     assert calls["captures"] == [True, True]  # the original still ran
     lines = [m for m in caplog.messages if "disabled on every TP rank" in m]
     assert len(lines) == 1, caplog.messages
-    assert I._fused.backend is None and I._fused.disabled is not None  # agreed (one rank here): no lazy retry
+    assert S.FUSED_SLOT.backend is None and S.FUSED_SLOT.disabled is not None  # agreed (one rank here): no lazy retry
     assert BadPrepare.closed is (fail == "prepare")  # every rank holds one after a failed prepare: closed
     err = capsys.readouterr().err.splitlines()
     assert len([ln for ln in err if ln.startswith("fastverify patch [TP 0]:")]) == 1, err
     # a runner that cannot even be read (no model_config): logged, never raised
     I.uninstall()
     caplog.clear()
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     runner = MR()
     del runner.model_config
@@ -560,7 +563,7 @@ def test_pre_capture_failure_disables_logged_not_raised(fail, caplog, capsys):
 @pytest.mark.parametrize("backend", ["nccl", "off", "auto"])
 def test_pre_capture_only_prints_for_other_backends(backend, capsys):
     mods, calls, events, MR, orig, factory = _capture_setup(backend)
-    I._fused.factory = I._dispatch.factory = factory
+    S.FUSED_SLOT.factory = S.DISPATCH_SLOT.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend})
     assert rep.applied == ["pre_capture"]
     MR().init_cuda_graphs()
@@ -585,7 +588,7 @@ def test_fused_norm_not_claimed_where_sglang_never_calls_it(capsys):
     to skipped with the reason, and no backend (workspace) is built for a path nobody calls."""
     mods, calls, events, MR, orig, factory = _capture_setup("fused")
     mods[I.MOD_ADD_NORM].flashinfer_ar_fusion_applies = lambda bs: calls["gate"].append(bs) or False
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     MR(hidden=8, width=4, pool=48).init_cuda_graphs()
     assert "fused_norm" not in rep.applied and "flashinfer_ar_fusion_applies(192) is False" in rep.skipped["fused_norm"]
@@ -670,7 +673,7 @@ def test_verify_trace_of_n_steps(tmp_path):
     mods, _ = make_fake_sglang()
     env = {**ON, "FASTVERIFY_BACKEND": "off", "FASTVERIFY_PROFILE_VERIFY": str(tmp_path),
            "FASTVERIFY_PROFILE_VERIFY_STEPS": "2"}
-    timer = I.VerifyTimer(tmp_path, every=100, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "1")
+    timer = I.VerifyTimer(tmp_path, every=100, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "1")
     rep = I.install(mods, environ=env, timer=timer)
     assert rep.applied == ["pre_capture", "verify_timer"]
     w = mods[I.MOD_TP_WORKER].TpModelWorker()
@@ -686,7 +689,7 @@ def test_verify_trace_of_n_steps(tmp_path):
 
 
 def test_cpu_timer_default(tmp_path):
-    t = I.VerifyTimer(tmp_path, every=1, event_factory=I._WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
+    t = I.VerifyTimer(tmp_path, every=1, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
     t.stop(t.start())
     (row,) = _wait_rows(tmp_path / "verify-rank0.jsonl", 1)
     assert row["clock"] == "cpu_wall_clock" and row["verify_ms"] >= 0 and row["step"] == 0 and row["rank"] == "0"
@@ -850,12 +853,12 @@ def _vote_worker(rank, world, port, record_path, q):
                         raise RuntimeError("no workspace on this rank")
                     return _Closable(log, bad_prepare=(case == "prepare" and rank == 1))
 
-                I._fused.factory = factory
+                S.FUSED_SLOT.factory = factory
             rep = I.install(mods, environ=env)
             r = MR(hidden=16, width=4, pool=48)
             r.dtype, r.device = torch.float32, "cpu"
             r.init_cuda_graphs()
-            slot = I._fused_slot(coord)  # the fused slot of the TP group (attention TP = post-experts here)
+            slot = F.group_slot(coord)  # the fused slot of the TP group (attention TP = post-experts here)
             res = {"log": log, "disabled": slot.disabled, "built": slot.backend is not None,
                    "applied": list(rep.applied), "skipped": dict(rep.skipped)}
             if case == "real" and slot.backend is not None:
@@ -882,7 +885,7 @@ def _vote_worker(rank, world, port, record_path, q):
                 resid = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
                 norm.forward_with_allreduce_fusion(x, resid)
                 norm.forward_with_allreduce_fusion(x, resid)
-                res = {"disabled": I._fused_slot(coord).disabled, "fused_calls": be.calls, "plain_calls": calls["ar"],
+                res = {"disabled": F.group_slot(coord).disabled, "fused_calls": be.calls, "plain_calls": calls["ar"],
                        "sglang_calls": calls["orig_fused"]}
             return res
 
@@ -1092,7 +1095,7 @@ def _b12x_rank_step(tmp_path, sm, *, bad=False):
         events.append(be)
         return be
 
-    I._add_norm.factory = factory
+    S.ADD_NORM_SLOT.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
                                    "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
@@ -1103,12 +1106,12 @@ def _b12x_rank_step(tmp_path, sm, *, bad=False):
 
 def test_b12x_rank_step_on_sm120_builds_prepares_and_checks(tmp_path, capsys):
     mods, calls, events, rep = _b12x_rank_step(tmp_path, (12, 0))
-    be = I._add_norm.backend
-    assert isinstance(be, FakeB12x) and I._add_norm.checked and I._add_norm.disabled is None
+    be = S.ADD_NORM_SLOT.backend
+    assert isinstance(be, FakeB12x) and S.ADD_NORM_SLOT.checked and S.ADD_NORM_SLOT.disabled is None
     # sized from the record (8 x 4 rows), the captured shapes up to it prepared, then the one check
     assert events[0] == ("create", (32, 8)) and events[2] == ("prepare", [(4, 8), (8, 8), (16, 8), (32, 8)])
     assert be.calls == 1 and calls["ar"] == 1  # the first-result check: b12x vs the coordinator's all-reduce
-    assert I._add_norm.ranks == [0, 1] and I._add_norm.attn_is_tp
+    assert S.ADD_NORM_SLOT.ranks == [0, 1] and S.ADD_NORM_SLOT.attn_is_tp
     assert rep.applied == ["add_norm_ffn", "add_norm_attn", "pre_capture"] and "add_norm" in rep.built
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
     assert "applied=add_norm_ffn,add_norm_attn,pre_capture built=add_norm=" in line, line
@@ -1121,7 +1124,7 @@ def test_b12x_rank_step_on_sm120_builds_prepares_and_checks(tmp_path, capsys):
                                     ((12, 2), "b12x runs only on SM120/SM121")])
 def test_b12x_rank_step_stays_out_of_the_way_elsewhere(tmp_path, capsys, sm, why):
     mods, calls, events, rep = _b12x_rank_step(tmp_path, sm)
-    assert events == [] and I._add_norm.backend is None and why in I._add_norm.disabled
+    assert events == [] and S.ADD_NORM_SLOT.backend is None and why in S.ADD_NORM_SLOT.disabled
     assert rep.applied == ["pre_capture"] and why in rep.skipped["add_norm"]
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
     assert "skipped=add_norm (" in line
@@ -1149,7 +1152,7 @@ def test_b12x_reach_follows_sglangs_own_gate():
 def test_b12x_first_check_mismatch_disables_and_closes(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         mods, calls, events, rep = _b12x_rank_step(tmp_path, (12, 0), bad=True)
-    assert I._add_norm.backend is None and I._add_norm.disabled.startswith("first result differs")
+    assert S.ADD_NORM_SLOT.backend is None and S.ADD_NORM_SLOT.disabled.startswith("first result differs")
     assert events[-1] == ("close",) and "add_norm" in rep.skipped and rep.applied == ["pre_capture"]
     fu, norm = mods[I.MOD_AR_FUSIONS], mods[I.MOD_LAYERNORM].RMSNorm(8)
     assert fu.fused_ffn_input(types.SimpleNamespace(norm=norm), torch.randn(4, 8), torch.randn(4, 8), None) is None
@@ -1214,10 +1217,10 @@ def test_b12x_candidates_take_only_what_the_kernel_computes():
         assert fu.fused_attn_input(plan, owed, r, None, post, fuses_quant=quant, keep_bf16=False) is None
     assert be.calls == 4 and calls["orig_attn"] == 5
     # attention TP is not the TP group (DP attention): the FFN input is SGLang's
-    I._add_norm.attn_is_tp = False
+    S.ADD_NORM_SLOT.attn_is_tp = False
     assert fu.fused_ffn_input(plan, x, r, None) is None and be.calls == 4
-    I._add_norm.attn_is_tp = True
-    I._add_norm.disabled = "voted off"
+    S.ADD_NORM_SLOT.attn_is_tp = True
+    S.ADD_NORM_SLOT.disabled = "voted off"
     assert fu.fused_ffn_input(plan, x, r, None) is None and be.calls == 4
 
 
@@ -1238,13 +1241,13 @@ class _SwallowingB12x(FakeB12x):
 def test_b12x_prepare_that_disables_itself_is_a_failed_prepare_not_built(tmp_path, capsys):
     mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
     made = []
-    I._add_norm.factory = lambda coordinator, x: made.append(_SwallowingB12x()) or made[-1]
+    S.ADD_NORM_SLOT.factory = lambda coordinator, x: made.append(_SwallowingB12x()) or made[-1]
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
                                    "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
     runner.device = "cpu"
     runner.init_cuda_graphs()
-    assert I._add_norm.backend is None and made and made[0].closed  # closed on every rank, not used
+    assert S.ADD_NORM_SLOT.backend is None and made and made[0].closed  # closed on every rank, not used
     assert "add_norm" not in rep.built and "prepare failed (b12x preparation failed (plan" in rep.skipped["add_norm"]
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")][0]
     assert "built=add_norm" not in line and "skipped=add_norm (backend not built: prepare failed (b12x" in line, line
@@ -1254,13 +1257,13 @@ def test_b12x_not_built_where_every_captured_verify_step_is_wider_than_it_takes(
     # 40 draft tokens a request (a wide tree): even batch 1 is 40 rows > 36, so b12x would never run
     mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
     made = []
-    I._add_norm.factory = lambda coordinator, x: made.append(FakeB12x()) or made[-1]
+    S.ADD_NORM_SLOT.factory = lambda coordinator, x: made.append(FakeB12x()) or made[-1]
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
                                    "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, max_batch=2, draft=40, hidden=8)})
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=40, pool=48)
     runner.device = "cpu"
     runner.init_cuda_graphs()
-    assert made == [] and I._add_norm.backend is None
+    assert made == [] and S.ADD_NORM_SLOT.backend is None
     assert "wider than the 36 rows b12x takes (smallest 40 rows)" in rep.skipped["add_norm"], rep.skipped
     assert "built=add_norm" not in capsys.readouterr().err
 
@@ -1278,12 +1281,12 @@ def test_fused_norm_not_claimed_when_sglangs_preflight_turns_the_fusion_off(caps
         state["preflight_ok"] = False  # "Skipping allreduce fusion": the unavailable flag is set
 
     MR.init_cuda_graphs = init_cuda_graphs
-    I._fused.factory = factory
+    S.FUSED_SLOT.factory = factory
     rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"})
     MR(hidden=8, width=4, pool=48).init_cuda_graphs()
     assert "fused_norm" not in rep.applied and "fused_norm" not in rep.built
     assert rep.skipped["fused_norm"].startswith("after SGLang's start-up checks: SGLang never calls"), rep.skipped
-    assert I._fused.backend is None and I._fused.disabled is not None
+    assert S.FUSED_SLOT.backend is None and S.FUSED_SLOT.disabled is not None
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastverify patch [TP 0]")]
     assert len(lines) == 1 and "applied=pre_capture " in lines[0] and "built=" not in lines[0], lines
 

@@ -9,6 +9,7 @@ import pytest
 from fastverify.deploy import BoxFingerprint, GpuId
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
+from fastverify.patch.handoff import ROUTE_HOOK
 
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp", "8",
        "--speculative-algorithm", "EAGLE3"]
@@ -110,13 +111,13 @@ def test_pcie_ipc_uses_sglang_switch(tmp_path):
         L.plan_launch(env_file(tmp_path, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n"), "pcie_ipc", None, CMD,
                       environ={}, sglang=NEW, box=H100, p2p_file=proven)
     old = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=OLD, box=H100, p2p_file=proven)
-    assert old.patch and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in old.env and old.route == L.ROUTE_HOOK
+    assert old.patch and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in old.env and old.route == ROUTE_HOOK
 
 
 def test_import_hook_route_and_pythonpath(tmp_path):
     plan = L.plan_launch(None, "fused", str(tmp_path / "prof"), CMD, environ={"PYTHONPATH": "/a"}, sglang=OLD,
                          box=H100, p2p_file=_proven(tmp_path))
-    assert plan.route == L.ROUTE_HOOK
+    assert plan.route == ROUTE_HOOK
     assert plan.env["PYTHONPATH"] == os.pathsep.join([str(L.HOOK_DIR), "/a"])
     assert plan.env["FASTVERIFY_BACKEND"] == "fused"
     assert plan.env["FASTVERIFY_PROFILE_VERIFY"] == str((tmp_path / "prof").resolve())
@@ -141,7 +142,7 @@ def _proven(tmp_path):
 def test_plugins_without_entry_point_fall_back(tmp_path):
     info = L.SGLangInfo(found=True, has_plugins=True, entry_point_installed=False)
     plan = L.plan_launch(None, "fused", None, CMD, environ={}, sglang=info, box=H100, p2p_file=_proven(tmp_path))
-    assert plan.route == L.ROUTE_HOOK and any("entry point is not installed" in n for n in plan.notes)
+    assert plan.route == ROUTE_HOOK and any("entry point is not installed" in n for n in plan.notes)
 
 
 def test_sglang_plugins_filter_extended(tmp_path):

@@ -193,7 +193,7 @@ def _slot_all_reduce(be: PcieIpcBackend, sglang_log: list):
 
     slots.attach_dispatch_backend(be)
     coord = types.SimpleNamespace(unique_name="tp:0", world_size=WORLD)
-    wrapped = slots._make_all_reduce(original, {})
+    wrapped = slots.make_all_reduce(original, {})
     return lambda x: wrapped(coord, x)
 
 
@@ -228,7 +228,7 @@ def test_dispatch_slot_declines_every_shape_flashinfer_would_refuse_under_captur
         counts = COUNTER.take()["other"]  # outside a forward SGLang runs: mode "other"
         assert counts == {"fastverify.pcie_ipc": 4, "fastverify.pcie_ipc.fallback": 44}
     finally:
-        slots._dispatch.backend = None
+        slots.DISPATCH_SLOT.backend = None
         be.close()
 
 
@@ -253,5 +253,5 @@ def test_a_shape_an_eager_warm_up_ran_is_taken_under_capture_until_the_next_tune
         with pytest.raises(RuntimeError, match="has not been resolved yet"):
             be._ws.tuned_launch_config(_x(2))  # FlashInfer would have refused it
     finally:
-        slots._dispatch.backend = None
+        slots.DISPATCH_SLOT.backend = None
         be.close()

@@ -18,7 +18,7 @@ from fastverify.bounds import MAX_EVENT_US, MAX_MSG_BYTES, implausible_count, im
 from fastverify.errors import UserError
 from fastverify.trace.load import load_trace
 from fastverify.tune.journal import Journal, fingerprint, read_journal
-from fastverify.tune.report import print_report, rank_candidates
+from fastverify.tune.ranking import print_report, rank_candidates
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -131,7 +131,7 @@ def _result(spec, step_us, median=10.0, msg_bytes=128, count=2):
     ("count_per_step", {"step_us": 20.0, "count": 10**12}, "1000000000000"),
 ])
 def test_journal_record_out_of_bounds_is_corrupt_naming_the_value(tmp_path, field, kw, shown):
-    """Before: read back as is; `tune --resume` then died with a TypeError in tune/report.py
+    """Before: read back as is; `tune --resume` then died with a TypeError in tune/ranking.py
     (step_us -1000) or ranked 1.7e308 µs as a measured time."""
     spec = _spec()
     path = tmp_path / "j.jsonl"

@@ -11,10 +11,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 
 from fastverify.registry import BackendName
-from fastverify.tune import candidates as C
-from fastverify.tune import per_size as P
-from fastverify.tune import nccl_cost as NC
-from fastverify.tune import ranges as R
+from fastverify.tune import backend_model, candidates, ranges
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +43,7 @@ def test_lobo_of_the_p2p_kernel_model_meets_the_aim_on_every_published_kernel():
     r = b.lobo_kernel_model()
     pts = [p for pts in r["boxes"].values() for p in pts]
     assert len(r["boxes"]) == 9 and r["abstained"] == 0 and len(pts) == 65
-    assert all(p["low_us"] < p["point_us"] < p["high_us"] and p["width"] <= R.MAX_WIDTH for p in pts)
+    assert all(p["low_us"] < p["point_us"] < p["high_us"] and p["width"] <= ranges.MAX_WIDTH for p in pts)
     assert sum(p["inside"] for p in pts) / len(pts) >= 0.8
     assert statistics.median(p["width"] for p in pts) <= 4.0
     assert b.aim_line("P2P", [r], 80.0, 4.0).endswith(": met")
@@ -54,7 +51,7 @@ def test_lobo_of_the_p2p_kernel_model_meets_the_aim_on_every_published_kernel():
 
 def _boxes(offsets, delta, size=65536):
     """One box per offset, two residuals each at ``offset ± delta`` (ln units)."""
-    return [R.Residual(f"B{i}", 8, size, o + d) for i, o in enumerate(offsets) for d in (-delta, delta)]
+    return [ranges.Residual(f"B{i}", 8, size, o + d) for i, o in enumerate(offsets) for d in (-delta, delta)]
 
 
 def test_fit_by_hand():
@@ -65,32 +62,32 @@ def test_fit_by_hand():
       B2 out: (-0.2, -0.1) -> (-0.348, 0.223): 2 in;  B3 out: the same: 0, 0.2 in;  B4 out: 0.2 in, 0.4 out.
     8 of 10 held = 80 %: share 0.5. All five: 3 offsets, shortest (-0.2, 0) -> (-0.348, 0.223)."""
     w = 1.4826 * 0.1
-    f = R.fit(_boxes((-0.2, -0.1, 0.0, 0.1, 0.3), 0.1), world_size=8, msg_bytes=65536)
+    f = ranges.fit(_boxes((-0.2, -0.1, 0.0, 0.1, 0.3), 0.1), world_size=8, msg_bytes=65536)
     assert f.known and f.level == 0.5 and f.within == pytest.approx(w)
     assert (f.low, f.high) == pytest.approx((math.exp(-0.2 - w), 1.25))
     assert "5 published boxes (10 sizes): x0.71 .. x1.25" in f.text("the point")
-    one = [R.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.7, 1.0, 1.1, 1.6))]
-    assert not R.fit(one[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
-    assert not R.fit(one, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
-    assert not R.fit(one, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
+    one = [ranges.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.7, 1.0, 1.1, 1.6))]
+    assert not ranges.fit(one[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
+    assert not ranges.fit(one, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
+    assert not ranges.fit(one, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
     # one miss a box and no within-box spread: left out, the lowest (ln 0.7) and the highest (ln 1.6)
     # box fall outside any span of the other three (and the ± ln 1.25 floor): 2 of 4 at every share
-    lone = R.fit(one, world_size=8, msg_bytes=65536)
+    lone = ranges.fit(one, world_size=8, msg_bytes=65536)
     assert not lone.known and "no share of the 4 published boxes' misses holds 80 %" in lone.reason
     # offsets 0 with misses ± 1: w = 1.4826, every left-out miss is held at share 0.5, and the range
     # e^(2 x 1.4826) = 19x is wider than 8x: unknown, not a wide range
-    wide = R.fit(_boxes((0.0, 0.0, 0.0, 0.0), 1.0), world_size=8, msg_bytes=65536)
+    wide = ranges.fit(_boxes((0.0, 0.0, 0.0, 0.0), 1.0), world_size=8, msg_bytes=65536)
     assert not wide.known and wide.level == 0.5 and "19x wide (more than 8x)" in wide.reason
 
 
 def test_a_seven_gpu_box_gets_a_range_that_is_not_zero_width():
-    f = NC.nccl_fit(57344, 7)
+    f = backend_model.nccl_fit(57344, 7)
     assert f.known and f.low < 1 < f.high
-    assert f.width > R.FLOOR ** 2
+    assert f.width > ranges.FLOOR ** 2
 
 
 def _fig(name, backend, per, nccl=None):
-    return C.Figure(backend, name, MappingProxyType({}), sum(p for p, _ in per.values()), (1.0, 2.0), (),
+    return candidates.Figure(backend, name, MappingProxyType({}), sum(p for p, _ in per.values()), (1.0, 2.0), (),
                     nccl=nccl, per_call_us=MappingProxyType({b: p for b, (p, _) in per.items()}),
                     per_call_range=MappingProxyType({b: r for b, (_, r) in per.items()}))
 
@@ -101,14 +98,14 @@ def test_per_size_verdicts_and_crossover_by_hand():
                 {16384: (40.0, (30.0, 50.0)), 65536: (45.0, (35.0, 55.0)), 262144: (60.0, (50.0, 70.0))}, nccl=object())
     ipc = _fig("pcie_ipc", BackendName.pcie_ipc,
                {16384: (10.0, (8.0, 12.0)), 65536: (40.0, (30.0, 50.0)), 262144: (90.0, (80.0, 100.0))})
-    rows, cross = P.per_size_rows(wl, [nccl, ipc])
-    assert [r["verdict"] for r in rows] == ["pcie_ipc", P.TOO_CLOSE, "current environment"]
+    rows, cross = candidates.per_size_rows(wl, [nccl, ipc])
+    assert [r["verdict"] for r in rows] == ["pcie_ipc", candidates.TOO_CLOSE, "current environment"]
     # NCCL's point 45 > 40 at 64 KiB, 60 <= 90 at 256 KiB: the crossover is 262144 B
     assert cross == {"pcie_ipc": 262144}
-    assert P.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, ipc])[1] == {"pcie_ipc": None}
+    assert candidates.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, ipc])[1] == {"pcie_ipc": None}
     unknown = _fig("pcie_ipc", BackendName.pcie_ipc, {16384: (10.0, None)})
-    rows, cross = P.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, unknown])
-    assert rows[0]["verdict"] == P.UNKNOWN == C.UNKNOWN and rows[0]["winner"] is None
+    rows, cross = candidates.per_size_rows(SimpleNamespace(msg_sizes=((16384, 1),)), [nccl, unknown])
+    assert rows[0]["verdict"] == candidates.UNKNOWN and rows[0]["winner"] is None
     assert cross == {}  # no range at any size: no crossover is claimed from its point
 
 
@@ -120,7 +117,7 @@ def test_b12x_with_no_fitting_size_is_not_a_candidate():
     rows = info.max_rows + 10
     wl = SimpleNamespace(dtype="bfloat16", hidden=hidden, msg_sizes=((rows * 2 * hidden, 3),), tp=8)
     base = SimpleNamespace(per_call_us={rows * 2 * hidden: 50.0})
-    out = C._backend_figure(info, wl, base, sm=(12, 0), pcie_gen=5, p2p_ok=True, estimate=None)
+    out = candidates._backend_figure(info, wl, base, sm=(12, 0), pcie_gen=5, p2p_ok=True, estimate=None)
     assert isinstance(out, str) and "not a candidate" in out and f"{info.max_rows} rows" in out
 
 

@@ -1,4 +1,4 @@
-"""The typed profile record (fastverify.profile_record): what `profile` writes is what `tune` reads.
+"""The typed profile record (fastverify.profile.record): what `profile` writes is what `tune` reads.
 
 Expected shapes are worked out here from the tiny preset's JSON file, never from the code under
 test; the profiles are written by the real encoder (``build_profile`` + ``write_outputs``, or the
@@ -16,8 +16,8 @@ import pytest
 from conftest import assert_user_error, run_fastverify
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
-from fastverify.profile import build_profile, write_outputs
-from fastverify.profile_record import SCHEMA_VERSION, LiveSource, Profile, Shapes, decode_profile, encode_profile
+from fastverify.profile.build import build_profile, write_outputs
+from fastverify.profile.record import SCHEMA_VERSION, LiveSource, Profile, Shapes, decode_profile, encode_profile
 from fastverify.tune.workload import workload_from_profile
 
 TINY = json.loads((Path(__file__).resolve().parents[1] / "fastverify/live/presets/tiny.json").read_text())

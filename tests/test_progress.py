@@ -387,7 +387,7 @@ def _trial(label: str, **kw):
 
 def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
     from fastverify.tune.sweep import _result
-    from fastverify.tune.sweep_progress import TrialProgress as _Progress
+    from fastverify.tune.sweep import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
@@ -414,7 +414,7 @@ def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
 def test_lines_order_when_a_trial_fails():
     """The failure line comes when the trial ends, between its start line and the next one."""
     from fastverify.tune.sweep import _result
-    from fastverify.tune.sweep_progress import TrialProgress as _Progress
+    from fastverify.tune.sweep import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()
@@ -429,14 +429,13 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
     """One trial that runs for a long time (a JIT build, a slow CPU trial) is not silent: a line
     every HEARTBEAT_S names it and how long it has run."""
     import fastverify.tune.sweep as S
-    import fastverify.tune.sweep_progress as SP
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
-    monkeypatch.setattr(SP, "HEARTBEAT_S", 0.6)
+    monkeypatch.setattr(S, "HEARTBEAT_S", 0.6)
     file = io.StringIO()
     t = _trial("slow")
-    with SP.TrialProgress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
+    with S.TrialProgress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
         bar.start(t)
         time.sleep(1.5)  # two heartbeats at about 0.6 s and 1.2 s (checked every 0.5 s)
         bar.finish(t, S._result(t, TrialStatus.OK, "", time.time()))
@@ -450,7 +449,7 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
 
 def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
     from fastverify.tune.sweep import _result
-    from fastverify.tune.sweep_progress import TrialProgress as _Progress
+    from fastverify.tune.sweep import TrialProgress as _Progress
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()

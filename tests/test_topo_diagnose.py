@@ -14,7 +14,7 @@ from itertools import combinations
 import pytest
 
 from conftest import assert_user_error, run_fastverify
-from fastverify.nccl.logparse import parse_nccl_log
+from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.topo.diagnose import CALIBRATION, current_p2p_level, diagnose
 from fastverify.topo.matrix import parse_nvidia_smi_topo
 

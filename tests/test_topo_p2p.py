@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from fastverify.errors import UserError
 from fastverify.topo import p2p
 from fastverify.topo.p2p import P2PResult, check_p2p
-from fastverify.topo.p2p_cache import cache_path, default_cache_dir, fingerprint_of, read_cache, write_cache
-from fastverify.topo.p2p_results import results_from_json
+from fastverify.topo.p2p import cache_path, default_cache_dir, fingerprint_of, read_cache, write_cache
+from fastverify.topo.p2p_proof import results_from_json
 
 from conftest import subprocess_env
 
@@ -140,21 +140,19 @@ def test_a_changed_kernel_command_line_or_driver_misses_the_cache(tmp_path, monk
     change to either, with the same GPUs and NVML driver string, must test P2P again."""
     from types import SimpleNamespace
 
-    from fastverify.topo import p2p_cache
-
     gpus = [SimpleNamespace(name=n, pci_bus_id=b) for n, b in KEY["gpus"]]
-    monkeypatch.setattr(p2p_cache.topo_nvml, "read_nvml_topology",
+    monkeypatch.setattr(p2p.topo_nvml, "read_nvml_topology",
                         lambda nvml=None: SimpleNamespace(gpus=gpus, source=KEY["driver"]))
     cmdline, module = tmp_path / "cmdline", tmp_path / "version"
-    monkeypatch.setattr(p2p_cache, "CMDLINE_PATH", str(cmdline), raising=False)
-    monkeypatch.setattr(p2p_cache, "NVIDIA_VERSION_PATH", str(module), raising=False)
+    monkeypatch.setattr(p2p, "CMDLINE_PATH", str(cmdline), raising=False)
+    monkeypatch.setattr(p2p, "NVIDIA_VERSION_PATH", str(module), raising=False)
     cmdline.write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro\n")
     module.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\nGCC version\n")
     argv = fake_child(tmp_path, OK_BODY)
     cache = tmp_path / "c"
 
     def check() -> None:
-        check_p2p(n_gpus=2, key=p2p_cache.box_key(), child_argv=argv, cache_dir=cache)
+        check_p2p(n_gpus=2, key=p2p.box_key(), child_argv=argv, cache_dir=cache)
 
     check()
     check()
@@ -416,11 +414,9 @@ def test_the_check_says_timeouts_as_such(tmp_path, monkeypatch, capsys):
 def test_a_side_that_waits_in_vain_reports_a_timeout(tmp_path, monkeypatch):
     """The side process (real code, its buffer stood in for): the peer never publishes, so both of
     its report entries are timeouts, not failures."""
-    from fastverify.topo import p2p_side
-
     pytest.importorskip("torch")
-    monkeypatch.setattr(p2p_side, "_publish_buffer", lambda torch, me, gpu, workdir: object())
-    p2p_side.run_side("a", "b", 0, 1, tmp_path, 0.3)
+    monkeypatch.setattr(p2p, "_publish_buffer", lambda torch, me, gpu, workdir: object())
+    p2p.run_side("a", "b", 0, 1, tmp_path, 0.3)
     report = json.loads((tmp_path / "a.report.json").read_text())
     for entry in ("access", "own"):
         assert report[entry]["ok"] is False and report[entry]["timed_out"] is True, report

@@ -39,7 +39,7 @@ def spy(monkeypatch):
         return got
 
     monkeypatch.setattr(H, "read_in_halves", recording)
-    monkeypatch.setattr(L, "_halves_pay", lambda raw: True)
+    monkeypatch.setattr(L, "halves_pay", lambda raw: True)
     return answers
 
 
@@ -271,11 +271,11 @@ def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, mon
 
 
 def test_halves_need_the_size_two_cores_and_fork(monkeypatch):
-    monkeypatch.setattr("fastverify.painter.usable_cores", lambda: 2)
-    assert L._halves_pay(b" " * H.SPLIT_MIN_BYTES)
-    assert not L._halves_pay(b" " * (H.SPLIT_MIN_BYTES - 1))
-    monkeypatch.setattr("fastverify.painter.usable_cores", lambda: 1)
-    assert not L._halves_pay(b" " * H.SPLIT_MIN_BYTES)
+    monkeypatch.setattr(L, "usable_cores", lambda: 2)
+    assert L.halves_pay(b" " * H.SPLIT_MIN_BYTES)
+    assert not L.halves_pay(b" " * (H.SPLIT_MIN_BYTES - 1))
+    monkeypatch.setattr(L, "usable_cores", lambda: 1)
+    assert not L.halves_pay(b" " * H.SPLIT_MIN_BYTES)
 
 
 def test_the_loader_reads_one_big_file_in_halves_unless_jobs_1_or_told_not_to(monkeypatch, tmp_path):
@@ -293,7 +293,7 @@ def test_the_loader_reads_one_big_file_in_halves_unless_jobs_1_or_told_not_to(mo
 def test_the_command_line_leaves_the_second_core_to_the_painter(monkeypatch, tmp_path):
     """`profile --trace` reads in halves without a PNG, and on one core when the painter draws one."""
     from fastverify import cli
-    from fastverify.painter import usable_cores
+    from fastverify.procs import usable_cores
 
     if usable_cores() < 2:
         pytest.skip("the painter runs only with two or more cores")

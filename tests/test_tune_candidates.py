@@ -249,7 +249,7 @@ def _perf():
 
 
 def test_evidence_order_profile_then_perf_table_then_log_then_topology(kimi):
-    from fastverify.nccl.logrecords import NcclLog
+    from fastverify.nccl.debuglog import NcclLog
 
     size, count = kimi.msg_sizes[0]
     # NCCL's TUNING table (latency us, bandwidth GB/s): time = lat + bytes / (1000 x bw), fastest pair
@@ -310,8 +310,8 @@ def test_profile_wait_split_is_read_from_a_real_profile(tmp_path):
     totals) times the measured all-reduce time per step; read here from the JSON itself."""
     from test_profile_record import _live_source, _ranks
 
-    from fastverify.profile import build_profile, write_outputs
-    from fastverify.profile_record import Shapes
+    from fastverify.profile.build import build_profile, write_outputs
+    from fastverify.profile.record import Shapes
     from fastverify.tune.workload import workload_from_profile
 
     shapes = Shapes(dtype="bfloat16", hidden=128, tokens=8, draft_tokens=4, batch=2)

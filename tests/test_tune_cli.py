@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import assert_user_error, run_fastverify, two_rank_trace_profile
-from fastverify.nccl.catalogue import Severity, validate_env
+from fastverify.nccl.checks import Severity, validate_env
 from fastverify.envfile import read_env_file
 
 

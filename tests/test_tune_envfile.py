@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from fastverify.errors import UserError
-from fastverify.nccl.catalogue import Severity, validate_setting
-from fastverify.nccl.settings import CATALOGUE
+from fastverify.nccl.checks import CATALOGUE, Severity, validate_setting
 from fastverify import output_paths, outputs
 from fastverify.envfile import (
     ALLOWED_KEYS,

@@ -19,8 +19,8 @@ import pytest
 from rich.console import Console
 
 from conftest import REPO_ROOT
-from fastverify.tune.report import print_report, rank_candidates
-from fastverify.tune.path_counts import fell_back
+from fastverify.tune.ranking import print_report, rank_candidates
+from fastverify.tune.trial import fell_back
 from fastverify.tune.sweep import run_sweep
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec, TrialStatus
 
@@ -194,7 +194,7 @@ def test_the_verdict_from_the_counts(backend, op, counts, want):
 
 def test_the_sweeps_progress_line_says_it_fell_back():
     """Not a terminal (CI, a log): one ``fastverify:`` line per trial that is not ranked as run."""
-    from fastverify.tune.sweep_progress import TrialProgress as _Progress
+    from fastverify.tune.sweep import TrialProgress as _Progress
 
     spec = _spec("b12x", device="cuda")
     buf = io.StringIO()
@@ -239,8 +239,8 @@ def gpu_box(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     box = BoxFingerprint(gpu_name="pretend SM120", sm=(12, 0), gpu_count=2, tp=2, driver=None,
                          nccl_version="2.27.3", nvlink_full=False)
-    monkeypatch.setattr("fastverify.topo.box.read_box", lambda *a, **k: box)
-    monkeypatch.setattr("fastverify.deploy.installed_sglang_version", lambda: "0.5.23")
+    monkeypatch.setattr("fastverify.tune.measure.read_box", lambda *a, **k: box)
+    monkeypatch.setattr("fastverify.tune.measure.installed_sglang_version", lambda: "0.5.23")
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
     (tmp_path / "p2p.json").write_text(json.dumps([{"src": i, "dst": 1 - i, "ok": True, "reason": ""}
@@ -267,7 +267,7 @@ def _tune_write_env(monkeypatch, capsys, b12x_counts):
     w.env`` wrote (exit code 0)."""
     from fastverify.cli import main
 
-    monkeypatch.setattr("fastverify.tune.sweep.run_sweep", _fixed_sweep(b12x_counts))
+    monkeypatch.setattr("fastverify.tune.measure.run_sweep", _fixed_sweep(b12x_counts))
     rc = main(["tune", "--model", "tiny", "--tp", "2", "--top", "0", "--nccl-version", "2.27.3",
                "--p2p-check", "p2p.json", "--journal", "j.jsonl", "--write-env", "w.env", "--json"])
     out = capsys.readouterr()

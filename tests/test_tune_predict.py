@@ -13,7 +13,7 @@ import pytest
 from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.nccl import model as M
-from fastverify.nccl.catalogue import Severity, validate_setting
+from fastverify.nccl.checks import Severity, validate_setting
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo.diagnose import CALIBRATION
 from fastverify.topo.matrix import parse_nvidia_smi_topo

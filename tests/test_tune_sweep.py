@@ -19,7 +19,7 @@ from rich.console import Console
 from conftest import REPO_ROOT, subprocess_env
 from fastverify.errors import UserError
 from fastverify.tune.journal import read_journal
-from fastverify.tune.report import plot_latency, print_report, rank_candidates
+from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
 from fastverify.tune.sweep import CPU_NOTE, run_sweep
 from fastverify.tune.trial import Clock, TrialSpec, TrialStatus
 

@@ -36,7 +36,7 @@ def no_nvml(monkeypatch):
     def refuse(*_a, **_k):
         raise UserError("NVML: no GPUs here")
 
-    monkeypatch.setattr("fastverify.topo.nvml.read_nvml_topology", refuse)
+    monkeypatch.setattr("fastverify.tune.read_inputs.read_nvml_topology", refuse)
 
 
 def _run(argv, capsys):
@@ -206,7 +206,7 @@ def test_figures_that_agree_with_the_profile_leave_it_in_charge(tmp_path, capsys
 def test_measured_document_has_the_per_size_rows():
     from fastverify.live.config import load_model_config
     from fastverify.tune.document import measured_document
-    from fastverify.tune.report import rank_candidates
+    from fastverify.tune.ranking import rank_candidates
     from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
     from fastverify.tune.workload import workload_from_model
 
@@ -249,7 +249,7 @@ def test_scaling_keeps_an_unknown_backend_range_unknown_and_says_so():
     open_ = C.Figure(BackendName.b12x, "b12x", MappingProxyType({}), 60.0, None, ("u",))
     none = C.Figure(BackendName.custom_ar, "custom_ar", MappingProxyType({}), None, None, ("n",),
                     status=C.UNKNOWN)
-    pred = C.Prediction(base, (base, known, open_, none), ())
+    pred = C.PredictedRanking(base, (base, known, open_, none), ())
     out = uf.scale_prediction(pred, uf.UserFigures(verify_us=3000.0, allreduce_us=1000.0))  # k = 10
     by = {f.name: f for f in out.candidates}
     assert by["baseline"].point_us == 1000.0 and by["baseline"].label == uf.LABEL

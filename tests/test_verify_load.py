@@ -25,8 +25,8 @@ import pytest
 from conftest import run_fastverify
 
 from fastverify.errors import UserError
-from fastverify.patch.verify import VerifyTimer, _WallEvent
-from fastverify.patch.verify_wrap import _make_verify_wrapper
+from fastverify.patch.verify import VerifyTimer, WallEvent
+from fastverify.patch.install import make_verify_wrapper
 
 
 class _Shape:
@@ -56,8 +56,8 @@ def _original(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=
 
 
 def _records(tmp_path: Path, calls) -> list[dict]:
-    timer = VerifyTimer(tmp_path, interval_s=0, event_factory=_WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
-    wrapped = _make_verify_wrapper(_original, timer)
+    timer = VerifyTimer(tmp_path, interval_s=0, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "0")
+    wrapped = make_verify_wrapper(_original, timer)
     for args, kwargs in calls:
         assert wrapped(object(), *args, **kwargs) == "result"
     timer.drain()

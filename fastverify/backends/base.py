@@ -10,8 +10,10 @@ plain all-reduce (:class:`NormKernel`), and the registry's classes. Lifecycle::
 
 ``probe`` never raises for a missing capability: it returns ``Capability(ok=False, reason)``, one
 line naming the fix; ``make_backend`` raises that as :class:`BackendUnavailable`. The probe checks
-(:mod:`fastverify.backends.probing`), the external-call table (:mod:`fastverify.backends.external`)
-and the fp32 reference (:mod:`fastverify.backends.reference`) are re-exported here.
+(:mod:`fastverify.backends.probing`) and the external-call table (:mod:`fastverify.backends.external`)
+are re-exported here. Also here: the settings every backend is built with (:class:`BackendSettings`)
+and the plain torch result every backend is checked against (:func:`reference_residual_rmsnorm`,
+:func:`check_close`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import importlib
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -42,8 +46,6 @@ from fastverify.backends.probing import (
     first_failure,
     summarize_p2p,
 )
-from fastverify.backends.reference import TOLERANCE, check_close, reference_residual_rmsnorm
-from fastverify.backends.settings import BackendSettings
 from fastverify.registry import BACKENDS, BackendInfo, BackendName, backend_info
 
 Tensor = torch.Tensor
@@ -56,6 +58,149 @@ __all__ = [  # the names the backend modules and the rest of the package import 
     "check_registry_limits", "check_single_node", "check_world_size", "choose_norm", "fail", "first_failure",
     "library_status", "make_backend", "probe", "reference_residual_rmsnorm", "resolve_norm", "summarize_p2p",
 ]
+
+
+# --- the settings every backend is built with, written once -----------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSettings:
+    """How a backend is built: device, element type, sizes, backend-specific options.
+
+    Parameters
+    ----------
+    device : torch.device or str
+        This rank's device; inputs must live there. Stored as a :class:`torch.device`.
+    dtype : torch.dtype
+        Element type of the inputs (bf16/fp16 for the GPU kernels).
+    max_numel : int or None
+        Largest ``x.numel()`` (elements) the backend must handle; sizes IPC workspaces. None:
+        unbounded (only backends without a workspace accept it). Required: no default.
+    hidden : int or None
+        Hidden size (elements, the last dimension of every input), where the caller knows it: the
+        fused backends size their workspaces in rows of it. None: not known.
+    options : Mapping[str, Any] or None
+        Backend-specific settings, checked by the backend class (unknown keys raise
+        ``ValueError`` there). Every backend also takes ``norm``
+        (:data:`fastverify.backends.base.NORM_OPTION`). Stored as a read-only copy.
+
+    Raises
+    ------
+    ValueError
+        ``max_numel`` or ``hidden`` is not a positive int or None.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    max_numel: int | None
+    hidden: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        max_numel, hidden = self.max_numel, self.hidden
+        if max_numel is not None and (not isinstance(max_numel, int) or max_numel <= 0):
+            raise ValueError(f"max_numel must be a positive int or None, got {max_numel!r}")
+        if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0):
+            raise ValueError(f"hidden must be a positive int or None, got {hidden!r}")
+        object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options or {})))
+
+    @classmethod
+    def of(cls, settings: "BackendSettings | None", fields: Mapping[str, Any]) -> "BackendSettings":
+        """The one adapter from keyword calls: ``settings`` itself, or a record built from
+        ``fields`` (``device=``, ``dtype=``, ``max_numel=``, ``hidden=``, ``options=``).
+
+        Raises
+        ------
+        TypeError
+            Both or neither given, ``settings`` is not a :class:`BackendSettings`, or ``fields``
+            lacks a required field or names an unknown one.
+        ValueError
+            As the constructor.
+        """
+        if settings is None:
+            return cls(**fields)
+        if fields:
+            raise TypeError(f"pass a BackendSettings or its fields as keywords, not both (got also {sorted(fields)})")
+        if not isinstance(settings, cls):
+            raise TypeError(f"settings must be a BackendSettings, got {type(settings).__name__}")
+        return settings
+
+
+# --- the plain torch result every backend is checked against, and the comparison with it ------
+
+def reference_residual_rmsnorm(
+    xs: Sequence[Tensor], residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """The plain torch result every backend is checked against, computed in fp32 on one process.
+
+    Parameters
+    ----------
+    xs : sequence of Tensor
+        One ``(T, hidden)`` tensor per rank (the inputs of the all-reduce), any float dtype.
+    residual : Tensor
+        ``(T, hidden)``; weight : ``(hidden,)``; eps : RMSNorm epsilon.
+
+    Returns
+    -------
+    (normed, residual_out) : tuple[Tensor, Tensor]
+        fp32 CPU tensors, ``(T, hidden)`` each; no rounding to the input dtype anywhere.
+    """
+    if not xs:
+        raise ValueError("xs must hold one tensor per rank, got an empty sequence")
+    total = torch.zeros(xs[0].shape, dtype=torch.float32)
+    for x in xs:
+        if x.shape != xs[0].shape:
+            raise ValueError(f"all xs must have one shape, got {tuple(x.shape)} and {tuple(xs[0].shape)}")
+        total += x.detach().float().cpu()
+    r = total + residual.detach().float().cpu()
+    normed = r * torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.detach().float().cpu()
+    return normed, r
+
+
+# Normwise relative tolerance per dtype: max|got - want| / max|want| must not exceed it.
+# Normwise, not elementwise: a near-zero element produced by cancellation has no meaningful
+# elementwise relative error. The bound is 4 machine epsilons (bf16 2**-7, fp16 2**-10), enough for
+# an 8-rank reduction in a different order plus the rounding of the inputs and of the output, and
+# still far below the error of a dropped rank (~1/sqrt(world_size)) or a skipped all-reduce (~1).
+# fp32 gets 1e-5 because different summation orders of thousands of terms exceed 4 eps (4.8e-7).
+TOLERANCE: dict[torch.dtype, float] = {
+    torch.bfloat16: 4 * 2.0**-7,  # 0.03125
+    torch.float16: 4 * 2.0**-10,  # 0.00391
+    torch.float32: 1e-5,
+    torch.float64: 1e-12,
+}
+
+
+def check_close(got: Tensor, want: Tensor, dtype: torch.dtype) -> tuple[bool, float]:
+    """Compare a backend's output with the reference.
+
+    Parameters
+    ----------
+    got : Tensor
+        The backend's output, any device/dtype.
+    want : Tensor
+        The reference (fp32), same shape.
+    dtype : torch.dtype
+        The dtype the backend ran in; picks the tolerance from :data:`TOLERANCE`.
+
+    Returns
+    -------
+    (ok, max_rel_err) : tuple[bool, float]
+        ``max_rel_err = max|got - want| / max|want|`` (inf when ``got`` has NaN/Inf, or when
+        ``want`` is all zeros and ``got`` is not); ``ok`` when it is within the tolerance.
+    """
+    if dtype not in TOLERANCE:
+        raise ValueError(f"no tolerance for dtype {dtype}; known: {[str(d) for d in TOLERANCE]}")
+    if tuple(got.shape) != tuple(want.shape):
+        raise ValueError(f"shape mismatch: got {tuple(got.shape)}, want {tuple(want.shape)}")
+    g = got.detach().double().cpu()
+    w = want.detach().double().cpu()
+    if not torch.isfinite(g).all():
+        return False, float("inf")
+    err = (g - w).abs().max().item() if g.numel() else 0.0
+    scale = w.abs().max().item() if w.numel() else 0.0
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    return rel <= TOLERANCE[dtype], rel
 
 
 # --- the interface ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastverify import __version__
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 from fastverify.collect import gpu, parts, server
@@ -32,6 +33,7 @@ from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
 from fastverify.errors import UserError, one_line, path_text, printable
 from fastverify.output_paths import output_arg, path_arg, shown
 from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
+from fastverify.procs import make_workdir
 from fastverify.progress import say
 
 DEFAULT_BUDGET_S = 600.0
@@ -304,8 +306,6 @@ def run(args) -> int:
     UserError
         A refusal before any work (:func:`_prepare`), or the bundle cannot be written.
     """
-    from fastverify import __version__
-    from fastverify.procs import make_workdir
 
     t0 = time.monotonic()
     try:

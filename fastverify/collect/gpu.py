@@ -13,9 +13,13 @@ import orjson
 
 from fastverify.bundle import ARCNAMES
 from fastverify.collect.core import Context, Outcome, failed, fastverify_argv, ok, run_child
+from fastverify.errors import UserError
+from fastverify.live.config import load_model_config
 from fastverify.registry import BackendName
 from fastverify.topo.p2p import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
-from fastverify.topo.p2p_results import count_statuses, results_from_json
+from fastverify.topo.p2p_proof import count_statuses, results_from_json
+from fastverify.tune.sweep import run_trial
+from fastverify.tune.trial import Op, TrialSpec
 
 NO_CUDA = "no CUDA GPUs"
 NO_CUDA_SWEEP = "no CUDA GPUs: a gloo sweep times the CPU, not this box's GPUs"
@@ -80,8 +84,6 @@ def nccl_log(ctx: Context, limit_s: float, *, device: str = "cuda", backend: str
     writes each process's log to that file, ``%h`` host, ``%p`` pid; NCCL's environment-variable
     documentation), joined into one log that ``fastverify topo --nccl-log`` reads. ``device`` /
     ``backend``: ``"cpu"`` / ``"gloo"`` runs the same machinery without GPUs (tests; no log)."""
-    from fastverify.tune.sweep import run_trial
-    from fastverify.tune.trial import Op, TrialSpec
 
     logs = ctx.workdir / "nccl-logs"
     logs.mkdir(exist_ok=True)
@@ -106,8 +108,6 @@ def _sweep_model(ctx: Context) -> tuple[str, str]:
     """The ``--model`` for tune at ``ctx.shapes.hidden`` and what it is: the served model's own
     ``config.json`` when it is on this machine and has that hidden size, the kimi-k2 preset at
     7168, else the kimi-k2 preset's shapes with ``hidden_size`` replaced (a file in the workdir)."""
-    from fastverify.errors import UserError
-    from fastverify.live.config import load_model_config
 
     hidden = ctx.shapes.hidden
     path = ctx.server.fact("model_path") if ctx.server is not None else None
@@ -134,8 +134,6 @@ def sweep(ctx: Context, limit_s: float) -> Outcome:
     """``fastverify tune --json`` (measure mode) at the verify shapes, in a child: NCCL settings
     and the backends the box allows, each in fresh worker processes. tune times one batch per run:
     the largest of the verify batches (its message is the largest verify all-reduce)."""
-    from fastverify.errors import UserError
-
     shapes = ctx.shapes
     batch = max(shapes.batches)
     try:

@@ -16,6 +16,7 @@ from fastverify.bundle import ARCNAMES
 from fastverify.collect.core import Context, Outcome, failed, fastverify_argv, ok, run_child, skipped
 from fastverify.errors import UserError, path_text
 from fastverify.progress import say
+from fastverify.topo.nvml import read_nvml_topology
 
 JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
 NO_NVIDIA_SMI = "nvidia-smi not found (no NVIDIA driver on this machine)"
@@ -58,8 +59,6 @@ def nvidia_smi_topo(ctx: Context, limit_s: float) -> Outcome:
 def nvml(ctx: Context, limit_s: float) -> Outcome:
     """GPU names, PCI bus ids, links and P2P status per pair from NVML
     (:func:`fastverify.topo.nvml.read_nvml_topology`, as ``Topology.as_dict``)."""
-    from fastverify.topo.nvml import read_nvml_topology
-
     try:
         topo = read_nvml_topology()
     except UserError as e:

@@ -10,6 +10,9 @@ from pathlib import Path
 import msgspec
 
 from fastverify.errors import UserError
+from fastverify.tune import draft_shape
+from fastverify.tune.draft_inputs import from_bundle
+from fastverify.tune.draft_model import DraftCost, DraftShapeReport, recommend
 
 
 def draft_section(bundle_path: str | Path, split=None) -> dict | None:
@@ -17,17 +20,14 @@ def draft_section(bundle_path: str | Path, split=None) -> dict | None:
     None when the bundle has no verify records with ``accepted``; ``{"error": one line}`` when
     they cannot be read (the rest of the report stands). ``split``: the report's cycle split
     (:class:`fastverify.cycle.split.CycleSplit`), so the trace is not read twice."""
-    from fastverify.tune import draft_model as D
-    from fastverify.tune.draft_inputs import from_bundle
-
     try:
         hist, curve, draft, notes = from_bundle(bundle_path, split)  # a path or an opened Bundle
     except UserError as e:
         return None if "no verify-log part" in str(e) else {"error": str(e)}
     if hist is None or not curve.points:
         return None
-    draft = draft or D.DraftCost(draft_step_ms=0.0, draft_extend_ms=0.0, label="assumed", source="none in the trace")
-    return msgspec.to_builtins(D.recommend(hist, curve, draft, sources=[curve.source, draft.source], notes=notes))
+    draft = draft or DraftCost(draft_step_ms=0.0, draft_extend_ms=0.0, label="assumed", source="none in the trace")
+    return msgspec.to_builtins(recommend(hist, curve, draft, sources=[curve.source, draft.source], notes=notes))
 
 
 def print_draft_section(section: dict | None, console) -> None:
@@ -37,8 +37,5 @@ def print_draft_section(section: dict | None, console) -> None:
     if "error" in section:
         console.print(f"# draft shape: not read ({section['error']})", markup=False, highlight=False)
         return
-    from fastverify.tune import draft_shape as D
-    from fastverify.tune.draft_model import DraftShapeReport
-
     console.print("[bold]draft shape[/bold] (accept length by depth: derived from the verify records' accepted)")
-    D.print_report(msgspec.convert(section, DraftShapeReport), console)
+    draft_shape.print_report(msgspec.convert(section, DraftShapeReport), console)

@@ -15,6 +15,8 @@ import msgspec
 
 from fastverify.bounds import MAX_MSG_BYTES, implausible_count, implausible_work_us
 from fastverify.cycle.split import CAUSES, CycleSplit
+from fastverify.registry import BackendName
+from fastverify.tune.backend_model import comparable
 
 SLOW_FACTOR = 2.0
 """A transfer per all-reduce this many times the reference (the box's own sweep, else the median
@@ -65,7 +67,7 @@ class Evidence:
     """What a bundle holds, parsed; every part optional."""
 
     split: CycleSplit | None = None
-    nccl_log: object | None = None  # fastverify.nccl.logparse.NcclLog
+    nccl_log: object | None = None  # fastverify.nccl.debuglog.NcclLog
     iommu: dict | None = None
     sweep: dict | None = None
     p2p_check: list | None = None  # rows of `fastverify p2p`
@@ -115,9 +117,6 @@ def _reference(ev: Evidence) -> tuple[float, str] | None:
             return best["median_us"], (f"this box's measured sweep: NCCL {best['median_us']:.1f} µs at "
                                        f"{best['msg_bytes']:,} B ({ev.sources.get('sweep', 'sweep')})")
     if size and ev.world_size and ev.world_size >= 2:
-        from fastverify.registry import BackendName
-        from fastverify.tune.backend_model import comparable
-
         times = sorted(t for m in comparable(BackendName.nccl, ev.world_size) if (t := m.time_at(size)))
         if times:
             med = statistics.median(times)

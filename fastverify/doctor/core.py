@@ -13,7 +13,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from fastverify import __version__
+from fastverify.console import cell
 from fastverify.errors import UserError
+from fastverify.live.config import load_model_config
+from fastverify.nccl.version import read_nccl_version
 
 SCHEMA = "fastverify.doctor"
 SCHEMA_VERSION = 1
@@ -175,8 +179,6 @@ class _Context:
     def nccl_version(self):
         """The libnccl version (:func:`read_nccl_version`), None when none is found or readable."""
         if "nccl_version" not in self.state:
-            from fastverify.nccl.version import read_nccl_version
-
             try:
                 self.state["nccl_version"] = read_nccl_version()
             except UserError:
@@ -200,8 +202,7 @@ class _Context:
         if "model" not in self.state:
             import torch
 
-            from fastverify.live.config import load_model_config
-            from fastverify.live.forward import TPVerifyModel
+            from fastverify.live.forward import TPVerifyModel  # lazy: torch
 
             torch.cuda.set_device(0)
             self.state["model"] = TPVerifyModel(load_model_config("tiny"), tp=1, rank=0, batch=1, draft_tokens=4,
@@ -228,7 +229,6 @@ def summarise(checks: list[Check]) -> dict:
     if any check failed, else ``warn`` if any warned, else ``ok``), total seconds and every check."""
     counts = {s.value: sum(1 for c in checks if c.status is s) for s in Status}
     verdict = "fail" if counts["fail"] else "warn" if counts["warn"] else "ok"
-    from fastverify import __version__
 
     return {
         "schema": SCHEMA,
@@ -249,8 +249,6 @@ def print_checks(checks: list[Check], console) -> None:
     (a ``rich.console.Console``)."""
     from rich.table import Table
     from rich.text import Text
-
-    from fastverify.console import cell  # reasons quote inputs (an env file's name and lines): escaped
 
     t = Table(title="fastverify doctor", title_justify="left")
     for col, kw in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}), ("s", {"justify": "right"}),

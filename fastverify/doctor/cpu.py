@@ -14,24 +14,32 @@ from typing import Any
 
 import orjson
 
+from fastverify import __version__
+from fastverify.analyze import analyze
 from fastverify.doctor.core import (
+    GLOO_TIMEOUT_S,
     NO_NCCL,
     PATCH_NOT_CHECKED,
     PINNED_FLASHINFER,
-    GLOO_TIMEOUT_S,
     Outcome,
     Status,
     _Context,
     _error_text,
     _out,
 )
+from fastverify.envfile import read_env_file
 from fastverify.errors import UserError
+from fastverify.nccl.version import find_libnccl, read_nccl_version
+from fastverify.patch.targets import TARGETS, check_signature, resolve
+from fastverify.registry import BACKENDS, BackendName
+from fastverify.trace.load import load_trace
+from fastverify.tune.sweep import run_trial
+from fastverify.tune.trial import Op, TrialSpec
+
 
 def check_versions(ctx: _Context) -> Outcome:
     """Python, torch and numpy versions (and what torch was built for)."""
     import numpy
-
-    from fastverify import __version__
 
     details: dict[str, Any] = {"python": platform.python_version(), "numpy": numpy.__version__,
                                "fastverify": __version__, "platform": platform.platform(),
@@ -65,8 +73,6 @@ def check_versions(ctx: _Context) -> Outcome:
 
 def check_nccl_library(ctx: _Context) -> Outcome:
     """The libnccl this box would load (:func:`read_nccl_version`, no GPU needed)."""
-    from fastverify.nccl.version import find_libnccl, read_nccl_version
-
     try:
         version = read_nccl_version()
     except UserError as err:
@@ -86,8 +92,6 @@ _BAD_LINE = "NCCL_P2P_LEVEL=sys"  # NCCL compares level names case-sensitively: 
 def check_env_file(ctx: _Context) -> Outcome:
     """Validate ``--env-file`` with the reader ``tune`` and ``launch`` use; without one, prove the
     validator accepts a known-good line and refuses a known-bad one."""
-    from fastverify.envfile import read_env_file
-
     version = ctx.nccl_version()
     rules = f"NCCL {version} rules" if version is not None else "the newest NCCL rules"
     if ctx.env_file is not None:
@@ -143,8 +147,6 @@ def _installed(module: str) -> bool:
 def flashinfer_backends() -> dict[str, tuple]:
     """Registry backends whose module calls FlashInfer: name -> (module, its FlashInfer calls).
     A backend module that does not import is left out (its own check reports it)."""
-    from fastverify.registry import BACKENDS
-
     out: dict[str, tuple] = {}
     for info in BACKENDS:
         try:
@@ -169,7 +171,7 @@ def check_flashinfer(ctx: _Context) -> Outcome:
         details["imported"] = False
         reason = f"flashinfer {version or '(version unknown)'} installed (not imported with --quick)"
     else:
-        from fastverify.backends import base
+        from fastverify.backends import base  # lazy: torch
 
         per: dict[str, str] = {}
         missing: list[str] = []
@@ -210,7 +212,7 @@ def check_sglang(ctx: _Context) -> Outcome:
         return _out(Status.fail, f"sglang not importable ({_error_text(err)})",
                     "reinstall SGLang with the torch it was built for", version=version)
     version = str(getattr(mod, "__version__", "") or version or "unknown")
-    from fastverify.backends import base, sglang_custom_ar
+    from fastverify.backends import base, sglang_custom_ar  # lazy: torch
 
     cap = base.library_status("sglang", "sglang", sglang_custom_ar.MIN_SGLANG, sglang_custom_ar.EXTERNAL_CALLS)
     return _out(Status.ok, f"SGLang {version} imports; custom_ar: {'ok' if cap.ok else cap.reason}",
@@ -224,8 +226,6 @@ def check_sglang_patch_targets(ctx: _Context) -> Outcome:
     patch then skips them, one line each)."""
     targets: dict[str, Any] = {}
     if _installed("sglang"):
-        from fastverify.patch.targets import TARGETS, check_signature, resolve
-
         for target in TARGETS:
             try:
                 _, fn, why = resolve(target, None)
@@ -245,9 +245,6 @@ def check_sglang_patch_targets(ctx: _Context) -> Outcome:
 def check_gloo_allreduce(ctx: _Context) -> Outcome:
     """All-reduce + residual + RMSNorm across 2 gloo processes, checked against the torch
     reference: a tune trial (fresh worker processes, start-up and measurement timeouts)."""
-    from fastverify.registry import BackendName
-    from fastverify.tune.sweep import run_trial
-    from fastverify.tune.trial import Op, TrialSpec
 
     hidden = 64
     spec = TrialSpec(backend=BackendName.gloo.value, env={}, world_size=2, device="cpu", dtype="bfloat16", hidden=hidden,
@@ -311,8 +308,6 @@ def sample_trace() -> dict:
 def check_trace_analyzer(ctx: _Context) -> Outcome:
     """Write the built-in trace, load it with the profile loader and check that the analyzer finds
     both all-reduces and their time to the ns."""
-    from fastverify.analyze import analyze
-    from fastverify.trace.load import load_trace
 
     path = ctx.tmp / "doctor-TP-0.trace.json"
     path.write_bytes(orjson.dumps(sample_trace()))

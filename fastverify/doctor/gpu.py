@@ -1,6 +1,11 @@
 """Doctor checks that need CUDA GPUs: the CUDA and NCCL versions, NVML, the tiny verify forward
 in a CUDA graph and its profiler trace, FlashInfer's norm, the live profiler's hook cost, and with
-several GPUs the real P2P check and one trial per all-reduce backend."""
+several GPUs the real P2P check and one trial per all-reduce backend.
+
+First of them, the check that every GPU has the memory its GPU checks need free, before they run
+(:func:`check_gpu_free_memory`): a GPU a server already fills makes them die of
+``OutOfMemoryError`` and blame the wrong thing (the patch's timer, P2P, NCCL). Free memory and its
+holders come from NVML without a CUDA context (:func:`fastverify.live.preflight.cuda_gpu_memory`)."""
 
 from __future__ import annotations
 
@@ -9,13 +14,15 @@ import statistics
 import time
 from typing import Any
 
+from fastverify.analyze import analyze_rank
+from fastverify.cudagraph import capture_cuda_graph
 from fastverify.doctor.core import (
+    BUILDING,
     GRAPH_REPLAYS,
     HOOK_CALLS,
     HOOK_REPEATS,
     P2P_TIMEOUT_S,
     PROBE_MODEL,
-    BUILDING,
     VERIFY_TOKENS,
     Outcome,
     Status,
@@ -23,12 +30,57 @@ from fastverify.doctor.core import (
     _error_text,
     _out,
 )
+from fastverify.doctor.trials import run_doctor_trial
 from fastverify.errors import UserError
-from fastverify.registry import BACKENDS
+from fastverify.events import EventClass
+from fastverify.live.clocks import CudaEventRecorder as _CudaEventRecorder
+from fastverify.live.config import load_model_config
+from fastverify.live.preflight import (
+    GIB,
+    RANK_OVERHEAD_BYTES,
+    cuda_gpu_memory,
+    free_fix,
+    short_text,
+)
+from fastverify.live.trace_export import TRACE_REPLAYS
+from fastverify.live.trace_export import export_trace as _export_trace
+from fastverify.registry import BACKENDS, Role, backend_info, names
 from fastverify.topo.gpu_identity import visible_gpus
-from fastverify.topo.p2p_side import NO_PEER_ACCESS
+from fastverify.topo.nvml import read_nvml_topology, sysfs_bdf
+from fastverify.topo.p2p import NO_PEER_ACCESS, check_p2p
+from fastverify.trace.load import load_trace
+from fastverify.tune.trial import Op, TrialSpec
 from fastverify.tune.worker import graph_calls
 from fastverify.tune.workload import workload_from_model
+
+DOCTOR_GPU_BYTES = 2 * RANK_OVERHEAD_BYTES
+"""Free memory each GPU needs for doctor's GPU checks (bytes): two processes at a time, each with
+a CUDA context and an NCCL communicator (:data:`~fastverify.live.preflight.RANK_OVERHEAD_BYTES`):
+doctor itself on GPU 0 (its 1-rank NCCL group, the tiny verify forward) and one spawned check
+process per GPU (a trial rank, a P2P side). The tensors they move are a few MiB."""
+
+
+def check_gpu_free_memory(ctx: _Context, *, nvml=None, environ=None) -> Outcome:
+    """``fail`` when a GPU CUDA shows this process has less than :data:`DOCTOR_GPU_BYTES` free,
+    naming the GPU as CUDA numbers it, its free GiB and the processes holding it; ``ok`` with
+    each GPU's free GiB; ``skipped`` where NVML does not say (no ``pynvml``, no driver, or
+    ordinals NVML cannot map). ``nvml``/``environ``: the binding and the environment (None: ``pynvml``
+    and this process's)."""
+    gpus = cuda_gpu_memory(ctx.gpu_count, nvml=nvml, environ=environ)
+    if not gpus:
+        return _out(Status.skipped, "NVML does not report this process's GPUs (no nvidia-ml-py or driver, MIG, or "
+                    "GPUs of several models in CUDA's default order), so their free memory is not known")
+    free = {g["cuda"]: None if g["free_bytes"] is None else round(g["free_bytes"] / GIB, 2) for g in gpus}
+    short = [g for g in gpus if g["free_bytes"] is not None and g["free_bytes"] < DOCTOR_GPU_BYTES]
+    if short:
+        return _out(Status.fail, f"doctor's GPU checks need about {DOCTOR_GPU_BYTES / GIB:.1f} GiB free on each GPU "
+                    f"(2 CUDA contexts and NCCL communicators); {short_text(short)}; GPU checks below fail "
+                    "from lack of memory, not for the reasons they name",
+                    free_fix(short, []), free_gib=free, need_gib=round(DOCTOR_GPU_BYTES / GIB, 2))
+    return _out(Status.ok, "free memory per GPU (GiB, CUDA numbering): "
+                + ", ".join(f"{k}: {v if v is not None else 'unknown'}" for k, v in free.items()),
+                free_gib=free, need_gib=round(DOCTOR_GPU_BYTES / GIB, 2))
+
 
 def _driver_version() -> str | None:
     try:
@@ -60,8 +112,6 @@ def check_cuda(ctx: _Context) -> Outcome:
 
 def _pci_key(bus_id: str | None) -> tuple[int, int, int] | None:
     """(domain, bus, device) of an NVML bus id (``"00000000:18:00.0"``); None when unreadable."""
-    from fastverify.topo.nvml import sysfs_bdf
-
     bdf = sysfs_bdf(bus_id) if bus_id else None
     if bdf is None:
         return None
@@ -123,8 +173,6 @@ def check_nvml_topology(ctx: _Context) -> Outcome:
     CUDA sees them (:func:`cuda_to_nvml`); pairs with a GPU CUDA does not see are left out."""
     import torch
 
-    from fastverify.topo.nvml import read_nvml_topology
-
     try:
         topo = read_nvml_topology()
     except UserError as err:
@@ -176,7 +224,7 @@ def check_cuda_graph(ctx: _Context) -> Outcome:
     with the eager result and time both with CUDA events."""
     import torch
 
-    from fastverify.backends import check_close
+    from fastverify.backends import check_close  # lazy: torch
 
     model = ctx.tiny_model()
     eager_ms = []
@@ -188,7 +236,6 @@ def check_cuda_graph(ctx: _Context) -> Outcome:
         e1.synchronize()
         if i >= 3:
             eager_ms.append(e0.elapsed_time(e1))
-    from fastverify.cudagraph import capture_cuda_graph
 
     graph, out = capture_cuda_graph(model.forward, warmup=2)
     replay_ms = []
@@ -215,10 +262,6 @@ def check_profiler_trace(ctx: _Context) -> Outcome:
     read it with the trace analyzer: the forward's kernels must be found."""
     import torch
 
-    from fastverify.analyze import analyze_rank
-    from fastverify.live.trace_export import TRACE_REPLAYS, export_trace as _export_trace
-    from fastverify.trace.load import load_trace
-
     model = ctx.tiny_model()
     dist = ctx.process_group()
     path = _export_trace(model, 0, str(ctx.tmp), torch, dist)
@@ -244,11 +287,7 @@ def check_hook_overhead(ctx: _Context) -> Outcome:
     the live runner wraps around every collective (two CUDA events)."""
     import torch
 
-    from fastverify.events import EventClass
-    from fastverify.live.forward import ALLREDUCE
-    from fastverify.live.clocks import CudaEventRecorder as _CudaEventRecorder
-
-    from fastverify.live.config import load_model_config
+    from fastverify.live.forward import ALLREDUCE  # lazy: torch
 
     dist = ctx.process_group()
     x = torch.ones(4, load_model_config("tiny").hidden_size, dtype=torch.bfloat16, device="cuda")  # 4 draft tokens
@@ -292,7 +331,6 @@ def check_p2p_real(ctx: _Context) -> Outcome:
     skip = _needs_gpus(ctx)
     if skip:
         return skip
-    from fastverify.topo.p2p import check_p2p
 
     results = check_p2p(timeout_s=P2P_TIMEOUT_S, refresh=True, max_parallel=min(8, os.cpu_count() or 1))
     ctx.state["p2p"] = results
@@ -305,7 +343,7 @@ def p2p_outcome(results: dict) -> Outcome:
     * ``fail`` only for access the driver offered that then failed (a wrong byte, a CUDA error):
       IPC all-reduces would hang or corrupt data there.
     * ``warn`` where the driver offers no peer access (``cudaDeviceCanAccessPeer`` = 0, the
-      reason :data:`fastverify.topo.p2p_side.NO_PEER_ACCESS`; GeForce drivers, e.g. on the RTX
+      reason :data:`fastverify.topo.p2p.NO_PEER_ACCESS`; GeForce drivers, e.g. on the RTX
       4090): no setting of the box changes that, and the backends that need P2P
       (:attr:`fastverify.registry.BackendInfo.needs_p2p`) are not candidates.
     * ``warn`` for a direction that timed out (:attr:`P2PResult.timed_out`): no answer, not a failure.
@@ -347,8 +385,6 @@ def _probe_world(n: int) -> int:
 def backends_to_probe() -> tuple:
     """The registry's backends a multi-GPU doctor run tries: the CUDA baseline first (it must
     work), then every tunable CUDA backend in the registry's preference order."""
-    from fastverify.registry import Role, names
-
     return names(role=Role.baseline, device="cuda") + names(tunable=True, device="cuda")
 
 
@@ -361,12 +397,8 @@ def check_backends(ctx: _Context) -> Outcome:
         return skip
     import torch
 
-    from fastverify.backends import ProbeContext, backend_class, probe
-    from fastverify.backends.base import summarize_p2p
-    from fastverify.doctor.trials import run_doctor_trial
-    from fastverify.live.config import load_model_config
-    from fastverify.registry import Role, backend_info
-    from fastverify.tune.trial import Op, TrialSpec
+    from fastverify.backends import ProbeContext, backend_class, probe  # lazy: torch
+    from fastverify.backends.base import summarize_p2p  # lazy: torch
 
     world = _probe_world(ctx.gpu_count)
     config = load_model_config(PROBE_MODEL)
@@ -422,8 +454,6 @@ def _backends_outcome(per: dict[str, dict], *, world: int, hidden: int, p2p_note
     """The verdict over the per-backend trials: a wrong result or a failed measurement fails (do
     not deploy it), a trial stopped while building warns (run again: FlashInfer caches its build),
     and the baseline must pass."""
-    from fastverify.registry import Role, backend_info
-
     summary = ", ".join(f"{k} {v['status']}" for k, v in per.items())
     details = {"world_size": world, "hidden": hidden, "tokens": list(VERIFY_TOKENS), "p2p": p2p_note,
                "nvlink_full": nvlink_full, "backends": per}

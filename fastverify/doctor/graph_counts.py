@@ -106,7 +106,6 @@ def run_graphs(device_module: Any, device: Any, *, graph_class: Any = None,
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.runner.shape_key import ShapeKey
 
-
     report = install(environ=PATCH_ENV)
     out: dict[str, Any] = {"wrapped": sorted(k for k in installed() if k.split(".")[-1] in ("capture_one", "replay")),
                            "uncounted": report.uncounted}

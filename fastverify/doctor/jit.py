@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from fastverify.registry import BackendName
+from fastverify.registry import BackendName, backend_info
 
 # (module label, generator module, generator function, registry backend whose kernel gate applies or None)
 MODULES: tuple[tuple[str, str, str, BackendName | None], ...] = (
@@ -45,8 +45,6 @@ def child() -> None:
 
     import torch
 
-    from fastverify.registry import backend_info
-
     sm = tuple(torch.cuda.get_device_capability(0))
     for label, module, fn, backend in MODULES:
         if backend is not None and not backend_info(backend).kernel_runs_on(sm):
@@ -64,7 +62,7 @@ def child() -> None:
                    "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
             continue
         _emit({**facts, "event": "done", "seconds": round(time.perf_counter() - t0, 3)})
-    from fastverify.backends.base import FUSED_ADD_RMSNORM
+    from fastverify.backends.base import FUSED_ADD_RMSNORM  # lazy: torch
 
     fused = FUSED_ADD_RMSNORM.resolve()
     x = torch.ones(4, 1024, dtype=torch.bfloat16, device="cuda")

@@ -10,23 +10,32 @@ the multi-GPU swap depends on.
   with two or more GPUs the real ``pcie_ipc`` backend in a tune trial.
 * ``flashinfer_norm``: ``fused_add_rmsnorm`` against the fp32 reference, eager and in a graph.
 * ``verify_timer``: the patch's verify timer with real CUDA events and no host sync
-  (:mod:`.verify_timer`).
+  (:func:`check_verify_timer`).
 * ``nccl_1rank``: a 1-rank NCCL backend eager and in a captured, replayed CUDA graph (its path
   counted once at capture, attributed to each replay, warm-ups apart), in this
   process and as a tune trial in a fresh worker.
 * ``live_graph_timing``: the live runner at TP 1, timed from CUDA-graph replays.
+* ``fused_two_groups``: the patch's fused-norm slot on two different groups, on 4 CPU ranks
+  (:func:`check_fused_two_groups`).
 
 Each check is skipped with its reason where its library or hardware is missing.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import os
+import time
+import types
 from pathlib import Path
 from typing import Any
 
-from fastverify.doctor.fused_groups import run_two_groups, verdict
+import orjson
+
+from fastverify.cudagraph import capture_cuda_graph
+from fastverify.doctor import connections
+from fastverify.doctor import streams as st
 from fastverify.doctor.core import (
     BUILDING,
     JIT_BUILD_TIMEOUT_S,
@@ -35,7 +44,23 @@ from fastverify.doctor.core import (
     Status,
     _Context,
     _out,
+    free_port,
+    spawn,
 )
+from fastverify.doctor.jit import run_builds
+from fastverify.doctor.trials import run_doctor_trial
+from fastverify.errors import UserError
+from fastverify.live.config import load_model_config
+from fastverify.live.runner import run_live
+from fastverify.nccl.version import read_nccl_version
+from fastverify.patch import fused_slot as F
+from fastverify.patch import rank as R
+from fastverify.patch import slots
+from fastverify.patch.paths import PathCounter
+from fastverify.patch.rank import is_capturing
+from fastverify.patch.verify import VerifyTimer
+from fastverify.registry import BackendName
+from fastverify.tune.trial import Op, TrialSpec
 
 NO_FLASHINFER = "flashinfer not importable: FlashInfer checks are optional and skipped"
 LIVE_TIMEOUT_S = 240.0
@@ -82,9 +107,6 @@ def check_torch_nccl(ctx: _Context) -> Outcome:
     the libnccl mapped into this process, else of the one fastverify would read."""
     import torch
 
-    from fastverify.errors import UserError
-    from fastverify.nccl.version import read_nccl_version
-
     try:
         v = torch.cuda.nccl.version()
     except Exception as err:  # noqa: BLE001 - torch built without NCCL raises
@@ -115,8 +137,6 @@ def check_torch_nccl(ctx: _Context) -> Outcome:
 def check_cuda_max_connections(ctx: _Context) -> Outcome:
     """Whether ``CUDA_DEVICE_MAX_CONNECTIONS=1`` set after ``torch.cuda.is_available()`` still
     takes effect, measured in three child processes (:mod:`.connections`)."""
-    from fastverify.doctor import connections
-
     runs = connections.measure()
     ratios = {m: runs[m].get("ratio") for m in connections.MODES}
     word, why = connections.verdict(ratios)
@@ -137,7 +157,6 @@ def check_jit_builds(ctx: _Context) -> Outcome:
     limit, so that later trials load them from FlashInfer's cache."""
     if not _flashinfer_installed():
         return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
-    from fastverify.doctor.jit import run_builds
 
     res = run_builds(JIT_BUILD_TIMEOUT_S)
     ctx.state["jit"] = res
@@ -171,8 +190,6 @@ def check_stream_binding(ctx: _Context) -> Outcome:
     side-stream warm-up and capture) where its probe allows."""
     import torch
 
-    from fastverify.doctor import streams as st
-
     device = torch.device("cuda", 0)
     binding, source = st.load_binding(device)
     if binding is None:
@@ -201,12 +218,8 @@ def check_stream_binding(ctx: _Context) -> Outcome:
 def _pcie_ipc_trial(ctx: _Context) -> dict:
     import torch
 
-    from fastverify.backends import ProbeContext, probe
-    from fastverify.backends.base import summarize_p2p
-    from fastverify.doctor.trials import run_doctor_trial
-    from fastverify.live.config import load_model_config
-    from fastverify.registry import BackendName
-    from fastverify.tune.trial import Op, TrialSpec
+    from fastverify.backends import ProbeContext, probe  # lazy: torch
+    from fastverify.backends.base import summarize_p2p  # lazy: torch
 
     hidden = load_model_config("kimi-k2").hidden_size
     p2p_ok, p2p_note = summarize_p2p(ctx.state.get("p2p"))
@@ -234,9 +247,8 @@ def check_flashinfer_norm(ctx: _Context) -> Outcome:
         return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
     import torch
 
-    from fastverify.backends import TOLERANCE, check_close, reference_residual_rmsnorm
-    from fastverify.backends.base import FUSED_ADD_RMSNORM
-    from fastverify.cudagraph import capture_cuda_graph
+    from fastverify.backends import TOLERANCE, check_close, reference_residual_rmsnorm  # lazy: torch
+    from fastverify.backends.base import FUSED_ADD_RMSNORM  # lazy: torch
 
     fn = FUSED_ADD_RMSNORM.resolve()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -292,12 +304,7 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     reference; then the same as a tune trial in a fresh worker process."""
     import torch
 
-    from fastverify.backends import ProbeContext, check_close, make_backend, reference_residual_rmsnorm
-    from fastverify.cudagraph import capture_cuda_graph
-    from fastverify.doctor.trials import run_doctor_trial
-    from fastverify.live.config import load_model_config
-    from fastverify.registry import BackendName
-    from fastverify.tune.trial import Op, TrialSpec
+    from fastverify.backends import ProbeContext, check_close, make_backend, reference_residual_rmsnorm  # lazy: torch
 
     ctx.process_group()
     device, dtype, eps = torch.device("cuda", 0), torch.bfloat16, 1e-6
@@ -312,9 +319,6 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     w = (1 + 0.1 * torch.randn(hidden, device=device, generator=gen)).to(dtype)
     want = reference_residual_rmsnorm([x0], r0, w, eps)
     x, r = x0.clone(), r0.clone()
-
-    from fastverify.patch.paths import PathCounter
-    from fastverify.patch.rank import is_capturing
 
     counter = PathCounter()  # the patch's path counting, on a real capture: counted once per graph
 
@@ -371,8 +375,6 @@ def check_live_graph_timing(ctx: _Context) -> Outcome:
     """The live runner (``fastverify profile``'s engine) at TP 1 on the tiny preset: one rank process,
     NCCL, the forward timed from CUDA-graph replays (``timed_forward = "cuda_graph"``: region graphs
     and the whole-forward graph), the eager forward only as the second figure."""
-    from fastverify.live.config import load_model_config
-    from fastverify.live.runner import run_live
 
     iters = 3
     ranks = run_live(load_model_config("tiny"), tp=1, draft_tokens=4, batch=1, iters=iters, warmup=1,
@@ -400,11 +402,239 @@ def check_live_graph_timing(ctx: _Context) -> Outcome:
 def check_fused_two_groups(ctx: _Context) -> Outcome:
     """The patch's fused slot with two SGLang groups (attention TP over 4 ranks, the post-experts
     pair of moe_dp 2): one backend per group, each call summed over its own group's ranks
-    (:mod:`.fused_groups`; 4 gloo ranks on CPU, so it needs no second GPU)."""
+    (:func:`run_two_groups`; 4 gloo ranks on CPU, so it needs no second GPU)."""
     got = run_two_groups()
-    ok, line = verdict(got)
+    ok, line = two_groups_verdict(got)
     if not ok:
         return _out(Status.fail, line, "report this with `fastverify doctor --json`: the fused slot would "
                     "change the model's answers with MoE data parallelism", ranks=got)
     return _out(Status.ok, line, ranks=got)
 
+
+# --- verify timer -------------------------------------------------------------------------------
+# The ``verify_timer`` check: the patch's verify timer (:class:`fastverify.patch.verify.VerifyTimer`)
+# on real CUDA events, recorded behind queued GPU work, must cost the host no wait.
+#
+# Everything the timed steps touch for the first time in this process is done once before the timed
+# window (:func:`warm_up`): cuBLAS creates its handle and workspace at the first matmul, CUDA loads a
+# kernel's module at its first launch (lazy loading, ``CUDA_MODULE_LOADING=LAZY``, the default since
+# CUDA 12.2), the caching allocator takes its blocks, and the timer creates its events and starts its
+# writer thread. Done inside the window, behind the queued GPU work, any of these can wait for the
+# GPU, and the check would blame the timer for it.
+
+
+TIMER_STEPS = 8
+TIMER_BUSY_MS = 200.0  # GPU work queued ahead of the timed steps
+WARMUP_STEPS = 2  # untimed steps before the window: the allocator then holds the loop's blocks
+
+
+def judge_verify_timer(*, host_ms: float, busy_ms: float, written_while_busy: int, written_after: int,
+                       steps: int, rows: list[dict]) -> tuple[bool, str]:
+    """Whether the verify timer timed ``steps`` steps with CUDA events without waiting for the GPU.
+
+    Parameters
+    ----------
+    host_ms : float
+        Host time of ``steps`` start/stop pairs and one drain while ``busy_ms`` of GPU work was
+        queued ahead of them (ms, ``time.perf_counter``).
+    written_while_busy, written_after : int
+        Rows the drain wrote while the GPU was busy (must be 0: nothing had finished) and after a
+        synchronize (must be ``steps``).
+    rows : list of dict
+        The JSON lines the timer wrote.
+    """
+    if host_ms >= busy_ms / 2:
+        return False, (f"recording and draining took {host_ms:.1f} ms of host time behind {busy_ms:.0f} ms of "
+                       "GPU work: the timer waits for the GPU")
+    if written_while_busy:
+        return False, f"the drain wrote {written_while_busy} row(s) before their events could have completed"
+    if written_after != steps or len(rows) != steps:
+        return False, (f"{written_after} row(s) written after the GPU finished ({len(rows)} in the file), "
+                       f"expected {steps}")
+    bad = [r for r in rows if r.get("clock") != "cuda_events" or not float(r.get("verify_ms", 0)) > 0]
+    if bad:
+        return False, f"row {bad[0]} is not a positive CUDA-event time"
+    return True, (f"{steps} steps timed with CUDA events; {host_ms:.2f} ms host time behind {busy_ms:.0f} ms of "
+                  "queued GPU work, nothing written before it finished")
+
+
+def _timer(torch: Any, out_dir: Path) -> VerifyTimer:
+    return VerifyTimer(out_dir, every=TIMER_STEPS + 1,  # drained by hand
+                       event_factory=lambda: torch.cuda.Event(enable_timing=True), clock="cuda_events")
+
+
+def _step(timer, a):
+    """One timed step, as the patch times a verify forward: events around GPU work (a matmul)."""
+    ev = timer.start()
+    a = a @ a / 256
+    timer.stop(ev)
+    return a
+
+
+def warm_up(torch: Any, a: Any, out_dir: Path) -> Any:
+    """:data:`WARMUP_STEPS` steps of the timed loop on a throwaway timer writing under ``out_dir``,
+    then a synchronize: cuBLAS, the loop's kernels, the allocator's blocks and the timer's first use
+    are paid here, not in the window. ``a``: the (256, 256) fp32 CUDA tensor the loop multiplies."""
+    timer = _timer(torch, out_dir)
+    for _ in range(WARMUP_STEPS):
+        a = _step(timer, a)
+    torch.cuda._sleep(1000)  # load the spin kernel too
+    torch.cuda.synchronize()
+    timer.drain(wait=True)
+    return a
+
+
+def time_steps(torch: Any, out_dir: Path) -> dict:
+    """The timed run on GPU 0 of ``torch`` (the real module, or a stand-in in tests): warm up,
+    queue :data:`TIMER_BUSY_MS` of spin work (``torch.cuda._sleep``, its cycles calibrated with
+    events), then :data:`TIMER_STEPS` steps and a drain, timed on the host; then a synchronize and
+    a second drain. Returns :func:`judge_verify_timer`'s keyword arguments (``rows``: the lines the
+    timer wrote) and ``clock``."""
+    torch.cuda.set_device(0)
+    a = warm_up(torch, torch.randn(256, 256, device="cuda"), out_dir / "warm-up")
+    timer = _timer(torch, out_dir / "timed")
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(10_000_000)
+    e1.record()
+    e1.synchronize()
+    cycles = int(10_000_000 * TIMER_BUSY_MS / max(e0.elapsed_time(e1), 1e-3))
+    torch.cuda._sleep(cycles)  # ~TIMER_BUSY_MS of GPU work ahead of the steps
+    t0 = time.perf_counter()
+    for _ in range(TIMER_STEPS):
+        a = _step(timer, a)
+    busy = timer.drain()
+    host_ms = (time.perf_counter() - t0) * 1000
+    torch.cuda.synchronize()
+    after = timer.drain()
+    path = next(iter(sorted((out_dir / "timed").glob("*.jsonl"))), None)
+    rows = [orjson.loads(ln) for ln in path.read_bytes().splitlines()] if path else []
+    return {"host_ms": host_ms, "busy_ms": TIMER_BUSY_MS, "written_while_busy": busy, "written_after": after,
+            "steps": TIMER_STEPS, "rows": rows, "clock": timer.clock}
+
+
+def check_verify_timer(ctx: _Context) -> Outcome:
+    """The patch's verify timer on real CUDA events (:func:`time_steps`): steps recorded behind
+    queued GPU work must cost no host wait, and every step is written once the GPU is done."""
+    import torch
+
+    got = time_steps(torch, ctx.tmp / "verify-timer")
+    clock = got.pop("clock")
+    ok, line = judge_verify_timer(**got)
+    details = {"host_ms": round(got["host_ms"], 3), "busy_ms": TIMER_BUSY_MS, "written_while_busy":
+               got["written_while_busy"], "written_after": got["written_after"], "rows": got["rows"][:3],
+               "clock": clock, "warm_up_steps": WARMUP_STEPS}
+    if not ok:
+        return _out(Status.fail, f"verify timer: {line}", "report this: the patch's timer must never sync the host",
+                    **details)
+    return _out(Status.ok, line, **details)
+
+
+# --- fused slot on two groups -------------------------------------------------------------------
+# The doctor case "fused slot on two different groups": the patch's fused-norm slot
+# (:mod:`fastverify.patch.fused_slot`) with two SGLang groups, as SGLang has them with MoE data
+# parallelism (moe_dp 2): the attention output owed to the attention-TP group (all 4 ranks), the MoE
+# output to ``post_experts_reduction_group()`` (a pair; SGLang 0.5.23 ``layers/moe/utils.py``).
+#
+# Four CPU processes on gloo run the slot's real code: the owed group found through a
+# ``resolve_fusion_group`` with SGLang's signature (``layers/flashinfer_comm_fusion.py``), one backend
+# built per group with the slot's own votes (the registry's CPU baseline standing in for the fused
+# kernel, as the patch itself does on CPU), the first-result check, and each call's sum. Rank ``r``
+# holds ``r + 1``, so each sum names the ranks it spans: 10 for the four, 3 or 7 for a pair.
+
+
+WORLD = 4
+ROWS, HIDDEN = 4, 64
+TIMEOUT_S = 120.0
+
+
+class _Coordinator:
+    """What the slot reads of SGLang's ``GroupCoordinator`` (``distributed/parallel_state.py``)."""
+
+    def __init__(self, ranks: list[int], name: str) -> None:
+        import torch.distributed as dist
+
+        self.ranks, self.unique_name, self.world_size = ranks, name, len(ranks)
+        self.device_group = dist.new_group(ranks)  # collective: every rank makes every group
+        self.cpu_group = dist.new_group(ranks)
+        self.rank_in_group = ranks.index(dist.get_rank()) if dist.get_rank() in ranks else -1
+
+    def all_reduce(self, x: Any) -> Any:
+        import torch.distributed as dist
+
+        y = x.clone()
+        dist.all_reduce(y, group=self.device_group)
+        return y
+
+
+def _rank(rank: int, port: int, q: Any) -> None:
+    """One rank: build the groups, the slot's backends, and run both calls; puts (rank, result)."""
+    out: dict[str, Any] = {}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from fastverify.backends import make_backend  # lazy: torch
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        whole = _Coordinator(list(range(WORLD)), "attn_tp")
+        pairs = [_Coordinator([0, 1], "moe_tp:0"), _Coordinator([2, 3], "moe_tp:1")]
+        pair = pairs[rank // 2]
+        owed = {True: whole, False: pair}
+        fusion = types.SimpleNamespace(resolve_fusion_group=lambda *, use_attn_tp_group: (
+            owed[use_attn_tp_group].world_size, owed[use_attn_tp_group].rank_in_group, owed[use_attn_tp_group]))
+        modules = {R.MOD_FI_FUSION: fusion}
+        slots.FUSED_SLOT.kind, slots.FUSED_SLOT.disabled = BackendName.fused, None
+        slots.FUSED_SLOT.factory = lambda c, x: make_backend(BackendName.gloo, c.device_group, device=x.device,
+                                                          dtype=x.dtype, max_numel=ROWS * HIDDEN, hidden=HIDDEN)
+        F.FUSED_GROUPS.clear()
+        built, failed = F._build_fused(modules, torch.zeros(ROWS, HIDDEN), [])
+        out["built"], out["failed"] = built, failed
+        out["groups"] = [s.group.ranks for s in F.FUSED_GROUPS if s.backend is not None]
+
+        def sglang_own(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the slot declined: SGLang's own method was called")
+
+        forward = F._make_fused_norm(modules)(sglang_own)
+        norm = types.SimpleNamespace(weight=torch.ones(HIDDEN), variance_epsilon=1e-6)
+        x = torch.full((ROWS, HIDDEN), float(rank + 1))
+        residual = torch.zeros(ROWS, HIDDEN)
+        out["sums"] = {}
+        for name, use_attn in (("attn", True), ("moe", False)):  # attention first, as a layer runs
+            _, new_res = forward(norm, x.clone(), residual.clone(), None, use_attn)
+            out["sums"][name] = sorted({float(v) for v in (new_res - residual).flatten()})
+        out["want"] = {"attn": [float(sum(r + 1 for r in whole.ranks))],
+                       "moe": [float(sum(r + 1 for r in pair.ranks))]}
+        for s in F.FUSED_GROUPS:
+            slots.close_quietly(s.backend)
+        F.FUSED_GROUPS.clear()
+        dist.destroy_process_group()
+    except BaseException as err:  # noqa: BLE001 - reported to the parent in one line
+        out["error"] = f"{type(err).__name__}: {err}"
+    q.put((rank, out))
+
+
+def run_two_groups() -> dict[int, dict[str, Any]]:
+    """Run the four ranks (spawned processes); {rank: result}. A rank that does not answer within
+    :data:`TIMEOUT_S` is reported as such (a one-sided collective)."""
+    port = free_port()
+    answers = spawn(_rank, [(r, port) for r in range(WORLD)], TIMEOUT_S)
+    got: dict[int, dict[str, Any]] = {a[0]: a[1] for a in answers if isinstance(a, tuple)}
+    for r in range(WORLD):
+        got.setdefault(r, {"error": f"rank {r} did not answer within {TIMEOUT_S:.0f} s"})
+    return got
+
+
+def two_groups_verdict(got: dict[int, dict[str, Any]]) -> tuple[bool, str]:
+    """(every rank's two calls summed over their own group's ranks, one line)."""
+    bad = [f"rank {r}: {res['error']}" for r, res in sorted(got.items()) if "error" in res]
+    if bad:
+        return False, "; ".join(bad)
+    wrong = [f"rank {r} summed {res['sums']} (want {res['want']})" for r, res in sorted(got.items())
+             if res["sums"] != res["want"]]
+    if wrong:
+        return False, "the fused slot reduced over the wrong ranks: " + "; ".join(wrong)
+    return True, (f"fused slot on two groups ({WORLD} gloo ranks): one backend per group "
+                  f"({got[0]['built']}); the attention call summed over all {WORLD} ranks, the MoE call over its "
+                  f"pair")

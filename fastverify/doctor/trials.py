@@ -21,6 +21,7 @@ import inspect
 from typing import Any
 
 from fastverify.doctor.core import BUILDING, TRIAL_BUILD_S, TRIAL_STARTUP_S, TRIAL_TIMEOUT_S
+from fastverify.tune import sweep
 
 BUILD_PARAM = "build_timeout_s"  # run_trial's build limit, where the runner has one
 # Worker stages (fastverify/tune/worker.py ``_stage``) that belong to building the backend.
@@ -74,8 +75,6 @@ def run_doctor_trial(spec: Any, *, timeout_s: float = TRIAL_TIMEOUT_S, startup_t
         The result and ``{"phase", "limits"}``: ``phase`` from :func:`trial_phase`, ``limits`` the
         seconds each phase was given and how the build was kept out of the measurement.
     """
-    from fastverify.tune import sweep
-
     if runner_has_build_phase(sweep.run_trial):
         res = sweep.run_trial(spec, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s,
                               **{BUILD_PARAM: build_timeout_s})

@@ -29,10 +29,11 @@ from fastverify.live.config import (
     rank_memory,
 )
 from fastverify.live.estimate import CPU_PROCESS_BYTES, CpuEstimate, estimate_cpu_run
-from fastverify.profile_record import DTYPES
+from fastverify.profile.record import DTYPES
 from fastverify.registry import BackendName, Role, backend_info
 from fastverify.topo.gpu_identity import visible_gpus
 from fastverify.topo.nvml import read_gpu_memory
+from fastverify.topo.p2p import check_p2p
 
 GIB = 2**30
 
@@ -124,8 +125,7 @@ def check_p2p_for(plan: LivePlan, tp: int) -> LivePlan:
     (:func:`fastverify.topo.p2p.check_p2p`, cached per box) proves it."""
     if not (plan.cuda and tp > 1 and backend_info(plan.backend).needs_p2p):
         return plan
-    from fastverify.backends.base import summarize_p2p  # imports torch
-    from fastverify.topo.p2p import check_p2p
+    from fastverify.backends.base import summarize_p2p  # lazy: torch
 
     p2p_ok, p2p_note = summarize_p2p(check_p2p(pairs=[(a, b) for a in range(tp) for b in range(a + 1, tp)]))
     return LivePlan(plan.cuda, plan.fallback, plan.estimate, plan.backend, plan.dist_backend, p2p_ok, p2p_note)
@@ -173,7 +173,7 @@ def pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) -
         raise UserError(f"--backend {info.name.value}: runs on {info.device} tensors and this run is on {here}"
                         f"{'' if use_cuda else f' (fewer than {tp} GPUs, or --device cpu)'}; use --backend "
                         f"{other.value}")
-    from fastverify.backends.base import ProbeContext, backend_class  # imports torch
+    from fastverify.backends.base import ProbeContext, backend_class  # lazy: torch
 
     try:
         cls = backend_class(info.name)

@@ -75,7 +75,7 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     import torch
     import torch.distributed as dist
 
-    from fastverify.live.forward import TPVerifyModel
+    from fastverify.live.forward import TPVerifyModel  # lazy: torch
 
     device = _join_group(rank, spec, workdir, dist)
     # No teardown on error: the process exits at once (os._exit), and destroying a communicator with
@@ -133,7 +133,7 @@ def _make_allreduce(rank: int, spec: dict, device, dtype, tokens: int, hidden: i
     the parent) before the vote, so the file exists once any rank knows the run is off."""
     if spec["tp"] == 1:
         return None
-    from fastverify.backends.base import ProbeContext, make_backend, probe  # imports torch
+    from fastverify.backends.base import ProbeContext, make_backend, probe  # lazy: torch
 
     ctx = ProbeContext.detect(None, device=device, dtype=dtype, p2p=spec["p2p_ok"], single_node=True)
     if spec["p2p_note"] and ctx.p2p_ok is not None:

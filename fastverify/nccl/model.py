@@ -1,16 +1,22 @@
-"""NCCL's own all-reduce cost model for one node, and a fitted correction for PCIe boxes.
+"""NCCL's own all-reduce cost model for one node, a fitted correction for PCIe boxes, and which
+algorithms and protocols an environment leaves enabled.
 
 Every number this module returns is a prediction: :class:`Prediction` always carries
 ``predicted=True`` and ``label="predicted"``.
 
 NCCL's model is what NCCL itself computes to pick algorithm and protocol (NVIDIA/nccl
 ``src/graph/tuning.cc`` ``ncclTopoTuneModel``, ``ncclTopoGetAlgoTime``; ``src/enqueue.cc``
-``updateCollCostTable``, ``topoGetAlgoInfo``; constants in :mod:`fastverify.nccl.tuning`). Its graph
+``updateCollCostTable``, ``topoGetAlgoInfo``; its constants are the first part below). Its graph
 values (``bwIntra``, ``nChannels``) come from NCCL's topology search: read them from the GRAPH line
 ``Pattern 4, crossNic 0, nChannels N, bw X/Y, type …`` of an ``NCCL_DEBUG=INFO
-NCCL_DEBUG_SUBSYS=INIT,GRAPH`` log, or let :func:`inputs_for_pcie_box` derive plausible ones.
-:class:`CorrectedModel` (:func:`fit`) keeps NCCL's structure and choice and corrects its PCIe
-latency and bandwidths.
+NCCL_DEBUG_SUBSYS=INIT,GRAPH`` log, or let :func:`inputs_for_pcie_box` derive plausible ones
+(:func:`ring_graph`). :class:`CorrectedModel` (:func:`fit`, on the grid of :func:`grid_search`)
+keeps NCCL's structure and choice and corrects its PCIe latency and bandwidths.
+:func:`enabled_algos_protos` is the one answer ``fastverify topo`` and ``fastverify tune`` both
+ask: which of the model's algorithms and protocols ``NCCL_ALGO`` / ``NCCL_PROTO`` leave on.
+
+In this order below: NCCL's names, constants and version rules; the ring search; the fit's grid
+search; the model and its correction; the enabled algorithms and protocols.
 
 Not modelled: ``numPipeOps`` > 1 (aggregated groups), the ring "plateau" factor (multi-node only),
 channel reduction for small messages (``topoGetAlgoInfo`` changes the channels *used*, not the cost
@@ -20,7 +26,7 @@ table), NVLS/CollNet/PAT (not usable for all-reduce on one PCIe node).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
@@ -29,30 +35,220 @@ from typing import Protocol
 import numpy as np
 
 from fastverify.errors import UserError
-from fastverify.nccl import gridfit
-from fastverify.nccl.ringsearch import PCI_GEN_RATE, ring_graph
-from fastverify.nccl.tuning import (
-    DEFAULT_NCCL_VERSION,
-    LL_MAX_BW,
-    PER_CH_MAX_RING_LL128_BW,
-    PER_CH_MAX_TREE_BW,
-    PER_CH_MAX_TREE_LL128_BW,
-    TREE_CORRECTION,
-    V2_21,
-    Algo,
-    LinkType,
-    Proto,
-    base_and_hop_latency,
-    compcap_index,
-    default_protos,
-    is_version_code,
-)
+from fastverify.nccl.checks import parse_algo_proto, validate_setting
+from fastverify.nccl.findings import Ctx, Severity
+from fastverify.nccl.version import NcclVersion
 
-__all__ = [
-    "Algo", "Proto", "LinkType", "Transport", "ModelInputs", "Prediction", "CorrectedModel", "DEFAULT_NCCL_VERSION",
-    "CALIBRATION_MIN_BYTES", "CALIBRATION_MAX_BYTES", "default_protos", "inputs_for_pcie_box", "latency_us",
-    "algbw_gbps", "tree_correction_factor", "predict", "fit",
-]
+
+# The names, constants and version rules of NCCL's all-reduce cost model on one node (NVIDIA/nccl
+# ``src/graph/tuning.cc`` ``ncclTunerConstantsDefaults``, ``ncclTopoTuneModel``, read at commit
+# 5067397c = 2.30.7; the release codes below mark where older releases differ). Latencies in µs,
+# bandwidths in GB/s.
+
+
+class Algo(str, Enum):
+    """All-reduce algorithms usable on one PCIe node (NCCL_ALGO names)."""
+
+    TREE = "Tree"
+    RING = "Ring"
+
+
+class Proto(str, Enum):
+    """NCCL protocols (NCCL_PROTO names)."""
+
+    LL = "LL"
+    LL128 = "LL128"
+    SIMPLE = "Simple"
+
+
+class LinkType(str, Enum):
+    """Hardware row of NCCL's per-hop latency table (``NCCL_HW_NVLINK`` / ``NCCL_HW_PCI``)."""
+
+    NVLINK = "NVLINK"
+    PCI = "PCI"
+
+
+# NCCL version code, X*10000 + Y*100 + Z for releases >= 2.9 (2.30.7 -> 23007), as ncclGetVersion returns.
+DEFAULT_NCCL_VERSION = 23007  # the source read for the constants below (commit 5067397c)
+_V2_19 = 21900  # Tree/Simple latency: base 0, 28 µs/hop (2.19 .. 2.22)
+V2_21 = 22100  # Ring/LL busBw factor 1/4 -> 1/2
+_V2_23 = 22300  # Tree/Simple latency: base 8.4, 4.0 µs/hop
+_V2_25 = 22500  # LL128 default whitelist gains sm100/sm120
+_V2_27 = 22700  # LL128 default: any sm >= 70 (whitelist dropped)
+
+
+def is_version_code(code: object) -> bool:
+    """``code`` is an int NCCL's ``NCCL_VERSION`` macro gives a 2.x release: 2000..2899
+    (``X*1000+Y*100+Z``, releases up to 2.8, whose patch numbers stayed below 10: 2.7.8, 2.8.4)
+    or 20900..29999 (``X*10000+Y*100+Z``, 2.9 on). 2234 is neither (it would be "2.2.34")."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return False
+    return (2000 <= code <= 2899 and code % 100 < 10) or 20900 <= code <= 29999
+
+
+def compcap_index(sm: int) -> int:
+    """The column of the per-compute-capability caps for ``sm`` (compute capability x 10)."""
+    # tuning.cc ncclTopoTuneModel: >=100 Blackwell, >=90 Hopper, >=80 Ampere, else Volta.
+    return 3 if sm >= 100 else 2 if sm >= 90 else 1 if sm >= 80 else 0
+
+
+def default_protos(link: LinkType, sm: int, version: int = DEFAULT_NCCL_VERSION) -> frozenset[Proto]:
+    """Protocols NCCL enables for all-reduce when ``NCCL_PROTO`` is unset.
+
+    LL and Simple always; LL128 only on an NVLink graph (``typeIntra <= PATH_NVB``), with sm >= 70
+    from 2.27 and, before that, only for sm 70/80/90 (+100/120 from 2.25) (tuning.cc, the
+    ``pEnable == 2`` block). Listing LL128 in ``NCCL_PROTO`` enables it anywhere, unchecked.
+    """
+    protos = {Proto.LL, Proto.SIMPLE}
+    if LinkType(link) is LinkType.NVLINK:
+        if version >= _V2_27:
+            ok = sm >= 70
+        else:
+            ok = sm in (70, 80, 90) or (version >= _V2_25 and sm in (100, 120))
+        if ok:
+            protos.add(Proto.LL128)
+    return frozenset(protos)
+
+
+_A, _P = Algo, Proto
+
+# ncclTunerConstantsDefaults (2.30.7, identical in the 2.32.3 binary for these rows).
+# baseLatencies[algo][proto]; Tree/Simple was 0 before 2.23 (see base_and_hop_latency).
+BASE_LAT_US = {
+    (_A.TREE, _P.LL): 6.8, (_A.TREE, _P.LL128): 14.0, (_A.TREE, _P.SIMPLE): 8.4,
+    (_A.RING, _P.LL): 6.6, (_A.RING, _P.LL128): 14.0, (_A.RING, _P.SIMPLE): 8.4,
+}  # fmt: skip
+
+# hwLatencies[hw][algo][proto], per hop. Unchanged since <= 2.18 except Tree/Simple.
+HW_LAT_US = {
+    LinkType.NVLINK: {
+        (_A.TREE, _P.LL): 0.6, (_A.TREE, _P.LL128): 1.25, (_A.TREE, _P.SIMPLE): 4.0,
+        (_A.RING, _P.LL): 0.6, (_A.RING, _P.LL128): 1.9, (_A.RING, _P.SIMPLE): 3.4,
+    },
+    LinkType.PCI: {
+        (_A.TREE, _P.LL): 1.0, (_A.TREE, _P.LL128): 1.9, (_A.TREE, _P.SIMPLE): 4.0,
+        (_A.RING, _P.LL): 1.0, (_A.RING, _P.LL128): 2.5, (_A.RING, _P.SIMPLE): 5.7,
+    },
+}  # fmt: skip
+
+# Single-node (N1) column of the per-compute-capability caps; index Volta=0 (<sm80), Ampere=1
+# (sm80-89, Ada included), Hopper=2 (sm90), Blackwell=3 (>=sm100). 2.30.7 values: unchanged since
+# 2.18 for Volta/Ampere/Ada; for Hopper and Blackwell some older releases differ.
+LL_MAX_BW = (39.0, 87.7, 141.0, 282.0)  # llMaxBws[cc][0]
+PER_CH_MAX_RING_LL128_BW = (20.0, 20.0, 36.7, 40.0)  # perChMaxRingLL128Bws[cc][0]
+PER_CH_MAX_TREE_LL128_BW = (20.0, 20.0, 36.7, 55.6)  # perChMaxTreeLL128Bws[cc][0]
+PER_CH_MAX_TREE_BW = (26.5, 24.0, 38.7, 70.0)  # perChMaxTreeBws[cc][0]
+
+# treeCorrectionFactor[proto][log2(nBytes >> 6)], applied for 0 <= index < 23 (ncclTopoGetAlgoTime).
+TREE_CORRECTION = {
+    _P.LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    _P.LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    _P.SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}  # fmt: skip
+
+
+def base_and_hop_latency(algo: Algo, proto: Proto, link: LinkType, version: int) -> tuple[float, float]:
+    """(base latency, latency per hop) in µs of ``algo``/``proto`` on ``link`` for the NCCL
+    version code ``version``."""
+    base, hop = BASE_LAT_US[(algo, proto)], HW_LAT_US[link][(algo, proto)]
+    if algo is Algo.TREE and proto is Proto.SIMPLE:
+        if version < _V2_19:  # v2.18.x: base 0, PCI 6 / NVLink 4 µs per hop
+            base, hop = 0.0, (6.0 if link is LinkType.PCI else 4.0)
+        elif version < _V2_23:  # v2.19 .. v2.22: base 0, 28 µs per hop on both rows
+            base, hop = 0.0, 28.0
+    return base, hop
+
+
+# An approximation of NCCL's ring search on a symmetric PCIe box: the graph
+# (``bwIntra`` GB/s per channel, ``nChannels``) that NCCL's topology search (NVIDIA/nccl
+# ``src/graph/search.cc`` ``ncclTopoCompute``) would find, for when no GRAPH log line is at hand.
+
+# Topology search (src/graph/search.cc speedArrayIntra / sm90SpeedArrayIntra / sm100SpeedArrayIntra),
+# per-channel GB/s tried from fast to slow.
+SPEEDS_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+SPEEDS_INTRA_SM90 = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+SPEEDS_INTRA_SM100 = (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)
+# PCIe lane rate in units of 100 Mbps (src/graph/topo.cc kvDictPciGen); link GB/s = width*rate/80.
+PCI_GEN_RATE = {1: 15, 2: 30, 3: 60, 4: 120, 5: 240, 6: 480}
+MAX_GRAPH_CHANNELS = 32  # MAXCHANNELS/2: the ring search's default maxChannels
+
+
+def ring_graph(max_bw: float, total_bw: float, sm: int) -> tuple[float, int]:
+    """Approximate NCCL's ring search (search.cc ncclTopoCompute) on a symmetric PCIe box.
+
+    Start at the fastest ladder speed <= ``max_bw``; at each speed take as many channels as the GPU's
+    own link carries (``n·speed <= total_bw``); keep the best ``n·speed``; stop once it reaches
+    ``total_bw`` or the next speed is below 0.49× the best; then (pass 2) raise the speed with the
+    same channel count while it fits; finally ncclTopoDupChannels (bw >= 25: twice the channels, half
+    the bw). Shared CPU/switch links and search time-outs are ignored.
+    """
+    ladder = SPEEDS_INTRA_SM100 if sm >= 100 else SPEEDS_INTRA_SM90 if sm >= 90 else SPEEDS_INTRA
+    i = 0
+    while i < len(ladder) - 1 and (ladder[i] > max_bw or ladder[i] > total_bw):
+        i += 1
+    best_n, best_speed = 0, 0.0
+    while True:
+        speed = ladder[i]
+        n = min(MAX_GRAPH_CHANNELS, max(1, int(total_bw / speed + 1e-9)))
+        if n * speed > best_n * best_speed:
+            best_n, best_speed = n, speed
+        if best_n * best_speed >= total_bw or i == len(ladder) - 1 or ladder[i + 1] / best_speed <= 0.49:
+            break
+        i += 1
+    j = ladder.index(best_speed)
+    while j > 0 and ladder[j - 1] <= max_bw and best_n * ladder[j - 1] <= total_bw:
+        j -= 1
+    bw, n = ladder[j], best_n
+    if bw >= 25.0 and not (sm > 80 and bw < 50.0 and n > 4):  # ncclTopoDupChannels
+        dup = min(2 * n, MAX_GRAPH_CHANNELS)
+        bw, n = bw / math.ceil(dup / n), dup
+    return bw, n
+
+
+# The least-squares search behind :func:`fit`: one per-hop latency δ (µs)
+# and one bandwidth factor β per protocol, minimising the sum of squared log errors of the
+# predicted times, on a deterministic coarse-to-fine grid (numpy only). For a fixed δ the loss
+# separates per protocol, so each β is a 1-D search.
+
+
+def grid_search(lat: np.ndarray, hops: np.ndarray, xfer: np.ndarray, log_t: np.ndarray,
+           groups: Mapping[Hashable, np.ndarray], fitted: set) -> tuple[float, float, dict]:
+    """``(loss, δ, {group: log β})`` minimising ``Σ (log(lat + δ·hops + xfer/β_g) − log_t)²``.
+
+    Per row: ``lat`` the model latency (µs), ``hops`` its hop count, ``xfer`` the transfer time at
+    β = 1 (µs), ``log_t`` the log of the measured time. ``groups`` maps each protocol to the mask
+    of its rows; a group outside ``fitted`` keeps log β = 0 (β = 1). δ stays above
+    −0.95·min(lat/hops) (every latency positive) and −5, at most 50; β in [0.01, 20].
+    """
+    # δ lower bound keeps every latency positive.
+    d_lo, d_hi = max(-0.95 * float(np.min(lat / hops)), -5.0), 50.0
+    b_lo, b_hi = math.log(0.01), math.log(20.0)  # log β range
+    d_grid = np.linspace(d_lo, d_hi, 201)
+    best: tuple[float, float, dict] | None = None
+    b_span = {p: (b_lo, b_hi) if p in fitted else (0.0, 0.0) for p in groups}
+    for _level in range(5):  # coarse to fine; each level zooms on the best point
+        lb = {p: np.linspace(*b_span[p], 161 if p in fitted else 1) for p in groups}
+        total = np.zeros(len(d_grid))
+        arg_b: dict = {}
+        for p, m in groups.items():
+            # pred[d, k, i] = lat_i + d·hops_i + xfer_i / β_k
+            fixed = (lat[m] + d_grid[:, None] * hops[m])[:, None, :]  # [d, 1, i]
+            pred = fixed + xfer[m][None, None, :] / np.exp(lb[p])[None, :, None]  # [d, k, i]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                err = np.where(pred > 0, np.log(np.maximum(pred, 1e-300)) - log_t[m], np.inf)
+            loss = np.sum(err**2, axis=2)  # [d, k]
+            k = np.argmin(loss, axis=1)
+            arg_b[p] = lb[p][k]
+            total += loss[np.arange(len(d_grid)), k]
+        j = int(np.argmin(total))
+        best = (float(total[j]), float(d_grid[j]), {p: float(arg_b[p][j]) for p in groups})
+        d_step = d_grid[1] - d_grid[0]
+        d_grid = np.linspace(max(d_lo, best[1] - 2 * d_step), min(d_hi, best[1] + 2 * d_step), 41)
+        for p in fitted:
+            step = lb[p][1] - lb[p][0]
+            b_span[p] = (max(b_lo, best[2][p] - 2 * step), min(b_hi, best[2][p] + 2 * step))
+    assert best is not None
+    return best
 
 
 class Transport(str, Enum):
@@ -186,7 +382,7 @@ def inputs_for_pcie_box(
     2. ``maxBw`` (best path from a GPU) = the link bandwidth, or ``min(link, cpu_link_bw_gbps)`` when
        every pair crosses a CPU-to-CPU link (one GPU per NUMA node; AMD 16, Intel SKL 10, SPR 22 GB/s).
     3. NCCL's speed ladder for the sm (search.cc) walked as in
-       :func:`fastverify.nccl.ringsearch.ring_graph`. Gen4 x16 gives
+       :func:`ring_graph`. Gen4 x16 gives
        2 channels × 12 GB/s (and so does Gen4 with ``cpu_link_bw_gbps=16``); Gen5 x16 on sm120
        gives 2 × 24.
 
@@ -433,7 +629,7 @@ def fit(rows: Iterable[_Row], inputs: ModelInputs) -> CorrectedModel:
     """Fit the PCIe correction to measured all-reduce rows (out-of-place time) of one box.
 
     δ and the β by least squares on log time (relative error), on a deterministic grid
-    (:func:`fastverify.nccl.gridfit.search`); 3 numbers for about 20 rows, small on purpose.
+    (:func:`grid_search`); 3 numbers for about 20 rows, small on purpose.
 
     Parameters
     ----------
@@ -474,7 +670,7 @@ def fit(rows: Iterable[_Row], inputs: ModelInputs) -> CorrectedModel:
     # A protocol whose rows are all latency-bound (bandwidth term < 5 % of the time at β = 1) says
     # nothing about its β: keep NCCL's bandwidth (β = 1) rather than let the fit wander to a bound.
     fitted = {p for p, m in groups.items() if np.max(xfer[m] / (lat[m] + xfer[m])) >= 0.05}
-    loss, delta, log_beta = gridfit.search(lat, hops, xfer, log_t, groups, fitted)
+    loss, delta, log_beta = grid_search(lat, hops, xfer, log_t, groups, fitted)
     return CorrectedModel(
         extra_hop_latency_us=delta,
         bw_scale={p: math.exp(v) for p, v in log_beta.items()},
@@ -483,3 +679,116 @@ def fit(rows: Iterable[_Row], inputs: ModelInputs) -> CorrectedModel:
         n_rows=len(sizes),
         fit_rms_log_error=math.sqrt(loss / len(sizes)),
     )
+
+
+# Which all-reduce algorithms and protocols an environment leaves enabled, for one NCCL version.
+#
+# The one public answer that ``fastverify topo`` and ``fastverify tune`` both ask. It replays
+# NCCL's own parsing of ``NCCL_ALGO`` / ``NCCL_PROTO`` through :func:`fastverify.nccl.checks.parse_algo_proto`
+# (NCCL ``src/graph/tuning.cc`` ``parseList`` for NCCL <= 2.23, the per-function grammar of
+# ``src/graph/tuning.cc`` from 2.24 on) and NCCL's default protocol rule
+# (:func:`default_protos`, ``tuning.cc`` ``ncclTopoTuneModel``: LL128 only on
+# some architectures and links).
+#
+# Only the algorithms the cost model knows on one PCIe node are answered (Ring, Tree,
+# :class:`fastverify.nccl.model.Algo`); CollNet, NVLS and PAT need hardware a PCIe box has not.
+
+_ALL_ALGOS = frozenset({Algo.RING, Algo.TREE})
+
+
+@dataclass(frozen=True)
+class EnabledAlgos:
+    """What an environment leaves enabled for AllReduce on one PCIe node.
+
+    Attributes
+    ----------
+    algos : frozenset of fastverify.nccl.model.Algo
+        Never empty: an NCCL_ALGO that turns every algorithm off makes NCCL <= 2.23 switch Ring and
+        Tree back on (``tuning.cc``), and fails init on >= 2.24 (a catalogue error finding).
+    protos : frozenset of fastverify.nccl.model.Proto
+        Never empty. Where the environment does not decide them (``protos_set`` False) this is
+        NCCL's default set for a PCIe link, ``default_protos(PCI, sm, version)``.
+    notes : tuple of str
+        One line per setting that NCCL rejects or ignores (the prediction is made without it).
+    protos_set : bool
+        True when ``NCCL_PROTO`` decided ``protos``; False when they are NCCL's default (what
+        :class:`fastverify.nccl.model.ModelInputs` means by ``protos=None``).
+    """
+
+    algos: frozenset[Algo]
+    protos: frozenset[Proto]
+    notes: tuple[str, ...] = ()
+    protos_set: bool = False
+
+    @property
+    def protos_or_none(self) -> frozenset[Proto] | None:
+        """``protos`` where the environment set them, else ``None`` (NCCL's default rule), the form
+        :func:`fastverify.nccl.model.inputs_for_pcie_box` takes."""
+        return self.protos if self.protos_set else None
+
+
+def allreduce_enabled(name: str, value: str, version: NcclVersion | None) -> dict[str, int] | None:
+    """What ``NCCL_ALGO`` / ``NCCL_PROTO`` = ``value`` leaves enabled for AllReduce.
+
+    Parameters
+    ----------
+    name : {"NCCL_ALGO", "NCCL_PROTO"}
+    value : str
+        The setting as written.
+    version : NcclVersion or None
+        ``None``: the newest NCCL the catalogue was checked against (its grammar).
+
+    Returns
+    -------
+    dict or None
+        NCCL's name (``"Ring"``, ``"LL128"`` …) → 0 off, 1 on, 2 NCCL's default rule; ``None``
+        when NCCL rejects the value (init fails) or ignores all of it.
+    """
+    if name not in ("NCCL_ALGO", "NCCL_PROTO"):
+        raise ValueError(f"name must be NCCL_ALGO or NCCL_PROTO, got {name!r}")
+    parsed = parse_algo_proto(name, value, Ctx.of(version))
+    if parsed.error:
+        return None
+    return dict(parsed.enable["AllReduce"])
+
+
+def enabled_algos_protos(env: Mapping[str, str], version: NcclVersion | None, sm: int) -> EnabledAlgos:
+    """The all-reduce algorithms and protocols ``env`` leaves enabled for this NCCL version.
+
+    Parameters
+    ----------
+    env : mapping of str to str
+        ``NCCL_*`` settings (others are ignored); only ``NCCL_ALGO`` and ``NCCL_PROTO`` matter here.
+    version : NcclVersion or None
+        The NCCL that reads ``env``; ``None`` = unknown (the newest grammar, the model's default
+        version for the default protocol rule).
+    sm : int
+        GPU compute capability × 10 (89 = Ada, 120 = Blackwell workstation): decides LL128 in
+        NCCL's default protocol set.
+
+    Returns
+    -------
+    EnabledAlgos
+        Settings NCCL rejects (a catalogue error) or ignores entirely are left out and named in
+        ``notes``; their algorithms / protocols are NCCL's defaults.
+    """
+    notes: list[str] = []
+    algos = _ALL_ALGOS
+    code = version.code if version else DEFAULT_NCCL_VERSION
+    default = default_protos(LinkType.PCI, sm, code)
+    protos, protos_set = default, False
+    if "NCCL_ALGO" in env and validate_setting("NCCL_ALGO", env["NCCL_ALGO"], version).severity is not Severity.ERROR:
+        on = allreduce_enabled("NCCL_ALGO", env["NCCL_ALGO"], version)
+        if on is not None:
+            algos = frozenset(a for a in Algo if on.get(a.value)) or _ALL_ALGOS
+    elif "NCCL_ALGO" in env:
+        notes.append(f"NCCL rejects or ignores NCCL_ALGO={env['NCCL_ALGO']!r}: the baseline is predicted without it")
+    if "NCCL_PROTO" in env and validate_setting("NCCL_PROTO", env["NCCL_PROTO"], version).severity is not Severity.ERROR:
+        on = allreduce_enabled("NCCL_PROTO", env["NCCL_PROTO"], version)
+        if on is not None:
+            chosen = frozenset(p for p in Proto if on.get(p.value) == 1 or (on.get(p.value) == 2 and p in default))
+            if chosen:
+                protos, protos_set = chosen, True
+    elif "NCCL_PROTO" in env:
+        notes.append(f"NCCL rejects NCCL_PROTO={env['NCCL_PROTO']!r}: the baseline is predicted without it")
+    return EnabledAlgos(algos, protos, tuple(notes), protos_set)

@@ -1,10 +1,9 @@
 """Read the text output of nccl-tests ``all_reduce_perf`` into a :class:`PerfTable`.
 
 The format (NVIDIA/nccl-tests ``src/util.cu`` and ``src/common.cu``; older layouts from nccl-tests
-issue threads) is read in three parts: the noise removed first, MPI prefixes and NCCL log lines
-mixed into the rows (:mod:`fastverify.nccl.perflines`); the data rows
-(:mod:`fastverify.nccl.perfrows`); the ``#`` header lines and the rank count
-(:mod:`fastverify.nccl.perfheader`).
+issue threads) is read in parts, in this order below: the data rows (their layouts, how one row is
+read); the ``#`` header lines and the rank count; the noise removed before the rows are read (MPI
+prefixes and NCCL log lines mixed into the rows); and the table itself, :func:`parse_all_reduce_perf`.
 
 The parser never raises anything but :class:`~fastverify.errors.UserError`: when no complete data
 row is left, or when a row (or the footer's average bus bandwidth) holds a value no measurement can
@@ -19,26 +18,403 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fastverify.bounds import implausible_bandwidth
+from fastverify.bounds import MAX_MSG_BYTES, implausible_bandwidth, implausible_count, implausible_time_us
 from fastverify.errors import UserError
-from fastverify.nccl.perfheader import avg_busbw, rank_count, ranks_from_bw, read_header_line
-from fastverify.nccl.perflines import MPI_TAG_INSIDE, logical_lines
-from fastverify.nccl.perfrows import (
-    GUESSES,
-    DroppedRow,
-    Layout,
-    PerfRow,
-    clip,
-    drop_reason,
-    implausible,
-    is_column_header,
-    layout_from_header,
-    parse_row,
+from fastverify.nccl.debuglog import search_near_nccl
+
+
+# The data rows of an ``all_reduce_perf`` table: their layouts, and how one row is read.
+#
+# A row is ``%12li  %12li  %8s  %6s  %6s`` (size, count, type, redop, root), then twice
+# (out-of-place, in-place) ``  %7s  %6s  %6s  %6g`` (time µs, algbw GB/s, busbw GB/s, #wrong, or
+# ``N/A`` with ``-c 0``) (NVIDIA/nccl-tests ``src/common.cu``). Floats shrink their precision to fit
+# the width: ``38.83``, ``124.8``, ``16253``. ``-I 1`` adds i_min/i_max/i_p99/i_cv% after each half;
+# ``-T``-style timestamps add a date and a time at the end. Pre-2020 builds have no root column and
+# an ``error`` column (max abs error, a float like ``1e-07``) instead of ``#wrong``.
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    """One message size of an ``all_reduce_perf`` table. Times in µs, bandwidths in GB/s (1e9 B/s).
+
+    ``root`` is the printed root column (``-1`` for all-reduce), ``None`` when the build has none.
+    ``*_wrong`` is the count of wrong elements; ``None`` when the check was off (``N/A``) or the build
+    printed an ``error`` column instead, whose value is then in ``*_error``.
+    """
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    root: int | None
+    oop_time_us: float
+    oop_algbw_gbps: float
+    oop_busbw_gbps: float
+    oop_wrong: int | None
+    ip_time_us: float
+    ip_algbw_gbps: float
+    ip_busbw_gbps: float
+    ip_wrong: int | None
+    oop_error: float | None = None
+    ip_error: float | None = None
+    line: int = 0  # 1-based line of the source text where the row starts
+
+
+@dataclass(frozen=True)
+class DroppedRow:
+    """A line that looked like a data row and was not read: its 1-based ``line``, why (``reason``)
+    and the text (whitespace squeezed, clipped to 80 characters)."""
+
+    line: int
+    reason: str
+    text: str
+
+
+_INT = re.compile(r"^-?[0-9]+$")
+_FLOAT = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?(?:inf|nan)$", re.IGNORECASE)
+_WORD = re.compile(r"^[A-Za-z_][\w]*$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column layout of the data rows, from the column-header row or guessed from a row's width."""
+
+    root: bool = True
+    error_col: bool = False  # old builds: ``error`` (float) instead of ``#wrong`` (count)
+    per_iter: bool = False  # ``-I 1``: 4 more columns after each half
+    timestamp: bool = False  # date and time at the end
+
+    @property
+    def n_tokens(self) -> int:
+        return 4 + self.root + 2 * (4 + 4 * self.per_iter) + 2 * self.timestamp
+
+
+GUESSES = {lay.n_tokens: lay for lay in (
+    Layout(root=r, error_col=not r, per_iter=p, timestamp=t)
+    for r in (True, False) for p in (False, True) for t in (False, True)
+)}
+
+
+def layout_from_header(cols: list[str]) -> Layout:
+    """The row layout a column-header row announces."""
+    low = [c.lower() for c in cols]
+    return Layout(
+        root="root" in low,
+        error_col="error" in low and "#wrong" not in low,
+        per_iter="i_min" in low,
+        timestamp="timestamp" in low,
+    )
+
+
+def is_column_header(body: str) -> list[str] | None:
+    """The column names of a ``#  size  count  type …`` header row, else ``None``."""
+    cols = body.split()
+    if len(cols) >= 8 and cols[0] == "size" and "count" in cols and "busbw" in cols:
+        return cols
+    return None
+
+
+def to_int(tok: str) -> int | None:
+    """An integer column (ASCII digits, at most 30 characters), else ``None``."""
+    if not _INT.match(tok) or len(tok) > 30:
+        return None
+    return int(tok)
+
+
+def to_float(tok: str) -> float | None:
+    """A float column (``inf`` and ``nan`` included, at most 60 characters), else ``None``."""
+    if not _FLOAT.match(tok) or len(tok) > 60:
+        return None
+    return float(tok)
+
+
+def _wrong(tok: str) -> tuple[bool, int | None]:
+    """``#wrong`` column: an integer, ``%g`` of one (``1e+06``) or ``N/A``. (ok, value)."""
+    if tok == "N/A":
+        return True, None
+    v = to_float(tok)
+    if v is None or not math.isfinite(v) or v < 0 or v != int(v):
+        return False, None
+    return True, int(v)
+
+
+def _error(tok: str) -> tuple[bool, float | None]:
+    """Old builds' ``error`` column: a float or ``N/A``. (ok, value)."""
+    if tok == "N/A":
+        return True, None
+    v = to_float(tok)
+    return (v is not None), v
+
+
+def parse_row(tokens: list[str], lay: Layout, lineno: int) -> PerfRow | None:
+    """The row ``tokens`` make in layout ``lay``, or ``None`` when a column does not parse."""
+    if len(tokens) != lay.n_tokens:
+        return None
+    size, count = to_int(tokens[0]), to_int(tokens[1])
+    if size is None or count is None:  # a negative one is a row, refused by _implausible
+        return None
+    dtype, redop = tokens[2], tokens[3]
+    if not _WORD.match(dtype) or not _WORD.match(redop):
+        return None
+    i = 4
+    root = None
+    if lay.root:
+        root = to_int(tokens[4])
+        if root is None:
+            return None
+        i = 5
+    halves = []
+    width = 4 + 4 * lay.per_iter
+    for h in range(2):
+        t = tokens[i + h * width: i + h * width + 4]
+        nums = [to_float(x) for x in t[:3]]
+        if any(v is None for v in nums):
+            return None
+        if lay.error_col:
+            ok, err = _error(t[3])
+            wrong = None
+        else:
+            ok, wrong = _wrong(t[3])
+            err = None
+        if not ok:
+            return None
+        if lay.per_iter and any(to_float(x) is None for x in tokens[i + h * width + 4: i + (h + 1) * width]):
+            return None
+        halves.append((nums, wrong, err))
+    (o, ow, oe), (p, pw, pe) = halves
+    return PerfRow(size, count, dtype, redop, root, o[0], o[1], o[2], ow, p[0], p[1], p[2], pw,
+                   oop_error=oe, ip_error=pe, line=lineno)
+
+
+def implausible(row: PerfRow) -> str | None:
+    """Why ``row`` cannot be a measurement (:mod:`fastverify.bounds`), or None when it can."""
+    for name, value in (("size", row.size_bytes), ("count", row.count)):
+        if why := implausible_count(value, upper=MAX_MSG_BYTES, what=name):
+            return f"{name} {why} (a message holds at most 1 TiB)"
+    for half, t, alg, bus, wrong in (("out-of-place", row.oop_time_us, row.oop_algbw_gbps, row.oop_busbw_gbps,
+                                      row.oop_wrong),
+                                     ("in-place", row.ip_time_us, row.ip_algbw_gbps, row.ip_busbw_gbps, row.ip_wrong)):
+        if why := implausible_time_us(t):
+            return f"{half} time {why}"
+        for what, v in (("algbw", alg), ("busbw", bus)):
+            if why := implausible_bandwidth(v):
+                return f"{half} {what} {why}"
+        if wrong is not None and (why := implausible_count(wrong, upper=MAX_MSG_BYTES, what="#wrong")):
+            return f"{half} #wrong {why}"
+    return None
+
+
+# nccl-tests' type names (src/common.cu test_typenames), old and new
+_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
+                     "fp8_e4m3", "fp8_e5m2", "char", "int", "uint"})
+
+
+def drop_reason(tokens: list[str], lay: Layout | None, *, last: bool) -> str | None:
+    """Why a line that looks like a data row was not read, or ``None`` when it is no data row at
+    all: a row cut off at the end, one whose size (or count) column is missing, one of another
+    width than the table's rows, one with a column that does not parse."""
+    if len(tokens) >= 2 and _INT.match(tokens[0]) and _INT.match(tokens[1]):
+        if last:
+            return "cut off at the end of the text"
+        if lay is not None and len(tokens) != lay.n_tokens:
+            return f"{len(tokens)} columns where the table's rows have {lay.n_tokens}"
+        if lay is None:
+            return f"{len(tokens)} columns: no all_reduce_perf layout has that many"
+        return "a column that is not a number where one is expected"
+    if len(tokens) == 1 and _INT.match(tokens[0]):
+        return "cut off at the end of the text" if last else "only one column"
+    k = next((i for i, t in enumerate(tokens[:3]) if t in _DTYPES), None)
+    if k is None or k >= 2 or not all(_INT.match(t) for t in tokens[:k]) or len(tokens) < k + 6:
+        return None
+    numeric = sum(to_float(t) is not None or t == "N/A" for t in tokens[k + 2:])
+    if numeric < len(tokens[k + 2:]) - 1:
+        return None
+    return ("no size column (the row starts with its element count)" if k == 1
+            else "no size and no count column (the row starts with its data type)")
+
+
+def looks_like_row(body: str) -> bool:
+    """A line that starts like a data row (a size and a count) and so must not be silently skipped."""
+    toks = body.split(None, 2)
+    return len(toks) >= 1 and _INT.match(toks[0]) is not None and (len(toks) == 1 or _INT.match(toks[1]) is not None)
+
+
+def clip(s: str, n: int = 80) -> str:
+    """``s`` with its whitespace squeezed, clipped to ``n`` characters, for a message."""
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+# The ``#`` header lines of an ``all_reduce_perf`` table, and its rank count.
+#
+# Header lines (NVIDIA/nccl-tests ``src/util.cu``, ``src/common.cu``): ``# nccl-tests version …``
+# (recent), ``# nThread 1 nGpus 8 minBytes 8 maxBytes … step: 2(factor) warmup iters: 5 iters: 20
+# agg iters: 1 validation: 1 graph: 0 [unalign: 0]``, ``#  Rank  0 Group  0 Pid 1756513 on host
+# device  0 [0x01] NVIDIA GeForce RTX 4090`` (the bus id is ``[0x%02x]`` in older builds,
+# ``[%04x:%02x:%02x]`` in newer ones), two column-header rows and a units row, then the footer
+# ``# Out of bounds values : 0 OK`` and ``# Avg bus bandwidth    : 4.85265``.
+#
+# Rank count: the ``#  Rank`` lines when the table has them, else nThread × nGpus of the header, but
+# both halves' busBw/algBw = 2(n−1)/n (nccl-tests ``doc/PERFORMANCE.md``) is solved for n as well;
+# where the header's product disagrees with a ratio that every row agrees on, the ratio wins (under
+# MPI the header counts one process's GPUs).
+
+_RUN_KEYS = re.compile(
+    r"(nThread|nGpus|minBytes|maxBytes|step:|warmup iters:|agg iters:|iters:|validation:|graph:|unalign:)"
+    r"\s*(\S+)"
+)
+_VERSION_LINE = re.compile(r"^#\s*nccl-tests version\s+(\S+)(.*)$")
+_RANK_LINE = re.compile(
+    r"^#\s*Rank\s+([0-9]+)(?:\s+Group\s+([0-9]+))?\s+Pid\s+([0-9]+)\s+on\s+(\S+)\s+device\s+([0-9]+)\s+"
+    r"\[([^\]]*)\]\s*(.*?)\s*$"
+)
+_KV_LINE = re.compile(r"^#\s*([A-Za-z][\w .()-]*?)\s*:\s*(.*?)\s*$")
+
+
+def read_header_line(s: str, header: dict[str, str], ranks: dict[int, str], hosts: dict[str, None]) -> None:
+    """One ``#`` line into ``header`` (key → value as printed), ``ranks`` (rank → GPU name) and ``hosts``."""
+    if len(s) > 4096:  # nccl-tests header lines are short; keeps the lazy regexes below linear
+        return
+    m = _RANK_LINE.match(s)
+    if m:
+        ranks[int(m.group(1))] = m.group(7)
+        hosts.setdefault(m.group(4), None)
+        return
+    m = _VERSION_LINE.match(s)
+    if m:
+        header["nccl-tests version"] = m.group(1)
+        for k, v in re.findall(r"([\w-]+)=(\S+)", m.group(2)):
+            header[k] = v
+        return
+    if "nThread" in s and "nGpus" in s:
+        for k, v in _RUN_KEYS.findall(s):
+            header[k.rstrip(":")] = v
+        return
+    m = _KV_LINE.match(s)
+    if m:
+        header[m.group(1)] = m.group(2)
+
+
+def rank_count(header: dict[str, str], ranks: dict[int, str], bw_ranks: int | None) -> tuple[int | None, str | None]:
+    """The rank count and where it comes from (module docstring). Rank lines fewer than
+    nThread × nGpus are an excerpt of the header: the product wins then."""
+    t, g = to_int(header.get("nThread", "")), to_int(header.get("nGpus", ""))
+    product = t * g if t is not None and g is not None and t > 0 and g > 0 else None
+    if ranks and (product is None or len(ranks) >= product):
+        return len(ranks), "rank lines"
+    if product is not None and (ranks or bw_ranks in (None, product)):
+        return product, "nThread x nGpus"
+    if bw_ranks is not None:
+        return bw_ranks, "busBw/algBw"
+    return None, None
+
+
+def _half_unit(v: float) -> float:
+    """Half the last printed digit of a bandwidth: nccl-tests prints ``%6.2f`` and drops decimals
+    to keep 6 characters (``124.85``, ``1234.5``, ``16253``)."""
+    return 0.005 if v < 1000 else 0.05 if v < 10000 else 0.5
+
+
+def ranks_from_bw(rows: list[PerfRow]) -> int | None:
+    """n from busBw/algBw = 2(n−1)/n (nccl-tests ``src/all_reduce.cu`` GetBw), over both halves of
+    every row with algBw >= 0.5 GB/s (smaller ones are printed with too few digits): solved on the
+    summed ratio, rounded, and kept only when every such row's ratio, within its printed rounding
+    (and 0.1 %), agrees. ``None`` without such rows or when they disagree."""
+    pts = [(a, b) for r in rows for a, b in ((r.oop_algbw_gbps, r.oop_busbw_gbps), (r.ip_algbw_gbps, r.ip_busbw_gbps))
+           if a >= 0.5]
+    if not pts:
+        return None
+    ratio = sum(b for _, b in pts) / sum(a for a, _ in pts)
+    if not 0 <= ratio < 2 - 2e-6:
+        return None
+    n = round(2 / (2 - ratio))
+    if not 1 <= n <= 1 << 20:
+        return None
+    want = 2 * (n - 1) / n
+    for a, b in pts:
+        lo = max(b - _half_unit(b), 0.0) / (a + _half_unit(a)) * 0.999
+        hi = (b + _half_unit(b)) / (a - _half_unit(a)) * 1.001
+        if not lo <= want <= hi:
+            return None
+    return n
+
+
+def avg_busbw(header: dict[str, str]) -> float | None:
+    """The footer's ``Avg bus bandwidth`` in GB/s, ``None`` without one."""
+    v = header.get("Avg bus bandwidth", "").split()
+    return to_float(v[0]) if v else None
+
+
+# The noise removed from ``all_reduce_perf`` output before its rows are read.
+#
+# MPI launchers prefix each line (``[0] ``, ``[1,0]<stdout>:``, Slurm ``0: ``), and those that tag
+# every chunk they forward put the tag inside a row too (``-1[0]``, ``0[0]``: nccl-tests writes a
+# row in pieces); NCCL's own ``NCCL_DEBUG=INFO`` lines share stdout and can land between rows or
+# inside one (NCCL >= 2.22 connects lazily at the first collective, so its ``Channel …`` lines
+# appear after the first row's size/count/type columns).
+
+# Open MPI --tag-output ``[1,0]<stdout>:``, Intel MPI/MPICH -prepend-rank ``[0] ``, Slurm --label ``0: ``.
+_MPI_PREFIX = re.compile(r"^(?:\[[0-9]+(?:,[0-9]+)*\](?:<std(?:out|err)>)?:?[ \t]?|[ \t]*[0-9]+:[ \t])")
+# An NCCL debug line: optional ``[%F %T] `` timestamp, ``host:pid:tid [dev] `` then ``NCCL INFO`` /
+# ``file:line NCCL WARN``. Searched anywhere in a line, because it can start right after a row's
+# first columns (stdout is shared and rows are printed in pieces).
+_NCCL_LOG = re.compile(
+    r"(?:\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8}\] )?"
+    r"(?P<host>[^\s:\[\]]{0,255}):[0-9]{1,12}:[0-9]{1,12} \[-?[0-9]{1,9}\] (?:[0-9.]{1,30} )?"
+    r"(?:[^\s:]{1,255}:[0-9]{1,9} (?:\([^)]{0,255}\) )?)?"
+    r"NCCL (?:INFO|WARN|TRACE|ABORT)"
 )
 
-__all__ = ["DroppedRow", "PerfRow", "PerfTable", "algbw_from_time", "busbw_from_time", "parse_all_reduce_perf"]
+
+def _find_log(line: str) -> re.Match[str] | None:
+    """An NCCL log line's prefix inside ``line`` (a log line can interrupt a table row)."""
+    return search_near_nccl(line, _NCCL_LOG)
+
+
+# ``-1[0]``: an MPI launcher's rank tag glued to a printed column. nccl-tests prints one row in
+# pieces (common.cu: the size/count/type/redop/root part, then each half), and launchers that tag
+# every chunk they forward (Intel MPI / MPICH ``-prepend-rank``, Open MPI ``--tag-output``) put
+# ``[0] `` / ``[1,0]<stdout>:`` in front of each piece, i.e. in the middle of the row.
+MPI_TAG_INSIDE = re.compile(r"\[[0-9]{1,6}(?:,[0-9]{1,6})*\](?:<std(?:out|err)>)?:?")
+
+# ``-1host0``: a row's last printed column glued to the host name of a log line. A host name that
+# itself starts with digits is mis-split here; no way to tell them apart from the text alone.
+_NUMERIC_HEAD = re.compile(r"^(-?[0-9]+|N/A)([A-Za-z].*)$")
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """Yield ``(lineno, body)`` with MPI prefixes and NCCL log text removed; a row split by log lines
+    is joined again and reported at the line where it started."""
+    pending = ""
+    pending_no = 0
+    lineno = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = _MPI_PREFIX.sub("", raw, count=1)
+        m = _find_log(line)
+        if m is not None:
+            frag = line[: m.start()]
+            host_glue = _NUMERIC_HEAD.match(m.group("host") or "")
+            if frag.strip() and host_glue:
+                frag += host_glue.group(1)
+            # text before a log line is kept only as a row's start or the rest of a row already begun
+            if frag.strip() and (pending or looks_like_row(frag)):
+                if not pending:
+                    pending_no = lineno
+                pending += frag
+            continue
+        if pending:
+            line = pending + line
+            yield pending_no, line
+            pending = ""
+            continue
+        yield lineno, line
+    if pending:
+        yield pending_no, pending
+
 
 IN_PLACE = "in-place"
 OUT_OF_PLACE = "out-of-place"
@@ -50,7 +426,7 @@ class PerfTable:
 
     ``n_ranks`` counts the ``#  Rank`` lines (all processes under MPI), else nThread × nGpus of the
     header, else the rank count busBw/algBw gives (``n_ranks_basis`` says which; see
-    :mod:`fastverify.nccl.perfheader`). ``n_ranks_bw`` is n solved from busBw/algBw = 2(n−1)/n,
+    :func:`rank_count`). ``n_ranks_bw`` is n solved from busBw/algBw = 2(n−1)/n,
     ``None`` where the rows give no precise ratio (algBw under 0.5 GB/s) or disagree. ``hosts`` are
     the distinct host names of the rank lines. ``header`` holds the ``#`` key/value lines as printed (``nGpus``,
     ``graph``, ``Avg bus bandwidth`` …). ``devices`` is the GPU name of each rank line in order.

@@ -16,20 +16,15 @@ installed fastverify never changes an SGLang server started without it. ``launch
 ``FASTVERIFY_BACKEND`` (one registry name, or ``auto``/``off``) and ``FASTVERIFY_DEPLOYMENT`` (the
 deployment record, :mod:`fastverify.deploy`). Once SGLang's groups exist, every TP rank prints one
 line to stderr, ``fastverify patch [TP r]: backend=... applied=... built=... skipped=... (why)``
-(:mod:`fastverify.patch.rank`, :func:`fastverify.patch.install.install`).
+(:mod:`fastverify.patch.rank`, :func:`fastverify.patch.install.install`). The variables' names, the
+plugin group and the routes: :mod:`fastverify.patch.handoff`.
 """
 
 from __future__ import annotations
 
 import os
 
-ENV_FLAG = "FASTVERIFY_PATCH"
-ENV_BACKEND = "FASTVERIFY_BACKEND"
-ENV_PROFILE_VERIFY = "FASTVERIFY_PROFILE_VERIFY"
-ENV_PROFILE_VERIFY_STEPS = "FASTVERIFY_PROFILE_VERIFY_STEPS"  # also a torch.profiler trace of this many verify steps
-ENV_CUDA_MAX_CONNECTIONS = "FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS"
-PLUGIN_NAME = "fastverify"
-PLUGIN_GROUP = "sglang.srt.plugins"
+from fastverify.patch.handoff import ENV_FLAG
 
 
 def enabled(environ=None) -> bool:
@@ -44,7 +39,7 @@ def plugin() -> None:
     if not enabled():
         return
     try:
-        from fastverify.patch.install import install
+        from fastverify.patch.install import install  # lazy: plugin
 
         install()
     except Exception as err:  # the server must start even if our patch is broken
@@ -54,5 +49,4 @@ def plugin() -> None:
                                                      type(err).__name__, err)
 
 
-__all__ = ["ENV_BACKEND", "ENV_CUDA_MAX_CONNECTIONS", "ENV_FLAG", "ENV_PROFILE_VERIFY", "ENV_PROFILE_VERIFY_STEPS", "PLUGIN_GROUP",
-           "PLUGIN_NAME", "enabled", "plugin"]
+__all__ = ["enabled", "plugin"]

@@ -22,12 +22,12 @@ from typing import Any
 
 from fastverify.patch import rank as R
 from fastverify.patch.paths import COUNTER
-from fastverify.patch.slots import (FUSED_MAX_TOKENS, _be_name, _BackendSlot, _close_quietly, _count_taken,
-                                    _create_together, _disable, _fallbacks, _fused, _slot_backend, _slot_text)
+from fastverify.patch.slots import (FUSED_MAX_TOKENS, _be_name, BackendSlot, close_quietly, _count_taken,
+                                    create_together, _disable, _fallbacks, FUSED_SLOT, _slot_backend, _slot_text)
 from fastverify.patch.targets import MOD_MOE_UTILS, MOD_PARALLEL_STATE
 from fastverify.registry import Reach
 
-_fused_groups: list[_BackendSlot] = []  # the fused slot's backends, one per SGLang group (``group``)
+FUSED_GROUPS: list[BackendSlot] = []  # the fused slot's backends, one per SGLang group (``group``)
 FUSED_SGLANG_FALLBACK = "sglang_fusion.fallback"
 """Path suffix (``fastverify.<backend>.sglang_fusion.fallback``): the fused slot declined and SGLang's
 own ``forward_with_allreduce_fusion`` reduced the tensor without a ``GroupCoordinator.all_reduce``
@@ -35,15 +35,15 @@ own ``forward_with_allreduce_fusion`` reduced the tensor without a ``GroupCoordi
 all-reduce is counted ``fastverify.<backend>.fallback``."""
 
 
-def _fused_slot(group: Any) -> _BackendSlot:
+def group_slot(group: Any) -> BackendSlot:
     """The fused slot's slot for SGLang's ``group`` (a ``GroupCoordinator``, matched by identity as
     SGLang matches the owed group, ``fusions/allreduce.py``), made on first use with the fused
     slot's kind and factory."""
-    slot = next((s for s in _fused_groups if s.group is group), None)
+    slot = next((s for s in FUSED_GROUPS if s.group is group), None)
     if slot is None:
-        slot = _BackendSlot(Reach.patch_fused_norm, group=group)
-        _fused_groups.append(slot)
-    slot.kind, slot.factory = _fused.kind, _fused.factory  # as install set them
+        slot = BackendSlot(Reach.patch_fused_norm, group=group)
+        FUSED_GROUPS.append(slot)
+    slot.kind, slot.factory = FUSED_SLOT.kind, FUSED_SLOT.factory  # as install set them
     return slot
 
 
@@ -51,9 +51,9 @@ def attach_fused_backend(backend: Any, group: Any, *, checked: bool = False) -> 
     """Use ``backend`` (an :class:`fastverify.backends.AllReduceBackend` built on ``group``, SGLang's
     ``GroupCoordinator``) for the fused calls owed to that group only. ``checked=True`` skips the
     first-result check against the plain path."""
-    slot = _fused_slot(group)
+    slot = group_slot(group)
     slot.backend, slot.disabled, slot.checked = backend, None, checked
-    _fused.disabled = None
+    FUSED_SLOT.disabled = None
 
 
 def _fusion_group_why(modules: Mapping[str, Any] | None) -> str | None:
@@ -114,12 +114,12 @@ def _fused_take(norm: Any, x: Any, residual: Any, post: Any, use_attn_tp_group: 
     backend declined it; ``(None, None)`` when none applies (no residual -- SGLang then only norms,
     ``layernorm.py`` -- a group of one, no backend for the group, the slot off)."""
     weight, eps = getattr(norm, "weight", None), getattr(norm, "variance_epsilon", None)
-    if residual is None or weight is None or eps is None or _fused.disabled is not None or x.dim() != 2:
+    if residual is None or weight is None or eps is None or FUSED_SLOT.disabled is not None or x.dim() != 2:
         return None, None
     coord = _fusion_group(modules, use_attn_tp_group)
     if coord is None or int(getattr(coord, "world_size", 1) or 1) <= 1:
         return None, None
-    slot = _fused_slot(coord)
+    slot = group_slot(coord)
     be = _slot_backend(slot, coord, x)
     if be is None:
         return None, None
@@ -135,7 +135,7 @@ def _fused_take(norm: Any, x: Any, residual: Any, post: Any, use_attn_tp_group: 
     return out, None
 
 
-def _run_fused(slot: _BackendSlot, be: Any, coordinator: Any, x: Any, residual: Any, weight: Any,
+def _run_fused(slot: BackendSlot, be: Any, coordinator: Any, x: Any, residual: Any, weight: Any,
                eps: float) -> Any:
     """The fused result of ``slot``'s backend, or None to run SGLang's own method.
 
@@ -187,11 +187,11 @@ def _build_fused(modules: Mapping[str, Any] | None, probe: Any, shapes: list[tup
     None when nothing was: the slot is then off) and the groups that failed (``""`` when none)."""
     built, failed = [], []
     for g in _fused_groups_of(modules):
-        slot = _fused_slot(g)
+        slot = group_slot(g)
         if slot.backend is None and slot.disabled is None:
-            _fused.context = None
-            _create_together(slot, g, probe, shapes)
-            slot.context = _fused.context  # the default factory records the context on the fused slot
+            FUSED_SLOT.context = None
+            create_together(slot, g, probe, shapes)
+            slot.context = FUSED_SLOT.context  # the default factory records the context on the fused slot
         name = getattr(g, "unique_name", None) or f"ranks {getattr(g, 'ranks', '?')}"
         if slot.backend is None:
             failed.append(f"{name}: {slot.disabled}")
@@ -199,18 +199,18 @@ def _build_fused(modules: Mapping[str, Any] | None, probe: Any, shapes: list[tup
             built.append(f"{name}: {_slot_text(slot)}")
     why = "; ".join(failed)
     if not built:
-        _fused.disabled = why or "no group of more than one rank to reduce over"
-        return None, _fused.disabled
+        FUSED_SLOT.disabled = why or "no group of more than one rank to reduce over"
+        return None, FUSED_SLOT.disabled
     return ", ".join(built), why
 
 
 def _close_fused(why: str) -> None:
     """Turn the fused slot off: every group's backend closed (every rank of each group gets the same
     answer from SGLang, so they close together), no backend left."""
-    for slot in _fused_groups:
+    for slot in FUSED_GROUPS:
         if slot.backend is not None:
-            _close_quietly(slot.backend)
+            close_quietly(slot.backend)
             slot.backend = None
-    _disable(_fused, why)
+    _disable(FUSED_SLOT, why)
 
 

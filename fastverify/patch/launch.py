@@ -22,22 +22,20 @@ from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord,
                                read_record, record_path_for)
 from fastverify.envfile import read_env_file
 from fastverify.errors import UserError, shown
-from fastverify.patch import (
-    ENV_BACKEND,
-    ENV_PROFILE_VERIFY_STEPS,
-    PLUGIN_GROUP,
-    PLUGIN_NAME,
-)
+from fastverify.patch.handoff import ENV_BACKEND, ENV_PROFILE_VERIFY_STEPS, PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK
 from fastverify.patch.launch_notes import settings_notes, shape_notes
-from fastverify.patch.launch_env import (HOOK_DIR, OFF, ROUTE_HOOK, Draft, backend_env, flag_notes, profile_folder, route_patch,
+from fastverify.patch.launch_env import (HOOK_DIR, OFF, Draft, backend_env, flag_notes, profile_folder, route_patch,
                                         settings_env)
 from fastverify.patch.launch_plan import Blocker, Checks, blocked_text, box_text, check_box, flag_int
 from fastverify.patch.server_cmd import ServerShapes, read_command
-from fastverify.proof.answers import AnswerBaseline
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
+from fastverify.proof.answers import AnswerBaseline
+from fastverify.proof.run import proof_blockers
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import BackendInfo, BackendName, backend_info, names
-from fastverify.topo.box import box_from_description
+from fastverify.topo.box import ENV_DESCRIBE_BOX, box_from_description, described_box, p2p_file_facts, read_box
+from fastverify.topo.gpu_identity import gpu_id, nvml_gpus, visible_gpus
+from fastverify.topo.p2p_proof import complete_gpus, read_check_file
 
 AUTO = "auto"
 BACKENDS = (AUTO, OFF, *(n.value for n in names(deployable=True)))
@@ -133,7 +131,6 @@ def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str], notes: list
     unchanged where NVML cannot tell."""
     import msgspec  # noqa: PLC0415
 
-    from fastverify.topo.gpu_identity import gpu_id, nvml_gpus, visible_gpus  # noqa: PLC0415
 
     listed = nvml_gpus()
     rows, why = visible_gpus(listed, environ)
@@ -229,14 +226,10 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
     p2p: P2PFacts | None = None
     check_file = None
     if p2p_file is not None:
-        from fastverify.topo.p2p_proof import read_check_file  # noqa: PLC0415
-
         check_file = read_check_file(p2p_file)
     world = None
     if to_check or record is not None:
         if box is None:
-            from fastverify.topo.box import ENV_DESCRIBE_BOX, described_box, read_box  # noqa: PLC0415
-
             box = described_box(environ, tp=tp or 0)
             if box is None:
                 box = _with_nvml_gpus(read_box(tp or 0), environ, notes)
@@ -248,8 +241,6 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
     if check_file is not None and not any(b.needs_p2p for b in to_check):  # read, said, not needed
         import msgspec  # noqa: PLC0415
 
-        from fastverify.topo.box import p2p_file_facts  # noqa: PLC0415
-        from fastverify.topo.p2p_proof import complete_gpus  # noqa: PLC0415
 
         p2p = msgspec.structs.replace(p2p_file_facts(p2p_file, check_file.results), gpus=complete_gpus(check_file))
         notes.append(f"--p2p-check {p2p_file}: read; nothing in this plan needs P2P")
@@ -365,8 +356,6 @@ def plan_of_args(args, environ: Mapping[str, str]) -> LaunchPlan:
                        trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
                        box=box, box_source=source, collect_blockers=args.dry_run)
     if args.dry_run and proof_asked(args, plan):
-        from fastverify.proof.run import proof_blockers  # lazy: http (the proof's client)
-
         plan = replace(plan, blockers=plan.blockers + proof_blockers(plan, args))
     return plan
 

@@ -15,15 +15,8 @@ from fastverify.deploy import BoxFingerprint, DeploymentRecord, sglang_settings
 from fastverify.envfile import check_setting
 from fastverify.errors import UserError
 from fastverify.output_paths import check_folder
-from fastverify.patch import (
-    ENV_BACKEND,
-    ENV_CUDA_MAX_CONNECTIONS,
-    ENV_FLAG,
-    ENV_PROFILE_VERIFY,
-    ENV_PROFILE_VERIFY_STEPS,
-    PLUGIN_GROUP,
-    PLUGIN_NAME,
-)
+from fastverify.patch.handoff import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PATCH_ROUTE, ENV_PROFILE_VERIFY,
+                                      ENV_PROFILE_VERIFY_STEPS, PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK, ROUTE_PLUGIN)
 from fastverify.patch.launch_plan import Checks, workspace_note
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.patch.sglang_info import SGLangInfo
@@ -33,11 +26,6 @@ from fastverify.registry import BackendInfo, BackendName, Reach, Role, backend_i
 OFF = "off"
 """The ``--backend`` value that changes no all-reduce."""
 HOOK_DIR = Path(__file__).resolve().parent / "sitecustomize"
-ROUTE_PLUGIN = "plugin entry point"
-ROUTE_HOOK = "import hook"
-ENV_PATCH_ROUTE = "FASTVERIFY_PATCH_ROUTE"
-"""``plugin`` when the entry point runs the patch and the hook folder is on ``PYTHONPATH`` only to
-restore ``CUDA_DEVICE_MAX_CONNECTIONS`` at start-up."""
 # SGLang 0.5.23 ``entrypoints/engine.py::_set_envs_and_config`` sets these in the launcher only when
 # unset (and forces them on with --enable-symm-mem / --enable-nccl-nvls): exporting them is enough.
 SET_WHEN_UNSET = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fastverify.deploy import BoxFingerprint, DeploymentRecord
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.registry import BackendInfo
+from fastverify.errors import UserError
 
 if TYPE_CHECKING:
     from fastverify.patch.sglang_info import SGLangInfo
@@ -86,8 +87,6 @@ def workspace_check(b: BackendInfo, environ: Mapping[str, str], record: Deployme
     UserError
         The workspace would take more than :data:`IPC_WORKSPACE_MAX_GPU_PERCENT` % of the GPU.
     """
-    from fastverify.errors import UserError
-
     covers = server.covers() if server is not None else "every captured verify step"
     hidden = record.shapes.hidden if record is not None else None
     rows = server.max_rows if server is not None and server.max_rows else (

@@ -23,6 +23,7 @@ from fastverify.errors import UserError
 from fastverify.patch.launch_notes import served_dtype, workspace_check
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.registry import BackendInfo, sm_text, unreachable_reason
+from fastverify.topo.p2p_proof import proof_for
 
 if TYPE_CHECKING:
     from fastverify.patch.sglang_info import SGLangInfo
@@ -268,8 +269,6 @@ def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | No
             blocked.add(b.name)
     tp_gpus, why = _tp_gpus(box, argv, world)
     if check_file is not None and any(b.needs_p2p for b in to_check):
-        from fastverify.topo.p2p_proof import proof_for  # noqa: PLC0415
-
         proof = None
         with checks.guard("P2P", P2P_FIX):  # refuses, naming the file, what proves nothing here
             proof = proof_for(check_file, tp_gpus, why)

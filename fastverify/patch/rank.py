@@ -102,7 +102,7 @@ def context_from_coordinator(coordinator: Any, *, device: Any, dtype: Any, recor
     import torch
     import torch.distributed as dist
 
-    from fastverify.backends import ProbeContext
+    from fastverify.backends import ProbeContext  # lazy: torch
 
     same_node, _ = single_node(coordinator, modules)  # the collective step first, on every rank
     device = torch.device(device)
@@ -156,7 +156,7 @@ def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: 
     ``x`` gives ``shape[-1]`` (hidden), ``device`` and ``dtype``. Raises
     :class:`fastverify.backends.BackendUnavailable` on every rank when any rank's probe fails.
     """
-    from fastverify.backends import BackendUnavailable, make_backend, probe
+    from fastverify.backends import BackendUnavailable, make_backend, probe  # lazy: torch
 
     hidden = int(x.shape[-1])
     ctx, why = None, None
@@ -173,7 +173,7 @@ def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: 
     failed = first_reason(gather_reasons(coordinator, why))
     if failed is not None:
         raise BackendUnavailable(name, failed)
-    from fastverify.backends.base import backend_class
+    from fastverify.backends.base import backend_class  # lazy: torch
 
     # a backend that votes across ranks while it builds (b12x) votes on SGLang's gloo CPU group;
     # one that can prepare its fused kernel alone (b12x) does: the slots call nothing else of it
@@ -257,7 +257,7 @@ def first_result_check(coordinator: Any, rows: int, hidden: int, device: Any, dt
     def check(be: Any) -> str | None:
         import torch
 
-        from fastverify.backends import add_rmsnorm, check_close
+        from fastverify.backends import add_rmsnorm, check_close  # lazy: torch
 
         rank = int(getattr(coordinator, "rank_in_group", 0) or 0)
         x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(9100 + rank))

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
+from fastverify.inputs import read_json
 
 SOURCE_SGLANG = "SGLang's prepare_server_args"
 SOURCE_SGLANG_RAW = "SGLang's argument parser (flags as given, not resolved)"
@@ -205,7 +206,6 @@ def _adaptive_steps(config_path: str | None) -> tuple[int, ...]:
     """
     if not config_path:
         return ADAPTIVE_DEFAULT_STEPS
-    from fastverify.inputs import read_json
 
     data = read_json(config_path, what="the adaptive speculative config")
     where = f"{config_path}: not an SGLang adaptive config"

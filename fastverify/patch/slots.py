@@ -4,7 +4,7 @@ SGLang functions each one replaces.
 * the dispatch slot: ``GroupCoordinator.all_reduce`` routed to a fastverify backend where SGLang
   lacks its own switch (``pcie_ipc`` on an SGLang without ``pcie_ipc_ar.py``); every call counted;
 * the fused-norm slot: ``RMSNorm.forward_with_allreduce_fusion`` (``fused``), one backend per
-  SGLang group (:mod:`fastverify.patch.fused_slot`; ``_fused`` here holds its kind and factory);
+  SGLang group (:mod:`fastverify.patch.fused_slot`; ``FUSED_SLOT`` here holds its kind and factory);
 * the add-norm slot: the layer boundary's ``fused_ffn_input`` / ``fused_attn_input`` candidates
   (``b12x``), offered the tensor before SGLang's own.
 
@@ -33,7 +33,7 @@ FUSED_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE: it never fuse
 
 
 @dataclass
-class _BackendSlot:
+class BackendSlot:
     """The rank's slot for one reach (:class:`fastverify.registry.Reach`): which registry backend
     fills it is set at install from ``FASTVERIFY_BACKEND`` (``kind``; before that the registry's
     first backend of that reach); built before capture or on the first eager call (or attached).
@@ -53,11 +53,11 @@ class _BackendSlot:
 
 
 @dataclass(frozen=True)
-class _SlotUse:
+class SlotUse:
     """A slot as the rank step sees it: built on the attention-TP group (``use_attn``) or the TP
     group; ``key`` names it in the line (``built=``); ``targets`` are the keys it serves."""
 
-    slot: _BackendSlot
+    slot: BackendSlot
     use_attn: bool
     key: str
     targets: tuple[str, ...]
@@ -67,24 +67,24 @@ def _first_of(*reaches: Reach) -> BackendName:
     return next(b.name for b in BACKENDS if b.reach in reaches)
 
 
-_fused = _BackendSlot(Reach.patch_fused_norm, _first_of(Reach.patch_fused_norm))
-_dispatch = _BackendSlot(Reach.patch_dispatch, _first_of(Reach.patch_dispatch, Reach.sglang_switch))
-_add_norm = _BackendSlot(Reach.patch_add_norm, _first_of(Reach.patch_add_norm))
-_SLOTS = (_fused, _dispatch, _add_norm)
+FUSED_SLOT = BackendSlot(Reach.patch_fused_norm, _first_of(Reach.patch_fused_norm))
+DISPATCH_SLOT = BackendSlot(Reach.patch_dispatch, _first_of(Reach.patch_dispatch, Reach.sglang_switch))
+ADD_NORM_SLOT = BackendSlot(Reach.patch_add_norm, _first_of(Reach.patch_add_norm))
+SLOTS = (FUSED_SLOT, DISPATCH_SLOT, ADD_NORM_SLOT)
 
 
-def _max_rows_of(slot: _BackendSlot) -> int:
+def _max_rows_of(slot: BackendSlot) -> int:
     """The registry's row limit of the slot's backend (b12x: 36, FlashInfer ``_oneshot_preparation.py``);
     0 without one."""
     return backend_info(slot.kind).max_rows or 0
 
 
-def _slot_for(info: BackendInfo, has_switch: bool) -> _BackendSlot | None:
+def _slot_for(info: BackendInfo, has_switch: bool) -> BackendSlot | None:
     """The slot a backend fills, by its reach: SGLang's own switch needs none where this SGLang has
     it (else the patch routes the dispatch itself); native and CPU stand-ins none."""
     if info.reach is Reach.sglang_switch:
-        return None if has_switch else _dispatch
-    return next((s for s in _SLOTS if s.reach is info.reach), None)
+        return None if has_switch else DISPATCH_SLOT
+    return next((s for s in SLOTS if s.reach is info.reach), None)
 
 
 _abandoned: list[Any] = []  # built on some ranks only: never closed (closing them alone would hang)
@@ -93,24 +93,24 @@ _abandoned: list[Any] = []  # built on some ranks only: never closed (closing th
 def attach_dispatch_backend(backend: Any) -> None:
     """Use ``backend`` for tensor-parallel all-reduces that it ``supports`` (``pcie_ipc`` on an
     SGLang without its own PCIe IPC path)."""
-    _dispatch.backend, _dispatch.disabled = backend, None
+    DISPATCH_SLOT.backend, DISPATCH_SLOT.disabled = backend, None
 
 
 def attach_add_norm_backend(backend: Any, *, ranks: list[int], attn_is_tp: bool = True) -> None:
     """Use ``backend`` for the layer boundary's add-norm (the b12x slot), built on the group of
     global ``ranks``; taken as checked (the rank step's first-result check is for built ones)."""
-    _add_norm.backend, _add_norm.disabled, _add_norm.checked = backend, None, True
-    _add_norm.ranks, _add_norm.attn_is_tp = list(ranks), attn_is_tp
+    ADD_NORM_SLOT.backend, ADD_NORM_SLOT.disabled, ADD_NORM_SLOT.checked = backend, None, True
+    ADD_NORM_SLOT.ranks, ADD_NORM_SLOT.attn_is_tp = list(ranks), attn_is_tp
 
 
-def _disable(slot: _BackendSlot, reason: str) -> None:
+def _disable(slot: BackendSlot, reason: str) -> None:
     if slot.disabled is None:
         slot.disabled = reason
         log.warning("fastverify patch: %s backend disabled on every TP rank: %s; using the plain all-reduce",
                     slot.kind.value, reason)
 
 
-def _close_quietly(be: Any) -> None:
+def close_quietly(be: Any) -> None:
     try:
         close = getattr(be, "close", None)
         if callable(close):
@@ -119,7 +119,7 @@ def _close_quietly(be: Any) -> None:
         log.warning("fastverify patch: closing the backend failed (%s: %s)", type(err).__name__, err)
 
 
-def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[tuple[int, int]],
+def create_together(slot: BackendSlot, coordinator: Any, x: Any, shapes: list[tuple[int, int]],
                      check: Callable[[Any], str | None] | None = None) -> Any:
     """Create (and prepare, when ``shapes``; then ``check``, when given) the slot's backend on every
     TP rank or on none: each step's outcome is exchanged on the CPU group before the next. A failed
@@ -152,7 +152,7 @@ def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[
             why = f"prepare failed ({type(err).__name__}: {err})"
         failed = R.first_reason(R.gather_reasons(coordinator, why))
         if failed is not None:
-            _close_quietly(be)  # every rank holds one: closed together
+            close_quietly(be)  # every rank holds one: closed together
             _disable(slot, failed)
             return None
         slot.prepared = True
@@ -163,7 +163,7 @@ def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[
             why = f"first result check failed ({type(err).__name__}: {err})"
         failed = R.first_reason(R.gather_reasons(coordinator, why))
         if failed is not None:
-            _close_quietly(be)
+            close_quietly(be)
             _disable(slot, failed)
             return None
         slot.checked = True
@@ -171,7 +171,7 @@ def _create_together(slot: _BackendSlot, coordinator: Any, x: Any, shapes: list[
     return be
 
 
-def _slot_backend(slot: _BackendSlot, coordinator: Any, x: Any) -> Any:
+def _slot_backend(slot: BackendSlot, coordinator: Any, x: Any) -> Any:
     """The slot's backend, created (voted) on the first eager call on a GPU tensor when the step
     before capture did not; None when there is none (disabled, not creatable now, CPU tensor)."""
     if slot.disabled is not None:
@@ -179,7 +179,7 @@ def _slot_backend(slot: _BackendSlot, coordinator: Any, x: Any) -> Any:
     if slot.backend is None:
         if slot.factory is None or not getattr(x, "is_cuda", False) or R.is_capturing() or R.is_compiling():
             return None
-        return _create_together(slot, coordinator, x, [])
+        return create_together(slot, coordinator, x, [])
     return slot.backend
 
 
@@ -211,7 +211,7 @@ def _be_name(be: Any) -> str:
     return str(getattr(name, "value", name or type(be).__name__))
 
 
-def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None) -> Callable:
+def make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None) -> Callable:
     """``GroupCoordinator.all_reduce``: the dispatch slot first (when one is configured: a TP
     group, a tensor it ``supports``), then SGLang's own path; every call counted
     (:mod:`fastverify.patch.paths`): ``fastverify.<backend>``, its ``.fallback`` when it declined,
@@ -221,9 +221,9 @@ def _make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = Non
         # route or count here (and no lock or thread-local inside a traced region)
         if args or kwargs or getattr(self, "world_size", 1) <= 1 or R.is_compiling():
             return original(self, input_, *args, **kwargs)
-        if (_dispatch.factory is not None or _dispatch.backend is not None) \
+        if (DISPATCH_SLOT.factory is not None or DISPATCH_SLOT.backend is not None) \
                 and getattr(self, "unique_name", "").startswith("tp"):
-            be = _slot_backend(_dispatch, self, input_)
+            be = _slot_backend(DISPATCH_SLOT, self, input_)
             if be is not None:
                 if be.supports(input_):
                     before = _fallbacks(be)
@@ -246,7 +246,7 @@ def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: boo
         return None
 
 
-def _slot_text(slot: _BackendSlot) -> str:
+def _slot_text(slot: BackendSlot) -> str:
     """The backend of ``slot`` as the rank's line says it: name (world, group backend, node, P2P)."""
     be, ctx = slot.backend, slot.context
     name = getattr(getattr(be, "name", None), "value", type(be).__name__)
@@ -262,7 +262,7 @@ def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
     (slot state voted at the rank step, shapes, dtypes, the model's norm), so all ranks agree.
     Counted (:mod:`fastverify.patch.paths`): ``fastverify.b12x`` when taken; declined by a live
     slot, the boundary's next all-reduce is counted as its fallback."""
-    slot = _add_norm
+    slot = ADD_NORM_SLOT
     be = slot.backend
     if be is None or slot.disabled is not None or not slot.checked or residual is None:
         return None
@@ -278,7 +278,7 @@ def _b12x_add_norm(plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
 def _b12x_take(be: Any, plan: Any, x: Any, residual: Any, rmsnorm_cls: Any) -> Any:
     """The b12x result when every condition holds (see :func:`_b12x_add_norm`), else None."""
     dim = getattr(x, "dim", None)
-    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= _max_rows_of(_add_norm):
+    if dim is None or dim() != 2 or not 0 < int(x.shape[0]) <= _max_rows_of(ADD_NORM_SLOT):
         return None  # above the registry's max_rows the kernel refuses: SGLang's all-reduce + norm
     if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype or R.is_compiling():
         return None
@@ -301,7 +301,7 @@ def _is_stand_in(be: Any) -> bool:
 
 def _same_group(group: Any) -> bool:
     ranks = getattr(group, "ranks", None)
-    return ranks is not None and _add_norm.ranks is not None and list(ranks) == _add_norm.ranks
+    return ranks is not None and ADD_NORM_SLOT.ranks is not None and list(ranks) == ADD_NORM_SLOT.ranks
 
 
 def _make_add_norm_ffn(names: Mapping[str, Any]) -> Callable[[Callable], Callable]:
@@ -311,7 +311,7 @@ def _make_add_norm_ffn(names: Mapping[str, Any]) -> Callable[[Callable], Callabl
 
     def make(original: Callable) -> Callable:
         def fused_ffn_input(plan, hidden_states, residual, forward_batch, *args, **kwargs):
-            if not args and not kwargs and _add_norm.attn_is_tp:
+            if not args and not kwargs and ADD_NORM_SLOT.attn_is_tp:
                 out = _b12x_add_norm(plan, hidden_states, residual, rmsnorm_cls)
                 if out is not None:
                     return out

@@ -3,7 +3,7 @@ the mechanics of wrapping them.
 
 Each target is found by feature detection and checked with :mod:`inspect` before it is wrapped;
 ``fastverify patch --check`` applies the same rule to the source with :mod:`ast`
-(:mod:`fastverify.patch.check`). A target is a method (``cls`` set: the function in the class
+(:func:`fastverify.patch.sglang_info.check`). A target is a method (``cls`` set: the function in the class
 ``__dict__`` is replaced) or a module-level function (``cls`` None: the module attribute is
 replaced, so it must be wrapped before SGLang binds it -- the layer boundary's fusions are bound
 into each stage when the model is built). What :mod:`fastverify.patch.install` does with each is
@@ -72,7 +72,7 @@ residual, as SGLang's FlashInfer wrapper does. The first fused result is compare
 on every rank and the outcome voted on the CPU group."""
 TARGET_VERIFY = Target("verify_timer", MOD_TP_WORKER, "TpModelWorker", "forward_batch_generation",
                        ("self", "batch", "forward_batch"), needs=("is_verify",))
-"""Wrapped for ``--profile-verify DIR`` (:mod:`fastverify.patch.verify_wrap`)."""
+"""Wrapped for ``--profile-verify DIR`` (:func:`fastverify.patch.install.make_verify_wrapper`)."""
 TARGET_PRE_CAPTURE = Target("pre_capture", MOD_MODEL_RUNNER, "ModelRunner", "init_cuda_graphs",
                             ("self", "capture_decode_cuda_graph"))
 """Wrapped whenever the patch is active: every TP rank's ``Scheduler.init_all_cuda_graphs`` calls it once
@@ -167,7 +167,7 @@ UNCOUNTED = {
 """Entry points deliberately NOT wrapped, with why: SGLang's classes that capture or replay, and its
 all-reduce call sites, are each either wrapped or named here (a test walks SGLang's source for
 any other)."""
-# Where the verify's per-request accept lengths are computed (fastverify/patch/verify_wrap.py): SGLang's
+# Where the verify's per-request accept lengths are computed (:func:`fastverify.patch.install.make_accept_wrapper`): SGLang's
 # ``eagle_utils.eagle_sample``, as each verifying worker module binds it by name (module globals are
 # looked up at call time, so wrapping the name there reaches every call). Not in TARGETS: ``patch
 # --check`` looks for definitions, and these modules import the function.

@@ -1,7 +1,7 @@
 """The verify timer of the in-rank patch (``--profile-verify DIR``): events around each verify
 forward, no host sync, written as JSON lines while the server runs (SGLang ends its scheduler
 processes with SIGKILL, ``kill_process_tree`` in ``sglang/srt/utils/common.py``, so nothing at exit
-runs there). The wrappers that call it: :mod:`fastverify.patch.verify_wrap`; the optional
+runs there). The wrappers that call it: :func:`fastverify.patch.install.make_verify_wrapper`; the optional
 torch.profiler trace: :mod:`fastverify.patch.verify_trace`. Two halves:
 
 - the verify path (:meth:`VerifyTimer.stop`) reads ``query()`` of the oldest pending events (never
@@ -47,7 +47,7 @@ dropped and counted in :attr:`VerifyTimer.dropped` (a stuck disk must not grow t
 # --- the verify timer -------------------------------------------------------------------------------
 
 
-class _WallEvent:
+class WallEvent:
     """CPU stand-in for ``torch.cuda.Event`` (no GPU): wall clock, always complete."""
 
     __slots__ = ("t",)
@@ -61,7 +61,7 @@ class _WallEvent:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: "_WallEvent") -> float:
+    def elapsed_time(self, end: "WallEvent") -> float:
         return (end.t - self.t) / 1e6
 
 
@@ -73,7 +73,7 @@ def _default_event_factory() -> tuple[Callable[[], Any], str]:
             return (lambda: torch.cuda.Event(enable_timing=True)), "cuda_events"
     except Exception:
         pass
-    return _WallEvent, "cpu_wall_clock"
+    return WallEvent, "cpu_wall_clock"
 
 
 def _default_rank() -> str:
@@ -151,7 +151,7 @@ class VerifyTimer:
     the events around the forward, ``clock`` is ``cuda_events`` (GPU time) or ``cpu_wall_clock``
     (host ``perf_counter``, not a GPU time); ``batch`` is the requests in the verify forward and
     ``tokens`` the rows the target verifies (batch × draft tokens per request), as the forward
-    batch held them (:func:`fastverify.patch.verify_wrap.verify_load`), null where they could not be read.
+    batch held them (:func:`fastverify.patch.install.verify_load`), null where they could not be read.
 
     Parameters
     ----------

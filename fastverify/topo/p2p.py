@@ -1,19 +1,43 @@
 """The real GPU peer-to-peer (P2P) check: every GPU pair tested in child processes, cached per box.
 
 For each unordered GPU pair ``{i, j}`` one child (``python -m fastverify.topo.p2p pair i j OUT``)
-starts two side processes, one per GPU (:mod:`fastverify.topo.p2p_side`), that read and write each
+starts two side processes, one per GPU (:func:`run_side`), that read and write each
 other's memory over CUDA IPC. Direction ``(i, j)`` = memory on GPU ``i``, accessed from GPU ``j``.
 Everything that can hang runs in a child with a timeout; no answer in time yields
 ``P2PResult(False, "timeout ...", timed_out=True)``, a status of its own (neither passed nor
 failed: a slow start looks the same as a hang), never cached and retried on the next run.
-Passes and failures are cached per box (:mod:`fastverify.topo.p2p_cache`); ``fastverify p2p``
+Passes and failures are cached per box (:func:`cache_path`); ``fastverify p2p``
 prints or writes the check file that proves P2P (:mod:`fastverify.topo.p2p_proof`).
-"""
+
+The per-box cache, ``<cache>/p2p-<fingerprint>.json`` (:func:`box_key`, :func:`read_cache`,
+:func:`write_cache`). The fingerprint covers GPU names, PCI bus ids, the driver version (NVML's, and
+the loaded kernel module's from ``/proc/driver/nvidia/version``), the kernel command line
+(``/proc/cmdline``: IOMMU and ACS switches decide whether peer traffic works),
+``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (both change what CUDA ordinal ``i`` means); the
+key itself is repeated inside the file, so a fingerprint collision or a file from another box is
+never read as ours. Passes and failures are cached; timeouts never are (written or read: an older
+file may hold them), so a direction that timed out is tested again on the next run.
+
+One GPU's side of a pair test (:func:`run_side`; needs CUDA; run as ``python -m fastverify.topo.p2p
+side``). The driver's P2P report (``cudaDeviceCanAccessPeer``, NVML's P2P status) can say yes where
+P2P reads or writes fail, hang or corrupt data (IOMMU/ACS settings, some BIOSes and consumer
+boards); vLLM tests P2P for real before enabling its custom all-reduce for that reason
+(``custom_all_reduce_utils.py::gpu_p2p_access_check``). Each side allocates a 4 MiB buffer on its
+GPU, fills it with its own byte pattern and publishes the buffer's CUDA IPC handle
+(``UntypedStorage._share_cuda_``, the call behind ``torch.multiprocessing``'s CUDA sharing). It
+opens the peer's handle **under its own device** (``UntypedStorage._new_shared_cuda``), so every
+torch op on the peer's memory runs on its own GPU and crosses the PCIe/NVLink fabric: it reads the
+peer pattern back (P2P read), writes a second pattern with a copy-engine copy (first half) and an SM
+kernel (second half) (P2P write), and finally checks that its own buffer holds what the peer wrote.
+This is legacy CUDA IPC (``cudaIpcOpenMemHandle``), the mechanism of the PCIe IPC all-reduces
+(SGLang/vLLM custom all-reduce, FlashInfer); NCCL may use cuMem handles instead
+(``NCCL_CUMEM_ENABLE``), which share the same fabric path."""
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import math
 import os
@@ -29,11 +53,17 @@ from fastverify.errors import EXIT_USER_ERROR, UserError
 from fastverify.output_paths import check_outputs
 from fastverify.outputs import claim_output, write_files
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
+from fastverify.topo import nvml as topo_nvml
 from fastverify.topo.gpu_identity import gpu_identities
-from fastverify.topo.p2p_cache import box_key, cache_path, read_cache, write_cache
-from fastverify.topo.p2p_proof import check_document
-from fastverify.topo.p2p_results import POLL_S, P2PResult, count_statuses, results_from_json, write_json_atomic
-from fastverify.topo.p2p_side import run_side
+from fastverify.topo.p2p_proof import (
+    POLL_S,
+    P2PResult,
+    check_document,
+    count_statuses,
+    results_from_json,
+    results_to_json,
+    write_json_atomic,
+)
 
 DEFAULT_TIMEOUT_S = 120.0
 NO_CUDA = "no CUDA GPUs: the real P2P check needs a GPU box"
@@ -371,6 +401,229 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run_side(args.me, args.peer, args.my_gpu, args.peer_gpu, args.workdir, args.timeout)
     return 0
+
+
+SCHEMA_VERSION = 1  # of the cache file (its own "schema_version")
+CMDLINE_PATH = "/proc/cmdline"
+"""The kernel command line (Linux ``proc(5)``): ``intel_iommu=``, ``amd_iommu=``, ``iommu=``,
+``pci=`` (ACS overrides) change whether P2P works without any GPU or driver change."""
+NVIDIA_VERSION_PATH = "/proc/driver/nvidia/version"
+"""The loaded NVIDIA kernel module's version line (its first line, ``NVRM version: ...``); it can
+differ from NVML's user-space library after an upgrade without a reboot."""
+
+
+def default_cache_dir() -> Path:
+    """``$FASTVERIFY_CACHE_DIR``, else ``~/.cache/fastverify``."""
+    env = os.environ.get("FASTVERIFY_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fastverify"
+
+
+def _file_first_line(path: str) -> str | None:
+    """The file's first line, stripped; None where it cannot be read (no such file, not Linux)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def box_key(nvml: Any | None = None) -> dict:
+    """What identifies this box for the P2P cache: GPU names and PCI bus ids (NVML order), the
+    driver version (NVML's, and the kernel module's :data:`NVIDIA_VERSION_PATH`), the kernel command
+    line (:data:`CMDLINE_PATH`), ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Without NVML
+    the GPU list comes from torch and NVML's driver is ``None``; an unreadable file is ``None``."""
+    key: dict[str, Any] = {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "kernel_cmdline": _file_first_line(CMDLINE_PATH),
+        "driver_module": _file_first_line(NVIDIA_VERSION_PATH),
+    }
+    try:
+        topo = topo_nvml.read_nvml_topology(nvml)
+        key["gpus"] = [[g.name, g.pci_bus_id] for g in topo.gpus]
+        key["driver"] = topo.source
+    except UserError:
+        import torch  # noqa: PLC0415 - optional, only where NVML cannot start
+
+        key["gpus"] = [[torch.cuda.get_device_name(k), None] for k in range(torch.cuda.device_count())]
+        key["driver"] = None
+    return key
+
+
+def fingerprint_of(key: dict) -> str:
+    """16 hex digits of the SHA-256 of ``key`` as canonical JSON."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_path(key: dict, cache_dir: str | os.PathLike | None = None) -> Path:
+    """``<cache_dir>/p2p-<fingerprint>.json``; ``cache_dir`` defaults to :func:`default_cache_dir`."""
+    return Path(cache_dir if cache_dir is not None else default_cache_dir()) / f"p2p-{fingerprint_of(key)}.json"
+
+
+def read_cache(path: Path, key: dict) -> dict[tuple[int, int], P2PResult]:
+    """Cached results in ``path`` when the file is ours and was written for ``key``, less any
+    timeout (retried, module docstring); else ``{}``."""
+    try:
+        doc = json.loads(path.read_text())
+        if (not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION
+                or doc.get("fingerprint") != fingerprint_of(key) or doc.get("box") != key):
+            return {}
+        return {p: r for p, r in results_from_json(doc.get("results")).items() if not r.timed_out}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult],
+                gpus: Sequence[dict] | None = None) -> None:
+    """Write ``results`` less their timeouts (module docstring) atomically (temporary file in the
+    same folder, then rename); with
+    ``gpus`` (:func:`fastverify.topo.gpu_identity.gpu_identities`) the file names the GPUs too,
+    and proves like the check's own output (:func:`fastverify.topo.p2p_proof.read_check_file`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema_version": SCHEMA_VERSION, "fingerprint": fingerprint_of(key), "box": key,
+           "written_unix_s": round(time.time(), 3),
+           "results": results_to_json({p: r for p, r in results.items() if not r.timed_out})}
+    if gpus is not None:
+        doc.update(cuda_visible_devices=key.get("cuda_visible_devices"),
+                   cuda_device_order=key.get("cuda_device_order"), gpus=list(gpus))
+    write_json_atomic(path, doc)
+
+
+BUFFER_BYTES = 4 << 20
+NO_PEER_ACCESS = "driver reports no peer access"  # a direction's reason starts with it: P2P not offered
+_SEEDS = {"a": (1, 3), "b": (2, 4)}  # per side: (pattern of its own buffer, pattern it writes to the peer)
+
+
+class _CheckFailed(Exception):
+    """A failure this module diagnosed itself (its message is the whole reason)."""
+
+
+class _TimedOut(_CheckFailed):
+    """No answer from the peer in time: a timeout, not a failure (the report row says
+    ``"timed_out": true``; :class:`~fastverify.topo.p2p_proof.P2PResult`)."""
+
+
+def _pattern(torch: Any, seed: int, n: int, device: str) -> Any:
+    """``n`` bytes ``(k * (2*seed + 1) + seed) % 256`` on ``device``: different for each seed."""
+    k = torch.arange(n, dtype=torch.int64, device=device)
+    return ((k * (2 * seed + 1) + seed) % 256).to(torch.uint8)
+
+
+def _encode_share(share: Sequence[Any]) -> list:
+    return [{"hex": v.hex()} if isinstance(v, bytes) else v for v in share]
+
+
+def _decode_share(items: list) -> tuple:
+    return tuple(bytes.fromhex(v["hex"]) if isinstance(v, dict) else v for v in items)
+
+
+def _wait_for(path: Path, deadline: float, what: str) -> Any:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise _TimedOut(f"timeout waiting for {what}")
+        time.sleep(POLL_S)
+    return json.loads(path.read_text())
+
+
+def _failed(err: BaseException) -> dict:
+    """A report entry for ``err``: ``{"ok": False, "reason"}``, plus ``"timed_out": True`` for a timeout."""
+    return {"ok": False, "reason": _first_line(err), **({"timed_out": True} if isinstance(err, _TimedOut) else {})}
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())[:200]
+    if isinstance(err, _CheckFailed):
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _publish_buffer(torch: Any, me: str, my_gpu: int, workdir: Path) -> Any | None:
+    """This side's buffer, its IPC handle published in ``<me>.handle.json``; None when it could
+    not be shared, after writing the failure as this side's handle, written flag and report."""
+    try:
+        torch.cuda.set_device(my_gpu)
+        buf = _pattern(torch, _SEEDS[me][0], BUFFER_BYTES, f"cuda:{my_gpu}")
+        torch.cuda.synchronize(my_gpu)
+        share = tuple(buf.untyped_storage()._share_cuda_())
+        if len(share) != 8:
+            raise _CheckFailed(f"torch's CUDA IPC handle has {len(share)} fields, expected 8 (torch {torch.__version__})")
+    except Exception as err:  # noqa: BLE001 - reported to the peer and the pair child
+        failed = {"ok": False, "reason": f"GPU {my_gpu} could not share a buffer: {_first_line(err)}"}
+        write_json_atomic(workdir / f"{me}.handle.json", {"error": failed["reason"]})
+        write_json_atomic(workdir / f"{me}.written.json", {"wrote": False})
+        write_json_atomic(workdir / f"{me}.report.json", {"access": failed, "own": failed})
+        return None
+    write_json_atomic(workdir / f"{me}.handle.json", {"share": _encode_share(share)})
+    return buf
+
+
+def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, timeout_s: float) -> None:
+    """One side of a pair test (needs CUDA). Writes ``<workdir>/<me>.report.json`` with
+    ``access`` (this side's read+write of the peer's buffer) and ``own`` (whether the peer's write
+    into this side's buffer arrived). Files it publishes on the way: ``<me>.handle.json`` (its
+    buffer's IPC handle, or the error that prevented sharing it) and ``<me>.written.json``."""
+    import torch  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    n = BUFFER_BYTES
+    dev = f"cuda:{my_gpu}"
+    buf = _publish_buffer(torch, me, my_gpu, workdir)
+    if buf is None:
+        return
+
+    report: dict[str, Any] = {}
+    storage = peer_view = None
+    wrote = False
+    try:
+        doc = _wait_for(workdir / f"{peer}.handle.json", deadline, f"GPU {peer_gpu}'s buffer")
+        if "error" in doc:
+            raise _CheckFailed(str(doc["error"]))
+        peer_share = _decode_share(doc["share"])
+        if my_gpu != peer_gpu and not torch.cuda.can_device_access_peer(my_gpu, peer_gpu):
+            raise _CheckFailed(f"{NO_PEER_ACCESS} (cudaDeviceCanAccessPeer({my_gpu}, {peer_gpu}) = 0)")
+        # Open the peer's buffer under *this* device (first field replaced): the mapping lives in
+        # this GPU's context, so the ops below run on this GPU and reach the peer's memory over
+        # the fabric. Event sync is off: the peer synchronised before publishing the handle.
+        storage = torch.UntypedStorage._new_shared_cuda(my_gpu, *peer_share[1:7], False)
+        peer_view = torch.empty((0,), dtype=torch.uint8, device=dev).set_(storage, 0, (n,), (1,))
+        seen = peer_view.clone()  # P2P read
+        torch.cuda.synchronize(my_gpu)
+        bad = int((seen != _pattern(torch, _SEEDS[peer][0], n, dev)).sum().item())
+        if bad:
+            raise _CheckFailed(f"P2P read returned {bad} of {n} bytes wrong")
+        new = _pattern(torch, _SEEDS[me][1], n, dev)
+        half = n // 2
+        peer_view[:half].copy_(new[:half])  # copy engine (cudaMemcpyAsync device to device)
+        torch.bitwise_or(new[half:], 0, out=peer_view[half:])  # SM stores from a kernel
+        torch.cuda.synchronize(my_gpu)
+        wrote = True
+        report["access"] = {"ok": True, "reason": f"GPU {my_gpu} read and wrote {n >> 20} MiB on GPU {peer_gpu}"}
+    except Exception as err:  # noqa: BLE001 - every CUDA failure becomes the reason of this direction
+        report["access"] = _failed(err)
+    write_json_atomic(workdir / f"{me}.written.json", {"wrote": wrote})
+
+    try:
+        peer_wrote = _wait_for(workdir / f"{peer}.written.json", deadline, f"GPU {peer_gpu} to write")["wrote"]
+        if peer_wrote:
+            torch.cuda.synchronize(my_gpu)
+            bad = int((buf != _pattern(torch, _SEEDS[peer][1], n, dev)).sum().item())
+            report["own"] = ({"ok": True, "reason": "the peer's write arrived"} if not bad else
+                             {"ok": False, "reason": f"P2P write from GPU {peer_gpu} left {bad} of {n} bytes wrong"})
+        else:
+            report["own"] = {"ok": False, "reason": f"GPU {peer_gpu} did not write"}
+    except Exception as err:  # noqa: BLE001
+        report["own"] = _failed(err)
+    try:
+        del peer_view, storage  # drop the mapping of the peer's buffer before the peer frees it
+        torch.cuda.synchronize(my_gpu)
+    except Exception:  # noqa: BLE001 - a sticky CUDA error is already in the report
+        pass
+    write_json_atomic(workdir / f"{me}.report.json", report)
+    # Keep this buffer alive until the peer has dropped its mapping of it.
+    try:
+        _wait_for(workdir / f"{peer}.report.json", deadline, "the peer to finish")
+    except _CheckFailed:
+        pass
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from fastverify.nccl.logrecords import NcclLog
+from fastverify.nccl.debuglog import NcclLog
 from fastverify.topo.matrix import NCCL_PATH_ORDER, Topology, nccl_path_type, p2p_allowed
 
 

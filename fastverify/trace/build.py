@@ -24,7 +24,7 @@ from fastverify.trace.classify import classify_name, refine_from_op, resolve_fro
 from fastverify.trace.columns import GpuColumns
 from fastverify.trace.decode import (
     _COMM_CODES,
-    _STEP_RES,
+    STEP_RES,
     GPU_CATS,
     GRAPH_LAUNCH,
     HOST_CATS,
@@ -32,7 +32,7 @@ from fastverify.trace.decode import (
     RUNTIME_CATS,
     STAGE_SPAN,
     STEP_PATTERNS,
-    _looks_comm_op,
+    looks_comm_op,
     _ns_from_value,
     _rank_label,
 )
@@ -79,7 +79,7 @@ def _host_ops(acc: _PerRank, host: list[dict]) -> None:
             continue
         j = judged.get(name)
         if j is None:
-            j = judged[name] = (_looks_comm_op(name), any(r.match(name) for r in _STEP_RES),
+            j = judged[name] = (looks_comm_op(name), any(r.match(name) for r in STEP_RES),
                                 bool(STAGE_SPAN.match(name)))
         comm, step, stage = j
         if comm:
@@ -232,7 +232,7 @@ def _msg_bytes(args: dict) -> int:
     return -1
 
 
-def _int_column(values: list) -> np.ndarray:
+def int_column(values: list) -> np.ndarray:
     """int64 array of ``values``: each an int within ±2**62 as it is, anything else -1."""
     if set(map(type, values)) <= {int}:
         try:
@@ -344,7 +344,7 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
     cls, unresolved = _classes(acc, names, ids, name_id)
     msg = _msg_column(path, acc, cls, names, ids)
     streams = g.stream if acc.classes is None else g.tid  # CPU trace: the thread
-    stream = _int_column(streams)
+    stream = int_column(streams)
     start_ns = g.ts_ns
     dur_ns = g.dur_ns
     launch_ns = _launch_ns(acc)

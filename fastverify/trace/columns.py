@@ -35,7 +35,7 @@ from fastverify.trace.decode import (
     HOST_CATS,
     HOST_SYNC,
     RUNTIME_CATS,
-    _ns_from_text,
+    ns_from_text,
     _rank_label,
     _raw,
 )
@@ -51,7 +51,7 @@ NS_EXACT_FLOAT_US = 2**41
 """Below this many µs (about 25 days) a ``ts``/``dur`` with at most 3 decimals converts to ns
 exactly through float64: the value's own rounding (≤ 1000·2**-12/2 = 0.122 ns after × 1000) plus
 the product's (≤ ulp(2**51)/2 = 0.125 ns) stay under the 0.5 ns that ``rint`` forgives. Larger
-values take the per-value text path (:func:`fastverify.trace.decode._ns_from_text`)."""
+values take the per-value text path (:func:`fastverify.trace.decode.ns_from_text`)."""
 
 # Texts that the float path must not take: more than 3 decimals (ties round half to even on the
 # exact decimal), exponents, and anything that is not a plain number (null, strings, NaN, bools).
@@ -66,7 +66,7 @@ def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
 
     Returns ``(ns, ok)``, both shape (n,): ``ns`` int64 (0 where not ok), ``ok`` bool, False for
     a text that is not a finite number within ±2**62 ns (the per-value rule of
-    :func:`fastverify.trace.decode._ns_from_text`, which this matches value for value).
+    :func:`fastverify.trace.decode.ns_from_text`, which this matches value for value).
 
     Three routes, all exact: plain numbers with at most 3 decimals below :data:`NS_EXACT_FLOAT_US`
     go through one float64 array (``rint(µs × 1000)``); integers of any size (old Kineto's epoch
@@ -87,7 +87,7 @@ def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
             f = np.array(vals, dtype=np.float64)
             if float(np.abs(f).max()) < NS_EXACT_FLOAT_US:
                 return np.rint(f * 1000.0).astype(np.int64), np.ones(n, dtype=bool)
-    got = [_ns_from_text(bytes(r)) for r in raws]
+    got = [ns_from_text(bytes(r)) for r in raws]
     ok = np.fromiter((g is not None for g in got), dtype=bool, count=n)
     return np.fromiter((g or 0 for g in got), dtype=np.int64, count=n), ok
 
@@ -326,7 +326,7 @@ def _runtime_rows(runtime: list, merged: bool, want_pids: bool, slot) -> bool:
             if not (ok_list[i] and type(nm) is str and (nm in launches or nm in syncs)):
                 continue
             dest = slot(labels[i] if labels is not None else -1)
-            dur_ns = _ns_from_text(bytes(runtime[i].dur))
+            dur_ns = ns_from_text(bytes(runtime[i].dur))
             if nm in launches:
                 c = corr[i]  # only an int id can match a kernel's; anything else is no id
                 dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns,

@@ -34,8 +34,8 @@ import msgspec
 from fastverify.events import EventClass
 from fastverify.trace.decode import (
     _NULL,
-    _looks_comm_op,
-    _ns_from_text,
+    looks_comm_op,
+    ns_from_text,
     _ns_from_value,
     _rank_label,
     _raw,
@@ -119,7 +119,7 @@ def read_host_events(path: Path, raw: bytes) -> list[dict]:
         if ev.cat not in _HOST_CATS or (ev.ph or "X") != "X":
             continue
         pid = _raw(ev.pid)
-        _append(out, _raw(ev.name), ev.cat, _ns_from_text(bytes(ev.ts)), _ns_from_text(bytes(ev.dur)),
+        _append(out, _raw(ev.name), ev.cat, ns_from_text(bytes(ev.ts)), ns_from_text(bytes(ev.dur)),
                 _raw(ev.tid), _rank_label(pid), _raw(ev.args))
     return out
 
@@ -155,7 +155,7 @@ def split_rank_events(events: list[dict], step_regexes: list[re.Pattern]) -> dic
             picked.append((e, c))
         elif e["cat"] == "user_annotation":
             continue  # step spans and other annotations: regions, not work
-        elif _looks_comm_op(name):
+        elif looks_comm_op(name):
             picked.append((e, None))
         else:
             picked.append((e, EventClass.COMPUTE))

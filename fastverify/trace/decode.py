@@ -45,7 +45,7 @@ STEP_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"^step\[", "SGLang utils/profile_utils.py::build_step_span_name, e.g. step[TARGET_VERIFY bs=8]"),
     (r"^execute_", "vLLM model runner annotation execute_context_..._generation_..."),
 )
-_STEP_RES = [re.compile(p) for p, _ in STEP_PATTERNS]
+STEP_RES = [re.compile(p) for p, _ in STEP_PATTERNS]
 
 _RANK_FROM_PID = re.compile(r"^\[TP(\d+)")
 _NULL = msgspec.Raw(b"null")
@@ -55,9 +55,9 @@ _COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all
                       r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce")
 
 # The host ops the loader reads, in one search per distinct name: comm ops (_COMM_OP, which sets
-# the case-blind flag for the whole pattern) or step spans (STEP_PATTERNS, case kept as _STEP_RES
+# the case-blind flag for the whole pattern) or step spans (STEP_PATTERNS, case kept as STEP_RES
 # matches them; each starts with ^, so search is match).
-_HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS),
+HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS),
                                   f"(?-i:{STAGE_SPAN.pattern})"]))
 
 _COMM_CODES = frozenset({EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
@@ -111,7 +111,7 @@ _ARGS_FIELD = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
 class _Event(msgspec.Struct, gc=False):
     """The keys of a trace event the analyzer reads; every other key is skipped unparsed, and
     ``ts``/``dur``/``pid`` stay raw JSON text (``ts``/``dur`` convert to integer ns exactly, see
-    :func:`_ns_from_text`). An ``args`` that is not an object makes the typed decode fail and the
+    :func:`ns_from_text`). An ``args`` that is not an object makes the typed decode fail and the
     file take the slow path (:func:`read_trace_json`), which reads such args as empty."""
 
     ph: str = ""
@@ -130,11 +130,11 @@ class _Trace(msgspec.Struct, gc=False):
     deviceProperties: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
-_TRACE_DECODER = msgspec.json.Decoder(_Trace)
+TRACE_DECODER = msgspec.json.Decoder(_Trace)
 _RAW_DECODER = msgspec.json.Decoder()
 
 
-def _ns_from_text(text: bytes) -> int | None:
+def ns_from_text(text: bytes) -> int | None:
     """A JSON number of µs, as text, to integer ns without going through a float.
 
     ``b"1365627866520.196"`` → ``1365627866520196``. A float64 cannot hold a µs timestamp past
@@ -162,7 +162,7 @@ def _ns_from_value(v) -> int | None:
     if type(v) is int:
         return v * 1000 if -_MAX_NS < v * 1000 < _MAX_NS else None
     if type(v) is float:
-        return _ns_from_text(repr(v).encode()) if math.isfinite(v) else None
+        return ns_from_text(repr(v).encode()) if math.isfinite(v) else None
     return None
 
 
@@ -196,7 +196,7 @@ def _raw(value: msgspec.Raw):
         raise _TooDeep() from None
 
 
-def _looks_comm_op(name: str) -> bool:
+def looks_comm_op(name: str) -> bool:
     """Whether a host op's name is a collective's (NCCL, c10d, custom all-reduce, ...)."""
     return bool(_COMM_OP.search(name))
 

@@ -22,8 +22,9 @@ import secrets
 
 import msgspec
 
+from fastverify.procs import quiet_child_signals, signals_held
 from fastverify.trace.columns import GpuColumns, NotPlain, read_columns
-from fastverify.trace.decode import _TRACE_DECODER, _TooDeep, _top, reads_args
+from fastverify.trace.decode import TRACE_DECODER, _TooDeep, _top, reads_args
 
 __all__ = ["SPLIT_MIN_BYTES", "cut_points", "read_in_halves"]
 
@@ -70,7 +71,7 @@ def _second_half(start: int, marker: bytes, tag: str, host_keep, looks_comm_op) 
     """In the worker: decode and read the second part (see the module docstring)."""
     raw = _TEXT["raw"]
     part = b"".join((b'{"traceEvents":[', marker, b",", memoryview(raw)[start:]))
-    doc = _TRACE_DECODER.decode(part)
+    doc = TRACE_DECODER.decode(part)
     del part
     events = doc.traceEvents
     if len(events) < 2 or events[0].ph != tag:
@@ -127,7 +128,7 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op, done_with=_free):
     try:
         first = b"".join((memoryview(raw)[:end], b",", marker, b"]}"))
         try:
-            doc = _TRACE_DECODER.decode(first)
+            doc = TRACE_DECODER.decode(first)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None
         del first
@@ -194,13 +195,11 @@ class _Worker:
     into its own objects; each side also copies its part of the text once. Measured on the 53.7 MB
     ``df_index_resolver`` trace: parent peak 189 MB (the whole-file reader's: 205 MB), worker 80 MB
     of its own pages (``/proc/self/smaps_rollup``, private), so both together stay within
-    :data:`fastverify.trace.folder.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
+    :data:`fastverify.trace.load.PEAK_BYTES_PER_JSON_BYTE` per byte of JSON.
     """
 
     def __init__(self, raw: bytes, start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> None:
         import multiprocessing
-
-        from fastverify.painter import signals_held
 
         ctx = multiprocessing.get_context("fork")
         self._answered = False
@@ -241,8 +240,6 @@ class _Worker:
 
 def _serve(conn, parent_end, start: int, marker: bytes, tag: str, host_keep, looks_comm_op) -> None:
     import os
-
-    from fastverify.painter import quiet_child_signals
 
     quiet_child_signals()
     parent_end.close()

@@ -4,7 +4,7 @@ model (:func:`fastverify.tune.predict.rank_nccl_settings`) and every registry ba
 ranked together, with verify time and tok/s (:func:`fastverify.tune.candidates.with_verify`).
 
 ``fastverify tune --predict`` prints this ranking and ``fastverify topo`` advises from it
-(:mod:`fastverify.topo.advice_text`), so the two commands never recommend different things for the
+(:mod:`fastverify.topo_command`), so the two commands never recommend different things for the
 same box and workload. :func:`rank_options` is the one public function; the P2P and NVLink helpers
 below are shared with ``tune``'s deployment record.
 """
@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from fastverify.deploy import GpuId, installed_sglang_version
 from fastverify.errors import UserError
+from fastverify.topo.box import p2p_from_results, p2p_from_topology
+from fastverify.topo.gpu_identity import gpu_identities
+from fastverify.topo.p2p import check_p2p
+from fastverify.topo.p2p_proof import CheckFile, complete_gpus
+from fastverify.tune import user_figures
 
 
 def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=None, sm: int, pcie_gen: int,
@@ -57,7 +63,7 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
 
     Returns
     -------
-    fastverify.tune.candidates.Prediction
+    fastverify.tune.candidates.PredictedRanking
         ``candidates`` ranked by predicted all-reduce time per verify step (µs), the baseline among
         them; unranked backends (no comparable published data) last; ``not_candidates`` one line
         per backend the registry rules out on the box.
@@ -68,10 +74,9 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
         From the NCCL ranking: ``workload.tp`` above the topology's GPU count or below 2, a version
         older than 2.9; from the verify figures: a ``tok_s`` the all-reduce time alone exceeds.
     """
-    from fastverify.deploy import installed_sglang_version
-    from fastverify.nccl.enabled import enabled_algos_protos
-    from fastverify.tune.candidates import predict_candidates, with_verify
-    from fastverify.tune.predict import rank_nccl_settings
+    from fastverify.nccl.model import enabled_algos_protos  # lazy: numpy (off `topo --help`)
+    from fastverify.tune.candidates import predict_candidates, with_verify  # lazy: numpy
+    from fastverify.tune.predict import rank_nccl_settings  # lazy: numpy
 
     if ranked is None:
         ranked = rank_nccl_settings(workload, topology, env=env, nccl_version=nccl_version, pcie_gen=pcie_gen,
@@ -84,9 +89,7 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
                               sglang_version=installed_sglang_version())
     pred = replace(pred, notes=pred.notes + tuple(_evidence_notes(workload, env, perf, log)))
     if user is not None:
-        from fastverify.tune import user_figures as uf
-
-        pred = uf.scale_prediction(pred, user, tuple(user_notes))
+        pred = user_figures.scale_prediction(pred, user, tuple(user_notes))
     return with_verify(pred, workload, accept_length=accept_length, tok_s=tok_s, user=user)
 
 
@@ -118,16 +121,10 @@ def p2p_facts(given, topo, *, cuda: bool):
     """P2P facts for the record: those of ``--p2p-check FILE`` (``given``, proof), else on a GPU
     box the real check (:func:`fastverify.topo.p2p.check_p2p`, cached per box), else NVML's
     status (not proof)."""
-    from fastverify.topo.box import p2p_from_results, p2p_from_topology
-
     if given is not None:
         return given
     if cuda:
         import msgspec
-
-        from fastverify.topo.gpu_identity import gpu_identities
-        from fastverify.topo.p2p import check_p2p
-        from fastverify.topo.p2p_proof import CheckFile, complete_gpus
 
         try:
             gpus = gpu_identities()
@@ -135,8 +132,6 @@ def p2p_facts(given, topo, *, cuda: bool):
         except UserError:
             pass
         else:
-            from fastverify.deploy import GpuId
-
             named = {}
             for g in gpus:
                 try:

@@ -1,11 +1,11 @@
-"""Per-backend all-reduce time models from published measurements (always *predicted*).
+"""Per-backend all-reduce time models from published measurements, with their ranges (always *predicted*).
 
 The measurements live in ``fastverify/data/published_allreduce.json``: one :class:`Box` per host
 (GPU, SM, GPU count, PCIe generation, switch or root complex, NUMA layout, link) and one
 :class:`Measurement` per source table (backend, world size, P2P, tool, settings, sizes in bytes,
 times in µs, how the numbers were read, link). :func:`estimate` gives a P2P backend's point and
 range for one message size; NCCL's default-settings rows are the misses of NCCL's cost model
-(:func:`fastverify.tune.nccl_cost.cost_model_residuals`), and :func:`comparable` gives the raw rows.
+(:func:`cost_model_residuals`), and :func:`comparable` gives the raw rows.
 A range is the point x/÷ how far its rule missed on published boxes it did not see
 (:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs 5-15x between
 hosts with the same GPU, so raw between-box spread is too wide to act on.
@@ -16,12 +16,29 @@ hosts with the same GPU, so raw between-box spread is too wide to act on.
   ``sm`` fails it.
 * **Interpolation**: log-log between a measurement's neighbouring sizes; up to :data:`EXTRAPOLATE`
   (2x) beyond them: the smallest size's time held below, the last slope (clamped to [0, 1]) above.
-* **P2P backends** (pcie_ipc, custom_ar, ...): :mod:`fastverify.tune.kernel_cost`'s point and range,
-  for a backend with at least one published PCIe measurement (else None: no number is invented).
+* **P2P backends** (pcie_ipc, custom_ar, ...): the P2P kernel model's point and range (below), for
+  a backend with at least one published PCIe measurement (else None: no number is invented).
 * **Disagreement note**: the backend's comparable values more than :data:`DISAGREE` (3x) apart, or
   published speed-ups of P2P kernels over same-box NCCL more than 3x apart: one-shot kernels collapse on
   some fabrics (sglang-V100 PR #2: 4x V100 behind a PLX switch, 120.3 µs vs NCCL 83.5 µs at 384 KB;
   FlashInfer PR #4393: root-complex PCIe) while staged ones do not (SGLang ``pcie_ipc_ar.py``).
+
+**The P2P kernel model**: a P2P all-reduce kernel's time on PCIe from the box alone, and the ranges of its misses.
+
+The model: ``t = latency + (n - 1) x S / B``. Every GPU takes in the other ``n - 1`` ranks' ``S``
+bytes through its own x16 link of :data:`LINK_GB_S` (the one-shot pattern; a staged or
+hierarchical kernel moves fewer bytes, and that difference is in its misses). The latency is the
+median, over published boxes, of each P2P kernel's time at its smallest size (<= 4 KiB), where
+the bytes do not count. Nothing else is fitted: how far real kernels fall from this line (link
+efficiency, switch hops, kernels that collapse on some fabrics) is the range, made from the misses
+on the published boxes by :func:`fastverify.tune.ranges.fit`, as for NCCL's cost model.
+
+**NCCL's cost model**: its misses on the published boxes, and the range they give its point.
+
+The cost model is :data:`fastverify.topo.diagnose.CALIBRATION` on
+:func:`fastverify.nccl.model.inputs_for_pcie_box`, fitted on none of the published boxes but the
+8x RTX 4090 one (``chlc-8x4090``), so leaving a box out leaves the model unchanged; only the pool
+of misses changes.
 
 This module imports neither torch nor any GPU library.
 """
@@ -40,23 +57,34 @@ from typing import Literal
 import msgspec
 
 from fastverify.errors import UserError
+from fastverify.nccl.model import Transport, inputs_for_pcie_box
 from fastverify.registry import BackendName, backend_info
-from fastverify.tune import kernel_cost as K
-from fastverify.tune import ranges as R
+from fastverify.topo.diagnose import CALIBRATION
+from fastverify.tune import ranges
 
 __all__ = [
     "DATA_FILE",
     "DISAGREE",
     "EXTRAPOLATE",
+    "LINK_GB_S",
+    "SMALL_BYTES",
     "Box",
     "Estimate",
     "Measurement",
     "PublishedData",
     "comparable",
+    "cost_model_residuals",
+    "cost_model_us",
     "estimate",
     "interpolate",
+    "kernel_fit",
+    "kernel_residuals",
+    "latency_us",
     "load",
     "measurements",
+    "nccl_fit",
+    "p2p_kernel",
+    "point_us",
     "published_boxes",
     "passes",
 ]
@@ -339,7 +367,7 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
              pcie_gen: int | None = None, p2p: bool | None = None,
              exclude_box: str | None = None, data: PublishedData | None = None) -> Estimate | None:
     """Predicted time of one all-reduce of ``msg_bytes`` bytes on a P2P ``backend`` (pcie_ipc,
-    custom_ar, b12x, fused): the P2P kernel model's point and range (:mod:`fastverify.tune.kernel_cost`).
+    custom_ar, b12x, fused): the P2P kernel model's point and range (module docstring).
 
     Parameters
     ----------
@@ -382,15 +410,15 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
 def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: tuple[int, int] | None,
                      pcie_gen: int | None, vals: list[tuple[Measurement, float]], exclude_box: str | None,
                      data: PublishedData) -> Estimate | None:
-    """A P2P backend's figure: :mod:`fastverify.tune.kernel_cost`'s point and range; None when the
+    """A P2P backend's figure: the P2P kernel model's point and range; None when the
     backend has no published PCIe measurement at all (no number is invented for it)."""
     if not any(m.backend is backend and m.box != exclude_box and passes(m) for m in data.measurements):
         return None
-    latency = K.latency_us(data, exclude_box)
+    latency = latency_us(data, exclude_box)
     if latency is None:
         return None
-    point = K.point_us(world_size, msg_bytes, pcie_gen=pcie_gen, sm=sm, latency=latency)
-    rf = K.kernel_fit(data, msg_bytes, world_size, exclude_box)
+    point = point_us(world_size, msg_bytes, pcie_gen=pcie_gen, sm=sm, latency=latency)
+    rf = kernel_fit(data, msg_bytes, world_size, exclude_box)
     low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
     notes: list[str] = []
     su = _speedups(msg_bytes, exclude_box, data)
@@ -403,4 +431,115 @@ def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: 
                 f"{rf.text('the point')}")
     return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
                     sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
-                    unknown=None if rf.known else f"{R.UNKNOWN} ({rf.reason})")
+                    unknown=None if rf.known else f"{ranges.UNKNOWN} ({rf.reason})")
+
+
+# --- the P2P kernel model -------------------------------------------------------------------------------
+
+LINK_GB_S = {3: 15.75, 4: 31.5, 5: 63.0}
+"""PCIe x16 bandwidth per direction (GB/s) by generation: 8 / 16 / 32 GT/s x 16 lanes x 128b/130b
+(PCI-SIG PCIe 3.0-5.0 base specifications)."""
+SMALL_BYTES = 4096  # sizes up to this are latency: their time gives the model's latency
+
+
+def p2p_kernel(m) -> bool:
+    """A published P2P-kernel measurement the model is judged on: not NCCL, P2P working, times given."""
+    if m.times_us is None or m.p2p is not True or m.backend is BackendName.nccl:
+        return False
+    return m.backend is None or backend_info(m.backend).needs_p2p
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_latency(data, exclude_box: str | None) -> float | None:
+    per_box: dict[str, list[float]] = {}
+    for m in data.measurements:
+        if m.box != exclude_box and p2p_kernel(m) and m.sizes_bytes[0] <= SMALL_BYTES:
+            per_box.setdefault(m.box, []).append(m.times_us[0])
+    return statistics.median(statistics.median(v) for v in per_box.values()) if per_box else None
+
+
+def latency_us(data, exclude_box: str | None = None) -> float | None:
+    """The P2P kernel model's latency in µs (module docstring) over ``data`` (a
+    :class:`PublishedData`); None when no published kernel has a size
+    <= :data:`SMALL_BYTES`."""
+    return _kernel_latency(data, exclude_box)
+
+
+def point_us(world_size: int, msg_bytes: int, *, pcie_gen: int | None, sm: tuple[int, int] | None,
+             latency: float) -> float:
+    """The model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs; the PCIe
+    generation when not given is that of the published boxes of the same GPU generation."""
+    return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[ranges.assumed_pcie_gen(pcie_gen, sm)] * 1e3)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_residuals(data, exclude_box: str | None) -> tuple[ranges.Residual, ...]:
+    latency = _kernel_latency(data, exclude_box)
+    if latency is None:
+        return ()
+    boxes = {b.id: b for b in data.boxes}
+    out = []
+    for m in data.measurements:
+        if m.box == exclude_box or not p2p_kernel(m):
+            continue
+        bx = boxes[m.box]
+        for size, t in zip(m.sizes_bytes, m.times_us):
+            if ranges.RESIDUAL_BYTES[0] <= size <= ranges.RESIDUAL_BYTES[1]:
+                p = point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
+                out.append(ranges.Residual(m.box, m.world_size, size, math.log(t / p)))
+    return tuple(out)
+
+
+def kernel_residuals(data, exclude_box: str | None = None) -> tuple[ranges.Residual, ...]:
+    """``ln(measured / model)`` of every published P2P-kernel time in ``data`` at 4 KiB .. 4 MiB, the
+    model's latency taken without ``exclude_box`` too (no leakage)."""
+    return _kernel_residuals(data, exclude_box)
+
+
+def kernel_fit(data, msg_bytes: int, world_size: int, exclude_box: str | None = None) -> ranges.Fit:
+    """The range factor of the model's point for a new box (:func:`fastverify.tune.ranges.fit`)."""
+    return ranges.fit(_kernel_residuals(data, exclude_box), world_size=world_size, msg_bytes=msg_bytes)
+
+
+# --- NCCL's cost model on the published boxes -------------------------------------------------------
+
+
+def cost_model_us(box: Box, world_size: int, p2p: bool | None, msg_bytes: int) -> float:
+    """The cost model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs of
+    published ``box`` (its SM, its PCIe generation else :func:`fastverify.tune.ranges.assumed_pcie_gen`,
+    x16), on P2P unless ``p2p`` is False (not stated: NCCL's default, P2P where the path allows it)."""
+    on_p2p = p2p is not False
+    inputs = inputs_for_pcie_box(world_size, gen=ranges.assumed_pcie_gen(box.pcie_gen, box.sm), width=16,
+                                   sm=box.sm[0] * 10 + box.sm[1], p2p=on_p2p)
+    return CALIBRATION[Transport.P2P if on_p2p else Transport.SHM].predict(msg_bytes, inputs).time_us
+
+
+@functools.lru_cache(maxsize=64)
+def _cost_model_residuals(data: PublishedData, exclude_box: str | None) -> tuple[ranges.Residual, ...]:
+    boxes = {b.id: b for b in data.boxes}
+    out = []
+    for m in data.measurements:
+        if m.backend is not BackendName.nccl or m.box == exclude_box or not passes(m):
+            continue
+        for size, t in zip(m.sizes_bytes, m.times_us or ()):
+            if ranges.RESIDUAL_BYTES[0] <= size <= ranges.RESIDUAL_BYTES[1]:
+                out.append(ranges.Residual(m.box, m.world_size, size,
+                                      math.log(t / cost_model_us(boxes[m.box], m.world_size, m.p2p, size))))
+    return tuple(out)
+
+
+def cost_model_residuals(exclude_box: str | None = None, *, data: PublishedData | None = None,
+                         ) -> tuple[ranges.Residual, ...]:
+    """``ln(measured / cost model)`` of every published NCCL measurement with default settings, at
+    its measured sizes in :data:`fastverify.tune.ranges.RESIDUAL_BYTES`, with the box's GPU count,
+    SM, PCIe generation and P2P (:func:`cost_model_us`). ``data``: a file read with
+    :func:`load`; default the packaged one."""
+    return _cost_model_residuals(data if data is not None else load(), exclude_box)
+
+
+def nccl_fit(msg_bytes: int, world_size: int, *, exclude_box: str | None = None,
+             data: PublishedData | None = None) -> ranges.Fit:
+    """The range factor of the NCCL cost model's point for a new box (:func:`fastverify.tune.ranges.fit`
+    of :func:`cost_model_residuals`); the cost model covers every GPU count, so a 7-GPU box gets a
+    range from the 4-, 8- and 16-GPU boxes' misses."""
+    return ranges.fit(cost_model_residuals(exclude_box, data=data), world_size=world_size, msg_bytes=msg_bytes)

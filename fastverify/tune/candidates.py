@@ -7,12 +7,24 @@ place, as ``torch.distributed`` runs it); (3) ``--nccl-log``, NCCL's own TUNING 
 bytes / (1000 × bw)``, NCCL ``src/graph/tuning.cc``, fastest enabled pair), else the cost model
 on the log's transports; (4) the topology, NCCL's cost model with the PCIe correction
 (:mod:`fastverify.tune.predict`), its range from the model's own misses on published NCCL boxes
-(:func:`fastverify.tune.nccl_cost.nccl_fit`). An NCCL setting is the cost model's ratio to the
+(:func:`fastverify.tune.backend_model.nccl_fit`). An NCCL setting is the cost model's ratio to the
 baseline x the baseline's figure. A backend is its published per-size model summed over sizes x
 counts; a size above its ``max_rows`` stays on NCCL; with a profile's wait / transfer split the
 kernel replaces the transfer only (point: wait kept; range down to wait shrinks). No comparable
 data (:data:`NO_DATA`) or an unknown range (:data:`UNKNOWN`): listed, not ranked; no size fits:
-not a candidate. Verdicts per size: :func:`fastverify.tune.per_size.per_size_rows`.
+not a candidate.
+
+Per message size of a verify step, NCCL's own time from its log (:func:`tuning_time_us`), the
+verdict and each backend's crossover (always *predicted* unless the figures are measured).
+Per size (:func:`per_size_rows`): the best NCCL figure and every backend with a figure at that
+size, fastest point first; where the two fastest ranges overlap the size is "too close to call:
+measure", where one is unknown it is unknown. ``crossover_bytes`` per backend: the smallest size
+of the step, among those where the backend's range is known, at which NCCL's point is at or below
+the backend's (None when it never is), usable as the backend's workspace cap (the backend below it,
+NCCL from it on); a backend whose range is unknown at every size has no crossover.
+
+The figures are :class:`Figure` (``per_call_us`` / ``per_call_range`` per size in µs, ``nccl`` set
+on an NCCL-settings figure). This module imports neither torch nor any GPU library.
 """
 
 from __future__ import annotations
@@ -22,12 +34,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from fastverify.nccl.model import Transport
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
-from fastverify.tune.per_size import TOO_CLOSE, UNKNOWN, per_size_rows, tuning_time_us
+from fastverify.topo.diagnose import CALIBRATION
+from fastverify.tune import backend_model
+from fastverify.tune.ranges import UNKNOWN
+from fastverify.tune.verify_time import verify_reduction
 
 PREDICTED = "predicted"
 MEASURED = "measured"
 NO_DATA = "no published data: measure with fastverify tune"
+TOO_CLOSE = "too close to call: measure"
 MEASURE_HINT = "predicted from published measurements of other boxes: measure with `fastverify tune` on this box"
 
 
@@ -69,10 +86,10 @@ class Figure:
 
 
 @dataclass(frozen=True)
-class Prediction:
+class PredictedRanking:
     """``baseline`` (also among ``candidates``); ``candidates`` ranked fastest first, then the
     unranked ones; ``not_candidates`` one line per backend ruled out; ``per_size`` one row per size
-    and ``crossover_bytes`` per backend name (:func:`fastverify.tune.per_size.per_size_rows`)."""
+    and ``crossover_bytes`` per backend name (:func:`per_size_rows`)."""
 
     baseline: Figure
     candidates: tuple[Figure, ...]
@@ -117,9 +134,6 @@ def log_transport(log) -> str | None:
 
 def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
     """The current environment's figure: per size, the first evidence that has it."""
-    from fastverify.nccl import model as M
-    from fastverify.topo import diagnose as D
-
     profile_ok = workload.measured_on_gpu and workload.profile_backend in (None, BackendName.nccl.value)
     by_size = dict(workload.allreduce_us_by_size) if profile_ok else {}
     lt = log_transport(log)
@@ -147,7 +161,7 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
             labels.add(PREDICTED)
             what = "NCCL's TUNING-table point (the cost model's misses)"
         elif lt is not None and lt != base.transport:
-            t = D.CALIBRATION[M.Transport(lt)].predict(nbytes, base.inputs).time_us
+            t = CALIBRATION[Transport(lt)].predict(nbytes, base.inputs).time_us
             evidence.append(f"predicted: NCCL cost model with the transport the NCCL log {log.source} shows ({lt}; "
                             f"the topology alone says {base.transport})")
             what = "the NCCL cost model's point"
@@ -281,7 +295,7 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
 
 def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
                        p2p_source: str, nvlink_full: bool | None, perf=None, log=None, enabled=None,
-                       sglang_version: str | None = None, estimate=None, nccl_fit=None) -> Prediction:
+                       sglang_version: str | None = None, estimate=None, nccl_fit=None) -> PredictedRanking:
     """Every candidate for ``workload``: the NCCL settings ``ranked`` by the cost model
     (:func:`fastverify.tune.predict.rank_nccl_settings`) and every tunable registry backend that
     :func:`fastverify.registry.unreachable_reason` allows on the box, ranked by point estimate.
@@ -310,16 +324,16 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
         :func:`fastverify.tune.backend_model.estimate` (a parameter for the leave-one-box-out
         benchmark).
     nccl_fit : callable
-        :func:`fastverify.tune.nccl_cost.nccl_fit`, the baseline's range factor per size (likewise).
+        :func:`fastverify.tune.backend_model.nccl_fit`, the baseline's range factor per size (likewise).
 
     Returns
     -------
-    Prediction
+    PredictedRanking
     """
     if estimate is None:
-        from fastverify.tune.backend_model import estimate
+        estimate = backend_model.estimate
     if nccl_fit is None:
-        from fastverify.tune.nccl_cost import nccl_fit
+        nccl_fit = backend_model.nccl_fit
     smt = (sm // 10, sm % 10)
     base = next(c for c in ranked if c.is_baseline)
     baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_fit=nccl_fit)
@@ -355,7 +369,7 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
     unranked = [f for f in figures if not f.ranked]
     cands = tuple(ranked_f + unranked)
     rows, cross = per_size_rows(workload, cands)
-    return Prediction(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross))
+    return PredictedRanking(baseline, cands, tuple(refused), per_size=rows, crossover_bytes=MappingProxyType(cross))
 
 
 def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
@@ -382,13 +396,11 @@ def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
 # --- verify time and tok/s ------------------------------------------------------------------------------
 
 
-def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_s: float | None,
-                user=None) -> Prediction:
+def with_verify(pred: PredictedRanking, workload, *, accept_length: float | None, tok_s: float | None,
+                user=None) -> PredictedRanking:
     """Each ranked figure with ``verify`` = ``verify_ms`` / ``tok_s`` at its point and range
     (:func:`fastverify.tune.verify_time.verify_reduction` against the baseline's point; ``user``: the
     user's own figures, :class:`fastverify.tune.user_figures.UserFigures`)."""
-    from fastverify.tune.verify_time import verify_reduction
-
     b = pred.baseline.point_us
 
     def one(f: Figure) -> Figure:
@@ -406,3 +418,69 @@ def with_verify(pred: Prediction, workload, *, accept_length: float | None, tok_
     cands = tuple(one(f) for f in pred.candidates)
     base = next(f for f in cands if f.is_baseline)
     return replace(pred, baseline=base, candidates=cands)
+
+
+# --- per message size: the verdict and each backend's crossover ----------------------------------------
+
+
+def per_size_rows(workload, figures: Sequence) -> tuple[tuple[dict, ...], dict[str, int | None]]:
+    """Per message size of ``workload``: the fastest NCCL figure and every backend with a figure
+    at that size, fastest point first (µs per call), and the verdict; and per backend the
+    crossover size (the module docstring).
+
+    Each row: ``msg_bytes``, ``count``, ``entries`` (``name``, ``backend``, ``point_us``,
+    ``range_us`` or None where unknown), ``verdict`` (the fastest name, :data:`TOO_CLOSE` where
+    the two fastest ranges overlap, :data:`UNKNOWN` where one of them has no range) and
+    ``winner`` (the name, None unless the verdict is one).
+    """
+    nccl = [f for f in figures if f.nccl is not None and f.ranked] or [f for f in figures if f.nccl is not None]
+    best_nccl = min(nccl, key=lambda f: f.point_us)
+    kernels = [f for f in figures if f.nccl is None and f.per_call_us]
+    rows = []
+    cross: dict[str, int | None] = {f.name: None for f in kernels
+                                    if any(f.per_call_range.get(b) is not None for b, _ in workload.msg_sizes)}
+    for nbytes, count in workload.msg_sizes:
+        entries = [{"name": f.name, "backend": f.backend.value, "point_us": f.per_call_us[nbytes],
+                    "range_us": f.per_call_range.get(nbytes)}
+                   for f in (best_nccl, *kernels) if f.per_call_us.get(nbytes) is not None]
+        entries.sort(key=lambda e: e["point_us"])
+        verdict = entries[0]["name"] if entries else UNKNOWN
+        if len(entries) >= 2:
+            a, b = entries[0]["range_us"], entries[1]["range_us"]
+            verdict = UNKNOWN if a is None or b is None else TOO_CLOSE if a[1] >= b[0] else entries[0]["name"]
+        n_point = best_nccl.per_call_us.get(nbytes)
+        for f in kernels:
+            k = f.per_call_us.get(nbytes)
+            if f.name in cross and cross[f.name] is None and f.per_call_range.get(nbytes) is not None \
+                    and k is not None and n_point is not None and n_point <= k:
+                cross[f.name] = nbytes
+        rows.append({"msg_bytes": nbytes, "count": count, "entries": entries, "verdict": verdict,
+                     "winner": verdict if verdict not in (UNKNOWN, TOO_CLOSE) else None})
+    return tuple(rows), cross
+
+
+def tuning_time_us(log, nbytes: int, enabled: tuple[frozenset, frozenset | None] | None) -> float | None:
+    """NCCL's own predicted time of one AllReduce of ``nbytes`` from the log's TUNING table: the
+    fastest (algorithm, protocol) with a bandwidth > 0 (NCCL prints 0 for disabled pairs) among
+    those the environment enables; ``lat + nbytes / (1000 × bw)`` µs with bw in GB/s
+    (NCCL ``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``)."""
+    rows = (log.tuning or {}).get("AllReduce") if log is not None else None
+    if not rows:
+        return None
+    algos, protos = enabled if enabled else (None, None)
+    times = []
+    for (algo, proto), (lat, bw) in rows.items():
+        if not (bw and bw > 0 and lat is not None and lat >= 0):
+            continue
+        if algos is not None and not any(a.value.upper() == algo.upper() for a in algos):
+            continue
+        if protos is not None and not any(p.value.upper() == proto.upper() for p in protos):
+            continue
+        times.append(lat + nbytes / (1000.0 * bw))
+    return min(times) if times else None
+
+
+def per_size_json(rows, rnd) -> list[dict]:
+    """``rows`` (:func:`per_size_rows`) for the JSON document, µs rounded by ``rnd``."""
+    return [{**row, "entries": [{**e, "point_us": rnd(e["point_us"]), "range_us": None if e["range_us"] is None
+                                 else [rnd(x) for x in e["range_us"]]} for e in row["entries"]]} for row in rows]

@@ -1,5 +1,5 @@
 """``fastverify tune``: the flags, and one run: build the workload, read the box and the user's
-evidence (:mod:`fastverify.tune.evidence`), check every output path (:mod:`fastverify.tune.outputs`),
+evidence (:mod:`fastverify.tune.read_inputs`), check every output path (:mod:`fastverify.tune.outputs`),
 rank NCCL settings with the cost model (:func:`fastverify.tune.predict.rank_nccl_settings`), then
 
 * ``--predict``: rank every candidate and write the winner (:mod:`fastverify.tune.predict_mode`);
@@ -22,8 +22,17 @@ import shlex
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.errors import UserError
+from fastverify.nccl.checks import Severity, validate_env
 from fastverify.output_paths import or_default, output_arg, path_arg
-from fastverify.tune.evidence import (
+from fastverify.proof.run import baseline_of
+from fastverify.topo.box import add_box_arguments
+from fastverify.tune import predict_mode, user_figures
+from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments
+from fastverify.tune.draft_shape import run as run_draft_shape
+from fastverify.tune.measure import measure
+from fastverify.tune.outputs import box_fingerprint, check_outputs, verify_shapes
+from fastverify.tune.predict import rank_nccl_settings
+from fastverify.tune.read_inputs import (
     box_topology,
     nccl_version,
     read_log,
@@ -32,7 +41,7 @@ from fastverify.tune.evidence import (
     read_workload,
     with_hidden,
 )
-from fastverify.tune.outputs import box_fingerprint, check_outputs, verify_shapes
+from fastverify.tune.verify_time import accept_length_in_force, verify_reduction
 
 DEFAULT_DRAFT_TOKENS = 4
 """``--draft-tokens`` of a model workload when not given: SGLang 0.5.23's automatic EAGLE choice for
@@ -78,8 +87,6 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
                    help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
     b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
                                                         "library's own, else the newest known]")
-    from fastverify.topo.boxfacts import add_box_arguments
-
     add_box_arguments(b, bounded)
     b.add_argument("--p2p-check", type=path_arg, metavar="FILE", default=None,
                    help="JSON of `fastverify p2p` [default: run it on a GPU box]")
@@ -105,8 +112,6 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
                    help="the SGLang server's command or flags, one quoted string: every trial runs in the "
                         "environment its start-up sets (SGLang's own _set_envs_and_config where it imports) "
                         "[default: a plain server of --tp GPUs]")
-    from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments
-
     add_draft_shape_arguments(p.add_argument_group("draft shape (--draft-shape; fastverify.tune.draft_shape)"))
     o = p.add_argument_group("output")
     o.add_argument("--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]")
@@ -204,18 +209,12 @@ def run(args) -> int:
     if args.baseline is not None:  # read before any work: the record carries its answers
         if args.write_env is None:
             raise UserError("--baseline goes into the deployment record: use it with --write-env")
-        from fastverify.proof.run import baseline_of  # lazy: the HTTP client, only with --baseline
-
         args.answer_baseline = baseline_of(args.baseline)
-    from fastverify.tune import user_figures as uf
-    from fastverify.tune.predict import rank_nccl_settings
-    from fastverify.tune.verify_time import accept_length_in_force, verify_reduction
-
-    user = uf.from_args(args)
+    user = user_figures.from_args(args)
     workload = with_hidden(args, read_workload(args, args.draft_tokens or DEFAULT_DRAFT_TOKENS))
     workload = _draft_tokens_in_force(args, workload)
     accept_length_in_force(workload, args.accept_length)  # refused before any work, whichever way it came
-    user, user_said = uf.reconcile(user, workload, args.profile)
+    user, user_said = user_figures.reconcile(user, workload, args.profile)
     if args.tok_s is not None:  # a measured verify time bounds tok/s already (the rest needs the baseline)
         verify_reduction(workload, 0.0, 0.0, accept_length=args.accept_length, tok_s=args.tok_s, user=user)
     # the P2P check is read and validated whenever given, whatever else is asked; its notes and the
@@ -231,8 +230,6 @@ def run(args) -> int:
     ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
                                 sm=args.sm, p2p_check=str(args.p2p_check) if p2p_results is not None else None) \
         if topo is not None else []
-    from fastverify.tune import predict_mode
-
     pred = box_doc = None
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
         pred = predict_mode.predict(args, workload, topo, version, ranked, p2p_given, perf, log, user)
@@ -241,16 +238,12 @@ def run(args) -> int:
     if args.predict:
         return predict_mode.report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp,
                                               box_doc, user)
-    from fastverify.tune.measure import measure
-
     return measure(args, console, workload, topo, version, ranked, shapes, p2p_given, fp)
 
 
 def _run_draft_shape(args, console) -> int:
     """``tune --draft-shape`` (:func:`fastverify.tune.draft_shape.run`), which takes none of the
     workload flags."""
-    from fastverify.tune.draft_shape import run as run_draft_shape
-
     if args.predict or args.write_env is not None or args.profile is not None:
         raise UserError("--draft-shape reads accept lengths and verify costs only; --predict, --write-env and "
                         "--profile do not apply to it")
@@ -266,8 +259,6 @@ def _print_preamble(args, console, late_notes, version, early) -> None:
     """The lines before the ranking: the box and where each fact came from (first), the P2P check's
     and perf table's notes, the current environment's NCCL settings that are not OK, and the
     ``early`` notes, which plain ``--predict`` holds back for ``--explain`` (``args.held_notes``)."""
-    from fastverify.nccl.catalogue import Severity, validate_env
-
     console.print(args.box_facts.first_line(), markup=False, soft_wrap=True)  # first: the box, and from where
     for note in late_notes:
         console.print(note, markup=False)

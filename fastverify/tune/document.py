@@ -10,8 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastverify.tune.candidates import MEASURED, PREDICTED, Figure, Prediction, dedup
-from fastverify.tune.per_size import per_size_json
+from fastverify.tune.candidates import MEASURED, PREDICTED, Figure, PredictedRanking, dedup, per_size_json
+from fastverify.tune.trial import Clock
+from fastverify.tune.verify_time import verify_reduction
 
 SCHEMA = "fastverify.tune"
 SCHEMA_VERSION = 2  # 2: change_pct (new vs baseline, - = less time) replaced vs_baseline_pct (+ = faster)
@@ -54,7 +55,8 @@ def figure_dict(f: Figure, number: int | None, baseline_us: float | None) -> dic
     }
 
 
-def prediction_document(pred: Prediction, workload, *, box: Mapping[str, Any], notes: Sequence[str] = ()) -> dict:
+def prediction_document(pred: PredictedRanking, workload, *, box: Mapping[str, Any],
+                        notes: Sequence[str] = ()) -> dict:
     """``tune --predict --json``: one document, every figure labelled predicted (or measured where
     the user's own profile / perf table gave every size)."""
     base_us = pred.baseline.point_us
@@ -89,8 +91,6 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
     where not measured); ``server_env`` is what SGLang's start-up set for the trial and
     ``environment`` the ranks' environment as recorded (:class:`~fastverify.tune.trial.TrialResult`);
     the trials not ranked carry both too."""
-    from fastverify.tune.trial import Clock
-
     gpu = ranking.clock is Clock.CUDA_EVENTS
     label = MEASURED if gpu else "CPU wall clock"
     base = ranking.baseline
@@ -102,8 +102,6 @@ def measured_document(ranking, workload, *, accept_length: float | None, tok_s: 
                  for s in c.result.sizes if s.median_us is not None)
         verify_ms = tok = None
         if gpu and base_us:  # CPU wall-clock times say nothing about a GPU verify step
-            from fastverify.tune.verify_time import verify_reduction
-
             r = verify_reduction(workload, base_us, c.step_us, accept_length=accept_length, tok_s=tok_s)
             verify_ms, tok = r["verify_predicted_us"] / 1e3, r["tok_s_predicted"]
         return {

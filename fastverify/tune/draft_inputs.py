@@ -24,10 +24,12 @@ import numpy as np
 
 from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS, MIN_TIME_US, duplicate_json_key, implausible_count
 from fastverify.bundle import Bundle, open_bundle
-from fastverify.cycle.evidence import evidence, server_arguments
+from fastverify.cycle.bundle_evidence import evidence, server_arguments
 from fastverify.cycle.flags import mode_means
 from fastverify.errors import UserError, one_line, path_text, schema_error
+from fastverify.inputs import read_bytes
 from fastverify.tune.draft_model import AcceptHistogram, CostCurve, CostPoint, DraftCost
+from fastverify.verifylog import _rank_key, read_log_dir
 
 HISTOGRAM_EXAMPLES = {"steps": "5", "counts": "[40, 30, 15, 8, 4, 3]", "topk": "1", "verify_ms": "[[6, 10.4]]"}
 
@@ -44,8 +46,6 @@ def read_histogram(path: Path) -> AcceptHistogram:
         ``topk`` outside [1, 64], a ``verify_ms`` pair out of range, a tokens-per-request count
         given twice (both values named), a key given twice in one object.
     """
-    from fastverify.inputs import read_bytes
-
     data = read_bytes(Path(path), kind="json", what="an accept histogram")
     try:
         h = msgspec.json.decode(data, type=AcceptHistogram)
@@ -83,8 +83,6 @@ def from_records(records: dict, source: str) -> tuple[AcceptHistogram | None, li
     the lowest rank at its deepest tokens per request (assumed a chain: S = tokens per request − 1),
     the cost points (median ``verify_ms`` per tokens per request at the most frequent batch), that
     batch, and notes."""
-    from fastverify.verifylog import _rank_key
-
     rank = sorted(records, key=_rank_key)[0]
     recs = [r for r in records[rank] if r.batch and r.tokens is not None and r.tokens % r.batch == 0]
     notes = []
@@ -129,8 +127,6 @@ def _merge_points(groups: list[list[CostPoint]]) -> list[CostPoint]:
 
 def from_dirs(dirs: list[Path], label: str = "measured"):
     """Histogram (of the deepest run), cost curve and notes from verify-log folders."""
-    from fastverify.verifylog import read_log_dir
-
     hist, groups, batches, notes = None, [], set(), []
     for d in dirs:
         got = read_log_dir(d)

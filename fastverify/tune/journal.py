@@ -35,6 +35,7 @@ from fastverify.bounds import (
 )
 from fastverify.errors import UserError
 from fastverify.inputs import read_bytes
+from fastverify.output_paths import check_folder
 from fastverify.tune.trial import TrialResult, TrialSpec
 
 logger = logging.getLogger(__name__)
@@ -218,8 +219,6 @@ class Journal:
             os.replace(path, backup)
             logger.warning("journal %s existed; kept it as %s and started a new one (use --resume to continue it)",
                            path, backup)
-        from fastverify.output_paths import check_folder
-
         check_folder(path, "journal")  # "afile/j.jsonl": afile is a file (mkdir would say "File exists")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """``fastverify tune`` without ``--predict``: measure the candidates, each in a fresh set of worker
-processes (:mod:`fastverify.tune.sweep`), rank them (:mod:`fastverify.tune.report`) and write the
+processes (:mod:`fastverify.tune.sweep`), rank them (:mod:`fastverify.tune.ranking`) and write the
 winner.
 
 The trials: the current environment as the baseline, the cost model's top ``--top`` NCCL settings,
@@ -14,12 +14,19 @@ more than the noise (:data:`MIN_WIN_PCT`).
 
 from __future__ import annotations
 
+from fastverify.deploy import Gain, installed_sglang_version
 from fastverify.errors import UserError
 from fastverify.patch.server_cmd import server_args_of
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
+from fastverify.topo.box import read_box
 from fastverify.tune.advice import p2p_facts
+from fastverify.tune.document import measured_document
 from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
+from fastverify.tune.printer import winner_lines
+from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
 from fastverify.tune.server_env import server_environment, tp_of
+from fastverify.tune.sweep import run_sweep
+from fastverify.tune.trial import DTYPE_BYTES, Op, TrialSpec
 from fastverify.tune.verify_time import change_pct, verify_reduction
 
 MIN_WIN_PCT = 2.0
@@ -65,9 +72,6 @@ def measure(args, console, workload, topo, version, ranked, shapes, p2p_given, f
 def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, device):
     """``(trials, box, P2P facts, SGLang version)``: the baseline and NCCL trials, and on GPUs the
     backends' (box and P2P then read here, else None); what is left out is said."""
-    from fastverify.deploy import installed_sglang_version
-    from fastverify.tune.trial import DTYPE_BYTES, Op, TrialSpec
-
     cuda = device == "cuda"
     elem = DTYPE_BYTES[workload.dtype]
     bad = [b for b, _ in workload.msg_sizes if b <= 0 or b % elem]
@@ -96,8 +100,6 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
     box = p2p = None
     sglang_version = installed_sglang_version()
     if cuda:
-        from fastverify.topo.box import read_box
-
         box = read_box(workload.tp, nccl_version=str(version) if version else None)
         p2p = p2p_facts(p2p_given, topo, cuda=True)
         max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
@@ -128,9 +130,6 @@ def _server_env(args, console, tp: int, overlays: list[dict]):
 
 def _run(args, console, workload, trials, device, fp):
     """The sweep over ``trials`` (journaled, resumable), ranked."""
-    from fastverify.tune.report import rank_candidates
-    from fastverify.tune.sweep import run_sweep
-
     journal = journal_path(args, fp)
     console.print(f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
                   f"{device}; journal {journal}", markup=False)
@@ -147,8 +146,6 @@ def _run(args, console, workload, trials, device, fp):
 
 def _report(args, console, workload, topo, version, ranking, red, device, box) -> None:
     """The ranking table, ``--png``, ``--json``'s document and the winner's lines (GPU only)."""
-    from fastverify.tune.report import plot_latency, print_report
-
     print_report(ranking, console)
     if args.png:
         written = plot_latency(ranking, args.png)
@@ -158,16 +155,12 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
     if args.json:
         import json
 
-        from fastverify.tune.document import measured_document
-
         doc = measured_document(ranking, workload, accept_length=args.accept_length, tok_s=args.tok_s,
                                 box={"device": device, "tp": workload.tp, "nccl_version": str(version) if version else None,
                                      "topology": topo.source if topo is not None else None,
                                      "gpu_name": box.gpu_name if box is not None else None})
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     if device == "cuda":
-        from fastverify.tune.printer import winner_lines
-
         for line in winner_lines(red, best=ranking.best.spec.name, base_label="measured", best_label="measured",
                                  tok_s_given=args.tok_s is not None, keep=ranking.best is ranking.baseline):
             console.print(line, markup=False, highlight=False)
@@ -176,8 +169,6 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
 def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp) -> None:
     """The env file and deployment record of the fastest candidate SGLang can reach, or of the
     baseline where the winner is within the noise."""
-    from fastverify.deploy import Gain
-
     chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
                                     sglang_version=sglang_version, dtype=workload.dtype)
     for why in why_not:
@@ -239,8 +230,6 @@ def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
         The trials, and one line per backend left out, saying why
         (:func:`fastverify.registry.unreachable_reason`).
     """
-    from fastverify.tune.trial import TrialSpec
-
     trials, skipped = [], []
     for name in names(tunable=True):
         info = backend_info(name)

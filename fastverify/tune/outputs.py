@@ -15,13 +15,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fastverify.deploy import (
+    DeploymentRecord,
+    VerifyShapes,
+    installed_sglang_version,
+    record_path_for,
+    sglang_settings,
+    write_deployment,
+)
+from fastverify.envfile import default_env_path
 from fastverify.errors import UserError
+from fastverify.live.config import preset_names
+from fastverify.output_paths import backup_path, check_folder, shown
+from fastverify.output_paths import check_outputs as check_no_clobber
+from fastverify.outputs import claim_output
+from fastverify.tune.ranking import plot_format
 
 
 def env_path(args, fp: str) -> Path | None:
     """``--write-env``'s path (default ``nccl_configs/<box fingerprint>.env``), or None."""
-    from fastverify.envfile import default_env_path
-
     if args.write_env is None:
         return None
     return Path(args.write_env) if args.write_env else default_env_path(fp)
@@ -38,11 +50,6 @@ def check_outputs(args, fp: str) -> None:
     ``--png`` must name a format matplotlib writes, and no output may replace an input
     (``--topology``, ``--profile``, ``--p2p-check``, a ``--model`` config file) or another output
     (:func:`fastverify.output_paths.check_outputs`)."""
-    from fastverify.deploy import record_path_for
-    from fastverify.live.config import preset_names
-    from fastverify.output_paths import backup_path, check_folder
-    from fastverify.output_paths import check_outputs as check_no_clobber
-
     env_p = env_path(args, fp)
     rec_p = record_path_for(env_p) if env_p is not None else None
     # atomic_write_text keeps an existing file as <name>.bak: the backups are outputs too, so an
@@ -72,8 +79,6 @@ def check_outputs(args, fp: str) -> None:
     check_no_clobber(outputs, inputs)
     _claim(args, outputs)
     if args.png is not None:
-        from fastverify.tune.report import plot_format
-
         plot_format(args.png)
 
 
@@ -82,9 +87,6 @@ def _claim(args, outputs: dict) -> None:
     and the journal of an earlier sweep is started over only with ``--force`` (``--resume``
     continues it); every new name is taken by an exclusive create
     (:func:`fastverify.outputs.claim_output`)."""
-    from fastverify.output_paths import shown
-    from fastverify.outputs import claim_output
-
     force = getattr(args, "force", False)
     journal = outputs.get("--journal")
     if journal is not None and not args.resume and not force and os.path.isfile(journal) \
@@ -117,8 +119,6 @@ def verify_shapes(args, workload):
         without ``--draft-tokens``); ``--draft-tokens`` contradicting the profile's; ``--max-batch``
         below the workload's batch.
     """
-    from fastverify.deploy import VerifyShapes
-
     hidden = args.hidden or workload.hidden
     if not hidden:
         raise UserError(f"--write-env: {workload.source} has no hidden size (a trace profile); give --hidden N "
@@ -149,8 +149,6 @@ def write_env_and_record(args, path, backend, settings, header, version, *, shap
     sourced without launch would turn on with no P2P check) and the deployment record beside it,
     which alone names the backend and carries the baseline's answers (``tune --baseline``); both or
     neither (:func:`fastverify.deploy.write_deployment`)."""
-    from fastverify.deploy import DeploymentRecord, installed_sglang_version, sglang_settings, write_deployment
-
     env = dict(settings)
     record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
                               nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},

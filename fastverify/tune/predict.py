@@ -25,15 +25,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from fastverify.envfile import TUNER_MAX_BYTES, TunerChoice
 from fastverify.errors import UserError
+from fastverify.inputs import read_text
 from fastverify.nccl import model as M
-from fastverify.nccl.algoproto import GRAMMAR_2_24
-from fastverify.nccl.catalogue import Severity, validate_setting
-from fastverify.nccl.enabled import enabled_algos_protos
+from fastverify.nccl.checks import GRAMMAR_2_24, Severity, validate_setting
+from fastverify.nccl.model import enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo import diagnose as D
 from fastverify.topo.matrix import Topology, parse_nvidia_smi_topo
-from fastverify.envfile import TUNER_MAX_BYTES, TunerChoice
 from fastverify.tune.workload import Workload
 
 LABEL = "predicted"
@@ -114,8 +114,6 @@ def _version(nccl_version: NcclVersion | str | None) -> NcclVersion | None:
 def _topology(topology: Topology | str | Path, tp: int) -> Topology:
     if not isinstance(topology, Topology):
         path = Path(topology)
-        from fastverify.inputs import read_text
-
         text = read_text(path, kind="text", errors="replace", what="topology")
         topology = parse_nvidia_smi_topo(text, source=str(path))
     gpus = sorted(topology.gpu_indices)

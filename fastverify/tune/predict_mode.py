@@ -11,9 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from fastverify.registry import backend_info
-from fastverify.tune.advice import p2p_facts, prediction_p2p, topology_nvlink_full
+from fastverify.deploy import BoxFingerprint, Gain
+from fastverify.envfile import write_tuner_config
+from fastverify.registry import BackendName, backend_info
+from fastverify.tune import user_figures
+from fastverify.tune.advice import p2p_facts, prediction_p2p, rank_options, topology_nvlink_full
+from fastverify.tune.document import prediction_document
 from fastverify.tune.outputs import env_path, write_env_and_record
+from fastverify.tune.predict import tuner_choices
+from fastverify.tune.printer import print_prediction
+from fastverify.tune.user_figures import decorate, header_lines
 from fastverify.tune.verify_time import change_pct
 from fastverify.tune.workload import Workload
 
@@ -22,13 +29,9 @@ def predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=No
     """Every candidate, NCCL settings and backends ranked together, with verify time and tok/s:
     :func:`fastverify.tune.advice.rank_options` (the ranking ``topo`` advises from too) on this
     command's flags; with ``user`` (the user's own figures) scaled to them."""
-    from fastverify.tune.advice import rank_options
-
     user_notes = ()
     if user is not None:
-        from fastverify.tune import user_figures as uf
-
-        user_notes = uf.notes(args, topo, user)
+        user_notes = user_figures.notes(args, topo, user)
     return rank_options(workload, topo, env=os.environ, nccl_version=version, sm=args.sm, pcie_gen=args.pcie_gen,
                         p2p_given=p2p_given, perf=perf, log=log, accept_length=args.accept_length,
                         tok_s=args.tok_s, user=user, user_notes=user_notes, ranked=ranked)
@@ -49,21 +52,15 @@ def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_
                       user=None) -> int:
     """Print the prediction (``--json``: the document, decorated with the user's figures), then
     write ``--write-env`` and ``--write-tuner-config``; returns 0."""
-    from fastverify.tune.document import prediction_document
-
     red = pred.best.verify["reduction"]
     if args.json:
         import json
 
         doc = prediction_document(pred, workload, box=box_doc)
         if user is not None:
-            from fastverify.tune.user_figures import decorate
-
             doc = decorate(doc, user, red, topo=topo)
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        from fastverify.tune.printer import print_prediction
-
         print_prediction(args, console, workload, topo, version, pred, red, p2p_ok=box_doc["p2p_ok"], user=user,
                          held_notes=getattr(args, "held_notes", ()))
     if args.write_env is not None:
@@ -75,9 +72,6 @@ def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_
 
 def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, fp, user) -> None:
     """The winner's env file and deployment record, the header saying PREDICTED and why."""
-    from fastverify.deploy import Gain
-    from fastverify.registry import BackendName
-
     base, best = pred.baseline, pred.best
     red = best.verify["reduction"]
     path = env_path(args, fp)
@@ -102,9 +96,6 @@ def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, 
 
 def _write_tuner_config(args, console, workload, pred) -> None:
     """The best NCCL candidate's per-size choice as an NCCL tuner-plugin CSV."""
-    from fastverify.envfile import write_tuner_config
-    from fastverify.tune.predict import tuner_choices
-
     nccl_best = pred.best_nccl.nccl
     write_tuner_config(args.write_tuner_config, tuner_choices(nccl_best),
                        header_lines=[f"PREDICTED by fastverify tune --predict for {workload.source}",
@@ -117,8 +108,6 @@ def predicted_box(args, workload, topo, version):
     """The fingerprint of the box ``--predict`` describes: GPU names from the topology (when it
     has them), compute capability from ``--sm``, GPU count from the topology, full NVLink over the
     first ``tp`` GPUs."""
-    from fastverify.deploy import BoxFingerprint
-
     name = next((g.name for g in topo.gpus if g.name), None)
     return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
                           driver=None, nccl_version=str(version) if version else None,
@@ -173,8 +162,6 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
     ]
     if user is not None:
-        from fastverify.tune.user_figures import header_lines
-
         lines += header_lines(user, reduction)
     lines += [f"evidence: {e}" for e in best.evidence]
     lines += [f"note: {n}" for n in best.notes]

@@ -25,18 +25,13 @@ from rich.text import Text
 from fastverify.console import say
 from fastverify.errors import shown
 from fastverify.registry import BackendName, backend_info
+from fastverify.tune.ranking import us_text
 from fastverify.tune.verify_time import change_pct
 
 TOP = 5
 """Ranked candidates the table shows without ``--explain`` (the baseline is shown in any case)."""
 CHANGE_SAYS = "change = new vs baseline, - = less time"
 USER_LABEL = "measured-by-user"
-
-
-def _us(v) -> str:
-    from fastverify.tune.report import _us as us
-
-    return us(v)
 
 
 def header_line(workload, topo, version) -> str:
@@ -108,10 +103,10 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
     for f in shown_candidates(pred, explain):
         i = pred.candidates.index(f) + 1
         v = f.verify or {}
-        row = [str(i) if f.ranked else "-", Text(candidate_cell(f)), f.label if f.ranked else "-", _us(f.point_us)]
+        row = [str(i) if f.ranked else "-", Text(candidate_cell(f)), f.label if f.ranked else "-", us_text(f.point_us)]
         if explain:
             row.append(("unknown" if f.ranked else "-") if f.range_us is None
-                       else f"{_us(f.range_us[0])} – {_us(f.range_us[1])}")
+                       else f"{us_text(f.range_us[0])} – {us_text(f.range_us[1])}")
         row.append(change_text(f, base))
         if verify_col:
             row.append("-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}")
@@ -130,7 +125,7 @@ def explain_lines(pred, held_notes=()) -> list[str]:
         lines = [("evidence", e) for e in f.evidence] + [("note", n) for n in f.notes]
         if f.bounds:
             lines.append(("wait", f"a faster kernel replaces the transfer, not the wait for a slower rank: wait kept "
-                                  f"{_us(f.bounds['wait_kept_us'])} µs, wait shrinks {_us(f.bounds['wait_shrinks_us'])} µs "
+                                  f"{us_text(f.bounds['wait_kept_us'])} µs, wait shrinks {us_text(f.bounds['wait_shrinks_us'])} µs "
                                   "per step"))
         for key in lines:
             said.setdefault(key, []).append(who)
@@ -153,11 +148,11 @@ def winner_lines(red: dict, *, best, base_label: str, best_label: str, user=None
     labelled; "upper bound" where the figures make it one. ``keep``: the baseline won, one line."""
     if keep:
         return [f"winner: {best}, the baseline: keep the current settings (all-reduce "
-                f"{_us(red['allreduce_baseline_us'])} µs per verify step, {base_label})"]
+                f"{us_text(red['allreduce_baseline_us'])} µs per verify step, {base_label})"]
     upper = user is not None or "upper bound" in str(red.get("verify_baseline_basis", ""))
     bound = " (upper bound)" if user is not None else ""  # scalars: a faster kernel cannot shrink the wait
     ar_base, ar_best = red["allreduce_baseline_us"], red["allreduce_predicted_us"]
-    pair, lab = _label_pair(f"{_us(ar_base)} µs", f"{_us(ar_best)} µs", base_label, best_label)
+    pair, lab = _label_pair(f"{us_text(ar_base)} µs", f"{us_text(ar_best)} µs", base_label, best_label)
     ar_chg = change_pct(100.0 * (ar_best - ar_base) / ar_base) if ar_base else "0.0 %"
     lines = [f"winner: {best}: all-reduce per verify step {pair}, {ar_chg}{lab}{bound}"]
     basis = str(red.get("verify_baseline_basis", ""))
@@ -275,9 +270,9 @@ def per_size_table_lines(pred) -> list[str]:
     """``--explain``: one line per (size, figure): point and range per call (µs), and the verdict."""
     out = []
     for r in pred.per_size:
-        figs = "; ".join(f"{e['name']} {_us(e['point_us'])} µs ("
+        figs = "; ".join(f"{e['name']} {us_text(e['point_us'])} µs ("
                          + ("range unknown" if e["range_us"] is None else
-                            f"{_us(e['range_us'][0])} – {_us(e['range_us'][1])}") + ")" for e in r["entries"])
+                            f"{us_text(e['range_us'][0])} – {us_text(e['range_us'][1])}") + ")" for e in r["entries"])
         out.append(f"# per size {r['msg_bytes']:,} B x {r['count']}: {figs}; verdict: {r['verdict']}")
     out += [f"# crossover {n}: NCCL at or below it from {b:,} B" if b is not None else
             f"# crossover {n}: none within the step's sizes" for n, b in pred.crossover_bytes.items()]

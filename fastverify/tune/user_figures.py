@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from fastverify.bounds import MIN_TIME_US
 from fastverify.errors import UserError
+from fastverify.topo.matrix import Gpu, Topology
 
 LABEL = "measured-by-user"
 MAX_VERIFY_MS = 60_000.0  # a verify step of a minute is no verify step
@@ -101,8 +102,6 @@ def assumed_topology(tp: int, p2p_results=None):
     """A box of ``tp`` GPUs (more if ``--p2p-check`` names more), every pair ``SYS``: the widest
     path, so an ``NCCL_P2P_LEVEL`` a candidate sets covers any PCIe box's pairs, and NCCL's default
     level (PXB) keeps them on SHM, as on a box whose GPUs hang off the CPU."""
-    from fastverify.topo.matrix import Gpu, Topology
-
     n = max([tp] + [1 + max(pair) for pair in (p2p_results or {})])
     links = {(i, j): "SYS" for i in range(n) for j in range(n) if i != j}
     return Topology(tuple(Gpu(i) for i in range(n)), links, source=ASSUMED_SOURCE.format(n=n))
@@ -136,7 +135,7 @@ def notes(args, topo, user: UserFigures) -> tuple[str, ...]:
 
 
 def scale_prediction(pred, user: UserFigures, extra_notes=()):
-    """``pred`` (:class:`fastverify.tune.candidates.Prediction`) on the user's scale: the baseline
+    """``pred`` (:class:`fastverify.tune.candidates.PredictedRanking`) on the user's scale: the baseline
     at R (label :data:`LABEL`), every ranked candidate at R × its ratio to the predicted baseline
     (range: an NCCL setting's is its point, as with any measured baseline; a backend's keeps its
     published spread, on the same scale)."""

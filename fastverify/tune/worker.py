@@ -26,7 +26,9 @@ from pathlib import Path
 
 import orjson
 
+from fastverify.cudagraph import capture_cuda_graph
 from fastverify.procs import rank_device
+from fastverify.tune.trial import Op, TrialSpec
 
 HOST = "127.0.0.1"
 GRAPH_OPS_MAX = 32
@@ -110,8 +112,7 @@ def trial_norm(trial, dtype):
     """The :class:`~fastverify.backends.base.NormKernel` every backend of ``trial`` gets:
     ``trial.norm``, with ``"auto"`` resolved by :func:`~fastverify.backends.base.choose_norm` from the
     trial's device and ``dtype`` (a ``torch.dtype``) alone, never from the backend."""
-    from fastverify.backends.base import resolve_norm
-
+    from fastverify.backends.base import resolve_norm  # lazy: torch
     return resolve_norm(trial.norm, trial.device.value, dtype, backend=trial.backend)
 
 
@@ -124,8 +125,7 @@ def make_trial_backend(trial, *, device, dtype, norm, context):
     BackendUnavailable
         The backend's probe or constructor said no (the caller turns it into ``skipped``).
     """
-    from fastverify import backends
-
+    from fastverify import backends  # lazy: torch
     options = trial.options_dict
     max_numel = options.pop("max_numel", None)
     if max_numel is None:
@@ -139,8 +139,6 @@ def _run_rank(rank: int, spec: dict) -> dict:
     """Steps 2-4 of the module docstring on this rank: the result document it writes."""
     import torch
     import torch.distributed as dist
-
-    from fastverify.tune.trial import TrialSpec
 
     trial = TrialSpec.from_dict(spec["trial"])
     cuda = trial.device.value == "cuda"
@@ -187,8 +185,7 @@ def _join_group(rank: int, spec: dict, world: int, cuda: bool, device, dist):
 
 def _probe_context(trial, device, dtype):
     """What the backend's probe may know of this box: the trial's ``probe_facts`` (P2P, NVLink)."""
-    from fastverify.backends.base import ProbeContext
-
+    from fastverify.backends.base import ProbeContext  # lazy: torch
     facts = dict(trial.probe_facts)
     return ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
                                nvlink_full=facts.get("nvlink_full"), single_node=True)
@@ -197,8 +194,7 @@ def _probe_context(trial, device, dtype):
 def _make_backend(rank: int, trial, device, dtype, ctx, meta: dict):
     """``(backend, "")``, or ``(None, why)`` where the backend is unavailable on this rank (the
     trial is then skipped on every rank); records the norm kernel in ``meta``."""
-    from fastverify.backends import BackendUnavailable
-
+    from fastverify.backends import BackendUnavailable  # lazy: torch
     try:
         norm = trial_norm(trial, dtype)  # raises BackendUnavailable for an unusable explicit "flashinfer"
         meta["norm"] = norm.value
@@ -284,9 +280,7 @@ class _Case:
     """
 
     def __init__(self, trial, shape, rank, world, device, dtype, torch):
-        from fastverify.backends import reference_residual_rmsnorm
-        from fastverify.tune.trial import Op
-
+        from fastverify.backends import reference_residual_rmsnorm  # lazy: torch
         self.torch, self.dtype = torch, dtype
         self.fused = trial.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM
         numel = shape[0] * shape[1]
@@ -329,8 +323,7 @@ class _Case:
         return self.call(backend)
 
     def check(self, got) -> tuple[bool, float]:
-        from fastverify.backends import check_close
-
+        from fastverify.backends import check_close  # lazy: torch
         ok, worst = True, 0.0
         for g, w in zip(got, self.want):
             good, err = check_close(g, w, self.dtype)
@@ -364,8 +357,6 @@ def _time_cuda(case: _Case, backend, iters: int, count: int, rank: int, torch, d
     ``k - 1``); all are reset before each replay, before the barrier, so the copies are not timed
     and every replay computes the reference."""
     import itertools
-
-    from fastverify.cudagraph import capture_cuda_graph
 
     k = graph_calls(count)
     case.use_slots(k)

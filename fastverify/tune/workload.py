@@ -23,7 +23,14 @@ from pathlib import Path
 
 from fastverify.bounds import MAX_COUNT, MAX_MSG_BYTES, implausible_time_us
 from fastverify.errors import UserError
+from fastverify.inputs import read_bytes
 from fastverify.live.config import ModelConfig, check_tp
+from fastverify.profile.record import (
+    SCHEMA_VERSION,
+    decode_profile,
+    read_profile_view,  # torch- and numpy-free
+)
+from fastverify.tune.trial import DTYPE_BYTES as _ELEMENT_BYTES
 
 DTYPE = "bfloat16"
 DTYPE_BYTES = 2
@@ -200,7 +207,7 @@ def workload_from_model(config: ModelConfig, *, tp: int, draft_tokens: int, batc
 
 def workload_from_profile(path: str | Path) -> Workload:
     """The verify step measured by a ``fastverify profile`` JSON (schema ``fastverify.profile``,
-    decoded by the typed record :mod:`fastverify.profile_record`; versions 1 and 2).
+    decoded by the typed record :mod:`fastverify.profile.record`; versions 1 and 2).
 
     * all-reduces per step: the median over ranks of ``ranks[].step_median.allreduce_count``;
     * their sizes: ``allreduce_by_msg_size`` (counted over all ranks and steps), scaled to that
@@ -223,8 +230,6 @@ def workload_from_profile(path: str | Path) -> Workload:
         the plausibility bounds of :mod:`fastverify.bounds` (refused by the decoder), or a world
         size below 2 (one rank runs no all-reduce).
     """
-    from fastverify.profile_view import read_profile_view  # torch- and numpy-free
-
     path = Path(path)
     view = read_profile_view(path)  # refuses sizes, counts and times past fastverify/bounds.py
     tp = _profile_tp(path, view)
@@ -304,8 +309,6 @@ def _profile_dtype(path: Path, view, msg_sizes, notes: list[str]) -> str:
         notes.append(f"dtype assumed {DTYPE}: {why} records message bytes, not the dtype")
     hidden, tokens = shapes.hidden, shapes.tokens
     if hidden is not None and tokens is not None:
-        from fastverify.tune.trial import DTYPE_BYTES as _ELEMENT_BYTES
-
         row = tokens * hidden * _ELEMENT_BYTES[dtype]
         main = max(msg_sizes, key=lambda bc: (bc[1], bc[0]))[0]
         if main != row:
@@ -323,12 +326,8 @@ def _measured_split(path: Path, version: int, allreduce_us: float | None
     """A version-2 profile's measured median per message size and the per-step wait / transfer
     split of :attr:`Workload.allreduce_us` (see its docstring); nothing for version 1, which
     recorded neither. The file was already validated by ``read_profile_view``."""
-    from fastverify.profile_record import SCHEMA_VERSION, decode_profile
-
     if version != SCHEMA_VERSION:
         return (), None, None
-
-    from fastverify.inputs import read_bytes
 
     prof = decode_profile(read_bytes(path, kind="json", what="profile"), source=str(path))
     by_size = tuple(sorted((s.msg_bytes, float(s.median_us)) for s in prof.allreduce_by_msg_size

@@ -55,7 +55,7 @@ class _AfterImport:
             if not hook.done:
                 hook.done = True
                 try:
-                    from fastverify.patch import plugin
+                    from fastverify.patch import plugin  # lazy: plugin
 
                     plugin()
                 except Exception as err:
@@ -78,7 +78,7 @@ def _main():
             sys.meta_path.insert(0, _AfterImport())
         if any(t in sys.modules for t in _TRIGGERS):  # already imported (unusual): patch now
             try:
-                from fastverify.patch import plugin
+                from fastverify.patch import plugin  # lazy: plugin
 
                 plugin()
             except Exception:

@@ -1,6 +1,6 @@
 """The versioned profile document: assembly and atomic writing (JSON, and a PNG beside it).
 
-The document is the typed record :class:`fastverify.profile_record.Profile` (schema
+The document is the typed record :class:`fastverify.profile.record.Profile` (schema
 ``fastverify.profile`` version 2, documented in the README, "Profile JSON"); :func:`build_profile`
 validates what the analyzer produced against it, and :func:`write_outputs` writes it through the
 record's one encoder, so every file ``profile`` writes is one ``tune`` can decode. Every
@@ -23,7 +23,7 @@ from fastverify.analyze import analyze
 from fastverify.errors import UserError, path_text
 from fastverify.events import RankEvents
 from fastverify.outputs import release_reserved, reserve_names, write_error, write_files
-from fastverify.profile_record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
+from fastverify.profile.record import SCHEMA, SCHEMA_VERSION, Profile, Shapes, encode_profile
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write_outputs", "write_error", "as_builtins"]
 
@@ -45,7 +45,7 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
     ranks : list of RankEvents, one per TP rank, sorted by rank
     source : dict
         ``{"kind": "trace", "files": [...]}`` or ``{"kind": "live", ...run parameters}`` with the
-        fields of :class:`~fastverify.profile_record.TraceSource` / ``LiveSource``.
+        fields of :class:`~fastverify.profile.record.TraceSource` / ``LiveSource``.
     shapes : Shapes or None
         The verify step's dtype, hidden size, tokens, draft tokens and batch where the caller knows
         them (a live run); None records them all as unknown (a trace).
@@ -163,7 +163,7 @@ def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, pain
     (:func:`fastverify.outputs.write_files`): both go to temporary files in the target folder and are
     renamed into place only when both are complete, so a failure leaves nothing behind; a
     symlinked output is refused, never written through. ``painter``: a
-    :class:`fastverify.painter.Painter` that draws the PNG in its own process (drawn here when it
+    :class:`fastverify.profile.painter.Painter` that draws the PNG in its own process (drawn here when it
     is None or fails).
 
     Raises
@@ -182,7 +182,7 @@ def write_outputs(profile: Profile, json_path: Path, png_path: Path | None, pain
 
     def fill_png(tmp: Path) -> None:
         if painter is None or not painter.draw(as_builtins(profile), tmp):
-            from fastverify.plot import plot_profile  # matplotlib only when a PNG is asked for
+            from fastverify.profile.plot import plot_profile  # lazy: matplotlib
 
             plot_profile(as_builtins(profile), tmp)
 

@@ -1,7 +1,10 @@
-"""Read an ``NCCL_DEBUG=INFO`` log into an :class:`~fastverify.nccl.logrecords.NcclLog`.
+"""Read an ``NCCL_DEBUG=INFO`` log into an :class:`NcclLog`: the line forms, the records, the parser.
 
 Any subsystems, any number of ranks and communicators; other program output mixed in is skipped.
-The line forms, and the NCCL source that prints each, are in :mod:`fastverify.nccl.loglines`.
+Three parts, in order: the line forms of the log as regexes, each with the NCCL source that prints
+it (also the small readers the nccl-tests reader shares, :func:`search_near_nccl`); one frozen
+record per line form and :class:`NcclLog`, everything read from one log; and the parser
+:func:`parse_nccl_log`.
 
 Nothing here raises except :class:`~fastverify.errors.UserError`, in two cases: the text has no
 NCCL line at all, or a line of a known form holds a number no NCCL prints, past fastverify's
@@ -16,27 +19,398 @@ field and its value. Lines that start like a known form but do not parse (a line
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from fastverify.bounds import (
-    MAX_CHANNELS,
-    MAX_COUNT,
-    MAX_MSG_BYTES,
-    implausible_bandwidth,
-    implausible_count,
-    implausible_time_us,
+    MAX_CHANNELS, MAX_COUNT, MAX_MSG_BYTES, implausible_bandwidth, implausible_count, implausible_time_us,
 )
 from fastverify.errors import UserError
-from fastverify.nccl.loglines import (
-    ALGO_BY_ID, BARE_VERSION, CALL, CHANNELS, COMM_INIT, COMM_NEW, ENV, ENV_INVALID, FALLBACK, GRAPH, KNOWN_STARTS,
-    LATBW, MAX_LINE, NET_VIA, P2P_FAIL, P2P_VIA, PATH_ITEM, PATHS, PROTO_BY_ID, RING, RING_LINK, SHM_VIA, SYSTEM,
-    TABLE_ALGO, TOPO_GPU, TRANSPORT, TREE_ITEM, TREES, TUNE_HEAD, TUNE_ROW, TUNER_NAME, VERSION, find_prefix,
-    float_or_none, norm_node,
-)
-from fastverify.nccl.logrecords import (
-    CallChoice, ChannelCounts, CommInfo, Dev, GraphInfo, NcclLog, PathInfo, Ring, RingLink, Transport, Tree, WarnLine,
-)
 
-__all__ = ["parse_nccl_log"]
+
+# The line forms of an ``NCCL_DEBUG=INFO`` log, as regexes, with where NCCL prints each one
+# (NVIDIA/nccl ``src/``), and the small readers the parser shares with the nccl-tests reader.
+#
+# Regexes match ASCII digits only: a Unicode digit must not reach ``int()``.
+
+# NCCL_ALGO_* / NCCL_PROTO_* ids (src/include/device.h), for the 2.21–2.23 per-call lines.
+ALGO_BY_ID = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
+PROTO_BY_ID = {0: "LL", 1: "LL128", 2: "SIMPLE"}
+
+_A = re.ASCII
+# Prefix (debug.cc): ``[%F %T] `` timestamp (optional; default on WARN only), ``host:pid:tid ``,
+# then ``[cudaDev] NCCL INFO msg`` / ``[cudaDev] file:line [(func) ]NCCL WARN msg`` /
+# ``[cudaDev] ms func:line NCCL TRACE msg``.
+PREFIX = re.compile(
+    r"(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,12}):(?P<tid>\d{1,12}) \[(?P<dev>-?\d{1,9})\] "
+    r"(?:[\d.]{1,30} )?(?:(?P<file>[^\s:]{1,255}):\d{1,9} (?:\([^)]{0,255}\) )?)?NCCL (?P<level>INFO|WARN|TRACE)", _A)
+# NCCL_DEBUG=VERSION/WARN print the version line bare (debug.cc NCCL_LOG_VERSION),
+# ``NCCL version 2.27.5+cuda12.9``; an MPI tag (``[1,0]<stdout>:``) may precede it.
+BARE_VERSION = re.compile(r"^(?:\[[\d,]+\](?:<std\w+>)?:?\s*|\d+: )?\s*(NCCL version \d\S*)\s*$", _A)
+# ``NCCL version 2.27.5+cuda12.9`` (init.cc).
+VERSION = re.compile(r"^NCCL version (\d{1,4})\.(\d{1,4})\.(\d{1,4})(\S*?)(?:\+cuda(\d+\.\d+))?$", _A)
+# ``comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL %d`` (2.20+).
+COMM_NEW = re.compile(
+    r"^comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nRanks (\d{1,9}) nNodes (\d{1,9}) localRanks (\d{1,9}) "
+    r"localRank (\d{1,9})(?: MNNVL \d+)?$", _A)
+# ``[func] comm %p rank %d nranks %d cudaDev %d [nvmlDev %d] busId %lx … - Init COMPLETE``.
+COMM_INIT = re.compile(
+    r"^(?:.*? )?comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,9})(?: nvmlDev \d+)? "
+    r"busId ([0-9a-fA-F]{1,16})\b.* - (?:Init (?:START|COMPLETE))$", _A)
+# Transports (transport/p2p.cc, shm.cc, net.cc): ``Channel %02d/%01d : %d[%d] -> %d[%d] via
+# P2P/direct pointer[/read]``, ``P2P/CUMEM|IPC|MNNVL[/read][/CE]``, ``P2P/indirect/%d[%d][/read]``,
+# ``Channel %02d : … via SHM/direct/direct`` (<= 2.30.4; ``SHM/CE/…`` with memcpy) or ``SHM/direct``
+# (2.30.7+), ``… [send] via NET/IB/0/GDRDMA``. In brackets: the NVML device index since 2.18, the
+# PCI bus id in hex (``%lx``) before; before 2.14 there is no ``/connIndex``.
+TRANSPORT = re.compile(
+    r"^Channel (\d{1,30})(?:/(\d{1,30}))? : (\d{1,30})\[([0-9a-fA-F]{1,16})\] -> (\d{1,30})\[([0-9a-fA-F]{1,16})\]"
+    r"(?: \[(send|receive)\])? via (.+?)\s*$", _A)
+P2P_VIA = re.compile(
+    r"^P2P/(?:direct pointer(?P<r1>/read)?|(?:IPC|CUMEM|MNNVL)(?P<r2>/read)?(?P<ce>/CE)?"
+    r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$", _A)
+# ``direct shared memory``: what NCCL up to 2.8 printed for SHM (transport/shm.cc,
+# ``Channel %02d : %d[%lx] -> %d[%lx] via direct shared memory``).
+SHM_VIA = re.compile(r"^(?:SHM/(?:direct|CE)(?:/(?:direct|CE))?|direct shared memory)$", _A)
+NET_VIA = re.compile(r"^NET/\S+/\d+\S*$", _A)
+# Rings (graph/rings.cc, rank 0 only): ``Channel 00/02 :    0   1 …`` (``%3d``, <= 2.22) or
+# ``Channel 00/02 : 0 1 …`` (``%*d``, 2.23+); ``Ring 00 : 7 -> 0 -> 1`` (GRAPH) per rank.
+RING = re.compile(r"^Channel (\d{1,30})/(\d{1,30}) :((?: +-?\d{1,30})+)\s*$", _A)
+RING_LINK = re.compile(r"^Ring (\d{1,30}) : (-?\d{1,30}) -> (-?\d{1,30}) -> (-?\d{1,30})$", _A)
+# ``Trees [0] 5/-1/-1->4->3 [1] …`` = down0/down1/down2->rank->up per channel (init.cc).
+TREES = re.compile(r"^Trees((?: \[\d{1,30}\] -?\d{1,30}/-?\d{1,30}/-?\d{1,30}->-?\d{1,30}->-?\d{1,30})*)\s*$", _A)
+TREE_ITEM = re.compile(r"\[(\d{1,30})\] (-?\d{1,30})/(-?\d{1,30})/(-?\d{1,30})->(-?\d{1,30})->(-?\d{1,30})", _A)
+# ``%d coll channels, [%d collnet channels, ][%d nvls channels, ]%d p2p channels, %d p2p channels
+# per peer`` (collnet field 2.20+).
+CHANNELS = re.compile(
+    r"^(\d{1,30}) coll channels, (?:(\d{1,30}) collnet channels, )?(?:(\d{1,30}) nvls channels, )?"
+    r"(\d{1,30}) p2p channels, (\d{1,30}) p2p channels per peer$", _A)
+_NUM = r"[-+\w.]{1,40}"  # a number as NCCL prints it, or what a corrupt log put there (1e308, nan)
+# Graph (graph/search.cc): ``Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s,
+# sameChannels %d`` (``speed`` instead of ``bw`` <= 2.12; bw = intra/inter GB/s per channel), and
+# ``Could not find a path for pattern %d, falling back to simple order``.
+GRAPH = re.compile(
+    rf"^Pattern (\d{{1,3}}), crossNic (\d{{1,3}}), nChannels (\d{{1,30}}), (?:bw|speed) ({_NUM})/({_NUM}), "
+    r"type (\w{1,8})/(\w{1,8}), sameChannels (\d{1,3})$", _A)
+FALLBACK = re.compile(r"^Could not find a path for pattern (\d{1,3}), falling back to simple order$", _A)
+# Topology (graph/topo.cc, paths.cc): ``=== System : maxBw %2.1f totalBw %2.1f ===``, tree dump
+# lines ``+ PCI[24.0] - GPU/0-cf000 (5)`` (GPU and its rank), and one line of paths per node
+# ``GPU/0-ce000 :GPU/0-4e000 (5/10.0/SYS) …`` = (hops/bw GB/s/path type); <= 2.21 write the first
+# node as ``GPU/CE000``.
+SYSTEM = re.compile(rf"^=== System : maxBw ({_NUM}) totalBw ({_NUM}) ===$", _A)
+_NODE = r"(?:GPU|PCI|NVS|CPU|NIC|NET|GIN|RMA|DEV|CXB)/[0-9a-fA-F]{1,16}(?:-[0-9a-fA-F]{1,16})?"
+PATHS = re.compile(rf"^({_NODE}) :(.*)$", _A)
+PATH_ITEM = re.compile(rf"({_NODE}) \((\d{{1,30}})/([-+\w.]{{1,40}})/([A-Z0-9]{{2,4}})\)\s*", _A)
+TOPO_GPU = re.compile(r"^(?:\+ \w+\[[\d.]+\] - )?(GPU/[0-9a-fA-F]{1,16}-[0-9a-fA-F]{1,16}) \((\d{1,9})\)", _A)
+# Per call (enqueue.cc, rank 0): 2.24+ ``AllReduce: 57344 Bytes -> Algo RING proto LL
+# channel{Lo..Hi}={0..1}``; 2.21–2.23 ``[AllReduce: ]57344 Bytes -> Algo 1 proto 0 time 12.3`` (ids).
+CALL = re.compile(
+    r"^(?:(\w+): )?(\d{1,30}) Bytes -> Algo (\w+) proto (\w+)"
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,30})\.\.(\d{1,30})\}| time ([-+\w.]{1,30}))$", _A)
+# Settings: ``NCCL_X set by environment to V`` (``V.`` for integers, misc/param.cc);
+# ``NCCL_P2P_LEVEL set by environment to SYS`` only when NCCL understood the value (paths.cc);
+# ``Invalid value %s for %s, using default %lld.``
+ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$", _A)
+ENV_INVALID = re.compile(r"^Invalid value (.*) for (NCCL_\w+), using default", _A)
+P2P_FAIL = re.compile(
+    r"^(?:Could not enable P2P|peer query failed) between dev (\d{1,6})\(=[0-9a-fA-F]+\) and dev (\d{1,6})", _A)
+# Tuner plugin (plugin/tuner*.cc): ``TUNER/Plugin: …``, ``Successfully loaded external tuner plugin %s``.
+TUNER_NAME = re.compile(r"^(?:TUNER/Plugin: Using (.+) \(v\d+\)|Successfully loaded external tuner plugin (.+))$", _A)
+# Model (graph/tuning.cc, rank 0): 2.18+ blocks of ``  Algorithm   |`` / ``  Protocol    |`` /
+# `` Max NThreads |`` then ``    AllReduce |   lat/  bw |…`` (latency µs / algBw GB/s); <= 2.17 one
+# table headed ``Latency/AlgBw |    Tree/    LL |…``.
+TUNE_HEAD = re.compile(r"^(Algorithm|Protocol|Max NThreads|Latency/AlgBw)\s*\|(.*)$", _A)
+TUNE_ROW = re.compile(r"^(\w{1,20}) \|((?:\s*[-\d.e+infa]+/\s*[-\d.e+infa]+ \|)+)\s*$", _A)
+LATBW = re.compile(r"^\s*([-+\w.]{1,30})/\s*([-+\w.]{1,30})\s*$", _A)
+
+MAX_LINE = 8192  # longer lines are skipped: NCCL's own are at most ~2 KiB (debug.cc buffer)
+
+# tuning.cc names → the names of the per-call lines (collectives.cc ncclAlgoToString/ncclProtoToString)
+TABLE_ALGO = {"Tree": "TREE", "Ring": "RING", "CollNetDirect": "COLLNET_DIRECT", "CollNetChain": "COLLNET_CHAIN",
+              "NVLS": "NVLS", "NVLSTree": "NVLS_TREE", "PAT": "PAT"}
+
+# Message starts that promise a known form; if none of the parsers takes such a line it is reported.
+KNOWN_STARTS = ("Channel ", "Trees", "Pattern ", "=== System", "NCCL version", "Ring ")
+
+
+def search_near_nccl(line: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """``pattern`` (a log prefix ending in ``NCCL <LEVEL>``) searched only just before each
+    ``NCCL `` in ``line`` (at most 4), so that a long line costs linear time; anything before the
+    prefix (MPI tags, timestamps, a table row it interrupts) is ignored."""
+    i = line.find("NCCL ")
+    for _ in range(4):
+        if i < 0:
+            return None
+        m = pattern.search(line, max(0, i - 800), i + 10)
+        if m is not None:
+            return m
+        i = line.find("NCCL ", i + 1)
+    return None
+
+
+def find_prefix(line: str) -> re.Match[str] | None:
+    """The ``host:pid:tid [dev] … NCCL LEVEL`` prefix of a log line."""
+    return search_near_nccl(line, PREFIX)
+
+
+def float_or_none(s: str) -> float | None:
+    """``float(s)``, or ``None`` where that raises ``ValueError``."""
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def norm_node(name: str) -> str:
+    """``GPU/CE000`` (≤2.21) and ``GPU/0-ce000`` → ``GPU/0-ce000``."""
+    kind, _, ident = name.partition("/")
+    if "-" in ident:
+        sys_id, _, local = ident.partition("-")
+        return f"{kind}/{int(sys_id, 16):x}-{int(local, 16):x}"
+    v = int(ident, 16)
+    return f"{kind}/{v >> 56:x}-{v & ((1 << 56) - 1):x}"
+
+
+# What an ``NCCL_DEBUG=INFO`` log says, as records: one frozen dataclass per line form
+# (the line forms above) and :class:`NcclLog`, everything read from one
+# log. Every record keeps the 1-based ``line`` it was read from.
+
+Dev = int | str  # device index (NCCL >= 2.18) or PCI bus id as lower-case hex text (older)
+
+
+@dataclass(frozen=True)
+class CommInfo:
+    """One communicator line of one rank; fields the line does not carry are ``None``."""
+
+    comm: str
+    rank: int
+    n_ranks: int
+    n_nodes: int | None = None
+    local_ranks: int | None = None
+    local_rank: int | None = None
+    cuda_dev: int | None = None
+    bus_id: str | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One ``Channel … : src -> dst via …`` connection. ``transport`` is the text after ``via``."""
+
+    channel: int
+    conn_index: int | None
+    src_rank: int
+    src_dev: Dev
+    dst_rank: int
+    dst_dev: Dev
+    transport: str  # e.g. "P2P/direct pointer/read", "SHM/direct/direct", "NET/IB/0/GDRDMA"
+    kind: str  # "P2P", "SHM" or "NET"
+    read: bool = False
+    ce: bool = False
+    via_rank: int | None = None  # P2P/indirect: the intermediate rank
+    direction: str | None = None  # NET: "send" or "receive"
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A ring of one channel as rank 0 prints it: ``ranks`` in ring order."""
+
+    channel: int
+    n_channels: int
+    ranks: tuple[int, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class RingLink:
+    """``Ring c : prev -> rank -> next``, one rank's neighbours on channel ``channel``."""
+
+    channel: int
+    prev: int
+    rank: int
+    next: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Tree:
+    """``[c] d0/d1/d2->rank->up``; -1 means none."""
+
+    channel: int
+    rank: int
+    down: tuple[int, int, int]
+    up: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class ChannelCounts:
+    """The channel counts of one communicator; ``collnet`` / ``nvls`` are ``None`` where the line has no such field."""
+
+    coll: int
+    collnet: int | None
+    nvls: int | None
+    p2p: int
+    p2p_per_peer: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """pattern 4 = ring, 1 = balanced tree, 3 = tree, 2 = split tree, 5 = NVLS."""
+
+    pattern: int
+    cross_nic: int
+    n_channels: int
+    bw_intra_gbps: float
+    bw_inter_gbps: float
+    type_intra: str
+    type_inter: str
+    same_channels: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    """One path of the topology dump: hop count, bandwidth in GB/s, NCCL's path type."""
+
+    hops: int
+    bw_gbps: float
+    path_type: str  # LOC NVL NVB C2C PIX PXB P2C PXN PHB SYS NET DIS
+
+
+@dataclass(frozen=True)
+class CallChoice:
+    """NCCL's choice for one launched collective (rank 0, TUNING subsystem)."""
+
+    func: str | None
+    size_bytes: int
+    algo: str  # TREE, RING, … (ids of 2.21–2.23 mapped through ALGO_BY_ID)
+    proto: str  # LL, LL128, SIMPLE
+    channel_lo: int | None = None
+    channel_hi: int | None = None
+    time_us: float | None = None  # 2.21–2.23: the model's predicted time
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class WarnLine:
+    """A ``NCCL WARN`` line: the message, the source file NCCL names (or ``None``), the CUDA device."""
+
+    message: str
+    file: str | None
+    dev: int
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """Everything read from one log. Dict fields map names as printed; see the module docstring."""
+
+    source: str
+    version: str | None = None  # "2.27.5"
+    cuda_version: str | None = None  # "12.9"
+    comms: tuple[CommInfo, ...] = ()
+    transports: tuple[Transport, ...] = ()
+    rings: tuple[Ring, ...] = ()
+    ring_links: tuple[RingLink, ...] = ()
+    trees: tuple[Tree, ...] = ()
+    channel_counts: tuple[ChannelCounts, ...] = ()
+    graphs: tuple[GraphInfo, ...] = ()
+    graph_fallbacks: tuple[int, ...] = ()  # pattern of each "Could not find a path … simple order"
+    paths: dict[str, dict[str, PathInfo]] = field(default_factory=dict)  # "GPU/0-ce000" -> node -> path
+    gpu_ranks: dict[str, int] = field(default_factory=dict)  # "GPU/0-cf000" -> rank, from the topology dump
+    max_bw_gbps: float | None = None
+    total_bw_gbps: float | None = None
+    tuning: dict[str, dict[tuple[str, str], tuple[float, float]]] = field(default_factory=dict)
+    max_nthreads: dict[tuple[str, str], int] = field(default_factory=dict)
+    calls: tuple[CallChoice, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    env_invalid: dict[str, str] = field(default_factory=dict)  # "Invalid value V for NCCL_X, using default"
+    p2p_unavailable: tuple[tuple[int, int], ...] = ()  # "Could not enable P2P between dev a and dev b"
+    tuner_plugin: str | None = None
+    tuner_lines: tuple[str, ...] = ()
+    warnings: tuple[WarnLine, ...] = ()
+    n_nccl_lines: int = 0
+    problems: tuple[str, ...] = ()
+    devices: tuple[int, ...] = ()  # CUDA devices (``[dev]`` of the prefix) that printed a line, sorted
+
+    @property
+    def version_tuple(self) -> tuple[int, int, int] | None:
+        if self.version is None:
+            return None
+        a, b, c = (int(x) for x in self.version.split("."))
+        return a, b, c
+
+    @property
+    def n_ranks(self) -> int | None:
+        """nRanks of the comm lines, else the length of a ring, else ``None``."""
+        if self.comms:
+            return max(c.n_ranks for c in self.comms)
+        if self.rings:
+            return max(len(r.ranks) for r in self.rings)
+        return None
+
+    def transports_by_pair(self) -> dict[tuple[Dev, Dev], set[str]]:
+        """(src device, dst device) → the transports seen for that direction."""
+        out: dict[tuple[Dev, Dev], set[str]] = {}
+        for t in self.transports:
+            out.setdefault((t.src_dev, t.dst_dev), set()).add(t.transport)
+        return out
+
+    def ring_order(self, channel: int = 0) -> tuple[int, ...] | None:
+        for r in self.rings:
+            if r.channel == channel:
+                return r.ranks
+        return None
+
+    def gpu_paths(self) -> dict[tuple[str, str], PathInfo]:
+        """GPU → other GPU paths only, keyed by the two normalised node names."""
+        return {(s, d): p for s, row in self.paths.items() if s.startswith("GPU/")
+                for d, p in row.items() if d.startswith("GPU/") and d != s}
+
+    def transport_kinds(self) -> dict[tuple[int, int], str]:
+        """(a, b) with a < b (device indices) → ``"P2P"``, ``"SHM"`` or ``"NET"`` as the log's
+        ``via`` lines show, either direction; SHM wins where a pair shows both (the ring runs at
+        its slowest hop). Pairs named by PCI bus id (NCCL < 2.18) are left out."""
+        out: dict[tuple[int, int], str] = {}
+        for t in self.transports:
+            if not (isinstance(t.src_dev, int) and isinstance(t.dst_dev, int)) or t.src_dev == t.dst_dev:
+                continue
+            key = (min(t.src_dev, t.dst_dev), max(t.src_dev, t.dst_dev))
+            if out.get(key) != "SHM":
+                out[key] = t.kind
+        return out
+
+    @property
+    def p2p_disabled_by_env(self) -> str | None:
+        """The setting NCCL read that turns P2P off for every pair, as ``NAME=VALUE``, else ``None``:
+        ``NCCL_P2P_DISABLE=1``, or ``NCCL_P2P_LEVEL`` LOC / 0 (``src/graph/paths.cc``: a path type
+        must be <= the level, and LOC is below every path between two GPUs), so every pair is on
+        SHM (or NET). ``NCCL_P2P_LEVEL set by environment to …`` is printed only for a value NCCL
+        understood (paths.cc)."""
+        if self.env.get("NCCL_P2P_DISABLE", "").strip() == "1":
+            return "NCCL_P2P_DISABLE=1"
+        level = self.env.get("NCCL_P2P_LEVEL", "").strip()
+        if level in ("LOC", "0"):
+            return f"NCCL_P2P_LEVEL={level}"
+        return None
+
+    def tuning_rows(self, func: str = "AllReduce") -> list[tuple[str, str, float, float]]:
+        """The TUNING model table of ``func`` as ``(algo, proto, latency µs, algBw GB/s)`` rows, in
+        table order, without the (0, 0) cells NCCL prints for a disabled or unsupported pair."""
+        return [(a, p, lat, bw) for (a, p), (lat, bw) in self.tuning.get(func, {}).items() if (lat, bw) != (0.0, 0.0)]
+
+    @property
+    def uses_shm(self) -> bool:
+        return any(t.kind == "SHM" for t in self.transports)
+
+    @property
+    def uses_p2p(self) -> bool:
+        return any(t.kind == "P2P" for t in self.transports)
+
+    @property
+    def uses_net(self) -> bool:
+        return any(t.kind == "NET" for t in self.transports)
 
 
 class _State:

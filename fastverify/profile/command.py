@@ -6,14 +6,21 @@ with an exclusive create."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+import msgspec
+
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_ITERS, MAX_WARMUP
-from fastverify.errors import UserError
-from fastverify.output_paths import output_arg, path_text_arg
-from fastverify.profile_record import live_timing, median_or_none
+from fastverify.errors import UserError, printable
+from fastverify.live.config import load_model_config, preset_names
+from fastverify.output_paths import check_outputs, output_arg, path_text_arg, refuse_symlink
+from fastverify.outputs import claim_output
+from fastverify.profile.painter import EARLY, PROGRAM
+from fastverify.profile.record import DTYPES, Shapes, live_timing, median_or_none
 from fastverify.progress import say
+from fastverify.registry import BackendName
 
 
 def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
@@ -39,20 +46,16 @@ def add_arguments(sub, positive, bounded, seconds, formatter) -> None:
     prof.add_argument("--model", default="tiny",
                       help="live run: preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or a Hugging Face config.json")
     prof.add_argument("--tp", "--tp-size", type=positive, default=2, help="live run: tensor-parallel world size")
-    # The same bounds as tune's (fastverify/tune/command.py): a verify step never has more.
+    # The same bounds as tune's (fastverify.tune.command): a verify step never has more.
     prof.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="live run: draft tokens per request (K)")
     prof.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="live run: requests in the verify batch (B)")
     prof.add_argument("--iters", type=bounded(1, MAX_ITERS), default=5, help="live run: timed verify forwards")
     prof.add_argument("--warmup", type=bounded(0, MAX_WARMUP), default=2, help="live run: untimed warm-up forwards")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="live run: device")
-    from fastverify.registry import BackendName
-
     prof.add_argument("--backend", default=None, metavar="NAME",
                       help=("live run: all-reduce backend of the forward, one of "
                             f"{', '.join(b.value for b in BackendName)} [default: "
                             f"{BackendName.nccl.value} on GPUs, {BackendName.gloo.value} on CPU]"))
-    from fastverify.profile_record import DTYPES
-
     prof.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                       help="live run: dtype of weights, activations and all-reduces")
     prof.add_argument("--timeout", type=seconds, default=300.0,
@@ -79,13 +82,8 @@ _LIVE_FLAGS = ("--model", "--tp", "--tp-size", "--draft-tokens", "--speculative-
 
 
 def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
-    import os
-
-    from fastverify.errors import printable
-    from fastverify.output_paths import check_outputs, refuse_symlink
-    from fastverify.outputs import claim_output
-    from fastverify.profile import default_output
-    from fastverify.verifylog import build_report, format_report, write_report
+    from fastverify.profile.build import default_output  # lazy: numpy
+    from fastverify.verifylog import build_report, format_report, write_report  # lazy: numpy
 
     if len(args.verify_log) > 2:
         raise UserError(f"--verify-log takes DIR or BEFORE_DIR AFTER_DIR, got {len(args.verify_log)} folders")
@@ -122,8 +120,6 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _is_preset(model: str) -> bool:
-    from fastverify.live.config import preset_names
-
     return model in preset_names()
 
 
@@ -131,8 +127,6 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, a --output or PNG that would replace an input (a --trace file, a
     file inside a --trace folder, the --model config) or each other. A default --output is a new
     name under profiles/ (and its PNG too), so only the paths the user gave can clash."""
-    from fastverify.output_paths import check_outputs
-
     outputs = {"--output": args.output}
     if not args.no_png:
         if args.png is not None:
@@ -144,10 +138,6 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
         inputs.append(("--model", args.model))
     for flag, path in inputs or [("--trace", None)]:
         check_outputs(outputs, {flag: path})
-    from fastverify.outputs import claim_output
-
-    import os
-
     folders = [os.path.realpath(t) for t in args.trace or () if os.path.isdir(t)]
     for flag, path in outputs.items():  # before any trace is read or rank started
         # an existing file only with --force; no placeholder where a --trace folder would read it
@@ -176,30 +166,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             painter.close()
 
 
-EARLY: dict = {}
-"""What :func:`fastverify.cli.main` started before parsing (the painter of a ``profile --trace`` run)."""
-PROGRAM: dict = {}
-"""Set by :func:`fastverify.cli.run`: this process is the fastverify program, not a caller of ``main()``."""
-
-
-def start_painter_early(argv: list[str]) -> None:
-    """``profile --trace`` with a PNG: fork the painter before anything but numpy is imported, so
-    its matplotlib import overlaps the parsing and the trace loading (:mod:`fastverify.painter`)."""
-    if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
-            and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
-        import os
-
-        # numpy first, with one BLAS thread (a trace job sorts and sums, it multiplies no
-        # matrices): the painter then shares this import instead of paying for its own, and its
-        # OpenBLAS does not spin up a thread per core, which took a core from the trace reading
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        import numpy  # noqa: F401
-
-        from fastverify.painter import Painter
-
-        EARLY["painter"] = Painter.start()
-
-
 def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     if args.trace:
         clash = [f for f in _LIVE_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
@@ -207,11 +173,9 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
             raise UserError(f"--trace reads existing traces; {', '.join(clash)} applies only to a live run"
                             if len(clash) == 1 else
                             f"--trace reads existing traces; {', '.join(clash)} apply only to a live run")
-        import os
-
         # a trace job uses numpy for sorting and reductions only: no BLAS thread pool to spin up
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        from fastverify.trace import load
+        from fastverify.trace import load  # lazy: numpy
 
         if PROGRAM.get("running"):  # the process ends right after this command (see run())
             load.HOLD_DECODED = True
@@ -226,10 +190,7 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
             raise UserError(f"--warmup must be >= 0, got {args.warmup}")
         ranks, source, stem = _live(args)
 
-    import msgspec
-
-    from fastverify.profile import as_builtins, build_profile, default_output, write_outputs
-    from fastverify.profile_record import Shapes
+    from fastverify.profile.build import as_builtins, build_profile, default_output, write_outputs  # lazy: numpy
 
     shapes = None
     if source["kind"] == "live":  # a live run knows its shapes; a trace records none (never guessed)
@@ -240,8 +201,6 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
         profile = msgspec.structs.replace(profile, timing=live_timing(profile.timing, ranks[0].meta))
     if source.get("graph_replay_traces"):
         profile = _with_graph_replay(profile, ranks, shapes)
-    from fastverify.errors import printable
-
     # a default name is taken with an exclusive create (its PNG's too): concurrent runs never share one
     out = args.output or default_output(stem, png=not args.no_png and args.png is None)
     png = None if args.no_png else (args.png or out.with_suffix(".png"))
@@ -249,15 +208,13 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     wrote = f"wrote {printable(out)}" + (f" and {printable(png)}" if png else "")
     try:
         if not args.quiet and sys.stdout is not None:  # `>&-` closes it: the files are the output
-            from fastverify.report import print_profile
+            from fastverify.profile.table import print_profile  # lazy: rich, off the --quiet trace path
 
             print_profile(as_builtins(profile))
         print(wrote)
         if sys.stdout is not None:
             sys.stdout.flush()
     except OSError as e:  # a full disk or a device that refuses writes behind stdout
-        import os
-
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
         sys.stderr.write(f"fastverify: error: cannot write to standard output ({e.strerror or e}); {wrote}\n")
         return 1
@@ -271,9 +228,7 @@ def _with_graph_replay(profile, ranks, shapes):
     rank could not write, or that holds no kernels (CUPTI missing, or taken by another client
     such as Nsight Systems), leaves the measured profile as it is, with one warning line on
     stderr and in its ``warnings``."""
-    import msgspec
-
-    from fastverify.profile import build_profile  # lazy: numpy
+    from fastverify.profile.build import build_profile  # lazy: numpy
     from fastverify.trace.load import load_traces  # lazy: numpy
 
     failed = [f"rank {r.rank}: {r.meta['trace_error']}" for r in ranks if r.meta.get("trace_error")]
@@ -292,9 +247,8 @@ def _with_graph_replay(profile, ranks, shapes):
 
 
 def _live(args: argparse.Namespace):
-    from fastverify.live.config import load_model_config
-    from fastverify.live.runner import run_live
-    from fastverify.profile import default_output
+    from fastverify.live.runner import run_live  # lazy: numpy
+    from fastverify.profile.build import default_output  # lazy: numpy
 
     model = args.model
     config = load_model_config(model)

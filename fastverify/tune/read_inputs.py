@@ -11,14 +11,24 @@ from __future__ import annotations
 import dataclasses
 
 from fastverify.errors import UserError
+from fastverify.inputs import read_text
+from fastverify.live.config import load_model_config, preset_names
+from fastverify.nccl.debuglog import parse_nccl_log
+from fastverify.nccl.perftable import parse_all_reduce_perf
+from fastverify.nccl.version import NcclVersion, read_nccl_version
+from fastverify.topo.box import nvml_facts, p2p_file_facts, resolve_args
+from fastverify.topo.matrix import parse_nvidia_smi_topo
+from fastverify.topo.nvml import read_nvml_topology
+from fastverify.topo.p2p_proof import complete_gpus, read_check_file
+from fastverify.tune import user_figures
+from fastverify.tune.predict import with_p2p_results
+from fastverify.tune.workload import workload_from_model, workload_from_profile
 
 
 def read_workload(args, draft_tokens: int):
     """The verify step's all-reduces: from ``--profile`` (its TP must match ``--tp``), else from
     ``--model`` (default ``tiny``) at ``--tp`` (else :func:`_default_tp`), ``draft_tokens`` per
     request and ``--batch``, its source naming where an unasked TP came from."""
-    from fastverify.tune.workload import workload_from_model, workload_from_profile
-
     if args.profile is not None:
         if args.model is not None:
             raise UserError("--profile and --model both describe the workload; give one")
@@ -27,8 +37,6 @@ def read_workload(args, draft_tokens: int):
             raise UserError(f"--tp {args.tp}: {args.profile} was measured at TP {workload.tp}; drop the flag or "
                             "re-profile")
         return workload
-    from fastverify.live.config import load_model_config, preset_names
-
     name = args.model or "tiny"
     config = load_model_config(name)
     tp, tp_from = _default_tp(args)
@@ -65,8 +73,6 @@ def _default_tp(args) -> tuple[int, str]:
         gpus = len(topology_file(args).gpus)
         if gpus >= 2:
             return gpus, "every GPU of the topology; --tp-size for fewer"
-    from fastverify.topo.boxfacts import nvml_facts
-
     count = nvml_facts()[2]
     if count >= 2:
         return count, "every GPU NVML sees; --tp-size for fewer"
@@ -77,9 +83,6 @@ def topology_file(args):
     """The ``--topology`` text, read and parsed once per run (the TP default and the box both need it)."""
     parsed = getattr(args, "topology_parsed", None)
     if parsed is None:
-        from fastverify.inputs import read_text
-        from fastverify.topo.matrix import parse_nvidia_smi_topo
-
         parsed = parse_nvidia_smi_topo(read_text(args.topology, kind="text", errors="replace"),
                                        source=str(args.topology))
         args.topology_parsed = parsed
@@ -91,8 +94,6 @@ def read_topology(args, tp: int, assume=None):
     (``--predict``), or None (measure mode)."""
     if args.topology is not None:
         return topology_file(args)
-    from fastverify.topo.nvml import read_nvml_topology
-
     try:
         return read_nvml_topology()
     except UserError:
@@ -105,8 +106,6 @@ def read_topology(args, tp: int, assume=None):
 
 def nccl_version(args, log):
     """``--nccl-version``, else the library's own, else the version the NCCL log names, else None."""
-    from fastverify.nccl.version import NcclVersion, read_nccl_version
-
     version = NcclVersion.parse(args.nccl_version) if args.nccl_version else read_nccl_version()
     if version is None and log is not None and log.version:
         version = NcclVersion.parse(log.version)
@@ -120,9 +119,6 @@ def read_p2p_check(args):
     if args.p2p_check is None:
         return None, None, []
     import msgspec
-
-    from fastverify.topo.box import p2p_file_facts
-    from fastverify.topo.p2p_proof import complete_gpus, read_check_file
 
     check = read_check_file(args.p2p_check)
     p2p_given = msgspec.structs.replace(p2p_file_facts(args.p2p_check, check.results), gpus=complete_gpus(check))
@@ -142,10 +138,6 @@ def read_perf(args, tp: int):
     refused: its times are not this workload's."""
     if args.perf_table is None:
         return None, []
-    from fastverify.nccl.perftable import parse_all_reduce_perf
-
-    from fastverify.inputs import read_text
-
     text = read_text(args.perf_table, kind="text", flag="--perf-table", errors="replace")
     table = parse_all_reduce_perf(text, source=str(args.perf_table))
     warnings = [f"# warning: {w}" for w in (table.dropped_warning(),) if w]
@@ -159,13 +151,9 @@ def read_perf(args, tp: int):
 
 
 def read_log(args):
-    """``--nccl-log FILE`` parsed (:func:`fastverify.nccl.logparse.parse_nccl_log`), or None."""
+    """``--nccl-log FILE`` parsed (:func:`fastverify.nccl.debuglog.parse_nccl_log`), or None."""
     if args.nccl_log is None:
         return None
-    from fastverify.nccl.logparse import parse_nccl_log
-
-    from fastverify.inputs import read_text
-
     text = read_text(args.nccl_log, kind="log", flag="--nccl-log", errors="replace")
     return parse_nccl_log(text, source=str(args.nccl_log))
 
@@ -174,19 +162,13 @@ def box_topology(args, workload, user, p2p_results):
     """The box's topology with the P2P check's results folded in (None in measure mode without
     one), after the output checks of the user's-figures mode; sets ``args.box_facts`` (SM, PCIe
     generation, GPU count and where each came from)."""
-    from fastverify.tune import user_figures as uf
-
     topo = read_topology(args, workload.tp,
-                         assume=None if user is None else lambda: uf.assumed_topology(workload.tp, p2p_results))
-    uf.check_outputs(args, topo)
-    from fastverify.topo.boxfacts import resolve_args
-
-    args.box_facts = resolve_args(args, topology_gpus=None if topo is None or uf.is_assumed(topo) else len(topo.gpus),
+                         assume=None if user is None else lambda: user_figures.assumed_topology(workload.tp, p2p_results))
+    user_figures.check_outputs(args, topo)
+    args.box_facts = resolve_args(args, topology_gpus=None if topo is None or user_figures.is_assumed(topo) else len(topo.gpus),
                                   tp=workload.tp)
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
     if topo is not None and p2p_results is not None:
-        from fastverify.tune.predict import with_p2p_results
-
         topo = with_p2p_results(topo, p2p_results, source=str(args.p2p_check))
     return topo

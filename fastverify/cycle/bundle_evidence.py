@@ -7,12 +7,16 @@ import re
 import statistics
 from pathlib import Path
 
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, implausible_count
 from fastverify.cycle.flags import Evidence
 from fastverify.cycle.split import forwards, split_cycles
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, implausible_count
 from fastverify.errors import UserError
 from fastverify.events import EventClass
 from fastverify.inputs import loads_json
+from fastverify.nccl.debuglog import parse_nccl_log
+from fastverify.topo.diagnose import diagnose
+from fastverify.topo.matrix import parse_nvidia_smi_topo
+from fastverify.trace.load import load_traces
 
 __all__ = ["evidence", "json_part", "server_arguments"]
 
@@ -120,8 +124,6 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
         notes.append("no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
                      "while the server serves traffic")
         return None
-    from fastverify.trace.load import load_traces
-
     try:
         ranks = load_traces(files, progress=False)
     except UserError as e:  # name the bundle's member, not the temporary copy it was read from
@@ -164,17 +166,12 @@ def evidence(bundle) -> tuple[Evidence, list[str]]:
     if ev.world_size is None and implausible_count(tp, lower=1, upper=MAX_WORLD_SIZE) is None:
         ev.world_size = tp
     if (got := _text_part(bundle, "nccl_log", notes)) is not None:
-        from fastverify.nccl.logparse import parse_nccl_log
-
         try:
             ev.nccl_log = parse_nccl_log(got[1], source=got[0])
             ev.sources["nccl_log"] = got[0]
         except UserError as e:  # one unreadable part is a note; the rest of the report stands
             notes.append(f"nccl_log: not read ({e})")
     if (got := _text_part(bundle, "nvidia_smi_topo", notes)) is not None:
-        from fastverify.topo.diagnose import diagnose
-        from fastverify.topo.matrix import parse_nvidia_smi_topo
-
         try:
             topo = parse_nvidia_smi_topo(got[1], source=got[0])
             # the server's own NCCL_* settings are not in the bundle: NCCL's defaults, said in the flag

@@ -2,7 +2,7 @@
 
 Importing matplotlib costs about 0.25 s of CPU, as long as reading a 50 MB trace. On a box with
 two or more cores, ``profile --trace`` starts a :class:`Painter` first: a forked child imports
-:mod:`fastverify.plot` while the parent reads and analyses the traces, then draws the figure when
+:mod:`fastverify.profile.plot` while the parent reads and analyses the traces, then draws the figure when
 the parent sends the profile. (It draws no throw-away figure meanwhile: that loads fonts and the
 PNG writer, which saved 7 ms of the real drawing, 76 against 83 ms, for 65 ms of CPU taken from
 the parent's reading on two cores, and it delayed the real drawing when the profile came during
@@ -12,53 +12,19 @@ in-process.
 Anything that goes wrong in the child (it died, matplotlib failed to import, the drawing raised)
 makes :meth:`Painter.draw` return False, and the caller draws in-process, where the same failure
 surfaces as it always did.
+
+:data:`EARLY` and :data:`PROGRAM` are the start-up state the command line shares with
+``profile``: the painter started before parsing, and whether this process is the fastverify
+program (which may end with ``os._exit`` once its outputs are written).
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
-import signal
 import sys
 from pathlib import Path
 
-__all__ = ["Painter", "quiet_child_signals", "usable_cores"]
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity on Linux, else ``os.cpu_count()``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
-@contextlib.contextmanager
-def signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP in this thread while helpers are forked: a helper starts with
-    them held until :func:`quiet_child_signals` has set its own handling, so a Ctrl-C that lands
-    during the fork cannot interrupt the new process half-way (a traceback from the child). The
-    parent gets a signal that came meanwhile as soon as the block ends."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def quiet_child_signals() -> None:
-    """In a forked helper (painter, trace-decoding worker): Ctrl-C goes to the whole process group,
-    and the parent alone answers it (one line, then it stops its children); SIGTERM/SIGHUP end the
-    helper without Python's handler, which the fork copied from the CLI and which would print a
-    traceback. Then the signals held over the fork (:func:`signals_held`) are let through."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+from fastverify.procs import quiet_child_signals, signals_held, usable_cores
 
 
 def _serve(conn, parent_end) -> None:
@@ -72,7 +38,7 @@ def _serve(conn, parent_end) -> None:
 
 def _serve_one(conn) -> None:
     try:
-        from fastverify.plot import plot_profile
+        from fastverify.profile.plot import plot_profile  # lazy: matplotlib
 
         ready = None
     except Exception as e:  # reported to the parent, which draws in-process
@@ -100,6 +66,8 @@ class Painter:
     """
 
     def __init__(self) -> None:
+        import multiprocessing  # here, not at the top: the CLI imports this module on every start-up
+
         ctx = multiprocessing.get_context("fork")
         self._sent = False
         self._conn, child_end = ctx.Pipe()
@@ -150,3 +118,23 @@ class Painter:
             if self._sent:
                 self._proc.join(timeout=2.0)
             self._stop()
+
+
+EARLY: dict = {}
+"""What :func:`fastverify.cli.main` started before parsing (the painter of a ``profile --trace`` run)."""
+PROGRAM: dict = {}
+"""Set by :func:`fastverify.cli.run`: this process is the fastverify program, not a caller of ``main()``."""
+
+
+def start_painter_early(argv: list[str]) -> None:
+    """``profile --trace`` with a PNG: fork the painter before anything but numpy is imported, so
+    its matplotlib import overlaps the parsing and the trace loading (:class:`Painter`)."""
+    if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
+            and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
+        # numpy first, with one BLAS thread (a trace job sorts and sums, it multiplies no
+        # matrices): the painter then shares this import instead of paying for its own, and its
+        # OpenBLAS does not spin up a thread per core, which took a core from the trace reading
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        import numpy  # noqa: F401
+
+        EARLY["painter"] = Painter.start()

@@ -5,7 +5,7 @@ and the table title, column headers and the PNG say "CPU/gloo" and never "GPU". 
 different clocks are never ranked together.
 
 A trial ranks as its backend only when its path counts show the backend's own path took every
-call (:func:`fastverify.tune.path_counts.fell_back`); one that fell back (to ``torch.distributed``) is
+call (:func:`fastverify.tune.trial.fell_back`); one that fell back (to ``torch.distributed``) is
 listed as ``fell_back`` with the counts, never ranked, never the winner.
 """
 
@@ -22,8 +22,8 @@ from rich.table import Table
 
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
-from fastverify.tune.path_counts import NotRankedStatus, fell_back, path_counts
-from fastverify.tune.trial import Clock, TrialResult, TrialSpec, TrialStatus
+from fastverify.tune.trial import Clock, NotRankedStatus, TrialResult, TrialSpec, TrialStatus, fell_back, path_counts
+from fastverify.tune.verify_time import change_pct
 
 CLOCK_LABEL = {
     Clock.CUDA_EVENTS: "GPU (CUDA events, CUDA-graph replay)",
@@ -50,7 +50,7 @@ class Unranked:
 
 def path_verdict(spec: TrialSpec, result: TrialResult) -> Unranked | None:
     """The :class:`Unranked` entry of an ``ok`` result whose backend did not take every call
-    (:func:`fastverify.tune.path_counts.fell_back` on its path counts), None when it did. A result
+    (:func:`fastverify.tune.trial.fell_back` on its path counts), None when it did. A result
     without path counts is :attr:`~NotRankedStatus.UNVERIFIED` unless its backend is the
     torch.distributed baseline (no other path: it is the fallback)."""
     counts = path_counts(result)
@@ -185,7 +185,8 @@ def _buckets(cands: list[Candidate], base: TrialResult | None) -> tuple[BucketBe
                  for nbytes, (us, c, s) in sorted(best.items()))
 
 
-def _us(v: float | None) -> str:
+def us_text(v: float | None) -> str:
+    """µs with one decimal and thousands separators; ``-`` for None or non-finite."""
     if v is None or not math.isfinite(v):
         return "-"
     return f"{v:,.1f}"
@@ -200,13 +201,11 @@ def _ms(v: float | None) -> str:
 
 def _unit(clock: Clock | None):
     """(unit name, formatter of a µs value): ms for CPU wall clock, µs for GPU timings."""
-    return ("ms", _ms) if clock is Clock.CPU_WALL_CLOCK else ("µs", _us)
+    return ("ms", _ms) if clock is Clock.CPU_WALL_CLOCK else ("µs", us_text)
 
 
 def _change(c: Candidate, base: Candidate | None) -> str:
     """new vs baseline in percent, - = less time (:func:`fastverify.tune.verify_time.change_pct`)."""
-    from fastverify.tune.verify_time import change_pct
-
     if c is base:
         return "baseline"
     if c.vs_baseline_us is None or base is None or not base.step_us:

@@ -17,7 +17,7 @@ def _fmt(v: float | None) -> str:
 def print_profile(profile: dict, console: Console | None = None) -> None:
     """Print the per-rank split, the per-step medians and the all-reduce sizes.
 
-    ``profile`` is the record as plain dicts (:func:`fastverify.profile.as_builtins`)."""
+    ``profile`` is the record as plain dicts (:func:`fastverify.profile.build.as_builtins`)."""
     console = console or stdout_console()
     clock = profile["timing"]["clock"]
     console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "

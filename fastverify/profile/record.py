@@ -1,5 +1,6 @@
 """The profile record (schema ``fastverify.profile``): one typed structure that ``fastverify
-profile`` writes and ``fastverify tune --profile`` reads (:mod:`fastverify.profile_view`).
+profile`` writes, its plausibility bounds said in words, and the view that ``fastverify tune
+--profile`` reads (:class:`ProfileView`, from a file of either readable version).
 
 Version 2 adds :class:`Shapes` (dtype, hidden size, tokens per step, draft tokens and batch of the
 profiled verify step) and, for live runs, the all-reduce backend the forward ran with
@@ -11,20 +12,27 @@ re-derives a hidden size or a dtype from byte counts.
 Decoding checks fastverify's plausibility bounds (:mod:`fastverify.bounds`): a message over 1 TiB,
 a time outside [0, 1 hour], a count over 1e9, a world size or TP size of 0, a shape past the
 verify-step bounds is refused with the field's JSON path, its value and the bound
-(:mod:`fastverify.profile_bounds`). The README ("Profile JSON") documents every field. Nothing here
-imports torch or numpy: tune's sweep workers import this module through :mod:`fastverify.tune.workload`.
+(:func:`out_of_bounds`). The README ("Profile JSON") documents every field.
+
+Tune needs a handful of fields. Version 2 files decode in full and strictly (:class:`Profile`);
+version 1 files (written before the shapes existed) decode into the lenient structures of the
+view, which is all that version 1 guaranteed: dtype and hidden size unknown, so an old profile is
+timed as plain all-reduces. Both are checked against the same bounds. Nothing here imports torch
+or numpy: tune's sweep workers import this module through :mod:`fastverify.tune.workload`.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+from pathlib import Path
 from typing import Annotated, Any, Union
 
 import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_HIDDEN, MAX_MSG_BYTES
 from fastverify.errors import UserError, schema_error
-from fastverify.profile_bounds import out_of_bounds
+from fastverify.inputs import read_bytes
 
 SCHEMA = "fastverify.profile"
 SCHEMA_VERSION = 2
@@ -32,7 +40,7 @@ SCHEMA_VERSION = 2
 DTYPES = ("bfloat16", "float16", "float32")
 """torch dtype names a profile may record (the verify step's all-reduce element type)."""
 
-# Plausibility bounds (fastverify/bounds.py), checked by msgspec when a profile is decoded (not when
+# Plausibility bounds (fastverify.bounds), checked by msgspec when a profile is decoded (not when
 # one is built): a value past them is a broken or hand-edited file, and refused with the field's path.
 Us = Annotated[float, msgspec.Meta(ge=0, le=MAX_EVENT_US)]
 """A time in µs: [0, 1 hour]."""
@@ -370,7 +378,7 @@ def decode_head(data: bytes, source: str) -> ProfileHead:
                         "(write one with `fastverify profile`)") from None
     except msgspec.DecodeError as err:
         raise UserError(f"{source}: not a fastverify profile: invalid JSON ({err})") from None
-    except RecursionError:  # msgspec bounds nesting (fastverify/inputs.py)
+    except RecursionError:  # msgspec bounds nesting (fastverify.inputs)
         raise UserError(f"{source}: not a fastverify profile: JSON nested too deeply") from None
     if head.schema != SCHEMA:
         raise UserError(f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
@@ -432,3 +440,224 @@ def decode_as(data: bytes, typ: type, source: str):
     except (ValueError, RecursionError) as err:
         text = " ".join(str(err).split())
         raise UserError(f"{source}: not a usable fastverify profile: {text}") from None
+
+
+BOUND_NAMES = {
+    MAX_MSG_BYTES: "1 TiB, fastverify's bound on one message",
+    MAX_EVENT_US: "1 hour in µs, fastverify's bound on a time",
+    MAX_COUNT: "fastverify's bound on a count", MAX_HIDDEN: "fastverify's bound on a hidden size",
+    MAX_BATCH: "fastverify's bound on a batch", MAX_DRAFT_TOKENS: "fastverify's bound on draft tokens",
+    MAX_BATCH * MAX_DRAFT_TOKENS: "fastverify's bound on tokens per step",
+}
+"""Each upper bound of the profile's fields → what it bounds, in words."""
+
+_CONSTRAINT = re.compile(r"^Expected `(\w+)` (>=|<=) (-?[0-9.e+]+) - at `\$(.*)`$")
+_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]|\[\.\.\.\]")
+
+
+def _value_at(data: bytes, path: str) -> Any:
+    """The JSON value at msgspec's ``path`` (``.ranks[0].msg_bytes``) in ``data``; None where the
+    walk cannot follow it (a dict value, ``[...]``)."""
+    value: Any = msgspec.json.decode(data)  # valid JSON: the typed decode got as far as a value
+    for part in _PATH_PART.finditer(path):
+        key, index = part.group(1), part.group(2)
+        if key is not None and isinstance(value, dict) and key in value:
+            value = value[key]
+        elif index is not None and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:  # a dict value (``[...]``) or a path this walk does not follow: no value to show
+            return None
+    return value
+
+
+def out_of_bounds(text: str, data: bytes) -> str | None:
+    """msgspec's message for a value past a bound (``Expected `int` <= 1099511627776 - at
+    `$.allreduce_by_msg_size[0].msg_bytes```), said with the value and what the bound is:
+    ``allreduce_by_msg_size[0].msg_bytes = 1000000000000000 is past 1 TiB, …``; None for any other
+    message."""
+    m = _CONSTRAINT.match(text)
+    if m is None:
+        return None
+    kind, op, bound, path = m.groups()
+    value = _value_at(data, path)
+    number = float(bound)
+    name = BOUND_NAMES.get(int(number)) if op == "<=" and number == int(number) else None
+    shown = "" if value is None else f" = {value!r}"
+    if op == ">=":
+        return f"{path.lstrip('.')}{shown} is below {bound}: expected {kind} >= {bound}"
+    return (f"{path.lstrip('.')}{shown} is past {name or 'its bound'}: expected {kind} <= {bound}"
+            " (values past fastverify's plausibility bounds are broken or hand-edited input)")
+
+
+READABLE_VERSIONS = (1, 2)
+"""Versions :func:`read_profile_view` reads (1 with every shape unknown)."""
+MAX_ACCEPT_LENGTH = MAX_DRAFT_TOKENS + 1
+"""Tokens one verify step can accept: every draft token and the bonus token."""
+
+
+class _StepMedianV1(msgspec.Struct, frozen=True):
+    allreduce_count: FloatCount
+    compute_us: Us | None = None
+    window_us: Us | None = None
+    allreduce_us: Us | None = None
+
+
+class _RankV1(msgspec.Struct, frozen=True):
+    step_median: _StepMedianV1
+
+
+class _SizeV1(msgspec.Struct, frozen=True):
+    msg_bytes: MsgBytes | None
+    count: Count
+
+
+class _TimingV1(msgspec.Struct, frozen=True):
+    clock: str | None = None
+
+
+class _ProfileV1(msgspec.Struct, frozen=True):
+    ranks: list[_RankV1]
+    allreduce_by_msg_size: list[_SizeV1]
+    timing: _TimingV1 = _TimingV1()
+    world_size: Ranks | None = None
+    source: dict[str, Any] = {}
+
+
+class ProfileView(msgspec.Struct, frozen=True):
+    """What ``tune`` reads from a profile of any readable version.
+
+    Attributes
+    ----------
+    version : int
+        The file's ``schema_version``.
+    kind : str
+        ``source.kind`` (``"trace"``, ``"live"``; ``"unknown"`` for a version-1 file without one).
+    shapes : Shapes
+        Version 2: as recorded. Version 1: ``tokens``, ``draft_tokens``, ``batch`` of a live run;
+        ``dtype`` and ``hidden`` None (version 1 did not record them).
+    backend : str or None
+        Live version-2 profiles: the all-reduce backend the forward ran with.
+    world_size : int or None
+    clock : str or None
+        ``timing.clock``.
+    step_allreduce_counts, step_compute_us, step_window_us, step_allreduce_us : tuple
+        Per rank with a step median, the medians over steps (None entries dropped for times).
+    sizes : tuple of (msg_bytes or None, count)
+        ``allreduce_by_msg_size`` rows over all ranks and steps.
+    ranks : int
+        Entries in ``ranks``.
+    accept_length : float or None
+        ``accept_length`` at the top level or in ``source``, where a writer recorded one.
+    """
+
+    version: int
+    kind: str
+    shapes: Shapes
+    backend: str | None
+    world_size: int | None
+    clock: str | None
+    step_allreduce_counts: tuple[float, ...]
+    step_compute_us: tuple[float, ...]
+    step_window_us: tuple[float, ...]
+    step_allreduce_us: tuple[float, ...]
+    sizes: tuple[tuple[int | None, int], ...]
+    ranks: int
+    accept_length: float | None = None
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf") \
+        else None
+
+
+def read_profile_view(path: str | Path) -> ProfileView:
+    """Read the profile at ``path`` (version 1 or 2) into the view ``tune`` needs.
+
+    Raises
+    ------
+    UserError
+        One line naming the file: unreadable, not JSON, not schema ``fastverify.profile``, a version
+        this fastverify does not read, a field missing or mistyped, or a size, count or time past the
+        plausibility bounds of :mod:`fastverify.bounds` (the message names the field, its value and the
+        bound), a world size below 1 or an accept length outside [0, draft tokens + 1].
+    """
+    p = Path(path)
+    data = read_bytes(p, kind="json", what="profile")
+    head = decode_head(data, str(p))
+    accept = _accept_length(head.accept_length, str(p), "accept_length")
+    if head.schema_version == SCHEMA_VERSION:
+        return _view_v2(decode_as(data, Profile, str(p)), p, accept)
+    if head.schema_version == 1:
+        return _view_v1(decode_as(data, _ProfileV1, str(p)), p, accept)
+    raise UserError(f"{p}: not a usable fastverify profile: schema_version {head.schema_version!r}, this "
+                    f"fastverify reads {' or '.join(map(str, READABLE_VERSIONS))}")
+
+
+def _view_v2(prof: Profile, p: Path, accept: float | None) -> ProfileView:
+    """The view of a version-2 profile; one without ranks or without a step median is refused."""
+    if not prof.ranks:
+        raise UserError(f"{p}: not a usable fastverify profile: 'ranks' is empty")
+    live = prof.source if isinstance(prof.source, LiveSource) else None
+    medians = [r.step_median for r in prof.ranks if r.step_median is not None]
+    if not medians:
+        raise UserError(f"{p}: not a usable fastverify profile: no rank has a step_median (no steps found)")
+    return ProfileView(
+        version=SCHEMA_VERSION, kind="live" if live else "trace", shapes=prof.shapes,
+        backend=live.backend if live else None, world_size=prof.world_size, clock=prof.timing.clock,
+        step_allreduce_counts=tuple(m.allreduce_count for m in medians),
+        step_compute_us=tuple(m.compute_us for m in medians),
+        step_window_us=tuple(m.window_us for m in medians),
+        step_allreduce_us=tuple(m.allreduce_us for m in medians),
+        sizes=tuple((s.msg_bytes, s.count) for s in prof.allreduce_by_msg_size),
+        ranks=len(prof.ranks), accept_length=accept)
+
+
+def _view_v1(old: _ProfileV1, p: Path, accept: float | None) -> ProfileView:
+    """The view of a version-1 profile: shapes only from a live source, no backend; the accept
+    length at the top level, else in ``source``."""
+    if not old.ranks:
+        raise UserError(f"{p}: not a usable fastverify profile: 'ranks' is empty")
+    kind = old.source.get("kind") if isinstance(old.source.get("kind"), str) else "unknown"
+    if accept is None:
+        accept = _accept_length(old.source.get("accept_length"), str(p), "source.accept_length")
+    ms = [r.step_median for r in old.ranks]
+    return ProfileView(
+        version=1, kind=kind, shapes=_v1_shapes(old.source, str(p)) if kind == "live" else Shapes(), backend=None,
+        world_size=old.world_size,
+        clock=old.timing.clock, step_allreduce_counts=tuple(m.allreduce_count for m in ms),
+        step_compute_us=tuple(v for m in ms if (v := _finite(m.compute_us)) is not None),
+        step_window_us=tuple(v for m in ms if (v := _finite(m.window_us)) is not None),
+        step_allreduce_us=tuple(v for m in ms if (v := _finite(m.allreduce_us)) is not None),
+        sizes=tuple((s.msg_bytes, s.count) for s in old.allreduce_by_msg_size),
+        ranks=len(old.ranks), accept_length=accept)
+
+
+def _accept_length(value: Any, where: str, key: str) -> float | None:
+    """A recorded accept length, or None where none is recorded (or it is not a number, as before);
+    a number outside [0, :data:`MAX_ACCEPT_LENGTH`] is refused."""
+    v = _finite(value)
+    if v is not None and not 0 <= v <= MAX_ACCEPT_LENGTH:
+        raise UserError(f"{where}: not a usable fastverify profile: {key} = {value!r} is outside [0, "
+                        f"{MAX_ACCEPT_LENGTH}] (a verify step accepts at most {MAX_DRAFT_TOKENS} draft tokens + 1)")
+    return v
+
+
+def _v1_shapes(source: dict[str, Any], where: str) -> Shapes:
+    """A version-1 live source recorded tokens, draft tokens and batch, but no hidden size or dtype.
+    A value that is not a positive integer is left out (version 1 did not promise one); one past
+    fastverify's bounds is refused."""
+    tops = {"tokens": MAX_BATCH * MAX_DRAFT_TOKENS, "draft_tokens": MAX_DRAFT_TOKENS, "batch": MAX_BATCH}
+
+    def pos(key: str) -> int | None:
+        v = source.get(key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return None
+        if v > tops[key]:
+            raise UserError(f"{where}: not a usable fastverify profile: source.{key} = {v} is past "
+                            f"{BOUND_NAMES[tops[key]]} ({tops[key]})")
+        return v
+
+    tokens, draft, batch = pos("tokens"), pos("draft_tokens"), pos("batch")
+    if None not in (tokens, draft, batch) and tokens != draft * batch:
+        draft = batch = None
+    return Shapes(tokens=tokens, draft_tokens=draft, batch=batch)
