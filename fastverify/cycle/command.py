@@ -13,7 +13,7 @@ import orjson
 from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_means
 from fastverify.cycle.evidence import evidence
 from fastverify.cycle.split import CycleSplit
-from fastverify.errors import UserError
+from fastverify.errors import UserError, printable
 from fastverify.output_paths import output_arg, path_arg
 
 SCHEMA = "fastverify.cycle_report"
@@ -73,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(doc)
         if args.png is not None:
-            print(f"wrote {args.png}")
+            print(f"wrote {printable(args.png)}")
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 
+from fastverify.console import say
 from fastverify.errors import UserError
 
 
@@ -35,7 +36,7 @@ def print_draft_section(section: dict | None, console) -> None:
     if section is None:
         return
     if "error" in section:
-        console.print(f"# draft shape: not read ({section['error']})", markup=False, highlight=False)
+        say(console, f"# draft shape: not read ({section['error']})")
         return
     from fastverify.tune import draft_shape as D
     from fastverify.tune.draft_model import DraftShapeReport

@@ -28,7 +28,7 @@ def _modes_table(doc: dict) -> Table:
     for mode in sorted(means, key=_ORDER.index):
         m = means[mode]
         s = split.get("straggler_by_mode", {}).get(mode)
-        last = f"TP {s['rank']}: {s['last']}/{s['waited']}" if s else "-"
+        last = cell(f"TP {s['rank']}: {s['last']}/{s['waited']}") if s else "-"
         t.add_row(cell(mode), f"{m['forwards']:g}", _ms(m["compute_us"]), f"{m['allreduce_count']:g}",
                   _ms(m["transfer_us"]), _ms(m["wait_us"]), last, _ms(m["unmatched_us"]), _ms(m["other_comm_us"]),
                   _ms(m["memory_us"]), _ms(m["idle_us"]))

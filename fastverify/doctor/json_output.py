@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 import orjson
 
 from fastverify.doctor import run_doctor, summarise
+from fastverify.errors import shown
 
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # one file per host and process (NCCL_DEBUG_FILE's %h and %p)
 
@@ -68,8 +69,8 @@ def run_doctor_json(*, quick: bool, env_file: str | None) -> int:
     JSON to stdout. Returns the exit code: 1 when the verdict is ``fail``, else 0."""
     added = nccl_log_env(os.environ)
     if added:
-        sys.stderr.write(f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
-                         f"{added['NCCL_DEBUG_FILE']}\n")
+        sys.stderr.write(shown(f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
+                               f"{added['NCCL_DEBUG_FILE']}") + "\n")
     with _environ_with(added, os.environ), stdout_on_stderr():
         checks = run_doctor(quick=quick, env_file=env_file)
     summary = summarise(checks)

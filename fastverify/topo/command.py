@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
-from fastverify.errors import UserError, path_text
+from fastverify.errors import UserError, path_text, shown
 from fastverify.output_paths import path_arg
 
 
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from fastverify.topo.report import print_diagnosis
 
-        print(facts.first_line())
+        print(shown(facts.first_line(), limit=None))
         print_diagnosis(d)
     return 0
 

@@ -37,7 +37,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("pairs", "nvidia-smi", "NCCL path", "transport now", "basis", "recommended", "driver P2P"):
             t.add_column(col, overflow="fold")
         for key, names in by.items():
-            t.add_row(" ".join(names), *map(cell, key))
+            t.add_row(cell(" ".join(names)), *map(cell, key))
         c.print(t)
 
     for name, info in (("FlashInfer PCIe IPC all-reduce", d.pcie_ipc_allreduce),
@@ -56,7 +56,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("tokens", "bytes", "now µs", "now algo", "recommended µs", "recommended algo"):
             t.add_column(col, justify="right", overflow="fold")
         for p in d.predictions:
-            t.add_row(str(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
+            t.add_row(cell(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
                       f"{p.recommended_us:,.1f}", cell(p.recommended_algo_proto))
         c.print(t)
         say(c, f"# {d.prediction_note}")
@@ -81,7 +81,7 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         for col in ("tokens", "bytes", "NCCL µs", "column", "basis"):
             t.add_column(col, justify="right", overflow="fold")
         for m in d.measured:
-            t.add_row(str(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
+            t.add_row(cell(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
                       cell(m.get("column") or "-"), cell(m["basis"]))
         c.print(t)
         say(c, "# the in-place column: SGLang's NCCL all-reduce writes into its input")
@@ -104,7 +104,7 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
             for col in ("tokens", "bytes", "NCCL picks", "model µs"):
                 t.add_column(col, justify="right")
             for v in tu["verify_choice"]:
-                t.add_row(str(v["tokens"]), f"{v['msg_bytes']:,}", cell(v["algo_proto"]), f"{v['time_us']:,.1f}")
+                t.add_row(cell(v["tokens"]), f"{v['msg_bytes']:,}", cell(v["algo_proto"]), f"{v['time_us']:,.1f}")
             c.print(t)
         if tu["launched"]:
             shown = tu["launched"][:12]

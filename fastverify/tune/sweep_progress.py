@@ -4,6 +4,7 @@ a heartbeat elsewhere (CI, a log file), and a line for every trial that does not
 
 from __future__ import annotations
 
+from fastverify.console import say as say_line
 from fastverify.tune.path_counts import NotRankedStatus, fell_back, path_counts
 from fastverify.tune.trial import TrialResult, TrialSpec, TrialStatus
 
@@ -112,9 +113,7 @@ class TrialProgress:
             status, reason = NotRankedStatus.FELL_BACK.value, why
         if self._bar is not None:
             if status != TrialStatus.OK.value:
-                from rich.markup import escape
-
-                self._bar.console.print(f"[yellow]{escape(spec.name)}: {status}[/] {escape(reason)}", highlight=False)
+                say_line(self._bar.console, f"{spec.name}: {status} {reason}", "yellow")
             self._bar.advance(self._task)
             return
         if self._lines is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from fastverify.errors import shown
 from fastverify.procs import rank_device
 
 HOST = "127.0.0.1"
@@ -51,7 +52,7 @@ BUILD_STAGE = "build: "
 
 
 def _stage(rank: int, msg: str) -> None:
-    sys.stderr.write(f"fastverify-tune rank {rank}: {msg}\n")
+    sys.stderr.write(f"fastverify-tune rank {rank:d}: {shown(msg)}\n")
     sys.stderr.flush()
 
 
