@@ -14,8 +14,9 @@ mode (``tarfile`` ``r|``), so the archive is read once, front to back, and nothi
   refused before it is read (``tarfile`` would read it whole into memory);
 - a sparse member (GNU sparse, or pax ``GNU.sparse.*``), which inflates past its stored size, is
   refused;
-- a member time (``mtime``, pax or not) that is not a finite number of seconds within
-  ±:data:`MAX_TIME_S` (a pax ``mtime`` of ``nan`` or ``1e30``) is refused.
+- a member time (``mtime``, pax or not, and a pax ``atime`` or ``ctime``) that is not a finite
+  number of seconds within ±:data:`MAX_TIME_S` (a pax ``mtime`` of ``nan``, ``1e30`` or ``abc``)
+  is refused.
 
 Every refusal is an :class:`ArchiveRefused` whose text is one line without the file's name (the
 caller names it); a cut or damaged stream raises ``EOFError``, ``zlib.error`` or
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -42,6 +44,10 @@ pad to a record of 10,240 bytes (GNU tar's ``--record-size`` is at most a few hu
 MAX_TIME_S = 1e11
 """Largest member time (seconds from 1970, either sign): year ~5100; a pax ``mtime`` past it (or
 NaN) is no time, and ``os.utime`` raises on it."""
+_PAX_TIMES = ("mtime", "atime", "ctime")
+_PAX_TIME = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?")
+"""A pax time as POSIX writes it (``pax``, "extended header keyword descriptions"): decimal
+seconds with an optional fraction; ``nan``, ``inf``, ``1e30`` and ``abc`` are no such time."""
 _CHUNK = 1 << 20
 _LONG_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
                  tarfile.GNUTYPE_LONGLINK)
@@ -108,9 +114,15 @@ def _check_member(m: tarfile.TarInfo) -> None:
     if m.sparse is not None:
         raise ArchiveRefused(f"{m.name!r}: a sparse member")
     t = m.mtime
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and abs(t) <= MAX_TIME_S):
-        raise ArchiveRefused(f"{m.name!r}: a member time of {m.pax_headers.get('mtime', t)!r} s (not a finite time "
-                             f"within ±{MAX_TIME_S:g} s): a damaged or hand-made pax header")
+    bad = isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and abs(t) <= MAX_TIME_S)
+    for key in _PAX_TIMES:  # tarfile keeps the header's time for a pax value it cannot read ("abc")
+        text = m.pax_headers.get(key)
+        if text is not None and not (_PAX_TIME.fullmatch(text) and abs(float(text)) <= MAX_TIME_S):
+            t, bad = text, True
+            break
+    if bad:
+        raise ArchiveRefused(f"{m.name!r}: a member time of {t!r:.80} s (not a finite time within ±{MAX_TIME_S:g} "
+                             "s): a damaged or hand-made pax header")
 
 
 def members(raw: BinaryIO, *, max_inflated: int) -> Iterator[tuple[tarfile.TarInfo, tarfile.ExFileObject | None]]:

@@ -39,7 +39,8 @@ from pathlib import Path
 import msgspec
 
 from fastverify.archive import ArchiveRefused, members
-from fastverify.errors import UserError, path_text, printable
+from fastverify.bounds import duplicate_json_key
+from fastverify.errors import UserError, one_line, path_text, printable
 from fastverify.inputs import CAPS, check_regular
 from fastverify.manifest_bounds import manifest_figure_problem
 
@@ -154,7 +155,7 @@ def encode_manifest(m: Manifest) -> bytes:
 
 def decode_manifest(data: bytes, where: str) -> Manifest:
     """The manifest in ``data``; UserError naming ``where`` for bad JSON, another schema or version,
-    or a field of the wrong type."""
+    a key given twice in one object, or a field of the wrong type."""
     try:
         raw = msgspec.json.decode(data)
     except (msgspec.DecodeError, RecursionError) as e:
@@ -165,6 +166,8 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
     if raw.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{where}: bundle schema version {raw.get('schema_version')!r}; this fastverify reads "
                         f"version {SCHEMA_VERSION}")
+    if (key := duplicate_json_key(data)) is not None:
+        raise UserError(f"{where}:manifest.json: the key {one_line(repr(key), 80)} is given twice in one object")
     try:
         m = msgspec.convert(raw, Manifest)
     except msgspec.ValidationError as e:

@@ -12,7 +12,7 @@ import signal
 import sys
 
 from fastverify.bounds import MAX_TIMEOUT_S
-from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, print_guarded
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, print_guarded, printable
 from fastverify.inputs import read_text
 from fastverify.output_paths import or_default, output_arg, path_arg, path_arg as _folder, path_text_arg
 from fastverify.profile.painter import EARLY, PROGRAM, start_painter_early
@@ -20,7 +20,7 @@ from fastverify.profile.painter import EARLY, PROGRAM, start_painter_early
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code for usage errors)
-        sys.stderr.write(f"fastverify: error: {message}\n")
+        sys.stderr.write(f"fastverify: error: {one_line(message)}\n")
         raise SystemExit(EXIT_USER_ERROR)
 
 
@@ -316,7 +316,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     # The dry run collects every blocker into the plan (the proof inputs' too); the real launch raises at the first.
     plan = plan_of_args(args, os.environ)
     if args.dry_run:
-        sys.stdout.write(describe(plan))
+        sys.stdout.write(printable(describe(plan)))
         if plan.blockers:
             sys.stdout.flush()  # the plan first, then the one-line verdict
             sys.stderr.write(f"fastverify: error: {one_line(summary(plan.blockers))}\n")
@@ -438,7 +438,7 @@ def _main(argv: list[str]) -> int:
             from fastverify.patch.sglang_info import check, format_report  # lazy: subcommand (importlib.metadata)
 
             info, statuses, route = check(args.sglang_source)
-            sys.stdout.write(format_report(info, statuses, route))
+            sys.stdout.write(printable(format_report(info, statuses, route)))
             return 0 if all(s.status == "found" for s in statuses) else 1
         if args.command == "launch":
             return _cmd_launch(args)

@@ -104,7 +104,7 @@ def print_guarded(command: Callable[[], int]) -> int:
     finally:
         if isinstance(sys.stdout, _GuardedStdout):
             sys.stdout = original
-    sys.stderr.write(f"fastverify: error: cannot write to standard output ({why})\n")
+    sys.stderr.write(f"fastverify: error: cannot write to standard output ({printable(why)})\n")
     return EXIT_USER_ERROR
 
 

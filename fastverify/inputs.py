@@ -28,7 +28,7 @@ import stat
 import sys
 from pathlib import Path
 
-from fastverify.errors import UserError
+from fastverify.errors import UserError, one_line
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -269,7 +269,7 @@ def loads_json(data: bytes, path: str | Path, *, flag: str | None = None):
                 raise UserError(f"{name}: JSON nested too deeply ({_first_line(e)})") from None
     elif not _warned_old_orjson:
         _warned_old_orjson = True
-        print(f"fastverify: warning: {problem}", file=sys.stderr)
+        print(f"fastverify: warning: {one_line(problem)}", file=sys.stderr)
     try:
         return json.loads(data)
     except RecursionError:

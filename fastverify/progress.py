@@ -22,6 +22,8 @@ import sys
 import time
 from typing import TextIO
 
+from fastverify.errors import shown
+
 __all__ = ["AFTER_S", "AFTER_S_ENV", "Progress", "default_after_s", "say"]
 
 AFTER_S = 2.0  # silent before this many seconds of work
@@ -52,7 +54,7 @@ def say(text: str, *, stream: TextIO | None = None) -> None:
     """One ``fastverify: <text>`` line on stderr now (for facts a user must see at once, e.g. a
     live run that falls back from GPU to CPU)."""
     out = stream or sys.stderr
-    print(f"fastverify: {text}", file=out, flush=True)
+    print(f"fastverify: {shown(text)}", file=out, flush=True)
 
 
 class Progress:

@@ -32,7 +32,7 @@ from rich.table import Table
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS
 from fastverify.console import cell, say, stdout_console
-from fastverify.errors import UserError, path_text
+from fastverify.errors import UserError, path_text, shown
 from fastverify.inputs import read_text as read
 from fastverify.live.config import load_model_config, preset_names
 from fastverify.nccl.checks import Severity, validate_setting, validate_settings
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {"box": facts.as_dict(), **d.as_dict()}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
-        print(facts.first_line())
+        print(shown(facts.first_line(), limit=None))
         print_diagnosis(d)
     return 0
 
@@ -470,7 +470,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("pairs", "nvidia-smi", "NCCL path", "transport now", "basis", "recommended", "driver P2P"):
             t.add_column(col, overflow="fold")
         for key, names in by.items():
-            t.add_row(" ".join(names), *map(cell, key))
+            t.add_row(cell(" ".join(names)), *map(cell, key))
         c.print(t)
 
     for name, info in (("FlashInfer PCIe IPC all-reduce", d.pcie_ipc_allreduce),
@@ -489,7 +489,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("tokens", "bytes", "now µs", "now algo", "recommended µs", "recommended algo"):
             t.add_column(col, justify="right", overflow="fold")
         for p in d.predictions:
-            t.add_row(str(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
+            t.add_row(cell(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
                       f"{p.recommended_us:,.1f}", cell(p.recommended_algo_proto))
         c.print(t)
         say(c, f"# {d.prediction_note}")
@@ -514,7 +514,7 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         for col in ("tokens", "bytes", "NCCL µs", "column", "basis"):
             t.add_column(col, justify="right", overflow="fold")
         for m in d.measured:
-            t.add_row(str(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
+            t.add_row(cell(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
                       cell(m.get("column") or "-"), cell(m["basis"]))
         c.print(t)
         say(c, "# the in-place column: SGLang's NCCL all-reduce writes into its input")
@@ -537,7 +537,7 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
             for col in ("tokens", "bytes", "NCCL picks", "model µs"):
                 t.add_column(col, justify="right")
             for v in tu["verify_choice"]:
-                t.add_row(str(v["tokens"]), f"{v['msg_bytes']:,}", cell(v["algo_proto"]), f"{v['time_us']:,.1f}")
+                t.add_row(cell(v["tokens"]), f"{v['msg_bytes']:,}", cell(v["algo_proto"]), f"{v['time_us']:,.1f}")
             c.print(t)
         if tu["launched"]:
             shown = tu["launched"][:12]

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import msgspec
 
-from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_VERIFY_TOKENS, implausible_count
-from fastverify.errors import UserError, path_text, schema_error
+from fastverify.bounds import (MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_VERIFY_TOKENS,
+                               duplicate_json_key, implausible_count)
+from fastverify.errors import UserError, one_line, path_text, schema_error
 from fastverify.inputs import check_regular, read_bytes
 from fastverify.patch.paths import MODES, WARMUP
 
@@ -149,6 +150,9 @@ def _read_file(f: Path, file_rank: str, records: dict[str, list[VerifyRecord]], 
                 torn.append(f"{path_text(f.name)}:{i}")
                 continue
             raise _not_a_record(f"{f}:{i}", e) from None
+        if line.count(b":") > _keys_decoded(rec) and (key := duplicate_json_key(line)) is not None:
+            raise UserError(f"{f}:{i}: the key {one_line(repr(key), 80)} is given twice in one record; a record "
+                            "the verify timer writes gives each key once")
         _check_record(rec, f"{f}:{i}", file_rank)
         if rec.step in steps:
             raise UserError(f"{f}:{i}: step {rec.step} again (also line {steps[rec.step]}): two server runs in one "
@@ -159,6 +163,17 @@ def _read_file(f: Path, file_rank: str, records: dict[str, list[VerifyRecord]], 
         n += 1
     if n == 0:
         raise UserError(f"{f}: holds no verify records" + (" (only a cut last line)" if torn else ""))
+
+
+def _keys_decoded(rec: VerifyRecord) -> int:
+    """The distinct keys of ``rec``'s line that a value other than null came from (``allreduce_paths``'
+    own included). Each key of a JSON text has one ``:`` after it outside strings, so a line with no
+    more ``:`` than this has no key given twice, and the stdlib parse that finds one (about ten
+    times msgspec's decode of the line) runs only for a line with more: a null value, a ``:`` in a
+    string, or a key given twice."""
+    values = msgspec.structs.astuple(rec)
+    paths = rec.allreduce_paths
+    return len(values) - values.count(None) + (len(paths) + sum(map(len, paths.values())) if paths else 0)
 
 
 def _check_record(rec: VerifyRecord, where: str, file_rank: str) -> None:

@@ -1,5 +1,5 @@
 """Issue 34, "the printer escapes text from inputs everywhere it prints", and a closed or full
-standard output.
+standard output (collect's, whose bundle is its output: tests/test_hostile_remainder.py).
 
 Every text that comes from an input (a bundle's P2P reasons, a deployment record's P2P note and
 box, a ``--describe-box`` description, an input file's name) reaches the terminal escaped: no raw
@@ -12,6 +12,7 @@ traceback.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -135,11 +136,10 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
         "launch": ["launch", "--env", str(env), "--dry-run", "--", *CMD],
         "report": ["report", str(bundle)],
         "report --json": ["report", str(bundle), "--json"],
-        "collect": ["collect", "--budget", "30", "--skip", "doctor", "--output", str(tmp_path / "b.tar.gz")],
     }
 
 
-@pytest.mark.parametrize("name", ["doctor", "tune", "topo", "launch", "report", "report --json", "collect"])
+@pytest.mark.parametrize("name", ["doctor", "tune", "topo", "launch", "report", "report --json"])
 @pytest.mark.parametrize("stdout", ["closed", "full"])
 def test_a_closed_or_full_stdout_is_one_line_and_exit_2(tmp_path, name, stdout):
     argv = [sys.executable, "-m", "fastverify", *_commands(tmp_path)[name]]
@@ -157,8 +157,7 @@ def test_a_closed_or_full_stdout_is_one_line_and_exit_2(tmp_path, name, stdout):
     assert "Traceback" not in cp.stderr, cp.stderr
     assert cp.returncode == 2, cp.stderr
     assert cp.stderr.splitlines()[-1] == f"fastverify: error: cannot write to standard output ({why})"
-    if name != "collect":  # collect says each part on stderr as it goes
-        assert len(cp.stderr.splitlines()) == 1, cp.stderr
+    assert len(cp.stderr.splitlines()) == 1, cp.stderr  # collect: tests/test_hostile_remainder.py
 
 
 @pytest.mark.parametrize("stdout", ["closed", "full"])
@@ -189,3 +188,146 @@ def test_a_reader_that_leaves_ends_the_command_silently():
     cp = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "$0" | head -c 1 >/dev/null; echo "${{PIPESTATUS[0]}}"',
                          script], capture_output=True, text=True, timeout=60, env=subprocess_env())
     assert cp.stdout.strip() == "141" and cp.stderr == "", (cp.stdout, cp.stderr)
+
+
+# -- by rule: every print site in fastverify/ shows input text only through the escaping helpers --
+
+ESCAPERS = {"shown", "say", "cell", "printable", "path_text", "one_line"}
+"""fastverify.errors/fastverify.console functions whose result is terminal-safe text."""
+NUMERIC = {"len", "int", "float", "round"}
+NUMERIC_SPEC = set("bcdeEfFgGnoxX%,_")
+"""The last character of a format spec that only a number accepts (``{x:.1f}``, ``{n:,d}``)."""
+ALLOWED = {
+    ("cli.py", "f'fastverify: stopped by {signal.Signals(e.signum).name}\\n'"): "the name of a signal, from the "
+                                                                                "signal module (SIGTERM)",
+    ("patch/sitecustomize/sitecustomize.py", "f'fastverify patch: import hook could not run the patch ({err})\\n'"):
+        "the import hook inside the SGLang server: an error of fastverify's own patch, kept as short as "
+        "possible (no import there but the patch's own)",
+}
+"""(module, the argument's source) printed without escaping, with the reason. JSON documents
+(``json.dumps``, ``orjson.dumps``, ``msgspec.json``) pass by rule: every JSON encoder writes the
+C0 controls and the newline as escapes, so a document can neither move the cursor nor forge a line
+(it keeps C1 and bidi characters as data: it is for programs)."""
+JSON_CALLS = {"orjson.dumps", "json.dumps", "msgspec.json.encode", "msgspec.json.format"}
+
+
+def _callee(call: ast.Call) -> str:
+    return ast.unparse(call.func)
+
+
+def _print_like(call: ast.Call) -> bool:
+    f = call.func
+    return ((isinstance(f, ast.Name) and f.id == "print")
+            or (isinstance(f, ast.Attribute) and f.attr in ("print", "add_row"))
+            or _callee(call) in ("sys.stdout.write", "sys.stderr.write"))
+
+
+class _Checker:
+    """Is an expression terminal-safe text? A literal; a number (a format spec only numbers take,
+    ``len``/``int``/``float``/``round``); a call of an escaper; an f-string, ``+``, ``a if c else
+    b``, ``a or b``, a list, ``*``, a comprehension or a literal's ``.join`` of such parts,
+    ``map(cell, ...)``, a JSON encoder's output (:data:`ALLOWED`), a ``Text`` of a safe text, a
+    ``Table`` (its cells are checked at ``add_row``); a name whose every assignment (and
+    ``.append``/``.insert``) in the function is; a call of a function of the same module whose
+    every return is."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.busy: set[str] = set()
+
+    def safe(self, e: ast.AST, scope: ast.AST) -> bool:
+        if isinstance(e, ast.Constant):
+            return True
+        if isinstance(e, ast.JoinedStr):
+            return all(self.safe(v, scope) for v in e.values)
+        if isinstance(e, ast.FormattedValue):
+            spec = e.format_spec
+            if spec is not None and isinstance(spec, ast.JoinedStr) and spec.values and \
+                    isinstance(spec.values[-1], ast.Constant) and str(spec.values[-1].value)[-1:] in NUMERIC_SPEC:
+                return True
+            return self.safe(e.value, scope)
+        if isinstance(e, ast.BinOp):
+            return self.safe(e.left, scope) and self.safe(e.right, scope)
+        if isinstance(e, ast.IfExp):
+            return self.safe(e.body, scope) and self.safe(e.orelse, scope)
+        if isinstance(e, ast.Name):
+            return self._name(e.id, scope)
+        if isinstance(e, ast.BoolOp):
+            return all(self.safe(v, scope) for v in e.values)
+        if isinstance(e, (ast.ListComp, ast.GeneratorExp)):
+            return self.safe(e.elt, scope)
+        if isinstance(e, (ast.List, ast.Tuple)):
+            return all(self.safe(v, scope) for v in e.elts)
+        if isinstance(e, ast.Starred):
+            return self.safe(e.value, scope)
+        if isinstance(e, ast.Call) and _callee(e) == "map" and e.args:
+            return isinstance(e.args[0], ast.Name) and e.args[0].id in ESCAPERS
+        if isinstance(e, ast.Call):
+            return self._call(e, scope)
+        return False
+
+    def _call(self, e: ast.Call, scope: ast.AST) -> bool:
+        name = _callee(e).rsplit(".", 1)[-1]
+        if name in ESCAPERS or name in NUMERIC or _callee(e) in JSON_CALLS or name == "Table":
+            return True
+        if name == "Text":
+            return all(self.safe(a, scope) for a in e.args[:1])
+        if name == "join" and isinstance(e.func, ast.Attribute) and isinstance(e.func.value, ast.Constant):
+            return all(self.safe(a, scope) for a in e.args)
+        if name == "decode" and isinstance(e.func, ast.Attribute):
+            return self.safe(e.func.value, scope)
+        fn = self.funcs.get(name) if isinstance(e.func, ast.Name) else None
+        if fn is None or name in self.busy:
+            return False
+        self.busy.add(name)
+        try:
+            rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+            return bool(rets) and all(self.safe(r, fn) for r in rets)
+        finally:
+            self.busy.discard(name)
+
+    def _name(self, name: str, scope: ast.AST) -> bool:
+        values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+        values += [n.value for n in ast.walk(scope) if isinstance(n, ast.AnnAssign) and n.value is not None
+                   and isinstance(n.target, ast.Name) and n.target.id == name]
+        values += [n.args[-1] for n in ast.walk(scope) if isinstance(n, ast.Call) and n.args
+                   and _callee(n) in (f"{name}.append", f"{name}.extend", f"{name}.insert")]
+        if name in self.busy or not values:
+            return False
+        self.busy.add(name)
+        try:
+            return all(self.safe(v, scope) for v in values)
+        finally:
+            self.busy.discard(name)
+
+
+def _print_sites():
+    """(module, line, callee, source of the call, [unsafe arguments]) of each print-like call."""
+    root = Path(__file__).resolve().parent.parent / "fastverify"
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        check = _Checker(tree)
+        scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and _print_like(node)):
+                continue
+            scope = min((s for s in scopes if s.lineno <= node.lineno <= s.end_lineno),
+                        key=lambda s: s.end_lineno - s.lineno, default=tree)
+            args = list(node.args) + [k.value for k in node.keywords if k.arg in (None, "sep", "end")]
+            bad = [ast.unparse(a) for a in args if not check.safe(a, scope)]
+            yield path.relative_to(root).as_posix(), node.lineno, _callee(node), bad
+
+
+def test_every_print_site_escapes_text_from_inputs():
+    """Each argument of a ``print``, ``console.print``, ``Table.add_row`` or ``sys.stdout/stderr.write``
+    in fastverify/ is terminal-safe by the rule of :class:`_Checker`, or the call is in
+    :data:`ALLOWED` with its reason."""
+    found = [f"fastverify/{mod}:{line}: {callee}({', '.join(bad)})" for mod, line, callee, bad in _print_sites()
+             if any((mod, b) not in ALLOWED for b in bad)]
+    assert not found, "print sites that may print raw input text:\n" + "\n".join(found)
+
+
+def test_the_allow_list_names_only_sites_that_exist_and_need_it():
+    sites = {(mod, b) for mod, _, _, bad in _print_sites() for b in bad}
+    assert set(ALLOWED) <= sites, set(ALLOWED) - sites

@@ -1,10 +1,11 @@
 """``fastverify collect``: gather everything a diagnosis of this box needs into one bundle
 (:mod:`fastverify.bundle`), within a time budget.
 
-Before any work (:func:`_prepare`): the flags' values, ``--output`` (never a file that is not a
-bundle, never inside ``--verify-log``, in a folder that takes new files), ``--verify-log`` (a folder
-with verify records) and ``--server`` (it must answer ``/server_info``; its arguments give the
-verify shapes' defaults). Then the parts run in :data:`RUN_ORDER` (the server's trace before the
+Before any work (:func:`_prepare`): the flags' values (each ``--batch`` size once), ``--output``
+(never a file that is not a bundle, never inside ``--verify-log``, in a folder that takes new
+files), ``--verify-log`` (a folder with verify records) and ``--server`` (no user or password in
+it; it must answer ``/server_info``; its arguments give the verify shapes' defaults). Then the
+parts run in :data:`RUN_ORDER` (the server's trace before the
 GPU work that would disturb it); each part not excluded up front (``--skip``, no GPUs, no server)
 gets a share of the time left in proportion to its weight (:data:`SPECS`), capped by its own
 maximum; a part whose share is under its minimum is skipped ``time budget``. The manifest lists
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import errno
 import os
 import platform
 import shutil
@@ -30,7 +32,8 @@ from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEO
 from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 from fastverify.collect import gpu, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
-from fastverify.errors import UserError, one_line, path_text, printable
+from fastverify import errors
+from fastverify.errors import StdoutError, UserError, one_line, path_text, printable
 from fastverify.output_paths import output_arg, path_arg, shown
 from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
 from fastverify.procs import make_workdir
@@ -291,6 +294,10 @@ def _prepare(args) -> tuple[Path, ServerInfo | None, Path | None]:
         _check_output(args.output, verify_log, args.force)
     if args.send_requests and not args.server:
         raise UserError("--send-requests sends requests to --server; give --server URL")
+    twice = sorted({b for b in args.batch or () if args.batch.count(b) > 1})
+    if twice:
+        raise UserError(f"--batch {' '.join(map(str, args.batch))}: batch size {twice[0]} is given twice; give "
+                        "each verify batch size once")
     info = None
     if args.server is not None:
         info = server.fetch_server_info(server.normalise_url(args.server))
@@ -327,6 +334,26 @@ def run(args) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         release_reserved()  # a claimed name not written (Ctrl-C, a failed write): removed
     counts = {s: sum(1 for p in manifest.parts if p.status == s) for s in ("ok", "skipped", "failed")}
-    print(f"wrote {printable(out)} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
-    sys.stdout.flush()
+    return _say_wrote(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, "
+                      f"{counts['failed']} failed)")
+
+
+def _say_wrote(line: str) -> int:
+    """Print ``line`` (the bundle written; escaped to one line) on stdout; 0. Where stdout is
+    closed (``>&-``) or refuses the write (a full device), the line goes to stderr after why, and
+    the exit code is 1, as ``profile``'s: the bundle is kept, and its name is said. A reader that
+    left (a broken pipe) is :func:`fastverify.errors.print_guarded`'s, as for every command."""
+    text = errors.shown(line, limit=None)
+    try:
+        if sys.stdout is None:
+            raise StdoutError(errno.EBADF, "it is closed")
+        print(text)
+        sys.stdout.flush()
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            raise
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
+        sys.stderr.write(f"fastverify: error: cannot write to standard output ({printable(e.strerror or e)}); "
+                         f"{text}\n")
+        return 1
     return 0

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastverify.errors import path_text
+from fastverify.errors import path_text, shown
 from fastverify.procs import child_env, popen_dying_with_parent
 
 KILL_GRACE_S = 5.0
@@ -104,17 +104,34 @@ def _text(value, depth: int = 0):
     return value
 
 
+def unfit_name(name: str) -> str | None:
+    """Why ``name`` cannot be a bundle member's name (a member name is UTF-8 text a terminal shows
+    as it is): ``"is not UTF-8"``, ``"holds control characters"`` (an ``ESC[2J`` or a newline that
+    would forge a line where the name is printed), or None for a fit name."""
+    if path_text(name) != name:
+        return "is not UTF-8"
+    if not name.isprintable():
+        return "holds control characters"
+    return None
+
+
+LEFT_OUT_KEYS = {"is not UTF-8": "left_out_not_utf8", "holds control characters": "left_out_control_chars"}
+"""The meta key that lists (escaped) the files a part left out, by :func:`unfit_name`'s reason."""
+
+
 def _outcome(status: str, reason: str | None, files: dict | None, meta: dict) -> Outcome:
     """An :class:`Outcome` whose text is UTF-8 (:func:`_text`); a file whose member name is not
-    UTF-8 is left out and named in ``meta["left_out_not_utf8"]``."""
-    kept, left_out = {}, []
+    UTF-8 or holds control characters (:func:`unfit_name`) is left out and named, escaped, in
+    ``meta["left_out_not_utf8"]`` or ``meta["left_out_control_chars"]``."""
+    kept, left_out = {}, {}
     for name, src in (files or {}).items():
-        if path_text(name) == name:
+        why = unfit_name(name)
+        if why is None:
             kept[name] = src
         else:
-            left_out.append(path_text(name))
+            left_out.setdefault(LEFT_OUT_KEYS[why], []).append(shown(name))
     if left_out:
-        meta = {**meta, "left_out_not_utf8": [*meta.get("left_out_not_utf8", ()), *left_out]}
+        meta = {**meta, **{k: [*meta.get(k, ()), *v] for k, v in left_out.items()}}
     return Outcome(status, None if reason is None else path_text(reason), kept, _text(meta))
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import orjson
 
 from fastverify.bundle import ARCNAMES
-from fastverify.collect.core import Context, Outcome, failed, fastverify_argv, ok, run_child, skipped
-from fastverify.errors import UserError, path_text
+from fastverify.collect.core import (LEFT_OUT_KEYS, Context, Outcome, failed, fastverify_argv, ok, run_child, skipped,
+                                    unfit_name)
+from fastverify.errors import UserError, path_text, shown
 from fastverify.progress import say
 from fastverify.topo.nvml import read_nvml_topology
 
@@ -144,48 +145,54 @@ def host_iommu(ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"),
 # ---- verify records -------------------------------------------------------------------------------
 
 
-def _utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def verify_log_files(folder: Path) -> tuple[list[Path], list[str]]:
+def verify_log_files(folder: Path) -> tuple[list[Path], dict[str, list[str]]]:
     """The verify records (``verify-rank*.jsonl``) and traces (``*.trace.json[.gz]``) of a
-    ``fastverify launch --profile-verify`` folder, regular files only, sorted by name; and the
-    names (``\\x..`` escaped) of those left out because they are not UTF-8 (a bundle's member
-    names are UTF-8 text, and such a name is no record the timer writes)."""
+    ``fastverify launch --profile-verify`` folder, regular files only, sorted by name; and, by
+    reason (:func:`~fastverify.collect.core.unfit_name`: not UTF-8, holds control characters),
+    the names (escaped) of those left out: a bundle's member names are UTF-8 text a terminal
+    shows as it is, and such a name is no record the timer writes."""
     found = {p for pat in (VERIFY_RECORDS, *TRACE_PATTERNS) for p in folder.glob(pat)}
-    files = sorted((p for p in found if p.is_file()), key=lambda p: path_text(p.name))
-    return [p for p in files if _utf8(p.name)], [path_text(p.name) for p in files if not _utf8(p.name)]
+    files = sorted((p for p in found if p.is_file()), key=lambda p: shown(p.name))
+    left_out: dict[str, list[str]] = {}
+    for p in files:
+        why = unfit_name(p.name)
+        if why is not None:
+            left_out.setdefault(why, []).append(shown(p.name))
+    return [p for p in files if unfit_name(p.name) is None], left_out
 
 
 def check_verify_log(folder: Path) -> None:
     """Refuse, before any work, a ``--verify-log`` that is not a folder holding verify records
-    with UTF-8 names; say on stderr which files will be left out for a name that is not UTF-8."""
+    with fit names (UTF-8, no control characters); say on stderr, one line per reason, which
+    files will be left out for their name.
+
+    Raises
+    ------
+    UserError
+        Not a folder, or no verify record with a fit name in it."""
     where = f"--verify-log {path_text(folder)}"
     if not folder.is_dir():
         raise UserError(f"{where}: not a folder (give the DIR of `fastverify launch --profile-verify DIR`)")
     files, left_out = verify_log_files(folder)
     if not [p for p in files if p.match(VERIFY_RECORDS)]:
-        why = f" with a UTF-8 name (left out: {', '.join(left_out[:3])})" if left_out else ""
+        names = [n for names in left_out.values() for n in names]
+        why = f" with a UTF-8 name free of control characters (left out: {', '.join(names[:3])})" if names else ""
         raise UserError(f"{where}: no {VERIFY_RECORDS}{why} in it (the records of "
                         "`fastverify launch --profile-verify DIR`)")
-    if left_out:
-        say(f"collect: {where}: leaving out {len(left_out)} file(s) whose name is not UTF-8: "
-            f"{', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''}")
+    for why, names in left_out.items():
+        say(f"collect: {where}: leaving out {len(names)} file(s) whose name {why}: {', '.join(names[:3])}"
+            f"{' ...' if len(names) > 3 else ''}")
 
 
 def verify_log(ctx: Context, limit_s: float) -> Outcome:
     """Copy the verify records and traces of ``--verify-log DIR`` under ``verify-log/``; files
-    whose name is not UTF-8 are left out and listed in the meta (``left_out_not_utf8``)."""
+    whose name is not UTF-8 or holds control characters are left out and listed, escaped, in the
+    meta (``left_out_not_utf8``, ``left_out_control_chars``)."""
     folder = ctx.verify_log
     files, left_out = verify_log_files(folder)
     records = [p for p in files if p.match(VERIFY_RECORDS)]
     if not records:  # checked before the run; gone since
         return failed(f"{path_text(folder)}: no {VERIFY_RECORDS} left in it")
-    meta = {"left_out_not_utf8": left_out} if left_out else {}
+    meta = {LEFT_OUT_KEYS[why]: names for why, names in left_out.items()}
     return ok({ARCNAMES["verify_log"] + p.name: p for p in files}, folder=path_text(folder), records=len(records),
               traces=len(files) - len(records), **meta)

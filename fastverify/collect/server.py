@@ -28,6 +28,7 @@ import orjson
 from fastverify.bounds import MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, duplicate_json_key, implausible_count
 from fastverify.bundle import ARCNAMES, MAX_MEMBER_BYTES
 from fastverify.collect.core import Context, Outcome, ServerInfo, failed, ok
+from fastverify.collect.url import normalise_url  # noqa: F401 - collect's and launch's name for it
 from fastverify.errors import UserError, one_line, printable
 from fastverify.inputs import loads_json, read_bytes
 from fastverify.progress import say
@@ -41,31 +42,6 @@ REQUEST_PROMPT = "fastverify collect: a short request so that the profiler sees 
 REQUEST_NEW_TOKENS = 16
 SAY_EVERY_S = 10.0
 TRACE_GLOB = "*.trace.json*"
-
-
-def normalise_url(text: str) -> str:
-    """``http://host:port`` from ``--server`` (``host:port`` gets ``http://``); no path, query or
-    fragment beyond a trailing slash."""
-    url = text.strip()
-    shown = repr(text if len(text) <= 80 else text[:60] + "...")
-    if "://" not in url:
-        url = "http://" + url
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
-        raise UserError(f"--server {shown}: a URL holds no spaces or control characters")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        (parts.hostname or "").encode("idna")  # a label over 63 characters, or empty, is no host name
-    except (ValueError, UnicodeError) as e:  # urllib's "Invalid IPv6 URL"; the idna codec's refusal
-        raise UserError(f"--server {shown}: {' '.join(str(e).split())[:120]}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--server {shown}: expected an HTTP URL such as http://127.0.0.1:30000")
-    if parts.path.strip("/") or parts.query or parts.fragment:
-        raise UserError(f"--server {shown}: give the server's base URL (http://host:port), not an endpoint")
-    try:
-        parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
-    except ValueError as e:
-        raise UserError(f"--server {shown}: {e}") from None
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 MAX_REPLY_BYTES = 64 << 20

@@ -7,18 +7,20 @@ import re
 import statistics
 from pathlib import Path
 
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, implausible_count
+from fastverify.bounds import (MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, MIN_TIME_US,
+                               duplicate_json_key, implausible_count)
 from fastverify.cycle.flags import Evidence
-from fastverify.cycle.split import forwards, split_cycles
-from fastverify.errors import UserError
+from fastverify.cycle.split import forwards, mode_of_step, split_cycles
+from fastverify.errors import UserError, one_line
 from fastverify.events import EventClass
 from fastverify.inputs import loads_json
 from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.topo.diagnose import diagnose
 from fastverify.topo.matrix import parse_nvidia_smi_topo
+from fastverify.topo.p2p_proof import CHECK_SCHEMA, CHECK_VERSION
 from fastverify.trace.load import load_traces
 
-__all__ = ["evidence", "json_part", "server_arguments"]
+__all__ = ["evidence", "json_part", "p2p_rows", "server_arguments"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _VERIFY_BS = re.compile(r"^step\[(?:TARGET_)?VERIFY bs=(\d+)")
@@ -37,25 +39,30 @@ def _traces(bundle) -> tuple[list[str], str | None]:
     return [], None
 
 
-def json_part(bundle, name: str, kind: type = dict, notes: list[str] | None = None):
-    """The JSON of part ``name`` when it is a ``kind`` (a bundle is read, not trusted), else None.
+def json_part(bundle, name: str, kind: type | tuple[type, ...] = dict, notes: list[str] | None = None):
+    """The JSON of part ``name`` when it is a ``kind`` (a type or a tuple of types; a bundle is
+    read, not trusted), else None.
 
-    A member that cannot be read (over its size cap), is not JSON or is not a ``kind`` is a note
-    in ``notes`` naming ``BUNDLE:member`` (the rest of the report stands); without ``notes``, it
+    A member that cannot be read (over its size cap), is not JSON, gives one key twice in an
+    object or is not a ``kind`` is a note in ``notes`` naming ``BUNDLE:member`` (the rest of the report stands); without ``notes``, it
     raises.
 
     Raises
     ------
     UserError
-        Only when ``notes`` is None: the member cannot be read or is not JSON (named
-        ``BUNDLE:member``).
+        Only when ``notes`` is None: the member cannot be read, is not JSON or gives a key
+        twice in one object (named ``BUNDLE:member``).
     """
     p = bundle.part(name)
     if p is None or p.status != "ok" or not p.files:
         return None
     member = p.files[0]
     try:
-        doc = loads_json(bundle.read(member), bundle.where(member))
+        data = bundle.read(member)
+        doc = loads_json(data, bundle.where(member))
+        if (key := duplicate_json_key(data)) is not None:  # a parser keeps the last value silently
+            raise UserError(f"{bundle.where(member)}: the key {one_line(repr(key), 80)} is given twice in one "
+                            "object; which value holds is not known")
     except UserError as e:
         if notes is None:
             raise
@@ -63,10 +70,63 @@ def json_part(bundle, name: str, kind: type = dict, notes: list[str] | None = No
         return None
     if not isinstance(doc, kind):
         if notes is not None:
+            want = " or ".join(_JSON_TYPES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
             notes.append(f"{name}: not read ({bundle.where(member)}: {_JSON_TYPES.get(type(doc), 'a value')}, "
-                         f"not {_JSON_TYPES[kind]})")
+                         f"not {want})")
         return None
     return doc
+
+
+def _bad_p2p_row(row) -> str | None:
+    """Why ``row`` is no result of the P2P check (``{src, dst, ok, reason[, timed_out]}`` of two
+    GPU ordinals below :data:`~fastverify.bounds.MAX_WORLD_SIZE`), or None when it is one."""
+    if not isinstance(row, dict):
+        return f"a result is {_JSON_TYPES.get(type(row), 'a value')}, not an object"
+    for key in ("src", "dst"):
+        if (why := implausible_count(row.get(key), upper=MAX_WORLD_SIZE - 1, what="GPU ordinal")) is not None:
+            return f"{key}: {why}"
+    if row["src"] == row["dst"]:
+        return f"src and dst are both GPU {row['src']}: a direction is two GPUs"
+    if type(row.get("ok")) is not bool:
+        return f"ok is {one_line(repr(row.get('ok')), 60)}, not true or false"
+    if not isinstance(row.get("reason", ""), str) or not (row.get("timed_out") is None or
+                                                          type(row.get("timed_out")) is bool):
+        return "reason is not a string or timed_out not true or false"
+    return None
+
+
+def p2p_rows(bundle, notes: list[str]) -> list[dict] | None:
+    """The P2P check's results (``[{src, dst, ok, reason}, ...]``) from the p2p_check part: the
+    ``results`` of the document ``fastverify p2p`` prints (schema ``fastverify.p2p_check`` version
+    2, what collect stores), or an older bare list of them; None when there is no such part or it
+    cannot be read (a note). A result that is not one (a GPU ordinal of 10**18, ``"ok": "yes"``)
+    or gives a direction again is left out, and a note says how many, naming ``BUNDLE:member``."""
+    doc = json_part(bundle, "p2p_check", (dict, list), notes)
+    if doc is None:
+        return None
+    where = bundle.where(bundle.part("p2p_check").files[0])
+    if isinstance(doc, dict):
+        if doc.get("schema") != CHECK_SCHEMA or doc.get("version") != CHECK_VERSION:
+            notes.append(f"p2p_check: not read ({where}: schema {one_line(repr(doc.get('schema')), 80)} version "
+                         f"{one_line(repr(doc.get('version')), 20)}, not {CHECK_SCHEMA!r} version {CHECK_VERSION})")
+            return None
+        doc = doc.get("results")
+        if not isinstance(doc, list):
+            notes.append(f"p2p_check: not read ({where}: its results are not a list)")
+            return None
+    kept, bad, seen = [], [], set()
+    for row in doc:
+        why = _bad_p2p_row(row)
+        if why is None and (row["src"], row["dst"]) in seen:
+            why = f"direction ({row['src']}, {row['dst']}) given again"
+        if why is None:
+            seen.add((row["src"], row["dst"]))
+            kept.append(row)
+        else:
+            bad.append(why)
+    if bad:
+        notes.append(f"p2p_check: {len(bad)} of {len(doc)} results left out ({where}: {bad[0]})")
+    return kept
 
 
 def _msg_bytes(ranks, meta: dict) -> int | None:
@@ -136,10 +196,26 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
         notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
                      "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
         ev.split = None
+    elif ev.split is not None and (short := _short_cycle(ev.split)) is not None:
+        notes.append(short)
+        ev.split = None
     elif ev.split is None:
-        notes.append("the traces have no SGLang step spans (step[VERIFY ...]): no cycles to split; was the "
-                     "profile taken with SGLang's /start_profile?")
+        zero = any(mode_of_step(st.name) for r in ranks for st in r.steps)
+        notes.append("the traces' SGLang step spans (step[VERIFY ...]) all last 0 ns: no time was measured, no "
+                     "cycles to split" if zero else "the traces have no SGLang step spans (step[VERIFY ...]): no "
+                     "cycles to split; was the profile taken with SGLang's /start_profile?")
     return ranks
+
+
+def _short_cycle(split) -> str | None:
+    """Why the cycles of ``split`` cannot be measured times (a rank whose cycles run under
+    :data:`~fastverify.bounds.MIN_TIME_US`: a trace of 0-length events), or None when they can."""
+    for r in split.ranks:
+        if r.cycles and min(r.cycle_mean_us, r.cycle_median_us) < MIN_TIME_US:
+            return (f"TP rank {r.rank}'s cycle lasts {r.cycle_mean_us:g} µs over its {r.cycles} complete cycles, "
+                    f"below {MIN_TIME_US:g} µs, less than any measured work takes: the trace's times are no "
+                    "measurements; no cycle split and no verdict")
+    return None
 
 
 def evidence(bundle) -> tuple[Evidence, list[str]]:
@@ -182,7 +258,7 @@ def evidence(bundle) -> tuple[Evidence, list[str]]:
     json_part(bundle, "doctor", notes=notes)  # not used by the report, but never silently unreadable
     ev.iommu = json_part(bundle, "host_iommu", notes=notes)
     ev.nvml = json_part(bundle, "nvml", notes=notes)
-    ev.p2p_check = json_part(bundle, "p2p_check", list, notes=notes)
+    ev.p2p_check = p2p_rows(bundle, notes)
     ev.sweep = json_part(bundle, "sweep", notes=notes)
     if ev.sweep is not None:
         ev.sources["sweep"] = "sweep/tune.json"

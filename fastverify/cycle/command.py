@@ -26,7 +26,7 @@ from fastverify.cycle.bundle_evidence import evidence
 from fastverify.cycle.draft_section import draft_section, print_draft_section
 from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_means
 from fastverify.cycle.split import CycleSplit
-from fastverify.errors import UserError
+from fastverify.errors import UserError, printable
 from fastverify.output_paths import check_outputs, output_arg, path_arg
 from fastverify.outputs import claim_output
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(doc)
         if args.png is not None:
-            print(f"wrote {args.png}")
+            print(f"wrote {printable(args.png)}")
     return 0
 
 
@@ -104,7 +104,7 @@ def _modes_table(doc: dict) -> Table:
     for mode in sorted(means, key=_ORDER.index):
         m = means[mode]
         s = split.get("straggler_by_mode", {}).get(mode)
-        last = f"TP {s['rank']}: {s['last']}/{s['waited']}" if s else "-"
+        last = cell(f"TP {s['rank']}: {s['last']}/{s['waited']}") if s else "-"
         t.add_row(cell(mode), f"{m['forwards']:g}", _ms(m["compute_us"]), f"{m['allreduce_count']:g}",
                   _ms(m["transfer_us"]), _ms(m["wait_us"]), last, _ms(m["unmatched_us"]), _ms(m["other_comm_us"]),
                   _ms(m["memory_us"]), _ms(m["idle_us"]))

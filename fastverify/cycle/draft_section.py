@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 
+from fastverify.console import say
 from fastverify.errors import UserError
 from fastverify.tune import draft_shape
 from fastverify.tune.draft_inputs import from_bundle
@@ -35,7 +36,7 @@ def print_draft_section(section: dict | None, console) -> None:
     if section is None:
         return
     if "error" in section:
-        console.print(f"# draft shape: not read ({section['error']})", markup=False, highlight=False)
+        say(console, f"# draft shape: not read ({section['error']})")
         return
     console.print("[bold]draft shape[/bold] (accept length by depth: derived from the verify records' accepted)")
     draft_shape.print_report(msgspec.convert(section, DraftShapeReport), console)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from fastverify.bounds import MAX_MSG_BYTES, implausible_count, implausible_work_us
+from fastverify.bounds import MAX_MSG_BYTES, MIN_TIME_US, implausible_count, implausible_work_us
 from fastverify.cycle.split import CAUSES, CycleSplit
 from fastverify.registry import BackendName
 from fastverify.tune.backend_model import comparable
@@ -233,14 +233,21 @@ def _iommu(ev: Evidence) -> Flag | None:
 
 
 def _slow(ev: Evidence, means: dict) -> Flag | None:
+    """The slow-transfer flag: the trace's time per verify all-reduce (its transfer where the
+    ranks' all-reduces were matched, else its whole time) at least ``SLOW_FACTOR`` times the
+    reference; None below that, or where the trace's time is under ``MIN_TIME_US`` (0-ns kernels:
+    no ratio is formed)."""
     v = means.get("verify")
     if not v or not v["allreduce_count"] or ev.split is None or ev.split.clock != "trace":
         return None  # a CPU server's gloo timings are never set against GPU NCCL figures
-    per = (v["transfer_us"] if v["transfer_us"] else v["allreduce_us"]) / v["allreduce_count"]
+    separated = bool(v["transfer_us"] or v["wait_us"])  # matched across ranks: the wait is apart
+    per = (v["transfer_us"] if separated else v["allreduce_us"]) / v["allreduce_count"]
+    if per < MIN_TIME_US:  # 0-ns kernels: no time of work to set against the reference, no ratio
+        return None
     ref = _reference(ev)
     if ref is None or per < SLOW_FACTOR * ref[0]:
         return None
-    what = "transfer" if v["transfer_us"] else "all-reduce time (wait not separated)"
+    what = "transfer" if separated else "all-reduce time (wait not separated)"
     return Flag("slow_transfer",
                 f"verify all-reduces take {per:.1f} µs each ({what}), {per / ref[0]:.1f}x the reference",
                 (f"trace: {v['allreduce_count']:g} verify all-reduces per cycle, {per:.1f} µs {what} each"

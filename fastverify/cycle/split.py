@@ -115,13 +115,18 @@ def mode_of_step(name: str) -> str | None:
 
 
 def forwards(r: RankEvents) -> list[tuple[str, int, int]]:
-    """``(mode, host start ns, host end ns)`` of each forward of one rank, sorted, none nested."""
-    out = [(s.name, s.start_ns, s.end_ns) for s in r.spans if s.name in ("draft", "draft_extend")]
+    """``(mode, host start ns, host end ns)`` of each forward of one rank, sorted, none nested.
+
+    A span of 0 ns or less is no forward (a forward's host window holds at least one launch, and
+    one launch alone takes microseconds): kept, a 0 ns ``draft`` stage would hold none of its
+    draft steps and each step would count as a forward (and a cycle) of its own."""
+    out = [(s.name, s.start_ns, s.end_ns) for s in r.spans
+           if s.name in ("draft", "draft_extend") and s.end_ns > s.start_ns]
     stage_starts = np.array([s for _, s, _ in out], dtype=np.int64)
     stage_ends = np.array([e for _, _, e in out], dtype=np.int64)
     for st in r.steps:
         mode = mode_of_step(st.name)
-        if mode is None:
+        if mode is None or st.end_ns <= st.start_ns:
             continue
         if len(out) and len(stage_starts):
             j = int(np.searchsorted(stage_starts, st.start_ns, side="right")) - 1

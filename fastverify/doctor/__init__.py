@@ -112,7 +112,7 @@ from fastverify.doctor.selfcheck import (
     check_torch_nccl,
     check_verify_timer,
 )
-from fastverify.errors import UserError
+from fastverify.errors import UserError, shown
 
 CHECKS: tuple[CheckSpec, ...] = (
     # name, function, needs_gpu, quick
@@ -238,8 +238,8 @@ def run_doctor_json(*, quick: bool, env_file: str | None) -> int:
     JSON to stdout. Returns the exit code: 1 when the verdict is ``fail``, else 0."""
     added = nccl_log_env(os.environ)
     if added:
-        sys.stderr.write(f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
-                         f"{added['NCCL_DEBUG_FILE']}\n")
+        sys.stderr.write(shown(f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
+                               f"{added['NCCL_DEBUG_FILE']}") + "\n")
     with _environ_with(added, os.environ), stdout_on_stderr():
         checks = run_doctor(quick=quick, env_file=env_file)
     summary = summarise(checks)

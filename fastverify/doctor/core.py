@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from fastverify import __version__
 from fastverify.console import cell
-from fastverify.errors import UserError
+from fastverify.errors import UserError, shown
 from fastverify.live.config import load_model_config
 from fastverify.nccl.version import read_nccl_version
 
@@ -255,12 +255,12 @@ def print_checks(checks: list[Check], console) -> None:
                     ("reason", {"overflow": "fold"}), ("fix", {"overflow": "fold"})):
         t.add_column(col, **kw)
     for c in checks:
-        t.add_row(Text(c.name), Text(c.status.value, style=_STYLE[c.status]), f"{c.seconds:.1f}",
+        t.add_row(cell(c.name), Text(shown(c.status.value), style=_STYLE[c.status]), f"{c.seconds:.1f}",
                   cell(c.reason), cell(c.fix or ""))
     console.print(t)
     s = summarise(checks)
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items())
-    console.print(Text(f"doctor: {counts} in {s['seconds']:.1f} s; verdict {s['verdict']}",
+    console.print(Text(shown(f"doctor: {counts} in {s['seconds']:.1f} s; verdict {s['verdict']}"),
                        style=_STYLE[Status(s["verdict"])]))
 
 

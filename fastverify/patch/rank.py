@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastverify.deploy import DeploymentRecord
+from fastverify.errors import shown
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 
 MOD_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
@@ -412,7 +413,7 @@ def emit(line: str) -> None:
     """Write the rank's one line to stderr, which SGLang's scheduler process shares with its own
     log output (its logger may be set above INFO; this line must be seen)."""
     try:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(shown(line, limit=None) + "\n")
         sys.stderr.flush()
     except Exception:
         pass

@@ -114,7 +114,7 @@ def _cmd_verify_log(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.output or default_output("verify-log", png=False)
     write_report(report, out)
     if not args.quiet:
-        sys.stdout.write(format_report(report))
+        sys.stdout.write(printable(format_report(report)))
     print(f"wrote {printable(out)}")
     return 0
 
@@ -216,7 +216,8 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
             sys.stdout.flush()
     except OSError as e:  # a full disk or a device that refuses writes behind stdout
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
-        sys.stderr.write(f"fastverify: error: cannot write to standard output ({e.strerror or e}); {wrote}\n")
+        why = printable(e.strerror or e)
+        sys.stderr.write(f"fastverify: error: cannot write to standard output ({why}); {wrote}\n")
         return 1
     if source["kind"] == "trace":
         PROGRAM["exit_now"] = True

@@ -20,8 +20,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
     ``profile`` is the record as plain dicts (:func:`fastverify.profile.build.as_builtins`)."""
     console = console or stdout_console()
     clock = profile["timing"]["clock"]
-    console.print(f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), "
-                  f"clock: {clock}")
+    say(console, f"# fastverify profile: {profile['source']['kind']}, {len(profile['ranks'])} rank(s), clock: {clock}")
     src = profile["source"]
     if src["kind"] == "live":
         line = (f"# live: {src['model']}, TP {src['tp']}, batch {src['batch']} x {src['draft_tokens']} draft tokens "
@@ -39,8 +38,8 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         t.add_column(col, justify="right", overflow="fold")
     for r in profile["ranks"]:
         share = 100.0 * r["allreduce_us"] / r["busy_us"] if r["busy_us"] else None
-        t.add_row(str(r["rank"]), _fmt(r["window_us"]), _fmt(r["compute_us"]), _fmt(r["allreduce_us"]),
-                  str(r["allreduce_count"]), _fmt(r.get("allreduce_wait_us")), _fmt(r["other_comm_us"]),
+        t.add_row(cell(r["rank"]), _fmt(r["window_us"]), _fmt(r["compute_us"]), _fmt(r["allreduce_us"]),
+                  cell(r["allreduce_count"]), _fmt(r.get("allreduce_wait_us")), _fmt(r["other_comm_us"]),
                   _fmt(r["memory_us"]), _fmt(r["idle_us"]), _fmt(r["exposed_comm_us"]), _fmt(share))
     console.print(t)
 
@@ -51,7 +50,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
             t.add_column(col, justify="right", overflow="fold")
         for r in steps:
             m = r["step_median"]
-            t.add_row(str(r["rank"]), str(m["steps"]), _fmt(m["window_us"]), _fmt(m["compute_us"]),
+            t.add_row(cell(r["rank"]), cell(m["steps"]), _fmt(m["window_us"]), _fmt(m["compute_us"]),
                       _fmt(m["allreduce_us"]), f"{m['allreduce_count']:g}", _fmt(m["exposed_comm_us"]))
         console.print(t)
 
@@ -61,7 +60,7 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         for col in ("bytes", "count", "median µs", "p90 µs", "sum µs"):
             t.add_column(col, justify="right", overflow="fold")
         for s in sizes:
-            t.add_row("unknown" if s["msg_bytes"] is None else f"{s['msg_bytes']:,}", str(s["count"]),
+            t.add_row("unknown" if s["msg_bytes"] is None else f"{s['msg_bytes']:,}", cell(s["count"]),
                       _fmt(s["median_us"]), _fmt(s["p90_us"]), _fmt(s["sum_us"]))
         console.print(t)
     positions = sorted(profile["allreduce_by_position"], key=lambda r: -r["median_us"])[:5]
@@ -71,12 +70,12 @@ def print_profile(profile: dict, console: Console | None = None) -> None:
         for col in ("position", "label", "bytes", "count", "median µs", "p90 µs"):
             t.add_column(col, justify="right", overflow="fold")
         for r in positions:
-            t.add_row(str(r["position"]), cell(r["label"] or "-"), "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
-                      str(r["count"]), _fmt(r["median_us"]), _fmt(r["p90_us"]))
+            t.add_row(cell(r["position"]), cell(r["label"] or "-"), "-" if r["msg_bytes"] is None else f"{r['msg_bytes']:,}",
+                      cell(r["count"]), _fmt(r["median_us"]), _fmt(r["p90_us"]))
         console.print(t)
     xr = profile["cross_rank"]
     if xr["matched"]:
-        console.print(f"# {xr['matched']} collectives matched across ranks; straggler (most often last to "
-                      f"arrive): TP rank {xr['straggler_rank']}")
+        say(console, f"# {xr['matched']} collectives matched across ranks; straggler (most often last to "
+                     f"arrive): TP rank {xr['straggler_rank']}")
     for w in profile["warnings"]:
         say(console, f"# warning: {w}", style="yellow")  # warnings quote the traces (file and kernel names)

@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from fastverify.errors import UserError, path_text, shown
+from fastverify.errors import UserError, path_text, printable, shown
 from fastverify.proof.answers import CHANGED, AnswersVerdict, judge, tolerance
 from fastverify.proof.record import LoadRun, read_run, server_difference
 from fastverify.verify_records import CLOCK_LABELS, FILE_GLOB, read_log_dir
@@ -303,7 +303,7 @@ def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = F
     """
     report = build_report(before, after, logprob_tol=logprob_tol, allow_incomplete=allow_incomplete)
     text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n" if as_json \
-        else format_report(report)
+        else printable(format_report(report))
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from fastverify.bounds import MIN_P2P_SIDE_S
-from fastverify.errors import EXIT_USER_ERROR, UserError
+from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, shown
 from fastverify.output_paths import check_outputs
 from fastverify.outputs import claim_output, write_files
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
@@ -335,10 +335,10 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool, f
     if output is None:
         sys.stdout.write(text)
         if not all(r.ok for r in results.values()):
-            print(summary_line(results), file=sys.stderr)
+            print(shown(summary_line(results)), file=sys.stderr)
     else:
         write_files([(output, lambda tmp: tmp.write_text(text))])
-        print(f"{summary_line(results)}; wrote {output}")
+        print(shown(f"{summary_line(results)}; wrote {output}"))
     return 0 if all(r.ok for r in results.values()) else 1
 
 
@@ -387,11 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpus = gpu_identities()
             results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh, gpus=gpus)
         except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {one_line(str(err))}", file=sys.stderr)
             return EXIT_USER_ERROR
         print(json.dumps(check_document(results, gpus), indent=1))
         if not all(r.ok for r in results.values()):
-            print(summary_line(results), file=sys.stderr)
+            print(shown(summary_line(results)), file=sys.stderr)
         return 0 if all(r.ok for r in results.values()) else 1
     if args.cmd == "pair":
         # The launcher's kill rule starts with SIGTERM: leave through the ``with`` blocks, so the

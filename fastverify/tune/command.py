@@ -21,6 +21,7 @@ import os
 import shlex
 
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
+from fastverify.console import say
 from fastverify.errors import UserError
 from fastverify.nccl.checks import Severity, validate_env
 from fastverify.output_paths import or_default, output_arg, path_arg
@@ -259,13 +260,13 @@ def _print_preamble(args, console, late_notes, version, early) -> None:
     """The lines before the ranking: the box and where each fact came from (first), the P2P check's
     and perf table's notes, the current environment's NCCL settings that are not OK, and the
     ``early`` notes, which plain ``--predict`` holds back for ``--explain`` (``args.held_notes``)."""
-    console.print(args.box_facts.first_line(), markup=False, soft_wrap=True)  # first: the box, and from where
+    say(console, args.box_facts.first_line())  # first: the box, and from where
     for note in late_notes:
-        console.print(note, markup=False)
+        say(console, note)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
-            console.print(f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
-                          + (f" -> {f.fix}" if f.fix else ""), markup=False)
+            say(console, f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
+                + (f" -> {f.fix}" if f.fix else ""))
     args.held_notes = early if args.predict and not args.json and not args.explain else ()
     for note in () if args.held_notes else early:  # held: counted in the --explain line instead
-        console.print(f"# note: {note}", markup=False)
+        say(console, f"# note: {note}")

@@ -18,7 +18,8 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from fastverify.errors import UserError, path_text
+from fastverify.console import cell, say
+from fastverify.errors import UserError, path_text, shown
 from fastverify.output_paths import path_arg
 from fastverify.tune.draft_inputs import from_bundle, from_dirs, read_histogram
 from fastverify.tune.draft_model import CostCurve, CostPoint, DepthRow, DraftCost, DraftShapeReport, recommend
@@ -135,24 +136,23 @@ def print_report(rep: DraftShapeReport, console) -> None:
     what = ("tree run: its own shape only" if rep.tree
             else f"chain depths 1-{rep.rows[-1].depth} from one run at {rep.steps}")
     batch = f"verify cost at batch {rep.cost.batch}" if rep.cost.batch is not None else "batch not known"
-    console.print(f"# draft shape: {what}; tok/s per stream = accept length / cycle time; {batch}",
-                  markup=False, highlight=False)
+    say(console, f"# draft shape: {what}; tok/s per stream = accept length / cycle time; {batch}")
     t = Table(box=None, pad_edge=False)
     for col in ("depth", "draft tok/req", "accept len", "verify ms", "cycle ms", "tok/s", "label"):
         t.add_column(col, justify="left" if col == "label" else "right")
     for r in _shown(rep.rows, rep.best_depth, rep.current_depth):
         mark = " *" if r.depth == rep.best_depth else (" (now)" if r.depth == rep.current_depth else "")
-        t.add_row(f"{r.depth}{mark}", str(r.tokens_per_request), f"{r.accept_length:.3f}", f"{r.verify_ms:.3f}",
-                  f"{r.cycle_ms:.3f}", f"{r.tok_s:.1f}", r.label)
+        t.add_row(cell(f"{r.depth}{mark}"), cell(r.tokens_per_request), f"{r.accept_length:.3f}", f"{r.verify_ms:.3f}",
+                  f"{r.cycle_ms:.3f}", f"{r.tok_s:.1f}", cell(r.label))
     console.print(t)
     if rep.flags is not None:
         gain = "" if rep.tok_s_change_pct is None else " (the run's own depth)" \
             if rep.best_depth == rep.current_depth else \
             f" ({rep.tok_s_change_pct:+.1f} % tok/s vs depth {rep.current_depth}: more tokens per second)"
-        console.print(f"best: depth {rep.best_depth}{gain}: {rep.flags}", markup=False, highlight=False)
-        console.print(f"verify: {rep.verify_command}", markup=False, highlight=False)
+        say(console, f"best: depth {rep.best_depth}{gain}: {rep.flags}")
+        console.print(shown(f"verify: {rep.verify_command}", limit=None), markup=False, highlight=False)
     for n in rep.notes:
-        console.print(f"# note: {n}", markup=False, highlight=False)
+        say(console, f"# note: {n}")
 
 
 def run(args: argparse.Namespace, console) -> int:

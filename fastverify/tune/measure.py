@@ -14,6 +14,7 @@ more than the noise (:data:`MIN_WIN_PCT`).
 
 from __future__ import annotations
 
+from fastverify.console import say
 from fastverify.deploy import Gain, installed_sglang_version
 from fastverify.errors import UserError
 from fastverify.patch.server_cmd import server_args_of
@@ -107,7 +108,7 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
                                         sglang_version=sglang_version)
         trials += extra
         for why in skipped:
-            console.print(f"# not measured: {why}", markup=False)
+            say(console, f"# not measured: {why}")
     return trials, box, p2p, sglang_version
 
 
@@ -123,16 +124,16 @@ def _server_env(args, console, tp: int, overlays: list[dict]):
                             "on the server's GPUs; give the same size")
     server = server_environment(flags, overlays, tp=tp)
     base = " ".join(f"{k}={v}" for k, v in server.envs[0].items()) or "nothing"
-    console.print(f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"
-                  + (f"; {server.note}" if server.note else "") + ")", markup=False)
+    say(console, f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"
+        + (f"; {server.note}" if server.note else "") + ")")
     return server
 
 
 def _run(args, console, workload, trials, device, fp):
     """The sweep over ``trials`` (journaled, resumable), ranked."""
     journal = journal_path(args, fp)
-    console.print(f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
-                  f"{device}; journal {journal}", markup=False)
+    say(console, f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
+                 f"{device}; journal {journal}")
     if device != "cuda":
         console.print("# no GPUs: trials run on gloo over CPU, which ignores NCCL settings; timings are CPU wall "
                       "clock, NOT GPU timings; this checks the machinery, it does not tune", markup=False)
@@ -149,7 +150,7 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
     print_report(ranking, console)
     if args.png:
         written = plot_latency(ranking, args.png)
-        console.print(f"wrote {written}", markup=False)
+        say(console, f"wrote {written}")
     if red is None:
         raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
     if args.json:
@@ -163,7 +164,7 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
     if device == "cuda":
         for line in winner_lines(red, best=ranking.best.spec.name, base_label="measured", best_label="measured",
                                  tok_s_given=args.tok_s is not None, keep=ranking.best is ranking.baseline):
-            console.print(line, markup=False, highlight=False)
+            say(console, line)
 
 
 def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp) -> None:
@@ -172,7 +173,7 @@ def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sgla
     chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
                                     sglang_version=sglang_version, dtype=workload.dtype)
     for why in why_not:
-        console.print(f"# not recommended: {why}", markup=False)
+        say(console, f"# not recommended: {why}")
     best = chosen.spec
     gain_pct = 100.0 * (ranking.baseline.step_us - chosen.step_us) / ranking.baseline.step_us
     spread_pct = _spread_pct(ranking.baseline.result)
@@ -192,11 +193,10 @@ def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sgla
                                         source=f"tune (measured): {workload.source}",
                                         batch_known=workload.batch is not None)
     change = change_pct(100.0 * (chosen.step_us - ranking.baseline.step_us) / ranking.baseline.step_us)
-    console.print(f"wrote {env_p} and {rec_p} (backend {name.value}, all-reduce per verify step {change}, "
-                  "measured)", markup=False)
+    say(console, f"wrote {env_p} and {rec_p} (backend {name.value}, all-reduce per verify step {change}, measured)")
     if info.needs_p2p and not p2p.proven:
-        console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                      "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
+        say(console, f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+                     "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json")
 
 
 def _spread_pct(result) -> float:

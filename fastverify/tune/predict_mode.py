@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from fastverify.console import say
 from fastverify.deploy import BoxFingerprint, Gain
 from fastverify.envfile import write_tuner_config
 from fastverify.registry import BackendName, backend_info
@@ -87,11 +88,11 @@ def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, 
     env_p, rec_p = write_env_and_record(args, path, name, dict(best.settings), header, version,
                                         shapes=shapes, box=box, p2p=p2p, gain=gain,
                                         source=f"tune --predict: {workload.source}", batch_known=workload.batch is not None)
-    console.print(f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
-                  f"PREDICTED) and {rec_p}", markup=False)
+    say(console, f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
+                 f"PREDICTED) and {rec_p}")
     if backend_info(name).needs_p2p and not p2p.proven:
-        console.print(f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                      "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json", markup=False)
+        say(console, f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+                     "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json")
 
 
 def _write_tuner_config(args, console, workload, pred) -> None:
@@ -101,7 +102,7 @@ def _write_tuner_config(args, console, workload, pred) -> None:
                        header_lines=[f"PREDICTED by fastverify tune --predict for {workload.source}",
                                      f"from the best NCCL candidate: {nccl_best.name}",
                                      "allreduce rows only; other collectives run on one channel under this plugin"])
-    console.print(f"wrote {args.write_tuner_config}", markup=False)
+    say(console, f"wrote {args.write_tuner_config}")
 
 
 def predicted_box(args, workload, topo, version):

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fastverify.console import say
+from fastverify.console import cell, say
 from fastverify.errors import shown
 from fastverify.registry import BackendName, backend_info
 from fastverify.tune.ranking import us_text
@@ -44,11 +44,11 @@ def candidate_cell(f) -> str:
     """The candidate column: a backend's name, an NCCL setting per line (each escaped to one
     line by :func:`fastverify.errors.shown`: a value may come from the environment), never cut."""
     if not f.ranked:
-        return f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})"
-    settings = "\n".join(shown(f"{k}={v}") for k, v in f.settings.items())
+        return shown(f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})")
+    lines = [shown(f"{k}={v}") for k, v in f.settings.items()]
     if f.backend is not BackendName.nccl:
-        return "\n".join(x for x in (f.backend.value, settings) if x)
-    return settings or "current environment"
+        lines.insert(0, shown(f.backend.value))
+    return "\n".join(lines) or "current environment"
 
 
 def change_text(f, base: float | None) -> str:
@@ -103,11 +103,12 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
     for f in shown_candidates(pred, explain):
         i = pred.candidates.index(f) + 1
         v = f.verify or {}
-        row = [str(i) if f.ranked else "-", Text(candidate_cell(f)), f.label if f.ranked else "-", us_text(f.point_us)]
+        row = [cell(i) if f.ranked else "-", Text(candidate_cell(f)), cell(f.label) if f.ranked else "-",
+               cell(us_text(f.point_us))]
         if explain:
             row.append(("unknown" if f.ranked else "-") if f.range_us is None
-                       else f"{us_text(f.range_us[0])} – {us_text(f.range_us[1])}")
-        row.append(change_text(f, base))
+                       else cell(f"{us_text(f.range_us[0])} – {us_text(f.range_us[1])}"))
+        row.append(cell(change_text(f, base)))
         if verify_col:
             row.append("-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}")
         if tok_col:

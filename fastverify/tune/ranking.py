@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from fastverify.console import cell, say
 from fastverify.errors import UserError
 from fastverify.registry import Role, backend_info
 from fastverify.tune.trial import Clock, NotRankedStatus, TrialResult, TrialSpec, TrialStatus, fell_back, path_counts
@@ -229,8 +229,7 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
     unit, fmt = _unit(ranking.clock)
     sizes = sorted({(s.msg_bytes, s.count_per_step) for c in ranking.candidates for s in c.result.sizes})
     # the title on a line of its own: a table title wraps at the (narrow) table's width
-    console.print(f"all-reduce time per verify step, ranked ({label}); change = new vs baseline, - = less time",
-                  markup=False, highlight=False)
+    say(console, f"all-reduce time per verify step, ranked ({label}); change = new vs baseline, - = less time")
     t = Table()
     t.add_column("#", justify="right")
     t.add_column("candidate")
@@ -242,31 +241,30 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
     for i, c in enumerate(ranking.candidates[:top], 1):
         per = {s.msg_bytes: s.median_us for s in c.result.sizes}
         errs = [s.max_rel_err for s in c.result.sizes if s.max_rel_err is not None]
-        t.add_row(str(i), escape(c.spec.name), fmt(c.step_us), _change(c, ranking.baseline),
-                  *(fmt(per.get(n)) for n, _ in sizes), f"{max(errs):.2g}" if errs else "-")
+        t.add_row(f"{i:d}", cell(c.spec.name), cell(fmt(c.step_us)), cell(_change(c, ranking.baseline)),
+                  *(cell(fmt(per.get(n))) for n, _ in sizes), f"{max(errs):.2g}" if errs else "-")
     console.print(t)
     if ranking.buckets:
-        b = Table(title=f"best per message size ({escape(short)} median {unit} per call)", title_justify="left")
+        b = Table(title=cell(f"best per message size ({short} median {unit} per call)"), title_justify="left")
         for col in ("size", "count/step", "best", f"{unit} ({short})", f"baseline {unit} ({short})"):
             b.add_column(col, justify="left" if col == "best" else "right")
         for k in ranking.buckets:
-            b.add_row(_bytes(k.msg_bytes), str(k.count_per_step), escape(k.best.name), fmt(k.median_us),
-                      fmt(k.baseline_us))
+            b.add_row(cell(_bytes(k.msg_bytes)), cell(k.count_per_step), cell(k.best.name), cell(fmt(k.median_us)),
+                      cell(fmt(k.baseline_us)))
         console.print(b)
         if ranking.mixed_step_us is not None and len({k.best.trial_id for k in ranking.buckets}) >= 2:
             # one size, or one candidate best at every size: there is no per-size choice to make
-            console.print(f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({escape(short)}); "
-                          f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)",
-                          highlight=False)
+            say(console, f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({short}); "
+                         f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)")
     if ranking.not_ok:
         f = Table(title="not ranked", title_justify="left")
         for col in ("candidate", "status", "reason"):
             f.add_column(col)
         for spec, r in ranking.not_ok:
-            f.add_row(escape(spec.name), r.status.value, escape(r.reason))
+            f.add_row(cell(spec.name), cell(r.status.value), cell(r.reason))
         console.print(f)
     for note in ranking.notes:
-        console.print(f"note: {escape(note)}", highlight=False)
+        say(console, f"note: {note}")
 
 
 def plot_format(path: str | Path, flag: str = "--png") -> str:

@@ -35,6 +35,7 @@ import orjson
 
 from fastverify.bounds import implausible_work_us
 from fastverify.errors import UserError
+from fastverify.console import say as say_line
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
@@ -472,9 +473,7 @@ class TrialProgress:
             status, reason = NotRankedStatus.FELL_BACK.value, why
         if self._bar is not None:
             if status != TrialStatus.OK.value:
-                from rich.markup import escape
-
-                self._bar.console.print(f"[yellow]{escape(spec.name)}: {status}[/] {escape(reason)}", highlight=False)
+                say_line(self._bar.console, f"{spec.name}: {status} {reason}", "yellow")
             self._bar.advance(self._task)
             return
         if self._lines is None:

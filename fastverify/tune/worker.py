@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from fastverify.errors import shown
 from fastverify.cudagraph import capture_cuda_graph
 from fastverify.procs import rank_device
 from fastverify.tune.trial import Op, TrialSpec
@@ -53,7 +54,7 @@ BUILD_STAGE = "build: "
 
 
 def _stage(rank: int, msg: str) -> None:
-    sys.stderr.write(f"fastverify-tune rank {rank}: {msg}\n")
+    sys.stderr.write(f"fastverify-tune rank {rank:d}: {shown(msg)}\n")
     sys.stderr.flush()
 
 
