@@ -77,26 +77,37 @@ def run(shared: Path, version: int, graph: tuple[float, int] | None, aim_pct: fl
     rows = {t: _rows(inputs_dir / name) for t, name in TABLES.items()}
     gbw, gch = graph if graph else (None, None)
     inputs = {
-        t: M.inputs_for_pcie_box(**BOX, p2p=t is M.Transport.P2P, version=version,
-                                 graph_bw_intra_gbps=gbw, graph_n_channels=gch)
+        t: M.inputs_for_pcie_box(
+            **BOX, p2p=t is M.Transport.P2P, version=version, graph_bw_intra_gbps=gbw, graph_n_channels=gch
+        )
         for t in TABLES
     }
     models = {t: M.fit(rows[t], inputs[t]) for t in TABLES}
 
     i0 = inputs[M.Transport.SHM]
     print("# bench_model: NCCL all-reduce cost model (tuning.cc) raw and PCIe-corrected vs measured all_reduce_perf")
-    print(f"# box: 8x RTX 4090 (sm_89), PCIe Gen4 x16, all pairs SYS; NCCL model version {str(NcclVersion.from_code(version))}")
+    print(
+        f"# box: 8x RTX 4090 (sm_89), PCIe Gen4 x16, all pairs SYS; NCCL model version {str(NcclVersion.from_code(version))}"
+    )
     src = "given" if graph else "derived by inputs_for_pcie_box (no GRAPH line in the inputs)"
     print(f"# graph: nChannels {i0.n_channels}, bw {i0.bw_intra_gbps:g} GB/s per channel ({src})")
-    print(f"# rows: {M.CALIBRATION_MIN_BYTES} B .. {M.CALIBRATION_MAX_BYTES} B, out-of-place time; "
-          "err = (predicted - measured) / measured; every predicted value is a model prediction")
+    print(
+        f"# rows: {M.CALIBRATION_MIN_BYTES} B .. {M.CALIBRATION_MAX_BYTES} B, out-of-place time; "
+        "err = (predicted - measured) / measured; every predicted value is a model prediction"
+    )
     for t, m in models.items():
         scales = ", ".join(f"{p.value} {m.bw_scale[p]:.3f}" for p in (M.Proto.LL, M.Proto.SIMPLE))
-        print(f"# fit on {t.value} ({m.n_rows} rows): extra hop latency {m.extra_hop_latency_us:.3f} us, "
-              f"bw scale {scales}, rms log error on its own fit data {m.fit_rms_log_error:.3f}")
+        print(
+            f"# fit on {t.value} ({m.n_rows} rows): extra hop latency {m.extra_hop_latency_us:.3f} us, "
+            f"bw scale {scales}, rms log error on its own fit data {m.fit_rms_log_error:.3f}"
+        )
 
-    record: dict = {"nccl_version": str(NcclVersion.from_code(version)), "graph": [i0.bw_intra_gbps, i0.n_channels],
-                    "directions": [], "raw": {}}
+    record: dict = {
+        "nccl_version": str(NcclVersion.from_code(version)),
+        "graph": [i0.bw_intra_gbps, i0.n_channels],
+        "directions": [],
+        "raw": {},
+    }
     summary: list[str] = []
     raw_err: dict[M.Transport, list[float]] = {}
     for fit_t, test_t in ((M.Transport.SHM, M.Transport.P2P), (M.Transport.P2P, M.Transport.SHM)):
@@ -104,10 +115,14 @@ def run(shared: Path, version: int, graph: tuple[float, int] | None, aim_pct: fl
         other = {r.size_bytes: r.oop_time_us for r in rows[fit_t]}
         print("#")
         print(f"# fit {fit_t.value} -> test {test_t.value}")
-        print(f"# {'size':>10} {'measured':>9} {'nccl_raw':>9} {'raw_err':>8} {'corrected':>9} {'corr_err':>8} "
-              f"{'algo/proto':>11} {'baseline':>9} {'base_err':>8}")
-        print(f"# {'(B)':>10} {'(us)':>9} {'(us)':>9} {'(%)':>8} {'(us)':>9} {'(%)':>8} {'(NCCL pick)':>11} "
-              f"{'(us)':>9} {'(%)':>8}")
+        print(
+            f"# {'size':>10} {'measured':>9} {'nccl_raw':>9} {'raw_err':>8} {'corrected':>9} {'corr_err':>8} "
+            f"{'algo/proto':>11} {'baseline':>9} {'base_err':>8}"
+        )
+        print(
+            f"# {'(B)':>10} {'(us)':>9} {'(us)':>9} {'(%)':>8} {'(us)':>9} {'(%)':>8} {'(NCCL pick)':>11} "
+            f"{'(us)':>9} {'(%)':>8}"
+        )
         errs, raws, bases, recs = [], [], [], []
         for r in rows[test_t]:
             raw = M.predict(r.size_bytes, inp)
@@ -121,30 +136,59 @@ def run(shared: Path, version: int, graph: tuple[float, int] | None, aim_pct: fl
             raws.append(e_raw)
             if base:
                 bases.append(e_base)
-            print(f"  {r.size_bytes:>10} {r.oop_time_us:>9.2f} {raw.time_us:>9.2f} {_pct(e_raw):>8} "
-                  f"{cor.time_us:>9.2f} {_pct(e_cor):>8} {cor.algo.value + '/' + cor.proto.value:>11} "
-                  f"{base if base else float('nan'):>9.2f} {_pct(e_base):>8}")
-            recs.append({"size_bytes": r.size_bytes, "measured_us": r.oop_time_us, "nccl_raw_predicted_us": raw.time_us,
-                         "corrected_predicted_us": cor.time_us, "algo": cor.algo.value, "proto": cor.proto.value,
-                         "baseline_other_table_us": base, "label": cor.label})
+            print(
+                f"  {r.size_bytes:>10} {r.oop_time_us:>9.2f} {raw.time_us:>9.2f} {_pct(e_raw):>8} "
+                f"{cor.time_us:>9.2f} {_pct(e_cor):>8} {cor.algo.value + '/' + cor.proto.value:>11} "
+                f"{base if base else float('nan'):>9.2f} {_pct(e_base):>8}"
+            )
+            recs.append(
+                {
+                    "size_bytes": r.size_bytes,
+                    "measured_us": r.oop_time_us,
+                    "nccl_raw_predicted_us": raw.time_us,
+                    "corrected_predicted_us": cor.time_us,
+                    "algo": cor.algo.value,
+                    "proto": cor.proto.value,
+                    "baseline_other_table_us": base,
+                    "label": cor.label,
+                }
+            )
         raw_err[test_t] = raws
         med = 100 * statistics.median(abs(e) for e in errs)
         big = [abs(e) for r, e in zip(rows[test_t], errs) if r.size_bytes >= 1 << 20]
-        print(f"# max |err| {100 * max(abs(e) for e in errs):.1f} %, at >= 1 MiB {100 * max(big):.1f} %; baseline "
-              f"(the {fit_t.value} table's measured time used as the {test_t.value} prediction): median |err| "
-              f"{100 * statistics.median(abs(e) for e in bases):.1f} %")
-        verify = [(abs(e), abs(b)) for r, e, b in zip(rows[test_t], errs, [other.get(r.size_bytes) and
-                  other[r.size_bytes] / r.oop_time_us - 1 for r in rows[test_t]])
-                  if VERIFY_MIN_BYTES <= r.size_bytes <= M.CALIBRATION_MAX_BYTES]
+        print(
+            f"# max |err| {100 * max(abs(e) for e in errs):.1f} %, at >= 1 MiB {100 * max(big):.1f} %; baseline "
+            f"(the {fit_t.value} table's measured time used as the {test_t.value} prediction): median |err| "
+            f"{100 * statistics.median(abs(e) for e in bases):.1f} %"
+        )
+        verify = [
+            (abs(e), abs(b))
+            for r, e, b in zip(
+                rows[test_t],
+                errs,
+                [other.get(r.size_bytes) and other[r.size_bytes] / r.oop_time_us - 1 for r in rows[test_t]],
+            )
+            if VERIFY_MIN_BYTES <= r.size_bytes <= M.CALIBRATION_MAX_BYTES
+        ]
         med_v = 100 * statistics.median(e for e, _ in verify)
         med_vb = 100 * statistics.median(b for _, b in verify)
         summary.append(f"fit {fit_t.value} -> test {test_t.value}: median error {med:.1f} %")
-        summary.append(f"# fit {fit_t.value} -> test {test_t.value}, verify sizes 32 KiB..4 MiB only: median "
-                       f"error {med_v:.1f} % (baseline: the other table's measurement, {med_vb:.1f} %)")
-        record["directions"].append({"fit": fit_t.value, "test": test_t.value, "median_error_pct": med,
-                                     "params": {"extra_hop_latency_us": m.extra_hop_latency_us,
-                                                "bw_scale": {p.value: v for p, v in m.bw_scale.items()}},
-                                     "rows": recs})
+        summary.append(
+            f"# fit {fit_t.value} -> test {test_t.value}, verify sizes 32 KiB..4 MiB only: median "
+            f"error {med_v:.1f} % (baseline: the other table's measurement, {med_vb:.1f} %)"
+        )
+        record["directions"].append(
+            {
+                "fit": fit_t.value,
+                "test": test_t.value,
+                "median_error_pct": med,
+                "params": {
+                    "extra_hop_latency_us": m.extra_hop_latency_us,
+                    "bw_scale": {p.value: v for p, v in m.bw_scale.items()},
+                },
+                "rows": recs,
+            }
+        )
     print("#")
     for line in summary:
         print(line)
@@ -175,10 +219,19 @@ LOBO_WIDTH_AIM = 4.0  # median range width (high / low) wanted where the model a
 
 def _point_record(m, size, t, point, low, high) -> dict:
     known = low is not None and high is not None
-    return {"measurement": m.id, "size_bytes": size, "measured_us": t, "low_us": low, "point_us": point,
-            "high_us": high, "inside": bool(known and low <= t <= high), "covered": point is not None,
-            "abstained": not known, "error": (point / t - 1) if point is not None else None,
-            "width": (high / low) if known else None}
+    return {
+        "measurement": m.id,
+        "size_bytes": size,
+        "measured_us": t,
+        "low_us": low,
+        "point_us": point,
+        "high_us": high,
+        "inside": bool(known and low <= t <= high),
+        "covered": point is not None,
+        "abstained": not known,
+        "error": (point / t - 1) if point is not None else None,
+        "width": (high / low) if known else None,
+    }
 
 
 def _summary(backend: str, boxes: dict[str, list[dict]]) -> dict:
@@ -189,12 +242,19 @@ def _summary(backend: str, boxes: dict[str, list[dict]]) -> dict:
     every = [p for pts in boxes.values() for p in pts]
     errs = [abs(p["error"]) for p in points]
     widths = [p["width"] for p in every if p["width"] is not None]
-    return {"backend": backend, "boxes": boxes, "judged": sorted(judged), "inside": sorted(inside),
-            "uncovered": sorted(b for b in boxes if b not in judged),
-            "points": len(points), "points_inside": sum(p["inside"] for p in points),
-            "all_points": len(every), "abstained": sum(p["abstained"] for p in every),
-            "median_abs_error": statistics.median(errs) if errs else None,
-            "median_width": statistics.median(widths) if widths else None}
+    return {
+        "backend": backend,
+        "boxes": boxes,
+        "judged": sorted(judged),
+        "inside": sorted(inside),
+        "uncovered": sorted(b for b in boxes if b not in judged),
+        "points": len(points),
+        "points_inside": sum(p["inside"] for p in points),
+        "all_points": len(every),
+        "abstained": sum(p["abstained"] for p in every),
+        "median_abs_error": statistics.median(errs) if errs else None,
+        "median_width": statistics.median(widths) if widths else None,
+    }
 
 
 def lobo(backend: BackendName) -> dict:
@@ -215,10 +275,14 @@ def lobo(backend: BackendName) -> dict:
         bx = next(b for b in backend_model.load().boxes if b.id == m.box)
         for size, t in zip(m.sizes_bytes, m.times_us):
             if LOBO_MIN_BYTES <= size <= LOBO_MAX_BYTES:
-                e = backend_model.estimate(backend, size, world_size=m.world_size, sm=bx.sm, pcie_gen=bx.pcie_gen, p2p=m.p2p,
-                                exclude_box=m.box)
-                boxes.setdefault(m.box, []).append(_point_record(
-                    m, size, t, e.point_us if e else None, e.low_us if e else None, e.high_us if e else None))
+                e = backend_model.estimate(
+                    backend, size, world_size=m.world_size, sm=bx.sm, pcie_gen=bx.pcie_gen, p2p=m.p2p, exclude_box=m.box
+                )
+                boxes.setdefault(m.box, []).append(
+                    _point_record(
+                        m, size, t, e.point_us if e else None, e.low_us if e else None, e.high_us if e else None
+                    )
+                )
     return _summary(backend.value, boxes)
 
 
@@ -272,11 +336,13 @@ def aim_line(name: str, results: list[dict], aim_pct: float, width_aim: float) -
     cov_ans = f"{100 * inside / len(answered):.0f} %" if answered else "n/a"  # nothing answered: no ratio
     wid = statistics.median(widths) if widths else None
     met = cov >= aim_pct and wid is not None and wid <= width_aim
-    return (f"# lobo aim {name} (>= {aim_pct:g} % inside, unknown = miss; median width <= {width_aim:g} x): "
-            f"{inside}/{len(pts)} inside ({cov:.0f} %), {cov_ans} where answered, median width "
-            f"{'n/a' if wid is None else f'{wid:.1f} x'}, "
-            f"abstained {len(pts) - len(answered)}/{len(pts)} ({100 * (len(pts) - len(answered)) / len(pts):.0f} %): "
-            f"{'met' if met else 'MISSED'}")
+    return (
+        f"# lobo aim {name} (>= {aim_pct:g} % inside, unknown = miss; median width <= {width_aim:g} x): "
+        f"{inside}/{len(pts)} inside ({cov:.0f} %), {cov_ans} where answered, median width "
+        f"{'n/a' if wid is None else f'{wid:.1f} x'}, "
+        f"abstained {len(pts) - len(answered)}/{len(pts)} ({100 * (len(pts) - len(answered)) / len(pts):.0f} %): "
+        f"{'met' if met else 'MISSED'}"
+    )
 
 
 def _cross_check(shared: Path) -> list[str]:
@@ -291,8 +357,10 @@ def _cross_check(shared: Path) -> list[str]:
             continue
         rows = {r.size_bytes: r.oop_time_us for r in parse_all_reduce_perf(path.read_text(), source=str(path)).rows}
         bad = [s for s, t in zip(m.sizes_bytes, m.times_us or ()) if rows.get(s) != t]
-        out.append(f"# inputs cross-check: {m.id} vs {m.table_file}: " + (f"MISMATCH at {bad}" if bad else
-                   f"{len(m.sizes_bytes)} rows equal"))
+        out.append(
+            f"# inputs cross-check: {m.id} vs {m.table_file}: "
+            + (f"MISMATCH at {bad}" if bad else f"{len(m.sizes_bytes)} rows equal")
+        )
     return out
 
 
@@ -300,32 +368,44 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
     """Print the leave-one-box-out judgement of every backend model, side by side."""
     print("#")
     print("# leave-one-box-out: fastverify/tune/backend_model.py (published boxes; every value predicted)")
-    print(f"# data: {len(backend_model.published_boxes())} boxes, {len(backend_model.measurements())} measurements in "
-          f"fastverify/data/{backend_model.DATA_FILE}; sizes {LOBO_MIN_BYTES}..{LOBO_MAX_BYTES} B; extrapolation "
-          f"<= {backend_model.EXTRAPOLATE:g}x (fixed before the first run)")
-    print("# range: point x the shortest span of a share of the other boxes' median misses, widened by their "
-          "within-box spread, the share the smallest that holds 80 % of a left-out box's misses at 8 KiB..1 MiB "
-          "(fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "
-          "or wider than 8x")
+    print(
+        f"# data: {len(backend_model.published_boxes())} boxes, {len(backend_model.measurements())} measurements in "
+        f"fastverify/data/{backend_model.DATA_FILE}; sizes {LOBO_MIN_BYTES}..{LOBO_MAX_BYTES} B; extrapolation "
+        f"<= {backend_model.EXTRAPOLATE:g}x (fixed before the first run)"
+    )
+    print(
+        "# range: point x the shortest span of a share of the other boxes' median misses, widened by their "
+        "within-box spread, the share the smallest that holds 80 % of a left-out box's misses at 8 KiB..1 MiB "
+        "(fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "
+        "or wider than 8x"
+    )
     for line in _cross_check(shared):
         print(line)
     res = [lobo_cost_model(), lobo_kernel_model()] + [lobo(b) for b in LOBO_BACKENDS]
-    print(f"# {'backend':>9} {'held-out box':>26} {'size':>8} {'measured':>9} {'low':>8} {'point':>8} {'high':>8} "
-          f"{'err':>7} inside")
+    print(
+        f"# {'backend':>9} {'held-out box':>26} {'size':>8} {'measured':>9} {'low':>8} {'point':>8} {'high':>8} "
+        f"{'err':>7} inside"
+    )
     print(f"# {'':>9} {'':>26} {'(B)':>8} {'(us)':>9} {'(us)':>8} {'(us)':>8} {'(us)':>8} {'(%)':>7}")
     for r in res:
         for box, pts in r["boxes"].items():
             for p in pts:
                 if p["covered"] and p["abstained"]:
-                    print(f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} "
-                          f"{'-':>8} {p['point_us']:>8.2f} {'-':>8} {_pct(p['error']):>7} unknown (abstains)")
+                    print(
+                        f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} "
+                        f"{'-':>8} {p['point_us']:>8.2f} {'-':>8} {_pct(p['error']):>7} unknown (abstains)"
+                    )
                     continue
                 if not p["covered"]:
-                    print(f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} "
-                          f"{'-':>8} {'-':>8} {'-':>8} {'-':>7} no other box covers this size")
+                    print(
+                        f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} "
+                        f"{'-':>8} {'-':>8} {'-':>8} {'-':>7} no other box covers this size"
+                    )
                     continue
-                print(f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} {p['low_us']:>8.2f} "
-                      f"{p['point_us']:>8.2f} {p['high_us']:>8.2f} {_pct(p['error']):>7} {'yes' if p['inside'] else 'NO'}")
+                print(
+                    f"  {r['backend']:>9} {box:>26} {p['size_bytes']:>8} {p['measured_us']:>9.2f} {p['low_us']:>8.2f} "
+                    f"{p['point_us']:>8.2f} {p['high_us']:>8.2f} {_pct(p['error']):>7} {'yes' if p['inside'] else 'NO'}"
+                )
     print("#")
     for r in res:
         n, k = len(r["judged"]), len(r["inside"])
@@ -336,32 +416,55 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
         med = f"{100 * r['median_abs_error']:.1f} %" if r["median_abs_error"] is not None else "n/a"
         wid = f"{r['median_width']:.1f} x" if r["median_width"] is not None else "n/a"
         unc = f"; uncovered (no other box): {', '.join(r['uncovered'])}" if r["uncovered"] else ""
-        print(f"lobo {r['backend']}: boxes inside range {k}/{n} ({frac}), points inside {r['points_inside']}/"
-              f"{r['points']}, median point error {med}, median range width high/low {wid}{unc}; abstained "
-              f"{r['abstained']}/{r['all_points']}")
+        print(
+            f"lobo {r['backend']}: boxes inside range {k}/{n} ({frac}), points inside {r['points_inside']}/"
+            f"{r['points']}, median point error {med}, median range width high/low {wid}{unc}; abstained "
+            f"{r['abstained']}/{r['all_points']}"
+        )
     print(aim_line("NCCL (the cost-model figure tune shows)", res[:1], aim_pct, LOBO_WIDTH_AIM))
-    print(aim_line("P2P kernels (the kernel-model figure tune shows, every published P2P kernel)", res[1:2],
-                   aim_pct, LOBO_WIDTH_AIM))
-    print(aim_line("P2P kernels, pcie_ipc and custom_ar rows only (the same model; custom_ar held out has no row left)", [r for r in res if r["backend"] in ("pcie_ipc", "custom_ar")],
-                   aim_pct, LOBO_WIDTH_AIM))
+    print(
+        aim_line(
+            "P2P kernels (the kernel-model figure tune shows, every published P2P kernel)",
+            res[1:2],
+            aim_pct,
+            LOBO_WIDTH_AIM,
+        )
+    )
+    print(
+        aim_line(
+            "P2P kernels, pcie_ipc and custom_ar rows only (the same model; custom_ar held out has no row left)",
+            [r for r in res if r["backend"] in ("pcie_ipc", "custom_ar")],
+            aim_pct,
+            LOBO_WIDTH_AIM,
+        )
+    )
     if record is not None:
         record["lobo"] = res
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED, help="folder holding inputs/allreduceperf-*.txt")
-    ap.add_argument("--nccl-version", default=str(NcclVersion.from_code(M.DEFAULT_NCCL_VERSION)),
-                    help="NCCL version X.Y.Z whose constants the model uses (the blog does not say its own)")
-    ap.add_argument("--graph-bw", type=float, default=None,
-                    help="ring graph bw per channel, GB/s (GRAPH line 'bw X/Y')")
+    ap.add_argument(
+        "--nccl-version",
+        default=str(NcclVersion.from_code(M.DEFAULT_NCCL_VERSION)),
+        help="NCCL version X.Y.Z whose constants the model uses (the blog does not say its own)",
+    )
+    ap.add_argument(
+        "--graph-bw", type=float, default=None, help="ring graph bw per channel, GB/s (GRAPH line 'bw X/Y')"
+    )
     ap.add_argument("--graph-channels", type=int, default=None, help="ring graph channels (GRAPH line 'nChannels N')")
     ap.add_argument("--aim", type=float, default=20.0, help="highest acceptable corrected median error, %%")
     ap.add_argument("--json", type=Path, default=None, help="also write the records to this JSON file")
-    ap.add_argument("--lobo-aim", type=float, default=80.0,
-                    help="leave-one-box-out: share of held-out boxes inside the range wanted, %% (printed only)")
+    ap.add_argument(
+        "--lobo-aim",
+        type=float,
+        default=80.0,
+        help="leave-one-box-out: share of held-out boxes inside the range wanted, %% (printed only)",
+    )
     a = ap.parse_args(argv)
     if (a.graph_bw is None) != (a.graph_channels is None):
         ap.error("--graph-bw and --graph-channels go together")

@@ -40,8 +40,22 @@ from tests.sglang_server.tiny_model import PEAKED_LM_HEAD_SCALE, build  # noqa: 
 def _one(work: Path, model: Path, patched: bool, opts: LoadOptions) -> dict:
     """One load run; its load.json and the all-reduce calls per verify step of its records."""
     prof = work / "run"
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "2", "--host",
-           "127.0.0.1", "--port", str(free_port()), *SERVER_FLAGS, "--dtype", "float32"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--tp-size",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        *SERVER_FLAGS,
+        "--dtype",
+        "float32",
+    ]
     env = server_env(work)
     plan = plan_launch(None, "auto" if patched else "off", str(prof), cmd, environ=env)
     if not patched:  # the same command and folder; the workers never load the patch
@@ -69,12 +83,19 @@ def main() -> None:
         raise SystemExit("run this with the SGLang venv's Python: $(.ci/sglang-venv.sh | tail -n 1)")
     root = Path(tempfile.mkdtemp(prefix="fv-overhead-"))
     model = build(root / "model", PEAKED_LM_HEAD_SCALE)
-    opts = LoadOptions(load=True, max_new_tokens=8, requests=args.requests, input_len=16, output_len=args.output_len,
-                       ready_timeout_s=600.0, force=True)
+    opts = LoadOptions(
+        load=True,
+        max_new_tokens=8,
+        requests=args.requests,
+        input_len=16,
+        output_len=args.output_len,
+        ready_timeout_s=600.0,
+        force=True,
+    )
     rng = np.random.default_rng(0)
     per = {True: [], False: []}
     for r in range(args.rounds):
-        for patched in ((False, True) if r % 2 == 0 else (True, False)):
+        for patched in (False, True) if r % 2 == 0 else (True, False):
             doc = _one(root / f"r{r}-{'patched' if patched else 'plain'}", model, patched, opts)
             per[patched].append(doc)
     plain = [x for d in per[False] for x in d["throughput"][0]["per_stream_tok_s"]]
@@ -87,11 +108,15 @@ def main() -> None:
     print(f"tok/s per stream, no patch:            {ip.mean:.2f} [{ip.lo:.2f}, {ip.hi:.2f}] over {ip.n} requests")
     print(f"tok/s per stream, patch counting only: {iq.mean:.2f} [{iq.lo:.2f}, {iq.hi:.2f}] over {iq.n} requests")
     print(f"ratio patched / plain: {iq.mean / ip.mean:.3f}")
-    print(f"patch host time per all-reduce call (derived): {per_call_us:+.1f} us "
-          f"({calls:.0f} calls per verify step, accept length {accept:.2f})")
+    print(
+        f"patch host time per all-reduce call (derived): {per_call_us:+.1f} us "
+        f"({calls:.0f} calls per verify step, accept length {accept:.2f})"
+    )
     if iq.lo <= ip.hi and ip.lo <= iq.hi:
-        print("the two intervals overlap: the patch's cost is below what this many requests resolve "
-              "(more --rounds / --requests narrow them)")
+        print(
+            "the two intervals overlap: the patch's cost is below what this many requests resolve "
+            "(more --rounds / --requests narrow them)"
+        )
 
 
 if __name__ == "__main__":

@@ -62,64 +62,166 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("profile-tiny", "profile", claim_s=3.5),
     Command("profile-trace-folder", "profile --trace tests/data/cuda_graph_replay/"),
-    Command("profile-trace-b200", "profile --trace docs/traces/b200-eager.trace.json.gz --output /tmp/fastverify-readme/verify.json"),
-    Command("profile-live-kimi-tp8", "profile --model kimi-k2 --tp 8 --draft-tokens 4 --batch 1", runs=False,
-            why="needs 8 GPUs (on CPU it refuses at once when memory is short, or runs with progress)"),
+    Command(
+        "profile-trace-b200",
+        "profile --trace docs/traces/b200-eager.trace.json.gz --output /tmp/fastverify-readme/verify.json",
+    ),
+    Command(
+        "profile-live-kimi-tp8",
+        "profile --model kimi-k2 --tp 8 --draft-tokens 4 --batch 1",
+        runs=False,
+        why="needs 8 GPUs (on CPU it refuses at once when memory is short, or runs with progress)",
+    ),
     Command("profile-live-config-cpu", "profile --model fastverify/live/presets/tiny.json --tp 2 --device cpu"),
-    Command("profile-kimi-tp2-cpu", "profile --model kimi-k2 --tp 2 --device cpu --output /tmp/fastverify-readme/kimi-tp2.json",
-            claim_s=108.0),
-    Command("profile-kimi-pcie-ipc", "profile --model kimi-k2 --tp 8 --backend pcie_ipc", runs=False,
-            why="needs 8 GPUs with P2P (FlashInfer's PCIe IPC all-reduce)"),
-    Command("verify-log", "profile --verify-log /tmp/verify", runs=False,
-            why="reads the records of a running `fastverify launch --profile-verify` server"),
-    Command("verify-log-change", "profile --verify-log /tmp/verify-nccl /tmp/verify-fast", runs=False,
-            why="reads the records of two server runs"),
+    Command(
+        "profile-kimi-tp2-cpu",
+        "profile --model kimi-k2 --tp 2 --device cpu --output /tmp/fastverify-readme/kimi-tp2.json",
+        claim_s=108.0,
+    ),
+    Command(
+        "profile-kimi-pcie-ipc",
+        "profile --model kimi-k2 --tp 8 --backend pcie_ipc",
+        runs=False,
+        why="needs 8 GPUs with P2P (FlashInfer's PCIe IPC all-reduce)",
+    ),
+    Command(
+        "verify-log",
+        "profile --verify-log /tmp/verify",
+        runs=False,
+        why="reads the records of a running `fastverify launch --profile-verify` server",
+    ),
+    Command(
+        "verify-log-change",
+        "profile --verify-log /tmp/verify-nccl /tmp/verify-fast",
+        runs=False,
+        why="reads the records of two server runs",
+    ),
     Command("topo-live", "topo", runs=False, why="reads NVML on a GPU box"),
-    Command("topo-offline", "topo --topology docs/topo-nccl-tests-307.txt --nccl-log docs/nccldebug-nccl-tests-307.txt --set NCCL_P2P_LEVEL=SYS --json"),
-    Command("topo-perf-table", "topo --perf-table docs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --topology docs/topo-blog-chlc-rtx4090.txt"),
-    Command("tune-predict-write", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --draft-tokens 4 --max-batch 32 --sm 89 --write-env /tmp/fastverify-readme/example.env --write-tuner-config /tmp/fastverify-readme/example-tuner.csv"),
-    Command("tune-predict-seed", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3 --json"),
-    Command("tune-predict-evidence", "tune --predict --topology docs/topo-blog-chlc-rtx4090.txt --profile /tmp/fastverify-readme/verify.json --perf-table docs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --nccl-log docs/nccldebug-nccl-tests-307.txt --sm 89 --pcie-gen 4 --hidden 7168"),
-    Command("tune-measure", "tune --profile profiles/verify.json --hidden 7168 --draft-tokens 4 --max-batch 32 --write-env", runs=False,
-            why="measures on the GPU box it tunes"),
-    Command("tune-resume", "tune --model kimi-k2 --tp 8 --resume", runs=False, why="continues a sweep interrupted on a GPU box"),
-    Command("launch-dry-run", "launch --env nccl_configs/<box>.env --backend auto --dry-run --", runs=False,
-            why="needs the box's env file and SGLang"),
-    Command("launch-pcie-ipc", "launch --env nccl_configs/<box>.env --backend pcie_ipc --p2p-check p2p.json --", runs=False,
-            why="needs GPUs and SGLang"),
-    Command("flow-profile", "profile --trace /tmp/sglang-profile/ --output profiles/verify.json", runs=False,
-            why="the whole flow on a GPU box: traces from a running SGLang server's /start_profile"),
+    Command(
+        "topo-offline",
+        "topo --topology docs/topo-nccl-tests-307.txt --nccl-log docs/nccldebug-nccl-tests-307.txt --set NCCL_P2P_LEVEL=SYS --json",
+    ),
+    Command(
+        "topo-perf-table",
+        "topo --perf-table docs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --topology docs/topo-blog-chlc-rtx4090.txt",
+    ),
+    Command(
+        "tune-predict-write",
+        "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --draft-tokens 4 --max-batch 32 --sm 89 --write-env /tmp/fastverify-readme/example.env --write-tuner-config /tmp/fastverify-readme/example-tuner.csv",
+    ),
+    Command(
+        "tune-predict-seed",
+        "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3 --json",
+    ),
+    Command(
+        "tune-predict-evidence",
+        "tune --predict --topology docs/topo-blog-chlc-rtx4090.txt --profile /tmp/fastverify-readme/verify.json --perf-table docs/allreduceperf-blog-chlc-rtx4090-p2punlocked.txt --nccl-log docs/nccldebug-nccl-tests-307.txt --sm 89 --pcie-gen 4 --hidden 7168",
+    ),
+    Command(
+        "tune-measure",
+        "tune --profile profiles/verify.json --hidden 7168 --draft-tokens 4 --max-batch 32 --write-env",
+        runs=False,
+        why="measures on the GPU box it tunes",
+    ),
+    Command(
+        "tune-resume",
+        "tune --model kimi-k2 --tp 8 --resume",
+        runs=False,
+        why="continues a sweep interrupted on a GPU box",
+    ),
+    Command(
+        "launch-dry-run",
+        "launch --env nccl_configs/<box>.env --backend auto --dry-run --",
+        runs=False,
+        why="needs the box's env file and SGLang",
+    ),
+    Command(
+        "launch-pcie-ipc",
+        "launch --env nccl_configs/<box>.env --backend pcie_ipc --p2p-check p2p.json --",
+        runs=False,
+        why="needs GPUs and SGLang",
+    ),
+    Command(
+        "flow-profile",
+        "profile --trace /tmp/sglang-profile/ --output profiles/verify.json",
+        runs=False,
+        why="the whole flow on a GPU box: traces from a running SGLang server's /start_profile",
+    ),
     Command("flow-doctor", "doctor", runs=False, why="the whole flow on a GPU box (doctor --json runs here)"),
-    Command("flow-tune", "tune --profile profiles/verify.json --hidden 7168 --draft-tokens 4 --max-batch 32 --write-env nccl_configs/box.env", runs=False,
-            why="the whole flow on a GPU box: measures there"),
-    Command("flow-launch", "launch --env nccl_configs/box.env --profile-verify /tmp/verify --", runs=False,
-            why="the whole flow on a GPU box: starts SGLang"),
-    Command("collect-server", "collect --server http://localhost:30000 --cycles 20 --verify-log /tmp/verify", runs=False,
-            why="needs a running SGLang server and its verify-log folder (tests/test_sglang_server.py runs it on a real CPU server)"),
-    Command("report-bundle", "report fastverify-bundle-<UTC time>.tar.gz --png cycle.png", runs=False,
-            why="reads the bundle collect wrote on the serving box (tests/test_cycle_report.py builds bundles)"),
-    Command("tune-predict-user", "tune --predict --verify-ms 30 --allreduce-ms 25 --tok-s 82 --accept-length 3 --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5"),
-    Command("box-baseline", "launch --load --profile-verify before/ --", runs=False,
-            why="on the GPU box: starts the user's SGLang server, unchanged, runs the fixed load "
-                "(tests/test_sglang_proof.py runs it on a real CPU server)"),
-    Command("box-tune", "tune --profile profiles/verify.json --hidden 7168 --speculative-num-draft-tokens 4 "
-            "--cuda-graph-max-bs-decode 32 --write-env nccl_configs/box.env", runs=False,
-            why="on the GPU box: measures there"),
+    Command(
+        "flow-tune",
+        "tune --profile profiles/verify.json --hidden 7168 --draft-tokens 4 --max-batch 32 --write-env nccl_configs/box.env",
+        runs=False,
+        why="the whole flow on a GPU box: measures there",
+    ),
+    Command(
+        "flow-launch",
+        "launch --env nccl_configs/box.env --profile-verify /tmp/verify --",
+        runs=False,
+        why="the whole flow on a GPU box: starts SGLang",
+    ),
+    Command(
+        "collect-server",
+        "collect --server http://localhost:30000 --cycles 20 --verify-log /tmp/verify",
+        runs=False,
+        why="needs a running SGLang server and its verify-log folder (tests/test_sglang_server.py runs it on a real CPU server)",
+    ),
+    Command(
+        "report-bundle",
+        "report fastverify-bundle-<UTC time>.tar.gz --png cycle.png",
+        runs=False,
+        why="reads the bundle collect wrote on the serving box (tests/test_cycle_report.py builds bundles)",
+    ),
+    Command(
+        "tune-predict-user",
+        "tune --predict --verify-ms 30 --allreduce-ms 25 --tok-s 82 --accept-length 3 --model kimi-k2 --tp 8 --sm 120 --pcie-gen 5",
+    ),
+    Command(
+        "box-baseline",
+        "launch --load --profile-verify before/ --",
+        runs=False,
+        why="on the GPU box: starts the user's SGLang server, unchanged, runs the fixed load "
+        "(tests/test_sglang_proof.py runs it on a real CPU server)",
+    ),
+    Command(
+        "box-tune",
+        "tune --profile profiles/verify.json --hidden 7168 --speculative-num-draft-tokens 4 "
+        "--cuda-graph-max-bs-decode 32 --write-env nccl_configs/box.env",
+        runs=False,
+        why="on the GPU box: measures there",
+    ),
     Command("box-p2p", "p2p --output p2p.json", runs=False, why="the real P2P check needs 2+ GPUs"),
-    Command("box-launch", "launch --env nccl_configs/box.env --p2p-check p2p.json --load --baseline before/ "
-            "--profile-verify after/ --", runs=False,
-            why="on the GPU box: starts SGLang with the winner under the same load"),
-    Command("box-change", "compare before/ after/", runs=False,
-            why="reads the two load runs of the box (tests/test_sglang_proof.py compares two on a real CPU server)"),
-    Command("away-predict", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
-            "--tp-size 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3"),
-    Command("away-topo", "topo --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 "
-            "--sm 120 --pcie-gen 5"),
-    Command("away-write", "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
-            "--tp-size 8 --sm 120 --pcie-gen 5 --cuda-graph-max-bs-decode 32 --write-env /tmp/fastverify-readme/box.env"),
-    Command("away-dry-run", "launch --env /tmp/fastverify-readme/box.env --describe-box '{\"gpu_name\": \"NVIDIA L40S\", "
-            "\"sm\": [8, 9], \"gpu_count\": 8}' --dry-run --",
-            after="python -m sglang.launch_server --model-path ... --tp-size 8 --speculative-algorithm EAGLE3"),
+    Command(
+        "box-launch",
+        "launch --env nccl_configs/box.env --p2p-check p2p.json --load --baseline before/ --profile-verify after/ --",
+        runs=False,
+        why="on the GPU box: starts SGLang with the winner under the same load",
+    ),
+    Command(
+        "box-change",
+        "compare before/ after/",
+        runs=False,
+        why="reads the two load runs of the box (tests/test_sglang_proof.py compares two on a real CPU server)",
+    ),
+    Command(
+        "away-predict",
+        "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+        "--tp-size 8 --sm 120 --pcie-gen 5 --tok-s 82 --accept-length 3",
+    ),
+    Command(
+        "away-topo", "topo --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 --tp-size 8 --sm 120 --pcie-gen 5"
+    ),
+    Command(
+        "away-write",
+        "tune --predict --topology docs/topo-nccl-tests-307.txt --model kimi-k2.5 "
+        "--tp-size 8 --sm 120 --pcie-gen 5 --cuda-graph-max-bs-decode 32 --write-env /tmp/fastverify-readme/box.env",
+    ),
+    Command(
+        "away-dry-run",
+        'launch --env /tmp/fastverify-readme/box.env --describe-box \'{"gpu_name": "NVIDIA L40S", '
+        '"sm": [8, 9], "gpu_count": 8}\' --dry-run --',
+        after="python -m sglang.launch_server --model-path ... --tp-size 8 --speculative-algorithm EAGLE3",
+    ),
     Command("doctor-quick", "doctor --quick", claim_s=0.2),
     Command("doctor-json", "doctor --json", claim_s=2.7),
     Command("doctor-env-file", "doctor --env-file nccl_configs/example.env"),
@@ -142,8 +244,9 @@ def run_one(cmd: Command, python: str) -> dict:
     last = t0
     longest = 0.0
     lines = 0
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     sel = selectors.DefaultSelector()
     for f in (proc.stdout, proc.stderr):
         os.set_blocking(f.fileno(), False)
@@ -172,9 +275,16 @@ def run_one(cmd: Command, python: str) -> dict:
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     longest = max(longest, wall - last) if lines == 0 else longest
-    return {"key": cmd.key, "rc": os.waitstatus_to_exitcode(status), "wall_s": wall,
-            "maxrss_mb": ru.ru_maxrss / 1024, "longest_silence_s": longest, "lines": lines,
-            "timed_out": timed_out, "tail": tail.decode(errors="replace").strip().splitlines()[-1:] or [""]}
+    return {
+        "key": cmd.key,
+        "rc": os.waitstatus_to_exitcode(status),
+        "wall_s": wall,
+        "maxrss_mb": ru.ru_maxrss / 1024,
+        "longest_silence_s": longest,
+        "lines": lines,
+        "timed_out": timed_out,
+        "tail": tail.decode(errors="replace").strip().splitlines()[-1:] or [""],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,11 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     (Path("/tmp") / "fastverify-readme").mkdir(exist_ok=True)
     load0 = os.getloadavg()
     print("# fastverify README commands, run as written from the repository root")
-    print(f"# date {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}  host {platform.system()} "
-          f"{platform.release()} {platform.machine()}")
+    print(
+        f"# date {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}  host {platform.system()} "
+        f"{platform.release()} {platform.machine()}"
+    )
     print(f"# machine: {_machine()}; python {platform.python_version()}")
-    print(f"# load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}"
-          + ("  (WARNING: not an idle machine; timings are slow)" if load0[0] > 0.5 else ""))
+    print(
+        f"# load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}"
+        + ("  (WARNING: not an idle machine; timings are slow)" if load0[0] > 0.5 else "")
+    )
     print(f"# {'key':<24} {'rc':>3} {'wall s':>8} {'peak MB':>8} {'silent s':>8} {'lines':>6}  last line")
     results = []
     for cmd in COMMANDS:
@@ -205,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         r["wall_s"] = statistics.median(x["wall_s"] for x in runs)
         r["longest_silence_s"] = max(x["longest_silence_s"] for x in runs)
         results.append((cmd, r))
-        print(f"  {cmd.key:<24} {r['rc']:>3} {r['wall_s']:>8.2f} {r['maxrss_mb']:>8.0f} {r['longest_silence_s']:>8.1f} "
-              f"{r['lines']:>6}  {r['tail'][0][:90]}", flush=True)
+        print(
+            f"  {cmd.key:<24} {r['rc']:>3} {r['wall_s']:>8.2f} {r['maxrss_mb']:>8.0f} {r['longest_silence_s']:>8.1f} "
+            f"{r['lines']:>6}  {r['tail'][0][:90]}",
+            flush=True,
+        )
     load1 = os.getloadavg()
     print(f"# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     for cmd, r in results:
@@ -215,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         if cmd.claim_s is not None:
             ratio = r["wall_s"] / cmd.claim_s
             ok = abs(ratio - 1) <= TIMING_TOLERANCE
-            print(f"# {cmd.key}: README says ~{cmd.claim_s:g} s, measured {r['wall_s']:.1f} s ({ratio:.2f}x): "
-                  f"{'within' if ok else 'OUTSIDE'} {TIMING_TOLERANCE:.0%}")
+            print(
+                f"# {cmd.key}: README says ~{cmd.claim_s:g} s, measured {r['wall_s']:.1f} s ({ratio:.2f}x): "
+                f"{'within' if ok else 'OUTSIDE'} {TIMING_TOLERANCE:.0%}"
+            )
     return 0
 
 

@@ -240,8 +240,9 @@ class Case:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | None,
-                   rebuild_big: bool, extra: list[Case] | None = None) -> tuple[list[Case], list[str]]:
+def discover_cases(
+    shared: Path, out_dir: Path, big: bool, big_copies: int | None, rebuild_big: bool, extra: list[Case] | None = None
+) -> tuple[list[Case], list[str]]:
     """The cases whose files exist (building the derived ones when missing), and one line per case
     skipped. ``extra`` (from --trace-case) is appended as given."""
     cases: list[Case] = []
@@ -274,22 +275,35 @@ def discover_cases(shared: Path, out_dir: Path, big: bool, big_copies: int | Non
             if rebuild_big or not path.is_file():
                 print(f"# building {path} ({copies} tiled copies of {b200.name}) ...", file=sys.stderr)
                 make_big_trace.make_big_trace(b200, path, copies=copies)
-            cases.append(Case(f"b200-eager-x{copies}", [path],
-                              f"DERIVED: real b200 trace tiled {copies}x (make_big_trace.py)"))
+            cases.append(
+                Case(f"b200-eager-x{copies}", [path], f"DERIVED: real b200 trace tiled {copies}x (make_big_trace.py)")
+            )
             ranked = [out_dir / f"eager_trace_x{copies}_rank{r}.json.gz" for r in (0, 1)]
             for r, p in enumerate(ranked):
                 if rebuild_big or not p.is_file():
                     print(f"# building {p} ({copies} tiled copies of {b200.name}, rank {r}) ...", file=sys.stderr)
                     make_big_trace.make_big_trace(b200, p, copies=copies, rank=r)
-            cases.append(Case(f"b200-rank-pair-x{copies}", ranked,
-                              f"DERIVED: 2 ranks, each the real b200 trace tiled {copies}x, distributedInfo.rank "
-                              f"set to 0 and 1 (make_big_trace.py --rank); same events in both"))
+            cases.append(
+                Case(
+                    f"b200-rank-pair-x{copies}",
+                    ranked,
+                    f"DERIVED: 2 ranks, each the real b200 trace tiled {copies}x, distributedInfo.rank "
+                    f"set to 0 and 1 (make_big_trace.py --rank); same events in both",
+                )
+            )
         # looked for in the work folder, then in the default one (where the README puts it)
-        hta_trace = next((d / HTA_TRACE_NAME for d in (out_dir, DEFAULT_OUT) if (d / HTA_TRACE_NAME).is_file()),
-                         out_dir / HTA_TRACE_NAME)
+        hta_trace = next(
+            (d / HTA_TRACE_NAME for d in (out_dir, DEFAULT_OUT) if (d / HTA_TRACE_NAME).is_file()),
+            out_dir / HTA_TRACE_NAME,
+        )
         if hta_trace.is_file():
-            cases.append(Case("hta-df-index", [hta_trace],
-                              "real 53.7 MB trace, HTA test data tests/data/df_index_resolver (MIT), rank 1 of 2"))
+            cases.append(
+                Case(
+                    "hta-df-index",
+                    [hta_trace],
+                    "real 53.7 MB trace, HTA test data tests/data/df_index_resolver (MIT), rank 1 of 2",
+                )
+            )
         else:
             skipped.append(f"hta-df-index: {hta_trace} not present (how to fetch it: benchmarks/README.md)")
     cases.extend(extra or [])
@@ -351,8 +365,14 @@ def trace_facts(path: Path) -> dict[str, Any]:
             float_ts = True
         name = ev.get("name")
         args = ev.get("args")
-        if (ev.get("ph") == "X" and ev.get("cat") not in gpu_cats and isinstance(args, dict)
-                and isinstance(args.get("stream"), int) and args["stream"] != -1 and "dur" in ev):
+        if (
+            ev.get("ph") == "X"
+            and ev.get("cat") not in gpu_cats
+            and isinstance(args, dict)
+            and isinstance(args.get("stream"), int)
+            and args["stream"] != -1
+            and "dur" in ev
+        ):
             stray.append({"cat": ev.get("cat"), "name": name, "dur_us": float(ev["dur"])})
         if isinstance(name, str):
             if "ProfilerStep" in name:
@@ -382,8 +402,7 @@ def trace_facts(path: Path) -> dict[str, Any]:
 
 
 def probe_versions(python: str, dists: list[str]) -> dict[str, Any]:
-    res = subprocess.run([python, "-c", VERSIONS_PROBE, *dists], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run([python, "-c", VERSIONS_PROBE, *dists], capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
         raise BenchError(f"{python}: cannot probe versions: {res.stderr.strip()[-300:]}")
     return json.loads(res.stdout)
@@ -396,8 +415,10 @@ def resolve_hta_python(arg: str | None, out_dir: Path, install: bool) -> tuple[s
         if v.get(HTA_DIST) is None:
             raise BenchError(f"--hta-python {arg}: {HTA_DIST} is not installed there")
         return arg, "given with --hta-python"
-    for cand, how in ((sys.executable, "this interpreter (the bench extra)"),
-                      (str(out_dir / "hta-venv" / "bin" / "python"), "bench_out/hta-venv")):
+    for cand, how in (
+        (sys.executable, "this interpreter (the bench extra)"),
+        (str(out_dir / "hta-venv" / "bin" / "python"), "bench_out/hta-venv"),
+    ):
         if Path(cand).exists():
             try:
                 if probe_versions(cand, [HTA_DIST]).get(HTA_DIST) == HTA_VERSION:
@@ -405,18 +426,20 @@ def resolve_hta_python(arg: str | None, out_dir: Path, install: bool) -> tuple[s
             except (BenchError, subprocess.TimeoutExpired):
                 pass
     if not install:
-        raise BenchError(f"HTA is not installed: pip install -e '.[bench]' (or drop --no-install to let "
-                         f"the benchmark create {out_dir / 'hta-venv'})")
+        raise BenchError(
+            f"HTA is not installed: pip install -e '.[bench]' (or drop --no-install to let "
+            f"the benchmark create {out_dir / 'hta-venv'})"
+        )
     venv = out_dir / "hta-venv"
-    print(f"# HTA not found: creating {venv} and installing {HTA_REQUIREMENT} there (first run only) ...",
-          file=sys.stderr)
+    print(
+        f"# HTA not found: creating {venv} and installing {HTA_REQUIREMENT} there (first run only) ...", file=sys.stderr
+    )
     base = getattr(sys, "_base_executable", sys.executable)
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([base, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    res = subprocess.run([py, "-m", "pip", "install", "-q", HTA_REQUIREMENT], capture_output=True,
-                         text=True)
+    res = subprocess.run([py, "-m", "pip", "install", "-q", HTA_REQUIREMENT], capture_output=True, text=True)
     if res.returncode != 0:
         raise BenchError(f"installing {HTA_REQUIREMENT} into {venv} failed: {res.stderr.strip()[-400:]}")
     return py, f"{venv} (created by this run)"
@@ -424,8 +447,9 @@ def resolve_hta_python(arg: str | None, out_dir: Path, install: bool) -> tuple[s
 
 def fastverify_available(python: str) -> str | None:
     """None when `python -m fastverify profile` can run; else why not."""
-    res = subprocess.run([python, "-m", "fastverify", "profile", "--help"], capture_output=True,
-                         text=True, cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [python, "-m", "fastverify", "profile", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     if res.returncode != 0 or "--trace" not in res.stdout:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
         return f"`{python} -m fastverify profile --help` failed: {tail[0]}"
@@ -436,8 +460,10 @@ def compile_bytecode(python: str) -> str:
     """Compile fastverify's modules to bytecode before timing, as ``pip install`` does for an
     installed package (and as HTA's venv has them): an editable checkout under
     ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every module on every run (about 20 ms)."""
-    code = ("import compileall, pathlib, fastverify; "
-            "print(compileall.compile_dir(pathlib.Path(fastverify.__file__).parent, quiet=1))")
+    code = (
+        "import compileall, pathlib, fastverify; "
+        "print(compileall.compile_dir(pathlib.Path(fastverify.__file__).parent, quiet=1))"
+    )
     res = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     ok = res.returncode == 0 and res.stdout.strip() in ("True", "1")
     return "compiled before timing (as pip install does)" if ok else f"not compiled: {res.stderr.strip()[-200:]}"
@@ -463,8 +489,7 @@ def _ext(base: Path, ext: str) -> Path:
     return base.parent / (base.name + ext)
 
 
-def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path,
-                 timeout: float) -> Run:
+def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path, timeout: float) -> Run:
     """Run cmd as one child of a tiny launcher; wall clock and rusage (os.wait4) come from the launcher.
 
     Why a launcher: on Linux a child's ru_maxrss starts from the peak RSS of the process it was
@@ -474,8 +499,19 @@ def run_measured(cmd: list[str], env: dict[str, str], cwd: Path, log_base: Path,
     """
     out_p, err_p = _ext(log_base, ".out"), _ext(log_base, ".err")
     exe = cmd[0] if os.path.isabs(cmd[0]) else (shutil.which(cmd[0]) or cmd[0])
-    argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(out_p), str(err_p), str(cwd), str(timeout),
-            os.path.abspath(exe), *cmd[1:]]
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        LAUNCHER,
+        str(out_p),
+        str(err_p),
+        str(cwd),
+        str(timeout),
+        os.path.abspath(exe),
+        *cmd[1:],
+    ]
     res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout + 60)
     if res.returncode != 0:
         raise BenchError(f"launcher failed for {cmd[0]}: {res.stderr.strip()[-300:]}")
@@ -492,16 +528,23 @@ def _err_tail(run: Run, n: int = 3) -> str:
 
 
 def hta_cmd(python: str, out_json: Path, files: list[Path], include_last: bool = False) -> list[str]:
-    return [python, "-c", HTA_RUNNER, str(out_json), "1" if include_last else "0",
-            *[str(f.resolve()) for f in files]]
+    return [python, "-c", HTA_RUNNER, str(out_json), "1" if include_last else "0", *[str(f.resolve()) for f in files]]
 
 
-def fv_cmd(python: str, out_json: Path, files: list[Path], png: bool = False,
-           jobs: int | None = None) -> list[str]:
+def fv_cmd(python: str, out_json: Path, files: list[Path], png: bool = False, jobs: int | None = None) -> list[str]:
     """fastverify's command line: --no-png unless png (then the PNG goes beside out_json);
     --jobs only when given (None = fastverify's default)."""
-    cmd = [python, "-m", "fastverify", "profile", "--trace", *[str(f.resolve()) for f in files],
-           "--output", str(out_json), "--quiet"]
+    cmd = [
+        python,
+        "-m",
+        "fastverify",
+        "profile",
+        "--trace",
+        *[str(f.resolve()) for f in files],
+        "--output",
+        str(out_json),
+        "--quiet",
+    ]
     if not png:
         cmd.append("--no-png")
     if jobs is not None:
@@ -556,12 +599,26 @@ def median_run(runs: list[Run]) -> dict[str, Any]:
 
 
 # (key in the record, label in the table)
-TOOLS = (("hta", "HTA"), ("fastverify", "fv no-PNG"), ("fastverify_png", "fv PNG"),
-         ("fastverify_jobs1", "fv --jobs 1"), ("floor", "floor"))
+TOOLS = (
+    ("hta", "HTA"),
+    ("fastverify", "fv no-PNG"),
+    ("fastverify_png", "fv PNG"),
+    ("fastverify_jobs1", "fv --jobs 1"),
+    ("floor", "floor"),
+)
 
 
-def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup: int,
-               log_dir: Path, timeout: float, extra_hta: bool, floor_py: str | None = None) -> dict[str, Any]:
+def bench_case(
+    case: Case,
+    hta_py: str,
+    fv_py: str | None,
+    repeats: int,
+    warmup: int,
+    log_dir: Path,
+    timeout: float,
+    extra_hta: bool,
+    floor_py: str | None = None,
+) -> dict[str, Any]:
     """Time every tool on one case (interleaved repeats after the warm-ups) and gather the numbers.
 
     Returns the case's record: per tool a median_run() dict; ratios (HTA / fastverify and the floor's);
@@ -569,9 +626,13 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
     one-line strings, empty when all went well). A failed HTA or fastverify run ends the case (its
     timings so far are dropped); a failed floor run only drops the floor.
     """
-    rec: dict[str, Any] = {"case": case.name, "note": case.note,
-                           "files": [str(f) for f in case.files], "facts": case.facts,
-                           "errors": []}
+    rec: dict[str, Any] = {
+        "case": case.name,
+        "note": case.note,
+        "files": [str(f) for f in case.files],
+        "facts": case.facts,
+        "errors": [],
+    }
     order = ["hta"]
     if fv_py:
         order += ["fastverify", "fastverify_png"]
@@ -596,9 +657,15 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
             out = _ext(base, ".profile.json")
             for stale in (out, out.with_suffix(".png")):
                 stale.unlink(missing_ok=True)
-            run = run_measured(fv_cmd(fv_py, out, case.files, png=tool == "fastverify_png",
-                                      jobs=1 if tool == "fastverify_jobs1" else None),
-                               env_fv, REPO, base, timeout)
+            run = run_measured(
+                fv_cmd(
+                    fv_py, out, case.files, png=tool == "fastverify_png", jobs=1 if tool == "fastverify_jobs1" else None
+                ),
+                env_fv,
+                REPO,
+                base,
+                timeout,
+            )
         if run.rc != 0 or not out.is_file():
             why = "timed out" if run.timed_out else f"exit {run.rc}"
             raise BenchError(f"{case.name}: {tool} run {tag} failed ({why}): {_err_tail(run)}")
@@ -634,7 +701,7 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
             for tool in list(order):
                 attempt(tool, f"w{w}")
         for i in range(repeats):
-            for tool in (list(order) if i % 2 == 0 else order[::-1]):  # alternate who goes first
+            for tool in list(order) if i % 2 == 0 else order[::-1]:  # alternate who goes first
                 run = attempt(tool, f"r{i}")
                 if run is not None:
                     tools[tool].append(run)
@@ -646,8 +713,10 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
     hta_ranks, hta_files = read_hta(outputs["hta"][0])
     rec["hta_files_by_rank"] = {str(k): v for k, v in hta_files.items()}
     if len(hta_files) < len(case.files):
-        rec["errors"].append(f"{case.name}: HTA mapped {len(case.files)} files onto {len(hta_files)} "
-                             f"rank(s) (its rank regex found duplicates); numbers cover fewer ranks")
+        rec["errors"].append(
+            f"{case.name}: HTA mapped {len(case.files)} files onto {len(hta_files)} "
+            f"rank(s) (its rank regex found duplicates); numbers cover fewer ranks"
+        )
     # Repeats must agree (both tools are deterministic); a mismatch would be a bug worth seeing.
     for out in outputs["hta"][1:]:
         if read_hta(out)[0] != hta_ranks:
@@ -658,8 +727,7 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
         rec["fastverify"] = median_run(tools["fastverify"])
         fv_ranks = read_fv(outputs["fastverify"][0])
         for out in outputs["fastverify"][1:]:
-            if {k: v.get("hta") for k, v in read_fv(out).items()} != {
-                    k: v.get("hta") for k, v in fv_ranks.items()}:
+            if {k: v.get("hta") for k, v in read_fv(out).items()} != {k: v.get("hta") for k, v in fv_ranks.items()}:
                 rec["errors"].append(f"{case.name}: fastverify numbers differ between repeats")
                 break
         rec["fastverify_png"] = median_run(tools["fastverify_png"])
@@ -687,12 +755,15 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
                 if d:
                     diffs[out.name] = d
         rec["json_identical"] = not diffs
-        rec["json_compared"] = sum(len(outputs.get(t, [])) for t in ("fastverify", "fastverify_png",
-                                                                      "fastverify_jobs1"))
+        rec["json_compared"] = sum(
+            len(outputs.get(t, [])) for t in ("fastverify", "fastverify_png", "fastverify_jobs1")
+        )
         rec["json_differences"] = diffs
         if diffs:
-            rec["errors"].append(f"{case.name}: fastverify's JSON differs between runs (created_utc left out): "
-                                 + "; ".join(f"{n}: {', '.join(k)}" for n, k in sorted(diffs.items())[:3]))
+            rec["errors"].append(
+                f"{case.name}: fastverify's JSON differs between runs (created_utc left out): "
+                + "; ".join(f"{n}: {', '.join(k)}" for n, k in sorted(diffs.items())[:3])
+            )
         rec["png_bytes"] = pngs[0].stat().st_size if pngs else None
     if tools.get("floor"):
         rec["floor"] = median_run(tools["floor"])
@@ -713,8 +784,9 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
         for key, rounding, last in specs:
             base = log_dir / f"{case.name}.{key}"
             out = _ext(base, ".result.json")
-            run = run_measured(hta_cmd(hta_py, out, case.files, include_last=last), hta_env(rounding),
-                               log_dir, base, timeout)
+            run = run_measured(
+                hta_cmd(hta_py, out, case.files, include_last=last), hta_env(rounding), log_dir, base, timeout
+            )
             if run.rc != 0 or not out.is_file():
                 rec["errors"].append(f"{case.name}: HTA variant {key} failed: {_err_tail(run)}")
                 continue
@@ -725,21 +797,41 @@ def bench_case(case: Case, hta_py: str, fv_py: str | None, repeats: int, warmup:
         h = hta_ranks.get(rank, {})
         f = (fv_ranks.get(rank) or {}).get("hta") or {}
         for fv_key, hta_key, unit, label in METRICS:
-            row = {"rank": rank, "metric": label, "unit": unit, "hta": h.get(hta_key),
-                   "fastverify": f.get(fv_key) if fv_py else None}
+            row = {
+                "rank": rank,
+                "metric": label,
+                "unit": unit,
+                "hta": h.get(hta_key),
+                "fastverify": f.get(fv_key) if fv_py else None,
+            }
             for key, vr in variants.items():
                 row[key] = vr.get(rank, {}).get(hta_key)
             rows.append(row)
     rec["numbers"] = rows
     rec["fastverify_classes"] = {
-        str(rank): {k: r.get(k) for k in ("counts", "allreduce_us", "allreduce_count", "fused_allreduce_us",
-                                          "other_comm_us", "unknown_comm_us", "memory_us", "compute_us",
-                                          "window_us", "steps")
-                    if k in r and k != "steps"} | {"steps": len(r.get("steps") or [])}
-        for rank, r in fv_ranks.items()}
+        str(rank): {
+            k: r.get(k)
+            for k in (
+                "counts",
+                "allreduce_us",
+                "allreduce_count",
+                "fused_allreduce_us",
+                "other_comm_us",
+                "unknown_comm_us",
+                "memory_us",
+                "compute_us",
+                "window_us",
+                "steps",
+            )
+            if k in r and k != "steps"
+        }
+        | {"steps": len(r.get("steps") or [])}
+        for rank, r in fv_ranks.items()
+    }
     # HTA prints this warning when it rounds float timestamps.
-    rec["hta_rounded_ts"] = "Rounding down ns resolution" in Path(
-        tools["hta"][0].stderr_path).read_text(errors="replace")
+    rec["hta_rounded_ts"] = "Rounding down ns resolution" in Path(tools["hta"][0].stderr_path).read_text(
+        errors="replace"
+    )
     return rec
 
 
@@ -773,20 +865,25 @@ def explain(rec: dict[str, Any]) -> list[str]:
     facts = rec.get("facts", {})
     rows = rec.get("numbers", [])
     if rec.get("hta_rounded_ts"):
-        notes.append("HTA rounded the float (ns) timestamps of this trace (ts up, ts+dur down, "
-                     "pytorch#122425 workaround); each GPU event loses up to 1 us, so HTA's compute, "
-                     "kernel and busy times are low and its idle high. fastverify keeps ns. "
-                     "Column HTA-noround = HTA with HTA_DISABLE_NS_ROUNDING=1.")
+        notes.append(
+            "HTA rounded the float (ns) timestamps of this trace (ts up, ts+dur down, "
+            "pytorch#122425 workaround); each GPU event loses up to 1 us, so HTA's compute, "
+            "kernel and busy times are low and its idle high. fastverify keeps ns. "
+            "Column HTA-noround = HTA with HTA_DISABLE_NS_ROUNDING=1."
+        )
     elif not facts.get("float_ts"):
         notes.append("integer-us timestamps: HTA's ns rounding does not apply here.")
     if facts.get("profiler_steps", 0) >= 2:
         kt = [r for r in rows if r["metric"] == "kernel_time"]
-        detail = ", ".join(f"rank {r['rank']}: HTA {_fmt(r['hta'])} vs fastverify {_fmt(r['fastverify'])} us"
-                           for r in kt)
-        notes.append(f"{facts['profiler_steps']} ProfilerStep markers: HTA keeps only GPU kernels launched "
-                     f"before the last step (include_last_profiler_step=False) and drops kernels whose "
-                     f"CPU launch is outside the steps; fastverify's hta block covers the whole trace "
-                     f"window ({detail}). Column HTA-nr+last = no rounding and last step included.")
+        detail = ", ".join(
+            f"rank {r['rank']}: HTA {_fmt(r['hta'])} vs fastverify {_fmt(r['fastverify'])} us" for r in kt
+        )
+        notes.append(
+            f"{facts['profiler_steps']} ProfilerStep markers: HTA keeps only GPU kernels launched "
+            f"before the last step (include_last_profiler_step=False) and drops kernels whose "
+            f"CPU launch is outside the steps; fastverify's hta block covers the whole trace "
+            f"window ({detail}). Column HTA-nr+last = no rounding and last step included."
+        )
     for rank, pf in sorted(facts.get("per_file", {}).items()):
         stray = pf.get("hta_stray_gpu_events") or []
         if stray:
@@ -794,10 +891,10 @@ def explain(rec: dict[str, Any]) -> list[str]:
             notes.append(
                 f"rank {rank}: HTA takes every event whose args carry a stream (stream != -1) for a GPU event, so "
                 f"{len(stray)} CPU-side event(s) enter its GPU time, as compute: {ex}. fastverify uses only "
-                f"kernel/memcpy/memset events; this moves up to that duration from HTA's compute to idle.")
+                f"kernel/memcpy/memset events; this moves up to that duration from HTA's compute to idle."
+            )
     if any(r["metric"] == "comm_comp_overlap" and r["hta"] not in (None, 0.0) for r in rows):
-        notes.append("HTA returns the overlap % rounded to 2 decimals (comp_comm_overlap_pctg); "
-                     "fastverify gives 3.")
+        notes.append("HTA returns the overlap % rounded to 2 decimals (comp_comm_overlap_pctg); fastverify gives 3.")
     per_file = facts.get("per_file", {})
     for rank, cls in (rec.get("fastverify_classes") or {}).items():
         counts = cls.get("counts") or {}
@@ -812,7 +909,8 @@ def explain(rec: dict[str, Any]) -> list[str]:
                 f"other comm {counts.get('other_comm', 0)}: {cls.get('other_comm_us') or 0:,.1f} us, fused "
                 f"{counts.get('fused_allreduce', 0)}, unknown {counts.get('unknown_comm', 0)}). Kernels HTA "
                 f"calls compute and fastverify calls comm move from compute to non_compute, and the "
-                f"comm/compute overlap changes with them.")
+                f"comm/compute overlap changes with them."
+            )
         else:
             notes.append(f"rank {rank}: both tools count {hc} communication kernels.")
     return notes
@@ -840,48 +938,81 @@ def summary_lines(rec: dict[str, Any]) -> list[str]:
         return [f"speed: n/a ({'; '.join(rec.get('errors') or ['not measured'])[:200]})"]
     fv, fvp = rec["fastverify"]["wall_s_median"], rec["fastverify_png"]["wall_s_median"]
     fl = rec.get("floor", {}).get("wall_s_median")
-    floor_part = (f"floor / fastverify = {fl / fv:.2f} (no PNG), {fl / fvp:.2f} (PNG)" if fl
-                  else "floor / fastverify = n/a (no floor run)")
+    floor_part = (
+        f"floor / fastverify = {fl / fv:.2f} (no PNG), {fl / fvp:.2f} (PNG)"
+        if fl
+        else "floor / fastverify = n/a (no floor run)"
+    )
     ok = rec["ratio_speed"] >= SPEED_AIM and rec["ratio_speed_png"] >= SPEED_AIM_PNG
     if is_big(rec):
         aim = "met" if ok else "MISSED"
     else:
-        aim = (f"{'met' if ok else 'MISSED'} (the aim is set for ~50 MB; this case has "
-               f"{rec['facts'].get('json_bytes', 0) / 1e6:.1f} MB)")
-    out = [(f"speed: HTA / fastverify = {_x(rec['ratio_speed'])} (no PNG), {_x(rec['ratio_speed_png'])} (PNG); "
-            f"{floor_part}; aim {SPEED_AIM:.0f}× / {SPEED_AIM_PNG:.0f}×: {aim}")]
-    out.append(f"walls: HTA {rec['hta']['wall_s_median']:.3f} s, fastverify {fv:.3f} s (no PNG), {fvp:.3f} s (PNG)"
-               + (f", fastverify --jobs 1 {rec['fastverify_jobs1']['wall_s_median']:.3f} s"
-                  if "fastverify_jobs1" in rec else "")
-               + (f", floor {fl:.3f} s" if fl else ""))
+        aim = (
+            f"{'met' if ok else 'MISSED'} (the aim is set for ~50 MB; this case has "
+            f"{rec['facts'].get('json_bytes', 0) / 1e6:.1f} MB)"
+        )
+    out = [
+        (
+            f"speed: HTA / fastverify = {_x(rec['ratio_speed'])} (no PNG), {_x(rec['ratio_speed_png'])} (PNG); "
+            f"{floor_part}; aim {SPEED_AIM:.0f}× / {SPEED_AIM_PNG:.0f}×: {aim}"
+        )
+    ]
+    out.append(
+        f"walls: HTA {rec['hta']['wall_s_median']:.3f} s, fastverify {fv:.3f} s (no PNG), {fvp:.3f} s (PNG)"
+        + (
+            f", fastverify --jobs 1 {rec['fastverify_jobs1']['wall_s_median']:.3f} s"
+            if "fastverify_jobs1" in rec
+            else ""
+        )
+        + (f", floor {fl:.3f} s" if fl else "")
+    )
     if fl:
-        out.append(f"from the floor: fastverify / floor = {_x(rec['fastverify_over_floor'])} (no PNG), "
-                   f"{_x(rec['fastverify_png_over_floor'])} (PNG); HTA / floor = {_x(rec['hta_over_floor'])}")
+        out.append(
+            f"from the floor: fastverify / floor = {_x(rec['fastverify_over_floor'])} (no PNG), "
+            f"{_x(rec['fastverify_png_over_floor'])} (PNG); HTA / floor = {_x(rec['hta_over_floor'])}"
+        )
     out.append(f"peak memory: HTA / fastverify = {_x(rec['ratio_memory'])}")
-    out.append(f"json identical: {'yes' if rec.get('json_identical') else 'no'} "
-               f"({rec.get('json_compared', 0)} fastverify JSONs, no-PNG / PNG"
-               f"{' / --jobs 1' if 'fastverify_jobs1' in rec else ''}, created_utc left out)")
+    out.append(
+        f"json identical: {'yes' if rec.get('json_identical') else 'no'} "
+        f"({rec.get('json_compared', 0)} fastverify JSONs, no-PNG / PNG"
+        f"{' / --jobs 1' if 'fastverify_jobs1' in rec else ''}, created_utc left out)"
+    )
     if "parallel_speedup" in rec:
         ps = rec["parallel_speedup"]
-        verdict = (("met" if ps >= PARALLEL_AIM else "MISSED") if big_files(rec)
-                   else "n/a: the aim is set for ~50 MB rank files")
-        out.append(f"parallel, whole process: sequential / parallel = {_x(ps, 2)} "
-                   f"(fastverify --jobs 1 vs default, no PNG, start-up and analysis included, {len(rec['files'])} files)")
+        verdict = (
+            ("met" if ps >= PARALLEL_AIM else "MISSED")
+            if big_files(rec)
+            else "n/a: the aim is set for ~50 MB rank files"
+        )
+        out.append(
+            f"parallel, whole process: sequential / parallel = {_x(ps, 2)} "
+            f"(fastverify --jobs 1 vs default, no PNG, start-up and analysis included, {len(rec['files'])} files)"
+        )
     if "decode_speedup" in rec:
         ds = rec["decode_speedup"]
-        verdict = (("met" if ds >= PARALLEL_AIM else "MISSED") if big_files(rec)
-                   else "n/a: the aim is set for ~50 MB rank files")
+        verdict = (
+            ("met" if ds >= PARALLEL_AIM else "MISSED")
+            if big_files(rec)
+            else "n/a: the aim is set for ~50 MB rank files"
+        )
         d = rec["decode"]
-        out.append(f"parallel decode: sequential / parallel = {_x(ds, 2)} (aim {PARALLEL_AIM}×): {verdict} "
-                   f"(load_traces alone, {statistics.median(d['sequential']):.3f} s one worker vs "
-                   f"{statistics.median(d['parallel']):.3f} s with {d['workers']}, median of {len(d['parallel'])})")
+        out.append(
+            f"parallel decode: sequential / parallel = {_x(ds, 2)} (aim {PARALLEL_AIM}×): {verdict} "
+            f"(load_traces alone, {statistics.median(d['sequential']):.3f} s one worker vs "
+            f"{statistics.median(d['parallel']):.3f} s with {d['workers']}, median of {len(d['parallel'])})"
+        )
     return out
 
 
 def decode_probe(python: str, files: list[Path], repeats: int) -> dict | None:
     """:data:`DECODE_PROBE` in a child: fastverify's loader alone, sequential vs parallel (s)."""
-    res = subprocess.run([python, "-c", DECODE_PROBE, str(max(1, repeats)), *map(str, files)],
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    res = subprocess.run(
+        [python, "-c", DECODE_PROBE, str(max(1, repeats)), *map(str, files)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     if res.returncode != 0:
         return None
     try:
@@ -898,11 +1029,15 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
     add(f"# machine: nproc {meta['nproc']}, cpu {meta['cpu']}, memory {meta['mem_gib']:.1f} GiB")
     la0, la1 = meta.get("loadavg_start"), meta.get("loadavg_end")
     if la0:
-        add(f"# load average (1/5/15 min): at start {la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}"
-            + (f", at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}" if la1 else ""))
+        add(
+            f"# load average (1/5/15 min): at start {la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}"
+            + (f", at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}" if la1 else "")
+        )
         if la0[0] > IDLE_LOAD:
-            add(f"# WARNING: 1-minute load average {la0[0]:.2f} > {IDLE_LOAD} at the start: the machine was not idle "
-                f"(shared); the timings are slower and noisier than on an idle machine")
+            add(
+                f"# WARNING: 1-minute load average {la0[0]:.2f} > {IDLE_LOAD} at the start: the machine was not idle "
+                f"(shared); the timings are slower and noisier than on an idle machine"
+            )
     fl = meta.get("floor_env") or {}
     if meta.get("floor_missing"):
         add(f"# floor: NOT RUN ({meta['floor_missing']})")
@@ -910,24 +1045,34 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
         add(f"# floor: isal {fl.get('isal')}  msgspec {fl.get('msgspec')}  python {fl.get('python')}")
     fv = meta.get("fastverify_env") or {}
     if fv:
-        add(f"# fastverify {fv.get('fastverify')}  python {fv.get('python')} ({fv.get('executable')})  "
+        add(
+            f"# fastverify {fv.get('fastverify')}  python {fv.get('python')} ({fv.get('executable')})  "
             f"numpy {fv.get('numpy')}  orjson {fv.get('orjson')}  msgspec {fv.get('msgspec')}  "
             f"matplotlib {fv.get('matplotlib')}; --jobs default (one per core above 16 MiB of JSON in all; one "
             f"file of 16 MiB or more read in two halves at once without the PNG); bytecode "
-            f"{meta.get('fastverify_bytecode', 'as found')}")
+            f"{meta.get('fastverify_bytecode', 'as found')}"
+        )
     else:
         add(f"# fastverify: NOT RUN ({meta.get('fastverify_missing')})")
     h = meta["hta_env"]
-    add(f"# HTA {HTA_DIST} {h.get(HTA_DIST)}  python {h.get('python')} ({h.get('executable')}; "
-        f"{meta['hta_how']})  pandas {h.get('pandas')}  numpy {h.get('numpy')}")
-    add(f"# HTA timed runs: {NS_ROUNDING_ENV} unset (default: float ts rounded); "
-        f"include_last_profiler_step=False (default); ranks from HTA's own file regex")
-    add(f"# repeats {meta['repeats']} per tool (median), {meta['warmup']} untimed warm-up each, runs interleaved; "
+    add(
+        f"# HTA {HTA_DIST} {h.get(HTA_DIST)}  python {h.get('python')} ({h.get('executable')}; "
+        f"{meta['hta_how']})  pandas {h.get('pandas')}  numpy {h.get('numpy')}"
+    )
+    add(
+        f"# HTA timed runs: {NS_ROUNDING_ENV} unset (default: float ts rounded); "
+        f"include_last_profiler_step=False (default); ranks from HTA's own file regex"
+    )
+    add(
+        f"# repeats {meta['repeats']} per tool (median), {meta['warmup']} untimed warm-up each, runs interleaved; "
         f"wall = spawn to reap (start-up, imports, parse, analysis, output file); "
-        f"peak memory = ru_maxrss of the child via os.wait4")
-    add(f"# children are spawned by a small launcher: a do-nothing child measures "
+        f"peak memory = ru_maxrss of the child via os.wait4"
+    )
+    add(
+        f"# children are spawned by a small launcher: a do-nothing child measures "
         f"{meta['launcher_floor_mib']:.1f} MB (the launcher's floor under every maxrss); a bare `python -c pass` "
-        f"{meta['python_bare_mib']:.1f} MB, {meta['python_bare_wall_s']:.3f} s")
+        f"{meta['python_bare_mib']:.1f} MB, {meta['python_bare_wall_s']:.3f} s"
+    )
     for s in skipped:
         add(f"# skipped case {s}")
     add("#")
@@ -950,20 +1095,49 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
                 if tool in ("hta", "fastverify"):
                     add(line(lead + (label,) + ("n/a",) * 6))
                 continue
-            add(line(lead + (label, f"{m['wall_s_median']:.3f}", f"{m['wall_s_min']:.3f}",
-                             f"{m['wall_s_max']:.3f}", f"{m['user_s_median']:.2f}", f"{m['sys_s_median']:.2f}",
-                             f"{m['maxrss_mib_median']:.1f}")))
+            add(
+                line(
+                    lead
+                    + (
+                        label,
+                        f"{m['wall_s_median']:.3f}",
+                        f"{m['wall_s_min']:.3f}",
+                        f"{m['wall_s_max']:.3f}",
+                        f"{m['user_s_median']:.2f}",
+                        f"{m['sys_s_median']:.2f}",
+                        f"{m['maxrss_mib_median']:.1f}",
+                    )
+                )
+            )
     add("#")
     add("# shared numbers per rank: HTA get_temporal_breakdown()/get_comm_comp_overlap() vs fastverify ranks[].hta")
-    add("# (diff = fastverify - HTA; HTA-noround: untimed HTA run with HTA_DISABLE_NS_ROUNDING=1; "
+    add(
+        "# (diff = fastverify - HTA; HTA-noround: untimed HTA run with HTA_DISABLE_NS_ROUNDING=1; "
         "HTA-nr+last: also include_last_profiler_step=True;"
-        " diff-vs-like = fastverify - the most like-for-like of those)")
-    nh = ("case", "rank", "metric", "unit", "HTA", "HTA-noround", "HTA-nr+last", "fastverify", "diff", "diff%",
-          "diff-vs-like")
+        " diff-vs-like = fastverify - the most like-for-like of those)"
+    )
+    nh = (
+        "case",
+        "rank",
+        "metric",
+        "unit",
+        "HTA",
+        "HTA-noround",
+        "HTA-nr+last",
+        "fastverify",
+        "diff",
+        "diff%",
+        "diff-vs-like",
+    )
     nw = (18, 4, 17, 4, 14, 14, 14, 14, 12, 8, 15)
     add("#" + "  ".join(f"{c:>{w}}" for c, w in zip(nh, nw)))
-    add("#" + "  ".join(f"{c:>{w}}" for c, w in zip(("", "", "", "", "(us|%)", "(us|%)", "(us|%)", "(us|%)",
-                                                       "(us|%)", "(%)", "(us|%)"), nw)))
+    add(
+        "#"
+        + "  ".join(
+            f"{c:>{w}}"
+            for c, w in zip(("", "", "", "", "(us|%)", "(us|%)", "(us|%)", "(us|%)", "(us|%)", "(%)", "(us|%)"), nw)
+        )
+    )
     for rec in recs:
         for r in rec.get("numbers", []):
             u = r["unit"]
@@ -972,14 +1146,25 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]], skipped: list[str])
             like = r.get("hta_noround_last")
             if like is None:
                 like = nr if nr is not None else (r["hta"] if not rec.get("hta_rounded_ts") else None)
-            cells = (rec["case"], r["rank"], r["metric"], u, _fmt(r["hta"], u), _fmt(nr, u),
-                     _fmt(r.get("hta_noround_last"), u), _fmt(r["fastverify"], u),
-                     _diff(r["fastverify"], r["hta"]), _pct(r["fastverify"], r["hta"]),
-                     _diff(r["fastverify"], like))
+            cells = (
+                rec["case"],
+                r["rank"],
+                r["metric"],
+                u,
+                _fmt(r["hta"], u),
+                _fmt(nr, u),
+                _fmt(r.get("hta_noround_last"), u),
+                _fmt(r["fastverify"], u),
+                _diff(r["fastverify"], r["hta"]),
+                _pct(r["fastverify"], r["hta"]),
+                _diff(r["fastverify"], like),
+            )
             add(" " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, nw)))
     add("#")
-    add("# summary (walls: medians, whole process; floor = isal gunzip + one typed msgspec decode of every "
-        "event, one file after the other)")
+    add(
+        "# summary (walls: medians, whole process; floor = isal gunzip + one typed msgspec decode of every "
+        "event, one file after the other)"
+    )
     for rec in recs:
         add(f"# {rec['case']:<20} " + " ".join(summary_lines(rec)[0:1]))
         for extra in summary_lines(rec)[1:]:
@@ -1011,36 +1196,62 @@ def machine_meta() -> dict[str, Any]:
     except OSError:
         pass
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "host": f"{platform.system()} {platform.release()} {platform.machine()}",
-            "nproc": nproc, "cpu": cpu, "mem_gib": mem}
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "nproc": nproc,
+        "cpu": cpu,
+        "mem_gib": mem,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="fastverify profile vs HTA 0.5.0 on the same traces: "
-                                             "whole-process wall time, peak memory, shared numbers.")
-    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
-                    help="folder of the real traces (default: ../shared/traces from the repo root)")
+    ap = argparse.ArgumentParser(
+        description="fastverify profile vs HTA 0.5.0 on the same traces: "
+        "whole-process wall time, peak memory, shared numbers."
+    )
+    ap.add_argument(
+        "--shared",
+        type=Path,
+        default=DEFAULT_SHARED,
+        help="folder of the real traces (default: ../shared/traces from the repo root)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder (default: bench_out/)")
-    ap.add_argument("--cases", default=None,
-                    help="comma-separated case names (b200-eager, hta-pair, sglang-qwen3, b200-eager-xN, "
-                         "b200-rank-pair-xN, hta-df-index, and those of --trace-case)")
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated case names (b200-eager, hta-pair, sglang-qwen3, b200-eager-xN, "
+        "b200-rank-pair-xN, hta-df-index, and those of --trace-case)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per tool and case (median shown)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool and case first")
-    ap.add_argument("--no-big", action="store_true",
-                    help="skip the ~50 MB cases (b200-eager-xN, b200-rank-pair-xN, hta-df-index)")
-    ap.add_argument("--trace-case", action="append", default=[], metavar="NAME=PATH[,PATH...]",
-                    help="one more case: these trace files, one per rank (repeatable)")
-    ap.add_argument("--big-copies", type=int, default=None,
-                    help="tiles of the b200 trace in the big case (default: nearest to 50 MB)")
+    ap.add_argument(
+        "--no-big", action="store_true", help="skip the ~50 MB cases (b200-eager-xN, b200-rank-pair-xN, hta-df-index)"
+    )
+    ap.add_argument(
+        "--trace-case",
+        action="append",
+        default=[],
+        metavar="NAME=PATH[,PATH...]",
+        help="one more case: these trace files, one per rank (repeatable)",
+    )
+    ap.add_argument(
+        "--big-copies",
+        type=int,
+        default=None,
+        help="tiles of the b200 trace in the big case (default: nearest to 50 MB)",
+    )
     ap.add_argument("--rebuild-big", action="store_true", help="rebuild the derived traces even if present")
-    ap.add_argument("--no-extra-hta", action="store_true",
-                    help="skip the untimed HTA runs without rounding / with the last step")
+    ap.add_argument(
+        "--no-extra-hta", action="store_true", help="skip the untimed HTA runs without rounding / with the last step"
+    )
     ap.add_argument("--hta-python", default=None, help="interpreter that has holistictraceanalysis 0.5.0")
-    ap.add_argument("--fastverify-python", default=sys.executable,
-                    help="interpreter that has fastverify (default: this one)")
-    ap.add_argument("--no-install", action="store_true",
-                    help="never create bench_out/hta-venv; fail if HTA is not installed")
+    ap.add_argument(
+        "--fastverify-python", default=sys.executable, help="interpreter that has fastverify (default: this one)"
+    )
+    ap.add_argument(
+        "--no-install", action="store_true", help="never create bench_out/hta-venv; fail if HTA is not installed"
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     ap.add_argument("--json", type=Path, default=None, help="also write the records as JSON here")
     args = ap.parse_args(argv)
@@ -1048,8 +1259,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats must be >= 1 and --warmup >= 0")
     load_start = os.getloadavg()
     if load_start[0] > IDLE_LOAD:
-        print(f"# WARNING: 1-minute load average {load_start[0]:.2f} > {IDLE_LOAD}: the machine is not idle, "
-              f"timings will be slower and noisier", file=sys.stderr)
+        print(
+            f"# WARNING: 1-minute load average {load_start[0]:.2f} > {IDLE_LOAD}: the machine is not idle, "
+            f"timings will be slower and noisier",
+            file=sys.stderr,
+        )
 
     out_dir = args.out.resolve()
     log_dir = out_dir / "logs"
@@ -1061,8 +1275,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--trace-case: name {dup[0]} given twice")
         log_dir.mkdir(parents=True, exist_ok=True)
         shared_skip = [] if args.shared.is_dir() else [f"shared traces: not found at {args.shared} (pass --shared DIR)"]
-        cases, skipped = discover_cases(args.shared, out_dir, not args.no_big, args.big_copies,
-                                        args.rebuild_big)
+        cases, skipped = discover_cases(args.shared, out_dir, not args.no_big, args.big_copies, args.rebuild_big)
         clash = sorted({c.name for c in cases} & set(names))
         if clash:
             raise BenchError(f"--trace-case: name {clash[0]} is a built-in case; pick another")
@@ -1075,8 +1288,11 @@ def main(argv: list[str] | None = None) -> int:
         want = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = [w for w in want if w not in {c.name for c in cases}]
         if unknown:
-            print(f"bench_trace: unknown or unavailable case(s): {', '.join(unknown)}; available: "
-                  f"{', '.join(c.name for c in cases)}", file=sys.stderr)
+            print(
+                f"bench_trace: unknown or unavailable case(s): {', '.join(unknown)}; available: "
+                f"{', '.join(c.name for c in cases)}",
+                file=sys.stderr,
+            )
             return 2
         cases = [c for c in cases if c.name in want]
     if not cases:
@@ -1089,8 +1305,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     meta = machine_meta()
-    meta.update(repeats=args.repeats, warmup=args.warmup, hta_how=hta_how, loadavg_start=list(load_start),
-                hta_env=probe_versions(hta_py, [HTA_DIST, "pandas", "numpy"]))
+    meta.update(
+        repeats=args.repeats,
+        warmup=args.warmup,
+        hta_how=hta_how,
+        loadavg_start=list(load_start),
+        hta_env=probe_versions(hta_py, [HTA_DIST, "pandas", "numpy"]),
+    )
     fv_py: str | None = args.fastverify_python
     missing = fastverify_available(fv_py)
     if missing:
@@ -1128,10 +1349,15 @@ def main(argv: list[str] | None = None) -> int:
             "hta_stray_gpu_events": [e for p in per_file for e in p["hta_stray_gpu_events"]],
             "per_file": {str(p["hta_rank_regex"]): p for p in per_file},
         }
-        print(f"# running {case.name} ({len(case.files)} file(s), {case.facts['json_bytes'] / 1e6:.1f} MB JSON)"
-              " ...", file=sys.stderr)
-        recs.append(bench_case(case, hta_py, fv_py, args.repeats, args.warmup, log_dir, args.timeout,
-                               not args.no_extra_hta, floor_py))
+        print(
+            f"# running {case.name} ({len(case.files)} file(s), {case.facts['json_bytes'] / 1e6:.1f} MB JSON) ...",
+            file=sys.stderr,
+        )
+        recs.append(
+            bench_case(
+                case, hta_py, fv_py, args.repeats, args.warmup, log_dir, args.timeout, not args.no_extra_hta, floor_py
+            )
+        )
     meta["loadavg_end"] = list(os.getloadavg())
     text = render(meta, recs, skipped)
     sys.stdout.write(text)
@@ -1141,8 +1367,9 @@ def main(argv: list[str] | None = None) -> int:
             for tool, _ in TOOLS:
                 if tool in rec:
                     rec[tool]["runs"] = [dict(r, maxrss_mib=r["maxrss_kib"] / 1024.0) for r in rec[tool]["runs"]]
-        args.json.write_text(json.dumps({"meta": meta, "skipped": skipped, "cases": recs}, indent=2,
-                                        default=str) + "\n")
+        args.json.write_text(
+            json.dumps({"meta": meta, "skipped": skipped, "cases": recs}, indent=2, default=str) + "\n"
+        )
     failed = fv_py is None or any(rec.get("errors") for rec in recs)
     return 1 if failed else 0
 

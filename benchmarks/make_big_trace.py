@@ -117,9 +117,7 @@ def shifted_copy(ev: dict[str, Any], dt: float, did: int, int_ts: bool) -> dict[
     return out
 
 
-def tiled_events(
-    events: list[dict[str, Any]], copies: int, gap_us: float
-) -> Iterator[dict[str, Any]]:
+def tiled_events(events: list[dict[str, Any]], copies: int, gap_us: float) -> Iterator[dict[str, Any]]:
     lo, hi = time_span(events)
     int_ts = all(isinstance(ev.get("ts"), int) for ev in events if "ts" in ev)
     period = float(math.ceil(hi - lo + gap_us))
@@ -135,15 +133,13 @@ def _indent_tail(text: str, pad: str) -> str:
     return text.replace("\n", "\n" + pad)
 
 
-def write_trace(
-    doc: dict[str, Any], events: Iterator[dict[str, Any]], out: Path, level: int = 6
-) -> int:
+def write_trace(doc: dict[str, Any], events: Iterator[dict[str, Any]], out: Path, level: int = 6) -> int:
     """Write doc (its traceEvents replaced by `events`) in the 4-space layout; return bytes."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     written = 0
-    opener = (lambda p: gzip.open(p, "wb", compresslevel=level)) if out.name.endswith(".gz") else (
-        lambda p: open(p, "wb")
+    opener = (
+        (lambda p: gzip.open(p, "wb", compresslevel=level)) if out.name.endswith(".gz") else (lambda p: open(p, "wb"))
     )
     with opener(tmp) as fh:
 
@@ -263,12 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="real trace to tile")
     ap.add_argument("--out", type=Path, default=None, help="output .json.gz (default bench_out/)")
     ap.add_argument("--copies", type=int, default=None, help="number of copies (overrides --target-mb)")
-    ap.add_argument("--target-mb", type=float, default=DEFAULT_TARGET_MB,
-                    help="aim for about this many MB of uncompressed JSON (default 50)")
-    ap.add_argument("--gap-us", type=float, default=DEFAULT_GAP_US,
-                    help="idle gap between copies in µs (default 1000)")
-    ap.add_argument("--rank", type=int, default=None,
-                    help="set distributedInfo.rank to this (world_size raised to rank+1 if smaller)")
+    ap.add_argument(
+        "--target-mb",
+        type=float,
+        default=DEFAULT_TARGET_MB,
+        help="aim for about this many MB of uncompressed JSON (default 50)",
+    )
+    ap.add_argument("--gap-us", type=float, default=DEFAULT_GAP_US, help="idle gap between copies in µs (default 1000)")
+    ap.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="set distributedInfo.rank to this (world_size raised to rank+1 if smaller)",
+    )
     args = ap.parse_args(argv)
     if args.rank is not None and args.rank < 0:
         print(f"make_big_trace: --rank must be >= 0, got {args.rank}", file=sys.stderr)

@@ -53,8 +53,10 @@ def main() -> None:
     paths = {module_name(f): f for f in sorted(PACKAGE.rglob("*.py"))}
     lines = {m: len(f.read_text(encoding="utf-8").splitlines()) for m, f in paths.items()}
     sizes = sorted(lines.values())
-    print(f"{len(paths)} modules, {sum(sizes)} lines: mean {statistics.mean(sizes):.0f}, "
-          f"median {statistics.median(sizes):.0f}, largest {sizes[-1]}")
+    print(
+        f"{len(paths)} modules, {sum(sizes)} lines: mean {statistics.mean(sizes):.0f}, "
+        f"median {statistics.median(sizes):.0f}, largest {sizes[-1]}"
+    )
     per_package = Counter(m.rsplit(".", 1)[0] if paths[m].name != "__init__.py" else m for m in paths)
     print("modules per package: " + ", ".join(f"{k} {v}" for k, v in sorted(per_package.items())))
     users = importers(paths)

@@ -34,8 +34,15 @@ _BIT = {c: 1 << i for i, c in enumerate(CLASSES)}
 _COMPUTE = _BIT[EventClass.COMPUTE]
 _AR = _BIT[EventClass.ALLREDUCE] | _BIT[EventClass.FUSED_ALLREDUCE]
 _COMM = _AR | _BIT[EventClass.OTHER_COMM] | _BIT[EventClass.EP_ALLTOALL]
-_COLLECTIVE_CODES = np.array([EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code,
-                              EventClass.OTHER_COMM.code, EventClass.EP_ALLTOALL.code], dtype=np.int8)
+_COLLECTIVE_CODES = np.array(
+    [
+        EventClass.ALLREDUCE.code,
+        EventClass.FUSED_ALLREDUCE.code,
+        EventClass.OTHER_COMM.code,
+        EventClass.EP_ALLTOALL.code,
+    ],
+    dtype=np.int8,
+)
 _AR_CODES = np.array([EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code], dtype=np.int8)
 
 
@@ -218,15 +225,17 @@ def by_message_size(ranks: list[RankEvents]) -> list[dict]:
     pct = grouped_percentiles(dur, size, (50, 90))
     for j, b in enumerate(sorted(set(size.tolist()))):  # not np.unique: it imports numpy.ma
         d = dur[size == b]
-        rows.append({
-            "msg_bytes": int(b) if b >= 0 else None,
-            "count": int(len(d)),
-            "median_us": round(float(pct[0, j]) / 1000.0, 3),
-            "p90_us": round(float(pct[1, j]) / 1000.0, 3),
-            "min_us": round(int(d.min()) / 1000.0, 3),
-            "max_us": round(int(d.max()) / 1000.0, 3),
-            "sum_us": round(int(d.sum()) / 1000.0, 3),
-        })
+        rows.append(
+            {
+                "msg_bytes": int(b) if b >= 0 else None,
+                "count": int(len(d)),
+                "median_us": round(float(pct[0, j]) / 1000.0, 3),
+                "p90_us": round(float(pct[1, j]) / 1000.0, 3),
+                "min_us": round(int(d.min()) / 1000.0, 3),
+                "max_us": round(int(d.max()) / 1000.0, 3),
+                "sum_us": round(int(d.sum()) / 1000.0, 3),
+            }
+        )
     return rows
 
 
@@ -240,8 +249,13 @@ def match_collectives(ranks: list[RankEvents]) -> dict:
     seqs = {r.rank: np.flatnonzero(np.isin(r.cls, _COLLECTIVE_CODES)) for r in ranks}
     warnings: list[str] = []
     if len(ranks) < 2:
-        return {"matched": 0, "per_rank": {}, "straggler_rank": None, "collectives": [],
-                "warnings": ["one rank only: transfer vs wait needs the traces of several ranks"]}
+        return {
+            "matched": 0,
+            "per_rank": {},
+            "straggler_rank": None,
+            "collectives": [],
+            "warnings": ["one rank only: transfer vs wait needs the traces of several ranks"],
+        }
     counts = {k: len(v) for k, v in seqs.items()}
     n = min(counts.values())
     if len(set(counts.values())) > 1:
@@ -261,17 +275,19 @@ def match_collectives(ranks: list[RankEvents]) -> dict:
     collectives = []
     for i in range(n):
         ev = seqs[rank_ids[0]][i]
-        collectives.append({
-            "index": i,
-            "kind": CLASSES[int(cls[0, i])].value,
-            "name": ref.names[int(ref.name_id[ev])],
-            "msg_bytes": int(ref.msg_bytes[ev]) if ref.msg_bytes[ev] >= 0 else None,
-            "step": int(ref.step[ev]),
-            "label": ref.label[ev] if ref.label is not None else None,
-            "duration_us": {str(k): round(int(dur[j, i]) / 1000.0, 3) for j, k in enumerate(rank_ids)},
-            "transfer_us": round(int(transfer[i]) / 1000.0, 3),
-            "straggler_rank": int(rank_ids[int(last[i])]),
-        })
+        collectives.append(
+            {
+                "index": i,
+                "kind": CLASSES[int(cls[0, i])].value,
+                "name": ref.names[int(ref.name_id[ev])],
+                "msg_bytes": int(ref.msg_bytes[ev]) if ref.msg_bytes[ev] >= 0 else None,
+                "step": int(ref.step[ev]),
+                "label": ref.label[ev] if ref.label is not None else None,
+                "duration_us": {str(k): round(int(dur[j, i]) / 1000.0, 3) for j, k in enumerate(rank_ids)},
+                "transfer_us": round(int(transfer[i]) / 1000.0, 3),
+                "straggler_rank": int(rank_ids[int(last[i])]),
+            }
+        )
     per_rank = {
         str(k): {
             "wait_us": round(int(wait[j].sum()) / 1000.0, 3),
@@ -283,8 +299,13 @@ def match_collectives(ranks: list[RankEvents]) -> dict:
         for j, k in enumerate(rank_ids)
     }
     straggler = max(straggler_counts, key=lambda k: (straggler_counts[k], -k)) if n else None
-    return {"matched": n, "per_rank": per_rank, "straggler_rank": straggler,
-            "collectives": collectives, "warnings": warnings}
+    return {
+        "matched": n,
+        "per_rank": per_rank,
+        "straggler_rank": straggler,
+        "collectives": collectives,
+        "warnings": warnings,
+    }
 
 
 def by_position(ranks: list[RankEvents]) -> list[dict]:
@@ -316,9 +337,16 @@ def by_position(ranks: list[RankEvents]) -> list[dict]:
     pct = grouped_percentiles(d_all, g_all, (50, 90))
     for j, p in enumerate(positions):
         s = sizes[p] - {-1}
-        rows.append({"position": p, "label": labels.get(p), "count": len(acc[p]),
-                     "msg_bytes": (min(s) if len(s) == 1 else None),
-                     "median_us": round(float(pct[0, j]) / 1000.0, 3), "p90_us": round(float(pct[1, j]) / 1000.0, 3)})
+        rows.append(
+            {
+                "position": p,
+                "label": labels.get(p),
+                "count": len(acc[p]),
+                "msg_bytes": (min(s) if len(s) == 1 else None),
+                "median_us": round(float(pct[0, j]) / 1000.0, 3),
+                "p90_us": round(float(pct[1, j]) / 1000.0, 3),
+            }
+        )
     return rows
 
 
@@ -329,20 +357,37 @@ def top_kernels(r: RankEvents, k: int = 15) -> list[dict]:
     cls_of = np.zeros(len(r.names), dtype=np.int8)
     cls_of[r.name_id] = r.cls
     order = np.argsort(-total, kind="stable")[:k]
-    return [{"name": r.names[i], "class": CLASSES[int(cls_of[i])].value, "count": int(count[i]),
-             "sum_us": round(float(total[i]) / 1000.0, 3)} for i in order if count[i]]
+    return [
+        {
+            "name": r.names[i],
+            "class": CLASSES[int(cls_of[i])].value,
+            "count": int(count[i]),
+            "sum_us": round(float(total[i]) / 1000.0, 3),
+        }
+        for i in order
+        if count[i]
+    ]
 
 
-_STEP_FIELDS = ("window_us", "busy_us", "idle_us", "compute_us", "allreduce_us", "other_comm_us", "memory_us",
-                "exposed_comm_us", "allreduce_kernel_sum_us", "allreduce_count")
+_STEP_FIELDS = (
+    "window_us",
+    "busy_us",
+    "idle_us",
+    "compute_us",
+    "allreduce_us",
+    "other_comm_us",
+    "memory_us",
+    "exposed_comm_us",
+    "allreduce_kernel_sum_us",
+    "allreduce_count",
+)
 
 
 def step_median(steps: list[dict]) -> dict | None:
     """Median over steps of each per-step quantity (µs; counts as medians too); None without steps."""
     if not steps:
         return None
-    return {"steps": len(steps),
-            **{k: round(median([s[k] for s in steps]), 3) for k in _STEP_FIELDS}}
+    return {"steps": len(steps), **{k: round(median([s[k] for s in steps]), 3) for k in _STEP_FIELDS}}
 
 
 def analyze_rank(r: RankEvents) -> dict:

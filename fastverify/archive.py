@@ -49,8 +49,13 @@ _PAX_TIME = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?")
 """A pax time as POSIX writes it (``pax``, "extended header keyword descriptions"): decimal
 seconds with an optional fraction; ``nan``, ``inf``, ``1e30`` and ``abc`` are no such time."""
 _CHUNK = 1 << 20
-_LONG_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-                 tarfile.GNUTYPE_LONGLINK)
+_LONG_HEADERS = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 
 
 class ArchiveRefused(Exception):
@@ -94,8 +99,10 @@ class _Inflate:
     def _check_end(self) -> None:
         left = len(self._d.unused_data) + os.fstat(self._raw.fileno()).st_size - self._raw.tell()
         if left > 0:
-            raise ArchiveRefused(f"{left:,} bytes after the end of the gzip data (appended to the file, or a "
-                                 "second archive); copy the bundle again")
+            raise ArchiveRefused(
+                f"{left:,} bytes after the end of the gzip data (appended to the file, or a "
+                "second archive); copy the bundle again"
+            )
 
 
 class _Info(tarfile.TarInfo):
@@ -121,8 +128,10 @@ def _check_member(m: tarfile.TarInfo) -> None:
             t, bad = text, True
             break
     if bad:
-        raise ArchiveRefused(f"{m.name!r}: a member time of {t!r:.80} s (not a finite time within ±{MAX_TIME_S:g} "
-                             "s): a damaged or hand-made pax header")
+        raise ArchiveRefused(
+            f"{m.name!r}: a member time of {t!r:.80} s (not a finite time within ±{MAX_TIME_S:g} "
+            "s): a damaged or hand-made pax header"
+        )
 
 
 def members(raw: BinaryIO, *, max_inflated: int) -> Iterator[tuple[tarfile.TarInfo, tarfile.ExFileObject | None]]:

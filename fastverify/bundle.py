@@ -44,14 +44,36 @@ from fastverify.errors import UserError, one_line, path_text, printable
 from fastverify.inputs import CAPS, check_regular
 from fastverify.manifest_bounds import manifest_figure_problem
 
-__all__ = ["ARCNAMES", "MANIFEST_NAME", "PART_NAMES", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "Bundle", "Manifest",
-           "Part", "is_bundle", "open_bundle", "write_bundle"]
+__all__ = [
+    "ARCNAMES",
+    "MANIFEST_NAME",
+    "PART_NAMES",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "Bundle",
+    "Manifest",
+    "Part",
+    "is_bundle",
+    "open_bundle",
+    "write_bundle",
+]
 
 SCHEMA = "fastverify.bundle"
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PART_NAMES = ("doctor", "nvidia_smi_topo", "nvml", "host_iommu", "p2p_check", "nccl_log", "sweep",
-              "server_args", "server_trace", "verify_log")
+PART_NAMES = (
+    "doctor",
+    "nvidia_smi_topo",
+    "nvml",
+    "host_iommu",
+    "p2p_check",
+    "nccl_log",
+    "sweep",
+    "server_args",
+    "server_trace",
+    "verify_log",
+)
 STATUSES = ("ok", "skipped", "failed")
 ARCNAMES = {
     "doctor": "doctor.json",
@@ -141,8 +163,9 @@ def _check_manifest(m: Manifest, where: str) -> None:
         if p.name not in PART_NAMES:
             raise UserError(f"{where}: manifest.json: unknown part {p.name!r} (known: {', '.join(PART_NAMES)})")
         if p.status not in STATUSES:
-            raise UserError(f"{where}: manifest.json: part {p.name} has status {p.status!r}, not one of "
-                            f"{', '.join(STATUSES)}")
+            raise UserError(
+                f"{where}: manifest.json: part {p.name} has status {p.status!r}, not one of {', '.join(STATUSES)}"
+            )
         for f in p.files:
             why = arcname_problem(f)
             if why is not None or f == MANIFEST_NAME:
@@ -164,8 +187,10 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
         raise UserError(f"{where}: manifest.json has schema {got!r}, not {SCHEMA!r}: not a fastverify bundle")
     if raw.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{where}: bundle schema version {raw.get('schema_version')!r}; this fastverify reads "
-                        f"version {SCHEMA_VERSION}")
+        raise UserError(
+            f"{where}: bundle schema version {raw.get('schema_version')!r}; this fastverify reads "
+            f"version {SCHEMA_VERSION}"
+        )
     if (key := duplicate_json_key(data)) is not None:
         raise UserError(f"{where}:manifest.json: the key {one_line(repr(key), 80)} is given twice in one object")
     try:
@@ -218,8 +243,9 @@ def _add_file(tar: tarfile.TarFile, name: str, src: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"{src}: is not a regular file; only regular files go into a bundle")
         if st.st_size > MAX_MEMBER_BYTES:
-            raise UserError(f"{src}: {st.st_size / GiB:.1f} GiB, over the bundle's {MAX_MEMBER_BYTES // GiB} GiB "
-                            "limit per file")
+            raise UserError(
+                f"{src}: {st.st_size / GiB:.1f} GiB, over the bundle's {MAX_MEMBER_BYTES // GiB} GiB limit per file"
+            )
         tar.addfile(_tarinfo(name, st.st_size, st.st_mtime), f)
 
 
@@ -253,8 +279,7 @@ def write_bundle(path: str | Path, manifest: Manifest, files: Mapping[str, bytes
         raise UserError(f"{path}: cannot write in {folder or '.'} ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "wb") as out:
-            with tarfile.open(fileobj=out, mode="w:gz", compresslevel=COMPRESS_LEVEL,
-                              format=tarfile.PAX_FORMAT) as tar:
+            with tarfile.open(fileobj=out, mode="w:gz", compresslevel=COMPRESS_LEVEL, format=tarfile.PAX_FORMAT) as tar:
                 now = time.time()
                 data = encode_manifest(manifest)
                 tar.addfile(_tarinfo(MANIFEST_NAME, len(data), now), io.BytesIO(data))
@@ -312,8 +337,9 @@ class Bundle:
     process) removes. :attr:`unreadable` maps a member left out for its size to why; reading it
     raises. Messages name a member ``BUNDLE:member`` (:meth:`where`), never the temporary copy."""
 
-    def __init__(self, path: Path, manifest: Manifest, members: dict[str, int], spool: Path,
-                 unreadable: dict[str, str]) -> None:
+    def __init__(
+        self, path: Path, manifest: Manifest, members: dict[str, int], spool: Path, unreadable: dict[str, str]
+    ) -> None:
         self.path = path
         self.manifest = manifest
         self.members = members  # arcname -> size (bytes), manifest.json excluded
@@ -386,7 +412,9 @@ class Bundle:
                 with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
                     shutil.copyfileobj(s, f, _CHUNK)
             except OSError as e:
-                raise UserError(f"{self.where(name)}: cannot extract to {path_text(target)} ({e.strerror or e})") from None
+                raise UserError(
+                    f"{self.where(name)}: cannot extract to {path_text(target)} ({e.strerror or e})"
+                ) from None
             out.append(target)
         return out
 
@@ -426,8 +454,10 @@ def _scan(path: Path, raw, spool: Path) -> tuple[Manifest, dict[str, int], dict[
         if m.name in sizes or m.name == MANIFEST_NAME:
             raise UserError(f"{where}: member {m.name!r} appears twice")
         if m.name not in listed:
-            raise UserError(f"{where}: member {printable(m.name)!r} is not listed in manifest.json (an altered "
-                            "bundle); refused before it is read")
+            raise UserError(
+                f"{where}: member {printable(m.name)!r} is not listed in manifest.json (an altered "
+                "bundle); refused before it is read"
+            )
         if m.size > MAX_MEMBER_BYTES:
             raise UserError(f"{where}: member {m.name!r} is {m.size / GiB:.1f} GiB, over {MAX_MEMBER_BYTES // GiB} GiB")
         total += m.size
@@ -441,8 +471,10 @@ def _scan(path: Path, raw, spool: Path) -> tuple[Manifest, dict[str, int], dict[
             _spool_member(spool, m.name, data, m.size, where)
     missing = [f for p in manifest.parts for f in p.files if f not in sizes]
     if missing:
-        raise UserError(f"{where}: manifest.json names {', '.join(missing[:5])} but the archive lacks "
-                        f"{'it' if len(missing) == 1 else 'them'} (truncated or altered?)")
+        raise UserError(
+            f"{where}: manifest.json names {', '.join(missing[:5])} but the archive lacks "
+            f"{'it' if len(missing) == 1 else 'them'} (truncated or altered?)"
+        )
     return manifest, sizes, unreadable
 
 
@@ -475,7 +507,9 @@ def open_bundle(path: str | Path) -> Bundle:
             except ArchiveRefused as e:
                 raise UserError(f"{where}: refused: {e}") from None
             except EOFError:
-                raise UserError(f"{where}: truncated archive (the gzip stream ends early); copy the bundle again") from None
+                raise UserError(
+                    f"{where}: truncated archive (the gzip stream ends early); copy the bundle again"
+                ) from None
             except tarfile.ReadError as e:
                 raise UserError(f"{where}: not a tar archive inside the gzip ({e})") from None
             except (tarfile.TarError, OSError, zlib.error) as e:

@@ -297,7 +297,7 @@ def named_record(env_path: str | Path) -> str | None:
     """
     text = read_text(Path(env_path), kind="text", what="env file")
     line = next((ln for ln in text.split("\n") if ln.startswith("# " + RECORD_HEADER)), None)
-    return None if line is None else line[len(RECORD_HEADER) + 2:].split(" (", 1)[0].strip() or None
+    return None if line is None else line[len(RECORD_HEADER) + 2 :].split(" (", 1)[0].strip() or None
 
 
 def encode_record(record: DeploymentRecord) -> bytes:
@@ -321,27 +321,52 @@ def _utf8(obj):
     return obj
 
 
-GPU_EXAMPLES = {"index": "0", "pci_bus_id": '"00000000:18:00.0"', "uuid": '"GPU-8ba4b3d5-0000-0000-0000-000000000000"',
-                "name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"'}
+GPU_EXAMPLES = {
+    "index": "0",
+    "pci_bus_id": '"00000000:18:00.0"',
+    "uuid": '"GPU-8ba4b3d5-0000-0000-0000-000000000000"',
+    "name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"',
+}
 """An example value (JSON text) of every :class:`GpuId` field, said in a schema error."""
 BOX_EXAMPLES = {
-    "gpu_name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"', "sm": "[12, 0]", "gpu_count": "8", "tp": "4",
-    "driver": '"580.65.06"', "nccl_version": '"2.27.3"', "nvlink_full": "false",
-    "gpus": '[{"index": 0, "pci_bus_id": "00000000:18:00.0"}]', "gpu_memory_bytes": "102005473280",
+    "gpu_name": '"NVIDIA RTX PRO 6000 Blackwell Server Edition"',
+    "sm": "[12, 0]",
+    "gpu_count": "8",
+    "tp": "4",
+    "driver": '"580.65.06"',
+    "nccl_version": '"2.27.3"',
+    "nvlink_full": "false",
+    "gpus": '[{"index": 0, "pci_bus_id": "00000000:18:00.0"}]',
+    "gpu_memory_bytes": "102005473280",
     **{f"gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
 }
 """An example value (JSON text) of every :class:`BoxFingerprint` field, said in a schema error."""
 RECORD_EXAMPLES = {
-    "backend": '"pcie_ipc"', "shapes": '{"max_batch": 8, "draft_tokens": 4, "hidden": 7168, "dtype": "bfloat16"}',
-    "shapes.max_batch": "8", "shapes.draft_tokens": "4", "shapes.hidden": "7168", "shapes.dtype": '"bfloat16"',
-    "p2p": '{"ok": true, "source": "p2p_check", "pairs": 12}', "p2p.ok": "true", "p2p.source": '"p2p_check"',
-    "p2p.note": '"all 12 directions passed"', "p2p.pairs": "12", "box": '{"gpu_name": null, "sm": [12, 0], '
-    '"gpu_count": 4, "tp": 4}', "nccl_settings": '{"NCCL_P2P_LEVEL": "PHB"}', "sglang_version": '"0.5.23"',
+    "backend": '"pcie_ipc"',
+    "shapes": '{"max_batch": 8, "draft_tokens": 4, "hidden": 7168, "dtype": "bfloat16"}',
+    "shapes.max_batch": "8",
+    "shapes.draft_tokens": "4",
+    "shapes.hidden": "7168",
+    "shapes.dtype": '"bfloat16"',
+    "p2p": '{"ok": true, "source": "p2p_check", "pairs": 12}',
+    "p2p.ok": "true",
+    "p2p.source": '"p2p_check"',
+    "p2p.note": '"all 12 directions passed"',
+    "p2p.pairs": "12",
+    "box": '{"gpu_name": null, "sm": [12, 0], "gpu_count": 4, "tp": 4}',
+    "nccl_settings": '{"NCCL_P2P_LEVEL": "PHB"}',
+    "sglang_version": '"0.5.23"',
     "gain": '{"baseline_us": 250.0, "best_us": 180.0, "basis": "measured", "clock": "cuda_events"}',
-    "gain.baseline_us": "250.0", "gain.best_us": "180.0", "gain.basis": '"measured"', "gain.clock": '"cuda_events"',
+    "gain.baseline_us": "250.0",
+    "gain.best_us": "180.0",
+    "gain.basis": '"measured"',
+    "gain.clock": '"cuda_events"',
     "baseline": '{"source": "before/", "prompts": [{"id": "p00", "text": "Hi"}], "max_new_tokens": 64, "answers": []}',
-    "source": '"tune --write-env"', "schema": f'"{SCHEMA}"', "version": str(VERSION),
-    **{f"box.{k}": v for k, v in BOX_EXAMPLES.items()}, **{f"p2p.gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
+    "source": '"tune --write-env"',
+    "schema": f'"{SCHEMA}"',
+    "version": str(VERSION),
+    **{f"box.{k}": v for k, v in BOX_EXAMPLES.items()},
+    **{f"p2p.gpus.{k}": v for k, v in GPU_EXAMPLES.items()},
 }
 """An example value (JSON text) of every :class:`DeploymentRecord` field and nested field."""
 
@@ -363,16 +388,22 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
         raise UserError(f"{source}: not JSON (nested too deeply)") from None
     if not isinstance(head, dict):
         kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}.get(
-            type(head), "a JSON number")
-        raise UserError(f"{source}: not a fastverify deployment record ({kind}; expected an object with "
-                        f"schema {SCHEMA!r})")
+            type(head), "a JSON number"
+        )
+        raise UserError(
+            f"{source}: not a fastverify deployment record ({kind}; expected an object with schema {SCHEMA!r})"
+        )
     if head.get("schema") != SCHEMA:
-        raise UserError(f"{source}: not a fastverify deployment record (schema {head.get('schema')!r}, "
-                        f"expected {SCHEMA!r})")
+        raise UserError(
+            f"{source}: not a fastverify deployment record (schema {head.get('schema')!r}, expected {SCHEMA!r})"
+        )
     version = head.get("version")
     if version != VERSION or type(version) is not int:
-        what = (f"{version!r} ({type(version).__name__}, expected the integer {VERSION})"
-                if type(version) is not int else f"{version}; this fastverify reads version {VERSION}")
+        what = (
+            f"{version!r} ({type(version).__name__}, expected the integer {VERSION})"
+            if type(version) is not int
+            else f"{version}; this fastverify reads version {VERSION}"
+        )
         raise UserError(f"{source}: deployment record version {what} (re-run `fastverify tune --write-env`)")
     try:
         record = msgspec.json.decode(data, type=DeploymentRecord)
@@ -458,9 +489,15 @@ def installed_sglang_version() -> str | None:
         return None
 
 
-def write_deployment(env_path: str | Path, settings: dict[str, str], record: DeploymentRecord, *,
-                     header_lines: "list[str] | tuple[str, ...]" = (), nccl_version: object = None,
-                     inputs: "tuple[str | Path | None, ...]" = ()) -> tuple[Path, Path]:
+def write_deployment(
+    env_path: str | Path,
+    settings: dict[str, str],
+    record: DeploymentRecord,
+    *,
+    header_lines: "list[str] | tuple[str, ...]" = (),
+    nccl_version: object = None,
+    inputs: "tuple[str | Path | None, ...]" = (),
+) -> tuple[Path, Path]:
     """Write the env file and the deployment record beside it (:func:`record_path_for`), both or
     neither.
 
@@ -491,9 +528,15 @@ def write_deployment(env_path: str | Path, settings: dict[str, str], record: Dep
     for out in (env_p, rec_p, backup_path(env_p), backup_path(rec_p)):
         if os.path.realpath(str(out)) in taken:
             raise UserError(f"{out}: is one of this command's inputs; write the env file elsewhere")
-    text = render_env(settings, header_lines=[*header_lines, f"{RECORD_HEADER}{rec_p.name} (read by "
-                                              "`fastverify launch --env` and every TP rank)"],
-                      nccl_version=nccl_version, where=str(env_p))  # type: ignore[arg-type]
+    text = render_env(
+        settings,
+        header_lines=[
+            *header_lines,
+            f"{RECORD_HEADER}{rec_p.name} (read by `fastverify launch --env` and every TP rank)",
+        ],
+        nccl_version=nccl_version,
+        where=str(env_p),
+    )  # type: ignore[arg-type]
     data = encode_record(record).decode("utf-8")
     atomic_write_texts([(rec_p, data), (env_p, text)])
     return env_p, rec_p

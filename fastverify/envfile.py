@@ -77,11 +77,13 @@ def _check_key(key: object, where: str, *, launch_keys: bool = False) -> str:
     if launch_keys and key in SGLANG_KEYS:
         return key
     if key.startswith("SGLANG_"):
-        raise UserError(f"{where}: {key}: env files hold NCCL settings only, no SGLang switch or size (sourced "
-                        "without fastverify, by docker --env-file or systemd EnvironmentFile=, it would start "
-                        "SGLang's IPC all-reduce with no P2P check): rerun `fastverify tune --write-env`, or delete "
-                        "the line and keep the backend in the deployment record (`fastverify launch` switches it "
-                        "on after the P2P proof)")
+        raise UserError(
+            f"{where}: {key}: env files hold NCCL settings only, no SGLang switch or size (sourced "
+            "without fastverify, by docker --env-file or systemd EnvironmentFile=, it would start "
+            "SGLang's IPC all-reduce with no P2P check): rerun `fastverify tune --write-env`, or delete "
+            "the line and keep the backend in the deployment record (`fastverify launch` switches it "
+            "on after the P2P proof)"
+        )
     if key not in ALLOWED_KEYS:
         if key.startswith("NCCL_"):
             why = "not a setting fastverify's NCCL catalogue checks"
@@ -98,9 +100,11 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
         raise UserError(f"{where}: {key} has an empty value (leave the key out instead)")
     if not _VALUE_RE.fullmatch(value):
         bad = next((ch for ch in value if not _VALUE_RE.fullmatch(ch)), value[:1])
-        raise UserError(f"{where}: {key}={value!r}: character {bad!r} is not allowed (no spaces, '#', quotes, "
-                        "'$', ';' or backslashes: docker --env-file, systemd and `set -a; . FILE` must read the "
-                        "same value)")
+        raise UserError(
+            f"{where}: {key}={value!r}: character {bad!r} is not allowed (no spaces, '#', quotes, "
+            "'$', ';' or backslashes: docker --env-file, systemd and `set -a; . FILE` must read the "
+            "same value)"
+        )
     if key in NCCL_KEYS:
         f = validate_setting(key, value, version)
         if f.severity is Severity.ERROR:
@@ -111,8 +115,10 @@ def _check_value(key: str, value: object, where: str, version: NcclVersion | Non
     elif key in SIZE_KEYS:
         most = MAX_BATCH * MAX_DRAFT_TOKENS * MAX_HIDDEN  # the widest verify step fastverify's bounds admit
         if not _DECIMAL_RE.fullmatch(value) or int(value) > most:
-            raise UserError(f"{where}: {key}={value}: must be a positive decimal integer of at most {most} elements "
-                            f"({MAX_BATCH} requests x {MAX_DRAFT_TOKENS} tokens x hidden {MAX_HIDDEN})")
+            raise UserError(
+                f"{where}: {key}={value}: must be a positive decimal integer of at most {most} elements "
+                f"({MAX_BATCH} requests x {MAX_DRAFT_TOKENS} tokens x hidden {MAX_HIDDEN})"
+            )
     elif key == "CUDA_DEVICE_MAX_CONNECTIONS":
         if not _DECIMAL_RE.fullmatch(value) or not 1 <= int(value) <= 32:
             raise UserError(f"{where}: {key}={value}: must be an integer in 1..32")
@@ -153,8 +159,13 @@ def _version_text(version: NcclVersion | None) -> str:
     return f"NCCL version: {version} (values checked against it)"
 
 
-def render_env(settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
-               nccl_version: NcclVersion | str | None = None, where: str = "env file") -> str:
+def render_env(
+    settings: Mapping[str, str],
+    *,
+    header_lines: Sequence[str] = (),
+    nccl_version: NcclVersion | str | None = None,
+    where: str = "env file",
+) -> str:
     """The text :func:`write_env_file` writes (validated the same way)."""
     version = NcclVersion.parse(nccl_version) if isinstance(nccl_version, str) else nccl_version
     body = []
@@ -164,16 +175,24 @@ def render_env(settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
     check_together(dict(settings), where, version)
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    head = [f"written by fastverify {__version__} on {stamp} (UTC)", _version_text(version),
-            "use: docker run --env-file FILE | systemd EnvironmentFile=FILE | set -a; . FILE; set +a",
-            *header_lines]
+    head = [
+        f"written by fastverify {__version__} on {stamp} (UTC)",
+        _version_text(version),
+        "use: docker run --env-file FILE | systemd EnvironmentFile=FILE | set -a; . FILE; set +a",
+        *header_lines,
+    ]
     if not body:
         head.append("no setting to change: the current environment is already the best candidate")
     return "\n".join(_comment_lines(head) + body) + "\n"
 
 
-def write_env_file(path: str | Path, settings: Mapping[str, str], *, header_lines: Sequence[str] = (),
-                   nccl_version: NcclVersion | str | None = None) -> Path:
+def write_env_file(
+    path: str | Path,
+    settings: Mapping[str, str],
+    *,
+    header_lines: Sequence[str] = (),
+    nccl_version: NcclVersion | str | None = None,
+) -> Path:
     """Write ``settings`` as a plain ``KEY=VALUE`` env file, atomically.
 
     Parameters
@@ -290,8 +309,10 @@ class TunerChoice:
     collective: str = "allreduce"
 
     def row(self) -> str:
-        return (f"{self.collective},{self.min_bytes},{self.max_bytes},{self.algorithm},{self.protocol},"
-                f"{self.channels},{self.n_nodes},{self.n_ranks}")
+        return (
+            f"{self.collective},{self.min_bytes},{self.max_bytes},{self.algorithm},{self.protocol},"
+            f"{self.channels},{self.n_nodes},{self.n_ranks}"
+        )
 
 
 def _check_choice(i: int, c: TunerChoice) -> None:
@@ -301,17 +322,25 @@ def _check_choice(i: int, c: TunerChoice) -> None:
         return isinstance(v, int) and not isinstance(v, bool)
 
     if c.collective not in TUNER_COLLECTIVES:
-        raise UserError(f"{where}: collective {c.collective!r}: expected one of {', '.join(TUNER_COLLECTIVES)} "
-                        "(lower case: the plugin compares with strcmp)")
+        raise UserError(
+            f"{where}: collective {c.collective!r}: expected one of {', '.join(TUNER_COLLECTIVES)} "
+            "(lower case: the plugin compares with strcmp)"
+        )
     if c.algorithm not in TUNER_ALGORITHMS:
-        raise UserError(f"{where}: algorithm {c.algorithm!r}: expected one of {', '.join(TUNER_ALGORITHMS)} "
-                        "(the plugin reads anything else as ring)")
+        raise UserError(
+            f"{where}: algorithm {c.algorithm!r}: expected one of {', '.join(TUNER_ALGORITHMS)} "
+            "(the plugin reads anything else as ring)"
+        )
     if c.protocol not in TUNER_PROTOCOLS:
-        raise UserError(f"{where}: protocol {c.protocol!r}: expected one of {', '.join(TUNER_PROTOCOLS)} "
-                        "(the plugin reads anything else as simple)")
+        raise UserError(
+            f"{where}: protocol {c.protocol!r}: expected one of {', '.join(TUNER_PROTOCOLS)} "
+            "(the plugin reads anything else as simple)"
+        )
     if not is_int(c.channels) or not 1 <= c.channels <= 64:
-        raise UserError(f"{where}: channels {c.channels!r}: need an explicit count in 1..64 (the example plugin "
-                        "pins -1 and unmatched sizes to ONE channel)")
+        raise UserError(
+            f"{where}: channels {c.channels!r}: need an explicit count in 1..64 (the example plugin "
+            "pins -1 and unmatched sizes to ONE channel)"
+        )
     if not (is_int(c.min_bytes) and is_int(c.max_bytes) and 0 <= c.min_bytes <= c.max_bytes <= TUNER_MAX_BYTES):
         raise UserError(f"{where}: byte range {c.min_bytes!r}..{c.max_bytes!r}: need 0 <= min <= max")
     for name in ("n_ranks", "n_nodes"):
@@ -337,16 +366,18 @@ def render_tuner_config(choices: Iterable[TunerChoice], *, header_lines: Sequenc
         seen.setdefault(key, []).append((c.min_bytes, c.max_bytes, i))
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    head = [f"NCCL example tuner plugin config (NCCL_TUNER_CONFIG_FILE), written by fastverify {__version__} "
-            f"on {stamp} (UTC)",
-            "load with NCCL_TUNER_PLUGIN=<path to libnccl-tuner-example.so>; NCCL >= 2.27.7 reads this CSV",
-            "every row has an explicit channel count: the example plugin runs -1 and unmatched sizes on 1 channel",
-            *header_lines, TUNER_COLUMNS]
+    head = [
+        f"NCCL example tuner plugin config (NCCL_TUNER_CONFIG_FILE), written by fastverify {__version__} "
+        f"on {stamp} (UTC)",
+        "load with NCCL_TUNER_PLUGIN=<path to libnccl-tuner-example.so>; NCCL >= 2.27.7 reads this CSV",
+        "every row has an explicit channel count: the example plugin runs -1 and unmatched sizes on 1 channel",
+        *header_lines,
+        TUNER_COLUMNS,
+    ]
     return "\n".join(_comment_lines(head) + [c.row() for c in rows]) + "\n"
 
 
-def write_tuner_config(path: str | Path, choices: Iterable[TunerChoice], *,
-                       header_lines: Sequence[str] = ()) -> Path:
+def write_tuner_config(path: str | Path, choices: Iterable[TunerChoice], *, header_lines: Sequence[str] = ()) -> Path:
     """Write the example tuner plugin's CSV (``collective_type,min_bytes,max_bytes,algorithm,protocol,
     channels,nNodes,nRanks``), atomically, an existing file kept as ``<path>.bak``.
 

@@ -177,8 +177,15 @@ def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 
 _TYPE_WORDS = {
-    "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "null": "null",
-    "object": "an object", "array": "an array", "bytes": "a base64 string", "datetime": "an ISO 8601 date-time",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "null": "null",
+    "object": "an object",
+    "array": "an array",
+    "bytes": "a base64 string",
+    "datetime": "an ISO 8601 date-time",
 }
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _EXPECTED = re.compile(r"^Expected `(?P<want>[^`]+)`(?P<rest>.*?)(?:, got (?:`(?P<got>[^`]+)`|(?P<got_n>\S+)))?$", re.S)

@@ -36,10 +36,10 @@ MiB = 1 << 20
 #: Largest file read, per kind of input (bytes). Traces of a real TP-8 verify run are ~60 MB
 #: gzipped and ~0.6 GB inflated, so the trace cap leaves a wide margin; text inputs are a few KB.
 CAPS = {
-    "trace": 2 * GiB,   # a trace file as stored (gzip or JSON)
+    "trace": 2 * GiB,  # a trace file as stored (gzip or JSON)
     "json": 512 * MiB,  # profile records, verify logs, deployment records, journals
-    "log": 512 * MiB,   # NCCL_DEBUG logs, which may be a whole server's stderr
-    "text": 16 * MiB,   # model config, nvidia-smi text, perf tables, env files, box descriptions
+    "log": 512 * MiB,  # NCCL_DEBUG logs, which may be a whole server's stderr
+    "text": 16 * MiB,  # model config, nvidia-smi text, perf tables, env files, box descriptions
 }
 #: Largest inflated size of a gzip trace (bytes).
 TRACE_INFLATED_CAP = 4 * GiB
@@ -73,8 +73,9 @@ def _cannot(p: Path, flag: str | None, what: str | None, e: OSError) -> UserErro
 
 
 def _not_regular(p: Path, flag: str | None, what: str | None, mode: int) -> UserError:
-    return UserError(f"{_name(p, flag)}: cannot read{' ' + what if what else ''}: is {_kind_of(mode)}; "
-                     "give a regular file")
+    return UserError(
+        f"{_name(p, flag)}: cannot read{' ' + what if what else ''}: is {_kind_of(mode)}; give a regular file"
+    )
 
 
 def check_regular(path: str | Path, *, flag: str | None = None, what: str | None = None) -> Path:
@@ -95,8 +96,7 @@ def check_regular(path: str | Path, *, flag: str | None = None, what: str | None
     return p
 
 
-def read_bytes(path: str | Path, *, kind: str = "text", flag: str | None = None,
-               what: str | None = None) -> bytes:
+def read_bytes(path: str | Path, *, kind: str = "text", flag: str | None = None, what: str | None = None) -> bytes:
     """The bytes of a regular file of at most ``CAPS[kind]`` bytes.
 
     The file is opened with ``O_NONBLOCK`` and checked again with ``fstat`` after opening, so a FIFO
@@ -160,6 +160,7 @@ def inflate_trace(raw: bytes, path: str | Path, *, flag: str | None = None) -> b
 
         errors: tuple = (EOFError, OSError, zlib.error, IsalError)
     except ImportError:  # pragma: no cover - isal is a declared dependency
+
         def member():
             return zlib.decompressobj(16 + zlib.MAX_WBITS)
 
@@ -184,14 +185,17 @@ def inflate_trace(raw: bytes, path: str | Path, *, flag: str | None = None) -> b
         if not raw.strip(b"\0"):  # nothing more, or zero padding (which gzip itself allows)
             break
         if raw[:2] != b"\x1f\x8b":
-            raise UserError(f"{name}: {len(raw)} bytes after the end of the gzip data that are not "
-                            "another gzip member (a damaged or appended-to file?)")
+            raise UserError(
+                f"{name}: {len(raw)} bytes after the end of the gzip data that are not "
+                "another gzip member (a damaged or appended-to file?)"
+            )
         d = member()
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def read_text(path: str | Path, *, kind: str = "text", flag: str | None = None, errors: str = "strict",
-              what: str | None = None) -> str:
+def read_text(
+    path: str | Path, *, kind: str = "text", flag: str | None = None, errors: str = "strict", what: str | None = None
+) -> str:
     """A text file (UTF-8) of at most ``CAPS[kind]`` bytes.
 
     Parameters
@@ -209,8 +213,9 @@ def read_text(path: str | Path, *, kind: str = "text", flag: str | None = None, 
     w = " " + what if what else ""
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise UserError(f"{_name(Path(path), flag)}: cannot read{w}: a binary file (NUL byte at offset {nul}), "
-                        "not text")
+        raise UserError(
+            f"{_name(Path(path), flag)}: cannot read{w}: a binary file (NUL byte at offset {nul}), not text"
+        )
     try:
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
@@ -239,9 +244,11 @@ def orjson_problem() -> str | None:
     if _version(ver) >= ORJSON_FLOOR:
         return None
     where = os.path.dirname(getattr(orjson, "__file__", "") or "?")
-    return (f"orjson {ver} from {where} shadows the required >={'.'.join(map(str, ORJSON_FLOOR))} "
-            f"(it crashes on deeply nested JSON); using the slower standard json parser. "
-            f"Fix: {sys.executable} -m pip install 'orjson>={'.'.join(map(str, ORJSON_FLOOR))}'")
+    return (
+        f"orjson {ver} from {where} shadows the required >={'.'.join(map(str, ORJSON_FLOOR))} "
+        f"(it crashes on deeply nested JSON); using the slower standard json parser. "
+        f"Fix: {sys.executable} -m pip install 'orjson>={'.'.join(map(str, ORJSON_FLOOR))}'"
+    )
 
 
 def loads_json(data: bytes, path: str | Path, *, flag: str | None = None):

@@ -46,8 +46,11 @@ def manifest_figure_problem(m) -> str | None:
     ``MAX_DRAFT_TOKENS``, batches up to ``MAX_BATCH``, message sizes up to ``MAX_MSG_BYTES``, times
     (``budget_s``, ``elapsed_s``, a part's ``seconds``, any ``*_s``) finite in [0, ``MAX_TIMEOUT_S``],
     ``*_us`` as a measured time, and any other number a count or size in [0, ``MAX_COUNT``]."""
-    stack: list[tuple[str, str, object]] = [("budget_s", "", m.budget_s), ("elapsed_s", "", m.elapsed_s),
-                                            ("host", "", m.host)]
+    stack: list[tuple[str, str, object]] = [
+        ("budget_s", "", m.budget_s),
+        ("elapsed_s", "", m.elapsed_s),
+        ("host", "", m.host),
+    ]
     for p in m.parts:
         stack += [(f"parts[{p.name}].seconds", "", p.seconds), (f"parts[{p.name}].meta", "", p.meta)]
     while stack:  # no recursion: a hostile manifest nests as deep as the JSON parser allows

@@ -73,8 +73,10 @@ def path_problem(text: str, *, output: bool = False) -> str | None:
     name_max, path_max = _limits(text)
     margin = NAME_MARGIN if output else 0
     if len(raw) + margin >= path_max:
-        return (f"a path of {len(raw):,} bytes, over the {path_max - margin - 1:,}-byte limit"
-                f"{' of an output' if output else ''} (ENAMETOOLONG)")
+        return (
+            f"a path of {len(raw):,} bytes, over the {path_max - margin - 1:,}-byte limit"
+            f"{' of an output' if output else ''} (ENAMETOOLONG)"
+        )
     parts = [p for p in text.split(os.sep) if p]
     for i, part in enumerate(parts):
         n = len(os.fsencode(part))
@@ -125,8 +127,10 @@ def or_default(parse):
     """``parse`` for a flag with an optional value (``nargs="?", const=""``): argparse passes the
     missing value ``""`` through the type too, so ``""`` is kept (it means the flag's default) and
     any other value goes to ``parse``."""
+
     def parse_or_default(text: str):
         return text if text == "" else parse(text)
+
     return parse_or_default
 
 
@@ -167,11 +171,15 @@ def check_new_output(path: Path | str | None, flag: str, *, force: bool = False)
     st = _check_kind(p, flag)
     if st is not None:
         if not force:
-            raise UserError(f"{flag} {shown(p)}: exists; fastverify never writes over a file: give a new name, "
-                            "or --force to replace it")
+            raise UserError(
+                f"{flag} {shown(p)}: exists; fastverify never writes over a file: give a new name, "
+                "or --force to replace it"
+            )
         if not os.access(p, os.W_OK) or not st.st_mode & 0o222:  # no write bit: read-only, even for root
-            raise UserError(f"{flag} {shown(p)}: is read-only; it is not replaced, even with --force "
-                            "(make it writable, or give a new name)")
+            raise UserError(
+                f"{flag} {shown(p)}: is read-only; it is not replaced, even with --force "
+                "(make it writable, or give a new name)"
+            )
     check_writable(p)
 
 
@@ -209,8 +217,11 @@ def check_outputs(outputs: "dict[str, Path | str | None]", inputs: "dict[str, Pa
         writable_target(path)
         for in_flag, in_path in ins:
             # a file that already sits in an input folder is one of the inputs read from it
-            inside = in_path.is_dir() and path.exists() and \
-                Path(os.path.realpath(path)).is_relative_to(os.path.realpath(in_path))
+            inside = (
+                in_path.is_dir()
+                and path.exists()
+                and Path(os.path.realpath(path)).is_relative_to(os.path.realpath(in_path))
+            )
             if inside or _same_file(path, in_path):
                 raise UserError(f"{flag} {path}: is the input of {in_flag}; an output never replaces an input")
         for other_flag, other in outs[:i]:
@@ -245,8 +256,10 @@ def refuse_symlink(path: Path | str, flag: str | None = None) -> None:
         except OSError:
             target = "?"
         name = f"{flag} {p}" if flag else str(p)
-        raise UserError(f"{name}: is a symlink (to {target}); outputs are never written through a symlink, "
-                        "so it is refused: give the real file's path")
+        raise UserError(
+            f"{name}: is a symlink (to {target}); outputs are never written through a symlink, "
+            "so it is refused: give the real file's path"
+        )
 
 
 def check_writable(path: Path) -> None:
@@ -264,10 +277,13 @@ def check_writable(path: Path) -> None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise UserError(f"{shown(path)}: {shown(folder.name or folder)} is a file, not a folder; give a path in a folder")
+        raise UserError(
+            f"{shown(path)}: {shown(folder.name or folder)} is a file, not a folder; give a path in a folder"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{shown(path)}: cannot write in {shown(folder)} (no write permission, or a read-only file "
-                        "system)")
+        raise UserError(
+            f"{shown(path)}: cannot write in {shown(folder)} (no write permission, or a read-only file system)"
+        )
 
 
 def check_folder(path: str | Path, flag: str = "", *, is_folder: bool = False) -> None:
@@ -288,8 +304,11 @@ def check_folder(path: str | Path, flag: str = "", *, is_folder: bool = False) -
         folder = folder.parent
     shown = folder if str(folder) else Path(".")
     if not folder.is_dir():
-        raise UserError(f"{what}: {shown} is a file, not a folder" if folder.exists() else
-                        f"{what}: {shown} is a broken link, not a folder")
+        raise UserError(
+            f"{what}: {shown} is a file, not a folder"
+            if folder.exists()
+            else f"{what}: {shown} is a broken link, not a folder"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{what}: cannot write in {shown} (permission denied)")
 

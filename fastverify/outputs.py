@@ -60,8 +60,7 @@ def _exclusive_create(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def reserve_names(folder: Path | str, base: str, suffixes: tuple[str, ...],
-                  free: tuple[str, ...] = ()) -> list[Path]:
+def reserve_names(folder: Path | str, base: str, suffixes: tuple[str, ...], free: tuple[str, ...] = ()) -> list[Path]:
     """New, unique file names ``folder/<base>[-<n>]<suffix>`` for each of ``suffixes``, each created
     empty with an exclusive create (``O_CREAT | O_EXCL``) so that no other run, started in the same
     second, can take the same name; ``-<n>`` (2, 3, ...) is added until every name is new and no
@@ -142,8 +141,10 @@ def claim_output(path: Path | str | None, flag: str, *, force: bool = False, res
     try:
         _RESERVED[os.path.abspath(p)] = _exclusive_create(p)
     except FileExistsError:
-        raise UserError(f"{flag} {shown(p)}: exists (made meanwhile); fastverify never writes over a file: give a "
-                        "new name, or --force to replace it") from None
+        raise UserError(
+            f"{flag} {shown(p)}: exists (made meanwhile); fastverify never writes over a file: give a "
+            "new name, or --force to replace it"
+        ) from None
     except OSError as e:
         raise UserError(write_error(p, e)) from None
 

@@ -69,8 +69,17 @@ def popen_dying_with_parent(argv, *, death_signal: int = signal.SIGKILL, **popen
         return subprocess.Popen(list(argv), **popen_kw)
     read_fd, write_fd = os.pipe()
     try:
-        wrapper = [sys.executable, "-I", "-S", "-c", _PDEATH_WRAPPER, str(int(death_signal)), str(os.getpid()),
-                   str(write_fd), *[os.fspath(a) for a in argv]]
+        wrapper = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _PDEATH_WRAPPER,
+            str(int(death_signal)),
+            str(os.getpid()),
+            str(write_fd),
+            *[os.fspath(a) for a in argv],
+        ]
         proc = subprocess.Popen(wrapper, pass_fds=(write_fd,), **popen_kw)
         os.close(write_fd)
         write_fd = -1
@@ -169,9 +178,15 @@ class RankGroup:
         on leaving the ``with`` block).
     """
 
-    def __init__(self, workdir: str | Path | None = None, *, prefix: str = "fastverify-",
-                 env: dict[str, str] | None = None, grace_s: float = KILL_GRACE_S,
-                 capture_stdout: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: str | Path | None = None,
+        *,
+        prefix: str = "fastverify-",
+        env: dict[str, str] | None = None,
+        grace_s: float = KILL_GRACE_S,
+        capture_stdout: bool = False,
+    ) -> None:
         self._owned = workdir is None
         self.workdir = make_workdir(prefix) if workdir is None else Path(workdir)
         self.env = env
@@ -193,11 +208,21 @@ class RankGroup:
         for argv in argvs:
             rank = len(self.procs)
             out_path = self.workdir / f"rank{rank}.stdout"
-            with open(stderr_path(self.workdir, rank), "wb") as err, \
-                    (open(out_path, "wb") if self.capture_stdout else open(os.devnull, "wb")) as out:
-                self.procs.append(popen_dying_with_parent(
-                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
-                    cwd=self.workdir, start_new_session=True))
+            with (
+                open(stderr_path(self.workdir, rank), "wb") as err,
+                open(out_path, "wb") if self.capture_stdout else open(os.devnull, "wb") as out,
+            ):
+                self.procs.append(
+                    popen_dying_with_parent(
+                        list(argv),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        env=self.env,
+                        cwd=self.workdir,
+                        start_new_session=True,
+                    )
+                )
 
     def returncode(self, rank: int) -> int | None:
         """Rank ``rank``'s exit status (negative: killed by that signal), or None while it runs;

@@ -84,9 +84,19 @@ class Progress:
         the rate of the first says nothing about the others.
     """
 
-    def __init__(self, what: str, total: int | None = None, *, enabled: bool = True,
-                 after_s: float | None = None, every_s: float = 1.0, stream: TextIO | None = None,
-                 clock=time.monotonic, job_start: float | None = None, eta: bool = True) -> None:
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        *,
+        enabled: bool = True,
+        after_s: float | None = None,
+        every_s: float = 1.0,
+        stream: TextIO | None = None,
+        clock=time.monotonic,
+        job_start: float | None = None,
+        eta: bool = True,
+    ) -> None:
         self.what = what
         self.total = total
         self.enabled = enabled

@@ -167,8 +167,10 @@ class BackendInfo:
         return self.kernel_sm_majors is None or sm[0] in self.kernel_sm_majors
 
 
-_SM90_SM100_GATE = ("SGLang 0.5.23 calls RMSNorm.forward_with_allreduce_fusion only on SM90/SM100 "
-                    "(flashinfer_ar_fusion_applies, layers/layer_boundary/residual/add_norm.py)")
+_SM90_SM100_GATE = (
+    "SGLang 0.5.23 calls RMSNorm.forward_with_allreduce_fusion only on SM90/SM100 "
+    "(flashinfer_ar_fusion_applies, layers/layer_boundary/residual/add_norm.py)"
+)
 
 BACKENDS: tuple[BackendInfo, ...] = (
     # Preference order when nothing was measured: the IPC kernel first (the PCIe box is the target:
@@ -176,39 +178,75 @@ BACKENDS: tuple[BackendInfo, ...] = (
     # (b12x only where it runs, trtllm measured 10x slower on the wrong fabric), SGLang's custom
     # all-reduce, and torch.distributed last as the backend that supports every shape.
     BackendInfo(
-        BackendName.pcie_ipc, "fastverify.backends.flashinfer_pcie_ipc", "PcieIpcBackend",
-        Role.all_reduce, Reach.sglang_switch, needs_p2p=True, world_sizes=(2, 4, 8), title="FlashInfer PCIe IPC all-reduce",
-        dtypes=("bfloat16",), sglang_switch="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+        BackendName.pcie_ipc,
+        "fastverify.backends.flashinfer_pcie_ipc",
+        "PcieIpcBackend",
+        Role.all_reduce,
+        Reach.sglang_switch,
+        needs_p2p=True,
+        world_sizes=(2, 4, 8),
+        title="FlashInfer PCIe IPC all-reduce",
+        dtypes=("bfloat16",),
+        sglang_switch="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
         sglang_switch_module="sglang.srt.distributed.device_communicators.pcie_ipc_ar",
-        size_env="SGLANG_PCIE_IPC_MAX_NUMEL", tunable=True,
-        dtype_gate=("SGLang 0.5.23 builds its PCIe IPC workspace in bfloat16 and sends it bfloat16 only "
-                    "(should_pcie_ipc_ar, distributed/device_communicators/pcie_ipc_ar.py)"),
+        size_env="SGLANG_PCIE_IPC_MAX_NUMEL",
+        tunable=True,
+        dtype_gate=(
+            "SGLang 0.5.23 builds its PCIe IPC workspace in bfloat16 and sends it bfloat16 only "
+            "(should_pcie_ipc_ar, distributed/device_communicators/pcie_ipc_ar.py)"
+        ),
     ),
     BackendInfo(
-        BackendName.b12x, "fastverify.backends.flashinfer_b12x", "B12xFusedBackend",
-        Role.fused_norm, Reach.patch_add_norm, kernel_sm=((12, 0), (12, 1)), kernel_sm_majors=(12,),
+        BackendName.b12x,
+        "fastverify.backends.flashinfer_b12x",
+        "B12xFusedBackend",
+        Role.fused_norm,
+        Reach.patch_add_norm,
+        kernel_sm=((12, 0), (12, 1)),
+        kernel_sm_majors=(12,),
         title="FlashInfer b12x one-shot all-reduce + RMSNorm",
-        needs_p2p=True, world_sizes=(2, 4, 6, 8, 10), dtypes=("bfloat16", "float16", "float32"),
-        max_rows=36, tunable=True,
+        needs_p2p=True,
+        world_sizes=(2, 4, 6, 8, 10),
+        dtypes=("bfloat16", "float16", "float32"),
+        max_rows=36,
+        tunable=True,
     ),
     BackendInfo(
-        BackendName.fused, "fastverify.backends.flashinfer_fused", "FusedBackend",
-        Role.fused_norm, Reach.patch_fused_norm, kernel_sm_majors=(9, 10, 12), sglang_sm_majors=(9, 10),
+        BackendName.fused,
+        "fastverify.backends.flashinfer_fused",
+        "FusedBackend",
+        Role.fused_norm,
+        Reach.patch_fused_norm,
+        kernel_sm_majors=(9, 10, 12),
+        sglang_sm_majors=(9, 10),
         title="FlashInfer fused all-reduce + RMSNorm",
-        sglang_gate=_SM90_SM100_GATE, needs_p2p=True, world_sizes=(2, 4, 8, 16), tunable=True,
+        sglang_gate=_SM90_SM100_GATE,
+        needs_p2p=True,
+        world_sizes=(2, 4, 8, 16),
+        tunable=True,
     ),
     BackendInfo(
-        BackendName.custom_ar, "fastverify.backends.sglang_custom_ar", "SglangCustomArBackend",
-        Role.all_reduce, Reach.native, needs_p2p=True, world_sizes=(2, 4, 6, 8), world_sizes_without_nvlink=(2,),
+        BackendName.custom_ar,
+        "fastverify.backends.sglang_custom_ar",
+        "SglangCustomArBackend",
+        Role.all_reduce,
+        Reach.native,
+        needs_p2p=True,
+        world_sizes=(2, 4, 6, 8),
+        world_sizes_without_nvlink=(2,),
         title="SGLang custom all-reduce",
-        nvlink_gate=("SGLang 0.5.23 runs it on 2 PCIe GPUs, on more only with full NVLink "
-                     "(custom_all_reduce_utils.py can_use_custom_all_reduce_with_nvlink: disabled when "
-                     "world_size > 2 and not full_nvlink)"),
-        dtypes=("bfloat16", "float16", "float32"), tunable=True,
+        nvlink_gate=(
+            "SGLang 0.5.23 runs it on 2 PCIe GPUs, on more only with full NVLink "
+            "(custom_all_reduce_utils.py can_use_custom_all_reduce_with_nvlink: disabled when "
+            "world_size > 2 and not full_nvlink)"
+        ),
+        dtypes=("bfloat16", "float16", "float32"),
+        tunable=True,
     ),
     BackendInfo(BackendName.nccl, "fastverify.backends.torch_dist", "NcclBackend", Role.baseline, Reach.native),
-    BackendInfo(BackendName.gloo, "fastverify.backends.torch_dist", "GlooBackend", Role.baseline, Reach.none,
-                device="cpu"),
+    BackendInfo(
+        BackendName.gloo, "fastverify.backends.torch_dist", "GlooBackend", Role.baseline, Reach.none, device="cpu"
+    ),
 )
 
 _BY_NAME = {b.name: b for b in BACKENDS}
@@ -225,15 +263,18 @@ def backend_info(name: BackendName | str) -> BackendInfo:
     try:
         return _BY_NAME[BackendName(name)]
     except ValueError:
-        raise ValueError(f"unknown all-reduce backend {name!r}; known: {', '.join(b.value for b in BackendName)}") \
-            from None
+        raise ValueError(
+            f"unknown all-reduce backend {name!r}; known: {', '.join(b.value for b in BackendName)}"
+        ) from None
 
 
-def names(*, role: Role | None = None, tunable: bool | None = None, deployable: bool | None = None,
-          device: str | None = None) -> tuple[BackendName, ...]:
+def names(
+    *, role: Role | None = None, tunable: bool | None = None, deployable: bool | None = None, device: str | None = None
+) -> tuple[BackendName, ...]:
     """Registry names in preference order, filtered by the given facts."""
     return tuple(
-        b.name for b in BACKENDS
+        b.name
+        for b in BACKENDS
         if (role is None or b.role is role)
         and (tunable is None or b.tunable is tunable)
         and (deployable is None or b.deployable is deployable)
@@ -255,9 +296,17 @@ def dtype_reason(info: BackendInfo, dtype: str) -> str | None:
     return f"{info.name.value}: dtype {dtype} unsupported (takes {', '.join(info.dtypes)}{why})"
 
 
-def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_size: int | None,
-                       p2p_ok: bool | None, p2p_source: str = "", sglang_version: str | None = None,
-                       nvlink_full: bool | None = None, dtype: str | None = None) -> str | None:
+def unreachable_reason(
+    info: BackendInfo,
+    *,
+    sm: tuple[int, int] | None,
+    world_size: int | None,
+    p2p_ok: bool | None,
+    p2p_source: str = "",
+    sglang_version: str | None = None,
+    nvlink_full: bool | None = None,
+    dtype: str | None = None,
+) -> str | None:
     """Why ``info`` cannot run inside SGLang on this box, in one line starting with its name; None
     when nothing known stops it. Facts left None are unknown: an unknown SM or P2P status blocks a
     backend that depends on it (a guess could hang or crash every TP rank).
@@ -294,21 +343,28 @@ def unreachable_reason(info: BackendInfo, *, sm: tuple[int, int] | None, world_s
         majors = "/".join(f"SM{m}0" for m in info.sglang_sm_majors)
         return f"{n}: {sg} calls it only on {majors}; this box is {sm_text(sm)}"
     if sm is not None and not info.kernel_runs_on(sm):
-        want = (", ".join(sm_text(s) for s in info.kernel_sm) if info.kernel_sm else
-                "/".join(f"SM{m}x" for m in info.kernel_sm_majors or ()))
+        want = (
+            ", ".join(sm_text(s) for s in info.kernel_sm)
+            if info.kernel_sm
+            else "/".join(f"SM{m}x" for m in info.kernel_sm_majors or ())
+        )
         return f"{n}: the kernel runs only on {want}; this box is {sm_text(sm)}"
     if world_size is not None and info.world_sizes is not None and world_size not in info.world_sizes:
         return f"{n}: world size {world_size} unsupported (kernel dispatches {list(info.world_sizes)})"
-    if (world_size is not None and info.world_sizes_without_nvlink is not None
-            and world_size not in info.world_sizes_without_nvlink and nvlink_full is not True):
+    if (
+        world_size is not None
+        and info.world_sizes_without_nvlink is not None
+        and world_size not in info.world_sizes_without_nvlink
+        and nvlink_full is not True
+    ):
         state = "this box has none" if nvlink_full is False else "this box's NVLink status is unknown"
-        return (f"{n}: world size {world_size} needs full NVLink between every GPU pair and {state}; "
-                f"{info.nvlink_gate}")
+        return f"{n}: world size {world_size} needs full NVLink between every GPU pair and {state}; {info.nvlink_gate}"
     if info.needs_p2p and p2p_ok is not True:
         how = f" ({p2p_source})" if p2p_source else ""
         state = "fails" if p2p_ok is False else "is not proven"
-        return (f"{n}: needs P2P between every GPU pair and it {state} on this box{how}; "
-                "run `fastverify p2p` or use nccl")
+        return (
+            f"{n}: needs P2P between every GPU pair and it {state} on this box{how}; run `fastverify p2p` or use nccl"
+        )
     # An SGLang without the backend's own switch module (``sglang_has_switch`` False) is not a
     # refusal: the in-rank patch routes GroupCoordinator.all_reduce itself (Reach.patch_dispatch).
     return None

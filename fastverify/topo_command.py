@@ -50,27 +50,70 @@ from fastverify.tune.workload import DTYPE_BYTES, Workload, workload_from_model
 if TYPE_CHECKING:
     from fastverify.topo.diagnose import Diagnosis
 
+
 def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
     """The ``topo`` subcommand's flags (``bounded`` is the CLI's int-range parser)."""
-    p.add_argument("--topology", "--nvidia-smi", dest="topology", type=path_arg, metavar="FILE",
-                      help="output of `nvidia-smi topo -m` (--nvidia-smi: the same flag)")
-    p.add_argument("--nccl-log", type=path_arg, metavar="FILE",
-                      help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)")
-    p.add_argument("--perf-table", type=path_arg, metavar="FILE",
-                      help="output of nccl-tests all_reduce_perf on this box (measured NCCL times; MPI-prefixed is fine)")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                      help="evaluate this NCCL setting as if it were in the environment (repeatable); "
-                           "an unknown name or a value NCCL rejects is an error")
-    p.add_argument("--hidden", type=bounded(1, 1 << 17), default=None,
-                   help="model hidden size (verify message = tokens x hidden x 2 B) [default: --model's, else 7168]")
-    p.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=4, help="draft tokens per request")
-    p.add_argument("--batch", type=bounded(1, MAX_BATCH), nargs="+", default=None,
-                   help="verify batch sizes [default: 1 2 4 8 16 32; with --model one batch, default 1]")
-    p.add_argument("--model", default=None,
-                   help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json: the advice then ranks options per verify "
-                        "step of this model, as `fastverify tune --predict --model` does")
-    p.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
-                   help="tensor-parallel world size of the advice's workload [default: the box's GPU count]")
+    p.add_argument(
+        "--topology",
+        "--nvidia-smi",
+        dest="topology",
+        type=path_arg,
+        metavar="FILE",
+        help="output of `nvidia-smi topo -m` (--nvidia-smi: the same flag)",
+    )
+    p.add_argument(
+        "--nccl-log",
+        type=path_arg,
+        metavar="FILE",
+        help="NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV gives the most)",
+    )
+    p.add_argument(
+        "--perf-table",
+        type=path_arg,
+        metavar="FILE",
+        help="output of nccl-tests all_reduce_perf on this box (measured NCCL times; MPI-prefixed is fine)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="evaluate this NCCL setting as if it were in the environment (repeatable); "
+        "an unknown name or a value NCCL rejects is an error",
+    )
+    p.add_argument(
+        "--hidden",
+        type=bounded(1, 1 << 17),
+        default=None,
+        help="model hidden size (verify message = tokens x hidden x 2 B) [default: --model's, else 7168]",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        "--speculative-num-draft-tokens",
+        type=bounded(1, MAX_DRAFT_TOKENS),
+        default=4,
+        help="draft tokens per request",
+    )
+    p.add_argument(
+        "--batch",
+        type=bounded(1, MAX_BATCH),
+        nargs="+",
+        default=None,
+        help="verify batch sizes [default: 1 2 4 8 16 32; with --model one batch, default 1]",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json: the advice then ranks options per verify "
+        "step of this model, as `fastverify tune --predict --model` does",
+    )
+    p.add_argument(
+        "--tp",
+        "--tp-size",
+        type=bounded(2, 64),
+        default=None,
+        help="tensor-parallel world size of the advice's workload [default: the box's GPU count]",
+    )
     add_box_arguments(p, bounded)
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
@@ -97,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
         log = parse_nccl_log(text, source=path_text(args.nccl_log))
         cut = [p for p in log.problems if "cut off" in p]
         if cut:
-            raise UserError(f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
-                            "capture it again (or end it with a newline if it is complete)")
+            raise UserError(
+                f"{args.nccl_log}: the log ends in the middle of a line (truncated?); "
+                "capture it again (or end it with a newline if it is complete)"
+            )
     perf = None
     if args.perf_table:
         text = read_text(args.perf_table)
@@ -122,8 +167,18 @@ def run(args: argparse.Namespace) -> int:
     if args.tp is not None and topo is not None and args.tp > len(topo.gpus):
         raise UserError(f"--tp {args.tp}: {topo.source} has {len(topo.gpus)} GPUs")
     hidden = args.hidden or (config.hidden_size if config is not None else DEFAULT_HIDDEN)
-    d = diagnose(topo, log, env, nccl_version=version, hidden=hidden, draft_tokens=args.draft_tokens,
-                 batches=tuple(args.batch or DEFAULT_BATCHES), pcie_gen=args.pcie_gen, sm=args.sm, perf=perf)
+    d = diagnose(
+        topo,
+        log,
+        env,
+        nccl_version=version,
+        hidden=hidden,
+        draft_tokens=args.draft_tokens,
+        batches=tuple(args.batch or DEFAULT_BATCHES),
+        pcie_gen=args.pcie_gen,
+        sm=args.sm,
+        perf=perf,
+    )
     d = _advise(args, d, config, topo, log, perf, env, log.version if log and log.version else version, hidden)
     if args.json:
         doc = {"box": facts.as_dict(), **d.as_dict()}
@@ -146,12 +201,15 @@ def _model_config(args):
     if args.model is None:
         return None
     if args.batch is not None and len(args.batch) > 1:
-        raise UserError(f"--batch {' '.join(map(str, args.batch))}: with --model the advice ranks one verify step; "
-                        "give one batch size (run topo once per batch)")
+        raise UserError(
+            f"--batch {' '.join(map(str, args.batch))}: with --model the advice ranks one verify step; "
+            "give one batch size (run topo once per batch)"
+        )
     config = load_model_config(args.model)
     if args.hidden is not None and args.hidden != config.hidden_size:
-        raise UserError(f"--hidden {args.hidden}: --model {args.model} has hidden size {config.hidden_size}; "
-                        "drop one of the two")
+        raise UserError(
+            f"--hidden {args.hidden}: --model {args.model} has hidden size {config.hidden_size}; drop one of the two"
+        )
     return config
 
 
@@ -171,10 +229,16 @@ def _workload(args, config, tp: int, hidden: int):
     batches = sorted(set(args.batch or DEFAULT_BATCHES))
     sizes = tuple((b * args.draft_tokens * hidden * DTYPE_BYTES, 1) for b in batches)
     one = len(batches) == 1
-    return Workload(msg_sizes=sizes, hidden=hidden, tp=tp, tokens=batches[0] * args.draft_tokens if one else None,
-                    draft_tokens=args.draft_tokens, batch=batches[0] if one else None,
-                    source=f"verify sizes of batch {', '.join(map(str, batches))} x {args.draft_tokens} draft tokens "
-                           f"x hidden {hidden}, tp {tp}, one all-reduce each"), False
+    return Workload(
+        msg_sizes=sizes,
+        hidden=hidden,
+        tp=tp,
+        tokens=batches[0] * args.draft_tokens if one else None,
+        draft_tokens=args.draft_tokens,
+        batch=batches[0] if one else None,
+        source=f"verify sizes of batch {', '.join(map(str, batches))} x {args.draft_tokens} draft tokens "
+        f"x hidden {hidden}, tp {tp}, one all-reduce each",
+    ), False
 
 
 def _advise(args, d, config, topo, log, perf, env, version, hidden):
@@ -184,26 +248,46 @@ def _advise(args, d, config, topo, log, perf, env, version, hidden):
 
     tp = args.tp or (len(topo.gpus) if topo is not None else 0)
     if topo is not None and tp < 2:
-        return with_advice(d, log, None, [f"no ranking of options: {topo.source} has {len(topo.gpus)} GPU(s); "
-                                          "an all-reduce needs 2 or more"])
+        return with_advice(
+            d,
+            log,
+            None,
+            [f"no ranking of options: {topo.source} has {len(topo.gpus)} GPU(s); an all-reduce needs 2 or more"],
+        )
     workload, counts_known = _workload(args, config, tp, hidden) if topo is not None else (None, False)
     nv = NcclVersion.parse(version) if version else None
     hint = ""
     if topo is not None:
-        where = (f"--topology {path_text(args.topology)}" if args.topology else "(NVML)") + \
-            (f" --nccl-log {path_text(args.nccl_log)}" if args.nccl_log else "") + \
-            (f" --perf-table {path_text(args.perf_table)}" if args.perf_table and perf is not None else "")
+        where = (
+            (f"--topology {path_text(args.topology)}" if args.topology else "(NVML)")
+            + (f" --nccl-log {path_text(args.nccl_log)}" if args.nccl_log else "")
+            + (f" --perf-table {path_text(args.perf_table)}" if args.perf_table and perf is not None else "")
+        )
         draft = f" --draft-tokens {args.draft_tokens}" if args.draft_tokens != 4 else ""
         if args.model:
             batch = f" --batch {args.batch[0]}" if args.batch else ""
-            hint = (f"the same ranking, with ranges and tok/s: `fastverify tune --predict {where} --model {path_text(args.model)} "
-                    f"--tp {tp}{draft}{batch} --sm {args.sm} --pcie-gen {args.pcie_gen}`")
+            hint = (
+                f"the same ranking, with ranges and tok/s: `fastverify tune --predict {where} --model {path_text(args.model)} "
+                f"--tp {tp}{draft}{batch} --sm {args.sm} --pcie-gen {args.pcie_gen}`"
+            )
         else:
-            hint = (f"per verify step, with ranges and tok/s: `fastverify tune --predict {where} --model MODEL "
-                    f"--tp {tp}{draft} --batch N --sm {args.sm} --pcie-gen {args.pcie_gen}`")
-    entries, notes = build_advice(workload, topo, counts_known=counts_known, env=env, nccl_version=nv, sm=args.sm,
-                                  pcie_gen=args.pcie_gen, perf=perf, log=log, tune_hint=hint,
-                                  no_p2p_pairs=tuple(f"{p.a}-{p.b}" for p in d.pairs if p.hw_p2p is False))
+            hint = (
+                f"per verify step, with ranges and tok/s: `fastverify tune --predict {where} --model MODEL "
+                f"--tp {tp}{draft} --batch N --sm {args.sm} --pcie-gen {args.pcie_gen}`"
+            )
+    entries, notes = build_advice(
+        workload,
+        topo,
+        counts_known=counts_known,
+        env=env,
+        nccl_version=nv,
+        sm=args.sm,
+        pcie_gen=args.pcie_gen,
+        perf=perf,
+        log=log,
+        tune_hint=hint,
+        no_p2p_pairs=tuple(f"{p.a}-{p.b}" for p in d.pairs if p.hw_p2p is False),
+    )
     return with_advice(d, log, entries, notes)
 
 
@@ -212,16 +296,22 @@ def _apply_sets(args, env: dict, log, version: str | None) -> None:
     environment (MIN over MAX channels, ...). Raises UserError for a value NCCL rejects."""
     for item in args.set:
         name, _, value = item.partition("=")
-        finding = validate_setting(name, value, NcclVersion.parse(log.version if log and log.version else version)
-                                   if (log and log.version) or version else None)
+        finding = validate_setting(
+            name,
+            value,
+            NcclVersion.parse(log.version if log and log.version else version)
+            if (log and log.version) or version
+            else None,
+        )
         if finding.severity is Severity.ERROR:
             raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
         env[name] = value
     if args.set:  # the --set values against each other and the environment (MIN over MAX channels, ...)
         given = {item.partition("=")[0] for item in args.set}
         ver = log.version if log and log.version else version
-        for f in validate_settings({k: v for k, v in env.items() if k.startswith("NCCL_")},
-                                   NcclVersion.parse(ver) if ver else None):
+        for f in validate_settings(
+            {k: v for k, v in env.items() if k.startswith("NCCL_")}, NcclVersion.parse(ver) if ver else None
+        ):
             if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
                 raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
 
@@ -241,8 +331,20 @@ def _title(backend: str | None) -> str:
         return ""
 
 
-def build_advice(workload, topo, *, counts_known: bool, env, nccl_version, sm: int, pcie_gen: int, perf=None,
-                 log=None, tune_hint: str = "", no_p2p_pairs: tuple[str, ...] = ()) -> tuple[list[dict] | None, list[str]]:
+def build_advice(
+    workload,
+    topo,
+    *,
+    counts_known: bool,
+    env,
+    nccl_version,
+    sm: int,
+    pcie_gen: int,
+    perf=None,
+    log=None,
+    tune_hint: str = "",
+    no_p2p_pairs: tuple[str, ...] = (),
+) -> tuple[list[dict] | None, list[str]]:
     """The ranking for ``workload`` on ``topo`` and the lines saying where its evidence stops.
 
     Parameters
@@ -269,22 +371,29 @@ def build_advice(workload, topo, *, counts_known: bool, env, nccl_version, sm: i
         A UserError of the ranking (a topology it cannot use) becomes that line.
     """
     if topo is None:
-        return None, ["no ranking of options: the box's topology is unknown from this input (an NCCL log or an "
-                      "all_reduce_perf table alone); add --topology FILE (`nvidia-smi topo -m`) to rank NCCL settings "
-                      "and all-reduce backends together"]
+        return None, [
+            "no ranking of options: the box's topology is unknown from this input (an NCCL log or an "
+            "all_reduce_perf table alone); add --topology FILE (`nvidia-smi topo -m`) to rank NCCL settings "
+            "and all-reduce backends together"
+        ]
     notes = []
     if perf is not None and perf.n_ranks is not None and perf.n_ranks != workload.tp:
         notes.append(f"{perf.source} ran on {perf.n_ranks} GPUs, the ranking on tp {workload.tp}: left out of it")
         perf = None
     try:
-        pred = rank_options(workload, topo, env=env, nccl_version=nccl_version, sm=sm, pcie_gen=pcie_gen,
-                            perf=perf, log=log)
+        pred = rank_options(
+            workload, topo, env=env, nccl_version=nccl_version, sm=sm, pcie_gen=pcie_gen, perf=perf, log=log
+        )
     except UserError as e:
         return None, [f"no ranking of options: {e}"]
     p2p_ok, p2p_source = prediction_p2p(None, topo, log)
     entries = advice_entries(pred, p2p_ok=p2p_ok, p2p_source=p2p_source, per_verify_step=counts_known)
-    return entries, [*_workload_notes(workload, counts_known), *notes,
-                     *_limits(pred, entries, p2p_ok, p2p_source, no_p2p_pairs), *([tune_hint] if tune_hint else [])]
+    return entries, [
+        *_workload_notes(workload, counts_known),
+        *notes,
+        *_limits(pred, entries, p2p_ok, p2p_source, no_p2p_pairs),
+        *([tune_hint] if tune_hint else []),
+    ]
 
 
 def advice_entries(pred, *, p2p_ok: bool | None, p2p_source: str, per_verify_step: bool = True) -> list[dict]:
@@ -296,20 +405,40 @@ def advice_entries(pred, *, p2p_ok: bool | None, p2p_source: str, per_verify_ste
     ``per_verify_step`` (False: the times are one all-reduce of each size, counts unknown), ``too_close``
     (:attr:`fastverify.tune.candidates.PredictedRanking.too_close`'s line, None when its lead is decided)."""
     base = pred.baseline.point_us
-    p2p = ("unproven" if p2p_ok is None else "refuted" if p2p_ok is False
-           else "reported by NVML, not proven" if p2p_source == "nvml" else "proven")
+    p2p = (
+        "unproven"
+        if p2p_ok is None
+        else "refuted"
+        if p2p_ok is False
+        else "reported by NVML, not proven"
+        if p2p_source == "nvml"
+        else "proven"
+    )
     out = []
     for i, f in enumerate(pred.candidates, 1):
         needs = backend_info(f.backend).needs_p2p
         change = None if f.point_us is None or not base else round(100.0 * (f.point_us - base) / base, 2)
-        out.append({"rank": i if f.ranked else None, "candidate": f.name, "backend": f.backend.value,
-                    "settings": dict(f.settings), "is_baseline": f.is_baseline, "label": f.label,
-                    "allreduce_us": None if f.point_us is None else round(f.point_us, 3),
-                    "allreduce_us_range": None if f.range_us is None else [round(x, 3) for x in f.range_us],
-                    "baseline_us": None if base is None else round(base, 3), "change_pct": change,
-                    "evidence": list(f.evidence), "notes": list(f.notes), "needs_p2p": needs,
-                    "p2p": p2p if needs else None, "per_verify_step": per_verify_step, "status": f.status,
-                    "too_close": pred.too_close.get(f.name)})
+        out.append(
+            {
+                "rank": i if f.ranked else None,
+                "candidate": f.name,
+                "backend": f.backend.value,
+                "settings": dict(f.settings),
+                "is_baseline": f.is_baseline,
+                "label": f.label,
+                "allreduce_us": None if f.point_us is None else round(f.point_us, 3),
+                "allreduce_us_range": None if f.range_us is None else [round(x, 3) for x in f.range_us],
+                "baseline_us": None if base is None else round(base, 3),
+                "change_pct": change,
+                "evidence": list(f.evidence),
+                "notes": list(f.notes),
+                "needs_p2p": needs,
+                "p2p": p2p if needs else None,
+                "per_verify_step": per_verify_step,
+                "status": f.status,
+                "too_close": pred.too_close.get(f.name),
+            }
+        )
     return out
 
 
@@ -318,9 +447,11 @@ def _workload_notes(workload, counts_known: bool) -> list[str]:
         return [f"for {workload.source}: {workload.allreduce_count} all-reduces per verify step"]
     n = len(workload.msg_sizes)
     each = "the one verify size" if n == 1 else f"one all-reduce of each of the {n} verify sizes"
-    return [f"counts per verify step are unknown without --model: the times are {each} "
-            f"({', '.join(f'{b:,}' for b, _ in workload.msg_sizes)} B), not a verify step; give --model "
-            "(and --tp) for per-step figures"]
+    return [
+        f"counts per verify step are unknown without --model: the times are {each} "
+        f"({', '.join(f'{b:,}' for b, _ in workload.msg_sizes)} B), not a verify step; give --model "
+        "(and --tp) for per-step figures"
+    ]
 
 
 def _limits(pred, entries: list[dict], p2p_ok, p2p_source: str, no_p2p_pairs=()) -> list[str]:
@@ -329,9 +460,11 @@ def _limits(pred, entries: list[dict], p2p_ok, p2p_source: str, no_p2p_pairs=())
     out = []
     if no_p2p_pairs and p2p_ok is not False and any(e["needs_p2p"] for e in listed):
         shown = ", ".join(no_p2p_pairs[:6]) + (" ..." if len(no_p2p_pairs) > 6 else "")
-        out.append(f"caution: this input shows {len(no_p2p_pairs)} pair(s) without P2P ({shown}; see the pairs "
-                   "below), which the ranking's P2P facts do not hold: an option that needs P2P between every pair "
-                   "will likely not run; prove it with `fastverify p2p` first")
+        out.append(
+            f"caution: this input shows {len(no_p2p_pairs)} pair(s) without P2P ({shown}; see the pairs "
+            "below), which the ranking's P2P facts do not hold: an option that needs P2P between every pair "
+            "will likely not run; prove it with `fastverify p2p` first"
+        )
     kinds = []
     if any(e["label"] == "measured" or any(x.startswith("measured") for x in e["evidence"]) for e in listed):
         kinds.append("measured on this box (your files)")
@@ -343,8 +476,10 @@ def _limits(pred, entries: list[dict], p2p_ok, p2p_source: str, no_p2p_pairs=())
     unknown = []
     if p2p_ok is None:
         unknown.append(f"driver P2P ({p2p_source})")
-    unknown += ["ACS/IOMMU (can make P2P slow or hang; no input here shows it)",
-                "the rest of the verify step (compute not measured: the % are of all-reduce time)"]
+    unknown += [
+        "ACS/IOMMU (can make P2P slow or hang; no input here shows it)",
+        "the rest of the verify step (compute not measured: the % are of all-reduce time)",
+    ]
     out.append("unknown from this input: " + "; ".join(unknown))
     ruled = [r.split(";")[0] for r in pred.not_candidates]
     if ruled:
@@ -388,15 +523,19 @@ def advice_lines(entries: list[dict] | None, notes: list[str]) -> list[str]:
     for e in listed:
         title = _title(e["backend"])
         name = f"{e['candidate']} ({title})" if title and not e["settings"] else e["candidate"]
-        line = (f"{e['rank']}. {name}: {_pct(e['change_pct'])} {unit} ({_amount(e['allreduce_us'], counts_known)} "
-                f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}")
+        line = (
+            f"{e['rank']}. {name}: {_pct(e['change_pct'])} {unit} ({_amount(e['allreduce_us'], counts_known)} "
+            f"vs {_amount(e['baseline_us'], counts_known)} now), {_basis(e)}"
+        )
         if e.get("too_close"):
             why = e["too_close"].removeprefix(f"{e['candidate']}: ")
             line = f"{e['rank']}. {name}: {why}; at its point {_pct(e['change_pct'])}, {_basis(e)}"
         if e["needs_p2p"]:
             line += f"; needs P2P: {e['p2p']}"
             if e["p2p"] != "proven":
-                line += ", run `fastverify p2p --output p2p.json` (and `fastverify launch --p2p-check p2p.json` deploys it)"
+                line += (
+                    ", run `fastverify p2p --output p2p.json` (and `fastverify launch --p2p-check p2p.json` deploys it)"
+                )
         lines.append(line)
     if not listed:
         lines.append("keep the current settings: no option is predicted faster")
@@ -416,8 +555,11 @@ def _basis(e: dict) -> str:
     published = next((x for x in ev if x.startswith("published")), None)
     if published is not None:
         m = re.search(r"(\d+) comparable box", published)
-        boxes = f"{m.group(1)} comparable published box{'es' if m.group(1) != '1' else ''}" if m else \
-            "published measurements of other boxes"
+        boxes = (
+            f"{m.group(1)} comparable published box{'es' if m.group(1) != '1' else ''}"
+            if m
+            else "published measurements of other boxes"
+        )
         return f"predicted from {boxes}"
     words = "predicted by NCCL's cost model"
     if any(x.startswith("measured") for x in ev):
@@ -462,9 +604,14 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     if d.pairs:
         by: dict[tuple, list[str]] = {}
         for p in d.pairs:
-            key = (p.link or "?", p.nccl_path or "?", p.transport_now,
-                   p.basis or ("seen in log" if p.seen else "predicted"),
-                   p.transport_recommended, {True: "yes", False: "no", None: "unknown"}[p.hw_p2p])
+            key = (
+                p.link or "?",
+                p.nccl_path or "?",
+                p.transport_now,
+                p.basis or ("seen in log" if p.seen else "predicted"),
+                p.transport_recommended,
+                {True: "yes", False: "no", None: "unknown"}[p.hw_p2p],
+            )
             by.setdefault(key, []).append(f"{p.a}-{p.b}")
         t = Table(title="GPU pairs", title_justify="left")
         for col in ("pairs", "nvidia-smi", "NCCL path", "transport now", "basis", "recommended", "driver P2P"):
@@ -473,14 +620,19 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
             t.add_row(cell(" ".join(names)), *map(cell, key))
         c.print(t)
 
-    for name, info in (("FlashInfer PCIe IPC all-reduce", d.pcie_ipc_allreduce),
-                       ("SGLang custom all-reduce", d.custom_allreduce)):
+    for name, info in (
+        ("FlashInfer PCIe IPC all-reduce", d.pcie_ipc_allreduce),
+        ("SGLang custom all-reduce", d.custom_allreduce),
+    ):
         verdict = {True: "can run", False: "cannot run", None: "unknown"}[info["possible"]]
         say(c, f"{name}: {verdict} - {info['reason']}")
 
     for f in d.findings:
-        say(c, f"setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}" + (f" -> {f.fix}" if f.fix else ""),
-            style="yellow" if f.severity.value == "warning" else "red")
+        say(
+            c,
+            f"setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}" + (f" -> {f.fix}" if f.fix else ""),
+            style="yellow" if f.severity.value == "warning" else "red",
+        )
     for n in d.log_notes:
         say(c, f"log: {n}")
 
@@ -489,8 +641,14 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
         for col in ("tokens", "bytes", "now µs", "now algo", "recommended µs", "recommended algo"):
             t.add_column(col, justify="right", overflow="fold")
         for p in d.predictions:
-            t.add_row(cell(p.tokens), f"{p.msg_bytes:,}", f"{p.now_us:,.1f}", cell(p.now_algo_proto),
-                      f"{p.recommended_us:,.1f}", cell(p.recommended_algo_proto))
+            t.add_row(
+                cell(p.tokens),
+                f"{p.msg_bytes:,}",
+                f"{p.now_us:,.1f}",
+                cell(p.now_algo_proto),
+                f"{p.recommended_us:,.1f}",
+                cell(p.recommended_algo_proto),
+            )
         c.print(t)
         say(c, f"# {d.prediction_note}")
 
@@ -504,28 +662,41 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         ranks = f"{p['n_ranks']} ranks" if p["n_ranks"] else "ranks unknown"
         gpus = f" on {', '.join(p['devices'])}" if p["devices"] else ""
         avg = f", footer average busBw {p['avg_busbw_gbps']:g} GB/s" if p["avg_busbw_gbps"] is not None else ""
-        say(c, f"all_reduce_perf {p['source']} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
-                f"{ranks}{gpus}, {'/'.join(p['dtypes'])} {'/'.join(p['redops'])}; {p['time_us_at_min']:g} µs at the "
-                f"smallest, {p['time_us_at_max']:g} µs at the largest; peak busBw {p['peak_busbw_gbps']:g} GB/s at "
-                f"{p['peak_busbw_bytes']:,} B{avg}")
+        say(
+            c,
+            f"all_reduce_perf {p['source']} (measured): {p['rows']} sizes {p['min_bytes']:,}-{p['max_bytes']:,} B, "
+            f"{ranks}{gpus}, {'/'.join(p['dtypes'])} {'/'.join(p['redops'])}; {p['time_us_at_min']:g} µs at the "
+            f"smallest, {p['time_us_at_max']:g} µs at the largest; peak busBw {p['peak_busbw_gbps']:g} GB/s at "
+            f"{p['peak_busbw_bytes']:,} B{avg}",
+        )
     if d.measured:
-        t = Table(title=cell(f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({d.measured[0]['source']})"),
-                  title_justify="left")
+        t = Table(
+            title=cell(f"verify all-reduce, MEASURED by NCCL all_reduce_perf ({d.measured[0]['source']})"),
+            title_justify="left",
+        )
         for col in ("tokens", "bytes", "NCCL µs", "column", "basis"):
             t.add_column(col, justify="right", overflow="fold")
         for m in d.measured:
-            t.add_row(cell(m["tokens"]), f"{m['msg_bytes']:,}", "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
-                      cell(m.get("column") or "-"), cell(m["basis"]))
+            t.add_row(
+                cell(m["tokens"]),
+                f"{m['msg_bytes']:,}",
+                "-" if m["time_us"] is None else f"{m['time_us']:,.1f}",
+                cell(m.get("column") or "-"),
+                cell(m["basis"]),
+            )
         c.print(t)
         say(c, "# the in-place column: SGLang's NCCL all-reduce writes into its input")
     tu = d.nccl_tuning
     if tu:
         if tu["model_table"]:
-            cells = ", ".join(f"{r['algo']}/{r['proto']} {r['latency_us']:g} µs + size/{r['algbw_gbps']:g} GB/s"
-                              for r in tu["model_table"])
+            cells = ", ".join(
+                f"{r['algo']}/{r['proto']} {r['latency_us']:g} µs + size/{r['algbw_gbps']:g} GB/s"
+                for r in tu["model_table"]
+            )
             say(c, f"NCCL's model table (TUNING, AllReduce): {cells}")
-            t = Table(title="NCCL's model table from the log (TUNING, AllReduce; NCCL's own numbers)",
-                      title_justify="left")
+            t = Table(
+                title="NCCL's model table from the log (TUNING, AllReduce; NCCL's own numbers)", title_justify="left"
+            )
             for col in ("algorithm", "protocol", "latency µs", "algBw GB/s"):
                 t.add_column(col, justify="right")
             for r in tu["model_table"]:
@@ -542,8 +713,14 @@ def _print_evidence(d: Diagnosis, c: Console) -> None:
         if tu["launched"]:
             shown = tu["launched"][:12]
             more = f" (+{len(tu['launched']) - 12} more)" if len(tu["launched"]) > 12 else ""
-            say(c, "NCCL's choice per launched all-reduce: " + ", ".join(
-                f"{x['size_bytes']:,} B -> {x['algo']}/{x['proto']}" + (f" ({x['time_us']:g} µs model)"
-                                                                        if x["time_us"] is not None else "")
-                for x in shown) + more)
+            say(
+                c,
+                "NCCL's choice per launched all-reduce: "
+                + ", ".join(
+                    f"{x['size_bytes']:,} B -> {x['algo']}/{x['proto']}"
+                    + (f" ({x['time_us']:g} µs model)" if x["time_us"] is not None else "")
+                    for x in shown
+                )
+                + more,
+            )
         say(c, f"# {tu['basis']}")

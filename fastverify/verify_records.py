@@ -19,8 +19,15 @@ from pathlib import Path
 
 import msgspec
 
-from fastverify.bounds import (MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_VERIFY_TOKENS,
-                               duplicate_json_key, implausible_count)
+from fastverify.bounds import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_DRAFT_TOKENS,
+    MAX_EVENT_US,
+    MAX_VERIFY_TOKENS,
+    duplicate_json_key,
+    implausible_count,
+)
 from fastverify.errors import UserError, one_line, path_text, schema_error
 from fastverify.inputs import check_regular, read_bytes
 from fastverify.patch.paths import MODES, WARMUP
@@ -59,8 +66,14 @@ class VerifyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 RECORD_EXAMPLES = {
-    "step": "0", "verify_ms": "1.25", "clock": '"cuda_events"', "rank": '"0"', "pid": "4242",
-    "allreduce_paths": '{"verify": {"sglang.pynccl": 120}}', "batch": "4", "tokens": "16",
+    "step": "0",
+    "verify_ms": "1.25",
+    "clock": '"cuda_events"',
+    "rank": '"0"',
+    "pid": "4242",
+    "allreduce_paths": '{"verify": {"sglang.pynccl": 120}}',
+    "batch": "4",
+    "tokens": "16",
     "accepted": "[3, 0, 2, 1]",
 }
 """An example value (JSON text) of every :class:`VerifyRecord` field, said in a schema error."""
@@ -103,8 +116,10 @@ def read_log_dir(folder: str | Path) -> dict:
                 raise UserError(f"{f}: rank {int(rank)} again (also in {seen[int(rank)].name}); one file per rank")
             seen[int(rank)] = f
     if len(clocks) > 1:
-        raise UserError(f"{d}: records of different clocks ({', '.join(f'{c} at {w}' for c, w in sorted(clocks.items()))}); "
-                        "time one kind of run per folder")
+        raise UserError(
+            f"{d}: records of different clocks ({', '.join(f'{c} at {w}' for c, w in sorted(clocks.items()))}); "
+            "time one kind of run per folder"
+        )
     return {"records": records, "files": [path_text(f) for f in file_ranks], "torn": torn, "clock": next(iter(clocks))}
 
 
@@ -118,22 +133,27 @@ def _log_files(d: Path) -> dict[Path, str]:
     if not files:
         raise UserError(f"{d}: no {FILE_GLOB} files (written by `fastverify launch --profile-verify {d}`)")
     if len(files) > MAX_RANK_FILES:
-        raise UserError(f"{d}: {len(files):,} {FILE_GLOB} files, over the {MAX_RANK_FILES:,} ranks one folder may "
-                        "hold (one file per rank); give the folder of one server run")
+        raise UserError(
+            f"{d}: {len(files):,} {FILE_GLOB} files, over the {MAX_RANK_FILES:,} ranks one folder may "
+            "hold (one file per rank); give the folder of one server run"
+        )
     file_ranks = {}
     for f in files:  # every name first: nothing is read from a folder with a name the timer never writes
-        file_rank = f.name[len("verify-rank"):-len(".jsonl")]
+        file_rank = f.name[len("verify-rank") : -len(".jsonl")]
         if not _RANK_NAME.fullmatch(file_rank):
-            raise UserError(f"{f}: not a verify log name: the verify timer writes verify-rank<R>.jsonl, R a rank "
-                            "number (up to 9 digits) or pid<N>")
+            raise UserError(
+                f"{f}: not a verify log name: the verify timer writes verify-rank<R>.jsonl, R a rank "
+                "number (up to 9 digits) or pid<N>"
+            )
         file_ranks[f] = file_rank
     for f in files:  # a FIFO, a device, a folder, a dangling link or a link loop: refused, never skipped
         check_regular(f, what="a verify log")
     return file_ranks
 
 
-def _read_file(f: Path, file_rank: str, records: dict[str, list[VerifyRecord]], torn: list[str],
-               clocks: dict[str, str]) -> None:
+def _read_file(
+    f: Path, file_rank: str, records: dict[str, list[VerifyRecord]], torn: list[str], clocks: dict[str, str]
+) -> None:
     """Add the records of the file ``f`` of rank ``file_rank`` to ``records`` (by rank), a cut last
     line to ``torn`` and each clock's first ``name:line`` to ``clocks``."""
     data = read_bytes(f, kind="json", what="a verify log")
@@ -151,12 +171,16 @@ def _read_file(f: Path, file_rank: str, records: dict[str, list[VerifyRecord]], 
                 continue
             raise _not_a_record(f"{f}:{i}", e) from None
         if line.count(b":") > _keys_decoded(rec) and (key := duplicate_json_key(line)) is not None:
-            raise UserError(f"{f}:{i}: the key {one_line(repr(key), 80)} is given twice in one record; a record "
-                            "the verify timer writes gives each key once")
+            raise UserError(
+                f"{f}:{i}: the key {one_line(repr(key), 80)} is given twice in one record; a record "
+                "the verify timer writes gives each key once"
+            )
         _check_record(rec, f"{f}:{i}", file_rank)
         if rec.step in steps:
-            raise UserError(f"{f}:{i}: step {rec.step} again (also line {steps[rec.step]}): two server runs in one "
-                            "folder? give each run its own --profile-verify folder")
+            raise UserError(
+                f"{f}:{i}: step {rec.step} again (also line {steps[rec.step]}): two server runs in one "
+                "folder? give each run its own --profile-verify folder"
+            )
         steps[rec.step] = i
         clocks.setdefault(rec.clock, f"{path_text(f.name)}:{i}")
         records.setdefault(rec.rank, []).append(rec)
@@ -179,8 +203,10 @@ def _keys_decoded(rec: VerifyRecord) -> int:
 def _check_record(rec: VerifyRecord, where: str, file_rank: str) -> None:
     """Refuse a decoded record of another rank than its file's, or one the timer never writes."""
     if rec.rank != file_rank:
-        raise UserError(f"{where}: a record of rank {rec.rank[:40]!r} in the file of rank {file_rank!r}; "
-                        "each rank writes its own file")
+        raise UserError(
+            f"{where}: a record of rank {rec.rank[:40]!r} in the file of rank {file_rank!r}; "
+            "each rank writes its own file"
+        )
     why = _bad_record(rec)
     if why is not None:
         raise UserError(f"{where}: {why}")
@@ -212,8 +238,7 @@ def _bad_record(rec: VerifyRecord) -> str | None:
     ``tokens`` in ``[0, MAX_VERIFY_TOKENS]`` (or null)."""
     ms = rec.verify_ms
     if not (math.isfinite(ms) and 0.0 <= ms <= MAX_VERIFY_MS):
-        return (f"verify_ms {ms!r} is not a verify time (outside [0, {MAX_VERIFY_MS:.0f}] ms, "
-                "i.e. 0 to 1 hour)")
+        return f"verify_ms {ms!r} is not a verify time (outside [0, {MAX_VERIFY_MS:.0f}] ms, i.e. 0 to 1 hour)"
     why = implausible_count(rec.step, what="step")
     if why is not None:
         return f"step {why}"
@@ -226,8 +251,10 @@ def _bad_record(rec: VerifyRecord) -> str | None:
         return f"clock {rec.clock!r} is not one the verify timer writes ({', '.join(CLOCK_LABELS)})"
     if rec.batch is not None and rec.tokens is not None and rec.tokens < rec.batch:
         return f"tokens {rec.tokens} < batch {rec.batch}: a verify forward checks at least one token per request"
-    for name, value, upper, what in (("batch", rec.batch, MAX_BATCH, "requests in one verify forward"),
-                                     ("tokens", rec.tokens, MAX_VERIFY_TOKENS, "rows one verify forward verifies")):
+    for name, value, upper, what in (
+        ("batch", rec.batch, MAX_BATCH, "requests in one verify forward"),
+        ("tokens", rec.tokens, MAX_VERIFY_TOKENS, "rows one verify forward verifies"),
+    ):
         if value is not None and implausible_count(value, upper=upper, what=name) is not None:
             return f"{name} {value!r} is not a count of {what} (outside [0, {upper}])"
     return _bad_accepted(rec)
@@ -245,8 +272,10 @@ def _bad_accepted(rec: VerifyRecord) -> str | None:
     per = rec.tokens // rec.batch if rec.batch and rec.tokens is not None else MAX_DRAFT_TOKENS + 1
     for a in acc:
         if implausible_count(a, upper=min(MAX_DRAFT_TOKENS, max(per - 1, 0)), what="accepted") is not None:
-            return (f"accepted {a!r} is not a count of accepted draft tokens (outside [0, "
-                    f"{min(MAX_DRAFT_TOKENS, max(per - 1, 0))}] for {per} tokens per request)")
+            return (
+                f"accepted {a!r} is not a count of accepted draft tokens (outside [0, "
+                f"{min(MAX_DRAFT_TOKENS, max(per - 1, 0))}] for {per} tokens per request)"
+            )
     return None
 
 

@@ -116,8 +116,15 @@ class VerifyLogReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _summary(rank: str, ms: np.ndarray) -> RankSummary:
-    return RankSummary(rank=rank, steps=len(ms), p50_ms=_r(np.percentile(ms, 50)), p90_ms=_r(np.percentile(ms, 90)),
-                       mean_ms=_r(ms.mean()), min_ms=_r(ms.min()), max_ms=_r(ms.max()))
+    return RankSummary(
+        rank=rank,
+        steps=len(ms),
+        p50_ms=_r(np.percentile(ms, 50)),
+        p90_ms=_r(np.percentile(ms, 90)),
+        mean_ms=_r(ms.mean()),
+        min_ms=_r(ms.min()),
+        max_ms=_r(ms.max()),
+    )
 
 
 def _r(x) -> float:
@@ -138,12 +145,18 @@ def summarise_dir(folder: str | Path) -> LogSummary:
         ranks.append(_summary(rank, ms))
         pooled.append(ms)
     clock = got["clock"]
-    return LogSummary(dir=path_text(folder), files=got["files"], clock=clock,
-                      clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
-                      ranks=ranks, overall=_summary("all", np.concatenate(pooled)), torn_last_lines=got["torn"],
-                      paths=_path_counts(got["records"]),
-                      counted_records=sum(r.allreduce_paths is not None for rs in got["records"].values() for r in rs),
-                      **_load(got["records"]))
+    return LogSummary(
+        dir=path_text(folder),
+        files=got["files"],
+        clock=clock,
+        clock_label=CLOCK_LABELS.get(clock, f"clock {clock!r} (unknown to this fastverify)"),
+        ranks=ranks,
+        overall=_summary("all", np.concatenate(pooled)),
+        torn_last_lines=got["torn"],
+        paths=_path_counts(got["records"]),
+        counted_records=sum(r.allreduce_paths is not None for rs in got["records"].values() for r in rs),
+        **_load(got["records"]),
+    )
 
 
 def _load(records: dict[str, list[VerifyRecord]]) -> dict:
@@ -153,17 +166,24 @@ def _load(records: dict[str, list[VerifyRecord]]) -> dict:
     carrying ``accepted``, how many and the mean accept length (``mean(accepted) + 1``, tokens per
     request per verify, pooled over requests, steps and ranks)."""
     acc = [a for rs in records.values() for r in rs if r.accepted for a in r.accepted]
-    out = {"accept_records": sum(r.accepted is not None for rs in records.values() for r in rs),
-           "accept_length_mean": _r(np.mean(acc) + 1.0) if acc else None}
+    out = {
+        "accept_records": sum(r.accepted is not None for rs in records.values() for r in rs),
+        "accept_length_mean": _r(np.mean(acc) + 1.0) if acc else None,
+    }
     pairs = [(r.batch, r.tokens) for rs in records.values() for r in rs if r.batch is not None and r.tokens is not None]
     if not pairs:
         return out
     batch = np.array([b for b, _ in pairs], dtype=np.float64)
     tokens = np.array([t for _, t in pairs], dtype=np.float64)
-    return {**out, "load_records": len(pairs), "batch_values": sorted({b for b, _ in pairs}),
-            "batch_median": _r(np.median(batch)), "tokens_values": sorted({t for _, t in pairs}),
-            "tokens_median": _r(np.median(tokens)),
-            "tokens_per_request": sorted({round(t / b, 3) for b, t in pairs if b > 0})}
+    return {
+        **out,
+        "load_records": len(pairs),
+        "batch_values": sorted({b for b, _ in pairs}),
+        "batch_median": _r(np.median(batch)),
+        "tokens_values": sorted({t for _, t in pairs}),
+        "tokens_median": _r(np.median(tokens)),
+        "tokens_per_request": sorted({round(t / b, 3) for b, t in pairs if b > 0}),
+    }
 
 
 def _values_text(values: list) -> str:
@@ -182,22 +202,36 @@ def load_text(s: LogSummary) -> str:
     if not s.load_records:
         return "not recorded"
     per = f"; {_values_text(s.tokens_per_request)} tokens/request" if s.tokens_per_request else ""
-    return (f"batch {_values_text(s.batch_values)} (median {s.batch_median:g}), "
-            f"{_values_text(s.tokens_values)} tokens (median {s.tokens_median:g}{per})")
+    return (
+        f"batch {_values_text(s.batch_values)} (median {s.batch_median:g}), "
+        f"{_values_text(s.tokens_values)} tokens (median {s.tokens_median:g}{per})"
+    )
 
 
 def _load_warning(b: LogSummary, a: LogSummary) -> str | None:
     """A warning when before and after ran different loads (another set or median of ``batch``
     or ``tokens``) or a folder's records do not say their load; None when the loads agree."""
     if b.load_records and a.load_records:
-        same = (b.batch_values, b.batch_median, b.tokens_values, b.tokens_median) == \
-               (a.batch_values, a.batch_median, a.tokens_values, a.tokens_median)
-        return None if same else (f"the load differs: before ran {load_text(b)}, after {load_text(a)}: "
-                                  "the change compares different loads")
+        same = (b.batch_values, b.batch_median, b.tokens_values, b.tokens_median) == (
+            a.batch_values,
+            a.batch_median,
+            a.tokens_values,
+            a.tokens_median,
+        )
+        return (
+            None
+            if same
+            else (
+                f"the load differs: before ran {load_text(b)}, after {load_text(a)}: "
+                "the change compares different loads"
+            )
+        )
     missing = [label for label, s in (("before", b), ("after", a)) if not s.load_records]
     where = "either folder" if len(missing) == 2 else f"the {missing[0]} folder"
-    return (f"the load is not recorded in {where} (records without batch and tokens: an older fastverify, a "
-            "hand-written record, or a batch the patch could not read): the change may compare different loads")
+    return (
+        f"the load is not recorded in {where} (records without batch and tokens: an older fastverify, a "
+        "hand-written record, or a batch the patch could not read): the change may compare different loads"
+    )
 
 
 def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
@@ -214,8 +248,16 @@ def _path_counts(records: dict[str, list[VerifyRecord]]) -> list[PathCount]:
         totals[mode] = totals.get(mode, 0) + sum(by_rank.values())
     order = {m: i for i, m in enumerate(MODES)}
     keys = sorted(per, key=lambda mp: (order.get(mp[0], len(order)), mp[0], -sum(per[mp].values()), mp[1]))
-    return [PathCount(mode=m, path=p, count=sum(per[(m, p)].values()), of=totals[m],
-                      per_rank={r: per[(m, p)][r] for r in sorted(per[(m, p)], key=_rank_key)}) for m, p in keys]
+    return [
+        PathCount(
+            mode=m,
+            path=p,
+            count=sum(per[(m, p)].values()),
+            of=totals[m],
+            per_rank={r: per[(m, p)][r] for r in sorted(per[(m, p)], key=_rank_key)},
+        )
+        for m, p in keys
+    ]
 
 
 def _ranks_text(ranks: list[str]) -> str:
@@ -235,9 +277,17 @@ def change_pct(before: float, after: float) -> float | None:
 
 def _change(b: RankSummary, a: RankSummary) -> Change:
     pct = change_pct
-    return Change(rank=b.rank, before_p50_ms=b.p50_ms, after_p50_ms=a.p50_ms, p50_change_ms=_r(a.p50_ms - b.p50_ms),
-                  change_pct=pct(b.p50_ms, a.p50_ms), before_p90_ms=b.p90_ms, after_p90_ms=a.p90_ms,
-                  p90_change_ms=_r(a.p90_ms - b.p90_ms), p90_change_pct=pct(b.p90_ms, a.p90_ms))
+    return Change(
+        rank=b.rank,
+        before_p50_ms=b.p50_ms,
+        after_p50_ms=a.p50_ms,
+        p50_change_ms=_r(a.p50_ms - b.p50_ms),
+        change_pct=pct(b.p50_ms, a.p50_ms),
+        before_p90_ms=b.p90_ms,
+        after_p90_ms=a.p90_ms,
+        p90_change_ms=_r(a.p90_ms - b.p90_ms),
+        p90_change_pct=pct(b.p90_ms, a.p90_ms),
+    )
 
 
 def build_report(before: str | Path, after: str | Path | None = None) -> VerifyLogReport:
@@ -250,15 +300,20 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
     """
     b = summarise_dir(before)
     a = summarise_dir(after) if after is not None else None
-    warnings = [f"{b.dir if s is b else s.dir}: skipped a cut last line {t} (a writer killed mid-write)"
-                for s in (b, a) if s is not None for t in s.torn_last_lines]
+    warnings = [
+        f"{b.dir if s is b else s.dir}: skipped a cut last line {t} (a writer killed mid-write)"
+        for s in (b, a)
+        if s is not None
+        for t in s.torn_last_lines
+    ]
     change: list[Change] = []
     if after is not None and os.path.realpath(str(before)) == os.path.realpath(str(after)):
         raise UserError(f"{path_text(before)} is both the before and the after folder: give the two runs' folders")
     if a is not None:
         if a.clock != b.clock:
-            raise UserError(f"{after}: records on clock {a.clock}, but {before} on {b.clock}; "
-                            "a before/after change needs one clock")
+            raise UserError(
+                f"{after}: records on clock {a.clock}, but {before} on {b.clock}; a before/after change needs one clock"
+            )
         br, ar = {r.rank: r for r in b.ranks}, {r.rank: r for r in a.ranks}
         change = [_change(br[k], ar[k]) for k in sorted(br.keys() & ar.keys(), key=_rank_key)]
         only = sorted((br.keys() ^ ar.keys()), key=_rank_key)
@@ -268,10 +323,16 @@ def build_report(before: str | Path, after: str | Path | None = None) -> VerifyL
         load = _load_warning(b, a)
         if load is not None:
             warnings.append(load)
-    return VerifyLogReport(fastverify_version=__version__,
-                           created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                           clock=b.clock, clock_label=b.clock_label, before=b, after=a, change=change,
-                           warnings=warnings)
+    return VerifyLogReport(
+        fastverify_version=__version__,
+        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        clock=b.clock,
+        clock_label=b.clock_label,
+        before=b,
+        after=a,
+        change=change,
+        warnings=warnings,
+    )
 
 
 def encode_report(report: VerifyLogReport) -> bytes:
@@ -304,36 +365,55 @@ def format_report(report: VerifyLogReport) -> str:
         for r in [*s.ranks, s.overall]:
             out.append(f"{r.rank:>6} {r.steps:>7} {r.p50_ms:>10.3f} {r.p90_ms:>10.3f} {r.mean_ms:>10.3f}")
         if s.paths:
-            out.append("all-reduce paths, counted in each rank (per forward mode; verify = the target's verify "
-                       "forwards, draft / draft_extend = the drafter's):")
+            out.append(
+                "all-reduce paths, counted in each rank (per forward mode; verify = the target's verify "
+                "forwards, draft / draft_extend = the drafter's):"
+            )
             for pc in s.paths:
                 per = ", ".join(f"TP {r} {n}" for r, n in pc.per_rank.items())
-                out.append(f"  {pc.mode}: {pc.path}: {pc.count} of {pc.of} {pc.mode} all-reduces, ranks "
-                           f"{_ranks_text(list(pc.per_rank))} ({per})")
+                out.append(
+                    f"  {pc.mode}: {pc.path}: {pc.count} of {pc.of} {pc.mode} all-reduces, ranks "
+                    f"{_ranks_text(list(pc.per_rank))} ({per})"
+                )
         elif s.counted_records:
-            out.append(f"all-reduce paths: {s.counted_records} record(s) carry allreduce_paths, all of them empty "
-                       "(no all-reduce counted)")
+            out.append(
+                f"all-reduce paths: {s.counted_records} record(s) carry allreduce_paths, all of them empty "
+                "(no all-reduce counted)"
+            )
         else:
             out.append("all-reduce paths: not counted (records without allreduce_paths)")
-        of = f", from {s.load_records} of {s.overall.steps} records" if s.load_records else \
-            " (records without batch and tokens)"
+        of = (
+            f", from {s.load_records} of {s.overall.steps} records"
+            if s.load_records
+            else " (records without batch and tokens)"
+        )
         out.append(f"load: {load_text(s)}{of}")
         if s.accept_length_mean is not None:
-            out.append(f"accept length: {s.accept_length_mean:.3f} tokens per request per verify (mean accepted "
-                       f"draft tokens + 1, from {s.accept_records} of {s.overall.steps} records)")
+            out.append(
+                f"accept length: {s.accept_length_mean:.3f} tokens per request per verify (mean accepted "
+                f"draft tokens + 1, from {s.accept_records} of {s.overall.steps} records)"
+            )
     if report.change:
         out.append("## measured change (after - before)")
-        out.append("# change: after vs before, ms = after - before, % = (after - before) / before x 100; "
-                   "- = less time (faster)")
+        out.append(
+            "# change: after vs before, ms = after - before, % = (after - before) / before x 100; "
+            "- = less time (faster)"
+        )
         out.append(f"{'rank':>6} {'p50 ms':>22} {'p50 %':>8} {'p90 ms':>22} {'p90 %':>8}")
         for c in report.change:
+
             def pct(v):
                 return "-" if v is None else f"{v:+.1f}"
-            out.append(f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.change_pct):>8} "
-                       f"{c.before_p90_ms:>9.3f} -> {c.after_p90_ms:<9.3f} {pct(c.p90_change_pct):>8}")
+
+            out.append(
+                f"{c.rank:>6} {c.before_p50_ms:>9.3f} -> {c.after_p50_ms:<9.3f} {pct(c.change_pct):>8} "
+                f"{c.before_p90_ms:>9.3f} -> {c.after_p90_ms:<9.3f} {pct(c.p90_change_pct):>8}"
+            )
         b, a = report.before, report.after
         if a is not None and b.accept_length_mean is not None and a.accept_length_mean is not None:
-            out.append(f"accept length: {b.accept_length_mean:.3f} -> {a.accept_length_mean:.3f} tokens per request "
-                       "per verify (tok/s per stream = accept length / cycle time)")
+            out.append(
+                f"accept length: {b.accept_length_mean:.3f} -> {a.accept_length_mean:.3f} tokens per request "
+                "per verify (tok/s per stream = accept length / cycle time)"
+            )
     out += [f"! {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

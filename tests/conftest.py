@@ -68,8 +68,14 @@ def free_port() -> int:
 
 def run_fastverify(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m fastverify ARGS`` in ``cwd``; returns the completed process (text mode)."""
-    return subprocess.run([sys.executable, "-m", "fastverify", *args], cwd=cwd, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "fastverify", *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_raw_trace(path: Path) -> dict:
@@ -208,7 +214,9 @@ def sglang_python_or_skip() -> str:
     when it is unset or not an executable file."""
     py = os.environ.get(SGLANG_PYTHON_ENV)
     if not py:
-        pytest.skip(f"{SGLANG_PYTHON_ENV} is not set (make the SGLang venv with .ci/sglang-venv.sh and export its python)")
+        pytest.skip(
+            f"{SGLANG_PYTHON_ENV} is not set (make the SGLang venv with .ci/sglang-venv.sh and export its python)"
+        )
     if not Path(py).is_file() or not os.access(py, os.X_OK):
         pytest.skip(f"{SGLANG_PYTHON_ENV}={py} is not an executable file")
     return py
@@ -241,8 +249,10 @@ def pytest_configure(config) -> None:
     contract test's input is missing (:func:`ci_missing`): a green run must not hide ~100 skips."""
     missing = ci_missing()
     if missing:
-        raise pytest.UsageError(f"CI=true but {'; '.join(missing)}: the contract tests that need it would "
-                                "skip; run .ci/run, which fetches the wheels and builds the SGLang venv")
+        raise pytest.UsageError(
+            f"CI=true but {'; '.join(missing)}: the contract tests that need it would "
+            "skip; run .ci/run, which fetches the wheels and builds the SGLang venv"
+        )
 
 
 # ---- a minimal trace profile -----------------------------------------------------------------------
@@ -251,11 +261,27 @@ def pytest_configure(config) -> None:
 def two_rank_trace_profile() -> dict:
     """A version-1 trace profile of 2 ranks: 6 all-reduces of 4096 B per run, 2 per step (no hidden
     size, as every trace profile), for tune's workload readers."""
-    return {"schema": "fastverify.profile", "schema_version": 1, "timing": {"clock": "trace"}, "world_size": 2,
-            "source": {"kind": "trace", "files": ["a", "b"]},
-            "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
-            "ranks": [{"rank": r, "step_median": {"steps": 3, "allreduce_count": 2, "compute_us": 10.0,
-                                                  "allreduce_us": 5.0, "window_us": 20.0}} for r in (0, 1)]}
+    return {
+        "schema": "fastverify.profile",
+        "schema_version": 1,
+        "timing": {"clock": "trace"},
+        "world_size": 2,
+        "source": {"kind": "trace", "files": ["a", "b"]},
+        "allreduce_by_msg_size": [{"msg_bytes": 4096, "count": 6}],
+        "ranks": [
+            {
+                "rank": r,
+                "step_median": {
+                    "steps": 3,
+                    "allreduce_count": 2,
+                    "compute_us": 10.0,
+                    "allreduce_us": 5.0,
+                    "window_us": 20.0,
+                },
+            }
+            for r in (0, 1)
+        ],
+    }
 
 
 RANK_ARRAYS = ("start_ns", "dur_ns", "cls", "name_id", "msg_bytes", "step", "stream")

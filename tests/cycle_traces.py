@@ -76,9 +76,18 @@ class _Clock:
             if on:
                 self.corr[r] += 1
                 self.graph[r] = self.corr[r]
-                self.events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1,
-                                       "tid": 1, "ts": self.t[r] - LAG, "dur": 5.0,
-                                       "args": {"correlation": self.corr[r]}})
+                self.events[r].append(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": "cudaGraphLaunch",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": self.t[r] - LAG,
+                        "dur": 5.0,
+                        "args": {"correlation": self.corr[r]},
+                    }
+                )
 
     def kernel(self, r: int, name: str, dur: float, *, launch_at: float | None = None, cat: str = "kernel") -> None:
         start = self.t[r]
@@ -87,23 +96,53 @@ class _Clock:
         if c is None:
             self.corr[r] += 1
             c = self.corr[r]
-            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                       "ts": start - LAG if launch_at is None else launch_at, "dur": 3.0, "args": {"correlation": c}})
-        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
-                   "args": {"correlation": c, "stream": 7, "device": r}})
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": start - LAG if launch_at is None else launch_at,
+                    "dur": 3.0,
+                    "args": {"correlation": c},
+                }
+            )
+        ev.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 0,
+                "tid": 7,
+                "ts": start,
+                "dur": dur,
+                "args": {"correlation": c, "stream": 7, "device": r},
+            }
+        )
         self.t[r] = start + dur
 
     def span(self, r: int, name: str, start: float, end: float) -> None:
-        self.events[r].append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
-                               "ts": start - LAG, "dur": end - start})
+        self.events[r].append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": 1,
+                "tid": 1,
+                "ts": start - LAG,
+                "dur": end - start,
+            }
+        )
 
     def all_reduce(self, transfer: float, msg_bytes: int | None) -> None:
         end = max(self.t) + transfer
         for r in range(len(self.t)):
             self.kernel(r, AR_KERNEL, end - self.t[r])
             if msg_bytes and self.graph[r] is None:  # eager NCCL kernels carry c10d's args (In msg nelems x dtype)
-                self.events[r][-1]["args"].update({"In msg nelems": msg_bytes // 2, "dtype": "BFloat16",
-                                                   "Collective name": "allreduce"})
+                self.events[r][-1]["args"].update(
+                    {"In msg nelems": msg_bytes // 2, "dtype": "BFloat16", "Collective name": "allreduce"}
+                )
 
 
 def _draft_forward(ck: _Clock, plan: Plan) -> list[float]:
@@ -135,17 +174,26 @@ def build(plan: Plan = Plan()) -> list[dict]:
         ck.all_reduce(plan.transfer_us, plan.msg_bytes)  # embedding
         if plan.host_sync_us:
             for r in ranks:  # blocks from its launch until the GPU drains, then host work, then a late launch
-                ck.events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
-                                     "tid": 1, "ts": ck.t[r] - plan.transfer_us - LAG + 3.0,
-                                     "dur": plan.transfer_us + LAG - 2.0})
+                ck.events[r].append(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": "cudaStreamSynchronize",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": ck.t[r] - plan.transfer_us - LAG + 3.0,
+                        "dur": plan.transfer_us + LAG - 2.0,
+                    }
+                )
                 ck.t[r] += plan.host_sync_us
         for layer in range(plan.layers):
             for r in ranks:
                 ck.kernel(r, COMPUTE, plan.attn_us)
             ck.all_reduce(plan.transfer_us, plan.msg_bytes)
             for r in ranks:
-                extra = (plan.straggle_us if r == plan.straggler else 0.0) + \
-                    (plan.moe_extra_us[r] if plan.moe_extra_us else 0.0)
+                extra = (plan.straggle_us if r == plan.straggler else 0.0) + (
+                    plan.moe_extra_us[r] if plan.moe_extra_us else 0.0
+                )
                 last = layer == plan.layers - 1
                 if last and plan.late_launch_us:
                     ck.t[r] += plan.late_launch_us  # the GPU ran dry: the launch came late
@@ -158,8 +206,17 @@ def build(plan: Plan = Plan()) -> list[dict]:
         ck.replay(False)
         for r in ranks:  # accept-length read back: D2H copy, host sync, host work, then draft_extend
             ck.kernel(r, D2H, plan.d2h_us, cat="gpu_memcpy")
-            ck.events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
-                                 "tid": 1, "ts": ck.t[r] - plan.d2h_us - LAG + 3.0, "dur": plan.d2h_us + LAG - 2.0})
+            ck.events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaStreamSynchronize",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": ck.t[r] - plan.d2h_us - LAG + 3.0,
+                    "dur": plan.d2h_us + LAG - 2.0,
+                }
+            )
             ck.t[r] += plan.host_pause_us
         ck.replay("draft_extend" in plan.graph)
         e0 = _draft_forward(ck, plan)
@@ -167,9 +224,15 @@ def build(plan: Plan = Plan()) -> list[dict]:
         for r in ranks:
             ck.span(r, "draft_extend", e0[r], ck.t[r])
         ck.t = [max(ck.t)] * plan.world  # the scheduler's next batch starts on every rank together
-    return [{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": plan.world},
-             "deviceProperties": [{"id": 0, "name": "NVIDIA GeForce RTX 4090"}],
-             "traceEvents": ck.events[r]} for r in ranks]
+    return [
+        {
+            "schemaVersion": 1,
+            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": plan.world},
+            "deviceProperties": [{"id": 0, "name": "NVIDIA GeForce RTX 4090"}],
+            "traceEvents": ck.events[r],
+        }
+        for r in ranks
+    ]
 
 
 def write(folder: Path, plan: Plan = Plan(), stem: str = "1700000000") -> list[Path]:

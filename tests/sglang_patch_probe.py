@@ -152,8 +152,9 @@ class _CountingTimer:
 
 
 def probe_verify_timer() -> dict:
-    from fastverify.patch import install as I
     from sglang.srt.managers.tp_worker import TpModelWorker
+
+    from fastverify.patch import install as I
 
     out: dict = {}
     orig = TpModelWorker.__dict__["forward_batch_generation"]
@@ -200,12 +201,15 @@ def probe_pre_capture() -> dict:
     restored by identity. No GPU here, so ``backend.prepare`` is NOT exercised against a real
     backend; the wrapper is called on a stand-in runner with a failing factory to show that the
     failure is logged and the real body is still reached."""
-    from fastverify.patch import install as I
-    from fastverify.patch import slots as S
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    out: dict = {"prepare_exercised": False,
-                 "prepare_note": "no GPU in this probe: backend.prepare(shapes) is not run against a real backend"}
+    from fastverify.patch import install as I
+    from fastverify.patch import slots as S
+
+    out: dict = {
+        "prepare_exercised": False,
+        "prepare_note": "no GPU in this probe: backend.prepare(shapes) is not run against a real backend",
+    }
     orig = ModelRunner.__dict__["init_cuda_graphs"]
     out["real_signature"] = str(inspect.signature(orig))
     os.environ["FASTVERIFY_PATCH"] = "1"
@@ -231,8 +235,11 @@ def probe_pre_capture() -> dict:
             out["real_body_error"] = None
         except Exception as e:
             out["real_body_error"] = _err(e)
-        out["slot_after_failure"] = {"backend": S.FUSED_SLOT.backend is not None, "disabled": S.FUSED_SLOT.disabled,
-                                     "prepared": S.FUSED_SLOT.prepared}
+        out["slot_after_failure"] = {
+            "backend": S.FUSED_SLOT.backend is not None,
+            "disabled": S.FUSED_SLOT.disabled,
+            "prepared": S.FUSED_SLOT.prepared,
+        }
         out["uninstalled"] = I.uninstall()
         out["restored_identity"] = ModelRunner.__dict__["init_cuda_graphs"] is orig
     finally:
@@ -244,6 +251,7 @@ def probe_plugin_group() -> dict:
     from importlib.metadata import entry_points
 
     import sglang.srt.plugins as P
+
     from fastverify.patch.handoff import PLUGIN_GROUP, PLUGIN_NAME
 
     out: dict = {"fastverify_group": PLUGIN_GROUP}
@@ -252,7 +260,7 @@ def probe_plugin_group() -> dict:
     out["loader_functions"] = sorted(names)
     try:
         src = inspect.getsource(P)
-        out["loader_reads_general_group"] = ("GENERAL_PLUGINS_GROUP" in src and "entry_points(group=" in src)
+        out["loader_reads_general_group"] = "GENERAL_PLUGINS_GROUP" in src and "entry_points(group=" in src
         # which function loads the general group, and with what
         calls = [ln.strip() for ln in src.splitlines() if "GENERAL_PLUGINS_GROUP" in ln and "=" not in ln.split("(")[0]]
         out["general_group_uses"] = calls[:5]
@@ -315,19 +323,24 @@ def probe_static() -> dict:
         cls, fn, why = T.resolve(t, None)
         if why is None:
             why = T.check_signature(fn, t)
-        out["targets_found"][t.key] = {"ok": why is None, "why": why,
-                                      "signature": str(inspect.signature(fn)) if fn is not None else None}
+        out["targets_found"][t.key] = {
+            "ok": why is None,
+            "why": why,
+            "signature": str(inspect.signature(fn)) if fn is not None else None,
+        }
     out["pcie_ipc_ar_module"] = I._has_module("sglang.srt.distributed.device_communicators.pcie_ipc_ar", None)
     with tempfile.TemporaryDirectory() as d:
         out["fused"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused"})
-        out["fused_profile"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused",
-                                              "FASTVERIFY_PROFILE_VERIFY": d})
+        out["fused_profile"] = _install_with(
+            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_PROFILE_VERIFY": d}
+        )
         out["off"] = _install_with({"FASTVERIFY_PATCH": "0", "FASTVERIFY_BACKEND": "fused"})
         out["nccl"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "nccl"})
         out["b12x"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
         out["pcie_ipc"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"})
         out["pcie_ipc_without_sglang_ipc"] = _install_with(
-            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
+            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False
+        )
         # install twice is a no-op; uninstall restores once
         os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused"})
         try:
@@ -337,8 +350,9 @@ def probe_static() -> dict:
             I.install()
             twice = _originals()
             n_changed = sum(1 for k in before if before[k] is not mid[k])
-            out["install_twice_noop"] = all(mid[k] is twice[k] for k in mid) and n_changed == 8 \
-                and len(I.installed()) == n_changed + 6  # fused_norm, pre_capture, 6 counting + capture/replay on 3 graph backends
+            out["install_twice_noop"] = (
+                all(mid[k] is twice[k] for k in mid) and n_changed == 8 and len(I.installed()) == n_changed + 6
+            )  # fused_norm, pre_capture, 6 counting + capture/replay on 3 graph backends
             I.uninstall()
             out["install_twice_restored"] = all(before[k] is _originals()[k] for k in before)
         finally:
@@ -355,9 +369,12 @@ def write_record(path: str, *, max_batch: int = 8, draft: int = 4, hidden: int =
     from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes
     from fastverify.deploy import write_record as write
 
-    rec = DeploymentRecord(backend="pcie_ipc", shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
-                           p2p=P2PFacts(True, "p2p_check", "all 2 ordered pairs passed", 2),
-                           box=BoxFingerprint("probe", (12, 0), 2, 2))
+    rec = DeploymentRecord(
+        backend="pcie_ipc",
+        shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
+        p2p=P2PFacts(True, "p2p_check", "all 2 ordered pairs passed", 2),
+        box=BoxFingerprint("probe", (12, 0), 2, 2),
+    )
     return str(write(path, rec))
 
 
@@ -366,9 +383,10 @@ def probe_sizing() -> dict:
     ``BaseRunner._pre_initialize_pcie_ipc_workspace`` takes with ``max_rows`` = widest captured decode)
     against fastverify's (:func:`fastverify.patch.rank.workspace_numel` from the record). Only the
     FlashInfer workspace class is replaced, by a recorder: no GPU here."""
+    from sglang.srt.distributed.device_communicators import pcie_ipc_ar as P
+
     from fastverify.deploy import read_record
     from fastverify.patch import rank as R
-    from sglang.srt.distributed.device_communicators import pcie_ipc_ar as P
 
     rows = []
     saved = os.environ.pop("SGLANG_PCIE_IPC_MAX_NUMEL", None)
@@ -389,12 +407,23 @@ def probe_sizing() -> dict:
                 import torch
 
                 built = comm._ensure_workspace(torch.empty((1, hidden), dtype=torch.bfloat16))
-                rec = read_record(write_record(os.path.join(d, f"r{max_batch}.deploy.json"), max_batch=max_batch,
-                                               draft=draft, hidden=hidden))
-                rows.append({"max_batch": max_batch, "draft": draft, "hidden": hidden, "built": built,
-                             "sglang_max_numel": comm.max_numel, "sglang_kw_max_numel": seen.get("max_numel"),
-                             "sglang_tune_batches": list(seen.get("tune_batches") or ()),
-                             "fastverify_max_numel": R.workspace_numel(rec, hidden, None)})
+                rec = read_record(
+                    write_record(
+                        os.path.join(d, f"r{max_batch}.deploy.json"), max_batch=max_batch, draft=draft, hidden=hidden
+                    )
+                )
+                rows.append(
+                    {
+                        "max_batch": max_batch,
+                        "draft": draft,
+                        "hidden": hidden,
+                        "built": built,
+                        "sglang_max_numel": comm.max_numel,
+                        "sglang_kw_max_numel": seen.get("max_numel"),
+                        "sglang_tune_batches": list(seen.get("tune_batches") or ()),
+                        "fastverify_max_numel": R.workspace_numel(rec, hidden, None),
+                    }
+                )
     finally:
         if saved is not None:
             os.environ["SGLANG_PCIE_IPC_MAX_NUMEL"] = saved
@@ -410,13 +439,13 @@ def probe_gate() -> dict:
     fastverify's in-rank reach (which calls the same function) and the registry's SM gate."""
     import importlib
 
-    import torch
-
     import sglang.srt.layers.layer_boundary.residual.add_norm as an
-    from fastverify.patch import rank as R
-    from fastverify.registry import BackendName, backend_info, unreachable_reason
+    import torch
     from sglang.srt.runtime_context import get_context, override_platform
     from sglang.srt.utils import common as C
+
+    from fastverify.patch import rank as R
+    from fastverify.registry import BackendName, backend_info, unreachable_reason
 
     rows = []
     real_avail = torch.cuda.is_available
@@ -440,13 +469,21 @@ def probe_gate() -> dict:
                 seen_sm = R.platform_sm(None)
                 b_reach, b_why = R.add_norm_reach(None, 32, seen_sm)
             b12x.update(platform_sm=list(seen_sm or ()), reach=b_reach, why=b_why)
-            rows.append({"sm": list(sm), "b12x": b12x,
-                         "sglang_applies_32": bool(an.flashinfer_ar_fusion_applies(32)),
-                         "sglang_applies_4096": bool(an.flashinfer_ar_fusion_applies(4096)),
-                         "module_flags": [an._is_sm90_supported, an._is_sm100_supported],
-                         "fastverify_reach": reach, "fastverify_why": why,
-                         "registry_reachable": unreachable_reason(backend_info(BackendName.fused), sm=sm,
-                                                                  world_size=2, p2p_ok=True) is None})
+            rows.append(
+                {
+                    "sm": list(sm),
+                    "b12x": b12x,
+                    "sglang_applies_32": bool(an.flashinfer_ar_fusion_applies(32)),
+                    "sglang_applies_4096": bool(an.flashinfer_ar_fusion_applies(4096)),
+                    "module_flags": [an._is_sm90_supported, an._is_sm100_supported],
+                    "fastverify_reach": reach,
+                    "fastverify_why": why,
+                    "registry_reachable": unreachable_reason(
+                        backend_info(BackendName.fused), sm=sm, world_size=2, p2p_ok=True
+                    )
+                    is None,
+                }
+            )
         finally:
             o.restore()
     importlib.reload(an)  # back to this machine's own facts
@@ -462,14 +499,14 @@ def b12x_gate(sm) -> dict:
     from types import SimpleNamespace
 
     import torch
-
-    from fastverify.patch import install as I
-    from fastverify.patch import slots as S
     from sglang.srt.layers.layer_boundary.fusions import allreduce as A
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.runtime_context import override_platform
+
+    from fastverify.patch import install as I
+    from fastverify.patch import slots as S
 
     saved = {k: os.environ.get(k) for k in ("FASTVERIFY_PATCH", "FASTVERIFY_BACKEND")}
     os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
@@ -481,15 +518,22 @@ def b12x_gate(sm) -> dict:
                 ModelRunner.init_cuda_graphs(_StandInRunner())
             except Exception as e:
                 out["real_body_error"] = _err(e, 120)
-        out.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
-                   disabled=S.ADD_NORM_SLOT.disabled, hook_installed=A.fused_ffn_input is not A.fused_ffn_input.__wrapped__
-                   if hasattr(A.fused_ffn_input, "__wrapped__") else False)
+        out.update(
+            applied=list(rep.applied),
+            skipped=dict(rep.skipped),
+            built=dict(rep.built),
+            disabled=S.ADD_NORM_SLOT.disabled,
+            hook_installed=A.fused_ffn_input is not A.fused_ffn_input.__wrapped__
+            if hasattr(A.fused_ffn_input, "__wrapped__")
+            else False,
+        )
         seen = []
         norm = RMSNorm(HIDDEN)
         norm.forward_with_allreduce_fusion = lambda x, r, use_attn_tp_group=True: seen.append(x.shape[0]) or ("own", r)
         x, r = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)
-        got = A.fused_ffn_input(SimpleNamespace(norm=norm, fusions=None), x, r,
-                                SimpleNamespace(forward_mode=ForwardMode.DECODE))
+        got = A.fused_ffn_input(
+            SimpleNamespace(norm=norm, fusions=None), x, r, SimpleNamespace(forward_mode=ForwardMode.DECODE)
+        )
         out["sglang_own_fusion_called"] = seen == [4] and got is not None and got[0] == "own"
         out["returned_none"] = got is None
     finally:
@@ -563,8 +607,7 @@ def _initialize_model_parallel(ps, res: dict, step) -> None:
             return real_init_group(*a, **k)
 
         ps.init_model_parallel_group = no_pynccl
-        step("initialize_model_parallel(gloo, use_pynccl=False)",
-             lambda: ps.initialize_model_parallel(backend="gloo"))
+        step("initialize_model_parallel(gloo, use_pynccl=False)", lambda: ps.initialize_model_parallel(backend="gloo"))
         ps.init_model_parallel_group = real_init_group
 
 
@@ -578,22 +621,24 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
             res["steps"].append({"step": name, "ok": True})
             return v
         except BaseException as e:  # noqa: BLE001
-            res["steps"].append({"step": name, "ok": False, "error": _err(e),
-                                 "trace": traceback.format_exc()[-1500:]})
+            res["steps"].append({"step": name, "ok": False, "error": _err(e), "trace": traceback.format_exc()[-1500:]})
             raise
 
     try:
+        import sglang.srt.distributed.parallel_state as ps
         import torch
         import torch.distributed as dist
-
-        import sglang.srt.distributed.parallel_state as ps
         from sglang.srt.layers.layernorm import RMSNorm
         from sglang.srt.runtime_context import get_parallel
 
         def init():
-            ps.init_distributed_environment(world_size=world, rank=rank,
-                                            distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                            local_rank=rank, backend="gloo")
+            ps.init_distributed_environment(
+                world_size=world,
+                rank=rank,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+                local_rank=rank,
+                backend="gloo",
+            )
             return torch.distributed.get_backend()
 
         res["world_backend"] = step("init_distributed_environment(gloo)", init)
@@ -602,18 +647,35 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
             # what publishing a ServerArgs would write for --tp-size W: configured leaves and the
             # derived widths (attention TP and MoE TP span the whole TP group)
             get_parallel().override_permanently(
-                tp_size=world, pp_size=1, moe_dp_size=1, attn_dp_size=1, attn_cp_size=1,
-                shared_experts_tp_size=None, moe_ep_size=1, attn_dcp_size=1, attn_tp_size=world,
-                moe_tp_size=world, tp_rank=rank, pp_rank=0, attn_tp_rank=rank, attn_cp_rank=0,
-                attn_dp_rank=0, moe_ep_rank=0, moe_tp_rank=rank, moe_dp_rank=0)
+                tp_size=world,
+                pp_size=1,
+                moe_dp_size=1,
+                attn_dp_size=1,
+                attn_cp_size=1,
+                shared_experts_tp_size=None,
+                moe_ep_size=1,
+                attn_dcp_size=1,
+                attn_tp_size=world,
+                moe_tp_size=world,
+                tp_rank=rank,
+                pp_rank=0,
+                attn_tp_rank=rank,
+                attn_cp_rank=0,
+                attn_dp_rank=0,
+                moe_ep_rank=0,
+                moe_tp_rank=rank,
+                moe_dp_rank=0,
+            )
             return {n: getattr(get_parallel(), n, None) for n in ("tp_size", "attn_tp_size", "moe_tp_size")}
 
         res["parallel_widths"] = step("get_parallel().override_permanently(widths)", widths)
         _initialize_model_parallel(ps, res, step)
         tp, atp = ps.get_tp_group(), ps.get_attn_tp_group()
-        res["groups"] = {"tp": [tp.unique_name, tp.world_size, tp.rank_in_group],
-                         "attn_tp": [atp.unique_name, atp.world_size, atp.rank_in_group],
-                         "attn_tp_is_tp": atp is tp}
+        res["groups"] = {
+            "tp": [tp.unique_name, tp.world_size, tp.rank_in_group],
+            "attn_tp": [atp.unique_name, atp.world_size, atp.rank_in_group],
+            "attn_tp_is_tp": atp is tp,
+        }
         try:
             res["groups"]["moe_tp"] = ps.get_moe_tp_group().unique_name
         except Exception as e:
@@ -678,7 +740,7 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
                     continue
                 row["dist_all_reduces"] = counts["dist_all_reduce"] - d0
                 row["group_all_reduces"] = total_gc() - g0
-                out, new_res = (outp if isinstance(outp, tuple) else (outp, None))
+                out, new_res = outp if isinstance(outp, tuple) else (outp, None)
                 want_out, want_res = _reference(xs, r_keep, p_in, norm.weight.detach(), 1e-6)
                 row["out_err"] = _maxerr(out, want_out)
                 # what a norm WITHOUT the all-reduce would give (to tell a missed all-reduce apart)
@@ -712,8 +774,10 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
         for g in (tp, atp):  # the real class method again (the counting instance attributes go)
             g.__dict__.pop("all_reduce", None)
         os.environ.update({"FASTVERIFY_BACKEND": "pcie_ipc", "FASTVERIFY_DEPLOYMENT": record})
-        res["dispatch"] = step("rank step (pcie_ipc dispatch, gloo stand-in)",
-                               lambda: rank_step(I, ps, sglang_has_pcie_ipc=False, all_reduce=True))
+        res["dispatch"] = step(
+            "rank step (pcie_ipc dispatch, gloo stand-in)",
+            lambda: rank_step(I, ps, sglang_has_pcie_ipc=False, all_reduce=True),
+        )
         I.uninstall()
         os.environ.update({"FASTVERIFY_BACKEND": "b12x", "FASTVERIFY_DEPLOYMENT": record})
         res["b12x"] = step("b12x at the layer boundary (gloo stand-in)", lambda: b12x_boundary(I, ps, rank))
@@ -766,14 +830,23 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     slot = S.DISPATCH_SLOT if all_reduce else (F.FUSED_GROUPS or [S.FUSED_SLOT])[0]
     ctx = slot.context
     if ctx is not None:
-        out["context"] = {"world_size": ctx.world_size, "device_type": ctx.device_type,
-                          "group_backend": ctx.group_backend, "single_node": ctx.single_node,
-                          "p2p_ok": ctx.p2p_ok, "p2p_note": ctx.p2p_note}
+        out["context"] = {
+            "world_size": ctx.world_size,
+            "device_type": ctx.device_type,
+            "group_backend": ctx.group_backend,
+            "single_node": ctx.single_node,
+            "p2p_ok": ctx.p2p_ok,
+            "p2p_note": ctx.p2p_note,
+        }
     be = slot.backend
     tp = ps.get_tp_group()
     if be is not None:
-        out["backend"] = {"name": be.name.value, "max_numel": be.max_numel, "hidden": be.hidden,
-                          "on_tp_device_group": be.group is tp.device_group}
+        out["backend"] = {
+            "name": be.name.value,
+            "max_numel": be.max_numel,
+            "hidden": be.hidden,
+            "on_tp_device_group": be.group is tp.device_group,
+        }
     out["disabled"] = slot.disabled
     if all_reduce and be is not None:
         calls0 = dict(be.path_counts)
@@ -804,7 +877,6 @@ def b12x_boundary(I, ps, rank: int) -> dict:
 
     import torch
     import torch.distributed as dist
-
     from sglang.srt.layers.layer_boundary import prepare as P
     from sglang.srt.layers.layer_boundary.fusions import allreduce as A
     from sglang.srt.layers.layer_boundary.layout import SumGroup
@@ -836,16 +908,34 @@ def b12x_boundary(I, ps, rank: int) -> dict:
                 norm.weight.copy_(1.0 + 0.1 * torch.randn(HIDDEN, generator=g))
             norm = norm.to(dtype)
             plan = SimpleNamespace(norm=norm, fusions=None)
-            own = {"ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),
-                   "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT)}
+            own = {
+                "ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),
+                "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT),
+            }
 
             def boundary(path, cands, x, res):
                 if path == "ffn":
-                    return P._reduce_update_read(x, res, fb, norm, gathers_residual=False, fusions=cands,
-                                                 group=SumGroup.ATTN_TP, read=NORM_READOUT)
+                    return P._reduce_update_read(
+                        x,
+                        res,
+                        fb,
+                        norm,
+                        gathers_residual=False,
+                        fusions=cands,
+                        group=SumGroup.ATTN_TP,
+                        read=NORM_READOUT,
+                    )
                 step = partial(P._update_read, pre_move=None, enters_stack=False, read=NORM_READOUT)
-                return P._run_entry(UnreducedOutput(partial=x, group=tp), res, fb, norm, step=step,
-                                    is_plain_add=True, carried_fusions=cands, read=NORM_READOUT)
+                return P._run_entry(
+                    UnreducedOutput(partial=x, group=tp),
+                    res,
+                    fb,
+                    norm,
+                    step=step,
+                    is_plain_add=True,
+                    carried_fusions=cands,
+                    read=NORM_READOUT,
+                )
 
             for sm in B12X_SMS:
                 row: dict = {"sm": list(sm), "dtype": str(dtype).replace("torch.", ""), "cases": []}
@@ -861,13 +951,22 @@ def b12x_boundary(I, ps, rank: int) -> dict:
                         row["real_body_error"] = _err(e, 120)
                 slot = S.ADD_NORM_SLOT
                 be = slot.backend
-                row.update(applied=list(rep.applied), skipped=dict(rep.skipped), built=dict(rep.built),
-                           disabled=slot.disabled, checked=slot.checked, ranks=slot.ranks,
-                           attn_is_tp=slot.attn_is_tp, backend=be.name.value if be is not None else None,
-                           on_tp_device_group=be is not None and be.group is tp.device_group)
-                patched = {"ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),  # a model built now
-                           "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT)}
-                for rows in (B12X_ROWS if sm == (12, 0) else (4, 37)):
+                row.update(
+                    applied=list(rep.applied),
+                    skipped=dict(rep.skipped),
+                    built=dict(rep.built),
+                    disabled=slot.disabled,
+                    checked=slot.checked,
+                    ranks=slot.ranks,
+                    attn_is_tp=slot.attn_is_tp,
+                    backend=be.name.value if be is not None else None,
+                    on_tp_device_group=be is not None and be.group is tp.device_group,
+                )
+                patched = {
+                    "ffn": tuple(f.run for f in A.ffn_input_fusions(plan)),  # a model built now
+                    "attn": A.attn_input_fusions(plan, NORM_QUANT_READOUT),
+                }
+                for rows in B12X_ROWS if sm == (12, 0) else (4, 37):
                     for path in ("ffn", "attn"):
                         gx = torch.Generator().manual_seed(1000 + rows)
                         xs = [torch.randn(rows, HIDDEN, generator=gx).to(dtype) for _ in range(2)]
@@ -922,43 +1021,71 @@ def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> No
             raise
 
     try:
-        import torch
-
         import sglang.srt.distributed.parallel_state as ps
         import sglang.srt.layers.layer_boundary.residual.add_norm as add_norm
+        import torch
         from sglang.srt.layers.flashinfer_comm_fusion import resolve_fusion_group
         from sglang.srt.layers.layernorm import RMSNorm
         from sglang.srt.layers.moe.utils import post_experts_reduction_group
         from sglang.srt.runtime_context import get_parallel
 
-        ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                        local_rank=rank, backend="gloo")
+        ps.init_distributed_environment(
+            world_size=world,
+            rank=rank,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            local_rank=rank,
+            backend="gloo",
+        )
         moe_tp = world // 2
         get_parallel().override_permanently(
-            tp_size=world, pp_size=1, moe_dp_size=2, attn_dp_size=1, attn_cp_size=1, shared_experts_tp_size=None,
-            moe_ep_size=1, attn_dcp_size=1, attn_tp_size=world, moe_tp_size=moe_tp, tp_rank=rank, pp_rank=0,
-            attn_tp_rank=rank, attn_cp_rank=0, attn_dp_rank=0, moe_ep_rank=0, moe_tp_rank=rank % moe_tp,
-            moe_dp_rank=rank // moe_tp)
+            tp_size=world,
+            pp_size=1,
+            moe_dp_size=2,
+            attn_dp_size=1,
+            attn_cp_size=1,
+            shared_experts_tp_size=None,
+            moe_ep_size=1,
+            attn_dcp_size=1,
+            attn_tp_size=world,
+            moe_tp_size=moe_tp,
+            tp_rank=rank,
+            pp_rank=0,
+            attn_tp_rank=rank,
+            attn_cp_rank=0,
+            attn_dp_rank=0,
+            moe_ep_rank=0,
+            moe_tp_rank=rank % moe_tp,
+            moe_dp_rank=rank // moe_tp,
+        )
         _initialize_model_parallel(ps, res, step)
         attn, moe = resolve_fusion_group(use_attn_tp_group=True)[2], post_experts_reduction_group()
-        res["groups"] = {"attn": list(attn.ranks), "moe": list(moe.ranks), "moe_is_tp": moe is ps.get_tp_group(),
-                         "resolve_moe_is_post_experts": resolve_fusion_group(use_attn_tp_group=False)[2] is moe}
+        res["groups"] = {
+            "attn": list(attn.ranks),
+            "moe": list(moe.ranks),
+            "moe_is_tp": moe is ps.get_tp_group(),
+            "resolve_moe_is_post_experts": resolve_fusion_group(use_attn_tp_group=False)[2] is moe,
+        }
         add_norm.flashinfer_ar_fusion_applies = lambda batch_size: 0 < batch_size <= 2048  # the SM90 gate
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
         from fastverify.patch import fused_slot as F
         from fastverify.patch import install as I
         from fastverify.patch.paths import COUNTER
-        from sglang.srt.model_executor.model_runner import ModelRunner
 
-        os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused",
-                           "FASTVERIFY_DEPLOYMENT": os.environ.get("FASTVERIFY_PROBE_RECORD", "")})
+        os.environ.update(
+            {
+                "FASTVERIFY_PATCH": "1",
+                "FASTVERIFY_BACKEND": "fused",
+                "FASTVERIFY_DEPLOYMENT": os.environ.get("FASTVERIFY_PROBE_RECORD", ""),
+            }
+        )
         rep = step("install(fused)", lambda: I.install())
         try:
             ModelRunner.init_cuda_graphs(_StandInRunner())
         except Exception as e:  # the real body fails on the stand-in runner, after the rank step
             res["real_body_error"] = _err(e, 200)
         res["applied"], res["built"], res["skipped"] = list(rep.applied), dict(rep.built), dict(rep.skipped)
-        res["backends"] = [{"ranks": list(s.group.ranks), "built": s.backend is not None}
-                           for s in F.FUSED_GROUPS]
+        res["backends"] = [{"ranks": list(s.group.ranks), "built": s.backend is not None} for s in F.FUSED_GROUPS]
         norm = RMSNorm(HIDDEN, eps=1e-6)
         x = torch.full((FUSED_GROUP_ROWS, HIDDEN), float(rank + 1))
         residual = torch.zeros(FUSED_GROUP_ROWS, HIDDEN)
@@ -986,12 +1113,32 @@ def probe_ranks(world: int, timeout: float, mode: str = "rank") -> dict:
         for r in range(world):
             out = os.path.join(d, f"rank{r}.json")
             outs.append(out)
-            env = dict(os.environ, FASTVERIFY_PATCH="1", FASTVERIFY_BACKEND="fused",
-                       FASTVERIFY_PROBE_RECORD=write_record(os.path.join(d, "probe.deploy.json")))
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), f"--{mode}", str(r), "--world", str(world),
-                 "--port", str(port), "--out", out],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env = dict(
+                os.environ,
+                FASTVERIFY_PATCH="1",
+                FASTVERIFY_BACKEND="fused",
+                FASTVERIFY_PROBE_RECORD=write_record(os.path.join(d, "probe.deploy.json")),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        f"--{mode}",
+                        str(r),
+                        "--world",
+                        str(world),
+                        "--port",
+                        str(port),
+                        "--out",
+                        out,
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         logs = []
         deadline = time.monotonic() + timeout
         for p in procs:
@@ -1001,8 +1148,13 @@ def probe_ranks(world: int, timeout: float, mode: str = "rank") -> dict:
                 p.kill()
                 o, _ = p.communicate()
                 o = (o or "") + "\n[probe: rank timed out]"
-            logs.append({"rc": p.returncode, "tail": (o or "")[-1500:],
-                         "lines": [ln for ln in (o or "").splitlines() if ln.startswith("fastverify patch [TP")]})
+            logs.append(
+                {
+                    "rc": p.returncode,
+                    "tail": (o or "")[-1500:],
+                    "lines": [ln for ln in (o or "").splitlines() if ln.startswith("fastverify patch [TP")],
+                }
+            )
         ranks = []
         for r, out in enumerate(outs):
             try:

@@ -18,9 +18,9 @@ import torch
 
 from fastverify.errors import UserError
 from fastverify.patch import install as I
+from fastverify.patch.install import make_accept_wrapper, make_verify_wrapper
 from fastverify.patch.targets import MOD_EAGLE_COMMON, MOD_NGRAM_WORKER
 from fastverify.patch.verify import VerifyTimer, WallEvent
-from fastverify.patch.install import make_accept_wrapper, make_verify_wrapper
 from fastverify.verifylog import build_report, format_report
 
 
@@ -42,8 +42,10 @@ def _target(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=Fa
 
 def _sampler(accept_lens):
     """``eagle_sample(verify_input, batch, logits_output, ...)`` -> (predict, accept_lens, accept_index)."""
+
     def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
         return "predict", accept_lens, "index"
+
     return eagle_sample
 
 
@@ -190,13 +192,19 @@ def _write(tmp_path: Path, **fields) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("fields, said", [
-    ({"accepted": [1]}, "accepted has 1 values, not one per request (batch 2)"),
-    # 8 rows / 2 requests = 4 draft tokens a request: at most 3 accepted
-    ({"accepted": [1, 4]}, "accepted 4 is not a count of accepted draft tokens (outside [0, 3] for 4 tokens"),
-    ({"accepted": [-1, 0]}, "accepted -1 is not a count"),
-    ({"accepted": "2"}, 'field "accepted": expected an array or null, got a string (e.g. "accepted": [3, 0, 2, 1])'),
-])
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ({"accepted": [1]}, "accepted has 1 values, not one per request (batch 2)"),
+        # 8 rows / 2 requests = 4 draft tokens a request: at most 3 accepted
+        ({"accepted": [1, 4]}, "accepted 4 is not a count of accepted draft tokens (outside [0, 3] for 4 tokens"),
+        ({"accepted": [-1, 0]}, "accepted -1 is not a count"),
+        (
+            {"accepted": "2"},
+            'field "accepted": expected an array or null, got a string (e.g. "accepted": [3, 0, 2, 1])',
+        ),
+    ],
+)
 def test_reader_refuses_accepted_the_timer_never_writes(tmp_path, fields, said):
     d = _write(tmp_path, **fields)
     with pytest.raises(UserError) as err:

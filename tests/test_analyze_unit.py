@@ -63,11 +63,23 @@ def test_scenario_1_split():
     assert b["comm_compute_overlap_pct"] == 35.714
     assert b["allreduce_kernel_sum_us"] == 14.0
     assert b["allreduce_count"] == 2
-    assert b["counts"] == {"allreduce": 2, "fused_allreduce": 0, "other_comm": 0, "unknown_comm": 0,
-                           "memory": 1, "compute": 3, "ep_alltoall": 0}
+    assert b["counts"] == {
+        "allreduce": 2,
+        "fused_allreduce": 0,
+        "other_comm": 0,
+        "unknown_comm": 0,
+        "memory": 1,
+        "compute": 3,
+        "ep_alltoall": 0,
+    }
     assert b["ep_alltoall_us"] == 0.0
-    assert b["hta"] == {"kernel_time_us": 40.0, "idle_us": 5.001, "compute_us": 23.999,
-                        "non_compute_us": 11.0, "comm_compute_overlap_pct": 35.714}
+    assert b["hta"] == {
+        "kernel_time_us": 40.0,
+        "idle_us": 5.001,
+        "compute_us": 23.999,
+        "non_compute_us": 11.0,
+        "comm_compute_overlap_pct": 35.714,
+    }
 
 
 def test_ep_alltoall_is_exposed_communication_and_matched_across_ranks():
@@ -75,10 +87,21 @@ def test_ep_alltoall_is_exposed_communication_and_matched_across_ranks():
     compute runs; matched across ranks like any collective (rank 1 waited 30 µs for rank 0)."""
     E, C = EventClass.EP_ALLTOALL, EventClass.COMPUTE
     # rank 0: GEMM [0, 20) µs, dispatch [10, 30) µs (10 µs under the GEMM), combine [40, 50) µs
-    r0 = rank_of([("gemm", C, 0, 20_000, -1), ("deep_ep::intranode::dispatch", E, 10_000, 20_000, 4096),
-                  ("deep_ep::intranode::combine", E, 40_000, 10_000, 4096)])
-    r1 = rank_of([("gemm", C, 0, 20_000, -1), ("deep_ep::intranode::dispatch", E, 10_000, 50_000, 4096),
-                  ("deep_ep::intranode::combine", E, 70_000, 10_000, 4096)], rank=1)
+    r0 = rank_of(
+        [
+            ("gemm", C, 0, 20_000, -1),
+            ("deep_ep::intranode::dispatch", E, 10_000, 20_000, 4096),
+            ("deep_ep::intranode::combine", E, 40_000, 10_000, 4096),
+        ]
+    )
+    r1 = rank_of(
+        [
+            ("gemm", C, 0, 20_000, -1),
+            ("deep_ep::intranode::dispatch", E, 10_000, 50_000, 4096),
+            ("deep_ep::intranode::combine", E, 70_000, 10_000, 4096),
+        ],
+        rank=1,
+    )
     b = breakdown(r0.start_ns, r0.dur_ns, r0.cls)
     assert b["compute_us"] == 20.0 and b["ep_alltoall_us"] == 30.0 and b["allreduce_us"] == 0.0
     assert b["exposed_comm_us"] == 20.0 and b["comm_compute_overlap_pct"] == round(100 * 10 / 30, 3)
@@ -103,8 +126,14 @@ def test_scenario_1_is_order_independent():
 # unknown 2 (neither comm nor compute); comm = [0,4000)+[6000,9000) = 7_000, overlap 2_000:
 # exposed 5, overlap 28.571 %; HTA non-compute 12 - 5 - 0 = 7.
 def test_scenario_2_fused_unknown_other():
-    r = rank_of([("fused", F, 0, 4_000, -1), ("unk", U, 4_000, 2_000, -1),
-                 ("ag", O, 6_000, 3_000, -1), ("gemm", C, 7_000, 5_000, -1)])
+    r = rank_of(
+        [
+            ("fused", F, 0, 4_000, -1),
+            ("unk", U, 4_000, 2_000, -1),
+            ("ag", O, 6_000, 3_000, -1),
+            ("gemm", C, 7_000, 5_000, -1),
+        ]
+    )
     b = breakdown(r.start_ns, r.dur_ns, r.cls)
     assert (b["window_us"], b["busy_us"], b["idle_us"]) == (12.0, 12.0, 0.0)
     assert b["compute_us"] == 5.0
@@ -131,8 +160,14 @@ def test_nanosecond_precision_at_epoch_scale():
     """Events 1 ns apart are neither merged nor rounded away, also at epoch-ns timestamps
     (1.68e18 ns: a float64 there has a 256 ns step)."""
     t0 = 1_682_725_898_082_228_001
-    r = rank_of([("k1", C, t0, 1_000, -1), ("k2", C, t0 + 1_001, 999, -1),
-                 ("ar", A, t0 + 2_000, 1, -1), ("k3", C, t0 + 2_002, 1, -1)])
+    r = rank_of(
+        [
+            ("k1", C, t0, 1_000, -1),
+            ("k2", C, t0 + 1_001, 999, -1),
+            ("ar", A, t0 + 2_000, 1, -1),
+            ("k3", C, t0 + 2_002, 1, -1),
+        ]
+    )
     b = breakdown(r.start_ns, r.dur_ns, r.cls)
     # window [t0, t0+2003); busy 1000 + 999 + 1 + 1 = 2001; idle 1 ns + 1 ns
     assert b["window_us"] == 2.003
@@ -159,12 +194,23 @@ def test_steps_and_per_step_split():
     out = analyze_rank(r)
     s0, s1 = out["steps"]
     assert (s0["name"], s0["index"], s0["events"], s0["gpu_start_us"]) == ("s0", 0, 3, 0.0)
-    assert (s0["window_us"], s0["compute_us"], s0["allreduce_us"], s0["exposed_comm_us"], s0["idle_us"]) == \
-        (20.0, 15.0, 10.0, 5.0, 0.0)
+    assert (s0["window_us"], s0["compute_us"], s0["allreduce_us"], s0["exposed_comm_us"], s0["idle_us"]) == (
+        20.0,
+        15.0,
+        10.0,
+        5.0,
+        0.0,
+    )
     assert s0["comm_compute_overlap_pct"] == 50.0
     assert (s1["name"], s1["events"], s1["gpu_start_us"]) == ("s1", 3, 25.0)
-    assert (s1["window_us"], s1["compute_us"], s1["allreduce_us"], s1["memory_us"], s1["busy_us"], s1["idle_us"]) == \
-        (15.0, 8.999, 4.0, 2.0, 14.999, 0.001)
+    assert (s1["window_us"], s1["compute_us"], s1["allreduce_us"], s1["memory_us"], s1["busy_us"], s1["idle_us"]) == (
+        15.0,
+        8.999,
+        4.0,
+        2.0,
+        14.999,
+        0.001,
+    )
     med = out["step_median"]
     assert med["steps"] == 2
     assert med["window_us"] == 17.5
@@ -198,10 +244,24 @@ def test_step_boundaries_are_half_open():
 #   wait r1   0        3_000           5_000   (8)        all-reduce wait 5
 #   shortest  rank 1   rank 0          rank 0  -> straggler rank 0 (2 of 3)
 def two_ranks():
-    r0 = rank_of([("ar", A, 0, 10_000, 8192), ("gemm", C, 10_000, 1_000, -1), ("ag", O, 20_000, 5_000, 1024),
-                  ("ar", A, 30_000, 4_000, 8192)], rank=0)
-    r1 = rank_of([("ar", A, 7_000, 3_000, 8192), ("ag", O, 17_000, 8_000, 1024), ("gemm", C, 25_000, 1_000, -1),
-                  ("ar", A, 25_000, 9_000, 8192)], rank=1)
+    r0 = rank_of(
+        [
+            ("ar", A, 0, 10_000, 8192),
+            ("gemm", C, 10_000, 1_000, -1),
+            ("ag", O, 20_000, 5_000, 1024),
+            ("ar", A, 30_000, 4_000, 8192),
+        ],
+        rank=0,
+    )
+    r1 = rank_of(
+        [
+            ("ar", A, 7_000, 3_000, 8192),
+            ("ag", O, 17_000, 8_000, 1024),
+            ("gemm", C, 25_000, 1_000, -1),
+            ("ar", A, 25_000, 9_000, 8192),
+        ],
+        rank=1,
+    )
     return r0, r1
 
 
@@ -214,10 +274,20 @@ def test_transfer_wait_straggler():
     assert [c["kind"] for c in m["collectives"]] == ["allreduce", "other_comm", "allreduce"]
     assert m["collectives"][0]["duration_us"] == {"0": 10.0, "1": 3.0}
     assert m["collectives"][1]["msg_bytes"] == 1024
-    assert m["per_rank"]["0"] == {"wait_us": 7.0, "transfer_us": 12.0, "allreduce_wait_us": 7.0,
-                                  "allreduce_transfer_us": 7.0, "straggler_count": 2}
-    assert m["per_rank"]["1"] == {"wait_us": 8.0, "transfer_us": 12.0, "allreduce_wait_us": 5.0,
-                                  "allreduce_transfer_us": 7.0, "straggler_count": 1}
+    assert m["per_rank"]["0"] == {
+        "wait_us": 7.0,
+        "transfer_us": 12.0,
+        "allreduce_wait_us": 7.0,
+        "allreduce_transfer_us": 7.0,
+        "straggler_count": 2,
+    }
+    assert m["per_rank"]["1"] == {
+        "wait_us": 8.0,
+        "transfer_us": 12.0,
+        "allreduce_wait_us": 5.0,
+        "allreduce_transfer_us": 7.0,
+        "straggler_count": 1,
+    }
     assert m["straggler_rank"] == 0
 
 
@@ -262,22 +332,43 @@ def test_by_message_size():
     out = {row["msg_bytes"]: row for row in by_message_size([rank_of(rows0, 0), rank_of(rows1, 1)])}
     assert set(out) == {8192, 1024, None}
     big = out[8192]
-    assert (big["count"], big["median_us"], big["p90_us"], big["min_us"], big["max_us"], big["sum_us"]) == \
-        (11, 60.0, 100.0, 10.0, 110.0, 660.0)
+    assert (big["count"], big["median_us"], big["p90_us"], big["min_us"], big["max_us"], big["sum_us"]) == (
+        11,
+        60.0,
+        100.0,
+        10.0,
+        110.0,
+        660.0,
+    )
     small = out[1024]
-    assert (small["count"], small["median_us"], small["min_us"], small["max_us"], small["sum_us"]) == \
-        (3, 2.0, 1.0, 4.0, 7.0)
+    assert (small["count"], small["median_us"], small["min_us"], small["max_us"], small["sum_us"]) == (
+        3,
+        2.0,
+        1.0,
+        4.0,
+        7.0,
+    )
     unknown = out[None]
-    assert (unknown["count"], unknown["median_us"], unknown["min_us"], unknown["max_us"], unknown["sum_us"]) == \
-        (2, 6.0, 5.0, 7.0, 12.0)
+    assert (unknown["count"], unknown["median_us"], unknown["min_us"], unknown["max_us"], unknown["sum_us"]) == (
+        2,
+        6.0,
+        5.0,
+        7.0,
+        12.0,
+    )
 
 
 # Per-layer view: two steps, each with two all-reduces (positions 0 and 1):
 #   step 0: 10, 4 µs; step 1: 6, 2 µs  -> position 0 median 8, position 1 median 3
 def test_by_position():
     steps = [Step("s0", 0, 100_000), Step("s1", 100_000, 200_000)]
-    rows = [("ar", A, 0, 10_000, 8192), ("gemm", C, 10_000, 5_000, -1), ("ar", A, 20_000, 4_000, 8192),
-            ("ar", A, 100_000, 6_000, 8192), ("ar", A, 110_000, 2_000, 4096)]
+    rows = [
+        ("ar", A, 0, 10_000, 8192),
+        ("gemm", C, 10_000, 5_000, -1),
+        ("ar", A, 20_000, 4_000, 8192),
+        ("ar", A, 100_000, 6_000, 8192),
+        ("ar", A, 110_000, 2_000, 4096),
+    ]
     r = rank_of(rows, steps=steps, labels=["embed", "", "layer0.attn", "embed", "layer0.attn"])
     out = by_position([r])
     assert [(p["position"], p["count"], p["median_us"], p["label"], p["msg_bytes"]) for p in out] == [

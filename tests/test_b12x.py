@@ -49,12 +49,12 @@ from fastverify.backends import (  # noqa: E402
     BackendName,
     ProbeContext,
     check_close,
+    ipc,  # noqa: E402
     make_backend,
     probe,
     reference_residual_rmsnorm,
 )
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
-from fastverify.backends import ipc  # noqa: E402
 from fastverify.registry import backend_info  # noqa: E402
 
 WHEEL_ENV = "FASTVERIFY_FLASHINFER_WHEEL"
@@ -74,8 +74,10 @@ def extract_b12x(wheel: str, dest: Path) -> Path:
     """Unpack the b12x files (and the ``flashinfer`` package markers its alias shim looks for)."""
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if name.startswith(("b12x/", B12X_DIR)) or name in ("flashinfer/__init__.py",
-                                                                 "flashinfer/experimental/__init__.py"):
+            if name.startswith(("b12x/", B12X_DIR)) or name in (
+                "flashinfer/__init__.py",
+                "flashinfer/experimental/__init__.py",
+            ):
                 z.extract(name, dest)
     return dest
 
@@ -86,10 +88,16 @@ def import_b12x(root: Path) -> types.SimpleNamespace:
         sys.path.insert(0, str(root))
     import importlib
 
-    names = {"po": "b12x.comm.pcie.pcie_oneshot", "op": "b12x.comm.pcie._oneshot_preparation",
-             "prep": "b12x.comm.pcie._preparation", "types": "b12x.preparation.types",
-             "device": "b12x.preparation.device", "gating": "b12x._lib.gating",
-             "session": "b12x.preparation.session", "compile_plan": "b12x._lib.compile_plan"}
+    names = {
+        "po": "b12x.comm.pcie.pcie_oneshot",
+        "op": "b12x.comm.pcie._oneshot_preparation",
+        "prep": "b12x.comm.pcie._preparation",
+        "types": "b12x.preparation.types",
+        "device": "b12x.preparation.device",
+        "gating": "b12x._lib.gating",
+        "session": "b12x.preparation.session",
+        "compile_plan": "b12x._lib.compile_plan",
+    }
     return types.SimpleNamespace(**{k: importlib.import_module(v) for k, v in names.items()})
 
 
@@ -130,9 +138,14 @@ def standins(real: types.SimpleNamespace, record: list, fail: dict | None = None
 
         def init_custom_ar(self, signal_ptrs, rank_data, rank):  # the real one wants CUDA rank_data
             state = po._CuTeOneshotState(
-                rank=int(rank), world_size=len(signal_ptrs), signal_ptrs=tuple(int(p) for p in signal_ptrs),
-                rank_data=rank_data, signal_table_address=int(rank_data.data_ptr()),
-                next_table_offset=po._POINTER_TABLE_BYTES, registered_tables={})
+                rank=int(rank),
+                world_size=len(signal_ptrs),
+                signal_ptrs=tuple(int(p) for p in signal_ptrs),
+                rank_data=rank_data,
+                signal_table_address=int(rank_data.data_ptr()),
+                next_table_offset=po._POINTER_TABLE_BYTES,
+                registered_tables={},
+            )
             self._write_table(state, state.signal_ptrs, offset=0)
             handle = self._next_handle
             self._next_handle += 1
@@ -152,25 +165,54 @@ def standins(real: types.SimpleNamespace, record: list, fail: dict | None = None
                 raise ValueError("stand-in: arguments the real from_exchange_group refuses")
             ptrs = tuple(range(1, world_size + 1))
             runtime, err = cls._from_prepared_factory(
-                rank=rank, world_size=world_size, device=torch.device(device), signal_ptrs=ptrs,
-                eager_buffer_ptrs0=tuple(p + 100 for p in ptrs), eager_buffer_ptrs1=tuple(p + 200 for p in ptrs),
-                eager_buffer_bytes=eager_buffer_bytes, transport_policy=po._transport_policy_contract(),
-                exchange_group=group, ipc=None, owned_buffers=(), max_size=max_size, rank_data_bytes=4096,
-                ext_module=CpuExt(), stream_affine=stream_affine)
+                rank=rank,
+                world_size=world_size,
+                device=torch.device(device),
+                signal_ptrs=ptrs,
+                eager_buffer_ptrs0=tuple(p + 100 for p in ptrs),
+                eager_buffer_ptrs1=tuple(p + 200 for p in ptrs),
+                eager_buffer_bytes=eager_buffer_bytes,
+                transport_policy=po._transport_policy_contract(),
+                exchange_group=group,
+                ipc=None,
+                owned_buffers=(),
+                max_size=max_size,
+                rank_data_bytes=4096,
+                ext_module=CpuExt(),
+                stream_affine=stream_affine,
+            )
             if err is not None:
                 raise err
             cls.live.append(runtime)
             return runtime
 
         @classmethod
-        def from_exchange_group(cls, *, exchange_group, device, eager_buffer_bytes=po.DEFAULT_MAX_SIZE,
-                                max_size=po.DEFAULT_MAX_SIZE, rank_data_bytes=po.DEFAULT_RANK_DATA_BYTES,
-                                ext_module=None, stream_affine=True):
-            record.append(["from_exchange_group", {"max_size": max_size, "eager_buffer_bytes": eager_buffer_bytes,
-                                                   "stream_affine": stream_affine}])
-            return cls.make(rank=dist.get_rank(exchange_group), world_size=dist.get_world_size(exchange_group),
-                            group=exchange_group, device=device, max_size=max_size,
-                            eager_buffer_bytes=eager_buffer_bytes, stream_affine=stream_affine)
+        def from_exchange_group(
+            cls,
+            *,
+            exchange_group,
+            device,
+            eager_buffer_bytes=po.DEFAULT_MAX_SIZE,
+            max_size=po.DEFAULT_MAX_SIZE,
+            rank_data_bytes=po.DEFAULT_RANK_DATA_BYTES,
+            ext_module=None,
+            stream_affine=True,
+        ):
+            record.append(
+                [
+                    "from_exchange_group",
+                    {"max_size": max_size, "eager_buffer_bytes": eager_buffer_bytes, "stream_affine": stream_affine},
+                ]
+            )
+            return cls.make(
+                rank=dist.get_rank(exchange_group),
+                world_size=dist.get_world_size(exchange_group),
+                group=exchange_group,
+                device=device,
+                max_size=max_size,
+                eager_buffer_bytes=eager_buffer_bytes,
+                stream_affine=stream_affine,
+            )
 
         # The kernels: what the CuTe launchers compute, as a gloo all-reduce in fp32.
         def _run_prepared_plain(self, inp, out, query, launchers):
@@ -207,13 +249,18 @@ def standins(real: types.SimpleNamespace, record: list, fail: dict | None = None
 
     def query_from_runtime(runtime, *, surface, call):
         inp = call["inp"]
-        if fail and fail.get("rank") == runtime.rank and tuple(inp.shape) == tuple(fail.get("shape", ())) \
-                and surface.endswith("rms_norm"):
+        if (
+            fail
+            and fail.get("rank") == runtime.rank
+            and tuple(inp.shape) == tuple(fail.get("shape", ()))
+            and surface.endswith("rms_norm")
+        ):
             raise ValueError("stand-in: this rank fails to plan the shape")
         return real.prep.query_from_runtime(runtime, surface=surface, call=call)
 
-    return types.SimpleNamespace(Runtime=Runtime, query_from_runtime=query_from_runtime,
-                                 **vars(session_and_compile(real, record, fail)))
+    return types.SimpleNamespace(
+        Runtime=Runtime, query_from_runtime=query_from_runtime, **vars(session_and_compile(real, record, fail))
+    )
 
 
 def session_and_compile(real: types.SimpleNamespace, record: list, fail: dict | None) -> types.SimpleNamespace:
@@ -229,10 +276,12 @@ def session_and_compile(real: types.SimpleNamespace, record: list, fail: dict | 
             record.append(["session", {k: kw.get(k) for k in ("autotune", "compile_workers")}])
             hook = kw.get("collective_barrier")
             if hook is not None:
+
                 def barrier(key, ranks, hook=hook):
                     off_main = threading.current_thread() is not threading.main_thread()
                     record.append(["barrier", key, list(ranks), off_main])
                     return hook(key, ranks)
+
                 kw["collective_barrier"] = barrier
             super().__init__(**kw)
 
@@ -285,8 +334,15 @@ def install_modules(real: types.SimpleNamespace, fakes: types.SimpleNamespace) -
     prep.Plan = real.types.Plan
     prep.CollectiveRequirement = real.types.CollectiveRequirement
     prep.PreparationSession = fakes.Session
-    sys.modules.update({"flashinfer": pkg, gating.__name__: gating, pcie.__name__: pcie, prep.__name__: prep,
-                        f"{prefix}.comm.pcie._oneshot_preparation": real.op})
+    sys.modules.update(
+        {
+            "flashinfer": pkg,
+            gating.__name__: gating,
+            pcie.__name__: pcie,
+            prep.__name__: prep,
+            f"{prefix}.comm.pcie._oneshot_preparation": real.op,
+        }
+    )
     # What compiles and loads kernels (CuTe DSL, Triton: absent here). Triton's observer hook
     # (_lib/compile_plan.py _ensure_triton_hook, imports triton) is marked installed.
     real.op.compile_oneshot_surface = fakes.compile_surface
@@ -320,16 +376,26 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     ipc.check_cuda = lambda ctx: None
     out: dict = {"dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
-        ctx = ProbeContext(world_size=world, device_type="cpu", dtype=dtype, group_backend="gloo", sm=(12, 0),
-                           p2p_ok=True, single_node=True)
+        ctx = ProbeContext(
+            world_size=world,
+            device_type="cpu",
+            dtype=dtype,
+            group_backend="gloo",
+            sm=(12, 0),
+            p2p_ok=True,
+            single_node=True,
+        )
         record.clear()
-        with make_backend(BackendName.b12x, None, device="cpu", dtype=dtype, max_numel=MAX_NUMEL, hidden=HIDDEN,
-                          context=ctx) as be:
+        with make_backend(
+            BackendName.b12x, None, device="cpu", dtype=dtype, max_numel=MAX_NUMEL, hidden=HIDDEN, context=ctx
+        ) as be:
             be.prepare(SHAPES)
-            res = {"disabled_reason": be.disabled_reason,
-                   "prepared": {k: sorted(map(list, v)) for k, v in be.prepared_shapes.items()},
-                   "supports": {str(r): be.supports(torch.zeros(r, HIDDEN, dtype=dtype)) for r in (4, 5, 40)},
-                   "calls": {}}
+            res = {
+                "disabled_reason": be.disabled_reason,
+                "prepared": {k: sorted(map(list, v)) for k, v in be.prepared_shapes.items()},
+                "supports": {str(r): be.supports(torch.zeros(r, HIDDEN, dtype=dtype)) for r in (4, 5, 40)},
+                "calls": {},
+            }
             for rows in CALL_ROWS:
                 x, residual, weight = inputs(rank, rows, dtype)
                 x0, r0 = x.clone(), residual.clone()
@@ -381,8 +447,15 @@ def run_ranks(tmp_path: Path, scenario: str, world: int = 2, timeout_s: float = 
     extract_b12x(os.environ[WHEEL_ENV], tmp_path / "fi")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
     logs = []
     try:
         for p in procs:
@@ -404,15 +477,25 @@ def test_row_limit_is_the_libraries(real):
     """The real query functions accept the fused surface up to 36 rows and refuse beyond; our bound
     and the registry's switch exactly there (the plain surface takes every size that fits)."""
     Runtime = standins(real, []).Runtime
-    rt = Runtime.make(rank=0, world_size=2, group=None, device="cpu", max_size=64 * HIDDEN * 4,
-                      eager_buffer_bytes=64 * HIDDEN * 4, stream_affine=False)
+    rt = Runtime.make(
+        rank=0,
+        world_size=2,
+        group=None,
+        device="cpu",
+        max_size=64 * HIDDEN * 4,
+        eager_buffer_bytes=64 * HIDDEN * 4,
+        stream_affine=False,
+    )
     accepted = {}
     for rows in range(1, 48):
         x = torch.zeros(rows, HIDDEN)
         got = []
-        for query in (lambda: real.op.query_from_runtime(rt, surface=b12x_backend.FUSED_SURFACE, call={"inp": x}),
-                      lambda: real.op.query_from_metadata(rt, surface=b12x_backend.FUSED_SURFACE,
-                                                          shape=(rows, HIDDEN), dtype=torch.float32)):
+        for query in (
+            lambda: real.op.query_from_runtime(rt, surface=b12x_backend.FUSED_SURFACE, call={"inp": x}),
+            lambda: real.op.query_from_metadata(
+                rt, surface=b12x_backend.FUSED_SURFACE, shape=(rows, HIDDEN), dtype=torch.float32
+            ),
+        ):
             try:
                 q = query()
                 assert q.call["rows"] == rows
@@ -435,9 +518,15 @@ def test_row_limit_literal_in_source():
     if not os.environ.get(WHEEL_ENV):
         pytest.skip(f"set {WHEEL_ENV}")
     tree = ast.parse(wheel_source(PCIE_DIR + "_oneshot_preparation.py"))
-    bounds = [node.comparators[0].value for node in ast.walk(tree)
-              if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "rows"
-              and isinstance(node.ops[0], ast.Gt) and isinstance(node.comparators[0], ast.Constant)]
+    bounds = [
+        node.comparators[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == "rows"
+        and isinstance(node.ops[0], ast.Gt)
+        and isinstance(node.comparators[0], ast.Constant)
+    ]
     assert bounds == [b12x_backend.MAX_ROWS] * 2  # query_from_metadata and query_from_runtime
 
 
@@ -479,8 +568,7 @@ def test_sm_gate_is_the_libraries(monkeypatch):
     for sm in SMS:
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, sm=sm: sm)
         lib = api_ns["is_supported"]()
-        ctx = ProbeContext(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=sm, p2p_ok=True,
-                           single_node=True)
+        ctx = ProbeContext(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=sm, p2p_ok=True, single_node=True)
         ours = b12x_backend.check_b12x_sm(ctx)
         assert (ours is None) == lib == INFO.kernel_runs_on(sm), sm
         if ours is not None:
@@ -492,15 +580,25 @@ def test_sm_gate_is_the_libraries(monkeypatch):
     assert api_ns["is_supported"]() is False
 
 
-@pytest.mark.parametrize("over,fragment", [
-    ({"sm": (10, 0)}, "SM100"), ({"sm": (8, 9)}, "SM89"), ({"world_size": 3}, "world size 3 unsupported"),
-    ({"p2p_ok": None}, "P2P status unknown"), ({"single_node": None}, "LOCAL_WORLD_SIZE"),
-    ({"dtype": torch.float64}, "dtype float64 unsupported"),
-])
+@pytest.mark.parametrize(
+    "over,fragment",
+    [
+        ({"sm": (10, 0)}, "SM100"),
+        ({"sm": (8, 9)}, "SM89"),
+        ({"world_size": 3}, "world size 3 unsupported"),
+        ({"p2p_ok": None}, "P2P status unknown"),
+        ({"single_node": None}, "LOCAL_WORLD_SIZE"),
+        ({"dtype": torch.float64}, "dtype float64 unsupported"),
+    ],
+)
 def test_probe_reasons(over, fragment, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    ctx = ProbeContext(**{**dict(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=(12, 0), p2p_ok=True,
-                                 single_node=True), **over})
+    ctx = ProbeContext(
+        **{
+            **dict(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=(12, 0), p2p_ok=True, single_node=True),
+            **over,
+        }
+    )
     cap = probe(BackendName.b12x, ctx)
     assert not cap.ok and fragment in cap.reason and "\n" not in cap.reason, cap
 
@@ -508,8 +606,9 @@ def test_probe_reasons(over, fragment, monkeypatch):
 def test_probe_without_library(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    ctx = ProbeContext(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=(12, 1), p2p_ok=True,
-                       single_node=True)
+    ctx = ProbeContext(
+        world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=(12, 1), p2p_ok=True, single_node=True
+    )
     cap = probe(BackendName.b12x, ctx)
     assert not cap.ok and cap.reason.startswith("flashinfer not importable") and "pip install" in cap.reason
 
@@ -542,12 +641,15 @@ def test_fused_to_36_rows_and_fallback_above_still_all_reduces(ok_ranks):
             assert [rows for kind, rows in launches[6:] if kind == "plain"] == [4, 36, 37, 37, 40, 40]
             assert res["record"][0] == ["session", {"autotune": False, "compile_workers": 0}]
             nbytes = MAX_NUMEL * {"torch.float32": 4, "torch.bfloat16": 2}[dtype]  # max_numel elements
-            assert res["record"][1] == ["from_exchange_group", {"max_size": nbytes, "eager_buffer_bytes": nbytes,
-                                                                "stream_affine": False}]
+            assert res["record"][1] == [
+                "from_exchange_group",
+                {"max_size": nbytes, "eager_buffer_bytes": nbytes, "stream_affine": False},
+            ]
             prepared = [e[1] for e in res["record"] if e[0] == "prepared"]
-            assert prepared == [f"fastverify.b12x.{k}.{r}x{HIDDEN}" for k, r in
-                                (("plain", 4), ("fused", 4), ("plain", 36), ("fused", 36), ("plain", 37),
-                                 ("plain", 40))]
+            assert prepared == [
+                f"fastverify.b12x.{k}.{r}x{HIDDEN}"
+                for k, r in (("plain", 4), ("fused", 4), ("plain", 36), ("fused", 36), ("plain", 37), ("plain", 40))
+            ]
             assert all(e[2] == [0, 1] for e in res["record"] if e[0] == "prepared")
             # the real session called the barrier hook once per request, on its own thread, each
             # before that request compiled (session.py: authorize, barrier, materialize, prime)
@@ -564,7 +666,8 @@ def test_preparation_failure_on_one_rank_disables_on_every_rank(tmp_path):
     for out in outs:
         for dtype, res in out["dtypes"].items():
             assert res["disabled_reason"] == b12x_backend.not_built_line(
-                f"rank 1: fastverify.b12x.fused.36x{HIDDEN}: ValueError: stand-in: this rank fails to plan the shape")
+                f"rank 1: fastverify.b12x.fused.36x{HIDDEN}: ValueError: stand-in: this rank fails to plan the shape"
+            )
             assert res["prepared"] == {"plain": [], "fused": []}
             # rank 1 failed while planning, before its session ran; rank 0's first round met its fail
             assert not any(e[0] in ("plain", "fused", "prepared", "barrier", "compile") for e in res["record"])

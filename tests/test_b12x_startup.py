@@ -43,8 +43,13 @@ import pytest  # noqa: E402
 import test_b12x as base  # noqa: E402
 import torch  # noqa: E402
 
-from fastverify.backends import BackendName, ProbeContext, check_close, make_backend  # noqa: E402
-from fastverify.backends import ipc  # noqa: E402
+from fastverify.backends import (  # noqa: E402
+    BackendName,
+    ProbeContext,
+    check_close,
+    ipc,  # noqa: E402
+    make_backend,
+)
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
 
 H = base.HIDDEN
@@ -60,6 +65,7 @@ NO_WHEEL = f"set {base.WHEEL_ENV} to the flashinfer-python 0.7.4 wheel to run b1
 def _sglang_groups(dist) -> tuple[object, object, object]:
     """Two gloo groups and an SGLang-shaped coordinator registered in ``parallel_state._groups``
     (SGLang 0.5.23: ``_register_group`` stores ``weakref.ref(GroupCoordinator)``)."""
+
     class GroupCoordinator:  # what sglang_cpu_group reads of SGLang's
         def __init__(self, device_group, cpu_group):
             self.unique_name, self.device_group, self.cpu_group = "tp:0", device_group, cpu_group
@@ -78,26 +84,37 @@ def _spy_exchanges(dist, device, cpu, log: list) -> None:
 
     def gather(out, obj, group=None):
         where = "cpu" if group is cpu else "device" if group is device else repr(group)
-        log.append([where, threading.current_thread() is threading.main_thread(), list(obj) if isinstance(obj, tuple)
-                    else obj])
+        log.append(
+            [where, threading.current_thread() is threading.main_thread(), list(obj) if isinstance(obj, tuple) else obj]
+        )
         return real_gather(out, obj, group=group)
 
     dist.all_gather_object = gather
 
 
 def _backend(world: int, device_group):
-    ctx = ProbeContext(world_size=world, device_type="cpu", dtype=torch.float32, group_backend="nccl", sm=(12, 0),
-                       p2p_ok=True, single_node=True)
-    return make_backend(BackendName.b12x, device_group, device="cpu", dtype=torch.float32, max_numel=8 * H,
-                        hidden=H, context=ctx)
+    ctx = ProbeContext(
+        world_size=world,
+        device_type="cpu",
+        dtype=torch.float32,
+        group_backend="nccl",
+        sm=(12, 0),
+        p2p_ok=True,
+        single_node=True,
+    )
+    return make_backend(
+        BackendName.b12x, device_group, device="cpu", dtype=torch.float32, max_numel=8 * H, hidden=H, context=ctx
+    )
 
 
 def _scenario_compile_fails(be, rank: int, out: dict) -> None:
     be.prepare(SHAPES)  # rank 1's compile of the fused 4-row request raises
     x, residual, weight = base.inputs(rank, 4, torch.float32)
     xs = [base.inputs(r, 4, torch.float32)[0] for r in range(2)]
-    out["after"] = {"all_reduce": check_close(be.all_reduce(x), sum(v.float() for v in xs), torch.float32),
-                    "fused": be.all_reduce_residual_rmsnorm(x, residual, weight, base.EPS)[0].shape == x.shape}
+    out["after"] = {
+        "all_reduce": check_close(be.all_reduce(x), sum(v.float() for v in xs), torch.float32),
+        "fused": be.all_reduce_residual_rmsnorm(x, residual, weight, base.EPS)[0].shape == x.shape,
+    }
 
 
 def _layouts() -> dict[str, torch.Tensor]:
@@ -136,10 +153,17 @@ def _scenario_strides(be, rank: int, out: dict) -> None:
         torch.distributed.all_gather(gathered, v.contiguous(), group=be.cpu_group)
         keys = ("all_reduce", "fallback_all_reduce", "fused", "fallback")
         paths = {k: be.path_counts[k] - before.get(k, 0) for k in keys}
-        res[name] = {"lib": lib, "is_contiguous": v.is_contiguous(), "stride": list(v.stride()), "shape": list(v.shape),
-                     "ours_plain": be._ready("plain", v) is not None, "ours_fused": be._ready("fused", v) is not None,
-                     "paths": paths, "sum_ok": check_close(summed, sum(gathered), torch.float32)[0],
-                     "normed_shape": list(normed.shape)}
+        res[name] = {
+            "lib": lib,
+            "is_contiguous": v.is_contiguous(),
+            "stride": list(v.stride()),
+            "shape": list(v.shape),
+            "ours_plain": be._ready("plain", v) is not None,
+            "ours_fused": be._ready("fused", v) is not None,
+            "paths": paths,
+            "sum_ok": check_close(summed, sum(gathered), torch.float32)[0],
+            "normed_shape": list(normed.shape),
+        }
     v = _layouts()["view_1_stride_2H"]
     try:
         be._runtime.all_reduce(v, plan=be._plans[("plain", (1, H))], out=torch.empty(1, H))
@@ -155,6 +179,7 @@ PATCH_SHAPES = [(4, H), (8, H), (40, H)]  # verify rows as the rank step passes 
 def _count_preparation(real, calls: dict) -> None:
     """Count every call of the library's preparation entry points the backend resolves: the two
     prepare-call builders (``_oneshot_preparation.py``) and ``query_from_runtime`` per surface."""
+
     def counting(name: str, fn):
         def builder(*args, **kw):
             calls[name] = calls.get(name, 0) + 1
@@ -185,8 +210,14 @@ def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
     _count_preparation(real, calls)
     R.backend_for_device = lambda kind, device_type: BackendName(kind)
     R.context_from_coordinator = lambda coord, **kw: ProbeContext(
-        world_size=world, device_type="cpu", dtype=torch.float32, group_backend="gloo", sm=(12, 0), p2p_ok=True,
-        single_node=True)
+        world_size=world,
+        device_type="cpu",
+        dtype=torch.float32,
+        group_backend="gloo",
+        sm=(12, 0),
+        p2p_ok=True,
+        single_node=True,
+    )
     coordinator.world_size, coordinator.rank_in_group = world, rank
     slot = slots.ADD_NORM_SLOT
     slot.factory = install._default_factory(slot, modules={})
@@ -196,10 +227,14 @@ def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
     xs = [base.inputs(r, 4, torch.float32)[0] for r in range(world)]
     normed, res_out = be.all_reduce_residual_rmsnorm(x, residual, weight, base.EPS)
     want = base.reference_residual_rmsnorm(xs, residual, weight, base.EPS)
-    out.update(kind=slot.kind.value, slot_prepared=slot.prepared, calls=calls,
-               prepared={k: sorted(map(list, v)) for k, v in be.prepared_shapes.items()},
-               supports={str(r): be.supports(torch.zeros(r, H)) for r, _ in PATCH_SHAPES},
-               fused_ok=[check_close(normed, want[0], torch.float32)[0], check_close(res_out, want[1], torch.float32)[0]])
+    out.update(
+        kind=slot.kind.value,
+        slot_prepared=slot.prepared,
+        calls=calls,
+        prepared={k: sorted(map(list, v)) for k, v in be.prepared_shapes.items()},
+        supports={str(r): be.supports(torch.zeros(r, H)) for r, _ in PATCH_SHAPES},
+        fused_ok=[check_close(normed, want[0], torch.float32)[0], check_close(res_out, want[1], torch.float32)[0]],
+    )
     slot.backend = slot.factory = None
     return be
 
@@ -227,8 +262,11 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     with _backend(world, device) as be:
         out["cpu_group_is_sglangs"] = be.cpu_group is cpu
         {"compile_fails": _scenario_compile_fails, "strides": _scenario_strides}[scenario](be, rank, out)
-        out.update(disabled_reason=be.disabled_reason, barrier_calls=[list(c) for c in be.barrier_calls],
-                   paths=dict(be.path_counts))
+        out.update(
+            disabled_reason=be.disabled_reason,
+            barrier_calls=[list(c) for c in be.barrier_calls],
+            paths=dict(be.path_counts),
+        )
     fakes.Runtime.live.clear()  # no ProcessGroup reference may outlive destroy_process_group
     out.update(record=record, exchanges=exchanges)
     del be, coordinator
@@ -258,8 +296,15 @@ def run_ranks(tmp_path: Path, scenario: str, world: int = 2) -> tuple[list[dict]
     port = base._free_port()
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     started = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
     logs = []
     try:
         for p in procs:
@@ -381,8 +426,12 @@ def test_a_1_by_h_view_with_row_stride_2h_falls_back_instead_of_crashing(strides
     for out in strides:
         view, plain = out["layouts"]["view_1_stride_2H"], out["layouts"]["contiguous_1"]
         assert view["is_contiguous"] and view["stride"] == [2 * H, 1]
-        assert view["lib"] == {"plain": False, "plain_error": "oneshot input metadata differs from the prepared plan",
-                               "fused": False, "fused_error": "oneshot input metadata differs from the prepared plan"}
+        assert view["lib"] == {
+            "plain": False,
+            "plain_error": "oneshot input metadata differs from the prepared plan",
+            "fused": False,
+            "fused_error": "oneshot input metadata differs from the prepared plan",
+        }
         assert not view["ours_plain"] and not view["ours_fused"] and view["sum_ok"]
         assert view["paths"] == {"fallback_all_reduce": 2, "fallback": 1, "all_reduce": 0, "fused": 0}
         assert out["layouts"]["library_on_view"] == "ValueError: oneshot input metadata differs from the prepared plan"
@@ -400,20 +449,42 @@ def test_plan_takes_is_the_real_check_input(tmp_path):
     before = set(sys.modules)
     try:
         real = base.import_b12x(root)
-        rt = base.standins(real, []).Runtime.make(rank=0, world_size=2, group=None, device="cpu", max_size=64 * H * 4,
-                                                  eager_buffer_bytes=64 * H * 4, stream_affine=False)
+        rt = base.standins(real, []).Runtime.make(
+            rank=0,
+            world_size=2,
+            group=None,
+            device="cpu",
+            max_size=64 * H * 4,
+            eager_buffer_bytes=64 * H * 4,
+            stream_affine=False,
+        )
         for shape in ((1, H), (4, H)):
             query = real.op.query_from_runtime(rt, surface=b12x_backend.PLAIN_SURFACE, call={"inp": torch.zeros(shape)})
             plan = real.op.plan(query, runtime=rt)
             assert not b12x_backend.plan_takes(plan, torch.zeros(shape))
             variants = tuple(tuple(v) for v in query.setup["variants"])
             state = real.op._OneshotExecutionState(query, rt, types.MappingProxyType({v: "l" for v in variants}))
-            plan._install(real.types._Prepared(state=state, selection=None, programs=frozenset(), retained=None,
-                                               owners=(), closers=(), device=real.device.detect_device(None),
-                                               scratch=()))
+            plan._install(
+                real.types._Prepared(
+                    state=state,
+                    selection=None,
+                    programs=frozenset(),
+                    retained=None,
+                    owners=(),
+                    closers=(),
+                    device=real.device.detect_device(None),
+                    scratch=(),
+                )
+            )
             rows = shape[0]
-            cases = [torch.zeros(shape), torch.zeros(rows, 2 * H)[:, :H], torch.zeros(shape, dtype=torch.bfloat16),
-                     torch.zeros(H, rows).t(), torch.zeros(rows + 1, H)[1:], torch.zeros(1, H).expand(rows, H)]
+            cases = [
+                torch.zeros(shape),
+                torch.zeros(rows, 2 * H)[:, :H],
+                torch.zeros(shape, dtype=torch.bfloat16),
+                torch.zeros(H, rows).t(),
+                torch.zeros(rows + 1, H)[1:],
+                torch.zeros(1, H).expand(rows, H),
+            ]
             for x in cases:
                 try:
                     state._check_input(x)

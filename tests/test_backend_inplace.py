@@ -50,8 +50,9 @@ def weight_value(j: int) -> float:
 
 def reference() -> tuple[list, list]:
     """(residual_out, normed) of the summed inputs, in float64 Python arithmetic."""
-    res = [[sum(x_value(r, i, j) for r in range(WORLD)) + residual_value(i, j) for j in range(HIDDEN)]
-           for i in range(ROWS)]
+    res = [
+        [sum(x_value(r, i, j) for r in range(WORLD)) + residual_value(i, j) for j in range(HIDDEN)] for i in range(ROWS)
+    ]
     normed = []
     for row in res:
         inv = 1 / math.sqrt(sum(v * v for v in row) / HIDDEN + EPS)
@@ -109,10 +110,16 @@ def _one_case(rank: int, case: str) -> dict:
     with make_backend("gloo", None, device="cpu", dtype=dtype, max_numel=None, options={"norm": norm}) as be:
         _, plain_clones = _clones(lambda: be.all_reduce(x))  # the all-reduce's own out-of-place output
         (normed, res), clones = _clones(lambda: be.all_reduce_residual_rmsnorm(x, residual, weight, EPS))
-        return {"same_storage": res.data_ptr() == ptr, "extra_clones": clones - plain_clones,
-                "residual_after": residual.double().tolist(), "residual_out": res.double().tolist(),
-                "normed": normed.double().tolist(), "dtypes": [str(normed.dtype), str(res.dtype)],
-                "x_unchanged": bool(torch.equal(x, x_before)), "norm": be.norm.value}
+        return {
+            "same_storage": res.data_ptr() == ptr,
+            "extra_clones": clones - plain_clones,
+            "residual_after": residual.double().tolist(),
+            "residual_out": res.double().tolist(),
+            "normed": normed.double().tolist(),
+            "dtypes": [str(normed.dtype), str(res.dtype)],
+            "x_unchanged": bool(torch.equal(x, x_before)),
+            "norm": be.norm.value,
+        }
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -141,8 +148,15 @@ def ranks(tmp_path_factory) -> list[dict]:
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(WORLD), str(port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(WORLD), str(port), str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(WORLD)
+    ]
     logs = []
     try:
         logs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]

@@ -20,8 +20,9 @@ SM120 = (12, 0)
 
 
 def _loglog(x0, y0, x1, y1, x):
-    return math.exp(math.log(y0) + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-                    * (math.log(y1) - math.log(y0)))
+    return math.exp(
+        math.log(y0) + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (math.log(y1) - math.log(y0))
+    )
 
 
 def _raw() -> dict:
@@ -40,15 +41,18 @@ def test_data_file_loads_strictly_and_every_record_has_a_link():
     assert set(backend_model.published_boxes()) == {b.id for b in data.boxes}
 
 
-@pytest.mark.parametrize("mutate, says", [
-    (lambda d: d["measurements"][0].pop("link"), "link"),
-    (lambda d: d["measurements"][0].__setitem__("link", "blog.example"), "no https link"),
-    (lambda d: d["measurements"][0].__setitem__("world_size", "eight"), "world_size"),
-    (lambda d: d["measurements"][0].__setitem__("surprise", 1), "surprise"),
-    (lambda d: d["measurements"][0].__setitem__("box", "nowhere"), "unknown box"),
-    (lambda d: d["measurements"][0].__setitem__("times_us", [1.0]), "sizes but 1 values"),
-    (lambda d: d["measurements"][0].__setitem__("backend", "pcie-ipc"), "backend"),
-])
+@pytest.mark.parametrize(
+    "mutate, says",
+    [
+        (lambda d: d["measurements"][0].pop("link"), "link"),
+        (lambda d: d["measurements"][0].__setitem__("link", "blog.example"), "no https link"),
+        (lambda d: d["measurements"][0].__setitem__("world_size", "eight"), "world_size"),
+        (lambda d: d["measurements"][0].__setitem__("surprise", 1), "surprise"),
+        (lambda d: d["measurements"][0].__setitem__("box", "nowhere"), "unknown box"),
+        (lambda d: d["measurements"][0].__setitem__("times_us", [1.0]), "sizes but 1 values"),
+        (lambda d: d["measurements"][0].__setitem__("backend", "pcie-ipc"), "backend"),
+    ],
+)
 def test_bad_data_file_is_one_line_naming_the_file(tmp_path, mutate, says):
     d = _raw()
     mutate(d)
@@ -94,7 +98,10 @@ def test_kernel_model_residuals_by_hand():
     epyc = 7.5 + 7 * 1048576 / 63000
     assert res[("rtx6kpro-epyc9124-8xpro6000", 1048576)] == pytest.approx(math.log(288.6 / epyc))
     held = backend_model.kernel_residuals(data, "sglang-v100-pr2-4xv100")
-    assert "sglang-v100-pr2-4xv100" not in {r.box for r in held} and backend_model.latency_us(data, "sglang-v100-pr2-4xv100") == 7.5
+    assert (
+        "sglang-v100-pr2-4xv100" not in {r.box for r in held}
+        and backend_model.latency_us(data, "sglang-v100-pr2-4xv100") == 7.5
+    )
     assert len({r.box for r in backend_model.kernel_residuals(data)}) == 9
 
 
@@ -110,29 +117,58 @@ def test_range_constants_match_their_sources():
 
 
 def _box(i):
-    return {"id": i, "gpu": f"GPU {i}", "sm": [12, 0], "gpu_count": 8, "pcie_gen": 5, "fabric": "switch",
-            "numa": "one node", "link": f"https://example.org/{i}"}
+    return {
+        "id": i,
+        "gpu": f"GPU {i}",
+        "sm": [12, 0],
+        "gpu_count": 8,
+        "pcie_gen": 5,
+        "fabric": "switch",
+        "numa": "one node",
+        "link": f"https://example.org/{i}",
+    }
 
 
 def _meas(mid, box, backend, sizes, times, *, kernel="k", ws=8, p2p=True, settings="default"):
-    return {"id": mid, "box": box, "backend": backend, "kernel": kernel, "world_size": ws, "p2p": p2p, "tool": "t",
-            "settings": settings, "tuned": False, "dtype": None, "sizes_bytes": sizes, "times_us": times,
-            "speedup_vs_nccl": None, "run_range_us": None, "read_from": "table", "cuda_graph": None,
-            "table_file": None, "link": f"https://example.org/{mid}"}
+    return {
+        "id": mid,
+        "box": box,
+        "backend": backend,
+        "kernel": kernel,
+        "world_size": ws,
+        "p2p": p2p,
+        "tool": "t",
+        "settings": settings,
+        "tuned": False,
+        "dtype": None,
+        "sizes_bytes": sizes,
+        "times_us": times,
+        "speedup_vs_nccl": None,
+        "run_range_us": None,
+        "read_from": "table",
+        "cuda_graph": None,
+        "table_file": None,
+        "link": f"https://example.org/{mid}",
+    }
 
 
 def _synthetic_dict() -> dict:
-    return {"version": 1, "description": "synthetic", "boxes": [_box("A"), _box("B"), _box("C")], "measurements": [
-        _meas("a-nccl", "A", "nccl", [4096, 4194304], [10.0, 1000.0]),
-        _meas("b-nccl", "B", "nccl", [4096, 4194304], [20.0, 2000.0]),
-        _meas("c-nccl", "C", "nccl", [4096, 4194304], [40.0, 4000.0]),
-        _meas("a-nccl-tuned", "A", "nccl", [4096, 4194304], [900.0, 9.0], settings="NCCL_PROTO=LL"),
-        _meas("a-k", "A", None, [4096], [5.0]),
-        _meas("b-k", "B", None, [4096], [15.0]),
-        _meas("c-k-unknown", "C", None, [4096], [500.0], p2p=None),
-        _meas("a-ipc", "A", "pcie_ipc", [4096], [7.0]),
-        _meas("c-ipc-no-p2p", "C", "pcie_ipc", [4096], [700.0], p2p=False),
-    ]}
+    return {
+        "version": 1,
+        "description": "synthetic",
+        "boxes": [_box("A"), _box("B"), _box("C")],
+        "measurements": [
+            _meas("a-nccl", "A", "nccl", [4096, 4194304], [10.0, 1000.0]),
+            _meas("b-nccl", "B", "nccl", [4096, 4194304], [20.0, 2000.0]),
+            _meas("c-nccl", "C", "nccl", [4096, 4194304], [40.0, 4000.0]),
+            _meas("a-nccl-tuned", "A", "nccl", [4096, 4194304], [900.0, 9.0], settings="NCCL_PROTO=LL"),
+            _meas("a-k", "A", None, [4096], [5.0]),
+            _meas("b-k", "B", None, [4096], [15.0]),
+            _meas("c-k-unknown", "C", None, [4096], [500.0], p2p=None),
+            _meas("a-ipc", "A", "pcie_ipc", [4096], [7.0]),
+            _meas("c-ipc-no-p2p", "C", "pcie_ipc", [4096], [700.0], p2p=False),
+        ],
+    }
 
 
 @pytest.fixture
@@ -161,10 +197,15 @@ def test_kernel_pool_and_comparable_rows_by_hand(synthetic):
     assert backend_model.latency_us(synthetic, "A") == pytest.approx(15.0)
     assert {r.box for r in backend_model.kernel_residuals(synthetic, "A")} == {"B"}
     # NCCL rows: default settings only (the tuned A run is not the baseline)
-    assert [m.id for m in backend_model.comparable(BackendName.nccl, 8, data=synthetic)] == ["a-nccl", "b-nccl", "c-nccl"]
+    assert [m.id for m in backend_model.comparable(BackendName.nccl, 8, data=synthetic)] == [
+        "a-nccl",
+        "b-nccl",
+        "c-nccl",
+    ]
     assert [m.id for m in backend_model.comparable(BackendName.nccl, 8, "C", data=synthetic)] == ["a-nccl", "b-nccl"]
-    assert backend_model.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [m for m in synthetic.measurements
-                                                                       if m.id == "a-ipc"]
+    assert backend_model.comparable(BackendName.pcie_ipc, 8, data=synthetic) == [
+        m for m in synthetic.measurements if m.id == "a-ipc"
+    ]
 
 
 def test_estimate_on_other_data_is_unknown_with_two_boxes(synthetic):
@@ -173,8 +214,12 @@ def test_estimate_on_other_data_is_unknown_with_two_boxes(synthetic):
     assert ipc.sources == ("a-ipc",) and ipc.point_us == pytest.approx(10.5 + 7 * 4096 / 63000)
     assert ipc.low_us is None and "2 published boxes, fewer than 4" in ipc.unknown
     # leaving A out leaves pcie_ipc no published row at all: no number invented
-    assert backend_model.estimate(BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic,
-                       exclude_box="A") is None
+    assert (
+        backend_model.estimate(
+            BackendName.pcie_ipc, 4096, world_size=8, sm=SM120, p2p=True, data=synthetic, exclude_box="A"
+        )
+        is None
+    )
     with pytest.raises(ValueError, match="cost model"):
         backend_model.estimate(BackendName.nccl, 4096, world_size=8, sm=SM120, data=synthetic)
 
@@ -186,8 +231,11 @@ def test_four_boxes_that_disagree_get_no_range():
     offsets): 22 of 44, under 80 %: unknown, with the reason. (With one miss per box and no
     within-box spread the two extreme boxes are always out: such a pool needs 10 boxes.)"""
 
-    res = [ranges.Residual(b, 8, 4096 << k, math.log(x)) for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
-           for k in range(11)]
+    res = [
+        ranges.Residual(b, 8, 4096 << k, math.log(x))
+        for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
+        for k in range(11)
+    ]
     f = ranges.fit(res, world_size=8, msg_bytes=4096)
     assert not f.known and "no share of the 4 published boxes' misses holds 80 %" in f.reason
 
@@ -198,11 +246,16 @@ def test_disagreeing_sources_carry_the_note():
 
 
 def test_none_where_no_comparable_data_exist():
-    assert backend_model.estimate(BackendName.b12x, SEED_BYTES, world_size=8, sm=SM120, p2p=True) is None  # no isolated figure
+    assert (
+        backend_model.estimate(BackendName.b12x, SEED_BYTES, world_size=8, sm=SM120, p2p=True) is None
+    )  # no isolated figure
     # custom_ar's one PCIe figure (4x V100) makes it a kernel-model candidate at 2 GPUs too: 7.5 + 57,344 / 63,000
-    assert backend_model.estimate(BackendName.custom_ar, SEED_BYTES, world_size=2, sm=SM120, p2p=True).point_us == \
-        pytest.approx(7.5 + 57344 / 63000)
-    assert backend_model.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=False) is None  # needs P2P
+    assert backend_model.estimate(
+        BackendName.custom_ar, SEED_BYTES, world_size=2, sm=SM120, p2p=True
+    ).point_us == pytest.approx(7.5 + 57344 / 63000)
+    assert (
+        backend_model.estimate(BackendName.pcie_ipc, SEED_BYTES, world_size=8, sm=SM120, p2p=False) is None
+    )  # needs P2P
     assert backend_model.estimate(BackendName.pcie_ipc, 0, world_size=8, sm=SM120, p2p=True) is None
 
 
@@ -214,19 +267,27 @@ def test_exclude_box_really_excludes():
     both = backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True)
     assert both.point_us == pytest.approx(7.5 + 7 * 12288 / 31500)
     assert set(both.sources) == {"sglang-docstring-pcie-ipc", "flashinfer-pr4393-pcie-ipc-b1"}
-    held = backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
-                       exclude_box="sglang-docstring-8xsm120")
+    held = backend_model.estimate(
+        BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True, exclude_box="sglang-docstring-8xsm120"
+    )
     assert held.sources == ("flashinfer-pr4393-pcie-ipc-b1",)
     f = backend_model.kernel_fit(backend_model.load(), 12288, 8, "sglang-docstring-8xsm120")
-    assert f.boxes == 8 and (held.low_us, held.high_us) == pytest.approx((held.point_us * f.low, held.point_us * f.high))
-    assert backend_model.estimate(BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True,
-                       exclude_box="flashinfer-pr4393-8xl40s").sources == ("sglang-docstring-pcie-ipc",)
+    assert f.boxes == 8 and (held.low_us, held.high_us) == pytest.approx(
+        (held.point_us * f.low, held.point_us * f.high)
+    )
+    assert backend_model.estimate(
+        BackendName.pcie_ipc, 12288, world_size=8, sm=(8, 9), p2p=True, exclude_box="flashinfer-pr4393-8xl40s"
+    ).sources == ("sglang-docstring-pcie-ipc",)
 
 
 def test_interpolation_rule():
     s, v = (1000, 4000), (10.0, 40.0)
     assert backend_model.interpolate(s, v, 2000) == pytest.approx(20.0)  # log-log, slope 1
-    assert backend_model.interpolate(s, v, 500) == 10.0 and backend_model.interpolate(s, v, 499) is None  # held flat, <= 2x
-    assert backend_model.interpolate(s, v, 8000) == pytest.approx(80.0) and backend_model.interpolate(s, v, 8001) is None
+    assert (
+        backend_model.interpolate(s, v, 500) == 10.0 and backend_model.interpolate(s, v, 499) is None
+    )  # held flat, <= 2x
+    assert (
+        backend_model.interpolate(s, v, 8000) == pytest.approx(80.0) and backend_model.interpolate(s, v, 8001) is None
+    )
     assert backend_model.interpolate((1000, 2000), (10.0, 100.0), 4000) == pytest.approx(200.0)  # slope clamped to 1
     assert backend_model.interpolate((1000,), (10.0,), 2000) == 10.0

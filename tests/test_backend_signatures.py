@@ -34,7 +34,8 @@ from fastverify.registry import BACKENDS  # noqa: E402
 # Every registered backend's module, from the registry: a new backend's table is checked without
 # editing this file. Modules without library calls (torch_dist) have no EXTERNAL_CALLS.
 BACKEND_MODULES = tuple(
-    importlib.import_module(m) for m in dict.fromkeys(b.module for b in BACKENDS)
+    importlib.import_module(m)
+    for m in dict.fromkeys(b.module for b in BACKENDS)
     if hasattr(importlib.import_module(m), "EXTERNAL_CALLS")
 )
 CALLS: list[ExternalCall] = [c for m in BACKEND_MODULES for c in m.EXTERNAL_CALLS]
@@ -47,6 +48,8 @@ ALIASES = {"b12x": "flashinfer.experimental.b12x"}
 def _canonical(module: str) -> str:
     head, _, rest = module.partition(".")
     return ALIASES[head] + (f".{rest}" if rest else "") if head in ALIASES else module
+
+
 WHEEL_ENV = {"flashinfer": "FASTVERIFY_FLASHINFER_WHEEL", "sglang": "FASTVERIFY_SGLANG_WHEEL"}
 
 
@@ -79,8 +82,12 @@ def _not_importable_reason(call: ExternalCall, why: str, environ=os.environ) -> 
 
 def test_every_registered_backend_module_is_checked():
     with_tables = {m.__name__ for m in BACKEND_MODULES}
-    expected = {"fastverify.backends.flashinfer_pcie_ipc", "fastverify.backends.flashinfer_fused",
-                "fastverify.backends.flashinfer_b12x", "fastverify.backends.sglang_custom_ar"}
+    expected = {
+        "fastverify.backends.flashinfer_pcie_ipc",
+        "fastverify.backends.flashinfer_fused",
+        "fastverify.backends.flashinfer_b12x",
+        "fastverify.backends.sglang_custom_ar",
+    }
     assert with_tables == expected
     assert {m for b in BACKENDS for m in [b.module]} - with_tables == {"fastverify.backends.torch_dist"}
 
@@ -121,8 +128,11 @@ def test_signature_installed(call: ExternalCall):
     if call.kind == "attribute":
         assert not callable(obj) or isinstance(obj, int)
         return
-    owner = call.resolve() if call.kind != "method" else ExternalCall(call.public, call.qualname.split(".")[0],
-                                                                        call.defined_in).resolve()
+    owner = (
+        call.resolve()
+        if call.kind != "method"
+        else ExternalCall(call.public, call.qualname.split(".")[0], call.defined_in).resolve()
+    )
     assert _canonical(inspect.getmodule(owner).__name__) == call.defined_in, "defined_in is what the source test reads"
     sig = inspect.signature(obj)
     missing = _accepts(sig, call.params)
@@ -231,8 +241,7 @@ def test_signature_wheel_source(call: ExternalCall, wheels):
         assert isinstance(node, ast.ClassDef)
         init = _find(node.body, "__init__")
         if init is None and _is_dataclass(node):
-            fields = {n.target.id for n in node.body
-                      if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            fields = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
             missing = [n for n in call.params if n not in fields]
             assert not missing, f"dataclass {head} in {call.defined_in} has no field(s) {missing}"
             return
@@ -267,7 +276,9 @@ def test_backends_call_libraries_only_through_the_table(mod):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            assert not any(n.split(".")[0] == "flashinfer" for n in names), f"direct flashinfer import: {ast.unparse(node)}"
+            assert not any(n.split(".")[0] == "flashinfer" for n in names), (
+                f"direct flashinfer import: {ast.unparse(node)}"
+            )
     receivers = _library_receivers(mod)
     table_methods = {c.qualname.split(".")[-1] for c in mod.EXTERNAL_CALLS if c.kind == "method"}
     checked = 0
@@ -277,11 +288,20 @@ def test_backends_call_libraries_only_through_the_table(mod):
         func = node.func
         # self._ws.method(...) or self._fn(...) where _ws/_fn came from a table entry
         recv = func.value if isinstance(func, ast.Attribute) else None
-        if isinstance(func, ast.Attribute) and isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) \
-                and recv.value.id == "self" and recv.attr in receivers:
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(recv, ast.Attribute)
+            and isinstance(recv.value, ast.Name)
+            and recv.value.id == "self"
+            and recv.attr in receivers
+        ):
             assert func.attr in table_methods, f"{ast.unparse(node)}: method not in the table"
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
-                and func.attr in receivers:
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and func.attr in receivers
+        ):
             pass
         elif isinstance(func, ast.Call) and isinstance(func.func, ast.Attribute) and func.func.attr == "resolve":
             pass  # ENTRY.resolve()(...)
@@ -290,6 +310,7 @@ def test_backends_call_libraries_only_through_the_table(mod):
         checked += 1
         assert not node.args, f"{ast.unparse(node)}: pass arguments by keyword through the table"
         for kw in node.keywords:
-            assert kw.arg is None and isinstance(kw.value, ast.Call) and \
-                ast.unparse(kw.value.func).endswith(".kwargs"), f"{ast.unparse(node)}: use **ENTRY.kwargs(...)"
+            assert (
+                kw.arg is None and isinstance(kw.value, ast.Call) and ast.unparse(kw.value.func).endswith(".kwargs")
+            ), f"{ast.unparse(node)}: use **ENTRY.kwargs(...)"
     assert checked >= 3, "the scan found no library calls; the receivers pattern no longer matches"

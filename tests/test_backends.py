@@ -142,18 +142,49 @@ def _install_fake_flashinfer(broken_rank: int | None, rank: int) -> list:
             self.destroyed = True
             calls.append(("destroy", {}))
 
-    def create_allreduce_fusion_workspace(backend="auto", world_size=None, rank=None, max_token_num=None,
-                                          hidden_dim=None, dtype=None, group=None):
-        calls.append(("create", {"backend": backend, "world_size": world_size, "max_token_num": max_token_num,
-                                 "hidden_dim": hidden_dim}))
+    def create_allreduce_fusion_workspace(
+        backend="auto", world_size=None, rank=None, max_token_num=None, hidden_dim=None, dtype=None, group=None
+    ):
+        calls.append(
+            (
+                "create",
+                {
+                    "backend": backend,
+                    "world_size": world_size,
+                    "max_token_num": max_token_num,
+                    "hidden_dim": hidden_dim,
+                },
+            )
+        )
         return TRTLLMAllReduceFusionWorkspace(group)
 
-    def allreduce_fusion(input, workspace, pattern, launch_with_pdl=False, trigger_completion_at_end=True,
-                         output=None, residual_out=None, norm_out=None, residual_in=None, rms_gamma=None,
-                         rms_eps=1e-6, use_oneshot=None, fp32_acc=False):
-        calls.append(("fusion", {"pattern": pattern, "rows": input.shape[0], "use_oneshot": use_oneshot,
-                                 "trigger_completion_at_end": trigger_completion_at_end,
-                                 "launch_with_pdl": launch_with_pdl}))
+    def allreduce_fusion(
+        input,
+        workspace,
+        pattern,
+        launch_with_pdl=False,
+        trigger_completion_at_end=True,
+        output=None,
+        residual_out=None,
+        norm_out=None,
+        residual_in=None,
+        rms_gamma=None,
+        rms_eps=1e-6,
+        use_oneshot=None,
+        fp32_acc=False,
+    ):
+        calls.append(
+            (
+                "fusion",
+                {
+                    "pattern": pattern,
+                    "rows": input.shape[0],
+                    "use_oneshot": use_oneshot,
+                    "trigger_completion_at_end": trigger_completion_at_end,
+                    "launch_with_pdl": launch_with_pdl,
+                },
+            )
+        )
         reduced = input.clone()
         dist.all_reduce(reduced, group=workspace.group)
         if broken_rank == rank:
@@ -166,8 +197,12 @@ def _install_fake_flashinfer(broken_rank: int | None, rank: int) -> list:
         norm_out.copy_(r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + rms_eps) * rms_gamma.double())
         return norm_out
 
-    for obj in (AllReduceFusionPattern, TRTLLMAllReduceFusionWorkspace, create_allreduce_fusion_workspace,
-                allreduce_fusion):
+    for obj in (
+        AllReduceFusionPattern,
+        TRTLLMAllReduceFusionWorkspace,
+        create_allreduce_fusion_workspace,
+        allreduce_fusion,
+    ):
         setattr(comm, obj.__name__, obj)
     pkg = types.ModuleType("flashinfer")
     pkg.comm = comm
@@ -179,8 +214,15 @@ def _install_fake_flashinfer(broken_rank: int | None, rank: int) -> list:
 
 def fused_cpu_context(world: int) -> ProbeContext:
     """What the tune worker passes (``tune/worker.py``), on a CPU group standing in for a GPU box."""
-    return ProbeContext(world_size=world, device_type="cpu", dtype=torch.float32, group_backend="gloo",
-                        sm=(12, 0), p2p_ok=True, single_node=True)
+    return ProbeContext(
+        world_size=world,
+        device_type="cpu",
+        dtype=torch.float32,
+        group_backend="gloo",
+        sm=(12, 0),
+        p2p_ok=True,
+        single_node=True,
+    )
 
 
 def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
@@ -194,8 +236,16 @@ def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
     # Built as the tune worker, doctor and the patch build it: make_backend with hidden, no
     # options["hidden"]; the probe's library check runs through the ExternalCall table on the fake.
     # Workspace of 4 tokens x 8: (4, 8) and (2, 8) fit, (6, 8) exceeds it and must fall back.
-    with make_backend("fused", None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN, hidden=HIDDEN,
-                      options={"self_check": True}, context=fused_cpu_context(2)) as be:
+    with make_backend(
+        "fused",
+        None,
+        device="cpu",
+        dtype=dtype,
+        max_numel=4 * HIDDEN,
+        hidden=HIDDEN,
+        options={"self_check": True},
+        context=fused_cpu_context(2),
+    ) as be:
         be.prepare([(4, HIDDEN), (2, HIDDEN)])
         out["disabled_reason"] = be.disabled_reason
         results = {}
@@ -203,13 +253,24 @@ def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
             x, residual, weight = make_inputs(rank, rows, dtype)
             residual_before = residual.clone()
             normed, res = be.all_reduce_residual_rmsnorm(x, residual, weight, EPS)
-            results[rows] = {"normed": normed.tolist(), "residual_out": res.tolist(),
-                             "all_reduce": be.all_reduce(x).tolist(),
-                             "residual_unchanged": bool(torch.equal(residual, residual_before))}
+            results[rows] = {
+                "normed": normed.tolist(),
+                "residual_out": res.tolist(),
+                "all_reduce": be.all_reduce(x).tolist(),
+                "residual_unchanged": bool(torch.equal(residual, residual_before)),
+            }
         out["results"] = results
         out["paths"] = dict(be.path_counts)
-    with make_backend("fused", None, device="cpu", dtype=dtype, max_numel=4 * HIDDEN, hidden=HIDDEN,
-                      options={"oneshot": "twoshot", "self_check": False}, context=fused_cpu_context(2)) as be2:
+    with make_backend(
+        "fused",
+        None,
+        device="cpu",
+        dtype=dtype,
+        max_numel=4 * HIDDEN,
+        hidden=HIDDEN,
+        options={"oneshot": "twoshot", "self_check": False},
+        context=fused_cpu_context(2),
+    ) as be2:
         for rows in (4, 2):
             x, residual, weight = make_inputs(rank, rows, dtype)
             be2.all_reduce_residual_rmsnorm(x, residual, weight, EPS)
@@ -252,8 +313,12 @@ def run_ranks(tmp_path: Path, scenario: str, world: int = 2, timeout_s: float = 
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("LOCAL_WORLD_SIZE", None)
     procs = [
-        subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         for r in range(world)
     ]
     logs = []
@@ -349,12 +414,15 @@ def test_fused_self_check_disables_on_every_rank(tmp_path):
         assert out["paths"] == {"fallback": 3, "fallback_all_reduce": 3}
 
 
-@pytest.mark.parametrize("hidden,max_numel,fragment", [
-    (None, 4 * HIDDEN, "needs the hidden size"),
-    (HIDDEN + 2, 4 * HIDDEN, "not a multiple of 4"),  # fp32: 16-byte vectors of 4 elements
-    (HIDDEN, HIDDEN - 4, "max_numel must be >= hidden"),
-    (HIDDEN, None, "max_numel must be >= hidden"),
-])
+@pytest.mark.parametrize(
+    "hidden,max_numel,fragment",
+    [
+        (None, 4 * HIDDEN, "needs the hidden size"),
+        (HIDDEN + 2, 4 * HIDDEN, "not a multiple of 4"),  # fp32: 16-byte vectors of 4 elements
+        (HIDDEN, HIDDEN - 4, "max_numel must be >= hidden"),
+        (HIDDEN, None, "max_numel must be >= hidden"),
+    ],
+)
 def test_fused_without_usable_hidden_is_unavailable_not_a_crash(hidden, max_numel, fragment, monkeypatch):
     """The tune worker, doctor and the patch skip a backend on BackendUnavailable; a ValueError
     made every rank exit 1. Nothing collective runs before the refusal."""
@@ -366,8 +434,15 @@ def test_fused_without_usable_hidden_is_unavailable_not_a_crash(hidden, max_nume
     monkeypatch.setattr(ipc, "check_cuda", lambda ctx: None)
     try:
         with pytest.raises(BackendUnavailable, match=fragment) as info:
-            make_backend("fused", None, device="cpu", dtype=torch.float32, max_numel=max_numel, hidden=hidden,
-                         context=fused_cpu_context(2))
+            make_backend(
+                "fused",
+                None,
+                device="cpu",
+                dtype=torch.float32,
+                max_numel=max_numel,
+                hidden=hidden,
+                context=fused_cpu_context(2),
+            )
     finally:
         for name in ("flashinfer", "flashinfer.comm"):
             sys.modules.pop(name, None)
@@ -382,8 +457,17 @@ def test_fused_hidden_is_no_longer_an_option():
 
 # --- probes on this machine ------------------------------------------------------------------------
 
-GOOD = dict(world_size=8, device_type="cuda", dtype=torch.bfloat16, group_backend="nccl", sm=(9, 0),
-            p2p_ok=True, p2p_note="ok", nvlink_full=True, single_node=True)
+GOOD = dict(
+    world_size=8,
+    device_type="cuda",
+    dtype=torch.bfloat16,
+    group_backend="nccl",
+    sm=(9, 0),
+    p2p_ok=True,
+    p2p_note="ok",
+    nvlink_full=True,
+    single_node=True,
+)
 
 
 def ctx(**over) -> ProbeContext:
@@ -534,8 +618,14 @@ def test_reference_against_hand_arithmetic():
 
 def test_registry_order_and_coverage():
     names = [spec.name for spec in REGISTRY]
-    assert names == [BackendName.pcie_ipc, BackendName.b12x, BackendName.fused, BackendName.custom_ar,
-                     BackendName.nccl, BackendName.gloo]
+    assert names == [
+        BackendName.pcie_ipc,
+        BackendName.b12x,
+        BackendName.fused,
+        BackendName.custom_ar,
+        BackendName.nccl,
+        BackendName.gloo,
+    ]
     assert sorted(names) == sorted(BackendName), "every backend registered exactly once"
     for spec in REGISTRY:
         cls = backend_class(spec.name)
@@ -547,8 +637,10 @@ def test_registry_order_and_coverage():
 
 
 def test_importing_backends_does_not_import_gpu_libraries():
-    code = ("import sys, fastverify.backends as b; [b.backend_class(s.name) for s in b.REGISTRY]; "
-            "print(sorted(m for m in ('flashinfer', 'sglang') if m in sys.modules))")
+    code = (
+        "import sys, fastverify.backends as b; [b.backend_class(s.name) for s in b.REGISTRY]; "
+        "print(sorted(m for m in ('flashinfer', 'sglang') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -10,17 +10,35 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, assert_user_error, run_fastverify
 
 GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
 
-CPU_ONLY = {"traceEvents": [
-    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5, "args": {"External id": 1}},
-    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 11, "dur": 1,
-     "args": {"correlation": 1, "External id": 1}},
-    {"ph": "X", "cat": "python_function", "name": "model.py(1): forward", "pid": 1, "tid": 1, "ts": 9, "dur": 8},
-]}
+CPU_ONLY = {
+    "traceEvents": [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10,
+            "dur": 5,
+            "args": {"External id": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 11,
+            "dur": 1,
+            "args": {"correlation": 1, "External id": 1},
+        },
+        {"ph": "X", "cat": "python_function", "name": "model.py(1): forward", "pid": 1, "tid": 1, "ts": 9, "dur": 8},
+    ]
+}
 
 
 def _gz(obj) -> bytes:
@@ -29,19 +47,33 @@ def _gz(obj) -> bytes:
 
 # name -> (files to create {name: bytes}, --trace arguments, word(s) the error line must contain)
 TRACE_CASES = {
-    "truncated_gzip": ({"trunc.json.gz": GOOD.read_bytes()[: len(GOOD.read_bytes()) // 2]}, ["trunc.json.gz"], ["trunc.json.gz"]),
+    "truncated_gzip": (
+        {"trunc.json.gz": GOOD.read_bytes()[: len(GOOD.read_bytes()) // 2]},
+        ["trunc.json.gz"],
+        ["trunc.json.gz"],
+    ),
     "gzip_garbage": ({"garbage.json.gz": b"\x1f\x8b\x08\x00" + b"\x00" * 40}, ["garbage.json.gz"], ["garbage.json.gz"]),
     "not_json": ({"notes.json": b"this is not JSON {"}, ["notes.json"], ["notes.json"]),
     "gzipped_not_json": ({"log.json.gz": gzip.compress(b"INFO hello\n", mtime=0)}, ["log.json.gz"], ["log.json.gz"]),
-    "no_traceEvents": ({"meta.json": b'{"schemaVersion": 1, "deviceProperties": []}'}, ["meta.json"], ["meta.json", "traceEvents"]),
+    "no_traceEvents": (
+        {"meta.json": b'{"schemaVersion": 1, "deviceProperties": []}'},
+        ["meta.json"],
+        ["meta.json", "traceEvents"],
+    ),
     "json_number": ({"num.json": b"42"}, ["num.json"], ["num.json"]),
     "traceEvents_not_list": ({"obj.json": b'{"traceEvents": {"a": 1}}'}, ["obj.json"], ["obj.json", "traceEvents"]),
     "empty_trace": ({"empty.json": b'{"traceEvents": []}'}, ["empty.json"], ["empty.json"]),
     "cpu_only": ({"cpu.json.gz": _gz(CPU_ONLY)}, ["cpu.json.gz"], ["cpu.json.gz", "GPU"]),
-    "duplicate_rank": ({"a-TP-x.json.gz": GOOD.read_bytes(), "b-TP-x.json.gz": GOOD.read_bytes()},
-                       ["a-TP-x.json.gz", "b-TP-x.json.gz"], ["b-TP-x.json.gz", "rank 3"]),
-    "duplicate_rank_in_folder": ({"runs/r0.json.gz": GOOD.read_bytes(), "runs/r0-copy.json.gz": GOOD.read_bytes()},
-                                 ["runs"], ["r0", "rank 3"]),
+    "duplicate_rank": (
+        {"a-TP-x.json.gz": GOOD.read_bytes(), "b-TP-x.json.gz": GOOD.read_bytes()},
+        ["a-TP-x.json.gz", "b-TP-x.json.gz"],
+        ["b-TP-x.json.gz", "rank 3"],
+    ),
+    "duplicate_rank_in_folder": (
+        {"runs/r0.json.gz": GOOD.read_bytes(), "runs/r0-copy.json.gz": GOOD.read_bytes()},
+        ["runs"],
+        ["r0", "rank 3"],
+    ),
     "missing_path": ({}, ["no_such_trace.json.gz"], ["no_such_trace.json.gz"]),
     "empty_folder": ({"emptydir/readme.txt": b"nothing"}, ["emptydir"], ["emptydir"]),
 }
@@ -61,7 +93,6 @@ def _all_files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
-
 @pytest.mark.parametrize("use_output", [False, True], ids=["default_profiles_dir", "with_--output"])
 @pytest.mark.parametrize("case", list(TRACE_CASES))
 def test_bad_trace_input(tmp_path, case, use_output):
@@ -77,8 +108,11 @@ def test_bad_trace_input(tmp_path, case, use_output):
     assert not (tmp_path / "profiles").exists()
 
 
-@pytest.mark.parametrize("extra", [["--model", "tiny"], ["--model=tiny"], ["--tp", "4"], ["--draft-tokens", "3"]],
-                         ids=["--model", "--model=", "--tp", "--draft-tokens"])
+@pytest.mark.parametrize(
+    "extra",
+    [["--model", "tiny"], ["--model=tiny"], ["--tp", "4"], ["--draft-tokens", "3"]],
+    ids=["--model", "--model=", "--tp", "--draft-tokens"],
+)
 def test_trace_with_live_flags(tmp_path, extra):
     made = _make(tmp_path, {"t.json.gz": GOOD.read_bytes()})
     proc = run_fastverify(["profile", "--trace", "t.json.gz", *extra, "--quiet"], cwd=tmp_path)
@@ -98,8 +132,9 @@ def test_trace_with_abbreviated_live_flag(tmp_path):
 
 def test_unwritable_output(tmp_path):
     made = _make(tmp_path, {"t.json.gz": GOOD.read_bytes(), "blocker": b"a file, not a folder"})
-    proc = run_fastverify(["profile", "--trace", "t.json.gz", "--output", "blocker/p.json", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", "t.json.gz", "--output", "blocker/p.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert_user_error(proc, "blocker")
     assert _all_files(tmp_path) == made
 
@@ -116,6 +151,7 @@ def test_good_trace_writes_into_profiles(tmp_path):
 
 # --- live-run input: presets and config.json (fastverify.live.config) -----------------------
 
+
 def _has_live_config() -> bool:
     try:
         return importlib.util.find_spec("fastverify.live.config") is not None
@@ -124,7 +160,8 @@ def _has_live_config() -> bool:
 
 
 needs_live_config = pytest.mark.skipif(
-    not _has_live_config(), reason="fastverify.live.config (load_model_config) is not written yet")
+    not _has_live_config(), reason="fastverify.live.config (load_model_config) is not written yet"
+)
 
 
 @needs_live_config
@@ -165,8 +202,12 @@ ODD_DIST = {
 def test_odd_distributed_info(tmp_path, case, capsys):
     from fastverify.cli import main
 
-    doc = {"distributedInfo": ODD_DIST[case], "traceEvents": [
-        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {}}]}
+    doc = {
+        "distributedInfo": ODD_DIST[case],
+        "traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {}}
+        ],
+    }
     trace = tmp_path / "odd.json"
     trace.write_text(json.dumps(doc))
     out = tmp_path / "out" / "p.json"

@@ -45,8 +45,9 @@ class FakeNvml:
 
 
 def test_flags_win_then_description_then_nvml_then_guess():
-    described = BoxFingerprint(gpu_name="X", sm=(9, 0), gpu_count=4, tp=0, driver=None, nccl_version=None,
-                               nvlink_full=None)
+    described = BoxFingerprint(
+        gpu_name="X", sm=(9, 0), gpu_count=4, tp=0, driver=None, nccl_version=None, nvlink_full=None
+    )
     f = resolve_box(sm=100, pcie_gen=6, described=described, topology_gpus=8, nvml=FakeNvml(8))
     assert (f.sm.value, f.sm.source, f.pcie_gen.value, f.pcie_gen.source) == (100, "--sm", 6, "--pcie-gen")
     assert (f.gpu_count.value, f.gpu_count.source) == (4, "--describe-box")
@@ -89,8 +90,9 @@ def test_topo_says_the_box_first_and_refuses_a_bad_description(capsys):
     assert out.splitlines()[0].startswith("# box: SM 120 (--sm), PCIe Gen 4 (guessed), 8 GPUs (topology); GUESSED")
     rc, out, err = cli(["topo", "--topology", str(TOPO), "--json"], capsys)
     assert json.loads(out)["box"]["sm"] == {"value": GUESS_SM, "source": "guessed"}
-    one_line_error(*cli(["topo", "--topology", str(TOPO), "--describe-box", "[1]"], capsys),
-                   "--describe-box", "JSON object")
+    one_line_error(
+        *cli(["topo", "--topology", str(TOPO), "--describe-box", "[1]"], capsys), "--describe-box", "JSON object"
+    )
 
 
 def test_the_fingerprint_is_of_the_gpus_cuda_shows():
@@ -142,6 +144,7 @@ def test_the_fingerprint_is_of_the_gpus_cuda_shows():
     env = {"CUDA_VISIBLE_DEVICES": "3,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     box = read_box(2, nvml=Nvml(), torch_fallback=False, nccl_version="2.27.3", environ=env)
     assert box.gpu_count == 2 and box.gpu_name == "L40S" and box.sm == (8, 9)
-    whole = read_box(2, nvml=Nvml(), torch_fallback=False, nccl_version="2.27.3",
-                     environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    whole = read_box(
+        2, nvml=Nvml(), torch_fallback=False, nccl_version="2.27.3", environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    )
     assert whole.gpu_count == 4

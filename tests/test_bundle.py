@@ -28,10 +28,19 @@ from fastverify.errors import UserError
 
 def _manifest(parts: dict[str, tuple[str, ...]] | None = None) -> Manifest:
     parts = parts or {}
-    return Manifest(created_utc="2026-01-01T00:00:00+00:00", fastverify_version="0.1.0",
-                    host={"hostname": "box", "gpu_count": 0}, budget_s=60.0, elapsed_s=1.5,
-                    parts=tuple(Part(n, "ok", None, files=parts[n], seconds=0.1, meta={"k": 1}) if n in parts
-                                else Part(n, "skipped", "no GPUs") for n in PART_NAMES))
+    return Manifest(
+        created_utc="2026-01-01T00:00:00+00:00",
+        fastverify_version="0.1.0",
+        host={"hostname": "box", "gpu_count": 0},
+        budget_s=60.0,
+        elapsed_s=1.5,
+        parts=tuple(
+            Part(n, "ok", None, files=parts[n], seconds=0.1, meta={"k": 1})
+            if n in parts
+            else Part(n, "skipped", "no GPUs")
+            for n in PART_NAMES
+        ),
+    )
 
 
 def _raw_tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
@@ -100,8 +109,9 @@ def test_write_refuses_a_file_that_is_not_a_bundle_and_its_own_inputs(tmp_path):
     src = tmp_path / "verify-rank0.jsonl"
     src.write_text("{}\n")
     with pytest.raises(UserError, match="collected file"):
-        write_bundle(src, _manifest({"verify_log": ("verify-log/verify-rank0.jsonl",)}),
-                     {"verify-log/verify-rank0.jsonl": src})
+        write_bundle(
+            src, _manifest({"verify_log": ("verify-log/verify-rank0.jsonl",)}), {"verify-log/verify-rank0.jsonl": src}
+        )
     assert src.read_text() == "{}\n"
     with pytest.raises(UserError, match="not a regular file"):
         write_bundle(tmp_path, _manifest(), {})
@@ -152,17 +162,21 @@ def test_truncated(tmp_path):
 def test_no_manifest(tmp_path):
     p = _raw_tar(tmp_path / "b.tar.gz", [(_member("doctor.json"), b"{}")])
     _refused(p, "no manifest.json")
-    p = _raw_tar(tmp_path / "c.tar.gz", [(_member("doctor.json"), b"{}"), (_member(MANIFEST_NAME), _manifest_bytes(_manifest()))])
+    p = _raw_tar(
+        tmp_path / "c.tar.gz", [(_member("doctor.json"), b"{}"), (_member(MANIFEST_NAME), _manifest_bytes(_manifest()))]
+    )
     _refused(p, "no manifest.json as the first member")
 
 
 def test_wrong_schema_and_version(tmp_path):
     doc = msgspec.to_builtins(_manifest())
-    cases = {"schema": ({**doc, "schema": "fastverify.profile"}, "schema"),
-             "version": ({**doc, "schema_version": 2}, "version 2"),
-             "field": ({**doc, "budget_s": "a lot"}, "budget_s"),
-             "status": ({**doc, "parts": [{**doc["parts"][0], "status": "great"}]}, "status"),
-             "json": (None, "not JSON")}
+    cases = {
+        "schema": ({**doc, "schema": "fastverify.profile"}, "schema"),
+        "version": ({**doc, "schema_version": 2}, "version 2"),
+        "field": ({**doc, "budget_s": "a lot"}, "budget_s"),
+        "status": ({**doc, "parts": [{**doc["parts"][0], "status": "great"}]}, "status"),
+        "json": (None, "not JSON"),
+    }
     for name, (bad, word) in cases.items():
         data = b"{not json" if bad is None else _manifest_bytes(bad)
         p = _raw_tar(tmp_path / f"{name}.tar.gz", [(_member(MANIFEST_NAME), data)])
@@ -176,16 +190,19 @@ def test_member_named_in_the_manifest_but_missing(tmp_path):
     _refused(p, "doctor.json", "lacks")
 
 
-@pytest.mark.parametrize("member, word", [
-    (_member("../evil.txt"), "'..'"),
-    (_member("server/../../evil.txt"), "'..'"),
-    (_member("/etc/evil"), "absolute"),
-    (_member("topo/link", tarfile.SYMTYPE, "/etc/passwd"), "link"),
-    (_member("topo/hard", tarfile.LNKTYPE, "doctor.json"), "link"),
-    (_member("dev/null", tarfile.CHRTYPE), "device"),
-    (_member("fifo", tarfile.FIFOTYPE), "device or FIFO"),
-    (_member("folder", tarfile.DIRTYPE), "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "member, word",
+    [
+        (_member("../evil.txt"), "'..'"),
+        (_member("server/../../evil.txt"), "'..'"),
+        (_member("/etc/evil"), "absolute"),
+        (_member("topo/link", tarfile.SYMTYPE, "/etc/passwd"), "link"),
+        (_member("topo/hard", tarfile.LNKTYPE, "doctor.json"), "link"),
+        (_member("dev/null", tarfile.CHRTYPE), "device"),
+        (_member("fifo", tarfile.FIFOTYPE), "device or FIFO"),
+        (_member("folder", tarfile.DIRTYPE), "not a regular file"),
+    ],
+)
 def test_hostile_members(tmp_path, member, word):
     p = _raw_tar(tmp_path / "b.tar.gz", [(_member(MANIFEST_NAME), _manifest_bytes(_manifest())), (member, b"x")])
     _refused(p, "refused member", word)
@@ -193,8 +210,9 @@ def test_hostile_members(tmp_path, member, word):
 
 def test_duplicate_member_and_oversize_manifest(tmp_path, monkeypatch):
     listed = _manifest_bytes(_manifest({"doctor": ("a.json",)}))
-    p = _raw_tar(tmp_path / "b.tar.gz", [(_member(MANIFEST_NAME), listed),
-                                         (_member("a.json"), b"1"), (_member("a.json"), b"2")])
+    p = _raw_tar(
+        tmp_path / "b.tar.gz", [(_member(MANIFEST_NAME), listed), (_member("a.json"), b"1"), (_member("a.json"), b"2")]
+    )
     _refused(p, "twice")
     from fastverify import bundle
 
@@ -203,8 +221,13 @@ def test_duplicate_member_and_oversize_manifest(tmp_path, monkeypatch):
     _refused(p, "manifest.json")
     monkeypatch.setattr(bundle, "MAX_MANIFEST_BYTES", 1 << 22)
     monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", 10)
-    p = _raw_tar(tmp_path / "d.tar.gz", [(_member(MANIFEST_NAME), _manifest_bytes(_manifest({"doctor": ("big.bin",)}))),
-                                         (_member("big.bin"), b"x" * 11)])
+    p = _raw_tar(
+        tmp_path / "d.tar.gz",
+        [
+            (_member(MANIFEST_NAME), _manifest_bytes(_manifest({"doctor": ("big.bin",)}))),
+            (_member("big.bin"), b"x" * 11),
+        ],
+    )
     _refused(p, "big.bin", "GiB")
 
 

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CI_REQUIRED_ENV, REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="runs the bash CI script")
@@ -45,8 +44,7 @@ def ci_copy(tmp_path):
     (bin_dir / "python3").chmod(0o755)
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CI", "PYTHON", "FASTVERIFY_WHEEL_CACHE", *CI_REQUIRED_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTHON", "FASTVERIFY_WHEEL_CACHE", *CI_REQUIRED_ENV)}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     return repo / ".ci" / "run", env
 
@@ -98,8 +96,14 @@ def test_the_script_ends_with_the_readme_command():
 
 def _pytest_collect(env):
     """``pytest --collect-only`` of this file in a subprocess: nothing in it runs, whatever happens."""
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                           str(Path(__file__))], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", str(Path(__file__))],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_in_ci_the_test_run_refuses_to_start_without_the_sglang_venv(tmp_path):
@@ -111,8 +115,10 @@ def test_in_ci_the_test_run_refuses_to_start_without_the_sglang_venv(tmp_path):
     proc = _pytest_collect(env)
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error: nothing collected or run
     [line] = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert line == ("ERROR: CI=true but FASTVERIFY_SGLANG_PYTHON is unset: the contract tests that need it would "
-                    "skip; run .ci/run, which fetches the wheels and builds the SGLang venv")
+    assert line == (
+        "ERROR: CI=true but FASTVERIFY_SGLANG_PYTHON is unset: the contract tests that need it would "
+        "skip; run .ci/run, which fetches the wheels and builds the SGLang venv"
+    )
 
 
 def test_in_ci_a_wheel_path_that_names_no_file_is_refused_and_all_present_passes(tmp_path):

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from fastverify.bundle import PART_NAMES, open_bundle
 from fastverify.collect import command, gpu, parts, server
 from fastverify.collect.core import Context, Shapes, ok
@@ -53,8 +53,15 @@ def _records(folder: Path) -> list[Path]:
     out = []
     for rank in (0, 1):
         p = folder / f"verify-rank{rank}.jsonl"
-        p.write_text("".join(json.dumps({"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": str(rank),
-                                         "pid": 100 + rank}) + "\n" for i in range(3)))
+        p.write_text(
+            "".join(
+                json.dumps(
+                    {"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": str(rank), "pid": 100 + rank}
+                )
+                + "\n"
+                for i in range(3)
+            )
+        )
         out.append(p)
     return out
 
@@ -90,8 +97,11 @@ def test_verify_log_is_copied(tmp_path):
     _, b = _collect(tmp_path, "--verify-log", str(tmp_path / "prof"), "--skip", "doctor")
     p = b.part("verify_log")
     assert p.status == "ok" and p.meta["records"] == 2 and p.meta["traces"] == 1
-    assert p.files == ("verify-log/verify-TP-0.trace.json.gz", "verify-log/verify-rank0.jsonl",
-                       "verify-log/verify-rank1.jsonl")
+    assert p.files == (
+        "verify-log/verify-TP-0.trace.json.gz",
+        "verify-log/verify-rank0.jsonl",
+        "verify-log/verify-rank1.jsonl",
+    )
     for r in recs:
         assert b.read(f"verify-log/{r.name}") == r.read_bytes()
     assert (b.part("doctor").status, b.part("doctor").reason) == ("skipped", "--skip")
@@ -236,11 +246,33 @@ def model_dir(tmp_path) -> Path:
 
 
 def test_server_parts_against_a_stand_in(tmp_path, model_dir):
-    fake = _FakeSGLang({"tp_size": 2, "device": "cpu", "speculative_num_draft_tokens": 3, "model_path": str(model_dir),
-                        "version": "0.5.23"}, forwards_needed=2)
+    fake = _FakeSGLang(
+        {
+            "tp_size": 2,
+            "device": "cpu",
+            "speculative_num_draft_tokens": 3,
+            "model_path": str(model_dir),
+            "version": "0.5.23",
+        },
+        forwards_needed=2,
+    )
     try:
-        _, b = _collect(tmp_path, "--server", fake.url + "/", "--skip", "doctor", "--cycles", "3", "--send-requests",
-                        "2", "--budget", "60", "--batch", "1", "2")
+        _, b = _collect(
+            tmp_path,
+            "--server",
+            fake.url + "/",
+            "--skip",
+            "doctor",
+            "--cycles",
+            "3",
+            "--send-requests",
+            "2",
+            "--budget",
+            "60",
+            "--batch",
+            "1",
+            "2",
+        )
     finally:
         fake.close()
     args = b.part("server_args")
@@ -252,7 +284,10 @@ def test_server_parts_against_a_stand_in(tmp_path, model_dir):
     assert shapes["shapes_from"]["hidden"] == "the served model's config.json"
     trace = b.part("server_trace")
     assert trace.status == "ok", trace.reason
-    assert trace.files == ("server/traces/1700000000.5-TP-0.trace.json.gz", "server/traces/1700000000.5-TP-1.trace.json.gz")
+    assert trace.files == (
+        "server/traces/1700000000.5-TP-0.trace.json.gz",
+        "server/traces/1700000000.5-TP-1.trace.json.gz",
+    )
     assert trace.meta["activities"] == ["CPU"] and trace.meta["traffic"] == "collect sent requests"
     assert trace.meta["requests_sent"] == ["200", "200"] and fake.generates == 2
     # exactly SGLang 0.5.23's ProfileReq fields (managers/io_struct.py), a fresh folder, the cycles + 2 (the last cycle's end, a prefill)
@@ -282,7 +317,10 @@ def test_old_server_info_endpoint_and_not_sglang(tmp_path):
     fake = _FakeSGLang({"tp_size": 4})
     try:
         fake.httpd.RequestHandlerClass.do_GET = lambda self: (
-            self._reply(200, json.dumps(fake.info).encode()) if self.path == "/get_server_info" else self._reply(404, b""))
+            self._reply(200, json.dumps(fake.info).encode())
+            if self.path == "/get_server_info"
+            else self._reply(404, b"")
+        )
         info = server.fetch_server_info(fake.url)
         assert (info.endpoint, info.fact("tp_size")) == ("/get_server_info", 4)
         fake.httpd.RequestHandlerClass.do_GET = lambda self: self._reply(404, b"")
@@ -306,9 +344,17 @@ LSPCI = """0000:00:01.1 PCI bridge: Advanced Micro Devices, Inc. [AMD] Starship/
 
 def test_lspci_acs_lines_and_host_iommu(tmp_path, monkeypatch):
     acs, denied = parts.parse_lspci_acs(LSPCI)
-    assert acs == [{"device": "0000:00:01.1", "description": "PCI bridge: Advanced Micro Devices, Inc. [AMD] "
-                    "Starship/Matisse GPP Bridge", "acsctl": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ "
-                    "EgressCtrl- DirectTrans-"}] and denied
+    assert (
+        acs
+        == [
+            {
+                "device": "0000:00:01.1",
+                "description": "PCI bridge: Advanced Micro Devices, Inc. [AMD] Starship/Matisse GPP Bridge",
+                "acsctl": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-",
+            }
+        ]
+        and denied
+    )
     proc, sys_root = tmp_path / "proc", tmp_path / "sys"
     proc.mkdir()
     (proc / "cmdline").write_text("BOOT_IMAGE=/vmlinuz ro amd_iommu=on iommu=pt iommu.strict=0 quiet\n")
@@ -369,12 +415,15 @@ def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout():
         srv.shutdown()
 
 
-@pytest.mark.parametrize("text, said", [
-    ("http://[::1", "Invalid IPv6 URL"),
-    ("http://" + "a" * 300 + ".com", "idna"),  # a host label over 63 characters
-    ("http://a b", "no spaces or control characters"),
-    ("http://a\x1b[2Jb:1", "no spaces or control characters"),
-])
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://" + "a" * 300 + ".com", "idna"),  # a host label over 63 characters
+        ("http://a b", "no spaces or control characters"),
+        ("http://a\x1b[2Jb:1", "no spaces or control characters"),
+    ],
+)
 def test_a_malformed_server_url_is_one_line(text, said):
     with pytest.raises(UserError) as e:
         server.normalise_url(text)

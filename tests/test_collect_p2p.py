@@ -17,8 +17,12 @@ from fastverify.collect import gpu
 from fastverify.collect.core import Child, Context, Shapes
 from fastverify.topo import p2p
 
-KEY = {"gpus": [["NVIDIA GeForce RTX 4090", f"00000000:{k}8:00.0"] for k in range(4)], "driver": "x",
-       "cuda_visible_devices": None, "cuda_device_order": None}
+KEY = {
+    "gpus": [["NVIDIA GeForce RTX 4090", f"00000000:{k}8:00.0"] for k in range(4)],
+    "driver": "x",
+    "cuda_visible_devices": None,
+    "cuda_device_order": None,
+}
 
 # Stand-in pair child: direction (J, I) fails when I == 0, and the pair (2, 3) hangs.
 CHILD = """
@@ -37,11 +41,20 @@ def _real_check_output(tmp_path: Path, monkeypatch, capsys) -> bytes:
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
     monkeypatch.setattr(p2p, "_gpu_count_or_fail", lambda: 4)
-    monkeypatch.setattr(p2p, "gpu_identities", lambda: [
-        {"cuda": k, "index": k, "pci_bus_id": f"00000000:{k}8:00.0", "uuid": f"GPU-{k}", "name": "x"} for k in range(4)])
+    monkeypatch.setattr(
+        p2p,
+        "gpu_identities",
+        lambda: [
+            {"cuda": k, "index": k, "pci_bus_id": f"00000000:{k}8:00.0", "uuid": f"GPU-{k}", "name": "x"}
+            for k in range(4)
+        ],
+    )
     monkeypatch.setattr(p2p, "box_key", lambda: KEY)
-    monkeypatch.setattr(p2p, "default_child_argv",
-                        lambda timeout_s: lambda i, j, out: [sys.executable, str(script), str(i), str(j), str(out)])
+    monkeypatch.setattr(
+        p2p,
+        "default_child_argv",
+        lambda timeout_s: lambda i, j, out: [sys.executable, str(script), str(i), str(j), str(out)],
+    )
     monkeypatch.setattr(p2p, "MIN_TIMEOUT_S", 1.0)  # the stand-in children need no torch import
     rc = p2p.main(["check", "--timeout", "3", "--cache-dir", str(tmp_path / "cache")])
     out, err = capsys.readouterr()

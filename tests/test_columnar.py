@@ -8,12 +8,11 @@ against ``np.percentile`` / ``np.median`` on generated groups.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import msgspec
 
 from fastverify.analyze import grouped_percentiles, median
 from fastverify.trace.columns import NS_EXACT_FLOAT_US, ns_column
@@ -21,8 +20,12 @@ from fastverify.trace.decode import ns_from_text
 
 # µs texts as Kineto writes them: an integer part and 0-3 decimals
 _int_part = st.one_of(st.integers(0, 10**6), st.integers(0, NS_EXACT_FLOAT_US + 10**9), st.integers(0, 2**52))
-_decimals = st.one_of(st.just(""), st.integers(0, 9).map(lambda d: f".{d}"), st.integers(0, 99).map(lambda d: f".{d:02d}"),
-                      st.integers(0, 999).map(lambda d: f".{d:03d}"))
+_decimals = st.one_of(
+    st.just(""),
+    st.integers(0, 9).map(lambda d: f".{d}"),
+    st.integers(0, 99).map(lambda d: f".{d:02d}"),
+    st.integers(0, 999).map(lambda d: f".{d:03d}"),
+)
 
 
 def _texts(draw_ints, draw_dec):
@@ -48,16 +51,19 @@ def test_ns_column_matches_the_text_rule(pairs):
     assert ns.tolist() == want_ns
 
 
-@pytest.mark.parametrize("texts", [
-    [b"1.5", b"null"],                    # a missing value: text path, None there
-    [b"2.0001", b"3"],                    # four decimals: half-even on the exact decimal
-    [b"1e3", b"7.25"],                    # exponent
-    [b'"12"', b"4"],                      # a string
-    [b"-0.5", b"0.5"],                    # negatives
-    [b"1665000000000000", b"1665000000000001"],  # old Kineto epoch µs (integers past 2**41)
-    [b"4398046511104.123", b"1.0"],       # a float past 2**41 µs: text path
-    [b"9223372036854775807"],            # past 2**62 ns
-])
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [b"1.5", b"null"],  # a missing value: text path, None there
+        [b"2.0001", b"3"],  # four decimals: half-even on the exact decimal
+        [b"1e3", b"7.25"],  # exponent
+        [b'"12"', b"4"],  # a string
+        [b"-0.5", b"0.5"],  # negatives
+        [b"1665000000000000", b"1665000000000001"],  # old Kineto epoch µs (integers past 2**41)
+        [b"4398046511104.123", b"1.0"],  # a float past 2**41 µs: text path
+        [b"9223372036854775807"],  # past 2**62 ns
+    ],
+)
 def test_ns_column_edge_texts(texts):
     ns, ok = ns_column(_raws(texts))
     want_ns, want_ok = _expected(texts)
@@ -73,8 +79,10 @@ def test_ns_column_float_path_really_is_exact_at_its_bound():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**9)), min_size=1, max_size=60),
-       st.sampled_from([(50,), (90,), (50, 90), (0, 100, 33.3)]))
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**9)), min_size=1, max_size=60),
+    st.sampled_from([(50,), (90,), (50, 90), (0, 100, 33.3)]),
+)
 def test_grouped_percentiles_equal_numpy_bit_for_bit(rows, qs):
     groups = np.array([g for g, _ in rows], dtype=np.int64)
     values = np.array([v for _, v in rows], dtype=np.int64)

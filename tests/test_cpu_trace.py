@@ -18,7 +18,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, REPO_ROOT, assert_user_error, length, read_raw_trace, run_fastverify, subprocess_env
 
 STEPS = 3
@@ -62,11 +61,23 @@ def cpu_traces(tmp_path_factory) -> Path:
     port = _free_port()
     procs = []
     for rank in range(2):
-        env = {**subprocess_env(), "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD % {"steps": STEPS, "layers": LAYERS}, str(out)],
-                                      cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        env = {
+            **subprocess_env(),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD % {"steps": STEPS, "layers": LAYERS}, str(out)],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     for p in procs:
         text, _ = p.communicate(timeout=180)
         assert p.returncode == 0, text
@@ -95,12 +106,22 @@ def _raw_facts(path: Path) -> dict:
     assert not [e for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")], "a CPU trace"
     ars = sorted((e for e in evs if e.get("name") == "gloo:all_reduce"), key=lambda e: Decimal(e["ts"]))
     handoff = [(e["tid"], *_iv(e)) for e in evs if e.get("cat") == "cpu_op" and e["name"].startswith("c10d::")]
-    compute = [_iv(e) for e in evs if e.get("cat") == "cpu_op" and not e["name"].startswith("c10d::")
-               and not any(t == e["tid"] and s <= _iv(e)[0] and _iv(e)[1] <= t_end for t, s, t_end in handoff)]
+    compute = [
+        _iv(e)
+        for e in evs
+        if e.get("cat") == "cpu_op"
+        and not e["name"].startswith("c10d::")
+        and not any(t == e["tid"] and s <= _iv(e)[0] and _iv(e)[1] <= t_end for t, s, t_end in handoff)
+    ]
     steps = sorted(_iv(e) for e in evs if e.get("name", "").startswith("step[TARGET_VERIFY"))
-    return {"ars": ars, "ar_union": length([_iv(e) for e in ars]), "compute": length(compute),
-            "durs": [Decimal(e["dur"]) for e in ars], "steps": steps,
-            "dims": [(e["args"].get("Input Dims"), e["args"].get("Input type")) for e in ars]}
+    return {
+        "ars": ars,
+        "ar_union": length([_iv(e) for e in ars]),
+        "compute": length(compute),
+        "durs": [Decimal(e["dur"]) for e in ars],
+        "steps": steps,
+        "dims": [(e["args"].get("Input Dims"), e["args"].get("Input type")) for e in ars],
+    }
 
 
 def _us(x: Decimal) -> float:
@@ -135,7 +156,9 @@ def test_cpu_traces_read_as_cpu_clock_allreduces(cpu_traces, tmp_path):
     for rank, durs in ((0, d0), (1, d1)):
         wait = sum(d - t for d, t in zip(durs, transfer))
         assert cross["per_rank"][str(rank)]["allreduce_wait_us"] == pytest.approx(_us(wait), abs=STEPS * LAYERS * 1e-3)
-        assert cross["per_rank"][str(rank)]["transfer_us"] == pytest.approx(_us(sum(transfer)), abs=STEPS * LAYERS * 1e-3)
+        assert cross["per_rank"][str(rank)]["transfer_us"] == pytest.approx(
+            _us(sum(transfer)), abs=STEPS * LAYERS * 1e-3
+        )
         assert by_rank[rank]["allreduce_wait_us"] == cross["per_rank"][str(rank)]["allreduce_wait_us"]
     for i, c in enumerate(cross["collectives"]):
         assert c["kind"] == "allreduce" and c["name"] == "gloo:all_reduce"
@@ -147,8 +170,9 @@ def test_cpu_traces_read_as_cpu_clock_allreduces(cpu_traces, tmp_path):
 
 
 def test_cpu_profile_never_poses_as_gpu(cpu_traces, tmp_path):
-    proc = run_fastverify(["profile", "--trace", str(cpu_traces), "--output", str(tmp_path / "p.json"), "--no-png"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", str(cpu_traces), "--output", str(tmp_path / "p.json"), "--no-png"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "clock: cpu_trace" in proc.stdout and "NOT GPU timings" in proc.stdout
     from fastverify.tune.workload import GPU_CLOCKS
@@ -158,8 +182,9 @@ def test_cpu_profile_never_poses_as_gpu(cpu_traces, tmp_path):
 
 def test_cpu_and_gpu_traces_are_not_mixed(cpu_traces, tmp_path):
     gpu = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a GPU trace of rank 3
-    proc = run_fastverify(["profile", "--trace", str(cpu_traces / "verify-TP-0.trace.json.gz"), str(gpu), "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", str(cpu_traces / "verify-TP-0.trace.json.gz"), str(gpu), "--quiet"], cwd=tmp_path
+    )
     assert_user_error(proc, "verify-TP-0.trace.json.gz", "CPU-only", "GPU")
     assert not (tmp_path / "profiles").exists()
 
@@ -179,13 +204,18 @@ def test_record_param_comms_without_gloo_spans(tmp_path):
     says which): those are the all-reduces; the nested ops in them are not compute. By hand:
     rank 0 computes 10 + 5 µs and all-reduces 20 µs; rank 1 30 µs; transfer 20, rank 1 waits 10."""
     for rank, ar_dur in ((0, 20), (1, 30)):
-        _write(tmp_path / f"t-TP-{rank}.json.gz", rank, [
-            _ev("step[TARGET_VERIFY #0]", 0, 100, cat="user_annotation"),
-            _ev("aten::mm", 1, 10), _ev("aten::addmm_inner", 2, 3),  # nested: counted once
-            _ev("record_param_comms", 20, ar_dur, **{"Collective name": "allreduce"}),
-            _ev("aten::copy_", 21, 2),  # inside the collective: not compute
-            _ev("aten::add", 60, 5),
-        ])
+        _write(
+            tmp_path / f"t-TP-{rank}.json.gz",
+            rank,
+            [
+                _ev("step[TARGET_VERIFY #0]", 0, 100, cat="user_annotation"),
+                _ev("aten::mm", 1, 10),
+                _ev("aten::addmm_inner", 2, 3),  # nested: counted once
+                _ev("record_param_comms", 20, ar_dur, **{"Collective name": "allreduce"}),
+                _ev("aten::copy_", 21, 2),  # inside the collective: not compute
+                _ev("aten::add", 60, 5),
+            ],
+        )
     prof = _profile(sorted(tmp_path.glob("t-TP-*.json.gz")), tmp_path)
     assert prof["timing"]["clock"] == "cpu_trace"
     r0, r1 = prof["ranks"]
@@ -198,13 +228,18 @@ def test_record_param_comms_without_gloo_spans(tmp_path):
 def test_record_param_comms_beside_gloo_is_the_handoff(tmp_path):
     """With a ``gloo:all_reduce`` span present, ``record_param_comms`` and ``c10d::allreduce_``
     only hand the tensor over: one all-reduce per collective (the span on gloo's thread), never two."""
-    _write(tmp_path / "t-TP-0.json.gz", 0, [
-        _ev("aten::mm", 0, 10),
-        _ev("record_param_comms", 10, 3, **{"Collective name": "allreduce"}),
-        _ev("c10d::allreduce_", 11, 1), _ev("aten::empty", 11, 0.5),  # nested in the hand-off
-        _ev("gloo:all_reduce", 12, 40, cat="user_annotation", tid=9),
-        _ev("gloo:broadcast", 60, 4, cat="user_annotation", tid=9),
-    ])
+    _write(
+        tmp_path / "t-TP-0.json.gz",
+        0,
+        [
+            _ev("aten::mm", 0, 10),
+            _ev("record_param_comms", 10, 3, **{"Collective name": "allreduce"}),
+            _ev("c10d::allreduce_", 11, 1),
+            _ev("aten::empty", 11, 0.5),  # nested in the hand-off
+            _ev("gloo:all_reduce", 12, 40, cat="user_annotation", tid=9),
+            _ev("gloo:broadcast", 60, 4, cat="user_annotation", tid=9),
+        ],
+    )
     prof = _profile([tmp_path / "t-TP-0.json.gz"], tmp_path)
     (r,) = prof["ranks"]
     assert (r["allreduce_count"], r["allreduce_us"], r["other_comm_us"], r["compute_us"]) == (1, 40.0, 4.0, 10.0)

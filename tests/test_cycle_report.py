@@ -15,16 +15,32 @@ from fastverify.cli import main
 from tests import cycle_traces as ct
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-P2P_OFF_LOG = "\n".join(
-    ["host0:1000:1000 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
-     "host0:1000:1000 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1"]
-    + [f"host0:1000:{1010 + r} [{r}] NCCL INFO Channel 00 : {r}[{r}] -> {(r + 1) % 8}[{(r + 1) % 8}] via SHM/direct/direct"
-       for r in range(8)]) + "\n"
+P2P_OFF_LOG = (
+    "\n".join(
+        [
+            "host0:1000:1000 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+            "host0:1000:1000 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+        ]
+        + [
+            f"host0:1000:{1010 + r} [{r}] NCCL INFO Channel 00 : {r}[{r}] -> {(r + 1) % 8}[{(r + 1) % 8}] via SHM/direct/direct"
+            for r in range(8)
+        ]
+    )
+    + "\n"
+)
 
 
-def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None = None,
-                iommu: dict | None = None, sweep: dict | None = None, p2p: list | None = None,
-                nvml: dict | None = None, topo: str | None = None) -> Path:
+def make_bundle(
+    tmp: Path,
+    plan: ct.Plan | None = None,
+    *,
+    nccl_log: str | None = None,
+    iommu: dict | None = None,
+    sweep: dict | None = None,
+    p2p: list | None = None,
+    nvml: dict | None = None,
+    topo: str | None = None,
+) -> Path:
     """A bundle as `collect` writes it, with the given parts ok and the others skipped."""
     files: dict[str, bytes | Path] = {}
     parts = []
@@ -54,8 +70,18 @@ def make_bundle(tmp: Path, plan: ct.Plan | None = None, *, nccl_log: str | None 
             files[arcs[0]] = orjson.dumps(iommu)
         parts.append(Part(name, "ok", None, arcs) if arcs else Part(name, "skipped", "not in this test"))
     out = tmp / "bundle.tar.gz"
-    write_bundle(out, Manifest(created_utc="2026-12-01T00:00:00Z", fastverify_version="test",
-                               host={"hostname": "box"}, budget_s=600.0, elapsed_s=1.0, parts=tuple(parts)), files)
+    write_bundle(
+        out,
+        Manifest(
+            created_utc="2026-12-01T00:00:00Z",
+            fastverify_version="test",
+            host={"hostname": "box"},
+            budget_s=600.0,
+            elapsed_s=1.0,
+            parts=tuple(parts),
+        ),
+        files,
+    )
     return out
 
 
@@ -81,12 +107,16 @@ def test_straggler_and_p2p_off_are_named_with_the_removable_share(tmp_path, caps
     # its all-reduce time per cycle: 17 all-reduces x 40 µs transfer + that wait = 1000 µs, so 32 %
     assert kinds["rank_skew"]["finding"] == (
         "TP rank 5 arrives last: each of the other 7 ranks waits 0.320 ms per cycle for it (mean over them; "
-        "range 0.320-0.320 ms), 32 % of their all-reduce time")
+        "range 0.320-0.320 ms), 32 % of their all-reduce time"
+    )
     assert doc["cycles"]["straggler_rank"] == plan.straggler and doc["cycles"]["straggler_share"] == 1.0
     per_mode = doc["cycles"]["straggler_by_mode"]  # only the verify MoE all-reduces had anyone waiting
     assert set(per_mode) == {"verify"} and per_mode["verify"] == {
-        "rank": plan.straggler, "last": plan.layers * plan.cycles, "waited": plan.layers * plan.cycles,
-        "matched": plan.verify_ars * plan.cycles}
+        "rank": plan.straggler,
+        "last": plan.layers * plan.cycles,
+        "waited": plan.layers * plan.cycles,
+        "matched": plan.verify_ars * plan.cycles,
+    }
     assert "NCCL_P2P_DISABLE=1" in " ".join(kinds["p2p_off"]["evidence"])
     assert "8 of 8 GPU pairs run over SHM" in kinds["p2p_off"]["evidence"][0]
     ans = doc["answer"]
@@ -117,8 +147,9 @@ def test_modes_and_idle_causes(tmp_path, capsys):
 
 
 def test_no_straggler_no_skew_flag_and_swap_is_the_answer(tmp_path, capsys):
-    plan = dataclasses.replace(ct.Plan(), straggler=None, host_pause_us=0.0, late_launch_us=0.0, d2h_us=0.0,
-                               graph=GRAPHED)
+    plan = dataclasses.replace(
+        ct.Plan(), straggler=None, host_pause_us=0.0, late_launch_us=0.0, d2h_us=0.0, graph=GRAPHED
+    )
     doc = report_json(make_bundle(tmp_path, plan), capsys)
     assert not doc["flags"], doc["flags"]
     assert doc["answer"]["not_removable_ms"]["wait"] == 0.0
@@ -138,10 +169,14 @@ def test_straggler_line_states_the_wait_of_each_waiting_rank(tmp_path, capsys):
     plan = dataclasses.replace(ct.Plan(), moe_extra_us=extra)
     doc = report_json(make_bundle(tmp_path, plan), capsys)
     [skew] = [f for f in doc["flags"] if f["kind"] == "rank_skew"]
-    assert skew["finding"] == ("TP rank 5 arrives last: each of the other 7 ranks waits 0.260 ms per cycle for it "
-                               "(mean over them; range 0.200-0.320 ms), 28 % of their all-reduce time")
-    assert skew["evidence"][1] == ("all-reduce wait per cycle by TP rank (ms): 0: 0.320, 1: 0.300, 2: 0.280, "
-                                   "3: 0.260, 4: 0.240, 5: 0.000 (last to arrive), 6: 0.220, 7: 0.200")
+    assert skew["finding"] == (
+        "TP rank 5 arrives last: each of the other 7 ranks waits 0.260 ms per cycle for it "
+        "(mean over them; range 0.200-0.320 ms), 28 % of their all-reduce time"
+    )
+    assert skew["evidence"][1] == (
+        "all-reduce wait per cycle by TP rank (ms): 0: 0.320, 1: 0.300, 2: 0.280, "
+        "3: 0.260, 4: 0.240, 5: 0.000 (last to arrive), 6: 0.220, 7: 0.200"
+    )
 
 
 def test_a_host_sync_in_an_idle_gap_is_its_cause(tmp_path, capsys):
@@ -155,14 +190,18 @@ def test_a_host_sync_in_an_idle_gap_is_its_cause(tmp_path, capsys):
     for r in doc["cycles"]["ranks"]:
         verify = next(m for m in r["modes"] if m["mode"] == "verify")
         assert verify["idle_causes_us"] == pytest.approx(
-            {"d2h_copy": 0.0, "host_sync": 200.0, "launch_gap": 50.0, "dependency": 0.0}), r["rank"]
+            {"d2h_copy": 0.0, "host_sync": 200.0, "launch_gap": 50.0, "dependency": 0.0}
+        ), r["rank"]
         assert r["between_causes_us"] == pytest.approx(
-            {"d2h_copy": 300.0, "host_sync": 0.0, "launch_gap": 0.0, "dependency": 0.0}), r["rank"]
+            {"d2h_copy": 300.0, "host_sync": 0.0, "launch_gap": 0.0, "dependency": 0.0}
+        ), r["rank"]
     cycle = _cycle_us(plan) + plan.host_sync_us
     assert doc["answer"]["cycle_ms"] == pytest.approx(cycle / 1000, abs=1e-6)
     idle = next(f for f in doc["flags"] if f["kind"] == "idle" and "in verify forwards" in f["finding"])
-    assert idle["finding"] == (f"GPU idle in verify forwards: 0.250 ms per cycle ({100 * 250 / cycle:.0f} % of the "
-                               "cycle), mostly while the host blocked in cudaStreamSynchronize-like calls")
+    assert idle["finding"] == (
+        f"GPU idle in verify forwards: 0.250 ms per cycle ({100 * 250 / cycle:.0f} % of the "
+        "cycle), mostly while the host blocked in cudaStreamSynchronize-like calls"
+    )
     assert idle["fix"] == "remove the blocking synchronize from the cycle's host path"
 
 
@@ -170,12 +209,25 @@ def _eager_flags(doc: dict) -> list[dict]:
     return [f for f in doc["flags"] if f["kind"] == "eager_kernels"]
 
 
-@pytest.mark.parametrize("graph, why", [
-    ((), ("no mode replays a CUDA graph: the server ran without them (--disable-cuda-graph or "
-          "--cuda-graph-backend-decode=disabled)")),
-    (("draft", "draft_extend"), ("other modes replay CUDA graphs (draft, draft_extend): the verify batch fit no "
-                                 "captured graph (a batch above the captured sizes, --cuda-graph-max-bs-decode)")),
-])
+@pytest.mark.parametrize(
+    "graph, why",
+    [
+        (
+            (),
+            (
+                "no mode replays a CUDA graph: the server ran without them (--disable-cuda-graph or "
+                "--cuda-graph-backend-decode=disabled)"
+            ),
+        ),
+        (
+            ("draft", "draft_extend"),
+            (
+                "other modes replay CUDA graphs (draft, draft_extend): the verify batch fit no "
+                "captured graph (a batch above the captured sizes, --cuda-graph-max-bs-decode)"
+            ),
+        ),
+    ],
+)
 def test_a_fully_eager_verify_forward_raises_eager_kernels(tmp_path, capsys, graph, why):
     """A verify forward with no graph replay at all (--disable-cuda-graph, or a batch above the
     captured sizes): 9 all-reduces + 4 x 2 computes = 17 kernels per cycle, launched one by one.
@@ -185,8 +237,10 @@ def test_a_fully_eager_verify_forward_raises_eager_kernels(tmp_path, capsys, gra
     replays from its decode graph runner (verify, decode) are expected in a graph."""
     doc = report_json(make_bundle(tmp_path, dataclasses.replace(ct.Plan(), graph=graph)), capsys)
     [flag] = _eager_flags(doc)
-    assert flag["finding"] == ("verify forwards run everything eager: 17 kernels per cycle launched one by one, "
-                               "none from a CUDA graph (2.080 ms)")
+    assert flag["finding"] == (
+        "verify forwards run everything eager: 17 kernels per cycle launched one by one, "
+        "none from a CUDA graph (2.080 ms)"
+    )
     assert flag["evidence"] == ["verify: 0 kernels replay from a graph, 17 do not", why]
     assert "--cuda-graph-max-bs-decode" in flag["fix"] and flag["setup"] is True
     verify = doc["modes_mean_us"]["verify"]
@@ -203,8 +257,11 @@ def test_graph_replayed_forwards_raise_no_eager_flag(tmp_path, capsys):
 
 
 def test_iommu_and_acs_signs_are_flagged(tmp_path, capsys):
-    iommu = {"cmdline_iommu_tokens": ["intel_iommu=on"], "iommu_groups": 120,
-             "acs": [{"device": "0000:00:01.1", "acsctl": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+"}]}
+    iommu = {
+        "cmdline_iommu_tokens": ["intel_iommu=on"],
+        "iommu_groups": 120,
+        "acs": [{"device": "0000:00:01.1", "acsctl": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+"}],
+    }
     doc = report_json(make_bundle(tmp_path, None, iommu=iommu), capsys)
     flag = next(f for f in doc["flags"] if f["kind"] == "iommu_acs")
     assert any("intel_iommu=on" in e for e in flag["evidence"]) and any("0000:00:01.1" in e for e in flag["evidence"])
@@ -294,10 +351,20 @@ def test_seed_sized_transfer_is_slow_against_published_boxes(tmp_path, capsys):
 
 
 def test_transfer_is_set_against_the_boxs_own_sweep_first(tmp_path, capsys):
-    sweep = {"mode": "measure", "label": "measured", "candidates": [
-        {"is_baseline": True, "name": "current environment", "sizes": [
-            {"msg_bytes": 28672, "count_per_step": 1, "median_us": 25.0, "p90_us": 27.0},
-            {"msg_bytes": 57344, "count_per_step": 1, "median_us": 30.0, "p90_us": 33.0}]}]}
+    sweep = {
+        "mode": "measure",
+        "label": "measured",
+        "candidates": [
+            {
+                "is_baseline": True,
+                "name": "current environment",
+                "sizes": [
+                    {"msg_bytes": 28672, "count_per_step": 1, "median_us": 25.0, "p90_us": 27.0},
+                    {"msg_bytes": 57344, "count_per_step": 1, "median_us": 30.0, "p90_us": 33.0},
+                ],
+            }
+        ],
+    }
     plan = dataclasses.replace(ct.Plan(), straggler=None, transfer_us=70.0)  # 2.3x the sweep, ~1.5x published
     doc = report_json(make_bundle(tmp_path, plan, sweep=sweep), capsys)
     flag = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")
@@ -306,7 +373,10 @@ def test_transfer_is_set_against_the_boxs_own_sweep_first(tmp_path, capsys):
 
 def test_wrong_typed_json_parts_are_read_as_absent_facts(tmp_path, capsys):
     iommu = {"cmdline_iommu_tokens": "intel_iommu=on", "iommu_groups": "many", "acs": 5}
-    sweep = {"label": "measured", "candidates": [{"is_baseline": True, "sizes": [{"msg_bytes": "x", "median_us": None}]}]}
+    sweep = {
+        "label": "measured",
+        "candidates": [{"is_baseline": True, "sizes": [{"msg_bytes": "x", "median_us": None}]}],
+    }
     doc = report_json(make_bundle(tmp_path, ct.Plan(transfer_us=200.0), iommu=iommu, sweep=sweep), capsys)
     assert not [f for f in doc["flags"] if f["kind"] == "iommu_acs"]
     slow = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")  # published boxes, the sweep unusable
@@ -372,8 +442,10 @@ def test_one_cycle_start_is_no_complete_cycle_and_says_so(tmp_path, capsys):
 
 
 def test_failed_p2p_check_and_nvml_refusals_are_p2p_evidence(tmp_path, capsys):
-    p2p = [{"src": 0, "dst": 1, "ok": True, "reason": ""},
-           {"src": 1, "dst": 0, "ok": False, "reason": "P2P write left 12 bytes wrong"}]
+    p2p = [
+        {"src": 0, "dst": 1, "ok": True, "reason": ""},
+        {"src": 1, "dst": 0, "ok": False, "reason": "P2P write left 12 bytes wrong"},
+    ]
     nvml = {"p2p_read": {"0-1": True, "0-2": False, "1-2": False}, "p2p_write": {}}
     doc = report_json(make_bundle(tmp_path, None, p2p=p2p, nvml=nvml), capsys)
     flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")

@@ -19,8 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from fastverify.deploy import (BoxFingerprint, DeploymentRecord, Gain, P2PFacts, VerifyShapes, read_record,
-                               record_path_for, sglang_settings, write_deployment)
+from fastverify.deploy import (
+    BoxFingerprint,
+    DeploymentRecord,
+    Gain,
+    P2PFacts,
+    VerifyShapes,
+    read_record,
+    record_path_for,
+    sglang_settings,
+    write_deployment,
+)
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, names
 from fastverify.topo.box import box_from_description, p2p_from_topology, read_box, read_p2p_file
@@ -31,9 +40,15 @@ SHAPES = VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168)
 
 
 def record(backend=BackendName.pcie_ipc) -> DeploymentRecord:
-    return DeploymentRecord(backend=backend, shapes=SHAPES, p2p=P2PFacts(ok=True, source="p2p_check", pairs=56),
-                            box=BOX, nccl_settings={"NCCL_P2P_LEVEL": "SYS"}, sglang_version="0.5.23",
-                            gain=Gain(baseline_us=24600.0, best_us=1230.0, basis="measured", clock="cuda_events"))
+    return DeploymentRecord(
+        backend=backend,
+        shapes=SHAPES,
+        p2p=P2PFacts(ok=True, source="p2p_check", pairs=56),
+        box=BOX,
+        nccl_settings={"NCCL_P2P_LEVEL": "SYS"},
+        sglang_version="0.5.23",
+        gain=Gain(baseline_us=24600.0, best_us=1230.0, basis="measured", clock="cuda_events"),
+    )
 
 
 def test_sglang_settings_from_the_registry():
@@ -93,7 +108,10 @@ def test_box_description_and_p2p_file(tmp_path):
     assert box_from_description(str(f)).sm == (9, 0)
     with pytest.raises(UserError, match="invalid box description"):
         box_from_description('{"gpu_name": "X", "sm": "sm90", "gpu_count": 2}')
-    rows = [{"src": 0, "dst": 1, "ok": True, "reason": "ok"}, {"src": 1, "dst": 0, "ok": False, "reason": "read back zeros"}]
+    rows = [
+        {"src": 0, "dst": 1, "ok": True, "reason": "ok"},
+        {"src": 1, "dst": 0, "ok": False, "reason": "read back zeros"},
+    ]
     f.write_text(json.dumps(rows))
     facts = read_p2p_file(f)
     assert facts.ok is False and facts.pairs == 2 and not facts.proven and "GPU 0 -> memory of GPU 1" in facts.note
@@ -148,8 +166,14 @@ class _FakeNvml:
 def test_read_box_from_nvml():
     nv = _FakeNvml([b"NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 8, [(12, 0)] * 8)
     b = read_box(8, nvml=nv, torch_fallback=False, nccl_version="2.27.7")
-    assert b == BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8,
-                               tp=8, driver="575.57.08", nccl_version="2.27.7")
+    assert b == BoxFingerprint(
+        gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        sm=(12, 0),
+        gpu_count=8,
+        tp=8,
+        driver="575.57.08",
+        nccl_version="2.27.7",
+    )
 
     class Broken(_FakeNvml):
         def nvmlInit(self):
@@ -198,8 +222,9 @@ def test_workspace_bound_matches_sglangs_own_sizing():
     calls += [[s.hidden, None, s.max_numel] for s in cases]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    cp = subprocess.run([py, "-c", _SIZING_PROBE, json.dumps(calls)], capture_output=True, text=True, timeout=300,
-                        env=env)
+    cp = subprocess.run(
+        [py, "-c", _SIZING_PROBE, json.dumps(calls)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     got = json.loads(cp.stdout.strip().splitlines()[-1])
     n = len(cases)
@@ -245,8 +270,13 @@ def test_backend_names_only_in_the_registry():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docs = _docstring_nodes(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in _NAMES
-                    and id(node) not in docs and (rel, node.value) not in _NOT_BACKEND_NAMES):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in _NAMES
+                and id(node) not in docs
+                and (rel, node.value) not in _NOT_BACKEND_NAMES
+            ):
                 offenders.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not offenders, "backend names outside the registry:\n" + "\n".join(offenders)
     assert set(names(tunable=True)) >= {BackendName.pcie_ipc, BackendName.fused}
@@ -257,19 +287,25 @@ def test_hand_written_box_and_record_errors_name_the_field_the_type_and_an_examp
     was there, and an example value of that field."""
     with pytest.raises(UserError) as err:
         box_from_description('{"gpu_name": "X", "sm": [9, 0], "gpu_count": "8"}', where="--describe-box")
-    assert str(err.value) == ('--describe-box: invalid box description: field "gpu_count": expected an integer, '
-                              'got a string (e.g. "gpu_count": 8)')
+    assert str(err.value) == (
+        '--describe-box: invalid box description: field "gpu_count": expected an integer, '
+        'got a string (e.g. "gpu_count": 8)'
+    )
     from fastverify.deploy import decode_record, encode_record
 
     doc = json.loads(encode_record(record()))
     doc["shapes"]["hidden"] = "7168"
     with pytest.raises(UserError) as err:
         decode_record(json.dumps(doc).encode(), source="x.deploy.json")
-    assert str(err.value) == ('x.deploy.json: invalid deployment record: field "shapes.hidden": expected an integer, '
-                              'got a string (e.g. "hidden": 7168)')
+    assert str(err.value) == (
+        'x.deploy.json: invalid deployment record: field "shapes.hidden": expected an integer, '
+        'got a string (e.g. "hidden": 7168)'
+    )
     doc = json.loads(encode_record(record()))
     doc["box"]["gpus"] = [{"index": "0", "uuid": "GPU-1"}]
     with pytest.raises(UserError) as err:
         decode_record(json.dumps(doc).encode(), source="x.deploy.json")
-    assert str(err.value) == ('x.deploy.json: invalid deployment record: field "box.gpus[0].index": expected an '
-                              'integer or null, got a string (e.g. "index": 0)')
+    assert str(err.value) == (
+        'x.deploy.json: invalid deployment record: field "box.gpus[0].index": expected an '
+        'integer or null, got a string (e.g. "index": 0)'
+    )

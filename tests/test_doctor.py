@@ -57,8 +57,11 @@ def expected_allreduce_from_file(text: bytes) -> tuple[int, Decimal]:
     """Count and summed µs of the NCCL all-reduce kernels, read from the trace text with Decimal
     (no float, no fastverify code)."""
     doc = json.loads(text, parse_float=Decimal)
-    durs = [Decimal(ev["dur"]) for ev in doc["traceEvents"]
-            if ev.get("cat") == "kernel" and ev["name"].startswith("ncclDevKernel_AllReduce")]
+    durs = [
+        Decimal(ev["dur"])
+        for ev in doc["traceEvents"]
+        if ev.get("cat") == "kernel" and ev["name"].startswith("ncclDevKernel_AllReduce")
+    ]
     return len(durs), sum(durs, Decimal(0))
 
 
@@ -98,8 +101,7 @@ def test_quick_versions_on_a_driverless_machine_import_no_torch(tmp_path):
 
     if any(os.path.exists(p) for p in NVIDIA_DEVICE_NODES):
         pytest.skip("this machine has the NVIDIA driver: --quick imports torch to look for GPUs")
-    code = ("import sys; from fastverify.doctor import run_doctor; run_doctor(quick=True); "
-            "print('torch' in sys.modules)")
+    code = "import sys; from fastverify.doctor import run_doctor; run_doctor(quick=True); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
@@ -160,17 +162,29 @@ def test_full_run_cpu_checks_pass_and_gpu_checks_skip(full_run):
     code = nccl_code()
     want = {
         "nccl_library": Status.warn if code is None else Status.ok,
-        "flashinfer": Status.skipped if not has_fi else Status.ok if version("flashinfer-python") == "0.7.4" else Status.warn,
+        "flashinfer": Status.skipped
+        if not has_fi
+        else Status.ok
+        if version("flashinfer-python") == "0.7.4"
+        else Status.warn,
         "sglang": Status.ok if has_sg else Status.skipped,
-        "sglang_patch_targets": Status.skipped if not has_sg else Status.ok if version("sglang") == "0.5.23" else Status.warn,
+        "sglang_patch_targets": Status.skipped
+        if not has_sg
+        else Status.ok
+        if version("sglang") == "0.5.23"
+        else Status.warn,
     }
     assert {name: got[name].status for name in libraries} == want
     nccl, targets = got["nccl_library"].reason, got["sglang_patch_targets"].reason
     # NCCL >= 2.9 encodes its version as major * 10000 + minor * 100 + patch (nccl.h, NCCL_VERSION_CODE)
-    assert (nccl == doctor.NO_NCCL if code is None
-            else nccl.startswith(f"NCCL {code // 10000}.{code % 10000 // 100}.{code % 100} (")), nccl
-    assert (targets == PATCH_NOT_CHECKED if not has_sg
-            else targets.endswith("patch targets found in the installed SGLang")), targets
+    assert (
+        nccl == doctor.NO_NCCL
+        if code is None
+        else nccl.startswith(f"NCCL {code // 10000}.{code % 10000 // 100}.{code % 100} (")
+    ), nccl
+    assert (
+        targets == PATCH_NOT_CHECKED if not has_sg else targets.endswith("patch targets found in the installed SGLang")
+    ), targets
     assert elapsed < 60, elapsed
 
 
@@ -244,8 +258,7 @@ def test_an_exception_in_one_check_becomes_fail_and_the_others_run(monkeypatch):
     def boom(ctx):
         raise RuntimeError("boom\nsecond line of the message")
 
-    table = tuple(dataclasses.replace(s, fn=boom) if s.name in ("versions", "env_file") else s
-                  for s in doctor.CHECKS)
+    table = tuple(dataclasses.replace(s, fn=boom) if s.name in ("versions", "env_file") else s for s in doctor.CHECKS)
     monkeypatch.setattr(doctor, "CHECKS", table)
     checks = run_doctor(quick=True)
     assert_well_formed(checks)
@@ -281,8 +294,14 @@ def test_summarise_counts_and_verdict():
     assert s["counts"] == {"ok": 2, "warn": 1, "fail": 0, "skipped": 1}
     assert s["verdict"] == "warn" and s["seconds"] == 1.0
     assert s["schema"] == "fastverify.doctor" and s["schema_version"] == 1
-    assert s["checks"][2] == {"name": "c", "status": "warn", "reason": "c reason", "fix": None, "seconds": 0.25,
-                              "details": {"k": 1}}
+    assert s["checks"][2] == {
+        "name": "c",
+        "status": "warn",
+        "reason": "c reason",
+        "fix": None,
+        "seconds": 0.25,
+        "details": {"k": 1},
+    }
     json.loads(json.dumps(s))
     assert summarise(checks + [mk("e", Status.fail)])["verdict"] == "fail"
     assert summarise([mk("a", Status.ok), mk("d", Status.skipped)])["verdict"] == "ok"
@@ -331,11 +350,16 @@ def test_backend_latency_reports_the_fastest_backend_per_size():
     ctx = doctor._Context(quick=False, env_file=None)
     ctx._gpu = (None, 2)
     sizes = lambda *us: [{"median_us": u} for u in us]  # noqa: E731
-    ctx.state["backends"] = {"world": 2, "hidden": 7168, "results": {
-        "nccl": {"status": "ok", "sizes": sizes(20.0, 30.0, 60.0)},
-        "pcie_ipc": {"status": "ok", "sizes": sizes(8.0, 31.0, 90.0)},
-        "fused": {"status": "skipped", "reason": "GPU is SM89"},
-    }, "calls_per_graph": 32}
+    ctx.state["backends"] = {
+        "world": 2,
+        "hidden": 7168,
+        "results": {
+            "nccl": {"status": "ok", "sizes": sizes(20.0, 30.0, 60.0)},
+            "pcie_ipc": {"status": "ok", "sizes": sizes(8.0, 31.0, 90.0)},
+            "fused": {"status": "skipped", "reason": "GPU is SM89"},
+        },
+        "calls_per_graph": 32,
+    }
     out = doctor.check_backend_latency(ctx)
     assert out.status is Status.ok
     assert "median per call over graph replays of 32 calls" in out.reason
@@ -343,12 +367,15 @@ def test_backend_latency_reports_the_fastest_backend_per_size():
     assert out.details["median_us"] == {"nccl": [20.0, 30.0, 60.0], "pcie_ipc": [8.0, 31.0, 90.0]}
 
 
-@pytest.mark.parametrize("torch_says, library, status", [
-    ((2, 21, 5), (2, 21, 5), Status.ok),
-    ((2, 21, 5, "+cuda12.4"), (2, 21, 5), Status.ok),
-    ((2, 27, 3), (2, 21, 5), Status.warn),
-    ((2, 27, 3), None, Status.warn),
-])
+@pytest.mark.parametrize(
+    "torch_says, library, status",
+    [
+        ((2, 21, 5), (2, 21, 5), Status.ok),
+        ((2, 21, 5, "+cuda12.4"), (2, 21, 5), Status.ok),
+        ((2, 27, 3), (2, 21, 5), Status.warn),
+        ((2, 27, 3), None, Status.warn),
+    ],
+)
 def test_torch_nccl_against_the_library(monkeypatch, torch_says, library, status):
     import torch
 

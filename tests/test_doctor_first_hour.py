@@ -21,13 +21,10 @@ import types
 
 import pytest
 import torch
+from test_doctor_selfcheck import _no_cuda, gpu_ctx  # noqa: E402,F401 - _no_cuda: the same autouse fixture
 
 from fastverify import doctor
 from fastverify.doctor import Status, selfcheck
-
-
-from test_doctor_selfcheck import _no_cuda, gpu_ctx  # noqa: E402,F401 - _no_cuda: the same autouse fixture
-
 
 # --- item 4: the verify timer's first matmul ------------------------------------------------------
 
@@ -84,8 +81,12 @@ class StandInGpu:
                 return Tensor()
 
         cuda = types.SimpleNamespace(
-            is_available=lambda: True, set_device=lambda i: None, Event=Event, synchronize=gpu.synchronize,
-            _sleep=lambda cycles: gpu.enqueue(cycles / self.CYCLES_PER_S))
+            is_available=lambda: True,
+            set_device=lambda i: None,
+            Event=Event,
+            synchronize=gpu.synchronize,
+            _sleep=lambda cycles: gpu.enqueue(cycles / self.CYCLES_PER_S),
+        )
         mod = types.ModuleType("torch")
         mod.cuda = cuda
         mod.randn = lambda *shape, device=None: Tensor()
@@ -116,8 +117,15 @@ def test_verify_timer_without_the_warm_up_blames_the_timer(monkeypatch):
 # --- item 5: P2P the driver does not offer, P2P that timed out ------------------------------------
 
 
-def _side_reports(monkeypatch, tmp_path, *, can_access: bool, open_error: str | None = None,
-                  sides: tuple[str, ...] = ("a", "b"), timeout_s: float = 5.0) -> dict:
+def _side_reports(
+    monkeypatch,
+    tmp_path,
+    *,
+    can_access: bool,
+    open_error: str | None = None,
+    sides: tuple[str, ...] = ("a", "b"),
+    timeout_s: float = 5.0,
+) -> dict:
     """The reports of the real P2P side (:func:`fastverify.topo.p2p.run_side`) for GPUs 0
     (side a) and 1 (side b), on a stand-in torch whose driver answers ``can_access`` to
     ``cudaDeviceCanAccessPeer`` and whose IPC open raises ``open_error``; each side publishes a
@@ -138,9 +146,12 @@ def _side_reports(monkeypatch, tmp_path, *, can_access: bool, open_error: str | 
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setattr(p2p, "_publish_buffer", publish)
     gpu = {"a": 0, "b": 1}
-    threads = [threading.Thread(target=p2p.run_side, args=(me, "b" if me == "a" else "a", gpu[me],
-                                                                1 - gpu[me], tmp_path, timeout_s))
-               for me in sides]
+    threads = [
+        threading.Thread(
+            target=p2p.run_side, args=(me, "b" if me == "a" else "a", gpu[me], 1 - gpu[me], tmp_path, timeout_s)
+        )
+        for me in sides
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -167,19 +178,29 @@ def test_p2p_the_driver_does_not_offer_is_a_warning_naming_the_backends(monkeypa
     assert out.status is Status.warn, out
     needs = [b.name.value for b in BACKENDS if b.needs_p2p]
     assert set(needs) >= {"pcie_ipc", "b12x", "fused"}
-    assert out.reason == ("this GPU/driver does not offer P2P (2 direction(s), first GPU0->GPU1: driver reports no "
-                          "peer access (cudaDeviceCanAccessPeer(1, 0) = 0)); " + "/".join(needs) + " are not candidates")
+    assert out.reason == (
+        "this GPU/driver does not offer P2P (2 direction(s), first GPU0->GPU1: driver reports no "
+        "peer access (cudaDeviceCanAccessPeer(1, 0) = 0)); " + "/".join(needs) + " are not candidates"
+    )
     assert "ACS" not in (out.fix or "") and "IOMMU" not in (out.fix or "")
     assert out.details["not_offered"] == 2 and out.details["failed"] == 0
 
 
 def test_p2p_access_the_driver_offered_that_failed_is_a_failure(monkeypatch, tmp_path):
-    results = _results(_side_reports(monkeypatch, tmp_path, can_access=True,
-                                     open_error="CUDA error: peer access is not supported between these two devices"))
+    results = _results(
+        _side_reports(
+            monkeypatch,
+            tmp_path,
+            can_access=True,
+            open_error="CUDA error: peer access is not supported between these two devices",
+        )
+    )
     out = doctor.gpu.p2p_outcome(results)
     assert out.status is Status.fail, out
-    assert out.reason.startswith("P2P access the driver offers failed for 2 direction(s), first GPU0->GPU1: "
-                                 "RuntimeError: CUDA error: peer access")
+    assert out.reason.startswith(
+        "P2P access the driver offers failed for 2 direction(s), first GPU0->GPU1: "
+        "RuntimeError: CUDA error: peer access"
+    )
     assert "ACS/IOMMU" in out.fix
 
 
@@ -190,8 +211,9 @@ def test_a_timed_out_p2p_direction_is_a_timeout_not_a_failure(monkeypatch, tmp_p
     assert results[(1, 0)].timed_out, results
     out = doctor.gpu.p2p_outcome(results)
     assert out.status is Status.warn, out
-    assert out.reason == ("P2P check timed out for 1 direction(s), first GPU1->GPU0: timeout waiting for GPU 1's "
-                          "buffer: P2P is not known")
+    assert out.reason == (
+        "P2P check timed out for 1 direction(s), first GPU1->GPU0: timeout waiting for GPU 1's buffer: P2P is not known"
+    )
     assert out.details["timed_out"] == 1 and out.details["failed"] == 0
     # a real failure beside a timeout still fails
     from fastverify.topo.p2p_proof import P2PResult
@@ -205,8 +227,10 @@ def test_check_p2p_real_says_what_the_check_saw(monkeypatch):
     from fastverify.doctor import gpu as doctor_gpu
     from fastverify.topo.p2p_proof import P2PResult
 
-    got = {(0, 1): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(1, 0) = 0)"),
-           (1, 0): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(0, 1) = 0)")}
+    got = {
+        (0, 1): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(1, 0) = 0)"),
+        (1, 0): P2PResult(False, "driver reports no peer access (cudaDeviceCanAccessPeer(0, 1) = 0)"),
+    }
     monkeypatch.setattr(doctor_gpu, "check_p2p", lambda **kw: got)
     ctx = gpu_ctx(2)
     out = doctor.check_p2p_real(ctx)
@@ -235,8 +259,10 @@ def test_backend_trials_capture_as_many_calls_per_graph_as_tune(monkeypatch):
 
     def fake_run_trial(spec, *, timeout_s, startup_timeout_s=180.0, **kw):
         specs[spec.backend] = spec
-        sizes = tuple(types.SimpleNamespace(msg_bytes=n * 2, median_us=10.0 + i, p90_us=11.0, max_rel_err=0.0)
-                      for i, (n, _) in enumerate(spec.sizes))
+        sizes = tuple(
+            types.SimpleNamespace(msg_bytes=n * 2, median_us=10.0 + i, p90_us=11.0, max_rel_err=0.0)
+            for i, (n, _) in enumerate(spec.sizes)
+        )
         return types.SimpleNamespace(status=TrialStatus.OK, reason="", sizes=sizes)
 
     monkeypatch.setattr(sweep, "run_trial", fake_run_trial)
@@ -265,8 +291,9 @@ def _noisy_check(seen: dict):
         seen["child_env"] = child_env()
         print("NCCL INFO from print")
         os.write(1, b"host:1:1 [0] NCCL INFO from the library's own fd 1 write\n")
-        subprocess.run([sys.executable, "-c", "print('host:2:2 [0] NCCL INFO from a child')"], check=True,
-                       env=seen["child_env"])
+        subprocess.run(
+            [sys.executable, "-c", "print('host:2:2 [0] NCCL INFO from a child')"], check=True, env=seen["child_env"]
+        )
         log = seen["child_env"].get("NCCL_DEBUG_FILE", "")
         if "%p" in log and not seen.get("silent_nccl"):  # NCCL writing its log where it was told to
             with open(log.replace("%h", "host").replace("%p", str(os.getpid())), "w") as f:
@@ -341,8 +368,13 @@ def _four_gpu_box():
             if i != j:
                 links[(i, j)] = "NV18" if {i, j} == {0, 1} else "PHB" if {i, j} == {2, 3} else "SYS"
     err = "NVML_ERROR_NOT_SUPPORTED"
-    return Topology(gpus=gpus, links=links, link_errors={(0, 2): err, (2, 0): err},
-                    p2p_read={(2, 3): False, (3, 2): False}, source="NVML")
+    return Topology(
+        gpus=gpus,
+        links=links,
+        link_errors={(0, 2): err, (2, 0): err},
+        p2p_read={(2, 3): False, (3, 2): False},
+        source="NVML",
+    )
 
 
 @pytest.mark.parametrize("torch_pci", [True, False], ids=["by-pci-address", "by-CUDA_VISIBLE_DEVICES"])
@@ -361,15 +393,20 @@ def test_doctor_numbers_gpus_as_cuda_sees_them(monkeypatch, torch_pci):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setattr(topo_nvml, "read_nvml_topology", _four_gpu_box)
     monkeypatch.setattr(doctor_gpu, "read_nvml_topology", _four_gpu_box)
-    props = (lambda i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1A + i, pci_device_id=0)) if torch_pci \
+    props = (
+        (lambda i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1A + i, pci_device_id=0))
+        if torch_pci
         else (lambda i: types.SimpleNamespace())
+    )
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
     ctx = gpu_ctx(2)
     out = doctor.check_nvml_topology(ctx)
     assert ctx.state["cuda_to_nvml"] == {0: 2, 1: 3}
     assert out.status is Status.warn
-    assert out.reason == ("4 GPU(s) via NVML, CUDA sees 2 of them (numbered as CUDA does); pairs: PHB 1; NVML "
-                          "refuses P2P for 2 direction(s)"), out.reason
+    assert out.reason == (
+        "4 GPU(s) via NVML, CUDA sees 2 of them (numbered as CUDA does); pairs: PHB 1; NVML "
+        "refuses P2P for 2 direction(s)"
+    ), out.reason
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
     monkeypatch.setattr(backends, "probe", lambda name, pctx: Capability(True, "ok"))

@@ -31,8 +31,14 @@ def test_fused_two_groups_runs_the_slot_on_gloo_and_each_call_sums_over_its_own_
 
 def test_fused_two_groups_verdict_names_a_sum_over_the_wrong_ranks():
     """What the case reports when the MoE call is summed over all four ranks (the single-backend bug)."""
-    got = {r: {"built": "attn_tp: gloo", "sums": {"attn": [10.0], "moe": [10.0]},
-               "want": {"attn": [10.0], "moe": [3.0 if r < 2 else 7.0]}} for r in range(4)}
+    got = {
+        r: {
+            "built": "attn_tp: gloo",
+            "sums": {"attn": [10.0], "moe": [10.0]},
+            "want": {"attn": [10.0], "moe": [3.0 if r < 2 else 7.0]},
+        }
+        for r in range(4)
+    }
     ok, line = selfcheck.two_groups_verdict(got)
     assert not ok and line.startswith("the fused slot reduced over the wrong ranks: rank 0 summed"), line
     got[2] = {"error": "rank 2 did not answer within 120 s"}

@@ -24,14 +24,17 @@ def _run_cpu(*cases: str) -> dict:
         pytest.skip("FASTVERIFY_SGLANG_PYTHON not set (make the SGLang venv with .ci/sglang-venv.sh)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    cp = subprocess.run([py, str(_SCRIPT), *cases], check=False, capture_output=True, text=True, timeout=600, env=env,
-                        cwd=str(REPO))
+    cp = subprocess.run(
+        [py, str(_SCRIPT), *cases], check=False, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO)
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     return json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
 
 
-@pytest.mark.parametrize("name, fn", [("graph_counts", graph_counts.check_graph_counts),
-                                      ("compiled_counts", graph_counts.check_compiled_counts)])
+@pytest.mark.parametrize(
+    "name, fn",
+    [("graph_counts", graph_counts.check_graph_counts), ("compiled_counts", graph_counts.check_compiled_counts)],
+)
 def test_graph_and_compiled_counts_are_gpu_cases_skipped_on_cpu_with_the_reason(monkeypatch, name, fn):
     import torch
 
@@ -51,8 +54,11 @@ def test_graph_counts_on_sglangs_real_runners_count_warmups_and_each_replay_in_i
     got = _run_cpu("graph")["graph"]
     assert {"FullCudaGraphBackend.capture_one", "FullCudaGraphBackend.replay"} <= set(got["wrapped"]), got
     assert got["warmup"] == {"capture_warmup": {"sglang.torch_distributed": 20}}, got
-    assert got["replayed"] == {"draft": {"sglang.torch_distributed": 2}, "draft_extend": {"sglang.torch_distributed": 3},
-                               "extend": {"sglang.torch_distributed": 5}}, got
+    assert got["replayed"] == {
+        "draft": {"sglang.torch_distributed": 2},
+        "draft_extend": {"sglang.torch_distributed": 3},
+        "extend": {"sglang.torch_distributed": 5},
+    }, got
     assert got["graph_replays"] == 3
     ok, line = graph_counts.graph_verdict(got, real_graph=False)
     assert ok, line
@@ -62,10 +68,14 @@ def test_graph_counts_on_sglangs_real_runners_count_warmups_and_each_replay_in_i
 
 
 def test_graph_verdict_names_an_uncounted_replay_and_a_replay_that_ran_nothing():
-    got = {"wrapped": ["FullCudaGraphBackend.capture_one"], "uncounted": {}, "issued": {"eagle_draft": 2,
-           "eagle_draft_extend": 3, "prefill": 5}, "warmup": {"capture_warmup": {"sglang.unobserved": 20}},
-           "replayed": {"draft": {"sglang.unobserved": 2}, "draft_extend": {"sglang.unobserved": 3}},
-           "values": {"eagle_draft": 6.0, "eagle_draft_extend": 9.0, "prefill": 15.0}}
+    got = {
+        "wrapped": ["FullCudaGraphBackend.capture_one"],
+        "uncounted": {},
+        "issued": {"eagle_draft": 2, "eagle_draft_extend": 3, "prefill": 5},
+        "warmup": {"capture_warmup": {"sglang.unobserved": 20}},
+        "replayed": {"draft": {"sglang.unobserved": 2}, "draft_extend": {"sglang.unobserved": 3}},
+        "values": {"eagle_draft": 6.0, "eagle_draft_extend": 9.0, "prefill": 15.0},
+    }
     ok, line = graph_counts.graph_verdict(got, real_graph=True)
     assert not ok and line.startswith("graph replays counted {'draft': 2, 'draft_extend': 3}, want"), line
     got["replayed"]["extend"] = {"sglang.unobserved": 5}

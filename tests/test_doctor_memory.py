@@ -39,10 +39,12 @@ def test_busy_gpu_fails_the_check_naming_gpu_free_gib_and_holder():
     with open(f"/proc/{os.getppid()}/comm") as f:
         comm = f.read().strip()
     assert out.status is Status.fail
-    assert out.reason == (f"doctor's GPU checks need about 2.8 GiB free on each GPU (2 CUDA contexts and NCCL "
-                          f"communicators); GPU 1 (NVIDIA GeForce RTX 4090) has 0.5 GiB free of 24.0 GiB, "
-                          f"{held_by(os.getppid(), 23, comm)}; GPU checks below fail from lack of memory, not for "
-                          "the reasons they name")
+    assert out.reason == (
+        f"doctor's GPU checks need about 2.8 GiB free on each GPU (2 CUDA contexts and NCCL "
+        f"communicators); GPU 1 (NVIDIA GeForce RTX 4090) has 0.5 GiB free of 24.0 GiB, "
+        f"{held_by(os.getppid(), 23, comm)}; GPU checks below fail from lack of memory, not for "
+        "the reasons they name"
+    )
     assert out.fix == "stop the server holding it, or set CUDA_VISIBLE_DEVICES to GPUs with room"
     assert out.details["free_gib"] == {0: 20.0, 1: 0.5}
 

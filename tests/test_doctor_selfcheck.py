@@ -24,13 +24,21 @@ import pytest
 import torch
 
 from fastverify import doctor
-from fastverify.doctor import NO_GPU, Status, run_doctor, summarise
-from fastverify.doctor import connections, jit, selfcheck, streams, trials
+from fastverify.doctor import NO_GPU, Status, connections, jit, run_doctor, selfcheck, streams, summarise, trials
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
-NEW_GPU_CHECKS = ("torch_nccl", "nvml_topology", "cuda_max_connections", "jit_builds", "stream_binding",
-                  "flashinfer_norm", "verify_timer", "nccl_1rank", "live_graph_timing")
+NEW_GPU_CHECKS = (
+    "torch_nccl",
+    "nvml_topology",
+    "cuda_max_connections",
+    "jit_builds",
+    "stream_binding",
+    "flashinfer_norm",
+    "verify_timer",
+    "nccl_1rank",
+    "live_graph_timing",
+)
 WHEEL_ENV = "FASTVERIFY_FLASHINFER_WHEEL"
 AR_PATH = "flashinfer/comm/pcie_ipc_ar.py"
 
@@ -84,8 +92,9 @@ def test_stream_rule_unavailable_names_why(monkeypatch):
     assert why.startswith("flashinfer not importable (ModuleNotFoundError") and why.endswith(f"{WHEEL_ENV} not set")
     monkeypatch.setenv(WHEEL_ENV, "/nonexistent.whl")
     binding, why = streams.load_binding("cuda:0")
-    assert binding is None and why == (f"{WHEEL_ENV}=/nonexistent.whl: cannot read {streams.LIFECYCLE_PATH} "
-                                       "(FileNotFoundError)")
+    assert binding is None and why == (
+        f"{WHEEL_ENV}=/nonexistent.whl: cannot read {streams.LIFECYCLE_PATH} (FileNotFoundError)"
+    )
 
 
 # --- stream binding: FlashInfer's real rule on fake streams --------------------------------------
@@ -155,12 +164,20 @@ def workspace_methods(wheel: str, bind_stream) -> type:
 
 def test_stream_steps_pass_with_flashinfers_real_rule(fi_wheel, monkeypatch):
     lifecycle = streams.lifecycle_from_wheel(fi_wheel)
-    for binding in (streams.FunctionBinding(lifecycle.bind_stream, "cuda:0"),
-                    streams.WorkspaceBinding(workspace_methods(fi_wheel, lifecycle.bind_stream), "cuda:0")):
+    for binding in (
+        streams.FunctionBinding(lifecycle.bind_stream, "cuda:0"),
+        streams.WorkspaceBinding(workspace_methods(fi_wheel, lifecycle.bind_stream), "cuda:0"),
+    ):
         fake = FakeStreams(monkeypatch)
         rows = streams.run_steps(binding, fake)
-        assert [r["did"] for r in rows] == ["binds default", "binds default", "raises already bound", "binds side",
-                                            "exempt", "binds default"], rows
+        assert [r["did"] for r in rows] == [
+            "binds default",
+            "binds default",
+            "raises already bound",
+            "binds side",
+            "exempt",
+            "binds default",
+        ], rows
         assert all(r["ok"] for r in rows)
         assert fake.orders == [("side", "default"), ("default", "side")]  # ordered before each rebind
         assert (fake.uses, fake.expected) == (5, 4)  # 4 executed calls + 1 captured
@@ -168,28 +185,34 @@ def test_stream_steps_pass_with_flashinfers_real_rule(fi_wheel, monkeypatch):
         assert ok and line.startswith("6 steps as FlashInfer's rule says")
 
 
-@pytest.mark.parametrize("broken, step, did", [
-    # a rule that never refuses another stream: the side-stream step does not raise
-    (lambda dev, bound, op: torch.cuda.current_stream(dev), 2, "binds side"),
-    # a rule that forgets the capture exemption: the capture step raises
-    ("no_exemption", 4, "raises already bound"),
-])
+@pytest.mark.parametrize(
+    "broken, step, did",
+    [
+        # a rule that never refuses another stream: the side-stream step does not raise
+        (lambda dev, bound, op: torch.cuda.current_stream(dev), 2, "binds side"),
+        # a rule that forgets the capture exemption: the capture step raises
+        ("no_exemption", 4, "raises already bound"),
+    ],
+)
 def test_stream_steps_fail_when_the_rule_is_broken(fi_wheel, monkeypatch, broken, step, did):
     lifecycle = streams.lifecycle_from_wheel(fi_wheel)
     if broken == "no_exemption":
+
         def broken(dev, bound, op):
             current = torch.cuda.current_stream(dev)
             if bound is not None and current != bound:
                 raise RuntimeError(f"this workspace is already bound to {bound}")
             return current
+
     fake = FakeStreams(monkeypatch)
     rows = streams.run_steps(streams.FunctionBinding(broken, "cuda:0"), fake)
     assert rows[step]["did"] == did and not rows[step]["ok"]
     ok, line = streams.judge(rows)
     assert not ok and line == f"{streams.STEPS[step][0]}: expected '{streams.STEPS[step][3]}', FlashInfer did '{did}'"
     # the real rule on the same fakes passes, so the difference is the rule
-    assert all(r["ok"] for r in streams.run_steps(streams.FunctionBinding(lifecycle.bind_stream, 0),
-                                                  FakeStreams(monkeypatch)))
+    assert all(
+        r["ok"] for r in streams.run_steps(streams.FunctionBinding(lifecycle.bind_stream, 0), FakeStreams(monkeypatch))
+    )
 
 
 def test_judge_catches_lost_ordering():
@@ -202,20 +225,24 @@ def test_judge_catches_lost_ordering():
 # --- CUDA_DEVICE_MAX_CONNECTIONS ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ratios, word", [
-    ({"unset": 2.02, "early": 3.01, "late": 3.0}, connections.TAKES_EFFECT),
-    ({"unset": 2.02, "early": 3.01, "late": 2.05}, connections.DOES_NOT),
-    ({"unset": 2.9, "early": 3.01, "late": 3.0}, connections.INCONCLUSIVE),  # no overlap even by default
-    ({"unset": 2.02, "early": 2.1, "late": 2.0}, connections.INCONCLUSIVE),  # the setting does nothing at all
-    ({"unset": 2.02, "early": None, "late": 3.0}, connections.INCONCLUSIVE),
-    ({"unset": 2.0, "early": 2.5, "late": 2.5}, connections.TAKES_EFFECT),  # 2.5 is serial (the boundary)
-])
+@pytest.mark.parametrize(
+    "ratios, word",
+    [
+        ({"unset": 2.02, "early": 3.01, "late": 3.0}, connections.TAKES_EFFECT),
+        ({"unset": 2.02, "early": 3.01, "late": 2.05}, connections.DOES_NOT),
+        ({"unset": 2.9, "early": 3.01, "late": 3.0}, connections.INCONCLUSIVE),  # no overlap even by default
+        ({"unset": 2.02, "early": 2.1, "late": 2.0}, connections.INCONCLUSIVE),  # the setting does nothing at all
+        ({"unset": 2.02, "early": None, "late": 3.0}, connections.INCONCLUSIVE),
+        ({"unset": 2.0, "early": 2.5, "late": 2.5}, connections.TAKES_EFFECT),  # 2.5 is serial (the boundary)
+    ],
+)
 def test_connections_verdict(ratios, word):
     got, why = connections.verdict(ratios)
     assert got == word, why
     if word == connections.TAKES_EFFECT and ratios["late"] == 3.0:
-        assert why == ("set after torch.cuda.is_available() it still serializes the streams "
-                       "(unset 2.02, early 3.01, late 3.00)")
+        assert why == (
+            "set after torch.cuda.is_available() it still serializes the streams (unset 2.02, early 3.01, late 3.00)"
+        )
     if ratios["early"] is None:
         assert why.startswith("no measurement for early")
 
@@ -243,17 +270,22 @@ MAPS = """\
 
 
 def test_libnccl_mapped_reads_proc_maps():
-    assert selfcheck.libnccl_mapped(MAPS) == ["/usr/lib/python3/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                              "/opt/x/lib/libnccl.so.2.21.5 (deleted)"]
+    assert selfcheck.libnccl_mapped(MAPS) == [
+        "/usr/lib/python3/site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "/opt/x/lib/libnccl.so.2.21.5 (deleted)",
+    ]
     assert selfcheck.libnccl_mapped(Path("/proc/self/maps").read_text()) == []  # CPU torch maps no NCCL
 
 
-@pytest.mark.parametrize("torch_says, lib, status", [
-    ((2, 27, 3), (2, 27, 3), Status.ok),
-    ((2, 27, 3, "+cuda12.9"), (2, 27, 3), Status.ok),
-    ((2, 27, 3), (2, 27, 5), Status.warn),
-    ((2, 27, 3), None, Status.warn),
-])
+@pytest.mark.parametrize(
+    "torch_says, lib, status",
+    [
+        ((2, 27, 3), (2, 27, 3), Status.ok),
+        ((2, 27, 3, "+cuda12.9"), (2, 27, 3), Status.ok),
+        ((2, 27, 3), (2, 27, 5), Status.warn),
+        ((2, 27, 3), None, Status.warn),
+    ],
+)
 def test_compare_nccl(torch_says, lib, status):
     library = None if lib is None else NcclVersion.of(*lib, library="/x/libnccl.so.2")
     got, reason, fix = selfcheck.compare_nccl(torch_says, library, "mapped in this process")
@@ -269,15 +301,20 @@ def test_compare_nccl(torch_says, lib, status):
 
 
 def test_jit_summary_names_the_module_still_building_at_the_limit():
-    events = [{"module": "norm", "event": "start", "aot": False, "cached": True},
-              {"module": "norm", "event": "done", "seconds": 0.4},
-              {"module": "pcie_ipc_comm", "event": "start", "aot": False, "cached": False}]
+    events = [
+        {"module": "norm", "event": "start", "aot": False, "cached": True},
+        {"module": "norm", "event": "done", "seconds": 0.4},
+        {"module": "pcie_ipc_comm", "event": "start", "aot": False, "cached": False},
+    ]
     res = jit.summarize(events, killed=True, limit_s=900, elapsed_s=900.2, exit_reason="stopped")
     assert res["building"] == "pcie_ipc_comm"
     assert res["modules"]["norm"] == {"aot": False, "cached": True, "status": "loaded", "seconds": 0.4}
     out = selfcheck.jit_outcome(res)
     assert out.status is Status.warn
-    assert out.reason == "building/JIT: pcie_ipc_comm still building after 900 s (norm loaded 0.4 s; pcie_ipc_comm building)"
+    assert (
+        out.reason
+        == "building/JIT: pcie_ipc_comm still building after 900 s (norm loaded 0.4 s; pcie_ipc_comm building)"
+    )
 
 
 def test_jit_summary_crash_inside_a_build_is_an_error_not_a_build():
@@ -285,13 +322,18 @@ def test_jit_summary_crash_inside_a_build_is_an_error_not_a_build():
     res = jit.summarize(events, killed=False, limit_s=900, elapsed_s=3, exit_reason="exit code 1: nvcc not found")
     assert res["building"] is None and res["errors"] == {"trtllm_comm": "exit code 1: nvcc not found"}
     out = selfcheck.jit_outcome(res)
-    assert out.status is Status.fail and out.reason == "FlashInfer JIT build of trtllm_comm failed: exit code 1: nvcc not found"
+    assert (
+        out.status is Status.fail
+        and out.reason == "FlashInfer JIT build of trtllm_comm failed: exit code 1: nvcc not found"
+    )
 
 
 def test_jit_summary_all_built():
-    events = [{"module": "norm", "event": "start", "aot": False, "cached": False},
-              {"module": "norm", "event": "done", "seconds": 71.25},
-              {"module": "trtllm_comm", "event": "skipped", "reason": "kernel not built for SM89"}]
+    events = [
+        {"module": "norm", "event": "start", "aot": False, "cached": False},
+        {"module": "norm", "event": "done", "seconds": 71.25},
+        {"module": "trtllm_comm", "event": "skipped", "reason": "kernel not built for SM89"},
+    ]
     out = selfcheck.jit_outcome(jit.summarize(events, killed=False, limit_s=900, elapsed_s=72))
     assert out.status is Status.ok and out.reason == "FlashInfer modules: norm built 71.2 s; trtllm_comm skipped"
 
@@ -309,17 +351,26 @@ def test_jit_modules_gate_on_the_registry():
 # --- trials: the build kept out of the measurement limit (item 9) ---------------------------------
 
 
-@pytest.mark.parametrize("status, reason, phase", [
-    ("failed", "timeout after 660 s; still running: rank 0: make backend pcie_ipc, rank 1: make backend pcie_ipc",
-     "building/JIT"),
-    ("failed", "timeout after 60 s; still running: rank 0: numel 28672: timing, rank 1: make backend pcie_ipc",
-     "measurement"),
-    ("failed", "build timeout after 600 s; still running: rank 0: make backend fused", "building/JIT"),
-    ("failed", "rank 1 crashed (exit code 1): make backend fused", "measurement"),
-    ("failed", "start-up timeout after 120 s; still running: rank 0: init process group", "start-up"),
-    ("ok", "", "measurement"),
-    ("wrong_result", "numel 4: max relative error 0.5 on rank 0", "measurement"),
-])
+@pytest.mark.parametrize(
+    "status, reason, phase",
+    [
+        (
+            "failed",
+            "timeout after 660 s; still running: rank 0: make backend pcie_ipc, rank 1: make backend pcie_ipc",
+            "building/JIT",
+        ),
+        (
+            "failed",
+            "timeout after 60 s; still running: rank 0: numel 28672: timing, rank 1: make backend pcie_ipc",
+            "measurement",
+        ),
+        ("failed", "build timeout after 600 s; still running: rank 0: make backend fused", "building/JIT"),
+        ("failed", "rank 1 crashed (exit code 1): make backend fused", "measurement"),
+        ("failed", "start-up timeout after 120 s; still running: rank 0: init process group", "start-up"),
+        ("ok", "", "measurement"),
+        ("wrong_result", "numel 4: max relative error 0.5 on rank 0", "measurement"),
+    ],
+)
 def test_trial_phase(status, reason, phase):
     assert trials.trial_phase(status, reason) == phase
 
@@ -339,16 +390,21 @@ def test_run_doctor_trial_keeps_the_build_out_of_the_measurement_limit(monkeypat
     from fastverify.tune import sweep
 
     seen = {}
-    res = types.SimpleNamespace(status=types.SimpleNamespace(value="failed"),
-                                reason="timeout after 660 s; still running: rank 0: make backend pcie_ipc")
+    res = types.SimpleNamespace(
+        status=types.SimpleNamespace(value="failed"),
+        reason="timeout after 660 s; still running: rank 0: make backend pcie_ipc",
+    )
     if has_build_phase:
+
         def fake(spec, *, timeout_s, startup_timeout_s=180.0, build_timeout_s=300.0):
             seen.update(timeout_s=timeout_s, startup=startup_timeout_s, build=build_timeout_s)
             return res
     else:
+
         def fake(spec, *, timeout_s, startup_timeout_s=180.0):
             seen.update(timeout_s=timeout_s, startup=startup_timeout_s)
             return res
+
     monkeypatch.setattr(sweep, "run_trial", fake)
     got, how = trials.run_doctor_trial("spec", timeout_s=60, startup_timeout_s=120, build_timeout_s=600)
     assert got is res and how["phase"] == "building/JIT"
@@ -365,8 +421,9 @@ def _per(status, reason="", phase="measurement"):
 
 def test_backends_verdict_building_warns_wrong_result_fails():
     kw = dict(world=2, hidden=7168, p2p_note="ok", nvlink_full=False)
-    out = doctor.gpu._backends_outcome({"nccl": _per("ok"), "pcie_ipc": _per("building/JIT", "building/JIT: timeout",
-                                                                             "building/JIT")}, **kw)
+    out = doctor.gpu._backends_outcome(
+        {"nccl": _per("ok"), "pcie_ipc": _per("building/JIT", "building/JIT: timeout", "building/JIT")}, **kw
+    )
     assert out.status is Status.warn and out.reason.startswith("nccl ok, pcie_ipc building/JIT; pcie_ipc: building/JIT")
     out = doctor.gpu._backends_outcome({"nccl": _per("ok"), "fused": _per("wrong_result", "numel 4: error 0.5")}, **kw)
     assert out.status is Status.fail and out.fix.startswith("do not deploy fused")
@@ -402,11 +459,17 @@ def test_no_backend_name_is_spelled_in_doctor():
             if isinstance(node, ast.keyword) and node.arg == "group_backend":
                 allowed.add(id(node.value))
             if isinstance(node, ast.Dict):
-                allowed.update(id(v) for k, v in zip(node.keys, node.values)
-                               if isinstance(k, ast.Constant) and k.value == "backend")
+                allowed.update(
+                    id(v)
+                    for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value == "backend"
+                )
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and node.value in spelled and \
-                    not (id(node) in allowed and node.value in ("nccl", "gloo")):
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in spelled
+                and not (id(node) in allowed and node.value in ("nccl", "gloo"))
+            ):
                 offenders.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert offenders == []
 
@@ -418,14 +481,33 @@ def _rows(n):
     return [{"step": i, "verify_ms": 0.5, "clock": "cuda_events", "rank": "0", "pid": 1} for i in range(n)]
 
 
-@pytest.mark.parametrize("kw, ok, start", [
-    (dict(host_ms=1.2, written_while_busy=0, written_after=8, rows=_rows(8)), True, "8 steps timed with CUDA events"),
-    (dict(host_ms=150.0, written_while_busy=0, written_after=8, rows=_rows(8)), False, "recording and draining took"),
-    (dict(host_ms=1.2, written_while_busy=2, written_after=6, rows=_rows(8)), False, "the drain wrote 2 row(s)"),
-    (dict(host_ms=1.2, written_while_busy=0, written_after=7, rows=_rows(7)), False, "7 row(s) written"),
-    (dict(host_ms=1.2, written_while_busy=0, written_after=8,
-          rows=_rows(7) + [{"verify_ms": 0.5, "clock": "cpu_wall_clock"}]), False, "row {"),
-])
+@pytest.mark.parametrize(
+    "kw, ok, start",
+    [
+        (
+            dict(host_ms=1.2, written_while_busy=0, written_after=8, rows=_rows(8)),
+            True,
+            "8 steps timed with CUDA events",
+        ),
+        (
+            dict(host_ms=150.0, written_while_busy=0, written_after=8, rows=_rows(8)),
+            False,
+            "recording and draining took",
+        ),
+        (dict(host_ms=1.2, written_while_busy=2, written_after=6, rows=_rows(8)), False, "the drain wrote 2 row(s)"),
+        (dict(host_ms=1.2, written_while_busy=0, written_after=7, rows=_rows(7)), False, "7 row(s) written"),
+        (
+            dict(
+                host_ms=1.2,
+                written_while_busy=0,
+                written_after=8,
+                rows=_rows(7) + [{"verify_ms": 0.5, "clock": "cpu_wall_clock"}],
+            ),
+            False,
+            "row {",
+        ),
+    ],
+)
 def test_judge_verify_timer(kw, ok, start):
     got, line = selfcheck.judge_verify_timer(busy_ms=200.0, steps=8, **kw)
     assert got is ok and line.startswith(start), line
@@ -441,20 +523,44 @@ def test_nvml_check_names_unsupported_queries_and_unknown_links(monkeypatch):
     from fastverify.doctor import gpu as doctor_gpu
     from fastverify.topo.matrix import Gpu, Topology
 
-    gpus = tuple(Gpu(index=i, name="H200", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", numa_node=0,
-                     cpu_affinity=None, pcie_gen=5, pcie_width=16, pcie_max_gen=5, pcie_max_width=16, gpu_numa_id=None)
-                 for i in range(2))
+    gpus = tuple(
+        Gpu(
+            index=i,
+            name="H200",
+            pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+            numa_node=0,
+            cpu_affinity=None,
+            pcie_gen=5,
+            pcie_width=16,
+            pcie_max_gen=5,
+            pcie_max_width=16,
+            gpu_numa_id=None,
+        )
+        for i in range(2)
+    )
     err = "NVML_ERROR_NOT_SUPPORTED"
-    topo = Topology(gpus=gpus, links={}, link_errors={(0, 1): err, (1, 0): err},
-                    unsupported=(f"nvmlDeviceGetTopologyCommonAncestor(GPU 0, GPU 1): {err}",
-                                 f"nvmlDeviceGetTopologyCommonAncestor(GPU 1, GPU 0): {err}"), source="NVML")
+    topo = Topology(
+        gpus=gpus,
+        links={},
+        link_errors={(0, 1): err, (1, 0): err},
+        unsupported=(
+            f"nvmlDeviceGetTopologyCommonAncestor(GPU 0, GPU 1): {err}",
+            f"nvmlDeviceGetTopologyCommonAncestor(GPU 1, GPU 0): {err}",
+        ),
+        source="NVML",
+    )
     monkeypatch.setattr(doctor_gpu, "read_nvml_topology", lambda: topo)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
-        pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0),
+    )
     out = doctor.check_nvml_topology(gpu_ctx(2))
     assert out.status is Status.warn
-    assert out.reason == ("2 GPU(s) via NVML; pairs: none known; 2 NVML queries not supported; NVML did not "
-                          "report the link of 1 pair(s), first GPU0-GPU1: NVML_ERROR_NOT_SUPPORTED")
+    assert out.reason == (
+        "2 GPU(s) via NVML; pairs: none known; 2 NVML queries not supported; NVML did not "
+        "report the link of 1 pair(s), first GPU0-GPU1: NVML_ERROR_NOT_SUPPORTED"
+    )
     assert out.details["unsupported"] == list(topo.unsupported)
     one = Topology(gpus=gpus[:1], links={}, source="NVML (driver 580.159.03)")
     monkeypatch.setattr(doctor_gpu, "read_nvml_topology", lambda: one)
@@ -482,11 +588,17 @@ def test_a_trial_still_building_is_not_a_failed_backend(monkeypatch):
     def fake_run_trial(spec, *, timeout_s, startup_timeout_s=180.0, **kw):
         given[spec.backend] = timeout_s + sum(kw.values())  # the time the build could use
         if spec.backend == BackendName.pcie_ipc.value:
-            return types.SimpleNamespace(status=TrialStatus.FAILED, sizes=(), reason=(
-                f"timeout after {timeout_s:g} s; still running: rank 0: make backend pcie_ipc, "
-                "rank 1: make backend pcie_ipc"))
-        sizes = tuple(types.SimpleNamespace(msg_bytes=n * 2, median_us=20.0, p90_us=21.0, max_rel_err=0.0)
-                      for n, _ in spec.sizes)
+            return types.SimpleNamespace(
+                status=TrialStatus.FAILED,
+                sizes=(),
+                reason=(
+                    f"timeout after {timeout_s:g} s; still running: rank 0: make backend pcie_ipc, "
+                    "rank 1: make backend pcie_ipc"
+                ),
+            )
+        sizes = tuple(
+            types.SimpleNamespace(msg_bytes=n * 2, median_us=20.0, p90_us=21.0, max_rel_err=0.0) for n, _ in spec.sizes
+        )
         return types.SimpleNamespace(status=TrialStatus.OK, reason="", sizes=sizes)
 
     monkeypatch.setattr(sweep, "run_trial", fake_run_trial)
@@ -501,16 +613,20 @@ def test_a_trial_still_building_is_not_a_failed_backend(monkeypatch):
     assert given["pcie_ipc"] >= doctor.core.TRIAL_TIMEOUT_S + doctor.core.TRIAL_BUILD_S
 
 
-@pytest.mark.parametrize("timed, graph, want", [("cuda_graph", [900.0, 800.0, 850.0], Status.ok),
-                                                ("eager", [], Status.fail)])
+@pytest.mark.parametrize(
+    "timed, graph, want", [("cuda_graph", [900.0, 800.0, 850.0], Status.ok), ("eager", [], Status.fail)]
+)
 def test_live_graph_timing_wants_graph_replays(monkeypatch, timed, graph, want):
     """The live check passes only when the runner timed CUDA-graph replays, one whole-graph timing
     per verify step; an eager-timed run fails and says what it timed."""
     from types import SimpleNamespace
 
-    rank = SimpleNamespace(names=["attn", "all_reduce"], name_id=[0, 1, 0, 1], steps=[[0, 0, 1]] * 3,
-                           meta={"timed_forward": timed, "graph_forward_us": graph,
-                                 "eager_forward_us": [1500.0] * 3 if graph else []})
+    rank = SimpleNamespace(
+        names=["attn", "all_reduce"],
+        name_id=[0, 1, 0, 1],
+        steps=[[0, 0, 1]] * 3,
+        meta={"timed_forward": timed, "graph_forward_us": graph, "eager_forward_us": [1500.0] * 3 if graph else []},
+    )
     monkeypatch.setattr(selfcheck, "run_live", lambda *a, **k: [rank])
     out = selfcheck.check_live_graph_timing(None)
     assert out.status is want, out

@@ -28,9 +28,12 @@ ACCEPT = {1: 1.8, 2: 2.4, 3: 2.8, 4: 3.0, 5: 3.1}
 
 
 def _curve(ms_by_tokens: dict[int, float]) -> DM.CostCurve:
-    return DM.CostCurve(batch=1, label="measured", source="test",
-                        points=[DM.CostPoint(tokens_per_request=t, verify_ms=ms, records=10)
-                                for t, ms in sorted(ms_by_tokens.items())])
+    return DM.CostCurve(
+        batch=1,
+        label="measured",
+        source="test",
+        points=[DM.CostPoint(tokens_per_request=t, verify_ms=ms, records=10) for t, ms in sorted(ms_by_tokens.items())],
+    )
 
 
 def _draft(step_ms: float, extend_ms: float = 0.0, label: str = "given") -> DM.DraftCost:
@@ -111,7 +114,12 @@ def test_extrapolation_runs_from_the_nearest_two_points_on_each_side():
     # depths 1 and 2 (2 and 3 tokens) extrapolate down the low end's 2 ms per token: 8 - 2 x 2, 8 - 2
     rep = DM.recommend(HIST, _curve({4: 8.0, 5: 10.0, 6: 16.0}), _draft(0.0))
     assert [(r.verify_ms, r.verify_label) for r in rep.rows] == [
-        (4.0, "extrapolated"), (6.0, "extrapolated"), (8.0, "measured"), (10.0, "measured"), (16.0, "measured")]
+        (4.0, "extrapolated"),
+        (6.0, "extrapolated"),
+        (8.0, "measured"),
+        (10.0, "measured"),
+        (16.0, "measured"),
+    ]
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -141,8 +149,10 @@ def test_histogram_file_table_and_winner(tmp_path, capsys):
     text = out.getvalue()
     lines = text.splitlines()
     assert len(lines) <= 15, text
-    assert "best: depth 2 (+11.7 % tok/s vs depth 4: more tokens per second): --speculative-num-steps 2 " \
-           "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in " ".join(text.split())
+    assert (
+        "best: depth 2 (+11.7 % tok/s vs depth 4: more tokens per second): --speculative-num-steps 2 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in " ".join(text.split())
+    )
     assert "fastverify profile --verify-log before/ after/" in text
     row2 = next(ln for ln in lines if ln.strip().startswith("2 *"))
     assert row2.split() == ["2", "*", "3", "2.600", "12.000", "16.000", "162.5", "derived"]
@@ -165,8 +175,21 @@ def test_tree_run_says_one_run_gives_no_other_tree_shape():
 
 def _log(d: Path, rows: list[tuple[int, int, float, list[int]]]) -> Path:
     d.mkdir()
-    lines = [json.dumps({"step": i, "verify_ms": ms, "clock": "cpu_wall_clock", "rank": "0", "pid": 7, "batch": b,
-                         "tokens": t, "accepted": acc}) for i, (b, t, ms, acc) in enumerate(rows)]
+    lines = [
+        json.dumps(
+            {
+                "step": i,
+                "verify_ms": ms,
+                "clock": "cpu_wall_clock",
+                "rank": "0",
+                "pid": 7,
+                "batch": b,
+                "tokens": t,
+                "accepted": acc,
+            }
+        )
+        for i, (b, t, ms, acc) in enumerate(rows)
+    ]
     (d / "verify-rank0.jsonl").write_text("\n".join(lines) + "\n")
     return d
 
@@ -184,14 +207,17 @@ def test_from_verify_records(tmp_path):
     assert [r.accept_length for r in rep.rows[:2]] == pytest.approx([5 / 6 + 1, 9 / 6 + 1], abs=1e-4)
 
 
-@pytest.mark.parametrize("doc, said", [
-    ('{"steps": 3, "counts": [1, 2]', "not JSON"),
-    ({"steps": "3", "counts": [1, 2, 3, 4]}, 'field "steps": expected an integer, got a string (e.g. "steps": 5)'),
-    ({"counts": [1, 2]}, 'field "steps": missing'),
-    ({"steps": 3, "counts": [1, 2]}, 'field "counts": 2 values, need steps + 1 = 4'),
-    ({"steps": 2, "counts": [0, 0, 0]}, 'field "counts": each must be in [0, 1e+09] and not all 0'),
-    ({"steps": 2, "counts": [1, 1, 1], "depth": 2}, 'field "depth": unknown'),
-])
+@pytest.mark.parametrize(
+    "doc, said",
+    [
+        ('{"steps": 3, "counts": [1, 2]', "not JSON"),
+        ({"steps": "3", "counts": [1, 2, 3, 4]}, 'field "steps": expected an integer, got a string (e.g. "steps": 5)'),
+        ({"counts": [1, 2]}, 'field "steps": missing'),
+        ({"steps": 3, "counts": [1, 2]}, 'field "counts": 2 values, need steps + 1 = 4'),
+        ({"steps": 2, "counts": [0, 0, 0]}, 'field "counts": each must be in [0, 1e+09] and not all 0'),
+        ({"steps": 2, "counts": [1, 1, 1], "depth": 2}, 'field "depth": unknown'),
+    ],
+)
 def test_malformed_histogram_is_one_line_naming_file_and_field(tmp_path, doc, said):
     """A UserError: `fastverify` prints it as one line on stderr and exits 2 (fastverify.cli.main)."""
     f = _hist_file(tmp_path, doc)
@@ -225,8 +251,20 @@ def test_tune_draft_shape_through_the_cli(tmp_path, capsys):
 
     h = tmp_path / "h.json"
     h.write_text(json.dumps({"steps": 4, "counts": [10, 20, 30, 20, 20], "verify_ms": [[2, 10.0], [5, 16.0]]}))
-    rc, out, err = cli(["tune", "--draft-shape", "--accept-histogram", str(h), "--draft-step-ms", "1",
-                        "--draft-extend-ms", "2", "--json"], capsys)
+    rc, out, err = cli(
+        [
+            "tune",
+            "--draft-shape",
+            "--accept-histogram",
+            str(h),
+            "--draft-step-ms",
+            "1",
+            "--draft-extend-ms",
+            "2",
+            "--json",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     doc = json.loads(out)
     assert [round(r["accept_length"], 3) for r in doc["rows"]] == [1.9, 2.6, 3.0, 3.2]
@@ -234,5 +272,7 @@ def test_tune_draft_shape_through_the_cli(tmp_path, capsys):
     assert doc["best_depth"] == 2 and doc["current_depth"] == 4
     assert doc["tok_s_change_pct"] == pytest.approx((2.6 / 16 - 3.2 / 22) / (3.2 / 22) * 100, abs=0.05)
     assert "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in doc["flags"]
-    one_line_error(*cli(["tune", "--predict", "--accept-histogram", str(h)], capsys),
-                   "--accept-histogram applies to --draft-shape only")
+    one_line_error(
+        *cli(["tune", "--predict", "--accept-histogram", str(h)], capsys),
+        "--accept-histogram applies to --draft-shape only",
+    )

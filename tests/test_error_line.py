@@ -22,8 +22,12 @@ def test_one_line_keeps_short_messages_and_cuts_long_ones_in_the_middle():
 def test_a_10_mb_env_file_line_is_not_echoed_whole(tmp_path):
     env = tmp_path / "big.env"
     env.write_text("NCCL_ALGO=" + "x" * 10_000_000 + "\n")
-    proc = subprocess.run([sys.executable, "-m", "fastverify", "launch", "--env", str(env), "--dry-run", "--",
-                           "python", "x"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastverify", "launch", "--env", str(env), "--dry-run", "--", "python", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and str(env) in lines[0]

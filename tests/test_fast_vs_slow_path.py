@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from conftest import assert_same_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import assert_same_ranks
 from test_loader_fuzz import SETTINGS, good_lists
 
 from fastverify.errors import UserError
@@ -73,8 +73,16 @@ def test_the_real_traces_are_there():
 
 
 def _kernel(name: str, ts: float, ext: int, corr: int, **args) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": 5.5,
-            "args": {"stream": 7, "correlation": corr, "External id": ext, **args}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": ts,
+        "dur": 5.5,
+        "args": {"stream": 7, "correlation": corr, "External id": ext, **args},
+    }
 
 
 def test_collective_args_and_launch_times_match(tmp_path, monkeypatch):
@@ -83,15 +91,49 @@ def test_collective_args_and_launch_times_match(tmp_path, monkeypatch):
     the slow path reads from whole ``args`` dicts: 8,192 x 2 bytes, 3 x 4 x 4 bytes."""
     events = [
         {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 0, "tid": 1, "ts": 0, "dur": 1000},
-        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 0, "tid": 1, "ts": 10, "dur": 50,
-         "args": {"External id": 2, "Collective name": "allreduce", "Input Dims": [[3, 4]], "Input type": ["float"],
-                  "Concrete Inputs": ["", ""]}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1, "ts": 20.25, "dur": 3,
-         "args": {"correlation": 11}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1, "ts": 30.5, "dur": 3,
-         "args": {"correlation": 12}},
-        _kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", 100.125, 1, 11, **{
-            "In msg nelems": 8192, "dtype": "BFloat16", "Collective name": "allreduce"}),
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "record_param_comms",
+            "pid": 0,
+            "tid": 1,
+            "ts": 10,
+            "dur": 50,
+            "args": {
+                "External id": 2,
+                "Collective name": "allreduce",
+                "Input Dims": [[3, 4]],
+                "Input type": ["float"],
+                "Concrete Inputs": ["", ""],
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 0,
+            "tid": 1,
+            "ts": 20.25,
+            "dur": 3,
+            "args": {"correlation": 11},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 0,
+            "tid": 1,
+            "ts": 30.5,
+            "dur": 3,
+            "args": {"correlation": 12},
+        },
+        _kernel(
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)",
+            100.125,
+            1,
+            11,
+            **{"In msg nelems": 8192, "dtype": "BFloat16", "Collective name": "allreduce"},
+        ),
         _kernel("ncclDevKernel_Generic(x)", 200.0, 2, 12),
         _kernel("gemm", 300.0, 3, 13),
     ]
@@ -129,20 +171,45 @@ def test_generated_traces_read_the_same_on_both_paths(tmp_path_factory, events, 
         assert_same_ranks(fast, slow)
 
 
-@given(st.lists(st.integers(min_value=-(2**64), max_value=2**64) | st.none() | st.booleans()
-                | st.floats(allow_nan=False) | st.text(max_size=2), max_size=20))
+@given(
+    st.lists(
+        st.integers(min_value=-(2**64), max_value=2**64)
+        | st.none()
+        | st.booleans()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=2),
+        max_size=20,
+    )
+)
 @settings(max_examples=300, deadline=None, derandomize=True)
 def test_int_column_is_the_per_value_rule(values):
     """The stream column's vectorised path equals its per-value rule: an int within ±2**62
     stays, anything else (bool, None, float, text, a wider int) is -1."""
     want = [v if type(v) is int and abs(v) < 2**62 else -1 for v in values]
     assert int_column(values).tolist() == want
-    assert int_column([v for v in values if type(v) is int]).tolist() == [w for v, w in zip(values, want) if type(v) is int]
+    assert int_column([v for v in values if type(v) is int]).tolist() == [
+        w for v, w in zip(values, want) if type(v) is int
+    ]
 
 
-@given(st.text(max_size=12) | st.sampled_from(
-    ["ProfilerStep#3", "profilerstep#3", "NCCL:all_reduce", "x nccl:y", "step[DECODE bs=1]", "Step[x",
-     "execute_context_1", "record_param_comms", "c10d::allreduce_", "sgl_kernel::shm_allreduce", "gemm"]))
+@given(
+    st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "ProfilerStep#3",
+            "profilerstep#3",
+            "NCCL:all_reduce",
+            "x nccl:y",
+            "step[DECODE bs=1]",
+            "Step[x",
+            "execute_context_1",
+            "record_param_comms",
+            "c10d::allreduce_",
+            "sgl_kernel::shm_allreduce",
+            "gemm",
+        ]
+    )
+)
 @settings(max_examples=300, deadline=None, derandomize=True)
 def test_host_keep_is_exactly_the_comm_and_step_rules(name):
     """The one search that keeps host ops is the comm-op test or a step pattern, nothing else."""
@@ -155,10 +222,28 @@ def test_a_graph_launch_with_a_non_int_correlation_reads_on_both_paths(tmp_path,
     """A ``cudaGraphLaunch`` whose ``correlation`` is not an int (a list, an object, text) carries no
     id: both paths read the trace, and the all-reduce kernel (correlation 5) is not taken as
     replayed inside that graph."""
-    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
-               "args": {"correlation": corr}},
-              {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pid": 0, "tid": 7,
-               "ts": 3, "dur": 5, "args": {"correlation": 5, "stream": 7}}]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaGraphLaunch",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1,
+            "dur": 2,
+            "args": {"correlation": corr},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            "pid": 0,
+            "tid": 7,
+            "ts": 3,
+            "dur": 5,
+            "args": {"correlation": 5, "stream": 7},
+        },
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     fast, slow = _both(path, monkeypatch)

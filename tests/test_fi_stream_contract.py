@@ -62,8 +62,13 @@ def fi_rule(tmp_path_factory) -> types.SimpleNamespace:
 
     tree = ast.parse(ar_source, filename=AR_PATH)
     # _check_stream's bind_stream is the _lifecycle one: the module imports it from there.
-    assert any(isinstance(n, ast.ImportFrom) and n.level == 1 and n.module == "pcie_ipc_collectives._lifecycle"
-               and "bind_stream" in [a.name for a in n.names] for n in tree.body)
+    assert any(
+        isinstance(n, ast.ImportFrom)
+        and n.level == 1
+        and n.module == "pcie_ipc_collectives._lifecycle"
+        and "bind_stream" in [a.name for a in n.names]
+        for n in tree.body
+    )
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PcieIpcAllReduceWorkspace")
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     # What the stand-in copies from the real class: unbound at construction ...
@@ -77,8 +82,9 @@ def fi_rule(tmp_path_factory) -> types.SimpleNamespace:
     module = ast.Module(body=[methods["_check_stream"], methods["rebind_stream"]], type_ignores=[])
     namespace = {"bind_stream": lifecycle.bind_stream, "torch": torch, "Optional": Optional}
     exec(compile(module, AR_PATH, "exec"), namespace)
-    return types.SimpleNamespace(lifecycle=lifecycle, check_stream=namespace["_check_stream"],
-                                 rebind_stream=namespace["rebind_stream"])
+    return types.SimpleNamespace(
+        lifecycle=lifecycle, check_stream=namespace["_check_stream"], rebind_stream=namespace["rebind_stream"]
+    )
 
 
 class FakeStream:
@@ -219,8 +225,11 @@ def test_eager_then_side_stream_warm_up_then_capture(fake_cuda):
         ("launch", "side"),
         ("launch", "side"),  # same stream: nothing to move
         ("wait", "default", "side"),  # capture_cuda_graph
-        ("sync",), ("sync",),  # capture_cuda_graph, then torch.cuda.graph
-        ("launch", "capture"), ("launch", "capture"), ("launch", "capture"),  # exempt: no wait, no rebind
+        ("sync",),
+        ("sync",),  # capture_cuda_graph, then torch.cuda.graph
+        ("launch", "capture"),
+        ("launch", "capture"),
+        ("launch", "capture"),  # exempt: no wait, no rebind
         ("wait", "default", "side"),  # back on the default stream: ordered behind the warm-up, then rebound
         ("rebind",),
         ("launch", "default"),
@@ -240,8 +249,10 @@ def test_prepare_unbinds_after_a_synchronize(fake_cuda):
         be.all_reduce(x)
     assert fake_cuda.log == [
         ("launch", "default"),
-        ("tune",), ("prepare",),
-        ("sync",), ("rebind",),  # nothing pending after the synchronize: unbinding is true
+        ("tune",),
+        ("prepare",),
+        ("sync",),
+        ("rebind",),  # nothing pending after the synchronize: unbinding is true
         ("launch", "sglang-capture"),  # so the next stream needs no wait
     ]
     be.close()

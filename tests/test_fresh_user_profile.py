@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, assert_user_error, run_fastverify
 
 GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
@@ -25,13 +24,16 @@ def _files(folder: Path) -> dict[str, bytes]:
 # --- item 1: an output never replaces an input, nor another output --------------------------------
 
 
-@pytest.mark.parametrize("name, args", [
-    ("in.json", ["--trace", "in.json", "--output", "in.json", "--no-png"]),
-    ("in.json", ["--trace", "in.json", "--output", "./in.json", "--no-png"]),
-    ("r0.json.gz", ["--trace", "r0.json.gz", "--output", "r0.json.gz", "--no-png"]),
-    ("in.json", ["--trace", "in.json", "--output", "x.json", "--png", "in.json"]),
-    ("in.json", ["--trace", "sub/../in.json", "--output", "in.json", "--no-png"]),
-])
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("in.json", ["--trace", "in.json", "--output", "in.json", "--no-png"]),
+        ("in.json", ["--trace", "in.json", "--output", "./in.json", "--no-png"]),
+        ("r0.json.gz", ["--trace", "r0.json.gz", "--output", "r0.json.gz", "--no-png"]),
+        ("in.json", ["--trace", "in.json", "--output", "x.json", "--png", "in.json"]),
+        ("in.json", ["--trace", "sub/../in.json", "--output", "in.json", "--no-png"]),
+    ],
+)
 def test_profile_output_or_png_on_a_trace_is_refused_and_the_trace_kept(tmp_path, name, args):
     raw = GOOD.read_bytes()
     (tmp_path / "sub").mkdir()
@@ -46,8 +48,7 @@ def test_profile_output_on_a_file_inside_a_trace_folder_is_refused(tmp_path):
     (tmp_path / "tr").mkdir()
     (tmp_path / "tr" / "t.json.gz").write_bytes(GOOD.read_bytes())
     before = _files(tmp_path)
-    proc = run_fastverify(["profile", "--trace", "tr", "--output", "tr/t.json.gz", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(["profile", "--trace", "tr", "--output", "tr/t.json.gz", "--no-png", "--quiet"], cwd=tmp_path)
     assert_user_error(proc, "--output", "tr/t.json.gz", "--trace")
     assert _files(tmp_path) == before
 
@@ -65,8 +66,10 @@ def test_profile_default_png_beside_the_output_never_replaces_a_trace(tmp_path):
 def test_verify_log_report_never_replaces_a_record(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
-    record = "".join(json.dumps({"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": "0",
-                                 "pid": 1}) + "\n" for i in range(4))
+    record = "".join(
+        json.dumps({"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": "0", "pid": 1}) + "\n"
+        for i in range(4)
+    )
     (d / "verify-rank0.jsonl").write_text(record)
     proc = run_fastverify(["profile", "--verify-log", "run", "--output", "run/verify-rank0.jsonl"], cwd=tmp_path)
     assert_user_error(proc, "--output", "verify-rank0.jsonl", "--verify-log")
@@ -86,8 +89,9 @@ def test_live_output_on_the_model_config_is_refused_before_the_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(tiny))
     before = _files(tmp_path)
     t0 = time.monotonic()
-    proc = run_fastverify(["profile", "--model", "config.json", "--output", "config.json", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--model", "config.json", "--output", "config.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert_user_error(proc, "is the input of --model")
     assert time.monotonic() - t0 < 20  # refused before any rank starts
     assert _files(tmp_path) == before
@@ -118,10 +122,16 @@ def test_run_live_bounds_the_timeout_for_every_caller():
 # --- item 12: bounded shapes, and a shape that cannot fit refused up front ----------------------
 
 
-@pytest.mark.parametrize("flag, value, bound", [
-    ("--batch", "100000000", "[1, 4096]"), ("--batch", "4097", "[1, 4096]"), ("--batch", "0", "[1, 4096]"),
-    ("--draft-tokens", "65", "[1, 64]"), ("--draft-tokens", "0", "[1, 64]"),
-])
+@pytest.mark.parametrize(
+    "flag, value, bound",
+    [
+        ("--batch", "100000000", "[1, 4096]"),
+        ("--batch", "4097", "[1, 4096]"),
+        ("--batch", "0", "[1, 4096]"),
+        ("--draft-tokens", "65", "[1, 64]"),
+        ("--draft-tokens", "0", "[1, 64]"),
+    ],
+)
 def test_profile_batch_and_draft_tokens_are_bounded_like_tune(tmp_path, flag, value, bound):
     t0 = time.monotonic()
     proc = run_fastverify(["profile", flag, value, "--output", "p.json", "--quiet"], cwd=tmp_path)
@@ -148,13 +158,30 @@ def test_a_bounded_shape_that_cannot_fit_is_refused_up_front(tmp_path):
     if 2 * (logits + experts) <= _mem_available():
         pytest.skip("this machine could hold the shape")
     t0 = time.monotonic()
-    proc = run_fastverify(["profile", "--model", "kimi-k2", "--tp", "2", "--device", "cpu", "--batch", "4096",
-                           "--draft-tokens", "64", "--output", "p.json", "--quiet"], cwd=tmp_path)
+    proc = run_fastverify(
+        [
+            "profile",
+            "--model",
+            "kimi-k2",
+            "--tp",
+            "2",
+            "--device",
+            "cpu",
+            "--batch",
+            "4096",
+            "--draft-tokens",
+            "64",
+            "--output",
+            "p.json",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+    )
     line = assert_user_error(proc, "--batch 4096", "--draft-tokens 64", "GiB", "lower --batch or --draft-tokens")
     assert time.monotonic() - t0 < 30  # before any rank starts, not after minutes of allocation
     assert list(tmp_path.iterdir()) == []
     need = float(line.split("need at least ")[1].split(" GiB")[0])
-    assert need >= 2 * (logits + experts) / 2 ** 30 - 0.1
+    assert need >= 2 * (logits + experts) / 2**30 - 0.1
 
 
 def test_rank_memory_setup_is_what_the_forward_allocates():
@@ -166,17 +193,34 @@ def test_rank_memory_setup_is_what_the_forward_allocates():
     from fastverify.live.forward import DEFAULT_CONTEXT_TOKENS, TPVerifyModel
 
     tiny = load_model_config("tiny")
-    llama = ModelConfig(name="l", source="test", family="llama", hidden_size=64, num_layers=2, vocab_size=1000,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                        rms_norm_eps=1e-6, first_k_dense_replace=2)
+    llama = ModelConfig(
+        name="l",
+        source="test",
+        family="llama",
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=1000,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        first_k_dense_replace=2,
+    )
     for cfg in (tiny, dataclasses.replace(tiny, q_lora_rank=None), llama):
         for tp in (1, 2, 4):
             for batch, draft in ((1, 4), (3, 2), (8, 8)):
                 for dtype in (torch.bfloat16, torch.float32):
                     m = TPVerifyModel(cfg, tp=tp, rank=0, batch=batch, draft_tokens=draft, dtype=dtype)
                     plans = sum(t.numel() * t.element_size() for p in m.plans.values() for t in p[2:])
-                    est = rank_memory(cfg, tp=tp, batch=batch, draft_tokens=draft,
-                                      dtype_bytes=dtype.itemsize, context_tokens=DEFAULT_CONTEXT_TOKENS)
+                    est = rank_memory(
+                        cfg,
+                        tp=tp,
+                        batch=batch,
+                        draft_tokens=draft,
+                        dtype_bytes=dtype.itemsize,
+                        context_tokens=DEFAULT_CONTEXT_TOKENS,
+                    )
                     assert est.setup == m.weight_bytes() - plans, (cfg.name, tp, batch, draft, dtype)
 
 
@@ -195,8 +239,7 @@ def test_trace_rank_past_its_world_size_is_refused(tmp_path):
     doc = json.loads(gzip.decompress(GOOD.read_bytes()))
     doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": 5, "world_size": 2}
     (tmp_path / "r5.json").write_text(json.dumps(doc))
-    proc = run_fastverify(["profile", "--trace", "r5.json", "--output", "p.json", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(["profile", "--trace", "r5.json", "--output", "p.json", "--no-png", "--quiet"], cwd=tmp_path)
     assert_user_error(proc, "r5.json", "distributedInfo.rank = 5", "world_size = 2")
     assert not (tmp_path / "p.json").exists()
     doc["distributedInfo"]["rank"] = 1  # the last rank of that world is fine
@@ -223,9 +266,25 @@ def test_signature_skip_line_says_what_is_really_missing(tmp_path):
         # not under CI=true: the inner run sets a wheel path that names no file on purpose
         env = {k: v for k, v in subprocess_env().items() if k not in ("FASTVERIFY_FLASHINFER_WHEEL", "CI")}
         env.update(env_over)
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(sig_tests),
-                               "-k", "test_signature_installed and flashinfer"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                str(sig_tests),
+                "-k",
+                "test_signature_installed and flashinfer",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED") and "flashinfer" in ln]
         assert lines, proc.stdout
@@ -234,7 +293,9 @@ def test_signature_skip_line_says_what_is_really_missing(tmp_path):
     with_wheel = skip_lines(FASTVERIFY_FLASHINFER_WHEEL=str(tmp_path / "flashinfer_python-0.7.4-py3-none-any.whl"))
     for line in with_wheel:
         assert "set FASTVERIFY_FLASHINFER_WHEEL" not in line, line
-        assert "not installed here (ModuleNotFoundError" in line and "wheel in FASTVERIFY_FLASHINFER_WHEEL" in line, line
+        assert "not installed here (ModuleNotFoundError" in line and "wheel in FASTVERIFY_FLASHINFER_WHEEL" in line, (
+            line
+        )
     for line in skip_lines():
         assert "set FASTVERIFY_FLASHINFER_WHEEL to a flashinfer wheel" in line, line
 
@@ -243,8 +304,9 @@ def test_signature_skip_line_says_what_is_really_missing(tmp_path):
 def test_output_under_a_file_names_that_file(tmp_path, out):
     (tmp_path / "afile").write_text("keep")
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "verify-rank0.jsonl").write_text(json.dumps(
-        {"step": 0, "verify_ms": 1.0, "clock": "cpu_wall_clock", "rank": "0", "pid": 1}) + "\n")
+    (tmp_path / "run" / "verify-rank0.jsonl").write_text(
+        json.dumps({"step": 0, "verify_ms": 1.0, "clock": "cpu_wall_clock", "rank": "0", "pid": 1}) + "\n"
+    )
     for args in (["--trace", str(GOOD), "--no-png"], ["--verify-log", "run"]):
         proc = run_fastverify(["profile", *args, "--output", out, "--quiet"], cwd=tmp_path)
         line = assert_user_error(proc, out, "afile is a file, not a folder")

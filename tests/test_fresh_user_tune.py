@@ -18,14 +18,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT as REPO, cli, one_line_error
-from conftest import SHARED, run_fastverify, two_rank_trace_profile
-
+from conftest import REPO_ROOT as REPO
+from conftest import SHARED, cli, one_line_error, run_fastverify, two_rank_trace_profile
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
-_GPUS = [{"index": i, "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000"}
-         for i in range(8)]
+_GPUS = [
+    {"index": i, "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0", "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000"}
+    for i in range(8)
+]
 PCIE_4090_BOX = json.dumps({"gpu_name": "NVIDIA GeForce RTX 4090", "sm": [8, 9], "gpu_count": 8, "gpus": _GPUS})
 
 
@@ -41,12 +42,24 @@ def box_dir(tmp_path, monkeypatch):
     (tmp_path / "t2.txt").write_text(TWO_GPU_TOPO)
     (tmp_path / "afile").write_text("a file\n")
     pairs = [(i, j) for i in range(8) for j in range(8) if i != j]
-    (tmp_path / "p2pgood.json").write_text(json.dumps({
-        "schema": "fastverify.p2p_check", "version": 2, "gpus": [dict(g, cuda=g["index"]) for g in _GPUS],
-        "results": [{"src": i, "dst": j, "ok": True, "reason": ""} for i, j in pairs]}))
-    (tmp_path / "p2pbad.json").write_text(json.dumps([{"src": i, "dst": j, "ok": (i, j) != (0, 5),
-                                                       "reason": "" if (i, j) != (0, 5) else "read back zeros"}
-                                                      for i, j in pairs]))
+    (tmp_path / "p2pgood.json").write_text(
+        json.dumps(
+            {
+                "schema": "fastverify.p2p_check",
+                "version": 2,
+                "gpus": [dict(g, cuda=g["index"]) for g in _GPUS],
+                "results": [{"src": i, "dst": j, "ok": True, "reason": ""} for i, j in pairs],
+            }
+        )
+    )
+    (tmp_path / "p2pbad.json").write_text(
+        json.dumps(
+            [
+                {"src": i, "dst": j, "ok": (i, j) != (0, 5), "reason": "" if (i, j) != (0, 5) else "read back zeros"}
+                for i, j in pairs
+            ]
+        )
+    )
     prof = two_rank_trace_profile()
     (tmp_path / "pin.json").write_text(json.dumps(prof))
 
@@ -68,23 +81,42 @@ MEASURE = ["tune", "--model", "tiny", "--tp", "2", "--top", "0"]
 # --- item 1: an output never replaces an input nor another output ------------------------------------
 
 
-@pytest.mark.parametrize("argv, words, kept", [
-    (PREDICT_8 + ["--write-tuner-config", "topo.txt"], ["--write-tuner-config", "--topology"], "topo.txt"),
-    (PREDICT_8 + ["--write-tuner-config", "./topo.txt"], ["--write-tuner-config", "--topology"], "topo.txt"),
-    (PREDICT_PIN + ["--write-tuner-config", "pin.json"], ["--write-tuner-config", "--profile"], "pin.json"),
-    (PREDICT_PIN + ["--write-env", "pin.env", "--hidden", "7168", "--write-tuner-config", "pin.deploy.json"],
-     ["--write-tuner-config", "--write-env (deployment record)"], None),
-    (PREDICT_8 + ["--p2p-check", "p2pgood.json", "--write-tuner-config", "p2pgood.json"],
-     ["--write-tuner-config", "--p2p-check"], "p2pgood.json"),
-    (PREDICT_8 + ["--write-env", "z.env", "--write-tuner-config", "z.env"], ["--write-tuner-config", "--write-env"],
-     None),
-    (PREDICT_8 + ["--write-env", "w.env", "--write-tuner-config", "w.deploy.json"],
-     ["--write-tuner-config", "w.deploy.json", "--write-env"], None),
-    (MEASURE + ["--topology", "topo.txt", "--journal", "topo.txt"], ["--journal", "--topology"], "topo.txt"),
-    (["tune", "--profile", "pin.json", "--top", "0", "--journal", "pin.json"], ["--journal", "--profile"], "pin.json"),
-    (MEASURE + ["--topology", "topo.txt", "--png", "topo.txt"], ["--png", "--topology"], "topo.txt"),
-    (MEASURE + ["--journal", "j.jsonl", "--png", "j.jsonl"], ["--png", "--journal"], None),
-])
+@pytest.mark.parametrize(
+    "argv, words, kept",
+    [
+        (PREDICT_8 + ["--write-tuner-config", "topo.txt"], ["--write-tuner-config", "--topology"], "topo.txt"),
+        (PREDICT_8 + ["--write-tuner-config", "./topo.txt"], ["--write-tuner-config", "--topology"], "topo.txt"),
+        (PREDICT_PIN + ["--write-tuner-config", "pin.json"], ["--write-tuner-config", "--profile"], "pin.json"),
+        (
+            PREDICT_PIN + ["--write-env", "pin.env", "--hidden", "7168", "--write-tuner-config", "pin.deploy.json"],
+            ["--write-tuner-config", "--write-env (deployment record)"],
+            None,
+        ),
+        (
+            PREDICT_8 + ["--p2p-check", "p2pgood.json", "--write-tuner-config", "p2pgood.json"],
+            ["--write-tuner-config", "--p2p-check"],
+            "p2pgood.json",
+        ),
+        (
+            PREDICT_8 + ["--write-env", "z.env", "--write-tuner-config", "z.env"],
+            ["--write-tuner-config", "--write-env"],
+            None,
+        ),
+        (
+            PREDICT_8 + ["--write-env", "w.env", "--write-tuner-config", "w.deploy.json"],
+            ["--write-tuner-config", "w.deploy.json", "--write-env"],
+            None,
+        ),
+        (MEASURE + ["--topology", "topo.txt", "--journal", "topo.txt"], ["--journal", "--topology"], "topo.txt"),
+        (
+            ["tune", "--profile", "pin.json", "--top", "0", "--journal", "pin.json"],
+            ["--journal", "--profile"],
+            "pin.json",
+        ),
+        (MEASURE + ["--topology", "topo.txt", "--png", "topo.txt"], ["--png", "--topology"], "topo.txt"),
+        (MEASURE + ["--journal", "j.jsonl", "--png", "j.jsonl"], ["--png", "--journal"], None),
+    ],
+)
 def test_outputs_never_replace_an_input_or_each_other(box_dir, capsys, argv, words, kept):
     before = {p.name: p.read_bytes() for p in box_dir.iterdir() if p.is_file()}
     one_line_error(*cli(argv, capsys), *words)
@@ -107,13 +139,16 @@ def test_a_model_config_file_is_an_input_too(box_dir, capsys):
 # --- item 4 and the "File exists" wording: output folders and formats, before the sweep ----------------
 
 
-@pytest.mark.parametrize("argv, words", [
-    (MEASURE + ["--png", "chart.txt"], ["--png chart.txt", "matplotlib cannot write .txt", "png"]),
-    (MEASURE + ["--png", "afile/c.png"], ["--png afile/c.png: afile is a file, not a folder"]),
-    (MEASURE + ["--journal", "afile/j.jsonl"], ["--journal afile/j.jsonl: afile is a file, not a folder"]),
-    (PREDICT_8 + ["--write-env", "afile/x.env"], ["--write-env afile/x.env: afile is a file, not a folder"]),
-    (PREDICT_8 + ["--write-tuner-config", "afile/t.csv"], ["--write-tuner-config afile/t.csv: afile is a file"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (MEASURE + ["--png", "chart.txt"], ["--png chart.txt", "matplotlib cannot write .txt", "png"]),
+        (MEASURE + ["--png", "afile/c.png"], ["--png afile/c.png: afile is a file, not a folder"]),
+        (MEASURE + ["--journal", "afile/j.jsonl"], ["--journal afile/j.jsonl: afile is a file, not a folder"]),
+        (PREDICT_8 + ["--write-env", "afile/x.env"], ["--write-env afile/x.env: afile is a file, not a folder"]),
+        (PREDICT_8 + ["--write-tuner-config", "afile/t.csv"], ["--write-tuner-config afile/t.csv: afile is a file"]),
+    ],
+)
 def test_output_paths_refused_before_any_work(box_dir, capsys, argv, words):
     line = one_line_error(*cli(argv, capsys), *words)
     assert "File exists" not in line and "x.deploy.json" not in line
@@ -121,8 +156,27 @@ def test_output_paths_refused_before_any_work(box_dir, capsys, argv, words):
 
 def test_png_into_a_new_folder_is_written_after_a_real_cpu_sweep(tmp_path):
     """`--png nodir/c.png` raised FileNotFoundError after the sweep; the folder is now created."""
-    proc = run_fastverify(["tune", "--model", "tiny", "--tp", "2", "--top", "0", "--iters", "1", "--warmup", "0",
-                           "--journal", "j.jsonl", "--png", "nodir/c.png"], cwd=tmp_path, timeout=300)
+    proc = run_fastverify(
+        [
+            "tune",
+            "--model",
+            "tiny",
+            "--tp",
+            "2",
+            "--top",
+            "0",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--journal",
+            "j.jsonl",
+            "--png",
+            "nodir/c.png",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "nodir" / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in (tmp_path / "nodir").iterdir() if p.name != "c.png"], "no temporary file left"
@@ -160,19 +214,32 @@ def _sglang_custom_ar_rule():
     with zipfile.ZipFile(whl) as z:
         car = ast.parse(z.read(base + "custom_all_reduce.py").decode())
         utils = ast.parse(z.read(base + "custom_all_reduce_utils.py").decode())
-    supported = next(ast.literal_eval(node.value) for node in ast.walk(car) if isinstance(node, ast.Assign)
-                     and any(getattr(t, "id", None) == "_SUPPORTED_WORLD_SIZES" for t in node.targets))
-    fn = next(n for n in ast.walk(utils) if isinstance(n, ast.FunctionDef)
-              and n.name == "can_use_custom_all_reduce_with_nvlink")
+    supported = next(
+        ast.literal_eval(node.value)
+        for node in ast.walk(car)
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "_SUPPORTED_WORLD_SIZES" for t in node.targets)
+    )
+    fn = next(
+        n
+        for n in ast.walk(utils)
+        if isinstance(n, ast.FunctionDef) and n.name == "can_use_custom_all_reduce_with_nvlink"
+    )
     ks = []
     for node in ast.walk(fn):
         t = node.test if isinstance(node, ast.If) else None
-        if (isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And) and len(t.values) == 2
-                and isinstance(t.values[0], ast.Compare) and getattr(t.values[0].left, "id", "") == "world_size"
-                and isinstance(t.values[0].ops[0], ast.Gt)
-                and isinstance(t.values[1], ast.UnaryOp) and isinstance(t.values[1].op, ast.Not)
-                and getattr(t.values[1].operand, "id", "") == "full_nvlink"
-                and any(isinstance(s, ast.Return) for s in node.body)):
+        if (
+            isinstance(t, ast.BoolOp)
+            and isinstance(t.op, ast.And)
+            and len(t.values) == 2
+            and isinstance(t.values[0], ast.Compare)
+            and getattr(t.values[0].left, "id", "") == "world_size"
+            and isinstance(t.values[0].ops[0], ast.Gt)
+            and isinstance(t.values[1], ast.UnaryOp)
+            and isinstance(t.values[1].op, ast.Not)
+            and getattr(t.values[1].operand, "id", "") == "full_nvlink"
+            and any(isinstance(s, ast.Return) for s in node.body)
+        ):
             ks.append(t.values[0].comparators[0].value)
     assert len(ks) == 1, "SGLang's `world_size > k and not full_nvlink` test not found"
     return tuple(supported), ks[0]
@@ -188,21 +255,43 @@ def test_registry_custom_ar_rule_is_sglangs_own():
     for w in range(1, 10):
         for nvlink in (True, False, None):
             sglang_runs = w in supported and not (w > k and not nvlink)  # unknown NVLink counts as none
-            reason = unreachable_reason(info, sm=(9, 0), world_size=w, p2p_ok=True, p2p_source="p2p_check",
-                                        sglang_version="0.5.23", nvlink_full=nvlink)
+            reason = unreachable_reason(
+                info,
+                sm=(9, 0),
+                world_size=w,
+                p2p_ok=True,
+                p2p_source="p2p_check",
+                sglang_version="0.5.23",
+                nvlink_full=nvlink,
+            )
             assert (reason is None) == sglang_runs, (w, nvlink, reason)
 
 
-@pytest.mark.parametrize("tp, box, ok", [
-    ("8", PCIE_4090_BOX, False),
-    ("4", PCIE_4090_BOX, False),
-    ("2", PCIE_4090_BOX, True),
-    ("8", PCIE_4090_BOX[:-1] + ', "nvlink_full": true}', True),
-])
+@pytest.mark.parametrize(
+    "tp, box, ok",
+    [
+        ("8", PCIE_4090_BOX, False),
+        ("4", PCIE_4090_BOX, False),
+        ("2", PCIE_4090_BOX, True),
+        ("8", PCIE_4090_BOX[:-1] + ', "nvlink_full": true}', True),
+    ],
+)
 def test_launch_custom_ar_follows_the_nvlink_rule(box_dir, capsys, monkeypatch, tp, box, ok):
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", box)
-    argv = ["launch", "--backend", "custom_ar", "--p2p-check", "p2pgood.json", "--dry-run", "--",
-            "python", "-m", "sglang.launch_server", "--tp-size", tp]
+    argv = [
+        "launch",
+        "--backend",
+        "custom_ar",
+        "--p2p-check",
+        "p2pgood.json",
+        "--dry-run",
+        "--",
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--tp-size",
+        tp,
+    ]
     rc, out, err = cli(argv, capsys)
     if ok:
         assert rc == 0 and "backend: custom_ar" in out, err
@@ -222,8 +311,24 @@ def test_topo_and_predicted_record_agree_with_launch(box_dir, capsys):
     rc, out, err = cli(PREDICT_8 + ["--p2p-check", "p2pgood.json", "--write-env", "e.env"], capsys)
     assert rc == 0, err
     assert read_record("e.deploy.json").box.nvlink_full is False
-    rc, out, err = cli(["launch", "--env", "e.env", "--backend", "custom_ar", "--describe-box", PCIE_4090_BOX[:-1]
-                         + ', "nvlink_full": false}', "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
+    rc, out, err = cli(
+        [
+            "launch",
+            "--env",
+            "e.env",
+            "--backend",
+            "custom_ar",
+            "--describe-box",
+            PCIE_4090_BOX[:-1] + ', "nvlink_full": false}',
+            "--dry-run",
+            "--",
+            "python",
+            "x",
+            "--tp-size",
+            "8",
+        ],
+        capsys,
+    )
     one_line_error(rc, out, err, "custom_ar", "this box has none")
 
 
@@ -243,11 +348,18 @@ def test_read_box_asks_nvml_for_nvlink_like_sglang():
             return 0 if links_ok(a, b) else 4
 
         return asked, SimpleNamespace(
-            NVMLError=RuntimeError, NVML_P2P_CAPS_INDEX_NVLINK=3, NVML_P2P_STATUS_OK=0,
-            nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 4,
-            nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: "G",
-            nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0), nvmlSystemGetDriverVersion=lambda: "1",
-            nvmlDeviceGetP2PStatus=status)
+            NVMLError=RuntimeError,
+            NVML_P2P_CAPS_INDEX_NVLINK=3,
+            NVML_P2P_STATUS_OK=0,
+            nvmlInit=lambda: None,
+            nvmlShutdown=lambda: None,
+            nvmlDeviceGetCount=lambda: 4,
+            nvmlDeviceGetHandleByIndex=lambda i: i,
+            nvmlDeviceGetName=lambda h: "G",
+            nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+            nvmlSystemGetDriverVersion=lambda: "1",
+            nvmlDeviceGetP2PStatus=status,
+        )
 
     asked, full = nvml(lambda a, b: True)
     assert read_box(4, nvml=full, nccl_version="2.21.5").nvlink_full is True
@@ -293,12 +405,15 @@ def test_a_p2p_check_of_another_box_is_refused(box_dir, capsys):
 # --- item 11: --p2p-check is read whenever given -------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda d: None, ["missing.json", "cannot read"]),
-    (lambda d: (d / "missing.json").write_text("garbage"), ["missing.json", "not the JSON"]),
-    (lambda d: (d / "missing.json").mkdir(), ["missing.json", "cannot read"]),
-    (lambda d: (d / "missing.json").write_text("[]"), ["missing.json", "no P2P results"]),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda d: None, ["missing.json", "cannot read"]),
+        (lambda d: (d / "missing.json").write_text("garbage"), ["missing.json", "not the JSON"]),
+        (lambda d: (d / "missing.json").mkdir(), ["missing.json", "cannot read"]),
+        (lambda d: (d / "missing.json").write_text("[]"), ["missing.json", "no P2P results"]),
+    ],
+)
 def test_p2p_check_is_validated_without_write_env(box_dir, capsys, make, words):
     make(box_dir)
     one_line_error(*cli(PREDICT_8 + ["--p2p-check", "missing.json"], capsys), *words)
@@ -308,8 +423,7 @@ def test_p2p_check_is_validated_without_write_env(box_dir, capsys, make, words):
 
 
 def test_hidden_contradicting_the_model_is_refused(box_dir, capsys):
-    one_line_error(*cli(PREDICT_8 + ["--hidden", "100", "--write-env", "h.env"], capsys),
-                    "--hidden 100", "7168")
+    one_line_error(*cli(PREDICT_8 + ["--hidden", "100", "--write-env", "h.env"], capsys), "--hidden 100", "7168")
     assert not (box_dir / "h.env").exists() and not (box_dir / "h.deploy.json").exists()
 
 
@@ -339,27 +453,34 @@ def _record_doc():
     )
     from fastverify.registry import BackendName
 
-    rec = DeploymentRecord(backend=BackendName.pcie_ipc, shapes=VerifyShapes(32, 4, 7168), p2p=P2PFacts(ok=None),
-                           box=BoxFingerprint(gpu_name="G", sm=(8, 9), gpu_count=8, tp=8),
-                           nccl_settings={"NCCL_P2P_LEVEL": "PHB"})
+    rec = DeploymentRecord(
+        backend=BackendName.pcie_ipc,
+        shapes=VerifyShapes(32, 4, 7168),
+        p2p=P2PFacts(ok=None),
+        box=BoxFingerprint(gpu_name="G", sm=(8, 9), gpu_count=8, tp=8),
+        nccl_settings={"NCCL_P2P_LEVEL": "PHB"},
+    )
     return json.loads(encode_record(rec))
 
 
-@pytest.mark.parametrize("path, value, words", [
-    (("shapes", "max_batch"), 10**15, ["max_batch", "1..4096"]),
-    (("shapes", "max_batch"), 4097, ["max_batch", "1..4096"]),
-    (("shapes", "draft_tokens"), 65, ["draft_tokens", "1..64"]),
-    (("shapes", "hidden"), 65537, ["hidden", "1..65536"]),
-    (("box", "tp"), -8, ["tp", ">= 0"]),
-    (("box", "tp"), 0, ["box.tp", ">= 1"]),
-    (("box", "gpu_count"), -1, ["gpu_count", ">= 0"]),
-    (("box", "sm"), [-1, 9], ["sm", ">= 0"]),
-    (("nccl_settings", "NCCL_P2P_LEVEL"), "sys", ["nccl_settings", "NCCL_P2P_LEVEL=sys", "case-sensitively"]),
-    (("nccl_settings", "NCCL_PROTOCOL"), "LL", ["nccl_settings", "NCCL_PROTOCOL"]),
-    (("nccl_settings", "CUDA_DEVICE_MAX_CONNECTIONS"), "8", ["nccl_settings", "CUDA_DEVICE_MAX_CONNECTIONS"]),
-    (("box", "nccl_version"), "garbage", ["box.nccl_version", "garbage"]),
-    (("version",), "1", ["version '1'", "str", "integer 1"]),
-])
+@pytest.mark.parametrize(
+    "path, value, words",
+    [
+        (("shapes", "max_batch"), 10**15, ["max_batch", "1..4096"]),
+        (("shapes", "max_batch"), 4097, ["max_batch", "1..4096"]),
+        (("shapes", "draft_tokens"), 65, ["draft_tokens", "1..64"]),
+        (("shapes", "hidden"), 65537, ["hidden", "1..65536"]),
+        (("box", "tp"), -8, ["tp", ">= 0"]),
+        (("box", "tp"), 0, ["box.tp", ">= 1"]),
+        (("box", "gpu_count"), -1, ["gpu_count", ">= 0"]),
+        (("box", "sm"), [-1, 9], ["sm", ">= 0"]),
+        (("nccl_settings", "NCCL_P2P_LEVEL"), "sys", ["nccl_settings", "NCCL_P2P_LEVEL=sys", "case-sensitively"]),
+        (("nccl_settings", "NCCL_PROTOCOL"), "LL", ["nccl_settings", "NCCL_PROTOCOL"]),
+        (("nccl_settings", "CUDA_DEVICE_MAX_CONNECTIONS"), "8", ["nccl_settings", "CUDA_DEVICE_MAX_CONNECTIONS"]),
+        (("box", "nccl_version"), "garbage", ["box.nccl_version", "garbage"]),
+        (("version",), "1", ["version '1'", "str", "integer 1"]),
+    ],
+)
 def test_record_values_are_bounded(tmp_path, path, value, words):
     from fastverify.deploy import read_record
     from fastverify.errors import UserError
@@ -391,10 +512,13 @@ def test_record_at_the_bounds_decodes_and_its_numel_fits_the_env_file(tmp_path):
         check_setting(k, v, "test")  # SGLANG_PCIE_IPC_MAX_NUMEL=17179869184 passes the env-file rule
 
 
-@pytest.mark.parametrize("doc, words", [
-    ([1], ["a JSON array", "fastverify.deployment"]),
-    ("x", ["a JSON string"]),
-])
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ([1], ["a JSON array", "fastverify.deployment"]),
+        ("x", ["a JSON string"]),
+    ],
+)
 def test_record_that_is_not_an_object(tmp_path, doc, words):
     from fastverify.deploy import read_record
     from fastverify.errors import UserError
@@ -418,8 +542,10 @@ def test_launch_notes_env_settings_that_differ_from_the_record(box_dir, capsys, 
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_name": "G", "sm": [8, 9], "gpu_count": 8}')
     rc, out, err = cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
     assert rc == 0, err
-    assert "note: d.env: NCCL settings differ from the deployment record's (NCCL_P2P_LEVEL: env SYS / record PHB)" \
+    assert (
+        "note: d.env: NCCL settings differ from the deployment record's (NCCL_P2P_LEVEL: env SYS / record PHB)"
         in " ".join(out.split())
+    )
     assert "NCCL_P2P_LEVEL=SYS" in out  # the env file's value is the one set
     env.write_text("NCCL_P2P_LEVEL=PHB\n")
     rc, out, err = cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
@@ -440,12 +566,15 @@ def test_launch_env_with_a_record_folder_is_refused(box_dir, capsys, make):
 # --- low items ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, words", [
-    ("inf", ["--tok-s inf", "finite positive"]),
-    ("nan", ["--tok-s nan", "finite positive"]),
-    ("-3", ["--tok-s -3", "finite positive"]),
-    ("1e9", ["--tok-s 1e+09", "shorter than the verify step"]),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("inf", ["--tok-s inf", "finite positive"]),
+        ("nan", ["--tok-s nan", "finite positive"]),
+        ("-3", ["--tok-s -3", "finite positive"]),
+        ("1e9", ["--tok-s 1e+09", "shorter than the verify step"]),
+    ],
+)
 def test_tok_s_refused_before_any_output(box_dir, capsys, value, words):
     rc, out, err = cli(PREDICT_8 + ["--tok-s", value], capsys)
     one_line_error(rc, out, err, *words)
@@ -456,21 +585,27 @@ def test_tok_s_refused_before_any_output(box_dir, capsys, value, words):
 def test_write_env_needs_an_env_name(box_dir, capsys, name):
     one_line_error(*cli(PREDICT_8 + ["--write-env", name], capsys), f"--write-env {name}", ".env")
     assert sorted(p.name for p in box_dir.iterdir()) == sorted(
-        ["topo.txt", "t2.txt", "afile", "p2pgood.json", "p2pbad.json", "pin.json"])
+        ["topo.txt", "t2.txt", "afile", "p2pgood.json", "p2pbad.json", "pin.json"]
+    )
 
 
 def test_box_wording(box_dir, capsys, monkeypatch):
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", "[]")
-    line = one_line_error(*cli(["launch", "--backend", "pcie_ipc", "--dry-run", "--", "python", "x"], capsys),
-                           "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
+    line = one_line_error(
+        *cli(["launch", "--backend", "pcie_ipc", "--dry-run", "--", "python", "x"], capsys),
+        "FASTVERIFY_DESCRIBE_BOX",
+        "JSON object",
+        "list",
+    )
     assert "No such file" not in line
     # tune reads the described box too: the same bad description is the same one line
     one_line_error(*cli(PREDICT_8, capsys), "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX")
     assert cli(PREDICT_8 + ["--write-env", "e.env"], capsys)[0] == 0
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_count": 0}')
-    line = one_line_error(*cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys),
-                           "this box has no GPU;")
+    line = one_line_error(
+        *cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys), "this box has no GPU;"
+    )
     assert "0 x" not in line
 
 

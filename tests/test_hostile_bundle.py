@@ -47,8 +47,9 @@ class _Zeros(io.RawIOBase):
         return k
 
 
-def _rewrite(src: Path, out: Path, *, data: dict | None = None, pax: dict | None = None, extra=(),
-             manifest=None) -> Path:
+def _rewrite(
+    src: Path, out: Path, *, data: dict | None = None, pax: dict | None = None, extra=(), manifest=None
+) -> Path:
     """``src`` member by member into ``out`` (pax format): ``data`` replaces a member's bytes (an
     int: that many zeros), ``pax`` sets a member's pax headers, ``extra`` appends members
     ``(name, bytes or int)``, ``manifest`` edits the manifest dict."""
@@ -86,8 +87,12 @@ def _one_line_error(rc: int, err: str, *words: str) -> None:
 
 @pytest.fixture
 def real(tmp_path) -> Path:
-    return make_bundle(tmp_path / "real", ct.Plan(world=2, cycles=2), nccl_log=P2P_OFF_LOG,
-                       iommu={"cmdline_iommu_tokens": [], "iommu_groups": 0, "acs": []})
+    return make_bundle(
+        tmp_path / "real",
+        ct.Plan(world=2, cycles=2),
+        nccl_log=P2P_OFF_LOG,
+        iommu={"cmdline_iommu_tokens": [], "iommu_groups": 0, "acs": []},
+    )
 
 
 # ---- 1. bytes after the gzip data ------------------------------------------------------------------
@@ -161,8 +166,10 @@ def test_an_nccl_log_member_over_the_log_cap_is_a_note_and_never_parsed(real, tm
     rc, out, _ = _report(bad, capsys, "--json")
     doc = json.loads(out)
     assert rc == 0 and "nccl_log" not in doc["sources"]
-    assert f"nccl_log: not read ({bad}:nccl/nccl-debug.log: 2,097,152 bytes, over the 1 MiB limit for a log input)" \
+    assert (
+        f"nccl_log: not read ({bad}:nccl/nccl-debug.log: 2,097,152 bytes, over the 1 MiB limit for a log input)"
         in doc["notes"]
+    )
     assert doc["cycles"] is not None  # the rest of the report stands
 
 
@@ -171,8 +178,13 @@ def test_a_topology_member_over_the_16_mib_text_cap_is_not_read(real, tmp_path, 
     bad = _rewrite(base, tmp_path / "bigtopo.tar.gz", data={"topo/nvidia-smi-topo.txt": (16 << 20) + 1})
     rc, out, _ = _report(bad, capsys, "--json")
     assert rc == 0
-    assert any(n.startswith(f"nvidia_smi_topo: not read ({bad}:topo/nvidia-smi-topo.txt: 16,777,217 bytes, over "
-                            "the 16 MiB limit for a text input") for n in json.loads(out)["notes"])
+    assert any(
+        n.startswith(
+            f"nvidia_smi_topo: not read ({bad}:topo/nvidia-smi-topo.txt: 16,777,217 bytes, over "
+            "the 16 MiB limit for a text input"
+        )
+        for n in json.loads(out)["notes"]
+    )
 
 
 def test_inflated_bytes_are_bounded_whatever_the_headers_say(real, tmp_path, monkeypatch):
@@ -204,19 +216,50 @@ def test_a_bad_pax_mtime_is_one_line_in_report(real, tmp_path, capsys, mtime):
 
 def _draft_bundle(tmp: Path, records: str) -> Path:
     """A bundle with a verify-log part (one rank's records) and server args, as collect writes it."""
-    files = {"verify-log/verify-rank0.jsonl": records.encode(),
-             "server/server_info.json": json.dumps({"speculative_num_steps": 3, "speculative_eagle_topk": 1}).encode()}
-    parts = tuple(Part(n, "ok", None, ("verify-log/verify-rank0.jsonl",)) if n == "verify_log" else
-                  Part(n, "ok", None, ("server/server_info.json",)) if n == "server_args" else
-                  Part(n, "skipped", "not in this test") for n in PART_NAMES)
+    files = {
+        "verify-log/verify-rank0.jsonl": records.encode(),
+        "server/server_info.json": json.dumps({"speculative_num_steps": 3, "speculative_eagle_topk": 1}).encode(),
+    }
+    parts = tuple(
+        Part(n, "ok", None, ("verify-log/verify-rank0.jsonl",))
+        if n == "verify_log"
+        else Part(n, "ok", None, ("server/server_info.json",))
+        if n == "server_args"
+        else Part(n, "skipped", "not in this test")
+        for n in PART_NAMES
+    )
     out = tmp / "draft.tar.gz"
-    write_bundle(out, Manifest(created_utc="2026-12-01T00:00:00Z", fastverify_version="test", host={"hostname": "box"},
-                               budget_s=60.0, elapsed_s=1.0, parts=parts), files)
+    write_bundle(
+        out,
+        Manifest(
+            created_utc="2026-12-01T00:00:00Z",
+            fastverify_version="test",
+            host={"hostname": "box"},
+            budget_s=60.0,
+            elapsed_s=1.0,
+            parts=parts,
+        ),
+        files,
+    )
     return out
 
 
-RECORDS = "".join(json.dumps({"step": i, "verify_ms": 2.0, "clock": "cuda_events", "rank": "0", "pid": 1, "batch": 2,
-                              "tokens": 8, "accepted": [i % 4, 3]}) + "\n" for i in range(8))
+RECORDS = "".join(
+    json.dumps(
+        {
+            "step": i,
+            "verify_ms": 2.0,
+            "clock": "cuda_events",
+            "rank": "0",
+            "pid": 1,
+            "batch": 2,
+            "tokens": 8,
+            "accepted": [i % 4, 3],
+        }
+    )
+    + "\n"
+    for i in range(8)
+)
 
 
 def test_a_bad_pax_mtime_is_one_line_in_draft_shape(tmp_path, capsys):
@@ -247,6 +290,7 @@ def test_a_bad_verify_record_is_named_by_its_member(tmp_path, capsys):
 def test_a_corrupt_json_part_is_a_note_naming_its_member(real, tmp_path, capsys, member, part):
     base = real
     if member == "doctor.json":  # the test bundle has no doctor part: list one
+
         def add_doctor(doc):
             doc["parts"][0] = {"name": "doctor", "status": "ok", "reason": None, "files": ["doctor.json"]}
 
@@ -264,16 +308,21 @@ def test_a_corrupt_json_part_is_a_note_naming_its_member(real, tmp_path, capsys,
 # ---- 7. manifest figures -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda d: d["parts"][7].update(meta={"verify_shapes": {"hidden": 10**12, "draft_tokens": 4}}),
-     "parts[server_args].meta.verify_shapes.hidden = 1000000000000 is not an integer in [1, 65,536]"),
-    (lambda d: d["parts"][7].update(meta={"tp_size": 10**18}), "tp_size = 1000000000000000000"),
-    (lambda d: d["parts"][6].update(meta={"draft_tokens": 65, "batch": 8}), "draft_tokens = 65"),
-    (lambda d: d["parts"][6].update(meta={"swept_msg_bytes": 14 * 10**21}), "swept_msg_bytes"),
-    (lambda d: d.update(elapsed_s=1e300), "elapsed_s = 1e+300 s is outside"),
-    (lambda d: d["host"].update(gpu_count=10**18), "host.gpu_count"),
-    (lambda d: d["parts"][5].update(meta={"median_us": {"57344": -1.0}}), "median_us.57344 = -1.0 µs"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda d: d["parts"][7].update(meta={"verify_shapes": {"hidden": 10**12, "draft_tokens": 4}}),
+            "parts[server_args].meta.verify_shapes.hidden = 1000000000000 is not an integer in [1, 65,536]",
+        ),
+        (lambda d: d["parts"][7].update(meta={"tp_size": 10**18}), "tp_size = 1000000000000000000"),
+        (lambda d: d["parts"][6].update(meta={"draft_tokens": 65, "batch": 8}), "draft_tokens = 65"),
+        (lambda d: d["parts"][6].update(meta={"swept_msg_bytes": 14 * 10**21}), "swept_msg_bytes"),
+        (lambda d: d.update(elapsed_s=1e300), "elapsed_s = 1e+300 s is outside"),
+        (lambda d: d["host"].update(gpu_count=10**18), "host.gpu_count"),
+        (lambda d: d["parts"][5].update(meta={"median_us": {"57344": -1.0}}), "median_us.57344 = -1.0 µs"),
+    ],
+)
 def test_manifest_figures_out_of_bounds_are_refused(real, tmp_path, capsys, edit, words):
     assert PART_NAMES[7] == "server_args" and PART_NAMES[6] == "sweep" and PART_NAMES[5] == "nccl_log"
     bad = _rewrite(real, tmp_path / "fig.tar.gz", manifest=edit)
@@ -290,13 +339,28 @@ def test_real_manifest_figures_pass(real):
 
 
 def _collect(tmp_path: Path, folder: Path, capsys) -> Path:
+    from fastverify.collect import command
     from tests.test_collect import _args
 
-    from fastverify.collect import command
-
     out = tmp_path / "b.tar.gz"
-    assert command.run(_args("--output", str(out), "--quiet", "--verify-log", str(folder), "--skip", "doctor",
-                             "--skip", "host_iommu", "--budget", "60")) == 0
+    assert (
+        command.run(
+            _args(
+                "--output",
+                str(out),
+                "--quiet",
+                "--verify-log",
+                str(folder),
+                "--skip",
+                "doctor",
+                "--skip",
+                "host_iommu",
+                "--budget",
+                "60",
+            )
+        )
+        == 0
+    )
     capsys.readouterr()
     return out
 

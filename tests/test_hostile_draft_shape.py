@@ -38,15 +38,32 @@ def _draft_shape(capsys, *argv):
 def _log(d: Path, rows: list[tuple[int, int, float, list[int]]]) -> Path:
     """A verify-log folder: one record per (batch, tokens, verify ms, accepted per request)."""
     d.mkdir()
-    lines = [json.dumps({"step": i, "verify_ms": ms, "clock": "cuda_events", "rank": "0", "pid": 7, "batch": b,
-                         "tokens": t, "accepted": acc}) for i, (b, t, ms, acc) in enumerate(rows)]
+    lines = [
+        json.dumps(
+            {
+                "step": i,
+                "verify_ms": ms,
+                "clock": "cuda_events",
+                "rank": "0",
+                "pid": 7,
+                "batch": b,
+                "tokens": t,
+                "accepted": acc,
+            }
+        )
+        for i, (b, t, ms, acc) in enumerate(rows)
+    ]
     (d / "verify-rank0.jsonl").write_text("\n".join(lines) + "\n")
     return d
 
 
 def _curve(ms_by_tokens, label="given") -> DM.CostCurve:
-    return DM.CostCurve(batch=1, label=label, source="costs.json (verify_ms)",
-                        points=[DM.CostPoint(tokens_per_request=t, verify_ms=ms, records=0) for t, ms in ms_by_tokens])
+    return DM.CostCurve(
+        batch=1,
+        label=label,
+        source="costs.json (verify_ms)",
+        points=[DM.CostPoint(tokens_per_request=t, verify_ms=ms, records=0) for t, ms in ms_by_tokens],
+    )
 
 
 def _draft(step=0.0, extend=0.0) -> DM.DraftCost:
@@ -54,6 +71,7 @@ def _draft(step=0.0, extend=0.0) -> DM.DraftCost:
 
 
 # -- 1. a verify cost of 0, or one that falls as tokens grow ---------------------------------------
+
 
 def test_zero_verify_cost_in_a_histogram_file_is_one_line_naming_the_point(tmp_path, capsys):
     """Was: 0 ms cycles, 0.0 tok/s at every depth and still "best: depth 1"."""
@@ -64,15 +82,19 @@ def test_zero_verify_cost_in_a_histogram_file_is_one_line_naming_the_point(tmp_p
 def test_zero_measured_verify_cost_is_one_line_naming_the_folder_and_point(tmp_path, capsys):
     """Records of 0 ms at 3 tokens per request (batch 1): the median is 0 ms, no verify time."""
     d = _log(tmp_path / "run", [(1, 3, 0.0, [2]), (1, 3, 0.0, [1]), (1, 3, 0.0, [0])])
-    one_line_error(*_draft_shape(capsys, "--verify-log", d, "--draft-step-ms", "0.1"),
-                   f"{d} (verify records)", "verify cost 0 ms at 3 tokens per request")
+    one_line_error(
+        *_draft_shape(capsys, "--verify-log", d, "--draft-step-ms", "0.1"),
+        f"{d} (verify records)",
+        "verify cost 0 ms at 3 tokens per request",
+    )
 
 
 def test_falling_given_cost_is_one_line_naming_both_points(tmp_path, capsys):
     """30 ms at 2 tokens per request, 1 ms at 4: was taken, and depth 3 won at 2500 tok/s."""
     f = _hist(tmp_path, {"steps": 3, "counts": [10, 10, 10, 10], "verify_ms": [[2, 30.0], [4, 1.0]]})
-    one_line_error(*_draft_shape(capsys, "--accept-histogram", f),
-                   str(f), "falls from 30 ms at 2 to 1 ms at 4 tokens per request")
+    one_line_error(
+        *_draft_shape(capsys, "--accept-histogram", f), str(f), "falls from 30 ms at 2 to 1 ms at 4 tokens per request"
+    )
     with pytest.raises(UserError, match="falls from 10 ms at 2 to 9.9 ms at 3"):  # a given curve may not fall at all
         DM.recommend(DM.AcceptHistogram(steps=2, counts=[1, 1, 1]), _curve([(2, 10.0), (3, 9.9)]), _draft())
 
@@ -86,11 +108,15 @@ def test_measured_curve_may_dip_by_noise_but_not_more(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads(out)
     assert [(r["depth"], r["verify_ms"]) for r in doc["rows"]] == [(1, 10.0), (2, 9.8)]
-    assert any("falls from 10 ms at 2 to 9.8 ms at 3 tokens per request, within run-to-run noise (5%)" in n
-               for n in doc["notes"])
+    assert any(
+        "falls from 10 ms at 2 to 9.8 ms at 3 tokens per request, within run-to-run noise (5%)" in n
+        for n in doc["notes"]
+    )
     c = _log(tmp_path / "c", [(1, 3, 9.0, [2]), (1, 3, 9.0, [1])])
-    one_line_error(*_draft_shape(capsys, "--verify-log", a, "--verify-log", c, "--draft-step-ms", "0"),
-                   "falls from 10 ms at 2 to 9 ms at 3 tokens per request by more than run-to-run noise (5%)")
+    one_line_error(
+        *_draft_shape(capsys, "--verify-log", a, "--verify-log", c, "--draft-step-ms", "0"),
+        "falls from 10 ms at 2 to 9 ms at 3 tokens per request by more than run-to-run noise (5%)",
+    )
 
 
 def test_extrapolation_below_the_points_never_reaches_zero():
@@ -120,20 +146,25 @@ def test_a_nan_draft_cost_from_a_trace_is_refused():
 
 # -- 2. a count or a key given twice -----------------------------------------------------------
 
+
 def test_a_token_count_given_twice_names_the_count_and_both_values(tmp_path, capsys):
     """[2, 10.0] then [2, 30.0]: the last one (30 ms) was kept silently."""
     f = _hist(tmp_path, {"steps": 3, "counts": [10, 10, 10, 10], "verify_ms": [[2, 10.0], [4, 12.0], [2, 30.0]]})
-    one_line_error(*_draft_shape(capsys, "--accept-histogram", f),
-                   str(f), "2 tokens per request given twice (10 ms and 30 ms)")
+    one_line_error(
+        *_draft_shape(capsys, "--accept-histogram", f), str(f), "2 tokens per request given twice (10 ms and 30 ms)"
+    )
     with pytest.raises(UserError, match=r"2 tokens per request given twice \(10 ms and 30 ms\)"):
         DM.check_curve(_curve([(2, 10.0), (2, 30.0)]))
 
 
-@pytest.mark.parametrize("text, key", [
-    ('{"steps": 3, "steps": 2, "counts": [10, 10, 10], "verify_ms": [[2, 10.0]]}', "steps"),
-    ('{"steps": 2, "counts": [1, 1, 1], "counts": [5, 0, 0], "verify_ms": [[2, 10.0]]}', "counts"),
-    ('{"steps": 2, "counts": [1, 1, 1], "verify_ms": [[2, 10.0]], "verify_ms": [[3, 1.0]]}', "verify_ms"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('{"steps": 3, "steps": 2, "counts": [10, 10, 10], "verify_ms": [[2, 10.0]]}', "steps"),
+        ('{"steps": 2, "counts": [1, 1, 1], "counts": [5, 0, 0], "verify_ms": [[2, 10.0]]}', "counts"),
+        ('{"steps": 2, "counts": [1, 1, 1], "verify_ms": [[2, 10.0]], "verify_ms": [[3, 1.0]]}', "verify_ms"),
+    ],
+)
 def test_a_json_key_given_twice_is_refused(tmp_path, capsys, text, key):
     f = _hist(tmp_path, text)
     one_line_error(*_draft_shape(capsys, "--accept-histogram", f), str(f), f"key '{key}' given twice")
@@ -141,11 +172,15 @@ def test_a_json_key_given_twice_is_refused(tmp_path, capsys, text, key):
 
 def test_one_verify_log_folder_given_twice_is_refused(tmp_path, capsys):
     d = _log(tmp_path / "run", [(1, 3, 10.0, [2]), (1, 3, 10.0, [1])])
-    one_line_error(*_draft_shape(capsys, "--verify-log", d, "--verify-log", f"{d}/", "--draft-step-ms", "0"),
-                   f"--verify-log {d}", "give each run's folder once")
+    one_line_error(
+        *_draft_shape(capsys, "--verify-log", d, "--verify-log", f"{d}/", "--draft-step-ms", "0"),
+        f"--verify-log {d}",
+        "give each run's folder once",
+    )
 
 
 # -- 3. no recommendation past fastverify's own limit ------------------------------------------
+
 
 def test_records_past_the_draft_token_limit_recommend_at_most_the_limit(tmp_path, capsys):
     """A run at 100 tokens per request (99 steps), every request accepting 64 draft tokens, verify
@@ -173,12 +208,14 @@ def test_records_past_the_draft_token_limit_recommend_at_most_the_limit(tmp_path
 
 def test_a_best_depth_below_the_limit_says_nothing_of_it():
     """A steep cost (10 ms per token per request): depth 1 wins, far from the limit."""
-    rep = DM.recommend(DM.AcceptHistogram(steps=3, counts=[1, 1, 1, 1]),
-                       _curve([(t, 10.0 * t) for t in (2, 3, 4)]), _draft())
+    rep = DM.recommend(
+        DM.AcceptHistogram(steps=3, counts=[1, 1, 1, 1]), _curve([(t, 10.0 * t) for t in (2, 3, 4)]), _draft()
+    )
     assert rep.best_depth == 1 and not any("limit" in n for n in rep.notes)
 
 
 # -- 4. the accept length against the draft tokens in force, however they were given ----------
+
 
 def _profile(tmp_path: Path, **source) -> Path:
     p = two_rank_trace_profile()
@@ -197,8 +234,11 @@ def test_accept_length_with_a_trace_profile_is_checked_as_with_draft_tokens(tmp_
     f = _profile(tmp_path)
     base = ["tune", "--predict", "--profile", f, "--topology", tmp_path / "t.txt", "--tok-s", "100"]
     one_line_error(*cli([*base, "--accept-length", "60"], capsys), "--accept-length 60", str(f), "--draft-tokens N")
-    one_line_error(*cli([*base, "--accept-length", "60", "--draft-tokens", "4"], capsys),
-                   "--accept-length 60", "more than the 4 draft tokens")
+    one_line_error(
+        *cli([*base, "--accept-length", "60", "--draft-tokens", "4"], capsys),
+        "--accept-length 60",
+        "more than the 4 draft tokens",
+    )
     rc, out, err = cli([*base, "--accept-length", "3", "--draft-tokens", "4", "--json"], capsys)
     assert rc == 0, err
     assert json.loads(out)["accept_length"] == 3.0
@@ -225,11 +265,15 @@ def test_the_default_accept_length_never_exceeds_the_draft_tokens():
 
 # -- 5. times whose quotients are absurd ---------------------------------------------------------
 
-@pytest.mark.parametrize("extra, words", [
-    (["--tok-s", "1e-300"], ["--tok-s 1e-300", "longer than an hour"]),
-    (["--verify-ms", "1e-300", "--allreduce-ms", "1e-300"], ["--verify-ms 1e-300", "[0.001, 60000] ms"]),
-    (["--verify-ms", "5", "--allreduce-ms", "1e-12"], ["--allreduce-ms 1e-12", "[0.001, 60000] ms"]),
-])
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--tok-s", "1e-300"], ["--tok-s 1e-300", "longer than an hour"]),
+        (["--verify-ms", "1e-300", "--allreduce-ms", "1e-300"], ["--verify-ms 1e-300", "[0.001, 60000] ms"]),
+        (["--verify-ms", "5", "--allreduce-ms", "1e-12"], ["--allreduce-ms 1e-12", "[0.001, 60000] ms"]),
+    ],
+)
 def test_predict_refuses_times_that_print_absurd_figures(tmp_path, capsys, extra, words):
     """--tok-s 1e-300 meant a cycle of 3e300 s (t_rest printed with 300 digits); a verify step of
     1e-300 ms printed 0.0 µs for every candidate."""

@@ -18,7 +18,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, subprocess_env
 
 from fastverify.errors import UserError
@@ -40,12 +39,21 @@ FLAGS = {
     "tune --topology": (["tune", "--predict", "--topology", "{}", "--model", "tiny", "--tp", "2"], "text", False),
     "tune --profile": (["tune", "--predict", "--topology", "t2.txt", "--profile", "{}"], "json", True),
     "tune --model": (["tune", "--predict", "--topology", "t2.txt", "--model", "{}", "--tp", "2"], "text", True),
-    "tune --perf-table": (["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2",
-                           "--perf-table", "{}"], "text", False),
-    "tune --nccl-log": (["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2",
-                         "--nccl-log", "{}"], "log", False),
-    "tune --p2p-check": (["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2",
-                          "--p2p-check", "{}"], "text", True),
+    "tune --perf-table": (
+        ["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2", "--perf-table", "{}"],
+        "text",
+        False,
+    ),
+    "tune --nccl-log": (
+        ["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2", "--nccl-log", "{}"],
+        "log",
+        False,
+    ),
+    "tune --p2p-check": (
+        ["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2", "--p2p-check", "{}"],
+        "text",
+        True,
+    ),
     "launch --env": (["launch", "--env", "{}", "--dry-run", "--", "true"], "text", False),
     "launch --deployment": (["launch", "--deployment", "{}", "--dry-run", "--", "true"], "json", True),
     "doctor --env-file": (["doctor", "--quick", "--env-file", "{}"], "text", False),
@@ -55,8 +63,10 @@ FLAGS = {
 def _deep_args_trace() -> bytes:
     """A valid trace whose one kernel carries a 5,000-deep array in its args."""
     deep = "[" * 5000 + "]" * 5000
-    return ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 7, '
-            '"args": {"x": ' + deep + '}}]}').encode()
+    return (
+        '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 7, '
+        '"args": {"x": ' + deep + "}}]}"
+    ).encode()
 
 
 def _make(kind_of_input: str, hostile: str, folder: Path) -> str:
@@ -103,8 +113,10 @@ _CLEAN: list[str] = []
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts():
     yield
-    print(f"\nhostile-input suite: {len(_TRIED)} hostile inputs tried, {len(_CLEAN)} clean "
-          "(exit 2, one line naming the file, no traceback, nothing written, in time)")
+    print(
+        f"\nhostile-input suite: {len(_TRIED)} hostile inputs tried, {len(_CLEAN)} clean "
+        "(exit 2, one line naming the file, no traceback, nothing written, in time)"
+    )
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -124,8 +136,14 @@ def test_hostile_input_is_refused_in_one_line(tmp_path, flag, hostile):
     before = _files(tmp_path)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "fastverify", *[a.replace("{}", name) for a in argv]],
-                              cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=HANG_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fastverify", *[a.replace("{}", name) for a in argv]],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{flag} {hostile}: hung for {HANG_S} s")
     took = time.monotonic() - t0
@@ -243,11 +261,14 @@ def test_an_old_orjson_shadowing_the_pin_is_named_and_never_crashes(monkeypatch,
 
 def test_the_installed_orjson_raises_on_deep_nesting_in_a_subprocess():
     """The real parser on the real 200,000-deep array: exit 2 and one line, not SIGSEGV (-11)."""
-    code = ("from fastverify.inputs import loads_json\nfrom fastverify.errors import UserError\n"
-            "try:\n    loads_json(b'[' * 200000 + b']' * 200000, 'deep.json')\n"
-            "except UserError as e:\n    print(e)\n    raise SystemExit(2)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "from fastverify.inputs import loads_json\nfrom fastverify.errors import UserError\n"
+        "try:\n    loads_json(b'[' * 200000 + b']' * 200000, 'deep.json')\n"
+        "except UserError as e:\n    print(e)\n    raise SystemExit(2)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-500:])
     assert proc.stdout.strip().startswith("deep.json: JSON nested too deeply"), proc.stdout
 
@@ -264,8 +285,14 @@ def test_dependency_floors_reject_deep_nesting():
 
 
 def _run(argv, cwd):
-    return subprocess.run([sys.executable, "-m", "fastverify", *argv], cwd=cwd, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fastverify", *argv],
+        cwd=cwd,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _refused(proc, *words):
@@ -281,8 +308,10 @@ def test_profile_output_through_a_symlink_to_the_trace_is_refused(tmp_path):
     (tmp_path / "in.json.gz").write_bytes(GOOD_TRACE.read_bytes())
     (tmp_path / "link.json").symlink_to("in.json.gz")
     before = _files(tmp_path)
-    _refused(_run(["profile", "--trace", "in.json.gz", "--output", "link.json", "--no-png", "--quiet"], tmp_path),
-             "is the input of --trace")
+    _refused(
+        _run(["profile", "--trace", "in.json.gz", "--output", "link.json", "--no-png", "--quiet"], tmp_path),
+        "is the input of --trace",
+    )
     assert _files(tmp_path) == before
 
 
@@ -290,8 +319,10 @@ def test_profile_output_on_a_hard_link_of_the_trace_is_refused(tmp_path):
     (tmp_path / "in.json.gz").write_bytes(GOOD_TRACE.read_bytes())
     os.link(tmp_path / "in.json.gz", tmp_path / "same-inode.json")
     before = _files(tmp_path)
-    _refused(_run(["profile", "--trace", "in.json.gz", "--output", "same-inode.json", "--no-png", "--quiet"],
-                  tmp_path), "is the input of --trace")
+    _refused(
+        _run(["profile", "--trace", "in.json.gz", "--output", "same-inode.json", "--no-png", "--quiet"], tmp_path),
+        "is the input of --trace",
+    )
     assert _files(tmp_path) == before
 
 
@@ -312,8 +343,14 @@ def test_tune_write_env_on_the_topology_is_refused(tmp_path, target):
     (tmp_path / "box.env").write_text(TWO_GPU_TOPO)  # a topology that happens to be named .env
     (tmp_path / "link.env").symlink_to("box.env")
     before = _files(tmp_path)
-    _refused(_run(["tune", "--predict", "--topology", "box.env", "--model", "tiny", "--tp", "2",
-                   "--write-env", target], tmp_path), "--write-env", "is the input of --topology")
+    _refused(
+        _run(
+            ["tune", "--predict", "--topology", "box.env", "--model", "tiny", "--tp", "2", "--write-env", target],
+            tmp_path,
+        ),
+        "--write-env",
+        "is the input of --topology",
+    )
     assert _files(tmp_path) == before
 
 
@@ -375,8 +412,10 @@ def test_tune_write_env_onto_an_immutable_file_exits_2_and_leaves_no_bak(tmp_pat
     if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i not possible here (not root, or the file system has no immutable flag)")
     try:
-        proc = _run(["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2",
-                     "--write-env", "box.env"], tmp_path)
+        proc = _run(
+            ["tune", "--predict", "--topology", "t2.txt", "--model", "tiny", "--tp", "2", "--write-env", "box.env"],
+            tmp_path,
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert not (tmp_path / "box.env.bak").exists()
         assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -24,7 +24,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_fastverify, subprocess_env, tree_state
 
 ALL_PARTS = ["doctor", "nvidia_smi_topo", "nvml", "host_iommu", "p2p_check", "nccl_log", "sweep"]
@@ -40,8 +39,10 @@ def _records(folder: Path, names=("verify-rank0.jsonl",)) -> None:
     so that a name may be non-UTF-8."""
     os.makedirs(folder, exist_ok=True)
     for name in names:
-        lines = "".join(json.dumps({"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": "0",
-                                    "pid": 7}) + "\n" for i in range(3))
+        lines = "".join(
+            json.dumps({"step": i, "verify_ms": 1.0 + i, "clock": "cpu_wall_clock", "rank": "0", "pid": 7}) + "\n"
+            for i in range(3)
+        )
         with open(os.path.join(os.fsencode(folder), os.fsencode(name)), "wb") as f:
             f.write(lines.encode())
 
@@ -83,8 +84,9 @@ def test_default_bundle_names_of_one_second_are_unique_across_threads(tmp_path, 
         t.join()
     names = sorted(str(p) for p in got)
     assert len(set(names)) == 8, names
-    want = ["fastverify-bundle-20260102-030405.tar.gz"] + [f"fastverify-bundle-20260102-030405-{n}.tar.gz"
-                                                             for n in range(2, 9)]
+    want = ["fastverify-bundle-20260102-030405.tar.gz"] + [
+        f"fastverify-bundle-20260102-030405-{n}.tar.gz" for n in range(2, 9)
+    ]
     assert names == sorted(want)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(want)  # each name taken on disk
     from fastverify.outputs import release_reserved
@@ -95,8 +97,17 @@ def test_default_bundle_names_of_one_second_are_unique_across_threads(tmp_path, 
 
 def test_four_concurrent_collect_runs_in_one_folder_write_four_bundles(tmp_path):
     env = subprocess_env()
-    procs = [subprocess.Popen([sys.executable, "-m", "fastverify", *QUICK_COLLECT], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fastverify", *QUICK_COLLECT],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
     wrote = sorted(o.split()[1] for o, _ in outs)
@@ -138,8 +149,9 @@ def test_p2p_never_writes_over_an_earlier_check_file(tmp_path):
     doc = tmp_path / "p2p.json"
     doc.write_text('{"schema_version": 1, "gpus": [], "results": []}\n')
     before = tree_state(tmp_path)
-    assert_user_error(run_fastverify(["p2p", "--output", str(doc)], tmp_path), "--output", "p2p.json", "exists",
-                      "--force")
+    assert_user_error(
+        run_fastverify(["p2p", "--output", str(doc)], tmp_path), "--output", "p2p.json", "exists", "--force"
+    )
     assert tree_state(tmp_path) == before
 
 
@@ -156,12 +168,12 @@ def test_profile_verify_log_report_never_writes_over_an_existing_file(tmp_path):
     _records(tmp_path / "log")
     out = tmp_path / "report.json"
     out.write_text("an unrelated file\n")
-    proc = run_fastverify(["profile", "--verify-log", str(tmp_path / "log"), "--output", str(out), "--quiet"],
-                          tmp_path)
+    proc = run_fastverify(["profile", "--verify-log", str(tmp_path / "log"), "--output", str(out), "--quiet"], tmp_path)
     assert_user_error(proc, "--output", "report.json", "exists", "--force")
     assert out.read_text() == "an unrelated file\n"
-    proc = run_fastverify(["profile", "--verify-log", str(tmp_path / "log"), "--output", str(out), "--quiet",
-                           "--force"], tmp_path)
+    proc = run_fastverify(
+        ["profile", "--verify-log", str(tmp_path / "log"), "--output", str(out), "--quiet", "--force"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["before"]["ranks"][0]["steps"] == 3
 
@@ -177,8 +189,7 @@ def test_tune_write_env_keeps_the_pair_and_its_backups_without_force(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X.deploy.json", "X.env", "t2.txt"]
     (tmp_path / "X.env.bak").write_text("# an older env file, kept by hand\n")
     before = tree_state(tmp_path)
-    assert_user_error(run_fastverify([*argv, "--pcie-gen", "5"], tmp_path), "--write-env", "X.env", "exists",
-                      "--force")
+    assert_user_error(run_fastverify([*argv, "--pcie-gen", "5"], tmp_path), "--write-env", "X.env", "exists", "--force")
     assert tree_state(tmp_path) == before
     old_env = (tmp_path / "X.env").read_text()
     forced = run_fastverify([*argv, "--pcie-gen", "5", "--force"], tmp_path)
@@ -198,9 +209,11 @@ def test_an_unwritable_collect_output_is_refused_before_any_part_runs(tmp_path):
     ro.chmod(0o444)
     before = tree_state(tmp_path)
     # under a file, a folder, a read-only file even with --force: refused before any part runs
-    for argv, words in ((["--output", str(tmp_path / "afile" / "b.tar.gz")], ("afile is a file, not a folder",)),
-                        (["--output", str(tmp_path / "adir")], ("adir", "is a directory")),
-                        (["--output", str(ro), "--force"], ("ro.tar.gz", "read-only"))):
+    for argv, words in (
+        (["--output", str(tmp_path / "afile" / "b.tar.gz")], ("afile is a file, not a folder",)),
+        (["--output", str(tmp_path / "adir")], ("adir", "is a directory")),
+        (["--output", str(ro), "--force"], ("ro.tar.gz", "read-only")),
+    ):
         proc = run_fastverify(["collect", "--quiet", *argv], tmp_path)  # doctor would run first: not reached
         line = assert_user_error(proc, *words)
         assert "collect:" not in proc.stdout + proc.stderr, line  # no part started
@@ -220,8 +233,10 @@ def test_a_folder_that_refuses_new_files_is_named_before_the_work(tmp_path, monk
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
     assert main(["collect", "--output", str(tmp_path / "b.tar.gz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fastverify: error: {tmp_path / 'b.tar.gz'}: cannot write in {tmp_path} "
-                   "(no write permission, or a read-only file system)"]
+    assert err == [
+        f"fastverify: error: {tmp_path / 'b.tar.gz'}: cannot write in {tmp_path} "
+        "(no write permission, or a read-only file system)"
+    ]
 
 
 # ---- every path flag checked at argument time ------------------------------------------------------------
@@ -249,11 +264,17 @@ FLAGS = [
 ]
 
 
-BAD_PATHS = [("300-byte name", LONG_NAME, ("300 bytes", "ENAMETOOLONG")),
-             ("5000-byte path", LONG_PATH, ("5,006 bytes", "ENAMETOOLONG")),
-             ("empty", "", ("an empty path",))]
-CASES = [(f"{bad}-{what}", what, argv, value, words) for what, argv in FLAGS for bad, value, words in BAD_PATHS
-         if not (bad == "empty" and what == "tune --write-env")]  # `--write-env=` means the default path
+BAD_PATHS = [
+    ("300-byte name", LONG_NAME, ("300 bytes", "ENAMETOOLONG")),
+    ("5000-byte path", LONG_PATH, ("5,006 bytes", "ENAMETOOLONG")),
+    ("empty", "", ("an empty path",)),
+]
+CASES = [
+    (f"{bad}-{what}", what, argv, value, words)
+    for what, argv in FLAGS
+    for bad, value, words in BAD_PATHS
+    if not (bad == "empty" and what == "tune --write-env")
+]  # `--write-env=` means the default path
 
 
 @pytest.mark.parametrize("what, argv, value, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

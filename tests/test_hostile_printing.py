@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import subprocess_env
+
 from fastverify.cli import main
 from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, encode_record, record_path_for
 from fastverify.errors import shown
@@ -43,14 +43,15 @@ def assert_escaped(text: str) -> None:
     """No raw control character, no line that starts with the forged text, and the hostile text
     shown escaped (so it was printed, not dropped)."""
     hit = RAW.search(text)
-    assert hit is None, f"raw {hit.group()!r} at {hit.start()}: {text[max(0, hit.start() - 80):hit.start() + 40]!r}"
+    assert hit is None, f"raw {hit.group()!r} at {hit.start()}: {text[max(0, hit.start() - 80) : hit.start() + 40]!r}"
     assert not [ln for ln in text.splitlines() if ln.lstrip(" │|-").startswith(FORGED)], text
     assert "\\x1b[2J" in text, text
 
 
 def test_shown_is_one_escaped_capped_line():
-    assert shown(HOSTILE) == ("a\\x1b[2J\\x1b]0;title\\x07b\\nP2P: forged\\x0d\\x9b31m\\u202eevil\\u2028z "
-                              "[/bold] [red]")
+    assert shown(HOSTILE) == (
+        "a\\x1b[2J\\x1b]0;title\\x07b\\nP2P: forged\\x0d\\x9b31m\\u202eevil\\u2028z [/bold] [red]"
+    )
     long = shown("1" * 300_000)
     assert long.startswith("1" * 666 + " … [299,084 characters left out] … ") and long.endswith("1" * 250)
     assert shown("x" * 300_000, limit=None) == "x" * 300_000
@@ -69,8 +70,13 @@ def test_report_escapes_the_bundles_p2p_reason(tmp_path, capsys):
 def test_a_300000_character_reason_prints_at_once_shortened(tmp_path):
     p2p = [{"src": 0, "dst": 1, "ok": False, "reason": "1" * 300_000}]
     bundle = make_bundle(tmp_path, None, p2p=p2p, nvml={"p2p_read": {"0-1": True}})
-    cp = subprocess.run([sys.executable, "-m", "fastverify", "report", str(bundle)], env=subprocess_env(),
-                        capture_output=True, text=True, timeout=30)  # before: over a minute
+    cp = subprocess.run(
+        [sys.executable, "-m", "fastverify", "report", str(bundle)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # before: over a minute
     assert cp.returncode == 0, cp.stderr
     line = next(ln for ln in cp.stdout.splitlines() if ln.startswith("    evidence: P2P check"))
     assert "characters left out]" in line and len(line) <= 1000
@@ -80,9 +86,13 @@ def _record(tmp_path: Path) -> Path:
     """An env file and its deployment record whose P2P note and GPU name are hostile."""
     env = tmp_path / "box.env"
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
-    rec = DeploymentRecord(backend=BackendName("nccl"), shapes=VerifyShapes(max_batch=8, draft_tokens=4, hidden=4096),
-                           p2p=P2PFacts(ok=True, source="p2p_check", note=HOSTILE, pairs=2),
-                           box=BoxFingerprint(gpu_name=HOSTILE, sm=(8, 9), gpu_count=2, tp=2), sglang_version="0.5.23")
+    rec = DeploymentRecord(
+        backend=BackendName("nccl"),
+        shapes=VerifyShapes(max_batch=8, draft_tokens=4, hidden=4096),
+        p2p=P2PFacts(ok=True, source="p2p_check", note=HOSTILE, pairs=2),
+        box=BoxFingerprint(gpu_name=HOSTILE, sm=(8, 9), gpu_count=2, tp=2),
+        sglang_version="0.5.23",
+    )
     record_path_for(env).write_bytes(encode_record(rec))
     return env
 
@@ -96,11 +106,14 @@ def test_launch_dry_run_escapes_the_record_and_the_described_box(tmp_path, capsy
     assert_escaped(out)
     assert not RAW.search(err), err
     p2p = [ln for ln in out.splitlines() if ln.startswith("P2P: ")]
-    assert p2p == ["P2P: proven (p2p_check: a\\x1b[2J\\x1b]0;title\\x07b\\nP2P: forged\\x0d\\x9b31m\\u202eevil"
-                   "\\u2028z [/bold] [red])"]
+    assert p2p == [
+        "P2P: proven (p2p_check: a\\x1b[2J\\x1b]0;title\\x07b\\nP2P: forged\\x0d\\x9b31m\\u202eevil"
+        "\\u2028z [/bold] [red])"
+    ]
     assert [ln for ln in out.splitlines() if ln.startswith("box: 2 x ")] == [
         "box: 2 x a\\x1b[2J\\x1b]0;title\\x07b\\nP2P: forged\\x0d\\x9b31m\\u202eevil\\u2028z [/bold] [red] (SM89), "
-        "driver unknown"]
+        "driver unknown"
+    ]
 
 
 def _hostile_file(tmp_path: Path, text: str) -> Path:
@@ -110,8 +123,10 @@ def _hostile_file(tmp_path: Path, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("argv", [["topo", "--nvidia-smi", "{f}"],
-                                  ["tune", "--predict", "--topology", "{f}", "--model", "kimi-k2", "--tp", "2"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["topo", "--nvidia-smi", "{f}"], ["tune", "--predict", "--topology", "{f}", "--model", "kimi-k2", "--tp", "2"]],
+)
 def test_an_input_files_name_is_escaped(tmp_path, capsys, argv):
     f = _hostile_file(tmp_path, TOPO)
     assert main([a.replace("{f}", str(f)) for a in argv]) == 0
@@ -144,15 +159,23 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
 def test_a_closed_or_full_stdout_is_one_line_and_exit_2(tmp_path, name, stdout):
     argv = [sys.executable, "-m", "fastverify", *_commands(tmp_path)[name]]
     if stdout == "closed":
-        cp = subprocess.run(argv, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: os.close(1), timeout=300)
+        cp = subprocess.run(
+            argv,
+            env=subprocess_env(),
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.close(1),
+            timeout=300,
+        )
         why = "it is closed"
     else:
         if not os.path.exists("/dev/full"):
             pytest.skip("no /dev/full here")
         with open("/dev/full", "w") as full:
-            cp = subprocess.run(argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
-                                text=True, timeout=300)
+            cp = subprocess.run(
+                argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
+            )
         why = "No space left on device"
     assert "Traceback" not in cp.stderr, cp.stderr
     assert cp.returncode == 2, cp.stderr
@@ -165,13 +188,19 @@ def test_p2p_without_a_gpu_says_so_in_one_line_whatever_stdout_is(tmp_path, stdo
     """No GPU here: the one line of the missing GPU, exit 2, never a traceback (on a GPU box the
     check prints its JSON, and a closed or full stdout is the line of the test above)."""
     argv = [sys.executable, "-m", "fastverify", "p2p", "--timeout", "5"]
-    kw = ({"preexec_fn": lambda: os.close(1)} if stdout == "closed"
-          else {"stdout": open("/dev/full", "w")} if os.path.exists("/dev/full") else None)  # noqa: SIM115
+    kw = (
+        {"preexec_fn": lambda: os.close(1)}
+        if stdout == "closed"
+        else {"stdout": open("/dev/full", "w")}
+        if os.path.exists("/dev/full")
+        else None
+    )  # noqa: SIM115
     if kw is None:
         pytest.skip("no /dev/full here")
     try:
-        cp = subprocess.run(argv, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                            timeout=300, **kw)
+        cp = subprocess.run(
+            argv, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=300, **kw
+        )
     finally:
         if "stdout" in kw:
             kw["stdout"].close()
@@ -183,10 +212,17 @@ def test_a_reader_that_leaves_ends_the_command_silently():
     """``fastverify ... | head -c 1``: the pipe breaks mid-output. The command stops with SIGPIPE's
     shell code (141) and says nothing, as ``cat`` does; before, a "cannot write" line (or, with no
     guard, a BrokenPipeError traceback)."""
-    script = ("import sys\nfrom fastverify.errors import print_guarded\n"
-              "sys.exit(print_guarded(lambda: [print('x' * 1000) for _ in range(10_000)] and 0))\n")
-    cp = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "$0" | head -c 1 >/dev/null; echo "${{PIPESTATUS[0]}}"',
-                         script], capture_output=True, text=True, timeout=60, env=subprocess_env())
+    script = (
+        "import sys\nfrom fastverify.errors import print_guarded\n"
+        "sys.exit(print_guarded(lambda: [print('x' * 1000) for _ in range(10_000)] and 0))\n"
+    )
+    cp = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -c "$0" | head -c 1 >/dev/null; echo "${{PIPESTATUS[0]}}"', script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(),
+    )
     assert cp.stdout.strip() == "141" and cp.stderr == "", (cp.stdout, cp.stderr)
 
 
@@ -199,10 +235,12 @@ NUMERIC_SPEC = set("bcdeEfFgGnoxX%,_")
 """The last character of a format spec that only a number accepts (``{x:.1f}``, ``{n:,d}``)."""
 ALLOWED = {
     ("cli.py", "f'fastverify: stopped by {signal.Signals(e.signum).name}\\n'"): "the name of a signal, from the "
-                                                                                "signal module (SIGTERM)",
-    ("patch/sitecustomize/sitecustomize.py", "f'fastverify patch: import hook could not run the patch ({err})\\n'"):
-        "the import hook inside the SGLang server: an error of fastverify's own patch, kept as short as "
-        "possible (no import there but the patch's own)",
+    "signal module (SIGTERM)",
+    (
+        "patch/sitecustomize/sitecustomize.py",
+        "f'fastverify patch: import hook could not run the patch ({err})\\n'",
+    ): "the import hook inside the SGLang server: an error of fastverify's own patch, kept as short as "
+    "possible (no import there but the patch's own)",
 }
 """(module, the argument's source) printed without escaping, with the reason. JSON documents
 (``json.dumps``, ``orjson.dumps``, ``msgspec.json``) pass by rule: every JSON encoder writes the
@@ -217,9 +255,11 @@ def _callee(call: ast.Call) -> str:
 
 def _print_like(call: ast.Call) -> bool:
     f = call.func
-    return ((isinstance(f, ast.Name) and f.id == "print")
-            or (isinstance(f, ast.Attribute) and f.attr in ("print", "add_row"))
-            or _callee(call) in ("sys.stdout.write", "sys.stderr.write"))
+    return (
+        (isinstance(f, ast.Name) and f.id == "print")
+        or (isinstance(f, ast.Attribute) and f.attr in ("print", "add_row"))
+        or _callee(call) in ("sys.stdout.write", "sys.stderr.write")
+    )
 
 
 class _Checker:
@@ -242,8 +282,13 @@ class _Checker:
             return all(self.safe(v, scope) for v in e.values)
         if isinstance(e, ast.FormattedValue):
             spec = e.format_spec
-            if spec is not None and isinstance(spec, ast.JoinedStr) and spec.values and \
-                    isinstance(spec.values[-1], ast.Constant) and str(spec.values[-1].value)[-1:] in NUMERIC_SPEC:
+            if (
+                spec is not None
+                and isinstance(spec, ast.JoinedStr)
+                and spec.values
+                and isinstance(spec.values[-1], ast.Constant)
+                and str(spec.values[-1].value)[-1:] in NUMERIC_SPEC
+            ):
                 return True
             return self.safe(e.value, scope)
         if isinstance(e, ast.BinOp):
@@ -287,12 +332,26 @@ class _Checker:
             self.busy.discard(name)
 
     def _name(self, name: str, scope: ast.AST) -> bool:
-        values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-        values += [n.value for n in ast.walk(scope) if isinstance(n, ast.AnnAssign) and n.value is not None
-                   and isinstance(n.target, ast.Name) and n.target.id == name]
-        values += [n.args[-1] for n in ast.walk(scope) if isinstance(n, ast.Call) and n.args
-                   and _callee(n) in (f"{name}.append", f"{name}.extend", f"{name}.insert")]
+        values = [
+            n.value
+            for n in ast.walk(scope)
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        ]
+        values += [
+            n.value
+            for n in ast.walk(scope)
+            if isinstance(n, ast.AnnAssign)
+            and n.value is not None
+            and isinstance(n.target, ast.Name)
+            and n.target.id == name
+        ]
+        values += [
+            n.args[-1]
+            for n in ast.walk(scope)
+            if isinstance(n, ast.Call)
+            and n.args
+            and _callee(n) in (f"{name}.append", f"{name}.extend", f"{name}.insert")
+        ]
         if name in self.busy or not values:
             return False
         self.busy.add(name)
@@ -312,8 +371,11 @@ def _print_sites():
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and _print_like(node)):
                 continue
-            scope = min((s for s in scopes if s.lineno <= node.lineno <= s.end_lineno),
-                        key=lambda s: s.end_lineno - s.lineno, default=tree)
+            scope = min(
+                (s for s in scopes if s.lineno <= node.lineno <= s.end_lineno),
+                key=lambda s: s.end_lineno - s.lineno,
+                default=tree,
+            )
             args = list(node.args) + [k.value for k in node.keywords if k.arg in (None, "sep", "end")]
             bad = [ast.unparse(a) for a in args if not check.safe(a, scope)]
             yield path.relative_to(root).as_posix(), node.lineno, _callee(node), bad
@@ -323,8 +385,11 @@ def test_every_print_site_escapes_text_from_inputs():
     """Each argument of a ``print``, ``console.print``, ``Table.add_row`` or ``sys.stdout/stderr.write``
     in fastverify/ is terminal-safe by the rule of :class:`_Checker`, or the call is in
     :data:`ALLOWED` with its reason."""
-    found = [f"fastverify/{mod}:{line}: {callee}({', '.join(bad)})" for mod, line, callee, bad in _print_sites()
-             if any((mod, b) not in ALLOWED for b in bad)]
+    found = [
+        f"fastverify/{mod}:{line}: {callee}({', '.join(bad)})"
+        for mod, line, callee, bad in _print_sites()
+        if any((mod, b) not in ALLOWED for b in bad)
+    ]
     assert not found, "print sites that may print raw input text:\n" + "\n".join(found)
 
 

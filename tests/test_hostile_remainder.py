@@ -14,8 +14,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import subprocess_env
+
 from fastverify.cli import main
 from fastverify.errors import UserError
 from fastverify.verify_records import read_log_dir
@@ -32,15 +32,23 @@ def test_collect_keeps_and_names_its_bundle_when_stdout_cannot_be_written(tmp_pa
     out = tmp_path / "b.tar.gz"
     argv = [sys.executable, "-m", "fastverify", "collect", "--budget", "30", "--skip", "doctor", "--output", str(out)]
     if stdout == "closed":
-        cp = subprocess.run(argv, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: os.close(1), timeout=300)
+        cp = subprocess.run(
+            argv,
+            env=subprocess_env(),
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.close(1),
+            timeout=300,
+        )
         why = "it is closed"
     else:
         if not os.path.exists("/dev/full"):
             pytest.skip("no /dev/full here")
         with open("/dev/full", "w") as full:
-            cp = subprocess.run(argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
-                                text=True, timeout=300)
+            cp = subprocess.run(
+                argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
+            )
         why = "No space left on device"
     assert "Traceback" not in cp.stderr, cp.stderr
     assert cp.returncode == 1, cp.stderr
@@ -52,6 +60,7 @@ def test_collect_keeps_and_names_its_bundle_when_stdout_cannot_be_written(tmp_pa
 
 
 # ---- duplicate keys: a bundle's manifest, a verify record ------------------------------------------
+
 
 def _with_manifest(src, out, edit):
     """``src`` member by member into ``out``, the manifest's bytes passed through ``edit``."""
@@ -76,8 +85,17 @@ def test_a_manifest_key_given_twice_is_refused_naming_bundle_member_and_key(tmp_
     assert err == f"fastverify: error: {bad}:manifest.json: the key 'budget_s' is given twice in one object\n"
 
 
-RECORD = {"step": 0, "verify_ms": 1.5, "clock": "cuda_events", "rank": "0", "pid": 4242, "batch": 2, "tokens": 8,
-          "accepted": [1, 3], "allreduce_paths": {"verify": {"sglang.custom_all_reduce": 61}}}
+RECORD = {
+    "step": 0,
+    "verify_ms": 1.5,
+    "clock": "cuda_events",
+    "rank": "0",
+    "pid": 4242,
+    "batch": 2,
+    "tokens": 8,
+    "accepted": [1, 3],
+    "allreduce_paths": {"verify": {"sglang.custom_all_reduce": 61}},
+}
 
 
 def _log(tmp_path, *lines: str):
@@ -91,10 +109,13 @@ def _line(step: int, **extra) -> str:
     return json.dumps({**RECORD, "step": step, **extra})
 
 
-@pytest.mark.parametrize("twice, key", [
-    ('"verify_ms": 900.0, ', "verify_ms"),  # a top-level key
-    ('"allreduce_paths": {"verify": {"sglang.custom_all_reduce": 1, ', "sglang.custom_all_reduce"),  # nested
-])
+@pytest.mark.parametrize(
+    "twice, key",
+    [
+        ('"verify_ms": 900.0, ', "verify_ms"),  # a top-level key
+        ('"allreduce_paths": {"verify": {"sglang.custom_all_reduce": 1, ', "sglang.custom_all_reduce"),  # nested
+    ],
+)
 def test_a_verify_record_key_given_twice_is_refused_naming_file_line_and_key(tmp_path, twice, key):
     """Before: the last value was kept silently (900 ms given first, 1.5 ms read)."""
     second = _line(1)
@@ -105,8 +126,10 @@ def test_a_verify_record_key_given_twice_is_refused_naming_file_line_and_key(tmp
     d = _log(tmp_path, _line(0), second)
     with pytest.raises(UserError) as e:
         read_log_dir(d)
-    assert str(e.value) == (f"{d / 'verify-rank0.jsonl'}:2: the key {key!r} is given twice in one record; a record "
-                            "the verify timer writes gives each key once")
+    assert str(e.value) == (
+        f"{d / 'verify-rank0.jsonl'}:2: the key {key!r} is given twice in one record; a record "
+        "the verify timer writes gives each key once"
+    )
 
 
 def test_records_with_nulls_and_without_duplicates_still_load(tmp_path):
@@ -117,6 +140,7 @@ def test_records_with_nulls_and_without_duplicates_still_load(tmp_path):
 
 
 # ---- a trace's 0-ns all-reduces --------------------------------------------------------------------
+
 
 def test_zero_ns_all_reduces_in_a_trace_form_no_slow_transfer_ratio(tmp_path, capsys):
     """Transfers of 0 ns (the last rank to arrive takes no time): before, the rank's WAIT was set
@@ -159,11 +183,28 @@ def test_the_docs_name_no_file_outside_the_repository(doc):
 
 # ---- a verify-log file name with control characters ---------------------------------------------------
 
-RECORDS = "".join(json.dumps({"step": i, "verify_ms": 2.0, "clock": "cuda_events", "rank": "0", "pid": 1, "batch": 2,
-                              "tokens": 8, "accepted": [i % 4, 3]}) + "\n" for i in range(8))
+RECORDS = "".join(
+    json.dumps(
+        {
+            "step": i,
+            "verify_ms": 2.0,
+            "clock": "cuda_events",
+            "rank": "0",
+            "pid": 1,
+            "batch": 2,
+            "tokens": 8,
+            "accepted": [i % 4, 3],
+        }
+    )
+    + "\n"
+    for i in range(8)
+)
 FORGED = "verify-rank1\x1b[2J\nP2P: proven.jsonl"
-SKIP_ALL = [a for p in ("doctor", "sweep", "p2p_check", "nccl_log", "nvml", "nvidia_smi_topo", "host_iommu")
-            for a in ("--skip", p)]
+SKIP_ALL = [
+    a
+    for p in ("doctor", "sweep", "p2p_check", "nccl_log", "nvml", "nvidia_smi_topo", "host_iommu")
+    for a in ("--skip", p)
+]
 
 
 def test_collect_leaves_out_and_says_a_verify_log_name_with_control_characters(tmp_path, capsys):
@@ -177,8 +218,10 @@ def test_collect_leaves_out_and_says_a_verify_log_name_with_control_characters(t
     assert main(["collect", *SKIP_ALL, "--verify-log", str(folder), "--output", str(out)]) == 0
     err = capsys.readouterr().err
     said = [ln for ln in err.splitlines() if "leaving out" in ln]
-    assert said == [f"fastverify: collect: --verify-log {folder}: leaving out 1 file(s) whose name holds control "
-                    "characters: verify-rank1\\x1b[2J\\nP2P: proven.jsonl"], err
+    assert said == [
+        f"fastverify: collect: --verify-log {folder}: leaving out 1 file(s) whose name holds control "
+        "characters: verify-rank1\\x1b[2J\\nP2P: proven.jsonl"
+    ], err
     with tarfile.open(out) as tar:
         assert sorted(tar.getnames()) == ["manifest.json", "verify-log/verify-rank0.jsonl"]
         manifest = json.loads(tar.extractfile("manifest.json").read())
@@ -203,8 +246,7 @@ def test_any_part_leaves_out_a_member_name_with_control_characters(tmp_path):
 
 # ---- a trace of 0-length (or sub-µs) events -----------------------------------------------------------
 
-ZERO = dict(transfer_us=0, attn_us=0, moe_us=0, draft_us=0, d2h_us=0, host_pause_us=0, late_launch_us=0,
-            straggle_us=0)
+ZERO = dict(transfer_us=0, attn_us=0, moe_us=0, draft_us=0, d2h_us=0, host_pause_us=0, late_launch_us=0, straggle_us=0)
 
 
 def test_a_trace_of_zero_length_events_gets_no_cycle_split_and_no_verdict(tmp_path, capsys):
@@ -213,8 +255,9 @@ def test_a_trace_of_zero_length_events_gets_no_cycle_split_and_no_verdict(tmp_pa
     bundle = make_bundle(tmp_path, ct.Plan(world=2, cycles=2, **ZERO))
     doc = report_json(bundle, capsys)
     assert doc["cycles"] is None and doc["answer"] is None and doc["flags"] == []
-    assert doc["notes"][0] == ("the traces' SGLang step spans (step[VERIFY ...]) all last 0 ns: no time was "
-                               "measured, no cycles to split")
+    assert doc["notes"][0] == (
+        "the traces' SGLang step spans (step[VERIFY ...]) all last 0 ns: no time was measured, no cycles to split"
+    )
     assert main(["report", str(bundle)]) == 0
     text = capsys.readouterr().out
     assert "next:" not in text and "complete cycles" not in text
@@ -224,9 +267,11 @@ def test_a_cycle_under_one_microsecond_is_said_unmeasurable(tmp_path, capsys):
     """Each draft compute 0.5 ns, all else 0: 6 kernels per cycle, a cycle of 0.003 µs."""
     doc = report_json(make_bundle(tmp_path, ct.Plan(world=2, cycles=2, **{**ZERO, "draft_us": 0.0005})), capsys)
     assert doc["cycles"] is None and doc["answer"] is None
-    assert doc["notes"][0] == ("TP rank 0's cycle lasts 0.003 µs over its 2 complete cycles, below 1 µs, less than "
-                               "any measured work takes: the trace's times are no measurements; no cycle split "
-                               "and no verdict")
+    assert doc["notes"][0] == (
+        "TP rank 0's cycle lasts 0.003 µs over its 2 complete cycles, below 1 µs, less than "
+        "any measured work takes: the trace's times are no measurements; no cycle split "
+        "and no verdict"
+    )
 
 
 def test_a_zero_length_draft_stage_does_not_make_each_draft_step_a_cycle(tmp_path, capsys):
@@ -245,8 +290,14 @@ def test_a_zero_length_draft_stage_does_not_make_each_draft_step_a_cycle(tmp_pat
 
 # ---- a key given twice in a bundle's JSON member; P2P results that are none ---------------------------
 
-JSON_MEMBERS = {"p2p_check": "p2p.json", "doctor": "doctor.json", "server_args": "server/server_info.json",
-                "sweep": "sweep/tune.json", "nvml": "topo/nvml.json", "host_iommu": "host/iommu.json"}
+JSON_MEMBERS = {
+    "p2p_check": "p2p.json",
+    "doctor": "doctor.json",
+    "server_args": "server/server_info.json",
+    "sweep": "sweep/tune.json",
+    "nvml": "topo/nvml.json",
+    "host_iommu": "host/iommu.json",
+}
 
 
 def _bundle_with(tmp: Path, members: dict[str, bytes]) -> Path:
@@ -261,49 +312,75 @@ def _bundle_with(tmp: Path, members: dict[str, bytes]) -> Path:
         else:
             parts.append(Part(name, "skipped", "not in this test"))
     out = tmp / "b.tar.gz"
-    write_bundle(out, Manifest(created_utc="2026-12-01T00:00:00Z", fastverify_version="test",
-                               host={"hostname": "box"}, budget_s=600.0, elapsed_s=1.0, parts=tuple(parts)), files)
+    write_bundle(
+        out,
+        Manifest(
+            created_utc="2026-12-01T00:00:00Z",
+            fastverify_version="test",
+            host={"hostname": "box"},
+            budget_s=600.0,
+            elapsed_s=1.0,
+            parts=tuple(parts),
+        ),
+        files,
+    )
     return out
 
 
 @pytest.mark.parametrize("part", list(JSON_MEMBERS))
 def test_a_key_given_twice_in_a_json_member_is_a_note_naming_bundle_member_and_key(tmp_path, capsys, part):
     """Before: the last value held silently (p2p.json's ``"ok": false, "ok": true`` read as a pass)."""
-    body = (b'[{"src": 0, "dst": 1, "ok": false, "ok": true, "reason": ""}]' if part == "p2p_check" else
-            b'{"a": {"ok": false, "ok": true}}')
+    body = (
+        b'[{"src": 0, "dst": 1, "ok": false, "ok": true, "reason": ""}]'
+        if part == "p2p_check"
+        else b'{"a": {"ok": false, "ok": true}}'
+    )
     bundle = _bundle_with(tmp_path, {part: body})
     doc = report_json(bundle, capsys)
-    assert f"{part}: not read ({bundle}:{JSON_MEMBERS[part]}: the key 'ok' is given twice in one object; which " \
-           "value holds is not known)" in doc["notes"], doc["notes"]
+    assert (
+        f"{part}: not read ({bundle}:{JSON_MEMBERS[part]}: the key 'ok' is given twice in one object; which "
+        "value holds is not known)" in doc["notes"]
+    ), doc["notes"]
 
 
 def test_the_p2p_check_document_collect_stores_is_read(tmp_path, capsys):
     """collect stores what ``python -m fastverify.topo.p2p check`` prints: the version-2 document
     with ``results`` inside. Before: "p2p_check: not read (...: an object, not an array)", and a
     failed direction was never flagged."""
-    from fastverify.topo.p2p_proof import check_document
-    from fastverify.topo.p2p_proof import P2PResult
+    from fastverify.topo.p2p_proof import P2PResult, check_document
 
-    results = {(0, 1): P2PResult(False, "cudaErrorPeerAccessUnsupported", False),
-               (1, 0): P2PResult(True, "", False)}
-    gpus = [{"cuda": i, "index": i, "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "uuid": f"GPU-{i}", "name": "x"}
-            for i in range(2)]
-    doc = report_json(_bundle_with(tmp_path, {"p2p_check": json.dumps(check_document(results, gpus, {})).encode()}),
-                      capsys)
+    results = {(0, 1): P2PResult(False, "cudaErrorPeerAccessUnsupported", False), (1, 0): P2PResult(True, "", False)}
+    gpus = [
+        {"cuda": i, "index": i, "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "uuid": f"GPU-{i}", "name": "x"}
+        for i in range(2)
+    ]
+    doc = report_json(
+        _bundle_with(tmp_path, {"p2p_check": json.dumps(check_document(results, gpus, {})).encode()}), capsys
+    )
     assert not [n for n in doc["notes"] if n.startswith("p2p_check")], doc["notes"]
     flag = next(f for f in doc["flags"] if f["kind"] == "p2p_off")
-    assert flag["evidence"][0] == ("P2P check: 1 of 2 directions failed, e.g. GPU 1 on GPU 0's memory: "
-                                   "cudaErrorPeerAccessUnsupported")
+    assert flag["evidence"][0] == (
+        "P2P check: 1 of 2 directions failed, e.g. GPU 1 on GPU 0's memory: cudaErrorPeerAccessUnsupported"
+    )
 
 
-@pytest.mark.parametrize("rows, said", [
-    ([{"src": 10**18, "dst": 1, "ok": False, "reason": "x"}],
-     "1 of 1 results left out ({b}:p2p.json: src: 1000000000000000000 is outside [0, 639])"),
-    ([{"src": 0, "dst": 1, "ok": "yes", "reason": ""}, {"src": 1, "dst": 0, "ok": True, "reason": ""}],
-     "1 of 2 results left out ({b}:p2p.json: ok is 'yes', not true or false)"),
-    ([{"src": 0, "dst": 1, "ok": True, "reason": ""}, {"src": 0, "dst": 1, "ok": False, "reason": "x"}],
-     "1 of 2 results left out ({b}:p2p.json: direction (0, 1) given again)"),
-])
+@pytest.mark.parametrize(
+    "rows, said",
+    [
+        (
+            [{"src": 10**18, "dst": 1, "ok": False, "reason": "x"}],
+            "1 of 1 results left out ({b}:p2p.json: src: 1000000000000000000 is outside [0, 639])",
+        ),
+        (
+            [{"src": 0, "dst": 1, "ok": "yes", "reason": ""}, {"src": 1, "dst": 0, "ok": True, "reason": ""}],
+            "1 of 2 results left out ({b}:p2p.json: ok is 'yes', not true or false)",
+        ),
+        (
+            [{"src": 0, "dst": 1, "ok": True, "reason": ""}, {"src": 0, "dst": 1, "ok": False, "reason": "x"}],
+            "1 of 2 results left out ({b}:p2p.json: direction (0, 1) given again)",
+        ),
+    ],
+)
 def test_p2p_results_that_are_none_are_left_out_with_a_note(tmp_path, capsys, rows, said):
     """Before: such a row vanished without a word (or a GPU 10**18 was quoted as evidence)."""
     bundle = _bundle_with(tmp_path, {"p2p_check": json.dumps(rows).encode()})
@@ -314,11 +391,15 @@ def test_p2p_results_that_are_none_are_left_out_with_a_note(tmp_path, capsys, ro
 
 # ---- collect's flags: a password in --server, a batch size twice --------------------------------------
 
-@pytest.mark.parametrize("url, shown", [
-    ("http://alice:s3cret@127.0.0.1:30000", "http://***@127.0.0.1:30000"),
-    ("alice:s3cret@127.0.0.1:30000", "***@127.0.0.1:30000"),
-    ("http://alice:s3 cret@host:1/", "http://***@host:1/"),  # refused for the password before the space
-])
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://alice:s3cret@127.0.0.1:30000", "http://***@127.0.0.1:30000"),
+        ("alice:s3cret@127.0.0.1:30000", "***@127.0.0.1:30000"),
+        ("http://alice:s3 cret@host:1/", "http://***@host:1/"),  # refused for the password before the space
+    ],
+)
 def test_a_server_url_with_a_password_is_refused_without_printing_it(tmp_path, capsys, url, shown):
     """Before: "cannot reach http://alice:s3cret@127.0.0.1:30000: ... Name or service not known"
     after a connection attempt: the password printed."""
@@ -326,8 +407,10 @@ def test_a_server_url_with_a_password_is_refused_without_printing_it(tmp_path, c
 
     with pytest.raises(UserError) as e:
         normalise_url(url)
-    assert str(e.value) == (f"--server '{shown}': a URL with a user name or password is not taken (collect writes "
-                            "the URL into the bundle): give http://host:port")
+    assert str(e.value) == (
+        f"--server '{shown}': a URL with a user name or password is not taken (collect writes "
+        "the URL into the bundle): give http://host:port"
+    )
     assert main(["collect", "--server", url, "--output", str(tmp_path / "b.tar.gz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "s3" not in err and "alice" not in err, err
@@ -338,12 +421,14 @@ def test_a_batch_size_given_twice_is_refused(tmp_path, capsys):
     """Before: ``--batch 4 4`` ran (the sweep timed batch 4 twice)."""
     out = tmp_path / "b.tar.gz"
     assert main(["collect", "--batch", "1", "4", "8", "4", "--skip", "doctor", "--output", str(out)]) == 2
-    assert capsys.readouterr().err == ("fastverify: error: --batch 1 4 8 4: batch size 4 is given twice; give each "
-                                       "verify batch size once\n")
+    assert capsys.readouterr().err == (
+        "fastverify: error: --batch 1 4 8 4: batch size 4 is given twice; give each verify batch size once\n"
+    )
     assert not out.exists()
 
 
 # ---- a pax time that is no number -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("key, value", [("mtime", "abc"), ("mtime", "0x10"), ("mtime", "1_000"), ("atime", "nan")])
 def test_a_pax_time_that_is_no_number_is_refused(tmp_path, capsys, key, value):

@@ -24,7 +24,6 @@ from fastverify.tune.journal import Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 from tests.test_cycle_report import ct, make_bundle, report_json
 
-
 # ---- a TCP server that answers with whatever bytes a case gives --------------------------------------
 
 
@@ -83,28 +82,44 @@ def _flood(conn) -> None:
 
 REFUSED_PORT = _free_port()
 HOSTILE = {
-    "bad status line": (lambda c: c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"),
-                        "not an HTTP reply (status line 'SSH-2.0-OpenSSH_9.6')"),
-    "a 4-digit status": (lambda c: c.sendall(b"HTTP/1.1 2000 OK\r\n\r\n"),
-                         "not an HTTP reply (status line 'HTTP/1.1 2000 OK')"),
-    "header over 64 KiB": (lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n"),
-                           "not an HTTP reply (got more than 65536 bytes when reading header line)"),
-    "101 headers": (lambda c: c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(101))
-                                        + b"\r\n"), "not an HTTP reply (got more than 100 headers)"),
-    "bad chunk size": (lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n"),
-                       "the body ends early or its chunked encoding is broken (0 bytes read)"),
+    "bad status line": (
+        lambda c: c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"),
+        "not an HTTP reply (status line 'SSH-2.0-OpenSSH_9.6')",
+    ),
+    "a 4-digit status": (
+        lambda c: c.sendall(b"HTTP/1.1 2000 OK\r\n\r\n"),
+        "not an HTTP reply (status line 'HTTP/1.1 2000 OK')",
+    ),
+    "header over 64 KiB": (
+        lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n"),
+        "not an HTTP reply (got more than 65536 bytes when reading header line)",
+    ),
+    "101 headers": (
+        lambda c: c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(101)) + b"\r\n"),
+        "not an HTTP reply (got more than 100 headers)",
+    ),
+    "bad chunk size": (
+        lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n"),
+        "the body ends early or its chunked encoding is broken (0 bytes read)",
+    ),
     "closed at once": (lambda c: None, "closed the connection without a reply"),
     "headers that never end": (_trickle_headers, "the reply did not end in time (0 bytes of body read): over 1 s"),
     "a body over the cap": (_flood, "the reply is over 1 MiB"),
     "redirect to a closed port": (
-        lambda c: c.sendall(f"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{REFUSED_PORT}/server_info\r\n"
-                            "Content-Length: 0\r\n\r\n".encode()),
-        f"redirect to 'http://127.0.0.1:{REFUSED_PORT}/server_info' refused ([Errno 111] Connection refused)"),
-    "redirect to ftp": (lambda c: c.sendall(b"HTTP/1.1 301 Moved\r\nLocation: ftp://x/\r\nContent-Length: 0\r\n\r\n"),
-                        "HTTP 301 redirect to 'ftp://x/', not an http(s) URL: not followed"),
+        lambda c: c.sendall(
+            f"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{REFUSED_PORT}/server_info\r\n"
+            "Content-Length: 0\r\n\r\n".encode()
+        ),
+        f"redirect to 'http://127.0.0.1:{REFUSED_PORT}/server_info' refused ([Errno 111] Connection refused)",
+    ),
+    "redirect to ftp": (
+        lambda c: c.sendall(b"HTTP/1.1 301 Moved\r\nLocation: ftp://x/\r\nContent-Length: 0\r\n\r\n"),
+        "HTTP 301 redirect to 'ftp://x/', not an http(s) URL: not followed",
+    ),
     "redirect to a broken URL": (
         lambda c: c.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://[::1/\r\nContent-Length: 0\r\n\r\n"),
-        "HTTP 302 redirect to 'http://[::1/', not an http(s) URL: not followed"),
+        "HTTP 302 redirect to 'http://[::1/', not an http(s) URL: not followed",
+    ),
 }
 
 
@@ -125,8 +140,10 @@ def test_a_server_that_is_not_http_is_one_line_naming_the_url(case, monkeypatch)
         srv.close()
     line = str(err.value)
     if case == "headers that never end":  # the deadline, or on a loaded box first a read's own timeout
-        assert line in (f"GET {srv.url}/server_info: {said}",
-                        f"GET {srv.url}/server_info: the reply did not end in time: over 1 s")
+        assert line in (
+            f"GET {srv.url}/server_info: {said}",
+            f"GET {srv.url}/server_info: the reply did not end in time: over 1 s",
+        )
     else:
         assert line == f"GET {srv.url}/server_info: {said}"
     assert took < 5.0  # the whole request is bounded by its timeout, however the server trickles
@@ -141,7 +158,8 @@ def test_collect_against_a_non_http_server_exits_2_with_one_line(tmp_path, capsy
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err and "\x1b" not in err
     assert err.strip().splitlines() == [
-        f"fastverify: error: GET {srv.url}/server_info: not an HTTP reply (status line '\\x1b[2JSSH-2.0')"]
+        f"fastverify: error: GET {srv.url}/server_info: not an HTTP reply (status line '\\x1b[2JSSH-2.0')"
+    ]
 
 
 def test_nothing_listening_is_still_cannot_reach():
@@ -185,18 +203,23 @@ def _info(body: bytes):
         srv.close()
 
 
-@pytest.mark.parametrize("body, said", [
-    (b'{"tp_size": 1000000000000000000}', "tp_size 1000000000000000000 is outside [1, 640]"),
-    (b'{"tp_size": true}', "tp_size True is not an integer in [1, 640]"),
-    (b'{"tp_size": "8"}', "tp_size '8' is not an integer in [1, 640]"),
-    (b'{"tp_size": 8.0}', "tp_size 8.0 is not an integer in [1, 640]"),
-    (b'{"tp_size": 8, "pp_size": 0}', "pp_size 0 is outside [1, 640]"),
-    (b'{"server_args": {"speculative_num_draft_tokens": 1000000000000000000}}',
-     "speculative_num_draft_tokens 1000000000000000000 is outside [1, 64]"),
-    (b'{"tp_size": 2, "tp_size": 8}', "the key 'tp_size' is given twice in one JSON object"),
-    (b'{"model_path": 5}', "model_path 5: a int, not a string"),
-    (b'{"device": "cu\\u0000da"}', "device 'cu\\x00da': holds a NUL"),
-])
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        (b'{"tp_size": 1000000000000000000}', "tp_size 1000000000000000000 is outside [1, 640]"),
+        (b'{"tp_size": true}', "tp_size True is not an integer in [1, 640]"),
+        (b'{"tp_size": "8"}', "tp_size '8' is not an integer in [1, 640]"),
+        (b'{"tp_size": 8.0}', "tp_size 8.0 is not an integer in [1, 640]"),
+        (b'{"tp_size": 8, "pp_size": 0}', "pp_size 0 is outside [1, 640]"),
+        (
+            b'{"server_args": {"speculative_num_draft_tokens": 1000000000000000000}}',
+            "speculative_num_draft_tokens 1000000000000000000 is outside [1, 64]",
+        ),
+        (b'{"tp_size": 2, "tp_size": 8}', "the key 'tp_size' is given twice in one JSON object"),
+        (b'{"model_path": 5}', "model_path 5: a int, not a string"),
+        (b'{"device": "cu\\u0000da"}', "device 'cu\\x00da': holds a NUL"),
+    ],
+)
 def test_a_servers_absurd_fact_is_refused_naming_field_and_value(body, said):
     """Before: taken into the shapes and the bundle (10^18 draft tokens gave 1.4e22-byte messages)."""
     with pytest.raises(UserError) as err:
@@ -206,17 +229,22 @@ def test_a_servers_absurd_fact_is_refused_naming_field_and_value(body, said):
 
 
 def test_a_servers_plausible_facts_are_kept():
-    info, url = _info(b'{"tp_size": 8, "pp_size": 1, "speculative_num_draft_tokens": 4, "device": "cuda", '
-                      b'"speculative_algorithm": null, "version": "0.5.23"}')
+    info, url = _info(
+        b'{"tp_size": 8, "pp_size": 1, "speculative_num_draft_tokens": 4, "device": "cuda", '
+        b'"speculative_algorithm": null, "version": "0.5.23"}'
+    )
     assert (info.url, info.fact("tp_size"), info.fact("speculative_num_draft_tokens")) == (url, 8, 4)
     assert MAX_WORLD_SIZE == 640
 
 
-@pytest.mark.parametrize("config, said", [
-    ({"hidden_size": 10**12}, "hidden_size 1000000000000 is outside [1, 65536]"),
-    ({"text_config": {"hidden_size": True}}, "hidden_size True is not an integer hidden_size"),
-    ({"hidden_size": 0}, "hidden_size 0 is outside [1, 65536]"),
-])
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        ({"hidden_size": 10**12}, "hidden_size 1000000000000 is outside [1, 65536]"),
+        ({"text_config": {"hidden_size": True}}, "hidden_size True is not an integer hidden_size"),
+        ({"hidden_size": 0}, "hidden_size 0 is outside [1, 65536]"),
+    ],
+)
 def test_a_model_config_with_an_absurd_hidden_size_is_refused(tmp_path, config, said):
     (tmp_path / "config.json").write_text(json.dumps(config))
     info, _ = _info(json.dumps({"model_path": str(tmp_path)}).encode())
@@ -239,21 +267,32 @@ def test_a_model_config_hidden_size_given_twice_is_refused(tmp_path):
 # ---- a described box ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("doc, said", [
-    ('{"sm": [12, 0], "gpu_count": 1000000000000000000}',
-     'field "gpu_count": 1000000000000000000 is outside [0, 640]'),
-    ('{"sm": [12, 0], "gpu_count": 8, "tp": 100000}', 'field "tp": 100000 is outside [0, 640]'),
-    ('{"sm": [1000000, 0], "gpu_count": 8}', 'field "sm": [1000000, 0] is no compute capability'),
-    ('{"sm": [12, 15], "gpu_count": 8}', 'field "sm": [12, 15] is no compute capability'),
-    ('{"sm": [12, 0], "gpu_count": 8, "gpu_memory_bytes": 100000000000000000000}',
-     'field "gpu_memory_bytes": 1e+20 bytes is over 1,099,511,627,776 (1 TiB)'),
-    ('{"sm": [12, 0], "gpu_count": 8, "gpu_count": 9}', "the key 'gpu_count' is given twice"),
-    ('{"gpu_name": "' + "A" * 500 + '", "sm": [12, 0], "gpu_count": 8}',
-     'field "gpu_name": a gpu_name of 500 characters is over 256'),
-    ('{"sm": [12, 0], "gpu_count": 8, "gpus": [{"index": 1000000000, "uuid": "GPU-1"}]}',
-     'field "gpus[0].index": 1e+09 is over 640'),
-    ('{"sm": [12, 0], "gpu_count": ' + "9" * 5000 + "}", "box description is not JSON (Exceeds the limit"),
-])
+@pytest.mark.parametrize(
+    "doc, said",
+    [
+        (
+            '{"sm": [12, 0], "gpu_count": 1000000000000000000}',
+            'field "gpu_count": 1000000000000000000 is outside [0, 640]',
+        ),
+        ('{"sm": [12, 0], "gpu_count": 8, "tp": 100000}', 'field "tp": 100000 is outside [0, 640]'),
+        ('{"sm": [1000000, 0], "gpu_count": 8}', 'field "sm": [1000000, 0] is no compute capability'),
+        ('{"sm": [12, 15], "gpu_count": 8}', 'field "sm": [12, 15] is no compute capability'),
+        (
+            '{"sm": [12, 0], "gpu_count": 8, "gpu_memory_bytes": 100000000000000000000}',
+            'field "gpu_memory_bytes": 1e+20 bytes is over 1,099,511,627,776 (1 TiB)',
+        ),
+        ('{"sm": [12, 0], "gpu_count": 8, "gpu_count": 9}', "the key 'gpu_count' is given twice"),
+        (
+            '{"gpu_name": "' + "A" * 500 + '", "sm": [12, 0], "gpu_count": 8}',
+            'field "gpu_name": a gpu_name of 500 characters is over 256',
+        ),
+        (
+            '{"sm": [12, 0], "gpu_count": 8, "gpus": [{"index": 1000000000, "uuid": "GPU-1"}]}',
+            'field "gpus[0].index": 1e+09 is over 640',
+        ),
+        ('{"sm": [12, 0], "gpu_count": ' + "9" * 5000 + "}", "box description is not JSON (Exceeds the limit"),
+    ],
+)
 def test_a_described_box_past_the_bounds_is_refused(doc, said):
     """Before: 10^18 GPUs printed as the box; sm [1000000, 0] a ValueError traceback from the cost
     model; a 5000-digit count a ValueError traceback; a key given twice kept its last value."""
@@ -270,8 +309,10 @@ def test_a_described_box_that_names_a_too_long_path_is_one_line():
 
 
 def test_a_plausible_described_box_is_kept():
-    box = box_from_description('{"gpu_name": "X", "sm": [12, 0], "gpu_count": 640, "tp": 8, '
-                               '"gpu_memory_bytes": 102005473280}', where="--describe-box")
+    box = box_from_description(
+        '{"gpu_name": "X", "sm": [12, 0], "gpu_count": 640, "tp": 8, "gpu_memory_bytes": 102005473280}',
+        where="--describe-box",
+    )
     assert (box.sm, box.gpu_count, box.tp, box.gpu_memory_bytes) == ((12, 0), 640, 8, 102005473280)
 
 
@@ -279,18 +320,29 @@ def test_a_plausible_described_box_is_kept():
 
 
 def _spec() -> TrialSpec:
-    return TrialSpec(backend="gloo", env={"NCCL_PROTO": "LL"}, world_size=2, device="cpu", dtype="bfloat16",
-                     hidden=64, sizes=((64, 2),), warmup=1, iters=3)
+    return TrialSpec(
+        backend="gloo",
+        env={"NCCL_PROTO": "LL"},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2),),
+        warmup=1,
+        iters=3,
+    )
 
 
-@pytest.mark.parametrize("median, step, field", [(1e-300, 2e-300, "median_us"), (0.0, 0.0, "median_us"),
-                                                 (10.0, 1e-300, "step_us")])
+@pytest.mark.parametrize(
+    "median, step, field", [(1e-300, 2e-300, "median_us"), (0.0, 0.0, "median_us"), (10.0, 1e-300, "step_us")]
+)
 def test_a_journal_time_below_any_work_is_corrupt(tmp_path, median, step, field):
     """Before: a median of 1e-300 µs read back and ranked (printed as 0.0 µs; ratios of 300 digits)."""
     spec = _spec()
     path = tmp_path / "j.jsonl"
-    result = TrialResult(spec.trial_id, "ok", "", (SizeResult(64, 128, 2, median, median, 0.0),), step,
-                         "cpu_wall_clock", 1.0, 2.0)
+    result = TrialResult(
+        spec.trial_id, "ok", "", (SizeResult(64, 128, 2, median, median, 0.0),), step, "cpu_wall_clock", 1.0, 2.0
+    )
     with Journal.open(path, fingerprint=fingerprint([spec]), resume=False) as j:
         j.append(spec, result)
     with pytest.raises(UserError) as err:
@@ -303,17 +355,29 @@ def test_a_journal_of_real_times_reads_back(tmp_path):
     spec = _spec()
     path = tmp_path / "j.jsonl"
     with Journal.open(path, fingerprint=fingerprint([spec]), resume=False) as j:
-        j.append(spec, TrialResult(spec.trial_id, "ok", "", (SizeResult(64, 128, 2, 10.0, 12.0, 0.0),), 20.0,
-                                   "cpu_wall_clock", 1.0, 2.0))
+        j.append(
+            spec,
+            TrialResult(
+                spec.trial_id, "ok", "", (SizeResult(64, 128, 2, 10.0, 12.0, 0.0),), 20.0, "cpu_wall_clock", 1.0, 2.0
+            ),
+        )
     (rec,) = read_journal(path).records
     assert (rec.result.step_us, rec.result.sizes[0].median_us) == (20.0, 10.0)
 
 
 def test_a_bundle_sweep_of_1e_300_us_is_no_reference(tmp_path, capsys):
     """Before: "this box's measured sweep: NCCL 0.0 µs" and a slow-transfer ratio of 300 digits."""
-    sweep = {"mode": "measure", "label": "measured", "candidates": [
-        {"is_baseline": True, "name": "current environment", "sizes": [
-            {"msg_bytes": 57344, "count_per_step": 1, "median_us": 1e-300, "p90_us": 1e-300}]}]}
+    sweep = {
+        "mode": "measure",
+        "label": "measured",
+        "candidates": [
+            {
+                "is_baseline": True,
+                "name": "current environment",
+                "sizes": [{"msg_bytes": 57344, "count_per_step": 1, "median_us": 1e-300, "p90_us": 1e-300}],
+            }
+        ],
+    }
     doc = report_json(make_bundle(tmp_path, ct.Plan(transfer_us=200.0), sweep=sweep), capsys)
     slow = next(f for f in doc["flags"] if f["kind"] == "slow_transfer")
     assert "published NCCL" in slow["evidence"][1] and "0.0 µs" not in slow["evidence"][1]
@@ -344,15 +408,25 @@ def test_a_trial_whose_ranks_timed_nothing_is_failed_not_ranked(tmp_path):
 
     spec = _spec()
     for rank in range(2):
-        doc = {"status": "ok", "clock": "cpu_wall_clock", "meta": {}, "reason": "",
-               "sizes": [{"numel": 64, "times_ns": [1, 1, 1], "max_rel_err": 0.0}]}
+        doc = {
+            "status": "ok",
+            "clock": "cpu_wall_clock",
+            "meta": {},
+            "reason": "",
+            "sizes": [{"numel": 64, "times_ns": [1, 1, 1], "max_rel_err": 0.0}],
+        }
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     r = _collect(spec, tmp_path, time.time(), "")
     assert r.status is TrialStatus.FAILED and r.step_us is None
     assert r.reason == "numel 64: the ranks' time 0.001 µs is below 1 µs, less than any measured work takes"
     for rank in range(2):
-        doc = {"status": "ok", "clock": "cpu_wall_clock", "meta": {}, "reason": "",
-               "sizes": [{"numel": 64, "times_ns": [20_000, 30_000, 40_000], "max_rel_err": 0.0}]}
+        doc = {
+            "status": "ok",
+            "clock": "cpu_wall_clock",
+            "meta": {},
+            "reason": "",
+            "sizes": [{"numel": 64, "times_ns": [20_000, 30_000, 40_000], "max_rel_err": 0.0}],
+        }
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     r = _collect(spec, tmp_path, time.time(), "")
     assert r.status is TrialStatus.OK and r.step_us == 2 * 30.0  # count 2 x median 30 µs

@@ -20,13 +20,20 @@ _PENDING: frozenset[str] = frozenset()
 
 def _texts(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment and docstring in ``source``."""
-    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
-           if t.type == tokenize.COMMENT]
+    out = [
+        (t.start[0], t.string)
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 out.append((body[0].lineno, body[0].value.value))
     return out
 
@@ -44,7 +51,6 @@ def _hits() -> dict[str, list[str]]:
 def test_no_comment_cites_outside_files_or_issue_numbers():
     bad = [h for rel, found in _hits().items() if rel not in _PENDING for h in found]
     assert not bad, "comments/docstrings must stand on their own:\n" + "\n".join(bad)
-
 
 
 LAZY = re.compile(r"#\s*lazy:\s*([A-Za-z_][\w.]*)")
@@ -99,15 +105,20 @@ class _Module:
         self.top_own: set[str] = set()
         self.top_outside: set[str] = set()
         self.inner: list[tuple[int, set[str], str]] = []
-        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  for n in ast.walk(f) if n is not f}
+        inside = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if n is not f
+        }
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 own, outside = _targets(node, me, is_pkg, known)
                 self.own |= own
                 if id(node) in inside:
                     if own:
-                        self.inner.append((node.lineno, own, " ".join(lines[node.lineno - 1:node.end_lineno])))
+                        self.inner.append((node.lineno, own, " ".join(lines[node.lineno - 1 : node.end_lineno])))
                 else:
                     self.top_own |= own
                     self.top_outside |= outside

@@ -14,23 +14,35 @@ import json
 import os
 
 import pytest
-
 from conftest import cli, one_line_error
-from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts, VerifyShapes, encode_record,
-                               record_path_for)
+
+from fastverify.deploy import (
+    BoxFingerprint,
+    DeploymentRecord,
+    GpuId,
+    P2PFacts,
+    VerifyShapes,
+    encode_record,
+    record_path_for,
+)
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.registry import BackendName
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-GPUS = tuple(GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
-                   uuid=f"GPU-{i:08x}-5555-6666-7777-888888888888") for i in range(8))
-OTHER_GPUS = tuple(GpuId(index=i, pci_bus_id=f"00000000:{0x81 + i:02X}:00.0",
-                         uuid=f"GPU-{i:08x}-9999-aaaa-bbbb-cccccccccccc") for i in range(8))
+GPUS = tuple(
+    GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", uuid=f"GPU-{i:08x}-5555-6666-7777-888888888888")
+    for i in range(8)
+)
+OTHER_GPUS = tuple(
+    GpuId(index=i, pci_bus_id=f"00000000:{0x81 + i:02X}:00.0", uuid=f"GPU-{i:08x}-9999-aaaa-bbbb-cccccccccccc")
+    for i in range(8)
+)
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
 # An SGLang 0.5.23 with its PCIe IPC module: the record's backend is switched by SGLang itself.
-SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
-                   entry_point_installed=True)
+SGL = L.SGLangInfo(
+    found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True, entry_point_installed=True
+)
 
 
 @pytest.fixture
@@ -42,17 +54,27 @@ def here(tmp_path, monkeypatch):
     monkeypatch.setattr(L, "detect_sglang", lambda sglang_dir=None: SGL)
     env = tmp_path / "box.env"
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
-    rec = DeploymentRecord(backend=BackendName.pcie_ipc, shapes=VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168),
-                           p2p=P2PFacts(ok=None, source="not_checked"), sglang_version="0.5.23",
-                           box=BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=8),
-                           nccl_settings={"NCCL_P2P_LEVEL": "SYS"})
+    rec = DeploymentRecord(
+        backend=BackendName.pcie_ipc,
+        shapes=VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168),
+        p2p=P2PFacts(ok=None, source="not_checked"),
+        sglang_version="0.5.23",
+        box=BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=8),
+        nccl_settings={"NCCL_P2P_LEVEL": "SYS"},
+    )
     record_path_for(env).write_bytes(encode_record(rec))
     return tmp_path
 
 
 def described(name, sm, gpus):
-    return json.dumps({"gpu_name": name, "sm": list(sm), "gpu_count": len(gpus),
-                       "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in gpus]})
+    return json.dumps(
+        {
+            "gpu_name": name,
+            "sm": list(sm),
+            "gpu_count": len(gpus),
+            "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in gpus],
+        }
+    )
 
 
 L40S = described("NVIDIA L40S", (8, 9), OTHER_GPUS)
@@ -62,23 +84,39 @@ SAME = described(NAME, (12, 0), GPUS)
 def check_file(folder, gpus=GPUS):
     """The JSON `fastverify p2p` prints when all 56 ordered pairs of ``gpus`` passed."""
     p = folder / "p2p.json"
-    p.write_text(json.dumps({
-        "schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": None, "cuda_device_order": None,
-        "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": NAME}
-                 for k, g in enumerate(gpus)],
-        "results": [{"src": i, "dst": j, "ok": True, "reason": "read+write ok"}
-                    for i in range(8) for j in range(8) if i != j]}))
+    p.write_text(
+        json.dumps(
+            {
+                "schema": "fastverify.p2p_check",
+                "version": 2,
+                "cuda_visible_devices": None,
+                "cuda_device_order": None,
+                "gpus": [
+                    {"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": NAME}
+                    for k, g in enumerate(gpus)
+                ],
+                "results": [
+                    {"src": i, "dst": j, "ok": True, "reason": "read+write ok"}
+                    for i in range(8)
+                    for j in range(8)
+                    if i != j
+                ],
+            }
+        )
+    )
     return p
 
 
 def blocked_lines(out):
     lines = out.splitlines()
     assert "blocked by:" in lines, out
-    return lines[lines.index("blocked by:") + 1:]
+    return lines[lines.index("blocked by:") + 1 :]
 
 
-BOX_MSG = ("box.deploy.json: deployment record is for another box (GPU, SM differ): made on 8 x "
-           f"{NAME} (SM120), this box has 8 x NVIDIA L40S (SM89); re-run `fastverify tune --write-env` here")
+BOX_MSG = (
+    "box.deploy.json: deployment record is for another box (GPU, SM differ): made on 8 x "
+    f"{NAME} (SM120), this box has 8 x NVIDIA L40S (SM89); re-run `fastverify tune --write-env` here"
+)
 BOX_BLOCKER = "  - box: " + BOX_MSG
 
 
@@ -91,8 +129,9 @@ def test_a_record_from_another_box_without_p2p_check_lists_both_blockers(here, c
     assert "  SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in lines and "  FASTVERIFY_BACKEND=pcie_ipc" in lines
     assert "  NCCL_P2P_LEVEL=SYS" in lines
     assert f"  FASTVERIFY_DEPLOYMENT={here.resolve() / 'box.deploy.json'}" in lines
-    assert "patch: loads in every rank through the plugin entry point (group sglang.srt.plugins, name fastverify)" \
-        in lines
+    assert (
+        "patch: loads in every rank through the plugin entry point (group sglang.srt.plugins, name fastverify)" in lines
+    )
     assert "command: python -m sglang.launch_server --model-path M --tp-size 8" in lines
     assert blocked_lines(out) == [
         BOX_BLOCKER,
@@ -100,30 +139,35 @@ def test_a_record_from_another_box_without_p2p_check_lists_both_blockers(here, c
         "`fastverify p2p` or use nccl (or give --p2p-check FILE with its JSON); fix: run `fastverify p2p --output "
         "p2p.json` on the serving box, then add `--p2p-check p2p.json`",
     ]
-    assert err == ("fastverify: error: launch is blocked by 2 checks (listed above); first: " + BOX_MSG
-                   + "\n")
+    assert err == ("fastverify: error: launch is blocked by 2 checks (listed above); first: " + BOX_MSG + "\n")
 
 
 def test_a_p2p_check_of_the_records_gpus_on_another_box_is_its_own_blocker(here, capsys):
     """The check names the record's GPUs, the described box has others: it proves nothing here."""
     check_file(here)
-    rc, out, err = cli(["launch", "--env", "box.env", "--describe-box", L40S, "--p2p-check", "p2p.json",
-                        "--dry-run", "--", *CMD], capsys)
+    rc, out, err = cli(
+        ["launch", "--env", "box.env", "--describe-box", L40S, "--p2p-check", "p2p.json", "--dry-run", "--", *CMD],
+        capsys,
+    )
     assert rc == 2
     box, p2p = blocked_lines(out)
     assert box == BOX_BLOCKER
-    assert p2p.startswith("  - P2P: p2p.json: the P2P check did not test GPU 0 (0000:81:00.0), TP rank 0's GPU on "
-                          "this box")
-    assert p2p.endswith("; fix: run `fastverify p2p --output p2p.json` on the serving box, then add "
-                        "`--p2p-check p2p.json`")
+    assert p2p.startswith(
+        "  - P2P: p2p.json: the P2P check did not test GPU 0 (0000:81:00.0), TP rank 0's GPU on this box"
+    )
+    assert p2p.endswith(
+        "; fix: run `fastverify p2p --output p2p.json` on the serving box, then add `--p2p-check p2p.json`"
+    )
     assert "P2P: not proven (p2p_check: p2p.json: the P2P check did not test GPU 0" in out
     assert err.startswith("fastverify: error: launch is blocked by 2 checks (listed above); first: box.deploy.json")
 
 
 def test_the_matching_box_with_a_valid_p2p_check_is_not_blocked(here, capsys):
     check_file(here)
-    rc, out, err = cli(["launch", "--env", "box.env", "--describe-box", SAME, "--p2p-check", "p2p.json",
-                        "--dry-run", "--", *CMD], capsys)
+    rc, out, err = cli(
+        ["launch", "--env", "box.env", "--describe-box", SAME, "--p2p-check", "p2p.json", "--dry-run", "--", *CMD],
+        capsys,
+    )
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "box: described by --describe-box (not read from this machine)"
@@ -159,11 +203,14 @@ def test_the_real_launch_stops_at_the_first_blocker_and_starts_nothing(here, cap
     assert out == "" and started == []
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--env", "missing.env"], ["missing.env"]),
-    (["--deployment", "bad.deploy.json"], ["bad.deploy.json", "not JSON"]),
-    (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--env", "missing.env"], ["missing.env"]),
+        (["--deployment", "bad.deploy.json"], ["bad.deploy.json", "not JSON"]),
+        (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
+    ],
+)
 def test_a_bad_input_file_is_still_one_line_at_once(here, capsys, args, words):
     (here / "bad.deploy.json").write_text("{not json")
     rc, out, err = cli(["launch", *args, "--dry-run", "--", *CMD], capsys)
@@ -203,8 +250,17 @@ def test_every_kind_of_blocker_is_collected_with_its_fix(here):
     p2p = check_file(here)
     box = BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=8, gpus=GPUS)
     shell = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0", "SGLANG_PCIE_IPC_MAX_NUMEL": "0"}
-    plan = L.plan_launch("box.env", "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ=shell, sglang=SGL,
-                         box=box, p2p_file=p2p, collect_blockers=True)
+    plan = L.plan_launch(
+        "box.env",
+        "auto",
+        None,
+        CMD + ["--cuda-graph-max-bs", "64"],
+        environ=shell,
+        sglang=SGL,
+        box=box,
+        p2p_file=p2p,
+        collect_blockers=True,
+    )
     assert [b.line() for b in plan.blockers] == [
         "command: the SGLang command: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
         "--cuda-graph-max-bs-prefill",
@@ -215,24 +271,56 @@ def test_every_kind_of_blocker_is_collected_with_its_fix(here):
         "(SGLang sizes the workspace itself)",
     ]
     assert plan.p2p.proven and plan.env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"  # what would be set
-    eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
-             "--speculative-num-draft-tokens", "6", "--cuda-graph-max-bs-decode", "48"]
-    plan = L.plan_launch("box.env", "auto", None, CMD + eagle, environ={}, sglang=SGL, p2p_file=p2p,
-                         box=msgspec.structs.replace(box, gpu_memory_bytes=1 << 30), collect_blockers=True)
+    eagle = [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-num-steps",
+        "5",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "6",
+        "--cuda-graph-max-bs-decode",
+        "48",
+    ]
+    plan = L.plan_launch(
+        "box.env",
+        "auto",
+        None,
+        CMD + eagle,
+        environ={},
+        sglang=SGL,
+        p2p_file=p2p,
+        box=msgspec.structs.replace(box, gpu_memory_bytes=1 << 30),
+        collect_blockers=True,
+    )
     (b,) = plan.blockers
     assert b.check == "IPC workspace" and b.message.startswith(
         "pcie_ipc: its IPC workspace would take 134 MiB per GPU (2,064,384 elements x 2 B x 34 (FlashInfer's layout "
-        "at TP 8)), 13.1 % of the GPU's 1.0 GiB, more than the 10 %")
-    plan = L.plan_launch(None, "custom_ar", None, CMD + ["--disable-custom-all-reduce"], environ={}, sglang=SGL,
-                         box=msgspec.structs.replace(box, nvlink_full=True), p2p_file=p2p, collect_blockers=True)
+        "at TP 8)), 13.1 % of the GPU's 1.0 GiB, more than the 10 %"
+    )
+    plan = L.plan_launch(
+        None,
+        "custom_ar",
+        None,
+        CMD + ["--disable-custom-all-reduce"],
+        environ={},
+        sglang=SGL,
+        box=msgspec.structs.replace(box, nvlink_full=True),
+        p2p_file=p2p,
+        collect_blockers=True,
+    )
     assert [b.line() for b in plan.blockers] == [
-        "command: --backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)"]
+        "command: --backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)"
+    ]
 
 
 def test_a_command_without_tp_size_runs_sglangs_tp_1_and_is_blocked(here, capsys):
     # SGLang 0.5.23's tp_size defaults to 1: a TP-8 record does not fit a command that leaves it out
     check_file(here)
-    rc, out, err = cli(["launch", "--env", "box.env", "--describe-box", SAME, "--p2p-check", "p2p.json",
-                        "--dry-run", "--", *CMD[:-2]], capsys)
+    rc, out, err = cli(
+        ["launch", "--env", "box.env", "--describe-box", SAME, "--p2p-check", "p2p.json", "--dry-run", "--", *CMD[:-2]],
+        capsys,
+    )
     assert rc == 2, (out, err)
     assert any("deployment record is for TP 8; the command runs TP 1" in ln for ln in blocked_lines(out)), out

@@ -19,25 +19,36 @@ import json
 import os
 
 import pytest
-
 from conftest import assert_user_error
-from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts, VerifyShapes, encode_record,
-                               record_path_for)
+
+from fastverify.deploy import (
+    BoxFingerprint,
+    DeploymentRecord,
+    GpuId,
+    P2PFacts,
+    VerifyShapes,
+    encode_record,
+    record_path_for,
+)
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.registry import BackendName
 
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
-SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
-                   entry_point_installed=True)
+SGL = L.SGLangInfo(
+    found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True, entry_point_installed=True
+)
 # The described boxes' GPUs as NVML names them (index, PCI bus id, UUID): a P2P check proves
 # something only for the GPUs it names.
-GPUS = tuple(GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444")
-             for i in range(8))
+GPUS = tuple(
+    GpuId(index=i, pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444")
+    for i in range(8)
+)
 BOXES = {
     "SM89": BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8, gpus=GPUS),
-    "SM120": BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8,
-                            gpus=GPUS),
+    "SM120": BoxFingerprint(
+        gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8, gpus=GPUS
+    ),
     "SM90": BoxFingerprint(gpu_name="NVIDIA H100 PCIe", sm=(9, 0), gpu_count=8, tp=8, gpus=GPUS),
     "SM100": BoxFingerprint(gpu_name="NVIDIA B200", sm=(10, 0), gpu_count=8, tp=8, gpus=GPUS),
 }
@@ -47,14 +58,26 @@ SHAPES = VerifyShapes(max_batch=32, draft_tokens=4, hidden=7168)
 
 def check_doc(rows, gpus=GPUS):
     """What `fastverify p2p` prints: the GPUs it tested, by CUDA ordinal, and the rows."""
-    return {"schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": None, "cuda_device_order": None,
-            "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": "G"}
-                     for k, g in enumerate(gpus)], "results": rows}
+    return {
+        "schema": "fastverify.p2p_check",
+        "version": 2,
+        "cuda_visible_devices": None,
+        "cuda_device_order": None,
+        "gpus": [
+            {"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": "G"}
+            for k, g in enumerate(gpus)
+        ],
+        "results": rows,
+    }
 
 
 def p2p_json(tmp_path, failing=()):
-    rows = [{"src": i, "dst": j, "ok": (i, j) not in failing, "reason": "read back zeros" if (i, j) in failing else "ok"}
-            for i in range(8) for j in range(8) if i != j]
+    rows = [
+        {"src": i, "dst": j, "ok": (i, j) not in failing, "reason": "read back zeros" if (i, j) in failing else "ok"}
+        for i in range(8)
+        for j in range(8)
+        if i != j
+    ]
     p = tmp_path / "p2p.json"
     p.write_text(json.dumps(check_doc(rows)))
     return p
@@ -92,8 +115,12 @@ def test_fused_record_refused_on_sm120_through_auto(tmp_path):
 def test_pcie_ipc_refused_without_proven_p2p(tmp_path, how):
     kw: dict = {}
     if how == "nvml only":
-        env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"],
-                           p2p=P2PFacts(ok=True, source="nvml", note="NVML says OK", pairs=56))
+        env = write_record(
+            tmp_path,
+            BackendName.pcie_ipc,
+            BOXES["SM120"],
+            p2p=P2PFacts(ok=True, source="nvml", note="NVML says OK", pairs=56),
+        )
         kw["env_file"] = str(env)
     else:
         kw["env_file"] = None
@@ -101,8 +128,13 @@ def test_pcie_ipc_refused_without_proven_p2p(tmp_path, how):
         kw["p2p_file"] = p2p_json(tmp_path, failing={(3, 5)})
     if how == "too few pairs":
         p = tmp_path / "two.json"
-        p.write_text(json.dumps(check_doc([{"src": 0, "dst": 1, "ok": True, "reason": "ok"},
-                                           {"src": 1, "dst": 0, "ok": True, "reason": "ok"}])))
+        p.write_text(
+            json.dumps(
+                check_doc(
+                    [{"src": 0, "dst": 1, "ok": True, "reason": "ok"}, {"src": 1, "dst": 0, "ok": True, "reason": "ok"}]
+                )
+            )
+        )
         kw["p2p_file"] = p
     env_file = kw.pop("env_file")
     with pytest.raises(UserError) as e:
@@ -134,13 +166,24 @@ def test_env_file_switch_is_refused_and_an_environment_switch_needs_p2p_too(tmp_
     plan = L.plan_launch(None, "off", None, CMD, environ=shell, sglang=SGL)
     assert plan.child_env(shell)["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "0"
     assert any("environment's SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 is set to 0" in n for n in plan.notes)
-    plan = L.plan_launch(None, "auto", None, CMD, environ=shell, sglang=SGL, box=BOXES["SM120"],
-                         p2p_file=p2p_json(tmp_path))
+    plan = L.plan_launch(
+        None, "auto", None, CMD, environ=shell, sglang=SGL, box=BOXES["SM120"], p2p_file=p2p_json(tmp_path)
+    )
     assert plan.p2p.proven
 
 
-EAGLE3_48x6 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
-               "--speculative-num-draft-tokens", "6", "--cuda-graph-max-bs-decode", "48"]
+EAGLE3_48x6 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "5",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "6",
+    "--cuda-graph-max-bs-decode",
+    "48",
+]
 
 
 def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_leaves_sizing_to_sglang(tmp_path):
@@ -157,11 +200,14 @@ def test_pcie_ipc_accepted_with_proven_p2p_sets_switch_and_leaves_sizing_to_sgla
     assert (plan.server.max_batch, plan.server.draft_tokens, plan.server.max_rows) == (48, 6, 288)
     text = L.describe(plan)
     assert "server: verify steps up to 48 requests x 6 tokens (288 rows)" in text, text
-    assert any(n.startswith("pcie_ipc: SGLANG_PCIE_IPC_MAX_NUMEL not set") and "48 requests x 6 tokens" in n
-               for n in plan.notes), plan.notes
+    assert any(
+        n.startswith("pcie_ipc: SGLANG_PCIE_IPC_MAX_NUMEL not set") and "48 requests x 6 tokens" in n
+        for n in plan.notes
+    ), plan.notes
     # the record was measured for 32 x 4 = 128 rows: said, with the flags that would cover the server
-    assert any("up to 128 rows" in n and "up to 288" in n and "--max-batch 48 --draft-tokens 6" in n
-               for n in plan.notes), plan.notes
+    assert any(
+        "up to 128 rows" in n and "up to 288" in n and "--max-batch 48 --draft-tokens 6" in n for n in plan.notes
+    ), plan.notes
 
 
 def test_a_size_in_the_environment_that_caps_the_workspace_says_which_steps_go_to_nccl(tmp_path):
@@ -177,16 +223,22 @@ def test_a_size_in_the_environment_that_caps_the_workspace_says_which_steps_go_t
 def test_the_removed_cuda_graph_max_bs_flag_is_refused_as_sglangs_parser_refuses_it(tmp_path):
     env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
     with pytest.raises(UserError, match="ambiguous option: --cuda-graph-max-bs could match"):
-        L.plan_launch(str(env), "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ={}, sglang=SGL,
-                      box=BOXES["SM120"])
+        L.plan_launch(
+            str(env), "auto", None, CMD + ["--cuda-graph-max-bs", "64"], environ={}, sglang=SGL, box=BOXES["SM120"]
+        )
 
 
-@pytest.mark.parametrize("other, words", [
-    (BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8), ["GPU, SM differ"]),
-    (BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=4, tp=8),
-     ["GPU count differ", "4 x NVIDIA RTX PRO 6000"]),
-    (BoxFingerprint(gpu_name=None, sm=None, gpu_count=0, tp=8), ["no GPU"]),
-])
+@pytest.mark.parametrize(
+    "other, words",
+    [
+        (BoxFingerprint(gpu_name="NVIDIA L40S", sm=(8, 9), gpu_count=8, tp=8), ["GPU, SM differ"]),
+        (
+            BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=4, tp=8),
+            ["GPU count differ", "4 x NVIDIA RTX PRO 6000"],
+        ),
+        (BoxFingerprint(gpu_name=None, sm=None, gpu_count=0, tp=8), ["no GPU"]),
+    ],
+)
 def test_record_from_another_box_refused(tmp_path, other, words):
     env = write_record(tmp_path, BackendName.nccl, BOXES["SM120"])
     with pytest.raises(UserError) as e:
@@ -215,25 +267,56 @@ def _launch(tmp_path, *args, env_extra=None):
     env = subprocess_env()
     env.pop("FASTVERIFY_DESCRIBE_BOX", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "fastverify", "launch", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fastverify", "launch", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _box_json(sm):
     b = BOXES[sm]
-    return json.dumps({"gpu_name": b.gpu_name, "sm": list(b.sm), "gpu_count": b.gpu_count,
-                       "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in b.gpus]})
+    return json.dumps(
+        {
+            "gpu_name": b.gpu_name,
+            "sm": list(b.sm),
+            "gpu_count": b.gpu_count,
+            "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in b.gpus],
+        }
+    )
 
 
 @pytest.mark.parametrize("sm", ["SM89", "SM120"])
 def test_cli_refuses_fused_on_described_box(tmp_path, sm):
     p2p = p2p_json(tmp_path)
-    proc = _launch(tmp_path, "--backend", "fused", "--p2p-check", str(p2p), "--describe-box", _box_json(sm),
-                   "--dry-run", "--", *CMD)
+    proc = _launch(
+        tmp_path,
+        "--backend",
+        "fused",
+        "--p2p-check",
+        str(p2p),
+        "--describe-box",
+        _box_json(sm),
+        "--dry-run",
+        "--",
+        *CMD,
+    )
     assert_user_error(proc, "fused", f"this box is {sm}", "SM90/SM100")
     # the same box described through the environment
-    proc = _launch(tmp_path, "--backend", "fused", "--p2p-check", str(p2p), "--dry-run", "--", *CMD,
-                   env_extra={"FASTVERIFY_DESCRIBE_BOX": _box_json(sm)})
+    proc = _launch(
+        tmp_path,
+        "--backend",
+        "fused",
+        "--p2p-check",
+        str(p2p),
+        "--dry-run",
+        "--",
+        *CMD,
+        env_extra={"FASTVERIFY_DESCRIBE_BOX": _box_json(sm)},
+    )
     assert_user_error(proc, "fused", f"this box is {sm}")
 
 
@@ -243,21 +326,38 @@ def test_cli_refuses_pcie_ipc_without_p2p_and_accepts_with_it(tmp_path):
     line = assert_user_error(proc, "pcie_ipc", "P2P", "is not proven", "--p2p-check")
     assert line.startswith("fastverify: error: launch is blocked by 1 check (listed above); first: pcie_ipc: ")
     assert proc.stdout.splitlines()[0] == "box: described by --describe-box (not read from this machine)"
-    assert proc.stdout.splitlines()[-2:] == ["blocked by:", "  - P2P: " + line.split("; first: ", 1)[1]
-                                             + "; fix: run `fastverify p2p --output p2p.json` on the serving box, "
-                                             "then add `--p2p-check p2p.json`"]
-    proc = _launch(tmp_path, "--backend", "pcie_ipc", "--p2p-check", str(p2p_json(tmp_path)), "--describe-box",
-                   _box_json("SM120"), "--dry-run", "--", *CMD)
+    assert proc.stdout.splitlines()[-2:] == [
+        "blocked by:",
+        "  - P2P: "
+        + line.split("; first: ", 1)[1]
+        + "; fix: run `fastverify p2p --output p2p.json` on the serving box, "
+        "then add `--p2p-check p2p.json`",
+    ]
+    proc = _launch(
+        tmp_path,
+        "--backend",
+        "pcie_ipc",
+        "--p2p-check",
+        str(p2p_json(tmp_path)),
+        "--describe-box",
+        _box_json("SM120"),
+        "--dry-run",
+        "--",
+        *CMD,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "FASTVERIFY_BACKEND=pcie_ipc" in proc.stdout and "P2P: proven (p2p_check" in proc.stdout
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"{not json", ["not JSON"]),
-    (b'{"schema": "something.else", "version": 1}', ["not a fastverify deployment record"]),
-    (b'{"schema": "fastverify.deployment", "version": 99}', ["version 99"]),
-    (b'{"schema": "fastverify.deployment", "version": 1, "backend": "pcie-ipc"}', ["invalid deployment record"]),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"{not json", ["not JSON"]),
+        (b'{"schema": "something.else", "version": 1}', ["not a fastverify deployment record"]),
+        (b'{"schema": "fastverify.deployment", "version": 99}', ["version 99"]),
+        (b'{"schema": "fastverify.deployment", "version": 1, "backend": "pcie-ipc"}', ["invalid deployment record"]),
+    ],
+)
 def test_cli_bad_records(tmp_path, content, words):
     rec = tmp_path / "bad.deploy.json"
     rec.write_bytes(content)
@@ -265,15 +365,21 @@ def test_cli_bad_records(tmp_path, content, words):
     assert_user_error(proc, str(rec), *words)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--backend", "pcie-ipc"], ["pcie-ipc", "the one spelling is pcie_ipc"]),
-    (["--backend", "mscclpp"], ["mscclpp", "expected one of auto, off, pcie_ipc"]),
-    (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
-    (["--p2p-check", "missing.json", "--backend", "pcie_ipc"], ["missing.json"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--backend", "pcie-ipc"], ["pcie-ipc", "the one spelling is pcie_ipc"]),
+        (["--backend", "mscclpp"], ["mscclpp", "expected one of auto, off, pcie_ipc"]),
+        (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
+        (["--p2p-check", "missing.json", "--backend", "pcie_ipc"], ["missing.json"]),
+    ],
+)
 def test_cli_bad_input_one_line(tmp_path, args, words):
-    proc = _launch(tmp_path, *args, "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD) \
-        if "--describe-box" not in args else _launch(tmp_path, *args, "--dry-run", "--", *CMD)
+    proc = (
+        _launch(tmp_path, *args, "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
+        if "--describe-box" not in args
+        else _launch(tmp_path, *args, "--dry-run", "--", *CMD)
+    )
     assert_user_error(proc, *words)
 
 
@@ -334,14 +440,22 @@ def test_an_env_file_size_of_10_to_the_18_is_refused_and_never_exported(tmp_path
 def test_an_inherited_size_past_the_bounds_is_refused_before_sglang_reads_it(tmp_path, value):
     env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
     with pytest.raises(UserError) as e:
-        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value},
-                      sglang=SGL, box=BOXES["SM120"])
+        L.plan_launch(
+            str(env),
+            "auto",
+            None,
+            CMD + EAGLE3_48x6,
+            environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value},
+            sglang=SGL,
+            box=BOXES["SM120"],
+        )
     msg = str(e.value)
     assert msg.startswith(f"the environment: SGLANG_PCIE_IPC_MAX_NUMEL={value}") and "\n" not in msg
     assert "at most 17179869184 elements" in msg
     # where nothing switches SGLang's IPC path on, the variable is inert and not in the way
-    L.plan_launch(str(env), "nccl", None, CMD, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value}, sglang=SGL,
-                  box=BOXES["SM120"])
+    L.plan_launch(
+        str(env), "nccl", None, CMD, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": value}, sglang=SGL, box=BOXES["SM120"]
+    )
 
 
 def _mem_box(mem):
@@ -370,8 +484,15 @@ def test_the_workspace_is_checked_against_the_gpus_memory_exactly_at_the_bound(t
 def test_a_size_at_the_bounds_on_a_24_gb_gpu_is_refused(tmp_path):
     env = write_record(tmp_path, BackendName.pcie_ipc, BOXES["SM120"])
     with pytest.raises(UserError, match=r"^pcie_ipc: its IPC workspace would take 1,088.0 GiB per GPU"):
-        L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={"SGLANG_PCIE_IPC_MAX_NUMEL": str(2**34)},
-                      sglang=SGL, box=_mem_box(24 << 30))
+        L.plan_launch(
+            str(env),
+            "auto",
+            None,
+            CMD + EAGLE3_48x6,
+            environ={"SGLANG_PCIE_IPC_MAX_NUMEL": str(2**34)},
+            sglang=SGL,
+            box=_mem_box(24 << 30),
+        )
 
 
 def test_unknown_gpu_memory_is_said(tmp_path):
@@ -379,8 +500,9 @@ def test_unknown_gpu_memory_is_said(tmp_path):
     plan = L.plan_launch(str(env), "auto", None, CMD + EAGLE3_48x6, environ={}, sglang=SGL, box=BOXES["SM120"])
     note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
     assert note.endswith("GPU memory unknown (NVML gave none): not checked against it")
-    plan = L.plan_launch(None, "pcie_ipc", None, CMD, environ={}, sglang=SGL, box=_mem_box(24 << 30),
-                         p2p_file=p2p_json(tmp_path))
+    plan = L.plan_launch(
+        None, "pcie_ipc", None, CMD, environ={}, sglang=SGL, box=_mem_box(24 << 30), p2p_file=p2p_json(tmp_path)
+    )
     note = next(n for n in plan.notes if n.startswith("pcie_ipc:"))
     assert "no deployment record gives the hidden size" in note
 
@@ -391,14 +513,25 @@ def test_an_env_file_whose_named_record_is_missing_is_refused(tmp_path):
     hand (no such header) still launches on NCCL settings alone."""
     from fastverify.deploy import write_deployment
 
-    rec = DeploymentRecord(backend=BackendName.nccl, shapes=SHAPES, p2p=PROVEN, box=BOXES["SM120"],
-                           sglang_version="0.5.23")
+    rec = DeploymentRecord(
+        backend=BackendName.nccl, shapes=SHAPES, p2p=PROVEN, box=BOXES["SM120"], sglang_version="0.5.23"
+    )
     env, rec_p = write_deployment(tmp_path / "box.env", {"NCCL_P2P_LEVEL": "SYS"}, rec, header_lines=["t"])
     rec_p.rename(tmp_path / "elsewhere.json")
     proc = _launch(tmp_path, "--env", str(env), "--describe-box", _box_json("SM120"), "--dry-run", "--", *CMD)
     assert_user_error(proc, str(env), "names the deployment record box.deploy.json", "--deployment FILE")
-    proc = _launch(tmp_path, "--env", str(env), "--deployment", str(tmp_path / "elsewhere.json"), "--describe-box",
-                   _box_json("SM120"), "--dry-run", "--", *CMD)
+    proc = _launch(
+        tmp_path,
+        "--env",
+        str(env),
+        "--deployment",
+        str(tmp_path / "elsewhere.json"),
+        "--describe-box",
+        _box_json("SM120"),
+        "--dry-run",
+        "--",
+        *CMD,
+    )
     assert proc.returncode == 0, proc.stderr
     hand = tmp_path / "hand.env"
     hand.write_text("# my settings\nNCCL_P2P_LEVEL=SYS\n")

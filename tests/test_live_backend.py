@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import assert_user_error, run_fastverify, subprocess_env  # noqa: E402
+
 from fastverify.backends import TOLERANCE, check_close  # noqa: E402
 from fastverify.events import EventClass  # noqa: E402
 
@@ -28,9 +29,31 @@ PER_STEP = 1 + 2 * LAYERS
 
 def test_profile_tiny_backend_gloo_records_backend_hidden_dtype(tmp_path):
     iters, warmup, batch, draft = 3, 1, 2, 4
-    proc = run_fastverify(["profile", "--model", "tiny", "--backend", "gloo", "--device", "cpu", "--batch",
-                           str(batch), "--draft-tokens", str(draft), "--iters", str(iters), "--warmup", str(warmup),
-                           "--output", "p.json", "--no-png", "--quiet"], cwd=tmp_path, timeout=300)
+    proc = run_fastverify(
+        [
+            "profile",
+            "--model",
+            "tiny",
+            "--backend",
+            "gloo",
+            "--device",
+            "cpu",
+            "--batch",
+            str(batch),
+            "--draft-tokens",
+            str(draft),
+            "--iters",
+            str(iters),
+            "--warmup",
+            str(warmup),
+            "--output",
+            "p.json",
+            "--no-png",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "p.json").read_text())
     T = batch * draft
@@ -44,8 +67,7 @@ def test_profile_tiny_backend_gloo_records_backend_hidden_dtype(tmp_path):
     # CPU has no CUDA graphs: the eager forward was timed, and the record and its clock note say so.
     assert doc["source"]["timed_forward"] == "eager" and doc["source"]["graph_forward_us"] is None
     assert doc["timing"]["note"].endswith("; timed: the eager forward (no CUDA graphs on CPU)")
-    assert doc["shapes"] == {"dtype": "bfloat16", "hidden": HIDDEN, "tokens": T, "draft_tokens": draft,
-                             "batch": batch}
+    assert doc["shapes"] == {"dtype": "bfloat16", "hidden": HIDDEN, "tokens": T, "draft_tokens": draft, "batch": batch}
     for r in doc["ranks"]:
         # Every all-reduce of every forward (warm-up included) went through the backend.
         assert r["meta"]["allreduce_backend"] == "gloo" and r["meta"]["timed_forward"] == "eager"
@@ -59,9 +81,15 @@ def forwards(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("fwd")
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-    procs = [subprocess.Popen([sys.executable, str(HERE / "live_backend_probe.py"), str(r), str(store.port),
-                               str(out / f"rank{r}.pt")], env=subprocess_env(), stderr=subprocess.PIPE, text=True)
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "live_backend_probe.py"), str(r), str(store.port), str(out / f"rank{r}.pt")],
+            env=subprocess_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     errs = [p.communicate(timeout=240)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     del store
@@ -89,24 +117,32 @@ def test_a_fused_norm_backend_takes_every_add_norm_boundary(forwards, dtype):
         # The base class's fused call counts "unfused" and runs all_reduce: 2L + the embedding's 1.
         assert res[f"fused_{dtype}_paths"] == {"unfused": 2 * LAYERS, "all_reduce": PER_STEP}
         comm = [r for r in res[f"fused_{dtype}_regions"] if r[1] != EventClass.COMPUTE.value]
-        assert [r[1] for r in comm] == ([EventClass.ALLREDUCE.value] + [EventClass.FUSED_ALLREDUCE.value] * 2 * LAYERS
-                                        + [EventClass.OTHER_COMM.value])
+        assert [r[1] for r in comm] == (
+            [EventClass.ALLREDUCE.value]
+            + [EventClass.FUSED_ALLREDUCE.value] * 2 * LAYERS
+            + [EventClass.OTHER_COMM.value]
+        )
         assert comm[1][2] == "layer0.attn_out.allreduce" and comm[-2][2] == f"layer{LAYERS - 1}.mlp_out.allreduce"
         ok, err = check_close(res[f"fused_{dtype}"], res[f"plain_{dtype}"].float(), getattr(torch, dtype))
         assert ok, (err, TOLERANCE[getattr(torch, dtype)])
 
 
-@pytest.mark.parametrize("backend, words", [
-    ("bogus", ["unknown all-reduce backend 'bogus'", "pcie_ipc"]),
-    ("pcie-ipc", ["unknown all-reduce backend 'pcie-ipc'"]),
-    ("nccl", ["--backend nccl", "use --backend gloo"]),
-    ("pcie_ipc", ["--backend pcie_ipc", "needs CUDA tensors"]),
-    ("fused", ["--backend fused", "needs CUDA tensors"]),
-    ("custom_ar", ["--backend custom_ar", "needs CUDA tensors"]),
-])
+@pytest.mark.parametrize(
+    "backend, words",
+    [
+        ("bogus", ["unknown all-reduce backend 'bogus'", "pcie_ipc"]),
+        ("pcie-ipc", ["unknown all-reduce backend 'pcie-ipc'"]),
+        ("nccl", ["--backend nccl", "use --backend gloo"]),
+        ("pcie_ipc", ["--backend pcie_ipc", "needs CUDA tensors"]),
+        ("fused", ["--backend fused", "needs CUDA tensors"]),
+        ("custom_ar", ["--backend custom_ar", "needs CUDA tensors"]),
+    ],
+)
 def test_backends_that_cannot_run_here_are_one_line(tmp_path, backend, words):
-    proc = run_fastverify(["profile", "--model", "tiny", "--device", "cpu", "--backend", backend,
-                           "--output", "p.json", "--quiet"], cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--model", "tiny", "--device", "cpu", "--backend", backend, "--output", "p.json", "--quiet"],
+        cwd=tmp_path,
+    )
     assert_user_error(proc, *words)
     assert not (tmp_path / "p.json").exists()
 
@@ -133,7 +169,9 @@ def _cuda_backends():
 
 @pytest.mark.parametrize("backend", _cuda_backends())
 def test_every_cuda_backend_in_the_registry_is_refused_on_cpu(tmp_path, backend):
-    proc = run_fastverify(["profile", "--model", "tiny", "--device", "cpu", "--backend", backend,
-                           "--output", "p.json", "--quiet"], cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--model", "tiny", "--device", "cpu", "--backend", backend, "--output", "p.json", "--quiet"],
+        cwd=tmp_path,
+    )
     assert_user_error(proc, f"--backend {backend}")
     assert not (tmp_path / "p.json").exists()

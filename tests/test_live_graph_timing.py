@@ -19,10 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fastverify import cli
-from fastverify.profile import record
-from fastverify.events import EventClass, RankEvents, Step
-from fastverify.live import clocks, trace_export
+from fastverify import cli  # noqa: E402 - after the torch skip
+from fastverify.events import EventClass, RankEvents, Step  # noqa: E402 - after the torch skip
+from fastverify.live import clocks, trace_export  # noqa: E402 - after the torch skip
+from fastverify.profile import record  # noqa: E402 - after the torch skip
 
 LAUNCH_GAP_NS = 5_000  # an eager launch's GPU idle before its kernel (host enqueue, launch-bound)
 KERNEL_NS = {"compute:attn": 40_000, "compute:mlp": 70_000, "allreduce": 12_000}
@@ -91,19 +91,28 @@ def fake_torch(gpu: FakeGpu):
         def __exit__(self, *exc):
             pass
 
-    cuda = SimpleNamespace(CUDAGraph=CUDAGraph, graph=graph, Event=Event, Stream=Stream, stream=_StreamCtx,
-                           current_stream=lambda: Stream(), synchronize=lambda: None,
-                           graph_pool_handle=lambda: object())
+    cuda = SimpleNamespace(
+        CUDAGraph=CUDAGraph,
+        graph=graph,
+        Event=Event,
+        Stream=Stream,
+        stream=_StreamCtx,
+        current_stream=lambda: Stream(),
+        synchronize=lambda: None,
+        graph_pool_handle=lambda: object(),
+    )
     return SimpleNamespace(cuda=cuda)
 
 
 class FakeModel:
     """Two layers: attention region, its all-reduce, MLP region, its all-reduce."""
 
-    REGIONS = (("compute:attn", EventClass.COMPUTE, "layer{}.attn", -1),
-               ("allreduce", EventClass.ALLREDUCE, "layer{}.attn_out.allreduce", 1024),
-               ("compute:mlp", EventClass.COMPUTE, "layer{}.mlp", -1),
-               ("allreduce", EventClass.ALLREDUCE, "layer{}.mlp_out.allreduce", 1024))
+    REGIONS = (
+        ("compute:attn", EventClass.COMPUTE, "layer{}.attn", -1),
+        ("allreduce", EventClass.ALLREDUCE, "layer{}.attn_out.allreduce", 1024),
+        ("compute:mlp", EventClass.COMPUTE, "layer{}.mlp", -1),
+        ("allreduce", EventClass.ALLREDUCE, "layer{}.mlp_out.allreduce", 1024),
+    )
 
     def __init__(self, gpu: FakeGpu) -> None:
         self.gpu = gpu
@@ -134,7 +143,7 @@ def test_cuda_timing_is_graph_replays_labelled_with_the_eager_forward_second():
     assert figures["graph_forward_us"] == [sum(per_forward) / 1e3] * 3
     assert figures["eager_forward_us"] == [(sum(per_forward) + 8 * LAUNCH_GAP_NS) / 1e3] * 3
     for (_, start, end), i in zip(steps, range(3)):
-        mine = rows[8 * i: 8 * i + 8]
+        mine = rows[8 * i : 8 * i + 8]
         assert mine[0][2] >= start and mine[-1][2] + mine[-1][3] <= end
 
 
@@ -148,9 +157,14 @@ def test_cpu_timing_stays_eager_and_says_so():
 
 def test_the_clock_note_says_which_forward_was_timed():
     TIMED_FORWARDS, Timing = record.TIMED_FORWARDS, record.Timing
-    cuda = record.live_timing(Timing("cuda_events", "live run, CUDA events on the GPU"),
-                       {"timed_forward": "cuda_graph", "graph_forward_us": [900.0, 800.0, 1000.0],
-                        "eager_forward_us": [1500.0, 1400.0]})
+    cuda = record.live_timing(
+        Timing("cuda_events", "live run, CUDA events on the GPU"),
+        {
+            "timed_forward": "cuda_graph",
+            "graph_forward_us": [900.0, 800.0, 1000.0],
+            "eager_forward_us": [1500.0, 1400.0],
+        },
+    )
     assert cuda.clock == "cuda_events"
     assert TIMED_FORWARDS["cuda_graph"] in cuda.note
     assert "whole-forward graph replay 900.0 µs" in cuda.note and "eager forward 1450.0 µs (second figure" in cuda.note
@@ -226,15 +240,35 @@ def test_no_empty_profiler_session_before_the_trace(monkeypatch, tmp_path):
 def _live_ranks(trace_error: str | None = None) -> list[RankEvents]:
     ranks = []
     for rank in range(2):
-        rows = [("compute:attn", EventClass.COMPUTE, 1_000, 40_000, -1),
-                ("allreduce", EventClass.ALLREDUCE, 41_000, 12_000, 64 * 2)]
-        meta = {"timing": "cuda_events", "world_size": 2, "device": "NVIDIA H100", "dist_backend": "nccl",
-                "allreduce_backend": "nccl", "dtype": "bfloat16", "hidden_size": 64, "experts_allocated": 0,
-                "timed_forward": "cuda_graph", "graph_forward_us": [50.0], "eager_forward_us": [70.0]}
+        rows = [
+            ("compute:attn", EventClass.COMPUTE, 1_000, 40_000, -1),
+            ("allreduce", EventClass.ALLREDUCE, 41_000, 12_000, 64 * 2),
+        ]
+        meta = {
+            "timing": "cuda_events",
+            "world_size": 2,
+            "device": "NVIDIA H100",
+            "dist_backend": "nccl",
+            "allreduce_backend": "nccl",
+            "dtype": "bfloat16",
+            "hidden_size": 64,
+            "experts_allocated": 0,
+            "timed_forward": "cuda_graph",
+            "graph_forward_us": [50.0],
+            "eager_forward_us": [70.0],
+        }
         if trace_error:
             meta["trace_error"] = trace_error
-        ranks.append(RankEvents.from_rows(rank, "live:nccl", rows, steps=[Step("verify#0", 0, 60_000)],
-                                          labels=["layer0.attn", "layer0.attn_out.allreduce"], meta=meta))
+        ranks.append(
+            RankEvents.from_rows(
+                rank,
+                "live:nccl",
+                rows,
+                steps=[Step("verify#0", 0, 60_000)],
+                labels=["layer0.attn", "layer0.attn_out.allreduce"],
+                meta=meta,
+            )
+        )
     return ranks
 
 
@@ -242,11 +276,27 @@ def _run_profile(monkeypatch, tmp_path, ranks, traces):
     from fastverify.profile import command as profile_command
 
     def fake_live(args):
-        source = {"kind": "live", "model": "tiny", "tp": 2, "draft_tokens": 4, "batch": 1, "tokens": 4, "iters": 1,
-                  "warmup": 0, "device": "NVIDIA H100", "dist_backend": "nccl", "backend": "nccl",
-                  "dtype": "bfloat16", "hidden": 64, "experts_allocated": 0, "n_routed_experts": 0,
-                  "timed_forward": "cuda_graph", "graph_forward_us": 50.0, "eager_forward_us": 70.0,
-                  "graph_replay_traces": str(traces)}
+        source = {
+            "kind": "live",
+            "model": "tiny",
+            "tp": 2,
+            "draft_tokens": 4,
+            "batch": 1,
+            "tokens": 4,
+            "iters": 1,
+            "warmup": 0,
+            "device": "NVIDIA H100",
+            "dist_backend": "nccl",
+            "backend": "nccl",
+            "dtype": "bfloat16",
+            "hidden": 64,
+            "experts_allocated": 0,
+            "n_routed_experts": 0,
+            "timed_forward": "cuda_graph",
+            "graph_forward_us": 50.0,
+            "eager_forward_us": 70.0,
+            "graph_replay_traces": str(traces),
+        }
         return ranks, source, "live-tiny-tp2"
 
     monkeypatch.setattr(profile_command, "_live", fake_live)
@@ -259,8 +309,10 @@ def test_a_trace_with_no_kernels_keeps_the_measured_profile(monkeypatch, tmp_pat
     traces = tmp_path / "traces"
     traces.mkdir()
     for rank in range(2):  # what CUPTI taken by another client (nsys) leaves: CPU ops, no kernels
-        doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "pid": 1,
-                                "tid": 1}], "distributedInfo": {"rank": rank, "world_size": 2}}
+        doc = {
+            "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "pid": 1, "tid": 1}],
+            "distributedInfo": {"rank": rank, "world_size": 2},
+        }
         with gzip.open(traces / f"verify-TP-{rank}.trace.json.gz", "wt") as f:
             json.dump(doc, f)
     code, out = _run_profile(monkeypatch, tmp_path, _live_ranks(), traces)

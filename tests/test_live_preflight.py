@@ -89,8 +89,14 @@ class FakeNvml:
 
 
 def test_fake_matches_installed_pynvml():
-    for name in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetUUID",
-                 "nvmlDeviceGetPciInfo", "nvmlDeviceGetName", "NVMLError"):
+    for name in (
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetName",
+        "NVMLError",
+    ):
         assert hasattr(pynvml, name), name
     mem = pynvml.c_nvmlMemory_t(total=24 * GIB, free=GIB // 2, used=24 * GIB - GIB // 2)
     assert (mem.total, mem.free) == (24 * GIB, GIB // 2)
@@ -123,8 +129,11 @@ def gpus_24gib(monkeypatch):
     """Two 24 GiB CUDA GPUs as torch sees them (torch's own capacity check reads these)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(total_memory=24 * GIB, name="NVIDIA GeForce RTX 4090"))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(total_memory=24 * GIB, name="NVIDIA GeForce RTX 4090"),
+    )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
 
@@ -147,13 +156,15 @@ def _profile(monkeypatch, tmp_path, capsys, nvml, *extra):
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     t0 = time.monotonic()
-    code = cli.main(["profile", "--model", "tiny", "--tp", "2", "--draft-tokens", "4", "--batch", "1", "--quiet",
-                     *extra])
+    code = cli.main(
+        ["profile", "--model", "tiny", "--tp", "2", "--draft-tokens", "4", "--batch", "1", "--quiet", *extra]
+    )
     return code, capsys.readouterr(), time.monotonic() - t0
 
 
-def test_busy_24gib_gpu_refuses_live_profile_in_one_line_before_any_rank(monkeypatch, tmp_path, capsys, server,
-                                                                         gpus_24gib, ranks_started):
+def test_busy_24gib_gpu_refuses_live_profile_in_one_line_before_any_rank(
+    monkeypatch, tmp_path, capsys, server, gpus_24gib, ranks_started
+):
     nvml = FakeNvml([GIB // 2, 20 * GIB], holders={0: [(server, 23 * GIB)]})
     code, out, elapsed = _profile(monkeypatch, tmp_path, capsys, nvml)
     assert ranks_started == []  # no rank process was started
@@ -163,11 +174,14 @@ def test_busy_24gib_gpu_refuses_live_profile_in_one_line_before_any_rank(monkeyp
     line = lines[0]
     # Need worked out by hand: 768 MiB (CUDA context) + 688 MiB (NCCL) = 1456 MiB = 1.42 GiB, plus
     # the tiny model's ~2 MB of tensors: "about 1.4 GiB free"; "CUDA context and NCCL's buffers 1.4".
-    assert line.startswith("fastverify: error: --batch 1 x --draft-tokens 4 (T = 4 tokens) of tiny at --tp 2: "
-                           "each rank needs about 1.4 GiB free ("), line
+    assert line.startswith(
+        "fastverify: error: --batch 1 x --draft-tokens 4 (T = 4 tokens) of tiny at --tp 2: "
+        "each rank needs about 1.4 GiB free ("
+    ), line
     assert "CUDA context and NCCL's buffers 1.4)" in line
-    assert f"; GPU 0 (NVIDIA GeForce RTX 4090) has 0.5 GiB free of 24.0 GiB, {held_by(server, 23, 'sleep')}; " \
-        in line, line
+    assert (
+        f"; GPU 0 (NVIDIA GeForce RTX 4090) has 0.5 GiB free of 24.0 GiB, {held_by(server, 23, 'sleep')}; " in line
+    ), line
     # GPU 0 itself is short (--tp smaller cannot help), and 0.5 GiB is under the CUDA context and
     # NCCL's 1.4 GiB, so a smaller --batch cannot help either: the fix is to stop the holder.
     assert line.endswith("; stop the server holding it, or set CUDA_VISIBLE_DEVICES to GPUs with room"), line
@@ -176,8 +190,7 @@ def test_busy_24gib_gpu_refuses_live_profile_in_one_line_before_any_rank(monkeyp
     assert elapsed < 30
 
 
-def test_cuda_numbering_honours_cuda_visible_devices(monkeypatch, tmp_path, capsys, server, gpus_24gib,
-                                                     ranks_started):
+def test_cuda_numbering_honours_cuda_visible_devices(monkeypatch, tmp_path, capsys, server, gpus_24gib, ranks_started):
     """NVML GPU 2 is CUDA's GPU 1 under CUDA_VISIBLE_DEVICES=0,2: the line names it as CUDA does,
     and since CUDA's GPU 0 has room, --tp 1 is a fix."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
@@ -185,11 +198,14 @@ def test_cuda_numbering_honours_cuda_visible_devices(monkeypatch, tmp_path, caps
     code, out, _ = _profile(monkeypatch, tmp_path, capsys, nvml)
     assert ranks_started == [] and code == 2
     (line,) = out.err.splitlines()
-    assert f"; GPU 1 (NVIDIA GeForce RTX 4090, NVML GPU 2) has 1.3 GiB free of 24.0 GiB, " \
-           f"{held_by(server, 22, 'sleep')}; " in line, line
+    assert (
+        f"; GPU 1 (NVIDIA GeForce RTX 4090, NVML GPU 2) has 1.3 GiB free of 24.0 GiB, "
+        f"{held_by(server, 22, 'sleep')}; " in line
+    ), line
     assert "NVML GPU 1" not in line  # 0.25 GiB free, but CUDA does not show it to the ranks
-    assert line.endswith("; stop the server holding it, or set CUDA_VISIBLE_DEVICES to GPUs with room, "
-                         "or use --tp 1"), line
+    assert line.endswith(
+        "; stop the server holding it, or set CUDA_VISIBLE_DEVICES to GPUs with room, or use --tp 1"
+    ), line
 
 
 def test_free_memory_above_the_overhead_offers_a_smaller_batch():
@@ -197,19 +213,23 @@ def test_free_memory_above_the_overhead_offers_a_smaller_batch():
     2.5 GiB; with 2.0 GiB free on both GPUs a smaller shape could fit, so --batch is named; no
     holder NVML can see: the line says so and asks to free the memory."""
     config = load_model_config("kimi-k2")
-    mem = preflight.rank_memory(config, tp=8, batch=1, draft_tokens=4, dtype_bytes=2,
-                                context_tokens=preflight.DEFAULT_CONTEXT_TOKENS)
+    mem = preflight.rank_memory(
+        config, tp=8, batch=1, draft_tokens=4, dtype_bytes=2, context_tokens=preflight.DEFAULT_CONTEXT_TOKENS
+    )
     assert abs(mem.total / GIB - 1.0335) < 1e-3
     nvml = FakeNvml([2 * GIB] * 8)
     with pytest.raises(preflight.UserError) as info:
         preflight.check_gpu_memory(config, mem, tp=8, batch=1, draft_tokens=4, torch=torch, nvml=nvml, environ={})
     msg = str(info.value)
-    assert "each rank needs about 2.5 GiB free (weights and KV context 1.0, largest temporary 0.0, CUDA context " \
-           "and NCCL's buffers 1.4); GPU 0 (NVIDIA GeForce RTX 4090) has 2.0 GiB free of 24.0 GiB, held by no " \
-           "process NVML names" in msg, msg
+    assert (
+        "each rank needs about 2.5 GiB free (weights and KV context 1.0, largest temporary 0.0, CUDA context "
+        "and NCCL's buffers 1.4); GPU 0 (NVIDIA GeForce RTX 4090) has 2.0 GiB free of 24.0 GiB, held by no "
+        "process NVML names" in msg
+    ), msg
     assert "; GPUs 1, 2, 3, 4, 5, 6, 7 too; " in msg
-    assert msg.endswith("; free that memory, or set CUDA_VISIBLE_DEVICES to GPUs with room, or lower --batch or "
-                        "--draft-tokens"), msg
+    assert msg.endswith(
+        "; free that memory, or set CUDA_VISIBLE_DEVICES to GPUs with room, or lower --batch or --draft-tokens"
+    ), msg
 
 
 def test_room_on_every_gpu_lets_the_ranks_start(monkeypatch, tmp_path, capsys, gpus_24gib, ranks_started):
@@ -219,37 +239,57 @@ def test_room_on_every_gpu_lets_the_ranks_start(monkeypatch, tmp_path, capsys, g
     assert len(ranks_started) == 1  # the launcher's first rank
 
 
-def test_without_nvml_the_free_check_is_skipped_and_capacity_still_checked(monkeypatch, tmp_path, capsys,
-                                                                            gpus_24gib, ranks_started):
+def test_without_nvml_the_free_check_is_skipped_and_capacity_still_checked(
+    monkeypatch, tmp_path, capsys, gpus_24gib, ranks_started
+):
     nvml = FakeNvml([GIB // 2, GIB // 2], init_error=OSError("libnvidia-ml.so.1: cannot open shared object file"))
     assert preflight.cuda_gpu_memory(2, nvml=nvml, environ={}) is None
     with pytest.raises(RuntimeError, match="a rank process was started"):  # free memory unknown: not refused
         _profile(monkeypatch, tmp_path, capsys, nvml)
     # Capacity from torch still refuses a shape that no 24 GiB GPU holds: kimi-k2 at --tp 1 with a
     # 4096 x 64 verify step needs far more (its logits alone are 262144 x 163840 x 2 B = 80 GiB).
-    mem = preflight.rank_memory(load_model_config("kimi-k2"), tp=1, batch=4096, draft_tokens=64, dtype_bytes=2,
-                                context_tokens=preflight.DEFAULT_CONTEXT_TOKENS)
+    mem = preflight.rank_memory(
+        load_model_config("kimi-k2"),
+        tp=1,
+        batch=4096,
+        draft_tokens=64,
+        dtype_bytes=2,
+        context_tokens=preflight.DEFAULT_CONTEXT_TOKENS,
+    )
     with pytest.raises(preflight.UserError, match=r"this machine has 24\.0 GiB per GPU; lower --batch"):
-        preflight.check_gpu_memory(load_model_config("kimi-k2"), mem, tp=1, batch=4096, draft_tokens=64,
-                                   torch=torch, nvml=nvml, environ={})
+        preflight.check_gpu_memory(
+            load_model_config("kimi-k2"), mem, tp=1, batch=4096, draft_tokens=64, torch=torch, nvml=nvml, environ={}
+        )
 
 
 def test_a_gpu_whose_memory_nvml_does_not_report_is_not_refused():
     nvml = FakeNvml([GIB // 2, 20 * GIB], refuse_memory={0})
     gpus = preflight.cuda_gpu_memory(2, nvml=nvml, environ={})
     assert [(g["cuda"], g["free_bytes"]) for g in gpus] == [(0, None), (1, 20 * GIB)]
-    mem = preflight.rank_memory(load_model_config("tiny"), tp=2, batch=1, draft_tokens=4, dtype_bytes=2,
-                                context_tokens=preflight.DEFAULT_CONTEXT_TOKENS)
-    preflight.check_gpu_memory(load_model_config("tiny"), mem, tp=2, batch=1, draft_tokens=4, torch=torch,
-                               nvml=nvml, environ={})  # no refusal
+    mem = preflight.rank_memory(
+        load_model_config("tiny"),
+        tp=2,
+        batch=1,
+        draft_tokens=4,
+        dtype_bytes=2,
+        context_tokens=preflight.DEFAULT_CONTEXT_TOKENS,
+    )
+    preflight.check_gpu_memory(
+        load_model_config("tiny"), mem, tp=2, batch=1, draft_tokens=4, torch=torch, nvml=nvml, environ={}
+    )  # no refusal
 
 
 def test_holders_text_names_unnamed_and_extra_processes():
     import os
 
-    holders = [{"pid": 11, "name": None, "used_bytes": 2 * GIB}, {"pid": 12, "name": "python3", "used_bytes": 5 * GIB},
-               {"pid": os.getpid(), "name": "me", "used_bytes": 9 * GIB}, {"pid": 13, "name": "x", "used_bytes": None},
-               {"pid": 14, "name": "y", "used_bytes": GIB}]
-    assert preflight.holders_text(holders) == ("held by python3 (pid 12, 5.0 GiB), pid 11 (2.0 GiB), "
-                                               "y (pid 14, 1.0 GiB) and 1 more")
+    holders = [
+        {"pid": 11, "name": None, "used_bytes": 2 * GIB},
+        {"pid": 12, "name": "python3", "used_bytes": 5 * GIB},
+        {"pid": os.getpid(), "name": "me", "used_bytes": 9 * GIB},
+        {"pid": 13, "name": "x", "used_bytes": None},
+        {"pid": 14, "name": "y", "used_bytes": GIB},
+    ]
+    assert preflight.holders_text(holders) == (
+        "held by python3 (pid 12, 5.0 GiB), pid 11 (2.0 GiB), y (pid 14, 1.0 GiB) and 1 more"
+    )
     assert preflight.holders_text([]).startswith("held by no process NVML names")

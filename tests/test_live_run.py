@@ -32,8 +32,16 @@ HIDDEN = TINY_JSON["hidden_size"]
 @pytest.fixture(scope="module")
 def live():
     t0 = time.perf_counter()
-    ranks = run_live(load_model_config("tiny"), tp=TP, draft_tokens=DRAFT, batch=BATCH, iters=ITERS,
-                     warmup=WARMUP, device="cpu", timeout_s=120)
+    ranks = run_live(
+        load_model_config("tiny"),
+        tp=TP,
+        draft_tokens=DRAFT,
+        batch=BATCH,
+        iters=ITERS,
+        warmup=WARMUP,
+        device="cpu",
+        timeout_s=120,
+    )
     return ranks, time.perf_counter() - t0
 
 
@@ -129,14 +137,17 @@ def test_meta(live):
 # ---- argument errors: no process starts ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs,words", [
-    (dict(tp=3), "--tp 3 does not divide num_attention_heads = 4"),
-    (dict(draft_tokens=0), "--draft-tokens must be an integer >= 1, got 0"),
-    (dict(batch=2.5), "--batch must be an integer >= 1"),
-    (dict(iters=0), "--iters must be an integer >= 1"),
-    (dict(device="tpu"), "--device must be auto, cpu or cuda, got 'tpu'"),
-    (dict(device="cpu", trace_dir="traces"), "a trace directory needs --device cuda"),
-])
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(tp=3), "--tp 3 does not divide num_attention_heads = 4"),
+        (dict(draft_tokens=0), "--draft-tokens must be an integer >= 1, got 0"),
+        (dict(batch=2.5), "--batch must be an integer >= 1"),
+        (dict(iters=0), "--iters must be an integer >= 1"),
+        (dict(device="tpu"), "--device must be auto, cpu or cuda, got 'tpu'"),
+        (dict(device="cpu", trace_dir="traces"), "a trace directory needs --device cuda"),
+    ],
+)
 def test_bad_arguments(kwargs, words):
     args = dict(tp=2, draft_tokens=4, batch=2, device="cpu")
     args.update(kwargs)
@@ -158,9 +169,11 @@ def _argv(per_rank: dict[int, str]):
 
 
 def test_crashed_rank_is_named_and_others_killed(tmp_path):
-    code = {0: "import time; time.sleep(60)",
-            1: "import sys; print('warming up', file=sys.stderr); print('boom: disk on fire', file=sys.stderr); "
-               "sys.exit(3)"}
+    code = {
+        0: "import time; time.sleep(60)",
+        1: "import sys; print('warming up', file=sys.stderr); print('boom: disk on fire', file=sys.stderr); "
+        "sys.exit(3)",
+    }
     t0 = time.monotonic()
     with pytest.raises(UserError) as info:
         _launch(_argv(code), 2, 60.0, str(tmp_path))
@@ -169,8 +182,10 @@ def test_crashed_rank_is_named_and_others_killed(tmp_path):
 
 
 def test_hung_rank_times_out(tmp_path):
-    code = {0: "import sys, time; print('stuck in barrier', file=sys.stderr, flush=True); time.sleep(60)",
-            1: "import time; time.sleep(60)"}
+    code = {
+        0: "import sys, time; print('stuck in barrier', file=sys.stderr, flush=True); time.sleep(60)",
+        1: "import time; time.sleep(60)",
+    }
     with pytest.raises(UserError) as info:
         _launch(_argv(code), 2, 1.5, str(tmp_path))
     assert str(info.value) == "live rank 0 did not finish within 1.5 s (last stderr line: stuck in barrier)"
@@ -226,8 +241,14 @@ def test_moe_plan_matches_a_per_token_loop():
 
 
 def test_single_rank_forward_has_no_collectives(tmp_path):
-    doc = {"hidden_size": 64, "num_hidden_layers": 3, "intermediate_size": 128, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "vocab_size": 1000}
+    doc = {
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "intermediate_size": 128,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(doc))
     cfg = load_model_config(str(tmp_path))
     model = TPVerifyModel(cfg, tp=1, rank=0, batch=2, draft_tokens=3, context_tokens=16)

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from fastverify.errors import UserError
 from fastverify.nccl.checks import (
-    CATALOGUE, CATALOGUE_BY_NAME, Finding, Scope, Setting, Severity, explain, suggest, validate_env, validate_setting,
+    CATALOGUE,
+    CATALOGUE_BY_NAME,
+    Finding,
+    Scope,
+    Setting,
+    Severity,
+    explain,
+    suggest,
+    validate_env,
+    validate_setting,
 )
 from fastverify.nccl.version import NcclVersion
 
@@ -31,8 +40,15 @@ NCCL_IGNORE_CPU_AFFINITY NCCL_NET_DISABLE_INTRA NCCL_IGNORE_DISABLED_P2P NCCL_GR
 NCCL_DEBUG_SUBSYS NCCL_NO_CACHE NCCL_THREAD_THRESHOLDS""".split()
 
 # Scope per research notes §1.1 (P = NCCL_PARAM cache or static, C = re-read at communicator init).
-COMMUNICATOR_SCOPED = {"NCCL_ALGO", "NCCL_PROTO", "NCCL_THREAD_THRESHOLDS", "NCCL_GRAPH_FILE", "NCCL_TOPO_FILE",
-                       "NCCL_TUNER_CONFIG_FILE", "NCCL_LAUNCH_MODE"}
+COMMUNICATOR_SCOPED = {
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_THREAD_THRESHOLDS",
+    "NCCL_GRAPH_FILE",
+    "NCCL_TOPO_FILE",
+    "NCCL_TUNER_CONFIG_FILE",
+    "NCCL_LAUNCH_MODE",
+}
 
 
 def test_catalogue_has_every_required_setting_once():
@@ -255,8 +271,9 @@ def test_validate_setting(name, value, version, severity, words):
         assert f.fix, "a warning or an error says what to do"
 
 
-@pytest.mark.parametrize("name,value", [("NCCL_ALGO", "Ring,Foo"), ("NCCL_P2P_LEVEL", "NODE"),
-                                        ("NCCL_MAX_NCHANNELS", "65")])
+@pytest.mark.parametrize(
+    "name,value", [("NCCL_ALGO", "Ring,Foo"), ("NCCL_P2P_LEVEL", "NODE"), ("NCCL_MAX_NCHANNELS", "65")]
+)
 def test_unknown_version_is_said_when_it_matters(name, value):
     assert "version unknown" in validate_setting(name, value, None).reason
     assert "version unknown" not in validate_setting(name, value, v227).reason
@@ -267,17 +284,20 @@ def test_setting_newer_than_the_version():
     assert f.severity is WARN and "2.24.3" in f.reason and "2.29.7" in f.reason
 
 
-@pytest.mark.parametrize("typo,meant", [
-    ("NCCL_PROTOCOL", "NCCL_PROTO"),
-    ("NCCL_ALGORITHM", "NCCL_ALGO"),
-    ("NCCL_P2P_LEVL", "NCCL_P2P_LEVEL"),
-    ("NCCL_NTHREAD", "NCCL_NTHREADS"),
-    ("NCCL_MAX_CHANNELS", "NCCL_MAX_NCHANNELS"),
-    ("NCCL_BUFFER_SIZE", "NCCL_BUFFSIZE"),
-    ("NCCL_SHM_DISABLED", "NCCL_SHM_DISABLE"),
-    ("NCCL_CUMEM", "NCCL_CUMEM_ENABLE"),
-    ("NCCL_IB_DISABLED", "NCCL_IB_DISABLE"),  # outside the catalogue but a real NCCL variable
-])
+@pytest.mark.parametrize(
+    "typo,meant",
+    [
+        ("NCCL_PROTOCOL", "NCCL_PROTO"),
+        ("NCCL_ALGORITHM", "NCCL_ALGO"),
+        ("NCCL_P2P_LEVL", "NCCL_P2P_LEVEL"),
+        ("NCCL_NTHREAD", "NCCL_NTHREADS"),
+        ("NCCL_MAX_CHANNELS", "NCCL_MAX_NCHANNELS"),
+        ("NCCL_BUFFER_SIZE", "NCCL_BUFFSIZE"),
+        ("NCCL_SHM_DISABLED", "NCCL_SHM_DISABLE"),
+        ("NCCL_CUMEM", "NCCL_CUMEM_ENABLE"),
+        ("NCCL_IB_DISABLED", "NCCL_IB_DISABLE"),  # outside the catalogue but a real NCCL variable
+    ],
+)
 def test_unknown_names_get_a_suggestion(typo, meant):
     f = validate_setting(typo, "1", v227)
     assert f.severity is ERR and "unknown" in f.reason and typo in f.reason
@@ -290,13 +310,16 @@ def test_unknown_name_without_a_close_match():
     assert f.severity is ERR and f.fix and "did you mean" not in f.fix
 
 
-@pytest.mark.parametrize("name,severity,words", [
-    ("nccl_p2p_level", ERR, ["case-sensitive", "NCCL_P2P_LEVEL"]),
-    ("NCCL_SOCKET_IFNAME", OK, ["outside"]),  # read by NCCL (src/misc/socket.cc), not catalogued
-    ("NCCL_LIBRARY", OK, ["fastverify"]),
-    ("NCCL_ASYNC_ERROR_HANDLING", OK, ["PyTorch"]),
-    ("CUDA_VISIBLE_DEVICES", ERR, ["not an NCCL setting"]),
-])
+@pytest.mark.parametrize(
+    "name,severity,words",
+    [
+        ("nccl_p2p_level", ERR, ["case-sensitive", "NCCL_P2P_LEVEL"]),
+        ("NCCL_SOCKET_IFNAME", OK, ["outside"]),  # read by NCCL (src/misc/socket.cc), not catalogued
+        ("NCCL_LIBRARY", OK, ["fastverify"]),
+        ("NCCL_ASYNC_ERROR_HANDLING", OK, ["PyTorch"]),
+        ("CUDA_VISIBLE_DEVICES", ERR, ["not an NCCL setting"]),
+    ],
+)
 def test_names_outside_the_catalogue(name, severity, words):
     f = validate_setting(name, "x", None)
     assert f.severity is severity
@@ -306,9 +329,16 @@ def test_names_outside_the_catalogue(name, severity, words):
 
 def test_validate_env_reads_only_nccl_names_and_cross_checks():
     env = {
-        "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1", "TORCH_NCCL_BLOCKING_WAIT": "1",
-        "NCCL_P2P_LEVEL": "sys", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-        "NCCL_MAX_NRINGS": "4", "NCCL_MAX_NCHANNELS": "8", "NCCL_PROTOCOL": "LL", "nccl_algo": "ring",
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        "NCCL_P2P_LEVEL": "sys",
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_MAX_NRINGS": "4",
+        "NCCL_MAX_NCHANNELS": "8",
+        "NCCL_PROTOCOL": "LL",
+        "nccl_algo": "ring",
     }
     findings = validate_env(env, v227)
     names = [f.name for f in findings]
@@ -361,8 +391,11 @@ def test_validate_setting_never_raises(name, value, version):
 
 
 @settings(max_examples=300, deadline=None)
-@given(name=st.sampled_from([s.name for s in CATALOGUE]), value=st.one_of(st.text(), LIST_VALUES, NUMBER_VALUES),
-       version=VERSIONS)
+@given(
+    name=st.sampled_from([s.name for s in CATALOGUE]),
+    value=st.one_of(st.text(), LIST_VALUES, NUMBER_VALUES),
+    version=VERSIONS,
+)
 def test_every_catalogued_setting_survives_any_value(name, value, version):
     _well_formed(validate_setting(name, value, version))
 

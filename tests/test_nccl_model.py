@@ -171,8 +171,12 @@ def test_default_protocols():
 
 
 @settings(max_examples=200, deadline=None)
-@given(nbytes=st.integers(0, 1 << 31), n=st.integers(2, 16), sm=st.sampled_from([70, 80, 86, 89, 90, 100, 120]),
-       gen=st.sampled_from([3, 4, 5]))
+@given(
+    nbytes=st.integers(0, 1 << 31),
+    n=st.integers(2, 16),
+    sm=st.sampled_from([70, 80, 86, 89, 90, 100, 120]),
+    gen=st.sampled_from([3, 4, 5]),
+)
 def test_ll128_never_chosen_on_pci_by_default(nbytes, n, sm, gen):
     p = M.predict(nbytes, M.inputs_for_pcie_box(n, gen=gen, sm=sm, p2p=True))
     assert p.proto is not LL128
@@ -204,9 +208,17 @@ def test_nothing_enabled_is_rejected():
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(n_ranks=0), dict(sm=8.9), dict(bw_intra_gbps=0.0), dict(bw_intra_gbps=float("nan")),
-     dict(n_channels=0), dict(n_channels=65), dict(nccl_version=2234), dict(protos={"LL129"}),
-     dict(link="NVSWITCH")],
+    [
+        dict(n_ranks=0),
+        dict(sm=8.9),
+        dict(bw_intra_gbps=0.0),
+        dict(bw_intra_gbps=float("nan")),
+        dict(n_channels=0),
+        dict(n_channels=65),
+        dict(nccl_version=2234),
+        dict(protos={"LL129"}),
+        dict(link="NVSWITCH"),
+    ],
 )
 def test_bad_inputs_name_the_field(kw):
     base = dict(n_ranks=8, sm=89, bw_intra_gbps=12.0, n_channels=2)
@@ -258,9 +270,17 @@ def test_default_pcie_prediction_is_monotonic_in_size(a, b, n, gen, sm):
 
 
 @settings(max_examples=300, deadline=None)
-@given(a=SIZES, b=SIZES, n=st.integers(2, 16), bw=st.floats(0.1, 60), nch=st.integers(1, 32),
-       protos=st.sets(st.sampled_from(list(Proto)), min_size=1), delta=st.floats(-0.5, 10),
-       b_ll=st.floats(0.05, 3), b_s=st.floats(0.05, 3))
+@given(
+    a=SIZES,
+    b=SIZES,
+    n=st.integers(2, 16),
+    bw=st.floats(0.1, 60),
+    nch=st.integers(1, 32),
+    protos=st.sets(st.sampled_from(list(Proto)), min_size=1),
+    delta=st.floats(-0.5, 10),
+    b_ll=st.floats(0.05, 3),
+    b_s=st.floats(0.05, 3),
+)
 def test_ring_times_monotonic_raw_and_corrected(a, b, n, bw, nch, protos, delta, b_ll, b_s):
     lo, hi = sorted((a, b))
     i = ModelInputs(n_ranks=n, sm=89, bw_intra_gbps=bw, n_channels=nch, algos={R}, protos=protos)
@@ -271,12 +291,28 @@ def test_ring_times_monotonic_raw_and_corrected(a, b, n, bw, nch, protos, delta,
 
 
 @settings(max_examples=200, deadline=None)
-@given(nbytes=SIZES, n=st.integers(1, 16), bw=st.floats(0.1, 60), nch=st.integers(1, 32),
-       algos=st.sets(st.sampled_from(list(Algo)), min_size=1), protos=st.sets(st.sampled_from(list(Proto)), min_size=1),
-       link=st.sampled_from(list(LinkType)), version=st.sampled_from([21805, 22203, 22304, 23007]))
+@given(
+    nbytes=SIZES,
+    n=st.integers(1, 16),
+    bw=st.floats(0.1, 60),
+    nch=st.integers(1, 32),
+    algos=st.sets(st.sampled_from(list(Algo)), min_size=1),
+    protos=st.sets(st.sampled_from(list(Proto)), min_size=1),
+    link=st.sampled_from(list(LinkType)),
+    version=st.sampled_from([21805, 22203, 22304, 23007]),
+)
 def test_every_prediction_is_labelled_predicted(nbytes, n, bw, nch, algos, protos, link, version):
-    i = ModelInputs(n_ranks=n, sm=89, bw_intra_gbps=bw, n_channels=nch, algos=algos, protos=protos, link=link,
-                    nccl_version=version, transport=Transport.P2P)
+    i = ModelInputs(
+        n_ranks=n,
+        sm=89,
+        bw_intra_gbps=bw,
+        n_channels=nch,
+        algos=algos,
+        protos=protos,
+        link=link,
+        nccl_version=version,
+        transport=Transport.P2P,
+    )
     corrected = CorrectedModel(1.4, {LL: 0.55, S: 0.63}, fitted_on=Transport.SHM)
     for p in (M.predict(nbytes, i), corrected.predict(nbytes, i)):
         assert p.predicted is True and p.label == "predicted"
@@ -356,8 +392,10 @@ def test_fit_ignores_bandwidth_of_latency_bound_protocol():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 1 << 26), st.floats(0.5, 1e5)), min_size=4, max_size=25),
-       n=st.integers(2, 16))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 1 << 26), st.floats(0.5, 1e5)), min_size=4, max_size=25),
+    n=st.integers(2, 16),
+)
 def test_fit_is_total_on_any_positive_rows(rows, n):
     i = M.inputs_for_pcie_box(n, gen=4, sm=89, p2p=True)
     got = M.fit([_Row(s, t) for s, t in rows], i)

@@ -28,18 +28,58 @@ P2P_FILE = "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt"
 
 # (size B, out-of-place time µs), every row, as printed.
 SHM_OOP = [
-    (8, 38.83), (16, 38.73), (32, 41.85), (64, 42.55), (128, 42.42), (256, 42.44), (512, 42.58),
-    (1024, 44.04), (2048, 42.91), (4096, 43.18), (8192, 44.02), (16384, 43.10), (32768, 44.18),
-    (65536, 45.66), (131072, 67.27), (262144, 124.8), (524288, 196.9), (1048576, 222.8),
-    (2097152, 373.4), (4194304, 580.8), (8388608, 1041.8), (16777216, 1972.8), (33554432, 3905.6),
-    (67108864, 7907.1), (134217728, 16253.0),
+    (8, 38.83),
+    (16, 38.73),
+    (32, 41.85),
+    (64, 42.55),
+    (128, 42.42),
+    (256, 42.44),
+    (512, 42.58),
+    (1024, 44.04),
+    (2048, 42.91),
+    (4096, 43.18),
+    (8192, 44.02),
+    (16384, 43.10),
+    (32768, 44.18),
+    (65536, 45.66),
+    (131072, 67.27),
+    (262144, 124.8),
+    (524288, 196.9),
+    (1048576, 222.8),
+    (2097152, 373.4),
+    (4194304, 580.8),
+    (8388608, 1041.8),
+    (16777216, 1972.8),
+    (33554432, 3905.6),
+    (67108864, 7907.1),
+    (134217728, 16253.0),
 ]
 P2P_OOP = [
-    (8, 38.82), (16, 38.31), (32, 38.57), (64, 40.71), (128, 40.51), (256, 41.63), (512, 41.67),
-    (1024, 41.70), (2048, 41.74), (4096, 42.35), (8192, 42.14), (16384, 43.19), (32768, 42.17),
-    (65536, 47.58), (131072, 72.03), (262144, 119.7), (524288, 166.6), (1048576, 216.1),
-    (2097152, 321.5), (4194304, 478.7), (8388608, 798.6), (16777216, 1472.8), (33554432, 2870.3),
-    (67108864, 5705.0), (134217728, 11382.0),
+    (8, 38.82),
+    (16, 38.31),
+    (32, 38.57),
+    (64, 40.71),
+    (128, 40.51),
+    (256, 41.63),
+    (512, 41.67),
+    (1024, 41.70),
+    (2048, 41.74),
+    (4096, 42.35),
+    (8192, 42.14),
+    (16384, 43.19),
+    (32768, 42.17),
+    (65536, 47.58),
+    (131072, 72.03),
+    (262144, 119.7),
+    (524288, 166.6),
+    (1048576, 216.1),
+    (2097152, 321.5),
+    (4194304, 478.7),
+    (8388608, 798.6),
+    (16777216, 1472.8),
+    (33554432, 2870.3),
+    (67108864, 5705.0),
+    (134217728, 11382.0),
 ]
 
 
@@ -121,8 +161,10 @@ def test_real_tables_selected_cells(shm, p2p):
 def test_busbw_column_matches_formula(request, fixture):
     t = request.getfixturevalue(fixture)
     for r in t.rows:
-        for time_us, algbw, busbw in ((r.oop_time_us, r.oop_algbw_gbps, r.oop_busbw_gbps),
-                                      (r.ip_time_us, r.ip_algbw_gbps, r.ip_busbw_gbps)):
+        for time_us, algbw, busbw in (
+            (r.oop_time_us, r.oop_algbw_gbps, r.oop_busbw_gbps),
+            (r.ip_time_us, r.ip_algbw_gbps, r.ip_busbw_gbps),
+        ):
             # columns are rounded to 2 decimals; the time itself to 4-5 significant digits
             assert algbw_from_time(r.size_bytes, time_us) == pytest.approx(algbw, abs=0.006, rel=1e-3)
             assert busbw_from_time(r.size_bytes, time_us, t.n_ranks) == pytest.approx(busbw, abs=0.006, rel=1e-3)
@@ -164,10 +206,14 @@ NEW_FOOTER = """\
 
 
 def test_new_header_pci_busid_and_na_wrong():
-    text = NEW_HEADER + (
-        "           8             2     float     sum      -1    12.51    0.00    0.00     N/A    12.40    0.00    0.00     N/A\n"
-        "        1024           256  bfloat16     sum      -1    13.02    0.08    0.08     N/A    12.99    0.08    0.08     N/A\n"
-    ) + NEW_FOOTER
+    text = (
+        NEW_HEADER
+        + (
+            "           8             2     float     sum      -1    12.51    0.00    0.00     N/A    12.40    0.00    0.00     N/A\n"
+            "        1024           256  bfloat16     sum      -1    13.02    0.08    0.08     N/A    12.99    0.08    0.08     N/A\n"
+        )
+        + NEW_FOOTER
+    )
     t = parse_all_reduce_perf(text)
     assert t.n_ranks == 2
     assert t.devices == ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090")
@@ -179,8 +225,9 @@ def test_new_header_pci_busid_and_na_wrong():
     assert t.avg_busbw_gbps == pytest.approx(0.0123)
     assert [r.oop_wrong for r in t.rows] == [None, None]
     assert [r.ip_wrong for r in t.rows] == [None, None]
-    assert t.rows[1] == PerfRow(1024, 256, "bfloat16", "sum", -1, 13.02, 0.08, 0.08, None,
-                                12.99, 0.08, 0.08, None, line=t.rows[1].line)
+    assert t.rows[1] == PerfRow(
+        1024, 256, "bfloat16", "sum", -1, 13.02, 0.08, 0.08, None, 12.99, 0.08, 0.08, None, line=t.rows[1].line
+    )
 
 
 def test_wrong_count_in_g_format():
@@ -238,10 +285,14 @@ def test_rows_without_any_header_are_guessed_by_width():
 
 @pytest.mark.parametrize("prefix", ["[0] ", "[1,0]<stdout>:", "0: "])
 def test_mpi_prefixes(prefix):
-    body = NEW_HEADER + (
-        "           8             2     float     sum      -1    38.83    0.00    0.00      0    40.43    0.00    0.00      0\n"
-        "          16             4     float     sum      -1    38.73    0.00    0.00      0    38.59    0.00    0.00      0\n"
-    ) + NEW_FOOTER
+    body = (
+        NEW_HEADER
+        + (
+            "           8             2     float     sum      -1    38.83    0.00    0.00      0    40.43    0.00    0.00      0\n"
+            "          16             4     float     sum      -1    38.73    0.00    0.00      0    38.59    0.00    0.00      0\n"
+        )
+        + NEW_FOOTER
+    )
     text = "".join(prefix + line + "\n" for line in body.splitlines())
     t = parse_all_reduce_perf(text)
     assert [(r.size_bytes, r.oop_time_us, r.ip_time_us) for r in t.rows] == [(8, 38.83, 40.43), (16, 38.73, 38.59)]
@@ -252,16 +303,20 @@ def test_mpi_prefixes(prefix):
 def test_nccl_log_lines_between_and_inside_rows():
     # Lines between rows (other ranks, with a timestamped WARN) and, as printed by NCCL >= 2.22 that
     # connects at the first collective, log lines that start right after a row's first columns.
-    text = NEW_HEADER + (
-        "           8             2     float     sum      -1host0:13313:13988 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"
-        "host0:13313:13989 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM\n"
-        "host0:13313:13988 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n"
-        "    38.83    0.00    0.00      0host0:13313:13988 [0] NCCL INFO AllReduce: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"
-        "    40.43    0.00    0.00      0\n"
-        "[2025-02-07 10:00:00] host0:13313:13990 [1] transport.cc:123 NCCL WARN something odd\n"
-        "[1,1]<stdout>:host0:13314:13991 [1] NCCL INFO comm 0x55d0 rank 1 nRanks 2 nNodes 1 localRanks 2 localRank 1 MNNVL 0\n"
-        "          16             4     float     sum      -1    38.73    0.00    0.00      0    38.59    0.00    0.00    N/A\n"
-    ) + NEW_FOOTER
+    text = (
+        NEW_HEADER
+        + (
+            "           8             2     float     sum      -1host0:13313:13988 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"
+            "host0:13313:13989 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM\n"
+            "host0:13313:13988 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n"
+            "    38.83    0.00    0.00      0host0:13313:13988 [0] NCCL INFO AllReduce: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"
+            "    40.43    0.00    0.00      0\n"
+            "[2025-02-07 10:00:00] host0:13313:13990 [1] transport.cc:123 NCCL WARN something odd\n"
+            "[1,1]<stdout>:host0:13314:13991 [1] NCCL INFO comm 0x55d0 rank 1 nRanks 2 nNodes 1 localRanks 2 localRank 1 MNNVL 0\n"
+            "          16             4     float     sum      -1    38.73    0.00    0.00      0    38.59    0.00    0.00    N/A\n"
+        )
+        + NEW_FOOTER
+    )
     t = parse_all_reduce_perf(text)
     assert t.problems == ()
     assert [(r.size_bytes, r.root, r.oop_time_us, r.oop_wrong, r.ip_time_us, r.ip_wrong) for r in t.rows] == [
@@ -299,11 +354,14 @@ def test_only_a_truncated_row_is_a_user_error():
     assert msg.startswith("cut.txt: line 12: data row dropped") and "\n" not in msg
 
 
-@pytest.mark.parametrize("text, line", [
-    ("", 1),
-    ("hello\nworld\n", 2),
-    (NEW_HEADER + NEW_FOOTER, 10),  # the column header line
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("", 1),
+        ("hello\nworld\n", 2),
+        (NEW_HEADER + NEW_FOOTER, 10),  # the column header line
+    ],
+)
 def test_no_rows_is_a_user_error(text, line):
     with pytest.raises(UserError) as ei:
         parse_all_reduce_perf(text, source="x.txt")
@@ -342,9 +400,26 @@ def test_fuzz_arbitrary_text(text):
 
 _ROWISH = st.lists(
     st.one_of(
-        st.sampled_from(["#", "N/A", "-1", "float", "sum", "1e+06", "nan", "inf", "[0]", "host0:1:2 [0] NCCL INFO x",
-                         "size count type redop root time algbw busbw #wrong", "0x", "9" * 5000, "\t", "\n"]),
-        st.integers(-10**40, 10**40).map(str),
+        st.sampled_from(
+            [
+                "#",
+                "N/A",
+                "-1",
+                "float",
+                "sum",
+                "1e+06",
+                "nan",
+                "inf",
+                "[0]",
+                "host0:1:2 [0] NCCL INFO x",
+                "size count type redop root time algbw busbw #wrong",
+                "0x",
+                "9" * 5000,
+                "\t",
+                "\n",
+            ]
+        ),
+        st.integers(-(10**40), 10**40).map(str),
         st.floats(allow_nan=True, allow_infinity=True).map(str),
     ),
     max_size=40,
@@ -364,15 +439,19 @@ def test_every_truncation_of_real_files(name):
         _returns_or_user_error(text[:n])
 
 
-@pytest.mark.parametrize("line", [
-    "NCCL " + "a" * 1_000_000,
-    "#" + " " * 1_000_000 + "x",
-    "#  Rank  0" + " " * 500_000 + "x",
-    "           8             2     float     sum      -1" + "a" * 1_000_000 + ":1:2 [0] NCCL INFO x",
-    "1 " * 500_000,
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NCCL " + "a" * 1_000_000,
+        "#" + " " * 1_000_000 + "x",
+        "#  Rank  0" + " " * 500_000 + "x",
+        "           8             2     float     sum      -1" + "a" * 1_000_000 + ":1:2 [0] NCCL INFO x",
+        "1 " * 500_000,
+    ],
+)
 def test_long_lines_stay_fast(line):
     import time
+
     t0 = time.perf_counter()
     _returns_or_user_error(line + "\n")
     assert time.perf_counter() - t0 < 2.0
@@ -414,12 +493,15 @@ def test_mpi_tag_glued_inside_rows(tag):
     the parser read 0 of these 10 rows (UserError: no complete data row)."""
     lines = [tag + line for line in NEW_HEADER.splitlines()]
     for size, count, ot, oa, ob, it, ia, ib in SHM_FIRST_TEN:
-        lines.append(f"{tag}{size:>12}  {count:>12}     float     sum      -1{tag}{ot:>8} {oa:>7} {ob:>7}      0"
-                     f"{tag}{it:>8} {ia:>7} {ib:>7}      0")
+        lines.append(
+            f"{tag}{size:>12}  {count:>12}     float     sum      -1{tag}{ot:>8} {oa:>7} {ob:>7}      0"
+            f"{tag}{it:>8} {ia:>7} {ib:>7}      0"
+        )
     t = parse_all_reduce_perf("\n".join(lines) + "\n", source="mpi.txt")
     assert len(t.rows) == 10 and t.problems == ()
     assert [(r.size_bytes, r.count, r.oop_time_us, r.ip_time_us) for r in t.rows] == [
-        (s, c, float(ot), float(it)) for s, c, ot, _, _, it, _, _ in SHM_FIRST_TEN]
+        (s, c, float(ot), float(it)) for s, c, ot, _, _, it, _, _ in SHM_FIRST_TEN
+    ]
     assert t.rows[9].oop_busbw_gbps == 0.17 and t.rows[9].ip_algbw_gbps == 0.10
     assert all(r.root == -1 and r.oop_wrong == 0 and r.ip_wrong == 0 for r in t.rows)
 
@@ -466,5 +548,9 @@ def test_summary_of_the_real_tables(shm, p2p):
     assert s["avg_busbw_gbps"] == 4.85265 and s["graph"] == "0" and s["label"] == "measured"
     s = p2p.summary()
     assert (s["time_us_at_min"], s["time_us_at_max"], s["peak_busbw_gbps"], s["peak_busbw_bytes"]) == (
-        38.82, 11382.0, 20.64, 134217728)
+        38.82,
+        11382.0,
+        20.64,
+        134217728,
+    )
     assert s["avg_busbw_gbps"] == 6.11168

@@ -49,13 +49,16 @@ def test_from_code_rejects_non_codes(bad):
         NcclVersion.from_code(bad)
 
 
-@pytest.mark.parametrize("text,triple", [
-    ("2.27.5", (2, 27, 5)),
-    ("2.27", (2, 27, 0)),
-    ("v2.30.7-1", (2, 30, 7)),  # git tag form
-    ("2.32.3+cuda12.9", (2, 32, 3)),  # "NCCL version 2.32.3+cuda12.9" log form
-    (" 2.8.4 ", (2, 8, 4)),
-])
+@pytest.mark.parametrize(
+    "text,triple",
+    [
+        ("2.27.5", (2, 27, 5)),
+        ("2.27", (2, 27, 0)),
+        ("v2.30.7-1", (2, 30, 7)),  # git tag form
+        ("2.32.3+cuda12.9", (2, 32, 3)),  # "NCCL version 2.32.3+cuda12.9" log form
+        (" 2.8.4 ", (2, 8, 4)),
+    ],
+)
 def test_parse(text, triple):
     v = NcclVersion.parse(text)
     assert (v.major, v.minor, v.patch) == triple
@@ -82,6 +85,7 @@ def test_str_and_ordering():
 
 
 # --- finding and loading the library -----------------------------------------------------------
+
 
 def _fake_wheel(site: Path, content: bytes = b"not an ELF file\n") -> Path:
     """The layout of the nvidia-nccl-cu12 wheel: nvidia/ and nvidia/nccl/ without __init__.py."""
@@ -158,8 +162,10 @@ def test_real_libnccl_if_present():
     candidates = [p for p in find_libnccl(environ={}) if os.sep not in p or os.path.isfile(p)]
     version = read_nccl_version(environ={})
     if version is None:
-        pytest.skip("no loadable libnccl here (torch CPU build, no nvidia-nccl-cu12/cu13 wheel, no system NCCL); "
-                    f"candidates tried: {candidates or 'none'}")
+        pytest.skip(
+            "no loadable libnccl here (torch CPU build, no nvidia-nccl-cu12/cu13 wheel, no system NCCL); "
+            f"candidates tried: {candidates or 'none'}"
+        )
     assert version.major == 2 and version.minor >= 9  # every NCCL a current torch or wheel ships
     assert version.code == version.major * 10000 + version.minor * 100 + version.patch
     assert version.library in candidates
@@ -174,8 +180,20 @@ def test_an_nccl_3_version_is_one_line_in_tune_and_a_note_in_topo(tmp_path, shar
     topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
     log = tmp_path / "nccl3.log"
     log.write_text("host0:1:1 [0] NCCL INFO NCCL version 3.1.0+cuda12.4\n")
-    base = ["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2.5", "--tp", "8", "--sm", "120",
-            "--pcie-gen", "5"]
+    base = [
+        "tune",
+        "--predict",
+        "--topology",
+        str(topo),
+        "--model",
+        "kimi-k2.5",
+        "--tp",
+        "8",
+        "--sm",
+        "120",
+        "--pcie-gen",
+        "5",
+    ]
     for extra in (["--nccl-version", "3.0"], ["--nccl-log", str(log)]):
         proc = run_fastverify(base + extra, cwd=tmp_path)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -111,8 +111,9 @@ def pcie_standin(monkeypatch):
 
 def _run(be, dtype=torch.float32):
     x = torch.tensor(X, dtype=dtype)
-    return be.all_reduce_residual_rmsnorm(x, torch.tensor(RESIDUAL, dtype=dtype), torch.tensor(WEIGHT, dtype=dtype),
-                                          EPS)
+    return be.all_reduce_residual_rmsnorm(
+        x, torch.tensor(RESIDUAL, dtype=dtype), torch.tensor(WEIGHT, dtype=dtype), EPS
+    )
 
 
 @pytest.mark.parametrize("norm", ["flashinfer", "torch"])
@@ -164,8 +165,16 @@ def test_an_unusable_explicit_flashinfer_norm_is_unavailable_not_a_crash(monkeyp
 
 
 def _trial(backend, device="cuda", **kw):
-    base = dict(backend=backend, env={}, world_size=2, device=device, dtype="bfloat16", hidden=64,
-                sizes=((128, 2), (512, 4)), op="all_reduce_residual_rmsnorm")
+    base = dict(
+        backend=backend,
+        env={},
+        world_size=2,
+        device=device,
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((128, 2), (512, 4)),
+        op="all_reduce_residual_rmsnorm",
+    )
     base.update(kw)
     return TrialSpec(**base)
 

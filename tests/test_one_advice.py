@@ -28,8 +28,22 @@ CASES = [
 
 
 def _flags(topology: str, extra: list[str], sm: int, gen: int) -> list[str]:
-    out = ["--topology", INPUTS / topology, "--model", "kimi-k2", "--tp", "8", "--draft-tokens", "4", "--batch", "1",
-           "--sm", str(sm), "--pcie-gen", str(gen)]
+    out = [
+        "--topology",
+        INPUTS / topology,
+        "--model",
+        "kimi-k2",
+        "--tp",
+        "8",
+        "--draft-tokens",
+        "4",
+        "--batch",
+        "1",
+        "--sm",
+        str(sm),
+        "--pcie-gen",
+        str(gen),
+    ]
     for i in range(0, len(extra), 2):
         out += [extra[i], INPUTS / extra[i + 1]]
     return out
@@ -54,15 +68,19 @@ def test_topo_and_tune_recommend_the_same_first_option(topology, extra, sm, gen,
     first, change = _tune_first(tune)
     advice = topo["advice"]
     assert advice[0]["rank"] == 1
-    assert (advice[0]["candidate"], advice[0]["backend"], advice[0]["settings"]) == \
-        (first["name"], first["backend"], first["settings"])
+    assert (advice[0]["candidate"], advice[0]["backend"], advice[0]["settings"]) == (
+        first["name"],
+        first["backend"],
+        first["settings"],
+    )
     assert advice[0]["allreduce_us"] == pytest.approx(first["allreduce_us_per_step"], rel=1e-6)
     base = next(a for a in advice if a["is_baseline"])
     assert base["allreduce_us"] == pytest.approx(tune["baseline"]["allreduce_us_per_step"], rel=1e-6)
     # topo's own change, and its sign: new - old over old, negative = less time
     assert advice[0]["change_pct"] == pytest.approx(change, abs=0.01)
     assert advice[0]["change_pct"] == pytest.approx(
-        100.0 * (advice[0]["allreduce_us"] - base["allreduce_us"]) / base["allreduce_us"], abs=0.01)
+        100.0 * (advice[0]["allreduce_us"] - base["allreduce_us"]) / base["allreduce_us"], abs=0.01
+    )
     # the whole ranked order agrees, not only the first
     tune_order = [(c["backend"], c["settings"]) for c in tune["candidates"] if c["candidate"] is not None]
     assert [(a["backend"], a["settings"]) for a in advice if a["rank"] is not None] == tune_order
@@ -72,13 +90,15 @@ def test_seed_box_text_calls_pcie_ipc_too_close_and_names_the_p2p_level(capsys):
     """pcie_ipc's point (the P2P kernel model: 7.5 us + 7 x 57,344 B / 63 GB/s = 13.87 us, x 123
     all-reduces = 1,706.2 us per step, -71.2 % against 5,932.0) is listed first, but its range
     reaches NCCL's, so it is too close to call; NCCL_P2P_LEVEL=SYS at -2.9 % is the decided option."""
-    rc, out, err = cli(["topo", "--topology", INPUTS / SEED, "--sm", "120", "--pcie-gen", "5",
-                        "--model", "kimi-k2", "--tp", "8"], capsys)
+    rc, out, err = cli(
+        ["topo", "--topology", INPUTS / SEED, "--sm", "120", "--pcie-gen", "5", "--model", "kimi-k2", "--tp", "8"],
+        capsys,
+    )
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("# box: SM 120 (--sm), PCIe Gen 5 (--pcie-gen)")
     text = " ".join(out.split())
-    todo = text[text.index("what to do:"):text.index("GPU pairs")]
+    todo = text[text.index("what to do:") : text.index("GPU pairs")]
     assert 123 * (7.5 + 7 * 57344 / 63000) == pytest.approx(1706.2, abs=0.05)
     assert "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure (its predicted range " in todo
     assert "reaches NCCL_P2P_LEVEL=SYS's " in todo
@@ -94,8 +114,9 @@ def test_seed_box_text_calls_pcie_ipc_too_close_and_names_the_p2p_level(capsys):
 
 def test_without_model_the_figures_are_per_all_reduce(capsys):
     # --batch 1: one verify size, 1 x 4 x 7168 x 2 = 57,344 B; no counts per step
-    rc, out, err = cli(["topo", "--topology", INPUTS / SEED, "--sm", "120", "--pcie-gen", "5", "--batch", "1",
-                        "--json"], capsys)
+    rc, out, err = cli(
+        ["topo", "--topology", INPUTS / SEED, "--sm", "120", "--pcie-gen", "5", "--batch", "1", "--json"], capsys
+    )
     assert rc == 0, err
     doc = json.loads(out)
     # first pcie_ipc at the kernel model's point, too close to call; then NCCL's P2P level
@@ -107,8 +128,9 @@ def test_without_model_the_figures_are_per_all_reduce(capsys):
     assert ipc["allreduce_us"] == pytest.approx(7.5 + 7 * 57344 / 63000, abs=1e-3)
     assert all(a["per_verify_step"] is False for a in doc["advice"])
     assert level["allreduce_us"] < level["baseline_us"]
-    assert any("counts per verify step are unknown without --model" in n and "57,344 B" in n
-               for n in doc["advice_notes"])
+    assert any(
+        "counts per verify step are unknown without --model" in n and "57,344 B" in n for n in doc["advice_notes"]
+    )
 
 
 def test_only_an_nccl_log_gives_a_diagnosis_and_one_line_why_no_ranking(capsys):

@@ -11,8 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import cli
+
 from fastverify.errors import UserError
 from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion
@@ -25,8 +25,9 @@ MSG = 32 * 4 * 7168 * 2  # batch 32 x 4 draft tokens x hidden 7168 x 2 B = 1,835
 
 
 def _loglog(x, x0, t0, x1, t1):
-    return math.exp(math.log(t0) + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-                    * (math.log(t1) - math.log(t0)))
+    return math.exp(
+        math.log(t0) + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (math.log(t1) - math.log(t0))
+    )
 
 
 # the table's in-place times at 1 MiB and 2 MiB (217.2 and 322.6 µs; out-of-place: 216.1 and 321.5)
@@ -45,10 +46,17 @@ def test_topo_and_tune_read_the_same_in_place_time(capsys):
 
     perf, warnings = _read_perf(Namespace(perf_table=TABLE, topology=TOPO), 8)
     assert warnings == []
-    workload = SimpleNamespace(measured_on_gpu=False, profile_backend=None, allreduce_us_by_size={},
-                               msg_sizes=((MSG, 1),), source="w", clock="wall")
-    base = SimpleNamespace(per_size=[SimpleNamespace(msg_bytes=MSG, time_us=1.0)], transport="SHM", inputs=None,
-                           p2p_level="PXB", notes=())
+    workload = SimpleNamespace(
+        measured_on_gpu=False,
+        profile_backend=None,
+        allreduce_us_by_size={},
+        msg_sizes=((MSG, 1),),
+        source="w",
+        clock="wall",
+    )
+    base = SimpleNamespace(
+        per_size=[SimpleNamespace(msg_bytes=MSG, time_us=1.0)], transport="SHM", inputs=None, p2p_level="PXB", notes=()
+    )
     import inspect
 
     # the model/range inputs are not reached where the table has the size; passed as None
@@ -73,6 +81,7 @@ def test_out_of_place_only_where_in_place_is_missing():
     t = parse_all_reduce_perf(TABLE.read_text())
     assert t.verify_time_us(1048576) == (217.2, "in-place")
     import dataclasses
+
     rows = tuple(dataclasses.replace(r, ip_time_us=0.0) if r.size_bytes == 1048576 else r for r in t.rows)
     t2 = dataclasses.replace(t, rows=rows)
     assert t2.verify_time_us(1048576) == (216.1, "out-of-place")
@@ -81,16 +90,20 @@ def test_out_of_place_only_where_in_place_is_missing():
 
 def _multinode_table() -> str:
     # 24 ranks (3 nodes x 8): busBw = algBw x 2*23/24 = algBw x 1.91667; nThread 1 nGpus 1 per MPI process
-    head = ("# nThread 1 nGpus 1 minBytes 1048576 maxBytes 4194304 step: 2(factor) warmup iters: 5 iters: 20 "
-            "agg iters: 1 validation: 1 graph: 0\n#\n"
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
-            "busbw #wrong\n")
+    head = (
+        "# nThread 1 nGpus 1 minBytes 1048576 maxBytes 4194304 step: 2(factor) warmup iters: 5 iters: 20 "
+        "agg iters: 1 validation: 1 graph: 0\n#\n"
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+        "busbw #wrong\n"
+    )
     rows = ""
     for size, alg in ((1048576, 4.00), (2097152, 6.00), (4194304, 10.00)):
         t = size / 1e3 / alg
         bus = alg * 46 / 24
-        rows += f"{size:12d}  {size // 4:12d}     float     sum      -1  {t:7.1f}  {alg:6.2f}  {bus:6.2f}      0" \
-                f"  {t:7.1f}  {alg:6.2f}  {bus:6.2f}      0\n"
+        rows += (
+            f"{size:12d}  {size // 4:12d}     float     sum      -1  {t:7.1f}  {alg:6.2f}  {bus:6.2f}      0"
+            f"  {t:7.1f}  {alg:6.2f}  {bus:6.2f}      0\n"
+        )
     return head + rows
 
 
@@ -122,7 +135,8 @@ def test_row_without_a_size_is_reported_dropped(tmp_path, capsys):
     p.write_text("\n".join(lines) + "\n")
     t = parse_all_reduce_perf(p.read_text(), source="nosize.txt")
     assert [(d.line, d.reason) for d in t.dropped] == [
-        (i + 1, "no size column (the row starts with its element count)")]
+        (i + 1, "no size column (the row starts with its element count)")
+    ]
     assert 1024 not in t.sizes and len(t.rows) == 24
     rc, out, err = cli(["topo", "--nvidia-smi", TOPO, "--perf-table", p], capsys)
     text = " ".join(out.split())
@@ -171,7 +185,10 @@ def test_tuning_numbers_in_topo_json_and_text(capsys):
     log = DATA / "nccl-2.29.7-tuning.log"
     rc, out, err = cli(["topo", "--nccl-log", log, "--json"], capsys)
     assert rc == 0, err
-    table = {(r["algo"], r["proto"]): (r["latency_us"], r["algbw_gbps"]) for r in json.loads(out)["nccl_tuning"]["model_table"]}
+    table = {
+        (r["algo"], r["proto"]): (r["latency_us"], r["algbw_gbps"])
+        for r in json.loads(out)["nccl_tuning"]["model_table"]
+    }
     # the AllReduce row of the log, first block: Tree 16.8/0.5 31.0/0.0 36.4/1.9, Ring 16.6/1.2 31.0/0.0 36.4/2.4
     assert table[("TREE", "LL")] == (16.8, 0.5) and table[("RING", "SIMPLE")] == (36.4, 2.4)
     assert table[("RING", "LL")] == (16.6, 1.2) and table[("TREE", "SIMPLE")] == (36.4, 1.9)

@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, subprocess_env, tree_state
 
 TRACES = [
@@ -27,8 +26,14 @@ GOOD = TRACES[0]
 
 
 def _run(args, cwd, **kw):
-    return subprocess.run([sys.executable, "-m", "fastverify", *args], cwd=cwd, env=subprocess_env(),
-                          capture_output=True, timeout=180, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "fastverify", *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        capture_output=True,
+        timeout=180,
+        **kw,
+    )
 
 
 def _one_error_line(proc, *words):
@@ -53,16 +58,24 @@ def test_four_concurrent_runs_with_default_names_each_get_their_own_files(tmp_pa
         dest = tmp_path / f"in{i}.trace.json.gz"
         dest.write_bytes(t.read_bytes())
         inputs.append(dest)
-    procs = [subprocess.Popen([sys.executable, "-m", "fastverify", "profile", "--trace", str(t), "--quiet"],
-                              cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for t in inputs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fastverify", "profile", "--trace", str(t), "--quiet"],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for t in inputs
+    ]
     results = [(p.communicate(timeout=180), p.returncode) for p in procs]
     wrote = {}
     for t, ((out, err), rc) in zip(inputs, results):
         assert rc == 0 and err == "", err
         line = out.strip().splitlines()[-1]
         assert line.startswith("wrote profiles/") and " and profiles/" in line, line
-        json_name, png_name = line[len("wrote "):].split(" and ")
+        json_name, png_name = line[len("wrote ") :].split(" and ")
         wrote[t] = (tmp_path / json_name, tmp_path / png_name)
     names = sorted(p.name for p in (tmp_path / "profiles").iterdir())
     assert len(names) == 8, names  # no placeholder, temporary file or lost output
@@ -97,8 +110,9 @@ def test_same_second_names_are_unique_across_threads(tmp_path):
     for th in threads:
         th.join()
     assert len(set(got)) == 8
-    assert {p.name for p in got} == {"trace-20260102-030405.json"} | {f"trace-20260102-030405-{n}.json"
-                                                                      for n in range(2, 9)}
+    assert {p.name for p in got} == {"trace-20260102-030405.json"} | {
+        f"trace-20260102-030405-{n}.json" for n in range(2, 9)
+    }
     for p in got:
         assert p.is_file() and p.with_suffix(".png").is_file()
     release_reserved()
@@ -161,8 +175,9 @@ def test_a_failed_png_after_the_name_is_taken_leaves_nothing(tmp_path, monkeypat
 def test_a_default_verify_log_report_gets_its_own_name(tmp_path):
     d = tmp_path / "log"
     d.mkdir()
-    (d / "verify-rank0.jsonl").write_text(json.dumps(
-        {"step": 0, "verify_ms": 1.5, "clock": "cpu_wall_clock", "rank": "0", "pid": 1}) + "\n")
+    (d / "verify-rank0.jsonl").write_text(
+        json.dumps({"step": 0, "verify_ms": 1.5, "clock": "cpu_wall_clock", "rank": "0", "pid": 1}) + "\n"
+    )
     names = set()
     for _ in range(2):
         proc = _run(["profile", "--verify-log", "log", "--quiet"], tmp_path, text=True)
@@ -175,12 +190,15 @@ def test_a_default_verify_log_report_gets_its_own_name(tmp_path):
 # --- item 2: a symlinked output is refused ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("flags, link", [
-    (["--output", "dang.json", "--no-png"], "dang.json"),
-    (["--output", "dang.json"], "dang.json"),
-    (["--output", "o.json", "--png", "dang.png"], "dang.png"),
-    (["--output", "o.json"], "o.png"),  # the PNG beside --output
-])
+@pytest.mark.parametrize(
+    "flags, link",
+    [
+        (["--output", "dang.json", "--no-png"], "dang.json"),
+        (["--output", "dang.json"], "dang.json"),
+        (["--output", "o.json", "--png", "dang.png"], "dang.png"),
+        (["--output", "o.json"], "o.png"),  # the PNG beside --output
+    ],
+)
 def test_a_symlinked_output_is_refused_in_one_line_and_nothing_is_written(tmp_path, flags, link):
     (tmp_path / "nowhere").mkdir()
     (tmp_path / link).symlink_to("nowhere/x")

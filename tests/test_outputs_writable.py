@@ -42,8 +42,10 @@ def test_profile_refuses_an_unwritable_output_before_loading_anything(tmp_path, 
     rc = main(["profile", "--trace", str(trace), "--output", str(tmp_path / "p.json"), "--no-png"])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fastverify: error: {tmp_path / 'p.json'}: cannot write in {tmp_path} (no write permission, "
-                   "or a read-only file system)"]
+    assert err == [
+        f"fastverify: error: {tmp_path / 'p.json'}: cannot write in {tmp_path} (no write permission, "
+        "or a read-only file system)"
+    ]
 
 
 def _profile_cmd(trace, out):
@@ -60,8 +62,14 @@ def test_stdout_closed_or_full_gives_one_line_and_keeps_the_files(tmp_path):
     from conftest import DATA, subprocess_env
 
     trace = DATA / "rccl_generic" / "rccl_generic_eager.trace.json.gz"
-    closed = subprocess.run(_profile_cmd(trace, tmp_path / "a.json"), env=subprocess_env(), stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    closed = subprocess.run(
+        _profile_cmd(trace, tmp_path / "a.json"),
+        env=subprocess_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
     assert closed.returncode == 0 and closed.stderr == "", closed.stderr
     assert (tmp_path / "a.json").stat().st_size > 0
     if not os.path.exists("/dev/full"):
@@ -69,9 +77,16 @@ def test_stdout_closed_or_full_gives_one_line_and_keeps_the_files(tmp_path):
     with open("/dev/full", "w") as full:
         for extra in ([], ["--quiet"]):
             out = tmp_path / f"b{len(extra)}.json"
-            r = subprocess.run(_profile_cmd(trace, out) + extra, env=subprocess_env(), stdout=full,
-                               stderr=subprocess.PIPE, text=True, timeout=120)
+            r = subprocess.run(
+                _profile_cmd(trace, out) + extra,
+                env=subprocess_env(),
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
             assert r.returncode == 1
-            assert r.stderr == (f"fastverify: error: cannot write to standard output (No space left on device); "
-                                f"wrote {out}\n")
+            assert r.stderr == (
+                f"fastverify: error: cannot write to standard output (No space left on device); wrote {out}\n"
+            )
             assert out.stat().st_size > 0

@@ -21,10 +21,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import SHARED, assert_user_error, cli, pin_pcie_ipc, run_fastverify
-from fastverify.deploy import (BoxFingerprint, DeploymentRecord, GpuId, P2PFacts, VerifyShapes, encode_record,
-                               read_record, record_path_for)
+
+from fastverify.deploy import (
+    BoxFingerprint,
+    DeploymentRecord,
+    GpuId,
+    P2PFacts,
+    VerifyShapes,
+    encode_record,
+    read_record,
+    record_path_for,
+)
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.registry import BackendName
@@ -33,16 +41,18 @@ from fastverify.topo import p2p as P
 from fastverify.topo import p2p_proof as PF
 
 NVML_GPUS = G.nvml_gpus  # the real reader, before any test stands in for it
-SGL = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True,
-                   entry_point_installed=True)
+SGL = L.SGLangInfo(
+    found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True, entry_point_installed=True
+)
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
 def gpu(i: int, box: str = "a") -> GpuId:
     """GPU ``i`` of box ``box``: its own bus id and UUID (another box's GPU 0 has others)."""
     tag = {"a": 0x10, "b": 0x80}[box]
-    return GpuId(index=i, pci_bus_id=f"00000000:{tag + i:02X}:00.0",
-                 uuid=f"GPU-{box * 8}-{i:04x}-4000-8000-{i:012x}", name=NAME)
+    return GpuId(
+        index=i, pci_bus_id=f"00000000:{tag + i:02X}:00.0", uuid=f"GPU-{box * 8}-{i:04x}-4000-8000-{i:012x}", name=NAME
+    )
 
 
 BOX_A = tuple(gpu(i) for i in range(8))
@@ -62,11 +72,25 @@ def check_file(path: Path, gpus=BOX_A, rows=None, *, ordinals=None, failing=(), 
     ``ordinals`` (default 0..n-1), and ``rows`` (default every ordered pair, passing)."""
     ordinals = list(range(len(gpus))) if ordinals is None else list(ordinals)
     rows = pairs(ordinals) if rows is None else rows
-    doc = {"schema": "fastverify.p2p_check", "version": 2, "cuda_visible_devices": cvd, "cuda_device_order": None,
-           "gpus": [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name}
-                    for k, g in zip(ordinals, gpus)],
-           "results": [{"src": i, "dst": j, "ok": (i, j) not in failing, "reason": "ok" if (i, j) not in failing
-                        else "read back zeros"} for i, j in rows]}
+    doc = {
+        "schema": "fastverify.p2p_check",
+        "version": 2,
+        "cuda_visible_devices": cvd,
+        "cuda_device_order": None,
+        "gpus": [
+            {"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name}
+            for k, g in zip(ordinals, gpus)
+        ],
+        "results": [
+            {
+                "src": i,
+                "dst": j,
+                "ok": (i, j) not in failing,
+                "reason": "ok" if (i, j) not in failing else "read back zeros",
+            }
+            for i, j in rows
+        ],
+    }
     path.write_text(json.dumps(doc))
     return path
 
@@ -80,8 +104,17 @@ def digest(folder: Path) -> dict:
 
 
 def plan(p2p_file, b=None, tp=8, extra=(), **kw):
-    return L.plan_launch(None, "pcie_ipc", None, cmd(tp, *extra), environ=kw.pop("environ", {}), sglang=SGL,
-                         box=b or box(tp=tp), p2p_file=p2p_file, **kw)
+    return L.plan_launch(
+        None,
+        "pcie_ipc",
+        None,
+        cmd(tp, *extra),
+        environ=kw.pop("environ", {}),
+        sglang=SGL,
+        box=b or box(tp=tp),
+        p2p_file=p2p_file,
+        **kw,
+    )
 
 
 # --- the boundary: world x (world - 1) ordered pairs, each one ----------------------------------------
@@ -164,9 +197,11 @@ def test_the_issues_gpus_50_to_57_are_refused_in_both_forms(tmp_path):
     old.write_text(json.dumps([{"src": i, "dst": j, "ok": True, "reason": "ok"} for i, j in pairs(range(50, 58))]))
     with pytest.raises(UserError) as e:
         plan(old)
-    assert str(e.value) == (f"{old}: this P2P check names no GPU (written before the check recorded which GPUs it "
-                            "tested), so it cannot show they are this box's: rerun `fastverify p2p --output FILE` "
-                            "on this box")
+    assert str(e.value) == (
+        f"{old}: this P2P check names no GPU (written before the check recorded which GPUs it "
+        "tested), so it cannot show they are this box's: rerun `fastverify p2p --output FILE` "
+        "on this box"
+    )
 
 
 def test_an_old_file_of_this_box_is_refused_too_and_the_old_cache_file(tmp_path):
@@ -223,18 +258,26 @@ def test_nothing_needs_p2p_the_file_is_still_read(tmp_path):
 def _record(tmp_path, p2p, name="r"):
     env = tmp_path / f"{name}.env"
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
-    rec = DeploymentRecord(backend=BackendName.pcie_ipc, shapes=VerifyShapes(32, 4, 7168), p2p=p2p,
-                           box=BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=8), sglang_version="0.5.23")
+    rec = DeploymentRecord(
+        backend=BackendName.pcie_ipc,
+        shapes=VerifyShapes(32, 4, 7168),
+        p2p=p2p,
+        box=BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=8),
+        sglang_version="0.5.23",
+    )
     record_path_for(env).write_bytes(encode_record(rec))
     return env
 
 
-@pytest.mark.parametrize("gpus, ok, words", [
-    (BOX_A, True, ""),
-    ((), False, "names no GPU (a record written before the check recorded which GPUs it tested)"),
-    (BOX_B, False, "did not test GPU 0 (0000:10:00.0) of this TP group"),
-    (BOX_A[:4], False, "did not test GPU 4"),
-])
+@pytest.mark.parametrize(
+    "gpus, ok, words",
+    [
+        (BOX_A, True, ""),
+        ((), False, "names no GPU (a record written before the check recorded which GPUs it tested)"),
+        (BOX_B, False, "did not test GPU 0 (0000:10:00.0) of this TP group"),
+        (BOX_A[:4], False, "did not test GPU 4"),
+    ],
+)
 def test_a_records_proof_must_name_this_tp_groups_gpus(tmp_path, gpus, ok, words):
     env = _record(tmp_path, P2PFacts(ok=True, source="p2p_check", note="all passed", pairs=56, gpus=gpus))
     before = digest(tmp_path)
@@ -248,8 +291,9 @@ def test_a_records_proof_must_name_this_tp_groups_gpus(tmp_path, gpus, ok, words
         assert msg.startswith("pcie_ipc: needs P2P between every GPU pair and it is not proven") and words in msg
         assert "--p2p-check FILE" in msg and "\n" not in msg
         # the check file of this box proves it instead
-        pl = L.plan_launch(str(env), "auto", None, cmd(), environ={}, sglang=SGL, box=box(),
-                           p2p_file=check_file(tmp_path / "p2p.json"))
+        pl = L.plan_launch(
+            str(env), "auto", None, cmd(), environ={}, sglang=SGL, box=box(), p2p_file=check_file(tmp_path / "p2p.json")
+        )
         assert pl.p2p.proven
         (tmp_path / "p2p.json").unlink()
     assert digest(tmp_path) == before
@@ -310,8 +354,9 @@ class FakeTorch:
         def props(k):
             g = BOX_A[order[k]]
             bus = int(g.pci_bus_id.split(":")[1], 16)
-            return SimpleNamespace(name=g.name, uuid=g.uuid[4:] if uuid else None, pci_domain_id=0, pci_bus_id=bus,
-                                   pci_device_id=0)
+            return SimpleNamespace(
+                name=g.name, uuid=g.uuid[4:] if uuid else None, pci_domain_id=0, pci_bus_id=bus, pci_device_id=0
+            )
 
         self.cuda = SimpleNamespace(device_count=lambda: len(order), get_device_properties=props)
 
@@ -320,7 +365,8 @@ class FakeTorch:
 def test_check_names_each_cuda_ordinal_as_nvml_does(tmp_path, uuid):
     ids = P.gpu_identities(nvml=FakeNvml(BOX_A), torch_mod=FakeTorch([4, 5, 6, 7], uuid=uuid))
     assert [(g["cuda"], g["index"], g["uuid"], g["pci_bus_id"]) for g in ids] == [
-        (k, 4 + k, BOX_A[4 + k].uuid, BOX_A[4 + k].pci_bus_id) for k in range(4)]
+        (k, 4 + k, BOX_A[4 + k].uuid, BOX_A[4 + k].pci_bus_id) for k in range(4)
+    ]
     results = {(i, j): P.P2PResult(True, "ok") for i, j in pairs(range(4))}
     doc = P.check_document(results, ids, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
     assert (doc["schema"], doc["version"], doc["cuda_visible_devices"]) == ("fastverify.p2p_check", 2, "4,5,6,7")
@@ -353,27 +399,49 @@ def test_the_check_command_prints_the_gpus_and_caches_them(tmp_path, monkeypatch
 
 
 def test_the_cache_file_with_gpus_proves_like_the_output(tmp_path):
-    key = {"gpus": [[g.name, g.pci_bus_id] for g in BOX_A], "driver": "x", "cuda_visible_devices": None,
-           "cuda_device_order": None}
-    ids = [{"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name}
-           for k, g in enumerate(BOX_A)]
+    key = {
+        "gpus": [[g.name, g.pci_bus_id] for g in BOX_A],
+        "driver": "x",
+        "cuda_visible_devices": None,
+        "cuda_device_order": None,
+    }
+    ids = [
+        {"cuda": k, "index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name}
+        for k, g in enumerate(BOX_A)
+    ]
     path = tmp_path / "cache.json"
     P.write_cache(path, key, {(i, j): P.P2PResult(True, "ok") for i, j in pairs(range(8))}, ids)
     assert P.read_cache(path, key)  # still the cache
     assert plan(path).p2p.proven
 
 
-@pytest.mark.parametrize("doc, words", [
-    ({"schema": "other", "version": 2, "results": [{"src": 0, "dst": 1, "ok": True}]}, ["not a P2P check"]),
-    ({"schema": "fastverify.p2p_check", "version": 3, "results": [{"src": 0, "dst": 1, "ok": True}]}, ["version 3"]),
-    ({"gpus": [{"cuda": 0, "uuid": "GPU-x"}], "results": [{"src": 0, "dst": 1, "ok": True}]},
-     ["CUDA ordinal 1", "does not name"]),
-    ({"gpus": [{"cuda": 0, "index": 0}], "results": [{"src": 0, "dst": 1, "ok": True}]}, ["GPU 0", "uuid or a PCI"]),
-    ({"gpus": [{"cuda": 0, "uuid": "GPU-x"}, {"cuda": 1, "uuid": "gpu-X"}],
-      "results": [{"src": 0, "dst": 1, "ok": True}]}, ["named for two CUDA ordinals"]),
-    ({"gpus": [{"uuid": "GPU-x"}], "results": [{"src": 0, "dst": 1, "ok": True}]}, ["own CUDA ordinal"]),
-    ([{"src": 0, "dst": 1, "ok": True}, {"src": 0, "dst": 1, "ok": False}], ["(0, 1) is given twice"]),
-])
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ({"schema": "other", "version": 2, "results": [{"src": 0, "dst": 1, "ok": True}]}, ["not a P2P check"]),
+        (
+            {"schema": "fastverify.p2p_check", "version": 3, "results": [{"src": 0, "dst": 1, "ok": True}]},
+            ["version 3"],
+        ),
+        (
+            {"gpus": [{"cuda": 0, "uuid": "GPU-x"}], "results": [{"src": 0, "dst": 1, "ok": True}]},
+            ["CUDA ordinal 1", "does not name"],
+        ),
+        (
+            {"gpus": [{"cuda": 0, "index": 0}], "results": [{"src": 0, "dst": 1, "ok": True}]},
+            ["GPU 0", "uuid or a PCI"],
+        ),
+        (
+            {
+                "gpus": [{"cuda": 0, "uuid": "GPU-x"}, {"cuda": 1, "uuid": "gpu-X"}],
+                "results": [{"src": 0, "dst": 1, "ok": True}],
+            },
+            ["named for two CUDA ordinals"],
+        ),
+        ({"gpus": [{"uuid": "GPU-x"}], "results": [{"src": 0, "dst": 1, "ok": True}]}, ["own CUDA ordinal"]),
+        ([{"src": 0, "dst": 1, "ok": True}, {"src": 0, "dst": 1, "ok": False}], ["(0, 1) is given twice"]),
+    ],
+)
 def test_malformed_check_files_are_refused_in_one_line(tmp_path, doc, words):
     f = tmp_path / "p2p.json"
     f.write_text(json.dumps(doc))
@@ -389,16 +457,20 @@ def test_malformed_check_files_are_refused_in_one_line(tmp_path, doc, words):
 
 
 def _rows(gpus):
-    return [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name, "memory_bytes": 1}
-            for g in gpus]
+    return [
+        {"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid, "name": g.name, "memory_bytes": 1} for g in gpus
+    ]
 
 
-@pytest.mark.parametrize("env, want", [
-    ({}, list(range(8))),
-    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, [4, 5, 6, 7]),
-    ({"CUDA_VISIBLE_DEVICES": "3,1"}, [3, 1]),
-    ({"CUDA_VISIBLE_DEVICES": f"{BOX_A[6].uuid[:17]},{BOX_A[2].uuid}"}, [6, 2]),  # a unique UUID prefix
-])
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, list(range(8))),
+        ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, [4, 5, 6, 7]),
+        ({"CUDA_VISIBLE_DEVICES": "3,1"}, [3, 1]),
+        ({"CUDA_VISIBLE_DEVICES": f"{BOX_A[6].uuid[:17]},{BOX_A[2].uuid}"}, [6, 2]),  # a unique UUID prefix
+    ],
+)
 def test_visible_gpus_follow_cuda_visible_devices(env, want):
     rows, why = G.visible_gpus(_rows(BOX_A), env)
     assert [r["index"] for r in rows] == want and why == ""
@@ -406,15 +478,21 @@ def test_visible_gpus_follow_cuda_visible_devices(env, want):
 
 # CUDA C Programming Guide, "CUDA Environment Variables": parsing stops at the first entry CUDA cannot
 # use ("0,2,-1,1" shows GPUs 0 and 2); torch/cuda/__init__.py (_parse_visible_devices) reads it so.
-@pytest.mark.parametrize("text, want, entry", [
-    ("2,9,3", [2], "entry 2 ('9') names no GPU NVML lists here (GPU index 9)"),
-    ("0,2,-1,1", [0, 2], "entry 3 ('-1') is not a GPU index"),
-    ("4,MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c,5", [4], "entry 2 ('MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c') is a "
-     "MIG instance, not a whole GPU"),
-    (f"{BOX_A[6].uuid},1", [6], "entry 2 ('1') is not a GPU UUID, in a list of UUIDs"),
-    (f"{BOX_A[6].uuid[:12]},1", [], "matches 8 GPUs"),  # an ambiguous prefix
-    ("", [], "entry 1 ('') is not a GPU index"),
-])
+@pytest.mark.parametrize(
+    "text, want, entry",
+    [
+        ("2,9,3", [2], "entry 2 ('9') names no GPU NVML lists here (GPU index 9)"),
+        ("0,2,-1,1", [0, 2], "entry 3 ('-1') is not a GPU index"),
+        (
+            "4,MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c,5",
+            [4],
+            "entry 2 ('MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c') is a MIG instance, not a whole GPU",
+        ),
+        (f"{BOX_A[6].uuid},1", [6], "entry 2 ('1') is not a GPU UUID, in a list of UUIDs"),
+        (f"{BOX_A[6].uuid[:12]},1", [], "matches 8 GPUs"),  # an ambiguous prefix
+        ("", [], "entry 1 ('') is not a GPU index"),
+    ],
+)
 def test_visible_gpus_say_where_cuda_stops_reading(text, want, entry):
     rows, why = G.visible_gpus(_rows(BOX_A), {"CUDA_VISIBLE_DEVICES": text})
     assert [r["index"] for r in rows] == want
@@ -439,8 +517,9 @@ def test_a_long_cuda_visible_devices_is_shortened_in_the_line():
     assert rows == [] and len(why) < 400 and "(100004 characters)" in why
 
 
-@pytest.mark.parametrize("text", ["MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c",
-                                  f"MIG-{BOX_A[0].uuid}/1/0,MIG-{BOX_A[1].uuid}/2/0"])
+@pytest.mark.parametrize(
+    "text", ["MIG-5e4c1f2a-0f1d-5b7e-9c2a-1d2e3f4a5b6c", f"MIG-{BOX_A[0].uuid}/1/0,MIG-{BOX_A[1].uuid}/2/0"]
+)
 def test_visible_gpus_of_mig_instances_are_not_whole_gpus(text):
     """MIG instances (both forms, ``MIG-<uuid>`` and ``MIG-<GPU-uuid>/<gi>/<ci>``) are slices of a
     GPU: no P2P proof binds to them, and the reason says so."""
@@ -458,8 +537,16 @@ def test_launch_prints_where_cuda_stopped_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(L, "read_box", lambda tp=0, **k: BoxFingerprint(gpu_name=NAME, sm=(12, 0), gpu_count=8, tp=tp))
     monkeypatch.setattr(L, "nvml_gpus", lambda nvml=None: NVML_GPUS(FakeNvml(BOX_A)))
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX", raising=False)
-    pl = L.plan_launch(None, "pcie_ipc", None, cmd(2), environ={"CUDA_VISIBLE_DEVICES": "4,MIG-x,5"}, sglang=SGL,
-                       p2p_file=check_file(tmp_path / "p2p.json"), collect_blockers=True)
+    pl = L.plan_launch(
+        None,
+        "pcie_ipc",
+        None,
+        cmd(2),
+        environ={"CUDA_VISIBLE_DEVICES": "4,MIG-x,5"},
+        sglang=SGL,
+        p2p_file=check_file(tmp_path / "p2p.json"),
+        collect_blockers=True,
+    )
     assert pl.box.gpus == (BOX_A[4],)  # what CUDA shows the command: GPU 4 alone
     assert any(n.startswith("CUDA_VISIBLE_DEVICES=4,MIG-x,5: entry 2 ('MIG-x') is a MIG instance") for n in pl.notes)
 
@@ -485,8 +572,15 @@ def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
     assert pl.p2p.proven and pl.p2p.gpus == BOX_A[4:]
     assert pl.box.gpus == BOX_A[4:] and pl.box.gpu_memory_bytes == 96 << 30
     with pytest.raises(UserError, match="did not test GPU 4"):
-        L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL,
-                      p2p_file=check_file(tmp_path / "low.json", BOX_A[:4]))
+        L.plan_launch(
+            None,
+            "pcie_ipc",
+            None,
+            cmd(4),
+            environ=env,
+            sglang=SGL,
+            p2p_file=check_file(tmp_path / "low.json", BOX_A[:4]),
+        )
     monkeypatch.setattr(L, "nvml_gpus", lambda nvml=None: [])  # no NVML: nothing to bind the proof to
     with pytest.raises(UserError, match="cannot tell whether the P2P check tested this box's GPUs"):
         L.plan_launch(None, "pcie_ipc", None, cmd(4), environ=env, sglang=SGL, p2p_file=full)
@@ -494,8 +588,10 @@ def test_launch_reads_this_boxs_gpus_from_nvml(tmp_path, monkeypatch):
 
 def test_nvml_gpus_reads_identity_and_memory():
     rows = NVML_GPUS(FakeNvml(BOX_A[:2], 24 << 30))
-    assert rows == [{"index": i, "pci_bus_id": BOX_A[i].pci_bus_id, "uuid": BOX_A[i].uuid, "name": NAME,
-                     "memory_bytes": 24 << 30} for i in range(2)]
+    assert rows == [
+        {"index": i, "pci_bus_id": BOX_A[i].pci_bus_id, "uuid": BOX_A[i].uuid, "name": NAME, "memory_bytes": 24 << 30}
+        for i in range(2)
+    ]
 
     class Broken(FakeNvml):
         def nvmlInit(self):
@@ -517,23 +613,50 @@ def test_tune_records_the_checked_gpus_and_launch_binds_them(tmp_path, monkeypat
     check_file(tmp_path / "p2p.json")
     monkeypatch.chdir(tmp_path)
     pin_pcie_ipc(monkeypatch)  # the packaged data alone leave pcie_ipc unknown: pinned evidence makes it win
-    rc, out, err = cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8",
-                        "--sm", "120", "--max-batch", "32", "--p2p-check", "p2p.json", "--write-env", "e.env"], capsys)
+    rc, out, err = cli(
+        [
+            "tune",
+            "--predict",
+            "--topology",
+            "topo.txt",
+            "--model",
+            "kimi-k2",
+            "--tp",
+            "8",
+            "--sm",
+            "120",
+            "--max-batch",
+            "32",
+            "--p2p-check",
+            "p2p.json",
+            "--write-env",
+            "e.env",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     rec = read_record(tmp_path / "e.deploy.json")
     assert rec.backend is BackendName.pcie_ipc and rec.p2p.proven and rec.p2p.gpus == BOX_A
     inputs = digest(tmp_path)
 
     def described(gpus):
-        return json.dumps({"gpu_name": None, "sm": [12, 0], "gpu_count": 8,
-                           "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in gpus]})
+        return json.dumps(
+            {
+                "gpu_name": None,
+                "sm": [12, 0],
+                "gpu_count": 8,
+                "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in gpus],
+            }
+        )
 
-    ok = run_fastverify(["launch", "--env", "e.env", "--describe-box", described(BOX_A), "--dry-run", "--", *cmd()],
-                        cwd=tmp_path)
+    ok = run_fastverify(
+        ["launch", "--env", "e.env", "--describe-box", described(BOX_A), "--dry-run", "--", *cmd()], cwd=tmp_path
+    )
     assert ok.returncode == 0, ok.stderr
     assert "FASTVERIFY_BACKEND=pcie_ipc" in ok.stdout and "P2P: proven (p2p_check" in ok.stdout
-    other = run_fastverify(["launch", "--env", "e.env", "--describe-box", described(BOX_B), "--dry-run", "--", *cmd()],
-                           cwd=tmp_path)
+    other = run_fastverify(
+        ["launch", "--env", "e.env", "--describe-box", described(BOX_B), "--dry-run", "--", *cmd()], cwd=tmp_path
+    )
     assert_user_error(other, "pcie_ipc", "is not proven", "did not test GPU 0 (0000:80:00.0)")
     assert digest(tmp_path) == inputs
 
@@ -593,14 +716,41 @@ def test_the_record_of_a_partial_check_proves_nothing_at_launch(tmp_path, monkey
     check_file(tmp_path / "p2p.json", BOX_A, rows=pairs(range(4)))
     monkeypatch.chdir(tmp_path)
     pin_pcie_ipc(monkeypatch)
-    rc, out, err = cli(["tune", "--predict", "--topology", "topo.txt", "--model", "kimi-k2", "--tp", "8",
-                        "--sm", "120", "--max-batch", "32", "--p2p-check", "p2p.json", "--write-env", "e.env"], capsys)
+    rc, out, err = cli(
+        [
+            "tune",
+            "--predict",
+            "--topology",
+            "topo.txt",
+            "--model",
+            "kimi-k2",
+            "--tp",
+            "8",
+            "--sm",
+            "120",
+            "--max-batch",
+            "32",
+            "--p2p-check",
+            "p2p.json",
+            "--write-env",
+            "e.env",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     rec = read_record(tmp_path / "e.deploy.json")
     assert rec.p2p.gpus == ()
-    described = json.dumps({"gpu_name": None, "sm": [12, 0], "gpu_count": 8,
-                            "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in BOX_A]})
-    res = run_fastverify(["launch", "--env", "e.env", "--backend", "pcie_ipc", "--describe-box", described,
-                          "--dry-run", "--", *cmd()], cwd=tmp_path)
+    described = json.dumps(
+        {
+            "gpu_name": None,
+            "sm": [12, 0],
+            "gpu_count": 8,
+            "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid} for g in BOX_A],
+        }
+    )
+    res = run_fastverify(
+        ["launch", "--env", "e.env", "--backend", "pcie_ipc", "--describe-box", described, "--dry-run", "--", *cmd()],
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "all 56 directions" not in res.stdout + res.stderr
     assert "pcie_ipc" in res.stderr and "not proven" in res.stderr, res.stderr

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import children
 
 from fastverify.procs import usable_cores
@@ -20,7 +19,9 @@ from fastverify.trace.load import PARALLEL_MIN_BYTES, load_traces, load_workers
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 PAIR = [SHARED / "HolisticTraceAnalysis" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
-needs_shared = pytest.mark.skipif(not all(p.is_file() for p in PAIR), reason=f"{SHARED} not present (CI copies shared/)")
+needs_shared = pytest.mark.skipif(
+    not all(p.is_file() for p in PAIR), reason=f"{SHARED} not present (CI copies shared/)"
+)
 needs_two_cores = pytest.mark.skipif(usable_cores() < 2, reason="the painter runs only with 2+ cores")
 
 
@@ -73,8 +74,24 @@ def test_parallel_load_equals_sequential_load():
 
 def test_a_bad_file_among_several_is_named_in_one_line(tmp_path):
     good = tmp_path / "rank0.json"
-    good.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2,
-                                                  "pid": 0, "tid": 7, "args": {"stream": 7}}]}))
+    good.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "k",
+                        "ts": 1,
+                        "dur": 2,
+                        "pid": 0,
+                        "tid": 7,
+                        "args": {"stream": 7},
+                    }
+                ]
+            }
+        )
+    )
     bad = tmp_path / "rank1.json"
     bad.write_text('{"traceEvents": [')
     from fastverify.errors import UserError
@@ -126,8 +143,6 @@ def _cmdline_has(pid: int, text: str) -> bool:
         return False
 
 
-
-
 @needs_shared
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.3])
 def test_ctrl_c_to_the_process_group_gives_one_line_and_leaves_nothing(tmp_path, delay):
@@ -140,9 +155,23 @@ def test_ctrl_c_to_the_process_group_gives_one_line_and_leaves_nothing(tmp_path,
 
     out = tmp_path / "o"
     out.mkdir()
-    p = subprocess.Popen([sys.executable, "-m", "fastverify", "profile", "--trace", *map(str, PAIR),
-                          "--jobs", "2", "--output", str(out / "p.json")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fastverify",
+            "profile",
+            "--trace",
+            *map(str, PAIR),
+            "--jobs",
+            "2",
+            "--output",
+            str(out / "p.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     # from the painter's fork on, main() runs (a signal during interpreter start-up is Python's)
     deadline = time.monotonic() + 30
     while not children(p.pid) and p.poll() is None and time.monotonic() < deadline:
@@ -173,8 +202,23 @@ def test_an_unknown_mplbackend_does_not_stop_the_png(tmp_path):
     if not trace.is_file():
         pytest.skip(f"{trace} absent")
     env = dict(os.environ, MPLBACKEND="nonsense_backend")
-    res = subprocess.run([sys.executable, "-m", "fastverify", "profile", "--trace", str(trace), "--output",
-                          str(tmp_path / "p.json"), "--quiet"], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastverify",
+            "profile",
+            "--trace",
+            str(trace),
+            "--output",
+            str(tmp_path / "p.json"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "p.png").stat().st_size > 1000
 

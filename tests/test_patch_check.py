@@ -8,7 +8,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import run_fastverify
 
 NEEDED = ("sglang/srt/", "sglang/version.py", "sglang/_version.py")
@@ -40,10 +39,14 @@ def test_real_source_every_target_resolves(sglang_tree, tmp_path):
     assert "switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): present" in proc.stdout
     assert "route: " in proc.stdout
     # the b12x hook point: the layer boundary's add-norm candidates, module-level functions
-    assert "found     add_norm_ffn  sglang.srt.layers.layer_boundary.fusions.allreduce.fused_ffn_input: " \
-           "allreduce.py:" in proc.stdout, proc.stdout
-    assert "found     add_norm_attn sglang.srt.layers.layer_boundary.fusions.allreduce.fused_attn_input: " \
-           "allreduce.py:" in proc.stdout, proc.stdout
+    assert (
+        "found     add_norm_ffn  sglang.srt.layers.layer_boundary.fusions.allreduce.fused_ffn_input: "
+        "allreduce.py:" in proc.stdout
+    ), proc.stdout
+    assert (
+        "found     add_norm_attn sglang.srt.layers.layer_boundary.fusions.allreduce.fused_attn_input: "
+        "allreduce.py:" in proc.stdout
+    ), proc.stdout
 
 
 def test_changed_copy_is_reported_and_skipped(sglang_tree, tmp_path):
@@ -66,7 +69,9 @@ def test_changed_copy_is_reported_and_skipped(sglang_tree, tmp_path):
     assert "missing   fused_norm" in proc.stdout and "RMSNorm has no forward_with_allreduce_fusion" in proc.stdout
     assert "different verify_timer" in proc.stdout and "has no parameter 'is_verify'" in proc.stdout
     assert "found     all_reduce" in proc.stdout
-    assert "10 of 13 targets resolve" in proc.stdout  # all_reduce, pre_capture, add_norm_ffn, the 7 counting ones untouched
+    assert (
+        "10 of 13 targets resolve" in proc.stdout
+    )  # all_reduce, pre_capture, add_norm_ffn, the 7 counting ones untouched
 
 
 def test_not_a_source_tree(tmp_path):

@@ -23,7 +23,7 @@ from fastverify.patch import targets as T
 from fastverify.patch.paths import COUNTER
 
 REPO = Path(__file__).resolve().parents[1]
-_REAL_GRAPHS = (Path(__file__).parent / "data" / "real_graph_counts.py")
+_REAL_GRAPHS = Path(__file__).parent / "data" / "real_graph_counts.py"
 
 
 def _sglang_python() -> str:
@@ -45,11 +45,18 @@ def test_eagle_draft_draft_extend_and_prefill_graphs_are_counted_through_sglangs
     cp = subprocess.run([py, str(_REAL_GRAPHS)], capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
     assert cp.returncode == 0, cp.stderr[-3000:]
     got = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    assert {"FullCudaGraphBackend.capture_one", "FullCudaGraphBackend.replay", "BreakableCudaGraphBackend.replay",
-            "BreakableCudaGraphBackend.capture_one"} <= set(got["wrapped"]), got
+    assert {
+        "FullCudaGraphBackend.capture_one",
+        "FullCudaGraphBackend.replay",
+        "BreakableCudaGraphBackend.replay",
+        "BreakableCudaGraphBackend.capture_one",
+    } <= set(got["wrapped"]), got
     assert got["warmup"] == {"capture_warmup": {"sglang.unobserved": 2 * (2 + 3 + 5)}}
-    assert got["replayed"] == {"draft": {"sglang.unobserved": 2}, "draft_extend": {"sglang.unobserved": 3},
-                               "extend": {"sglang.unobserved": 5}}
+    assert got["replayed"] == {
+        "draft": {"sglang.unobserved": 2},
+        "draft_extend": {"sglang.unobserved": 3},
+        "extend": {"sglang.unobserved": 5},
+    }
     assert got["graph_replays"] == 3
 
 
@@ -106,8 +113,11 @@ class _Pynccl:
 
 @pytest.fixture
 def wrapped(monkeypatch):
-    for target, make in ((T.TARGET_OUT_PLACE, C.make_out_place), (T.TARGET_IN_PLACE, C.make_in_place),
-                         (T.TARGET_FLASHINFER_AR, C.make_flashinfer)):
+    for target, make in (
+        (T.TARGET_OUT_PLACE, C.make_out_place),
+        (T.TARGET_IN_PLACE, C.make_in_place),
+        (T.TARGET_FLASHINFER_AR, C.make_flashinfer),
+    ):
         monkeypatch.setattr(_Coord, target.attr, make(_Coord.__dict__[target.attr]))
     monkeypatch.setattr(_Pynccl, "all_reduce", C.make_pynccl(_Pynccl.__dict__["all_reduce"]))
     orig = _Coord.__dict__["all_reduce"]
@@ -127,8 +137,9 @@ def test_symmetric_memory_and_flashinfer_paths_are_counted_by_what_ran(wrapped):
     _Coord(fi=True).all_reduce(_x(4))
     _Coord(ca_rows=8).all_reduce(_x(4))  # "auto" resolved by SGLang's own rule: ca
     _Coord(ca_rows=8).all_reduce(_x(16))  # resolved None with a PyNccl communicator: pynccl
-    assert COUNTER.snapshot() == {"other": {"sglang.pynccl_symm_mem": 1, "sglang.flashinfer": 1,
-                                            "sglang.ca": 1, "sglang.pynccl": 1}}
+    assert COUNTER.snapshot() == {
+        "other": {"sglang.pynccl_symm_mem": 1, "sglang.flashinfer": 1, "sglang.ca": 1, "sglang.pynccl": 1}
+    }
 
 
 def test_a_compiled_graphs_custom_ops_and_direct_inplace_callers_are_counted_once(wrapped):
@@ -189,18 +200,30 @@ def test_debug_cuda_graph_counts_each_replay_once(monkeypatch):
 # --- coverage by rule, over the real wheel's source ---------------------------------------------------
 
 GRAPH_METHODS = ("capture_one_shape", "execute", "replay", "capture")
-AR_CALLS = ("_all_reduce_out_place", "_all_reduce_in_place", "outplace_all_reduce", "inplace_all_reduce",
-            "flashinfer_allreduce", "_flashinfer_allreduce")
-COUNTED_ATTRS = {t.attr for t in T.COUNT_TARGETS} | {"flashinfer_allreduce", "outplace_all_reduce",
-                                                    "inplace_all_reduce"}
+AR_CALLS = (
+    "_all_reduce_out_place",
+    "_all_reduce_in_place",
+    "outplace_all_reduce",
+    "inplace_all_reduce",
+    "flashinfer_allreduce",
+    "_flashinfer_allreduce",
+)
+COUNTED_ATTRS = {t.attr for t in T.COUNT_TARGETS} | {
+    "flashinfer_allreduce",
+    "outplace_all_reduce",
+    "inplace_all_reduce",
+}
 
 
 def _wheel_sources() -> dict[str, str]:
     whl = os.environ.get("FASTVERIFY_SGLANG_WHEEL")
     if whl and Path(whl).is_file():
         with zipfile.ZipFile(whl) as z:
-            return {n: z.read(n).decode("utf-8", "replace") for n in z.namelist()
-                    if n.startswith("sglang/srt/") and n.endswith(".py")}
+            return {
+                n: z.read(n).decode("utf-8", "replace")
+                for n in z.namelist()
+                if n.startswith("sglang/srt/") and n.endswith(".py")
+            }
     pytest.skip("FASTVERIFY_SGLANG_WHEEL not set")
 
 
@@ -249,8 +272,9 @@ def test_every_graph_entry_point_and_all_reduce_call_site_is_counted_or_named():
             if isinstance(node, ast.ClassDef):
                 defs = {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
                 # a graph entry point by name or by what it touches (a class that mentions graphs)
-                if not defs & set(GRAPH_METHODS) or not ("Graph" in node.name or "graph" in name
-                                                        or "graph" in ast.unparse(node).lower()):
+                if not defs & set(GRAPH_METHODS) or not (
+                    "Graph" in node.name or "graph" in name or "graph" in ast.unparse(node).lower()
+                ):
                     continue
                 seen_graph += 1
                 why = _graph_class_verdict(mod, node, graph_bases)

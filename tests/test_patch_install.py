@@ -87,8 +87,7 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
         # SGLang 0.5.23's CUDA path (layernorm.py _forward_with_allreduce_fusion): no residual or a
         # group of one: only the norm; else its fused kernel, or when that declines the group's
         # all-reduce + the norm into a fresh residual
-        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None,
-                                          use_attn_tp_group=True):
+        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None, use_attn_tp_group=True):
             calls["orig_fused"] += 1
             owed = ps.get_attn_tp_group() if use_attn_tp_group else moe.post_experts_reduction_group()
             if residual is None or owed.world_size <= 1:
@@ -98,22 +97,35 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
             if calls["sglang_kernel"]:
                 x = x * owed.world_size  # its kernel's sum, without GroupCoordinator.all_reduce
             else:
-                x = (dist.attention_tensor_model_parallel_all_reduce if use_attn_tp_group
-                     else moe.deferred_post_experts_all_reduce)(x)
+                x = (
+                    dist.attention_tensor_model_parallel_all_reduce
+                    if use_attn_tp_group
+                    else moe.deferred_post_experts_all_reduce
+                )(x)
             return self.forward(x, residual.clone() if post_residual_addition is None else residual, None)
 
     if norm_params == "changed":
+
         def changed(self, hidden_states, residual=None):
             return self.forward(hidden_states, residual)
+
         RMSNorm.forward_with_allreduce_fusion = changed
     ln.RMSNorm = RMSNorm
 
     tw = types.ModuleType(I.MOD_TP_WORKER)
 
     class TpModelWorker:
-        def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False,
-                                     skip_attn_backend_init=None, *, capture_hidden_mode=None,
-                                     return_kv_loc_plan=False):
+        def forward_batch_generation(
+            self,
+            batch,
+            forward_batch=None,
+            pp_proxy_tensors=None,
+            is_verify=False,
+            skip_attn_backend_init=None,
+            *,
+            capture_hidden_mode=None,
+            return_kv_loc_plan=False,
+        ):
             return ("result", is_verify)
 
     tw.TpModelWorker = TpModelWorker
@@ -139,8 +151,9 @@ def make_fake_sglang(world_size=2, *, norm_params=None, fusion_applies=True, sm=
 
     mr.ModelRunner = ModelRunner
     rc = types.ModuleType(I.MOD_RUNTIME_CONTEXT)
-    graph_cfg = types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
-        decode=types.SimpleNamespace(bs=[1, 2, 4, 8, 16, 32, 64])))
+    graph_cfg = types.SimpleNamespace(
+        cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(bs=[1, 2, 4, 8, 16, 32, 64]))
+    )
     rc.get_exec = lambda: types.SimpleNamespace(graph=graph_cfg)
     if sm is not None:  # SGLang's platform facts (runtime_context.get_platform, override_platform)
         rc.get_platform = lambda: types.SimpleNamespace(device_capability=sm)
@@ -212,8 +225,11 @@ def test_fused_slot_without_a_backend_runs_sglangs_own_method_and_restores():
     # idempotent
     assert I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused"}).applied == ["fused_norm", "pre_capture"]
     # the fused norm, the all-reduce counter (the fake has no other counting target), the rank step
-    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "GroupCoordinator.all_reduce",
-                             "ModelRunner.init_cuda_graphs"]
+    assert I.installed() == [
+        "RMSNorm.forward_with_allreduce_fusion",
+        "GroupCoordinator.all_reduce",
+        "ModelRunner.init_cuda_graphs",
+    ]
     assert I.uninstall() == 3
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
 
@@ -281,8 +297,9 @@ def test_declined_call_runs_sglangs_own_fused_method_and_is_counted_as_such():
     out, r = norm.forward_with_allreduce_fusion(x, res)
     torch.testing.assert_close(r, _expected(x, res)[1])
     assert calls["orig_fused"] == 2 and calls["ar"] == 1
-    assert COUNTER.snapshot() == {"other": {f"fastverify.FakeFused.{F.FUSED_SGLANG_FALLBACK}": 1,
-                                            "fastverify.FakeFused.fallback": 1}}
+    assert COUNTER.snapshot() == {
+        "other": {f"fastverify.FakeFused.{F.FUSED_SGLANG_FALLBACK}": 1, "fastverify.FakeFused.fallback": 1}
+    }
     assert COUNTER.take_fallback() is None  # no mark left for a later, unrelated all-reduce
 
 
@@ -483,9 +500,12 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
 def _record_file(tmp_path, *, max_batch=8, draft=4, hidden=16, p2p_ok=True, source="p2p_check"):
     from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_record
 
-    rec = DeploymentRecord(backend="fused", shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
-                           p2p=P2PFacts(p2p_ok, source, "all 2 ordered pairs passed", 2),
-                           box=BoxFingerprint("test GPU", (9, 0), 2, 2))
+    rec = DeploymentRecord(
+        backend="fused",
+        shapes=VerifyShapes(max_batch, draft, hidden, "float32"),
+        p2p=P2PFacts(p2p_ok, source, "all 2 ordered pairs passed", 2),
+        box=BoxFingerprint("test GPU", (9, 0), 2, 2),
+    )
     return str(write_record(tmp_path / "x.deploy.json", rec))
 
 
@@ -608,14 +628,17 @@ def test_fused_norm_reach_without_the_gate_uses_the_registry():
 
 def test_pre_capture_signature_matches_real_source(tmp_path):
     z = _wheel_tree(tmp_path)
-    pos, kw = _method_params(z.read("sglang/srt/model_executor/model_runner.py").decode(), "ModelRunner",
-                             "init_cuda_graphs")
+    pos, kw = _method_params(
+        z.read("sglang/srt/model_executor/model_runner.py").decode(), "ModelRunner", "init_cuda_graphs"
+    )
     assert pos == ["self", "capture_decode_cuda_graph"] and kw == []
     tw = z.read("sglang/srt/managers/tp_worker.py").decode()
     assert "self.model_runner.init_cuda_graphs(" in tw  # every TP rank, once per runner, before capture
     assert "def decode_num_tokens_per_req(" in z.read("sglang/srt/model_executor/model_runner.py").decode()
-    assert "get_exec().graph.cuda_graph_config.decode.bs" in z.read(
-        "sglang/srt/model_executor/runner/base_cuda_graph_runner.py").decode()
+    assert (
+        "get_exec().graph.cuda_graph_config.decode.bs"
+        in z.read("sglang/srt/model_executor/runner/base_cuda_graph_runner.py").decode()
+    )
 
 
 class FakeEvent:
@@ -671,8 +694,12 @@ def test_verify_trace_of_n_steps(tmp_path):
     import gzip
 
     mods, _ = make_fake_sglang()
-    env = {**ON, "FASTVERIFY_BACKEND": "off", "FASTVERIFY_PROFILE_VERIFY": str(tmp_path),
-           "FASTVERIFY_PROFILE_VERIFY_STEPS": "2"}
+    env = {
+        **ON,
+        "FASTVERIFY_BACKEND": "off",
+        "FASTVERIFY_PROFILE_VERIFY": str(tmp_path),
+        "FASTVERIFY_PROFILE_VERIFY_STEPS": "2",
+    }
     timer = I.VerifyTimer(tmp_path, every=100, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "1")
     rep = I.install(mods, environ=env, timer=timer)
     assert rep.applied == ["pre_capture", "verify_timer"]
@@ -721,8 +748,11 @@ def test_plugin_entry_point_is_gated(monkeypatch):
     plugin()
     # the fused norm, the all-reduce counter (the fake has no out/in-place halves to count) and the
     # pre-capture hook: the three targets the fake SGLang has
-    assert I.installed() == ["RMSNorm.forward_with_allreduce_fusion", "GroupCoordinator.all_reduce",
-                             "ModelRunner.init_cuda_graphs"]
+    assert I.installed() == [
+        "RMSNorm.forward_with_allreduce_fusion",
+        "GroupCoordinator.all_reduce",
+        "ModelRunner.init_cuda_graphs",
+    ]
     assert I._report.active and I._report.backend == "fused" and I._report.applied == ["fused_norm", "pre_capture"]
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is not orig
     out, _ = RMSNorm(8).forward_with_allreduce_fusion(torch.ones(2, 8), torch.zeros(2, 8))
@@ -730,6 +760,7 @@ def test_plugin_entry_point_is_gated(monkeypatch):
 
 
 # --- the real SGLang 0.5.23 source (ast only, nothing imported) --------------------------------------
+
 
 def _wheel_tree(tmp_path):
     whl = os.environ.get("FASTVERIFY_SGLANG_WHEEL")
@@ -769,8 +800,10 @@ def test_targets_exist_in_real_sglang_source(tmp_path):
     fi = z.read("sglang/srt/layers/flashinfer_comm_fusion.py").decode()
     assert _method_params(fi, None, "resolve_fusion_group") == ([], ["use_attn_tp_group"])
     assert "return group.world_size, group.rank_in_group, group" in fi
-    assert _method_params(z.read("sglang/srt/layers/moe/utils.py").decode(), None,
-                          "post_experts_reduction_group") == ([], [])
+    assert _method_params(z.read("sglang/srt/layers/moe/utils.py").decode(), None, "post_experts_reduction_group") == (
+        [],
+        [],
+    )
     # how SGLang's layer boundary calls the norm: the MoE output only when owed to that very group
     fus = z.read("sglang/srt/layers/layer_boundary/fusions/allreduce.py").decode()
     assert "plan.norm.forward_with_allreduce_fusion(" in fus
@@ -780,7 +813,8 @@ def test_targets_exist_in_real_sglang_source(tmp_path):
     ln = z.read("sglang/srt/layers/layernorm.py").decode()
     body = ln.split("def _forward_with_allreduce_fusion(")[1].split("\ndef ")[0]
     assert "    if residual is not None:\n" in body and body.rstrip().endswith(
-        "return norm_module.forward(x, residual, post_residual_addition)")
+        "return norm_module.forward(x, residual, post_residual_addition)"
+    )
     # the add-norm targets are module attributes looked up when the model is built (not imported by
     # name anywhere else), and called by the boundary before its own all-reduce + norm
     assert "partial(fused_ffn_input, plan)" in fus and "partial(\n            fused_attn_input," in fus
@@ -830,8 +864,14 @@ def _vote_worker(rank, world, port, record_path, q):
 
     out = {}
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=30),
+        )
+
         def real_ar(x):  # SGLang's plain all-reduce, for real on the gloo group
             y = x.clone()
             dist.all_reduce(y, group=dist.group.WORLD)
@@ -848,6 +888,7 @@ def _vote_worker(rank, world, port, record_path, q):
             log = []
             I.uninstall()
             if case != "real":
+
                 def factory(c, x):
                     if case == "create" and rank == 1:
                         raise RuntimeError("no workspace on this rank")
@@ -859,12 +900,23 @@ def _vote_worker(rank, world, port, record_path, q):
             r.dtype, r.device = torch.float32, "cpu"
             r.init_cuda_graphs()
             slot = F.group_slot(coord)  # the fused slot of the TP group (attention TP = post-experts here)
-            res = {"log": log, "disabled": slot.disabled, "built": slot.backend is not None,
-                   "applied": list(rep.applied), "skipped": dict(rep.skipped)}
+            res = {
+                "log": log,
+                "disabled": slot.disabled,
+                "built": slot.backend is not None,
+                "applied": list(rep.applied),
+                "skipped": dict(rep.skipped),
+            }
             if case == "real" and slot.backend is not None:
                 ctx = getattr(slot, "context", None)
-                res["ctx"] = ctx and [ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node,
-                                      ctx.p2p_ok, ctx.p2p_note]
+                res["ctx"] = ctx and [
+                    ctx.world_size,
+                    ctx.device_type,
+                    ctx.group_backend,
+                    ctx.single_node,
+                    ctx.p2p_ok,
+                    ctx.p2p_note,
+                ]
                 be = slot.backend
                 res["backend"] = [be.name.value, be.max_numel, be.hidden]
                 # the fused replacement on the gloo backend: first check voted, result right
@@ -885,8 +937,12 @@ def _vote_worker(rank, world, port, record_path, q):
                 resid = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
                 norm.forward_with_allreduce_fusion(x, resid)
                 norm.forward_with_allreduce_fusion(x, resid)
-                res = {"disabled": F.group_slot(coord).disabled, "fused_calls": be.calls, "plain_calls": calls["ar"],
-                       "sglang_calls": calls["orig_fused"]}
+                res = {
+                    "disabled": F.group_slot(coord).disabled,
+                    "fused_calls": be.calls,
+                    "plain_calls": calls["ar"],
+                    "sglang_calls": calls["orig_fused"],
+                }
             return res
 
         for case in ("real", "create", "prepare", "check"):
@@ -980,25 +1036,35 @@ def test_context_from_coordinator_for_a_gpu_backend_passes_p2p_and_node_checks(t
     from fastverify.patch import rank as R
 
     with socket_port() as port:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=30)
+        )
     try:
         mods, _ = make_fake_sglang(1)
         coord = mods[I.MOD_PARALLEL_STATE].get_tp_group()
         coord.device_group = coord.cpu_group = dist.group.WORLD
         rec = read_record(_record_file(tmp_path))
         ctx = R.context_from_coordinator(coord, device="cuda", dtype=torch.bfloat16, record=rec, modules=mods)
-        assert (ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node, ctx.p2p_ok) == \
-            (1, "cuda", "gloo", True, True)
+        assert (ctx.world_size, ctx.device_type, ctx.group_backend, ctx.single_node, ctx.p2p_ok) == (
+            1,
+            "cuda",
+            "gloo",
+            True,
+            True,
+        )
         assert check_p2p(ctx) is None and check_single_node(ctx) is None
         ctx = R.context_from_coordinator(coord, device="cuda", dtype=torch.bfloat16, record=None, modules=mods)
         assert ctx.p2p_ok is None and "no deployment record" in check_p2p(ctx).reason + ctx.p2p_note
         nvml = read_record(_record_file(tmp_path, source="nvml"))  # the driver's word is not a proof
-        assert R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=nvml,
-                                          modules=mods).p2p_ok is None
+        assert (
+            R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=nvml, modules=mods).p2p_ok
+            is None
+        )
         del mods[I.MOD_PARALLEL_STATE].in_the_same_node_as  # an SGLang without it: unknown, not guessed
-        assert R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=rec,
-                                          modules=mods).single_node is None
+        assert (
+            R.context_from_coordinator(coord, device="cpu", dtype=torch.float32, record=rec, modules=mods).single_node
+            is None
+        )
     finally:
         dist.destroy_process_group()
 
@@ -1060,8 +1126,12 @@ def test_b12x_hooks_the_layer_boundary_and_uninstall_restores():
     assert rep.applied == ["add_norm_ffn", "add_norm_attn", "pre_capture"] and rep.skipped == {}, rep
     assert fu.fused_ffn_input is not orig[0] and fu.fused_ffn_input.__wrapped__ is orig[0]
     assert fu.fused_attn_input.__fastverify_original__ is orig[1]
-    assert I.installed() == ["allreduce.fused_ffn_input", "allreduce.fused_attn_input", "GroupCoordinator.all_reduce",
-                             "ModelRunner.init_cuda_graphs"]
+    assert I.installed() == [
+        "allreduce.fused_ffn_input",
+        "allreduce.fused_attn_input",
+        "GroupCoordinator.all_reduce",
+        "ModelRunner.init_cuda_graphs",
+    ]
     # nothing built yet: both candidates are SGLang's own (None here, as on SM120)
     norm = mods[I.MOD_LAYERNORM].RMSNorm(8)
     plan = types.SimpleNamespace(norm=norm, fusions=None)
@@ -1096,8 +1166,9 @@ def _b12x_rank_step(tmp_path, sm, *, bad=False):
         return be
 
     S.ADD_NORM_SLOT.factory = factory
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
-                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
+    rep = I.install(
+        mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x", "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)}
+    )
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
     runner.device = "cpu"
     runner.init_cuda_graphs()
@@ -1117,11 +1188,15 @@ def test_b12x_rank_step_on_sm120_builds_prepares_and_checks(tmp_path, capsys):
     assert "applied=add_norm_ffn,add_norm_attn,pre_capture built=add_norm=" in line, line
 
 
-@pytest.mark.parametrize("sm,why", [((9, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
-                                    ((10, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
-                                    ((8, 9), "b12x runs only on SM120/SM121 (FlashInfer b12x is_supported); "
-                                             "this GPU is SM89"),
-                                    ((12, 2), "b12x runs only on SM120/SM121")])
+@pytest.mark.parametrize(
+    "sm,why",
+    [
+        ((9, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
+        ((10, 0), "SGLang's own FlashInfer all-reduce fusion owns"),
+        ((8, 9), "b12x runs only on SM120/SM121 (FlashInfer b12x is_supported); this GPU is SM89"),
+        ((12, 2), "b12x runs only on SM120/SM121"),
+    ],
+)
 def test_b12x_rank_step_stays_out_of_the_way_elsewhere(tmp_path, capsys, sm, why):
     mods, calls, events, rep = _b12x_rank_step(tmp_path, sm)
     assert events == [] and S.ADD_NORM_SLOT.backend is None and why in S.ADD_NORM_SLOT.disabled
@@ -1140,9 +1215,12 @@ def test_b12x_reach_follows_sglangs_own_gate():
     from fastverify.patch import rank as R
 
     mods, _ = make_fake_sglang(fusion_applies=True)
-    assert R.add_norm_reach(mods, 32, (12, 0)) == (False, "SGLang's own FlashInfer all-reduce fusion owns the "
-                                                   "layer boundary here (flashinfer_ar_fusion_applies(32) holds; "
-                                                   "this GPU is SM120); b12x stays out of the way")
+    assert R.add_norm_reach(mods, 32, (12, 0)) == (
+        False,
+        "SGLang's own FlashInfer all-reduce fusion owns the "
+        "layer boundary here (flashinfer_ar_fusion_applies(32) holds; "
+        "this GPU is SM120); b12x stays out of the way",
+    )
     mods, _ = make_fake_sglang(fusion_applies=False)
     assert R.add_norm_reach(mods, 32, (12, 1))[0] is True
     assert R.add_norm_reach(mods, 32, None)[0] is False
@@ -1191,6 +1269,7 @@ def test_b12x_candidates_take_only_what_the_kernel_computes():
     for rows in (37, 64):  # above the kernel's 36 rows: SGLang's all-reduce + norm
         run(rows, "sglang")
     assert calls["orig_ffn"] == 2
+
     # not SGLang's plain RMSNorm: a subclass (another formula), a weight in another dtype
     class Sub(ln.RMSNorm):
         pass
@@ -1211,9 +1290,13 @@ def test_b12x_candidates_take_only_what_the_kernel_computes():
     torch.testing.assert_close(out[1], r + 2 * x)
     assert be.calls == 4
     other = types.SimpleNamespace(ranks=[0, 2])
-    for owed, post, quant in ((U(x, other), None, False), (U(x, tp), torch.ones(4, 8), False),
-                              (U(x, tp), None, True), (U(x, tp, complete_sum=lambda t: t), None, False),
-                              (x, None, False)):
+    for owed, post, quant in (
+        (U(x, other), None, False),
+        (U(x, tp), torch.ones(4, 8), False),
+        (U(x, tp), None, True),
+        (U(x, tp, complete_sum=lambda t: t), None, False),
+        (x, None, False),
+    ):
         assert fu.fused_attn_input(plan, owed, r, None, post, fuses_quant=quant, keep_bf16=False) is None
     assert be.calls == 4 and calls["orig_attn"] == 5
     # attention TP is not the TP group (DP attention): the FFN input is SGLang's
@@ -1242,8 +1325,9 @@ def test_b12x_prepare_that_disables_itself_is_a_failed_prepare_not_built(tmp_pat
     mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
     made = []
     S.ADD_NORM_SLOT.factory = lambda coordinator, x: made.append(_SwallowingB12x()) or made[-1]
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
-                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)})
+    rep = I.install(
+        mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x", "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, hidden=8)}
+    )
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=4, pool=48)
     runner.device = "cpu"
     runner.init_cuda_graphs()
@@ -1258,8 +1342,14 @@ def test_b12x_not_built_where_every_captured_verify_step_is_wider_than_it_takes(
     mods, _ = make_fake_sglang(sm=(12, 0), fusion_applies=False)
     made = []
     S.ADD_NORM_SLOT.factory = lambda coordinator, x: made.append(FakeB12x()) or made[-1]
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "b12x",
-                                   "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, max_batch=2, draft=40, hidden=8)})
+    rep = I.install(
+        mods,
+        environ={
+            **ON,
+            "FASTVERIFY_BACKEND": "b12x",
+            "FASTVERIFY_DEPLOYMENT": _record_file(tmp_path, max_batch=2, draft=40, hidden=8),
+        },
+    )
     runner = mods[I.MOD_MODEL_RUNNER].ModelRunner(hidden=8, width=40, pool=48)
     runner.device = "cpu"
     runner.init_cuda_graphs()

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import sglang_python_or_skip
 
 PROBE = Path(__file__).with_name("sglang_patch_probe.py")
@@ -30,14 +29,14 @@ def probe() -> dict:
     env["PYTHONPATH"] = str(REPO)  # this checkout's fastverify, whatever the venv has installed
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU: the probe is about the real Python objects
     try:
-        cp = subprocess.run([py, str(PROBE)], capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                            cwd=str(REPO))
+        cp = subprocess.run([py, str(PROBE)], capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=str(REPO))
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"probe timed out after {TIMEOUT_S} s; stderr tail:\n{(e.stderr or '')[-3000:]}")
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     if cp.returncode != 0 or not lines:
-        pytest.fail(f"probe failed (rc={cp.returncode}); stderr tail:\n{cp.stderr[-3000:]}\n"
-                    f"stdout tail:\n{cp.stdout[-2000:]}")
+        pytest.fail(
+            f"probe failed (rc={cp.returncode}); stderr tail:\n{cp.stderr[-3000:]}\nstdout tail:\n{cp.stdout[-2000:]}"
+        )
     out = json.loads(lines[-1])
     if os.environ.get("FASTVERIFY_PROBE_JSON"):  # keep it for the record
         Path(os.environ["FASTVERIFY_PROBE_JSON"]).write_text(json.dumps(out, indent=1))
@@ -57,8 +56,16 @@ def test_targets_found_with_expected_signatures(probe):
     assert all(t["ok"] for t in found.values()), found
 
 
-COUNTED = ["all_reduce", "count_capture", "count_flashinfer", "count_in_place", "count_mode", "count_out_place",
-           "count_pynccl", "count_replay"]
+COUNTED = [
+    "all_reduce",
+    "count_capture",
+    "count_flashinfer",
+    "count_in_place",
+    "count_mode",
+    "count_out_place",
+    "count_pynccl",
+    "count_replay",
+]
 # what uninstall restores for them: one wrap per target, but capture/replay on each of SGLang 0.5.23's
 # three graph backends (Full, Breakable, TcPiecewise: runner_backend/*_cuda_graph_backend.py)
 N_COUNT_WRAPS = len(COUNTED) - 2 + 2 * 3
@@ -188,7 +195,10 @@ def test_unpatched_sglang_on_cpu(probe):
             if c["case"] == "no_residual":
                 assert c["dist_all_reduces"] == 0 and c["out_err_if_not_reduced"] <= c["tol"], c
             elif "error" in c:
-                assert c["error"].startswith("NotImplementedError") and "flashinfer_allreduce_residual_rmsnorm" in c["error"], c
+                assert (
+                    c["error"].startswith("NotImplementedError")
+                    and "flashinfer_allreduce_residual_rmsnorm" in c["error"]
+                ), c
             else:  # a CPU kernel appeared: then it must agree with the reference too
                 assert c["dist_all_reduces"] == 1 and c["out_ok"] and c["res_ok"], c
 
@@ -216,14 +226,21 @@ def test_rank_step_builds_from_the_real_group_coordinator_and_prints_its_line(pr
     for r in _ranks(probe):
         d = r["dispatch"]
         assert d["applied"] == ["all_reduce", "pre_capture"] and d["disabled"] is None, d
-        assert d["context"] == {"world_size": 2, "device_type": "cpu", "group_backend": "gloo", "single_node": True,
-                                "p2p_ok": True, "p2p_note": "P2P proven by p2p_check (deployment record: all 2 "
-                                "ordered pairs passed)"}, d
+        assert d["context"] == {
+            "world_size": 2,
+            "device_type": "cpu",
+            "group_backend": "gloo",
+            "single_node": True,
+            "p2p_ok": True,
+            "p2p_note": "P2P proven by p2p_check (deployment record: all 2 ordered pairs passed)",
+        }, d
         assert d["backend"] == {"name": "gloo", "max_numel": 8 * 4 * 64, "hidden": 64, "on_tp_device_group": True}
         assert d["all_reduce_ok"] and d["via_backend"] == 1, d  # GroupCoordinator.all_reduce went through it
         assert d["real_body_error"] is not None  # the real init_cuda_graphs ran after the step
         lines = r["lines"]
-        want = f"fastverify patch [TP {r['rank']}]: backend=pcie_ipc applied=all_reduce,pre_capture built=all_reduce=gloo"
+        want = (
+            f"fastverify patch [TP {r['rank']}]: backend=pcie_ipc applied=all_reduce,pre_capture built=all_reduce=gloo"
+        )
         assert sum(ln.startswith(want) for ln in lines) == 1, lines
         assert "single node" in lines[-1] and "P2P proven by p2p_check" in lines[-1]
 
@@ -235,8 +252,13 @@ def test_fused_norm_skipped_where_sglangs_gate_is_false(probe):
         f = r["fused_rank_step"]
         assert f["install_applied"] == ["fused_norm", "pre_capture"] and f["applied"] == ["pre_capture"], f
         assert "flashinfer_ar_fusion_applies(1) is False" in f["skipped"]["fused_norm"] and f["built"] == {}, f
-        assert any(ln.startswith(f"fastverify patch [TP {r['rank']}]: backend=fused applied=pre_capture skipped="
-                                 "fused_norm (SGLang never calls") for ln in r["lines"]), r["lines"]
+        assert any(
+            ln.startswith(
+                f"fastverify patch [TP {r['rank']}]: backend=fused applied=pre_capture skipped="
+                "fused_norm (SGLang never calls"
+            )
+            for ln in r["lines"]
+        ), r["lines"]
 
 
 def test_sglang_fusion_gate_per_sm_agrees_with_registry_and_patch(probe):
@@ -309,11 +331,13 @@ def test_b12x_on_sm120_builds_from_the_real_coordinator_and_matches_sglangs_own_
                 if row["dtype"] == "float32" or c["rows"] > 36:
                     assert c["out_equal"], c  # the same arithmetic, bit for bit
                 else:  # bf16: fastverify norms the rounded residual (as the fused kernel reads it)
-                    assert c["out_err"] <= 2 ** -5, c  # at most one bf16 step (|out| < 8)
+                    assert c["out_err"] <= 2**-5, c  # at most one bf16 step (|out| < 8)
                 # and SGLang's own path is the independent torch sum + add + RMSNorm
-                assert c["ref_res_err"] == 0.0 and c["ref_out_err"] <= (0.0 if row["dtype"] == "float32" else 2 ** -5), c
-        line = f"fastverify patch [TP {rank}]: backend=b12x applied=add_norm_ffn,add_norm_attn,pre_capture " \
-               "built=add_norm=gloo"
+                assert c["ref_res_err"] == 0.0 and c["ref_out_err"] <= (0.0 if row["dtype"] == "float32" else 2**-5), c
+        line = (
+            f"fastverify patch [TP {rank}]: backend=b12x applied=add_norm_ffn,add_norm_attn,pre_capture "
+            "built=add_norm=gloo"
+        )
         assert sum(ln.startswith(line) for ln in _ranks(probe)[rank]["lines"]) == 2  # fp32 and bf16 runs
 
 

@@ -143,8 +143,7 @@ def patched(monkeypatch):
     lines = []
     monkeypatch.setattr(R, "emit", lines.append)
     mods, coord = _modules()
-    rep = I.install(mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"},
-                    sglang_has_pcie_ipc=True)
+    rep = I.install(mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
     yield mods, coord, rep, lines
     I.uninstall()
 
@@ -155,8 +154,14 @@ def _fb(mode, rows):
 
 def test_eager_forwards_are_counted_by_the_method_sglang_ran_per_mode(patched):
     mods, _, rep, lines = patched
-    assert set(rep.counting) == {"count_all_reduce", "count_out_place", "count_in_place", "count_mode",
-                                 "count_capture", "count_replay"}, rep
+    assert set(rep.counting) == {
+        "count_all_reduce",
+        "count_out_place",
+        "count_in_place",
+        "count_mode",
+        "count_capture",
+        "count_replay",
+    }, rep
     target, draft = mods[I.MOD_MODEL_RUNNER].ModelRunner(), mods[I.MOD_MODEL_RUNNER].ModelRunner(draft=True)
     target.forward(_fb("EXTEND", 40))  # prefill: wider than the workspace -> in place (PyNccl)
     assert lines == []  # no verify forward yet: no paths line
@@ -164,14 +169,19 @@ def test_eager_forwards_are_counted_by_the_method_sglang_ran_per_mode(patched):
     draft.forward(_fb("DECODE", 2))  # the drafter's own all-reduces, apart
     target.forward(_fb("TARGET_VERIFY", 12))  # 3 x 4: wider than the workspace
     got = COUNTER.snapshot()
-    assert got == {"extend": {"sglang.pynccl": 3}, "verify": {"sglang.pcie_ipc": 3, "sglang.pynccl": 3},
-                   "draft": {"sglang.pcie_ipc": 3}}
+    assert got == {
+        "extend": {"sglang.pynccl": 3},
+        "verify": {"sglang.pcie_ipc": 3, "sglang.pynccl": 3},
+        "draft": {"sglang.pcie_ipc": 3},
+    }
     # the rank's line came once, after the first verify forward, with the counts up to then
     assert len(lines) == 1 and lines[0].startswith("fastverify paths [TP 0] after the first verify forward: ")
     assert "verify: pcie_ipc took 3 of 3 (sglang.pcie_ipc 3)" in lines[0]
     assert "extend: pcie_ipc took 0 of 3 (sglang.pynccl 3)" in lines[0]
-    assert summary(got, backend="pcie_ipc").split("; ")[0] == \
-        "verify: pcie_ipc took 3 of 6 (sglang.pcie_ipc 3, sglang.pynccl 3)"
+    assert (
+        summary(got, backend="pcie_ipc").split("; ")[0]
+        == "verify: pcie_ipc took 3 of 6 (sglang.pcie_ipc 3, sglang.pynccl 3)"
+    )
 
 
 def test_graphs_are_counted_at_capture_and_each_replay_is_attributed_to_its_graph(patched):
@@ -183,7 +193,10 @@ def test_graphs_are_counted_at_capture_and_each_replay_is_attributed_to_its_grap
         graphs.capture_one_shape(size, forward=lambda fb: target.forward.__wrapped__(target, fb))
     # captured runs only: bs 4 -> 16 rows (in place), bs 2 -> 8 and bs 1 -> 4 rows (pcie_ipc)
     assert {k[:2]: c for k, c in COUNTER.graphs.items()} == {
-        ("verify", 4): {"sglang.pynccl": 3}, ("verify", 2): {"sglang.pcie_ipc": 3}, ("verify", 1): {"sglang.pcie_ipc": 3}}
+        ("verify", 4): {"sglang.pynccl": 3},
+        ("verify", 2): {"sglang.pcie_ipc": 3},
+        ("verify", 1): {"sglang.pcie_ipc": 3},
+    }
     assert COUNTER.snapshot() == {"capture_warmup": {"sglang.pynccl": 3, "sglang.pcie_ipc": 6}}
     COUNTER.take()
     with COUNTER.in_mode("verify"):
@@ -215,8 +228,10 @@ def test_a_slot_that_declines_a_tensor_is_counted_as_its_fallback(patched, monke
     target.forward(_fb("TARGET_VERIFY", 4))  # 1 x 4: taken
     target.forward(_fb("TARGET_VERIFY", 10))  # 1 x 10 (tree draft): declined, SGLang's own path ran it
     assert COUNTER.snapshot() == {"verify": {"fastverify.b12x": 3, "fastverify.b12x.fallback": 3}}
-    assert summary(COUNTER.snapshot(), backend="b12x") == \
-        "verify: b12x took 3 of 6 (fastverify.b12x 3, fastverify.b12x.fallback 3)"
+    assert (
+        summary(COUNTER.snapshot(), backend="b12x")
+        == "verify: b12x took 3 of 6 (fastverify.b12x 3, fastverify.b12x.fallback 3)"
+    )
 
 
 def test_verify_records_carry_the_counts_since_the_previous_record(tmp_path):
@@ -233,22 +248,39 @@ def test_verify_records_carry_the_counts_since_the_previous_record(tmp_path):
     timer.stop(timer.start(), counter.take())
     timer.drain()
     recs = [json.loads(x) for x in (tmp_path / next(p.name for p in tmp_path.iterdir())).read_text().splitlines()]
-    assert [r["allreduce_paths"] for r in recs] == [{"extend": {"sglang.gloo": 1}, "verify": {"sglang.gloo": 5}},
-                                                    {"verify": {"fastverify.gloo": 1}}]
+    assert [r["allreduce_paths"] for r in recs] == [
+        {"extend": {"sglang.gloo": 1}, "verify": {"sglang.gloo": 5}},
+        {"verify": {"fastverify.gloo": 1}},
+    ]
 
 
-@pytest.mark.parametrize("name, draft, mode", [
-    ("TARGET_VERIFY", False, "verify"), ("EXTEND", False, "extend"), ("DECODE", False, "decode"),
-    ("DECODE", True, "draft"), ("DRAFT_EXTEND_V2", True, "draft_extend"), ("IDLE", False, "idle"),
-])
+@pytest.mark.parametrize(
+    "name, draft, mode",
+    [
+        ("TARGET_VERIFY", False, "verify"),
+        ("EXTEND", False, "extend"),
+        ("DECODE", False, "decode"),
+        ("DECODE", True, "draft"),
+        ("DRAFT_EXTEND_V2", True, "draft_extend"),
+        ("IDLE", False, "idle"),
+    ],
+)
 def test_forward_modes(name, draft, mode):
     assert mode_of(SimpleNamespace(name=name), draft) == mode
 
 
-@pytest.mark.parametrize("path, backend", [
-    ("sglang.pcie_ipc", "pcie_ipc"), ("sglang.ca", "custom_ar"), ("sglang.pynccl", "nccl"), ("sglang.gloo", "gloo"),
-    ("fastverify.b12x", "b12x"), ("fastverify.b12x.fallback", None), ("sglang.qr", None),
-])
+@pytest.mark.parametrize(
+    "path, backend",
+    [
+        ("sglang.pcie_ipc", "pcie_ipc"),
+        ("sglang.ca", "custom_ar"),
+        ("sglang.pynccl", "nccl"),
+        ("sglang.gloo", "gloo"),
+        ("fastverify.b12x", "b12x"),
+        ("fastverify.b12x.fallback", None),
+        ("sglang.qr", None),
+    ],
+)
 def test_path_backends(path, backend):
     assert backend_of(path) == backend
 
@@ -294,8 +326,12 @@ def test_graph_keys_follow_sglangs_own_capture_size_rule():
     cp = subprocess.run([py, "-c", _REAL_KEY], capture_output=True, text=True, timeout=300, env=env, cwd=str(repo))
     assert cp.returncode == 0, cp.stderr[-3000:]
     got = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    assert got == {"False-False": ["verify", 3], "False-True": ["draft", 3],
-                   "True-False": ["verify", 12], "True-True": ["draft", 12]}
+    assert got == {
+        "False-False": ["verify", 3],
+        "False-True": ["draft", 3],
+        "True-False": ["verify", 12],
+        "True-True": ["draft", 12],
+    }
 
 
 def test_nothing_is_routed_or_counted_while_torch_compile_traces(patched, monkeypatch):

@@ -46,8 +46,15 @@ PKG = "_fv_fi074"  # the wheel's flashinfer/ under a name of its own: its real _
 WORLD, H = 2, 64
 VERIFY_ROWS = [6, 12, 24, 48]  # batch 1..8 x 6 draft tokens: what the rank step prepares
 MAX_NUMEL = 48 * H
-REAL_METHODS = ("launch_config", "supports", "tuned_launch_config", "prepare", "all_reduce", "_check_stream",
-                "rebind_stream")
+REAL_METHODS = (
+    "launch_config",
+    "supports",
+    "tuned_launch_config",
+    "prepare",
+    "all_reduce",
+    "_check_stream",
+    "rebind_stream",
+)
 
 
 def _method_source(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
@@ -67,9 +74,14 @@ def fi(tmp_path_factory) -> types.SimpleNamespace:
         for rel in ("pcie_ipc_policy.py", "pcie_ipc_collectives/_constants.py", "pcie_ipc_collectives/_lifecycle.py"):
             z.extract(COMM + rel, root)
         source = z.read(AR_PATH).decode()
-    saved = {k: sys.modules.get(k) for k in (PKG, f"{PKG}.comm", f"{PKG}.comm.pcie_ipc_collectives", f"{PKG}.autotuner")}
-    for name, path in ((PKG, "flashinfer"), (f"{PKG}.comm", "flashinfer/comm"),
-                       (f"{PKG}.comm.pcie_ipc_collectives", "flashinfer/comm/pcie_ipc_collectives")):
+    saved = {
+        k: sys.modules.get(k) for k in (PKG, f"{PKG}.comm", f"{PKG}.comm.pcie_ipc_collectives", f"{PKG}.autotuner")
+    }
+    for name, path in (
+        (PKG, "flashinfer"),
+        (f"{PKG}.comm", "flashinfer/comm"),
+        (f"{PKG}.comm.pcie_ipc_collectives", "flashinfer/comm/pcie_ipc_collectives"),
+    ):
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(root / path)]
         sys.modules[name] = pkg
@@ -95,9 +107,16 @@ def fi(tmp_path_factory) -> types.SimpleNamespace:
         assert any(s.startswith("self._tuned") and s.endswith("= {}") for s in init), init
         for name in ("tune", "destroy"):
             assert "self._tuned.clear()" in ast.unparse(real[name]), name
-        dtypes = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_SUPPORTED_DTYPES")
-        ns = {"torch": torch, "get_pcie_ipc_launch_config": policy.get_pcie_ipc_launch_config,
-              "bind_stream": lifecycle.bind_stream, "__name__": f"{PKG}.comm.pcie_ipc_ar", "__package__": f"{PKG}.comm"}
+        dtypes = next(
+            n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_SUPPORTED_DTYPES"
+        )
+        ns = {
+            "torch": torch,
+            "get_pcie_ipc_launch_config": policy.get_pcie_ipc_launch_config,
+            "bind_stream": lifecycle.bind_stream,
+            "__name__": f"{PKG}.comm.pcie_ipc_ar",
+            "__package__": f"{PKG}.comm",
+        }
         # annotations stay unevaluated: they name typing and policy types the bodies never use
         body = ast.parse("from __future__ import annotations").body + [dtypes]
         body += [_method_source(cls, m) for m in REAL_METHODS]
@@ -147,10 +166,19 @@ def env(fi, monkeypatch) -> types.SimpleNamespace:
         log.append(("tune",))
         self._tuned.clear()
 
-    workspace = type("PcieIpcAllReduceWorkspace", (), {
-        **fi.methods, "__init__": __init__, "_resolve_tuned": _resolve_tuned, "_launch": _launch, "tune": tune,
-        "_joint_check": lambda self, local, what: None, "destroy": lambda self: log.append(("destroy",)),
-    })
+    workspace = type(
+        "PcieIpcAllReduceWorkspace",
+        (),
+        {
+            **fi.methods,
+            "__init__": __init__,
+            "_resolve_tuned": _resolve_tuned,
+            "_launch": _launch,
+            "tune": tune,
+            "_joint_check": lambda self, local, what: None,
+            "destroy": lambda self: log.append(("destroy",)),
+        },
+    )
     flashinfer, comm = types.ModuleType("flashinfer"), types.ModuleType("flashinfer.comm")
     comm.PcieIpcAllReduceWorkspace = workspace
     flashinfer.comm = comm
@@ -180,13 +208,19 @@ def test_the_wheels_rule_raises_for_a_shape_first_met_under_capture(env):
         ws.all_reduce(_x(rows), out=torch.empty(rows, H, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="has not been resolved yet, and resolving it inside a CUDA graph capture"):
         ws.all_reduce(_x(4), out=torch.empty(4, H, dtype=torch.bfloat16))
-    assert env.log == [("resolve", (6, H)), ("resolve", (2, H)), ("launch", (2, H), False),
-                       ("launch", (6, H), True), ("launch", (2, H), True)]
+    assert env.log == [
+        ("resolve", (6, H)),
+        ("resolve", (2, H)),
+        ("launch", (2, H), False),
+        ("launch", (6, H), True),
+        ("launch", (2, H), True),
+    ]
 
 
 def _slot_all_reduce(be: PcieIpcBackend, sglang_log: list):
     """The patch's ``GroupCoordinator.all_reduce`` with ``be`` in the dispatch slot; SGLang's own
     method records the shape and sums as a 2-rank group of equal inputs would."""
+
     def original(coord, x, *args, **kwargs):
         sglang_log.append(tuple(x.shape))
         return x * WORLD

@@ -11,9 +11,9 @@ import io
 import json
 
 import pytest
+from conftest import assert_user_error, run_fastverify
 from rich.console import Console
 
-from conftest import assert_user_error, run_fastverify
 from fastverify.bounds import MAX_EVENT_US, MAX_MSG_BYTES, implausible_count, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.trace.load import load_trace
@@ -30,19 +30,38 @@ def _write(path, events, **top):
 
 
 def _kernel(name, ts, dur, **args):
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
-            "args": {"stream": 7, **args}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": 7, **args},
+    }
 
 
 def _op_and_kernel(dims, dtype="c10::BFloat16"):
     """A record_param_comms op and the all-reduce kernel it launched (External id 5)."""
-    return [{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 0, "tid": 1, "ts": 0, "dur": 20,
-             "args": {"External id": 5, "Collective name": "allreduce", "Input Dims": [dims],
-                      "Input type": [dtype]}},
-            _kernel(AR, 1, 10, **{"External id": 5}), _kernel("gemm", 20, 5)]
+    return [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "record_param_comms",
+            "pid": 0,
+            "tid": 1,
+            "ts": 0,
+            "dur": 20,
+            "args": {"External id": 5, "Collective name": "allreduce", "Input Dims": [dims], "Input type": [dtype]},
+        },
+        _kernel(AR, 1, 10, **{"External id": 5}),
+        _kernel("gemm", 20, 5),
+    ]
 
 
 # --- the bounds themselves ---------------------------------------------------------------------
+
 
 def test_bound_values():
     assert MAX_MSG_BYTES == 2**40 and MAX_EVENT_US == 3.6e9
@@ -54,6 +73,7 @@ def test_bound_values():
 
 
 # --- trace: message sizes and durations --------------------------------------------------------
+
 
 def test_inf_in_input_dims_is_one_line_naming_it(tmp_path):
     """Before: OverflowError (int(float('inf'))) out of trace/load.py _msg_bytes."""
@@ -84,8 +104,10 @@ def test_petabyte_message_is_refused_naming_the_value(tmp_path):
 
 
 def test_in_msg_nelems_past_a_tebibyte_is_refused(tmp_path):
-    path = _write(tmp_path / "t.json.gz", [_kernel(AR, 0, 10, **{"In msg nelems": 2**40, "dtype": "Float"}),
-                                           _kernel("gemm", 20, 5)])
+    path = _write(
+        tmp_path / "t.json.gz",
+        [_kernel(AR, 0, 10, **{"In msg nelems": 2**40, "dtype": "Float"}), _kernel("gemm", 20, 5)],
+    )
     with pytest.raises(UserError, match=r"In msg nelems' = 1099511627776 \(Float\) is 4\.4e\+12 bytes"):
         load_trace(path)
 
@@ -111,25 +133,46 @@ def test_an_hour_exactly_still_loads(tmp_path):
 
 # --- tune journal and report -------------------------------------------------------------------
 
+
 def _spec(**kw) -> TrialSpec:
-    base = dict(backend="gloo", env={"NCCL_PROTO": "LL"}, world_size=2, device="cpu", dtype="bfloat16",
-                hidden=64, sizes=((64, 2),), warmup=1, iters=3)
+    base = dict(
+        backend="gloo",
+        env={"NCCL_PROTO": "LL"},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2),),
+        warmup=1,
+        iters=3,
+    )
     base.update(kw)
     return TrialSpec(**base)
 
 
 def _result(spec, step_us, median=10.0, msg_bytes=128, count=2):
-    return TrialResult(spec.trial_id, "ok", "", (SizeResult(64, msg_bytes, count, median, median, 0.0),),
-                       step_us, "cpu_wall_clock", 1.0, 2.0)
+    return TrialResult(
+        spec.trial_id,
+        "ok",
+        "",
+        (SizeResult(64, msg_bytes, count, median, median, 0.0),),
+        step_us,
+        "cpu_wall_clock",
+        1.0,
+        2.0,
+    )
 
 
-@pytest.mark.parametrize("field, kw, shown", [
-    ("step_us", {"step_us": -1000.0}, "-1000.0"),
-    ("step_us", {"step_us": 1.7e308}, "1.7e+308"),
-    ("median_us", {"step_us": 20.0, "median": -5.0}, "-5.0"),
-    ("msg_bytes", {"step_us": 20.0, "msg_bytes": 10**15}, "1000000000000000"),
-    ("count_per_step", {"step_us": 20.0, "count": 10**12}, "1000000000000"),
-])
+@pytest.mark.parametrize(
+    "field, kw, shown",
+    [
+        ("step_us", {"step_us": -1000.0}, "-1000.0"),
+        ("step_us", {"step_us": 1.7e308}, "1.7e+308"),
+        ("median_us", {"step_us": 20.0, "median": -5.0}, "-5.0"),
+        ("msg_bytes", {"step_us": 20.0, "msg_bytes": 10**15}, "1000000000000000"),
+        ("count_per_step", {"step_us": 20.0, "count": 10**12}, "1000000000000"),
+    ],
+)
 def test_journal_record_out_of_bounds_is_corrupt_naming_the_value(tmp_path, field, kw, shown):
     """Before: read back as is; `tune --resume` then died with a TypeError in tune/ranking.py
     (step_us -1000) or ranked 1.7e308 µs as a measured time."""

@@ -83,21 +83,36 @@ def test_fit_by_hand():
 def test_a_seven_gpu_box_gets_a_range_that_is_not_zero_width():
     f = backend_model.nccl_fit(57344, 7)
     assert f.known and f.low < 1 < f.high
-    assert f.width > ranges.FLOOR ** 2
+    assert f.width > ranges.FLOOR**2
 
 
 def _fig(name, backend, per, nccl=None):
-    return candidates.Figure(backend, name, MappingProxyType({}), sum(p for p, _ in per.values()), (1.0, 2.0), (),
-                    nccl=nccl, per_call_us=MappingProxyType({b: p for b, (p, _) in per.items()}),
-                    per_call_range=MappingProxyType({b: r for b, (_, r) in per.items()}))
+    return candidates.Figure(
+        backend,
+        name,
+        MappingProxyType({}),
+        sum(p for p, _ in per.values()),
+        (1.0, 2.0),
+        (),
+        nccl=nccl,
+        per_call_us=MappingProxyType({b: p for b, (p, _) in per.items()}),
+        per_call_range=MappingProxyType({b: r for b, (_, r) in per.items()}),
+    )
 
 
 def test_per_size_verdicts_and_crossover_by_hand():
     wl = SimpleNamespace(msg_sizes=((16384, 1), (65536, 1), (262144, 1)))
-    nccl = _fig("current environment", BackendName.nccl,
-                {16384: (40.0, (30.0, 50.0)), 65536: (45.0, (35.0, 55.0)), 262144: (60.0, (50.0, 70.0))}, nccl=object())
-    ipc = _fig("pcie_ipc", BackendName.pcie_ipc,
-               {16384: (10.0, (8.0, 12.0)), 65536: (40.0, (30.0, 50.0)), 262144: (90.0, (80.0, 100.0))})
+    nccl = _fig(
+        "current environment",
+        BackendName.nccl,
+        {16384: (40.0, (30.0, 50.0)), 65536: (45.0, (35.0, 55.0)), 262144: (60.0, (50.0, 70.0))},
+        nccl=object(),
+    )
+    ipc = _fig(
+        "pcie_ipc",
+        BackendName.pcie_ipc,
+        {16384: (10.0, (8.0, 12.0)), 65536: (40.0, (30.0, 50.0)), 262144: (90.0, (80.0, 100.0))},
+    )
     rows, cross = candidates.per_size_rows(wl, [nccl, ipc])
     assert [r["verdict"] for r in rows] == ["pcie_ipc", candidates.TOO_CLOSE, "current environment"]
     # NCCL's point 45 > 40 at 64 KiB, 60 <= 90 at 256 KiB: the crossover is 262144 B
@@ -121,8 +136,18 @@ def test_b12x_with_no_fitting_size_is_not_a_candidate():
     assert isinstance(out, str) and "not a candidate" in out and f"{info.max_rows} rows" in out
 
 
-SEED = ["--topology", str(REPO.parent / "shared" / "inputs" / "topo-nccl-tests-307.txt"), "--model", "kimi-k2.5",
-        "--tp-size", "8", "--sm", "120", "--pcie-gen", "5"]
+SEED = [
+    "--topology",
+    str(REPO.parent / "shared" / "inputs" / "topo-nccl-tests-307.txt"),
+    "--model",
+    "kimi-k2.5",
+    "--tp-size",
+    "8",
+    "--sm",
+    "120",
+    "--pcie-gen",
+    "5",
+]
 
 
 def _run(args, capsys):

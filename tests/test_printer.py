@@ -34,8 +34,13 @@ def test_path_text_is_valid_utf8_for_records():
 
 
 def _run(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastverify", *args], capture_output=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fastverify", *args],
+        capture_output=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
 
 
 def test_an_escape_sequence_in_a_file_name_is_shown_escaped(tmp_path):
@@ -48,8 +53,10 @@ def test_an_escape_sequence_in_a_file_name_is_shown_escaped(tmp_path):
 @pytest.mark.skipif(not (SHARED / "traces").is_dir(), reason="../shared/traces is absent on this machine")
 def test_ascii_only_stdout_still_prints_and_writes(tmp_path):
     out = tmp_path / "p.json"
-    cp = _run(["profile", "--trace", str(SHARED / "traces" / "HolisticTraceAnalysis"), "--no-png", "--output", str(out)],
-              env={"PYTHONIOENCODING": "ascii"})
+    cp = _run(
+        ["profile", "--trace", str(SHARED / "traces" / "HolisticTraceAnalysis"), "--no-png", "--output", str(out)],
+        env={"PYTHONIOENCODING": "ascii"},
+    )
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert b"\\xb5s" in cp.stdout and orjson.loads(out.read_bytes())["schema"] == "fastverify.profile"
 
@@ -84,8 +91,20 @@ def test_tune_write_env_with_a_non_utf8_input_name_and_an_escape_in_a_name(tmp_p
     topo = os.fsencode(tmp_path) + b"/\xfftopo.txt"
     shutil.copy(SHARED / "inputs" / "topo-nccl-tests-307.txt", topo)
     env = tmp_path / "ff.env"
-    cp = _run(["tune", "--predict", "--topology", os.fsdecode(topo), "--model", "kimi-k2", "--tp", "8",
-               "--write-env", str(env)])
+    cp = _run(
+        [
+            "tune",
+            "--predict",
+            "--topology",
+            os.fsdecode(topo),
+            "--model",
+            "kimi-k2",
+            "--tp",
+            "8",
+            "--write-env",
+            str(env),
+        ]
+    )
     assert cp.returncode == 0, cp.stderr[-2000:]
     record = orjson.loads((tmp_path / "ff.deploy.json").read_bytes())
     assert "\\xfftopo.txt" in orjson.dumps(record).decode()  # the name, escaped, in valid UTF-8

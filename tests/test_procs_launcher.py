@@ -15,15 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from conftest import alive, subprocess_env
+
 from fastverify import procs
 from fastverify.errors import UserError
 from fastverify.procs import RankGroup, make_workdir
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
-
-
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -83,9 +81,11 @@ def test_rank_ignoring_sigterm_gets_sigkill_after_grace_and_its_group_and_folder
 
 @linux_only
 def test_sigterm_comes_first_and_a_rank_that_honours_it_does_not_wait_for_the_grace():
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (open('got-term', 'w'), sys.exit(7)))\n"
-            "open('ready', 'w'); time.sleep(600)")
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (open('got-term', 'w'), sys.exit(7)))\n"
+        "open('ready', 'w'); time.sleep(600)"
+    )
     with RankGroup(prefix="fastverify-test-launcher-", grace_s=30) as group:
         group.start([[sys.executable, "-c", code]] * 2)
         _wait_for(group.workdir / "ready")
@@ -99,8 +99,12 @@ def test_sigterm_comes_first_and_a_rank_that_honours_it_does_not_wait_for_the_gr
 
 def test_exit_statuses_are_read_without_reaping(tmp_path):
     with RankGroup(tmp_path) as group:
-        group.start([[sys.executable, "-c", "import sys; sys.exit(3)"],
-                     [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]])
+        group.start(
+            [
+                [sys.executable, "-c", "import sys; sys.exit(3)"],
+                [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+            ]
+        )
         deadline = time.monotonic() + 20
         while not group.all_exited():
             assert time.monotonic() < deadline
@@ -142,14 +146,21 @@ def test_live_tune_and_p2p_start_their_processes_through_the_launcher(tmp_path, 
 
     runner._launch(lambda r: [sys.executable, "-c", "pass"], 2, 60.0, str(tmp_path))
     (tmp_path / "bad.json").write_text("{")
-    reason = sweep._launch_trial(str(tmp_path / "bad.json"), 2, sweep.TrialLimits(60.0), str(tmp_path),
-                                 procs.child_env())
+    reason = sweep._launch_trial(
+        str(tmp_path / "bad.json"), 2, sweep.TrialLimits(60.0), str(tmp_path), procs.child_env()
+    )
     assert reason.startswith("rank ") and " crashed (exit code " in reason, reason
     script = tmp_path / "child.py"
-    script.write_text("import json, sys\nI, J, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
-                      "json.dump({'results': [{'src': I, 'dst': J, 'ok': True, 'reason': 'r'}]}, open(OUT, 'w'))\n")
-    out = p2p.check_p2p(n_gpus=2, key={"test": "launcher"}, cache_dir=tmp_path / "cache",
-                        child_argv=lambda i, j, o: [sys.executable, str(script), str(i), str(j), str(o)])
+    script.write_text(
+        "import json, sys\nI, J, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+        "json.dump({'results': [{'src': I, 'dst': J, 'ok': True, 'reason': 'r'}]}, open(OUT, 'w'))\n"
+    )
+    out = p2p.check_p2p(
+        n_gpus=2,
+        key={"test": "launcher"},
+        cache_dir=tmp_path / "cache",
+        child_argv=lambda i, j, o: [sys.executable, str(script), str(i), str(j), str(o)],
+    )
     assert out[(0, 1)] == p2p.P2PResult(True, "r")
     p2p.run_pair(0, 1, tmp_path / "pair.json", 60.0)  # the sides; without CUDA they fail, with a reason
     assert (tmp_path / "pair.json").exists()
@@ -187,8 +198,16 @@ def test_no_live_folder_left_after_a_live_run_that_succeeds_or_fails(private_tmp
     assert len(ranks) == 2
     assert _live_dirs(private_tmp) == []
     with pytest.raises(UserError, match=r"^live rank [01] failed"):
-        run_live(replace(tiny, num_experts_per_tok=17), tp=2, draft_tokens=4, batch=2, iters=1, warmup=0,
-                 device="cpu", timeout_s=120)
+        run_live(
+            replace(tiny, num_experts_per_tok=17),
+            tp=2,
+            draft_tokens=4,
+            batch=2,
+            iters=1,
+            warmup=0,
+            device="cpu",
+            timeout_s=120,
+        )
     assert _live_dirs(private_tmp) == []
 
 
@@ -200,8 +219,11 @@ def test_the_folder_of_a_kill_9ed_live_run_is_removed_by_the_next_run(private_tm
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env={**subprocess_env(), "TMPDIR": str(private_tmp)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=tmp_path,
+        env={**subprocess_env(), "TMPDIR": str(private_tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not any((d / "rank1.stderr").exists() for d in _live_dirs(private_tmp)):
@@ -212,8 +234,7 @@ def test_the_folder_of_a_kill_9ed_live_run_is_removed_by_the_next_run(private_tm
         proc.wait()
     left = _live_dirs(private_tmp)
     assert len(left) == 1  # SIGKILL: the run could not remove it itself
-    run_live(load_model_config("tiny"), tp=2, draft_tokens=4, batch=2, iters=1, warmup=0, device="cpu",
-             timeout_s=120)
+    run_live(load_model_config("tiny"), tp=2, draft_tokens=4, batch=2, iters=1, warmup=0, device="cpu", timeout_s=120)
     assert _live_dirs(private_tmp) == []
 
 
@@ -233,7 +254,8 @@ def test_make_workdir_removes_only_folders_of_dead_owners(private_tmp):
     (other / ".fastverify-owner").write_text(f"{dead.pid} 1")
     new = make_workdir("fastverify-live-")
     assert sorted(p.name for p in private_tmp.iterdir()) == sorted(
-        ["fastverify-live-mine", "fastverify-live-bare", "fastverify-tune-dead", new.name])
+        ["fastverify-live-mine", "fastverify-live-bare", "fastverify-tune-dead", new.name]
+    )
     assert (new / ".fastverify-owner").read_text() == f"{os.getpid()} {ticks}"
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from conftest import assert_user_error, run_fastverify
+
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.profile.build import build_profile, write_outputs
@@ -37,15 +37,30 @@ def _ranks(msg_bytes: int, steps: int = 3, per_step: int = 5) -> list[RankEvents
                 t += 1_100
             marks.append(Step(f"verify#{s}", start, t))
             t += 500
-        out.append(RankEvents.from_rows(rank, f"synthetic{rank}", rows, steps=marks,
-                                        meta={"world_size": 2, "timing": "cuda_events"}))
+        out.append(
+            RankEvents.from_rows(
+                rank, f"synthetic{rank}", rows, steps=marks, meta={"world_size": 2, "timing": "cuda_events"}
+            )
+        )
     return out
 
 
 def _live_source(**over) -> dict:
-    src = {"kind": "live", "model": "m", "tp": 2, "draft_tokens": 4, "batch": 2, "tokens": 8, "iters": 3,
-           "warmup": 1, "device": "cuda", "dist_backend": "nccl", "backend": "nccl", "dtype": "float16",
-           "hidden": 128}
+    src = {
+        "kind": "live",
+        "model": "m",
+        "tp": 2,
+        "draft_tokens": 4,
+        "batch": 2,
+        "tokens": 8,
+        "iters": 3,
+        "warmup": 1,
+        "device": "cuda",
+        "dist_backend": "nccl",
+        "backend": "nccl",
+        "dtype": "float16",
+        "hidden": 128,
+    }
     src.update(over)
     return src
 
@@ -70,8 +85,9 @@ def test_round_trip_through_the_one_encoder(tmp_path):
     assert doc["shapes"] == {"dtype": "float16", "hidden": 128, "tokens": 8, "draft_tokens": 4, "batch": 2}
     assert doc["ranks"][0]["top_kernels"][0]["class"] in ("compute", "allreduce")  # JSON key kept
     # A live GPU run nests the profile of its CUDA-graph replay traces in the same schema.
-    nested = msgspec.structs.replace(prof, graph_replay=build_profile(_ranks(0), {"kind": "trace", "files": ["x"]},
-                                                                      shapes))
+    nested = msgspec.structs.replace(
+        prof, graph_replay=build_profile(_ranks(0), {"kind": "trace", "files": ["x"]}, shapes)
+    )
     again = decode_profile(encode_profile(nested))
     assert again.graph_replay == nested.graph_replay and again.graph_replay.shapes == shapes
 
@@ -110,21 +126,30 @@ def _good_doc(tmp_path) -> dict:
     return json.loads(encode_profile(build_profile(_ranks(2048), _live_source(dtype="bfloat16"), shapes)))
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda d: d["shapes"].update(hidden="big"),
-     ['not a usable fastverify profile: field "shapes.hidden": expected an integer or null, got a string '
-      '(e.g. "hidden": 7168)']),
-    (lambda d: d["shapes"].update(dtype="int8"), ["shapes.dtype"]),
-    (lambda d: d.pop("summary"), ["summary"]),
-    (lambda d: d["source"].update(kind="somewhere"), ["somewhere"]),
-    (lambda d: d.update(schema_version=99), ["schema_version 99", "reads 1 or 2"]),
-    (lambda d: d.update(schema="fastverify.other"), ["'schema' is not 'fastverify.profile'"]),
-    # past fastverify/bounds.py: the field, its value and the bound are named
-    (lambda d: d["allreduce_by_msg_size"][0].update(msg_bytes=10**15),
-     ["allreduce_by_msg_size[0].msg_bytes = 1000000000000000", "1 TiB"]),
-    (lambda d: d["ranks"][0]["step_median"].update(window_us=-1.0), ["ranks[0].step_median.window_us = -1.0"]),
-    (lambda d: d["source"].update(tp=0), ["source.tp = 0"]),
-])
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (
+            lambda d: d["shapes"].update(hidden="big"),
+            [
+                'not a usable fastverify profile: field "shapes.hidden": expected an integer or null, got a string '
+                '(e.g. "hidden": 7168)'
+            ],
+        ),
+        (lambda d: d["shapes"].update(dtype="int8"), ["shapes.dtype"]),
+        (lambda d: d.pop("summary"), ["summary"]),
+        (lambda d: d["source"].update(kind="somewhere"), ["somewhere"]),
+        (lambda d: d.update(schema_version=99), ["schema_version 99", "reads 1 or 2"]),
+        (lambda d: d.update(schema="fastverify.other"), ["'schema' is not 'fastverify.profile'"]),
+        # past fastverify/bounds.py: the field, its value and the bound are named
+        (
+            lambda d: d["allreduce_by_msg_size"][0].update(msg_bytes=10**15),
+            ["allreduce_by_msg_size[0].msg_bytes = 1000000000000000", "1 TiB"],
+        ),
+        (lambda d: d["ranks"][0]["step_median"].update(window_us=-1.0), ["ranks[0].step_median.window_us = -1.0"]),
+        (lambda d: d["source"].update(tp=0), ["source.tp = 0"]),
+    ],
+)
 def test_bad_version_2_profiles_are_one_line_user_errors(tmp_path, mutate, words):
     doc = _good_doc(tmp_path)
     mutate(doc)
@@ -154,9 +179,29 @@ def test_live_fp32_profile_gives_tune_the_real_hidden_and_dtype(tmp_path):
     """End to end on 2 gloo ranks: `profile --model tiny --dtype float32 --backend gloo`, then the
     workload. Bytes per all-reduce are T x hidden x 4; the old reader (bytes / (T x 2)) would have
     said hidden 2 x 256 and bf16."""
-    proc = run_fastverify(["profile", "--model", "tiny", "--device", "cpu", "--dtype", "float32", "--backend",
-                           "gloo", "--iters", "2", "--warmup", "1", "--output", "p.json", "--no-png", "--quiet"],
-                          cwd=tmp_path, timeout=300)
+    proc = run_fastverify(
+        [
+            "profile",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--backend",
+            "gloo",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--output",
+            "p.json",
+            "--no-png",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "p.json").read_text())
     tokens = 1 * 4  # the CLI's default batch x draft tokens

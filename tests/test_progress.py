@@ -92,8 +92,19 @@ def test_no_time_left_for_side_by_side_steps_disabled_or_forced():
     assert lines_of(out) == ["fastverify: ranks started 3/8, 5.0 s elapsed", "fastverify: forced 1, 0.5 s elapsed"]
 
 
-@pytest.mark.parametrize("value, want", [("0", 0.0), ("0.25", 0.25), (" 7 ", 7.0), ("", AFTER_S), ("-1", AFTER_S),
-                                         ("nan", AFTER_S), ("inf", AFTER_S), ("soon", AFTER_S)])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("0", 0.0),
+        ("0.25", 0.25),
+        (" 7 ", 7.0),
+        ("", AFTER_S),
+        ("-1", AFTER_S),
+        ("nan", AFTER_S),
+        ("inf", AFTER_S),
+        ("soon", AFTER_S),
+    ],
+)
 def test_the_silence_can_be_set_by_environment(monkeypatch, value, want):
     monkeypatch.setenv(AFTER_S_ENV, value)
     assert default_after_s() == want
@@ -116,16 +127,29 @@ def test_forward_work_of_a_small_llama_by_hand():
     from fastverify.live.config import ModelConfig
     from fastverify.live.estimate import forward_work
 
-    cfg = ModelConfig(name="l", source="test", family="llama", hidden_size=64, num_layers=2, vocab_size=1000,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                      rms_norm_eps=1e-6, first_k_dense_replace=2)
+    cfg = ModelConfig(
+        name="l",
+        source="test",
+        family="llama",
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=1000,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        first_k_dense_replace=2,
+    )
     # TP 2: 2 query heads and 1 KV head per rank, MLP width 64 per rank, vocab padded to 1024 -> 512.
     # Per layer [k, n]: q 64x32, kv 64x32, o 32x64, gate/up 64x128, down 64x64 = 18432 elements;
     # 2 layers + lm_head 64x512 = 69632 elements = 139264 bytes. KV context: 1 request x 1 head x
     # 256 x (16 + 16) x 2 B x 2 layers = 32768 bytes.
     # FLOPs: 2 x T (2) x 69632 = 278528, attention 2 x 1 x 2 heads x 2 drafts x 258 x 32 x 2 layers = 132096.
-    assert forward_work(cfg, tp=2, batch=1, draft_tokens=2, dtype_bytes=2, context_tokens=256) == \
-        (139264 + 32768, 278528 + 132096)
+    assert forward_work(cfg, tp=2, batch=1, draft_tokens=2, dtype_bytes=2, context_tokens=256) == (
+        139264 + 32768,
+        278528 + 132096,
+    )
 
 
 def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine():
@@ -137,7 +161,7 @@ def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine()
     measured = {("kimi-k2", 2): (156.0, 8883), ("kimi-k2", 8): (135.0, 10056), ("tiny", 2): (4.1, 555)}
     for (model, tp), (wall_s, pss_mib) in measured.items():
         est = estimate_cpu_run(load_model_config(model), tp=tp, batch=1, draft_tokens=4, iters=5, warmup=2, cores=2)
-        assert abs(est.memory_bytes / 2 ** 20 - pss_mib) / pss_mib < 0.30, (model, tp, est)
+        assert abs(est.memory_bytes / 2**20 - pss_mib) / pss_mib < 0.30, (model, tp, est)
         assert abs(est.seconds - wall_s) / wall_s < 0.35, (model, tp, est)
         assert est.forwards == 7 and est.tp == tp and est.cores == 2
 
@@ -172,7 +196,7 @@ def no_gpu(monkeypatch):
     from fastverify.live import preflight
 
     # Kimi-K2's 8.7-10.1 GiB fits whatever this machine has (the refusal has its own test).
-    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (2 ** 40, "of host memory available"))
+    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (2**40, "of host memory available"))
     return torch
 
 
@@ -200,8 +224,10 @@ def test_auto_without_cuda_says_so_before_any_rank_starts(monkeypatch, capsys, n
     lines = seen["stderr"].splitlines()
     assert len(lines) == 1, seen["stderr"]
     line = lines[0]
-    assert line.startswith("fastverify: live run on CPU + gloo, not CUDA: no CUDA GPU found "
-                           "(torch.cuda.is_available() is False); estimated "), line
+    assert line.startswith(
+        "fastverify: live run on CPU + gloo, not CUDA: no CUDA GPU found "
+        "(torch.cuda.is_available() is False); estimated "
+    ), line
     assert "for kimi-k2 at --tp 8 (8 ranks on " in line and "7 forwards of " in line
     # Memory by hand: rank_memory's lower bound for Kimi-K2 at TP 8 is 1.03 GiB a rank (weights of
     # one layer, 32 reachable experts: 3 x 32 x 7168 x 256 x 2 B = 0.33 GiB of them); with 192 MiB a
@@ -241,7 +267,7 @@ def test_a_cpu_fallback_that_cannot_fit_is_refused_at_once_in_one_line(monkeypat
     from fastverify.live import preflight, runner
     from fastverify.live.config import load_model_config
 
-    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (8 * 2 ** 30, "of host memory available"))
+    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (8 * 2**30, "of host memory available"))
     seen = _stop_at_launch(monkeypatch, capsys)
     t0 = time.monotonic()
     with pytest.raises(UserError) as info:
@@ -249,8 +275,10 @@ def test_a_cpu_fallback_that_cannot_fit_is_refused_at_once_in_one_line(monkeypat
     assert time.monotonic() - t0 < 10 and seen == {}  # no rank started
     msg = str(info.value)
     assert "\n" not in msg and capsys.readouterr().err == ""  # the error is the only line
-    assert msg.startswith("--batch 1 x --draft-tokens 4 (T = 4 tokens) of kimi-k2 at --tp 8 on CPU (no CUDA GPU "
-                          "found (torch.cuda.is_available() is False)): 8 ranks need at least 10.1 GiB"), msg
+    assert msg.startswith(
+        "--batch 1 x --draft-tokens 4 (T = 4 tokens) of kimi-k2 at --tp 8 on CPU (no CUDA GPU "
+        "found (torch.cuda.is_available() is False)): 8 ranks need at least 10.1 GiB"
+    ), msg
     assert "this machine has 8.0 GiB of host memory available" in msg
     assert msg.endswith("lower --batch or --draft-tokens, or --tp (each CPU rank is a process of its own)")
 
@@ -268,8 +296,9 @@ def test_a_real_cpu_run_reports_ranks_weights_and_forwards(monkeypatch, capsys, 
 
     monkeypatch.setenv(AFTER_S_ENV, "0")  # every due line, from the first
     t0 = time.monotonic()
-    ranks = run_live(load_model_config("tiny"), tp=2, draft_tokens=4, batch=1, iters=3, warmup=1, device="auto",
-                     timeout_s=120)
+    ranks = run_live(
+        load_model_config("tiny"), tp=2, draft_tokens=4, batch=1, iters=3, warmup=1, device="auto", timeout_s=120
+    )
     assert time.monotonic() - t0 < 30 and [r.rank for r in ranks] == [0, 1]
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("fastverify: live run on CPU + gloo, not CUDA: no CUDA GPU found"), err
@@ -296,8 +325,17 @@ def test_progress_off_prints_nothing(monkeypatch, capsys, no_gpu):
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
     # --quiet: nothing on stderr, not even the fallback line.
-    ranks = run_live(load_model_config("tiny"), tp=2, draft_tokens=4, batch=1, iters=1, warmup=0, device="auto",
-                     timeout_s=120, progress=False)
+    ranks = run_live(
+        load_model_config("tiny"),
+        tp=2,
+        draft_tokens=4,
+        batch=1,
+        iters=1,
+        warmup=0,
+        device="auto",
+        timeout_s=120,
+        progress=False,
+    )
     assert len(ranks) == 2 and capsys.readouterr().err == ""
 
 
@@ -306,14 +344,18 @@ def test_a_timeout_says_how_far_the_run_got(tmp_path):
 
     # Rank 0 joined and built (1 GiB), rank 1 joined only; both then hang. The ranks run in the
     # run's folder (cwd), where the parent reads rank<r>.progress.
-    code = {0: "open('rank0.progress', 'a').write('up\\nbuilt 1073741824\\n'); import time; time.sleep(60)",
-            1: "open('rank1.progress', 'a').write('up\\n'); import time; time.sleep(60)"}
+    code = {
+        0: "open('rank0.progress', 'a').write('up\\nbuilt 1073741824\\n'); import time; time.sleep(60)",
+        1: "open('rank1.progress', 'a').write('up\\n'); import time; time.sleep(60)",
+    }
     watch = _LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=False)
     with pytest.raises(UserError) as info:
         _launch(lambda r: [sys.executable, "-c", code[r]], 2, 2.0, str(tmp_path), watch=watch)
-    assert str(info.value) == ("live rank 0 did not finish within 2 s (reached: 2/2 ranks started, 1/2 built; "
-                               "last stderr line: no stderr output)")
-    assert watch.weight_bytes == 2 ** 30
+    assert str(info.value) == (
+        "live rank 0 did not finish within 2 s (reached: 2/2 ranks started, 1/2 built; "
+        "last stderr line: no stderr output)"
+    )
+    assert watch.weight_bytes == 2**30
 
 
 def test_the_watch_reads_only_whole_lines_and_counts_forwards_of_rank_0(tmp_path, monkeypatch):
@@ -379,15 +421,25 @@ def test_a_long_forward_gets_a_heartbeat_line_every_5_s(tmp_path, monkeypatch):
 def _trial(label: str, **kw):
     from fastverify.tune.trial import TrialSpec
 
-    base = dict(backend="gloo", env={}, world_size=2, device="cpu", dtype="bfloat16", hidden=64,
-                sizes=((64, 2),), warmup=1, iters=3, label=label)
+    base = dict(
+        backend="gloo",
+        env={},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2),),
+        warmup=1,
+        iters=3,
+        label=label,
+    )
     base.update(kw)
     return TrialSpec(**base)
 
 
 def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
-    from fastverify.tune.sweep import _result
     from fastverify.tune.sweep import TrialProgress as _Progress
+    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
@@ -413,8 +465,8 @@ def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
 
 def test_lines_order_when_a_trial_fails():
     """The failure line comes when the trial ends, between its start line and the next one."""
-    from fastverify.tune.sweep import _result
     from fastverify.tune.sweep import TrialProgress as _Progress
+    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()
@@ -448,8 +500,8 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
 
 
 def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
-    from fastverify.tune.sweep import _result
     from fastverify.tune.sweep import TrialProgress as _Progress
+    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()

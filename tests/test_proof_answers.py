@@ -9,19 +9,37 @@ that exactly one side of that rule decides it.
 from __future__ import annotations
 
 import pytest
-
 from conftest import cli, one_line_error
+
 from fastverify.errors import UserError
-from fastverify.proof.answers import (CHANGED, DEFAULT_TOL, NOISE, SAME, Answer, Prompt, answer_of, judge,
-                                      parse_prompts, read_prompts, tolerance)
+from fastverify.proof.answers import (
+    CHANGED,
+    DEFAULT_TOL,
+    NOISE,
+    SAME,
+    Answer,
+    Prompt,
+    answer_of,
+    judge,
+    parse_prompts,
+    read_prompts,
+    tolerance,
+)
 
 TOL = 1e-3
 
 
 def _answer(ids, logprobs=None, margins=None, pid="p0") -> Answer:
     n = len(ids)
-    return Answer(pid, list(ids), logprobs if logprobs is not None else [-0.1] * n,
-                  margins if margins is not None else [5.0] * n, n, max(1, n // 2), 0.01)
+    return Answer(
+        pid,
+        list(ids),
+        logprobs if logprobs is not None else [-0.1] * n,
+        margins if margins is not None else [5.0] * n,
+        n,
+        max(1, n // 2),
+        0.01,
+    )
 
 
 def test_identical_answers_are_the_same():
@@ -96,11 +114,16 @@ def test_tolerance_by_dtype_and_flag():
 
 def test_answer_of_reads_sglangs_reply():
     # SGLang 0.5.23: output_token_logprobs [logprob, id, text]; output_top_logprobs the top 2 of each position
-    reply = {"text": "ab", "output_ids": [11, 12],
-             "meta_info": {"output_token_logprobs": [[-0.25, 11, None], [-1.5, 12, None]],
-                           "output_top_logprobs": [[[-0.25, 11, None], [-3.0, 40, None]],
-                                                   [[-1.5, 12, None], [-1.75, 41, None]]],
-                           "completion_tokens": 2, "spec_verify_ct": 1}}
+    reply = {
+        "text": "ab",
+        "output_ids": [11, 12],
+        "meta_info": {
+            "output_token_logprobs": [[-0.25, 11, None], [-1.5, 12, None]],
+            "output_top_logprobs": [[[-0.25, 11, None], [-3.0, 40, None]], [[-1.5, 12, None], [-1.75, 41, None]]],
+            "completion_tokens": 2,
+            "spec_verify_ct": 1,
+        },
+    }
     a = answer_of(Prompt("x", "hi"), reply, 0.5)
     assert a.output_ids == [11, 12] and a.logprobs == [-0.25, -1.5]
     assert a.margins == [pytest.approx(2.75), pytest.approx(0.25)]
@@ -116,14 +139,17 @@ def test_default_prompts_are_sixteen_distinct():
     assert all(p.text.strip() for p in prompts)
 
 
-@pytest.mark.parametrize("text, words", [
-    ('{"prompt": "a"}\nnot json\n', ["line 2", "not JSON"]),
-    ('{"prompt": "a"}\n{"prompt": "  "}\n', ["line 2", "empty prompt"]),
-    ('{"prompt": 3}\n', ["line 1", "must be a string"]),
-    ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', ["line 2", "again"]),
-    ('["prompt"]\n', ["line 1", "expected an object"]),
-    ("\n\n", ["no prompt"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"prompt": "a"}\nnot json\n', ["line 2", "not JSON"]),
+        ('{"prompt": "a"}\n{"prompt": "  "}\n', ["line 2", "empty prompt"]),
+        ('{"prompt": 3}\n', ["line 1", "must be a string"]),
+        ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', ["line 2", "again"]),
+        ('["prompt"]\n', ["line 1", "expected an object"]),
+        ("\n\n", ["no prompt"]),
+    ],
+)
 def test_bad_prompt_files_name_the_line(text, words):
     with pytest.raises(UserError) as e:
         parse_prompts(text, "mine.jsonl")
@@ -134,8 +160,23 @@ def test_launch_refuses_a_bad_prompts_file_in_one_line_before_starting_anything(
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
     marker = tmp_path / "started"
-    rc, out, err = cli(["launch", "--backend", "off", "--load", bad, "--profile-verify", tmp_path / "run",
-                        "--url", "http://127.0.0.1:9", "--", "touch", marker], capsys)
+    rc, out, err = cli(
+        [
+            "launch",
+            "--backend",
+            "off",
+            "--load",
+            bad,
+            "--profile-verify",
+            tmp_path / "run",
+            "--url",
+            "http://127.0.0.1:9",
+            "--",
+            "touch",
+            marker,
+        ],
+        capsys,
+    )
     one_line_error(rc, out, err, "p.jsonl line 2", "empty prompt")
     assert not marker.exists()
 

@@ -8,8 +8,8 @@ import json
 import msgspec
 import numpy as np
 import pytest
-
 from conftest import cli
+
 from fastverify.proof.answers import Answer, prompt_digest, read_prompts
 from fastverify.proof.record import LoadRun
 from fastverify.proof.throughput import ThroughputRun
@@ -22,17 +22,38 @@ def _run(folder, *, tok_s, verify, spec_ct=4, server=None, complete=True, ids_sh
     prompts, source = read_prompts(None)
     answers = [Answer(p.id, [i + ids_shift] * 8, [-0.1] * 8, [4.0] * 8, 8, spec_ct, 0.1) for i, p in enumerate(prompts)]
     t = ThroughputRun(1, len(tok_s), len(tok_s), 16, 24, 1, 1.0, float(np.mean(tok_s)), list(tok_s), [10.0], 2.0, 0)
-    run = LoadRun(complete=complete, incomplete=None if complete else "cut", prompts=prompts, prompts_source=source,
-                  prompts_digest=prompt_digest(prompts), max_new_tokens=8, answers=answers, throughput=[t],
-                  server=server or {"tp": 2, "algorithm": "NGRAM", "draft_tokens": 4, "dtype": "float32"},
-                  server_info={"dtype": "float32"}, clock="cpu_server_wall_clock", backend="pcie_ipc")
+    run = LoadRun(
+        complete=complete,
+        incomplete=None if complete else "cut",
+        prompts=prompts,
+        prompts_source=source,
+        prompts_digest=prompt_digest(prompts),
+        max_new_tokens=8,
+        answers=answers,
+        throughput=[t],
+        server=server or {"tp": 2, "algorithm": "NGRAM", "draft_tokens": 4, "dtype": "float32"},
+        server_info={"dtype": "float32"},
+        clock="cpu_server_wall_clock",
+        backend="pcie_ipc",
+    )
     folder.mkdir(parents=True)
     (folder / "load.json").write_bytes(msgspec.json.encode(run))
     lines, step = [], 0
     for (b, k), ms in verify.items():
         for x in ms:
-            lines.append(json.dumps({"step": step, "verify_ms": x, "clock": "cpu_wall_clock", "rank": "0", "pid": 1,
-                                     "batch": b, "tokens": k}))
+            lines.append(
+                json.dumps(
+                    {
+                        "step": step,
+                        "verify_ms": x,
+                        "clock": "cpu_wall_clock",
+                        "rank": "0",
+                        "pid": 1,
+                        "batch": b,
+                        "tokens": k,
+                    }
+                )
+            )
             step += 1
     (folder / "verify-rank0.jsonl").write_text("\n".join(lines) + "\n")
     return folder
@@ -61,8 +82,11 @@ def test_compare_buckets_tok_s_and_verdict(tmp_path, capsys):
     assert doc["accept"]["dropped"] is False
     rc, out, err = cli(["compare", before, after], capsys)
     assert rc == 0
-    assert out.strip().splitlines()[-1].startswith("pcie_ipc: verify step -35 % (1 x 4 tokens, p50), tok/s per "
-                                                   "stream 82.0 -> 112.0 (+37 %")
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith("pcie_ipc: verify step -35 % (1 x 4 tokens, p50), tok/s per stream 82.0 -> 112.0 (+37 %")
+    )
     assert "NOT a GPU timing" in out and "same answers (16/16)" in out
 
 
@@ -76,10 +100,13 @@ def test_changed_answers_exit_1_and_a_dropped_accept_length_is_flagged(tmp_path,
     assert out.strip().splitlines()[-1].endswith("CHANGED answers (0/16 with identical tokens): do not deploy")
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"server": {"tp": 4, "algorithm": "NGRAM", "draft_tokens": 4, "dtype": "float32"}}, ["tp", "not comparable"]),
-    ({"complete": False}, ["incomplete run", "--allow-incomplete"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"server": {"tp": 4, "algorithm": "NGRAM", "draft_tokens": 4, "dtype": "float32"}}, ["tp", "not comparable"]),
+        ({"complete": False}, ["incomplete run", "--allow-incomplete"]),
+    ],
+)
 def test_not_comparable_runs_are_refused_in_one_line(tmp_path, capsys, change, words):
     v = {(1, 4): [10.0] * 4}
     before = _run(tmp_path / "b", tok_s=[80.0] * 4, verify=v)
@@ -105,14 +132,17 @@ def test_the_same_folder_twice_is_refused(tmp_path, capsys):
     assert rc == 2 and "same folder" in err, err
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda d: d.update(max_new_tokens=10**30), ["max_new_tokens"]),
-    (lambda d: d.update(max_new_tokens=-5), ["max_new_tokens", "1..4096"]),
-    (lambda d: d.update(answers=d["answers"][:3]), ["answers must follow the prompts", "3 answers"]),
-    (lambda d: d["throughput"][0].update(per_stream_tok_s=[1e308, 1.0]), ["tok/s must be finite"]),
-    (lambda d: d["answers"][0].update(margins=[-1.0] * 8), ["answer 'p00'", "margins"]),
-    (lambda d: d.update(schema_version=2), ["of this version"]),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d.update(max_new_tokens=10**30), ["max_new_tokens"]),
+        (lambda d: d.update(max_new_tokens=-5), ["max_new_tokens", "1..4096"]),
+        (lambda d: d.update(answers=d["answers"][:3]), ["answers must follow the prompts", "3 answers"]),
+        (lambda d: d["throughput"][0].update(per_stream_tok_s=[1e308, 1.0]), ["tok/s must be finite"]),
+        (lambda d: d["answers"][0].update(margins=[-1.0] * 8), ["answer 'p00'", "margins"]),
+        (lambda d: d.update(schema_version=2), ["of this version"]),
+    ],
+)
 def test_a_hand_edited_run_is_refused_naming_file_and_field(tmp_path, capsys, edit, words):
     v = {(1, 4): [10.0] * 4}
     before = _run(tmp_path / "b", tok_s=[80.0] * 4, verify=v)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from conftest import cli, free_port, run_fastverify, subprocess_env
+
 from fastverify.proof.answers import answer_of, prompt_digest, read_prompts
 from fastverify.proof.record import LoadRun
 from tests.proof_server.fake import answer
@@ -28,9 +28,17 @@ N = 8
 def _baseline(folder: Path) -> Path:
     """A complete run of the stand-in's own answers to fastverify's 16 prompts, N tokens each."""
     prompts, source = read_prompts(None)
-    run = LoadRun(complete=True, prompts=prompts, prompts_source=source, prompts_digest=prompt_digest(prompts),
-                  max_new_tokens=N, answers=[answer_of(p, answer(p.text, N), 0.01) for p in prompts],
-                  server={}, server_info={"dtype": "float32"}, clock="cpu_server_wall_clock")
+    run = LoadRun(
+        complete=True,
+        prompts=prompts,
+        prompts_source=source,
+        prompts_digest=prompt_digest(prompts),
+        max_new_tokens=N,
+        answers=[answer_of(p, answer(p.text, N), 0.01) for p in prompts],
+        server={},
+        server_info={"dtype": "float32"},
+        clock="cpu_server_wall_clock",
+    )
     folder.mkdir(parents=True)
     (folder / "load.json").write_bytes(msgspec.json.encode(run))
     return folder
@@ -57,8 +65,22 @@ def _launch(tmp: Path, mode: str, *extra: str) -> tuple[subprocess.Popen, Path, 
     port = free_port()
     pid_file = tmp / f"fake-{mode}.pid"
     env = dict(subprocess_env(), FAKE_PID_FILE=str(pid_file))
-    cmd = [sys.executable, "-m", "fastverify", "launch", "--backend", "off", "--url", f"http://127.0.0.1:{port}",
-           *extra, "--", sys.executable, str(FAKE), str(port), mode]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastverify",
+        "launch",
+        "--backend",
+        "off",
+        "--url",
+        f"http://127.0.0.1:{port}",
+        *extra,
+        "--",
+        sys.executable,
+        str(FAKE),
+        str(port),
+        mode,
+    ]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert _wait(lambda: pid_file.exists() and pid_file.read_text().strip(), 30), proc.communicate(timeout=30)
     return proc, pid_file, int(pid_file.read_text())
@@ -104,8 +126,9 @@ def test_a_server_never_healthy_is_stopped_after_the_bounded_wait_and_nothing_is
     base = _baseline(tmp_path / "base")
     run = tmp_path / "run"
     t0 = time.monotonic()
-    proc, _, server = _launch(tmp_path, "never", "--baseline", str(base), "--profile-verify", str(run),
-                              "--ready-timeout", "3")
+    proc, _, server = _launch(
+        tmp_path, "never", "--baseline", str(base), "--profile-verify", str(run), "--ready-timeout", "3"
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and time.monotonic() - t0 < 60, err
     lines = [x for x in err.splitlines() if x.startswith("fastverify: error:")]
@@ -132,22 +155,40 @@ def test_a_folder_holding_a_run_is_refused_unless_force(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "verify-rank0.jsonl").write_text("{}\n")
-    rc, out, err = cli(["launch", "--backend", "off", "--baseline", base, "--profile-verify", run, "--url",
-                        "http://127.0.0.1:9", "--", "true"], capsys)
+    rc, out, err = cli(
+        [
+            "launch",
+            "--backend",
+            "off",
+            "--baseline",
+            base,
+            "--profile-verify",
+            run,
+            "--url",
+            "http://127.0.0.1:9",
+            "--",
+            "true",
+        ],
+        capsys,
+    )
     assert rc == 2 and "already holds a run" in err and "--force" in err, err
     assert (run / "verify-rank0.jsonl").read_text() == "{}\n"
 
 
 def test_baseline_must_be_a_run(tmp_path, capsys):
-    rc, out, err = cli(["launch", "--backend", "off", "--baseline", tmp_path, "--url", "http://127.0.0.1:9", "--",
-                        "true"], capsys)
+    rc, out, err = cli(
+        ["launch", "--backend", "off", "--baseline", tmp_path, "--url", "http://127.0.0.1:9", "--", "true"], capsys
+    )
     assert rc == 2 and "no load.json" in err, err
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--load"], ["--profile-verify"]),
-    (["--load", "--concurrency", "1,x"], ["--concurrency", "not an integer"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--load"], ["--profile-verify"]),
+        (["--load", "--concurrency", "1,x"], ["--concurrency", "not an integer"]),
+    ],
+)
 def test_load_misuse_is_one_line(tmp_path, capsys, args, words):
     rc, out, err = cli(["launch", "--backend", "off", *args, "--url", "http://127.0.0.1:9", "--", "true"], capsys)
     assert rc == 2 and all(w in err for w in words), err
@@ -158,17 +199,36 @@ def test_tune_keeps_the_baseline_in_the_record_and_launch_checks_it_then_falls_b
     topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
     base = _baseline(tmp_path / "base")
     env_file = tmp_path / "box.env"
-    cp = run_fastverify(["tune", "--predict", "--topology", str(topo), "--model", "kimi-k2.5", "--tp-size", "8",
-                         "--sm", "120", "--pcie-gen", "5", "--write-env", str(env_file), "--baseline", str(base)],
-                        cwd=tmp_path)
+    cp = run_fastverify(
+        [
+            "tune",
+            "--predict",
+            "--topology",
+            str(topo),
+            "--model",
+            "kimi-k2.5",
+            "--tp-size",
+            "8",
+            "--sm",
+            "120",
+            "--pcie-gen",
+            "5",
+            "--write-env",
+            str(env_file),
+            "--baseline",
+            str(base),
+        ],
+        cwd=tmp_path,
+    )
     assert cp.returncode == 0, cp.stderr
     rec = json.loads((tmp_path / "box.deploy.json").read_text())
     assert rec["baseline"]["max_new_tokens"] == N and len(rec["baseline"]["answers"]) == 16
     assert rec["baseline"]["source"] == str(base.resolve())
     # launch --env: the record's baseline is asked of the server before it serves; the stand-in changes
     # one token, so launch stops it and, asked to, starts the command again in its own place, unpatched
-    proc, pid_file, first = _launch(tmp_path, "shift", "--env", str(env_file), "--describe-box", json.dumps(rec["box"]),
-                                    "--on-mismatch", "fallback")
+    proc, pid_file, first = _launch(
+        tmp_path, "shift", "--env", str(env_file), "--describe-box", json.dumps(rec["box"]), "--on-mismatch", "fallback"
+    )
     assert _wait(lambda: pid_file.read_text().strip() == str(proc.pid), 60), "launch did not start the server again"
     assert not _alive(first)
     proc.send_signal(signal.SIGTERM)
@@ -184,8 +244,23 @@ def test_tune_baseline_needs_write_env(tmp_path, capsys):
 def test_baseline_folder_as_the_run_folder_is_refused_and_kept(tmp_path, capsys):
     base = _baseline(tmp_path / "base")
     before = (base / "load.json").read_bytes()
-    rc, out, err = cli(["launch", "--backend", "off", "--baseline", base, "--profile-verify", base, "--force", "--url",
-                        "http://127.0.0.1:9", "--", "true"], capsys)
+    rc, out, err = cli(
+        [
+            "launch",
+            "--backend",
+            "off",
+            "--baseline",
+            base,
+            "--profile-verify",
+            base,
+            "--force",
+            "--url",
+            "http://127.0.0.1:9",
+            "--",
+            "true",
+        ],
+        capsys,
+    )
     assert rc == 2 and "is the --baseline folder" in err, err
     assert (base / "load.json").read_bytes() == before
 
@@ -201,8 +276,21 @@ def test_a_bad_url_is_one_line_before_the_server_starts(tmp_path, capsys, url):
 
 def test_empty_profile_folder_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's own refusal, one line
-        cli(["launch", "--backend", "off", "--load", "--profile-verify", "", "--url", "http://127.0.0.1:9", "--",
-             "true"], capsys)
+        cli(
+            [
+                "launch",
+                "--backend",
+                "off",
+                "--load",
+                "--profile-verify",
+                "",
+                "--url",
+                "http://127.0.0.1:9",
+                "--",
+                "true",
+            ],
+            capsys,
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--profile-verify" in err and "empty" in err, err
 
@@ -222,7 +310,21 @@ def test_dry_run_says_what_the_load_would_refuse(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "load.json").write_text("{}")
-    rc, out, err = cli(["launch", "--backend", "off", "--dry-run", "--load", "--profile-verify", run, "--url",
-                        "http://127.0.0.1:9", "--", "true"], capsys)
+    rc, out, err = cli(
+        [
+            "launch",
+            "--backend",
+            "off",
+            "--dry-run",
+            "--load",
+            "--profile-verify",
+            run,
+            "--url",
+            "http://127.0.0.1:9",
+            "--",
+            "true",
+        ],
+        capsys,
+    )
     assert rc == 2 and "command: true" in out and "already holds a run" in err, (out, err)
     assert (run / "load.json").read_text() == "{}"

@@ -34,7 +34,7 @@ def readme_commands(text: str) -> list[str]:
             for part in line.split("&&"):
                 part = part.strip()
                 if part.startswith(PREFIX):
-                    cmd = part[len(PREFIX):]
+                    cmd = part[len(PREFIX) :]
                     if " -- " in f"{cmd} ":
                         cmd = cmd[: (cmd + " ").index(" -- ") + 3].strip()
                     out.append(" ".join(shlex.split(cmd)))
@@ -65,16 +65,24 @@ def test_runnable_readme_commands_name_only_files_that_exist_or_that_an_earlier_
         for flag, value in zip(args, args[1:]):
             if flag in ("--output", "--write-env", "--write-tuner-config"):
                 written.add(value)
-                assert not value.startswith("nccl_configs/"), \
-                    f"{c.key}: writes into a tracked folder ({value})"
+                assert not value.startswith("nccl_configs/"), f"{c.key}: writes into a tracked folder ({value})"
         for flag, value in zip(args, args[1:]):
-            if flag in ("--trace", "--nvidia-smi", "--nccl-log", "--perf-table", "--topology", "--profile",
-                        "--env-file") or (flag == "--model" and value.endswith(".json")):
+            if flag in (
+                "--trace",
+                "--nvidia-smi",
+                "--nccl-log",
+                "--perf-table",
+                "--topology",
+                "--profile",
+                "--env-file",
+            ) or (flag == "--model" and value.endswith(".json")):
                 assert value in written or (REPO / value).exists(), f"{c.key}: {flag} {value} does not exist"
 
 
 def test_the_extraction_rule_itself():
-    text = ("```bash\n.venv/bin/fastverify a --x 1   # comment\n"
-            ".venv/bin/fastverify b --y \\\n    2 && .venv/bin/fastverify c\n"
-            ".venv/bin/fastverify launch --env e -- python -m sglang --tp 8\nnot a command\n```\n")
+    text = (
+        "```bash\n.venv/bin/fastverify a --x 1   # comment\n"
+        ".venv/bin/fastverify b --y \\\n    2 && .venv/bin/fastverify c\n"
+        ".venv/bin/fastverify launch --env e -- python -m sglang --tp 8\nnot a command\n```\n"
+    )
     assert readme_commands(text) == ["a --x 1", "b --y 2", "c", "launch --env e --"]

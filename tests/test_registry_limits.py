@@ -53,8 +53,10 @@ def _served(fn: ast.FunctionDef) -> set[str]:
         left = t.left
         if not (isinstance(left, ast.Attribute) and left.attr == "dtype" and getattr(left.value, "id", "") == "inp"):
             continue
-        returns_false = any(isinstance(s, ast.Return) and isinstance(s.value, ast.Constant) and s.value.value is False
-                            for s in node.body)
+        returns_false = any(
+            isinstance(s, ast.Return) and isinstance(s.value, ast.Constant) and s.value.value is False
+            for s in node.body
+        )
         op, right = t.ops[0], t.comparators[0]
         if returns_false and isinstance(op, (ast.IsNot, ast.NotEq)) and _torch_dtype(right):
             found.append({_torch_dtype(right)})
@@ -103,7 +105,8 @@ def test_the_registry_refuses_pcie_ipc_on_float16_in_one_line():
     # A backend whose kernel takes fp16 is not refused for it.
     assert unreachable_reason(backend_info(BackendName.b12x), dtype="float16", **facts) is None
     assert unreachable_reason(backend_info(BackendName.b12x), dtype="float64", **facts) == (
-        "b12x: dtype float64 unsupported (takes bfloat16, float16, float32)")
+        "b12x: dtype float64 unsupported (takes bfloat16, float16, float32)"
+    )
 
 
 # --- no limit table beside the registry's ----------------------------------------------------------
@@ -111,8 +114,11 @@ def test_the_registry_refuses_pcie_ipc_on_float16_in_one_line():
 
 def _backend_modules() -> list:
     pkg = Path(importlib.import_module("fastverify.backends").__file__).parent
-    return [importlib.import_module(f"fastverify.backends.{p.stem}") for p in sorted(pkg.glob("*.py"))
-            if p.stem != "__init__"]
+    return [
+        importlib.import_module(f"fastverify.backends.{p.stem}")
+        for p in sorted(pkg.glob("*.py"))
+        if p.stem != "__init__"
+    ]
 
 
 def _reads_registry(value: ast.AST) -> bool:
@@ -127,8 +133,13 @@ def test_no_backend_module_keeps_its_own_limits():
     own = []
     for mod in mods:
         for node in ast.parse(inspect.getsource(mod)).body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             for t in targets:
                 if isinstance(t, ast.Name) and t.id in LIMIT_NAMES and not _reads_registry(node.value):
                     own.append(f"{mod.__name__}.{t.id} = {ast.unparse(node.value)}")
@@ -147,14 +158,25 @@ def test_the_views_that_remain_equal_the_registry():
 
 
 def _good_sm(info) -> tuple[int, int]:
-    return next(sm for sm in [(9, 0), (10, 0), (12, 0)] if info.kernel_runs_on(sm)
-                and (info.sglang_sm_majors is None or sm[0] in info.sglang_sm_majors))
+    return next(
+        sm
+        for sm in [(9, 0), (10, 0), (12, 0)]
+        if info.kernel_runs_on(sm) and (info.sglang_sm_majors is None or sm[0] in info.sglang_sm_majors)
+    )
 
 
 def _ctx(info, **over) -> ProbeContext:
-    facts = dict(world_size=(info.world_sizes_without_nvlink or info.world_sizes)[0], device_type="cuda",
-                 dtype=getattr(torch, info.dtypes[0]), group_backend="nccl", sm=_good_sm(info), p2p_ok=True,
-                 p2p_note="ok", nvlink_full=True, single_node=True)
+    facts = dict(
+        world_size=(info.world_sizes_without_nvlink or info.world_sizes)[0],
+        device_type="cuda",
+        dtype=getattr(torch, info.dtypes[0]),
+        group_backend="nccl",
+        sm=_good_sm(info),
+        p2p_ok=True,
+        p2p_note="ok",
+        nvlink_full=True,
+        single_node=True,
+    )
     return ProbeContext(**{**facts, **over})
 
 
@@ -188,13 +210,15 @@ def test_probe_world_sizes_are_the_registrys(info, gpu_without_libraries):
 def test_probe_dtypes_are_the_registrys(info, gpu_without_libraries):
     for name in ALL_DTYPES:
         cap = probe(info.name, _ctx(info, dtype=getattr(torch, name)))
-        registry = unreachable_reason(info, sm=_good_sm(info), world_size=_ctx(info).world_size, p2p_ok=True,
-                                      nvlink_full=True, dtype=name)
+        registry = unreachable_reason(
+            info, sm=_good_sm(info), world_size=_ctx(info).world_size, p2p_ok=True, nvlink_full=True, dtype=name
+        )
         if name in info.dtypes:
             assert _past_the_limits(info, cap) and registry is None, (name, cap)
         else:
             assert not cap.ok and cap.reason.startswith(
-                f"dtype {name} unsupported, needs one of {', '.join(info.dtypes)}"), (name, cap)
+                f"dtype {name} unsupported, needs one of {', '.join(info.dtypes)}"
+            ), (name, cap)
             assert registry is not None and f"dtype {name} unsupported" in registry
             if info.dtype_gate:
                 assert info.dtype_gate in cap.reason  # the probe names SGLang's gate too
@@ -242,10 +266,16 @@ def _sglang_source(rel: str) -> str:
 
 def test_sglang_disables_custom_ar_on_more_than_two_pcie_gpus_in_both_classes():
     utils = ast.parse(_sglang_source(CAR_UTILS))
-    fn = next(n for n in ast.walk(utils) if isinstance(n, ast.FunctionDef)
-              and n.name == "can_use_custom_all_reduce_with_nvlink")
-    gates = [n for n in ast.walk(fn) if isinstance(n, ast.If)
-             and ast.unparse(n.test) == "world_size > 2 and (not full_nvlink)"]
+    fn = next(
+        n
+        for n in ast.walk(utils)
+        if isinstance(n, ast.FunctionDef) and n.name == "can_use_custom_all_reduce_with_nvlink"
+    )
+    gates = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "world_size > 2 and (not full_nvlink)"
+    ]
     assert len(gates) == 1
     ret = [s for s in gates[0].body if isinstance(s, ast.Return)]
     assert len(ret) == 1 and ret[0].value is None  # None: "fail", the class stays disabled
@@ -260,11 +290,19 @@ def test_sglang_disables_custom_ar_on_more_than_two_pcie_gpus_in_both_classes():
 @pytest.mark.parametrize("nvlink", [False, None])
 def test_the_registry_gates_custom_ar_off_on_more_than_two_pcie_gpus(world, nvlink):
     info = backend_info(BackendName.custom_ar)
-    why = unreachable_reason(info, sm=(8, 9), world_size=world, p2p_ok=True, p2p_source="p2p_check",
-                             sglang_version="0.5.23", nvlink_full=nvlink)
+    why = unreachable_reason(
+        info,
+        sm=(8, 9),
+        world_size=world,
+        p2p_ok=True,
+        p2p_source="p2p_check",
+        sglang_version="0.5.23",
+        nvlink_full=nvlink,
+    )
     state = "this box has none" if nvlink is False else "this box's NVLink status is unknown"
-    assert why == (f"custom_ar: world size {world} needs full NVLink between every GPU pair and {state}; "
-                   f"{info.nvlink_gate}")
+    assert why == (
+        f"custom_ar: world size {world} needs full NVLink between every GPU pair and {state}; {info.nvlink_gate}"
+    )
     assert "custom_all_reduce_utils.py" in why and "world_size > 2 and not full_nvlink" in why
     assert unreachable_reason(info, sm=(8, 9), world_size=world, p2p_ok=True, nvlink_full=True) is None
     assert unreachable_reason(info, sm=(8, 9), world_size=2, p2p_ok=True, nvlink_full=nvlink) is None
@@ -277,16 +315,26 @@ def test_tune_never_measures_or_recommends_custom_ar_on_four_pcie_gpus(tmp_path)
     from fastverify.tune.measure import backend_trials, choose_winner
 
     pcie4 = BoxFingerprint(gpu_name="NVIDIA GeForce RTX 4090", sm=(8, 9), gpu_count=4, tp=4, nvlink_full=False)
-    common = dict(world_size=4, device="cuda", dtype="bfloat16", hidden=7168, sizes=((28672, 123),), warmup=1,
-                  iters=2, op="all_reduce_residual_rmsnorm")
+    common = dict(
+        world_size=4,
+        device="cuda",
+        dtype="bfloat16",
+        hidden=7168,
+        sizes=((28672, 123),),
+        warmup=1,
+        iters=2,
+        op="all_reduce_residual_rmsnorm",
+    )
     proven = P2PFacts(ok=True, source="p2p_check", pairs=12)
-    trials, skipped = backend_trials(common, box=pcie4, p2p=proven, fused_ok=True, max_numel=917504,
-                                     sglang_version="0.5.23")
+    trials, skipped = backend_trials(
+        common, box=pcie4, p2p=proven, fused_ok=True, max_numel=917504, sglang_version="0.5.23"
+    )
     assert "custom_ar" not in {t.backend for t in trials}
     assert any(s.startswith("custom_ar: world size 4 needs full NVLink") for s in skipped)
     car, base = NS(spec=NS(backend="custom_ar"), step_us=100.0), NS(spec=NS(backend="nccl"), step_us=900.0)
-    won, passed = choose_winner(NS(candidates=(car, base), baseline=base), box=pcie4, p2p=proven, world_size=4,
-                                sglang_version="0.5.23")
+    won, passed = choose_winner(
+        NS(candidates=(car, base), baseline=base), box=pcie4, p2p=proven, world_size=4, sglang_version="0.5.23"
+    )
     assert won is base and passed[0].startswith("custom_ar: world size 4 needs full NVLink")
 
 
@@ -297,11 +345,32 @@ def test_predict_lists_custom_ar_as_not_a_candidate_on_four_pcie_gpus(tmp_path):
     from conftest import subprocess_env
 
     topo = "\t GPU0\tGPU1\tGPU2\tGPU3\n" + "".join(
-        f"GPU{i}\t" + "\t".join("X" if i == j else "PHB" for j in range(4)) + "\n" for i in range(4))
+        f"GPU{i}\t" + "\t".join("X" if i == j else "PHB" for j in range(4)) + "\n" for i in range(4)
+    )
     (tmp_path / "t4.txt").write_text(topo)
-    proc = subprocess.run([sys.executable, "-m", "fastverify", "tune", "--predict", "--topology", "t4.txt", "--model",
-                           "tiny", "--tp", "4", "--sm", "89", "--json"], cwd=tmp_path, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastverify",
+            "tune",
+            "--predict",
+            "--topology",
+            "t4.txt",
+            "--model",
+            "tiny",
+            "--tp",
+            "4",
+            "--sm",
+            "89",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert "custom_ar" not in {c.get("backend") for c in doc["candidates"]}

@@ -14,12 +14,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_fastverify, subprocess_env
 
 DATA = Path(__file__).parent / "data"
 GOOD = DATA / "bigint" / "comms_id_over_64_bits.trace.json.gz"  # a valid one-rank trace (rank 3)
-
 
 
 def test_output_on_a_fifo_is_refused_and_left_alone(tmp_path):
@@ -40,16 +38,18 @@ def test_output_on_a_directory_names_the_directory(tmp_path):
 
 
 def test_png_and_json_on_the_same_path_are_refused(tmp_path):
-    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "p.json", "--png", "p.json", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", str(GOOD), "--output", "p.json", "--png", "p.json", "--quiet"], cwd=tmp_path
+    )
     assert_user_error(proc, "p.json")
     assert not (tmp_path / "p.json").exists()
 
 
 def test_png_on_a_directory_leaves_no_json(tmp_path):
     (tmp_path / "d").mkdir()
-    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "x/p.json", "--png", "d", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", str(GOOD), "--output", "x/p.json", "--png", "d", "--quiet"], cwd=tmp_path
+    )
     assert_user_error(proc, "d")
     assert not (tmp_path / "x" / "p.json").exists()
 
@@ -58,8 +58,9 @@ def test_output_through_a_symlink_is_refused_and_the_target_kept(tmp_path):
     target = tmp_path / "real.json"
     target.write_text("old")
     (tmp_path / "link.json").symlink_to(target)
-    proc = run_fastverify(["profile", "--trace", str(GOOD), "--output", "link.json", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", str(GOOD), "--output", "link.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "symlink" in proc.stderr, proc.stderr
     assert (tmp_path / "link.json").is_symlink() and target.read_text() == "old"
 
@@ -76,11 +77,11 @@ def test_default_names_do_not_overwrite_each_other(tmp_path):
 def test_profile_written_into_the_trace_folder_is_skipped_by_the_next_scan(tmp_path):
     (tmp_path / "tr").mkdir()
     (tmp_path / "tr" / "t.json.gz").write_bytes(GOOD.read_bytes())
-    first = run_fastverify(["profile", "--trace", "tr", "--output", "tr/verify.json", "--no-png", "--quiet"],
-                           cwd=tmp_path)
+    first = run_fastverify(
+        ["profile", "--trace", "tr", "--output", "tr/verify.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert first.returncode == 0, first.stderr
-    second = run_fastverify(["profile", "--trace", "tr", "--output", "again.json", "--no-png", "--quiet"],
-                            cwd=tmp_path)
+    second = run_fastverify(["profile", "--trace", "tr", "--output", "again.json", "--no-png", "--quiet"], cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert json.loads((tmp_path / "again.json").read_text())["source"]["files"] == [str(Path("tr") / "t.json.gz")]
 
@@ -90,15 +91,24 @@ def _trace(events: list[dict], **top) -> bytes:
 
 
 def _kernel(name: str, ts: float, dur: float, **args) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
-            "args": {"stream": 7, **args}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": 7, **args},
+    }
 
 
 def test_negative_and_implausible_durations_are_warned_about(tmp_path):
     events = [_kernel("gemm", 0, 5), _kernel("gemm", 10, -3), _kernel("gemm", 20, 11e6)]  # 11 s
     (tmp_path / "t.json.gz").write_bytes(_trace(events, distributedInfo={"rank": 0, "world_size": 1}))
-    proc = run_fastverify(["profile", "--trace", "t.json.gz", "--output", "p.json", "--no-png", "--quiet"],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["profile", "--trace", "t.json.gz", "--output", "p.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     warnings = json.loads((tmp_path / "p.json").read_text())["warnings"]
     assert any("1 GPU events had a negative duration" in w for w in warnings), warnings
@@ -107,9 +117,11 @@ def test_negative_and_implausible_durations_are_warned_about(tmp_path):
 
 def test_rank_in_file_name_disagreeing_with_distributed_info_is_warned_about(tmp_path):
     (tmp_path / "x-TP-1.trace.json.gz").write_bytes(
-        _trace([_kernel("gemm", 0, 5)], distributedInfo={"rank": 0, "world_size": 2}))
-    proc = run_fastverify(["profile", "--trace", "x-TP-1.trace.json.gz", "--output", "p.json", "--no-png",
-                           "--quiet"], cwd=tmp_path)
+        _trace([_kernel("gemm", 0, 5)], distributedInfo={"rank": 0, "world_size": 2})
+    )
+    proc = run_fastverify(
+        ["profile", "--trace", "x-TP-1.trace.json.gz", "--output", "p.json", "--no-png", "--quiet"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     prof = json.loads((tmp_path / "p.json").read_text())
     assert prof["ranks"][0]["rank"] == 0
@@ -128,12 +140,35 @@ def test_event_array_of_numbers_is_not_a_trace(tmp_path):
     assert_user_error(proc, "t.json", "no event objects")
 
 
-@pytest.mark.parametrize("config, field", [
-    ({"hidden_size": 2048, "num_hidden_layers": 4, "intermediate_size": 6144, "num_attention_heads": 32,
-      "num_key_value_heads": 4, "vocab_size": 1000, "num_experts": 128, "num_experts_per_tok": 8}, "num_experts"),
-    ({"hidden_size": 256, "num_hidden_layers": 1_000_000_000, "intermediate_size": 512, "num_attention_heads": 4,
-      "num_key_value_heads": 4, "vocab_size": 1024}, "num_hidden_layers"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        (
+            {
+                "hidden_size": 2048,
+                "num_hidden_layers": 4,
+                "intermediate_size": 6144,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 4,
+                "vocab_size": 1000,
+                "num_experts": 128,
+                "num_experts_per_tok": 8,
+            },
+            "num_experts",
+        ),
+        (
+            {
+                "hidden_size": 256,
+                "num_hidden_layers": 1_000_000_000,
+                "intermediate_size": 512,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "vocab_size": 1024,
+            },
+            "num_hidden_layers",
+        ),
+    ],
+)
 def test_config_that_would_be_mis_modelled_or_hang_is_refused(tmp_path, config, field):
     (tmp_path / "config.json").write_text(json.dumps(config))
     t0 = time.monotonic()
@@ -180,8 +215,12 @@ def bystander():
     spec path and ``_worker_main`` on its command line, without this test's marker); the scans
     must not count it, or wait for it to die."""
     code = "import time; time.sleep(300)  # _worker_main"
-    proc = subprocess.Popen([sys.executable, "-c", code, "/tmp/fastverify-live-bystander/spec.json", "0"],
-                            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "/tmp/fastverify-live-bystander/spec.json", "0"],
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     yield proc
     proc.kill()
     proc.wait()
@@ -192,8 +231,12 @@ def test_scan_counts_only_this_tests_ranks(marker, bystander):
     while time.monotonic() < deadline and not (Path(f"/proc/{bystander.pid}/cmdline").read_bytes()):
         time.sleep(0.05)
     assert bystander.pid not in _rank_processes(marker)
-    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # _worker_main", "0"],
-                            env=_marked_env(marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mine = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)  # _worker_main", "0"],
+        env=_marked_env(marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and mine.pid not in _rank_processes(marker):
@@ -209,7 +252,12 @@ def test_scan_counts_only_this_tests_ranks(marker, bystander):
 def test_signal_during_a_live_run_stops_every_rank_and_writes_nothing(tmp_path, sig, marker, bystander):
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path,
+        env=_marked_env(marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
         time.sleep(0.1)
@@ -235,8 +283,11 @@ def test_ranks_die_with_a_killed_parent(tmp_path, marker, bystander):
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastverify", "profile", "--iters", "100000", "--output", "p.json", "--quiet"],
-        cwd=tmp_path, env={**_marked_env(marker), "TMPDIR": str(tmp_path / "tmp")},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=tmp_path,
+        env={**_marked_env(marker), "TMPDIR": str(tmp_path / "tmp")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_processes(marker)) < 2:
         time.sleep(0.1)
@@ -272,9 +323,34 @@ def test_ctrl_c_during_a_tune_sweep_stops_its_ranks_within_seconds(tmp_path, mar
     half-written, within seconds (the ranks are stopped, not waited for)."""
     topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fastverify", "tune", "--topology", str(topo), "--model", "tiny", "--tp", "2",
-         "--top", "1", "--iters", "10000", "--warmup", "1", "--journal", "j.jsonl", "--timeout", "600"],
-        cwd=tmp_path, env=_marked_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "fastverify",
+            "tune",
+            "--topology",
+            str(topo),
+            "--model",
+            "tiny",
+            "--tp",
+            "2",
+            "--top",
+            "1",
+            "--iters",
+            "10000",
+            "--warmup",
+            "1",
+            "--journal",
+            "j.jsonl",
+            "--timeout",
+            "600",
+        ],
+        cwd=tmp_path,
+        env=_marked_env(marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(_tune_ranks(marker)) < 2:
         time.sleep(0.1)

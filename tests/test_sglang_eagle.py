@@ -111,7 +111,7 @@ def _naive(q, keys, vals, allowed, scale, cap=0.0, sink=None):
         if sink is not None:
             s = torch.cat([s, torch.full((s.shape[0], 1), float(sink[h]), dtype=torch.float64)], dim=1)
         p = torch.softmax(s, dim=-1)
-        out[:, h] = p[:, :keys.shape[0]] @ vals[:, h].double()
+        out[:, h] = p[:, : keys.shape[0]] @ vals[:, h].double()
     return out
 
 
@@ -130,13 +130,18 @@ def _pool():
     g = torch.Generator().manual_seed(7)
     k_buf = torch.randn(SLOTS, HKV, D, generator=g)
     v_buf = torch.randn(SLOTS, HKV, D, generator=g)
-    r2t = torch.randperm(SLOTS, generator=g)[:REQS * CTX // 2].reshape(REQS, CTX // 2).to(torch.int32)
+    r2t = torch.randperm(SLOTS, generator=g)[: REQS * CTX // 2].reshape(REQS, CTX // 2).to(torch.int32)
     return g, k_buf, v_buf, torch.cat([r2t, torch.zeros(REQS, CTX - CTX // 2, dtype=torch.int32)], dim=1)
 
 
-DECODE_CASES = {"plain": {}, "window": {"window": 4}, "logit_cap": {"cap": 0.7, "scale": 2.0},
-                "sinks": {"sinks": True}, "fp8_scales": {"k_scale": 0.5, "v_scale": 2.0},
-                "float16": {"dtype": "float16"}}
+DECODE_CASES = {
+    "plain": {},
+    "window": {"window": 4},
+    "logit_cap": {"cap": 0.7, "scale": 2.0},
+    "sinks": {"sinks": True},
+    "fp8_scales": {"k_scale": 0.5, "v_scale": 2.0},
+    "float16": {"dtype": "float16"},
+}
 
 
 @pytest.mark.parametrize("case", sorted(DECODE_CASES))
@@ -156,14 +161,15 @@ def test_decode_attention_cpu_against_naive_attention(attn, case):
     q = torch.randn(3, H, D, generator=g).to(dtype)
     key, value = torch.randn(3, HKV, D, generator=g).to(dtype), torch.randn(3, HKV, D, generator=g).to(dtype)
     sinks = torch.randn(H, generator=g) if c.get("sinks") else None
-    scale, cap, window = c.get("scale", D ** -0.5), c.get("cap", 0.0), c.get("window", 0)
+    scale, cap, window = c.get("scale", D**-0.5), c.get("cap", 0.0), c.get("window", 0)
     ks, vs = c.get("k_scale", 1.0), c.get("v_scale", 1.0)
     splits = 8
     logits = torch.full((3, H, splits, D + 1), float("nan"))
     out = torch.full((3, H, D), float("nan"), dtype=dtype)
     kb, vb = k_buf.clone(), v_buf.clone()
-    attn.decode_attention_cpu(q, kb, vb, ks, vs, out, key, value, loc, logits, r2t, rpi, seq, scale, cap, False,
-                              window, None, sinks)
+    attn.decode_attention_cpu(
+        q, kb, vb, ks, vs, out, key, value, loc, logits, r2t, rpi, seq, scale, cap, False, window, None, sinks
+    )
     assert torch.equal(kb[loc], key) and torch.equal(vb[loc], value)  # written in place at loc
     untouched = torch.ones(SLOTS, dtype=torch.bool)
     untouched[loc] = False
@@ -174,7 +180,7 @@ def test_decode_attention_cpu_against_naive_attention(attn, case):
         lo = max(0, n - window) if window else 0
         idx = r2t[rpi[b], lo:n].to(torch.int64)
         keys, vals = _kv_heads(kb[idx].double() * ks, H), _kv_heads(vb[idx].double() * vs, H)
-        want = _naive(q[b:b + 1], keys, vals, torch.ones(1, n - lo, dtype=torch.bool), scale, cap, sinks)[0]
+        want = _naive(q[b : b + 1], keys, vals, torch.ones(1, n - lo, dtype=torch.bool), scale, cap, sinks)[0]
         torch.testing.assert_close(out[b].double(), want, **tol)
         # the splits: their log-sum-exps combine to the whole row's
         s = torch.einsum("hd,khd->hk", q[b].double(), keys) * scale
@@ -201,10 +207,16 @@ def _tree_masks(g, bs: int, n: int):
     return m
 
 
-EXTEND_CASES = {"causal": {}, "tree_mask": {"tree": True}, "non_causal": {"causal": False},
-                "window": {"window": 3}, "sinks_logit_cap": {"sinks": True, "cap": 0.5, "scale": 2.0},
-                "fp8_scales": {"k_scale": 0.25, "v_scale": 3.0}, "encoder_offset": {"encoder": True},
-                "cross_attention": {"cross": True}}
+EXTEND_CASES = {
+    "causal": {},
+    "tree_mask": {"tree": True},
+    "non_causal": {"causal": False},
+    "window": {"window": 3},
+    "sinks_logit_cap": {"sinks": True, "cap": 0.5, "scale": 2.0},
+    "fp8_scales": {"k_scale": 0.25, "v_scale": 3.0},
+    "encoder_offset": {"encoder": True},
+    "cross_attention": {"cross": True},
+}
 
 
 @pytest.mark.parametrize("case", sorted(EXTEND_CASES))
@@ -227,12 +239,34 @@ def test_extend_attention_cpu_against_naive_attention(attn, case):
     tree = _tree_masks(g, 3, new) if c.get("tree") else None
     enc = torch.tensor([2, 1, 3], dtype=torch.int64) if c.get("encoder") or c.get("cross") else None
     sinks = torch.randn(H, generator=g) if c.get("sinks") else None
-    scale, cap, window = c.get("scale", D ** -0.5), c.get("cap", 0.0), c.get("window", 0)
+    scale, cap, window = c.get("scale", D**-0.5), c.get("cap", 0.0), c.get("window", 0)
     ks, vs = c.get("k_scale", 1.0), c.get("v_scale", 1.0)
     causal, cross = c.get("causal", True), c.get("cross", False)
     out = torch.full((3 * new, H, D), float("nan"))
-    attn.extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, ks, vs, r2t, rpi, seq, ext, start, new, scale, cap,
-                              cross, window, enc, sinks, None if tree is None else tree.reshape(-1), causal)
+    attn.extend_attention_cpu(
+        q,
+        k_ext,
+        v_ext,
+        out,
+        k_buf,
+        v_buf,
+        ks,
+        vs,
+        r2t,
+        rpi,
+        seq,
+        ext,
+        start,
+        new,
+        scale,
+        cap,
+        cross,
+        window,
+        enc,
+        sinks,
+        None if tree is None else tree.reshape(-1),
+        causal,
+    )
     for b in range(3):
         p, e0 = prefix[b], int(start[b])
         off = int(enc[b]) if enc is not None else 0
@@ -241,9 +275,9 @@ def test_extend_attention_cpu_against_naive_attention(attn, case):
             keys, vals = k_buf[idx].double() * ks, v_buf[idx].double() * vs
             allowed = torch.ones(new, off, dtype=torch.bool)
         else:
-            idx = r2t[rpi[b], off:off + p].to(torch.int64)
-            keys = torch.cat([k_buf[idx].double() * ks, k_ext[e0:e0 + new].double()])
-            vals = torch.cat([v_buf[idx].double() * vs, v_ext[e0:e0 + new].double()])
+            idx = r2t[rpi[b], off : off + p].to(torch.int64)
+            keys = torch.cat([k_buf[idx].double() * ks, k_ext[e0 : e0 + new].double()])
+            vals = torch.cat([v_buf[idx].double() * vs, v_ext[e0 : e0 + new].double()])
             allowed = torch.zeros(new, p + new, dtype=torch.bool)
             for i in range(new):
                 for j in range(p + new):
@@ -256,8 +290,8 @@ def test_extend_attention_cpu_against_naive_attention(attn, case):
                     if window and (p + i) - j >= window:
                         ok = False
                     allowed[i, j] = ok
-        want = _naive(q[e0:e0 + new], _kv_heads(keys, H), _kv_heads(vals, H), allowed, scale, cap, sinks)
-        torch.testing.assert_close(out[e0:e0 + new].double(), want, atol=1e-5, rtol=1e-5)
+        want = _naive(q[e0 : e0 + new], _kv_heads(keys, H), _kv_heads(vals, H), allowed, scale, cap, sinks)
+        torch.testing.assert_close(out[e0 : e0 + new].double(), want, atol=1e-5, rtol=1e-5)
 
 
 def test_extend_tree_mask_needs_uniform_extend_lengths(attn):
@@ -268,10 +302,30 @@ def test_extend_tree_mask_needs_uniform_extend_lengths(attn):
     _, k_buf, v_buf, r2t = _pool()
     q, k = torch.randn(5, H, D), torch.randn(5, HKV, D)
     with pytest.raises(RuntimeError, match="uniform extend_seq_lens"):
-        attn.extend_attention_cpu(q, k, k, torch.empty(5, H, D), k_buf, v_buf, 1.0, 1.0, r2t,
-                                  torch.tensor([0, 1]), torch.tensor([3, 2]), torch.tensor([3, 2], dtype=torch.int32),
-                                  torch.tensor([0, 3], dtype=torch.int32), 3, 0.25, 0.0, False, 0, None, None,
-                                  torch.ones(2 * 9, dtype=torch.bool), True)
+        attn.extend_attention_cpu(
+            q,
+            k,
+            k,
+            torch.empty(5, H, D),
+            k_buf,
+            v_buf,
+            1.0,
+            1.0,
+            r2t,
+            torch.tensor([0, 1]),
+            torch.tensor([3, 2]),
+            torch.tensor([3, 2], dtype=torch.int32),
+            torch.tensor([0, 3], dtype=torch.int32),
+            3,
+            0.25,
+            0.0,
+            False,
+            0,
+            None,
+            None,
+            torch.ones(2 * 9, dtype=torch.bool),
+            True,
+        )
 
 
 def test_build_draft_decode_metadata_cpu_known_answer(draft):
@@ -282,11 +336,15 @@ def test_build_draft_decode_metadata_cpu_known_answer(draft):
     r2t = torch.arange(4 * 20, dtype=torch.int32).reshape(4, 20) + 1000  # slot = 1000 + 20 * row + column
     got = draft.build_draft_decode_metadata_cpu(r2t, torch.tensor([2, 0]), torch.tensor([3, 5]), 2, 3, 20)
     assert got.shape == (4, 20) and got.dtype == torch.int32
-    want = {0: [1040, 1041, 1042, 1043, 1044, 1045], 1: [1040, 1041, 1042, 1046, 1047, 1048],
-            2: [1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007], 3: [1000, 1001, 1002, 1003, 1004, 1008, 1009, 1010]}
+    want = {
+        0: [1040, 1041, 1042, 1043, 1044, 1045],
+        1: [1040, 1041, 1042, 1046, 1047, 1048],
+        2: [1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007],
+        3: [1000, 1001, 1002, 1003, 1004, 1008, 1009, 1010],
+    }
     for row, values in want.items():
-        assert got[row, :len(values)].tolist() == values, (row, got[row].tolist())
-        assert (got[row, len(values):] == draft.UNDEFINED_SLOT).all()
+        assert got[row, : len(values)].tolist() == values, (row, got[row].tolist())
+        assert (got[row, len(values) :] == draft.UNDEFINED_SLOT).all()
 
 
 def test_assign_draft_cache_locs_contiguous_cpu_known_answer(draft):
@@ -323,8 +381,8 @@ def test_build_tree_kernel_efficient_cpu_known_answer(draft):
         if mode == 1:
             assert mask.reshape(bs, n, n).int().tolist() == [rows] * bs
         else:  # FULL_MASK: rows of width seq_len + n, prefix columns left as the caller filled them
-            first = mask[:n * (7 + n)].reshape(n, 7 + n)
-            second = mask[n * (7 + n):].reshape(n, 2 + n)
+            first = mask[: n * (7 + n)].reshape(n, 7 + n)
+            second = mask[n * (7 + n) :].reshape(n, 2 + n)
             assert first[:, :7].all() and second[:, :2].all()
             assert first[:, 7:].int().tolist() == rows and second[:, 2:].int().tolist() == rows
 
@@ -333,8 +391,18 @@ def test_build_tree_kernel_efficient_cpu_refuses_bitpacking(draft):
     import torch
 
     with pytest.raises(RuntimeError, match="FULL_MASK"):
-        draft.build_tree_kernel_efficient_cpu(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(4),
-                                              torch.empty(2), *(torch.empty(1, 2) for _ in range(3)), 1, 1, 2, 2)
+        draft.build_tree_kernel_efficient_cpu(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1),
+            torch.ones(4),
+            torch.empty(2),
+            *(torch.empty(1, 2) for _ in range(3)),
+            1,
+            1,
+            2,
+            2,
+        )
 
 
 def _amx_calls(wheel: str) -> dict[str, int]:
@@ -343,8 +411,11 @@ def _amx_calls(wheel: str) -> dict[str, int]:
         src = z.read("sglang/srt/layers/attention/intel_amx_backend.py").decode()
     out = {}
     for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-                "decode_attention_fwd", "extend_attention_fwd", "build_draft_decode_metadata"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("decode_attention_fwd", "extend_attention_fwd", "build_draft_decode_metadata")
+        ):
             assert not node.keywords, ast.unparse(node)
             out[node.func.attr] = [ast.unparse(a) for a in node.args]
     return out
@@ -374,8 +445,11 @@ def test_schemas_take_sglangs_intel_amx_calls(attn, draft):
         assert named["encoder_lens"] == "forward_batch.encoder_lens" and named["sinks"] == "sinks", named
     assert dict(zip(extend, calls["extend_attention_fwd"]))["tree_mask"] == "tree_mask"
     assert calls["extend_attention_fwd"][-1] == "is_causal"
-    assert len(calls["build_draft_decode_metadata"]) == len(
-        inspect.signature(draft.build_draft_decode_metadata_cpu).parameters) == 6
+    assert (
+        len(calls["build_draft_decode_metadata"])
+        == len(inspect.signature(draft.build_draft_decode_metadata_cpu).parameters)
+        == 6
+    )
     ns = f"fvtest_sglk_{os.getpid()}"
     lib = torch.library.Library(ns, "DEF")
     attn.register(lib)
@@ -383,15 +457,53 @@ def test_schemas_take_sglangs_intel_amx_calls(attn, draft):
     _, k_buf, v_buf, r2t = _pool()
     q = torch.randn(1, H, D)
     out = torch.empty(1, H, D)
-    ops.decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, None, None, torch.tensor([0]),
-                             torch.zeros(1, H, 8, D + 1), r2t, torch.tensor([0]), torch.tensor([3]), 0.25, 0.0, False,
-                             0, None, None)
+    ops.decode_attention_cpu(
+        q,
+        k_buf,
+        v_buf,
+        1.0,
+        1.0,
+        out,
+        None,
+        None,
+        torch.tensor([0]),
+        torch.zeros(1, H, 8, D + 1),
+        r2t,
+        torch.tensor([0]),
+        torch.tensor([3]),
+        0.25,
+        0.0,
+        False,
+        0,
+        None,
+        None,
+    )
     assert torch.isfinite(out).all()
     o2 = torch.empty(2, H, D)
-    ops.extend_attention_cpu(q.repeat(2, 1, 1), torch.randn(2, HKV, D), torch.randn(2, HKV, D), o2, k_buf, v_buf, 1.0,
-                             1.0, r2t, torch.tensor([1]), torch.tensor([5]), torch.tensor([2], dtype=torch.int32),
-                             torch.tensor([0], dtype=torch.int32), 2, 0.25, 0.0, False, 0, None, None,
-                             torch.ones(4, dtype=torch.bool), True)
+    ops.extend_attention_cpu(
+        q.repeat(2, 1, 1),
+        torch.randn(2, HKV, D),
+        torch.randn(2, HKV, D),
+        o2,
+        k_buf,
+        v_buf,
+        1.0,
+        1.0,
+        r2t,
+        torch.tensor([1]),
+        torch.tensor([5]),
+        torch.tensor([2], dtype=torch.int32),
+        torch.tensor([0], dtype=torch.int32),
+        2,
+        0.25,
+        0.0,
+        False,
+        0,
+        None,
+        None,
+        torch.ones(4, dtype=torch.bool),
+        True,
+    )
     assert torch.isfinite(o2).all()
 
 
@@ -426,9 +538,13 @@ class Algo:
 
     @property
     def engine(self) -> dict:
-        return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.steps,
-                "speculative_eagle_topk": self.topk, "speculative_num_draft_tokens": self.draft_tokens,
-                "speculative_draft_attention_backend": "intel_amx"}
+        return {
+            "speculative_algorithm": self.algorithm,
+            "speculative_num_steps": self.steps,
+            "speculative_eagle_topk": self.topk,
+            "speculative_num_draft_tokens": self.draft_tokens,
+            "speculative_draft_attention_backend": "intel_amx",
+        }
 
     @property
     def draft_forwards(self) -> int:
@@ -437,10 +553,17 @@ class Algo:
         return self.steps - 1
 
 
-ALGOS = {a.name: a for a in (Algo("eagle3_chain", "EAGLE3", "eagle3", 3, 1, 4, True),
-                             Algo("eagle3_tree", "EAGLE3", "eagle3", 4, 2, 8, True),
-                             Algo("eagle_chain", "EAGLE", "eagle", 3, 1, 4, False))}
+ALGOS = {
+    a.name: a
+    for a in (
+        Algo("eagle3_chain", "EAGLE3", "eagle3", 3, 1, 4, True),
+        Algo("eagle3_tree", "EAGLE3", "eagle3", 4, 2, 8, True),
+        Algo("eagle_chain", "EAGLE", "eagle", 3, 1, 4, False),
+    )
+}
 TRACED = [n for n, a in ALGOS.items() if a.trace]
+
+
 def _report(request, line: str) -> None:
     report_line(request, "sglang eagle", line)
 
@@ -456,9 +579,24 @@ def models(sglang_python, tmp_path_factory, request) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("eagle-models")
     paths = {"target": out / "target", "eagle3": out / "eagle3", "eagle": out / "eagle"}
     t0 = time.perf_counter()
-    cp = subprocess.run([sglang_python, "-m", "tests.sglang_server.tiny_model", str(paths["target"]), "--eagle3",
-                         str(paths["eagle3"]), "--eagle", str(paths["eagle"])], capture_output=True, text=True,
-                        check=False, timeout=300, cwd=str(REPO), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    cp = subprocess.run(
+        [
+            sglang_python,
+            "-m",
+            "tests.sglang_server.tiny_model",
+            str(paths["target"]),
+            "--eagle3",
+            str(paths["eagle3"]),
+            "--eagle",
+            str(paths["eagle"]),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=str(REPO),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     _report(request, f"tiny target + EAGLE-3 and EAGLE drafters built in {time.perf_counter() - t0:.1f} s")
     return paths
@@ -490,24 +628,35 @@ def serve(sglang_python, models, tmp_path_factory, request):
         a = ALGOS[name]
         work = tmp_path_factory.mktemp(name)
         prof = work / "prof"
-        run = launch_engine(sglang_python, work / "run", models["target"], env_file=None, prof=prof,
-                            trace_steps=TRACE_STEPS if a.trace else 0, prompts=PROMPTS, max_new_tokens=MAX_NEW,
-                            linger_s=LINGER_S, timeout=START_TIMEOUT_S,
-                            engine=dict(a.engine, speculative_draft_model_path=str(models[a.drafter])),
-                            engine_drop=["speculative_ngram_max_bfs_breadth"])
+        run = launch_engine(
+            sglang_python,
+            work / "run",
+            models["target"],
+            env_file=None,
+            prof=prof,
+            trace_steps=TRACE_STEPS if a.trace else 0,
+            prompts=PROMPTS,
+            max_new_tokens=MAX_NEW,
+            linger_s=LINGER_S,
+            timeout=START_TIMEOUT_S,
+            engine=dict(a.engine, speculative_draft_model_path=str(models[a.drafter])),
+            engine_drop=["speculative_ngram_max_bfs_breadth"],
+        )
         if run.rc != 0 or not run.result.get("requests"):
             pytest.fail(f"the launched {a.algorithm} engine failed:\n{run.tail()}")
         done[name] = s = Served(a, run, prof)
         stats, recs = run.stats(), s.recs
         reqs = run.result["requests"]
-        _report(request, f"launch -> Engine TP 2 {a.algorithm} (steps {a.steps}, topk {a.topk}, {a.draft_tokens} "
-                         f"draft tokens): wall {run.wall_s:.1f} s, start-up {run.result['startup_s']:.1f} s, "
-                         f"{len(reqs)} requests (latency s {[r['latency_s'] for r in reqs]}; accept length "
-                         f"{[round(r['spec_accept_length'] or 0, 3) for r in reqs]}, correct drafts "
-                         f"{[r['spec_num_correct_drafts'] for r in reqs]} of {[r['spec_num_proposed_drafts'] for r in reqs]}"
-                         f"), SGLang verify steps {run.result['verify_ct_total']}; per rank verify forwards / records: "
-                         + ", ".join(f"TP {r}: {stats.get(r, {}).get('verify_forwards')} / {len(recs.get(r, []))}"
-                                     for r in (0, 1)))
+        _report(
+            request,
+            f"launch -> Engine TP 2 {a.algorithm} (steps {a.steps}, topk {a.topk}, {a.draft_tokens} "
+            f"draft tokens): wall {run.wall_s:.1f} s, start-up {run.result['startup_s']:.1f} s, "
+            f"{len(reqs)} requests (latency s {[r['latency_s'] for r in reqs]}; accept length "
+            f"{[round(r['spec_accept_length'] or 0, 3) for r in reqs]}, correct drafts "
+            f"{[r['spec_num_correct_drafts'] for r in reqs]} of {[r['spec_num_proposed_drafts'] for r in reqs]}"
+            f"), SGLang verify steps {run.result['verify_ct_total']}; per rank verify forwards / records: "
+            + ", ".join(f"TP {r}: {stats.get(r, {}).get('verify_forwards')} / {len(recs.get(r, []))}" for r in (0, 1)),
+        )
         return s
 
     return get
@@ -579,8 +728,11 @@ def test_verify_records_for_every_verify_step_of_both_ranks(served):
             # the load and each request's accepted draft tokens (SGLang's eagle_sample accept_lens - 1):
             # their form here, their values against SGLang's own per-request counts below
             assert type(r["batch"]) is int and r["batch"] >= 1 and r["tokens"] >= r["batch"], r
-            assert type(r.get("accepted")) is list and len(r["accepted"]) == r["batch"] \
-                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"]), r
+            assert (
+                type(r.get("accepted")) is list
+                and len(r["accepted"]) == r["batch"]
+                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"])
+            ), r
         # and their values are SGLang's own (meta_info of the same run), request by request
         assert assert_accepted_is_sglangs(run.result["requests"], got) >= len(PROMPTS) - 1, rank
 
@@ -614,9 +766,14 @@ def test_drafter_ran_on_the_standin_ops(served):
     the target's verify saw the algorithm's mask: causal for a chain, a tree for topk > 1."""
     for st in served.run.stats().values():
         rank, calls = st["rank"], st["standin_calls"]
-        for op in ("decode_attention_cpu", "extend_attention_cpu", "build_draft_decode_metadata_cpu",
-                   "assign_draft_cache_locs_contiguous_cpu", "build_tree_kernel_efficient_cpu",
-                   "verify_tree_greedy_cpu"):
+        for op in (
+            "decode_attention_cpu",
+            "extend_attention_cpu",
+            "build_draft_decode_metadata_cpu",
+            "assign_draft_cache_locs_contiguous_cpu",
+            "build_tree_kernel_efficient_cpu",
+            "verify_tree_greedy_cpu",
+        ):
             assert calls.get(op, 0) > 0, (rank, op, calls)
         if served.algo.topk == 1:
             assert st["non_causal_masks"] == 0, st.get("non_causal_example")
@@ -634,11 +791,14 @@ def test_verify_log_summary_reads_the_records(served, tmp_path):
     for rank in (0, 1):
         assert re.search(rf"^\s+{rank}\s+{n[rank]}\s", out, re.MULTILINE), (rank, n, out)
     v0, v1 = (TARGET_AR * n[r] for r in (0, 1))
-    assert (f"verify: sglang.gloo: {v0 + v1} of {v0 + v1} verify all-reduces, ranks 0-1 (TP 0 {v0}, TP 1 {v1})"
-            in out), out
+    assert f"verify: sglang.gloo: {v0 + v1} of {v0 + v1} verify all-reduces, ranks 0-1 (TP 0 {v0}, TP 1 {v1})" in out, (
+        out
+    )
     d0, d1 = (served.algo.draft_forwards * DRAFT_AR * n[r] for r in (0, 1))
     assert f"draft: sglang.gloo: {d0 + d1} of {d0 + d1} draft all-reduces, ranks 0-1 (TP 0 {d0}, TP 1 {d1})" in out, out
-    assert re.search(r"^\s+draft_extend: sglang\.gloo: \d+ of \d+ draft_extend all-reduces, ranks 0-1", out, re.MULTILINE), out
+    assert re.search(
+        r"^\s+draft_extend: sglang\.gloo: \d+ of \d+ draft_extend all-reduces, ranks 0-1", out, re.MULTILINE
+    ), out
 
 
 # --- the EAGLE-3 traces: all-reduces per forward mode ------------------------------------------------
@@ -663,8 +823,14 @@ def _modes_per_cycle(ev: list[dict]) -> list[dict[str, list[tuple[tuple[int, ...
     ``step[VERIFY ...]`` span, else ``outside``; grouped into cycles from one ``draft`` stage start
     to the next (complete cycles only)."""
     xs = [e for e in ev if e.get("ph") == "X"]
-    spans = sorted(((e["ts"], e["ts"] + e["dur"], e["name"]) for e in xs if e["name"] in ("draft", "draft_extend")
-                    or str(e["name"]).startswith("step[VERIFY")), key=lambda s: s[0])
+    spans = sorted(
+        (
+            (e["ts"], e["ts"] + e["dur"], e["name"])
+            for e in xs
+            if e["name"] in ("draft", "draft_extend") or str(e["name"]).startswith("step[VERIFY")
+        ),
+        key=lambda s: s[0],
+    )
     starts = [s for s, _, n in spans if n == "draft"]
     cycles = [{"draft": [], "verify": [], "draft_extend": [], "outside": []} for _ in range(len(starts) - 1)]
     for e in xs:
@@ -695,8 +861,10 @@ def test_trace_all_reduces_per_forward_mode_and_size(traced):
             assert c["draft"] == [((a.topk, HIDDEN), "c10::Half")] * (a.draft_forwards * DRAFT_AR), (path, c)
             assert c["draft_extend"] == [((a.draft_tokens, HIDDEN), "c10::Half")] * DRAFT_AR, (path, c)
             assert c["outside"] == [], (path, c)
-        steps = sorted((e for e in ev if str(e.get("name", "")).startswith("step[TARGET_VERIFY") and e.get("ph") == "X"),
-                       key=lambda e: e["ts"])
+        steps = sorted(
+            (e for e in ev if str(e.get("name", "")).startswith("step[TARGET_VERIFY") and e.get("ph") == "X"),
+            key=lambda e: e["ts"],
+        )
         ars = [e["ts"] for e in ev if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X"]
         assert [sum(1 for t in ars if s["ts"] <= t <= s["ts"] + s["dur"]) for s in steps] == [TARGET_AR] * TRACE_STEPS
         assert not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in ev), path  # CPU only
@@ -708,11 +876,22 @@ def _bundle(tmp: Path, traces: list[Path]) -> Path:
     from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 
     arcs = tuple(f"server/traces/{p.name}" for p in traces)
-    parts = tuple(Part(n, "ok", None, arcs) if n == "server_trace" else Part(n, "skipped", "not in this test")
-                  for n in PART_NAMES)
+    parts = tuple(
+        Part(n, "ok", None, arcs) if n == "server_trace" else Part(n, "skipped", "not in this test") for n in PART_NAMES
+    )
     out = tmp / "bundle.tar.gz"
-    write_bundle(out, Manifest(created_utc="2026-12-01T00:00:00Z", fastverify_version="test", host={"hostname": "cpu"},
-                               budget_s=600.0, elapsed_s=1.0, parts=parts), dict(zip(arcs, traces)))
+    write_bundle(
+        out,
+        Manifest(
+            created_utc="2026-12-01T00:00:00Z",
+            fastverify_version="test",
+            host={"hostname": "cpu"},
+            budget_s=600.0,
+            elapsed_s=1.0,
+            parts=parts,
+        ),
+        dict(zip(arcs, traces)),
+    )
     return out
 
 
@@ -752,9 +931,29 @@ def test_live_profile_gives_the_servers_verify_all_reduce_sequence(traced, tmp_p
     config = _target_of(traced) / "config.json"
     out = tmp_path / "live.json"
     t0 = time.perf_counter()
-    cp = run_fastverify(["profile", "--model", str(config), "--tp", "2", "--device", "cpu", "--dtype", "float16",
-                         "--batch", "1", "--draft-tokens", str(a.draft_tokens), "--output", str(out), "--no-png",
-                         "--quiet"], cwd=tmp_path, timeout=300)
+    cp = run_fastverify(
+        [
+            "profile",
+            "--model",
+            str(config),
+            "--tp",
+            "2",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float16",
+            "--batch",
+            "1",
+            "--draft-tokens",
+            str(a.draft_tokens),
+            "--output",
+            str(out),
+            "--no-png",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-3000:]
     live = json.loads(out.read_text())
     live_seq = [r["msg_bytes"] for r in sorted(live["allreduce_by_position"], key=lambda r: r["position"])]
@@ -764,12 +963,20 @@ def test_live_profile_gives_the_servers_verify_all_reduce_sequence(traced, tmp_p
         ev = _trace_events(path)
         steps = [e for e in ev if str(e.get("name", "")).startswith("step[VERIFY") and e.get("ph") == "X"]
         for s in steps:
-            dims = [e["args"]["Input Dims"][0] for e in sorted(ev, key=lambda e: e.get("ts", 0))
-                    if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X" and s["ts"] <= e["ts"] <= s["ts"] + s["dur"]]
+            dims = [
+                e["args"]["Input Dims"][0]
+                for e in sorted(ev, key=lambda e: e.get("ts", 0))
+                if e.get("name") == "gloo:all_reduce"
+                and e.get("ph") == "X"
+                and s["ts"] <= e["ts"] <= s["ts"] + s["dur"]
+            ]
             server.append([d[0] * d[1] * ELEM_BYTES for d in dims])
-    _report(request, f"{a.name}: live profile ({time.perf_counter() - t0:.1f} s) verify all-reduce bytes by position "
-                     f"{live_seq}, per step {per_step}; server verify steps {server[:2]}... ({len(server)} steps, "
-                     f"both ranks)")
+    _report(
+        request,
+        f"{a.name}: live profile ({time.perf_counter() - t0:.1f} s) verify all-reduce bytes by position "
+        f"{live_seq}, per step {per_step}; server verify steps {server[:2]}... ({len(server)} steps, "
+        f"both ranks)",
+    )
     assert per_step == {0: [TARGET_AR] * live["source"]["iters"], 1: [TARGET_AR] * live["source"]["iters"]}, per_step
     assert live_seq == [a.draft_tokens * HIDDEN * ELEM_BYTES] * TARGET_AR, live_seq
     assert server and all(s == live_seq for s in server), server

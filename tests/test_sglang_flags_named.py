@@ -53,7 +53,7 @@ def _launch_commands(text: str) -> list[list[str]]:
             continue
         if "sglang.launch_server" not in words:
             continue
-        argv = words[words.index("sglang.launch_server") + 1:]
+        argv = words[words.index("sglang.launch_server") + 1 :]
         cmds.append(argv)
     return cmds
 
@@ -78,8 +78,18 @@ def _named_flags() -> dict[str, set[str]]:
 
 def test_fastverify_accepts_sglangs_names_as_aliases():
     p = build_parser("tune")
-    a = p.parse_args(["tune", "--predict", "--tp-size", "8", "--speculative-num-draft-tokens", "6",
-                      "--cuda-graph-max-bs-decode", "32"])
+    a = p.parse_args(
+        [
+            "tune",
+            "--predict",
+            "--tp-size",
+            "8",
+            "--speculative-num-draft-tokens",
+            "6",
+            "--cuda-graph-max-bs-decode",
+            "32",
+        ]
+    )
     assert (a.tp, a.draft_tokens, a.max_batch) == (8, 6, 32)
     a = build_parser("profile").parse_args(["profile", "--tp-size", "4", "--speculative-num-draft-tokens", "3"])
     assert (a.tp, a.draft_tokens) == (4, 3)
@@ -123,13 +133,14 @@ def test_sglangs_own_parser_accepts_every_flag_fastverify_names():
     for argv in _launch_commands((REPO / "README.md").read_text()):
         if "--model-path" in argv:
             i = argv.index("--model-path")
-            argv = argv[:i] + argv[i + 2:]
+            argv = argv[:i] + argv[i + 2 :]
         commands.append(["--model-path", "/nonexistent", *(w for w in argv if w not in ("...", "…"))])
     assert commands, "the README starts an SGLang server somewhere"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    cp = subprocess.run([py, "-c", _CHILD, json.dumps([sorted(where), commands])], capture_output=True, text=True,
-                        timeout=600, env=env)
+    cp = subprocess.run(
+        [py, "-c", _CHILD, json.dumps([sorted(where), commands])], capture_output=True, text=True, timeout=600, env=env
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     res = json.loads(next(ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     assert res["unknown"] == [], {f: sorted(where[f]) for f in res["unknown"]}

@@ -30,13 +30,24 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import cli, sglang_python_or_skip
+
 from tests.sglang_server.harness import launch_load, report_line
 from tests.sglang_server.tiny_model import PEAKED_LM_HEAD_SCALE
 
-LOAD = ["--load", "--max-new-tokens", "24", "--requests", "4", "--input-len", "16", "--output-len", "24",
-        "--ready-timeout", "400"]
+LOAD = [
+    "--load",
+    "--max-new-tokens",
+    "24",
+    "--requests",
+    "4",
+    "--input-len",
+    "16",
+    "--output-len",
+    "24",
+    "--ready-timeout",
+    "400",
+]
 FLOAT32 = ("--dtype", "float32")
 HELDOUT = '''
 """A broken all-reduce from outside fastverify: every seventh call zeroes one element of the sum."""
@@ -63,10 +74,14 @@ def sglang_python() -> str:
 @pytest.fixture(scope="module")
 def peaked_model(sglang_python, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("peaked-llama")
-    cp = subprocess.run([sglang_python, "-m", "tests.sglang_server.tiny_model", str(out), "--lm-head-scale",
-                         str(PEAKED_LM_HEAD_SCALE)], capture_output=True, text=True, timeout=300,
-                        cwd=str(Path(__file__).resolve().parents[1]),
-                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    cp = subprocess.run(
+        [sglang_python, "-m", "tests.sglang_server.tiny_model", str(out), "--lm-head-scale", str(PEAKED_LM_HEAD_SCALE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     return out
 
@@ -74,11 +89,18 @@ def peaked_model(sglang_python, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def eagle3_drafter(sglang_python, peaked_model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("peaked-eagle3")
-    code = ("import sys; from tests.sglang_server.tiny_model import build_eagle3_drafter; "
-            "build_eagle3_drafter(sys.argv[1], sys.argv[2])")
-    cp = subprocess.run([sglang_python, "-c", code, str(out), str(peaked_model)], capture_output=True, text=True,
-                        timeout=300, cwd=str(Path(__file__).resolve().parents[1]),
-                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    code = (
+        "import sys; from tests.sglang_server.tiny_model import build_eagle3_drafter; "
+        "build_eagle3_drafter(sys.argv[1], sys.argv[2])"
+    )
+    cp = subprocess.run(
+        [sglang_python, "-c", code, str(out), str(peaked_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     return out
 
@@ -93,11 +115,18 @@ def runs(sglang_python, peaked_model, tmp_path_factory, request):
         if name not in done:
             prof = root / name / "run"
             t0 = time.perf_counter()
-            run, left = launch_load(sglang_python, root / name, peaked_model, prof=prof,
-                                    fastverify_args=[*LOAD, *(args or [])], extra_env=env,
-                                    server_flags=(*FLOAT32, *flags))
-            report_line(request, "sglang proof", f"{name}: launch --load rc {run.rc} in "
-                                                 f"{time.perf_counter() - t0:.1f} s")
+            run, left = launch_load(
+                sglang_python,
+                root / name,
+                peaked_model,
+                prof=prof,
+                fastverify_args=[*LOAD, *(args or [])],
+                extra_env=env,
+                server_flags=(*FLOAT32, *flags),
+            )
+            report_line(
+                request, "sglang proof", f"{name}: launch --load rc {run.rc} in {time.perf_counter() - t0:.1f} s"
+            )
             done[name] = (run, left, prof)
         return done[name]
 
@@ -128,8 +157,10 @@ def test_baseline_run_is_whole_and_stops_its_server(runs):
     (t,) = doc["throughput"]
     assert t["concurrency"] == 1 and t["completed"] == 4 and t["errors"] == 0 and len(t["per_stream_tok_s"]) == 4
     # the benchmark client's own lines, beside the verify records of the same run
-    assert (prof / "bench-c1.jsonl").exists() and sorted(p.name for p in prof.glob("verify-rank*.jsonl")) == \
-        ["verify-rank0.jsonl", "verify-rank1.jsonl"]
+    assert (prof / "bench-c1.jsonl").exists() and sorted(p.name for p in prof.glob("verify-rank*.jsonl")) == [
+        "verify-rank0.jsonl",
+        "verify-rank1.jsonl",
+    ]
 
 
 def test_patched_run_under_the_same_load_gives_the_same_answers(runs, capsys):
@@ -144,8 +175,11 @@ def test_patched_run_under_the_same_load_gives_the_same_answers(runs, capsys):
     assert "tok/s per stream at concurrency 1:" in out and "CPU wall clock (a CPU server): NOT a GPU timing" in out
     assert "accept length:" in out and "DROPPED" not in out
     closing = out.strip().splitlines()[-1]
-    assert closing.startswith("auto: verify step ") and "tok/s per stream" in closing \
-        and closing.endswith("same answers (16/16)"), closing
+    assert (
+        closing.startswith("auto: verify step ")
+        and "tok/s per stream" in closing
+        and closing.endswith("same answers (16/16)")
+    ), closing
     rc, out, err = cli(["compare", base, prof, "--json"], capsys)
     doc = json.loads(out)
     # the stand-in carried every verify all-reduce: the records say which path each took
@@ -197,9 +231,14 @@ def test_a_held_out_broken_all_reduce_from_outside_the_project_is_caught(runs, t
     from tests.sglang_server.harness import server_env
 
     env = server_env(tmp_path_factory.mktemp("heldout-env"))
-    run, left, prof = runs("heldout", args=["--baseline", str(base)],
-                           env={"PYTHONPATH": os.pathsep.join([str(site), env["PYTHONPATH"]]),
-                                "SGLANG_PLUGINS": "fastverify_test_shim,heldout_break"})
+    run, left, prof = runs(
+        "heldout",
+        args=["--baseline", str(base)],
+        env={
+            "PYTHONPATH": os.pathsep.join([str(site), env["PYTHONPATH"]]),
+            "SGLANG_PLUGINS": "fastverify_test_shim,heldout_break",
+        },
+    )
     assert run.rc == 1 and left == [], run.tail()
     assert any("answers against --baseline" in x and "CHANGED" in x for x in run.stderr.splitlines()), run.tail()
     rc, out, err = cli(["compare", base, prof, "--allow-incomplete"], capsys)
@@ -208,13 +247,25 @@ def test_a_held_out_broken_all_reduce_from_outside_the_project_is_caught(runs, t
 
 def test_eagle3_chain_patched_run_gives_the_same_answers(runs, eagle3_drafter, capsys):
     # the later flags win in SGLang's parser: EAGLE-3 replaces the harness's NGRAM
-    flags = ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(eagle3_drafter),
-             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-             "--speculative-draft-attention-backend", "intel_amx")
+    flags = (
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(eagle3_drafter),
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--speculative-draft-attention-backend",
+        "intel_amx",
+    )
     base, left, base_dir = runs("eagle3", flags=flags)
     assert base.rc == 0 and left == [], base.tail()
-    run, left, prof = runs("eagle3-patched", env={"FVTEST_STANDIN_MAX_ROWS": "4"}, flags=flags,
-                           args=["--baseline", str(base_dir)])
+    run, left, prof = runs(
+        "eagle3-patched", env={"FVTEST_STANDIN_MAX_ROWS": "4"}, flags=flags, args=["--baseline", str(base_dir)]
+    )
     assert run.rc == 0 and left == [], run.tail()
     doc = json.loads((prof / "load.json").read_text())
     assert doc["server"]["algorithm"] == "EAGLE3" and doc["server"]["draft_tokens"] == 4

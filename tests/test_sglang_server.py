@@ -28,14 +28,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import sglang_python_or_skip
 
 from tests.conftest import run_fastverify
 from tests.sglang_server.harness import HttpServer, http, launch_engine, report_line
 
-PROMPTS = ["one two three four five six seven", "the quick brown fox jumps over the lazy dog. the quick",
-           "speculative decoding verifies draft tokens"]
+PROMPTS = [
+    "one two three four five six seven",
+    "the quick brown fox jumps over the lazy dog. the quick",
+    "speculative decoding verifies draft tokens",
+]
 MAX_NEW = 24
 TRACE_STEPS = 3
 LINGER_S = 3.0  # > 1 s, the timer's flush interval (issue 10 item 1), before SGLang SIGKILLs the workers
@@ -44,14 +46,17 @@ RECORD_TOLERANCE = 2
 its last answer, three flush intervals, so normally none is missing; 2 absorbs a writer wake-up
 delayed on a loaded two-core CI box. More missing, or any extra, fails."""
 # The env file: each value differs from what SGLang itself would leave in the worker.
-ENV_FILE = {"NCCL_ALGO": "Ring",  # SGLang never sets it
-            "NCCL_CUMEM_ENABLE": "1",  # SGLang sets 0 when unset (entrypoints/engine.py::_set_envs_and_config)
-            "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # SGLang always writes 8 in its launcher (same function)
+ENV_FILE = {
+    "NCCL_ALGO": "Ring",  # SGLang never sets it
+    "NCCL_CUMEM_ENABLE": "1",  # SGLang sets 0 when unset (entrypoints/engine.py::_set_envs_and_config)
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}  # SGLang always writes 8 in its launcher (same function)
 
 STANDIN_MAX_ROWS = 4
 """The dispatch-slot stand-in (``tests/sglang_server/shim.py``) takes all-reduces of at most this many
 rows: every verify step (1 request x 4 NGRAM draft tokens = 4 rows) and no prefill of a prompt (each
 longer than 4 tokens), whose all-reduces must then be counted as its fallback."""
+
 
 def _report(request, line: str) -> None:
     report_line(request, "sglang server", line)
@@ -71,7 +76,7 @@ def assert_accepted_is_sglangs(reqs: list[dict], recs: list[dict]) -> int:
     start = full = 0
     for q in reqs:
         n = q["spec_verify_ct"]
-        block = [r["accepted"][0] for r in recs[start:start + n]]
+        block = [r["accepted"][0] for r in recs[start : start + n]]
         start += n
         if len(block) < n:
             assert sum(block) <= q["spec_num_correct_drafts"], (block, q)
@@ -92,9 +97,14 @@ def sglang_python() -> str:
 def tiny_model(sglang_python, tmp_path_factory, request) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama")
     t0 = time.perf_counter()
-    cp = subprocess.run([sglang_python, "-m", "tests.sglang_server.tiny_model", str(out)], capture_output=True,
-                        text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[1]),
-                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    cp = subprocess.run(
+        [sglang_python, "-m", "tests.sglang_server.tiny_model", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     _report(request, f"tiny model built in {time.perf_counter() - t0:.1f} s")
     return out
@@ -106,21 +116,32 @@ def engine_run(sglang_python, tiny_model, tmp_path_factory, request):
     env_file = work / "tuned.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in ENV_FILE.items()))
     prof = work / "prof"
-    run = launch_engine(sglang_python, work / "run", tiny_model, env_file=env_file, prof=prof,
-                        trace_steps=TRACE_STEPS, prompts=PROMPTS, max_new_tokens=MAX_NEW, linger_s=LINGER_S,
-                        extra_env={"FVTEST_STANDIN_MAX_ROWS": str(STANDIN_MAX_ROWS)})
+    run = launch_engine(
+        sglang_python,
+        work / "run",
+        tiny_model,
+        env_file=env_file,
+        prof=prof,
+        trace_steps=TRACE_STEPS,
+        prompts=PROMPTS,
+        max_new_tokens=MAX_NEW,
+        linger_s=LINGER_S,
+        extra_env={"FVTEST_STANDIN_MAX_ROWS": str(STANDIN_MAX_ROWS)},
+    )
     if run.rc != 0 or not run.result.get("requests"):
         pytest.fail(f"the launched engine failed:\n{run.tail()}")
     recs = run.verify_records(prof)
     stats = run.stats()
-    _report(request, f"launch -> Engine TP 2: wall {run.wall_s:.1f} s, engine start-up {run.result['startup_s']:.1f} s, "
-                     f"{len(run.result['requests'])} requests answered (latency s: "
-                     f"{[r['latency_s'] for r in run.result['requests']]}; correct drafts "
-                     f"{[r['spec_num_correct_drafts'] for r in run.result['requests']]}), SGLang verify steps "
-                     f"{run.result['verify_ct_total']}; per rank verify forwards seen by the shim / records: "
-                     + ", ".join(f"TP {r}: {stats.get(r, {}).get('verify_forwards')} / {len(recs.get(r, []))}"
-                                 for r in (0, 1))
-                     + f"; non-causal verify masks {stats.get(0, {}).get('non_causal_masks')}")
+    _report(
+        request,
+        f"launch -> Engine TP 2: wall {run.wall_s:.1f} s, engine start-up {run.result['startup_s']:.1f} s, "
+        f"{len(run.result['requests'])} requests answered (latency s: "
+        f"{[r['latency_s'] for r in run.result['requests']]}; correct drafts "
+        f"{[r['spec_num_correct_drafts'] for r in run.result['requests']]}), SGLang verify steps "
+        f"{run.result['verify_ct_total']}; per rank verify forwards seen by the shim / records: "
+        + ", ".join(f"TP {r}: {stats.get(r, {}).get('verify_forwards')} / {len(recs.get(r, []))}" for r in (0, 1))
+        + f"; non-causal verify masks {stats.get(0, {}).get('non_causal_masks')}",
+    )
     return run, prof
 
 
@@ -143,9 +164,16 @@ def test_patch_line_in_every_tp_rank(engine_run):
         assert fields["backend"] == "auto", rest
         assert set(fields["applied"].split(",")) == {"pre_capture", "verify_timer"}, rest
         # every counting target resolves on the real SGLang 0.5.23
-        assert set(fields["counting"].split(",")) == {"count_all_reduce", "count_out_place", "count_in_place",
-                                                      "count_flashinfer", "count_pynccl", "count_mode",
-                                                      "count_capture", "count_replay"}, rest
+        assert set(fields["counting"].split(",")) == {
+            "count_all_reduce",
+            "count_out_place",
+            "count_in_place",
+            "count_flashinfer",
+            "count_pynccl",
+            "count_mode",
+            "count_capture",
+            "count_replay",
+        }, rest
         assert "skipped=" not in rest and "uncounted=" not in rest, rest
         # what this rank's graphs cover, from SGLang's own config: NGRAM verifies 4 tokens a request
         assert " 4 tokens" in rest.split(" covers: ", 1)[1], rest
@@ -167,12 +195,16 @@ def test_verify_records_match_sglang_verify_steps(engine_run):
             assert r["clock"] == "cpu_wall_clock", r  # a CPU timing, labelled so
             assert r["verify_ms"] > 0, r
             # the load, read off SGLang's batch: requests, and their draft tokens (>= 1 a request)
-            assert type(r["batch"]) is int and r["batch"] >= 1 and type(r["tokens"]) is int \
-                and r["tokens"] >= r["batch"], r
+            assert (
+                type(r["batch"]) is int and r["batch"] >= 1 and type(r["tokens"]) is int and r["tokens"] >= r["batch"]
+            ), r
             # the accepted draft tokens of each request (SGLang's accept_lens - 1, read off eagle_sample): their
             # form here, their values against SGLang's own per-request counts below
-            assert type(r.get("accepted")) is list and len(r["accepted"]) == r["batch"] \
-                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"]), r
+            assert (
+                type(r.get("accepted")) is list
+                and len(r["accepted"]) == r["batch"]
+                and all(type(a) is int and 0 <= a < r["tokens"] // r["batch"] for a in r["accepted"])
+            ), r
         # and their values are SGLang's own, request by request
         assert assert_accepted_is_sglangs(run.result["requests"], got) >= len(PROMPTS) - 1, rank
 
@@ -244,8 +276,10 @@ def _trace_events(path: Path) -> list[dict]:
 
 def _gloo_all_reduces_per_step(ev: list[dict]) -> list[int]:
     """Independent count: ``gloo:all_reduce`` CPU spans that start inside each verify-step span."""
-    steps = sorted((e for e in ev if str(e.get("name", "")).startswith("step[TARGET_VERIFY") and e.get("ph") == "X"),
-                   key=lambda e: e["ts"])
+    steps = sorted(
+        (e for e in ev if str(e.get("name", "")).startswith("step[TARGET_VERIFY") and e.get("ph") == "X"),
+        key=lambda e: e["ts"],
+    )
     ars = [e["ts"] for e in ev if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X"]
     return [sum(1 for t in ars if s["ts"] <= t <= s["ts"] + s["dur"]) for s in steps]
 
@@ -268,8 +302,9 @@ def test_trace_per_tp_rank_read_as_cpu_allreduces(engine_run, tmp_path):
         assert not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in ev), t
     # [I10-B's part: `profile --trace` reads CPU-only traces] read, labelled CPU-clock, split per rank
     out = tmp_path / "profile.json"
-    cp = run_fastverify(["profile", "--trace", *map(str, traces), "--output", str(out), "--no-png"], cwd=tmp_path,
-                        timeout=300)
+    cp = run_fastverify(
+        ["profile", "--trace", *map(str, traces), "--output", str(out), "--no-png"], cwd=tmp_path, timeout=300
+    )
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     assert "NOT GPU timings" in cp.stdout, cp.stdout[:500]
     d = json.loads(out.read_text())
@@ -278,8 +313,9 @@ def test_trace_per_tp_rank_read_as_cpu_allreduces(engine_run, tmp_path):
     for r in d["ranks"]:
         assert [s["allreduce_count"] for s in r["steps"]] == [AR_PER_STEP] * TRACE_STEPS, r["rank"]
     split = d["cross_rank"]["per_rank"]  # the transfer/wait split over both ranks
-    assert sorted(split) == ["0", "1"] and all("allreduce_wait_us" in v and "allreduce_transfer_us" in v
-                                             for v in split.values()), split
+    assert sorted(split) == ["0", "1"] and all(
+        "allreduce_wait_us" in v and "allreduce_transfer_us" in v for v in split.values()
+    ), split
 
 
 def test_verify_log_summary_reads_the_records(engine_run):
@@ -294,8 +330,7 @@ def test_verify_log_summary_reads_the_records(engine_run):
     assert "cpu" in out.lower(), out
     # per-path counts of both ranks, verify apart from the other modes
     n0, n1 = (AR_PER_STEP * len(recs[r]) for r in (0, 1))
-    want = (f"verify: fastverify.gloo: {n0 + n1} of {n0 + n1} verify all-reduces, ranks 0-1 "
-            f"(TP 0 {n0}, TP 1 {n1})")
+    want = f"verify: fastverify.gloo: {n0 + n1} of {n0 + n1} verify all-reduces, ranks 0-1 (TP 0 {n0}, TP 1 {n1})"
     assert want in out, out
     ext = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("extend: ")]
     assert len(ext) == 1 and ext[0].startswith("extend: fastverify.gloo.fallback: ") and "ranks 0-1" in ext[0], out
@@ -308,30 +343,57 @@ def test_verify_log_summary_reads_the_records(engine_run):
 def http_run(sglang_python, tiny_model, tmp_path_factory, request):
     work = tmp_path_factory.mktemp("http")
     prof, torch_prof = work / "prof", work / "sglang-profile"
-    srv = HttpServer(sglang_python, work / "run", tiny_model, prof=prof,
-                     extra_env={"FVTEST_BREAK_TARGET": "verify_timer"})
+    srv = HttpServer(
+        sglang_python, work / "run", tiny_model, prof=prof, extra_env={"FVTEST_BREAK_TARGET": "verify_timer"}
+    )
     out: dict = {"prof": prof, "torch_prof": torch_prof}
     try:
         ready = srv.wait_ready()
         gens = []
         for p in PROMPTS[:2]:
             t = time.perf_counter()
-            status, text = http("POST", srv.url + "/generate", {"text": p, "sampling_params": {
-                "temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}})
+            status, text = http(
+                "POST",
+                srv.url + "/generate",
+                {"text": p, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}},
+            )
             gens.append((status, json.loads(text) if status == 200 else text, time.perf_counter() - t))
         out["generate"] = gens
         # before the fixture's own /start_profile: a server profiles one request at a time
         bundle = work / "bundle.tar.gz"
         try:
-            out["collect"] = (run_fastverify(["collect", "--server", srv.url, "--cycles", "3", "--send-requests", "2",
-                                              "--budget", "240", "--skip", "doctor", "--output", str(bundle)],
-                                             cwd=work, timeout=300), bundle)
+            out["collect"] = (
+                run_fastverify(
+                    [
+                        "collect",
+                        "--server",
+                        srv.url,
+                        "--cycles",
+                        "3",
+                        "--send-requests",
+                        "2",
+                        "--budget",
+                        "240",
+                        "--skip",
+                        "doctor",
+                        "--output",
+                        str(bundle),
+                    ],
+                    cwd=work,
+                    timeout=300,
+                ),
+                bundle,
+            )
         except subprocess.TimeoutExpired as e:  # said by the test, not by every test of the fixture
             out["collect"] = (e, bundle)
-        out["start_profile"] = http("POST", srv.url + "/start_profile", {
-            "output_dir": str(torch_prof), "num_steps": 2, "activities": ["CPU"]})
-        out["after_profile"] = http("POST", srv.url + "/generate", {"text": PROMPTS[2], "sampling_params": {
-            "temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}})
+        out["start_profile"] = http(
+            "POST", srv.url + "/start_profile", {"output_dir": str(torch_prof), "num_steps": 2, "activities": ["CPU"]}
+        )
+        out["after_profile"] = http(
+            "POST",
+            srv.url + "/generate",
+            {"text": PROMPTS[2], "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}},
+        )
         end = time.perf_counter() + 90
         while time.perf_counter() < end and not list(torch_prof.glob("*.trace.json*")):
             time.sleep(2)
@@ -342,9 +404,12 @@ def http_run(sglang_python, tiny_model, tmp_path_factory, request):
         srv.stop()
     out.setdefault("log", srv.log.read_text(errors="replace"))
     ok = [g for g in out.get("generate", []) if g[0] == 200]
-    _report(request, f"launch -> sglang.launch_server TP 2 (verify_timer broken): ready in {out.get('ready_s', -1):.1f} s, "
-                     f"{len(ok)} /generate answered (s: {[round(g[2], 2) for g in ok]}), verify steps "
-                     f"{[g[1]['meta_info'].get('spec_verify_ct') for g in ok]}")
+    _report(
+        request,
+        f"launch -> sglang.launch_server TP 2 (verify_timer broken): ready in {out.get('ready_s', -1):.1f} s, "
+        f"{len(ok)} /generate answered (s: {[round(g[2], 2) for g in ok]}), verify steps "
+        f"{[g[1]['meta_info'].get('spec_verify_ct') for g in ok]}",
+    )
     return out
 
 
@@ -376,7 +441,10 @@ def test_collect_bundles_the_servers_trace(http_run):
     assert args.status == "ok" and args.meta["tp_size"] == 2, args
     assert trace.status == "ok", (trace.reason, cp.stderr[-3000:])
     assert trace.meta["activities"] == ["CPU"] and trace.meta["traffic"] == "collect sent requests", trace.meta
-    assert len(trace.files) >= 2 and {f.rsplit("-TP-", 1)[1] for f in trace.files} >= {"0.trace.json.gz", "1.trace.json.gz"}
+    assert len(trace.files) >= 2 and {f.rsplit("-TP-", 1)[1] for f in trace.files} >= {
+        "0.trace.json.gz",
+        "1.trace.json.gz",
+    }
     for f in trace.files:  # whole gzip traces, one per TP rank
         assert "traceEvents" in json.loads(gzip.decompress(b.read(f))), f
 
@@ -452,9 +520,12 @@ def test_standin_tree_links_equal_sglang_rule(sglang_python, tmp_path):
     from tests.sglang_server.harness import KERNELS, REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTVERIFY_", "SGLANG_"))}
-    env.update(SGLANG_USE_CPU_ENGINE="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([str(KERNELS), str(REPO)]))
-    cp = subprocess.run([sglang_python, "-c", _TREE_CHECK], capture_output=True, text=True, timeout=300, env=env,
-                        cwd=str(tmp_path))
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([str(KERNELS), str(REPO)])
+    )
+    cp = subprocess.run(
+        [sglang_python, "-c", _TREE_CHECK], capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path)
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert json.loads(cp.stdout.strip().splitlines()[-1]) == {"cases": 8}
 
@@ -488,8 +559,9 @@ def _jsonl_records(data: bytes) -> tuple[list[dict], bytes | None]:
     return [json.loads(line) for line in lines], torn
 
 
-def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(sglang_python, tiny_model, tmp_path_factory,
-                                                                      request):
+def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(
+    sglang_python, tiny_model, tmp_path_factory, request
+):
     """SIGKILL one TP worker while the engine generates, then hold its ``verify-rank<R>.jsonl``
     against the shim's count of that worker's verify forwards at the kill (SIGKILL-safe, see
     :mod:`tests.sglang_server.shim`). The bound is the timer's own (``fastverify.patch.verify``):
@@ -508,8 +580,15 @@ def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(sglang_pytho
     kill_after = 5 * DRAIN_EVERY  # five writer batches into the run
     work = tmp_path_factory.mktemp("kill9")
     prof = work / "prof"
-    eng = EngineProcess(sglang_python, work / "run", tiny_model, prof=prof, prompts=PROMPTS,
-                        max_new_tokens=KILL_MAX_NEW, loop_s=KILL_LOOP_S)
+    eng = EngineProcess(
+        sglang_python,
+        work / "run",
+        tiny_model,
+        prof=prof,
+        prompts=PROMPTS,
+        max_new_tokens=KILL_MAX_NEW,
+        loop_s=KILL_LOOP_S,
+    )
     stats_path = eng.work / "stats" / f"stats-rank{KILL_RANK}.json"
     log_path = prof / f"verify-rank{KILL_RANK}.jsonl"
     try:
@@ -547,13 +626,16 @@ def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(sglang_pytho
     old = sum(1 for t in times if t < t_kill - window_s)  # forwards that began before the window
     oldest_lost_s = round(t_kill - times[len(recs)], 3) if lost > 0 else None
     ms = [r["verify_ms"] for r in recs]
-    _report(request, f"kill -9 of TP {KILL_RANK} (pid {pid}) {to_kill_s:.1f} s after launch ({answers} answers, "
-                     f"kill at shim count >= {seen}): verify forwards at the kill {n}, records on disk {len(recs)}"
-                     f"{' + a torn last line' if torn else ''}, lost {lost} (bound {DRAIN_EVERY} = "
-                     f"DRAIN_EVERY - 1 waiting + 1 in flight); forwards older than {window_s:.1f} s at the kill "
-                     f"{old}, oldest lost began {oldest_lost_s} s before the kill; verify ms max "
-                     f"{max(ms) if ms else None}; TP {1 - KILL_RANK} records {other_n}; {procs} processes at the kill, "
-                     f"{found} still there for the cleanup, killed in {stop_s:.1f} s, none left")
+    _report(
+        request,
+        f"kill -9 of TP {KILL_RANK} (pid {pid}) {to_kill_s:.1f} s after launch ({answers} answers, "
+        f"kill at shim count >= {seen}): verify forwards at the kill {n}, records on disk {len(recs)}"
+        f"{' + a torn last line' if torn else ''}, lost {lost} (bound {DRAIN_EVERY} = "
+        f"DRAIN_EVERY - 1 waiting + 1 in flight); forwards older than {window_s:.1f} s at the kill "
+        f"{old}, oldest lost began {oldest_lost_s} s before the kill; verify ms max "
+        f"{max(ms) if ms else None}; TP {1 - KILL_RANK} records {other_n}; {procs} processes at the kill, "
+        f"{found} still there for the cleanup, killed in {stop_s:.1f} s, none left",
+    )
 
     assert len(times) == n and n >= seen >= kill_after, (len(times), n, seen)
     assert recs, f"no verify records of TP {KILL_RANK} on disk after {n} verify forwards"
@@ -562,4 +644,5 @@ def test_kill9_of_a_tp_worker_loses_at_most_the_last_flush_interval(sglang_pytho
         assert str(r["rank"]) == str(KILL_RANK) and r["pid"] == pid and r["verify_ms"] > 0, r
     assert 0 <= lost <= DRAIN_EVERY, (n, len(recs), lost, DRAIN_EVERY)
     assert old >= 1 and len(recs) >= old, (
-        f"{old} forwards began more than {window_s} s before the kill, only {len(recs)} records on disk")
+        f"{old} forwards began more than {window_s} s before the kill, only {len(recs)} records on disk"
+    )

@@ -13,7 +13,6 @@ from math import prod
 from pathlib import Path
 
 import pytest
-
 from conftest import intersect_length, length, read_raw_trace
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -38,8 +37,11 @@ def gpu_events(doc: dict) -> list[dict]:
 
 def launch_ts(doc: dict) -> dict:
     """correlation -> host launch time of the runtime call."""
-    return {e["args"]["correlation"]: e["ts"] for e in doc["traceEvents"]
-            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    return {
+        e["args"]["correlation"]: e["ts"]
+        for e in doc["traceEvents"]
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
 
 
 def approx(x):
@@ -54,6 +56,7 @@ def window(gpu) -> Decimal:
 # ---------------------------------------------------------------------------------------------
 # TraceLens b200 eager trace: vLLM TP8 rank 0, torch symmetric-memory all-reduce
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def eager(traces_dir, tmp_path_factory):
@@ -104,8 +107,15 @@ def test_eager_window_memory_compute_idle(eager):
     assert r["idle_us"] == approx(end - start - busy)
     assert r["memory_us"] == approx(length(map(iv, g["memory"])))
     assert r["compute_us"] == approx(length(map(iv, g["compute"])))
-    assert r["counts"] == {"allreduce": 73, "fused_allreduce": 0, "other_comm": 1, "unknown_comm": 0,
-                           "memory": len(g["memory"]), "compute": len(g["compute"]), "ep_alltoall": 0}
+    assert r["counts"] == {
+        "allreduce": 73,
+        "fused_allreduce": 0,
+        "other_comm": 1,
+        "unknown_comm": 0,
+        "memory": len(g["memory"]),
+        "compute": len(g["compute"]),
+        "ep_alltoall": 0,
+    }
     # HTA's temporal breakdown, with our classification
     assert r["hta"]["kernel_time_us"] == approx(end - start)
     assert r["hta"]["non_compute_us"] == approx(busy - length(map(iv, g["compute"])))
@@ -124,8 +134,11 @@ def test_eager_exposed_comm_and_overlap(eager):
 
 def test_eager_message_sizes_from_launching_op(eager):
     raw, prof, _, g = eager
-    ops = {e["args"]["External id"]: e for e in raw["traceEvents"]
-           if e.get("cat") == "cpu_op" and e["name"] == "symm_mem::multimem_all_reduce_"}
+    ops = {
+        e["args"]["External id"]: e
+        for e in raw["traceEvents"]
+        if e.get("cat") == "cpu_op" and e["name"] == "symm_mem::multimem_all_reduce_"
+    }
     by_size: dict[int, list[Decimal]] = {}
     for k in g["ar"]:
         op = ops[k["args"]["External id"]]
@@ -187,9 +200,14 @@ def _first_step_by_hand(raw: dict) -> dict:
     comp = [iv(e) for e in gpu if e["cat"] == "kernel" and not e["name"].startswith("nccl")]
     kernel_time = window(gpu)
     idle = kernel_time - length(map(iv, gpu))
-    return {"events": len(gpu), "kernel_time": kernel_time, "idle": idle, "compute": length(comp),
-            "non_compute": kernel_time - length(comp) - idle,
-            "overlap": round(float(100 * intersect_length(comm, comp) / length(comm)), 2)}
+    return {
+        "events": len(gpu),
+        "kernel_time": kernel_time,
+        "idle": idle,
+        "compute": length(comp),
+        "non_compute": kernel_time - length(comp) - idle,
+        "overlap": round(float(100 * intersect_length(comm, comp) / length(comm)), 2),
+    }
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -259,6 +277,7 @@ def test_hta_pair_transfer_wait_straggler(hta_pair):
 # ---------------------------------------------------------------------------------------------
 # TraceLens SGLang Qwen3-8B prefill trace (MI300X, one rank, no collectives)
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sglang(traces_dir, tmp_path_factory):

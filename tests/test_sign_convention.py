@@ -47,8 +47,21 @@ def test_tune_and_topo_json_and_text_share_the_sign(capsys):
 def _records(folder: Path, ms: float) -> None:
     folder.mkdir()
     for rank in (0, 1):
-        lines = [json.dumps({"step": i, "verify_ms": ms + i, "clock": "cuda_events", "rank": str(rank), "pid": 7,
-                             "allreduce_paths": None, "batch": 2, "tokens": 8}) for i in range(5)]
+        lines = [
+            json.dumps(
+                {
+                    "step": i,
+                    "verify_ms": ms + i,
+                    "clock": "cuda_events",
+                    "rank": str(rank),
+                    "pid": 7,
+                    "allreduce_paths": None,
+                    "batch": 2,
+                    "tokens": 8,
+                }
+            )
+            for i in range(5)
+        ]
         (folder / f"verify-rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -57,8 +70,10 @@ def test_verify_log_change_is_after_vs_before(tmp_path, capsys):
     _records(tmp_path / "before", 20.0)
     _records(tmp_path / "after", 10.0)
     out_json = tmp_path / "report.json"
-    rc, text, err = cli(["profile", "--verify-log", str(tmp_path / "before"), str(tmp_path / "after"),
-                         "--output", str(out_json)], capsys)
+    rc, text, err = cli(
+        ["profile", "--verify-log", str(tmp_path / "before"), str(tmp_path / "after"), "--output", str(out_json)],
+        capsys,
+    )
     assert rc == 0, err
     doc = json.loads(out_json.read_text())
     pooled = next(c for c in doc["change"] if c["rank"] == "all")
@@ -66,7 +81,16 @@ def test_verify_log_change_is_after_vs_before(tmp_path, capsys):
     assert pooled["change_pct"] == pytest.approx((12 - 22) / 22 * 100, abs=1e-3)
     assert "- = less time" in text and "-45.5" in text
     # and the other way round: slower after is positive
-    rc, text, err = cli(["profile", "--verify-log", str(tmp_path / "after"), str(tmp_path / "before"),
-                         "--output", str(tmp_path / "r2.json")], capsys)
+    rc, text, err = cli(
+        [
+            "profile",
+            "--verify-log",
+            str(tmp_path / "after"),
+            str(tmp_path / "before"),
+            "--output",
+            str(tmp_path / "r2.json"),
+        ],
+        capsys,
+    )
     pooled = next(c for c in json.loads((tmp_path / "r2.json").read_text())["change"] if c["rank"] == "all")
     assert pooled["change_pct"] == pytest.approx((22 - 12) / 12 * 100, abs=1e-3) and pooled["change_pct"] > 0

@@ -12,8 +12,8 @@ import json
 from itertools import combinations
 
 import pytest
-
 from conftest import assert_user_error, run_fastverify
+
 from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.topo.diagnose import CALIBRATION, current_p2p_level, diagnose
 from fastverify.topo.matrix import parse_nvidia_smi_topo
@@ -66,11 +66,17 @@ def test_lower_case_level_is_ignored_by_nccl_and_reported(inputs):
     assert any(a.startswith("fix NCCL_P2P_LEVEL='sys'") for a in d.actions)
 
 
-@pytest.mark.parametrize("env, level", [
-    ({}, "PXB"), ({"NCCL_P2P_LEVEL": "PHB"}, "PHB"), ({"NCCL_P2P_LEVEL": "4"}, "SYS"),
-    ({"NCCL_P2P_LEVEL": "2"}, "PXB"), ({"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}, "LOC"),
-    ({"NCCL_P2P_LEVEL": "Sys"}, "PXB"),
-])
+@pytest.mark.parametrize(
+    "env, level",
+    [
+        ({}, "PXB"),
+        ({"NCCL_P2P_LEVEL": "PHB"}, "PHB"),
+        ({"NCCL_P2P_LEVEL": "4"}, "SYS"),
+        ({"NCCL_P2P_LEVEL": "2"}, "PXB"),
+        ({"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}, "LOC"),
+        ({"NCCL_P2P_LEVEL": "Sys"}, "PXB"),
+    ],
+)
 def test_current_level(env, level):
     assert current_p2p_level(env)[0] == level
 
@@ -91,14 +97,24 @@ def test_log_transports_are_reported_as_seen(inputs):
 def test_driver_without_p2p_blocks_ipc_allreduce(inputs):
     t = inputs["307"]
     pairs = [(a, b) for a in range(8) for b in range(8) if a != b]
-    no_p2p = type(t)(gpus=t.gpus, links=t.links, p2p_read={k: False for k in pairs},
-                     p2p_write={k: False for k in pairs}, source="nvml-like")
+    no_p2p = type(t)(
+        gpus=t.gpus,
+        links=t.links,
+        p2p_read={k: False for k in pairs},
+        p2p_write={k: False for k in pairs},
+        source="nvml-like",
+    )
     d = diagnose(no_p2p, None, {})
     assert d.pcie_ipc_allreduce["possible"] is False
     assert d.p2p_level_recommended is None  # no level helps pairs the driver refuses
     assert {p.transport_now for p in d.pairs} == {"SHM"}
-    yes_p2p = type(t)(gpus=t.gpus, links=t.links, p2p_read={k: True for k in pairs},
-                      p2p_write={k: True for k in pairs}, source="nvml-like")
+    yes_p2p = type(t)(
+        gpus=t.gpus,
+        links=t.links,
+        p2p_read={k: True for k in pairs},
+        p2p_write={k: True for k in pairs},
+        source="nvml-like",
+    )
     assert diagnose(yes_p2p, None, {}).pcie_ipc_allreduce["possible"] is True
     assert diagnose(t, None, {}).pcie_ipc_allreduce["possible"] is None  # offline text: unknown
 
@@ -116,8 +132,10 @@ def test_embedded_calibration_matches_a_fresh_fit(shared_dir):
     from fastverify.nccl import model as M
     from fastverify.nccl.perftable import parse_all_reduce_perf
 
-    files = {M.Transport.SHM: "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt",
-             M.Transport.P2P: "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt"}
+    files = {
+        M.Transport.SHM: "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt",
+        M.Transport.P2P: "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt",
+    }
     for transport, name in files.items():
         table = parse_all_reduce_perf((shared_dir / "inputs" / name).read_text(), source=name)
         rows = [r for r in table.rows if M.CALIBRATION_MIN_BYTES <= r.size_bytes <= M.CALIBRATION_MAX_BYTES]
@@ -162,24 +180,30 @@ def test_cli_log_without_nccl_lines(tmp_path):
     assert_user_error(run_fastverify(["topo", "--nccl-log", "x.log"], cwd=tmp_path), "x.log")
 
 
-@pytest.mark.parametrize("setting, words", [
-    ("NCCL_PROTOCOL=LL", ["NCCL_PROTOCOL", "NCCL_PROTO"]),
-    ("NCCL_P2P_LEVEL=sys", ["NCCL_P2P_LEVEL", "SYS"]),
-    ("NCCL_NTHREADS=1000", ["NCCL_NTHREADS", "1000"]),
-    ("NCCL_MAX_NCHANNELS=99", ["NCCL_MAX_NCHANNELS", "99"]),
-    ("NCCL_PROTO", ["NAME=VALUE"]),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ("NCCL_PROTOCOL=LL", ["NCCL_PROTOCOL", "NCCL_PROTO"]),
+        ("NCCL_P2P_LEVEL=sys", ["NCCL_P2P_LEVEL", "SYS"]),
+        ("NCCL_NTHREADS=1000", ["NCCL_NTHREADS", "1000"]),
+        ("NCCL_MAX_NCHANNELS=99", ["NCCL_MAX_NCHANNELS", "99"]),
+        ("NCCL_PROTO", ["NAME=VALUE"]),
+    ],
+)
 def test_cli_rejects_bad_settings(shared_dir, tmp_path, setting, words):
     d = shared_dir / "inputs"
-    proc = run_fastverify(["topo", "--nvidia-smi", str(d / "topo-blog-chlc-rtx4090.txt"), "--set", setting],
-                          cwd=tmp_path)
+    proc = run_fastverify(
+        ["topo", "--nvidia-smi", str(d / "topo-blog-chlc-rtx4090.txt"), "--set", setting], cwd=tmp_path
+    )
     assert_user_error(proc, *words)
 
 
 def test_cli_set_changes_the_diagnosis(shared_dir, tmp_path):
     d = shared_dir / "inputs"
-    proc = run_fastverify(["topo", "--nvidia-smi", str(d / "topo-blog-chlc-rtx4090.txt"), "--set",
-                           "NCCL_P2P_LEVEL=SYS", "--json"], cwd=tmp_path)
+    proc = run_fastverify(
+        ["topo", "--nvidia-smi", str(d / "topo-blog-chlc-rtx4090.txt"), "--set", "NCCL_P2P_LEVEL=SYS", "--json"],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["p2p_level_now"] == "SYS" and doc["p2p_level_recommended"] is None
@@ -245,14 +269,30 @@ def test_log_with_only_p2p_level_loc_puts_every_pair_on_shm(tmp_path):
     d = diagnose(None, log, {})
     assert d.n_gpus == 8 and len(d.pairs) == 28  # the 8 devices that printed, C(8, 2) pairs
     assert {(p.transport_now, p.transport_recommended, p.basis) for p in d.pairs} == {
-        ("SHM", "SHM", "environment: NCCL_P2P_LEVEL=LOC")}
+        ("SHM", "SHM", "environment: NCCL_P2P_LEVEL=LOC")
+    }
     assert (d.p2p_level_now, d.p2p_level_now_source) == ("LOC", "NCCL_P2P_LEVEL=LOC")
     assert any(a.startswith("NCCL_P2P_LEVEL=LOC turns P2P off for every pair") for a in d.actions)
     # the SHM model for 8 ranks, as for any all-SHM box
-    assert d.predictions and d.predictions[0].now_us == diagnose(
-        parse_nvidia_smi_topo("\t" + "\t".join(f"GPU{i}" for i in range(8)) + "\n" + "".join(
-            f"GPU{i}\t" + "\t".join(" X " if i == j else "SYS" for j in range(8)) + "\n" for i in range(8)), source="s"),
-        None, {}).predictions[0].now_us
+    assert (
+        d.predictions
+        and d.predictions[0].now_us
+        == diagnose(
+            parse_nvidia_smi_topo(
+                "\t"
+                + "\t".join(f"GPU{i}" for i in range(8))
+                + "\n"
+                + "".join(
+                    f"GPU{i}\t" + "\t".join(" X " if i == j else "SYS" for j in range(8)) + "\n" for i in range(8)
+                ),
+                source="s",
+            ),
+            None,
+            {},
+        )
+        .predictions[0]
+        .now_us
+    )
     (tmp_path / "loc.log").write_text(LOC_LOG)
     proc = run_fastverify(["topo", "--nccl-log", "loc.log"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -268,13 +308,17 @@ def test_one_line_loc_log_is_partial_with_unknown_gpu_count(tmp_path):
 
 
 def _ring_only_tuning_log(prefix="host0:1:2 [0] NCCL INFO "):
-    head = ["  Algorithm   |" + "".join(" %14s   %14s   %14s |" % ("", a, "") for a in ("Tree", "Ring", "CollNetDirect")),
-            "  Protocol    |" + "".join(" %14s |" % p for _ in range(3) for p in ("LL", "LL128", "Simple")),
-            " Max NThreads |" + "".join(" %14d |" % n for n in (0, 0, 0, 512, 0, 512, 0, 0, 0))]
-    row = "%13s |" % "AllReduce" + "".join("%8.1f/%6.1f |" % c for c in [
-        (0.0, 0.0)] * 3 + [(6.6, 4.0), (0.0, 0.0), (29.0, 12.0)] + [(0.0, 0.0)] * 3)
+    head = [
+        "  Algorithm   |" + "".join(" %14s   %14s   %14s |" % ("", a, "") for a in ("Tree", "Ring", "CollNetDirect")),
+        "  Protocol    |" + "".join(" %14s |" % p for _ in range(3) for p in ("LL", "LL128", "Simple")),
+        " Max NThreads |" + "".join(" %14d |" % n for n in (0, 0, 0, 512, 0, 512, 0, 0, 0)),
+    ]
+    row = "%13s |" % "AllReduce" + "".join(
+        "%8.1f/%6.1f |" % c for c in [(0.0, 0.0)] * 3 + [(6.6, 4.0), (0.0, 0.0), (29.0, 12.0)] + [(0.0, 0.0)] * 3
+    )
     calls = ["AllReduce: 57344 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}"] * 3 + [
-        "AllReduce: 229376 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}"]
+        "AllReduce: 229376 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}"
+    ]
     return "".join(prefix + m + "\n" for m in (*head, row, *calls))
 
 
@@ -282,15 +326,22 @@ def test_log_with_only_the_tuning_table_reports_it(tmp_path):
     log = parse_nccl_log(_ring_only_tuning_log(), source="tuning.log")
     d = diagnose(None, log, {}, batches=(1, 2, 4))
     tu = d.nccl_tuning
-    assert tu["model_table"] == [{"algo": "RING", "proto": "LL", "latency_us": 6.6, "algbw_gbps": 4.0},
-                                 {"algo": "RING", "proto": "SIMPLE", "latency_us": 29.0, "algbw_gbps": 12.0}]
+    assert tu["model_table"] == [
+        {"algo": "RING", "proto": "LL", "latency_us": 6.6, "algbw_gbps": 4.0},
+        {"algo": "RING", "proto": "SIMPLE", "latency_us": 29.0, "algbw_gbps": 12.0},
+    ]
     # by hand, lat + bytes / (1000 * algBw): 57344 B: LL 6.6 + 14.336 = 20.9 < Simple 29 + 4.779 = 33.8;
     # 114688 B: LL 35.3 < Simple 38.6; 229376 B: LL 63.9 > Simple 29 + 19.115 = 48.1
     assert [(v["msg_bytes"], v["algo_proto"], v["time_us"]) for v in tu["verify_choice"]] == [
-        (57344, "RING/LL", 20.9), (114688, "RING/LL", 35.3), (229376, "RING/SIMPLE", 48.1)]
+        (57344, "RING/LL", 20.9),
+        (114688, "RING/LL", 35.3),
+        (229376, "RING/SIMPLE", 48.1),
+    ]
     assert all(v["label"] == "predicted" for v in tu["verify_choice"])
     assert [(c["size_bytes"], c["algo"], c["proto"]) for c in tu["launched"]] == [
-        (57344, "RING", "LL"), (229376, "RING", "SIMPLE")]
+        (57344, "RING", "LL"),
+        (229376, "RING", "SIMPLE"),
+    ]
     # an NCCL_PROTO being evaluated restricts the table's cells: Simple only -> 33.8 at 57344 B
     d2 = diagnose(None, log, {"NCCL_PROTO": "Simple"}, batches=(1,))
     assert [(v["algo_proto"], v["time_us"]) for v in d2.nccl_tuning["verify_choice"]] == [("RING/SIMPLE", 33.8)]
@@ -301,10 +352,12 @@ def test_log_with_only_the_tuning_table_reports_it(tmp_path):
     assert "57,344 B -> RING/LL" in proc.stdout
 
 
-MIXED_LOG = ("host0:100:200 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
-             "host0:100:200 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n"
-             "host0:100:201 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/CUMEM\n"
-             "host0:100:207 [7] NCCL INFO Channel 00/0 : 7[7] -> 0[99] via P2P/CUMEM\n")
+MIXED_LOG = (
+    "host0:100:200 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+    "host0:100:200 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n"
+    "host0:100:201 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/CUMEM\n"
+    "host0:100:207 [7] NCCL INFO Channel 00/0 : 7[7] -> 0[99] via P2P/CUMEM\n"
+)
 
 
 def test_gpu_outside_the_topology_is_a_warning_and_the_rest_is_kept(inputs):
@@ -348,7 +401,9 @@ def test_perf_table_gives_measured_verify_times(shared_dir, inputs):
     f1 = math.log(57344 / 32768) / math.log(2)
     f2 = math.log(917504 / 524288) / math.log(2)
     assert [(m["msg_bytes"], m["time_us"]) for m in d.measured] == [
-        (57344, round(43.63 * (45.28 / 43.63) ** f1, 1)), (917504, round(200.5 * (226.1 / 200.5) ** f2, 1))]
+        (57344, round(43.63 * (45.28 / 43.63) ** f1, 1)),
+        (917504, round(200.5 * (226.1 / 200.5) ** f2, 1)),
+    ]
     assert d.measured[0]["time_us"] == 45.0 and d.measured[1]["time_us"] == 220.9  # 200.5 * 1.1277^0.807
     assert all(m["label"] == "measured" for m in d.measured) and d.warnings == []
     assert d.perf_table["rows"] == 25 and d.sources[-1] == str(f)

@@ -32,21 +32,50 @@ def _option(path: Path) -> str:
 
 # What each known file holds, read off it by hand: (n_gpus, facts in the terminal report).
 KNOWN = {
-    "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt": (8, [
-        "25 sizes 8-134,217,728 B, 8 ranks on NVIDIA GeForce RTX 4090, float sum", "38.83 µs at the smallest",
-        "16253 µs at the largest", "peak busBw 15.04 GB/s at 33,554,432 B", "average busBw 4.85265 GB/s"]),
-    "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt": (8, [
-        "25 sizes 8-134,217,728 B, 8 ranks", "38.82 µs at the smallest", "11382 µs at the largest",
-        "peak busBw 20.64 GB/s at 134,217,728 B", "average busBw 6.11168 GB/s"]),
+    "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt": (
+        8,
+        [
+            "25 sizes 8-134,217,728 B, 8 ranks on NVIDIA GeForce RTX 4090, float sum",
+            "38.83 µs at the smallest",
+            "16253 µs at the largest",
+            "peak busBw 15.04 GB/s at 33,554,432 B",
+            "average busBw 4.85265 GB/s",
+        ],
+    ),
+    "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt": (
+        8,
+        [
+            "25 sizes 8-134,217,728 B, 8 ranks",
+            "38.82 µs at the smallest",
+            "11382 µs at the largest",
+            "peak busBw 20.64 GB/s at 134,217,728 B",
+            "average busBw 6.11168 GB/s",
+        ],
+    ),
     # ring 0..7: 3->4 SHM, the other hops P2P
     "nccldebug-nccl-1027.txt": (8, ["│ 3-4 │", "SHM", "seen in log", "0-1 1-2 2-3 5-6 6-7"]),
     # GRAPH path dump: GPUs 4-7 (ce000, cf000, d0000, d1000) PHB to each other
     "nccldebug-nccl-tests-307.txt": (4, ["4-5 4-6 4-7 5-6 5-7 6-7", "PHB"]),
     # pcie_ipc first at its point, but its range reaches NCCL's: too close to call
-    "topo-blog-chlc-rtx4090.txt": (8, ["SYS", "best level: SYS", "2. NCCL_P2P_LEVEL=SYS",
-                                       "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure"]),
-    "topo-nccl-tests-307.txt": (8, ["PIX", "SYS", "best level: SYS", "2. NCCL_P2P_LEVEL=SYS",
-                                    "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure"]),
+    "topo-blog-chlc-rtx4090.txt": (
+        8,
+        [
+            "SYS",
+            "best level: SYS",
+            "2. NCCL_P2P_LEVEL=SYS",
+            "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure",
+        ],
+    ),
+    "topo-nccl-tests-307.txt": (
+        8,
+        [
+            "PIX",
+            "SYS",
+            "best level: SYS",
+            "2. NCCL_P2P_LEVEL=SYS",
+            "1. pcie_ipc (FlashInfer PCIe IPC all-reduce): too close to call: measure",
+        ],
+    ),
 }
 
 

@@ -32,8 +32,16 @@ NCCL_307_NUMA = [0, 0, 0, 0, 1, 1, 1, 1]
 NCCL_307_NIC0 = ["PIX", "PIX", "PIX", "PIX", "SYS", "SYS", "SYS", "SYS"]
 
 # --- topo-blog-chlc-rtx4090.txt (space-aligned, four NICs, one GPU per NUMA node) --------------
-CHLC_CPUS = ["24-31,88-95", "16-23,80-87", "8-15,72-79", "0-7,64-71",
-             "56-63,120-127", "48-55,112-119", "40-47,104-111", "32-39,96-103"]
+CHLC_CPUS = [
+    "24-31,88-95",
+    "16-23,80-87",
+    "8-15,72-79",
+    "0-7,64-71",
+    "56-63,120-127",
+    "48-55,112-119",
+    "40-47,104-111",
+    "32-39,96-103",
+]
 CHLC_NUMA = [3, 2, 1, 0, 7, 6, 5, 4]
 CHLC_NIC_NAMES = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
 CHLC_NIC_LINKS = ["SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "PHB", "SYS"]  # same for NIC0..NIC3
@@ -73,8 +81,24 @@ def test_nccl_tests_307(nccl_307_text):
     assert topo.source == "topo-nccl-tests-307.txt"
     assert topo.pairs_by_type() == {
         "PIX": ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7)),
-        "SYS": ((0, 4), (0, 5), (0, 6), (0, 7), (1, 4), (1, 5), (1, 6), (1, 7),
-                (2, 4), (2, 5), (2, 6), (2, 7), (3, 4), (3, 5), (3, 6), (3, 7)),
+        "SYS": (
+            (0, 4),
+            (0, 5),
+            (0, 6),
+            (0, 7),
+            (1, 4),
+            (1, 5),
+            (1, 6),
+            (1, 7),
+            (2, 4),
+            (2, 5),
+            (2, 6),
+            (2, 7),
+            (3, 4),
+            (3, 5),
+            (3, 6),
+            (3, 7),
+        ),
     }
     # NCCL default level PXB: the same-switch pairs may use P2P, the cross-socket ones may not.
     assert p2p_allowed(topo.link(0, 3)) and p2p_allowed(topo.link(5, 7))
@@ -110,8 +134,10 @@ def test_as_dict_is_json_ready(nccl_307_text):
 # --- format variants of the same matrix --------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["crlf", "spaces", "ansi", "trailing", "no_comment", "prompt", "no_legend",
-                                     "comment_inside", "leading_blank"])
+@pytest.mark.parametrize(
+    "variant",
+    ["crlf", "spaces", "ansi", "trailing", "no_comment", "prompt", "no_legend", "comment_inside", "leading_blank"],
+)
 def test_variants_of_307(nccl_307_text, variant):
     text = nccl_307_text
     if variant == "crlf":
@@ -158,25 +184,37 @@ NODE PXB  X    PHB
 SYS  SYS  PHB  X""")
     assert [g.numa_node for g in topo.gpus] == [0, 0, 0, None]
     assert [g.cpu_affinity for g in topo.gpus] == ["0-63", "0-63", "0-63", None]
-    assert topo.pairs_by_type() == {"NV12": ((0, 1),), "PXB": ((1, 2),), "PHB": ((2, 3),), "NODE": ((0, 2),),
-                                    "SYS": ((0, 3), (1, 3))}
+    assert topo.pairs_by_type() == {
+        "NV12": ((0, 1),),
+        "PXB": ((1, 2),),
+        "PHB": ((2, 3),),
+        "NODE": ((0, 2),),
+        "SYS": ((0, 3), (1, 3)),
+    }
     # nvidia-smi NODE is NCCL PHB; NV12 is NVL.
-    assert topo.pairs_by_type(nccl=True) == {"NVL": ((0, 1),), "PXB": ((1, 2),), "PHB": ((0, 2), (2, 3)),
-                                             "SYS": ((0, 3), (1, 3))}
+    assert topo.pairs_by_type(nccl=True) == {
+        "NVL": ((0, 1),),
+        "PXB": ((1, 2),),
+        "PHB": ((0, 2), (2, 3)),
+        "SYS": ((0, 3), (1, 3)),
+    }
 
 
 def test_single_gpu_and_gpu_numa_id():
-    topo = parse_nvidia_smi_topo("        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
-                                 "GPU0     X      0-71    0               2\n")
+    topo = parse_nvidia_smi_topo(
+        "        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\nGPU0     X      0-71    0               2\n"
+    )
     assert topo.gpus == (Gpu(index=0, numa_node=0, cpu_affinity="0-71", gpu_numa_id=2),)
     assert topo.links == {} and topo.pairs_by_type() == {}
 
 
 def test_old_style_nic_label_and_soc():
-    text = ("\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\n"
-            "GPU0\t X \tSOC\tPHB\t0-11\n"
-            "GPU1\tSOC\t X \tSOC\t12-23\n"
-            "mlx5_0\tPHB\tSOC\t X \n")
+    text = (
+        "\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\n"
+        "GPU0\t X \tSOC\tPHB\t0-11\n"
+        "GPU1\tSOC\t X \tSOC\t12-23\n"
+        "mlx5_0\tPHB\tSOC\t X \n"
+    )
     topo = parse_nvidia_smi_topo(text)
     assert topo.links == {(0, 1): "SYS", (1, 0): "SYS"}
     assert [(n.label, n.name, n.gpu_links) for n in topo.nics] == [("mlx5_0", "mlx5_0", {0: "PHB", 1: "SYS"})]
@@ -185,8 +223,19 @@ def test_old_style_nic_label_and_soc():
 # --- NCCL path rules ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("link,path", [("X", "LOC"), ("NV1", "NVL"), ("NV18", "NVL"), ("PIX", "PIX"),
-                                       ("PXB", "PXB"), ("PHB", "PHB"), ("NODE", "PHB"), ("SYS", "SYS")])
+@pytest.mark.parametrize(
+    "link,path",
+    [
+        ("X", "LOC"),
+        ("NV1", "NVL"),
+        ("NV18", "NVL"),
+        ("PIX", "PIX"),
+        ("PXB", "PXB"),
+        ("PHB", "PHB"),
+        ("NODE", "PHB"),
+        ("SYS", "SYS"),
+    ],
+)
 def test_nccl_path_type(link, path):
     assert nccl_path_type(link) == path
 
@@ -199,11 +248,25 @@ def test_nccl_path_type_rejects(link):
 
 # (link, level) -> allowed; NCCL order LOC < NVL < NVB < C2C < PIX < PXB < P2C < PXN < PHB < SYS
 P2P_TABLE = [
-    ("PIX", "PXB", True), ("PXB", "PXB", True), ("PHB", "PXB", False), ("NODE", "PXB", False),
-    ("SYS", "PXB", False), ("NV4", "PXB", True), ("PIX", "PIX", True), ("PXB", "PIX", False),
-    ("NV2", "LOC", False), ("NV2", "NVL", True), ("PIX", "NVL", False), ("PIX", "C2C", False),
-    ("PXB", "P2C", True), ("PHB", "PXN", False), ("NODE", "PHB", True), ("PHB", "PHB", True),
-    ("SYS", "PHB", False), ("SYS", "SYS", True), ("NODE", "SYS", True),
+    ("PIX", "PXB", True),
+    ("PXB", "PXB", True),
+    ("PHB", "PXB", False),
+    ("NODE", "PXB", False),
+    ("SYS", "PXB", False),
+    ("NV4", "PXB", True),
+    ("PIX", "PIX", True),
+    ("PXB", "PIX", False),
+    ("NV2", "LOC", False),
+    ("NV2", "NVL", True),
+    ("PIX", "NVL", False),
+    ("PIX", "C2C", False),
+    ("PXB", "P2C", True),
+    ("PHB", "PXN", False),
+    ("NODE", "PHB", True),
+    ("PHB", "PHB", True),
+    ("SYS", "PHB", False),
+    ("SYS", "SYS", True),
+    ("NODE", "SYS", True),
 ]
 
 
@@ -232,30 +295,68 @@ MALFORMED = [
     ("empty", "", r"^bad\.txt: no header row starting with GPU0"),
     ("prose", "hello world\nGPU1 X\n", r"no header row starting with GPU0"),
     ("only_rows", "GPU0\t X \tPIX\nGPU1\tPIX\t X \n", r"no header row"),
-    ("missing_cell", edit(BASE, "GPU2\tNODE\tPXB\t X \tPHB\t0-63\t0", "GPU2\tNODE\tPXB\t X \t0-63\t0"),
-     r"^bad\.txt: line 4: row GPU2 has 5 cells, expected 6: a cell is missing"),
-    ("truncated_row", edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X \tN/A\tN/A", "GPU3\tSYS\tSYS"),
-     r"line 5: row GPU3 has 2 cells, expected 6: a cell is missing \(no cell from column GPU2 on\)"),
-    ("extra_cell", edit(BASE, "GPU1\tNV12\t X \tPXB\tSYS\t0-63\t0", "GPU1\tNV12\t X \tPXB\tSYS\t0-63\t0\t7"),
-     r"line 3: row GPU1 has 7 cells, expected 6: extra cell '7'"),
-    ("unknown_code", edit(BASE, "GPU2\tNODE\tPXB\t X \tPHB", "GPU2\tNODE\tPXB\t X \tPCIE"),
-     r"line 4: row GPU2, column GPU3: unknown connection 'PCIE'"),
+    (
+        "missing_cell",
+        edit(BASE, "GPU2\tNODE\tPXB\t X \tPHB\t0-63\t0", "GPU2\tNODE\tPXB\t X \t0-63\t0"),
+        r"^bad\.txt: line 4: row GPU2 has 5 cells, expected 6: a cell is missing",
+    ),
+    (
+        "truncated_row",
+        edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X \tN/A\tN/A", "GPU3\tSYS\tSYS"),
+        r"line 5: row GPU3 has 2 cells, expected 6: a cell is missing \(no cell from column GPU2 on\)",
+    ),
+    (
+        "extra_cell",
+        edit(BASE, "GPU1\tNV12\t X \tPXB\tSYS\t0-63\t0", "GPU1\tNV12\t X \tPXB\tSYS\t0-63\t0\t7"),
+        r"line 3: row GPU1 has 7 cells, expected 6: extra cell '7'",
+    ),
+    (
+        "unknown_code",
+        edit(BASE, "GPU2\tNODE\tPXB\t X \tPHB", "GPU2\tNODE\tPXB\t X \tPCIE"),
+        r"line 4: row GPU2, column GPU3: unknown connection 'PCIE'",
+    ),
     ("nv0", edit(BASE, "GPU0\t X \tNV12", "GPU0\t X \tNV0"), r"row GPU0, column GPU1: unknown connection 'NV0'"),
-    ("lower_case", edit(BASE, "GPU1\tNV12\t X \tPXB", "GPU1\tNV12\t X \tpxb"),
-     r"row GPU1, column GPU2: unknown connection 'pxb'"),
-    ("asymmetric", edit(BASE, "GPU2\tNODE\tPXB", "GPU2\tNODE\tPIX"),
-     r"asymmetric entries: row GPU1, column GPU2 is PXB but row GPU2, column GPU1 is PIX"),
-    ("missing_row", edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X \tN/A\tN/A\n", ""),
-     r"^bad\.txt: matrix is not square: no row for column GPU3$"),
-    ("extra_row", BASE + "GPU4\tSYS\tSYS\tSYS\tSYS\t0-63\t0\n", r"line 6: row 'GPU4' is not one of the header's columns"),
+    (
+        "lower_case",
+        edit(BASE, "GPU1\tNV12\t X \tPXB", "GPU1\tNV12\t X \tpxb"),
+        r"row GPU1, column GPU2: unknown connection 'pxb'",
+    ),
+    (
+        "asymmetric",
+        edit(BASE, "GPU2\tNODE\tPXB", "GPU2\tNODE\tPIX"),
+        r"asymmetric entries: row GPU1, column GPU2 is PXB but row GPU2, column GPU1 is PIX",
+    ),
+    (
+        "missing_row",
+        edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X \tN/A\tN/A\n", ""),
+        r"^bad\.txt: matrix is not square: no row for column GPU3$",
+    ),
+    (
+        "extra_row",
+        BASE + "GPU4\tSYS\tSYS\tSYS\tSYS\t0-63\t0\n",
+        r"line 6: row 'GPU4' is not one of the header's columns",
+    ),
     ("dup_row", edit(BASE, "GPU3\tSYS", "GPU2\tSYS"), r"line 5: row 'GPU2' appears twice"),
-    ("x_off_diagonal", edit(BASE, "GPU0\t X \tNV12\tNODE\tSYS", "GPU0\t X \tNV12\tNODE\tX"),
-     r"row GPU0, column GPU3: X off the diagonal"),
-    ("no_diagonal", edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X ", "GPU3\tSYS\tSYS\tPHB\tSYS"),
-     r"row GPU3, column GPU3: diagonal must be X"),
-    ("dup_column", edit(BASE, "\tGPU0\tGPU1\tGPU2\tGPU3", "\tGPU0\tGPU1\tGPU1\tGPU3"),
-     r"line 1: column 'GPU1' appears twice"),
-    ("unknown_header", edit(BASE, "NUMA Affinity", "NUMA Affinity\tPower Draw"), r"line 1: unknown column in the header"),
+    (
+        "x_off_diagonal",
+        edit(BASE, "GPU0\t X \tNV12\tNODE\tSYS", "GPU0\t X \tNV12\tNODE\tX"),
+        r"row GPU0, column GPU3: X off the diagonal",
+    ),
+    (
+        "no_diagonal",
+        edit(BASE, "GPU3\tSYS\tSYS\tPHB\t X ", "GPU3\tSYS\tSYS\tPHB\tSYS"),
+        r"row GPU3, column GPU3: diagonal must be X",
+    ),
+    (
+        "dup_column",
+        edit(BASE, "\tGPU0\tGPU1\tGPU2\tGPU3", "\tGPU0\tGPU1\tGPU1\tGPU3"),
+        r"line 1: column 'GPU1' appears twice",
+    ),
+    (
+        "unknown_header",
+        edit(BASE, "NUMA Affinity", "NUMA Affinity\tPower Draw"),
+        r"line 1: unknown column in the header",
+    ),
 ]
 
 
@@ -292,8 +393,11 @@ def matrices(draw):
     for a in range(size):
         for b in range(a + 1, size):
             codes[a][b] = codes[b][a] = draw(LINK_CODES)
-    attrs = draw(st.sampled_from([[], ["CPU Affinity"], ["CPU Affinity", "NUMA Affinity"],
-                                  ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]]))
+    attrs = draw(
+        st.sampled_from(
+            [[], ["CPU Affinity"], ["CPU Affinity", "NUMA Affinity"], ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]]
+        )
+    )
     numa = [draw(st.integers(0, 7) | st.none()) for _ in range(n_gpu)]
     sep = draw(st.sampled_from(["\t", " ", "   ", "\t\t", " \t"]))
     eol = draw(st.sampled_from(["\n", "\r\n"]))
@@ -304,12 +408,16 @@ def matrices(draw):
     for a, label in enumerate(labels):
         cells = [label] + [" X " if c == "X" else c for c in codes[a]]
         if a < n_gpu:
-            values = {"CPU Affinity": f"{a * 8}-{a * 8 + 7}", "NUMA Affinity": "N/A" if numa[a] is None else str(numa[a]),
-                      "GPU NUMA ID": "N/A"}
+            values = {
+                "CPU Affinity": f"{a * 8}-{a * 8 + 7}",
+                "NUMA Affinity": "N/A" if numa[a] is None else str(numa[a]),
+                "GPU NUMA ID": "N/A",
+            }
             cells += [values[h] for h in attrs]
         lines.append(sep.join(cells))
-    legend = ["", "Legend:", "", "  X    = Self"] + (["", "NIC Legend:", ""] + [f"  NIC{k}: mlx5_{k}" for k in range(n_nic)]
-                                                     if n_nic else [])
+    legend = ["", "Legend:", "", "  X    = Self"] + (
+        ["", "NIC Legend:", ""] + [f"  NIC{k}: mlx5_{k}" for k in range(n_nic)] if n_nic else []
+    )
     text = eol.join(lines + legend) + eol
     return text, n_gpu, codes, attrs, numa
 
@@ -348,9 +456,41 @@ def test_any_text_parses_or_user_error(text):
     parse_or_user_error(text)
 
 
-TOKENS = st.sampled_from(["GPU0", "GPU1", "GPU2", "NIC0", "X", " X ", "PIX", "SYS", "NODE", "NV4", "NV0", "N/A",
-                          "CPU", "Affinity", "NUMA", "ID", "Legend:", "NIC0: mlx5_0", "#", "\t", " ", "\n", "\r\n",
-                          "\x1b[1m", "\x1b[0m", "\x1b", "0-7", "GPU99999999", "GPU" + "9" * 5000, "٣", "\u2028"])
+TOKENS = st.sampled_from(
+    [
+        "GPU0",
+        "GPU1",
+        "GPU2",
+        "NIC0",
+        "X",
+        " X ",
+        "PIX",
+        "SYS",
+        "NODE",
+        "NV4",
+        "NV0",
+        "N/A",
+        "CPU",
+        "Affinity",
+        "NUMA",
+        "ID",
+        "Legend:",
+        "NIC0: mlx5_0",
+        "#",
+        "\t",
+        " ",
+        "\n",
+        "\r\n",
+        "\x1b[1m",
+        "\x1b[0m",
+        "\x1b",
+        "0-7",
+        "GPU99999999",
+        "GPU" + "9" * 5000,
+        "٣",
+        "\u2028",
+    ]
+)
 
 
 @given(st.lists(TOKENS, max_size=80))
@@ -359,14 +499,24 @@ def test_token_soup_parses_or_user_error(tokens):
     parse_or_user_error("".join(tokens))
 
 
-@given(matrices(), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 6), st.sampled_from(
-    ["", "X", "PIX", "\t", "\n", "GPU1", "N/A", "NV", "\x1b[", "#"])), min_size=1, max_size=4))
+@given(
+    matrices(),
+    st.lists(
+        st.tuples(
+            st.integers(0, 10_000),
+            st.integers(0, 6),
+            st.sampled_from(["", "X", "PIX", "\t", "\n", "GPU1", "N/A", "NV", "\x1b[", "#"]),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
 @settings(max_examples=400, **SETTINGS)
 def test_mutated_matrices_parse_or_user_error(case, edits):
     text = case[0]
     for pos, cut, insert in edits:
         pos %= len(text) + 1
-        text = text[:pos] + insert + text[pos + cut:]
+        text = text[:pos] + insert + text[pos + cut :]
     parse_or_user_error(text)
 
 

@@ -14,27 +14,63 @@ from fastverify.topo.nvml import read_nvml_topology, sysfs_bdf
 pynvml = pytest.importorskip("pynvml")
 
 # Names the code reads from the binding; they must exist in the installed nvidia-ml-py.
-CONSTANTS = ["NVML_TOPOLOGY_INTERNAL", "NVML_TOPOLOGY_SINGLE", "NVML_TOPOLOGY_MULTIPLE", "NVML_TOPOLOGY_HOSTBRIDGE",
-             "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM", "NVML_P2P_CAPS_INDEX_READ", "NVML_P2P_CAPS_INDEX_WRITE",
-             "NVML_P2P_STATUS_OK", "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED", "NVML_P2P_STATUS_GPU_NOT_SUPPORTED",
-             "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED", "NVML_P2P_STATUS_DISABLED_BY_REGKEY",
-             "NVML_P2P_STATUS_NOT_SUPPORTED", "NVML_P2P_STATUS_UNKNOWN", "NVML_NVLINK_MAX_LINKS",
-             "NVML_NVLINK_DEVICE_TYPE_GPU", "NVML_NVLINK_DEVICE_TYPE_SWITCH", "NVML_FEATURE_ENABLED",
-             "NVML_AFFINITY_SCOPE_NODE"]
-FUNCTIONS = ["nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
-             "nvmlDeviceGetPciInfo", "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetNvLinkState",
-             "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetP2PStatus",
-             "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-             "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetNumaNodeId",
-             "nvmlDeviceGetMemoryAffinity", "nvmlDeviceGetCpuAffinity", "nvmlSystemGetDriverVersion"]
+CONSTANTS = [
+    "NVML_TOPOLOGY_INTERNAL",
+    "NVML_TOPOLOGY_SINGLE",
+    "NVML_TOPOLOGY_MULTIPLE",
+    "NVML_TOPOLOGY_HOSTBRIDGE",
+    "NVML_TOPOLOGY_NODE",
+    "NVML_TOPOLOGY_SYSTEM",
+    "NVML_P2P_CAPS_INDEX_READ",
+    "NVML_P2P_CAPS_INDEX_WRITE",
+    "NVML_P2P_STATUS_OK",
+    "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED",
+    "NVML_P2P_STATUS_GPU_NOT_SUPPORTED",
+    "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED",
+    "NVML_P2P_STATUS_DISABLED_BY_REGKEY",
+    "NVML_P2P_STATUS_NOT_SUPPORTED",
+    "NVML_P2P_STATUS_UNKNOWN",
+    "NVML_NVLINK_MAX_LINKS",
+    "NVML_NVLINK_DEVICE_TYPE_GPU",
+    "NVML_NVLINK_DEVICE_TYPE_SWITCH",
+    "NVML_FEATURE_ENABLED",
+    "NVML_AFFINITY_SCOPE_NODE",
+]
+FUNCTIONS = [
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetMemoryAffinity",
+    "nvmlDeviceGetCpuAffinity",
+    "nvmlSystemGetDriverVersion",
+]
 
 
 def test_names_exist_in_installed_pynvml():
     for name in CONSTANTS + FUNCTIONS + ["NVMLError"]:
         assert hasattr(pynvml, name), name
     # Values the fake below copies (and the stray-comma tuple of nvidia-ml-py 13.x, if present).
-    assert [pynvml.NVML_TOPOLOGY_INTERNAL, pynvml.NVML_TOPOLOGY_SINGLE, pynvml.NVML_TOPOLOGY_MULTIPLE,
-            pynvml.NVML_TOPOLOGY_HOSTBRIDGE, pynvml.NVML_TOPOLOGY_NODE, pynvml.NVML_TOPOLOGY_SYSTEM] == [0, 10, 20, 30, 40, 50]
+    assert [
+        pynvml.NVML_TOPOLOGY_INTERNAL,
+        pynvml.NVML_TOPOLOGY_SINGLE,
+        pynvml.NVML_TOPOLOGY_MULTIPLE,
+        pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+        pynvml.NVML_TOPOLOGY_NODE,
+        pynvml.NVML_TOPOLOGY_SYSTEM,
+    ] == [0, 10, 20, 30, 40, 50]
     assert pynvml.NVML_P2P_CAPS_INDEX_READ in (0, (0,)) and pynvml.NVML_P2P_CAPS_INDEX_WRITE == 1
 
 
@@ -54,7 +90,9 @@ def test_no_driver_real_pynvml():
         read_nvml_topology()
     text = str(info.value)
     assert text.startswith("no NVIDIA driver/GPU found (NVML: ")
-    assert text.endswith("); for an offline diagnosis give --nvidia-smi FILE (`nvidia-smi topo -m` text) and/or --nccl-log FILE")
+    assert text.endswith(
+        "); for an offline diagnosis give --nvidia-smi FILE (`nvidia-smi topo -m` text) and/or --nccl-log FILE"
+    )
     assert "\n" not in text
 
 
@@ -72,8 +110,18 @@ class FakeNvml:
 
     NVMLError = FakeNVMLError
 
-    def __init__(self, n, *, ancestors=None, p2p=None, nvlinks=None, switch_links=None, init_error=None,
-                 fail_count=False, bus_ids=None):
+    def __init__(
+        self,
+        n,
+        *,
+        ancestors=None,
+        p2p=None,
+        nvlinks=None,
+        switch_links=None,
+        init_error=None,
+        fail_count=False,
+        bus_ids=None,
+    ):
         for name in CONSTANTS:
             setattr(self, name, getattr(pynvml, name))
         self.NVML_P2P_CAPS_INDEX_READ = (0,)  # as nvidia-ml-py 13.615 defines it (stray comma)
@@ -163,17 +211,37 @@ class FakeNvml:
 
 # Six GPUs; every NVML ancestor level appears among the pairs.
 ANCESTORS = {
-    (0, 1): 0, (0, 2): 10, (0, 3): 20, (0, 4): 30, (0, 5): 40,
-    (1, 2): 50, (1, 3): 10, (1, 4): 20, (1, 5): 30,
-    (2, 3): 40, (2, 4): 50, (2, 5): 10,
-    (3, 4): 20, (3, 5): 30,
+    (0, 1): 0,
+    (0, 2): 10,
+    (0, 3): 20,
+    (0, 4): 30,
+    (0, 5): 40,
+    (1, 2): 50,
+    (1, 3): 10,
+    (1, 4): 20,
+    (1, 5): 30,
+    (2, 3): 40,
+    (2, 4): 50,
+    (2, 5): 10,
+    (3, 4): 20,
+    (3, 5): 30,
     (4, 5): 40,
 }
 EXPECTED_LINKS = {
-    (0, 1): "PIX", (0, 2): "PIX", (0, 3): "PXB", (0, 4): "PHB", (0, 5): "NODE",
-    (1, 2): "SYS", (1, 3): "PIX", (1, 4): "PXB", (1, 5): "PHB",
-    (2, 3): "NODE", (2, 4): "SYS", (2, 5): "PIX",
-    (3, 4): "PXB", (3, 5): "PHB",
+    (0, 1): "PIX",
+    (0, 2): "PIX",
+    (0, 3): "PXB",
+    (0, 4): "PHB",
+    (0, 5): "NODE",
+    (1, 2): "SYS",
+    (1, 3): "PIX",
+    (1, 4): "PXB",
+    (1, 5): "PHB",
+    (2, 3): "NODE",
+    (2, 4): "SYS",
+    (2, 5): "PIX",
+    (3, 4): "PXB",
+    (3, 5): "PHB",
     (4, 5): "NODE",
 }
 
@@ -198,14 +266,21 @@ def test_gpu_fields(tmp_path):
     g = topo.gpus
     assert [x.index for x in g] == [0, 1, 2, 3, 4, 5]
     assert [x.name for x in g] == ["NVIDIA GeForce RTX 4090"] * 6  # bytes and str both decoded
-    assert [x.pci_bus_id for x in g] == ["00000000:18:00.0", "00000000:28:00.0", "00000000:38:00.0",
-                                         "00000000:48:00.0", "00000000:58:00.0", "00000000:68:00.0"]
+    assert [x.pci_bus_id for x in g] == [
+        "00000000:18:00.0",
+        "00000000:28:00.0",
+        "00000000:38:00.0",
+        "00000000:48:00.0",
+        "00000000:58:00.0",
+        "00000000:68:00.0",
+    ]
     # sysfs first (GPU 1 -> 3); else NVML memory affinity (even -> node 0, odd -> node 1).
     assert [x.numa_node for x in g] == [0, 3, 0, 1, 0, 1]
     assert [x.gpu_numa_id for x in g] == [None] * 6
     assert [x.cpu_affinity for x in g] == ["0-7", "8-15", "16-23", "24-31", "64-67", "64-67"]
-    assert [(x.pcie_gen, x.pcie_width, x.pcie_max_gen, x.pcie_max_width) for x in g] == \
-        [(1, 16, 4, None)] + [(4, 16, 4, None)] * 5
+    assert [(x.pcie_gen, x.pcie_width, x.pcie_max_gen, x.pcie_max_width) for x in g] == [(1, 16, 4, None)] + [
+        (4, 16, 4, None)
+    ] * 5
 
 
 P2P_CASES = [  # status -> (allowed, reason)
@@ -233,8 +308,11 @@ def test_p2p_status_values(tmp_path, status, allowed, words):
 
 
 def test_p2p_read_ok_write_refused_and_error_is_unknown(tmp_path):
-    fake = FakeNvml(3, ancestors={(0, 1): 50, (0, 2): 50, (1, 2): 50},
-                    p2p={(0, 1, 1): 2, (0, 2, 0): FakeNVMLError(), (0, 2, 1): FakeNVMLError()})
+    fake = FakeNvml(
+        3,
+        ancestors={(0, 1): 50, (0, 2): 50, (1, 2): 50},
+        p2p={(0, 1, 1): 2, (0, 2, 0): FakeNVMLError(), (0, 2, 1): FakeNVMLError()},
+    )
     topo = read_nvml_topology(fake, sysfs_root=tmp_path)
     assert (topo.p2p_read[(0, 1)], topo.p2p_write[(0, 1)]) == (True, False)
     assert topo.p2p_reason[(0, 1)] == "write: GPU not supported"
@@ -255,7 +333,10 @@ def test_nvlink_direct_and_switch(tmp_path):
 
 def test_init_failure_is_one_line_user_error():
     fake = FakeNvml(2, init_error=FakeNVMLError(9, "Driver Not Loaded"))
-    with pytest.raises(UserError, match=r"^no NVIDIA driver/GPU found \(NVML: Driver Not Loaded\); for an offline diagnosis give --nvidia-smi FILE"):
+    with pytest.raises(
+        UserError,
+        match=r"^no NVIDIA driver/GPU found \(NVML: Driver Not Loaded\); for an offline diagnosis give --nvidia-smi FILE",
+    ):
         read_nvml_topology(fake)
     assert fake.shutdowns == 0  # never initialised
 
@@ -278,9 +359,18 @@ def test_unknown_ancestor_level(tmp_path):
     assert fake.shutdowns == 1
 
 
-@pytest.mark.parametrize("bus_id,bdf", [("00000000:18:00.0", "0000:18:00.0"), ("0000:AF:00.1", "0000:af:00.1"),
-                                        ("18:00.0", "0000:18:00.0"), ("00000001:3B:00.0", "0001:3b:00.0"),
-                                        ("", None), ("../../etc", None), ("0000:18:00.8", None)])
+@pytest.mark.parametrize(
+    "bus_id,bdf",
+    [
+        ("00000000:18:00.0", "0000:18:00.0"),
+        ("0000:AF:00.1", "0000:af:00.1"),
+        ("18:00.0", "0000:18:00.0"),
+        ("00000001:3B:00.0", "0001:3b:00.0"),
+        ("", None),
+        ("../../etc", None),
+        ("0000:18:00.8", None),
+    ],
+)
 def test_sysfs_bdf(bus_id, bdf):
     assert sysfs_bdf(bus_id) == bdf
 
@@ -317,7 +407,8 @@ def test_common_ancestor_not_supported_for_one_pair_keeps_the_rest(monkeypatch, 
     fake.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
     fake.nvmlDeviceGetNumaNodeId = lambda h: -1
     fake.nvmlDeviceGetNvLinkState = lambda h, link: (_ for _ in ()).throw(
-        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))  # no NVLink: not a gap worth reporting
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    )  # no NVLink: not a gap worth reporting
     _patch_real_pynvml(monkeypatch, fake)
     assert isinstance(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED), pynvml.NVMLError_NotSupported)
 
@@ -340,17 +431,18 @@ def test_common_ancestor_not_supported_for_one_pair_keeps_the_rest(monkeypatch, 
 
 def test_refused_per_gpu_and_p2p_queries_are_listed(tmp_path):
     """Per-GPU and per-pair P2P refusals lose only their fact, and each is named."""
-    fake = FakeNvml(2, ancestors={(0, 1): 20},
-                    p2p={(0, 1, 1): pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)})
+    fake = FakeNvml(2, ancestors={(0, 1): 20}, p2p={(0, 1, 1): pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)})
     fake.NVMLError = pynvml.NVMLError
     for name in dir(pynvml):  # the error-code names the report uses
         if name.startswith("NVML_ERROR_"):
             setattr(fake, name, getattr(pynvml, name))
     fake.nvmlDeviceGetMaxPcieLinkWidth = lambda h: (_ for _ in ()).throw(
-        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    )
     fake.nvmlDeviceGetNumaNodeId = lambda h: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
     fake.nvmlDeviceGetNvLinkState = lambda h, link: (_ for _ in ()).throw(
-        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    )
     topo = read_nvml_topology(fake, sysfs_root=tmp_path)
     assert topo.links[(0, 1)] == "PXB" and topo.link_errors == {}
     assert topo.p2p_write[(0, 1)] is None and topo.p2p_read[(0, 1)] is True
@@ -364,10 +456,13 @@ def test_refused_per_gpu_and_p2p_queries_are_listed(tmp_path):
 
 
 def test_nvml_error_name():
-    assert topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)) == \
-        "NVML_ERROR_NOT_SUPPORTED"
-    assert topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == \
-        "NVML_ERROR_GPU_IS_LOST"
+    assert (
+        topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        == "NVML_ERROR_NOT_SUPPORTED"
+    )
+    assert (
+        topo_nvml.nvml_error_name(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == "NVML_ERROR_GPU_IS_LOST"
+    )
     assert topo_nvml.nvml_error_name(pynvml, RuntimeError("x")) == "RuntimeError"
 
 
@@ -392,8 +487,10 @@ class MemoryNvml(FakeNvml):
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         if ("procs", h) in self.refuse:
             raise FakeNVMLError(pynvml.NVML_ERROR_NO_PERMISSION, "Insufficient Permissions")
-        return [pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_v3_t(pid=pid, usedGpuMemory=used))
-                for pid, used in self.holders.get(h, [])]
+        return [
+            pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_v3_t(pid=pid, usedGpuMemory=used))
+            for pid, used in self.holders.get(h, [])
+        ]
 
 
 def _procfs(root, nspid: str, comms: dict[int, str]):
@@ -406,8 +503,14 @@ def _procfs(root, nspid: str, comms: dict[int, str]):
 
 
 def test_memory_names_exist_in_installed_pynvml():
-    for name in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetUUID",
-                 "c_nvmlMemory_t", "c_nvmlProcessInfo_v3_t", "nvmlStructToFriendlyObject"):
+    for name in (
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetUUID",
+        "c_nvmlMemory_t",
+        "c_nvmlProcessInfo_v3_t",
+        "nvmlStructToFriendlyObject",
+    ):
         assert hasattr(pynvml, name), name
 
 
@@ -416,12 +519,27 @@ def test_read_gpu_memory_free_bytes_and_named_holders(tmp_path):
     fake = MemoryNvml(2, free=[1 << 29, 20 << 30], holders={0: [(4242, 23 << 30), (5151, 1 << 28)]})
     rows = topo_nvml.read_gpu_memory(fake, proc_root=proc)
     assert rows == [
-        {"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-0", "name": "NVIDIA GeForce RTX 4090",
-         "total_bytes": 24 << 30, "free_bytes": 1 << 29,
-         "holders": [{"pid": 4242, "name": "sglang::schedul", "used_bytes": 23 << 30},
-                     {"pid": 5151, "name": None, "used_bytes": 1 << 28}]},  # /proc/5151 absent: no name
-        {"index": 1, "pci_bus_id": "00000000:28:00.0", "uuid": "GPU-1", "name": "NVIDIA GeForce RTX 4090",
-         "total_bytes": 24 << 30, "free_bytes": 20 << 30, "holders": []},
+        {
+            "index": 0,
+            "pci_bus_id": "00000000:18:00.0",
+            "uuid": "GPU-0",
+            "name": "NVIDIA GeForce RTX 4090",
+            "total_bytes": 24 << 30,
+            "free_bytes": 1 << 29,
+            "holders": [
+                {"pid": 4242, "name": "sglang::schedul", "used_bytes": 23 << 30},
+                {"pid": 5151, "name": None, "used_bytes": 1 << 28},
+            ],
+        },  # /proc/5151 absent: no name
+        {
+            "index": 1,
+            "pci_bus_id": "00000000:28:00.0",
+            "uuid": "GPU-1",
+            "name": "NVIDIA GeForce RTX 4090",
+            "total_bytes": 24 << 30,
+            "free_bytes": 20 << 30,
+            "holders": [],
+        },
     ]
     assert fake.shutdowns == 1
 
@@ -440,9 +558,15 @@ def test_read_gpu_memory_refusals_lose_their_own_field_and_no_driver_is_none(tmp
     fake = MemoryNvml(2, free=[1 << 29, 1 << 30], holders={1: [(9, 1 << 20)]}, refuse={("memory", 0), ("procs", 1)})
     rows = topo_nvml.read_gpu_memory(fake, proc_root=proc)
     assert [(r["total_bytes"], r["free_bytes"], r["holders"]) for r in rows] == [
-        (None, None, []), (24 << 30, 1 << 30, [])]
-    assert topo_nvml.read_gpu_memory(MemoryNvml(1, free=[0], holders={}, init_error=FakeNVMLError(9, "Driver Not Loaded")),
-                                     proc_root=proc) is None
+        (None, None, []),
+        (24 << 30, 1 << 30, []),
+    ]
+    assert (
+        topo_nvml.read_gpu_memory(
+            MemoryNvml(1, free=[0], holders={}, init_error=FakeNVMLError(9, "Driver Not Loaded")), proc_root=proc
+        )
+        is None
+    )
     assert topo_nvml.read_gpu_memory(MemoryNvml(1, free=[0], holders={}, fail_count=True), proc_root=proc) is None
 
 

@@ -3,8 +3,6 @@ codes, result parsing) with fake child commands injected through ``child_argv``.
 
 from __future__ import annotations
 
-from conftest import alive
-
 import json
 import subprocess
 import sys
@@ -13,19 +11,29 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastverify.errors import UserError
 from fastverify.topo import p2p
-from fastverify.topo.p2p import P2PResult, check_p2p
-from fastverify.topo.p2p import cache_path, default_cache_dir, fingerprint_of, read_cache, write_cache
+from fastverify.topo.p2p import (
+    P2PResult,
+    cache_path,
+    check_p2p,
+    default_cache_dir,
+    fingerprint_of,
+    read_cache,
+    write_cache,
+)
 from fastverify.topo.p2p_proof import results_from_json
 
-from conftest import subprocess_env
-
-KEY = {"gpus": [["NVIDIA GeForce RTX 4090", "00000000:18:00.0"], ["NVIDIA GeForce RTX 4090", "00000000:28:00.0"]],
-       "driver": "NVML (driver 550.54.15)", "cuda_visible_devices": None, "cuda_device_order": None}
+KEY = {
+    "gpus": [["NVIDIA GeForce RTX 4090", "00000000:18:00.0"], ["NVIDIA GeForce RTX 4090", "00000000:28:00.0"]],
+    "driver": "NVML (driver 550.54.15)",
+    "cuda_visible_devices": None,
+    "cuda_device_order": None,
+}
 
 
 def torch_has_cuda() -> bool:
@@ -39,12 +47,15 @@ def torch_has_cuda() -> bool:
 def fake_child(tmp_path: Path, body: str):
     """child_argv running ``body`` with I, J, OUT and LOG (a file each run appends a line to)."""
     script = tmp_path / "child.py"
-    script.write_text("import json, os, sys, time\nI, J, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
-                      f"LOG = {str(tmp_path / 'runs.log')!r}\n"
-                      "open(LOG, 'a').write(f'{I}-{J}\\n')\n" + textwrap.dedent(body))
+    script.write_text(
+        "import json, os, sys, time\nI, J, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+        f"LOG = {str(tmp_path / 'runs.log')!r}\n"
+        "open(LOG, 'a').write(f'{I}-{J}\\n')\n" + textwrap.dedent(body)
+    )
 
     def argv(i: int, j: int, out: Path) -> list[str]:
         return [sys.executable, str(script), str(i), str(j), str(out)]
+
     return argv
 
 
@@ -75,8 +86,14 @@ def test_no_cuda_user_error(tmp_path):
 def test_no_cuda_command_line(tmp_path):
     if torch_has_cuda():
         pytest.skip("CUDA present")
-    proc = subprocess.run([sys.executable, "-m", "fastverify.topo.p2p", "check", "--cache-dir", str(tmp_path)],
-                          capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastverify.topo.p2p", "check", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr == "error: no CUDA GPUs: the real P2P check needs a GPU box\n"
 
@@ -87,8 +104,14 @@ def test_real_pair_child_without_cuda_reports_both_directions(tmp_path):
     if torch_has_cuda():
         pytest.skip("CUDA present")
     out = tmp_path / "pair.json"
-    proc = subprocess.run([sys.executable, "-m", "fastverify.topo.p2p", "pair", "0", "1", str(out), "--timeout", "60"],
-                          capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastverify.topo.p2p", "pair", "0", "1", str(out), "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["results"]
     assert [(r["src"], r["dst"], r["ok"]) for r in rows] == [(0, 1, False), (1, 0, False)]
@@ -105,9 +128,12 @@ def test_results_are_cached(tmp_path):
     first = check_p2p(n_gpus=3, key=KEY, child_argv=argv, cache_dir=cache)
     assert sorted(runs(tmp_path)) == ["0-1", "0-2", "1-2"]
     assert first == {
-        (0, 1): P2PResult(True, "fine 0->1"), (1, 0): P2PResult(False, "bad 1->0"),
-        (0, 2): P2PResult(True, "fine 0->2"), (2, 0): P2PResult(False, "bad 2->0"),
-        (1, 2): P2PResult(True, "fine 1->2"), (2, 1): P2PResult(True, "bad 2->1"),
+        (0, 1): P2PResult(True, "fine 0->1"),
+        (1, 0): P2PResult(False, "bad 1->0"),
+        (0, 2): P2PResult(True, "fine 0->2"),
+        (2, 0): P2PResult(False, "bad 2->0"),
+        (1, 2): P2PResult(True, "fine 1->2"),
+        (2, 1): P2PResult(True, "bad 2->1"),
     }
     path = cache / f"p2p-{fingerprint_of(KEY)}.json"
     assert path == cache_path(KEY, cache) and path.exists()
@@ -141,8 +167,9 @@ def test_a_changed_kernel_command_line_or_driver_misses_the_cache(tmp_path, monk
     from types import SimpleNamespace
 
     gpus = [SimpleNamespace(name=n, pci_bus_id=b) for n, b in KEY["gpus"]]
-    monkeypatch.setattr(p2p.topo_nvml, "read_nvml_topology",
-                        lambda nvml=None: SimpleNamespace(gpus=gpus, source=KEY["driver"]))
+    monkeypatch.setattr(
+        p2p.topo_nvml, "read_nvml_topology", lambda nvml=None: SimpleNamespace(gpus=gpus, source=KEY["driver"])
+    )
     cmdline, module = tmp_path / "cmdline", tmp_path / "version"
     monkeypatch.setattr(p2p, "CMDLINE_PATH", str(cmdline), raising=False)
     monkeypatch.setattr(p2p, "NVIDIA_VERSION_PATH", str(module), raising=False)
@@ -167,14 +194,22 @@ def test_a_changed_kernel_command_line_or_driver_misses_the_cache(tmp_path, monk
     assert len(runs(tmp_path)) == 3
 
 
-@pytest.mark.parametrize("content", ["not json", "[]", '{"schema_version": 1}', "\x00\xff",
-                                     "WRONG_BOX", "OLD_SCHEMA", "BAD_ROWS"])
+@pytest.mark.parametrize(
+    "content", ["not json", "[]", '{"schema_version": 1}', "\x00\xff", "WRONG_BOX", "OLD_SCHEMA", "BAD_ROWS"]
+)
 def test_unusable_cache_file_recomputes(tmp_path, content):
     argv = fake_child(tmp_path, OK_BODY)
     path = cache_path(KEY, tmp_path / "c")
     path.parent.mkdir()
-    good = {"schema_version": 1, "fingerprint": fingerprint_of(KEY), "box": KEY,
-            "results": [{"src": 0, "dst": 1, "ok": True, "reason": "cached"}, {"src": 1, "dst": 0, "ok": True, "reason": "c"}]}
+    good = {
+        "schema_version": 1,
+        "fingerprint": fingerprint_of(KEY),
+        "box": KEY,
+        "results": [
+            {"src": 0, "dst": 1, "ok": True, "reason": "cached"},
+            {"src": 1, "dst": 0, "ok": True, "reason": "c"},
+        ],
+    }
     if content == "WRONG_BOX":
         content = json.dumps(dict(good, box=dict(KEY, driver="other")))
     elif content == "OLD_SCHEMA":
@@ -199,8 +234,11 @@ def test_refresh_and_env_cache_dir(tmp_path, monkeypatch):
 
 
 def test_write_cache_round_trip_and_default_dir(tmp_path, monkeypatch):
-    results = {(0, 1): P2PResult(False, "read back zeros"), (1, 0): P2PResult(True, "ok"),
-               (0, 2): P2PResult(False, "timeout: x", timed_out=True)}
+    results = {
+        (0, 1): P2PResult(False, "read back zeros"),
+        (1, 0): P2PResult(True, "ok"),
+        (0, 2): P2PResult(False, "timeout: x", timed_out=True),
+    }
     write_cache(tmp_path / "d" / "p.json", KEY, results)
     assert read_cache(tmp_path / "d" / "p.json", KEY) == {p: results[p] for p in ((0, 1), (1, 0))}  # no timeout
     assert read_cache(tmp_path / "d" / "p.json", dict(KEY, driver=None)) == {}
@@ -217,7 +255,7 @@ def test_hang_is_killed_with_its_process_group(tmp_path):
     body = f"""
 import subprocess
 grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open({str(tmp_path / 'grandchild.pid')!r}, "w").write(str(grandchild.pid))
+open({str(tmp_path / "grandchild.pid")!r}, "w").write(str(grandchild.pid))
 time.sleep(600)
 """
     argv = fake_child(tmp_path, body)
@@ -234,8 +272,6 @@ time.sleep(600)
     assert not alive(pid)
 
 
-
-
 def test_ctrl_c_cancels_queued_pairs_and_stops_the_running_children(tmp_path):
     """Six pairs of 3 s each, four at a time: SIGINT at 1 s must return within ~2 s (not after the
     queued pairs ran), raise KeyboardInterrupt, and leave no pair child running."""
@@ -244,7 +280,8 @@ def test_ctrl_c_cancels_queued_pairs_and_stops_the_running_children(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     driver = tmp_path / "driver.py"
-    driver.write_text(textwrap.dedent(f"""
+    driver.write_text(
+        textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from fastverify.topo.p2p import check_p2p
@@ -258,7 +295,8 @@ def test_ctrl_c_cancels_queued_pairs_and_stops_the_running_children(tmp_path):
         except KeyboardInterrupt:
             sys.exit(130)
         sys.exit(0)
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(driver)], env=subprocess_env())
     deadline = time.monotonic() + 20
     while len(list(pids.iterdir())) < 4 and time.monotonic() < deadline:  # the first four pairs run
@@ -289,15 +327,25 @@ def test_pairs_run_in_parallel_and_each_has_its_own_timeout(tmp_path):
 
 
 CHILD_FAILURES = [
-    ("exit", "print('warming up'); print('Traceback ...', file=sys.stderr)\nprint('RuntimeError: CUDA error: peer "
-     "mapping resources exhausted', file=sys.stderr); sys.exit(3)",
-     "check process failed (exit code 3): RuntimeError: CUDA error: peer mapping resources exhausted"),
-    ("signal", "import signal; os.kill(os.getpid(), signal.SIGKILL)", "check process failed (killed by signal 9): no output"),
+    (
+        "exit",
+        "print('warming up'); print('Traceback ...', file=sys.stderr)\nprint('RuntimeError: CUDA error: peer "
+        "mapping resources exhausted', file=sys.stderr); sys.exit(3)",
+        "check process failed (exit code 3): RuntimeError: CUDA error: peer mapping resources exhausted",
+    ),
+    (
+        "signal",
+        "import signal; os.kill(os.getpid(), signal.SIGKILL)",
+        "check process failed (killed by signal 9): no output",
+    ),
     ("no_file", "pass", "check process wrote no readable result"),
     ("bad_json", "open(OUT, 'w').write('{truncated')", "check process wrote no readable result"),
     ("bad_shape", "json.dump({'results': {'0-1': True}}, open(OUT, 'w'))", "check process wrote no readable result"),
-    ("bad_row", "json.dump({'results': [{'src': I, 'dst': J, 'ok': 'yes', 'reason': ''}]}, open(OUT, 'w'))",
-     "check process wrote no readable result"),
+    (
+        "bad_row",
+        "json.dump({'results': [{'src': I, 'dst': J, 'ok': 'yes', 'reason': ''}]}, open(OUT, 'w'))",
+        "check process wrote no readable result",
+    ),
 ]
 
 
@@ -318,8 +366,9 @@ def test_child_gives_one_direction_only(tmp_path):
 
 
 def test_child_that_cannot_start(tmp_path):
-    result = check_p2p(n_gpus=2, key=KEY, child_argv=lambda i, j, out: [str(tmp_path / "no-such-program")],
-                       cache_dir=tmp_path / "c")
+    result = check_p2p(
+        n_gpus=2, key=KEY, child_argv=lambda i, j, out: [str(tmp_path / "no-such-program")], cache_dir=tmp_path / "c"
+    )
     assert result[(0, 1)].ok is False and result[(0, 1)].reason.startswith("could not start the check")
 
 
@@ -338,9 +387,14 @@ def test_default_child_argv():
     assert argv[4:7] == ["2", "5", "/tmp/x.json"] and argv[7] == "--timeout" and float(argv[8]) < 100
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-                               st.sampled_from(["src", "dst", "ok", "reason", "x"]), inner, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["src", "dst", "ok", "reason", "x"]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @given(json_values)
@@ -383,8 +437,15 @@ def test_a_timeout_cached_by_an_older_fastverify_is_retried(tmp_path):
     (reason "timeout: ..."): they are not reused either."""
     path = cache_path(KEY, tmp_path / "c")
     path.parent.mkdir()
-    old = [{"src": 0, "dst": 1, "ok": False, "reason": "timeout: no answer within 5 s (P2P access hung or the child "
-            "stalled)"}, {"src": 1, "dst": 0, "ok": False, "reason": "timeout waiting for GPU 0's buffer"}]
+    old = [
+        {
+            "src": 0,
+            "dst": 1,
+            "ok": False,
+            "reason": "timeout: no answer within 5 s (P2P access hung or the child stalled)",
+        },
+        {"src": 1, "dst": 0, "ok": False, "reason": "timeout waiting for GPU 0's buffer"},
+    ]
     path.write_text(json.dumps({"schema_version": 1, "fingerprint": fingerprint_of(KEY), "box": KEY, "results": old}))
     result = check_p2p(n_gpus=2, key=KEY, child_argv=fake_child(tmp_path, OK_BODY), cache_dir=tmp_path / "c")
     assert runs(tmp_path) == ["0-1"]
@@ -394,18 +455,30 @@ def test_a_timeout_cached_by_an_older_fastverify_is_retried(tmp_path):
 def test_the_check_says_timeouts_as_such(tmp_path, monkeypatch, capsys):
     """`fastverify p2p --output`: the summary line counts passes, failures and timeouts apart, and
     the file marks each timed-out direction."""
-    results = {(0, 1): P2PResult(True, "ok"), (1, 0): P2PResult(False, "read back zeros"),
-               (0, 2): P2PResult(False, "timeout: x", timed_out=True), (2, 0): P2PResult(False, "timeout: x", True),
-               (1, 2): P2PResult(True, "ok"), (2, 1): P2PResult(True, "ok")}
+    results = {
+        (0, 1): P2PResult(True, "ok"),
+        (1, 0): P2PResult(False, "read back zeros"),
+        (0, 2): P2PResult(False, "timeout: x", timed_out=True),
+        (2, 0): P2PResult(False, "timeout: x", True),
+        (1, 2): P2PResult(True, "ok"),
+        (2, 1): P2PResult(True, "ok"),
+    }
     monkeypatch.setattr(p2p, "_gpu_count_or_fail", lambda: 3)
-    monkeypatch.setattr(p2p, "gpu_identities", lambda: [{"cuda": k, "index": k, "pci_bus_id": f"00000000:1{k}:00.0",
-                                                         "uuid": f"GPU-{k}", "name": "x"} for k in range(3)])
+    monkeypatch.setattr(
+        p2p,
+        "gpu_identities",
+        lambda: [
+            {"cuda": k, "index": k, "pci_bus_id": f"00000000:1{k}:00.0", "uuid": f"GPU-{k}", "name": "x"}
+            for k in range(3)
+        ],
+    )
     monkeypatch.setattr(p2p, "check_p2p", lambda **kw: results)
     out = tmp_path / "p2p.json"
     assert p2p.run_check_command(output=out, timeout_s=120, refresh=False) == 1
     line = capsys.readouterr().out.strip()
-    assert line.startswith("P2P: 3 of 6 ordered GPU pairs passed, 1 failed, 2 timed out (no answer in time: not a "
-                           "failure, not cached;") and line.endswith(f"; wrote {out}")
+    assert line.startswith(
+        "P2P: 3 of 6 ordered GPU pairs passed, 1 failed, 2 timed out (no answer in time: not a failure, not cached;"
+    ) and line.endswith(f"; wrote {out}")
     rows = {(r["src"], r["dst"]): r for r in json.loads(out.read_text())["results"]}
     assert [p for p, r in sorted(rows.items()) if r.get("timed_out")] == [(0, 2), (2, 0)]
     assert rows[(1, 0)]["ok"] is False and "timed_out" not in rows[(1, 0)]

@@ -15,4 +15,7 @@ def test_a_fifo_named_like_a_trace_in_a_folder_is_refused_not_skipped(tmp_path):
     os.mkfifo(tmp_path / "b.json.gz")
     with pytest.raises(UserError) as ei:
         load_traces([tmp_path])
-    assert str(ei.value) == f"{tmp_path / 'b.json.gz'}: not a regular file (a trace folder's *.json / *.json.gz must be files)"
+    assert (
+        str(ei.value)
+        == f"{tmp_path / 'b.json.gz'}: not a regular file (a trace folder's *.json / *.json.gz must be files)"
+    )

@@ -54,21 +54,60 @@ def _write(tmp_path: Path, doc, name: str = "t.json", indent=None) -> Path:
 
 
 def _kernel(i: int, **extra) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)" if i % 3 == 0 else "gemm",
-            "pid": 0, "tid": 7, "ts": 100.0 + 10 * i + 0.125, "dur": 5.5,
-            "args": {"stream": 7, "correlation": 1000 + i, "External id": i,
-                     **({"In msg nelems": 4096 * (i + 1), "dtype": "BFloat16", "Collective name": "allreduce"}
-                        if i % 3 == 0 else {})}, **extra}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)" if i % 3 == 0 else "gemm",
+        "pid": 0,
+        "tid": 7,
+        "ts": 100.0 + 10 * i + 0.125,
+        "dur": 5.5,
+        "args": {
+            "stream": 7,
+            "correlation": 1000 + i,
+            "External id": i,
+            **(
+                {"In msg nelems": 4096 * (i + 1), "dtype": "BFloat16", "Collective name": "allreduce"}
+                if i % 3 == 0
+                else {}
+            ),
+        },
+        **extra,
+    }
 
 
 def _events(n: int) -> list[dict]:
     out = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#7", "pid": 0, "tid": 1, "ts": 0, "dur": 10_000}]
     for i in range(n):
-        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1,
-                    "ts": 50.0 + 10 * i, "dur": 2, "args": {"correlation": 1000 + i}})
-        out.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 0, "tid": 1,
-                    "ts": 49.0 + 10 * i, "dur": 3, "args": {"External id": i, "Collective name": "allreduce",
-                                                             "Input Dims": [[i + 1, 8]], "Input type": ["float"]}})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 0,
+                "tid": 1,
+                "ts": 50.0 + 10 * i,
+                "dur": 2,
+                "args": {"correlation": 1000 + i},
+            }
+        )
+        out.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "record_param_comms",
+                "pid": 0,
+                "tid": 1,
+                "ts": 49.0 + 10 * i,
+                "dur": 3,
+                "args": {
+                    "External id": i,
+                    "Collective name": "allreduce",
+                    "Input Dims": [[i + 1, 8]],
+                    "Input type": ["float"],
+                },
+            }
+        )
         out.append(_kernel(i))
         out.append({"ph": "f", "cat": "ac2g", "name": "launch", "id": i, "pid": 0, "tid": 7, "ts": 100.0 + 10 * i})
     return out
@@ -95,8 +134,16 @@ def test_every_cut_of_a_plain_trace_reads_the_same(tmp_path, monkeypatch, spy):
     and the cuts inside an event's args (``Input Dims`` lists are arrays of arrays, not
     objects) do not arise; the step, all-reduce sizes (from the kernel's own args) and launch
     times come out as whole."""
-    path = _write(tmp_path, {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2},
-                             "traceEvents": _events(6), "traceName": "x"}, indent=1)
+    path = _write(
+        tmp_path,
+        {
+            "schemaVersion": 1,
+            "distributedInfo": {"rank": 0, "world_size": 2},
+            "traceEvents": _events(6),
+            "traceName": "x",
+        },
+        indent=1,
+    )
     used = _every_cut(path, monkeypatch, spy)
     n_events = 1 + 6 * 4
     assert used == [True] * (n_events - 1)
@@ -140,7 +187,7 @@ def test_cuts_inside_strings_nested_arrays_and_other_keys_are_declined(tmp_path,
             _at(monkeypatch, raw, m)
             spy.clear()
             assert_same_ranks(L.load_trace(path, halves=True), whole)
-            assert spy == [m.start() in ends], raw[m.start() - 30: m.end() + 30]
+            assert spy == [m.start() in ends], raw[m.start() - 30 : m.end() + 30]
 
 
 def test_a_second_trace_events_key_or_a_bare_array_is_read_whole(tmp_path, monkeypatch, spy):
@@ -200,8 +247,19 @@ def test_a_half_without_kernels_labels_launches_only_as_the_whole_file_does(tmp_
     times, which put them in the step (they start after it ends, their launches inside it)."""
     n = 6
     events = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 0, "tid": 1, "ts": 0, "dur": 1000}]
-    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": "[TP01] 9", "tid": 1,
-                "ts": 50.0 + i, "dur": 1, "args": {"correlation": 1000 + i}} for i in range(n)]
+    events += [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": "[TP01] 9",
+            "tid": 1,
+            "ts": 50.0 + i,
+            "dur": 1,
+            "args": {"correlation": 1000 + i},
+        }
+        for i in range(n)
+    ]
     events += [dict(_kernel(i), ts=2000.0 + 10 * i) for i in range(n)]
     text, ends = _text("", events, "")
     path = tmp_path / "t.json"
@@ -214,7 +272,7 @@ def test_a_half_without_kernels_labels_launches_only_as_the_whole_file_does(tmp_
         _at(monkeypatch, raw, m)
         spy.clear()
         assert_same_ranks(L.load_trace(path, halves=True), [whole])
-        assert spy == [not first_launch < m.start() < first_kernel], raw[m.start() - 30: m.end() + 30]
+        assert spy == [not first_launch < m.start() < first_kernel], raw[m.start() - 30 : m.end() + 30]
 
 
 def _real_files() -> list[Path]:
@@ -243,7 +301,7 @@ def test_the_shared_traces_are_there():
 def test_the_cut_is_past_the_first_share_and_between_objects():
     raw = b'{"traceEvents": [' + b", ".join(b'{"a": %d}' % i for i in range(100)) + b"]}"
     end, start = H.cut_points(raw, share=0.5)
-    assert len(raw) // 2 <= end - 1 < start and raw[end - 1:end] == b"}" and raw[start:start + 1] == b"{"
+    assert len(raw) // 2 <= end - 1 < start and raw[end - 1 : end] == b"}" and raw[start : start + 1] == b"{"
     assert raw[end:start] == b", "
     assert H.cut_points(b'{"traceEvents": [{"a": 1}]}') is None
 
@@ -251,6 +309,7 @@ def test_the_cut_is_past_the_first_share_and_between_objects():
 def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, monkeypatch, spy):
     """No process of the read outlives it; a worker that dies before answering (killed, out of
     memory) makes the halves decline, and the file is read whole."""
+
     def new_children():  # other tests may have left helpers of their own running
         return [c for c in children(os.getpid()) if alive(c) and c not in before]
 

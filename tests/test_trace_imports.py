@@ -26,14 +26,14 @@ def _targets(node: ast.AST, names: set[str]) -> set[str]:
             if alias.name == PACKAGE:
                 found.add("__init__")
             elif alias.name.startswith(PACKAGE + "."):
-                found.add(alias.name[len(PACKAGE) + 1:].split(".")[0])
+                found.add(alias.name[len(PACKAGE) + 1 :].split(".")[0])
     elif isinstance(node, ast.ImportFrom):
         if node.level:  # relative: from . import x / from .x import y (all inside this package)
             base = node.module.split(".")[0] if node.module else None
         elif node.module == PACKAGE:
             base = None
         elif node.module and node.module.startswith(PACKAGE + "."):
-            base = node.module[len(PACKAGE) + 1:].split(".")[0]
+            base = node.module[len(PACKAGE) + 1 :].split(".")[0]
         else:
             return found
         if base is not None:
@@ -64,7 +64,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:

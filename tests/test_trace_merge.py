@@ -7,8 +7,8 @@ import gzip
 import json
 
 import pytest
-
 from conftest import assert_user_error, run_fastverify
+
 from fastverify.errors import UserError
 from fastverify.trace.load import load_traces
 
@@ -16,12 +16,15 @@ AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)
 
 
 def _write(path, rank, world, gpu, nccl="2.21.5", backend="nccl", ar_dur=10):
-    events = [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0, "dur": 5,
-               "args": {"stream": 7}},
-              {"ph": "X", "cat": "kernel", "name": AR, "pid": 0, "tid": 7, "ts": 10, "dur": ar_dur,
-               "args": {"stream": 7}}]
-    doc = {"traceEvents": events, "deviceProperties": [{"id": 0, "name": gpu}],
-           "distributedInfo": {"rank": rank, "world_size": world, "nccl_version": nccl, "backend": backend}}
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0, "dur": 5, "args": {"stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": AR, "pid": 0, "tid": 7, "ts": 10, "dur": ar_dur, "args": {"stream": 7}},
+    ]
+    doc = {
+        "traceEvents": events,
+        "deviceProperties": [{"id": 0, "name": gpu}],
+        "distributedInfo": {"rank": rank, "world_size": world, "nccl_version": nccl, "backend": backend},
+    }
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     return path
 

@@ -7,8 +7,8 @@ import json
 from decimal import Decimal
 
 import pytest
-
 from conftest import DATA, length, read_raw_trace
+
 from fastverify.errors import UserError
 from fastverify.events import EventClass
 from fastverify.trace.load import load_trace, load_traces
@@ -30,6 +30,7 @@ def run_profile(paths, out_dir) -> dict:
 
 
 # --- CUDA-graph replay ------------------------------------------------------------------------
+
 
 def test_graph_replay_steps_are_graph_launches(tmp_path):
     prof = run_profile([GRAPH], tmp_path)
@@ -54,14 +55,23 @@ def test_graph_replay_allreduce_found_by_name_size_unknown(tmp_path):
     prof = run_profile([GRAPH], tmp_path)
     assert prof["summary"]["allreduce_count"] == 3
     assert prof["allreduce_by_msg_size"] == [
-        {"msg_bytes": None, "count": 3, "median_us": 13.0, "p90_us": pytest.approx(14.0), "min_us": 12.5,
-         "max_us": 14.25, "sum_us": 39.75}]
+        {
+            "msg_bytes": None,
+            "count": 3,
+            "median_us": 13.0,
+            "p90_us": pytest.approx(14.0),
+            "min_us": 12.5,
+            "max_us": 14.25,
+            "sum_us": 39.75,
+        }
+    ]
     pos = prof["allreduce_by_position"]
     assert [(p["position"], p["count"], p["median_us"], p["msg_bytes"]) for p in pos] == [(0, 3, 13.0, None)]
     assert prof["ranks"][0]["unknown_comm_kernels"] == []
 
 
 # --- SGLang merged file -----------------------------------------------------------------------
+
 
 def test_merged_file_splits_into_ranks(tmp_path):
     prof = run_profile([MERGED_DISTINCT], tmp_path)
@@ -89,8 +99,9 @@ def test_merged_file_ranks_keep_their_own_steps_and_launch_times():
     assert sorted(ranks) == [0, 1]
     for rank, shift in ((0, 0), (1, 80)):
         r = ranks[rank]
-        assert [(s.start_ns, s.end_ns) for s in r.steps] == \
-            [((100 + 200 * k + shift) * 1000, (200 + 200 * k + shift) * 1000) for k in range(3)], rank
+        assert [(s.start_ns, s.end_ns) for s in r.steps] == [
+            ((100 + 200 * k + shift) * 1000, (200 + 200 * k + shift) * 1000) for k in range(3)
+        ], rank
         # every kernel of step k was launched inside that rank's step k
         assert sorted(r.step.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2], rank
         ar = r.cls == EventClass.ALLREDUCE.code
@@ -98,6 +109,7 @@ def test_merged_file_ranks_keep_their_own_steps_and_launch_times():
 
 
 # --- integers wider than 64 bits --------------------------------------------------------------
+
 
 def test_bigint_args_load(tmp_path):
     (r,) = load_trace(BIGINT)
@@ -110,6 +122,7 @@ def test_bigint_args_load(tmp_path):
 
 
 # --- ns-fractional timestamps -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", [NS, NS_102D], ids=["ts~4.9e12us", "ts~9.5e12us_uptime_over_102_days"])
 def test_ns_fraction_timestamps_are_exact(path):
@@ -125,8 +138,13 @@ def test_ns_fraction_timestamps_are_exact(path):
     from fastverify.analyze import breakdown
 
     b = breakdown(r.start_ns, r.dur_ns, r.cls)
-    assert (b["window_us"], b["busy_us"], b["idle_us"], b["compute_us"], b["allreduce_us"]) == \
-        (2.005, 2.004, 0.001, 2.001, 0.003)
+    assert (b["window_us"], b["busy_us"], b["idle_us"], b["compute_us"], b["allreduce_us"]) == (
+        2.005,
+        2.004,
+        0.001,
+        2.001,
+        0.003,
+    )
 
 
 def test_folder_of_handmade_traces_needs_distinct_ranks():

@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
+from test_tune_sweep import _worker_pids
 
 from fastverify.errors import UserError
 from fastverify.tune.sweep import BUILD_HANG, DEFAULT_BUILD_TIMEOUT_S, TrialLimits, run_sweep, run_trial
 from fastverify.tune.trial import TrialSpec, TrialStatus
-from test_tune_sweep import _worker_pids
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; parent-death signal")
 
@@ -23,17 +23,27 @@ SLOW_BUILD_S = 6.0  # longer than the measurement limit
 
 
 def _spec(inject: str, **kw) -> TrialSpec:
-    base = dict(backend="gloo", env={"FASTVERIFY_TEST_INJECT": inject}, world_size=2, device="cpu",
-                dtype="bfloat16", hidden=64, sizes=((64, 2),), warmup=1, iters=3,
-                op="all_reduce_residual_rmsnorm")
+    base = dict(
+        backend="gloo",
+        env={"FASTVERIFY_TEST_INJECT": inject},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2),),
+        warmup=1,
+        iters=3,
+        op="all_reduce_residual_rmsnorm",
+    )
     base.update(kw)
     return TrialSpec(**base)
 
 
 def test_a_build_longer_than_the_measurement_limit_succeeds():
     t0 = time.monotonic()
-    r = run_trial(_spec(f"slow_build:1:{SLOW_BUILD_S:g}"), timeout_s=MEASURE_S, startup_timeout_s=120,
-                  build_timeout_s=120)
+    r = run_trial(
+        _spec(f"slow_build:1:{SLOW_BUILD_S:g}"), timeout_s=MEASURE_S, startup_timeout_s=120, build_timeout_s=120
+    )
     assert r.status is TrialStatus.OK, r.reason
     assert time.monotonic() - t0 >= SLOW_BUILD_S  # the slow build really ran, past the measurement limit
     assert r.sizes[0].max_rel_err is not None and r.sizes[0].max_rel_err <= 2.0**-5
@@ -41,8 +51,13 @@ def test_a_build_longer_than_the_measurement_limit_succeeds():
 
 
 def test_a_build_past_its_limit_is_reported_as_a_build_hang(tmp_path):
-    [r] = run_sweep([_spec("slow_build:1:120")], journal_path=tmp_path / "j.jsonl", timeout_s=60,
-                    startup_timeout_s=120, build_timeout_s=2)
+    [r] = run_sweep(
+        [_spec("slow_build:1:120")],
+        journal_path=tmp_path / "j.jsonl",
+        timeout_s=60,
+        startup_timeout_s=120,
+        build_timeout_s=2,
+    )
     assert r.status is TrialStatus.FAILED and "\n" not in r.reason
     assert r.reason.startswith(f"build timeout after 2 s ({BUILD_HANG}); still building: "), r.reason
     assert "hung while building/JIT-compiling" in r.reason

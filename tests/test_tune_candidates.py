@@ -23,10 +23,35 @@ from fastverify.tune.workload import Workload, workload_from_model
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 PERF_4090 = SHARED / "inputs" / "allreduceperf-blog-chlc-rtx4090-p2pdisabled.txt"
-SEED = ["tune", "--predict", "--topology", str(TOPO_307), "--model", "kimi-k2", "--tp", "8", "--sm", "120",
-        "--pcie-gen", "5", "--tok-s", "82", "--accept-length", "3"]
-KEYS = {"backend", "settings", "allreduce_us_per_step", "allreduce_us_per_step_range", "evidence", "verify_ms",
-        "tok_s", "label", "candidate"}
+SEED = [
+    "tune",
+    "--predict",
+    "--topology",
+    str(TOPO_307),
+    "--model",
+    "kimi-k2",
+    "--tp",
+    "8",
+    "--sm",
+    "120",
+    "--pcie-gen",
+    "5",
+    "--tok-s",
+    "82",
+    "--accept-length",
+    "3",
+]
+KEYS = {
+    "backend",
+    "settings",
+    "allreduce_us_per_step",
+    "allreduce_us_per_step_range",
+    "evidence",
+    "verify_ms",
+    "tok_s",
+    "label",
+    "candidate",
+}
 
 pytestmark = pytest.mark.skipif(not TOPO_307.is_file(), reason=f"{TOPO_307} absent (../shared/inputs)")
 
@@ -52,8 +77,10 @@ def kimi() -> Workload:
 def _sum_estimates(backend, workload, sm=(12, 0), pcie_gen=5):
     from fastverify.tune.backend_model import estimate
 
-    ests = [(c, estimate(backend, b, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=True))
-            for b, c in workload.msg_sizes]
+    ests = [
+        (c, estimate(backend, b, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=True))
+        for b, c in workload.msg_sizes
+    ]
     point = sum(c * e.point_us for c, e in ests)
     if any(e.low_us is None for _, e in ests):  # a size whose range is unknown: no range for the step
         return point, None, None, [e for _, e in ests]
@@ -82,9 +109,14 @@ def test_seed_case_pcie_ipc_candidate(kimi, capsys):
     assert ipc["label"] == "predicted" and ipc["candidate"] == 1
     assert ipc["allreduce_us_per_step"] == pytest.approx(point, abs=1e-3)
     assert ipc["allreduce_us_per_step_range"] == pytest.approx([low, high], abs=1e-3)
-    assert ipc["per_call"] == [{"msg_bytes": e.msg_bytes, "point_us": pytest.approx(e.point_us, abs=5e-4),
-                                "range_us": [pytest.approx(e.low_us, abs=5e-4), pytest.approx(e.high_us, abs=5e-4)]}
-                               for e in ests]
+    assert ipc["per_call"] == [
+        {
+            "msg_bytes": e.msg_bytes,
+            "point_us": pytest.approx(e.point_us, abs=5e-4),
+            "range_us": [pytest.approx(e.low_us, abs=5e-4), pytest.approx(e.high_us, abs=5e-4)],
+        }
+        for e in ests
+    ]
     assert set(ipc["sources"]) == {s for e in ests for s in e.sources} and ipc["sources"]
     assert all(e.evidence in ipc["evidence"] for e in ests)
     # published measurements disagree: the notes say so and say to measure
@@ -140,8 +172,9 @@ def test_unreachable_backends_are_absent_with_a_reason(capsys):
 def test_a_failing_p2p_check_rules_out_the_p2p_backends(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pairs = [(i, j) for i in range(8) for j in range(8) if i != j]
-    (tmp_path / "bad.json").write_text(json.dumps([{"src": i, "dst": j, "ok": (i, j) != (0, 5), "reason": "zeros"}
-                                                   for i, j in pairs]))
+    (tmp_path / "bad.json").write_text(
+        json.dumps([{"src": i, "dst": j, "ok": (i, j) != (0, 5), "reason": "zeros"} for i, j in pairs])
+    )
     doc, _ = _json(SEED + ["--p2p-check", "bad.json", "--json"], capsys)
     assert {c["backend"] for c in doc["candidates"]} == {"nccl"}
     assert any(w.startswith("pcie_ipc: needs P2P between every GPU pair and it fails") for w in doc["not_candidates"])
@@ -183,8 +216,28 @@ def test_predict_json_schema(capsys):
 
 
 def test_measure_json_on_gloo_is_cpu_wall_clock(tmp_path):
-    proc = run_fastverify(["tune", "--model", "tiny", "--tp", "2", "--top", "1", "--iters", "2", "--warmup", "1",
-                           "--journal", "j.jsonl", "--topology", str(TOPO_307), "--json"], cwd=tmp_path, timeout=300)
+    proc = run_fastverify(
+        [
+            "tune",
+            "--model",
+            "tiny",
+            "--tp",
+            "2",
+            "--top",
+            "1",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--journal",
+            "j.jsonl",
+            "--topology",
+            str(TOPO_307),
+            "--json",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["mode"] == "measure" and doc["label"] == "CPU wall clock"
@@ -238,8 +291,7 @@ def _figures(workload, **kw):
 
     ranked = rank_nccl_settings(workload, TOPO_307, env={}, sm=120, pcie_gen=5)
     kw.setdefault("p2p_ok", True)
-    return ranked, predict_candidates(workload, ranked, sm=120, pcie_gen=5, p2p_source="test", nvlink_full=False,
-                                      **kw)
+    return ranked, predict_candidates(workload, ranked, sm=120, pcie_gen=5, p2p_source="test", nvlink_full=False, **kw)
 
 
 def _perf():
@@ -253,8 +305,12 @@ def test_evidence_order_profile_then_perf_table_then_log_then_topology(kimi):
 
     size, count = kimi.msg_sizes[0]
     # NCCL's TUNING table (latency us, bandwidth GB/s): time = lat + bytes / (1000 x bw), fastest pair
-    log = NcclLog(source="run.log", tuning={"AllReduce": {("RING", "LL"): (10.0, 5.0), ("TREE", "LL"): (20.0, 8.0),
-                                                          ("RING", "SIMPLE"): (5.0, 0.0)}})
+    log = NcclLog(
+        source="run.log",
+        tuning={
+            "AllReduce": {("RING", "LL"): (10.0, 5.0), ("TREE", "LL"): (20.0, 8.0), ("RING", "SIMPLE"): (5.0, 0.0)}
+        },
+    )
     nccl_own = min(10.0 + size / 5000.0, 20.0 + size / 8000.0)  # bw 0 = disabled, left out
     ranked, topo_only = _figures(kimi)
     assert topo_only.baseline.point_us == pytest.approx(next(c for c in ranked if c.is_baseline).allreduce_us)
@@ -266,14 +322,29 @@ def test_evidence_order_profile_then_perf_table_then_log_then_topology(kimi):
     _, with_perf = _figures(kimi, log=log, perf=perf)
     assert with_perf.baseline.point_us == pytest.approx(count * perf.time_us(size, in_place=True))
     assert with_perf.baseline.label == "measured"
-    profiled = Workload(msg_sizes=((size, count),), hidden=7168, tokens=4, tp=8, clock="trace",
-                        allreduce_us=count * 150.0, allreduce_us_by_size=((size, 150.0),), source="profile p.json")
+    profiled = Workload(
+        msg_sizes=((size, count),),
+        hidden=7168,
+        tokens=4,
+        tp=8,
+        clock="trace",
+        allreduce_us=count * 150.0,
+        allreduce_us_by_size=((size, 150.0),),
+        source="profile p.json",
+    )
     _, with_profile = _figures(profiled, log=log, perf=perf)
     assert with_profile.baseline.point_us == pytest.approx(count * 150.0)
     assert with_profile.baseline.evidence == ("measured: profile p.json, median per call (trace)",)
     # a CPU wall-clock profile is no evidence for a GPU box: the perf table wins again
-    cpu = Workload(msg_sizes=((size, count),), hidden=7168, tokens=4, tp=8, clock="cpu_wall_clock",
-                   allreduce_us_by_size=((size, 150.0),), source="profile c.json")
+    cpu = Workload(
+        msg_sizes=((size, count),),
+        hidden=7168,
+        tokens=4,
+        tp=8,
+        clock="cpu_wall_clock",
+        allreduce_us_by_size=((size, 150.0),),
+        source="profile c.json",
+    )
     _, with_cpu = _figures(cpu, perf=perf)
     assert with_cpu.baseline.point_us == pytest.approx(count * perf.time_us(size, in_place=True))
 
@@ -285,14 +356,24 @@ def test_wait_kept_and_wait_shrinks_bounds_by_hand():
     size, count = 57344, 123
     ar = count * 200.0
     wait, transfer = 0.4 * ar, 0.6 * ar
-    w = Workload(msg_sizes=((size, count),), hidden=7168, tokens=4, tp=8, clock="trace", allreduce_us=ar,
-                 allreduce_us_by_size=((size, 200.0),), allreduce_wait_us=wait, allreduce_transfer_us=transfer,
-                 source="profile split.json")
+    w = Workload(
+        msg_sizes=((size, count),),
+        hidden=7168,
+        tokens=4,
+        tp=8,
+        clock="trace",
+        allreduce_us=ar,
+        allreduce_us_by_size=((size, 200.0),),
+        allreduce_wait_us=wait,
+        allreduce_transfer_us=transfer,
+        source="profile split.json",
+    )
 
     def estimate(backend, nbytes, **kw):
         if backend is BackendName.pcie_ipc:
-            return SimpleNamespace(point_us=12.0, low_us=9.0, high_us=15.0, sources=("s1",),
-                                   evidence="published: test", notes=())
+            return SimpleNamespace(
+                point_us=12.0, low_us=9.0, high_us=15.0, sources=("s1",), evidence="published: test", notes=()
+            )
         return None
 
     _, pred = _figures(w, estimate=estimate)
@@ -339,8 +420,19 @@ def test_hidden_flag_gives_a_trace_profile_its_hidden_size_for_every_stage(tmp_p
     prof = tmp_path / "verify.json"
     assert main(["profile", "--trace", str(trace), "--output", str(prof), "--no-png", "--quiet"]) == 0
     capsys.readouterr()
-    argv = ["tune", "--predict", "--topology", str(TOPO_307), "--profile", str(prof), "--sm", "120", "--pcie-gen", "5",
-            "--json"]
+    argv = [
+        "tune",
+        "--predict",
+        "--topology",
+        str(TOPO_307),
+        "--profile",
+        str(prof),
+        "--sm",
+        "120",
+        "--pcie-gen",
+        "5",
+        "--json",
+    ]
     doc, _ = _json(argv, capsys)
     assert any("b12x: the workload has no hidden size" in r for r in doc["not_candidates"]), doc["not_candidates"]
     assert "b12x" not in {c["backend"] for c in doc["candidates"]}
@@ -353,8 +445,10 @@ def test_hidden_flag_gives_a_trace_profile_its_hidden_size_for_every_stage(tmp_p
     rows = sorted({m["msg_bytes"] // (2 * 7168) for m in doc["workload"]["msg_sizes"]})
     assert all(r > backend_info(BackendName.b12x).max_rows for r in rows)
     assert "b12x" not in {c["backend"] for c in doc["candidates"]}
-    assert any(r.startswith("b12x: not a candidate: it takes at most") and ", ".join(map(str, rows)) in r
-               for r in doc["not_candidates"]), doc["not_candidates"]
+    assert any(
+        r.startswith("b12x: not a candidate: it takes at most") and ", ".join(map(str, rows)) in r
+        for r in doc["not_candidates"]
+    ), doc["not_candidates"]
     assert "hidden size 7168 from --hidden" in doc["workload"]["notes"]
 
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from fastverify.errors import UserError
-from fastverify.nccl.checks import CATALOGUE, Severity, validate_setting
 from fastverify import output_paths, outputs
 from fastverify.envfile import (
     ALLOWED_KEYS,
@@ -20,6 +18,8 @@ from fastverify.envfile import (
     write_env_file,
     write_tuner_config,
 )
+from fastverify.errors import UserError
+from fastverify.nccl.checks import CATALOGUE, Severity, validate_setting
 
 GOOD = {
     "NCCL_P2P_LEVEL": "SYS",
@@ -34,8 +34,7 @@ def _settings_lines(path: Path) -> list[str]:
 
 
 def test_round_trip_and_plain_lines(tmp_path):
-    p = write_env_file(tmp_path / "box.env", GOOD, header_lines=["predicted", "numbers: 1 -> 2"],
-                       nccl_version="2.27.3")
+    p = write_env_file(tmp_path / "box.env", GOOD, header_lines=["predicted", "numbers: 1 -> 2"], nccl_version="2.27.3")
     assert read_env_file(p, nccl_version="2.27.3") == GOOD
     lines = _settings_lines(p)
     assert len(lines) == len(GOOD)
@@ -53,8 +52,13 @@ def test_round_trip_and_plain_lines(tmp_path):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
 def test_set_a_dot_file_exports_the_values(tmp_path):
     p = write_env_file(tmp_path / "box.env", GOOD, header_lines=["a comment with ; $HOME `x` and 'quotes'"])
-    out = subprocess.run(["bash", "-c", f'set -a; . "{p}"; set +a; env'], capture_output=True, text=True,
-                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout=30)
+    out = subprocess.run(
+        ["bash", "-c", f'set -a; . "{p}"; set +a; env'],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     seen = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
@@ -62,9 +66,21 @@ def test_set_a_dot_file_exports_the_values(tmp_path):
         assert seen[k] == v
 
 
-@pytest.mark.parametrize("key", ["LD_PRELOAD", "PATH", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "NCCL_SOCKET_IFNAME",
-                                 "nccl_proto", "NCCL PROTO", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
-                                 "SGLANG_PCIE_IPC_MAX_NUMEL", "SGLANG_ANYTHING_ELSE"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "LD_PRELOAD",
+        "PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "PYTHONPATH",
+        "NCCL_SOCKET_IFNAME",
+        "nccl_proto",
+        "NCCL PROTO",
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+        "SGLANG_PCIE_IPC_MAX_NUMEL",
+        "SGLANG_ANYTHING_ELSE",
+    ],
+)
 def test_disallowed_key_is_refused_and_named(tmp_path, key):
     p = tmp_path / "x.env"
     with pytest.raises(UserError) as err:
@@ -73,13 +89,16 @@ def test_disallowed_key_is_refused_and_named(tmp_path, key):
     assert not p.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("key, value", [
-    ("NCCL_P2P_LEVEL", "sys"),           # NCCL compares level names case-sensitively
-    ("NCCL_PROTO", "allreduce:fast"),    # unknown protocol: init fails on >= 2.24
-    ("NCCL_MAX_NCHANNELS", "99"),        # clamped
-    ("NCCL_BUFFSIZE", "4MB"),            # strtoll reads 4
-    ("CUDA_DEVICE_MAX_CONNECTIONS", "64"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("NCCL_P2P_LEVEL", "sys"),  # NCCL compares level names case-sensitively
+        ("NCCL_PROTO", "allreduce:fast"),  # unknown protocol: init fails on >= 2.24
+        ("NCCL_MAX_NCHANNELS", "99"),  # clamped
+        ("NCCL_BUFFSIZE", "4MB"),  # strtoll reads 4
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "64"),
+    ],
+)
 def test_invalid_value_is_refused(tmp_path, key, value):
     if key.startswith("NCCL_"):
         assert validate_setting(key, value).severity is Severity.ERROR  # the catalogue's own verdict
@@ -88,8 +107,9 @@ def test_invalid_value_is_refused(tmp_path, key, value):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("value", ["a b", "x#y", '"SYS"', "'SYS'", "$HOME", "a;b", "`id`", "a\\b", "", "é",
-                                   "a\nNCCL_DEBUG=INFO"])
+@pytest.mark.parametrize(
+    "value", ["a b", "x#y", '"SYS"', "'SYS'", "$HOME", "a;b", "`id`", "a\\b", "", "é", "a\nNCCL_DEBUG=INFO"]
+)
 def test_values_that_readers_disagree_on_are_refused(tmp_path, value):
     with pytest.raises(UserError):
         write_env_file(tmp_path / "x.env", {"NCCL_TUNER_CONFIG_FILE": value})
@@ -142,16 +162,19 @@ def test_header_cannot_inject_settings(tmp_path):
     assert all(ln.startswith("#") for ln in p.read_text().splitlines())
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("NCCL_P2P_LEVEL=SYS\nLD_PRELOAD=/x.so\n", "line 2: LD_PRELOAD"),
-    ("export NCCL_P2P_LEVEL=SYS\n", "line 1: 'export'"),
-    ("NCCL_P2P_LEVEL = SYS\n", "line 1: spaces"),
-    ('NCCL_P2P_LEVEL="SYS"\n', "line 1"),
-    ("# c\n\nNCCL_P2P_LEVEL=SYS\nNCCL_P2P_LEVEL=PHB\n", "line 4: NCCL_P2P_LEVEL is set twice"),
-    ("NCCL_P2P_LEVEL=sys\n", "line 1: NCCL_P2P_LEVEL=sys"),
-    ("just words\n", "line 1: expected KEY=VALUE"),
-    ("NCCL_P2P_LEVEL=SYS\r\n", "line 1: CRLF"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("NCCL_P2P_LEVEL=SYS\nLD_PRELOAD=/x.so\n", "line 2: LD_PRELOAD"),
+        ("export NCCL_P2P_LEVEL=SYS\n", "line 1: 'export'"),
+        ("NCCL_P2P_LEVEL = SYS\n", "line 1: spaces"),
+        ('NCCL_P2P_LEVEL="SYS"\n', "line 1"),
+        ("# c\n\nNCCL_P2P_LEVEL=SYS\nNCCL_P2P_LEVEL=PHB\n", "line 4: NCCL_P2P_LEVEL is set twice"),
+        ("NCCL_P2P_LEVEL=sys\n", "line 1: NCCL_P2P_LEVEL=sys"),
+        ("just words\n", "line 1: expected KEY=VALUE"),
+        ("NCCL_P2P_LEVEL=SYS\r\n", "line 1: CRLF"),
+    ],
+)
 def test_read_is_strict_with_line_numbers(tmp_path, text, needle):
     p = tmp_path / "x.env"
     p.write_text(text, newline="")
@@ -170,12 +193,15 @@ def test_allowed_keys():
     assert all(k.startswith(("NCCL_", "CUDA_")) for k in ALLOWED_KEYS)
 
 
-@pytest.mark.parametrize("fp, name", [
-    ("8x NVIDIA GeForce RTX 4090/PIX+SYS", "8x-NVIDIA-GeForce-RTX-4090-PIX-SYS.env"),
-    ("../../etc/passwd", "etc-passwd.env"),
-    ("", "box.env"),
-    ("a" * 300, "a" * 120 + ".env"),
-])
+@pytest.mark.parametrize(
+    "fp, name",
+    [
+        ("8x NVIDIA GeForce RTX 4090/PIX+SYS", "8x-NVIDIA-GeForce-RTX-4090-PIX-SYS.env"),
+        ("../../etc/passwd", "etc-passwd.env"),
+        ("", "box.env"),
+        ("a" * 300, "a" * 120 + ".env"),
+    ],
+)
 def test_default_env_path(fp, name):
     p = default_env_path(fp)
     assert p == Path("nccl_configs") / name
@@ -198,14 +224,17 @@ def test_tuner_csv_rows_have_explicit_positive_channels(tmp_path):
     assert "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks" in p.read_text()
 
 
-@pytest.mark.parametrize("row, needle", [
-    (TunerChoice(0, 10, "ring", "ll", -1, 8), "channels"),
-    (TunerChoice(0, 10, "ring", "ll", 0, 8), "channels"),
-    (TunerChoice(0, 10, "Ring", "ll", 1, 8), "algorithm"),
-    (TunerChoice(0, 10, "ring", "LL", 1, 8), "protocol"),
-    (TunerChoice(10, 0, "ring", "ll", 1, 8), "byte range"),
-    (TunerChoice(0, 10, "ring", "ll", 1, 8, collective="AllReduce"), "collective"),
-])
+@pytest.mark.parametrize(
+    "row, needle",
+    [
+        (TunerChoice(0, 10, "ring", "ll", -1, 8), "channels"),
+        (TunerChoice(0, 10, "ring", "ll", 0, 8), "channels"),
+        (TunerChoice(0, 10, "Ring", "ll", 1, 8), "algorithm"),
+        (TunerChoice(0, 10, "ring", "LL", 1, 8), "protocol"),
+        (TunerChoice(10, 0, "ring", "ll", 1, 8), "byte range"),
+        (TunerChoice(0, 10, "ring", "ll", 1, 8, collective="AllReduce"), "collective"),
+    ],
+)
 def test_tuner_csv_refuses_bad_rows(tmp_path, row, needle):
     with pytest.raises(UserError, match=needle):
         write_tuner_config(tmp_path / "t.conf", [row])
@@ -214,8 +243,9 @@ def test_tuner_csv_refuses_bad_rows(tmp_path, row, needle):
 
 def test_tuner_csv_refuses_overlaps_and_empty(tmp_path):
     with pytest.raises(UserError, match="overlaps"):
-        write_tuner_config(tmp_path / "t.conf", [TunerChoice(0, 100, "ring", "ll", 1, 8),
-                                                 TunerChoice(50, 200, "ring", "simple", 2, 8)])
+        write_tuner_config(
+            tmp_path / "t.conf", [TunerChoice(0, 100, "ring", "ll", 1, 8), TunerChoice(50, 200, "ring", "simple", 2, 8)]
+        )
     with pytest.raises(UserError, match="no rows"):
         write_tuner_config(tmp_path / "t.conf", [])
 
@@ -232,8 +262,15 @@ def test_tuner_csv_from_a_prediction(tmp_path, shared_dir):
     assert data and all(int(f[5]) >= 1 and f[7] == "8" for f in data)
 
 
-@pytest.mark.parametrize("line", ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
-                                  "SGLANG_PCIE_IPC_MAX_NUMEL=917504", "SGLANG_PCIE_IPC_MAX_NUMEL=" + "1" + "0" * 18])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1",
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
+        "SGLANG_PCIE_IPC_MAX_NUMEL=917504",
+        "SGLANG_PCIE_IPC_MAX_NUMEL=" + "1" + "0" * 18,
+    ],
+)
 def test_an_sglang_key_in_an_env_file_is_refused_with_what_to_do(tmp_path, line):
     f = tmp_path / "old.env"
     f.write_text(f"# an env file written before the backend moved to the record\nNCCL_P2P_LEVEL=SYS\n{line}\n")

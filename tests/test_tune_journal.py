@@ -10,16 +10,34 @@ from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 
 def _spec(**kw) -> TrialSpec:
-    base = dict(backend="gloo", env={"NCCL_PROTO": "LL"}, world_size=2, device="cpu", dtype="bfloat16",
-                hidden=64, sizes=((64, 2), (512, 4)), warmup=1, iters=3)
+    base = dict(
+        backend="gloo",
+        env={"NCCL_PROTO": "LL"},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2), (512, 4)),
+        warmup=1,
+        iters=3,
+    )
     base.update(kw)
     return TrialSpec(**base)
 
 
 def _result(spec: TrialSpec) -> TrialResult:
     sizes = tuple(SizeResult(n, n * 2, c, 10.0 + n, 12.0 + n, 0.0) for n, c in spec.sizes)
-    return TrialResult(spec.trial_id, "ok", "", sizes, sum(s.count_per_step * s.median_us for s in sizes),
-                       "cpu_wall_clock", 1.0, 2.0, note="CPU/gloo")
+    return TrialResult(
+        spec.trial_id,
+        "ok",
+        "",
+        sizes,
+        sum(s.count_per_step * s.median_us for s in sizes),
+        "cpu_wall_clock",
+        1.0,
+        2.0,
+        note="CPU/gloo",
+    )
 
 
 def _trials(n: int = 3) -> list[TrialSpec]:
@@ -41,12 +59,20 @@ def test_records_round_trip():
     assert TrialResult.from_dict(res.to_dict()) == res
 
 
-@pytest.mark.parametrize("kw, word", [
-    ({"device": "tpu"}, "device"), ({"dtype": "int8"}, "dtype"), ({"world_size": 0}, "world_size"),
-    ({"env": {"nccl_proto": "LL"}}, "env"), ({"env": {"NCCL_NTHREADS": 64}}, "env"), ({"sizes": ()}, "sizes"),
-    ({"op": "all_reduce_residual_rmsnorm", "sizes": ((100, 1),)}, "multiple of hidden"),
-    ({"iters": 0}, "iters"), ({"probe_facts": {"gpu": True}}, "probe_facts"),
-])
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"device": "tpu"}, "device"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"world_size": 0}, "world_size"),
+        ({"env": {"nccl_proto": "LL"}}, "env"),
+        ({"env": {"NCCL_NTHREADS": 64}}, "env"),
+        ({"sizes": ()}, "sizes"),
+        ({"op": "all_reduce_residual_rmsnorm", "sizes": ((100, 1),)}, "multiple of hidden"),
+        ({"iters": 0}, "iters"),
+        ({"probe_facts": {"gpu": True}}, "probe_facts"),
+    ],
+)
 def test_bad_spec_is_refused_with_the_field_named(kw, word):
     with pytest.raises(ValueError, match=word):
         _spec(**kw)

@@ -38,8 +38,16 @@ def ranked(kimi, topo_307):
 
 
 def _expected_us(workload, transport, algos, protos, version=M.DEFAULT_NCCL_VERSION):
-    inputs = M.inputs_for_pcie_box(workload.tp, gen=4, width=16, sm=89, p2p=transport is M.Transport.P2P,
-                                   version=version, algos=algos, protos=protos)
+    inputs = M.inputs_for_pcie_box(
+        workload.tp,
+        gen=4,
+        width=16,
+        sm=89,
+        p2p=transport is M.Transport.P2P,
+        version=version,
+        algos=algos,
+        protos=protos,
+    )
     return sum(c * CALIBRATION[transport].predict(b, inputs).time_us for b, c in workload.msg_sizes)
 
 
@@ -57,8 +65,7 @@ def test_baseline_is_the_current_environment(ranked, kimi):
     assert base.p2p_level == "PXB"  # NCCL's default with nothing set
     # PIX pairs inside each NUMA half are P2P, SYS pairs across are SHM -> the ring is SHM-paced.
     assert base.transport == "SHM" and base.pairs == 28 and base.p2p_pairs == 12
-    assert base.allreduce_us == pytest.approx(
-        _expected_us(kimi, M.Transport.SHM, {M.Algo.RING, M.Algo.TREE}, None))
+    assert base.allreduce_us == pytest.approx(_expected_us(kimi, M.Transport.SHM, {M.Algo.RING, M.Algo.TREE}, None))
     assert base.vs_baseline_pct == 0.0
 
 
@@ -81,10 +88,15 @@ def test_the_winner_follows_from_the_models_own_numbers(ranked, kimi):
     assert min(ring_ll, ring_simple, tree_ll, tree_simple) == ring_ll == pytest.approx(28.963, abs=1e-3)
 
     # The correction on the pair NCCL runs: lat + δ·hops, LL bandwidth × β_LL (fitted numbers, pinned here).
-    fit = {M.Transport.SHM: (1.427508763214285, 0.5471045232094344),
-           M.Transport.P2P: (1.363210043928571, 0.5870247488345354)}
+    fit = {
+        M.Transport.SHM: (1.427508763214285, 0.5471045232094344),
+        M.Transport.P2P: (1.363210043928571, 0.5870247488345354),
+    }
     for transport, (delta, beta) in fit.items():
-        assert (CALIBRATION[transport].extra_hop_latency_us, CALIBRATION[transport].bw_scale[M.Proto.LL]) == (delta, beta)
+        assert (CALIBRATION[transport].extra_hop_latency_us, CALIBRATION[transport].bw_scale[M.Proto.LL]) == (
+            delta,
+            beta,
+        )
 
     def corrected_ring_ll(delta, beta):
         return 6.6 + hops * (1.0 + delta) + nbytes / (1000 * beta * min(87.7, 0.5 * bus) * n / hops)
@@ -136,7 +148,8 @@ def test_current_environment_is_respected(kimi, topo_307):
     base = next(c for c in ranked if c.is_baseline)
     assert base.transport == "P2P" and base.p2p_level == "SYS"
     assert base.allreduce_us == pytest.approx(
-        _expected_us(kimi, M.Transport.P2P, {M.Algo.RING, M.Algo.TREE}, {M.Proto.SIMPLE}))
+        _expected_us(kimi, M.Transport.P2P, {M.Algo.RING, M.Algo.TREE}, {M.Proto.SIMPLE})
+    )
     # the level is already SYS: no candidate sets it again; PHB would move the SYS pairs back to SHM
     assert not any(c.settings.get("NCCL_P2P_LEVEL") == "SYS" for c in ranked)
     assert all(c.transport == "SHM" for c in ranked if c.settings.get("NCCL_P2P_LEVEL") == "PHB")
@@ -188,8 +201,15 @@ def test_model_workload_reduction_is_all_reduce_only_upper_bound(kimi):
 
 
 def test_measured_verify_applies_the_predicted_ratio_to_the_measured_all_reduce():
-    w = Workload(msg_sizes=((1024, 10),), tp=8, compute_us=5000.0, verify_us=30000.0, allreduce_us=24000.0,
-                 clock="trace", accept_length=3.5)
+    w = Workload(
+        msg_sizes=((1024, 10),),
+        tp=8,
+        compute_us=5000.0,
+        verify_us=30000.0,
+        allreduce_us=24000.0,
+        clock="trace",
+        accept_length=3.5,
+    )
     r = verify_reduction(w, 2000.0, 500.0)  # predicted: all-reduce time / 4
     assert r["verify_baseline_us"] == 30000.0 and r["verify_baseline_basis"].startswith("measured")
     assert r["verify_predicted_us"] == pytest.approx(30000.0 - 24000.0 * 0.75)
@@ -198,8 +218,9 @@ def test_measured_verify_applies_the_predicted_ratio_to_the_measured_all_reduce(
 
 def test_tok_s_fixes_t_rest_as_in_the_plan():
     # plan §1.4: 82 tok/s, A = 3, verify 30 ms -> t_rest = 6.6 ms
-    w = Workload(msg_sizes=((57344, 123),), tp=8, compute_us=5400.0, verify_us=30000.0, allreduce_us=24600.0,
-                 clock="cuda_events")
+    w = Workload(
+        msg_sizes=((57344, 123),), tp=8, compute_us=5400.0, verify_us=30000.0, allreduce_us=24600.0, clock="cuda_events"
+    )
     r = verify_reduction(w, 24600.0, 18000.0, accept_length=3.0, tok_s=82.0)
     assert r["t_rest_us"] == pytest.approx(3.0 / 82.0 * 1e6 - 30000.0)
     assert r["tok_s_baseline"] == pytest.approx(82.0)
@@ -227,8 +248,7 @@ def test_tuner_choices_cover_every_size_with_explicit_channels(ranked):
     assert rows[0].min_bytes == 0 and rows[-1].max_bytes == 2**63 - 1
     for a, b in zip(rows, rows[1:]):
         assert b.min_bytes == a.max_bytes + 1
-    assert all(r.channels >= 1 and r.algorithm in ("ring", "tree") and r.protocol in ("ll", "simple")
-               for r in rows)
+    assert all(r.channels >= 1 and r.algorithm in ("ring", "tree") and r.protocol in ("ll", "simple") for r in rows)
     # each row's choice is the lowest corrected time at its lower size
     inputs = ranked[0].inputs
     model = CALIBRATION[M.Transport(ranked[0].transport)]

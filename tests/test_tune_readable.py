@@ -8,12 +8,27 @@ import json
 import re
 
 import pytest
-
 from conftest import SHARED, cli
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
-SEED = ["tune", "--predict", "--topology", str(TOPO_307), "--model", "kimi-k2", "--tp", "8", "--sm", "120",
-        "--pcie-gen", "5", "--tok-s", "82", "--accept-length", "3"]
+SEED = [
+    "tune",
+    "--predict",
+    "--topology",
+    str(TOPO_307),
+    "--model",
+    "kimi-k2",
+    "--tp",
+    "8",
+    "--sm",
+    "120",
+    "--pcie-gen",
+    "5",
+    "--tok-s",
+    "82",
+    "--accept-length",
+    "3",
+]
 needs_topo = pytest.mark.skipif(not TOPO_307.is_file(), reason="../shared/inputs is absent on this machine")
 
 
@@ -139,8 +154,10 @@ def test_the_user_figures_keep_their_label_in_the_short_output(capsys):
 
 def test_cpu_measure_table_is_in_ms(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    rc, out, err = cli(["tune", "--model", "tiny", "--tp", "2", "--top", "0", "--iters", "2", "--warmup", "0",
-                        "--journal", "j.jsonl"], capsys)
+    rc, out, err = cli(
+        ["tune", "--model", "tiny", "--tp", "2", "--top", "0", "--iters", "2", "--warmup", "0", "--journal", "j.jsonl"],
+        capsys,
+    )
     assert rc == 0, err
     title = next(ln for ln in out.splitlines() if ln.startswith("all-reduce time per verify step, ranked"))
     assert "CPU wall clock, not GPU time" in title

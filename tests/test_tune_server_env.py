@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import sglang_python_or_skip, subprocess_env
+
 from fastverify.tune.server_env import SOURCE_SGLANG, server_environment, table_env
 
 
@@ -22,10 +22,37 @@ def _tune_json(tmp_path, shared_dir, **env_over) -> dict:
     for k in [k for k in env if k.startswith("NCCL_")]:
         del env[k]
     env.update(env_over)
-    proc = subprocess.run([sys.executable, "-m", "fastverify", "tune", "--topology", str(topo), "--model", "tiny",
-                           "--tp", "2", "--top", "1", "--iters", "2", "--warmup", "1", "--journal", "j.jsonl",
-                           "--timeout", "60", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastverify",
+            "tune",
+            "--topology",
+            str(topo),
+            "--model",
+            "tiny",
+            "--tp",
+            "2",
+            "--top",
+            "1",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--journal",
+            "j.jsonl",
+            "--timeout",
+            "60",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -69,11 +96,19 @@ def test_sglangs_own_set_envs_and_config_and_the_table_agree():
     when unset, the user's 1 kept, --enable-symm-mem forcing 1; the 0.5.23 table (used where SGLang
     does not import) gives the same for each case."""
     py = sglang_python_or_skip()
-    base = {k: v for k, v in subprocess_env().items()
-            if not k.startswith(("NCCL_", "CUDA_DEVICE_MAX", "TRTLLM_", "CUTE_DSL_"))}
+    base = {
+        k: v
+        for k, v in subprocess_env().items()
+        if not k.startswith(("NCCL_", "CUDA_DEVICE_MAX", "TRTLLM_", "CUTE_DSL_"))
+    }
     for shell, flags, overlay in CASES:
-        got = server_environment(["--model-path", "/nonexistent/m", "--tp-size", "2", *flags], [overlay], tp=2,
-                                 python=py, shell={**base, **shell})
+        got = server_environment(
+            ["--model-path", "/nonexistent/m", "--tp-size", "2", *flags],
+            [overlay],
+            tp=2,
+            python=py,
+            shell={**base, **shell},
+        )
         assert got.source == SOURCE_SGLANG, got.note
         assert got.envs[0] == table_env(flags, {**shell, **overlay}), (shell, flags)
         if not shell and not flags:
@@ -90,17 +125,39 @@ def test_without_sglang_the_table_is_used(flags, want):
     assert got.envs[0]["NCCL_CUMEM_ENABLE"] == want
 
 
-@pytest.mark.parametrize("server_args, words", [
-    ('--tp 2 "x', ("--server-args", "No closing quotation")),
-    ("--tp-size 3", ("--tp-size 3", "--tp is 2")),
-    ("python -m sglang.launch_server --model-path m --tensor-parallel-size 4", ("--tp-size 4", "--tp is 2")),
-])
+@pytest.mark.parametrize(
+    "server_args, words",
+    [
+        ('--tp 2 "x', ("--server-args", "No closing quotation")),
+        ("--tp-size 3", ("--tp-size 3", "--tp is 2")),
+        ("python -m sglang.launch_server --model-path m --tensor-parallel-size 4", ("--tp-size 4", "--tp is 2")),
+    ],
+)
 def test_server_args_that_cannot_be_read_or_name_other_gpus_are_one_line(tmp_path, shared_dir, server_args, words):
     from conftest import assert_user_error, run_fastverify
 
     topo = shared_dir / "inputs" / "topo-nccl-tests-307.txt"
-    proc = run_fastverify(["tune", "--topology", str(topo), "--model", "tiny", "--tp", "2", "--top", "1", "--iters",
-                           "1", "--warmup", "1", "--journal", "j.jsonl", f"--server-args={server_args}"], cwd=tmp_path)
+    proc = run_fastverify(
+        [
+            "tune",
+            "--topology",
+            str(topo),
+            "--model",
+            "tiny",
+            "--tp",
+            "2",
+            "--top",
+            "1",
+            "--iters",
+            "1",
+            "--warmup",
+            "1",
+            "--journal",
+            "j.jsonl",
+            f"--server-args={server_args}",
+        ],
+        cwd=tmp_path,
+    )
     assert_user_error(proc, *words)
     assert not (tmp_path / "j.jsonl").exists()  # refused before any trial
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import REPO_ROOT, subprocess_env
 from rich.console import Console
 
-from conftest import REPO_ROOT, subprocess_env
 from fastverify.errors import UserError
 from fastverify.tune.journal import read_journal
 from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
@@ -30,8 +30,17 @@ HANG_TIMEOUT_S = 4.0
 
 
 def _spec(env=None, **kw) -> TrialSpec:
-    base = dict(backend="gloo", env=env or {}, world_size=2, device="cpu", dtype="bfloat16", hidden=64,
-                sizes=((64, 2), (512, 4)), warmup=1, iters=3)
+    base = dict(
+        backend="gloo",
+        env=env or {},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=64,
+        sizes=((64, 2), (512, 4)),
+        warmup=1,
+        iters=3,
+    )
     base.update(kw)
     return TrialSpec(**base)
 
@@ -169,8 +178,9 @@ def _journaled_ids(path: Path) -> list[str]:
 
 
 def test_kill_9_mid_sweep_then_resume_runs_only_the_unfinished_trials(tmp_path):
-    trials = [_spec({"NCCL_MAX_NCHANNELS": str(i)}, label=f"t{i}", sizes=((64, 1),), baseline=i == 1)
-              for i in (1, 2, 3)]
+    trials = [
+        _spec({"NCCL_MAX_NCHANNELS": str(i)}, label=f"t{i}", sizes=((64, 1),), baseline=i == 1) for i in (1, 2, 3)
+    ]
     spec_file = tmp_path / "trials.json"
     spec_file.write_bytes(orjson.dumps([t.to_dict() for t in trials]))
     journal = tmp_path / "journal.jsonl"
@@ -178,8 +188,13 @@ def test_kill_9_mid_sweep_then_resume_runs_only_the_unfinished_trials(tmp_path):
     scratch.mkdir()
     env = subprocess_env()
     env["TMPDIR"] = str(scratch)
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(spec_file), str(journal)], cwd=REPO_ROOT,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, str(spec_file), str(journal)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not _journaled_ids(journal) and driver.poll() is None:
@@ -210,15 +225,14 @@ def test_kill_9_mid_sweep_then_resume_runs_only_the_unfinished_trials(tmp_path):
     ids = [r.result.trial_id for r in after.records]
     assert len(ids) == 3 and set(ids) == {t.trial_id for t in trials}  # each trial exactly once
     assert ids[: len(done_before)] == done_before  # the finished ones were not run again
-    new = ids[len(done_before):]
+    new = ids[len(done_before) :]
     assert new == [t.trial_id for t in trials if t.trial_id not in done_before]
     assert journal.read_bytes().startswith(prefix)  # appended to, never rewritten
 
 
 def test_start_up_has_its_own_limit(tmp_path):
     # Two fresh interpreters importing torch take well over 0.3 s: the start-up limit ends the trial.
-    [r] = run_sweep([_spec(label="slow start")], journal_path=tmp_path / "j.jsonl", timeout_s=60,
-                    startup_timeout_s=0.3)
+    [r] = run_sweep([_spec(label="slow start")], journal_path=tmp_path / "j.jsonl", timeout_s=60, startup_timeout_s=0.3)
     assert r.status is TrialStatus.FAILED and r.reason.startswith("start-up timeout after 0.3 s"), r.reason
     assert not _worker_pids(parent=os.getpid())
 
@@ -237,12 +251,22 @@ def test_one_rank_off_makes_the_trial_wrong_result(tmp_path):
     from fastverify.tune.sweep import _collect
 
     spec = _spec(sizes=((64, 2),))
-    docs = [{"status": "wrong_result", "clock": "cpu_wall_clock", "meta": {},
-             "reason": "numel 64: max relative error 0.5 on rank 0",
-             "sizes": [{"numel": 64, "times_ns": [], "max_rel_err": 0.5}]},
-            {"status": "wrong_result", "clock": "cpu_wall_clock", "meta": {},
-             "reason": "numel 64: result differs from the torch reference on another rank",
-             "sizes": [{"numel": 64, "times_ns": [], "max_rel_err": 0.0}]}]
+    docs = [
+        {
+            "status": "wrong_result",
+            "clock": "cpu_wall_clock",
+            "meta": {},
+            "reason": "numel 64: max relative error 0.5 on rank 0",
+            "sizes": [{"numel": 64, "times_ns": [], "max_rel_err": 0.5}],
+        },
+        {
+            "status": "wrong_result",
+            "clock": "cpu_wall_clock",
+            "meta": {},
+            "reason": "numel 64: result differs from the torch reference on another rank",
+            "sizes": [{"numel": 64, "times_ns": [], "max_rel_err": 0.0}],
+        },
+    ]
     for rank, doc in enumerate(docs):
         (tmp_path / f"rank{rank}.json").write_bytes(orjson.dumps(doc))
     r = _collect(spec, tmp_path, time.time(), CPU_NOTE)

@@ -33,6 +33,7 @@ def _clean_env(monkeypatch):
 @pytest.fixture
 def no_nvml(monkeypatch):
     """A machine without GPUs, whatever this one has."""
+
     def refuse(*_a, **_k):
         raise UserError("NVML: no GPUs here")
 
@@ -64,8 +65,13 @@ def test_figures_with_tok_s(capsys):
     assert base["allreduce_us_per_step"] == pytest.approx(25_000.0)
     assert base["verify_ms"] == pytest.approx(30.0) and base["tok_s"] == pytest.approx(82.0, abs=0.01)
     u = doc["user_figures"]
-    assert (u["label"], u["verify_ms"], u["allreduce_ms"], u["tok_s"], u["bound"]) == ("measured-by-user", 30, 25, 82,
-                                                                                      "upper")
+    assert (u["label"], u["verify_ms"], u["allreduce_ms"], u["tok_s"], u["bound"]) == (
+        "measured-by-user",
+        30,
+        25,
+        82,
+        "upper",
+    )
     assert u["t_rest_ms"] == pytest.approx((A / TOK_S - VERIFY_S) * 1e3) and "fastverify collect" in u["settle"]
     assert doc["verify_baseline_basis"].startswith("measured-by-user")
     pred_base = pred["baseline"]["allreduce_us_per_step"]
@@ -78,15 +84,18 @@ def test_figures_with_tok_s(capsys):
     ipc = next(c for c in doc["candidates"] if c["backend"] == "pcie_ipc")
     p_ipc = next(c for c in pred["candidates"] if c["backend"] == "pcie_ipc")
     k = 25_000.0 / pred_base
-    assert ipc["allreduce_us_per_step_range"] == pytest.approx([k * x for x in p_ipc["allreduce_us_per_step_range"]],
-                                                               rel=1e-4)
+    assert ipc["allreduce_us_per_step_range"] == pytest.approx(
+        [k * x for x in p_ipc["allreduce_us_per_step_range"]], rel=1e-4
+    )
     level = next(c for c in others if c["settings"] == {"NCCL_P2P_LEVEL": "SYS"})
     assert ipc["allreduce_us_per_step_range"][1] < level["allreduce_us_per_step"]
     assert doc["too_close_to_call"] == {} and doc["winner"] == "pcie_ipc"
     assert pred["winner"] == "NCCL_P2P_LEVEL=SYS" and "pcie_ipc" in pred["too_close_to_call"]
     for c in others:
         # faster than the baseline: an upper bound on the gain; slower: the loss is at most the figure
-        assert c["label"] == "predicted" and c["bound"] == ("upper" if c["allreduce_us_per_step"] < 25_000.0 else "lower")
+        assert c["label"] == "predicted" and c["bound"] == (
+            "upper" if c["allreduce_us_per_step"] < 25_000.0 else "lower"
+        )
         ratio = pred_by[(c["backend"], c["name"])] / pred_base
         assert c["allreduce_us_per_step"] == pytest.approx(25_000.0 * ratio, rel=1e-4)
         assert c["verify_ms"] == pytest.approx(5.0 + c["allreduce_us_per_step"] / 1e3, abs=2e-4)
@@ -107,15 +116,18 @@ def test_text_output_labels_the_baseline_and_says_upper_bound(capsys):
     win = next(c for c in pred["candidates"] if c["backend"] == "pcie_ipc")
     v = 5.0 + 25.0 * win["allreduce_us_per_step"] / pred["baseline"]["allreduce_us_per_step"]
     assert v == pytest.approx(5.0 + 25.0 * 123 * (7.5 + 7 * 57344 / 63000) / pred["baseline"]["allreduce_us_per_step"])
-    assert (f"verify step: 30.000 ms (measured-by-user) -> {v:.3f} ms (predicted), "
-            f"{100 * (v - 30.0) / 30.0:+.1f} % (upper bound)") in text
+    assert (
+        f"verify step: 30.000 ms (measured-by-user) -> {v:.3f} ms (predicted), "
+        f"{100 * (v - 30.0) / 30.0:+.1f} % (upper bound)"
+    ) in text
     assert "winner: pcie_ipc: all-reduce per verify step" in text
     assert "tok/s per stream at accept length 3: 82.0 (measured-by-user) ->" in text
     assert "all-reduce per verify step 25,000.0 µs (measured-by-user) ->" in text
     assert "measured-by-user" in text.split("┃")[-1]  # the table's baseline row
     # why it is an upper bound, and how to settle it: behind --explain
-    rc, out, err = _run(["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3", "--explain"],
-                        capsys)
+    rc, out, err = _run(
+        ["--topology", TOPO_307, *KIMI, *MINE, "--tok-s", "82", "--accept-length", "3", "--explain"], capsys
+    )
     text = " ".join(out.split())
     assert "UPPER BOUND" in text and "`fastverify collect`" in text and "`fastverify report BUNDLE`" in text
 
@@ -171,20 +183,23 @@ def test_env_file_header_labels_the_baseline(tmp_path, capsys):
     assert "baseline measured-by-user: verify 30 ms per step, all-reduce 25 ms" in text and "UPPER BOUND" in text
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--predict", "--verify-ms", "30"], ["--verify-ms 30", "--allreduce-ms"]),
-    (["--predict", "--allreduce-ms", "25"], ["--allreduce-ms 25", "--verify-ms"]),
-    (["--predict", "--verify-ms", "nan", "--allreduce-ms", "1"], ["--verify-ms nan"]),
-    (["--predict", "--verify-ms", "inf", "--allreduce-ms", "1"], ["--verify-ms inf"]),
-    (["--predict", "--verify-ms", "61000", "--allreduce-ms", "1"], ["--verify-ms 61000"]),
-    (["--predict", "--verify-ms", "30", "--allreduce-ms", "0"], ["--allreduce-ms 0"]),
-    (["--predict", "--verify-ms", "30", "--allreduce-ms", "-2"], ["--allreduce-ms -2"]),
-    (["--predict", "--verify-ms", "30", "--allreduce-ms", "31"], ["--allreduce-ms 31", "--verify-ms 30"]),
-    (["--predict", "--verify-ms", "abc", "--allreduce-ms", "1"], ["--verify-ms", "abc"]),
-    (["--predict", *MINE, "--tok-s", "200", "--accept-length", "3"], ["--tok-s 200", "measured-by-user"]),
-    (MINE, ["--verify-ms 30", "--predict"]),
-    (["--predict", "--profile", "p.json", *MINE], ["--verify-ms 30", "p.json", "contradicts"]),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--predict", "--verify-ms", "30"], ["--verify-ms 30", "--allreduce-ms"]),
+        (["--predict", "--allreduce-ms", "25"], ["--allreduce-ms 25", "--verify-ms"]),
+        (["--predict", "--verify-ms", "nan", "--allreduce-ms", "1"], ["--verify-ms nan"]),
+        (["--predict", "--verify-ms", "inf", "--allreduce-ms", "1"], ["--verify-ms inf"]),
+        (["--predict", "--verify-ms", "61000", "--allreduce-ms", "1"], ["--verify-ms 61000"]),
+        (["--predict", "--verify-ms", "30", "--allreduce-ms", "0"], ["--allreduce-ms 0"]),
+        (["--predict", "--verify-ms", "30", "--allreduce-ms", "-2"], ["--allreduce-ms -2"]),
+        (["--predict", "--verify-ms", "30", "--allreduce-ms", "31"], ["--allreduce-ms 31", "--verify-ms 30"]),
+        (["--predict", "--verify-ms", "abc", "--allreduce-ms", "1"], ["--verify-ms", "abc"]),
+        (["--predict", *MINE, "--tok-s", "200", "--accept-length", "3"], ["--tok-s 200", "measured-by-user"]),
+        (MINE, ["--verify-ms 30", "--predict"]),
+        (["--predict", "--profile", "p.json", *MINE], ["--verify-ms 30", "p.json", "contradicts"]),
+    ],
+)
 def test_bad_figures_exit_2_with_one_line(tmp_path, extra, words):
     (tmp_path / "p.json").write_text(json.dumps(two_rank_trace_profile()))  # verify 20 us, all-reduce 5 us
     assert_user_error(run_fastverify(["tune", *extra], cwd=tmp_path), *words)
@@ -193,8 +208,10 @@ def test_bad_figures_exit_2_with_one_line(tmp_path, extra, words):
 @needs_topo
 def test_figures_that_agree_with_the_profile_leave_it_in_charge(tmp_path, capsys):
     (tmp_path / "p.json").write_text(json.dumps(two_rank_trace_profile()))
-    doc, err = _json(["--topology", TOPO_307, "--profile", tmp_path / "p.json", "--verify-ms", "0.0201",
-                      "--allreduce-ms", "0.005"], capsys)
+    doc, err = _json(
+        ["--topology", TOPO_307, "--profile", tmp_path / "p.json", "--verify-ms", "0.0201", "--allreduce-ms", "0.005"],
+        capsys,
+    )
     assert "user_figures" not in doc and doc["baseline"]["label"] != "measured-by-user"
     assert doc["verify_baseline_basis"].startswith("measured (trace")  # the profile's own window
     assert "agree with --profile" in " ".join(err.split())
@@ -211,20 +228,32 @@ def test_measured_document_has_the_per_size_rows():
     from fastverify.tune.workload import workload_from_model
 
     common = dict(backend="gloo", world_size=2, device="cpu", dtype="bfloat16", hidden=64, sizes=((64, 2), (512, 4)))
-    specs = [TrialSpec(env={}, label="baseline", baseline=True, **common),
-             TrialSpec(env={"NCCL_PROTO": "LL"}, label="ll", **common)]
-    rows = {"baseline": (SizeResult(64, 128, 2, 10.0, 12.5, 0.0), SizeResult(512, 1024, 4, 20.0, None, 0.0)),
-            "ll": (SizeResult(64, 128, 2, 9.0, 9.5, 0.0), SizeResult(512, 1024, 4, None, None, None))}
+    specs = [
+        TrialSpec(env={}, label="baseline", baseline=True, **common),
+        TrialSpec(env={"NCCL_PROTO": "LL"}, label="ll", **common),
+    ]
+    rows = {
+        "baseline": (SizeResult(64, 128, 2, 10.0, 12.5, 0.0), SizeResult(512, 1024, 4, 20.0, None, 0.0)),
+        "ll": (SizeResult(64, 128, 2, 9.0, 9.5, 0.0), SizeResult(512, 1024, 4, None, None, None)),
+    }
     step = {"baseline": 2 * 10.0 + 4 * 20.0, "ll": 2 * 9.0}
-    results = [TrialResult(s.trial_id, "ok", "", rows[s.label], step[s.label], "cpu_wall_clock", 0.0, 1.0)
-               for s in specs]
+    results = [
+        TrialResult(s.trial_id, "ok", "", rows[s.label], step[s.label], "cpu_wall_clock", 0.0, 1.0) for s in specs
+    ]
     workload = workload_from_model(load_model_config("tiny"), tp=2, draft_tokens=4, batch=1)
-    doc = measured_document(rank_candidates(specs, results), workload, accept_length=None, tok_s=None,
-                            box={"device": "cpu"})
-    want = {"baseline": [{"msg_bytes": 128, "count_per_step": 2, "median_us": 10.0, "p90_us": 12.5},
-                         {"msg_bytes": 1024, "count_per_step": 4, "median_us": 20.0, "p90_us": None}],
-            "ll": [{"msg_bytes": 128, "count_per_step": 2, "median_us": 9.0, "p90_us": 9.5},
-                   {"msg_bytes": 1024, "count_per_step": 4, "median_us": None, "p90_us": None}]}
+    doc = measured_document(
+        rank_candidates(specs, results), workload, accept_length=None, tok_s=None, box={"device": "cpu"}
+    )
+    want = {
+        "baseline": [
+            {"msg_bytes": 128, "count_per_step": 2, "median_us": 10.0, "p90_us": 12.5},
+            {"msg_bytes": 1024, "count_per_step": 4, "median_us": 20.0, "p90_us": None},
+        ],
+        "ll": [
+            {"msg_bytes": 128, "count_per_step": 2, "median_us": 9.0, "p90_us": 9.5},
+            {"msg_bytes": 1024, "count_per_step": 4, "median_us": None, "p90_us": None},
+        ],
+    }
     assert len(doc["candidates"]) == 2
     for c in doc["candidates"]:
         assert c["sizes"] == want[c["name"]]
@@ -243,12 +272,19 @@ def test_scaling_keeps_an_unknown_backend_range_unknown_and_says_so():
     from fastverify.tune import candidates as C
     from fastverify.tune import user_figures as uf
 
-    base = C.Figure(BackendName.nccl, "baseline", MappingProxyType({}), 100.0, (50.0, 200.0), ("b",),
-                    is_baseline=True, nccl=object())
+    base = C.Figure(
+        BackendName.nccl,
+        "baseline",
+        MappingProxyType({}),
+        100.0,
+        (50.0, 200.0),
+        ("b",),
+        is_baseline=True,
+        nccl=object(),
+    )
     known = C.Figure(BackendName.pcie_ipc, "pcie_ipc", MappingProxyType({}), 40.0, (20.0, 80.0), ("k",))
     open_ = C.Figure(BackendName.b12x, "b12x", MappingProxyType({}), 60.0, None, ("u",))
-    none = C.Figure(BackendName.custom_ar, "custom_ar", MappingProxyType({}), None, None, ("n",),
-                    status=C.UNKNOWN)
+    none = C.Figure(BackendName.custom_ar, "custom_ar", MappingProxyType({}), None, None, ("n",), status=C.UNKNOWN)
     pred = C.PredictedRanking(base, (base, known, open_, none), ())
     out = uf.scale_prediction(pred, uf.UserFigures(verify_us=3000.0, allreduce_us=1000.0))  # k = 10
     by = {f.name: f for f in out.candidates}

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_fastverify
+
 from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.tune.workload import UNKNOWN_SIZE_MESSAGE, Workload, workload_from_model, workload_from_profile
@@ -35,13 +35,16 @@ def test_batch_scales_the_message_not_the_count():
     assert w.msg_sizes == ((32 * 4 * config.hidden_size * 2, 123),)
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"tp": 1, "draft_tokens": 4, "batch": 1}, "--tp 1"),
-    ({"tp": 0, "draft_tokens": 4, "batch": 1}, "--tp"),
-    ({"tp": 8, "draft_tokens": 0, "batch": 1}, "--draft-tokens"),
-    ({"tp": 8, "draft_tokens": 4, "batch": True}, "--batch"),
-    ({"tp": 3, "draft_tokens": 4, "batch": 1}, "--tp 3 does not divide"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"tp": 1, "draft_tokens": 4, "batch": 1}, "--tp 1"),
+        ({"tp": 0, "draft_tokens": 4, "batch": 1}, "--tp"),
+        ({"tp": 8, "draft_tokens": 0, "batch": 1}, "--draft-tokens"),
+        ({"tp": 8, "draft_tokens": 4, "batch": True}, "--batch"),
+        ({"tp": 3, "draft_tokens": 4, "batch": 1}, "--tp 3 does not divide"),
+    ],
+)
 def test_bad_model_arguments_are_user_errors(kw, needle):
     with pytest.raises(UserError, match=needle.replace("-", r"\-")):
         workload_from_model(load_model_config("kimi-k2"), **kw)
@@ -78,12 +81,27 @@ def _write(tmp_path: Path, doc) -> Path:
 
 
 def _minimal(**over) -> dict:
-    doc = {"schema": "fastverify.profile", "schema_version": 1, "world_size": 2,
-           "source": {"kind": "live", "tp": 2, "tokens": 8, "model": "tiny"},
-           "timing": {"clock": "cuda_events"},
-           "ranks": [{"rank": r, "step_median": {"steps": 4, "allreduce_count": 5, "compute_us": 100.0,
-                                                 "window_us": 300.0, "allreduce_us": 150.0}} for r in (0, 1)],
-           "allreduce_by_msg_size": [{"msg_bytes": 8 * 64 * 2, "count": 40}]}
+    doc = {
+        "schema": "fastverify.profile",
+        "schema_version": 1,
+        "world_size": 2,
+        "source": {"kind": "live", "tp": 2, "tokens": 8, "model": "tiny"},
+        "timing": {"clock": "cuda_events"},
+        "ranks": [
+            {
+                "rank": r,
+                "step_median": {
+                    "steps": 4,
+                    "allreduce_count": 5,
+                    "compute_us": 100.0,
+                    "window_us": 300.0,
+                    "allreduce_us": 150.0,
+                },
+            }
+            for r in (0, 1)
+        ],
+        "allreduce_by_msg_size": [{"msg_bytes": 8 * 64 * 2, "count": 40}],
+    }
     doc.update(over)
     return doc
 
@@ -107,20 +125,23 @@ def test_unknown_size_names_the_file_and_the_way_out(tmp_path):
     assert str(p) in str(err.value) and UNKNOWN_SIZE_MESSAGE in str(err.value)
 
 
-@pytest.mark.parametrize("content", [
-    "not json {",
-    json.dumps([1, 2]),
-    json.dumps({"schema": "something.else"}),
-    json.dumps({**_minimal(), "schema_version": 99}),
-    json.dumps({**_minimal(), "ranks": []}),
-    json.dumps({**_minimal(), "ranks": [{"rank": 0}]}),
-    json.dumps({k: v for k, v in _minimal().items() if k != "allreduce_by_msg_size"}),
-    json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": "big", "count": 1}]}),
-    # past fastverify/bounds.py: a message over 1 TiB, a negative time, no rank
-    json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": 10**15, "count": 40}]}),
-    json.dumps({**_minimal(), "world_size": 0}),
-    json.dumps({**_minimal(), "world_size": 1}),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json {",
+        json.dumps([1, 2]),
+        json.dumps({"schema": "something.else"}),
+        json.dumps({**_minimal(), "schema_version": 99}),
+        json.dumps({**_minimal(), "ranks": []}),
+        json.dumps({**_minimal(), "ranks": [{"rank": 0}]}),
+        json.dumps({k: v for k, v in _minimal().items() if k != "allreduce_by_msg_size"}),
+        json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": "big", "count": 1}]}),
+        # past fastverify/bounds.py: a message over 1 TiB, a negative time, no rank
+        json.dumps({**_minimal(), "allreduce_by_msg_size": [{"msg_bytes": 10**15, "count": 40}]}),
+        json.dumps({**_minimal(), "world_size": 0}),
+        json.dumps({**_minimal(), "world_size": 1}),
+    ],
+)
 def test_bad_profiles_are_one_line_user_errors(tmp_path, content):
     p = _write(tmp_path, content)
     with pytest.raises(UserError) as err:

@@ -21,12 +21,11 @@ from types import SimpleNamespace
 
 import msgspec
 import pytest
-
 from conftest import run_fastverify
 
 from fastverify.errors import UserError
-from fastverify.patch.verify import VerifyTimer, WallEvent
 from fastverify.patch.install import make_verify_wrapper
+from fastverify.patch.verify import VerifyTimer, WallEvent
 
 
 class _Shape:
@@ -45,8 +44,17 @@ class _Shape:
     item = tolist = cpu = __int__ = __index__ = __len__ = __iter__ = _sync
 
 
-def _original(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False,
-              skip_attn_backend_init=None, *, capture_hidden_mode=None, return_kv_loc_plan=False):
+def _original(
+    self,
+    batch,
+    forward_batch=None,
+    pp_proxy_tensors=None,
+    is_verify=False,
+    skip_attn_backend_init=None,
+    *,
+    capture_hidden_mode=None,
+    return_kv_loc_plan=False,
+):
     """SGLang 0.5.23's ``TpModelWorker.forward_batch_generation`` signature; the forward pads the
     batch afterwards (as CUDA-graph replay does), which the record must not see."""
     fb = forward_batch if forward_batch is not None else batch
@@ -92,16 +100,24 @@ class _Broken:
 
 def test_the_wrapper_writes_batch_and_tokens_without_reading_a_tensor(tmp_path):
     _Shape.reads.clear()
-    rows = _records(tmp_path, [
-        ((), {"batch": None, "forward_batch": _forward_batch(3, 4), "is_verify": True}),  # EAGLE: 3 x 4 = 12
-        ((_ScheduleBatch(2, 4),), {"is_verify": True}),  # NGRAM: 2 requests x 4 = 8
-        ((None, _forward_batch(5, 2, input_ids=False), None, True), {}),  # no input_ids: 5 x 2 = 10
-        ((), {"batch": None, "forward_batch": _Broken(), "is_verify": True}),  # unreadable: null, forward ran
-        ((None, "fb"), {"is_verify": True}),  # not a batch at all: null
-        ((None, _forward_batch(7, 4)), {}),  # not a verify forward: no record
-    ])
+    rows = _records(
+        tmp_path,
+        [
+            ((), {"batch": None, "forward_batch": _forward_batch(3, 4), "is_verify": True}),  # EAGLE: 3 x 4 = 12
+            ((_ScheduleBatch(2, 4),), {"is_verify": True}),  # NGRAM: 2 requests x 4 = 8
+            ((None, _forward_batch(5, 2, input_ids=False), None, True), {}),  # no input_ids: 5 x 2 = 10
+            ((), {"batch": None, "forward_batch": _Broken(), "is_verify": True}),  # unreadable: null, forward ran
+            ((None, "fb"), {"is_verify": True}),  # not a batch at all: null
+            ((None, _forward_batch(7, 4)), {}),  # not a verify forward: no record
+        ],
+    )
     assert [(r["step"], r["batch"], r["tokens"]) for r in rows] == [
-        (0, 3, 12), (1, 2, 8), (2, 5, 10), (3, None, None), (4, None, None)]
+        (0, 3, 12),
+        (1, 2, 8),
+        (2, 5, 10),
+        (3, None, None),
+        (4, None, None),
+    ]
     assert all(r["clock"] == "cpu_wall_clock" and r["rank"] == "0" for r in rows)
     assert _Shape.reads == []
 
@@ -158,8 +174,10 @@ def test_different_loads_are_warned_and_each_side_summarised(tmp_path):
     from fastverify.verifylog import build_report, encode_report, format_report
 
     rep = build_report(_both_ranks(tmp_path / "b", BEFORE), _both_ranks(tmp_path / "a", AFTER_OTHER_LOAD))
-    want = ("the load differs: before ran batch 1-4 (median 2.5), 4, 8, 12, 16 tokens (median 10; 4 tokens/request), "
-            "after batch 8 (median 8), 32 tokens (median 32; 4 tokens/request): the change compares different loads")
+    want = (
+        "the load differs: before ran batch 1-4 (median 2.5), 4, 8, 12, 16 tokens (median 10; 4 tokens/request), "
+        "after batch 8 (median 8), 32 tokens (median 32; 4 tokens/request): the change compares different loads"
+    )
     assert rep.warnings == [want]
     doc = json.loads(encode_report(rep))
     b, a = doc["before"], doc["after"]
@@ -167,8 +185,9 @@ def test_different_loads_are_warned_and_each_side_summarised(tmp_path):
     assert (b["tokens_values"], b["tokens_median"], b["tokens_per_request"]) == ([4, 8, 12, 16], 10.0, [4.0])
     assert (a["load_records"], a["batch_values"], a["batch_median"], a["tokens_values"]) == (8, [8], 8.0, [32])
     text = format_report(rep).splitlines()
-    assert ("load: batch 1-4 (median 2.5), 4, 8, 12, 16 tokens (median 10; 4 tokens/request), "
-            "from 8 of 8 records") in text
+    assert (
+        "load: batch 1-4 (median 2.5), 4, 8, 12, 16 tokens (median 10; 4 tokens/request), from 8 of 8 records"
+    ) in text
     assert "load: batch 8 (median 8), 32 tokens (median 32; 4 tokens/request), from 8 of 8 records" in text
     assert f"! {want}" in text
 
@@ -186,11 +205,14 @@ def test_a_side_without_the_load_is_warned(tmp_path, old_side, where):
     from fastverify.verifylog import build_report, format_report
 
     old = [(ms, None, None) for ms, _, _ in BEFORE]
-    rep = build_report(_both_ranks(tmp_path / "b", old if old_side == "both" else BEFORE),
-                       _both_ranks(tmp_path / "a", old))
-    assert rep.warnings == [f"the load is not recorded in {where} (records without batch and tokens: an older "
-                            "fastverify, a hand-written record, or a batch the patch could not read): the change "
-                            "may compare different loads"]
+    rep = build_report(
+        _both_ranks(tmp_path / "b", old if old_side == "both" else BEFORE), _both_ranks(tmp_path / "a", old)
+    )
+    assert rep.warnings == [
+        f"the load is not recorded in {where} (records without batch and tokens: an older "
+        "fastverify, a hand-written record, or a batch the patch could not read): the change "
+        "may compare different loads"
+    ]
     assert rep.after.load_records == 0 and rep.after.batch_values == [] and rep.after.batch_median is None
     assert "load: not recorded (records without batch and tokens)" in format_report(rep).splitlines()
 
@@ -212,8 +234,9 @@ def test_change_pct_is_negative_when_after_is_faster_in_json_and_text(tmp_path):
         assert "p50_change_pct" not in c
     lines = proc.stdout.splitlines()
     notes = [ln for ln in lines if ln.startswith("# change:")]
-    assert notes == ["# change: after vs before, ms = after - before, % = (after - before) / before x 100; "
-                     "- = less time (faster)"]
+    assert notes == [
+        "# change: after vs before, ms = after - before, % = (after - before) / before x 100; - = less time (faster)"
+    ]
     row = next(ln for ln in lines if ln.split()[:1] == ["all"] and "->" in ln)
     assert row.split() == ["all", "2.000", "->", "1.500", "-25.0", "2.000", "->", "1.500", "-25.0"]
 
@@ -229,20 +252,30 @@ def _one(tmp_path: Path, **fields) -> Path:
     return d
 
 
-@pytest.mark.parametrize("fields, said", [
-    ({"rank": 0}, 'field "rank": expected a string, got an integer (e.g. "rank": "0")'),
-    ({"batch": "4", "tokens": 16}, 'field "batch": expected an integer or null, got a string (e.g. "batch": 4)'),
-    ({"tokens": 1.5}, 'field "tokens": expected an integer or null, got a number (e.g. "tokens": 16)'),
-    ({"pid": None}, 'field "pid": expected an integer, got null (e.g. "pid": 4242)'),
-    ({"load": 4}, 'field "load": unknown (the fields are step, verify_ms, clock, rank, pid, allreduce_paths, '
-                  'batch, tokens, accepted)'),
-    # past fastverify.bounds: MAX_BATCH = 4096 requests, MAX_VERIFY_TOKENS = 4096 x 64 = 262144 rows
-    ({"batch": 4097, "tokens": 4097}, "batch 4097 is not a count of requests in one verify forward "
-                                      "(outside [0, 4096])"),
-    ({"batch": 4, "tokens": 262145}, "tokens 262145 is not a count of rows one verify forward verifies "
-                                     "(outside [0, 262144])"),
-    ({"batch": -1, "tokens": 4}, "batch -1 is not a count of requests in one verify forward (outside [0, 4096])"),
-])
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ({"rank": 0}, 'field "rank": expected a string, got an integer (e.g. "rank": "0")'),
+        ({"batch": "4", "tokens": 16}, 'field "batch": expected an integer or null, got a string (e.g. "batch": 4)'),
+        ({"tokens": 1.5}, 'field "tokens": expected an integer or null, got a number (e.g. "tokens": 16)'),
+        ({"pid": None}, 'field "pid": expected an integer, got null (e.g. "pid": 4242)'),
+        (
+            {"load": 4},
+            'field "load": unknown (the fields are step, verify_ms, clock, rank, pid, allreduce_paths, '
+            "batch, tokens, accepted)",
+        ),
+        # past fastverify.bounds: MAX_BATCH = 4096 requests, MAX_VERIFY_TOKENS = 4096 x 64 = 262144 rows
+        (
+            {"batch": 4097, "tokens": 4097},
+            "batch 4097 is not a count of requests in one verify forward (outside [0, 4096])",
+        ),
+        (
+            {"batch": 4, "tokens": 262145},
+            "tokens 262145 is not a count of rows one verify forward verifies (outside [0, 262144])",
+        ),
+        ({"batch": -1, "tokens": 4}, "batch -1 is not a count of requests in one verify forward (outside [0, 4096])"),
+    ],
+)
 def test_a_hand_written_record_is_one_line_naming_the_field(tmp_path, fields, said):
     from fastverify.verifylog import build_report
 
@@ -256,8 +289,10 @@ def test_the_rank_error_at_the_command_line(tmp_path):
     _one(tmp_path, rank=0)
     proc = run_fastverify(["profile", "--verify-log", "log", "--quiet"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == ('fastverify: error: log/verify-rank0.jsonl:1: field "rank": expected a string, '
-                           'got an integer (e.g. "rank": "0")\n')
+    assert proc.stderr == (
+        'fastverify: error: log/verify-rank0.jsonl:1: field "rank": expected a string, '
+        'got an integer (e.g. "rank": "0")\n'
+    )
 
 
 def test_records_the_timer_cannot_write_are_refused(tmp_path):
@@ -275,9 +310,11 @@ def test_records_the_timer_cannot_write_are_refused(tmp_path):
         return d
 
     base = {"step": 0, "verify_ms": 1.0, "clock": "cuda_events", "rank": "0", "pid": 1, "allreduce_paths": None}
-    cases = [("clock", [dict(base, clock="wall")], "clock 'wall' is not one the verify timer writes"),
-             ("load", [dict(base, batch=8, tokens=4)], "tokens 4 < batch 8"),
-             ("twice", [base, dict(base, verify_ms=2.0)], "step 0 again (also line 1)")]
+    cases = [
+        ("clock", [dict(base, clock="wall")], "clock 'wall' is not one the verify timer writes"),
+        ("load", [dict(base, batch=8, tokens=4)], "tokens 4 < batch 8"),
+        ("twice", [base, dict(base, verify_ms=2.0)], "step 0 again (also line 1)"),
+    ]
     for name, recs, words in cases:
         with pytest.raises(UserError) as err:
             build_report(folder(name, recs))

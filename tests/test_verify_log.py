@@ -10,7 +10,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_fastverify
 
 R0 = [float(v) for v in range(1, 11)]  # 1..10 ms
@@ -36,7 +35,9 @@ def test_hand_values_match_the_standard_library():
 def _write(folder: Path, rank: str, times, clock="cpu_wall_clock", pid=4242, tail: bytes = b"") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"verify-rank{rank}.jsonl"
-    lines = [json.dumps({"step": i, "verify_ms": t, "clock": clock, "rank": rank, "pid": pid}) for i, t in enumerate(times)]
+    lines = [
+        json.dumps({"step": i, "verify_ms": t, "clock": clock, "rank": rank, "pid": pid}) for i, t in enumerate(times)
+    ]
     path.write_bytes(("\n".join(lines) + "\n").encode() + tail)
     return path
 
@@ -55,7 +56,9 @@ def test_one_folder_per_rank_and_overall(tmp_path):
     doc, text = _profile(tmp_path, before)
     assert doc["schema"] == "fastverify.verify_log" and doc["basis"] == "measured"
     assert doc["clock"] == "cpu_wall_clock" and "NOT GPU time" in doc["clock_label"]
-    got = {r["rank"]: (r["steps"], r["p50_ms"], r["p90_ms"]) for r in [*doc["before"]["ranks"], doc["before"]["overall"]]}
+    got = {
+        r["rank"]: (r["steps"], r["p50_ms"], r["p90_ms"]) for r in [*doc["before"]["ranks"], doc["before"]["overall"]]
+    }
     assert got == {"0": (10, *EXPECTED["0"]), "1": (4, *EXPECTED["1"]), "all": (14, *EXPECTED["all"])}
     assert doc["after"] is None and doc["change"] == []
     assert "measured" in text and "CPU wall clock" in text and "NOT GPU time" in text
@@ -124,8 +127,10 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "unrelated_files": (["other"], ["other", "verify-rank*.jsonl"]),
         "no_records": (["norecords"], ["verify-rank0.jsonl", "no verify records"]),
         "only_a_torn_line": (["onlytorn"], ["verify-rank0.jsonl", "no verify records"]),
-        "corrupt_line": (["corrupt"], ['verify-rank0.jsonl:4: field "verify_ms": expected a number, got a string '
-                                       '(e.g. "verify_ms": 1.25)']),
+        "corrupt_line": (
+            ["corrupt"],
+            ['verify-rank0.jsonl:4: field "verify_ms": expected a number, got a string (e.g. "verify_ms": 1.25)'],
+        ),
         "cut_line_not_last": (["cutmiddle"], ["verify-rank0.jsonl:5", "not a verify record"]),
         "negative_time": (["negative"], ["verify-rank0.jsonl:2", "-2.0"]),
         "mixed_clocks_in_a_folder": (["mixed"], ["mixed", "cpu_wall_clock", "cuda_events"]),
@@ -134,8 +139,20 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     }
 
 
-CASES = ["missing", "a_file", "empty_dir", "unrelated_files", "no_records", "only_a_torn_line", "corrupt_line",
-         "cut_line_not_last", "negative_time", "mixed_clocks_in_a_folder", "mixed_clocks_before_after", "three_folders"]
+CASES = [
+    "missing",
+    "a_file",
+    "empty_dir",
+    "unrelated_files",
+    "no_records",
+    "only_a_torn_line",
+    "corrupt_line",
+    "cut_line_not_last",
+    "negative_time",
+    "mixed_clocks_in_a_folder",
+    "mixed_clocks_before_after",
+    "three_folders",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -163,16 +180,19 @@ def _one(tmp_path, name="verify-rank0.jsonl", **fields):
     return d
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"allreduce_paths": {"verify": {"sglang.gloo": -1}}}, "verify.sglang.gloo=-1 is not a count"),
-    ({"allreduce_paths": {"warp": {"sglang.gloo": 1}}}, "unknown forward mode 'warp'"),
-    ({"allreduce_paths": {"verify": {"": 1}}}, "'' is not a path"),
-    ({"allreduce_paths": {"verify": {"sglang.\x1b[31mred": 1}}}, "is not a path"),
-    ({"allreduce_paths": {"verify": {"sglang." + "x" * 5000: 1}}}, "is not a path"),
-    ({"verify_ms": 1e308}, "verify_ms 1e+308 is not a verify time"),
-    ({"verify_ms": 3.6e6 + 1}, "is not a verify time"),
-    ({"rank": "1"}, "a record of rank '1' in the file of rank '0'"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"allreduce_paths": {"verify": {"sglang.gloo": -1}}}, "verify.sglang.gloo=-1 is not a count"),
+        ({"allreduce_paths": {"warp": {"sglang.gloo": 1}}}, "unknown forward mode 'warp'"),
+        ({"allreduce_paths": {"verify": {"": 1}}}, "'' is not a path"),
+        ({"allreduce_paths": {"verify": {"sglang.\x1b[31mred": 1}}}, "is not a path"),
+        ({"allreduce_paths": {"verify": {"sglang." + "x" * 5000: 1}}}, "is not a path"),
+        ({"verify_ms": 1e308}, "verify_ms 1e+308 is not a verify time"),
+        ({"verify_ms": 3.6e6 + 1}, "is not a verify time"),
+        ({"rank": "1"}, "a record of rank '1' in the file of rank '0'"),
+    ],
+)
 def test_records_the_patch_cannot_write_are_refused_in_one_line(tmp_path, fields, words):
     from fastverify.errors import UserError
     from fastverify.verifylog import build_report

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import run_fastverify, tree_state
 
 
@@ -48,13 +47,17 @@ def test_a_record_of_another_rank_is_refused_not_merged(tmp_path):
     _refused(tmp_path, ["log"], "log/verify-rank1.jsonl:3", "rank '0'", "rank '1'")
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda p: p.symlink_to(p.name), ["Too many levels of symbolic links"]),
-    (lambda p: p.symlink_to("/dev/zero"), ["is a device"]),
-    (lambda p: os.mkfifo(p), ["is a FIFO"]),
-    (lambda p: p.mkdir(), ["is a directory"]),
-    (lambda p: p.symlink_to("gone.jsonl"), ["No such file"]),
-], ids=["symlink_loop", "dev_zero_via_symlink", "fifo", "directory", "dangling_symlink"])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.symlink_to(p.name), ["Too many levels of symbolic links"]),
+        (lambda p: p.symlink_to("/dev/zero"), ["is a device"]),
+        (lambda p: os.mkfifo(p), ["is a FIFO"]),
+        (lambda p: p.mkdir(), ["is a directory"]),
+        (lambda p: p.symlink_to("gone.jsonl"), ["No such file"]),
+    ],
+    ids=["symlink_loop", "dev_zero_via_symlink", "fifo", "directory", "dangling_symlink"],
+)
 def test_an_unreadable_rank_file_is_refused_never_dropped(tmp_path, make, words):
     _log(tmp_path / "log", "0")
     make(tmp_path / "log" / "verify-rank1.jsonl")
@@ -70,8 +73,7 @@ def test_an_unreadable_rank_file_named_rank0_is_refused(tmp_path):
 @pytest.mark.parametrize("value", [1.7e308, 3.6e6 * 1.0000001, -0.5])
 def test_verify_ms_out_of_bounds_is_refused_never_inf(tmp_path, value):
     _log(tmp_path / "log", "0", [_rec(), _rec(step=1, verify_ms=value)])
-    line = _refused(tmp_path, ["log"], "log/verify-rank0.jsonl:2", "verify_ms", "is not a verify time",
-                    "1 hour")
+    line = _refused(tmp_path, ["log"], "log/verify-rank0.jsonl:2", "verify_ms", "is not a verify time", "1 hour")
     assert "inf" not in line and "null" not in line
 
 
@@ -81,13 +83,16 @@ def test_verify_ms_overflowing_json_is_refused(tmp_path):
     _refused(tmp_path, ["log"], "log/verify-rank0.jsonl:1")
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"step": -1}, ["step", "-1"]),
-    ({"step": 10**18}, ["step"]),
-    ({"pid": -5}, ["pid", "-5"]),
-    ({"pid": 2**40}, ["pid"]),
-    ({"clock": "\x1b[2J" + "x" * 100}, ["clock", "not a clock name"]),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"step": -1}, ["step", "-1"]),
+        ({"step": 10**18}, ["step"]),
+        ({"pid": -5}, ["pid", "-5"]),
+        ({"pid": 2**40}, ["pid"]),
+        ({"clock": "\x1b[2J" + "x" * 100}, ["clock", "not a clock name"]),
+    ],
+)
 def test_other_fields_out_of_bounds_are_refused(tmp_path, fields, words):
     _log(tmp_path / "log", "0", [_rec(**fields)])
     line = _refused(tmp_path, ["log"], "log/verify-rank0.jsonl:1", *words)
@@ -124,8 +129,9 @@ def test_pid_ranks_are_read(tmp_path):
     assert [r["rank"] for r in json.loads(out.read_text())["before"]["ranks"]] == ["pid123"]
 
 
-@pytest.mark.parametrize("out", ["log/verify-rank9.jsonl", "log/sub/report.json", "log", "./log/../log/x.json",
-                                 "after/r.json"])
+@pytest.mark.parametrize(
+    "out", ["log/verify-rank9.jsonl", "log/sub/report.json", "log", "./log/../log/x.json", "after/r.json"]
+)
 def test_an_output_inside_a_log_folder_is_refused_before_reading(tmp_path, out):
     _log(tmp_path / "log", "0")
     _log(tmp_path / "after", "0")

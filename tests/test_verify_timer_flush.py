@@ -45,8 +45,13 @@ time.sleep(600)  # until killed: nothing at exit ever runs
 def _run_and_kill(tmp_path: Path, n: int, step_s: float, idle_s: float) -> tuple[list[dict], list[float], float, int]:
     """Start the child, read its step lines, SIGKILL it right after the last (or after the idle
     pause); returns (records on disk, monotonic completion time per step, kill time, child pid)."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(n), str(step_s), str(idle_s)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=subprocess_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path), str(n), str(step_s), str(idle_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+    )
     done_at: list[float] = []
     try:
         while len(done_at) < n:
@@ -99,7 +104,9 @@ def test_kill_9_loses_nothing_older_than_the_interval(tmp_path):
     _check_records(rows, pid)
     old = [i for i, t in enumerate(done_at) if killed_at - t > INTERVAL_S + 0.5]
     assert old, "the test must have steps older than the interval"
-    assert len(rows) > max(old), f"steps {old} completed over {INTERVAL_S + 0.5} s before the kill; on disk: {len(rows)}"
+    assert len(rows) > max(old), (
+        f"steps {old} completed over {INTERVAL_S + 0.5} s before the kill; on disk: {len(rows)}"
+    )
 
 
 def test_kill_9_after_idle_loses_nothing(tmp_path):
@@ -143,8 +150,9 @@ def test_stuck_file_never_blocks_the_verify_path(tmp_path):
     The timer as it was opened the file inside stop() and hung there."""
     fifo = tmp_path / "verify-rank0.jsonl"
     os.mkfifo(fifo)
-    t = V.VerifyTimer(tmp_path, every=2, event_factory=V._WallEvent, clock="cpu_wall_clock", rank=lambda: "0",
-                      max_buffered=10)
+    t = V.VerifyTimer(
+        tmp_path, every=2, event_factory=V._WallEvent, clock="cpu_wall_clock", rank=lambda: "0", max_buffered=10
+    )
     finished = threading.Event()
 
     def steps():

@@ -52,15 +52,44 @@ Tensor = torch.Tensor
 Shape = tuple[int, ...]
 
 __all__ = [  # the names the backend modules and the rest of the package import from here
-    "OK", "TOLERANCE", "AllReduceBackend", "BackendName", "BackendSettings", "BackendUnavailable", "Capability",
-    "ExternalCall", "FUSED_ADD_RMSNORM", "NormKernel", "ProbeContext", "REGISTRY", "Shape", "Tensor",
-    "add_rmsnorm", "backend_class", "check_close", "check_cuda", "check_dtype", "check_kernel_sm", "check_p2p",
-    "check_registry_limits", "check_single_node", "check_world_size", "choose_norm", "fail", "first_failure",
-    "library_status", "make_backend", "probe", "reference_residual_rmsnorm", "resolve_norm", "summarize_p2p",
+    "OK",
+    "TOLERANCE",
+    "AllReduceBackend",
+    "BackendName",
+    "BackendSettings",
+    "BackendUnavailable",
+    "Capability",
+    "ExternalCall",
+    "FUSED_ADD_RMSNORM",
+    "NormKernel",
+    "ProbeContext",
+    "REGISTRY",
+    "Shape",
+    "Tensor",
+    "add_rmsnorm",
+    "backend_class",
+    "check_close",
+    "check_cuda",
+    "check_dtype",
+    "check_kernel_sm",
+    "check_p2p",
+    "check_registry_limits",
+    "check_single_node",
+    "check_world_size",
+    "choose_norm",
+    "fail",
+    "first_failure",
+    "library_status",
+    "make_backend",
+    "probe",
+    "reference_residual_rmsnorm",
+    "resolve_norm",
+    "summarize_p2p",
 ]
 
 
 # --- the settings every backend is built with, written once -----------------------------------
+
 
 @dataclass(frozen=True, kw_only=True)
 class BackendSettings:
@@ -127,6 +156,7 @@ class BackendSettings:
 
 
 # --- the plain torch result every backend is checked against, and the comparison with it ------
+
 
 def reference_residual_rmsnorm(
     xs: Sequence[Tensor], residual: Tensor, weight: Tensor, eps: float
@@ -251,8 +281,7 @@ class AllReduceBackend(ABC):
         unknown = set(options) - allowed
         if unknown:
             raise ValueError(
-                f"unknown option(s) {sorted(unknown)} for backend {self.name.value!r}; "
-                f"allowed: {sorted(allowed)}"
+                f"unknown option(s) {sorted(unknown)} for backend {self.name.value!r}; allowed: {sorted(allowed)}"
             )
         self.settings = settings
         self.group = group
@@ -365,9 +394,7 @@ class AllReduceBackend(ABC):
         self.path_counts["unfused"] += 1
         return self.residual_rmsnorm(self.all_reduce(x), residual, weight, eps)
 
-    def residual_rmsnorm(
-        self, reduced: Tensor, residual: Tensor, weight: Tensor, eps: float
-    ) -> tuple[Tensor, Tensor]:
+    def residual_rmsnorm(self, reduced: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         """Residual add + RMSNorm of an already reduced tensor with this backend's :attr:`norm`
         kernel: the step after a plain all-reduce, the same kernel for every backend given the
         same ``norm`` option.
@@ -454,9 +481,7 @@ def _check_norm_args(x: Tensor, residual: Tensor, weight: Tensor) -> None:
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight shape {tuple(weight.shape)} must be (hidden,) = ({x.shape[-1]},)")
     if residual.dtype != x.dtype or weight.dtype != x.dtype:
-        raise TypeError(
-            f"x, residual, weight dtypes must match, got {x.dtype}, {residual.dtype}, {weight.dtype}"
-        )
+        raise TypeError(f"x, residual, weight dtypes must match, got {x.dtype}, {residual.dtype}, {weight.dtype}")
 
 
 def _check_inplace_residual(residual: Tensor) -> None:
@@ -510,7 +535,9 @@ NORM_DTYPES = (torch.bfloat16, torch.float16)
 
 # residual += input; input = RMSNorm(residual) * weight, both in place (flashinfer/norm/__init__.py).
 FUSED_ADD_RMSNORM = ExternalCall(
-    "flashinfer.norm", "fused_add_rmsnorm", "flashinfer.norm",
+    "flashinfer.norm",
+    "fused_add_rmsnorm",
+    "flashinfer.norm",
     ("input", "residual", "weight", "eps", "enable_pdl"),
 )
 
@@ -554,8 +581,9 @@ def resolve_norm(
     try:
         kernel = NormKernel(value)
     except ValueError:
-        raise ValueError(f"option norm must be one of {[k.value for k in NormKernel] + [NORM_AUTO]}, "
-                         f"got {value!r}") from None
+        raise ValueError(
+            f"option norm must be one of {[k.value for k in NormKernel] + [NORM_AUTO]}, got {value!r}"
+        ) from None
     if kernel is NormKernel.FLASHINFER:
         why = _fi_norm_error()
         if why is None and dtype not in NORM_DTYPES:

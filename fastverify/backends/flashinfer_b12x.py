@@ -24,10 +24,28 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
-from fastverify.backends.base import ProbeContext, Shape, Tensor, _check_norm_args, check_kernel_sm, fail
-from fastverify.backends.ipc import PACK_BYTES, element_size, flashinfer_status, ipc_requirements
-from fastverify.backends.ipc import new_gloo_group, torch_all_reduce, whole_packs
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    BackendUnavailable,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Shape,
+    Tensor,
+    _check_norm_args,
+    check_kernel_sm,
+    fail,
+)
+from fastverify.backends.ipc import (
+    PACK_BYTES,
+    element_size,
+    flashinfer_status,
+    ipc_requirements,
+    new_gloo_group,
+    torch_all_reduce,
+    whole_packs,
+)
 from fastverify.registry import backend_info
 
 logger = logging.getLogger(__name__)
@@ -61,8 +79,11 @@ IS_SUPPORTED = ExternalCall(_PCIE, "is_supported", f"{_PCIE}.api", ("device",))
 # handles on the group and raises on every rank together when any rank fails
 # (_run_collective_preallocation_setup). close() is collective too (_coordinated_close_channels).
 FROM_EXCHANGE_GROUP = ExternalCall(
-    _PCIE, "OneshotAllReduce.from_exchange_group", _ONESHOT,
-    ("exchange_group", "device", "eager_buffer_bytes", "max_size", "stream_affine"), "method",
+    _PCIE,
+    "OneshotAllReduce.from_exchange_group",
+    _ONESHOT,
+    ("exchange_group", "device", "eager_buffer_bytes", "max_size", "stream_affine"),
+    "method",
 )
 RT_SHOULD_ALLREDUCE = ExternalCall(_PCIE, "OneshotAllReduce.should_allreduce", _ONESHOT, ("inp",), "method")
 # all_reduce is out of place. The fused call writes residual_out = residual + all_reduce(inp) and
@@ -70,8 +91,11 @@ RT_SHOULD_ALLREDUCE = ExternalCall(_PCIE, "OneshotAllReduce.should_allreduce", _
 # residual; out and residual_out must not alias; weight is (hidden,) in the input dtype; epsilon >= 0.
 RT_ALL_REDUCE = ExternalCall(_PCIE, "OneshotAllReduce.all_reduce", _ONESHOT, ("inp", "plan", "out"), "method")
 RT_FUSED = ExternalCall(
-    _PCIE, "OneshotAllReduce.all_reduce_fused_add_rms_norm", _ONESHOT,
-    ("inp", "residual", "weight", "epsilon", "plan", "out", "residual_out"), "method",
+    _PCIE,
+    "OneshotAllReduce.all_reduce_fused_add_rms_norm",
+    _ONESHOT,
+    ("inp", "residual", "weight", "epsilon", "plan", "out", "residual_out"),
+    "method",
 )
 RT_CLOSE = ExternalCall(_PCIE, "OneshotAllReduce.close", _ONESHOT, (), "method")
 # The planned API (comm/pcie/__init__.py, _preparation.py, _oneshot_preparation.py,
@@ -82,33 +106,51 @@ RT_CLOSE = ExternalCall(_PCIE, "OneshotAllReduce.close", _ONESHOT, (), "method")
 # prepare_default); this backend never runs one: a shape it did not prepare takes torch.distributed.
 # The fused surface refuses more than 36 rows (query_from_runtime / query_from_metadata: "fused
 # allreduce RMSNorm supports at most 36 rows"; at most _MAX_BLOCKS = 36 CTAs, at least one per row).
-QUERY_FROM_RUNTIME = ExternalCall(
-    _PCIE, "query_from_runtime", f"{_PCIE}._preparation", ("runtime", "surface", "call")
-)
+QUERY_FROM_RUNTIME = ExternalCall(_PCIE, "query_from_runtime", f"{_PCIE}._preparation", ("runtime", "surface", "call"))
 PLAN = ExternalCall(_PCIE, "plan", f"{_PCIE}._preparation", ("query", "runtime"))
 PLAN_REQUEST = ExternalCall(_PREP, "Plan.request", f"{_PREP}.types", ("name", "prepare_call", "collective"), "method")
 COLLECTIVE = ExternalCall(_PREP, "CollectiveRequirement", f"{_PREP}.types", ("key", "ranks"), "class")
 SESSION = ExternalCall(
-    _PREP, "PreparationSession", f"{_PREP}.session", ("device", "autotune", "compile_workers", "collective_barrier"),
+    _PREP,
+    "PreparationSession",
+    f"{_PREP}.session",
+    ("device", "autotune", "compile_workers", "collective_barrier"),
     "class",
 )
-SESSION_PREPARE = ExternalCall(_PREP, "PreparationSession.prepare", f"{_PREP}.session", ("requests", "coordinator"),
-                               "method")
+SESSION_PREPARE = ExternalCall(
+    _PREP, "PreparationSession.prepare", f"{_PREP}.session", ("requests", "coordinator"), "method"
+)
 SESSION_CLOSE = ExternalCall(_PREP, "PreparationSession.close", f"{_PREP}.session", (), "method")
 # The library's own prepare-call builders (bind the input, then the primed run): private names,
 # pinned by the signature test like the public ones.
 PREPARE_PLAIN_CALL = ExternalCall(_ONESHOT_PREP, "_prepare_plain_call", _ONESHOT_PREP, ("state", "inp", "out"))
 PREPARE_FUSED_CALL = ExternalCall(
-    _ONESHOT_PREP, "_prepare_fused_call", _ONESHOT_PREP,
+    _ONESHOT_PREP,
+    "_prepare_fused_call",
+    _ONESHOT_PREP,
     ("state", "inp", "residual", "weight", "out", "residual_out", "epsilon"),
 )
 # The plan's own per-run input rule (exact shape/stride/dtype/device of the prepared input).
 CHECK_INPUT = ExternalCall(_ONESHOT_PREP, "_OneshotExecutionState._check_input", _ONESHOT_PREP, ("inp",), "method")
 GATING_CALLS = (HAS_CUTLASS_DSL, MIN_CUTLASS_DSL)
 EXTERNAL_CALLS = (
-    *GATING_CALLS, IS_SUPPORTED, FROM_EXCHANGE_GROUP, RT_SHOULD_ALLREDUCE, RT_ALL_REDUCE, RT_FUSED, RT_CLOSE,
-    QUERY_FROM_RUNTIME, PLAN, PLAN_REQUEST, COLLECTIVE, SESSION, SESSION_PREPARE, SESSION_CLOSE,
-    PREPARE_PLAIN_CALL, PREPARE_FUSED_CALL, CHECK_INPUT,
+    *GATING_CALLS,
+    IS_SUPPORTED,
+    FROM_EXCHANGE_GROUP,
+    RT_SHOULD_ALLREDUCE,
+    RT_ALL_REDUCE,
+    RT_FUSED,
+    RT_CLOSE,
+    QUERY_FROM_RUNTIME,
+    PLAN,
+    PLAN_REQUEST,
+    COLLECTIVE,
+    SESSION,
+    SESSION_PREPARE,
+    SESSION_CLOSE,
+    PREPARE_PLAIN_CALL,
+    PREPARE_FUSED_CALL,
+    CHECK_INPUT,
 )
 
 
@@ -206,8 +248,10 @@ class B12xFusedBackend(AllReduceBackend):
         if not gating.ok:
             return gating
         if not HAS_CUTLASS_DSL.resolve()():
-            return fail(f"b12x compiles its kernels with CuTe DSL; pip install "
-                        f"'nvidia-cutlass-dsl>={MIN_CUTLASS_DSL.resolve()}'")
+            return fail(
+                f"b12x compiles its kernels with CuTe DSL; pip install "
+                f"'nvidia-cutlass-dsl>={MIN_CUTLASS_DSL.resolve()}'"
+            )
         return flashinfer_status(MIN_FLASHINFER, EXTERNAL_CALLS)
 
     def _setup(self) -> None:
@@ -256,8 +300,11 @@ class B12xFusedBackend(AllReduceBackend):
             if not self._is_supported(**IS_SUPPORTED.kwargs(device=self.device)):
                 local = "is_supported() is False (needs SM120/SM121 and >= 2 visible GPUs)"
             else:  # the session is local: it compiles in this process
-                self._session = SESSION.resolve()(**SESSION.kwargs(
-                    device=self.device, autotune=False, compile_workers=0, collective_barrier=self._rounds.barrier))
+                self._session = SESSION.resolve()(
+                    **SESSION.kwargs(
+                        device=self.device, autotune=False, compile_workers=0, collective_barrier=self._rounds.barrier
+                    )
+                )
         except Exception as err:
             local = _describe(err)
         bad = [f"rank {r}: {why}" for r, why in enumerate(self._rounds.exchange(local)) if why]
@@ -333,9 +380,17 @@ class B12xFusedBackend(AllReduceBackend):
             weight = torch.ones(shape[1], dtype=self.dtype, device=self.device)
 
             def bind(state: Any) -> Any:
-                return self._prepare_fused(**PREPARE_FUSED_CALL.kwargs(
-                    state=state, inp=x, residual=residual, weight=weight, out=out, residual_out=residual_out,
-                    epsilon=1e-6))
+                return self._prepare_fused(
+                    **PREPARE_FUSED_CALL.kwargs(
+                        state=state,
+                        inp=x,
+                        residual=residual,
+                        weight=weight,
+                        out=out,
+                        residual_out=residual_out,
+                        epsilon=1e-6,
+                    )
+                )
         else:
 
             def bind(state: Any) -> Any:
@@ -395,8 +450,11 @@ class B12xFusedBackend(AllReduceBackend):
         if self._closed or self.disabled_reason is not None or not super().supports(x):
             return None
         plan = self._plans.get((kind, tuple(x.shape)))
-        if plan is None or not plan_takes(plan, x) \
-                or not self._runtime.should_allreduce(**RT_SHOULD_ALLREDUCE.kwargs(inp=x)):
+        if (
+            plan is None
+            or not plan_takes(plan, x)
+            or not self._runtime.should_allreduce(**RT_SHOULD_ALLREDUCE.kwargs(inp=x))
+        ):
             return None
         return plan
 
@@ -429,9 +487,17 @@ class B12xFusedBackend(AllReduceBackend):
             self.path_counts["fallback"] += 1
             return self._residual_rmsnorm_copy(self.all_reduce(x), residual, weight, eps)
         out, residual_out = torch.empty_like(x), torch.empty_like(x)
-        self._runtime.all_reduce_fused_add_rms_norm(**RT_FUSED.kwargs(
-            inp=x, residual=residual.contiguous(), weight=weight.contiguous(), epsilon=float(eps), plan=plan,
-            out=out, residual_out=residual_out))
+        self._runtime.all_reduce_fused_add_rms_norm(
+            **RT_FUSED.kwargs(
+                inp=x,
+                residual=residual.contiguous(),
+                weight=weight.contiguous(),
+                epsilon=float(eps),
+                plan=plan,
+                out=out,
+                residual_out=residual_out,
+            )
+        )
         self.path_counts["fused"] += 1
         return out, residual_out
 

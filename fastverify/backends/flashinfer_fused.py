@@ -22,8 +22,18 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
-from fastverify.backends.base import ProbeContext, Shape, Tensor, _check_norm_args, check_close
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    BackendUnavailable,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Shape,
+    Tensor,
+    _check_norm_args,
+    check_close,
+)
 from fastverify.backends.ipc import element_size, flashinfer_status, ipc_requirements, torch_all_reduce
 from fastverify.registry import backend_info
 
@@ -43,13 +53,30 @@ ONESHOT_FALLBACK_MAX_TOKENS = 128
 MAX_COMM_BYTES = 2147483647 & ~((1 << 21) - 1)
 
 CREATE_WORKSPACE = ExternalCall(
-    "flashinfer.comm", "create_allreduce_fusion_workspace", "flashinfer.comm.allreduce",
+    "flashinfer.comm",
+    "create_allreduce_fusion_workspace",
+    "flashinfer.comm.allreduce",
     ("backend", "world_size", "rank", "max_token_num", "hidden_dim", "dtype", "group"),
 )
 ALLREDUCE_FUSION = ExternalCall(
-    "flashinfer.comm", "allreduce_fusion", "flashinfer.comm.allreduce",
-    ("input", "workspace", "pattern", "launch_with_pdl", "trigger_completion_at_end", "output",
-     "residual_out", "norm_out", "residual_in", "rms_gamma", "rms_eps", "use_oneshot", "fp32_acc"),
+    "flashinfer.comm",
+    "allreduce_fusion",
+    "flashinfer.comm.allreduce",
+    (
+        "input",
+        "workspace",
+        "pattern",
+        "launch_with_pdl",
+        "trigger_completion_at_end",
+        "output",
+        "residual_out",
+        "norm_out",
+        "residual_in",
+        "rms_gamma",
+        "rms_eps",
+        "use_oneshot",
+        "fp32_acc",
+    ),
 )
 PATTERN_AR = ExternalCall(
     "flashinfer.comm", "AllReduceFusionPattern.kAllReduce", "flashinfer.comm.trtllm_ar", (), "attribute"
@@ -250,7 +277,11 @@ class FusedBackend(AllReduceBackend):
         (one MIN all-reduce of the verdict) when any rank sees a mismatch. Collective."""
         if not self.options.get("self_check", True) or self.disabled_reason is not None:
             return
-        fits = [tuple(s) for s in shapes if len(s) == 2 and s[1] == self.hidden and 0 < s[0] * s[1] <= self.max_tokens * self.hidden]
+        fits = [
+            tuple(s)
+            for s in shapes
+            if len(s) == 2 and s[1] == self.hidden and 0 < s[0] * s[1] <= self.max_tokens * self.hidden
+        ]
         if not fits:
             return
         rows, hidden = max(fits)

@@ -20,8 +20,16 @@ from typing import Any, Sequence
 
 import torch
 
-from fastverify.backends.base import FUSED_ADD_RMSNORM, AllReduceBackend, BackendName, Capability, ExternalCall
-from fastverify.backends.base import ProbeContext, Shape, Tensor
+from fastverify.backends.base import (
+    FUSED_ADD_RMSNORM,
+    AllReduceBackend,
+    BackendName,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Shape,
+    Tensor,
+)
 from fastverify.backends.ipc import flashinfer_status, ipc_requirements
 from fastverify.registry import backend_info
 
@@ -33,8 +41,11 @@ PACK_ELEMS = 8  # kernels move 16-byte packs: max_numel must be a multiple of 16
 # Every FlashInfer name this module touches, with the keywords it passes (checked against the
 # real signatures by the signature test).
 WORKSPACE = ExternalCall(
-    "flashinfer.comm", "PcieIpcAllReduceWorkspace", "flashinfer.comm.pcie_ipc_ar",
-    ("group", "max_numel", "dtype", "max_blocks", "profile", "tune_batches", "tune_cache"), "class",
+    "flashinfer.comm",
+    "PcieIpcAllReduceWorkspace",
+    "flashinfer.comm.pcie_ipc_ar",
+    ("group", "max_numel", "dtype", "max_blocks", "profile", "tune_batches", "tune_cache"),
+    "class",
 )
 WS_SUPPORTS = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace.supports", "flashinfer.comm.pcie_ipc_ar", ("inp",), "method"
@@ -43,8 +54,11 @@ WS_ALL_REDUCE = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace.all_reduce", "flashinfer.comm.pcie_ipc_ar", ("inp", "out"), "method"
 )
 WS_TUNE = ExternalCall(
-    "flashinfer.comm", "PcieIpcAllReduceWorkspace.tune", "flashinfer.comm.pcie_ipc_ar",
-    ("hiddens", "dtype", "tune_group"), "method",
+    "flashinfer.comm",
+    "PcieIpcAllReduceWorkspace.tune",
+    "flashinfer.comm.pcie_ipc_ar",
+    ("hiddens", "dtype", "tune_group"),
+    "method",
 )
 WS_PREPARE = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace.prepare", "flashinfer.comm.pcie_ipc_ar", ("shapes", "dtype"), "method"
@@ -56,8 +70,16 @@ WS_REBIND_STREAM = ExternalCall(
     "flashinfer.comm", "PcieIpcAllReduceWorkspace.rebind_stream", "flashinfer.comm.pcie_ipc_ar", (), "method"
 )
 # The norm kernel lives in base (one for all backends); listed here too for the signature checks.
-EXTERNAL_CALLS = (WORKSPACE, WS_SUPPORTS, WS_ALL_REDUCE, WS_TUNE, WS_PREPARE, WS_DESTROY, WS_REBIND_STREAM,
-                  FUSED_ADD_RMSNORM)
+EXTERNAL_CALLS = (
+    WORKSPACE,
+    WS_SUPPORTS,
+    WS_ALL_REDUCE,
+    WS_TUNE,
+    WS_PREPARE,
+    WS_DESTROY,
+    WS_REBIND_STREAM,
+    FUSED_ADD_RMSNORM,
+)
 
 
 def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:

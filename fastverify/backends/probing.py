@@ -176,8 +176,10 @@ def check_dtype(ctx: ProbeContext, allowed: Sequence[torch.dtype], why: str = ""
 
 def check_single_node(ctx: ProbeContext) -> Capability | None:
     if ctx.single_node is None:
-        return fail("cannot tell whether all ranks share this host (CUDA IPC is intra-node); "
-                    "set LOCAL_WORLD_SIZE or pass single_node=True")
+        return fail(
+            "cannot tell whether all ranks share this host (CUDA IPC is intra-node); "
+            "set LOCAL_WORLD_SIZE or pass single_node=True"
+        )
     if not ctx.single_node:
         return fail("ranks span several hosts and CUDA IPC is intra-node only; use nccl")
     return None
@@ -202,8 +204,11 @@ def check_kernel_sm(ctx: ProbeContext, info: BackendInfo, why: str) -> Capabilit
         return fail("GPU compute capability unknown (no CUDA device); run on the GPU box")
     if info.kernel_runs_on(ctx.sm):
         return None
-    want = ("/".join(sm_text(s) for s in info.kernel_sm) if info.kernel_sm is not None
-            else f"SM major in {sorted(info.kernel_sm_majors or ())}")
+    want = (
+        "/".join(sm_text(s) for s in info.kernel_sm)
+        if info.kernel_sm is not None
+        else f"SM major in {sorted(info.kernel_sm_majors or ())}"
+    )
     return fail(f"GPU is {sm_text(ctx.sm)}, needs {want} ({why}); use pcie_ipc or nccl")
 
 

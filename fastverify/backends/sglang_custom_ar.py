@@ -21,8 +21,17 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-from fastverify.backends.base import AllReduceBackend, BackendName, BackendUnavailable, Capability, ExternalCall
-from fastverify.backends.base import ProbeContext, Tensor, fail, library_status
+from fastverify.backends.base import (
+    AllReduceBackend,
+    BackendName,
+    BackendUnavailable,
+    Capability,
+    ExternalCall,
+    ProbeContext,
+    Tensor,
+    fail,
+    library_status,
+)
 from fastverify.backends.ipc import element_size, ipc_requirements, new_gloo_group, whole_packs
 from fastverify.registry import backend_info
 
@@ -152,7 +161,11 @@ def _check_fabric(ctx: ProbeContext) -> Capability | None:
         return None
     sizes = "/".join(map(str, plain))
     if ctx.nvlink_full is None:
-        return fail(f"NVLink status unknown at world size {ctx.world_size}; SGLang's custom all-reduce needs "
-                    f"{sizes} GPUs or full NVLink: pass nvlink_full from nvidia-smi topo -m")
-    return fail(f"world size {ctx.world_size} without full NVLink: SGLang's custom all-reduce runs only on {sizes} "
-                "PCIe GPUs or fully NVLinked GPUs; use pcie_ipc or nccl")
+        return fail(
+            f"NVLink status unknown at world size {ctx.world_size}; SGLang's custom all-reduce needs "
+            f"{sizes} GPUs or full NVLink: pass nvlink_full from nvidia-smi topo -m"
+        )
+    return fail(
+        f"world size {ctx.world_size} without full NVLink: SGLang's custom all-reduce runs only on {sizes} "
+        "PCIe GPUs or fully NVLinked GPUs; use pcie_ipc or nccl"
+    )

@@ -27,12 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastverify import __version__
+from fastverify import __version__, errors
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 from fastverify.collect import gpu, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
-from fastverify import errors
 from fastverify.errors import StdoutError, UserError, one_line, path_text, printable
 from fastverify.output_paths import output_arg, path_arg, shown
 from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
@@ -64,20 +63,33 @@ class PartSpec:
     max_s: float | None = None
 
 
-SPECS = {s.name: s for s in (
-    PartSpec("doctor", parts.doctor, 1.0, 3.0, 120.0),
-    PartSpec("nvidia_smi_topo", parts.nvidia_smi_topo, 0.2, 1.0, 30.0),
-    PartSpec("nvml", parts.nvml, 0.2, 1.0, 30.0),
-    PartSpec("host_iommu", parts.host_iommu, 0.2, 0.5, 30.0),
-    PartSpec("server_args", server.server_args, 0.05, 0.05, 10.0),
-    PartSpec("verify_log", parts.verify_log, 0.2, 0.5, 60.0),
-    PartSpec("server_trace", server.server_trace, 3.0, 10.0),
-    PartSpec("p2p_check", gpu.p2p_check, 1.5, 20.0),
-    PartSpec("nccl_log", gpu.nccl_log, 1.0, 30.0, 300.0),
-    PartSpec("sweep", gpu.sweep, 4.0, 60.0),
-)}
-RUN_ORDER = ("doctor", "nvidia_smi_topo", "nvml", "host_iommu", "server_args", "verify_log", "server_trace",
-             "p2p_check", "nccl_log", "sweep")
+SPECS = {
+    s.name: s
+    for s in (
+        PartSpec("doctor", parts.doctor, 1.0, 3.0, 120.0),
+        PartSpec("nvidia_smi_topo", parts.nvidia_smi_topo, 0.2, 1.0, 30.0),
+        PartSpec("nvml", parts.nvml, 0.2, 1.0, 30.0),
+        PartSpec("host_iommu", parts.host_iommu, 0.2, 0.5, 30.0),
+        PartSpec("server_args", server.server_args, 0.05, 0.05, 10.0),
+        PartSpec("verify_log", parts.verify_log, 0.2, 0.5, 60.0),
+        PartSpec("server_trace", server.server_trace, 3.0, 10.0),
+        PartSpec("p2p_check", gpu.p2p_check, 1.5, 20.0),
+        PartSpec("nccl_log", gpu.nccl_log, 1.0, 30.0, 300.0),
+        PartSpec("sweep", gpu.sweep, 4.0, 60.0),
+    )
+}
+RUN_ORDER = (
+    "doctor",
+    "nvidia_smi_topo",
+    "nvml",
+    "host_iommu",
+    "server_args",
+    "verify_log",
+    "server_trace",
+    "p2p_check",
+    "nccl_log",
+    "sweep",
+)
 assert sorted(RUN_ORDER) == sorted(PART_NAMES) == sorted(SPECS)
 
 
@@ -90,39 +102,89 @@ def _number(kind, lo, hi, what):
         if not lo <= v <= hi:  # also false for nan
             raise argparse.ArgumentTypeError(f"expected {what} in [{lo:g}, {hi:g}], got {text}")
         return v
+
     return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``collect`` subcommand's flags."""
-    p.add_argument("--output", type=output_arg, default=None,
-                   help="bundle path, a new file [default: fastverify-bundle-<UTC time>[-<n>].tar.gz in the working "
-                        "directory, a name no other run takes]")
+    p.add_argument(
+        "--output",
+        type=output_arg,
+        default=None,
+        help="bundle path, a new file [default: fastverify-bundle-<UTC time>[-<n>].tar.gz in the working "
+        "directory, a name no other run takes]",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing --output file")
-    p.add_argument("--budget", type=_number(float, MIN_BUDGET_S, MAX_TIMEOUT_S, "seconds"), default=DEFAULT_BUDGET_S,
-                   help=f"seconds for the whole run; parts that no longer fit are skipped ('time budget') "
-                        f"[default: {DEFAULT_BUDGET_S:g}]")
-    p.add_argument("--server", metavar="URL", default=None,
-                   help="a running SGLang server (http://host:port): its arguments and a profiler trace")
-    p.add_argument("--cycles", type=_number(int, 1, 1000, "cycles"), default=DEFAULT_CYCLES,
-                   help="complete speculative cycles to trace (the profiler's num_steps is this + 2: the last "
-                        f"cycle's end, and a prefill step) [default: {DEFAULT_CYCLES}]")
-    p.add_argument("--send-requests", type=_number(int, 0, 1000, "requests"), default=0, metavar="N",
-                   help="send N small /generate requests while the server profiles (for a quiet server) "
-                        "[default: none; collect never sends traffic unless asked]")
-    p.add_argument("--verify-log", type=path_arg, metavar="DIR", default=None,
-                   help="the records of `fastverify launch --profile-verify DIR` to include")
-    p.add_argument("--tp", type=_number(int, 1, 64, "ranks"), default=None,
-                   help="tensor-parallel size of the verify all-reduces [default: the server's tp_size, else the GPU count]")
-    p.add_argument("--draft-tokens", type=_number(int, 1, MAX_DRAFT_TOKENS, "tokens"), default=None,
-                   help=f"draft tokens per request (K) [default: the server's, else {DEFAULT_DRAFT_TOKENS}]")
-    p.add_argument("--batch", type=_number(int, 1, MAX_BATCH, "requests"), nargs="+", default=None,
-                   help=f"verify batch sizes [default: {' '.join(map(str, DEFAULT_BATCHES))}]")
-    p.add_argument("--hidden", type=_number(int, 1, MAX_HIDDEN, "a hidden size"), default=None,
-                   help=f"model hidden size (message = batch x K x hidden x 2 B) [default: the served model's "
-                        f"config.json, else {DEFAULT_HIDDEN}]")
-    p.add_argument("--skip", action="append", choices=PART_NAMES, default=[], metavar="PART",
-                   help=f"leave a part out (repeatable): {', '.join(PART_NAMES)}")
+    p.add_argument(
+        "--budget",
+        type=_number(float, MIN_BUDGET_S, MAX_TIMEOUT_S, "seconds"),
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds for the whole run; parts that no longer fit are skipped ('time budget') "
+        f"[default: {DEFAULT_BUDGET_S:g}]",
+    )
+    p.add_argument(
+        "--server",
+        metavar="URL",
+        default=None,
+        help="a running SGLang server (http://host:port): its arguments and a profiler trace",
+    )
+    p.add_argument(
+        "--cycles",
+        type=_number(int, 1, 1000, "cycles"),
+        default=DEFAULT_CYCLES,
+        help="complete speculative cycles to trace (the profiler's num_steps is this + 2: the last "
+        f"cycle's end, and a prefill step) [default: {DEFAULT_CYCLES}]",
+    )
+    p.add_argument(
+        "--send-requests",
+        type=_number(int, 0, 1000, "requests"),
+        default=0,
+        metavar="N",
+        help="send N small /generate requests while the server profiles (for a quiet server) "
+        "[default: none; collect never sends traffic unless asked]",
+    )
+    p.add_argument(
+        "--verify-log",
+        type=path_arg,
+        metavar="DIR",
+        default=None,
+        help="the records of `fastverify launch --profile-verify DIR` to include",
+    )
+    p.add_argument(
+        "--tp",
+        type=_number(int, 1, 64, "ranks"),
+        default=None,
+        help="tensor-parallel size of the verify all-reduces [default: the server's tp_size, else the GPU count]",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=_number(int, 1, MAX_DRAFT_TOKENS, "tokens"),
+        default=None,
+        help=f"draft tokens per request (K) [default: the server's, else {DEFAULT_DRAFT_TOKENS}]",
+    )
+    p.add_argument(
+        "--batch",
+        type=_number(int, 1, MAX_BATCH, "requests"),
+        nargs="+",
+        default=None,
+        help=f"verify batch sizes [default: {' '.join(map(str, DEFAULT_BATCHES))}]",
+    )
+    p.add_argument(
+        "--hidden",
+        type=_number(int, 1, MAX_HIDDEN, "a hidden size"),
+        default=None,
+        help=f"model hidden size (message = batch x K x hidden x 2 B) [default: the served model's "
+        f"config.json, else {DEFAULT_HIDDEN}]",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        choices=PART_NAMES,
+        default=[],
+        metavar="PART",
+        help=f"leave a part out (repeatable): {', '.join(PART_NAMES)}",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -147,8 +209,9 @@ def _check_output(out: Path, verify_log: Path | None, force: bool) -> None:
     if verify_log is not None:
         inside = Path(os.path.realpath(out)).is_relative_to(os.path.realpath(verify_log))
         if inside:
-            raise UserError(f"--output {shown(out)}: is inside --verify-log {shown(verify_log)}; write the bundle "
-                            "elsewhere")
+            raise UserError(
+                f"--output {shown(out)}: is inside --verify-log {shown(verify_log)}; write the bundle elsewhere"
+            )
     claim_output(out, "--output", force=force)
 
 
@@ -156,6 +219,7 @@ def _write(out: Path, manifest: Manifest, files: dict) -> None:
     """The bundle at ``out`` through the one writer (:func:`fastverify.outputs.write_files`): it
     is written whole to a temporary file beside ``out`` and renamed over the placeholder (or, with
     ``--force``, the old file); an error names ``out``, never the temporary file."""
+
     def fill(tmp: Path) -> None:
         tmp.unlink()  # write_bundle makes its own file there (it never replaces a non-bundle)
         try:
@@ -205,8 +269,14 @@ def _host() -> tuple[dict, int]:
         gpus = torch.cuda.device_count() if cuda else 0
     except ImportError:
         pass
-    return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch_version, "cuda_available": cuda, "gpu_count": gpus}, gpus
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cuda_available": cuda,
+        "gpu_count": gpus,
+    }, gpus
 
 
 def _skip_reasons(args, ctx: Context) -> dict[str, str]:
@@ -219,8 +289,11 @@ def _skip_reasons(args, ctx: Context) -> dict[str, str]:
         why.setdefault("verify_log", "no --verify-log")
     if shutil.which("nvidia-smi") is None:
         why.setdefault("nvidia_smi_topo", parts.NO_NVIDIA_SMI)
-    for name, reason in (("p2p_check", gpu.gpu_skip_reason(ctx, needs_tp=False)), ("nccl_log", gpu.gpu_skip_reason(ctx)),
-                         ("sweep", gpu.gpu_skip_reason(ctx, sweep=True))):
+    for name, reason in (
+        ("p2p_check", gpu.gpu_skip_reason(ctx, needs_tp=False)),
+        ("nccl_log", gpu.gpu_skip_reason(ctx)),
+        ("sweep", gpu.gpu_skip_reason(ctx, sweep=True)),
+    ):
         if reason is not None:
             why.setdefault(name, reason)
     return why
@@ -257,11 +330,15 @@ def run_parts(ctx: Context, budget_s: float, t0: float, excluded: dict[str, str]
             continue
         spec = SPECS[name]
         left = budget_s - reserve - (time.monotonic() - t0)
-        weights = sum(SPECS[n].weight for n in todo[todo.index(name):])
+        weights = sum(SPECS[n].weight for n in todo[todo.index(name) :])
         limit = min(left * spec.weight / weights, spec.max_s or float("inf"))
         if limit < spec.min_s:
-            out[name] = Part(name, "skipped", f"{TIME_BUDGET}: {max(left, 0):.1f} s of {budget_s:g} s left, its share "
-                             f"{max(limit, 0):.1f} s is under the {spec.min_s:g} s it needs")
+            out[name] = Part(
+                name,
+                "skipped",
+                f"{TIME_BUDGET}: {max(left, 0):.1f} s of {budget_s:g} s left, its share "
+                f"{max(limit, 0):.1f} s is under the {spec.min_s:g} s it needs",
+            )
             if not ctx.quiet:
                 say(f"collect: {name} skipped: {out[name].reason}")
             continue
@@ -275,8 +352,14 @@ def run_parts(ctx: Context, budget_s: float, t0: float, excluded: dict[str, str]
         # backslash), never as a traceback after the work
         got = {_member_name(arc): src for arc, src in res.files.items()}
         meta = {k: path_text(v) if isinstance(v, str) else v for k, v in (res.meta or {}).items()}
-        out[name] = Part(name, res.status, None if res.status == "ok" else one_line(res.reason or res.status, 400),
-                         files=tuple(got), seconds=round(seconds, 3), meta=meta)
+        out[name] = Part(
+            name,
+            res.status,
+            None if res.status == "ok" else one_line(res.reason or res.status, 400),
+            files=tuple(got),
+            seconds=round(seconds, 3),
+            meta=meta,
+        )
         files.update(got)
         if not ctx.quiet:
             say(f"collect: {name} {res.status} in {seconds:.1f} s" + (f": {res.reason}" if res.reason else ""))
@@ -296,8 +379,10 @@ def _prepare(args) -> tuple[Path, ServerInfo | None, Path | None]:
         raise UserError("--send-requests sends requests to --server; give --server URL")
     twice = sorted({b for b in args.batch or () if args.batch.count(b) > 1})
     if twice:
-        raise UserError(f"--batch {' '.join(map(str, args.batch))}: batch size {twice[0]} is given twice; give "
-                        "each verify batch size once")
+        raise UserError(
+            f"--batch {' '.join(map(str, args.batch))}: batch size {twice[0]} is given twice; give "
+            "each verify batch size once"
+        )
     info = None
     if args.server is not None:
         info = server.fetch_server_info(server.normalise_url(args.server))
@@ -323,19 +408,31 @@ def run(args) -> int:
     host, gpus = _host()
     workdir = make_workdir("fastverify-collect-")
     try:
-        ctx = Context(workdir=workdir, shapes=_shapes(args, info, gpus), gpus=gpus, quiet=args.quiet, server=info,
-                      cycles=args.cycles, send_requests=args.send_requests, verify_log=verify_log)
+        ctx = Context(
+            workdir=workdir,
+            shapes=_shapes(args, info, gpus),
+            gpus=gpus,
+            quiet=args.quiet,
+            server=info,
+            cycles=args.cycles,
+            send_requests=args.send_requests,
+            verify_log=verify_log,
+        )
         done, files = run_parts(ctx, args.budget, t0, _skip_reasons(args, ctx))
-        manifest = Manifest(created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                            fastverify_version=__version__, host=host, budget_s=float(args.budget),
-                            elapsed_s=round(time.monotonic() - t0, 3), parts=tuple(done[n] for n in PART_NAMES))
+        manifest = Manifest(
+            created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            fastverify_version=__version__,
+            host=host,
+            budget_s=float(args.budget),
+            elapsed_s=round(time.monotonic() - t0, 3),
+            parts=tuple(done[n] for n in PART_NAMES),
+        )
         _write(out, manifest, files)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         release_reserved()  # a claimed name not written (Ctrl-C, a failed write): removed
     counts = {s: sum(1 for p in manifest.parts if p.status == s) for s in ("ok", "skipped", "failed")}
-    return _say_wrote(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, "
-                      f"{counts['failed']} failed)")
+    return _say_wrote(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
 
 
 def _say_wrote(line: str) -> int:
@@ -353,7 +450,6 @@ def _say_wrote(line: str) -> int:
         if e.errno == errno.EPIPE:
             raise
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more goes there, even at exit
-        sys.stderr.write(f"fastverify: error: cannot write to standard output ({printable(e.strerror or e)}); "
-                         f"{text}\n")
+        sys.stderr.write(f"fastverify: error: cannot write to standard output ({printable(e.strerror or e)}); {text}\n")
         return 1
     return 0

@@ -60,8 +60,14 @@ class Shapes:
         return [b * self.draft_tokens * self.hidden * DTYPE_BYTES for b in self.batches]
 
     def as_meta(self) -> dict:
-        return {"tp": self.tp, "draft_tokens": self.draft_tokens, "hidden": self.hidden,
-                "batches": list(self.batches), "msg_bytes": self.msg_bytes(), "shapes_from": self.source}
+        return {
+            "tp": self.tp,
+            "draft_tokens": self.draft_tokens,
+            "hidden": self.hidden,
+            "batches": list(self.batches),
+            "msg_bytes": self.msg_bytes(),
+            "shapes_from": self.source,
+        }
 
 
 @dataclass
@@ -198,8 +204,15 @@ def run_child(argv: list[str], *, timeout_s: float, env: dict | None = None, cwd
         The program cannot be started.
     """
     t0 = time.monotonic()
-    proc = popen_dying_with_parent(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=child_env() if env is None else env, cwd=cwd, start_new_session=True)
+    proc = popen_dying_with_parent(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env() if env is None else env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=max(timeout_s, 0.1))
         rc: int | None = proc.returncode

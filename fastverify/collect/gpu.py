@@ -74,8 +74,13 @@ def p2p_check(ctx: Context, limit_s: float) -> Outcome:
     except (orjson.JSONDecodeError, ValueError) as e:
         return failed(f"the P2P check printed no JSON with results ({' '.join(str(e).split())[:120]})", **meta)
     n = count_statuses(results.values())
-    return ok({ARCNAMES["p2p_check"]: child.stdout}, passed_directions=n["passed"], failed_directions=n["failed"],
-              timed_out_directions=n["timeout"], **meta)
+    return ok(
+        {ARCNAMES["p2p_check"]: child.stdout},
+        passed_directions=n["passed"],
+        failed_directions=n["failed"],
+        timed_out_directions=n["timeout"],
+        **meta,
+    )
 
 
 def nccl_log(ctx: Context, limit_s: float, *, device: str = "cuda", backend: str = BackendName.nccl.value) -> Outcome:
@@ -90,16 +95,34 @@ def nccl_log(ctx: Context, limit_s: float, *, device: str = "cuda", backend: str
     shapes = ctx.shapes
     numels = sorted({b * shapes.draft_tokens * shapes.hidden for b in shapes.batches})
     env = dict(NCCL_DEBUG_ENV, NCCL_DEBUG_FILE=str(logs / "nccl.%h.%p.log"))
-    spec = TrialSpec(backend=backend, env=env, world_size=_tp(ctx), device=device, dtype="bfloat16",
-                     hidden=shapes.hidden, sizes=tuple((n, 1) for n in numels), warmup=NCCL_LOG_WARMUP,
-                     iters=NCCL_LOG_ITERS, op=Op.ALL_REDUCE, norm="torch", label="collect nccl_log")
+    spec = TrialSpec(
+        backend=backend,
+        env=env,
+        world_size=_tp(ctx),
+        device=device,
+        dtype="bfloat16",
+        hidden=shapes.hidden,
+        sizes=tuple((n, 1) for n in numels),
+        warmup=NCCL_LOG_WARMUP,
+        iters=NCCL_LOG_ITERS,
+        op=Op.ALL_REDUCE,
+        norm="torch",
+        label="collect nccl_log",
+    )
     result = run_trial(spec, timeout_s=0.2 * limit_s, startup_timeout_s=0.5 * limit_s, build_timeout_s=0.3 * limit_s)
     files = sorted(p for p in logs.glob("nccl.*.log") if p.is_file())
     text = b"".join(p.read_bytes() for p in files)
-    meta = {**shapes.as_meta(), "trial": result.status.value, "trial_reason": result.reason or None,
-            "log_files": len(files), "env": env}
+    meta = {
+        **shapes.as_meta(),
+        "trial": result.status.value,
+        "trial_reason": result.reason or None,
+        "log_files": len(files),
+        "env": env,
+    }
     if not text:
-        return failed(f"no NCCL log written (trial {result.status.value}: {result.reason or 'no reason given'})", **meta)
+        return failed(
+            f"no NCCL log written (trial {result.status.value}: {result.reason or 'no reason given'})", **meta
+        )
     meta["median_us"] = {str(s.msg_bytes): s.median_us for s in result.sizes}
     return ok({ARCNAMES["nccl_log"]: text}, **meta)
 
@@ -141,13 +164,34 @@ def sweep(ctx: Context, limit_s: float) -> Outcome:
     except (OSError, UserError) as e:
         return failed(f"no model shapes for the sweep: {e}")
     trial_s = max(10.0, min(SWEEP_TRIAL_MAX_S, limit_s / 10))
-    argv = fastverify_argv("tune", "--json", "--model", model, "--tp", str(_tp(ctx)), "--draft-tokens",
-                           str(shapes.draft_tokens), "--batch", str(batch), "--device", "cuda", "--timeout",
-                           f"{trial_s:.0f}", "--journal", str(ctx.workdir / "tune.journal.jsonl"))
+    argv = fastverify_argv(
+        "tune",
+        "--json",
+        "--model",
+        model,
+        "--tp",
+        str(_tp(ctx)),
+        "--draft-tokens",
+        str(shapes.draft_tokens),
+        "--batch",
+        str(batch),
+        "--device",
+        "cuda",
+        "--timeout",
+        f"{trial_s:.0f}",
+        "--journal",
+        str(ctx.workdir / "tune.journal.jsonl"),
+    )
     child = run_child(argv, timeout_s=limit_s, cwd=ctx.workdir)
-    meta = {**shapes.as_meta(), "batch": batch, "swept_msg_bytes": batch * shapes.draft_tokens * shapes.hidden * 2,
-            "batches_not_swept": [b for b in shapes.batches if b != batch], "model": model_what,
-            "trial_timeout_s": round(trial_s), "server_running": ctx.server is not None}
+    meta = {
+        **shapes.as_meta(),
+        "batch": batch,
+        "swept_msg_bytes": batch * shapes.draft_tokens * shapes.hidden * 2,
+        "batches_not_swept": [b for b in shapes.batches if b != batch],
+        "model": model_what,
+        "trial_timeout_s": round(trial_s),
+        "server_running": ctx.server is not None,
+    }
     if child.rc != 0:
         return failed(child.why("fastverify tune --json", limit_s), **meta)
     try:

@@ -13,8 +13,17 @@ from pathlib import Path
 import orjson
 
 from fastverify.bundle import ARCNAMES
-from fastverify.collect.core import (LEFT_OUT_KEYS, Context, Outcome, failed, fastverify_argv, ok, run_child, skipped,
-                                    unfit_name)
+from fastverify.collect.core import (
+    LEFT_OUT_KEYS,
+    Context,
+    Outcome,
+    failed,
+    fastverify_argv,
+    ok,
+    run_child,
+    skipped,
+    unfit_name,
+)
 from fastverify.errors import UserError, path_text, shown
 from fastverify.progress import say
 from fastverify.topo.nvml import read_nvml_topology
@@ -66,8 +75,12 @@ def nvml(ctx: Context, limit_s: float) -> Outcome:
         text = str(e).split("; for an offline diagnosis", 1)[0]  # that advice is for `topo`, not here
         return (skipped if text.startswith("no NVIDIA driver") else failed)(text)
     doc = topo.as_dict()
-    return ok({ARCNAMES["nvml"]: orjson.dumps(doc, option=JSON_OPTS)}, gpus=len(topo.gpus),
-              names=sorted({g.name for g in topo.gpus if g.name}), source=topo.source)
+    return ok(
+        {ARCNAMES["nvml"]: orjson.dumps(doc, option=JSON_OPTS)},
+        gpus=len(topo.gpus),
+        names=sorted({g.name for g in topo.gpus if g.name}),
+        source=topo.source,
+    )
 
 
 # ---- host IOMMU / ACS -----------------------------------------------------------------------------
@@ -104,8 +117,9 @@ def parse_lspci_acs(text: str) -> tuple[list[dict], bool]:
     return out, "<access denied>" in text
 
 
-def host_iommu(ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"),
-               sys_root: Path = Path("/sys")) -> Outcome:
+def host_iommu(
+    ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"), sys_root: Path = Path("/sys")
+) -> Outcome:
     """IOMMU tokens of ``/proc/cmdline``, the count of ``/sys/kernel/iommu_groups`` entries and the
     ACS control bits per PCI device from ``lspci -D -vvv`` (ACS redirects peer-to-peer PCIe
     traffic through the root complex, which slows or breaks GPU P2P). Works without GPUs."""
@@ -116,8 +130,10 @@ def host_iommu(ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"),
         tokens = []
         notes.append(f"cannot read {proc_root / 'cmdline'} ({e.strerror or e})")
     if not tokens:
-        notes.append("no iommu= / intel_iommu= / amd_iommu= / iommu.* on the kernel command line "
-                     "(the kernel's and firmware's defaults apply)")
+        notes.append(
+            "no iommu= / intel_iommu= / amd_iommu= / iommu.* on the kernel command line "
+            "(the kernel's and firmware's defaults apply)"
+        )
     groups = _iommu_groups(sys_root)
     if not groups:
         notes.append(f"no IOMMU groups in {sys_root}/kernel/iommu_groups: the IOMMU is off or not exposed here")
@@ -133,13 +149,19 @@ def host_iommu(ctx: Context, limit_s: float, *, proc_root: Path = Path("/proc"),
         else:
             acs, denied = parse_lspci_acs(child.stdout.decode(errors="replace"))
             if denied:
-                notes.append("lspci could not read some PCI capabilities as a non-root user: run collect "
-                             "with sudo to record every ACSCtl line")
+                notes.append(
+                    "lspci could not read some PCI capabilities as a non-root user: run collect "
+                    "with sudo to record every ACSCtl line"
+                )
             elif not acs:
                 notes.append("no PCI device reports ACSCtl (no ACS capability, or none exposed here)")
     doc = {"cmdline_iommu_tokens": tokens, "iommu_groups": groups, "acs": acs, "notes": notes}
-    return ok({ARCNAMES["host_iommu"]: orjson.dumps(doc, option=JSON_OPTS)}, iommu_groups=groups,
-              acs_devices=len(acs), cmdline_iommu_tokens=tokens)
+    return ok(
+        {ARCNAMES["host_iommu"]: orjson.dumps(doc, option=JSON_OPTS)},
+        iommu_groups=groups,
+        acs_devices=len(acs),
+        cmdline_iommu_tokens=tokens,
+    )
 
 
 # ---- verify records -------------------------------------------------------------------------------
@@ -177,11 +199,14 @@ def check_verify_log(folder: Path) -> None:
     if not [p for p in files if p.match(VERIFY_RECORDS)]:
         names = [n for names in left_out.values() for n in names]
         why = f" with a UTF-8 name free of control characters (left out: {', '.join(names[:3])})" if names else ""
-        raise UserError(f"{where}: no {VERIFY_RECORDS}{why} in it (the records of "
-                        "`fastverify launch --profile-verify DIR`)")
+        raise UserError(
+            f"{where}: no {VERIFY_RECORDS}{why} in it (the records of `fastverify launch --profile-verify DIR`)"
+        )
     for why, names in left_out.items():
-        say(f"collect: {where}: leaving out {len(names)} file(s) whose name {why}: {', '.join(names[:3])}"
-            f"{' ...' if len(names) > 3 else ''}")
+        say(
+            f"collect: {where}: leaving out {len(names)} file(s) whose name {why}: {', '.join(names[:3])}"
+            f"{' ...' if len(names) > 3 else ''}"
+        )
 
 
 def verify_log(ctx: Context, limit_s: float) -> Outcome:
@@ -194,5 +219,10 @@ def verify_log(ctx: Context, limit_s: float) -> Outcome:
     if not records:  # checked before the run; gone since
         return failed(f"{path_text(folder)}: no {VERIFY_RECORDS} left in it")
     meta = {LEFT_OUT_KEYS[why]: names for why, names in left_out.items()}
-    return ok({ARCNAMES["verify_log"] + p.name: p for p in files}, folder=path_text(folder), records=len(records),
-              traces=len(files) - len(records), **meta)
+    return ok(
+        {ARCNAMES["verify_log"] + p.name: p for p in files},
+        folder=path_text(folder),
+        records=len(records),
+        traces=len(files) - len(records),
+        **meta,
+    )

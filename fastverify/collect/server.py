@@ -99,6 +99,7 @@ def _watched(base: type, watch: _Watch) -> type:
         def connect(self):
             super().connect()
             watch.add(self.sock)
+
     return Watched
 
 
@@ -137,8 +138,12 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
             except (ValueError, UnicodeError):
                 parts = None
             if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ReplyError(req.get_method(), req.full_url, f"HTTP {code} redirect to {_shown(location)}, not an "
-                                 "http(s) URL: not followed", reached=True)
+                raise ReplyError(
+                    req.get_method(),
+                    req.full_url,
+                    f"HTTP {code} redirect to {_shown(location)}, not an http(s) URL: not followed",
+                    reached=True,
+                )
         return super().http_error_302(req, fp, code, msg, headers)
 
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
@@ -216,14 +221,16 @@ def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -
         timer.cancel()
 
 
-def _failure(method: str, url: str, e: object, watch: _Watch, target: str | None, got: bool,
-             timeout_s: float) -> ReplyError:
+def _failure(
+    method: str, url: str, e: object, watch: _Watch, target: str | None, got: bool, timeout_s: float
+) -> ReplyError:
     """The one-line :class:`ReplyError` of a failed request (see :func:`http`); ``got``: some
     reply came, so the server at ``url`` was reached."""
     reached = got or target is not None
     if watch.fired or (got and isinstance(e, TimeoutError)):  # the deadline, or a read's own timeout
-        said = str(e) if isinstance(e, ValueError) and "did not end in time" in str(e) else \
-            "the reply did not end in time"
+        said = (
+            str(e) if isinstance(e, ValueError) and "did not end in time" in str(e) else "the reply did not end in time"
+        )
         reason = f"{said}: over {timeout_s:g} s"
     elif isinstance(e, BaseException):
         reason = _what_came_back(e)
@@ -241,8 +248,11 @@ def profiler_steps(cycles: int) -> int:
     return cycles + 2
 
 
-SERVER_INTS = {"tp_size": (1, MAX_WORLD_SIZE), "pp_size": (1, MAX_WORLD_SIZE),
-               "speculative_num_draft_tokens": (1, MAX_DRAFT_TOKENS)}
+SERVER_INTS = {
+    "tp_size": (1, MAX_WORLD_SIZE),
+    "pp_size": (1, MAX_WORLD_SIZE),
+    "speculative_num_draft_tokens": (1, MAX_DRAFT_TOKENS),
+}
 """The integer facts collect takes from a server, and their bounds (:mod:`fastverify.bounds`)."""
 SERVER_TEXTS = ("version", "device", "model_path", "speculative_algorithm")
 """The text facts collect takes from a server."""
@@ -266,19 +276,24 @@ def check_server_facts(info: ServerInfo, raw: bytes) -> None:
     """
     where = f"{info.url}{info.endpoint}"
     if (key := duplicate_json_key(raw)) is not None:
-        raise UserError(f"{where}: the key {_shown(key)} is given twice in one JSON object; which one holds is "
-                        "not known")
+        raise UserError(
+            f"{where}: the key {_shown(key)} is given twice in one JSON object; which one holds is not known"
+        )
     for key, (lower, upper) in SERVER_INTS.items():
         value = info.fact(key)
         if value is not None and implausible_count(value, lower=lower, upper=upper) is not None:
-            what = ("is outside " if isinstance(value, int) and not isinstance(value, bool) else
-                    "is not an integer in ")
+            what = "is outside " if isinstance(value, int) and not isinstance(value, bool) else "is not an integer in "
             raise UserError(f"{where}: {key} {_shown_value(value)} {what}[{lower}, {upper}] (fastverify/bounds.py)")
     for key in SERVER_TEXTS:
         value = info.fact(key)
         if value is not None and (not isinstance(value, str) or len(value) > MAX_FACT_CHARS or "\0" in value):
-            what = (f"a {type(value).__name__}, not a string" if not isinstance(value, str) else
-                    "holds a NUL" if "\0" in value else f"{len(value):,} characters, over {MAX_FACT_CHARS}")
+            what = (
+                f"a {type(value).__name__}, not a string"
+                if not isinstance(value, str)
+                else "holds a NUL"
+                if "\0" in value
+                else f"{len(value):,} characters, over {MAX_FACT_CHARS}"
+            )
             raise UserError(f"{where}: {key} {_shown_value(value)}: {what}")
 
 
@@ -349,23 +364,36 @@ def server_args(ctx: Context, limit_s: float) -> Outcome:
     """The server-info JSON read before the run (the reachability check), as received; its meta
     has the key facts and the verify shapes collect took from them."""
     s = ctx.server
-    return ok({ARCNAMES["server_args"]: s.raw}, url=s.url, endpoint=s.endpoint, sglang_version=s.fact("version"),
-              tp_size=s.fact("tp_size"), pp_size=s.fact("pp_size"), device=s.fact("device"),
-              speculative_algorithm=s.fact("speculative_algorithm"),
-              speculative_num_draft_tokens=s.fact("speculative_num_draft_tokens"), model_path=s.fact("model_path"),
-              verify_shapes=ctx.shapes.as_meta())
+    return ok(
+        {ARCNAMES["server_args"]: s.raw},
+        url=s.url,
+        endpoint=s.endpoint,
+        sglang_version=s.fact("version"),
+        tp_size=s.fact("tp_size"),
+        pp_size=s.fact("pp_size"),
+        device=s.fact("device"),
+        speculative_algorithm=s.fact("speculative_algorithm"),
+        speculative_num_draft_tokens=s.fact("speculative_num_draft_tokens"),
+        model_path=s.fact("model_path"),
+        verify_shapes=ctx.shapes.as_meta(),
+    )
 
 
 def activities(server: ServerInfo) -> tuple[list[str], str]:
     """Profiler activities for the server and why: GPU kernels too on a CUDA server."""
     device = server.fact("device")
     if isinstance(device, str) and device:
-        return (["CPU", "GPU"], f"server device {device}") if device.startswith("cuda") else \
-            (["CPU"], f"server device {device}")
+        return (
+            (["CPU", "GPU"], f"server device {device}")
+            if device.startswith("cuda")
+            else (["CPU"], f"server device {device}")
+        )
     import torch
 
     cuda = torch.cuda.is_available()
-    return (["CPU", "GPU"] if cuda else ["CPU"]), f"server names no device; CUDA {'is' if cuda else 'is not'} available here"
+    return (
+        ["CPU", "GPU"] if cuda else ["CPU"]
+    ), f"server names no device; CUDA {'is' if cuda else 'is not'} available here"
 
 
 def _send_requests(url: str, n: int, deadline: float, statuses: list) -> None:
@@ -403,8 +431,10 @@ def _wait(folder: Path, expected: int, deadline: float, quiet: bool, what: str) 
             return files
         if not quiet and time.monotonic() >= next_say:
             next_say += SAY_EVERY_S
-            say(f"collect: server_trace: {what} ({len(sizes)} of {expected} trace files so far, "
-                f"{deadline - time.monotonic():.0f} s left)")
+            say(
+                f"collect: server_trace: {what} ({len(sizes)} of {expected} trace files so far, "
+                f"{deadline - time.monotonic():.0f} s left)"
+            )
         time.sleep(POLL_S)
     return None
 
@@ -427,19 +457,30 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
     folder.mkdir()
     acts, why_acts = activities(s)
     steps = profiler_steps(ctx.cycles)
-    body = {"output_dir": str(folder), "num_steps": steps, "activities": acts, "profile_by_stage": False,
-            "merge_profiles": False}
+    body = {
+        "output_dir": str(folder),
+        "num_steps": steps,
+        "activities": acts,
+        "profile_by_stage": False,
+        "merge_profiles": False,
+    }
     tp, pp = s.fact("tp_size"), s.fact("pp_size")
     expected = (tp if isinstance(tp, int) and tp > 0 else 1) * (pp if isinstance(pp, int) and pp > 0 else 1)
-    meta = {"output_dir": str(folder), "num_steps": steps, "cycles_asked": ctx.cycles, "activities": acts, "activities_why": why_acts,
-            "expected_files": expected, "traffic": "collect sent requests" if ctx.send_requests else "the server's own"}
+    meta = {
+        "output_dir": str(folder),
+        "num_steps": steps,
+        "cycles_asked": ctx.cycles,
+        "activities": acts,
+        "activities_why": why_acts,
+        "expected_files": expected,
+        "traffic": "collect sent requests" if ctx.send_requests else "the server's own",
+    }
     try:
         status, text = http("POST", s.url + "/start_profile", body, timeout_s=min(30.0, limit_s))
     except OSError as e:  # ReplyError: one line naming the URL and what came back
         return failed(str(e), **meta)
     if status != 200:
-        return failed(f"POST {s.url}/start_profile: HTTP {status}: {_shown(text.decode(errors='replace'))}",
-                      **meta)
+        return failed(f"POST {s.url}/start_profile: HTTP {status}: {_shown(text.decode(errors='replace'))}", **meta)
     sent: list = []
     sender = None
     if ctx.send_requests:
@@ -465,7 +506,11 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
     if too_big:
         meta["left_out_over_2_GiB"] = too_big
     if not complete:
-        return failed(f"no complete profile: fewer than {steps} scheduler steps ran in {waited:.0f} s (maybe none): "
-                      "send traffic to the server while collect runs, or lower --cycles (the server writes the "
-                      f"traces into {folder}: run collect on the server's machine)", out, **meta)
+        return failed(
+            f"no complete profile: fewer than {steps} scheduler steps ran in {waited:.0f} s (maybe none): "
+            "send traffic to the server while collect runs, or lower --cycles (the server writes the "
+            f"traces into {folder}: run collect on the server's machine)",
+            out,
+            **meta,
+        )
     return ok(out, **meta)

@@ -20,7 +20,7 @@ def _without_userinfo(text: str) -> str | None:
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     if "@" not in authority:
         return None
-    return f"{scheme}{sep}***@{rest[len(authority.rsplit('@', 1)[0]) + 1:]}"
+    return f"{scheme}{sep}***@{rest[len(authority.rsplit('@', 1)[0]) + 1 :]}"
 
 
 def normalise_url(text: str) -> str:
@@ -33,8 +33,10 @@ def normalise_url(text: str) -> str:
         One line for a URL that is not such: a user name or password in it (never printed: the
         line shows ``***@``), spaces or control characters, no host, an endpoint, a bad port."""
     if (hidden := _without_userinfo(text.strip())) is not None:
-        raise UserError(f"--server {shown(hidden, 80)!r}: a URL with a user name or password is not taken (collect "
-                        "writes the URL into the bundle): give http://host:port")
+        raise UserError(
+            f"--server {shown(hidden, 80)!r}: a URL with a user name or password is not taken (collect "
+            "writes the URL into the bundle): give http://host:port"
+        )
     url = text.strip()
     quoted = repr(text if len(text) <= 80 else text[:60] + "...")
     if "://" not in url:

@@ -7,8 +7,15 @@ import re
 import statistics
 from pathlib import Path
 
-from fastverify.bounds import (MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, MIN_TIME_US,
-                               duplicate_json_key, implausible_count)
+from fastverify.bounds import (
+    MAX_BATCH,
+    MAX_DRAFT_TOKENS,
+    MAX_HIDDEN,
+    MAX_WORLD_SIZE,
+    MIN_TIME_US,
+    duplicate_json_key,
+    implausible_count,
+)
 from fastverify.cycle.flags import Evidence
 from fastverify.cycle.split import forwards, mode_of_step, split_cycles
 from fastverify.errors import UserError, one_line
@@ -24,8 +31,16 @@ __all__ = ["evidence", "json_part", "p2p_rows", "server_arguments"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _VERIFY_BS = re.compile(r"^step\[(?:TARGET_)?VERIFY bs=(\d+)")
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "true or false", type(None): "null"}
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
+
 
 def _traces(bundle) -> tuple[list[str], str | None]:
     """The bundle's copies of the server's traces (else the verify-log folder's), and their part."""
@@ -61,8 +76,10 @@ def json_part(bundle, name: str, kind: type | tuple[type, ...] = dict, notes: li
         data = bundle.read(member)
         doc = loads_json(data, bundle.where(member))
         if (key := duplicate_json_key(data)) is not None:  # a parser keeps the last value silently
-            raise UserError(f"{bundle.where(member)}: the key {one_line(repr(key), 80)} is given twice in one "
-                            "object; which value holds is not known")
+            raise UserError(
+                f"{bundle.where(member)}: the key {one_line(repr(key), 80)} is given twice in one "
+                "object; which value holds is not known"
+            )
     except UserError as e:
         if notes is None:
             raise
@@ -71,8 +88,9 @@ def json_part(bundle, name: str, kind: type | tuple[type, ...] = dict, notes: li
     if not isinstance(doc, kind):
         if notes is not None:
             want = " or ".join(_JSON_TYPES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
-            notes.append(f"{name}: not read ({bundle.where(member)}: {_JSON_TYPES.get(type(doc), 'a value')}, "
-                         f"not {want})")
+            notes.append(
+                f"{name}: not read ({bundle.where(member)}: {_JSON_TYPES.get(type(doc), 'a value')}, not {want})"
+            )
         return None
     return doc
 
@@ -89,8 +107,9 @@ def _bad_p2p_row(row) -> str | None:
         return f"src and dst are both GPU {row['src']}: a direction is two GPUs"
     if type(row.get("ok")) is not bool:
         return f"ok is {one_line(repr(row.get('ok')), 60)}, not true or false"
-    if not isinstance(row.get("reason", ""), str) or not (row.get("timed_out") is None or
-                                                          type(row.get("timed_out")) is bool):
+    if not isinstance(row.get("reason", ""), str) or not (
+        row.get("timed_out") is None or type(row.get("timed_out")) is bool
+    ):
         return "reason is not a string or timed_out not true or false"
     return None
 
@@ -107,8 +126,10 @@ def p2p_rows(bundle, notes: list[str]) -> list[dict] | None:
     where = bundle.where(bundle.part("p2p_check").files[0])
     if isinstance(doc, dict):
         if doc.get("schema") != CHECK_SCHEMA or doc.get("version") != CHECK_VERSION:
-            notes.append(f"p2p_check: not read ({where}: schema {one_line(repr(doc.get('schema')), 80)} version "
-                         f"{one_line(repr(doc.get('version')), 20)}, not {CHECK_SCHEMA!r} version {CHECK_VERSION})")
+            notes.append(
+                f"p2p_check: not read ({where}: schema {one_line(repr(doc.get('schema')), 80)} version "
+                f"{one_line(repr(doc.get('version')), 20)}, not {CHECK_SCHEMA!r} version {CHECK_VERSION})"
+            )
             return None
         doc = doc.get("results")
         if not isinstance(doc, list):
@@ -140,8 +161,12 @@ def _msg_bytes(ranks, meta: dict) -> int | None:
         for mode, start, end in forwards(r):
             if mode != "verify":
                 continue
-            sel = (t >= start) & (t < end) & (r.msg_bytes > 0) & (
-                (r.cls == EventClass.ALLREDUCE.code) | (r.cls == EventClass.FUSED_ALLREDUCE.code))
+            sel = (
+                (t >= start)
+                & (t < end)
+                & (r.msg_bytes > 0)
+                & ((r.cls == EventClass.ALLREDUCE.code) | (r.cls == EventClass.FUSED_ALLREDUCE.code))
+            )
             sizes += r.msg_bytes[sel].tolist()
     if sizes:
         return statistics.mode(sizes)
@@ -152,8 +177,11 @@ def _msg_bytes(ranks, meta: dict) -> int | None:
         return None  # collect's defaults, not the server's: no size is known
     bs = [int(m.group(1)) for r in ranks for st in r.steps if (m := _VERIFY_BS.match(st.name))]
     bs = [b for b in bs if 1 <= b <= MAX_BATCH]
-    if implausible_count(hidden, lower=1, upper=MAX_HIDDEN) is None and bs and \
-            implausible_count(k, lower=1, upper=MAX_DRAFT_TOKENS) is None:
+    if (
+        implausible_count(hidden, lower=1, upper=MAX_HIDDEN) is None
+        and bs
+        and implausible_count(k, lower=1, upper=MAX_DRAFT_TOKENS) is None
+    ):
         return int(statistics.median_low(bs)) * k * hidden * 2
     return None
 
@@ -181,8 +209,10 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
     """The trace part split into cycles (``ev.split``, world size, message size); the ranks read."""
     files, part = _traces(bundle)
     if not files:
-        notes.append("no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
-                     "while the server serves traffic")
+        notes.append(
+            "no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
+            "while the server serves traffic"
+        )
         return None
     try:
         ranks = load_traces(files, progress=False)
@@ -193,17 +223,22 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
     sizes = [r.meta.get("world_size") for r in ranks]
     ev.world_size = next((w for w in sizes if implausible_count(w, lower=1, upper=MAX_WORLD_SIZE) is None), None)
     if ev.split is not None and not any(r.cycles for r in ev.split.ranks):
-        notes.append("the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
-                     "per rank: no complete cycle; profile more steps (`collect --cycles N`)")
+        notes.append(
+            "the traces hold fewer than two forwards of one mode (draft stage, verify or decode) "
+            "per rank: no complete cycle; profile more steps (`collect --cycles N`)"
+        )
         ev.split = None
     elif ev.split is not None and (short := _short_cycle(ev.split)) is not None:
         notes.append(short)
         ev.split = None
     elif ev.split is None:
         zero = any(mode_of_step(st.name) for r in ranks for st in r.steps)
-        notes.append("the traces' SGLang step spans (step[VERIFY ...]) all last 0 ns: no time was measured, no "
-                     "cycles to split" if zero else "the traces have no SGLang step spans (step[VERIFY ...]): no "
-                     "cycles to split; was the profile taken with SGLang's /start_profile?")
+        notes.append(
+            "the traces' SGLang step spans (step[VERIFY ...]) all last 0 ns: no time was measured, no cycles to split"
+            if zero
+            else "the traces have no SGLang step spans (step[VERIFY ...]): no "
+            "cycles to split; was the profile taken with SGLang's /start_profile?"
+        )
     return ranks
 
 
@@ -212,9 +247,11 @@ def _short_cycle(split) -> str | None:
     :data:`~fastverify.bounds.MIN_TIME_US`: a trace of 0-length events), or None when they can."""
     for r in split.ranks:
         if r.cycles and min(r.cycle_mean_us, r.cycle_median_us) < MIN_TIME_US:
-            return (f"TP rank {r.rank}'s cycle lasts {r.cycle_mean_us:g} µs over its {r.cycles} complete cycles, "
-                    f"below {MIN_TIME_US:g} µs, less than any measured work takes: the trace's times are no "
-                    "measurements; no cycle split and no verdict")
+            return (
+                f"TP rank {r.rank}'s cycle lasts {r.cycle_mean_us:g} µs over its {r.cycles} complete cycles, "
+                f"below {MIN_TIME_US:g} µs, less than any measured work takes: the trace's times are no "
+                "measurements; no cycle split and no verdict"
+            )
     return None
 
 

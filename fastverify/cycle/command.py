@@ -37,8 +37,9 @@ SCHEMA_VERSION = 1
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", type=path_arg, metavar="BUNDLE", help="the .tar.gz written by `fastverify collect`")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
-    p.add_argument("--png", type=output_arg, default=None, metavar="PATH",
-                   help="also draw the cycle split per mode (a new file)")
+    p.add_argument(
+        "--png", type=output_arg, default=None, metavar="PATH", help="also draw the cycle split per mode (a new file)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing --png file")
 
 
@@ -46,15 +47,20 @@ def document(bundle, ev: Evidence, found: list[Flag], ans: Answer | None, notes:
     """The report as one JSON-ready dict."""
     split: CycleSplit | None = ev.split
     return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "bundle": str(bundle.path),
-        "collected_utc": bundle.manifest.created_utc, "host": bundle.manifest.host,
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "bundle": str(bundle.path),
+        "collected_utc": bundle.manifest.created_utc,
+        "host": bundle.manifest.host,
         "clock": split.clock if split else None,
-        "world_size": ev.world_size, "verify_msg_bytes": ev.msg_bytes,
+        "world_size": ev.world_size,
+        "verify_msg_bytes": ev.msg_bytes,
         "cycles": msgspec.to_builtins(split) if split else None,
         "modes_mean_us": mode_means(split) if split else None,
         "flags": [msgspec.to_builtins(f) for f in found],
         "answer": msgspec.to_builtins(ans) if ans else None,
-        "sources": ev.sources, "notes": notes,
+        "sources": ev.sources,
+        "notes": notes,
     }
 
 
@@ -94,20 +100,46 @@ def _ms(us: float) -> str:
 
 def _modes_table(doc: dict) -> Table:
     split = doc["cycles"]
-    t = Table(title=cell(f"per cycle, mean over {len(split['ranks'])} TP rank(s), ms (cycle starts at each "
-                         f"{split['anchor']}; clock: {split['clock']})"), title_justify="left")
+    t = Table(
+        title=cell(
+            f"per cycle, mean over {len(split['ranks'])} TP rank(s), ms (cycle starts at each "
+            f"{split['anchor']}; clock: {split['clock']})"
+        ),
+        title_justify="left",
+    )
     idle = "GPU idle" if split["clock"] == "trace" else "idle"
-    for col in ("mode", "forwards", "compute", "#AR", "AR transfer", "AR wait", "last to arrive", "AR unmatched",
-                "other comm", "memory", idle):
+    for col in (
+        "mode",
+        "forwards",
+        "compute",
+        "#AR",
+        "AR transfer",
+        "AR wait",
+        "last to arrive",
+        "AR unmatched",
+        "other comm",
+        "memory",
+        idle,
+    ):
         t.add_column(col, justify="right")
     means = doc["modes_mean_us"]
     for mode in sorted(means, key=_ORDER.index):
         m = means[mode]
         s = split.get("straggler_by_mode", {}).get(mode)
         last = cell(f"TP {s['rank']}: {s['last']}/{s['waited']}") if s else "-"
-        t.add_row(cell(mode), f"{m['forwards']:g}", _ms(m["compute_us"]), f"{m['allreduce_count']:g}",
-                  _ms(m["transfer_us"]), _ms(m["wait_us"]), last, _ms(m["unmatched_us"]), _ms(m["other_comm_us"]),
-                  _ms(m["memory_us"]), _ms(m["idle_us"]))
+        t.add_row(
+            cell(mode),
+            f"{m['forwards']:g}",
+            _ms(m["compute_us"]),
+            f"{m['allreduce_count']:g}",
+            _ms(m["transfer_us"]),
+            _ms(m["wait_us"]),
+            last,
+            _ms(m["unmatched_us"]),
+            _ms(m["other_comm_us"]),
+            _ms(m["memory_us"]),
+            _ms(m["idle_us"]),
+        )
     between = sum(r["between_idle_us"] for r in split["ranks"]) / max(len(split["ranks"]), 1)
     t.add_row("between forwards", "", "", "", "", "", "", "", "", "", _ms(between))
     return t
@@ -118,15 +150,20 @@ def print_report(doc: dict, console: Console | None = None) -> None:
     name, host, flags' evidence, notes) goes through :func:`fastverify.console.say`."""
     console = console or stdout_console()
     host = doc.get("host") or {}
-    say(console, f"# fastverify report: {doc['bundle']} (collected {doc['collected_utc']} on "
-                 f"{host.get('hostname', '?')})")
+    say(
+        console,
+        f"# fastverify report: {doc['bundle']} (collected {doc['collected_utc']} on {host.get('hostname', '?')})",
+    )
     if doc["cycles"]:
         split = doc["cycles"]
         if split["clock"] != "trace":
             console.print("# [bold]CPU timings (a CPU server's trace): these are NOT GPU timings[/bold]")
         cyc = [r["cycle_mean_us"] for r in split["ranks"]]
-        say(console, f"# {split['ranks'][0]['cycles']} complete cycles per rank; cycle {_ms(sum(cyc) / len(cyc))} ms "
-                     f"(mean over ranks); {split['matched']} all-reduces matched across ranks")
+        say(
+            console,
+            f"# {split['ranks'][0]['cycles']} complete cycles per rank; cycle {_ms(sum(cyc) / len(cyc))} ms "
+            f"(mean over ranks); {split['matched']} all-reduces matched across ranks",
+        )
         console.print(_modes_table(doc))
     console.print("[bold]flags[/bold]" if doc["flags"] else "flags: none")
     for f in doc["flags"]:
@@ -155,10 +192,15 @@ def print_report(doc: dict, console: Console | None = None) -> None:
 
 # --- the PNG --------------------------------------------------------------------------------------------
 
-_PARTS = (("compute_us", "compute", "#4C72B0"), ("transfer_us", "all-reduce transfer", "#DD8452"),
-          ("wait_us", "all-reduce wait", "#C44E52"), ("unmatched_us", "all-reduce (unmatched)", "#937860"),
-          ("other_comm_us", "other comm", "#8172B3"), ("memory_us", "memory", "#64B5CD"),
-          ("idle_us", "GPU idle", "#BBBBBB"))
+_PARTS = (
+    ("compute_us", "compute", "#4C72B0"),
+    ("transfer_us", "all-reduce transfer", "#DD8452"),
+    ("wait_us", "all-reduce wait", "#C44E52"),
+    ("unmatched_us", "all-reduce (unmatched)", "#937860"),
+    ("other_comm_us", "other comm", "#8172B3"),
+    ("memory_us", "memory", "#64B5CD"),
+    ("idle_us", "GPU idle", "#BBBBBB"),
+)
 
 
 def plot_cycle(doc: dict, path: Path) -> None:
@@ -184,8 +226,11 @@ def plot_cycle(doc: dict, path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("ms per cycle")
     ans = doc.get("answer") or {}
-    ax.set_title(f"speculative cycle {ans.get('cycle_ms', 0):.3f} ms: removable by a faster all-reduce "
-                 f"{ans.get('removable_ms', 0):.3f} ms (clock: {doc['cycles']['clock']})", fontsize=9)
+    ax.set_title(
+        f"speculative cycle {ans.get('cycle_ms', 0):.3f} ms: removable by a faster all-reduce "
+        f"{ans.get('removable_ms', 0):.3f} ms (clock: {doc['cycles']['clock']})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)

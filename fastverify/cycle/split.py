@@ -40,9 +40,19 @@ MODES = ("draft", "verify", "draft_extend", "extend", "decode", "other", "outsid
 """Forward modes of a cycle; ``outside``: launched between forwards."""
 CAUSES = ("d2h_copy", "host_sync", "launch_gap", "dependency")
 _AR = np.array([EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code], dtype=np.int8)
-_STEP_MODE = {"VERIFY": "verify", "TARGET_VERIFY": "verify", "DRAFT": "draft", "DRAFT_EXTEND": "draft_extend",
-              "DRAFT_EXTEND_V2": "draft_extend", "EXTEND": "extend", "MIXED": "extend", "SPLIT_PREFILL": "extend",
-              "PREBUILT": "extend", "DECODE": "decode", "IDLE": "other"}
+_STEP_MODE = {
+    "VERIFY": "verify",
+    "TARGET_VERIFY": "verify",
+    "DRAFT": "draft",
+    "DRAFT_EXTEND": "draft_extend",
+    "DRAFT_EXTEND_V2": "draft_extend",
+    "EXTEND": "extend",
+    "MIXED": "extend",
+    "SPLIT_PREFILL": "extend",
+    "PREBUILT": "extend",
+    "DECODE": "decode",
+    "IDLE": "other",
+}
 _STEP = re.compile(r"^step\[([A-Z_0-9]+)")
 _D2H = re.compile(r"(?i)memcpy\s*dtoh|device\s*->\s*(pinned|pageable|host)")
 
@@ -120,8 +130,9 @@ def forwards(r: RankEvents) -> list[tuple[str, int, int]]:
     A span of 0 ns or less is no forward (a forward's host window holds at least one launch, and
     one launch alone takes microseconds): kept, a 0 ns ``draft`` stage would hold none of its
     draft steps and each step would count as a forward (and a cycle) of its own."""
-    out = [(s.name, s.start_ns, s.end_ns) for s in r.spans
-           if s.name in ("draft", "draft_extend") and s.end_ns > s.start_ns]
+    out = [
+        (s.name, s.start_ns, s.end_ns) for s in r.spans if s.name in ("draft", "draft_extend") and s.end_ns > s.start_ns
+    ]
     stage_starts = np.array([s for _, s, _ in out], dtype=np.int64)
     stage_ends = np.array([e for _, _, e in out], dtype=np.int64)
     for st in r.steps:
@@ -250,8 +261,10 @@ def _match(xs: list[_Rank]) -> tuple[dict, dict[int, int], int, int, list[str]]:
     if len(xs) < 2 or not len(common):
         return {}, {}, 0, 0, notes
     if total != len(common) * len(xs):
-        notes.append(f"{total - len(common) * len(xs)} all-reduces have no counterpart on every rank "
-                     "(different counts in a cycle and mode); their time is counted, not split into wait and transfer")
+        notes.append(
+            f"{total - len(common) * len(xs)} all-reduces have no counterpart on every rank "
+            "(different counts in a cycle and mode); their time is counted, not split into wait and transfer"
+        )
     mat = np.stack([_pick(k, d, common) for k, d in zip(keys, durs)])  # (ranks, matched)
     transfer = mat.min(axis=0)
     last = mat.argmin(axis=0)
@@ -270,8 +283,12 @@ def _match(xs: list[_Rank]) -> tuple[dict, dict[int, int], int, int, list[str]]:
         sel = waited & (mode == m)
         counts = {x.r.rank: int((last[sel] == j).sum()) for j, x in enumerate(xs)}
         top = max(counts, key=lambda k: (counts[k], -k))
-        by_mode[MODES[m]] = {"rank": top, "last": counts[top], "waited": int(sel.sum()),
-                             "matched": int((mode == m).sum())}
+        by_mode[MODES[m]] = {
+            "rank": top,
+            "last": counts[top],
+            "waited": int(sel.sum()),
+            "matched": int((mode == m).sum()),
+        }
     out["_stragglers"] = by_mode
     return out, arrivals, len(common), int(waited.sum()), notes
 
@@ -289,8 +306,11 @@ def _mode_splits(x: _Rank, matched: dict[str, tuple[float, float]], gaps: dict) 
     graph = r.in_graph if known else np.ones(len(r.start_ns), bool)
     for code, mode in enumerate(MODES):
         sel = np.flatnonzero((x.cycle >= 0) & (x.mode == code))
-        fwd = int(((x.fwd_mode == code) & (x.fwd_cycle >= 0) & (x.fwd_cycle < x.n_cycles)).sum()) \
-            if mode != "outside" else 0
+        fwd = (
+            int(((x.fwd_mode == code) & (x.fwd_cycle >= 0) & (x.fwd_cycle < x.n_cycles)).sum())
+            if mode != "outside"
+            else 0
+        )
         if not len(sel) and not fwd:
             continue
         b = breakdown(r.start_ns[sel], r.dur_ns[sel], r.cls[sel]) if len(sel) else {}
@@ -299,18 +319,25 @@ def _mode_splits(x: _Rank, matched: dict[str, tuple[float, float]], gaps: dict) 
         tr, wt = matched.get(mode, (0.0, 0.0))
         causes = gaps["mode"].get(mode, {c: 0.0 for c in CAUSES})
         eager = sel[~graph[sel]]
-        out.append(ModeSplit(
-            mode=mode, forwards=round(fwd / n, 3),
-            compute_us=round(b.get("compute_us", 0.0) / n, 3),
-            allreduce_us=round(ar_sum / 1000.0 / n, 3), allreduce_count=round(len(ar) / n, 3),
-            transfer_us=round(tr / 1000.0 / n, 3), wait_us=round(wt / 1000.0 / n, 3),
-            unmatched_us=round(max(ar_sum - tr - wt, 0.0) / 1000.0 / n, 3),
-            other_comm_us=round((b.get("other_comm_us", 0.0) + b.get("ep_alltoall_us", 0.0)) / n, 3),
-            memory_us=round(b.get("memory_us", 0.0) / n, 3),
-            idle_us=round(sum(causes.values()) / n, 3),
-            idle_causes_us={c: round(v / n, 3) for c, v in causes.items()},
-            eager_kernels=round(len(eager) / n, 3), eager_us=round(float(r.dur_ns[eager].sum()) / 1000.0 / n, 3),
-            graph_kernels=round((len(sel) - len(eager)) / n, 3) if known else 0.0))
+        out.append(
+            ModeSplit(
+                mode=mode,
+                forwards=round(fwd / n, 3),
+                compute_us=round(b.get("compute_us", 0.0) / n, 3),
+                allreduce_us=round(ar_sum / 1000.0 / n, 3),
+                allreduce_count=round(len(ar) / n, 3),
+                transfer_us=round(tr / 1000.0 / n, 3),
+                wait_us=round(wt / 1000.0 / n, 3),
+                unmatched_us=round(max(ar_sum - tr - wt, 0.0) / 1000.0 / n, 3),
+                other_comm_us=round((b.get("other_comm_us", 0.0) + b.get("ep_alltoall_us", 0.0)) / n, 3),
+                memory_us=round(b.get("memory_us", 0.0) / n, 3),
+                idle_us=round(sum(causes.values()) / n, 3),
+                idle_causes_us={c: round(v / n, 3) for c, v in causes.items()},
+                eager_kernels=round(len(eager) / n, 3),
+                eager_us=round(float(r.dur_ns[eager].sum()) / 1000.0 / n, 3),
+                graph_kernels=round((len(sel) - len(eager)) / n, 3) if known else 0.0,
+            )
+        )
     return out
 
 
@@ -335,27 +362,41 @@ def split_cycles(ranks: list[RankEvents]) -> CycleSplit | None:
     by_mode = matched.pop("_stragglers", {})
     notes += match_notes
     if len(per) < 2:
-        notes.append("one rank only: all-reduce wait cannot be told from transfer (needs every rank's trace); "
-                     "its whole all-reduce time is shown as unmatched")
+        notes.append(
+            "one rank only: all-reduce wait cannot be told from transfer (needs every rank's trace); "
+            "its whole all-reduce time is shown as unmatched"
+        )
     out = []
     for x in per:
         gaps = _gaps(x)
         spans = _cycle_spans(x)
         n = max(x.n_cycles, 1)
-        out.append(RankCycles(
-            rank=x.r.rank, cycles=x.n_cycles,
-            cycle_median_us=round(float(np.median(spans)) / 1000.0, 3) if len(spans) else 0.0,
-            cycle_mean_us=round(float(spans.mean()) / 1000.0, 3) if len(spans) else 0.0,
-            modes=tuple(_mode_splits(x, matched.get(x.r.rank, {}), gaps)),
-            between_idle_us=round(sum(gaps["between"].values()) / n, 3),
-            between_causes_us={c: round(v / n, 3) for c, v in gaps["between"].items()},
-            straggler_count=arrivals.get(x.r.rank, 0)))
+        out.append(
+            RankCycles(
+                rank=x.r.rank,
+                cycles=x.n_cycles,
+                cycle_median_us=round(float(np.median(spans)) / 1000.0, 3) if len(spans) else 0.0,
+                cycle_mean_us=round(float(spans.mean()) / 1000.0, 3) if len(spans) else 0.0,
+                modes=tuple(_mode_splits(x, matched.get(x.r.rank, {}), gaps)),
+                between_idle_us=round(sum(gaps["between"].values()) / n, 3),
+                between_causes_us={c: round(v / n, 3) for c, v in gaps["between"].items()},
+                straggler_count=arrivals.get(x.r.rank, 0),
+            )
+        )
     straggler = share = None
     if arrivals and n_waited:
         straggler = max(arrivals, key=lambda k: (arrivals[k], -k))
         share = round(arrivals[straggler] / n_waited, 4)
     clock = per[0].r.meta.get("timing", "trace")
-    return CycleSplit(anchor=anchor or "none", clock=clock, ranks=tuple(out), matched=n_matched, waited=n_waited,
-                      straggler_rank=straggler, straggler_share=share,
-                      last_arrivals={str(k): v for k, v in arrivals.items()}, straggler_by_mode=by_mode,
-                      notes=tuple(notes))
+    return CycleSplit(
+        anchor=anchor or "none",
+        clock=clock,
+        ranks=tuple(out),
+        matched=n_matched,
+        waited=n_waited,
+        straggler_rank=straggler,
+        straggler_share=share,
+        last_arrivals={str(k): v for k, v in arrivals.items()},
+        straggler_by_mode=by_mode,
+        notes=tuple(notes),
+    )

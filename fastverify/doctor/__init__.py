@@ -180,16 +180,21 @@ def run_doctor(*, quick: bool, env_file: str | None = None) -> list[Check]:
                 except UserError as err:  # bad input or box state, said in its own one line
                     outcome = _out(Status.fail, _error_text(err))
                 except Exception as err:  # noqa: BLE001 - every check is isolated: one line, the rest go on
-                    outcome = _out(Status.fail, f"check raised {_error_text(err)}",
-                                   "report this with the output of `fastverify doctor --json`")
-            out.append(Check(
-                name=spec.name,
-                status=Status(outcome.status),
-                reason=one_line(outcome.reason),
-                fix=one_line(outcome.fix) if outcome.fix else None,
-                seconds=time.perf_counter() - t0,
-                details=_jsonable(outcome.details),
-            ))
+                    outcome = _out(
+                        Status.fail,
+                        f"check raised {_error_text(err)}",
+                        "report this with the output of `fastverify doctor --json`",
+                    )
+            out.append(
+                Check(
+                    name=spec.name,
+                    status=Status(outcome.status),
+                    reason=one_line(outcome.reason),
+                    fix=one_line(outcome.fix) if outcome.fix else None,
+                    seconds=time.perf_counter() - t0,
+                    details=_jsonable(outcome.details),
+                )
+            )
     finally:
         ctx.close()
     return out
@@ -238,8 +243,13 @@ def run_doctor_json(*, quick: bool, env_file: str | None) -> int:
     JSON to stdout. Returns the exit code: 1 when the verdict is ``fail``, else 0."""
     added = nccl_log_env(os.environ)
     if added:
-        sys.stderr.write(shown(f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
-                               f"{added['NCCL_DEBUG_FILE']}") + "\n")
+        sys.stderr.write(
+            shown(
+                f"fastverify doctor: NCCL's log (NCCL_DEBUG={os.environ['NCCL_DEBUG']}) goes to "
+                f"{added['NCCL_DEBUG_FILE']}"
+            )
+            + "\n"
+        )
     with _environ_with(added, os.environ), stdout_on_stderr():
         checks = run_doctor(quick=quick, env_file=env_file)
     summary = summarise(checks)
@@ -255,7 +265,24 @@ def run_doctor_json(*, quick: bool, env_file: str | None) -> int:
 
 
 __all__ = [
-    "BUILDING", "CHECKS", "NO_GPU", "NO_NCCL", "PATCH_NOT_CHECKED", "PINNED_FLASHINFER", "SCHEMA", "SCHEMA_VERSION",
-    "Check", "CheckSpec", "Outcome", "Status", "backends_to_probe", "match_torch_to_nvml", "one_line",
-    "print_checks", "run_doctor", "run_doctor_json", "sample_trace", "summarise",
+    "BUILDING",
+    "CHECKS",
+    "NO_GPU",
+    "NO_NCCL",
+    "PATCH_NOT_CHECKED",
+    "PINNED_FLASHINFER",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "Check",
+    "CheckSpec",
+    "Outcome",
+    "Status",
+    "backends_to_probe",
+    "match_torch_to_nvml",
+    "one_line",
+    "print_checks",
+    "run_doctor",
+    "run_doctor_json",
+    "sample_trace",
+    "summarise",
 ]

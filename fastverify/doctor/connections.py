@@ -112,8 +112,14 @@ def child(mode: str) -> dict:
     cycles = int(per_ms * KERNEL_MS)
     one = statistics.median(_one_ms(torch, cycles) for _ in range(REPEATS))
     total = statistics.median(_pattern_ms(torch, cycles) for _ in range(REPEATS))
-    return {"mode": mode, "env": os.environ.get(ENV), "kernel_ms": round(one, 3), "pattern_ms": round(total, 3),
-            "ratio": round(total / one, 3), "clock": "cuda_events"}
+    return {
+        "mode": mode,
+        "env": os.environ.get(ENV),
+        "kernel_ms": round(one, 3),
+        "pattern_ms": round(total, 3),
+        "ratio": round(total / one, 3),
+        "clock": "cuda_events",
+    }
 
 
 def measure(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, dict]:
@@ -123,8 +129,14 @@ def measure(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, dict]:
         env = dict(os.environ)
         env.pop(ENV, None)
         try:
-            proc = subprocess.run([sys.executable, "-m", __name__, mode], capture_output=True, text=True,
-                                  timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                [sys.executable, "-m", __name__, mode],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             out[mode] = {"error": f"timed out after {timeout_s:g} s"}
             continue

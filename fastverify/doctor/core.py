@@ -65,8 +65,14 @@ class Check:
     details: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "status": self.status.value, "reason": self.reason, "fix": self.fix,
-                "seconds": round(self.seconds, 3), "details": self.details}
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "reason": self.reason,
+            "fix": self.fix,
+            "seconds": round(self.seconds, 3),
+            "details": self.details,
+        }
 
 
 @dataclass(frozen=True)
@@ -192,8 +198,9 @@ class _Context:
 
         if not dist.is_initialized():
             torch.cuda.set_device(0)
-            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                                    device_id=torch.device("cuda", 0))
+            dist.init_process_group(
+                "nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0)
+            )
             self._group = True
         return dist
 
@@ -205,8 +212,15 @@ class _Context:
             from fastverify.live.forward import TPVerifyModel  # lazy: torch
 
             torch.cuda.set_device(0)
-            self.state["model"] = TPVerifyModel(load_model_config("tiny"), tp=1, rank=0, batch=1, draft_tokens=4,
-                                                device=torch.device("cuda", 0), dtype=torch.bfloat16)
+            self.state["model"] = TPVerifyModel(
+                load_model_config("tiny"),
+                tp=1,
+                rank=0,
+                batch=1,
+                draft_tokens=4,
+                device=torch.device("cuda", 0),
+                dtype=torch.bfloat16,
+            )
         return self.state["model"]
 
     def close(self) -> None:
@@ -251,17 +265,31 @@ def print_checks(checks: list[Check], console) -> None:
     from rich.text import Text
 
     t = Table(title="fastverify doctor", title_justify="left")
-    for col, kw in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}), ("s", {"justify": "right"}),
-                    ("reason", {"overflow": "fold"}), ("fix", {"overflow": "fold"})):
+    for col, kw in (
+        ("check", {"no_wrap": True}),
+        ("status", {"no_wrap": True}),
+        ("s", {"justify": "right"}),
+        ("reason", {"overflow": "fold"}),
+        ("fix", {"overflow": "fold"}),
+    ):
         t.add_column(col, **kw)
     for c in checks:
-        t.add_row(cell(c.name), Text(shown(c.status.value), style=_STYLE[c.status]), f"{c.seconds:.1f}",
-                  cell(c.reason), cell(c.fix or ""))
+        t.add_row(
+            cell(c.name),
+            Text(shown(c.status.value), style=_STYLE[c.status]),
+            f"{c.seconds:.1f}",
+            cell(c.reason),
+            cell(c.fix or ""),
+        )
     console.print(t)
     s = summarise(checks)
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items())
-    console.print(Text(shown(f"doctor: {counts} in {s['seconds']:.1f} s; verdict {s['verdict']}"),
-                       style=_STYLE[Status(s["verdict"])]))
+    console.print(
+        Text(
+            shown(f"doctor: {counts} in {s['seconds']:.1f} s; verdict {s['verdict']}"),
+            style=_STYLE[Status(s["verdict"])],
+        )
+    )
 
 
 def free_port() -> int:

@@ -41,33 +41,55 @@ def check_versions(ctx: _Context) -> Outcome:
     """Python, torch and numpy versions (and what torch was built for)."""
     import numpy
 
-    details: dict[str, Any] = {"python": platform.python_version(), "numpy": numpy.__version__,
-                               "fastverify": __version__, "platform": platform.platform(),
-                               "cpu_count": os.cpu_count()}
+    details: dict[str, Any] = {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "fastverify": __version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
     if sys.version_info < (3, 11):
-        return _out(Status.fail, f"Python {details['python']} is older than 3.11", "use Python >= 3.11 (./setup.sh)",
-                    **details)
+        return _out(
+            Status.fail, f"Python {details['python']} is older than 3.11", "use Python >= 3.11 (./setup.sh)", **details
+        )
     if ctx.quick:
         # --quick does not import torch (1-3 s): it says which torch is installed; the full doctor imports it
         version = _dist_version("torch")
         if version is None or importlib.util.find_spec("torch") is None:
-            return _out(Status.fail, "torch is not installed", "run ./setup.sh (installs a CPU torch only where "
-                        "none imports)", **details)
+            return _out(
+                Status.fail,
+                "torch is not installed",
+                "run ./setup.sh (installs a CPU torch only where none imports)",
+                **details,
+            )
         details.update(torch=version, torch_imported=False)
-        return _out(Status.ok, f"Python {details['python']}, torch {version} installed (not imported under --quick; "
-                    f"the full doctor imports it), numpy {numpy.__version__}", **details)
+        return _out(
+            Status.ok,
+            f"Python {details['python']}, torch {version} installed (not imported under --quick; "
+            f"the full doctor imports it), numpy {numpy.__version__}",
+            **details,
+        )
     try:
         import torch
     except Exception as err:  # noqa: BLE001 - a broken torch install is the finding
-        return _out(Status.fail, f"torch not importable ({_error_text(err)})",
-                    "run ./setup.sh (installs a CPU torch only where none imports)", **details)
-    details.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
-                   torch_distributed=torch.distributed.is_available())
+        return _out(
+            Status.fail,
+            f"torch not importable ({_error_text(err)})",
+            "run ./setup.sh (installs a CPU torch only where none imports)",
+            **details,
+        )
+    details.update(
+        torch=torch.__version__, torch_cuda=torch.version.cuda, torch_distributed=torch.distributed.is_available()
+    )
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
     reason = f"Python {details['python']}, torch {torch.__version__} ({build}), numpy {numpy.__version__}"
     if not torch.distributed.is_available():
-        return _out(Status.fail, reason + "; torch.distributed is not available",
-                    "install a torch built with distributed support", **details)
+        return _out(
+            Status.fail,
+            reason + "; torch.distributed is not available",
+            "install a torch built with distributed support",
+            **details,
+        )
     return _out(Status.ok, reason, **details)
 
 
@@ -79,9 +101,13 @@ def check_nccl_library(ctx: _Context) -> Outcome:
         return _out(Status.fail, str(err), "point NCCL_LIBRARY at a libnccl.so.2, or unset it")
     ctx.state["nccl_version"] = version
     if version is None:
-        return _out(Status.warn, NO_NCCL,
-                    "install the NCCL your torch loads (the nvidia-nccl-cu12 wheel comes with a CUDA torch) "
-                    "or set NCCL_LIBRARY=/path/to/libnccl.so.2", candidates=find_libnccl())
+        return _out(
+            Status.warn,
+            NO_NCCL,
+            "install the NCCL your torch loads (the nvidia-nccl-cu12 wheel comes with a CUDA torch) "
+            "or set NCCL_LIBRARY=/path/to/libnccl.so.2",
+            candidates=find_libnccl(),
+        )
     return _out(Status.ok, f"NCCL {version} ({version.library})", version=str(version), library=version.library)
 
 
@@ -100,15 +126,21 @@ def check_env_file(ctx: _Context) -> Outcome:
         except UserError as err:
             text = str(err)
             if ": line " in text:
-                fix = ("fix or delete the line named (plain KEY=VALUE, allowed keys, values NCCL accepts), or "
-                       "rewrite the file with `fastverify tune --write-env`")
+                fix = (
+                    "fix or delete the line named (plain KEY=VALUE, allowed keys, values NCCL accepts), or "
+                    "rewrite the file with `fastverify tune --write-env`"
+                )
             elif "contradict" in text:  # settings valid one by one, not together (check_together)
                 fix = "change one of the two settings named so that they agree, or drop one of them"
             else:
                 fix = "give the path of a readable UTF-8 env file"
             return _out(Status.fail, str(err), fix, file=str(ctx.env_file))
-        return _out(Status.ok, f"{ctx.env_file}: {len(settings)} setting(s) valid against {rules}",
-                    file=str(ctx.env_file), settings=settings)
+        return _out(
+            Status.ok,
+            f"{ctx.env_file}: {len(settings)} setting(s) valid against {rules}",
+            file=str(ctx.env_file),
+            settings=settings,
+        )
     good, bad = ctx.tmp / "good.env", ctx.tmp / "bad.env"
     good.write_text(f"# doctor: known good\n{_GOOD_LINE}\n")
     bad.write_text(f"# doctor: known bad\n{_BAD_LINE}\n")
@@ -120,12 +152,21 @@ def check_env_file(ctx: _Context) -> Outcome:
     except UserError as err:
         refusal = str(err)
     else:
-        return _out(Status.fail, f"validator accepted the known-bad line {_BAD_LINE!r}",
-                    "the NCCL settings catalogue lost its case-sensitivity rule")
+        return _out(
+            Status.fail,
+            f"validator accepted the known-bad line {_BAD_LINE!r}",
+            "the NCCL settings catalogue lost its case-sensitivity rule",
+        )
     if "line 2" not in refusal:
         return _out(Status.fail, f"validator refused the known-bad line without naming line 2: {refusal}")
-    return _out(Status.ok, f"validator accepts {_GOOD_LINE} and refuses {_BAD_LINE} (line 2), {rules}; "
-                f"pass --env-file FILE to check a file", good=_GOOD_LINE, bad=_BAD_LINE, refusal=refusal)
+    return _out(
+        Status.ok,
+        f"validator accepts {_GOOD_LINE} and refuses {_BAD_LINE} (line 2), {rules}; "
+        f"pass --env-file FILE to check a file",
+        good=_GOOD_LINE,
+        bad=_BAD_LINE,
+        refusal=refusal,
+    )
 
 
 def _dist_version(*names: str) -> str | None:
@@ -163,8 +204,11 @@ def check_flashinfer(ctx: _Context) -> Outcome:
     """FlashInfer importable with every name each registry backend that uses it calls, and its
     version vs the pinned one."""
     if not _installed("flashinfer"):
-        return _out(Status.skipped, "flashinfer not installed: the FlashInfer backends are unavailable",
-                    f"on a GPU box: pip install flashinfer-python=={PINNED_FLASHINFER}")
+        return _out(
+            Status.skipped,
+            "flashinfer not installed: the FlashInfer backends are unavailable",
+            f"on a GPU box: pip install flashinfer-python=={PINNED_FLASHINFER}",
+        )
     version = _dist_version("flashinfer-python", "flashinfer")
     details: dict[str, Any] = {"version": version, "pinned": PINNED_FLASHINFER}
     if ctx.quick:
@@ -186,15 +230,27 @@ def check_flashinfer(ctx: _Context) -> Outcome:
                 version = cap.reason.split()[-1]
         details.update(imported=True, external_calls=total, backends=per, version=version)
         if missing and len(missing) == len(per):
-            return _out(Status.fail, f"{missing[0]}: {per[missing[0]]}", f"pip install flashinfer-python=="
-                        f"{PINNED_FLASHINFER}", **details)
+            return _out(
+                Status.fail,
+                f"{missing[0]}: {per[missing[0]]}",
+                f"pip install flashinfer-python=={PINNED_FLASHINFER}",
+                **details,
+            )
         if missing:
-            return _out(Status.warn, f"flashinfer {version}: {', '.join(missing)} unavailable ({missing[0]}: "
-                        f"{per[missing[0]]})", f"pip install flashinfer-python=={PINNED_FLASHINFER}", **details)
+            return _out(
+                Status.warn,
+                f"flashinfer {version}: {', '.join(missing)} unavailable ({missing[0]}: {per[missing[0]]})",
+                f"pip install flashinfer-python=={PINNED_FLASHINFER}",
+                **details,
+            )
         reason = f"flashinfer {version} imports and has all {total} names the backends call ({', '.join(per)})"
     if version != PINNED_FLASHINFER:
-        return _out(Status.warn, f"{reason}; fastverify is checked against {PINNED_FLASHINFER}",
-                    f"pip install flashinfer-python=={PINNED_FLASHINFER}", **details)
+        return _out(
+            Status.warn,
+            f"{reason}; fastverify is checked against {PINNED_FLASHINFER}",
+            f"pip install flashinfer-python=={PINNED_FLASHINFER}",
+            **details,
+        )
     return _out(Status.ok, reason, **details)
 
 
@@ -204,19 +260,33 @@ def check_sglang(ctx: _Context) -> Outcome:
         return _out(Status.skipped, "SGLang not installed: the custom_ar backend and the patch targets are not checked")
     version = _dist_version("sglang")
     if ctx.quick:
-        return _out(Status.ok, f"SGLang {version or '(version unknown)'} installed (not imported with --quick)",
-                    version=version, imported=False)
+        return _out(
+            Status.ok,
+            f"SGLang {version or '(version unknown)'} installed (not imported with --quick)",
+            version=version,
+            imported=False,
+        )
     try:
         mod = importlib.import_module("sglang")
     except Exception as err:  # noqa: BLE001 - SGLang failing inside its own import is the finding
-        return _out(Status.fail, f"sglang not importable ({_error_text(err)})",
-                    "reinstall SGLang with the torch it was built for", version=version)
+        return _out(
+            Status.fail,
+            f"sglang not importable ({_error_text(err)})",
+            "reinstall SGLang with the torch it was built for",
+            version=version,
+        )
     version = str(getattr(mod, "__version__", "") or version or "unknown")
     from fastverify.backends import base, sglang_custom_ar  # lazy: torch
 
     cap = base.library_status("sglang", "sglang", sglang_custom_ar.MIN_SGLANG, sglang_custom_ar.EXTERNAL_CALLS)
-    return _out(Status.ok, f"SGLang {version} imports; custom_ar: {'ok' if cap.ok else cap.reason}",
-                version=version, imported=True, custom_ar=cap.reason, custom_ar_ok=cap.ok)
+    return _out(
+        Status.ok,
+        f"SGLang {version} imports; custom_ar: {'ok' if cap.ok else cap.reason}",
+        version=version,
+        imported=True,
+        custom_ar=cap.reason,
+        custom_ar_ok=cap.ok,
+    )
 
 
 def check_sglang_patch_targets(ctx: _Context) -> Outcome:
@@ -236,9 +306,12 @@ def check_sglang_patch_targets(ctx: _Context) -> Outcome:
             targets[target.where] = "found" if why is None else why
         found = sum(v == "found" for v in targets.values())
         status = Status.ok if found == len(targets) else Status.warn
-        return _out(status, f"{found} of {len(targets)} patch targets found in the installed SGLang",
-                    None if status is Status.ok else "the patch skips missing targets and leaves SGLang as it is",
-                    targets=targets)
+        return _out(
+            status,
+            f"{found} of {len(targets)} patch targets found in the installed SGLang",
+            None if status is Status.ok else "the patch skips missing targets and leaves SGLang as it is",
+            targets=targets,
+        )
     return _out(Status.skipped, PATCH_NOT_CHECKED, targets=targets)
 
 
@@ -247,20 +320,44 @@ def check_gloo_allreduce(ctx: _Context) -> Outcome:
     reference: a tune trial (fresh worker processes, start-up and measurement timeouts)."""
 
     hidden = 64
-    spec = TrialSpec(backend=BackendName.gloo.value, env={}, world_size=2, device="cpu", dtype="bfloat16", hidden=hidden,
-                     sizes=((4 * hidden, 1), (32 * hidden, 1)), warmup=1, iters=3,
-                     op=Op.ALL_REDUCE_RESIDUAL_RMSNORM, label="doctor gloo")
+    spec = TrialSpec(
+        backend=BackendName.gloo.value,
+        env={},
+        world_size=2,
+        device="cpu",
+        dtype="bfloat16",
+        hidden=hidden,
+        sizes=((4 * hidden, 1), (32 * hidden, 1)),
+        warmup=1,
+        iters=3,
+        op=Op.ALL_REDUCE_RESIDUAL_RMSNORM,
+        label="doctor gloo",
+    )
     result = run_trial(spec, timeout_s=GLOO_TIMEOUT_S, startup_timeout_s=GLOO_TIMEOUT_S)
-    sizes = [{"numel": s.numel, "msg_bytes": s.msg_bytes, "median_us": s.median_us, "max_rel_err": s.max_rel_err}
-             for s in result.sizes]
-    details = {"trial": result.status.value, "sizes": sizes, "clock": result.clock and result.clock.value,
-               "seconds": round(result.finished_unix_s - result.started_unix_s, 3)}
+    sizes = [
+        {"numel": s.numel, "msg_bytes": s.msg_bytes, "median_us": s.median_us, "max_rel_err": s.max_rel_err}
+        for s in result.sizes
+    ]
+    details = {
+        "trial": result.status.value,
+        "sizes": sizes,
+        "clock": result.clock and result.clock.value,
+        "seconds": round(result.finished_unix_s - result.started_unix_s, 3),
+    }
     if not result.ok:
-        return _out(Status.fail, f"gloo trial {result.status.value}: {result.reason}",
-                    "check that 127.0.0.1 TCP ports can be opened and torch.distributed works", **details)
+        return _out(
+            Status.fail,
+            f"gloo trial {result.status.value}: {result.reason}",
+            "check that 127.0.0.1 TCP ports can be opened and torch.distributed works",
+            **details,
+        )
     worst = max(s.max_rel_err for s in result.sizes)
-    return _out(Status.ok, f"2 gloo ranks: all-reduce + residual + RMSNorm matches the torch reference "
-                f"(max relative error {worst:.2g}, {len(sizes)} sizes)", **details)
+    return _out(
+        Status.ok,
+        f"2 gloo ranks: all-reduce + residual + RMSNorm matches the torch reference "
+        f"(max relative error {worst:.2g}, {len(sizes)} sizes)",
+        **details,
+    )
 
 
 # The built-in trace: two profiler steps, each a GEMM, an NCCL all-reduce and a device-to-host copy,
@@ -281,28 +378,76 @@ def _us(ns: int) -> float:
 
 def sample_trace() -> dict:
     """The Chrome trace the ``trace_analyzer`` check writes and loads (deterministic)."""
-    events: list[dict] = [{"ph": "X", "cat": "python_function", "name": "doctor.py(1): <module>", "pid": 1, "tid": 1,
-                           "ts": _us(900_000), "dur": _us(700_000)}]
+    events: list[dict] = [
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "doctor.py(1): <module>",
+            "pid": 1,
+            "tid": 1,
+            "ts": _us(900_000),
+            "dur": _us(700_000),
+        }
+    ]
     corr = 100
     for i, (start, gemm, ar, copy) in enumerate(_SAMPLE_STEPS):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
-                       "ts": _us(start), "dur": _us(150_000), "args": {}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{i}",
+                "pid": 1,
+                "tid": 1,
+                "ts": _us(start),
+                "dur": _us(150_000),
+                "args": {},
+            }
+        )
         gpu_t = start + 5_250
-        for name, cat, dur, extra in ((_GEMM, "kernel", gemm, {}),
-                                      (_ALLREDUCE, "kernel", ar, {"In msg nelems": _AR_NELEMS, "dtype": "BFloat16",
-                                                                   "Collective name": "allreduce"}),
-                                      (_MEMCPY, "gpu_memcpy", copy, {"bytes": 1024})):
+        for name, cat, dur, extra in (
+            (_GEMM, "kernel", gemm, {}),
+            (
+                _ALLREDUCE,
+                "kernel",
+                ar,
+                {"In msg nelems": _AR_NELEMS, "dtype": "BFloat16", "Collective name": "allreduce"},
+            ),
+            (_MEMCPY, "gpu_memcpy", copy, {"bytes": 1024}),
+        ):
             corr += 1
             launch = start + 1_000 * (corr % 10 + 1)
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel" if cat == "kernel" else
-                           "cudaMemcpyAsync", "pid": 1, "tid": 1, "ts": _us(launch), "dur": _us(3_125),
-                           "args": {"correlation": corr}})
-            events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": _us(gpu_t), "dur": _us(dur),
-                           "args": {"correlation": corr, "stream": 7, "device": 0, **extra}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel" if cat == "kernel" else "cudaMemcpyAsync",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": _us(launch),
+                    "dur": _us(3_125),
+                    "args": {"correlation": corr},
+                }
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": name,
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": _us(gpu_t),
+                    "dur": _us(dur),
+                    "args": {"correlation": corr, "stream": 7, "device": 0, **extra},
+                }
+            )
             gpu_t += dur + 1_375
-    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "doctor sample GPU"}],
-            "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2}, "traceEvents": events,
-            "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "doctor sample GPU"}],
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+        "traceEvents": events,
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+    }
 
 
 def check_trace_analyzer(ctx: _Context) -> Outcome:
@@ -315,16 +460,33 @@ def check_trace_analyzer(ctx: _Context) -> Outcome:
     rank, by_size = body["ranks"][0], body["allreduce_by_msg_size"]
     want_count = len(_SAMPLE_STEPS)
     want_us = float(Decimal(sum(s[2] for s in _SAMPLE_STEPS)) / 1000)
-    got = {"allreduce_count": rank["allreduce_count"], "allreduce_us": rank["allreduce_kernel_sum_us"],
-           "compute_count": rank["counts"]["compute"], "memory_count": rank["counts"]["memory"],
-           "steps": len(rank["steps"]), "msg_bytes": [r["msg_bytes"] for r in by_size]}
-    want = {"allreduce_count": want_count, "allreduce_us": want_us, "compute_count": want_count,
-            "memory_count": want_count, "steps": want_count, "msg_bytes": [_AR_NELEMS * 2]}
+    got = {
+        "allreduce_count": rank["allreduce_count"],
+        "allreduce_us": rank["allreduce_kernel_sum_us"],
+        "compute_count": rank["counts"]["compute"],
+        "memory_count": rank["counts"]["memory"],
+        "steps": len(rank["steps"]),
+        "msg_bytes": [r["msg_bytes"] for r in by_size],
+    }
+    want = {
+        "allreduce_count": want_count,
+        "allreduce_us": want_us,
+        "compute_count": want_count,
+        "memory_count": want_count,
+        "steps": want_count,
+        "msg_bytes": [_AR_NELEMS * 2],
+    }
     wrong = [f"{k} {got[k]} (expected {want[k]})" for k in want if got[k] != want[k]]
     if wrong:
-        return _out(Status.fail, "trace analyzer: " + "; ".join(wrong), "a regression in fastverify/trace or "
-                    "fastverify/analyze.py: run the test suite", got=got, expected=want)
-    return _out(Status.ok, f"analyzer found {want_count} all-reduces, {want_us:.3f} µs exactly, "
-                f"in {want_count} steps of a built-in trace", **got)
-
-
+        return _out(
+            Status.fail,
+            "trace analyzer: " + "; ".join(wrong),
+            "a regression in fastverify/trace or fastverify/analyze.py: run the test suite",
+            got=got,
+            expected=want,
+        )
+    return _out(
+        Status.ok,
+        f"analyzer found {want_count} all-reduces, {want_us:.3f} µs exactly, in {want_count} steps of a built-in trace",
+        **got,
+    )

@@ -68,18 +68,30 @@ def check_gpu_free_memory(ctx: _Context, *, nvml=None, environ=None) -> Outcome:
     and this process's)."""
     gpus = cuda_gpu_memory(ctx.gpu_count, nvml=nvml, environ=environ)
     if not gpus:
-        return _out(Status.skipped, "NVML does not report this process's GPUs (no nvidia-ml-py or driver, MIG, or "
-                    "GPUs of several models in CUDA's default order), so their free memory is not known")
+        return _out(
+            Status.skipped,
+            "NVML does not report this process's GPUs (no nvidia-ml-py or driver, MIG, or "
+            "GPUs of several models in CUDA's default order), so their free memory is not known",
+        )
     free = {g["cuda"]: None if g["free_bytes"] is None else round(g["free_bytes"] / GIB, 2) for g in gpus}
     short = [g for g in gpus if g["free_bytes"] is not None and g["free_bytes"] < DOCTOR_GPU_BYTES]
     if short:
-        return _out(Status.fail, f"doctor's GPU checks need about {DOCTOR_GPU_BYTES / GIB:.1f} GiB free on each GPU "
-                    f"(2 CUDA contexts and NCCL communicators); {short_text(short)}; GPU checks below fail "
-                    "from lack of memory, not for the reasons they name",
-                    free_fix(short, []), free_gib=free, need_gib=round(DOCTOR_GPU_BYTES / GIB, 2))
-    return _out(Status.ok, "free memory per GPU (GiB, CUDA numbering): "
-                + ", ".join(f"{k}: {v if v is not None else 'unknown'}" for k, v in free.items()),
-                free_gib=free, need_gib=round(DOCTOR_GPU_BYTES / GIB, 2))
+        return _out(
+            Status.fail,
+            f"doctor's GPU checks need about {DOCTOR_GPU_BYTES / GIB:.1f} GiB free on each GPU "
+            f"(2 CUDA contexts and NCCL communicators); {short_text(short)}; GPU checks below fail "
+            "from lack of memory, not for the reasons they name",
+            free_fix(short, []),
+            free_gib=free,
+            need_gib=round(DOCTOR_GPU_BYTES / GIB, 2),
+        )
+    return _out(
+        Status.ok,
+        "free memory per GPU (GiB, CUDA numbering): "
+        + ", ".join(f"{k}: {v if v is not None else 'unknown'}" for k, v in free.items()),
+        free_gib=free,
+        need_gib=round(DOCTOR_GPU_BYTES / GIB, 2),
+    )
 
 
 def _driver_version() -> str | None:
@@ -100,14 +112,25 @@ def check_cuda(ctx: _Context) -> Outcome:
     """CUDA runtime torch was built with, the driver, and the GPUs torch sees."""
     import torch
 
-    gpus = [{"index": i, "name": torch.cuda.get_device_name(i),
-             "sm": "{}{}".format(*torch.cuda.get_device_capability(i)),
-             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-            for i in range(ctx.gpu_count)]
+    gpus = [
+        {
+            "index": i,
+            "name": torch.cuda.get_device_name(i),
+            "sm": "{}{}".format(*torch.cuda.get_device_capability(i)),
+            "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+        }
+        for i in range(ctx.gpu_count)
+    ]
     driver = _driver_version()
     names = sorted({g["name"] for g in gpus})
-    return _out(Status.ok, f"CUDA {torch.version.cuda} (torch), driver {driver or 'unknown'}, {len(gpus)} GPU(s): "
-                f"{', '.join(names)} (SM{gpus[0]['sm']})", cuda=torch.version.cuda, driver=driver, gpus=gpus)
+    return _out(
+        Status.ok,
+        f"CUDA {torch.version.cuda} (torch), driver {driver or 'unknown'}, {len(gpus)} GPU(s): "
+        f"{', '.join(names)} (SM{gpus[0]['sm']})",
+        cuda=torch.version.cuda,
+        driver=driver,
+        gpus=gpus,
+    )
 
 
 def _pci_key(bus_id: str | None) -> tuple[int, int, int] | None:
@@ -138,9 +161,11 @@ def match_torch_to_nvml(nvml_bus_ids: list[str | None], torch_pci: list[tuple[in
     """
     by_key = {_pci_key(b): i for i, b in enumerate(nvml_bus_ids) if _pci_key(b) is not None}
     mapping = {i: (by_key.get(k) if k is not None else None) for i, k in enumerate(torch_pci)}
-    return {"cuda_to_nvml": mapping,
-            "unmatched": [i for i, v in mapping.items() if v is None and torch_pci[i] is not None],
-            "unknown": [i for i, k in enumerate(torch_pci) if k is None]}
+    return {
+        "cuda_to_nvml": mapping,
+        "unmatched": [i for i, v in mapping.items() if v is None and torch_pci[i] is not None],
+        "unknown": [i for i, k in enumerate(torch_pci) if k is None],
+    }
 
 
 def _torch_pci(torch, i: int) -> tuple[int, int, int] | None:
@@ -187,8 +212,9 @@ def check_nvml_topology(ctx: _Context) -> Outcome:
         return sorted((cuda_of[i], cuda_of[j]) for i, j in pairs if i in cuda_of and j in cuda_of)
 
     pairs = {k: seen(v) for k, v in topo.pairs_by_type().items()}
-    kinds = ", ".join(f"{k} {len(v)}" for k, v in pairs.items() if v) or \
-        ("no pairs (one GPU)" if len(cuda_of) == 1 else "none known")
+    kinds = ", ".join(f"{k} {len(v)}" for k, v in pairs.items() if v) or (
+        "no pairs (one GPU)" if len(cuda_of) == 1 else "none known"
+    )
     refused = len(seen(k for k, v in list(topo.p2p_read.items()) + list(topo.p2p_write.items()) if v is False))
     link_errors = seen(k for k in topo.link_errors if k[0] < k[1])
     details = {**topo.as_dict(), "torch_to_nvml": match, "cuda_to_nvml": nvml_of, "numbering": "CUDA ordinals"}
@@ -199,19 +225,30 @@ def check_nvml_topology(ctx: _Context) -> Outcome:
     if topo.unsupported:
         reason += f"; {len(topo.unsupported)} NVML quer{'y' if len(topo.unsupported) == 1 else 'ies'} not supported"
     if match["unmatched"]:
-        return _out(Status.warn, f"{reason}; CUDA device(s) {match['unmatched']} not found among NVML's GPUs by PCI "
-                    "address", "check CUDA_VISIBLE_DEVICES and that NVML and CUDA see the same driver", **details)
+        return _out(
+            Status.warn,
+            f"{reason}; CUDA device(s) {match['unmatched']} not found among NVML's GPUs by PCI address",
+            "check CUDA_VISIBLE_DEVICES and that NVML and CUDA see the same driver",
+            **details,
+        )
     if note:
         return _out(Status.warn, f"{reason}; {note}", "check CUDA_VISIBLE_DEVICES", **details)
     if link_errors:
         i, j = link_errors[0]
         err = topo.link_errors[(nvml_of[i], nvml_of[j])]
-        return _out(Status.warn, f"{reason}; NVML did not report the link of {len(link_errors)} pair(s), "
-                    f"first GPU{i}-GPU{j}: {err}", "give `fastverify topo --nvidia-smi FILE` the output of "
-                    "`nvidia-smi topo -m` for those pairs", **details)
+        return _out(
+            Status.warn,
+            f"{reason}; NVML did not report the link of {len(link_errors)} pair(s), first GPU{i}-GPU{j}: {err}",
+            "give `fastverify topo --nvidia-smi FILE` the output of `nvidia-smi topo -m` for those pairs",
+            **details,
+        )
     if refused:
-        return _out(Status.warn, f"{reason}; NVML refuses P2P for {refused} direction(s)",
-                    "see `fastverify topo` for why and what to set", **details)
+        return _out(
+            Status.warn,
+            f"{reason}; NVML refuses P2P for {refused} direction(s)",
+            "see `fastverify topo` for why and what to set",
+            **details,
+        )
     return _out(Status.ok, reason, **details)
 
 
@@ -248,13 +285,27 @@ def check_cuda_graph(ctx: _Context) -> Outcome:
         replay_ms.append(e0.elapsed_time(e1))
     ok, rel = check_close(out, eager.float(), torch.bfloat16)
     del graph
-    details = {"tokens": model.tokens, "eager_us": _median_us(eager_ms), "replay_us": _median_us(replay_ms),
-               "replays": GRAPH_REPLAYS, "replay_vs_eager_rel_err": rel, "clock": "cuda_events"}
+    details = {
+        "tokens": model.tokens,
+        "eager_us": _median_us(eager_ms),
+        "replay_us": _median_us(replay_ms),
+        "replays": GRAPH_REPLAYS,
+        "replay_vs_eager_rel_err": rel,
+        "clock": "cuda_events",
+    }
     if not ok:
-        return _out(Status.fail, f"CUDA-graph replay differs from the eager forward (relative error {rel:.3g})",
-                    "report this: graph capture changed the result", **details)
-    return _out(Status.ok, f"tiny verify forward ({model.tokens} tokens): graph replay {details['replay_us']:.1f} µs, "
-                f"eager {details['eager_us']:.1f} µs (CUDA events, median), replay = eager", **details)
+        return _out(
+            Status.fail,
+            f"CUDA-graph replay differs from the eager forward (relative error {rel:.3g})",
+            "report this: graph capture changed the result",
+            **details,
+        )
+    return _out(
+        Status.ok,
+        f"tiny verify forward ({model.tokens} tokens): graph replay {details['replay_us']:.1f} µs, "
+        f"eager {details['eager_us']:.1f} µs (CUDA events, median), replay = eager",
+        **details,
+    )
 
 
 def check_profiler_trace(ctx: _Context) -> Outcome:
@@ -268,18 +319,36 @@ def check_profiler_trace(ctx: _Context) -> Outcome:
     ranks = load_trace(path)
     r = analyze_rank(ranks[0])
     counts = r["counts"]
-    details = {"events": r["events"], "counts": counts, "steps": len(r["steps"]), "step_source":
-               ranks[0].meta.get("step_source"), "window_us_median": (r["step_median"] or {}).get("window_us"),
-               "top_kernels": [k["name"][:100] for k in r["top_kernels"][:5]], "replays": TRACE_REPLAYS}
+    details = {
+        "events": r["events"],
+        "counts": counts,
+        "steps": len(r["steps"]),
+        "step_source": ranks[0].meta.get("step_source"),
+        "window_us_median": (r["step_median"] or {}).get("window_us"),
+        "top_kernels": [k["name"][:100] for k in r["top_kernels"][:5]],
+        "replays": TRACE_REPLAYS,
+    }
     if r["events"] == 0 or counts["compute"] == 0:
-        return _out(Status.fail, f"the trace of {TRACE_REPLAYS} graph replays holds {r['events']} GPU events, "
-                    f"{counts['compute']} compute kernels", "torch.profiler recorded no kernels under CUDA-graph "
-                    "replay: check the torch/CUPTI install", **details)
+        return _out(
+            Status.fail,
+            f"the trace of {TRACE_REPLAYS} graph replays holds {r['events']} GPU events, "
+            f"{counts['compute']} compute kernels",
+            "torch.profiler recorded no kernels under CUDA-graph replay: check the torch/CUPTI install",
+            **details,
+        )
     if counts["unknown_comm"]:
-        return _out(Status.warn, f"{r['events']} kernels found, {counts['unknown_comm']} look collective but match "
-                    "no rule", "add the names to fastverify/trace/classify.py", **details)
-    return _out(Status.ok, f"{r['events']} GPU events ({counts['compute']} compute) in {len(r['steps'])} profiler "
-                f"steps of the graph replay; median step window {details['window_us_median']} µs", **details)
+        return _out(
+            Status.warn,
+            f"{r['events']} kernels found, {counts['unknown_comm']} look collective but match no rule",
+            "add the names to fastverify/trace/classify.py",
+            **details,
+        )
+    return _out(
+        Status.ok,
+        f"{r['events']} GPU events ({counts['compute']} compute) in {len(r['steps'])} profiler "
+        f"steps of the graph replay; median step window {details['window_us_median']} µs",
+        **details,
+    )
 
 
 def check_hook_overhead(ctx: _Context) -> Outcome:
@@ -313,10 +382,21 @@ def check_hook_overhead(ctx: _Context) -> Outcome:
         plain.append(loop(False))
         hooked.append(loop(True))
     p, h = statistics.median(plain), statistics.median(hooked)
-    details = {"calls": HOOK_CALLS, "repeats": HOOK_REPEATS, "msg_bytes": nbytes, "plain_us_per_call": round(p, 3),
-               "hooked_us_per_call": round(h, 3), "added_us_per_call": round(h - p, 3), "clock": "host perf_counter"}
-    return _out(Status.ok, f"the live profiler's region timer adds {h - p:.2f} µs per all-reduce call "
-                f"({p:.2f} -> {h:.2f} µs host time, 1-rank NCCL, median of {HOOK_REPEATS}×{HOOK_CALLS})", **details)
+    details = {
+        "calls": HOOK_CALLS,
+        "repeats": HOOK_REPEATS,
+        "msg_bytes": nbytes,
+        "plain_us_per_call": round(p, 3),
+        "hooked_us_per_call": round(h, 3),
+        "added_us_per_call": round(h - p, 3),
+        "clock": "host perf_counter",
+    }
+    return _out(
+        Status.ok,
+        f"the live profiler's region timer adds {h - p:.2f} µs per all-reduce call "
+        f"({p:.2f} -> {h:.2f} µs host time, 1-rank NCCL, median of {HOOK_REPEATS}×{HOOK_CALLS})",
+        **details,
+    )
 
 
 def _needs_gpus(ctx: _Context, n: int = 2) -> Outcome | None:
@@ -355,24 +435,43 @@ def p2p_outcome(results: dict) -> Outcome:
 
     pairs = sorted(results)
     timed_out = [k for k in pairs if results[k].timed_out]
-    not_offered = [k for k in pairs if not results[k].ok and k not in timed_out
-                   and results[k].reason.startswith(NO_PEER_ACCESS)]
+    not_offered = [
+        k for k in pairs if not results[k].ok and k not in timed_out and results[k].reason.startswith(NO_PEER_ACCESS)
+    ]
     failed = [k for k in pairs if not results[k].ok and k not in timed_out and k not in not_offered]
-    details = {"pairs": {f"{i}->{j}": {"ok": r.ok, "reason": r.reason, "timed_out": r.timed_out}
-                         for (i, j), r in sorted(results.items())},
-               "failed": len(failed), "not_offered": len(not_offered), "timed_out": len(timed_out)}
+    details = {
+        "pairs": {
+            f"{i}->{j}": {"ok": r.ok, "reason": r.reason, "timed_out": r.timed_out}
+            for (i, j), r in sorted(results.items())
+        },
+        "failed": len(failed),
+        "not_offered": len(not_offered),
+        "timed_out": len(timed_out),
+    }
     needs = "/".join(b.name.value for b in BACKENDS if b.needs_p2p)
     if failed:
-        return _out(Status.fail, f"P2P access the driver offers failed for {first(failed)}", "IPC all-reduces hang "
-                    "or corrupt data where P2P fails: check the ACS/IOMMU settings (`fastverify topo`), or tune "
-                    "with nccl only", **details)
+        return _out(
+            Status.fail,
+            f"P2P access the driver offers failed for {first(failed)}",
+            "IPC all-reduces hang "
+            "or corrupt data where P2P fails: check the ACS/IOMMU settings (`fastverify topo`), or tune "
+            "with nccl only",
+            **details,
+        )
     if not_offered:
-        return _out(Status.warn, f"this GPU/driver does not offer P2P ({first(not_offered)}); {needs} are not "
-                    "candidates", None, **details)
+        return _out(
+            Status.warn,
+            f"this GPU/driver does not offer P2P ({first(not_offered)}); {needs} are not candidates",
+            None,
+            **details,
+        )
     if timed_out:
-        return _out(Status.warn, f"P2P check timed out for {first(timed_out)}: P2P is not known",
-                    "run `fastverify p2p --refresh` on an idle box; until then the backends that need P2P are "
-                    "left out", **details)
+        return _out(
+            Status.warn,
+            f"P2P check timed out for {first(timed_out)}: P2P is not known",
+            "run `fastverify p2p --refresh` on an idle box; until then the backends that need P2P are left out",
+            **details,
+        )
     if not results:
         return _out(Status.warn, "P2P check returned no pairs", "run `fastverify p2p --refresh`", **details)
     return _out(Status.ok, f"P2P ok for all {len(results)} checked directions", **details)
@@ -412,9 +511,17 @@ def check_backends(ctx: _Context) -> Outcome:
     if topo is not None and all(i in nvml_of for i in range(world)):  # the ranks' GPUs: CUDA ordinals 0..world-1
         links = [topo.link(nvml_of[i], nvml_of[j]) for i in range(world) for j in range(world) if i != j]
         nvlink_full = None if None in links else bool(links) and all(link.startswith("NV") for link in links)
-    pctx = ProbeContext(world_size=world, device_type="cuda", dtype=torch.bfloat16, group_backend="nccl",
-                        sm=tuple(torch.cuda.get_device_capability(0)), p2p_ok=p2p_ok, p2p_note=p2p_note,
-                        nvlink_full=nvlink_full, single_node=True)
+    pctx = ProbeContext(
+        world_size=world,
+        device_type="cuda",
+        dtype=torch.bfloat16,
+        group_backend="nccl",
+        sm=tuple(torch.cuda.get_device_capability(0)),
+        p2p_ok=p2p_ok,
+        p2p_note=p2p_note,
+        nvlink_full=nvlink_full,
+        single_node=True,
+    )
     sizes = tuple((t * hidden, count) for t in VERIFY_TOKENS)
     max_numel = max(n for n, _ in sizes)
     per: dict[str, dict] = {}
@@ -433,46 +540,88 @@ def check_backends(ctx: _Context) -> Outcome:
             continue
         if tune_option:
             options["tune"] = False  # FlashInfer's tuning takes minutes; the untuned seed policy is slower
-        spec = TrialSpec(backend=name.value, env={}, world_size=world, device="cuda", dtype="bfloat16", hidden=hidden,
-                         sizes=sizes, warmup=2, iters=10, options=options, op=Op.ALL_REDUCE_RESIDUAL_RMSNORM,
-                         probe_facts={"p2p_ok": p2p_ok, "nvlink_full": nvlink_full}, label=f"doctor {name.value}")
+        spec = TrialSpec(
+            backend=name.value,
+            env={},
+            world_size=world,
+            device="cuda",
+            dtype="bfloat16",
+            hidden=hidden,
+            sizes=sizes,
+            warmup=2,
+            iters=10,
+            options=options,
+            op=Op.ALL_REDUCE_RESIDUAL_RMSNORM,
+            probe_facts={"p2p_ok": p2p_ok, "nvlink_full": nvlink_full},
+            label=f"doctor {name.value}",
+        )
         res, how = run_doctor_trial(spec)
         status = res.status.value
         reason = f"{BUILDING}: {res.reason}" if how["phase"] == BUILDING else res.reason
         per[name.value] = {
-            "status": BUILDING if how["phase"] == BUILDING else status, "reason": reason,
-            "phase": how["phase"], "limits": how["limits"], "tuned": not tune_option,
-            "sizes": [{"tokens": n // hidden, "msg_bytes": s.msg_bytes, "median_us": s.median_us, "p90_us": s.p90_us,
-                       "max_rel_err": s.max_rel_err} for n, s in zip((n for n, _ in sizes), res.sizes)],
+            "status": BUILDING if how["phase"] == BUILDING else status,
+            "reason": reason,
+            "phase": how["phase"],
+            "limits": how["limits"],
+            "tuned": not tune_option,
+            "sizes": [
+                {
+                    "tokens": n // hidden,
+                    "msg_bytes": s.msg_bytes,
+                    "median_us": s.median_us,
+                    "p90_us": s.p90_us,
+                    "max_rel_err": s.max_rel_err,
+                }
+                for n, s in zip((n for n, _ in sizes), res.sizes)
+            ],
         }
     ctx.state["backends"] = {"world": world, "hidden": hidden, "results": per, "calls_per_graph": graph_calls(count)}
     return _backends_outcome(per, world=world, hidden=hidden, p2p_note=p2p_note, nvlink_full=nvlink_full)
 
 
-def _backends_outcome(per: dict[str, dict], *, world: int, hidden: int, p2p_note: str,
-                      nvlink_full: bool | None) -> Outcome:
+def _backends_outcome(
+    per: dict[str, dict], *, world: int, hidden: int, p2p_note: str, nvlink_full: bool | None
+) -> Outcome:
     """The verdict over the per-backend trials: a wrong result or a failed measurement fails (do
     not deploy it), a trial stopped while building warns (run again: FlashInfer caches its build),
     and the baseline must pass."""
     summary = ", ".join(f"{k} {v['status']}" for k, v in per.items())
-    details = {"world_size": world, "hidden": hidden, "tokens": list(VERIFY_TOKENS), "p2p": p2p_note,
-               "nvlink_full": nvlink_full, "backends": per}
+    details = {
+        "world_size": world,
+        "hidden": hidden,
+        "tokens": list(VERIFY_TOKENS),
+        "p2p": p2p_note,
+        "nvlink_full": nvlink_full,
+        "backends": per,
+    }
     bad = {k: v for k, v in per.items() if v["status"] in ("failed", "wrong_result")}
     if bad:
         k, v = next(iter(bad.items()))
-        return _out(Status.fail, f"{summary}; {k}: {v['reason']}",
-                    f"do not deploy {', '.join(bad)}; tune skips a backend whose result is wrong", **details)
+        return _out(
+            Status.fail,
+            f"{summary}; {k}: {v['reason']}",
+            f"do not deploy {', '.join(bad)}; tune skips a backend whose result is wrong",
+            **details,
+        )
     base = [k for k in per if backend_info(k).role is Role.baseline]
     for k in base:
         if per[k]["status"] != "ok":
-            return _out(Status.fail, f"{summary}; {k}: {per[k]['reason']}", "NCCL must work: check the driver, "
-                        "NCCL_* settings and `fastverify topo`", **details)
+            return _out(
+                Status.fail,
+                f"{summary}; {k}: {per[k]['reason']}",
+                "NCCL must work: check the driver, NCCL_* settings and `fastverify topo`",
+                **details,
+            )
     building = [k for k, v in per.items() if v["status"] == BUILDING]
     if building:
         k = building[0]
-        return _out(Status.warn, f"{summary}; {k}: {per[k]['reason']}",
-                    "a first build of FlashInfer's kernels takes minutes: run doctor again (the build is cached), "
-                    "or install flashinfer-jit-cache", **details)
+        return _out(
+            Status.warn,
+            f"{summary}; {k}: {per[k]['reason']}",
+            "a first build of FlashInfer's kernels takes minutes: run doctor again (the build is cached), "
+            "or install flashinfer-jit-cache",
+            **details,
+        )
     return _out(Status.ok, f"{world} GPUs, all-reduce + residual + RMSNorm vs torch reference: {summary}", **details)
 
 
@@ -496,8 +645,13 @@ def check_backend_latency(ctx: _Context) -> Outcome:
         best = min(rows, key=lambda k: rows[k][i])
         parts.append(f"{t * info['hidden'] * 2 // 1024} KiB: {best} {rows[best][i]:.1f} µs")
     k = info["calls_per_graph"]
-    return _out(Status.ok, f"fastest per size ({info['world']} GPUs, CUDA events, median per call over graph "
-                f"replays of {k} calls): " + "; ".join(parts), world_size=info["world"], tokens=list(VERIFY_TOKENS),
-                median_us=rows, calls_per_graph=k, note="pcie_ipc runs untuned here; `fastverify tune` tunes it")
-
-
+    return _out(
+        Status.ok,
+        f"fastest per size ({info['world']} GPUs, CUDA events, median per call over graph "
+        f"replays of {k} calls): " + "; ".join(parts),
+        world_size=info["world"],
+        tokens=list(VERIFY_TOKENS),
+        median_us=rows,
+        calls_per_graph=k,
+        note="pcie_ipc runs untuned here; `fastverify tune` tunes it",
+    )

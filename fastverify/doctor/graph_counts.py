@@ -47,12 +47,30 @@ TIMEOUT_S = 300.0
 WORLD = 2
 CALLS = 3
 RUNNERS = (  # (name, module, class, capture mode, draft worker, all-reduces in the forward)
-    ("eagle_draft", "sglang.srt.speculative.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner",
-     "DECODE", True, 2),
-    ("eagle_draft_extend", "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
-     "EAGLEDraftExtendCudaGraphRunner", "DRAFT_EXTEND_V2", True, 3),
-    ("prefill", "sglang.srt.model_executor.runner.prefill_cuda_graph_runner", "PrefillCudaGraphRunner",
-     "EXTEND", False, 5),
+    (
+        "eagle_draft",
+        "sglang.srt.speculative.eagle_draft_cuda_graph_runner",
+        "EAGLEDraftCudaGraphRunner",
+        "DECODE",
+        True,
+        2,
+    ),
+    (
+        "eagle_draft_extend",
+        "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+        "EAGLEDraftExtendCudaGraphRunner",
+        "DRAFT_EXTEND_V2",
+        True,
+        3,
+    ),
+    (
+        "prefill",
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+        "PrefillCudaGraphRunner",
+        "EXTEND",
+        False,
+        5,
+    ),
 )
 REPLAY_MODE = {"eagle_draft": "draft", "eagle_draft_extend": "draft_extend", "prefill": "extend"}
 NO_SGLANG = "SGLang not importable: the patch's counts on SGLang's graph runners and compiled ops are not checked"
@@ -78,8 +96,9 @@ def _backend_for(runner: Any, device_module: Any) -> Any:
     return be
 
 
-def run_graphs(device_module: Any, device: Any, *, graph_class: Any = None,
-               capturing: Callable[[], bool] | None = None) -> dict[str, Any]:
+def run_graphs(
+    device_module: Any, device: Any, *, graph_class: Any = None, capturing: Callable[[], bool] | None = None
+) -> dict[str, Any]:
     """Install the patch (counting only), capture one shape on each runner of :data:`RUNNERS`, replay
     each once; returns what was wrapped and counted.
 
@@ -107,8 +126,10 @@ def run_graphs(device_module: Any, device: Any, *, graph_class: Any = None,
     from sglang.srt.model_executor.runner.shape_key import ShapeKey
 
     report = install(environ=PATCH_ENV)
-    out: dict[str, Any] = {"wrapped": sorted(k for k in installed() if k.split(".")[-1] in ("capture_one", "replay")),
-                           "uncounted": report.uncounted}
+    out: dict[str, Any] = {
+        "wrapped": sorted(k for k in installed() if k.split(".")[-1] in ("capture_one", "replay")),
+        "uncounted": report.uncounted,
+    }
     if graph_class is not None:
         torch.cuda.CUDAGraph = graph_class
     if capturing is not None:
@@ -164,10 +185,12 @@ def graph_verdict(got: dict[str, Any], *, real_graph: bool) -> tuple[bool, str]:
     want_vals = {k: 3.0 * n for k, n in issued.items()}
     if real_graph and got["values"] != want_vals:
         return False, f"the replayed graphs left {got['values']}, want {want_vals}: a replay did not run the forward"
-    return True, (f"SGLang's EAGLE draft, draft-extend and prefill graph runners captured through FullCudaGraphBackend"
-                  f"{' (real CUDA graphs)' if real_graph else ''}: warm-ups {warm['capture_warmup']} capture_warmup, "
-                  f"replays counted draft {rep['draft']}, draft_extend {rep['draft_extend']}, extend {rep['extend']} "
-                  f"(each all-reduce the patch's counted() around an in-place add on the device)")
+    return True, (
+        f"SGLang's EAGLE draft, draft-extend and prefill graph runners captured through FullCudaGraphBackend"
+        f"{' (real CUDA graphs)' if real_graph else ''}: warm-ups {warm['capture_warmup']} capture_warmup, "
+        f"replays counted draft {rep['draft']}, draft_extend {rep['draft_extend']}, extend {rep['extend']} "
+        f"(each all-reduce the patch's counted() around an in-place add on the device)"
+    )
 
 
 def _graph_worker(q: Any) -> None:
@@ -191,13 +214,29 @@ def _group(name: str, local_rank: int, pynccl: bool) -> Any:
     import torch.distributed as dist
     from sglang.srt.distributed.parallel_state import GroupCoordinator
 
-    return GroupCoordinator([list(range(WORLD))], local_rank, dist.get_backend(), use_pynccl=pynccl, use_mscclpp=False,
-                            use_custom_allreduce=False, use_torch_symm_mem_all_reduce=False,
-                            use_hpu_communicator=False, use_xpu_communicator=False, group_name=name)
+    return GroupCoordinator(
+        [list(range(WORLD))],
+        local_rank,
+        dist.get_backend(),
+        use_pynccl=pynccl,
+        use_mscclpp=False,
+        use_custom_allreduce=False,
+        use_torch_symm_mem_all_reduce=False,
+        use_hpu_communicator=False,
+        use_xpu_communicator=False,
+        group_name=name,
+    )
 
 
-def run_compiled(rank: int, port: int, device: Any, *, local_rank: int = 0, pynccl: bool = False,
-                 attach: Callable[[Any], None] | None = None) -> dict[str, Any]:
+def run_compiled(
+    rank: int,
+    port: int,
+    device: Any,
+    *,
+    local_rank: int = 0,
+    pynccl: bool = False,
+    attach: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
     """One of :data:`WORLD` ranks: install the patch (counting only), build SGLang's
     ``GroupCoordinator`` over a gloo device group (and a second one with PyNccl when ``pynccl``, or
     one given a communicator by ``attach``), call a ``torch.compile`` d forward
@@ -212,8 +251,13 @@ def run_compiled(rank: int, port: int, device: Any, *, local_rank: int = 0, pync
     import torch.distributed as dist
 
     install(environ=PATCH_ENV)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
     groups = {"plain": _group("doctor", local_rank, False)}
     if pynccl or attach is not None:
         groups["pynccl"] = _group("doctor_pynccl", local_rank, pynccl)
@@ -250,8 +294,10 @@ def compiled_verdict(got: dict[int, dict[str, Any]]) -> tuple[bool, str]:
                 return False, f"rank {r} {name} group: outputs {g['outs']}, want {want_out}"
             seen.append(f"{name} group {path}")
     groups = sorted(set(seen))
-    return True, (f"torch.compile'd forward (Dynamo eager backend) calling SGLang's GroupCoordinator.all_reduce on "
-                  f"{WORLD} gloo ranks, {CALLS} calls: one count per call ({', '.join(groups)}); outputs {want_out[0]:g}")
+    return True, (
+        f"torch.compile'd forward (Dynamo eager backend) calling SGLang's GroupCoordinator.all_reduce on "
+        f"{WORLD} gloo ranks, {CALLS} calls: one count per call ({', '.join(groups)}); outputs {want_out[0]:g}"
+    )
 
 
 def _compiled_worker(rank: int, port: int, gpus: int, q: Any) -> None:
@@ -259,8 +305,7 @@ def _compiled_worker(rank: int, port: int, gpus: int, q: Any) -> None:
         import torch
 
         torch.cuda.set_device(rank % gpus)
-        got = run_compiled(rank, port, torch.device("cuda", rank % gpus), local_rank=rank % gpus,
-                           pynccl=gpus >= WORLD)
+        got = run_compiled(rank, port, torch.device("cuda", rank % gpus), local_rank=rank % gpus, pynccl=gpus >= WORLD)
     except BaseException as err:  # noqa: BLE001 - reported to the parent in one line
         got = {"error": f"{type(err).__name__}: {err}"}
     q.put((rank, got))
@@ -281,8 +326,12 @@ def check_graph_counts(ctx: _Context) -> Outcome:
     got = spawn(_graph_worker, [()], TIMEOUT_S)[0]
     ok, line = graph_verdict(got, real_graph=True)
     if not ok:
-        return _out(Status.fail, line, "report this with `fastverify doctor --json`: the patch's paths line "
-                    "would miscount graph replays", result=got)
+        return _out(
+            Status.fail,
+            line,
+            "report this with `fastverify doctor --json`: the patch's paths line would miscount graph replays",
+            result=got,
+        )
     return _out(Status.ok, line, result=got)
 
 
@@ -298,8 +347,12 @@ def check_compiled_counts(ctx: _Context) -> Outcome:
         got.setdefault(r, {"error": f"rank {r} did not answer within {TIMEOUT_S:.0f} s"})
     ok, line = compiled_verdict(got)
     if ok and gpus < WORLD:
-        line += "; PyNccl's outplace_all_reduce(\"auto\") not checked: it needs one GPU per rank"
+        line += '; PyNccl\'s outplace_all_reduce("auto") not checked: it needs one GPU per rank'
     if not ok:
-        return _out(Status.fail, line, "report this with `fastverify doctor --json`: the patch would miscount "
-                    "compiled all-reduces", ranks=got)
+        return _out(
+            Status.fail,
+            line,
+            "report this with `fastverify doctor --json`: the patch would miscount compiled all-reduces",
+            ranks=got,
+        )
     return _out(Status.ok, line, ranks=got)

@@ -51,15 +51,25 @@ def child() -> None:
             _emit({"module": label, "event": "skipped", "reason": f"kernel not built for SM{sm[0]}{sm[1]}"})
             continue
         spec = getattr(importlib.import_module(module), fn)()
-        facts = {"module": label, "jit_name": getattr(spec, "name", label),
-                 "aot": bool(getattr(spec, "is_aot", False)), "cached": bool(getattr(spec, "is_compiled", False))}
+        facts = {
+            "module": label,
+            "jit_name": getattr(spec, "name", label),
+            "aot": bool(getattr(spec, "is_aot", False)),
+            "cached": bool(getattr(spec, "is_compiled", False)),
+        }
         _emit({**facts, "event": "start"})
         t0 = time.perf_counter()
         try:
             spec.build_and_load()
         except Exception as err:  # noqa: BLE001 - one module's compile error, reported by name
-            _emit({**facts, "event": "error", "seconds": round(time.perf_counter() - t0, 3),
-                   "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
+            _emit(
+                {
+                    **facts,
+                    "event": "error",
+                    "seconds": round(time.perf_counter() - t0, 3),
+                    "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}",
+                }
+            )
             continue
         _emit({**facts, "event": "done", "seconds": round(time.perf_counter() - t0, 3)})
     from fastverify.backends.base import FUSED_ADD_RMSNORM  # lazy: torch
@@ -120,8 +130,15 @@ def summarize(events: list[dict], *, killed: bool, limit_s: float, elapsed_s: fl
         modules[building]["status"] = "error"
         errors[building] = exit_reason or "the build process exited"
         building = None
-    return {"modules": modules, "building": building, "errors": errors, "killed": killed,
-            "limit_s": limit_s, "elapsed_s": round(elapsed_s, 3), "exit": exit_reason}
+    return {
+        "modules": modules,
+        "building": building,
+        "errors": errors,
+        "killed": killed,
+        "limit_s": limit_s,
+        "elapsed_s": round(elapsed_s, 3),
+        "exit": exit_reason,
+    }
 
 
 def run_builds(limit_s: float) -> dict:
@@ -129,8 +146,15 @@ def run_builds(limit_s: float) -> dict:
     of what it printed (killed at the limit: ``building`` names the module it was on)."""
     t0 = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as err_file:  # a file: compiler output must never block the child
-        proc = subprocess.Popen([sys.executable, "-m", __name__], stdout=subprocess.PIPE, stderr=err_file,
-                                stdin=subprocess.DEVNULL, text=True, env=dict(os.environ), start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ),
+            start_new_session=True,
+        )
         events: list[dict] = []
         killed = False
         sel = selectors.DefaultSelector()

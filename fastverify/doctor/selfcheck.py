@@ -93,12 +93,19 @@ def compare_nccl(torch_says: Any, library: Any, how: str) -> tuple[Status, str, 
     ``how`` says which library that was. Returns (status, reason, fix)."""
     loaded = ".".join(map(str, torch_says[:3])) if isinstance(torch_says, tuple) else str(torch_says)
     if library is None:
-        return (Status.warn, f"torch loads NCCL {loaded}; fastverify found no libnccl to read, so NCCL settings are "
-                "checked against the newest rules", "set NCCL_LIBRARY=/path/to/libnccl.so.2")
+        return (
+            Status.warn,
+            f"torch loads NCCL {loaded}; fastverify found no libnccl to read, so NCCL settings are "
+            "checked against the newest rules",
+            "set NCCL_LIBRARY=/path/to/libnccl.so.2",
+        )
     if str(library) != loaded:
-        return (Status.warn, f"torch loads NCCL {loaded} but ncclGetVersion of {library.library} ({how}) says "
-                f"{library}: settings are checked against the wrong version", "set NCCL_LIBRARY to the libnccl torch "
-                "loads")
+        return (
+            Status.warn,
+            f"torch loads NCCL {loaded} but ncclGetVersion of {library.library} ({how}) says "
+            f"{library}: settings are checked against the wrong version",
+            "set NCCL_LIBRARY to the libnccl torch loads",
+        )
     return Status.ok, f"torch loads NCCL {loaded}; ncclGetVersion of {library.library} ({how}) agrees", None
 
 
@@ -110,8 +117,9 @@ def check_torch_nccl(ctx: _Context) -> Outcome:
     try:
         v = torch.cuda.nccl.version()
     except Exception as err:  # noqa: BLE001 - torch built without NCCL raises
-        return _out(Status.fail, f"torch has no NCCL ({type(err).__name__}: {err})", "install a CUDA torch built "
-                    "with NCCL")
+        return _out(
+            Status.fail, f"torch has no NCCL ({type(err).__name__}: {err})", "install a CUDA torch built with NCCL"
+        )
     try:
         mapped = libnccl_mapped(Path("/proc/self/maps").read_text())
     except OSError:
@@ -126,9 +134,17 @@ def check_torch_nccl(ctx: _Context) -> Outcome:
     if library is None:
         library = ctx.nccl_version()
     status, reason, fix = compare_nccl(v, library, how)
-    return _out(status, reason, fix, torch_nccl=".".join(map(str, v[:3])) if isinstance(v, tuple) else str(v),
-                torch_nccl_raw=str(v), library=None if library is None else str(library),
-                library_path=None if library is None else library.library, mapped=mapped, how=how)
+    return _out(
+        status,
+        reason,
+        fix,
+        torch_nccl=".".join(map(str, v[:3])) if isinstance(v, tuple) else str(v),
+        torch_nccl_raw=str(v),
+        library=None if library is None else str(library),
+        library_path=None if library is None else library.library,
+        mapped=mapped,
+        how=how,
+    )
 
 
 # --- CUDA_DEVICE_MAX_CONNECTIONS -----------------------------------------------------------------
@@ -144,8 +160,12 @@ def check_cuda_max_connections(ctx: _Context) -> Outcome:
     if word == connections.TAKES_EFFECT:
         return _out(Status.ok, f"{connections.ENV} set late {word}: {why}", **details)
     if word == connections.DOES_NOT:
-        return _out(Status.warn, f"{connections.ENV} set late {word}: {why}",
-                    f"set {connections.ENV} before the interpreter starts (fastverify launch's environment)", **details)
+        return _out(
+            Status.warn,
+            f"{connections.ENV} set late {word}: {why}",
+            f"set {connections.ENV} before the interpreter starts (fastverify launch's environment)",
+            **details,
+        )
     return _out(Status.warn, f"{connections.ENV} set late: {word}: {why}", "run doctor again on an idle GPU", **details)
 
 
@@ -166,16 +186,25 @@ def check_jit_builds(ctx: _Context) -> Outcome:
 def jit_outcome(res: dict) -> Outcome:
     """The check's verdict over :func:`fastverify.doctor.jit.summarize`'s dict."""
     mods = res["modules"]
-    parts = [f"{k} {v.get('status')} {v['seconds']:.1f} s" if v.get("seconds") is not None else f"{k} {v.get('status')}"
-             for k, v in mods.items()]
+    parts = [
+        f"{k} {v.get('status')} {v['seconds']:.1f} s" if v.get("seconds") is not None else f"{k} {v.get('status')}"
+        for k, v in mods.items()
+    ]
     if res["building"]:
-        return _out(Status.warn, f"{BUILDING}: {res['building']} still building after {res['limit_s']:g} s "
-                    f"({'; '.join(parts)})", "let it finish once (FlashInfer caches the build), or install "
-                    "flashinfer-jit-cache", **res)
+        return _out(
+            Status.warn,
+            f"{BUILDING}: {res['building']} still building after {res['limit_s']:g} s ({'; '.join(parts)})",
+            "let it finish once (FlashInfer caches the build), or install flashinfer-jit-cache",
+            **res,
+        )
     if res["errors"]:
         k, e = next(iter(res["errors"].items()))
-        return _out(Status.fail, f"FlashInfer JIT build of {k} failed: {e}", "check nvcc / CUDA_HOME, or install "
-                    "flashinfer-jit-cache", **res)
+        return _out(
+            Status.fail,
+            f"FlashInfer JIT build of {k} failed: {e}",
+            "check nvcc / CUDA_HOME, or install flashinfer-jit-cache",
+            **res,
+        )
     if res["exit"]:
         return _out(Status.fail, f"FlashInfer JIT build run: {res['exit']}", None, **res)
     return _out(Status.ok, "FlashInfer modules: " + "; ".join(parts), **res)
@@ -193,24 +222,41 @@ def check_stream_binding(ctx: _Context) -> Outcome:
     device = torch.device("cuda", 0)
     binding, source = st.load_binding(device)
     if binding is None:
-        return _out(Status.skipped, f"FlashInfer's stream rule not available: {source}",
-                    f"pip install flashinfer-python=={PINNED_FLASHINFER} or set {st.WHEEL_ENV}")
+        return _out(
+            Status.skipped,
+            f"FlashInfer's stream rule not available: {source}",
+            f"pip install flashinfer-python=={PINNED_FLASHINFER} or set {st.WHEEL_ENV}",
+        )
     with torch.cuda.device(device):
         cuda = st.CudaStreams(torch, device)
         rows = st.run_steps(binding, cuda)
         counter, expected = cuda.finish()
     ok, line = st.judge(rows, counter, expected)
-    details: dict[str, Any] = {"source": source, "binding": binding.source, "steps": rows, "counter": counter,
-                               "expected": expected}
+    details: dict[str, Any] = {
+        "source": source,
+        "binding": binding.source,
+        "steps": rows,
+        "counter": counter,
+        "expected": expected,
+    }
     if not ok:
-        return _out(Status.fail, f"stream binding: {line}", "the pcie_ipc backend's rebind logic no longer matches "
-                    "FlashInfer: report this with `fastverify doctor --json`", **details)
+        return _out(
+            Status.fail,
+            f"stream binding: {line}",
+            "the pcie_ipc backend's rebind logic no longer matches "
+            "FlashInfer: report this with `fastverify doctor --json`",
+            **details,
+        )
     if ctx.gpu_count >= 2:
         trial = _pcie_ipc_trial(ctx)
         details["backend_trial"] = trial
         if trial["status"] in ("failed", "wrong_result"):
-            return _out(Status.fail, f"stream rule holds, but the real pcie_ipc trial {trial['status']}: "
-                        f"{trial['reason']}", "do not deploy pcie_ipc", **details)
+            return _out(
+                Status.fail,
+                f"stream rule holds, but the real pcie_ipc trial {trial['status']}: {trial['reason']}",
+                "do not deploy pcie_ipc",
+                **details,
+            )
         line += f"; pcie_ipc 2-rank trial {trial['status']}"
     return _out(Status.ok, f"{line} ({binding.source})", **details)
 
@@ -223,16 +269,34 @@ def _pcie_ipc_trial(ctx: _Context) -> dict:
 
     hidden = load_model_config("kimi-k2").hidden_size
     p2p_ok, p2p_note = summarize_p2p(ctx.state.get("p2p"))
-    pctx = ProbeContext(world_size=2, device_type="cuda", dtype=torch.bfloat16, group_backend="nccl",
-                        sm=tuple(torch.cuda.get_device_capability(0)), p2p_ok=p2p_ok, p2p_note=p2p_note,
-                        single_node=True)
+    pctx = ProbeContext(
+        world_size=2,
+        device_type="cuda",
+        dtype=torch.bfloat16,
+        group_backend="nccl",
+        sm=tuple(torch.cuda.get_device_capability(0)),
+        p2p_ok=p2p_ok,
+        p2p_note=p2p_note,
+        single_node=True,
+    )
     cap = probe(BackendName.pcie_ipc, pctx)
     if not cap.ok:
         return {"status": "skipped", "reason": cap.reason}
-    spec = TrialSpec(backend=BackendName.pcie_ipc.value, env={}, world_size=2, device="cuda", dtype="bfloat16",
-                     hidden=hidden, sizes=((4 * hidden, 1),), warmup=1, iters=3,
-                     options={"max_numel": 4 * hidden, "tune": False}, op=Op.ALL_REDUCE,
-                     probe_facts={"p2p_ok": p2p_ok}, label="doctor stream binding")
+    spec = TrialSpec(
+        backend=BackendName.pcie_ipc.value,
+        env={},
+        world_size=2,
+        device="cuda",
+        dtype="bfloat16",
+        hidden=hidden,
+        sizes=((4 * hidden, 1),),
+        warmup=1,
+        iters=3,
+        options={"max_numel": 4 * hidden, "tune": False},
+        op=Op.ALL_REDUCE,
+        probe_facts={"p2p_ok": p2p_ok},
+        label="doctor stream binding",
+    )
     res, how = run_doctor_trial(spec)
     return {"status": BUILDING if how["phase"] == BUILDING else res.status.value, "reason": res.reason, **how}
 
@@ -288,10 +352,16 @@ def check_flashinfer_norm(ctx: _Context) -> Outcome:
         results[name] = row
     details = {"tokens": tokens, "hidden": hidden, "eps": eps, "reference": "fp32 torch", "results": results}
     if worst:
-        return _out(Status.fail, f"fused_add_rmsnorm differs from the fp32 reference: {worst}",
-                    "use the torch norm (backend option norm=torch) until fixed", **details)
-    parts = [f"{k} eager {v['eager']['rel_err_norm']:.2g} / graph {v['graph']['rel_err_norm']:.2g}"
-             for k, v in results.items()]
+        return _out(
+            Status.fail,
+            f"fused_add_rmsnorm differs from the fp32 reference: {worst}",
+            "use the torch norm (backend option norm=torch) until fixed",
+            **details,
+        )
+    parts = [
+        f"{k} eager {v['eager']['rel_err_norm']:.2g} / graph {v['graph']['rel_err_norm']:.2g}"
+        for k, v in results.items()
+    ]
     return _out(Status.ok, "fused_add_rmsnorm vs fp32 reference, relative error: " + ", ".join(parts), **details)
 
 
@@ -311,8 +381,9 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     hidden = load_model_config("tiny").hidden_size
     tokens = 4
     pctx = ProbeContext.detect(None, device=device, dtype=dtype, single_node=True)
-    backend = make_backend(BackendName.nccl, None, device=device, dtype=dtype, max_numel=tokens * hidden,
-                           hidden=hidden, context=pctx)
+    backend = make_backend(
+        BackendName.nccl, None, device=device, dtype=dtype, max_numel=tokens * hidden, hidden=hidden, context=pctx
+    )
     gen = torch.Generator(device="cuda").manual_seed(1)
     x0 = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
     r0 = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
@@ -341,34 +412,74 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
             counter.replayed(("verify", 1), into="verify")
         torch.cuda.synchronize()
         errs["graph"] = max(check_close(g, e, dtype)[1] for g, e in zip(out, want))
-        ok_in = all(check_close(g, e, dtype)[0] for g, e in zip(out, want)) and \
-            all(check_close(g, e, dtype)[0] for g, e in zip(eager, want))
+        ok_in = all(check_close(g, e, dtype)[0] for g, e in zip(out, want)) and all(
+            check_close(g, e, dtype)[0] for g, e in zip(eager, want)
+        )
         del graph
     finally:
         backend.close()
-    spec = TrialSpec(backend=BackendName.nccl.value, env={}, world_size=1, device="cuda", dtype="bfloat16",
-                     hidden=hidden, sizes=((tokens * hidden, 1), (8 * tokens * hidden, 1)), warmup=1, iters=5,
-                     op=Op.ALL_REDUCE_RESIDUAL_RMSNORM, label="doctor nccl 1 rank")
+    spec = TrialSpec(
+        backend=BackendName.nccl.value,
+        env={},
+        world_size=1,
+        device="cuda",
+        dtype="bfloat16",
+        hidden=hidden,
+        sizes=((tokens * hidden, 1), (8 * tokens * hidden, 1)),
+        warmup=1,
+        iters=5,
+        op=Op.ALL_REDUCE_RESIDUAL_RMSNORM,
+        label="doctor nccl 1 rank",
+    )
     res, how = run_doctor_trial(spec)
     counts = counter.snapshot()
-    counts_ok = counts == {"other": {"sglang.nccl": 1}, "capture_warmup": {"sglang.nccl": 2},
-                           "verify": {"sglang.nccl": 3}} and counter.graphs == {("verify", 1): {"sglang.nccl": 1}}
-    details = {"hidden": hidden, "tokens": tokens, "in_process_rel_err": errs, "path_counts": dict(backend.path_counts),
-               "allreduce_paths": counts,
-               "trial": {"status": res.status.value, "reason": res.reason, **how,
-                         "median_us": [s.median_us for s in res.sizes], "clock": res.clock and res.clock.value}}
+    counts_ok = counts == {
+        "other": {"sglang.nccl": 1},
+        "capture_warmup": {"sglang.nccl": 2},
+        "verify": {"sglang.nccl": 3},
+    } and counter.graphs == {("verify", 1): {"sglang.nccl": 1}}
+    details = {
+        "hidden": hidden,
+        "tokens": tokens,
+        "in_process_rel_err": errs,
+        "path_counts": dict(backend.path_counts),
+        "allreduce_paths": counts,
+        "trial": {
+            "status": res.status.value,
+            "reason": res.reason,
+            **how,
+            "median_us": [s.median_us for s in res.sizes],
+            "clock": res.clock and res.clock.value,
+        },
+    }
     if not ok_in:
-        return _out(Status.fail, f"1-rank NCCL backend differs from the reference (relative error {errs})",
-                    "report this with `fastverify doctor --json`", **details)
+        return _out(
+            Status.fail,
+            f"1-rank NCCL backend differs from the reference (relative error {errs})",
+            "report this with `fastverify doctor --json`",
+            **details,
+        )
     if not counts_ok:  # the eager call (no mode), the graph's 2 warm-ups apart, 1 captured x 3 replays
-        return _out(Status.fail, f"path counts of a captured, replayed graph are wrong: {counts}",
-                    "report this with `fastverify doctor --json`", **details)
+        return _out(
+            Status.fail,
+            f"path counts of a captured, replayed graph are wrong: {counts}",
+            "report this with `fastverify doctor --json`",
+            **details,
+        )
     if res.status.value != "ok":
         status = Status.warn if how["phase"] == BUILDING else Status.fail
-        return _out(status, f"in-process eager + graph replay ok; tune trial {res.status.value}: {res.reason}",
-                    "check the NCCL install (NCCL_DEBUG=INFO)", **details)
-    return _out(Status.ok, f"1-rank NCCL: eager and graph replay match the reference (rel err {errs['graph']:.2g}); "
-                f"tune trial ok, {res.sizes[0].median_us:.1f} µs per call (CUDA events)", **details)
+        return _out(
+            status,
+            f"in-process eager + graph replay ok; tune trial {res.status.value}: {res.reason}",
+            "check the NCCL install (NCCL_DEBUG=INFO)",
+            **details,
+        )
+    return _out(
+        Status.ok,
+        f"1-rank NCCL: eager and graph replay match the reference (rel err {errs['graph']:.2g}); "
+        f"tune trial ok, {res.sizes[0].median_us:.1f} µs per call (CUDA events)",
+        **details,
+    )
 
 
 def check_live_graph_timing(ctx: _Context) -> Outcome:
@@ -377,26 +488,54 @@ def check_live_graph_timing(ctx: _Context) -> Outcome:
     and the whole-forward graph), the eager forward only as the second figure."""
 
     iters = 3
-    ranks = run_live(load_model_config("tiny"), tp=1, draft_tokens=4, batch=1, iters=iters, warmup=1,
-                     device="cuda", timeout_s=LIVE_TIMEOUT_S, progress=False)
+    ranks = run_live(
+        load_model_config("tiny"),
+        tp=1,
+        draft_tokens=4,
+        batch=1,
+        iters=iters,
+        warmup=1,
+        device="cuda",
+        timeout_s=LIVE_TIMEOUT_S,
+        progress=False,
+    )
     r = ranks[0]
     names = [r.names[i] for i in r.name_id]
     graph, eager = r.meta.get("graph_forward_us") or [], r.meta.get("eager_forward_us") or []
-    details = {"ranks": len(ranks), "events": len(names), "steps": len(r.steps),
-               "timed_forward": r.meta.get("timed_forward"), "graph_forward_us": graph, "eager_forward_us": eager, "timing": r.meta.get("timing"),
-               "dist_backend": r.meta.get("dist_backend")}
+    details = {
+        "ranks": len(ranks),
+        "events": len(names),
+        "steps": len(r.steps),
+        "timed_forward": r.meta.get("timed_forward"),
+        "graph_forward_us": graph,
+        "eager_forward_us": eager,
+        "timing": r.meta.get("timing"),
+        "dist_backend": r.meta.get("dist_backend"),
+    }
     fix = "run `fastverify profile --tp 1` for the rank's error"
     if len(r.steps) != iters or not names:
-        return _out(Status.fail, f"live runner at TP 1: {len(r.steps)} steps (expected {iters}), {len(names)} events",
-                    fix, **details)
+        return _out(
+            Status.fail,
+            f"live runner at TP 1: {len(r.steps)} steps (expected {iters}), {len(names)} events",
+            fix,
+            **details,
+        )
     if details["timed_forward"] != "cuda_graph" or len(graph) != iters:
-        return _out(Status.fail, f"live runner at TP 1 timed {details['timed_forward']!r} forwards, not CUDA-graph "
-                    f"replays ({len(graph)} whole-graph timings of {iters})", fix, **details)
+        return _out(
+            Status.fail,
+            f"live runner at TP 1 timed {details['timed_forward']!r} forwards, not CUDA-graph "
+            f"replays ({len(graph)} whole-graph timings of {iters})",
+            fix,
+            **details,
+        )
     med = sorted(graph)[len(graph) // 2]
     med_eager = sorted(eager)[len(eager) // 2] if eager else float("nan")
-    return _out(Status.ok, f"live runner at TP 1: {iters} verify steps timed from CUDA-graph replays, {len(names)} "
-                f"regions; whole forward {med:.1f} us from its graph, {med_eager:.1f} us eager (second figure)",
-                **details)
+    return _out(
+        Status.ok,
+        f"live runner at TP 1: {iters} verify steps timed from CUDA-graph replays, {len(names)} "
+        f"regions; whole forward {med:.1f} us from its graph, {med_eager:.1f} us eager (second figure)",
+        **details,
+    )
 
 
 def check_fused_two_groups(ctx: _Context) -> Outcome:
@@ -406,8 +545,13 @@ def check_fused_two_groups(ctx: _Context) -> Outcome:
     got = run_two_groups()
     ok, line = two_groups_verdict(got)
     if not ok:
-        return _out(Status.fail, line, "report this with `fastverify doctor --json`: the fused slot would "
-                    "change the model's answers with MoE data parallelism", ranks=got)
+        return _out(
+            Status.fail,
+            line,
+            "report this with `fastverify doctor --json`: the fused slot would "
+            "change the model's answers with MoE data parallelism",
+            ranks=got,
+        )
     return _out(Status.ok, line, ranks=got)
 
 
@@ -428,8 +572,9 @@ TIMER_BUSY_MS = 200.0  # GPU work queued ahead of the timed steps
 WARMUP_STEPS = 2  # untimed steps before the window: the allocator then holds the loop's blocks
 
 
-def judge_verify_timer(*, host_ms: float, busy_ms: float, written_while_busy: int, written_after: int,
-                       steps: int, rows: list[dict]) -> tuple[bool, str]:
+def judge_verify_timer(
+    *, host_ms: float, busy_ms: float, written_while_busy: int, written_after: int, steps: int, rows: list[dict]
+) -> tuple[bool, str]:
     """Whether the verify timer timed ``steps`` steps with CUDA events without waiting for the GPU.
 
     Parameters
@@ -444,23 +589,32 @@ def judge_verify_timer(*, host_ms: float, busy_ms: float, written_while_busy: in
         The JSON lines the timer wrote.
     """
     if host_ms >= busy_ms / 2:
-        return False, (f"recording and draining took {host_ms:.1f} ms of host time behind {busy_ms:.0f} ms of "
-                       "GPU work: the timer waits for the GPU")
+        return False, (
+            f"recording and draining took {host_ms:.1f} ms of host time behind {busy_ms:.0f} ms of "
+            "GPU work: the timer waits for the GPU"
+        )
     if written_while_busy:
         return False, f"the drain wrote {written_while_busy} row(s) before their events could have completed"
     if written_after != steps or len(rows) != steps:
-        return False, (f"{written_after} row(s) written after the GPU finished ({len(rows)} in the file), "
-                       f"expected {steps}")
+        return False, (
+            f"{written_after} row(s) written after the GPU finished ({len(rows)} in the file), expected {steps}"
+        )
     bad = [r for r in rows if r.get("clock") != "cuda_events" or not float(r.get("verify_ms", 0)) > 0]
     if bad:
         return False, f"row {bad[0]} is not a positive CUDA-event time"
-    return True, (f"{steps} steps timed with CUDA events; {host_ms:.2f} ms host time behind {busy_ms:.0f} ms of "
-                  "queued GPU work, nothing written before it finished")
+    return True, (
+        f"{steps} steps timed with CUDA events; {host_ms:.2f} ms host time behind {busy_ms:.0f} ms of "
+        "queued GPU work, nothing written before it finished"
+    )
 
 
 def _timer(torch: Any, out_dir: Path) -> VerifyTimer:
-    return VerifyTimer(out_dir, every=TIMER_STEPS + 1,  # drained by hand
-                       event_factory=lambda: torch.cuda.Event(enable_timing=True), clock="cuda_events")
+    return VerifyTimer(
+        out_dir,
+        every=TIMER_STEPS + 1,  # drained by hand
+        event_factory=lambda: torch.cuda.Event(enable_timing=True),
+        clock="cuda_events",
+    )
 
 
 def _step(timer, a):
@@ -509,8 +663,15 @@ def time_steps(torch: Any, out_dir: Path) -> dict:
     after = timer.drain()
     path = next(iter(sorted((out_dir / "timed").glob("*.jsonl"))), None)
     rows = [orjson.loads(ln) for ln in path.read_bytes().splitlines()] if path else []
-    return {"host_ms": host_ms, "busy_ms": TIMER_BUSY_MS, "written_while_busy": busy, "written_after": after,
-            "steps": TIMER_STEPS, "rows": rows, "clock": timer.clock}
+    return {
+        "host_ms": host_ms,
+        "busy_ms": TIMER_BUSY_MS,
+        "written_while_busy": busy,
+        "written_after": after,
+        "steps": TIMER_STEPS,
+        "rows": rows,
+        "clock": timer.clock,
+    }
 
 
 def check_verify_timer(ctx: _Context) -> Outcome:
@@ -521,12 +682,19 @@ def check_verify_timer(ctx: _Context) -> Outcome:
     got = time_steps(torch, ctx.tmp / "verify-timer")
     clock = got.pop("clock")
     ok, line = judge_verify_timer(**got)
-    details = {"host_ms": round(got["host_ms"], 3), "busy_ms": TIMER_BUSY_MS, "written_while_busy":
-               got["written_while_busy"], "written_after": got["written_after"], "rows": got["rows"][:3],
-               "clock": clock, "warm_up_steps": WARMUP_STEPS}
+    details = {
+        "host_ms": round(got["host_ms"], 3),
+        "busy_ms": TIMER_BUSY_MS,
+        "written_while_busy": got["written_while_busy"],
+        "written_after": got["written_after"],
+        "rows": got["rows"][:3],
+        "clock": clock,
+        "warm_up_steps": WARMUP_STEPS,
+    }
     if not ok:
-        return _out(Status.fail, f"verify timer: {line}", "report this: the patch's timer must never sync the host",
-                    **details)
+        return _out(
+            Status.fail, f"verify timer: {line}", "report this: the patch's timer must never sync the host", **details
+        )
     return _out(Status.ok, line, **details)
 
 
@@ -576,18 +744,29 @@ def _rank(rank: int, port: int, q: Any) -> None:
 
         from fastverify.backends import make_backend  # lazy: torch
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=WORLD,
+            timeout=datetime.timedelta(seconds=TIMEOUT_S),
+        )
         whole = _Coordinator(list(range(WORLD)), "attn_tp")
         pairs = [_Coordinator([0, 1], "moe_tp:0"), _Coordinator([2, 3], "moe_tp:1")]
         pair = pairs[rank // 2]
         owed = {True: whole, False: pair}
-        fusion = types.SimpleNamespace(resolve_fusion_group=lambda *, use_attn_tp_group: (
-            owed[use_attn_tp_group].world_size, owed[use_attn_tp_group].rank_in_group, owed[use_attn_tp_group]))
+        fusion = types.SimpleNamespace(
+            resolve_fusion_group=lambda *, use_attn_tp_group: (
+                owed[use_attn_tp_group].world_size,
+                owed[use_attn_tp_group].rank_in_group,
+                owed[use_attn_tp_group],
+            )
+        )
         modules = {R.MOD_FI_FUSION: fusion}
         slots.FUSED_SLOT.kind, slots.FUSED_SLOT.disabled = BackendName.fused, None
-        slots.FUSED_SLOT.factory = lambda c, x: make_backend(BackendName.gloo, c.device_group, device=x.device,
-                                                          dtype=x.dtype, max_numel=ROWS * HIDDEN, hidden=HIDDEN)
+        slots.FUSED_SLOT.factory = lambda c, x: make_backend(
+            BackendName.gloo, c.device_group, device=x.device, dtype=x.dtype, max_numel=ROWS * HIDDEN, hidden=HIDDEN
+        )
         F.FUSED_GROUPS.clear()
         built, failed = F._build_fused(modules, torch.zeros(ROWS, HIDDEN), [])
         out["built"], out["failed"] = built, failed
@@ -604,8 +783,7 @@ def _rank(rank: int, port: int, q: Any) -> None:
         for name, use_attn in (("attn", True), ("moe", False)):  # attention first, as a layer runs
             _, new_res = forward(norm, x.clone(), residual.clone(), None, use_attn)
             out["sums"][name] = sorted({float(v) for v in (new_res - residual).flatten()})
-        out["want"] = {"attn": [float(sum(r + 1 for r in whole.ranks))],
-                       "moe": [float(sum(r + 1 for r in pair.ranks))]}
+        out["want"] = {"attn": [float(sum(r + 1 for r in whole.ranks))], "moe": [float(sum(r + 1 for r in pair.ranks))]}
         for s in F.FUSED_GROUPS:
             slots.close_quietly(s.backend)
         F.FUSED_GROUPS.clear()
@@ -631,10 +809,15 @@ def two_groups_verdict(got: dict[int, dict[str, Any]]) -> tuple[bool, str]:
     bad = [f"rank {r}: {res['error']}" for r, res in sorted(got.items()) if "error" in res]
     if bad:
         return False, "; ".join(bad)
-    wrong = [f"rank {r} summed {res['sums']} (want {res['want']})" for r, res in sorted(got.items())
-             if res["sums"] != res["want"]]
+    wrong = [
+        f"rank {r} summed {res['sums']} (want {res['want']})"
+        for r, res in sorted(got.items())
+        if res["sums"] != res["want"]
+    ]
     if wrong:
         return False, "the fused slot reduced over the wrong ranks: " + "; ".join(wrong)
-    return True, (f"fused slot on two groups ({WORLD} gloo ranks): one backend per group "
-                  f"({got[0]['built']}); the attention call summed over all {WORLD} ranks, the MoE call over its "
-                  f"pair")
+    return True, (
+        f"fused slot on two groups ({WORLD} gloo ranks): one backend per group "
+        f"({got[0]['built']}); the attention call summed over all {WORLD} ranks, the MoE call over its "
+        f"pair"
+    )

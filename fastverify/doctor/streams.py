@@ -202,5 +202,7 @@ def judge(rows: list[dict], counter: int | None = None, expected: int | None = N
         return False, f"{r['step']}: expected '{r['expect']}', FlashInfer did '{r['did']}'"
     if counter is not None and counter != expected:
         return False, f"the calls' work on the two streams summed to {counter}, expected {expected}"
-    return True, (f"{len(rows)} steps as FlashInfer's rule says: binds on first use, raises on another stream, "
-                  "exempts capture, rebinds after ordering")
+    return True, (
+        f"{len(rows)} steps as FlashInfer's rule says: binds on first use, raises on another stream, "
+        "exempts capture, rebinds after ordering"
+    )

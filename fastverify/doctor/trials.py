@@ -65,8 +65,13 @@ def trial_phase(status: str, reason: str) -> str:
     return "measurement"
 
 
-def run_doctor_trial(spec: Any, *, timeout_s: float = TRIAL_TIMEOUT_S, startup_timeout_s: float = TRIAL_STARTUP_S,
-                     build_timeout_s: float = TRIAL_BUILD_S) -> tuple[Any, dict]:
+def run_doctor_trial(
+    spec: Any,
+    *,
+    timeout_s: float = TRIAL_TIMEOUT_S,
+    startup_timeout_s: float = TRIAL_STARTUP_S,
+    build_timeout_s: float = TRIAL_BUILD_S,
+) -> tuple[Any, dict]:
     """Run one :class:`~fastverify.tune.trial.TrialSpec` with the build outside the measurement limit.
 
     Returns
@@ -76,8 +81,9 @@ def run_doctor_trial(spec: Any, *, timeout_s: float = TRIAL_TIMEOUT_S, startup_t
         seconds each phase was given and how the build was kept out of the measurement.
     """
     if runner_has_build_phase(sweep.run_trial):
-        res = sweep.run_trial(spec, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s,
-                              **{BUILD_PARAM: build_timeout_s})
+        res = sweep.run_trial(
+            spec, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s, **{BUILD_PARAM: build_timeout_s}
+        )
         how = "separate build phase of the trial runner"
         measure_s = timeout_s
     else:
@@ -85,6 +91,11 @@ def run_doctor_trial(spec: Any, *, timeout_s: float = TRIAL_TIMEOUT_S, startup_t
         res = sweep.run_trial(spec, timeout_s=measure_s, startup_timeout_s=startup_timeout_s)
         how = "measurement limit widened by the build allowance (the runner has no build phase)"
     status = getattr(res.status, "value", str(res.status))
-    limits = {"startup_s": startup_timeout_s, "build_s": build_timeout_s, "measurement_s": timeout_s,
-              "given_s": measure_s, "how": how}
+    limits = {
+        "startup_s": startup_timeout_s,
+        "build_s": build_timeout_s,
+        "measurement_s": timeout_s,
+        "given_s": measure_s,
+        "how": how,
+    }
     return res, {"phase": trial_phase(status, res.reason or ""), "limits": limits}

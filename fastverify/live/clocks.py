@@ -197,9 +197,16 @@ def _time_whole(run: Callable[[], object], torch) -> float:
     return round(e0.elapsed_time(e1) * 1e3, 3)
 
 
-def time_forwards(model, iters: int, rank: int, cuda: bool, torch, dist,
-                  done: Callable[[int], None] | None = None,
-                  graphs: ForwardGraphs | None = None) -> tuple[list[list], list[str], list[list], dict]:
+def time_forwards(
+    model,
+    iters: int,
+    rank: int,
+    cuda: bool,
+    torch,
+    dist,
+    done: Callable[[int], None] | None = None,
+    graphs: ForwardGraphs | None = None,
+) -> tuple[list[list], list[str], list[list], dict]:
     """Run ``iters`` timed forwards, each after a barrier. Returns rows ``[name, cls, start_ns,
     dur_ns, msg_bytes]``, their labels, steps ``[name, start_ns, end_ns]`` and ``figures`` for the
     rank's meta (clocks: module docstring): ``timed_forward`` (``"cuda_graph"`` or ``"eager"``)

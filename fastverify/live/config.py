@@ -101,11 +101,7 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         """True when decoder layer ``layer`` (0-based) has an MoE MLP (DeepSeek ``DeepseekV2DecoderLayer``)."""
-        return (
-            self.n_routed_experts > 0
-            and layer >= self.first_k_dense_replace
-            and layer % self.moe_layer_freq == 0
-        )
+        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
     @property
     def num_moe_layers(self) -> int:
@@ -135,15 +131,24 @@ def _ints(*names: str) -> tuple[_Field, ...]:
 
 # In the order they are checked, so the first bad field is the one named.
 _DEEPSEEK_FIELDS: tuple[_Field, ...] = (
-    *_ints("hidden_size", "num_hidden_layers", "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
-           "moe_intermediate_size", "n_shared_experts", "intermediate_size"),
+    *_ints(
+        "hidden_size",
+        "num_hidden_layers",
+        "first_k_dense_replace",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "intermediate_size",
+    ),
     ("q_lora_rank", (int,), True),
     *_ints("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_attention_heads", "vocab_size"),
     ("rms_norm_eps", (int, float), False),
 )
 
-_LLAMA_FIELDS = _ints("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                      "num_key_value_heads", "vocab_size")
+_LLAMA_FIELDS = _ints(
+    "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"
+)
 
 # Fields that may be 0; every other integer field must be >= 1.
 _MAY_BE_ZERO = frozenset({"first_k_dense_replace", "n_shared_experts", "qk_rope_head_dim"})
@@ -184,9 +189,7 @@ def load_model_config(preset_or_path: str) -> ModelConfig:
         if not path.exists():
             raise UserError(f"{path.parent}: no config.json in this directory")
     if not path.exists():
-        raise UserError(
-            f"--model {preset_or_path!r}: no such preset or file (known presets: {', '.join(names)})"
-        )
+        raise UserError(f"--model {preset_or_path!r}: no such preset or file (known presets: {', '.join(names)})")
     text = read_text(path, kind="text", what="model config")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return _from_text(text, source=str(path), name=name)
@@ -213,8 +216,10 @@ def _from_text(text: str, *, source: str, name: str) -> ModelConfig:
     for key in _OTHER_MOE_KEYS:
         if doc.get(key):
             # Qwen-MoE / Mixtral-style experts would silently run as a dense Llama: refuse instead.
-            raise UserError(f"{source}: field '{prefix}{key}' = {doc[key]!r}: only DeepSeek-V3/Kimi-K2-style "
-                            "MoE configs (n_routed_experts) and dense Llama-style configs are supported")
+            raise UserError(
+                f"{source}: field '{prefix}{key}' = {doc[key]!r}: only DeepSeek-V3/Kimi-K2-style "
+                "MoE configs (n_routed_experts) and dense Llama-style configs are supported"
+            )
     return _llama(doc, source=source, name=name, prefix=prefix)
 
 
@@ -237,9 +242,16 @@ _OTHER_MOE_KEYS = ("num_experts", "num_local_experts")
 
 # Upper bounds far above any real model, so that a typo (1e9 layers) fails at once instead of
 # allocating or looping for minutes before a rank starts.
-_MAX_VALUE = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "vocab_size": 1 << 22,
-              "num_attention_heads": 4096, "num_key_value_heads": 4096, "n_routed_experts": 1 << 14,
-              "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20}
+_MAX_VALUE = {
+    "num_hidden_layers": 4096,
+    "hidden_size": 1 << 17,
+    "vocab_size": 1 << 22,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "n_routed_experts": 1 << 14,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+}
 
 
 def _get(doc: dict, key: str, types: tuple[type, ...], nullable: bool, *, source: str, prefix: str):
@@ -411,8 +423,9 @@ class RankMemory:
         return self.setup + self.transient
 
 
-def rank_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int,
-                context_tokens: int) -> RankMemory:
+def rank_memory(
+    config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int, context_tokens: int
+) -> RankMemory:
     """At least how much memory one rank of the live verify forward needs; no allocation, no torch.
 
     The tensors are those :class:`fastverify.live.forward.TPVerifyModel` allocates (one layer's

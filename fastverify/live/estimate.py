@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from fastverify.live.config import DEFAULT_CONTEXT_TOKENS, ModelConfig, rank_memory
 
 # Calibration of estimate_cpu_run (see its docstring for the runs these come from).
-CPU_PROCESS_BYTES = 192 * 2 ** 20
+CPU_PROCESS_BYTES = 192 * 2**20
 """Memory of one rank process beyond its tensors (Python, torch, gloo), bytes: measured PSS."""
-CPU_PARENT_BYTES = 320 * 2 ** 20
+CPU_PARENT_BYTES = 320 * 2**20
 """Memory of the parent ``fastverify`` process (it imports torch too), bytes: measured PSS."""
 CPU_START_S = 1.5
 """CPU seconds one rank spends before its first tensor: interpreter, ``import torch``, joining gloo."""
@@ -63,11 +63,13 @@ class CpuEstimate:
     def describe(self, model: str) -> str:
         """One clause for a ``fastverify:`` line, e.g. ``"estimated 150 s and 8.7 GiB for kimi-k2 at
         --tp 2 (2 ranks on 2 cores: 40 s to start and build, 7 forwards of 15.7 s)"``."""
-        return (f"estimated {_seconds_text(self.seconds)} and {bytes_text(self.memory_bytes)} for {model} "
-                f"at --tp {self.tp} ({self.tp} rank{'s' if self.tp > 1 else ''} on {self.cores} "
-                f"core{'s' if self.cores > 1 else ''}: {_seconds_text(self.start_s + self.build_s)} to start and "
-                f"build, {self.forwards} forward{'s' if self.forwards > 1 else ''} of "
-                f"{_seconds_text(self.forward_s)})")
+        return (
+            f"estimated {_seconds_text(self.seconds)} and {bytes_text(self.memory_bytes)} for {model} "
+            f"at --tp {self.tp} ({self.tp} rank{'s' if self.tp > 1 else ''} on {self.cores} "
+            f"core{'s' if self.cores > 1 else ''}: {_seconds_text(self.start_s + self.build_s)} to start and "
+            f"build, {self.forwards} forward{'s' if self.forwards > 1 else ''} of "
+            f"{_seconds_text(self.forward_s)})"
+        )
 
 
 def _seconds_text(s: float) -> str:
@@ -82,7 +84,7 @@ def _seconds_text(s: float) -> str:
 
 def bytes_text(n: int) -> str:
     """``n`` bytes as ``"<x.y> MiB"``, or ``"<x.y> GiB"`` from 1 GiB up (progress lines and estimates)."""
-    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _cores() -> int:
@@ -92,8 +94,9 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def forward_work(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int,
-                 context_tokens: int) -> tuple[int, int]:
+def forward_work(
+    config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype_bytes: int, context_tokens: int
+) -> tuple[int, int]:
     """Weight bytes one rank reads and GEMM FLOPs it does in one live verify forward (no torch).
 
     Counted from the shapes :class:`fastverify.live.forward.TPVerifyModel` uses, per layer (its one
@@ -157,8 +160,17 @@ def forward_work(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int,
     return int(read), int(flops)
 
 
-def estimate_cpu_run(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, iters: int, warmup: int,
-                     dtype_bytes: int = 2, cores: int | None = None) -> CpuEstimate:
+def estimate_cpu_run(
+    config: ModelConfig,
+    *,
+    tp: int,
+    batch: int,
+    draft_tokens: int,
+    iters: int,
+    warmup: int,
+    dtype_bytes: int = 2,
+    cores: int | None = None,
+) -> CpuEstimate:
     """Expected wall time and memory of :func:`~fastverify.live.runner.run_live` on CPU + gloo: a
     simple model of the run, calibrated on one machine, to tell a user at once what a CPU run will
     cost. An estimate: another CPU can be several times faster or slower.
@@ -217,17 +229,36 @@ def estimate_cpu_run(config: ModelConfig, *, tp: int, batch: int, draft_tokens: 
     CpuEstimate
     """
     cores = _cores() if cores is None else max(1, int(cores))
-    mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype_bytes=dtype_bytes,
-                      context_tokens=DEFAULT_CONTEXT_TOKENS)
+    mem = rank_memory(
+        config,
+        tp=tp,
+        batch=batch,
+        draft_tokens=draft_tokens,
+        dtype_bytes=dtype_bytes,
+        context_tokens=DEFAULT_CONTEXT_TOKENS,
+    )
     threads = max(1, (os.cpu_count() or cores) // tp)
     parallel = max(1, min(cores, tp * threads))
     start = CPU_START_S * tp / min(tp, cores)
     build = mem.setup / dtype_bytes * tp / (CPU_FILL_PER_S * parallel)
-    read, flops = forward_work(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype_bytes=dtype_bytes,
-                               context_tokens=DEFAULT_CONTEXT_TOKENS)
+    read, flops = forward_work(
+        config,
+        tp=tp,
+        batch=batch,
+        draft_tokens=draft_tokens,
+        dtype_bytes=dtype_bytes,
+        context_tokens=DEFAULT_CONTEXT_TOKENS,
+    )
     collectives = 2 + 2 * config.num_layers if tp > 1 else 0
     forward = tp * (read / CPU_READ_BYTES_PER_S + flops / CPU_FLOPS_PER_S) / parallel + collectives * CPU_COLLECTIVE_S
     forwards = warmup + iters
-    return CpuEstimate(seconds=CPU_PARENT_S + start + build + forwards * forward,
-                       memory_bytes=tp * (mem.total + CPU_PROCESS_BYTES) + CPU_PARENT_BYTES,
-                       start_s=start, build_s=build, forward_s=forward, forwards=forwards, cores=cores, tp=tp)
+    return CpuEstimate(
+        seconds=CPU_PARENT_S + start + build + forwards * forward,
+        memory_bytes=tp * (mem.total + CPU_PROCESS_BYTES) + CPU_PARENT_BYTES,
+        start_s=start,
+        build_s=build,
+        forward_s=forward,
+        forwards=forwards,
+        cores=cores,
+        tp=tp,
+    )

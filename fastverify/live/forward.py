@@ -63,7 +63,7 @@ NULL_RECORDER = NullRecorder()
 def _weight(shape: tuple[int, ...], fan_in: int, *, dtype, device, gen) -> torch.Tensor:
     """Random ``N(0, 1/fan_in)`` weight, so activations stay O(1) through the shared layers."""
     # Drawn in place on the device: Kimi-K2's experts are ~4 GB per rank at TP8, too much to stage in host fp32.
-    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, fan_in ** -0.5, generator=gen)
+    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, fan_in**-0.5, generator=gen)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

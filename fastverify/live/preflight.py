@@ -83,26 +83,46 @@ class LivePlan:
     p2p_note: str | None = None
 
 
-def check_run_args(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int,
-                   timeout_s: float) -> None:
+def check_run_args(
+    config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int, timeout_s: float
+) -> None:
     """Refuse a ``tp`` that cannot split ``config`` (:func:`~fastverify.live.config.check_tp`),
     counts that are not integers in range (``--iters`` at most ``MAX_ITERS``, ``--warmup`` at most
     ``MAX_WARMUP``: :mod:`fastverify.bounds`), and a timeout outside ``(0, MAX_TIMEOUT_S]`` seconds."""
     check_tp(config, tp)
-    for flag, value, low in (("--draft-tokens", draft_tokens, 1), ("--batch", batch, 1),
-                             ("--iters", iters, 1), ("--warmup", warmup, 0)):
+    for flag, value, low in (
+        ("--draft-tokens", draft_tokens, 1),
+        ("--batch", batch, 1),
+        ("--iters", iters, 1),
+        ("--warmup", warmup, 0),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for nan; inf and 1e300 overflow TCPStore's timedelta
         raise UserError(f"--timeout {timeout_s!r}: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
-    for flag, value, high in (("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS), ("--batch", batch, MAX_BATCH),
-                              ("--iters", iters, MAX_ITERS), ("--warmup", warmup, MAX_WARMUP)):
+    for flag, value, high in (
+        ("--draft-tokens", draft_tokens, MAX_DRAFT_TOKENS),
+        ("--batch", batch, MAX_BATCH),
+        ("--iters", iters, MAX_ITERS),
+        ("--warmup", warmup, MAX_WARMUP),
+    ):
         if value > high:
             raise UserError(f"{flag} {value}: expected at most {high}")
 
 
-def plan_run(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, iters: int, warmup: int,
-             device: str, backend: str | None, dtype: str, torch) -> LivePlan:
+def plan_run(
+    config: ModelConfig,
+    *,
+    tp: int,
+    draft_tokens: int,
+    batch: int,
+    iters: int,
+    warmup: int,
+    device: str,
+    backend: str | None,
+    dtype: str,
+    torch,
+) -> LivePlan:
     """Check ``dtype``, pick the device, estimate a CPU run, refuse a shape that does not fit in
     memory and pick the all-reduce backend, in that order, so the first refusal is the one a user
     sees. The P2P verdict comes later (:func:`check_p2p_for`), after the trace directory."""
@@ -110,10 +130,24 @@ def plan_run(config: ModelConfig, *, tp: int, draft_tokens: int, batch: int, ite
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     use_cuda, fallback = pick_device(device, tp, torch)
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    estimate = None if use_cuda else estimate_cpu_run(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
-                                                      iters=iters, warmup=warmup, dtype_bytes=dtype_bytes)
-    check_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens, dtype=dtype, cuda=use_cuda, torch=torch,
-                 estimate=estimate, fallback=fallback)
+    estimate = (
+        None
+        if use_cuda
+        else estimate_cpu_run(
+            config, tp=tp, batch=batch, draft_tokens=draft_tokens, iters=iters, warmup=warmup, dtype_bytes=dtype_bytes
+        )
+    )
+    check_memory(
+        config,
+        tp=tp,
+        batch=batch,
+        draft_tokens=draft_tokens,
+        dtype=dtype,
+        cuda=use_cuda,
+        torch=torch,
+        estimate=estimate,
+        fallback=fallback,
+    )
     ar_backend = pick_backend(backend, use_cuda, tp, dtype, torch)
     dist_backend = (BackendName.nccl if use_cuda else BackendName.gloo).value
     return LivePlan(use_cuda, fallback, estimate, ar_backend, dist_backend)
@@ -145,8 +179,11 @@ def pick_device(device: str, tp: int, torch) -> tuple[bool, str | None]:
     if count >= tp:
         return True, None
     if not available:
-        why = ("this torch has no CUDA (a CPU-only build)" if torch.version.cuda is None
-               else "no CUDA GPU found (torch.cuda.is_available() is False)")
+        why = (
+            "this torch has no CUDA (a CPU-only build)"
+            if torch.version.cuda is None
+            else "no CUDA GPU found (torch.cuda.is_available() is False)"
+        )
     else:
         why = f"only {count} GPU{'' if count == 1 else 's'} for --tp {tp}"
     return False, why
@@ -163,27 +200,37 @@ def pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) -
         raise UserError(f"--backend: {err}") from None
     here = "cuda" if use_cuda else "cpu"
     if tp == 1 and info.role is not Role.baseline:
-        raise UserError(f"--backend {info.name.value}: --tp 1 runs no all-reduce, so there is nothing for it to do; "
-                        "use --tp >= 2")
+        raise UserError(
+            f"--backend {info.name.value}: --tp 1 runs no all-reduce, so there is nothing for it to do; use --tp >= 2"
+        )
     if info.device == here:
         return info.name.value
     if info.role is Role.baseline:
         # torch.distributed's probes need an initialised group; the reason is the device alone.
         other = next(b for b in (BackendName.nccl, BackendName.gloo) if backend_info(b).device == here)
-        raise UserError(f"--backend {info.name.value}: runs on {info.device} tensors and this run is on {here}"
-                        f"{'' if use_cuda else f' (fewer than {tp} GPUs, or --device cpu)'}; use --backend "
-                        f"{other.value}")
+        raise UserError(
+            f"--backend {info.name.value}: runs on {info.device} tensors and this run is on {here}"
+            f"{'' if use_cuda else f' (fewer than {tp} GPUs, or --device cpu)'}; use --backend "
+            f"{other.value}"
+        )
     from fastverify.backends.base import ProbeContext, backend_class  # lazy: torch
 
     try:
         cls = backend_class(info.name)
     except ImportError as err:
         raise UserError(f"--backend {info.name.value}: its module {info.module} does not import ({err})") from None
-    ctx = ProbeContext(world_size=tp, device_type=here, dtype=getattr(torch, dtype),
-                       group_backend=(BackendName.nccl if use_cuda else BackendName.gloo).value, single_node=True)
+    ctx = ProbeContext(
+        world_size=tp,
+        device_type=here,
+        dtype=getattr(torch, dtype),
+        group_backend=(BackendName.nccl if use_cuda else BackendName.gloo).value,
+        single_node=True,
+    )
     cap = cls.probe(ctx)
-    raise UserError(f"--backend {info.name.value}: cannot run on {here}: "
-                    f"{cap.reason if not cap.ok else 'needs ' + info.device + ' tensors'}")
+    raise UserError(
+        f"--backend {info.name.value}: cannot run on {here}: "
+        f"{cap.reason if not cap.ok else 'needs ' + info.device + ' tensors'}"
+    )
 
 
 def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
@@ -200,16 +247,31 @@ def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
     return None
 
 
-def check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int, dtype: str, cuda: bool,
-                 torch, estimate: CpuEstimate | None = None, fallback: str | None = None) -> None:
+def check_memory(
+    config: ModelConfig,
+    *,
+    tp: int,
+    batch: int,
+    draft_tokens: int,
+    dtype: str,
+    cuda: bool,
+    torch,
+    estimate: CpuEstimate | None = None,
+    fallback: str | None = None,
+) -> None:
     """Refuse, before any rank starts, a shape whose memory exceeds what this machine has, naming
     the flags. CUDA: :func:`check_gpu_memory`. CPU: all ranks share the host, so the need is
     ``estimate.memory_bytes`` (:func:`estimate_cpu_run`: the lower bound of
     :func:`fastverify.live.config.rank_memory` plus each process's Python and torch) against
     ``MemAvailable``. ``fallback``: why ``--device auto`` chose the CPU, named in the message."""
-    mem = rank_memory(config, tp=tp, batch=batch, draft_tokens=draft_tokens,
-                      dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
-                      context_tokens=DEFAULT_CONTEXT_TOKENS)
+    mem = rank_memory(
+        config,
+        tp=tp,
+        batch=batch,
+        draft_tokens=draft_tokens,
+        dtype_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
+        context_tokens=DEFAULT_CONTEXT_TOKENS,
+    )
     if cuda:
         check_gpu_memory(config, mem, tp=tp, batch=batch, draft_tokens=draft_tokens, torch=torch)
         return
@@ -218,38 +280,49 @@ def check_memory(config: ModelConfig, *, tp: int, batch: int, draft_tokens: int,
         return
     need = mem.total if estimate is None else estimate.memory_bytes
     if need > have[0]:
-        who = (f"{tp} ranks need at least {need / GIB:.1f} GiB ({mem.total / GIB:.1f} each, "
-               f"+ {CPU_PROCESS_BYTES / 2 ** 20:.0f} MiB per process for Python and torch)")
+        who = (
+            f"{tp} ranks need at least {need / GIB:.1f} GiB ({mem.total / GIB:.1f} each, "
+            f"+ {CPU_PROCESS_BYTES / 2**20:.0f} MiB per process for Python and torch)"
+        )
         physical = _physical_bytes()
         of = f" (of {physical / GIB:.1f} GiB physical)" if physical else ""
         where = f" on CPU ({fallback})" if fallback else ""
-        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}{where}: {who} (weights and KV context "
-                        f"{mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}); this machine has "
-                        f"{have[0] / GIB:.1f} GiB {have[1]}{of}; lower --batch or --draft-tokens"
-                        f"{'' if tp == 1 else ', or --tp (each CPU rank is a process of its own)'}")
+        raise UserError(
+            f"{_shape(config, tp, batch, draft_tokens)}{where}: {who} (weights and KV context "
+            f"{mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}); this machine has "
+            f"{have[0] / GIB:.1f} GiB {have[1]}{of}; lower --batch or --draft-tokens"
+            f"{'' if tp == 1 else ', or --tp (each CPU rank is a process of its own)'}"
+        )
 
 
 def _shape(config: ModelConfig, tp: int, batch: int, draft_tokens: int) -> str:
-    return (f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of {config.name} "
-            f"at --tp {tp}")
+    return (
+        f"--batch {batch} x --draft-tokens {draft_tokens} (T = {batch * draft_tokens} tokens) of {config.name} "
+        f"at --tp {tp}"
+    )
 
 
-def check_gpu_memory(config: ModelConfig, mem: RankMemory, *, tp: int, batch: int, draft_tokens: int, torch,
-                     nvml=None, environ=None) -> None:
+def check_gpu_memory(
+    config: ModelConfig, mem: RankMemory, *, tp: int, batch: int, draft_tokens: int, torch, nvml=None, environ=None
+) -> None:
     """Refuse a CUDA run whose rank does not fit its GPU: ``mem`` (bytes, a lower bound,
     :func:`~fastverify.live.config.rank_memory`) plus :data:`RANK_OVERHEAD_BYTES` against the
     smallest GPU's capacity, then against each GPU's free memory now (:func:`cuda_gpu_memory`:
     NVML, CUDA ordinals ``0..tp-1`` under ``environ``'s ``CUDA_VISIBLE_DEVICES``; ``nvml``: the
     binding, None for ``pynvml``). Without NVML only the capacity is checked, from torch."""
     need = mem.total + RANK_OVERHEAD_BYTES
-    parts = (f"weights and KV context {mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}, "
-             f"CUDA context and NCCL's buffers {RANK_OVERHEAD_BYTES / GIB:.1f}")
+    parts = (
+        f"weights and KV context {mem.setup / GIB:.1f}, largest temporary {mem.transient / GIB:.1f}, "
+        f"CUDA context and NCCL's buffers {RANK_OVERHEAD_BYTES / GIB:.1f}"
+    )
     gpus = cuda_gpu_memory(tp, nvml=nvml, environ=environ)
     totals = [g["total_bytes"] for g in gpus or () if g["total_bytes"] is not None]
     total = min(totals) if totals else _available_bytes(True, tp, torch)[0]
     if need > total:
-        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}: each rank needs at least {need / GIB:.1f} GiB "
-                        f"({parts}); this machine has {total / GIB:.1f} GiB per GPU; lower --batch or --draft-tokens")
+        raise UserError(
+            f"{_shape(config, tp, batch, draft_tokens)}: each rank needs at least {need / GIB:.1f} GiB "
+            f"({parts}); this machine has {total / GIB:.1f} GiB per GPU; lower --batch or --draft-tokens"
+        )
     short = [g for g in gpus or () if g["free_bytes"] is not None and g["free_bytes"] < need]
     if short:
         # A smaller shape helps only where more than the context and NCCL is free; a smaller --tp
@@ -258,8 +331,10 @@ def check_gpu_memory(config: ModelConfig, mem: RankMemory, *, tp: int, batch: in
         fewer = next((t for t in range(short[0]["cuda"], 0, -1) if _splits(config, t)), None)
         if fewer is not None:
             fixes.append(f"use --tp {fewer}")
-        raise UserError(f"{_shape(config, tp, batch, draft_tokens)}: each rank needs about {need / GIB:.1f} GiB free "
-                        f"({parts}); {short_text(short)}; {free_fix(short, fixes)}")
+        raise UserError(
+            f"{_shape(config, tp, batch, draft_tokens)}: each rank needs about {need / GIB:.1f} GiB free "
+            f"({parts}); {short_text(short)}; {free_fix(short, fixes)}"
+        )
 
 
 def _splits(config: ModelConfig, tp: int) -> bool:
@@ -293,8 +368,10 @@ def short_text(short: list[dict]) -> str:
     the others' CUDA ordinals; NVML's index is named where it differs from CUDA's."""
     g = short[0]
     nvml_index = "" if g["index"] == g["cuda"] else f", NVML GPU {g['index']}"
-    text = (f"GPU {g['cuda']} ({g['name'] or 'name unknown'}{nvml_index}) has {g['free_bytes'] / GIB:.1f} GiB free "
-            f"of {g['total_bytes'] / GIB:.1f} GiB, {holders_text(g['holders'])}")
+    text = (
+        f"GPU {g['cuda']} ({g['name'] or 'name unknown'}{nvml_index}) has {g['free_bytes'] / GIB:.1f} GiB free "
+        f"of {g['total_bytes'] / GIB:.1f} GiB, {holders_text(g['holders'])}"
+    )
     if len(short) > 1:
         text += f"; GPU{'s' if len(short) > 2 else ''} {', '.join(str(o['cuda']) for o in short[1:])} too"
     return text
@@ -310,8 +387,9 @@ def holders_text(holders: list[dict], most: int = 3) -> str:
     named = []
     for h in others[:most]:
         used = "" if h["used_bytes"] is None else f", {h['used_bytes'] / GIB:.1f} GiB"
-        named.append(f"{h['name']} (pid {h['pid']}{used})" if h["name"]
-                     else f"pid {h['pid']} ({used[2:] or 'size unknown'})")
+        named.append(
+            f"{h['name']} (pid {h['pid']}{used})" if h["name"] else f"pid {h['pid']} ({used[2:] or 'size unknown'})"
+        )
     more = f" and {len(others) - most} more" if len(others) > most else ""
     return "held by " + ", ".join(named) + more
 
@@ -320,8 +398,7 @@ def free_fix(short: list[dict], fixes: list[str]) -> str:
     """The fix of a free-memory refusal: stop what holds ``short``'s GPUs, or point
     ``CUDA_VISIBLE_DEVICES`` at GPUs with room, then the caller's ``fixes``."""
     held = any(h["pid"] != os.getpid() for g in short for h in g["holders"])
-    first = (f"stop the server holding {'it' if len(short) == 1 else 'them'}" if held
-             else "free that memory")
+    first = f"stop the server holding {'it' if len(short) == 1 else 'them'}" if held else "free that memory"
     return ", or ".join([first, "set CUDA_VISIBLE_DEVICES to GPUs with room", *fixes])
 
 

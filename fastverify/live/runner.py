@@ -90,29 +90,59 @@ def run_live(
         the rank, how far the run got and the rank's last stderr line).
     """
     job_start = time.monotonic()
-    check_run_args(config, tp=tp, draft_tokens=draft_tokens, batch=batch, iters=iters, warmup=warmup,
-                   timeout_s=timeout_s)
+    check_run_args(
+        config, tp=tp, draft_tokens=draft_tokens, batch=batch, iters=iters, warmup=warmup, timeout_s=timeout_s
+    )
     import torch
     import torch.distributed as dist
 
-    plan = plan_run(config, tp=tp, draft_tokens=draft_tokens, batch=batch, iters=iters, warmup=warmup,
-                    device=device, backend=backend, dtype=dtype, torch=torch)
+    plan = plan_run(
+        config,
+        tp=tp,
+        draft_tokens=draft_tokens,
+        batch=batch,
+        iters=iters,
+        warmup=warmup,
+        device=device,
+        backend=backend,
+        dtype=dtype,
+        torch=torch,
+    )
     warnings: list[str] = []
     trace_dir = _trace_dir_for(trace_dir, plan.cuda, device, warnings)
     plan = check_p2p_for(plan, tp)
     if plan.estimate is not None and progress:  # after every refusal (each is one line alone), before any rank starts
         _say_cpu_run(plan, config.name, timeout_s)
-    logger.info("live verify: model %s, tp %d, T = %d tokens, all-reduce %s over %s on %s",
-                config.name, tp, batch * draft_tokens, plan.backend, plan.dist_backend, "cuda" if plan.cuda else "cpu")
+    logger.info(
+        "live verify: model %s, tp %d, T = %d tokens, all-reduce %s over %s on %s",
+        config.name,
+        tp,
+        batch * draft_tokens,
+        plan.backend,
+        plan.dist_backend,
+        "cuda" if plan.cuda else "cpu",
+    )
 
     # The parent owns the store (port 0: the OS picks a free one), so ranks never race for a port.
     store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     spec = {
-        "config": asdict(config), "tp": tp, "draft_tokens": draft_tokens, "batch": batch, "iters": iters,
-        "warmup": warmup, "cuda": plan.cuda, "port": store.port, "timeout_s": float(timeout_s),
+        "config": asdict(config),
+        "tp": tp,
+        "draft_tokens": draft_tokens,
+        "batch": batch,
+        "iters": iters,
+        "warmup": warmup,
+        "cuda": plan.cuda,
+        "port": store.port,
+        "timeout_s": float(timeout_s),
         "trace_dir": None if trace_dir is None else str(Path(trace_dir).resolve()),
-        "threads": max(1, (os.cpu_count() or 1) // tp), "warnings": warnings, "dist_backend": plan.dist_backend,
-        "backend": plan.backend, "dtype": dtype, "p2p_ok": plan.p2p_ok, "p2p_note": plan.p2p_note,
+        "threads": max(1, (os.cpu_count() or 1) // tp),
+        "warnings": warnings,
+        "dist_backend": plan.dist_backend,
+        "backend": plan.backend,
+        "dtype": dtype,
+        "p2p_ok": plan.p2p_ok,
+        "p2p_note": plan.p2p_note,
     }
     try:
         return _run_ranks(spec, progress=progress, job_start=job_start, estimate=plan.estimate)
@@ -141,8 +171,11 @@ def _say_cpu_run(plan: LivePlan, model: str, timeout_s: float) -> None:
     """The one ``fastverify:`` line of a CPU run: always after a ``--device auto`` fallback (why, and
     the estimate), else only when the estimate is over ``timeout_s``."""
     estimate = plan.estimate
-    late = (f"; that is over --timeout {timeout_s:g} s, so raise --timeout or the run will be stopped"
-            if estimate.seconds > timeout_s else "")
+    late = (
+        f"; that is over --timeout {timeout_s:g} s, so raise --timeout or the run will be stopped"
+        if estimate.seconds > timeout_s
+        else ""
+    )
     if plan.fallback:
         say(f"live run on CPU + gloo, not CUDA: {plan.fallback}; {estimate.describe(model)}{late}")
     elif late:
@@ -155,8 +188,15 @@ def _run_ranks(spec: dict, *, progress: bool, job_start: float, estimate: CpuEst
     with rank_workdir("fastverify-live-") as workdir:
         spec_path = Path(workdir) / "spec.json"
         spec_path.write_bytes(orjson.dumps(spec))
-        watch = _LiveWatch(workdir, tp, warmup=spec["warmup"], iters=spec["iters"], enabled=progress,
-                           job_start=job_start, estimate=estimate)
+        watch = _LiveWatch(
+            workdir,
+            tp,
+            warmup=spec["warmup"],
+            iters=spec["iters"],
+            enabled=progress,
+            job_start=job_start,
+            estimate=estimate,
+        )
         try:
             _launch(worker_argv(str(spec_path)), tp, spec["timeout_s"], workdir, child_env(), watch=watch)
         except UserError:
@@ -168,8 +208,14 @@ def _run_ranks(spec: dict, *, progress: bool, job_start: float, estimate: CpuEst
         return [_load_result(Path(workdir), r, spec["dist_backend"]) for r in range(tp)]
 
 
-def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir: str,
-            env: dict[str, str] | None = None, watch: _LiveWatch | None = None) -> None:
+def _launch(
+    argv: Callable[[int], list[str]],
+    tp: int,
+    timeout_s: float,
+    workdir: str,
+    env: dict[str, str] | None = None,
+    watch: _LiveWatch | None = None,
+) -> None:
     """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
 
     The ranks run under :class:`fastverify.procs.RankGroup`, the one launcher and kill rule. On the
@@ -188,8 +234,10 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
             failed = [r for r in seen_exit if ranks.returncode(r) != 0]
             if failed:
                 rank = min(failed, key=lambda r: (failure_time(workdir, r, seen_exit[r]), r))
-                raise UserError(f"live rank {rank} failed ({exit_reason(ranks.returncode(rank))}): "
-                                f"{last_stderr_line(workdir, rank)}")
+                raise UserError(
+                    f"live rank {rank} failed ({exit_reason(ranks.returncode(rank))}): "
+                    f"{last_stderr_line(workdir, rank)}"
+                )
             if len(seen_exit) == tp:
                 if watch is not None:
                     watch.poll()  # the last forward's line
@@ -201,8 +249,10 @@ def _launch(argv: Callable[[int], list[str]], tp: int, timeout_s: float, workdir
             if now >= deadline:
                 rank = min(r for r in range(tp) if r not in seen_exit)
                 got = "" if watch is None else f"{watch.reached()}; "
-                raise UserError(f"live rank {rank} did not finish within {timeout_s:g} s "
-                                f"({got}last stderr line: {last_stderr_line(workdir, rank)})")
+                raise UserError(
+                    f"live rank {rank} did not finish within {timeout_s:g} s "
+                    f"({got}last stderr line: {last_stderr_line(workdir, rank)})"
+                )
             time.sleep(0.02)
 
 
@@ -223,8 +273,18 @@ class _LiveWatch:
     into :class:`~fastverify.progress.Progress` lines; :meth:`reached` says how far the run got,
     for a timeout message."""
 
-    def __init__(self, workdir: str | Path, tp: int, *, warmup: int, iters: int, enabled: bool = True,
-                 job_start: float | None = None, estimate: CpuEstimate | None = None, stream=None) -> None:
+    def __init__(
+        self,
+        workdir: str | Path,
+        tp: int,
+        *,
+        warmup: int,
+        iters: int,
+        enabled: bool = True,
+        job_start: float | None = None,
+        estimate: CpuEstimate | None = None,
+        stream=None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.stream = stream  # the lines' stream (None: stderr)
         self.tp, self.warmup, self.iters = tp, warmup, iters
@@ -237,10 +297,12 @@ class _LiveWatch:
         self.weight_bytes = 0
         self.tracing = False
         # Ranks start and build side by side: no time left from the first one's pace.
-        self._up = Progress("live run: ranks started", tp, enabled=enabled, job_start=self.job_start, eta=False,
-                            stream=stream)
-        self._built = Progress("live run: weights built", tp, enabled=enabled, job_start=self.job_start, eta=False,
-                               stream=stream)
+        self._up = Progress(
+            "live run: ranks started", tp, enabled=enabled, job_start=self.job_start, eta=False, stream=stream
+        )
+        self._built = Progress(
+            "live run: weights built", tp, enabled=enabled, job_start=self.job_start, eta=False, stream=stream
+        )
         self._fwd: Progress | None = None
         self._last_line: float | None = None
 
@@ -283,8 +345,13 @@ class _LiveWatch:
             printed |= self._built.update(built, f"{bytes_text(self.weight_bytes)} per rank")
         if built == self.tp and self._fwd is None:
             # The forwards begin once every rank is built: the time left comes from their own rate.
-            self._fwd = Progress("live run: forwards", self.warmup + self.iters, enabled=self.enabled,
-                                 job_start=self.job_start, stream=self.stream)
+            self._fwd = Progress(
+                "live run: forwards",
+                self.warmup + self.iters,
+                enabled=self.enabled,
+                job_start=self.job_start,
+                stream=self.stream,
+            )
         if forwards > self.forwards and self._fwd is not None:
             self.forwards = forwards
             printed |= self._fwd.update(forwards, self._which(forwards))
@@ -293,8 +360,10 @@ class _LiveWatch:
             self._last_line = now
         elif self.enabled and now - self._last_line >= HEARTBEAT_S and now - self.job_start >= default_after_s():
             self._last_line = now
-            say(f"live run: {self._running(up, built, forwards)}, {now - self.job_start:.1f} s elapsed",
-                stream=self.stream)
+            say(
+                f"live run: {self._running(up, built, forwards)}, {now - self.job_start:.1f} s elapsed",
+                stream=self.stream,
+            )
 
     def _running(self, up: int, built: int, forwards: int) -> str:
         if up < self.tp:
@@ -316,8 +385,9 @@ class _LiveWatch:
         if up:
             parts.append(f"{built}/{self.tp} built")
         if built == self.tp:
-            parts.append(f"forward {forwards}/{self.warmup + self.iters}"
-                         + (f" ({self._which(forwards)})" if forwards else ""))
+            parts.append(
+                f"forward {forwards}/{self.warmup + self.iters}" + (f" ({self._which(forwards)})" if forwards else "")
+            )
         if self.tracing:
             parts.append("exporting the CUDA trace")
         est = "" if self.estimate is None else f"; estimated {self.estimate.seconds:.0f} s for the whole run"

@@ -63,9 +63,11 @@ def export_trace(graph, rank: int, trace_dir: str, torch, dist) -> str:
 
     def start() -> None:
         nonlocal prof
-        p = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                    schedule=schedule(wait=0, warmup=1, active=TRACE_REPLAYS, repeat=1),
-                    on_trace_ready=lambda pr: pr.export_chrome_trace(str(path)))
+        p = profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            schedule=schedule(wait=0, warmup=1, active=TRACE_REPLAYS, repeat=1),
+            on_trace_ready=lambda pr: pr.export_chrome_trace(str(path)),
+        )
         p.__enter__()
         prof = p
 

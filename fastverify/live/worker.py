@@ -35,7 +35,9 @@ HOST = "127.0.0.1"
 # multiprocessing's spawn, which re-imports the caller's ``__main__`` in every child (a script
 # without an ``if __name__ == "__main__"`` guard would start ranks recursively), and which leaves a
 # child's import-time errors on the parent's stderr instead of the rank's file.
-_WORKER_CODE = "import sys; from fastverify.live.worker import _worker_main; _worker_main(sys.argv[1], int(sys.argv[2]))"
+_WORKER_CODE = (
+    "import sys; from fastverify.live.worker import _worker_main; _worker_main(sys.argv[1], int(sys.argv[2]))"
+)
 
 
 def worker_argv(spec_path: str) -> Callable[[int], list[str]]:
@@ -86,8 +88,17 @@ def _run_rank(rank: int, spec: dict, workdir: Path) -> dict:
     ar = _make_allreduce(rank, spec, device, dtype, tokens, config.hidden_size, workdir, torch, dist)
     if ar is not None:
         ar.prepare([(tokens, config.hidden_size)])  # before any forward, so before graph capture
-    model = TPVerifyModel(config, tp=spec["tp"], rank=rank, batch=spec["batch"], draft_tokens=spec["draft_tokens"],
-                          device=device, dtype=dtype, context_tokens=DEFAULT_CONTEXT_TOKENS, backend=ar)
+    model = TPVerifyModel(
+        config,
+        tp=spec["tp"],
+        rank=rank,
+        batch=spec["batch"],
+        draft_tokens=spec["draft_tokens"],
+        device=device,
+        dtype=dtype,
+        context_tokens=DEFAULT_CONTEXT_TOKENS,
+        backend=ar,
+    )
     _mark(workdir, rank, f"built {model.weight_bytes()}")
     rows, labels, steps, figures, graphs = _run_forwards(model, rank, spec, workdir, torch, dist)
     meta = _rank_meta(model, config, spec, rank, torch)
@@ -141,13 +152,15 @@ def _make_allreduce(rank: int, spec: dict, device, dtype, tokens: int, hidden: i
     cap = probe(spec["backend"], ctx)
     if not cap.ok:
         (workdir / f"rank{rank}.unavailable").write_text(
-            f"--backend {spec['backend']}: unavailable on rank {rank}: {cap.reason}")
+            f"--backend {spec['backend']}: unavailable on rank {rank}: {cap.reason}"
+        )
     flag = torch.tensor([0 if cap.ok else 1], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if int(flag.item()):
         raise UserError(f"--backend {spec['backend']}: unavailable on {'this' if not cap.ok else 'another'} rank")
-    return make_backend(spec["backend"], None, device=device, dtype=dtype, max_numel=tokens * hidden,
-                        hidden=hidden, context=ctx)
+    return make_backend(
+        spec["backend"], None, device=device, dtype=dtype, max_numel=tokens * hidden, hidden=hidden, context=ctx
+    )
 
 
 def _run_forwards(model, rank: int, spec: dict, workdir: Path, torch, dist) -> tuple[list, list, list, dict, object]:
@@ -168,8 +181,9 @@ def _run_forwards(model, rank: int, spec: dict, workdir: Path, torch, dist) -> t
     if cuda:
         torch.cuda.synchronize()
         graphs = capture_forward_graphs(model, torch)
-    timed = time_forwards(model, spec["iters"], rank, cuda, torch, dist, done=lambda i: forward_done(warmup + i + 1),
-                          graphs=graphs)
+    timed = time_forwards(
+        model, spec["iters"], rank, cuda, torch, dist, done=lambda i: forward_done(warmup + i + 1), graphs=graphs
+    )
     return (*timed, graphs)
 
 

@@ -22,10 +22,14 @@ import re
 from dataclasses import dataclass, field
 
 from fastverify.bounds import (
-    MAX_CHANNELS, MAX_COUNT, MAX_MSG_BYTES, implausible_bandwidth, implausible_count, implausible_time_us,
+    MAX_CHANNELS,
+    MAX_COUNT,
+    MAX_MSG_BYTES,
+    implausible_bandwidth,
+    implausible_count,
+    implausible_time_us,
 )
 from fastverify.errors import UserError
-
 
 # The line forms of an ``NCCL_DEBUG=INFO`` log, as regexes, with where NCCL prints each one
 # (NVIDIA/nccl ``src/``), and the small readers the parser shares with the nccl-tests reader.
@@ -42,7 +46,9 @@ _A = re.ASCII
 # ``[cudaDev] ms func:line NCCL TRACE msg``.
 PREFIX = re.compile(
     r"(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,12}):(?P<tid>\d{1,12}) \[(?P<dev>-?\d{1,9})\] "
-    r"(?:[\d.]{1,30} )?(?:(?P<file>[^\s:]{1,255}):\d{1,9} (?:\([^)]{0,255}\) )?)?NCCL (?P<level>INFO|WARN|TRACE)", _A)
+    r"(?:[\d.]{1,30} )?(?:(?P<file>[^\s:]{1,255}):\d{1,9} (?:\([^)]{0,255}\) )?)?NCCL (?P<level>INFO|WARN|TRACE)",
+    _A,
+)
 # NCCL_DEBUG=VERSION/WARN print the version line bare (debug.cc NCCL_LOG_VERSION),
 # ``NCCL version 2.27.5+cuda12.9``; an MPI tag (``[1,0]<stdout>:``) may precede it.
 BARE_VERSION = re.compile(r"^(?:\[[\d,]+\](?:<std\w+>)?:?\s*|\d+: )?\s*(NCCL version \d\S*)\s*$", _A)
@@ -51,11 +57,15 @@ VERSION = re.compile(r"^NCCL version (\d{1,4})\.(\d{1,4})\.(\d{1,4})(\S*?)(?:\+c
 # ``comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL %d`` (2.20+).
 COMM_NEW = re.compile(
     r"^comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nRanks (\d{1,9}) nNodes (\d{1,9}) localRanks (\d{1,9}) "
-    r"localRank (\d{1,9})(?: MNNVL \d+)?$", _A)
+    r"localRank (\d{1,9})(?: MNNVL \d+)?$",
+    _A,
+)
 # ``[func] comm %p rank %d nranks %d cudaDev %d [nvmlDev %d] busId %lx … - Init COMPLETE``.
 COMM_INIT = re.compile(
     r"^(?:.*? )?comm (0x[0-9a-fA-F]+|\S+) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,9})(?: nvmlDev \d+)? "
-    r"busId ([0-9a-fA-F]{1,16})\b.* - (?:Init (?:START|COMPLETE))$", _A)
+    r"busId ([0-9a-fA-F]{1,16})\b.* - (?:Init (?:START|COMPLETE))$",
+    _A,
+)
 # Transports (transport/p2p.cc, shm.cc, net.cc): ``Channel %02d/%01d : %d[%d] -> %d[%d] via
 # P2P/direct pointer[/read]``, ``P2P/CUMEM|IPC|MNNVL[/read][/CE]``, ``P2P/indirect/%d[%d][/read]``,
 # ``Channel %02d : … via SHM/direct/direct`` (<= 2.30.4; ``SHM/CE/…`` with memcpy) or ``SHM/direct``
@@ -63,10 +73,14 @@ COMM_INIT = re.compile(
 # PCI bus id in hex (``%lx``) before; before 2.14 there is no ``/connIndex``.
 TRANSPORT = re.compile(
     r"^Channel (\d{1,30})(?:/(\d{1,30}))? : (\d{1,30})\[([0-9a-fA-F]{1,16})\] -> (\d{1,30})\[([0-9a-fA-F]{1,16})\]"
-    r"(?: \[(send|receive)\])? via (.+?)\s*$", _A)
+    r"(?: \[(send|receive)\])? via (.+?)\s*$",
+    _A,
+)
 P2P_VIA = re.compile(
     r"^P2P/(?:direct pointer(?P<r1>/read)?|(?:IPC|CUMEM|MNNVL)(?P<r2>/read)?(?P<ce>/CE)?"
-    r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$", _A)
+    r"|indirect/(?P<via>\d{1,9})\[[0-9a-fA-F]{1,16}\](?P<r3>/read)?)$",
+    _A,
+)
 # ``direct shared memory``: what NCCL up to 2.8 printed for SHM (transport/shm.cc,
 # ``Channel %02d : %d[%lx] -> %d[%lx] via direct shared memory``).
 SHM_VIA = re.compile(r"^(?:SHM/(?:direct|CE)(?:/(?:direct|CE))?|direct shared memory)$", _A)
@@ -82,14 +96,18 @@ TREE_ITEM = re.compile(r"\[(\d{1,30})\] (-?\d{1,30})/(-?\d{1,30})/(-?\d{1,30})->
 # per peer`` (collnet field 2.20+).
 CHANNELS = re.compile(
     r"^(\d{1,30}) coll channels, (?:(\d{1,30}) collnet channels, )?(?:(\d{1,30}) nvls channels, )?"
-    r"(\d{1,30}) p2p channels, (\d{1,30}) p2p channels per peer$", _A)
+    r"(\d{1,30}) p2p channels, (\d{1,30}) p2p channels per peer$",
+    _A,
+)
 _NUM = r"[-+\w.]{1,40}"  # a number as NCCL prints it, or what a corrupt log put there (1e308, nan)
 # Graph (graph/search.cc): ``Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s,
 # sameChannels %d`` (``speed`` instead of ``bw`` <= 2.12; bw = intra/inter GB/s per channel), and
 # ``Could not find a path for pattern %d, falling back to simple order``.
 GRAPH = re.compile(
     rf"^Pattern (\d{{1,3}}), crossNic (\d{{1,3}}), nChannels (\d{{1,30}}), (?:bw|speed) ({_NUM})/({_NUM}), "
-    r"type (\w{1,8})/(\w{1,8}), sameChannels (\d{1,3})$", _A)
+    r"type (\w{1,8})/(\w{1,8}), sameChannels (\d{1,3})$",
+    _A,
+)
 FALLBACK = re.compile(r"^Could not find a path for pattern (\d{1,3}), falling back to simple order$", _A)
 # Topology (graph/topo.cc, paths.cc): ``=== System : maxBw %2.1f totalBw %2.1f ===``, tree dump
 # lines ``+ PCI[24.0] - GPU/0-cf000 (5)`` (GPU and its rank), and one line of paths per node
@@ -104,14 +122,17 @@ TOPO_GPU = re.compile(r"^(?:\+ \w+\[[\d.]+\] - )?(GPU/[0-9a-fA-F]{1,16}-[0-9a-fA
 # channel{Lo..Hi}={0..1}``; 2.21–2.23 ``[AllReduce: ]57344 Bytes -> Algo 1 proto 0 time 12.3`` (ids).
 CALL = re.compile(
     r"^(?:(\w+): )?(\d{1,30}) Bytes -> Algo (\w+) proto (\w+)"
-    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,30})\.\.(\d{1,30})\}| time ([-+\w.]{1,30}))$", _A)
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d{1,30})\.\.(\d{1,30})\}| time ([-+\w.]{1,30}))$",
+    _A,
+)
 # Settings: ``NCCL_X set by environment to V`` (``V.`` for integers, misc/param.cc);
 # ``NCCL_P2P_LEVEL set by environment to SYS`` only when NCCL understood the value (paths.cc);
 # ``Invalid value %s for %s, using default %lld.``
 ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$", _A)
 ENV_INVALID = re.compile(r"^Invalid value (.*) for (NCCL_\w+), using default", _A)
 P2P_FAIL = re.compile(
-    r"^(?:Could not enable P2P|peer query failed) between dev (\d{1,6})\(=[0-9a-fA-F]+\) and dev (\d{1,6})", _A)
+    r"^(?:Could not enable P2P|peer query failed) between dev (\d{1,6})\(=[0-9a-fA-F]+\) and dev (\d{1,6})", _A
+)
 # Tuner plugin (plugin/tuner*.cc): ``TUNER/Plugin: …``, ``Successfully loaded external tuner plugin %s``.
 TUNER_NAME = re.compile(r"^(?:TUNER/Plugin: Using (.+) \(v\d+\)|Successfully loaded external tuner plugin (.+))$", _A)
 # Model (graph/tuning.cc, rank 0): 2.18+ blocks of ``  Algorithm   |`` / ``  Protocol    |`` /
@@ -124,8 +145,15 @@ LATBW = re.compile(r"^\s*([-+\w.]{1,30})/\s*([-+\w.]{1,30})\s*$", _A)
 MAX_LINE = 8192  # longer lines are skipped: NCCL's own are at most ~2 KiB (debug.cc buffer)
 
 # tuning.cc names → the names of the per-call lines (collectives.cc ncclAlgoToString/ncclProtoToString)
-TABLE_ALGO = {"Tree": "TREE", "Ring": "RING", "CollNetDirect": "COLLNET_DIRECT", "CollNetChain": "COLLNET_CHAIN",
-              "NVLS": "NVLS", "NVLSTree": "NVLS_TREE", "PAT": "PAT"}
+TABLE_ALGO = {
+    "Tree": "TREE",
+    "Ring": "RING",
+    "CollNetDirect": "COLLNET_DIRECT",
+    "CollNetChain": "COLLNET_CHAIN",
+    "NVLS": "NVLS",
+    "NVLSTree": "NVLS_TREE",
+    "PAT": "PAT",
+}
 
 # Message starts that promise a known form; if none of the parsers takes such a line it is reported.
 KNOWN_STARTS = ("Channel ", "Trees", "Pattern ", "=== System", "NCCL version", "Ring ")
@@ -365,8 +393,13 @@ class NcclLog:
 
     def gpu_paths(self) -> dict[tuple[str, str], PathInfo]:
         """GPU → other GPU paths only, keyed by the two normalised node names."""
-        return {(s, d): p for s, row in self.paths.items() if s.startswith("GPU/")
-                for d, p in row.items() if d.startswith("GPU/") and d != s}
+        return {
+            (s, d): p
+            for s, row in self.paths.items()
+            if s.startswith("GPU/")
+            for d, p in row.items()
+            if d.startswith("GPU/") and d != s
+        }
 
     def transport_kinds(self) -> dict[tuple[int, int], str]:
         """(a, b) with a < b (device indices) → ``"P2P"``, ``"SHM"`` or ``"NET"`` as the log's
@@ -418,9 +451,24 @@ class _State:
 
     def __init__(self, source: str = "<text>") -> None:
         self.source = source
-        self.lists: dict[str, list] = {k: [] for k in (
-            "comms", "transports", "rings", "ring_links", "trees", "channel_counts", "graphs",
-            "graph_fallbacks", "calls", "p2p_unavailable", "tuner_lines", "warnings", "problems")}
+        self.lists: dict[str, list] = {
+            k: []
+            for k in (
+                "comms",
+                "transports",
+                "rings",
+                "ring_links",
+                "trees",
+                "channel_counts",
+                "graphs",
+                "graph_fallbacks",
+                "calls",
+                "p2p_unavailable",
+                "tuner_lines",
+                "warnings",
+                "problems",
+            )
+        }
         self.versions: list[tuple[str, str | None, int]] = []
         self.paths: dict[str, dict[str, PathInfo]] = {}
         self.gpu_ranks: dict[str, int] = {}
@@ -444,15 +492,21 @@ class _State:
         """Raise the one-line error for a number past fastverify's bounds (``why``, from
         :mod:`fastverify.bounds`); nothing when ``why`` is None."""
         if why:
-            raise UserError(f"{self.source}: line {lineno}: {what} {why}: no NCCL prints that "
-                            "(a corrupt or hand-edited log; fastverify's plausibility bounds)")
+            raise UserError(
+                f"{self.source}: line {lineno}: {what} {why}: no NCCL prints that "
+                "(a corrupt or hand-edited log; fastverify's plausibility bounds)"
+            )
 
     def channel(self, lineno: int, what: str, value: int | None, *, index: bool = False) -> None:
         """A channel count (<= NCCL's MAXCHANNELS) or a channel index (< MAXCHANNELS)."""
         if value is not None:
             top = MAX_CHANNELS - 1 if index else MAX_CHANNELS
-            self.refuse(lineno, what, implausible_count(value, upper=top, what=what)
-                        and f"{value} is outside [0, {top}] (NCCL has at most {MAX_CHANNELS} channels, MAXCHANNELS)")
+            self.refuse(
+                lineno,
+                what,
+                implausible_count(value, upper=top, what=what)
+                and f"{value} is outside [0, {top}] (NCCL has at most {MAX_CHANNELS} channels, MAXCHANNELS)",
+            )
 
     def bandwidth(self, lineno: int, what: str, value: float) -> None:
         """A bandwidth in GB/s: finite, >= 0, at most 1e6 (:func:`fastverify.bounds.implausible_bandwidth`)."""
@@ -505,11 +559,18 @@ def _h_version(st: _State, lineno: int, s: str) -> bool:
 def _h_comm(st: _State, lineno: int, s: str) -> bool:
     m = COMM_NEW.match(s)
     if m:
-        info = CommInfo(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
-                        int(m.group(6)), line=lineno)
+        info = CommInfo(
+            m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)), line=lineno
+        )
     elif "Init " in s and (m := COMM_INIT.match(s)) is not None:
-        info = CommInfo(m.group(1), int(m.group(2)), int(m.group(3)), cuda_dev=int(m.group(4)),
-                        bus_id=m.group(5).lower(), line=lineno)
+        info = CommInfo(
+            m.group(1),
+            int(m.group(2)),
+            int(m.group(3)),
+            cuda_dev=int(m.group(4)),
+            bus_id=m.group(5).lower(),
+            line=lineno,
+        )
     else:
         return False
     seen = (info.comm, info.rank, info.n_ranks, info.n_nodes, info.cuda_dev, info.bus_id)
@@ -546,10 +607,21 @@ def _h_transport(st: _State, lineno: int, s: str) -> bool:
     st.count(lineno, "transport destination rank", dst)
     if "via_rank" in kw:
         st.count(lineno, "transport intermediate rank", kw["via_rank"])
-    st.lists["transports"].append(Transport(
-        channel, int(m.group(2)) if m.group(2) is not None else None, src,
-        _dev(m.group(4), st), dst, _dev(m.group(6), st), via, kind,
-        direction=m.group(7), line=lineno, **kw))
+    st.lists["transports"].append(
+        Transport(
+            channel,
+            int(m.group(2)) if m.group(2) is not None else None,
+            src,
+            _dev(m.group(4), st),
+            dst,
+            _dev(m.group(6), st),
+            via,
+            kind,
+            direction=m.group(7),
+            line=lineno,
+            **kw,
+        )
+    )
     return True
 
 
@@ -596,8 +668,9 @@ def _h_channels(st: _State, lineno: int, s: str) -> bool:
     if not m:
         return False
     g = [None if x is None else int(x) for x in m.groups()]
-    for what, v in zip(("coll channels", "collnet channels", "nvls channels", "p2p channels",
-                        "p2p channels per peer"), g):
+    for what, v in zip(
+        ("coll channels", "collnet channels", "nvls channels", "p2p channels", "p2p channels per peer"), g
+    ):
         st.channel(lineno, what, v)
     st.lists["channel_counts"].append(ChannelCounts(g[0], g[1], g[2], g[3], g[4], lineno))
     return True
@@ -613,8 +686,19 @@ def _h_graph(st: _State, lineno: int, s: str) -> bool:
         st.channel(lineno, "graph nChannels", int(m.group(3)))
         st.bandwidth(lineno, "graph intra bandwidth", bi)
         st.bandwidth(lineno, "graph inter bandwidth", be)
-        st.lists["graphs"].append(GraphInfo(int(m.group(1)), int(m.group(2)), int(m.group(3)), bi, be,
-                                            m.group(6), m.group(7), int(m.group(8)), lineno))
+        st.lists["graphs"].append(
+            GraphInfo(
+                int(m.group(1)),
+                int(m.group(2)),
+                int(m.group(3)),
+                bi,
+                be,
+                m.group(6),
+                m.group(7),
+                int(m.group(8)),
+                lineno,
+            )
+        )
         return True
     m = FALLBACK.match(s)
     if m:
@@ -693,8 +777,11 @@ def _h_call(st: _State, lineno: int, s: str) -> bool:
         proto = PROTO_BY_ID.get(int(proto), proto)
     size_b, lo_c, hi_c = int(size), int(lo) if lo is not None else None, int(hi) if hi is not None else None
     time_us = float_or_none(t) if t is not None else None
-    st.refuse(lineno, "call size", implausible_count(size_b, upper=MAX_MSG_BYTES, what="size")
-              and f"{size_b} bytes is over 1 TiB")
+    st.refuse(
+        lineno,
+        "call size",
+        implausible_count(size_b, upper=MAX_MSG_BYTES, what="size") and f"{size_b} bytes is over 1 TiB",
+    )
     st.channel(lineno, "call channel", lo_c, index=True)
     st.channel(lineno, "call channel", hi_c, index=True)
     if time_us is not None:
@@ -733,8 +820,21 @@ def _h_tuner(st: _State, lineno: int, s: str) -> bool:
 
 
 # In this order: the first handler that takes a message reads it.
-_HANDLERS = (_h_version, _h_transport, _h_ring, _h_trees, _h_comm, _h_channels, _h_graph, _h_system, _h_paths,
-             _h_topo_gpu, _h_call, _h_env, _h_tuner)
+_HANDLERS = (
+    _h_version,
+    _h_transport,
+    _h_ring,
+    _h_trees,
+    _h_comm,
+    _h_channels,
+    _h_graph,
+    _h_system,
+    _h_paths,
+    _h_topo_gpu,
+    _h_call,
+    _h_env,
+    _h_tuner,
+)
 
 
 def _tuning_line(st: _State, key: tuple[str, str], s: str, lineno: int = 0) -> bool:
@@ -748,8 +848,9 @@ def _tuning_line(st: _State, key: tuple[str, str], s: str, lineno: int = 0) -> b
             tab["algos"], tab["cols"] = [TABLE_ALGO.get(c, c.upper()) for c in cells], []
         elif head == "Protocol":
             n = cells.index(cells[0], 1) if cells and cells[0] in cells[1:] else len(cells)
-            tab["cols"] = [(tab["algos"][i // n], p.upper()) for i, p in enumerate(cells)
-                           if n and i // n < len(tab["algos"])]
+            tab["cols"] = [
+                (tab["algos"][i // n], p.upper()) for i, p in enumerate(cells) if n and i // n < len(tab["algos"])
+            ]
         elif head == "Latency/AlgBw":  # ≤2.17: one table, cells "Tree/LL"
             pairs = [[x.strip() for x in c.split("/", 1)] for c in cells if "/" in c]
             tab["cols"] = [(TABLE_ALGO.get(a, a.upper()), p.upper()) for a, p in pairs]
@@ -808,8 +909,10 @@ def parse_nccl_log(text: str, *, source: str = "<text>") -> NcclLog:
     lines = text.splitlines()
     n_nccl = _read_lines(st, lines)
     if n_nccl == 0:
-        raise UserError(f"{source}: no NCCL log line found (expected lines like "
-                        f"'host:pid:tid [0] NCCL INFO …'; run with NCCL_DEBUG=INFO)")
+        raise UserError(
+            f"{source}: no NCCL log line found (expected lines like "
+            f"'host:pid:tid [0] NCCL INFO …'; run with NCCL_DEBUG=INFO)"
+        )
     if lines and not text.endswith(("\n", "\r")):
         st.problem(len(lines), "text ends without a newline; the last line may be cut off", lines[-1])
     return _freeze(st, n_nccl)
@@ -838,7 +941,7 @@ def _read_lines(st: _State, lines: list[str]) -> int:
         if int(m.group("dev")) >= 0:
             st.devices.add(int(m.group("dev")))
         key = (m.group("pid"), m.group("tid"))
-        msg = raw[m.end():]
+        msg = raw[m.end() :]
         msg = msg[1:] if msg[:1] == " " else msg
         _msg(st, lineno, key, int(m.group("dev")), m.group("level"), m.group("file"), msg)
     return n_nccl
@@ -854,14 +957,31 @@ def _freeze(st: _State, n_nccl: int) -> NcclLog:
             st.problem(st.versions[0][2], f"several NCCL versions in one log: {[version, *others]}", "")
     L = st.lists
     return NcclLog(
-        source=st.source, version=version, cuda_version=cuda,
-        comms=tuple(L["comms"]), transports=tuple(L["transports"]), rings=tuple(L["rings"]),
-        ring_links=tuple(L["ring_links"]), trees=tuple(L["trees"]), channel_counts=tuple(L["channel_counts"]),
-        graphs=tuple(L["graphs"]), graph_fallbacks=tuple(L["graph_fallbacks"]), paths=st.paths,
-        gpu_ranks=st.gpu_ranks, max_bw_gbps=st.system[0] if st.system else None,
-        total_bw_gbps=st.system[1] if st.system else None, tuning=st.tuning, max_nthreads=st.max_nthreads,
-        calls=tuple(L["calls"]), env=st.env, env_invalid=st.env_invalid,
-        p2p_unavailable=tuple(L["p2p_unavailable"]), tuner_plugin=st.tuner, tuner_lines=tuple(L["tuner_lines"]),
-        warnings=tuple(L["warnings"]), n_nccl_lines=n_nccl, problems=tuple(L["problems"]),
+        source=st.source,
+        version=version,
+        cuda_version=cuda,
+        comms=tuple(L["comms"]),
+        transports=tuple(L["transports"]),
+        rings=tuple(L["rings"]),
+        ring_links=tuple(L["ring_links"]),
+        trees=tuple(L["trees"]),
+        channel_counts=tuple(L["channel_counts"]),
+        graphs=tuple(L["graphs"]),
+        graph_fallbacks=tuple(L["graph_fallbacks"]),
+        paths=st.paths,
+        gpu_ranks=st.gpu_ranks,
+        max_bw_gbps=st.system[0] if st.system else None,
+        total_bw_gbps=st.system[1] if st.system else None,
+        tuning=st.tuning,
+        max_nthreads=st.max_nthreads,
+        calls=tuple(L["calls"]),
+        env=st.env,
+        env_invalid=st.env_invalid,
+        p2p_unavailable=tuple(L["p2p_unavailable"]),
+        tuner_plugin=st.tuner,
+        tuner_lines=tuple(L["tuner_lines"]),
+        warnings=tuple(L["warnings"]),
+        n_nccl_lines=n_nccl,
+        problems=tuple(L["problems"]),
         devices=tuple(sorted(st.devices)),
     )

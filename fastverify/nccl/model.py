@@ -39,7 +39,6 @@ from fastverify.nccl.checks import parse_algo_proto, validate_setting
 from fastverify.nccl.findings import Ctx, Severity
 from fastverify.nccl.version import NcclVersion
 
-
 # The names, constants and version rules of NCCL's all-reduce cost model on one node (NVIDIA/nccl
 # ``src/graph/tuning.cc`` ``ncclTunerConstantsDefaults``, ``ncclTopoTuneModel``, read at commit
 # 5067397c = 2.30.7; the release codes below mark where older releases differ). Latencies in µs,
@@ -211,8 +210,14 @@ def ring_graph(max_bw: float, total_bw: float, sm: int) -> tuple[float, int]:
 # separates per protocol, so each β is a 1-D search.
 
 
-def grid_search(lat: np.ndarray, hops: np.ndarray, xfer: np.ndarray, log_t: np.ndarray,
-           groups: Mapping[Hashable, np.ndarray], fitted: set) -> tuple[float, float, dict]:
+def grid_search(
+    lat: np.ndarray,
+    hops: np.ndarray,
+    xfer: np.ndarray,
+    log_t: np.ndarray,
+    groups: Mapping[Hashable, np.ndarray],
+    fitted: set,
+) -> tuple[float, float, dict]:
     """``(loss, δ, {group: log β})`` minimising ``Σ (log(lat + δ·hops + xfer/β_g) − log_t)²``.
 
     Per row: ``lat`` the model latency (µs), ``hops`` its hop count, ``xfer`` the transfer time at
@@ -328,8 +333,12 @@ class ModelInputs:
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
                 raise bad(name, v, "an int in 1..64 (graph channels, 'nChannels N' of the GRAPH line)")
         if not is_version_code(self.nccl_version):
-            raise bad("nccl_version", self.nccl_version, "an NCCL version code as ncclGetVersion returns it: "
-                      "X*1000+Y*100+Z up to 2.8 (2803 = 2.8.3), X*10000+Y*100+Z from 2.9 (22304 = 2.23.4)")
+            raise bad(
+                "nccl_version",
+                self.nccl_version,
+                "an NCCL version code as ncclGetVersion returns it: "
+                "X*1000+Y*100+Z up to 2.8 (2803 = 2.8.3), X*10000+Y*100+Z from 2.9 (22304 = 2.23.4)",
+            )
         try:
             object.__setattr__(self, "link", LinkType(self.link))
             object.__setattr__(self, "algos", frozenset(Algo(a) for a in self.algos))
@@ -338,11 +347,15 @@ class ModelInputs:
             if self.transport is not None:
                 object.__setattr__(self, "transport", Transport(self.transport))
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"ModelInputs: {exc}; algos are {[a.value for a in Algo]}, "
-                             f"protos {[p.value for p in Proto]}, links {[k.value for k in LinkType]}") from None
+            raise ValueError(
+                f"ModelInputs: {exc}; algos are {[a.value for a in Algo]}, "
+                f"protos {[p.value for p in Proto]}, links {[k.value for k in LinkType]}"
+            ) from None
         if not self.algos or not self.protos:
-            raise ValueError("ModelInputs: no algorithm/protocol left (NCCL fails at the first collective with "
-                             "'No algorithm/protocol available'); enable at least one of Ring/Tree and LL/LL128/Simple")
+            raise ValueError(
+                "ModelInputs: no algorithm/protocol left (NCCL fails at the first collective with "
+                "'No algorithm/protocol available'); enable at least one of Ring/Tree and LL/LL128/Simple"
+            )
 
     @property
     def compcap_index(self) -> int:
@@ -396,8 +409,10 @@ def inputs_for_pcie_box(
     if cpu_link_bw_gbps is not None and not (math.isfinite(cpu_link_bw_gbps) and cpu_link_bw_gbps > 0):
         raise ValueError(f"cpu_link_bw_gbps={cpu_link_bw_gbps!r}: expected GB/s > 0 or None")
     if (graph_bw_intra_gbps is None) != (graph_n_channels is None):
-        raise ValueError("graph_bw_intra_gbps and graph_n_channels come together from the GRAPH line "
-                         "'nChannels N, bw X/Y'; pass both or neither")
+        raise ValueError(
+            "graph_bw_intra_gbps and graph_n_channels come together from the GRAPH line "
+            "'nChannels N, bw X/Y'; pass both or neither"
+        )
     if graph_bw_intra_gbps is None:
         link_bw = width * PCI_GEN_RATE[gen] / 80.0
         max_bw = link_bw if cpu_link_bw_gbps is None else min(link_bw, cpu_link_bw_gbps)
@@ -580,8 +595,7 @@ class CorrectedModel:
         if not all(math.isfinite(v) and v > 0 for v in scale.values()):
             raise ValueError(f"CorrectedModel.bw_scale={dict(self.bw_scale)!r}: expected finite factors > 0")
         if not math.isfinite(self.extra_hop_latency_us):
-            raise ValueError(f"CorrectedModel.extra_hop_latency_us={self.extra_hop_latency_us!r}: "
-                             "expected a finite µs")
+            raise ValueError(f"CorrectedModel.extra_hop_latency_us={self.extra_hop_latency_us!r}: expected a finite µs")
         object.__setattr__(self, "bw_scale", MappingProxyType(scale))
 
     def times_us(self, nbytes: int, inputs: ModelInputs) -> dict[tuple[Algo, Proto], float]:
@@ -606,8 +620,14 @@ class CorrectedModel:
         where = "fit on " + (self.fitted_on.value if self.fitted_on else "unlabelled data")
         if self.fitted_on and inputs.transport and inputs.transport is not self.fitted_on:
             where += f", applied to {inputs.transport.value}"
-        return Prediction(nbytes=nbytes, time_us=table[(algo, proto)], algo=algo, proto=proto,
-                          times_us=table, basis=f"NCCL model + PCIe correction ({where})")
+        return Prediction(
+            nbytes=nbytes,
+            time_us=table[(algo, proto)],
+            algo=algo,
+            proto=proto,
+            times_us=table,
+            basis=f"NCCL model + PCIe correction ({where})",
+        )
 
 
 def _rows_arrays(rows: Iterable[_Row]) -> tuple[np.ndarray, np.ndarray]:
@@ -616,8 +636,9 @@ def _rows_arrays(rows: Iterable[_Row]) -> tuple[np.ndarray, np.ndarray]:
         try:
             s, t = int(r.size_bytes), float(r.oop_time_us)
         except (AttributeError, TypeError, ValueError):
-            raise UserError(f"calibration row {i}: expected size_bytes and oop_time_us (a PerfRow), "
-                            f"got {r!r}") from None
+            raise UserError(
+                f"calibration row {i}: expected size_bytes and oop_time_us (a PerfRow), got {r!r}"
+            ) from None
         if s < 0 or not math.isfinite(t) or t <= 0:
             raise UserError(f"calibration row {i}: size {s} B, time {t} us; need size >= 0 and a time > 0")
         sizes.append(s)
@@ -783,7 +804,10 @@ def enabled_algos_protos(env: Mapping[str, str], version: NcclVersion | None, sm
             algos = frozenset(a for a in Algo if on.get(a.value)) or _ALL_ALGOS
     elif "NCCL_ALGO" in env:
         notes.append(f"NCCL rejects or ignores NCCL_ALGO={env['NCCL_ALGO']!r}: the baseline is predicted without it")
-    if "NCCL_PROTO" in env and validate_setting("NCCL_PROTO", env["NCCL_PROTO"], version).severity is not Severity.ERROR:
+    if (
+        "NCCL_PROTO" in env
+        and validate_setting("NCCL_PROTO", env["NCCL_PROTO"], version).severity is not Severity.ERROR
+    ):
         on = allreduce_enabled("NCCL_PROTO", env["NCCL_PROTO"], version)
         if on is not None:
             chosen = frozenset(p for p in Proto if on.get(p.value) == 1 or (on.get(p.value) == 2 and p in default))

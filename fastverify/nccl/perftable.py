@@ -26,7 +26,6 @@ from fastverify.bounds import MAX_MSG_BYTES, implausible_bandwidth, implausible_
 from fastverify.errors import UserError
 from fastverify.nccl.debuglog import search_near_nccl
 
-
 # The data rows of an ``all_reduce_perf`` table: their layouts, and how one row is read.
 #
 # A row is ``%12li  %12li  %8s  %6s  %6s`` (size, count, type, redop, root), then twice
@@ -93,10 +92,15 @@ class Layout:
         return 4 + self.root + 2 * (4 + 4 * self.per_iter) + 2 * self.timestamp
 
 
-GUESSES = {lay.n_tokens: lay for lay in (
-    Layout(root=r, error_col=not r, per_iter=p, timestamp=t)
-    for r in (True, False) for p in (False, True) for t in (False, True)
-)}
+GUESSES = {
+    lay.n_tokens: lay
+    for lay in (
+        Layout(root=r, error_col=not r, per_iter=p, timestamp=t)
+        for r in (True, False)
+        for p in (False, True)
+        for t in (False, True)
+    )
+}
 
 
 def layout_from_header(cols: list[str]) -> Layout:
@@ -170,7 +174,7 @@ def parse_row(tokens: list[str], lay: Layout, lineno: int) -> PerfRow | None:
     halves = []
     width = 4 + 4 * lay.per_iter
     for h in range(2):
-        t = tokens[i + h * width: i + h * width + 4]
+        t = tokens[i + h * width : i + h * width + 4]
         nums = [to_float(x) for x in t[:3]]
         if any(v is None for v in nums):
             return None
@@ -182,12 +186,28 @@ def parse_row(tokens: list[str], lay: Layout, lineno: int) -> PerfRow | None:
             err = None
         if not ok:
             return None
-        if lay.per_iter and any(to_float(x) is None for x in tokens[i + h * width + 4: i + (h + 1) * width]):
+        if lay.per_iter and any(to_float(x) is None for x in tokens[i + h * width + 4 : i + (h + 1) * width]):
             return None
         halves.append((nums, wrong, err))
     (o, ow, oe), (p, pw, pe) = halves
-    return PerfRow(size, count, dtype, redop, root, o[0], o[1], o[2], ow, p[0], p[1], p[2], pw,
-                   oop_error=oe, ip_error=pe, line=lineno)
+    return PerfRow(
+        size,
+        count,
+        dtype,
+        redop,
+        root,
+        o[0],
+        o[1],
+        o[2],
+        ow,
+        p[0],
+        p[1],
+        p[2],
+        pw,
+        oop_error=oe,
+        ip_error=pe,
+        line=lineno,
+    )
 
 
 def implausible(row: PerfRow) -> str | None:
@@ -195,9 +215,10 @@ def implausible(row: PerfRow) -> str | None:
     for name, value in (("size", row.size_bytes), ("count", row.count)):
         if why := implausible_count(value, upper=MAX_MSG_BYTES, what=name):
             return f"{name} {why} (a message holds at most 1 TiB)"
-    for half, t, alg, bus, wrong in (("out-of-place", row.oop_time_us, row.oop_algbw_gbps, row.oop_busbw_gbps,
-                                      row.oop_wrong),
-                                     ("in-place", row.ip_time_us, row.ip_algbw_gbps, row.ip_busbw_gbps, row.ip_wrong)):
+    for half, t, alg, bus, wrong in (
+        ("out-of-place", row.oop_time_us, row.oop_algbw_gbps, row.oop_busbw_gbps, row.oop_wrong),
+        ("in-place", row.ip_time_us, row.ip_algbw_gbps, row.ip_busbw_gbps, row.ip_wrong),
+    ):
         if why := implausible_time_us(t):
             return f"{half} time {why}"
         for what, v in (("algbw", alg), ("busbw", bus)):
@@ -209,8 +230,25 @@ def implausible(row: PerfRow) -> str | None:
 
 
 # nccl-tests' type names (src/common.cu test_typenames), old and new
-_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
-                     "fp8_e4m3", "fp8_e5m2", "char", "int", "uint"})
+_DTYPES = frozenset(
+    {
+        "int8",
+        "uint8",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "half",
+        "float",
+        "double",
+        "bfloat16",
+        "fp8_e4m3",
+        "fp8_e5m2",
+        "char",
+        "int",
+        "uint",
+    }
+)
 
 
 def drop_reason(tokens: list[str], lay: Layout | None, *, last: bool) -> str | None:
@@ -230,11 +268,14 @@ def drop_reason(tokens: list[str], lay: Layout | None, *, last: bool) -> str | N
     k = next((i for i, t in enumerate(tokens[:3]) if t in _DTYPES), None)
     if k is None or k >= 2 or not all(_INT.match(t) for t in tokens[:k]) or len(tokens) < k + 6:
         return None
-    numeric = sum(to_float(t) is not None or t == "N/A" for t in tokens[k + 2:])
-    if numeric < len(tokens[k + 2:]) - 1:
+    numeric = sum(to_float(t) is not None or t == "N/A" for t in tokens[k + 2 :])
+    if numeric < len(tokens[k + 2 :]) - 1:
         return None
-    return ("no size column (the row starts with its element count)" if k == 1
-            else "no size and no count column (the row starts with its data type)")
+    return (
+        "no size column (the row starts with its element count)"
+        if k == 1
+        else "no size and no count column (the row starts with its data type)"
+    )
 
 
 def looks_like_row(body: str) -> bool:
@@ -324,8 +365,12 @@ def ranks_from_bw(rows: list[PerfRow]) -> int | None:
     every row with algBw >= 0.5 GB/s (smaller ones are printed with too few digits): solved on the
     summed ratio, rounded, and kept only when every such row's ratio, within its printed rounding
     (and 0.1 %), agrees. ``None`` without such rows or when they disagree."""
-    pts = [(a, b) for r in rows for a, b in ((r.oop_algbw_gbps, r.oop_busbw_gbps), (r.ip_algbw_gbps, r.ip_busbw_gbps))
-           if a >= 0.5]
+    pts = [
+        (a, b)
+        for r in rows
+        for a, b in ((r.oop_algbw_gbps, r.oop_busbw_gbps), (r.ip_algbw_gbps, r.ip_busbw_gbps))
+        if a >= 0.5
+    ]
     if not pts:
         return None
     ratio = sum(b for _, b in pts) / sum(a for a, _ in pts)
@@ -539,14 +584,18 @@ class PerfTable:
         box it is read for; ``None`` when unknown) and the ranks its own lines name. The text starts
         with :attr:`source`."""
         if len(self.hosts) > 1:
-            return (f"{self.source}: this table ran on {self.n_ranks} ranks on {len(self.hosts)} hosts (its '# Rank' "
-                    "lines), several nodes: its times are not this box's")
+            return (
+                f"{self.source}: this table ran on {self.n_ranks} ranks on {len(self.hosts)} hosts (its '# Rank' "
+                "lines), several nodes: its times are not this box's"
+            )
         # a table whose own rank lines count as many ranks as busBw/algBw says is one box of that
         # size (another world size, not several nodes)
         own = self.n_ranks_basis != "busBw/algBw" and self.n_ranks == self.n_ranks_bw
         if self.n_ranks_bw is not None and gpus is not None and self.n_ranks_bw > gpus and not own:
-            return (f"{self.source}: this table ran on about {self.n_ranks_bw} ranks (busBw/algBw), likely several "
-                    "nodes: its times are not this box's")
+            return (
+                f"{self.source}: this table ran on about {self.n_ranks_bw} ranks (busBw/algBw), likely several "
+                "nodes: its times are not this box's"
+            )
         return None
 
     def dropped_warning(self) -> str | None:
@@ -555,8 +604,10 @@ class PerfTable:
             return None
         d = self.dropped[0]
         more = f" ({len(self.dropped) - 1} more)" if len(self.dropped) > 1 else ""
-        return (f"{self.source}: {len(self.dropped)} data row(s) dropped; the first, line {d.line}: {d.reason}{more}: "
-                f"{d.text}")
+        return (
+            f"{self.source}: {len(self.dropped)} data row(s) dropped; the first, line {d.line}: {d.reason}{more}: "
+            f"{d.text}"
+        )
 
     def summary(self) -> dict:
         """What the table holds, for a report: row count, size range (B), ranks, GPU names, data
@@ -566,14 +617,25 @@ class PerfTable:
         peak = max(rows, key=lambda r: r.oop_busbw_gbps)
         first, last = min(rows, key=lambda r: r.size_bytes), max(rows, key=lambda r: r.size_bytes)
         return {
-            "source": self.source, "rows": len(rows), "min_bytes": first.size_bytes, "max_bytes": last.size_bytes,
-            "n_ranks": self.n_ranks, "n_ranks_basis": self.n_ranks_basis, "n_ranks_bw": self.n_ranks_bw,
-            "hosts": len(self.hosts), "devices": sorted(set(self.devices)), "dtypes": sorted({r.dtype for r in rows}),
+            "source": self.source,
+            "rows": len(rows),
+            "min_bytes": first.size_bytes,
+            "max_bytes": last.size_bytes,
+            "n_ranks": self.n_ranks,
+            "n_ranks_basis": self.n_ranks_basis,
+            "n_ranks_bw": self.n_ranks_bw,
+            "hosts": len(self.hosts),
+            "devices": sorted(set(self.devices)),
+            "dtypes": sorted({r.dtype for r in rows}),
             "redops": sorted({r.redop for r in rows}),
-            "time_us_at_min": first.oop_time_us, "time_us_at_max": last.oop_time_us,
-            "peak_busbw_gbps": peak.oop_busbw_gbps, "peak_busbw_bytes": peak.size_bytes,
-            "avg_busbw_gbps": self.avg_busbw_gbps, "graph": self.header.get("graph"),
-            "problems": list(self.problems), "dropped": [{"line": d.line, "reason": d.reason} for d in self.dropped],
+            "time_us_at_min": first.oop_time_us,
+            "time_us_at_max": last.oop_time_us,
+            "peak_busbw_gbps": peak.oop_busbw_gbps,
+            "peak_busbw_bytes": peak.size_bytes,
+            "avg_busbw_gbps": self.avg_busbw_gbps,
+            "graph": self.header.get("graph"),
+            "problems": list(self.problems),
+            "dropped": [{"line": d.line, "reason": d.reason} for d in self.dropped],
             "label": "measured",
         }
 
@@ -676,8 +738,9 @@ class _Reader:
         if self.header.get("Avg bus bandwidth") is not avg_before:
             avg = avg_busbw(self.header)
             if avg is not None and (why := implausible_bandwidth(avg)):
-                raise UserError(f"{self.source}: line {lineno}: Avg bus bandwidth {why}: not a measured "
-                                "all_reduce_perf value")
+                raise UserError(
+                    f"{self.source}: line {lineno}: Avg bus bandwidth {why}: not a measured all_reduce_perf value"
+                )
 
     def _data_line(self, lineno: int, s: str) -> None:
         """A data row, or a line that looks like one and is dropped with its reason."""
@@ -699,10 +762,14 @@ class _Reader:
         if not self.rows:
             if self.problems:
                 raise UserError(f"{self.source}: {self.problems[0]}; no complete all_reduce_perf data row")
-            where = (f"line {self.header_line}: column header is followed by" if self.header_line
-                     else f"line {max(self.n_lines, 1)}:")
-            raise UserError(f"{self.source}: {where} no all_reduce_perf data rows "
-                            "(size count type redop … time algbw busbw)")
+            where = (
+                f"line {self.header_line}: column header is followed by"
+                if self.header_line
+                else f"line {max(self.n_lines, 1)}:"
+            )
+            raise UserError(
+                f"{self.source}: {where} no all_reduce_perf data rows (size count type redop … time algbw busbw)"
+            )
         bw_ranks = ranks_from_bw(self.rows)
         n_ranks, basis = rank_count(self.header, self.ranks, bw_ranks)
         return PerfTable(

@@ -45,8 +45,7 @@ def plugin() -> None:
     except Exception as err:  # the server must start even if our patch is broken
         import logging
 
-        logging.getLogger("fastverify.patch").warning("fastverify patch: not applied (%s: %s)",
-                                                     type(err).__name__, err)
+        logging.getLogger("fastverify.patch").warning("fastverify patch: not applied (%s: %s)", type(err).__name__, err)
 
 
 __all__ = ["enabled", "plugin"]

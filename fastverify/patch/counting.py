@@ -132,8 +132,11 @@ def _out_place_method(coord: Any, x: Any, method: Any) -> str | None:
 
 def make_out_place(original: Callable) -> Callable:
     def _all_reduce_out_place(self, input_, outplace_all_reduce_method, *args, **kwargs):
-        return _observed(self, lambda: _out_place_method(self, input_, outplace_all_reduce_method),
-                         lambda: original(self, input_, outplace_all_reduce_method, *args, **kwargs))
+        return _observed(
+            self,
+            lambda: _out_place_method(self, input_, outplace_all_reduce_method),
+            lambda: original(self, input_, outplace_all_reduce_method, *args, **kwargs),
+        )
 
     return _all_reduce_out_place
 
@@ -149,8 +152,7 @@ def _in_place_method(coord: Any, x: Any) -> str:
 
 def make_in_place(original: Callable) -> Callable:
     def _all_reduce_in_place(self, input_, *args, **kwargs):
-        return _observed(self, lambda: _in_place_method(self, input_),
-                         lambda: original(self, input_, *args, **kwargs))
+        return _observed(self, lambda: _in_place_method(self, input_), lambda: original(self, input_, *args, **kwargs))
 
     return _all_reduce_in_place
 
@@ -166,6 +168,7 @@ def make_pynccl(original: Callable) -> Callable:
     """PyNccl reached directly inside ``all_reduce`` (no method named itself first): SGLang's
     symmetric-memory path. Outside an all-reduce it is PyNccl's own use (its warm-up at
     construction, other collectives' callers): not a tensor-parallel all-reduce, not counted."""
+
     def all_reduce(self, tensor, *args, **kwargs):
         return _observed(self, lambda: "pynccl_symm_mem", lambda: original(self, tensor, *args, **kwargs), top=False)
 
@@ -196,8 +199,10 @@ def make_forward(original: Callable) -> Callable:
 def _capture_mode(runner: Any) -> str:
     """The counting mode of the graphs a graph runner captures: its ``capture_forward_mode`` on its
     model runner (target or draft); ``other`` without one."""
-    return mode_of(getattr(runner, "capture_forward_mode", None),
-                   bool(getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)))
+    return mode_of(
+        getattr(runner, "capture_forward_mode", None),
+        bool(getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)),
+    )
 
 
 def graph_key(backend: Any, shape_key: Any) -> tuple[str, int, int]:

@@ -22,8 +22,19 @@ from typing import Any
 
 from fastverify.patch import rank as R
 from fastverify.patch.paths import COUNTER
-from fastverify.patch.slots import (FUSED_MAX_TOKENS, _be_name, BackendSlot, close_quietly, _count_taken,
-                                    create_together, _disable, _fallbacks, FUSED_SLOT, _slot_backend, _slot_text)
+from fastverify.patch.slots import (
+    FUSED_MAX_TOKENS,
+    FUSED_SLOT,
+    BackendSlot,
+    _be_name,
+    _count_taken,
+    _disable,
+    _fallbacks,
+    _slot_backend,
+    _slot_text,
+    close_quietly,
+    create_together,
+)
 from fastverify.patch.targets import MOD_MOE_UTILS, MOD_PARALLEL_STATE
 from fastverify.registry import Reach
 
@@ -61,11 +72,14 @@ def _fusion_group_why(modules: Mapping[str, Any] | None) -> str | None:
     else why the fused slot cannot be installed (one phrase)."""
     if callable(getattr(R.module(R.MOD_FI_FUSION, modules), "resolve_fusion_group", None)):
         return None
-    if callable(getattr(R.module(MOD_PARALLEL_STATE, modules), "get_attn_tp_group", None)) and \
-            callable(getattr(R.module(MOD_MOE_UTILS, modules), "post_experts_reduction_group", None)):
+    if callable(getattr(R.module(MOD_PARALLEL_STATE, modules), "get_attn_tp_group", None)) and callable(
+        getattr(R.module(MOD_MOE_UTILS, modules), "post_experts_reduction_group", None)
+    ):
         return None
-    return (f"{R.MOD_FI_FUSION} lacks resolve_fusion_group and {MOD_MOE_UTILS} lacks "
-            "post_experts_reduction_group: the group of the fused all-reduce is unknown")
+    return (
+        f"{R.MOD_FI_FUSION} lacks resolve_fusion_group and {MOD_MOE_UTILS} lacks "
+        "post_experts_reduction_group: the group of the fused all-reduce is unknown"
+    )
 
 
 def _fusion_group(modules: Mapping[str, Any] | None, use_attn_tp_group: bool) -> Any:
@@ -89,9 +103,9 @@ def _make_fused_norm(modules: Mapping[str, Any] | None) -> Callable[[Callable], 
     """``RMSNorm.forward_with_allreduce_fusion``: the backend of the group the call is owed to
     (:func:`_fusion_group`) when it takes the tensor; otherwise SGLang's own method. A call a live
     backend declined is counted as its fallback (:data:`FUSED_SGLANG_FALLBACK`)."""
+
     def make(original: Callable) -> Callable:
-        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None,
-                                          use_attn_tp_group=True):
+        def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None, use_attn_tp_group=True):
             out, declined = _fused_take(self, x, residual, post_residual_addition, use_attn_tp_group, modules)
             if out is not None:
                 return out
@@ -108,8 +122,9 @@ def _make_fused_norm(modules: Mapping[str, Any] | None) -> Callable[[Callable], 
     return make
 
 
-def _fused_take(norm: Any, x: Any, residual: Any, post: Any, use_attn_tp_group: bool,
-                modules: Mapping[str, Any] | None) -> tuple[Any, Any]:
+def _fused_take(
+    norm: Any, x: Any, residual: Any, post: Any, use_attn_tp_group: bool, modules: Mapping[str, Any] | None
+) -> tuple[Any, Any]:
     """``(result, None)`` when the owed group's backend took the call; ``(None, backend)`` when a live
     backend declined it; ``(None, None)`` when none applies (no residual -- SGLang then only norms,
     ``layernorm.py`` -- a group of one, no backend for the group, the slot off)."""
@@ -135,8 +150,7 @@ def _fused_take(norm: Any, x: Any, residual: Any, post: Any, use_attn_tp_group: 
     return out, None
 
 
-def _run_fused(slot: BackendSlot, be: Any, coordinator: Any, x: Any, residual: Any, weight: Any,
-               eps: float) -> Any:
+def _run_fused(slot: BackendSlot, be: Any, coordinator: Any, x: Any, residual: Any, weight: Any, eps: float) -> Any:
     """The fused result of ``slot``'s backend, or None to run SGLang's own method.
 
     The first eager call runs the plain path (the group's ``all_reduce`` + add + RMSNorm) and the
@@ -181,7 +195,9 @@ def _fused_groups_of(modules: Mapping[str, Any] | None) -> list[Any]:
     return out
 
 
-def _build_fused(modules: Mapping[str, Any] | None, probe: Any, shapes: list[tuple[int, int]]) -> tuple[str | None, str]:
+def _build_fused(
+    modules: Mapping[str, Any] | None, probe: Any, shapes: list[tuple[int, int]]
+) -> tuple[str | None, str]:
     """The rank step of the fused slot: one backend per group (:func:`_fused_groups_of`), created
     and prepared on that group and voted on its CPU group. Returns (what was built, for the line;
     None when nothing was: the slot is then off) and the groups that failed (``""`` when none)."""
@@ -212,5 +228,3 @@ def _close_fused(why: str) -> None:
             close_quietly(slot.backend)
             slot.backend = None
     _disable(FUSED_SLOT, why)
-
-

@@ -50,21 +50,67 @@ from fastverify.deploy import record_from_environ
 from fastverify.errors import UserError
 from fastverify.patch import counting as C
 from fastverify.patch import rank as R
-from fastverify.patch.fused_slot import (_build_fused, _close_fused, FUSED_GROUPS, _fusion_group_why,
-                                         _make_fused_norm, attach_fused_backend)
-from fastverify.patch.handoff import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PROFILE_VERIFY,
-                                      ENV_PROFILE_VERIFY_STEPS)
+from fastverify.patch.fused_slot import (
+    FUSED_GROUPS,
+    _build_fused,
+    _close_fused,
+    _fusion_group_why,
+    _make_fused_norm,
+    attach_fused_backend,
+)
+from fastverify.patch.handoff import (
+    ENV_BACKEND,
+    ENV_CUDA_MAX_CONNECTIONS,
+    ENV_FLAG,
+    ENV_PROFILE_VERIFY,
+    ENV_PROFILE_VERIFY_STEPS,
+)
 from fastverify.patch.paths import COUNTER
-from fastverify.patch.slots import (FUSED_MAX_TOKENS, SLOTS, BackendSlot, SlotUse, ADD_NORM_SLOT, create_together,
-                                    DISPATCH_SLOT, FUSED_SLOT, _group_coordinator, _make_add_norm_attn, _make_add_norm_ffn,
-                                    make_all_reduce, _max_rows_of, _slot_for, _slot_text, attach_add_norm_backend,
-                                    attach_dispatch_backend)
-from fastverify.patch.targets import (ACCEPT_TARGETS, MOD_AR_FUSIONS, MOD_DISTRIBUTED, MOD_LAYERNORM, MOD_MODEL_RUNNER,
-                                      MOD_MOE_UTILS, MOD_PARALLEL_STATE, MOD_RUNTIME_CONTEXT, MOD_TP_WORKER,
-                                      TARGET_ADD_NORM_ATTN, TARGET_ADD_NORM_FFN, TARGET_ALL_REDUCE,
-                                      TARGET_CAPTURE_SHAPE, TARGET_FLASHINFER_AR, TARGET_FORWARD, TARGET_FUSED_NORM,
-                                      TARGET_IN_PLACE, TARGET_OUT_PLACE, TARGET_PRE_CAPTURE, TARGET_PYNCCL_AR,
-                                      TARGET_REPLAY, TARGET_VERIFY, TARGETS, Target)
+from fastverify.patch.slots import (
+    ADD_NORM_SLOT,
+    DISPATCH_SLOT,
+    FUSED_MAX_TOKENS,
+    FUSED_SLOT,
+    SLOTS,
+    BackendSlot,
+    SlotUse,
+    _group_coordinator,
+    _make_add_norm_attn,
+    _make_add_norm_ffn,
+    _max_rows_of,
+    _slot_for,
+    _slot_text,
+    attach_add_norm_backend,
+    attach_dispatch_backend,
+    create_together,
+    make_all_reduce,
+)
+from fastverify.patch.targets import (
+    ACCEPT_TARGETS,
+    MOD_AR_FUSIONS,
+    MOD_DISTRIBUTED,
+    MOD_LAYERNORM,
+    MOD_MODEL_RUNNER,
+    MOD_MOE_UTILS,
+    MOD_PARALLEL_STATE,
+    MOD_RUNTIME_CONTEXT,
+    MOD_TP_WORKER,
+    TARGET_ADD_NORM_ATTN,
+    TARGET_ADD_NORM_FFN,
+    TARGET_ALL_REDUCE,
+    TARGET_CAPTURE_SHAPE,
+    TARGET_FLASHINFER_AR,
+    TARGET_FORWARD,
+    TARGET_FUSED_NORM,
+    TARGET_IN_PLACE,
+    TARGET_OUT_PLACE,
+    TARGET_PRE_CAPTURE,
+    TARGET_PYNCCL_AR,
+    TARGET_REPLAY,
+    TARGET_VERIFY,
+    TARGETS,
+    Target,
+)
 from fastverify.patch.targets import check_signature as _check_signature
 from fastverify.patch.targets import installed_targets as _installed
 from fastverify.patch.targets import resolve as _resolve
@@ -84,12 +130,39 @@ ADD_NORM_TARGETS = (TARGET_ADD_NORM_FFN, TARGET_ADD_NORM_ATTN)
 ADD_NORM_NAMES = ("RMSNorm", "UnreducedOutput")
 CHECK_EPS = 1e-6
 
-__all__ = ["ADD_NORM_KEY", "DRAIN_EVERY", "FUSED_MAX_TOKENS", "MOD_ADD_NORM", "MOD_AR_FUSIONS", "MOD_DISTRIBUTED",
-           "MOD_LAYERNORM", "MOD_MODEL_RUNNER", "MOD_MOE_UTILS", "MOD_PARALLEL_STATE", "MOD_RUNTIME_CONTEXT",
-           "MOD_TP_WORKER", "PatchReport", "TARGETS", "Target", "VerifyTimer", "VerifyTrace",
-           "Probe", "attach_add_norm_backend", "attach_dispatch_backend", "attach_fused_backend", "capture_rows",
-           "covers", "install", "installed", "make_accept_wrapper", "make_verify_wrapper", "runner_probe", "uninstall",
-           "verify_load", "verify_max_rows"]
+__all__ = [
+    "ADD_NORM_KEY",
+    "DRAIN_EVERY",
+    "FUSED_MAX_TOKENS",
+    "MOD_ADD_NORM",
+    "MOD_AR_FUSIONS",
+    "MOD_DISTRIBUTED",
+    "MOD_LAYERNORM",
+    "MOD_MODEL_RUNNER",
+    "MOD_MOE_UTILS",
+    "MOD_PARALLEL_STATE",
+    "MOD_RUNTIME_CONTEXT",
+    "MOD_TP_WORKER",
+    "PatchReport",
+    "TARGETS",
+    "Target",
+    "VerifyTimer",
+    "VerifyTrace",
+    "Probe",
+    "attach_add_norm_backend",
+    "attach_dispatch_backend",
+    "attach_fused_backend",
+    "capture_rows",
+    "covers",
+    "install",
+    "installed",
+    "make_accept_wrapper",
+    "make_verify_wrapper",
+    "runner_probe",
+    "uninstall",
+    "verify_load",
+    "verify_max_rows",
+]
 
 
 # --- the rank's report -----------------------------------------------------------------------------
@@ -167,7 +240,9 @@ def capture_batch_sizes(runner: Any, modules: Mapping[str, Any] | None) -> list[
     ``get_batch_sizes_to_capture`` does; older: ``server_args.cuda_graph_bs`` / ``cuda_graph_max_bs``)."""
     bs: list[int] = []
     try:
-        bs = [int(b) for b in (R.module(MOD_RUNTIME_CONTEXT, modules).get_exec().graph.cuda_graph_config.decode.bs or [])]
+        bs = [
+            int(b) for b in (R.module(MOD_RUNTIME_CONTEXT, modules).get_exec().graph.cuda_graph_config.decode.bs or [])
+        ]
     except Exception:
         bs = []
     if not bs:
@@ -385,8 +460,9 @@ def _wrap_target(target: Target, modules: Mapping[str, Any] | None, make: Callab
         return f"{type(err).__name__}: {err}"
 
 
-def _try_target(report: PatchReport, target: Target, modules: Mapping[str, Any] | None,
-                make: Callable[[Any], Any]) -> None:
+def _try_target(
+    report: PatchReport, target: Target, modules: Mapping[str, Any] | None, make: Callable[[Any], Any]
+) -> None:
     why = _wrap_target(target, modules, make)
     if why is not None:
         _skip(report, target, why)
@@ -453,21 +529,28 @@ def _prepare_slots(runner: Any, slots: list[SlotUse], modules: Mapping[str, Any]
                 cap = _max_rows_of(slot)
                 fits = [r for r, _ in shapes if r <= cap]
                 if shapes and not fits:  # it would never take a step: say so, build nothing
-                    why = (f"every captured verify step is wider than the {cap} rows {slot.kind.value} takes "
-                           f"(smallest {min(r for r, _ in shapes)} rows): SGLang's all-reduce + norm runs them all")
+                    why = (
+                        f"every captured verify step is wider than the {cap} rows {slot.kind.value} takes "
+                        f"(smallest {min(r for r, _ in shapes)} rows): SGLang's all-reduce + norm runs them all"
+                    )
                     _unapply_use(report, use, why)
                     slot.disabled = why
                     continue
-                check = R.first_result_check(coord, max(fits) if fits else min(max_rows or 1, cap),
-                                           hidden, device, dtype, eps=CHECK_EPS)
+                check = R.first_result_check(
+                    coord, max(fits) if fits else min(max_rows or 1, cap), hidden, device, dtype, eps=CHECK_EPS
+                )
             be = create_together(slot, coord, Probe((max_rows or 1, hidden), device, dtype), shapes, check)
             if be is None:
                 _unapply_use(report, use, f"backend not built: {slot.disabled}")
             else:
                 report.built[use.key] = _slot_text(slot)
         except Exception as err:  # never into the server; a failure before the votes is local and logged
-            log.warning("fastverify patch: %s backend step before CUDA-graph capture failed (%s: %s)",
-                        slot.kind.value, type(err).__name__, err)
+            log.warning(
+                "fastverify patch: %s backend step before CUDA-graph capture failed (%s: %s)",
+                slot.kind.value,
+                type(err).__name__,
+                err,
+            )
             _unapply_use(report, use, f"{type(err).__name__}: {err}")
     global _line_due
     _line_due = R.tp_rank(tp_coord, runner)  # printed once SGLang's own start-up checks ran
@@ -486,7 +569,9 @@ def _after_start_up(runner: Any, slots: list[SlotUse], modules: Mapping[str, Any
     for use in slots:
         if use.slot is not FUSED_SLOT or not any(k in report.applied for k in use.targets):
             continue
-        ok, why = R.fused_norm_reach(modules, verify_max_rows(runner, modules, _record) or 1, R.this_sm(), kind=FUSED_SLOT.kind)
+        ok, why = R.fused_norm_reach(
+            modules, verify_max_rows(runner, modules, _record) or 1, R.this_sm(), kind=FUSED_SLOT.kind
+        )
         if not ok:
             _unapply_use(report, use, f"after SGLang's start-up checks: {why}")
             report.built.pop(use.key, None)
@@ -519,8 +604,13 @@ def _make_pre_capture(slots: list[SlotUse], modules: Mapping[str, Any] | None) -
 # --- install / uninstall ----------------------------------------------------------------------------
 
 
-def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping[str, str] | None = None,
-            sglang_has_pcie_ipc: bool | None = None, timer: VerifyTimer | None = None) -> PatchReport:
+def install(
+    sglang_modules: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    sglang_has_pcie_ipc: bool | None = None,
+    timer: VerifyTimer | None = None,
+) -> PatchReport:
     """Apply the patch in this process, as ``launch`` asked through the environment.
 
     Parameters
@@ -555,11 +645,13 @@ def install(sglang_modules: Mapping[str, Any] | None = None, *, environ: Mapping
             _apply_settings(report, env)
             _install_backend(report, sglang_modules, sglang_has_pcie_ipc)
             _install_counting(report, sglang_modules)
-            uses = (SlotUse(DISPATCH_SLOT, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
-                    SlotUse(FUSED_SLOT, True, TARGET_FUSED_NORM.key, (TARGET_FUSED_NORM.key,)),
-                    # built on the TP group: the attention input's owed sum is over TP, the FFN
-                    # input's over attention TP, taken only when that is the TP group
-                    SlotUse(ADD_NORM_SLOT, False, ADD_NORM_KEY, tuple(t.key for t in ADD_NORM_TARGETS)))
+            uses = (
+                SlotUse(DISPATCH_SLOT, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
+                SlotUse(FUSED_SLOT, True, TARGET_FUSED_NORM.key, (TARGET_FUSED_NORM.key,)),
+                # built on the TP group: the attention input's owed sum is over TP, the FFN
+                # input's over attention TP, taken only when that is the TP group
+                SlotUse(ADD_NORM_SLOT, False, ADD_NORM_KEY, tuple(t.key for t in ADD_NORM_TARGETS)),
+            )
             slots = [u for u in uses if any(k in report.applied for k in u.targets) and u.slot.factory is not None]
             # Always: the rank step prints the line, and builds the slots when there are any.
             _try_target(report, TARGET_PRE_CAPTURE, sglang_modules, _make_pre_capture(slots, sglang_modules))
@@ -594,16 +686,20 @@ def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sgl
         try:
             kind = BackendName(report.backend)
         except ValueError:
-            report.skipped["backend"] = (f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
-                                         f"{', '.join([b.value for b in BackendName] + list(MODES))}")
+            report.skipped["backend"] = (
+                f"unknown FASTVERIFY_BACKEND {report.backend!r}; known: "
+                f"{', '.join([b.value for b in BackendName] + list(MODES))}"
+            )
     info = backend_info(kind) if kind is not None else None
     has_switch = False
     if info is not None and info.reach is Reach.sglang_switch:
-        has_switch = sglang_has_pcie_ipc if sglang_has_pcie_ipc is not None else \
-            _has_module(info.sglang_switch_module or "", modules)
+        has_switch = (
+            sglang_has_pcie_ipc
+            if sglang_has_pcie_ipc is not None
+            else _has_module(info.sglang_switch_module or "", modules)
+        )
         if has_switch:
-            report.skipped[TARGET_ALL_REDUCE.key] = (f"SGLang's own {info.name.value} all-reduce is used "
-                                                     "(not patched)")
+            report.skipped[TARGET_ALL_REDUCE.key] = f"SGLang's own {info.name.value} all-reduce is used (not patched)"
     slot = _slot_for(info, has_switch) if info is not None else None
     if slot is not None:
         slot.kind = info.name
@@ -612,8 +708,9 @@ def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sgl
         _install_slot(report, slot, modules)
 
 
-def _install_timer(report: PatchReport, env: Mapping[str, str], modules: Mapping[str, Any] | None,
-                   timer: VerifyTimer | None) -> None:
+def _install_timer(
+    report: PatchReport, env: Mapping[str, str], modules: Mapping[str, Any] | None, timer: VerifyTimer | None
+) -> None:
     """With ``FASTVERIFY_PROFILE_VERIFY`` (or a given ``timer``): time the verify forwards (and
     trace ``FASTVERIFY_PROFILE_VERIFY_STEPS`` of them), drained at exit, with accepted tokens."""
     global _timer
@@ -667,11 +764,20 @@ def _install_slot(report: PatchReport, slot: BackendSlot, modules: Mapping[str, 
 def _install_counting(report: PatchReport, modules: Mapping[str, Any] | None) -> None:
     """The all-reduce wrapper (dispatch slot + count) and the counting targets
     (:mod:`fastverify.patch.counting`); the rank's paths line after its first verify forward."""
-    todo = [] if TARGET_ALL_REDUCE.key in report.applied else [  # the dispatch wrapper counts too
-        (TARGET_ALL_REDUCE, lambda orig: make_all_reduce(orig, modules))]
-    todo += [(TARGET_OUT_PLACE, C.make_out_place), (TARGET_IN_PLACE, C.make_in_place),
-             (TARGET_FLASHINFER_AR, C.make_flashinfer), (TARGET_PYNCCL_AR, C.make_pynccl),
-             (TARGET_FORWARD, C.make_forward)]
+    todo = (
+        []
+        if TARGET_ALL_REDUCE.key in report.applied
+        else [  # the dispatch wrapper counts too
+            (TARGET_ALL_REDUCE, lambda orig: make_all_reduce(orig, modules))
+        ]
+    )
+    todo += [
+        (TARGET_OUT_PLACE, C.make_out_place),
+        (TARGET_IN_PLACE, C.make_in_place),
+        (TARGET_FLASHINFER_AR, C.make_flashinfer),
+        (TARGET_PYNCCL_AR, C.make_pynccl),
+        (TARGET_FORWARD, C.make_forward),
+    ]
     for target, make in todo:
         key = "count_all_reduce" if target is TARGET_ALL_REDUCE else target.key
         why = _wrap_target(target, modules, make)

@@ -18,14 +18,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fastverify.deploy import (ENV_DEPLOYMENT, BoxFingerprint, DeploymentRecord, P2PFacts, named_record,
-                               read_record, record_path_for)
+from fastverify.deploy import (
+    ENV_DEPLOYMENT,
+    BoxFingerprint,
+    DeploymentRecord,
+    P2PFacts,
+    named_record,
+    read_record,
+    record_path_for,
+)
 from fastverify.envfile import read_env_file
 from fastverify.errors import UserError, shown
 from fastverify.patch.handoff import ENV_BACKEND, ENV_PROFILE_VERIFY_STEPS, PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK
+from fastverify.patch.launch_env import (
+    HOOK_DIR,
+    OFF,
+    Draft,
+    backend_env,
+    flag_notes,
+    profile_folder,
+    route_patch,
+    settings_env,
+)
 from fastverify.patch.launch_notes import settings_notes, shape_notes
-from fastverify.patch.launch_env import (HOOK_DIR, OFF, Draft, backend_env, flag_notes, profile_folder, route_patch,
-                                        settings_env)
 from fastverify.patch.launch_plan import Blocker, Checks, blocked_text, box_text, check_box, flag_int
 from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
@@ -131,7 +146,6 @@ def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str], notes: list
     unchanged where NVML cannot tell."""
     import msgspec  # noqa: PLC0415
 
-
     listed = nvml_gpus()
     rows, why = visible_gpus(listed, environ)
     if why and listed:  # no NVML (no GPU box): nothing to say
@@ -144,12 +158,15 @@ def _with_nvml_gpus(box: BoxFingerprint, environ: Mapping[str, str], notes: list
         return box
     mems = [r.get("memory_bytes") for r in rows]  # the smallest GPU the command sees: the tightest fit
     mem = min(mems) if mems and all(isinstance(m, int) and m > 0 for m in mems) else None
-    return msgspec.structs.replace(box, gpus=ids, gpu_memory_bytes=mem if box.gpu_memory_bytes is None
-                                   else box.gpu_memory_bytes)
+    return msgspec.structs.replace(
+        box, gpus=ids, gpu_memory_bytes=mem if box.gpu_memory_bytes is None else box.gpu_memory_bytes
+    )
 
 
-def _read_inputs(env_file: str | None, deployment: str | Path | None,
-                 ) -> tuple[dict[str, str], Path | None, DeploymentRecord | None]:
+def _read_inputs(
+    env_file: str | None,
+    deployment: str | Path | None,
+) -> tuple[dict[str, str], Path | None, DeploymentRecord | None]:
     """The env file's settings, the record's path and the record. Anything at ``X.deploy.json``
     is the record: a folder or an unreadable file is an error (:func:`read_record` names it),
     never silently "no record". Raises :class:`UserError` for a bad env file or record."""
@@ -160,14 +177,17 @@ def _read_inputs(env_file: str | None, deployment: str | Path | None,
     elif env_file is not None and (record_path_for(env_file).exists() or record_path_for(env_file).is_symlink()):
         record_path = record_path_for(env_file)
     elif env_file is not None and (name := named_record(env_file)) is not None:
-        raise UserError(f"{env_file}: its header names the deployment record {name}, which is not beside it "
-                        f"({record_path_for(env_file)}): copy it there, or pass --deployment FILE")
+        raise UserError(
+            f"{env_file}: its header names the deployment record {name}, which is not beside it "
+            f"({record_path_for(env_file)}): copy it there, or pass --deployment FILE"
+        )
     record = read_record(record_path) if record_path is not None else None
     return settings, record_path, record
 
 
-def _choose_backend(backend: str, record: DeploymentRecord | None, environ: Mapping[str, str], checks: Checks,
-                    notes: list[str]) -> tuple[BackendName | None, list[BackendInfo], list[BackendInfo]]:
+def _choose_backend(
+    backend: str, record: DeploymentRecord | None, environ: Mapping[str, str], checks: Checks, notes: list[str]
+) -> tuple[BackendName | None, list[BackendInfo], list[BackendInfo]]:
     """The backend the ranks get, the SGLang switches already on in ``environ``, and the backends
     to check against the box (the chosen one first).
 
@@ -184,24 +204,39 @@ def _choose_backend(backend: str, record: DeploymentRecord | None, environ: Mapp
     else:
         chosen = BackendName(backend)
         if record is not None and record.backend is not chosen:
-            notes.append(f"--backend {chosen.value} overrides the record's {record.backend.value} "
-                         "(the record's shapes and P2P facts still apply)")
+            notes.append(
+                f"--backend {chosen.value} overrides the record's {record.backend.value} "
+                "(the record's shapes and P2P facts still apply)"
+            )
     switched = [b for b in REGISTRY if b.sglang_switch and environ.get(b.sglang_switch) == "1"]
     for b in REGISTRY:
         if chosen is b.name and b.sglang_switch and environ.get(b.sglang_switch) == "0":
-            checks.refuse("environment", f"the environment's {b.sglang_switch}=0 contradicts --backend "
-                                         f"{b.name.value} (unset it or drop one of them)")
+            checks.refuse(
+                "environment",
+                f"the environment's {b.sglang_switch}=0 contradicts --backend "
+                f"{b.name.value} (unset it or drop one of them)",
+            )
     to_check = [] if backend == OFF else [b for b in switched if b.name is not chosen]
     if chosen is not None and chosen is not BackendName.nccl:
         to_check.insert(0, backend_info(chosen))
     return chosen, switched, to_check
 
 
-def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path: Path | None, tp: int | None,
-                   argv: tuple[str, ...], to_check: list[BackendInfo], p2p_file: str | Path | None,
-                   info: SGLangInfo, server: ServerShapes | None, box: BoxFingerprint | None,
-                   box_source: str | None, environ: Mapping[str, str], notes: list[str],
-                   ) -> tuple[BoxFingerprint | None, P2PFacts | None, int | None, str | None]:
+def _check_the_box(
+    checks: Checks,
+    record: DeploymentRecord | None,
+    record_path: Path | None,
+    tp: int | None,
+    argv: tuple[str, ...],
+    to_check: list[BackendInfo],
+    p2p_file: str | Path | None,
+    info: SGLangInfo,
+    server: ServerShapes | None,
+    box: BoxFingerprint | None,
+    box_source: str | None,
+    environ: Mapping[str, str],
+    notes: list[str],
+) -> tuple[BoxFingerprint | None, P2PFacts | None, int | None, str | None]:
     """Read ``--p2p-check`` (whenever given), find the box (``box``, else
     ``FASTVERIFY_DESCRIBE_BOX``, else this machine with NVML's GPUs) when a backend or the record
     needs checking, and run :func:`~fastverify.patch.launch_plan.check_box`.
@@ -236,23 +271,32 @@ def _check_the_box(checks: Checks, record: DeploymentRecord | None, record_path:
             else:
                 box_source = ENV_DESCRIBE_BOX
         checked_box = box
-        world, p2p = check_box(checks, box, record, record_path, tp, argv, to_check, check_file, p2p_file, info,
-                               server)
+        world, p2p = check_box(checks, box, record, record_path, tp, argv, to_check, check_file, p2p_file, info, server)
     if check_file is not None and not any(b.needs_p2p for b in to_check):  # read, said, not needed
         import msgspec  # noqa: PLC0415
-
 
         p2p = msgspec.structs.replace(p2p_file_facts(p2p_file, check_file.results), gpus=complete_gpus(check_file))
         notes.append(f"--p2p-check {p2p_file}: read; nothing in this plan needs P2P")
     return checked_box, p2p, world, box_source
 
 
-def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, command: Sequence[str], *,
-                environ: Mapping[str, str], sglang_dir: str | Path | None = None,
-                sglang: SGLangInfo | None = None, trace_steps: int = 0, deployment: str | Path | None = None,
-                p2p_file: str | Path | None = None, box: BoxFingerprint | None = None,
-                server: ServerShapes | None = None, box_source: str | None = None,
-                collect_blockers: bool = False) -> LaunchPlan:
+def plan_launch(
+    env_file: str | None,
+    backend: str,
+    profile_verify: str | None,
+    command: Sequence[str],
+    *,
+    environ: Mapping[str, str],
+    sglang_dir: str | Path | None = None,
+    sglang: SGLangInfo | None = None,
+    trace_steps: int = 0,
+    deployment: str | Path | None = None,
+    p2p_file: str | Path | None = None,
+    box: BoxFingerprint | None = None,
+    server: ServerShapes | None = None,
+    box_source: str | None = None,
+    collect_blockers: bool = False,
+) -> LaunchPlan:
     """Validate the inputs against this box and decide what to set.
 
     Parameters
@@ -308,25 +352,42 @@ def plan_launch(env_file: str | None, backend: str, profile_verify: str | None, 
     server, tp = _command_shapes(argv, server, checks, sglang is None and sglang_dir is None and info.found)
     chosen, switched, to_check = _choose_backend(backend, record, environ, checks, draft.notes)
     checked_box, p2p, world, box_source = _check_the_box(
-        checks, record, record_path, tp, argv, to_check, p2p_file, info, server, box, box_source, environ, draft.notes)
+        checks, record, record_path, tp, argv, to_check, p2p_file, info, server, box, box_source, environ, draft.notes
+    )
     settings_env(draft, settings, switched, backend)
-    patch_in_rank = backend_env(draft, checks, chosen, switched, backend, argv, environ, info, record, server,
-                                 checked_box, world)
+    patch_in_rank = backend_env(
+        draft, checks, chosen, switched, backend, argv, environ, info, record, server, checked_box, world
+    )
     if record is not None:
         shape_notes(record, server, info, draft.notes)
         if env_file is not None:
             settings_notes(record, settings, env_file, draft.notes)
     prof = profile_folder(profile_verify, trace_steps)
-    patch, route = _patch_route(draft, chosen, record_path, bool(patch_in_rank or prof), backend, prof, trace_steps,
-                                info, environ)
+    patch, route = _patch_route(
+        draft, chosen, record_path, bool(patch_in_rank or prof), backend, prof, trace_steps, info, environ
+    )
     flag_notes(draft.notes, settings, argv, environ)
     replaced = {k: (environ[k], v) for k, v in draft.env.items() if k in environ and environ[k] != v}
-    return LaunchPlan(env=draft.env, route=route, patch=patch, argv=argv, server=server,
-                      backend=chosen.value if chosen is not None else backend, env_file=env_file,
-                      profile_verify=prof, sglang=info, replaced=replaced, in_rank=draft.in_rank, notes=tuple(draft.notes),
-                      deployment=str(record_path.resolve()) if record_path is not None else None,
-                      box=checked_box, p2p=p2p, box_source=box_source, blockers=checks.blockers,
-                      answer_baseline=record.baseline if record is not None else None)
+    return LaunchPlan(
+        env=draft.env,
+        route=route,
+        patch=patch,
+        argv=argv,
+        server=server,
+        backend=chosen.value if chosen is not None else backend,
+        env_file=env_file,
+        profile_verify=prof,
+        sglang=info,
+        replaced=replaced,
+        in_rank=draft.in_rank,
+        notes=tuple(draft.notes),
+        deployment=str(record_path.resolve()) if record_path is not None else None,
+        box=checked_box,
+        p2p=p2p,
+        box_source=box_source,
+        blockers=checks.blockers,
+        answer_baseline=record.baseline if record is not None else None,
+    )
 
 
 def proof_asked(args, plan: LaunchPlan) -> bool:
@@ -351,17 +412,27 @@ def plan_of_args(args, environ: Mapping[str, str]) -> LaunchPlan:
     if args.describe_box is not None:  # a described box: checking a record away from its box
         box = box_from_description(args.describe_box, where="--describe-box")
         source = "--describe-box"
-    plan = plan_launch(str(args.env) if args.env else None, args.backend,
-                       str(args.profile_verify) if args.profile_verify else None, cmd, environ=environ,
-                       trace_steps=args.trace_verify_steps, deployment=args.deployment, p2p_file=args.p2p_check,
-                       box=box, box_source=source, collect_blockers=args.dry_run)
+    plan = plan_launch(
+        str(args.env) if args.env else None,
+        args.backend,
+        str(args.profile_verify) if args.profile_verify else None,
+        cmd,
+        environ=environ,
+        trace_steps=args.trace_verify_steps,
+        deployment=args.deployment,
+        p2p_file=args.p2p_check,
+        box=box,
+        box_source=source,
+        collect_blockers=args.dry_run,
+    )
     if args.dry_run and proof_asked(args, plan):
         plan = replace(plan, blockers=plan.blockers + proof_blockers(plan, args))
     return plan
 
 
-def _command_shapes(argv: tuple[str, ...], server: ServerShapes | None, checks: Checks,
-                    sglang_found: bool) -> tuple[ServerShapes | None, int | None]:
+def _command_shapes(
+    argv: tuple[str, ...], server: ServerShapes | None, checks: Checks, sglang_found: bool
+) -> tuple[ServerShapes | None, int | None]:
     """The command's verify shapes (``server``, else read from ``argv``; SGLang's own parser
     refusing the command is a blocker: so would the server) and its TP size."""
     if server is None:
@@ -370,8 +441,17 @@ def _command_shapes(argv: tuple[str, ...], server: ServerShapes | None, checks: 
     return server, server.tp if server is not None and server.tp else flag_int(argv, _TP_FLAGS)
 
 
-def _patch_route(draft: Draft, chosen: BackendName | None, record_path: Path | None, needed: bool, backend: str,
-                 prof: str | None, trace_steps: int, info: SGLangInfo, environ: Mapping[str, str]) -> tuple[bool, str]:
+def _patch_route(
+    draft: Draft,
+    chosen: BackendName | None,
+    record_path: Path | None,
+    needed: bool,
+    backend: str,
+    prof: str | None,
+    trace_steps: int,
+    info: SGLangInfo,
+    environ: Mapping[str, str],
+) -> tuple[bool, str]:
     """The ranks' backend and record (``FASTVERIFY_BACKEND``, ``FASTVERIFY_DEPLOYMENT``), whether the
     patch loads in them (``needed`` by the backend or the profile folder, or a backend is chosen:
     its paths are counted) and the route that loads it (:func:`route_patch`)."""
@@ -382,8 +462,10 @@ def _patch_route(draft: Draft, chosen: BackendName | None, record_path: Path | N
     patch = needed or chosen is not None
     route = route_patch(draft, patch, backend, prof, trace_steps, info, environ)
     if not info.found:
-        draft.notes.append("SGLang is not importable by this Python: the route assumes the command's Python sees "
-                           "the same packages (install fastverify next to SGLang)")
+        draft.notes.append(
+            "SGLang is not importable by this Python: the route assumes the command's Python sees "
+            "the same packages (install fastverify next to SGLang)"
+        )
     return patch, route
 
 
@@ -410,8 +492,11 @@ def describe(plan: LaunchPlan) -> str:
         b = plan.box
         lines.append(f"box: {box_text(b)}, driver {b.driver or 'unknown'}")
     if plan.p2p is not None:
-        lines.append(f"P2P: {'proven' if plan.p2p.proven else 'not proven'} ({plan.p2p.source}"
-                     + (f": {plan.p2p.note}" if plan.p2p.note else "") + ")")
+        lines.append(
+            f"P2P: {'proven' if plan.p2p.proven else 'not proven'} ({plan.p2p.source}"
+            + (f": {plan.p2p.note}" if plan.p2p.note else "")
+            + ")"
+        )
     lines.append("environment set for the command and its children:")
     if plan.env:
         for k in sorted(plan.env):
@@ -420,19 +505,28 @@ def describe(plan: LaunchPlan) -> str:
     else:
         lines.append("  (nothing)")
     for k, v in sorted(plan.in_rank.items()):
-        lines.append(f"re-applied in each rank: {k}={v} at interpreter start, before CUDA initialises "
-                     f"(SGLang overwrites it in its launcher; {HOOK_DIR} on PYTHONPATH)")
+        lines.append(
+            f"re-applied in each rank: {k}={v} at interpreter start, before CUDA initialises "
+            f"(SGLang overwrites it in its launcher; {HOOK_DIR} on PYTHONPATH)"
+        )
     if plan.patch:
-        lines.append(f"patch: loads in every rank through the {plan.route}"
-                     + (f" ({HOOK_DIR} on PYTHONPATH)" if plan.route == ROUTE_HOOK else
-                        f" (group {PLUGIN_GROUP}, name {PLUGIN_NAME})"))
+        lines.append(
+            f"patch: loads in every rank through the {plan.route}"
+            + (
+                f" ({HOOK_DIR} on PYTHONPATH)"
+                if plan.route == ROUTE_HOOK
+                else f" (group {PLUGIN_GROUP}, name {PLUGIN_NAME})"
+            )
+        )
     else:
         lines.append("patch: not needed (settings only)")
     if plan.profile_verify:
         lines.append(f"verify timings: {plan.profile_verify}/verify-rank<R>.jsonl")
         if plan.env.get(ENV_PROFILE_VERIFY_STEPS):
-            lines.append(f"verify trace: {plan.env[ENV_PROFILE_VERIFY_STEPS]} steps to {plan.profile_verify}/"
-                         "verify-TP-<R>.trace.json.gz (read it with `fastverify profile --trace`)")
+            lines.append(
+                f"verify trace: {plan.env[ENV_PROFILE_VERIFY_STEPS]} steps to {plan.profile_verify}/"
+                "verify-TP-<R>.trace.json.gz (read it with `fastverify profile --trace`)"
+            )
     for n in plan.notes:
         lines.append(f"note: {n}")
     lines.append("command: " + shlex.join(plan.argv))

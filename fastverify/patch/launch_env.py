@@ -15,8 +15,18 @@ from fastverify.deploy import BoxFingerprint, DeploymentRecord, sglang_settings
 from fastverify.envfile import check_setting
 from fastverify.errors import UserError
 from fastverify.output_paths import check_folder
-from fastverify.patch.handoff import (ENV_BACKEND, ENV_CUDA_MAX_CONNECTIONS, ENV_FLAG, ENV_PATCH_ROUTE, ENV_PROFILE_VERIFY,
-                                      ENV_PROFILE_VERIFY_STEPS, PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK, ROUTE_PLUGIN)
+from fastverify.patch.handoff import (
+    ENV_BACKEND,
+    ENV_CUDA_MAX_CONNECTIONS,
+    ENV_FLAG,
+    ENV_PATCH_ROUTE,
+    ENV_PROFILE_VERIFY,
+    ENV_PROFILE_VERIFY_STEPS,
+    PLUGIN_GROUP,
+    PLUGIN_NAME,
+    ROUTE_HOOK,
+    ROUTE_PLUGIN,
+)
 from fastverify.patch.launch_plan import Checks, workspace_note
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.patch.sglang_info import SGLangInfo
@@ -70,14 +80,18 @@ def settings_env(draft: Draft, settings: Mapping[str, str], switched: list[Backe
             draft.notes.append(f"--backend off: the environment's {b.sglang_switch}=1 is set to 0 for the command")
 
 
-def bad_sizes(checks: Checks, chosen: BackendName | None, switched: list[BackendInfo], backend: str,
-               environ: Mapping[str, str]) -> set[BackendName]:
+def bad_sizes(
+    checks: Checks, chosen: BackendName | None, switched: list[BackendInfo], backend: str, environ: Mapping[str, str]
+) -> set[BackendName]:
     """The backends whose workspace size inherited from ``environ`` is refused (a blocker: their
     workspace cannot be sized). SGLang reads the size verbatim, so it is validated before it is
     inherited (a value of 10**18 would be handed to FlashInfer as the workspace size)."""
     bad_size = set()
-    for b in [x for x in REGISTRY if x.size_env and x.size_env in environ and backend != OFF
-              and (x.name is chosen or x in switched)]:
+    for b in [
+        x
+        for x in REGISTRY
+        if x.size_env and x.size_env in environ and backend != OFF and (x.name is chosen or x in switched)
+    ]:
         valid = False
         with checks.guard("environment", f"unset {b.size_env} (SGLang sizes the workspace itself)"):
             check_setting(b.size_env, environ[b.size_env], "the environment")
@@ -87,10 +101,20 @@ def bad_sizes(checks: Checks, chosen: BackendName | None, switched: list[Backend
     return bad_size
 
 
-def backend_env(draft: Draft, checks: Checks, chosen: BackendName | None, switched: list[BackendInfo],
-                 backend: str, argv: tuple[str, ...], environ: Mapping[str, str], info: SGLangInfo,
-                 record: DeploymentRecord | None, server: ServerShapes | None, box: BoxFingerprint | None,
-                 world: int | None) -> bool:
+def backend_env(
+    draft: Draft,
+    checks: Checks,
+    chosen: BackendName | None,
+    switched: list[BackendInfo],
+    backend: str,
+    argv: tuple[str, ...],
+    environ: Mapping[str, str],
+    info: SGLangInfo,
+    record: DeploymentRecord | None,
+    server: ServerShapes | None,
+    box: BoxFingerprint | None,
+    world: int | None,
+) -> bool:
     """Set SGLang's switch for the chosen backend (after the P2P proof; no size: SGLang 0.5.23 sizes
     the workspace from the server's decode width, ``pcie_ipc_ar.py::_decode_width``), check each
     switched path's IPC workspace against the GPU's memory, and note what the user should know.
@@ -106,22 +130,29 @@ def backend_env(draft: Draft, checks: Checks, chosen: BackendName | None, switch
                     workspace_note(checks, draft.notes, b, environ, record, server, box, world)
             else:
                 patch_in_rank = True
-                draft.notes.append(f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces "
-                                   f"itself (fastverify's in-rank {b.name.value} dispatch)")
+                draft.notes.append(
+                    f"this SGLang has no {b.sglang_switch_module}: the patch must route all-reduces "
+                    f"itself (fastverify's in-rank {b.name.value} dispatch)"
+                )
         elif b.reach in _PATCH_REACH:
             patch_in_rank = True
         elif chosen is BackendName.custom_ar and "--disable-custom-all-reduce" in argv:
-            checks.refuse("command", "--backend custom_ar contradicts the command's --disable-custom-all-reduce "
-                                     "(drop one)")
+            checks.refuse(
+                "command", "--backend custom_ar contradicts the command's --disable-custom-all-reduce (drop one)"
+            )
     for b in switched:
         if info.found and not info.has_switch(b) and backend != OFF:
-            draft.notes.append(f"{b.sglang_switch} is in the environment but this SGLang has no "
-                               f"{b.sglang_switch_module}: it has no effect")
+            draft.notes.append(
+                f"{b.sglang_switch} is in the environment but this SGLang has no "
+                f"{b.sglang_switch_module}: it has no effect"
+            )
         elif b.name is not chosen and backend != OFF and info.has_switch(b) and b.name not in bad_size:
             workspace_note(checks, draft.notes, b, environ, record, server, box, world)
     if chosen is not None and backend_info(chosen).role is Role.fused_norm and switched:
-        draft.notes.append(f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
-                           "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path")
+        draft.notes.append(
+            f"{', '.join(b.sglang_switch for b in switched)}=1 with --backend {chosen.value}: plain "
+            "all-reduces use SGLang's switched path, the residual + RMSNorm ones fastverify's fused path"
+        )
     return patch_in_rank
 
 
@@ -142,8 +173,15 @@ def profile_folder(profile_verify: str | None, trace_steps: int) -> str | None:
     return str(p.resolve())
 
 
-def route_patch(draft: Draft, patch: bool, backend: str, prof: str | None, trace_steps: int, info: SGLangInfo,
-           environ: Mapping[str, str]) -> str:
+def route_patch(
+    draft: Draft,
+    patch: bool,
+    backend: str,
+    prof: str | None,
+    trace_steps: int,
+    info: SGLangInfo,
+    environ: Mapping[str, str],
+) -> str:
     """How the patch loads in every rank, and the variables for it; returns the route (``""``:
     no patch). General plugins (SGLang 0.5.23 ``srt/plugins/__init__.py``) run at the top of
     ``run_scheduler_process`` in every rank; ``SGLANG_PLUGINS``, when set, lists the only plugins
@@ -167,9 +205,11 @@ def route_patch(draft: Draft, patch: bool, backend: str, prof: str | None, trace
             route = ROUTE_HOOK
             use_hook_dir = True
             if info.has_plugins and not info.entry_point_installed:
-                draft.notes.append("this SGLang has plugins but fastverify's entry point is not installed "
-                                   f"(group {PLUGIN_GROUP}, name {PLUGIN_NAME}; reinstall fastverify): using the "
-                                   "import hook")
+                draft.notes.append(
+                    "this SGLang has plugins but fastverify's entry point is not installed "
+                    f"(group {PLUGIN_GROUP}, name {PLUGIN_NAME}; reinstall fastverify): using the "
+                    "import hook"
+                )
     if route == ROUTE_PLUGIN and use_hook_dir:
         draft.env[ENV_PATCH_ROUTE] = "plugin"  # the entry point runs the patch; the hook only restores the variable
     if use_hook_dir:
@@ -178,13 +218,16 @@ def route_patch(draft: Draft, patch: bool, backend: str, prof: str | None, trace
     return route
 
 
-def flag_notes(notes: list[str], settings: Mapping[str, str], argv: tuple[str, ...],
-                environ: Mapping[str, str]) -> None:
+def flag_notes(
+    notes: list[str], settings: Mapping[str, str], argv: tuple[str, ...], environ: Mapping[str, str]
+) -> None:
     """Notes on :data:`SET_WHEN_UNSET`: flags that make SGLang force one over the env file, and
     those SGLang will set to 0."""
     flags = set(argv)
     for key in SET_WHEN_UNSET:
-        if key in settings and ("--enable-symm-mem" in flags or (key == "NCCL_NVLS_ENABLE" and "--enable-nccl-nvls" in flags)):
+        if key in settings and (
+            "--enable-symm-mem" in flags or (key == "NCCL_NVLS_ENABLE" and "--enable-nccl-nvls" in flags)
+        ):
             notes.append(f"the command's flags make SGLang force {key}=1 over the env file's {key}={settings[key]}")
     for key in SET_WHEN_UNSET:
         if key not in settings and key not in environ:

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fastverify.deploy import BoxFingerprint, DeploymentRecord
+from fastverify.errors import UserError
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.registry import BackendInfo
-from fastverify.errors import UserError
 
 if TYPE_CHECKING:
     from fastverify.patch.sglang_info import SGLangInfo
@@ -29,17 +29,27 @@ def settings_notes(record: DeploymentRecord, settings: Mapping[str, str], env_fi
     if env_nccl == dict(record.nccl_settings):
         return
     keys = sorted(set(env_nccl) | set(record.nccl_settings))
-    diff = ", ".join(f"{k}: env {env_nccl.get(k, '(unset)')} / record {record.nccl_settings.get(k, '(unset)')}"
-                     for k in keys if env_nccl.get(k) != record.nccl_settings.get(k))
-    notes.append(f"{env_file}: NCCL settings differ from the deployment record's ({diff}); the env file's are "
-                 "set, and the record's gain was obtained with the record's")
+    diff = ", ".join(
+        f"{k}: env {env_nccl.get(k, '(unset)')} / record {record.nccl_settings.get(k, '(unset)')}"
+        for k in keys
+        if env_nccl.get(k) != record.nccl_settings.get(k)
+    )
+    notes.append(
+        f"{env_file}: NCCL settings differ from the deployment record's ({diff}); the env file's are "
+        "set, and the record's gain was obtained with the record's"
+    )
 
 
 def served_dtype(record: DeploymentRecord | None, server: ServerShapes | None) -> str | None:
     """The dtype the server's all-reduces run in: the command's ``--dtype`` where it names one
     (``bfloat16``, ``float16``/``half``, ``float32``/``float``), else the record's; None unknown."""
-    given = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
-             "float": "float32"}.get((server.dtype or "") if server is not None else "")
+    given = {
+        "bfloat16": "bfloat16",
+        "float16": "float16",
+        "half": "float16",
+        "float32": "float32",
+        "float": "float32",
+    }.get((server.dtype or "") if server is not None else "")
     return given or (record.shapes.dtype if record is not None else None)
 
 
@@ -68,8 +78,14 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.1f} GiB"
 
 
-def workspace_check(b: BackendInfo, environ: Mapping[str, str], record: DeploymentRecord | None,
-                    server: ServerShapes | None, box: BoxFingerprint | None, world: int | None) -> str:
+def workspace_check(
+    b: BackendInfo,
+    environ: Mapping[str, str],
+    record: DeploymentRecord | None,
+    server: ServerShapes | None,
+    box: BoxFingerprint | None,
+    world: int | None,
+) -> str:
     """What covers the verify steps of a backend SGLang switches and sizes itself, and whether its
     IPC workspace fits the GPU (one line); refuses one that does not.
 
@@ -89,38 +105,53 @@ def workspace_check(b: BackendInfo, environ: Mapping[str, str], record: Deployme
     """
     covers = server.covers() if server is not None else "every captured verify step"
     hidden = record.shapes.hidden if record is not None else None
-    rows = server.max_rows if server is not None and server.max_rows else (
-        record.shapes.max_rows if record is not None else None)
+    rows = (
+        server.max_rows
+        if server is not None and server.max_rows
+        else (record.shapes.max_rows if record is not None else None)
+    )
     given = environ.get(b.size_env) if b.size_env else None
     if given is not None:
         elements = int(given)
         if hidden and rows and elements < rows * hidden:
-            head = (f"{b.name.value}: the environment's {b.size_env}={elements} caps the workspace at "
-                    f"{elements // hidden} rows x hidden {hidden}; the command runs {covers}: verify steps above "
-                    f"{elements // hidden} rows go to NCCL (unset it to let SGLang size it)")
+            head = (
+                f"{b.name.value}: the environment's {b.size_env}={elements} caps the workspace at "
+                f"{elements // hidden} rows x hidden {hidden}; the command runs {covers}: verify steps above "
+                f"{elements // hidden} rows go to NCCL (unset it to let SGLang size it)"
+            )
         else:
-            head = (f"{b.name.value}: the environment's {b.size_env}={elements} sizes the workspace (SGLang uses it "
-                    f"verbatim; the command runs {covers})")
+            head = (
+                f"{b.name.value}: the environment's {b.size_env}={elements} sizes the workspace (SGLang uses it "
+                f"verbatim; the command runs {covers})"
+            )
     else:
         elements = rows * hidden if rows and hidden else None
-        head = (f"{b.name.value}: {b.size_env or 'the workspace'} not set: SGLang sizes the workspace from its "
-                f"decode CUDA-graph width, covering {covers}")
+        head = (
+            f"{b.name.value}: {b.size_env or 'the workspace'} not set: SGLang sizes the workspace from its "
+            f"decode CUDA-graph width, covering {covers}"
+        )
     if elements is None:
-        return head + "; workspace size unknown (no deployment record gives the hidden size): not checked against " \
-                      "the GPU's memory"
+        return (
+            head + "; workspace size unknown (no deployment record gives the hidden size): not checked against "
+            "the GPU's memory"
+        )
     elem = _DTYPE_BYTES.get(record.shapes.dtype if record is not None else "bfloat16", 2)
     w = world or 8
     slab = elements * elem * _ipc_slab_factor(w)
     what = f"{elements:,} elements x {elem} B x {_ipc_slab_factor(w)} (FlashInfer's layout at TP {w})"
     mem = box.gpu_memory_bytes if box is not None else None
     if mem is None:
-        return head + f"; workspace about {_mib(slab)} per GPU ({what}); GPU memory unknown (NVML gave none): not " \
-                      "checked against it"
+        return (
+            head + f"; workspace about {_mib(slab)} per GPU ({what}); GPU memory unknown (NVML gave none): not "
+            "checked against it"
+        )
     if slab * 100 > mem * IPC_WORKSPACE_MAX_GPU_PERCENT:  # integers: exact at the bound
-        raise UserError(f"{b.name.value}: its IPC workspace would take {_mib(slab)} per GPU ({what}), "
-                        f"{100.0 * slab / mem:.1f} % of the GPU's {_mib(mem)}, more than the "
-                        f"{IPC_WORKSPACE_MAX_GPU_PERCENT} % SGLang leaves beside its static pool: lower the "
-                        f"size, the decode batch or the draft tokens, or use nccl")
+        raise UserError(
+            f"{b.name.value}: its IPC workspace would take {_mib(slab)} per GPU ({what}), "
+            f"{100.0 * slab / mem:.1f} % of the GPU's {_mib(mem)}, more than the "
+            f"{IPC_WORKSPACE_MAX_GPU_PERCENT} % SGLang leaves beside its static pool: lower the "
+            f"size, the decode batch or the draft tokens, or use nccl"
+        )
     return head + f"; workspace about {_mib(slab)} per GPU ({what}), {100.0 * slab / mem:.1f} % of its {_mib(mem)}"
 
 
@@ -128,15 +159,20 @@ def shape_notes(record: DeploymentRecord, server: ServerShapes | None, info: SGL
     """Notes where the command or the installed SGLang differ from what the record was made for."""
     s = record.shapes
     if server is not None:
-        notes.append(f"the command (read by {server.source}{'; ' + server.note if server.note else ''}) runs "
-                     f"{server.covers()}")
+        notes.append(
+            f"the command (read by {server.source}{'; ' + server.note if server.note else ''}) runs {server.covers()}"
+        )
         rows = server.max_rows
         if rows is not None and rows > s.max_rows:
-            notes.append(f"the record was measured for verify steps up to {s.max_rows} rows ({s.max_batch} requests x "
-                         f"{s.draft_tokens} tokens); the command runs up to {rows}: its gain was not measured there "
-                         f"(re-run tune with --max-batch {server.max_batch} --draft-tokens {server.tokens_per_request})")
+            notes.append(
+                f"the record was measured for verify steps up to {s.max_rows} rows ({s.max_batch} requests x "
+                f"{s.draft_tokens} tokens); the command runs up to {rows}: its gain was not measured there "
+                f"(re-run tune with --max-batch {server.max_batch} --draft-tokens {server.tokens_per_request})"
+            )
         if server.draft_tokens is not None and server.algorithm and server.draft_tokens != s.draft_tokens:
-            notes.append(f"the command verifies {server.draft_tokens} tokens per request; the record was made for "
-                         f"{s.draft_tokens}")
+            notes.append(
+                f"the command verifies {server.draft_tokens} tokens per request; the record was made for "
+                f"{s.draft_tokens}"
+            )
     if record.sglang_version and info.version and record.sglang_version != info.version:
         notes.append(f"the record was made with SGLang {record.sglang_version}; this SGLang is {info.version}")

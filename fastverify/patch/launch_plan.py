@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 
 P2P_FIX = "run `fastverify p2p --output p2p.json` on the serving box, then add `--p2p-check p2p.json`"
 """The fix of every P2P blocker: only the real check proves P2P, and only for the GPUs it tested."""
-P2P_FAILS_FIX = ("use `--backend nccl`, or make P2P work between these GPUs (`fastverify topo` shows ACS/IOMMU) "
-                 "and rerun `fastverify p2p`")
+P2P_FAILS_FIX = (
+    "use `--backend nccl`, or make P2P work between these GPUs (`fastverify topo` shows ACS/IOMMU) "
+    "and rerun `fastverify p2p`"
+)
 """The fix of P2P that a real check saw fail: rerunning the check alone changes nothing."""
-BACKEND_FIX = ("use `--backend nccl`, or re-run `fastverify tune --write-env` on the serving box to pick a backend "
-               "it reaches")
+BACKEND_FIX = (
+    "use `--backend nccl`, or re-run `fastverify tune --write-env` on the serving box to pick a backend it reaches"
+)
 """The fix of a backend the box or SGLang cannot reach (SM, world size, NVLink, dtype)."""
 
 
@@ -170,8 +173,10 @@ def _box_mismatch(record: DeploymentRecord, box: BoxFingerprint, where: str) -> 
         diffs.append("GPU count")
     if not diffs:
         return None
-    return (f"{where}: deployment record is for another box ({', '.join(diffs)} differ): made on "
-            f"{box_text(rb)}, this box has {box_text(box)}; re-run `fastverify tune --write-env` here")
+    return (
+        f"{where}: deployment record is for another box ({', '.join(diffs)} differ): made on "
+        f"{box_text(rb)}, this box has {box_text(box)}; re-run `fastverify tune --write-env` here"
+    )
 
 
 def box_text(b: BoxFingerprint) -> str:
@@ -181,8 +186,13 @@ def box_text(b: BoxFingerprint) -> str:
     return f"{b.gpu_count} x {b.gpu_name or 'GPU of unknown name'} ({sm_text(tuple(b.sm) if b.sm else None)})"
 
 
-_HOW = {"p2p_check": "real P2P check", "nvml": "NVML's report only, not exercised",
-        "nccl_log": "NCCL's log only, not exercised", "caller": "given by the caller", "not_checked": "not checked"}
+_HOW = {
+    "p2p_check": "real P2P check",
+    "nvml": "NVML's report only, not exercised",
+    "nccl_log": "NCCL's log only, not exercised",
+    "caller": "given by the caller",
+    "not_checked": "not checked",
+}
 
 
 def _tp_ordinals(argv: Sequence[str], world: int) -> list[int]:
@@ -201,13 +211,15 @@ def _tp_gpus(box: BoxFingerprint, argv: Sequence[str], world: int | None) -> tup
     unknown (not an SGLang command) the group is every GPU the command sees: the proof must
     then cover all of them."""
     if box.gpus is None:
-        return None, "NVML gave no GPU identities here (a described box without \"gpus\")"
+        return None, 'NVML gave no GPU identities here (a described box without "gpus")'
     if not world:
         return (list(box.gpus), "") if len(box.gpus) > 1 else (None, "the TP size is not known")
     ordinals = _tp_ordinals(argv, world)
     if max(ordinals) >= len(box.gpus) or min(ordinals) < 0:
-        return None, (f"the command's TP group needs CUDA ordinals {ordinals[0]}..{ordinals[-1]}, and this box shows "
-                      f"{len(box.gpus)} GPU(s) to it")
+        return None, (
+            f"the command's TP group needs CUDA ordinals {ordinals[0]}..{ordinals[-1]}, and this box shows "
+            f"{len(box.gpus)} GPU(s) to it"
+        )
     return [box.gpus[o] for o in ordinals], ""
 
 
@@ -219,23 +231,36 @@ def _record_proof(p2p: P2PFacts, tp_gpus: list | None, why: str) -> tuple[bool |
     if not p2p.proven:
         return (False if p2p.ok is False else None), how + (f": {p2p.note}" if p2p.note else "")
     if not p2p.gpus:
-        return None, (f"{how} of the deployment record names no GPU (a record written before the check recorded "
-                      "which GPUs it tested), so it cannot show they are this box's; rerun `fastverify tune "
-                      "--write-env --p2p-check FILE`")
+        return None, (
+            f"{how} of the deployment record names no GPU (a record written before the check recorded "
+            "which GPUs it tested), so it cannot show they are this box's; rerun `fastverify tune "
+            "--write-env --p2p-check FILE`"
+        )
     if tp_gpus is None:
         return None, f"{how} of the deployment record cannot be bound to this box's GPUs: {why}"
     missing = [g for g in tp_gpus if not any(g.same_gpu(h) for h in p2p.gpus)]
     if missing:
-        return None, (f"{how} of the deployment record did not test {missing[0].label()} of this TP group (it "
-                      f"tested {', '.join(h.label() for h in p2p.gpus)})")
+        return None, (
+            f"{how} of the deployment record did not test {missing[0].label()} of this TP group (it "
+            f"tested {', '.join(h.label() for h in p2p.gpus)})"
+        )
     n = len(tp_gpus)
     return True, f"{how} of the deployment record: all {n * (n - 1)} directions of the TP group's GPUs passed"
 
 
-def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | None, record_path: Path | None,
-               tp: int | None, argv: Sequence[str], to_check: Sequence[BackendInfo], check_file: object,
-               p2p_file: str | Path | None, info: SGLangInfo, server: ServerShapes | None,
-               ) -> tuple[int | None, P2PFacts | None]:
+def check_box(
+    checks: Checks,
+    box: BoxFingerprint,
+    record: DeploymentRecord | None,
+    record_path: Path | None,
+    tp: int | None,
+    argv: Sequence[str],
+    to_check: Sequence[BackendInfo],
+    check_file: object,
+    p2p_file: str | Path | None,
+    info: SGLangInfo,
+    server: ServerShapes | None,
+) -> tuple[int | None, P2PFacts | None]:
     """The checks against the box: the record's box and TP, then each backend of ``to_check``
     against :func:`fastverify.registry.unreachable_reason`, every reason but P2P first (a box the
     backend cannot run on is said as such), then P2P (``check_file``, the read ``--p2p-check``,
@@ -256,11 +281,19 @@ def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | No
         if mismatch is not None:
             checks.refuse("box", mismatch)
         if tp is not None and record.box.tp and tp != record.box.tp:
-            checks.refuse("TP", f"{record_path}: deployment record is for TP {record.box.tp}; the command runs "
-                                f"TP {tp} (re-run `fastverify tune --write-env --tp {tp}`)")
+            checks.refuse(
+                "TP",
+                f"{record_path}: deployment record is for TP {record.box.tp}; the command runs "
+                f"TP {tp} (re-run `fastverify tune --write-env --tp {tp}`)",
+            )
     world = tp if tp is not None else (record.box.tp if record is not None and record.box.tp else None)
-    facts = dict(sm=tuple(box.sm) if box.sm else None, world_size=world, sglang_version=info.version,
-                 nvlink_full=box.nvlink_full, dtype=served_dtype(record, server))
+    facts = dict(
+        sm=tuple(box.sm) if box.sm else None,
+        world_size=world,
+        sglang_version=info.version,
+        nvlink_full=box.nvlink_full,
+        dtype=served_dtype(record, server),
+    )
     blocked = set()
     for b in to_check:
         reason = unreachable_reason(b, p2p_ok=True, **facts)
@@ -275,8 +308,13 @@ def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | No
         if proof is None:  # recorded as the P2P blocker: the file proves nothing for this group
             return world, P2PFacts(ok=None, source="p2p_check", note=checks.blockers[-1].message[:300])
         ok, note = proof
-        p2p = P2PFacts(ok=ok, source="p2p_check", note=note[:300], pairs=len(tp_gpus) * (len(tp_gpus) - 1),
-                       gpus=tuple(tp_gpus) if ok else ())
+        p2p = P2PFacts(
+            ok=ok,
+            source="p2p_check",
+            note=note[:300],
+            pairs=len(tp_gpus) * (len(tp_gpus) - 1),
+            gpus=tuple(tp_gpus) if ok else (),
+        )
         p2p_ok, how = ok, _HOW["p2p_check"] + ("" if ok else f": {note}")
     else:
         p2p = record.p2p if record is not None else P2PFacts(ok=None, source="not_checked")
@@ -292,9 +330,16 @@ def check_box(checks: Checks, box: BoxFingerprint, record: DeploymentRecord | No
     return world, p2p
 
 
-def workspace_note(checks: Checks, notes: list[str], b: BackendInfo, environ: Mapping[str, str],
-                    record: DeploymentRecord | None, server: ServerShapes | None, box: BoxFingerprint | None,
-                    world: int | None) -> None:
+def workspace_note(
+    checks: Checks,
+    notes: list[str],
+    b: BackendInfo,
+    environ: Mapping[str, str],
+    record: DeploymentRecord | None,
+    server: ServerShapes | None,
+    box: BoxFingerprint | None,
+    world: int | None,
+) -> None:
     """Append :func:`~fastverify.patch.launch_notes.workspace_check`'s line to ``notes``; a
     workspace too large for the GPU is refused through ``checks`` (raises
     :class:`~fastverify.errors.UserError` unless collecting)."""

@@ -30,9 +30,14 @@ from typing import Any
 
 from fastverify.registry import BackendName
 
-SGLANG_TO_REGISTRY = {"pcie_ipc": BackendName.pcie_ipc.value, "ca": BackendName.custom_ar.value,
-                      "pynccl": BackendName.nccl.value, "pynccl_symm_mem": BackendName.nccl.value,
-                      "nccl": BackendName.nccl.value, "gloo": BackendName.gloo.value}
+SGLANG_TO_REGISTRY = {
+    "pcie_ipc": BackendName.pcie_ipc.value,
+    "ca": BackendName.custom_ar.value,
+    "pynccl": BackendName.nccl.value,
+    "pynccl_symm_mem": BackendName.nccl.value,
+    "nccl": BackendName.nccl.value,
+    "gloo": BackendName.gloo.value,
+}
 """SGLang 0.5.23 method names (``parallel_state.py``; the keys are SGLang's spellings) → fastverify
 registry names (``BackendName``), where one exists."""
 MODES = ("verify", "draft", "draft_extend", "extend", "decode", "idle", "other")
@@ -50,8 +55,14 @@ def mode_of(forward_mode: Any, is_draft_worker: bool) -> str:
         if name in ("DRAFT_EXTEND", "DRAFT_EXTEND_V2", "EXTEND", "MIXED"):
             return "draft_extend"
         return "draft" if name in ("DECODE", "TARGET_VERIFY", "IDLE") else "other"
-    return {"TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "extend", "SPLIT_PREFILL": "extend",
-            "DECODE": "decode", "IDLE": "idle"}.get(name, "other")
+    return {
+        "TARGET_VERIFY": "verify",
+        "EXTEND": "extend",
+        "MIXED": "extend",
+        "SPLIT_PREFILL": "extend",
+        "DECODE": "decode",
+        "IDLE": "idle",
+    }.get(name, "other")
 
 
 def backend_of(path: str) -> str | None:
@@ -137,8 +148,9 @@ class PathCounter:
         with self._lock:
             if key is not None:
                 into_graph = capturing and not getattr(self._local, "eager", False)
-                (self.graphs.setdefault(key, Counter()) if into_graph else
-                 self.total.setdefault(WARMUP, Counter()))[path] += 1
+                (self.graphs.setdefault(key, Counter()) if into_graph else self.total.setdefault(WARMUP, Counter()))[
+                    path
+                ] += 1
                 return
             mode = self.mode
             self.total.setdefault(mode, Counter())[path] += 1

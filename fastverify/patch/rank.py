@@ -95,8 +95,14 @@ def p2p_facts(record: DeploymentRecord | None) -> tuple[bool | None, str]:
     return None, f"P2P not proven (deployment record: source {p.source})"
 
 
-def context_from_coordinator(coordinator: Any, *, device: Any, dtype: Any, record: DeploymentRecord | None,
-                             modules: Mapping[str, Any] | None = None) -> Any:
+def context_from_coordinator(
+    coordinator: Any,
+    *,
+    device: Any,
+    dtype: Any,
+    record: DeploymentRecord | None,
+    modules: Mapping[str, Any] | None = None,
+) -> Any:
     """The :class:`fastverify.backends.ProbeContext` of this rank, from SGLang's
     ``GroupCoordinator`` (world size, device group backend, single node) and the record (P2P).
     Collective on the coordinator's CPU group (the single-node check)."""
@@ -115,9 +121,16 @@ def context_from_coordinator(coordinator: Any, *, device: Any, dtype: Any, recor
     if device.type == "cuda" and torch.cuda.is_available():
         sm = tuple(torch.cuda.get_device_capability(device))
     p2p_ok, p2p_note = p2p_facts(record)
-    return ProbeContext(world_size=int(coordinator.world_size), device_type=device.type, dtype=dtype,
-                        group_backend=group_backend, sm=sm, p2p_ok=p2p_ok, p2p_note=p2p_note,
-                        single_node=same_node)
+    return ProbeContext(
+        world_size=int(coordinator.world_size),
+        device_type=device.type,
+        dtype=dtype,
+        group_backend=group_backend,
+        sm=sm,
+        p2p_ok=p2p_ok,
+        p2p_note=p2p_note,
+        single_node=same_node,
+    )
 
 
 def backend_for_device(kind: BackendName | str, device_type: str) -> BackendName:
@@ -141,16 +154,25 @@ def workspace_numel(record: DeploymentRecord | None, hidden: int, rows: int | No
     """
     if record is not None:
         if record.shapes.hidden != hidden:
-            raise ValueError(f"the deployment record is for hidden size {record.shapes.hidden}, "
-                             f"this model has {hidden}; re-run `fastverify tune --write-env` for it")
+            raise ValueError(
+                f"the deployment record is for hidden size {record.shapes.hidden}, "
+                f"this model has {hidden}; re-run `fastverify tune --write-env` for it"
+            )
         return record.shapes.max_numel
     if not rows:
         raise ValueError("no deployment record and no captured batch sizes to size the workspace from")
     return int(rows) * hidden
 
 
-def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: DeploymentRecord | None,
-                  rows: int | None = None, modules: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+def make_for_rank(
+    kind: BackendName | str,
+    coordinator: Any,
+    x: Any,
+    *,
+    record: DeploymentRecord | None,
+    rows: int | None = None,
+    modules: Mapping[str, Any] | None = None,
+) -> tuple[Any, Any]:
     """(backend, context) for this rank: context from the coordinator, the probe voted on the CPU
     group (so either every rank constructs, collectively, or none does), then ``make_backend``.
 
@@ -183,8 +205,16 @@ def make_for_rank(kind: BackendName | str, coordinator: Any, x: Any, *, record: 
     options = {"cpu_group": cpu} if cpu is not None and "cpu_group" in known else {}
     if "fused_only" in known:
         options["fused_only"] = True
-    be = make_backend(name, getattr(coordinator, "device_group", None), device=x.device, dtype=x.dtype,
-                      max_numel=max_numel, hidden=hidden, options=options or None, context=ctx)
+    be = make_backend(
+        name,
+        getattr(coordinator, "device_group", None),
+        device=x.device,
+        dtype=x.dtype,
+        max_numel=max_numel,
+        hidden=hidden,
+        options=options or None,
+        context=ctx,
+    )
     return be, ctx
 
 
@@ -218,9 +248,14 @@ def plain_rmsnorm(norm: Any, rmsnorm_cls: Any, x: Any) -> tuple[Any, float] | No
     """
     if rmsnorm_cls is None or type(norm) is not rmsnorm_cls:
         return None
-    if (getattr(norm, "variance_size_override", None) is not None or getattr(norm, "cast_x_before_out_mul", False)
-            or getattr(norm, "fp32_residual", False) or getattr(norm, "override_orig_dtype", None) is not None
-            or getattr(norm, "x_pad_to_multiple", 0) or vars(norm).get("_quant_linear") is not None):
+    if (
+        getattr(norm, "variance_size_override", None) is not None
+        or getattr(norm, "cast_x_before_out_mul", False)
+        or getattr(norm, "fp32_residual", False)
+        or getattr(norm, "override_orig_dtype", None) is not None
+        or getattr(norm, "x_pad_to_multiple", 0)
+        or vars(norm).get("_quant_linear") is not None
+    ):
         return None
     w, eps = getattr(norm, "weight", None), getattr(norm, "variance_epsilon", None)
     w = getattr(w, "data", w)
@@ -229,8 +264,9 @@ def plain_rmsnorm(norm: Any, rmsnorm_cls: Any, x: Any) -> tuple[Any, float] | No
     return w, float(eps)
 
 
-def first_result_check(coordinator: Any, rows: int, hidden: int, device: Any, dtype: Any, *,
-                       eps: float = 1e-6) -> Callable[[Any], str | None]:
+def first_result_check(
+    coordinator: Any, rows: int, hidden: int, device: Any, dtype: Any, *, eps: float = 1e-6
+) -> Callable[[Any], str | None]:
     """A fused slot's first-result check, run in the rank step on every rank (so every live
     call does exactly one all-reduce): seeded inputs, ``rows`` x ``hidden``, the backend's fused
     result against SGLang's own plain path -- the coordinator's ``all_reduce`` -- + the fp32 add +
@@ -307,8 +343,13 @@ def first_reason(reasons: list[str | None]) -> str | None:
 # --- does SGLang reach the fused-norm target? -------------------------------------------------------
 
 
-def fused_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None,
-                     sglang_version: str | None = None, kind: BackendName = BackendName.fused) -> tuple[bool, str]:
+def fused_norm_reach(
+    modules: Mapping[str, Any] | None,
+    rows: int,
+    sm: tuple[int, int] | None,
+    sglang_version: str | None = None,
+    kind: BackendName = BackendName.fused,
+) -> tuple[bool, str]:
     """Whether SGLang calls ``RMSNorm.forward_with_allreduce_fusion`` for a ``rows``-row verify
     all-reduce, and why (one line).
 
@@ -324,20 +365,22 @@ def fused_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int
         try:
             if fn(rows):
                 return True, f"SGLang's flashinfer_ar_fusion_applies({rows}) holds"
-            return False, (f"SGLang never calls RMSNorm.forward_with_allreduce_fusion here: "
-                           f"flashinfer_ar_fusion_applies({rows}) is False (SM90/SM100, FlashInfer, "
-                           f"--enable-flashinfer-allreduce-fusion, no DP attention; {_sm_text(sm)})")
+            return False, (
+                f"SGLang never calls RMSNorm.forward_with_allreduce_fusion here: "
+                f"flashinfer_ar_fusion_applies({rows}) is False (SM90/SM100, FlashInfer, "
+                f"--enable-flashinfer-allreduce-fusion, no DP attention; {_sm_text(sm)})"
+            )
         except Exception as err:
             return False, f"SGLang's flashinfer_ar_fusion_applies could not be evaluated ({type(err).__name__}: {err})"
     if sm is None:
         return False, "cannot tell whether SGLang calls forward_with_allreduce_fusion (no gate found, GPU unknown)"
-    why = unreachable_reason(backend_info(kind), sm=sm, world_size=None, p2p_ok=True,
-                             sglang_version=sglang_version)
+    why = unreachable_reason(backend_info(kind), sm=sm, world_size=None, p2p_ok=True, sglang_version=sglang_version)
     return (why is None), (why or "registry: SGLang calls it on this GPU")
 
 
-def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None,
-                   kind: BackendName = BackendName.b12x) -> tuple[bool, str]:
+def add_norm_reach(
+    modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, int] | None, kind: BackendName = BackendName.b12x
+) -> tuple[bool, str]:
     """Whether the b12x slot takes the layer boundary's reduce + add + RMSNorm on this GPU, and why
     (one line). Same answer on every TP rank (the published config, one kind of GPU), so no vote.
 
@@ -357,10 +400,15 @@ def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, 
             owns = False
     sglang_majors = backend_info(BackendName.fused).sglang_sm_majors or ()
     if owns or (sm is not None and sm[0] in sglang_majors):
-        gate = f"flashinfer_ar_fusion_applies({rows}) holds" if owns else \
-            "/".join(f"SM{m}0" for m in sglang_majors) + " is where it runs"
-        return False, (f"SGLang's own FlashInfer all-reduce fusion owns the layer boundary here ({gate}; "
-                       f"{_sm_text(sm)}); {kind.value} stays out of the way")
+        gate = (
+            f"flashinfer_ar_fusion_applies({rows}) holds"
+            if owns
+            else "/".join(f"SM{m}0" for m in sglang_majors) + " is where it runs"
+        )
+        return False, (
+            f"SGLang's own FlashInfer all-reduce fusion owns the layer boundary here ({gate}; "
+            f"{_sm_text(sm)}); {kind.value} stays out of the way"
+        )
     info = backend_info(kind)
     n = info.name.value
     want = "/".join(f"SM{a}{b}" for a, b in info.kernel_sm or ())
@@ -368,8 +416,10 @@ def add_norm_reach(modules: Mapping[str, Any] | None, rows: int, sm: tuple[int, 
         return False, f"GPU compute capability unknown; {n} runs only on {want}"
     if not info.kernel_runs_on(sm):
         return False, f"{n} runs only on {want} (FlashInfer {n} is_supported); {_sm_text(sm)}"
-    return True, (f"{_sm_text(sm)}: SGLang's FlashInfer fusion does not apply, the layer boundary's "
-                  f"add-norm candidates take {n} up to {info.max_rows} rows")
+    return True, (
+        f"{_sm_text(sm)}: SGLang's FlashInfer fusion does not apply, the layer boundary's "
+        f"add-norm candidates take {n} up to {info.max_rows} rows"
+    )
 
 
 def platform_sm(modules: Mapping[str, Any] | None) -> tuple[int, int] | None:

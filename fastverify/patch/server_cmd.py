@@ -133,7 +133,7 @@ class ServerShapes:
         """``verify steps up to 48 requests x 6 tokens (288 rows)``, or what is unknown; with decode
         CUDA graphs off, every step runs eager at whatever batch the scheduler forms."""
         b, k = self.max_batch, self.tokens_per_request
-        ks = (f"{k} token{'s' if k != 1 else ''}" if k else "SGLang's automatic draft tokens")
+        ks = f"{k} token{'s' if k != 1 else ''}" if k else "SGLang's automatic draft tokens"
         what = "verify steps" if self.algorithm else "decode steps"
         if self.graphs_disabled:
             return f"{what} of any batch, eager (decode CUDA graphs off), x {ks}"
@@ -151,9 +151,9 @@ def server_args_of(argv: Sequence[str]) -> list[str] | None:
     argv = list(argv)
     for i, a in enumerate(argv):
         if a == "-m" and i + 1 < len(argv) and argv[i + 1] in _SERVER_ENTRIES:
-            return argv[i + 2:]
+            return argv[i + 2 :]
         if os.path.basename(a) == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return argv[i + 2:]
+            return argv[i + 2 :]
     return None
 
 
@@ -220,11 +220,14 @@ def _adaptive_steps(config_path: str | None) -> tuple[int, ...]:
             raise UserError(f"{where}: BS {key}: candidate_steps must be a list of non-negative ints, got {got!r}")
         steps.update(got)
     if not steps:
-        raise UserError(f"{where}: it must contain at least one integer-string BS key, e.g. "
-                        f'{{"1": {{"candidate_steps": [1, 3, 7]}}}}; got keys {list(data)}')
+        raise UserError(
+            f"{where}: it must contain at least one integer-string BS key, e.g. "
+            f'{{"1": {{"candidate_steps": [1, 3, 7]}}}}; got keys {list(data)}'
+        )
     if max(steps) + 1 > MAX_DRAFT_TOKENS:
-        raise UserError(f"{where}: candidate step {max(steps)} means {max(steps) + 1} draft tokens, more than "
-                        f"{MAX_DRAFT_TOKENS}")
+        raise UserError(
+            f"{where}: candidate step {max(steps)} means {max(steps) + 1} draft tokens, more than {MAX_DRAFT_TOKENS}"
+        )
     return tuple(sorted(steps))
 
 
@@ -238,10 +241,13 @@ def _adaptive_off(algo: str, topk: int | None) -> str | None:
     return None
 
 
-_RANGES = (("tp_size", "--tp-size", 1, 4096), ("speculative_num_draft_tokens", "--speculative-num-draft-tokens", 1,
-           MAX_DRAFT_TOKENS), ("speculative_eagle_topk", "--speculative-eagle-topk", 1, MAX_DRAFT_TOKENS),
-           ("speculative_num_steps", "--speculative-num-steps", 0, MAX_DRAFT_TOKENS),
-           ("cuda_graph_max_bs_decode", "--cuda-graph-max-bs-decode", 1, MAX_BATCH))
+_RANGES = (
+    ("tp_size", "--tp-size", 1, 4096),
+    ("speculative_num_draft_tokens", "--speculative-num-draft-tokens", 1, MAX_DRAFT_TOKENS),
+    ("speculative_eagle_topk", "--speculative-eagle-topk", 1, MAX_DRAFT_TOKENS),
+    ("speculative_num_steps", "--speculative-num-steps", 0, MAX_DRAFT_TOKENS),
+    ("cuda_graph_max_bs_decode", "--cuda-graph-max-bs-decode", 1, MAX_BATCH),
+)
 
 
 def _check_ranges(ns: argparse.Namespace) -> None:
@@ -255,8 +261,14 @@ def _check_ranges(ns: argparse.Namespace) -> None:
             raise UserError(f"the SGLang command: --cuda-graph-bs-decode {v}: expected 1..{MAX_BATCH}")
 
 
-def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
-             adaptive_steps: Sequence[int] | None = None, adaptive_off: str | None = None) -> ServerShapes:
+def _resolve(
+    ns: argparse.Namespace,
+    *,
+    source: str,
+    note: str = "",
+    adaptive_steps: Sequence[int] | None = None,
+    adaptive_off: str | None = None,
+) -> ServerShapes:
     """The record from a namespace of the flags above, with SGLang 0.5.23's resolution of the
     draft width (``srt/arg_groups/speculative_hook.py``): NGRAM defaults to 12 draft tokens;
     ``--speculative-adaptive`` is dropped where SGLang drops it (:func:`_adaptive_off`, or
@@ -286,9 +298,11 @@ def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
             adaptive = False
             notes.append(f"SGLang turns --speculative-adaptive off: {off}")
     if algo in EAGLE_FAMILY and not adaptive and steps is None and (topk is not None or draft is not None):
-        raise UserError("the SGLang command: --speculative-num-draft-tokens / --speculative-eagle-topk without "
-                        "--speculative-num-steps: SGLang 0.5.23 refuses it at start-up (speculative_hook.py "
-                        "_handle_eagle_family asserts both unset when the steps are); give all three or none")
+        raise UserError(
+            "the SGLang command: --speculative-num-draft-tokens / --speculative-eagle-topk without "
+            "--speculative-num-steps: SGLang 0.5.23 refuses it at start-up (speculative_hook.py "
+            "_handle_eagle_family asserts both unset when the steps are); give all three or none"
+        )
     if algo == "NGRAM" and draft is None:
         draft = NGRAM_DEFAULT_DRAFT_TOKENS
     elif adaptive:
@@ -298,11 +312,23 @@ def _resolve(ns: argparse.Namespace, *, source: str, note: str = "",
     elif topk == 1 and steps is not None:
         draft = steps + 1
     disabled = bool(ns.disable_cuda_graph or ns.disable_decode_cuda_graph or ns.cuda_graph_backend_decode == "disabled")
-    return ServerShapes(tp=ns.tp_size, algorithm=algo, draft_tokens=draft, topk=topk, steps=steps, adaptive=adaptive,
-                        decode_bs=tuple(ns.cuda_graph_bs_decode or ()), decode_max_bs=ns.cuda_graph_max_bs_decode,
-                        graphs_disabled=disabled, dtype=ns.dtype, host=getattr(ns, "host", None),
-                        port=getattr(ns, "port", None), model=getattr(ns, "model_path", None), source=source,
-                        note="; ".join(notes))
+    return ServerShapes(
+        tp=ns.tp_size,
+        algorithm=algo,
+        draft_tokens=draft,
+        topk=topk,
+        steps=steps,
+        adaptive=adaptive,
+        decode_bs=tuple(ns.cuda_graph_bs_decode or ()),
+        decode_max_bs=ns.cuda_graph_max_bs_decode,
+        graphs_disabled=disabled,
+        dtype=ns.dtype,
+        host=getattr(ns, "host", None),
+        port=getattr(ns, "port", None),
+        model=getattr(ns, "model_path", None),
+        source=source,
+        note="; ".join(notes),
+    )
 
 
 def read_flags(flags: Sequence[str]) -> ServerShapes:
@@ -355,8 +381,13 @@ print("FASTVERIFY_SERVER_ARGS " + json.dumps(out, default=str))
 """
 
 
-def read_with_sglang(flags: Sequence[str], python: str | None = None, *, timeout_s: float = SGLANG_TIMEOUT_S,
-                     env: dict[str, str] | None = None) -> ServerShapes:
+def read_with_sglang(
+    flags: Sequence[str],
+    python: str | None = None,
+    *,
+    timeout_s: float = SGLANG_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> ServerShapes:
     """:class:`ServerShapes` from SGLang's own ``prepare_server_args`` in a child ``python``
     (default this interpreter). Where ``prepare_server_args`` fails after SGLang's parser accepted
     the flags, the flags as SGLang's parser read them (:data:`SOURCE_SGLANG_RAW`); where the child
@@ -385,12 +416,20 @@ def read_with_sglang(flags: Sequence[str], python: str | None = None, *, timeout
     if got.get("adaptive_error"):
         raise UserError(f"the SGLang command: SGLang refuses the adaptive config: {got['adaptive_error']}")
     ns = argparse.Namespace(**got["fields"])
-    ns.disable_cuda_graph, ns.disable_decode_cuda_graph = bool(ns.disable_cuda_graph), bool(ns.disable_decode_cuda_graph)
+    ns.disable_cuda_graph, ns.disable_decode_cuda_graph = (
+        bool(ns.disable_cuda_graph),
+        bool(ns.disable_decode_cuda_graph),
+    )
     if got.get("resolved"):
-        return _resolve(ns, source=SOURCE_SGLANG, adaptive_steps=got.get("adaptive_steps"),
-                        adaptive_off=got.get("adaptive_off"))
-    return _resolve(ns, source=SOURCE_SGLANG_RAW, note=f"prepare_server_args did not finish ({got['why']})",
-                    adaptive_steps=got.get("adaptive_steps"))
+        return _resolve(
+            ns, source=SOURCE_SGLANG, adaptive_steps=got.get("adaptive_steps"), adaptive_off=got.get("adaptive_off")
+        )
+    return _resolve(
+        ns,
+        source=SOURCE_SGLANG_RAW,
+        note=f"prepare_server_args did not finish ({got['why']})",
+        adaptive_steps=got.get("adaptive_steps"),
+    )
 
 
 def _fallback(flags: Sequence[str], why: str) -> ServerShapes:

@@ -95,8 +95,9 @@ def detect_sglang(sglang_dir: str | Path | None = None) -> SGLangInfo:
         has_plugins=has_plugins,
         has_pcie_ipc=(root / "srt" / "distributed" / "device_communicators" / "pcie_ipc_ar.py").is_file(),
         entry_point_installed=_entry_point_installed(),
-        switch_modules=frozenset(m for m in _SWITCH_MODULES
-                                 if root.joinpath(*m.split(".")[1:]).with_suffix(".py").is_file()),
+        switch_modules=frozenset(
+            m for m in _SWITCH_MODULES if root.joinpath(*m.split(".")[1:]).with_suffix(".py").is_file()
+        ),
     )
 
 
@@ -149,8 +150,9 @@ def _target_status(pkg: Path, t: Target) -> TargetStatus:
     names = pos + [a.arg for a in fn.args.kwonlyargs]
     # the same rule as targets.check_signature, on the source instead of the live object
     if tuple(pos[: len(t.params)]) != t.params:
-        return TargetStatus(t.key, where, "different",
-                            f"parameters ({', '.join(pos)}) do not start with ({', '.join(t.params)})")
+        return TargetStatus(
+            t.key, where, "different", f"parameters ({', '.join(pos)}) do not start with ({', '.join(t.params)})"
+        )
     missing = [n for n in t.needs if n not in names]
     if missing:
         return TargetStatus(t.key, where, "different", f"has no parameter {missing[0]!r}")
@@ -168,8 +170,9 @@ def check(sglang_source: str | Path | None = None) -> tuple[SGLangInfo, list[Tar
     if sglang_source is None:
         info = detect_sglang()
         if not info.found:
-            raise UserError("no SGLang importable by this Python: give --sglang-source DIR (an unpacked wheel "
-                            "or a checkout)")
+            raise UserError(
+                "no SGLang importable by this Python: give --sglang-source DIR (an unpacked wheel or a checkout)"
+            )
         pkg = Path(info.location)
     else:
         pkg = _package_dir(sglang_source)
@@ -185,10 +188,12 @@ def check(sglang_source: str | Path | None = None) -> tuple[SGLangInfo, list[Tar
 
 
 def format_report(info: SGLangInfo, statuses: list[TargetStatus], route: str) -> str:
-    lines = [f"SGLang {info.version or 'version unknown'} at {info.location}",
-             f"route: {route}",
-             f"PCIe IPC all-reduce switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): "
-             f"{'present' if info.has_pcie_ipc else 'absent'}"]
+    lines = [
+        f"SGLang {info.version or 'version unknown'} at {info.location}",
+        f"route: {route}",
+        f"PCIe IPC all-reduce switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): "
+        f"{'present' if info.has_pcie_ipc else 'absent'}",
+    ]
     for s in statuses:
         lines.append(f"  {s.status:9} {s.key:13} {s.where}: {s.reason}")
     n = sum(s.status == "found" for s in statuses)

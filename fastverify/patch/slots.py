@@ -106,8 +106,11 @@ def attach_add_norm_backend(backend: Any, *, ranks: list[int], attn_is_tp: bool 
 def _disable(slot: BackendSlot, reason: str) -> None:
     if slot.disabled is None:
         slot.disabled = reason
-        log.warning("fastverify patch: %s backend disabled on every TP rank: %s; using the plain all-reduce",
-                    slot.kind.value, reason)
+        log.warning(
+            "fastverify patch: %s backend disabled on every TP rank: %s; using the plain all-reduce",
+            slot.kind.value,
+            reason,
+        )
 
 
 def close_quietly(be: Any) -> None:
@@ -119,8 +122,13 @@ def close_quietly(be: Any) -> None:
         log.warning("fastverify patch: closing the backend failed (%s: %s)", type(err).__name__, err)
 
 
-def create_together(slot: BackendSlot, coordinator: Any, x: Any, shapes: list[tuple[int, int]],
-                     check: Callable[[Any], str | None] | None = None) -> Any:
+def create_together(
+    slot: BackendSlot,
+    coordinator: Any,
+    x: Any,
+    shapes: list[tuple[int, int]],
+    check: Callable[[Any], str | None] | None = None,
+) -> Any:
     """Create (and prepare, when ``shapes``; then ``check``, when given) the slot's backend on every
     TP rank or on none: each step's outcome is exchanged on the CPU group before the next. A failed
     creation is not closed (the ranks without a backend cannot join its collective destroy); a
@@ -216,13 +224,15 @@ def make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None
     group, a tensor it ``supports``), then SGLang's own path; every call counted
     (:mod:`fastverify.patch.paths`): ``fastverify.<backend>``, its ``.fallback`` when it declined,
     or the method SGLang ran."""
+
     def all_reduce(self, input_, *args, **kwargs):
         # under torch.compile tracing SGLang defers its own choice to the op it emits: nothing to
         # route or count here (and no lock or thread-local inside a traced region)
         if args or kwargs or getattr(self, "world_size", 1) <= 1 or R.is_compiling():
             return original(self, input_, *args, **kwargs)
-        if (DISPATCH_SLOT.factory is not None or DISPATCH_SLOT.backend is not None) \
-                and getattr(self, "unique_name", "").startswith("tp"):
+        if (DISPATCH_SLOT.factory is not None or DISPATCH_SLOT.backend is not None) and getattr(
+            self, "unique_name", ""
+        ).startswith("tp"):
             be = _slot_backend(DISPATCH_SLOT, self, input_)
             if be is not None:
                 if be.supports(input_):
@@ -239,8 +249,9 @@ def make_all_reduce(original: Callable, modules: Mapping[str, Any] | None = None
 def _group_coordinator(modules: Mapping[str, Any] | None, use_attn_tp_group: bool) -> Any:
     try:
         mod = R.module(MOD_PARALLEL_STATE, modules)
-        getter = getattr(mod, "get_attn_tp_group" if use_attn_tp_group else "get_tp_group", None) \
-            or getattr(mod, "get_tp_group")
+        getter = getattr(mod, "get_attn_tp_group" if use_attn_tp_group else "get_tp_group", None) or getattr(
+            mod, "get_tp_group"
+        )
         return getter()
     except Exception:
         return None
@@ -330,10 +341,17 @@ def _make_add_norm_attn(names: Mapping[str, Any]) -> Callable[[Callable], Callab
     def make(original: Callable) -> Callable:
         def fused_attn_input(plan, owed, residual, forward_batch, post_residual_addition, *args, **kwargs):
             # SGLang's own declines a post-residual addition too ("the kernel does not add it")
-            if (not args and post_residual_addition is None and not kwargs.get("fuses_quant")
-                    and set(kwargs) <= {"fuses_quant", "keep_bf16"} and unreduced is not None
-                    and type(owed) is unreduced and getattr(owed, "reduce_to_dp_local", None) is None
-                    and getattr(owed, "complete_sum", None) is None and _same_group(getattr(owed, "group", None))):
+            if (
+                not args
+                and post_residual_addition is None
+                and not kwargs.get("fuses_quant")
+                and set(kwargs) <= {"fuses_quant", "keep_bf16"}
+                and unreduced is not None
+                and type(owed) is unreduced
+                and getattr(owed, "reduce_to_dp_local", None) is None
+                and getattr(owed, "complete_sum", None) is None
+                and _same_group(getattr(owed, "group", None))
+            ):
                 out = _b12x_add_norm(plan, owed.partial, residual, rmsnorm_cls)
                 if out is not None:
                     return out

@@ -180,10 +180,18 @@ class VerifyTimer:
         off, so a worker that samples elsewhere loses nothing but its first step's wait).
     """
 
-    def __init__(self, out_dir: str | Path, *, every: int = DRAIN_EVERY, interval_s: float = FLUSH_INTERVAL_S,
-                 event_factory: Callable[[], Any] | None = None, clock: str | None = None,
-                 rank: Callable[[], str] = _default_rank, max_buffered: int = MAX_BUFFERED,
-                 copy: Callable[[Any], tuple[Any, Any] | None] = host_copy) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        every: int = DRAIN_EVERY,
+        interval_s: float = FLUSH_INTERVAL_S,
+        event_factory: Callable[[], Any] | None = None,
+        clock: str | None = None,
+        rank: Callable[[], str] = _default_rank,
+        max_buffered: int = MAX_BUFFERED,
+        copy: Callable[[Any], tuple[Any, Any] | None] = host_copy,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.every = max(1, int(every))
         self.interval_s = float(interval_s)
@@ -218,8 +226,9 @@ class VerifyTimer:
         ev.record()
         return ev
 
-    def stop(self, start_ev: Any, paths: dict | None = None, *, batch: int | None = None,
-             tokens: int | None = None) -> None:
+    def stop(
+        self, start_ev: Any, paths: dict | None = None, *, batch: int | None = None, tokens: int | None = None
+    ) -> None:
         """End the step begun by ``start_ev``; ``paths``: the all-reduce path counts per forward
         mode since the previous record (:meth:`fastverify.patch.paths.PathCounter.take`);
         ``batch`` / ``tokens``: the step's requests and verified rows (None: not known, written
@@ -278,8 +287,15 @@ class VerifyTimer:
             if self._rank_pid is None:
                 self._rank_pid = (str(self.rank()), os.getpid())
             rank, pid = self._rank_pid
-            rec = {"step": st.step, "verify_ms": round(float(st.start.elapsed_time(st.end)), 6), "clock": self.clock,
-                   "rank": rank, "pid": pid, "batch": st.batch, "tokens": st.tokens}
+            rec = {
+                "step": st.step,
+                "verify_ms": round(float(st.start.elapsed_time(st.end)), 6),
+                "clock": self.clock,
+                "rank": rank,
+                "pid": pid,
+                "batch": st.batch,
+                "tokens": st.tokens,
+            }
             accepted = _accepted_of(st.accepted[0]) if isinstance(st.accepted, tuple) else None
             if accepted is not None:
                 rec["accepted"] = accepted
@@ -290,8 +306,9 @@ class VerifyTimer:
     # -- writing ----------------------------------------------------------------------------------------
 
     def _start_writer(self) -> None:
-        self._thread = threading.Thread(target=_writer_loop, args=(weakref.ref(self),),
-                                        name="fastverify-verify-log", daemon=True)
+        self._thread = threading.Thread(
+            target=_writer_loop, args=(weakref.ref(self),), name="fastverify-verify-log", daemon=True
+        )
         try:
             self._thread.start()
         except RuntimeError as err:  # e.g. at interpreter shutdown: drain() at exit still writes
@@ -319,7 +336,7 @@ class VerifyTimer:
                 data = ("\n".join(batch) + "\n").encode()
                 view = memoryview(data)
                 while view:  # a regular file takes it in one call; a short write (disk full) goes on
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.write(self._fd, view) :]
             except OSError as err:
                 self._failed = True
                 log.warning("fastverify patch: verify timings not written to %s: %s", self.out_dir, err)
@@ -384,4 +401,3 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
-

@@ -30,10 +30,14 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "build_profile", "default_output", "write
 CLOCK_NOTES = {
     "trace": "GPU event timestamps from PyTorch profiler traces",
     "cuda_events": "live run, CUDA events on the GPU",
-    "cpu_wall_clock": ("live run on CPU over gloo, wall clock: NOT GPU timings; use them for the "
-                       "shape of the collective sequence, not for latency"),
-    "cpu_trace": ("CPU-only PyTorch profiler traces (a CPU server over gloo): CPU ops and CPU-clock "
-                  "all-reduces (gloo:* spans), host wall clock: NOT GPU timings"),
+    "cpu_wall_clock": (
+        "live run on CPU over gloo, wall clock: NOT GPU timings; use them for the "
+        "shape of the collective sequence, not for latency"
+    ),
+    "cpu_trace": (
+        "CPU-only PyTorch profiler traces (a CPU server over gloo): CPU ops and CPU-clock "
+        "all-reduces (gloo:* spans), host wall clock: NOT GPU timings"
+    ),
 }
 
 
@@ -68,25 +72,33 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
     world = {r.meta.get("world_size") for r in ranks} - {None}
     for r in body["ranks"]:
         if r["unknown_comm_kernels"]:
-            warnings.append(f"rank {r['rank']}: {len(r['unknown_comm_kernels'])} kernel name(s) look like "
-                            f"collectives but match no rule, reported as unknown_comm (not compute): "
-                            + "; ".join(n[:80] for n in r["unknown_comm_kernels"][:3]))
+            warnings.append(
+                f"rank {r['rank']}: {len(r['unknown_comm_kernels'])} kernel name(s) look like "
+                f"collectives but match no rule, reported as unknown_comm (not compute): "
+                + "; ".join(n[:80] for n in r["unknown_comm_kernels"][:3])
+            )
         m = r["meta"]
         if str(m.get("rank_source", "")).startswith("default"):
             warnings.append(f"{r['origin']}: no rank in the trace or its name; taken as rank 0")
-        for key, what in (("rank_conflict", None), ("merge_conflict", None),
-                          ("skipped_gpu_events", "GPU events without a usable ts/dur were skipped"),
-                          ("negative_duration_events", "GPU events had a negative duration, counted as 0"),
-                          ("implausible_duration_events", "GPU events last over 10 s; check the trace")):
+        for key, what in (
+            ("rank_conflict", None),
+            ("merge_conflict", None),
+            ("skipped_gpu_events", "GPU events without a usable ts/dur were skipped"),
+            ("negative_duration_events", "GPU events had a negative duration, counted as 0"),
+            ("implausible_duration_events", "GPU events last over 10 s; check the trace"),
+        ):
             if m.get(key):
                 warnings.append(f"rank {r['rank']}: {m[key]}" if what is None else f"rank {r['rank']}: {m[key]} {what}")
     if world and len(ranks) < max(world) and len(ranks) > 1:
-        warnings.append(f"{len(ranks)} of {max(world)} ranks given: transfer vs wait and the straggler "
-                        "cover these ranks only")
+        warnings.append(
+            f"{len(ranks)} of {max(world)} ranks given: transfer vs wait and the straggler cover these ranks only"
+        )
     kinds = {c["kind"] for c in body["cross_rank"]["collectives"]}
     if kinds and not kinds & {"allreduce", "fused_allreduce"}:
-        warnings.append("the collectives matched across ranks include no all-reduce (e.g. pipeline "
-                        "send/recv): their transfer/wait split says nothing about TP all-reduces")
+        warnings.append(
+            "the collectives matched across ranks include no all-reduce (e.g. pipeline "
+            "send/recv): their transfer/wait split says nothing about TP all-reduces"
+        )
     total_window = sum(r["window_us"] for r in body["ranks"])
     total_ar = sum(r["allreduce_us"] for r in body["ranks"])
     doc = {
@@ -139,8 +151,9 @@ def as_builtins(profile: Profile) -> dict:
     return msgspec.to_builtins(profile)
 
 
-def default_output(stem: str, folder: str | Path = "profiles", *, png: bool = True,
-                   now: _dt.datetime | None = None) -> Path:
+def default_output(
+    stem: str, folder: str | Path = "profiles", *, png: bool = True, now: _dt.datetime | None = None
+) -> Path:
     """A new ``profiles/<stem>-<UTC timestamp>[-<n>].json`` (relative to the working directory),
     taken with an exclusive create: the JSON name (and, with ``png``, the PNG beside it) is created
     empty here, so runs started in the same second, in this or other processes, each get their own

@@ -129,8 +129,12 @@ PROGRAM: dict = {}
 def start_painter_early(argv: list[str]) -> None:
     """``profile --trace`` with a PNG: fork the painter before anything but numpy is imported, so
     its matplotlib import overlaps the parsing and the trace loading (:class:`Painter`)."""
-    if argv[:1] == ["profile"] and any(a == "--trace" or a.startswith("--trace=") for a in argv) \
-            and "--no-png" not in argv and not any(a in ("-h", "--help") for a in argv):
+    if (
+        argv[:1] == ["profile"]
+        and any(a == "--trace" or a.startswith("--trace=") for a in argv)
+        and "--no-png" not in argv
+        and not any(a in ("-h", "--help") for a in argv)
+    ):
         # numpy first, with one BLAS thread (a trace job sorts and sums, it multiplies no
         # matrices): the painter then shares this import instead of paying for its own, and its
         # OpenBLAS does not spin up a thread per core, which took a core from the trace reading

@@ -76,8 +76,14 @@ def bar_segments(rank: dict) -> dict[str, float]:
     return seg
 
 
-COLOURS = {"compute": "#4c72b0", "all-reduce": "#dd8452", "all-reduce transfer": "#dd8452",
-           "all-reduce wait": "#c44e52", "other (memory, other comm)": "#8c8c8c", "idle": "#e5e5e5"}
+COLOURS = {
+    "compute": "#4c72b0",
+    "all-reduce": "#dd8452",
+    "all-reduce transfer": "#dd8452",
+    "all-reduce wait": "#c44e52",
+    "other (memory, other comm)": "#8c8c8c",
+    "idle": "#e5e5e5",
+}
 
 
 def plot_profile(profile: dict, path: Path) -> None:
@@ -89,15 +95,29 @@ def plot_profile(profile: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     # Fixed margins in inches instead of tight_layout, which lays the figure out by drawing it once
     # more (about 50 ms of a 0.1 s drawing): room for "TP rank N", the titles, the legend below.
-    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"left": 1.0 / 13, "right": 1 - 0.25 / 13, "wspace": 0.22,
-                                                 "top": 1 - 0.75 / height, "bottom": 1.25 / height})
+    ax1, ax2 = fig.subplots(
+        1,
+        2,
+        gridspec_kw={
+            "left": 1.0 / 13,
+            "right": 1 - 0.25 / 13,
+            "wspace": 0.22,
+            "top": 1 - 0.75 / height,
+            "bottom": 1.25 / height,
+        },
+    )
     labels = [f"TP rank {r['rank']}" for r in ranks]
     lefts = [0.0] * len(ranks)
     seen: set[str] = set()
     for r_i, r in enumerate(ranks):
         for name, val in bar_segments(r).items():
-            ax1.barh(r_i, val / 1000.0, left=lefts[r_i] / 1000.0, color=COLOURS[name],
-                     label=name if name not in seen else None)
+            ax1.barh(
+                r_i,
+                val / 1000.0,
+                left=lefts[r_i] / 1000.0,
+                color=COLOURS[name],
+                label=name if name not in seen else None,
+            )
             seen.add(name)
             lefts[r_i] += val
     ax1.set_yticks(range(len(ranks)), labels)
@@ -105,8 +125,14 @@ def plot_profile(profile: dict, path: Path) -> None:
     ax1.set_xlabel("time in the profiled window (ms)")
     ax1.set_title("Where each rank's time goes")
     box = ax1.get_position()  # below the x label: 0.5 in under the axes, in figure coordinates
-    ax1.legend(loc="upper center", bbox_to_anchor=((box.x0 + box.x1) / 2, box.y0 - 0.5 / height),
-               bbox_transform=fig.transFigure, ncol=3, fontsize=8, frameon=False)
+    ax1.legend(
+        loc="upper center",
+        bbox_to_anchor=((box.x0 + box.x1) / 2, box.y0 - 0.5 / height),
+        bbox_transform=fig.transFigure,
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
 
     rows = [r for r in profile["allreduce_by_msg_size"] if r["msg_bytes"]]
     if rows:
@@ -125,13 +151,21 @@ def plot_profile(profile: dict, path: Path) -> None:
             ax2.yaxis.set_minor_formatter(FuncFormatter(_us_label) if _decades(rows) < 1 else NullFormatter())
         ax2.legend(fontsize=8)
     else:
-        ax2.text(0.5, 0.5, "no all-reduce with a known message size\n(none in the data, or CUDA-graph replays, which carry no shapes)",
-                 ha="center", va="center", transform=ax2.transAxes)
+        ax2.text(
+            0.5,
+            0.5,
+            "no all-reduce with a known message size\n(none in the data, or CUDA-graph replays, which carry no shapes)",
+            ha="center",
+            va="center",
+            transform=ax2.transAxes,
+        )
     ax2.set_xlabel("message size (bytes)")
     ax2.set_ylabel("all-reduce latency (µs)")
     ax2.set_title("All-reduce latency vs message size")
-    note = {"cpu_wall_clock": "CPU wall clock over gloo - NOT GPU timings",
-            "cpu_trace": "CPU-only traces, host clock over gloo - NOT GPU timings"}.get(clock, f"clock: {clock}")
+    note = {
+        "cpu_wall_clock": "CPU wall clock over gloo - NOT GPU timings",
+        "cpu_trace": "CPU-only traces, host clock over gloo - NOT GPU timings",
+    }.get(clock, f"clock: {clock}")
     fig.suptitle(f"fastverify profile ({note})", fontsize=10)
     # zlib level 1 instead of PIL's 6: the same pixels, a 5 % larger file, 4 ms less of the drawing
     fig.savefig(path, dpi=110, format="png", pil_kwargs={"compress_level": 1})

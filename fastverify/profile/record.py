@@ -149,8 +149,10 @@ class Timing(_Base):
 
 
 TIMED_FORWARDS = {
-    "cuda_graph": ("the CUDA-graph forward, as SGLang serves it: CUDA events between replays of one graph per "
-                   "region (compute sections, each all-reduce)"),
+    "cuda_graph": (
+        "the CUDA-graph forward, as SGLang serves it: CUDA events between replays of one graph per "
+        "region (compute sections, each all-reduce)"
+    ),
     "eager": "the eager forward (no CUDA graphs on CPU)",
 }
 """Which forward a live run timed (``timed_forward`` in its ranks' meta and its source), in words."""
@@ -358,8 +360,10 @@ def decode_profile(data: bytes, *, source: str = "profile") -> Profile:
     """
     head = decode_head(data, source)
     if head.schema_version != SCHEMA_VERSION:
-        raise UserError(f"{source}: profile schema_version {head.schema_version!r}; this reads "
-                        f"{SCHEMA_VERSION} (re-run `fastverify profile`)")
+        raise UserError(
+            f"{source}: profile schema_version {head.schema_version!r}; this reads "
+            f"{SCHEMA_VERSION} (re-run `fastverify profile`)"
+        )
     return decode_as(data, Profile, source)
 
 
@@ -374,47 +378,121 @@ def decode_head(data: bytes, source: str) -> ProfileHead:
     try:
         head = msgspec.json.decode(data, type=ProfileHead)
     except msgspec.ValidationError:  # valid JSON, but not an object
-        raise UserError(f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
-                        "(write one with `fastverify profile`)") from None
+        raise UserError(
+            f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
+            "(write one with `fastverify profile`)"
+        ) from None
     except msgspec.DecodeError as err:
         raise UserError(f"{source}: not a fastverify profile: invalid JSON ({err})") from None
     except RecursionError:  # msgspec bounds nesting (fastverify.inputs)
         raise UserError(f"{source}: not a fastverify profile: JSON nested too deeply") from None
     if head.schema != SCHEMA:
-        raise UserError(f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
-                        "(write one with `fastverify profile`)")
+        raise UserError(
+            f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
+            "(write one with `fastverify profile`)"
+        )
     return head
 
 
-_US_FIELDS = ("allreduce_us", "kernel_time_us", "idle_us", "compute_us", "non_compute_us", "window_us", "busy_us",
-              "other_comm_us", "memory_us", "exposed_comm_us", "allreduce_kernel_sum_us", "fused_allreduce_us",
-              "ep_alltoall_us", "unknown_comm_us", "allreduce_exposed_us", "other_exposed_us", "sum_us", "median_us",
-              "p90_us", "min_us", "max_us", "transfer_us", "wait_us", "allreduce_wait_us", "allreduce_transfer_us")
+_US_FIELDS = (
+    "allreduce_us",
+    "kernel_time_us",
+    "idle_us",
+    "compute_us",
+    "non_compute_us",
+    "window_us",
+    "busy_us",
+    "other_comm_us",
+    "memory_us",
+    "exposed_comm_us",
+    "allreduce_kernel_sum_us",
+    "fused_allreduce_us",
+    "ep_alltoall_us",
+    "unknown_comm_us",
+    "allreduce_exposed_us",
+    "other_exposed_us",
+    "sum_us",
+    "median_us",
+    "p90_us",
+    "min_us",
+    "max_us",
+    "transfer_us",
+    "wait_us",
+    "allreduce_wait_us",
+    "allreduce_transfer_us",
+)
 PROFILE_EXAMPLES = {
-    "schema": f'"{SCHEMA}"', "schema_version": str(SCHEMA_VERSION), "fastverify_version": '"0.1.0"',
-    "created_utc": '"2025-06-01T12:00:00+00:00"', "source": '{"kind": "trace", "files": ["rank0.trace.json"]}',
-    "timing": '{"clock": "trace", "note": "kernel times from the profiler trace"}', "world_size": "2",
+    "schema": f'"{SCHEMA}"',
+    "schema_version": str(SCHEMA_VERSION),
+    "fastverify_version": '"0.1.0"',
+    "created_utc": '"2025-06-01T12:00:00+00:00"',
+    "source": '{"kind": "trace", "files": ["rank0.trace.json"]}',
+    "timing": '{"clock": "trace", "note": "kernel times from the profiler trace"}',
+    "world_size": "2",
     "shapes": '{"dtype": "bfloat16", "hidden": 7168, "tokens": 16, "draft_tokens": 4, "batch": 4}',
     "summary": '{"ranks": 2, "allreduce_count": 61, "allreduce_us": 900.0, "allreduce_share_of_window_pct": 30.0, '
-               '"straggler_rank": null}',
-    "ranks": '[{"rank": 0, "origin": "rank0.trace.json"}]', "allreduce_by_msg_size": "[]",
+    '"straggler_rank": null}',
+    "ranks": '[{"rank": 0, "origin": "rank0.trace.json"}]',
+    "allreduce_by_msg_size": "[]",
     "allreduce_by_position": "[]",
     "cross_rank": '{"matched": 0, "per_rank": {}, "straggler_rank": null, "collectives": [], "warnings": []}',
-    "warnings": "[]", "graph_replay": "null", "accept_length": "2.5",
-    "dtype": '"bfloat16"', "hidden": "7168", "tokens": "16", "draft_tokens": "4", "batch": "4",
-    "files": '["rank0.trace.json"]', "kind": '"trace"', "model": '"tiny"', "tp": "2", "iters": "20", "warmup": "3",
-    "device": '"cuda"', "dist_backend": '"nccl"', "backend": '"nccl"', "experts_allocated": "256",
-    "n_routed_experts": "256", "graph_replay_traces": "null",
-    "timed_forward": '"cuda_graph"', "graph_forward_us": "850.0", "eager_forward_us": "1200.0", "clock": '"trace"', "note": '"kernel times"',
-    "summary.ranks": "2", "allreduce_count": "61", "allreduce_share_of_window_pct": "30.0", "straggler_rank": "1",
-    "comm_compute_overlap_pct": "35.0", "step_median.steps": "8", "events": "5000", "counts": '{"allreduce": 61}',
-    "index": "0", "name": '"step[TARGET_VERIFY #0]"', "gpu_start_us": "1750000000000000.0", "class": '"allreduce"',
-    "count": "61", "rank": "0", "origin": '"rank0.trace.json"', "hta": "null", "step_median": "null",
+    "warnings": "[]",
+    "graph_replay": "null",
+    "accept_length": "2.5",
+    "dtype": '"bfloat16"',
+    "hidden": "7168",
+    "tokens": "16",
+    "draft_tokens": "4",
+    "batch": "4",
+    "files": '["rank0.trace.json"]',
+    "kind": '"trace"',
+    "model": '"tiny"',
+    "tp": "2",
+    "iters": "20",
+    "warmup": "3",
+    "device": '"cuda"',
+    "dist_backend": '"nccl"',
+    "backend": '"nccl"',
+    "experts_allocated": "256",
+    "n_routed_experts": "256",
+    "graph_replay_traces": "null",
+    "timed_forward": '"cuda_graph"',
+    "graph_forward_us": "850.0",
+    "eager_forward_us": "1200.0",
+    "clock": '"trace"',
+    "note": '"kernel times"',
+    "summary.ranks": "2",
+    "allreduce_count": "61",
+    "allreduce_share_of_window_pct": "30.0",
+    "straggler_rank": "1",
+    "comm_compute_overlap_pct": "35.0",
+    "step_median.steps": "8",
+    "events": "5000",
+    "counts": '{"allreduce": 61}',
+    "index": "0",
+    "name": '"step[TARGET_VERIFY #0]"',
+    "gpu_start_us": "1750000000000000.0",
+    "class": '"allreduce"',
+    "count": "61",
+    "rank": "0",
+    "origin": '"rank0.trace.json"',
+    "hta": "null",
+    "step_median": "null",
     "ranks.steps": '[{"index": 0, "name": "step[TARGET_VERIFY #0]", "gpu_start_us": 0.0}]',
-    "outside_steps_events": "0", "unknown_comm_kernels": "[]", "top_kernels": "[]", "meta": "{}",
-    "msg_bytes": "229376", "position": "0", "label": '"attn"', "step": "0", "duration_us": '{"0": 12.5, "1": 13.0}',
-    "matched": "61", "per_rank": '{"0": {"wait_us": 1.0, "transfer_us": 9.0, "allreduce_wait_us": 1.0, '
-    '"allreduce_transfer_us": 9.0, "straggler_count": 0}}', "straggler_count": "3", "collectives": "[]",
+    "outside_steps_events": "0",
+    "unknown_comm_kernels": "[]",
+    "top_kernels": "[]",
+    "meta": "{}",
+    "msg_bytes": "229376",
+    "position": "0",
+    "label": '"attn"',
+    "step": "0",
+    "duration_us": '{"0": 12.5, "1": 13.0}',
+    "matched": "61",
+    "per_rank": '{"0": {"wait_us": 1.0, "transfer_us": 9.0, "allreduce_wait_us": 1.0, '
+    '"allreduce_transfer_us": 9.0, "straggler_count": 0}}',
+    "straggler_count": "3",
+    "collectives": "[]",
     **{name: "12.5" for name in _US_FIELDS},
 }
 """An example value (JSON text) of every profile field (by name, or path where names repeat),
@@ -445,8 +523,10 @@ def decode_as(data: bytes, typ: type, source: str):
 BOUND_NAMES = {
     MAX_MSG_BYTES: "1 TiB, fastverify's bound on one message",
     MAX_EVENT_US: "1 hour in µs, fastverify's bound on a time",
-    MAX_COUNT: "fastverify's bound on a count", MAX_HIDDEN: "fastverify's bound on a hidden size",
-    MAX_BATCH: "fastverify's bound on a batch", MAX_DRAFT_TOKENS: "fastverify's bound on draft tokens",
+    MAX_COUNT: "fastverify's bound on a count",
+    MAX_HIDDEN: "fastverify's bound on a hidden size",
+    MAX_BATCH: "fastverify's bound on a batch",
+    MAX_DRAFT_TOKENS: "fastverify's bound on draft tokens",
     MAX_BATCH * MAX_DRAFT_TOKENS: "fastverify's bound on tokens per step",
 }
 """Each upper bound of the profile's fields → what it bounds, in words."""
@@ -485,8 +565,10 @@ def out_of_bounds(text: str, data: bytes) -> str | None:
     shown = "" if value is None else f" = {value!r}"
     if op == ">=":
         return f"{path.lstrip('.')}{shown} is below {bound}: expected {kind} >= {bound}"
-    return (f"{path.lstrip('.')}{shown} is past {name or 'its bound'}: expected {kind} <= {bound}"
-            " (values past fastverify's plausibility bounds are broken or hand-edited input)")
+    return (
+        f"{path.lstrip('.')}{shown} is past {name or 'its bound'}: expected {kind} <= {bound}"
+        " (values past fastverify's plausibility bounds are broken or hand-edited input)"
+    )
 
 
 READABLE_VERSIONS = (1, 2)
@@ -566,8 +648,11 @@ class ProfileView(msgspec.Struct, frozen=True):
 
 
 def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf") \
+    return (
+        float(x)
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
         else None
+    )
 
 
 def read_profile_view(path: str | Path) -> ProfileView:
@@ -589,8 +674,10 @@ def read_profile_view(path: str | Path) -> ProfileView:
         return _view_v2(decode_as(data, Profile, str(p)), p, accept)
     if head.schema_version == 1:
         return _view_v1(decode_as(data, _ProfileV1, str(p)), p, accept)
-    raise UserError(f"{p}: not a usable fastverify profile: schema_version {head.schema_version!r}, this "
-                    f"fastverify reads {' or '.join(map(str, READABLE_VERSIONS))}")
+    raise UserError(
+        f"{p}: not a usable fastverify profile: schema_version {head.schema_version!r}, this "
+        f"fastverify reads {' or '.join(map(str, READABLE_VERSIONS))}"
+    )
 
 
 def _view_v2(prof: Profile, p: Path, accept: float | None) -> ProfileView:
@@ -602,14 +689,20 @@ def _view_v2(prof: Profile, p: Path, accept: float | None) -> ProfileView:
     if not medians:
         raise UserError(f"{p}: not a usable fastverify profile: no rank has a step_median (no steps found)")
     return ProfileView(
-        version=SCHEMA_VERSION, kind="live" if live else "trace", shapes=prof.shapes,
-        backend=live.backend if live else None, world_size=prof.world_size, clock=prof.timing.clock,
+        version=SCHEMA_VERSION,
+        kind="live" if live else "trace",
+        shapes=prof.shapes,
+        backend=live.backend if live else None,
+        world_size=prof.world_size,
+        clock=prof.timing.clock,
         step_allreduce_counts=tuple(m.allreduce_count for m in medians),
         step_compute_us=tuple(m.compute_us for m in medians),
         step_window_us=tuple(m.window_us for m in medians),
         step_allreduce_us=tuple(m.allreduce_us for m in medians),
         sizes=tuple((s.msg_bytes, s.count) for s in prof.allreduce_by_msg_size),
-        ranks=len(prof.ranks), accept_length=accept)
+        ranks=len(prof.ranks),
+        accept_length=accept,
+    )
 
 
 def _view_v1(old: _ProfileV1, p: Path, accept: float | None) -> ProfileView:
@@ -622,14 +715,20 @@ def _view_v1(old: _ProfileV1, p: Path, accept: float | None) -> ProfileView:
         accept = _accept_length(old.source.get("accept_length"), str(p), "source.accept_length")
     ms = [r.step_median for r in old.ranks]
     return ProfileView(
-        version=1, kind=kind, shapes=_v1_shapes(old.source, str(p)) if kind == "live" else Shapes(), backend=None,
+        version=1,
+        kind=kind,
+        shapes=_v1_shapes(old.source, str(p)) if kind == "live" else Shapes(),
+        backend=None,
         world_size=old.world_size,
-        clock=old.timing.clock, step_allreduce_counts=tuple(m.allreduce_count for m in ms),
+        clock=old.timing.clock,
+        step_allreduce_counts=tuple(m.allreduce_count for m in ms),
         step_compute_us=tuple(v for m in ms if (v := _finite(m.compute_us)) is not None),
         step_window_us=tuple(v for m in ms if (v := _finite(m.window_us)) is not None),
         step_allreduce_us=tuple(v for m in ms if (v := _finite(m.allreduce_us)) is not None),
         sizes=tuple((s.msg_bytes, s.count) for s in old.allreduce_by_msg_size),
-        ranks=len(old.ranks), accept_length=accept)
+        ranks=len(old.ranks),
+        accept_length=accept,
+    )
 
 
 def _accept_length(value: Any, where: str, key: str) -> float | None:
@@ -637,8 +736,10 @@ def _accept_length(value: Any, where: str, key: str) -> float | None:
     a number outside [0, :data:`MAX_ACCEPT_LENGTH`] is refused."""
     v = _finite(value)
     if v is not None and not 0 <= v <= MAX_ACCEPT_LENGTH:
-        raise UserError(f"{where}: not a usable fastverify profile: {key} = {value!r} is outside [0, "
-                        f"{MAX_ACCEPT_LENGTH}] (a verify step accepts at most {MAX_DRAFT_TOKENS} draft tokens + 1)")
+        raise UserError(
+            f"{where}: not a usable fastverify profile: {key} = {value!r} is outside [0, "
+            f"{MAX_ACCEPT_LENGTH}] (a verify step accepts at most {MAX_DRAFT_TOKENS} draft tokens + 1)"
+        )
     return v
 
 
@@ -653,8 +754,10 @@ def _v1_shapes(source: dict[str, Any], where: str) -> Shapes:
         if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
             return None
         if v > tops[key]:
-            raise UserError(f"{where}: not a usable fastverify profile: source.{key} = {v} is past "
-                            f"{BOUND_NAMES[tops[key]]} ({tops[key]})")
+            raise UserError(
+                f"{where}: not a usable fastverify profile: source.{key} = {v} is past "
+                f"{BOUND_NAMES[tops[key]]} ({tops[key]})"
+            )
         return v
 
     tokens, draft, batch = pos("tokens"), pos("draft_tokens"), pos("batch")

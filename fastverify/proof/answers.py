@@ -133,8 +133,10 @@ class AnswersVerdict(msgspec.Struct, frozen=True):
         if self.verdict == NOISE:
             ties = [p for p in self.prompts if p.status == "near_tie"]
             where = ", ".join(f"{p.id} at token {p.position} (margin {p.margin:.2g})" for p in ties[:3])
-            return (f"{NOISE} ({self.identical}/{self.total} identical; diverged only at near-ties: {where}; "
-                    f"a near-tie is a margin <= 2 x {self.tol:g} nats, {self.basis})")
+            return (
+                f"{NOISE} ({self.identical}/{self.total} identical; diverged only at near-ties: {where}; "
+                f"a near-tie is a margin <= 2 x {self.tol:g} nats, {self.basis})"
+            )
         unchecked = sum(p.max_dlogprob is None for p in self.prompts)
         note = f"; {unchecked} without logprobs: tokens compared only" if unchecked else ""
         return f"{SAME} ({self.identical}/{self.total}{note})"
@@ -152,19 +154,19 @@ def _prompt_of(line: str, n: int, where: str) -> Prompt:
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        raise UserError(f"{where} line {n}: not JSON (one object a line, e.g. {{\"prompt\": \"...\"}})") from None
+        raise UserError(f'{where} line {n}: not JSON (one object a line, e.g. {{"prompt": "..."}})') from None
     if not isinstance(obj, dict):
-        raise UserError(f"{where} line {n}: expected an object with \"prompt\", got {type(obj).__name__}")
+        raise UserError(f'{where} line {n}: expected an object with "prompt", got {type(obj).__name__}')
     text = obj.get("prompt", obj.get("text"))
     if not isinstance(text, str):
-        raise UserError(f"{where} line {n}: \"prompt\" must be a string, e.g. {{\"prompt\": \"Hello\"}}")
+        raise UserError(f'{where} line {n}: "prompt" must be a string, e.g. {{"prompt": "Hello"}}')
     if not text.strip():
         raise UserError(f"{where} line {n}: an empty prompt")
     if len(text) > MAX_PROMPT_CHARS:
         raise UserError(f"{where} line {n}: a prompt of {len(text):,} characters, over {MAX_PROMPT_CHARS:,}")
     pid = obj.get("id", f"line{n}")
     if not isinstance(pid, (str, int)) or isinstance(pid, bool):
-        raise UserError(f"{where} line {n}: \"id\" must be a string or an integer")
+        raise UserError(f'{where} line {n}: "id" must be a string or an integer')
     return Prompt(str(pid), text)
 
 
@@ -190,7 +192,7 @@ def parse_prompts(text: str, where: str) -> list[Prompt]:
         if len(out) > MAX_PROMPTS:
             raise UserError(f"{where}: more than {MAX_PROMPTS:,} prompts")
     if not out:
-        raise UserError(f"{where}: no prompt (one JSON object a line, e.g. {{\"prompt\": \"Hello\"}})")
+        raise UserError(f'{where}: no prompt (one JSON object a line, e.g. {{"prompt": "Hello"}})')
     return out
 
 
@@ -206,8 +208,12 @@ def read_prompts(path: str | Path | None) -> tuple[list[Prompt], str]:
 
 def request_body(prompt: Prompt, max_new_tokens: int) -> dict:
     """The ``/generate`` body of one greedy answer with its logprobs."""
-    return {"text": prompt.text, "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    return {
+        "text": prompt.text,
+        "return_logprob": True,
+        "top_logprobs_num": TOP_LOGPROBS,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
 
 
 def _int_or_none(v) -> int | None:
@@ -249,8 +255,15 @@ def answer_of(prompt: Prompt, reply: dict, latency_s: float) -> Answer:
         raise ValueError("the reply has no output_ids")
     meta = reply.get("meta_info") if isinstance(reply.get("meta_info"), dict) else {}
     lps, margins = _logprobs(meta, len(ids))
-    return Answer(prompt.id, ids, lps, margins, _int_or_none(meta.get("completion_tokens")),
-                  _int_or_none(meta.get("spec_verify_ct")), round(latency_s, 6))
+    return Answer(
+        prompt.id,
+        ids,
+        lps,
+        margins,
+        _int_or_none(meta.get("completion_tokens")),
+        _int_or_none(meta.get("spec_verify_ct")),
+        round(latency_s, 6),
+    )
 
 
 def tolerance(dtype: str | None, given: float | None) -> tuple[float, str]:
@@ -273,23 +286,38 @@ def _judge(before: Answer, after: Answer, tol: float) -> PromptVerdict:
     if before.logprobs is not None and after.logprobs is not None:
         dl = max((abs(x - y) for x, y in zip(before.logprobs[:upto], after.logprobs[:upto])), default=0.0)
     if before.margins is not None and after.margins is not None:
-        dm = max((abs(x - y) for x, y in zip(before.margins[:upto], after.margins[:upto])
-                  if x is not None and y is not None), default=0.0)
+        dm = max(
+            (
+                abs(x - y)
+                for x, y in zip(before.margins[:upto], after.margins[:upto])
+                if x is not None and y is not None
+            ),
+            default=0.0,
+        )
     margin = None
     if pos is not None and before.margins is not None and pos < len(before.margins):
         margin = before.margins[pos]
     at = "" if pos is None else f", then diverged at token {pos}"
     if dl is not None and dl > tol:
-        return PromptVerdict(before.id, "changed", pos, margin, dl,
-                             f"a chosen token's logprob moved {dl:.3g} nats (> {tol:g}){at}", dm)
+        return PromptVerdict(
+            before.id, "changed", pos, margin, dl, f"a chosen token's logprob moved {dl:.3g} nats (> {tol:g}){at}", dm
+        )
     if dm is not None and dm > 2 * tol:
-        return PromptVerdict(before.id, "changed", pos, margin, dl,
-                             f"a top-1/top-2 margin moved {dm:.3g} nats (> 2 x {tol:g}){at}", dm)
+        return PromptVerdict(
+            before.id, "changed", pos, margin, dl, f"a top-1/top-2 margin moved {dm:.3g} nats (> 2 x {tol:g}){at}", dm
+        )
     if pos is None:
         return PromptVerdict(before.id, "same", None, None, dl, "identical", dm)
     if margin is not None and margin <= 2 * tol:
-        return PromptVerdict(before.id, "near_tie", pos, margin, dl,
-                             f"diverged at token {pos}, a near-tie (baseline margin {margin:.3g} nats)", dm)
+        return PromptVerdict(
+            before.id,
+            "near_tie",
+            pos,
+            margin,
+            dl,
+            f"diverged at token {pos}, a near-tie (baseline margin {margin:.3g} nats)",
+            dm,
+        )
     said = "no margin known" if margin is None else f"baseline margin {margin:.3g} nats > 2 x {tol:g}"
     return PromptVerdict(before.id, "changed", pos, margin, dl, f"diverged at token {pos} ({said})", dm)
 

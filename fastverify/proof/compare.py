@@ -39,8 +39,10 @@ RESAMPLES = 2000
 SEED = 0
 MIN_BUCKET_STEPS = 3
 """Verify steps a bucket needs in each run to be compared (fewer: listed, not compared)."""
-CLOCKS = {"cpu_server_wall_clock": "measured, CPU wall clock (a CPU server): NOT a GPU timing",
-          "wall_clock": "measured, client wall clock"}
+CLOCKS = {
+    "cpu_server_wall_clock": "measured, CPU wall clock (a CPU server): NOT a GPU timing",
+    "wall_clock": "measured, client wall clock",
+}
 
 
 class Interval(msgspec.Struct, frozen=True):
@@ -144,9 +146,19 @@ def _streams(before: LoadRun, after: LoadRun, rng: np.random.Generator) -> list[
             continue
         ib, ia = bootstrap_interval(tb.per_stream_tok_s, rng), bootstrap_interval(ta.per_stream_tok_s, rng)
         lo, hi = _change_interval(tb.per_stream_tok_s, ta.per_stream_tok_s, rng)
-        out.append(StreamChange(tb.concurrency, ib, ia, change_pct(ib.mean, ia.mean), lo, hi,
-                                round(tb.output_tok_s, 3), round(ta.output_tok_s, 3),
-                                change_pct(tb.output_tok_s, ta.output_tok_s)))
+        out.append(
+            StreamChange(
+                tb.concurrency,
+                ib,
+                ia,
+                change_pct(ib.mean, ia.mean),
+                lo,
+                hi,
+                round(tb.output_tok_s, 3),
+                round(ta.output_tok_s, 3),
+                change_pct(tb.output_tok_s, ta.output_tok_s),
+            )
+        )
     return out
 
 
@@ -174,8 +186,21 @@ def _buckets(before: str, after: str) -> tuple[list[BucketChange], str | None]:
         xb, xa = np.asarray(b[key]), np.asarray(a[key])
         ok = len(xb) >= MIN_BUCKET_STEPS and len(xa) >= MIN_BUCKET_STEPS
         p = [round(float(np.percentile(x, q)), 6) for x in (xb, xa) for q in (50, 90)]
-        out.append(BucketChange(key[0], key[1], len(xb), len(xa), p[0], p[2], p[1], p[3],
-                                change_pct(p[0], p[2]) if ok else None, change_pct(p[1], p[3]) if ok else None, ok))
+        out.append(
+            BucketChange(
+                key[0],
+                key[1],
+                len(xb),
+                len(xa),
+                p[0],
+                p[2],
+                p[1],
+                p[3],
+                change_pct(p[0], p[2]) if ok else None,
+                change_pct(p[1], p[3]) if ok else None,
+                ok,
+            )
+        )
     return out, clock_b or clock_a
 
 
@@ -189,11 +214,13 @@ def comparable(before: LoadRun, after: LoadRun) -> None:
     """Refuse two runs of different prompts, tokens per answer, models or server shapes (one line
     naming the first difference)."""
     if before.prompts_digest != after.prompts_digest:
-        raise UserError(f"the runs asked different prompts ({before.prompts_source} vs {after.prompts_source}): "
-                        "not comparable")
+        raise UserError(
+            f"the runs asked different prompts ({before.prompts_source} vs {after.prompts_source}): not comparable"
+        )
     if before.max_new_tokens != after.max_new_tokens:
-        raise UserError(f"the runs asked {before.max_new_tokens} vs {after.max_new_tokens} tokens per answer: "
-                        "not comparable")
+        raise UserError(
+            f"the runs asked {before.max_new_tokens} vs {after.max_new_tokens} tokens per answer: not comparable"
+        )
     if (diff := server_difference(before.server, after.server)) is not None:
         k, b, a = diff
         raise UserError(f"the runs' servers differ: {k} {b!r} vs {a!r}: not comparable")
@@ -205,22 +232,32 @@ def comparable(before: LoadRun, after: LoadRun) -> None:
 
 def _closing(after: LoadRun, streams: list[StreamChange], buckets: list[BucketChange], v: AnswersVerdict) -> str:
     parts = []
-    best = max((x for x in buckets if x.p50_change_pct is not None), key=lambda x: min(x.before_steps, x.after_steps),
-               default=None)
+    best = max(
+        (x for x in buckets if x.p50_change_pct is not None),
+        key=lambda x: min(x.before_steps, x.after_steps),
+        default=None,
+    )
     if best is not None:
-        parts.append(f"verify step {best.p50_change_pct:+.0f} % ({best.batch} x {best.tokens // max(best.batch, 1)} "
-                     "tokens, p50)")
+        parts.append(
+            f"verify step {best.p50_change_pct:+.0f} % ({best.batch} x {best.tokens // max(best.batch, 1)} tokens, p50)"
+        )
     one = next((s for s in streams if s.concurrency == 1), streams[0] if streams else None)
     if one is not None:
-        parts.append(f"tok/s per stream {one.before.mean:.1f} -> {one.after.mean:.1f} ({one.change_pct:+.0f} %, "
-                     f"95 % CI {one.change_lo:+.0f}..{one.change_hi:+.0f} %, concurrency {one.concurrency})")
-    answers = (f"CHANGED answers ({v.identical}/{v.total} with identical tokens): do not deploy" if v.verdict == CHANGED
-               else f"{v.verdict} ({v.identical}/{v.total})")
+        parts.append(
+            f"tok/s per stream {one.before.mean:.1f} -> {one.after.mean:.1f} ({one.change_pct:+.0f} %, "
+            f"95 % CI {one.change_lo:+.0f}..{one.change_hi:+.0f} %, concurrency {one.concurrency})"
+        )
+    answers = (
+        f"CHANGED answers ({v.identical}/{v.total} with identical tokens): do not deploy"
+        if v.verdict == CHANGED
+        else f"{v.verdict} ({v.identical}/{v.total})"
+    )
     return f"{after.backend or 'auto'}: " + ", ".join([*parts, answers])
 
 
-def build_report(before_dir: str | Path, after_dir: str | Path, *, logprob_tol: float | None = None,
-                 allow_incomplete: bool = False) -> CompareReport:
+def build_report(
+    before_dir: str | Path, after_dir: str | Path, *, logprob_tol: float | None = None, allow_incomplete: bool = False
+) -> CompareReport:
     """Compare the runs in two folders (see the module docstring).
 
     Raises
@@ -242,12 +279,21 @@ def build_report(before_dir: str | Path, after_dir: str | Path, *, logprob_tol: 
     rng = np.random.default_rng(SEED)
     streams = _streams(before, after, rng)
     buckets, vclock = _buckets(str(before_dir), str(after_dir))
-    return CompareReport(before=path_text(before_dir), after=path_text(after_dir), backend_before=before.backend,
-                         backend_after=after.backend, clock=before.clock,
-                         clock_label=CLOCKS.get(before.clock, f"measured, clock {before.clock}"), verify_clock=vclock,
-                         answers=verdict, streams=streams, buckets=buckets, accept=_accept(before, after, rng),
-                         closing=_closing(after, streams, buckets, verdict),
-                         exit_code=1 if verdict.verdict == CHANGED else 0)
+    return CompareReport(
+        before=path_text(before_dir),
+        after=path_text(after_dir),
+        backend_before=before.backend,
+        backend_after=after.backend,
+        clock=before.clock,
+        clock_label=CLOCKS.get(before.clock, f"measured, clock {before.clock}"),
+        verify_clock=vclock,
+        answers=verdict,
+        streams=streams,
+        buckets=buckets,
+        accept=_accept(before, after, rng),
+        closing=_closing(after, streams, buckets, verdict),
+        exit_code=1 if verdict.verdict == CHANGED else 0,
+    )
 
 
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -256,32 +302,42 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
 
 def format_report(r: CompareReport) -> str:
     """The text: the verify table per bucket, tok/s, accept length, answers, the closing line."""
-    lines = [f"# before {r.before} ({r.backend_before or 'auto'}), after {r.after} ({r.backend_after or 'auto'})",
-             f"# every time: {r.clock_label}; change = (after - before) / before x 100"]
+    lines = [
+        f"# before {r.before} ({r.backend_before or 'auto'}), after {r.after} ({r.backend_after or 'auto'})",
+        f"# every time: {r.clock_label}; change = (after - before) / before x 100",
+    ]
     if r.buckets:
         vlabel = CLOCK_LABELS.get(r.verify_clock or "", r.verify_clock or "")
         lines.append(f"verify ms per bucket both runs served ({vlabel}); - = less time")
-        lines.append(f"  {'requests x tokens':>17}  {'steps':>11}  {'p50 ms':>21} {'p50 %':>7}  {'p90 ms':>21} {'p90 %':>7}")
+        lines.append(
+            f"  {'requests x tokens':>17}  {'steps':>11}  {'p50 ms':>21} {'p50 %':>7}  {'p90 ms':>21} {'p90 %':>7}"
+        )
         for b in r.buckets:
-            lines.append(f"  {f'{b.batch} x {b.tokens}':>17}  {f'{b.before_steps} / {b.after_steps}':>11}  "
-                         f"{_f(b.p50_before) + ' -> ' + _f(b.p50_after):>21} {_f(b.p50_change_pct, '{:+.1f}'):>7}  "
-                         f"{_f(b.p90_before) + ' -> ' + _f(b.p90_after):>21} {_f(b.p90_change_pct, '{:+.1f}'):>7}"
-                         + ("" if b.compared else f"  (under {MIN_BUCKET_STEPS} steps: not compared)"))
+            lines.append(
+                f"  {f'{b.batch} x {b.tokens}':>17}  {f'{b.before_steps} / {b.after_steps}':>11}  "
+                f"{_f(b.p50_before) + ' -> ' + _f(b.p50_after):>21} {_f(b.p50_change_pct, '{:+.1f}'):>7}  "
+                f"{_f(b.p90_before) + ' -> ' + _f(b.p90_after):>21} {_f(b.p90_change_pct, '{:+.1f}'):>7}"
+                + ("" if b.compared else f"  (under {MIN_BUCKET_STEPS} steps: not compared)")
+            )
     else:
         lines.append("verify ms: no bucket served by both runs (no verify records with their load)")
     for s in r.streams:
-        lines.append(f"tok/s per stream at concurrency {s.concurrency}: {s.before.mean:.2f} "
-                     f"[{s.before.lo:.2f}, {s.before.hi:.2f}] -> {s.after.mean:.2f} [{s.after.lo:.2f}, {s.after.hi:.2f}] "
-                     f"(95 % CI over {s.before.n} / {s.after.n} requests), {_f(s.change_pct, '{:+.1f}')} % "
-                     f"[{s.change_lo:+.1f}, {s.change_hi:+.1f}]; aggregate {s.aggregate_before:.2f} -> "
-                     f"{s.aggregate_after:.2f} tok/s ({_f(s.aggregate_change_pct, '{:+.1f}')} %)")
+        lines.append(
+            f"tok/s per stream at concurrency {s.concurrency}: {s.before.mean:.2f} "
+            f"[{s.before.lo:.2f}, {s.before.hi:.2f}] -> {s.after.mean:.2f} [{s.after.lo:.2f}, {s.after.hi:.2f}] "
+            f"(95 % CI over {s.before.n} / {s.after.n} requests), {_f(s.change_pct, '{:+.1f}')} % "
+            f"[{s.change_lo:+.1f}, {s.change_hi:+.1f}]; aggregate {s.aggregate_before:.2f} -> "
+            f"{s.aggregate_after:.2f} tok/s ({_f(s.aggregate_change_pct, '{:+.1f}')} %)"
+        )
     if not r.streams:
         lines.append("tok/s: no concurrency measured by both runs")
     a = r.accept
     if a.before is not None and a.after is not None:
         flag = "  DROPPED below the baseline's interval: a swap changes only numerics" if a.dropped else ""
-        lines.append(f"accept length: {a.before.mean:.3f} [{a.before.lo:.3f}, {a.before.hi:.3f}] -> {a.after.mean:.3f} "
-                     f"[{a.after.lo:.3f}, {a.after.hi:.3f}] tokens per verify step{flag}")
+        lines.append(
+            f"accept length: {a.before.mean:.3f} [{a.before.lo:.3f}, {a.before.hi:.3f}] -> {a.after.mean:.3f} "
+            f"[{a.after.lo:.3f}, {a.after.hi:.3f}] tokens per verify step{flag}"
+        )
     else:
         lines.append("accept length: not reported by the server (no speculative decoding?)")
     lines.append(f"answers: {r.answers.line()}")
@@ -292,8 +348,14 @@ def format_report(r: CompareReport) -> str:
     return "".join(shown(line) + "\n" for line in lines)  # runs' names, prompt ids, answers: one escaped line each
 
 
-def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = False,
-                     logprob_tol: float | None = None, allow_incomplete: bool = False) -> int:
+def print_comparison(
+    before: str | Path,
+    after: str | Path,
+    *,
+    as_json: bool = False,
+    logprob_tol: float | None = None,
+    allow_incomplete: bool = False,
+) -> int:
     """Build the report and print it (text, or JSON) on stdout; its exit code (1 when CHANGED).
 
     Raises
@@ -302,8 +364,11 @@ def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = F
         As :func:`build_report`; a closed or full stdout.
     """
     report = build_report(before, after, logprob_tol=logprob_tol, allow_incomplete=allow_incomplete)
-    text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n" if as_json \
+    text = (
+        msgspec.json.format(msgspec.json.encode(report).decode(), indent=1) + "\n"
+        if as_json
         else printable(format_report(report))
+    )
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -314,5 +379,6 @@ def print_comparison(before: str | Path, after: str | Path, *, as_json: bool = F
 
 def run(args) -> int:
     """``fastverify compare``."""
-    return print_comparison(args.before, args.after, as_json=args.json, logprob_tol=args.logprob_tol,
-                            allow_incomplete=args.allow_incomplete)
+    return print_comparison(
+        args.before, args.after, as_json=args.json, logprob_tol=args.logprob_tol, allow_incomplete=args.allow_incomplete
+    )

@@ -89,8 +89,10 @@ def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -
         raise UserError(f"{flag} {path_text(folder)}: {err.strerror or err}") from None
     if not present:
         what = "a run that never finished (launch killed?)" if (Path(folder) / ANSWERS).exists() else "no run"
-        raise UserError(f"{flag} {path_text(folder)}: no {RECORD} ({what}; `fastverify launch --load "
-                        "--profile-verify DIR -- ...` writes one)")
+        raise UserError(
+            f"{flag} {path_text(folder)}: no {RECORD} ({what}; `fastverify launch --load "
+            "--profile-verify DIR -- ...` writes one)"
+        )
     raw = read_bytes(path, kind="json", flag=flag)
     try:
         run = msgspec.json.decode(raw, type=LoadRun)
@@ -98,8 +100,10 @@ def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -
         raise schema_error(f"{path_text(path)}", err, {"schema": f'"{SCHEMA}"', "complete": "true"}) from None
     check_run(run, path_text(path))
     if not run.complete and not allow_incomplete:
-        raise UserError(f"{flag} {path_text(folder)}: an incomplete run ({run.incomplete}); "
-                        "--allow-incomplete compares what it holds")
+        raise UserError(
+            f"{flag} {path_text(folder)}: an incomplete run ({run.incomplete}); "
+            "--allow-incomplete compares what it holds"
+        )
     return run
 
 
@@ -112,11 +116,13 @@ def server_difference(a: dict, b: dict) -> tuple[str, object, object] | None:
 def _bad_answer(a: Answer, max_new: int) -> str | None:
     if not 0 < len(a.output_ids) <= max_new:
         return f"{len(a.output_ids)} output ids (expected 1..{max_new})"
-    if a.logprobs is not None and (len(a.logprobs) != len(a.output_ids)
-                                   or not all(math.isfinite(x) and x <= 0 for x in a.logprobs)):
+    if a.logprobs is not None and (
+        len(a.logprobs) != len(a.output_ids) or not all(math.isfinite(x) and x <= 0 for x in a.logprobs)
+    ):
         return "logprobs must be finite, <= 0, one per output id"
-    if a.margins is not None and (len(a.margins) != len(a.output_ids)
-                                  or not all(m is None or (math.isfinite(m) and m >= 0) for m in a.margins)):
+    if a.margins is not None and (
+        len(a.margins) != len(a.output_ids) or not all(m is None or (math.isfinite(m) and m >= 0) for m in a.margins)
+    ):
         return "margins must be finite, >= 0, one per output id"
     return None
 
@@ -133,16 +139,19 @@ def _bad_throughput(t: ThroughputRun) -> str | None:
 def check_run(run: LoadRun, where: str) -> None:
     """Refuse a record no run writes (see the module docstring); one line naming ``where`` and the field."""
     if run.schema != SCHEMA or run.schema_version != SCHEMA_VERSION:
-        raise UserError(f"{where}: not a fastverify load run of this version (schema {run.schema!r} "
-                        f"{run.schema_version}; expected {SCHEMA!r} {SCHEMA_VERSION})")
+        raise UserError(
+            f"{where}: not a fastverify load run of this version (schema {run.schema!r} "
+            f"{run.schema_version}; expected {SCHEMA!r} {SCHEMA_VERSION})"
+        )
     if not 1 <= run.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"{where}: max_new_tokens {run.max_new_tokens}: expected 1..{MAX_NEW_TOKENS}")
     ids = [p.id for p in run.prompts]
     if not ids or len(set(ids)) != len(ids):
         raise UserError(f"{where}: prompts must be one or more, each id once")
-    if [a.id for a in run.answers] != ids[:len(run.answers)] or (run.complete and len(run.answers) != len(ids)):
-        raise UserError(f"{where}: answers must follow the prompts one for one ({len(run.answers)} answers, "
-                        f"{len(ids)} prompts)")
+    if [a.id for a in run.answers] != ids[: len(run.answers)] or (run.complete and len(run.answers) != len(ids)):
+        raise UserError(
+            f"{where}: answers must follow the prompts one for one ({len(run.answers)} answers, {len(ids)} prompts)"
+        )
     for a in run.answers:
         if (why := _bad_answer(a, run.max_new_tokens)) is not None:
             raise UserError(f"{where}: answer {a.id!r}: {why}")

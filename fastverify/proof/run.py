@@ -30,8 +30,17 @@ from fastverify.errors import UserError, one_line, path_text
 from fastverify.outputs import atomic_write_text
 from fastverify.patch.launch_plan import Blocker, Checks
 from fastverify.patch.verify import FLUSH_INTERVAL_S
-from fastverify.proof.answers import (Answer, AnswerBaseline, Prompt, answer_of, judge, prompt_digest, read_prompts,
-                                      request_body, tolerance)
+from fastverify.proof.answers import (
+    Answer,
+    AnswerBaseline,
+    Prompt,
+    answer_of,
+    judge,
+    prompt_digest,
+    read_prompts,
+    request_body,
+    tolerance,
+)
 from fastverify.proof.record import ANSWERS, RECORD, LoadRun, read_run, server_difference
 from fastverify.proof.server import Server, ServerExited, Stopped, exit_code
 from fastverify.proof.throughput import CLIENT, parse_concurrency, run_client
@@ -40,8 +49,17 @@ from fastverify.verify_records import FILE_GLOB
 BENCH_GLOB = "bench-c*.jsonl"
 RUN_FILES = (RECORD, RECORD + ".bak", ANSWERS, BENCH_GLOB, "bench-c*.log", FILE_GLOB)
 """What a run writes into its folder: a folder holding any of these holds a run."""
-SERVER_FACTS = ("device", "dtype", "tp_size", "model_path", "speculative_algorithm", "speculative_num_draft_tokens",
-                "speculative_num_steps", "speculative_eagle_topk", "version")
+SERVER_FACTS = (
+    "device",
+    "dtype",
+    "tp_size",
+    "model_path",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "version",
+)
 """The ``/server_info`` fields a run keeps (the server's own resolved arguments)."""
 REQUEST_TIMEOUT_S = 600.0
 DEATH_GRACE_S = 3.0
@@ -91,24 +109,43 @@ def load_options(args, checks: Checks | None = None) -> LoadOptions:
     """
     checks = Checks(collect=False) if checks is None else checks
     if args.on_mismatch == "fallback" and args.load is not None:
-        checks.refuse("load", "--on-mismatch fallback restarts a serving server without the swap; a --load run "
-                              "measures one server: drop one of them")
+        checks.refuse(
+            "load",
+            "--on-mismatch fallback restarts a serving server without the swap; a --load run "
+            "measures one server: drop one of them",
+        )
     concurrency: tuple[int, ...] = (1,)
     with checks.guard("load"):
         concurrency = tuple(parse_concurrency(args.concurrency))
-    return LoadOptions(load=args.load is not None, prompts=Path(args.load) if args.load else None,
-                       max_new_tokens=args.max_new_tokens, concurrency=concurrency,
-                       requests=args.requests, input_len=args.input_len, output_len=args.output_len,
-                       ready_timeout_s=args.ready_timeout, baseline=args.baseline, logprob_tol=args.logprob_tol,
-                       force=args.force, url=args.url, on_mismatch=args.on_mismatch)
+    return LoadOptions(
+        load=args.load is not None,
+        prompts=Path(args.load) if args.load else None,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=concurrency,
+        requests=args.requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ready_timeout_s=args.ready_timeout,
+        baseline=args.baseline,
+        logprob_tol=args.logprob_tol,
+        force=args.force,
+        url=args.url,
+        on_mismatch=args.on_mismatch,
+    )
 
 
 def baseline_of(folder: str | Path, flag: str = "--baseline") -> AnswerBaseline:
     """The answers of the complete run in ``folder`` as a deployment record carries them. Raises
     :class:`UserError` as :func:`read_run`."""
     run = read_run(folder, flag=flag)
-    return AnswerBaseline(source=path_text(Path(folder).resolve()), prompts=run.prompts,
-                          max_new_tokens=run.max_new_tokens, answers=run.answers, server=run.server, dtype=run.dtype)
+    return AnswerBaseline(
+        source=path_text(Path(folder).resolve()),
+        prompts=run.prompts,
+        max_new_tokens=run.max_new_tokens,
+        answers=run.answers,
+        server=run.server,
+        dtype=run.dtype,
+    )
 
 
 def ask(url: str, prompt: Prompt, max_new_tokens: int, timeout_s: float) -> Answer:
@@ -137,8 +174,14 @@ def ask(url: str, prompt: Prompt, max_new_tokens: int, timeout_s: float) -> Answ
     return answer
 
 
-def answer_phase(url: str, prompts: Sequence[Prompt], max_new_tokens: int, *, timeout_s: float,
-                 on_answer: Callable[[Answer], None] | None = None) -> list[Answer]:
+def answer_phase(
+    url: str,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    *,
+    timeout_s: float,
+    on_answer: Callable[[Answer], None] | None = None,
+) -> list[Answer]:
     """Ask every prompt in turn (one at a time: the answers do not depend on batching); each answer
     goes to ``on_answer`` as it arrives. Raises OSError as :func:`ask` (the answers so far were
     given to ``on_answer``)."""
@@ -185,8 +228,10 @@ def prepare_folder(folder: Path, force: bool, *, dry_run: bool = False) -> None:
     except OSError as err:  # a name too long, a loop
         raise UserError(f"--profile-verify {path_text(folder)}: {err.strerror or err}") from None
     if old and not force:
-        raise UserError(f"--profile-verify {path_text(folder)}: already holds a run ({old[0].name}, {len(old)} "
-                        "files); choose another folder, or --force to replace it")
+        raise UserError(
+            f"--profile-verify {path_text(folder)}: already holds a run ({old[0].name}, {len(old)} "
+            "files); choose another folder, or --force to replace it"
+        )
     if dry_run:
         return
     try:
@@ -234,11 +279,20 @@ class _Writer:
 
 def _new_run(plan, opts: LoadOptions, url: str, prompts: list[Prompt], source: str, max_new: int) -> LoadRun:
     server = plan.server.as_dict() if plan.server is not None else {}
-    return LoadRun(created_utc=_utc(), url=url, command=[path_text(a) for a in plan.argv], server=server,
-                   backend=plan.backend, env_file=path_text(plan.env_file) if plan.env_file else None,
-                   deployment=path_text(plan.deployment) if plan.deployment else None, prompts_source=path_text(source),
-                   prompts_digest=prompt_digest(prompts), prompts=prompts, max_new_tokens=max_new,
-                   baseline=source if (opts.baseline or plan.answer_baseline) else None)
+    return LoadRun(
+        created_utc=_utc(),
+        url=url,
+        command=[path_text(a) for a in plan.argv],
+        server=server,
+        backend=plan.backend,
+        env_file=path_text(plan.env_file) if plan.env_file else None,
+        deployment=path_text(plan.deployment) if plan.deployment else None,
+        prompts_source=path_text(source),
+        prompts_digest=prompt_digest(prompts),
+        prompts=prompts,
+        max_new_tokens=max_new,
+        baseline=source if (opts.baseline or plan.answer_baseline) else None,
+    )
 
 
 def _url(plan, opts: LoadOptions) -> str:
@@ -255,8 +309,9 @@ def _url(plan, opts: LoadOptions) -> str:
         raise UserError(f"--url {url!r}: {err}") from None
 
 
-def _inputs(plan, opts: LoadOptions, checks: Checks, *, dry_run: bool = False
-            ) -> tuple[str, AnswerBaseline | None, list[Prompt], str, int, Path | None]:
+def _inputs(
+    plan, opts: LoadOptions, checks: Checks, *, dry_run: bool = False
+) -> tuple[str, AnswerBaseline | None, list[Prompt], str, int, Path | None]:
     """The URL, the baseline run, the prompts (the baseline's when given), their source, the
     tokens per answer and the run folder; every refusal before the server starts, through
     ``checks`` (the real launch raises the first; the dry run records each and goes on, and its
@@ -267,10 +322,12 @@ def _inputs(plan, opts: LoadOptions, checks: Checks, *, dry_run: bool = False
     url = ""
     with checks.guard("URL"):
         url = _url(plan, opts)
-    if folder is not None and opts.baseline is not None and os.path.realpath(folder) == os.path.realpath(
-            opts.baseline):
-        checks.refuse("run folder", f"--profile-verify {path_text(folder)} is the --baseline folder: the new run "
-                                    "would replace the baseline; give another folder")
+    if folder is not None and opts.baseline is not None and os.path.realpath(folder) == os.path.realpath(opts.baseline):
+        checks.refuse(
+            "run folder",
+            f"--profile-verify {path_text(folder)} is the --baseline folder: the new run "
+            "would replace the baseline; give another folder",
+        )
     baseline, where = plan.answer_baseline, f"the deployment record {plan.deployment}'s baseline"
     if opts.baseline is not None:
         baseline, where = None, f"--baseline {path_text(opts.baseline)}"
@@ -292,8 +349,11 @@ def _inputs(plan, opts: LoadOptions, checks: Checks, *, dry_run: bool = False
         with checks.guard("run folder"):
             prepare_folder(folder, opts.force, dry_run=True)
     if opts.load and not _client_installed():
-        checks.refuse("load", f"--load runs SGLang's benchmark client ({CLIENT}), which this Python cannot import: "
-                              "run launch with the Python that has SGLang")
+        checks.refuse(
+            "load",
+            f"--load runs SGLang's benchmark client ({CLIENT}), which this Python cannot import: "
+            "run launch with the Python that has SGLang",
+        )
     if folder is not None and not dry_run:
         prepare_folder(folder, opts.force)
     return url, baseline, prompts, source, max_new, folder
@@ -324,8 +384,10 @@ def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: AnswerBaseline
     run.server_info = {k: info.get(k) for k in SERVER_FACTS if k in info}
     if run.server_info.get("device") == "cpu":
         run.clock = "cpu_server_wall_clock"
-    _say(f"server healthy after {run.ready_s:.1f} s at {run.url}; answer phase: {len(run.prompts)} "
-         f"prompt{'s' if len(run.prompts) != 1 else ''} x {run.max_new_tokens} tokens, greedy")
+    _say(
+        f"server healthy after {run.ready_s:.1f} s at {run.url}; answer phase: {len(run.prompts)} "
+        f"prompt{'s' if len(run.prompts) != 1 else ''} x {run.max_new_tokens} tokens, greedy"
+    )
     t0 = time.monotonic()
     answer_phase(run.url, run.prompts, run.max_new_tokens, timeout_s=REQUEST_TIMEOUT_S, on_answer=w.answer)
     _say(f"answers: {len(run.answers)} in {time.monotonic() - t0:.1f} s")
@@ -341,12 +403,22 @@ def _phases(srv: Server, w: _Writer, opts: LoadOptions, baseline: AnswerBaseline
     for c in opts.concurrency:
         srv.check_alive()
         out = folder / f"bench-c{c}.jsonl"
-        t = run_client(run.url, c, max(opts.requests, c), opts.input_len, opts.output_len, out,
-                       run.server.get("model"), REQUEST_TIMEOUT_S * max(opts.requests, c))
+        t = run_client(
+            run.url,
+            c,
+            max(opts.requests, c),
+            opts.input_len,
+            opts.output_len,
+            out,
+            run.server.get("model"),
+            REQUEST_TIMEOUT_S * max(opts.requests, c),
+        )
         run.throughput.append(t)
         mean = sum(t.per_stream_tok_s) / len(t.per_stream_tok_s) if t.per_stream_tok_s else float("nan")
-        _say(f"throughput at concurrency {c}: {t.completed}/{t.requests} requests, {mean:.1f} tok/s per stream "
-             f"(mean), {t.output_tok_s:.1f} tok/s aggregate ({run.clock})")
+        _say(
+            f"throughput at concurrency {c}: {t.completed}/{t.requests} requests, {mean:.1f} tok/s per stream "
+            f"(mean), {t.output_tok_s:.1f} tok/s aggregate ({run.clock})"
+        )
     srv.check_alive()
     time.sleep(2.5 * FLUSH_INTERVAL_S)  # the verify timer's writer appends at least once a second
     w.finish(True)

@@ -70,8 +70,7 @@ class Server:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         try:
-            self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True, preexec_fn=_die_with_parent)
         except OSError as err:
             raise UserError(f"cannot run {argv[0]!r}: {err.strerror or err}") from None
         self._previous: dict[int, object] = {}

@@ -75,13 +75,44 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
-def client_command(url: str, concurrency: int, requests: int, input_len: int, output_len: int, out: Path,
-                   tokenizer: str | None, python: str | None = None) -> list[str]:
+def client_command(
+    url: str,
+    concurrency: int,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    out: Path,
+    tokenizer: str | None,
+    python: str | None = None,
+) -> list[str]:
     """The benchmark client's command line for one run."""
-    cmd = [python or sys.executable, "-m", CLIENT, "--backend", "sglang", "--base-url", url,
-           "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
-           str(output_len), "--random-range-ratio", "1", "--num-prompts", str(requests), "--max-concurrency",
-           str(concurrency), "--seed", str(SEED), "--output-file", str(out), "--output-details", "--disable-tqdm"]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        CLIENT,
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--dataset-name",
+        "random-ids",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        "1",
+        "--num-prompts",
+        str(requests),
+        "--max-concurrency",
+        str(concurrency),
+        "--seed",
+        str(SEED),
+        "--output-file",
+        str(out),
+        "--output-details",
+        "--disable-tqdm",
+    ]
     if tokenizer:
         cmd += ["--tokenizer", tokenizer]
     return cmd
@@ -115,19 +146,33 @@ def read_result(path: Path, concurrency: int, requests: int, input_len: int, out
         d = json.loads(lines[-1])  # the stdlib reader: the client writes "request_rate": Infinity
         errors = [e for e in d.get("errors") or [] if e]
         return ThroughputRun(
-            concurrency=concurrency, requests=requests, completed=int(d["completed"]), input_len=input_len,
-            output_len=output_len, seed=SEED, duration_s=float(d["duration"]),
+            concurrency=concurrency,
+            requests=requests,
+            completed=int(d["completed"]),
+            input_len=input_len,
+            output_len=output_len,
+            seed=SEED,
+            duration_s=float(d["duration"]),
             output_tok_s=float(d["output_throughput"]),
             per_stream_tok_s=[round(x, 4) for x in per_stream(d.get("output_lens") or [], d.get("itls") or [])],
             ttft_ms=[round(float(t) * 1000, 3) for t in d.get("ttfts") or [] if isinstance(t, (int, float)) and t > 0],
             accept_length=float(d["accept_length"]) if isinstance(d.get("accept_length"), (int, float)) else None,
-            errors=len(errors))
+            errors=len(errors),
+        )
     except (ValueError, KeyError, TypeError) as err:
         raise OSError(f"{path}: not the benchmark client's result ({type(err).__name__}: {err})") from None
 
 
-def run_client(url: str, concurrency: int, requests: int, input_len: int, output_len: int, out: Path,
-               tokenizer: str | None, timeout_s: float) -> ThroughputRun:
+def run_client(
+    url: str,
+    concurrency: int,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    out: Path,
+    tokenizer: str | None,
+    timeout_s: float,
+) -> ThroughputRun:
     """Run the client once (its output to ``out``, its log to ``out`` with ``.log``) and read it.
 
     Raises

@@ -30,8 +30,8 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -81,14 +81,21 @@ def _nvlink_full(nvml: Any, handles: list[Any], error_type: type) -> bool | None
     if index is None or ok is None or not hasattr(nvml, "nvmlDeviceGetP2PStatus"):
         return None
     try:
-        return all(nvml.nvmlDeviceGetP2PStatus(a, b, index) == ok
-                   for i, a in enumerate(handles) for b in handles[i + 1:])
+        return all(
+            nvml.nvmlDeviceGetP2PStatus(a, b, index) == ok for i, a in enumerate(handles) for b in handles[i + 1 :]
+        )
     except error_type:
         return None
 
 
-def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = True,
-             nccl_version: str | None = None, environ: Mapping[str, str] | None = None) -> BoxFingerprint:
+def read_box(
+    tp: int = 0,
+    *,
+    nvml: Any | None = None,
+    torch_fallback: bool = True,
+    nccl_version: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BoxFingerprint:
     """This box's fingerprint.
 
     Parameters
@@ -138,13 +145,20 @@ def read_box(tp: int = 0, *, nvml: Any | None = None, torch_fallback: bool = Tru
         except Exception:  # a broken CUDA install reads as "no GPU", never a traceback
             names, sms, got = [], [], False
     name, sm = _summarise(names, sms) if got else (None, None)
-    return BoxFingerprint(gpu_name=name, sm=sm, gpu_count=len(names) if got else 0, tp=int(tp), driver=driver,
-                          nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None),
-                          nvlink_full=nvlink if got else None)
+    return BoxFingerprint(
+        gpu_name=name,
+        sm=sm,
+        gpu_count=len(names) if got else 0,
+        tp=int(tp),
+        driver=driver,
+        nccl_version=nccl_version if nccl_version is not None else (_nccl_text() if got else None),
+        nvlink_full=nvlink if got else None,
+    )
 
 
-def _nvml_facts(nvml: Any, tp: int,
-                environ: Mapping[str, str]) -> tuple[list[str], list, bool | None, str | None, bool]:
+def _nvml_facts(
+    nvml: Any, tp: int, environ: Mapping[str, str]
+) -> tuple[list[str], list, bool | None, str | None, bool]:
     """(names, SMs, nvlink_full, driver, any GPU) from NVML, for the GPUs CUDA shows under
     ``environ`` in CUDA's order (:func:`_cuda_order`)."""
     names: list[str] = []
@@ -162,7 +176,7 @@ def _nvml_facts(nvml: Any, tp: int,
             count = nvml.nvmlDeviceGetCount()
             order = _cuda_order(nvml, environ)
             handles = []
-            for i in (order if order is not None else range(count)):
+            for i in order if order is not None else range(count):
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
                 handles.append(h)
                 names.append(nvml_text(nvml.nvmlDeviceGetName(h)))
@@ -230,7 +244,9 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
     except ValueError as err:  # an integer of over 4300 digits
         raise UserError(f"{where}: box description is not JSON ({one_line(str(err), 100)})") from None
     if not isinstance(doc, dict):
-        raise UserError(f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}")
+        raise UserError(
+            f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}"
+        )
     if (key := duplicate_json_key(raw)) is not None:
         raise UserError(f"{where}: invalid box description: the key {one_line(repr(key), 80)} is given twice")
     doc.setdefault("tp", tp)
@@ -259,8 +275,10 @@ def implausible_box(box: BoxFingerprint) -> str | None:
     if box.sm is not None:
         major, minor = box.sm
         if not (SM_RANGE[0] <= 10 * major + minor <= SM_RANGE[1] and 0 <= minor <= 9):
-            return (f'field "sm": {one_line(repr(list(box.sm)), 60)} is no compute capability from '
-                    f"[{SM_RANGE[0] // 10}, 0] to [{SM_RANGE[1] // 10}, 0] (e.g. [12, 0])")
+            return (
+                f'field "sm": {one_line(repr(list(box.sm)), 60)} is no compute capability from '
+                f"[{SM_RANGE[0] // 10}, 0] to [{SM_RANGE[1] // 10}, 0] (e.g. [12, 0])"
+            )
     mem = box.gpu_memory_bytes
     if mem is not None and mem > MAX_GPU_MEMORY_BYTES:
         return f'field "gpu_memory_bytes": {mem:.3g} bytes is over {MAX_GPU_MEMORY_BYTES:,} (1 TiB)'
@@ -294,15 +312,21 @@ def p2p_from_results(results: Mapping[tuple[int, int], Any], *, source: str = "p
     late = [(p, r) for p, r in sorted(results.items()) if getattr(r, "timed_out", False)]
     if late and not bad:
         (i, j), r = late[0]
-        note = (f"{len(late)} of {len(results)} directions timed out (not a failure; rerun the check); first: "
-                f"GPU {j} -> memory of GPU {i}: {r.reason}")
+        note = (
+            f"{len(late)} of {len(results)} directions timed out (not a failure; rerun the check); first: "
+            f"GPU {j} -> memory of GPU {i}: {r.reason}"
+        )
         return P2PFacts(ok=None, source=source, note=note[:300], pairs=len(results))  # type: ignore[arg-type]
     if bad:
         (i, j), r = bad[0]
         note = f"{len(bad)} of {len(results)} directions failed; first: GPU {j} -> memory of GPU {i}: {r.reason}"
         return P2PFacts(ok=False, source=source, note=note[:300], pairs=len(results))  # type: ignore[arg-type]
-    return P2PFacts(ok=True, source=source, note=f"all {len(results)} directions passed",  # type: ignore[arg-type]
-                    pairs=len(results))
+    return P2PFacts(
+        ok=True,
+        source=source,
+        note=f"all {len(results)} directions passed",  # type: ignore[arg-type]
+        pairs=len(results),
+    )
 
 
 def read_p2p_results(path: str | Path) -> dict:
@@ -349,11 +373,14 @@ def p2p_from_topology(topo: Any | None) -> P2PFacts:
     if all(v is None for v in values):
         return P2PFacts(ok=None, source="not_checked", note=f"no P2P status in {topo.source}"[:300])
     if any(v is False for v in values):
-        return P2PFacts(ok=False, source="nvml", note="NVML reports P2P not supported for a pair",
-                        pairs=len(values))
+        return P2PFacts(ok=False, source="nvml", note="NVML reports P2P not supported for a pair", pairs=len(values))
     if all(v is True for v in values):
-        return P2PFacts(ok=True, source="nvml", note="NVML reports P2P read/write OK for every pair (not exercised)",
-                        pairs=len(values))
+        return P2PFacts(
+            ok=True,
+            source="nvml",
+            note="NVML reports P2P read/write OK for every pair (not exercised)",
+            pairs=len(values),
+        )
     return P2PFacts(ok=None, source="nvml", note="NVML could not tell P2P for some pairs", pairs=len(values))
 
 
@@ -388,8 +415,10 @@ class BoxFacts:
     gpu_count: Fact
 
     def as_dict(self) -> dict:
-        return {name: {"value": f.value, "source": f.source}
-                for name, f in (("sm", self.sm), ("pcie_gen", self.pcie_gen), ("gpu_count", self.gpu_count))}
+        return {
+            name: {"value": f.value, "source": f.source}
+            for name, f in (("sm", self.sm), ("pcie_gen", self.pcie_gen), ("gpu_count", self.gpu_count))
+        }
 
     def first_line(self) -> str:
         """``# box: …`` naming each fact and its source; a guessed one is said loud, with the fix."""
@@ -399,8 +428,10 @@ class BoxFacts:
         line = "# box: " + ", ".join(parts)
         guessed = [flag for flag, f in (("--sm", self.sm), ("--pcie-gen", self.pcie_gen)) if f.guessed]
         if guessed:
-            line += (f"; GUESSED, as the cost model's calibration box (8x RTX 4090): give {' and '.join(guessed)} "
-                     "or --describe-box for yours")
+            line += (
+                f"; GUESSED, as the cost model's calibration box (8x RTX 4090): give {' and '.join(guessed)} "
+                "or --describe-box for yours"
+            )
         return line
 
 
@@ -440,8 +471,16 @@ def nvml_facts(nvml: Any | None = None) -> tuple[int | None, int | None, int]:
     return (min(sms) if sms else None), (min(gens) if len(gens) == len(sms) and gens else None), len(sms)
 
 
-def resolve_box(*, sm: int | None, pcie_gen: int | None, described=None, topology_gpus: int | None = None,
-                nvml: Any | None = None, read_nvml: bool = True, described_by: str = "--describe-box") -> BoxFacts:
+def resolve_box(
+    *,
+    sm: int | None,
+    pcie_gen: int | None,
+    described=None,
+    topology_gpus: int | None = None,
+    nvml: Any | None = None,
+    read_nvml: bool = True,
+    described_by: str = "--describe-box",
+) -> BoxFacts:
     """The box facts in the order of the module docstring.
 
     Parameters
@@ -468,27 +507,42 @@ def resolve_box(*, sm: int | None, pcie_gen: int | None, described=None, topolog
                 return Fact(value, source)
         return None
 
-    sm_fact = pick(sm, "--sm", (d_sm, described_by), (n_sm if this_box else None, "nvml")) \
-        or Fact(GUESS_SM, "guessed")
+    sm_fact = pick(sm, "--sm", (d_sm, described_by), (n_sm if this_box else None, "nvml")) or Fact(GUESS_SM, "guessed")
     gen_fact = pick(pcie_gen, "--pcie-gen", (n_gen if this_box else None, "nvml")) or Fact(GUESS_PCIE_GEN, "guessed")
     d_count = described.gpu_count if described is not None and described.gpu_count else None
-    count = pick(None, "", (d_count, described_by), (topology_gpus, "topology"),
-                 (n_count if this_box else None, "nvml")) or Fact(None, "unknown")
+    count = pick(
+        None, "", (d_count, described_by), (topology_gpus, "topology"), (n_count if this_box else None, "nvml")
+    ) or Fact(None, "unknown")
     return BoxFacts(sm=sm_fact, pcie_gen=gen_fact, gpu_count=count)
 
 
 def add_box_arguments(p: argparse.ArgumentParser, bounded) -> None:
     """``--sm``, ``--pcie-gen`` and ``--describe-box``, the same for every command that models a box."""
-    p.add_argument("--sm", type=bounded(*SM_RANGE), default=None,
-                   help="GPU compute capability x10 (120 = RTX PRO 6000 / SM120, 90 = H100) [default: NVML on this "
-                        "box, else --describe-box, else guessed 89 and said so]")
-    p.add_argument("--pcie-gen", type=int, choices=(3, 4, 5, 6), default=None,
-                   help="PCIe generation of the GPU links [default: NVML on this box, else guessed 4 and said so]")
-    p.add_argument("--describe-box", metavar="JSON|FILE", default=None,
-                   help=("describe the serving box when working away from it: a JSON object (or a file holding "
-                         "one) with gpu_name, sm [major, minor], gpu_count, e.g. "
-                         "'{\"gpu_name\": \"NVIDIA RTX PRO 6000 Blackwell Server Edition\", \"sm\": [12, 0], "
-                         "\"gpu_count\": 8}'; the same as FASTVERIFY_DESCRIBE_BOX"))
+    p.add_argument(
+        "--sm",
+        type=bounded(*SM_RANGE),
+        default=None,
+        help="GPU compute capability x10 (120 = RTX PRO 6000 / SM120, 90 = H100) [default: NVML on this "
+        "box, else --describe-box, else guessed 89 and said so]",
+    )
+    p.add_argument(
+        "--pcie-gen",
+        type=int,
+        choices=(3, 4, 5, 6),
+        default=None,
+        help="PCIe generation of the GPU links [default: NVML on this box, else guessed 4 and said so]",
+    )
+    p.add_argument(
+        "--describe-box",
+        metavar="JSON|FILE",
+        default=None,
+        help=(
+            "describe the serving box when working away from it: a JSON object (or a file holding "
+            "one) with gpu_name, sm [major, minor], gpu_count, e.g. "
+            '\'{"gpu_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "sm": [12, 0], '
+            '"gpu_count": 8}\'; the same as FASTVERIFY_DESCRIBE_BOX'
+        ),
+    )
 
 
 def resolve_args(args, *, topology_gpus: int | None, tp: int = 0) -> BoxFacts:
@@ -500,7 +554,8 @@ def resolve_args(args, *, topology_gpus: int | None, tp: int = 0) -> BoxFacts:
         described = box_from_description(args.describe_box, where=by, tp=tp)
     else:
         described, by = described_box(tp=tp), ENV_DESCRIBE_BOX
-    facts = resolve_box(sm=args.sm, pcie_gen=args.pcie_gen, described=described, topology_gpus=topology_gpus,
-                        described_by=by)
+    facts = resolve_box(
+        sm=args.sm, pcie_gen=args.pcie_gen, described=described, topology_gpus=topology_gpus, described_by=by
+    )
     args.sm, args.pcie_gen = facts.sm.value, facts.pcie_gen.value
     return facts

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from fastverify.nccl import model as M
 from fastverify.nccl.checks import Finding, Severity, validate_env
-from fastverify.nccl.model import enabled_algos_protos
 from fastverify.nccl.debuglog import NcclLog
+from fastverify.nccl.model import enabled_algos_protos
 from fastverify.nccl.perftable import PerfTable
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BackendName, backend_info
@@ -51,15 +51,21 @@ _LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # NCCL_P2P_LEVEL=0.
 # pairs SYS; blog.chlc.cc); the tests re-fit and compare. Held-out median error 4.7 % / 6.6 %.
 # One box: a prediction for others, not a measurement.
 CALIBRATION = {
-    M.Transport.SHM: M.CorrectedModel(1.427508763214285, {M.Proto.LL: 0.5471045232094344,
-                                                           M.Proto.SIMPLE: 0.6259045643247795},
-                                      fitted_on=M.Transport.SHM),
-    M.Transport.P2P: M.CorrectedModel(1.363210043928571, {M.Proto.LL: 0.5870247488345354,
-                                                           M.Proto.SIMPLE: 0.7623050161320486},
-                                      fitted_on=M.Transport.P2P),
+    M.Transport.SHM: M.CorrectedModel(
+        1.427508763214285,
+        {M.Proto.LL: 0.5471045232094344, M.Proto.SIMPLE: 0.6259045643247795},
+        fitted_on=M.Transport.SHM,
+    ),
+    M.Transport.P2P: M.CorrectedModel(
+        1.363210043928571,
+        {M.Proto.LL: 0.5870247488345354, M.Proto.SIMPLE: 0.7623050161320486},
+        fitted_on=M.Transport.P2P,
+    ),
 }
-CALIBRATION_NOTE = ("predicted: NCCL's cost model (src/graph/tuning.cc) with a PCIe correction fitted on one "
-                    "8x RTX 4090 all-SYS box; measure with `fastverify tune` before relying on it")
+CALIBRATION_NOTE = (
+    "predicted: NCCL's cost model (src/graph/tuning.cc) with a PCIe correction fitted on one "
+    "8x RTX 4090 all-SYS box; measure with `fastverify tune` before relying on it"
+)
 
 
 @dataclass(frozen=True)
@@ -113,8 +119,10 @@ class Diagnosis:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d["findings"] = [{"name": f.name, "value": f.value, "severity": f.severity.value, "reason": f.reason,
-                          "fix": f.fix} for f in self.findings]
+        d["findings"] = [
+            {"name": f.name, "value": f.value, "severity": f.severity.value, "reason": f.reason, "fix": f.fix}
+            for f in self.findings
+        ]
         return d
 
 
@@ -194,15 +202,30 @@ def diagnose(
         warnings += perf_warnings(perf, *known)
     preds, note = _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv, env)
     diag = Diagnosis(
-        sources=list(dict.fromkeys(s for s in (topo.source if topo else None, log.source if log else None,
-                                               perf.source if perf else None) if s)),
-        n_gpus=n, nccl_version=str(nv) if nv else None, p2p_level_now=level, p2p_level_now_source=level_source,
-        p2p_level_recommended=recommended, pairs=pairs, pcie_ipc_allreduce=pcie_ipc_fit(n, pairs),
-        custom_allreduce=custom_ar_fit(n, pairs), findings=findings, log_notes=notes, predictions=preds,
-        prediction_note=note, warnings=warnings,
+        sources=list(
+            dict.fromkeys(
+                s
+                for s in (topo.source if topo else None, log.source if log else None, perf.source if perf else None)
+                if s
+            )
+        ),
+        n_gpus=n,
+        nccl_version=str(nv) if nv else None,
+        p2p_level_now=level,
+        p2p_level_now_source=level_source,
+        p2p_level_recommended=recommended,
+        pairs=pairs,
+        pcie_ipc_allreduce=pcie_ipc_fit(n, pairs),
+        custom_allreduce=custom_ar_fit(n, pairs),
+        findings=findings,
+        log_notes=notes,
+        predictions=preds,
+        prediction_note=note,
+        warnings=warnings,
         nccl_tuning=nccl_tuning(log, hidden, draft_tokens, batches, env, nv, sm) if log else None,
         perf_table=perf.summary() if perf else None,
-        measured=measured_times(perf, hidden, draft_tokens, batches) if perf else [])
+        measured=measured_times(perf, hidden, draft_tokens, batches) if perf else [],
+    )
     diag.actions = _actions(diag, log)
     return diag
 
@@ -229,15 +252,21 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
     transports (:data:`CALIBRATION`), and the note saying on what; ``[]`` and why not where the
     model does not apply (no pair known, one GPU, NVLink, NET)."""
     if not pairs:
-        return [], ("no prediction: no GPU pair is known from this input (add --nvidia-smi, or an NCCL log "
-                    "with transport lines)" if n != 1 else "one GPU: no all-reduce")
+        return [], (
+            "no prediction: no GPU pair is known from this input (add --nvidia-smi, or an NCCL log "
+            "with transport lines)"
+            if n != 1
+            else "one GPU: no all-reduce"
+        )
     if n < 2:
         return [], "one GPU: no all-reduce"
     if any((p.link or "").startswith("NV") for p in pairs):
         return [], "no prediction: NVLink pairs, and the calibration covers PCIe boxes only"
     if any(p.transport_now == "NET" for p in pairs):
-        return [], ("no prediction: NCCL uses the NET transport between GPUs of one host (P2P and SHM both "
-                    "unusable, or a NIC judged faster; see NCCL_NET_DISABLE_INTRA)")
+        return [], (
+            "no prediction: NCCL uses the NET transport between GPUs of one host (P2P and SHM both "
+            "unusable, or a NIC judged faster; see NCCL_NET_DISABLE_INTRA)"
+        )
     if env.get("NCCL_SHM_DISABLE", "").strip() == "1" and any(p.transport_now == "SHM" for p in pairs):
         return [], "no prediction: NCCL_SHM_DISABLE=1 sends the non-P2P pairs over NET, which is not modelled"
     enabled = enabled_algos_protos(env, nv, sm)
@@ -246,8 +275,10 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
     graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
     kw = dict(gen=pcie_gen, width=16, sm=sm, algos=algos, protos=protos)
     if nv is not None and nv.major > 2:  # the cost model's constants are NCCL 2.x's
-        notes.append(f"NCCL {nv} is newer than the 2.x releases the cost model knows: predicted with its default "
-                     "version's constants")
+        notes.append(
+            f"NCCL {nv} is newer than the 2.x releases the cost model knows: predicted with its default "
+            "version's constants"
+        )
     elif nv is not None:
         kw["version"] = nv.code
     if graph is not None and graph.bw_intra_gbps > 0:
@@ -261,10 +292,21 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
         nbytes = tokens * hidden * 2
         p_now = CALIBRATION[now_t].predict(nbytes, now_in)
         p_rec = CALIBRATION[rec_t].predict(nbytes, rec_in)
-        out.append(Prediction(tokens, nbytes, round(p_now.time_us, 1), f"{p_now.algo.value}/{p_now.proto.value}",
-                              round(p_rec.time_us, 1), f"{p_rec.algo.value}/{p_rec.proto.value}"))
-    graph_src = (f"graph from the log: {graph.n_channels} ch x {graph.bw_intra_gbps:g} GB/s" if graph
-                 else f"graph derived for PCIe Gen{pcie_gen} x16, sm_{sm}")
+        out.append(
+            Prediction(
+                tokens,
+                nbytes,
+                round(p_now.time_us, 1),
+                f"{p_now.algo.value}/{p_now.proto.value}",
+                round(p_rec.time_us, 1),
+                f"{p_rec.algo.value}/{p_rec.proto.value}",
+            )
+        )
+    graph_src = (
+        f"graph from the log: {graph.n_channels} ch x {graph.bw_intra_gbps:g} GB/s"
+        if graph
+        else f"graph derived for PCIe Gen{pcie_gen} x16, sm_{sm}"
+    )
     return out, "; ".join([CALIBRATION_NOTE, graph_src, f"{n} ranks", *notes])
 
 
@@ -282,8 +324,10 @@ def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list
             acts.append(f"fix {f.name}={f.value!r}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
     shm = [p for p in d.pairs if p.transport_now == "SHM"]
     if d.p2p_level_now_source.startswith("NCCL_P2P_DISABLE"):
-        acts.append("NCCL_P2P_DISABLE=1 turns P2P off for every pair whatever NCCL_P2P_LEVEL says: remove it "
-                    "first if P2P is wanted")
+        acts.append(
+            "NCCL_P2P_DISABLE=1 turns P2P off for every pair whatever NCCL_P2P_LEVEL says: remove it "
+            "first if P2P is wanted"
+        )
     elif d.p2p_level_recommended and ranked:
         pass  # the ranking says whether the wider level is worth it, against the backends
     elif d.p2p_level_recommended:
@@ -291,36 +335,54 @@ def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list
         known = all(p.hw_p2p is True for p in gain)
         gain_pct = _predicted_gain_pct(d.predictions)
         verb = "set" if known else "try"
-        acts.append(f"{verb} NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P"
-                    + ("" if known else " if the driver allows P2P there (unknown from this input; check with "
-                       "`fastverify p2p`)")
-                    + f"; predicted all-reduce change {gain_pct:+.0f} % at the smallest verify size, within the "
-                      "model's error (~10 %), so measure it: NCCL keeps cross-root-port and cross-socket pairs on "
-                      "SHM by default because P2P there is often no faster and ACS/IOMMU can make it slow or hang")
+        acts.append(
+            f"{verb} NCCL_P2P_LEVEL={d.p2p_level_recommended}: {len(gain)} pair(s) now on SHM would use P2P"
+            + (
+                ""
+                if known
+                else " if the driver allows P2P there (unknown from this input; check with `fastverify p2p`)"
+            )
+            + f"; predicted all-reduce change {gain_pct:+.0f} % at the smallest verify size, within the "
+            "model's error (~10 %), so measure it: NCCL keeps cross-root-port and cross-socket pairs on "
+            "SHM by default because P2P there is often no faster and ACS/IOMMU can make it slow or hang"
+        )
     elif d.p2p_level_now == "LOC" and not any(p.link for p in d.pairs):
-        acts.append(f"{d.p2p_level_now_source} turns P2P off for every pair (all on SHM): if P2P is wanted, remove it "
-                    "or set the level that covers the pairs' path type (add --nvidia-smi to see which)")
+        acts.append(
+            f"{d.p2p_level_now_source} turns P2P off for every pair (all on SHM): if P2P is wanted, remove it "
+            "or set the level that covers the pairs' path type (add --nvidia-smi to see which)"
+        )
     seen_shm = [f"{p.a}-{p.b}" for p in shm if p.seen and p.link is None]
     if seen_shm and not d.p2p_level_recommended:
-        acts.append(f"the log shows SHM for pair(s) {', '.join(seen_shm)}: add --nvidia-smi (their path type) to "
-                    "see whether a higher NCCL_P2P_LEVEL would give them P2P")
+        acts.append(
+            f"the log shows SHM for pair(s) {', '.join(seen_shm)}: add --nvidia-smi (their path type) to "
+            "see whether a higher NCCL_P2P_LEVEL would give them P2P"
+        )
     hw_no = [p for p in shm if p.hw_p2p is False]
     if hw_no:
-        acts.append(f"{len(hw_no)} pair(s) cannot use P2P (the driver refuses it, or NCCL's log shows it re-routed "
-                    "them through the CPU): they stay on SHM whatever the level; consumer GPUs on stock drivers are "
-                    "the usual cause")
+        acts.append(
+            f"{len(hw_no)} pair(s) cannot use P2P (the driver refuses it, or NCCL's log shows it re-routed "
+            "them through the CPU): they stay on SHM whatever the level; consumer GPUs on stock drivers are "
+            "the usual cause"
+        )
     if d.pcie_ipc_allreduce.get("possible") and not ranked:
-        acts.append("try FlashInfer's PCIe IPC all-reduce for the verify step: `fastverify tune` measures it, "
-                    "`fastverify launch --p2p-check FILE` deploys it (launch sets SGLang's switch after the P2P proof)")
+        acts.append(
+            "try FlashInfer's PCIe IPC all-reduce for the verify step: `fastverify tune` measures it, "
+            "`fastverify launch --p2p-check FILE` deploys it (launch sets SGLang's switch after the P2P proof)"
+        )
     timed = [m for m in d.measured if m["time_us"] is not None]
     if timed:
         m = min(timed, key=lambda x: x["msg_bytes"])
         smallest = min(x["msg_bytes"] for x in d.measured)
-        which = ("the smallest verify message" if m["msg_bytes"] == smallest
-                 else f"the smallest verify message it covers (the smallest, {smallest:,} B, is outside it)")
-        acts.append(f"your all_reduce_perf table ({m['source']}) measures NCCL at {m['time_us']:,.1f} µs for "
-                    f"{which} ({m['msg_bytes']:,} B, {m['column']} column, {m['basis']}): that, not the model, is the "
-                    f"baseline; rank backends against it with `fastverify tune --perf-table {m['source']}`")
+        which = (
+            "the smallest verify message"
+            if m["msg_bytes"] == smallest
+            else f"the smallest verify message it covers (the smallest, {smallest:,} B, is outside it)"
+        )
+        acts.append(
+            f"your all_reduce_perf table ({m['source']}) measures NCCL at {m['time_us']:,.1f} µs for "
+            f"{which} ({m['msg_bytes']:,} B, {m['column']} column, {m['basis']}): that, not the model, is the "
+            f"baseline; rank backends against it with `fastverify tune --perf-table {m['source']}`"
+        )
     if log and log.graph_fallbacks:
         acts.append("NCCL's graph search failed on this box: try NCCL_PROTO=LL for the small verify all-reduces")
     if not acts and not ranked:
@@ -338,19 +400,30 @@ def pcie_ipc_fit(n: int, pairs: list[PairReport]) -> dict:
     """``{"possible": True | False | None, "reason"}`` for FlashInfer's PCIe IPC all-reduce on
     ``n`` GPUs (None: unknown from this input)."""
     if not pairs and n in (0, 2, 4, 8):
-        return {"possible": None, "reason": "unknown from this input: no GPU pair known (add --nvidia-smi, or run "
-                                            "`fastverify p2p` on the box)"}
+        return {
+            "possible": None,
+            "reason": "unknown from this input: no GPU pair known (add --nvidia-smi, or run "
+            "`fastverify p2p` on the box)",
+        }
     if n not in (2, 4, 8):
         return {"possible": False, "reason": f"world size {n}: FlashInfer's PCIe IPC all-reduce takes 2, 4 or 8 GPUs"}
     no = [f"{p.a}-{p.b}" for p in pairs if p.hw_p2p is False]
     if no:
-        return {"possible": False, "reason": f"no CUDA peer access for pair(s) {', '.join(no)} (NVML); it needs every pair"}
+        return {
+            "possible": False,
+            "reason": f"no CUDA peer access for pair(s) {', '.join(no)} (NVML); it needs every pair",
+        }
     unknown = [p for p in pairs if p.hw_p2p is None]
     if unknown:
-        return {"possible": None, "reason": "peer access unknown from this input: run the real P2P check on the box "
-                                            "(fastverify p2p)"}
-    return {"possible": True, "reason": "every pair reports CUDA peer access; deploy it with `fastverify launch "
-                                        "--backend pcie_ipc --p2p-check FILE` (launch sets SGLang's switch after the proof)"}
+        return {
+            "possible": None,
+            "reason": "peer access unknown from this input: run the real P2P check on the box (fastverify p2p)",
+        }
+    return {
+        "possible": True,
+        "reason": "every pair reports CUDA peer access; deploy it with `fastverify launch "
+        "--backend pcie_ipc --p2p-check FILE` (launch sets SGLang's switch after the proof)",
+    }
 
 
 def custom_ar_fit(n: int, pairs: list[PairReport]) -> dict:
@@ -361,16 +434,24 @@ def custom_ar_fit(n: int, pairs: list[PairReport]) -> dict:
         return {"possible": None, "reason": "unknown from this input: the number of GPUs is not known"}
     all_nvlink = bool(pairs) and all((p.link or "").startswith("NV") for p in pairs)
     if info.world_sizes is not None and n not in info.world_sizes:
-        return {"possible": False, "reason": f"SGLang's custom all-reduce runs on {list(info.world_sizes)} GPUs; {n} GPUs"}
+        return {
+            "possible": False,
+            "reason": f"SGLang's custom all-reduce runs on {list(info.world_sizes)} GPUs; {n} GPUs",
+        }
     if not any(p.link for p in pairs) and n not in (info.world_sizes_without_nvlink or ()):
-        return {"possible": None, "reason": f"{n} GPUs: SGLang's custom all-reduce needs 2 GPUs or full NVLink, and "
-                                            "the links are unknown from this input"}
+        return {
+            "possible": None,
+            "reason": f"{n} GPUs: SGLang's custom all-reduce needs 2 GPUs or full NVLink, and "
+            "the links are unknown from this input",
+        }
     if n not in (info.world_sizes_without_nvlink or ()) and not all_nvlink:
         return {"possible": False, "reason": f"SGLang's custom all-reduce needs 2 GPUs or full NVLink; {n} PCIe GPUs"}
     if any(p.hw_p2p is False for p in pairs):
         return {"possible": False, "reason": "no CUDA peer access between the GPUs"}
-    return {"possible": None if any(p.hw_p2p is None for p in pairs) else True,
-            "reason": "2 GPUs (or full NVLink); needs working peer access"}
+    return {
+        "possible": None if any(p.hw_p2p is None for p in pairs) else True,
+        "reason": "2 GPUs (or full NVLink); needs working peer access",
+    }
 
 
 _LOG_PROTO = {"LL": M.Proto.LL, "LL128": M.Proto.LL128, "SIMPLE": M.Proto.SIMPLE}  # names as the log prints them
@@ -381,9 +462,11 @@ def log_notes(log: NcclLog) -> list[str]:
     read or rejected, pairs without P2P, the first five NCCL warnings."""
     notes = []
     if log.graph_fallbacks:
-        notes.append("NCCL's topology search failed ('falling back to simple order', pattern "
-                     f"{', '.join(map(str, log.graph_fallbacks))}): it then picks the Simple protocol for most sizes; "
-                     "NCCL_PROTO=LL (small messages) or a graph file (NCCL_GRAPH_FILE) avoids that")
+        notes.append(
+            "NCCL's topology search failed ('falling back to simple order', pattern "
+            f"{', '.join(map(str, log.graph_fallbacks))}): it then picks the Simple protocol for most sizes; "
+            "NCCL_PROTO=LL (small messages) or a graph file (NCCL_GRAPH_FILE) avoids that"
+        )
     for name, value in sorted(log.env.items()):
         notes.append(f"NCCL read {name}={value} from the environment")
     for name, value in sorted(log.env_invalid.items()):
@@ -399,16 +482,29 @@ def partial_note(log: NcclLog, env_off: str | None, n: int) -> str:
     """What a log without GPU pairs (no ``via`` lines, no GRAPH path dump) still says."""
     gpus = f"{n} GPUs" if n > 1 else "the number of GPUs is unknown"
     if env_off:
-        return (f"partial: the log shows no GPU pair, but {env_off} (P2P disabled) puts every pair on SHM "
-                f"(NCCL src/graph/paths.cc); {gpus}")
-    what = [k for k, v in (("the TUNING table", log.tuning), ("NCCL's per-size choices", log.calls),
-                           ("the settings NCCL read", log.env), ("the version", log.version)) if v]
-    return (f"partial: the log shows no GPU pair (no 'via' transport lines, no GRAPH path dump){'; it holds ' if what else ''}"
-            f"{', '.join(what)}; {gpus}; capture NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING for the pairs")
+        return (
+            f"partial: the log shows no GPU pair, but {env_off} (P2P disabled) puts every pair on SHM "
+            f"(NCCL src/graph/paths.cc); {gpus}"
+        )
+    what = [
+        k
+        for k, v in (
+            ("the TUNING table", log.tuning),
+            ("NCCL's per-size choices", log.calls),
+            ("the settings NCCL read", log.env),
+            ("the version", log.version),
+        )
+        if v
+    ]
+    return (
+        f"partial: the log shows no GPU pair (no 'via' transport lines, no GRAPH path dump){'; it holds ' if what else ''}"
+        f"{', '.join(what)}; {gpus}; capture NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING for the pairs"
+    )
 
 
-def nccl_tuning(log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[int, ...], env: Mapping[str, str],
-                 nv, sm: int) -> dict | None:
+def nccl_tuning(
+    log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[int, ...], env: Mapping[str, str], nv, sm: int
+) -> dict | None:
     """NCCL's own TUNING evidence in the log: the AllReduce model table (latency µs, algBw GB/s per
     algorithm/protocol), the choice that table gives each verify size (``ncclTopoGetAlgoTime``:
     ``lat + bytes / (1000 · algBw)``, Tree's algBw × ``treeCorrectionFactor``; NCCL src/graph/tuning.cc
@@ -428,23 +524,40 @@ def nccl_tuning(log: NcclLog, hidden: int, draft_tokens: int, batches: tuple[int
         nbytes = b * draft_tokens * hidden * 2
         times = {}
         for algo, proto, lat, bw in rows:
-            if algo not in ("TREE", "RING") or algo not in on_a or proto not in on_p or proto not in _LOG_PROTO \
-                    or bw <= 0:
+            if (
+                algo not in ("TREE", "RING")
+                or algo not in on_a
+                or proto not in on_p
+                or proto not in _LOG_PROTO
+                or bw <= 0
+            ):
                 continue
             f = M.tree_correction_factor(_LOG_PROTO[proto], nbytes) if algo == "TREE" else 1.0
             times[(algo, proto)] = lat + nbytes / (1000.0 * bw * f)
         if times:
             order = [(a, p) for a in ("TREE", "RING") for p in ("LL", "LL128", "SIMPLE")]
             best = min(times, key=lambda k: (times[k], order.index(k)))
-            verify.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "algo_proto": f"{best[0]}/{best[1]}",
-                           "time_us": round(times[best], 1), "label": "predicted"})
+            verify.append(
+                {
+                    "tokens": b * draft_tokens,
+                    "msg_bytes": nbytes,
+                    "algo_proto": f"{best[0]}/{best[1]}",
+                    "time_us": round(times[best], 1),
+                    "label": "predicted",
+                }
+            )
     choices: dict[tuple, dict] = {}
     for c in calls:
-        choices.setdefault((c.size_bytes, c.algo, c.proto), {
-            "size_bytes": c.size_bytes, "algo": c.algo, "proto": c.proto, "time_us": c.time_us, "line": c.line})
-    return {"model_table": [{"algo": a, "proto": p, "latency_us": lat, "algbw_gbps": bw} for a, p, lat, bw in rows],
-            "verify_choice": verify, "launched": sorted(choices.values(), key=lambda d: (d["size_bytes"], d["line"])),
-            "basis": f"NCCL's own TUNING lines in {log.source}"}
+        choices.setdefault(
+            (c.size_bytes, c.algo, c.proto),
+            {"size_bytes": c.size_bytes, "algo": c.algo, "proto": c.proto, "time_us": c.time_us, "line": c.line},
+        )
+    return {
+        "model_table": [{"algo": a, "proto": p, "latency_us": lat, "algbw_gbps": bw} for a, p, lat, bw in rows],
+        "verify_choice": verify,
+        "launched": sorted(choices.values(), key=lambda d: (d["size_bytes"], d["line"])),
+        "basis": f"NCCL's own TUNING lines in {log.source}",
+    }
 
 
 def measured_times(perf: PerfTable, hidden: int, draft_tokens: int, batches: tuple[int, ...]) -> list[dict]:
@@ -456,11 +569,19 @@ def measured_times(perf: PerfTable, hidden: int, draft_tokens: int, batches: tup
         nbytes = b * draft_tokens * hidden * 2
         t, column = perf.verify_time_us(nbytes)
         exact = nbytes in perf.sizes
-        out.append({"tokens": b * draft_tokens, "msg_bytes": nbytes, "time_us": None if t is None else round(t, 1),
-                    "column": column,
-                    "basis": ("measured" if exact else "interpolated between measured sizes") if t is not None
-                    else f"outside the measured sizes {min(perf.sizes)}-{max(perf.sizes)} B",
-                    "source": perf.source, "label": "measured"})
+        out.append(
+            {
+                "tokens": b * draft_tokens,
+                "msg_bytes": nbytes,
+                "time_us": None if t is None else round(t, 1),
+                "column": column,
+                "basis": ("measured" if exact else "interpolated between measured sizes")
+                if t is not None
+                else f"outside the measured sizes {min(perf.sizes)}-{max(perf.sizes)} B",
+                "source": perf.source,
+                "label": "measured",
+            }
+        )
     return out
 
 
@@ -471,8 +592,10 @@ def perf_warnings(perf: PerfTable, n: int | None, what: str) -> list[str]:
     if several:
         out.append(several)
     elif perf.n_ranks and n and perf.n_ranks != n:
-        out.append(f"{perf.source} was measured on {perf.n_ranks} ranks, the {what} has {n}: its times are for "
-                   "another world size")
+        out.append(
+            f"{perf.source} was measured on {perf.n_ranks} ranks, the {what} has {n}: its times are for "
+            "another world size"
+        )
     if (dropped := perf.dropped_warning()) is not None:
         out.append(dropped)
     out += [f"{perf.source}: {p}" for p in perf.problems if "data row dropped" not in p]  # a second table

@@ -32,10 +32,12 @@ def nvml_gpus(nvml: Any | None = None) -> list[dict]:
         nvml.nvmlInit()
     except (error, OSError):
         return []
-    queries = (("pci_bus_id", lambda h: nvml_text(nvml.nvmlDeviceGetPciInfo(h).busId)),
-               ("uuid", lambda h: nvml_text(nvml.nvmlDeviceGetUUID(h))),
-               ("name", lambda h: nvml_text(nvml.nvmlDeviceGetName(h))),
-               ("memory_bytes", lambda h: int(nvml.nvmlDeviceGetMemoryInfo(h).total)))
+    queries = (
+        ("pci_bus_id", lambda h: nvml_text(nvml.nvmlDeviceGetPciInfo(h).busId)),
+        ("uuid", lambda h: nvml_text(nvml.nvmlDeviceGetUUID(h))),
+        ("name", lambda h: nvml_text(nvml.nvmlDeviceGetName(h))),
+        ("memory_bytes", lambda h: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
+    )
     gpus: list[dict] = []
     try:
         for i in range(nvml.nvmlDeviceGetCount()):
@@ -83,15 +85,19 @@ def _identity(k: int, props: Any, listed: list[dict]) -> dict:
     uuid = getattr(props, "uuid", None)
     uuid = str(uuid) if uuid is not None and str(uuid) else None
     parts = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    bus = (f"{int(parts[0]):08x}:{int(parts[1]):02x}:{int(parts[2]):02x}.0" if None not in parts else None)
-    match = next((g for g in listed if _uuid_key(uuid) is not None and _uuid_key(g["uuid"]) == _uuid_key(uuid)),
-                 None) or next((g for g in listed if bus is not None and _pci_key(g["pci_bus_id"]) == _pci_key(bus)),
-                               None)
+    bus = f"{int(parts[0]):08x}:{int(parts[1]):02x}:{int(parts[2]):02x}.0" if None not in parts else None
+    match = next(
+        (g for g in listed if _uuid_key(uuid) is not None and _uuid_key(g["uuid"]) == _uuid_key(uuid)), None
+    ) or next((g for g in listed if bus is not None and _pci_key(g["pci_bus_id"]) == _pci_key(bus)), None)
     if match is not None:
         return {"cuda": k, **{f: match[f] for f in _ROW_FIELDS}}
-    return {"cuda": k, "index": None, "pci_bus_id": bus,
-            "uuid": (uuid if uuid is None or uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"),
-            "name": getattr(props, "name", None)}
+    return {
+        "cuda": k,
+        "index": None,
+        "pci_bus_id": bus,
+        "uuid": (uuid if uuid is None or uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"),
+        "name": getattr(props, "name", None),
+    }
 
 
 def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | None, str]:
@@ -125,23 +131,29 @@ def visible_gpus(listed: Sequence[dict], environ: Any) -> tuple[list[dict] | Non
         return None, "NVML lists no GPU here"
     text = environ.get("CUDA_VISIBLE_DEVICES")
     if environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len({g.get("name") for g in listed}) > 1:
-        return None, ("GPUs of several models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA orders them fastest "
-                      "first, not as NVML does")
+        return None, (
+            "GPUs of several models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA orders them fastest "
+            "first, not as NVML does"
+        )
     if text is None:
         return list(listed), ""
     shown = _shown(text)
     if text.strip().upper().startswith("MIG-"):
-        return None, (f"CUDA_VISIBLE_DEVICES={shown} names MIG instances: CUDA's devices are then slices of a GPU, "
-                      "not whole GPUs, and MIG instances have no GPU-to-GPU P2P (NVIDIA MIG User Guide)")
+        return None, (
+            f"CUDA_VISIBLE_DEVICES={shown} names MIG instances: CUDA's devices are then slices of a GPU, "
+            "not whole GPUs, and MIG instances have no GPU-to-GPU P2P (NVIDIA MIG User Guide)"
+        )
     uuids = text.strip().upper().startswith("GPU-")
     chosen: list[dict] = []
     for k, entry in enumerate(e.strip() for e in text.split(",")):
         hit, why = _visible_entry(listed, entry, uuids)
         if why:
             seen = ", ".join(f"GPU {g['index']}" for g in chosen) or "no GPU"
-            return chosen, (f"CUDA_VISIBLE_DEVICES={shown}: entry {k + 1} ({_shown(entry)!r}) {why}; CUDA stops at the first "
-                            f"entry it cannot use, so the command sees {seen} (CUDA C Programming Guide, CUDA "
-                            "environment variables)")
+            return chosen, (
+                f"CUDA_VISIBLE_DEVICES={shown}: entry {k + 1} ({_shown(entry)!r}) {why}; CUDA stops at the first "
+                f"entry it cannot use, so the command sees {seen} (CUDA C Programming Guide, CUDA "
+                "environment variables)"
+            )
         if hit in chosen:
             return None, f"CUDA_VISIBLE_DEVICES={shown} names a GPU twice: CUDA then shows no GPU"
         chosen.append(hit)
@@ -172,6 +184,9 @@ def _visible_entry(listed: Sequence[dict], entry: str, uuids: bool) -> tuple[dic
         hits = [g for g in listed if g["index"] == index]
         what = f"GPU index {_shown(digits.group(), 24)}"
     if len(hits) != 1:
-        return None, (f"matches {len(hits)} GPUs ({what} prefix is ambiguous)" if hits else
-                      f"names no GPU NVML lists here ({what})")
+        return None, (
+            f"matches {len(hits)} GPUs ({what} prefix is ambiguous)"
+            if hits
+            else f"names no GPU NVML lists here ({what})"
+        )
     return hits[0], ""

@@ -138,14 +138,18 @@ class Topology:
 
     def as_dict(self) -> dict:
         """JSON-ready form: pairs written ``"i-j"``."""
+
         def pairs(d: dict) -> dict:
             return {f"{i}-{j}": v for (i, j), v in sorted(d.items())}
+
         return {
             "source": self.source,
             "gpus": [asdict(g) for g in self.gpus],
             "links": pairs(self.links),
-            "nics": [{"label": n.label, "name": n.name, "gpu_links": {str(k): v for k, v in sorted(n.gpu_links.items())}}
-                     for n in self.nics],
+            "nics": [
+                {"label": n.label, "name": n.name, "gpu_links": {str(k): v for k, v in sorted(n.gpu_links.items())}}
+                for n in self.nics
+            ],
             "p2p_read": pairs(self.p2p_read),
             "p2p_write": pairs(self.p2p_write),
             "p2p_reason": pairs(self.p2p_reason),
@@ -226,13 +230,13 @@ def _split_header(tokens: list[str]) -> tuple[list[str], list[str]] | None:
     """Device column labels and attribute column names of a header row, or ``None`` if it is not one."""
     devices: list[str] = []
     k = 0
-    while k < len(tokens) and not any(tuple(tokens[k:k + len(h)]) == h for h in _ATTRIBUTE_HEADERS):
+    while k < len(tokens) and not any(tuple(tokens[k : k + len(h)]) == h for h in _ATTRIBUTE_HEADERS):
         devices.append(tokens[k])
         k += 1
     attributes: list[str] = []
     while k < len(tokens):
         for h in _ATTRIBUTE_HEADERS:
-            if tuple(tokens[k:k + len(h)]) == h:
+            if tuple(tokens[k : k + len(h)]) == h:
                 attributes.append(" ".join(h))
                 k += len(h)
                 break
@@ -320,8 +324,11 @@ def _read_header(lines: list[str], source: str) -> _Header:
         raise _fail(source, "no header row starting with GPU0: not the output of `nvidia-smi topo -m`")
     split = _split_header(lines[header_at].split())
     if split is None:
-        raise _fail(source, "unknown column in the header row: expected device labels, then CPU Affinity, "
-                    "NUMA Affinity, GPU NUMA ID", header_at + 1)
+        raise _fail(
+            source,
+            "unknown column in the header row: expected device labels, then CPU Affinity, NUMA Affinity, GPU NUMA ID",
+            header_at + 1,
+        )
     devices, attributes = split
     column_of: dict[str, int] = {}
     for c, label in enumerate(devices):
@@ -334,8 +341,9 @@ def _read_header(lines: list[str], source: str) -> _Header:
     return _Header(devices, attributes, column_of, gpu_of_label, header_at)
 
 
-def _read_rows(lines: list[str], head: _Header, source: str
-               ) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, int], int]:
+def _read_rows(
+    lines: list[str], head: _Header, source: str
+) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, int], int]:
     """Matrix rows, up to the first blank line or the legend: each row's connections and attribute
     cells, its 1-based line number, and the index of the line after the matrix."""
     devices, attributes = head.devices, head.attributes
@@ -364,12 +372,20 @@ def _read_rows(lines: list[str], head: _Header, source: str
         wanted = len(devices) + (len(attributes) if label in head.gpu_of_label else 0)
         if len(values) < wanted:
             where = f" (no cell from column {devices[len(values)]} on)" if len(values) < len(devices) else ""
-            raise _fail(source, f"row {label} has {len(values)} cells, expected {wanted}: a cell is missing{where}", n + 1)
+            raise _fail(
+                source, f"row {label} has {len(values)} cells, expected {wanted}: a cell is missing{where}", n + 1
+            )
         if len(values) > len(devices) + len(attributes):
-            raise _fail(source, f"row {label} has {len(values)} cells, expected {wanted}: extra cell "
-                        f"{_shown(values[len(devices) + len(attributes)])}", n + 1)
-        cells[label] = [_row_link(source, label, devices[c], cell, n + 1) for c, cell in enumerate(values[: len(devices)])]
-        attrs[label] = values[len(devices):]
+            raise _fail(
+                source,
+                f"row {label} has {len(values)} cells, expected {wanted}: extra cell "
+                f"{_shown(values[len(devices) + len(attributes)])}",
+                n + 1,
+            )
+        cells[label] = [
+            _row_link(source, label, devices[c], cell, n + 1) for c, cell in enumerate(values[: len(devices)])
+        ]
+        attrs[label] = values[len(devices) :]
         row_line[label] = n + 1
         n += 1
     return cells, attrs, row_line, n
@@ -379,8 +395,12 @@ def _row_link(source: str, label: str, column: str, cell: str, line_no: int) -> 
     """The connection name of one matrix cell; UserError for a code that is none."""
     link = _normalise_link(cell)
     if link is None:
-        raise _fail(source, f"row {label}, column {column}: unknown connection {_shown(cell)} "
-                    "(expected X, PIX, PXB, PHB, NODE, SYS or NV<n>)", line_no)
+        raise _fail(
+            source,
+            f"row {label}, column {column}: unknown connection {_shown(cell)} "
+            "(expected X, PIX, PXB, PHB, NODE, SYS or NV<n>)",
+            line_no,
+        )
     return link
 
 
@@ -396,33 +416,44 @@ def _check_square(cells: dict[str, list[str]], head: _Header, row_line: dict[str
                 what = "diagonal must be X" if other == label else "X off the diagonal"
                 raise _fail(source, f"row {label}, column {other}: {what}", row_line[label])
             if cells[other][head.column_of[label]] != link:
-                raise _fail(source, f"asymmetric entries: row {label}, column {other} is {link} but row "
-                            f"{other}, column {label} is {cells[other][head.column_of[label]]}", row_line[label])
+                raise _fail(
+                    source,
+                    f"asymmetric entries: row {label}, column {other} is {link} but row "
+                    f"{other}, column {label} is {cells[other][head.column_of[label]]}",
+                    row_line[label],
+                )
 
 
-def _topology(head: _Header, cells: dict[str, list[str]], attrs: dict[str, list[str]], nic_names: dict[str, str],
-              source: str) -> Topology:
+def _topology(
+    head: _Header, cells: dict[str, list[str]], attrs: dict[str, list[str]], nic_names: dict[str, str], source: str
+) -> Topology:
     """The checked matrix as a :class:`Topology`: GPUs with their attribute columns, GPU pairs, NICs."""
     gpu_of_label, column_of = head.gpu_of_label, head.column_of
     gpus: list[Gpu] = []
     for label, index in sorted(gpu_of_label.items(), key=lambda kv: kv[1]):
         row_attrs = dict(zip(head.attributes, attrs[label]))
         affinity = row_attrs.get("CPU Affinity")
-        gpus.append(Gpu(
-            index=index,
-            numa_node=_optional_int(row_attrs.get("NUMA Affinity", "")),
-            cpu_affinity=None if affinity in (None, "N/A") else affinity,
-            gpu_numa_id=_optional_int(row_attrs.get("GPU NUMA ID", "")),
-        ))
+        gpus.append(
+            Gpu(
+                index=index,
+                numa_node=_optional_int(row_attrs.get("NUMA Affinity", "")),
+                cpu_affinity=None if affinity in (None, "N/A") else affinity,
+                gpu_numa_id=_optional_int(row_attrs.get("GPU NUMA ID", "")),
+            )
+        )
     pair_links = {
-        (gpu_of_label[a], gpu_of_label[b]): cells[a][column_of[b]]
-        for a in gpu_of_label for b in gpu_of_label if a != b
+        (gpu_of_label[a], gpu_of_label[b]): cells[a][column_of[b]] for a in gpu_of_label for b in gpu_of_label if a != b
     }
     nics = tuple(
-        Nic(label=label, name=nic_names.get(label, None if _NIC_LABEL.fullmatch(label) else label),
-            gpu_links={gpu_of_label[g]: cells[label][column_of[g]] for g in gpu_of_label})
-        for label in head.devices if label not in gpu_of_label
+        Nic(
+            label=label,
+            name=nic_names.get(label, None if _NIC_LABEL.fullmatch(label) else label),
+            gpu_links={gpu_of_label[g]: cells[label][column_of[g]] for g in gpu_of_label},
+        )
+        for label in head.devices
+        if label not in gpu_of_label
     )
     unknown = {pair: None for pair in pair_links}
-    return Topology(gpus=tuple(gpus), links=pair_links, nics=nics, p2p_read=dict(unknown),
-                    p2p_write=dict(unknown), source=source)
+    return Topology(
+        gpus=tuple(gpus), links=pair_links, nics=nics, p2p_read=dict(unknown), p2p_write=dict(unknown), source=source
+    )

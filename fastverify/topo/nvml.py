@@ -265,18 +265,20 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
             numa = int(nodes) if nodes is not None and nodes.isdigit() else None
         gpu_numa = q.maybe("nvmlDeviceGetNumaNodeId", at, h)
         cpus = q.maybe("nvmlDeviceGetCpuAffinity", at, h, _CPU_WORDS)
-        gpus.append(Gpu(
-            index=i,
-            name=nvml_text(name) if name is not None else None,
-            pci_bus_id=bus_id,
-            numa_node=numa,
-            cpu_affinity=_bitmask_ranges(cpus) if cpus is not None else None,
-            pcie_gen=q.maybe("nvmlDeviceGetCurrPcieLinkGeneration", at, h),
-            pcie_width=q.maybe("nvmlDeviceGetCurrPcieLinkWidth", at, h),
-            pcie_max_gen=q.maybe("nvmlDeviceGetMaxPcieLinkGeneration", at, h),
-            pcie_max_width=q.maybe("nvmlDeviceGetMaxPcieLinkWidth", at, h),
-            gpu_numa_id=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
-        ))
+        gpus.append(
+            Gpu(
+                index=i,
+                name=nvml_text(name) if name is not None else None,
+                pci_bus_id=bus_id,
+                numa_node=numa,
+                cpu_affinity=_bitmask_ranges(cpus) if cpus is not None else None,
+                pcie_gen=q.maybe("nvmlDeviceGetCurrPcieLinkGeneration", at, h),
+                pcie_width=q.maybe("nvmlDeviceGetCurrPcieLinkWidth", at, h),
+                pcie_max_gen=q.maybe("nvmlDeviceGetMaxPcieLinkGeneration", at, h),
+                pcie_max_width=q.maybe("nvmlDeviceGetMaxPcieLinkWidth", at, h),
+                gpu_numa_id=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
+            )
+        )
 
     bus_to_index = {g.pci_bus_id.lower(): g.index for g in gpus if g.pci_bus_id}
     nvlinks = [_nvlink_peers(q, h, i, bus_to_index) for i, h in enumerate(handles)]
@@ -309,8 +311,7 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
                     try:
                         links[(i, j)] = ancestor_to_link(nvml, level)
                     except ValueError as err:
-                        raise UserError(f"NVML: GPUs {i} and {j}: {err} (newer driver than fastverify knows)") \
-                            from None
+                        raise UserError(f"NVML: GPUs {i} and {j}: {err} (newer driver than fastverify knows)") from None
             refused = []
             for what, index, table in (("read", read_idx, p2p_read), ("write", write_idx, p2p_write)):
                 status = q.maybe("nvmlDeviceGetP2PStatus", f"{pair}, {what}", handles[i], handles[j], index)
@@ -320,12 +321,22 @@ def _read(nvml: Any, sysfs_root: Path) -> Topology:
             if refused:
                 p2p_reason[(i, j)] = "; ".join(refused)
     source = f"NVML (driver {nvml_text(driver)})" if driver is not None else "NVML"
-    return Topology(gpus=tuple(gpus), links=links, nics=(), p2p_read=p2p_read, p2p_write=p2p_write,
-                    source=source, p2p_reason=p2p_reason, link_errors=link_errors, unsupported=tuple(q.failed))
+    return Topology(
+        gpus=tuple(gpus),
+        links=links,
+        nics=(),
+        p2p_read=p2p_read,
+        p2p_write=p2p_write,
+        source=source,
+        p2p_reason=p2p_reason,
+        link_errors=link_errors,
+        unsupported=tuple(q.failed),
+    )
 
 
-def read_gpu_memory(nvml: ModuleType | Any | None = None, *,
-                    proc_root: str | os.PathLike = "/proc") -> list[dict] | None:
+def read_gpu_memory(
+    nvml: ModuleType | Any | None = None, *, proc_root: str | os.PathLike = "/proc"
+) -> list[dict] | None:
     """Each GPU's free memory and the processes that hold it, from NVML: no CUDA context, no torch.
 
     Parameters
@@ -362,8 +373,9 @@ def read_gpu_memory(nvml: ModuleType | Any | None = None, *,
         return None
     names = Path(proc_root) if _in_host_pid_namespace(Path(proc_root)) else None
     try:
-        return [_memory_row(nvml, i, nvml.nvmlDeviceGetHandleByIndex(i), names)
-                for i in range(nvml.nvmlDeviceGetCount())]
+        return [
+            _memory_row(nvml, i, nvml.nvmlDeviceGetHandleByIndex(i), names) for i in range(nvml.nvmlDeviceGetCount())
+        ]
     except error:
         return None
     finally:
@@ -386,13 +398,22 @@ def _memory_row(nvml: Any, index: int, handle: Any, proc_root: Path | None) -> d
     for proc in _compute_processes(q, at, handle):
         pid = int(proc.pid)
         used = getattr(proc, "usedGpuMemory", None)
-        holders.append({"pid": pid, "name": None if proc_root is None else _process_name(proc_root, pid),
-                        "used_bytes": int(used) if isinstance(used, int) else None})
-    return {"index": index, "pci_bus_id": nvml_text(pci.busId) if pci is not None else None,
-            "uuid": nvml_text(uuid) if uuid is not None else None,
-            "name": nvml_text(name) if name is not None else None,
-            "total_bytes": int(memory.total) if memory is not None else None,
-            "free_bytes": int(memory.free) if memory is not None else None, "holders": holders}
+        holders.append(
+            {
+                "pid": pid,
+                "name": None if proc_root is None else _process_name(proc_root, pid),
+                "used_bytes": int(used) if isinstance(used, int) else None,
+            }
+        )
+    return {
+        "index": index,
+        "pci_bus_id": nvml_text(pci.busId) if pci is not None else None,
+        "uuid": nvml_text(uuid) if uuid is not None else None,
+        "name": nvml_text(name) if name is not None else None,
+        "total_bytes": int(memory.total) if memory is not None else None,
+        "free_bytes": int(memory.free) if memory is not None else None,
+        "holders": holders,
+    }
 
 
 def _compute_processes(q: _Queries, at: str, handle: Any) -> list:

@@ -82,9 +82,12 @@ MIN_TIMEOUT_S = float(math.ceil((MIN_P2P_SIDE_S + 2.0) / 0.9))
 def check_timeout(timeout_s: float, flag: str = "--timeout") -> None:
     """Refuse a per-pair timeout under :data:`MIN_TIMEOUT_S` (UserError, one line)."""
     if timeout_s < MIN_TIMEOUT_S:
-        raise UserError(f"{flag} {timeout_s:g}: under {MIN_TIMEOUT_S:g} s per pair leaves each side process of the "
-                        f"P2P check less than {MIN_P2P_SIDE_S:g} s, less than a cold `import torch` can take; give "
-                        f"at least {MIN_TIMEOUT_S:g}")
+        raise UserError(
+            f"{flag} {timeout_s:g}: under {MIN_TIMEOUT_S:g} s per pair leaves each side process of the "
+            f"P2P check less than {MIN_P2P_SIDE_S:g} s, less than a cold `import torch` can take; give "
+            f"at least {MIN_TIMEOUT_S:g}"
+        )
+
 
 # argv of the child that tests the unordered pair {i, j} and writes its JSON result to out_path.
 ChildArgv = Callable[[int, int, Path], Sequence[str]]
@@ -96,8 +99,18 @@ def default_child_argv(timeout_s: float = DEFAULT_TIMEOUT_S) -> ChildArgv:
     inner = side_timeout_s(timeout_s)
 
     def argv(i: int, j: int, out_path: Path) -> list[str]:
-        return [sys.executable, "-m", "fastverify.topo.p2p", "pair", str(i), str(j), str(out_path),
-                "--timeout", f"{inner:g}"]
+        return [
+            sys.executable,
+            "-m",
+            "fastverify.topo.p2p",
+            "pair",
+            str(i),
+            str(j),
+            str(out_path),
+            "--timeout",
+            f"{inner:g}",
+        ]
+
     return argv
 
 
@@ -128,9 +141,15 @@ def _file_tail(path: Path) -> str:
         return ""
 
 
-def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_s: float,
-                   env: dict[str, str] | None = None, stop: threading.Event | None = None
-                   ) -> dict[tuple[int, int], P2PResult]:
+def run_pair_child(
+    argv: Sequence[str],
+    i: int,
+    j: int,
+    out_path: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
+) -> dict[tuple[int, int], P2PResult]:
     """Run one pair child with a timeout and read its result file; both directions ``(i, j)`` and
     ``(j, i)`` always get a result (a failure reason when the child did not give one).
 
@@ -140,6 +159,7 @@ def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_
     the grace period). ``stop`` set (Ctrl-C in the caller) ends the wait at once: the child is
     stopped by that rule and both directions say ``interrupted`` (never returned to a caller,
     which re-raises the interrupt)."""
+
     def both(ok: bool, reason: str, timed_out: bool = False) -> dict[tuple[int, int], P2PResult]:
         return {(i, j): P2PResult(ok, reason, timed_out), (j, i): P2PResult(ok, reason, timed_out)}
 
@@ -153,8 +173,12 @@ def run_pair_child(argv: Sequence[str], i: int, j: int, out_path: Path, timeout_
             if stop is not None and stop.is_set():
                 return both(False, "interrupted", timed_out=True)
             if time.monotonic() >= deadline:
-                return both(False, f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child "
-                                   "started slowly; not a failure: retried on the next run)", timed_out=True)
+                return both(
+                    False,
+                    f"timeout: no answer within {timeout_s:g} s (P2P access hung or the child "
+                    "started slowly; not a failure: retried on the next run)",
+                    timed_out=True,
+                )
             time.sleep(POLL_S)
         code = child.returncode(0)
         stderr, stdout = _file_tail(stderr_path(child.workdir, 0)), _file_tail(child.workdir / "rank0.stdout")
@@ -181,11 +205,18 @@ def _gpu_count_or_fail() -> int:
     return torch.cuda.device_count()
 
 
-def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-              cache_dir: str | os.PathLike | None = None, refresh: bool = False, max_parallel: int = 4,
-              n_gpus: int | None = None, key: dict | None = None,
-              child_argv: ChildArgv | None = None, gpus: Sequence[dict] | None = None
-              ) -> dict[tuple[int, int], P2PResult]:
+def check_p2p(
+    *,
+    pairs: Iterable[tuple[int, int]] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    cache_dir: str | os.PathLike | None = None,
+    refresh: bool = False,
+    max_parallel: int = 4,
+    n_gpus: int | None = None,
+    key: dict | None = None,
+    child_argv: ChildArgv | None = None,
+    gpus: Sequence[dict] | None = None,
+) -> dict[tuple[int, int], P2PResult]:
     """Test P2P between GPUs for real, in child processes; cached per box.
 
     Parameters
@@ -228,8 +259,12 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
         child_argv = default_child_argv(timeout_s)
     if n_gpus is None:
         raise ValueError("n_gpus is required with a custom child_argv")
-    wanted = sorted({(min(p), max(p)) for p in (pairs if pairs is not None else
-                     [(a, b) for a in range(n_gpus) for b in range(a + 1, n_gpus)])})
+    wanted = sorted(
+        {
+            (min(p), max(p))
+            for p in (pairs if pairs is not None else [(a, b) for a in range(n_gpus) for b in range(a + 1, n_gpus)])
+        }
+    )
     for a, b in wanted:
         if a == b or not (0 <= a < n_gpus and 0 <= b < n_gpus):
             raise ValueError(f"GPU pair ({a}, {b}) is not two different GPUs of 0..{n_gpus - 1}")
@@ -245,8 +280,9 @@ def check_p2p(*, pairs: Iterable[tuple[int, int]] | None = None, timeout_s: floa
     return {p: results[p] for a, b in wanted for p in ((a, b), (b, a))}
 
 
-def _run_pairs(todo: Sequence[tuple[int, int]], child_argv: ChildArgv, tmp: Path, timeout_s: float,
-               max_parallel: int) -> dict[tuple[int, int], P2PResult]:
+def _run_pairs(
+    todo: Sequence[tuple[int, int]], child_argv: ChildArgv, tmp: Path, timeout_s: float, max_parallel: int
+) -> dict[tuple[int, int], P2PResult]:
     """Both directions of every pair in ``todo``, ``max_parallel`` pair children at a time.
 
     Ctrl-C (or any exception) while waiting cancels the pairs not yet started, tells the running
@@ -255,8 +291,19 @@ def _run_pairs(todo: Sequence[tuple[int, int]], child_argv: ChildArgv, tmp: Path
     env, stop, results = _child_env(), threading.Event(), {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_parallel))
     try:
-        futures = [pool.submit(run_pair_child, child_argv(a, b, tmp / f"pair-{a}-{b}.json"), a, b,
-                               tmp / f"pair-{a}-{b}.json", timeout_s, env, stop) for a, b in todo]
+        futures = [
+            pool.submit(
+                run_pair_child,
+                child_argv(a, b, tmp / f"pair-{a}-{b}.json"),
+                a,
+                b,
+                tmp / f"pair-{a}-{b}.json",
+                timeout_s,
+                env,
+                stop,
+            )
+            for a, b in todo
+        ]
         for future in futures:
             results.update(future.result())
     except BaseException:
@@ -277,21 +324,39 @@ def run_pair(i: int, j: int, out_path: Path, timeout_s: float) -> None:
     with RankGroup(prefix="fastverify-p2p-pair-") as group:
         workdir = group.workdir
         sides = {"a": 0, "b": 1}
-        group.start([sys.executable, "-m", "fastverify.topo.p2p", "side", me, peer, str(gpu_of[me]),
-                     str(gpu_of[peer]), str(workdir), "--timeout", f"{timeout_s:g}"]
-                    for me, peer in (("a", "b"), ("b", "a")))
+        group.start(
+            [
+                sys.executable,
+                "-m",
+                "fastverify.topo.p2p",
+                "side",
+                me,
+                peer,
+                str(gpu_of[me]),
+                str(gpu_of[peer]),
+                str(workdir),
+                "--timeout",
+                f"{timeout_s:g}",
+            ]
+            for me, peer in (("a", "b"), ("b", "a"))
+        )
         while not group.all_exited() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         errors: dict[str, dict] = {}
         for me, rank in sides.items():
             code = group.returncode(rank)
             if code is None:
-                errors[me] = {"ok": False, "reason": f"timeout: GPU {gpu_of[me]}'s side gave no answer within "
-                              f"{timeout_s:g} s", "timed_out": True}
+                errors[me] = {
+                    "ok": False,
+                    "reason": f"timeout: GPU {gpu_of[me]}'s side gave no answer within {timeout_s:g} s",
+                    "timed_out": True,
+                }
             elif code != 0:
                 err = _file_tail(stderr_path(workdir, rank))
-                errors[me] = {"ok": False, "reason": f"GPU {gpu_of[me]}'s side failed ({exit_reason(code)}): "
-                              f"{err or 'no output'}"}
+                errors[me] = {
+                    "ok": False,
+                    "reason": f"GPU {gpu_of[me]}'s side failed ({exit_reason(code)}): {err or 'no output'}",
+                }
         group.stop()  # the kill rule, before the reports are read: a hung side writes nothing more
         reports = {}
         for me in sides:
@@ -350,8 +415,10 @@ def summary_line(results: dict[tuple[int, int], P2PResult]) -> str:
     if n["failed"]:
         line += f", {n['failed']} failed"
     if n["timeout"]:
-        line += (f", {n['timeout']} timed out (no answer in time: not a failure, not cached; run `fastverify p2p` "
-                 "again to retry them)")
+        line += (
+            f", {n['timeout']} timed out (no answer in time: not a failure, not cached; run `fastverify p2p` "
+            "again to retry them)"
+        )
     return line
 
 
@@ -360,8 +427,9 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastverify.topo.p2p",
-                                     description="Real GPU P2P check (children of fastverify topo).")
+    parser = argparse.ArgumentParser(
+        prog="python -m fastverify.topo.p2p", description="Real GPU P2P check (children of fastverify topo)."
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     check = sub.add_parser("check", help="test every GPU pair; print JSON results")
     check.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per pair")
@@ -465,27 +533,39 @@ def read_cache(path: Path, key: dict) -> dict[tuple[int, int], P2PResult]:
     timeout (retried, module docstring); else ``{}``."""
     try:
         doc = json.loads(path.read_text())
-        if (not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION
-                or doc.get("fingerprint") != fingerprint_of(key) or doc.get("box") != key):
+        if (
+            not isinstance(doc, dict)
+            or doc.get("schema_version") != SCHEMA_VERSION
+            or doc.get("fingerprint") != fingerprint_of(key)
+            or doc.get("box") != key
+        ):
             return {}
         return {p: r for p, r in results_from_json(doc.get("results")).items() if not r.timed_out}
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
 
 
-def write_cache(path: Path, key: dict, results: dict[tuple[int, int], P2PResult],
-                gpus: Sequence[dict] | None = None) -> None:
+def write_cache(
+    path: Path, key: dict, results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict] | None = None
+) -> None:
     """Write ``results`` less their timeouts (module docstring) atomically (temporary file in the
     same folder, then rename); with
     ``gpus`` (:func:`fastverify.topo.gpu_identity.gpu_identities`) the file names the GPUs too,
     and proves like the check's own output (:func:`fastverify.topo.p2p_proof.read_check_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": SCHEMA_VERSION, "fingerprint": fingerprint_of(key), "box": key,
-           "written_unix_s": round(time.time(), 3),
-           "results": results_to_json({p: r for p, r in results.items() if not r.timed_out})}
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": fingerprint_of(key),
+        "box": key,
+        "written_unix_s": round(time.time(), 3),
+        "results": results_to_json({p: r for p, r in results.items() if not r.timed_out}),
+    }
     if gpus is not None:
-        doc.update(cuda_visible_devices=key.get("cuda_visible_devices"),
-                   cuda_device_order=key.get("cuda_device_order"), gpus=list(gpus))
+        doc.update(
+            cuda_visible_devices=key.get("cuda_visible_devices"),
+            cuda_device_order=key.get("cuda_device_order"),
+            gpus=list(gpus),
+        )
     write_json_atomic(path, doc)
 
 
@@ -546,7 +626,9 @@ def _publish_buffer(torch: Any, me: str, my_gpu: int, workdir: Path) -> Any | No
         torch.cuda.synchronize(my_gpu)
         share = tuple(buf.untyped_storage()._share_cuda_())
         if len(share) != 8:
-            raise _CheckFailed(f"torch's CUDA IPC handle has {len(share)} fields, expected 8 (torch {torch.__version__})")
+            raise _CheckFailed(
+                f"torch's CUDA IPC handle has {len(share)} fields, expected 8 (torch {torch.__version__})"
+            )
     except Exception as err:  # noqa: BLE001 - reported to the peer and the pair child
         failed = {"ok": False, "reason": f"GPU {my_gpu} could not share a buffer: {_first_line(err)}"}
         write_json_atomic(workdir / f"{me}.handle.json", {"error": failed["reason"]})
@@ -607,8 +689,11 @@ def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, time
         if peer_wrote:
             torch.cuda.synchronize(my_gpu)
             bad = int((buf != _pattern(torch, _SEEDS[peer][1], n, dev)).sum().item())
-            report["own"] = ({"ok": True, "reason": "the peer's write arrived"} if not bad else
-                             {"ok": False, "reason": f"P2P write from GPU {peer_gpu} left {bad} of {n} bytes wrong"})
+            report["own"] = (
+                {"ok": True, "reason": "the peer's write arrived"}
+                if not bad
+                else {"ok": False, "reason": f"P2P write from GPU {peer_gpu} left {bad} of {n} bytes wrong"}
+            )
         else:
             report["own"] = {"ok": False, "reason": f"GPU {peer_gpu} did not write"}
     except Exception as err:  # noqa: BLE001

@@ -75,8 +75,10 @@ def timed_out_row(ok: bool, reason: str, flag: object = None) -> bool:
 
 def results_to_json(results: dict[tuple[int, int], P2PResult]) -> list[dict]:
     """``{(src, dst): P2PResult}`` as result rows, sorted by ``(src, dst)``."""
-    return [{"src": i, "dst": j, "ok": r.ok, "reason": r.reason, **({"timed_out": True} if r.timed_out else {})}
-            for (i, j), r in sorted(results.items())]
+    return [
+        {"src": i, "dst": j, "ok": r.ok, "reason": r.reason, **({"timed_out": True} if r.timed_out else {})}
+        for (i, j), r in sorted(results.items())
+    ]
 
 
 def count_statuses(results) -> dict[str, int]:
@@ -98,8 +100,13 @@ def results_from_json(rows: Any) -> dict[tuple[int, int], P2PResult]:
             raise ValueError("a result is not an object")
         src, dst, ok, reason = row.get("src"), row.get("dst"), row.get("ok"), row.get("reason")
         flag = row.get("timed_out")
-        if (type(src) is not int or type(dst) is not int or type(ok) is not bool or not isinstance(reason, str)
-                or not (flag is None or type(flag) is bool)):
+        if (
+            type(src) is not int
+            or type(dst) is not int
+            or type(ok) is not bool
+            or not isinstance(reason, str)
+            or not (flag is None or type(flag) is bool)
+        ):
             raise ValueError(f"bad result row {row!r:.80}")
         out[(src, dst)] = P2PResult(ok, " ".join(reason.split()), timed_out_row(ok, reason, flag))
     return out
@@ -124,18 +131,25 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 CHECK_SCHEMA = "fastverify.p2p_check"
 CHECK_VERSION = 2  # version 1: the bare result list, naming no GPU
-OLD_CHECK = ("names no GPU (written before the check recorded which GPUs it tested), so it cannot show "
-             "they are this box's: rerun `fastverify p2p --output FILE` on this box")
+OLD_CHECK = (
+    "names no GPU (written before the check recorded which GPUs it tested), so it cannot show "
+    "they are this box's: rerun `fastverify p2p --output FILE` on this box"
+)
 
 
-def check_document(results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict],
-                   environ: dict[str, str] | None = None) -> dict:
+def check_document(
+    results: dict[tuple[int, int], P2PResult], gpus: Sequence[dict], environ: dict[str, str] | None = None
+) -> dict:
     """The JSON ``fastverify p2p`` prints (module docstring)."""
     env = os.environ if environ is None else environ
-    return {"schema": CHECK_SCHEMA, "version": CHECK_VERSION,
-            "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
-            "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
-            "gpus": list(gpus), "results": results_to_json(results)}
+    return {
+        "schema": CHECK_SCHEMA,
+        "version": CHECK_VERSION,
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
+        "gpus": list(gpus),
+        "results": results_to_json(results),
+    }
 
 
 @dataclass(frozen=True)
@@ -170,8 +184,13 @@ def read_check_file(path: str | os.PathLike) -> CheckFile:
     raw = doc.get("gpus") if isinstance(doc, dict) else None
     gpus = None if raw is None else _check_gpus(p, raw, results)
     env = doc if isinstance(doc, dict) else {}
-    return CheckFile(path=p, results=results, gpus=gpus, cuda_visible_devices=env.get("cuda_visible_devices"),
-                     cuda_device_order=env.get("cuda_device_order"))
+    return CheckFile(
+        path=p,
+        results=results,
+        gpus=gpus,
+        cuda_visible_devices=env.get("cuda_visible_devices"),
+        cuda_device_order=env.get("cuda_device_order"),
+    )
 
 
 def _check_json(p: str, text: str) -> Any:
@@ -182,10 +201,15 @@ def _check_json(p: str, text: str) -> Any:
         raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{p}: not the JSON of `fastverify p2p`") from None
-    if isinstance(doc, dict) and "schema" in doc and (doc.get("schema") != CHECK_SCHEMA
-                                                      or doc.get("version") != CHECK_VERSION):
-        raise UserError(f"{p}: not a P2P check this fastverify reads (schema {doc.get('schema')!r} version "
-                        f"{doc.get('version')!r}, expected {CHECK_SCHEMA!r} version {CHECK_VERSION})")
+    if (
+        isinstance(doc, dict)
+        and "schema" in doc
+        and (doc.get("schema") != CHECK_SCHEMA or doc.get("version") != CHECK_VERSION)
+    ):
+        raise UserError(
+            f"{p}: not a P2P check this fastverify reads (schema {doc.get('schema')!r} version "
+            f"{doc.get('version')!r}, expected {CHECK_SCHEMA!r} version {CHECK_VERSION})"
+        )
     return doc
 
 
@@ -200,8 +224,10 @@ def _check_results(p: str, rows: Any) -> dict[tuple[int, int], P2PResult]:
         if type(ok) is not bool or type(src) is not int or type(dst) is not int or src < 0 or dst < 0 or src == dst:
             raise UserError(f"{p}: a P2P result is not {{src, dst, ok, reason}} of two GPUs: {str(row)[:80]}")
         if (src, dst) in results:
-            raise UserError(f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
-                            "(rerun `fastverify p2p`)")
+            raise UserError(
+                f"{p}: direction ({src}, {dst}) is given twice; a check gives each direction once "
+                "(rerun `fastverify p2p`)"
+            )
         reason = " ".join(str(row.get("reason", "")).split())
         flag = row.get("timed_out")
         if not (flag is None or type(flag) is bool):
@@ -220,8 +246,9 @@ def _check_gpus(p: str, raw: Any, results: dict[tuple[int, int], P2PResult]) -> 
         if type(k) is not int or k < 0 or k in gpus:
             raise UserError(f"{p}: a GPU entry needs its own CUDA ordinal 'cuda': {str(g)[:80]}")
         try:
-            gpus[k] = GpuId(index=g.get("index"), pci_bus_id=g.get("pci_bus_id"), uuid=g.get("uuid"),
-                            name=g.get("name"))
+            gpus[k] = GpuId(
+                index=g.get("index"), pci_bus_id=g.get("pci_bus_id"), uuid=g.get("uuid"), name=g.get("name")
+            )
         except (ValueError, TypeError) as err:
             raise UserError(f"{p}: GPU {k}: {err}") from None
     for k, g in gpus.items():
@@ -263,8 +290,10 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
     if check.gpus is None:
         raise UserError(f"{p}: this P2P check {OLD_CHECK}")
     if not tp_gpus:
-        raise UserError(f"{p}: cannot tell whether the P2P check tested this box's GPUs ({why_unknown or 'unknown'}); "
-                        "launch needs NVML's GPU identities to bind the proof to the box")
+        raise UserError(
+            f"{p}: cannot tell whether the P2P check tested this box's GPUs ({why_unknown or 'unknown'}); "
+            "launch needs NVML's GPU identities to bind the proof to the box"
+        )
     ordinal = _tested_ordinals(check, tp_gpus)
     world = len(tp_gpus)
     failed, timed_out = [], []
@@ -274,22 +303,28 @@ def proof_for(check: CheckFile, tp_gpus: Sequence | None, why_unknown: str = "")
                 continue
             r = check.results.get((ordinal[a], ordinal[b]))
             if r is None:
-                raise UserError(f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
-                                f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
-                                f"needs all {world * (world - 1)} ordered pairs: rerun `fastverify p2p`")
+                raise UserError(
+                    f"{p}: the P2P check misses direction ({ordinal[a]}, {ordinal[b]}) (memory of "
+                    f"{tp_gpus[a].label()} from {tp_gpus[b].label()}) of TP ranks {a} and {b}; TP {world} "
+                    f"needs all {world * (world - 1)} ordered pairs: rerun `fastverify p2p`"
+                )
             if r.timed_out:
                 timed_out.append((a, b, r.reason))
             elif not r.ok:
                 failed.append((a, b, r.reason))
     if timed_out and not failed:
         a, b, reason = timed_out[0]
-        raise UserError(f"{p}: {len(timed_out)} of {world * (world - 1)} directions of the TP group timed out (no "
-                        f"answer in time, not a failure), so P2P is not known; first: {tp_gpus[b].label()} -> memory "
-                        f"of {tp_gpus[a].label()}: {reason}: rerun `fastverify p2p` (timeouts are retried)")
+        raise UserError(
+            f"{p}: {len(timed_out)} of {world * (world - 1)} directions of the TP group timed out (no "
+            f"answer in time, not a failure), so P2P is not known; first: {tp_gpus[b].label()} -> memory "
+            f"of {tp_gpus[a].label()}: {reason}: rerun `fastverify p2p` (timeouts are retried)"
+        )
     if failed:
         a, b, reason = failed[0]
-        return False, (f"{len(failed)} of {world * (world - 1)} directions of the TP group failed ({p}); first: "
-                       f"{tp_gpus[b].label()} -> memory of {tp_gpus[a].label()}: {reason}")[:300]
+        return False, (
+            f"{len(failed)} of {world * (world - 1)} directions of the TP group failed ({p}); first: "
+            f"{tp_gpus[b].label()} -> memory of {tp_gpus[a].label()}: {reason}"
+        )[:300]
     return True, f"all {world * (world - 1)} directions of the TP group's GPUs passed ({p})"
 
 
@@ -300,8 +335,10 @@ def _tested_ordinals(check: CheckFile, tp_gpus: Sequence) -> list[int]:
         hits = [k for k, h in check.gpus.items() if h.same_gpu(g)]
         if not hits:
             tested = ", ".join(h.label() for _, h in sorted(check.gpus.items()))
-            raise UserError(f"{check.path}: the P2P check did not test {g.label()}, TP rank {rank}'s GPU on this box "
-                            f"(it tested {tested}): rerun `fastverify p2p` on this box with the server's "
-                            "CUDA_VISIBLE_DEVICES")
+            raise UserError(
+                f"{check.path}: the P2P check did not test {g.label()}, TP rank {rank}'s GPU on this box "
+                f"(it tested {tested}): rerun `fastverify p2p` on this box with the server's "
+                "CUDA_VISIBLE_DEVICES"
+            )
         ordinal.append(hits[0])
     return ordinal

@@ -79,8 +79,9 @@ def _hw_p2p(topo: Topology | None, a: int, b: int) -> bool | None:
     return None
 
 
-def pair_reports(topo: Topology | None, log: NcclLog | None, level: str, level_source: str,
-                 env_off: str | None) -> tuple[list[PairReport], list[int], list[str]]:
+def pair_reports(
+    topo: Topology | None, log: NcclLog | None, level: str, level_source: str, env_off: str | None
+) -> tuple[list[PairReport], list[int], list[str]]:
     """Every GPU pair the evidence knows, at P2P level ``level`` (``env_off``: the setting that
     turns P2P off for every pair, else None). Returns the pairs, the GPUs (topology's, else the
     log's) and the warnings where the log and the topology disagree."""
@@ -94,25 +95,30 @@ def pair_reports(topo: Topology | None, log: NcclLog | None, level: str, level_s
     pairs: list[PairReport] = []
     disagree: dict[str, list[str]] = {"SHM": [], "P2P": []}  # the log's transport against the level's rule
     for i, a in enumerate(gpus):
-        for b in gpus[i + 1:]:
+        for b in gpus[i + 1 :]:
             report, against = _pair(topo, a, b, level, env_off, ev)
             if report is not None:
                 pairs.append(report)
             if against is not None:
                 disagree[against].append(f"{a}-{b}")
     if disagree["SHM"]:
-        warnings.append(f"{log.source} shows SHM for pair(s) {', '.join(disagree['SHM'])} although their path is "
-                        f"within NCCL_P2P_LEVEL={level} ({level_source}): NCCL found no peer access there (driver or "
-                        "ACS/IOMMU), so P2P is not recommended for them; the log's transport is what is shown")
+        warnings.append(
+            f"{log.source} shows SHM for pair(s) {', '.join(disagree['SHM'])} although their path is "
+            f"within NCCL_P2P_LEVEL={level} ({level_source}): NCCL found no peer access there (driver or "
+            "ACS/IOMMU), so P2P is not recommended for them; the log's transport is what is shown"
+        )
     if disagree["P2P"]:
-        warnings.append(f"{log.source} shows P2P for pair(s) {', '.join(disagree['P2P'])} whose path NCCL_P2P_LEVEL="
-                        f"{level} ({level_source}) does not allow: the log was taken with other settings than these; "
-                        "the log's transport is what is shown")
+        warnings.append(
+            f"{log.source} shows P2P for pair(s) {', '.join(disagree['P2P'])} whose path NCCL_P2P_LEVEL="
+            f"{level} ({level_source}) does not allow: the log was taken with other settings than these; "
+            "the log's transport is what is shown"
+        )
     return pairs, gpus, warnings
 
 
-def _pair(topo: Topology | None, a: int, b: int, level: str, env_off: str | None,
-          ev: _LogPairs) -> tuple[PairReport | None, str | None]:
+def _pair(
+    topo: Topology | None, a: int, b: int, level: str, env_off: str | None, ev: _LogPairs
+) -> tuple[PairReport | None, str | None]:
     """Pair ``(a, b)``'s report (None when nothing tells its transport), and the log's transport
     where it disagrees with the level's rule ("SHM" or "P2P"; else None)."""
     link = topo.link(a, b) if topo else None
@@ -166,10 +172,16 @@ def _stray_gpus(topo: Topology, log: NcclLog, ev: _LogPairs) -> list[str]:
         return []
     lines = sorted({t.line for t in log.transports if t.src_dev in stray or t.dst_dev in stray} - {0})
     where = f" (line {lines[0]}{' and more' if len(lines) > 1 else ''})" if lines else ""
-    return [(f"{log.source} names GPU(s) {', '.join(map(str, stray))}{where}, which {topo.source} does not have "
-             f"(GPUs {_span(sorted(have))}): their pairs are left out, the rest is kept; a log from another box, "
-             "or taken under another CUDA_VISIBLE_DEVICES?")]
+    return [
+        (
+            f"{log.source} names GPU(s) {', '.join(map(str, stray))}{where}, which {topo.source} does not have "
+            f"(GPUs {_span(sorted(have))}): their pairs are left out, the rest is kept; a log from another box, "
+            "or taken under another CUDA_VISIBLE_DEVICES?"
+        )
+    ]
 
 
 def _span(xs: list[int]) -> str:
-    return f"{xs[0]}-{xs[-1]}" if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else ", ".join(map(str, xs))
+    return (
+        f"{xs[0]}-{xs[-1]}" if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else ", ".join(map(str, xs))
+    )

@@ -24,7 +24,6 @@ from fastverify.trace.classify import classify_name, refine_from_op, resolve_fro
 from fastverify.trace.columns import GpuColumns
 from fastverify.trace.decode import (
     _COMM_CODES,
-    STEP_RES,
     GPU_CATS,
     GRAPH_LAUNCH,
     HOST_CATS,
@@ -32,17 +31,37 @@ from fastverify.trace.decode import (
     RUNTIME_CATS,
     STAGE_SPAN,
     STEP_PATTERNS,
-    looks_comm_op,
+    STEP_RES,
     _ns_from_value,
     _rank_label,
+    looks_comm_op,
 )
 
 _DTYPE_BYTES = {
-    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
-    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "int8": 1, "signed char": 1, "unsigned char": 1,
-    "uint8": 1, "byte": 1, "char": 1, "c10::float8_e4m3fn": 1, "float8_e4m3fn": 1,
-    "c10::float8_e5m2": 1, "float8_e5m2": 1,
+    "float": 4,
+    "float32": 4,
+    "c10::float": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "c10::half": 2,
+    "bfloat16": 2,
+    "c10::bfloat16": 2,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "int8": 1,
+    "signed char": 1,
+    "unsigned char": 1,
+    "uint8": 1,
+    "byte": 1,
+    "char": 1,
+    "c10::float8_e4m3fn": 1,
+    "float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+    "float8_e5m2": 1,
 }
 
 _RANK_FROM_NAME = (
@@ -79,8 +98,7 @@ def _host_ops(acc: _PerRank, host: list[dict]) -> None:
             continue
         j = judged.get(name)
         if j is None:
-            j = judged[name] = (looks_comm_op(name), any(r.match(name) for r in STEP_RES),
-                                bool(STAGE_SPAN.match(name)))
+            j = judged[name] = (looks_comm_op(name), any(r.match(name) for r in STEP_RES), bool(STAGE_SPAN.match(name)))
         comm, step, stage = j
         if comm:
             ext = args.get("External id")
@@ -99,8 +117,9 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
     gpu: dict[int, list[dict]] = {}
     # As the columnar reader: runtime and host ops are labelled by pid only in a merged file (its
     # GPU events carry [TP..] labels, or it has none); in a plain file they all belong to its rank.
-    gpu_events = [ev for ev in doc["traceEvents"] if isinstance(ev, dict) and type(ev.get("cat")) is str
-                  and ev["cat"] in GPU_CATS]
+    gpu_events = [
+        ev for ev in doc["traceEvents"] if isinstance(ev, dict) and type(ev.get("cat")) is str and ev["cat"] in GPU_CATS
+    ]
     merged = not gpu_events or any(_rank_label(ev.get("pid")) >= 0 for ev in gpu_events)
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
@@ -128,7 +147,9 @@ def _slow_ranks(doc: dict) -> tuple[dict, dict[int, _PerRank]]:
             if type(corr) is int:
                 acc.runtime_ns[corr] = ts
             if isinstance(name, str) and GRAPH_LAUNCH.match(name):
-                acc.graph_launches.append({"ts_ns": ts, "dur_ns": dur, "correlation": corr if type(corr) is int else None})
+                acc.graph_launches.append(
+                    {"ts_ns": ts, "dur_ns": dur, "correlation": corr if type(corr) is int else None}
+                )
             elif isinstance(name, str) and HOST_SYNC.match(name) and dur is not None:
                 acc.host_syncs.append({"name": name, "ts_ns": ts, "dur_ns": dur})
         else:
@@ -173,8 +194,12 @@ def _find_steps(candidates: list[dict], graph_launches: list[dict]) -> list[Step
             return _non_overlapping([Step(e["name"], e["ts_ns"], e["ts_ns"] + e["dur_ns"]) for e in found])
     if graph_launches:
         launches = sorted(graph_launches, key=lambda e: e["ts_ns"])
-        return _non_overlapping([Step(f"graph_launch#{i}", e["ts_ns"], e["ts_ns"] + max(e["dur_ns"] or 0, 1))
-                                 for i, e in enumerate(launches)])
+        return _non_overlapping(
+            [
+                Step(f"graph_launch#{i}", e["ts_ns"], e["ts_ns"] + max(e["dur_ns"] or 0, 1))
+                for i, e in enumerate(launches)
+            ]
+        )
     return []
 
 
@@ -190,8 +215,14 @@ def _non_overlapping(windows: list[Step]) -> list[Step]:
 
 def _windows(evs: list[dict]) -> list[Step]:
     """Host spans (``name``, ``ts_ns``, ``dur_ns``) as :class:`Step` windows sorted by start."""
-    return sorted((Step(e["name"], e["ts_ns"], e["ts_ns"] + e["dur_ns"]) for e in evs
-                   if e["ts_ns"] is not None and e["dur_ns"] is not None), key=lambda w: w.start_ns)
+    return sorted(
+        (
+            Step(e["name"], e["ts_ns"], e["ts_ns"] + e["dur_ns"])
+            for e in evs
+            if e["ts_ns"] is not None and e["dur_ns"] is not None
+        ),
+        key=lambda w: w.start_ns,
+    )
 
 
 class _Implausible(ValueError):
@@ -239,10 +270,11 @@ def int_column(values: list) -> np.ndarray:
             a = np.array(values, dtype=np.int64)
         except OverflowError:
             a = None
-        if a is not None and (not len(a) or (int(a.min()) > -2**62 and int(a.max()) < 2**62)):
+        if a is not None and (not len(a) or (int(a.min()) > -(2**62) and int(a.max()) < 2**62)):
             return a
-    return np.fromiter((s if type(s) is int and abs(s) < 2**62 else -1 for s in values), dtype=np.int64,
-                       count=len(values))
+    return np.fromiter(
+        (s if type(s) is int and abs(s) < 2**62 else -1 for s in values), dtype=np.int64, count=len(values)
+    )
 
 
 def _classes(acc: _PerRank, names: list[str], ids: list[int], name_id: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -258,8 +290,9 @@ def _classes(acc: _PerRank, names: list[str], ids: list[int], name_id: np.ndarra
     base = np.array([-1 if c.cls is None else c.cls.code for c in got], dtype=np.int8)
     cls = base[name_id] if n else np.empty(0, dtype=np.int8)
     # the launching op decides: SendRecv (all-to-all or p2p), and kernels whose name says nothing
-    needs_op = {j for j, c in enumerate(got)
-                if c.cls is None or (c.cls is EventClass.OTHER_COMM and c.family != "nccl")}
+    needs_op = {
+        j for j, c in enumerate(got) if c.cls is None or (c.cls is EventClass.OTHER_COMM and c.family != "nccl")
+    }
     memory = [i for i, cat in enumerate(g.cat) if cat in _MEMORY_CATS]
     if memory:
         m = np.array(memory, dtype=np.intp)
@@ -271,8 +304,9 @@ def _classes(acc: _PerRank, names: list[str], ids: list[int], name_id: np.ndarra
             args = g.args_dict(i)
             ext = g.external_id[i]
             op = acc.ops_by_ext.get(ext) if type(ext) is int else None
-            collective = args.get("Collective name") or (op["args"].get("Collective name") or op["name"]
-                                                         if op else None)
+            collective = args.get("Collective name") or (
+                op["args"].get("Collective name") or op["name"] if op else None
+            )
             if c.cls is None:
                 k = resolve_from_op(collective)
                 if k is EventClass.UNKNOWN_COMM:
@@ -302,8 +336,10 @@ def _msg_column(path: Path, acc: _PerRank, cls: np.ndarray, names: list[str], id
             if b < 0 and op is not None:
                 b = _msg_bytes(op["args"])
         except _Implausible as e:
-            raise UserError(f"{path}: kernel {names[ids[i]][:60]!r}: {e}; no GPU holds such a message "
-                            "(bound 1 TiB), the trace is corrupt or hand-edited") from None
+            raise UserError(
+                f"{path}: kernel {names[ids[i]][:60]!r}: {e}; no GPU holds such a message "
+                "(bound 1 TiB), the trace is corrupt or hand-edited"
+            ) from None
         msg[i] = b if 0 <= b < 2**62 else -1
     return msg
 
@@ -319,8 +355,11 @@ def _launch_ns(acc: _PerRank) -> np.ndarray:
     if rt and set(map(type, g.correlation)) <= {int, type(None)}:  # the keys are ints: one C-level lookup each
         return np.fromiter(map(rt.get, g.correlation, start_ns.tolist()), dtype=np.int64, count=n)
     if rt:
-        return np.fromiter((rt.get(c, t) if type(c) is int else t for c, t in zip(g.correlation, start_ns.tolist())),
-                           dtype=np.int64, count=n)
+        return np.fromiter(
+            (rt.get(c, t) if type(c) is int else t for c, t in zip(g.correlation, start_ns.tolist())),
+            dtype=np.int64,
+            count=n,
+        )
     return start_ns.copy()
 
 
@@ -353,18 +392,28 @@ def _build(rank: int, path: Path, acc: _PerRank, steps: list[Step], meta: dict) 
         meta["negative_duration_events"] = negative
     if n and int(dur_ns.max()) > MAX_EVENT_NS:
         k = int(dur_ns.argmax())
-        raise UserError(f"{path}: GPU event {str(g.name[k])[:60]!r} lasts {int(dur_ns[k]) / 1000:.6g} µs, "
-                        "over 1 hour (3.6e9 µs); no kernel of a serving trace runs that long, the trace is corrupt")
+        raise UserError(
+            f"{path}: GPU event {str(g.name[k])[:60]!r} lasts {int(dur_ns[k]) / 1000:.6g} µs, "
+            "over 1 hour (3.6e9 µs); no kernel of a serving trace runs that long, the trace is corrupt"
+        )
     implausible = int((dur_ns > _IMPLAUSIBLE_NS).sum())
     if implausible:
         meta["implausible_duration_events"] = implausible
     order = np.argsort(start_ns, kind="stable")
     step_idx = assign_steps(launch_ns, steps)
     graph_corr = {e.get("correlation") for e in acc.graph_launches} - {None}
-    in_graph = (np.fromiter((c in graph_corr for c in g.correlation), dtype=bool, count=n) if graph_corr
-                else np.zeros(n, dtype=bool))
-    meta["step_source"] = ("annotation" if steps and not steps[0].name.startswith("graph_launch#")
-                           else "graph_launch" if steps else "none (whole trace is one window)")
+    in_graph = (
+        np.fromiter((c in graph_corr for c in g.correlation), dtype=bool, count=n)
+        if graph_corr
+        else np.zeros(n, dtype=bool)
+    )
+    meta["step_source"] = (
+        "annotation"
+        if steps and not steps[0].name.startswith("graph_launch#")
+        else "graph_launch"
+        if steps
+        else "none (whole trace is one window)"
+    )
     if unresolved:
         meta["unresolved_comm_kernels"] = unresolved
     return RankEvents(

@@ -60,62 +60,134 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 RULES: tuple[Rule, ...] = (
     # --- expert-parallel all-to-all (before everything: their names hold "dispatch"/"combine",
     # never "all_reduce", and they must never fall through to compute) -------------------------
-    Rule(r"(^|[\s:])deep_ep::(intranode|internode|internode_ll)::", E, "deep_ep",
-         "DeepEP csrc/kernels/intranode.cu, internode.cu, internode_ll.cu: kernels in namespaces "
-         "deep_ep::intranode / internode / internode_ll (notify_dispatch, cached_notify_dispatch, dispatch, "
-         "cached_notify_combine, combine; internode_ll::dispatch/combine), demangled by Kineto as "
-         "'void deep_ep::intranode::dispatch<8, 768, 8192>(...)'"),
-    Rule(r"(^|[\s:])pplx::.*(dispatch|combine)|(^|[\s:])pplx::.*[Aa]ll[Tt]o[Aa]ll", E, "pplx",
-         "pplx-kernels csrc/all_to_all/ (namespace pplx, classes AllToAllIntraNode / AllToAllInterNode, "
-         "dispatch and combine kernels)"),
-    Rule(r"^nccl(Symk?)?(Dev)?Kernel_AllToAll", E, "nccl",
-         "NCCL ncclFuncAllToAll kernels (msccl src/collectives/device/all_to_all.h)"),
-    Rule(r"^nccl(Symk?)?(Dev)?Kernel_SendRecv", O, SENDRECV_FAMILY,
-         "NCCL src/device/sendrecv.h: ncclDevKernel_SendRecv carries both pipeline send/recv and "
-         "torch all_to_all(_single) (grouped ncclSend/ncclRecv); the launching op decides, see refine_from_op"),
+    Rule(
+        r"(^|[\s:])deep_ep::(intranode|internode|internode_ll)::",
+        E,
+        "deep_ep",
+        "DeepEP csrc/kernels/intranode.cu, internode.cu, internode_ll.cu: kernels in namespaces "
+        "deep_ep::intranode / internode / internode_ll (notify_dispatch, cached_notify_dispatch, dispatch, "
+        "cached_notify_combine, combine; internode_ll::dispatch/combine), demangled by Kineto as "
+        "'void deep_ep::intranode::dispatch<8, 768, 8192>(...)'",
+    ),
+    Rule(
+        r"(^|[\s:])pplx::.*(dispatch|combine)|(^|[\s:])pplx::.*[Aa]ll[Tt]o[Aa]ll",
+        E,
+        "pplx",
+        "pplx-kernels csrc/all_to_all/ (namespace pplx, classes AllToAllIntraNode / AllToAllInterNode, "
+        "dispatch and combine kernels)",
+    ),
+    Rule(
+        r"^nccl(Symk?)?(Dev)?Kernel_AllToAll",
+        E,
+        "nccl",
+        "NCCL ncclFuncAllToAll kernels (msccl src/collectives/device/all_to_all.h)",
+    ),
+    Rule(
+        r"^nccl(Symk?)?(Dev)?Kernel_SendRecv",
+        O,
+        SENDRECV_FAMILY,
+        "NCCL src/device/sendrecv.h: ncclDevKernel_SendRecv carries both pipeline send/recv and "
+        "torch all_to_all(_single) (grouped ncclSend/ncclRecv); the launching op decides, see refine_from_op",
+    ),
     # --- NCCL / RCCL -----------------------------------------------------------------------
-    Rule(r"^nccl(Symk?)?(Dev)?Kernel_AllReduce", A, "nccl",
-         "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, "
-         "HTA tests/data), ncclSym(k)DevKernel_* symmetric kernels (NCCL src/device/symmetric/generate.py)"),
-    Rule(r"^nccl(Symk?)?(Dev)?Kernel_(AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|Recv)", O, "nccl",
-         "NCCL kernel names (same sources); TraceLens b200 ncclDevKernel_AllGather_RING_LL"),
-    Rule(r"^(void )?(ncclDevKernel_Generic|rcclGenericKernel)", None, "rccl",
-         "RCCL generic kernel, collective only from the launching op (TraceLens mi300 traces; roctracer issue #101)"),
+    Rule(
+        r"^nccl(Symk?)?(Dev)?Kernel_AllReduce",
+        A,
+        "nccl",
+        "NCCL kernel names: ncclDevKernel_* (NCCL >= 2.19, B200 trace in TraceLens), ncclKernel_* (NCCL 2.17, "
+        "HTA tests/data), ncclSym(k)DevKernel_* symmetric kernels (NCCL src/device/symmetric/generate.py)",
+    ),
+    Rule(
+        r"^nccl(Symk?)?(Dev)?Kernel_(AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|Recv)",
+        O,
+        "nccl",
+        "NCCL kernel names (same sources); TraceLens b200 ncclDevKernel_AllGather_RING_LL",
+    ),
+    Rule(
+        r"^(void )?(ncclDevKernel_Generic|rcclGenericKernel)",
+        None,
+        "rccl",
+        "RCCL generic kernel, collective only from the launching op (TraceLens mi300 traces; roctracer issue #101)",
+    ),
     Rule(r"^(void )?(nccl|rccl)", None, "nccl", "any other NCCL/RCCL kernel"),
     # --- custom all-reduce (vLLM / SGLang / AMD aiter) --------------------------------------
-    Rule(r"cross_device_reduce_(1|2)stage", A, "custom_ar",
-         "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh"),
+    Rule(
+        r"cross_device_reduce_(1|2)stage",
+        A,
+        "custom_ar",
+        "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh",
+    ),
     # --- FlashInfer / TensorRT-LLM fused all-reduce + residual + RMSNorm --------------------
-    Rule(r"(moereduce_|moefinalize_)?allreduce_fusion_kernel|oneshotAllreduceFusionKernel"
-         r"|(lamport_style_)?one_shot_all_reduce_norm_kernel|allreduce_fusion_", F, "flashinfer_trtllm_fused",
-         "flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh"),
-    Rule(r"oneShotAllReduceKernel|twoShotAllReduceKernel|twoshotAllreduceKernel|oneshotAllreduceKernel", A,
-         "flashinfer_trtllm", "flashinfer include/flashinfer/comm/trtllm_allreduce.cuh, trtllm_mnnvl_allreduce.cuh"),
+    Rule(
+        r"(moereduce_|moefinalize_)?allreduce_fusion_kernel|oneshotAllreduceFusionKernel"
+        r"|(lamport_style_)?one_shot_all_reduce_norm_kernel|allreduce_fusion_",
+        F,
+        "flashinfer_trtllm_fused",
+        "flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh",
+    ),
+    Rule(
+        r"oneShotAllReduceKernel|twoShotAllReduceKernel|twoshotAllreduceKernel|oneshotAllreduceKernel",
+        A,
+        "flashinfer_trtllm",
+        "flashinfer include/flashinfer/comm/trtllm_allreduce.cuh, trtllm_mnnvl_allreduce.cuh",
+    ),
     # --- FlashInfer PCIe IPC all-reduce (flashinfer >= 0.7, PR #4393) -----------------------
-    Rule(r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)", O, "flashinfer_pcie_ipc",
-         "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace"),
-    Rule(r"(?i)pcie_?ipc", A, "flashinfer_pcie_ipc",
-         "flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh: flashinfer::comm::pcie_ipc::"
-         "push_oneshot_param_kernel, ipc_rsag_push_param_kernel, ipc_rsag_ring_push_param_kernel, "
-         "ipc_tp2_remote_push_kernel, ipc_topo_rsag8_* (PR #4393)"),
+    Rule(
+        r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)",
+        O,
+        "flashinfer_pcie_ipc",
+        "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace",
+    ),
+    Rule(
+        r"(?i)pcie_?ipc",
+        A,
+        "flashinfer_pcie_ipc",
+        "flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh: flashinfer::comm::pcie_ipc::"
+        "push_oneshot_param_kernel, ipc_rsag_push_param_kernel, ipc_rsag_ring_push_param_kernel, "
+        "ipc_tp2_remote_push_kernel, ipc_topo_rsag8_* (PR #4393)",
+    ),
     # --- MSCCL++ ------------------------------------------------------------------------------
-    Rule(r"allreduce_1shotLL_(1|2)node|mscclpp.*[Aa]ll[Rr]educe|allreduce(Packet|Nvls|Allpair)", A, "mscclpp",
-         "sglang sgl-kernel/csrc/allreduce/mscclpp_allreduce.cuh; mscclpp apps/nccl/src/allreduce.hpp"),
+    Rule(
+        r"allreduce_1shotLL_(1|2)node|mscclpp.*[Aa]ll[Rr]educe|allreduce(Packet|Nvls|Allpair)",
+        A,
+        "mscclpp",
+        "sglang sgl-kernel/csrc/allreduce/mscclpp_allreduce.cuh; mscclpp apps/nccl/src/allreduce.hpp",
+    ),
     # --- torch symmetric memory --------------------------------------------------------------
-    Rule(r"multimem_all_reduce_kernel|multimem_one_shot_reduce_kernel|one_shot_all_reduce_kernel"
-         r"|two_shot_all_reduce_kernel", A, "symm_mem",
-         "pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu; TraceLens b200 trace"),
-    Rule(r"multimem_all_gather_kernel|symm_mem.*(all_gather|reduce_scatter)", O, "symm_mem",
-         "pytorch CUDASymmetricMemoryOps.cu"),
+    Rule(
+        r"multimem_all_reduce_kernel|multimem_one_shot_reduce_kernel|one_shot_all_reduce_kernel"
+        r"|two_shot_all_reduce_kernel",
+        A,
+        "symm_mem",
+        "pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu; TraceLens b200 trace",
+    ),
+    Rule(
+        r"multimem_all_gather_kernel|symm_mem.*(all_gather|reduce_scatter)",
+        O,
+        "symm_mem",
+        "pytorch CUDASymmetricMemoryOps.cu",
+    ),
     # --- SGLang / AMD others (file names in sgl-kernel/csrc/allreduce/; symbols not checked) ---
-    Rule(r"quick_?all_?reduce|deterministic_all_reduce|trt_?reduce|allreduce_prototype", A, "sglang_other",
-         "sglang sgl-kernel/csrc/allreduce/ file names; aiter quick reduce"),
+    Rule(
+        r"quick_?all_?reduce|deterministic_all_reduce|trt_?reduce|allreduce_prototype",
+        A,
+        "sglang_other",
+        "sglang sgl-kernel/csrc/allreduce/ file names; aiter quick reduce",
+    ),
     # --- generic names, meaning from the launching op ------------------------------------------
-    Rule(r"^(void )?([\w:]*::)?(allreduce_kernel|allgather_kernel|reducescatter_kernel)\b", None, "generic",
-         "flashinfer include/flashinfer/comm/ generic kernel names (need CPU-op context)"),
+    Rule(
+        r"^(void )?([\w:]*::)?(allreduce_kernel|allgather_kernel|reducescatter_kernel)\b",
+        None,
+        "generic",
+        "flashinfer include/flashinfer/comm/ generic kernel names (need CPU-op context)",
+    ),
     # --- memory --------------------------------------------------------------------------------
-    Rule(r"^(hip)?Memcpy|^(hip)?Memset|^dma|^\[?Memcpy|^\[?Memset", M, "memory",
-         "Kineto gpu_memcpy / gpu_memset event names; HTA MEMORY pattern"),
+    Rule(
+        r"^(hip)?Memcpy|^(hip)?Memset|^dma|^\[?Memcpy|^\[?Memset",
+        M,
+        "memory",
+        "Kineto gpu_memcpy / gpu_memset event names; HTA MEMORY pattern",
+    ),
 )
 
 # A kernel no rule claims but whose name looks like a collective: reported, not counted as compute.

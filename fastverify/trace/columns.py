@@ -35,9 +35,9 @@ from fastverify.trace.decode import (
     HOST_CATS,
     HOST_SYNC,
     RUNTIME_CATS,
-    ns_from_text,
     _rank_label,
     _raw,
+    ns_from_text,
 )
 
 __all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "NotPlain", "ns_column", "read_columns"]
@@ -46,6 +46,7 @@ __all__ = ["GpuColumns", "NS_EXACT_FLOAT_US", "NotPlain", "ns_column", "read_col
 class NotPlain(ValueError):
     """A trace the typed decode accepted but whose columns it cannot give exactly as the slow path
     reads them; the reader takes the slow path (:func:`fastverify.trace.load.read_trace`)."""
+
 
 NS_EXACT_FLOAT_US = 2**41
 """Below this many µs (about 25 days) a ``ts``/``dur`` with at most 3 decimals converts to ns
@@ -120,7 +121,12 @@ class GpuColumns:
     def __init__(self, name, cat, ts_ns, dur_ns, ok, stream, correlation, external_id, args, tid=None):
         self.name, self.cat, self.ts_ns, self.dur_ns, self.ok = name, cat, ts_ns, dur_ns, ok
         self.stream, self.correlation, self.external_id, self.args, self.tid = (
-            stream, correlation, external_id, args, tid)
+            stream,
+            correlation,
+            external_id,
+            args,
+            tid,
+        )
 
     def __len__(self) -> int:
         return len(self.name)
@@ -132,24 +138,39 @@ class GpuColumns:
         n = len(evs)
         args = [e["args"] for e in evs]
         return cls(
-            name=[e["name"] for e in evs], cat=[e["cat"] for e in evs],
+            name=[e["name"] for e in evs],
+            cat=[e["cat"] for e in evs],
             ts_ns=np.fromiter((e["ts_ns"] for e in evs), dtype=np.int64, count=n),
             dur_ns=np.fromiter((e["dur_ns"] for e in evs), dtype=np.int64, count=n),
             ok=np.ones(n, dtype=bool),
-            stream=[a.get("stream") for a in args], correlation=[a.get("correlation") for a in args],
-            external_id=[a.get("External id") for a in args], args=args,
-            tid=[e["tid"] for e in evs] if evs and "tid" in evs[0] else None)
+            stream=[a.get("stream") for a in args],
+            correlation=[a.get("correlation") for a in args],
+            external_id=[a.get("External id") for a in args],
+            args=args,
+            tid=[e["tid"] for e in evs] if evs and "tid" in evs[0] else None,
+        )
 
     @classmethod
     def concat(cls, parts: list[GpuColumns]) -> GpuColumns:
         """The rows of ``parts`` one after the other, in that order."""
+
         def join(key):
             cols = [getattr(p, key) for p in parts]
             return None if any(c is None for c in cols) else [x for c in cols for x in c]
 
         arrays = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("ts_ns", "dur_ns", "ok")}
-        return cls(join("name"), join("cat"), arrays["ts_ns"], arrays["dur_ns"], arrays["ok"], join("stream"),
-                   join("correlation"), join("external_id"), join("args"), join("tid"))
+        return cls(
+            join("name"),
+            join("cat"),
+            arrays["ts_ns"],
+            arrays["dur_ns"],
+            arrays["ok"],
+            join("stream"),
+            join("correlation"),
+            join("external_id"),
+            join("args"),
+            join("tid"),
+        )
 
     def __getstate__(self) -> dict:
         # Pickled when a worker process sends its part of a file (fastverify.trace.halves): the
@@ -172,15 +193,28 @@ class GpuColumns:
 
     def take(self, idx) -> GpuColumns:
         """The rows at ``idx`` (a sequence of ints, or a bool mask), in that order."""
-        ix = np.flatnonzero(idx) if getattr(idx, "dtype", None) == bool else np.asarray(idx, dtype=np.intp)
+        ix = (
+            np.flatnonzero(idx)
+            if getattr(getattr(idx, "dtype", None), "kind", "") == "b"
+            else np.asarray(idx, dtype=np.intp)
+        )
         pick = ix.tolist()
 
         def sub(v):
             return None if v is None else [v[i] for i in pick]
 
-        return GpuColumns(sub(self.name), sub(self.cat), self.ts_ns[ix], self.dur_ns[ix], self.ok[ix],
-                          sub(self.stream), sub(self.correlation), sub(self.external_id), sub(self.args),
-                          sub(self.tid))
+        return GpuColumns(
+            sub(self.name),
+            sub(self.cat),
+            self.ts_ns[ix],
+            self.dur_ns[ix],
+            self.ok[ix],
+            sub(self.stream),
+            sub(self.correlation),
+            sub(self.external_id),
+            sub(self.args),
+            sub(self.tid),
+        )
 
     def args_dict(self, i: int):
         """The ``args`` of event ``i``: a dict (slow path) or the typed decode's keys, read alike
@@ -243,8 +277,11 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
     gpu: list = []
     runtime: list = []
     host: list = []
-    bucket = {**{c: gpu.append for c in GPU_CATS}, **{c: runtime.append for c in RUNTIME_CATS},
-              **{c: host.append for c in HOST_CATS}}
+    bucket = {
+        **{c: gpu.append for c in GPU_CATS},
+        **{c: runtime.append for c in RUNTIME_CATS},
+        **{c: host.append for c in HOST_CATS},
+    }
     for ev in doc.traceEvents:
         put = bucket.get(ev.cat)
         if put is not None:
@@ -255,8 +292,14 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
     def slot(label: int) -> dict:
         s = out.get(label)
         if s is None:
-            s = out[label] = {"gpu": None, "skipped": 0, "runtime_ns": {}, "graph_launches": [], "host": [],
-                              "host_syncs": []}
+            s = out[label] = {
+                "gpu": None,
+                "skipped": 0,
+                "runtime_ns": {},
+                "graph_launches": [],
+                "host": [],
+                "host_syncs": [],
+            }
         return s
 
     if gpu and not all(type(e.name) is str for e in gpu):
@@ -284,11 +327,16 @@ def _gpu_rows(gpu: list, slot) -> list[int] | None:
     ok = ts_ok & dur_ok & np.fromiter(((e.ph or "X") == "X" for e in gpu), dtype=bool, count=len(gpu))
     args = [e.args for e in gpu]
     cols = GpuColumns(
-        name=[e.name for e in gpu], cat=[e.cat for e in gpu], ts_ns=ts, dur_ns=dur, ok=ok,
+        name=[e.name for e in gpu],
+        cat=[e.cat for e in gpu],
+        ts_ns=ts,
+        dur_ns=dur,
+        ok=ok,
         stream=[None if a is None else a.stream for a in args],
         correlation=[None if a is None else a.correlation for a in args],
         external_id=[None if a is None else a.external_id for a in args],
-        args=args)
+        args=args,
+    )
     gpu_labels = _labels(gpu)
     for label, idx in _groups(gpu_labels, len(gpu)).items():
         part = cols if idx is None else cols.take(idx)
@@ -311,8 +359,7 @@ def _runtime_rows(runtime: list, merged: bool, want_pids: bool, slot) -> bool:
     ts_list = rts.tolist()
     ok_list = rts_ok.tolist()
     if labels is None:
-        slot(-1)["runtime_ns"].update(
-            {c: t for c, t, ok in zip(corr, ts_list, ok_list) if ok and type(c) is int})
+        slot(-1)["runtime_ns"].update({c: t for c, t, ok in zip(corr, ts_list, ok_list) if ok and type(c) is int})
     else:
         for c, t, ok, lab in zip(corr, ts_list, ok_list, labels):
             if ok and type(c) is int:
@@ -329,8 +376,9 @@ def _runtime_rows(runtime: list, merged: bool, want_pids: bool, slot) -> bool:
             dur_ns = ns_from_text(bytes(runtime[i].dur))
             if nm in launches:
                 c = corr[i]  # only an int id can match a kernel's; anything else is no id
-                dest["graph_launches"].append({"ts_ns": ts_list[i], "dur_ns": dur_ns,
-                                               "correlation": c if type(c) is int else None})
+                dest["graph_launches"].append(
+                    {"ts_ns": ts_list[i], "dur_ns": dur_ns, "correlation": c if type(c) is int else None}
+                )
             elif dur_ns is not None:
                 dest["host_syncs"].append({"name": nm, "ts_ns": ts_list[i], "dur_ns": dur_ns})
     return tp_pids
@@ -356,7 +404,13 @@ def _host_rows(host: list, host_keep: re.Pattern, looks_comm_op, merged: bool, w
     for i, ev in enumerate(kept):
         a = ev.args
         slot(labels[i] if labels is not None else -1)["host"].append(
-            {"cat": ev.cat, "ph": ev.ph, "name": ev.name, "ts_ns": ts_l[i] if ts_okl[i] else None,
-             "dur_ns": dur_l[i] if dur_okl[i] else None,
-             "args": a if a is not None and comm[ev.name] else {}})
+            {
+                "cat": ev.cat,
+                "ph": ev.ph,
+                "name": ev.name,
+                "ts_ns": ts_l[i] if ts_okl[i] else None,
+                "dur_ns": dur_l[i] if dur_okl[i] else None,
+                "args": a if a is not None and comm[ev.name] else {},
+            }
+        )
     return tp_pids

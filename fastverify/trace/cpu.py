@@ -34,11 +34,11 @@ import msgspec
 from fastverify.events import EventClass
 from fastverify.trace.decode import (
     _NULL,
-    looks_comm_op,
-    ns_from_text,
     _ns_from_value,
     _rank_label,
     _raw,
+    looks_comm_op,
+    ns_from_text,
     read_trace_json,
 )
 
@@ -112,24 +112,48 @@ def read_host_events(path: Path, raw: bytes) -> list[dict]:
             if type(cat) is not str or cat not in _HOST_CATS or ev.get("ph", "X") != "X":
                 continue
             name, args = ev.get("name"), ev.get("args")
-            _append(out, name, ev.get("cat"), _ns_from_value(ev.get("ts")), _ns_from_value(ev.get("dur")),
-                    ev.get("tid"), _rank_label(ev.get("pid")), args)
+            _append(
+                out,
+                name,
+                ev.get("cat"),
+                _ns_from_value(ev.get("ts")),
+                _ns_from_value(ev.get("dur")),
+                ev.get("tid"),
+                _rank_label(ev.get("pid")),
+                args,
+            )
         return out
     for ev in doc.traceEvents:
         if ev.cat not in _HOST_CATS or (ev.ph or "X") != "X":
             continue
         pid = _raw(ev.pid)
-        _append(out, _raw(ev.name), ev.cat, ns_from_text(bytes(ev.ts)), ns_from_text(bytes(ev.dur)),
-                _raw(ev.tid), _rank_label(pid), _raw(ev.args))
+        _append(
+            out,
+            _raw(ev.name),
+            ev.cat,
+            ns_from_text(bytes(ev.ts)),
+            ns_from_text(bytes(ev.dur)),
+            _raw(ev.tid),
+            _rank_label(pid),
+            _raw(ev.args),
+        )
     return out
 
 
 def _append(out: list, name, cat, ts, dur, tid, label, args) -> None:
     if not isinstance(name, str) or ts is None or dur is None or dur < 0:
         return
-    out.append({"name": name, "cat": cat, "ts_ns": ts, "dur_ns": dur,
-                "tid": tid if type(tid) is int or isinstance(tid, str) else repr(tid), "label": label,
-                "args": args if isinstance(args, dict) else {}})
+    out.append(
+        {
+            "name": name,
+            "cat": cat,
+            "ts_ns": ts,
+            "dur_ns": dur,
+            "tid": tid if type(tid) is int or isinstance(tid, str) else repr(tid),
+            "label": label,
+            "args": args if isinstance(args, dict) else {},
+        }
+    )
 
 
 def split_rank_events(events: list[dict], step_regexes: list[re.Pattern]) -> dict:

@@ -32,8 +32,10 @@ HOST_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
 GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 # Runtime/driver calls that block the host until the GPU (a stream, the device, an event) is done:
 # after one returns, the GPU idles until the host launches more work.
-HOST_SYNC = re.compile(r"^(?:(?:cuda|hip)(?:Stream|Device|Event)Synchronize|(?:cuda|hip)Memcpy|"
-                       r"cu(?:Stream|Ctx|Event)Synchronize)$")
+HOST_SYNC = re.compile(
+    r"^(?:(?:cuda|hip)(?:Stream|Device|Event)Synchronize|(?:cuda|hip)Memcpy|"
+    r"cu(?:Stream|Ctx|Event)Synchronize)$"
+)
 # Coarse speculative stages around the draft model's forwards: SGLang 0.5.23
 # speculative/spec_utils.py::spec_stage_span ("draft", "draft_extend"; "verify" in its docstring).
 STAGE_SPAN = re.compile(r"^(?:draft|draft_extend|verify)$")
@@ -51,25 +53,36 @@ _RANK_FROM_PID = re.compile(r"^\[TP(\d+)")
 _NULL = msgspec.Raw(b"null")
 _MAX_NS = 2**62
 
-_COMM_OP = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|^nccl:|"
-                      r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce")
+_COMM_OP = re.compile(
+    r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|^nccl:|"
+    r"record_param_comms|c10d::|symm_mem::|custom_ar|_C_custom_ar|sgl_kernel::.*reduce"
+)
 
 # The host ops the loader reads, in one search per distinct name: comm ops (_COMM_OP, which sets
 # the case-blind flag for the whole pattern) or step spans (STEP_PATTERNS, case kept as STEP_RES
 # matches them; each starts with ^, so search is match).
-HOST_KEEP = re.compile("|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS),
-                                  f"(?-i:{STAGE_SPAN.pattern})"]))
+HOST_KEEP = re.compile(
+    "|".join([_COMM_OP.pattern, *(f"(?-i:{p})" for p, _ in STEP_PATTERNS), f"(?-i:{STAGE_SPAN.pattern})"])
+)
 
-_COMM_CODES = frozenset({EventClass.ALLREDUCE.code, EventClass.FUSED_ALLREDUCE.code, EventClass.OTHER_COMM.code,
-                         EventClass.UNKNOWN_COMM.code, EventClass.EP_ALLTOALL.code})
+_COMM_CODES = frozenset(
+    {
+        EventClass.ALLREDUCE.code,
+        EventClass.FUSED_ALLREDUCE.code,
+        EventClass.OTHER_COMM.code,
+        EventClass.UNKNOWN_COMM.code,
+        EventClass.EP_ALLTOALL.code,
+    }
+)
 
 
 class _TooDeep(UserError):
     """A value nested deeper than msgspec allows; re-raised naming the file by the reader."""
 
     def __init__(self, path: object = None):
-        super().__init__(f"{path or 'a trace'}: JSON nested too deeply inside one event "
-                         "(over the parser's recursion limit)")
+        super().__init__(
+            f"{path or 'a trace'}: JSON nested too deeply inside one event (over the parser's recursion limit)"
+        )
 
 
 class _Args(msgspec.Struct, gc=False):

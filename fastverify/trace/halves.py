@@ -154,8 +154,10 @@ def read_in_halves(raw: bytes, host_keep, looks_comm_op, done_with=_free):
         return None
     if any(a is not msgspec.UNSET and b is not msgspec.UNSET for a, b in zip(top_a, top_b)):
         return None  # a top-level key on both sides of the cut (even as null): duplicated, read it whole
-    top = {"distributedInfo": _top(top_a[0] if top_a[0] is not msgspec.UNSET else top_b[0]),
-           "deviceProperties": _top(top_a[1] if top_a[1] is not msgspec.UNSET else top_b[1])}
+    top = {
+        "distributedInfo": _top(top_a[0] if top_a[0] is not msgspec.UNSET else top_b[0]),
+        "deviceProperties": _top(top_a[1] if top_a[1] is not msgspec.UNSET else top_b[1]),
+    }
     return top, _join(got_a, got_b)
 
 
@@ -180,10 +182,14 @@ def _join(a: dict, b: dict) -> dict:
         gpu = [g for g in (sa["gpu"], sb["gpu"]) if g is not None]
         runtime = sa["runtime_ns"]
         runtime.update(sb["runtime_ns"])
-        out[label] = {"gpu": GpuColumns.concat(gpu) if len(gpu) > 1 else (gpu[0] if gpu else None),
-                      "skipped": sa["skipped"] + sb["skipped"], "runtime_ns": runtime,
-                      "graph_launches": sa["graph_launches"] + sb["graph_launches"],
-                      "host": sa["host"] + sb["host"], "host_syncs": sa["host_syncs"] + sb["host_syncs"]}
+        out[label] = {
+            "gpu": GpuColumns.concat(gpu) if len(gpu) > 1 else (gpu[0] if gpu else None),
+            "skipped": sa["skipped"] + sb["skipped"],
+            "runtime_ns": runtime,
+            "graph_launches": sa["graph_launches"] + sb["graph_launches"],
+            "host": sa["host"] + sb["host"],
+            "host_syncs": sa["host_syncs"] + sb["host_syncs"],
+        }
     return out
 
 
@@ -206,8 +212,12 @@ class _Worker:
         self._conn, child_end = ctx.Pipe(duplex=False)
         _TEXT["raw"] = raw
         try:
-            self._proc = ctx.Process(target=_serve, args=(child_end, self._conn, start, marker, tag, host_keep, looks_comm_op),
-                                     daemon=True, name="fastverify-half")
+            self._proc = ctx.Process(
+                target=_serve,
+                args=(child_end, self._conn, start, marker, tag, host_keep, looks_comm_op),
+                daemon=True,
+                name="fastverify-half",
+            )
             with signals_held():
                 self._proc.start()
         finally:

@@ -51,21 +51,33 @@ from fastverify.trace.columns import GpuColumns, NotPlain, read_columns
 from fastverify.trace.cpu import CPU_CLOCK, read_host_events, split_rank_events
 from fastverify.trace.decode import (
     HOST_KEEP,
-    STEP_RES,
-    TRACE_DECODER,
     HOST_SYNC,
     STAGE_SPAN,
-    looks_comm_op,
+    STEP_RES,
+    TRACE_DECODER,
     _read_bytes,
     _TooDeep,
     _top,
+    looks_comm_op,
     read_trace_json,
 )
 
 __all__ = [
-    "HOLD_DECODED", "HOST_SYNC", "MAX_TRACE_FILES", "PARALLEL_MIN_BYTES", "PEAK_BYTES_PER_JSON_BYTE", "STAGE_SPAN",
-    "done_with", "json_size", "load_trace", "load_traces", "load_workers", "merge_conflict", "rank_from_filename",
-    "read_trace", "read_trace_json",
+    "HOLD_DECODED",
+    "HOST_SYNC",
+    "MAX_TRACE_FILES",
+    "PARALLEL_MIN_BYTES",
+    "PEAK_BYTES_PER_JSON_BYTE",
+    "STAGE_SPAN",
+    "done_with",
+    "json_size",
+    "load_trace",
+    "load_traces",
+    "load_workers",
+    "merge_conflict",
+    "rank_from_filename",
+    "read_trace",
+    "read_trace_json",
 ]
 
 HOLD_DECODED = False
@@ -183,14 +195,17 @@ def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
     if not any(len(acc.gpu) for acc in per.values()):
         skipped = sum(acc.skipped for acc in per.values())
         if skipped:
-            raise UserError(f"{path}: {skipped} GPU events, none with a usable ts/dur "
-                            "(finite numbers of µs within ±2**62 ns)")
+            raise UserError(
+                f"{path}: {skipped} GPU events, none with a usable ts/dur (finite numbers of µs within ±2**62 ns)"
+            )
         if not per and not doc.get("_any_event_object", True):
             raise UserError(f"{path}: 'traceEvents' holds no event objects; not a PyTorch profiler trace")
         per = _cpu_ranks(path, step_res)  # a TP run on CPU: CPU collectives (gloo) and CPU ops
         if not per:
-            raise UserError(f"{path}: no GPU events (kernels, memcpy, memset) and no CPU all-reduces "
-                            "(gloo:*, record_param_comms) in the trace; was it recorded with ProfilerActivity.CUDA?")
+            raise UserError(
+                f"{path}: no GPU events (kernels, memcpy, memset) and no CPU all-reduces "
+                "(gloo:*, record_param_comms) in the trace; was it recorded with ProfilerActivity.CUDA?"
+            )
         timing = CPU_CLOCK
 
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
@@ -204,8 +219,7 @@ def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
         "timing": timing,
     }
     if timing != "trace":
-        meta["cpu_only"] = ("no GPU events: CPU ops and CPU collectives (gloo) on the host wall clock, "
-                            "not GPU timings")
+        meta["cpu_only"] = "no GPU events: CPU ops and CPU collectives (gloo) on the host wall clock, not GPU timings"
 
     labelled = sorted(k for k in per if k >= 0 and len(per[k].gpu))
     if labelled:  # SGLang merged file: ranks from the pid labels
@@ -221,12 +235,15 @@ def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
         elif meta["world_size"] is not None and rank >= meta["world_size"]:
             # distributedInfo holds the global rank and world size together, so they must agree
             # even with DP/PP; a rank past the world is a broken or hand-edited trace.
-            raise UserError(f"{path}: distributedInfo.rank = {rank} is not below its world_size = "
-                            f"{meta['world_size']}; not one rank of that run")
+            raise UserError(
+                f"{path}: distributedInfo.rank = {rank} is not below its world_size = "
+                f"{meta['world_size']}; not one rank of that run"
+            )
         elif from_name is not None and from_name != rank:
             # With DP/PP the global rank in distributedInfo is not the TP rank in SGLang's name.
-            meta["rank_conflict"] = (f"{path.name}: distributedInfo.rank = {rank} but the file name says "
-                                     f"{from_name}; used {rank}")
+            meta["rank_conflict"] = (
+                f"{path.name}: distributedInfo.rank = {rank} but the file name says {from_name}; used {rank}"
+            )
         if rank is None:
             rank = 0
             meta["rank_source"] = "default (no rank in the trace or its name)"
@@ -271,8 +288,14 @@ def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
     return per
 
 
-def load_traces(paths: list[str | Path], *, force: bool = False, workers: int | None = None,
-                progress: bool = False, halves: bool = True) -> list[RankEvents]:
+def load_traces(
+    paths: list[str | Path],
+    *,
+    force: bool = False,
+    workers: int | None = None,
+    progress: bool = False,
+    halves: bool = True,
+) -> list[RankEvents]:
     """Load every trace under ``paths`` (files, or folders searched for ``*.json``/``*.json.gz``).
 
     Returns one :class:`RankEvents` per rank, sorted by rank. Traces that cannot come from one run
@@ -304,8 +327,9 @@ def _load_one(path: Path) -> tuple[str, object]:
         return "error", str(e)
 
 
-def _load_files(files: list[Path], *, workers: int | None, progress: bool,
-                halves: bool = True) -> list[list[RankEvents]]:
+def _load_files(
+    files: list[Path], *, workers: int | None, progress: bool, halves: bool = True
+) -> list[list[RankEvents]]:
     """:func:`load_trace` of every file, in file order; in parallel where ``workers`` > 1.
 
     Raises
@@ -377,8 +401,12 @@ PARALLEL_MIN_BYTES = 16 << 20
 costs more (30-100 ms measured on 2 cores) than reading two 3 MB traces takes."""
 
 # Facts every rank of one run shares (distributedInfo and deviceProperties), with their wording.
-_RUN_FACTS = (("world_size", "distributedInfo.world_size"), ("gpu_name", "GPU model (deviceProperties)"),
-              ("nccl_version", "distributedInfo.nccl_version"), ("dist_backend", "distributedInfo.backend"))
+_RUN_FACTS = (
+    ("world_size", "distributedInfo.world_size"),
+    ("gpu_name", "GPU model (deviceProperties)"),
+    ("nccl_version", "distributedInfo.nccl_version"),
+    ("dist_backend", "distributedInfo.backend"),
+)
 
 
 def _is_fastverify_profile(path: Path) -> bool:
@@ -421,8 +449,10 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
     seen: set[Path] = set()
     files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # a file given twice counts once
     if len(files) > MAX_TRACE_FILES:
-        raise UserError(f"{len(files):,} trace files under {', '.join(path_text(p) for p in paths)[:200]}: more than "
-                        f"{MAX_TRACE_FILES:,}, the ranks one run can have; give the folder of one profile")
+        raise UserError(
+            f"{len(files):,} trace files under {', '.join(path_text(p) for p in paths)[:200]}: more than "
+            f"{MAX_TRACE_FILES:,}, the ranks one run can have; give the folder of one profile"
+        )
     return files
 
 
@@ -442,16 +472,21 @@ def merge_ranks(files: list[Path], loaded: list[list[RankEvents]], *, force: boo
     for f, ranks in zip(files, loaded):
         for r in ranks:
             if r.rank in result:
-                if r.meta.get("rank_source", "").startswith("default") or \
-                        result[r.rank].meta.get("rank_source", "").startswith("default"):
-                    raise UserError(f"{f}: no rank in the trace (distributedInfo) or its file name, and "
-                                    f"{result[r.rank].origin} is rank {r.rank} too; name files with -TP-<rank>")
+                if r.meta.get("rank_source", "").startswith("default") or result[r.rank].meta.get(
+                    "rank_source", ""
+                ).startswith("default"):
+                    raise UserError(
+                        f"{f}: no rank in the trace (distributedInfo) or its file name, and "
+                        f"{result[r.rank].origin} is rank {r.rank} too; name files with -TP-<rank>"
+                    )
                 raise UserError(f"{f}: rank {r.rank} also claimed by {result[r.rank].origin}")
             result[r.rank] = r
     kinds = {r.meta["timing"]: r.origin for r in result.values()}
     if len(kinds) > 1:  # GPU kernel times and host wall clock must never be added up together
-        raise UserError(f"{kinds.get('cpu_trace')}: a CPU-only trace (host clock), but {kinds.get('trace')} "
-                        "has GPU events; profile the traces of one run at a time")
+        raise UserError(
+            f"{kinds.get('cpu_trace')}: a CPU-only trace (host clock), but {kinds.get('trace')} "
+            "has GPU events; profile the traces of one run at a time"
+        )
     ordered = [result[k] for k in sorted(result)]
     conflict = merge_conflict(ordered)
     if conflict and not force:
@@ -483,7 +518,7 @@ def merge_conflict(ranks: list[RankEvents]) -> str | None:
     for r in ranks:
         for world, origin in worlds:
             if r.rank >= world:
-                return (f"rank {r.rank} of {r.origin} is not below world_size {world} of {origin}")
+                return f"rank {r.rank} of {r.origin} is not below world_size {world} of {origin}"
     return None
 
 

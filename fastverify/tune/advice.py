@@ -23,10 +23,24 @@ from fastverify.topo.p2p_proof import CheckFile, complete_gpus
 from fastverify.tune import user_figures
 
 
-def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=None, sm: int, pcie_gen: int,
-                 p2p_given=None, perf=None, log=None, accept_length: float | None = None,
-                 tok_s: float | None = None, user=None, user_notes: Sequence[str] = (),
-                 ranked: Sequence | None = None, p2p_check: str | None = None):
+def rank_options(
+    workload,
+    topology,
+    *,
+    env: Mapping[str, str],
+    nccl_version=None,
+    sm: int,
+    pcie_gen: int,
+    p2p_given=None,
+    perf=None,
+    log=None,
+    accept_length: float | None = None,
+    tok_s: float | None = None,
+    user=None,
+    user_notes: Sequence[str] = (),
+    ranked: Sequence | None = None,
+    p2p_check: str | None = None,
+):
     """Every option of the box for ``workload``, fastest predicted first.
 
     Parameters
@@ -79,14 +93,24 @@ def rank_options(workload, topology, *, env: Mapping[str, str], nccl_version=Non
     from fastverify.tune.predict import rank_nccl_settings  # lazy: numpy
 
     if ranked is None:
-        ranked = rank_nccl_settings(workload, topology, env=env, nccl_version=nccl_version, pcie_gen=pcie_gen,
-                                    sm=sm, p2p_check=p2p_check)
+        ranked = rank_nccl_settings(
+            workload, topology, env=env, nccl_version=nccl_version, pcie_gen=pcie_gen, sm=sm, p2p_check=p2p_check
+        )
     p2p_ok, p2p_source = prediction_p2p(p2p_given, topology, log)
     en = enabled_algos_protos(env, nccl_version, sm)
-    pred = predict_candidates(workload, ranked, sm=sm, pcie_gen=pcie_gen, p2p_ok=p2p_ok, p2p_source=p2p_source,
-                              nvlink_full=topology_nvlink_full(topology, workload.tp), perf=perf, log=log,
-                              enabled=(en.algos, en.protos if en.protos_set else None),
-                              sglang_version=installed_sglang_version())
+    pred = predict_candidates(
+        workload,
+        ranked,
+        sm=sm,
+        pcie_gen=pcie_gen,
+        p2p_ok=p2p_ok,
+        p2p_source=p2p_source,
+        nvlink_full=topology_nvlink_full(topology, workload.tp),
+        perf=perf,
+        log=log,
+        enabled=(en.algos, en.protos if en.protos_set else None),
+        sglang_version=installed_sglang_version(),
+    )
     pred = replace(pred, notes=pred.notes + tuple(_evidence_notes(workload, env, perf, log)))
     if user is not None:
         pred = user_figures.scale_prediction(pred, user, tuple(user_notes))
@@ -104,8 +128,10 @@ def _evidence_notes(workload, env: Mapping[str, str], perf, log) -> list[str]:
         for w in getattr(log, "problems", ())[:3]:
             notes.append(f"NCCL log {log.source}: {w}")
     if perf is not None and any(perf.time_us(b, in_place=True) is None for b, _ in workload.msg_sizes):
-        notes.append(f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
-                     f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those")
+        notes.append(
+            f"--perf-table {perf.source}: some verify sizes lie outside its measured sizes "
+            f"({min(perf.sizes):,}..{max(perf.sizes):,} B): the next evidence is used for those"
+        )
     return notes
 
 
@@ -113,7 +139,7 @@ def topology_nvlink_full(topology, tp: int) -> bool | None:
     """Every pair of the first ``tp`` GPUs on NVLink (SGLang's full-NVLink test,
     ``custom_all_reduce_utils.py::is_full_nvlink``); None where a link is unknown."""
     first = sorted(topology.gpu_indices)[:tp]
-    links = [topology.link(a, b) for i, a in enumerate(first) for b in first[i + 1:]]
+    links = [topology.link(a, b) for i, a in enumerate(first) for b in first[i + 1 :]]
     return None if any(link is None for link in links) else all(link.startswith("NV") for link in links)
 
 
@@ -135,8 +161,9 @@ def p2p_facts(given, topo, *, cuda: bool):
             named = {}
             for g in gpus:
                 try:
-                    named[g["cuda"]] = GpuId(index=g["index"], pci_bus_id=g["pci_bus_id"], uuid=g["uuid"],
-                                             name=g["name"])
+                    named[g["cuda"]] = GpuId(
+                        index=g["index"], pci_bus_id=g["pci_bus_id"], uuid=g["uuid"], name=g["name"]
+                    )
                 except (ValueError, TypeError):
                     named = None
                     break

@@ -169,8 +169,9 @@ def _check(data: PublishedData, name: str) -> PublishedData:
             raise UserError(f"{name}: record {r.id!r} has no https link ({r.link!r})")
     for m in data.measurements:
         where = f"{name}: measurement {m.id!r}"
-        if m.tool.startswith("nccl-tests") and (other := next(
-                (t for t in TOOL_LABELS[1:] if t.lower() in f"{m.kernel} {m.note}".lower()), None)):
+        if m.tool.startswith("nccl-tests") and (
+            other := next((t for t in TOOL_LABELS[1:] if t.lower() in f"{m.kernel} {m.note}".lower()), None)
+        ):
             raise UserError(f"{where}: labelled {m.tool!r} but its note names {other!r}: label it {other!r}")
         if m.box not in boxes:
             raise UserError(f"{where} names unknown box {m.box!r}")
@@ -183,8 +184,11 @@ def _check(data: PublishedData, name: str) -> PublishedData:
             raise UserError(f"{where}: sizes must be positive and ascending")
         if not all(v > 0 and math.isfinite(v) for v in values):
             raise UserError(f"{where}: values must be positive")
-        if m.run_range_us is not None and (len(m.run_range_us) != len(m.sizes_bytes) or m.times_us is None or any(
-                not lo <= t <= hi for (lo, hi), t in zip(m.run_range_us, m.times_us))):
+        if m.run_range_us is not None and (
+            len(m.run_range_us) != len(m.sizes_bytes)
+            or m.times_us is None
+            or any(not lo <= t <= hi for (lo, hi), t in zip(m.run_range_us, m.times_us))
+        ):
             raise UserError(f"{where}: run_range_us must bracket times_us, one pair per size")
     return data
 
@@ -322,15 +326,17 @@ def passes(m: Measurement) -> bool:
     return True
 
 
-def _comparable(backend: BackendName, world_size: int, exclude_box: str | None,
-                data: PublishedData) -> Iterable[Measurement]:
+def _comparable(
+    backend: BackendName, world_size: int, exclude_box: str | None, data: PublishedData
+) -> Iterable[Measurement]:
     for m in data.measurements:
         if m.backend is backend and m.world_size == world_size and m.box != exclude_box and passes(m):
             yield m
 
 
-def comparable(backend: BackendName, world_size: int, exclude_box: str | None = None, *,
-               data: PublishedData | None = None) -> list[Measurement]:
+def comparable(
+    backend: BackendName, world_size: int, exclude_box: str | None = None, *, data: PublishedData | None = None
+) -> list[Measurement]:
     """The measurements :func:`estimate` draws on for ``backend`` at ``world_size`` (before the size test).
 
     ``data``: a file read with :func:`load` instead of the packaged one."""
@@ -347,8 +353,14 @@ def _speedups(msg_bytes: int, exclude_box: str | None, data: PublishedData) -> d
             s = interpolate(m.sizes_bytes, m.speedup_vs_nccl, msg_bytes)
         else:
             t = m.time_at(msg_bytes)
-            ref = [n.time_at(msg_bytes) for n in data.measurements if n.box == m.box and n.backend is BackendName.nccl
-                   and n.world_size == m.world_size and n.settings == "default"]
+            ref = [
+                n.time_at(msg_bytes)
+                for n in data.measurements
+                if n.box == m.box
+                and n.backend is BackendName.nccl
+                and n.world_size == m.world_size
+                and n.settings == "default"
+            ]
             ref = [r for r in ref if r is not None]
             s = statistics.median(ref) / t if ref and t else None
         if s is not None:
@@ -357,15 +369,25 @@ def _speedups(msg_bytes: int, exclude_box: str | None, data: PublishedData) -> d
 
 
 def _collapse_note(lo: float, hi: float) -> str:
-    return (f"published measurements disagree: peer-write all-reduce kernels measured {lo:.2g}x to {hi:.2g}x "
-            "NCCL's speed at this size; one-shot all-to-all kernels collapse on some PCIe fabrics (4x V100 behind "
-            "a PLX switch, sglang-V100 PR #2; root-complex PCIe, FlashInfer PR #4393) while staged-ring ones do "
-            "not; measure with `fastverify tune`")
+    return (
+        f"published measurements disagree: peer-write all-reduce kernels measured {lo:.2g}x to {hi:.2g}x "
+        "NCCL's speed at this size; one-shot all-to-all kernels collapse on some PCIe fabrics (4x V100 behind "
+        "a PLX switch, sglang-V100 PR #2; root-complex PCIe, FlashInfer PR #4393) while staged-ring ones do "
+        "not; measure with `fastverify tune`"
+    )
 
 
-def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple[int, int] | None,
-             pcie_gen: int | None = None, p2p: bool | None = None,
-             exclude_box: str | None = None, data: PublishedData | None = None) -> Estimate | None:
+def estimate(
+    backend: BackendName,
+    msg_bytes: int,
+    *,
+    world_size: int,
+    sm: tuple[int, int] | None,
+    pcie_gen: int | None = None,
+    p2p: bool | None = None,
+    exclude_box: str | None = None,
+    data: PublishedData | None = None,
+) -> Estimate | None:
     """Predicted time of one all-reduce of ``msg_bytes`` bytes on a P2P ``backend`` (pcie_ipc,
     custom_ar, b12x, fused): the P2P kernel model's point and range (module docstring).
 
@@ -407,9 +429,16 @@ def estimate(backend: BackendName, msg_bytes: int, *, world_size: int, sm: tuple
     return _kernel_estimate(backend, msg_bytes, world_size, sm, pcie_gen, vals, exclude_box, data)
 
 
-def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: tuple[int, int] | None,
-                     pcie_gen: int | None, vals: list[tuple[Measurement, float]], exclude_box: str | None,
-                     data: PublishedData) -> Estimate | None:
+def _kernel_estimate(
+    backend: BackendName,
+    msg_bytes: int,
+    world_size: int,
+    sm: tuple[int, int] | None,
+    pcie_gen: int | None,
+    vals: list[tuple[Measurement, float]],
+    exclude_box: str | None,
+    data: PublishedData,
+) -> Estimate | None:
     """A P2P backend's figure: the P2P kernel model's point and range; None when the
     backend has no published PCIe measurement at all (no number is invented for it)."""
     if not any(m.backend is backend and m.box != exclude_box and passes(m) for m in data.measurements):
@@ -426,12 +455,22 @@ def _kernel_estimate(backend: BackendName, msg_bytes: int, world_size: int, sm: 
     if ratio > DISAGREE or (len(su) >= 2 and max(su.values()) / min(su.values()) > DISAGREE):
         notes.append(_collapse_note(min(su.values(), default=float("nan")), max(su.values(), default=float("nan"))))
     seen = "; ".join(f"{m.id} {t:.3g} µs" for m, t in vals) or f"none at TP{world_size} and this size"
-    evidence = (f"P2P kernel model: {latency:.3g} µs latency (published P2P kernels' smallest sizes) + "
-                f"{world_size - 1} x {msg_bytes:,} B over one PCIe x16 link; published {backend.value}: {seen}; "
-                f"{rf.text('the point')}")
-    return Estimate(backend=backend, msg_bytes=msg_bytes, point_us=point, low_us=low, high_us=high,
-                    sources=tuple(m.id for m, _ in vals), evidence=evidence, notes=tuple(notes),
-                    unknown=None if rf.known else f"{ranges.UNKNOWN} ({rf.reason})")
+    evidence = (
+        f"P2P kernel model: {latency:.3g} µs latency (published P2P kernels' smallest sizes) + "
+        f"{world_size - 1} x {msg_bytes:,} B over one PCIe x16 link; published {backend.value}: {seen}; "
+        f"{rf.text('the point')}"
+    )
+    return Estimate(
+        backend=backend,
+        msg_bytes=msg_bytes,
+        point_us=point,
+        low_us=low,
+        high_us=high,
+        sources=tuple(m.id for m, _ in vals),
+        evidence=evidence,
+        notes=tuple(notes),
+        unknown=None if rf.known else f"{ranges.UNKNOWN} ({rf.reason})",
+    )
 
 
 # --- the P2P kernel model -------------------------------------------------------------------------------
@@ -465,8 +504,9 @@ def latency_us(data, exclude_box: str | None = None) -> float | None:
     return _kernel_latency(data, exclude_box)
 
 
-def point_us(world_size: int, msg_bytes: int, *, pcie_gen: int | None, sm: tuple[int, int] | None,
-             latency: float) -> float:
+def point_us(
+    world_size: int, msg_bytes: int, *, pcie_gen: int | None, sm: tuple[int, int] | None, latency: float
+) -> float:
     """The model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs; the PCIe
     generation when not given is that of the published boxes of the same GPU generation."""
     return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[ranges.assumed_pcie_gen(pcie_gen, sm)] * 1e3)
@@ -509,8 +549,13 @@ def cost_model_us(box: Box, world_size: int, p2p: bool | None, msg_bytes: int) -
     published ``box`` (its SM, its PCIe generation else :func:`fastverify.tune.ranges.assumed_pcie_gen`,
     x16), on P2P unless ``p2p`` is False (not stated: NCCL's default, P2P where the path allows it)."""
     on_p2p = p2p is not False
-    inputs = inputs_for_pcie_box(world_size, gen=ranges.assumed_pcie_gen(box.pcie_gen, box.sm), width=16,
-                                   sm=box.sm[0] * 10 + box.sm[1], p2p=on_p2p)
+    inputs = inputs_for_pcie_box(
+        world_size,
+        gen=ranges.assumed_pcie_gen(box.pcie_gen, box.sm),
+        width=16,
+        sm=box.sm[0] * 10 + box.sm[1],
+        p2p=on_p2p,
+    )
     return CALIBRATION[Transport.P2P if on_p2p else Transport.SHM].predict(msg_bytes, inputs).time_us
 
 
@@ -523,13 +568,19 @@ def _cost_model_residuals(data: PublishedData, exclude_box: str | None) -> tuple
             continue
         for size, t in zip(m.sizes_bytes, m.times_us or ()):
             if ranges.RESIDUAL_BYTES[0] <= size <= ranges.RESIDUAL_BYTES[1]:
-                out.append(ranges.Residual(m.box, m.world_size, size,
-                                      math.log(t / cost_model_us(boxes[m.box], m.world_size, m.p2p, size))))
+                out.append(
+                    ranges.Residual(
+                        m.box, m.world_size, size, math.log(t / cost_model_us(boxes[m.box], m.world_size, m.p2p, size))
+                    )
+                )
     return tuple(out)
 
 
-def cost_model_residuals(exclude_box: str | None = None, *, data: PublishedData | None = None,
-                         ) -> tuple[ranges.Residual, ...]:
+def cost_model_residuals(
+    exclude_box: str | None = None,
+    *,
+    data: PublishedData | None = None,
+) -> tuple[ranges.Residual, ...]:
     """``ln(measured / cost model)`` of every published NCCL measurement with default settings, at
     its measured sizes in :data:`fastverify.tune.ranges.RESIDUAL_BYTES`, with the box's GPU count,
     SM, PCIe generation and P2P (:func:`cost_model_us`). ``data``: a file read with
@@ -537,8 +588,9 @@ def cost_model_residuals(exclude_box: str | None = None, *, data: PublishedData 
     return _cost_model_residuals(data if data is not None else load(), exclude_box)
 
 
-def nccl_fit(msg_bytes: int, world_size: int, *, exclude_box: str | None = None,
-             data: PublishedData | None = None) -> ranges.Fit:
+def nccl_fit(
+    msg_bytes: int, world_size: int, *, exclude_box: str | None = None, data: PublishedData | None = None
+) -> ranges.Fit:
     """The range factor of the NCCL cost model's point for a new box (:func:`fastverify.tune.ranges.fit`
     of :func:`cost_model_residuals`); the cost model covers every GPU count, so a 7-GPU box gets a
     range from the 4-, 8- and 16-GPU boxes' misses."""

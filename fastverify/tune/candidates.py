@@ -76,8 +76,7 @@ class Figure:
     nccl: Any = field(default=None, compare=False, repr=False)
     verify: Mapping[str, Any] | None = None
     per_call_us: Mapping[int, float] = field(default_factory=dict, compare=False, repr=False)
-    per_call_range: Mapping[int, tuple[float, float] | None] = field(default_factory=dict, compare=False,
-                                                                     repr=False)
+    per_call_range: Mapping[int, tuple[float, float] | None] = field(default_factory=dict, compare=False, repr=False)
     status: str | None = None
 
     @property
@@ -162,14 +161,17 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
             what = "NCCL's TUNING-table point (the cost model's misses)"
         elif lt is not None and lt != base.transport:
             t = CALIBRATION[Transport(lt)].predict(nbytes, base.inputs).time_us
-            evidence.append(f"predicted: NCCL cost model with the transport the NCCL log {log.source} shows ({lt}; "
-                            f"the topology alone says {base.transport})")
+            evidence.append(
+                f"predicted: NCCL cost model with the transport the NCCL log {log.source} shows ({lt}; "
+                f"the topology alone says {base.transport})"
+            )
             what = "the NCCL cost model's point"
         else:
             t = per_model[nbytes]
             seen = f", as the NCCL log {log.source} shows" if lt is not None else ""
-            evidence.append(f"predicted: NCCL cost model ({base.transport}{seen}) on the topology; point = the "
-                            "cost model")
+            evidence.append(
+                f"predicted: NCCL cost model ({base.transport}{seen}) on the topology; point = the cost model"
+            )
             what = "the NCCL cost model's point"
         per_call[nbytes] = t
         labels.add(PREDICTED)
@@ -182,16 +184,29 @@ def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
             unknown, lo, hi, per_range[nbytes] = True, t, t, None
         point, low, high = point + count * t, low + count * lo, high + count * hi
     if workload.measured_on_gpu and not profile_ok:
-        notes.append(f"the profile ran with backend {workload.profile_backend}, not NCCL: its times are not "
-                     "the NCCL baseline's")
+        notes.append(
+            f"the profile ran with backend {workload.profile_backend}, not NCCL: its times are not the NCCL baseline's"
+        )
     if workload.allreduce_us_by_size and not workload.measured_on_gpu:
         notes.append(f"the profile's times ({workload.clock}) are not GPU timings and are not used")
     label = MEASURED if labels == {MEASURED} else PREDICTED
     name = f"baseline (current environment, NCCL_P2P_LEVEL {base.p2p_level})"
-    return Figure(BackendName.nccl, name, MappingProxyType({}), point, None if unknown else (low, high),
-                  dedup(evidence), label, is_baseline=True, sources=dedup(sources),
-                  notes=dedup(list(base.notes) + notes), transport=lt or base.transport, nccl=base,
-                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
+    return Figure(
+        BackendName.nccl,
+        name,
+        MappingProxyType({}),
+        point,
+        None if unknown else (low, high),
+        dedup(evidence),
+        label,
+        is_baseline=True,
+        sources=dedup(sources),
+        notes=dedup(list(base.notes) + notes),
+        transport=lt or base.transport,
+        nccl=base,
+        per_call_us=MappingProxyType(per_call),
+        per_call_range=MappingProxyType(per_range),
+    )
 
 
 def _measured_call(workload, by_size: Mapping[int, float], perf, nbytes: int) -> tuple[float | None, str]:
@@ -218,11 +233,25 @@ def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
         per_call[s.msg_bytes] = baseline.per_call_us[s.msg_bytes] * k
         r = baseline.per_call_range.get(s.msg_bytes)
         per_range[s.msg_bytes] = None if r is None else (r[0] * k, r[1] * k)
-    ev = (f"predicted: NCCL cost model ratio to the baseline ({c.transport}, {c.p2p_pairs}/{c.pairs} pairs P2P) "
-          "x the baseline's figure and range",)
-    return Figure(BackendName.nccl, c.name, c.settings, baseline.point_us * ratio, rng,
-                  dedup(ev), PREDICTED, sources=baseline.sources, notes=c.notes, transport=c.transport, nccl=c,
-                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
+    ev = (
+        f"predicted: NCCL cost model ratio to the baseline ({c.transport}, {c.p2p_pairs}/{c.pairs} pairs P2P) "
+        "x the baseline's figure and range",
+    )
+    return Figure(
+        BackendName.nccl,
+        c.name,
+        c.settings,
+        baseline.point_us * ratio,
+        rng,
+        dedup(ev),
+        PREDICTED,
+        sources=baseline.sources,
+        notes=c.notes,
+        transport=c.transport,
+        nccl=c,
+        per_call_us=MappingProxyType(per_call),
+        per_call_range=MappingProxyType(per_range),
+    )
 
 
 # --- backends -------------------------------------------------------------------------------------------
@@ -259,18 +288,34 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
         if est.low_us is None:
             unknown.append(nbytes)
             continue
-        kernel, kernel_lo, kernel_hi = kernel + count * est.point_us, kernel_lo + count * est.low_us, \
-            kernel_hi + count * est.high_us
+        kernel, kernel_lo, kernel_hi = (
+            kernel + count * est.point_us,
+            kernel_lo + count * est.low_us,
+            kernel_hi + count * est.high_us,
+        )
     name = n
     if len(all_rows) == len(workload.msg_sizes):
-        return (f"{n}: not a candidate: it takes at most {info.max_rows} rows and every all-reduce of the verify "
-                f"step has more ({', '.join(map(str, sorted(set(all_rows))))} rows)")
+        return (
+            f"{n}: not a candidate: it takes at most {info.max_rows} rows and every all-reduce of the verify "
+            f"step has more ({', '.join(map(str, sorted(set(all_rows))))} rows)"
+        )
     if missing or unknown:
         status = NO_DATA if missing else UNKNOWN
         said = ", ".join(f"{b:,} B" for b in (missing or unknown))
-        return Figure(info.name, name, MappingProxyType({}), None, None, (f"{status} ({said})", *evidence),
-                      PREDICTED, sources=dedup(sources), notes=dedup(notes), status=status,
-                      per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
+        return Figure(
+            info.name,
+            name,
+            MappingProxyType({}),
+            None,
+            None,
+            (f"{status} ({said})", *evidence),
+            PREDICTED,
+            sources=dedup(sources),
+            notes=dedup(notes),
+            status=status,
+            per_call_us=MappingProxyType(per_call),
+            per_call_range=MappingProxyType(per_range),
+        )
     if info.role is Role.fused_norm:
         notes.append(f"{n} fuses the residual add + RMSNorm into the all-reduce: its time is the fused op's")
     wait = workload.allreduce_wait_us if workload.measured_on_gpu else None
@@ -281,21 +326,47 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
         kept, shrinks = wait + kernel + fallback, kernel + fallback
         bounds = MappingProxyType({"wait_kept_us": kept, "wait_shrinks_us": shrinks, "wait_us": wait})
         point, rng = kept, (kernel_lo + fallback, wait + kernel_hi + fallback)
-        evidence.append(f"measured: {workload.source}: wait for the slowest rank {wait:,.1f} us per step "
-                        "(transfer/wait split); range from wait shrinks (kernel only) to wait kept (wait + kernel)")
+        evidence.append(
+            f"measured: {workload.source}: wait for the slowest rank {wait:,.1f} us per step "
+            "(transfer/wait split); range from wait shrinks (kernel only) to wait kept (wait + kernel)"
+        )
     else:
         point, rng = kernel + fallback, (kernel_lo + fallback, kernel_hi + fallback)
     if fallback:
         evidence.append("sizes above the backend's rows: the baseline's figure")
     notes.append(MEASURE_HINT)
-    return Figure(info.name, name, MappingProxyType({}), point, rng, dedup(evidence), PREDICTED,
-                  sources=dedup(sources), notes=dedup(notes), bounds=bounds,
-                  per_call_us=MappingProxyType(per_call), per_call_range=MappingProxyType(per_range))
+    return Figure(
+        info.name,
+        name,
+        MappingProxyType({}),
+        point,
+        rng,
+        dedup(evidence),
+        PREDICTED,
+        sources=dedup(sources),
+        notes=dedup(notes),
+        bounds=bounds,
+        per_call_us=MappingProxyType(per_call),
+        per_call_range=MappingProxyType(per_range),
+    )
 
 
-def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2p_ok: bool | None,
-                       p2p_source: str, nvlink_full: bool | None, perf=None, log=None, enabled=None,
-                       sglang_version: str | None = None, estimate=None, nccl_fit=None) -> PredictedRanking:
+def predict_candidates(
+    workload,
+    ranked: Sequence,
+    *,
+    sm: int,
+    pcie_gen: int,
+    p2p_ok: bool | None,
+    p2p_source: str,
+    nvlink_full: bool | None,
+    perf=None,
+    log=None,
+    enabled=None,
+    sglang_version: str | None = None,
+    estimate=None,
+    nccl_fit=None,
+) -> PredictedRanking:
     """Every candidate for ``workload``: the NCCL settings ``ranked`` by the cost model
     (:func:`fastverify.tune.predict.rank_nccl_settings`) and every tunable registry backend that
     :func:`fastverify.registry.unreachable_reason` allows on the box, ranked by point estimate.
@@ -346,26 +417,41 @@ def predict_candidates(workload, ranked: Sequence, *, sm: int, pcie_gen: int, p2
             refused.append(f"{name.value}: the workload has no hidden size (a trace profile); give --model")
             continue
         # The registry's dtype limit (pcie_ipc: SGLang serves bf16 only) comes first, with its source.
-        reason = unreachable_reason(info, sm=smt, world_size=workload.tp, p2p_ok=True if assumed else p2p_ok,
-                                    p2p_source=p2p_source, sglang_version=sglang_version, nvlink_full=nvlink_full,
-                                    dtype=workload.dtype)
+        reason = unreachable_reason(
+            info,
+            sm=smt,
+            world_size=workload.tp,
+            p2p_ok=True if assumed else p2p_ok,
+            p2p_source=p2p_source,
+            sglang_version=sglang_version,
+            nvlink_full=nvlink_full,
+            dtype=workload.dtype,
+        )
         if reason is not None:
             if p2p_ok is False and info.needs_p2p:
                 reason = reason.split("; run `")[0]  # the check was run: asking for it again says nothing
             refused.append(reason)
             continue
-        fig = _backend_figure(info, workload, baseline, sm=smt, pcie_gen=pcie_gen, p2p_ok=True if assumed else p2p_ok,
-                              estimate=estimate)
+        fig = _backend_figure(
+            info, workload, baseline, sm=smt, pcie_gen=pcie_gen, p2p_ok=True if assumed else p2p_ok, estimate=estimate
+        )
         if isinstance(fig, str):
             refused.append(fig)
             continue
         if info.needs_p2p and assumed:
-            fig = replace(fig, notes=fig.notes + (
-                f"assumes P2P between every GPU pair, which is not proven ({p2p_source}): run "
-                "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json",))
+            fig = replace(
+                fig,
+                notes=fig.notes
+                + (
+                    f"assumes P2P between every GPU pair, which is not proven ({p2p_source}): run "
+                    "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json",
+                ),
+            )
         figures.append(fig)
-    ranked_f = sorted((f for f in figures if f.ranked),
-                      key=lambda f: (round(f.point_us, 6), not f.is_baseline, len(f.settings), f.name))
+    ranked_f = sorted(
+        (f for f in figures if f.ranked),
+        key=lambda f: (round(f.point_us, 6), not f.is_baseline, len(f.settings), f.name),
+    )
     unranked = [f for f in figures if not f.ranked]
     cands = tuple(ranked_f + unranked)
     rows, cross = per_size_rows(workload, cands)
@@ -385,8 +471,10 @@ def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
         if f.range_us is None or nccl.range_us is None:
             why = f"{nccl.name}'s range is unknown" if nccl.range_us is None else "its range is unknown"
         elif f.range_us[1] >= nccl.range_us[0]:
-            why = (f"its predicted range {f.range_us[0]:,.1f}..{f.range_us[1]:,.1f} µs reaches {nccl.name}'s "
-                   f"{nccl.range_us[0]:,.1f}..{nccl.range_us[1]:,.1f} µs")
+            why = (
+                f"its predicted range {f.range_us[0]:,.1f}..{f.range_us[1]:,.1f} µs reaches {nccl.name}'s "
+                f"{nccl.range_us[0]:,.1f}..{nccl.range_us[1]:,.1f} µs"
+            )
         else:
             continue
         out[f.name] = f"{f.name}: {TOO_CLOSE} ({why})"
@@ -396,8 +484,9 @@ def too_close_calls(cands: Sequence[Figure]) -> dict[str, str]:
 # --- verify time and tok/s ------------------------------------------------------------------------------
 
 
-def with_verify(pred: PredictedRanking, workload, *, accept_length: float | None, tok_s: float | None,
-                user=None) -> PredictedRanking:
+def with_verify(
+    pred: PredictedRanking, workload, *, accept_length: float | None, tok_s: float | None, user=None
+) -> PredictedRanking:
     """Each ranked figure with ``verify`` = ``verify_ms`` / ``tok_s`` at its point and range
     (:func:`fastverify.tune.verify_time.verify_reduction` against the baseline's point; ``user``: the
     user's own figures, :class:`fastverify.tune.user_figures.UserFigures`)."""
@@ -406,13 +495,20 @@ def with_verify(pred: PredictedRanking, workload, *, accept_length: float | None
     def one(f: Figure) -> Figure:
         if not f.ranked:
             return f
-        reds = [verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s, user=user)
-                for v in (f.point_us, *(f.range_us or ()))]
+        reds = [
+            verify_reduction(workload, b, v, accept_length=accept_length, tok_s=tok_s, user=user)
+            for v in (f.point_us, *(f.range_us or ()))
+        ]
         ms = [r["verify_predicted_us"] / 1e3 for r in reds]
         rates = [r["tok_s_predicted"] for r in reds]
-        v = {"verify_ms": ms[0], "verify_ms_range": [ms[1], ms[2]] if len(ms) == 3 else None,
-             "tok_s": rates[0], "tok_s_range": [rates[2], rates[1]] if len(rates) == 3 and None not in rates else None,
-             "tok_s_reason": reds[0]["t_rest_basis"] if rates[0] is None else None, "reduction": reds[0]}
+        v = {
+            "verify_ms": ms[0],
+            "verify_ms_range": [ms[1], ms[2]] if len(ms) == 3 else None,
+            "tok_s": rates[0],
+            "tok_s_range": [rates[2], rates[1]] if len(rates) == 3 and None not in rates else None,
+            "tok_s_reason": reds[0]["t_rest_basis"] if rates[0] is None else None,
+            "reduction": reds[0],
+        }
         return replace(f, verify=MappingProxyType(v))
 
     cands = tuple(one(f) for f in pred.candidates)
@@ -437,12 +533,20 @@ def per_size_rows(workload, figures: Sequence) -> tuple[tuple[dict, ...], dict[s
     best_nccl = min(nccl, key=lambda f: f.point_us)
     kernels = [f for f in figures if f.nccl is None and f.per_call_us]
     rows = []
-    cross: dict[str, int | None] = {f.name: None for f in kernels
-                                    if any(f.per_call_range.get(b) is not None for b, _ in workload.msg_sizes)}
+    cross: dict[str, int | None] = {
+        f.name: None for f in kernels if any(f.per_call_range.get(b) is not None for b, _ in workload.msg_sizes)
+    }
     for nbytes, count in workload.msg_sizes:
-        entries = [{"name": f.name, "backend": f.backend.value, "point_us": f.per_call_us[nbytes],
-                    "range_us": f.per_call_range.get(nbytes)}
-                   for f in (best_nccl, *kernels) if f.per_call_us.get(nbytes) is not None]
+        entries = [
+            {
+                "name": f.name,
+                "backend": f.backend.value,
+                "point_us": f.per_call_us[nbytes],
+                "range_us": f.per_call_range.get(nbytes),
+            }
+            for f in (best_nccl, *kernels)
+            if f.per_call_us.get(nbytes) is not None
+        ]
         entries.sort(key=lambda e: e["point_us"])
         verdict = entries[0]["name"] if entries else UNKNOWN
         if len(entries) >= 2:
@@ -451,11 +555,24 @@ def per_size_rows(workload, figures: Sequence) -> tuple[tuple[dict, ...], dict[s
         n_point = best_nccl.per_call_us.get(nbytes)
         for f in kernels:
             k = f.per_call_us.get(nbytes)
-            if f.name in cross and cross[f.name] is None and f.per_call_range.get(nbytes) is not None \
-                    and k is not None and n_point is not None and n_point <= k:
+            if (
+                f.name in cross
+                and cross[f.name] is None
+                and f.per_call_range.get(nbytes) is not None
+                and k is not None
+                and n_point is not None
+                and n_point <= k
+            ):
                 cross[f.name] = nbytes
-        rows.append({"msg_bytes": nbytes, "count": count, "entries": entries, "verdict": verdict,
-                     "winner": verdict if verdict not in (UNKNOWN, TOO_CLOSE) else None})
+        rows.append(
+            {
+                "msg_bytes": nbytes,
+                "count": count,
+                "entries": entries,
+                "verdict": verdict,
+                "winner": verdict if verdict not in (UNKNOWN, TOO_CLOSE) else None,
+            }
+        )
     return tuple(rows), cross
 
 
@@ -482,5 +599,17 @@ def tuning_time_us(log, nbytes: int, enabled: tuple[frozenset, frozenset | None]
 
 def per_size_json(rows, rnd) -> list[dict]:
     """``rows`` (:func:`per_size_rows`) for the JSON document, µs rounded by ``rnd``."""
-    return [{**row, "entries": [{**e, "point_us": rnd(e["point_us"]), "range_us": None if e["range_us"] is None
-                                 else [rnd(x) for x in e["range_us"]]} for e in row["entries"]]} for row in rows]
+    return [
+        {
+            **row,
+            "entries": [
+                {
+                    **e,
+                    "point_us": rnd(e["point_us"]),
+                    "range_us": None if e["range_us"] is None else [rnd(x) for x in e["range_us"]],
+                }
+                for e in row["entries"]
+            ],
+        }
+        for row in rows
+    ]

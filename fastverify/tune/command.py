@@ -64,75 +64,167 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
     """The ``tune`` subcommand's flags (``positive``/``bounded`` are the CLI's int parsers)."""
     w = p.add_argument_group("workload (a profile, or a model's shapes)")
     w.add_argument("--profile", type=path_arg, metavar="JSON", help="profile written by `fastverify profile`")
-    w.add_argument("--model", default=None, help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json [default: tiny]")
-    w.add_argument("--tp", "--tp-size", type=bounded(2, 64), default=None,
-                   help="tensor-parallel world size [default: a profile's own; with --model every GPU of --topology (or NVML), "
-                        "else 2]")
-    w.add_argument("--draft-tokens", "--speculative-num-draft-tokens", type=bounded(1, MAX_DRAFT_TOKENS), default=None,
-                   help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
-                        "own; 4 with --model]")
+    w.add_argument(
+        "--model", default=None, help="preset (tiny, kimi-k2, kimi-k2.5, deepseek-v3) or config.json [default: tiny]"
+    )
+    w.add_argument(
+        "--tp",
+        "--tp-size",
+        type=bounded(2, 64),
+        default=None,
+        help="tensor-parallel world size [default: a profile's own; with --model every GPU of --topology (or NVML), "
+        "else 2]",
+    )
+    w.add_argument(
+        "--draft-tokens",
+        "--speculative-num-draft-tokens",
+        type=bounded(1, MAX_DRAFT_TOKENS),
+        default=None,
+        help="draft tokens per request (SGLang's --speculative-num-draft-tokens) [default: a profile's "
+        "own; 4 with --model]",
+    )
     w.add_argument("--batch", type=bounded(1, MAX_BATCH), default=1, help="requests per verify batch")
-    w.add_argument("--max-batch", "--cuda-graph-max-bs-decode", type=bounded(1, MAX_BATCH), default=None,
-                   help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs-decode), recorded "
-                        "in the deployment record [default: the workload's batch]")
-    w.add_argument("--hidden", type=bounded(1, MAX_HIDDEN), default=None,
-                   help="hidden size, for a trace profile that does not record it (with a model or a live "
-                        "profile it must equal theirs) [default: the workload's]")
+    w.add_argument(
+        "--max-batch",
+        "--cuda-graph-max-bs-decode",
+        type=bounded(1, MAX_BATCH),
+        default=None,
+        help="largest batch the server captures/serves (SGLang's --cuda-graph-max-bs-decode), recorded "
+        "in the deployment record [default: the workload's batch]",
+    )
+    w.add_argument(
+        "--hidden",
+        type=bounded(1, MAX_HIDDEN),
+        default=None,
+        help="hidden size, for a trace profile that does not record it (with a model or a live "
+        "profile it must equal theirs) [default: the workload's]",
+    )
     u = p.add_argument_group("your own figures (with --predict; fastverify.tune.user_figures)")
-    u.add_argument("--verify-ms", type=float, default=None, metavar="MS",
-                   help="your measured verify step, ms (with --allreduce-ms): the baseline, labelled measured-by-user")
-    u.add_argument("--allreduce-ms", type=float, default=None, metavar="MS",
-                   help="the all-reduce time of that verify step, ms (at most --verify-ms)")
+    u.add_argument(
+        "--verify-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="your measured verify step, ms (with --allreduce-ms): the baseline, labelled measured-by-user",
+    )
+    u.add_argument(
+        "--allreduce-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="the all-reduce time of that verify step, ms (at most --verify-ms)",
+    )
     b = p.add_argument_group("box")
-    b.add_argument("--topology", "--nvidia-smi", dest="topology", type=path_arg, metavar="FILE",
-                   help="`nvidia-smi topo -m` text (else NVML on a GPU box)")
-    b.add_argument("--nccl-version", default=None, help="NCCL version for the catalogue and model [default: the "
-                                                        "library's own, else the newest known]")
+    b.add_argument(
+        "--topology",
+        "--nvidia-smi",
+        dest="topology",
+        type=path_arg,
+        metavar="FILE",
+        help="`nvidia-smi topo -m` text (else NVML on a GPU box)",
+    )
+    b.add_argument(
+        "--nccl-version",
+        default=None,
+        help="NCCL version for the catalogue and model [default: the library's own, else the newest known]",
+    )
     add_box_arguments(b, bounded)
-    b.add_argument("--p2p-check", type=path_arg, metavar="FILE", default=None,
-                   help="JSON of `fastverify p2p` [default: run it on a GPU box]")
-    b.add_argument("--perf-table", type=path_arg, metavar="FILE", default=None,
-                   help="nccl-tests all_reduce_perf output from this box: NCCL measured there replaces the "
-                        "model's NCCL baseline (second only to a --profile's own times)")
-    b.add_argument("--nccl-log", type=path_arg, metavar="FILE", default=None,
-                   help="NCCL_DEBUG=INFO output of a run on this box: its TUNING table and transports come "
-                        "before the topology in the NCCL baseline")
+    b.add_argument(
+        "--p2p-check",
+        type=path_arg,
+        metavar="FILE",
+        default=None,
+        help="JSON of `fastverify p2p` [default: run it on a GPU box]",
+    )
+    b.add_argument(
+        "--perf-table",
+        type=path_arg,
+        metavar="FILE",
+        default=None,
+        help="nccl-tests all_reduce_perf output from this box: NCCL measured there replaces the "
+        "model's NCCL baseline (second only to a --profile's own times)",
+    )
+    b.add_argument(
+        "--nccl-log",
+        type=path_arg,
+        metavar="FILE",
+        default=None,
+        help="NCCL_DEBUG=INFO output of a run on this box: its TUNING table and transports come "
+        "before the topology in the NCCL baseline",
+    )
     m = p.add_argument_group("measurement")
-    m.add_argument("--predict", action="store_true",
-                   help="predict only: rank NCCL settings and the registry's backends from the cost model, "
-                        "published measurements and your evidence; measure nothing")
+    m.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict only: rank NCCL settings and the registry's backends from the cost model, "
+        "published measurements and your evidence; measure nothing",
+    )
     m.add_argument("--top", type=bounded(0, 20), default=3, help="NCCL candidates from the model to measure")
     m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where trials run")
     m.add_argument("--iters", type=bounded(1, 10000), default=20, help="timed repetitions per size")
     m.add_argument("--warmup", type=bounded(0, 1000), default=3, help="untimed repetitions per size")
     m.add_argument("--timeout", type=float, default=120.0, help="seconds a trial may measure before it counts as hung")
-    m.add_argument("--journal", type=output_arg, default=None,
-                   help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]")
+    m.add_argument(
+        "--journal",
+        type=output_arg,
+        default=None,
+        help="append-only record of finished trials [default: nccl_configs/<box>.journal.jsonl]",
+    )
     m.add_argument("--resume", action="store_true", help="skip trials the journal already holds")
-    m.add_argument("--server-args", default=None, metavar="'FLAGS'", type=_server_words,
-                   help="the SGLang server's command or flags, one quoted string: every trial runs in the "
-                        "environment its start-up sets (SGLang's own _set_envs_and_config where it imports) "
-                        "[default: a plain server of --tp GPUs]")
+    m.add_argument(
+        "--server-args",
+        default=None,
+        metavar="'FLAGS'",
+        type=_server_words,
+        help="the SGLang server's command or flags, one quoted string: every trial runs in the "
+        "environment its start-up sets (SGLang's own _set_envs_and_config where it imports) "
+        "[default: a plain server of --tp GPUs]",
+    )
     add_draft_shape_arguments(p.add_argument_group("draft shape (--draft-shape; fastverify.tune.draft_shape)"))
     o = p.add_argument_group("output")
-    o.add_argument("--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]")
-    o.add_argument("--tok-s", type=float, default=None, help="measured tok/s per stream now (fixes the rest of the cycle)")
-    o.add_argument("--write-env", nargs="?", const="", default=None, metavar="PATH", type=or_default(output_arg),
-                   help="write the winning settings and the deployment record beside them (X.env, X.deploy.json) "
-                        "[default path: nccl_configs/<box fingerprint>.env]")
-    o.add_argument("--baseline", type=path_arg, metavar="DIR", default=None,
-                   help="with --write-env: the answers of a `launch --load` run without the swap, kept in the "
-                        "deployment record; `launch --env` asks them again of the patched server before it serves")
+    o.add_argument(
+        "--accept-length", type=float, default=None, help="tokens per cycle per stream [profile's, else 3.0]"
+    )
+    o.add_argument(
+        "--tok-s", type=float, default=None, help="measured tok/s per stream now (fixes the rest of the cycle)"
+    )
+    o.add_argument(
+        "--write-env",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        type=or_default(output_arg),
+        help="write the winning settings and the deployment record beside them (X.env, X.deploy.json) "
+        "[default path: nccl_configs/<box fingerprint>.env]",
+    )
+    o.add_argument(
+        "--baseline",
+        type=path_arg,
+        metavar="DIR",
+        default=None,
+        help="with --write-env: the answers of a `launch --load` run without the swap, kept in the "
+        "deployment record; `launch --env` asks them again of the patched server before it serves",
+    )
     o.add_argument("--write-tuner-config", type=output_arg, metavar="PATH", help="per-size NCCL tuner-plugin CSV")
-    o.add_argument("--force", action="store_true",
-                   help="replace existing output files (the old env file, record and tuner CSV kept as <name>.bak), "
-                        "and start the --journal over without --resume")
+    o.add_argument(
+        "--force",
+        action="store_true",
+        help="replace existing output files (the old env file, record and tuner CSV kept as <name>.bak), "
+        "and start the --journal over without --resume",
+    )
     o.add_argument("--png", type=output_arg, default=None, help="latency vs message size per candidate (measure mode)")
-    o.add_argument("--json", action="store_true",
-                   help="print one JSON document (label, baseline, candidates[]) on stdout; notes go to stderr")
-    o.add_argument("--explain", action="store_true",
-                   help="with --predict: every candidate with its range, and every evidence line, note and "
-                        "ruled-out backend behind the figures [default: the top candidates and the decision]")
+    o.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (label, baseline, candidates[]) on stdout; notes go to stderr",
+    )
+    o.add_argument(
+        "--explain",
+        action="store_true",
+        help="with --predict: every candidate with its range, and every evidence line, note and "
+        "ruled-out backend behind the figures [default: the top candidates and the decision]",
+    )
 
 
 def _check_flags(args) -> None:
@@ -142,8 +234,10 @@ def _check_flags(args) -> None:
     if args.predict and args.png is not None:
         raise UserError("--png plots measured latencies: it does not apply with --predict")
     if args.predict and (args.journal is not None or args.resume):
-        raise UserError(f"{'--journal' if args.journal is not None else '--resume'} records measured trials: "
-                        "it does not apply with --predict")
+        raise UserError(
+            f"{'--journal' if args.journal is not None else '--resume'} records measured trials: "
+            "it does not apply with --predict"
+        )
     if args.accept_length is not None and not (1.0 <= args.accept_length <= 64):
         raise UserError(f"--accept-length {args.accept_length:g}: expected tokens per cycle in [1, 64]")
     if args.tok_s is not None and not (math.isfinite(args.tok_s) and args.tok_s > 0):
@@ -173,20 +267,27 @@ def _draft_tokens_in_force(args, workload):
     have, given = workload.draft_tokens, args.draft_tokens
     if have is not None:
         if given is not None and given != have:
-            raise UserError(f"--draft-tokens {given}: the workload ({workload.source}) has {have} draft tokens per "
-                            "request; drop the flag or re-profile")
+            raise UserError(
+                f"--draft-tokens {given}: the workload ({workload.source}) has {have} draft tokens per "
+                "request; drop the flag or re-profile"
+            )
         return workload
     if given is None:
         if args.accept_length is not None:
-            raise UserError(f"--accept-length {args.accept_length:g}: {args.profile} does not record the draft tokens "
-                            "per request, the most an accept length can be; give --draft-tokens N too (SGLang's "
-                            "--speculative-num-draft-tokens)")
+            raise UserError(
+                f"--accept-length {args.accept_length:g}: {args.profile} does not record the draft tokens "
+                "per request, the most an accept length can be; give --draft-tokens N too (SGLang's "
+                "--speculative-num-draft-tokens)"
+            )
         return workload
     if workload.batch is not None and workload.tokens is not None and given * workload.batch != workload.tokens:
-        raise UserError(f"--draft-tokens {given}: the workload ({workload.source}) has {workload.tokens} tokens at "
-                        f"batch {workload.batch} per verify step, not {given} x {workload.batch}")
-    return dataclasses.replace(workload, draft_tokens=given,
-                               notes=(*workload.notes, f"{given} draft tokens per request from --draft-tokens"))
+        raise UserError(
+            f"--draft-tokens {given}: the workload ({workload.source}) has {workload.tokens} tokens at "
+            f"batch {workload.batch} per verify step, not {given} x {workload.batch}"
+        )
+    return dataclasses.replace(
+        workload, draft_tokens=given, notes=(*workload.notes, f"{given} draft tokens per request from --draft-tokens")
+    )
 
 
 def run(args) -> int:
@@ -197,13 +298,20 @@ def run(args) -> int:
     from rich.console import Console
 
     # --json: stdout holds the one document; everything said in words goes to stderr
-    console = (Console(file=sys.stderr, width=130) if args.json
-               else Console(width=None if sys.stdout.isatty() else 130))
+    console = Console(file=sys.stderr, width=130) if args.json else Console(width=None if sys.stdout.isatty() else 130)
     if args.draft_shape:
         return _run_draft_shape(args, console)
-    given = [flag for flag, v in (("--accept-histogram", args.accept_histogram), ("--verify-log", args.verify_log),
-                                  ("--bundle", args.bundle), ("--draft-step-ms", args.draft_step_ms),
-                                  ("--draft-extend-ms", args.draft_extend_ms)) if v is not None]
+    given = [
+        flag
+        for flag, v in (
+            ("--accept-histogram", args.accept_histogram),
+            ("--verify-log", args.verify_log),
+            ("--bundle", args.bundle),
+            ("--draft-step-ms", args.draft_step_ms),
+            ("--draft-extend-ms", args.draft_extend_ms),
+        )
+        if v is not None
+    ]
     if given:
         raise UserError(f"{given[0]} applies to --draft-shape only (add --draft-shape, or leave it out)")
     _check_flags(args)
@@ -228,17 +336,28 @@ def run(args) -> int:
     fp = box_fingerprint(workload, topo, version)
     check_outputs(args, fp)
     shapes = verify_shapes(args, workload) if args.write_env is not None else None  # refused before any work
-    ranked = rank_nccl_settings(workload, topo, env=os.environ, nccl_version=version, pcie_gen=args.pcie_gen,
-                                sm=args.sm, p2p_check=str(args.p2p_check) if p2p_results is not None else None) \
-        if topo is not None else []
+    ranked = (
+        rank_nccl_settings(
+            workload,
+            topo,
+            env=os.environ,
+            nccl_version=version,
+            pcie_gen=args.pcie_gen,
+            sm=args.sm,
+            p2p_check=str(args.p2p_check) if p2p_results is not None else None,
+        )
+        if topo is not None
+        else []
+    )
     pred = box_doc = None
     if args.predict:  # the whole prediction before any output: a bad --tok-s prints nothing
         pred = predict_mode.predict(args, workload, topo, version, ranked, p2p_given, perf, log, user)
         box_doc = predict_mode.box_doc(args, workload, topo, version, p2p_given, log)
     _print_preamble(args, console, late_notes, version, (*user_said, *_baseline_notes(ranked)))
     if args.predict:
-        return predict_mode.report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp,
-                                              box_doc, user)
+        return predict_mode.report_prediction(
+            args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc, user
+        )
     return measure(args, console, workload, topo, version, ranked, shapes, p2p_given, fp)
 
 
@@ -246,8 +365,10 @@ def _run_draft_shape(args, console) -> int:
     """``tune --draft-shape`` (:func:`fastverify.tune.draft_shape.run`), which takes none of the
     workload flags."""
     if args.predict or args.write_env is not None or args.profile is not None:
-        raise UserError("--draft-shape reads accept lengths and verify costs only; --predict, --write-env and "
-                        "--profile do not apply to it")
+        raise UserError(
+            "--draft-shape reads accept lengths and verify costs only; --predict, --write-env and "
+            "--profile do not apply to it"
+        )
     return run_draft_shape(args, console)
 
 
@@ -265,8 +386,10 @@ def _print_preamble(args, console, late_notes, version, early) -> None:
         say(console, note)
     for f in validate_env(os.environ, version):
         if f.severity is not Severity.OK:
-            say(console, f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}"
-                + (f" -> {f.fix}" if f.fix else ""))
+            say(
+                console,
+                f"# setting {f.severity.value}: {f.name}={f.value!r}: {f.reason}" + (f" -> {f.fix}" if f.fix else ""),
+            )
     args.held_notes = early if args.predict and not args.json and not args.explain else ()
     for note in () if args.held_notes else early:  # held: counted in the --explain line instead
         say(console, f"# note: {note}")

@@ -34,7 +34,6 @@ from fastverify.verifylog import _rank_key, read_log_dir
 HISTOGRAM_EXAMPLES = {"steps": "5", "counts": "[40, 30, 15, 8, 4, 3]", "topk": "1", "verify_ms": "[[6, 10.4]]"}
 
 
-
 def read_histogram(path: Path) -> AcceptHistogram:
     """The ``--accept-histogram`` file (format in the module docstring).
 
@@ -69,11 +68,15 @@ def read_histogram(path: Path) -> AcceptHistogram:
     seen: dict[int, float] = {}
     for t, ms in h.verify_ms:
         if not (1 <= t <= MAX_DRAFT_TOKENS and np.isfinite(ms) and floor_ms <= ms <= 3.6e6):
-            raise UserError(f'{where} "verify_ms": [{t}, {ms}] is not [tokens per request in 1..{MAX_DRAFT_TOKENS}, '
-                            f"ms in [{floor_ms:g}, 3.6e6]]")
+            raise UserError(
+                f'{where} "verify_ms": [{t}, {ms}] is not [tokens per request in 1..{MAX_DRAFT_TOKENS}, '
+                f"ms in [{floor_ms:g}, 3.6e6]]"
+            )
         if t in seen:
-            raise UserError(f'{where} "verify_ms": {t} tokens per request given twice ({seen[t]:g} ms and {ms:g} ms); '
-                            "give each count once")
+            raise UserError(
+                f'{where} "verify_ms": {t} tokens per request given twice ({seen[t]:g} ms and {ms:g} ms); '
+                "give each count once"
+            )
         seen[t] = ms
     return h
 
@@ -94,15 +97,27 @@ def from_records(records: dict, source: str) -> tuple[AcceptHistogram | None, li
     for r in recs:
         if r.batch == batch:
             by_t.setdefault(r.tokens // r.batch, []).append(r.verify_ms)
-    points = [CostPoint(tokens_per_request=t, verify_ms=round(float(np.median(v)), 6), records=len(v))
-              for t, v in sorted(by_t.items())]
+    points = [
+        CostPoint(tokens_per_request=t, verify_ms=round(float(np.median(v)), 6), records=len(v))
+        for t, v in sorted(by_t.items())
+    ]
     if len(set(batches)) > 1:
-        notes.append(f"{source}: verify cost taken at batch {batch} ({batches.count(batch)} of {len(recs)} records; "
-                     "other batches left out)")
+        notes.append(
+            f"{source}: verify cost taken at batch {batch} ({batches.count(batch)} of {len(recs)} records; "
+            "other batches left out)"
+        )
     with_acc = [r for r in recs if r.accepted is not None]
     if not with_acc:
-        return None, points, batch, notes + [f"{source}: no record carries accepted (an older fastverify, or the "
-                                             "accept sampler was not wrapped): no accept lengths from it"]
+        return (
+            None,
+            points,
+            batch,
+            notes
+            + [
+                f"{source}: no record carries accepted (an older fastverify, or the "
+                "accept sampler was not wrapped): no accept lengths from it"
+            ],
+        )
     depth = max(r.tokens // r.batch for r in with_acc) - 1
     if depth < 1:
         return None, points, batch, notes + [f"{source}: 1 token per request: no draft tokens, no accept lengths"]
@@ -121,8 +136,14 @@ def _merge_points(groups: list[list[CostPoint]]) -> list[CostPoint]:
     for g in groups:
         for p in g:
             by_t.setdefault(p.tokens_per_request, []).append(p)
-    return [CostPoint(tokens_per_request=t, verify_ms=round(float(np.median([p.verify_ms for p in ps])), 6),
-                      records=sum(p.records for p in ps)) for t, ps in sorted(by_t.items())]
+    return [
+        CostPoint(
+            tokens_per_request=t,
+            verify_ms=round(float(np.median([p.verify_ms for p in ps])), 6),
+            records=sum(p.records for p in ps),
+        )
+        for t, ps in sorted(by_t.items())
+    ]
 
 
 def from_dirs(dirs: list[Path], label: str = "measured"):
@@ -138,10 +159,15 @@ def from_dirs(dirs: list[Path], label: str = "measured"):
         if h is not None and (hist is None or h.steps > hist.steps):
             hist = h
     if len(batches) > 1:
-        notes.append(f"the folders ran different batches ({', '.join(map(str, sorted(batches)))}): the cost curve "
-                     "mixes them")
-    curve = CostCurve(batch=min(batches) if len(batches) == 1 else None, points=_merge_points(groups), label=label,
-                      source=", ".join(f"{path_text(d)} (verify records)" for d in dirs))
+        notes.append(
+            f"the folders ran different batches ({', '.join(map(str, sorted(batches)))}): the cost curve mixes them"
+        )
+    curve = CostCurve(
+        batch=min(batches) if len(batches) == 1 else None,
+        points=_merge_points(groups),
+        label=label,
+        source=", ".join(f"{path_text(d)} (verify records)" for d in dirs),
+    )
     return hist, curve, notes
 
 
@@ -202,10 +228,12 @@ def _from_open_bundle(bundle, split):
     if split is not None:
         means = mode_means(split)
         if "draft" in means and steps is not None:
-            draft = DraftCost(draft_step_ms=round(_mode_ms(means["draft"]) / steps, 6),
-                              draft_extend_ms=round(_mode_ms(means["draft_extend"]), 6) if "draft_extend" in means
-                              else 0.0, label="measured",
-                              source=f"{where}: trace cycle split (draft / {steps} steps, draft_extend)")
+            draft = DraftCost(
+                draft_step_ms=round(_mode_ms(means["draft"]) / steps, 6),
+                draft_extend_ms=round(_mode_ms(means["draft_extend"]), 6) if "draft_extend" in means else 0.0,
+                label="measured",
+                source=f"{where}: trace cycle split (draft / {steps} steps, draft_extend)",
+            )
     if hist is not None and isinstance(topk, int) and topk > 1:
         hist = msgspec.structs.replace(hist, topk=topk)
     return hist, curve, draft, notes

@@ -140,21 +140,29 @@ def check_curve(curve: CostCurve) -> list[str]:
     floor_ms = MIN_TIME_US / 1000.0
     for p in curve.points:
         if not p.verify_ms >= floor_ms:  # NaN too
-            raise UserError(f"{curve.source}: verify cost {p.verify_ms:g} ms at {p.tokens_per_request} tokens per "
-                            f"request is not a verify time (at least {floor_ms:g} ms); fix or re-measure that point")
+            raise UserError(
+                f"{curve.source}: verify cost {p.verify_ms:g} ms at {p.tokens_per_request} tokens per "
+                f"request is not a verify time (at least {floor_ms:g} ms); fix or re-measure that point"
+            )
     tol = MEASURED_NOISE if curve.label == "measured" else 0.0
     for a, b in zip(curve.points, curve.points[1:]):
         if b.tokens_per_request <= a.tokens_per_request:
-            raise UserError(f"{curve.source}: {b.tokens_per_request} tokens per request given twice ({a.verify_ms:g} "
-                            f"ms and {b.verify_ms:g} ms) or out of order; give each count once")
+            raise UserError(
+                f"{curve.source}: {b.tokens_per_request} tokens per request given twice ({a.verify_ms:g} "
+                f"ms and {b.verify_ms:g} ms) or out of order; give each count once"
+            )
         if b.verify_ms >= a.verify_ms:
             continue
-        fall = f"verify cost falls from {a.verify_ms:g} ms at {a.tokens_per_request} to {b.verify_ms:g} ms at " \
-               f"{b.tokens_per_request} tokens per request"
+        fall = (
+            f"verify cost falls from {a.verify_ms:g} ms at {a.tokens_per_request} to {b.verify_ms:g} ms at "
+            f"{b.tokens_per_request} tokens per request"
+        )
         if b.verify_ms < a.verify_ms * (1.0 - tol):
             allowed = f"by more than run-to-run noise ({tol:.0%})" if tol else "(a given curve may not fall)"
-            raise UserError(f"{curve.source}: {fall} {allowed}; verifying more tokens never costs less: fix or "
-                            "re-measure that point")
+            raise UserError(
+                f"{curve.source}: {fall} {allowed}; verifying more tokens never costs less: fix or "
+                "re-measure that point"
+            )
         notes.append(f"{fall}, within run-to-run noise ({tol:.0%}): beyond the points the curve is held flat")
     return notes
 
@@ -191,10 +199,19 @@ def depth_rows(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, hist_l
         acc_label = hist_label if k == hist.steps else _weakest(hist_label, "derived")
         v_ms, v_label = verify_at(curve, tokens)
         cycle = k * draft.draft_step_ms + v_ms + draft.draft_extend_ms
-        rows.append(DepthRow(depth=k, tokens_per_request=tokens, accept_length=round(acc, 4), accept_label=acc_label,
-                             verify_ms=round(v_ms, 4), verify_label=v_label, cycle_ms=round(cycle, 4),
-                             tok_s=round(acc / (cycle / 1000.0), 2),
-                             label=_weakest(acc_label, v_label, draft.label)))
+        rows.append(
+            DepthRow(
+                depth=k,
+                tokens_per_request=tokens,
+                accept_length=round(acc, 4),
+                accept_label=acc_label,
+                verify_ms=round(v_ms, 4),
+                verify_label=v_label,
+                cycle_ms=round(cycle, 4),
+                tok_s=round(acc / (cycle / 1000.0), 2),
+                label=_weakest(acc_label, v_label, draft.label),
+            )
+        )
     return rows
 
 
@@ -203,15 +220,24 @@ def chain_flags(k: int) -> str:
 
 
 def tree_note(hist: AcceptHistogram) -> str:
-    return (f"a tree run (topk {hist.topk}): one run's records do not give other tree shapes (a tree accepts "
-            "along one of many branches; E[min(A,k)]+1 holds for chains only). Measure each shape with a short "
-            "run: `fastverify launch --profile-verify DIR_<shape> -- <sglang command> --speculative-num-steps S "
-            "--speculative-eagle-topk K --speculative-num-draft-tokens N`, then `fastverify tune --draft-shape "
-            "--verify-log DIR_<shape>` for each, and compare their measured tok/s")
+    return (
+        f"a tree run (topk {hist.topk}): one run's records do not give other tree shapes (a tree accepts "
+        "along one of many branches; E[min(A,k)]+1 holds for chains only). Measure each shape with a short "
+        "run: `fastverify launch --profile-verify DIR_<shape> -- <sglang command> --speculative-num-steps S "
+        "--speculative-eagle-topk K --speculative-num-draft-tokens N`, then `fastverify tune --draft-shape "
+        "--verify-log DIR_<shape>` for each, and compare their measured tok/s"
+    )
 
 
-def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist_label: str = "measured",
-              sources: list[str] | None = None, notes: list[str] | None = None) -> DraftShapeReport:
+def recommend(
+    hist: AcceptHistogram,
+    curve: CostCurve,
+    draft: DraftCost,
+    *,
+    hist_label: str = "measured",
+    sources: list[str] | None = None,
+    notes: list[str] | None = None,
+) -> DraftShapeReport:
     """The per-depth table and the best chain depth (highest tok/s per stream; ties: shallower).
 
     Chain depths stop at :data:`MAX_DEPTH` (``MAX_DRAFT_TOKENS`` tokens per request); a note says
@@ -226,8 +252,10 @@ def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist
     if sum(hist.counts) <= 0:
         raise UserError("the accept histogram holds no request-verify (all counts 0)")
     if not curve.points:
-        raise UserError("no verify cost: give --verify-log DIR or --bundle FILE (records with batch and tokens), "
-                        "or verify_ms pairs in the --accept-histogram file")
+        raise UserError(
+            "no verify cost: give --verify-log DIR or --bundle FILE (records with batch and tokens), "
+            "or verify_ms pairs in the --accept-histogram file"
+        )
     for what, ms in (("draft step", draft.draft_step_ms), ("draft extend", draft.draft_extend_ms)):
         if not 0 <= ms <= 3.6e6:  # NaN too
             raise UserError(f"{draft.source}: {what} {ms!r} ms is not a time in [0, 3.6e6] ms")
@@ -237,27 +265,50 @@ def recommend(hist: AcceptHistogram, curve: CostCurve, draft: DraftCost, *, hist
     best = None if tree else max(rows, key=lambda r: (r.tok_s, -r.depth))
     cur = next((r for r in rows if r.depth == hist.steps), None)
     if not tree and hist.steps > MAX_DEPTH:
-        notes.append(f"the run drafted {hist.steps} steps ({hist.steps + 1} tokens per request), past fastverify's "
-                     f"limit of {MAX_DRAFT_TOKENS} draft tokens per request: depths 1-{MAX_DEPTH} only (exact from "
-                     "the same records)")
+        notes.append(
+            f"the run drafted {hist.steps} steps ({hist.steps + 1} tokens per request), past fastverify's "
+            f"limit of {MAX_DRAFT_TOKENS} draft tokens per request: depths 1-{MAX_DEPTH} only (exact from "
+            "the same records)"
+        )
     if best is not None and best.depth == MAX_DEPTH:
-        notes.append(f"the best depth lies at fastverify's limit ({MAX_DEPTH} steps, {MAX_DRAFT_TOKENS} draft tokens "
-                     "per request): a deeper chain is not considered")
+        notes.append(
+            f"the best depth lies at fastverify's limit ({MAX_DEPTH} steps, {MAX_DRAFT_TOKENS} draft tokens "
+            "per request): a deeper chain is not considered"
+        )
     if tree:
         notes.insert(0, tree_note(hist))
     elif any(r.verify_label == "extrapolated" for r in rows):
-        notes.append("verify cost extrapolated outside the measured tokens per request "
-                     f"({', '.join(str(p.tokens_per_request) for p in curve.points)}): measure more points with a "
-                     "short run per draft-token count and pass each folder as another --verify-log")
+        notes.append(
+            "verify cost extrapolated outside the measured tokens per request "
+            f"({', '.join(str(p.tokens_per_request) for p in curve.points)}): measure more points with a "
+            "short run per draft-token count and pass each folder as another --verify-log"
+        )
     if draft.label == "assumed":
-        notes.append("draft cost assumed 0 ms (no trace and no --draft-step-ms / --draft-extend-ms): right for "
-                     "NGRAM (host drafting), not for an EAGLE drafter")
-    change = (round(100.0 * (best.tok_s - cur.tok_s) / cur.tok_s, 2)
-              if best is not None and cur is not None and cur.tok_s > 0 else None)
-    return DraftShapeReport(steps=hist.steps, topk=hist.topk, tree=tree, current_depth=hist.steps,
-                            best_depth=best.depth if best else None, rows=rows,
-                            flags=chain_flags(best.depth) if best else None, tok_s_change_pct=change,
-                            verify_command=("fastverify launch --profile-verify after/ -- <sglang command> <flags>; "
-                                            "then fastverify profile --verify-log before/ after/"),
-                            cost=curve, draft=draft, histogram=list(hist.counts), sources=list(sources or []),
-                            notes=notes)
+        notes.append(
+            "draft cost assumed 0 ms (no trace and no --draft-step-ms / --draft-extend-ms): right for "
+            "NGRAM (host drafting), not for an EAGLE drafter"
+        )
+    change = (
+        round(100.0 * (best.tok_s - cur.tok_s) / cur.tok_s, 2)
+        if best is not None and cur is not None and cur.tok_s > 0
+        else None
+    )
+    return DraftShapeReport(
+        steps=hist.steps,
+        topk=hist.topk,
+        tree=tree,
+        current_depth=hist.steps,
+        best_depth=best.depth if best else None,
+        rows=rows,
+        flags=chain_flags(best.depth) if best else None,
+        tok_s_change_pct=change,
+        verify_command=(
+            "fastverify launch --profile-verify after/ -- <sglang command> <flags>; "
+            "then fastverify profile --verify-log before/ after/"
+        ),
+        cost=curve,
+        draft=draft,
+        histogram=list(hist.counts),
+        sources=list(sources or []),
+        notes=notes,
+    )

@@ -30,20 +30,49 @@ MAX_ROWS = 10
 
 def add_arguments(group) -> None:
     """The flags of ``tune --draft-shape`` on an argparse group (or parser)."""
-    group.add_argument("--draft-shape", action="store_true",
-                       help="recommend --speculative-num-steps / -eagle-topk / -num-draft-tokens from accept lengths "
-                            "and the measured cycle cost (per-depth table: accept length, cycle ms, tok/s)")
-    group.add_argument("--accept-histogram", type=path_arg, metavar="FILE", default=None,
-                       help='JSON {"steps": S, "counts": [S+1 ints: request-verifies that accepted 0..S draft '
-                            'tokens], "topk": 1, "verify_ms": [[tokens per request, ms], ...]}')
-    group.add_argument("--verify-log", type=path_arg, metavar="DIR", action="append", default=None,
-                       help="verify records of `fastverify launch --profile-verify DIR` (repeat: one per run)")
-    group.add_argument("--bundle", type=path_arg, metavar="FILE", default=None,
-                       help="a bundle of `fastverify collect` (verify log, server args, trace)")
-    group.add_argument("--draft-step-ms", type=float, metavar="MS", default=None,
-                       help="drafter ms per draft step when no trace gives it [default: 0, assumed]")
-    group.add_argument("--draft-extend-ms", type=float, metavar="MS", default=None,
-                       help="drafter's draft-extend ms per cycle when no trace gives it [default: 0, assumed]")
+    group.add_argument(
+        "--draft-shape",
+        action="store_true",
+        help="recommend --speculative-num-steps / -eagle-topk / -num-draft-tokens from accept lengths "
+        "and the measured cycle cost (per-depth table: accept length, cycle ms, tok/s)",
+    )
+    group.add_argument(
+        "--accept-histogram",
+        type=path_arg,
+        metavar="FILE",
+        default=None,
+        help='JSON {"steps": S, "counts": [S+1 ints: request-verifies that accepted 0..S draft '
+        'tokens], "topk": 1, "verify_ms": [[tokens per request, ms], ...]}',
+    )
+    group.add_argument(
+        "--verify-log",
+        type=path_arg,
+        metavar="DIR",
+        action="append",
+        default=None,
+        help="verify records of `fastverify launch --profile-verify DIR` (repeat: one per run)",
+    )
+    group.add_argument(
+        "--bundle",
+        type=path_arg,
+        metavar="FILE",
+        default=None,
+        help="a bundle of `fastverify collect` (verify log, server args, trace)",
+    )
+    group.add_argument(
+        "--draft-step-ms",
+        type=float,
+        metavar="MS",
+        default=None,
+        help="drafter ms per draft step when no trace gives it [default: 0, assumed]",
+    )
+    group.add_argument(
+        "--draft-extend-ms",
+        type=float,
+        metavar="MS",
+        default=None,
+        help="drafter's draft-extend ms per cycle when no trace gives it [default: 0, assumed]",
+    )
 
 
 def _given_ms(name: str, value: float | None) -> float | None:
@@ -84,19 +113,31 @@ def build(args: argparse.Namespace) -> DraftShapeReport:
         hist, hist_label = file_hist, "given"
         sources.append(f"{path_text(hist_file)} (accept histogram)")
         if not curve.points and file_hist.verify_ms:
-            curve = CostCurve(batch=None, label="given", source=f"{path_text(hist_file)} (verify_ms)",
-                              points=[CostPoint(tokens_per_request=t, verify_ms=ms, records=0)
-                                      for t, ms in sorted(file_hist.verify_ms)])
+            curve = CostCurve(
+                batch=None,
+                label="given",
+                source=f"{path_text(hist_file)} (verify_ms)",
+                points=[
+                    CostPoint(tokens_per_request=t, verify_ms=ms, records=0) for t, ms in sorted(file_hist.verify_ms)
+                ],
+            )
     elif hist is not None:
         sources.append(f"{curve.source}: accepted")
     if hist is None:
-        raise UserError("no accept lengths: " + ("; ".join(notes) or "the records carry no accepted tokens")
-                        + " (or give --accept-histogram FILE)")
+        raise UserError(
+            "no accept lengths: "
+            + ("; ".join(notes) or "the records carry no accepted tokens")
+            + " (or give --accept-histogram FILE)"
+        )
     if curve.source:
         sources.append(curve.source)
     if step_ms is not None or ext_ms is not None:
-        draft = DraftCost(draft_step_ms=step_ms or 0.0, draft_extend_ms=ext_ms or 0.0, label="given",
-                          source="--draft-step-ms / --draft-extend-ms")
+        draft = DraftCost(
+            draft_step_ms=step_ms or 0.0,
+            draft_extend_ms=ext_ms or 0.0,
+            label="given",
+            source="--draft-step-ms / --draft-extend-ms",
+        )
     elif draft is None:
         draft = DraftCost(draft_step_ms=0.0, draft_extend_ms=0.0, label="assumed", source="none given")
     sources.append(f"draft cost: {draft.source}")
@@ -109,8 +150,10 @@ def _no_folder_twice(dirs: list[Path]) -> None:
     for d in dirs:
         key = Path(os.path.realpath(d))
         if key in seen:
-            raise UserError(f"--verify-log {path_text(d)}: the same folder as --verify-log {path_text(seen[key])}; "
-                            "give each run's folder once")
+            raise UserError(
+                f"--verify-log {path_text(d)}: the same folder as --verify-log {path_text(seen[key])}; "
+                "give each run's folder once"
+            )
         seen[key] = d
 
 
@@ -133,8 +176,11 @@ def print_report(rep: DraftShapeReport, console) -> None:
     """The per-depth table (≤ :data:`MAX_ROWS` rows), the winner's flags and how to verify it."""
     from rich.table import Table
 
-    what = ("tree run: its own shape only" if rep.tree
-            else f"chain depths 1-{rep.rows[-1].depth} from one run at {rep.steps}")
+    what = (
+        "tree run: its own shape only"
+        if rep.tree
+        else f"chain depths 1-{rep.rows[-1].depth} from one run at {rep.steps}"
+    )
     batch = f"verify cost at batch {rep.cost.batch}" if rep.cost.batch is not None else "batch not known"
     say(console, f"# draft shape: {what}; tok/s per stream = accept length / cycle time; {batch}")
     t = Table(box=None, pad_edge=False)
@@ -142,13 +188,24 @@ def print_report(rep: DraftShapeReport, console) -> None:
         t.add_column(col, justify="left" if col == "label" else "right")
     for r in _shown(rep.rows, rep.best_depth, rep.current_depth):
         mark = " *" if r.depth == rep.best_depth else (" (now)" if r.depth == rep.current_depth else "")
-        t.add_row(cell(f"{r.depth}{mark}"), cell(r.tokens_per_request), f"{r.accept_length:.3f}", f"{r.verify_ms:.3f}",
-                  f"{r.cycle_ms:.3f}", f"{r.tok_s:.1f}", cell(r.label))
+        t.add_row(
+            cell(f"{r.depth}{mark}"),
+            cell(r.tokens_per_request),
+            f"{r.accept_length:.3f}",
+            f"{r.verify_ms:.3f}",
+            f"{r.cycle_ms:.3f}",
+            f"{r.tok_s:.1f}",
+            cell(r.label),
+        )
     console.print(t)
     if rep.flags is not None:
-        gain = "" if rep.tok_s_change_pct is None else " (the run's own depth)" \
-            if rep.best_depth == rep.current_depth else \
-            f" ({rep.tok_s_change_pct:+.1f} % tok/s vs depth {rep.current_depth}: more tokens per second)"
+        gain = (
+            ""
+            if rep.tok_s_change_pct is None
+            else " (the run's own depth)"
+            if rep.best_depth == rep.current_depth
+            else f" ({rep.tok_s_change_pct:+.1f} % tok/s vs depth {rep.current_depth}: more tokens per second)"
+        )
         say(console, f"best: depth {rep.best_depth}{gain}: {rep.flags}")
         console.print(shown(f"verify: {rep.verify_command}", limit=None), markup=False, highlight=False)
     for n in rep.notes:

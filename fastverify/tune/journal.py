@@ -106,10 +106,17 @@ def read_journal(path: str | Path) -> JournalContents:
                 records.append(_record(doc))
         except (ValueError, TypeError, KeyError, AttributeError, orjson.JSONDecodeError) as err:
             if not is_last or complete:  # only a last line without its newline can be a torn write
-                raise UserError(f"journal {path} line {i + 1} is corrupt ({_one_line(err)}); "
-                                f"move the file away to start the sweep over") from None
-            logger.warning("journal %s: dropped a torn last line (%d bytes, line %d), left by an "
-                           "interrupted write; that trial runs again", path, len(raw) - offset, i + 1)
+                raise UserError(
+                    f"journal {path} line {i + 1} is corrupt ({_one_line(err)}); "
+                    f"move the file away to start the sweep over"
+                ) from None
+            logger.warning(
+                "journal %s: dropped a torn last line (%d bytes, line %d), left by an "
+                "interrupted write; that trial runs again",
+                path,
+                len(raw) - offset,
+                i + 1,
+            )
             return JournalContents(header, tuple(records), offset, len(raw) - offset)
         offset += len(line) + (1 if complete else 0)
     return JournalContents(header, tuple(records), offset, 0)
@@ -130,11 +137,14 @@ def _parse(line: bytes, complete: bool) -> dict:
 
 def _check_header(doc: dict, path: Path) -> dict:
     if doc.get("kind") != "header" or "fingerprint" not in doc:
-        raise UserError(f"{path} is not a fastverify tune journal (first line is not its header); "
-                        f"pass another --journal path")
+        raise UserError(
+            f"{path} is not a fastverify tune journal (first line is not its header); pass another --journal path"
+        )
     if doc.get("schema_version") != JOURNAL_SCHEMA_VERSION:
-        raise UserError(f"journal {path} has schema_version {doc.get('schema_version')!r}, this fastverify "
-                        f"reads {JOURNAL_SCHEMA_VERSION}; start the sweep over without --resume")
+        raise UserError(
+            f"journal {path} has schema_version {doc.get('schema_version')!r}, this fastverify "
+            f"reads {JOURNAL_SCHEMA_VERSION}; start the sweep over without --resume"
+        )
     return doc
 
 
@@ -155,8 +165,9 @@ def _record(doc: dict) -> JournalRecord:
             if why := implausible_count(getattr(size, name), upper=upper, what=name):
                 raise ValueError(f"{name} {why}")
     step = result.step_us
-    if step is not None and (why := implausible_time_us(step)
-                             or (0 < step < MIN_TIME_US and implausible_work_us(step))):
+    if step is not None and (
+        why := implausible_time_us(step) or (0 < step < MIN_TIME_US and implausible_work_us(step))
+    ):
         raise ValueError(f"step_us {why}")
     if result.trial_id != spec.trial_id:
         raise ValueError(f"result trial id {result.trial_id!r} differs from its spec's {spec.trial_id!r}")
@@ -182,8 +193,15 @@ class Journal:
         self.torn_bytes = torn_bytes
 
     @classmethod
-    def open(cls, path: str | Path, *, fingerprint: str, resume: bool,
-             config: Mapping[str, Any] | None = None, trial_ids: Sequence[str] = ()) -> Journal:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        fingerprint: str,
+        resume: bool,
+        config: Mapping[str, Any] | None = None,
+        trial_ids: Sequence[str] = (),
+    ) -> Journal:
         """Open ``path`` for a sweep with ``fingerprint``.
 
         ``resume=True``: keep the records of an existing journal of the same sweep (a torn last
@@ -205,9 +223,11 @@ class Journal:
             contents = read_journal(path)
             if contents.header is not None:
                 if contents.fingerprint != fingerprint:
-                    raise UserError(f"journal {path} belongs to a different sweep (fingerprint "
-                                    f"{contents.fingerprint}, this sweep {fingerprint}): resume with the "
-                                    f"same trials and settings, or run without --resume to start over")
+                    raise UserError(
+                        f"journal {path} belongs to a different sweep (fingerprint "
+                        f"{contents.fingerprint}, this sweep {fingerprint}): resume with the "
+                        f"same trials and settings, or run without --resume to start over"
+                    )
                 done = contents.by_id()
                 torn = contents.torn_bytes
                 if torn:
@@ -217,17 +237,25 @@ class Journal:
         elif exists:
             backup = path.with_name(path.name + ".bak")
             os.replace(path, backup)
-            logger.warning("journal %s existed; kept it as %s and started a new one (use --resume to continue it)",
-                           path, backup)
+            logger.warning(
+                "journal %s existed; kept it as %s and started a new one (use --resume to continue it)", path, backup
+            )
         check_folder(path, "journal")  # "afile/j.jsonl": afile is a file (mkdir would say "File exists")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UserError(f"cannot create the journal's folder {path.parent}: {err.strerror or err}") from None
         journal = cls(path, _open_append(path, truncate=True), done, torn)
-        journal._write({"kind": "header", "schema_version": JOURNAL_SCHEMA_VERSION, "fingerprint": fingerprint,
-                        "config": dict(config or {}), "trial_ids": list(trial_ids),
-                        "created_unix_s": time.time()})
+        journal._write(
+            {
+                "kind": "header",
+                "schema_version": JOURNAL_SCHEMA_VERSION,
+                "fingerprint": fingerprint,
+                "config": dict(config or {}),
+                "trial_ids": list(trial_ids),
+                "created_unix_s": time.time(),
+            }
+        )
         _fsync_dir(path.parent)
         return journal
 

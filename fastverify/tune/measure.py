@@ -48,22 +48,29 @@ def measure(args, console, workload, topo, version, ranked, shapes, p2p_given, f
     """
     import torch  # the measure mode needs torch for its workers anyway
 
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
-                                     and torch.cuda.device_count() >= workload.tp)
+    cuda = args.device == "cuda" or (
+        args.device == "auto" and torch.cuda.is_available() and torch.cuda.device_count() >= workload.tp
+    )
     if args.device == "cuda" and not cuda:
-        raise UserError(f"--device cuda: needs {workload.tp} GPUs, found "
-                        f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        raise UserError(
+            f"--device cuda: needs {workload.tp} GPUs, found "
+            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        )
     device = "cuda" if cuda else "cpu"
     if not cuda and args.write_env is not None:
-        raise UserError("--write-env: without GPUs the sweep runs on gloo, which ignores NCCL settings, so it "
-                        "measures nothing to write; use --predict --topology FILE, or run on the GPU box")
-    trials, box, p2p, sglang_version = _trials(args, console, workload, topo, version, ranked, shapes, p2p_given,
-                                               device)
+        raise UserError(
+            "--write-env: without GPUs the sweep runs on gloo, which ignores NCCL settings, so it "
+            "measures nothing to write; use --predict --topology FILE, or run on the GPU box"
+        )
+    trials, box, p2p, sglang_version = _trials(
+        args, console, workload, topo, version, ranked, shapes, p2p_given, device
+    )
     ranking = _run(args, console, workload, trials, device, fp)
     red = None
     if ranking.best is not None and ranking.baseline is not None:  # a bad --tok-s: before the report
-        red = verify_reduction(workload, ranking.baseline.step_us, ranking.best.step_us,
-                               accept_length=args.accept_length, tok_s=args.tok_s)
+        red = verify_reduction(
+            workload, ranking.baseline.step_us, ranking.best.step_us, accept_length=args.accept_length, tok_s=args.tok_s
+        )
     _report(args, console, workload, topo, version, ranking, red, device, box)
     if args.write_env is not None:
         _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp)
@@ -83,16 +90,35 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
     # a trace profile has none, so its sizes are timed as plain all-reduces.
     fused_ok = bool(workload.hidden) and all(n % workload.hidden == 0 for n, _ in sizes)
     op = Op.ALL_REDUCE_RESIDUAL_RMSNORM if fused_ok else Op.ALL_REDUCE
-    common = dict(world_size=workload.tp, device=device, dtype=workload.dtype, hidden=workload.hidden or 1,
-                  sizes=sizes, warmup=args.warmup, iters=args.iters, op=op)
+    common = dict(
+        world_size=workload.tp,
+        device=device,
+        dtype=workload.dtype,
+        hidden=workload.hidden or 1,
+        sizes=sizes,
+        warmup=args.warmup,
+        iters=args.iters,
+        op=op,
+    )
     if not fused_ok:
-        console.print("# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
-                      "all-reduce + RMSNorm backend is left out", markup=False)
+        console.print(
+            "# the workload has no hidden size (a trace profile): timing plain all-reduces; the fused "
+            "all-reduce + RMSNorm backend is left out",
+            markup=False,
+        )
     base_backend = (BackendName.nccl if cuda else BackendName.gloo).value
     picked = [c for c in ranked if not c.is_baseline][: args.top]
     server = _server_env(args, console, workload.tp, [{}] + [dict(c.settings) for c in picked])
-    trials = [TrialSpec(backend=base_backend, env={}, server_env=server.envs[0], label="current environment",
-                        baseline=True, **common)]
+    trials = [
+        TrialSpec(
+            backend=base_backend,
+            env={},
+            server_env=server.envs[0],
+            label="current environment",
+            baseline=True,
+            **common,
+        )
+    ]
     for c, senv in zip(picked, server.envs[1:]):
         trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), server_env=senv, label=c.name, **common))
     common["server_env"] = server.envs[0]  # the backends' trials carry no settings of their own
@@ -104,8 +130,9 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
         box = read_box(workload.tp, nccl_version=str(version) if version else None)
         p2p = p2p_facts(p2p_given, topo, cuda=True)
         max_numel = max([n for n, _ in sizes] + ([shapes.max_numel] if shapes else []))
-        extra, skipped = backend_trials(common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel,
-                                        sglang_version=sglang_version)
+        extra, skipped = backend_trials(
+            common, box=box, p2p=p2p, fused_ok=fused_ok, max_numel=max_numel, sglang_version=sglang_version
+        )
         trials += extra
         for why in skipped:
             say(console, f"# not measured: {why}")
@@ -120,26 +147,44 @@ def _server_env(args, console, tp: int, overlays: list[dict]):
         words = args.server_args  # shell words (tune.command's parser)
         flags = server_args_of(words) or words  # a whole `python -m sglang.launch_server ...`, or its flags
         if tp_of(flags) not in (None, tp):
-            raise UserError(f"--server-args names --tp-size {tp_of(flags)} but --tp is {tp}: the trials must run "
-                            "on the server's GPUs; give the same size")
+            raise UserError(
+                f"--server-args names --tp-size {tp_of(flags)} but --tp is {tp}: the trials must run "
+                "on the server's GPUs; give the same size"
+            )
     server = server_environment(flags, overlays, tp=tp)
     base = " ".join(f"{k}={v}" for k, v in server.envs[0].items()) or "nothing"
-    say(console, f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"
-        + (f"; {server.note}" if server.note else "") + ")")
+    say(
+        console,
+        f"# trials run in the server's environment: SGLang's start-up sets {base} ({server.source}"
+        + (f"; {server.note}" if server.note else "")
+        + ")",
+    )
     return server
 
 
 def _run(args, console, workload, trials, device, fp):
     """The sweep over ``trials`` (journaled, resumable), ranked."""
     journal = journal_path(args, fp)
-    say(console, f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
-                 f"{device}; journal {journal}")
+    say(
+        console,
+        f"# fastverify tune: {len(trials)} trial(s), {workload.allreduce_count} all-reduces per verify step, "
+        f"{device}; journal {journal}",
+    )
     if device != "cuda":
-        console.print("# no GPUs: trials run on gloo over CPU, which ignores NCCL settings; timings are CPU wall "
-                      "clock, NOT GPU timings; this checks the machinery, it does not tune", markup=False)
+        console.print(
+            "# no GPUs: trials run on gloo over CPU, which ignores NCCL settings; timings are CPU wall "
+            "clock, NOT GPU timings; this checks the machinery, it does not tune",
+            markup=False,
+        )
     try:
-        results = run_sweep(trials, journal_path=journal, timeout_s=args.timeout, resume=args.resume, progress=True,
-                            config={"workload": workload.source, "fingerprint": fp})
+        results = run_sweep(
+            trials,
+            journal_path=journal,
+            timeout_s=args.timeout,
+            resume=args.resume,
+            progress=True,
+            config={"workload": workload.source, "fingerprint": fp},
+        )
     except OSError as e:
         raise UserError(f"{journal}: cannot write the journal ({e.strerror or e})") from None
     return rank_candidates(trials, results)
@@ -156,58 +201,99 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
     if args.json:
         import json
 
-        doc = measured_document(ranking, workload, accept_length=args.accept_length, tok_s=args.tok_s,
-                                box={"device": device, "tp": workload.tp, "nccl_version": str(version) if version else None,
-                                     "topology": topo.source if topo is not None else None,
-                                     "gpu_name": box.gpu_name if box is not None else None})
+        doc = measured_document(
+            ranking,
+            workload,
+            accept_length=args.accept_length,
+            tok_s=args.tok_s,
+            box={
+                "device": device,
+                "tp": workload.tp,
+                "nccl_version": str(version) if version else None,
+                "topology": topo.source if topo is not None else None,
+                "gpu_name": box.gpu_name if box is not None else None,
+            },
+        )
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     if device == "cuda":
-        for line in winner_lines(red, best=ranking.best.spec.name, base_label="measured", best_label="measured",
-                                 tok_s_given=args.tok_s is not None, keep=ranking.best is ranking.baseline):
+        for line in winner_lines(
+            red,
+            best=ranking.best.spec.name,
+            base_label="measured",
+            best_label="measured",
+            tok_s_given=args.tok_s is not None,
+            keep=ranking.best is ranking.baseline,
+        ):
             say(console, line)
 
 
 def _write_env(args, console, workload, version, ranking, shapes, box, p2p, sglang_version, fp) -> None:
     """The env file and deployment record of the fastest candidate SGLang can reach, or of the
     baseline where the winner is within the noise."""
-    chosen, why_not = choose_winner(ranking, box=box, p2p=p2p, world_size=workload.tp,
-                                    sglang_version=sglang_version, dtype=workload.dtype)
+    chosen, why_not = choose_winner(
+        ranking, box=box, p2p=p2p, world_size=workload.tp, sglang_version=sglang_version, dtype=workload.dtype
+    )
     for why in why_not:
         say(console, f"# not recommended: {why}")
     best = chosen.spec
     gain_pct = 100.0 * (ranking.baseline.step_us - chosen.step_us) / ranking.baseline.step_us
     spread_pct = _spread_pct(ranking.baseline.result)
     if best is not ranking.baseline.spec and gain_pct < max(MIN_WIN_PCT, spread_pct):
-        console.print(f"# the best candidate is {gain_pct:.1f} % faster than the baseline, within the noise "
-                      f"(needs > {max(MIN_WIN_PCT, spread_pct):.1f} %): keeping the current settings", markup=False)
+        console.print(
+            f"# the best candidate is {gain_pct:.1f} % faster than the baseline, within the noise "
+            f"(needs > {max(MIN_WIN_PCT, spread_pct):.1f} %): keeping the current settings",
+            markup=False,
+        )
         chosen, best = ranking.baseline, ranking.baseline.spec
     info = backend_info(best.backend)
     name = BackendName.nccl if info.role is Role.baseline else info.name
-    header = ["MEASURED by fastverify tune (GPU, CUDA events)", f"workload: {workload.source}",
-              f"winner: {best.label or best.backend}: {chosen.step_us:.1f} us per verify step vs "
-              f"{ranking.baseline.step_us:.1f} us baseline"]
-    gain = Gain(baseline_us=ranking.baseline.step_us, best_us=chosen.step_us, basis="measured",
-                clock=chosen.result.clock.value if chosen.result.clock else None)
-    env_p, rec_p = write_env_and_record(args, env_path(args, fp), name, dict(best.env), header, version,
-                                        shapes=shapes, box=box, p2p=p2p, gain=gain,
-                                        source=f"tune (measured): {workload.source}",
-                                        batch_known=workload.batch is not None)
+    header = [
+        "MEASURED by fastverify tune (GPU, CUDA events)",
+        f"workload: {workload.source}",
+        f"winner: {best.label or best.backend}: {chosen.step_us:.1f} us per verify step vs "
+        f"{ranking.baseline.step_us:.1f} us baseline",
+    ]
+    gain = Gain(
+        baseline_us=ranking.baseline.step_us,
+        best_us=chosen.step_us,
+        basis="measured",
+        clock=chosen.result.clock.value if chosen.result.clock else None,
+    )
+    env_p, rec_p = write_env_and_record(
+        args,
+        env_path(args, fp),
+        name,
+        dict(best.env),
+        header,
+        version,
+        shapes=shapes,
+        box=box,
+        p2p=p2p,
+        gain=gain,
+        source=f"tune (measured): {workload.source}",
+        batch_known=workload.batch is not None,
+    )
     change = change_pct(100.0 * (chosen.step_us - ranking.baseline.step_us) / ranking.baseline.step_us)
     say(console, f"wrote {env_p} and {rec_p} (backend {name.value}, all-reduce per verify step {change}, measured)")
     if info.needs_p2p and not p2p.proven:
-        say(console, f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                     "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json")
+        say(
+            console,
+            f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+            "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json",
+        )
 
 
 def _spread_pct(result) -> float:
     """The baseline's own p90-over-median spread (%, worst size): differences below it are noise."""
-    spreads = [100.0 * (z.p90_us - z.median_us) / z.median_us for z in result.sizes
-               if z.median_us and z.p90_us is not None]
+    spreads = [
+        100.0 * (z.p90_us - z.median_us) / z.median_us for z in result.sizes if z.median_us and z.p90_us is not None
+    ]
     return max(spreads, default=0.0)
 
 
-def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
-                   sglang_version: str | None) -> tuple[list, list[str]]:
+def backend_trials(
+    common: dict, *, box, p2p, fused_ok: bool, max_numel: int, sglang_version: str | None
+) -> tuple[list, list[str]]:
     """One trial per tunable registry backend that SGLang can reach on ``box``.
 
     Parameters
@@ -236,14 +322,29 @@ def backend_trials(common: dict, *, box, p2p, fused_ok: bool, max_numel: int,
         if info.role is Role.fused_norm and not fused_ok:
             skipped.append(f"{name.value}: the workload has no hidden size (a trace profile)")
             continue
-        reason = unreachable_reason(info, sm=tuple(box.sm) if box.sm else None, world_size=common["world_size"],
-                                    p2p_ok=p2p.ok, p2p_source=p2p.source, sglang_version=sglang_version,
-                                    nvlink_full=box.nvlink_full, dtype=common["dtype"])
+        reason = unreachable_reason(
+            info,
+            sm=tuple(box.sm) if box.sm else None,
+            world_size=common["world_size"],
+            p2p_ok=p2p.ok,
+            p2p_source=p2p.source,
+            sglang_version=sglang_version,
+            nvlink_full=box.nvlink_full,
+            dtype=common["dtype"],
+        )
         if reason is not None:
             skipped.append(reason)
             continue
-        trials.append(TrialSpec(backend=name.value, env={}, label=name.value, options={"max_numel": max_numel},
-                                probe_facts={"p2p_ok": p2p.ok}, **common))
+        trials.append(
+            TrialSpec(
+                backend=name.value,
+                env={},
+                label=name.value,
+                options={"max_numel": max_numel},
+                probe_facts={"p2p_ok": p2p.ok},
+                **common,
+            )
+        )
     return trials, skipped
 
 
@@ -263,10 +364,16 @@ def choose_winner(ranking, *, box, p2p, world_size: int, sglang_version: str | N
         info = backend_info(c.spec.backend)
         if info.role is Role.baseline:
             return c, passed
-        reason = unreachable_reason(info, sm=tuple(box.sm) if box is not None and box.sm else None,
-                                    world_size=world_size, p2p_ok=p2p.ok if p2p is not None else None,
-                                    p2p_source=p2p.source if p2p is not None else "", sglang_version=sglang_version,
-                                    nvlink_full=box.nvlink_full if box is not None else None, dtype=dtype)
+        reason = unreachable_reason(
+            info,
+            sm=tuple(box.sm) if box is not None and box.sm else None,
+            world_size=world_size,
+            p2p_ok=p2p.ok if p2p is not None else None,
+            p2p_source=p2p.source if p2p is not None else "",
+            sglang_version=sglang_version,
+            nvlink_full=box.nvlink_full if box is not None else None,
+            dtype=dtype,
+        )
         if reason is None:
             return c, passed
         passed.append(reason)

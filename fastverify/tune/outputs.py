@@ -54,25 +54,41 @@ def check_outputs(args, fp: str) -> None:
     rec_p = record_path_for(env_p) if env_p is not None else None
     # atomic_write_text keeps an existing file as <name>.bak: the backups are outputs too, so an
     # input named X.env.bak (or X.deploy.json.bak) is never replaced by the old env file.
-    outputs = {"--write-env": env_p,
-               "--write-env (deployment record)": rec_p,
-               "--write-tuner-config": args.write_tuner_config, "--png": args.png,
-               "--journal": None if args.predict else journal_path(args, fp),
-               "--write-env (backup of the env file)": backup_path(env_p) if env_p is not None else None,
-               "--write-env (backup of the deployment record)": backup_path(rec_p) if rec_p is not None else None,
-               "--write-tuner-config (backup)": (backup_path(args.write_tuner_config)
-                                                 if args.write_tuner_config is not None else None)}
-    for flag, value in (("--write-env", args.write_env or None), ("--write-tuner-config", args.write_tuner_config),
-                        ("--png", args.png), ("--journal", args.journal)):
+    outputs = {
+        "--write-env": env_p,
+        "--write-env (deployment record)": rec_p,
+        "--write-tuner-config": args.write_tuner_config,
+        "--png": args.png,
+        "--journal": None if args.predict else journal_path(args, fp),
+        "--write-env (backup of the env file)": backup_path(env_p) if env_p is not None else None,
+        "--write-env (backup of the deployment record)": backup_path(rec_p) if rec_p is not None else None,
+        "--write-tuner-config (backup)": (
+            backup_path(args.write_tuner_config) if args.write_tuner_config is not None else None
+        ),
+    }
+    for flag, value in (
+        ("--write-env", args.write_env or None),
+        ("--write-tuner-config", args.write_tuner_config),
+        ("--png", args.png),
+        ("--journal", args.journal),
+    ):
         if value and str(value).endswith(os.sep):
             raise UserError(f"{flag} {value}: give a file path, not a folder")
     if env_p is not None and (not env_p.name.endswith(".env") or env_p.name == ".env"):
         stem = env_p.name.split(".")[0] or "box"
-        raise UserError(f"--write-env {env_p}: name the env file <name>.env, e.g. {env_p.with_name(stem + '.env')} "
-                        f"(its deployment record goes beside it as {stem}.deploy.json)")
+        raise UserError(
+            f"--write-env {env_p}: name the env file <name>.env, e.g. {env_p.with_name(stem + '.env')} "
+            f"(its deployment record goes beside it as {stem}.deploy.json)"
+        )
     model = args.model if args.model is not None and args.model not in preset_names() else None
-    inputs = {"--topology": args.topology, "--profile": args.profile, "--p2p-check": args.p2p_check,
-              "--model": model, "--perf-table": args.perf_table, "--nccl-log": args.nccl_log}
+    inputs = {
+        "--topology": args.topology,
+        "--profile": args.profile,
+        "--p2p-check": args.p2p_check,
+        "--model": model,
+        "--perf-table": args.perf_table,
+        "--nccl-log": args.nccl_log,
+    }
     for flag, path in outputs.items():
         if path is not None:
             check_folder(path, flag.split(" ")[0])
@@ -89,10 +105,17 @@ def _claim(args, outputs: dict) -> None:
     (:func:`fastverify.outputs.claim_output`)."""
     force = getattr(args, "force", False)
     journal = outputs.get("--journal")
-    if journal is not None and not args.resume and not force and os.path.isfile(journal) \
-            and os.path.getsize(journal) > 0:
-        raise UserError(f"--journal {shown(journal)}: holds an earlier sweep; --resume to continue it, or --force "
-                        "to start over (it is kept as .bak)")
+    if (
+        journal is not None
+        and not args.resume
+        and not force
+        and os.path.isfile(journal)
+        and os.path.getsize(journal) > 0
+    ):
+        raise UserError(
+            f"--journal {shown(journal)}: holds an earlier sweep; --resume to continue it, or --force "
+            "to start over (it is kept as .bak)"
+        )
     for flag in ("--write-env", "--write-env (deployment record)", "--write-tuner-config", "--png"):
         claim_output(outputs.get(flag), flag, force=force)
 
@@ -121,17 +144,23 @@ def verify_shapes(args, workload):
     """
     hidden = args.hidden or workload.hidden
     if not hidden:
-        raise UserError(f"--write-env: {workload.source} has no hidden size (a trace profile); give --hidden N "
-                        "(the model's hidden_size) or use --model")
+        raise UserError(
+            f"--write-env: {workload.source} has no hidden size (a trace profile); give --hidden N "
+            "(the model's hidden_size) or use --model"
+        )
     draft = workload.draft_tokens
     if draft is None:
         draft = args.draft_tokens
         if draft is None:
-            raise UserError(f"--write-env: {workload.source} does not record the draft tokens per request (a trace "
-                            "profile); give --draft-tokens N (SGLang's --speculative-num-draft-tokens)")
+            raise UserError(
+                f"--write-env: {workload.source} does not record the draft tokens per request (a trace "
+                "profile); give --draft-tokens N (SGLang's --speculative-num-draft-tokens)"
+            )
     elif args.draft_tokens is not None and args.draft_tokens != draft:
-        raise UserError(f"--draft-tokens {args.draft_tokens}: the workload was measured with {draft} draft tokens "
-                        "per request; drop the flag or re-profile")
+        raise UserError(
+            f"--draft-tokens {args.draft_tokens}: the workload was measured with {draft} draft tokens "
+            "per request; drop the flag or re-profile"
+        )
     batch = workload.batch
     if batch is None:
         batch = workload.tokens // draft if workload.tokens else 1
@@ -143,28 +172,46 @@ def verify_shapes(args, workload):
     return VerifyShapes(max_batch=max_batch, draft_tokens=draft, hidden=hidden, dtype=workload.dtype)
 
 
-def write_env_and_record(args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source,
-                         batch_known=True):
+def write_env_and_record(
+    args, path, backend, settings, header, version, *, shapes, box, p2p, gain, source, batch_known=True
+):
     """The env file (NCCL settings only: never the backend's SGLang switch, which an env file
     sourced without launch would turn on with no P2P check) and the deployment record beside it,
     which alone names the backend and carries the baseline's answers (``tune --baseline``); both or
     neither (:func:`fastverify.deploy.write_deployment`)."""
     env = dict(settings)
-    record = DeploymentRecord(backend=backend, shapes=shapes, p2p=p2p, box=box,
-                              nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
-                              sglang_version=installed_sglang_version(), gain=gain, source=source,
-                              baseline=getattr(args, "answer_baseline", None))
-    lines = [*header, f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
-             f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})"]
+    record = DeploymentRecord(
+        backend=backend,
+        shapes=shapes,
+        p2p=p2p,
+        box=box,
+        nccl_settings={k: v for k, v in settings.items() if k.startswith("NCCL_")},
+        sglang_version=installed_sglang_version(),
+        gain=gain,
+        source=source,
+        baseline=getattr(args, "answer_baseline", None),
+    )
+    lines = [
+        *header,
+        f"backend: {backend.value}; shapes: max batch {shapes.max_batch} x {shapes.draft_tokens} draft "
+        f"tokens x hidden {shapes.hidden} {shapes.dtype}; P2P: {p2p.source} ({'proven' if p2p.proven else 'not proven'})",
+    ]
     if sglang_settings(backend):
-        lines.append(f"no SGLang switch here: the backend ({backend.value}) is in the deployment record; `fastverify "
-                     "launch --env FILE` switches SGLang to it after proving P2P (this file alone, sourced by docker "
-                     "or systemd, runs NCCL)")
+        lines.append(
+            f"no SGLang switch here: the backend ({backend.value}) is in the deployment record; `fastverify "
+            "launch --env FILE` switches SGLang to it after proving P2P (this file alone, sourced by docker "
+            "or systemd, runs NCCL)"
+        )
     if args.max_batch is None:
-        what = (f"the profiled batch {shapes.max_batch}" if batch_known else
-                f"{shapes.max_batch}: the profile records no batch (a trace profile)")
-        lines.append(f"max batch = {what} (no --max-batch given); `fastverify launch` reads the server's own "
-                     "captured batch sizes from its command")
+        what = (
+            f"the profiled batch {shapes.max_batch}"
+            if batch_known
+            else f"{shapes.max_batch}: the profile records no batch (a trace profile)"
+        )
+        lines.append(
+            f"max batch = {what} (no --max-batch given); `fastverify launch` reads the server's own "
+            "captured batch sizes from its command"
+        )
     inputs = (args.profile, args.topology, args.p2p_check, args.journal, args.perf_table, args.nccl_log)
     # (checked in full, backups included, by check_outputs)
     return write_deployment(path, env, record, header_lines=lines, nccl_version=version, inputs=inputs)

@@ -85,13 +85,27 @@ class Candidate:
 
     def as_dict(self) -> dict:
         return {
-            "name": self.name, "settings": dict(self.settings), "is_baseline": self.is_baseline,
-            "p2p_level": self.p2p_level, "transport": self.transport, "p2p_pairs": self.p2p_pairs,
-            "pairs": self.pairs, "allreduce_us_per_step": round(self.allreduce_us, 3),
+            "name": self.name,
+            "settings": dict(self.settings),
+            "is_baseline": self.is_baseline,
+            "p2p_level": self.p2p_level,
+            "transport": self.transport,
+            "p2p_pairs": self.p2p_pairs,
+            "pairs": self.pairs,
+            "allreduce_us_per_step": round(self.allreduce_us, 3),
             "vs_baseline_pct": round(self.vs_baseline_pct, 2),
-            "per_size": [{"msg_bytes": s.msg_bytes, "count": s.count, "time_us": round(s.time_us, 3),
-                          "algo": s.algo, "proto": s.proto} for s in self.per_size],
-            "notes": list(self.notes), "label": self.label,
+            "per_size": [
+                {
+                    "msg_bytes": s.msg_bytes,
+                    "count": s.count,
+                    "time_us": round(s.time_us, 3),
+                    "algo": s.algo,
+                    "proto": s.proto,
+                }
+                for s in self.per_size
+            ],
+            "notes": list(self.notes),
+            "label": self.label,
         }
 
 
@@ -106,8 +120,10 @@ def _version(nccl_version: NcclVersion | str | None) -> NcclVersion | None:
     if v is not None and v.code < 20900:
         raise UserError(f"NCCL {v}: the cost model covers NCCL >= 2.9 only")
     if v is not None and v.major > 2:
-        raise UserError(f"NCCL {v}: newer than the NCCL 2.x releases the cost model knows; give the 2.x version "
-                        "you run (--nccl-version), or measure with `fastverify tune`")
+        raise UserError(
+            f"NCCL {v}: newer than the NCCL 2.x releases the cost model knows; give the 2.x version "
+            "you run (--nccl-version), or measure with `fastverify tune`"
+        )
     return v
 
 
@@ -126,9 +142,14 @@ def _topology(topology: Topology | str | Path, tp: int) -> Topology:
     def sub(d: dict) -> dict:
         return {k: v for k, v in d.items() if k[0] in keep and k[1] in keep}
 
-    return replace(topology, gpus=tuple(g for g in topology.gpus if g.index in keep), links=sub(topology.links),
-                   p2p_read=sub(topology.p2p_read), p2p_write=sub(topology.p2p_write),
-                   p2p_reason=sub(topology.p2p_reason))
+    return replace(
+        topology,
+        gpus=tuple(g for g in topology.gpus if g.index in keep),
+        links=sub(topology.links),
+        p2p_read=sub(topology.p2p_read),
+        p2p_write=sub(topology.p2p_write),
+        p2p_reason=sub(topology.p2p_reason),
+    )
 
 
 def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any], *, source: str) -> Topology:
@@ -148,8 +169,10 @@ def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any],
     have = set(topology.gpu_indices)
     stray = sorted({g for pair in results for g in pair} - have)
     if stray:
-        raise UserError(f"--p2p-check {source}: GPU {stray[0]} is not in the topology {topology.source} "
-                        f"(GPUs {', '.join(map(str, sorted(have)))}): a check from another box?")
+        raise UserError(
+            f"--p2p-check {source}: GPU {stray[0]} is not in the topology {topology.source} "
+            f"(GPUs {', '.join(map(str, sorted(have)))}): a check from another box?"
+        )
     read, write, reason = dict(topology.p2p_read), dict(topology.p2p_write), dict(topology.p2p_reason)
     for pair, r in results.items():
         ok = bool(r.ok)
@@ -183,11 +206,13 @@ class _Level:
     notes: tuple[str, ...]
 
 
-def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: int, sm: int,
-            p2p_check: str | None = None) -> list[_Level]:
+def _levels(
+    topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: int, sm: int, p2p_check: str | None = None
+) -> list[_Level]:
     def run(e: dict) -> tuple[str, tuple[str, ...], list]:
-        d = D.diagnose(topo, None, e, nccl_version=str(version) if version else None, batches=(),
-                       pcie_gen=pcie_gen, sm=sm)
+        d = D.diagnose(
+            topo, None, e, nccl_version=str(version) if version else None, batches=(), pcie_gen=pcie_gen, sm=sm
+        )
         return d.p2p_level_now, tuple(p.transport_now for p in d.pairs), d.pairs
 
     level_now, now, pairs = run(env)
@@ -201,16 +226,23 @@ def _levels(topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: in
         if any(transports == o.transports for o in out):
             continue  # moves no pair onto another transport
         notes = []
-        unknown = [f"{p.a}-{p.b}" for p, q in zip(lpairs, pairs)
-                   if p.transport_now == "P2P" and q.transport_now != "P2P" and p.hw_p2p is None]
+        unknown = [
+            f"{p.a}-{p.b}"
+            for p, q in zip(lpairs, pairs)
+            if p.transport_now == "P2P" and q.transport_now != "P2P" and p.hw_p2p is None
+        ]
         if unknown and p2p_check is not None:
-            notes.append(f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P that the P2P check "
-                         f"{p2p_check} does not cover ({', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''}), "
-                         "assuming the driver allows it: run the check with every GPU of the box visible")
+            notes.append(
+                f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P that the P2P check "
+                f"{p2p_check} does not cover ({', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''}), "
+                "assuming the driver allows it: run the check with every GPU of the box visible"
+            )
         elif unknown:
-            notes.append(f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P assuming the driver allows it "
-                         "(unknown from nvidia-smi text): check with `fastverify p2p`; consumer "
-                         "GPUs on stock drivers refuse P2P and stay on SHM; ACS/IOMMU can make it slow or hang")
+            notes.append(
+                f"NCCL_P2P_LEVEL={level} moves {len(unknown)} pair(s) to P2P assuming the driver allows it "
+                "(unknown from nvidia-smi text): check with `fastverify p2p`; consumer "
+                "GPUs on stock drivers refuse P2P and stay on SHM; ACS/IOMMU can make it slow or hang"
+            )
         out.append(_Level(level, lvl, {"NCCL_P2P_LEVEL": level}, transports, tuple(notes)))
     return out
 
@@ -224,9 +256,16 @@ def _per_size(workload: Workload, transport: M.Transport, inputs: M.ModelInputs)
     return tuple(out)
 
 
-def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
-                       env: Mapping[str, str] | None = None, nccl_version: NcclVersion | str | None = None,
-                       pcie_gen: int = 4, sm: int = 89, p2p_check: str | None = None) -> list[Candidate]:
+def rank_nccl_settings(
+    workload: Workload,
+    topology: Topology | str | Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    nccl_version: NcclVersion | str | None = None,
+    pcie_gen: int = 4,
+    sm: int = 89,
+    p2p_check: str | None = None,
+) -> list[Candidate]:
     """NCCL setting candidates for ``workload`` on ``topology``, fastest predicted first.
 
     Parameters
@@ -286,8 +325,11 @@ def rank_nccl_settings(workload: Workload, topology: Topology | str | Path, *,
         if bad:
             rejected.append(f"{bad[0].name}={bad[0].value}: {bad[0].reason}")
             continue
-        built.append(_candidate(workload, lvl, settings, algos, protos, version=version, pcie_gen=pcie_gen, sm=sm,
-                                base_notes=base_notes))
+        built.append(
+            _candidate(
+                workload, lvl, settings, algos, protos, version=version, pcie_gen=pcie_gen, sm=sm, base_notes=base_notes
+            )
+        )
     return _ranked(built, rejected)
 
 
@@ -307,24 +349,51 @@ def _proto_algo_options(env: Mapping[str, str], version: NcclVersion | None, env
     return proto_opts, algo_opts
 
 
-def _candidate(workload: Workload, lvl: _Level, settings: dict, algos, protos, *, version: NcclVersion | None,
-               pcie_gen: int, sm: int, base_notes: list[str]) -> Candidate:
+def _candidate(
+    workload: Workload,
+    lvl: _Level,
+    settings: dict,
+    algos,
+    protos,
+    *,
+    version: NcclVersion | None,
+    pcie_gen: int,
+    sm: int,
+    base_notes: list[str],
+) -> Candidate:
     """One combination of settings, its time predicted on the ring's pace-setting transport."""
     transport = M.Transport.SHM if "SHM" in lvl.transports else M.Transport.P2P
-    inputs = M.inputs_for_pcie_box(workload.tp, gen=pcie_gen, width=16, sm=sm,
-                                   p2p=transport is M.Transport.P2P,
-                                   version=version.code if version else M.DEFAULT_NCCL_VERSION,
-                                   algos=algos, protos=protos)
+    inputs = M.inputs_for_pcie_box(
+        workload.tp,
+        gen=pcie_gen,
+        width=16,
+        sm=sm,
+        p2p=transport is M.Transport.P2P,
+        version=version.code if version else M.DEFAULT_NCCL_VERSION,
+        algos=algos,
+        protos=protos,
+    )
     per_size = _per_size(workload, transport, inputs)
     is_base = not settings
-    name = ("baseline (current environment, NCCL_P2P_LEVEL " + lvl.level + ")" if is_base
-            else " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+    name = (
+        "baseline (current environment, NCCL_P2P_LEVEL " + lvl.level + ")"
+        if is_base
+        else " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    )
     notes = list(lvl.notes) + (base_notes if is_base else [])
     return Candidate(
-        name=name, settings=MappingProxyType(dict(sorted(settings.items()))), is_baseline=is_base,
-        p2p_level=lvl.level, transport=transport.value,
-        p2p_pairs=sum(t == "P2P" for t in lvl.transports), pairs=len(lvl.transports),
-        allreduce_us=sum(s.total_us for s in per_size), per_size=per_size, notes=tuple(notes), inputs=inputs)
+        name=name,
+        settings=MappingProxyType(dict(sorted(settings.items()))),
+        is_baseline=is_base,
+        p2p_level=lvl.level,
+        transport=transport.value,
+        p2p_pairs=sum(t == "P2P" for t in lvl.transports),
+        pairs=len(lvl.transports),
+        allreduce_us=sum(s.total_us for s in per_size),
+        per_size=per_size,
+        notes=tuple(notes),
+        inputs=inputs,
+    )
 
 
 def _ranked(built: list[Candidate], rejected: list[str]) -> list[Candidate]:
@@ -333,12 +402,14 @@ def _ranked(built: list[Candidate], rejected: list[str]) -> list[Candidate]:
     skipped or left out."""
     baseline = next(c for c in built if c.is_baseline)
     if rejected:
-        baseline = replace(baseline, notes=baseline.notes + tuple(f"skipped, the catalogue rejects {r}"
-                                                                  for r in rejected))
+        baseline = replace(
+            baseline, notes=baseline.notes + tuple(f"skipped, the catalogue rejects {r}" for r in rejected)
+        )
         built = [baseline if c.is_baseline else c for c in built]
     base_us = baseline.allreduce_us
-    ranked = [replace(c, vs_baseline_pct=100.0 * (base_us - c.allreduce_us) / base_us if base_us > 0 else 0.0)
-              for c in built]
+    ranked = [
+        replace(c, vs_baseline_pct=100.0 * (base_us - c.allreduce_us) / base_us if base_us > 0 else 0.0) for c in built
+    ]
     ranked.sort(key=lambda c: (round(c.allreduce_us, 6), len(c.settings), c.name))
     # A candidate predicted to behave exactly like a simpler one ranked before it (same transports,
     # same pair and time at every size) adds nothing: e.g. NCCL_ALGO=allreduce:ring where NCCL picks
@@ -346,15 +417,20 @@ def _ranked(built: list[Candidate], rejected: list[str]) -> list[Candidate]:
     kept: list[Candidate] = []
     dropped = 0
     for c in ranked:
-        same = any(k.transport == c.transport and k.p2p_pairs == c.p2p_pairs and k.per_size == c.per_size
-                   for k in kept)
+        same = any(k.transport == c.transport and k.p2p_pairs == c.p2p_pairs and k.per_size == c.per_size for k in kept)
         if same and not c.is_baseline:
             dropped += 1
             continue
         kept.append(c)
     if dropped:
-        kept = [replace(c, notes=c.notes + (f"{dropped} candidate(s) predicted to act exactly like a simpler one "
-                                            "left out",)) if c.is_baseline else c for c in kept]
+        kept = [
+            replace(
+                c, notes=c.notes + (f"{dropped} candidate(s) predicted to act exactly like a simpler one left out",)
+            )
+            if c.is_baseline
+            else c
+            for c in kept
+        ]
     return kept
 
 

@@ -33,24 +33,44 @@ def predict(args, workload, topo, version, ranked, p2p_given, perf, log, user=No
     user_notes = ()
     if user is not None:
         user_notes = user_figures.notes(args, topo, user)
-    return rank_options(workload, topo, env=os.environ, nccl_version=version, sm=args.sm, pcie_gen=args.pcie_gen,
-                        p2p_given=p2p_given, perf=perf, log=log, accept_length=args.accept_length,
-                        tok_s=args.tok_s, user=user, user_notes=user_notes, ranked=ranked)
+    return rank_options(
+        workload,
+        topo,
+        env=os.environ,
+        nccl_version=version,
+        sm=args.sm,
+        pcie_gen=args.pcie_gen,
+        p2p_given=p2p_given,
+        perf=perf,
+        log=log,
+        accept_length=args.accept_length,
+        tok_s=args.tok_s,
+        user=user,
+        user_notes=user_notes,
+        ranked=ranked,
+    )
 
 
 def box_doc(args, workload, topo, version, p2p_given, log) -> dict:
     """The ``box`` part of the JSON document: the topology, the resolved box facts, NCCL version,
     P2P and where it came from, and the evidence files."""
     p2p_ok, p2p_source = prediction_p2p(p2p_given, topo, log)
-    return {"topology": topo.source if topo is not None else None, "gpus": len(topo.gpus) if topo is not None else None,
-            "tp": workload.tp, "sm": args.sm, "pcie_gen": args.pcie_gen, "facts": args.box_facts.as_dict(),
-            "nccl_version": str(version) if version else None, "p2p_ok": p2p_ok, "p2p_source": p2p_source,
-            "perf_table": str(args.perf_table) if args.perf_table else None,
-            "nccl_log": str(args.nccl_log) if args.nccl_log else None}
+    return {
+        "topology": topo.source if topo is not None else None,
+        "gpus": len(topo.gpus) if topo is not None else None,
+        "tp": workload.tp,
+        "sm": args.sm,
+        "pcie_gen": args.pcie_gen,
+        "facts": args.box_facts.as_dict(),
+        "nccl_version": str(version) if version else None,
+        "p2p_ok": p2p_ok,
+        "p2p_source": p2p_source,
+        "perf_table": str(args.perf_table) if args.perf_table else None,
+        "nccl_log": str(args.nccl_log) if args.nccl_log else None,
+    }
 
 
-def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc,
-                      user=None) -> int:
+def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc, user=None) -> int:
     """Print the prediction (``--json``: the document, decorated with the user's figures), then
     write ``--write-env`` and ``--write-tuner-config``; returns 0."""
     red = pred.best.verify["reduction"]
@@ -62,8 +82,18 @@ def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_
             doc = decorate(doc, user, red, topo=topo)
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        print_prediction(args, console, workload, topo, version, pred, red, p2p_ok=box_doc["p2p_ok"], user=user,
-                         held_notes=getattr(args, "held_notes", ()))
+        print_prediction(
+            args,
+            console,
+            workload,
+            topo,
+            version,
+            pred,
+            red,
+            p2p_ok=box_doc["p2p_ok"],
+            user=user,
+            held_notes=getattr(args, "held_notes", ()),
+        )
     if args.write_env is not None:
         _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, fp, user)
     if args.write_tuner_config is not None:
@@ -76,32 +106,63 @@ def _write_env(args, console, workload, topo, version, pred, shapes, p2p_given, 
     base, best = pred.baseline, pred.best
     red = best.verify["reduction"]
     path = env_path(args, fp)
-    header = prediction_header(workload, best, base, red, topology_source=topo.source, n_gpus=len(topo.gpus),
-                               pcie_gen=args.pcie_gen, sm=args.sm, user=user,
-                               box_facts=args.box_facts)
+    header = prediction_header(
+        workload,
+        best,
+        base,
+        red,
+        topology_source=topo.source,
+        n_gpus=len(topo.gpus),
+        pcie_gen=args.pcie_gen,
+        sm=args.sm,
+        user=user,
+        box_facts=args.box_facts,
+    )
     header += [f"not chosen: {line}" for line in pred.too_close.values()]
     box = predicted_box(args, workload, topo, version)
     p2p = p2p_facts(p2p_given, topo, cuda=False)
     # The winner by registry name: an NCCL setting, or a backend (with no NCCL setting changed).
     name = BackendName.nccl if best.nccl is not None else best.backend
     gain = Gain(baseline_us=base.point_us, best_us=best.point_us, basis="predicted")
-    env_p, rec_p = write_env_and_record(args, path, name, dict(best.settings), header, version,
-                                        shapes=shapes, box=box, p2p=p2p, gain=gain,
-                                        source=f"tune --predict: {workload.source}", batch_known=workload.batch is not None)
-    say(console, f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
-                 f"PREDICTED) and {rec_p}")
+    env_p, rec_p = write_env_and_record(
+        args,
+        path,
+        name,
+        dict(best.settings),
+        header,
+        version,
+        shapes=shapes,
+        box=box,
+        p2p=p2p,
+        gain=gain,
+        source=f"tune --predict: {workload.source}",
+        batch_known=workload.batch is not None,
+    )
+    say(
+        console,
+        f"wrote {env_p} (backend {name.value}, {len(best.settings)} NCCL setting(s); header says "
+        f"PREDICTED) and {rec_p}",
+    )
     if backend_info(name).needs_p2p and not p2p.proven:
-        say(console, f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
-                     "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json")
+        say(
+            console,
+            f"# note: {name.value} needs P2P proven before `fastverify launch` deploys it: run "
+            "`fastverify p2p --output p2p.json` and pass --p2p-check p2p.json",
+        )
 
 
 def _write_tuner_config(args, console, workload, pred) -> None:
     """The best NCCL candidate's per-size choice as an NCCL tuner-plugin CSV."""
     nccl_best = pred.best_nccl.nccl
-    write_tuner_config(args.write_tuner_config, tuner_choices(nccl_best),
-                       header_lines=[f"PREDICTED by fastverify tune --predict for {workload.source}",
-                                     f"from the best NCCL candidate: {nccl_best.name}",
-                                     "allreduce rows only; other collectives run on one channel under this plugin"])
+    write_tuner_config(
+        args.write_tuner_config,
+        tuner_choices(nccl_best),
+        header_lines=[
+            f"PREDICTED by fastverify tune --predict for {workload.source}",
+            f"from the best NCCL candidate: {nccl_best.name}",
+            "allreduce rows only; other collectives run on one channel under this plugin",
+        ],
+    )
     say(console, f"wrote {args.write_tuner_config}")
 
 
@@ -110,14 +171,30 @@ def predicted_box(args, workload, topo, version):
     has them), compute capability from ``--sm``, GPU count from the topology, full NVLink over the
     first ``tp`` GPUs."""
     name = next((g.name for g in topo.gpus if g.name), None)
-    return BoxFingerprint(gpu_name=name, sm=(args.sm // 10, args.sm % 10), gpu_count=len(topo.gpus), tp=workload.tp,
-                          driver=None, nccl_version=str(version) if version else None,
-                          nvlink_full=topology_nvlink_full(topo, workload.tp))
+    return BoxFingerprint(
+        gpu_name=name,
+        sm=(args.sm // 10, args.sm % 10),
+        gpu_count=len(topo.gpus),
+        tp=workload.tp,
+        driver=None,
+        nccl_version=str(version) if version else None,
+        nvlink_full=topology_nvlink_full(topo, workload.tp),
+    )
 
 
-def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
-                      topology_source: str, n_gpus: int, pcie_gen: int, sm: int, user=None,
-                      box_facts=None) -> list[str]:
+def prediction_header(
+    workload: Workload,
+    best,
+    baseline,
+    reduction: Mapping,
+    *,
+    topology_source: str,
+    n_gpus: int,
+    pcie_gen: int,
+    sm: int,
+    user=None,
+    box_facts=None,
+) -> list[str]:
     """Comment lines for an env file written from a prediction: how the values were obtained, the
     box, the workload and the predicted numbers with their ranges and evidence (the writer adds
     date and NCCL version).
@@ -159,8 +236,8 @@ def prediction_header(workload: Workload, best, baseline, reduction: Mapping, *,
         f"tok/s per stream at A = {reduction['accept_length']:g}: {tok(reduction['tok_s_baseline'])}"
         f"{' (' + user.label + ')' if user is not None else ''} -> "
         f"{tok(reduction['tok_s_predicted'])} (predicted; t_rest {reduction['t_rest_basis']})"
-        if reduction["tok_s_baseline"] is not None else
-        f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
+        if reduction["tok_s_baseline"] is not None
+        else f"tok/s per stream: not computed (t_rest {reduction['t_rest_basis']})",
     ]
     if user is not None:
         lines += header_lines(user, reduction)

@@ -44,7 +44,9 @@ def candidate_cell(f) -> str:
     """The candidate column: a backend's name, an NCCL setting per line (each escaped to one
     line by :func:`fastverify.errors.shown`: a value may come from the environment), never cut."""
     if not f.ranked:
-        return shown(f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})")
+        return shown(
+            f"{f.backend.value} ({'unknown at this size' if f.status == 'unknown at this size: measure with fastverify tune' else 'no published data'})"
+        )
     lines = [shown(f"{k}={v}") for k, v in f.settings.items()]
     if f.backend is not BackendName.nccl:
         lines.insert(0, shown(f.backend.value))
@@ -74,8 +76,13 @@ def shown_candidates(pred, explain: bool) -> list:
 
 def _verify_differs(pred) -> bool:
     """Whether a verify time says more than the all-reduce time (compute is known)."""
-    return any(f.ranked and f.verify and f.verify.get("verify_ms") is not None
-               and abs(f.verify["verify_ms"] - f.point_us / 1e3) > 5e-4 for f in pred.candidates)
+    return any(
+        f.ranked
+        and f.verify
+        and f.verify.get("verify_ms") is not None
+        and abs(f.verify["verify_ms"] - f.point_us / 1e3) > 5e-4
+        for f in pred.candidates
+    )
 
 
 def table_title(workload) -> str:
@@ -103,11 +110,18 @@ def prediction_table(pred, *, explain: bool, tok_s: bool) -> Table:
     for f in shown_candidates(pred, explain):
         i = pred.candidates.index(f) + 1
         v = f.verify or {}
-        row = [cell(i) if f.ranked else "-", Text(candidate_cell(f)), cell(f.label) if f.ranked else "-",
-               cell(us_text(f.point_us))]
+        row = [
+            cell(i) if f.ranked else "-",
+            Text(candidate_cell(f)),
+            cell(f.label) if f.ranked else "-",
+            cell(us_text(f.point_us)),
+        ]
         if explain:
-            row.append(("unknown" if f.ranked else "-") if f.range_us is None
-                       else cell(f"{us_text(f.range_us[0])} – {us_text(f.range_us[1])}"))
+            row.append(
+                ("unknown" if f.ranked else "-")
+                if f.range_us is None
+                else cell(f"{us_text(f.range_us[0])} – {us_text(f.range_us[1])}")
+            )
         row.append(cell(change_text(f, base)))
         if verify_col:
             row.append("-" if v.get("verify_ms") is None else f"{v['verify_ms']:.3f}")
@@ -125,9 +139,14 @@ def explain_lines(pred, held_notes=()) -> list[str]:
         who = str(i) if f.ranked else f"{f.backend.value} (not ranked)"
         lines = [("evidence", e) for e in f.evidence] + [("note", n) for n in f.notes]
         if f.bounds:
-            lines.append(("wait", f"a faster kernel replaces the transfer, not the wait for a slower rank: wait kept "
-                                  f"{us_text(f.bounds['wait_kept_us'])} µs, wait shrinks {us_text(f.bounds['wait_shrinks_us'])} µs "
-                                  "per step"))
+            lines.append(
+                (
+                    "wait",
+                    f"a faster kernel replaces the transfer, not the wait for a slower rank: wait kept "
+                    f"{us_text(f.bounds['wait_kept_us'])} µs, wait shrinks {us_text(f.bounds['wait_shrinks_us'])} µs "
+                    "per step",
+                )
+            )
         for key in lines:
             said.setdefault(key, []).append(who)
     out = [f"# {kind} (candidate {', '.join(who)}): {text}" for (kind, text), who in said.items()]
@@ -143,13 +162,16 @@ def _label_pair(a: str, b: str, la: str, lb: str) -> tuple[str, str]:
     return f"{a} ({la}) -> {b} ({lb})", ""
 
 
-def winner_lines(red: dict, *, best, base_label: str, best_label: str, user=None, tok_s_given: bool,
-                 keep: bool = False) -> list[str]:
+def winner_lines(
+    red: dict, *, best, base_label: str, best_label: str, user=None, tok_s_given: bool, keep: bool = False
+) -> list[str]:
     """The winner's all-reduce and verify change (and tok/s when a rate was given), each figure
     labelled; "upper bound" where the figures make it one. ``keep``: the baseline won, one line."""
     if keep:
-        return [f"winner: {best}, the baseline: keep the current settings (all-reduce "
-                f"{us_text(red['allreduce_baseline_us'])} µs per verify step, {base_label})"]
+        return [
+            f"winner: {best}, the baseline: keep the current settings (all-reduce "
+            f"{us_text(red['allreduce_baseline_us'])} µs per verify step, {base_label})"
+        ]
     upper = user is not None or "upper bound" in str(red.get("verify_baseline_basis", ""))
     bound = " (upper bound)" if user is not None else ""  # scalars: a faster kernel cannot shrink the wait
     ar_base, ar_best = red["allreduce_baseline_us"], red["allreduce_predicted_us"]
@@ -164,9 +186,11 @@ def winner_lines(red: dict, *, best, base_label: str, best_label: str, user=None
     why = "" if not upper or user is not None else "; compute not measured, so an upper bound on the gain"
     lines.append(f"verify step: {pair}, {v_chg}{lab}{bound}{why}")
     if tok_s_given and red.get("tok_s_baseline") is not None:
-        lines.append(f"tok/s per stream at accept length {red['accept_length']:g}: {red['tok_s_baseline']:.1f} "
-                     f"({USER_LABEL}) -> {red['tok_s_predicted']:.1f} (predicted{', upper bound' if bound else ''}; "
-                     "rest of the cycle held fixed)")
+        lines.append(
+            f"tok/s per stream at accept length {red['accept_length']:g}: {red['tok_s_baseline']:.1f} "
+            f"({USER_LABEL}) -> {red['tok_s_predicted']:.1f} (predicted{', upper bound' if bound else ''}; "
+            "rest of the cycle held fixed)"
+        )
     return lines
 
 
@@ -175,8 +199,10 @@ def next_command(args, workload, best, *, p2p_ok) -> str:
     the box and write the settings."""
     info = backend_info(best.backend)
     if info.needs_p2p and p2p_ok is not True:
-        return (f"next: `fastverify p2p --output p2p.json` on the box ({best.backend.value} needs P2P, not "
-                "proven), then add --p2p-check p2p.json")
+        return (
+            f"next: `fastverify p2p --output p2p.json` on the box ({best.backend.value} needs P2P, not "
+            "proven), then add --p2p-check p2p.json"
+        )
     if args.profile is not None:
         work = f"--profile {shlex.quote(str(args.profile))}"
         if args.hidden is not None:
@@ -206,8 +232,9 @@ def explain_count_line(pred, shown: int, n_lines: int) -> str:
     return f"# {said}: --explain shows them"
 
 
-def print_prediction(args, console: Console, workload, topo, version, pred, red: dict, *, p2p_ok, user=None,
-                     held_notes=()) -> None:
+def print_prediction(
+    args, console: Console, workload, topo, version, pred, red: dict, *, p2p_ok, user=None, held_notes=()
+) -> None:
     """``tune --predict``'s words (the module docstring). Every line goes through
     :func:`fastverify.console.say`: escaped, one line whatever its length (the terminal wraps it)."""
     explain = bool(getattr(args, "explain", False))
@@ -221,8 +248,15 @@ def print_prediction(args, console: Console, workload, topo, version, pred, red:
     for line in pred.too_close.values():  # one line whatever its length, as the header's
         say(console, line)
     best_name = candidate_cell(best).replace("\n", ", ")
-    for line in winner_lines(red, best=best_name, base_label=base.label, best_label=best.label, user=user,
-                             tok_s_given=args.tok_s is not None, keep=best.is_baseline):
+    for line in winner_lines(
+        red,
+        best=best_name,
+        base_label=base.label,
+        best_label=best.label,
+        user=user,
+        tok_s_given=args.tok_s is not None,
+        keep=best.is_baseline,
+    ):
         say(console, line)
     say(console, next_command(args, workload, best, p2p_ok=p2p_ok))
     lines = explain_lines(pred, held_notes)
@@ -262,8 +296,11 @@ def per_size_line(pred) -> str:
         else:
             chg = change_pct(100.0 * (win["point_us"] - nccl["point_us"]) / nccl["point_us"])
             parts.append(f"{_kb(r['msg_bytes'])} {win['name']} ({chg})")
-    cross = [f"crossover {n} {_kb(b) if b is not None else 'never'}" for n, b in pred.crossover_bytes.items()
-             if any(e["name"] == n for r in rows for e in r["entries"])]
+    cross = [
+        f"crossover {n} {_kb(b) if b is not None else 'never'}"
+        for n, b in pred.crossover_bytes.items()
+        if any(e["name"] == n for r in rows for e in r["entries"])
+    ]
     return "per size: " + ", ".join(parts + cross)
 
 
@@ -271,10 +308,21 @@ def per_size_table_lines(pred) -> list[str]:
     """``--explain``: one line per (size, figure): point and range per call (µs), and the verdict."""
     out = []
     for r in pred.per_size:
-        figs = "; ".join(f"{e['name']} {us_text(e['point_us'])} µs ("
-                         + ("range unknown" if e["range_us"] is None else
-                            f"{us_text(e['range_us'][0])} – {us_text(e['range_us'][1])}") + ")" for e in r["entries"])
+        figs = "; ".join(
+            f"{e['name']} {us_text(e['point_us'])} µs ("
+            + (
+                "range unknown"
+                if e["range_us"] is None
+                else f"{us_text(e['range_us'][0])} – {us_text(e['range_us'][1])}"
+            )
+            + ")"
+            for e in r["entries"]
+        )
         out.append(f"# per size {r['msg_bytes']:,} B x {r['count']}: {figs}; verdict: {r['verdict']}")
-    out += [f"# crossover {n}: NCCL at or below it from {b:,} B" if b is not None else
-            f"# crossover {n}: none within the step's sizes" for n, b in pred.crossover_bytes.items()]
+    out += [
+        f"# crossover {n}: NCCL at or below it from {b:,} B"
+        if b is not None
+        else f"# crossover {n}: none within the step's sizes"
+        for n, b in pred.crossover_bytes.items()
+    ]
     return out

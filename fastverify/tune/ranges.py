@@ -127,10 +127,12 @@ class Fit:
         """One evidence line: how the range was made, or why it is unknown."""
         if not self.known:
             return f"range: {UNKNOWN} ({self.reason})"
-        return (f"range: {what} x/÷ its misses on {self.boxes} published boxes ({self.residuals} sizes): "
-                f"x{self.low:.2f} .. x{self.high:.2f} (the shortest span of {100 * self.level:g} % of the boxes' "
-                f"median misses, widened by their within-box spread {self.within:.2f}; that share holds "
-                f"{100 * LEVEL:g} % of each box's verify-size misses when the box is left out)")
+        return (
+            f"range: {what} x/÷ its misses on {self.boxes} published boxes ({self.residuals} sizes): "
+            f"x{self.low:.2f} .. x{self.high:.2f} (the shortest span of {100 * self.level:g} % of the boxes' "
+            f"median misses, widened by their within-box spread {self.within:.2f}; that share holds "
+            f"{100 * LEVEL:g} % of each box's verify-size misses when the box is left out)"
+        )
 
 
 def weighted_median(pairs: Iterable[tuple[float, float]]) -> float:
@@ -195,23 +197,51 @@ def fit(residuals: Sequence[Residual], *, world_size: int, msg_bytes: int) -> Fi
     boxes = _by_box(residuals)
     n, k = len(boxes), len(residuals)
     if n < MIN_BOXES:
-        return Fit(None, None, None, None, n, k, f"the point's misses are known on {n} published box"
-                   f"{'es' if n != 1 else ''}, fewer than {MIN_BOXES}")
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"the point's misses are known on {n} published box{'es' if n != 1 else ''}, fewer than {MIN_BOXES}",
+        )
     if not _reach([r.world_size for r in residuals], world_size):
         sizes = sorted({r.world_size for r in residuals})
-        return Fit(None, None, None, None, n, k, f"{world_size} GPUs is more than {REACH:g}x from every published "
-                   f"GPU count ({', '.join(map(str, sizes))})")
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"{world_size} GPUs is more than {REACH:g}x from every published GPU count ({', '.join(map(str, sizes))})",
+        )
     if not _reach([r.msg_bytes for r in residuals], msg_bytes):
-        return Fit(None, None, None, None, n, k, f"{msg_bytes:,} B is more than {REACH:g}x outside the published "
-                   "sizes")
+        return Fit(None, None, None, None, n, k, f"{msg_bytes:,} B is more than {REACH:g}x outside the published sizes")
     level = _cached_level(tuple(residuals))
     if level is None:
-        return Fit(None, None, None, None, n, k, f"no share of the {n} published boxes' misses holds {100 * LEVEL:g} % "
-                   "of a left-out box's")
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"no share of the {n} published boxes' misses holds {100 * LEVEL:g} % of a left-out box's",
+        )
     lo, hi, w = _interval(boxes, level)
     if hi - lo > math.log(MAX_WIDTH):
-        return Fit(None, None, level, w, n, k, f"the point's misses on {n} published boxes give a range "
-                   f"{math.exp(hi - lo):.0f}x wide (more than {MAX_WIDTH:g}x)")
+        return Fit(
+            None,
+            None,
+            level,
+            w,
+            n,
+            k,
+            f"the point's misses on {n} published boxes give a range "
+            f"{math.exp(hi - lo):.0f}x wide (more than {MAX_WIDTH:g}x)",
+        )
     return Fit(math.exp(lo), math.exp(hi), level, w, n, k)
 
 

@@ -61,9 +61,12 @@ def path_verdict(spec: TrialSpec, result: TrialResult) -> Unranked | None:
             baseline = False
         if baseline:
             return None
-        return Unranked(result, NotRankedStatus.UNVERIFIED,
-                        f"no path counts recorded: cannot show {spec.backend} took its own path; "
-                        f"run the trial again without --resume")
+        return Unranked(
+            result,
+            NotRankedStatus.UNVERIFIED,
+            f"no path counts recorded: cannot show {spec.backend} took its own path; "
+            f"run the trial again without --resume",
+        )
     why = fell_back(spec, counts)
     return None if why is None else Unranked(result, NotRankedStatus.FELL_BACK, why)
 
@@ -118,8 +121,9 @@ class Ranking:
         return self.candidates[0] if self.candidates else None
 
 
-def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], *,
-                    baseline_id: str | None = None) -> Ranking:
+def rank_candidates(
+    specs: Sequence[TrialSpec], results: Sequence[TrialResult], *, baseline_id: str | None = None
+) -> Ranking:
     """Pair ``results`` with ``specs`` (by trial id) and rank the ok ones by ``step_us``; an ok
     trial whose backend fell back (:func:`path_verdict`) is not ranked, it joins ``not_ok``.
 
@@ -169,8 +173,11 @@ def rank_candidates(specs: Sequence[TrialSpec], results: Sequence[TrialResult], 
         notes.append("no baseline trial: nothing to compare against")
     elif base is None:
         notes.append(f"the baseline trial ({by_id[baseline_id].name}) did not finish ok: no comparison")
-    not_ok = tuple((by_id[r.trial_id], unranked.get(r.trial_id, r)) for r in results
-                   if r.status is not TrialStatus.OK or r.trial_id in unranked)
+    not_ok = tuple(
+        (by_id[r.trial_id], unranked.get(r.trial_id, r))
+        for r in results
+        if r.status is not TrialStatus.OK or r.trial_id in unranked
+    )
     return Ranking(clock, tuple(cands), buckets, baseline, not_ok, mixed, tuple(notes))
 
 
@@ -181,8 +188,10 @@ def _buckets(cands: list[Candidate], base: TrialResult | None) -> tuple[BucketBe
             if s.median_us is not None and (s.msg_bytes not in best or s.median_us < best[s.msg_bytes][0]):
                 best[s.msg_bytes] = (s.median_us, c, s)
     base_us = {s.msg_bytes: s.median_us for s in base.sizes} if base is not None else {}
-    return tuple(BucketBest(s.numel, nbytes, s.count_per_step, c.spec, us, base_us.get(nbytes))
-                 for nbytes, (us, c, s) in sorted(best.items()))
+    return tuple(
+        BucketBest(s.numel, nbytes, s.count_per_step, c.spec, us, base_us.get(nbytes))
+        for nbytes, (us, c, s) in sorted(best.items())
+    )
 
 
 def us_text(v: float | None) -> str:
@@ -241,21 +250,35 @@ def print_report(ranking: Ranking, console: Console | None = None, *, top: int =
     for i, c in enumerate(ranking.candidates[:top], 1):
         per = {s.msg_bytes: s.median_us for s in c.result.sizes}
         errs = [s.max_rel_err for s in c.result.sizes if s.max_rel_err is not None]
-        t.add_row(f"{i:d}", cell(c.spec.name), cell(fmt(c.step_us)), cell(_change(c, ranking.baseline)),
-                  *(cell(fmt(per.get(n))) for n, _ in sizes), f"{max(errs):.2g}" if errs else "-")
+        t.add_row(
+            f"{i:d}",
+            cell(c.spec.name),
+            cell(fmt(c.step_us)),
+            cell(_change(c, ranking.baseline)),
+            *(cell(fmt(per.get(n))) for n, _ in sizes),
+            f"{max(errs):.2g}" if errs else "-",
+        )
     console.print(t)
     if ranking.buckets:
         b = Table(title=cell(f"best per message size ({short} median {unit} per call)"), title_justify="left")
         for col in ("size", "count/step", "best", f"{unit} ({short})", f"baseline {unit} ({short})"):
             b.add_column(col, justify="left" if col == "best" else "right")
         for k in ranking.buckets:
-            b.add_row(cell(_bytes(k.msg_bytes)), cell(k.count_per_step), cell(k.best.name), cell(fmt(k.median_us)),
-                      cell(fmt(k.baseline_us)))
+            b.add_row(
+                cell(_bytes(k.msg_bytes)),
+                cell(k.count_per_step),
+                cell(k.best.name),
+                cell(fmt(k.median_us)),
+                cell(fmt(k.baseline_us)),
+            )
         console.print(b)
         if ranking.mixed_step_us is not None and len({k.best.trial_id for k in ranking.buckets}) >= 2:
             # one size, or one candidate best at every size: there is no per-size choice to make
-            say(console, f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({short}); "
-                         f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)")
+            say(
+                console,
+                f"best per size combined: {fmt(ranking.mixed_step_us)} {unit} per step ({short}); "
+                f"needs a per-size choice (NCCL tuner plugin CSV or a size-bounded workspace)",
+            )
     if ranking.not_ok:
         f = Table(title="not ranked", title_justify="left")
         for col in ("candidate", "status", "reason"):
@@ -281,8 +304,9 @@ def plot_format(path: str | Path, flag: str = "--png") -> str:
     ext = Path(path).suffix[1:].lower() or "png"
     supported = Figure().canvas.get_supported_filetypes()
     if ext not in supported:
-        raise UserError(f"{flag} {path}: matplotlib cannot write .{ext} files (it writes "
-                        f"{', '.join(sorted(supported))})")
+        raise UserError(
+            f"{flag} {path}: matplotlib cannot write .{ext} files (it writes {', '.join(sorted(supported))})"
+        )
     return ext
 
 

@@ -34,19 +34,22 @@ def read_workload(args, draft_tokens: int):
             raise UserError("--profile and --model both describe the workload; give one")
         workload = workload_from_profile(args.profile)
         if args.tp is not None and args.tp != workload.tp:
-            raise UserError(f"--tp {args.tp}: {args.profile} was measured at TP {workload.tp}; drop the flag or "
-                            "re-profile")
+            raise UserError(
+                f"--tp {args.tp}: {args.profile} was measured at TP {workload.tp}; drop the flag or re-profile"
+            )
         return workload
     name = args.model or "tiny"
     config = load_model_config(name)
     tp, tp_from = _default_tp(args)
-    workload = workload_from_model(config, tp=tp, draft_tokens=draft_tokens,
-                                   batch=args.batch)
+    workload = workload_from_model(config, tp=tp, draft_tokens=draft_tokens, batch=args.batch)
     if tp_from:  # a TP nobody gave is said where the workload is named
-        workload = dataclasses.replace(workload, source=workload.source.replace(f", tp {tp},", f", tp {tp} ({tp_from}),"))
+        workload = dataclasses.replace(
+            workload, source=workload.source.replace(f", tp {tp},", f", tp {tp} ({tp_from}),")
+        )
     if name in preset_names():  # the package's own file: its absolute path says nothing portable
-        workload = dataclasses.replace(workload, source=workload.source.replace(f" ({config.source})",
-                                                                                " (fastverify preset)"))
+        workload = dataclasses.replace(
+            workload, source=workload.source.replace(f" ({config.source})", " (fastverify preset)")
+        )
     return workload
 
 
@@ -54,13 +57,16 @@ def with_hidden(args, workload):
     """``workload`` with ``--hidden`` where it records no hidden size (a trace profile), said once
     in its notes; ``--hidden`` contradicting a known hidden size is refused."""
     if args.hidden is not None and workload.hidden and args.hidden != workload.hidden:
-        raise UserError(f"--hidden {args.hidden}: the workload ({workload.source}) has hidden size {workload.hidden}; --hidden is "
-                        "for a trace profile that records none (leave it out)")
+        raise UserError(
+            f"--hidden {args.hidden}: the workload ({workload.source}) has hidden size {workload.hidden}; --hidden is "
+            "for a trace profile that records none (leave it out)"
+        )
     if args.hidden is not None and not workload.hidden:
         # a trace profile records no hidden size: the user's --hidden is the one every stage reads
         # (the fused candidates, the sweep's norm, the deployment record), said once in the notes
-        workload = dataclasses.replace(workload, hidden=args.hidden,
-                                       notes=(*workload.notes, f"hidden size {args.hidden} from --hidden"))
+        workload = dataclasses.replace(
+            workload, hidden=args.hidden, notes=(*workload.notes, f"hidden size {args.hidden} from --hidden")
+        )
     return workload
 
 
@@ -83,8 +89,9 @@ def topology_file(args):
     """The ``--topology`` text, read and parsed once per run (the TP default and the box both need it)."""
     parsed = getattr(args, "topology_parsed", None)
     if parsed is None:
-        parsed = parse_nvidia_smi_topo(read_text(args.topology, kind="text", errors="replace"),
-                                       source=str(args.topology))
+        parsed = parse_nvidia_smi_topo(
+            read_text(args.topology, kind="text", errors="replace"), source=str(args.topology)
+        )
         args.topology_parsed = parsed
     return parsed
 
@@ -100,7 +107,9 @@ def read_topology(args, tp: int, assume=None):
         if assume is not None:  # the user's own figures: an assumed box, said in every output
             return assume()
         if args.predict:
-            raise UserError("--predict needs the box's topology: give --topology FILE (`nvidia-smi topo -m` text)") from None
+            raise UserError(
+                "--predict needs the box's topology: give --topology FILE (`nvidia-smi topo -m` text)"
+            ) from None
         return None
 
 
@@ -124,9 +133,11 @@ def read_p2p_check(args):
     p2p_given = msgspec.structs.replace(p2p_file_facts(args.p2p_check, check.results), gpus=complete_gpus(check))
     notes = []
     if check.gpus is None:
-        notes.append(f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
-                     "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a "
-                     "record made from it as proof only once the check is rerun on the box")
+        notes.append(
+            f"# note: --p2p-check {args.p2p_check} names no GPU (a check from before it recorded "
+            "which GPUs it tested): it ranks the candidates, but `fastverify launch` takes a "
+            "record made from it as proof only once the check is rerun on the box"
+        )
     return check.results, p2p_given, notes
 
 
@@ -145,8 +156,10 @@ def read_perf(args, tp: int):
     if (several := table.several_nodes(gpus)) is not None:
         return None, [f"# warning: {several}; tune does not use them", *warnings]
     if table.n_ranks is not None and table.n_ranks != tp:
-        raise UserError(f"--perf-table {args.perf_table}: all_reduce_perf ran on {table.n_ranks} GPUs, the workload "
-                        f"on tp {tp}: run it with -g {tp} (or under mpirun -np {tp})")
+        raise UserError(
+            f"--perf-table {args.perf_table}: all_reduce_perf ran on {table.n_ranks} GPUs, the workload "
+            f"on tp {tp}: run it with -g {tp} (or under mpirun -np {tp})"
+        )
     return table, warnings
 
 
@@ -162,11 +175,15 @@ def box_topology(args, workload, user, p2p_results):
     """The box's topology with the P2P check's results folded in (None in measure mode without
     one), after the output checks of the user's-figures mode; sets ``args.box_facts`` (SM, PCIe
     generation, GPU count and where each came from)."""
-    topo = read_topology(args, workload.tp,
-                         assume=None if user is None else lambda: user_figures.assumed_topology(workload.tp, p2p_results))
+    topo = read_topology(
+        args,
+        workload.tp,
+        assume=None if user is None else lambda: user_figures.assumed_topology(workload.tp, p2p_results),
+    )
     user_figures.check_outputs(args, topo)
-    args.box_facts = resolve_args(args, topology_gpus=None if topo is None or user_figures.is_assumed(topo) else len(topo.gpus),
-                                  tp=workload.tp)
+    args.box_facts = resolve_args(
+        args, topology_gpus=None if topo is None or user_figures.is_assumed(topo) else len(topo.gpus), tp=workload.tp
+    )
     if topo is not None and len(topo.gpus) < workload.tp:
         raise UserError(f"{topo.source}: {len(topo.gpus)} GPUs, fewer than --tp {workload.tp}")
     if topo is not None and p2p_results is not None:

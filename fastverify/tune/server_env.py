@@ -38,8 +38,16 @@ PLACEHOLDER_MODEL = "/nonexistent/fastverify-tune-model"
 """``--model-path`` when the server's flags are not given: SGLang's parser requires one, and no rule
 of ``_set_envs_and_config`` depends on it (a path that does not exist never reaches the network)."""
 PER_RUN = frozenset({"SGLANG_RUN_ID", "PROMETHEUS_MULTIPROC_DIR"})
-WATCHED = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT", "NCCL_MNNVL_ENABLE",
-           "CUDA_DEVICE_MAX_CONNECTIONS", "TRTLLM_ENABLE_PDL", "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE")
+WATCHED = (
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_GRAPH_MIXING_SUPPORT",
+    "NCCL_MNNVL_ENABLE",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "TRTLLM_ENABLE_PDL",
+    "CUTE_DSL_LOG_LEVEL",
+    "CUTE_DSL_LOG_TO_CONSOLE",
+)
 """The variables SGLang 0.5.23's ``_set_envs_and_config`` sets (less the per-run ones): a trial's
 recorded environment names each of them as the trial ran, whoever set it."""
 
@@ -93,9 +101,15 @@ def _flags(flags: Sequence[str] | None, tp: int) -> list[str]:
     return ["--model-path", PLACEHOLDER_MODEL, "--tp-size", str(tp)]
 
 
-def server_environment(flags: Sequence[str] | None, overlays: Sequence[Mapping[str, str]], *, tp: int,
-                       python: str | None = None, shell: Mapping[str, str] | None = None,
-                       timeout_s: float = TIMEOUT_S) -> ServerEnv:
+def server_environment(
+    flags: Sequence[str] | None,
+    overlays: Sequence[Mapping[str, str]],
+    *,
+    tp: int,
+    python: str | None = None,
+    shell: Mapping[str, str] | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> ServerEnv:
     """What SGLang's start-up sets over ``shell`` (default this process's environment) plus each
     overlay (a trial's own settings), for the server started with ``flags`` (None: a plain
     ``tp``-way server). SGLang's own function in a child ``python`` (default this interpreter,
@@ -103,12 +117,23 @@ def server_environment(flags: Sequence[str] | None, overlays: Sequence[Mapping[s
     shell = dict(os.environ if shell is None else shell)
     overlays = [dict(o) for o in overlays]
     if python is None and importlib.util.find_spec("sglang") is None:
-        return _table(flags, overlays, shell, "SGLang is not installed in this Python: the flags were read only for "
-                      "--enable-symm-mem, --enable-nccl-nvls and --dcp-size, not checked")
+        return _table(
+            flags,
+            overlays,
+            shell,
+            "SGLang is not installed in this Python: the flags were read only for "
+            "--enable-symm-mem, --enable-nccl-nvls and --dcp-size, not checked",
+        )
     # no network, no package-version gate (a check, not a setting); the shell's own values win
     env = {"HF_HUB_OFFLINE": "1", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", **shell}
-    cmd = [python or sys.executable, "-c", _CHILD, json.dumps(_flags(flags, tp)), json.dumps(overlays),
-           json.dumps(sorted(PER_RUN))]
+    cmd = [
+        python or sys.executable,
+        "-c",
+        _CHILD,
+        json.dumps(_flags(flags, tp)),
+        json.dumps(overlays),
+        json.dumps(sorted(PER_RUN)),
+    ]
     try:
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired:
@@ -124,8 +149,7 @@ def server_environment(flags: Sequence[str] | None, overlays: Sequence[Mapping[s
 
 
 def _table(flags, overlays, shell, why: str) -> ServerEnv:
-    return ServerEnv(envs=tuple(table_env(flags, {**shell, **o}) for o in overlays), source=SOURCE_TABLE,
-                     note=why)
+    return ServerEnv(envs=tuple(table_env(flags, {**shell, **o}) for o in overlays), source=SOURCE_TABLE, note=why)
 
 
 def table_env(flags: Sequence[str] | None, env: Mapping[str, str]) -> dict[str, str]:

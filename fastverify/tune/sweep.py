@@ -34,8 +34,8 @@ from typing import Any
 import orjson
 
 from fastverify.bounds import implausible_work_us
-from fastverify.errors import UserError
 from fastverify.console import say as say_line
+from fastverify.errors import UserError
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
@@ -83,8 +83,10 @@ JIT module takes minutes (not measured here: no GPU in CI), and ``tune()`` times
 sizes per hidden size; every rank waits on the same build (FlashInfer locks its JIT cache)."""
 BUILD_HANG = "hung while building/JIT-compiling the backend"
 _STAGE_PREFIX = "fastverify-tune rank "
-CPU_NOTE = ("CPU/gloo: host wall-clock times of gloo all-reduces, not GPU times; gloo ignores NCCL_* "
-            "settings, so trials that differ only in NCCL settings measure the same thing")
+CPU_NOTE = (
+    "CPU/gloo: host wall-clock times of gloo all-reduces, not GPU times; gloo ignores NCCL_* "
+    "settings, so trials that differ only in NCCL settings measure the same thing"
+)
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,11 @@ class TrialLimits:
     build_s: float = DEFAULT_BUILD_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for what, value in (("trial timeout", self.measure_s), ("start-up timeout", self.startup_s),
-                            ("build timeout", self.build_s)):
+        for what, value in (
+            ("trial timeout", self.measure_s),
+            ("start-up timeout", self.startup_s),
+            ("build timeout", self.build_s),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise UserError(f"the {what} must be > 0 seconds, got {value!r}")
 
@@ -192,13 +197,13 @@ def run_sweep(
         done = {i: rec.result for i, rec in journal.done.items()}
         todo = [t for t in trials if t.trial_id not in done]
         if done:
-            logger.info("resuming %s: %d of %d trials already done", journal.path, len(trials) - len(todo),
-                        len(trials))
+            logger.info("resuming %s: %d of %d trials already done", journal.path, len(trials) - len(todo), len(trials))
         with TrialProgress(progress, len(todo)) as bar:
             for t in todo:
                 bar.start(t)
-                result = run_trial(t, timeout_s=limits.measure_s, startup_timeout_s=limits.startup_s,
-                                   build_timeout_s=limits.build_s)
+                result = run_trial(
+                    t, timeout_s=limits.measure_s, startup_timeout_s=limits.startup_s, build_timeout_s=limits.build_s
+                )
                 journal.append(t, result)
                 done[t.trial_id] = result
                 bar.finish(t, result)
@@ -217,13 +222,20 @@ def _trial_ids(trials: list) -> list[str]:
         raise ValueError(f"trials holds trial {dup} twice; each trial must be distinct")
     norms = sorted({t.norm for t in trials})
     if len(norms) > 1:
-        raise ValueError(f"trials ask for norm kernels {norms}; every trial of one sweep must use the same "
-                         f"TrialSpec.norm, so backends are compared on the same residual + RMSNorm")
+        raise ValueError(
+            f"trials ask for norm kernels {norms}; every trial of one sweep must use the same "
+            f"TrialSpec.norm, so backends are compared on the same residual + RMSNorm"
+        )
     return ids
 
 
-def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-              build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S) -> TrialResult:
+def run_trial(
+    spec: TrialSpec,
+    *,
+    timeout_s: float,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
+) -> TrialResult:
     """Run one trial in ``spec.world_size`` fresh rank processes (limits as in :func:`run_sweep`
     and :class:`TrialLimits`); never raises for a trial that crashes, hangs, is unavailable or
     computes a wrong result: that is the returned status.
@@ -242,14 +254,20 @@ def run_trial(spec: TrialSpec, *, timeout_s: float, startup_timeout_s: float = D
     if spec.device is Device.CUDA:  # (skipped before any rank runs: no environment to record)
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count < spec.world_size:
-            return _result(spec, TrialStatus.SKIPPED, f"needs {spec.world_size} GPUs, found {count}",
-                           started, note=note)
+            return _result(
+                spec, TrialStatus.SKIPPED, f"needs {spec.world_size} GPUs, found {count}", started, note=note
+            )
     limit_s = limits.total_s  # for the store and the process group's collectives
     store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=limit_s), wait_for_workers=False)
     try:
         with rank_workdir("fastverify-tune-") as workdir:
-            doc = {"trial": spec.to_dict(), "port": store.port, "timeout_s": limit_s, "workdir": workdir,
-                   "threads": max(1, (os.cpu_count() or 1) // spec.world_size)}
+            doc = {
+                "trial": spec.to_dict(),
+                "port": store.port,
+                "timeout_s": limit_s,
+                "workdir": workdir,
+                "threads": max(1, (os.cpu_count() or 1) // spec.world_size),
+            }
             spec_path = Path(workdir) / "spec.json"
             spec_path.write_bytes(orjson.dumps(doc))
             env = _child_env()
@@ -285,8 +303,10 @@ def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str,
             failed = [r for r in seen_exit if ranks.returncode(r) != 0]
             if failed:
                 rank = min(failed, key=lambda r: _blame_key(workdir, r, seen_exit[r]))
-                return (f"rank {rank} crashed ({_exit_reason(ranks.returncode(rank))}): "
-                        f"{_stage_text(_last_stderr_line(workdir, rank))}")
+                return (
+                    f"rank {rank} crashed ({_exit_reason(ranks.returncode(rank))}): "
+                    f"{_stage_text(_last_stderr_line(workdir, rank))}"
+                )
             if len(seen_exit) == world:
                 return ""
             mark = phases[phase][0]
@@ -324,8 +344,13 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
         try:
             docs.append(orjson.loads(path.read_bytes()))
         except (OSError, orjson.JSONDecodeError) as err:
-            return _result(spec, TrialStatus.FAILED, f"rank {rank} exited without a result ({path.name}: "
-                           f"{getattr(err, 'strerror', None) or err})", started, note=note)
+            return _result(
+                spec,
+                TrialStatus.FAILED,
+                f"rank {rank} exited without a result ({path.name}: {getattr(err, 'strerror', None) or err})",
+                started,
+                note=note,
+            )
     clock = Clock(docs[0]["clock"])
     meta = {k: v for k, v in docs[0]["meta"].items() if isinstance(v, (str, int, float, bool, type(None)))}
     meta.update(path_meta(spec, docs))
@@ -334,17 +359,30 @@ def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> Trial
         if hit:
             reason = next((d["reason"] for d in hit if "another rank" not in d["reason"]), hit[0]["reason"])
             sizes = _sizes(spec, docs) if status == "wrong_result" else ()
-            return _result(spec, TrialStatus(status), reason, started, sizes=sizes, clock=clock, note=note,
-                           meta=meta)
+            return _result(spec, TrialStatus(status), reason, started, sizes=sizes, clock=clock, note=note, meta=meta)
     sizes = _sizes(spec, docs)
-    bad = next(((s, why) for s in sizes for name in ("median_us", "p90_us") if getattr(s, name) is not None
-                and (why := implausible_work_us(getattr(s, name)))), None)
+    bad = next(
+        (
+            (s, why)
+            for s in sizes
+            for name in ("median_us", "p90_us")
+            if getattr(s, name) is not None and (why := implausible_work_us(getattr(s, name)))
+        ),
+        None,
+    )
     if bad is not None:  # a clock that read 0 (or 1e-300) is no measurement: never ranked or divided by
-        return _result(spec, TrialStatus.FAILED, f"numel {bad[0].numel}: the ranks' time {bad[1]}", started,
-                       sizes=sizes, clock=clock, note=note, meta=meta)
+        return _result(
+            spec,
+            TrialStatus.FAILED,
+            f"numel {bad[0].numel}: the ranks' time {bad[1]}",
+            started,
+            sizes=sizes,
+            clock=clock,
+            note=note,
+            meta=meta,
+        )
     step_us = sum(s.count_per_step * s.median_us for s in sizes)
-    return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note,
-                   meta=meta)
+    return _result(spec, TrialStatus.OK, "", started, sizes=sizes, step_us=step_us, clock=clock, note=note, meta=meta)
 
 
 def _sizes(spec: TrialSpec, docs: list[dict]) -> tuple[SizeResult, ...]:
@@ -364,16 +402,43 @@ def _sizes(spec: TrialSpec, docs: list[dict]) -> tuple[SizeResult, ...]:
         if len(lengths) == 1 and lengths != {0}:
             slowest = np.max(np.array([r["times_ns"] for r in rows], dtype=np.float64), axis=0) / 1e3
             median, p90 = float(np.median(slowest)), float(np.percentile(slowest, 90))
-        out.append(SizeResult(numel=numel, msg_bytes=numel * DTYPE_BYTES[spec.dtype], count_per_step=counts[numel],
-                              median_us=median, p90_us=p90, max_rel_err=max(errs) if errs else None))
+        out.append(
+            SizeResult(
+                numel=numel,
+                msg_bytes=numel * DTYPE_BYTES[spec.dtype],
+                count_per_step=counts[numel],
+                median_us=median,
+                p90_us=p90,
+                max_rel_err=max(errs) if errs else None,
+            )
+        )
     return tuple(out)
 
 
-def _result(spec: TrialSpec, status: TrialStatus, reason: str, started: float, *, sizes=(), step_us=None,
-            clock=None, note="", meta=None) -> TrialResult:
-    return TrialResult(trial_id=spec.trial_id, status=status, reason=reason, sizes=tuple(sizes), step_us=step_us,
-                       clock=clock, started_unix_s=started, finished_unix_s=time.time(), note=note,
-                       worker_meta=tuple((meta or {}).items()))
+def _result(
+    spec: TrialSpec,
+    status: TrialStatus,
+    reason: str,
+    started: float,
+    *,
+    sizes=(),
+    step_us=None,
+    clock=None,
+    note="",
+    meta=None,
+) -> TrialResult:
+    return TrialResult(
+        trial_id=spec.trial_id,
+        status=status,
+        reason=reason,
+        sizes=tuple(sizes),
+        step_us=step_us,
+        clock=clock,
+        started_unix_s=started,
+        finished_unix_s=time.time(),
+        note=note,
+        worker_meta=tuple((meta or {}).items()),
+    )
 
 
 # --- progress on stderr -----------------------------------------------------------------------------------
@@ -430,9 +495,17 @@ class TrialProgress:
                     TimeRemainingColumn,
                 )
 
-                self._bar = Progress(TextColumn("[bold]tune[/]"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                     TextColumn("{task.description}"), console=console, transient=False)
+                self._bar = Progress(
+                    TextColumn("[bold]tune[/]"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("ETA"),
+                    TimeRemainingColumn(),
+                    TextColumn("{task.description}"),
+                    console=console,
+                    transient=False,
+                )
                 self._bar.__enter__()
                 self._task = self._bar.add_task("", total=self.total)
             else:
@@ -451,8 +524,11 @@ class TrialProgress:
             if spec is None or now - self._last_line < HEARTBEAT_S or self._lines.elapsed() < default_after_s():
                 continue
             self._last_line = now
-            say(f"tune: trial {self._done + 1}/{self.total} running {spec.name} for {now - since:.0f} s, "
-                f"{self._lines.elapsed():.1f} s elapsed", stream=self._lines.stream)
+            say(
+                f"tune: trial {self._done + 1}/{self.total} running {spec.name} for {now - since:.0f} s, "
+                f"{self._lines.elapsed():.1f} s elapsed",
+                stream=self._lines.stream,
+            )
 
     def start(self, spec: TrialSpec) -> None:
         self._running = (spec, time.monotonic())
@@ -479,8 +555,10 @@ class TrialProgress:
         if self._lines is None:
             return
         if status != TrialStatus.OK.value:
-            say(f"tune: trial {self._done}/{self.total} {spec.name}: {status}"
-                f"{f' ({reason})' if reason else ''}", stream=self._lines.stream)
+            say(
+                f"tune: trial {self._done}/{self.total} {spec.name}: {status}{f' ({reason})' if reason else ''}",
+                stream=self._lines.stream,
+            )
         if self._done == self.total:
             self._lines.update(self._done, "all run")
 

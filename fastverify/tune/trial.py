@@ -174,8 +174,10 @@ class TrialSpec:
             _check_int("sizes numel", n, 1)
             _check_int("sizes count_per_step", c, 1)
             if self.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM and n % self.hidden:
-                raise ValueError(f"TrialSpec.sizes numel {n} is not a multiple of hidden {self.hidden}, "
-                                 f"which {self.op.value} needs (rows of hidden elements)")
+                raise ValueError(
+                    f"TrialSpec.sizes numel {n} is not a multiple of hidden {self.hidden}, "
+                    f"which {self.op.value} needs (rows of hidden elements)"
+                )
         if len({n for n, _ in sizes}) != len(sizes):
             raise ValueError(f"TrialSpec.sizes repeats a numel: {[n for n, _ in sizes]}; merge the counts")
         set_(self, "sizes", sizes)
@@ -186,16 +188,18 @@ class TrialSpec:
             if not isinstance(k, str) or not isinstance(v, (str, int, float, bool, type(None))):
                 raise ValueError(f"TrialSpec.options must map names to scalars, got {k!r}: {v!r}")
         if "norm" in options:
-            raise ValueError("TrialSpec.options must not hold 'norm'; set TrialSpec.norm, which every trial "
-                             "of a sweep shares")
+            raise ValueError(
+                "TrialSpec.options must not hold 'norm'; set TrialSpec.norm, which every trial of a sweep shares"
+            )
         set_(self, "options", tuple(sorted(options.items())))
         if self.norm not in NORMS:
             raise ValueError(f"TrialSpec.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         facts = dict(self.probe_facts)
         for k, v in facts.items():
             if k not in PROBE_FACTS or not isinstance(v, (bool, type(None))):
-                raise ValueError(f"TrialSpec.probe_facts must map {' or '.join(PROBE_FACTS)} to True/False/None, "
-                                 f"got {k!r}: {v!r}")
+                raise ValueError(
+                    f"TrialSpec.probe_facts must map {' or '.join(PROBE_FACTS)} to True/False/None, got {k!r}: {v!r}"
+                )
         set_(self, "probe_facts", tuple(sorted(facts.items())))
         if not isinstance(self.label, str):
             raise ValueError(f"TrialSpec.label must be a string, got {self.label!r}")
@@ -301,8 +305,9 @@ class TrialResult:
         object.__setattr__(self, "environment", tuple(sorted(dict(self.environment).items())))
         if self.clock is not None:
             object.__setattr__(self, "clock", Clock(self.clock))
-        object.__setattr__(self, "sizes", tuple(s if isinstance(s, SizeResult) else SizeResult(**s)
-                                                for s in self.sizes))
+        object.__setattr__(
+            self, "sizes", tuple(s if isinstance(s, SizeResult) else SizeResult(**s) for s in self.sizes)
+        )
         object.__setattr__(self, "worker_meta", tuple(sorted(dict(self.worker_meta).items())))
         if "\n" in self.reason:
             object.__setattr__(self, "reason", " ".join(self.reason.split()))
@@ -407,7 +412,7 @@ def path_meta(spec: TrialSpec, docs: list[dict]) -> dict[str, int]:
 def path_counts(result: TrialResult) -> dict[str, int] | None:
     """A result's path counts (:data:`PATH_COUNT_PREFIX` entries of ``worker_meta``); None where it
     has none (a trial that never ran its backend, or an older journal) or one is not a count >= 0."""
-    counts = {k[len(PATH_COUNT_PREFIX):]: v for k, v in result.worker_meta if k.startswith(PATH_COUNT_PREFIX)}
+    counts = {k[len(PATH_COUNT_PREFIX) :]: v for k, v in result.worker_meta if k.startswith(PATH_COUNT_PREFIX)}
     if not counts or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()):
         return None
     return counts

@@ -26,14 +26,20 @@ LABEL = "measured-by-user"
 MAX_VERIFY_MS = 60_000.0  # a verify step of a minute is no verify step
 AGREE = 0.05  # relative difference to a profile's own times still called agreement
 ASSUMED_SOURCE = "assumed box: {n} GPUs, every pair SYS (no --topology, no NVML on this machine)"
-BOUND_NOTE = ("your figures are scalars: they cannot separate the all-reduce's wait for the slowest rank from "
-              "its transfer, and a faster kernel removes transfer, not the wait, so each predicted gain is an "
-              "UPPER BOUND")
+BOUND_NOTE = (
+    "your figures are scalars: they cannot separate the all-reduce's wait for the slowest rank from "
+    "its transfer, and a faster kernel removes transfer, not the wait, so each predicted gain is an "
+    "UPPER BOUND"
+)
 SETTLE = "to settle it, run `fastverify collect` on the box, then `fastverify report BUNDLE`"
-UNSCALED = ("unknown at this size: the predicted figure has no range (or no point) to scale, so the figure on "
-            "your scale is unknown too; measure with fastverify tune")
-NO_TOK_S = ("no tok/s figures: without --tok-s the rest of the cycle (drafting, draft-extend, scheduling) is "
-            "unknown; give --tok-s (your measured tok/s per stream now)")
+UNSCALED = (
+    "unknown at this size: the predicted figure has no range (or no point) to scale, so the figure on "
+    "your scale is unknown too; measure with fastverify tune"
+)
+NO_TOK_S = (
+    "no tok/s figures: without --tok-s the rest of the cycle (drafting, draft-extend, scheduling) is "
+    "unknown; give --tok-s (your measured tok/s per stream now)"
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ def from_args(args) -> UserFigures | None:
         if not (math.isfinite(x) and low <= x <= MAX_VERIFY_MS):
             raise UserError(f"{flag} {x:g}: expected a finite time in [{low:g}, {MAX_VERIFY_MS:g}] ms per verify step")
     if r > v:
-        raise UserError(f"--allreduce-ms {r:g}: more than --verify-ms {v:g}; the all-reduce time is part of the "
-                        "verify step")
+        raise UserError(
+            f"--allreduce-ms {r:g}: more than --verify-ms {v:g}; the all-reduce time is part of the verify step"
+        )
     if not args.predict:
         raise UserError(f"--verify-ms {v:g}: your figures scale a prediction; use them with --predict")
     return UserFigures(v * 1e3, r * 1e3, tok_s=args.tok_s)
@@ -83,18 +90,26 @@ def reconcile(user: UserFigures | None, workload, profile) -> tuple[UserFigures 
     """
     if user is None or not workload.measured_on_gpu:
         return user, ()
-    have = [(flag, mine, theirs, what) for flag, mine, theirs, what in (
-        ("--verify-ms", user.verify_us, workload.verify_us, "verify step"),
-        ("--allreduce-ms", user.allreduce_us, workload.allreduce_us, "all-reduce"))
-        if theirs is not None and theirs > 0]
+    have = [
+        (flag, mine, theirs, what)
+        for flag, mine, theirs, what in (
+            ("--verify-ms", user.verify_us, workload.verify_us, "verify step"),
+            ("--allreduce-ms", user.allreduce_us, workload.allreduce_us, "all-reduce"),
+        )
+        if theirs is not None and theirs > 0
+    ]
     for flag, mine, theirs, what in have:
         if abs(mine - theirs) > AGREE * theirs:
-            raise UserError(f"{flag} {mine / 1e3:g}: contradicts --profile {profile}, which measured the {what} at "
-                            f"{theirs / 1e3:.3f} ms per step ({workload.clock}); give the figures of that run or "
-                            "drop the flag")
+            raise UserError(
+                f"{flag} {mine / 1e3:g}: contradicts --profile {profile}, which measured the {what} at "
+                f"{theirs / 1e3:.3f} ms per step ({workload.clock}); give the figures of that run or "
+                "drop the flag"
+            )
     if len(have) == 2:
-        return None, (f"--verify-ms/--allreduce-ms agree with --profile {profile} within {AGREE:.0%}: its own "
-                      "measurement is used (it also splits the all-reduce's wait from its transfer)",)
+        return None, (
+            f"--verify-ms/--allreduce-ms agree with --profile {profile} within {AGREE:.0%}: its own "
+            "measurement is used (it also splits the all-reduce's wait from its transfer)",
+        )
     return user, (f"--profile {profile} measured only part of the step on the GPU: your figures are the baseline",)
 
 
@@ -115,22 +130,30 @@ def check_outputs(args, topo) -> None:
     """No env file or tuner table for an assumed box."""
     for flag, value in (("--write-env", args.write_env), ("--write-tuner-config", args.write_tuner_config)):
         if value is not None and is_assumed(topo):
-            raise UserError(f"{flag}: no topology (--topology FILE or NVML), so the box is assumed and there is no "
-                            "box to write settings for; give --topology FILE (`nvidia-smi topo -m` of the server)")
+            raise UserError(
+                f"{flag}: no topology (--topology FILE or NVML), so the box is assumed and there is no "
+                "box to write settings for; give --topology FILE (`nvidia-smi topo -m` of the server)"
+            )
 
 
 def notes(args, topo, user: UserFigures) -> tuple[str, ...]:
     """The lines every output of the user-figures mode carries."""
-    out = [f"baseline {user.basis}" + (f", --tok-s {user.tok_s:g}" if user.tok_s is not None else ""),
-           f"{BOUND_NOTE}; {SETTLE}"]
+    out = [
+        f"baseline {user.basis}" + (f", --tok-s {user.tok_s:g}" if user.tok_s is not None else ""),
+        f"{BOUND_NOTE}; {SETTLE}",
+    ]
     if user.tok_s is None:
         out.append(NO_TOK_S)
     if is_assumed(topo):
-        out.append(f"{topo.source}: the candidates' ratios assume it (NCCL on SHM now); give --topology FILE "
-                   "(`nvidia-smi topo -m` of the server) for that box's own")
+        out.append(
+            f"{topo.source}: the candidates' ratios assume it (NCCL on SHM now); give --topology FILE "
+            "(`nvidia-smi topo -m` of the server) for that box's own"
+        )
     if args.profile is None and args.model is None:
-        out.append("workload: the tiny preset (the default); the predicted ratios depend on the message sizes: "
-                   "give --model/--tp/--draft-tokens/--batch of the server your figures came from")
+        out.append(
+            "workload: the tiny preset (the default); the predicted ratios depend on the message sizes: "
+            "give --model/--tp/--draft-tokens/--batch of the server your figures came from"
+        )
     return tuple(out)
 
 
@@ -147,10 +170,19 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
 
     def one(f):
         if f.is_baseline:
-            ev = (f"{LABEL}: --allreduce-ms {r_ms:g} of --verify-ms {user.verify_us / 1e3:g} per verify step",
-                  f"the candidates' ratios are to the predicted baseline, {base:,.1f} us per step:", *f.evidence)
-            return replace(f, point_us=user.allreduce_us, range_us=(user.allreduce_us, user.allreduce_us),
-                           label=LABEL, evidence=ev, bounds=None)
+            ev = (
+                f"{LABEL}: --allreduce-ms {r_ms:g} of --verify-ms {user.verify_us / 1e3:g} per verify step",
+                f"the candidates' ratios are to the predicted baseline, {base:,.1f} us per step:",
+                *f.evidence,
+            )
+            return replace(
+                f,
+                point_us=user.allreduce_us,
+                range_us=(user.allreduce_us, user.allreduce_us),
+                label=LABEL,
+                evidence=ev,
+                bounds=None,
+            )
         if not f.ranked:  # no point (no published data, or unknown at a size): nothing to scale
             return replace(f, evidence=(*f.evidence, f"scaled: {UNSCALED}"))
         ev = [*f.evidence, f"scaled: predicted ratio to the predicted baseline x your all-reduce {r_ms:g} ms ({LABEL})"]
@@ -167,8 +199,9 @@ def scale_prediction(pred, user: UserFigures, extra_notes=()):
         return replace(f, point_us=point, range_us=rng, evidence=tuple(ev), bounds=bounds)
 
     cands = tuple(one(f) for f in pred.candidates)
-    return replace(pred, baseline=next(f for f in cands if f.is_baseline), candidates=cands,
-                   notes=pred.notes + tuple(extra_notes))
+    return replace(
+        pred, baseline=next(f for f in cands if f.is_baseline), candidates=cands, notes=pred.notes + tuple(extra_notes)
+    )
 
 
 def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
@@ -180,19 +213,27 @@ def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
         t = c["allreduce_us_per_step"]
         # faster: the whole measured all-reduce (wait included) was scaled down, so the gain is at
         # most this; slower: the wait was scaled up too, so the loss is at most this
-        c["bound"] = (None if c["is_baseline"] or t is None or base is None or t == base
-                      else "upper" if t < base else "lower")
+        c["bound"] = (
+            None if c["is_baseline"] or t is None or base is None or t == base else "upper" if t < base else "lower"
+        )
     a = red["accept_length"]
     cycle = a / user.tok_s * 1e3 if user.tok_s is not None else None
     doc["user_figures"] = {
-        "label": LABEL, "verify_ms": user.verify_us / 1e3, "allreduce_ms": user.allreduce_us / 1e3,
-        "compute_ms": (user.verify_us - user.allreduce_us) / 1e3, "tok_s": user.tok_s,
-        "accept_length": a, "accept_length_source": red["accept_length_source"],
-        "cycle_ms": cycle, "t_rest_ms": None if cycle is None else cycle - user.verify_us / 1e3,
-        "bound": "upper", "bound_note": BOUND_NOTE, "settle": SETTLE,
+        "label": LABEL,
+        "verify_ms": user.verify_us / 1e3,
+        "allreduce_ms": user.allreduce_us / 1e3,
+        "compute_ms": (user.verify_us - user.allreduce_us) / 1e3,
+        "tok_s": user.tok_s,
+        "accept_length": a,
+        "accept_length_source": red["accept_length_source"],
+        "cycle_ms": cycle,
+        "t_rest_ms": None if cycle is None else cycle - user.verify_us / 1e3,
+        "bound": "upper",
+        "bound_note": BOUND_NOTE,
+        "settle": SETTLE,
         "tok_s_note": NO_TOK_S if user.tok_s is None else None,
         "formula": "allreduce_c = allreduce x pred_c / pred_baseline; verify_c = verify - allreduce + allreduce_c; "
-                   "tok/s_c = A / (A / tok_s - verify + verify_c)",
+        "tok/s_c = A / (A / tok_s - verify + verify_c)",
         "topology_assumed": is_assumed(topo),
     }
     return doc
@@ -201,8 +242,10 @@ def decorate(doc: dict, user: UserFigures, red: dict, *, topo) -> dict:
 def header_lines(user: UserFigures, red: dict) -> list[str]:
     """Env-file header lines of this mode (after :func:`fastverify.tune.predict_mode.prediction_header`'s)."""
     tok = f", {user.tok_s:g} tok/s per stream at A = {red['accept_length']:g}" if user.tok_s is not None else ""
-    return [f"baseline {LABEL}: verify {user.verify_us / 1e3:g} ms per step, all-reduce {user.allreduce_us / 1e3:g} "
-            f"ms of it{tok} (your --verify-ms, --allreduce-ms{', --tok-s' if tok else ''})",
-            "each candidate: your all-reduce x its predicted ratio to the predicted baseline; verify = yours - your "
-            "all-reduce + that",
-            f"{BOUND_NOTE}; {SETTLE}"]
+    return [
+        f"baseline {LABEL}: verify {user.verify_us / 1e3:g} ms per step, all-reduce {user.allreduce_us / 1e3:g} "
+        f"ms of it{tok} (your --verify-ms, --allreduce-ms{', --tok-s' if tok else ''})",
+        "each candidate: your all-reduce x its predicted ratio to the predicted baseline; verify = yours - your "
+        "all-reduce + that",
+        f"{BOUND_NOTE}; {SETTLE}",
+    ]

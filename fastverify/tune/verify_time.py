@@ -19,8 +19,15 @@ from fastverify.tune.workload import Workload
 DEFAULT_ACCEPT_LENGTH = 3.0  # the tune default until a measured accept length is at hand
 
 
-def verify_reduction(workload: Workload, baseline_us: float, candidate_us: float, *,
-                     accept_length: float | None = None, tok_s: float | None = None, user=None) -> dict:
+def verify_reduction(
+    workload: Workload,
+    baseline_us: float,
+    candidate_us: float,
+    *,
+    accept_length: float | None = None,
+    tok_s: float | None = None,
+    user=None,
+) -> dict:
     """What an all-reduce saving per verify step means for the verify step and tok/s (predicted).
 
     Parameters
@@ -112,8 +119,11 @@ def accept_length_in_force(workload: Workload, accept_length: float | None) -> t
     if accept_length is not None:
         a, a_src, what = float(accept_length), "given", f"--accept-length {accept_length:g}"
     elif workload.accept_length is not None:
-        a, a_src, what = float(workload.accept_length), "from the profile", \
-            f"the accept length {workload.accept_length:g} of {workload.source}"
+        a, a_src, what = (
+            float(workload.accept_length),
+            "from the profile",
+            f"the accept length {workload.accept_length:g} of {workload.source}",
+        )
     elif draft is not None and draft < DEFAULT_ACCEPT_LENGTH:
         return float(draft), f"default {DEFAULT_ACCEPT_LENGTH:g} capped at the {draft} draft tokens per request"
     else:
@@ -121,21 +131,26 @@ def accept_length_in_force(workload: Workload, accept_length: float | None) -> t
     if not (math.isfinite(a) and a >= 1):
         raise UserError(f"--accept-length {a!r}: must be a number >= 1 (tokens per cycle, bonus token included)")
     if draft is not None and a > draft:
-        raise UserError(f"{what}: more than the {draft} draft tokens a verify step checks per request "
-                        "(accepted tokens per cycle are at most the draft tokens)")
+        raise UserError(
+            f"{what}: more than the {draft} draft tokens a verify step checks per request "
+            "(accepted tokens per cycle are at most the draft tokens)"
+        )
     return a, a_src
 
 
-def _verify_times(workload: Workload, baseline_us: float, candidate_us: float, user,
-                  notes: list[str]) -> tuple[float, str, float]:
+def _verify_times(
+    workload: Workload, baseline_us: float, candidate_us: float, user, notes: list[str]
+) -> tuple[float, str, float]:
     """``(verify now, its basis, verify with the candidate)`` in µs: from the user's figures, else
     the workload's measured GPU times, else the all-reduce alone; how, said in ``notes``."""
     saved = baseline_us - candidate_us
     if user is not None:
         v_base, basis = user.verify_us, user.basis
         cut = user.allreduce_us * (1.0 - candidate_us / baseline_us) if baseline_us > 0 else saved
-        notes.append(f"predicted verify = your verify - your all-reduce x (1 - predicted candidate / predicted "
-                     f"baseline), i.e. the predicted ratio applied to your all-reduce time ({user.label})")
+        notes.append(
+            f"predicted verify = your verify - your all-reduce x (1 - predicted candidate / predicted "
+            f"baseline), i.e. the predicted ratio applied to your all-reduce time ({user.label})"
+        )
         return v_base, basis, max(v_base - cut, v_base - user.allreduce_us)
     if workload.verify_us is not None and workload.measured_on_gpu:
         v_base = workload.verify_us
@@ -144,15 +159,20 @@ def _verify_times(workload: Workload, baseline_us: float, candidate_us: float, u
         if workload.allreduce_us is not None and baseline_us > 0:
             # The model predicts the ratio; the measured all-reduce time carries the box's level.
             cut = workload.allreduce_us * (1.0 - candidate_us / baseline_us)
-            notes.append("predicted verify = measured verify - measured all-reduce x (1 - predicted candidate / "
-                         "predicted baseline), i.e. the predicted ratio applied to the measured all-reduce time")
+            notes.append(
+                "predicted verify = measured verify - measured all-reduce x (1 - predicted candidate / "
+                "predicted baseline), i.e. the predicted ratio applied to the measured all-reduce time"
+            )
         else:
             cut = saved
             notes.append("predicted verify = measured verify - predicted all-reduce saving")
         return v_base, basis, max(v_base - cut, floor)
     if workload.compute_us is not None and workload.measured_on_gpu:
-        return (workload.compute_us + baseline_us, "predicted: measured compute + predicted all-reduce",
-                workload.compute_us + candidate_us)
+        return (
+            workload.compute_us + baseline_us,
+            "predicted: measured compute + predicted all-reduce",
+            workload.compute_us + candidate_us,
+        )
     if workload.verify_us is not None:
         notes.append(f"the workload's times ({workload.clock}) are not GPU timings and are not used")
     basis = "predicted: all-reduce only (compute not measured), so the reduction is an upper bound"
@@ -166,17 +186,23 @@ def _rest_of_cycle(a: float, tok_s: float | None, v_base: float, basis: str, use
         if not (isinstance(tok_s, (int, float)) and math.isfinite(tok_s) and tok_s > 0):
             raise UserError(f"--tok-s {tok_s!r}: must be a positive number (tokens/s per stream)")
         if a / tok_s * 1e6 > MAX_EVENT_US:
-            raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s:.3g} s, longer "
-                            "than an hour: not a tok/s per stream")
+            raise UserError(
+                f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s:.3g} s, longer "
+                "than an hour: not a tok/s per stream"
+            )
         t_rest = a / tok_s * 1e6 - v_base
         if t_rest < 0:
-            raise UserError(f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s * 1e3:.2f} ms, "
-                            f"shorter than the verify step ({v_base / 1e3:.2f} ms, {basis.split(':')[0]})")
+            raise UserError(
+                f"--tok-s {tok_s:g} with accept length {a:g} means a cycle of {a / tok_s * 1e3:.2f} ms, "
+                f"shorter than the verify step ({v_base / 1e3:.2f} ms, {basis.split(':')[0]})"
+            )
         return t_rest, f"A / tok_s - verify(baseline) with the given {tok_s:g} tok/s, held fixed (plan §1.4)"
     if user is not None:
         return None, "unknown without --tok-s (your measured tok/s per stream now): no tok/s figures"
-    return None, ("unknown without --tok-s (your measured tok/s per stream now) or a cycle time: no tok/s "
-                  "figures, the all-reduce change only")
+    return None, (
+        "unknown without --tok-s (your measured tok/s per stream now) or a cycle time: no tok/s "
+        "figures, the all-reduce change only"
+    )
 
 
 def change_pct(pct: float) -> str:

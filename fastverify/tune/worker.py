@@ -26,8 +26,8 @@ from pathlib import Path
 
 import orjson
 
-from fastverify.errors import shown
 from fastverify.cudagraph import capture_cuda_graph
+from fastverify.errors import shown
 from fastverify.procs import rank_device
 from fastverify.tune.trial import Op, TrialSpec
 
@@ -86,8 +86,10 @@ def _injection(rank: int) -> tuple[str, str] | None:
     what, _, rest = value.partition(":")
     target, _, arg = rest.partition(":")
     if what not in INJECT_KINDS or not target.isdigit() or (what == "slow_build") != bool(arg):
-        raise ValueError(f"{INJECT_ENV}={value!r}: expected hang:<rank>, crash:<rank>, "
-                         f"slow_build:<rank>:<seconds> or unavailable:<rank>")
+        raise ValueError(
+            f"{INJECT_ENV}={value!r}: expected hang:<rank>, crash:<rank>, "
+            f"slow_build:<rank>:<seconds> or unavailable:<rank>"
+        )
     return (what, arg) if target == str(rank) else None
 
 
@@ -114,6 +116,7 @@ def trial_norm(trial, dtype):
     ``trial.norm``, with ``"auto"`` resolved by :func:`~fastverify.backends.base.choose_norm` from the
     trial's device and ``dtype`` (a ``torch.dtype``) alone, never from the backend."""
     from fastverify.backends.base import resolve_norm  # lazy: torch
+
     return resolve_norm(trial.norm, trial.device.value, dtype, backend=trial.backend)
 
 
@@ -127,13 +130,22 @@ def make_trial_backend(trial, *, device, dtype, norm, context):
         The backend's probe or constructor said no (the caller turns it into ``skipped``).
     """
     from fastverify import backends  # lazy: torch
+
     options = trial.options_dict
     max_numel = options.pop("max_numel", None)
     if max_numel is None:
         max_numel = max(n for n, _ in trial.sizes)
     options["norm"] = norm.value
-    return backends.make_backend(trial.backend, None, device=device, dtype=dtype, max_numel=max_numel,
-                                 hidden=trial.hidden, options=options, context=context)
+    return backends.make_backend(
+        trial.backend,
+        None,
+        device=device,
+        dtype=dtype,
+        max_numel=max_numel,
+        hidden=trial.hidden,
+        options=options,
+        context=context,
+    )
 
 
 def _run_rank(rank: int, spec: dict) -> dict:
@@ -156,8 +168,13 @@ def _run_rank(rank: int, spec: dict) -> dict:
     _inject(rank, "slow_build")
     if _any_rank(bool(unavailable), device, torch, dist):
         # No close(): a backend built on some ranks only may need a collective close that never comes.
-        return {"status": "skipped", "reason": unavailable or "skipped: the backend is unavailable on another rank",
-                "sizes": [], "clock": clock, "meta": meta}
+        return {
+            "status": "skipped",
+            "reason": unavailable or "skipped: the backend is unavailable on another rank",
+            "sizes": [],
+            "clock": clock,
+            "meta": meta,
+        }
     cases = _build_cases(rank, trial, backend, device, dtype, torch)
     (workdir / f"rank{rank}.{BUILT_MARK}").touch()
     _stage(rank, "built")
@@ -179,23 +196,32 @@ def _join_group(rank: int, spec: dict, world: int, cuda: bool, device, dist):
     _stage(rank, "init process group")
     store = dist.TCPStore(HOST, spec["port"], None, False, timeout=timeout)
     kwargs = {"device_id": device} if cuda else {}
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
-                            timeout=timeout, **kwargs)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
+    )
     return store
 
 
 def _probe_context(trial, device, dtype):
     """What the backend's probe may know of this box: the trial's ``probe_facts`` (P2P, NVLink)."""
     from fastverify.backends.base import ProbeContext  # lazy: torch
+
     facts = dict(trial.probe_facts)
-    return ProbeContext.detect(None, device=device, dtype=dtype, p2p=facts.get("p2p_ok"),
-                               nvlink_full=facts.get("nvlink_full"), single_node=True)
+    return ProbeContext.detect(
+        None,
+        device=device,
+        dtype=dtype,
+        p2p=facts.get("p2p_ok"),
+        nvlink_full=facts.get("nvlink_full"),
+        single_node=True,
+    )
 
 
 def _make_backend(rank: int, trial, device, dtype, ctx, meta: dict):
     """``(backend, "")``, or ``(None, why)`` where the backend is unavailable on this rank (the
     trial is then skipped on every rank); records the norm kernel in ``meta``."""
     from fastverify.backends import BackendUnavailable  # lazy: torch
+
     try:
         norm = trial_norm(trial, dtype)  # raises BackendUnavailable for an unusable explicit "flashinfer"
         meta["norm"] = norm.value
@@ -235,8 +261,11 @@ def _measure_sizes(rank: int, trial, cases, backend, device, torch, dist) -> tup
         ok, err = case.check(case.fresh_call(backend))
         if _any_rank(not ok, device, torch, dist):
             sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
-            reason = (f"numel {numel}: max relative error {err:.3g} on rank {rank}" if not ok
-                      else f"numel {numel}: result differs from the torch reference on another rank")
+            reason = (
+                f"numel {numel}: max relative error {err:.3g} on rank {rank}"
+                if not ok
+                else f"numel {numel}: result differs from the torch reference on another rank"
+            )
             return "wrong_result", reason, sizes_out
         _stage(rank, f"numel {numel}: timing")
         if cuda:
@@ -245,9 +274,11 @@ def _measure_sizes(rank: int, trial, cases, backend, device, torch, dist) -> tup
             err = max(err, err2)
             if _any_rank(not ok2, device, torch, dist):
                 sizes_out.append({"numel": numel, "times_ns": [], "max_rel_err": err})
-                reason = (f"numel {numel}: CUDA-graph replay result off, max relative error {err2:.3g} "
-                          f"on rank {rank}" if not ok2 else
-                          f"numel {numel}: CUDA-graph replay result differs on another rank")
+                reason = (
+                    f"numel {numel}: CUDA-graph replay result off, max relative error {err2:.3g} on rank {rank}"
+                    if not ok2
+                    else f"numel {numel}: CUDA-graph replay result differs on another rank"
+                )
                 return "wrong_result", reason, sizes_out
         else:
             times_ns = _time_cpu(case, backend, trial.iters, dist)
@@ -282,6 +313,7 @@ class _Case:
 
     def __init__(self, trial, shape, rank, world, device, dtype, torch):
         from fastverify.backends import reference_residual_rmsnorm  # lazy: torch
+
         self.torch, self.dtype = torch, dtype
         self.fused = trial.op is Op.ALL_REDUCE_RESIDUAL_RMSNORM
         numel = shape[0] * shape[1]
@@ -325,6 +357,7 @@ class _Case:
 
     def check(self, got) -> tuple[bool, float]:
         from fastverify.backends import check_close  # lazy: torch
+
         ok, worst = True, 0.0
         for g, w in zip(got, self.want):
             good, err = check_close(g, w, self.dtype)

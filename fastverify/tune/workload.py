@@ -38,8 +38,9 @@ DTYPE_BYTES = 2
 # Clocks of a profile (its ``timing.clock``) that time the GPU; ``cpu_wall_clock`` does not.
 GPU_CLOCKS = frozenset({"trace", "cuda_events"})
 
-UNKNOWN_SIZE_MESSAGE = ("profile has all-reduces of unknown size (CUDA-graph trace); "
-                        "use --model/--tp/--draft-tokens/--batch")
+UNKNOWN_SIZE_MESSAGE = (
+    "profile has all-reduces of unknown size (CUDA-graph trace); use --model/--tp/--draft-tokens/--batch"
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,10 @@ class Workload:
         sizes = tuple(sorted((int(b), int(c)) for b, c in self.msg_sizes))
         for b, c in sizes:
             if not (0 <= b <= MAX_MSG_BYTES and 1 <= c <= MAX_COUNT):
-                raise ValueError(f"Workload.msg_sizes: ({b}, {c}): need msg_bytes in [0, {MAX_MSG_BYTES}] (1 TiB) "
-                                 f"and count in [1, {MAX_COUNT}] (fastverify/bounds.py)")
+                raise ValueError(
+                    f"Workload.msg_sizes: ({b}, {c}): need msg_bytes in [0, {MAX_MSG_BYTES}] (1 TiB) "
+                    f"and count in [1, {MAX_COUNT}] (fastverify/bounds.py)"
+                )
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"Workload.tp: {self.tp!r}: need an int >= 1")
         for name in ("compute_us", "verify_us", "allreduce_us", "allreduce_wait_us", "allreduce_transfer_us"):
@@ -150,13 +153,25 @@ class Workload:
     def as_dict(self) -> dict:
         return {
             "msg_sizes": [{"msg_bytes": b, "count": c} for b, c in self.msg_sizes],
-            "allreduce_count": self.allreduce_count, "dtype": self.dtype, "hidden": self.hidden,
-            "tokens": self.tokens, "tp": self.tp, "compute_us": self.compute_us, "verify_us": self.verify_us,
-            "accept_length": self.accept_length, "source": self.source, "clock": self.clock,
-            "allreduce_us": self.allreduce_us, "allgather_bytes": self.allgather_bytes, "notes": list(self.notes),
+            "allreduce_count": self.allreduce_count,
+            "dtype": self.dtype,
+            "hidden": self.hidden,
+            "tokens": self.tokens,
+            "tp": self.tp,
+            "compute_us": self.compute_us,
+            "verify_us": self.verify_us,
+            "accept_length": self.accept_length,
+            "source": self.source,
+            "clock": self.clock,
+            "allreduce_us": self.allreduce_us,
+            "allgather_bytes": self.allgather_bytes,
+            "notes": list(self.notes),
             "allreduce_us_by_size": [{"msg_bytes": b, "median_us": t} for b, t in self.allreduce_us_by_size],
-            "allreduce_wait_us": self.allreduce_wait_us, "allreduce_transfer_us": self.allreduce_transfer_us,
-            "profile_backend": self.profile_backend, "draft_tokens": self.draft_tokens, "batch": self.batch,
+            "allreduce_wait_us": self.allreduce_wait_us,
+            "allreduce_transfer_us": self.allreduce_transfer_us,
+            "profile_backend": self.profile_backend,
+            "draft_tokens": self.draft_tokens,
+            "batch": self.batch,
         }
 
 
@@ -191,14 +206,21 @@ def workload_from_model(config: ModelConfig, *, tp: int, draft_tokens: int, batc
     msg = tokens * config.hidden_size * DTYPE_BYTES
     count = 1 + 2 * config.num_layers
     return Workload(
-        msg_sizes=((msg, count),), dtype=DTYPE, hidden=config.hidden_size, tokens=tokens, tp=tp,
-        draft_tokens=draft_tokens, batch=batch,
+        msg_sizes=((msg, count),),
+        dtype=DTYPE,
+        hidden=config.hidden_size,
+        tokens=tokens,
+        tp=tp,
+        draft_tokens=draft_tokens,
+        batch=batch,
         source=f"model {config.name} ({config.source}), tp {tp}, {draft_tokens} draft tokens x batch {batch}",
         clock=None,
         allgather_bytes=tokens * (config.vocab_padded // tp) * DTYPE_BYTES,
-        notes=(f"shapes only: 1 embedding all-reduce + 2 per layer x {config.num_layers} layers of "
-               f"{tokens} x {config.hidden_size} x {DTYPE_BYTES} B ({DTYPE}); no times measured",
-               "the logits all-gather is not an all-reduce and is left out of the all-reduce time"),
+        notes=(
+            f"shapes only: 1 embedding all-reduce + 2 per layer x {config.num_layers} layers of "
+            f"{tokens} x {config.hidden_size} x {DTYPE_BYTES} B ({DTYPE}); no times measured",
+            "the logits all-gather is not an all-reduce and is left out of the all-reduce time",
+        ),
     )
 
 
@@ -250,11 +272,24 @@ def workload_from_profile(path: str | Path) -> Workload:
     accept = view.accept_length if view.accept_length is not None and view.accept_length >= 1 else None
     by_size, wait_us, transfer_us = _measured_split(path, view.version, allreduce_us)
     return Workload(
-        msg_sizes=msg_sizes, dtype=dtype, hidden=shapes.hidden, tokens=shapes.tokens, tp=tp,
-        compute_us=compute_us, verify_us=verify_us, accept_length=accept,
-        source=f"profile {path} ({view.kind})", clock=clock, allreduce_us=allreduce_us, notes=tuple(notes),
-        allreduce_us_by_size=by_size, allreduce_wait_us=wait_us, allreduce_transfer_us=transfer_us,
-        profile_backend=view.backend, draft_tokens=shapes.draft_tokens, batch=shapes.batch,
+        msg_sizes=msg_sizes,
+        dtype=dtype,
+        hidden=shapes.hidden,
+        tokens=shapes.tokens,
+        tp=tp,
+        compute_us=compute_us,
+        verify_us=verify_us,
+        accept_length=accept,
+        source=f"profile {path} ({view.kind})",
+        clock=clock,
+        allreduce_us=allreduce_us,
+        notes=tuple(notes),
+        allreduce_us_by_size=by_size,
+        allreduce_wait_us=wait_us,
+        allreduce_transfer_us=transfer_us,
+        profile_backend=view.backend,
+        draft_tokens=shapes.draft_tokens,
+        batch=shapes.batch,
     )
 
 
@@ -264,8 +299,10 @@ def _profile_tp(path: Path, view) -> int:
     tp = tp_raw if tp_raw is not None else view.ranks
     if tp < 2:
         said = f"world_size {tp_raw}" if tp_raw is not None else f"no world_size and {view.ranks} rank"
-        raise UserError(f"{path}: the profile records {said}: a single rank runs no all-reduce; nothing to "
-                        "tune (profile a run with tensor parallelism >= 2)")
+        raise UserError(
+            f"{path}: the profile records {said}: a single rank runs no all-reduce; nothing to "
+            "tune (profile a run with tensor parallelism >= 2)"
+        )
     return tp
 
 
@@ -281,8 +318,10 @@ def _per_step_sizes(path: Path, view, notes: list[str]) -> tuple[tuple[int, int]
         if b is None:
             raise UserError(f"{path}: {UNKNOWN_SIZE_MESSAGE}")
         if b < 0 or c < 0:
-            raise UserError(f"{path}: not a usable fastverify profile: allreduce_by_msg_size[{i}]: msg_bytes "
-                            "and count must be integers >= 0")
+            raise UserError(
+                f"{path}: not a usable fastverify profile: allreduce_by_msg_size[{i}]: msg_bytes "
+                "and count must be integers >= 0"
+            )
         if c:
             sizes[b] = sizes.get(b, 0) + c
     total = sum(sizes.values())
@@ -293,8 +332,10 @@ def _per_step_sizes(path: Path, view, notes: list[str]) -> tuple[tuple[int, int]
     biggest = max(counts, key=lambda b: (scaled[b], b))
     counts[biggest] += n_per_step - sum(counts.values())
     if any(abs(counts[b] - scaled[b]) > 1e-6 for b in counts):
-        notes.append(f"per-step counts per size scaled from {total} all-reduces over all ranks and steps to "
-                     f"{n_per_step} per step and rounded")
+        notes.append(
+            f"per-step counts per size scaled from {total} all-reduces over all ranks and steps to "
+            f"{n_per_step} per step and rounded"
+        )
     return tuple((b, c) for b, c in sorted(counts.items()) if c > 0)
 
 
@@ -312,17 +353,23 @@ def _profile_dtype(path: Path, view, msg_sizes, notes: list[str]) -> str:
         row = tokens * hidden * _ELEMENT_BYTES[dtype]
         main = max(msg_sizes, key=lambda bc: (bc[1], bc[0]))[0]
         if main != row:
-            raise UserError(f"{path}: not a usable fastverify profile: shapes say tokens {tokens} x hidden "
-                            f"{hidden} x {dtype} = {row} B per all-reduce, the most common all-reduce is {main} B")
+            raise UserError(
+                f"{path}: not a usable fastverify profile: shapes say tokens {tokens} x hidden "
+                f"{hidden} x {dtype} = {row} B per all-reduce, the most common all-reduce is {main} B"
+            )
     elif view.kind == "live" or view.version == 1:
-        notes.append("no hidden size recorded (schema version 1): all-reduce + RMSNorm cannot be timed; "
-                     "re-run `fastverify profile` to record it" if view.version == 1 else
-                     "no hidden size recorded: all-reduce + RMSNorm cannot be timed")
+        notes.append(
+            "no hidden size recorded (schema version 1): all-reduce + RMSNorm cannot be timed; "
+            "re-run `fastverify profile` to record it"
+            if view.version == 1
+            else "no hidden size recorded: all-reduce + RMSNorm cannot be timed"
+        )
     return dtype
 
 
-def _measured_split(path: Path, version: int, allreduce_us: float | None
-                    ) -> tuple[tuple[tuple[int, float], ...], float | None, float | None]:
+def _measured_split(
+    path: Path, version: int, allreduce_us: float | None
+) -> tuple[tuple[tuple[int, float], ...], float | None, float | None]:
     """A version-2 profile's measured median per message size and the per-step wait / transfer
     split of :attr:`Workload.allreduce_us` (see its docstring); nothing for version 1, which
     recorded neither. The file was already validated by ``read_profile_view``."""
@@ -330,8 +377,13 @@ def _measured_split(path: Path, version: int, allreduce_us: float | None
         return (), None, None
 
     prof = decode_profile(read_bytes(path, kind="json", what="profile"), source=str(path))
-    by_size = tuple(sorted((s.msg_bytes, float(s.median_us)) for s in prof.allreduce_by_msg_size
-                           if s.msg_bytes is not None and s.count > 0 and s.median_us > 0))
+    by_size = tuple(
+        sorted(
+            (s.msg_bytes, float(s.median_us))
+            for s in prof.allreduce_by_msg_size
+            if s.msg_bytes is not None and s.count > 0 and s.median_us > 0
+        )
+    )
     fractions = []
     for r in prof.ranks:
         w, t = r.allreduce_wait_us, r.allreduce_transfer_us

@@ -8,6 +8,7 @@ compiled: tensors report is_cpu False (so SGLang's all_reduce takes its accelera
 emits its custom op under torch.compile), SGLang's own op functions registered for the CPU key as
 SGLang registers them for CUDA, and on the second group a PyNccl stand-in that all-reduces on
 the gloo device group."""
+
 import contextlib
 import json
 import sys
@@ -35,8 +36,12 @@ def graph_case():
         def replay(self):
             Graph.replays += 1
 
-    got = G.run_graphs(SimpleNamespace(synchronize=lambda: None, graph=graph), torch.device("cpu"),
-                       graph_class=Graph, capturing=lambda: flag["on"])
+    got = G.run_graphs(
+        SimpleNamespace(synchronize=lambda: None, graph=graph),
+        torch.device("cpu"),
+        graph_class=Graph,
+        capturing=lambda: flag["on"],
+    )
     got["graph_replays"] = Graph.replays
     return got
 

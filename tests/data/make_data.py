@@ -63,14 +63,32 @@ def T(x: str) -> Num:
 
 def kernel(name, ts, dur, corr, *, pid=0, stream=7, **extra):
     args = {"device": 0, "stream": stream, "correlation": corr, **extra}
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": pid, "tid": stream, "ts": T(ts), "dur": T(dur), "args": args}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": pid,
+        "tid": stream,
+        "ts": T(ts),
+        "dur": T(dur),
+        "args": args,
+    }
 
 
 def runtime(name, ts, dur, corr, *, pid=100, tid=100, ext=None):
     args = {"cbid": 311, "correlation": corr}
     if ext is not None:
         args["External id"] = ext
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": pid, "tid": tid, "ts": T(ts), "dur": T(dur), "args": args}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": T(ts),
+        "dur": T(dur),
+        "args": args,
+    }
 
 
 def host(cat, name, ts, dur, *, pid=100, tid=100, **args):
@@ -94,7 +112,9 @@ GRAPH_AR_DURS = ("12.5", "13.0", "14.25")
 def cuda_graph_replay() -> dict:
     events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}]
     # a python_function event over the whole run: must be skipped, not mistaken for anything
-    events.append(host("python_function", "sglang/srt/model_executor/cuda_graph_runner.py(700): replay", "990.0", "400.0"))
+    events.append(
+        host("python_function", "sglang/srt/model_executor/cuda_graph_runner.py(700): replay", "990.0", "400.0")
+    )
     for k, d in enumerate(GRAPH_AR_DURS):
         L = Decimal(1000 + 100 * k)
         G = L + 20
@@ -105,8 +125,12 @@ def cuda_graph_replay() -> dict:
         events.append(kernel(FILL, str(G), "5.0", corr))
         events.append(kernel(AR_NCCL, str(G + 5), str(d), corr))
         events.append(kernel(GEMM, str(G + 5 + d + 1), "8.0", corr))
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
-            "baseTimeNanoseconds": 1767189312000000000, "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+        "baseTimeNanoseconds": 1767189312000000000,
+        "traceEvents": events,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,23 +158,38 @@ def merged(shared_ids: bool) -> dict:
         shift = Decimal(80 * rank) if shared_ids else Decimal(0)
         base_id = 0 if shared_ids else 1000 * rank
         for s, d in enumerate(MERGED_AR[rank]):
-            h0 = Decimal(100 + 200 * s) + shift          # step window [h0, h0 + 100) on the host
-            g0 = Decimal(1000 + 200 * s)                 # GPU start of this step's kernels
+            h0 = Decimal(100 + 200 * s) + shift  # step window [h0, h0 + 100) on the host
+            g0 = Decimal(1000 + 200 * s)  # GPU start of this step's kernels
             d = Decimal(d)
             events.append(host("user_annotation", "step[DECODE bs=1]", str(h0), "100.0", pid=hpid, tid=hpid))
             c1, c2, c3 = base_id + 3 * s + 1, base_id + 3 * s + 2, base_id + 3 * s + 3
             e2 = base_id + 10 + s
             events.append(runtime("cudaLaunchKernel", str(h0 + 10), "3.0", c1, pid=hpid, tid=hpid))
-            events.append(host("cpu_op", "_C_custom_ar::all_reduce", str(h0 + 20), "8.0", pid=hpid, tid=hpid,
-                               **{"External id": e2, "Input Dims": [[1, 4096], [1, 4096], [], []],
-                                  "Input type": ["c10::BFloat16", "c10::BFloat16", "", ""]}))
+            events.append(
+                host(
+                    "cpu_op",
+                    "_C_custom_ar::all_reduce",
+                    str(h0 + 20),
+                    "8.0",
+                    pid=hpid,
+                    tid=hpid,
+                    **{
+                        "External id": e2,
+                        "Input Dims": [[1, 4096], [1, 4096], [], []],
+                        "Input type": ["c10::BFloat16", "c10::BFloat16", "", ""],
+                    },
+                )
+            )
             events.append(runtime("cudaLaunchKernel", str(h0 + 22), "3.0", c2, pid=hpid, tid=hpid, ext=e2))
             events.append(runtime("cudaLaunchKernel", str(h0 + 40), "3.0", c3, pid=hpid, tid=hpid))
             events.append(kernel(RMSNORM, str(g0), "5.0", c1, pid=gpid))
             events.append(kernel(CUSTOM_AR, str(g0 + 5), str(d), c2, pid=gpid, **{"External id": e2}))
             events.append(kernel(RMSNORM, str(g0 + 5 + d), "5.0", c3, pid=gpid))
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
-            "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+        "traceEvents": events,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,17 +199,36 @@ def merged(shared_ids: bool) -> dict:
 def bigint() -> dict:
     big = 2**80 + 12345
     events = [
-        host("cpu_op", "record_param_comms", "90.0", "5.0", **{"External id": 7, "Collective name": "allreduce",
-                                                                 "In msg nelems": 1024, "dtype": "Float",
-                                                                 "Comms Id": Num(big), "Rank": 0}),
+        host(
+            "cpu_op",
+            "record_param_comms",
+            "90.0",
+            "5.0",
+            **{
+                "External id": 7,
+                "Collective name": "allreduce",
+                "In msg nelems": 1024,
+                "dtype": "Float",
+                "Comms Id": Num(big),
+                "Rank": 0,
+            },
+        ),
         runtime("cudaLaunchKernel", "91.0", "2.0", 1, ext=7),
-        kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "100.0", "30.0", 1,
-               **{"External id": 7, "Comms Id": Num(big), "Seq": Num(-(2**70))}),
+        kernel(
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            "100.0",
+            "30.0",
+            1,
+            **{"External id": 7, "Comms Id": Num(big), "Seq": Num(-(2**70))},
+        ),
         runtime("cudaLaunchKernel", "95.0", "2.0", 2),
         kernel(GEMM, "130.0", "20.0", 2),
     ]
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 4},
-            "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 4},
+        "traceEvents": events,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,8 +249,12 @@ def ns_timestamps(t0: str) -> dict:
     for i, (name, off, dur) in enumerate(rows):
         events.append(runtime("cudaLaunchKernel", str(T0 - 10 + i), "0.500", 10 + i))
         events.append(kernel(name, str(T0 + Decimal(off)), dur, 10 + i))
-    return {"schemaVersion": 1, "baseTimeNanoseconds": 1775078550000000000,
-            "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "baseTimeNanoseconds": 1775078550000000000,
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
+        "traceEvents": events,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,26 +268,54 @@ def ns_timestamps(t0: str) -> dict:
 # --------------------------------------------------------------------------------------------
 def rccl_generic() -> dict:
     events = [
-        host("cpu_op", "record_param_comms", "10.0", "5.0", **{"External id": 1, "Collective name": "allreduce",
-                                                                 "In msg nelems": 4096, "dtype": "BFloat16"}),
+        host(
+            "cpu_op",
+            "record_param_comms",
+            "10.0",
+            "5.0",
+            **{"External id": 1, "Collective name": "allreduce", "In msg nelems": 4096, "dtype": "BFloat16"},
+        ),
         runtime("hipLaunchKernel", "11.0", "1.0", 1, ext=1),
-        kernel(RCCL_GENERIC, "100.0", "10.0", 1, **{"External id": 1, "Collective name": "allreduce",
-                                                    "In msg nelems": 4096, "dtype": "BFloat16"}),
-        host("cpu_op", "record_param_comms", "20.0", "5.0", **{"External id": 2, "Collective name": "_allgather_base",
-                                                                 "In msg nelems": 512, "dtype": "Float"}),
+        kernel(
+            RCCL_GENERIC,
+            "100.0",
+            "10.0",
+            1,
+            **{"External id": 1, "Collective name": "allreduce", "In msg nelems": 4096, "dtype": "BFloat16"},
+        ),
+        host(
+            "cpu_op",
+            "record_param_comms",
+            "20.0",
+            "5.0",
+            **{"External id": 2, "Collective name": "_allgather_base", "In msg nelems": 512, "dtype": "Float"},
+        ),
         runtime("hipLaunchKernel", "21.0", "1.0", 2, ext=2),
         kernel(RCCL_GENERIC, "120.0", "5.0", 2, **{"External id": 2}),
-        host("cpu_op", "c10d::allreduce_", "30.0", "5.0", **{"External id": 3, "Input Dims": [[256, 64]],
-                                                              "Input type": ["float"]}),
+        host(
+            "cpu_op",
+            "c10d::allreduce_",
+            "30.0",
+            "5.0",
+            **{"External id": 3, "Input Dims": [[256, 64]], "Input type": ["float"]},
+        ),
         runtime("hipLaunchKernel", "31.0", "1.0", 3, ext=3),
         kernel(RCCL_GENERIC, "130.0", "7.0", 3, **{"External id": 3}),
         runtime("hipLaunchKernel", "41.0", "1.0", 4),
         kernel(RCCL_GENERIC, "140.0", "2.0", 4),
         runtime("hipLaunchKernel", "15.0", "1.0", 5),
-        kernel("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x256x32_MI16x16x1_SN_LDSB1_AFC1_AFEM1", "110.0", "30.0", 5),
+        kernel(
+            "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x256x32_MI16x16x1_SN_LDSB1_AFC1_AFEM1",
+            "110.0",
+            "30.0",
+            5,
+        ),
     ]
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8},
-            "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8},
+        "traceEvents": events,
+    }
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Run in the SGLang venv by tests/test_patch_coverage.py: SGLang 0.5.23's real graph runners and
 FullCudaGraphBackend capture and replay one shape each on CPU (the CUDA graph object and the device
 module are stand-ins); prints RESULT <json> with what the patch counted."""
+
 import contextlib
 import json
 from types import SimpleNamespace
@@ -33,6 +34,7 @@ why = report.uncounted
 flag = {"on": False}
 R.is_capturing = lambda: flag["on"]
 
+
 @contextlib.contextmanager
 def graph_ctx(cuda_graph, pool, stream):  # the device module's graph(): the stream captures inside
     flag["on"] = True
@@ -41,18 +43,25 @@ def graph_ctx(cuda_graph, pool, stream):  # the device module's graph(): the str
     finally:
         flag["on"] = False
 
+
 class Graph:  # torch.cuda.CUDAGraph needs a GPU; replay runs no Python, as on a GPU
     replays = 0
+
     def replay(self):
         Graph.replays += 1
 
+
 torch.cuda.CUDAGraph = Graph
 coord = SimpleNamespace(world_size=2)
+
+
 def all_reduces(n):
     def fwd():
         for _ in range(n):
             C.counted(lambda c, x: x, coord, SimpleNamespace(is_cpu=False))
+
     return fwd
+
 
 def backend_for(runner):
     be = object.__new__(FullCudaGraphBackend)
@@ -63,11 +72,14 @@ def backend_for(runner):
     be._reuse_output_buffer, be._output_buffer, be._memory_saver_adapter = False, None, None
     return be
 
+
 out = {"wrapped": sorted(done), "why": why}
 runners = {}
-for name, cls, mode, draft, n in (("eagle_draft", EAGLEDraftCudaGraphRunner, ForwardMode.DECODE, True, 2),
-                                  ("eagle_draft_extend", EAGLEDraftExtendCudaGraphRunner, ForwardMode.DRAFT_EXTEND_V2, True, 3),
-                                  ("prefill", PrefillCudaGraphRunner, ForwardMode.EXTEND, False, 5)):
+for name, cls, mode, draft, n in (
+    ("eagle_draft", EAGLEDraftCudaGraphRunner, ForwardMode.DECODE, True, 2),
+    ("eagle_draft_extend", EAGLEDraftExtendCudaGraphRunner, ForwardMode.DRAFT_EXTEND_V2, True, 3),
+    ("prefill", PrefillCudaGraphRunner, ForwardMode.EXTEND, False, 5),
+):
     r = object.__new__(cls)  # the GPU-only constructor skipped; capture/replay bookkeeping is SGLang's
     r.capture_forward_mode, r.model_runner = mode, SimpleNamespace(is_draft_worker=draft)
     r.backend = backend_for(r)

@@ -21,10 +21,16 @@ N_TOKENS = 8
 def answer(prompt: str, n: int) -> dict:
     """The reply to ``prompt``: ids from its characters, logprob -0.1 and a margin of 3 nats each."""
     ids = [(ord(c) * 7 + i) % 500 for i, c in enumerate((prompt * n)[:n])]
-    return {"text": "x" * n, "output_ids": ids,
-            "meta_info": {"output_token_logprobs": [[-0.1, t, None] for t in ids],
-                          "output_top_logprobs": [[[-0.1, t, None], [-3.1, t + 1, None]] for t in ids],
-                          "completion_tokens": n, "spec_verify_ct": max(1, n // 2)}}
+    return {
+        "text": "x" * n,
+        "output_ids": ids,
+        "meta_info": {
+            "output_token_logprobs": [[-0.1, t, None] for t in ids],
+            "output_top_logprobs": [[[-0.1, t, None], [-3.1, t + 1, None]] for t in ids],
+            "completion_tokens": n,
+            "spec_verify_ct": max(1, n // 2),
+        },
+    }
 
 
 class Handler(BaseHTTPRequestHandler):

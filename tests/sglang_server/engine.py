@@ -25,12 +25,29 @@ import sys
 import time
 
 # The CPU settings issue 10 found necessary for SGLang 0.5.23 (each was checked by running it).
-CPU_ENGINE_ARGS = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
-                       skip_server_warmup=True, mem_fraction_static=0.4, max_total_tokens=4096,
-                       speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
-                       speculative_ngram_max_bfs_breadth=1, max_running_requests=4, log_level="warning")
-META = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accept_rate",
-        "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
+CPU_ENGINE_ARGS = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    disable_cuda_graph=True,
+    skip_server_warmup=True,
+    mem_fraction_static=0.4,
+    max_total_tokens=4096,
+    speculative_algorithm="NGRAM",
+    speculative_num_draft_tokens=4,
+    speculative_ngram_max_bfs_breadth=1,
+    max_running_requests=4,
+    log_level="warning",
+)
+META = (
+    "completion_tokens",
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_token_num",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+)
 
 
 def main(config_path: str) -> None:
@@ -53,15 +70,23 @@ def main(config_path: str) -> None:
                 t = time.perf_counter()
                 r = engine.generate(prompt, params)
                 meta = r.get("meta_info", {})
-                out.append({"text": r.get("text"), "latency_s": round(time.perf_counter() - t, 3),
-                            **{k: meta.get(k) for k in META}})
+                out.append(
+                    {
+                        "text": r.get("text"),
+                        "latency_s": round(time.perf_counter() - t, 3),
+                        **{k: meta.get(k) for k in META},
+                    }
+                )
                 if "loop_s" in cfg:
                     print("FVTEST_ANSWER " + json.dumps(out[-1]), flush=True)
             if time.perf_counter() >= loop_until:
                 break
     finally:
-        result = {"startup_s": round(startup, 3), "requests": out,
-                  "verify_ct_total": sum(int(x.get("spec_verify_ct") or 0) for x in out)}
+        result = {
+            "startup_s": round(startup, 3),
+            "requests": out,
+            "verify_ct_total": sum(int(x.get("spec_verify_ct") or 0) for x in out),
+        }
         print("FVTEST_RESULT " + json.dumps(result), flush=True)
         # SGLang ends its workers with SIGKILL (kill_process_tree, srt/utils/common.py): give the
         # verify timer's writer (flushes at least every second) time to write the last records.

@@ -48,26 +48,33 @@ def write_shim_site(site: Path) -> Path:
     info = site / "fastverify_test_shim-0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fastverify-test-shim\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nfastverify_test_shim = tests.sglang_server.shim:plugin\n")
+    (info / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\nfastverify_test_shim = tests.sglang_server.shim:plugin\n"
+    )
     return site
 
 
 def server_env(work: Path, *, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for ``fastverify launch`` (see the module docstring); no ``FASTVERIFY_*``
     from the caller's environment."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FASTVERIFY_", "SGLANG_", "NCCL_", "FVTEST_")) and k != "PYTHONPATH"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FASTVERIFY_", "SGLANG_", "NCCL_", "FVTEST_")) and k != "PYTHONPATH"
+    }
     site = write_shim_site(work / "site")
-    env.update({
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "SGLANG_NCCL_SO_PATH": str(work / "no-such-dir" / "libnccl.so.2"),
-        "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
-        "SGLANG_PLUGINS": "fastverify_test_shim",
-        "PYTHONPATH": os.pathsep.join([str(site), str(KERNELS), str(REPO)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "TOKENIZERS_PARALLELISM": "false",
-        "FVTEST_STATS_DIR": str(work / "stats"),
-    })
+    env.update(
+        {
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "SGLANG_NCCL_SO_PATH": str(work / "no-such-dir" / "libnccl.so.2"),
+            "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+            "SGLANG_PLUGINS": "fastverify_test_shim",
+            "PYTHONPATH": os.pathsep.join([str(site), str(KERNELS), str(REPO)]),
+            "CUDA_VISIBLE_DEVICES": "",
+            "TOKENIZERS_PARALLELISM": "false",
+            "FVTEST_STATS_DIR": str(work / "stats"),
+        }
+    )
     (work / "stats").mkdir(parents=True, exist_ok=True)
     env.update(extra or {})
     return env
@@ -112,10 +119,22 @@ class Run:
         return f"rc={self.rc}\n--- stdout\n{self.stdout[-n:]}\n--- stderr\n{self.stderr[-n:]}"
 
 
-def engine_command(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
-                   trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
-                   linger_s: float = 0, loop_s: float | None = None, engine: dict | None = None,
-                   engine_drop: list[str] | None = None) -> list[str]:
+def engine_command(
+    py: str,
+    work: Path,
+    model: Path,
+    *,
+    env_file: Path | None,
+    prof: Path | None,
+    trace_steps: int = 0,
+    prompts: list[str],
+    tp: int = 2,
+    max_new_tokens: int = 24,
+    linger_s: float = 0,
+    loop_s: float | None = None,
+    engine: dict | None = None,
+    engine_drop: list[str] | None = None,
+) -> list[str]:
     """The ``python -m fastverify launch ... -- python engine.py CONFIG`` command line (``CONFIG``
     written to ``work/engine.json``; see :mod:`tests.sglang_server.engine` for its fields:
     ``engine`` are extra ``sglang.Engine`` kwargs over the CPU defaults, ``engine_drop`` defaults
@@ -140,37 +159,91 @@ def engine_command(py: str, work: Path, model: Path, *, env_file: Path | None, p
     return cmd + ["--", py, str(ENGINE), str(cfg)]
 
 
-def launch_engine(py: str, work: Path, model: Path, *, env_file: Path | None, prof: Path | None,
-                  trace_steps: int = 0, prompts: list[str], tp: int = 2, max_new_tokens: int = 24,
-                  extra_env: dict[str, str] | None = None, linger_s: float = 0, timeout: float = 600,
-                  engine: dict | None = None, engine_drop: list[str] | None = None) -> Run:
+def launch_engine(
+    py: str,
+    work: Path,
+    model: Path,
+    *,
+    env_file: Path | None,
+    prof: Path | None,
+    trace_steps: int = 0,
+    prompts: list[str],
+    tp: int = 2,
+    max_new_tokens: int = 24,
+    extra_env: dict[str, str] | None = None,
+    linger_s: float = 0,
+    timeout: float = 600,
+    engine: dict | None = None,
+    engine_drop: list[str] | None = None,
+) -> Run:
     """``python -m fastverify launch [--env F] [--profile-verify D [--trace-verify-steps N]] --
     python engine.py CONFIG`` in the SGLang venv ``py``; waits for it to end (at most ``timeout``
     seconds: then the whole process tree is killed, see :func:`_run_bounded`)."""
-    cmd = engine_command(py, work, model, env_file=env_file, prof=prof, trace_steps=trace_steps, prompts=prompts,
-                         tp=tp, max_new_tokens=max_new_tokens, linger_s=linger_s, engine=engine,
-                         engine_drop=engine_drop)
+    cmd = engine_command(
+        py,
+        work,
+        model,
+        env_file=env_file,
+        prof=prof,
+        trace_steps=trace_steps,
+        prompts=prompts,
+        tp=tp,
+        max_new_tokens=max_new_tokens,
+        linger_s=linger_s,
+        engine=engine,
+        engine_drop=engine_drop,
+    )
     env = server_env(work, extra=extra_env)
     t0 = time.perf_counter()
     rc, so, se = _run_bounded(cmd, work, env, timeout)
     run = Run(rc, so, se, time.perf_counter() - t0, work)
     for line in so.splitlines():
         if line.startswith(RESULT):
-            run.result = json.loads(line[len(RESULT):])
+            run.result = json.loads(line[len(RESULT) :])
     return run
 
 
-def launch_load(py: str, work: Path, model: Path, *, prof: Path, fastverify_args: list[str],
-                extra_env: dict[str, str] | None = None, server_flags: tuple[str, ...] = (),
-                timeout: float = 900) -> tuple[Run, list[int]]:
+def launch_load(
+    py: str,
+    work: Path,
+    model: Path,
+    *,
+    prof: Path,
+    fastverify_args: list[str],
+    extra_env: dict[str, str] | None = None,
+    server_flags: tuple[str, ...] = (),
+    timeout: float = 900,
+) -> tuple[Run, list[int]]:
     """``python -m fastverify launch --backend auto --profile-verify PROF ARGS -- python -m
     sglang.launch_server ...`` (the CPU :data:`SERVER_FLAGS`, then ``server_flags``) waited for; the
     run, and the pids of the run still alive right after launch exited (before the clean-up kills
     them): launch must leave none."""
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [py, "-m", "fastverify", "launch", "--backend", "auto", "--profile-verify", str(prof), *fastverify_args,
-           "--", py, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "2", "--host",
-           "127.0.0.1", "--port", str(free_port()), *SERVER_FLAGS, *server_flags]
+    cmd = [
+        py,
+        "-m",
+        "fastverify",
+        "launch",
+        "--backend",
+        "auto",
+        "--profile-verify",
+        str(prof),
+        *fastverify_args,
+        "--",
+        py,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--tp-size",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        *SERVER_FLAGS,
+        *server_flags,
+    ]
     env = server_env(work, extra=extra_env)
     left: list[int] = []
     t0 = time.perf_counter()
@@ -178,16 +251,18 @@ def launch_load(py: str, work: Path, model: Path, *, prof: Path, fastverify_args
     return Run(rc, so, se, time.perf_counter() - t0, work), left
 
 
-def _run_bounded(cmd: list[str], work: Path, env: dict[str, str], timeout: float,
-                 left_after_exit: list[int] | None = None) -> tuple[int, str, str]:
+def _run_bounded(
+    cmd: list[str], work: Path, env: dict[str, str], timeout: float, left_after_exit: list[int] | None = None
+) -> tuple[int, str, str]:
     """Run ``cmd`` in its own session and wait at most ``timeout`` s; (rc, stdout, stderr). On a
     timeout (rc -9, a line saying so appended to stderr), and after a normal exit too, every process
     of the run still alive (:func:`run_processes`: the session, its descendants, and any process
     with the run's ``FVTEST_STATS_DIR`` in its environment) is SIGKILLed by pid, so no SGLang worker
     outlives the test."""
 
-    proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     marker = ("FVTEST_STATS_DIR", env["FVTEST_STATS_DIR"])
     try:
         so, se = proc.communicate(timeout=timeout)
@@ -295,18 +370,38 @@ class EngineProcess:
     test ends it) started in its own session and not waited for; stdout+stderr go to
     ``work/engine.log``. :meth:`stop` kills the whole process tree."""
 
-    def __init__(self, py: str, work: Path, model: Path, *, prof: Path, prompts: list[str],
-                 max_new_tokens: int, loop_s: float, tp: int = 2) -> None:
-        cmd = engine_command(py, work, model, env_file=None, prof=prof, prompts=prompts, tp=tp,
-                             max_new_tokens=max_new_tokens, loop_s=loop_s)
+    def __init__(
+        self,
+        py: str,
+        work: Path,
+        model: Path,
+        *,
+        prof: Path,
+        prompts: list[str],
+        max_new_tokens: int,
+        loop_s: float,
+        tp: int = 2,
+    ) -> None:
+        cmd = engine_command(
+            py,
+            work,
+            model,
+            env_file=None,
+            prof=prof,
+            prompts=prompts,
+            tp=tp,
+            max_new_tokens=max_new_tokens,
+            loop_s=loop_s,
+        )
         self.work = work
         self.log = work / "engine.log"
         env = server_env(work)
         self.marker = ("FVTEST_STATS_DIR", env["FVTEST_STATS_DIR"])  # unique to this run
         self._out = open(self.log, "w")
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=str(work), env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def text(self) -> str:
         self._out.flush()
@@ -342,10 +437,28 @@ class EngineProcess:
         return len(found), left
 
 
-SERVER_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-                "--skip-server-warmup", "--mem-fraction-static", "0.4", "--max-total-tokens", "4096",
-                "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
-                "--speculative-ngram-max-bfs-breadth", "1", "--max-running-requests", "4", "--log-level", "warning")
+SERVER_FLAGS = (
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--mem-fraction-static",
+    "0.4",
+    "--max-total-tokens",
+    "4096",
+    "--speculative-algorithm",
+    "NGRAM",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--speculative-ngram-max-bfs-breadth",
+    "1",
+    "--max-running-requests",
+    "4",
+    "--log-level",
+    "warning",
+)
 """``python -m sglang.launch_server`` flags: the same CPU settings as :data:`engine.CPU_ENGINE_ARGS`."""
 
 
@@ -377,19 +490,46 @@ class HttpServer:
     """``fastverify launch ... -- python -m sglang.launch_server ...`` in its own session (so the
     whole tree it spawns can be ended by its process-group id); stdout+stderr go to ``work/server.log``."""
 
-    def __init__(self, py: str, work: Path, model: Path, *, prof: Path, tp: int = 2,
-                 extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, py: str, work: Path, model: Path, *, prof: Path, tp: int = 2, extra_env: dict[str, str] | None = None
+    ) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.work, self.port = work, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work / "server.log"
-        cmd = [py, "-m", "fastverify", "launch", "--backend", "auto", "--profile-verify", str(prof), "--",
-               py, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", str(tp),
-               "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS]
+        cmd = [
+            py,
+            "-m",
+            "fastverify",
+            "launch",
+            "--backend",
+            "auto",
+            "--profile-verify",
+            str(prof),
+            "--",
+            py,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(model),
+            "--tp-size",
+            str(tp),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *SERVER_FLAGS,
+        ]
         self._out = open(self.log, "w")
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=str(work), env=server_env(work, extra=extra_env), stdout=self._out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=str(work),
+            env=server_env(work, extra=extra_env),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.ready_s: float | None = None
 
     def wait_ready(self, timeout: float = 400) -> float:

@@ -91,8 +91,13 @@ def _write_stats() -> None:
     if not out:
         return
     rank = _rank()
-    data = dict(_stats, pid=os.getpid(), rank=rank, standin_calls=_standin_calls(),
-                env={k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)})
+    data = dict(
+        _stats,
+        pid=os.getpid(),
+        rank=rank,
+        standin_calls=_standin_calls(),
+        env={k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
+    )
     path = os.path.join(out, f"stats-rank{rank}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -127,9 +132,10 @@ def _verify_attention(original):
                 if bad.any() and "non_causal_example" not in _stats:
                     _stats["non_causal_example"] = tree[int(bad.nonzero()[0, 0])].int().tolist()
                 for b, (r, s) in enumerate(zip(pools, prefix)):
-                    if not torch.equal(rows[r, s:s + n], fb.out_cache_loc[b * n:(b + 1) * n].to(rows.dtype)):
-                        raise RuntimeError("verify shim: the draft's cache slots are not at [seq_lens, seq_lens + "
-                                           "draft_token_num)")
+                    if not torch.equal(rows[r, s : s + n], fb.out_cache_loc[b * n : (b + 1) * n].to(rows.dtype)):
+                        raise RuntimeError(
+                            "verify shim: the draft's cache slots are not at [seq_lens, seq_lens + draft_token_num)"
+                        )
                     _stats["checked_slots"] += n
                 _write_stats()
         if save_kv_cache:
@@ -142,12 +148,17 @@ def _verify_attention(original):
         for b, (r, s) in enumerate(zip(pools, prefix)):
             locs = rows[r, : s + n]
             keys, vals = kc[locs].movedim(0, 1), vc[locs].movedim(0, 1)  # [heads_kv, s + n, d]
-            qb = q_[b * n:(b + 1) * n].movedim(0, 1)  # [heads_q, n, d]
+            qb = q_[b * n : (b + 1) * n].movedim(0, 1)  # [heads_q, n, d]
             allowed = torch.cat([torch.ones(n, s, dtype=torch.bool), tree[b]], dim=1)  # prefix + tree
-            out = sdpa(qb.unsqueeze(0), keys.unsqueeze(0).to(qb.dtype), vals.unsqueeze(0).to(qb.dtype),
-                       attn_mask=allowed, scale=layer.scaling,
-                       enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
-            o_[b * n:(b + 1) * n] = out.squeeze(0).movedim(0, 1)
+            out = sdpa(
+                qb.unsqueeze(0),
+                keys.unsqueeze(0).to(qb.dtype),
+                vals.unsqueeze(0).to(qb.dtype),
+                attn_mask=allowed,
+                scale=layer.scaling,
+                enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+            )
+            o_[b * n : (b + 1) * n] = out.squeeze(0).movedim(0, 1)
         return o
 
     return forward_extend

@@ -51,18 +51,31 @@ def build(out: str | Path, lm_head_scale: float = 1.0) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(out)
     assert len(fast) <= VOCAB, len(fast)
 
     torch.manual_seed(SEED)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
-                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
-                      torch_dtype="float32")
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(lm_head_scale)
@@ -89,11 +102,16 @@ def _draft_layer(cfg, gen, prefix: str, qkv_in: int, input_norm: bool) -> dict:
     def w(*shape):
         return (torch.randn(*shape, generator=gen) * 0.02).contiguous()
 
-    out = {f"{prefix}self_attn.q_proj.weight": w(h, qkv_in), f"{prefix}self_attn.k_proj.weight": w(h, qkv_in),
-           f"{prefix}self_attn.v_proj.weight": w(h, qkv_in), f"{prefix}self_attn.o_proj.weight": w(h, h),
-           f"{prefix}mlp.gate_proj.weight": w(inter, h), f"{prefix}mlp.up_proj.weight": w(inter, h),
-           f"{prefix}mlp.down_proj.weight": w(h, inter),
-           f"{prefix}post_attention_layernorm.weight": torch.ones(h)}
+    out = {
+        f"{prefix}self_attn.q_proj.weight": w(h, qkv_in),
+        f"{prefix}self_attn.k_proj.weight": w(h, qkv_in),
+        f"{prefix}self_attn.v_proj.weight": w(h, qkv_in),
+        f"{prefix}self_attn.o_proj.weight": w(h, h),
+        f"{prefix}mlp.gate_proj.weight": w(inter, h),
+        f"{prefix}mlp.up_proj.weight": w(inter, h),
+        f"{prefix}mlp.down_proj.weight": w(h, inter),
+        f"{prefix}post_attention_layernorm.weight": torch.ones(h),
+    }
     if input_norm:
         out[f"{prefix}input_layernorm.weight"] = torch.ones(h)
     return out
@@ -120,19 +138,26 @@ def build_eagle3_drafter(out: str | Path, target: str | Path) -> Path:
 
     out, target = Path(out), Path(target)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = _drafter_config(target, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=DRAFT_VOCAB,
-                          num_aux_hidden_states=len(EAGLE3_AUX_LAYER_IDS), target_hidden_size=None,
-                          eagle_config={"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYER_IDS,
-                                        "use_aux_hidden_state": True})
+    cfg = _drafter_config(
+        target,
+        architectures=["LlamaForCausalLMEagle3"],
+        draft_vocab_size=DRAFT_VOCAB,
+        num_aux_hidden_states=len(EAGLE3_AUX_LAYER_IDS),
+        target_hidden_size=None,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYER_IDS, "use_aux_hidden_state": True},
+    )
     del cfg.target_hidden_size  # the target's width is the drafter's (SGLang's default when absent)
     gen = torch.Generator().manual_seed(SEED + 3)
     h = cfg.hidden_size
     hot = torch.randperm(cfg.vocab_size, generator=gen)[:DRAFT_VOCAB].sort().values
-    tensors = {"fc.weight": (torch.randn(h, h * len(EAGLE3_AUX_LAYER_IDS), generator=gen) * 0.02).contiguous(),
-               "norm.weight": torch.ones(h), "midlayer.hidden_norm.weight": torch.ones(h),
-               "lm_head.weight": (torch.randn(DRAFT_VOCAB, h, generator=gen) * 0.02).contiguous(),
-               "d2t": (hot - torch.arange(DRAFT_VOCAB)).to(torch.int64),
-               "t2d": torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, hot, True)}
+    tensors = {
+        "fc.weight": (torch.randn(h, h * len(EAGLE3_AUX_LAYER_IDS), generator=gen) * 0.02).contiguous(),
+        "norm.weight": torch.ones(h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "lm_head.weight": (torch.randn(DRAFT_VOCAB, h, generator=gen) * 0.02).contiguous(),
+        "d2t": (hot - torch.arange(DRAFT_VOCAB)).to(torch.int64),
+        "t2d": torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, hot, True),
+    }
     tensors.update(_draft_layer(cfg, gen, "midlayer.", 2 * h, input_norm=True))
     save_file(tensors, str(out / "model.safetensors"))
     cfg.save_pretrained(out)

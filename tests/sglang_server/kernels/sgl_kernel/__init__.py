@@ -43,9 +43,17 @@ from .draft import (  # noqa: F401
 
 __version__ = "0.0.0+fastverify-test-standin"
 CALLS: Counter = Counter()
-IMPLEMENTED = ("assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu", "assign_extend_cache_locs_cpu",
-               "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
-               "reconstruct_indices_from_tree_mask", *_draft.CALLS, *_attention.CALLS)
+IMPLEMENTED = (
+    "assign_req_to_token_pool_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "assign_extend_cache_locs_cpu",
+    "verify_tree_greedy_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    "reconstruct_indices_from_tree_mask",
+    *_draft.CALLS,
+    *_attention.CALLS,
+)
 _LIB = torch.library.Library("sgl_kernel", "FRAGMENT")  # kept alive: the ops live as long as this object
 _attention.register(_LIB)
 
@@ -59,23 +67,25 @@ def _spans(start: torch.Tensor, end: torch.Tensor) -> list[tuple[int, int, int]]
     return out
 
 
-def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
-                                 pool_len) -> None:
+def assign_req_to_token_pool_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+) -> None:
     """``req_to_token[req_pool_indices[i], start[i]:end[i]] = out_cache_loc[off_i : off_i + len_i]``,
     ``off_i`` the sum of the earlier requests' lengths (Triton ``assign_req_to_token_pool``,
     ``srt/mem_cache/allocation.py``). In place."""
     CALLS["assign_req_to_token_pool_cpu"] += 1
     for row, (s, e, off) in zip(req_pool_indices.tolist(), _spans(start_offset, end_offset)):
-        req_to_token[int(row), s:e] = out_cache_loc[off:off + e - s].to(req_to_token.dtype)
+        req_to_token[int(row), s:e] = out_cache_loc[off : off + e - s].to(req_to_token.dtype)
 
 
-def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
-                                 pool_len) -> None:
+def assign_extend_cache_locs_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+) -> None:
     """The reverse gather: ``out_cache_loc[off_i : off_i + len_i] = req_to_token[req_pool_indices[i],
     start[i]:end[i]]`` (Triton ``assign_extend_cache_locs``, ``kernels/ops/speculative/cache_locs.py``)."""
     CALLS["assign_extend_cache_locs_cpu"] += 1
     for row, (s, e, off) in zip(req_pool_indices.tolist(), _spans(start_offset, end_offset)):
-        out_cache_loc[off:off + e - s] = req_to_token[int(row), s:e].to(out_cache_loc.dtype)
+        out_cache_loc[off : off + e - s] = req_to_token[int(row), s:e].to(out_cache_loc.dtype)
 
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
@@ -110,8 +120,17 @@ def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_
     accept_out_cache_loc[: idx.numel()] = out_cache_loc[idx].to(accept_out_cache_loc.dtype)
 
 
-def verify_tree_greedy_cpu(*, predicts, accept_index, accept_token_num, candidates, retrive_index,
-                           retrive_next_token, retrive_next_sibling, target_predict) -> None:
+def verify_tree_greedy_cpu(
+    *,
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+) -> None:
     """Greedy tree verification, per request ``b`` (Triton ``verify_tree_greedy_kernel_triton``,
     ``kernels/ops/speculative/spec_tree.py``): start at the root (``retrive_index[b, 0]``); at each
     of the ``accept_index.shape[1] - 1`` levels walk the first child and its siblings for a draft
@@ -149,8 +168,16 @@ def verify_tree_greedy_cpu(*, predicts, accept_index, accept_token_num, candidat
         pred[last] = tp[last]
 
 
-def _reconstruct(tree_mask, verified_seq_len, positions, retrieve_index, retrieve_next_token,
-                 retrieve_next_sibling, batch_size, draft_token_num) -> None:
+def _reconstruct(
+    tree_mask,
+    verified_seq_len,
+    positions,
+    retrieve_index,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    batch_size,
+    draft_token_num,
+) -> None:
     CALLS["reconstruct_indices_from_tree_mask"] += 1
     bs, n = int(batch_size), int(draft_token_num)
     m = tree_mask.reshape(-1)[: bs * n * n].reshape(bs, n, n).to(torch.bool)
@@ -177,7 +204,8 @@ def _missing(name: str):
     def op(*args, **kwargs):
         raise NotImplementedError(
             f"sgl_kernel stand-in (tests/sglang_server): op {name!r} is not implemented; this SGLang needs more "
-            f"than the {len(IMPLEMENTED)} CPU ops the test server was written for ({', '.join(IMPLEMENTED)})")
+            f"than the {len(IMPLEMENTED)} CPU ops the test server was written for ({', '.join(IMPLEMENTED)})"
+        )
 
     op.__name__ = name
     return op

@@ -34,13 +34,15 @@ DECODE_SCHEMA = (
     "decode_attention_cpu(Tensor query, Tensor(a!) k_buffer, Tensor(b!) v_buffer, float k_scale, float v_scale, "
     "Tensor(c!) output, Tensor? key, Tensor? value, Tensor loc, Tensor(d!) attn_logits, Tensor req_to_token, "
     "Tensor req_pool_indices, Tensor seq_lens, float sm_scale, float logit_cap, bool is_cross_attn, "
-    "int sliding_window_size, Tensor? encoder_lens, Tensor? sinks) -> ()")
+    "int sliding_window_size, Tensor? encoder_lens, Tensor? sinks) -> ()"
+)
 EXTEND_SCHEMA = (
     "extend_attention_cpu(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, Tensor(a!) o_extend, "
     "Tensor k_buffer, Tensor v_buffer, float k_scale, float v_scale, Tensor req_to_token, "
     "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens, Tensor extend_start_loc, "
     "int max_len_extend, float sm_scale, float logit_cap, bool is_cross_attn, int sliding_window_size, "
-    "Tensor? encoder_lens, Tensor? sinks, Tensor? tree_mask, bool is_causal) -> ()")
+    "Tensor? encoder_lens, Tensor? sinks, Tensor? tree_mask, bool is_causal) -> ()"
+)
 CALLS: dict[str, int] = {"decode_attention_cpu": 0, "extend_attention_cpu": 0}
 
 
@@ -78,9 +80,27 @@ def _attend(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, sinks: torc
     return torch.einsum("hrk,khd->rhd", p / den, v)
 
 
-def decode_attention_cpu(query, k_buffer, v_buffer, k_scale, v_scale, output, key, value, loc, attn_logits,
-                         req_to_token, req_pool_indices, seq_lens, sm_scale, logit_cap, is_cross_attn,
-                         sliding_window_size, encoder_lens, sinks) -> None:
+def decode_attention_cpu(
+    query,
+    k_buffer,
+    v_buffer,
+    k_scale,
+    v_scale,
+    output,
+    key,
+    value,
+    loc,
+    attn_logits,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    sm_scale,
+    logit_cap,
+    is_cross_attn,
+    sliding_window_size,
+    encoder_lens,
+    sinks,
+) -> None:
     """One query token per sequence against its cached keys (sgl-kernel ``decode.cpp``). In place.
 
     Shapes: ``query [num_seqs, H, D]``; ``k_buffer [max_tokens, Hkv, D]``, ``v_buffer
@@ -118,18 +138,20 @@ def decode_attention_cpu(query, k_buffer, v_buffer, k_scale, v_scale, output, ke
     dv = int(v_buffer.shape[-1])
     splits = int(attn_logits.shape[2])
     if tuple(attn_logits.shape) != (num_seqs, num_heads, splits, dv + 1) or attn_logits.dtype != torch.float32:
-        raise RuntimeError(f"decode_attention_cpu: attn_logits {tuple(attn_logits.shape)} {attn_logits.dtype}, want "
-                           f"({num_seqs}, {num_heads}, splits, {dv + 1}) float32")
+        raise RuntimeError(
+            f"decode_attention_cpu: attn_logits {tuple(attn_logits.shape)} {attn_logits.dtype}, want "
+            f"({num_seqs}, {num_heads}, splits, {dv + 1}) float32"
+        )
     rows = req_to_token[req_pool_indices.to(torch.int64)]
     for b in range(num_seqs):
         enc = int(encoder_lens[b]) if encoder_lens is not None else 0
         length, off = (enc, 0) if is_cross_attn else (int(seq_lens[b]), enc)
         if sliding_window_size > 0 and length > sliding_window_size:
             off, length = off + length - sliding_window_size, sliding_window_size
-        idx = rows[b, off:off + length].to(torch.int64)
+        idx = rows[b, off : off + length].to(torch.int64)
         k = _expand_heads(k_buffer[idx].float() * k_scale, num_heads)
         v = _expand_heads(v_buffer[idx].float() * v_scale, num_heads)
-        s = _scores(query[b:b + 1].float(), k, sm_scale, logit_cap)[:, 0]  # [H, L]
+        s = _scores(query[b : b + 1].float(), k, sm_scale, logit_cap)[:, 0]  # [H, L]
         size = -(-length // splits) if length else 0
         lse = torch.full((num_heads, splits), float("-inf"))
         part = torch.zeros((num_heads, splits, dv))
@@ -155,10 +177,30 @@ def decode_attention_cpu(query, k_buffer, v_buffer, k_scale, v_scale, output, ke
         output[b] = (torch.einsum("hs,hsd->hd", w, part) / den).to(output.dtype)
 
 
-def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
-                         req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sm_scale,
-                         logit_cap, is_cross_attn, sliding_window_size, encoder_lens, sinks, tree_mask,
-                         is_causal) -> None:
+def extend_attention_cpu(
+    q_extend,
+    k_extend,
+    v_extend,
+    o_extend,
+    k_buffer,
+    v_buffer,
+    k_scale,
+    v_scale,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_seq_lens,
+    extend_start_loc,
+    max_len_extend,
+    sm_scale,
+    logit_cap,
+    is_cross_attn,
+    sliding_window_size,
+    encoder_lens,
+    sinks,
+    tree_mask,
+    is_causal,
+) -> None:
     """New tokens of each sequence against its cached prefix and against each other (sgl-kernel
     ``extend.cpp``). In place: ``o_extend``.
 
@@ -199,20 +241,21 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         if e == 0:
             continue
         enc = int(encoder_lens[b]) if encoder_lens is not None else 0
-        q = q_extend[start:start + e].float()
+        q = q_extend[start : start + e].float()
         if is_cross_attn:
             idx = rows[b, :enc].to(torch.int64)
             keys, vals = k_buffer[idx].float() * k_scale, v_buffer[idx].float() * v_scale
             allowed = torch.ones(e, enc, dtype=torch.bool)
         else:
-            idx = rows[b, enc:enc + p].to(torch.int64)
-            keys = torch.cat([k_buffer[idx].float() * k_scale, k_extend[start:start + e].float()])
-            vals = torch.cat([v_buffer[idx].float() * v_scale, v_extend[start:start + e].float()])
+            idx = rows[b, enc : enc + p].to(torch.int64)
+            keys = torch.cat([k_buffer[idx].float() * k_scale, k_extend[start : start + e].float()])
+            vals = torch.cat([v_buffer[idx].float() * v_scale, v_extend[start : start + e].float()])
             if tree_mask is not None:
                 if e != n:
-                    raise RuntimeError(f"extend_attention_cpu: tree_mask requires uniform extend_seq_lens, got {e} "
-                                       f"vs {n}")
-                new = tree_mask.reshape(-1)[b * n * n:(b + 1) * n * n].reshape(n, n).to(torch.bool)
+                    raise RuntimeError(
+                        f"extend_attention_cpu: tree_mask requires uniform extend_seq_lens, got {e} vs {n}"
+                    )
+                new = tree_mask.reshape(-1)[b * n * n : (b + 1) * n * n].reshape(n, n).to(torch.bool)
             elif is_causal:
                 new = torch.ones(e, e, dtype=torch.bool).tril()
             else:
@@ -225,7 +268,7 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         k = _expand_heads(keys, num_heads)
         v = _expand_heads(vals, num_heads)
         out = _attend(_scores(q, k, sm_scale, logit_cap), allowed, v, sinks)
-        o_extend[start:start + e] = out.to(o_extend.dtype)
+        o_extend[start : start + e] = out.to(o_extend.dtype)
 
 
 def register(lib: torch.library.Library) -> None:

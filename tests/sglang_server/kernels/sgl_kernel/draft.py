@@ -20,15 +20,19 @@ import warnings
 
 import torch
 
-CALLS: dict[str, int] = {"build_draft_decode_metadata_cpu": 0, "assign_draft_cache_locs_contiguous_cpu": 0,
-                         "build_tree_kernel_efficient_cpu": 0}
+CALLS: dict[str, int] = {
+    "build_draft_decode_metadata_cpu": 0,
+    "assign_draft_cache_locs_contiguous_cpu": 0,
+    "build_tree_kernel_efficient_cpu": 0,
+}
 UNDEFINED_SLOT = torch.iinfo(torch.int32).max
 """What :func:`build_draft_decode_metadata_cpu` leaves past each row's defined entries (the kernel
 leaves ``at::empty`` memory there): an index no KV buffer has, so a read of it raises."""
 
 
-def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, topk, num_steps,
-                                    pool_len) -> torch.Tensor:
+def build_draft_decode_metadata_cpu(
+    req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len
+) -> torch.Tensor:
     """The ``req_to_token`` of a multi-step draft decode, one row per (request, candidate).
 
     ``req_to_token [max_reqs, pool_len]`` int32, ``req_pool_indices`` / ``seq_lens [num_seqs]``
@@ -42,8 +46,9 @@ def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, to
     seq_lens.repeat_interleave(topk) + step + 1`` for decode step ``step``."""
     CALLS["build_draft_decode_metadata_cpu"] += 1
     if req_to_token.dim() != 2 or int(req_to_token.shape[1]) != int(pool_len):
-        raise RuntimeError(f"build_draft_decode_metadata_cpu: req_to_token {tuple(req_to_token.shape)}, pool_len "
-                           f"{pool_len}")
+        raise RuntimeError(
+            f"build_draft_decode_metadata_cpu: req_to_token {tuple(req_to_token.shape)}, pool_len {pool_len}"
+        )
     topk, num_steps = int(topk), int(num_steps)
     num_seqs = int(req_pool_indices.numel())
     if int(seq_lens.numel()) != num_seqs:
@@ -54,12 +59,13 @@ def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, to
         for tk in range(topk):
             dst = out[b * topk + tk]
             dst[:sl] = src[:sl]
-            dst[sl:sl + num_steps] = src[sl + tk * num_steps:sl + tk * num_steps + num_steps]
+            dst[sl : sl + num_steps] = src[sl + tk * num_steps : sl + tk * num_steps + num_steps]
     return out
 
 
-def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk,
-                                           num_steps) -> None:
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_steps
+) -> None:
     """``out_cache_loc[i * topk * num_steps : (i + 1) * topk * num_steps] =
     req_to_token[req_pool_indices[i], seq_lens[i] : seq_lens[i] + topk * num_steps]`` (the draft KV
     slots the allocator reserved; ``out_cache_loc`` int64 of exactly ``bs * topk * num_steps``). In
@@ -67,10 +73,12 @@ def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_l
     CALLS["assign_draft_cache_locs_contiguous_cpu"] += 1
     width = int(topk) * int(num_steps)
     if int(out_cache_loc.numel()) != int(req_pool_indices.numel()) * width:
-        raise RuntimeError(f"assign_draft_cache_locs_contiguous_cpu: out_cache_loc has {out_cache_loc.numel()} "
-                           f"entries, want {int(req_pool_indices.numel()) * width}")
+        raise RuntimeError(
+            f"assign_draft_cache_locs_contiguous_cpu: out_cache_loc has {out_cache_loc.numel()} "
+            f"entries, want {int(req_pool_indices.numel()) * width}"
+        )
     for i, (row, sl) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
-        out_cache_loc[i * width:(i + 1) * width] = req_to_token[int(row), sl:sl + width].to(out_cache_loc.dtype)
+        out_cache_loc[i * width : (i + 1) * width] = req_to_token[int(row), sl : sl + width].to(out_cache_loc.dtype)
 
 
 def _find(sel: list[int], token_idx: int) -> int:
@@ -81,9 +89,20 @@ def _find(sel: list[int], token_idx: int) -> int:
         return -1
 
 
-def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions,
-                                    retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
-                                    draft_token_num, tree_mask_mode) -> None:
+def build_tree_kernel_efficient_cpu(
+    parent_list,
+    selected_index,
+    verified_seq_len,
+    tree_mask,
+    positions,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    topk,
+    depth,
+    draft_token_num,
+    tree_mask_mode,
+) -> None:
     """The EAGLE verify tree of each request's ``n = draft_token_num`` tokens (node 0 the bonus
     token, node ``i >= 1`` the draft token ``selected_index[b, i - 1]``). In place.
 
@@ -110,8 +129,9 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
     CALLS["build_tree_kernel_efficient_cpu"] += 1
     mode = int(getattr(tree_mask_mode, "value", tree_mask_mode))
     if mode not in (0, 1):
-        raise RuntimeError(f"build_tree_kernel_efficient_cpu: only FULL_MASK (0) and QLEN_ONLY (1) are supported, "
-                           f"got {mode}")
+        raise RuntimeError(
+            f"build_tree_kernel_efficient_cpu: only FULL_MASK (0) and QLEN_ONLY (1) are supported, got {mode}"
+        )
     n, topk, depth = int(draft_token_num), int(topk), int(depth)
     bs = int(verified_seq_len.numel())
     parents = parent_list.tolist()
@@ -145,7 +165,7 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
             else:
                 row = full_base + b * n * n + (sl + n) * tid + sl
             mask[row] = True
-            mask[row + 1:row + n] = False
+            mask[row + 1 : row + n] = False
             if tid == 0:
                 continue
             depth_i, cur = 0, tid - 1
@@ -157,8 +177,9 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
                     break
                 cur = _find(sel, par[slot])
                 if cur < 0:
-                    warnings.warn(f"build_tree_kernel_efficient_cpu: invalid eagle tree, ancestor of node {tid} not "
-                                  f"found")
+                    warnings.warn(
+                        f"build_tree_kernel_efficient_cpu: invalid eagle tree, ancestor of node {tid} not found"
+                    )
                     break
             pos[off + tid] = depth_i + sl
         if mode == 0:
