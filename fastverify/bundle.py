@@ -41,7 +41,7 @@ import msgspec
 from fastverify.archive import ArchiveRefused, members
 from fastverify.bounds import duplicate_json_key
 from fastverify.errors import UserError, one_line, path_text, printable
-from fastverify.inputs import CAPS, check_regular
+from fastverify.inputs import CAPS, check_regular, decode_json
 from fastverify.manifest_bounds import manifest_figure_problem
 
 __all__ = [
@@ -179,10 +179,7 @@ def encode_manifest(m: Manifest) -> bytes:
 def decode_manifest(data: bytes, where: str) -> Manifest:
     """The manifest in ``data``; UserError naming ``where`` for bad JSON, another schema or version,
     a key given twice in one object, or a field of the wrong type."""
-    try:
-        raw = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError) as e:
-        raise UserError(f"{where}: manifest.json is not JSON ({e})") from None
+    raw = decode_json(data, where, what="manifest.json")
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
         raise UserError(f"{where}: manifest.json has schema {got!r}, not {SCHEMA!r}: not a fastverify bundle")

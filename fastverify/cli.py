@@ -83,9 +83,9 @@ _nats = _up_to(100.0, "nats")
 
 
 def _subcommand(sub, name: str, description: str, formatter_class=DefaultsHelp) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name``: its help line from :data:`_COMMANDS`, no abbreviated flags."""
+    """The parser of subcommand ``name``: its help line from :data:`COMMANDS`, no abbreviated flags."""
     return sub.add_parser(
-        name, allow_abbrev=False, help=_COMMANDS[name][0], description=description, formatter_class=formatter_class
+        name, allow_abbrev=False, help=COMMANDS[name][0], description=description, formatter_class=formatter_class
     )
 
 
@@ -415,7 +415,7 @@ def _add_report(sub) -> None:
     add_arguments(p)
 
 
-_COMMANDS = {
+COMMANDS = {
     "profile": ("split the verify step into compute and all-reduce time", _add_profile),
     "topo": ("diagnose GPU topology and NCCL settings: P2P vs SHM per pair, P2P level, PCIe IPC all-reduce", _add_topo),
     "p2p": ("the real GPU P2P check: every ordered GPU pair's memory written and read (GPU box only)", _add_p2p),
@@ -444,7 +444,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Profile and speed up the TP verify step of EAGLE speculative decoding.",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, (helptext, add) in _COMMANDS.items():
+    for name, (helptext, add) in COMMANDS.items():
         if only is None or only == name:
             add(sub)
         else:
@@ -585,7 +585,7 @@ def _one_spelling(argv: list[str]) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         _one_spelling(argv)

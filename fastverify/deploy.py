@@ -22,10 +22,10 @@ import msgspec
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
 from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, path_text, schema_error
-from fastverify.inputs import read_bytes, read_text
+from fastverify.inputs import decode_json, read_bytes, read_text
 from fastverify.nccl.version import NcclVersion
 from fastverify.output_paths import backup_path
-from fastverify.outputs import atomic_write_text, atomic_write_texts
+from fastverify.outputs import atomic_write_texts
 from fastverify.proof.answers import AnswerBaseline
 from fastverify.registry import BackendName, Reach, backend_info
 from fastverify.topo.nvml import sysfs_bdf
@@ -380,12 +380,7 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
         One line naming ``source`` for bad JSON, a wrong schema or version, an unknown backend or
         field, or an invalid value.
     """
-    try:
-        head = msgspec.json.decode(data)
-    except msgspec.DecodeError as err:
-        raise UserError(f"{source}: not JSON ({err})") from None
-    except RecursionError:  # msgspec bounds nesting (fastverify/inputs.py)
-        raise UserError(f"{source}: not JSON (nested too deeply)") from None
+    head = decode_json(data, source, what="the deployment record")
     if not isinstance(head, dict):
         kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}.get(
             type(head), "a JSON number"
@@ -432,12 +427,6 @@ def _check_record(record: DeploymentRecord, source: str) -> None:
             raise UserError(f"{source}: invalid deployment record: nccl_settings holds {key}, not an NCCL_* name")
         check_setting(key, value, f"{source}: nccl_settings", version)
     check_together(dict(record.nccl_settings), f"{source}: nccl_settings", version)
-
-
-def write_record(path: str | Path, record: DeploymentRecord) -> Path:
-    """Write ``record`` atomically (temporary file + rename; an existing file is kept as
-    ``.bak``). Raises :class:`UserError` when the path cannot be written."""
-    return atomic_write_text(Path(path), encode_record(record).decode("utf-8"))
 
 
 def read_record(path: str | Path) -> DeploymentRecord:

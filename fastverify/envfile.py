@@ -13,7 +13,8 @@ Only :data:`ALLOWED_KEYS` may appear: NCCL settings that pass the catalogue
 ``SGLANG_*`` switch or size: sourced without fastverify, a switch would start SGLang's PCIe IPC
 all-reduce with no P2P check (the start-up hang :mod:`fastverify.patch.launch` refuses); the backend
 lives in the deployment record (:mod:`fastverify.deploy`) and ``launch`` sets the switch after the
-proof. Files are written by :func:`fastverify.outputs.atomic_write_text` (old file kept as ``.bak``).
+proof. An env file is written with its record by :func:`fastverify.deploy.write_deployment` (both
+or neither); the tuner CSV by :func:`fastverify.outputs.atomic_write_text` (an old file kept as ``.bak``).
 """
 
 from __future__ import annotations
@@ -166,7 +167,28 @@ def render_env(
     nccl_version: NcclVersion | str | None = None,
     where: str = "env file",
 ) -> str:
-    """The text :func:`write_env_file` writes (validated the same way)."""
+    """The text of an env file, every key and value checked (written beside its deployment record
+    by :func:`fastverify.deploy.write_deployment`).
+
+    Parameters
+    ----------
+    settings
+        Variable → value. Keys must be in :data:`ALLOWED_KEYS`; values must be plain (see the
+        module docstring); ``NCCL_*`` values must pass the catalogue for ``nccl_version``.
+    header_lines
+        Comment lines after the standard ones (fastverify version, UTC time, NCCL version, usage):
+        how the values were obtained (measured or predicted), GPUs, topology source, the numbers.
+    nccl_version
+        The NCCL the server loads; ``None`` checks against the newest grammar and says so.
+    where
+        What an error names (the file).
+
+    Raises
+    ------
+    UserError
+        A key not allowed (named), a value with a forbidden character, or a value the catalogue
+        rejects.
+    """
     version = NcclVersion.parse(nccl_version) if isinstance(nccl_version, str) else nccl_version
     body = []
     for key in sorted(settings):
@@ -186,46 +208,8 @@ def render_env(
     return "\n".join(_comment_lines(head) + body) + "\n"
 
 
-def write_env_file(
-    path: str | Path,
-    settings: Mapping[str, str],
-    *,
-    header_lines: Sequence[str] = (),
-    nccl_version: NcclVersion | str | None = None,
-) -> Path:
-    """Write ``settings`` as a plain ``KEY=VALUE`` env file, atomically.
-
-    Parameters
-    ----------
-    path
-        The file; its folder is created. An existing file is kept as ``<path>.bak``.
-    settings
-        Variable → value. Keys must be in :data:`ALLOWED_KEYS`; values must be plain (see the
-        module docstring); ``NCCL_*`` values must pass the catalogue for ``nccl_version``.
-    header_lines
-        Comment lines after the standard ones (fastverify version, UTC time, NCCL version, usage):
-        how the values were obtained (measured or predicted), GPUs, topology source, the numbers.
-    nccl_version
-        The NCCL the server loads; ``None`` checks against the newest grammar and says so.
-
-    Returns
-    -------
-    Path
-        The file written.
-
-    Raises
-    ------
-    UserError
-        A key not allowed (named), a value with a forbidden character, a value the catalogue
-        rejects, or the file cannot be written. Nothing is written then.
-    """
-    path = Path(path)
-    text = render_env(settings, header_lines=header_lines, nccl_version=nccl_version, where=str(path))
-    return atomic_write_text(path, text)
-
-
 def read_env_file(path: str | Path, *, nccl_version: NcclVersion | str | None = None) -> dict[str, str]:
-    """Read an env file strictly, with the rules of :func:`write_env_file`.
+    """Read an env file strictly, with the rules of :func:`render_env`.
 
     Blank lines and lines starting with ``#`` are skipped; every other line must be ``KEY=VALUE``
     with an allowed key, a plain value and no key twice.

@@ -286,7 +286,7 @@ def _signal_group(proc, sig: int) -> None:
 _OWNER_FILE = ".fastverify-owner"
 
 
-def _start_ticks(pid: int) -> str | None:
+def start_ticks(pid: int) -> str | None:
     """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot): with the pid it
     names one process, so a reused pid is not taken for the folder's owner. None: no such process."""
     try:
@@ -317,13 +317,13 @@ def make_workdir(prefix: str) -> Path:
         for old in base.glob(f"{glob.escape(prefix)}*"):
             try:
                 pid_text, ticks = (old / _OWNER_FILE).read_text().split()
-                stale = _start_ticks(int(pid_text)) != ticks
+                stale = start_ticks(int(pid_text)) != ticks
             except (OSError, ValueError):
                 continue  # not stamped by us (or being written): leave it
             if stale:
                 shutil.rmtree(old, ignore_errors=True)
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    ticks = _start_ticks(os.getpid())
+    ticks = start_ticks(os.getpid())
     if ticks is not None:
         (path / _OWNER_FILE).write_text(f"{os.getpid()} {ticks}")
     return path

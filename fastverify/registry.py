@@ -46,6 +46,7 @@ Sources of the facts (read in the released packages):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -81,6 +82,49 @@ class Reach(StrEnum):
     none = "none"  # not deployable into SGLang (CPU stand-in, or SGLang already owns it)
 
 
+LOSSLESS_TOLERANCE: dict[str, float] = {
+    "bfloat16": 4 * 2.0**-7,  # 0.03125
+    "float16": 4 * 2.0**-10,  # 0.00391
+    "float32": 1e-5,
+    "float64": 1e-12,
+}
+"""Normwise relative tolerance of a lossless all-reduce's result per torch dtype name:
+``max|got - want| / max|want|`` must not exceed it. Normwise, not elementwise: a near-zero element
+produced by cancellation has no meaningful elementwise relative error. The bound is 4 machine
+epsilons (bf16 2**-7, fp16 2**-10), enough for an 8-rank reduction in a different order plus the
+rounding of the inputs and of the output, and still far below the error of a dropped rank
+(~1/sqrt(world_size)) or a skipped all-reduce (~1). fp32 gets 1e-5 because different summation
+orders of thousands of terms exceed 4 eps (4.8e-7). A lossy backend derives its own
+(:attr:`BackendInfo.tolerance`)."""
+
+
+@dataclass(frozen=True)
+class KernelPattern:
+    """A GPU kernel-name rule of one backend, read by trace classification
+    (:data:`fastverify.trace.classify.RULES`).
+
+    ``pattern`` is a regex searched in the event name; ``event`` the
+    :class:`fastverify.events.EventClass` value it means (``"allreduce"``, ``"fused_allreduce"``,
+    ``"other_comm"``); ``family`` names the implementation; ``source`` where the name was seen.
+    """
+
+    pattern: str
+    event: str
+    family: str
+    source: str
+
+
+@dataclass(frozen=True)
+class JitModule:
+    """A FlashInfer JIT module a backend needs, built ahead by ``doctor``
+    (:mod:`fastverify.doctor.jit`): ``function()`` of module ``module`` returns its ``JitSpec``;
+    ``label`` names it in reports."""
+
+    label: str
+    module: str
+    function: str
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     """One backend's facts.
@@ -101,8 +145,6 @@ class BackendInfo:
         Exact (major, minor) pairs, where the rule is stricter than the major (b12x: SM120/121).
     sglang_sm_majors : tuple[int, ...] or None
         Majors on which SGLang calls the code path the patch replaces; None: every major.
-    sglang_gate : str
-        The SGLang source that sets ``sglang_sm_majors`` (for error messages).
     needs_p2p : bool
         CUDA peer access between every GPU pair is required; such kernels spin without timeouts,
         so an unproven P2P status counts as "no".
@@ -130,6 +172,26 @@ class BackendInfo:
         ``tune`` measures it on GPUs.
     title : str
         What it is, in words, for advice lines (``"FlashInfer PCIe IPC all-reduce"``).
+    tolerance : callable or None
+        ``tolerance(dtype, world_size)`` → the normwise relative tolerance of its result (dtype a
+        torch dtype name), for a lossy (quantized) backend; None: lossless,
+        :data:`LOSSLESS_TOLERANCE` of the dtype.
+    wire_bytes : float or None
+        Bytes each element puts on the wire (scales included, averaged per element) where that
+        differs from the element's own size (a quantized backend); None: the element size.
+    kernel_patterns : tuple[KernelPattern, ...]
+        The names of its GPU kernels, as trace classification reads them (in this order, after
+        NCCL's and before the other families).
+    sglang_methods : tuple[str, ...]
+        SGLang's own names for it in ``GroupCoordinator``'s dispatch (SGLang 0.5.23
+        ``distributed/parallel_state.py``: ``"pcie_ipc"``, ``"ca"``, ``"pynccl"``), read by the
+        patch's path counts (:data:`fastverify.patch.paths.SGLANG_TO_REGISTRY`).
+    sglang_switch_label : str
+        The switch's name in ``fastverify patch --check`` and launch reports (``sglang_switch``'s
+        module is looked for on disk).
+    jit_modules : tuple[JitModule, ...]
+        FlashInfer JIT modules its kernels need, built ahead by ``doctor``; the entry's kernel SM
+        gate applies to them.
     """
 
     name: BackendName
@@ -141,7 +203,6 @@ class BackendInfo:
     kernel_sm_majors: tuple[int, ...] | None = None
     kernel_sm: tuple[tuple[int, int], ...] | None = None
     sglang_sm_majors: tuple[int, ...] | None = None
-    sglang_gate: str = ""
     needs_p2p: bool = False
     world_sizes: tuple[int, ...] | None = None
     world_sizes_without_nvlink: tuple[int, ...] | None = None
@@ -154,6 +215,12 @@ class BackendInfo:
     tunable: bool = False
     title: str = ""
     dtype_gate: str = ""
+    tolerance: Callable[[str, int], float] | None = None
+    wire_bytes: float | None = None
+    kernel_patterns: tuple[KernelPattern, ...] = ()
+    sglang_methods: tuple[str, ...] = ()
+    sglang_switch_label: str = ""
+    jit_modules: tuple[JitModule, ...] = ()
 
     @property
     def deployable(self) -> bool:
@@ -166,11 +233,6 @@ class BackendInfo:
             return False
         return self.kernel_sm_majors is None or sm[0] in self.kernel_sm_majors
 
-
-_SM90_SM100_GATE = (
-    "SGLang 0.5.23 calls RMSNorm.forward_with_allreduce_fusion only on SM90/SM100 "
-    "(flashinfer_ar_fusion_applies, layers/layer_boundary/residual/add_norm.py)"
-)
 
 BACKENDS: tuple[BackendInfo, ...] = (
     # Preference order when nothing was measured: the IPC kernel first (the PCIe box is the target:
@@ -195,6 +257,25 @@ BACKENDS: tuple[BackendInfo, ...] = (
             "SGLang 0.5.23 builds its PCIe IPC workspace in bfloat16 and sends it bfloat16 only "
             "(should_pcie_ipc_ar, distributed/device_communicators/pcie_ipc_ar.py)"
         ),
+        kernel_patterns=(
+            KernelPattern(
+                r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)",
+                "other_comm",
+                "flashinfer_pcie_ipc",
+                "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace",
+            ),
+            KernelPattern(
+                r"(?i)pcie_?ipc",
+                "allreduce",
+                "flashinfer_pcie_ipc",
+                "flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh: flashinfer::comm::pcie_ipc::"
+                "push_oneshot_param_kernel, ipc_rsag_push_param_kernel, ipc_rsag_ring_push_param_kernel, "
+                "ipc_tp2_remote_push_kernel, ipc_topo_rsag8_* (PR #4393)",
+            ),
+        ),
+        sglang_methods=("pcie_ipc",),
+        sglang_switch_label="PCIe IPC all-reduce",
+        jit_modules=(JitModule("pcie_ipc_comm", "flashinfer.jit.comm", "gen_pcie_ipc_comm_module"),),
     ),
     BackendInfo(
         BackendName.b12x,
@@ -218,12 +299,23 @@ BACKENDS: tuple[BackendInfo, ...] = (
         Role.fused_norm,
         Reach.patch_fused_norm,
         kernel_sm_majors=(9, 10, 12),
+        # SGLang 0.5.23 calls RMSNorm.forward_with_allreduce_fusion only on SM90/SM100
+        # (flashinfer_ar_fusion_applies, layers/layer_boundary/residual/add_norm.py)
         sglang_sm_majors=(9, 10),
         title="FlashInfer fused all-reduce + RMSNorm",
-        sglang_gate=_SM90_SM100_GATE,
         needs_p2p=True,
         world_sizes=(2, 4, 8, 16),
         tunable=True,
+        kernel_patterns=(
+            KernelPattern(
+                r"(moereduce_|moefinalize_)?allreduce_fusion_kernel|oneshotAllreduceFusionKernel"
+                r"|(lamport_style_)?one_shot_all_reduce_norm_kernel|allreduce_fusion_",
+                "fused_allreduce",
+                "flashinfer_trtllm_fused",
+                "flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh",
+            ),
+        ),
+        jit_modules=(JitModule("trtllm_comm", "flashinfer.jit.comm", "gen_trtllm_comm_module"),),
     ),
     BackendInfo(
         BackendName.custom_ar,
@@ -242,10 +334,34 @@ BACKENDS: tuple[BackendInfo, ...] = (
         ),
         dtypes=("bfloat16", "float16", "float32"),
         tunable=True,
+        kernel_patterns=(
+            KernelPattern(
+                r"cross_device_reduce_(1|2)stage",
+                "allreduce",
+                "custom_ar",
+                "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh",
+            ),
+        ),
+        sglang_methods=("ca",),
     ),
-    BackendInfo(BackendName.nccl, "fastverify.backends.torch_dist", "NcclBackend", Role.baseline, Reach.native),
+    # NCCL's kernel names stay in fastverify.trace.classify: their order against the expert-parallel
+    # all-to-all rules decides, and NCCL kernels run for more than this backend.
     BackendInfo(
-        BackendName.gloo, "fastverify.backends.torch_dist", "GlooBackend", Role.baseline, Reach.none, device="cpu"
+        BackendName.nccl,
+        "fastverify.backends.torch_dist",
+        "NcclBackend",
+        Role.baseline,
+        Reach.native,
+        sglang_methods=("pynccl", "pynccl_symm_mem", "nccl"),
+    ),
+    BackendInfo(
+        BackendName.gloo,
+        "fastverify.backends.torch_dist",
+        "GlooBackend",
+        Role.baseline,
+        Reach.none,
+        device="cpu",
+        sglang_methods=("gloo",),
     ),
 )
 

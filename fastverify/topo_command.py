@@ -35,7 +35,7 @@ from fastverify.console import cell, say, stdout_console
 from fastverify.errors import UserError, path_text, shown
 from fastverify.inputs import read_text as read
 from fastverify.live.config import load_model_config, preset_names
-from fastverify.nccl.checks import Severity, validate_setting, validate_settings
+from fastverify.nccl.checks import apply_sets, split_set
 from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion, read_nccl_version
@@ -126,11 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from fastverify.topo.diagnose import DEFAULT_BATCHES, DEFAULT_HIDDEN, diagnose  # lazy: numpy
 
     for item in args.set:  # the form first, before reading any input
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
-        if value == "":  # refused as the env file refuses it (fastverify.envfile)
-            raise UserError(f"--set {item!r}: {name} has an empty value (leave the setting out instead)")
+        split_set(item)
     config = _model_config(args)  # a bad --model or --batch/--hidden against it: refused before any input is read
     topo = log = None
     if args.topology:
@@ -161,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     if not (log and log.version):
         found = read_nccl_version()
         version = str(found) if found else None
-    _apply_sets(args, env, log, version)
+    ver = log.version if log and log.version else version
+    env = apply_sets(args.set, env, NcclVersion.parse(ver) if ver else None)
     gpus = len(topo.gpus) if topo is not None else (log.n_ranks if log is not None else None)
     facts = resolve_args(args, topology_gpus=gpus)
     if args.tp is not None and topo is not None and args.tp > len(topo.gpus):
@@ -289,31 +286,6 @@ def _advise(args, d, config, topo, log, perf, env, version, hidden):
         no_p2p_pairs=tuple(f"{p.a}-{p.b}" for p in d.pairs if p.hw_p2p is False),
     )
     return with_advice(d, log, entries, notes)
-
-
-def _apply_sets(args, env: dict, log, version: str | None) -> None:
-    """The ``--set`` values into ``env``, each checked strictly, then against each other and the
-    environment (MIN over MAX channels, ...). Raises UserError for a value NCCL rejects."""
-    for item in args.set:
-        name, _, value = item.partition("=")
-        finding = validate_setting(
-            name,
-            value,
-            NcclVersion.parse(log.version if log and log.version else version)
-            if (log and log.version) or version
-            else None,
-        )
-        if finding.severity is Severity.ERROR:
-            raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
-        env[name] = value
-    if args.set:  # the --set values against each other and the environment (MIN over MAX channels, ...)
-        given = {item.partition("=")[0] for item in args.set}
-        ver = log.version if log and log.version else version
-        for f in validate_settings(
-            {k: v for k, v in env.items() if k.startswith("NCCL_")}, NcclVersion.parse(ver) if ver else None
-        ):
-            if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
-                raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
 
 
 TOP = 3

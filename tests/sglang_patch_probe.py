@@ -31,6 +31,7 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import json
 import os
@@ -328,7 +329,9 @@ def probe_static() -> dict:
             "why": why,
             "signature": str(inspect.signature(fn)) if fn is not None else None,
         }
-    out["pcie_ipc_ar_module"] = I._has_module("sglang.srt.distributed.device_communicators.pcie_ipc_ar", None)
+    out["pcie_ipc_ar_module"] = (
+        importlib.util.find_spec("sglang.srt.distributed.device_communicators.pcie_ipc_ar") is not None
+    )
     with tempfile.TemporaryDirectory() as d:
         out["fused"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused"})
         out["fused_profile"] = _install_with(
@@ -365,9 +368,9 @@ def probe_static() -> dict:
 
 
 def write_record(path: str, *, max_batch: int = 8, draft: int = 4, hidden: int = HIDDEN) -> str:
-    """A deployment record as ``tune`` writes it: P2P proven by the real check, the verify shapes."""
-    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes
-    from fastverify.deploy import write_record as write
+    """A deployment record as ``tune`` writes it (beside its env file, ``path`` ending in
+    ``.deploy.json``): P2P proven by the real check, the verify shapes."""
+    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_deployment
 
     rec = DeploymentRecord(
         backend="pcie_ipc",
@@ -375,7 +378,7 @@ def write_record(path: str, *, max_batch: int = 8, draft: int = 4, hidden: int =
         p2p=P2PFacts(True, "p2p_check", "all 2 ordered pairs passed", 2),
         box=BoxFingerprint("probe", (12, 0), 2, 2),
     )
-    return str(write(path, rec))
+    return str(write_deployment(path.removesuffix(".deploy.json") + ".env", {}, rec)[1])
 
 
 def probe_sizing() -> dict:

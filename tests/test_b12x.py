@@ -55,6 +55,7 @@ from fastverify.backends import (  # noqa: E402
     reference_residual_rmsnorm,
 )
 from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
+from fastverify.backends.probing import check_kernel_sm  # noqa: E402
 from fastverify.registry import backend_info  # noqa: E402
 
 WHEEL_ENV = "FASTVERIFY_FLASHINFER_WHEEL"
@@ -569,7 +570,7 @@ def test_sm_gate_is_the_libraries(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, sm=sm: sm)
         lib = api_ns["is_supported"]()
         ctx = ProbeContext(world_size=8, device_type="cuda", dtype=torch.bfloat16, sm=sm, p2p_ok=True, single_node=True)
-        ours = b12x_backend.check_b12x_sm(ctx)
+        ours = check_kernel_sm(ctx, INFO, b12x_backend.SM_WHY)  # the probe's SM gate
         assert (ours is None) == lib == INFO.kernel_runs_on(sm), sm
         if ours is not None:
             assert f"SM{sm[0]}{sm[1]}" in ours.reason and "\n" not in ours.reason

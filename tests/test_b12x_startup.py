@@ -199,7 +199,7 @@ def _count_preparation(real, calls: dict) -> None:
 
 
 def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
-    """The patch's own build and prepare of the add-norm slot (``install._default_factory`` ->
+    """The patch's own build and prepare of the add-norm slot (``install.default_factory`` ->
     ``rank.make_for_rank`` -> ``slots.create_together``, as the rank step runs it), counting
     the library's preparation calls. Stood in: the device choice (a CPU box gets the gloo
     stand-in) and the context's GPU facts (SM120, proven P2P)."""
@@ -220,7 +220,7 @@ def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
     )
     coordinator.world_size, coordinator.rank_in_group = world, rank
     slot = slots.ADD_NORM_SLOT
-    slot.factory = install._default_factory(slot, modules={})
+    slot.factory = install.default_factory(slot, modules={})
     probe = install.Probe((40, H), "cpu", torch.float32, is_cuda=False)
     be = slots.create_together(slot, coordinator, probe, PATCH_SHAPES)
     x, residual, weight = base.inputs(rank, 4, torch.float32)

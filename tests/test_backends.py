@@ -42,7 +42,8 @@ from fastverify.backends import (  # noqa: E402
     reference_residual_rmsnorm,
 )
 from fastverify.backends.flashinfer_fused import choose_oneshot  # noqa: E402
-from fastverify.backends.flashinfer_pcie_ipc import decode_max_numel  # noqa: E402
+from fastverify.deploy import VerifyShapes  # noqa: E402
+from fastverify.patch.rank import workspace_numel  # noqa: E402
 
 ROWS, HIDDEN, EPS = 4, 8, 1e-6
 
@@ -696,10 +697,12 @@ def test_interface_validation_and_lifetime():
 
 
 def test_sizing_helpers():
-    assert decode_max_numel(32, 4, 7168) == 32 * 4 * 7168
-    assert decode_max_numel(1, 1, 7) == 8  # whole 16-byte packs
+    # the workspace a rank builds: the record's verify step, else SGLang's widest captured decode
+    record = types.SimpleNamespace(shapes=VerifyShapes(32, 4, 7168))
+    assert workspace_numel(record, 7168, None) == 32 * 4 * 7168
+    assert workspace_numel(None, 7168, 36) == 36 * 7168
     with pytest.raises(ValueError, match="draft_tokens"):
-        decode_max_numel(1, 0, 7168)
+        VerifyShapes(1, 0, 7168)
     # TP8, hidden 7168, bf16: one-shot up to 192 tokens (FlashInfer's 42 MiB threshold).
     assert choose_oneshot(192, 7168, 2, 8) and not choose_oneshot(193, 7168, 2, 8)
     assert choose_oneshot(8, 7168, 2, 8, "twoshot")  # two-shot needs tokens > world size

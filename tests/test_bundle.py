@@ -175,7 +175,7 @@ def test_wrong_schema_and_version(tmp_path):
         "version": ({**doc, "schema_version": 2}, "version 2"),
         "field": ({**doc, "budget_s": "a lot"}, "budget_s"),
         "status": ({**doc, "parts": [{**doc["parts"][0], "status": "great"}]}, "status"),
-        "json": (None, "not JSON"),
+        "json": (None, "manifest.json is not valid JSON"),
     }
     for name, (bad, word) in cases.items():
         data = b"{not json" if bad is None else _manifest_bytes(bad)

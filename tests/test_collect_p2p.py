@@ -40,7 +40,7 @@ def _real_check_output(tmp_path: Path, monkeypatch, capsys) -> bytes:
     """What `python -m fastverify.topo.p2p check` prints on a 4-GPU box where the children are CHILD."""
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
-    monkeypatch.setattr(p2p, "_gpu_count_or_fail", lambda: 4)
+    monkeypatch.setattr(p2p, "gpu_count_or_fail", lambda: 4)
     monkeypatch.setattr(
         p2p,
         "gpu_identities",

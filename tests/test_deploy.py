@@ -32,7 +32,7 @@ from fastverify.deploy import (
 )
 from fastverify.errors import UserError
 from fastverify.registry import BackendName, names
-from fastverify.topo.box import box_from_description, p2p_from_topology, read_box, read_p2p_file
+from fastverify.topo.box import box_from_description, p2p_file_facts, p2p_from_topology, read_box, read_p2p_results
 
 REPO = Path(__file__).resolve().parents[1]
 BOX = BoxFingerprint(gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", sm=(12, 0), gpu_count=8, tp=8)
@@ -113,13 +113,13 @@ def test_box_description_and_p2p_file(tmp_path):
         {"src": 1, "dst": 0, "ok": False, "reason": "read back zeros"},
     ]
     f.write_text(json.dumps(rows))
-    facts = read_p2p_file(f)
+    facts = p2p_file_facts(f, read_p2p_results(f))
     assert facts.ok is False and facts.pairs == 2 and not facts.proven and "GPU 0 -> memory of GPU 1" in facts.note
     f.write_text(json.dumps({"schema_version": 1, "results": [dict(r, ok=True) for r in rows]}))  # the cache file
-    assert read_p2p_file(f).proven
+    assert p2p_file_facts(f, read_p2p_results(f)).proven
     f.write_text("[]")
     with pytest.raises(UserError, match="no P2P results"):
-        read_p2p_file(f)
+        read_p2p_results(f)
 
 
 def test_nvml_p2p_status_never_proves():

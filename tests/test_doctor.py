@@ -339,7 +339,7 @@ def test_print_checks(full_run):
 
 
 def test_multi_gpu_checks_skip_on_one_gpu():
-    ctx = doctor._Context(quick=False, env_file=None)
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     ctx._gpu = (None, 1)
     for fn in (doctor.check_p2p_real, doctor.check_backends, doctor.check_backend_latency):
         out = fn(ctx)
@@ -347,7 +347,7 @@ def test_multi_gpu_checks_skip_on_one_gpu():
 
 
 def test_backend_latency_reports_the_fastest_backend_per_size():
-    ctx = doctor._Context(quick=False, env_file=None)
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     ctx._gpu = (None, 2)
     sizes = lambda *us: [{"median_us": u} for u in us]  # noqa: E731
     ctx.state["backends"] = {
@@ -382,7 +382,7 @@ def test_torch_nccl_against_the_library(monkeypatch, torch_says, library, status
     from fastverify.nccl.version import NcclVersion
 
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: torch_says)
-    ctx = doctor._Context(quick=False, env_file=None)
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     ctx.state["nccl_version"] = None if library is None else NcclVersion.of(*library, library="/x/libnccl.so.2")
     out = doctor.check_torch_nccl(ctx)
     assert out.status is status, out

@@ -144,7 +144,7 @@ def _side_reports(
     fake.cuda = types.SimpleNamespace(can_device_access_peer=lambda a, b: can_access, synchronize=lambda d=None: None)
     fake.UntypedStorage = types.SimpleNamespace(_new_shared_cuda=new_shared_cuda)
     monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(p2p, "_publish_buffer", publish)
+    monkeypatch.setattr(p2p, "publish_buffer", publish)
     gpu = {"a": 0, "b": 1}
     threads = [
         threading.Thread(
@@ -298,7 +298,7 @@ def _noisy_check(seen: dict):
         if "%p" in log and not seen.get("silent_nccl"):  # NCCL writing its log where it was told to
             with open(log.replace("%h", "host").replace("%p", str(os.getpid())), "w") as f:
                 f.write("host:1:1 [0] NCCL INFO into the file\n")
-        return doctor._out(Status.ok, "noisy but fine")
+        return doctor.Outcome(Status.ok, "noisy but fine")
 
     return check
 

@@ -13,12 +13,12 @@ def test_fused_two_groups_is_a_gpu_case_skipped_on_cpu_with_the_reason(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     spec = {s.name: s for s in doctor.CHECKS}["fused_two_groups"]
     assert spec.needs_gpu and not spec.quick and spec.fn is selfcheck.check_fused_two_groups
-    ctx = doctor._Context(quick=False, env_file=None)
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     assert ctx.gpu_reason  # what run_doctor says for every GPU case here
 
 
 def test_fused_two_groups_runs_the_slot_on_gloo_and_each_call_sums_over_its_own_group():
-    ctx = doctor._Context(quick=False, env_file=None)
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     out = selfcheck.check_fused_two_groups(ctx)
     ranks = out.details["ranks"]
     assert out.status is Status.ok, (out.reason, ranks)

@@ -48,8 +48,8 @@ def _no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
-def gpu_ctx(count: int = 1) -> doctor._Context:
-    ctx = doctor._Context(quick=False, env_file=None)
+def gpu_ctx(count: int = 1) -> doctor.CheckContext:
+    ctx = doctor.CheckContext(quick=False, env_file=None)
     ctx._gpu = (None, count)
     return ctx
 
@@ -79,7 +79,7 @@ def test_new_gpu_checks_are_in_the_table_and_skip_on_cpu_with_the_reason():
 
 def test_flashinfer_checks_skip_without_flashinfer_on_a_gpu_box(monkeypatch):
     """On a GPU box without FlashInfer (the H200 session box) the FlashInfer checks say so."""
-    monkeypatch.setattr(selfcheck, "_flashinfer_installed", lambda: False)
+    monkeypatch.setattr(selfcheck, "flashinfer_installed", lambda: False)
     for fn in (selfcheck.check_jit_builds, selfcheck.check_flashinfer_norm):
         out = fn(gpu_ctx())
         assert out.status is Status.skipped and out.reason == selfcheck.NO_FLASHINFER
@@ -421,15 +421,15 @@ def _per(status, reason="", phase="measurement"):
 
 def test_backends_verdict_building_warns_wrong_result_fails():
     kw = dict(world=2, hidden=7168, p2p_note="ok", nvlink_full=False)
-    out = doctor.gpu._backends_outcome(
+    out = doctor.gpu.backends_outcome(
         {"nccl": _per("ok"), "pcie_ipc": _per("building/JIT", "building/JIT: timeout", "building/JIT")}, **kw
     )
     assert out.status is Status.warn and out.reason.startswith("nccl ok, pcie_ipc building/JIT; pcie_ipc: building/JIT")
-    out = doctor.gpu._backends_outcome({"nccl": _per("ok"), "fused": _per("wrong_result", "numel 4: error 0.5")}, **kw)
+    out = doctor.gpu.backends_outcome({"nccl": _per("ok"), "fused": _per("wrong_result", "numel 4: error 0.5")}, **kw)
     assert out.status is Status.fail and out.fix.startswith("do not deploy fused")
-    out = doctor.gpu._backends_outcome({"nccl": _per("failed", "rank 0 crashed"), "pcie_ipc": _per("ok")}, **kw)
+    out = doctor.gpu.backends_outcome({"nccl": _per("failed", "rank 0 crashed"), "pcie_ipc": _per("ok")}, **kw)
     assert out.status is Status.fail and out.reason.endswith("nccl: rank 0 crashed")
-    out = doctor.gpu._backends_outcome({"nccl": _per("ok"), "custom_ar": _per("skipped", "needs 2 GPUs")}, **kw)
+    out = doctor.gpu.backends_outcome({"nccl": _per("ok"), "custom_ar": _per("skipped", "needs 2 GPUs")}, **kw)
     assert out.status is Status.ok
 
 

@@ -210,7 +210,7 @@ def test_from_verify_records(tmp_path):
 @pytest.mark.parametrize(
     "doc, said",
     [
-        ('{"steps": 3, "counts": [1, 2]', "not JSON"),
+        ('{"steps": 3, "counts": [1, 2]', "not valid JSON"),
         ({"steps": "3", "counts": [1, 2, 3, 4]}, 'field "steps": expected an integer, got a string (e.g. "steps": 5)'),
         ({"counts": [1, 2]}, 'field "steps": missing'),
         ({"steps": 3, "counts": [1, 2]}, 'field "counts": 2 values, need steps + 1 = 4'),

@@ -409,7 +409,7 @@ def test_a_p2p_check_of_another_box_is_refused(box_dir, capsys):
     "make, words",
     [
         (lambda d: None, ["missing.json", "cannot read"]),
-        (lambda d: (d / "missing.json").write_text("garbage"), ["missing.json", "not the JSON"]),
+        (lambda d: (d / "missing.json").write_text("garbage"), ["missing.json", "not valid JSON"]),
         (lambda d: (d / "missing.json").mkdir(), ["missing.json", "cannot read"]),
         (lambda d: (d / "missing.json").write_text("[]"), ["missing.json", "no P2P results"]),
     ],
@@ -532,13 +532,11 @@ def test_record_that_is_not_an_object(tmp_path, doc, words):
 
 
 def test_launch_notes_env_settings_that_differ_from_the_record(box_dir, capsys, monkeypatch):
-    from fastverify.deploy import decode_record, record_path_for, write_record
+    from fastverify.deploy import decode_record, write_deployment
 
     doc = _record_doc()
     doc["backend"] = "nccl"
-    env = box_dir / "d.env"
-    env.write_text("NCCL_P2P_LEVEL=SYS\n")
-    write_record(record_path_for(env), decode_record(json.dumps(doc).encode()))
+    env, _ = write_deployment(box_dir / "d.env", {"NCCL_P2P_LEVEL": "SYS"}, decode_record(json.dumps(doc).encode()))
     monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_name": "G", "sm": [8, 9], "gpu_count": 8}')
     rc, out, err = cli(["launch", "--env", "d.env", "--dry-run", "--", "python", "x", "--tp-size", "8"], capsys)
     assert rc == 0, err

@@ -241,22 +241,36 @@ def test_gzip_bomb_is_capped_on_the_inflated_size(tmp_path, monkeypatch):
         inputs.inflate_trace(gzip.compress(b"0" * 5000)[:-12], "x")
 
 
-def test_an_old_orjson_shadowing_the_pin_is_named_and_never_crashes(monkeypatch, capsys):
+OLD_ORJSON = r"""
+import orjson
+
+orjson.__version__ = "3.8.3"
+def _called(*_a, **_k):
+    raise SystemExit("the old orjson was called")
+orjson.loads = _called
+
+from fastverify import inputs
+from fastverify.errors import UserError
+
+assert "shadows the required >=3.9.15" in inputs.orjson_problem()
+try:
+    inputs.loads_json(b"[" * 200_000 + b"]" * 200_000, "d.json")
+except UserError as err:
+    print(err)
+assert inputs.loads_json(b'{"a": 1}', "x") == {"a": 1}
+"""
+
+
+def test_an_old_orjson_shadowing_the_pin_is_named_and_never_crashes():
     """orjson 3.8.3 .. 3.9.14 segfault on a 200,000-deep array (measured: fastverify/inputs.py): an
-    old copy is named once on stderr and the standard parser, which raises, is used instead."""
-    import orjson
-
-    import fastverify.inputs as inputs
-
-    monkeypatch.setattr(orjson, "__version__", "3.8.3")
-    monkeypatch.setattr(inputs, "_warned_old_orjson", False)
-    monkeypatch.setattr(orjson, "loads", lambda *_a, **_k: pytest.fail("the old orjson was called"))
-    assert "shadows the required >=3.9.15" in inputs.orjson_problem()
-    with pytest.raises(UserError, match="d.json: JSON nested too deeply"):
-        inputs.loads_json(b"[" * 200_000 + b"]" * 200_000, "d.json")
-    assert inputs.loads_json(b'{"a": 1}', "x") == {"a": 1}
-    err = capsys.readouterr().err
-    assert err.count("orjson 3.8.3") == 1 and "pip install 'orjson>=3.9.15'" in err
+    old copy is named once on stderr and the standard parser, which raises, is used instead. In a
+    fresh process, which has named no old orjson yet."""
+    proc = subprocess.run(
+        [sys.executable, "-c", OLD_ORJSON], env=subprocess_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert proc.stdout.startswith("d.json: JSON nested too deeply"), proc.stdout
+    assert proc.stderr.count("orjson 3.8.3") == 1 and "pip install 'orjson>=3.9.15'" in proc.stderr
 
 
 def test_the_installed_orjson_raises_on_deep_nesting_in_a_subprocess():

@@ -290,7 +290,10 @@ def test_a_model_config_hidden_size_given_twice_is_refused(tmp_path):
             '{"sm": [12, 0], "gpu_count": 8, "gpus": [{"index": 1000000000, "uuid": "GPU-1"}]}',
             'field "gpus[0].index": 1e+09 is over 640',
         ),
-        ('{"sm": [12, 0], "gpu_count": ' + "9" * 5000 + "}", "box description is not JSON (Exceeds the limit"),
+        (
+            '{"sm": [12, 0], "gpu_count": ' + "9" * 5000 + "}",
+            "the box description is not valid JSON (Exceeds the limit",
+        ),
     ],
 )
 def test_a_described_box_past_the_bounds_is_refused(doc, said):
@@ -401,9 +404,9 @@ def test_bounds_helpers():
 
 def test_a_trial_whose_ranks_timed_nothing_is_failed_not_ranked(tmp_path):
     """Ranks that report 1 ns per all-reduce (a clock that did not tick): before, ranked as a
-    0.001 µs step, the fastest candidate by a factor of thousands. (``_collect`` is the sweep's
+    0.001 µs step, the fastest candidate by a factor of thousands. (``collect_trial`` is the sweep's
     one reader of the ranks' files; ``run_sweep`` needs real worker processes.)"""
-    from fastverify.tune.sweep import _collect
+    from fastverify.tune.sweep import collect_trial
     from fastverify.tune.trial import TrialStatus
 
     spec = _spec()
@@ -416,7 +419,7 @@ def test_a_trial_whose_ranks_timed_nothing_is_failed_not_ranked(tmp_path):
             "sizes": [{"numel": 64, "times_ns": [1, 1, 1], "max_rel_err": 0.0}],
         }
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
-    r = _collect(spec, tmp_path, time.time(), "")
+    r = collect_trial(spec, tmp_path, time.time(), "")
     assert r.status is TrialStatus.FAILED and r.step_us is None
     assert r.reason == "numel 64: the ranks' time 0.001 µs is below 1 µs, less than any measured work takes"
     for rank in range(2):
@@ -428,5 +431,5 @@ def test_a_trial_whose_ranks_timed_nothing_is_failed_not_ranked(tmp_path):
             "sizes": [{"numel": 64, "times_ns": [20_000, 30_000, 40_000], "max_rel_err": 0.0}],
         }
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
-    r = _collect(spec, tmp_path, time.time(), "")
+    r = collect_trial(spec, tmp_path, time.time(), "")
     assert r.status is TrialStatus.OK and r.step_us == 2 * 30.0  # count 2 x median 30 µs

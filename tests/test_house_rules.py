@@ -208,3 +208,89 @@ def test_the_readme_layout_names_only_paths_that_exist():
     assert len(paths) > 30 and not missing, f"README Layout names missing paths: {missing}"
     folders = {f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").exists() and d.name != "data"}
     assert not folders - set(paths), f"README Layout leaves out {sorted(folders - set(paths))}"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(source: str) -> list[tuple[int, str]]:
+    """(line, what) of each use of a package private name in a test: ``from fastverify.x import
+    _y``, ``mod._y`` on a name bound to a package module or object, and ``setattr(mod, "_y", ...)``
+    (``monkeypatch.setattr`` included). Names of SGLang, FlashInfer or any other library are not
+    the package's and do not count."""
+    tree = ast.parse(source)
+    bound: set[str] = set()  # local names bound to something imported from the package
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fastverify":
+                    bound.add(a.asname or "fastverify")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "fastverify":
+            for a in node.names:
+                if _private(a.name):
+                    out.append((node.lineno, f"from {node.module} import {a.name}"))
+                bound.add(a.asname or a.name)
+
+    def root(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) and node.id in bound else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and root(node.value):
+            out.append((node.lineno, f"{ast.unparse(node)}"))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) in ("setattr", "delattr")
+            and len(node.args) >= 2
+        ):
+            target, name = node.args[0], node.args[1]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
+                if root(target):
+                    out.append((node.lineno, f"setattr({ast.unparse(target)}, {name.value!r})"))
+            elif isinstance(target, ast.Constant) and isinstance(target.value, str):
+                dotted = target.value  # monkeypatch.setattr("fastverify.x._y", value)
+                if dotted.split(".")[0] == "fastverify" and _private(dotted.rsplit(".", 1)[-1]):
+                    out.append((node.lineno, f"setattr({dotted!r})"))
+    return sorted(out)
+
+
+def test_tests_use_the_packages_public_names_only():
+    """A test reaches the package through its public names: a private name it needs is either a
+    real part of its module's job (then it is public) or reached through the public function that
+    uses it."""
+    bad = [
+        f"{path.relative_to(TESTS.parent).as_posix()}:{line}: {what}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, what in _private_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert not bad, "tests use private names of fastverify:\n" + "\n".join(bad)
+
+
+def test_the_private_name_rule_sees_each_form():
+    src = (
+        "import fastverify.inputs as I\n"
+        "from fastverify import doctor\n"
+        "from fastverify.tune.sweep import _collect, run_sweep\n"
+        "import torch\n"
+        "I._warned\n"
+        "doctor.gpu._verdict\n"
+        "run_sweep.__name__\n"
+        "torch._C\n"
+        "monkeypatch.setattr(doctor, '_out', None)\n"
+        "monkeypatch.setattr(torch, '_x', None)\n"
+        "monkeypatch.setattr('fastverify.procs._ticks', None)\n"
+    )
+    assert [w for _, w in _private_uses(src)] == [
+        "from fastverify.tune.sweep import _collect",
+        "I._warned",
+        "doctor.gpu._verdict",
+        "setattr(doctor, '_out')",
+        "setattr('fastverify.procs._ticks')",
+    ]

@@ -207,8 +207,8 @@ def test_the_real_launch_stops_at_the_first_blocker_and_starts_nothing(here, cap
     "args, words",
     [
         (["--env", "missing.env"], ["missing.env"]),
-        (["--deployment", "bad.deploy.json"], ["bad.deploy.json", "not JSON"]),
-        (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
+        (["--deployment", "bad.deploy.json"], ["bad.deploy.json", "not valid JSON"]),
+        (["--describe-box", "{bad"], ["--describe-box", "not valid JSON"]),
     ],
 )
 def test_a_bad_input_file_is_still_one_line_at_once(here, capsys, args, words):

@@ -352,7 +352,7 @@ def test_cli_refuses_pcie_ipc_without_p2p_and_accepts_with_it(tmp_path):
 @pytest.mark.parametrize(
     "content, words",
     [
-        (b"{not json", ["not JSON"]),
+        (b"{not json", ["the deployment record is not valid JSON"]),
         (b'{"schema": "something.else", "version": 1}', ["not a fastverify deployment record"]),
         (b'{"schema": "fastverify.deployment", "version": 99}', ["version 99"]),
         (b'{"schema": "fastverify.deployment", "version": 1, "backend": "pcie-ipc"}', ["invalid deployment record"]),
@@ -370,7 +370,7 @@ def test_cli_bad_records(tmp_path, content, words):
     [
         (["--backend", "pcie-ipc"], ["pcie-ipc", "the one spelling is pcie_ipc"]),
         (["--backend", "mscclpp"], ["mscclpp", "expected one of auto, off, pcie_ipc"]),
-        (["--describe-box", "{bad"], ["--describe-box", "not JSON"]),
+        (["--describe-box", "{bad"], ["--describe-box", "not valid JSON"]),
         (["--p2p-check", "missing.json", "--backend", "pcie_ipc"], ["missing.json"]),
     ],
 )

@@ -227,7 +227,7 @@ def test_unknown_preset_lists_known():
 def test_bad_json(tmp_path):
     path = write(tmp_path, '{"hidden_size": 7168,,}')
     msg = user_error(load_model_config, str(path))
-    assert str(path) in msg and "invalid JSON" in msg and "line 1" in msg
+    assert str(path) in msg and "not valid JSON" in msg and "line 1" in msg
 
 
 def test_not_an_object(tmp_path):

@@ -299,7 +299,7 @@ def _run_profile(monkeypatch, tmp_path, ranks, traces):
         }
         return ranks, source, "live-tiny-tp2"
 
-    monkeypatch.setattr(profile_command, "_live", fake_live)
+    monkeypatch.setattr(profile_command, "measure_live", fake_live)
     out = tmp_path / "p.json"
     code = cli.main(["profile", "--output", str(out), "--no-png", "--quiet"])
     return code, out

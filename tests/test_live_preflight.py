@@ -20,7 +20,7 @@ import pytest
 from fastverify import cli, procs
 from fastverify.live import preflight
 from fastverify.live.config import load_model_config
-from fastverify.topo.nvml import _in_host_pid_namespace
+from fastverify.topo.nvml import in_host_pid_namespace
 
 pynvml = pytest.importorskip("pynvml")
 torch = pytest.importorskip("torch")
@@ -107,7 +107,7 @@ def test_fake_matches_installed_pynvml():
 def held_by(pid: int, gib: float, comm: str) -> str:
     """How the line names a holder: by its /proc name where this process sees the host's pids
     (the pids NVML reports), by pid alone inside a container's pid namespace."""
-    if _in_host_pid_namespace(Path("/proc")):
+    if in_host_pid_namespace(Path("/proc")):
         return f"held by {comm} (pid {pid}, {gib:.1f} GiB)"
     return f"held by pid {pid} ({gib:.1f} GiB)"
 

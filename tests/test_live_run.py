@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 from fastverify.errors import UserError  # noqa: E402
 from fastverify.events import EventClass  # noqa: E402
 from fastverify.live.config import load_model_config  # noqa: E402
-from fastverify.live.forward import TPVerifyModel, _swiglu  # noqa: E402
-from fastverify.live.runner import _launch, run_live  # noqa: E402
+from fastverify.live.forward import TPVerifyModel, swiglu  # noqa: E402
+from fastverify.live.runner import launch_ranks, run_live  # noqa: E402
 
 TINY_JSON = json.loads((Path(__file__).resolve().parents[1] / "fastverify/live/presets/tiny.json").read_text())
 TP, DRAFT, BATCH, ITERS, WARMUP = 2, 4, 2, 3, 1
@@ -176,7 +176,7 @@ def test_crashed_rank_is_named_and_others_killed(tmp_path):
     }
     t0 = time.monotonic()
     with pytest.raises(UserError) as info:
-        _launch(_argv(code), 2, 60.0, str(tmp_path))
+        launch_ranks(_argv(code), 2, 60.0, str(tmp_path))
     assert str(info.value) == "live rank 1 failed (exit code 3): boom: disk on fire"
     assert time.monotonic() - t0 < 20  # rank 0 was killed, not waited for
 
@@ -187,7 +187,7 @@ def test_hung_rank_times_out(tmp_path):
         1: "import time; time.sleep(60)",
     }
     with pytest.raises(UserError) as info:
-        _launch(_argv(code), 2, 1.5, str(tmp_path))
+        launch_ranks(_argv(code), 2, 1.5, str(tmp_path))
     assert str(info.value) == "live rank 0 did not finish within 1.5 s (last stderr line: stuck in barrier)"
 
 
@@ -228,14 +228,14 @@ def test_moe_plan_matches_a_per_token_loop():
         for t in range(tokens):
             assert len(set(slots[token_index[ok] == t].tolist())) == k
         x = torch.randn(tokens, cfg.hidden_size, generator=torch.Generator().manual_seed(layer))
-        shared = _swiglu(x, model.shared_gate_up, model.shared_down)
+        shared = swiglu(x, model.shared_gate_up, model.shared_down)
         routed = model._moe(x, layer) - shared
         scores = (x @ model.router).sigmoid().topk(k, dim=-1).values
         w = (scores / scores.sum(-1, keepdim=True)).flatten()
         want = torch.zeros_like(x)
         for row in torch.nonzero(ok).flatten().tolist():
             t, e = int(token_index[row]), row // cap
-            y = _swiglu(x[t], model.experts_gate_up[e], model.experts_down[e])
+            y = swiglu(x[t], model.experts_gate_up[e], model.experts_down[e])
             want[t] += w[int(pair_index[row])] * y
         torch.testing.assert_close(routed, want, rtol=1e-4, atol=1e-4)
 

@@ -112,15 +112,6 @@ def test_same_answer_as_the_private_function_it_replaces(algo, proto, version, s
     assert got.protos == (ref_protos if ref_protos is not None else M.default_protos(M.LinkType.PCI, sm, code))
     assert got.notes == tuple(notes)
     assert got.algos and got.protos
-    try:
-        from fastverify.tune.predict import (
-            _env_algos_protos,  # still there until tune switches over
-        )
-    except ImportError:
-        return
-    live_notes: list[str] = []
-    assert _env_algos_protos(env, nv, sm, live_notes) == (ref_algos, ref_protos)
-    assert live_notes == notes
 
 
 def test_known_answers():

@@ -41,7 +41,7 @@ def test_topo_and_tune_read_the_same_in_place_time(capsys):
     assert [(x["msg_bytes"], x["column"]) for x in m] == [(MSG, "in-place")]
     assert m[0]["time_us"] == round(IN_PLACE_US, 1) == 298.9
     # tune: its reader, then its baseline (the line that reads the table)
-    from fastverify.tune.candidates import _baseline
+    from fastverify.tune.candidates import baseline_figure
     from fastverify.tune.read_inputs import read_perf as _read_perf
 
     perf, warnings = _read_perf(Namespace(perf_table=TABLE, topology=TOPO), 8)
@@ -60,8 +60,8 @@ def test_topo_and_tune_read_the_same_in_place_time(capsys):
     import inspect
 
     # the model/range inputs are not reached where the table has the size; passed as None
-    rest = {k: None for k, v in inspect.signature(_baseline).parameters.items() if v.kind is v.KEYWORD_ONLY}
-    fig = _baseline(workload, base, **{**rest, "perf": perf})
+    rest = {k: None for k, v in inspect.signature(baseline_figure).parameters.items() if v.kind is v.KEYWORD_ONLY}
+    fig = baseline_figure(workload, base, **{**rest, "perf": perf})
     assert fig.per_call_us[MSG] == pytest.approx(IN_PLACE_US, abs=1e-9)
     assert any("(in-place column)" in e for e in fig.evidence)
     rc, out, err = cli(["topo", "--nvidia-smi", TOPO, "--perf-table", TABLE, "--batch", "32"], capsys)
@@ -199,7 +199,7 @@ def test_tuning_numbers_in_topo_json_and_text(capsys):
     assert "NCCL's model table from the log" in text
 
 
-def test_provenance_labels():
+def test_provenance_labels(tmp_path):
     from fastverify.tune import backend_model as B
 
     tools = {m.id: m.tool for m in B.load().measurements}
@@ -209,5 +209,6 @@ def test_provenance_labels():
     raw = json.loads((Path(B.__file__).parents[1] / "data" / "published_allreduce.json").read_text())
     bad = next(m for m in raw["measurements"] if m["id"] == "asus-nccl-8gpu-fp16")
     bad["tool"] = "nccl-tests all_reduce_perf"
+    (tmp_path / "x.json").write_text(json.dumps(raw))
     with pytest.raises(UserError, match="labelled 'nccl-tests all_reduce_perf' but its note names 'p2pmark'"):
-        B._decode(json.dumps(raw).encode(), "x.json")
+        B.load(tmp_path / "x.json")

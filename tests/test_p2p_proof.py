@@ -381,7 +381,7 @@ def test_check_names_each_cuda_ordinal_as_nvml_does(tmp_path, uuid):
 def test_the_check_command_prints_the_gpus_and_caches_them(tmp_path, monkeypatch, capsys):
     """`fastverify p2p` end to end with the CUDA parts stood in for."""
     ids = P.gpu_identities(nvml=FakeNvml(BOX_A), torch_mod=FakeTorch(list(range(8))))
-    monkeypatch.setattr(P, "_gpu_count_or_fail", lambda: 8)
+    monkeypatch.setattr(P, "gpu_count_or_fail", lambda: 8)
     monkeypatch.setattr(P, "gpu_identities", lambda: ids)
     seen = {}
 

@@ -498,7 +498,7 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
 
 
 def _record_file(tmp_path, *, max_batch=8, draft=4, hidden=16, p2p_ok=True, source="p2p_check"):
-    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_record
+    from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_deployment
 
     rec = DeploymentRecord(
         backend="fused",
@@ -506,7 +506,7 @@ def _record_file(tmp_path, *, max_batch=8, draft=4, hidden=16, p2p_ok=True, sour
         p2p=P2PFacts(p2p_ok, source, "all 2 ordered pairs passed", 2),
         box=BoxFingerprint("test GPU", (9, 0), 2, 2),
     )
-    return str(write_record(tmp_path / "x.deploy.json", rec))
+    return str(write_deployment(tmp_path / "x.env", {}, rec)[1])  # tune's writer: x.env and x.deploy.json
 
 
 def test_pre_capture_sizes_from_the_record_not_2048_rows(tmp_path):
@@ -735,6 +735,9 @@ def test_plugin_entry_point_is_gated(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     RMSNorm = mods[I.MOD_LAYERNORM].RMSNorm
     orig = RMSNorm.__dict__["forward_with_allreduce_fusion"]
+    reports = []  # what each install() the plugin made returned
+    real_install = I.install
+    monkeypatch.setattr(I, "install", lambda *a, **k: reports.append(real_install(*a, **k)) or reports[-1])
     monkeypatch.setenv("FASTVERIFY_BACKEND", "fused")
     for flag in (None, "0", "true", "yes"):  # only "1" opens the gate
         if flag is None:
@@ -742,7 +745,7 @@ def test_plugin_entry_point_is_gated(monkeypatch):
         else:
             monkeypatch.setenv("FASTVERIFY_PATCH", flag)
         plugin()
-        assert I.installed() == [] and I._report is None, flag  # install() never ran
+        assert I.installed() == [] and reports == [], flag  # install() never ran
         assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is orig
     monkeypatch.setenv("FASTVERIFY_PATCH", "1")
     plugin()
@@ -753,7 +756,8 @@ def test_plugin_entry_point_is_gated(monkeypatch):
         "GroupCoordinator.all_reduce",
         "ModelRunner.init_cuda_graphs",
     ]
-    assert I._report.active and I._report.backend == "fused" and I._report.applied == ["fused_norm", "pre_capture"]
+    (report,) = reports
+    assert report.active and report.backend == "fused" and report.applied == ["fused_norm", "pre_capture"]
     assert RMSNorm.__dict__["forward_with_allreduce_fusion"] is not orig
     out, _ = RMSNorm(8).forward_with_allreduce_fusion(torch.ones(2, 8), torch.zeros(2, 8))
     assert calls["ar"] == 1 and calls["orig_fused"] == 1  # no backend built yet: SGLang's own method

@@ -132,7 +132,7 @@ def test_b12x_with_no_fitting_size_is_not_a_candidate():
     rows = info.max_rows + 10
     wl = SimpleNamespace(dtype="bfloat16", hidden=hidden, msg_sizes=((rows * 2 * hidden, 3),), tp=8)
     base = SimpleNamespace(per_call_us={rows * 2 * hidden: 50.0})
-    out = candidates._backend_figure(info, wl, base, sm=(12, 0), pcie_gen=5, p2p_ok=True, estimate=None)
+    out = candidates.backend_figure(info, wl, base, sm=(12, 0), pcie_gen=5, p2p_ok=True, estimate=None)
     assert isinstance(out, str) and "not a candidate" in out and f"{info.max_rows} rows" in out
 
 

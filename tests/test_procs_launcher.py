@@ -144,9 +144,9 @@ def test_live_tune_and_p2p_start_their_processes_through_the_launcher(tmp_path, 
     from fastverify.topo import p2p
     from fastverify.tune import sweep
 
-    runner._launch(lambda r: [sys.executable, "-c", "pass"], 2, 60.0, str(tmp_path))
+    runner.launch_ranks(lambda r: [sys.executable, "-c", "pass"], 2, 60.0, str(tmp_path))
     (tmp_path / "bad.json").write_text("{")
-    reason = sweep._launch_trial(
+    reason = sweep.launch_trial(
         str(tmp_path / "bad.json"), 2, sweep.TrialLimits(60.0), str(tmp_path), procs.child_env()
     )
     assert reason.startswith("rank ") and " crashed (exit code " in reason, reason
@@ -242,7 +242,7 @@ def test_the_folder_of_a_kill_9ed_live_run_is_removed_by_the_next_run(private_tm
 def test_make_workdir_removes_only_folders_of_dead_owners(private_tmp):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    ticks = procs._start_ticks(os.getpid())
+    ticks = procs.start_ticks(os.getpid())
     folders = {name: private_tmp / f"fastverify-live-{name}" for name in ("dead", "reused", "mine", "bare")}
     for path in folders.values():
         path.mkdir()

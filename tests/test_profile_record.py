@@ -167,7 +167,7 @@ def test_truncated_profile_is_one_line_at_the_cli(tmp_path):
     raw = encode_profile(build_profile(_ranks(2048), {"kind": "trace", "files": ["a", "b"]}))
     (tmp_path / "cut.json").write_bytes(raw[: len(raw) // 2])
     proc = run_fastverify(["tune", "--profile", "cut.json", "--predict"], cwd=tmp_path)
-    assert_user_error(proc, "cut.json", "invalid JSON")
+    assert_user_error(proc, "cut.json", "not valid JSON")
 
 
 def test_decode_profile_refuses_version_1():

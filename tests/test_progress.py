@@ -196,7 +196,7 @@ def no_gpu(monkeypatch):
     from fastverify.live import preflight
 
     # Kimi-K2's 8.7-10.1 GiB fits whatever this machine has (the refusal has its own test).
-    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (2**40, "of host memory available"))
+    monkeypatch.setattr(preflight, "available_bytes", lambda cuda, tp, torch: (2**40, "of host memory available"))
     return torch
 
 
@@ -210,7 +210,7 @@ def _stop_at_launch(monkeypatch, capsys):
         seen["stderr"] = capsys.readouterr().err
         raise _Stop
 
-    monkeypatch.setattr(runner, "_launch", launch)
+    monkeypatch.setattr(runner, "launch_ranks", launch)
     return seen
 
 
@@ -267,7 +267,7 @@ def test_a_cpu_fallback_that_cannot_fit_is_refused_at_once_in_one_line(monkeypat
     from fastverify.live import preflight, runner
     from fastverify.live.config import load_model_config
 
-    monkeypatch.setattr(preflight, "_available_bytes", lambda cuda, tp, torch: (8 * 2**30, "of host memory available"))
+    monkeypatch.setattr(preflight, "available_bytes", lambda cuda, tp, torch: (8 * 2**30, "of host memory available"))
     seen = _stop_at_launch(monkeypatch, capsys)
     t0 = time.monotonic()
     with pytest.raises(UserError) as info:
@@ -340,7 +340,7 @@ def test_progress_off_prints_nothing(monkeypatch, capsys, no_gpu):
 
 
 def test_a_timeout_says_how_far_the_run_got(tmp_path):
-    from fastverify.live.runner import _launch, _LiveWatch
+    from fastverify.live.runner import LiveWatch, launch_ranks
 
     # Rank 0 joined and built (1 GiB), rank 1 joined only; both then hang. The ranks run in the
     # run's folder (cwd), where the parent reads rank<r>.progress.
@@ -348,9 +348,9 @@ def test_a_timeout_says_how_far_the_run_got(tmp_path):
         0: "open('rank0.progress', 'a').write('up\\nbuilt 1073741824\\n'); import time; time.sleep(60)",
         1: "open('rank1.progress', 'a').write('up\\n'); import time; time.sleep(60)",
     }
-    watch = _LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=False)
+    watch = LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=False)
     with pytest.raises(UserError) as info:
-        _launch(lambda r: [sys.executable, "-c", code[r]], 2, 2.0, str(tmp_path), watch=watch)
+        launch_ranks(lambda r: [sys.executable, "-c", code[r]], 2, 2.0, str(tmp_path), watch=watch)
     assert str(info.value) == (
         "live rank 0 did not finish within 2 s (reached: 2/2 ranks started, 1/2 built; "
         "last stderr line: no stderr output)"
@@ -359,14 +359,14 @@ def test_a_timeout_says_how_far_the_run_got(tmp_path):
 
 
 def test_the_watch_reads_only_whole_lines_and_counts_forwards_of_rank_0(tmp_path, monkeypatch):
-    from fastverify.live.runner import _LiveWatch
+    from fastverify.live.runner import LiveWatch
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
     out = io.StringIO()
     r0, r1 = tmp_path / "rank0.progress", tmp_path / "rank1.progress"
     r0.write_text("up\nbuilt 2097152\nforward 1\nforw")  # a line being written is not read yet
     r1.write_text("up\n")
-    watch = _LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=True, job_start=time.monotonic() - 10, stream=out)
+    watch = LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=True, job_start=time.monotonic() - 10, stream=out)
     watch.poll()
     assert watch.reached() == "reached: 2/2 ranks started, 1/2 built"
     r1.write_text("up\nbuilt 2097152\nforward 9\n")  # every rank built; rank 1's forwards are not counted
@@ -399,7 +399,7 @@ def test_a_long_forward_gets_a_heartbeat_line_every_5_s(tmp_path, monkeypatch):
     out = io.StringIO()
     (tmp_path / "rank0.progress").write_text("up\nbuilt 1024\nforward 1\n")
     (tmp_path / "rank1.progress").write_text("up\nbuilt 1024\n")
-    watch = R._LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=True, job_start=990.0, stream=out)
+    watch = R.LiveWatch(tmp_path, 2, warmup=2, iters=5, enabled=True, job_start=990.0, stream=out)
     watch.poll()
     first = len(lines_of(out))
     now[0] += R.HEARTBEAT_S - 0.1
@@ -437,9 +437,16 @@ def _trial(label: str, **kw):
     return TrialSpec(**base)
 
 
+def _ended(spec, status, reason=""):
+    """The result the sweep hands its progress when trial ``spec`` ends."""
+    from fastverify.tune.trial import TrialResult
+
+    now = time.time()
+    return TrialResult(spec.trial_id, status, reason, (), None, None, now, now)
+
+
 def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
     from fastverify.tune.sweep import TrialProgress as _Progress
-    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     monkeypatch.setenv(AFTER_S_ENV, "0")
@@ -450,7 +457,7 @@ def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
         for i, t in enumerate(trials):
             bar.start(t)
             status = TrialStatus.FAILED if t.label == "second" else TrialStatus.OK
-            bar.finish(t, _result(t, status, "rank 1 crashed (exit code 3): boom" if i == 1 else "", time.time()))
+            bar.finish(t, _ended(t, status, "rank 1 crashed (exit code 3): boom" if i == 1 else ""))
             time.sleep(1.05)  # past the one-line-a-second throttle
     lines = lines_of(file)
     assert "\x1b" not in file.getvalue() and "━" not in file.getvalue()  # no bar, no escapes
@@ -466,14 +473,13 @@ def test_a_sweep_off_a_terminal_prints_plain_lines(monkeypatch):
 def test_lines_order_when_a_trial_fails():
     """The failure line comes when the trial ends, between its start line and the next one."""
     from fastverify.tune.sweep import TrialProgress as _Progress
-    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()
     t = _trial("only")
     with _Progress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
         bar.start(t)  # inside the 2 s silence: no line
-        bar.finish(t, _result(t, TrialStatus.SKIPPED, "needs 2 GPUs, found 0", time.time()))
+        bar.finish(t, _ended(t, TrialStatus.SKIPPED, "needs 2 GPUs, found 0"))
     assert lines_of(file) == ["fastverify: tune: trial 1/1 only: skipped (needs 2 GPUs, found 0)"]
 
 
@@ -490,7 +496,7 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
     with S.TrialProgress(True, 1, console=Console(file=file, force_terminal=False)) as bar:
         bar.start(t)
         time.sleep(1.5)  # two heartbeats at about 0.6 s and 1.2 s (checked every 0.5 s)
-        bar.finish(t, S._result(t, TrialStatus.OK, "", time.time()))
+        bar.finish(t, _ended(t, TrialStatus.OK))
     lines = lines_of(file)
     beats = [ln for ln in lines if " running slow for " in ln]
     assert lines[0].startswith("fastverify: tune: trials 0/1 (running slow), ")
@@ -501,7 +507,6 @@ def test_a_long_trial_off_a_terminal_gets_a_heartbeat_line(monkeypatch):
 
 def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
     from fastverify.tune.sweep import TrialProgress as _Progress
-    from fastverify.tune.sweep import _result
     from fastverify.tune.trial import TrialStatus
 
     file = io.StringIO()
@@ -510,7 +515,7 @@ def test_a_sweep_on_a_terminal_draws_a_bar_with_count_and_eta():
     with _Progress(True, 2, console=console) as bar:
         for t in trials:
             bar.start(t)
-            bar.finish(t, _result(t, TrialStatus.OK, "", time.time()))
+            bar.finish(t, _ended(t, TrialStatus.OK))
     text = file.getvalue()
     assert "2/2" in text and "ETA" in text and "fastverify:" not in text
 
@@ -532,11 +537,11 @@ def test_a_real_sweep_under_capture_prints_plain_lines(monkeypatch, capsys, tmp_
 def test_a_bad_after_s_value_is_said_once_and_the_default_used(monkeypatch, capsys):
     import fastverify.progress as P
 
-    monkeypatch.setattr(P, "_WARNED", set())
-    monkeypatch.setenv(AFTER_S_ENV, "abc")
+    bad = f"abc{time.monotonic_ns()}"  # a value this process has not warned about
+    monkeypatch.setenv(AFTER_S_ENV, bad)
     assert P.default_after_s() == P.AFTER_S and P.default_after_s() == P.AFTER_S
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fastverify: warning: {AFTER_S_ENV}='abc' is not a number of seconds >= 0; using 2 s"]
+    assert err == [f"fastverify: warning: {AFTER_S_ENV}={bad!r} is not a number of seconds >= 0; using 2 s"]
     monkeypatch.setenv(AFTER_S_ENV, "-1")
     assert P.default_after_s() == P.AFTER_S
     monkeypatch.setenv(AFTER_S_ENV, "0.5")

@@ -142,7 +142,7 @@ def test_default_prompts_are_sixteen_distinct():
 @pytest.mark.parametrize(
     "text, words",
     [
-        ('{"prompt": "a"}\nnot json\n', ["line 2", "not JSON"]),
+        ('{"prompt": "a"}\nnot json\n', ["line 2", "not valid JSON"]),
         ('{"prompt": "a"}\n{"prompt": "  "}\n', ["line 2", "empty prompt"]),
         ('{"prompt": 3}\n', ["line 1", "must be a string"]),
         ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', ["line 2", "again"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fastverify.cli import _COMMANDS, build_parser
+from fastverify.cli import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 # "SGLang's `--x`", "SGLang's --x", "(SGLang's --x)", "= SGLang's --x": prose that attributes a flag to SGLang
@@ -28,7 +28,7 @@ def _help_texts() -> dict[str, str]:
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "10000"  # argparse's HelpFormatter reads the width from here
     try:
-        for name in _COMMANDS:
+        for name in COMMANDS:
             sub = build_parser(name)._subparsers._group_actions[0].choices[name]  # noqa: SLF001 - argparse's tree
             out[name] = sub.format_help()
     finally:

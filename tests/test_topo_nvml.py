@@ -375,9 +375,11 @@ def test_sysfs_bdf(bus_id, bdf):
     assert sysfs_bdf(bus_id) == bdf
 
 
-def test_const_int_unwraps_tuple():
-    assert topo_nvml._const_int(SimpleNamespace(X=(0,)), "X", 7) == 0
-    assert topo_nvml._const_int(SimpleNamespace(), "X", 7) == 7
+def test_an_nvml_constant_given_as_a_tuple_or_missing_is_read():
+    """pynvml releases that spell a constant ``(0,)`` and ones that lack it read alike."""
+    assert topo_nvml.p2p_status_text(SimpleNamespace(NVML_P2P_STATUS_OK=(7,)), 7) == "OK"
+    assert topo_nvml.p2p_status_text(SimpleNamespace(), 0) == "OK"  # missing: NVML's own value
+    assert topo_nvml.ancestor_to_link(SimpleNamespace(NVML_TOPOLOGY_SYSTEM=(99,)), 99) == "SYS"
 
 
 # --- per-query NVML refusals (issue 9 item 10) -----------------------------------------------------

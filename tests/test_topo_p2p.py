@@ -463,7 +463,7 @@ def test_the_check_says_timeouts_as_such(tmp_path, monkeypatch, capsys):
         (1, 2): P2PResult(True, "ok"),
         (2, 1): P2PResult(True, "ok"),
     }
-    monkeypatch.setattr(p2p, "_gpu_count_or_fail", lambda: 3)
+    monkeypatch.setattr(p2p, "gpu_count_or_fail", lambda: 3)
     monkeypatch.setattr(
         p2p,
         "gpu_identities",
@@ -488,7 +488,7 @@ def test_a_side_that_waits_in_vain_reports_a_timeout(tmp_path, monkeypatch):
     """The side process (real code, its buffer stood in for): the peer never publishes, so both of
     its report entries are timeouts, not failures."""
     pytest.importorskip("torch")
-    monkeypatch.setattr(p2p, "_publish_buffer", lambda torch, me, gpu, workdir: object())
+    monkeypatch.setattr(p2p, "publish_buffer", lambda torch, me, gpu, workdir: object())
     p2p.run_side("a", "b", 0, 1, tmp_path, 0.3)
     report = json.loads((tmp_path / "a.report.json").read_text())
     for entry in ("access", "own"):

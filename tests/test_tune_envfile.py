@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from fastverify import output_paths, outputs
+from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_deployment
 from fastverify.envfile import (
     ALLOWED_KEYS,
     TunerChoice,
     default_env_path,
     read_env_file,
-    write_env_file,
     write_tuner_config,
 )
 from fastverify.errors import UserError
@@ -27,6 +27,20 @@ GOOD = {
     "NCCL_ALGO": "allreduce:ring",
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
+
+
+RECORD = DeploymentRecord(
+    backend="nccl",
+    shapes=VerifyShapes(8, 4, 7168, "bfloat16"),
+    p2p=P2PFacts(True, "p2p_check", "all 2 ordered pairs passed", 2),
+    box=BoxFingerprint("test GPU", (9, 0), 2, 2),
+)
+
+
+def write_env_file(path: Path, settings, *, header_lines=(), nccl_version=None) -> Path:
+    """The env file as ``tune --write-env`` writes it: with its deployment record beside it."""
+    env, _record = write_deployment(path, settings, RECORD, header_lines=list(header_lines), nccl_version=nccl_version)
+    return env
 
 
 def _settings_lines(path: Path) -> list[str]:
@@ -123,7 +137,12 @@ def test_existing_file_is_kept_as_backup(tmp_path):
     write_env_file(p, {"NCCL_P2P_LEVEL": "SYS"})
     assert (tmp_path / "box.env.bak").read_text() == first
     assert read_env_file(p) == {"NCCL_P2P_LEVEL": "SYS"}
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["box.env", "box.env.bak"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == [
+        "box.deploy.json",
+        "box.deploy.json.bak",
+        "box.env",
+        "box.env.bak",
+    ]
 
 
 def test_nothing_half_written_when_the_rename_fails(tmp_path, monkeypatch):

@@ -248,7 +248,7 @@ def test_cuda_trial_without_gpus_is_skipped_with_a_reason(tmp_path):
 
 
 def test_one_rank_off_makes_the_trial_wrong_result(tmp_path):
-    from fastverify.tune.sweep import _collect
+    from fastverify.tune.sweep import collect_trial
 
     spec = _spec(sizes=((64, 2),))
     docs = [
@@ -269,6 +269,6 @@ def test_one_rank_off_makes_the_trial_wrong_result(tmp_path):
     ]
     for rank, doc in enumerate(docs):
         (tmp_path / f"rank{rank}.json").write_bytes(orjson.dumps(doc))
-    r = _collect(spec, tmp_path, time.time(), CPU_NOTE)
+    r = collect_trial(spec, tmp_path, time.time(), CPU_NOTE)
     assert r.status is TrialStatus.WRONG_RESULT and r.reason == docs[0]["reason"] and r.step_us is None
     assert r.sizes[0].max_rel_err == 0.5 and r.sizes[0].median_us is None

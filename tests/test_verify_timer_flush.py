@@ -28,9 +28,9 @@ INTERVAL_S = 1.0
 
 CHILD = r"""
 import sys, time
-from fastverify.patch.verify import VerifyTimer, _WallEvent
+from fastverify.patch.verify import VerifyTimer, WallEvent
 out, n, step_s, idle_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-t = VerifyTimer(out, event_factory=_WallEvent, clock="cpu_wall_clock", rank=lambda: "0")  # the product's defaults
+t = VerifyTimer(out, event_factory=WallEvent, clock="cpu_wall_clock", rank=lambda: "0")  # the product's defaults
 for i in range(n):
     ev = t.start()
     time.sleep(step_s)  # the verify forward
@@ -151,7 +151,7 @@ def test_stuck_file_never_blocks_the_verify_path(tmp_path):
     fifo = tmp_path / "verify-rank0.jsonl"
     os.mkfifo(fifo)
     t = V.VerifyTimer(
-        tmp_path, every=2, event_factory=V._WallEvent, clock="cpu_wall_clock", rank=lambda: "0", max_buffered=10
+        tmp_path, every=2, event_factory=V.WallEvent, clock="cpu_wall_clock", rank=lambda: "0", max_buffered=10
     )
     finished = threading.Event()
 

@@ -17,6 +17,7 @@ from fastverify.backends.base import (
     make_backend,
     probe,
     reference_residual_rmsnorm,
+    result_tolerance,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "make_backend",
     "probe",
     "reference_residual_rmsnorm",
+    "result_tolerance",
 ]

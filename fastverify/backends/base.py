@@ -46,7 +46,7 @@ from fastverify.backends.probing import (
     first_failure,
     summarize_p2p,
 )
-from fastverify.registry import BACKENDS, BackendInfo, BackendName, backend_info
+from fastverify.registry import BACKENDS, LOSSLESS_TOLERANCE, BackendInfo, BackendName, backend_info
 
 Tensor = torch.Tensor
 Shape = tuple[int, ...]
@@ -84,6 +84,7 @@ __all__ = [  # the names the backend modules and the rest of the package import 
     "probe",
     "reference_residual_rmsnorm",
     "resolve_norm",
+    "result_tolerance",
     "summarize_p2p",
 ]
 
@@ -187,21 +188,24 @@ def reference_residual_rmsnorm(
     return normed, r
 
 
-# Normwise relative tolerance per dtype: max|got - want| / max|want| must not exceed it.
-# Normwise, not elementwise: a near-zero element produced by cancellation has no meaningful
-# elementwise relative error. The bound is 4 machine epsilons (bf16 2**-7, fp16 2**-10), enough for
-# an 8-rank reduction in a different order plus the rounding of the inputs and of the output, and
-# still far below the error of a dropped rank (~1/sqrt(world_size)) or a skipped all-reduce (~1).
-# fp32 gets 1e-5 because different summation orders of thousands of terms exceed 4 eps (4.8e-7).
-TOLERANCE: dict[torch.dtype, float] = {
-    torch.bfloat16: 4 * 2.0**-7,  # 0.03125
-    torch.float16: 4 * 2.0**-10,  # 0.00391
-    torch.float32: 1e-5,
-    torch.float64: 1e-12,
-}
+TOLERANCE: dict[torch.dtype, float] = {getattr(torch, name): tol for name, tol in LOSSLESS_TOLERANCE.items()}
+"""The lossless tolerance per dtype (:data:`fastverify.registry.LOSSLESS_TOLERANCE`, where the
+bound is explained), keyed by torch dtype."""
 
 
-def check_close(got: Tensor, want: Tensor, dtype: torch.dtype) -> tuple[bool, float]:
+def result_tolerance(name: BackendName | str, dtype: torch.dtype, world_size: int) -> float:
+    """The normwise relative tolerance of backend ``name``'s result in ``dtype`` on ``world_size``
+    ranks: its registry entry's own (:attr:`fastverify.registry.BackendInfo.tolerance`, a lossy
+    backend), else the lossless one of :data:`TOLERANCE`. ``ValueError`` for a dtype with neither."""
+    derive = backend_info(name).tolerance
+    if derive is not None:
+        return derive(str(dtype).removeprefix("torch."), world_size)
+    if dtype not in TOLERANCE:
+        raise ValueError(f"no tolerance for dtype {dtype}; known: {[str(d) for d in TOLERANCE]}")
+    return TOLERANCE[dtype]
+
+
+def check_close(got: Tensor, want: Tensor, dtype: torch.dtype, *, tolerance: float | None = None) -> tuple[bool, float]:
     """Compare a backend's output with the reference.
 
     Parameters
@@ -212,6 +216,8 @@ def check_close(got: Tensor, want: Tensor, dtype: torch.dtype) -> tuple[bool, fl
         The reference (fp32), same shape.
     dtype : torch.dtype
         The dtype the backend ran in; picks the tolerance from :data:`TOLERANCE`.
+    tolerance : float or None
+        The tolerance instead, where the backend is lossy (:func:`result_tolerance`).
 
     Returns
     -------
@@ -219,7 +225,7 @@ def check_close(got: Tensor, want: Tensor, dtype: torch.dtype) -> tuple[bool, fl
         ``max_rel_err = max|got - want| / max|want|`` (inf when ``got`` has NaN/Inf, or when
         ``want`` is all zeros and ``got`` is not); ``ok`` when it is within the tolerance.
     """
-    if dtype not in TOLERANCE:
+    if tolerance is None and dtype not in TOLERANCE:
         raise ValueError(f"no tolerance for dtype {dtype}; known: {[str(d) for d in TOLERANCE]}")
     if tuple(got.shape) != tuple(want.shape):
         raise ValueError(f"shape mismatch: got {tuple(got.shape)}, want {tuple(want.shape)}")
@@ -230,7 +236,7 @@ def check_close(got: Tensor, want: Tensor, dtype: torch.dtype) -> tuple[bool, fl
     err = (g - w).abs().max().item() if g.numel() else 0.0
     scale = w.abs().max().item() if w.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
-    return rel <= TOLERANCE[dtype], rel
+    return rel <= (TOLERANCE[dtype] if tolerance is None else tolerance), rel
 
 
 # --- the interface ----------------------------------------------------------------------------

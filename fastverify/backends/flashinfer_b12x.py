@@ -34,7 +34,6 @@ from fastverify.backends.base import (
     Shape,
     Tensor,
     _check_norm_args,
-    check_kernel_sm,
     fail,
 )
 from fastverify.backends.ipc import (
@@ -161,11 +160,6 @@ def fused_fits(rows: int) -> bool:
 
 
 SM_WHY = "b12x kernels: flashinfer b12x is_supported"
-
-
-def check_b12x_sm(ctx: ProbeContext) -> Capability | None:
-    """The kernel's SM gate, from the registry (``kernel_sm``: SM120/SM121, ``is_b12x``)."""
-    return check_kernel_sm(ctx, INFO, SM_WHY)
 
 
 def not_built_line(reason: str) -> str:

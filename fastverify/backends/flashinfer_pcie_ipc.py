@@ -82,24 +82,6 @@ EXTERNAL_CALLS = (
 )
 
 
-def decode_max_numel(max_batch: int, draft_tokens: int, hidden: int) -> int:
-    """Workspace bound for the verify step: ``max_batch * draft_tokens * hidden`` elements,
-    rounded up to a whole 16-byte pack. The verify all-reduce is ``(batch * draft_tokens, hidden)``.
-
-    The workspace is fixed at construction; ``supports(x)`` is False above ``max_numel`` and the
-    chain falls back to NCCL. Size it to the verify step (SGLang's ``SGLANG_PCIE_IPC_MAX_NUMEL``
-    default), not to prefill: the epoch double buffer places its halves ``world_size *
-    max_numel`` elements apart, and SGLang measured a +66 % TTFT with a prefill-sized workspace
-    (TPOT 21.1 -> 13.6 ms decode-sized, TP8, SM120). Prefill all-reduces are large and
-    bandwidth-bound, where NCCL is fine.
-    """
-    for name, value in (("max_batch", max_batch), ("draft_tokens", draft_tokens), ("hidden", hidden)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    n = max_batch * draft_tokens * hidden
-    return -(-n // PACK_ELEMS) * PACK_ELEMS
-
-
 def _config_key(x: Tensor) -> tuple[int, int]:
     """``(numel, hidden)``: FlashInfer's key for a resolved launch configuration, less the dtype
     (one per workspace here): ``(inp.numel(), inp.shape[-1], inp.dtype)`` in
@@ -113,7 +95,15 @@ class PcieIpcBackend(AllReduceBackend):
 
     Collective contract (FlashInfer's class docstring): every rank issues the same calls with the
     same shapes in the same order; one workspace per CUDA stream; :meth:`prepare` every CUDA-graph
-    capture shape, after ``tune()``, before capture. ``max_numel``: :func:`decode_max_numel`.
+    capture shape, after ``tune()``, before capture.
+
+    ``max_numel`` is fixed at construction; :meth:`supports` is False above it and the chain falls
+    back to NCCL. Size it to the verify step, ``max_batch × draft_tokens × hidden``
+    (:attr:`fastverify.deploy.VerifyShapes.max_numel`, SGLang's ``SGLANG_PCIE_IPC_MAX_NUMEL``
+    default), not to prefill: the epoch double buffer places its halves ``world_size × max_numel``
+    elements apart, and SGLang measured a +66 % TTFT with a prefill-sized workspace (TPOT 21.1 ->
+    13.6 ms decode-sized, TP8, SM120). Prefill all-reduces are large and bandwidth-bound, where
+    NCCL is fine.
 
     A shape's launch configuration is resolved collectively on first use (a host read-back), then
     cached until the next ``tune()``; under capture an unresolved shape raises
@@ -173,7 +163,7 @@ class PcieIpcBackend(AllReduceBackend):
         if max_numel is None or max_numel % PACK_ELEMS:
             raise ValueError(
                 f"max_numel must be a positive multiple of {PACK_ELEMS} for the PCIe IPC workspace, got "
-                f"{max_numel!r}; use decode_max_numel(max_batch, draft_tokens, hidden)"
+                f"{max_numel!r}; size it to the verify step: max_batch x draft_tokens x hidden"
             )
         if self.device.type != "cuda" or self.device.index not in (None, torch.cuda.current_device()):
             # FlashInfer binds the workspace to torch.cuda.current_device().

@@ -65,10 +65,10 @@ from fastverify.doctor.core import (
     SCHEMA,
     SCHEMA_VERSION,
     Check,
+    CheckContext,
     CheckSpec,
     Outcome,
     Status,
-    _Context,
     _error_text,
     _jsonable,
     _out,
@@ -165,7 +165,7 @@ def run_doctor(*, quick: bool, env_file: str | None = None) -> list[Check]:
     list[Check]
         One per check run, in table order. Never raises for a failing check.
     """
-    ctx = _Context(quick=quick, env_file=env_file)
+    ctx = CheckContext(quick=quick, env_file=env_file)
     out: list[Check] = []
     try:
         for spec in CHECKS:

@@ -95,7 +95,7 @@ class CheckSpec:
     skipped without CUDA; ``quick`` checks are the only ones ``--quick`` runs."""
 
     name: str
-    fn: Callable[["_Context"], Outcome]
+    fn: Callable[["CheckContext"], Outcome]
     needs_gpu: bool
     quick: bool
 
@@ -139,7 +139,7 @@ NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 NO_DRIVER = "no NVIDIA driver on this machine (no /dev/nvidiactl): no CUDA GPU"
 
 
-class _Context:
+class CheckContext:
     """What the checks share: the options, whether CUDA is usable, and GPU state built once (the
     tiny model, a 1-rank NCCL group, P2P and backend results). :meth:`close` releases it."""
 

@@ -21,9 +21,9 @@ from fastverify.doctor.core import (
     NO_NCCL,
     PATCH_NOT_CHECKED,
     PINNED_FLASHINFER,
+    CheckContext,
     Outcome,
     Status,
-    _Context,
     _error_text,
     _out,
 )
@@ -37,7 +37,7 @@ from fastverify.tune.sweep import run_trial
 from fastverify.tune.trial import Op, TrialSpec
 
 
-def check_versions(ctx: _Context) -> Outcome:
+def check_versions(ctx: CheckContext) -> Outcome:
     """Python, torch and numpy versions (and what torch was built for)."""
     import numpy
 
@@ -93,7 +93,7 @@ def check_versions(ctx: _Context) -> Outcome:
     return _out(Status.ok, reason, **details)
 
 
-def check_nccl_library(ctx: _Context) -> Outcome:
+def check_nccl_library(ctx: CheckContext) -> Outcome:
     """The libnccl this box would load (:func:`read_nccl_version`, no GPU needed)."""
     try:
         version = read_nccl_version()
@@ -115,7 +115,7 @@ _GOOD_LINE = "NCCL_P2P_LEVEL=SYS"
 _BAD_LINE = "NCCL_P2P_LEVEL=sys"  # NCCL compares level names case-sensitively: it would ignore this
 
 
-def check_env_file(ctx: _Context) -> Outcome:
+def check_env_file(ctx: CheckContext) -> Outcome:
     """Validate ``--env-file`` with the reader ``tune`` and ``launch`` use; without one, prove the
     validator accepts a known-good line and refuses a known-bad one."""
     version = ctx.nccl_version()
@@ -200,7 +200,7 @@ def flashinfer_backends() -> dict[str, tuple]:
     return out
 
 
-def check_flashinfer(ctx: _Context) -> Outcome:
+def check_flashinfer(ctx: CheckContext) -> Outcome:
     """FlashInfer importable with every name each registry backend that uses it calls, and its
     version vs the pinned one."""
     if not _installed("flashinfer"):
@@ -254,7 +254,7 @@ def check_flashinfer(ctx: _Context) -> Outcome:
     return _out(Status.ok, reason, **details)
 
 
-def check_sglang(ctx: _Context) -> Outcome:
+def check_sglang(ctx: CheckContext) -> Outcome:
     """SGLang importable, its version, and whether the custom all-reduce backend's names exist."""
     if not _installed("sglang"):
         return _out(Status.skipped, "SGLang not installed: the custom_ar backend and the patch targets are not checked")
@@ -289,7 +289,7 @@ def check_sglang(ctx: _Context) -> Outcome:
     )
 
 
-def check_sglang_patch_targets(ctx: _Context) -> Outcome:
+def check_sglang_patch_targets(ctx: CheckContext) -> Outcome:
     """Every target the SGLang patch may wrap (``fastverify.patch.targets.TARGETS``: methods and
     the layer boundary's module-level fusions), resolved and signature-checked in the installed
     SGLang by the patch's own rule: ok when all are there, warn when some are missing or differ (the
@@ -315,7 +315,7 @@ def check_sglang_patch_targets(ctx: _Context) -> Outcome:
     return _out(Status.skipped, PATCH_NOT_CHECKED, targets=targets)
 
 
-def check_gloo_allreduce(ctx: _Context) -> Outcome:
+def check_gloo_allreduce(ctx: CheckContext) -> Outcome:
     """All-reduce + residual + RMSNorm across 2 gloo processes, checked against the torch
     reference: a tune trial (fresh worker processes, start-up and measurement timeouts)."""
 
@@ -450,7 +450,7 @@ def sample_trace() -> dict:
     }
 
 
-def check_trace_analyzer(ctx: _Context) -> Outcome:
+def check_trace_analyzer(ctx: CheckContext) -> Outcome:
     """Write the built-in trace, load it with the profile loader and check that the analyzer finds
     both all-reduces and their time to the ns."""
 

@@ -24,9 +24,9 @@ from fastverify.doctor.core import (
     P2P_TIMEOUT_S,
     PROBE_MODEL,
     VERIFY_TOKENS,
+    CheckContext,
     Outcome,
     Status,
-    _Context,
     _error_text,
     _out,
 )
@@ -60,7 +60,7 @@ doctor itself on GPU 0 (its 1-rank NCCL group, the tiny verify forward) and one 
 process per GPU (a trial rank, a P2P side). The tensors they move are a few MiB."""
 
 
-def check_gpu_free_memory(ctx: _Context, *, nvml=None, environ=None) -> Outcome:
+def check_gpu_free_memory(ctx: CheckContext, *, nvml=None, environ=None) -> Outcome:
     """``fail`` when a GPU CUDA shows this process has less than :data:`DOCTOR_GPU_BYTES` free,
     naming the GPU as CUDA numbers it, its free GiB and the processes holding it; ``ok`` with
     each GPU's free GiB; ``skipped`` where NVML does not say (no ``pynvml``, no driver, or
@@ -108,7 +108,7 @@ def _driver_version() -> str | None:
         return None
 
 
-def check_cuda(ctx: _Context) -> Outcome:
+def check_cuda(ctx: CheckContext) -> Outcome:
     """CUDA runtime torch was built with, the driver, and the GPUs torch sees."""
     import torch
 
@@ -191,7 +191,7 @@ def cuda_to_nvml(topo, match: dict, environ) -> tuple[dict[int, int], str]:
     return got, why
 
 
-def check_nvml_topology(ctx: _Context) -> Outcome:
+def check_nvml_topology(ctx: CheckContext) -> Outcome:
     """The GPU topology from NVML (what ``fastverify topo`` reads), also on one GPU: every CUDA
     device found among NVML's GPUs by PCI address, and each NVML query that was not supported
     named (a pair whose link NVML would not report makes it a warning). GPUs are numbered as
@@ -256,7 +256,7 @@ def _median_us(times_ms: list[float]) -> float:
     return round(statistics.median(times_ms) * 1000, 3)
 
 
-def check_cuda_graph(ctx: _Context) -> Outcome:
+def check_cuda_graph(ctx: CheckContext) -> Outcome:
     """Capture the tiny preset's verify forward (world size 1) in a CUDA graph, replay it, compare
     with the eager result and time both with CUDA events."""
     import torch
@@ -308,7 +308,7 @@ def check_cuda_graph(ctx: _Context) -> Outcome:
     )
 
 
-def check_profiler_trace(ctx: _Context) -> Outcome:
+def check_profiler_trace(ctx: CheckContext) -> Outcome:
     """Record the live runner's CUDA-graph replay trace (torch.profiler) of the tiny forward and
     read it with the trace analyzer: the forward's kernels must be found."""
     import torch
@@ -351,7 +351,7 @@ def check_profiler_trace(ctx: _Context) -> Outcome:
     )
 
 
-def check_hook_overhead(ctx: _Context) -> Outcome:
+def check_hook_overhead(ctx: CheckContext) -> Outcome:
     """Host time per ``dist.all_reduce`` on a 1-rank NCCL group, with and without the region timer
     the live runner wraps around every collective (two CUDA events)."""
     import torch
@@ -399,13 +399,13 @@ def check_hook_overhead(ctx: _Context) -> Outcome:
     )
 
 
-def _needs_gpus(ctx: _Context, n: int = 2) -> Outcome | None:
+def _needs_gpus(ctx: CheckContext, n: int = 2) -> Outcome | None:
     if ctx.gpu_count < n:
         return _out(Status.skipped, f"needs >= {n} CUDA GPUs, found {ctx.gpu_count}")
     return None
 
 
-def check_p2p_real(ctx: _Context) -> Outcome:
+def check_p2p_real(ctx: CheckContext) -> Outcome:
     """The real P2P check (child processes read and write each pair's memory; a hang times out),
     judged by :func:`p2p_outcome`."""
     skip = _needs_gpus(ctx)
@@ -487,7 +487,7 @@ def backends_to_probe() -> tuple:
     return names(role=Role.baseline, device="cuda") + names(tunable=True, device="cuda")
 
 
-def check_backends(ctx: _Context) -> Outcome:
+def check_backends(ctx: CheckContext) -> Outcome:
     """One trial per all-reduce backend of the registry the capability probes allow, on all
     (2/4/8) GPUs: all-reduce + residual + RMSNorm at 3 verify sizes, each checked against the
     torch reference. A backend's build (JIT, tune) has its own limit (:mod:`.trials`)."""
@@ -576,10 +576,10 @@ def check_backends(ctx: _Context) -> Outcome:
             ],
         }
     ctx.state["backends"] = {"world": world, "hidden": hidden, "results": per, "calls_per_graph": graph_calls(count)}
-    return _backends_outcome(per, world=world, hidden=hidden, p2p_note=p2p_note, nvlink_full=nvlink_full)
+    return backends_outcome(per, world=world, hidden=hidden, p2p_note=p2p_note, nvlink_full=nvlink_full)
 
 
-def _backends_outcome(
+def backends_outcome(
     per: dict[str, dict], *, world: int, hidden: int, p2p_note: str, nvlink_full: bool | None
 ) -> Outcome:
     """The verdict over the per-backend trials: a wrong result or a failed measurement fails (do
@@ -625,7 +625,7 @@ def _backends_outcome(
     return _out(Status.ok, f"{world} GPUs, all-reduce + residual + RMSNorm vs torch reference: {summary}", **details)
 
 
-def check_backend_latency(ctx: _Context) -> Outcome:
+def check_backend_latency(ctx: CheckContext) -> Outcome:
     """Latency per backend at the 3 verify sizes, from the trials of ``backend_allreduce``
     (CUDA-graph replays of many calls each, timed with CUDA events, per call)."""
     skip = _needs_gpus(ctx)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from fastverify.doctor.core import Outcome, Status, _Context, _out, free_port, spawn
+from fastverify.doctor.core import CheckContext, Outcome, Status, _out, free_port, spawn
 from fastverify.patch import counting as C
 from fastverify.patch import rank as R
 from fastverify.patch.install import install, installed
@@ -318,7 +318,7 @@ def _sglang_reason() -> str | None:
         return NO_SGLANG
 
 
-def check_graph_counts(ctx: _Context) -> Outcome:
+def check_graph_counts(ctx: CheckContext) -> Outcome:
     """SGLang's EAGLE draft, draft-extend and prefill runners capture and replay real CUDA graphs; the
     patch's counts equal the all-reduces issued (a spawned process with the patch installed)."""
     if (why := _sglang_reason()) is not None:
@@ -335,7 +335,7 @@ def check_graph_counts(ctx: _Context) -> Outcome:
     return _out(Status.ok, line, result=got)
 
 
-def check_compiled_counts(ctx: _Context) -> Outcome:
+def check_compiled_counts(ctx: CheckContext) -> Outcome:
     """A compiled forward's SGLang all-reduce op, counted once per call (2 spawned ranks on gloo;
     PyNccl's outplace op too where there are two GPUs)."""
     if (why := _sglang_reason()) is not None:

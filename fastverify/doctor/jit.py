@@ -3,9 +3,10 @@
 FlashInfer compiles a module the first time it is needed (``JitSpec.build_and_load``,
 ``flashinfer/jit/core.py``), unless ``flashinfer-jit-cache`` ships it (``is_aot``) or an earlier
 run left it in the JIT directory (``is_compiled``). The backends need ``norm``
-(``flashinfer/jit/norm.py``, for ``fused_add_rmsnorm``), ``pcie_ipc_comm`` (built in
-``PcieIpcAllReduceWorkspace``'s constructor) and ``trtllm_comm`` (built at the first
-``allreduce_fusion`` call; ``flashinfer/jit/comm.py`` builds it for SM majors 9, 10, 12 only).
+(``flashinfer/jit/norm.py``, for ``fused_add_rmsnorm``) and each its registry entry's
+``jit_modules``: ``pcie_ipc_comm`` (built in ``PcieIpcAllReduceWorkspace``'s constructor) and
+``trtllm_comm`` (built at the first ``allreduce_fusion`` call; ``flashinfer/jit/comm.py`` builds it
+for SM majors 9, 10, 12 only).
 
 The child (``python -m fastverify.doctor.jit``) builds each module in turn and prints one JSON
 line as each starts and ends, then times the first ``fused_add_rmsnorm`` call. The parent reads
@@ -24,13 +25,13 @@ import sys
 import tempfile
 import time
 
-from fastverify.registry import BackendName, backend_info
+from fastverify.registry import BACKENDS, BackendName, backend_info
 
-# (module label, generator module, generator function, registry backend whose kernel gate applies or None)
+# (module label, generator module, generator function, registry backend whose kernel gate applies or None):
+# the norm every backend can use, then each backend's own (the registry's ``jit_modules``, in its order)
 MODULES: tuple[tuple[str, str, str, BackendName | None], ...] = (
     ("norm", "flashinfer.jit.norm", "gen_norm_module", None),
-    ("pcie_ipc_comm", "flashinfer.jit.comm", "gen_pcie_ipc_comm_module", BackendName.pcie_ipc),
-    ("trtllm_comm", "flashinfer.jit.comm", "gen_trtllm_comm_module", BackendName.fused),
+    *((j.label, j.module, j.function, b.name) for b in BACKENDS for j in b.jit_modules),
 )
 
 

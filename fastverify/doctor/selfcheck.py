@@ -40,9 +40,9 @@ from fastverify.doctor.core import (
     BUILDING,
     JIT_BUILD_TIMEOUT_S,
     PINNED_FLASHINFER,
+    CheckContext,
     Outcome,
     Status,
-    _Context,
     _out,
     free_port,
     spawn,
@@ -66,7 +66,7 @@ NO_FLASHINFER = "flashinfer not importable: FlashInfer checks are optional and s
 LIVE_TIMEOUT_S = 240.0
 
 
-def _flashinfer_installed() -> bool:
+def flashinfer_installed() -> bool:
     try:
         return importlib.util.find_spec("flashinfer") is not None
     except (ImportError, ValueError):
@@ -109,7 +109,7 @@ def compare_nccl(torch_says: Any, library: Any, how: str) -> tuple[Status, str, 
     return Status.ok, f"torch loads NCCL {loaded}; ncclGetVersion of {library.library} ({how}) agrees", None
 
 
-def check_torch_nccl(ctx: _Context) -> Outcome:
+def check_torch_nccl(ctx: CheckContext) -> Outcome:
     """The NCCL torch loads (``torch.cuda.nccl.version()``) against ``ncclGetVersion`` (ctypes) of
     the libnccl mapped into this process, else of the one fastverify would read."""
     import torch
@@ -150,7 +150,7 @@ def check_torch_nccl(ctx: _Context) -> Outcome:
 # --- CUDA_DEVICE_MAX_CONNECTIONS -----------------------------------------------------------------
 
 
-def check_cuda_max_connections(ctx: _Context) -> Outcome:
+def check_cuda_max_connections(ctx: CheckContext) -> Outcome:
     """Whether ``CUDA_DEVICE_MAX_CONNECTIONS=1`` set after ``torch.cuda.is_available()`` still
     takes effect, measured in three child processes (:mod:`.connections`)."""
     runs = connections.measure()
@@ -172,10 +172,10 @@ def check_cuda_max_connections(ctx: _Context) -> Outcome:
 # --- JIT builds ---------------------------------------------------------------------------------
 
 
-def check_jit_builds(ctx: _Context) -> Outcome:
+def check_jit_builds(ctx: CheckContext) -> Outcome:
     """Build (or load) each FlashInfer module the backends use, timed, in a child under its own
     limit, so that later trials load them from FlashInfer's cache."""
-    if not _flashinfer_installed():
+    if not flashinfer_installed():
         return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
 
     res = run_builds(JIT_BUILD_TIMEOUT_S)
@@ -213,7 +213,7 @@ def jit_outcome(res: dict) -> Outcome:
 # --- stream binding ------------------------------------------------------------------------------
 
 
-def check_stream_binding(ctx: _Context) -> Outcome:
+def check_stream_binding(ctx: CheckContext) -> Outcome:
     """FlashInfer's stream-binding rule with real streams on GPU 0 (:mod:`.streams`); with two or
     more GPUs also a 2-rank ``pcie_ipc`` tune trial (eager on the default stream, then the graph's
     side-stream warm-up and capture) where its probe allows."""
@@ -261,7 +261,7 @@ def check_stream_binding(ctx: _Context) -> Outcome:
     return _out(Status.ok, f"{line} ({binding.source})", **details)
 
 
-def _pcie_ipc_trial(ctx: _Context) -> dict:
+def _pcie_ipc_trial(ctx: CheckContext) -> dict:
     import torch
 
     from fastverify.backends import ProbeContext, probe  # lazy: torch
@@ -304,10 +304,10 @@ def _pcie_ipc_trial(ctx: _Context) -> dict:
 # --- fused_add_rmsnorm ---------------------------------------------------------------------------
 
 
-def check_flashinfer_norm(ctx: _Context) -> Outcome:
+def check_flashinfer_norm(ctx: CheckContext) -> Outcome:
     """``flashinfer.norm.fused_add_rmsnorm`` (the norm kernel every backend can use) against the fp32
     torch reference on random data, eager and replayed from a CUDA graph."""
-    if not _flashinfer_installed():
+    if not flashinfer_installed():
         return _out(Status.skipped, NO_FLASHINFER, f"pip install flashinfer-python=={PINNED_FLASHINFER}")
     import torch
 
@@ -368,7 +368,7 @@ def check_flashinfer_norm(ctx: _Context) -> Outcome:
 # --- 1-rank NCCL and the live runner at TP 1 ------------------------------------------------------
 
 
-def check_nccl_1rank(ctx: _Context) -> Outcome:
+def check_nccl_1rank(ctx: CheckContext) -> Outcome:
     """The NCCL backend on a 1-rank group: all-reduce + residual + RMSNorm eager on the default
     stream, then captured in a CUDA graph (side-stream warm-up) and replayed, both against the
     reference; then the same as a tune trial in a fresh worker process."""
@@ -482,7 +482,7 @@ def check_nccl_1rank(ctx: _Context) -> Outcome:
     )
 
 
-def check_live_graph_timing(ctx: _Context) -> Outcome:
+def check_live_graph_timing(ctx: CheckContext) -> Outcome:
     """The live runner (``fastverify profile``'s engine) at TP 1 on the tiny preset: one rank process,
     NCCL, the forward timed from CUDA-graph replays (``timed_forward = "cuda_graph"``: region graphs
     and the whole-forward graph), the eager forward only as the second figure."""
@@ -538,7 +538,7 @@ def check_live_graph_timing(ctx: _Context) -> Outcome:
     )
 
 
-def check_fused_two_groups(ctx: _Context) -> Outcome:
+def check_fused_two_groups(ctx: CheckContext) -> Outcome:
     """The patch's fused slot with two SGLang groups (attention TP over 4 ranks, the post-experts
     pair of moe_dp 2): one backend per group, each call summed over its own group's ranks
     (:func:`run_two_groups`; 4 gloo ranks on CPU, so it needs no second GPU)."""
@@ -674,7 +674,7 @@ def time_steps(torch: Any, out_dir: Path) -> dict:
     }
 
 
-def check_verify_timer(ctx: _Context) -> Outcome:
+def check_verify_timer(ctx: CheckContext) -> Outcome:
     """The patch's verify timer on real CUDA events (:func:`time_steps`): steps recorded behind
     queued GPU work must cost no host wait, and every step is written once the GPU is done."""
     import torch

@@ -14,14 +14,13 @@ imports torch: the CLI can validate ``--model`` and ``--tp`` before any worker s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from fastverify.errors import UserError
-from fastverify.inputs import read_text
+from fastverify.inputs import loads_json, read_text
 
 # SGLang pads the vocabulary to a multiple of 64 before splitting it over TP ranks
 # (vLLM/SGLang ``layers/vocab_parallel_embedding.py``: ``DEFAULT_VOCAB_PADDING_SIZE = 64``,
@@ -196,12 +195,7 @@ def load_model_config(preset_or_path: str) -> ModelConfig:
 
 
 def _from_text(text: str, *, source: str, name: str) -> ModelConfig:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{source}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
-    except RecursionError:
-        raise UserError(f"{source}: JSON nested too deeply (over Python's recursion limit)") from None
+    doc = loads_json(text, source, what="the model config", exact_ints=True)
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a model config must be a JSON object, got {type(doc).__name__}")
     prefix = ""

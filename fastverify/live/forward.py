@@ -73,7 +73,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return xf.to(x.dtype) * weight
 
 
-def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``down(silu(x W_g) * x W_u)``. ``x``: [..., H]; ``gate_up``: [H, 2I]; ``down``: [I, H]."""
     gu = x @ gate_up
     inter = down.shape[0]
@@ -358,7 +358,7 @@ class TPVerifyModel:
         ys = ys.view(used * cap, H) * (weights.index_select(0, pair_index).unsqueeze(1) * valid)
         out = torch.zeros_like(x).index_add_(0, token_index, ys)
         if hasattr(self, "shared_gate_up"):
-            out = out + _swiglu(x, self.shared_gate_up, self.shared_down)
+            out = out + swiglu(x, self.shared_gate_up, self.shared_down)
         return out
 
     # ---- forward ------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ class TPVerifyModel:
                     h = a + residual
                     residual = h
                     x = _rms_norm(h, self.post_attn_norm, eps)
-                h = self._moe(x, i) if moe else _swiglu(x, self.dense_gate_up, self.dense_down)
+                h = self._moe(x, i) if moe else swiglu(x, self.dense_gate_up, self.dense_down)
                 x = None
             if fused:  # the next layer's input_layernorm, or the final norm after the last layer
                 norm = self.final_norm if i == last else self.input_norm

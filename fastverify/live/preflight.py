@@ -233,7 +233,7 @@ def pick_backend(name: str | None, use_cuda: bool, tp: int, dtype: str, torch) -
     )
 
 
-def _available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
+def available_bytes(cuda: bool, tp: int, torch) -> tuple[int, str] | None:
     """Memory the ranks can use and what it is: the smallest GPU's total on CUDA (one rank per GPU),
     else the host's ``MemAvailable`` (``/proc/meminfo``, shared by all ranks); None when unknown."""
     if cuda:
@@ -275,7 +275,7 @@ def check_memory(
     if cuda:
         check_gpu_memory(config, mem, tp=tp, batch=batch, draft_tokens=draft_tokens, torch=torch)
         return
-    have = _available_bytes(cuda, tp, torch)
+    have = available_bytes(cuda, tp, torch)
     if have is None:
         return
     need = mem.total if estimate is None else estimate.memory_bytes
@@ -317,7 +317,7 @@ def check_gpu_memory(
     )
     gpus = cuda_gpu_memory(tp, nvml=nvml, environ=environ)
     totals = [g["total_bytes"] for g in gpus or () if g["total_bytes"] is not None]
-    total = min(totals) if totals else _available_bytes(True, tp, torch)[0]
+    total = min(totals) if totals else available_bytes(True, tp, torch)[0]
     if need > total:
         raise UserError(
             f"{_shape(config, tp, batch, draft_tokens)}: each rank needs at least {need / GIB:.1f} GiB "

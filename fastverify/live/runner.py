@@ -188,7 +188,7 @@ def _run_ranks(spec: dict, *, progress: bool, job_start: float, estimate: CpuEst
     with rank_workdir("fastverify-live-") as workdir:
         spec_path = Path(workdir) / "spec.json"
         spec_path.write_bytes(orjson.dumps(spec))
-        watch = _LiveWatch(
+        watch = LiveWatch(
             workdir,
             tp,
             warmup=spec["warmup"],
@@ -198,7 +198,7 @@ def _run_ranks(spec: dict, *, progress: bool, job_start: float, estimate: CpuEst
             estimate=estimate,
         )
         try:
-            _launch(worker_argv(str(spec_path)), tp, spec["timeout_s"], workdir, child_env(), watch=watch)
+            launch_ranks(worker_argv(str(spec_path)), tp, spec["timeout_s"], workdir, child_env(), watch=watch)
         except UserError:
             # A backend a rank could not build: its probe's line, not "rank r failed".
             refused = sorted(Path(workdir).glob("rank*.unavailable"))
@@ -208,13 +208,13 @@ def _run_ranks(spec: dict, *, progress: bool, job_start: float, estimate: CpuEst
         return [_load_result(Path(workdir), r, spec["dist_backend"]) for r in range(tp)]
 
 
-def _launch(
+def launch_ranks(
     argv: Callable[[int], list[str]],
     tp: int,
     timeout_s: float,
     workdir: str,
     env: dict[str, str] | None = None,
-    watch: _LiveWatch | None = None,
+    watch: LiveWatch | None = None,
 ) -> None:
     """Start ``tp`` processes ``argv(rank)`` (stderr to ``workdir/rank<r>.stderr``) and wait for all to exit 0.
 
@@ -264,7 +264,7 @@ HEARTBEAT_S = 5.0
 """Longest a live run's progress stays silent once it has begun printing (s)."""
 
 
-class _LiveWatch:
+class LiveWatch:
     """The parent's view of a live run's progress, read from the ranks' ``rank<r>.progress`` files.
 
     A rank appends one line per stage (``up`` once it has joined the process group, ``built

@@ -1644,3 +1644,45 @@ def explain(name: str) -> str:
         lines.append(f"  alias of {s.alias_of}")
     lines.append(f"  source:  {s.source}")
     return "\n".join(lines)
+
+
+def split_set(item: str) -> tuple[str, str]:
+    """``(name, value)`` of one ``--set NAME=VALUE`` flag (``topo`` and ``tune``), its form only.
+
+    Raises
+    ------
+    UserError
+        No ``=``, no name, or an empty value (refused as the env file refuses it, :mod:`fastverify.envfile`).
+    """
+    name, eq, value = item.partition("=")
+    if not eq or not name:
+        raise UserError(f"--set {item!r}: expected NAME=VALUE, e.g. NCCL_P2P_LEVEL=SYS")
+    if value == "":
+        raise UserError(f"--set {item!r}: {name} has an empty value (leave the setting out instead)")
+    return name, value
+
+
+def apply_sets(items: Iterable[str], env: Mapping[str, str], version: NcclVersion | None) -> dict[str, str]:
+    """``env`` with the ``--set NAME=VALUE`` flags ``items`` on top, each checked strictly
+    (:func:`validate_setting`), then against each other and the environment (:func:`validate_settings`:
+    MIN over MAX channels, ...).
+
+    Raises
+    ------
+    UserError
+        A form :func:`split_set` refuses, an unknown name, or a value NCCL ``version`` rejects.
+    """
+    out = dict(env)
+    given = set()
+    for item in items:
+        name, value = split_set(item)
+        finding = validate_setting(name, value, version)
+        if finding.severity is Severity.ERROR:
+            raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
+        out[name] = value
+        given.add(name)
+    if given:
+        for f in validate_settings({k: v for k, v in out.items() if k.startswith("NCCL_")}, version):
+            if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):
+                raise UserError(f"--set {f.name}={f.value}: {f.reason}" + (f" ({f.fix})" if f.fix else ""))
+    return out

@@ -13,7 +13,8 @@ NCCL_DEBUG_SUBSYS=INIT,GRAPH`` log, or let :func:`inputs_for_pcie_box` derive pl
 (:func:`ring_graph`). :class:`CorrectedModel` (:func:`fit`, on the grid of :func:`grid_search`)
 keeps NCCL's structure and choice and corrects its PCIe latency and bandwidths.
 :func:`enabled_algos_protos` is the one answer ``fastverify topo`` and ``fastverify tune`` both
-ask: which of the model's algorithms and protocols ``NCCL_ALGO`` / ``NCCL_PROTO`` leave on.
+ask: which of the model's algorithms and protocols ``NCCL_ALGO`` / ``NCCL_PROTO`` leave on;
+:func:`inputs_for_env` is the one way both turn an environment into the model's inputs.
 
 In this order below: NCCL's names, constants and version rules; the ring search; the fit's grid
 search; the model and its correction; the enabled algorithms and protocols.
@@ -816,3 +817,64 @@ def enabled_algos_protos(env: Mapping[str, str], version: NcclVersion | None, sm
     elif "NCCL_PROTO" in env:
         notes.append(f"NCCL rejects NCCL_PROTO={env['NCCL_PROTO']!r}: the baseline is predicted without it")
     return EnabledAlgos(algos, protos, tuple(notes), protos_set)
+
+
+def inputs_for_env(
+    env: Mapping[str, str],
+    n_ranks: int,
+    *,
+    p2p: bool,
+    version: NcclVersion | None,
+    pcie_gen: int,
+    sm: int,
+    graph_bw_intra_gbps: float | None = None,
+    graph_n_channels: int | None = None,
+) -> tuple[ModelInputs, tuple[str, ...]]:
+    """The cost model's inputs for ``n_ranks`` GPUs of one PCIe box (x16 links) under ``env``: the one
+    way ``fastverify topo`` and ``fastverify tune`` turn an environment into :class:`ModelInputs`.
+
+    Parameters
+    ----------
+    env : mapping of str to str
+        The ``NCCL_*`` settings in force (the current environment, or it with a candidate's settings
+        on top): ``NCCL_ALGO`` / ``NCCL_PROTO`` decide the algorithms and protocols
+        (:func:`enabled_algos_protos`).
+    p2p : bool
+        The ring's pace-setting transport is P2P (else SHM), recorded only.
+    version : NcclVersion or None
+        The NCCL that reads ``env``; ``None``, or a release newer than the 2.x ones the model knows,
+        gets the model's default version's constants (the latter said in the notes).
+    pcie_gen, sm
+        PCIe generation and compute capability x10.
+    graph_bw_intra_gbps, graph_n_channels
+        The ring graph from an NCCL log's GRAPH line, both or neither (else derived,
+        :func:`inputs_for_pcie_box`).
+
+    Returns
+    -------
+    (ModelInputs, notes)
+        ``notes``: one line per setting NCCL rejects or ignores, and a version the model does not know.
+    """
+    enabled = enabled_algos_protos(env, version, sm)
+    notes = list(enabled.notes)
+    code = DEFAULT_NCCL_VERSION
+    if version is not None and version.major > 2:  # the cost model's constants are NCCL 2.x's
+        notes.append(
+            f"NCCL {version} is newer than the 2.x releases the cost model knows: predicted with its default "
+            "version's constants"
+        )
+    elif version is not None:
+        code = version.code
+    inputs = inputs_for_pcie_box(
+        n_ranks,
+        gen=pcie_gen,
+        width=16,
+        sm=sm,
+        p2p=p2p,
+        version=code,
+        graph_bw_intra_gbps=graph_bw_intra_gbps,
+        graph_n_channels=graph_n_channels,
+        algos=enabled.algos,
+        protos=enabled.protos_or_none,
+    )
+    return inputs, tuple(notes)

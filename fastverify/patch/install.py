@@ -427,7 +427,7 @@ _rank_step_done = False
 _line_due: str | None = None  # the TP rank whose line waits for SGLang's start-up checks
 
 
-def _default_factory(slot: BackendSlot, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
+def default_factory(slot: BackendSlot, modules: Mapping[str, Any] | None = None) -> Callable[[Any, Any], Any]:
     """Build the slot's backend (gloo on CPU) from SGLang's coordinator and the record
     (:func:`rank.make_for_rank`). The workspace is sized from the record; without one, from the
     widest captured decode (the ``Probe`` of the step before capture), never from the first live
@@ -704,7 +704,7 @@ def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sgl
     if slot is not None:
         slot.kind = info.name
         if slot.factory is None:
-            slot.factory = _default_factory(slot, modules=modules)
+            slot.factory = default_factory(slot, modules=modules)
         _install_slot(report, slot, modules)
 
 

@@ -28,18 +28,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from fastverify.registry import BackendName
+from fastverify.registry import BACKENDS
 
-SGLANG_TO_REGISTRY = {
-    "pcie_ipc": BackendName.pcie_ipc.value,
-    "ca": BackendName.custom_ar.value,
-    "pynccl": BackendName.nccl.value,
-    "pynccl_symm_mem": BackendName.nccl.value,
-    "nccl": BackendName.nccl.value,
-    "gloo": BackendName.gloo.value,
-}
+SGLANG_TO_REGISTRY = {method: b.name.value for b in BACKENDS for method in b.sglang_methods}
 """SGLang 0.5.23 method names (``parallel_state.py``; the keys are SGLang's spellings) → fastverify
-registry names (``BackendName``), where one exists."""
+registry names (``BackendName``), where one exists (the registry's ``sglang_methods``)."""
 MODES = ("verify", "draft", "draft_extend", "extend", "decode", "idle", "other")
 WARMUP = "capture_warmup"
 

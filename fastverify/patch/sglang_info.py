@@ -191,8 +191,11 @@ def format_report(info: SGLangInfo, statuses: list[TargetStatus], route: str) ->
     lines = [
         f"SGLang {info.version or 'version unknown'} at {info.location}",
         f"route: {route}",
-        f"PCIe IPC all-reduce switch (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE): "
-        f"{'present' if info.has_pcie_ipc else 'absent'}",
+        *(
+            f"{b.sglang_switch_label} switch ({b.sglang_switch}): {'present' if info.has_switch(b) else 'absent'}"
+            for b in REGISTRY
+            if b.sglang_switch_module
+        ),
     ]
     for s in statuses:
         lines.append(f"  {s.status:9} {s.key:13} {s.where}: {s.reason}")

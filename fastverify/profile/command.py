@@ -257,7 +257,7 @@ def _profile(args: argparse.Namespace, argv: list[str], painter) -> int:
     else:
         if args.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {args.warmup}")
-        ranks, source, stem = _live(args)
+        ranks, source, stem = measure_live(args)
 
     from fastverify.profile.build import as_builtins, build_profile, default_output, write_outputs  # lazy: numpy
 
@@ -326,7 +326,7 @@ def _with_graph_replay(profile, ranks, shapes):
     )
 
 
-def _live(args: argparse.Namespace):
+def measure_live(args: argparse.Namespace):
     from fastverify.live.runner import run_live  # lazy: numpy
     from fastverify.profile.build import default_output  # lazy: numpy
 

@@ -32,7 +32,7 @@ import msgspec
 
 from fastverify.bounds import MAX_BATCH, MAX_COUNT, MAX_DRAFT_TOKENS, MAX_EVENT_US, MAX_HIDDEN, MAX_MSG_BYTES
 from fastverify.errors import UserError, schema_error
-from fastverify.inputs import read_bytes
+from fastverify.inputs import decode_json, read_bytes
 
 SCHEMA = "fastverify.profile"
 SCHEMA_VERSION = 2
@@ -376,16 +376,12 @@ def decode_head(data: bytes, source: str) -> ProfileHead:
         Not JSON, nested too deeply, not an object, or ``schema`` is not ``fastverify.profile``.
     """
     try:
-        head = msgspec.json.decode(data, type=ProfileHead)
+        head = decode_json(data, source, ProfileHead, what="the profile")
     except msgspec.ValidationError:  # valid JSON, but not an object
         raise UserError(
             f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "
             "(write one with `fastverify profile`)"
         ) from None
-    except msgspec.DecodeError as err:
-        raise UserError(f"{source}: not a fastverify profile: invalid JSON ({err})") from None
-    except RecursionError:  # msgspec bounds nesting (fastverify.inputs)
-        raise UserError(f"{source}: not a fastverify profile: JSON nested too deeply") from None
     if head.schema != SCHEMA:
         raise UserError(
             f"{source}: not a usable fastverify profile: 'schema' is not {SCHEMA!r} "

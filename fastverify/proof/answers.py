@@ -30,7 +30,7 @@ import msgspec
 import orjson
 
 from fastverify.errors import UserError, path_text
-from fastverify.inputs import read_text
+from fastverify.inputs import loads_json, read_text
 
 MAX_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 1_000_000
@@ -151,10 +151,7 @@ def prompt_digest(prompts: Sequence[Prompt]) -> str:
 
 
 def _prompt_of(line: str, n: int, where: str) -> Prompt:
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise UserError(f'{where} line {n}: not JSON (one object a line, e.g. {{"prompt": "..."}})') from None
+    obj = loads_json(line, f"{where} line {n}", what='a prompt line (one object a line, e.g. {"prompt": "..."})')
     if not isinstance(obj, dict):
         raise UserError(f'{where} line {n}: expected an object with "prompt", got {type(obj).__name__}')
     text = obj.get("prompt", obj.get("text"))

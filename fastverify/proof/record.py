@@ -16,7 +16,7 @@ import msgspec
 
 from fastverify import __version__
 from fastverify.errors import UserError, path_text, schema_error
-from fastverify.inputs import read_bytes
+from fastverify.inputs import decode_json, read_bytes
 from fastverify.proof.answers import MAX_NEW_TOKENS, Answer, Prompt
 from fastverify.proof.throughput import ThroughputRun
 
@@ -95,8 +95,8 @@ def read_run(folder: str | Path, *, flag: str, allow_incomplete: bool = False) -
         )
     raw = read_bytes(path, kind="json", flag=flag)
     try:
-        run = msgspec.json.decode(raw, type=LoadRun)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        run = decode_json(raw, path_text(path), LoadRun)
+    except msgspec.ValidationError as err:
         raise schema_error(f"{path_text(path)}", err, {"schema": f'"{SCHEMA}"', "complete": "true"}) from None
     check_run(run, path_text(path))
     if not run.complete and not allow_incomplete:

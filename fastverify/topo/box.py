@@ -8,9 +8,10 @@
 * :func:`box_from_description`: a *described* box (JSON object or a file holding one) for tests
   and for checking a record on a machine other than the target (``launch`` reads it from the
   ``FASTVERIFY_DESCRIBE_BOX`` variable or its hidden ``--describe-box`` flag).
-* :func:`read_p2p_file`: :class:`~fastverify.deploy.P2PFacts` from the output of the real check
-  (``fastverify p2p --output p2p.json``, or its cache file
-  ``~/.cache/fastverify/p2p-<fingerprint>.json``): the only source that *proves* P2P.
+* :func:`read_p2p_results` / :func:`p2p_file_facts`: the results, then the
+  :class:`~fastverify.deploy.P2PFacts`, of the real check's output (``fastverify p2p --output
+  p2p.json``, or its cache file ``~/.cache/fastverify/p2p-<fingerprint>.json``): the only source
+  that *proves* P2P.
 * :func:`p2p_from_topology` / :func:`p2p_from_results`: facts from NVML's P2P status (not proof)
   or from :func:`fastverify.topo.p2p.check_p2p` results (proof).
 * :func:`resolve_box` / :func:`resolve_args`: the box facts the cost model and the backend gates
@@ -45,7 +46,7 @@ from fastverify.bounds import (
 )
 from fastverify.deploy import BOX_EXAMPLES, BoxFingerprint, P2PFacts
 from fastverify.errors import UserError, one_line, schema_error
-from fastverify.inputs import read_text
+from fastverify.inputs import loads_json, read_text
 from fastverify.nccl.version import read_nccl_version
 from fastverify.topo.gpu_identity import nvml_gpus, visible_gpus
 from fastverify.topo.nvml import nvml_text
@@ -235,14 +236,7 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
             pass
     if not is_json:
         raw = read_text(Path(raw).expanduser(), kind="text", flag=where, what="the box description")
-    try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{where}: box description is not JSON ({err.msg} at line {err.lineno})") from None
-    except RecursionError:
-        raise UserError(f"{where}: box description nested too deeply") from None
-    except ValueError as err:  # an integer of over 4300 digits
-        raise UserError(f"{where}: box description is not JSON ({one_line(str(err), 100)})") from None
+    doc = loads_json(raw, where, what="the box description", exact_ints=True)
     if not isinstance(doc, dict):
         raise UserError(
             f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}"
@@ -351,17 +345,6 @@ def p2p_file_facts(path: str | Path, results: Mapping[tuple[int, int], Any]) -> 
     """:class:`P2PFacts` of results read from ``path`` (:func:`read_p2p_results`)."""
     facts = p2p_from_results(results)
     return P2PFacts(ok=facts.ok, source="p2p_check", note=f"{facts.note} ({path})"[:300], pairs=facts.pairs)
-
-
-def read_p2p_file(path: str | Path) -> P2PFacts:
-    """P2P facts from the real check's JSON (:func:`read_p2p_results`); the only proof of P2P.
-
-    Raises
-    ------
-    UserError
-        One line naming the file when it cannot be read or is not such a JSON document.
-    """
-    return p2p_file_facts(path, read_p2p_results(path))
 
 
 def p2p_from_topology(topo: Any | None) -> P2PFacts:

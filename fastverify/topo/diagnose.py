@@ -269,23 +269,13 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
         )
     if env.get("NCCL_SHM_DISABLE", "").strip() == "1" and any(p.transport_now == "SHM" for p in pairs):
         return [], "no prediction: NCCL_SHM_DISABLE=1 sends the non-P2P pairs over NET, which is not modelled"
-    enabled = enabled_algos_protos(env, nv, sm)
-    notes = list(enabled.notes)
-    algos, protos = enabled.algos, enabled.protos_or_none
     graph = next((g for g in (log.graphs if log else ()) if g.pattern == 4), None)
-    kw = dict(gen=pcie_gen, width=16, sm=sm, algos=algos, protos=protos)
-    if nv is not None and nv.major > 2:  # the cost model's constants are NCCL 2.x's
-        notes.append(
-            f"NCCL {nv} is newer than the 2.x releases the cost model knows: predicted with its default "
-            "version's constants"
-        )
-    elif nv is not None:
-        kw["version"] = nv.code
+    kw = dict(version=nv, pcie_gen=pcie_gen, sm=sm)
     if graph is not None and graph.bw_intra_gbps > 0:
         kw.update(graph_bw_intra_gbps=graph.bw_intra_gbps, graph_n_channels=graph.n_channels)
     now_t, rec_t = _ring_transport(pairs, "transport_now"), _ring_transport(pairs, "transport_recommended")
-    now_in = M.inputs_for_pcie_box(n, p2p=now_t is M.Transport.P2P, **kw)
-    rec_in = M.inputs_for_pcie_box(n, p2p=rec_t is M.Transport.P2P, **kw)
+    now_in, notes = M.inputs_for_env(env, n, p2p=now_t is M.Transport.P2P, **kw)
+    rec_in, _ = M.inputs_for_env(env, n, p2p=rec_t is M.Transport.P2P, **kw)
     out = []
     for b in batches:
         tokens = b * draft_tokens

@@ -356,7 +356,7 @@ def read_gpu_memory(
         ``[{"pid", "name", "used_bytes"}, ...]`` from ``nvmlDeviceGetComputeRunningProcesses``
         (``[]`` where NVML refuses). ``pid`` is as NVML reports it, in the host's pid namespace;
         ``name`` is ``/proc/<pid>/comm`` where that is readable and this process shares the
-        host's pid namespace (:func:`_in_host_pid_namespace`; in a container's own namespace a host
+        host's pid namespace (:func:`in_host_pid_namespace`; in a container's own namespace a host
         pid names another process or none), else None; ``used_bytes`` is None where the driver does
         not say. None when NVML cannot start (no driver, no ``pynvml``) or cannot count or open
         the GPUs.
@@ -371,7 +371,7 @@ def read_gpu_memory(
         nvml.nvmlInit()
     except (error, OSError):
         return None
-    names = Path(proc_root) if _in_host_pid_namespace(Path(proc_root)) else None
+    names = Path(proc_root) if in_host_pid_namespace(Path(proc_root)) else None
     try:
         return [
             _memory_row(nvml, i, nvml.nvmlDeviceGetHandleByIndex(i), names) for i in range(nvml.nvmlDeviceGetCount())
@@ -438,7 +438,7 @@ def _process_name(proc_root: Path, pid: int) -> str | None:
         return None
 
 
-def _in_host_pid_namespace(proc_root: Path) -> bool:
+def in_host_pid_namespace(proc_root: Path) -> bool:
     """Whether this process's pids are the host's, as NVML reports them: the ``NSpid:`` line of
     ``<proc_root>/self/status`` lists one pid per nested pid namespace (Linux 4.1+, proc(5)), so a
     single entry means no container namespace. True where the line is missing (older kernels)."""

@@ -195,7 +195,7 @@ def run_pair_child(
     return out
 
 
-def _gpu_count_or_fail() -> int:
+def gpu_count_or_fail() -> int:
     try:
         import torch  # noqa: PLC0415
     except ImportError as err:
@@ -254,7 +254,7 @@ def check_p2p(
         torch sees no CUDA device.
     """
     if child_argv is None:
-        count = _gpu_count_or_fail()
+        count = gpu_count_or_fail()
         n_gpus = count if n_gpus is None else n_gpus
         child_argv = default_child_argv(timeout_s)
     if n_gpus is None:
@@ -393,7 +393,7 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool, f
     if output is not None:
         check_outputs({"--output": output})
         claim_output(output, "--output", force=force)  # an existing file only with --force
-    _gpu_count_or_fail()
+    gpu_count_or_fail()
     gpus = gpu_identities()
     results = check_p2p(timeout_s=timeout_s, refresh=refresh, gpus=gpus)
     text = json.dumps(check_document(results, gpus), indent=1) + "\n"
@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "check":
         try:
             check_timeout(args.timeout)
-            _gpu_count_or_fail()
+            gpu_count_or_fail()
             gpus = gpu_identities()
             results = check_p2p(timeout_s=args.timeout, cache_dir=args.cache_dir, refresh=args.refresh, gpus=gpus)
         except UserError as err:
@@ -617,7 +617,7 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _publish_buffer(torch: Any, me: str, my_gpu: int, workdir: Path) -> Any | None:
+def publish_buffer(torch: Any, me: str, my_gpu: int, workdir: Path) -> Any | None:
     """This side's buffer, its IPC handle published in ``<me>.handle.json``; None when it could
     not be shared, after writing the failure as this side's handle, written flag and report."""
     try:
@@ -649,7 +649,7 @@ def run_side(me: str, peer: str, my_gpu: int, peer_gpu: int, workdir: Path, time
     deadline = time.monotonic() + timeout_s
     n = BUFFER_BYTES
     dev = f"cuda:{my_gpu}"
-    buf = _publish_buffer(torch, me, my_gpu, workdir)
+    buf = publish_buffer(torch, me, my_gpu, workdir)
     if buf is None:
         return
 

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from fastverify.deploy import GpuId
 from fastverify.errors import UserError
-from fastverify.inputs import read_text
+from fastverify.inputs import loads_json, read_text
 
 POLL_S = 0.02  # how often the check's processes look for each other's files, seconds
 
@@ -195,12 +195,7 @@ def read_check_file(path: str | os.PathLike) -> CheckFile:
 
 def _check_json(p: str, text: str) -> Any:
     """The file's JSON, refused when it is not JSON or a schema other than this version's."""
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise UserError(f"{p}: JSON nested too deeply (over Python's recursion limit)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{p}: not the JSON of `fastverify p2p`") from None
+    doc = loads_json(text, p, what="the output of `fastverify p2p`", exact_ints=True)
     if (
         isinstance(doc, dict)
         and "schema" in doc

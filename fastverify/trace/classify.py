@@ -1,6 +1,7 @@
 """Kernel classification: one ordered table of name rules, each with its source.
 
-The first rule whose regex matches a GPU event's name decides its :class:`EventClass`. Rules
+The registry's backends bring their own kernel names (:attr:`fastverify.registry.BackendInfo.kernel_patterns`),
+placed after NCCL's. The first rule whose regex matches a GPU event's name decides its :class:`EventClass`. Rules
 whose class is ``None`` need the launching CPU op (eager traces only): RCCL's generic kernel and
 FlashInfer's generic ``allreduce_kernel`` names say nothing about the collective by themselves.
 Under CUDA-graph replay there is no launching op, so those resolve to ``UNKNOWN_COMM`` and are
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from fastverify.events import EventClass
+from fastverify.registry import BACKENDS
 
 A, F, O, M, U, C, E = (
     EventClass.ALLREDUCE,
@@ -110,41 +112,16 @@ RULES: tuple[Rule, ...] = (
         "RCCL generic kernel, collective only from the launching op (TraceLens mi300 traces; roctracer issue #101)",
     ),
     Rule(r"^(void )?(nccl|rccl)", None, "nccl", "any other NCCL/RCCL kernel"),
-    # --- custom all-reduce (vLLM / SGLang / AMD aiter) --------------------------------------
-    Rule(
-        r"cross_device_reduce_(1|2)stage",
-        A,
-        "custom_ar",
-        "vllm csrc/custom_all_reduce.cuh; sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh",
-    ),
-    # --- FlashInfer / TensorRT-LLM fused all-reduce + residual + RMSNorm --------------------
-    Rule(
-        r"(moereduce_|moefinalize_)?allreduce_fusion_kernel|oneshotAllreduceFusionKernel"
-        r"|(lamport_style_)?one_shot_all_reduce_norm_kernel|allreduce_fusion_",
-        F,
-        "flashinfer_trtllm_fused",
-        "flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh",
-    ),
+    # --- the registry's backends (fastverify.registry.BackendInfo.kernel_patterns, in its order):
+    # FlashInfer PCIe IPC, the FlashInfer / TensorRT-LLM fused all-reduce + residual + RMSNorm,
+    # the custom all-reduce of vLLM / SGLang / AMD aiter ------------------------------------------
+    *(Rule(k.pattern, EventClass(k.event), k.family, k.source) for b in BACKENDS for k in b.kernel_patterns),
+    # --- FlashInfer / TensorRT-LLM plain all-reduce (no backend of fastverify's) --------------
     Rule(
         r"oneShotAllReduceKernel|twoShotAllReduceKernel|twoshotAllreduceKernel|oneshotAllreduceKernel",
         A,
         "flashinfer_trtllm",
         "flashinfer include/flashinfer/comm/trtllm_allreduce.cuh, trtllm_mnnvl_allreduce.cuh",
-    ),
-    # --- FlashInfer PCIe IPC all-reduce (flashinfer >= 0.7, PR #4393) -----------------------
-    Rule(
-        r"(?i)pcie_?ipc.*(all_?gather|reduce_?scatter)",
-        O,
-        "flashinfer_pcie_ipc",
-        "flashinfer PcieIpcAllGatherWorkspace / PcieIpcReduceScatterWorkspace",
-    ),
-    Rule(
-        r"(?i)pcie_?ipc",
-        A,
-        "flashinfer_pcie_ipc",
-        "flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh: flashinfer::comm::pcie_ipc::"
-        "push_oneshot_param_kernel, ipc_rsag_push_param_kernel, ipc_rsag_ring_push_param_kernel, "
-        "ipc_tp2_remote_push_kernel, ipc_topo_rsag8_* (PR #4393)",
     ),
     # --- MSCCL++ ------------------------------------------------------------------------------
     Rule(

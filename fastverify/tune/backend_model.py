@@ -57,8 +57,9 @@ from typing import Literal
 import msgspec
 
 from fastverify.errors import UserError
+from fastverify.inputs import decode_json
 from fastverify.nccl.model import Transport, inputs_for_pcie_box
-from fastverify.registry import BackendName, backend_info
+from fastverify.registry import BackendInfo, BackendName, backend_info
 from fastverify.topo.diagnose import CALIBRATION
 from fastverify.tune import ranges
 
@@ -214,8 +215,8 @@ def load(path: str | Path | None = None) -> PublishedData:
 
 def _decode(raw: bytes, name: str) -> PublishedData:
     try:
-        data = msgspec.json.decode(raw, type=PublishedData)
-    except msgspec.DecodeError as e:
+        data = decode_json(raw, name, PublishedData)
+    except msgspec.ValidationError as e:
         raise UserError(f"{name}: {e}") from None
     return _check(data, name)
 
@@ -387,6 +388,7 @@ def estimate(
     p2p: bool | None = None,
     exclude_box: str | None = None,
     data: PublishedData | None = None,
+    elem_bytes: int = 2,
 ) -> Estimate | None:
     """Predicted time of one all-reduce of ``msg_bytes`` bytes on a P2P ``backend`` (pcie_ipc,
     custom_ar, b12x, fused): the P2P kernel model's point and range (module docstring).
@@ -406,6 +408,9 @@ def estimate(
         Leave that box out of everything (leave-one-box-out benchmark).
     data : PublishedData or None
         Measurements read with :func:`load` from another file; default the packaged one.
+    elem_bytes : int
+        Bytes per element of the tensor (2: bf16/fp16); with the registry's ``wire_bytes`` (a
+        quantized backend) it turns ``msg_bytes`` into the bytes the model moves (:func:`wire_size`).
 
     Returns
     -------
@@ -419,19 +424,31 @@ def estimate(
     ValueError
         ``backend`` needs no P2P (NCCL's figure is its cost model's, :mod:`fastverify.tune.ranges`).
     """
-    if not backend_info(backend).needs_p2p:
+    info = backend_info(backend)
+    if not info.needs_p2p:
         raise ValueError(f"{backend.value}: no published-measurement model; NCCL's figure is the cost model's")
     if msg_bytes <= 0 or not _gate_ok(backend, sm, p2p):
         return None
     if data is None:
         data = _packaged()
     vals = [(m, t) for m in _comparable(backend, world_size, exclude_box, data) if (t := m.time_at(msg_bytes))]
-    return _kernel_estimate(backend, msg_bytes, world_size, sm, pcie_gen, vals, exclude_box, data)
+    wire = wire_size(info, msg_bytes, elem_bytes)
+    return _kernel_estimate(backend, msg_bytes, wire, world_size, sm, pcie_gen, vals, exclude_box, data)
+
+
+def wire_size(info: BackendInfo, msg_bytes: int, elem_bytes: int) -> int:
+    """Bytes each rank puts on the wire for a message of ``msg_bytes`` bytes of ``elem_bytes``-byte
+    elements: ``msg_bytes`` itself, or scaled by the registry's ``wire_bytes`` per element (a
+    quantized backend, scales included)."""
+    if info.wire_bytes is None:
+        return msg_bytes
+    return math.ceil(msg_bytes / elem_bytes * info.wire_bytes)
 
 
 def _kernel_estimate(
     backend: BackendName,
     msg_bytes: int,
+    wire_bytes: int,
     world_size: int,
     sm: tuple[int, int] | None,
     pcie_gen: int | None,
@@ -439,14 +456,15 @@ def _kernel_estimate(
     exclude_box: str | None,
     data: PublishedData,
 ) -> Estimate | None:
-    """A P2P backend's figure: the P2P kernel model's point and range; None when the
-    backend has no published PCIe measurement at all (no number is invented for it)."""
+    """A P2P backend's figure: the P2P kernel model's point (of ``wire_bytes`` on the wire) and
+    range; None when the backend has no published PCIe measurement at all (no number is invented
+    for it)."""
     if not any(m.backend is backend and m.box != exclude_box and passes(m) for m in data.measurements):
         return None
     latency = latency_us(data, exclude_box)
     if latency is None:
         return None
-    point = point_us(world_size, msg_bytes, pcie_gen=pcie_gen, sm=sm, latency=latency)
+    point = point_us(world_size, wire_bytes, pcie_gen=pcie_gen, sm=sm, latency=latency)
     rf = kernel_fit(data, msg_bytes, world_size, exclude_box)
     low, high = (point * rf.low, point * rf.high) if rf.known else (None, None)
     notes: list[str] = []
@@ -457,7 +475,7 @@ def _kernel_estimate(
     seen = "; ".join(f"{m.id} {t:.3g} µs" for m, t in vals) or f"none at TP{world_size} and this size"
     evidence = (
         f"P2P kernel model: {latency:.3g} µs latency (published P2P kernels' smallest sizes) + "
-        f"{world_size - 1} x {msg_bytes:,} B over one PCIe x16 link; published {backend.value}: {seen}; "
+        f"{world_size - 1} x {wire_bytes:,} B over one PCIe x16 link; published {backend.value}: {seen}; "
         f"{rf.text('the point')}"
     )
     return Estimate(

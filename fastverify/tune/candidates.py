@@ -131,7 +131,7 @@ def log_transport(log) -> str | None:
     return "SHM" if "SHM" in kinds else "P2P"
 
 
-def _baseline(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
+def baseline_figure(workload, base, *, perf, log, enabled, nccl_fit) -> Figure:
     """The current environment's figure: per size, the first evidence that has it."""
     profile_ok = workload.measured_on_gpu and workload.profile_backend in (None, BackendName.nccl.value)
     by_size = dict(workload.allreduce_us_by_size) if profile_ok else {}
@@ -257,7 +257,7 @@ def _settings_figure(c, base_model_us: float, baseline: Figure) -> Figure:
 # --- backends -------------------------------------------------------------------------------------------
 
 
-def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, estimate) -> Figure | str:
+def backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, estimate) -> Figure | str:
     """A registry backend's figure, or one line saying why it is not a candidate."""
     elem = {"bfloat16": 2, "float16": 2, "float32": 4}.get(workload.dtype, 2)
     n = info.name.value
@@ -276,7 +276,7 @@ def _backend_figure(info, workload, baseline: Figure, *, sm, pcie_gen, p2p_ok, e
             all_rows.append(rows)
             notes.append(f"{nbytes:,} B ({rows} rows) is above {n}'s {info.max_rows} rows: stays on NCCL")
             continue
-        est = estimate(info.name, nbytes, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=p2p_ok)
+        est = estimate(info.name, nbytes, world_size=workload.tp, sm=sm, pcie_gen=pcie_gen, p2p=p2p_ok, elem_bytes=elem)
         if est is None:
             missing.append(nbytes)
             continue
@@ -407,7 +407,7 @@ def predict_candidates(
         nccl_fit = backend_model.nccl_fit
     smt = (sm // 10, sm % 10)
     base = next(c for c in ranked if c.is_baseline)
-    baseline = _baseline(workload, base, perf=perf, log=log, enabled=enabled, nccl_fit=nccl_fit)
+    baseline = baseline_figure(workload, base, perf=perf, log=log, enabled=enabled, nccl_fit=nccl_fit)
     figures = [baseline] + [_settings_figure(c, base.allreduce_us, baseline) for c in ranked if not c.is_baseline]
     refused: list[str] = []
     assumed = p2p_ok is None
@@ -432,7 +432,7 @@ def predict_candidates(
                 reason = reason.split("; run `")[0]  # the check was run: asking for it again says nothing
             refused.append(reason)
             continue
-        fig = _backend_figure(
+        fig = backend_figure(
             info, workload, baseline, sm=smt, pcie_gen=pcie_gen, p2p_ok=True if assumed else p2p_ok, estimate=estimate
         )
         if isinstance(fig, str):

@@ -23,7 +23,7 @@ import shlex
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.console import say
 from fastverify.errors import UserError
-from fastverify.nccl.checks import Severity, validate_env
+from fastverify.nccl.checks import Severity, apply_sets, split_set, validate_env
 from fastverify.output_paths import or_default, output_arg, path_arg
 from fastverify.proof.run import baseline_of
 from fastverify.topo.box import add_box_arguments
@@ -32,7 +32,7 @@ from fastverify.tune.draft_shape import add_arguments as add_draft_shape_argumen
 from fastverify.tune.draft_shape import run as run_draft_shape
 from fastverify.tune.measure import measure
 from fastverify.tune.outputs import box_fingerprint, check_outputs, verify_shapes
-from fastverify.tune.predict import rank_nccl_settings
+from fastverify.tune.predict import priced, rank_nccl_settings
 from fastverify.tune.read_inputs import (
     box_topology,
     nccl_version,
@@ -160,6 +160,15 @@ def add_arguments(p: argparse.ArgumentParser, positive, bounded) -> None:
         "published measurements and your evidence; measure nothing",
     )
     m.add_argument("--top", type=bounded(0, 20), default=3, help="NCCL candidates from the model to measure")
+    m.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more NCCL candidate, this setting over the current environment (repeatable: one candidate "
+        "each); measured even where the cost model cannot price it (then 'measured only, not predicted', "
+        "and refused with --predict); an unknown name or a value NCCL rejects is an error",
+    )
     m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where trials run")
     m.add_argument("--iters", type=bounded(1, 10000), default=20, help="timed repetitions per size")
     m.add_argument("--warmup", type=bounded(0, 1000), default=3, help="untimed repetitions per size")
@@ -315,6 +324,8 @@ def run(args) -> int:
     if given:
         raise UserError(f"{given[0]} applies to --draft-shape only (add --draft-shape, or leave it out)")
     _check_flags(args)
+    for item in args.set:  # the form first, before reading any input
+        split_set(item)
     if args.baseline is not None:  # read before any work: the record carries its answers
         if args.write_env is None:
             raise UserError("--baseline goes into the deployment record: use it with --write-env")
@@ -332,6 +343,7 @@ def run(args) -> int:
     (perf, perf_warnings), log = read_perf(args, workload.tp), read_log(args)
     late_notes += perf_warnings
     version = nccl_version(args, log)
+    args.nccl_sets = _nccl_sets(args, version)
     topo = box_topology(args, workload, user, p2p_results)
     fp = box_fingerprint(workload, topo, version)
     check_outputs(args, fp)
@@ -345,6 +357,7 @@ def run(args) -> int:
             pcie_gen=args.pcie_gen,
             sm=args.sm,
             p2p_check=str(args.p2p_check) if p2p_results is not None else None,
+            given=[s.settings for s in args.nccl_sets if s.priced],
         )
         if topo is not None
         else []
@@ -359,6 +372,35 @@ def run(args) -> int:
             args, console, workload, topo, version, pred, shapes, p2p_given, fp, box_doc, user
         )
     return measure(args, console, workload, topo, version, ranked, shapes, p2p_given, fp)
+
+
+@dataclasses.dataclass(frozen=True)
+class NcclSet:
+    """One ``--set NAME=VALUE`` candidate: its settings, and whether the cost model can price it
+    (:func:`fastverify.tune.predict.priced`)."""
+
+    settings: dict
+    priced: bool
+
+
+def _nccl_sets(args, version) -> list[NcclSet]:
+    """The ``--set`` candidates, each checked over the current environment as NCCL ``version`` reads
+    it (:func:`fastverify.nccl.checks.apply_sets`, as ``topo --set``); with ``--predict`` one the cost
+    model cannot price is refused."""
+    out = []
+    for i, item in enumerate(args.set):
+        if item in args.set[:i]:
+            raise UserError(f"--set {item}: given twice (one candidate each)")
+        apply_sets([item], os.environ, version)
+        name, value = split_set(item)
+        can = priced(name, value, version)
+        if args.predict and not can:
+            raise UserError(
+                f"--set {name}={value}: the cost model cannot price it, so --predict cannot rank it; "
+                "measure it (drop --predict)"
+            )
+        out.append(NcclSet({name: value}, can))
+    return out
 
 
 def _run_draft_shape(args, console) -> int:

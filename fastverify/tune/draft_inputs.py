@@ -27,7 +27,7 @@ from fastverify.bundle import Bundle, open_bundle
 from fastverify.cycle.bundle_evidence import evidence, server_arguments
 from fastverify.cycle.flags import mode_means
 from fastverify.errors import UserError, one_line, path_text, schema_error
-from fastverify.inputs import read_bytes
+from fastverify.inputs import decode_json, read_bytes
 from fastverify.tune.draft_model import AcceptHistogram, CostCurve, CostPoint, DraftCost
 from fastverify.verifylog import _rank_key, read_log_dir
 
@@ -47,11 +47,9 @@ def read_histogram(path: Path) -> AcceptHistogram:
     """
     data = read_bytes(Path(path), kind="json", what="an accept histogram")
     try:
-        h = msgspec.json.decode(data, type=AcceptHistogram)
+        h = decode_json(data, path_text(path), AcceptHistogram, what="the accept histogram")
     except msgspec.ValidationError as e:
         raise schema_error(f"{path_text(path)}: invalid accept histogram", e, HISTOGRAM_EXAMPLES) from None
-    except msgspec.DecodeError as e:
-        raise UserError(f"{path_text(path)}: not JSON ({' '.join(str(e).split())})") from None
     twice = duplicate_json_key(data)
     if twice is not None:
         raise UserError(f"{path_text(path)}: key {one_line(twice, 80)!r} given twice in one object; give it once")

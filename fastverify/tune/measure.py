@@ -23,6 +23,7 @@ from fastverify.topo.box import read_box
 from fastverify.tune.advice import p2p_facts
 from fastverify.tune.document import measured_document
 from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
+from fastverify.tune.predict import MEASURED_ONLY
 from fastverify.tune.printer import winner_lines
 from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
 from fastverify.tune.server_env import server_environment, tp_of
@@ -107,8 +108,8 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
             markup=False,
         )
     base_backend = (BackendName.nccl if cuda else BackendName.gloo).value
-    picked = [c for c in ranked if not c.is_baseline][: args.top]
-    server = _server_env(args, console, workload.tp, [{}] + [dict(c.settings) for c in picked])
+    nccl = nccl_trials(ranked, args.top, getattr(args, "nccl_sets", ()))
+    server = _server_env(args, console, workload.tp, [{}] + [settings for settings, _ in nccl])
     trials = [
         TrialSpec(
             backend=base_backend,
@@ -119,10 +120,10 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
             **common,
         )
     ]
-    for c, senv in zip(picked, server.envs[1:]):
-        trials.append(TrialSpec(backend=base_backend, env=dict(c.settings), server_env=senv, label=c.name, **common))
+    for (settings, label), senv in zip(nccl, server.envs[1:]):
+        trials.append(TrialSpec(backend=base_backend, env=settings, server_env=senv, label=label, **common))
     common["server_env"] = server.envs[0]  # the backends' trials carry no settings of their own
-    if not ranked and not cuda:
+    if not ranked and not cuda and not nccl:
         console.print("# no topology (--topology FILE or NVML): only the current environment is measured", markup=False)
     box = p2p = None
     sglang_version = installed_sglang_version()
@@ -137,6 +138,19 @@ def _trials(args, console, workload, topo, version, ranked, shapes, p2p_given, d
         for why in skipped:
             say(console, f"# not measured: {why}")
     return trials, box, p2p, sglang_version
+
+
+def nccl_trials(ranked, top: int, asked) -> list[tuple[dict, str]]:
+    """``(settings, label)`` of each NCCL trial: the cost model's ``top`` candidates, then each
+    ``tune --set`` candidate (``asked``, :class:`fastverify.tune.command.NcclSet`), named as the model
+    ranked it, or ``... (measured only, not predicted)`` where it could not."""
+    predicted = {tuple(sorted(c.settings.items())): c.name for c in ranked if c.given}
+    out = [(dict(c.settings), c.name) for c in ranked if not c.is_baseline and not c.given][:top]
+    for s in asked:
+        name = predicted.get(tuple(sorted(s.settings.items())))
+        text = " ".join(f"{k}={v}" for k, v in sorted(s.settings.items()))
+        out.append((dict(s.settings), name or f"{text} ({MEASURED_ONLY})"))
+    return out
 
 
 def _server_env(args, console, tp: int, overlays: list[dict]):

@@ -4,21 +4,25 @@
 * Transport per GPU pair: :func:`fastverify.topo.diagnose.diagnose` with the candidate's
   environment (NCCL's ``NCCL_P2P_LEVEL`` path rule); one SHM pair paces the whole ring.
 * One all-reduce: :data:`fastverify.topo.diagnose.CALIBRATION` for that transport (NCCL's cost
-  model, PCIe correction fitted on one 8x RTX 4090 box) on the graph of
-  :func:`~fastverify.nccl.model.inputs_for_pcie_box`, only the algorithms / protocols the candidate
-  enables; NCCL picks the pair with its own model, the correction changes only its time.
+  model, PCIe correction fitted on one 8x RTX 4090 box) on the inputs
+  :func:`~fastverify.nccl.model.inputs_for_env` gives the candidate's environment (only the
+  algorithms / protocols it enables); NCCL picks the pair with its own model, the correction
+  changes only its time.
 * Per verify step: ``sum(count x time(size))`` over the workload's message sizes.
 
-Candidates: ``NCCL_P2P_LEVEL`` in {current, PHB, SYS} (a level only where it moves a pair to
-another transport) x ``NCCL_PROTO`` in {current, LL, Simple} x ``NCCL_ALGO`` in {current, Ring,
-Tree}, written ``allreduce:<name>`` from NCCL 2.24 (per-function grammar: the logits all-gather
-keeps its own) and as a plain list before; the baseline is ranked too; ties: fewer settings.
+Candidates: the sweep table :data:`NCCL_SWEEP`, one axis per setting it names, each the current
+value or one of the table's: ``NCCL_P2P_LEVEL`` in {current, PHB, SYS} (a level only where it moves
+a pair to another transport) x ``NCCL_PROTO`` in {current, LL, Simple} x ``NCCL_ALGO`` in {current,
+Ring, Tree}, the last two written ``allreduce:<name>`` from NCCL 2.24 (per-function grammar: the
+logits all-gather keeps its own) and as a plain list before; plus the settings the user asks for
+(``tune --set``, :func:`priced`); the baseline is ranked too; ties: fewer settings. Every candidate's
+cost-model inputs come from its environment (:func:`fastverify.nccl.model.inputs_for_env`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
@@ -30,16 +34,65 @@ from fastverify.errors import UserError
 from fastverify.inputs import read_text
 from fastverify.nccl import model as M
 from fastverify.nccl.checks import GRAMMAR_2_24, Severity, validate_setting
-from fastverify.nccl.model import enabled_algos_protos
 from fastverify.nccl.version import NcclVersion
 from fastverify.topo import diagnose as D
 from fastverify.topo.matrix import Topology, parse_nvidia_smi_topo
 from fastverify.tune.workload import Workload
 
 LABEL = "predicted"
-P2P_LEVELS = ("PHB", "SYS")  # the levels beyond NCCL's default PXB that a PCIe box can need
-_PROTO_VALUES = {M.Proto.LL: "ll", M.Proto.SIMPLE: "simple"}
-_ALGO_VALUES = {M.Algo.RING: "ring", M.Algo.TREE: "tree"}
+MEASURED_ONLY = "measured only, not predicted"
+"""What a ``tune --set`` candidate the cost model cannot price is called in the sweep and the ranking."""
+
+
+@dataclass(frozen=True)
+class SweepValue:
+    """One value of one NCCL setting in the sweep table.
+
+    ``per_function``: written ``allreduce:<value in lower case>`` from NCCL 2.24 (the per-function
+    grammar of ``NCCL_ALGO`` / ``NCCL_PROTO``), and as ``value`` before.
+    """
+
+    name: str
+    value: str
+    per_function: bool = False
+
+    def written(self, version: NcclVersion | None) -> str:
+        """The value as set in the environment for NCCL ``version`` (``None``: the newest grammar)."""
+        if self.per_function and (version is None or version >= GRAMMAR_2_24):
+            return f"allreduce:{self.value.lower()}"
+        return self.value
+
+
+NCCL_SWEEP: tuple[SweepValue, ...] = (
+    SweepValue("NCCL_P2P_LEVEL", "PHB"),  # the levels beyond NCCL's default PXB that a PCIe box can need
+    SweepValue("NCCL_P2P_LEVEL", "SYS"),
+    SweepValue("NCCL_PROTO", "LL", per_function=True),
+    SweepValue("NCCL_PROTO", "Simple", per_function=True),
+    SweepValue("NCCL_ALGO", "ring", per_function=True),
+    SweepValue("NCCL_ALGO", "tree", per_function=True),
+)
+"""The NCCL settings ``fastverify tune`` (``--predict`` and the sweep) and ``fastverify topo``'s
+advice try, one axis per name in the order given; each axis is also tried at its current value.
+``NCCL_P2P_LEVEL`` values move GPU pairs between transports (:func:`fastverify.topo.diagnose.diagnose`);
+the others reach the cost model through :func:`fastverify.nccl.model.inputs_for_env`."""
+
+
+def sweep_values(name: str, version: NcclVersion | None) -> tuple[str, ...]:
+    """The values of ``name`` in :data:`NCCL_SWEEP`, as written for NCCL ``version``."""
+    return tuple(e.written(version) for e in NCCL_SWEEP if e.name == name)
+
+
+def priced(name: str, value: str, version: NcclVersion | None) -> bool:
+    """Whether the cost model can predict ``name=value`` (a value NCCL accepts): a setting the sweep
+    table names, and for ``NCCL_ALGO`` / ``NCCL_PROTO`` one that leaves on an algorithm / protocol
+    of the model (NVLS alone is not one). Any other setting can only be measured."""
+    if name not in {e.name for e in NCCL_SWEEP}:
+        return False
+    if name in ("NCCL_ALGO", "NCCL_PROTO"):
+        on = M.allreduce_enabled(name, value, version)
+        known = M.Algo if name == "NCCL_ALGO" else M.Proto
+        return on is not None and any(on.get(k.value) for k in known)
+    return True
 
 
 @dataclass(frozen=True)
@@ -82,6 +135,7 @@ class Candidate:
     vs_baseline_pct: float = 0.0
     inputs: M.ModelInputs | None = field(default=None, compare=False, repr=False)
     label: str = LABEL
+    given: bool = False  # asked for with ``tune --set``: ranked even where it acts like another
 
     def as_dict(self) -> dict:
         return {
@@ -184,16 +238,6 @@ def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any],
     return replace(topology, p2p_read=read, p2p_write=write, p2p_reason=reason)
 
 
-def _algo_value(algo: M.Algo, version: NcclVersion | None) -> str:
-    new = version is None or version >= GRAMMAR_2_24
-    return f"allreduce:{_ALGO_VALUES[algo]}" if new else _ALGO_VALUES[algo]
-
-
-def _proto_value(proto: M.Proto, version: NcclVersion | None) -> str:
-    new = version is None or version >= GRAMMAR_2_24
-    return f"allreduce:{_PROTO_VALUES[proto]}" if new else {M.Proto.LL: "LL", M.Proto.SIMPLE: "Simple"}[proto]
-
-
 # --- ranking -----------------------------------------------------------------------------------------
 
 
@@ -209,20 +253,14 @@ class _Level:
 def _levels(
     topo: Topology, env: dict, version: NcclVersion | None, pcie_gen: int, sm: int, p2p_check: str | None = None
 ) -> list[_Level]:
-    def run(e: dict) -> tuple[str, tuple[str, ...], list]:
-        d = D.diagnose(
-            topo, None, e, nccl_version=str(version) if version else None, batches=(), pcie_gen=pcie_gen, sm=sm
-        )
-        return d.p2p_level_now, tuple(p.transport_now for p in d.pairs), d.pairs
-
-    level_now, now, pairs = run(env)
+    level_now, now, pairs = _transports(topo, env, version, pcie_gen, sm)
     out = [_Level("current", level_now, {}, now, ())]
     if env.get("NCCL_P2P_DISABLE", "").strip() == "1":
         return out  # NCCL_P2P_DISABLE=1 overrides any level
-    for level in P2P_LEVELS:
+    for level in sweep_values("NCCL_P2P_LEVEL", version):
         if level == level_now:
             continue
-        lvl, transports, lpairs = run({**env, "NCCL_P2P_LEVEL": level})
+        lvl, transports, lpairs = _transports(topo, {**env, "NCCL_P2P_LEVEL": level}, version, pcie_gen, sm)
         if any(transports == o.transports for o in out):
             continue  # moves no pair onto another transport
         notes = []
@@ -247,6 +285,14 @@ def _levels(
     return out
 
 
+def _transports(topo: Topology, env: Mapping[str, str], version: NcclVersion | None, pcie_gen: int, sm: int):
+    """``(level NCCL uses, transport per pair, pairs)`` under ``env`` (:func:`fastverify.topo.diagnose.diagnose`)."""
+    d = D.diagnose(
+        topo, None, env, nccl_version=str(version) if version else None, batches=(), pcie_gen=pcie_gen, sm=sm
+    )
+    return d.p2p_level_now, tuple(p.transport_now for p in d.pairs), d.pairs
+
+
 def _per_size(workload: Workload, transport: M.Transport, inputs: M.ModelInputs) -> tuple[SizePrediction, ...]:
     model = D.CALIBRATION[transport]
     out = []
@@ -265,6 +311,7 @@ def rank_nccl_settings(
     pcie_gen: int = 4,
     sm: int = 89,
     p2p_check: str | None = None,
+    given: Sequence[Mapping[str, str]] = (),
 ) -> list[Candidate]:
     """NCCL setting candidates for ``workload`` on ``topology``, fastest predicted first.
 
@@ -286,6 +333,9 @@ def rank_nccl_settings(
     p2p_check
         The file of the real P2P check whose results are already in ``topology``
         (:func:`with_p2p_results`): the notes then never ask for that check again.
+    given
+        Settings asked for (``tune --set``), one candidate each, already checked and each
+        :func:`priced`: ranked (``given``) even where they act like another candidate.
 
     Returns
     -------
@@ -310,68 +360,49 @@ def rank_nccl_settings(
     base_notes: list[str] = []
     if version is None:
         base_notes.append("NCCL version unknown: model constants and setting grammar of NCCL 2.30.7")
-    enabled = enabled_algos_protos(env, version, sm)
-    base_notes += enabled.notes
+    # the notes of the environment itself (settings NCCL rejects or ignores)
+    base_notes += M.inputs_for_env(env, workload.tp, p2p=True, version=version, pcie_gen=pcie_gen, sm=sm)[1]
     levels = _levels(topo, env, version, pcie_gen, sm, p2p_check)
-    proto_opts, algo_opts = _proto_algo_options(env, version, enabled.algos, enabled.protos_or_none)
+    # one axis per other setting of the table: its current value (None), then each value it does not have
+    names = list(dict.fromkeys(e.name for e in NCCL_SWEEP if e.name != "NCCL_P2P_LEVEL"))
+    axes = [[None, *(v for v in sweep_values(name, version) if env.get(name) != v)] for name in names]
+    asked = [dict(sorted(g.items())) for g in given]
     built, rejected = [], []
-    for lvl, (proto_v, protos), (algo_v, algos) in product(levels, proto_opts, algo_opts):
+    for lvl, *values in product(levels, *axes):
         settings = dict(lvl.settings)
-        if proto_v is not None:
-            settings["NCCL_PROTO"] = proto_v
-        if algo_v is not None:
-            settings["NCCL_ALGO"] = algo_v
+        settings.update((name, v) for name, v in zip(names, values) if v is not None)
         bad = [f for k, v in settings.items() if (f := validate_setting(k, v, version)).severity is Severity.ERROR]
         if bad:
             rejected.append(f"{bad[0].name}={bad[0].value}: {bad[0].reason}")
             continue
-        built.append(
-            _candidate(
-                workload, lvl, settings, algos, protos, version=version, pcie_gen=pcie_gen, sm=sm, base_notes=base_notes
-            )
-        )
+        c = _candidate(workload, lvl, settings, env, version=version, pcie_gen=pcie_gen, sm=sm, base_notes=base_notes)
+        if dict(c.settings) in asked:
+            c = replace(c, given=True)
+            asked.remove(dict(c.settings))
+        built.append(c)
+    for settings in asked:  # asked for and not in the sweep: its own transports
+        level, transports, _ = _transports(topo, {**env, **settings}, version, pcie_gen, sm)
+        lvl = _Level(level, level, settings, transports, ())
+        c = _candidate(workload, lvl, settings, env, version=version, pcie_gen=pcie_gen, sm=sm, base_notes=base_notes)
+        built.append(replace(c, given=True))
     return _ranked(built, rejected)
-
-
-def _proto_algo_options(env: Mapping[str, str], version: NcclVersion | None, env_algos, env_protos):
-    """``(value written or None, what it enables)`` per protocol and per algorithm choice: the
-    environment's own first, then each single one the environment does not set already."""
-    proto_opts: list[tuple[str | None, frozenset[M.Proto] | None]] = [(None, env_protos)]
-    for proto in (M.Proto.LL, M.Proto.SIMPLE):
-        value = _proto_value(proto, version)
-        if env.get("NCCL_PROTO") != value:
-            proto_opts.append((value, frozenset({proto})))
-    algo_opts: list[tuple[str | None, frozenset[M.Algo]]] = [(None, env_algos)]
-    for algo in (M.Algo.RING, M.Algo.TREE):
-        value = _algo_value(algo, version)
-        if env.get("NCCL_ALGO") != value:
-            algo_opts.append((value, frozenset({algo})))
-    return proto_opts, algo_opts
 
 
 def _candidate(
     workload: Workload,
     lvl: _Level,
     settings: dict,
-    algos,
-    protos,
+    env: Mapping[str, str],
     *,
     version: NcclVersion | None,
     pcie_gen: int,
     sm: int,
     base_notes: list[str],
 ) -> Candidate:
-    """One combination of settings, its time predicted on the ring's pace-setting transport."""
+    """One combination of settings over ``env``, its time predicted on the ring's pace-setting transport."""
     transport = M.Transport.SHM if "SHM" in lvl.transports else M.Transport.P2P
-    inputs = M.inputs_for_pcie_box(
-        workload.tp,
-        gen=pcie_gen,
-        width=16,
-        sm=sm,
-        p2p=transport is M.Transport.P2P,
-        version=version.code if version else M.DEFAULT_NCCL_VERSION,
-        algos=algos,
-        protos=protos,
+    inputs, _ = M.inputs_for_env(
+        {**env, **settings}, workload.tp, p2p=transport is M.Transport.P2P, version=version, pcie_gen=pcie_gen, sm=sm
     )
     per_size = _per_size(workload, transport, inputs)
     is_base = not settings
@@ -418,7 +449,7 @@ def _ranked(built: list[Candidate], rejected: list[str]) -> list[Candidate]:
     dropped = 0
     for c in ranked:
         same = any(k.transport == c.transport and k.p2p_pairs == c.p2p_pairs and k.per_size == c.per_size for k in kept)
-        if same and not c.is_baseline:
+        if same and not c.is_baseline and not c.given:
             dropped += 1
             continue
         kept.append(c)

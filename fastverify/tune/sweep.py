@@ -273,15 +273,15 @@ def run_trial(
             env = _child_env()
             env.update(spec.run_env)
             recorded = recorded_environment(env, *spec.run_env)
-            failure = _launch_trial(str(spec_path), spec.world_size, limits, workdir, env)
+            failure = launch_trial(str(spec_path), spec.world_size, limits, workdir, env)
             if failure:
                 return replace(_result(spec, TrialStatus.FAILED, failure, started, note=note), environment=recorded)
-            return replace(_collect(spec, Path(workdir), started, note), environment=recorded)
+            return replace(collect_trial(spec, Path(workdir), started, note), environment=recorded)
     finally:
         del store
 
 
-def _launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str, env: dict[str, str]) -> str:
+def launch_trial(spec_path: str, world: int, limits: TrialLimits, workdir: str, env: dict[str, str]) -> str:
     """Start the ranks and wait: ``""`` when all exit 0, else the one-line failure reason. The
     ranks run under :class:`fastverify.procs.RankGroup` (the one launcher): at the end every rank's
     whole process group is stopped by its kill rule (SIGTERM, then SIGKILL)."""
@@ -337,7 +337,7 @@ def _stage_text(line: str) -> str:
     return line
 
 
-def _collect(spec: TrialSpec, workdir: Path, started: float, note: str) -> TrialResult:
+def collect_trial(spec: TrialSpec, workdir: Path, started: float, note: str) -> TrialResult:
     docs = []
     for rank in range(spec.world_size):
         path = workdir / f"rank{rank}.json"
