@@ -28,6 +28,7 @@ from collections import Counter
 
 import numpy as np
 
+from fastverify.bounds import MIN_TIME_US
 from fastverify.events import CLASSES, EventClass, RankEvents
 
 _BIT = {c: 1 << i for i, c in enumerate(CLASSES)}
@@ -203,6 +204,14 @@ def median(values) -> float:
         return float("nan")
     m = n // 2
     return float(x[m]) if n % 2 else float((x[m - 1] + x[m]) / 2)
+
+
+def short_allreduces(r: RankEvents) -> tuple[int, int]:
+    """``(short, total)``: the all-reduce kernels (fused ones included) of rank ``r`` that last under
+    :data:`fastverify.bounds.MIN_TIME_US` (0 ns included), and all of its all-reduce kernels. A
+    kernel that short did no all-reduce one can time: a hand-made or broken trace."""
+    sel = np.isin(r.cls, _AR_CODES)
+    return int((r.dur_ns[sel] < MIN_TIME_US * 1000.0).sum()), int(sel.sum())
 
 
 def by_message_size(ranks: list[RankEvents]) -> list[dict]:

@@ -61,6 +61,9 @@ Floors:
   (torch 2.14.1, measured for this bound) and 11-22 s cold in a container (a report on the
   openvinotoolkit/stable-diffusion-webui tracker, "Slow Torch import": "import torch: done in
   10.942s", "import torch: 22.0s"); less turns a slow start into a timeout of a healthy pair.
+- ``MIN_TOK_S`` = 1/3600 tokens per second (one token per hour): a stream emits at least one token
+  per verify step, and a step is at most ``MAX_EVENT_US`` (one hour), so a slower stream is a hung
+  or hand-edited record, no measurement (1e-300 tok/s printed as 0.0 and a -100 % change).
 """
 
 from __future__ import annotations
@@ -160,3 +163,8 @@ def implausible_bandwidth(value) -> str | None:
     if not math.isfinite(value) or value < 0 or value > MAX_BANDWIDTH_GBPS:
         return f"{value!r} GB/s is outside [0, {MAX_BANDWIDTH_GBPS:g} GB/s]"
     return None
+
+
+MIN_TOK_S = 1e6 / MAX_EVENT_US
+"""Least tokens per second one stream or a whole server can be credited with: one token per hour
+(see the module docstring)."""

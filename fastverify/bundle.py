@@ -179,7 +179,7 @@ def encode_manifest(m: Manifest) -> bytes:
 def decode_manifest(data: bytes, where: str) -> Manifest:
     """The manifest in ``data``; UserError naming ``where`` for bad JSON, another schema or version,
     a key given twice in one object, or a field of the wrong type."""
-    raw = decode_json(data, where, what="manifest.json")
+    raw = decode_json(data, where, what="manifest.json", unique_keys=False)  # checked below, after the schema
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
         raise UserError(f"{where}: manifest.json has schema {got!r}, not {SCHEMA!r}: not a fastverify bundle")

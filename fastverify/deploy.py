@@ -19,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN
+from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE
 from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import decode_json, read_bytes, read_text
@@ -411,11 +411,18 @@ def decode_record(data: bytes, *, source: str = "deployment record") -> Deployme
 
 
 def _check_record(record: DeploymentRecord, source: str) -> None:
-    """What a record must hold beyond its types: a TP size, and NCCL settings that an env file
+    """What a record must hold beyond its types: a TP size in 1..``MAX_WORLD_SIZE`` and a GPU count
+    up to it (:mod:`fastverify.bounds`), and NCCL settings that an env file
     could hold (allowed ``NCCL_*`` names, values the NCCL catalogue does not reject for the
     record's NCCL version: :func:`fastverify.envfile.check_setting`)."""
     if record.box.tp < 1:
         raise UserError(f"{source}: invalid deployment record: box.tp must be >= 1, got {record.box.tp}")
+    for name in ("tp", "gpu_count"):  # a box's GPUs (fastverify/bounds.py), before launch sizes anything by them
+        if (value := getattr(record.box, name)) > MAX_WORLD_SIZE:
+            raise UserError(
+                f"{source}: invalid deployment record: box.{name} {value:.3g} is over {MAX_WORLD_SIZE} "
+                "(the most GPUs of one box, fastverify/bounds.py MAX_WORLD_SIZE)"
+            )
     version = None
     if record.box.nccl_version is not None:
         try:

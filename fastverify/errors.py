@@ -77,13 +77,32 @@ def _hold_closed_stdout(*, always: bool = False) -> None:
         os.close(fd)
 
 
+def _hold_closed_stderr() -> None:
+    """Where the shell closed file descriptor 2 (``2>&-``: ``sys.stderr`` is None), put ``/dev/null``
+    there and make ``sys.stderr`` write to it: what is meant for stderr goes nowhere, never onto
+    stdout (a rich console given ``file=None`` writes to stdout) nor into a file this process
+    opens next (which would take the free descriptor 2)."""
+    if sys.stderr is not None:
+        return
+    try:
+        os.fstat(2)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 2:
+            os.dup2(fd, 2)
+            os.close(fd)
+    sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stderr from now on
+
+
 def print_guarded(command: Callable[[], int]) -> int:
     """Run ``command`` (a CLI command; returns its exit code) with a standard output that says why
     it cannot be written: a closed one (``>&-``: ``sys.stdout`` is None) or one whose write fails
     (a full device) ends the command with ONE line on stderr and exit code
     :data:`EXIT_USER_ERROR`, never a traceback; a reader that left (a broken pipe) ends it silently
     with :data:`EXIT_BROKEN_PIPE`. A command that handles this itself (``profile``,
-    whose files are its output) keeps its own answer."""
+    whose files are its output) keeps its own answer. A closed stderr (``2>&-``) becomes
+    ``/dev/null``: what is meant for it never lands on stdout."""
+    _hold_closed_stderr()
     original = sys.stdout
     if original is None:
         _hold_closed_stdout()

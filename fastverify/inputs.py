@@ -10,6 +10,11 @@ names the file, with exit code 2 (:class:`fastverify.errors.UserError`):
 - a size cap per kind of input (:data:`CAPS`), checked on the file's size and again while reading
   (a file that grows) and, for a gzip trace, on the inflated size (a gzip bomb);
 - text inputs must be text (no NUL byte) and decode errors name the file and the byte;
+- a JSON object that gives one key twice is refused (parsers keep the last value silently, so a
+  hand-edited record would say one thing and do another), unless the caller opts out for a large
+  document such as a trace (:func:`loads_json`'s ``unique_keys``);
+- an integer of more digits than Python converts (4,300 by default, ``sys.int_info``) is one
+  line saying the number is too large, never the parser's advice to raise the limit;
 - JSON nesting is bounded by the parser: orjson >= 3.9.15 and msgspec >= 0.18 raise on deep
   nesting, which is mapped to one line. Where an older orjson shadows the pinned one (a venv made
   with ``--system-site-packages``), :func:`loads_json` says so once on stderr and parses with the
@@ -31,7 +36,8 @@ from typing import Any
 
 import msgspec
 
-from fastverify.errors import UserError, one_line
+from fastverify.bounds import duplicate_json_key
+from fastverify.errors import UserError, one_line, shown
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -258,6 +264,32 @@ def _not_json(name: str, what: str | None, detail: str) -> UserError:
     return UserError(f"{name}: {what + ' is ' if what else ''}not valid JSON ({detail})")
 
 
+def _too_large(name: str, what: str | None) -> UserError:
+    """The one line for an integer Python will not convert (over ``sys.get_int_max_str_digits()``
+    digits), instead of the parser's advice to raise that limit."""
+    digits = getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
+    return UserError(
+        f"{name}: {what or 'the JSON'} holds a number too large to be real (an integer of over {digits:,} digits)"
+    )
+
+
+def _huge_int(e: BaseException) -> bool:
+    """Whether ``e`` is a parser's refusal of an integer over Python's digit limit: the standard
+    library's "Exceeds the limit (4300 digits) for integer string conversion", msgspec's "Integer
+    value out of range"."""
+    text = str(e)
+    return "integer string conversion" in text or text.startswith("Integer value out of range")
+
+
+def _check_unique_keys(data: bytes | str, name: str, what: str | None) -> None:
+    """Refuse a JSON object of ``data`` (already parsed once, so valid and bounded) giving a key twice."""
+    if (key := duplicate_json_key(data)) is not None:
+        raise UserError(
+            f"{name}: {what + ': ' if what else ''}the key {shown(repr(key), 80)} is given twice in one "
+            "object; which value holds is not known"
+        )
+
+
 def loads_json(
     data: bytes | str,
     path: str | Path,
@@ -265,6 +297,7 @@ def loads_json(
     flag: str | None = None,
     what: str | None = None,
     exact_ints: bool = False,
+    unique_keys: bool = True,
 ):
     """Parse JSON text from ``path`` with nesting bounded; every decode error is one line.
 
@@ -274,16 +307,26 @@ def loads_json(
     reads ``10**20`` as ``1e+20``); ``exact_ints`` parses with :func:`json.loads` alone, for small
     documents whose integers must stay exact (a size in a box description, a model's shapes).
     ``what`` names the document in the error (``"the box description"``); ``path`` may be any
-    label (``"--describe-box"``, ``"x.jsonl line 3"``).
+    label (``"--describe-box"``, ``"x.jsonl line 3"``). ``unique_keys`` (default) refuses an object
+    giving a key twice, which costs a second parse (about as long as the first): a caller reading
+    a large document whose keys do not matter that way (a profiler trace) passes False.
 
     Raises
     ------
     UserError
-        ``<path>: [<what> is ]not valid JSON (<parser's words>)``, or nested deeper than the parser
-        allows.
+        ``<path>: [<what> is ]not valid JSON (<parser's words>)``, nested deeper than the parser
+        allows, an integer of over Python's 4,300 digits ("too large"), or a key given twice.
     """
-    global _warned_old_orjson
     name = _name(Path(path), flag)
+    doc = _loads(data, name, what, exact_ints)
+    if unique_keys:
+        _check_unique_keys(data, name, what)
+    return doc
+
+
+def _loads(data: bytes | str, name: str, what: str | None, exact_ints: bool):
+    """:func:`loads_json`'s parse, without the key check."""
+    global _warned_old_orjson
     problem = None if exact_ints else orjson_problem()
     if not exact_ints and problem is None:
         import orjson
@@ -301,28 +344,45 @@ def loads_json(
     except RecursionError:
         raise UserError(f"{name}: JSON nested too deeply (over Python's recursion limit)") from None
     except (ValueError, TypeError) as e:
+        if _huge_int(e):
+            raise _too_large(name, what) from None
         raise _not_json(name, what, _first_line(e)) from None
 
 
-def decode_json(data: bytes, path: str | Path, type: Any = Any, *, flag: str | None = None, what: str | None = None):
+def decode_json(
+    data: bytes,
+    path: str | Path,
+    type: Any = Any,
+    *,
+    flag: str | None = None,
+    what: str | None = None,
+    unique_keys: bool = True,
+):
     """Decode JSON ``data`` from ``path`` with msgspec, into ``type`` (default: plain objects);
-    :func:`loads_json`'s one line for text that is not JSON or nests too deeply.
+    :func:`loads_json`'s one line for text that is not JSON, nests too deeply, holds an integer of
+    over Python's 4,300 digits or (``unique_keys``, as there) gives a key twice in one object.
 
     Raises
     ------
     UserError
-        Not JSON, or nested deeper than msgspec allows.
+        Not JSON, nested deeper than msgspec allows, a number too large, or a key given twice.
     msgspec.ValidationError
         Valid JSON that is not a ``type``: the caller names the schema it wanted.
     """
+    name = _name(Path(path), flag)
     try:
-        return msgspec.json.decode(data, type=type)
-    except msgspec.ValidationError:
+        doc = msgspec.json.decode(data, type=type)
+    except msgspec.ValidationError as e:
+        if _huge_int(e):
+            raise _too_large(name, what) from None
         raise
     except msgspec.DecodeError as e:
-        raise _not_json(_name(Path(path), flag), what, _first_line(e)) from None
+        raise _not_json(name, what, _first_line(e)) from None
     except RecursionError:  # msgspec bounds nesting (see the module docstring)
-        raise UserError(f"{_name(Path(path), flag)}: JSON nested too deeply (over the decoder's limit)") from None
+        raise UserError(f"{name}: JSON nested too deeply (over the decoder's limit)") from None
+    if unique_keys:
+        _check_unique_keys(data, name, what)
+    return doc
 
 
 def read_json(path: str | Path, *, kind: str = "json", flag: str | None = None, what: str | None = None):

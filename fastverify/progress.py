@@ -22,9 +22,9 @@ import sys
 import time
 from typing import TextIO
 
-from fastverify.errors import shown
+from fastverify.errors import printable, shown
 
-__all__ = ["AFTER_S", "AFTER_S_ENV", "Progress", "default_after_s", "say"]
+__all__ = ["AFTER_S", "AFTER_S_ENV", "Progress", "default_after_s", "progress_lost", "say"]
 
 AFTER_S = 2.0  # silent before this many seconds of work
 AFTER_S_ENV = "FASTVERIFY_PROGRESS_AFTER_S"
@@ -50,11 +50,32 @@ def default_after_s() -> float:
 _WARNED: set[str] = set()
 
 
+_LOST: list[tuple[object, str]] = []  # (a stream a line could not be written to, why); then dropped
+
+
+def progress_lost() -> str | None:
+    """Why a line could not be written to this process's stderr (a full device, a closed stream,
+    a reader gone), or None when every line was; a command that finished its work exits 1 then,
+    as for a stdout it could not write."""
+    return next((why for s, why in _LOST if s is sys.stderr), None)
+
+
 def say(text: str, *, stream: TextIO | None = None) -> None:
     """One ``fastverify: <text>`` line on stderr now (for facts a user must see at once, e.g. a
-    live run that falls back from GPU to CPU)."""
+    live run that falls back from GPU to CPU). Never raises for the stream: stderr holds progress
+    only, so once one line cannot be written (``2>/dev/full``, ``2>&-``, a reader gone) it and
+    every later line to that stream are dropped and the work goes on (:func:`progress_lost`)."""
     out = stream or sys.stderr
-    print(f"fastverify: {shown(text)}", file=out, flush=True)
+    if out is None or any(out is s for s, _ in _LOST):
+        return
+    try:
+        print(f"fastverify: {shown(text)}", file=out, flush=True)
+    except (OSError, ValueError) as e:  # ValueError: a closed file
+        why = printable(getattr(e, "strerror", None) or str(e))
+        _LOST.append((out, why))
+        if out is sys.stderr:  # its unwritten buffer would fail again at exit: nothing more goes there
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - kept open to the end
+            _LOST.append((sys.stderr, why))
 
 
 class Progress:

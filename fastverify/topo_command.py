@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     ver = log.version if log and log.version else version
     env = apply_sets(args.set, env, NcclVersion.parse(ver) if ver else None)
     gpus = len(topo.gpus) if topo is not None else (log.n_ranks if log is not None else None)
-    facts = resolve_args(args, topology_gpus=gpus)
+    facts = resolve_args(args, topology_gpus=gpus, ranks_only=topo is None)
     if args.tp is not None and topo is not None and args.tp > len(topo.gpus):
         raise UserError(f"--tp {args.tp}: {topo.source} has {len(topo.gpus)} GPUs")
     hidden = args.hidden or (config.hidden_size if config is not None else DEFAULT_HIDDEN)

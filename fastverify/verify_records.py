@@ -25,6 +25,7 @@ from fastverify.bounds import (
     MAX_DRAFT_TOKENS,
     MAX_EVENT_US,
     MAX_VERIFY_TOKENS,
+    MIN_TIME_US,
     duplicate_json_key,
     implausible_count,
 )
@@ -98,7 +99,7 @@ def read_log_dir(folder: str | Path) -> dict:
         cannot be read (a FIFO, a device, a folder, a dangling link, a link loop: refused, never
         skipped) or holds no record, a line that is not a record (except a cut last line), a
         record of another rank than its file's (a field of the wrong type: the field, the type and an
-        example, :func:`fastverify.errors.schema_error`), a time outside [0, 1 hour] or not finite,
+        example, :func:`fastverify.errors.schema_error`), a time outside [1 µs, 1 hour] or not finite,
         a step, pid, batch (``MAX_BATCH``) or tokens (``MAX_VERIFY_TOKENS``) out of bounds, two
         files of one rank, or records of more than one clock.
     """
@@ -226,6 +227,9 @@ def _not_a_record(where: str, err: Exception) -> UserError:
 
 MAX_VERIFY_MS = MAX_EVENT_US / 1000.0
 """Longest verify forward (ms) a record may hold: :data:`fastverify.bounds.MAX_EVENT_US`, one hour."""
+MIN_VERIFY_MS = MIN_TIME_US / 1000.0
+"""Shortest verify forward (ms) a record may hold: :data:`fastverify.bounds.MIN_TIME_US`, 1 µs (a
+0 or 1e-300 ms record would print p50 0.000 ms and a -100 % change)."""
 MAX_PID = 2**31 - 1
 """Largest process id (``pid_t`` is a 32-bit int; Linux's own limit is 2**22)."""
 _CLOCK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -233,12 +237,16 @@ _CLOCK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 def _bad_record(rec: VerifyRecord) -> str | None:
     """Why a decoded record's numbers or clock are not what the verify timer writes, or None:
-    ``verify_ms`` finite in ``[0, 1 hour]`` (1.7e308 ms is refused, never summed to inf), ``step``
+    ``verify_ms`` finite in ``[MIN_VERIFY_MS, 1 hour]`` (1.7e308 ms is refused, never summed to
+    inf; 0 and 1e-300 ms, less than any measured work takes, too), ``step``
     a count, ``pid`` a process id, ``clock`` a short name, ``batch`` in ``[0, MAX_BATCH]`` and
     ``tokens`` in ``[0, MAX_VERIFY_TOKENS]`` (or null)."""
     ms = rec.verify_ms
-    if not (math.isfinite(ms) and 0.0 <= ms <= MAX_VERIFY_MS):
-        return f"verify_ms {ms!r} is not a verify time (outside [0, {MAX_VERIFY_MS:.0f}] ms, i.e. 0 to 1 hour)"
+    if not (math.isfinite(ms) and MIN_VERIFY_MS <= ms <= MAX_VERIFY_MS):
+        return (
+            f"verify_ms {ms!r} is not a verify time (outside [{MIN_VERIFY_MS:g}, {MAX_VERIFY_MS:.0f}] ms, "
+            "i.e. 1 µs to 1 hour)"
+        )
     why = implausible_count(rec.step, what="step")
     if why is not None:
         return f"step {why}"

@@ -600,11 +600,13 @@ def test_box_wording(box_dir, capsys, monkeypatch):
     one_line_error(*cli(PREDICT_8, capsys), "FASTVERIFY_DESCRIBE_BOX", "JSON object", "list")
     monkeypatch.delenv("FASTVERIFY_DESCRIBE_BOX")
     assert cli(PREDICT_8 + ["--write-env", "e.env"], capsys)[0] == 0
-    monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_count": 0}')
+    monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", "{}")  # no GPU count given: no GPU seen
     line = one_line_error(
         *cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys), "this box has no GPU;"
     )
     assert "0 x" not in line
+    monkeypatch.setenv("FASTVERIFY_DESCRIBE_BOX", '{"gpu_count": 0}')  # a box of 0 GPUs is no box
+    one_line_error(*cli(["launch", "--env", "e.env", "--dry-run", "--", "python", "x"], capsys), "gpu_count", "0 GPUs")
 
 
 def test_no_negative_zero_percent(box_dir, capsys):

@@ -390,7 +390,7 @@ def test_collect_leaves_out_and_says_a_record_name_that_is_not_utf8(tmp_path, ca
     only_bad = tmp_path / "bad"
     only_bad.mkdir()
     (only_bad / os.fsdecode(b"verify-rank\xff.jsonl")).write_text(RECORDS)
-    with pytest.raises(UserError, match=r"no verify-rank\*\.jsonl with a UTF-8 name"):
+    with pytest.raises(UserError, match=r"no verify-rank\*\.jsonl that is a regular file with a UTF-8 name"):
         check_verify_log(only_bad)
 
 

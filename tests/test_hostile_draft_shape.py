@@ -80,12 +80,13 @@ def test_zero_verify_cost_in_a_histogram_file_is_one_line_naming_the_point(tmp_p
 
 
 def test_zero_measured_verify_cost_is_one_line_naming_the_folder_and_point(tmp_path, capsys):
-    """Records of 0 ms at 3 tokens per request (batch 1): the median is 0 ms, no verify time."""
+    """Records of 0 ms at 3 tokens per request (batch 1): no verify time; the record reader refuses
+    the first (under fastverify.bounds.MIN_TIME_US), naming its file and line."""
     d = _log(tmp_path / "run", [(1, 3, 0.0, [2]), (1, 3, 0.0, [1]), (1, 3, 0.0, [0])])
     one_line_error(
         *_draft_shape(capsys, "--verify-log", d, "--draft-step-ms", "0.1"),
-        f"{d} (verify records)",
-        "verify cost 0 ms at 3 tokens per request",
+        f"{d}/verify-rank0.jsonl:1: verify_ms 0.0 is not a verify time",
+        "1 µs to 1 hour",
     )
 
 

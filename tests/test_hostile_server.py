@@ -16,7 +16,7 @@ import pytest
 
 from fastverify.bounds import MAX_WORLD_SIZE, MIN_TIME_US, duplicate_json_key, implausible_work_us
 from fastverify.cli import main
-from fastverify.collect import server
+from fastverify.collect import client
 from fastverify.collect.server import fetch_server_info, model_hidden_size
 from fastverify.errors import UserError
 from fastverify.topo.box import box_from_description
@@ -128,7 +128,7 @@ def test_a_server_that_is_not_http_is_one_line_naming_the_url(case, monkeypatch)
     """Before: BadStatusLine / LineTooLong / HTTPException / IncompleteRead / ValueError
     tracebacks; headers trickled for as long as the server liked; a refused redirect read as
     "cannot reach <the original URL>"."""
-    monkeypatch.setattr(server, "MAX_REPLY_BYTES", 1 << 20)
+    monkeypatch.setattr(client, "MAX_REPLY_BYTES", 1 << 20)
     reply, said = HOSTILE[case]
     srv = RawServer(reply)
     try:
@@ -292,7 +292,7 @@ def test_a_model_config_hidden_size_given_twice_is_refused(tmp_path):
         ),
         (
             '{"sm": [12, 0], "gpu_count": ' + "9" * 5000 + "}",
-            "the box description is not valid JSON (Exceeds the limit",
+            "the box description holds a number too large to be real",
         ),
     ],
 )

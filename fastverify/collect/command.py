@@ -36,7 +36,7 @@ from fastverify.errors import StdoutError, UserError, one_line, path_text, print
 from fastverify.output_paths import output_arg, path_arg, shown
 from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
 from fastverify.procs import make_workdir
-from fastverify.progress import say
+from fastverify.progress import progress_lost, say
 
 DEFAULT_BUDGET_S = 600.0
 DEFAULT_CYCLES = 20
@@ -432,7 +432,8 @@ def run(args) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         release_reserved()  # a claimed name not written (Ctrl-C, a failed write): removed
     counts = {s: sum(1 for p in manifest.parts if p.status == s) for s in ("ok", "skipped", "failed")}
-    return _say_wrote(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
+    rc = _say_wrote(f"wrote {out} ({counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed)")
+    return 1 if progress_lost() is not None else rc  # progress lines lost (2>/dev/full): the bundle stands
 
 
 def _say_wrote(line: str) -> int:

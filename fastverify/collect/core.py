@@ -4,8 +4,10 @@ and the verify message sizes."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -121,8 +123,91 @@ def unfit_name(name: str) -> str | None:
     return None
 
 
-LEFT_OUT_KEYS = {"is not UTF-8": "left_out_not_utf8", "holds control characters": "left_out_control_chars"}
-"""The meta key that lists (escaped) the files a part left out, by :func:`unfit_name`'s reason."""
+NOT_REGULAR = "is no regular file (a symbolic link, a FIFO, a folder): never read through"
+LEFT_OUT_KEYS = {
+    "is not UTF-8": "left_out_not_utf8",
+    "holds control characters": "left_out_control_chars",
+    NOT_REGULAR: "left_out_not_regular",
+}
+"""The meta key that lists (escaped) the files a part left out, by reason (:func:`unfit_name`'s,
+or :data:`NOT_REGULAR`)."""
+
+
+def left_out_text(meta: dict) -> str | None:
+    """The files a part's ``meta`` says were left out, in words (count, reason, the first names),
+    ``; ``-joined; None when none were."""
+    said = []
+    for why, key in LEFT_OUT_KEYS.items():
+        names = [str(n) for n in meta.get(key) or ()]
+        if names:
+            more = " ..." if len(names) > 3 else ""
+            verb = "that" if why == NOT_REGULAR else "whose name"
+            said.append(f"{len(names)} file(s) left out {verb} {why}: {', '.join(names[:3])}{more}")
+    return "; ".join(said) or None
+
+
+def scan_folder(folder: Path, patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The names in ``folder`` that match one of the glob ``patterns``: those of regular files
+    (``lstat``: a symbolic link is never followed) and those of anything else (a link, a FIFO, a
+    folder), each sorted by their shown text. A folder that cannot be listed has none.
+
+    Raises nothing."""
+    regular, other = [], []
+    try:
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns):
+                    continue
+                try:
+                    (regular if e.is_file(follow_symlinks=False) else other).append(e.name)
+                except OSError:
+                    other.append(e.name)
+    except OSError:
+        pass
+    return sorted(regular, key=shown), sorted(other, key=shown)
+
+
+def take_regular(folder: Path, name: str, dest: Path, *, move: bool) -> bool:
+    """Put the regular file ``folder/name`` at ``dest`` (a new name in a folder only this process
+    writes): ``move`` renames it (the entry itself, never what a link points to), else its bytes
+    are copied through a descriptor opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with
+    ``fstat``. False, and nothing left at ``dest``, when it is no regular file (a symbolic link, a
+    FIFO, a device: swapped in since it was listed) or cannot be read.
+
+    Raises nothing."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    src = os.fspath(folder / name)
+    try:
+        if move:
+            os.rename(src, dest)
+            src = os.fspath(dest)
+        fd = os.open(src, flags)
+    except OSError:
+        if move:
+            _unlink(dest)
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if move:
+                _unlink(dest)
+            return False
+        if not move:
+            with os.fdopen(os.dup(fd), "rb") as f, open(dest, "xb") as out:
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)
+        return True
+    except OSError:
+        _unlink(dest)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _outcome(status: str, reason: str | None, files: dict | None, meta: dict) -> Outcome:
@@ -138,6 +223,8 @@ def _outcome(status: str, reason: str | None, files: dict | None, meta: dict) ->
             left_out.setdefault(LEFT_OUT_KEYS[why], []).append(shown(name))
     if left_out:
         meta = {**meta, **{k: [*meta.get(k, ()), *v] for k, v in left_out.items()}}
+    if status == "ok" and files and not kept:  # nothing usable came of the part
+        status, reason = "failed", f"every file was left out: {left_out_text(meta)}"
     return Outcome(status, None if reason is None else path_text(reason), kept, _text(meta))
 
 

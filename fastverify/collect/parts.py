@@ -15,13 +15,17 @@ import orjson
 from fastverify.bundle import ARCNAMES
 from fastverify.collect.core import (
     LEFT_OUT_KEYS,
+    NOT_REGULAR,
     Context,
     Outcome,
     failed,
     fastverify_argv,
+    left_out_text,
     ok,
     run_child,
+    scan_folder,
     skipped,
+    take_regular,
     unfit_name,
 )
 from fastverify.errors import UserError, path_text, shown
@@ -169,18 +173,18 @@ def host_iommu(
 
 def verify_log_files(folder: Path) -> tuple[list[Path], dict[str, list[str]]]:
     """The verify records (``verify-rank*.jsonl``) and traces (``*.trace.json[.gz]``) of a
-    ``fastverify launch --profile-verify`` folder, regular files only, sorted by name; and, by
-    reason (:func:`~fastverify.collect.core.unfit_name`: not UTF-8, holds control characters),
-    the names (escaped) of those left out: a bundle's member names are UTF-8 text a terminal
-    shows as it is, and such a name is no record the timer writes."""
-    found = {p for pat in (VERIFY_RECORDS, *TRACE_PATTERNS) for p in folder.glob(pat)}
-    files = sorted((p for p in found if p.is_file()), key=lambda p: shown(p.name))
-    left_out: dict[str, list[str]] = {}
-    for p in files:
-        why = unfit_name(p.name)
+    ``fastverify launch --profile-verify`` folder, regular files only (``lstat``: a symbolic link
+    is never followed), sorted by name; and, by reason (:func:`~fastverify.collect.core.unfit_name`:
+    not UTF-8, holds control characters; :data:`~fastverify.collect.core.NOT_REGULAR`), the names
+    (escaped) of those left out: a bundle's member names are UTF-8 text a terminal shows as it
+    is, and such a name is no record the timer writes."""
+    regular, other = scan_folder(folder, (VERIFY_RECORDS, *TRACE_PATTERNS))
+    left_out: dict[str, list[str]] = {NOT_REGULAR: [shown(n) for n in other]} if other else {}
+    for name in regular:
+        why = unfit_name(name)
         if why is not None:
-            left_out.setdefault(why, []).append(shown(p.name))
-    return [p for p in files if unfit_name(p.name) is None], left_out
+            left_out.setdefault(why, []).append(shown(name))
+    return [folder / n for n in regular if unfit_name(n) is None], left_out
 
 
 def check_verify_log(folder: Path) -> None:
@@ -198,13 +202,18 @@ def check_verify_log(folder: Path) -> None:
     files, left_out = verify_log_files(folder)
     if not [p for p in files if p.match(VERIFY_RECORDS)]:
         names = [n for names in left_out.values() for n in names]
-        why = f" with a UTF-8 name free of control characters (left out: {', '.join(names[:3])})" if names else ""
+        why = (
+            f" that is a regular file with a UTF-8 name free of control characters (left out: {', '.join(names[:3])})"
+            if names
+            else ""
+        )
         raise UserError(
             f"{where}: no {VERIFY_RECORDS}{why} in it (the records of `fastverify launch --profile-verify DIR`)"
         )
     for why, names in left_out.items():
         say(
-            f"collect: {where}: leaving out {len(names)} file(s) whose name {why}: {', '.join(names[:3])}"
+            f"collect: {where}: leaving out {len(names)} file(s) {'that' if why == NOT_REGULAR else 'whose name'} "
+            f"{why}: {', '.join(names[:3])}"
             f"{' ...' if len(names) > 3 else ''}"
         )
 
@@ -219,10 +228,17 @@ def verify_log(ctx: Context, limit_s: float) -> Outcome:
     if not records:  # checked before the run; gone since
         return failed(f"{path_text(folder)}: no {VERIFY_RECORDS} left in it")
     meta = {LEFT_OUT_KEYS[why]: names for why, names in left_out.items()}
-    return ok(
-        {ARCNAMES["verify_log"] + p.name: p for p in files},
-        folder=path_text(folder),
-        records=len(records),
-        traces=len(files) - len(records),
-        **meta,
-    )
+    copies = ctx.workdir / "verify-log-copies"
+    copies.mkdir(mode=0o700)
+    out, swapped = {}, []
+    for p in files:  # copied through a descriptor that never follows a link swapped in since
+        if take_regular(folder, p.name, copies / p.name, move=False):
+            out[ARCNAMES["verify_log"] + p.name] = copies / p.name
+        else:
+            swapped.append(shown(p.name))
+    if swapped:
+        meta.setdefault(LEFT_OUT_KEYS[NOT_REGULAR], []).extend(swapped)
+    kept = [p for p in records if ARCNAMES["verify_log"] + p.name in out]
+    if not kept:
+        return failed(f"{path_text(folder)}: no {VERIFY_RECORDS} could be read: {left_out_text(meta)}", **meta)
+    return ok(out, folder=path_text(folder), records=len(kept), traces=len(out) - len(kept), **meta)

@@ -14,22 +14,31 @@ resolved server arguments (``tp_size``, ``pp_size``, ``device``, ``speculative_n
 
 from __future__ import annotations
 
-import http.client as http_client
-import socket
+import os
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import orjson
 
 from fastverify.bounds import MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_WORLD_SIZE, duplicate_json_key, implausible_count
 from fastverify.bundle import ARCNAMES, MAX_MEMBER_BYTES
-from fastverify.collect.core import Context, Outcome, ServerInfo, failed, ok
+from fastverify.collect.client import ReplyError, http, shown_reply
+from fastverify.collect.core import (
+    LEFT_OUT_KEYS,
+    NOT_REGULAR,
+    Context,
+    Outcome,
+    ServerInfo,
+    failed,
+    left_out_text,
+    ok,
+    scan_folder,
+    take_regular,
+    unfit_name,
+)
 from fastverify.collect.url import normalise_url  # noqa: F401 - collect's and launch's name for it
-from fastverify.errors import UserError, one_line, printable
+from fastverify.errors import UserError, one_line, shown
 from fastverify.inputs import loads_json, read_bytes
 from fastverify.progress import say
 
@@ -42,204 +51,6 @@ REQUEST_PROMPT = "fastverify collect: a short request so that the profiler sees 
 REQUEST_NEW_TOKENS = 16
 SAY_EVERY_S = 10.0
 TRACE_GLOB = "*.trace.json*"
-
-
-MAX_REPLY_BYTES = 64 << 20
-"""Largest server reply read (bytes): /server_info is a few KiB."""
-SHOWN_CHARS = 80  # of a server's own text (a status line, a Location) quoted in a message
-
-
-class ReplyError(OSError):
-    """A request that got no usable reply. ``str()`` is one line naming the URL and what came back
-    (or why nothing did); ``reason`` is that without the URL; ``reached`` is False when the server
-    at the URL never answered (refused, unreachable, no bytes before the deadline)."""
-
-    def __init__(self, method: str, url: str, reason: str, *, reached: bool) -> None:
-        super().__init__(f"{method} {url}: {reason}")
-        self.reason, self.reached = reason, reached
-
-
-def _shown(text: object) -> str:
-    """A server's own text, quoted, terminal-safe and at most :data:`SHOWN_CHARS` characters."""
-    t = printable(str(text).strip())
-    return "'" + (t if len(t) <= SHOWN_CHARS else t[:SHOWN_CHARS] + "...") + "'"
-
-
-class _Watch:
-    """The sockets of one request (its redirects too), shut down when :meth:`fire` runs at the
-    deadline: a blocked read then returns at once, so no header or body can trickle for ever."""
-
-    def __init__(self) -> None:
-        self.socks: list = []
-        self.fired = False
-        self.lock = threading.Lock()
-
-    def add(self, sock) -> None:
-        with self.lock:
-            self.socks.append(sock)
-            if self.fired:
-                self._shut(sock)
-
-    def fire(self) -> None:
-        with self.lock:
-            self.fired = True
-            for sock in self.socks:
-                self._shut(sock)
-
-    @staticmethod
-    def _shut(sock) -> None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _watched(base: type, watch: _Watch) -> type:
-    class Watched(base):
-        def connect(self):
-            super().connect()
-            watch.add(self.sock)
-
-    return Watched
-
-
-class _Http(urllib.request.HTTPHandler):
-    def __init__(self, watch: _Watch) -> None:
-        super().__init__()
-        self.conn = _watched(http_client.HTTPConnection, watch)
-
-    def http_open(self, req):
-        return self.do_open(self.conn, req)
-
-
-class _Https(urllib.request.HTTPSHandler):
-    def __init__(self, watch: _Watch) -> None:
-        super().__init__()
-        self.conn = _watched(http_client.HTTPSConnection, watch)
-
-    def https_open(self, req):
-        return self.do_open(self.conn, req, context=self._context)
-
-
-class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect to an http(s) URL only, and keeps the last target for the messages."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.target: str | None = None
-
-    def http_error_302(self, req, fp, code, msg, headers):
-        location = headers.get("location") or headers.get("uri")
-        if location is not None:
-            try:
-                parts = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, location))
-                parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
-                (parts.hostname or "").encode("idna")
-            except (ValueError, UnicodeError):
-                parts = None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ReplyError(
-                    req.get_method(),
-                    req.full_url,
-                    f"HTTP {code} redirect to {_shown(location)}, not an http(s) URL: not followed",
-                    reached=True,
-                )
-        return super().http_error_302(req, fp, code, msg, headers)
-
-    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        self.target = newurl
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _read_by(r, watch: _Watch) -> bytes:
-    """The reply body, read in chunks until ``watch`` fires or past :data:`MAX_REPLY_BYTES`
-    (a server that trickles or floods): ValueError then, with what was read."""
-    chunks, size = [], 0
-    while True:
-        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
-        if watch.fired:
-            raise ValueError(f"the reply did not end in time ({size:,} bytes of body read)")
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_REPLY_BYTES:
-            raise ValueError(f"the reply is over {MAX_REPLY_BYTES >> 20} MiB")
-        chunks.append(chunk)
-
-
-def _what_came_back(e: BaseException) -> str:
-    """A malformed reply in words (``http.client``'s exceptions)."""
-    if isinstance(e, http_client.RemoteDisconnected):
-        return "closed the connection without a reply"
-    if isinstance(e, http_client.BadStatusLine):
-        return f"not an HTTP reply (status line {_shown(e.line if isinstance(e.line, str) else e)})"
-    if isinstance(e, http_client.IncompleteRead):
-        return f"the body ends early or its chunked encoding is broken ({len(e.partial):,} bytes read)"
-    if isinstance(e, http_client.HTTPException):
-        text = " ".join(str(e).split()) or type(e).__name__
-        return f"not an HTTP reply ({_shown(text)[1:-1]})"
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-def http(method: str, url: str, body: dict | None = None, *, timeout_s: float) -> tuple[int, bytes]:
-    """(HTTP status, body) of one request, all within ``timeout_s`` (connect, headers, body and
-    redirects together); an HTTP error status is returned, not raised.
-
-    Raises
-    ------
-    ReplyError
-        An OSError: no answer (refused, unreachable, timed out), a redirect that goes nowhere, or a
-        reply that is not HTTP (a bad status line, a header line over 64 KiB, over 100 headers, a
-        broken chunked body), never ends in time, or is over :data:`MAX_REPLY_BYTES`.
-    """
-    data = orjson.dumps(body) if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    watch, redirects = _Watch(), _Redirects()
-    opener = urllib.request.build_opener(_Http(watch), _Https(watch), redirects)
-    timer = threading.Timer(timeout_s, watch.fire)
-    timer.daemon = True
-    timer.start()
-    got = False  # the server at ``url`` answered something
-    try:
-        try:
-            with opener.open(req, timeout=timeout_s) as r:
-                got = True
-                return r.status, _read_by(r, watch)
-        except urllib.error.HTTPError as e:
-            got = True
-            with e:
-                return e.code, _read_by(e, watch)
-    except ReplyError:
-        raise
-    except urllib.error.URLError as e:  # urllib's wrapper of a failure to connect or to send
-        raise _failure(method, url, e.reason, watch, redirects.target, got, timeout_s) from None
-    except (OSError, http_client.HTTPException, ValueError, UnicodeError) as e:  # the reply itself
-        raise _failure(method, url, e, watch, redirects.target, True, timeout_s) from None
-    finally:
-        timer.cancel()
-
-
-def _failure(
-    method: str, url: str, e: object, watch: _Watch, target: str | None, got: bool, timeout_s: float
-) -> ReplyError:
-    """The one-line :class:`ReplyError` of a failed request (see :func:`http`); ``got``: some
-    reply came, so the server at ``url`` was reached."""
-    reached = got or target is not None
-    if watch.fired or (got and isinstance(e, TimeoutError)):  # the deadline, or a read's own timeout
-        said = (
-            str(e) if isinstance(e, ValueError) and "did not end in time" in str(e) else "the reply did not end in time"
-        )
-        reason = f"{said}: over {timeout_s:g} s"
-    elif isinstance(e, BaseException):
-        reason = _what_came_back(e)
-    else:
-        reason = " ".join(str(e).split()) or "no answer"
-    if target is not None:  # urllib followed a redirect: the failure is at its target
-        refused = isinstance(e, ConnectionRefusedError) or "refused" in reason.lower()
-        reason = f"redirect to {_shown(target)} {'refused' if refused else 'failed'} ({reason})"
-    return ReplyError(method, url, reason, reached=reached)
 
 
 def profiler_steps(cycles: int) -> int:
@@ -260,7 +71,7 @@ MAX_FACT_CHARS = 4096  # PATH_MAX: the longest model path, and far past any vers
 
 
 def _shown_value(value: object) -> str:
-    return one_line(repr(value), 80) if not isinstance(value, str) else _shown(value)
+    return one_line(repr(value), 80) if not isinstance(value, str) else shown_reply(value)
 
 
 def check_server_facts(info: ServerInfo, raw: bytes) -> None:
@@ -277,7 +88,7 @@ def check_server_facts(info: ServerInfo, raw: bytes) -> None:
     where = f"{info.url}{info.endpoint}"
     if (key := duplicate_json_key(raw)) is not None:
         raise UserError(
-            f"{where}: the key {_shown(key)} is given twice in one JSON object; which one holds is not known"
+            f"{where}: the key {shown_reply(key)} is given twice in one JSON object; which one holds is not known"
         )
     for key, (lower, upper) in SERVER_INTS.items():
         value = info.fact(key)
@@ -306,7 +117,8 @@ def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInf
     UserError
         ``cannot reach <url>: <reason>``; one line naming the endpoint and what came back when the
         reply is not HTTP, never ends, is too large or redirects nowhere (:func:`http`); it
-        answers, but neither endpoint with a JSON object; a fact out of bounds.
+        answers, but neither endpoint with a JSON object, or one holding none of the facts
+        (:data:`SERVER_INTS`, :data:`SERVER_TEXTS`); a fact out of bounds.
     """
     answers = []
     for endpoint in INFO_ENDPOINTS:
@@ -322,6 +134,11 @@ def fetch_server_info(url: str, timeout_s: float = REACH_TIMEOUT_S) -> ServerInf
             if isinstance(info, dict):
                 server = ServerInfo(url, endpoint, raw, info)
                 check_server_facts(server, raw)
+                if not [k for k in (*SERVER_INTS, *SERVER_TEXTS) if server.fact(k) is not None]:
+                    raise UserError(
+                        f"{url}{endpoint}: a JSON object with none of the facts collect reads "
+                        f"({', '.join((*SERVER_INTS, *SERVER_TEXTS))} all missing): not an SGLang server"
+                    )
                 return server
             answers.append(f"{endpoint}: not a JSON object")
         else:
@@ -345,11 +162,18 @@ def model_hidden_size(server: ServerInfo) -> int | None:
         if config is None or not config.is_file():
             return None
         raw = read_bytes(config, kind="text")
-        doc = loads_json(raw, config)
-    except (UserError, OSError, ValueError):  # unreadable, not JSON, a NUL or an over-long name
+    except (UserError, OSError, ValueError):  # unreadable, a NUL or an over-long name
         return None
-    if (key := duplicate_json_key(raw)) is not None:
-        raise UserError(f"{config}: the key {_shown(key)} is given twice in one JSON object")
+    try:
+        if (key := duplicate_json_key(raw)) is not None:
+            raise UserError(f"{config}: the key {shown_reply(key)} is given twice in one JSON object")
+        doc = loads_json(raw, config)
+    except (OSError, ValueError):  # not JSON
+        return None
+    except UserError as e:
+        if "twice" in str(e):
+            raise
+        return None
     if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):
         doc = doc["text_config"]
     value = doc.get("hidden_size") if isinstance(doc, dict) else None
@@ -376,6 +200,7 @@ def server_args(ctx: Context, limit_s: float) -> Outcome:
         speculative_num_draft_tokens=s.fact("speculative_num_draft_tokens"),
         model_path=s.fact("model_path"),
         verify_shapes=ctx.shapes.as_meta(),
+        missing_facts=[k for k in (*SERVER_INTS, *SERVER_TEXTS) if s.fact(k) is None],
     )
 
 
@@ -408,21 +233,26 @@ def _send_requests(url: str, n: int, deadline: float, statuses: list) -> None:
             statuses.append(f"no answer: {e.reason if isinstance(e, ReplyError) else e}")
 
 
-def _written(folder: Path, expected: int, sizes: dict) -> list[Path] | None:
-    """The trace files once at least ``expected`` exist and none has changed size for
-    :data:`STABLE_S`; else None. ``sizes``: name -> (size, since when), kept between calls."""
+def _written(folder: Path, expected: int, sizes: dict) -> list[str] | None:
+    """The names of the trace entries once at least ``expected`` exist and none has changed size
+    for :data:`STABLE_S`; else None. Sizes are ``lstat``'s (a link is never followed); ``sizes``:
+    name -> (size, since when), kept between calls."""
     now = time.monotonic()
-    files = sorted(p for p in folder.glob(TRACE_GLOB) if p.is_file())
-    for p in files:
-        size = p.stat().st_size
-        if sizes.get(p.name, (None,))[0] != size:
-            sizes[p.name] = (size, now)
-    if len(files) >= expected and all(now - sizes[p.name][1] >= STABLE_S for p in files):
-        return files
+    regular, other = scan_folder(folder, (TRACE_GLOB,))
+    for name in (*regular, *other):
+        try:
+            size = os.lstat(folder / name).st_size
+        except OSError:
+            size = None
+        if sizes.get(name, (None,))[0] != size:
+            sizes[name] = (size, now)
+    names = [*regular, *other]
+    if len(names) >= expected and all(now - sizes[n][1] >= STABLE_S for n in names):
+        return names
     return None
 
 
-def _wait(folder: Path, expected: int, deadline: float, quiet: bool, what: str) -> list[Path] | None:
+def _wait(folder: Path, expected: int, deadline: float, quiet: bool, what: str) -> list[str] | None:
     sizes: dict = {}
     next_say = time.monotonic() + SAY_EVERY_S
     while time.monotonic() < deadline:
@@ -444,6 +274,29 @@ def _stop_profile(url: str) -> None:
         http("POST", url + "/stop_profile", timeout_s=10.0)
     except OSError:
         pass
+
+
+def _take(folder: Path, taken: Path) -> tuple[dict, dict]:
+    """The regular trace files of ``folder`` (the server writes there) moved into ``taken`` (a
+    folder only this process writes), as arcname -> Path; and the meta of those left out: not
+    regular (a symbolic link, a FIFO: never read through), or over the member cap."""
+    regular, other = scan_folder(folder, (TRACE_GLOB,))
+    taken.mkdir(mode=0o700)
+    out, too_big = {}, []
+    for name in regular:
+        dest = taken / name
+        if not take_regular(folder, name, dest, move=True):
+            other.append(name)
+        elif dest.stat().st_size > MAX_MEMBER_BYTES:
+            too_big.append(name)
+        else:
+            out[ARCNAMES["server_trace"] + name] = dest
+    meta: dict = {}
+    if other:
+        meta[LEFT_OUT_KEYS[NOT_REGULAR]] = [shown(n) for n in sorted(other, key=shown)]
+    if too_big:
+        meta["left_out_over_2_GiB"] = too_big
+    return out, meta
 
 
 def server_trace(ctx: Context, limit_s: float) -> Outcome:
@@ -480,7 +333,9 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
     except OSError as e:  # ReplyError: one line naming the URL and what came back
         return failed(str(e), **meta)
     if status != 200:
-        return failed(f"POST {s.url}/start_profile: HTTP {status}: {_shown(text.decode(errors='replace'))}", **meta)
+        return failed(
+            f"POST {s.url}/start_profile: HTTP {status}: {shown_reply(text.decode(errors='replace'))}", **meta
+        )
     sent: list = []
     sender = None
     if ctx.send_requests:
@@ -499,12 +354,17 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
         sender.join(timeout=5.0)
         meta["requests_sent"] = [str(x) for x in sent]
     waited = time.monotonic() - t0
-    files = [p for p in (files or sorted(folder.glob(TRACE_GLOB))) if p.is_file()]
-    too_big = [p.name for p in files if p.stat().st_size > MAX_MEMBER_BYTES]
-    out = {ARCNAMES["server_trace"] + p.name: p for p in files if p.name not in too_big}
+    taken, left = _take(folder, ctx.workdir / "server-traces-taken")
+    meta.update(left)
+    out = {}
+    for arc, path in taken.items():
+        why = unfit_name(arc)
+        if why is None:
+            out[arc] = path
+        else:
+            meta.setdefault(LEFT_OUT_KEYS[why], []).append(shown(path.name))
     meta.update(trace_files=len(out), complete=complete, waited_s=round(waited, 1))
-    if too_big:
-        meta["left_out_over_2_GiB"] = too_big
+    said = "; ".join(x for x in (left_out_text(meta), _too_big_text(meta)) if x)
     if not complete:
         return failed(
             f"no complete profile: fewer than {steps} scheduler steps ran in {waited:.0f} s (maybe none): "
@@ -513,4 +373,13 @@ def server_trace(ctx: Context, limit_s: float) -> Outcome:
             out,
             **meta,
         )
+    if not out:
+        return failed(f"no usable trace file: {said or 'the server wrote none'}", **meta)
+    if said and not ctx.quiet:
+        say(f"collect: server_trace: {said}")
     return ok(out, **meta)
+
+
+def _too_big_text(meta: dict) -> str | None:
+    big = meta.get("left_out_over_2_GiB")
+    return f"{len(big)} file(s) left out over {MAX_MEMBER_BYTES >> 30} GiB: {', '.join(big[:3])}" if big else None

@@ -16,7 +16,7 @@ from fastverify.bounds import (
     duplicate_json_key,
     implausible_count,
 )
-from fastverify.cycle.flags import Evidence
+from fastverify.cycle.flags import Evidence, dropped_sweep_point
 from fastverify.cycle.split import forwards, mode_of_step, split_cycles
 from fastverify.errors import UserError, one_line
 from fastverify.events import EventClass
@@ -209,10 +209,7 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
     """The trace part split into cycles (``ev.split``, world size, message size); the ranks read."""
     files, part = _traces(bundle)
     if not files:
-        notes.append(
-            "no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
-            "while the server serves traffic"
-        )
+        notes.append(_no_trace_note(bundle))
         return None
     try:
         ranks = load_traces(files, progress=False)
@@ -240,6 +237,30 @@ def _read_traces(bundle, ev: Evidence, notes: list[str]):
             "cycles to split; was the profile taken with SGLang's /start_profile?"
         )
     return ranks
+
+
+def _no_trace_note(bundle) -> str:
+    """Why the bundle holds no server trace: the files collect left out (their names, not regular
+    files), else the part's own reason when it did not succeed, else that none was collected."""
+    p = bundle.part("server_trace")
+    meta = dict(p.meta) if p is not None and isinstance(p.meta, dict) else {}
+    left = []
+    for key, why in (
+        ("left_out_control_chars", "whose name holds control characters"),
+        ("left_out_not_utf8", "whose name is not UTF-8"),
+        ("left_out_not_regular", "that are no regular files (links, FIFOs)"),
+    ):
+        names = meta.get(key)
+        if isinstance(names, list) and names:
+            left.append(f"{len(names)} trace file(s) {why} ({one_line(', '.join(map(str, names[:3])), 200)})")
+    if left:
+        return f"no server trace in the bundle: collect left out {'; '.join(left)}"
+    if p is not None and p.status == "failed":
+        return f"no server trace in the bundle: server_trace failed ({one_line(str(p.reason), 300)})"
+    return (
+        "no server trace in the bundle: the cycle split needs `fastverify collect --server URL` "
+        "while the server serves traffic"
+    )
 
 
 def _short_cycle(split) -> str | None:
@@ -299,6 +320,8 @@ def evidence(bundle) -> tuple[Evidence, list[str]]:
     ev.sweep = json_part(bundle, "sweep", notes=notes)
     if ev.sweep is not None:
         ev.sources["sweep"] = "sweep/tune.json"
+        if (dropped := dropped_sweep_point(ev)) is not None:
+            notes.append(dropped)
     for part_ in bundle.manifest.parts:
         if part_.status != "ok":
             notes.append(f"{part_.name}: {part_.status} ({part_.reason})")

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(doc)
         if args.png is not None:
-            print(f"wrote {printable(args.png)}")
+            sys.stdout.write(f"wrote {printable(args.png)}\n")
     return 0
 
 

@@ -118,25 +118,49 @@ def mode_means(split: CycleSplit) -> dict[str, dict[str, float]]:
     return out
 
 
-def _reference(ev: Evidence) -> tuple[float, str] | None:
-    """Reference NCCL time (µs) per all-reduce at the verify size: this box's sweep, else published."""
+def _baseline_sizes(ev: Evidence) -> list:
+    """The size rows of the measured sweep's baseline candidate (as read: any JSON)."""
+    if not ev.sweep or ev.sweep.get("label") != "measured":
+        return []
+    base = next((c for c in _list(ev.sweep.get("candidates")) if isinstance(c, dict) and c.get("is_baseline")), None)
+    return _list((base or {}).get("sizes"))
+
+
+def dropped_sweep_point(ev: Evidence) -> str | None:
+    """A note when the measured sweep has a point at the verify size (``ev.msg_bytes``) whose time
+    is no time of work (0, negative, under ``MIN_TIME_US``, past the bounds, not a number): that
+    point is not used, and no other size stands in for it; None otherwise."""
     size = ev.msg_bytes
-    if ev.sweep and size:
-        base = next(
-            (c for c in _list(ev.sweep.get("candidates")) if isinstance(c, dict) and c.get("is_baseline")), None
-        )
+    for s in _baseline_sizes(ev):
+        if isinstance(s, dict) and size and s.get("msg_bytes") == size:
+            why = implausible_work_us(s.get("median_us"))
+            if why is not None:
+                return (
+                    f"sweep: its point at the verify size {size:,} B (median_us {s.get('median_us')!r}) is "
+                    f"dropped: {why}; the slow-transfer check does not use the box's sweep at another size"
+                )
+    return None
+
+
+def _reference(ev: Evidence) -> tuple[float, str] | None:
+    """Reference NCCL time (µs) per all-reduce at the verify size: this box's sweep (its point at
+    the verify size, else the nearest swept size, said), else published. A sweep whose point at
+    the verify size is dropped (:func:`dropped_sweep_point`) is not used."""
+    size = ev.msg_bytes
+    if size and dropped_sweep_point(ev) is None:
         rows = [
             s
-            for s in _list((base or {}).get("sizes"))
+            for s in _baseline_sizes(ev)
             if isinstance(s, dict)  # a time of work, > 0
             and implausible_count(s.get("msg_bytes"), upper=MAX_MSG_BYTES) is None
             and implausible_work_us(s.get("median_us")) is None
         ]
-        if rows and (ev.sweep.get("label") == "measured"):
+        if rows:
             best = min(rows, key=lambda s: abs(s["msg_bytes"] - size))
+            near = "" if best["msg_bytes"] == size else f", the nearest swept size to the verify size {size:,} B"
             return best["median_us"], (
                 f"this box's measured sweep: NCCL {best['median_us']:.1f} µs at "
-                f"{best['msg_bytes']:,} B ({ev.sources.get('sweep', 'sweep')})"
+                f"{best['msg_bytes']:,} B{near} ({ev.sources.get('sweep', 'sweep')})"
             )
     if size and ev.world_size and ev.world_size >= 2:
         times = sorted(t for m in comparable(BackendName.nccl, ev.world_size) if (t := m.time_at(size)))

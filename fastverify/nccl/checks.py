@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from fastverify.errors import UserError
+from fastverify.errors import UserError, shown
 from fastverify.nccl.findings import (
     ALWAYS,
     CHANNELS_64,
@@ -1670,17 +1670,23 @@ def apply_sets(items: Iterable[str], env: Mapping[str, str], version: NcclVersio
     Raises
     ------
     UserError
-        A form :func:`split_set` refuses, an unknown name, or a value NCCL ``version`` rejects.
+        A form :func:`split_set` refuses, a NAME given twice (NCCL reads one value; the later one
+        would win silently), an unknown name, or a value NCCL ``version`` rejects.
     """
     out = dict(env)
-    given = set()
+    given: dict[str, str] = {}
     for item in items:
         name, value = split_set(item)
+        if name in given:
+            raise UserError(
+                f"--set {shown(name, 80)} is given twice ({shown(given[name], 40)} and "
+                f"{shown(value, 40)}); give each setting once"
+            )
         finding = validate_setting(name, value, version)
         if finding.severity is Severity.ERROR:
             raise UserError(f"--set {name}={value}: {finding.reason}" + (f" ({finding.fix})" if finding.fix else ""))
         out[name] = value
-        given.add(name)
+        given[name] = value
     if given:
         for f in validate_settings({k: v for k, v in out.items() if k.startswith("NCCL_")}, version):
             if f.severity is Severity.ERROR and (f.name in given or any(g in f.reason for g in given)):

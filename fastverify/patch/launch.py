@@ -45,7 +45,7 @@ from fastverify.patch.launch_plan import Blocker, Checks, blocked_text, box_text
 from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
 from fastverify.proof.answers import AnswerBaseline
-from fastverify.proof.run import proof_blockers
+from fastverify.proof.run import check_url, proof_blockers
 from fastverify.registry import BACKENDS as REGISTRY
 from fastverify.registry import BackendInfo, BackendName, backend_info, names
 from fastverify.topo.box import ENV_DESCRIBE_BOX, box_from_description, described_box, p2p_file_facts, read_box
@@ -59,6 +59,9 @@ file's settings), ``off`` (no all-reduce change) and every deployable registry n
 # SGLang 0.5.23 server flags launch reads (srt/arg_groups/fields/parallel.py: tp_size with alias
 # --tensor-parallel-size; argparse also takes the unambiguous prefix --tp).
 _TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+#: TP sizes a command may ask for: the range the SGLang command's ``--tp-size`` is checked against
+#: (:mod:`fastverify.patch.server_cmd`); a larger one is refused before anything is sized by it.
+TP_RANGE = (1, 4096)
 
 
 @dataclass(frozen=True)
@@ -427,6 +430,11 @@ def plan_of_args(args, environ: Mapping[str, str]) -> LaunchPlan:
     )
     if args.dry_run and proof_asked(args, plan):
         plan = replace(plan, blockers=plan.blockers + proof_blockers(plan, args))
+    elif getattr(args, "url", None) is not None and not proof_asked(args, plan):
+        checks = Checks(collect=args.dry_run)  # checked as the proof run checks it, and collect --server
+        with checks.guard("URL"):
+            check_url(args.url)
+        plan = replace(plan, blockers=plan.blockers + checks.blockers)
     return plan
 
 
@@ -434,11 +442,21 @@ def _command_shapes(
     argv: tuple[str, ...], server: ServerShapes | None, checks: Checks, sglang_found: bool
 ) -> tuple[ServerShapes | None, int | None]:
     """The command's verify shapes (``server``, else read from ``argv``; SGLang's own parser
-    refusing the command is a blocker: so would the server) and its TP size."""
+    refusing the command is a blocker: so would the server) and its TP size: None when unknown
+    or outside :data:`TP_RANGE` (refused: a blocker, unless the SGLang check already is one)."""
+    n_blockers = len(checks.blockers)
     if server is None:
         with checks.guard("command"):
             server = read_command(argv, sglang_found=sglang_found)
-    return server, server.tp if server is not None and server.tp else flag_int(argv, _TP_FLAGS)
+    if server is not None and server.tp:
+        return server, server.tp
+    tp = flag_int(argv, _TP_FLAGS)
+    if tp is not None and not TP_RANGE[0] <= tp <= TP_RANGE[1]:
+        if len(checks.blockers) == n_blockers:  # not yet refused by the SGLang command's own check
+            flag = next(a.partition("=")[0] for a in reversed(argv) if a.partition("=")[0] in _TP_FLAGS)
+            checks.refuse("command", f"the command's {flag} {tp}: expected {TP_RANGE[0]}..{TP_RANGE[1]}")
+        return server, None
+    return server, tp
 
 
 def _patch_route(

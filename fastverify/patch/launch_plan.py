@@ -214,6 +214,8 @@ def _tp_gpus(box: BoxFingerprint, argv: Sequence[str], world: int | None) -> tup
         return None, 'NVML gave no GPU identities here (a described box without "gpus")'
     if not world:
         return (list(box.gpus), "") if len(box.gpus) > 1 else (None, "the TP size is not known")
+    if world > len(box.gpus):  # said before a list of ``world`` ordinals is made (a TP of 10**18)
+        return None, f"the command's TP group needs {world} GPUs, and this box shows {len(box.gpus)} GPU(s) to it"
     ordinals = _tp_ordinals(argv, world)
     if max(ordinals) >= len(box.gpus) or min(ordinals) < 0:
         return None, (

@@ -19,7 +19,8 @@ from pathlib import Path
 import msgspec
 
 from fastverify import __version__
-from fastverify.analyze import analyze
+from fastverify.analyze import analyze, short_allreduces
+from fastverify.bounds import MIN_TIME_US
 from fastverify.errors import UserError, path_text
 from fastverify.events import RankEvents
 from fastverify.outputs import release_reserved, reserve_names, write_error, write_files
@@ -89,6 +90,13 @@ def build_profile(ranks: list[RankEvents], source: dict, shapes: Shapes | None =
         ):
             if m.get(key):
                 warnings.append(f"rank {r['rank']}: {m[key]}" if what is None else f"rank {r['rank']}: {m[key]} {what}")
+    for r in ranks:
+        short, total = short_allreduces(r)
+        if short:
+            warnings.append(
+                f"rank {r.rank}: {short} of {total} all-reduce kernels last under {MIN_TIME_US:g} µs, less than "
+                "any all-reduce takes: their times (and the all-reduce µs, medians and split) are no measurement"
+            )
     if world and len(ranks) < max(world) and len(ranks) > 1:
         warnings.append(
             f"{len(ranks)} of {max(world)} ranks given: transfer vs wait and the straggler cover these ranks only"

@@ -361,7 +361,10 @@ def print_comparison(
     Raises
     ------
     UserError
-        As :func:`build_report`; a closed or full stdout.
+        As :func:`build_report`.
+    StdoutError, AttributeError
+        A full stdout, a closed one (``None.write``): :func:`fastverify.errors.print_guarded` says
+        either in one line.
     """
     report = build_report(before, after, logprob_tol=logprob_tol, allow_incomplete=allow_incomplete)
     text = (
@@ -369,11 +372,8 @@ def print_comparison(
         if as_json
         else printable(format_report(report))
     )
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except (OSError, AttributeError) as err:  # a closed stdout (>&-: None), a full disk
-        raise UserError(f"cannot print the comparison: {getattr(err, 'strerror', None) or err}") from None
+    sys.stdout.write(text)  # a closed (None) or full stdout: print_guarded's one line
+    sys.stdout.flush()
     return report.exit_code
 
 

@@ -3,7 +3,7 @@ checked: what ``launch --load`` measured, what ``compare`` and ``launch --baseli
 
 Every field has bounds a real run keeps (:func:`check_run`): tokens per answer 1..4096, as many
 answers as prompts in a complete run and in the prompts' order, logprobs finite and <= 0, margins
-finite and >= 0, tok/s finite in (0, 1e7]; a record past them is hand-edited or broken, and is
+finite and >= 0, tok/s finite in [one token per hour, 1e7]; a record past them is hand-edited or broken, and is
 refused in one line naming the file and the field.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from fastverify import __version__
+from fastverify.bounds import MIN_TOK_S
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import decode_json, read_bytes
 from fastverify.proof.answers import MAX_NEW_TOKENS, Answer, Prompt
@@ -129,8 +130,8 @@ def _bad_answer(a: Answer, max_new: int) -> str | None:
 
 def _bad_throughput(t: ThroughputRun) -> str | None:
     rates = [*t.per_stream_tok_s, t.output_tok_s]
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0 < x <= MAX_TOK_S for x in rates):
-        return f"tok/s must be finite in (0, {MAX_TOK_S:g}]"
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) and MIN_TOK_S <= x <= MAX_TOK_S for x in rates):
+        return f"tok/s must be finite in [{MIN_TOK_S:.3g} (one token per hour), {MAX_TOK_S:g}]"
     if not 1 <= t.concurrency <= 4096 or not 0 <= t.completed <= t.requests:
         return "concurrency 1..4096 and completed <= requests"
     return None

@@ -301,12 +301,24 @@ def _url(plan, opts: LoadOptions) -> str:
     url = opts.url or (plan.server.url if plan.server is not None else None)
     if url is None:
         raise UserError("the command is not an SGLang server command launch can read: give --url http://host:port")
+    return check_url(url, "--url" if opts.url else "the server's address")
+
+
+def check_url(url: str, flag: str = "--url") -> str:
+    """``url`` normalised by ``collect --server``'s own check (:func:`normalise_url`), its
+    refusal naming ``flag``; ``launch`` checks a ``--url`` with it whether or not a proof runs.
+
+    Raises
+    ------
+    UserError
+        A URL that is not ``http(s)://host:port`` (a user name or password in it is never shown).
+    """
     try:
         return normalise_url(url)
     except UserError as err:
-        raise UserError(str(err).replace("--server", "--url" if opts.url else "the server's address", 1)) from None
+        raise UserError(str(err).replace("--server", flag, 1)) from None
     except ValueError as err:  # urllib's own refusals ("Invalid IPv6 URL")
-        raise UserError(f"--url {url!r}: {err}") from None
+        raise UserError(f"{flag} {url!r}: {err}") from None
 
 
 def _inputs(

@@ -40,7 +40,6 @@ import msgspec
 from fastverify.bounds import (
     MAX_GPU_MEMORY_BYTES,
     MAX_WORLD_SIZE,
-    duplicate_json_key,
     implausible_count,
     implausible_name,
 )
@@ -241,12 +240,11 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         raise UserError(
             f"{where}: box description must be a JSON object, got {type(doc).__name__} {raw.strip()[:40]!r}"
         )
-    if (key := duplicate_json_key(raw)) is not None:
-        raise UserError(f"{where}: invalid box description: the key {one_line(repr(key), 80)} is given twice")
+    count_given = "gpu_count" in doc
     doc.setdefault("tp", tp)
     doc.setdefault("gpu_name", None)
     doc.setdefault("sm", None)
-    doc.setdefault("gpu_count", 0)
+    doc.setdefault("gpu_count", 0)  # not given: 0, which launch says as "no GPU"
     try:
         box = msgspec.convert(doc, BoxFingerprint)
     except msgspec.ValidationError as err:
@@ -255,6 +253,8 @@ def box_from_description(text: str, *, where: str = ENV_DESCRIBE_BOX, tp: int = 
         raise UserError(f"{where}: invalid box description: {err}") from None
     if (why := implausible_box(box)) is not None:
         raise UserError(f"{where}: invalid box description: {why}")
+    if count_given and box.gpu_count < 1:
+        raise UserError(f'{where}: invalid box description: field "gpu_count": 0 GPUs; a box has at least 1')
     return box
 
 
@@ -528,15 +528,31 @@ def add_box_arguments(p: argparse.ArgumentParser, bounded) -> None:
     )
 
 
-def resolve_args(args, *, topology_gpus: int | None, tp: int = 0) -> BoxFacts:
+def resolve_args(args, *, topology_gpus: int | None, tp: int = 0, ranks_only: bool = False) -> BoxFacts:
     """Resolve ``args.sm`` / ``args.pcie_gen`` in place from :func:`resolve_box` (``--describe-box``
     read by :func:`box_from_description`, else FASTVERIFY_DESCRIBE_BOX) and
-    return the facts with their sources. Raises UserError for a bad description."""
+    return the facts with their sources. ``topology_gpus`` counts every GPU of the box the
+    command models (``nvidia-smi topo -m`` text), or with ``ranks_only`` the ranks of an NCCL log
+    (a box may have more GPUs than one run used).
+
+    Raises
+    ------
+    UserError
+        A bad description, or one whose ``gpu_count`` disagrees with ``topology_gpus`` (the
+        description and the topology are of two boxes).
+    """
     by = "--describe-box"
     if getattr(args, "describe_box", None) is not None:
         described = box_from_description(args.describe_box, where=by, tp=tp)
     else:
         described, by = described_box(tp=tp), ENV_DESCRIBE_BOX
+    n = described.gpu_count if described is not None else 0
+    if n and topology_gpus and (n < topology_gpus if ranks_only else n != topology_gpus):
+        what = f"an NCCL log of {topology_gpus} ranks" if ranks_only else f"a topology of {topology_gpus} GPUs"
+        raise UserError(
+            f"{by}: gpu_count {n} disagrees with {what}: the description and the topology are of two "
+            f"boxes; describe the box the topology is of, or give that box's topology"
+        )
     facts = resolve_box(
         sm=args.sm, pcie_gen=args.pcie_gen, described=described, topology_gpus=topology_gpus, described_by=by
     )

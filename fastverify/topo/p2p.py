@@ -403,7 +403,7 @@ def run_check_command(*, output: Path | None, timeout_s: float, refresh: bool, f
             print(shown(summary_line(results)), file=sys.stderr)
     else:
         write_files([(output, lambda tmp: tmp.write_text(text))])
-        print(shown(f"{summary_line(results)}; wrote {output}"))
+        sys.stdout.write(shown(f"{summary_line(results)}; wrote {output}") + "\n")
     return 0 if all(r.ok for r in results.values()) else 1
 
 
@@ -457,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UserError as err:
             print(f"error: {one_line(str(err))}", file=sys.stderr)
             return EXIT_USER_ERROR
-        print(json.dumps(check_document(results, gpus), indent=1))
+        sys.stdout.write(json.dumps(check_document(results, gpus), indent=1) + "\n")  # closed: raises
         if not all(r.ok for r in results.values()):
             print(shown(summary_line(results)), file=sys.stderr)
         return 0 if all(r.ok for r in results.values()) else 1

@@ -251,7 +251,7 @@ def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
     gc.disable()  # the parse allocates millions of objects; GC passes over them only cost time
     try:
         # orjson where it is safe, json for >64-bit integers (NCCL `Comms Id`) and NaN; nesting bounded
-        doc = loads_json(raw, path)
+        doc = loads_json(raw, path, unique_keys=False)  # ~0.6 GB: a second parse for repeated keys costs too much
     finally:
         if gc_was_enabled:
             gc.enable()

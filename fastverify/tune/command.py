@@ -306,8 +306,9 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    # --json: stdout holds the one document; everything said in words goes to stderr
-    console = Console(file=sys.stderr, width=130) if args.json else Console(width=None if sys.stdout.isatty() else 130)
+    # --json: stdout holds the one document; everything said in words goes to stderr (stderr=True:
+    # rich writes to sys.stderr, or nowhere where it is closed; file=None would mean stdout)
+    console = Console(stderr=True, width=130) if args.json else Console(width=None if sys.stdout.isatty() else 130)
     if args.draft_shape:
         return _run_draft_shape(args, console)
     given = [

@@ -47,7 +47,7 @@ def read_histogram(path: Path) -> AcceptHistogram:
     """
     data = read_bytes(Path(path), kind="json", what="an accept histogram")
     try:
-        h = decode_json(data, path_text(path), AcceptHistogram, what="the accept histogram")
+        h = decode_json(data, path_text(path), AcceptHistogram, what="the accept histogram", unique_keys=False)
     except msgspec.ValidationError as e:
         raise schema_error(f"{path_text(path)}: invalid accept histogram", e, HISTOGRAM_EXAMPLES) from None
     twice = duplicate_json_key(data)

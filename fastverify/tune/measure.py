@@ -214,6 +214,7 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
         raise UserError("no trial finished with a correct result (see the reasons above); nothing to write")
     if args.json:
         import json
+        import sys
 
         doc = measured_document(
             ranking,
@@ -228,7 +229,7 @@ def _report(args, console, workload, topo, version, ranking, red, device, box) -
                 "gpu_name": box.gpu_name if box is not None else None,
             },
         )
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")  # print() skips a closed stdout
     if device == "cuda":
         for line in winner_lines(
             red,

@@ -9,6 +9,7 @@ or an NCCL tuner-plugin CSV (``--write-tuner-config``).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from fastverify.console import say
@@ -80,7 +81,9 @@ def report_prediction(args, console, workload, topo, version, pred, shapes, p2p_
         doc = prediction_document(pred, workload, box=box_doc)
         if user is not None:
             doc = decorate(doc, user, red, topo=topo)
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        # not print(): it writes nothing to a closed stdout (None) and succeeds; None.write fails, and
+        # print_guarded says so in one line
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     else:
         print_prediction(
             args,
