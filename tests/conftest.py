@@ -319,3 +319,27 @@ def pin_pcie_ipc(monkeypatch):
         return replace(e, low_us=e.point_us / 1.25, high_us=e.point_us * 1.25, unknown=None)
 
     monkeypatch.setattr(backend_model, "estimate", pinned)
+
+
+def run_with_stdout(argv: list[str], cwd: Path, stdout: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run ``argv`` with its standard output ``"closed"`` (``>&-``) or ``"full"`` (``>/dev/full``,
+    skipped where the box has none); returns the finished process (stderr captured as text) and the
+    reason fastverify should give: "it is closed" or "No space left on device"."""
+    if stdout == "closed":
+        cp = subprocess.run(
+            argv,
+            env=subprocess_env(),
+            cwd=cwd,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.close(1),
+            timeout=300,
+        )
+        return cp, "it is closed"
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        cp = subprocess.run(
+            argv, env=subprocess_env(), cwd=cwd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    return cp, "No space left on device"

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from conftest import run_with_stdout, subprocess_env
 
 from fastverify.cli import main
 from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, encode_record, record_path_for
@@ -158,25 +158,7 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize("stdout", ["closed", "full"])
 def test_a_closed_or_full_stdout_is_one_line_and_exit_2(tmp_path, name, stdout):
     argv = [sys.executable, "-m", "fastverify", *_commands(tmp_path)[name]]
-    if stdout == "closed":
-        cp = subprocess.run(
-            argv,
-            env=subprocess_env(),
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: os.close(1),
-            timeout=300,
-        )
-        why = "it is closed"
-    else:
-        if not os.path.exists("/dev/full"):
-            pytest.skip("no /dev/full here")
-        with open("/dev/full", "w") as full:
-            cp = subprocess.run(
-                argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
-            )
-        why = "No space left on device"
+    cp, why = run_with_stdout(argv, tmp_path, stdout)
     assert "Traceback" not in cp.stderr, cp.stderr
     assert cp.returncode == 2, cp.stderr
     assert cp.stderr.splitlines()[-1] == f"fastverify: error: cannot write to standard output ({why})"

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from conftest import run_with_stdout
 
 from fastverify.cli import main
 from fastverify.errors import UserError
@@ -31,25 +29,7 @@ def test_collect_keeps_and_names_its_bundle_when_stdout_cannot_be_written(tmp_pa
     that named no bundle."""
     out = tmp_path / "b.tar.gz"
     argv = [sys.executable, "-m", "fastverify", "collect", "--budget", "30", "--skip", "doctor", "--output", str(out)]
-    if stdout == "closed":
-        cp = subprocess.run(
-            argv,
-            env=subprocess_env(),
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: os.close(1),
-            timeout=300,
-        )
-        why = "it is closed"
-    else:
-        if not os.path.exists("/dev/full"):
-            pytest.skip("no /dev/full here")
-        with open("/dev/full", "w") as full:
-            cp = subprocess.run(
-                argv, env=subprocess_env(), cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
-            )
-        why = "No space left on device"
+    cp, why = run_with_stdout(argv, tmp_path, stdout)
     assert "Traceback" not in cp.stderr, cp.stderr
     assert cp.returncode == 1, cp.stderr
     last = cp.stderr.splitlines()[-1]
