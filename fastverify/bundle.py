@@ -12,7 +12,7 @@ bytes bounded, nothing after the gzip data, extended headers and member times ch
 each listed member into a private temporary folder as it passes; nothing is read twice. Refused
 in one :class:`~fastverify.errors.UserError` line naming the file: not gzip, not a tar, truncated
 (the gzip trailer is checked), bytes after the gzip data, no ``manifest.json`` first, another
-schema or version, a manifest figure out of bounds (:mod:`fastverify.manifest_bounds`), a member
+schema or version, a manifest figure out of bounds (:func:`manifest_figure_problem`), a member
 named in the manifest but absent, a member it does not list (refused at its header, unread),
 ``..``, an absolute name, a link, a device or a directory, or sizes past :data:`MAX_MEMBER_BYTES`
 / :data:`MAX_TOTAL_BYTES` / :data:`MAX_MANIFEST_BYTES`. A listed member over the cap its kind
@@ -24,6 +24,7 @@ why (:attr:`Bundle.unreadable`), so a report names the part it could not read an
 from __future__ import annotations
 
 import io
+import math
 import os
 import posixpath
 import shutil
@@ -38,11 +39,11 @@ from pathlib import Path
 
 import msgspec
 
+from fastverify import bounds as B
 from fastverify.archive import ArchiveRefused, members
 from fastverify.bounds import duplicate_json_key
 from fastverify.errors import UserError, one_line, path_text, printable
 from fastverify.inputs import CAPS, check_regular, decode_json
-from fastverify.manifest_bounds import manifest_figure_problem
 
 __all__ = [
     "ARCNAMES",
@@ -296,6 +297,63 @@ def write_bundle(path: str | Path, manifest: Manifest, files: Mapping[str, bytes
     finally:  # Ctrl-C, a full disk, any error: no half-written file is left
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# ---- bounds on the manifest's figures: a figure past fastverify.bounds is no measurement (an altered or
+# damaged bundle), refused when a bundle is read back, never when one is written
+
+_FIGURES = {  # meta or host key -> (least, most) of the int it holds (each int of a list)
+    **dict.fromkeys(("tp", "tp_size", "pp_size"), (1, B.MAX_WORLD_SIZE)),
+    **dict.fromkeys(("gpus", "gpu_count"), (0, B.MAX_WORLD_SIZE)),
+    "hidden": (1, B.MAX_HIDDEN),
+    **dict.fromkeys(("draft_tokens", "speculative_num_draft_tokens"), (1, B.MAX_DRAFT_TOKENS)),
+    **dict.fromkeys(("batch", "batches"), (1, B.MAX_BATCH)),
+    **dict.fromkeys(("msg_bytes", "swept_msg_bytes"), (0, B.MAX_MSG_BYTES)),
+}
+
+
+def _figure_problem(key: str, parent: str, value: int | float) -> str | None:
+    if key in _FIGURES or parent in _FIGURES:
+        lo, hi = _FIGURES[key if key in _FIGURES else parent]
+        if isinstance(value, int) and lo <= value <= hi:
+            return None
+        return f"{value!r} is not an integer in [{lo}, {hi:,}]"
+    if key.endswith("_s") or key == "seconds":
+        ok = math.isfinite(value) and 0 <= value <= B.MAX_TIMEOUT_S
+        return None if ok else f"{value!r} s is outside [0, {B.MAX_TIMEOUT_S:g} s]"
+    if key.endswith("_us") or parent.endswith("_us"):
+        return B.implausible_time_us(value)
+    if not math.isfinite(value) or not 0 <= value <= B.MAX_COUNT:
+        return f"{value!r} is outside [0, {B.MAX_COUNT:g}] (the bound of a count or size)"
+    return None
+
+
+def manifest_figure_problem(m) -> str | None:
+    """Why a figure of ``m`` cannot be what collect measured (None when every one can): world
+    sizes (``tp``, ``tp_size``, ``pp_size``, ``gpus``, ``gpu_count``) up to
+    :data:`~fastverify.bounds.MAX_WORLD_SIZE`, ``hidden`` up to ``MAX_HIDDEN``, draft tokens up to
+    ``MAX_DRAFT_TOKENS``, batches up to ``MAX_BATCH``, message sizes up to ``MAX_MSG_BYTES``, times
+    (``budget_s``, ``elapsed_s``, a part's ``seconds``, any ``*_s``) finite in [0, ``MAX_TIMEOUT_S``],
+    ``*_us`` as a measured time, and any other number a count or size in [0, ``MAX_COUNT``]."""
+    stack: list[tuple[str, str, object]] = [
+        ("budget_s", "", m.budget_s),
+        ("elapsed_s", "", m.elapsed_s),
+        ("host", "", m.host),
+    ]
+    for p in m.parts:
+        stack += [(f"parts[{p.name}].seconds", "", p.seconds), (f"parts[{p.name}].meta", "", p.meta)]
+    while stack:  # no recursion: a hostile manifest nests as deep as the JSON parser allows
+        where, parent, value = stack.pop()
+        key = where.rsplit(".", 1)[-1]
+        if isinstance(value, dict):
+            stack += [(f"{where}.{k}", key, v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(where, parent, v) for v in value]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            why = _figure_problem(key, parent, value)
+            if why is not None:
+                return f"{printable(where)[:200]} = {why}"
+    return None
 
 
 # ---- reading --------------------------------------------------------------------------------------

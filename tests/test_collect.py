@@ -19,7 +19,7 @@ import pytest
 from conftest import free_port
 
 from fastverify.bundle import PART_NAMES, open_bundle
-from fastverify.collect import command, gpu, parts, server
+from fastverify.collect import client, command, gpu, parts, server
 from fastverify.collect.core import Context, Shapes, ok
 from fastverify.errors import UserError
 from fastverify.registry import BackendName
@@ -426,6 +426,6 @@ def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout():
 )
 def test_a_malformed_server_url_is_one_line(text, said):
     with pytest.raises(UserError) as e:
-        server.normalise_url(text)
+        client.normalise_url(text)
     line = str(e.value)
     assert said in line and line.startswith("--server '") and "\n" not in line and len(line) < 300

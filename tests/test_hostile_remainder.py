@@ -383,7 +383,7 @@ def test_p2p_results_that_are_none_are_left_out_with_a_note(tmp_path, capsys, ro
 def test_a_server_url_with_a_password_is_refused_without_printing_it(tmp_path, capsys, url, shown):
     """Before: "cannot reach http://alice:s3cret@127.0.0.1:30000: ... Name or service not known"
     after a connection attempt: the password printed."""
-    from fastverify.collect.server import normalise_url
+    from fastverify.collect.client import normalise_url
 
     with pytest.raises(UserError) as e:
         normalise_url(url)

@@ -30,7 +30,7 @@ from pathlib import Path
 from fastverify import __version__, errors
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
-from fastverify.collect import gpu, parts, server
+from fastverify.collect import client, gpu, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
 from fastverify.errors import StdoutError, UserError, one_line, path_text, printable
 from fastverify.output_paths import output_arg, path_arg, shown
@@ -385,7 +385,7 @@ def _prepare(args) -> tuple[Path, ServerInfo | None, Path | None]:
         )
     info = None
     if args.server is not None:
-        info = server.fetch_server_info(server.normalise_url(args.server))
+        info = server.fetch_server_info(client.normalise_url(args.server))
     out = args.output or default_output()  # last: a refusal above leaves no placeholder
     return out, info, verify_log
 

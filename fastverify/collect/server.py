@@ -37,7 +37,6 @@ from fastverify.collect.core import (
     take_regular,
     unfit_name,
 )
-from fastverify.collect.url import normalise_url  # noqa: F401 - collect's and launch's name for it
 from fastverify.errors import UserError, one_line, shown
 from fastverify.inputs import loads_json, read_bytes
 from fastverify.progress import say

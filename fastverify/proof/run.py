@@ -25,7 +25,8 @@ from pathlib import Path
 import msgspec
 import orjson
 
-from fastverify.collect.server import fetch_server_info, http, normalise_url
+from fastverify.collect.client import normalise_url
+from fastverify.collect.server import fetch_server_info, http
 from fastverify.errors import UserError, one_line, path_text
 from fastverify.outputs import atomic_write_text
 from fastverify.patch.launch_plan import Blocker, Checks
