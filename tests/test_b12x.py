@@ -21,17 +21,14 @@ extracted from ``$FASTVERIFY_FLASHINFER_WHEEL`` and its CPU-runnable parts are r
   ``cuda`` while the tensors stay on CPU), the CUDA IPC setup/teardown, and ``require_prepared``'s
   CUDA-device check.
 
-This file is also the worker script: ``python tests/test_b12x.py RANK WORLD PORT OUT SCENARIO``.
+The ranks are started by ``tests/rank_harness.py``; each runs ``_rank`` with a scenario name.
 """
 
 from __future__ import annotations
 
 import ast
 import gc
-import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import types
@@ -43,6 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402
+import rank_harness  # noqa: E402
 import torch  # noqa: E402
 
 from fastverify.backends import (  # noqa: E402
@@ -422,53 +420,20 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     return out
 
 
-def _worker_main(argv: list[str]) -> None:
+def _rank(rank: int, world: int, out_dir: Path, scenario: str) -> dict:
+    """One gloo rank of ``run_ranks`` (tests/rank_harness.py)."""
     import torch.distributed as dist
 
-    rank, world, port, out_dir, scenario = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        out = _worker(rank, world, scenario, out_dir / "fi")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    out = _worker(rank, world, scenario, out_dir / "fi")
+    dist.barrier()
+    return out
 
 
 def run_ranks(tmp_path: Path, scenario: str, world: int = 2, timeout_s: float = 180) -> list[dict]:
     if not os.environ.get(WHEEL_ENV):
         pytest.skip(f"set {WHEEL_ENV} to the flashinfer-python 0.7.4 wheel to run b12x's own code")
     extract_b12x(os.environ[WHEEL_ENV], tmp_path / "fi")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout_s)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n" + "\n".join(logs)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return rank_harness.run_ranks(_rank, world, tmp_path, scenario, timeout_s=timeout_s).results()
 
 
 # --- the library's own rules, run from the wheel ------------------------------------------------------
@@ -676,7 +641,3 @@ def test_preparation_failure_on_one_rank_disables_on_every_rank(tmp_path):
                 assert all(call[w][0] for w in ("normed", "residual_out", "all_reduce")), (dtype, rows)
             assert res["paths"] == {"fallback": 5, "fallback_all_reduce": 10}
             assert res["record"][-1] == ["close"] and res["closed"]
-
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1:])

@@ -16,19 +16,16 @@ SGLang (not installed) is stood in by a ``parallel_state._groups`` registry hold
 ``GroupCoordinator``-shaped object whose ``device_group`` (gloo here, NCCL in a server) and
 ``cpu_group`` are two distinct gloo groups.
 
-This file is also the worker script: ``python tests/test_b12x_startup.py RANK WORLD PORT OUT SCENARIO``.
+The ranks are started by ``tests/rank_harness.py``; each runs ``_rank`` with a scenario name.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import threading
-import time
 import types
 import weakref
 import zipfile
@@ -40,6 +37,7 @@ for path in (str(HERE.parent), str(HERE)):
         sys.path.insert(0, path)
 
 import pytest  # noqa: E402
+import rank_harness  # noqa: E402
 import test_b12x as base  # noqa: E402
 import torch  # noqa: E402
 
@@ -273,19 +271,14 @@ def _worker(rank: int, world: int, scenario: str, root: Path) -> dict:
     return out
 
 
-def _worker_main(argv: list[str]) -> None:
+def _rank(rank: int, world: int, out_dir: Path, scenario: str) -> dict:
+    """One gloo rank of ``run_ranks`` (tests/rank_harness.py)."""
     import torch.distributed as dist
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
-    rank, world, port, out_dir, scenario = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        out = _worker(rank, world, scenario, out_dir / "fi")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
+    out = _worker(rank, world, scenario, out_dir / "fi")
+    dist.barrier()
+    return out
 
 
 def run_ranks(tmp_path: Path, scenario: str, world: int = 2) -> tuple[list[dict], list[str], float]:
@@ -293,35 +286,8 @@ def run_ranks(tmp_path: Path, scenario: str, world: int = 2) -> tuple[list[dict]
     if not os.environ.get(base.WHEEL_ENV):
         pytest.skip(NO_WHEEL)
     base.extract_b12x(os.environ[base.WHEEL_ENV], tmp_path / "fi")
-    port = base._free_port()
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    started = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            left = max(1.0, TIMEOUT_S - (time.monotonic() - started))
-            try:
-                logs.append(p.communicate(timeout=left)[0].decode(errors="replace"))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {procs.index(p)} still running after {TIMEOUT_S} s: b12x start-up hung")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    elapsed = time.monotonic() - started
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n" + "\n".join(logs)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)], logs, elapsed
+    run = rank_harness.run_ranks(_rank, world, tmp_path, scenario, timeout_s=TIMEOUT_S, hang="b12x start-up hung")
+    return run.results(), run.logs, run.elapsed
 
 
 # --- tests ---------------------------------------------------------------------------------------
@@ -515,7 +481,3 @@ def test_sglang_keeps_its_coordinators_cpu_group_where_we_look():
     assert "_groups[group.unique_name] = weakref.ref(group)" in src
     assert "self.device_group = device_group" in src and "self.cpu_group = cpu_group" in src
     assert re.search(r"cpu_group = torch\.distributed\.new_group\(\s*ranks,\s*backend=\"gloo\"", src)
-
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1:])

@@ -10,15 +10,12 @@ documented contract) and check: the returned residual is the input's storage, no
 beyond the all-reduce's own output, and the values equal a float64 add + RMSNorm of the summed
 inputs, computed here from the input formulas.
 
-This file is also the worker script: ``python tests/test_backend_inplace.py RANK WORLD PORT OUT``.
+The ranks are started by ``tests/rank_harness.py``; each runs ``_rank``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -28,6 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402
+import rank_harness  # noqa: E402
 import torch  # noqa: E402
 
 from fastverify.backends import AllReduceBackend, BackendName, Capability  # noqa: E402
@@ -122,20 +120,13 @@ def _one_case(rank: int, case: str) -> dict:
         }
 
 
-def _worker_main(argv: list[str]) -> None:
-    import torch.distributed as dist
-
-    rank, world, port, out_dir = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank: int, world: int, out_dir: Path) -> dict:
+    """One gloo rank of ``ranks`` (tests/rank_harness.py, teardown ``exit``: no process-group
+    teardown, which can abort a rank whose peer left first)."""
     fi_calls = _install_fi_norm_standin()
     out = {case: _one_case(rank, case) for case in CASES}
     out["fi_calls"] = fi_calls
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
-    dist.barrier()
-    # no process-group teardown: gloo's can abort a rank whose peer left first ("terminate called
-    # without an active exception", seen on a loaded 2-core box); nothing is owed after the barrier
-    os._exit(0)
+    return out
 
 
 # --- the test -----------------------------------------------------------------------------------------
@@ -144,29 +135,7 @@ def _worker_main(argv: list[str]) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("inplace")
-    from conftest import free_port
-
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(WORLD), str(port), str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    try:
-        logs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0] * WORLD, "\n".join(logs)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return rank_harness.run_ranks(_rank, WORLD, out, timeout_s=120, teardown="exit").results()
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -228,7 +197,3 @@ def test_add_rmsnorm_stays_out_of_place():
     normed, res = add_rmsnorm(reduced, residual, torch.ones(4), 0.0)
     assert residual.tolist() == [[1.0] * 4] and reduced.tolist() == [[3.0] * 4]
     assert res.tolist() == [[4.0] * 4] and normed.tolist() == [[1.0] * 4]
-
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1:])

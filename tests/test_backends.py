@@ -5,15 +5,12 @@ rule (with a stand-in for flashinfer.comm, since its kernels need GPUs).
 Expected values are computed here in plain Python from the ranks' known inputs, never with
 fastverify's reference function.
 
-This file is also the worker script: ``python tests/test_backends.py RANK WORLD PORT OUT SCENARIO``.
+The ranks are started by ``tests/rank_harness.py``; each runs ``_rank`` with a scenario name.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import socket
 import subprocess
 import sys
 import types
@@ -25,6 +22,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402
+import rank_harness  # noqa: E402
 import torch  # noqa: E402
 
 from fastverify.backends import (  # noqa: E402
@@ -279,61 +277,25 @@ def _worker_fused(rank: int, out: dict, broken_rank: int | None) -> None:
     dist.barrier()
 
 
-def _worker_main(argv: list[str]) -> None:
-    import torch.distributed as dist
-
-    rank, world, port, out_dir, scenario = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3]), argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank: int, world: int, out_dir: Path, scenario: str) -> dict:
+    """One gloo rank of ``run_ranks`` (tests/rank_harness.py)."""
     out: dict = {}
-    try:
-        if scenario == "gloo":
-            _worker_gloo(rank, out)
-        elif scenario == "fused":
-            _worker_fused(rank, out, broken_rank=None)
-        elif scenario == "fused_broken":
-            _worker_fused(rank, out, broken_rank=1)
-        else:
-            raise ValueError(f"unknown scenario {scenario!r}")
-    finally:
-        dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
+    if scenario == "gloo":
+        _worker_gloo(rank, out)
+    elif scenario == "fused":
+        _worker_fused(rank, out, broken_rank=None)
+    elif scenario == "fused_broken":
+        _worker_fused(rank, out, broken_rank=1)
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    return out
 
 
 # --- launching ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(tmp_path: Path, scenario: str, world: int = 2, timeout_s: float = 120) -> list[dict]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("LOCAL_WORLD_SIZE", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path), scenario],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout_s)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n" + "\n".join(logs)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return rank_harness.run_ranks(_rank, world, tmp_path, scenario, timeout_s=timeout_s).results()
 
 
 @pytest.fixture(scope="module")
@@ -710,7 +672,3 @@ def test_sizing_helpers():
     assert choose_oneshot(128, 7168, 2, 16) and not choose_oneshot(129, 7168, 2, 16)
     with pytest.raises(ValueError, match="oneshot mode"):
         choose_oneshot(100, 7168, 2, 8, "sometimes")
-
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1:])
