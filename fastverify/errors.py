@@ -60,21 +60,30 @@ class _GuardedStdout:
         return getattr(self.stream, name)
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _devnull_on(fd: int) -> None:
+    """Put ``/dev/null`` on file descriptor ``fd`` (1 or 2), so that no file this process opens
+    next takes the free number."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+
+
 def _hold_closed_stdout(*, always: bool = False) -> None:
     """Where the shell closed file descriptor 1 (``>&-``), put ``/dev/null`` there, so that no file
     this process opens lands on it and no child process writes its output into such a file.
     ``sys.stdout`` stays None (what ``>&-`` means to Python). ``always``: also over a broken pipe,
     so that nothing buffered is written to it again at exit."""
-    if not always:
-        try:
-            os.fstat(1)
-            return
-        except OSError:
-            pass
-    fd = os.open(os.devnull, os.O_WRONLY)
-    if fd != 1:
-        os.dup2(fd, 1)
-        os.close(fd)
+    if always or not _is_open(1):
+        _devnull_on(1)
 
 
 def _hold_closed_stderr() -> None:
@@ -84,13 +93,8 @@ def _hold_closed_stderr() -> None:
     opens next (which would take the free descriptor 2)."""
     if sys.stderr is not None:
         return
-    try:
-        os.fstat(2)
-    except OSError:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        if fd != 2:
-            os.dup2(fd, 2)
-            os.close(fd)
+    if not _is_open(2):
+        _devnull_on(2)
     sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stderr from now on
 
 

@@ -378,3 +378,20 @@ def test_every_print_site_escapes_text_from_inputs():
 def test_the_allow_list_names_only_sites_that_exist_and_need_it():
     sites = {(mod, b) for mod, _, _, bad in _print_sites() for b in bad}
     assert set(ALLOWED) <= sites, set(ALLOWED) - sites
+
+
+@pytest.mark.parametrize("closed", ["1", "2"])
+def test_a_file_opened_after_a_closed_stdout_or_stderr_never_takes_its_number(tmp_path, closed):
+    """With ``>&-`` or ``2>&-``, the next file a command opens would get descriptor 1 or 2, and
+    output or progress meant for the terminal would land in it; print_guarded puts /dev/null there
+    first."""
+    script = (
+        "import os, sys\nfrom fastverify.errors import print_guarded\n"
+        f"def cmd():\n    fd = os.open({str(tmp_path / 'f')!r}, os.O_WRONLY | os.O_CREAT)\n"
+        f"    open({str(tmp_path / 'fd')!r}, 'w').write(str(fd))\n    return 0\n"
+        "sys.exit(print_guarded(cmd))\n"
+    )
+    cp = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -c "$0" {closed}>&-', script], env=subprocess_env(), timeout=60
+    )
+    assert cp.returncode == 0 and int((tmp_path / "fd").read_text()) > 2
