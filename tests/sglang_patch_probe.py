@@ -204,8 +204,7 @@ def probe_pre_capture() -> dict:
     failure is logged and the real body is still reached."""
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from fastverify.patch import install as I
-    from fastverify.patch import slots as S
+    from fastverify.patch import install as I, slots as S
 
     out: dict = {
         "prepare_exercised": False,
@@ -315,8 +314,7 @@ def probe_plugin_group() -> dict:
 
 
 def probe_static() -> dict:
-    from fastverify.patch import install as I
-    from fastverify.patch import targets as T
+    from fastverify.patch import install as I, targets as T
 
     out: dict = {}
     out["targets_found"] = {}
@@ -508,8 +506,7 @@ def b12x_gate(sm) -> dict:
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.runtime_context import override_platform
 
-    from fastverify.patch import install as I
-    from fastverify.patch import slots as S
+    from fastverify.patch import install as I, slots as S
 
     saved = {k: os.environ.get(k) for k in ("FASTVERIFY_PATCH", "FASTVERIFY_BACKEND")}
     os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
@@ -818,8 +815,7 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     import torch.distributed as dist
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from fastverify.patch import fused_slot as F
-    from fastverify.patch import slots as S
+    from fastverify.patch import fused_slot as F, slots as S
 
     out: dict = {}
     rep = I.install(sglang_has_pcie_ipc=sglang_has_pcie_ipc)
@@ -1071,8 +1067,7 @@ def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> No
         add_norm.flashinfer_ar_fusion_applies = lambda batch_size: 0 < batch_size <= 2048  # the SM90 gate
         from sglang.srt.model_executor.model_runner import ModelRunner
 
-        from fastverify.patch import fused_slot as F
-        from fastverify.patch import install as I
+        from fastverify.patch import fused_slot as F, install as I
         from fastverify.patch.paths import COUNTER
 
         os.environ.update(

@@ -47,12 +47,12 @@ from fastverify.backends import (  # noqa: E402
     BackendName,
     ProbeContext,
     check_close,
+    flashinfer_b12x as b12x_backend,  # noqa: E402
     ipc,  # noqa: E402
     make_backend,
     probe,
     reference_residual_rmsnorm,
 )
-from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
 from fastverify.backends.probing import check_kernel_sm  # noqa: E402
 from fastverify.registry import backend_info  # noqa: E402
 

@@ -45,10 +45,10 @@ from fastverify.backends import (  # noqa: E402
     BackendName,
     ProbeContext,
     check_close,
+    flashinfer_b12x as b12x_backend,  # noqa: E402
     ipc,  # noqa: E402
     make_backend,
 )
-from fastverify.backends import flashinfer_b12x as b12x_backend  # noqa: E402
 
 H = base.HIDDEN
 SHAPES = [(1, H), (4, H)]
@@ -201,8 +201,7 @@ def _scenario_patch(rank: int, world: int, coordinator, real, out: dict):
     ``rank.make_for_rank`` -> ``slots.create_together``, as the rank step runs it), counting
     the library's preparation calls. Stood in: the device choice (a CPU box gets the gloo
     stand-in) and the context's GPU facts (SM120, proven P2P)."""
-    from fastverify.patch import install, slots
-    from fastverify.patch import rank as R
+    from fastverify.patch import install, rank as R, slots
 
     calls: dict = {}
     _count_preparation(real, calls)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fastverify.analyze import grouped_percentiles, median
 from fastverify.trace.columns import NS_EXACT_FLOAT_US, ns_column

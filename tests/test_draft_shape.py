@@ -17,8 +17,7 @@ import pytest
 from rich.console import Console
 
 from fastverify.errors import UserError
-from fastverify.tune import draft_model as DM
-from fastverify.tune import draft_shape as D
+from fastverify.tune import draft_model as DM, draft_shape as D
 
 # A: accepted draft tokens per request per verify, one run at S = 5 steps; 100 request-verifies.
 COUNTS = [20, 20, 20, 20, 10, 10]

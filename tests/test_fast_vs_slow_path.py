@@ -17,8 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import assert_same_ranks
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from test_loader_fuzz import SETTINGS, good_lists
 
 from fastverify.errors import UserError

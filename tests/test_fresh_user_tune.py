@@ -18,8 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT as REPO
-from conftest import SHARED, cli, one_line_error, run_fastverify, two_rank_trace_profile
+from conftest import REPO_ROOT as REPO, SHARED, cli, one_line_error, run_fastverify, two_rank_trace_profile
 
 TOPO_307 = SHARED / "inputs" / "topo-nccl-tests-307.txt"
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"

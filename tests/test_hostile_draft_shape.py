@@ -18,8 +18,7 @@ from conftest import cli, one_line_error, two_rank_trace_profile
 
 from fastverify.bounds import MAX_DRAFT_TOKENS
 from fastverify.errors import UserError
-from fastverify.tune import draft_model as DM
-from fastverify.tune import verify_time
+from fastverify.tune import draft_model as DM, verify_time
 from fastverify.tune.workload import Workload
 
 TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"

@@ -8,8 +8,7 @@ shared/research/nccl.md §1 — never computed by the code under test.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fastverify.errors import UserError
 from fastverify.nccl.checks import (

@@ -14,8 +14,7 @@ import sys
 
 import pytest
 from conftest import REPO_ROOT, subprocess_env
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fastverify.nccl import model as M
 from fastverify.nccl.checks import Severity, validate_setting

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fastverify.errors import UserError
 from fastverify.nccl.debuglog import CallChoice, ChannelCounts, GraphInfo, PathInfo, Ring, RingLink, parse_nccl_log

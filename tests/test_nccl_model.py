@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fastverify.errors import UserError
 from fastverify.nccl import model as M

@@ -36,9 +36,7 @@ from fastverify.deploy import (
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.registry import BackendName
-from fastverify.topo import gpu_identity as G
-from fastverify.topo import p2p as P
-from fastverify.topo import p2p_proof as PF
+from fastverify.topo import gpu_identity as G, p2p as P, p2p_proof as PF
 
 NVML_GPUS = G.nvml_gpus  # the real reader, before any test stands in for it
 SGL = L.SGLangInfo(

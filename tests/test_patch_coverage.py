@@ -17,9 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastverify.patch import counting as C
-from fastverify.patch import rank as R
-from fastverify.patch import targets as T
+from fastverify.patch import counting as C, rank as R, targets as T
 from fastverify.patch.paths import COUNTER
 
 REPO = Path(__file__).resolve().parents[1]

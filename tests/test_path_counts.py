@@ -15,9 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.patch import install as I
-from fastverify.patch import rank as R
-from fastverify.patch import targets as T
+from fastverify.patch import install as I, rank as R, targets as T
 from fastverify.patch.paths import COUNTER, PathCounter, backend_of, mode_of, summary
 from fastverify.patch.verify import VerifyTimer
 

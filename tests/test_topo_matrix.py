@@ -9,8 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fastverify.errors import UserError
 from fastverify.topo.matrix import Gpu, Topology, nccl_path_type, p2p_allowed, parse_nvidia_smi_topo

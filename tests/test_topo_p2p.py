@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import alive, subprocess_env
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fastverify.errors import UserError
 from fastverify.topo import p2p

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, SHARED, alive, assert_same_ranks, children
 
-from fastverify.trace import halves as H
-from fastverify.trace import load as L
+from fastverify.trace import halves as H, load as L
 
 CUTS = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 

@@ -269,8 +269,7 @@ def test_scaling_keeps_an_unknown_backend_range_unknown_and_says_so():
     from types import MappingProxyType
 
     from fastverify.registry import BackendName
-    from fastverify.tune import candidates as C
-    from fastverify.tune import user_figures as uf
+    from fastverify.tune import candidates as C, user_figures as uf
 
     base = C.Figure(
         BackendName.nccl,

@@ -38,8 +38,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fastverify.doctor.core import CheckContext, Outcome, Status, _out, free_port, spawn
-from fastverify.patch import counting as C
-from fastverify.patch import rank as R
+from fastverify.patch import counting as C, rank as R
 from fastverify.patch.install import install, installed
 from fastverify.patch.paths import COUNTER
 

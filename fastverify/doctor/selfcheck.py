@@ -34,8 +34,7 @@ from typing import Any
 import orjson
 
 from fastverify.cudagraph import capture_cuda_graph
-from fastverify.doctor import connections
-from fastverify.doctor import streams as st
+from fastverify.doctor import connections, streams as st
 from fastverify.doctor.core import (
     BUILDING,
     JIT_BUILD_TIMEOUT_S,
@@ -53,9 +52,7 @@ from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.live.runner import run_live
 from fastverify.nccl.version import read_nccl_version
-from fastverify.patch import fused_slot as F
-from fastverify.patch import rank as R
-from fastverify.patch import slots
+from fastverify.patch import fused_slot as F, rank as R, slots
 from fastverify.patch.paths import PathCounter
 from fastverify.patch.rank import is_capturing
 from fastverify.patch.verify import VerifyTimer

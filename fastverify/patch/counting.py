@@ -47,8 +47,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fastverify.patch import rank as R
-from fastverify.patch import targets as T
+from fastverify.patch import rank as R, targets as T
 from fastverify.patch.paths import COUNTER, mode_of, summary
 
 _seen = threading.local()

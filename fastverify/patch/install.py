@@ -48,8 +48,7 @@ from typing import Any
 
 from fastverify.deploy import record_from_environ
 from fastverify.errors import UserError
-from fastverify.patch import counting as C
-from fastverify.patch import rank as R
+from fastverify.patch import counting as C, rank as R
 from fastverify.patch.fused_slot import (
     FUSED_GROUPS,
     _build_fused,
@@ -110,12 +109,12 @@ from fastverify.patch.targets import (
     TARGET_VERIFY,
     TARGETS,
     Target,
+    check_signature as _check_signature,
+    installed_targets as _installed,
+    resolve as _resolve,
+    unwrap_all as _unwrap_all,
+    wrap as _wrap,
 )
-from fastverify.patch.targets import check_signature as _check_signature
-from fastverify.patch.targets import installed_targets as _installed
-from fastverify.patch.targets import resolve as _resolve
-from fastverify.patch.targets import unwrap_all as _unwrap_all
-from fastverify.patch.targets import wrap as _wrap
 from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer
 from fastverify.patch.verify_trace import VerifyTrace
 from fastverify.registry import BackendName, Reach, backend_info

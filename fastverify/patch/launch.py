@@ -46,8 +46,7 @@ from fastverify.patch.server_cmd import ServerShapes, read_command
 from fastverify.patch.sglang_info import SGLangInfo, detect_sglang
 from fastverify.proof.answers import AnswerBaseline
 from fastverify.proof.run import check_url, proof_blockers
-from fastverify.registry import BACKENDS as REGISTRY
-from fastverify.registry import BackendInfo, BackendName, backend_info, names
+from fastverify.registry import BACKENDS as REGISTRY, BackendInfo, BackendName, backend_info, names
 from fastverify.topo.box import ENV_DESCRIBE_BOX, box_from_description, described_box, p2p_file_facts, read_box
 from fastverify.topo.gpu_identity import gpu_id, nvml_gpus, visible_gpus
 from fastverify.topo.p2p_proof import complete_gpus, read_check_file

@@ -30,8 +30,7 @@ from fastverify.patch.handoff import (
 from fastverify.patch.launch_plan import Checks, workspace_note
 from fastverify.patch.server_cmd import ServerShapes
 from fastverify.patch.sglang_info import SGLangInfo
-from fastverify.registry import BACKENDS as REGISTRY
-from fastverify.registry import BackendInfo, BackendName, Reach, Role, backend_info
+from fastverify.registry import BACKENDS as REGISTRY, BackendInfo, BackendName, Reach, Role, backend_info
 
 OFF = "off"
 """The ``--backend`` value that changes no all-reduce."""

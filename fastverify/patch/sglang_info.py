@@ -20,8 +20,7 @@ from pathlib import Path
 from fastverify.errors import UserError
 from fastverify.patch.handoff import PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK, ROUTE_PLUGIN
 from fastverify.patch.targets import TARGETS, Target
-from fastverify.registry import BACKENDS as REGISTRY
-from fastverify.registry import BackendInfo, BackendName, backend_info
+from fastverify.registry import BACKENDS as REGISTRY, BackendInfo, BackendName, backend_info
 
 _SWITCH_MODULES = tuple(b.sglang_switch_module for b in REGISTRY if b.sglang_switch_module)
 

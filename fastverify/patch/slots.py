@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fastverify.patch import counting as C
-from fastverify.patch import rank as R
+from fastverify.patch import counting as C, rank as R
 from fastverify.patch.paths import COUNTER
 from fastverify.patch.targets import MOD_PARALLEL_STATE
 from fastverify.registry import BACKENDS, BackendInfo, BackendName, Reach, Role, backend_info

@@ -28,8 +28,7 @@ from fastverify.output_paths import or_default, output_arg, path_arg
 from fastverify.proof.run import baseline_of
 from fastverify.topo.box import add_box_arguments
 from fastverify.tune import predict_mode, user_figures
-from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments
-from fastverify.tune.draft_shape import run as run_draft_shape
+from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments, run as run_draft_shape
 from fastverify.tune.measure import measure
 from fastverify.tune.outputs import box_fingerprint, check_outputs, verify_shapes
 from fastverify.tune.predict import priced, rank_nccl_settings

@@ -26,8 +26,7 @@ from fastverify.deploy import (
 from fastverify.envfile import default_env_path
 from fastverify.errors import UserError
 from fastverify.live.config import preset_names
-from fastverify.output_paths import backup_path, check_folder, shown
-from fastverify.output_paths import check_outputs as check_no_clobber
+from fastverify.output_paths import backup_path, check_folder, check_outputs as check_no_clobber, shown
 from fastverify.outputs import claim_output
 from fastverify.tune.ranking import plot_format
 

@@ -40,22 +40,13 @@ from fastverify.errors import UserError
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
     RankGroup,
+    child_env as _child_env,
+    exit_reason as _exit_reason,
+    failure_time as _failure_time,
+    last_stderr_line as _last_stderr_line,
     rank_workdir,
 )
-from fastverify.procs import (
-    child_env as _child_env,
-)
-from fastverify.procs import (
-    exit_reason as _exit_reason,
-)
-from fastverify.procs import (
-    failure_time as _failure_time,
-)
-from fastverify.procs import (
-    last_stderr_line as _last_stderr_line,
-)
-from fastverify.progress import Progress as Lines
-from fastverify.progress import default_after_s, say
+from fastverify.progress import Progress as Lines, default_after_s, say
 from fastverify.tune.journal import Journal, fingerprint
 from fastverify.tune.server_env import recorded_environment
 from fastverify.tune.trial import (

@@ -22,8 +22,7 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 
-from fastverify.patch import counting as C
-from fastverify.patch import rank as R
+from fastverify.patch import counting as C, rank as R
 from fastverify.patch.install import install, installed
 from fastverify.patch.paths import COUNTER
 

@@ -33,8 +33,7 @@ from collections import Counter
 
 import torch
 
-from . import attention as _attention
-from . import draft as _draft
+from . import attention as _attention, draft as _draft
 from .draft import (  # noqa: F401
     assign_draft_cache_locs_contiguous_cpu,
     build_draft_decode_metadata_cpu,
