@@ -26,8 +26,8 @@ from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion
 from fastverify.profile.build import build_profile
 from fastverify.profile.record import Shapes, encode_profile
-from fastverify.tune import journal as journal_mod
-from fastverify.tune.journal import JOURNAL_SCHEMA_VERSION, Journal, fingerprint, read_journal
+from fastverify.tune import sweep
+from fastverify.tune.sweep import JOURNAL_SCHEMA_VERSION, Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 TWO_GPU_TOPO = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
@@ -506,7 +506,7 @@ def test_the_negative_step_case_reaches_the_step_check(tmp_path, monkeypatch):
     reads back, so the refusal above comes from the step check and nothing else."""
     path = tmp_path / "j.jsonl"
     _journal(path, step_us=-1000.0)
-    monkeypatch.setattr(journal_mod, "implausible_time_us", lambda v: None)
+    monkeypatch.setattr(sweep, "implausible_time_us", lambda v: None)
     (rec,) = read_journal(path).records
     assert rec.result.step_us == -1000.0
 

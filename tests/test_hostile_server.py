@@ -20,7 +20,7 @@ from fastverify.collect import client
 from fastverify.collect.server import fetch_server_info, model_hidden_size
 from fastverify.errors import UserError
 from fastverify.topo.box import box_from_description
-from fastverify.tune.journal import Journal, fingerprint, read_journal
+from fastverify.tune.sweep import Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 from tests.test_cycle_report import ct, make_bundle, report_json
 

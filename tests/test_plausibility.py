@@ -17,8 +17,8 @@ from rich.console import Console
 from fastverify.bounds import MAX_EVENT_US, MAX_MSG_BYTES, implausible_count, implausible_time_us
 from fastverify.errors import UserError
 from fastverify.trace.load import load_trace
-from fastverify.tune.journal import Journal, fingerprint, read_journal
 from fastverify.tune.ranking import print_report, rank_candidates
+from fastverify.tune.sweep import Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fastverify.errors import UserError
-from fastverify.tune.journal import JOURNAL_SCHEMA_VERSION, Journal, fingerprint, read_journal
+from fastverify.tune.sweep import JOURNAL_SCHEMA_VERSION, Journal, fingerprint, read_journal
 from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
 
 

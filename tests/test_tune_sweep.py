@@ -18,9 +18,8 @@ from conftest import REPO_ROOT, subprocess_env
 from rich.console import Console
 
 from fastverify.errors import UserError
-from fastverify.tune.journal import read_journal
 from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
-from fastverify.tune.sweep import CPU_NOTE, run_sweep
+from fastverify.tune.sweep import CPU_NOTE, read_journal, run_sweep
 from fastverify.tune.trial import Clock, TrialSpec, TrialStatus
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; parent-death signal")
