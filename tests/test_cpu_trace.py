@@ -27,7 +27,7 @@ ROWS, HIDDEN = 16, 64  # float32 all-reduces of 16 x 64: 4096 bytes
 CHILD = r"""
 import os, sys, time
 import torch, torch.distributed as dist
-from fastverify.patch.verify_trace import VerifyTrace
+from fastverify.patch.verify import VerifyTrace
 rank, out = int(os.environ["RANK"]), sys.argv[1]
 torch.set_num_threads(1)  # two ranks on a small CI box: no OpenMP threads fighting over the cores
 dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -115,8 +115,7 @@ from fastverify.patch.targets import (
     unwrap_all as _unwrap_all,
     wrap as _wrap,
 )
-from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer
-from fastverify.patch.verify_trace import VerifyTrace
+from fastverify.patch.verify import DRAIN_EVERY, VerifyTimer, VerifyTrace
 from fastverify.registry import BackendName, Reach, backend_info
 
 log = logging.getLogger("fastverify.patch")

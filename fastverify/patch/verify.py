@@ -2,7 +2,7 @@
 forward, no host sync, written as JSON lines while the server runs (SGLang ends its scheduler
 processes with SIGKILL, ``kill_process_tree`` in ``sglang/srt/utils/common.py``, so nothing at exit
 runs there). The wrappers that call it: :func:`fastverify.patch.install.make_verify_wrapper`; the optional
-torch.profiler trace: :mod:`fastverify.patch.verify_trace`. Two halves:
+torch.profiler trace: :class:`VerifyTrace`, at the end. Two halves:
 
 - the verify path (:meth:`VerifyTimer.stop`) reads ``query()`` of the oldest pending events (never
   ``synchronize``), turns the completed ones into JSON lines in a bounded buffer and wakes the
@@ -18,6 +18,9 @@ last line cut by a full disk (:mod:`fastverify.verify_records` skips it). A SIGK
 the lines of the last flush interval (fewer than ``every`` records or ``interval_s`` seconds), plus
 on CUDA the steps still running on the GPU. A CUDA ``accept_lens`` (:meth:`VerifyTimer.accept`) is
 copied ``non_blocking`` into pinned memory and read once an event recorded after the copy completed.
+
+A torch.profiler trace of a few verify forwards of one rank (``launch --trace-verify-steps N``),
+in the form ``fastverify profile --trace`` reads. torch is imported only when the trace starts.
 """
 
 from __future__ import annotations
@@ -401,3 +404,60 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class VerifyTrace:
+    """A torch.profiler trace of the next ``steps`` verify forwards of this rank, each inside a
+    ``step[TARGET_VERIFY #i]`` span (the form ``fastverify profile --trace`` splits steps on),
+    written to ``out_dir/verify-TP-<rank>.trace.json.gz`` when the last one ends. Profiling costs
+    time, so the timings in the JSON lines of those steps are not representative; it stops itself."""
+
+    def __init__(self, out_dir: str | Path, steps: int, *, rank: Callable[[], str] = _default_rank) -> None:
+        self.out_dir = Path(out_dir)
+        self.steps = int(steps)
+        self.rank = rank
+        self.done = 0
+        self._prof: Any = None
+        self._span: Any = None
+        self.path: Path | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.done < self.steps
+
+    def begin(self) -> None:
+        if not self.active:
+            return
+        try:
+            import torch
+
+            if self._prof is None:
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                # Shapes give the all-reduce sizes of a CPU trace (gloo spans carry Input Dims).
+                self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
+                self._prof.__enter__()
+            self._span = torch.profiler.record_function(f"step[TARGET_VERIFY #{self.done}]")
+            self._span.__enter__()
+        except Exception as err:  # profiling must never break serving
+            log.warning("fastverify patch: verify trace not started: %s", err)
+            self.steps = 0
+
+    def end(self) -> None:
+        if self._span is None:
+            return
+        try:
+            self._span.__exit__(None, None, None)
+            self._span = None
+            self.done += 1
+            if self.done >= self.steps:
+                self._prof.__exit__(None, None, None)
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                self.path = self.out_dir / f"verify-TP-{self.rank()}.trace.json.gz"
+                self._prof.export_chrome_trace(str(self.path))
+                self._prof = None
+                log.info("fastverify patch: wrote a trace of %d verify steps to %s", self.done, self.path)
+        except Exception as err:
+            log.warning("fastverify patch: verify trace not written: %s", err)
+            self.steps = 0
