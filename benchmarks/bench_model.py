@@ -26,7 +26,7 @@ what ``tune`` shows for pcie_ipc / custom_ar, judged on every published P2P kern
 backend's ``estimate``; one line per group: ``lobo <group>: boxes inside range I/N (P %), points
 inside i/n, median point error E %, median range width high/low W x; abstained a/n``, and one aim
 line per group (>= 80 % of points inside, an abstention counted as a miss, median width <= 4x).
-The range is ``fastverify/tune/ranges.py``'s, made from the other boxes' misses only.
+The range is ``fastverify/tune/backend_model.py``'s, made from the other boxes' misses only.
 Exits 1 when a corrected median error is above ``--aim`` (20 %), 2 when the inputs are absent, 0
 otherwise; the leave-one-box-out verdicts are printed and never change the exit status.
 """
@@ -376,7 +376,7 @@ def run_lobo(shared: Path, aim_pct: float, record: dict | None = None) -> list[d
     print(
         "# range: point x the shortest span of a share of the other boxes' median misses, widened by their "
         "within-box spread, the share the smallest that holds 80 % of a left-out box's misses at 8 KiB..1 MiB "
-        "(fastverify/tune/ranges.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "
+        "(fastverify/tune/backend_model.py), at least x/÷ 1.25; unknown under 4 boxes, beyond 2x in GPU count or size, "
         "or wider than 8x"
     )
     for line in _cross_check(shared):

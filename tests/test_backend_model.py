@@ -13,7 +13,7 @@ import pytest
 
 from fastverify.errors import UserError
 from fastverify.registry import BackendName
-from fastverify.tune import backend_model, ranges
+from fastverify.tune import backend_model
 
 SEED_BYTES = 4 * 7168 * 2  # Kimi-K2 hidden 7168, bf16, batch 1 x 4 draft tokens = 57,344 B
 SM120 = (12, 0)
@@ -81,7 +81,7 @@ def test_seed_case_pcie_ipc_from_the_kernel_model():
     assert ipc.point_us == pytest.approx(p_ipc) and p_ipc == pytest.approx(13.87, abs=0.01)
     # the SGLang 8x SM120 table is the one pcie_ipc measurement at TP8 within 2x of 56 KiB
     assert ipc.sources == ("sglang-docstring-pcie-ipc",) and "sglang-docstring-pcie-ipc 11.6 µs" in ipc.evidence
-    f = ranges.fit(backend_model.kernel_residuals(data), world_size=8, msg_bytes=SEED_BYTES)
+    f = backend_model.fit(backend_model.kernel_residuals(data), world_size=8, msg_bytes=SEED_BYTES)
     assert f.known and f.boxes == 9 and (ipc.low_us, ipc.high_us) == pytest.approx((p_ipc * f.low, p_ipc * f.high))
     assert ipc.low_us < ipc.point_us < ipc.high_us and ipc.high_us / ipc.low_us <= 8.0
 
@@ -106,14 +106,19 @@ def test_kernel_model_residuals_by_hand():
 
 
 def test_range_constants_match_their_sources():
-    assert ranges.LEVEL == 0.80 and ranges.LEVELS[0] == 0.5 and ranges.LEVELS[-1] == 0.975 and len(ranges.LEVELS) == 20
-    assert ranges.MAD_TO_SD == pytest.approx(MAD_SD, abs=1e-3)
-    assert ranges.FLOOR == pytest.approx(math.sqrt(28.9 / 18.7), abs=0.01)  # FlashInfer PR #4393 run range
+    assert (
+        backend_model.LEVEL == 0.80
+        and backend_model.LEVELS[0] == 0.5
+        and backend_model.LEVELS[-1] == 0.975
+        and len(backend_model.LEVELS) == 20
+    )
+    assert backend_model.MAD_TO_SD == pytest.approx(MAD_SD, abs=1e-3)
+    assert backend_model.FLOOR == pytest.approx(math.sqrt(28.9 / 18.7), abs=0.01)  # FlashInfer PR #4393 run range
     # lower weighted median: 1 (w 1), 2 (w 1), 10 (w 2): half the weight (2) is reached at 2
-    assert ranges.weighted_median([(10.0, 2.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
-    assert ranges.weighted_median([(3.0, 1.0)]) == 3.0
+    assert backend_model.weighted_median([(10.0, 2.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
+    assert backend_model.weighted_median([(3.0, 1.0)]) == 3.0
     with pytest.raises(ValueError):
-        ranges.weighted_median([])
+        backend_model.weighted_median([])
 
 
 def _box(i):
@@ -232,11 +237,11 @@ def test_four_boxes_that_disagree_get_no_range():
     within-box spread the two extreme boxes are always out: such a pool needs 10 boxes.)"""
 
     res = [
-        ranges.Residual(b, 8, 4096 << k, math.log(x))
+        backend_model.Residual(b, 8, 4096 << k, math.log(x))
         for b, x in zip("ADBC", (1 / 2, 0.75, 4 / 3, 8 / 3))
         for k in range(11)
     ]
-    f = ranges.fit(res, world_size=8, msg_bytes=4096)
+    f = backend_model.fit(res, world_size=8, msg_bytes=4096)
     assert not f.known and "no share of the 4 published boxes' misses holds 80 %" in f.reason
 
 

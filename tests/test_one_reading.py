@@ -42,7 +42,7 @@ def test_topo_and_tune_read_the_same_in_place_time(capsys):
     assert m[0]["time_us"] == round(IN_PLACE_US, 1) == 298.9
     # tune: its reader, then its baseline (the line that reads the table)
     from fastverify.tune.candidates import baseline_figure
-    from fastverify.tune.read_inputs import read_perf as _read_perf
+    from fastverify.tune.command import read_perf as _read_perf
 
     perf, warnings = _read_perf(Namespace(perf_table=TABLE, topology=TOPO), 8)
     assert warnings == []
@@ -116,7 +116,7 @@ def test_multinode_table_is_flagged_by_topo_and_tune(tmp_path, capsys):
     rc, out, err = cli(["topo", "--nvidia-smi", TOPO, "--perf-table", p], capsys)
     assert rc == 0, err
     assert want in " ".join(out.split())
-    from fastverify.tune.read_inputs import read_perf as _read_perf
+    from fastverify.tune.command import read_perf as _read_perf
 
     perf, warnings = _read_perf(Namespace(perf_table=p, topology=TOPO), 8)
     assert perf is None and len(warnings) == 1 and want in warnings[0] and warnings[0].startswith("# warning: ")

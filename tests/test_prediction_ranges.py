@@ -11,7 +11,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 
 from fastverify.registry import BackendName
-from fastverify.tune import backend_model, candidates, ranges
+from fastverify.tune import backend_model, candidates
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_lobo_of_the_p2p_kernel_model_meets_the_aim_on_every_published_kernel():
     r = b.lobo_kernel_model()
     pts = [p for pts in r["boxes"].values() for p in pts]
     assert len(r["boxes"]) == 9 and r["abstained"] == 0 and len(pts) == 65
-    assert all(p["low_us"] < p["point_us"] < p["high_us"] and p["width"] <= ranges.MAX_WIDTH for p in pts)
+    assert all(p["low_us"] < p["point_us"] < p["high_us"] and p["width"] <= backend_model.MAX_WIDTH for p in pts)
     assert sum(p["inside"] for p in pts) / len(pts) >= 0.8
     assert statistics.median(p["width"] for p in pts) <= 4.0
     assert b.aim_line("P2P", [r], 80.0, 4.0).endswith(": met")
@@ -51,7 +51,7 @@ def test_lobo_of_the_p2p_kernel_model_meets_the_aim_on_every_published_kernel():
 
 def _boxes(offsets, delta, size=65536):
     """One box per offset, two residuals each at ``offset ± delta`` (ln units)."""
-    return [ranges.Residual(f"B{i}", 8, size, o + d) for i, o in enumerate(offsets) for d in (-delta, delta)]
+    return [backend_model.Residual(f"B{i}", 8, size, o + d) for i, o in enumerate(offsets) for d in (-delta, delta)]
 
 
 def test_fit_by_hand():
@@ -62,28 +62,28 @@ def test_fit_by_hand():
       B2 out: (-0.2, -0.1) -> (-0.348, 0.223): 2 in;  B3 out: the same: 0, 0.2 in;  B4 out: 0.2 in, 0.4 out.
     8 of 10 held = 80 %: share 0.5. All five: 3 offsets, shortest (-0.2, 0) -> (-0.348, 0.223)."""
     w = 1.4826 * 0.1
-    f = ranges.fit(_boxes((-0.2, -0.1, 0.0, 0.1, 0.3), 0.1), world_size=8, msg_bytes=65536)
+    f = backend_model.fit(_boxes((-0.2, -0.1, 0.0, 0.1, 0.3), 0.1), world_size=8, msg_bytes=65536)
     assert f.known and f.level == 0.5 and f.within == pytest.approx(w)
     assert (f.low, f.high) == pytest.approx((math.exp(-0.2 - w), 1.25))
     assert "5 published boxes (10 sizes): x0.71 .. x1.25" in f.text("the point")
-    one = [ranges.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.7, 1.0, 1.1, 1.6))]
-    assert not ranges.fit(one[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
-    assert not ranges.fit(one, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
-    assert not ranges.fit(one, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
+    one = [backend_model.Residual(b, 8, 65536, math.log(x)) for b, x in zip("ABCD", (0.7, 1.0, 1.1, 1.6))]
+    assert not backend_model.fit(one[:3], world_size=8, msg_bytes=65536).known  # 3 boxes < MIN_BOXES
+    assert not backend_model.fit(one, world_size=32, msg_bytes=65536).known  # 32 GPUs is 4x from 8
+    assert not backend_model.fit(one, world_size=8, msg_bytes=1 << 20).known  # 16x beyond the sizes
     # one miss a box and no within-box spread: left out, the lowest (ln 0.7) and the highest (ln 1.6)
     # box fall outside any span of the other three (and the ± ln 1.25 floor): 2 of 4 at every share
-    lone = ranges.fit(one, world_size=8, msg_bytes=65536)
+    lone = backend_model.fit(one, world_size=8, msg_bytes=65536)
     assert not lone.known and "no share of the 4 published boxes' misses holds 80 %" in lone.reason
     # offsets 0 with misses ± 1: w = 1.4826, every left-out miss is held at share 0.5, and the range
     # e^(2 x 1.4826) = 19x is wider than 8x: unknown, not a wide range
-    wide = ranges.fit(_boxes((0.0, 0.0, 0.0, 0.0), 1.0), world_size=8, msg_bytes=65536)
+    wide = backend_model.fit(_boxes((0.0, 0.0, 0.0, 0.0), 1.0), world_size=8, msg_bytes=65536)
     assert not wide.known and wide.level == 0.5 and "19x wide (more than 8x)" in wide.reason
 
 
 def test_a_seven_gpu_box_gets_a_range_that_is_not_zero_width():
     f = backend_model.nccl_fit(57344, 7)
     assert f.known and f.low < 1 < f.high
-    assert f.width > ranges.FLOOR**2
+    assert f.width > backend_model.FLOOR**2
 
 
 def _fig(name, backend, per, nccl=None):

@@ -173,7 +173,7 @@ def test_one_rank_falling_back_keeps_the_trial_out_of_the_ranking(standin_sweep)
 
 def test_the_json_document_lists_it_as_fell_back(standin_sweep):
     from fastverify.live.config import load_model_config
-    from fastverify.tune.document import measured_document
+    from fastverify.tune.printer import measured_document
     from fastverify.tune.workload import workload_from_model
 
     trials, results = standin_sweep

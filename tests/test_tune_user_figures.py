@@ -37,7 +37,7 @@ def no_nvml(monkeypatch):
     def refuse(*_a, **_k):
         raise UserError("NVML: no GPUs here")
 
-    monkeypatch.setattr("fastverify.tune.read_inputs.read_nvml_topology", refuse)
+    monkeypatch.setattr("fastverify.tune.command.read_nvml_topology", refuse)
 
 
 def _run(argv, capsys):
@@ -222,7 +222,7 @@ def test_figures_that_agree_with_the_profile_leave_it_in_charge(tmp_path, capsys
 
 def test_measured_document_has_the_per_size_rows():
     from fastverify.live.config import load_model_config
-    from fastverify.tune.document import measured_document
+    from fastverify.tune.printer import measured_document
     from fastverify.tune.ranking import rank_candidates
     from fastverify.tune.trial import SizeResult, TrialResult, TrialSpec
     from fastverify.tune.workload import workload_from_model

@@ -35,8 +35,8 @@ from fastverify.errors import UserError, printable
 from fastverify.output_paths import check_outputs, output_arg, path_arg
 from fastverify.outputs import claim_output
 from fastverify.tune import draft_shape
-from fastverify.tune.draft_inputs import from_bundle
 from fastverify.tune.draft_model import DraftCost, DraftShapeReport, recommend
+from fastverify.tune.draft_shape import from_bundle
 
 
 def draft_section(bundle_path: str | Path, split=None) -> dict | None:

@@ -7,7 +7,7 @@ times in µs, how the numbers were read, link). :func:`estimate` gives a P2P bac
 range for one message size; NCCL's default-settings rows are the misses of NCCL's cost model
 (:func:`cost_model_residuals`), and :func:`comparable` gives the raw rows.
 A range is the point x/÷ how far its rule missed on published boxes it did not see
-(:mod:`fastverify.tune.ranges`), or "unknown at this size": NCCL on PCIe differs 5-15x between
+(below), or "unknown at this size": NCCL on PCIe differs 5-15x between
 hosts with the same GPU, so raw between-box spread is too wide to act on.
 
 * **Comparable**: same world size; NCCL only with default settings (the user's baseline); a backend
@@ -31,7 +31,7 @@ hierarchical kernel moves fewer bytes, and that difference is in its misses). Th
 median, over published boxes, of each P2P kernel's time at its smallest size (<= 4 KiB), where
 the bytes do not count. Nothing else is fitted: how far real kernels fall from this line (link
 efficiency, switch hops, kernels that collapse on some fabrics) is the range, made from the misses
-on the published boxes by :func:`fastverify.tune.ranges.fit`, as for NCCL's cost model.
+on the published boxes by :func:`fit`, as for NCCL's cost model.
 
 **NCCL's cost model**: its misses on the published boxes, and the range they give its point.
 
@@ -41,6 +41,37 @@ The cost model is :data:`fastverify.topo.diagnose.CALIBRATION` on
 of misses changes.
 
 This module imports neither torch nor any GPU library.
+
+Ranges for predicted all-reduce times, from the point method's own residuals (always *predicted*).
+
+A range says where a new box's measurement will land around a point, so its width must come
+from how far that point method missed on boxes it did not see, not from how far the boxes'
+raw times differ. A *residual* is ``ln(measured / point)`` (dimensionless) for one published
+box at one message size, the point computed without that box. This module turns a pool of
+residuals into a range factor, or says the evidence is too thin: then the figure is
+:data:`UNKNOWN`, never a wide or zero-width range.
+
+Rules. Why a shortest span and a share set by leave-one-box-out: the misses are skewed (a few
+boxes miss by 7-13x), and a symmetric median ± 1.28 robust spreads held 85 % of left-out NCCL
+points at a median width of 4.8x in ``benchmarks/bench_model.py``, whose aim is >= 80 % at <= 4x.
+
+* **Pool**: every residual of the point method on the comparable published boxes (the caller's
+  box left out in the leave-one-box-out benchmark). A box's *offset* is the median of its residuals.
+* **Range**: the shortest span holding a share ``L`` of the boxes' offsets, widened each way by the
+  within-box spread ``w`` = 1.4826 x the box-weighted median of ``|r - offset|`` (a median
+  absolute deviation scaled to a normal's standard deviation), and never narrower than
+  :data:`FLOOR` each way around the point (1.25: the run-to-run spread of the one source that
+  publishes repeats, FlashInfer PR #4393, 8x L40S, 18.7 / 21.8 / 28.9 µs).
+* **Share** ``L``: the smallest of :data:`LEVELS` for which the range made without each pool box
+  in turn holds at least :data:`LEVEL` (80 %) of that box's residuals at verify sizes
+  (:data:`CALIBRATION_BYTES`): set on the pool itself, never on the box being predicted.
+* **Unknown** (:func:`fit` gives a reason): residuals from fewer than :data:`MIN_BOXES` boxes; a
+  world size more than :data:`REACH` (2x) from every world size in the pool; a message size more
+  than :data:`REACH` outside the pool's sizes; no share reaching 80 %; a range wider than
+  :data:`MAX_WIDTH` (8x, twice the 4x aim: wider cannot order NCCL against a P2P kernel whose
+  published speed-ups over NCCL span 0.13x to 2x at 64 KB).
+
+This module imports neither torch nor any GPU library.
 """
 
 from __future__ import annotations
@@ -48,7 +79,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -61,9 +92,224 @@ from fastverify.inputs import decode_json
 from fastverify.nccl.model import Transport, inputs_for_pcie_box
 from fastverify.registry import BackendInfo, BackendName, backend_info
 from fastverify.topo.diagnose import CALIBRATION
-from fastverify.tune import ranges
+
+LEVEL = 0.80  # share of the held-out boxes' verify-size misses the range must hold (leave-one-box-out)
+LEVELS = tuple(round(0.5 + 0.025 * i, 3) for i in range(20))  # box-offset shares tried: 0.500 .. 0.975
+CALIBRATION_BYTES = (8 * 1024, 1 << 20)  # verify sizes: T x 14 KiB, T = 1..64, to the powers of two
+MAD_TO_SD = 1.4826  # median absolute deviation -> standard deviation of a normal
+FLOOR = 1.25  # narrowest factor each way: FlashInfer PR #4393 run-to-run spread, sqrt(28.9/18.7)
+MIN_BOXES = 4  # fewer boxes in the pool: unknown
+REACH = 2.0  # world size / message size further than this factor from the pool: unknown
+MAX_WIDTH = 8.0  # a range wider than this (high / low): unknown
+UNKNOWN = "unknown at this size: measure with fastverify tune"
+RESIDUAL_BYTES = (4096, 4 << 20)  # bytes: the measured sizes whose misses count (the verify range, widened)
+GEN_BY_SM_MAJOR = {7: 3, 8: 4, 9: 5, 10: 5, 12: 5}
+"""PCIe generation assumed for a box that does not state it: that of the published boxes of the
+same GPU generation (V100 Gen3, Ada Gen4, Blackwell Gen5)."""
+
+
+def assumed_pcie_gen(pcie_gen: int | None, sm: tuple[int, int] | None) -> int:
+    """``pcie_gen`` when known, else :data:`GEN_BY_SM_MAJOR` for ``sm`` (Gen4 when neither tells)."""
+    return pcie_gen or (GEN_BY_SM_MAJOR.get(sm[0], 4) if sm is not None else 4)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One published box's miss: ``log_ratio = ln(measured / point)`` at ``msg_bytes`` (bytes) on
+    ``world_size`` GPUs, the point computed without that box."""
+
+    box: str
+    world_size: int
+    msg_bytes: int
+    log_ratio: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A range factor, or why there is none.
+
+    Attributes
+    ----------
+    low, high : float or None
+        Multiply the point (µs) by them for the range; ``low < 1 < high``. None when unknown.
+    level : float or None
+        Share of the boxes' offsets the range holds, set by leave-one-box-out (module docstring).
+    within : float or None
+        Within-box spread ``w`` (ln units) the offsets' interval is widened by.
+    boxes, residuals : int
+        Boxes and residuals in the pool.
+    reason : str or None
+        Why the figure is unknown (None when known).
+    """
+
+    low: float | None
+    high: float | None
+    level: float | None
+    within: float | None
+    boxes: int
+    residuals: int
+    reason: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.reason is None
+
+    @property
+    def width(self) -> float | None:
+        return None if self.low is None or self.high is None else self.high / self.low
+
+    def text(self, what: str) -> str:
+        """One evidence line: how the range was made, or why it is unknown."""
+        if not self.known:
+            return f"range: {UNKNOWN} ({self.reason})"
+        return (
+            f"range: {what} x/÷ its misses on {self.boxes} published boxes ({self.residuals} sizes): "
+            f"x{self.low:.2f} .. x{self.high:.2f} (the shortest span of {100 * self.level:g} % of the boxes' "
+            f"median misses, widened by their within-box spread {self.within:.2f}; that share holds "
+            f"{100 * LEVEL:g} % of each box's verify-size misses when the box is left out)"
+        )
+
+
+def weighted_median(pairs: Iterable[tuple[float, float]]) -> float:
+    """The lower weighted median of ``(value, weight)`` pairs (weights > 0).
+
+    Raises
+    ------
+    ValueError
+        No pairs.
+    """
+    items = sorted(pairs)
+    if not items:
+        raise ValueError("weighted_median of nothing")
+    total = sum(w for _, w in items)
+    acc = 0.0
+    for v, w in items:
+        acc += w
+        if acc >= total / 2 - 1e-12:
+            return v
+    return items[-1][0]
+
+
+def _reach(values: Sequence[float], x: float) -> bool:
+    return min(values) / REACH <= x <= max(values) * REACH
+
+
+def _interval(boxes: dict[str, list[Residual]], level: float) -> tuple[float, float, float]:
+    """``(lo, hi, w)`` in ln units: the shortest span holding ``ceil(level x n)`` of the n boxes'
+    median misses, widened by ``w`` each way (``w`` = 1.4826 x the box-weighted median distance of a
+    miss from its box's median), and at least ±ln(:data:`FLOOR`) around 0 (the point)."""
+    med = {b: statistics.median(r.log_ratio for r in v) for b, v in boxes.items()}
+    offsets = sorted(med.values())
+    k = max(1, math.ceil(level * len(offsets) - 1e-9))
+    lo, hi = min(((offsets[i], offsets[i + k - 1]) for i in range(len(offsets) - k + 1)), key=lambda p: p[1] - p[0])
+    w = MAD_TO_SD * weighted_median((abs(r.log_ratio - med[b]), 1.0 / len(v)) for b, v in boxes.items() for r in v)
+    return min(lo - w, -math.log(FLOOR)), max(hi + w, math.log(FLOOR)), w
+
+
+def calibrated_level(boxes: dict[str, list[Residual]]) -> float | None:
+    """The smallest of :data:`LEVELS` whose range, made without each box in turn, holds at least
+    :data:`LEVEL` of the left-out boxes' misses at :data:`CALIBRATION_BYTES`; None when none does."""
+    for level in LEVELS:
+        held = inside = 0
+        for b, mine in boxes.items():
+            lo, hi, _ = _interval({o: v for o, v in boxes.items() if o != b}, level)
+            judged = [r for r in mine if CALIBRATION_BYTES[0] <= r.msg_bytes <= CALIBRATION_BYTES[1]]
+            held += len(judged)
+            inside += sum(lo <= r.log_ratio <= hi for r in judged)
+        if held and inside >= LEVEL * held:
+            return level
+    return None
+
+
+def fit(residuals: Sequence[Residual], *, world_size: int, msg_bytes: int) -> Fit:
+    """The range factor for a new box of ``world_size`` GPUs at ``msg_bytes`` bytes (module docstring).
+
+    Returns
+    -------
+    Fit
+        ``low`` / ``high`` to multiply the point by, or a ``reason`` it is unknown. Never raises.
+    """
+    boxes = _by_box(residuals)
+    n, k = len(boxes), len(residuals)
+    if n < MIN_BOXES:
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"the point's misses are known on {n} published box{'es' if n != 1 else ''}, fewer than {MIN_BOXES}",
+        )
+    if not _reach([r.world_size for r in residuals], world_size):
+        sizes = sorted({r.world_size for r in residuals})
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"{world_size} GPUs is more than {REACH:g}x from every published GPU count ({', '.join(map(str, sizes))})",
+        )
+    if not _reach([r.msg_bytes for r in residuals], msg_bytes):
+        return Fit(None, None, None, None, n, k, f"{msg_bytes:,} B is more than {REACH:g}x outside the published sizes")
+    level = _cached_level(tuple(residuals))
+    if level is None:
+        return Fit(
+            None,
+            None,
+            None,
+            None,
+            n,
+            k,
+            f"no share of the {n} published boxes' misses holds {100 * LEVEL:g} % of a left-out box's",
+        )
+    lo, hi, w = _interval(boxes, level)
+    if hi - lo > math.log(MAX_WIDTH):
+        return Fit(
+            None,
+            None,
+            level,
+            w,
+            n,
+            k,
+            f"the point's misses on {n} published boxes give a range "
+            f"{math.exp(hi - lo):.0f}x wide (more than {MAX_WIDTH:g}x)",
+        )
+    return Fit(math.exp(lo), math.exp(hi), level, w, n, k)
+
+
+def _by_box(residuals) -> dict[str, list[Residual]]:
+    boxes: dict[str, list[Residual]] = {}
+    for r in residuals:
+        boxes.setdefault(r.box, []).append(r)
+    return boxes
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_level(residuals: tuple[Residual, ...]) -> float | None:
+    return calibrated_level(_by_box(residuals))
+
 
 __all__ = [
+    "CALIBRATION_BYTES",
+    "FLOOR",
+    "LEVEL",
+    "LEVELS",
+    "MAD_TO_SD",
+    "MAX_WIDTH",
+    "MIN_BOXES",
+    "REACH",
+    "GEN_BY_SM_MAJOR",
+    "RESIDUAL_BYTES",
+    "UNKNOWN",
+    "Fit",
+    "Residual",
+    "assumed_pcie_gen",
+    "calibrated_level",
+    "fit",
+    "weighted_median",
     "DATA_FILE",
     "DISAGREE",
     "EXTRAPOLATE",
@@ -285,7 +531,7 @@ class Estimate:
     notes : tuple[str, ...]
         The disagreement note (see the module docstring), if any.
     unknown : str or None
-        Why there is no range (:data:`fastverify.tune.ranges.UNKNOWN` and the reason).
+        Why there is no range (:data:`UNKNOWN` and the reason).
     label : str
         Always ``"predicted"``.
     """
@@ -422,7 +668,7 @@ def estimate(
     Raises
     ------
     ValueError
-        ``backend`` needs no P2P (NCCL's figure is its cost model's, :mod:`fastverify.tune.ranges`).
+        ``backend`` needs no P2P (NCCL's figure is its cost model's, :func:`nccl_fit`).
     """
     info = backend_info(backend)
     if not info.needs_p2p:
@@ -487,7 +733,7 @@ def _kernel_estimate(
         sources=tuple(m.id for m, _ in vals),
         evidence=evidence,
         notes=tuple(notes),
-        unknown=None if rf.known else f"{ranges.UNKNOWN} ({rf.reason})",
+        unknown=None if rf.known else f"{UNKNOWN} ({rf.reason})",
     )
 
 
@@ -527,11 +773,11 @@ def point_us(
 ) -> float:
     """The model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs; the PCIe
     generation when not given is that of the published boxes of the same GPU generation."""
-    return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[ranges.assumed_pcie_gen(pcie_gen, sm)] * 1e3)
+    return latency + (world_size - 1) * msg_bytes / (LINK_GB_S[assumed_pcie_gen(pcie_gen, sm)] * 1e3)
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_residuals(data, exclude_box: str | None) -> tuple[ranges.Residual, ...]:
+def _kernel_residuals(data, exclude_box: str | None) -> tuple[Residual, ...]:
     latency = _kernel_latency(data, exclude_box)
     if latency is None:
         return ()
@@ -542,21 +788,21 @@ def _kernel_residuals(data, exclude_box: str | None) -> tuple[ranges.Residual, .
             continue
         bx = boxes[m.box]
         for size, t in zip(m.sizes_bytes, m.times_us):
-            if ranges.RESIDUAL_BYTES[0] <= size <= ranges.RESIDUAL_BYTES[1]:
+            if RESIDUAL_BYTES[0] <= size <= RESIDUAL_BYTES[1]:
                 p = point_us(m.world_size, size, pcie_gen=bx.pcie_gen, sm=bx.sm, latency=latency)
-                out.append(ranges.Residual(m.box, m.world_size, size, math.log(t / p)))
+                out.append(Residual(m.box, m.world_size, size, math.log(t / p)))
     return tuple(out)
 
 
-def kernel_residuals(data, exclude_box: str | None = None) -> tuple[ranges.Residual, ...]:
+def kernel_residuals(data, exclude_box: str | None = None) -> tuple[Residual, ...]:
     """``ln(measured / model)`` of every published P2P-kernel time in ``data`` at 4 KiB .. 4 MiB, the
     model's latency taken without ``exclude_box`` too (no leakage)."""
     return _kernel_residuals(data, exclude_box)
 
 
-def kernel_fit(data, msg_bytes: int, world_size: int, exclude_box: str | None = None) -> ranges.Fit:
-    """The range factor of the model's point for a new box (:func:`fastverify.tune.ranges.fit`)."""
-    return ranges.fit(_kernel_residuals(data, exclude_box), world_size=world_size, msg_bytes=msg_bytes)
+def kernel_fit(data, msg_bytes: int, world_size: int, exclude_box: str | None = None) -> Fit:
+    """The range factor of the model's point for a new box (:func:`fit`)."""
+    return fit(_kernel_residuals(data, exclude_box), world_size=world_size, msg_bytes=msg_bytes)
 
 
 # --- NCCL's cost model on the published boxes -------------------------------------------------------
@@ -564,12 +810,12 @@ def kernel_fit(data, msg_bytes: int, world_size: int, exclude_box: str | None = 
 
 def cost_model_us(box: Box, world_size: int, p2p: bool | None, msg_bytes: int) -> float:
     """The cost model's time in µs of one all-reduce of ``msg_bytes`` bytes on ``world_size`` GPUs of
-    published ``box`` (its SM, its PCIe generation else :func:`fastverify.tune.ranges.assumed_pcie_gen`,
+    published ``box`` (its SM, its PCIe generation else :func:`assumed_pcie_gen`,
     x16), on P2P unless ``p2p`` is False (not stated: NCCL's default, P2P where the path allows it)."""
     on_p2p = p2p is not False
     inputs = inputs_for_pcie_box(
         world_size,
-        gen=ranges.assumed_pcie_gen(box.pcie_gen, box.sm),
+        gen=assumed_pcie_gen(box.pcie_gen, box.sm),
         width=16,
         sm=box.sm[0] * 10 + box.sm[1],
         p2p=on_p2p,
@@ -578,16 +824,16 @@ def cost_model_us(box: Box, world_size: int, p2p: bool | None, msg_bytes: int) -
 
 
 @functools.lru_cache(maxsize=64)
-def _cost_model_residuals(data: PublishedData, exclude_box: str | None) -> tuple[ranges.Residual, ...]:
+def _cost_model_residuals(data: PublishedData, exclude_box: str | None) -> tuple[Residual, ...]:
     boxes = {b.id: b for b in data.boxes}
     out = []
     for m in data.measurements:
         if m.backend is not BackendName.nccl or m.box == exclude_box or not passes(m):
             continue
         for size, t in zip(m.sizes_bytes, m.times_us or ()):
-            if ranges.RESIDUAL_BYTES[0] <= size <= ranges.RESIDUAL_BYTES[1]:
+            if RESIDUAL_BYTES[0] <= size <= RESIDUAL_BYTES[1]:
                 out.append(
-                    ranges.Residual(
+                    Residual(
                         m.box, m.world_size, size, math.log(t / cost_model_us(boxes[m.box], m.world_size, m.p2p, size))
                     )
                 )
@@ -598,9 +844,9 @@ def cost_model_residuals(
     exclude_box: str | None = None,
     *,
     data: PublishedData | None = None,
-) -> tuple[ranges.Residual, ...]:
+) -> tuple[Residual, ...]:
     """``ln(measured / cost model)`` of every published NCCL measurement with default settings, at
-    its measured sizes in :data:`fastverify.tune.ranges.RESIDUAL_BYTES`, with the box's GPU count,
+    its measured sizes in :data:`RESIDUAL_BYTES`, with the box's GPU count,
     SM, PCIe generation and P2P (:func:`cost_model_us`). ``data``: a file read with
     :func:`load`; default the packaged one."""
     return _cost_model_residuals(data if data is not None else load(), exclude_box)
@@ -608,8 +854,8 @@ def cost_model_residuals(
 
 def nccl_fit(
     msg_bytes: int, world_size: int, *, exclude_box: str | None = None, data: PublishedData | None = None
-) -> ranges.Fit:
-    """The range factor of the NCCL cost model's point for a new box (:func:`fastverify.tune.ranges.fit`
+) -> Fit:
+    """The range factor of the NCCL cost model's point for a new box (:func:`fit`
     of :func:`cost_model_residuals`); the cost model covers every GPU count, so a 7-GPU box gets a
     range from the 4-, 8- and 16-GPU boxes' misses."""
-    return ranges.fit(cost_model_residuals(exclude_box, data=data), world_size=world_size, msg_bytes=msg_bytes)
+    return fit(cost_model_residuals(exclude_box, data=data), world_size=world_size, msg_bytes=msg_bytes)

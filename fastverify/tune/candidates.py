@@ -1,5 +1,5 @@
 """The figures ``tune`` shows: every candidate (NCCL settings and registry backends) with a point,
-a range and the evidence each number came from (printed as JSON by :mod:`fastverify.tune.document`).
+a range and the evidence each number came from (printed as JSON by :mod:`fastverify.tune.printer`).
 
 The baseline, per message size, from the first evidence that has the size: (1) ``--profile`` on
 a GPU clock, the measured median per call; (2) ``--perf-table``, NCCL measured on the box (in
@@ -38,7 +38,7 @@ from fastverify.nccl.model import Transport
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 from fastverify.topo.diagnose import CALIBRATION
 from fastverify.tune import backend_model
-from fastverify.tune.ranges import UNKNOWN
+from fastverify.tune.backend_model import UNKNOWN
 from fastverify.tune.verify_time import verify_reduction
 
 PREDICTED = "predicted"

@@ -21,10 +21,9 @@ from fastverify.patch.server_cmd import server_args_of
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 from fastverify.topo.box import read_box
 from fastverify.tune.advice import p2p_facts
-from fastverify.tune.document import measured_document
 from fastverify.tune.outputs import env_path, journal_path, write_env_and_record
 from fastverify.tune.predict import MEASURED_ONLY
-from fastverify.tune.printer import winner_lines
+from fastverify.tune.printer import measured_document, winner_lines
 from fastverify.tune.ranking import plot_latency, print_report, rank_candidates
 from fastverify.tune.server_env import server_environment, tp_of
 from fastverify.tune.sweep import run_sweep
