@@ -3,7 +3,7 @@ number parsing, pid labels, the event categories and name patterns, the slow-pat
 and the sentinels and exceptions.
 
 The readers (:mod:`fastverify.trace.load`, :mod:`~fastverify.trace.columns`,
-:mod:`~fastverify.trace.cpu`, :mod:`~fastverify.trace.halves`) import this module at their top;
+:mod:`~fastverify.trace.build`, :mod:`~fastverify.trace.halves`) import this module at their top;
 it imports none of them, so the trace modules form no import circle.
 
 Times: a trace's ``ts``/``dur`` are µs; everything here returns int ns (Python ``int``), or None

@@ -15,7 +15,7 @@ whole µs, losing ~1 µs per kernel). Integers wider than 64 bits (``Comms Id``)
 such files fall back to the standard ``json`` module.
 
 The work is split by job: :mod:`~fastverify.trace.decode` (shared decoders and number parsing),
-:mod:`~fastverify.trace.columns` / :mod:`~fastverify.trace.halves` / :mod:`~fastverify.trace.cpu`
+:mod:`~fastverify.trace.columns` / :mod:`~fastverify.trace.halves` / :mod:`~fastverify.trace.build`
 (reading one file's events) and :mod:`~fastverify.trace.build` (one rank's events to
 :class:`RankEvents`). This module reads one file (:func:`read_trace`) and ties them together; its
 last part is the several-file side (which files, how many to decode at once, and whether their
@@ -38,6 +38,7 @@ from fastverify.procs import quiet_child_signals, signals_held, usable_cores
 from fastverify.progress import Progress
 from fastverify.trace import halves as _halves
 from fastverify.trace.build import (
+    CPU_CLOCK,
     _build,
     _find_steps,
     _gpu_name,
@@ -46,9 +47,10 @@ from fastverify.trace.build import (
     _slow_ranks,
     _str_or_none,
     rank_from_filename,
+    read_host_events,
+    split_rank_events,
 )
 from fastverify.trace.columns import GpuColumns, NotPlain, read_columns
-from fastverify.trace.cpu import CPU_CLOCK, read_host_events, split_rank_events
 from fastverify.trace.decode import (
     HOST_KEEP,
     HOST_SYNC,
@@ -259,7 +261,7 @@ def _load_trace(path: Path, halves: bool = False) -> list[RankEvents]:
 
 
 def _cpu_ranks(path: Path, step_res: list[re.Pattern]) -> dict[int, _PerRank]:
-    """Per pid label, the events of a CPU-only trace (:mod:`fastverify.trace.cpu`) in the shape
+    """Per pid label, the events of a CPU-only trace (:mod:`fastverify.trace.build`) in the shape
     :func:`~fastverify.trace.build._build` takes; labels without a CPU collective are left out
     (none: not a CPU TP trace).
 

@@ -1,5 +1,5 @@
 """``fastverify tune``: the flags, and one run: build the workload, read the box and the user's
-evidence (below), check every output path (:mod:`fastverify.tune.outputs`),
+evidence (below), check every output path (:mod:`fastverify.tune.measure`),
 rank NCCL settings with the cost model (:func:`fastverify.tune.predict.rank_nccl_settings`), then
 
 * ``--predict``: rank every candidate and write the winner (:mod:`fastverify.tune.predict_mode`);
@@ -44,8 +44,7 @@ from fastverify.topo.nvml import read_nvml_topology
 from fastverify.topo.p2p_proof import complete_gpus, read_check_file
 from fastverify.tune import predict_mode, user_figures
 from fastverify.tune.draft_shape import add_arguments as add_draft_shape_arguments, run as run_draft_shape
-from fastverify.tune.measure import measure
-from fastverify.tune.outputs import box_fingerprint, check_outputs, verify_shapes
+from fastverify.tune.measure import box_fingerprint, check_outputs, measure, verify_shapes
 from fastverify.tune.predict import priced, rank_nccl_settings, with_p2p_results
 from fastverify.tune.verify_time import accept_length_in_force, verify_reduction
 from fastverify.tune.workload import workload_from_model, workload_from_profile

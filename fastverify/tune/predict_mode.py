@@ -18,7 +18,7 @@ from fastverify.envfile import write_tuner_config
 from fastverify.registry import BackendName, backend_info
 from fastverify.tune import user_figures
 from fastverify.tune.advice import p2p_facts, prediction_p2p, rank_options, topology_nvlink_full
-from fastverify.tune.outputs import env_path, write_env_and_record
+from fastverify.tune.measure import env_path, write_env_and_record
 from fastverify.tune.predict import tuner_choices
 from fastverify.tune.printer import prediction_document, print_prediction
 from fastverify.tune.user_figures import decorate, header_lines
