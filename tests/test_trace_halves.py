@@ -1,4 +1,4 @@
-"""Reading one trace file in two halves at once (fastverify.trace.halves) gives exactly what
+"""Reading one trace file in two halves at once (fastverify.trace.load) gives exactly what
 reading it whole gives, or declines and the file is read whole.
 
 The whole-file read is the reference: every test compares ``load_trace(path, halves=True)`` with
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, SHARED, alive, assert_same_ranks, children
 
-from fastverify.trace import halves as H, load as L
+from fastverify.trace import load as L
 
 CUTS = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 
@@ -30,20 +30,20 @@ CUTS = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 def spy(monkeypatch):
     """Halves for any size, and a record of what each read_in_halves call answered."""
     answers: list = []
-    real = H.read_in_halves
+    real = L.read_in_halves
 
     def recording(*a, **k):
         got = real(*a, **k)
         answers.append(got is not None)
         return got
 
-    monkeypatch.setattr(H, "read_in_halves", recording)
+    monkeypatch.setattr(L, "read_in_halves", recording)
     monkeypatch.setattr(L, "halves_pay", lambda raw: True)
     return answers
 
 
 def _at(monkeypatch, raw: bytes, m: re.Match) -> None:
-    monkeypatch.setattr(H, "cut_points", lambda text, share=None: (m.start() + 1, m.end() - 1))
+    monkeypatch.setattr(L, "cut_points", lambda text, share=None: (m.start() + 1, m.end() - 1))
 
 
 def _write(tmp_path: Path, doc, name: str = "t.json", indent=None) -> Path:
@@ -299,10 +299,10 @@ def test_the_shared_traces_are_there():
 
 def test_the_cut_is_past_the_first_share_and_between_objects():
     raw = b'{"traceEvents": [' + b", ".join(b'{"a": %d}' % i for i in range(100)) + b"]}"
-    end, start = H.cut_points(raw, share=0.5)
+    end, start = L.cut_points(raw, share=0.5)
     assert len(raw) // 2 <= end - 1 < start and raw[end - 1 : end] == b"}" and raw[start : start + 1] == b"{"
     assert raw[end:start] == b", "
-    assert H.cut_points(b'{"traceEvents": [{"a": 1}]}') is None
+    assert L.cut_points(b'{"traceEvents": [{"a": 1}]}') is None
 
 
 def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, monkeypatch, spy):
@@ -322,7 +322,7 @@ def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, mon
         time.sleep(0.01)
     assert not new_children()
     spy.clear()
-    monkeypatch.setattr(H, "quiet_child_signals", lambda: os._exit(9))  # the worker dies at its start
+    monkeypatch.setattr(L, "quiet_child_signals", lambda: os._exit(9))  # the worker dies at its start
     assert_same_ranks(L.load_trace(path, halves=True), whole)
     assert spy == [False]
     assert not new_children()
@@ -330,10 +330,10 @@ def test_the_worker_is_reaped_and_a_dead_worker_means_a_whole_read(tmp_path, mon
 
 def test_halves_need_the_size_two_cores_and_fork(monkeypatch):
     monkeypatch.setattr(L, "usable_cores", lambda: 2)
-    assert L.halves_pay(b" " * H.SPLIT_MIN_BYTES)
-    assert not L.halves_pay(b" " * (H.SPLIT_MIN_BYTES - 1))
+    assert L.halves_pay(b" " * L.SPLIT_MIN_BYTES)
+    assert not L.halves_pay(b" " * (L.SPLIT_MIN_BYTES - 1))
     monkeypatch.setattr(L, "usable_cores", lambda: 1)
-    assert not L.halves_pay(b" " * H.SPLIT_MIN_BYTES)
+    assert not L.halves_pay(b" " * L.SPLIT_MIN_BYTES)
 
 
 def test_the_loader_reads_one_big_file_in_halves_unless_jobs_1_or_told_not_to(monkeypatch, tmp_path):

@@ -83,9 +83,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read_from_every_trace_module():
     graph = _graph()
-    assert {"load", "decode", "columns", "cpu", "halves"} <= set(graph)
+    assert {"load", "decode", "columns", "build"} <= set(graph)
     # the shared internals are imported by each reader, and import none of them
-    for reader in ("load", "columns", "cpu", "halves"):
+    for reader in ("load", "columns", "build"):
         assert "decode" in graph[reader], reader
     assert not graph["decode"] - {"classify", "__init__"}
 

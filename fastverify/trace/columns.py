@@ -173,7 +173,7 @@ class GpuColumns:
         )
 
     def __getstate__(self) -> dict:
-        # Pickled when a worker process sends its part of a file (fastverify.trace.halves): the
+        # Pickled when a worker process sends its part of a file (fastverify.trace.load): the
         # names (long kernel names, each repeated thousands of times) travel once each.
         state = {k: getattr(self, k) for k in self.__slots__}
         for k in ("name", "cat"):
@@ -256,7 +256,7 @@ def read_columns(doc, host_keep: re.Pattern, looks_comm_op, facts: dict | None =
         The exact comm-op test on a name (only such ops keep their args).
     facts : dict, optional
         Filled with what decided the pid labels, for a reader that splits a file in parts
-        (:mod:`fastverify.trace.halves`): ``gpu`` (any GPU event), ``gpu_labelled`` (a GPU pid
+        (:mod:`fastverify.trace.load`): ``gpu`` (any GPU event), ``gpu_labelled`` (a GPU pid
         carries a ``[TP..]`` label), ``merged`` (runtime and host ops were labelled by pid) and
         ``tp_pids`` (a runtime or kept host op's pid carries a label).
 

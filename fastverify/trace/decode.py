@@ -3,7 +3,7 @@ number parsing, pid labels, the event categories and name patterns, the slow-pat
 and the sentinels and exceptions.
 
 The readers (:mod:`fastverify.trace.load`, :mod:`~fastverify.trace.columns`,
-:mod:`~fastverify.trace.build`, :mod:`~fastverify.trace.halves`) import this module at their top;
+:mod:`~fastverify.trace.build`, :mod:`~fastverify.trace.load`) import this module at their top;
 it imports none of them, so the trace modules form no import circle.
 
 Times: a trace's ``ts``/``dur`` are µs; everything here returns int ns (Python ``int``), or None
@@ -219,7 +219,7 @@ def reads_args(name) -> bool:
     GPU event's ``args`` than its stream, correlation and External id: only for events whose name
     leaves the class open or makes them a collective (message size, collective name). A reader
     that sends columns between processes drops the other events' ``args``
-    (:mod:`fastverify.trace.halves`)."""
+    (:mod:`fastverify.trace.load`)."""
     c = classify_name(name if isinstance(name, str) else str(name))
     return c.cls is None or c.cls.code in _COMM_CODES
 
