@@ -32,7 +32,7 @@ Bounds of the verify step's shape, shared by every flag and record that carries 
   forwards, and at n = 10^5 the median's 95 % interval spans 1.96 x sqrt(n) / 2 = 310 ranks, 0.3 %
   of the sample (the binomial order-statistic interval), so more forwards only cost time: 10^5
   take 100 s at 1 ms a forward on a GPU and 26 min at the 15.6 ms of the tiny model on CPU
-  (``fastverify.live.estimate``), and 10^9 would take 12 days at 1 ms, past ``MAX_TIMEOUT_S``.
+  (``fastverify.live.preflight``), and 10^9 would take 12 days at 1 ms, past ``MAX_TIMEOUT_S``.
   Warm-up forwards only let the allocator, caches and CUDA graphs settle, which takes a few;
   a tenth of ``MAX_ITERS`` leaves room for any of that.
 

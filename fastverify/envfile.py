@@ -54,7 +54,7 @@ SGLANG_KEYS = SWITCH_KEYS | SIZE_KEYS
 # CUDA: only CUDA_DEVICE_MAX_CONNECTIONS (hardware work queues per CUDA context; whether the driver
 # reads it at cuInit or at context creation is not documented). SGLang overwrites it with 8 in its
 # launcher (entrypoints/engine.py); `fastverify launch` restores it at interpreter start in every
-# rank (fastverify.patch.launch_env.settings_env says why); other launchers honour it directly.
+# rank (fastverify.patch.launch.settings_env says why); other launchers honour it directly.
 # Deliberately NOT allowed: CUDA_VISIBLE_DEVICES — it chooses which GPUs the server runs on, which
 # belongs to the deployment (docker --gpus, the unit file), and a tuned file silently overriding it
 # would move the server onto GPUs whose topology was never tuned. Nor LD_PRELOAD, PATH, PYTHON*,

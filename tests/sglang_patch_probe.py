@@ -815,7 +815,7 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     import torch.distributed as dist
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from fastverify.patch import fused_slot as F, slots as S
+    from fastverify.patch import slots as F, slots as S
 
     out: dict = {}
     rep = I.install(sglang_has_pcie_ipc=sglang_has_pcie_ipc)
@@ -1067,7 +1067,7 @@ def run_fused_groups_rank(rank: int, world: int, port: int, out_path: str) -> No
         add_norm.flashinfer_ar_fusion_applies = lambda batch_size: 0 < batch_size <= 2048  # the SM90 gate
         from sglang.srt.model_executor.model_runner import ModelRunner
 
-        from fastverify.patch import fused_slot as F, install as I
+        from fastverify.patch import install as I, slots as F
         from fastverify.patch.paths import COUNTER
 
         os.environ.update(

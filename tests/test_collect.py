@@ -19,7 +19,7 @@ import pytest
 from conftest import free_port
 
 from fastverify.bundle import PART_NAMES, open_bundle
-from fastverify.collect import client, command, gpu, parts, server
+from fastverify.collect import client, command, parts, server
 from fastverify.collect.core import Context, Shapes, ok
 from fastverify.errors import UserError
 from fastverify.registry import BackendName
@@ -372,7 +372,7 @@ def test_lspci_acs_lines_and_host_iommu(tmp_path, monkeypatch):
 def test_nccl_log_trial_runs_on_the_tune_machinery(tmp_path):
     """The GPU part's trial, on gloo over CPU: the same TrialSpec and launcher, no NCCL log."""
     ctx = Context(workdir=tmp_path, shapes=Shapes(2, 2, 64, (1, 2), {}), gpus=0, quiet=True)
-    res = gpu.nccl_log(ctx, 120.0, device="cpu", backend=BackendName.gloo.value)
+    res = parts.nccl_log(ctx, 120.0, device="cpu", backend=BackendName.gloo.value)
     assert res.meta["trial"] == "ok", res.meta
     assert res.status == "failed" and res.reason.startswith("no NCCL log written (trial ok")
     assert res.meta["env"]["NCCL_DEBUG"] == "INFO" and res.meta["env"]["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastverify.bounds import MIN_P2P_SIDE_S
-from fastverify.collect import gpu
+from fastverify.collect import parts
 from fastverify.collect.core import Child, Context, Shapes
 from fastverify.topo import p2p
 
@@ -73,9 +73,9 @@ def test_collect_counts_the_failures_and_timeouts_of_the_real_check_output(tmp_p
         seen.append(argv)
         return Child(1, printed, b"", 1.0)
 
-    monkeypatch.setattr(gpu, "run_child", fake_run_child)
+    monkeypatch.setattr(parts, "run_child", fake_run_child)
     ctx = Context(workdir=tmp_path, shapes=Shapes(4, 4, 7168, (1,), {}), gpus=4, quiet=True)
-    out = gpu.p2p_check(ctx, 600.0)
+    out = parts.p2p_check(ctx, 600.0)
     assert out.status == "ok", out.reason
     assert (out.meta["passed_directions"], out.meta["failed_directions"], out.meta["timed_out_directions"]) == (7, 3, 2)
     assert seen[0][1:4] == ["-m", "fastverify.topo.p2p", "check"]
@@ -84,9 +84,9 @@ def test_collect_counts_the_failures_and_timeouts_of_the_real_check_output(tmp_p
 @pytest.mark.parametrize("gpus, limit_s", [(8, 30.0), (8, 120.0), (2, 10.0), (4, 600.0), (8, 3600.0)])
 def test_collect_never_gives_a_side_less_than_a_torch_import(tmp_path, monkeypatch, gpus, limit_s):
     seen = []
-    monkeypatch.setattr(gpu, "run_child", lambda argv, **kw: seen.append(argv) or Child(None, b"", b"", limit_s))
+    monkeypatch.setattr(parts, "run_child", lambda argv, **kw: seen.append(argv) or Child(None, b"", b"", limit_s))
     ctx = Context(workdir=tmp_path, shapes=Shapes(gpus, 4, 7168, (1,), {}), gpus=gpus, quiet=True)
-    gpu.p2p_check(ctx, limit_s)
+    parts.p2p_check(ctx, limit_s)
     per_pair = float(seen[0][seen[0].index("--timeout") + 1])
     side = float(p2p.default_child_argv(per_pair)(0, 1, tmp_path / "x.json")[-1])  # the pair child's own rule
     assert side >= MIN_P2P_SIDE_S >= 22.0  # 22 s: the slowest cold `import torch` bounds.py cites

@@ -1,5 +1,5 @@
 """The live run times the CUDA-graph forward SGLang serves (fastverify.live.clocks), and its trace is
-optional evidence (fastverify.live.trace_export, fastverify.profile.command).
+optional evidence (fastverify.live.worker, fastverify.profile.command).
 
 No GPU here: the CUDA path runs on a stand-in for ``torch.cuda``'s graph, stream and event API with
 the semantics of PyTorch's ``torch/cuda/graphs.py`` and ``torch/cuda/streams.py``: work issued
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from fastverify import cli  # noqa: E402 - after the torch skip
 from fastverify.events import EventClass, RankEvents, Step  # noqa: E402 - after the torch skip
-from fastverify.live import clocks, trace_export  # noqa: E402 - after the torch skip
+from fastverify.live import clocks, worker  # noqa: E402 - after the torch skip
 from fastverify.profile import record  # noqa: E402 - after the torch skip
 
 LAUNCH_GAP_NS = 5_000  # an eager launch's GPU idle before its kernel (host enqueue, launch-bound)
@@ -206,9 +206,9 @@ def test_a_profiler_step_that_raises_still_runs_every_replay(monkeypatch, tmp_pa
     graph = _Replays()
     fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
     with pytest.raises(Exception, match="profiler step failed: RuntimeError: CUPTI_ERROR_MULTIPLE") as err:
-        trace_export.export_trace(graph, 0, str(tmp_path), fake, SimpleNamespace(barrier=lambda device_ids=None: None))
-    assert err.type is trace_export.TraceFailed
-    assert graph.n == 1 + trace_export.TRACE_REPLAYS  # the other ranks' replays still find this rank's collectives
+        worker.export_trace(graph, 0, str(tmp_path), fake, SimpleNamespace(barrier=lambda device_ids=None: None))
+    assert err.type is worker.TraceFailed
+    assert graph.n == 1 + worker.TRACE_REPLAYS  # the other ranks' replays still find this rank's collectives
     assert BrokenProfile.exited  # the profiler is stopped
 
 
@@ -233,7 +233,7 @@ def test_no_empty_profiler_session_before_the_trace(monkeypatch, tmp_path):
 
     monkeypatch.setattr(torch.profiler, "profile", Profile)
     fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
-    trace_export.export_trace(_Replays(), 0, str(tmp_path), fake, SimpleNamespace(barrier=lambda device_ids=None: None))
+    worker.export_trace(_Replays(), 0, str(tmp_path), fake, SimpleNamespace(barrier=lambda device_ids=None: None))
     assert opened == []
 
 

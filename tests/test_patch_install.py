@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastverify.patch import fused_slot as F, install as I, slots as S
+from fastverify.patch import install as I, slots as F, slots as S
 from fastverify.patch.verify import WallEvent
 
 ON = {"FASTVERIFY_PATCH": "1"}

@@ -125,7 +125,7 @@ def test_say_is_one_prefixed_line_now():
 
 def test_forward_work_of_a_small_llama_by_hand():
     from fastverify.live.config import ModelConfig
-    from fastverify.live.estimate import forward_work
+    from fastverify.live.preflight import forward_work
 
     cfg = ModelConfig(
         name="l",
@@ -156,7 +156,7 @@ def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine()
     """The docstring's measurements (2-core EPYC VM): the estimate for those shapes on 2 cores
     must stay within 25 % of the measured memory and 35 % of the measured wall time."""
     from fastverify.live.config import load_model_config
-    from fastverify.live.estimate import estimate_cpu_run
+    from fastverify.live.preflight import estimate_cpu_run
 
     measured = {("kimi-k2", 2): (156.0, 8883), ("kimi-k2", 8): (135.0, 10056), ("tiny", 2): (4.1, 555)}
     for (model, tp), (wall_s, pss_mib) in measured.items():
@@ -168,7 +168,7 @@ def test_the_estimate_is_close_to_what_was_measured_on_the_calibration_machine()
 
 def test_more_cores_make_the_same_run_faster_but_not_smaller():
     from fastverify.live.config import load_model_config
-    from fastverify.live.estimate import estimate_cpu_run
+    from fastverify.live.preflight import estimate_cpu_run
 
     cfg = load_model_config("kimi-k2")
     two = estimate_cpu_run(cfg, tp=8, batch=1, draft_tokens=4, iters=5, warmup=2, cores=2)

@@ -30,7 +30,7 @@ from pathlib import Path
 from fastverify import __version__, errors
 from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_HIDDEN, MAX_TIMEOUT_S
 from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
-from fastverify.collect import client, gpu, parts, server
+from fastverify.collect import client, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
 from fastverify.errors import StdoutError, UserError, one_line, path_text, printable
 from fastverify.output_paths import output_arg, path_arg, shown
@@ -73,9 +73,9 @@ SPECS = {
         PartSpec("server_args", server.server_args, 0.05, 0.05, 10.0),
         PartSpec("verify_log", parts.verify_log, 0.2, 0.5, 60.0),
         PartSpec("server_trace", server.server_trace, 3.0, 10.0),
-        PartSpec("p2p_check", gpu.p2p_check, 1.5, 20.0),
-        PartSpec("nccl_log", gpu.nccl_log, 1.0, 30.0, 300.0),
-        PartSpec("sweep", gpu.sweep, 4.0, 60.0),
+        PartSpec("p2p_check", parts.p2p_check, 1.5, 20.0),
+        PartSpec("nccl_log", parts.nccl_log, 1.0, 30.0, 300.0),
+        PartSpec("sweep", parts.sweep, 4.0, 60.0),
     )
 }
 RUN_ORDER = (
@@ -290,9 +290,9 @@ def _skip_reasons(args, ctx: Context) -> dict[str, str]:
     if shutil.which("nvidia-smi") is None:
         why.setdefault("nvidia_smi_topo", parts.NO_NVIDIA_SMI)
     for name, reason in (
-        ("p2p_check", gpu.gpu_skip_reason(ctx, needs_tp=False)),
-        ("nccl_log", gpu.gpu_skip_reason(ctx)),
-        ("sweep", gpu.gpu_skip_reason(ctx, sweep=True)),
+        ("p2p_check", parts.gpu_skip_reason(ctx, needs_tp=False)),
+        ("nccl_log", parts.gpu_skip_reason(ctx)),
+        ("sweep", parts.gpu_skip_reason(ctx, sweep=True)),
     ):
         if reason is not None:
             why.setdefault(name, reason)

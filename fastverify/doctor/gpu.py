@@ -42,7 +42,7 @@ from fastverify.live.preflight import (
     free_fix,
     short_text,
 )
-from fastverify.live.trace_export import TRACE_REPLAYS, export_trace as _export_trace
+from fastverify.live.worker import TRACE_REPLAYS, export_trace as _export_trace
 from fastverify.registry import BACKENDS, Role, backend_info, names
 from fastverify.topo.gpu_identity import visible_gpus
 from fastverify.topo.nvml import read_nvml_topology, sysfs_bdf

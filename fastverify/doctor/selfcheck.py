@@ -52,7 +52,7 @@ from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.live.runner import run_live
 from fastverify.nccl.version import read_nccl_version
-from fastverify.patch import fused_slot as F, rank as R, slots
+from fastverify.patch import rank as R, slots, slots as F
 from fastverify.patch.paths import PathCounter
 from fastverify.patch.rank import is_capturing
 from fastverify.patch.verify import VerifyTimer
@@ -697,7 +697,7 @@ def check_verify_timer(ctx: CheckContext) -> Outcome:
 
 # --- fused slot on two groups -------------------------------------------------------------------
 # The doctor case "fused slot on two different groups": the patch's fused-norm slot
-# (:mod:`fastverify.patch.fused_slot`) with two SGLang groups, as SGLang has them with MoE data
+# (:mod:`fastverify.patch.slots`) with two SGLang groups, as SGLang has them with MoE data
 # parallelism (moe_dp 2): the attention output owed to the attention-TP group (all 4 ranks), the MoE
 # output to ``post_experts_reduction_group()`` (a pair; SGLang 0.5.23 ``layers/moe/utils.py``).
 #

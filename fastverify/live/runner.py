@@ -29,8 +29,7 @@ import orjson
 from fastverify.errors import UserError
 from fastverify.events import EventClass, RankEvents, Step
 from fastverify.live.config import ModelConfig
-from fastverify.live.estimate import CpuEstimate, bytes_text
-from fastverify.live.preflight import LivePlan, check_p2p_for, check_run_args, plan_run
+from fastverify.live.preflight import CpuEstimate, LivePlan, bytes_text, check_p2p_for, check_run_args, plan_run
 from fastverify.live.worker import HOST, worker_argv
 from fastverify.procs import RankGroup, child_env, exit_reason, failure_time, last_stderr_line, rank_workdir
 from fastverify.progress import Progress, default_after_s, say
@@ -61,7 +60,7 @@ def run_live(
     :class:`~fastverify.events.Step` ``verify#<i>``. ``device``: ``"auto"`` is CUDA + NCCL when
     ``torch.cuda.device_count() >= tp``, else CPU + gloo, said at once in one ``fastverify:`` line
     (unless ``progress`` is False) with why and the CPU run's estimate
-    (:func:`~fastverify.live.estimate.estimate_cpu_run`), warning when it is over ``timeout_s``;
+    (:func:`~fastverify.live.preflight.estimate_cpu_run`), warning when it is over ``timeout_s``;
     ``"cpu"`` says its estimate only in that last case. ``timeout_s``: the whole run, start-up
     included, in (0, 86400] s. ``trace_dir`` (CUDA only): where each rank writes
     ``verify-TP-<rank>.trace.json.gz``. ``backend``: a :class:`fastverify.registry.BackendName`

@@ -49,14 +49,6 @@ from typing import Any
 from fastverify.deploy import record_from_environ
 from fastverify.errors import UserError
 from fastverify.patch import counting as C, rank as R
-from fastverify.patch.fused_slot import (
-    FUSED_GROUPS,
-    _build_fused,
-    _close_fused,
-    _fusion_group_why,
-    _make_fused_norm,
-    attach_fused_backend,
-)
 from fastverify.patch.handoff import (
     ENV_BACKEND,
     ENV_CUDA_MAX_CONNECTIONS,
@@ -68,19 +60,25 @@ from fastverify.patch.paths import COUNTER
 from fastverify.patch.slots import (
     ADD_NORM_SLOT,
     DISPATCH_SLOT,
+    FUSED_GROUPS,
     FUSED_MAX_TOKENS,
     FUSED_SLOT,
     SLOTS,
     BackendSlot,
     SlotUse,
+    _build_fused,
+    _close_fused,
+    _fusion_group_why,
     _group_coordinator,
     _make_add_norm_attn,
     _make_add_norm_ffn,
+    _make_fused_norm,
     _max_rows_of,
     _slot_for,
     _slot_text,
     attach_add_norm_backend,
     attach_dispatch_backend,
+    attach_fused_backend,
     create_together,
     make_all_reduce,
 )

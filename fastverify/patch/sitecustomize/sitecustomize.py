@@ -66,7 +66,7 @@ class _AfterImport:
 
 
 def _main():
-    # CUDA_DEVICE_MAX_CONNECTIONS for the ranks (fastverify.patch.launch_env.settings_env): SGLang's
+    # CUDA_DEVICE_MAX_CONNECTIONS for the ranks (fastverify.patch.launch.settings_env): SGLang's
     # launcher writes 8 before it spawns them, and each rank reaches cuInit (torch.cuda.is_available)
     # while importing SGLang, before any plugin runs. Here, at interpreter start, CUDA is untouched.
     cdmc = os.environ.get("FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS")
