@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from fastverify import doctor
-from fastverify.doctor import NO_GPU, Status, connections, jit, run_doctor, selfcheck, streams, summarise, trials
+from fastverify.doctor import NO_GPU, Status, connections, jit, run_doctor, selfcheck, summarise, trials
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
@@ -87,13 +87,13 @@ def test_flashinfer_checks_skip_without_flashinfer_on_a_gpu_box(monkeypatch):
 
 def test_stream_rule_unavailable_names_why(monkeypatch):
     monkeypatch.delenv(WHEEL_ENV, raising=False)
-    binding, why = streams.load_binding("cuda:0")
+    binding, why = selfcheck.load_binding("cuda:0")
     assert binding is None
     assert why.startswith("flashinfer not importable (ModuleNotFoundError") and why.endswith(f"{WHEEL_ENV} not set")
     monkeypatch.setenv(WHEEL_ENV, "/nonexistent.whl")
-    binding, why = streams.load_binding("cuda:0")
+    binding, why = selfcheck.load_binding("cuda:0")
     assert binding is None and why == (
-        f"{WHEEL_ENV}=/nonexistent.whl: cannot read {streams.LIFECYCLE_PATH} (FileNotFoundError)"
+        f"{WHEEL_ENV}=/nonexistent.whl: cannot read {selfcheck.LIFECYCLE_PATH} (FileNotFoundError)"
     )
 
 
@@ -101,7 +101,7 @@ def test_stream_rule_unavailable_names_why(monkeypatch):
 
 
 class FakeStreams:
-    """The :class:`fastverify.doctor.streams.CudaStreams` interface over plain objects; the
+    """The :class:`fastverify.doctor.selfcheck.CudaStreams` interface over plain objects; the
     torch.cuda functions FlashInfer's rule reads are monkeypatched to this object's state."""
 
     def __init__(self, monkeypatch):
@@ -163,13 +163,13 @@ def workspace_methods(wheel: str, bind_stream) -> type:
 
 
 def test_stream_steps_pass_with_flashinfers_real_rule(fi_wheel, monkeypatch):
-    lifecycle = streams.lifecycle_from_wheel(fi_wheel)
+    lifecycle = selfcheck.lifecycle_from_wheel(fi_wheel)
     for binding in (
-        streams.FunctionBinding(lifecycle.bind_stream, "cuda:0"),
-        streams.WorkspaceBinding(workspace_methods(fi_wheel, lifecycle.bind_stream), "cuda:0"),
+        selfcheck.FunctionBinding(lifecycle.bind_stream, "cuda:0"),
+        selfcheck.WorkspaceBinding(workspace_methods(fi_wheel, lifecycle.bind_stream), "cuda:0"),
     ):
         fake = FakeStreams(monkeypatch)
-        rows = streams.run_steps(binding, fake)
+        rows = selfcheck.run_steps(binding, fake)
         assert [r["did"] for r in rows] == [
             "binds default",
             "binds default",
@@ -181,7 +181,7 @@ def test_stream_steps_pass_with_flashinfers_real_rule(fi_wheel, monkeypatch):
         assert all(r["ok"] for r in rows)
         assert fake.orders == [("side", "default"), ("default", "side")]  # ordered before each rebind
         assert (fake.uses, fake.expected) == (5, 4)  # 4 executed calls + 1 captured
-        ok, line = streams.judge(rows, fake.expected, fake.expected)
+        ok, line = selfcheck.judge(rows, fake.expected, fake.expected)
         assert ok and line.startswith("6 steps as FlashInfer's rule says")
 
 
@@ -195,7 +195,7 @@ def test_stream_steps_pass_with_flashinfers_real_rule(fi_wheel, monkeypatch):
     ],
 )
 def test_stream_steps_fail_when_the_rule_is_broken(fi_wheel, monkeypatch, broken, step, did):
-    lifecycle = streams.lifecycle_from_wheel(fi_wheel)
+    lifecycle = selfcheck.lifecycle_from_wheel(fi_wheel)
     if broken == "no_exemption":
 
         def broken(dev, bound, op):
@@ -205,20 +205,23 @@ def test_stream_steps_fail_when_the_rule_is_broken(fi_wheel, monkeypatch, broken
             return current
 
     fake = FakeStreams(monkeypatch)
-    rows = streams.run_steps(streams.FunctionBinding(broken, "cuda:0"), fake)
+    rows = selfcheck.run_steps(selfcheck.FunctionBinding(broken, "cuda:0"), fake)
     assert rows[step]["did"] == did and not rows[step]["ok"]
-    ok, line = streams.judge(rows)
-    assert not ok and line == f"{streams.STEPS[step][0]}: expected '{streams.STEPS[step][3]}', FlashInfer did '{did}'"
+    ok, line = selfcheck.judge(rows)
+    assert (
+        not ok and line == f"{selfcheck.STEPS[step][0]}: expected '{selfcheck.STEPS[step][3]}', FlashInfer did '{did}'"
+    )
     # the real rule on the same fakes passes, so the difference is the rule
     assert all(
-        r["ok"] for r in streams.run_steps(streams.FunctionBinding(lifecycle.bind_stream, 0), FakeStreams(monkeypatch))
+        r["ok"]
+        for r in selfcheck.run_steps(selfcheck.FunctionBinding(lifecycle.bind_stream, 0), FakeStreams(monkeypatch))
     )
 
 
 def test_judge_catches_lost_ordering():
-    rows = [{"step": s[0], "expect": s[3], "did": s[3], "ok": True} for s in streams.STEPS]
-    assert streams.judge(rows, 4, 4)[0]
-    ok, line = streams.judge(rows, 3, 4)
+    rows = [{"step": s[0], "expect": s[3], "did": s[3], "ok": True} for s in selfcheck.STEPS]
+    assert selfcheck.judge(rows, 4, 4)[0]
+    ok, line = selfcheck.judge(rows, 3, 4)
     assert not ok and line == "the calls' work on the two streams summed to 3, expected 4"
 
 
