@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from fastverify import doctor
-from fastverify.doctor import NO_GPU, Status, connections, jit, run_doctor, selfcheck, summarise, trials
+from fastverify.doctor import NO_GPU, Status, connections, jit, run_doctor, selfcheck, summarise
 from fastverify.nccl.version import NcclVersion
 from fastverify.registry import BACKENDS, BackendName, Role, names
 
@@ -375,17 +375,17 @@ def test_jit_modules_gate_on_the_registry():
     ],
 )
 def test_trial_phase(status, reason, phase):
-    assert trials.trial_phase(status, reason) == phase
+    assert jit.trial_phase(status, reason) == phase
 
 
 def test_trial_phase_reads_the_runners_own_build_message():
     from fastverify.tune import sweep
 
-    assert trials.runner_has_build_phase(sweep.run_trial) is hasattr(sweep, "BUILD_HANG")
+    assert jit.runner_has_build_phase(sweep.run_trial) is hasattr(sweep, "BUILD_HANG")
     if not hasattr(sweep, "BUILD_HANG"):
         pytest.skip("this trial runner has no build phase")
     reason = f"build timeout after 600 s ({sweep.BUILD_HANG}); still building: rank 0"
-    assert trials.trial_phase("failed", reason) == "building/JIT"
+    assert jit.trial_phase("failed", reason) == "building/JIT"
 
 
 @pytest.mark.parametrize("has_build_phase", [True, False])
@@ -409,7 +409,7 @@ def test_run_doctor_trial_keeps_the_build_out_of_the_measurement_limit(monkeypat
             return res
 
     monkeypatch.setattr(sweep, "run_trial", fake)
-    got, how = trials.run_doctor_trial("spec", timeout_s=60, startup_timeout_s=120, build_timeout_s=600)
+    got, how = jit.run_doctor_trial("spec", timeout_s=60, startup_timeout_s=120, build_timeout_s=600)
     assert got is res and how["phase"] == "building/JIT"
     if has_build_phase:
         assert seen == {"timeout_s": 60, "startup": 120, "build": 600}

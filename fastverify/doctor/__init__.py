@@ -18,7 +18,7 @@ not import. ``fastverify doctor --json`` prints one JSON summary of all of it.
 
 Nothing here re-implements what the rest of fastverify does: the gloo and backend checks are tune
 trials (:func:`fastverify.tune.sweep.run_trial`, checked against the torch reference in its
-workers; a backend's build has its own limit, :mod:`.trials`), the CUDA-graph checks run the live
+workers; a backend's build has its own limit, :mod:`.jit`), the CUDA-graph checks run the live
 runner's verify forward (:class:`fastverify.live.forward.TPVerifyModel`) and its trace export,
 traces go through the loader and analyzer of ``fastverify profile``, and the backends come from
 the registry (:mod:`fastverify.registry`) and are probed and built by :mod:`fastverify.backends`.
@@ -42,7 +42,7 @@ that inherit this process's stdout. So under ``--json``:
 
 Modules: :mod:`.core` (outcome types, context, summary), :mod:`.cpu` (checks without a GPU),
 :mod:`.gpu` (CUDA, NVML, graphs, multi-GPU trials), :mod:`.selfcheck` (the single-GPU self-check),
-:mod:`.streams`, :mod:`.connections`, :mod:`.jit`, :mod:`.trials` (their logic, testable on CPU).
+:mod:`.connections`, :mod:`.jit` (their logic, testable on CPU).
 """
 
 from __future__ import annotations

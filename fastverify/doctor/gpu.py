@@ -30,7 +30,7 @@ from fastverify.doctor.core import (
     _error_text,
     _out,
 )
-from fastverify.doctor.trials import run_doctor_trial
+from fastverify.doctor.jit import run_doctor_trial
 from fastverify.errors import UserError
 from fastverify.events import EventClass
 from fastverify.live.clocks import CudaEventRecorder as _CudaEventRecorder
@@ -489,7 +489,7 @@ def backends_to_probe() -> tuple:
 def check_backends(ctx: CheckContext) -> Outcome:
     """One trial per all-reduce backend of the registry the capability probes allow, on all
     (2/4/8) GPUs: all-reduce + residual + RMSNorm at 3 verify sizes, each checked against the
-    torch reference. A backend's build (JIT, tune) has its own limit (:mod:`.trials`)."""
+    torch reference. A backend's build (JIT, tune) has its own limit (:mod:`.jit`)."""
     skip = _needs_gpus(ctx)
     if skip:
         return skip

@@ -6,7 +6,7 @@ the multi-GPU swap depends on.
 * ``cuda_max_connections``: whether ``CUDA_DEVICE_MAX_CONNECTIONS`` set late still takes effect
   (:mod:`.connections`).
 * ``jit_builds``: FlashInfer's JIT builds, timed under their own limit (:mod:`.jit`).
-* ``stream_binding``: FlashInfer's stream-binding rule with real streams (:mod:`.streams`), and
+* ``stream_binding``: FlashInfer's stream-binding rule with real streams (below), and
   with two or more GPUs the real ``pcie_ipc`` backend in a tune trial.
 * ``flashinfer_norm``: ``fused_add_rmsnorm`` against the fp32 reference, eager and in a graph.
 * ``verify_timer``: the patch's verify timer with real CUDA events and no host sync
@@ -66,8 +66,7 @@ from fastverify.doctor.core import (
     free_port,
     spawn,
 )
-from fastverify.doctor.jit import run_builds
-from fastverify.doctor.trials import run_doctor_trial
+from fastverify.doctor.jit import run_builds, run_doctor_trial
 from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.live.runner import run_live
