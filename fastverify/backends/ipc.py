@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from fastverify.backends.external import ExternalCall, library_status
+from fastverify.backends.base import ExternalCall, library_status
 from fastverify.backends.probing import (
     Capability,
     ProbeContext,
@@ -44,7 +44,7 @@ def ipc_requirements(
 
 
 def flashinfer_status(min_version: tuple[int, ...], needed: Sequence[ExternalCall]) -> Capability:
-    """:func:`~fastverify.backends.external.library_status` of ``flashinfer`` (distribution
+    """:func:`~fastverify.backends.base.library_status` of ``flashinfer`` (distribution
     ``flashinfer-python``): imports, is at least ``min_version`` and has every name in ``needed``."""
     return library_status("flashinfer", "flashinfer-python", min_version, needed)
 
