@@ -14,7 +14,8 @@ line naming the fix; ``make_backend`` raises that as :class:`BackendUnavailable`
 and the plain torch result every backend is checked against (:func:`reference_residual_rmsnorm`,
 :func:`check_close`).
 
-External library calls (FlashInfer, SGLang) are :class:`ExternalCall` records the signature test checks, and every GPU backend's probe ends with the import / version check here.
+External library calls (FlashInfer, SGLang) are :class:`ExternalCall` records the signature test
+checks, and every GPU backend's probe ends with the import / version check here.
 """
 
 from __future__ import annotations
