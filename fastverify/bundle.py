@@ -7,7 +7,7 @@ absolute path, regular files only). Every part of :data:`PART_NAMES` is listed i
 
 :func:`write_bundle` writes atomically (a temporary file in the same folder, then ``os.replace``)
 and never replaces a file that is not a bundle, nor one of the files it collects.
-:func:`open_bundle` reads the archive once, front to back (:mod:`fastverify.bundle`: inflated
+:func:`open_bundle` reads the archive once, front to back (below: inflated
 bytes bounded, nothing after the gzip data, extended headers and member times checked), copying
 each listed member into a private temporary folder as it passes; nothing is read twice. Refused
 in one :class:`~fastverify.errors.UserError` line naming the file: not gzip, not a tar, truncated
@@ -20,7 +20,7 @@ has as a file (:func:`member_kind`, :data:`fastverify.inputs.CAPS`: 16 MiB for t
 JSON, 512 MiB for the NCCL log) is left uncopied: the bundle opens, and reading that member says
 why (:attr:`Bundle.unreadable`), so a report names the part it could not read and reports the rest.
 
-One bounded pass over a ``.tar.gz``: the reader under :func:`fastverify.bundle.open_bundle`.
+One bounded pass over a ``.tar.gz``: the reader under :func:`open_bundle`.
 
 The gzip stream is inflated here (``zlib``, one gzip member) and the tar read from it in stream
 mode (``tarfile`` ``r|``), so the archive is read once, front to back, and nothing is read twice:
