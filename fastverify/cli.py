@@ -14,7 +14,7 @@ import sys
 from fastverify.bounds import MAX_TIMEOUT_S
 from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, print_guarded, printable
 from fastverify.inputs import read_text
-from fastverify.output_paths import or_default, output_arg, path_arg, path_arg as _folder, path_text_arg
+from fastverify.outputs import or_default, output_arg, path_arg, path_arg as _folder, path_text_arg
 from fastverify.profile.painter import EARLY, PROGRAM, start_painter_early
 
 

@@ -24,8 +24,7 @@ from fastverify.envfile import check_setting, check_together, render_env
 from fastverify.errors import UserError, path_text, schema_error
 from fastverify.inputs import decode_json, read_bytes, read_text
 from fastverify.nccl.version import NcclVersion
-from fastverify.output_paths import backup_path
-from fastverify.outputs import atomic_write_texts
+from fastverify.outputs import atomic_write_texts, backup_path
 from fastverify.proof.answers import AnswerBaseline
 from fastverify.registry import BackendName, Reach, backend_info
 from fastverify.topo.nvml import sysfs_bdf

@@ -2,7 +2,7 @@
 (:class:`RankGroup`, with the one kill rule), environment, parent-death signal, reading a failed
 rank's exit status and stderr, the temporary folders of rank runs, and the signals and cores of
 forked helpers (the profile's painter, the trace-decoding workers). (Output paths and files:
-:mod:`fastverify.output_paths`, :mod:`fastverify.outputs`.)"""
+:mod:`fastverify.outputs`, :mod:`fastverify.outputs`.)"""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from fastverify.nccl.checks import apply_sets, split_set
 from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion, read_nccl_version
-from fastverify.output_paths import path_arg
+from fastverify.outputs import path_arg
 from fastverify.registry import BackendName, backend_info
 from fastverify.topo.box import add_box_arguments, resolve_args
 from fastverify.topo.matrix import parse_nvidia_smi_topo

@@ -8,7 +8,7 @@ import pytest
 
 from fastverify.cli import main
 from fastverify.errors import UserError
-from fastverify.output_paths import check_writable
+from fastverify.outputs import check_writable
 
 
 def test_check_writable_names_the_folder_that_refuses(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastverify import output_paths, outputs
+from fastverify import outputs
 from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, write_deployment
 from fastverify.envfile import (
     ALLOWED_KEYS,
@@ -321,5 +321,5 @@ def test_backup_path_follows_a_symlink(tmp_path):
     real.write_text("NCCL_P2P_LEVEL=SYS\n")
     link = tmp_path / "link.env"
     link.symlink_to(real)
-    assert output_paths.backup_path(tmp_path / "x.env") == tmp_path / "x.env.bak"
-    assert output_paths.backup_path(link) == real.with_name("real.env.bak")
+    assert outputs.backup_path(tmp_path / "x.env") == tmp_path / "x.env.bak"
+    assert outputs.backup_path(link) == real.with_name("real.env.bak")

@@ -33,8 +33,7 @@ from fastverify.bundle import PART_NAMES, Manifest, Part, write_bundle
 from fastverify.collect import client, parts, server
 from fastverify.collect.core import Context, Outcome, ServerInfo, Shapes, failed
 from fastverify.errors import StdoutError, UserError, one_line, path_text, printable
-from fastverify.output_paths import output_arg, path_arg, shown
-from fastverify.outputs import claim_output, release_reserved, reserve_names, write_files
+from fastverify.outputs import claim_output, output_arg, path_arg, release_reserved, reserve_names, shown, write_files
 from fastverify.procs import make_workdir
 from fastverify.progress import progress_lost, say
 

@@ -32,8 +32,7 @@ from fastverify.cycle.bundle_evidence import evidence
 from fastverify.cycle.flags import Answer, Evidence, Flag, answer, flags, mode_means
 from fastverify.cycle.split import CycleSplit
 from fastverify.errors import UserError, printable
-from fastverify.output_paths import check_outputs, output_arg, path_arg
-from fastverify.outputs import claim_output
+from fastverify.outputs import check_outputs, claim_output, output_arg, path_arg
 from fastverify.tune import draft_shape
 from fastverify.tune.draft_model import DraftCost, DraftShapeReport, recommend
 from fastverify.tune.draft_shape import from_bundle

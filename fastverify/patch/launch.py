@@ -35,7 +35,7 @@ from fastverify.deploy import (
 )
 from fastverify.envfile import check_setting, read_env_file
 from fastverify.errors import UserError, shown
-from fastverify.output_paths import check_folder
+from fastverify.outputs import check_folder
 from fastverify.patch.handoff import (
     ENV_BACKEND,
     ENV_CUDA_MAX_CONNECTIONS,

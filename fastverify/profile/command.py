@@ -21,8 +21,7 @@ from fastverify.bounds import MAX_BATCH, MAX_DRAFT_TOKENS, MAX_ITERS, MAX_WARMUP
 from fastverify.console import cell, say as say_line, stdout_console
 from fastverify.errors import UserError, printable
 from fastverify.live.config import load_model_config, preset_names
-from fastverify.output_paths import check_outputs, output_arg, path_text_arg, refuse_symlink
-from fastverify.outputs import claim_output
+from fastverify.outputs import check_outputs, claim_output, output_arg, path_text_arg, refuse_symlink
 from fastverify.profile.painter import EARLY, PROGRAM
 from fastverify.profile.record import DTYPES, Shapes, live_timing, median_or_none
 from fastverify.progress import say

@@ -50,8 +50,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from fastverify.bounds import MIN_P2P_SIDE_S
 from fastverify.errors import EXIT_USER_ERROR, UserError, one_line, shown
-from fastverify.output_paths import check_outputs
-from fastverify.outputs import claim_output, write_files
+from fastverify.outputs import check_outputs, claim_output, write_files
 from fastverify.procs import RankGroup, child_env, exit_reason, rank_workdir, stderr_path
 from fastverify.topo import nvml as topo_nvml
 from fastverify.topo.gpu_identity import gpu_identities

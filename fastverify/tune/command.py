@@ -36,7 +36,7 @@ from fastverify.nccl.checks import Severity, apply_sets, split_set, validate_env
 from fastverify.nccl.debuglog import parse_nccl_log
 from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.nccl.version import NcclVersion, read_nccl_version
-from fastverify.output_paths import or_default, output_arg, path_arg
+from fastverify.outputs import or_default, output_arg, path_arg
 from fastverify.proof.run import baseline_of
 from fastverify.topo.box import add_box_arguments, nvml_facts, p2p_file_facts, resolve_args
 from fastverify.topo.matrix import parse_nvidia_smi_topo

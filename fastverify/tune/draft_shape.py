@@ -41,7 +41,7 @@ from fastverify.cycle.bundle_evidence import evidence, server_arguments
 from fastverify.cycle.flags import mode_means
 from fastverify.errors import UserError, one_line, path_text, schema_error, shown
 from fastverify.inputs import decode_json, read_bytes
-from fastverify.output_paths import path_arg
+from fastverify.outputs import path_arg
 from fastverify.tune.draft_model import (
     AcceptHistogram,
     CostCurve,

@@ -41,8 +41,7 @@ from fastverify.deploy import (
 from fastverify.envfile import default_env_path
 from fastverify.errors import UserError
 from fastverify.live.config import preset_names
-from fastverify.output_paths import backup_path, check_folder, check_outputs as check_no_clobber, shown
-from fastverify.outputs import claim_output
+from fastverify.outputs import backup_path, check_folder, check_outputs as check_no_clobber, claim_output, shown
 from fastverify.patch.server_cmd import server_args_of
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 from fastverify.topo.box import read_box
@@ -70,10 +69,10 @@ def journal_path(args, fp: str) -> Path:
 
 def check_outputs(args, fp: str) -> None:
     """Refuse unusable output paths before any work, so nothing is half-written afterwards: each
-    output's folder must exist or be creatable (:func:`fastverify.output_paths.check_folder`),
+    output's folder must exist or be creatable (:func:`fastverify.outputs.check_folder`),
     ``--png`` must name a format matplotlib writes, and no output may replace an input
     (``--topology``, ``--profile``, ``--p2p-check``, a ``--model`` config file) or another output
-    (:func:`fastverify.output_paths.check_outputs`)."""
+    (:func:`fastverify.outputs.check_outputs`)."""
     env_p = env_path(args, fp)
     rec_p = record_path_for(env_p) if env_p is not None else None
     # atomic_write_text keeps an existing file as <name>.bak: the backups are outputs too, so an

@@ -58,7 +58,7 @@ from fastverify.bounds import (
 from fastverify.console import say as say_line
 from fastverify.errors import UserError
 from fastverify.inputs import read_bytes
-from fastverify.output_paths import check_folder
+from fastverify.outputs import check_folder
 
 # Shared rank-process helpers of the live runner (private there; see the module docstring).
 from fastverify.procs import (
