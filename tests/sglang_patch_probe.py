@@ -340,7 +340,7 @@ def probe_static() -> dict:
         out["b12x"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "b12x"})
         out["pcie_ipc"] = _install_with({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"})
         out["pcie_ipc_without_sglang_ipc"] = _install_with(
-            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False
+            {"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=frozenset()
         )
         # install twice is a no-op; uninstall restores once
         os.environ.update({"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "fused"})
@@ -776,7 +776,7 @@ def run_rank(rank: int, world: int, port: int, out_path: str) -> None:
         os.environ.update({"FASTVERIFY_BACKEND": "pcie_ipc", "FASTVERIFY_DEPLOYMENT": record})
         res["dispatch"] = step(
             "rank step (pcie_ipc dispatch, gloo stand-in)",
-            lambda: rank_step(I, ps, sglang_has_pcie_ipc=False, all_reduce=True),
+            lambda: rank_step(I, ps, sglang_switch_modules=frozenset(), all_reduce=True),
         )
         I.uninstall()
         os.environ.update({"FASTVERIFY_BACKEND": "b12x", "FASTVERIFY_DEPLOYMENT": record})
@@ -807,7 +807,7 @@ class _StandInRunner:
         return 4
 
 
-def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
+def rank_step(I, ps, *, sglang_switch_modules=None, all_reduce=False) -> dict:
     """install() as in a rank, then the REAL ``ModelRunner.init_cuda_graphs`` (wrapped) on a stand-in
     runner: the rank step builds the slot backend from the real TP GroupCoordinator and prints the
     line; the real body then fails on the stand-in (no model), which is recorded."""
@@ -818,7 +818,7 @@ def rank_step(I, ps, *, sglang_has_pcie_ipc=None, all_reduce=False) -> dict:
     from fastverify.patch import slots as F, slots as S
 
     out: dict = {}
-    rep = I.install(sglang_has_pcie_ipc=sglang_has_pcie_ipc)
+    rep = I.install(sglang_switch_modules=sglang_switch_modules)
     out["install_applied"] = list(rep.applied)
     try:
         ModelRunner.init_cuda_graphs(_StandInRunner())

@@ -14,6 +14,10 @@ import torch
 
 from fastverify.patch import install as I, slots as F, slots as S
 from fastverify.patch.verify import WallEvent
+from fastverify.registry import BackendName, backend_info
+
+# SGLang 0.5.23's own PCIe IPC module, as the registry names it
+PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 
 ON = {"FASTVERIFY_PATCH": "1"}
 
@@ -387,7 +391,7 @@ def test_missing_targets_never_raise(caplog):
     del mods[I.MOD_LAYERNORM].RMSNorm
     with caplog.at_level(logging.WARNING, logger="fastverify.patch"):
         rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "fused", "FASTVERIFY_PROFILE_VERIFY": "/tmp/x"})
-        rep2 = I.install(None, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
+        rep2 = I.install(None, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=frozenset())
     assert set(rep.skipped) == {"fused_norm", "verify_timer"} and rep.applied == ["pre_capture"]
     assert {"all_reduce", "pre_capture"} <= set(rep2.skipped)  # no SGLang importable here at all
     assert len([m for m in caplog.messages if "skipped" in m]) == 4
@@ -396,10 +400,10 @@ def test_missing_targets_never_raise(caplog):
 def test_dispatch_wrapped_only_without_sglang_pcie_ipc():
     mods, calls = make_fake_sglang()
     GC = mods[I.MOD_PARALLEL_STATE].GroupCoordinator
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=PCIE_IPC_SWITCH)
     assert rep.applied == ["pre_capture"] and "all_reduce" in rep.skipped
     assert I.installed() == ["GroupCoordinator.all_reduce", "ModelRunner.init_cuda_graphs"]  # counted, not routed
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=frozenset())
     assert rep.applied == ["all_reduce", "pre_capture"]
     g = GC()
     x = torch.ones(2, 4)
@@ -470,7 +474,7 @@ class BadPrepare(FakePrepared):
 def test_pre_capture_prepares_once_before_the_original(backend, slot):
     mods, calls, events, MR, orig, factory = _capture_setup(backend)
     getattr(S, slot).factory = factory
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_switch_modules=frozenset())
     assert "pre_capture" in rep.applied and rep.skipped == {}
     assert MR.__dict__["init_cuda_graphs"].__fastverify_original__ is orig
     runner = MR(hidden=8, width=4, pool=48)
@@ -489,7 +493,7 @@ def test_pre_capture_prepares_once_before_the_original(backend, slot):
     assert [e[0] for e in events] == ["create", "prepare", "capture", "capture", "capture"]
     assert calls["captures"] == [False, True, True]
     # idempotent install, and uninstall restores the original by identity
-    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_has_pcie_ipc=False)
+    I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": backend}, sglang_switch_modules=frozenset())
     assert I.installed().count("ModelRunner.init_cuda_graphs") == 1
     I.uninstall()
     assert MR.__dict__["init_cuda_graphs"] is orig and getattr(S, slot).prepared is False
@@ -590,7 +594,7 @@ def test_pre_capture_only_prints_for_other_backends(backend, capsys):
     assert line.startswith(f"fastverify patch [TP 0]: backend={backend} applied=pre_capture"), line
     # nor for pcie_ipc where SGLang has its own PCIe IPC all-reduce (the patch creates no backend)
     I.uninstall()
-    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
+    rep = I.install(mods, environ={**ON, "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=PCIE_IPC_SWITCH)
     assert rep.applied == ["pre_capture"] and "all_reduce" in rep.skipped
 
 

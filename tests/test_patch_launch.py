@@ -10,12 +10,21 @@ from fastverify.deploy import BoxFingerprint, GpuId
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
 from fastverify.patch.handoff import ROUTE_HOOK
+from fastverify.registry import BackendName, backend_info
+
+# SGLang 0.5.23's own PCIe IPC module, as the registry names it
+PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp", "8", "--speculative-algorithm", "EAGLE3"]
 NEW = L.SGLangInfo(
-    found=True, location="/x/sglang", version="0.5.23", has_plugins=True, has_pcie_ipc=True, entry_point_installed=True
+    found=True,
+    location="/x/sglang",
+    version="0.5.23",
+    has_plugins=True,
+    switch_modules=PCIE_IPC_SWITCH,
+    entry_point_installed=True,
 )
-OLD = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.6", has_plugins=False, has_pcie_ipc=False)
+OLD = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.6", has_plugins=False)
 # A described SM90 box: fused is reachable there (SGLang 0.5.23 gates it to SM90/SM100). Its GPUs
 # as NVML names them: the P2P check file must name the same ones to prove anything here.
 GPUS = tuple(
@@ -224,7 +233,12 @@ def test_detect_sglang_on_source_tree(tmp_path):
     (root / "srt" / "plugins" / "__init__.py").write_text('GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"\n')
     (root / "version.py").write_text('__version__ = "0.5.23"\n')
     info = L.detect_sglang(root)
-    assert info.found and info.has_plugins and not info.has_pcie_ipc and info.version == "0.5.23"
+    assert (
+        info.found
+        and info.has_plugins
+        and not info.has_switch(backend_info(BackendName.pcie_ipc))
+        and info.version == "0.5.23"
+    )
     assert not L.detect_sglang(tmp_path / "nothing").found
 
 
@@ -245,7 +259,7 @@ def test_detect_real_wheel_if_given(tmp_path):
             ):
                 z.extract(n, tmp_path)
     info = L.detect_sglang(tmp_path / "sglang")
-    assert info.has_plugins and info.has_pcie_ipc
+    assert info.has_plugins and info.has_switch(backend_info(BackendName.pcie_ipc))
 
 
 def test_exec_plan_env_reaches_grandchild(tmp_path):

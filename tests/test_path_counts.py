@@ -18,6 +18,10 @@ import torch
 from fastverify.patch import install as I, rank as R, targets as T
 from fastverify.patch.paths import COUNTER, PathCounter, backend_of, mode_of, summary
 from fastverify.patch.verify import VerifyTimer
+from fastverify.registry import BackendName, backend_info
+
+# SGLang 0.5.23's own PCIe IPC module, as the registry names it
+PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 
 PCIE_CAP_ROWS = 8  # the stand-in's pcie_ipc workspace: wider tensors go in place (PyNccl)
 AR_PER_FORWARD = 3
@@ -141,7 +145,9 @@ def patched(monkeypatch):
     lines = []
     monkeypatch.setattr(R, "emit", lines.append)
     mods, coord = _modules()
-    rep = I.install(mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=True)
+    rep = I.install(
+        mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=PCIE_IPC_SWITCH
+    )
     yield mods, coord, rep, lines
     I.uninstall()
 
@@ -220,7 +226,9 @@ def test_a_slot_that_declines_a_tensor_is_counted_as_its_fallback(patched, monke
     I.attach_dispatch_backend(Capped())
     I.uninstall()  # the dispatch wrapper is installed only where SGLang lacks its own switch
     mods, coord = _modules()
-    I.install(mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_has_pcie_ipc=False)
+    I.install(
+        mods, environ={"FASTVERIFY_PATCH": "1", "FASTVERIFY_BACKEND": "pcie_ipc"}, sglang_switch_modules=frozenset()
+    )
     I.attach_dispatch_backend(Capped())
     target = mods[I.MOD_MODEL_RUNNER].ModelRunner()
     target.forward(_fb("TARGET_VERIFY", 4))  # 1 x 4: taken

@@ -119,7 +119,7 @@ from fastverify.backends import result_tolerance
 from fastverify.doctor import jit
 from fastverify.events import EventClass
 from fastverify.patch.paths import backend_of
-from fastverify.patch.sglang_info import SGLangInfo, format_report
+from fastverify.patch.sglang_info import SGLangInfo, detect_sglang, format_report
 from fastverify.registry import backend_info, names
 from fastverify.trace.classify import classify_name
 from fastverify.tune.backend_model import wire_size
@@ -131,6 +131,10 @@ info = backend_info("int8_gloo")
 c = classify_name("void int8_quant_all_reduce<float>(float*, int)")
 spec = TrialSpec(backend="int8_gloo", env={}, world_size=2, device="cpu", dtype="float32", hidden=64,
                  sizes=((64, 2), (512, 4)), warmup=1, iters=2)
+sg = Path(sys.argv[1]) / "sglang"
+(sg / "srt" / "distributed" / "device_communicators").mkdir(parents=True)
+(sg / "srt" / "distributed" / "device_communicators" / "int8_ar.py").write_text("")
+found = detect_sglang(sg)
 [r] = run_sweep([spec], journal_path=Path(sys.argv[1]) / "j.jsonl", timeout_s=60, progress=False)
 print(json.dumps({
     "names": [n.value for n in names(role=info.role, device="cpu")],
@@ -138,6 +142,8 @@ print(json.dumps({
     "path": backend_of("sglang.int8_ar"),
     "jit": [m[0] for m in jit.MODULES if m[3] == info.name],
     "report": format_report(SGLangInfo(found=True), [], "r"),
+    "report_with_switch": format_report(found, [], "r"),
+    "switch_found": found.has_switch(info),
     "tolerance": result_tolerance("int8_gloo", torch.float32, 2),
     "wire": wire_size(info, 4096, 2),
     "trial": [r.status.value, r.reason, max(s.max_rel_err for s in r.sizes)],
@@ -194,8 +200,51 @@ def test_the_stand_in_reaches_every_stage(stand_in, tmp_path):
     assert got["path"] == "int8_gloo"
     assert got["jit"] == ["int8_comm"]
     assert "int8 all-reduce switch (SGLANG_ENABLE_INT8_ALLREDUCE): absent" in got["report"]
+    # SGLang's own module is found by the registry's switch module, with no special case
+    assert got["switch_found"] is True
+    assert "int8 all-reduce switch (SGLANG_ENABLE_INT8_ALLREDUCE): present" in got["report_with_switch"]
     assert got["wire"] == 2048  # 2048 elements of 2 bytes, 1 byte each on the wire
     # the tune worker checked the result against the derived tolerance, not fp32's lossless 1e-5
     status, reason, err = got["trial"]
     assert status == "ok", reason
     assert 1e-5 < err <= got["tolerance"]
+
+
+def _code_words(tree: ast.AST) -> set[str]:
+    """Every identifier and non-docstring string constant of ``tree``: names, attributes,
+    arguments, keywords, definitions."""
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            out.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            out.add(node.value)
+    return out
+
+
+def test_sglang_own_switches_are_found_through_the_registry_only():
+    """Which of SGLang's own all-reduce switches an install has is read from the registry's
+    ``sglang_switch_module`` names: the code of the SGLang detector and of the in-rank install
+    names no backend that has one (no ``has_pcie_ipc``-style field or argument)."""
+    from fastverify.registry import BACKENDS
+
+    switched = [b.name.value for b in BACKENDS if b.sglang_switch_module]
+    assert switched  # pcie_ipc in SGLang 0.5.23
+    for rel in ("patch/sglang_info.py", "patch/install.py"):
+        words = _code_words(ast.parse((PACKAGE / rel).read_text(encoding="utf-8")))
+        hits = sorted(w for w in words for name in switched if name in w)
+        assert not hits, f"{rel} names a switched backend itself: {hits}"

@@ -42,7 +42,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -604,7 +604,7 @@ def install(
     sglang_modules: Mapping[str, Any] | None = None,
     *,
     environ: Mapping[str, str] | None = None,
-    sglang_has_pcie_ipc: bool | None = None,
+    sglang_switch_modules: Collection[str] | None = None,
     timer: VerifyTimer | None = None,
 ) -> PatchReport:
     """Apply the patch in this process, as ``launch`` asked through the environment.
@@ -617,8 +617,9 @@ def install(
         Default ``os.environ``. Reads ``FASTVERIFY_PATCH`` (must be ``1``), ``FASTVERIFY_BACKEND``
         (a registry name, ``auto`` or ``off``), ``FASTVERIFY_DEPLOYMENT``, ``FASTVERIFY_PROFILE_VERIFY``,
         ``FASTVERIFY_CUDA_DEVICE_MAX_CONNECTIONS``.
-    sglang_has_pcie_ipc
-        Whether SGLang has its own PCIe IPC all-reduce (default: looked up).
+    sglang_switch_modules
+        The registry's ``sglang_switch_module`` names this SGLang has (tests pass them); default:
+        the chosen backend's switch module looked up in ``sglang_modules`` or imported.
     timer
         The verify timer to use (tests); default one writing to ``FASTVERIFY_PROFILE_VERIFY``.
 
@@ -639,7 +640,7 @@ def install(
         _report, _rank_step_done = report, False
         try:
             _apply_settings(report, env)
-            _install_backend(report, sglang_modules, sglang_has_pcie_ipc)
+            _install_backend(report, sglang_modules, sglang_switch_modules)
             _install_counting(report, sglang_modules)
             uses = (
                 SlotUse(DISPATCH_SLOT, False, TARGET_ALL_REDUCE.key, (TARGET_ALL_REDUCE.key,)),
@@ -674,7 +675,9 @@ def _apply_settings(report: PatchReport, env: Mapping[str, str]) -> None:
         report.skipped["deployment"] = str(err)
 
 
-def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sglang_has_pcie_ipc: bool | None) -> None:
+def _install_backend(
+    report: PatchReport, modules: Mapping[str, Any] | None, switch_modules: Collection[str] | None
+) -> None:
     """Wrap the targets of the slot ``FASTVERIFY_BACKEND`` names; none for ``auto``/``off``, an
     unknown name, or a backend SGLang switches on itself (its own all-reduce is then used)."""
     kind = None
@@ -689,11 +692,8 @@ def _install_backend(report: PatchReport, modules: Mapping[str, Any] | None, sgl
     info = backend_info(kind) if kind is not None else None
     has_switch = False
     if info is not None and info.reach is Reach.sglang_switch:
-        has_switch = (
-            sglang_has_pcie_ipc
-            if sglang_has_pcie_ipc is not None
-            else _has_module(info.sglang_switch_module or "", modules)
-        )
+        module = info.sglang_switch_module or ""
+        has_switch = module in switch_modules if switch_modules is not None else _has_module(module, modules)
         if has_switch:
             report.skipped[TARGET_ALL_REDUCE.key] = f"SGLang's own {info.name.value} all-reduce is used (not patched)"
     slot = _slot_for(info, has_switch) if info is not None else None

@@ -714,7 +714,8 @@ def describe(plan: LaunchPlan) -> str:
         lines.append(f"box: described by {plan.box_source} (not read from this machine)")
     s = plan.sglang
     if s.found:
-        mech = ", ".join(n for n, ok in (("plugins", s.has_plugins), ("pcie_ipc_ar", s.has_pcie_ipc)) if ok) or "none"
+        mods = sorted(m.rsplit(".", 1)[-1] for m in s.switch_modules)
+        mech = ", ".join((["plugins"] if s.has_plugins else []) + mods) or "none"
         lines.append(f"sglang: {s.version or 'version unknown'} at {s.location} (has: {mech})")
     else:
         lines.append("sglang: not found by this Python")

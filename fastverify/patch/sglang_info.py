@@ -20,7 +20,7 @@ from pathlib import Path
 from fastverify.errors import UserError
 from fastverify.patch.handoff import PLUGIN_GROUP, PLUGIN_NAME, ROUTE_HOOK, ROUTE_PLUGIN
 from fastverify.patch.targets import TARGETS, Target
-from fastverify.registry import BACKENDS as REGISTRY, BackendInfo, BackendName, backend_info
+from fastverify.registry import BACKENDS as REGISTRY, BackendInfo
 
 _SWITCH_MODULES = tuple(b.sglang_switch_module for b in REGISTRY if b.sglang_switch_module)
 
@@ -30,21 +30,15 @@ class SGLangInfo:
     """What the launcher's interpreter can see of SGLang, without importing it.
 
     ``switch_modules``: the registry's ``sglang_switch_module`` names whose file exists in this
-    SGLang; ``has_pcie_ipc`` (the 0.5.23 PCIe IPC module) is kept for the reports and implies it.
+    SGLang (0.5.23 has ``...device_communicators.pcie_ipc_ar``, the ``pcie_ipc`` switch).
     """
 
     found: bool
     location: str | None = None
     version: str | None = None
     has_plugins: bool = False  # sglang/srt/plugins/__init__.py with the general-plugin group
-    has_pcie_ipc: bool = False  # sglang/srt/distributed/device_communicators/pcie_ipc_ar.py
     entry_point_installed: bool = False  # fastverify registered in group sglang.srt.plugins
     switch_modules: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        if self.has_pcie_ipc:
-            module = backend_info(BackendName.pcie_ipc).sglang_switch_module
-            object.__setattr__(self, "switch_modules", frozenset(self.switch_modules) | {module})
 
     def has_switch(self, info: BackendInfo) -> bool:
         """Whether this SGLang has ``info``'s own switchable implementation."""
@@ -92,7 +86,6 @@ def detect_sglang(sglang_dir: str | Path | None = None) -> SGLangInfo:
         location=str(root),
         version=version,
         has_plugins=has_plugins,
-        has_pcie_ipc=(root / "srt" / "distributed" / "device_communicators" / "pcie_ipc_ar.py").is_file(),
         entry_point_installed=_entry_point_installed(),
         switch_modules=frozenset(
             m for m in _SWITCH_MODULES if root.joinpath(*m.split(".")[1:]).with_suffix(".py").is_file()
