@@ -132,3 +132,10 @@ def test_in_ci_a_wheel_path_that_names_no_file_is_refused_and_all_present_passes
     assert proc.returncode == 4 and f"FASTVERIFY_FLASHINFER_WHEEL={tmp_path / 'gone.whl'} is not a file" in proc.stderr
     env.pop("CI")  # a developer's machine: nothing changes
     assert _pytest_collect(env).returncode == 0
+
+
+def test_the_script_runs_ruff_before_the_tests():
+    lines = (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+    fmt = lines.index(".venv/bin/ruff format --check fastverify tests benchmarks")
+    lint = lines.index(".venv/bin/ruff check fastverify tests benchmarks")
+    assert fmt < lint < len(lines) - 1 and lines[-1].endswith(".venv/bin/python -m pytest -q")
