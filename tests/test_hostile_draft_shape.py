@@ -167,7 +167,9 @@ def test_a_token_count_given_twice_names_the_count_and_both_values(tmp_path, cap
 )
 def test_a_json_key_given_twice_is_refused(tmp_path, capsys, text, key):
     f = _hist(tmp_path, text)
-    one_line_error(*_draft_shape(capsys, "--accept-histogram", f), str(f), f"key '{key}' given twice")
+    one_line_error(
+        *_draft_shape(capsys, "--accept-histogram", f), str(f), f"the key '{key}' is given twice in one object"
+    )
 
 
 def test_one_verify_log_folder_given_twice_is_refused(tmp_path, capsys):

@@ -164,15 +164,11 @@ def model_hidden_size(server: ServerInfo) -> int | None:
     except (UserError, OSError, ValueError):  # unreadable, a NUL or an over-long name
         return None
     try:
-        if (key := duplicate_json_key(raw)) is not None:
-            raise UserError(f"{config}: the key {shown_reply(key)} is given twice in one JSON object")
-        doc = loads_json(raw, config)
-    except (OSError, ValueError):  # not JSON
+        doc = loads_json(raw, config, unique_keys=False)
+    except (UserError, OSError, ValueError):  # not JSON: no hidden size read from it
         return None
-    except UserError as e:
-        if "twice" in str(e):
-            raise
-        return None
+    if (key := duplicate_json_key(raw)) is not None:
+        raise UserError(f"{config}: the key {shown_reply(key)} is given twice in one JSON object")
     if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):
         doc = doc["text_config"]
     value = doc.get("hidden_size") if isinstance(doc, dict) else None

@@ -34,12 +34,12 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS, MIN_TIME_US, duplicate_json_key, implausible_count
+from fastverify.bounds import MAX_COUNT, MAX_DRAFT_TOKENS, MIN_TIME_US, implausible_count
 from fastverify.bundle import Bundle, open_bundle
 from fastverify.console import cell, say
 from fastverify.cycle.bundle_evidence import evidence, server_arguments
 from fastverify.cycle.flags import mode_means
-from fastverify.errors import UserError, one_line, path_text, schema_error, shown
+from fastverify.errors import UserError, path_text, schema_error, shown
 from fastverify.inputs import decode_json, read_bytes
 from fastverify.outputs import path_arg
 from fastverify.tune.draft_model import (
@@ -69,12 +69,9 @@ def read_histogram(path: Path) -> AcceptHistogram:
     """
     data = read_bytes(Path(path), kind="json", what="an accept histogram")
     try:
-        h = decode_json(data, path_text(path), AcceptHistogram, what="the accept histogram", unique_keys=False)
+        h = decode_json(data, path_text(path), AcceptHistogram, what="the accept histogram")
     except msgspec.ValidationError as e:
         raise schema_error(f"{path_text(path)}: invalid accept histogram", e, HISTOGRAM_EXAMPLES) from None
-    twice = duplicate_json_key(data)
-    if twice is not None:
-        raise UserError(f"{path_text(path)}: key {one_line(twice, 80)!r} given twice in one object; give it once")
     where = f"{path_text(path)}: field"
     if not 1 <= h.steps < MAX_DRAFT_TOKENS:
         raise UserError(f'{where} "steps": {h.steps} is outside [1, {MAX_DRAFT_TOKENS - 1}] (e.g. "steps": 5)')
