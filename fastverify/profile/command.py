@@ -3,7 +3,7 @@ profiler traces (``--trace``), from a live TP verify forward, or the measured ve
 server's records (``--verify-log``). Outputs are checked before any work; a default name is taken
 with an exclusive create.
 
-The short terminal table printed by ``fastverify profile``.
+The short terminal table it prints last: :func:`print_profile`.
 """
 
 from __future__ import annotations

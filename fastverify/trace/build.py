@@ -8,7 +8,7 @@ event (by distinct name; the launching op only where the name does not decide), 
 of each collective (bytes), its stream, host launch time and step window. It also holds the
 slow path's collector (:func:`_slow_ranks`), which fills :class:`_PerRank` from plain dicts.
 
-CPU-only PyTorch profiler traces: a TP run on CPU over gloo (our CPU SGLang server), where the
+Also here, CPU-only PyTorch profiler traces: a TP run on CPU over gloo (our CPU SGLang server), where the
 trace holds host events only and the all-reduces are CPU events.
 
 What such a trace holds (seen in traces that ``torch.profiler`` with ``ProfilerActivity.CPU``
