@@ -266,7 +266,7 @@ def test_no_process_is_started_with_preexec_fn(tmp_path, monkeypatch):
     """Python's subprocess docs: ``preexec_fn`` is not safe with threads in the parent (the child
     can deadlock before exec), and the P2P check starts its children from a thread pool. The
     launcher and collect's child runner start theirs without it; in the package only
-    ``proof/server.py`` keeps it (started from ``launch``'s only thread)."""
+    ``proof/run.py`` keeps it (started from ``launch``'s only thread)."""
     import ast
     import subprocess as sp
 
@@ -290,7 +290,7 @@ def test_no_process_is_started_with_preexec_fn(tmp_path, monkeypatch):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.keyword) and node.arg == "preexec_fn":
                 users.append(path.relative_to(Path(procs.__file__).parent).as_posix())
-    assert users == ["proof/server.py"]
+    assert users == ["proof/run.py"]
 
 
 DIES_WITH_PARENT = """
