@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -191,6 +193,35 @@ def test_function_level_imports_of_own_modules_say_what_they_keep_off_start_up()
             elif found.group(1) not in _loaded_outside(modules, own):
                 bad.append(f"{m}:{line}: '# lazy: {found.group(1)}', but importing {sorted(own)} does not load it")
     assert not bad, f"{len(bad)} function-level imports:\n" + "\n".join(bad)
+
+
+QUIET_TRACE_RUN = """
+import sys
+from fastverify import cli
+try:
+    cli.main(["profile", "--trace", sys.argv[1], "--no-png", "--quiet", "--output", sys.argv[2]])
+except SystemExit as e:
+    assert not e.code, e.code
+print("loaded:", *sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3:])))
+"""
+
+
+def test_a_quiet_trace_profile_loads_no_printer_plotter_or_torch(tmp_path):
+    """``profile --trace F --no-png --quiet`` (the path the trace benchmark times) prints no table
+    and draws nothing: rich, matplotlib and torch stay unloaded (a module merge that moved the
+    table's rich imports to the command's top once put rich on it)."""
+    trace = PACKAGE.parent / "tests" / "data" / "ns_timestamps" / "ns_fractions.trace.json.gz"
+    heavy = ["rich", "matplotlib", "torch"]
+    cp = subprocess.run(
+        [sys.executable, "-c", QUIET_TRACE_RUN, str(trace), str(tmp_path / "p.json"), *heavy],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert (tmp_path / "p.json").is_file()
+    assert cp.stdout.splitlines()[-1] == "loaded:", f"on the quiet trace path: {cp.stdout.strip()}"
 
 
 def _layout_paths() -> list[str]:
