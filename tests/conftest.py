@@ -17,10 +17,26 @@ from pathlib import Path
 
 import pytest
 
+from fastverify.patch.sglang_info import SGLangInfo
+from fastverify.registry import BackendName, backend_info
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 DATA = Path(__file__).resolve().parent / "data"
 SHARED_MISSING = "../shared not found beside the repo; the shared traces are needed"
+
+PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
+"""SGLang 0.5.23's own PCIe IPC module, as the registry names it."""
+SGLANG_0523 = SGLangInfo(
+    found=True,
+    location="/x/sglang",
+    version="0.5.23",
+    has_plugins=True,
+    switch_modules=PCIE_IPC_SWITCH,
+    entry_point_installed=True,
+)
+"""An SGLang 0.5.23 as the launcher sees it: general plugins, its PCIe IPC switch, fastverify's
+entry point installed."""
 
 # Test this checkout, whatever the state of an installed (editable) copy of the package.
 if str(REPO_ROOT) not in sys.path:

@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from conftest import cli, one_line_error
+from conftest import SGLANG_0523, cli, one_line_error
 
 from fastverify.deploy import (
     BoxFingerprint,
@@ -27,10 +27,7 @@ from fastverify.deploy import (
 )
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
-from fastverify.registry import BackendName, backend_info
-
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
+from fastverify.registry import BackendName
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 GPUS = tuple(
@@ -43,14 +40,7 @@ OTHER_GPUS = tuple(
 )
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
 # An SGLang 0.5.23 with its PCIe IPC module: the record's backend is switched by SGLang itself.
-SGL = L.SGLangInfo(
-    found=True,
-    location="/x/sglang",
-    version="0.5.23",
-    has_plugins=True,
-    switch_modules=PCIE_IPC_SWITCH,
-    entry_point_installed=True,
-)
+SGL = SGLANG_0523
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import json
 import os
 
 import pytest
-from conftest import assert_user_error
+from conftest import SGLANG_0523, assert_user_error
 
 from fastverify.deploy import (
     BoxFingerprint,
@@ -32,20 +32,10 @@ from fastverify.deploy import (
 )
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
-from fastverify.registry import BackendName, backend_info
-
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
+from fastverify.registry import BackendName
 
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp-size", "8"]
-SGL = L.SGLangInfo(
-    found=True,
-    location="/x/sglang",
-    version="0.5.23",
-    has_plugins=True,
-    switch_modules=PCIE_IPC_SWITCH,
-    entry_point_installed=True,
-)
+SGL = SGLANG_0523
 # The described boxes' GPUs as NVML names them (index, PCI bus id, UUID): a P2P check proves
 # something only for the GPUs it names.
 GPUS = tuple(

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import SHARED, assert_user_error, cli, pin_pcie_ipc, run_fastverify
+from conftest import SGLANG_0523, SHARED, assert_user_error, cli, pin_pcie_ipc, run_fastverify
 
 from fastverify.deploy import (
     BoxFingerprint,
@@ -35,21 +35,11 @@ from fastverify.deploy import (
 )
 from fastverify.errors import UserError
 from fastverify.patch import launch as L
-from fastverify.registry import BackendName, backend_info
+from fastverify.registry import BackendName
 from fastverify.topo import gpu_identity as G, p2p as P, p2p_proof as PF
 
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
-
 NVML_GPUS = G.nvml_gpus  # the real reader, before any test stands in for it
-SGL = L.SGLangInfo(
-    found=True,
-    location="/x/sglang",
-    version="0.5.23",
-    has_plugins=True,
-    switch_modules=PCIE_IPC_SWITCH,
-    entry_point_installed=True,
-)
+SGL = SGLANG_0523
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 

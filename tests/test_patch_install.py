@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PCIE_IPC_SWITCH
 
 from fastverify.patch import install as I, slots as F, slots as S
 from fastverify.patch.verify import WallEvent
-from fastverify.registry import BackendName, backend_info
-
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 
 ON = {"FASTVERIFY_PATCH": "1"}
 

@@ -5,6 +5,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import SGLANG_0523
 
 from fastverify.deploy import BoxFingerprint, GpuId
 from fastverify.errors import UserError
@@ -12,18 +13,8 @@ from fastverify.patch import launch as L
 from fastverify.patch.handoff import ROUTE_HOOK
 from fastverify.registry import BackendName, backend_info
 
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
-
 CMD = ["python", "-m", "sglang.launch_server", "--model-path", "M", "--tp", "8", "--speculative-algorithm", "EAGLE3"]
-NEW = L.SGLangInfo(
-    found=True,
-    location="/x/sglang",
-    version="0.5.23",
-    has_plugins=True,
-    switch_modules=PCIE_IPC_SWITCH,
-    entry_point_installed=True,
-)
+NEW = SGLANG_0523
 OLD = L.SGLangInfo(found=True, location="/x/sglang", version="0.5.6", has_plugins=False)
 # A described SM90 box: fused is reachable there (SGLang 0.5.23 gates it to SM90/SM100). Its GPUs
 # as NVML names them: the P2P check file must name the same ones to prove anything here.

@@ -14,14 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import PCIE_IPC_SWITCH
 
 from fastverify.patch import install as I, rank as R, targets as T
 from fastverify.patch.paths import COUNTER, PathCounter, backend_of, mode_of, summary
 from fastverify.patch.verify import VerifyTimer
-from fastverify.registry import BackendName, backend_info
-
-# SGLang 0.5.23's own PCIe IPC module, as the registry names it
-PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 
 PCIE_CAP_ROWS = 8  # the stand-in's pcie_ipc workspace: wider tensors go in place (PyNccl)
 AR_PER_FORWARD = 3
