@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from fastverify.errors import UserError
-from fastverify.tune import draft_model as DM, draft_shape as D
+from fastverify.tune import draft_model as DM, draft_shape as DS
 
 # A: accepted draft tokens per request per verify, one run at S = 5 steps; 100 request-verifies.
 COUNTS = [20, 20, 20, 20, 10, 10]
@@ -123,7 +123,7 @@ def test_extrapolation_runs_from_the_nearest_two_points_on_each_side():
 
 def _args(**kw) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    D.add_arguments(p)
+    DS.add_arguments(p)
     p.add_argument("--json", action="store_true")
     argv = ["--draft-shape"]
     for k, v in kw.items():
@@ -144,7 +144,7 @@ def test_histogram_file_table_and_winner(tmp_path, capsys):
     f = _hist_file(tmp_path, {"steps": 4, "counts": [10, 20, 30, 20, 20], "verify_ms": [[2, 10.0], [5, 16.0]]})
     args = _args(accept_histogram=f, draft_step_ms=1, draft_extend_ms=2)
     out = io.StringIO()
-    assert D.run(args, Console(file=out, width=150)) == 0
+    assert DS.run(args, Console(file=out, width=150)) == 0
     text = out.getvalue()
     lines = text.splitlines()
     assert len(lines) <= 15, text
@@ -156,7 +156,7 @@ def test_histogram_file_table_and_winner(tmp_path, capsys):
     row2 = next(ln for ln in lines if ln.strip().startswith("2 *"))
     assert row2.split() == ["2", "*", "3", "2.600", "12.000", "16.000", "162.5", "derived"]
     args = _args(accept_histogram=f, draft_step_ms=1, draft_extend_ms=2, json=True)
-    assert D.run(args, None) == 0
+    assert DS.run(args, None) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["best_depth"] == 2 and doc["tok_s_change_pct"] == pytest.approx(11.72, abs=0.01)
     assert [r["accept_length"] for r in doc["rows"]] == pytest.approx([1.9, 2.6, 3.0, 3.2])
@@ -197,7 +197,7 @@ def test_from_verify_records(tmp_path):
     """A run at 3 steps (4 tokens a request), batch 2: accepted [3, 0], [1, 3], [2, 2] -> counts
     [1, 1, 2, 2]; accept length at 3 = 11/6 + 1; verify median of 8, 9, 10 = 9 ms (measured)."""
     d = _log(tmp_path / "run", [(2, 8, 8.0, [3, 0]), (2, 8, 10.0, [1, 3]), (2, 8, 9.0, [2, 2])])
-    rep = D.build(_args(verify_log=d))
+    rep = DS.build(_args(verify_log=d))
     assert rep.histogram == [1, 1, 2, 2] and rep.current_depth == 3
     r3 = rep.rows[-1]
     assert r3.accept_length == pytest.approx(11 / 6 + 1, abs=1e-4) and r3.verify_ms == 9.0
@@ -221,19 +221,19 @@ def test_malformed_histogram_is_one_line_naming_file_and_field(tmp_path, doc, sa
     """A UserError: `fastverify` prints it as one line on stderr and exits 2 (fastverify.cli.main)."""
     f = _hist_file(tmp_path, doc)
     with pytest.raises(UserError) as err:
-        D.build(_args(accept_histogram=f, draft_step_ms=0))
+        DS.build(_args(accept_histogram=f, draft_step_ms=0))
     msg = str(err.value)
     assert msg.startswith(str(f)) and said in msg and "\n" not in msg, msg
 
 
 def test_no_input_or_no_cost_is_refused(tmp_path):
     with pytest.raises(UserError, match="needs --verify-log DIR, --bundle FILE or --accept-histogram FILE"):
-        D.build(_args())
+        DS.build(_args())
     f = _hist_file(tmp_path, {"steps": 2, "counts": [1, 1, 1]})
     with pytest.raises(UserError, match="no verify cost"):
-        D.build(_args(accept_histogram=f))
+        DS.build(_args(accept_histogram=f))
     with pytest.raises(UserError, match="--draft-step-ms -1.0"):
-        D.build(_args(accept_histogram=f, draft_step_ms=-1))
+        DS.build(_args(accept_histogram=f, draft_step_ms=-1))
 
 
 def test_report_document_round_trips():

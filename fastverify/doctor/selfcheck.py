@@ -71,7 +71,7 @@ from fastverify.errors import UserError
 from fastverify.live.config import load_model_config
 from fastverify.live.runner import run_live
 from fastverify.nccl.version import read_nccl_version
-from fastverify.patch import rank as R, slots, slots as F
+from fastverify.patch import rank as R, slots
 from fastverify.patch.paths import PathCounter
 from fastverify.patch.rank import is_capturing
 from fastverify.patch.verify import VerifyTimer
@@ -966,15 +966,15 @@ def _rank(rank: int, port: int, q: Any) -> None:
         slots.FUSED_SLOT.factory = lambda c, x: make_backend(
             BackendName.gloo, c.device_group, device=x.device, dtype=x.dtype, max_numel=ROWS * HIDDEN, hidden=HIDDEN
         )
-        F.FUSED_GROUPS.clear()
-        built, failed = F._build_fused(modules, torch.zeros(ROWS, HIDDEN), [])
+        slots.FUSED_GROUPS.clear()
+        built, failed = slots._build_fused(modules, torch.zeros(ROWS, HIDDEN), [])
         out["built"], out["failed"] = built, failed
-        out["groups"] = [s.group.ranks for s in F.FUSED_GROUPS if s.backend is not None]
+        out["groups"] = [s.group.ranks for s in slots.FUSED_GROUPS if s.backend is not None]
 
         def sglang_own(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the slot declined: SGLang's own method was called")
 
-        forward = F._make_fused_norm(modules)(sglang_own)
+        forward = slots._make_fused_norm(modules)(sglang_own)
         norm = types.SimpleNamespace(weight=torch.ones(HIDDEN), variance_epsilon=1e-6)
         x = torch.full((ROWS, HIDDEN), float(rank + 1))
         residual = torch.zeros(ROWS, HIDDEN)
@@ -983,9 +983,9 @@ def _rank(rank: int, port: int, q: Any) -> None:
             _, new_res = forward(norm, x.clone(), residual.clone(), None, use_attn)
             out["sums"][name] = sorted({float(v) for v in (new_res - residual).flatten()})
         out["want"] = {"attn": [float(sum(r + 1 for r in whole.ranks))], "moe": [float(sum(r + 1 for r in pair.ranks))]}
-        for s in F.FUSED_GROUPS:
+        for s in slots.FUSED_GROUPS:
             slots.close_quietly(s.backend)
-        F.FUSED_GROUPS.clear()
+        slots.FUSED_GROUPS.clear()
         dist.destroy_process_group()
     except BaseException as err:  # noqa: BLE001 - reported to the parent in one line
         out["error"] = f"{type(err).__name__}: {err}"

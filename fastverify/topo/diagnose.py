@@ -249,7 +249,7 @@ CALIBRATION_NOTE = (
 
 
 @dataclass(frozen=True)
-class Prediction:
+class MessagePrediction:
     """Predicted all-reduce time of one verify message (µs); ``label`` is always "predicted"."""
 
     tokens: int
@@ -287,7 +287,7 @@ class Diagnosis:
     custom_allreduce: dict
     findings: list[Finding]
     log_notes: list[str]
-    predictions: list[Prediction]
+    predictions: list[MessagePrediction]
     prediction_note: str
     actions: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -463,7 +463,7 @@ def _predictions(n, pairs, log, hidden, draft_tokens, batches, pcie_gen, sm, nv,
         p_now = CALIBRATION[now_t].predict(nbytes, now_in)
         p_rec = CALIBRATION[rec_t].predict(nbytes, rec_in)
         out.append(
-            Prediction(
+            MessagePrediction(
                 tokens,
                 nbytes,
                 round(p_now.time_us, 1),
@@ -560,7 +560,7 @@ def _actions(d: Diagnosis, log: NcclLog | None, *, ranked: bool = False) -> list
     return acts
 
 
-def _predicted_gain_pct(preds: list[Prediction]) -> float:
+def _predicted_gain_pct(preds: list[MessagePrediction]) -> float:
     if not preds or preds[0].now_us <= 0:
         return 0.0
     return 100.0 * (preds[0].recommended_us - preds[0].now_us) / preds[0].now_us
