@@ -28,6 +28,7 @@ exceeded`` (already at 1,100 levels). msgspec 0.18.0 and 0.23.0 raise RecursionE
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import sys
@@ -273,6 +274,24 @@ def _too_large(name: str, what: str | None) -> UserError:
     )
 
 
+class _FloatOverflow(ValueError):
+    """A JSON number past a float's range (``1e999``), which ``float()`` turns into infinity."""
+
+
+def _finite_float(text: str) -> float:
+    """``parse_float`` for :func:`json.loads`: the number, or :class:`_FloatOverflow` where it
+    overflows (the literals ``Infinity`` and ``NaN`` are ``parse_constant``'s, not this)."""
+    value = float(text)
+    if math.isinf(value):
+        raise _FloatOverflow(text[:40])
+    return value
+
+
+def _past_float(name: str, what: str | None) -> UserError:
+    """The one line for a number past a float's range (msgspec: "Number out of range")."""
+    return UserError(f"{name}: {what or 'the JSON'} holds a number past a float's range (such as 1e999)")
+
+
 def _huge_int(e: BaseException) -> bool:
     """Whether ``e`` is a parser's refusal of an integer over Python's digit limit: the standard
     library's "Exceeds the limit (4300 digits) for integer string conversion", msgspec's "Integer
@@ -340,9 +359,11 @@ def _loads(data: bytes | str, name: str, what: str | None, exact_ints: bool):
         _warned_old_orjson = True
         print(f"fastverify: warning: {one_line(problem)}", file=sys.stderr)
     try:
-        return json.loads(data)
+        return json.loads(data, parse_float=_finite_float)
     except RecursionError:
         raise UserError(f"{name}: JSON nested too deeply (over Python's recursion limit)") from None
+    except _FloatOverflow:
+        raise _past_float(name, what) from None
     except (ValueError, TypeError) as e:
         if _huge_int(e):
             raise _too_large(name, what) from None
@@ -375,6 +396,8 @@ def decode_json(
     except msgspec.ValidationError as e:
         if _huge_int(e):
             raise _too_large(name, what) from None
+        if str(e).startswith("Number out of range"):
+            raise _past_float(name, what) from None
         raise
     except msgspec.DecodeError as e:
         raise _not_json(name, what, _first_line(e)) from None

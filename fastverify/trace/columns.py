@@ -85,8 +85,11 @@ def ns_column(raws: list) -> tuple[np.ndarray, np.ndarray]:
             if big * 1000 < _MAX_NS:
                 return np.array(vals, dtype=np.int64) * 1000, np.ones(n, dtype=bool)
         else:
-            f = np.array(vals, dtype=np.float64)
-            if float(np.abs(f).max()) < NS_EXACT_FLOAT_US:
+            try:
+                f = np.array(vals, dtype=np.float64)
+            except OverflowError:  # an integer past a float's range beside decimals: the text rule below
+                f = None
+            if f is not None and float(np.abs(f).max()) < NS_EXACT_FLOAT_US:
                 return np.rint(f * 1000.0).astype(np.int64), np.ones(n, dtype=bool)
     got = [ns_from_text(bytes(r)) for r in raws]
     ok = np.fromiter((g is not None for g in got), dtype=bool, count=n)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from fastverify.bounds import duplicate_json_key
 from fastverify.errors import UserError
 from fastverify.events import EventClass
 from fastverify.inputs import inflate_trace, loads_json, read_bytes
@@ -235,6 +236,15 @@ def _read_bytes(path: Path) -> bytes:
     return inflate_trace(read_bytes(path, kind="trace"), path)
 
 
+def no_events(path: Path, raw: bytes) -> UserError:
+    """The line for a trace whose ``traceEvents`` is empty: that, or, where the key stands twice in
+    the text (a hand edit; a JSON parser keeps the last list silently), that it is given twice.
+    Searched only on this error path, so a good trace pays nothing for it."""
+    if raw.count(b'"traceEvents"') > 1 and duplicate_json_key(raw) == "traceEvents":
+        return UserError(f"{path}: the key 'traceEvents' is given twice; which list holds is not known")
+    return UserError(f"{path}: the trace has no events")
+
+
 def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
     """Parse one whole trace file into plain Python objects (slow path, any valid JSON).
 
@@ -262,5 +272,5 @@ def read_trace_json(path: Path, raw: bytes | None = None) -> dict:
     if not isinstance(doc["traceEvents"], list):
         raise UserError(f"{path}: 'traceEvents' is not a list")
     if not doc["traceEvents"]:
-        raise UserError(f"{path}: the trace has no events")
+        raise no_events(path, raw)
     return doc

@@ -77,6 +77,7 @@ from fastverify.trace.decode import (
     _TooDeep,
     _top,
     looks_comm_op,
+    no_events,
     read_trace_json,
     reads_args,
 )
@@ -392,7 +393,7 @@ def read_trace(path: Path, *, halves: bool = False) -> tuple[dict, dict[int, _Pe
             # RecursionError: msgspec bounds nesting; the slow path names the file in one line
             return _slow_ranks(read_trace_json(path, raw))
         if not doc.traceEvents:
-            raise UserError(f"{path}: the trace has no events")
+            raise no_events(path, raw)
         try:
             got = read_columns(doc, HOST_KEEP, looks_comm_op)
         except _TooDeep:

@@ -579,10 +579,37 @@ def _nccl_sets(args, version) -> list[NcclSet]:
 def _run_draft_shape(args, console) -> int:
     """``tune --draft-shape`` (:func:`fastverify.tune.draft_shape.run`), which takes none of the
     workload flags."""
-    if args.predict or args.write_env is not None or args.profile is not None:
+    given = [
+        flag
+        for flag, v in (
+            ("--predict", args.predict),
+            ("--write-env", args.write_env),
+            ("--profile", args.profile),
+            ("--model", args.model),
+            ("--tok-s", args.tok_s),
+            ("--accept-length", args.accept_length),
+            ("--verify-ms", args.verify_ms),
+            ("--allreduce-ms", args.allreduce_ms),
+            ("--topology", args.topology),
+            ("--describe-box", args.describe_box),
+            ("--p2p-check", args.p2p_check),
+            ("--perf-table", args.perf_table),
+            ("--nccl-log", args.nccl_log),
+            ("--set", args.set),
+            ("--journal", args.journal),
+            ("--resume", args.resume),
+            ("--server-args", args.server_args),
+            ("--baseline", args.baseline),
+            ("--write-tuner-config", args.write_tuner_config),
+            ("--png", args.png),
+            ("--explain", args.explain),
+        )
+        if v not in (None, False, [])
+    ]
+    if given:  # read by nothing here: refused rather than silently ignored
         raise UserError(
-            "--draft-shape reads accept lengths and verify costs only; --predict, --write-env and "
-            "--profile do not apply to it"
+            f"--draft-shape reads accept lengths and verify costs only; {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to it"
         )
     return run_draft_shape(args, console)
 

@@ -41,7 +41,14 @@ from fastverify.deploy import (
 from fastverify.envfile import default_env_path
 from fastverify.errors import UserError
 from fastverify.live.config import preset_names
-from fastverify.outputs import backup_path, check_folder, check_outputs as check_no_clobber, claim_output, shown
+from fastverify.outputs import (
+    backup_path,
+    check_folder,
+    check_outputs as check_no_clobber,
+    claim_output,
+    refuse_symlink,
+    shown,
+)
 from fastverify.patch.server_cmd import server_args_of
 from fastverify.registry import BackendName, Role, backend_info, names, unreachable_reason
 from fastverify.topo.box import read_box
@@ -112,6 +119,8 @@ def check_outputs(args, fp: str) -> None:
         "--perf-table": args.perf_table,
         "--nccl-log": args.nccl_log,
     }
+    if outputs["--journal"] is not None:  # appended in place, not renamed over: never through a link
+        refuse_symlink(outputs["--journal"], "--journal")
     for flag, path in outputs.items():
         if path is not None:
             check_folder(path, flag.split(" ")[0])

@@ -51,6 +51,7 @@ from fastverify.bounds import (
     MAX_COUNT,
     MAX_MSG_BYTES,
     MIN_TIME_US,
+    duplicate_json_key,
     implausible_count,
     implausible_time_us,
     implausible_work_us,
@@ -178,6 +179,8 @@ def _parse(line: bytes, complete: bool) -> dict:
     doc = orjson.loads(line)
     if not isinstance(doc, dict):
         raise ValueError("record is not a JSON object")
+    if (key := duplicate_json_key(line)) is not None:  # a hand edit: which value holds is not known
+        raise ValueError(f"the key {key[:80]!r} is given twice")
     return doc
 
 
