@@ -13,11 +13,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from conftest import SHARED, SHARED_MISSING
 
 from fastverify.cli import main
 from fastverify.deploy import BoxFingerprint, DeploymentRecord, P2PFacts, VerifyShapes, decode_record, encode_record
 from fastverify.errors import UserError
 from fastverify.inputs import decode_json, loads_json
+from fastverify.nccl.perftable import parse_all_reduce_perf
 from fastverify.registry import BackendName
 from fastverify.tune.sweep import Journal, fingerprint, read_journal
 from fastverify.tune.trial import TrialSpec
@@ -158,3 +160,26 @@ def test_draft_shape_refuses_flags_it_does_not_read(tmp_path, capsys):
         "fastverify: error: --draft-shape reads accept lengths and verify costs only; --tok-s, --accept-length "
         "do not apply to it\n"
     )
+
+
+def test_a_perf_table_size_given_twice_in_one_table_is_refused():
+    """Before: a second 8192 B row with other times was kept beside the first, silently. Another
+    table (a new column header) may repeat a size, as before."""
+    path = SHARED / "inputs" / "allreduceperf-blog-chlc-rtx4090-p2punlocked.txt"
+    if not path.exists():
+        pytest.skip(SHARED_MISSING)
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["8192"])
+    again = lines[at].replace("42.14", "99.14")
+    assert again != lines[at]
+    assert len(parse_all_reduce_perf(text).rows) == 25
+    with pytest.raises(UserError) as e:
+        parse_all_reduce_perf("".join(lines[: at + 1] + [again] + lines[at + 1 :]), source="t.txt")
+    assert str(e.value) == (
+        f"t.txt: line {at + 2}: 8,192 B float sum again (first on line {at + 1}); all_reduce_perf prints each "
+        "size once per table, so which row holds is not known"
+    )
+    header = next(ln for ln in lines if ln.lstrip("#").split()[:2] == ["size", "count"])
+    second = parse_all_reduce_perf("".join(lines + [header, again]))
+    assert len(second.rows) == 26 and any("a second table starts here" in p for p in second.problems)

@@ -713,6 +713,8 @@ class _Reader:
         self.layout: Layout | None = None
         self.header_line = 0
         self.n_lines = 0
+        self.size_lines: dict[tuple[int, str, str], int] = {}  # (size, type, redop) -> line, this table
+        self.row_layout: Layout | None = None  # the layout the last row was read with
 
     def line(self, lineno: int, body: str) -> None:
         self.n_lines = lineno
@@ -732,6 +734,7 @@ class _Reader:
                 self.problems.append(f"line {lineno}: a second table starts here; its rows are appended")
             self.layout = layout_from_header(cols)
             self.header_line = lineno
+            self.size_lines = {}
             return
         avg_before = self.header.get("Avg bus bandwidth")
         read_header_line(s, self.header, self.ranks, self.hosts)
@@ -752,6 +755,15 @@ class _Reader:
         if row is not None:
             if why := implausible(row):
                 raise UserError(f"{self.source}: line {lineno}: {why}: not a measured all_reduce_perf row")
+            if lay is not self.row_layout:  # rows of another width: another build's table
+                self.row_layout, self.size_lines = lay, {}
+            key = (row.size_bytes, row.dtype, row.redop)
+            if (first := self.size_lines.get(key)) is not None:
+                raise UserError(
+                    f"{self.source}: line {lineno}: {row.size_bytes:,} B {row.dtype} {row.redop} again (first on "
+                    f"line {first}); all_reduce_perf prints each size once per table, so which row holds is not known"
+                )
+            self.size_lines[key] = lineno
             self.rows.append(row)
         elif (why := drop_reason(tokens, self.layout or lay, last=lineno == self.last_line)) is not None:
             self.dropped.append(DroppedRow(lineno, why, clip(s)))
