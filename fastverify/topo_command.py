@@ -49,6 +49,7 @@ from fastverify.tune.workload import DTYPE_BYTES, Workload, workload_from_model
 
 if TYPE_CHECKING:
     from fastverify.topo.diagnose import Diagnosis
+    from fastverify.topo.matrix import Topology
 
 
 def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
@@ -112,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser, bounded) -> None:
         "--tp-size",
         type=bounded(2, 64),
         default=None,
-        help="tensor-parallel world size of the advice's workload [default: the box's GPU count]",
+        help="tensor-parallel world size; below the box's GPU count the whole output is about the TP group, "
+        "GPUs 0..N-1 (SGLang's default --base-gpu-id 0) [default: the box's GPU count]",
     )
     add_box_arguments(p, bounded)
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
@@ -163,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     facts = resolve_args(args, topology_gpus=gpus, ranks_only=topo is None)
     if args.tp is not None and topo is not None and args.tp > len(topo.gpus):
         raise UserError(f"--tp {args.tp}: {topo.source} has {len(topo.gpus)} GPUs")
+    box, scope = topo, None
+    if args.tp is not None and topo is not None and args.tp < len(topo.gpus):
+        topo, scope = tp_group(topo, args.tp)  # everything below is about the TP group's GPUs
     hidden = args.hidden or (config.hidden_size if config is not None else DEFAULT_HIDDEN)
     d = diagnose(
         topo,
@@ -175,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
         pcie_gen=args.pcie_gen,
         sm=args.sm,
         perf=perf,
+        box=box,
     )
+    d = dataclasses.replace(d, scope=scope)
     d = _advise(args, d, config, topo, log, perf, env, log.version if log and log.version else version, hidden)
     if args.json:
         doc = {"box": facts.as_dict(), **d.as_dict()}
@@ -184,6 +191,20 @@ def run(args: argparse.Namespace) -> int:
         print(shown(facts.first_line(), limit=None))
         print_diagnosis(d)
     return 0
+
+
+def tp_group(topo: Topology, tp: int) -> tuple[Topology, str]:
+    """The topology of the GPUs a TP group of ``tp`` ranks uses on the box ``topo``
+    (:meth:`fastverify.topo.matrix.Topology.first_gpus`: GPUs 0..tp-1, SGLang's default
+    ``--base-gpu-id 0``, ``--gpu-id-step 1``), and the one line saying so."""
+    group = topo.first_gpus(tp)
+    kept = list(group.gpu_indices)
+    span = f"{kept[0]}-{kept[-1]}" if kept == list(range(kept[0], kept[0] + len(kept))) else ", ".join(map(str, kept))
+    n = len(topo.gpus)
+    return group, (
+        f"--tp {tp}: the TP group is GPUs {span} of {n} (SGLang's default --base-gpu-id 0, --gpu-id-step 1, "
+        f"no CUDA_VISIBLE_DEVICES); everything below is about them; pass --tp {n} for the whole box"
+    )
 
 
 def _model_config(args):
@@ -564,6 +585,8 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     c = console or stdout_console(130)
     gpus = f"{d.n_gpus} GPU(s)" if d.n_gpus else "GPU count unknown from this input"
     say(c, f"# fastverify topo: {gpus}; from {', '.join(d.sources)}; NCCL {d.nccl_version or 'version unknown'}")
+    if d.scope:
+        say(c, f"# {d.scope}")
     say(c, level_line(d))
     c.print("what to do:", style="bold")
     for line in advice_lines(d.advice, d.advice_notes):

@@ -114,15 +114,22 @@ def _hw_p2p(topo: Topology | None, a: int, b: int) -> bool | None:
 
 
 def pair_reports(
-    topo: Topology | None, log: NcclLog | None, level: str, level_source: str, env_off: str | None
+    topo: Topology | None,
+    log: NcclLog | None,
+    level: str,
+    level_source: str,
+    env_off: str | None,
+    box: Topology | None = None,
 ) -> tuple[list[PairReport], list[int], list[str]]:
     """Every GPU pair the evidence knows, at P2P level ``level`` (``env_off``: the setting that
     turns P2P off for every pair, else None). Returns the pairs, the GPUs (topology's, else the
-    log's) and the warnings where the log and the topology disagree."""
+    log's) and the warnings where the log and the topology disagree. ``box``: the whole box where
+    ``topo`` is a part of it (a TP group); only a GPU the box lacks is warned of, and the log's
+    pairs outside ``topo`` are left out."""
     ev = _log_pairs(log)
     warnings: list[str] = []
     if topo is not None and log is not None:
-        warnings += _stray_gpus(topo, log, ev)
+        warnings += _stray_gpus(box or topo, log, ev)
     gpus = sorted(topo.gpu_indices) if topo else sorted({d for pair in (*ev.seen, *ev.paths) for d in pair})
     if not gpus and log is not None and env_off and len(log.devices) >= 2:
         gpus = list(log.devices)  # P2P off for all: every pair of the devices that printed is on SHM
@@ -274,6 +281,9 @@ class Diagnosis:
     ranking ``tune --predict`` prints (:func:`with_advice`; entries of
     :func:`fastverify.topo_command.advice_entries`), ``None`` where it could not run;
     ``advice_notes``: where its evidence stops, or the one line saying why there is none.
+    ``scope``: the one line saying which GPUs of the box the diagnosis is about where it is not the
+    whole box (``topo --tp N`` below the GPU count: the TP group,
+    :meth:`fastverify.topo.matrix.Topology.first_gpus`); None for the whole box.
     """
 
     sources: list[str]
@@ -296,6 +306,7 @@ class Diagnosis:
     measured: list[dict] = field(default_factory=list)
     advice: list[dict] | None = None
     advice_notes: list[str] = field(default_factory=list)
+    scope: str | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -334,6 +345,7 @@ def diagnose(
     pcie_gen: int = 4,
     sm: int = 89,
     perf: PerfTable | None = None,
+    box: Topology | None = None,
 ) -> Diagnosis:
     """Build the diagnosis from whatever evidence is given; partial evidence gives a partial one.
 
@@ -352,6 +364,10 @@ def diagnose(
         Verify message sizes: ``batch × draft_tokens × hidden × 2`` bytes (bf16).
     pcie_gen, sm
         Used by the cost model when the topology does not say (offline text has neither).
+    box : Topology, optional
+        The whole box when ``topo`` is a part of it (the TP group,
+        :meth:`fastverify.topo.matrix.Topology.first_gpus`): the diagnosis is about ``topo``'s GPUs,
+        and a GPU the log names is warned of only when the box lacks it.
 
     Returns
     -------
@@ -369,7 +385,7 @@ def diagnose(
     findings = [f for f in validate_env(env, nv) if f.severity is not Severity.OK]
     level, level_source = current_p2p_level(env)
     env_off = None if level != "LOC" else level_source  # P2P off for every pair by the environment
-    pairs, gpus, warnings = pair_reports(topo, log, level, level_source, env_off)
+    pairs, gpus, warnings = pair_reports(topo, log, level, level_source, env_off, box)
     recommended, pairs = recommend_level(pairs, level)
     n = _world_size(gpus, log, perf)
     notes = log_notes(log) if log else []

@@ -18,7 +18,7 @@ applies NCCL's ``NCCL_P2P_LEVEL`` rule (NCCL ``src/include/graph.h``: the order;
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from fastverify.errors import UserError, path_text, printable
 
@@ -39,6 +39,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _GPU_LABEL = re.compile(r"GPU([0-9]{1,6})", re.ASCII)
 _NIC_LABEL = re.compile(r"NIC([0-9]{1,6})", re.ASCII)
 _NV_LINK = re.compile(r"NV([1-9][0-9]{0,3})", re.ASCII)
+_QUERY_GPU = re.compile(r"\bGPU ([0-9]+)", re.ASCII)  # the GPUs an ``unsupported`` entry names
 _SMALL_INT = re.compile(r"[0-9]{1,6}", re.ASCII)
 _NIC_LEGEND = re.compile(r"(NIC[0-9]{1,6})\s*:\s*(\S+)", re.ASCII)
 _PLAIN_LINKS = frozenset({"PIX", "PXB", "PHB", "NODE", "SYS"})
@@ -122,6 +123,47 @@ class Topology:
         if (i, j) in self.link_errors:
             return None
         return self.links[(i, j)]
+
+    def first_gpus(self, n: int) -> Topology:
+        """The topology of the ``n`` lowest-indexed GPUs: the GPUs a TP group of ``n`` ranks uses.
+
+        SGLang puts TP rank ``r`` on CUDA device ``--base-gpu-id + r * --gpu-id-step`` (defaults
+        0 and 1; SGLang 0.5.23 ``srt/entrypoints/engine.py``), so ``--tp n`` runs on devices
+        0..n-1, which are nvidia-smi's GPUs 0..n-1 when ``CUDA_VISIBLE_DEVICES`` is unset and CUDA
+        orders devices as nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``; the default order
+        puts the fastest first and is PCI order on a box of identical GPUs *(my reading)*).
+
+        Every per-GPU part is restricted to those GPUs: the GPUs, the pairs in ``links``,
+        ``p2p_read``/``p2p_write``/``p2p_reason`` and ``link_errors``, each NIC's ``gpu_links``,
+        and the ``unsupported`` queries that name another GPU. ``source`` is kept. Returns
+        ``self`` when ``n`` is the GPU count.
+
+        Raises ``ValueError`` when ``n`` is below 1 or above the GPU count (callers refuse a too
+        large ``--tp`` first, in the user's words).
+        """
+        indices = sorted(self.gpu_indices)
+        if not 1 <= n <= len(indices):
+            raise ValueError(f"first_gpus({n}): {self.source} has {len(indices)} GPU(s)")
+        if n == len(indices):
+            return self
+        keep = frozenset(indices[:n])
+
+        def sub(d: dict) -> dict:
+            return {pair: v for pair, v in d.items() if pair[0] in keep and pair[1] in keep}
+
+        return replace(
+            self,
+            gpus=tuple(g for g in self.gpus if g.index in keep),
+            links=sub(self.links),
+            nics=tuple(
+                replace(nic, gpu_links={g: link for g, link in nic.gpu_links.items() if g in keep}) for nic in self.nics
+            ),
+            p2p_read=sub(self.p2p_read),
+            p2p_write=sub(self.p2p_write),
+            p2p_reason=sub(self.p2p_reason),
+            link_errors=sub(self.link_errors),
+            unsupported=tuple(u for u in self.unsupported if {int(g) for g in _QUERY_GPU.findall(u)} <= keep),
+        )
 
     def pairs_by_type(self, *, nccl: bool = False) -> dict[str, tuple[tuple[int, int], ...]]:
         """Unordered GPU pairs ``(i, j)``, ``i < j``, grouped by connection name, closest type first.

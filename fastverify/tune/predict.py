@@ -189,21 +189,7 @@ def _topology(topology: Topology | str | Path, tp: int) -> Topology:
     gpus = sorted(topology.gpu_indices)
     if tp > len(gpus):
         raise UserError(f"--tp {tp}: the topology {topology.source} has only {len(gpus)} GPU(s)")
-    if tp == len(gpus):
-        return topology
-    keep = set(gpus[:tp])  # the first tp GPUs, as a server started without CUDA_VISIBLE_DEVICES uses
-
-    def sub(d: dict) -> dict:
-        return {k: v for k, v in d.items() if k[0] in keep and k[1] in keep}
-
-    return replace(
-        topology,
-        gpus=tuple(g for g in topology.gpus if g.index in keep),
-        links=sub(topology.links),
-        p2p_read=sub(topology.p2p_read),
-        p2p_write=sub(topology.p2p_write),
-        p2p_reason=sub(topology.p2p_reason),
-    )
+    return topology.first_gpus(tp)  # the first tp GPUs, as a server started without CUDA_VISIBLE_DEVICES uses
 
 
 def with_p2p_results(topology: Topology, results: Mapping[tuple[int, int], Any], *, source: str) -> Topology:
