@@ -130,8 +130,9 @@ class Topology:
         SGLang puts TP rank ``r`` on CUDA device ``--base-gpu-id + r * --gpu-id-step`` (defaults
         0 and 1; SGLang 0.5.23 ``srt/entrypoints/engine.py``), so ``--tp n`` runs on devices
         0..n-1, which are nvidia-smi's GPUs 0..n-1 when ``CUDA_VISIBLE_DEVICES`` is unset and CUDA
-        orders devices as nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``; the default order
-        puts the fastest first and is PCI order on a box of identical GPUs *(my reading)*).
+        orders devices as nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default,
+        ``FASTEST_FIRST``, makes its guess of the fastest device 0 and leaves the order of the rest
+        unspecified: the CUDA programming guide's environment variables).
 
         Every per-GPU part is restricted to those GPUs: the GPUs, the pairs in ``links``,
         ``p2p_read``/``p2p_write``/``p2p_reason`` and ``link_errors``, each NIC's ``gpu_links``,
