@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 from decimal import Decimal
@@ -24,6 +25,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 DATA = Path(__file__).resolve().parent / "data"
 SHARED_MISSING = "../shared not found beside the repo; the shared traces are needed"
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # Started in the background by a shell (`pytest &` ignores SIGINT), every child would inherit the
+    # ignored SIGINT and the Ctrl-C tests could not reach the product; a handler resets on exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PCIE_IPC_SWITCH = frozenset({backend_info(BackendName.pcie_ipc).sglang_switch_module})
 """SGLang 0.5.23's own PCIe IPC module, as the registry names it."""
