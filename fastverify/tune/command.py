@@ -483,17 +483,7 @@ def run(args) -> int:
     console = Console(stderr=True, width=130) if args.json else Console(width=None if sys.stdout.isatty() else 130)
     if args.draft_shape:
         return _run_draft_shape(args, console)
-    given = [
-        flag
-        for flag, v in (
-            ("--accept-histogram", args.accept_histogram),
-            ("--verify-log", args.verify_log),
-            ("--bundle", args.bundle),
-            ("--draft-step-ms", args.draft_step_ms),
-            ("--draft-extend-ms", args.draft_extend_ms),
-        )
-        if v is not None
-    ]
+    given = _given(args, "--accept-histogram", "--verify-log", "--bundle", "--draft-step-ms", "--draft-extend-ms")
     if given:
         raise UserError(f"{given[0]} applies to --draft-shape only (add --draft-shape, or leave it out)")
     _check_flags(args)
@@ -576,36 +566,39 @@ def _nccl_sets(args, version) -> list[NcclSet]:
     return out
 
 
+def _given(args, *flags: str) -> list[str]:
+    """The ``flags`` (``--tok-s``: attribute ``tok_s``) the user gave: a value other than the
+    parser's unset ``None``, ``False`` or ``[]``."""
+    return [f for f in flags if getattr(args, f[2:].replace("-", "_")) not in (None, False, [])]
+
+
 def _run_draft_shape(args, console) -> int:
     """``tune --draft-shape`` (:func:`fastverify.tune.draft_shape.run`), which takes none of the
     workload flags."""
-    given = [
-        flag
-        for flag, v in (
-            ("--predict", args.predict),
-            ("--write-env", args.write_env),
-            ("--profile", args.profile),
-            ("--model", args.model),
-            ("--tok-s", args.tok_s),
-            ("--accept-length", args.accept_length),
-            ("--verify-ms", args.verify_ms),
-            ("--allreduce-ms", args.allreduce_ms),
-            ("--topology", args.topology),
-            ("--describe-box", args.describe_box),
-            ("--p2p-check", args.p2p_check),
-            ("--perf-table", args.perf_table),
-            ("--nccl-log", args.nccl_log),
-            ("--set", args.set),
-            ("--journal", args.journal),
-            ("--resume", args.resume),
-            ("--server-args", args.server_args),
-            ("--baseline", args.baseline),
-            ("--write-tuner-config", args.write_tuner_config),
-            ("--png", args.png),
-            ("--explain", args.explain),
-        )
-        if v not in (None, False, [])
-    ]
+    given = _given(
+        args,
+        "--predict",
+        "--write-env",
+        "--profile",
+        "--model",
+        "--tok-s",
+        "--accept-length",
+        "--verify-ms",
+        "--allreduce-ms",
+        "--topology",
+        "--describe-box",
+        "--p2p-check",
+        "--perf-table",
+        "--nccl-log",
+        "--set",
+        "--journal",
+        "--resume",
+        "--server-args",
+        "--baseline",
+        "--write-tuner-config",
+        "--png",
+        "--explain",
+    )
     if given:  # read by nothing here: refused rather than silently ignored
         raise UserError(
             f"--draft-shape reads accept lengths and verify costs only; {', '.join(given)} "
