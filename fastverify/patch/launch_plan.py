@@ -194,9 +194,6 @@ def shape_notes(record: DeploymentRecord, server: ServerShapes | None, info: SGL
         notes.append(f"the record was made with SGLang {record.sglang_version}; this SGLang is {info.version}")
 
 
-if TYPE_CHECKING:
-    from fastverify.patch.sglang_info import SGLangInfo
-
 P2P_FIX = "run `fastverify p2p --output p2p.json` on the serving box, then add `--p2p-check p2p.json`"
 """The fix of every P2P blocker: only the real check proves P2P, and only for the GPUs it tested."""
 P2P_FAILS_FIX = (
